@@ -1,0 +1,421 @@
+# Java hashCode() and Flink key-group assignment, compiled.
+#
+# The def functions take typed, const memoryviews (so read-only Arrow and mmap buffers are accepted), check what the
+# C kernels cannot, and hand raw pointers inward; the loops run without the GIL.
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
+from cpython.long cimport PyLong_AsLongLongAndOverflow
+from cpython.object cimport PyObject
+from cpython.tuple cimport PyTuple_GET_SIZE, PyTuple_GET_ITEM
+from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
+
+import numpy as np
+
+cdef extern from "Python.h":
+    int PyUnicode_KIND(object)
+    void *PyUnicode_DATA(object)
+    Py_ssize_t PyUnicode_GET_LENGTH(object)
+    int PyUnicode_1BYTE_KIND
+    int PyUnicode_2BYTE_KIND
+
+cdef extern from "kg_hash.h" nogil:
+    int32_t kg_murmur(int32_t code)
+    int32_t kg_key_group(int32_t java_hash, int32_t max_parallelism, double inv_max_parallelism)
+    int32_t kg_hash_long(int64_t v)
+    int32_t kg_hash_double(double d)
+    int32_t kg_hash_float(float f)
+    int32_t kg_hash_bytes(const uint8_t *p, int64_t length)
+    int kg_hash_utf8(const uint8_t *p, int64_t length, int32_t *out)
+    int32_t kg_hash_ucs4(const uint32_t *p, int64_t length)
+    int32_t kg_hash_ucs2(const uint16_t *p, int64_t length)
+    int32_t kg_hash_latin1(const uint8_t *p, int64_t length)
+    void kg_groups_from_int64(const int64_t *values, Py_ssize_t n, int32_t maxp, int16_t *out)
+    void kg_groups_from_int32(const int32_t *values, Py_ssize_t n, int32_t maxp, int16_t *out)
+    void kg_groups_from_hashes(const int32_t *hashes, Py_ssize_t n, int32_t maxp, int16_t *out)
+    Py_ssize_t kg_hashes_var_binary32(const int32_t *offsets, Py_ssize_t n, const uint8_t *data, int64_t data_len,
+                                      int utf8, int32_t *out, int *status)
+    Py_ssize_t kg_hashes_var_binary64(const int64_t *offsets, Py_ssize_t n, const uint8_t *data, int64_t data_len,
+                                      int utf8, int32_t *out, int *status)
+    void kg_operators_from_groups(const int16_t *groups, Py_ssize_t n, int32_t maxp, int32_t parallelism,
+                                  int32_t *out)
+    int KG_BOOLEAN_TRUE_HASH
+    int KG_BOOLEAN_FALSE_HASH
+
+# Key type codes; keygroups._hashing maps the public names ("long", "int", ...) onto them.
+KEY_TYPE_AUTO = 0
+KEY_TYPE_LONG = 1
+KEY_TYPE_INT = 2
+KEY_TYPE_SHORT = 3
+KEY_TYPE_BYTE = 4
+KEY_TYPE_BOOLEAN = 5
+KEY_TYPE_DOUBLE = 6
+KEY_TYPE_FLOAT = 7
+KEY_TYPE_STRING = 8
+KEY_TYPE_BYTES = 9
+
+cdef enum:
+    KT_AUTO = 0
+    KT_LONG = 1
+    KT_INT = 2
+    KT_SHORT = 3
+    KT_BYTE = 4
+    KT_BOOLEAN = 5
+    KT_DOUBLE = 6
+    KT_FLOAT = 7
+    KT_STRING = 8
+    KT_BYTES = 9
+
+SUPPORTED_KEY_TYPES = (
+    "int (java.lang.Long), bool (Boolean), float (Double), str (String), bytes (byte[]), tuple (Flink TupleN), "
+    "numpy integer/float/bool scalars"
+)
+
+cdef object _np_integer = np.integer
+cdef object _np_signedinteger = np.signedinteger
+cdef object _np_floating = np.floating
+cdef object _np_bool = np.bool_
+cdef object _np_float32 = np.float32
+cdef object _np_float16 = np.float16
+
+
+cdef inline int64_t _as_int64(object value) except? -1:
+    cdef int overflow = 0
+    cdef long long v = PyLong_AsLongLongAndOverflow(value, &overflow)
+    if overflow:
+        raise ValueError(
+            f"key {value!r} is outside the 64-bit range of java.lang.Long [-2**63, 2**63 - 1]; "
+            "use a str or bytes key for larger integers")
+    return v
+
+
+cdef inline int32_t _hash_str(str s):
+    cdef int kind = PyUnicode_KIND(s)
+    cdef Py_ssize_t n = PyUnicode_GET_LENGTH(s)
+    cdef void *data = PyUnicode_DATA(s)
+    if kind == PyUnicode_1BYTE_KIND:
+        return kg_hash_latin1(<const uint8_t *>data, n)
+    if kind == PyUnicode_2BYTE_KIND:
+        return kg_hash_ucs2(<const uint16_t *>data, n)
+    return kg_hash_ucs4(<const uint32_t *>data, n)
+
+
+cdef inline int32_t _hash_bytes_like(object value) except? -1:
+    cdef const uint8_t[::1] view
+    if type(value) is bytes:
+        return kg_hash_bytes(<const uint8_t *>PyBytes_AS_STRING(value), PyBytes_GET_SIZE(value))
+    view = memoryview(value).cast("B")
+    if view.shape[0] == 0:
+        return 1
+    return kg_hash_bytes(&view[0], view.shape[0])
+
+
+cdef int _check_int_range(object value, int64_t v, int kt) except -1:
+    cdef int64_t lo, hi
+    cdef str name
+    if kt == KT_INT:
+        lo, hi, name = -2147483648, 2147483647, "int (java.lang.Integer)"
+    elif kt == KT_SHORT:
+        lo, hi, name = -32768, 32767, "short (java.lang.Short)"
+    else:
+        lo, hi, name = -128, 127, "byte (java.lang.Byte)"
+    if v < lo or v > hi:
+        raise ValueError(f"key {value!r} does not fit key_type {name}: allowed range is [{lo}, {hi}]")
+    return 0
+
+
+cdef int32_t _hash_typed(object value, int kt) except? -1:
+    """The hash of value as the Java type kt (never KT_AUTO)."""
+    cdef int64_t v
+    if value is None:
+        raise ValueError("a key must not be None (Flink refuses null keys)")
+    if kt == KT_LONG or kt == KT_INT or kt == KT_SHORT or kt == KT_BYTE:
+        if isinstance(value, bool) or isinstance(value, _np_bool) or not (
+                isinstance(value, int) or isinstance(value, _np_integer)):
+            raise TypeError(f"key {value!r} of type {type(value).__name__} is not an integer, as its key type needs")
+        v = _as_int64(int(value))
+        if kt == KT_LONG:
+            return kg_hash_long(v)
+        _check_int_range(value, v, kt)
+        return <int32_t>v
+    if kt == KT_BOOLEAN:
+        if not (isinstance(value, bool) or isinstance(value, _np_bool)):
+            raise TypeError(f"key {value!r} of type {type(value).__name__} is not a bool, as key_type 'boolean' needs")
+        return KG_BOOLEAN_TRUE_HASH if value else KG_BOOLEAN_FALSE_HASH
+    if kt == KT_DOUBLE or kt == KT_FLOAT:
+        if isinstance(value, bool) or isinstance(value, _np_bool) or not (
+                isinstance(value, (int, float)) or isinstance(value, _np_integer) or isinstance(value, _np_floating)):
+            raise TypeError(f"key {value!r} of type {type(value).__name__} is not a real number, as its key type needs")
+        if kt == KT_DOUBLE:
+            return kg_hash_double(<double>float(value))
+        return kg_hash_float(<float>float(value))
+    if kt == KT_STRING:
+        if not isinstance(value, str):
+            raise TypeError(f"key {value!r} of type {type(value).__name__} is not a str, as key_type 'string' needs")
+        return _hash_str(value)
+    if kt == KT_BYTES:
+        if not isinstance(value, (bytes, bytearray, memoryview)):
+            raise TypeError(f"key {value!r} of type {type(value).__name__} is not bytes, as key_type 'bytes' needs")
+        return _hash_bytes_like(value)
+    raise ValueError(f"unknown key type code {kt}")
+
+
+cdef int32_t _hash_tuple(tuple value, object key_type) except? -1:
+    cdef Py_ssize_t n = PyTuple_GET_SIZE(value)
+    cdef Py_ssize_t i
+    cdef uint32_t h = 0
+    if n == 0:
+        raise ValueError("a tuple key must have at least one field (Flink's Tuple1 .. Tuple25)")
+    if key_type is not None and (type(key_type) is not tuple or len(<tuple>key_type) != n):
+        raise TypeError(f"key {value!r} is a {n}-tuple, so key_type must be a {n}-tuple of key types, "
+                        f"not {key_type!r}")
+    for i in range(n):
+        # Flink's TupleN.hashCode: h = f0.hashCode(); h = 31 * h + fi.hashCode()
+        h = h * 31u + <uint32_t>java_hash_object(<object>PyTuple_GET_ITEM(value, i),
+                                                 None if key_type is None else (<tuple>key_type)[i])
+    return <int32_t>h
+
+
+cpdef int32_t java_hash_object(object value, object key_type=None) except? -1:
+    """The Java hashCode() Flink would see for value; key_type is None, a key type code or a tuple of them."""
+    cdef type t = type(value)
+    if key_type is not None and type(key_type) is not tuple and key_type != KT_AUTO:
+        if t is tuple:
+            raise TypeError(f"key {value!r} is a tuple, so key_type must be a tuple of key types, not a single one")
+        return _hash_typed(value, key_type)
+    if t is tuple:
+        return _hash_tuple(value, key_type)
+    if key_type is not None and type(key_type) is tuple:
+        raise TypeError(f"key_type {key_type!r} is a tuple, but key {value!r} is not")
+    # The common exact types first; subclasses and numpy scalars after.
+    if t is int:
+        return kg_hash_long(_as_int64(value))
+    if t is str:
+        return _hash_str(value)
+    if t is bool:
+        return KG_BOOLEAN_TRUE_HASH if value else KG_BOOLEAN_FALSE_HASH
+    if t is float:
+        return kg_hash_double(value)
+    if t is bytes:
+        return kg_hash_bytes(<const uint8_t *>PyBytes_AS_STRING(value), PyBytes_GET_SIZE(value))
+    if value is None:
+        raise ValueError("a key must not be None (Flink refuses null keys)")
+    if isinstance(value, _np_bool):
+        return KG_BOOLEAN_TRUE_HASH if value else KG_BOOLEAN_FALSE_HASH
+    if isinstance(value, _np_integer):
+        if isinstance(value, _np_signedinteger):
+            size = value.dtype.itemsize
+            if size == 4 or size == 2 or size == 1:   # Integer, Short, Byte: hashCode() is the value
+                return <int32_t>int(value)
+        return kg_hash_long(_as_int64(int(value)))   # int64 -> Long; unsigned values hash as Python ints do
+    if isinstance(value, _np_float32) or isinstance(value, _np_float16):
+        return kg_hash_float(<float>float(value))
+    if isinstance(value, bool):
+        return KG_BOOLEAN_TRUE_HASH if value else KG_BOOLEAN_FALSE_HASH
+    if isinstance(value, int):
+        return kg_hash_long(_as_int64(int(value)))
+    if isinstance(value, float):
+        return kg_hash_double(float(value))
+    if isinstance(value, str):
+        return _hash_str(value)
+    if isinstance(value, (bytes, bytearray)):
+        return _hash_bytes_like(value)
+    if isinstance(value, tuple):
+        return _hash_tuple(tuple(value), key_type)
+    raise TypeError(f"unsupported key type {t.__module__}.{t.__qualname__} for key {value!r}; "
+                    f"supported: {SUPPORTED_KEY_TYPES}")
+
+
+def murmur_hash(int32_t code):
+    """Flink's MathUtils.murmurHash(int): non-negative."""
+    return kg_murmur(code)
+
+
+def key_group_for_hash(int32_t java_hash, int32_t max_parallelism):
+    return kg_key_group(java_hash, max_parallelism, 1.0 / max_parallelism)
+
+
+def java_hashes_objects(object keys, object key_type=None):
+    """Java hashes of a sequence of Python keys; errors name the position of the offending key."""
+    cdef Py_ssize_t n = len(keys), i = 0
+    out = np.empty(n, dtype=np.int32)
+    cdef int32_t[::1] o = out
+    try:
+        for i in range(n):
+            o[i] = java_hash_object(keys[i], key_type)
+    except (ValueError, TypeError) as e:
+        raise type(e)(f"key at position {i}: {e}") from None
+    return out
+
+
+def groups_from_int64(const int64_t[::1] values, int32_t max_parallelism):
+    cdef Py_ssize_t n = values.shape[0]
+    out = np.empty(n, dtype=np.int16)
+    cdef int16_t[::1] o = out
+    if n:
+        with nogil:
+            kg_groups_from_int64(&values[0], n, max_parallelism, &o[0])
+    return out
+
+
+def groups_from_hashes(const int32_t[::1] hashes, int32_t max_parallelism):
+    """Key groups from Java hashes (also the hashes of Integer, Short and Byte keys, which are their values)."""
+    cdef Py_ssize_t n = hashes.shape[0]
+    out = np.empty(n, dtype=np.int16)
+    cdef int16_t[::1] o = out
+    if n:
+        with nogil:
+            kg_groups_from_hashes(&hashes[0], n, max_parallelism, &o[0])
+    return out
+
+
+def operators_from_groups(const int16_t[::1] groups, int32_t max_parallelism, int32_t parallelism):
+    cdef Py_ssize_t n = groups.shape[0]
+    out = np.empty(n, dtype=np.int32)
+    cdef int32_t[::1] o = out
+    if n:
+        with nogil:
+            kg_operators_from_groups(&groups[0], n, max_parallelism, parallelism, &o[0])
+    return out
+
+
+def java_hashes_int64(const int64_t[::1] values):
+    cdef Py_ssize_t n = values.shape[0], i
+    out = np.empty(n, dtype=np.int32)
+    cdef int32_t[::1] o = out
+    with nogil:
+        for i in range(n):
+            o[i] = kg_hash_long(values[i])
+    return out
+
+
+def java_hashes_float64(const double[::1] values):
+    cdef Py_ssize_t n = values.shape[0], i
+    out = np.empty(n, dtype=np.int32)
+    cdef int32_t[::1] o = out
+    with nogil:
+        for i in range(n):
+            o[i] = kg_hash_double(values[i])
+    return out
+
+
+def java_hashes_float32(const float[::1] values):
+    cdef Py_ssize_t n = values.shape[0], i
+    out = np.empty(n, dtype=np.int32)
+    cdef int32_t[::1] o = out
+    with nogil:
+        for i in range(n):
+            o[i] = kg_hash_float(values[i])
+    return out
+
+
+def java_hashes_bool(const uint8_t[::1] values):
+    cdef Py_ssize_t n = values.shape[0], i
+    out = np.empty(n, dtype=np.int32)
+    cdef int32_t[::1] o = out
+    with nogil:
+        for i in range(n):
+            o[i] = KG_BOOLEAN_TRUE_HASH if values[i] else KG_BOOLEAN_FALSE_HASH
+    return out
+
+
+ctypedef fused offset_t:
+    int32_t
+    int64_t
+
+
+def java_hashes_var_binary(const offset_t[::1] offsets, const uint8_t[::1] data, bint utf8):
+    """Hashes of n = len(offsets) - 1 variable-length values laid out as Arrow's (large_)utf8 and (large_)binary:
+    value i is data[offsets[i]:offsets[i + 1]]. utf8 values hash as java.lang.String, others as byte[]."""
+    if offsets.shape[0] == 0:
+        raise ValueError("an Arrow offsets buffer holds at least one offset")
+    cdef Py_ssize_t n = offsets.shape[0] - 1, bad
+    cdef Py_ssize_t data_len = data.shape[0]
+    cdef const uint8_t *base = &data[0] if data_len else <const uint8_t *>b""
+    cdef int status = 0
+    out = np.empty(n, dtype=np.int32)
+    cdef int32_t[::1] o = out
+    if n == 0:
+        return out
+    with nogil:
+        if offset_t is int32_t:
+            bad = kg_hashes_var_binary32(&offsets[0], n, base, data_len, utf8, &o[0], &status)
+        else:
+            bad = kg_hashes_var_binary64(&offsets[0], n, base, data_len, utf8, &o[0], &status)
+    if bad >= 0:
+        if status == 2:
+            raise ValueError(f"string at position {bad} is not valid UTF-8")
+        raise ValueError(f"value at position {bad} has offsets [{offsets[bad]}, {offsets[bad + 1]}) outside its "
+                         f"{data_len}-byte data buffer: the Arrow array is corrupt")
+    return out
+
+
+def java_hashes_binary_view(const uint8_t[::1] views, list data_buffers, bint utf8):
+    """Hashes of Arrow string_view / binary_view values: 16-byte views (length, then 12 inline bytes, or a 4-byte
+    prefix, a buffer index and an offset), each checked against the buffers it points into."""
+    cdef Py_ssize_t n = views.shape[0] // 16, i, nbuf = len(data_buffers)
+    cdef int32_t length, buf_index, offset
+    cdef const uint8_t[::1] buf
+    cdef const uint8_t *p
+    out = np.empty(n, dtype=np.int32)
+    cdef int32_t[::1] o = out
+    cdef list bufs = [memoryview(b).cast("B") for b in data_buffers]
+    for i in range(n):
+        p = &views[i * 16]
+        length = (<const int32_t *>p)[0]
+        if length < 0:
+            raise ValueError(f"view at position {i} has negative length {length}: the Arrow array is corrupt")
+        if length <= 12:
+            p = p + 4
+        else:
+            buf_index = (<const int32_t *>p)[2]
+            offset = (<const int32_t *>p)[3]
+            if buf_index < 0 or buf_index >= nbuf:
+                raise ValueError(f"view at position {i} points to data buffer {buf_index} of {nbuf}: "
+                                 "the Arrow array is corrupt")
+            buf = bufs[buf_index]
+            if offset < 0 or <Py_ssize_t>offset + length > buf.shape[0]:
+                raise ValueError(f"view at position {i} points past its data buffer: the Arrow array is corrupt")
+            p = &buf[offset]
+        if utf8:
+            if kg_hash_utf8(p, length, &o[i]) != 0:
+                raise ValueError(f"string at position {i} is not valid UTF-8")
+        else:
+            o[i] = kg_hash_bytes(p, length)
+    return out
+
+
+def java_hashes_ucs4(const uint32_t[:, ::1] chars):
+    """Hashes of a numpy 'U' array viewed as (n, width) code points; trailing NULs are padding, as numpy treats them."""
+    cdef Py_ssize_t n = chars.shape[0], width = chars.shape[1], i, length
+    out = np.empty(n, dtype=np.int32)
+    cdef int32_t[::1] o = out
+    with nogil:
+        for i in range(n):
+            length = width
+            while length > 0 and chars[i, length - 1] == 0:
+                length -= 1
+            o[i] = kg_hash_ucs4(&chars[i, 0], length) if length else 0
+    return out
+
+
+def java_hashes_fixed_bytes(const uint8_t[:, ::1] data):
+    """Hashes of a numpy 'S' array viewed as (n, width) bytes; trailing NULs are padding, as numpy treats them."""
+    cdef Py_ssize_t n = data.shape[0], width = data.shape[1], i, length
+    out = np.empty(n, dtype=np.int32)
+    cdef int32_t[::1] o = out
+    with nogil:
+        for i in range(n):
+            length = width
+            while length > 0 and data[i, length - 1] == 0:
+                length -= 1
+            o[i] = kg_hash_bytes(&data[i, 0], length) if length else 1
+    return out
+
+
+def combine_tuple_hashes(int32_t[::1] acc, const int32_t[::1] field_hashes):
+    """acc = 31 * acc + field_hashes, in place: folds one more field into Flink TupleN hashes."""
+    cdef Py_ssize_t n = acc.shape[0], i
+    if field_hashes.shape[0] != n:
+        raise ValueError(f"tuple fields differ in length: {n} and {field_hashes.shape[0]}")
+    with nogil:
+        for i in range(n):
+            acc[i] = <int32_t>(<uint32_t>acc[i] * 31u + <uint32_t>field_hashes[i])

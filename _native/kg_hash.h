@@ -1,0 +1,250 @@
+/* Java hashCode() and Flink key-group kernels over raw buffers.
+ *
+ * Every function here is pure C over pointers and lengths, so the Cython layer can call it without the GIL.
+ * Integer arithmetic that Java does on `int` is done on uint32_t here: C leaves signed overflow undefined,
+ * Java defines it as two's-complement wrap-around, and unsigned arithmetic gives exactly those bits.
+ */
+#ifndef KEYGROUPS_KG_HASH_H
+#define KEYGROUPS_KG_HASH_H
+
+#include <stdint.h>
+#include <string.h>
+#include <Python.h>
+
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
+/* One build serves every x86-64 machine: the loader picks the AVX2 clone where the CPU has it. */
+#define KG_VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define KG_VECTOR_CLONES
+#endif
+
+#define KG_BOOLEAN_TRUE_HASH 1231
+#define KG_BOOLEAN_FALSE_HASH 1237
+
+static inline uint32_t kg_rotl32(uint32_t x, int r) { return (x << r) | (x >> (32 - r)); }
+
+/* Flink's MathUtils.murmurHash(int): one MurmurHash3_x86_32 block with seed 0 and length 4, made non-negative. */
+static inline int32_t kg_murmur(int32_t code) {
+    uint32_t h = (uint32_t)code;
+    h *= 0xcc9e2d51u;
+    h = kg_rotl32(h, 15);
+    h *= 0x1b873593u;
+    h = kg_rotl32(h, 13);
+    h = h * 5u + 0xe6546b64u;
+    h ^= 4u;
+    h ^= h >> 16;
+    h *= 0x85ebca6bu;
+    h ^= h >> 13;
+    h *= 0xc2b2ae35u;
+    h ^= h >> 16;
+    /* Flink returns code if >= 0, -code otherwise, and 0 for Integer.MIN_VALUE. Branch-free: |code| as unsigned is
+     * below 2^31 except for MIN_VALUE, where it is exactly 2^31, which the mask turns into 0. */
+    uint32_t sign = (uint32_t)((int32_t)h >> 31);
+    return (int32_t)(((h ^ sign) - sign) & 0x7fffffffu);
+}
+
+/* x mod d for 0 <= x < 2^31 and 1 <= d <= 2^15, without a division instruction: the double quotient is at most one
+ * off, and the two corrections make it exact. Written branch-free so that the compiler can vectorize loops over it. */
+static inline int32_t kg_mod(int32_t x, int32_t d, double inv_d) {
+    int32_t q = (int32_t)((double)x * inv_d);
+    int32_t r = x - q * d;
+    r += (r >> 31) & d;
+    r -= d & -(int32_t)(r >= d);
+    return r;
+}
+
+static inline int32_t kg_key_group(int32_t java_hash, int32_t max_parallelism, double inv_max_parallelism) {
+    return kg_mod(kg_murmur(java_hash), max_parallelism, inv_max_parallelism);
+}
+
+static inline int32_t kg_hash_long(int64_t v) { return (int32_t)(uint32_t)((uint64_t)v ^ ((uint64_t)v >> 32)); }
+
+/* Double.hashCode(): doubleToLongBits folds every NaN to the canonical 0x7ff8000000000000. */
+static inline int32_t kg_hash_double(double d) {
+    uint64_t bits;
+    if (d != d) bits = 0x7ff8000000000000ull;
+    else memcpy(&bits, &d, 8);
+    return (int32_t)(uint32_t)(bits ^ (bits >> 32));
+}
+
+/* Float.hashCode(): floatToIntBits, NaN canonical 0x7fc00000. */
+static inline int32_t kg_hash_float(float f) {
+    uint32_t bits;
+    if (f != f) bits = 0x7fc00000u;
+    else memcpy(&bits, &f, 4);
+    return (int32_t)bits;
+}
+
+/* 31^k mod 2^32, for folding eight bytes at once without a chain of eight dependent multiplies. */
+#define KG_P1 31u
+#define KG_P2 961u
+#define KG_P3 29791u
+#define KG_P4 923521u
+#define KG_P5 28629151u
+#define KG_P6 887503681u
+#define KG_P7 0x67e12cdfu /* 31^7 mod 2^32 */
+#define KG_P8 0x94446f01u /* 31^8 mod 2^32 */
+
+static inline uint32_t kg_fold8(uint32_t h, const uint8_t *p, int is_signed) {
+    uint32_t b[8];
+    for (int k = 0; k < 8; k++) b[k] = is_signed ? (uint32_t)(int32_t)(int8_t)p[k] : (uint32_t)p[k];
+    return h * KG_P8 + b[0] * KG_P7 + b[1] * KG_P6 + b[2] * KG_P5 + b[3] * KG_P4 + b[4] * KG_P3 + b[5] * KG_P2 +
+           b[6] * KG_P1 + b[7];
+}
+
+/* java.util.Arrays.hashCode(byte[]): starts at 1, bytes are signed. */
+static inline int32_t kg_hash_bytes(const uint8_t *p, int64_t len) {
+    uint32_t h = 1;
+    int64_t i = 0;
+    for (; i + 8 <= len; i += 8) h = kg_fold8(h, p + i, 1);
+    for (; i < len; i++) h = h * 31u + (uint32_t)(int32_t)(int8_t)p[i];
+    return (int32_t)h;
+}
+
+/* String.hashCode() of the string whose UTF-8 encoding is p[0:len], over its UTF-16 code units. Returns 0 on
+ * success and -1 where the bytes are not well-formed UTF-8 (overlong forms, encoded surrogates and code points past
+ * U+10FFFF included); it never reads past p + len. */
+static inline int kg_hash_utf8(const uint8_t *p, int64_t len, int32_t *out) {
+    uint32_t h = 0;
+    int64_t i = 0;
+    /* ASCII fast path: whole 8- and 4-byte words fold with precomputed powers of 31, a short dependency chain. */
+    for (; i + 8 <= len; i += 8) {
+        uint64_t w;
+        memcpy(&w, p + i, 8);
+        if (w & 0x8080808080808080ull) goto general;
+        h = kg_fold8(h, p + i, 0);
+    }
+    if (i + 4 <= len) {
+        uint32_t w;
+        memcpy(&w, p + i, 4);
+        if (w & 0x80808080u) goto general;
+        h = h * KG_P4 + (uint32_t)p[i] * KG_P3 + (uint32_t)p[i + 1] * KG_P2 + (uint32_t)p[i + 2] * KG_P1 + p[i + 3];
+        i += 4;
+    }
+general:
+    while (i < len) {
+        uint32_t c = p[i];
+        if (c < 0x80) {
+            h = h * 31u + c;
+            i += 1;
+            continue;
+        }
+        uint32_t cp;
+        int n;
+        uint32_t lo = 0x80, hi = 0xBF;
+        if (c >= 0xC2 && c <= 0xDF) { n = 2; cp = c & 0x1F; }
+        else if (c >= 0xE0 && c <= 0xEF) {
+            n = 3; cp = c & 0x0F;
+            if (c == 0xE0) lo = 0xA0;
+            if (c == 0xED) hi = 0x9F;
+        } else if (c >= 0xF0 && c <= 0xF4) {
+            n = 4; cp = c & 0x07;
+            if (c == 0xF0) lo = 0x90;
+            if (c == 0xF4) hi = 0x8F;
+        } else return -1;
+        if (len - i < n) return -1;
+        for (int k = 1; k < n; k++) {
+            uint32_t cc = p[i + k];
+            if (k == 1 ? (cc < lo || cc > hi) : (cc < 0x80 || cc > 0xBF)) return -1;
+            cp = (cp << 6) | (cc & 0x3F);
+        }
+        i += n;
+        if (cp >= 0x10000) {
+            cp -= 0x10000;
+            h = h * 31u + (0xD800u + (cp >> 10));
+            h = h * 31u + (0xDC00u + (cp & 0x3FF));
+        } else {
+            h = h * 31u + cp;
+        }
+    }
+    *out = (int32_t)h;
+    return 0;
+}
+
+/* String.hashCode() over UCS-4 code points (numpy 'U' arrays, Python's 4-byte strings); astral code points count as
+ * their surrogate pair, lone surrogates as themselves, as in Java. */
+static inline int32_t kg_hash_ucs4(const uint32_t *p, int64_t len) {
+    uint32_t h = 0;
+    for (int64_t i = 0; i < len; i++) {
+        uint32_t cp = p[i];
+        if (cp >= 0x10000) {
+            cp -= 0x10000;
+            h = h * 31u + (0xD800u + (cp >> 10));
+            h = h * 31u + (0xDC00u + (cp & 0x3FF));
+        } else {
+            h = h * 31u + cp;
+        }
+    }
+    return (int32_t)h;
+}
+
+static inline int32_t kg_hash_ucs2(const uint16_t *p, int64_t len) {
+    uint32_t h = 0;
+    for (int64_t i = 0; i < len; i++) h = h * 31u + p[i];
+    return (int32_t)h;
+}
+
+static inline int32_t kg_hash_latin1(const uint8_t *p, int64_t len) {
+    uint32_t h = 0;
+    int64_t i = 0;
+    for (; i + 8 <= len; i += 8) h = kg_fold8(h, p + i, 0);
+    for (; i < len; i++) h = h * 31u + p[i];
+    return (int32_t)h;
+}
+
+/* ---- loops over whole buffers ---------------------------------------------------------------------------------- */
+
+KG_VECTOR_CLONES
+static void kg_groups_from_int64(const int64_t *in, Py_ssize_t n, int32_t maxp, int16_t *out) {
+    double inv = 1.0 / (double)maxp;
+    for (Py_ssize_t i = 0; i < n; i++) out[i] = (int16_t)kg_key_group(kg_hash_long(in[i]), maxp, inv);
+}
+
+KG_VECTOR_CLONES
+static void kg_groups_from_int32(const int32_t *in, Py_ssize_t n, int32_t maxp, int16_t *out) {
+    double inv = 1.0 / (double)maxp;
+    for (Py_ssize_t i = 0; i < n; i++) out[i] = (int16_t)kg_key_group(in[i], maxp, inv);
+}
+
+KG_VECTOR_CLONES
+static void kg_groups_from_hashes(const int32_t *hashes, Py_ssize_t n, int32_t maxp, int16_t *out) {
+    double inv = 1.0 / (double)maxp;
+    for (Py_ssize_t i = 0; i < n; i++) out[i] = (int16_t)kg_key_group(hashes[i], maxp, inv);
+}
+
+KG_VECTOR_CLONES
+static void kg_operators_from_groups(const int16_t *groups, Py_ssize_t n, int32_t maxp, int32_t parallelism,
+                                     int32_t *out) {
+    /* Flink: keyGroup * parallelism / maxParallelism; the product stays below 2^30. */
+    double inv = 1.0 / (double)maxp;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int32_t x = (int32_t)groups[i] * parallelism;
+        int32_t q = (int32_t)((double)x * inv);
+        int32_t r = x - q * maxp;
+        q -= (int32_t)(r < 0);
+        q += (int32_t)(r - maxp * (int32_t)(r < 0) >= maxp);
+        out[i] = q;
+    }
+}
+
+/* Hashes of Arrow variable-length values (value i is data[offsets[i], offsets[i+1])), each offset checked against
+ * the data buffer first. Returns -1 when all is well; otherwise the index of the first bad value, with *status 1 for
+ * offsets outside the buffer and 2 for a string that is not UTF-8. */
+#define KG_DEFINE_VAR_BINARY(NAME, OFFSET_T)                                                                          \
+    static Py_ssize_t NAME(const OFFSET_T *offsets, Py_ssize_t n, const uint8_t *data, int64_t data_len, int utf8,   \
+                           int32_t *out, int *status) {                                                              \
+        for (Py_ssize_t i = 0; i < n; i++) {                                                                         \
+            int64_t start = (int64_t)offsets[i], end = (int64_t)offsets[i + 1];                                      \
+            if (start < 0 || start > end || end > data_len) { *status = 1; return i; }                                \
+            if (utf8) {                                                                                              \
+                if (kg_hash_utf8(data + start, end - start, &out[i]) != 0) { *status = 2; return i; }                 \
+            } else {                                                                                                 \
+                out[i] = kg_hash_bytes(data + start, end - start);                                                   \
+            }                                                                                                        \
+        }                                                                                                            \
+        return -1;                                                                                                   \
+    }
+KG_DEFINE_VAR_BINARY(kg_hashes_var_binary32, int32_t)
+KG_DEFINE_VAR_BINARY(kg_hashes_var_binary64, int64_t)
+
+#endif

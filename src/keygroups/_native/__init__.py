@@ -1,0 +1,1 @@
+"""The compiled core (built from the repository's ``_native/`` Cython and C sources)."""

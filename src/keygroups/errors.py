@@ -1,0 +1,44 @@
+"""The exceptions keygroups raises, one small hierarchy.
+
+Bad arguments raise the built-in ``ValueError`` / ``TypeError`` (their messages name the value and what is allowed);
+everything about state, snapshots and checkpoints raises a ``KeyGroupsError`` subclass, so a caller can tell "my
+input was wrong" from "the stored state cannot be used".
+"""
+
+from __future__ import annotations
+
+
+class KeyGroupsError(Exception):
+    """Base class of every keygroups-specific error."""
+
+
+class StateMigrationError(KeyGroupsError):
+    """A state cannot be restored with the serializer or settings registered now (incompatible serializer, a changed
+    max parallelism, a state registered again as another kind)."""
+
+
+class CorruptSnapshotError(KeyGroupsError):
+    """A snapshot or metadata file is truncated, fails its checksum or is otherwise not what keygroups wrote."""
+
+
+class CheckpointNotFoundError(KeyGroupsError):
+    """The requested checkpoint or savepoint does not exist (or is incomplete: it has no ``_metadata``)."""
+
+
+class KeyGroupOutOfRangeError(KeyGroupsError):
+    """A key was given to a backend that does not own its key group: usually the sign of a key whose hash is not
+    deterministic, or of records that were not partitioned by key group."""
+
+
+class UnsafeDeserializationError(KeyGroupsError):
+    """A snapshot holds pickled data and the caller did not opt in to unpickling it."""
+
+
+__all__ = [
+    "KeyGroupsError",
+    "StateMigrationError",
+    "CorruptSnapshotError",
+    "CheckpointNotFoundError",
+    "KeyGroupOutOfRangeError",
+    "UnsafeDeserializationError",
+]

@@ -1,0 +1,39 @@
+"""Shared fixtures. Spark runs in local mode, one session for the whole test run."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import sys
+
+import pytest
+
+DATA = pathlib.Path(__file__).parent / "data"
+
+
+def load_jsonl(name: str) -> list[dict]:
+    with open(DATA / name, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One local[2] SparkSession per test run (starting one costs seconds)."""
+    pyspark_sql = pytest.importorskip("pyspark.sql")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    session = (
+        pyspark_sql.SparkSession.builder.master("local[2]")
+        .appName("keygroups-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.default.parallelism", "4")
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        .config("spark.driver.memory", "2g")
+        .config("spark.sql.session.timeZone", "UTC")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
