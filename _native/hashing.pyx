@@ -35,6 +35,10 @@ cdef extern from "kg_hash.h" nogil:
                                       int utf8, int32_t *out, int *status)
     Py_ssize_t kg_hashes_var_binary64(const int64_t *offsets, Py_ssize_t n, const uint8_t *data, int64_t data_len,
                                       int utf8, int32_t *out, int *status)
+    Py_ssize_t kg_hashes_var_binary32_groups(const int32_t *offsets, Py_ssize_t n, const uint8_t *data,
+                                             int64_t data_len, int utf8, int32_t maxp, int16_t *out, int *status)
+    Py_ssize_t kg_hashes_var_binary64_groups(const int64_t *offsets, Py_ssize_t n, const uint8_t *data,
+                                             int64_t data_len, int utf8, int32_t maxp, int16_t *out, int *status)
     void kg_operators_from_groups(const int16_t *groups, Py_ssize_t n, int32_t maxp, int32_t parallelism,
                                   int32_t *out)
     int KG_BOOLEAN_TRUE_HASH
@@ -322,24 +326,40 @@ ctypedef fused offset_t:
     int64_t
 
 
-def java_hashes_var_binary(const offset_t[::1] offsets, const uint8_t[::1] data, bint utf8):
+def java_hashes_var_binary(const offset_t[::1] offsets, const uint8_t[::1] data, bint utf8,
+                           int32_t max_parallelism=0):
     """Hashes of n = len(offsets) - 1 variable-length values laid out as Arrow's (large_)utf8 and (large_)binary:
-    value i is data[offsets[i]:offsets[i + 1]]. utf8 values hash as java.lang.String, others as byte[]."""
+    value i is data[offsets[i]:offsets[i + 1]]. utf8 values hash as java.lang.String, others as byte[]. With
+    max_parallelism > 0, the int16 key groups come back instead of the int32 hashes (one fused pass)."""
     if offsets.shape[0] == 0:
         raise ValueError("an Arrow offsets buffer holds at least one offset")
-    cdef Py_ssize_t n = offsets.shape[0] - 1, bad
+    cdef Py_ssize_t n = offsets.shape[0] - 1, bad = -1
     cdef Py_ssize_t data_len = data.shape[0]
     cdef const uint8_t *base = &data[0] if data_len else <const uint8_t *>b""
     cdef int status = 0
-    out = np.empty(n, dtype=np.int32)
-    cdef int32_t[::1] o = out
+    cdef bint fused = max_parallelism > 0
+    out = np.empty(n, dtype=np.int16 if fused else np.int32)
+    cdef int32_t[::1] hashes
+    cdef int16_t[::1] groups
     if n == 0:
         return out
+    if fused:
+        groups = out
+    else:
+        hashes = out
     with nogil:
         if offset_t is int32_t:
-            bad = kg_hashes_var_binary32(&offsets[0], n, base, data_len, utf8, &o[0], &status)
+            if fused:
+                bad = kg_hashes_var_binary32_groups(&offsets[0], n, base, data_len, utf8, max_parallelism,
+                                                    &groups[0], &status)
+            else:
+                bad = kg_hashes_var_binary32(&offsets[0], n, base, data_len, utf8, &hashes[0], &status)
         else:
-            bad = kg_hashes_var_binary64(&offsets[0], n, base, data_len, utf8, &o[0], &status)
+            if fused:
+                bad = kg_hashes_var_binary64_groups(&offsets[0], n, base, data_len, utf8, max_parallelism,
+                                                    &groups[0], &status)
+            else:
+                bad = kg_hashes_var_binary64(&offsets[0], n, base, data_len, utf8, &hashes[0], &status)
     if bad >= 0:
         if status == 2:
             raise ValueError(f"string at position {bad} is not valid UTF-8")

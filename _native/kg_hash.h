@@ -13,7 +13,7 @@
 
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
 /* One build serves every x86-64 machine: the loader picks the AVX2 clone where the CPU has it. */
-#define KG_VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
+#define KG_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define KG_VECTOR_CLONES
 #endif
@@ -85,11 +85,32 @@ static inline int32_t kg_hash_float(float f) {
 #define KG_P7 0x67e12cdfu /* 31^7 mod 2^32 */
 #define KG_P8 0x94446f01u /* 31^8 mod 2^32 */
 
+/* The 31-polynomial of eight bytes (b0 first) in a little-endian word, as b0*31^7 + ... + b7, by SWAR: adjacent bytes
+ * pair up in 16-bit lanes (b*31 + b' < 2^16), pairs into 32-bit lanes (p*961 + p' < 2^32), so three multiplies do
+ * the work of eight and no lane carries into the next. */
+static inline uint32_t kg_poly8(uint64_t w) {
+    uint64_t pairs = (w & 0x00FF00FF00FF00FFull) * 31u + ((w >> 8) & 0x00FF00FF00FF00FFull);
+    uint64_t quads = (pairs & 0x0000FFFF0000FFFFull) * 961u + ((pairs >> 16) & 0x0000FFFF0000FFFFull);
+    return (uint32_t)quads * KG_P4 + (uint32_t)(quads >> 32);
+}
+
+static inline uint32_t kg_poly4(uint32_t w) {
+    uint32_t pairs = (w & 0x00FF00FFu) * 31u + ((w >> 8) & 0x00FF00FFu);
+    return (pairs & 0xFFFFu) * 961u + (pairs >> 16);
+}
+
+static inline uint64_t kg_load8(const uint8_t *p) {
+    uint64_t w;
+    memcpy(&w, p, 8);
+    return w;
+}
+
 static inline uint32_t kg_fold8(uint32_t h, const uint8_t *p, int is_signed) {
-    uint32_t b[8];
-    for (int k = 0; k < 8; k++) b[k] = is_signed ? (uint32_t)(int32_t)(int8_t)p[k] : (uint32_t)p[k];
-    return h * KG_P8 + b[0] * KG_P7 + b[1] * KG_P6 + b[2] * KG_P5 + b[3] * KG_P4 + b[4] * KG_P3 + b[5] * KG_P2 +
-           b[6] * KG_P1 + b[7];
+    uint64_t w = kg_load8(p);
+    uint32_t poly = kg_poly8(w);
+    /* A signed byte is its unsigned value minus 256 when the top bit is set. */
+    if (is_signed) poly -= 256u * kg_poly8((w >> 7) & 0x0101010101010101ull);
+    return h * KG_P8 + poly;
 }
 
 /* java.util.Arrays.hashCode(byte[]): starts at 1, bytes are signed. */
@@ -109,16 +130,15 @@ static inline int kg_hash_utf8(const uint8_t *p, int64_t len, int32_t *out) {
     int64_t i = 0;
     /* ASCII fast path: whole 8- and 4-byte words fold with precomputed powers of 31, a short dependency chain. */
     for (; i + 8 <= len; i += 8) {
-        uint64_t w;
-        memcpy(&w, p + i, 8);
+        uint64_t w = kg_load8(p + i);
         if (w & 0x8080808080808080ull) goto general;
-        h = kg_fold8(h, p + i, 0);
+        h = h * KG_P8 + kg_poly8(w);
     }
     if (i + 4 <= len) {
         uint32_t w;
         memcpy(&w, p + i, 4);
         if (w & 0x80808080u) goto general;
-        h = h * KG_P4 + (uint32_t)p[i] * KG_P3 + (uint32_t)p[i + 1] * KG_P2 + (uint32_t)p[i + 2] * KG_P1 + p[i + 3];
+        h = h * KG_P4 + kg_poly4(w);
         i += 4;
     }
 general:
@@ -196,6 +216,11 @@ static inline int32_t kg_hash_latin1(const uint8_t *p, int64_t len) {
 
 KG_VECTOR_CLONES
 static void kg_groups_from_int64(const int64_t *in, Py_ssize_t n, int32_t maxp, int16_t *out) {
+    if ((maxp & (maxp - 1)) == 0) { /* murmur is non-negative, so a mask is the modulo (the default 128 is here) */
+        uint32_t mask = (uint32_t)maxp - 1;
+        for (Py_ssize_t i = 0; i < n; i++) out[i] = (int16_t)((uint32_t)kg_murmur(kg_hash_long(in[i])) & mask);
+        return;
+    }
     double inv = 1.0 / (double)maxp;
     for (Py_ssize_t i = 0; i < n; i++) out[i] = (int16_t)kg_key_group(kg_hash_long(in[i]), maxp, inv);
 }
@@ -208,6 +233,11 @@ static void kg_groups_from_int32(const int32_t *in, Py_ssize_t n, int32_t maxp, 
 
 KG_VECTOR_CLONES
 static void kg_groups_from_hashes(const int32_t *hashes, Py_ssize_t n, int32_t maxp, int16_t *out) {
+    if ((maxp & (maxp - 1)) == 0) {
+        uint32_t mask = (uint32_t)maxp - 1;
+        for (Py_ssize_t i = 0; i < n; i++) out[i] = (int16_t)((uint32_t)kg_murmur(hashes[i]) & mask);
+        return;
+    }
     double inv = 1.0 / (double)maxp;
     for (Py_ssize_t i = 0; i < n; i++) out[i] = (int16_t)kg_key_group(hashes[i], maxp, inv);
 }
@@ -227,8 +257,8 @@ static void kg_operators_from_groups(const int16_t *groups, Py_ssize_t n, int32_
     }
 }
 
-/* Hashes of Arrow variable-length values (value i is data[offsets[i], offsets[i+1])), each offset checked against
- * the data buffer first. Returns -1 when all is well; otherwise the index of the first bad value, with *status 1 for
+/* Hashes of Arrow variable-length values: value i is data[offsets[i], offsets[i+1]), each offset checked against the
+ * data buffer first. Returns -1 when all is well; otherwise the index of the first bad value, with *status 1 for
  * offsets outside the buffer and 2 for a string that is not UTF-8. */
 #define KG_DEFINE_VAR_BINARY(NAME, OFFSET_T)                                                                          \
     static Py_ssize_t NAME(const OFFSET_T *offsets, Py_ssize_t n, const uint8_t *data, int64_t data_len, int utf8,   \
@@ -241,6 +271,19 @@ static void kg_operators_from_groups(const int16_t *groups, Py_ssize_t n, int32_
             } else {                                                                                                 \
                 out[i] = kg_hash_bytes(data + start, end - start);                                                   \
             }                                                                                                        \
+        }                                                                                                            \
+        return -1;                                                                                                   \
+    }                                                                                                                \
+    /* Key groups straight away: hashes go through a small cache-resident block, so no int32 array of n hashes is  \
+     * ever written (and page-faulted in), and the murmur/modulo pass over each block stays vectorized. */          \
+    static Py_ssize_t NAME##_groups(const OFFSET_T *offsets, Py_ssize_t n, const uint8_t *data, int64_t data_len,   \
+                                    int utf8, int32_t maxp, int16_t *out, int *status) {                            \
+        int32_t block[1024];                                                                                         \
+        for (Py_ssize_t base = 0; base < n; base += 1024) {                                                          \
+            Py_ssize_t m = n - base < 1024 ? n - base : 1024;                                                        \
+            Py_ssize_t bad = NAME(offsets + base, m, data, data_len, utf8, block, status);                           \
+            if (bad >= 0) return base + bad;                                                                         \
+            kg_groups_from_hashes(block, m, maxp, out + base);                                                       \
         }                                                                                                            \
         return -1;                                                                                                   \
     }

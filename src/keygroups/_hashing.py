@@ -168,8 +168,9 @@ def _numpy_hashes(keys: np.ndarray, key_type: KeyType) -> np.ndarray:
     )
 
 
-def _arrow_hashes(arr: Any, key_type: KeyType) -> np.ndarray:
-    import pyarrow as pa
+def _arrow_hashes(arr: Any, key_type: KeyType, max_parallelism: int = 0) -> np.ndarray:
+    """Java hashes of an Arrow array; for offset-based string/binary arrays with max_parallelism > 0, their key
+    groups instead (one fused pass). Callers check the dtype of what comes back."""
     import pyarrow.types as t
 
     if arr.null_count:
@@ -202,7 +203,7 @@ def _arrow_hashes(arr: Any, key_type: KeyType) -> np.ndarray:
                 raise ValueError(f"Arrow array of {n} values has only {len(offsets)} offsets: the array is corrupt")
             offsets = offsets[off : off + n + 1]
         data = buffers[2] if buffers[2] is not None else b""
-        return _h.java_hashes_var_binary(offsets, memoryview(data).cast("B"), utf8)
+        return _h.java_hashes_var_binary(offsets, memoryview(data).cast("B"), utf8, max_parallelism)
     raise TypeError(
         f"unsupported Arrow key type {typ}; supported: integers, floating point, bool, utf8 / large_utf8 / "
         "string_view, binary / large_binary / binary_view, and dictionaries of these"
@@ -247,6 +248,9 @@ def assign_key_groups(keys: Any, max_parallelism: int, key_type: KeyType = None)
     mp = check_max_parallelism(max_parallelism)
     if isinstance(keys, np.ndarray) and keys.dtype == np.int64 and keys.ndim == 1 and key_type in (None, "long"):
         return _h.groups_from_int64(np.ascontiguousarray(keys), mp)
+    if _is_arrow(keys, "Array") and not keys.null_count:
+        out = _arrow_hashes(keys, key_type, mp)
+        return out if out.dtype == np.int16 else _h.groups_from_hashes(out, mp)
     return _h.groups_from_hashes(java_hashes(keys, key_type), mp)
 
 

@@ -1,0 +1,397 @@
+"""The key-group core against Flink's own outputs (tests/data, computed by Flink 2.3.0), a plain-Python reference and
+mmh3, through the scalar path and every vectorized input form."""
+
+from __future__ import annotations
+
+import math
+import struct
+
+import mmh3
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import keygroups as kg
+import reference as ref
+from conftest import load_jsonl
+
+VECTORS = load_jsonl("key_groups.jsonl")
+MAX_PARALLELISMS = [1, 2, 3, 7, 10, 128, 129, 1000, 4096, 32768]
+FIELD_KEY_TYPES = {"int": "int", "long": "long", "string": "string", "double": "double", "boolean": "boolean",
+                   "bytes": "bytes"}
+
+
+def decode_scalar(value, java_type):
+    if java_type == "double":
+        return float(value)
+    if java_type == "bytes":
+        return bytes.fromhex(value)
+    return value
+
+
+def decode(row):
+    """(python key, key_type) for one vector line."""
+    t = row["type"]
+    if t.startswith("tuple<"):
+        fields = t[len("tuple<") : -1].split(",")
+        key = tuple(decode_scalar(v, f) for v, f in zip(row["key"], fields))
+        return key, tuple(FIELD_KEY_TYPES[f] for f in fields)
+    return decode_scalar(row["key"], t), ("int" if t == "int" else None)
+
+
+def rows_of(java_type):
+    return [r for r in VECTORS if r["type"] == java_type]
+
+
+def expected_groups(rows, mp):
+    return np.array([r["key_groups"][str(mp)] for r in rows], dtype=np.int16)
+
+
+def test_vectors_cover_every_type():
+    assert {r["type"] for r in VECTORS} >= {"long", "int", "boolean", "double", "string", "bytes"}
+    assert any(r["type"].startswith("tuple<") for r in VECTORS)
+
+
+@pytest.mark.parametrize("row", VECTORS, ids=lambda r: f"{r['type']}:{str(r['key'])[:20]}")
+def test_scalar_path_matches_flink(row):
+    key, key_type = decode(row)
+    assert kg.java_hash(key, key_type) == row["java_hash"]
+    assert kg.murmur_hash(row["java_hash"]) == row["murmur"]
+    for mp, group in row["key_groups"].items():
+        assert kg.assign_to_key_group(key, int(mp), key_type) == group
+
+
+def vector_inputs(java_type):
+    """Every vectorized form a key column of this Java type can take: (label, keys, key_type)."""
+    rows = rows_of(java_type)
+    keys = [decode(r)[0] for r in rows]
+    forms = [("list", keys, "int" if java_type == "int" else None)]
+    if java_type == "long":
+        forms += [("numpy-int64", np.array(keys, dtype=np.int64), None), ("arrow-int64", pa.array(keys, pa.int64()), None)]
+    elif java_type == "int":
+        forms += [
+            ("numpy-int32", np.array(keys, dtype=np.int32), None),
+            ("numpy-int64-as-int", np.array(keys, dtype=np.int64), "int"),
+            ("arrow-int32", pa.array(keys, pa.int32()), None),
+        ]
+    elif java_type == "boolean":
+        forms += [("numpy-bool", np.array(keys, dtype=bool), None), ("arrow-bool", pa.array(keys, pa.bool_()), None)]
+    elif java_type == "double":
+        forms += [("numpy-float64", np.array(keys, dtype=np.float64), None),
+                  ("arrow-float64", pa.array(keys, pa.float64()), None)]
+    elif java_type == "string":
+        forms += [
+            ("numpy-unicode", np.array(keys, dtype=str), None),
+            ("numpy-object", np.array(keys, dtype=object), None),
+            ("arrow-utf8", pa.array(keys, pa.string()), None),
+            ("arrow-large-utf8", pa.array(keys, pa.large_string()), None),
+            ("arrow-string-view", pa.array(keys, pa.string_view()), None),
+            ("arrow-chunked", pa.chunked_array([keys[: len(keys) // 3], keys[len(keys) // 3 :]], pa.string()), None),
+            ("arrow-dictionary", pa.array(keys, pa.string()).dictionary_encode(), None),
+        ]
+    elif java_type == "bytes":
+        forms += [
+            ("arrow-binary", pa.array(keys, pa.binary()), None),
+            ("arrow-large-binary", pa.array(keys, pa.large_binary()), None),
+            ("arrow-binary-view", pa.array(keys, pa.binary_view()), None),
+        ]
+    return rows, forms
+
+
+@pytest.mark.parametrize("java_type", ["long", "int", "boolean", "double", "string", "bytes"])
+def test_vectorized_paths_match_flink(java_type):
+    rows, forms = vector_inputs(java_type)
+    hashes = np.array([r["java_hash"] for r in rows], dtype=np.int32)
+    for label, keys, key_type in forms:
+        np.testing.assert_array_equal(kg.java_hashes(keys, key_type), hashes, err_msg=label)
+        for mp in MAX_PARALLELISMS:
+            got = kg.assign_key_groups(keys, mp, key_type)
+            assert got.dtype == np.int16
+            np.testing.assert_array_equal(got, expected_groups(rows, mp), err_msg=f"{label} mp={mp}")
+
+
+def test_numpy_fixed_bytes_match_flink_where_numpy_can_hold_the_key():
+    # numpy 'S' arrays drop trailing NUL bytes (numpy's own rule), so only keys without one can round-trip.
+    rows = [r for r in rows_of("bytes") if not bytes.fromhex(r["key"]).endswith(b"\x00")]
+    keys = np.array([bytes.fromhex(r["key"]) for r in rows], dtype="S")
+    np.testing.assert_array_equal(kg.assign_key_groups(keys, 128), expected_groups(rows, 128))
+
+
+def test_tuple_vectors_through_lists_and_object_arrays():
+    by_type: dict[str, list] = {}
+    for r in VECTORS:
+        if r["type"].startswith("tuple<"):
+            by_type.setdefault(r["type"], []).append(r)
+    for rows in by_type.values():
+        decoded = [decode(r) for r in rows]
+        keys = [k for k, _ in decoded]
+        key_type = decoded[0][1]
+        obj = np.empty(len(keys), dtype=object)
+        obj[:] = keys
+        for form in (keys, obj):
+            for mp in MAX_PARALLELISMS:
+                np.testing.assert_array_equal(kg.assign_key_groups(form, mp, key_type), expected_groups(rows, mp))
+
+
+def test_ranges_operator_indices_and_default_max_parallelism_match_flink():
+    for r in load_jsonl("ranges.jsonl"):
+        rng = kg.key_group_range(r["max_parallelism"], r["parallelism"], r["operator_index"])
+        assert (rng.start, rng.end) == (r["start"], r["end"]), r
+    rows = load_jsonl("operator_index.jsonl")
+    for r in rows:
+        assert kg.operator_index_for_key_group(r["max_parallelism"], r["parallelism"], r["key_group"]) == r[
+            "operator_index"
+        ]
+    by_config: dict[tuple[int, int], list] = {}
+    for r in rows:
+        by_config.setdefault((r["max_parallelism"], r["parallelism"]), []).append(r)
+    for (mp, p), group in by_config.items():
+        got = kg.operator_index_for_key_group(mp, p, np.array([r["key_group"] for r in group]))
+        np.testing.assert_array_equal(got, [r["operator_index"] for r in group])
+    for r in load_jsonl("default_max_parallelism.jsonl"):
+        assert kg.default_max_parallelism(r["parallelism"]) == r["max_parallelism"]
+
+
+@pytest.mark.parametrize("mp,p", [(128, 1), (128, 3), (128, 7), (128, 128), (13, 5), (32768, 7), (1000, 999)])
+def test_ranges_partition_all_key_groups_and_agree_with_operator_index(mp, p):
+    seen = []
+    for i in range(p):
+        rng = kg.key_group_range(mp, p, i)
+        assert len(rng) >= 1
+        for group in (rng.start, rng.end):
+            assert kg.operator_index_for_key_group(mp, p, group) == i
+        seen.extend(rng)
+    assert seen == list(range(mp))
+
+
+# ---- properties against independent references ------------------------------------------------------------------
+
+int32s = st.integers(-(2**31), 2**31 - 1)
+
+
+def mmh3_flink(h: int) -> int:
+    m = mmh3.hash(struct.pack("<i", h), seed=0, signed=True)
+    return m if m >= 0 else (-m if m != -(2**31) else 0)
+
+
+@given(int32s)
+@settings(max_examples=2000)
+def test_murmur_equals_mmh3_with_flinks_sign_rule(h):
+    assert kg.murmur_hash(h) == mmh3_flink(h) == ref.murmur_hash(h)
+
+
+def test_murmur_min_value_branch():
+    # -2089875627 is the one int whose murmur hash is Integer.MIN_VALUE (Flink maps it to 0).
+    assert kg.murmur_hash(-2089875627) == 0 == mmh3_flink(-2089875627)
+
+
+scalar_keys = st.one_of(
+    st.integers(-(2**63), 2**63 - 1),
+    st.booleans(),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(),
+    st.binary(),
+)
+keys = st.one_of(scalar_keys, st.tuples(scalar_keys, scalar_keys), st.tuples(scalar_keys, st.tuples(st.text(), st.integers(-(2**63), 2**63 - 1))))
+
+
+@given(keys, st.sampled_from(MAX_PARALLELISMS))
+@settings(max_examples=1500)
+def test_compiled_scalar_equals_reference(key, mp):
+    assert kg.java_hash(key) == ref.java_hash(key)
+    assert kg.assign_to_key_group(key, mp) == ref.key_group(key, mp)
+
+
+@given(st.lists(keys, max_size=40), st.sampled_from(MAX_PARALLELISMS))
+@settings(max_examples=300)
+def test_vectorized_list_equals_scalar(batch, mp):
+    expected = np.array([kg.assign_to_key_group(k, mp) for k in batch], dtype=np.int16)
+    np.testing.assert_array_equal(kg.assign_key_groups(batch, mp), expected)
+
+
+@given(st.lists(st.integers(-(2**63), 2**63 - 1), max_size=60), st.sampled_from(MAX_PARALLELISMS),
+       st.integers(0, 5))
+@settings(max_examples=300)
+def test_vectorized_int64_forms_equal_scalar(values, mp, offset):
+    expected = np.array([ref.key_group(v, mp) for v in values[offset:]], dtype=np.int16)
+    arr = np.array(values, dtype=np.int64)
+    np.testing.assert_array_equal(kg.assign_key_groups(arr[offset:], mp), expected)
+    np.testing.assert_array_equal(kg.assign_key_groups(pa.array(values, pa.int64()).slice(offset), mp), expected)
+
+
+@given(st.lists(st.text(), max_size=40), st.sampled_from(MAX_PARALLELISMS), st.integers(0, 5))
+@settings(max_examples=300)
+def test_vectorized_strings_equal_reference(values, mp, offset):
+    values = [v for v in values if "\x00" not in v[-1:]]  # numpy 'U' cannot hold trailing NULs
+    expected = np.array([ref.key_group(v, mp) for v in values[offset:]], dtype=np.int16)
+    for arr in (pa.array(values, pa.string()), pa.array(values, pa.large_string()), pa.array(values, pa.string_view())):
+        np.testing.assert_array_equal(kg.assign_key_groups(arr.slice(offset), mp), expected)
+    if values:
+        np.testing.assert_array_equal(kg.assign_key_groups(np.array(values, dtype=str)[offset:], mp), expected)
+
+
+@given(st.lists(st.binary(max_size=40), max_size=40), st.sampled_from(MAX_PARALLELISMS), st.integers(0, 5))
+@settings(max_examples=200)
+def test_vectorized_binary_equals_reference(values, mp, offset):
+    expected = np.array([ref.key_group(v, mp) for v in values[offset:]], dtype=np.int16)
+    for arr in (pa.array(values, pa.binary()), pa.array(values, pa.large_binary()), pa.array(values, pa.binary_view())):
+        np.testing.assert_array_equal(kg.assign_key_groups(arr.slice(offset), mp), expected)
+
+
+@given(st.lists(st.floats(allow_nan=True), max_size=40), st.sampled_from(MAX_PARALLELISMS))
+@settings(max_examples=200)
+def test_vectorized_floats_equal_reference(values, mp):
+    expected = np.array([ref.key_group(v, mp) for v in values], dtype=np.int16)
+    np.testing.assert_array_equal(kg.assign_key_groups(np.array(values, dtype=np.float64), mp), expected)
+    np.testing.assert_array_equal(kg.assign_key_groups(pa.array(values, pa.float64()), mp), expected)
+    with np.errstate(over="ignore"):
+        f32 = np.array(values, dtype=np.float32)
+    expected32 = np.array([ref.murmur_hash(ref.float_hash(float(v))) % mp for v in f32], dtype=np.int16)
+    np.testing.assert_array_equal(kg.assign_key_groups(f32, mp), expected32)
+
+
+def test_nan_is_canonical_and_signed_zeros_differ():
+    other_nan = struct.unpack("<d", struct.pack("<Q", 0x7FF8000000000123))[0]
+    assert math.isnan(other_nan)
+    assert kg.java_hash(other_nan) == kg.java_hash(float("nan")) == 2146959360
+    assert kg.java_hash(-0.0) == -(2**31) and kg.java_hash(0.0) == 0
+
+
+@pytest.mark.parametrize(
+    "dtype,key_type,java",
+    [(np.int8, None, "byte"), (np.int16, None, "short"), (np.int32, None, "int"), (np.int64, None, "long"),
+     (np.uint8, None, "long"), (np.uint16, None, "long"), (np.uint32, None, "long"), (np.uint64, None, "long"),
+     (np.int64, "int", "int"), (np.int32, "long", "long")],
+)
+@pytest.mark.parametrize("writable", [True, False])
+def test_integer_dtypes_and_read_only_buffers(dtype, key_type, java, writable):
+    info = np.iinfo(dtype)
+    top = min(int(info.max), 2**63 - 1)  # uint64 values past Long's range are refused (tested below)
+    values = np.array([0, 1, top, info.min, 7, top // 3], dtype=dtype)
+    if key_type == "int":
+        values = values.clip(-(2**31), 2**31 - 1)
+    values.flags.writeable = writable
+    ref_type = None if java == "long" else "int"
+    expected = np.array([ref.key_group(int(v), 4096, ref_type) for v in values], dtype=np.int16)
+    np.testing.assert_array_equal(kg.assign_key_groups(values, 4096, key_type), expected)
+    scalars = [kg.assign_to_key_group(v, 4096, key_type) for v in values]  # numpy scalars map to Java types too
+    np.testing.assert_array_equal(scalars, expected)
+
+
+@pytest.mark.parametrize("writable", [True, False])
+def test_read_only_string_float_bool_arrays(writable):
+    arrays = [np.array(["a", "user-1", "ü😀"]), np.array([1.5, -0.0, np.nan]), np.array([True, False]),
+              np.array([b"ab", b"\xff"], dtype="S")]
+    for arr in arrays:
+        arr.flags.writeable = writable
+        np.testing.assert_array_equal(kg.assign_key_groups(arr, 128), [kg.assign_to_key_group(k, 128) for k in arr.tolist()])
+
+
+def test_read_only_arrow_buffer_from_ipc_file(tmp_path):
+    # Arrow arrays read from a memory-mapped IPC file point into read-only mapped memory.
+    path = tmp_path / "keys.arrow"
+    table = pa.table({"k": pa.array([f"user-{i}" for i in range(1000)]), "n": pa.array(range(1000), pa.int64())})
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+    with pa.memory_map(str(path)) as source:
+        loaded = pa.ipc.open_file(source).read_all()
+        got_s = kg.assign_key_groups(loaded.column("k"), 128)
+        got_n = kg.assign_key_groups(loaded.column("n"), 128)
+    np.testing.assert_array_equal(got_s, [ref.key_group(f"user-{i}", 128) for i in range(1000)])
+    np.testing.assert_array_equal(got_n, [ref.key_group(i, 128) for i in range(1000)])
+
+
+def test_assign_operators_matches_ranges():
+    keys = np.arange(-5000, 5000, dtype=np.int64)
+    ops = kg.assign_operators(keys, 128, 7)
+    groups = kg.assign_key_groups(keys, 128)
+    for op, group in zip(ops, groups):
+        assert int(group) in kg.key_group_range(128, 7, int(op))
+    assert kg.assign_to_operator("user-1", 128, 7) == kg.operator_index_for_key_group(128, 7, kg.assign_to_key_group("user-1", 128))
+
+
+# ---- bad input -------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(
+    "call,exc,match",
+    [
+        (lambda: kg.java_hash(None), ValueError, "must not be None"),
+        (lambda: kg.assign_to_key_group(None, 128), ValueError, "must not be None"),
+        (lambda: kg.assign_key_groups(["a", None, "b"], 128), ValueError, "position 1"),
+        (lambda: kg.assign_key_groups(np.array([1, None], dtype=object), 128), ValueError, "position 1"),
+        (lambda: kg.assign_key_groups(pa.array(["a", "b", None]), 128), ValueError, "position 2 is null"),
+        (lambda: kg.assign_key_groups(pa.chunked_array([["a"], ["b", None]]), 128), ValueError, "position 2 is null"),
+        (lambda: kg.java_hash(object()), TypeError, "unsupported key type builtins.object.*supported"),
+        (lambda: kg.java_hash([1, 2]), TypeError, "unsupported key type builtins.list"),
+        (lambda: kg.assign_key_groups(np.array([1 + 2j]), 128), TypeError, "unsupported key array dtype complex128"),
+        (lambda: kg.assign_key_groups(pa.array([[1]]), 128), TypeError, "unsupported Arrow key type list"),
+        (lambda: kg.assign_to_key_group(1, 0), ValueError, r"max_parallelism must be in \[1, 32768\].*got 0"),
+        (lambda: kg.assign_to_key_group(1, 32769), ValueError, r"max_parallelism must be in \[1, 32768\].*got 32769"),
+        (lambda: kg.assign_key_groups([1], 40000), ValueError, "max_parallelism"),
+        (lambda: kg.key_group_range(128, 129, 0), ValueError, r"parallelism must be in \[1, max_parallelism=128\]"),
+        (lambda: kg.key_group_range(128, 0, 0), ValueError, "parallelism must be in"),
+        (lambda: kg.key_group_range(128, 4, 4), ValueError, r"operator_index must be in \[0, parallelism=4\), got 4"),
+        (lambda: kg.operator_index_for_key_group(128, 4, 128), ValueError, r"key_group must be in \[0, max_parallelism=128\)"),
+        (lambda: kg.operator_index_for_key_group(128, 4, np.array([0, -1])), ValueError, "position 1"),
+        (lambda: kg.java_hash(2**63), ValueError, "outside the 64-bit range"),
+        (lambda: kg.java_hash(-(2**63) - 1), ValueError, "outside the 64-bit range"),
+        (lambda: kg.assign_key_groups(np.array([2**64 - 1], dtype=np.uint64), 128), ValueError, "outside the 64-bit"),
+        (lambda: kg.java_hash(2**31, "int"), ValueError, r"does not fit key_type int.*\[-2147483648, 2147483647\]"),
+        (lambda: kg.assign_key_groups(np.array([0, 2**40]), 128, "int"), ValueError, "position 1"),
+        (lambda: kg.java_hash("x", "long"), TypeError, "not an integer"),
+        (lambda: kg.java_hash(1, "varchar"), ValueError, "unknown key_type 'varchar'"),
+        (lambda: kg.java_hash((1, 2), ("long",)), TypeError, "2-tuple"),
+        (lambda: kg.java_hash(()), ValueError, "at least one field"),
+        (lambda: kg.murmur_hash(2**31), ValueError, "signed 32-bit"),
+        (lambda: kg.assign_key_groups("abc", 128), TypeError, "single str"),
+        (lambda: kg.assign_key_groups(np.zeros((2, 2)), 128), ValueError, "1-D"),
+        (lambda: kg.KeyGroupRange(-1, 3), ValueError, "start=-1"),
+        (lambda: kg.KeyGroupRange(5, 2), ValueError, "start <= end"),
+        (lambda: kg.default_max_parallelism(0), ValueError, "parallelism must be in"),
+    ],
+)
+def test_bad_input_names_the_value_and_what_is_allowed(call, exc, match):
+    with pytest.raises(exc, match=match):
+        call()
+
+
+def test_invalid_utf8_in_arrow_strings_is_an_error_not_a_crash():
+    arr = pa.Array.from_buffers(pa.string(), 2, [None, pa.py_buffer(np.array([0, 1, 3], np.int32).tobytes()),
+                                                 pa.py_buffer(b"a\xc3\x28")])
+    with pytest.raises(ValueError, match="position 1 is not valid UTF-8"):
+        kg.assign_key_groups(arr, 128)
+
+
+def test_offsets_past_the_data_buffer_are_refused_by_the_kernel():
+    # pyarrow itself refuses to build such an array, so the compiled kernel is called with the raw buffers.
+    from keygroups._native import hashing
+
+    data = memoryview(b"abc")
+    for width in (np.int32, np.int64):
+        for offsets in ([0, 1, 500], [0, 2, 1], [-1, 0]):
+            with pytest.raises(ValueError, match="outside its 3-byte data buffer"):
+                hashing.java_hashes_var_binary(np.array(offsets, width), data, False)
+    with pytest.raises(ValueError, match="points past its data buffer"):
+        view = struct.pack("<iiii", 20, 0x61616161, 0, 0)
+        hashing.java_hashes_binary_view(memoryview(view), [b"short"], True)
+    with pytest.raises(ValueError, match="data buffer 3 of 1"):
+        hashing.java_hashes_binary_view(memoryview(struct.pack("<iiii", 20, 0, 3, 0)), [b"x" * 40], True)
+
+
+# ---- KeyGroupRange ----------------------------------------------------------------------------------------------
+
+def test_key_group_range_behaves_like_flinks():
+    r = kg.KeyGroupRange(3, 7)
+    assert len(r) == 5 and list(r) == [3, 4, 5, 6, 7]
+    assert 3 in r and 7 in r and 8 not in r and "3" not in r
+    assert r.intersection(kg.KeyGroupRange(6, 10)) == kg.KeyGroupRange(6, 7)
+    assert r.intersection(kg.KeyGroupRange(8, 10)) == kg.KeyGroupRange.empty()
+    empty = kg.KeyGroupRange.empty()
+    assert len(empty) == 0 and not empty and list(empty) == [] and kg.KeyGroupRange(4, 3) == empty
+    assert hash(kg.KeyGroupRange(3, 7)) == hash(r) and {r: 1}[kg.KeyGroupRange(3, 7)] == 1
+    assert repr(r) == "KeyGroupRange(3, 7)" and repr(empty) == "KeyGroupRange.empty()"
+    import pickle
+
+    assert pickle.loads(pickle.dumps(r)) == r
