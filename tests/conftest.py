@@ -8,6 +8,11 @@ import pathlib
 import sys
 
 import pytest
+from hypothesis import HealthCheck, settings
+
+# Wall-clock deadlines make property tests flaky on a shared 2-core machine; speed is measured in benchmarks/.
+settings.register_profile("keygroups", deadline=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True)
+settings.load_profile("keygroups")
 
 DATA = pathlib.Path(__file__).parent / "data"
 

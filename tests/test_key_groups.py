@@ -395,3 +395,23 @@ def test_key_group_range_behaves_like_flinks():
     import pickle
 
     assert pickle.loads(pickle.dumps(r)) == r
+
+
+@given(st.lists(st.tuples(st.text(max_size=8), st.integers(-(2**63), 2**63 - 1), st.booleans()), max_size=30),
+       st.sampled_from(MAX_PARALLELISMS))
+@settings(max_examples=200)
+def test_tuple_columns_equal_tuple_keys(rows, mp):
+    columns = [pa.array([r[0] for r in rows], pa.string()), np.array([r[1] for r in rows], dtype=np.int64),
+               [r[2] for r in rows]]
+    expected = np.array([ref.key_group(r, mp) for r in rows], dtype=np.int16)
+    if rows:
+        np.testing.assert_array_equal(kg.assign_key_groups_for_tuples(columns, mp), expected)
+        np.testing.assert_array_equal(kg.assign_key_groups_for_tuples(columns, mp, ("string", "long", "boolean")),
+                                      expected)
+
+
+def test_tuple_columns_must_agree():
+    with pytest.raises(ValueError, match="differ in length"):
+        kg.tuple_java_hashes([np.arange(3), np.arange(4)])
+    with pytest.raises(TypeError, match="tuple of 2 key types"):
+        kg.tuple_java_hashes([np.arange(3), np.arange(3)], "long")

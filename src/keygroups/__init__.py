@@ -7,12 +7,14 @@ subtasks owns a contiguous range of them.
 
 from keygroups._hashing import (
     assign_key_groups,
+    assign_key_groups_for_tuples,
     assign_operators,
     assign_to_key_group,
     assign_to_operator,
     java_hash,
     java_hashes,
     murmur_hash,
+    tuple_java_hashes,
 )
 from keygroups._ranges import (
     UPPER_BOUND_MAX_PARALLELISM,
@@ -35,9 +37,11 @@ __version__ = "0.1.0"
 __all__ = [
     "java_hash",
     "java_hashes",
+    "tuple_java_hashes",
     "murmur_hash",
     "assign_to_key_group",
     "assign_key_groups",
+    "assign_key_groups_for_tuples",
     "assign_to_operator",
     "assign_operators",
     "KeyGroupRange",

@@ -260,3 +260,30 @@ def assign_operators(
     """Vectorized :func:`assign_to_operator`: an int32 array with the owning subtask of every key."""
     p, mp = check_parallelism(parallelism, max_parallelism)
     return _h.operators_from_groups(assign_key_groups(keys, mp, key_type), mp, p)
+
+
+def tuple_java_hashes(columns: Sequence[Any], key_type: KeyType = None) -> npt.NDArray[np.int32]:
+    """Java hashes of the Flink tuples formed row by row from ``columns`` (each an array :func:`java_hashes`
+    accepts): ``h = hash(c0); h = 31 * h + hash(ci)``, without building a tuple per row. ``key_type`` is None or a
+    tuple with one key type per column."""
+    if not columns:
+        raise ValueError("a tuple key needs at least one column")
+    if key_type is not None and (not isinstance(key_type, tuple) or len(key_type) != len(columns)):
+        raise TypeError(f"key_type must be None or a tuple of {len(columns)} key types, got {key_type!r}")
+    types = key_type if key_type is not None else (None,) * len(columns)
+    acc = np.array(java_hashes(columns[0], types[0]), dtype=np.int32, copy=True)
+    for column, field_type in zip(columns[1:], types[1:]):
+        field = java_hashes(column, field_type)
+        if len(field) != len(acc):
+            raise ValueError(f"tuple key columns differ in length: {len(acc)} and {len(field)}")
+        _h.combine_tuple_hashes(acc, field)
+    return acc
+
+
+def assign_key_groups_for_tuples(
+    columns: Sequence[Any], max_parallelism: int, key_type: KeyType = None
+) -> npt.NDArray[np.int16]:
+    """Key groups of the Flink tuples formed row by row from ``columns``: the vectorized form of
+    ``assign_to_key_group((c0[i], c1[i], ...), max_parallelism, key_type)``."""
+    mp = check_max_parallelism(max_parallelism)
+    return _h.groups_from_hashes(tuple_java_hashes(columns, key_type), mp)
