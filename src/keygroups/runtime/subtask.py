@@ -1,0 +1,255 @@
+"""One keyed subtask of one micro-batch, as a Spark task runs it (no pyspark here, so it runs and tests alone).
+
+restore its key groups from the previous checkpoint → run the user's function over its records, grouped by key, in
+order → write its output → snapshot its state → report (a small JSON dict) to the driver, which commits the
+checkpoint only once every subtask has reported.
+"""
+
+from __future__ import annotations
+
+import pickle
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from keygroups._hashing import KeyType, assign_key_groups, assign_key_groups_for_tuples
+from keygroups._ranges import key_group_range
+from keygroups.checkpoint import CheckpointStorage
+from keygroups.errors import KeyGroupOutOfRangeError
+from keygroups.runtime.functions import KeyedProcessFunction, ProcessContext, RuntimeContext
+
+#: Arrow key column types and the Java types Flink would see for them.
+_ARROW_KEY_TYPES: list[tuple[Any, str]] = [
+    (pa.types.is_int64, "long"),
+    (pa.types.is_int32, "int"),
+    (pa.types.is_int16, "short"),
+    (pa.types.is_int8, "byte"),
+    (pa.types.is_boolean, "boolean"),
+    (pa.types.is_float64, "double"),
+    (pa.types.is_float32, "float"),
+    (lambda t: pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t), "string"),
+    (lambda t: pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_binary_view(t), "bytes"),
+]
+
+
+def key_type_for_schema(schema: pa.Schema, key_columns: tuple[str, ...]) -> KeyType:
+    """The key type (a name, or a tuple of names for several key columns) of the given Arrow columns."""
+    names = []
+    for column in key_columns:
+        if column not in schema.names:
+            raise ValueError(f"key column {column!r} is not in the input; its columns are {schema.names}")
+        arrow_type = schema.field(column).type
+        for test, name in _ARROW_KEY_TYPES:
+            if test(arrow_type):
+                names.append(name)
+                break
+        else:
+            raise TypeError(
+                f"key column {column!r} has type {arrow_type}, which has no Java key type; supported: "
+                "int64, int32, int16, int8, bool, float64, float32, string, binary"
+            )
+    return names[0] if len(names) == 1 else tuple(names)
+
+
+def key_serializer_for(key_type: KeyType) -> Any:
+    """The serializer keyed state stores this job's keys with (deterministic bytes, compatible across runs)."""
+    from keygroups import serializers as s
+
+    if isinstance(key_type, tuple):
+        return s.TupleSerializer(*(key_serializer_for(k) for k in key_type))
+    return {
+        "long": s.Int64Serializer,
+        "int": s.Int32Serializer,
+        "short": s.Int32Serializer,
+        "byte": s.Int32Serializer,
+        "boolean": s.BoolSerializer,
+        "double": s.Float64Serializer,
+        "float": s.Float64Serializer,
+        "string": s.StrSerializer,
+        "bytes": s.BytesSerializer,
+    }[key_type]()
+
+
+def create_backend(kind: str, key_group_range: Any, max_parallelism: int, key_type: KeyType, *,
+                   allow_pickle: bool = False, local_dir: str | None = None) -> Any:
+    from keygroups import state
+
+    key_serializer = key_serializer_for(key_type)
+    if kind == "heap":
+        return state.HeapKeyedStateBackend(key_group_range, max_parallelism, key_serializer, key_type=key_type,
+                                           allow_pickle=allow_pickle)
+    if kind == "rocksdb":
+        return state.RocksDBKeyedStateBackend(key_group_range, max_parallelism, key_serializer, key_type=key_type,
+                                              allow_pickle=allow_pickle, path=local_dir)
+    raise ValueError(f"unknown state backend {kind!r}; allowed: 'heap', 'rocksdb'")
+
+
+@dataclass(frozen=True)
+class KeyedTaskSpec:
+    """Everything a keyed subtask needs, shipped to it by Spark (small: no state, no metadata)."""
+
+    job_name: str
+    key_columns: tuple[str, ...]
+    key_type: KeyType
+    function: bytes  # the job's KeyedProcessFunction, pickled by the driver: each subtask unpickles a fresh copy
+    input_schema: pa.Schema
+    output_schema: pa.Schema
+    max_parallelism: int
+    parallelism: int
+    checkpoint_location: str
+    checkpoint_id: int
+    restore_from: int | None
+    backend: str = "heap"
+    order_columns: tuple[str, ...] = ()
+    timestamp_column: str | None = None
+    storage_options: dict[str, Any] | None = None
+    allow_pickle: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _load_function(spec: KeyedTaskSpec) -> KeyedProcessFunction:
+    # The job's own code, pickled by the driver that submitted this task (as Spark ships every function): never
+    # bytes read from a checkpoint or an input file.
+    function = pickle.loads(spec.function)
+    if not isinstance(function, KeyedProcessFunction):
+        raise TypeError(f"the job's function must be a KeyedProcessFunction, got {type(function).__name__}")
+    return function
+
+
+def _key_groups(table: pa.Table, spec: KeyedTaskSpec) -> np.ndarray:
+    columns = [table.column(c) for c in spec.key_columns]
+    if len(columns) == 1:
+        return assign_key_groups(columns[0], spec.max_parallelism, spec.key_type)  # type: ignore[arg-type]
+    return assign_key_groups_for_tuples(columns, spec.max_parallelism, spec.key_type)
+
+
+def _key_runs(table: pa.Table, key_columns: tuple[str, ...]) -> np.ndarray:
+    """Start offsets of the runs of equal keys in a table sorted by key (plus the end offset)."""
+    n = table.num_rows
+    if n == 0:
+        return np.zeros(1, dtype=np.int64)
+    change = np.zeros(n - 1, dtype=bool)
+    for name in key_columns:
+        col = table.column(name)
+        change |= pc.not_equal(col.slice(1), col.slice(0, n - 1)).to_numpy(zero_copy_only=False)
+    return np.concatenate([[0], np.flatnonzero(change) + 1, [n]]).astype(np.int64)
+
+
+def _to_table(outputs: list[Any], schema: pa.Schema) -> pa.Table:
+    if not outputs:
+        return schema.empty_table()
+    if isinstance(outputs[0], pa.Table):
+        return pa.concat_tables([t.select(schema.names).cast(schema) for t in outputs])
+    if isinstance(outputs[0], dict):
+        return pa.Table.from_pylist(outputs, schema=schema)
+    width = len(schema)
+    for row in outputs:
+        if len(row) != width:
+            raise ValueError(f"output record {row!r} has {len(row)} fields; the output schema has {width}: "
+                             f"{schema.names}")
+    columns = list(zip(*outputs))
+    return pa.Table.from_arrays([pa.array(c, type=f.type) for c, f in zip(columns, schema)], schema=schema)
+
+
+def run_keyed_subtask(spec: KeyedTaskSpec, subtask_index: int, batches: Iterable[pa.RecordBatch]) -> dict[str, Any]:
+    """Run one subtask of one micro-batch; returns its report (JSON-able) for the driver's commit."""
+    timings: dict[str, float] = {}
+    start = time.perf_counter()
+    storage = CheckpointStorage(spec.checkpoint_location, storage_options=spec.storage_options)
+    own_range = key_group_range(spec.max_parallelism, spec.parallelism, subtask_index)
+    backend = create_backend(spec.backend, own_range, spec.max_parallelism, spec.key_type,
+                             allow_pickle=spec.allow_pickle)
+    restored: dict[str, Any] = {"bytes_read": 0, "key_groups": 0, "files": 0}
+    if spec.restore_from is not None:
+        stats = backend.restore(storage, storage.load(spec.restore_from))
+        restored = {"bytes_read": int(stats.bytes_read), "key_groups": int(stats.key_groups),
+                    "files": int(getattr(stats, "files", 0))}
+    timings["restore"] = time.perf_counter() - start
+
+    t = time.perf_counter()
+    table = pa.Table.from_batches(list(batches), schema=spec.input_schema)
+    records_in = table.num_rows
+    if records_in:
+        groups = _key_groups(table, spec)
+        outside = (groups < own_range.start) | (groups > own_range.end)
+        if outside.any():
+            pos = int(np.argmax(outside))
+            key = tuple(table.column(c)[pos].as_py() for c in spec.key_columns)
+            raise KeyGroupOutOfRangeError(
+                f"subtask {subtask_index} of {spec.parallelism} owns key groups {own_range} but received key "
+                f"{key if len(key) > 1 else key[0]!r} of key group {int(groups[pos])}: the input was not partitioned "
+                "by key group (or the key's hash is not deterministic)"
+            )
+        table = table.append_column("__key_group", pa.array(groups, pa.int16()))
+        sort_keys = [("__key_group", "ascending")] + [(c, "ascending") for c in spec.key_columns]
+        sort_keys += [(c, "ascending") for c in spec.order_columns]
+        table = table.take(pc.sort_indices(table, sort_keys=sort_keys)).drop_columns(["__key_group"])
+    timings["prepare"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    function = _load_function(spec)
+    function.open(RuntimeContext(backend, job_name=spec.job_name, subtask_index=subtask_index,
+                                 parallelism=spec.parallelism, max_parallelism=spec.max_parallelism,
+                                 checkpoint_id=spec.checkpoint_id))
+    context = ProcessContext(checkpoint_id=spec.checkpoint_id, subtask_index=subtask_index)
+    outputs: list[Any] = []
+    vectorized = type(function).process_key_batch is not KeyedProcessFunction.process_key_batch
+    runs = _key_runs(table, spec.key_columns)
+    key_lists = [table.column(c).to_pylist() for c in spec.key_columns]
+    single_key = len(spec.key_columns) == 1
+    if vectorized:
+        for i in range(len(runs) - 1):
+            lo, hi = int(runs[i]), int(runs[i + 1])
+            key = key_lists[0][lo] if single_key else tuple(col[lo] for col in key_lists)
+            backend.set_current_key(key)
+            context.current_key, context.current_key_group = key, backend.current_key_group
+            result = function.process_key_batch(key, table.slice(lo, hi - lo), context)
+            if result is not None:
+                outputs.append(result) if isinstance(result, pa.Table) else outputs.extend(result)
+    elif records_in:
+        names = table.column_names
+        columns = [table.column(i).to_pylist() for i in range(table.num_columns)]
+        rows = [dict(zip(names, values)) for values in zip(*columns)]
+        ts_column = spec.timestamp_column
+        process = function.process_element
+        for i in range(len(runs) - 1):
+            lo, hi = int(runs[i]), int(runs[i + 1])
+            key = key_lists[0][lo] if single_key else tuple(col[lo] for col in key_lists)
+            backend.set_current_key(key)
+            context.current_key, context.current_key_group = key, backend.current_key_group
+            for row in rows[lo:hi]:
+                if ts_column is not None:
+                    context.timestamp = row[ts_column]
+                result = process(row, context)
+                if result is not None:
+                    outputs.extend(result)
+    function.close()
+    timings["process"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    output = _to_table(outputs, spec.output_schema)
+    output_file = storage.new_file(spec.checkpoint_id, f"output-{subtask_index}") + ".parquet"
+    with storage.open_write(output_file) as f:
+        pq.write_table(output, f)
+    handle = backend.snapshot(spec.checkpoint_id, storage).result()
+    timings["snapshot"] = time.perf_counter() - t
+    close = getattr(backend, "close", None)
+    if close is not None:
+        close()
+    return {
+        "subtask": subtask_index,
+        "key_group_range": [own_range.start, own_range.end],
+        "keyed_handle": handle.to_json() if handle is not None else None,
+        "output_file": output_file,
+        "records_in": records_in,
+        "records_out": output.num_rows,
+        "restored": restored,
+        "snapshot_bytes": int(handle.size) if handle is not None else 0,
+        "seconds": timings,
+    }
