@@ -175,6 +175,10 @@ def _collect_states(handles: Sequence[Mapping[str, Any]], operator_id: str | Non
     chosen = []
     for h in handles:
         _check_handle(h)
+        if not isinstance(h.get("states"), Mapping) or not isinstance(h.get("file"), str) \
+                or not isinstance(h.get("subtask"), int) or not isinstance(h.get("size"), int):
+            raise CorruptSnapshotError(f"operator state handle without a valid file, size, subtask or states: "
+                                       f"{str(h)[:200]}")
         if operator_id is None or h.get("operator_id", DEFAULT_OPERATOR_ID) == operator_id:
             chosen.append(h)
     chosen.sort(key=lambda h: int(h["subtask"]))
@@ -184,7 +188,7 @@ def _collect_states(handles: Sequence[Mapping[str, Any]], operator_id: str | Non
     by_name: dict[str, list[_HandleState]] = {}
     for h in chosen:
         for name, meta in h["states"].items():
-            if meta.get("mode") not in _MODES:
+            if not isinstance(meta, Mapping) or meta.get("mode") not in _MODES:
                 raise CorruptSnapshotError(f"operator state {name!r}: unknown mode {meta.get('mode')!r}; "
                                            f"known: {', '.join(_MODES)}")
             pieces = by_name.setdefault(name, [])
@@ -456,19 +460,17 @@ class BroadcastState:
 # The store.
 
 
-def _descriptor_name(descriptor: Any) -> str:
+def _descriptor(descriptor: Any, kind: str, method: str, roles: tuple[str, ...]) -> tuple[str, list]:
+    """The name and the serializers (by role) of a ``keygroups.state`` descriptor of the given kind."""
     name = getattr(descriptor, "name", None)
-    if not isinstance(name, str) or not name:
-        raise TypeError(f"a state descriptor with a non-empty str name is required, got {descriptor!r}")
-    return name
-
-
-def _descriptor_serializer(descriptor: Any, *attrs: str) -> TypeSerializer:
-    for attr in attrs:
-        ser = getattr(descriptor, attr, None)
-        if ser is not None:
-            return ser
-    raise TypeError(f"state descriptor {descriptor!r} has none of {', '.join(attrs)}")
+    serializers = getattr(descriptor, "serializers", None)
+    if getattr(descriptor, "kind", None) != kind or not isinstance(name, str) or not isinstance(serializers, dict):
+        wanted = "ListStateDescriptor" if kind == "list" else "MapStateDescriptor"
+        raise TypeError(f"{method} takes a keygroups.state.{wanted}, got {descriptor!r}")
+    if getattr(descriptor, "ttl_config", None) is not None:
+        raise ValueError(f"operator state {name!r}: time-to-live applies to keyed state only (as in Flink); "
+                         "register the descriptor without enable_time_to_live")
+    return name, [serializers[role] for role in roles]
 
 
 def _snapshot_json(serializer: TypeSerializer) -> dict:
@@ -554,8 +556,8 @@ class OperatorStateStore:
         return reg.state
 
     def _get_list(self, descriptor: Any, mode: str) -> OperatorListState:
-        name = _descriptor_name(descriptor)
-        serializer = _descriptor_serializer(descriptor, "element_serializer", "serializer")
+        method = "get_list_state" if mode == MODE_SPLIT_DISTRIBUTE else "get_union_list_state"
+        name, (serializer,) = _descriptor(descriptor, "list", method, ("element",))
         snapshots = {"serializer": _snapshot_json(serializer)}
         existing = self._existing(name, mode, snapshots)
         if existing is not None:
@@ -579,9 +581,7 @@ class OperatorStateStore:
 
     def get_broadcast_state(self, descriptor: Any) -> BroadcastState:
         """A broadcast map state: the same map on every subtask; on restore each subtask gets a full copy."""
-        name = _descriptor_name(descriptor)
-        key_ser = _descriptor_serializer(descriptor, "key_serializer")
-        value_ser = _descriptor_serializer(descriptor, "value_serializer")
+        name, (key_ser, value_ser) = _descriptor(descriptor, "map", "get_broadcast_state", ("map key", "map value"))
         snapshots = {"key_serializer": _snapshot_json(key_ser), "value_serializer": _snapshot_json(value_ser)}
         existing = self._existing(name, MODE_BROADCAST, snapshots)
         if existing is not None:
