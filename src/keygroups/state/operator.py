@@ -189,7 +189,7 @@ def _collect_states(handles: Sequence[Mapping[str, Any]], operator_id: str | Non
     for h in chosen:
         for name, meta in h["states"].items():
             if not isinstance(meta, Mapping) or meta.get("mode") not in _MODES:
-                raise CorruptSnapshotError(f"operator state {name!r}: unknown mode {meta.get('mode')!r}; "
+                raise CorruptSnapshotError(f"operator state {name!r}: unknown mode {meta.get('mode') if isinstance(meta, Mapping) else meta!r}; "
                                            f"known: {', '.join(_MODES)}")
             pieces = by_name.setdefault(name, [])
             if pieces and _signature(pieces[0].meta) != _signature(meta):
