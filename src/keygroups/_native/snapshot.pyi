@@ -1,0 +1,25 @@
+"""Stub for the compiled keyed snapshot format (``_native/snapshot.pyx``)."""
+
+from collections.abc import Iterable, Sequence
+
+from typing_extensions import Buffer
+
+FILE_MAGIC: bytes
+INDEX_MAGIC: bytes
+FORMAT_VERSION: int
+HEADER_FIXED_SIZE: int
+FOOTER_SIZE: int
+BLOCK_OVERHEAD: int
+MAX_ITEM_SIZE: int
+
+def encode_block(
+    key_group: int, sections: Iterable[tuple[int, Sequence[Buffer], Sequence[Buffer]]], n_states: int
+) -> bytes: ...
+def parse_block(
+    buffer: Buffer, expected_key_group: int, n_states: int, verify_checksum: bool = True
+) -> list[tuple[int, list[memoryview], list[memoryview]]]: ...
+def encode_header(first_key_group: int, key_group_count: int, meta: bytes) -> bytes: ...
+def parse_header(buffer: Buffer) -> tuple[int, int, int, bytes, int]: ...
+def encode_index(offsets: list[int]) -> bytes: ...
+def parse_index(buffer: Buffer, header_size: int, key_group_count: int) -> list[int]: ...
+

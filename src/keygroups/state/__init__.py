@@ -1,0 +1,56 @@
+"""Keyed state: descriptors, the five state types, TTL, and the heap and RocksDB keyed state backends.
+
+Names follow Flink's in Python casing (``ValueStateDescriptor``, ``get_state``, ``StateTtlConfig``), so that a Flink
+user finds them. Backends snapshot into ``keygroups.checkpoint``'s keyed file format and restore from it at any
+parallelism.
+"""
+
+from keygroups.state._base import VOID_NAMESPACE, RestoreStats, SnapshotFuture
+from keygroups.state.descriptors import (
+    AggregateFunction,
+    AggregatingStateDescriptor,
+    ListStateDescriptor,
+    MapStateDescriptor,
+    ReduceFunction,
+    ReducingStateDescriptor,
+    StateDescriptor,
+    ValueStateDescriptor,
+)
+from keygroups.state.heap import HeapKeyedStateBackend
+from keygroups.state.states import AggregatingState, ListState, MapState, ReducingState, State, ValueState
+from keygroups.state.ttl import StateTtlConfig, StateVisibility, TtlTimeCharacteristic, UpdateType
+
+
+def __getattr__(name: str):  # RocksDB is optional: import rocksdict only when asked for
+    if name == "RocksDBKeyedStateBackend":
+        from keygroups.state.rocksdb import RocksDBKeyedStateBackend
+
+        return RocksDBKeyedStateBackend
+    raise AttributeError(f"module 'keygroups.state' has no attribute {name!r}")
+
+
+__all__ = [
+    "StateDescriptor",
+    "ValueStateDescriptor",
+    "ListStateDescriptor",
+    "MapStateDescriptor",
+    "ReducingStateDescriptor",
+    "AggregatingStateDescriptor",
+    "ReduceFunction",
+    "AggregateFunction",
+    "State",
+    "ValueState",
+    "ListState",
+    "MapState",
+    "ReducingState",
+    "AggregatingState",
+    "StateTtlConfig",
+    "UpdateType",
+    "StateVisibility",
+    "TtlTimeCharacteristic",
+    "HeapKeyedStateBackend",
+    "RocksDBKeyedStateBackend",
+    "RestoreStats",
+    "SnapshotFuture",
+    "VOID_NAMESPACE",
+]

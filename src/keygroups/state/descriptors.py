@@ -1,0 +1,149 @@
+"""State descriptors (Flink's ``StateDescriptor`` family): a state's name, kind and serializers.
+
+A descriptor is all a backend needs to create a state or to match it against a restored one. Kinds are the strings
+``"value"``, ``"list"``, ``"map"``, ``"reducing"``, ``"aggregating"``; they are stored in snapshots.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from keygroups.state.ttl import StateTtlConfig
+
+if TYPE_CHECKING:
+    from keygroups.serializers import TypeSerializer
+
+
+class ReduceFunction(abc.ABC):
+    """Combines two values of a ``ReducingState`` into one (Flink's ``ReduceFunction``); a plain callable works too."""
+
+    @abc.abstractmethod
+    def reduce(self, value1: Any, value2: Any) -> Any: ...
+
+
+class AggregateFunction(abc.ABC):
+    """Folds values into an accumulator (Flink's ``AggregateFunction``). ``add`` may mutate and return ``acc``."""
+
+    @abc.abstractmethod
+    def create_accumulator(self) -> Any: ...
+
+    @abc.abstractmethod
+    def add(self, value: Any, accumulator: Any) -> Any: ...
+
+    @abc.abstractmethod
+    def get_result(self, accumulator: Any) -> Any: ...
+
+    @abc.abstractmethod
+    def merge(self, a: Any, b: Any) -> Any: ...
+
+
+def _check_name(name: Any) -> str:
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"a state name must be a non-empty str, got {name!r}")
+    return name
+
+
+def _check_serializer(serializer: Any, role: str, name: str) -> TypeSerializer:
+    from keygroups.serializers import TypeSerializer
+
+    if not isinstance(serializer, TypeSerializer):
+        raise TypeError(
+            f"state {name!r}: the {role} serializer must be a keygroups.serializers.TypeSerializer, got {serializer!r}"
+        )
+    return serializer
+
+
+class StateDescriptor:
+    """Base of the five descriptors. ``serializers`` maps a role ("value", "element", "map key", "map value") to its
+    serializer; ``ttl_config`` is set by :meth:`enable_time_to_live`."""
+
+    kind: str = ""
+
+    def __init__(self, name: str, serializers: dict[str, TypeSerializer]) -> None:
+        self.name = _check_name(name)
+        self.serializers = {role: _check_serializer(s, role, self.name) for role, s in serializers.items()}
+        self.ttl_config: StateTtlConfig | None = None
+
+    def enable_time_to_live(self, ttl_config: StateTtlConfig) -> None:
+        """Turn on TTL for this state (Flink's ``enableTimeToLive``)."""
+        if not isinstance(ttl_config, StateTtlConfig):
+            raise TypeError(f"enable_time_to_live takes a StateTtlConfig, got {ttl_config!r}")
+        self.ttl_config = ttl_config if ttl_config.is_enabled else None
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r})"
+
+
+class ValueStateDescriptor(StateDescriptor):
+    """A single value per key. ``default`` is returned by ``value()`` for a key without a value (as Flink's
+    deprecated default; prefer handling ``None``)."""
+
+    kind = "value"
+
+    def __init__(self, name: str, serializer: TypeSerializer, default: Any = None) -> None:
+        super().__init__(name, {"value": serializer})
+        self.default = default
+
+
+class ListStateDescriptor(StateDescriptor):
+    """A list of elements per key."""
+
+    kind = "list"
+
+    def __init__(self, name: str, element_serializer: TypeSerializer) -> None:
+        super().__init__(name, {"element": element_serializer})
+
+
+class MapStateDescriptor(StateDescriptor):
+    """A map per key. User-map keys must serialize deterministically, like keys."""
+
+    kind = "map"
+
+    def __init__(self, name: str, key_serializer: TypeSerializer, value_serializer: TypeSerializer) -> None:
+        super().__init__(name, {"map key": key_serializer, "map value": value_serializer})
+
+
+class ReducingStateDescriptor(StateDescriptor):
+    """One value per key, combined with every added value by ``reduce_function`` (a ``ReduceFunction`` or a callable
+    ``(a, b) -> c``)."""
+
+    kind = "reducing"
+
+    def __init__(self, name: str, reduce_function: ReduceFunction | Callable[[Any, Any], Any],
+                 serializer: TypeSerializer) -> None:
+        super().__init__(name, {"value": serializer})
+        if isinstance(reduce_function, ReduceFunction):
+            self.reduce_function: Callable[[Any, Any], Any] = reduce_function.reduce
+        elif callable(reduce_function):
+            self.reduce_function = reduce_function
+        else:
+            raise TypeError(f"state {name!r}: reduce_function must be a ReduceFunction or a callable, "
+                            f"got {reduce_function!r}")
+
+
+class AggregatingStateDescriptor(StateDescriptor):
+    """One accumulator per key, fed by ``aggregate_function``; ``get()`` returns its result."""
+
+    kind = "aggregating"
+
+    def __init__(self, name: str, aggregate_function: AggregateFunction, accumulator_serializer: TypeSerializer) -> None:
+        super().__init__(name, {"value": accumulator_serializer})
+        for method in ("create_accumulator", "add", "get_result"):
+            if not callable(getattr(aggregate_function, method, None)):
+                raise TypeError(f"state {name!r}: aggregate_function needs a {method}() method "
+                                f"(see keygroups.state.AggregateFunction), got {aggregate_function!r}")
+        self.aggregate_function = aggregate_function
+
+
+__all__ = [
+    "StateDescriptor",
+    "ValueStateDescriptor",
+    "ListStateDescriptor",
+    "MapStateDescriptor",
+    "ReducingStateDescriptor",
+    "AggregatingStateDescriptor",
+    "ReduceFunction",
+    "AggregateFunction",
+]

@@ -1,0 +1,285 @@
+"""The RocksDB keyed state backend (on ``rocksdict``): state lives serialized in a local RocksDB per backend.
+
+Database keys are ``key group (u16 BE) | state id (u16 BE) | u32 BE key length | key bytes``, so one key group is one
+contiguous key range and a snapshot is one ordered scan. Database values are exactly the per-key value encoding of
+the snapshot file format (``keygroups.state._codec``): a snapshot copies bytes, a restore ingests them. Maps and lists
+are stored as one value per key (a list append concatenates bytes without decoding; a map update rewrites the key's
+map), a simplification against Flink, which keeps one RocksDB entry per map entry.
+
+Snapshots: the synchronous part is a RocksDB checkpoint (a flush and hard links: a consistent, immutable copy); the
+background thread scans that copy into the snapshot file and deletes it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import struct
+import tempfile
+import weakref
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import rocksdict
+
+from keygroups.errors import CorruptSnapshotError
+from keygroups.state._base import KeyedStateBackendBase, SnapshotFuture, check_cancel
+from keygroups.state._codec import Codec
+from keygroups.state.descriptors import StateDescriptor
+from keygroups.state.states import MISSING
+
+if TYPE_CHECKING:
+    from keygroups.checkpoint import CheckpointStorage
+
+_U16 = struct.Struct(">H")
+_U32 = struct.Struct(">I")
+
+
+def _open(path: str) -> rocksdict.Rdict:
+    opts = rocksdict.Options(raw_mode=True)
+    opts.create_if_missing(True)
+    return rocksdict.Rdict(path, opts)
+
+
+class _RocksTable:
+    __slots__ = ("b", "name", "sid", "sid_int", "meta", "descriptor", "read", "write", "migrate")
+
+    def __init__(self, backend: RocksDBKeyedStateBackend, name: str, sid: int, meta: dict[str, Any], read: Codec,
+                 write: Codec, descriptor: StateDescriptor | None) -> None:
+        self.b = backend
+        self.name = name
+        self.sid_int = sid
+        self.sid = _U16.pack(sid)
+        self.configure(meta, read, write, descriptor)
+
+    def configure(self, meta: dict[str, Any], read: Codec, write: Codec, descriptor: StateDescriptor | None) -> None:
+        self.meta = meta
+        self.read = read
+        self.write = write
+        self.descriptor = descriptor
+        self.migrate = not (read.ser.snapshot() == write.ser.snapshot() and
+                            (read.key_ser is None or read.key_ser.snapshot() == write.key_ser.snapshot()))
+
+    def _key(self) -> bytes:
+        b = self.b
+        if b._kb is None:
+            raise RuntimeError("no current key: call set_current_key(key) on the backend before using keyed state")
+        return b._kgb + self.sid + b._kb
+
+    # ---- store interface ------------------------------------------------------------------------------------------
+    def get(self) -> Any:
+        v = self.b._db.get(self._key())
+        return MISSING if v is None else self.write.decode(v)
+
+    def put(self, value: Any) -> None:
+        self.b._db.put(self._key(), self.write.encode(value))
+
+    def delete(self) -> None:
+        self.b._db.delete(self._key())
+
+    def append(self, items: list[Any]) -> None:
+        db = self.b._db
+        k = self._key()
+        cur = db.get(k)
+        enc = self.write.encode(items)
+        db.put(k, enc if cur is None else cur + enc)
+
+    def ttl_deadline(self) -> int | None:
+        d = self.descriptor
+        if d is None or d.ttl_config is None or not d.ttl_config.cleanup_full_snapshot:
+            return None
+        return self.b._now_ms() - d.ttl_config.ttl_ms
+
+
+def _split_db_key(k: bytes) -> tuple[int, int, bytes]:
+    if len(k) < 8:
+        raise CorruptSnapshotError(f"RocksDB key {k!r} is shorter than its 8-byte prefix")
+    kg, sid = k[0] << 8 | k[1], k[2] << 8 | k[3]
+    (ln,) = _U32.unpack_from(k, 4)
+    if ln != len(k) - 8:
+        raise CorruptSnapshotError(f"RocksDB key {k!r} says {ln} key bytes but has {len(k) - 8}")
+    return kg, sid, k[8:]
+
+
+class RocksDBKeyedStateBackend(KeyedStateBackendBase):
+    """Keyed state for one key-group range in a local RocksDB; same interface and snapshot format as
+    ``HeapKeyedStateBackend``. ``db_dir``: parent directory of the database (a temporary directory by default);
+    the database is deleted by ``dispose()`` or when the backend is garbage-collected."""
+
+    def __init__(self, *args: Any, db_dir: str | os.PathLike[str] | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._dir = tempfile.mkdtemp(prefix="keygroups-rocksdb-", dir=db_dir)
+        self._db = _open(os.path.join(self._dir, "db"))
+        self._finalizer = weakref.finalize(self, RocksDBKeyedStateBackend._cleanup, self._db, self._dir)
+        self._tables: dict[str, _RocksTable] = {}
+        self._kgb: bytes | None = None
+        self._kb: bytes | None = None
+        self._ks = self.key_serializer.serialize
+
+    @staticmethod
+    def _cleanup(db: rocksdict.Rdict, path: str) -> None:
+        try:
+            db.close()
+        finally:
+            shutil.rmtree(path, ignore_errors=True)
+
+    def dispose(self) -> None:
+        """Close and delete the local database."""
+        self._finalizer()
+
+    close = dispose
+
+    def set_current_key(self, key: Any) -> None:
+        super().set_current_key(key)
+        kb = self._ks(key)
+        self._kgb = _U16.pack(self._start + self._kgi)
+        self._kb = _U32.pack(len(kb)) + kb
+
+    # ---- hooks ------------------------------------------------------------------------------------------------------
+    def _has_data(self) -> bool:
+        for _ in self._db.keys():
+            return True
+        return False
+
+    def _restored_meta(self, name: str) -> dict[str, Any] | None:
+        t = self._tables.get(name)
+        return t.meta if t is not None and t.descriptor is None else None
+
+    def _new_table(self, name: str, meta: dict[str, Any], read: Codec, write: Codec,
+                   d: StateDescriptor | None) -> _RocksTable:
+        sid = len(self._tables)
+        if sid > 0xFFFF:
+            raise ValueError(f"a RocksDB backend holds at most 65536 states; {name!r} would be one more")
+        t = _RocksTable(self, name, sid, meta, read, write, d)
+        self._tables[name] = t
+        return t
+
+    def _register(self, d: StateDescriptor, meta: dict[str, Any], read: Codec, write: Codec) -> None:
+        t = self._tables.get(d.name)
+        if t is None:
+            self._new_table(d.name, meta, read, write, d)
+            return
+        t.configure(meta, read, write, d)
+        if t.migrate or t.ttl_deadline() is not None:
+            self._rewrite(t)  # restored bytes were ingested as written by the old serializers
+
+    def _rewrite(self, t: _RocksTable) -> None:
+        """Re-encode (migrate) and TTL-clean every stored value of ``t`` in place."""
+        deadline = t.ttl_deadline()
+        wb = rocksdict.WriteBatch(raw_mode=True)
+        for k, v in self._db.items():
+            if k[2:4] != t.sid:
+                continue
+            if t.migrate:
+                v = t.write.encode(t.read.decode(v))
+            if deadline is not None:
+                v = t.write.drop_expired_bytes(v, deadline)
+            if v is None:
+                wb.delete(k)
+            else:
+                wb.put(k, v)
+        self._db.write(wb)
+        t.configure(t.meta, t.write, t.write, t.descriptor)
+
+    def _store(self, name: str) -> _RocksTable:
+        return self._tables[name]
+
+    def _adopt_restored(self, name: str, meta: dict[str, Any], read: Codec | None) -> _RocksTable:
+        t = self._tables.get(name)
+        if t is not None and t.descriptor is not None:
+            assert read is not None
+            t.configure(t.meta, read, t.write, t.descriptor)
+            return t
+        if t is None:
+            codec = self._restored_codec(meta)
+            return self._new_table(name, meta, codec, codec, None)
+        if t.meta["kind"] != meta["kind"]:
+            raise CorruptSnapshotError(f"state {name!r} is a {t.meta['kind']} state in one restored file and a "
+                                       f"{meta['kind']} state in another")
+        return t
+
+    def _restore_section(self, target: _RocksTable, kgi: int, keys: list[Any], values: list[Any]) -> None:
+        if len(keys) != len(values):
+            raise CorruptSnapshotError(f"state {target.name!r}: a section has {len(keys)} keys and {len(values)} "
+                                       "values")
+        prefix = _U16.pack(self._start + kgi) + target.sid
+        wb = rocksdict.WriteBatch(raw_mode=True)
+        deadline = target.ttl_deadline()
+        for kb, vb in zip(keys, values):
+            if target.migrate:
+                vb = target.write.encode(target.read.decode(vb))
+            if deadline is not None:
+                vb = target.write.drop_expired_bytes(vb, deadline)
+                if vb is None:
+                    continue
+            wb.put(prefix + _U32.pack(len(kb)) + bytes(kb), bytes(vb))
+        self._db.write(wb)
+
+    def _after_restore(self, lazy: bool) -> None:
+        for t in self._tables.values():
+            if t.descriptor is not None:
+                t.configure(t.meta, t.write, t.write, t.descriptor)
+
+    # ---- iteration --------------------------------------------------------------------------------------------------
+    def keys(self, state_name: str) -> Iterator[Any]:
+        """Every key that has a value in ``state_name``, in key-group order."""
+        t = self._tables.get(state_name)
+        if t is None:
+            raise KeyError(f"no state named {state_name!r}; known states: {sorted(self._tables)}")
+        kd = self.key_serializer.deserialize
+        for k in list(self._db.keys()):
+            if k[2:4] == t.sid:
+                yield kd(_split_db_key(k)[2])
+
+    # ---- snapshots --------------------------------------------------------------------------------------------------
+    def snapshot(self, checkpoint_id: int, storage: CheckpointStorage) -> SnapshotFuture:
+        """Take a RocksDB checkpoint now (consistent and cheap: flush + hard links) and write it to ``storage`` in a
+        background thread."""
+        tables = list(self._tables.values())
+        metas = [t.meta for t in tables]
+        deadlines = {t.sid_int: t.ttl_deadline() for t in tables}
+        codecs = {t.sid_int: t.write for t in tables}
+        cp_dir = tempfile.mkdtemp(prefix="cp-", dir=self._dir)
+        os.rmdir(cp_dir)  # RocksDB creates it
+        rocksdict.Checkpoint(self._db).create_checkpoint(cp_dir)
+        future = SnapshotFuture()
+
+        def work(fut: SnapshotFuture) -> Any:
+            cp = _open(cp_dir)
+            try:
+                return self._write_snapshot(checkpoint_id, storage,
+                                            (metas, self._groups(cp, deadlines, codecs, fut)), fut)
+            finally:
+                cp.close()
+                shutil.rmtree(cp_dir, ignore_errors=True)
+
+        future._run(work, f"keygroups-rocksdb-snapshot-{checkpoint_id}")
+        return future
+
+    def _groups(self, cp: rocksdict.Rdict, deadlines: dict[int, int | None], codecs: dict[int, Codec],
+                fut: SnapshotFuture) -> Iterator[tuple[int, list[Any]]]:
+        cur_kg = -1
+        sections: dict[int, tuple[list[Any], list[Any]]] = {}
+        for k, v in cp.items():
+            kg, sid, kb = _split_db_key(k)
+            if kg != cur_kg:
+                if cur_kg >= 0:
+                    yield cur_kg, [(s, ks, vs) for s, (ks, vs) in sorted(sections.items())]
+                    check_cancel(fut)
+                cur_kg = kg
+                sections = {}
+            deadline = deadlines.get(sid)
+            if deadline is not None:
+                v = codecs[sid].drop_expired_bytes(v, deadline)
+                if v is None:
+                    continue
+            sec = sections.get(sid)
+            if sec is None:
+                sec = sections[sid] = ([], [])
+            sec[0].append(kb)
+            sec[1].append(v)
+        if cur_kg >= 0:
+            yield cur_kg, [(s, ks, vs) for s, (ks, vs) in sorted(sections.items())]
+
+
+__all__ = ["RocksDBKeyedStateBackend"]

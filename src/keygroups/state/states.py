@@ -1,0 +1,533 @@
+"""The five keyed state types (Flink's ``ValueState``, ``ListState``, ``MapState``, ``ReducingState``,
+``AggregatingState``), written once over a small per-state *store* that both backends provide.
+
+Every method acts on the backend's current key (``set_current_key``). A store exposes, for the current key,
+``get()`` (the stored object or ``MISSING``; a private copy when a snapshot still holds the original),
+``put(obj)``, ``delete()`` and ``append(items)``. With TTL the stored objects carry timestamps (see ``_codec``), and
+the TTL variants below follow Flink's ``AbstractTtlDecorator``: an expired entry is removed when it is accessed and
+returned that once only under ``ReturnExpiredIfNotCleanedUp``; ``OnReadAndWrite`` refreshes timestamps on reads.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterable
+from typing import Any
+
+MISSING: Any = type("_Missing", (), {"__repr__": lambda self: "MISSING", "__slots__": ()})()
+
+
+class State(abc.ABC):
+    """Base of all keyed states: ``clear()`` removes the current key's value."""
+
+    __slots__ = ()
+
+    @abc.abstractmethod
+    def clear(self) -> None: ...
+
+
+class ValueState(State):
+    __slots__ = ()
+
+    @abc.abstractmethod
+    def value(self) -> Any:
+        """The current key's value, or the descriptor's default (None unless set) if it has none."""
+
+    @abc.abstractmethod
+    def update(self, value: Any) -> None:
+        """Set the current key's value; ``None`` clears it (as in Flink)."""
+
+
+class ListState(State):
+    __slots__ = ()
+
+    @abc.abstractmethod
+    def get(self) -> list[Any]:
+        """The current key's elements (an empty list if none). Change them through ``update``/``add`` only."""
+
+    @abc.abstractmethod
+    def add(self, value: Any) -> None: ...
+
+    @abc.abstractmethod
+    def add_all(self, values: Iterable[Any]) -> None: ...
+
+    @abc.abstractmethod
+    def update(self, values: Iterable[Any]) -> None:
+        """Replace the elements; an empty list clears the state."""
+
+
+class MapState(State):
+    __slots__ = ()
+
+    @abc.abstractmethod
+    def get(self, key: Any) -> Any: ...
+
+    @abc.abstractmethod
+    def put(self, key: Any, value: Any) -> None: ...
+
+    @abc.abstractmethod
+    def put_all(self, mapping: dict[Any, Any]) -> None: ...
+
+    @abc.abstractmethod
+    def remove(self, key: Any) -> None: ...
+
+    @abc.abstractmethod
+    def contains(self, key: Any) -> bool: ...
+
+    @abc.abstractmethod
+    def items(self) -> list[tuple[Any, Any]]: ...
+
+    def keys(self) -> list[Any]:
+        return [k for k, _ in self.items()]
+
+    def values(self) -> list[Any]:
+        return [v for _, v in self.items()]
+
+    def is_empty(self) -> bool:
+        return not self.items()
+
+
+class ReducingState(State):
+    __slots__ = ()
+
+    @abc.abstractmethod
+    def get(self) -> Any:
+        """The reduced value, or None."""
+
+    @abc.abstractmethod
+    def add(self, value: Any) -> None: ...
+
+
+class AggregatingState(State):
+    __slots__ = ()
+
+    @abc.abstractmethod
+    def get(self) -> Any:
+        """``get_result`` of the accumulator, or None if nothing was added."""
+
+    @abc.abstractmethod
+    def add(self, value: Any) -> None: ...
+
+
+def _no_none(state: str, what: str) -> ValueError:
+    return ValueError(f"state {state!r}: cannot add None to a {what} (None means 'no value'); wrap the serializer "
+                      "in a NullableSerializer and use a sentinel if you need to store nulls")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Plain (no TTL)
+# ---------------------------------------------------------------------------------------------------------------------
+class _Value(ValueState):
+    __slots__ = ("_t", "_default", "_copy")
+
+    def __init__(self, store: Any, descriptor: Any, backend: Any) -> None:
+        self._t = store
+        self._default = descriptor.default
+        ser = descriptor.serializers["value"]
+        self._copy = None if ser.is_immutable else ser.copy
+
+    def value(self) -> Any:
+        v = self._t.get()
+        if v is MISSING:
+            d = self._default
+            return d if d is None or self._copy is None else self._copy(d)
+        return v
+
+    def update(self, value: Any) -> None:
+        if value is None:
+            self._t.delete()
+        else:
+            self._t.put(value)
+
+    def clear(self) -> None:
+        self._t.delete()
+
+
+class _List(ListState):
+    __slots__ = ("_t", "_name")
+
+    def __init__(self, store: Any, descriptor: Any, backend: Any) -> None:
+        self._t = store
+        self._name = descriptor.name
+
+    def get(self) -> list[Any]:
+        v = self._t.get()
+        return [] if v is MISSING else v
+
+    def add(self, value: Any) -> None:
+        if value is None:
+            raise _no_none(self._name, "ListState")
+        self._t.append([value])
+
+    def add_all(self, values: Iterable[Any]) -> None:
+        vals = list(values)
+        if None in vals:
+            raise _no_none(self._name, "ListState")
+        if vals:
+            self._t.append(vals)
+
+    def update(self, values: Iterable[Any]) -> None:
+        vals = list(values)
+        if None in vals:
+            raise _no_none(self._name, "ListState")
+        if vals:
+            self._t.put(vals)
+        else:
+            self._t.delete()
+
+    def clear(self) -> None:
+        self._t.delete()
+
+
+class _Map(MapState):
+    __slots__ = ("_t",)
+
+    def __init__(self, store: Any, descriptor: Any, backend: Any) -> None:
+        self._t = store
+
+    def get(self, key: Any) -> Any:
+        m = self._t.get()
+        return None if m is MISSING else m.get(key)
+
+    def put(self, key: Any, value: Any) -> None:
+        t = self._t
+        m = t.get()
+        if m is MISSING:
+            t.put({key: value})
+        else:
+            m[key] = value
+            t.put(m)
+
+    def put_all(self, mapping: dict[Any, Any]) -> None:
+        if not mapping:
+            return
+        t = self._t
+        m = t.get()
+        if m is MISSING:
+            t.put(dict(mapping))
+        else:
+            m.update(mapping)
+            t.put(m)
+
+    def remove(self, key: Any) -> None:
+        t = self._t
+        m = t.get()
+        if m is MISSING or key not in m:
+            return
+        del m[key]
+        if m:
+            t.put(m)
+        else:
+            t.delete()
+
+    def contains(self, key: Any) -> bool:
+        m = self._t.get()
+        return m is not MISSING and key in m
+
+    def items(self) -> list[tuple[Any, Any]]:
+        m = self._t.get()
+        return [] if m is MISSING else list(m.items())
+
+    def keys(self) -> list[Any]:
+        m = self._t.get()
+        return [] if m is MISSING else list(m)
+
+    def values(self) -> list[Any]:
+        m = self._t.get()
+        return [] if m is MISSING else list(m.values())
+
+    def is_empty(self) -> bool:
+        return self._t.get() is MISSING
+
+    def clear(self) -> None:
+        self._t.delete()
+
+
+class _Reducing(ReducingState):
+    __slots__ = ("_t", "_reduce", "_name")
+
+    def __init__(self, store: Any, descriptor: Any, backend: Any) -> None:
+        self._t = store
+        self._reduce = descriptor.reduce_function
+        self._name = descriptor.name
+
+    def get(self) -> Any:
+        v = self._t.get()
+        return None if v is MISSING else v
+
+    def add(self, value: Any) -> None:
+        if value is None:
+            raise _no_none(self._name, "ReducingState")
+        t = self._t
+        cur = t.get()
+        t.put(value if cur is MISSING else self._reduce(cur, value))
+
+    def clear(self) -> None:
+        self._t.delete()
+
+
+class _Aggregating(AggregatingState):
+    __slots__ = ("_t", "_agg")
+
+    def __init__(self, store: Any, descriptor: Any, backend: Any) -> None:
+        self._t = store
+        self._agg = descriptor.aggregate_function
+
+    def get(self) -> Any:
+        acc = self._t.get()
+        return None if acc is MISSING else self._agg.get_result(acc)
+
+    def add(self, value: Any) -> None:
+        t = self._t
+        acc = t.get()
+        if acc is MISSING:
+            acc = self._agg.create_accumulator()
+        t.put(self._agg.add(value, acc))
+
+    def clear(self) -> None:
+        self._t.delete()
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# With TTL: stored objects are (value, timestamp_ms); lists hold such tuples; maps map user keys to them.
+# ---------------------------------------------------------------------------------------------------------------------
+class _TtlBase:
+    __slots__ = ("_t", "_now", "_ttl", "_on_read", "_ret_expired", "_name")
+
+    def __init__(self, store: Any, descriptor: Any, backend: Any) -> None:
+        cfg = descriptor.ttl_config
+        self._t = store
+        self._now = backend._now_ms
+        self._ttl = cfg.ttl_ms
+        self._on_read = cfg.update_on_read
+        self._ret_expired = cfg.return_expired
+        self._name = descriptor.name
+
+    def _get_unexpired(self) -> Any:
+        """Flink's getWithTtlCheckAndUpdate for single-value states: the user value or MISSING."""
+        t = self._t
+        w = t.get()
+        if w is MISSING:
+            return MISSING
+        now = self._now()
+        if w[1] + self._ttl <= now:
+            t.delete()
+            return w[0] if self._ret_expired else MISSING
+        if self._on_read:
+            t.put((w[0], now))
+        return w[0]
+
+    def clear(self) -> None:
+        self._t.delete()
+
+
+class _TtlValue(_TtlBase, ValueState):
+    __slots__ = ("_default", "_copy")
+
+    def __init__(self, store: Any, descriptor: Any, backend: Any) -> None:
+        super().__init__(store, descriptor, backend)
+        self._default = descriptor.default
+        ser = descriptor.serializers["value"]
+        self._copy = None if ser.is_immutable else ser.copy
+
+    def value(self) -> Any:
+        v = self._get_unexpired()
+        if v is MISSING:
+            d = self._default
+            return d if d is None or self._copy is None else self._copy(d)
+        return v
+
+    def update(self, value: Any) -> None:
+        if value is None:
+            self._t.delete()
+        else:
+            self._t.put((value, self._now()))
+
+
+class _TtlList(_TtlBase, ListState):
+    __slots__ = ()
+
+    def get(self) -> list[Any]:
+        t = self._t
+        w = t.get()
+        if w is MISSING:
+            return []
+        now = self._now()
+        ttl = self._ttl
+        keep = [x for x in w if x[1] + ttl > now]
+        out = [x[0] for x in (w if self._ret_expired else keep)]
+        if self._on_read and keep:
+            t.put([(x[0], now) for x in keep])
+        elif len(keep) != len(w):
+            if keep:
+                t.put(keep)
+            else:
+                t.delete()
+        return out
+
+    def add(self, value: Any) -> None:
+        if value is None:
+            raise _no_none(self._name, "ListState")
+        self._t.append([(value, self._now())])
+
+    def add_all(self, values: Iterable[Any]) -> None:
+        vals = list(values)
+        if None in vals:
+            raise _no_none(self._name, "ListState")
+        if vals:
+            now = self._now()
+            self._t.append([(v, now) for v in vals])
+
+    def update(self, values: Iterable[Any]) -> None:
+        vals = list(values)
+        if None in vals:
+            raise _no_none(self._name, "ListState")
+        if vals:
+            now = self._now()
+            self._t.put([(v, now) for v in vals])
+        else:
+            self._t.delete()
+
+
+class _TtlMap(_TtlBase, MapState):
+    __slots__ = ()
+
+    def _store(self, m: dict[Any, Any]) -> None:
+        if m:
+            self._t.put(m)
+        else:
+            self._t.delete()
+
+    def _entry(self, key: Any) -> Any:
+        t = self._t
+        m = t.get()
+        if m is MISSING:
+            return MISSING
+        x = m.get(key, MISSING)
+        if x is MISSING:
+            return MISSING
+        now = self._now()
+        if x[1] + self._ttl <= now:
+            del m[key]
+            self._store(m)
+            return x[0] if self._ret_expired else MISSING
+        if self._on_read:
+            m[key] = (x[0], now)
+            t.put(m)
+        return x[0]
+
+    def get(self, key: Any) -> Any:
+        v = self._entry(key)
+        return None if v is MISSING else v
+
+    def contains(self, key: Any) -> bool:
+        return self._entry(key) is not MISSING
+
+    def put(self, key: Any, value: Any) -> None:
+        t = self._t
+        m = t.get()
+        if m is MISSING:
+            m = {}
+        m[key] = (value, self._now())
+        t.put(m)
+
+    def put_all(self, mapping: dict[Any, Any]) -> None:
+        if not mapping:
+            return
+        t = self._t
+        m = t.get()
+        if m is MISSING:
+            m = {}
+        now = self._now()
+        for k, v in mapping.items():
+            m[k] = (v, now)
+        t.put(m)
+
+    def remove(self, key: Any) -> None:
+        m = self._t.get()
+        if m is MISSING or key not in m:
+            return
+        del m[key]
+        self._store(m)
+
+    def items(self) -> list[tuple[Any, Any]]:
+        t = self._t
+        m = t.get()
+        if m is MISSING:
+            return []
+        now = self._now()
+        ttl = self._ttl
+        live = {k: x for k, x in m.items() if x[1] + ttl > now}
+        out = [(k, x[0]) for k, x in (m if self._ret_expired else live).items()]
+        if self._on_read and live:
+            t.put({k: (x[0], now) for k, x in live.items()})
+        elif len(live) != len(m):
+            self._store(live)
+        return out
+
+    def keys(self) -> list[Any]:
+        return [k for k, _ in self.items()]
+
+    def values(self) -> list[Any]:
+        return [v for _, v in self.items()]
+
+    def is_empty(self) -> bool:
+        return not self.items()
+
+
+class _TtlReducing(_TtlBase, ReducingState):
+    __slots__ = ("_reduce",)
+
+    def __init__(self, store: Any, descriptor: Any, backend: Any) -> None:
+        super().__init__(store, descriptor, backend)
+        self._reduce = descriptor.reduce_function
+
+    def get(self) -> Any:
+        v = self._get_unexpired()
+        return None if v is MISSING else v
+
+    def add(self, value: Any) -> None:
+        if value is None:
+            raise _no_none(self._name, "ReducingState")
+        t = self._t
+        w = t.get()
+        now = self._now()
+        if w is MISSING or w[1] + self._ttl <= now:  # an expired value never takes part (Flink's TtlReduceFunction)
+            t.put((value, now))
+        else:
+            t.put((self._reduce(w[0], value), now))
+
+
+class _TtlAggregating(_TtlBase, AggregatingState):
+    __slots__ = ("_agg",)
+
+    def __init__(self, store: Any, descriptor: Any, backend: Any) -> None:
+        super().__init__(store, descriptor, backend)
+        self._agg = descriptor.aggregate_function
+
+    def get(self) -> Any:
+        acc = self._get_unexpired()
+        return None if acc is MISSING else self._agg.get_result(acc)
+
+    def add(self, value: Any) -> None:
+        t = self._t
+        w = t.get()
+        now = self._now()
+        acc = self._agg.create_accumulator() if w is MISSING or w[1] + self._ttl <= now else w[0]
+        t.put((self._agg.add(value, acc), now))
+
+
+STATE_CLASSES: dict[tuple[str, bool], type] = {
+    ("value", False): _Value,
+    ("list", False): _List,
+    ("map", False): _Map,
+    ("reducing", False): _Reducing,
+    ("aggregating", False): _Aggregating,
+    ("value", True): _TtlValue,
+    ("list", True): _TtlList,
+    ("map", True): _TtlMap,
+    ("reducing", True): _TtlReducing,
+    ("aggregating", True): _TtlAggregating,
+}
+
+__all__ = ["State", "ValueState", "ListState", "MapState", "ReducingState", "AggregatingState"]

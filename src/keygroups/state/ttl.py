@@ -1,0 +1,159 @@
+"""State time-to-live, as Flink's ``StateTtlConfig``.
+
+A TTL-enabled state stores the last-access timestamp (milliseconds of the backend's clock) beside every value (every
+element of a list, every entry of a map). An entry is expired once ``timestamp + ttl <= now``. Only processing time
+is supported, as in Flink. The TTL *duration* is not part of a snapshot (change it freely between runs); whether a state
+has TTL at all is, and restoring across that difference raises ``StateMigrationError`` (Flink does the same).
+"""
+
+from __future__ import annotations
+
+import datetime
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+
+class UpdateType(enum.Enum):
+    """When an entry's timestamp is refreshed."""
+
+    #: TTL is off (Flink's ``Disabled``); a config with it behaves as no TTL at all.
+    Disabled = "Disabled"
+    #: On creation and on every write (the default).
+    OnCreateAndWrite = "OnCreateAndWrite"
+    #: Also on every read.
+    OnReadAndWrite = "OnReadAndWrite"
+
+
+class StateVisibility(enum.Enum):
+    """Whether an expired value that is still stored may be returned (once: the access also cleans it up)."""
+
+    ReturnExpiredIfNotCleanedUp = "ReturnExpiredIfNotCleanedUp"
+    NeverReturnExpired = "NeverReturnExpired"
+
+
+class TtlTimeCharacteristic(enum.Enum):
+    """Time the TTL is measured in; Flink (and we) only support processing time."""
+
+    ProcessingTime = "ProcessingTime"
+
+
+def _ttl_ms(ttl: Any) -> int:
+    if isinstance(ttl, datetime.timedelta):
+        ms = round(ttl.total_seconds() * 1000)
+    elif isinstance(ttl, (int, float)) and not isinstance(ttl, bool):
+        ms = round(ttl * 1000)
+    else:
+        raise TypeError(f"ttl must be seconds (int or float) or a datetime.timedelta, got {ttl!r}")
+    if ms <= 0:
+        raise ValueError(f"ttl must be positive (at least 1 ms), got {ttl!r}")
+    return int(ms)
+
+
+@dataclass(frozen=True)
+class StateTtlConfig:
+    """TTL settings of one state (Flink's ``StateTtlConfig``); build one with :meth:`new_builder`.
+
+    ``ttl_ms``: the time to live in milliseconds. ``cleanup_full_snapshot``: expired entries are dropped when a
+    snapshot is written and when one is restored (Flink's ``cleanupFullSnapshot``); expired entries are in any case
+    removed whenever they are accessed.
+    """
+
+    ttl_ms: int
+    update_type: UpdateType = UpdateType.OnCreateAndWrite
+    state_visibility: StateVisibility = StateVisibility.NeverReturnExpired
+    time_characteristic: TtlTimeCharacteristic = TtlTimeCharacteristic.ProcessingTime
+    cleanup_full_snapshot: bool = False
+
+    UpdateType = UpdateType
+    StateVisibility = StateVisibility
+    TtlTimeCharacteristic = TtlTimeCharacteristic
+
+    def __post_init__(self) -> None:
+        if isinstance(self.ttl_ms, bool) or not isinstance(self.ttl_ms, int) or self.ttl_ms <= 0:
+            raise ValueError(f"ttl_ms must be a positive int, got {self.ttl_ms!r}")
+        if not isinstance(self.update_type, UpdateType):
+            raise TypeError(f"update_type must be a StateTtlConfig.UpdateType, got {self.update_type!r}")
+        if not isinstance(self.state_visibility, StateVisibility):
+            raise TypeError(f"state_visibility must be a StateTtlConfig.StateVisibility, got {self.state_visibility!r}")
+
+    @staticmethod
+    def new_builder(ttl: float | datetime.timedelta) -> StateTtlConfigBuilder:
+        """A builder for a config with time to live ``ttl`` (seconds or a timedelta)."""
+        return StateTtlConfigBuilder(ttl)
+
+    @property
+    def is_enabled(self) -> bool:
+        return self.update_type is not UpdateType.Disabled
+
+    @property
+    def update_on_read(self) -> bool:
+        return self.update_type is UpdateType.OnReadAndWrite
+
+    @property
+    def return_expired(self) -> bool:
+        return self.state_visibility is StateVisibility.ReturnExpiredIfNotCleanedUp
+
+    def to_json(self) -> dict[str, Any]:
+        """Informational copy stored in a snapshot's state meta."""
+        return {
+            "ttl_ms": self.ttl_ms,
+            "update_type": self.update_type.value,
+            "state_visibility": self.state_visibility.value,
+            "cleanup_full_snapshot": self.cleanup_full_snapshot,
+        }
+
+
+class StateTtlConfigBuilder:
+    """Flink's ``StateTtlConfig.Builder``, in Python casing."""
+
+    def __init__(self, ttl: float | datetime.timedelta) -> None:
+        self._ttl_ms = _ttl_ms(ttl)
+        self._update_type = UpdateType.OnCreateAndWrite
+        self._visibility = StateVisibility.NeverReturnExpired
+        self._cleanup_full_snapshot = False
+
+    def set_ttl(self, ttl: float | datetime.timedelta) -> StateTtlConfigBuilder:
+        self._ttl_ms = _ttl_ms(ttl)
+        return self
+
+    def set_update_type(self, update_type: UpdateType) -> StateTtlConfigBuilder:
+        self._update_type = update_type
+        return self
+
+    def update_ttl_on_create_and_write(self) -> StateTtlConfigBuilder:
+        return self.set_update_type(UpdateType.OnCreateAndWrite)
+
+    def update_ttl_on_read_and_write(self) -> StateTtlConfigBuilder:
+        return self.set_update_type(UpdateType.OnReadAndWrite)
+
+    def set_state_visibility(self, visibility: StateVisibility) -> StateTtlConfigBuilder:
+        self._visibility = visibility
+        return self
+
+    def return_expired_if_not_cleaned_up(self) -> StateTtlConfigBuilder:
+        return self.set_state_visibility(StateVisibility.ReturnExpiredIfNotCleanedUp)
+
+    def never_return_expired(self) -> StateTtlConfigBuilder:
+        return self.set_state_visibility(StateVisibility.NeverReturnExpired)
+
+    def set_ttl_time_characteristic(self, characteristic: TtlTimeCharacteristic) -> StateTtlConfigBuilder:
+        if characteristic is not TtlTimeCharacteristic.ProcessingTime:
+            raise ValueError(f"only TtlTimeCharacteristic.ProcessingTime is supported, got {characteristic!r}")
+        return self
+
+    def cleanup_full_snapshot(self) -> StateTtlConfigBuilder:
+        """Drop expired entries when writing and when restoring a snapshot."""
+        self._cleanup_full_snapshot = True
+        return self
+
+    def disable_cleanup_in_background(self) -> StateTtlConfigBuilder:
+        """Accepted for Flink compatibility: there is no background cleanup to disable (cleanup happens on access)."""
+        return self
+
+    def build(self) -> StateTtlConfig:
+        return StateTtlConfig(self._ttl_ms, self._update_type, self._visibility,
+                              TtlTimeCharacteristic.ProcessingTime, self._cleanup_full_snapshot)
+
+
+__all__ = ["StateTtlConfig", "StateTtlConfigBuilder", "UpdateType", "StateVisibility", "TtlTimeCharacteristic"]
