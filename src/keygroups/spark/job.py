@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -26,8 +25,9 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from keygroups._ranges import check_max_parallelism, check_parallelism
-from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage, KeyedStateHandle
+from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage
 from keygroups.errors import KeyGroupsError, StateMigrationError
+from keygroups.runtime.commit import checkpoint_metadata
 from keygroups.runtime.functions import KeyedProcessFunction
 from keygroups.runtime.subtask import KeyedTaskSpec, key_type_for_schema, run_keyed_subtask
 
@@ -169,7 +169,7 @@ class KeyedJob:
     # ---- one micro-batch ----------------------------------------------------------------------------------------
 
     def run_batch(self, spark: SparkSession, df: DataFrame, parallelism: int, *,
-                  checkpoint_id: int | None = None, operator_handles: list[dict[str, Any]] | None = None,
+                  checkpoint_id: int | None = None, source_reports: list[dict[str, Any]] | None = None,
                   properties: dict[str, Any] | None = None) -> BatchResult:
         """Process one micro-batch at ``parallelism`` and commit it as one checkpoint.
 
@@ -209,27 +209,9 @@ class KeyedJob:
 
         rows = placed.mapInArrow(subtask, _REPORT_SCHEMA).collect()
         reports = sorted((json.loads(r["report"]) for r in rows), key=lambda r: r["subtask"])
-        got = [r["subtask"] for r in reports]
-        if got != list(range(p)):
-            raise KeyGroupsError(
-                f"batch for checkpoint {cid} got reports from subtasks {got}, expected exactly one from each of "
-                f"0..{p - 1}; nothing was committed"
-            )
-        metadata = CheckpointMetadata(
-            checkpoint_id=cid,
-            job_id=self.name,
-            timestamp_ms=int(time.time() * 1000),
-            max_parallelism=mp,
-            parallelism=p,
-            keyed_handles=[KeyedStateHandle.from_json(r["keyed_handle"]) for r in reports if r["keyed_handle"]],
-            operator_handles=list(operator_handles or []),
-            properties={
-                **(properties or {}),
-                "outputs": [r["output_file"] for r in reports],
-                "reports": [{k: v for k, v in r.items() if k != "keyed_handle"} for r in reports],
-                "attempt": uuid.uuid4().hex,
-            },
-        )
+        metadata = checkpoint_metadata(job_name=self.name, checkpoint_id=cid, max_parallelism=mp, parallelism=p,
+                                       keyed_reports=reports, source_reports=source_reports or (),
+                                       properties=properties)
         self.storage.commit(metadata)
         return self._committed_result(spark, metadata, replayed=False, reports=reports,
                                       seconds=time.perf_counter() - started)

@@ -1,0 +1,1 @@
+"""The keygroups command line."""
