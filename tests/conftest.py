@@ -29,7 +29,7 @@ def spark():
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     session = (
-        pyspark_sql.SparkSession.builder.master("local[2]")
+        pyspark_sql.SparkSession.builder.master("local[2,2]")  # 2 cores; a failed task is retried once
         .appName("keygroups-tests")
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "4")

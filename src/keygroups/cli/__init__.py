@@ -1,1 +1,88 @@
-"""The keygroups command line."""
+"""The ``keygroups`` command: ``demo`` (the main job), ``inspect`` (a checkpoint), ``plan`` (a rescale)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from keygroups import __version__
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    from keygroups.checkpoint import CheckpointStorage
+
+    storage = CheckpointStorage(args.location)
+    metadata = storage.load(args.checkpoint) if args.checkpoint is not None else storage.latest()
+    if metadata is None:
+        print(f"no complete checkpoint under {args.location}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps({"checkpoint_id": metadata.checkpoint_id, "job_id": metadata.job_id,
+                          "max_parallelism": metadata.max_parallelism, "parallelism": metadata.parallelism,
+                          "keyed_handles": [h.to_json() for h in metadata.keyed_handles],
+                          "operator_handles": metadata.operator_handles}, indent=2))
+        return 0
+    print(f"checkpoint {metadata.checkpoint_id} of job {metadata.job_id!r}: parallelism {metadata.parallelism}, "
+          f"max parallelism {metadata.max_parallelism}; complete checkpoints: {storage.checkpoint_ids()}")
+    states = {s["name"]: s.get("kind", "?") for h in metadata.keyed_handles for s in h.states}
+    print(f"keyed state: {', '.join(f'{n} ({k})' for n, k in sorted(states.items())) or 'none'}")
+    for h in metadata.keyed_handles:
+        print(f"  subtask {h.subtask}: key groups {h.key_group_range.start}-{h.key_group_range.end}, {h.size:,} bytes"
+              f" in {h.file}")
+    for h in metadata.operator_handles:
+        names = ", ".join(f"{s['name']} ({s.get('mode', '?')}, {len(s.get('offsets', []))} elements)"
+                          for s in h.get("states", []))
+        print(f"  operator state of subtask {h.get('subtask')}: {h.get('size', 0):,} bytes: {names}")
+    return 0
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from keygroups._ranges import key_group_range
+    from keygroups.checkpoint import CheckpointStorage, plan_keyed_restore
+
+    storage = CheckpointStorage(args.location)
+    metadata = storage.load(args.checkpoint) if args.checkpoint is not None else storage.latest()
+    if metadata is None:
+        print(f"no complete checkpoint under {args.location}", file=sys.stderr)
+        return 1
+    mp = metadata.max_parallelism
+    total = sum(h.offsets[-1] - h.offsets[0] for h in metadata.keyed_handles)
+    print(f"checkpoint {metadata.checkpoint_id}: p={metadata.parallelism} -> p'={args.parallelism} "
+          f"(max parallelism {mp}), {total:,} bytes of keyed state")
+    for i in range(args.parallelism):
+        own = key_group_range(mp, args.parallelism, i)
+        reads = []
+        nbytes = 0
+        for handle, part in plan_keyed_restore(metadata, own, max_parallelism=mp):
+            lo = part.start - handle.key_group_range.start
+            hi = part.end - handle.key_group_range.start + 1
+            size = handle.offsets[hi] - handle.offsets[lo]
+            nbytes += size
+            reads.append(f"old subtask {handle.subtask} groups {part.start}-{part.end} ({size:,} B)")
+        print(f"  new subtask {i} (key groups {own.start}-{own.end}): reads {nbytes:,} bytes, "
+              f"{nbytes / max(total, 1) * args.parallelism:.2f}x its even share: {'; '.join(reads) or 'nothing'}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="keygroups", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"keygroups {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    from keygroups.cli import demo
+
+    demo.add_parser(sub)
+    p = sub.add_parser("inspect", help="describe a checkpoint (the latest complete one by default)")
+    p.add_argument("location", help="checkpoint directory (local path or fsspec URL)")
+    p.add_argument("--checkpoint", type=int, help="checkpoint id (default: latest complete)")
+    p.add_argument("--json", action="store_true", help="print the handles as JSON")
+    p.set_defaults(run=_inspect)
+    p = sub.add_parser("plan", help="show what each subtask would read when restoring at another parallelism")
+    p.add_argument("location", help="checkpoint directory (local path or fsspec URL)")
+    p.add_argument("parallelism", type=int, help="the new parallelism")
+    p.add_argument("--checkpoint", type=int, help="checkpoint id (default: latest complete)")
+    p.set_defaults(run=_plan)
+    args = parser.parse_args(argv)
+    run: Any = args.run
+    return int(run(args) or 0)

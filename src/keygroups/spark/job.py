@@ -26,9 +26,11 @@ import pyarrow as pa
 
 from keygroups._ranges import check_max_parallelism, check_parallelism
 from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage
-from keygroups.errors import KeyGroupsError, StateMigrationError
+from keygroups.checkpoint.planning import check_restore_max_parallelism
+from keygroups.errors import KeyGroupsError
 from keygroups.runtime.commit import checkpoint_metadata
 from keygroups.runtime.functions import KeyedProcessFunction
+from keygroups.runtime.source import SourceTaskSpec, run_source_subtask, staged_schema
 from keygroups.runtime.subtask import KeyedTaskSpec, key_type_for_schema, run_keyed_subtask
 
 if TYPE_CHECKING:
@@ -85,6 +87,12 @@ class BatchResult:
     def restored_bytes(self) -> list[int]:
         return [r["restored"]["bytes_read"] for r in self.reports]
 
+    @property
+    def checkpoint_bytes(self) -> int:
+        """Bytes of keyed and operator state this checkpoint wrote."""
+        keyed = sum(h.size for h in self.metadata.keyed_handles)
+        return keyed + sum(int(h.get("size", 0)) for h in self.metadata.operator_handles)
+
 
 class KeyedJob:
     """A keyed, stateful job whose state lives in checkpoints and whose parallelism may change between batches.
@@ -132,12 +140,8 @@ class KeyedJob:
         return self.storage.latest()
 
     def _check_restorable(self, previous: CheckpointMetadata | None) -> None:
-        if previous is not None and previous.max_parallelism != self.max_parallelism:
-            raise StateMigrationError(
-                f"checkpoint {previous.checkpoint_id} of job {previous.job_id!r} was taken with max_parallelism="
-                f"{previous.max_parallelism}, this job has max_parallelism={self.max_parallelism}: the max "
-                "parallelism fixes the key groups and cannot change across a restore (as in Flink)"
-            )
+        if previous is not None:
+            check_restore_max_parallelism(previous, self.max_parallelism)
 
     def _output_path(self, relpath: str) -> str:
         return f"{self.storage.location.rstrip('/')}/{relpath}"
@@ -185,7 +189,7 @@ class KeyedJob:
 
         from pyspark.sql.pandas.types import to_arrow_schema
 
-        from keygroups.spark.columns import partition_by_key_group
+        from keygroups.spark.partitioner import partition_by_key_group
 
         input_schema = to_arrow_schema(df.schema)
         key_type = key_type_for_schema(input_schema, self.key_columns)
@@ -215,6 +219,39 @@ class KeyedJob:
         self.storage.commit(metadata)
         return self._committed_result(spark, metadata, replayed=False, reports=reports,
                                       seconds=time.perf_counter() - started)
+
+    def run_source_batch(self, spark: SparkSession, log_directory: str, parallelism: int, *,
+                         record_schema: pa.Schema, max_records_per_subtask: int | None = None) -> BatchResult:
+        """One micro-batch whose input is the next records of a partitioned log (:mod:`keygroups.sources`).
+
+        Source subtask *i* (a Spark task) restores its share of the ``(partition, offset)`` pairs from the previous
+        checkpoint's operator state — split evenly over this batch's subtasks, whatever the previous parallelism —
+        reads up to ``max_records_per_subtask`` records and stages them under ``chk-<n>/``; the keyed stage then
+        runs as in :meth:`run_batch`, and the checkpoint commits the new positions with the keyed state. A resumed
+        job, at any parallelism, continues exactly where the last complete checkpoint left off."""
+        started = time.perf_counter()
+        p, _ = check_parallelism(parallelism, self.max_parallelism)
+        previous = self.storage.latest()
+        self._check_restorable(previous)
+        cid = self._next_checkpoint_id(previous, None)
+        spec = SourceTaskSpec(
+            log_directory=str(log_directory), record_schema=record_schema, parallelism=p,
+            max_records=max_records_per_subtask, checkpoint_location=self.storage.location, checkpoint_id=cid,
+            restore_from=previous.checkpoint_id if previous is not None else None,
+            storage_options=self.storage_options,
+        )
+
+        def source_subtask(index: int, _: Any) -> Any:
+            yield json.dumps(run_source_subtask(spec, index))
+
+        reports = [json.loads(r) for r in
+                   spark.sparkContext.parallelize(range(p), p).mapPartitionsWithIndex(source_subtask).collect()]
+        inputs = [self._output_path(r["input_file"]) for r in reports if r["input_file"]]
+        schema = _spark_schema(staged_schema(record_schema))
+        df = spark.read.schema(schema).parquet(*inputs) if inputs else spark.createDataFrame([], schema)
+        result = self.run_batch(spark, df, p, checkpoint_id=cid, source_reports=reports)
+        result.seconds = time.perf_counter() - started
+        return result
 
     def process_batch(self, spark: SparkSession, df: DataFrame, parallelism: int, *,
                       checkpoint_id: int | None = None) -> DataFrame:

@@ -1,0 +1,7 @@
+"""``python -m keygroups``: the same as the ``keygroups`` command."""
+
+import sys
+
+from keygroups.cli import main
+
+sys.exit(main())

@@ -1,0 +1,183 @@
+"""``keygroups demo``: the main job. A shopping-cart pipeline on Spark that is stopped and resumed at other
+parallelisms, then checked user by user against a single-process reference."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from keygroups._ranges import key_group_range
+from keygroups.checkpoint import CheckpointStorage
+from keygroups.cli import shop
+
+
+@dataclass
+class PhaseFigures:
+    parallelism: int
+    batches: int = 0
+    records: int = 0
+    seconds: float = 0.0
+    checkpoint_bytes: int = 0
+    restore: list[tuple[int, int, int, int]] = field(default_factory=list)  # subtask, kg start, kg end, bytes
+
+
+def _say(message: str) -> None:
+    print(message, flush=True)
+
+
+def _mb(n: float) -> str:
+    return f"{n / 1e6:.2f} MB"
+
+
+def spark_session(master: str, app: str = "keygroups-demo") -> Any:
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    spark = (
+        SparkSession.builder.master(master).appName(app)
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "8")
+        .config("spark.driver.memory", "3g")
+        .config("spark.sql.session.timeZone", "UTC")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def verify(storage: CheckpointStorage, max_parallelism: int, expected_state: dict[str, shop.UserState],
+           expected_orders: list[tuple], orders: list[tuple]) -> list[str]:
+    """Mismatches between what the job committed and the reference (empty when all is equal)."""
+    from keygroups.runtime.subtask import create_backend
+
+    problems = []
+    backend = create_backend("heap", key_group_range(max_parallelism, 1, 0), max_parallelism, "string")
+    backend.restore(storage, storage.latest())
+    state = dict(shop.read_user_states(backend))
+    if set(state) != set(expected_state):
+        missing, extra = set(expected_state) - set(state), set(state) - set(expected_state)
+        problems.append(f"users in state differ: {len(missing)} missing (e.g. {sorted(missing)[:3]}), "
+                        f"{len(extra)} unexpected (e.g. {sorted(extra)[:3]})")
+    wrong = [u for u in expected_state if u in state and state[u] != expected_state[u]]
+    for user in wrong[:5]:
+        problems.append(f"{user}: state {state[user]} != reference {expected_state[user]}")
+    if len(wrong) > 5:
+        problems.append(f"... and {len(wrong) - 5} more users with a wrong state")
+    if sorted(orders) != sorted(expected_orders):
+        problems.append(f"orders differ: job emitted {len(orders)}, reference {len(expected_orders)}")
+    return problems
+
+
+def run(args: argparse.Namespace) -> int:
+    phases = [int(p) for p in args.phases.split(",")]
+    for p in phases:
+        if not 1 <= p <= args.max_parallelism:
+            raise SystemExit(f"--phases: parallelism {p} is outside [1, --max-parallelism={args.max_parallelism}]")
+    workdir = args.dir or tempfile.mkdtemp(prefix="keygroups-demo-")
+    log_dir, chk_dir = os.path.join(workdir, "log"), os.path.join(workdir, "checkpoints")
+    for d in (log_dir, chk_dir):
+        if os.path.exists(d):
+            shutil.rmtree(d)
+
+    _say(f"keygroups demo: {args.events:,} events over {args.users:,} users in {args.partitions} log partitions; "
+         f"parallelism {' -> '.join(map(str, phases))}, max parallelism {args.max_parallelism}, {args.backend} "
+         f"state backend\n  working directory {workdir}")
+    t = time.perf_counter()
+    partitions = shop.generate_events(args.events, args.users, args.partitions, seed=args.seed)
+    from keygroups.sources import write_partitioned_log
+
+    write_partitioned_log(log_dir, partitions)
+    _say(f"[1/4] event log written in {time.perf_counter() - t:.1f} s")
+    t = time.perf_counter()
+    expected_state, expected_orders = shop.reference(partitions)
+    _say(f"[2/4] reference computed in one process in {time.perf_counter() - t:.1f} s: {len(expected_state):,} users, "
+         f"{len(expected_orders):,} orders")
+    del partitions
+
+    from keygroups.spark.job import KeyedJob
+
+    spark = spark_session(args.master)
+    per_batch = math.ceil(args.events / (len(phases) * args.batches_per_phase))
+    figures: list[PhaseFigures] = []
+    orders: list[tuple] = []
+    _say(f"[3/4] running on Spark ({args.master}); about {per_batch:,} events per micro-batch")
+    for number, parallelism in enumerate(phases, start=1):
+        # A new job object per phase: the pipeline is stopped and resumed from its checkpoints, nothing in memory.
+        job = KeyedJob("shopping-carts", "user", shop.CartFunction(), shop.ORDER_SCHEMA, args.max_parallelism, chk_dir,
+                       backend=args.backend, order_by=("_partition", "_offset"), timestamp_column="ts")
+        phase = PhaseFigures(parallelism)
+        last = number == len(phases)
+        batch = 0
+        while True:
+            batch += 1
+            limit = None if (last and batch >= args.batches_per_phase) else math.ceil(per_batch / parallelism)
+            result = job.run_source_batch(spark, log_dir, parallelism, record_schema=shop.EVENT_SCHEMA,
+                                          max_records_per_subtask=limit)
+            batch_orders = [tuple(r) for r in result.output.collect()]
+            orders.extend(batch_orders)
+            records = sum(r["records"] for r in result.metadata.properties["source_reports"])
+            phase.batches += 1
+            phase.records += records
+            phase.seconds += result.seconds
+            phase.checkpoint_bytes = result.checkpoint_bytes
+            if batch == 1:
+                phase.restore = [(r["subtask"], r["key_group_range"][0], r["key_group_range"][1],
+                                  r["restored"]["bytes_read"]) for r in result.reports]
+            _say(f"  phase {number} p={parallelism} batch {batch}: chk-{result.checkpoint_id}, {records:,} events in "
+                 f"{result.seconds:.1f} s ({records / max(result.seconds, 1e-9):,.0f}/s), state "
+                 f"{_mb(result.checkpoint_bytes)}, {len(batch_orders):,} orders")
+            if (not last and batch >= args.batches_per_phase) or (last and limit is None):
+                break
+        figures.append(phase)
+
+    _say("[4/4] verifying every user's state and every order against the reference")
+    storage = CheckpointStorage(chk_dir)
+    problems = verify(storage, args.max_parallelism, expected_state, expected_orders, orders)
+    spark.stop()
+
+    _say("\nsummary")
+    _say(f"{'phase':<8}{'p':>4}{'batches':>9}{'events':>12}{'events/s':>12}{'checkpoint':>13}")
+    for i, f in enumerate(figures, start=1):
+        _say(f"{i:<8}{f.parallelism:>4}{f.batches:>9}{f.records:>12,}{f.records / max(f.seconds, 1e-9):>12,.0f}"
+             f"{_mb(f.checkpoint_bytes):>13}")
+    for i, f in enumerate(figures[1:], start=2):
+        total = sum(b for *_, b in f.restore)
+        _say(f"restore at the start of phase {i} (p={f.parallelism}), {_mb(total)} in all:")
+        for subtask, start, end, read in f.restore:
+            _say(f"  subtask {subtask}: key groups {start}-{end} ({end - start + 1}), read {_mb(read)} "
+                 f"({read / max(total, 1) * 100:.0f}% of all; its share of key groups "
+                 f"{(end - start + 1) / args.max_parallelism * 100:.0f}%)")
+    if problems:
+        _say("\nMISMATCH against the reference:")
+        for p in problems:
+            _say(f"  {p}")
+        return 1
+    _say(f"\nOK: all {len(expected_state):,} users' state and all {len(expected_orders):,} orders equal the reference")
+    if not args.dir and not args.keep:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return 0
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("demo", help="run the main job: carts on Spark, rescaled 4 -> 2 -> 8, checked against a reference",
+                       description=__doc__)
+    p.add_argument("--events", type=int, default=1_000_000, help="shopping events to generate (default 1,000,000)")
+    p.add_argument("--users", type=int, default=100_000, help="distinct users (default 100,000)")
+    p.add_argument("--partitions", type=int, default=8, help="partitions of the event log (default 8)")
+    p.add_argument("--phases", default="4,2,8", help="parallelism of each run, comma-separated (default 4,2,8)")
+    p.add_argument("--batches-per-phase", type=int, default=3, help="micro-batches per run (default 3)")
+    p.add_argument("--max-parallelism", type=int, default=128, help="key groups (default 128, Flink's default)")
+    p.add_argument("--backend", choices=("heap", "rocksdb"), default="heap", help="keyed state backend")
+    p.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
+    p.add_argument("--dir", help="working directory to keep (default: a temporary one)")
+    p.add_argument("--keep", action="store_true", help="keep the temporary working directory")
+    p.add_argument("--seed", type=int, default=7)
+    p.set_defaults(run=run)

@@ -1,0 +1,176 @@
+"""The stateful job runner on a real local Spark session: rescaling between batches, Spark task retries, a driver
+that dies before committing, idempotent replays, and the Structured Streaming foreachBatch adapter."""
+
+from __future__ import annotations
+
+import os
+
+import pyarrow as pa
+import pytest
+
+from keygroups.checkpoint import CheckpointStorage
+from keygroups.cli import shop
+from keygroups.runtime.functions import KeyedProcessFunction
+from keygroups.serializers import Int64Serializer
+from keygroups.sources import write_partitioned_log
+from keygroups.spark.job import KeyedJob
+from keygroups.state import ValueStateDescriptor
+
+pytestmark = pytest.mark.spark
+MAX_PARALLELISM = 32
+TOTALS = pa.schema([("k", pa.int64()), ("total", pa.int64()), ("batch", pa.int64())])
+
+
+class RunningTotal(KeyedProcessFunction):
+    def open(self, context):
+        self.total = context.get_state(ValueStateDescriptor("total", Int64Serializer()))
+
+    def process_element(self, record, context):
+        total = (self.total.value() or 0) + record["v"]
+        self.total.update(total)
+        return [(context.current_key, total, context.checkpoint_id)]
+
+
+class DiesOnFirstAttempt(shop.CartFunction):
+    """Kills its Python worker half-way through the first attempt of partition 0 (as a lost executor would)."""
+
+    def open(self, context):
+        super().open(context)
+        self.seen = 0
+
+    def process_element(self, event, context):
+        from pyspark import TaskContext
+
+        task = TaskContext.get()
+        self.seen += 1
+        if task.partitionId() == 0 and task.attemptNumber() == 0 and self.seen == 5:
+            os._exit(17)
+        return super().process_element(event, context)
+
+
+def totals(job, batches, spark, parallelisms, **kwargs):
+    out = []
+    for rows, p in zip(batches, parallelisms):
+        df = spark.createDataFrame(rows, "k long, v long")
+        out.append(sorted(tuple(r) for r in job.process_batch(spark, df, p, **kwargs).collect()))
+    return out
+
+
+def test_running_totals_across_rescales(spark, tmp_path):
+    job = KeyedJob("totals", "k", RunningTotal(), TOTALS, MAX_PARALLELISM, str(tmp_path / "chk"))
+    batches = [[(k, 1) for k in range(20)], [(k, 10) for k in range(0, 20, 2)], [(k, 100) for k in range(20)]]
+    out = totals(job, batches, spark, [3, 1, 7])
+    assert out[0] == [(k, 1, 1) for k in range(20)]
+    assert out[1] == [(k, 11, 2) for k in range(0, 20, 2)]
+    assert out[2] == [(k, 111 if k % 2 == 0 else 101, 3) for k in range(20)]
+    assert [r["subtask"] for r in job.latest_checkpoint().properties["reports"]] == list(range(7))
+
+
+def test_output_evaluated_twice_and_replayed_batch_ids_apply_once(spark, tmp_path):
+    job = KeyedJob("totals", "k", RunningTotal(), TOTALS, MAX_PARALLELISM, str(tmp_path / "chk"))
+    df = spark.createDataFrame([(1, 5), (2, 7), (1, 5)], "k long, v long")
+    out = job.process_batch(spark, df, 2, checkpoint_id=0)
+    first = sorted(map(tuple, out.collect()))
+    assert sorted(map(tuple, out.collect())) == first == [(1, 5, 0), (1, 10, 0), (2, 7, 0)]
+    replay = job.process_batch(spark, df, 4, checkpoint_id=0)  # Spark replays batch 0, even at another parallelism
+    assert sorted(map(tuple, replay.collect())) == first
+    nxt = job.process_batch(spark, spark.createDataFrame([(1, 1)], "k long, v long"), 3, checkpoint_id=1)
+    assert [tuple(r) for r in nxt.collect()] == [(1, 11, 1)]
+    assert CheckpointStorage(str(tmp_path / "chk")).checkpoint_ids() == [0, 1]
+
+
+def run_shop(spark, location, log_dir, function, schedule):
+    orders = []
+    for parallelism, limit in schedule:
+        job = KeyedJob("carts", "user", function, shop.ORDER_SCHEMA, MAX_PARALLELISM, location,
+                       order_by=("_partition", "_offset"))
+        result = job.run_source_batch(spark, log_dir, parallelism, record_schema=shop.EVENT_SCHEMA,
+                                      max_records_per_subtask=limit)
+        orders += [tuple(r) for r in result.output.collect()]
+    return orders
+
+
+def final_states(location):
+    from keygroups import key_group_range
+    from keygroups.runtime.subtask import create_backend
+
+    storage = CheckpointStorage(location)
+    backend = create_backend("heap", key_group_range(MAX_PARALLELISM, 1, 0), MAX_PARALLELISM, "string")
+    backend.restore(storage, storage.latest())
+    return dict(shop.read_user_states(backend))
+
+
+@pytest.fixture(scope="module")
+def carts(tmp_path_factory):
+    root = tmp_path_factory.mktemp("carts")
+    partitions = shop.generate_events(4000, 300, partitions=6, seed=11)
+    write_partitioned_log(root / "log", partitions)
+    return shop.reference(partitions), str(root / "log")
+
+
+def test_source_job_resumed_4_2_8_1_equals_reference(spark, tmp_path, carts):
+    (expected_state, expected_orders), log_dir = carts
+    location = str(tmp_path / "chk")
+    orders = run_shop(spark, location, log_dir, shop.CartFunction(), [(4, 300), (2, 500), (8, 100), (1, None)])
+    assert sorted(orders) == sorted(expected_orders)
+    assert final_states(location) == expected_state
+    # the offsets went around: each batch read from where the previous one stopped, across all rescales
+    metadata = CheckpointStorage(location).latest()
+    assert metadata.parallelism == 1 and len(metadata.operator_handles) == 1
+
+
+def test_a_task_killed_mid_batch_is_retried_and_applied_once(spark, tmp_path, carts):
+    (expected_state, expected_orders), log_dir = carts
+    location = str(tmp_path / "chk")
+    orders = run_shop(spark, location, log_dir, shop.CartFunction(), [(3, 400)])
+    orders += run_shop(spark, location, log_dir, DiesOnFirstAttempt(), [(2, 600)])
+    orders += run_shop(spark, location, log_dir, shop.CartFunction(), [(5, None)])
+    assert sorted(orders) == sorted(expected_orders)
+    assert final_states(location) == expected_state
+
+
+def test_a_driver_stopped_before_metadata_leaves_the_last_checkpoint(spark, tmp_path, carts, monkeypatch):
+    (expected_state, expected_orders), log_dir = carts
+    location = str(tmp_path / "chk")
+    orders = run_shop(spark, location, log_dir, shop.CartFunction(), [(2, 700)])
+    storage = CheckpointStorage(location)
+    before = storage.latest().checkpoint_id
+
+    class DriverDied(BaseException):
+        pass
+
+    def die(self, metadata):  # every subtask has written and reported its snapshot; the driver dies right here
+        raise DriverDied()
+
+    monkeypatch.setattr(CheckpointStorage, "commit", die)
+    with pytest.raises(DriverDied):
+        run_shop(spark, location, log_dir, shop.CartFunction(), [(4, 700)])
+    monkeypatch.undo()
+    assert storage.latest().checkpoint_id == before
+    assert any(name.startswith("keyed-") for name in os.listdir(os.path.join(location, f"chk-{before + 1}")))
+    orders += run_shop(spark, location, log_dir, shop.CartFunction(), [(4, 700), (3, None)])
+    assert sorted(orders) == sorted(expected_orders)
+    assert final_states(location) == expected_state
+
+
+def test_foreach_batch_on_a_stream_with_a_replayed_batch(spark, tmp_path):
+    source = tmp_path / "in"
+    source.mkdir()
+    job = KeyedJob("stream-totals", "k", RunningTotal(), TOTALS, MAX_PARALLELISM, str(tmp_path / "chk"))
+    received: dict[int, list] = {}
+
+    def sink(output, batch_id):
+        received.setdefault(batch_id, []).append(sorted(map(tuple, output.collect())))
+
+    run = job.foreach_batch(sink, parallelism=3)
+    for i, rows in enumerate([[(1, 1), (2, 2)], [(1, 10), (3, 3)]]):
+        spark.createDataFrame(rows, "k long, v long").write.parquet(str(source / f"part-{i}"))
+        query = (spark.readStream.schema("k long, v long").parquet(str(source / f"part-{i}"))
+                 .writeStream.foreachBatch(lambda df, bid, i=i: run(df, i))
+                 .option("checkpointLocation", str(tmp_path / f"spark-chk-{i}")).trigger(availableNow=True).start())
+        query.awaitTermination(120)
+    replayed = spark.createDataFrame([(1, 10), (3, 3)], "k long, v long")
+    run(replayed, 1)  # Spark replays batch 1 after a failure: same output, no second application
+    assert received[0] == [[(1, 1, 0), (2, 2, 0)]]
+    assert received[1] == [[(1, 11, 1), (3, 3, 1)], [(1, 11, 1), (3, 3, 1)]]
+    assert CheckpointStorage(str(tmp_path / "chk")).checkpoint_ids() == [0, 1]
