@@ -51,7 +51,7 @@ class KeyedSnapshotWriter:
     ``state_index`` indexes it. Offsets are absolute positions in the stream (``stream.tell()`` at construction is
     taken as the start, 0 if the stream cannot tell). The stream is not closed."""
 
-    def __init__(self, stream: BinaryIO, key_group_range: KeyGroupRange, states: list[dict]) -> None:
+    def __init__(self, stream: BinaryIO, key_group_range: KeyGroupRange, states: list[dict[str, Any]]) -> None:
         if not isinstance(key_group_range, KeyGroupRange):
             raise TypeError(f"key_group_range must be a KeyGroupRange, got {type(key_group_range).__name__}")
         if not isinstance(states, list) or not all(isinstance(s, dict) for s in states):
@@ -160,7 +160,7 @@ class SnapshotFile:
     buffer: Any
     version: int
     key_group_range: KeyGroupRange
-    states: list[dict]
+    states: list[dict[str, Any]]
     offsets: list[int]
 
     def key_groups(self, key_groups: KeyGroupRange | None = None) -> Iterator[tuple[int, Sections]]:
@@ -188,7 +188,7 @@ def open_snapshot(buffer: Any) -> SnapshotFile:
 
 
 def write_keyed_snapshot(storage: CheckpointStorage, checkpoint_id: int, subtask: int,
-                         key_group_range: KeyGroupRange, states: list[dict],
+                         key_group_range: KeyGroupRange, states: list[dict[str, Any]],
                          key_groups: Iterable[tuple[int, Iterable[tuple[int, Sequence[bytes], Sequence[bytes]]]]], *,
                          prefix: str | None = None) -> KeyedStateHandle:
     """Write a whole keyed snapshot file into checkpoint ``checkpoint_id`` and return its handle: the one-call form
