@@ -20,6 +20,7 @@ from keygroups.checkpoint import (
     CheckpointStorage,
     KeyedStateHandle,
     open_snapshot,
+    read_key_group_offsets,
     read_key_groups,
     write_keyed_snapshot,
 )
@@ -112,6 +113,9 @@ def test_random_byte_flips_of_a_real_file(snapshot):
             got = read_ranged(storage, h, wanted)
         except CorruptSnapshotError:
             outcomes["corrupt"] += 1
+            with pytest.raises(CorruptSnapshotError):
+                for _ in read_key_group_offsets(storage, h, wanted)[0]:
+                    pass
         else:
             assert got == subset(expected, wanted), f"trial {trial}: ranged read returned different data"
             outcomes["ok"] += 1
@@ -168,15 +172,23 @@ def test_fuzz_the_block_parser_behind_the_checksum(snapshot):
         else:   # garbage appended or inserted
             pos = rng.randrange(len(bad))
             bad[pos:pos] = rng.randbytes(rng.randint(1, 16))
+        bad = bytes(bad)
         try:
-            sections = native.parse_block(bytes(bad), kg, 3, verify_checksum=False)
+            sections = native.parse_block(bad, kg, 3, verify_checksum=False)
         except CorruptSnapshotError:
             outcomes["corrupt"] += 1
+            with pytest.raises(CorruptSnapshotError):   # the offsets parser agrees
+                native.parse_block_offsets(bad, kg, 3, verify_checksum=False)
         else:
             outcomes["ok"] += 1
-            for idx, ks, vs in sections:   # what parses is well-formed and lies inside the block
-                assert 0 <= idx < 3 and len(ks) == len(vs)
+            arrays = native.parse_block_offsets(bad, kg, 3, verify_checksum=False)
+            assert len(arrays) == len(sections)
+            for (idx, ks, vs), (idx2, ko, vo) in zip(sections, arrays):
+                # what parses is well-formed, lies inside the block, and both parsers see the same entries
+                assert 0 <= idx == idx2 < 3 and len(ks) == len(vs) == len(ko) - 1 == len(vo) - 1
                 assert sum(len(k) + len(v) for k, v in zip(ks, vs)) <= len(bad)
+                assert [bytes(k) for k in ks] == [bad[a:b] for a, b in zip(ko[:-1], ko[1:])]
+                assert [bytes(v) for v in vs] == [bad[a:b] for a, b in zip(vo[:-1], vo[1:])]
     assert outcomes["corrupt"] > 2000
 
 
@@ -187,9 +199,16 @@ def test_huge_counts_are_refused_before_allocating():
     body = struct.pack("<IIII", 5, 1, 0, 0x7FFFFFFF)   # one section of two billion entries
     with pytest.raises(CorruptSnapshotError, match="entry count 2147483647"):
         native.parse_block(body + b"\0\0\0\0", 5, 1, verify_checksum=False)
-    body = struct.pack("<IIIII", 5, 1, 0, 1, 0xFFFFFFF0) + b"abcdefgh"   # a key longer than the block
-    with pytest.raises(CorruptSnapshotError, match="a read of 4294967280 bytes"):
+    body = struct.pack("<IIIIII", 5, 1, 0, 1, 0xFFFFFFF0, 0) + b"abcdefgh"   # a key longer than the block
+    with pytest.raises(CorruptSnapshotError, match="1 keys of more than the 8 bytes left"):
         native.parse_block(body + struct.pack("<I", 0), 5, 1, verify_checksum=False)
+    # many lengths whose sum would overflow 32 bits, and a value region past the end
+    body = struct.pack("<IIII", 5, 1, 0, 4) + struct.pack("<4I", *[0xFFFFFFFF] * 4) + struct.pack("<4I", 0, 0, 0, 0)
+    with pytest.raises(CorruptSnapshotError, match="4 keys of more than"):
+        native.parse_block_offsets(body + b"\0" * 16 + b"\0\0\0\0", 5, 1, verify_checksum=False)
+    body = struct.pack("<IIII", 5, 1, 0, 2) + struct.pack("<2I", 1, 1) + struct.pack("<2I", 3, 0xFFFFFFFF) + b"ab"
+    with pytest.raises(CorruptSnapshotError, match="2 values of more than the 0 bytes left"):
+        native.parse_block(body + b"\0\0\0\0", 5, 1, verify_checksum=False)
 
 
 def test_structural_errors_name_what_is_wrong():
