@@ -98,17 +98,109 @@ cdef list _byte_items(object seq, str what):
     return items if out is None else out
 
 
+cdef class Packed:
+    """n serialized items packed back to back, as a serializer's ``serialize_many`` returns them: item i is
+    ``data[offsets[i]:offsets[i + 1]]``. Hand it to the writer instead of a list of n bytes objects."""
+
+    cdef readonly object data
+    cdef readonly object offsets
+    cdef const uint8_t[::1] _bytes
+    cdef const int64_t[::1] _offsets
+
+    def __init__(self, data, offsets):
+        arr = np.asarray(offsets)
+        if arr.ndim != 1 or arr.shape[0] < 1 or arr.dtype.kind not in "iu" or (
+                arr.dtype.kind == "u" and arr.dtype.itemsize == 8):
+            raise TypeError(f"offsets must be a 1-D int array (int64 or narrower) of n + 1 positions, got "
+                            f"{arr.dtype} of shape {arr.shape}")
+        arr = np.ascontiguousarray(arr, dtype=np.int64)
+        view = _as_byte_view(data)
+        self._bytes = view
+        self._offsets = arr
+        cdef Py_ssize_t n = arr.shape[0] - 1, size = view.shape[0], i
+        cdef int64_t a, b
+        for i in range(n + 1):
+            a = self._offsets[i]
+            if a < 0 or a > size:
+                raise ValueError(f"offsets[{i}] = {a} is outside the {size} bytes of data")
+        for i in range(n):
+            a = self._offsets[i]
+            b = self._offsets[i + 1]
+            if b < a or b - a > <int64_t>MAX_ITEM_SIZE:
+                raise ValueError(f"item {i} spans offsets [{a}, {b}): offsets must ascend and an item is at most "
+                                 f"{MAX_ITEM_SIZE} bytes")
+        self.data = data
+        self.offsets = arr
+
+    def __len__(self):
+        return self._offsets.shape[0] - 1
+
+
+cdef Py_ssize_t _part_len(object part):
+    return len(<Packed>part) if isinstance(part, Packed) else len(<list>part)
+
+
+cdef Py_ssize_t _part_bytes(object part, str what) except -1:
+    """Total payload bytes of a part (Packed or list of bytes), every item length checked against u32."""
+    cdef Packed pk
+    cdef list items
+    cdef Py_ssize_t i, ln, total = 0
+    if isinstance(part, Packed):
+        pk = <Packed>part
+        return <Py_ssize_t>(pk._offsets[pk._offsets.shape[0] - 1] - pk._offsets[0])
+    items = <list>part
+    for i in range(len(items)):
+        ln = PyBytes_GET_SIZE(items[i])
+        _checked_u32(ln, f"a {what}'s length")
+        total += ln
+    return total
+
+
+cdef uint8_t *_put_lengths(uint8_t *q, object part):
+    cdef Packed pk
+    cdef list items
+    cdef Py_ssize_t i, n
+    if isinstance(part, Packed):
+        pk = <Packed>part
+        n = pk._offsets.shape[0] - 1
+        for i in range(n):
+            _put_u32(q, <uint32_t>(pk._offsets[i + 1] - pk._offsets[i])); q += 4
+        return q
+    items = <list>part
+    for i in range(len(items)):
+        _put_u32(q, <uint32_t>PyBytes_GET_SIZE(items[i])); q += 4
+    return q
+
+
+cdef uint8_t *_put_data(uint8_t *q, object part):
+    cdef Packed pk
+    cdef list items
+    cdef Py_ssize_t i, ln
+    cdef object item
+    if isinstance(part, Packed):
+        pk = <Packed>part
+        ln = <Py_ssize_t>(pk._offsets[pk._offsets.shape[0] - 1] - pk._offsets[0])
+        if ln:
+            memcpy(q, &pk._bytes[pk._offsets[0]], ln)
+        return q + ln
+    items = <list>part
+    for i in range(len(items)):
+        item = items[i]
+        ln = PyBytes_GET_SIZE(item)
+        memcpy(q, PyBytes_AS_STRING(item), ln); q += ln
+    return q
+
+
 def encode_block(uint32_t key_group, object sections, uint32_t n_states):
     """One key group's block (with its trailing CRC32C) as bytes.
 
     ``sections`` is an iterable of ``(state_index, keys, values)``: ``keys`` and ``values`` are equally long
-    sequences of bytes-like objects, ``state_index < n_states``. Raises ValueError/TypeError on bad input."""
+    sequences of bytes-like objects, or :class:`Packed`; ``state_index < n_states``. Raises ValueError/TypeError
+    on bad input."""
     cdef list secs = []
-    cdef object sec, idx_obj
-    cdef list keys, values
+    cdef object sec, idx_obj, keys, values
     cdef uint32_t idx
-    cdef Py_ssize_t i, n, total = 8 + 4
-    cdef Py_ssize_t ln
+    cdef Py_ssize_t n, total = 8 + 4
     for sec in sections:
         if not isinstance(sec, tuple) or len(sec) != 3:
             raise TypeError(f"a section is a (state_index, keys, values) tuple, got {sec!r:.80}")
@@ -117,51 +209,31 @@ def encode_block(uint32_t key_group, object sections, uint32_t n_states):
             raise ValueError(f"state_index must be an int in [0, {n_states}) (the states given to the writer), "
                              f"got {idx_obj!r}")
         idx = <uint32_t>idx_obj
-        keys = _byte_items(sec[1], "key")
-        values = _byte_items(sec[2], "value")
-        if len(keys) != len(values):
-            raise ValueError(f"state {idx}: {len(keys)} keys but {len(values)} values; they must pair up")
-        n = len(keys)
+        keys = sec[1] if isinstance(sec[1], Packed) else _byte_items(sec[1], "key")
+        values = sec[2] if isinstance(sec[2], Packed) else _byte_items(sec[2], "value")
+        n = _part_len(keys)
+        if n != _part_len(values):
+            raise ValueError(f"state {idx}: {n} keys but {_part_len(values)} values; they must pair up")
         _checked_u32(n, "the number of entries of a state in one key group")
-        total += SECTION_MIN
-        for i in range(n):
-            ln = PyBytes_GET_SIZE(keys[i])
-            _checked_u32(ln, "a key's length")
-            total += 4 + ln
-            ln = PyBytes_GET_SIZE(values[i])
-            _checked_u32(ln, "a value's length")
-            total += 4 + ln
+        total += SECTION_MIN + 8 * n + _part_bytes(keys, "key") + _part_bytes(values, "value")
         secs.append((idx, keys, values))
     _checked_u32(len(secs), "the number of sections in one key group")
 
     cdef bytes out = PyBytes_FromStringAndSize(NULL, total)
-    cdef uint8_t *p = <uint8_t *>PyBytes_AS_STRING(out)
-    cdef uint8_t *q = p
-    cdef object item
+    cdef uint8_t *q = <uint8_t *>PyBytes_AS_STRING(out)
     _put_u32(q, key_group); q += 4
     _put_u32(q, <uint32_t>len(secs)); q += 4
     for sec in secs:
-        idx = sec[0]
         keys = sec[1]
         values = sec[2]
-        n = len(keys)
-        _put_u32(q, idx); q += 4
-        _put_u32(q, <uint32_t>n); q += 4
-        for i in range(n):
-            _put_u32(q, <uint32_t>PyBytes_GET_SIZE(keys[i])); q += 4
-        for i in range(n):
-            _put_u32(q, <uint32_t>PyBytes_GET_SIZE(values[i])); q += 4
-        for i in range(n):
-            item = keys[i]
-            ln = PyBytes_GET_SIZE(item)
-            memcpy(q, PyBytes_AS_STRING(item), ln); q += ln
-        for i in range(n):
-            item = values[i]
-            ln = PyBytes_GET_SIZE(item)
-            memcpy(q, PyBytes_AS_STRING(item), ln); q += ln
+        _put_u32(q, <uint32_t>sec[0]); q += 4
+        _put_u32(q, <uint32_t>_part_len(keys)); q += 4
+        q = _put_lengths(q, keys)
+        q = _put_lengths(q, values)
+        q = _put_data(q, keys)
+        q = _put_data(q, values)
     # The bytes object is still private to us: fill in its checksum in place.
-    cdef uint32_t crc = _crc32c(memoryview(out)[:total - 4])
-    _put_u32(q, crc)
+    _put_u32(q, <uint32_t>_crc32c(memoryview(out)[:total - 4]))
     return out
 
 

@@ -21,6 +21,7 @@ from keygroups.checkpoint import (
     CheckpointStorage,
     KeyedSnapshotWriter,
     KeyedStateHandle,
+    Packed,
     open_snapshot,
     read_key_group_offsets,
     read_key_groups,
@@ -148,6 +149,37 @@ def test_parser_leaves_the_garbage_collector_as_it_found_it():
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def packed(items: list[bytes], lead: bytes = b"") -> Packed:
+    offsets = np.cumsum([len(lead)] + [len(x) for x in items], dtype=np.int64)
+    return Packed(lead + b"".join(items) + b"tail", offsets)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(payload, payload), max_size=12), st.binary(max_size=5))
+def test_packed_input_writes_the_same_bytes_as_lists(entries, lead):
+    keys = [k for k, _ in entries]
+    values = [v for _, v in entries]
+    as_lists = native.encode_block(9, [(1, keys, values)], 2)
+    assert native.encode_block(9, [(1, packed(keys, lead), packed(values))], 2) == as_lists
+    assert native.encode_block(9, [(1, keys, packed(values, lead))], 2) == as_lists
+
+
+def test_packed_validates_its_offsets():
+    assert len(Packed(b"abc", [0, 1, 3])) == 2
+    assert len(Packed(memoryview(b"abc").toreadonly(), np.array([3], dtype=np.int32))) == 0
+    with pytest.raises(ValueError, match="item 0 spans offsets \\[2, 1\\)"):
+        Packed(b"abc", [2, 1, 3])
+    with pytest.raises(ValueError, match="offsets\\[2\\] = 4 is outside the 3 bytes"):
+        Packed(b"abc", [0, 1, 4])
+    with pytest.raises(ValueError, match="outside"):
+        Packed(b"abc", [-1, 1])
+    for bad in [[0.0, 1.0], [[0, 1]], [], np.array([0, 1], dtype=np.uint64)]:
+        with pytest.raises(TypeError, match="offsets must be a 1-D int array"):
+            Packed(b"abc", bad)
+    with pytest.raises(ValueError, match="1 keys but 2 values"):
+        native.encode_block(0, [(0, Packed(b"ab", [0, 2]), [b"x", b"y"])], 1)
 
 
 def test_offset_arrays_feed_a_bulk_decoder():
@@ -345,10 +377,12 @@ def test_stub_matches_the_compiled_module():
         stub = pathlib.Path(__file__).parents[1] / "src" / "keygroups" / "_native" / "snapshot.pyi"
     tree = ast.parse(stub.read_text())
     funcs = {n.name: [a.arg for a in n.args.args] for n in tree.body if isinstance(n, ast.FunctionDef)}
+    classes = {n.name for n in tree.body if isinstance(n, ast.ClassDef)}
     consts = {n.target.id for n in tree.body if isinstance(n, ast.AnnAssign)}
     public = {n for n in dir(native) if not n.startswith("_") and not inspect.ismodule(getattr(native, n))}
     runtime_funcs = {n for n in public if callable(getattr(native, n))}
-    assert set(funcs) == runtime_funcs
+    assert set(funcs) | classes == runtime_funcs
+    assert all(isinstance(getattr(native, c), type) for c in classes)
     assert consts == public - runtime_funcs
     for name, params in funcs.items():
         assert list(inspect.signature(getattr(native, name)).parameters) == params, name

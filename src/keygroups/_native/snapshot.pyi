@@ -15,8 +15,20 @@ FOOTER_SIZE: int
 BLOCK_OVERHEAD: int
 MAX_ITEM_SIZE: int
 
+class Packed:
+    """n serialized items back to back: item i is ``data[offsets[i]:offsets[i + 1]]``."""
+
+    @property
+    def data(self) -> Buffer: ...
+    @property
+    def offsets(self) -> npt.NDArray[np.int64]: ...
+    def __init__(self, data: Buffer, offsets: npt.ArrayLike) -> None: ...
+    def __len__(self) -> int: ...
+
 def encode_block(
-    key_group: int, sections: Iterable[tuple[int, Sequence[Buffer], Sequence[Buffer]]], n_states: int
+    key_group: int,
+    sections: Iterable[tuple[int, Sequence[Buffer] | Packed, Sequence[Buffer] | Packed]],
+    n_states: int,
 ) -> bytes: ...
 def parse_block(
     buffer: Buffer, expected_key_group: int, n_states: int, verify_checksum: bool = True, copy: bool = False

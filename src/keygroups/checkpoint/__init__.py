@@ -13,6 +13,7 @@ This layer stores opaque bytes and JSON; it never imports ``keygroups.state`` or
 from keygroups.checkpoint.format import (
     FORMAT_VERSION,
     KeyedSnapshotWriter,
+    Packed,
     SnapshotFile,
     open_snapshot,
     read_key_group_offsets,
@@ -28,6 +29,7 @@ __all__ = [
     "CheckpointMetadata",
     "KeyedStateHandle",
     "KeyedSnapshotWriter",
+    "Packed",
     "read_key_groups",
     "read_key_group_offsets",
     "write_keyed_snapshot",

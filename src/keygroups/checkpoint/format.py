@@ -6,7 +6,8 @@ Layout (little-endian integers; version :data:`FORMAT_VERSION`)::
              | meta (UTF-8 JSON: {"states": [...]}) | u32 CRC32C(header)
     blocks   for each key group of the range, ascending (empty ones too):
              u32 key group | u32 section count
-             | per section: u32 state index | u32 entry count | per entry: u32 key len | key | u32 value len | value
+             | per section: u32 state index | u32 entry count n | n x u32 key length | n x u32 value length
+                            | the n keys back to back | the n values back to back
              | u32 CRC32C(block)
     index    u32 offset count (= key groups + 1) | u64 absolute offset of each block, then the end of the last one
              | u32 CRC32C(index)
@@ -18,8 +19,10 @@ contiguous bytes of the key groups it owns, in one ranged read, without the head
 :func:`open_snapshot` reads a whole file standalone (header and index included), for tools and for checking.
 
 Keys and values are opaque bytes (serialized by the state layer); they come back as ``memoryview`` slices of the
-read buffer, so nothing is deserialized or copied until the state layer touches a value. Every block is verified
-(CRC32C, key group, structure) by the compiled parser in ``_native/snapshot.pyx`` before any of it is returned.
+read buffer, so nothing is deserialized or copied until the state layer touches a value (or, on request, as bytes
+copies, or as int64 offset arrays for a serializer's ``deserialize_many``: a section's keys are contiguous, as are
+its values). Every block is verified (CRC32C, key group, structure) by the compiled parser in
+``_native/snapshot.pyx`` before any of it is returned.
 """
 
 from __future__ import annotations
@@ -42,6 +45,10 @@ if TYPE_CHECKING:
 
 FORMAT_VERSION: int = _snap.FORMAT_VERSION
 FILE_MAGIC: bytes = _snap.FILE_MAGIC
+
+#: n serialized items back to back (``Packed(data, offsets)``, item i = ``data[offsets[i]:offsets[i + 1]]``), as a
+#: serializer's ``serialize_many`` returns them; the writer takes it in place of a list of n bytes objects.
+Packed = _snap.Packed
 
 #: What one key group's block parses into: ``[(state_index, keys, values), ...]``.
 Sections = list[tuple[int, list[memoryview], list[memoryview]]]   # bytes, not memoryview, with copy=True
@@ -85,8 +92,9 @@ class KeyedSnapshotWriter:
         self._offsets.append(self._pos)
 
     def write_key_group(self, key_group: int,
-                        sections: Iterable[tuple[int, Sequence[bytes], Sequence[bytes]]]) -> None:
-        """Write ``key_group``'s block: ``sections`` are ``(state_index, serialized keys, serialized values)``.
+                        sections: Iterable[tuple[int, Sequence[bytes] | Packed, Sequence[bytes] | Packed]]) -> None:
+        """Write ``key_group``'s block: ``sections`` are ``(state_index, serialized keys, serialized values)``;
+        keys or values may also be a :data:`Packed` (``serialize_many``'s output), which avoids n bytes objects.
 
         Key groups must be strictly ascending and inside the range; skipped ones get empty blocks."""
         if self._finished:
@@ -230,7 +238,7 @@ def open_snapshot(buffer: Any) -> SnapshotFile:
 
 def write_keyed_snapshot(storage: CheckpointStorage, checkpoint_id: int, subtask: int,
                          key_group_range: KeyGroupRange, states: list[dict[str, Any]],
-                         key_groups: Iterable[tuple[int, Iterable[tuple[int, Sequence[bytes], Sequence[bytes]]]]], *,
+                         key_groups: Iterable[tuple[int, Iterable[tuple[int, Any, Any]]]], *,
                          prefix: str | None = None) -> KeyedStateHandle:
     """Write a whole keyed snapshot file into checkpoint ``checkpoint_id`` and return its handle: the one-call form
     of ``new_file`` + ``open_write`` + :class:`KeyedSnapshotWriter`. ``key_groups`` yields ``(key_group, sections)``
