@@ -109,13 +109,19 @@ def reserialize(storage, md, new: int) -> list[tuple[bytes, np.ndarray]]:
 
 
 def timed(fn, runs: int) -> tuple[float, object]:
+    """Median seconds of ``runs`` calls. The cyclic GC is off while timing: it would otherwise rescan the
+    baseline's millions of fresh objects again and again, and we want the baseline at its best."""
     times, result = [], None
     for _ in range(runs):
         result = None
         gc.collect()
-        t = time.perf_counter()
-        result = fn()
-        times.append(time.perf_counter() - t)
+        gc.disable()
+        try:
+            t = time.perf_counter()
+            result = fn()
+            times.append(time.perf_counter() - t)
+        finally:
+            gc.enable()
     return statistics.median(times), result
 
 

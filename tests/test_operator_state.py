@@ -354,3 +354,67 @@ def test_a_function_cannot_be_both_kinds():
     with pytest.raises(TypeError, match="only one"):
         initialize_function(Both(), OperatorStateStore(0, 1))
     initialize_function(object(), OperatorStateStore(0, 1))     # neither kind: nothing to do
+
+
+# ---- remote storage: ranged reads instead of mapping ------------------------------------------------------------
+
+
+@pytest.fixture
+def memory_storage():
+    import uuid
+
+    import fsspec
+
+    root = f"memory://operator-tests-{uuid.uuid4().hex}"
+    yield CheckpointStorage(root, retain=100)
+    fsspec.filesystem("memory").rm(root.removeprefix("memory://"), recursive=True)
+
+
+def test_remote_storage_restores_by_ranged_reads(memory_storage):
+    elements = ListStateDescriptor("blobs", StrSerializer())
+    old = []
+    for i in range(2):
+        store = OperatorStateStore(i, 2)
+        store.get_list_state(elements).update(f"{i}-{j:06d}" + "y" * 300 for j in range(1500))
+        store.get_broadcast_state(CONFIG).put("k", [1, 2])
+        old.append(store)
+    md = checkpoint(memory_storage, old, 1)
+    size = md.operator_handles[0]["size"]
+    got = []
+    for i in range(3):
+        store = OperatorStateStore(i, 3)
+        stats = store.restore(memory_storage, md)
+        assert stats.bytes_read < size             # a share, not whole files
+        got += store.get_list_state(elements).get()
+        assert store.get_broadcast_state(CONFIG).items() == [("k", [1, 2])]
+    assert sorted(got) == sorted(f"{i}-{j:06d}" + "y" * 300 for i in range(2) for j in range(1500))
+
+
+def test_remote_corruption_is_detected(memory_storage):
+    import fsspec
+
+    md = _old_job(memory_storage, [[(i, i) for i in range(50)]])
+    fs = fsspec.filesystem("memory")
+    path = f"{memory_storage.location.removeprefix('memory://')}/{md.operator_handles[0]['file']}"
+    data = bytearray(fs.cat_file(path))
+    data[len(data) // 2] ^= 0x01
+    fs.pipe_file(path, bytes(data))
+    with pytest.raises(CorruptSnapshotError, match="checksum"):
+        OperatorStateStore(0, 1).restore(memory_storage, md)
+    fs.pipe_file(path, bytes(data[:-5]))
+    with pytest.raises(CorruptSnapshotError, match="truncated"):
+        OperatorStateStore(0, 1).restore(memory_storage, md)
+
+
+def test_a_share_moves_as_bytes_without_decoding(storage):
+    md = _old_job(storage, [[(i, i) for i in range(7)], [(i, -i) for i in range(7, 10)]])
+    store = OperatorStateStore(1, 2)
+    store.restore(storage, md)
+    share = store.restored_share("pairs")
+    assert len(share) == 5
+    data, offsets = share.to_bytes()
+    assert len(data) == share.nbytes and len(offsets) == 6
+    assert PAIRS.serializers["element"].deserialize_many(data, offsets) == [(5, 5), (6, 6), (7, -7), (8, -8),
+                                                                            (9, -9)]
+    assert store.get_list_state(PAIRS).get() == [(5, 5), (6, 6), (7, -7), (8, -8), (9, -9)]
+    assert store.restored_share("pairs") is None      # registered: decoded, the share is let go

@@ -65,6 +65,11 @@ def test_to_arrow_parses_the_payloads_with_positions(tmp_path):
     assert table.column("_offset").to_pylist() == piece.offsets
     schema = pa.schema([("a", pa.int32()), ("b", pa.string())])
     assert piece.to_arrow(schema, with_position=False).schema == schema
+    batch = piece.to_record_batch(schema)
+    assert isinstance(batch, pa.RecordBatch) and batch.num_rows == 2
+    assert batch.column("a").type == pa.int32()
+    empty = src.read(3, piece.next_offset).to_record_batch(schema)
+    assert empty.num_rows == 0 and empty.schema.field("a").type == pa.int32()
 
 
 def test_a_torn_tail_is_invisible_and_the_next_writer_cuts_it(tmp_path):

@@ -160,6 +160,15 @@ class LogSlice:
         return table
 
 
+    def to_record_batch(self, schema: Any = None, *, with_position: bool = True) -> Any:
+        """:meth:`to_arrow` as one ``pyarrow.RecordBatch``."""
+        import pyarrow as pa
+
+        table = self.to_arrow(schema, with_position=with_position).combine_chunks()
+        batches = table.to_batches()
+        return batches[0] if batches else pa.RecordBatch.from_pylist([], schema=table.schema)
+
+
 class PartitionedLogSource:
     """A partitioned log directory, for reading. Partitions are discovered from the file names."""
 
