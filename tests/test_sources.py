@@ -19,6 +19,8 @@ from keygroups.sources import (
     PartitionedLogWriter,
     write_partitioned_log,
 )
+from keygroups.serializers import StrSerializer
+from keygroups.state import ListStateDescriptor
 from keygroups.state.functions import checkpoint_function, initialize_function
 from keygroups.state.operator import OperatorStateStore
 
@@ -226,3 +228,16 @@ def test_more_subtasks_than_partitions_leaves_some_idle_but_loses_nothing(tmp_pa
     job = Job(source, storage, 3, job.checkpoint(1))
     consumed += job.poll(None)
     assert Counter(consumed) == _all(source)
+
+
+def test_a_checkpoint_without_source_offsets_starts_the_source_fresh(tmp_path):
+    source = write_partitioned_log(tmp_path / "log", {p: records(p, 2) for p in range(3)})
+    storage = CheckpointStorage(tmp_path / "chk")
+    other = OperatorStateStore(0, 1, operator_id="something-else")
+    other.get_union_list_state(ListStateDescriptor("x", StrSerializer())).add("x")
+    handle = other.snapshot(1, storage).result(timeout=60)
+    storage.commit(CheckpointMetadata(checkpoint_id=1, job_id="t", timestamp_ms=0, max_parallelism=128,
+                                      parallelism=1, keyed_handles=[], operator_handles=[handle], properties={}))
+    job = Job(source, storage, 2, storage.load(1))
+    assert [r.partitions for r in job.readers] == [[0, 2], [1]]
+    assert Counter(job.poll(None)) == _all(source)

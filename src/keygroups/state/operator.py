@@ -16,10 +16,12 @@ metadata) holds per state the mode, the serializer snapshot(s), one absolute byt
 and CRC32C checksums of blocks of whole elements (about 64 KiB each), so a reader of a slice verifies only the
 blocks it reads. A broadcast map is stored as a list of ``u32 key length | key | value`` elements.
 
-Restore is planned from the metadata alone (:func:`plan_operator_restore`) and executed by the compiled splitter
-(``keygroups._native.splitter``), which copies runs of elements by their byte offsets without deserializing them.
-Elements are deserialized only when the state is registered, with the serializer that compatibility resolution
-picks.
+Restore is planned from the metadata alone (:func:`plan_operator_restore`: per new subtask, runs of elements with
+their byte ranges). Executing the plan moves no element through a deserializer: the compiled splitter
+(``keygroups._native.splitter``) validates each run's offsets against the file, the run's checksum blocks are
+verified, and the run is sliced in place out of the mapped file (ranged reads on remote storage);
+:meth:`RestoredList.to_bytes` copies a share into one buffer when it must travel. Elements are deserialized only
+when the state is registered, with the serializer that compatibility resolution picks.
 """
 
 from __future__ import annotations
@@ -249,7 +251,7 @@ def plan_operator_restore(handles: Sequence[Mapping[str, Any]], new_parallelism:
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Execution: the compiled splitter moves the bytes.
+# Execution: validated, checksummed runs sliced out of the old files; nothing decoded.
 
 
 @dataclass
