@@ -7,6 +7,8 @@ from collections import Counter
 
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage
 from keygroups.errors import CorruptSnapshotError
@@ -44,6 +46,31 @@ def test_read_returns_records_offsets_and_the_resume_point(tmp_path):
     assert len(src.read(0, rest.next_offset)) == 0
     assert src.read(0, head.offsets[1], max_records=1).records() == [records(0, 2)[1]]
     assert list(src.iter_records(2)) == records(2, 3)
+
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers(-2**53, 2**53) | st.text(max_size=8)
+                    | st.floats(allow_nan=False, allow_infinity=False),
+                    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner,
+                                                                                max_size=3), max_leaves=6)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.dictionaries(st.text(max_size=5), JSON, max_size=4), max_size=25),
+       st.lists(st.integers(0, 6), min_size=1, max_size=10))
+def test_reading_in_bounded_steps_returns_every_record_once_in_order(batch, steps):
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        src = write_partitioned_log(tmp, {7: batch})
+        got, offset, i = [], HEADER_SIZE, 0
+        while offset < src.end_offset(7):
+            bound = steps[i % len(steps)] or None     # 0 stands for "no bound"
+            piece = src.read(7, offset, bound)
+            assert 0 < len(piece) <= (bound or len(batch))
+            assert piece.payloads == piece.ndjson.split(b"\n")[:-1] and len(piece.payloads) == len(piece)
+            got += piece.records()
+            offset, i = piece.next_offset, i + 1
+        assert got == batch
 
 
 def test_appends_continue_the_partition(tmp_path):
@@ -91,7 +118,7 @@ def test_corrupt_logs_raise(tmp_path, damage):
     if damage == "payload":
         data[first.next_offset + 12] ^= 1           # inside the second record's payload
     elif damage == "length":
-        data[first.next_offset + 3] = 0x7F          # a length far beyond any record
+        data[first.next_offset + 7] = 0x7F          # a length far beyond any record
     else:
         data[1] ^= 1
     open(src.path(0), "wb").write(data)
