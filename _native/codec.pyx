@@ -16,6 +16,8 @@
 import operator
 import sys
 
+cimport cython
+
 import numpy as np
 
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
@@ -91,6 +93,10 @@ MAX_DEPTH = 100
 cdef enum:
     C_MAX_DEPTH = 100
     W_STACK = 256
+    SMALL_DICT = 16     # dicts up to this size sort on the C stack, by insertion
+    SMALL_TMP = 512
+    KEY_CACHE_SIZE = 1024   # a power of two
+    KEY_CACHE_MAX_LEN = 40
     U32_MAX = 0xFFFFFFFF
 
 cdef uint64_t CANONICAL_NAN = 0x7FF8000000000000ULL
@@ -219,13 +225,44 @@ cdef inline double r_f64(Cursor *c) except? -1:
     return v
 
 
-cdef object r_str(Cursor *c, Py_ssize_t n):
-    cdef const uint8_t *p = cur_read(c, n)
+cdef object utf8_str(const uint8_t *p, Py_ssize_t n):
     try:
         return PyUnicode_DecodeUTF8(<const char *>p, n, NULL)
     except UnicodeDecodeError as e:
         raise CorruptSnapshotError(f"a string of {n} bytes is not valid UTF-8 ({e.reason} at byte {e.start}): "
                                    "the data is truncated or corrupt") from None
+
+
+cdef inline object r_str(Cursor *c, Py_ssize_t n):
+    return utf8_str(cur_read(c, n), n)
+
+
+# Short dict keys repeat across values (the same field names in a million dicts): decoding returns the str object
+# decoded last time for the same bytes, as json's key memo does, which saves an allocation per key and the memory of
+# duplicate strings after a restore. Direct-mapped by an FNV-1a hash; protected by the GIL.
+cdef list _key_cache = [None] * KEY_CACHE_SIZE
+
+
+cdef object r_key_str(Cursor *c, Py_ssize_t n):
+    cdef const uint8_t *p
+    cdef const char *q
+    cdef uint32_t h = 2166136261u
+    cdef Py_ssize_t i, m, slot
+    cdef object s
+    if n > KEY_CACHE_MAX_LEN:
+        return r_str(c, n)
+    p = cur_read(c, n)
+    for i in range(n):
+        h = (h ^ p[i]) * 16777619u
+    slot = h & (KEY_CACHE_SIZE - 1)
+    s = <object>PyList_GET_ITEM(_key_cache, slot)
+    if s is not None:
+        q = PyUnicode_AsUTF8AndSize(s, &m)
+        if m == n and memcmp(q, p, n) == 0:
+            return s
+    s = utf8_str(p, n)
+    _key_cache[slot] = s
+    return s
 
 
 cdef inline bytes r_bytes(Cursor *c, Py_ssize_t n):
@@ -252,6 +289,18 @@ cdef int cmp_entry(const void *a, const void *b) noexcept nogil:
     return (x.key_len > y.key_len) - (x.key_len < y.key_len)
 
 
+cdef inline void insertion_sort(Entry *e, Py_ssize_t n) noexcept nogil:
+    cdef Py_ssize_t i, j
+    cdef Entry x
+    for i in range(1, n):
+        x = e[i]
+        j = i - 1
+        while j >= 0 and cmp_entry(&e[j], &x) > 0:
+            e[j + 1] = e[j]
+            j -= 1
+        e[j + 1] = x
+
+
 cdef Py_ssize_t sort_entries(uint8_t *buf, Entry *e, Py_ssize_t n, uint8_t *tmp) noexcept nogil:
     """Sorts the n encoded entries of buf[e[0].start:e[n-1].end] by key bytes, in place (tmp: room for them all).
     Returns the index of a duplicated key, or -1."""
@@ -269,7 +318,10 @@ cdef Py_ssize_t sort_entries(uint8_t *buf, Entry *e, Py_ssize_t n, uint8_t *tmp)
     memcpy(tmp, buf + base, e[n - 1].end - base)
     for i in range(n):
         e[i].key = tmp + (e[i].start - base)
-    qsort(e, n, sizeof(Entry), cmp_entry)
+    if n <= SMALL_DICT:
+        insertion_sort(e, n)
+    else:
+        qsort(e, n, sizeof(Entry), cmp_entry)
     pos = base
     for i in range(n):
         if i > 0 and cmp_entry(&e[i - 1], &e[i]) == 0:
@@ -284,14 +336,17 @@ cdef int enc_dict(Writer *w, object d, Codec kc, Codec vc, int depth) except -1:
     """A dict as u32 count + sorted (key, value) pairs; kc/vc None means the ValueSerializer format."""
     cdef Py_ssize_t n = len(d)
     cdef Py_ssize_t i = 0, base, dup
-    cdef Entry *e
-    cdef uint8_t *tmp
+    cdef Entry small[SMALL_DICT]
+    cdef uint8_t small_tmp[SMALL_TMP]
+    cdef Entry *e = small
+    cdef uint8_t *tmp = small_tmp
     w_len(w, n, "a dict size")
     if n == 0:
         return 0
-    e = <Entry *>PyMem_Malloc(n * sizeof(Entry))
-    if e == NULL:
-        raise MemoryError()
+    if n > SMALL_DICT:
+        e = <Entry *>PyMem_Malloc(n * sizeof(Entry))
+        if e == NULL:
+            raise MemoryError()
     try:
         base = w.pos
         for k, v in d.items():
@@ -312,16 +367,19 @@ cdef int enc_dict(Writer *w, object d, Codec kc, Codec vc, int depth) except -1:
         if i != n:
             raise RuntimeError("dictionary changed size during serialization")
         if n > 1:
-            tmp = <uint8_t *>PyMem_Malloc(w.pos - base)
-            if tmp == NULL:
-                raise MemoryError()
+            if w.pos - base > SMALL_TMP:
+                tmp = <uint8_t *>PyMem_Malloc(w.pos - base)
+                if tmp == NULL:
+                    raise MemoryError()
             dup = sort_entries(w.buf, e, n, tmp)
-            PyMem_Free(tmp)
+            if tmp != small_tmp:
+                PyMem_Free(tmp)
             if dup >= 0:
                 raise ValueError(f"two keys of the dict {_short(d)} serialize to the same bytes (e.g. two float NaN "
                                  "keys), so it cannot be stored deterministically")
     finally:
-        PyMem_Free(e)
+        if e != small:
+            PyMem_Free(e)
     return 0
 
 
@@ -447,7 +505,11 @@ cdef object dec_value(Cursor *c, int depth):
         n = cur_count(c, 2, "a dict size")
         out = {}
         for i in range(n):
-            key = dec_value(c, depth + 1)
+            if cur_u8(c) == T_STR:
+                key = r_key_str(c, cur_count(c, 1, "a str length"))
+            else:
+                c.pos -= 1
+                key = dec_value(c, depth + 1)
             item = dec_value(c, depth + 1)
             _dict_put(c, out, key, item)
         if len(out) != n:
@@ -508,6 +570,7 @@ cdef object copy_value(object v, int depth):
 # ---------------------------------------------------------------------------------------------------------------------
 # Typed codecs.
 
+@cython.auto_pickle(False)   # serializers pickle by their constructor arguments and rebuild the codec
 cdef class Codec:
     """The compiled form of one serializer (a tree for nested ones). Built by keygroups.serializers."""
     cdef readonly int kind
@@ -904,7 +967,10 @@ cdef object dec(Codec c, Cursor *cur, int depth):
         n = cur_count(cur, c.a.min_size + c.b.min_size, "a map size")
         out = {}
         for i in range(n):
-            key = dec(c.a, cur, depth + 1)
+            if c.a.kind == K_STR:
+                key = r_key_str(cur, cur_count(cur, 1, "a str length"))
+            else:
+                key = dec(c.a, cur, depth + 1)
             item = dec(c.b, cur, depth + 1)
             _dict_put(cur, out, key, item)
         if len(out) != n:
