@@ -21,15 +21,17 @@ cimport cython
 import numpy as np
 
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
-from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE, PyBytes_FromStringAndSize, PyBytes_CheckExact
-from cpython.float cimport PyFloat_AsDouble, PyFloat_FromDouble
-from cpython.list cimport PyList_New, PyList_SET_ITEM, PyList_GET_ITEM, PyList_GET_SIZE
+from cpython.bytes cimport (PyBytes_AS_STRING, PyBytes_GET_SIZE, PyBytes_FromStringAndSize, PyBytes_CheckExact,
+                            PyBytes_Check)
+from cpython.float cimport PyFloat_AsDouble, PyFloat_FromDouble, PyFloat_Check
+from cpython.dict cimport PyDict_Check
+from cpython.list cimport PyList_New, PyList_SET_ITEM, PyList_GET_ITEM, PyList_GET_SIZE, PyList_Check
 from cpython.long cimport PyLong_AsLongLongAndOverflow, PyLong_FromLongLong, PyLong_Check
 from cpython.mem cimport PyMem_Malloc, PyMem_Realloc, PyMem_Free
 from cpython.object cimport PyObject
 from cpython.ref cimport Py_INCREF
-from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM, PyTuple_GET_ITEM, PyTuple_GET_SIZE
-from cpython.unicode cimport PyUnicode_DecodeUTF8
+from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM, PyTuple_GET_ITEM, PyTuple_GET_SIZE, PyTuple_Check
+from cpython.unicode cimport PyUnicode_DecodeUTF8, PyUnicode_Check
 from libc.math cimport isnan
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t, INT32_MIN, INT32_MAX
 from libc.stdlib cimport qsort
@@ -349,7 +351,7 @@ cdef int enc_dict(Writer *w, object d, Codec kc, Codec vc, int depth) except -1:
             raise MemoryError()
     try:
         base = w.pos
-        for k, v in d.items():
+        for k, v in dict.items(d):   # a dict subclass's own items() is not asked
             if i >= n:
                 raise RuntimeError("dictionary changed size during serialization")
             e[i].start = w.pos
@@ -391,28 +393,67 @@ cdef str _short(object v):
 # ---------------------------------------------------------------------------------------------------------------------
 # The ValueSerializer format.
 
+cdef inline int enc_v_str(Writer *w, object v) except -1:
+    cdef Py_ssize_t n
+    cdef const char *p = PyUnicode_AsUTF8AndSize(v, &n)   # a str subclass: its stored text, not its __str__
+    w_u8(w, T_STR)
+    w_len(w, n, "a str length")
+    return w_bytes(w, p, n)
+
+
+cdef inline int enc_v_int(Writer *w, object v) except -1:
+    cdef int overflow = 0
+    cdef long long x = PyLong_AsLongLongAndOverflow(v, &overflow)
+    if overflow:
+        return enc_bigint(w, v)
+    w_u8(w, T_INT64)
+    return w_i64(w, x)
+
+
+cdef int enc_v_list(Writer *w, object v, int depth) except -1:
+    cdef Py_ssize_t n = PyList_GET_SIZE(v), i = 0
+    cdef object item
+    w_u8(w, T_LIST)
+    w_len(w, n, "a list length")
+    # Index, not iterate: encoding an element may run Python code that changes the list.
+    while i < PyList_GET_SIZE(v):
+        if i >= n:
+            break
+        item = <object>PyList_GET_ITEM(v, i)   # owned, in case that code drops it from the list
+        enc_value(w, item, depth + 1)
+        i += 1
+    if i != n or PyList_GET_SIZE(v) != n:
+        raise RuntimeError("list changed size during serialization")
+    return 0
+
+
+cdef int enc_v_tuple(Writer *w, object v, int depth) except -1:
+    cdef Py_ssize_t n = PyTuple_GET_SIZE(v), i
+    w_u8(w, T_TUPLE)
+    w_len(w, n, "a tuple length")
+    for i in range(n):
+        enc_value(w, <object>PyTuple_GET_ITEM(v, i), depth + 1)
+    return 0
+
+
+cdef inline int enc_v_bytes(Writer *w, object v) except -1:
+    cdef Py_ssize_t n = PyBytes_GET_SIZE(v)
+    w_u8(w, T_BYTES)
+    w_len(w, n, "a bytes length")
+    return w_bytes(w, PyBytes_AS_STRING(v), n)
+
+
 cdef int enc_value(Writer *w, object v, int depth) except -1:
     cdef type t = type(v)
-    cdef int overflow = 0
-    cdef long long x
-    cdef Py_ssize_t n, i
-    cdef const char *p
     if depth > C_MAX_DEPTH:
         raise ValueError(f"the value nests deeper than {C_MAX_DEPTH} levels (or contains itself); "
                          "ValueSerializer refuses it")
     if v is None:
         return w_u8(w, T_NONE)
     if t is str:
-        p = PyUnicode_AsUTF8AndSize(v, &n)
-        w_u8(w, T_STR)
-        w_len(w, n, "a str length")
-        return w_bytes(w, p, n)
+        return enc_v_str(w, v)
     if t is int:
-        x = PyLong_AsLongLongAndOverflow(v, &overflow)
-        if overflow:
-            return enc_bigint(w, v)
-        w_u8(w, T_INT64)
-        return w_i64(w, x)
+        return enc_v_int(w, v)
     if t is float:
         w_u8(w, T_FLOAT64)
         return w_f64(w, PyFloat_AsDouble(v))
@@ -422,60 +463,49 @@ cdef int enc_value(Writer *w, object v, int depth) except -1:
         w_u8(w, T_DICT)
         return enc_dict(w, v, None, None, depth)
     if t is list:
-        n = PyList_GET_SIZE(v)
-        w_u8(w, T_LIST)
-        w_len(w, n, "a list length")
-        # Index, not iterate: encoding an element may run Python code that shrinks the list.
-        i = 0
-        while i < PyList_GET_SIZE(v):
-            if i >= n:
-                raise RuntimeError("list changed size during serialization")
-            enc_value(w, <object>PyList_GET_ITEM(v, i), depth + 1)
-            i += 1
-        if i != n:
-            raise RuntimeError("list changed size during serialization")
-        return 0
+        return enc_v_list(w, v, depth)
     if t is tuple:
-        n = PyTuple_GET_SIZE(v)
-        w_u8(w, T_TUPLE)
-        w_len(w, n, "a tuple length")
-        for i in range(n):
-            enc_value(w, <object>PyTuple_GET_ITEM(v, i), depth + 1)
-        return 0
+        return enc_v_tuple(w, v, depth)
     if t is bytes:
-        w_u8(w, T_BYTES)
-        n = PyBytes_GET_SIZE(v)
-        w_len(w, n, "a bytes length")
-        return w_bytes(w, PyBytes_AS_STRING(v), n)
+        return enc_v_bytes(w, v)
     return enc_value_slow(w, v, depth)
 
 
 cdef int enc_bigint(Writer *w, object v) except -1:
-    cdef bytes b = v.to_bytes((v.bit_length() + 8) // 8, "little", signed=True)
+    cdef bytes b = int.to_bytes(v, (int.bit_length(v) + 8) // 8, "little", signed=True)
     w_u8(w, T_BIGINT)
     w_len(w, PyBytes_GET_SIZE(b), "an int's byte length")
     return w_bytes(w, PyBytes_AS_STRING(b), PyBytes_GET_SIZE(b))
 
 
 cdef int enc_value_slow(Writer *w, object v, int depth) except -1:
-    """Subclasses of the JSON-like types and numpy scalars, stored as their base type."""
-    if isinstance(v, bool) or isinstance(v, _np_bool):
-        return w_u8(w, T_TRUE if v else T_FALSE)
-    if isinstance(v, int) or isinstance(v, _np_integer):
-        return enc_value(w, int(v), depth)
-    if isinstance(v, float) or isinstance(v, _np_floating):
-        return enc_value(w, float(v), depth)
-    if isinstance(v, str):
-        return enc_value(w, str(v), depth)
-    if isinstance(v, (bytes, bytearray, memoryview)):
-        return enc_value(w, bytes(v), depth)
-    if isinstance(v, dict):
+    """Subclasses of the JSON-like types, stored as their base type from the value they hold (never from methods
+    they may override: a str subclass's __str__, a list subclass's __iter__), and numpy scalars."""
+    if PyUnicode_Check(v):
+        return enc_v_str(w, v)
+    if PyLong_Check(v):   # IntEnum & co.; bool is handled before (it cannot be subclassed)
+        return enc_v_int(w, v)
+    if PyFloat_Check(v):
+        w_u8(w, T_FLOAT64)
+        return w_f64(w, PyFloat_AsDouble(v))
+    if PyDict_Check(v):   # OrderedDict, defaultdict, ...
         w_u8(w, T_DICT)
         return enc_dict(w, v, None, None, depth)
-    if isinstance(v, list):
-        return enc_value(w, list(v), depth)
-    if isinstance(v, tuple):   # namedtuples become plain tuples
-        return enc_value(w, tuple(v), depth)
+    if PyList_Check(v):
+        return enc_v_list(w, v, depth)
+    if PyTuple_Check(v):   # namedtuples become plain tuples
+        return enc_v_tuple(w, v, depth)
+    if PyBytes_Check(v):
+        return enc_v_bytes(w, v)
+    if isinstance(v, (bytearray, memoryview)):
+        return enc_v_bytes(w, bytes(v))
+    if isinstance(v, _np_bool):
+        return w_u8(w, T_TRUE if v else T_FALSE)
+    if isinstance(v, _np_integer):
+        return enc_v_int(w, int(v))
+    if isinstance(v, _np_floating):
+        w_u8(w, T_FLOAT64)
+        return w_f64(w, float(v))
     raise TypeError(f"ValueSerializer cannot serialize {_short(v)} of type {type(v).__name__}; allowed: "
                     f"{ALLOWED_VALUE_TYPES} (nested freely). Use a typed serializer or an explicit PickleSerializer "
                     "for other types")
