@@ -5,13 +5,16 @@
 #   header  = magic "\x89KGS" | u32 version | u32 first key group | u32 key-group count | u32 meta length | meta JSON
 #             | u32 crc32c(header so far)
 #   block   = u32 key group | u32 section count | section* | u32 crc32c(block so far)          (one per key group)
-#   section = u32 state index | u32 entry count | (u32 key length | key | u32 value length | value)*
+#   section = u32 state index | u32 entry count n | u32 key length * n | u32 value length * n
+#             | the n keys, back to back | the n values, back to back
 #   index   = u32 offset count | u64 offset* | u32 crc32c(index so far)
 #   footer  = u64 index position | magic "KGSI"
 #
 # Every read of file bytes goes through the checked cursor (cursor.pxd), every count is checked against the bytes
 # that remain before it sizes a list or a loop, and every failure is a CorruptSnapshotError. Keys and values come
-# back as memoryview slices of the caller's buffer (bytes, mmap, ...): nothing is copied or deserialized here.
+# back as memoryview slices of the caller's buffer (bytes, mmap, ...) or bytes copies, or as int64 offset arrays
+# into the block (keys, like values, are contiguous, so ``deserialize_many(block, offsets)`` can take them whole):
+# nothing is deserialized here.
 from cpython.buffer cimport PyObject_CheckBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_CheckExact, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.list cimport PyList_New, PyList_SET_ITEM
@@ -20,11 +23,16 @@ from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
 from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
 from libc.string cimport memcpy
 
+cimport numpy as cnp
+
 from cursor cimport Cursor, cur_corrupt, cur_count, cur_init, cur_read, cur_remaining, cur_u32, cur_u64
 
 import sys
 
+import numpy as np
 from crc32c import crc32c as _crc32c
+
+cnp.import_array()
 
 if sys.byteorder != "little":   # the cursor and the encoder copy integers in host order
     raise ImportError("keygroups._native.snapshot supports little-endian hosts only")
@@ -140,13 +148,16 @@ def encode_block(uint32_t key_group, object sections, uint32_t n_states):
         _put_u32(q, idx); q += 4
         _put_u32(q, <uint32_t>n); q += 4
         for i in range(n):
+            _put_u32(q, <uint32_t>PyBytes_GET_SIZE(keys[i])); q += 4
+        for i in range(n):
+            _put_u32(q, <uint32_t>PyBytes_GET_SIZE(values[i])); q += 4
+        for i in range(n):
             item = keys[i]
             ln = PyBytes_GET_SIZE(item)
-            _put_u32(q, <uint32_t>ln); q += 4
             memcpy(q, PyBytes_AS_STRING(item), ln); q += ln
+        for i in range(n):
             item = values[i]
             ln = PyBytes_GET_SIZE(item)
-            _put_u32(q, <uint32_t>ln); q += 4
             memcpy(q, PyBytes_AS_STRING(item), ln); q += ln
     # The bytes object is still private to us: fill in its checksum in place.
     cdef uint32_t crc = _crc32c(memoryview(out)[:total - 4])
@@ -154,66 +165,183 @@ def encode_block(uint32_t key_group, object sections, uint32_t n_states):
     return out
 
 
-def parse_block(object buffer, uint32_t expected_key_group, uint32_t n_states, bint verify_checksum=True):
-    """Parse one block (the exact bytes from its offset to the next one, CRC included).
+cdef extern from "Python.h":
+    void PyObject_GC_Track(object)
+    void PyObject_GC_UnTrack(object)
+    int PyGC_Enable()
+    int PyGC_Disable()
 
-    Returns ``[(state_index, keys, values), ...]`` with keys/values as memoryview slices of ``buffer``. Any mismatch
-    (checksum, key group, a state index >= n_states, a length past the block, trailing bytes) raises
-    CorruptSnapshotError. ``verify_checksum=False`` exists so tests can fuzz the structural checks behind the CRC."""
+
+cdef inline uint32_t _u32_at(const uint8_t *p) noexcept nogil:
+    cdef uint32_t v
+    memcpy(&v, p, 4)
+    return v
+
+
+cdef uint64_t _sum_lengths(const uint8_t *lengths, Py_ssize_t n, uint64_t limit) noexcept nogil:
+    # Stops as soon as the sum passes ``limit`` (so it cannot overflow: each term is < 2^32).
+    cdef uint64_t total = 0
+    cdef Py_ssize_t i
+    for i in range(n):
+        total += _u32_at(lengths + 4 * i)
+        if total > limit:
+            break
+    return total
+
+
+cdef void _offsets_from_lengths(const uint8_t *lengths, Py_ssize_t n, int64_t start, int64_t *out) noexcept nogil:
+    cdef Py_ssize_t i
+    out[0] = start
+    for i in range(n):
+        out[i + 1] = out[i] + _u32_at(lengths + 4 * i)
+
+
+cdef struct Section:
+    uint32_t state_index
+    Py_ssize_t n
+    const uint8_t *key_lengths     # n u32
+    const uint8_t *value_lengths   # n u32
+    Py_ssize_t keys_at             # position of the first key in the block
+    Py_ssize_t values_at           # position of the first value in the block
+
+
+cdef int _read_section(Cursor *c, uint32_t n_states, Section *sec) except -1:
+    """One section's header and length arrays, checked: every key and value lies inside the section."""
+    cdef uint64_t key_bytes, value_bytes
+    sec.state_index = cur_u32(c)
+    if sec.state_index >= n_states:
+        cur_corrupt(c, f"state index {sec.state_index} (the snapshot has {n_states} states)")
+    sec.n = cur_count(c, ENTRY_MIN, "entry")
+    sec.key_lengths = cur_read(c, 4 * sec.n)
+    sec.value_lengths = cur_read(c, 4 * sec.n)
+    key_bytes = _sum_lengths(sec.key_lengths, sec.n, <uint64_t>cur_remaining(c))
+    if key_bytes > <uint64_t>cur_remaining(c):
+        cur_corrupt(c, f"{sec.n} keys of more than the {cur_remaining(c)} bytes left")
+    sec.keys_at = c.pos
+    cur_read(c, <Py_ssize_t>key_bytes)
+    value_bytes = _sum_lengths(sec.value_lengths, sec.n, <uint64_t>cur_remaining(c))
+    if value_bytes > <uint64_t>cur_remaining(c):
+        cur_corrupt(c, f"{sec.n} values of more than the {cur_remaining(c)} bytes left")
+    sec.values_at = c.pos
+    cur_read(c, <Py_ssize_t>value_bytes)
+    return 0
+
+
+cdef object _check_block(object buffer, uint32_t expected_key_group, bint verify_checksum, Cursor *c):
+    """The block as a byte memoryview, its checksum verified and ``c`` positioned after its key group, over the
+    block without its CRC."""
     cdef object mv = _as_byte_view(buffer)
     cdef const uint8_t[::1] data = mv
     cdef Py_ssize_t size = data.shape[0]
-    cdef Cursor c
-    cdef uint32_t stored, kg, idx
-    cdef Py_ssize_t n_sections, n, s, i, pos, ln
-    cdef list result, keys, values
-    cdef object piece
-    cdef tuple sec
-
+    cdef uint32_t stored, kg
     if size < BLOCK_MIN:
         from keygroups.errors import CorruptSnapshotError
         raise CorruptSnapshotError(f"the block of key group {expected_key_group} is {size} bytes long, shorter than "
                                    f"the {BLOCK_MIN}-byte minimum: the data is truncated or corrupt")
     # Checksum first: a flipped length byte is reported as a checksum failure, not as a strange length.
-    cur_init(&c, &data[0], size)
+    cur_init(c, &data[0], size)
     c.pos = size - 4
-    stored = cur_u32(&c)
+    stored = cur_u32(c)
     if verify_checksum and stored != <uint32_t>_crc32c(mv[:size - 4]):
         from keygroups.errors import CorruptSnapshotError
         raise CorruptSnapshotError(f"the block of key group {expected_key_group} fails its CRC32C checksum "
                                    f"({size} bytes): the snapshot file is corrupt")
-
-    cur_init(&c, &data[0], size - 4)
-    kg = cur_u32(&c)
+    cur_init(c, &data[0], size - 4)
+    kg = cur_u32(c)
     if kg != expected_key_group:
-        cur_corrupt(&c, f"a block of key group {kg} where key group {expected_key_group} belongs")
+        cur_corrupt(c, f"a block of key group {kg} where key group {expected_key_group} belongs")
+    return mv
+
+
+cdef inline object _piece(object mv, const uint8_t *base, Py_ssize_t pos, Py_ssize_t ln, bint copy):
+    # A view of the caller's buffer (keeps it alive), or a bytes copy (cheaper to create and to hold when small).
+    if copy:
+        return PyBytes_FromStringAndSize(<const char *>(base + pos), ln)
+    return mv[pos:pos + ln]
+
+
+cdef list _pieces(object mv, const uint8_t *base, const uint8_t *lengths, Py_ssize_t n, Py_ssize_t pos, bint copy):
+    cdef list out = PyList_New(n)
+    cdef Py_ssize_t i, ln
+    cdef object piece
+    # Untracked while half filled (NULL items); tracked again once complete.
+    PyObject_GC_UnTrack(out)
+    try:
+        for i in range(n):
+            ln = _u32_at(lengths + 4 * i)
+            piece = _piece(mv, base, pos, ln, copy)
+            Py_INCREF(piece)
+            PyList_SET_ITEM(out, i, piece)
+            pos += ln
+    finally:
+        PyObject_GC_Track(out)
+    return out
+
+
+def parse_block(object buffer, uint32_t expected_key_group, uint32_t n_states, bint verify_checksum=True,
+                bint copy=False):
+    """Parse one block (the exact bytes from its offset to the next one, CRC included).
+
+    Returns ``[(state_index, keys, values), ...]`` with keys/values as memoryview slices of ``buffer`` (or, with
+    ``copy=True``, as bytes copies). Any mismatch (checksum, key group, a state index >= n_states, a length past
+    the block, trailing bytes) raises CorruptSnapshotError. ``verify_checksum=False`` exists so tests can fuzz the
+    structural checks behind the CRC."""
+    cdef Cursor c
+    cdef Section sec
+    cdef Py_ssize_t n_sections, s
+    cdef list result
+    cdef tuple item
+    cdef object mv = _check_block(buffer, expected_key_group, verify_checksum, &c)
+    cdef const uint8_t *base = c.buf
+    n_sections = cur_count(&c, SECTION_MIN, "section")
+    result = PyList_New(n_sections)
+    # The pieces cannot form reference cycles, yet each (memoryviews are GC-tracked) counts towards the cyclic
+    # collector's thresholds, and collections during a large block multiply the parse time. Pause it; restore it.
+    cdef int gc_was_enabled = PyGC_Disable()
+    try:
+        for s in range(n_sections):
+            _read_section(&c, n_states, &sec)
+            item = (sec.state_index,
+                    _pieces(mv, base, sec.key_lengths, sec.n, sec.keys_at, copy),
+                    _pieces(mv, base, sec.value_lengths, sec.n, sec.values_at, copy))
+            Py_INCREF(item)
+            PyList_SET_ITEM(result, s, item)
+    finally:
+        if gc_was_enabled:
+            PyGC_Enable()
+    if cur_remaining(&c) != 0:
+        cur_corrupt(&c, f"{cur_remaining(&c)} unexpected trailing bytes in the block of key group "
+                        f"{expected_key_group}")
+    return result
+
+
+def parse_block_offsets(object buffer, uint32_t expected_key_group, uint32_t n_states, bint verify_checksum=True):
+    """Parse one block into offset arrays instead of objects: ``[(state_index, key_offsets, value_offsets), ...]``,
+    each an int64 array of n + 1 positions in ``buffer``, so key i is ``buffer[key_offsets[i]:key_offsets[i + 1]]``
+    (keys are contiguous, as are values: a serializer's ``deserialize_many(buffer, offsets)`` takes them whole).
+    Same checks and errors as :func:`parse_block`."""
+    cdef Cursor c
+    cdef Section sec
+    cdef Py_ssize_t n_sections, s
+    cdef list result
+    cdef tuple item
+    cdef cnp.ndarray ko, vo
+    cdef object mv = _check_block(buffer, expected_key_group, verify_checksum, &c)
     n_sections = cur_count(&c, SECTION_MIN, "section")
     result = PyList_New(n_sections)
     for s in range(n_sections):
-        idx = cur_u32(&c)
-        if idx >= n_states:
-            cur_corrupt(&c, f"state index {idx} (the snapshot has {n_states} states)")
-        n = cur_count(&c, ENTRY_MIN, "entry")
-        keys = PyList_New(n)
-        values = PyList_New(n)
-        for i in range(n):
-            ln = cur_u32(&c)
-            pos = c.pos
-            cur_read(&c, ln)
-            piece = mv[pos:pos + ln]
-            Py_INCREF(piece)
-            PyList_SET_ITEM(keys, i, piece)
-            ln = cur_u32(&c)
-            pos = c.pos
-            cur_read(&c, ln)
-            piece = mv[pos:pos + ln]
-            Py_INCREF(piece)
-            PyList_SET_ITEM(values, i, piece)
-        sec = (idx, keys, values)
-        Py_INCREF(sec)
-        PyList_SET_ITEM(result, s, sec)
+        _read_section(&c, n_states, &sec)
+        ko = np.empty(sec.n + 1, dtype=np.int64)
+        vo = np.empty(sec.n + 1, dtype=np.int64)
+        with nogil:
+            _offsets_from_lengths(sec.key_lengths, sec.n, sec.keys_at, <int64_t *>cnp.PyArray_DATA(ko))
+            _offsets_from_lengths(sec.value_lengths, sec.n, sec.values_at, <int64_t *>cnp.PyArray_DATA(vo))
+        item = (sec.state_index, ko, vo)
+        Py_INCREF(item)
+        PyList_SET_ITEM(result, s, item)
     if cur_remaining(&c) != 0:
-        cur_corrupt(&c, f"{cur_remaining(&c)} unexpected trailing bytes in the block of key group {kg}")
+        cur_corrupt(&c, f"{cur_remaining(&c)} unexpected trailing bytes in the block of key group "
+                        f"{expected_key_group}")
     return result
 
 

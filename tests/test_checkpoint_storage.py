@@ -353,3 +353,13 @@ def test_file_url_and_relative_local_paths(tmp_path, monkeypatch):
     write_checkpoint(rel, 1)
     via_url = CheckpointStorage(f"file://{tmp_path}/ckpts")
     assert via_url.checkpoint_ids() == [1]
+
+
+def test_checkpoint_layer_imports_neither_state_nor_pyspark():
+    import subprocess
+    import sys
+
+    code = ("import sys, keygroups.checkpoint; "
+            "bad = [m for m in sys.modules if m.startswith(('pyspark', 'keygroups.state', 'keygroups.spark'))]; "
+            "assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,7 +1,10 @@
 """Stub for the compiled keyed snapshot format (``_native/snapshot.pyx``)."""
 
 from collections.abc import Iterable, Sequence
+from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 from typing_extensions import Buffer
 
 FILE_MAGIC: bytes
@@ -16,8 +19,11 @@ def encode_block(
     key_group: int, sections: Iterable[tuple[int, Sequence[Buffer], Sequence[Buffer]]], n_states: int
 ) -> bytes: ...
 def parse_block(
+    buffer: Buffer, expected_key_group: int, n_states: int, verify_checksum: bool = True, copy: bool = False
+) -> list[tuple[int, list[Any], list[Any]]]: ...   # memoryview items, or bytes with copy=True
+def parse_block_offsets(
     buffer: Buffer, expected_key_group: int, n_states: int, verify_checksum: bool = True
-) -> list[tuple[int, list[memoryview], list[memoryview]]]: ...
+) -> list[tuple[int, npt.NDArray[np.int64], npt.NDArray[np.int64]]]: ...
 def encode_header(first_key_group: int, key_group_count: int, meta: bytes) -> bytes: ...
 def parse_header(buffer: Buffer) -> tuple[int, int, int, bytes, int]: ...
 def encode_index(offsets: list[int]) -> bytes: ...

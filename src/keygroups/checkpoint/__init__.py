@@ -15,6 +15,7 @@ from keygroups.checkpoint.format import (
     KeyedSnapshotWriter,
     SnapshotFile,
     open_snapshot,
+    read_key_group_offsets,
     read_key_groups,
     write_keyed_snapshot,
 )
@@ -28,6 +29,7 @@ __all__ = [
     "KeyedStateHandle",
     "KeyedSnapshotWriter",
     "read_key_groups",
+    "read_key_group_offsets",
     "write_keyed_snapshot",
     "open_snapshot",
     "SnapshotFile",

@@ -58,7 +58,7 @@ class KeyedStateHandle:
     key_group_range: KeyGroupRange
     offsets: list[int]
     size: int
-    states: list[dict]
+    states: list[dict[str, Any]]
 
     def __post_init__(self) -> None:
         check_relpath(self.file, "KeyedStateHandle.file")
@@ -92,13 +92,13 @@ class KeyedStateHandle:
             raise ValueError(f"key groups {key_groups} are not a non-empty part of this handle's {r}")
         return self.offsets[key_groups.start - r.start], self.offsets[key_groups.end - r.start + 1]
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         r = self.key_group_range
         return {"file": self.file, "subtask": self.subtask, "key_group_range": [r.start, r.end],
                 "offsets": list(self.offsets), "size": self.size, "states": self.states}
 
     @classmethod
-    def from_json(cls, d: dict) -> KeyedStateHandle:
+    def from_json(cls, d: dict[str, Any]) -> KeyedStateHandle:
         """The handle back from :meth:`to_json`; CorruptSnapshotError if ``d`` is not one."""
         try:
             start, end = d["key_group_range"]
@@ -122,8 +122,8 @@ class CheckpointMetadata:
     max_parallelism: int
     parallelism: int
     keyed_handles: list[KeyedStateHandle] = field(default_factory=list)
-    operator_handles: list[dict] = field(default_factory=list)
-    properties: dict = field(default_factory=dict)
+    operator_handles: list[dict[str, Any]] = field(default_factory=list)
+    properties: dict[str, Any] = field(default_factory=dict)
     base: str = field(default="", compare=False)
 
     def validate(self) -> None:
@@ -143,10 +143,10 @@ class CheckpointMetadata:
             if h.key_group_range and h.key_group_range.end >= mp:
                 raise ValueError(f"the keyed handle of subtask {h.subtask} covers {h.key_group_range}, past "
                                  f"max_parallelism={mp} (key groups are [0, {mp - 1}])")
-        for h in self.operator_handles:
-            if not isinstance(h, dict) or "file" not in h:
-                raise TypeError(f"operator_handles must be JSON dicts with a 'file' entry, got {str(h)[:100]}")
-            check_relpath(h["file"], "an operator handle's 'file'")
+        for oh in self.operator_handles:
+            if not isinstance(oh, dict) or "file" not in oh:
+                raise TypeError(f"operator_handles must be JSON dicts with a 'file' entry, got {str(oh)[:100]}")
+            check_relpath(oh["file"], "an operator handle's 'file'")
         if not isinstance(self.properties, dict):
             raise TypeError(f"properties must be a JSON dict, got {type(self.properties).__name__}")
 

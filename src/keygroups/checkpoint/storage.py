@@ -237,7 +237,7 @@ class CheckpointStorage:
     as its arguments, so it can be shipped to Spark executors."""
 
     def __init__(self, location: str | os.PathLike[str], *, retain: int = 3,
-                 storage_options: dict | None = None) -> None:
+                 storage_options: dict[str, Any] | None = None) -> None:
         if isinstance(retain, bool) or not isinstance(retain, int) or retain < 1:
             raise ValueError(f"retain must be an int >= 1 (how many complete checkpoints to keep), got {retain!r}")
         loc = os.fspath(location)
@@ -252,7 +252,7 @@ class CheckpointStorage:
             self._fs = _LocalFS(root)
             self.location = root
         else:
-            import fsspec
+            import fsspec  # type: ignore[import-untyped]
 
             fs, root = fsspec.core.url_to_fs(loc, **self.storage_options)
             self._fs = _FsspecFS(fs, root)
@@ -459,5 +459,5 @@ class CheckpointStorage:
                 f"is written); {self._inventory()}") from None
 
 
-def _rebuild_storage(location: str, retain: int, storage_options: dict) -> CheckpointStorage:
+def _rebuild_storage(location: str, retain: int, storage_options: dict[str, Any]) -> CheckpointStorage:
     return CheckpointStorage(location, retain=retain, storage_options=storage_options)
