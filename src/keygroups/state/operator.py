@@ -41,7 +41,7 @@ import numpy as np
 from keygroups._native import splitter
 from keygroups.errors import CorruptSnapshotError, StateMigrationError
 
-if TYPE_CHECKING:  # the storage layer is below us; imported lazily at run time to keep import cheap
+if TYPE_CHECKING:  # for annotations only: the store works with whatever storage and serializers it is handed
     from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage
     from keygroups.serializers import TypeSerializer
 
