@@ -23,7 +23,7 @@ from keygroups.state.functions import (
     checkpoint_function,
     initialize_function,
 )
-from keygroups.state.operator import MODE_BROADCAST, MODE_SPLIT_DISTRIBUTE, MODE_UNION, OperatorStateStore
+from keygroups.state.operator import BLOCK_BYTES, MODE_BROADCAST, MODE_SPLIT_DISTRIBUTE, OperatorStateStore
 
 PAIRS = ListStateDescriptor("pairs", TupleSerializer(Int64Serializer(), Int64Serializer()))
 UNION = ListStateDescriptor("everyone", StrSerializer())
@@ -209,16 +209,18 @@ def test_operators_sharing_a_checkpoint_restore_their_own_state(storage):
 def test_a_subtask_reads_only_the_blocks_of_its_share(storage):
     elements = ListStateDescriptor("blobs", StrSerializer())
     store = OperatorStateStore(0, 1)
-    store.get_list_state(elements).update(f"{i:08d}" + "x" * 200 for i in range(8000))
+    store.get_list_state(elements).update(f"{i:08d}" + "x" * 200 for i in range(24000))
     md = checkpoint(storage, [store], 1)
     size = md.operator_handles[0]["size"]
+    assert size > 16 * BLOCK_BYTES
     for i in range(4):
         new = OperatorStateStore(i, 4)
         stats = new.restore(storage, md)
         got = new.get_list_state(elements).get()
-        assert [int(s[:8]) for s in got] == list(range(i * 2000, (i + 1) * 2000))
-        assert stats.elements == 2000
-        assert size / 4 <= stats.bytes_read < size / 4 + 2 * 64 * 1024 + 512
+        assert [int(s[:8]) for s in got] == list(range(i * 6000, (i + 1) * 6000))
+        assert stats.elements == 6000
+        # its quarter, widened to whole checksum blocks: at most one block more on each side
+        assert size / 4 - 8 <= stats.bytes_read < size / 4 + 2 * BLOCK_BYTES
 
 
 # ---- corruption -------------------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ named as in Flink's ``OperatorStateHandle.Mode``:
 Snapshot file (``chk-<id>/operator-<subtask>-<uuid>``): an 8-byte header (magic ``KGOP``, u16 format version,
 u16 zero), then each state's elements, serialized, back to back. The handle (JSON, kept in the checkpoint
 metadata) holds per state the mode, the serializer snapshot(s), one absolute byte offset per element plus the end,
-and CRC32C checksums of blocks of whole elements (about 64 KiB each), so a reader of a slice verifies only the
+and CRC32C checksums of blocks of whole elements (about 256 KiB each), so a reader of a slice verifies only the
 blocks it reads. A broadcast map is stored as a list of ``u32 key length | key | value`` elements.
 
 Restore is planned from the metadata alone (:func:`plan_operator_restore`: per new subtask, runs of elements with
@@ -69,7 +69,7 @@ FORMAT_VERSION = 1
 _MAGIC = b"KGOP"
 _HEADER = struct.Struct("<4sHH")
 HEADER_SIZE = _HEADER.size
-BLOCK_BYTES = 64 * 1024
+BLOCK_BYTES = 256 * 1024   # a run reads at most two blocks beyond its own bytes; fewer blocks, less per-block overhead
 DEFAULT_OPERATOR_ID = "operator"
 
 
