@@ -16,18 +16,22 @@
 import operator
 import sys
 
+cimport cython
+
 import numpy as np
 
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
-from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE, PyBytes_FromStringAndSize, PyBytes_CheckExact
-from cpython.float cimport PyFloat_AsDouble, PyFloat_FromDouble
-from cpython.list cimport PyList_New, PyList_SET_ITEM, PyList_GET_ITEM, PyList_GET_SIZE
+from cpython.bytes cimport (PyBytes_AS_STRING, PyBytes_GET_SIZE, PyBytes_FromStringAndSize, PyBytes_CheckExact,
+                            PyBytes_Check)
+from cpython.float cimport PyFloat_AsDouble, PyFloat_FromDouble, PyFloat_Check
+from cpython.dict cimport PyDict_Check
+from cpython.list cimport PyList_New, PyList_SET_ITEM, PyList_GET_ITEM, PyList_GET_SIZE, PyList_Check
 from cpython.long cimport PyLong_AsLongLongAndOverflow, PyLong_FromLongLong, PyLong_Check
 from cpython.mem cimport PyMem_Malloc, PyMem_Realloc, PyMem_Free
 from cpython.object cimport PyObject
 from cpython.ref cimport Py_INCREF
-from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM, PyTuple_GET_ITEM, PyTuple_GET_SIZE
-from cpython.unicode cimport PyUnicode_DecodeUTF8
+from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM, PyTuple_GET_ITEM, PyTuple_GET_SIZE, PyTuple_Check
+from cpython.unicode cimport PyUnicode_DecodeUTF8, PyUnicode_Check
 from libc.math cimport isnan
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t, INT32_MIN, INT32_MAX
 from libc.stdlib cimport qsort
@@ -91,6 +95,10 @@ MAX_DEPTH = 100
 cdef enum:
     C_MAX_DEPTH = 100
     W_STACK = 256
+    SMALL_DICT = 16     # dicts up to this size sort on the C stack, by insertion
+    SMALL_TMP = 512
+    KEY_CACHE_SIZE = 1024   # a power of two
+    KEY_CACHE_MAX_LEN = 40
     U32_MAX = 0xFFFFFFFF
 
 cdef uint64_t CANONICAL_NAN = 0x7FF8000000000000ULL
@@ -219,13 +227,44 @@ cdef inline double r_f64(Cursor *c) except? -1:
     return v
 
 
-cdef object r_str(Cursor *c, Py_ssize_t n):
-    cdef const uint8_t *p = cur_read(c, n)
+cdef object utf8_str(const uint8_t *p, Py_ssize_t n):
     try:
         return PyUnicode_DecodeUTF8(<const char *>p, n, NULL)
     except UnicodeDecodeError as e:
         raise CorruptSnapshotError(f"a string of {n} bytes is not valid UTF-8 ({e.reason} at byte {e.start}): "
                                    "the data is truncated or corrupt") from None
+
+
+cdef inline object r_str(Cursor *c, Py_ssize_t n):
+    return utf8_str(cur_read(c, n), n)
+
+
+# Short dict keys repeat across values (the same field names in a million dicts): decoding returns the str object
+# decoded last time for the same bytes, as json's key memo does, which saves an allocation per key and the memory of
+# duplicate strings after a restore. Direct-mapped by an FNV-1a hash; protected by the GIL.
+cdef list _key_cache = [None] * KEY_CACHE_SIZE
+
+
+cdef object r_key_str(Cursor *c, Py_ssize_t n):
+    cdef const uint8_t *p
+    cdef const char *q
+    cdef uint32_t h = 2166136261u
+    cdef Py_ssize_t i, m, slot
+    cdef object s
+    if n > KEY_CACHE_MAX_LEN:
+        return r_str(c, n)
+    p = cur_read(c, n)
+    for i in range(n):
+        h = (h ^ p[i]) * 16777619u
+    slot = h & (KEY_CACHE_SIZE - 1)
+    s = <object>PyList_GET_ITEM(_key_cache, slot)
+    if s is not None:
+        q = PyUnicode_AsUTF8AndSize(s, &m)
+        if m == n and memcmp(q, p, n) == 0:
+            return s
+    s = utf8_str(p, n)
+    _key_cache[slot] = s
+    return s
 
 
 cdef inline bytes r_bytes(Cursor *c, Py_ssize_t n):
@@ -252,6 +291,18 @@ cdef int cmp_entry(const void *a, const void *b) noexcept nogil:
     return (x.key_len > y.key_len) - (x.key_len < y.key_len)
 
 
+cdef inline void insertion_sort(Entry *e, Py_ssize_t n) noexcept nogil:
+    cdef Py_ssize_t i, j
+    cdef Entry x
+    for i in range(1, n):
+        x = e[i]
+        j = i - 1
+        while j >= 0 and cmp_entry(&e[j], &x) > 0:
+            e[j + 1] = e[j]
+            j -= 1
+        e[j + 1] = x
+
+
 cdef Py_ssize_t sort_entries(uint8_t *buf, Entry *e, Py_ssize_t n, uint8_t *tmp) noexcept nogil:
     """Sorts the n encoded entries of buf[e[0].start:e[n-1].end] by key bytes, in place (tmp: room for them all).
     Returns the index of a duplicated key, or -1."""
@@ -269,7 +320,10 @@ cdef Py_ssize_t sort_entries(uint8_t *buf, Entry *e, Py_ssize_t n, uint8_t *tmp)
     memcpy(tmp, buf + base, e[n - 1].end - base)
     for i in range(n):
         e[i].key = tmp + (e[i].start - base)
-    qsort(e, n, sizeof(Entry), cmp_entry)
+    if n <= SMALL_DICT:
+        insertion_sort(e, n)
+    else:
+        qsort(e, n, sizeof(Entry), cmp_entry)
     pos = base
     for i in range(n):
         if i > 0 and cmp_entry(&e[i - 1], &e[i]) == 0:
@@ -284,17 +338,20 @@ cdef int enc_dict(Writer *w, object d, Codec kc, Codec vc, int depth) except -1:
     """A dict as u32 count + sorted (key, value) pairs; kc/vc None means the ValueSerializer format."""
     cdef Py_ssize_t n = len(d)
     cdef Py_ssize_t i = 0, base, dup
-    cdef Entry *e
-    cdef uint8_t *tmp
+    cdef Entry small[SMALL_DICT]
+    cdef uint8_t small_tmp[SMALL_TMP]
+    cdef Entry *e = small
+    cdef uint8_t *tmp = small_tmp
     w_len(w, n, "a dict size")
     if n == 0:
         return 0
-    e = <Entry *>PyMem_Malloc(n * sizeof(Entry))
-    if e == NULL:
-        raise MemoryError()
+    if n > SMALL_DICT:
+        e = <Entry *>PyMem_Malloc(n * sizeof(Entry))
+        if e == NULL:
+            raise MemoryError()
     try:
         base = w.pos
-        for k, v in d.items():
+        for k, v in dict.items(d):   # a dict subclass's own items() is not asked
             if i >= n:
                 raise RuntimeError("dictionary changed size during serialization")
             e[i].start = w.pos
@@ -312,16 +369,19 @@ cdef int enc_dict(Writer *w, object d, Codec kc, Codec vc, int depth) except -1:
         if i != n:
             raise RuntimeError("dictionary changed size during serialization")
         if n > 1:
-            tmp = <uint8_t *>PyMem_Malloc(w.pos - base)
-            if tmp == NULL:
-                raise MemoryError()
+            if w.pos - base > SMALL_TMP:
+                tmp = <uint8_t *>PyMem_Malloc(w.pos - base)
+                if tmp == NULL:
+                    raise MemoryError()
             dup = sort_entries(w.buf, e, n, tmp)
-            PyMem_Free(tmp)
+            if tmp != small_tmp:
+                PyMem_Free(tmp)
             if dup >= 0:
                 raise ValueError(f"two keys of the dict {_short(d)} serialize to the same bytes (e.g. two float NaN "
                                  "keys), so it cannot be stored deterministically")
     finally:
-        PyMem_Free(e)
+        if e != small:
+            PyMem_Free(e)
     return 0
 
 
@@ -333,28 +393,67 @@ cdef str _short(object v):
 # ---------------------------------------------------------------------------------------------------------------------
 # The ValueSerializer format.
 
+cdef inline int enc_v_str(Writer *w, object v) except -1:
+    cdef Py_ssize_t n
+    cdef const char *p = PyUnicode_AsUTF8AndSize(v, &n)   # a str subclass: its stored text, not its __str__
+    w_u8(w, T_STR)
+    w_len(w, n, "a str length")
+    return w_bytes(w, p, n)
+
+
+cdef inline int enc_v_int(Writer *w, object v) except -1:
+    cdef int overflow = 0
+    cdef long long x = PyLong_AsLongLongAndOverflow(v, &overflow)
+    if overflow:
+        return enc_bigint(w, v)
+    w_u8(w, T_INT64)
+    return w_i64(w, x)
+
+
+cdef int enc_v_list(Writer *w, object v, int depth) except -1:
+    cdef Py_ssize_t n = PyList_GET_SIZE(v), i = 0
+    cdef object item
+    w_u8(w, T_LIST)
+    w_len(w, n, "a list length")
+    # Index, not iterate: encoding an element may run Python code that changes the list.
+    while i < PyList_GET_SIZE(v):
+        if i >= n:
+            break
+        item = <object>PyList_GET_ITEM(v, i)   # owned, in case that code drops it from the list
+        enc_value(w, item, depth + 1)
+        i += 1
+    if i != n or PyList_GET_SIZE(v) != n:
+        raise RuntimeError("list changed size during serialization")
+    return 0
+
+
+cdef int enc_v_tuple(Writer *w, object v, int depth) except -1:
+    cdef Py_ssize_t n = PyTuple_GET_SIZE(v), i
+    w_u8(w, T_TUPLE)
+    w_len(w, n, "a tuple length")
+    for i in range(n):
+        enc_value(w, <object>PyTuple_GET_ITEM(v, i), depth + 1)
+    return 0
+
+
+cdef inline int enc_v_bytes(Writer *w, object v) except -1:
+    cdef Py_ssize_t n = PyBytes_GET_SIZE(v)
+    w_u8(w, T_BYTES)
+    w_len(w, n, "a bytes length")
+    return w_bytes(w, PyBytes_AS_STRING(v), n)
+
+
 cdef int enc_value(Writer *w, object v, int depth) except -1:
     cdef type t = type(v)
-    cdef int overflow = 0
-    cdef long long x
-    cdef Py_ssize_t n, i
-    cdef const char *p
     if depth > C_MAX_DEPTH:
         raise ValueError(f"the value nests deeper than {C_MAX_DEPTH} levels (or contains itself); "
                          "ValueSerializer refuses it")
     if v is None:
         return w_u8(w, T_NONE)
     if t is str:
-        p = PyUnicode_AsUTF8AndSize(v, &n)
-        w_u8(w, T_STR)
-        w_len(w, n, "a str length")
-        return w_bytes(w, p, n)
+        return enc_v_str(w, v)
     if t is int:
-        x = PyLong_AsLongLongAndOverflow(v, &overflow)
-        if overflow:
-            return enc_bigint(w, v)
-        w_u8(w, T_INT64)
-        return w_i64(w, x)
+        return enc_v_int(w, v)
     if t is float:
         w_u8(w, T_FLOAT64)
         return w_f64(w, PyFloat_AsDouble(v))
@@ -364,60 +463,49 @@ cdef int enc_value(Writer *w, object v, int depth) except -1:
         w_u8(w, T_DICT)
         return enc_dict(w, v, None, None, depth)
     if t is list:
-        n = PyList_GET_SIZE(v)
-        w_u8(w, T_LIST)
-        w_len(w, n, "a list length")
-        # Index, not iterate: encoding an element may run Python code that shrinks the list.
-        i = 0
-        while i < PyList_GET_SIZE(v):
-            if i >= n:
-                raise RuntimeError("list changed size during serialization")
-            enc_value(w, <object>PyList_GET_ITEM(v, i), depth + 1)
-            i += 1
-        if i != n:
-            raise RuntimeError("list changed size during serialization")
-        return 0
+        return enc_v_list(w, v, depth)
     if t is tuple:
-        n = PyTuple_GET_SIZE(v)
-        w_u8(w, T_TUPLE)
-        w_len(w, n, "a tuple length")
-        for i in range(n):
-            enc_value(w, <object>PyTuple_GET_ITEM(v, i), depth + 1)
-        return 0
+        return enc_v_tuple(w, v, depth)
     if t is bytes:
-        w_u8(w, T_BYTES)
-        n = PyBytes_GET_SIZE(v)
-        w_len(w, n, "a bytes length")
-        return w_bytes(w, PyBytes_AS_STRING(v), n)
+        return enc_v_bytes(w, v)
     return enc_value_slow(w, v, depth)
 
 
 cdef int enc_bigint(Writer *w, object v) except -1:
-    cdef bytes b = v.to_bytes((v.bit_length() + 8) // 8, "little", signed=True)
+    cdef bytes b = int.to_bytes(v, (int.bit_length(v) + 8) // 8, "little", signed=True)
     w_u8(w, T_BIGINT)
     w_len(w, PyBytes_GET_SIZE(b), "an int's byte length")
     return w_bytes(w, PyBytes_AS_STRING(b), PyBytes_GET_SIZE(b))
 
 
 cdef int enc_value_slow(Writer *w, object v, int depth) except -1:
-    """Subclasses of the JSON-like types and numpy scalars, stored as their base type."""
-    if isinstance(v, bool) or isinstance(v, _np_bool):
-        return w_u8(w, T_TRUE if v else T_FALSE)
-    if isinstance(v, int) or isinstance(v, _np_integer):
-        return enc_value(w, int(v), depth)
-    if isinstance(v, float) or isinstance(v, _np_floating):
-        return enc_value(w, float(v), depth)
-    if isinstance(v, str):
-        return enc_value(w, str(v), depth)
-    if isinstance(v, (bytes, bytearray, memoryview)):
-        return enc_value(w, bytes(v), depth)
-    if isinstance(v, dict):
+    """Subclasses of the JSON-like types, stored as their base type from the value they hold (never from methods
+    they may override: a str subclass's __str__, a list subclass's __iter__), and numpy scalars."""
+    if PyUnicode_Check(v):
+        return enc_v_str(w, v)
+    if PyLong_Check(v):   # IntEnum & co.; bool is handled before (it cannot be subclassed)
+        return enc_v_int(w, v)
+    if PyFloat_Check(v):
+        w_u8(w, T_FLOAT64)
+        return w_f64(w, PyFloat_AsDouble(v))
+    if PyDict_Check(v):   # OrderedDict, defaultdict, ...
         w_u8(w, T_DICT)
         return enc_dict(w, v, None, None, depth)
-    if isinstance(v, list):
-        return enc_value(w, list(v), depth)
-    if isinstance(v, tuple):   # namedtuples become plain tuples
-        return enc_value(w, tuple(v), depth)
+    if PyList_Check(v):
+        return enc_v_list(w, v, depth)
+    if PyTuple_Check(v):   # namedtuples become plain tuples
+        return enc_v_tuple(w, v, depth)
+    if PyBytes_Check(v):
+        return enc_v_bytes(w, v)
+    if isinstance(v, (bytearray, memoryview)):
+        return enc_v_bytes(w, bytes(v))
+    if isinstance(v, _np_bool):
+        return w_u8(w, T_TRUE if v else T_FALSE)
+    if isinstance(v, _np_integer):
+        return enc_v_int(w, int(v))
+    if isinstance(v, _np_floating):
+        w_u8(w, T_FLOAT64)
+        return w_f64(w, float(v))
     raise TypeError(f"ValueSerializer cannot serialize {_short(v)} of type {type(v).__name__}; allowed: "
                     f"{ALLOWED_VALUE_TYPES} (nested freely). Use a typed serializer or an explicit PickleSerializer "
                     "for other types")
@@ -447,7 +535,11 @@ cdef object dec_value(Cursor *c, int depth):
         n = cur_count(c, 2, "a dict size")
         out = {}
         for i in range(n):
-            key = dec_value(c, depth + 1)
+            if cur_u8(c) == T_STR:
+                key = r_key_str(c, cur_count(c, 1, "a str length"))
+            else:
+                c.pos -= 1
+                key = dec_value(c, depth + 1)
             item = dec_value(c, depth + 1)
             _dict_put(c, out, key, item)
         if len(out) != n:
@@ -508,6 +600,7 @@ cdef object copy_value(object v, int depth):
 # ---------------------------------------------------------------------------------------------------------------------
 # Typed codecs.
 
+@cython.auto_pickle(False)   # serializers pickle by their constructor arguments and rebuild the codec
 cdef class Codec:
     """The compiled form of one serializer (a tree for nested ones). Built by keygroups.serializers."""
     cdef readonly int kind
@@ -904,7 +997,10 @@ cdef object dec(Codec c, Cursor *cur, int depth):
         n = cur_count(cur, c.a.min_size + c.b.min_size, "a map size")
         out = {}
         for i in range(n):
-            key = dec(c.a, cur, depth + 1)
+            if c.a.kind == K_STR:
+                key = r_key_str(cur, cur_count(cur, 1, "a str length"))
+            else:
+                key = dec(c.a, cur, depth + 1)
             item = dec(c.b, cur, depth + 1)
             _dict_put(cur, out, key, item)
         if len(out) != n:

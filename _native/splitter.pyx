@@ -196,3 +196,56 @@ def decode_entries(const uint8_t[::1] data, const int64_t[::1] offsets):
         ko[i + 1] = kpos
         vo[i + 1] = vpos
     return key_data[:kpos], key_offsets, value_data[:vpos], value_offsets
+
+
+def scan_frames(object data, Py_ssize_t start, Py_ssize_t max_records, Py_ssize_t max_record_bytes,
+                object crc32c_fn, bint payloads=True):
+    """Walk the record frames of a partitioned log (``u32 CRC32C | u32 length | payload``, the CRC over the
+    length and payload bytes) from byte ``start``; at most ``max_records`` (< 0: no limit).
+
+    Returns ``(starts, next_offset, ndjson)``: the start offset of each complete record (int64), where the next
+    record starts, and the payloads each followed by ``\\n`` in one buffer (JSON payloads hold no raw newline, so
+    this is newline-delimited JSON as Arrow's reader takes it). Stops quietly at an incomplete frame at the end (a
+    record being written); raises CorruptSnapshotError on a length above ``max_record_bytes`` or a bad checksum.
+    ``crc32c_fn(buffer, value=0) -> int`` is the CRC32C function (the ``crc32c`` package's: hardware-accelerated).
+    ``payloads=False`` only verifies (the third value is then empty).
+    """
+    cdef const uint8_t[::1] buf = data
+    cdef Py_ssize_t size = buf.shape[0], pos = start, n = 0, i, total = 0, length, out_pos = 0
+    cdef uint32_t crc
+    cdef Cursor cur
+    cdef char *dst
+    cdef int64_t[::1] st
+    if start < 0 or start > size:
+        raise ValueError(f"scan_frames: start {start} is outside the {size}-byte buffer")
+    view = memoryview(data)
+    found = []
+    if size > 0:
+        cur_init(&cur, &buf[0], size)
+    while (max_records < 0 or n < max_records) and size - pos >= 8:
+        cur.pos = pos
+        crc = cur_u32(&cur)
+        length = cur_u32(&cur)
+        if length > max_record_bytes:
+            raise CorruptSnapshotError(f"the record at offset {pos} claims {length} bytes (at most "
+                                       f"{max_record_bytes})")
+        if length > size - cur.pos:
+            break   # the tail is still being written
+        if crc32c_fn(view[pos + 4:pos + 8 + length]) != crc:
+            raise CorruptSnapshotError(f"checksum mismatch in the record at offset {pos}")
+        found.append(pos)
+        if payloads:
+            total += length + 1
+        pos += 8 + length
+        n += 1
+    starts = np.array(found, dtype=np.int64)
+    out = PyBytes_FromStringAndSize(NULL, total)
+    dst = PyBytes_AS_STRING(out)
+    st = starts
+    for i in range(n if payloads else 0):
+        cur.pos = <Py_ssize_t>st[i] + 4
+        length = cur_u32(&cur)
+        memcpy(dst + out_pos, cur_read(&cur, length), length)
+        dst[out_pos + length] = 10   # '\n'
+        out_pos += length + 1
+    return starts, pos, out

@@ -222,3 +222,20 @@ def test_plan_property_split_union_broadcast(sizes, new_p):
             == everything
         (b,) = [r for r in runs if r.state == "b"]
         assert (b.old_subtask, b.first, b.stop) == (i % len(sizes), 0, 4)
+
+
+def test_the_stub_matches_the_compiled_module():
+    import ast
+    import inspect
+    import pathlib
+
+    import keygroups._native as native
+
+    stub = pathlib.Path(native.__file__).with_name("splitter.pyi")
+    declared = {n.name: [a.arg for a in n.args.args] for n in ast.parse(stub.read_text()).body
+                if isinstance(n, ast.FunctionDef)}
+    public = {name for name in dir(splitter) if not name.startswith("_") and callable(getattr(splitter, name))
+              and getattr(getattr(splitter, name), "__module__", None) == splitter.__name__}
+    assert set(declared) == public
+    for name, args in declared.items():
+        assert list(inspect.signature(getattr(splitter, name)).parameters) == args

@@ -414,3 +414,59 @@ def test_deserialize_many_checks_offsets():
     ibuf, _ = Int64Serializer().serialize_many([1, 2])
     with pytest.raises(CorruptSnapshotError):
         Int64Serializer().deserialize_many(ibuf, [0, 4, 16])
+
+
+def test_subclasses_are_stored_by_the_value_they_hold_not_their_methods():
+    class S(str):
+        def __str__(self):
+            return S("other")
+
+    class L(list):
+        def __iter__(self):
+            return iter(())
+
+    class D(dict):
+        def items(self):
+            return []
+
+    class I(int):
+        def __int__(self):
+            return 0
+
+        def __index__(self):
+            return 0
+
+    ser = ValueSerializer()
+    assert ser.deserialize(ser.serialize(S("text"))) == "text"
+    assert ser.deserialize(ser.serialize(L([1, 2]))) == [1, 2]
+    assert ser.deserialize(ser.serialize(D(a=1))) == {"a": 1}
+    assert ser.deserialize(ser.serialize(I(7))) == 7 and ser.serialize(I(2**70)) == ser.serialize(2**70)
+    assert StrSerializer().serialize(S("text")) == b"text"
+    assert Int64Serializer().serialize(I(7)) == Int64Serializer().serialize(7)
+
+
+def test_a_list_mutated_during_serialization_does_not_crash():
+    class Evil:
+        """An int-like whose conversion empties the list being serialized."""
+
+        def __index__(self):
+            victim.clear()
+            return 1
+
+    ser = ListSerializer(Int64Serializer())
+    victim = [1, Evil(), 3]
+    assert ser.deserialize(ser.serialize(victim)) == [1, 1, 3]   # typed lists encode a snapshot of the elements
+    victim = [1, Evil(), 3]
+    m = MapSerializer(Int64Serializer(), Int64Serializer())
+    victim_map = {1: Evil(), 2: 3}
+    victim = [1]
+    assert m.deserialize(m.serialize(victim_map)) == {1: 1, 2: 3}
+
+    class Clear:
+        def __index__(self):
+            victim_map.clear()
+            return 1
+
+    victim_map = {1: Clear(), 2: 3, 4: 5}
+    with pytest.raises(RuntimeError, match="changed size"):
+        m.serialize(victim_map)

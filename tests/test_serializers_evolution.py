@@ -217,6 +217,54 @@ def test_version_bump_after_migration_reads_with_old_format():
     assert Point().deserialize(Point().serialize((3, -4))) == (3, -4)
 
 
+class PairV2(TypeSerializer):
+    """A registered serializer at format v2 (two int64, fixed width) that still reads v1 ('x,y' ASCII) data: its
+    restore returns a v1 reader for v1 snapshots, so migration reads the old bytes with the old format."""
+
+    identifier = "tests.pair"
+    version = 2
+    migratable_versions = frozenset({1})
+    is_immutable = True
+
+    def __init__(self, fmt: int = 2):
+        self.fmt = fmt
+        self._t = TupleSerializer(Int64Serializer(), Int64Serializer())
+
+    def serialize(self, value):
+        return self._t.serialize(tuple(value)) if self.fmt == 2 else f"{value[0]},{value[1]}".encode()
+
+    def deserialize(self, data):
+        if self.fmt == 2:
+            return self._t.deserialize(data)
+        x, y = bytes(data).decode().split(",")
+        return (int(x), int(y))
+
+    @classmethod
+    def restore(cls, snapshot, nested):
+        return cls(fmt=snapshot.version)
+
+
+def test_registered_class_version_bump_migrates_with_its_old_format_reader():
+    v1_snapshot = SerializerSnapshot("tests.pair", 1)
+    old_bytes = [PairV2(fmt=1).serialize(p) for p in [(1, 2), (-3, 40)]]
+    outcome, reader = resolve_compatibility("pairs", stored(v1_snapshot), PairV2())
+    assert outcome is AFTER and reader.fmt == 1
+    new = PairV2()
+    assert [new.deserialize(new.serialize(reader.deserialize(b))) for b in old_bytes] == [(1, 2), (-3, 40)]
+    with pytest.raises(StateMigrationError, match="compatible as is"):
+        resolve_compatibility("pairs", v1_snapshot, PairV2(), role="key")
+
+
+def test_default_restore_refuses_an_old_format_it_cannot_read():
+    class Later(Int64Serializer):
+        identifier = "tests.later"
+        version = 3
+        migratable_versions = frozenset({2})
+
+    with pytest.raises(StateMigrationError, match="override Later.restore"):
+        resolve_compatibility("s", SerializerSnapshot("tests.later", 2), Later())
+
+
 def test_version_bump_incompatible_and_newer_versions():
     Point = _point_class(3)   # declares neither: v1 unreadable
     with pytest.raises(StateMigrationError, match="no longer reads its format v1"):

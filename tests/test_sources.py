@@ -7,6 +7,8 @@ from collections import Counter
 
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage
 from keygroups.errors import CorruptSnapshotError
@@ -19,6 +21,8 @@ from keygroups.sources import (
     PartitionedLogWriter,
     write_partitioned_log,
 )
+from keygroups.serializers import StrSerializer
+from keygroups.state import ListStateDescriptor
 from keygroups.state.functions import checkpoint_function, initialize_function
 from keygroups.state.operator import OperatorStateStore
 
@@ -44,6 +48,31 @@ def test_read_returns_records_offsets_and_the_resume_point(tmp_path):
     assert list(src.iter_records(2)) == records(2, 3)
 
 
+JSON = st.recursive(st.none() | st.booleans() | st.integers(-2**53, 2**53) | st.text(max_size=8)
+                    | st.floats(allow_nan=False, allow_infinity=False),
+                    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner,
+                                                                                max_size=3), max_leaves=6)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.dictionaries(st.text(max_size=5), JSON, max_size=4), max_size=25),
+       st.lists(st.integers(0, 6), min_size=1, max_size=10))
+def test_reading_in_bounded_steps_returns_every_record_once_in_order(batch, steps):
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        src = write_partitioned_log(tmp, {7: batch})
+        got, offset, i = [], HEADER_SIZE, 0
+        while offset < src.end_offset(7):
+            bound = steps[i % len(steps)] or None     # 0 stands for "no bound"
+            piece = src.read(7, offset, bound)
+            assert 0 < len(piece) <= (bound or len(batch))
+            assert piece.payloads == piece.ndjson.split(b"\n")[:-1] and len(piece.payloads) == len(piece)
+            got += piece.records()
+            offset, i = piece.next_offset, i + 1
+        assert got == batch
+
+
 def test_appends_continue_the_partition(tmp_path):
     writer = PartitionedLogWriter(tmp_path)
     end = writer.append(1, records(1, 3))
@@ -65,6 +94,11 @@ def test_to_arrow_parses_the_payloads_with_positions(tmp_path):
     assert table.column("_offset").to_pylist() == piece.offsets
     schema = pa.schema([("a", pa.int32()), ("b", pa.string())])
     assert piece.to_arrow(schema, with_position=False).schema == schema
+    batch = piece.to_record_batch(schema)
+    assert isinstance(batch, pa.RecordBatch) and batch.num_rows == 2
+    assert batch.column("a").type == pa.int32()
+    empty = src.read(3, piece.next_offset).to_record_batch(schema)
+    assert empty.num_rows == 0 and empty.schema.field("a").type == pa.int32()
 
 
 def test_a_torn_tail_is_invisible_and_the_next_writer_cuts_it(tmp_path):
@@ -84,7 +118,7 @@ def test_corrupt_logs_raise(tmp_path, damage):
     if damage == "payload":
         data[first.next_offset + 12] ^= 1           # inside the second record's payload
     elif damage == "length":
-        data[first.next_offset + 3] = 0x7F          # a length far beyond any record
+        data[first.next_offset + 7] = 0x7F          # a length far beyond any record
     else:
         data[1] ^= 1
     open(src.path(0), "wb").write(data)
@@ -221,3 +255,16 @@ def test_more_subtasks_than_partitions_leaves_some_idle_but_loses_nothing(tmp_pa
     job = Job(source, storage, 3, job.checkpoint(1))
     consumed += job.poll(None)
     assert Counter(consumed) == _all(source)
+
+
+def test_a_checkpoint_without_source_offsets_starts_the_source_fresh(tmp_path):
+    source = write_partitioned_log(tmp_path / "log", {p: records(p, 2) for p in range(3)})
+    storage = CheckpointStorage(tmp_path / "chk")
+    other = OperatorStateStore(0, 1, operator_id="something-else")
+    other.get_union_list_state(ListStateDescriptor("x", StrSerializer())).add("x")
+    handle = other.snapshot(1, storage).result(timeout=60)
+    storage.commit(CheckpointMetadata(checkpoint_id=1, job_id="t", timestamp_ms=0, max_parallelism=128,
+                                      parallelism=1, keyed_handles=[], operator_handles=[handle], properties={}))
+    job = Job(source, storage, 2, storage.load(1))
+    assert [r.partitions for r in job.readers] == [[0, 2], [1]]
+    assert Counter(job.poll(None)) == _all(source)

@@ -5,6 +5,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+from typing_extensions import disjoint_base
 
 INT64: int
 INT32: int
@@ -21,6 +22,7 @@ EXTERNAL: int
 MAX_DEPTH: int
 ALLOWED_VALUE_TYPES: str
 
+@disjoint_base
 class Codec:
     """The compiled form of one serializer (a tree for nested ones)."""
 

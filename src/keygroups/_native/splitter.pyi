@@ -1,6 +1,6 @@
 """Type stub of the compiled byte-level list splitter (``_native/splitter.pyx``)."""
 
-from collections.abc import Buffer
+from collections.abc import Buffer, Callable
 
 import numpy as np
 import numpy.typing as npt
@@ -18,3 +18,11 @@ def encode_entries(
 def decode_entries(
     data: Buffer, offsets: npt.NDArray[np.int64]
 ) -> tuple[bytes, npt.NDArray[np.int64], bytes, npt.NDArray[np.int64]]: ...
+def scan_frames(
+    data: Buffer,
+    start: int,
+    max_records: int,
+    max_record_bytes: int,
+    crc32c_fn: Callable[..., int],
+    payloads: bool = ...,
+) -> tuple[npt.NDArray[np.int64], int, bytes]: ...

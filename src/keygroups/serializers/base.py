@@ -103,14 +103,19 @@ class TypeSerializer(abc.ABC):
     def restore(cls, snapshot: SerializerSnapshot, nested: tuple[TypeSerializer, ...]) -> TypeSerializer:
         """Rebuild the serializer that wrote ``snapshot`` (its nested serializers already restored).
 
-        The default calls ``cls(*nested, **snapshot.config)``; override it when the constructor differs or older
-        versions need another reader.
+        The default calls ``cls(*nested, **snapshot.config)``, which reads the current format (and the
+        ``as_is_versions``); a class that lists ``migratable_versions`` must override it to return a reader of
+        those older formats: that reader is what migration reads the old bytes with.
         """
+        from keygroups.errors import StateMigrationError
+
+        if snapshot.version != cls.version and snapshot.version not in cls.as_is_versions:
+            raise StateMigrationError(
+                f"{cls.__name__} writes format v{cls.version} and cannot restore a reader of its format "
+                f"v{snapshot.version}: override {cls.__name__}.restore to return one")
         try:
             return cls(*nested, **snapshot.config)
         except TypeError as e:
-            from keygroups.errors import StateMigrationError
-
             raise StateMigrationError(f"cannot restore {cls.__name__} from the stored snapshot {snapshot!r}: {e}") \
                 from None
 

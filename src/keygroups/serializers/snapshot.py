@@ -34,6 +34,8 @@ def register_serializer_class(cls: type[TypeSerializer]) -> None:
     one class only (re-registering the same qualified name is allowed, so modules can be reloaded).
     """
     ident = cls.identifier
+    if ident is None:
+        raise TypeError(f"{cls.__qualname__} has no identifier to register")
     old = _REGISTRY.get(ident)
     if old is not None and old is not cls and (old.__module__, old.__qualname__) != (cls.__module__, cls.__qualname__):
         raise ValueError(f"serializer identifier {ident!r} is already used by {old.__module__}.{old.__qualname__}; "
@@ -58,6 +60,7 @@ class SerializerSnapshot:
     version: int
     config: dict[str, Any]
     nested: tuple[SerializerSnapshot, ...]
+    _key: tuple[str, int, str, tuple[SerializerSnapshot, ...]]
 
     def __init__(self, identifier: str, version: int, config: Mapping[str, Any] | None = None,
                  nested: tuple[SerializerSnapshot, ...] | list[SerializerSnapshot] = ()) -> None:

@@ -7,17 +7,18 @@ File ``partition-<p:05d>.kglog``::
 
     header (16 bytes): magic b"KGLG" | u16 format version (1) | u16 payload encoding (1 = JSON UTF-8)
                        | u32 partition | u32 CRC32C of the 12 bytes before it
-    record:            u32 payload length | u32 CRC32C of (length bytes + payload) | payload
+    record:            u32 CRC32C of the next (4 + length) bytes | u32 payload length | payload
 
 All integers little-endian. The first record starts at offset 16. A record whose frame is incomplete at the end of
 the file is not there yet (a writer may be appending, or crashed mid-record: the next writer cuts it off); a
 complete frame with a bad checksum raises :class:`CorruptLogError`. Payloads are compact JSON objects, which never
-contain a raw newline, so a range of records becomes newline-delimited JSON for Arrow's parser without re-encoding.
+contain a raw newline: the compiled frame scanner (``keygroups._native.splitter.scan_frames``) verifies a range of
+records and hands their payloads back as one newline-delimited JSON buffer, which Arrow's JSON reader parses
+directly and ``json`` decodes in one call.
 """
 
 from __future__ import annotations
 
-import io
 import json
 import mmap
 import os
@@ -28,7 +29,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import crc32c
+import numpy as np
 
+from keygroups._native import splitter
 from keygroups.errors import CorruptSnapshotError
 
 __all__ = [
@@ -47,8 +50,7 @@ ENCODING_JSON = 1
 _MAGIC = b"KGLG"
 _HEADER = struct.Struct("<4sHHII")
 HEADER_SIZE = _HEADER.size           # also the offset of a partition's first record
-_FRAME = struct.Struct("<II")
-FRAME_SIZE = _FRAME.size
+FRAME_SIZE = 8                       # u32 CRC32C | u32 length
 MAX_RECORD_BYTES = 64 * 1024 * 1024  # a length above this is corruption, not a record
 _NAME = re.compile(r"^partition-(\d{5,})\.kglog$")
 
@@ -94,54 +96,47 @@ def _encode(record: Any) -> bytes:
 
 def _frame(payload: bytes) -> bytes:
     length = struct.pack("<I", len(payload))
-    return length + struct.pack("<I", crc32c.crc32c(payload, crc32c.crc32c(length))) + payload
+    return struct.pack("<I", crc32c.crc32c(payload, crc32c.crc32c(length))) + length + payload
 
 
-def _scan(buf: Any, start: int, max_records: int | None, path: str) -> tuple[list[int], int]:
-    """Start offsets of up to ``max_records`` complete, verified records from ``start``, and where the next begins.
-
-    Stops early at an incomplete frame (the tail being written); raises CorruptLogError on a bad checksum or a
-    length no record can have.
-    """
-    size = len(buf)
-    starts: list[int] = []
-    pos = start
-    limit = max_records if max_records is not None else size
-    with memoryview(buf) as view:   # released before the caller closes the mmap
-        while len(starts) < limit and size - pos >= FRAME_SIZE:
-            length, crc = _FRAME.unpack_from(buf, pos)
-            if length > MAX_RECORD_BYTES:
-                raise CorruptLogError(f"{path}: record at offset {pos} claims {length} bytes (at most "
-                                      f"{MAX_RECORD_BYTES}); the log is corrupt")
-            end = pos + FRAME_SIZE + length
-            if end > size:
-                break
-            if crc32c.crc32c(view[pos + FRAME_SIZE:end], crc32c.crc32c(view[pos:pos + 4])) != crc:
-                raise CorruptLogError(f"{path}: checksum mismatch in the record at offset {pos}; the log is "
-                                      "corrupt")
-            starts.append(pos)
-            pos = end
-    return starts, pos
+def _scan(buf: Any, start: int, max_records: int | None, path: str, *, payloads: bool = True
+          ) -> tuple[np.ndarray, int, bytes]:
+    """The compiled scan of up to ``max_records`` complete records from ``start``: their start offsets, the next
+    offset and their payloads as NDJSON. CorruptLogError (naming the file) on a bad checksum or length."""
+    try:
+        return splitter.scan_frames(buf, start, -1 if max_records is None else max_records, MAX_RECORD_BYTES,
+                                    crc32c.crc32c, payloads)
+    except CorruptSnapshotError as e:
+        raise CorruptLogError(f"{path}: {e}; the log is corrupt") from None
 
 
 @dataclass(frozen=True)
 class LogSlice:
-    """Records read from one partition: their start offsets, the raw JSON payloads, and where reading goes on."""
+    """Records read from one partition: their start offsets, their payloads as newline-delimited JSON, and the
+    offset where reading goes on."""
 
     partition: int
     offsets: list[int]
-    payloads: list[bytes]
+    ndjson: bytes
     next_offset: int
 
     def __len__(self) -> int:
         return len(self.offsets)
 
+    @property
+    def payloads(self) -> list[bytes]:
+        """Each record's JSON bytes."""
+        return self.ndjson.split(b"\n")[:-1]
+
     def records(self) -> list[dict]:
-        """The records as dicts."""
-        return [json.loads(p) for p in self.payloads]
+        """The records as dicts (one ``json.loads`` for the whole slice)."""
+        if not self.offsets:
+            return []
+        return json.loads(b"[" + self.ndjson[:-1].replace(b"\n", b",") + b"]")
 
     def to_arrow(self, schema: Any = None, *, with_position: bool = True) -> Any:
-        """The records as a ``pyarrow.Table`` (parsed by Arrow's JSON reader; ``schema`` pins the column types).
+        """The records as a ``pyarrow.Table``, parsed by Arrow's JSON reader straight from :attr:`ndjson`
+        (``schema`` pins the column types; otherwise Arrow infers them).
 
         ``with_position`` adds ``_partition`` (int32) and ``_offset`` (int64) columns, so a consumer can dedupe or
         commit positions exactly.
@@ -149,15 +144,23 @@ class LogSlice:
         import pyarrow as pa
         import pyarrow.json as pajson
 
-        if self.payloads:
+        if self.offsets:
             opts = pajson.ParseOptions(explicit_schema=schema) if schema is not None else None
-            table = pajson.read_json(io.BytesIO(b"\n".join(self.payloads)), parse_options=opts)
+            table = pajson.read_json(pa.BufferReader(self.ndjson), parse_options=opts)
         else:
             table = pa.table({}) if schema is None else schema.empty_table()
         if with_position:
-            table = table.append_column("_partition", pa.array([self.partition] * len(self), pa.int32()))
-            table = table.append_column("_offset", pa.array(self.offsets, pa.int64()))
+            table = table.append_column("_partition", pa.array(np.full(len(self), self.partition, np.int32)))
+            table = table.append_column("_offset", pa.array(np.asarray(self.offsets, np.int64)))
         return table
+
+    def to_record_batch(self, schema: Any = None, *, with_position: bool = True) -> Any:
+        """:meth:`to_arrow` as one ``pyarrow.RecordBatch``."""
+        import pyarrow as pa
+
+        table = self.to_arrow(schema, with_position=with_position).combine_chunks()
+        batches = table.to_batches()
+        return batches[0] if batches else pa.RecordBatch.from_pylist([], schema=table.schema)
 
 
 class PartitionedLogSource:
@@ -200,9 +203,8 @@ class PartitionedLogSource:
                 if not HEADER_SIZE <= offset <= size:
                     raise CorruptLogError(f"{path}: stored offset {offset} is outside the log's records "
                                           f"[{HEADER_SIZE}, {size}]; the log was truncated or the offset is wrong")
-                starts, next_offset = _scan(buf, offset, max_records, path)
-                payloads = [buf[s + FRAME_SIZE:e] for s, e in zip(starts, starts[1:] + [next_offset])]
-        return LogSlice(partition, starts, payloads, next_offset)
+                starts, next_offset, ndjson = _scan(buf, offset, max_records, path)
+        return LogSlice(partition, starts.tolist(), ndjson, next_offset)
 
     def iter_records(self, partition: int, offset: int = HEADER_SIZE) -> Iterator[dict]:
         """Every record of ``partition`` from ``offset`` on."""
@@ -235,7 +237,7 @@ class PartitionedLogWriter:
             with open(path, "r+b") as f:
                 with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
                     _check_header(buf, path, partition)
-                    _, end = _scan(buf, HEADER_SIZE, None, path)
+                    _, end, _ = _scan(buf, HEADER_SIZE, None, path, payloads=False)
                     size = len(buf)
                 if end < size:
                     f.truncate(end)

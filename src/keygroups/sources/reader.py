@@ -43,9 +43,11 @@ class PartitionedLogReader(CheckpointedFunction):
         from keygroups.state import ListStateDescriptor
 
         store = context.operator_state_store
+        # a checkpoint taken before this source existed has no offsets: start fresh rather than read nothing
+        resumed = context.is_restored and OFFSETS_STATE_NAME in store.restored_state_names
         self._state = store.get_list_state(
             ListStateDescriptor(OFFSETS_STATE_NAME, TupleSerializer(Int64Serializer(), Int64Serializer())))
-        if context.is_restored:
+        if resumed:
             self._positions = {int(p): int(o) for p, o in self._state.get()}
         else:
             self._positions = {q: HEADER_SIZE for q in self.source.partitions

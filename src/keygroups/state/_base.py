@@ -66,13 +66,12 @@ class SnapshotFuture:
         return self._future.result(timeout)
 
     def cancel(self) -> bool:
-        """Ask the write to stop; True unless it had already finished."""
+        """Ask the write to stop at the next key group; True unless it had already finished. Does not wait:
+        ``result()`` raises ``CancelledError`` once the writer has stopped."""
         if self._future.done():
             return self._future.cancelled()
         self._cancel.set()
-        if self._thread is not None:
-            self._thread.join()
-        return self._future.cancelled()
+        return True
 
     def cancelled(self) -> bool:
         return self._future.cancelled()

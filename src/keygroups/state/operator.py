@@ -13,18 +13,21 @@ named as in Flink's ``OperatorStateHandle.Mode``:
 Snapshot file (``chk-<id>/operator-<subtask>-<uuid>``): an 8-byte header (magic ``KGOP``, u16 format version,
 u16 zero), then each state's elements, serialized, back to back. The handle (JSON, kept in the checkpoint
 metadata) holds per state the mode, the serializer snapshot(s), one absolute byte offset per element plus the end,
-and CRC32C checksums of blocks of whole elements (about 64 KiB each), so a reader of a slice verifies only the
+and CRC32C checksums of blocks of whole elements (about 256 KiB each), so a reader of a slice verifies only the
 blocks it reads. A broadcast map is stored as a list of ``u32 key length | key | value`` elements.
 
-Restore is planned from the metadata alone (:func:`plan_operator_restore`) and executed by the compiled splitter
-(``keygroups._native.splitter``), which copies runs of elements by their byte offsets without deserializing them.
-Elements are deserialized only when the state is registered, with the serializer that compatibility resolution
-picks.
+Restore is planned from the metadata alone (:func:`plan_operator_restore`: per new subtask, runs of elements with
+their byte ranges). Executing the plan moves no element through a deserializer: the compiled splitter
+(``keygroups._native.splitter``) validates each run's offsets against the file, the run's checksum blocks are
+verified, and the run is sliced in place out of the mapped file (ranged reads on remote storage);
+:meth:`RestoredList.to_bytes` copies a share into one buffer when it must travel. Elements are deserialized only
+when the state is registered, with the serializer that compatibility resolution picks.
 """
 
 from __future__ import annotations
 
 import bisect
+import os
 import struct
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -38,7 +41,7 @@ import numpy as np
 from keygroups._native import splitter
 from keygroups.errors import CorruptSnapshotError, StateMigrationError
 
-if TYPE_CHECKING:  # the storage layer is below us; imported lazily at run time to keep import cheap
+if TYPE_CHECKING:  # for annotations only: the store works with whatever storage and serializers it is handed
     from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage
     from keygroups.serializers import TypeSerializer
 
@@ -50,6 +53,7 @@ __all__ = [
     "OperatorListState",
     "BroadcastState",
     "OperatorRestoreStats",
+    "RestoredList",
     "ElementRun",
     "plan_operator_restore",
     "split_sizes",
@@ -65,7 +69,7 @@ FORMAT_VERSION = 1
 _MAGIC = b"KGOP"
 _HEADER = struct.Struct("<4sHH")
 HEADER_SIZE = _HEADER.size
-BLOCK_BYTES = 64 * 1024
+BLOCK_BYTES = 256 * 1024   # a run reads at most two blocks beyond its own bytes; fewer blocks, less per-block overhead
 DEFAULT_OPERATOR_ID = "operator"
 
 
@@ -247,45 +251,74 @@ def plan_operator_restore(handles: Sequence[Mapping[str, Any]], new_parallelism:
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Execution: the compiled splitter moves the bytes.
+# Execution: validated, checksummed runs sliced out of the old files; nothing decoded.
 
 
 @dataclass
-class _RestoredList:
+class RestoredList:
+    """One state's share for this subtask, still serialized: ``segments`` of ``(buffer, base, bounds)``, where
+    ``buffer`` holds file bytes ``[base, base + len(buffer))`` (the mapped file itself when local: no copy) and
+    ``bounds`` are the n+1 absolute file offsets of the segment's element boundaries, already validated."""
+
+    name: str
     mode: str
     meta: Mapping[str, Any]       # the state's handle entry (serializer snapshots)
-    data: bytes
-    offsets: np.ndarray           # n+1, relative to data
+    segments: list[tuple[Any, int, np.ndarray]]
+
+    def __len__(self) -> int:
+        return sum(len(b) - 1 for _, _, b in self.segments)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(b[-1] - b[0]) for _, _, b in self.segments)
+
+    def relative(self) -> Iterator[tuple[Any, np.ndarray]]:
+        """Per segment ``(buffer, offsets relative to buffer)``, the form ``deserialize_many`` takes."""
+        for buf, base, bounds in self.segments:
+            yield buf, (bounds - base if base else bounds)
+
+    def to_bytes(self) -> tuple[bytes, np.ndarray]:
+        """The elements back to back in one new buffer with n+1 offsets (the compiled splitter copies the runs):
+        what a subtask's share looks like when it must travel as one piece."""
+        return splitter.gather(list(self.segments), f"operator state {self.name!r}")
 
 
 @dataclass
 class OperatorRestoreStats:
-    """What a restore read: bytes (whole checksum blocks), elements moved, states restored."""
+    """What a restore read: bytes (whole checksum blocks), elements restored, states restored."""
 
     bytes_read: int = 0
     elements: int = 0
     states: int = 0
 
 
+def _is_local(storage: CheckpointStorage) -> bool:
+    return os.path.isdir(os.fspath(storage.location))
+
+
 class _FileReader:
-    """Open buffers of old operator files, each checked once (size, header) and its blocks verified once."""
+    """Reads the runs of old operator files: a local file is mapped once (size and header checked) and sliced in
+    place; a remote one is read range by range (only the checksum blocks a run needs). Each block's CRC32C is
+    verified once per restore, before any of its bytes are used."""
 
     def __init__(self, storage: CheckpointStorage) -> None:
         self._storage = storage
+        self._local = _is_local(storage)
         self._buffers: dict[str, Any] = {}
-        self._offsets: dict[tuple[str, str], np.ndarray] = {}
+        self._sizes: dict[str, int] = {}
         self._verified: set[tuple[str, str, int]] = set()
         self.bytes_read = 0
 
-    def buffer(self, file: str, size: int) -> Any:
+    def _check_size(self, file: str, actual: int, size: int) -> None:
+        if actual != size:
+            raise CorruptSnapshotError(f"operator state file {file}: {actual} bytes, but its handle says {size}; "
+                                       "the file is truncated or was replaced")
+
+    def _mapped(self, file: str, size: int) -> Any:
         buf = self._buffers.get(file)
         if buf is None:
             buf = self._storage.open_buffer(file)
-            if len(buf) != size:
-                raise CorruptSnapshotError(f"operator state file {file}: {len(buf)} bytes, but its handle says "
-                                           f"{size}; the file is truncated or was replaced")
-            if size < HEADER_SIZE:
-                raise CorruptSnapshotError(f"operator state file {file}: {size} bytes, shorter than its header")
+            self._check_size(file, len(buf), size)
             magic, version, _ = _HEADER.unpack_from(buf, 0)
             if magic != _MAGIC or version < 1 or version > FORMAT_VERSION:
                 raise CorruptSnapshotError(f"operator state file {file}: header {bytes(buf[:HEADER_SIZE])!r} is "
@@ -293,66 +326,73 @@ class _FileReader:
             self._buffers[file] = buf
         return buf
 
-    def bounds(self, piece: _HandleState, size: int) -> np.ndarray:
-        """The piece's n+1 element boundaries as int64, validated against the file (cached per file and state)."""
-        key = (piece.file, piece.name)
-        arr = self._offsets.get(key)
-        if arr is None:
-            try:
-                arr = np.empty(len(piece.offsets) + 1, dtype=np.int64)
-                arr[:-1] = piece.offsets
-                arr[-1] = piece.end
-            except (TypeError, ValueError, OverflowError) as e:
-                raise CorruptSnapshotError(f"operator state {piece.name!r} in {piece.file}: offsets are not "
-                                           f"integers ({e})") from None
-            splitter.check_offsets(arr, HEADER_SIZE, size, f"operator state {piece.name!r} in {piece.file}")
-            self._offsets[key] = arr
+    def bounds(self, piece: _HandleState, run: ElementRun, size: int) -> np.ndarray:
+        """The run's n+1 element boundaries as int64, validated by the compiled checker (ascending, inside the
+        file's data) before anything reads by them."""
+        if size < HEADER_SIZE:
+            raise CorruptSnapshotError(f"operator state file {piece.file}: {size} bytes, shorter than its header")
+        try:
+            arr = np.empty(run.stop - run.first + 1, dtype=np.int64)
+            arr[:-1] = piece.offsets[run.first:run.stop]
+            arr[-1] = piece.bound(run.stop)
+        except (TypeError, ValueError, OverflowError) as e:
+            raise CorruptSnapshotError(f"operator state {piece.name!r} in {piece.file}: offsets are not integers "
+                                       f"({e})") from None
+        splitter.check_offsets(arr, HEADER_SIZE, size,
+                               f"operator state {piece.name!r} in {piece.file}, elements {run.first}..{run.stop}")
         return arr
 
-    def verify(self, piece: _HandleState, run: ElementRun, buf: Any) -> None:
-        """Check the CRC32C of every block the run touches (each block once per restore)."""
+    def segment(self, piece: _HandleState, run: ElementRun, size: int) -> tuple[Any, int, np.ndarray]:
+        """``(buffer, base, bounds)`` of a non-empty run, its checksum blocks verified."""
+        bounds = self.bounds(piece, run, size)
+        lo, hi = run.read_range
+        if self._local:
+            buf, base = self._mapped(run.file, size), 0
+        else:
+            if run.file not in self._sizes:
+                self._sizes[run.file] = self._storage.file_size(run.file)
+                self._check_size(run.file, self._sizes[run.file], size)
+            buf, base = self._storage.read_bytes(run.file, lo, hi), lo
+            if len(buf) != hi - lo:
+                raise CorruptSnapshotError(f"operator state file {run.file}: bytes {lo}..{hi} came back as "
+                                           f"{len(buf)} bytes; the file is truncated")
+        self._verify(piece, run, buf, base)
+        return buf, base, bounds
+
+    def _verify(self, piece: _HandleState, run: ElementRun, buf: Any, base: int) -> None:
         blocks = piece.meta["blocks"]
         b = bisect.bisect_right(piece.block_starts, run.first) - 1
-        view = memoryview(buf)
-        while b < len(blocks) and piece.block_starts[b] < run.stop:
-            key = (piece.file, piece.name, b)
-            lo = piece.bound(piece.block_starts[b])
-            hi = piece.bound(piece.block_starts[b + 1]) if b + 1 < len(blocks) else piece.end
-            if key not in self._verified:
-                if crc32c.crc32c(view[lo:hi]) != int(blocks[b][1]):
-                    raise CorruptSnapshotError(f"operator state {piece.name!r} in {piece.file}: checksum mismatch "
-                                               f"in block {b} (bytes {lo}..{hi}); the file is corrupt")
-                self._verified.add(key)
-                self.bytes_read += hi - lo
-            b += 1
+        with memoryview(buf) as view:
+            while b < len(blocks) and piece.block_starts[b] < run.stop:
+                key = (piece.file, piece.name, b)
+                lo = piece.bound(piece.block_starts[b])
+                hi = piece.bound(piece.block_starts[b + 1]) if b + 1 < len(blocks) else piece.end
+                if key not in self._verified or not self._local:
+                    if crc32c.crc32c(view[lo - base:hi - base]) != int(blocks[b][1]):
+                        raise CorruptSnapshotError(f"operator state {piece.name!r} in {piece.file}: checksum "
+                                                   f"mismatch in block {b} (bytes {lo}..{hi}); the file is corrupt")
+                    self._verified.add(key)
+                    self.bytes_read += hi - lo
+                b += 1
 
 
 def _execute(storage: CheckpointStorage, handles: Sequence[Mapping[str, Any]], runs: Sequence[ElementRun],
-             operator_id: str | None) -> tuple[dict[str, _RestoredList], OperatorRestoreStats]:
-    """Read this subtask's runs and splice them, per state, into one serialized list."""
+             operator_id: str | None) -> tuple[dict[str, RestoredList], OperatorRestoreStats]:
+    """Read and verify this subtask's runs; per state, the list of segments holding its elements (not decoded)."""
     pieces = {(p.file, p.name): p for ps in _collect_states(handles, operator_id).values() for p in ps}
     sizes = {h["file"]: int(h["size"]) for h in handles}
     reader = _FileReader(storage)
-    by_state: dict[str, list[ElementRun]] = {}
-    for run in runs:
-        by_state.setdefault(run.state, []).append(run)
-    restored: dict[str, _RestoredList] = {}
+    restored: dict[str, RestoredList] = {}
     stats = OperatorRestoreStats()
-    for name, state_runs in by_state.items():
-        gathered = []
-        for run in state_runs:
-            piece = pieces[(run.file, run.state)]
-            size = sizes[run.file]
-            buf = reader.buffer(run.file, size)
-            bounds = reader.bounds(piece, size)
-            if run.stop > run.first:
-                reader.verify(piece, run, buf)
-                gathered.append((buf, 0, bounds[run.first:run.stop + 1]))
-        data, offsets = splitter.gather(gathered, f"operator state {name!r}")
-        meta = pieces[(state_runs[0].file, name)].meta
-        restored[name] = _RestoredList(meta["mode"], meta, data, offsets)
-        stats.elements += len(offsets) - 1
-        stats.states += 1
+    for run in runs:
+        piece = pieces[(run.file, run.state)]
+        entry = restored.get(run.state)
+        if entry is None:
+            entry = restored[run.state] = RestoredList(run.state, piece.meta["mode"], piece.meta, [])
+            stats.states += 1
+        if run.stop > run.first:
+            entry.segments.append(reader.segment(piece, run, sizes[run.file]))
+            stats.elements += run.stop - run.first
     stats.bytes_read = reader.bytes_read
     return restored, stats
 
@@ -504,7 +544,7 @@ class OperatorStateStore:
         self.allow_pickle = allow_pickle
         self.operator_id = operator_id
         self._registered: dict[str, _Registration] = {}
-        self._restored: dict[str, _RestoredList] = {}
+        self._restored: dict[str, RestoredList] = {}
         self.restored_checkpoint_id: int | None = None
 
     # -- restore -----------------------------------------------------------------------------------------------
@@ -527,7 +567,7 @@ class OperatorStateStore:
         self.restored_checkpoint_id = int(metadata.checkpoint_id)
         return stats
 
-    def _take_restored(self, name: str, mode: str) -> _RestoredList | None:
+    def _take_restored(self, name: str, mode: str) -> RestoredList | None:
         restored = self._restored.pop(name, None)
         if restored is not None and restored.mode != mode:
             self._restored[name] = restored
@@ -566,7 +606,8 @@ class OperatorStateStore:
         restored = self._take_restored(name, mode)
         if restored is not None:
             read_with = self._read_serializer(name, restored.meta, "serializer", serializer, "list element")
-            elements = list(read_with.deserialize_many(restored.data, restored.offsets))
+            for buf, offsets in restored.relative():
+                elements.extend(read_with.deserialize_many(buf, offsets))
         state = OperatorListState(name, mode, serializer, elements)
         self._registered[name] = _Registration(mode, snapshots, state)
         return state
@@ -591,8 +632,9 @@ class OperatorStateStore:
         if restored is not None:
             k_read = self._read_serializer(name, restored.meta, "key_serializer", key_ser, "map key")
             v_read = self._read_serializer(name, restored.meta, "value_serializer", value_ser, "map value")
-            kd, ko, vd, vo = splitter.decode_entries(restored.data, restored.offsets)
-            entries = dict(zip(k_read.deserialize_many(kd, ko), v_read.deserialize_many(vd, vo)))
+            for buf, offsets in restored.relative():
+                kd, ko, vd, vo = splitter.decode_entries(buf, offsets)
+                entries.update(zip(k_read.deserialize_many(kd, ko), v_read.deserialize_many(vd, vo)))
         state = BroadcastState(name, key_ser, value_ser, entries)
         self._registered[name] = _Registration(MODE_BROADCAST, snapshots, state)
         return state
@@ -600,6 +642,11 @@ class OperatorStateStore:
     @property
     def registered_state_names(self) -> list[str]:
         return sorted(self._registered)
+
+    def restored_share(self, name: str) -> RestoredList | None:
+        """The still-serialized share of a restored state that is not registered yet (None otherwise): for tools
+        that move state without decoding it."""
+        return self._restored.get(name)
 
     @property
     def restored_state_names(self) -> list[str]:

@@ -1,0 +1,500 @@
+"""Keyed state semantics on both backends: the five state types, registration rules, the current key, copy-on-write
+snapshots, cancellation, lazy restore, and TTL with a fake clock."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+
+import pytest
+
+from keygroups import KeyGroupRange, assign_to_key_group, key_group_range
+from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage
+from keygroups.errors import KeyGroupOutOfRangeError, StateMigrationError
+from keygroups.serializers import Int64Serializer, StrSerializer, ValueSerializer
+from keygroups.state import (
+    AggregateFunction,
+    AggregatingStateDescriptor,
+    HeapKeyedStateBackend,
+    ListStateDescriptor,
+    MapStateDescriptor,
+    ReducingStateDescriptor,
+    RocksDBKeyedStateBackend,
+    StateTtlConfig,
+    ValueStateDescriptor,
+)
+
+MAXP = 128
+BACKENDS = {"heap": HeapKeyedStateBackend, "rocksdb": RocksDBKeyedStateBackend}
+
+
+class Avg(AggregateFunction):
+    """Mean of ints; the accumulator is a mutable [sum, count] list changed in place (exercises copy-on-write)."""
+
+    def create_accumulator(self):
+        return [0, 0]
+
+    def add(self, value, acc):
+        acc[0] += value
+        acc[1] += 1
+        return acc
+
+    def get_result(self, acc):
+        return acc[0] / acc[1]
+
+    def merge(self, a, b):
+        return [a[0] + b[0], a[1] + b[1]]
+
+
+def descriptors(ttl: StateTtlConfig | None = None):
+    ds = {
+        "value": ValueStateDescriptor("value", ValueSerializer()),
+        "list": ListStateDescriptor("list", ValueSerializer()),
+        "map": MapStateDescriptor("map", StrSerializer(), ValueSerializer()),
+        "reducing": ReducingStateDescriptor("reducing", lambda a, b: a + b, Int64Serializer()),
+        "aggregating": AggregatingStateDescriptor("aggregating", Avg(), ValueSerializer()),
+    }
+    if ttl is not None:
+        for d in ds.values():
+            d.enable_time_to_live(ttl)
+    return ds
+
+
+class FakeClock:
+    def __init__(self, t: float = 1000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@pytest.fixture(params=sorted(BACKENDS))
+def kind(request):
+    return request.param
+
+
+def make(kind, kgr=KeyGroupRange(0, MAXP - 1), **kw):
+    return BACKENDS[kind](kgr, MAXP, Int64Serializer(), **kw)
+
+
+def commit(storage, handles, checkpoint_id=1, parallelism=1, maxp=MAXP):
+    storage.commit(CheckpointMetadata(checkpoint_id=checkpoint_id, job_id="test", timestamp_ms=0,
+                                      max_parallelism=maxp, parallelism=parallelism, keyed_handles=handles,
+                                      operator_handles=[], properties={}))
+    return storage.load(checkpoint_id)
+
+
+def snapshot_restore(backend, kind, storage, checkpoint_id=1, descs=None, **kw):
+    handle = backend.snapshot(checkpoint_id, storage).result(30)
+    md = commit(storage, [handle], checkpoint_id)
+    new = make(kind, **kw)
+    new.restore(storage, md)
+    states = {n: new.get_state(d) for n, d in (descs or descriptors()).items()}
+    return new, states
+
+
+def dump(backend, states, keys):
+    out = {}
+    for k in keys:
+        backend.set_current_key(k)
+        out[k] = (states["value"].value(), list(states["list"].get()), dict(states["map"].items()),
+                  states["reducing"].get(), states["aggregating"].get())
+    return out
+
+
+# ---- state types ---------------------------------------------------------------------------------------------------
+def test_five_state_types(kind):
+    b = make(kind)
+    s = {n: b.get_state(d) for n, d in descriptors().items()}
+    b.set_current_key(7)
+    assert s["value"].value() is None
+    s["value"].update({"a": [1]})
+    assert s["value"].value() == {"a": [1]}
+    s["value"].update(None)
+    assert s["value"].value() is None
+
+    assert s["list"].get() == []
+    s["list"].add(1)
+    s["list"].add_all([2, 3])
+    assert s["list"].get() == [1, 2, 3]
+    s["list"].update([9])
+    assert s["list"].get() == [9]
+    s["list"].update([])
+    assert s["list"].get() == []
+    with pytest.raises(ValueError, match="None"):
+        s["list"].add(None)
+
+    m = s["map"]
+    assert m.is_empty() and m.get("x") is None and not m.contains("x")
+    m.put("x", 1)
+    m.put_all({"y": [2], "z": 3})
+    assert m.contains("y") and m.get("y") == [2]
+    assert sorted(m.keys()) == ["x", "y", "z"] and sorted(m.items()) == [("x", 1), ("y", [2]), ("z", 3)]
+    m.remove("y")
+    m.remove("nope")
+    assert sorted(m.values()) == [1, 3]
+    m.remove("x")
+    m.remove("z")
+    assert m.is_empty()
+
+    assert s["reducing"].get() is None
+    for v in (1, 2, 3):
+        s["reducing"].add(v)
+    assert s["reducing"].get() == 6
+    assert s["aggregating"].get() is None
+    for v in (1, 2, 6):
+        s["aggregating"].add(v)
+    assert s["aggregating"].get() == 3.0
+
+    b.set_current_key(8)  # another key sees nothing
+    assert s["reducing"].get() is None and s["list"].get() == [] and s["aggregating"].get() is None
+    b.set_current_key(7)
+    for st in s.values():
+        st.clear()
+    assert dump(b, s, [7]) == {7: (None, [], {}, None, None)}
+
+
+def test_value_default_and_keys(kind):
+    b = make(kind)
+    v = b.get_state(ValueStateDescriptor("v", Int64Serializer(), default=5))
+    for k in range(50):
+        b.set_current_key(k)
+        assert v.value() == 5
+        if k % 2:
+            v.update(k)
+    assert sorted(b.keys("v")) == list(range(1, 50, 2))
+    with pytest.raises(KeyError, match="nope"):
+        list(b.keys("nope"))
+
+
+def test_registration_rules(kind):
+    b = make(kind)
+    d = ValueStateDescriptor("s", Int64Serializer())
+    s1 = b.get_state(d)
+    assert b.get_state(d) is s1
+    assert b.get_state(ValueStateDescriptor("s", Int64Serializer())) is s1
+    with pytest.raises(StateMigrationError, match="'s'.*value state.*list state"):
+        b.get_state(ListStateDescriptor("s", Int64Serializer()))
+    with pytest.raises(StateMigrationError, match="serializer"):
+        b.get_state(ValueStateDescriptor("s", StrSerializer()))
+    with pytest.raises(StateMigrationError, match="TTL"):
+        d2 = ValueStateDescriptor("s", Int64Serializer())
+        d2.enable_time_to_live(StateTtlConfig.new_builder(10).build())
+        b.get_state(d2)
+    with pytest.raises(NotImplementedError, match="namespace"):
+        b.get_state(d, namespace="window-1")
+
+
+def test_key_outside_range_and_no_key(kind):
+    kgr = key_group_range(MAXP, 4, 1)
+    b = make(kind, kgr)
+    v = b.get_state(ValueStateDescriptor("v", Int64Serializer()))
+    with pytest.raises(RuntimeError, match="set_current_key"):
+        v.value()
+    outside = next(k for k in range(1000) if assign_to_key_group(k, MAXP) not in kgr)
+    with pytest.raises(KeyGroupOutOfRangeError, match=rf"key {outside} .*key group {assign_to_key_group(outside, MAXP)}"
+                                                      rf".*KeyGroupRange\({kgr.start}, {kgr.end}\)"):
+        b.set_current_key(outside)
+    inside = next(k for k in range(1000) if assign_to_key_group(k, MAXP) in kgr)
+    b.set_current_key(inside)
+    assert b.current_key == inside and b.current_key_group == assign_to_key_group(inside, MAXP)
+
+
+# ---- snapshots -----------------------------------------------------------------------------------------------------
+def test_writes_after_capture_never_reach_the_snapshot(kind, tmp_path):
+    storage = CheckpointStorage(tmp_path)
+    b = make(kind)
+    s = {n: b.get_state(d) for n, d in descriptors().items()}
+    keys = list(range(40))
+    for k in keys:
+        b.set_current_key(k)
+        s["value"].update([k])
+        s["list"].add_all([k, [k]])
+        s["map"].put("a", {"k": k})
+        s["reducing"].add(k)
+        s["aggregating"].add(k)
+    expected = dump(b, s, keys)
+    future = b.snapshot(1, storage)
+    for k in keys:  # every way of changing state after the synchronous capture
+        b.set_current_key(k)
+        v = s["value"].value()
+        v.append("LEAK")  # mutate an object obtained from state, then write it back
+        s["value"].update(v)
+        got = s["list"].get()
+        got.append("LEAK")
+        s["list"].update(got)
+        s["list"].add("LEAK")
+        s["list"].get()[1].append("LEAK")
+        s["map"].get("a")["k"] = "LEAK"
+        s["map"].put("b", "LEAK")
+        s["reducing"].add(1000)
+        s["aggregating"].add(1000)
+    b.set_current_key(1000)
+    s["value"].update("new key")
+    handle = future.result(30)
+    md = commit(storage, [handle])
+    new = make(kind)
+    new.restore(storage, md)
+    ns = {n: new.get_state(d) for n, d in descriptors().items()}
+    assert dump(new, ns, keys) == expected
+    assert sorted(new.keys("value")) == keys
+    # and the live backend kept its own writes
+    b.set_current_key(3)
+    assert s["value"].value() == [3, "LEAK"] and s["map"].get("b") == "LEAK"
+
+
+def test_two_overlapping_snapshots(kind, tmp_path):
+    storage = CheckpointStorage(tmp_path)
+    b = make(kind)
+    v = b.get_state(ValueStateDescriptor("v", ValueSerializer()))
+    for k in range(20):
+        b.set_current_key(k)
+        v.update([k])
+    f1 = b.snapshot(1, storage)
+    for k in range(20):
+        b.set_current_key(k)
+        x = v.value()
+        x.append(1)
+        v.update(x)
+    f2 = b.snapshot(2, storage)
+    for k in range(20):
+        b.set_current_key(k)
+        v.value().append(2)
+        v.update(None)
+    for cid, fut, exp in ((1, f1, lambda k: [k]), (2, f2, lambda k: [k, 1])):
+        md = commit(storage, [fut.result(30)], cid)
+        new = make(kind)
+        new.restore(storage, md)
+        nv = new.get_state(ValueStateDescriptor("v", ValueSerializer()))
+        for k in range(20):
+            new.set_current_key(k)
+            assert nv.value() == exp(k)
+
+
+class GatedKeys(Int64Serializer):
+    """An Int64 key serializer that waits for a gate when called off the main thread (i.e. by the snapshot
+    writer), so a test can act while the asynchronous part is provably running."""
+
+    def __init__(self):
+        super().__init__()
+        self.gate = threading.Event()
+        self.entered = threading.Event()
+
+    def serialize(self, value):
+        if threading.current_thread() is not threading.main_thread():
+            self.entered.set()
+            self.gate.wait(30)
+        return super().serialize(value)
+
+
+def test_cancel_a_running_snapshot(tmp_path):
+    storage = CheckpointStorage(tmp_path)
+    keys = GatedKeys()
+    b = HeapKeyedStateBackend(KeyGroupRange(0, MAXP - 1), MAXP, keys)
+    v = b.get_state(ValueStateDescriptor("v", Int64Serializer()))
+    for k in range(100):
+        b.set_current_key(k)
+        v.update(k)
+    fut = b.snapshot(1, storage)
+    assert keys.entered.wait(30)
+    assert not fut.done()
+    assert fut.cancel()
+    keys.gate.set()
+    with pytest.raises(concurrent.futures.CancelledError):
+        fut.result(30)
+    assert fut.done()
+    # the backend is usable and the next snapshot is complete
+    b.set_current_key(1)
+    v.update(-1)
+    md = commit(storage, [b.snapshot(2, storage).result(30)], 2)
+    new = HeapKeyedStateBackend(KeyGroupRange(0, MAXP - 1), MAXP, keys)  # gate open now
+    new.restore(storage, md)
+    nv = new.get_state(ValueStateDescriptor("v", Int64Serializer()))
+    new.set_current_key(1)
+    assert nv.value() == -1 and len(list(new.keys("v"))) == 100
+
+
+class CountingValues(ValueSerializer):
+    def __init__(self):
+        super().__init__()
+        self.decoded = 0
+
+    def deserialize(self, data):
+        self.decoded += 1
+        return super().deserialize(data)
+
+
+def test_lazy_restore_decodes_on_first_access(tmp_path):
+    storage = CheckpointStorage(tmp_path)
+    b = make("heap")
+    v = b.get_state(ValueStateDescriptor("v", ValueSerializer()))
+    for k in range(300):
+        b.set_current_key(k)
+        v.update({"k": k})
+    md = commit(storage, [b.snapshot(1, storage).result(30)])
+    counting = CountingValues()
+    new = make("heap")
+    stats = new.restore(storage, md)
+    assert stats.key_groups == MAXP and stats.bytes_read > 0
+    nv = new.get_state(ValueStateDescriptor("v", counting))
+    assert counting.decoded == 0
+    new.set_current_key(17)
+    assert nv.value() == {"k": 17} and counting.decoded == 1
+    assert nv.value() == {"k": 17} and counting.decoded == 1
+    # a snapshot of a mostly untouched restore passes the original bytes through, and restores the same state
+    md2 = commit(storage, [new.snapshot(2, storage).result(30)], 2)
+    assert counting.decoded == 1
+    again = make("heap")
+    again.restore(storage, md2, lazy=False)
+    av = again.get_state(ValueStateDescriptor("v", ValueSerializer()))
+    for k in range(300):
+        again.set_current_key(k)
+        assert av.value() == {"k": k}
+
+
+def test_restore_refuses_changed_max_parallelism_and_kind(kind, tmp_path):
+    storage = CheckpointStorage(tmp_path)
+    b = make(kind)
+    b.get_state(ValueStateDescriptor("v", Int64Serializer()))
+    b.set_current_key(1)
+    b.get_state(ValueStateDescriptor("v", Int64Serializer())).update(1)
+    md = commit(storage, [b.snapshot(1, storage).result(30)])
+    other = BACKENDS[kind](KeyGroupRange(0, 255), 256, Int64Serializer())
+    with pytest.raises(StateMigrationError, match="max_parallelism=128.*max_parallelism=256"):
+        other.restore(storage, md)
+    new = make(kind)
+    new.restore(storage, md)
+    with pytest.raises(StateMigrationError, match="'v'.*value state.*list state"):
+        new.get_state(ListStateDescriptor("v", Int64Serializer()))
+    d = ValueStateDescriptor("v", Int64Serializer())
+    d.enable_time_to_live(StateTtlConfig.new_builder(5).build())
+    with pytest.raises(StateMigrationError, match="TTL"):
+        new.get_state(d)
+    with pytest.raises(StateMigrationError, match="key"):  # keys are never migrated
+        BACKENDS[kind](KeyGroupRange(0, MAXP - 1), MAXP, StrSerializer()).restore(storage, md)
+
+
+# ---- TTL -----------------------------------------------------------------------------------------------------------
+def ttl(seconds=10, **kw):
+    b = StateTtlConfig.new_builder(seconds)
+    if kw.get("on_read"):
+        b.update_ttl_on_read_and_write()
+    if kw.get("return_expired"):
+        b.return_expired_if_not_cleaned_up()
+    if kw.get("cleanup"):
+        b.cleanup_full_snapshot()
+    return b.build()
+
+
+def test_ttl_value_expiry_and_visibility(kind):
+    clock = FakeClock()
+    b = make(kind, clock=clock)
+    never = ValueStateDescriptor("never", Int64Serializer())
+    never.enable_time_to_live(ttl(10))
+    ret = ValueStateDescriptor("ret", Int64Serializer())
+    ret.enable_time_to_live(ttl(10, return_expired=True))
+    sn, sr = b.get_state(never), b.get_state(ret)
+    b.set_current_key(1)
+    sn.update(1)
+    sr.update(2)
+    clock.t += 9.999
+    assert (sn.value(), sr.value()) == (1, 2)
+    clock.t += 0.001  # ts + ttl <= now: expired
+    assert sn.value() is None
+    assert sr.value() == 2  # returned once; the access cleaned it up
+    assert sr.value() is None
+    assert list(b.keys("never")) == [] and list(b.keys("ret")) == []
+
+
+def test_ttl_update_on_read_vs_on_write(kind):
+    clock = FakeClock()
+    b = make(kind, clock=clock)
+    on_write = ValueStateDescriptor("w", Int64Serializer())
+    on_write.enable_time_to_live(ttl(10))
+    on_read = ValueStateDescriptor("r", Int64Serializer())
+    on_read.enable_time_to_live(ttl(10, on_read=True))
+    w, r = b.get_state(on_write), b.get_state(on_read)
+    b.set_current_key(1)
+    w.update(1)
+    r.update(1)
+    clock.t += 8
+    assert w.value() == 1 and r.value() == 1  # r's timestamp moves to now
+    clock.t += 8
+    assert w.value() is None and r.value() == 1
+    w.update(5)  # a write always refreshes
+    clock.t += 8
+    assert w.value() == 5
+
+
+def test_ttl_list_map_reducing_aggregating(kind):
+    clock = FakeClock()
+    b = make(kind, clock=clock)
+    s = {n: b.get_state(d) for n, d in descriptors(ttl(10)).items()}
+    b.set_current_key(1)
+    s["list"].add(1)
+    s["map"].put("old", 1)
+    s["reducing"].add(5)
+    s["aggregating"].add(4)
+    clock.t += 6
+    s["list"].add(2)
+    s["map"].put("new", 2)
+    assert s["list"].get() == [1, 2] and s["map"].get("old") == 1
+    clock.t += 5  # the first writes are 11 s old, the second 5 s
+    assert s["list"].get() == [2]
+    assert s["map"].get("old") is None and not s["map"].contains("old")
+    assert dict(s["map"].items()) == {"new": 2}
+    assert s["reducing"].get() is None
+    s["reducing"].add(7)  # an expired value never takes part
+    assert s["reducing"].get() == 7
+    s["aggregating"].add(10)  # expired accumulator: starts over
+    assert s["aggregating"].get() == 10.0
+    clock.t += 100
+    assert s["list"].get() == [] and s["map"].is_empty()
+    assert list(b.keys("list")) == [] and list(b.keys("map")) == []
+
+
+def test_ttl_cleanup_on_snapshot_and_restore(kind, tmp_path):
+    storage = CheckpointStorage(tmp_path)
+    clock = FakeClock()
+    for cleanup, cid in ((True, 1), (False, 2)):
+        descs = descriptors(ttl(10, cleanup=cleanup, return_expired=True))
+        b = make(kind, clock=clock)
+        s = {n: b.get_state(d) for n, d in descs.items()}
+        for k in range(10):
+            b.set_current_key(k)
+            s["value"].update(k)
+            s["list"].add_all([k, k])
+            s["map"].put("a", k)
+            s["reducing"].add(k)
+            s["aggregating"].add(k)
+        clock.t += 5
+        for k in range(5):  # refresh half of them
+            b.set_current_key(k)
+            s["value"].update(k)
+            s["list"].add(k)
+            s["map"].put("b", k)
+        clock.t += 6  # first writes expired, refreshed ones live
+        new, ns = snapshot_restore(b, kind, storage, cid, descs, clock=clock)
+        if cleanup:
+            assert sorted(new.keys("value")) == list(range(5))
+            assert sorted(new.keys("reducing")) == []
+            new.set_current_key(2)
+            assert ns["list"].get() == [2] and dict(ns["map"].items()) == {"b": 2}
+        else:  # expired entries survive the snapshot; ReturnExpiredIfNotCleanedUp shows them once
+            assert sorted(new.keys("value")) == list(range(10))
+            new.set_current_key(7)
+            assert ns["value"].value() == 7
+            assert ns["value"].value() is None
+
+
+def test_ttl_config_builder():
+    cfg = (StateTtlConfig.new_builder(1.5).set_update_type(StateTtlConfig.UpdateType.OnReadAndWrite)
+           .set_state_visibility(StateTtlConfig.StateVisibility.ReturnExpiredIfNotCleanedUp).build())
+    assert cfg.ttl_ms == 1500 and cfg.update_on_read and cfg.return_expired
+    with pytest.raises(ValueError, match="positive"):
+        StateTtlConfig.new_builder(0)
+    with pytest.raises(TypeError, match="timedelta"):
+        StateTtlConfig.new_builder("10s")
+    d = ValueStateDescriptor("x", Int64Serializer())
+    d.enable_time_to_live(StateTtlConfig(1000, StateTtlConfig.UpdateType.Disabled))
+    assert d.ttl_config is None
