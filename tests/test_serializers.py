@@ -153,6 +153,7 @@ def test_subclasses_and_numpy_scalars_stored_as_base_types():
     (Int64Serializer(), 1.5, TypeError, "expects an int, got 1.5 of type float"),
     (Int64Serializer(), "1", TypeError, "expects an int"),
     (Float64Serializer(), "x", TypeError, "expects a float"),
+    (Float64Serializer(), 10**400, ValueError, "out of range for Float64Serializer"),
     (BoolSerializer(), 1, TypeError, "expects a bool, got 1"),
     (StrSerializer(), b"x", TypeError, "expects a str"),
     (BytesSerializer(), "x", TypeError, "expects bytes"),
