@@ -287,6 +287,11 @@ def test_malformed_snapshot_json_is_corrupt(bad):
 
 
 def test_deeply_nested_snapshot_json_is_refused():
+    cfg: list = []
+    for _ in range(100_000):
+        cfg = [cfg]
+    with pytest.raises(CorruptSnapshotError, match="nested too deeply"):
+        SerializerSnapshot.from_json({"identifier": "int64", "version": 1, "config": {"x": cfg}})
     d: dict = {"identifier": "int64", "version": 1}
     for _ in range(200):
         d = {"identifier": "list", "version": 1, "nested": [d]}

@@ -179,6 +179,8 @@ def _from_json(d: Any, depth: int) -> SerializerSnapshot:
         raise CorruptSnapshotError(f"serializer snapshot {ident!r} has nested snapshots that are not a list")
     try:
         return SerializerSnapshot(ident, version, config, tuple(_from_json(n, depth + 1) for n in nested))
+    except RecursionError:
+        raise CorruptSnapshotError(f"serializer snapshot {ident!r} has a config nested too deeply") from None
     except TypeError as e:
         raise CorruptSnapshotError(f"serializer snapshot {ident!r} is malformed: {e}") from None
 
