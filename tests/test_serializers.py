@@ -476,3 +476,15 @@ def test_a_list_mutated_during_serialization_does_not_crash():
     victim_map = {1: Clear(), 2: 3, 4: 5}
     with pytest.raises(RuntimeError, match="changed size"):
         m.serialize(victim_map)
+
+
+def test_subclass_overrides_are_not_shadowed_by_the_compiled_shortcut():
+    class Offset(Int64Serializer):
+        identifier = "tests.offset"
+
+        def serialize(self, value):
+            return super().serialize(value + 1)
+
+    assert Offset().serialize(1) == Int64Serializer().serialize(2)
+    assert Offset().deserialize(Offset().serialize(1)) == 2
+    assert Int64Serializer().serialize.__self__ is not None   # the built-ins call the codec directly
