@@ -1,0 +1,544 @@
+# The keyed snapshot file format, compiled: block encoding for the writer, and the parsers for the header, the blocks
+# and the key-group index for the reader.
+#
+# Layout (all integers little-endian; described in keygroups/checkpoint/format.py, which owns the version):
+#   header  = magic "\x89KGS" | u32 version | u32 first key group | u32 key-group count | u32 meta length | meta JSON
+#             | u32 crc32c(header so far)
+#   block   = u32 key group | u32 section count | section* | u32 crc32c(block so far)          (one per key group)
+#   section = u32 state index | u32 entry count n | u32 key length * n | u32 value length * n
+#             | the n keys, back to back | the n values, back to back
+#   index   = u32 offset count | u64 offset* | u32 crc32c(index so far)
+#   footer  = u64 index position | magic "KGSI"
+#
+# Every read of file bytes goes through the checked cursor (cursor.pxd), every count is checked against the bytes
+# that remain before it sizes a list or a loop, and every failure is a CorruptSnapshotError. Keys and values come
+# back as memoryview slices of the caller's buffer (bytes, mmap, ...) or bytes copies, or as int64 offset arrays
+# into the block (keys, like values, are contiguous, so ``deserialize_many(block, offsets)`` can take them whole):
+# nothing is deserialized here.
+from cpython.buffer cimport PyObject_CheckBuffer
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_CheckExact, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from cpython.list cimport PyList_New, PyList_SET_ITEM
+from cpython.ref cimport Py_INCREF
+from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
+from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
+from libc.string cimport memcpy
+
+cimport numpy as cnp
+
+from cursor cimport Cursor, cur_corrupt, cur_count, cur_init, cur_read, cur_remaining, cur_u32, cur_u64
+
+import sys
+
+import numpy as np
+from crc32c import crc32c as _crc32c
+
+cnp.import_array()
+
+if sys.byteorder != "little":   # the cursor and the encoder copy integers in host order
+    raise ImportError("keygroups._native.snapshot supports little-endian hosts only")
+
+FILE_MAGIC = b"\x89KGS"
+INDEX_MAGIC = b"KGSI"
+cdef enum:
+    VERSION = 1
+    HEADER_FIXED = 20          # magic + version + first key group + count + meta length
+    FOOTER = 12                # index position + magic
+    BLOCK_MIN = 12             # key group + section count + crc
+
+FORMAT_VERSION = VERSION
+HEADER_FIXED_SIZE = HEADER_FIXED
+FOOTER_SIZE = FOOTER
+BLOCK_OVERHEAD = BLOCK_MIN
+MAX_ITEM_SIZE = 0xFFFFFFFF     # u32 lengths and counts
+
+cdef bytes _FILE_MAGIC = FILE_MAGIC
+cdef bytes _INDEX_MAGIC = INDEX_MAGIC
+cdef Py_ssize_t SECTION_MIN = 8    # state index + entry count
+cdef Py_ssize_t ENTRY_MIN = 8      # key length + value length
+
+
+cdef inline void _put_u32(uint8_t *p, uint32_t v) noexcept nogil:
+    memcpy(p, &v, 4)
+
+
+cdef object _as_byte_view(object buffer):
+    """A 1-D unsigned-byte memoryview of any C-contiguous buffer (read-only ones included)."""
+    cdef object mv = buffer if isinstance(buffer, memoryview) else memoryview(buffer)
+    if mv.ndim != 1 or mv.format != "B":
+        if not mv.c_contiguous:
+            raise TypeError("a snapshot buffer must be C-contiguous")
+        mv = mv.cast("B")
+    return mv
+
+
+cdef uint32_t _checked_u32(object value, str what) except? 0xFFFFFFFF:
+    """A Python int as u32, or a ValueError naming the value and the bounds."""
+    if not 0 <= value <= MAX_ITEM_SIZE:
+        raise ValueError(f"{what} must be in [0, {MAX_ITEM_SIZE}], got {value!r}")
+    return <uint32_t>value
+
+
+cdef list _byte_items(object seq, str what):
+    """seq as a list of bytes objects (bytes-like items are copied once; anything else is a TypeError)."""
+    cdef list items = seq if type(seq) is list else list(seq)
+    cdef Py_ssize_t i, n = len(items)
+    cdef object x
+    cdef list out = None
+    for i in range(n):
+        x = items[i]
+        if PyBytes_CheckExact(x):
+            if out is not None:
+                out.append(x)
+            continue
+        if not PyObject_CheckBuffer(x) or isinstance(x, str):
+            raise TypeError(f"{what} {i} must be bytes (a serialized value), got {type(x).__name__}")
+        if out is None:
+            out = items[:i]
+        out.append(memoryview(x).tobytes())
+    return items if out is None else out
+
+
+cdef class Packed:
+    """n serialized items packed back to back, as a serializer's ``serialize_many`` returns them: item i is
+    ``data[offsets[i]:offsets[i + 1]]``. Hand it to the writer instead of a list of n bytes objects."""
+
+    cdef readonly object data
+    cdef readonly object offsets
+    cdef const uint8_t[::1] _bytes
+    cdef const int64_t[::1] _offsets
+
+    def __init__(self, data, offsets):
+        arr = np.asarray(offsets)
+        if arr.ndim != 1 or arr.shape[0] < 1 or arr.dtype.kind not in "iu" or (
+                arr.dtype.kind == "u" and arr.dtype.itemsize == 8):
+            raise TypeError(f"offsets must be a 1-D int array (int64 or narrower) of n + 1 positions, got "
+                            f"{arr.dtype} of shape {arr.shape}")
+        arr = np.ascontiguousarray(arr, dtype=np.int64)
+        view = _as_byte_view(data)
+        self._bytes = view
+        self._offsets = arr
+        cdef Py_ssize_t n = arr.shape[0] - 1, size = view.shape[0], i
+        cdef int64_t a, b
+        for i in range(n + 1):
+            a = self._offsets[i]
+            if a < 0 or a > size:
+                raise ValueError(f"offsets[{i}] = {a} is outside the {size} bytes of data")
+        for i in range(n):
+            a = self._offsets[i]
+            b = self._offsets[i + 1]
+            if b < a or b - a > <int64_t>MAX_ITEM_SIZE:
+                raise ValueError(f"item {i} spans offsets [{a}, {b}): offsets must ascend and an item is at most "
+                                 f"{MAX_ITEM_SIZE} bytes")
+        self.data = data
+        self.offsets = arr
+
+    def __len__(self):
+        return self._offsets.shape[0] - 1
+
+
+cdef Py_ssize_t _part_len(object part):
+    return len(<Packed>part) if isinstance(part, Packed) else len(<list>part)
+
+
+cdef Py_ssize_t _part_bytes(object part, str what) except -1:
+    """Total payload bytes of a part (Packed or list of bytes), every item length checked against u32."""
+    cdef Packed pk
+    cdef list items
+    cdef Py_ssize_t i, ln, total = 0
+    if isinstance(part, Packed):
+        pk = <Packed>part
+        return <Py_ssize_t>(pk._offsets[pk._offsets.shape[0] - 1] - pk._offsets[0])
+    items = <list>part
+    for i in range(len(items)):
+        ln = PyBytes_GET_SIZE(items[i])
+        _checked_u32(ln, f"a {what}'s length")
+        total += ln
+    return total
+
+
+cdef uint8_t *_put_lengths(uint8_t *q, object part):
+    cdef Packed pk
+    cdef list items
+    cdef Py_ssize_t i, n
+    if isinstance(part, Packed):
+        pk = <Packed>part
+        n = pk._offsets.shape[0] - 1
+        for i in range(n):
+            _put_u32(q, <uint32_t>(pk._offsets[i + 1] - pk._offsets[i])); q += 4
+        return q
+    items = <list>part
+    for i in range(len(items)):
+        _put_u32(q, <uint32_t>PyBytes_GET_SIZE(items[i])); q += 4
+    return q
+
+
+cdef uint8_t *_put_data(uint8_t *q, object part):
+    cdef Packed pk
+    cdef list items
+    cdef Py_ssize_t i, ln
+    cdef object item
+    if isinstance(part, Packed):
+        pk = <Packed>part
+        ln = <Py_ssize_t>(pk._offsets[pk._offsets.shape[0] - 1] - pk._offsets[0])
+        if ln:
+            memcpy(q, &pk._bytes[pk._offsets[0]], ln)
+        return q + ln
+    items = <list>part
+    for i in range(len(items)):
+        item = items[i]
+        ln = PyBytes_GET_SIZE(item)
+        memcpy(q, PyBytes_AS_STRING(item), ln); q += ln
+    return q
+
+
+def encode_block(uint32_t key_group, object sections, uint32_t n_states):
+    """One key group's block (with its trailing CRC32C) as bytes.
+
+    ``sections`` is an iterable of ``(state_index, keys, values)``: ``keys`` and ``values`` are equally long
+    sequences of bytes-like objects, or :class:`Packed`; ``state_index < n_states``. Raises ValueError/TypeError
+    on bad input."""
+    cdef list secs = []
+    cdef object sec, idx_obj, keys, values
+    cdef uint32_t idx
+    cdef Py_ssize_t n, total = 8 + 4
+    for sec in sections:
+        if not isinstance(sec, tuple) or len(sec) != 3:
+            raise TypeError(f"a section is a (state_index, keys, values) tuple, got {sec!r:.80}")
+        idx_obj = sec[0]
+        if isinstance(idx_obj, bool) or not isinstance(idx_obj, int) or not 0 <= idx_obj < n_states:
+            raise ValueError(f"state_index must be an int in [0, {n_states}) (the states given to the writer), "
+                             f"got {idx_obj!r}")
+        idx = <uint32_t>idx_obj
+        keys = sec[1] if isinstance(sec[1], Packed) else _byte_items(sec[1], "key")
+        values = sec[2] if isinstance(sec[2], Packed) else _byte_items(sec[2], "value")
+        n = _part_len(keys)
+        if n != _part_len(values):
+            raise ValueError(f"state {idx}: {n} keys but {_part_len(values)} values; they must pair up")
+        _checked_u32(n, "the number of entries of a state in one key group")
+        total += SECTION_MIN + 8 * n + _part_bytes(keys, "key") + _part_bytes(values, "value")
+        secs.append((idx, keys, values))
+    _checked_u32(len(secs), "the number of sections in one key group")
+
+    cdef bytes out = PyBytes_FromStringAndSize(NULL, total)
+    cdef uint8_t *q = <uint8_t *>PyBytes_AS_STRING(out)
+    _put_u32(q, key_group); q += 4
+    _put_u32(q, <uint32_t>len(secs)); q += 4
+    for sec in secs:
+        keys = sec[1]
+        values = sec[2]
+        _put_u32(q, <uint32_t>sec[0]); q += 4
+        _put_u32(q, <uint32_t>_part_len(keys)); q += 4
+        q = _put_lengths(q, keys)
+        q = _put_lengths(q, values)
+        q = _put_data(q, keys)
+        q = _put_data(q, values)
+    # The bytes object is still private to us: fill in its checksum in place.
+    _put_u32(q, <uint32_t>_crc32c(memoryview(out)[:total - 4]))
+    return out
+
+
+cdef extern from "Python.h":
+    void PyObject_GC_Track(object)
+    void PyObject_GC_UnTrack(object)
+    int PyGC_Enable()
+    int PyGC_Disable()
+
+
+cdef inline uint32_t _u32_at(const uint8_t *p) noexcept nogil:
+    cdef uint32_t v
+    memcpy(&v, p, 4)
+    return v
+
+
+cdef uint64_t _sum_lengths(const uint8_t *lengths, Py_ssize_t n, uint64_t limit) noexcept nogil:
+    # Stops as soon as the sum passes ``limit`` (so it cannot overflow: each term is < 2^32).
+    cdef uint64_t total = 0
+    cdef Py_ssize_t i
+    for i in range(n):
+        total += _u32_at(lengths + 4 * i)
+        if total > limit:
+            break
+    return total
+
+
+cdef void _offsets_from_lengths(const uint8_t *lengths, Py_ssize_t n, int64_t start, int64_t *out) noexcept nogil:
+    cdef Py_ssize_t i
+    out[0] = start
+    for i in range(n):
+        out[i + 1] = out[i] + _u32_at(lengths + 4 * i)
+
+
+cdef struct Section:
+    uint32_t state_index
+    Py_ssize_t n
+    const uint8_t *key_lengths     # n u32
+    const uint8_t *value_lengths   # n u32
+    Py_ssize_t keys_at             # position of the first key in the block
+    Py_ssize_t values_at           # position of the first value in the block
+
+
+cdef int _read_section(Cursor *c, uint32_t n_states, Section *sec) except -1:
+    """One section's header and length arrays, checked: every key and value lies inside the section."""
+    cdef uint64_t key_bytes, value_bytes
+    sec.state_index = cur_u32(c)
+    if sec.state_index >= n_states:
+        cur_corrupt(c, f"state index {sec.state_index} (the snapshot has {n_states} states)")
+    sec.n = cur_count(c, ENTRY_MIN, "entry")
+    sec.key_lengths = cur_read(c, 4 * sec.n)
+    sec.value_lengths = cur_read(c, 4 * sec.n)
+    key_bytes = _sum_lengths(sec.key_lengths, sec.n, <uint64_t>cur_remaining(c))
+    if key_bytes > <uint64_t>cur_remaining(c):
+        cur_corrupt(c, f"{sec.n} keys of more than the {cur_remaining(c)} bytes left")
+    sec.keys_at = c.pos
+    cur_read(c, <Py_ssize_t>key_bytes)
+    value_bytes = _sum_lengths(sec.value_lengths, sec.n, <uint64_t>cur_remaining(c))
+    if value_bytes > <uint64_t>cur_remaining(c):
+        cur_corrupt(c, f"{sec.n} values of more than the {cur_remaining(c)} bytes left")
+    sec.values_at = c.pos
+    cur_read(c, <Py_ssize_t>value_bytes)
+    return 0
+
+
+cdef object _check_block(object buffer, uint32_t expected_key_group, bint verify_checksum, Cursor *c):
+    """The block as a byte memoryview, its checksum verified and ``c`` positioned after its key group, over the
+    block without its CRC."""
+    cdef object mv = _as_byte_view(buffer)
+    cdef const uint8_t[::1] data = mv
+    cdef Py_ssize_t size = data.shape[0]
+    cdef uint32_t stored, kg
+    if size < BLOCK_MIN:
+        from keygroups.errors import CorruptSnapshotError
+        raise CorruptSnapshotError(f"the block of key group {expected_key_group} is {size} bytes long, shorter than "
+                                   f"the {BLOCK_MIN}-byte minimum: the data is truncated or corrupt")
+    # Checksum first: a flipped length byte is reported as a checksum failure, not as a strange length.
+    cur_init(c, &data[0], size)
+    c.pos = size - 4
+    stored = cur_u32(c)
+    if verify_checksum and stored != <uint32_t>_crc32c(mv[:size - 4]):
+        from keygroups.errors import CorruptSnapshotError
+        raise CorruptSnapshotError(f"the block of key group {expected_key_group} fails its CRC32C checksum "
+                                   f"({size} bytes): the snapshot file is corrupt")
+    cur_init(c, &data[0], size - 4)
+    kg = cur_u32(c)
+    if kg != expected_key_group:
+        cur_corrupt(c, f"a block of key group {kg} where key group {expected_key_group} belongs")
+    return mv
+
+
+cdef inline object _piece(object mv, const uint8_t *base, Py_ssize_t pos, Py_ssize_t ln, bint copy):
+    # A view of the caller's buffer (keeps it alive), or a bytes copy (cheaper to create and to hold when small).
+    if copy:
+        return PyBytes_FromStringAndSize(<const char *>(base + pos), ln)
+    return mv[pos:pos + ln]
+
+
+cdef list _pieces(object mv, const uint8_t *base, const uint8_t *lengths, Py_ssize_t n, Py_ssize_t pos, bint copy):
+    cdef list out = PyList_New(n)
+    cdef Py_ssize_t i, ln
+    cdef object piece
+    # Untracked while half filled (NULL items); tracked again once complete.
+    PyObject_GC_UnTrack(out)
+    try:
+        for i in range(n):
+            ln = _u32_at(lengths + 4 * i)
+            piece = _piece(mv, base, pos, ln, copy)
+            Py_INCREF(piece)
+            PyList_SET_ITEM(out, i, piece)
+            pos += ln
+    finally:
+        PyObject_GC_Track(out)
+    return out
+
+
+def parse_block(object buffer, uint32_t expected_key_group, uint32_t n_states, bint verify_checksum=True,
+                bint copy=False):
+    """Parse one block (the exact bytes from its offset to the next one, CRC included).
+
+    Returns ``[(state_index, keys, values), ...]`` with keys/values as memoryview slices of ``buffer`` (or, with
+    ``copy=True``, as bytes copies). Any mismatch (checksum, key group, a state index >= n_states, a length past
+    the block, trailing bytes) raises CorruptSnapshotError. ``verify_checksum=False`` exists so tests can fuzz the
+    structural checks behind the CRC."""
+    cdef Cursor c
+    cdef Section sec
+    cdef Py_ssize_t n_sections, s
+    cdef list result
+    cdef tuple item
+    cdef object mv = _check_block(buffer, expected_key_group, verify_checksum, &c)
+    cdef const uint8_t *base = c.buf
+    n_sections = cur_count(&c, SECTION_MIN, "section")
+    result = PyList_New(n_sections)
+    # The pieces cannot form reference cycles, yet each (memoryviews are GC-tracked) counts towards the cyclic
+    # collector's thresholds, and collections during a large block multiply the parse time. Pause it; restore it.
+    cdef int gc_was_enabled = PyGC_Disable()
+    try:
+        for s in range(n_sections):
+            _read_section(&c, n_states, &sec)
+            item = (sec.state_index,
+                    _pieces(mv, base, sec.key_lengths, sec.n, sec.keys_at, copy),
+                    _pieces(mv, base, sec.value_lengths, sec.n, sec.values_at, copy))
+            Py_INCREF(item)
+            PyList_SET_ITEM(result, s, item)
+    finally:
+        if gc_was_enabled:
+            PyGC_Enable()
+    if cur_remaining(&c) != 0:
+        cur_corrupt(&c, f"{cur_remaining(&c)} unexpected trailing bytes in the block of key group "
+                        f"{expected_key_group}")
+    return result
+
+
+def parse_block_offsets(object buffer, uint32_t expected_key_group, uint32_t n_states, bint verify_checksum=True):
+    """Parse one block into offset arrays instead of objects: ``[(state_index, key_offsets, value_offsets), ...]``,
+    each an int64 array of n + 1 positions in ``buffer``, so key i is ``buffer[key_offsets[i]:key_offsets[i + 1]]``
+    (keys are contiguous, as are values: a serializer's ``deserialize_many(buffer, offsets)`` takes them whole).
+    Same checks and errors as :func:`parse_block`."""
+    cdef Cursor c
+    cdef Section sec
+    cdef Py_ssize_t n_sections, s
+    cdef list result
+    cdef tuple item
+    cdef cnp.ndarray ko, vo
+    cdef object mv = _check_block(buffer, expected_key_group, verify_checksum, &c)
+    n_sections = cur_count(&c, SECTION_MIN, "section")
+    result = PyList_New(n_sections)
+    for s in range(n_sections):
+        _read_section(&c, n_states, &sec)
+        ko = np.empty(sec.n + 1, dtype=np.int64)
+        vo = np.empty(sec.n + 1, dtype=np.int64)
+        with nogil:
+            _offsets_from_lengths(sec.key_lengths, sec.n, sec.keys_at, <int64_t *>cnp.PyArray_DATA(ko))
+            _offsets_from_lengths(sec.value_lengths, sec.n, sec.values_at, <int64_t *>cnp.PyArray_DATA(vo))
+        item = (sec.state_index, ko, vo)
+        Py_INCREF(item)
+        PyList_SET_ITEM(result, s, item)
+    if cur_remaining(&c) != 0:
+        cur_corrupt(&c, f"{cur_remaining(&c)} unexpected trailing bytes in the block of key group "
+                        f"{expected_key_group}")
+    return result
+
+
+def encode_header(uint32_t first_key_group, uint32_t key_group_count, bytes meta):
+    """The file header (magic, version, range, meta JSON, CRC32C) as bytes."""
+    cdef Py_ssize_t ln = PyBytes_GET_SIZE(meta)
+    _checked_u32(ln, "the state meta JSON's length")
+    cdef bytes out = PyBytes_FromStringAndSize(NULL, HEADER_FIXED + ln + 4)
+    cdef uint8_t *p = <uint8_t *>PyBytes_AS_STRING(out)
+    memcpy(p, PyBytes_AS_STRING(_FILE_MAGIC), 4)
+    _put_u32(p + 4, VERSION)
+    _put_u32(p + 8, first_key_group)
+    _put_u32(p + 12, key_group_count)
+    _put_u32(p + 16, <uint32_t>ln)
+    memcpy(p + HEADER_FIXED, PyBytes_AS_STRING(meta), ln)
+    _put_u32(p + HEADER_FIXED + ln, <uint32_t>_crc32c(memoryview(out)[:HEADER_FIXED + ln]))
+    return out
+
+
+def parse_header(object buffer):
+    """``(version, first_key_group, key_group_count, meta_json_bytes, header_size)`` from the start of a file.
+
+    CorruptSnapshotError on a wrong magic, an unknown version, a truncation or a checksum failure."""
+    cdef object mv = _as_byte_view(buffer)
+    cdef const uint8_t[::1] data = mv
+    cdef Cursor c
+    cdef const uint8_t *magic
+    cdef uint32_t version, first, count, stored
+    cdef Py_ssize_t meta_len, meta_pos
+    if data.shape[0] == 0:
+        from keygroups.errors import CorruptSnapshotError
+        raise CorruptSnapshotError("the snapshot file is empty")
+    cur_init(&c, &data[0], data.shape[0])
+    magic = cur_read(&c, 4)
+    if (<const char *>magic)[:4] != FILE_MAGIC:
+        cur_corrupt(&c, f"magic {(<const char *>magic)[:4]!r} (a keyed snapshot starts with {FILE_MAGIC!r})")
+    version = cur_u32(&c)
+    if version != VERSION:
+        cur_corrupt(&c, f"format version {version} (this keygroups reads version {VERSION})")
+    first = cur_u32(&c)
+    count = cur_u32(&c)
+    meta_len = cur_u32(&c)
+    meta_pos = c.pos
+    cur_read(&c, meta_len)
+    stored = cur_u32(&c)
+    if stored != <uint32_t>_crc32c(mv[:c.pos - 4]):
+        cur_corrupt(&c, "a header that fails its CRC32C checksum")
+    if <uint64_t>first + <uint64_t>count > 32768:
+        cur_corrupt(&c, f"key groups [{first}, {<uint64_t>first + count}) past Flink's 32768")
+    return version, first, count, bytes(mv[meta_pos:meta_pos + meta_len]), c.pos
+
+
+def encode_index(list offsets):
+    """The index (offset count, u64 offsets, CRC32C) followed by the footer (index position, magic).
+
+    ``offsets[-1]`` is where the index starts (the end of the last block)."""
+    cdef Py_ssize_t n = len(offsets), i
+    _checked_u32(n, "the number of offsets")
+    cdef Py_ssize_t size = 4 + 8 * n + 4 + FOOTER
+    cdef bytes out = PyBytes_FromStringAndSize(NULL, size)
+    cdef uint8_t *p = <uint8_t *>PyBytes_AS_STRING(out)
+    cdef uint64_t v
+    _put_u32(p, <uint32_t>n)
+    for i in range(n):
+        v = <uint64_t>offsets[i]
+        memcpy(p + 4 + 8 * i, &v, 8)
+    _put_u32(p + 4 + 8 * n, <uint32_t>_crc32c(memoryview(out)[:4 + 8 * n]))
+    v = <uint64_t>offsets[n - 1] if n else 0
+    memcpy(p + 8 + 8 * n, &v, 8)
+    memcpy(p + 16 + 8 * n, PyBytes_AS_STRING(_INDEX_MAGIC), 4)
+    return out
+
+
+def parse_index(object buffer, Py_ssize_t header_size, uint32_t key_group_count):
+    """The per-key-group offsets (``key_group_count + 1`` ints) from a whole file's index and footer.
+
+    Checks the footer magic, the index checksum, the count, and that offsets ascend from ``header_size`` to the
+    index position; CorruptSnapshotError otherwise."""
+    cdef object mv = _as_byte_view(buffer)
+    cdef const uint8_t[::1] data = mv
+    cdef Py_ssize_t size = data.shape[0]
+    cdef Cursor c
+    cdef const uint8_t *magic
+    cdef uint64_t index_pos, v, prev
+    cdef Py_ssize_t n, i, start
+    cdef uint32_t stored
+    cdef list offsets
+    cdef object piece
+    if size < FOOTER:
+        from keygroups.errors import CorruptSnapshotError
+        raise CorruptSnapshotError(f"the snapshot file is {size} bytes long, too short for its "
+                                   f"{FOOTER}-byte footer: it is truncated")
+    cur_init(&c, &data[0], size)
+    c.pos = size - FOOTER
+    index_pos = cur_u64(&c)
+    magic = cur_read(&c, 4)
+    if (<const char *>magic)[:4] != INDEX_MAGIC:
+        cur_corrupt(&c, f"footer magic {(<const char *>magic)[:4]!r} (expected {INDEX_MAGIC!r}); the file is "
+                        f"truncated or not a keyed snapshot")
+    if index_pos < <uint64_t>header_size or index_pos > <uint64_t>(size - FOOTER):
+        cur_corrupt(&c, f"index position {index_pos} outside [{header_size}, {size - FOOTER}]")
+    start = <Py_ssize_t>index_pos
+    cur_init(&c, &data[0], size - FOOTER)
+    c.pos = start
+    n = cur_count(&c, 8, "offset")
+    if n != <Py_ssize_t>key_group_count + 1:
+        cur_corrupt(&c, f"{n} offsets in the index for {key_group_count} key groups (expected "
+                        f"{<Py_ssize_t>key_group_count + 1})")
+    offsets = PyList_New(n)
+    prev = <uint64_t>header_size
+    for i in range(n):
+        v = cur_u64(&c)
+        if v < prev or v > index_pos:
+            cur_corrupt(&c, f"offset {i} = {v} outside [{prev}, {index_pos}]: offsets must ascend within the file")
+        prev = v
+        piece = v
+        Py_INCREF(piece)
+        PyList_SET_ITEM(offsets, i, piece)
+    stored = cur_u32(&c)
+    if stored != <uint32_t>_crc32c(mv[start:c.pos - 4]):
+        cur_corrupt(&c, "an index that fails its CRC32C checksum")
+    if cur_remaining(&c) != 0:
+        cur_corrupt(&c, f"{cur_remaining(&c)} unexpected bytes between the index and the footer")
+    if n and offsets[0] != header_size:
+        cur_corrupt(&c, f"the first block at {offsets[0]}, not right after the {header_size}-byte header")
+    if n and offsets[n - 1] != index_pos:
+        cur_corrupt(&c, f"the last block ending at {offsets[n - 1]}, not where the index starts ({index_pos})")
+    return offsets

@@ -1,0 +1,208 @@
+"""Keyed snapshot format: write and read throughput, and what a rescaled restore reads.
+
+    python benchmarks/bench_snapshot_format.py [--entries 1000000] [--runs 5]
+
+Figures (medians of ``--runs`` runs) are printed beside a named baseline in the same run:
+
+* write MB/s: ``KeyedSnapshotWriter`` (one block per key group, CRC32C each, offset index) to a local file, from
+  lists of bytes and from ``Packed`` (``serialize_many``-style) input, against ``pickle.dumps`` (protocol 5) of the
+  same per-key-group lists of bytes written to a file. All include the fsync'd close of ``open_write``.
+* read MB/s: ``read_key_groups`` over all key groups (one ranged read, every block checksummed and parsed into
+  memoryview slices; with ``copy=True``, into bytes; with ``read_key_group_offsets``, into int64 offset arrays),
+  against reading the pickled file and ``pickle.loads`` (which builds bytes objects and checks nothing).
+* rescaled restore: a checkpoint written by p subtasks restored by p' subtasks; per new subtask, the bytes read
+  relative to its ideal share (total snapshot bytes x its key groups / max parallelism; target <= 1.1x), against
+  reading every intersecting old file whole (what a format without a per-key-group index would need).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pickle
+import statistics
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+from keygroups import KeyGroupRange, assign_key_groups, key_group_range
+from keygroups.checkpoint import (
+    CheckpointMetadata,
+    CheckpointStorage,
+    Packed,
+    plan_keyed_restore,
+    read_key_group_offsets,
+    read_key_groups,
+    write_keyed_snapshot,
+)
+
+MAXP = 128
+STATES = [{"name": "value", "kind": "value"}]
+
+
+def make_groups(n: int, value_size: int) -> tuple[dict[int, tuple[list[bytes], list[bytes]]], int]:
+    rng = np.random.default_rng(7)
+    keys = rng.choice(np.iinfo(np.int64).max, size=n, replace=False).astype(np.int64)
+    groups = assign_key_groups(keys, MAXP, "long")
+    blob = rng.bytes(n * value_size)
+    order = np.argsort(groups, kind="stable")
+    out: dict[int, tuple[list[bytes], list[bytes]]] = {}
+    key_bytes = keys.astype("<i8").tobytes()
+    for i in order.tolist():
+        ks, vs = out.setdefault(int(groups[i]), ([], []))
+        ks.append(key_bytes[8 * i:8 * i + 8])
+        vs.append(blob[value_size * i:value_size * (i + 1)])
+    payload = n * (8 + value_size)
+    return out, payload
+
+
+def bench_write(storage, groups, r: KeyGroupRange, cid: int):
+    t = time.perf_counter()
+    h = write_keyed_snapshot(storage, cid, 0, r, STATES,
+                             ((kg, [(0, *groups[kg])]) for kg in r if kg in groups))
+    return time.perf_counter() - t, h
+
+
+def pack(groups):
+    out = {}
+    for kg, (ks, vs) in groups.items():
+        out[kg] = tuple(Packed(b"".join(x), np.cumsum([0] + [len(i) for i in x], dtype=np.int64)) for x in (ks, vs))
+    return out
+
+
+def bench_pickle_write(storage, groups, cid: int):
+    t = time.perf_counter()
+    rel = storage.new_file(cid, "pickle")
+    with storage.open_write(rel) as f:
+        f.write(pickle.dumps(groups, protocol=5))
+    return time.perf_counter() - t, rel
+
+
+def bench_read(storage, h, copy=False):
+    t = time.perf_counter()
+    blocks, nread = read_key_groups(storage, h, h.key_group_range, copy=copy)
+    n = 0
+    for _, sections in blocks:
+        for _, ks, vs in sections:
+            n += len(vs)
+    return time.perf_counter() - t, n, nread
+
+
+def bench_read_offsets(storage, h):
+    t = time.perf_counter()
+    blocks, nread = read_key_group_offsets(storage, h, h.key_group_range)
+    n = 0
+    for _, _, sections in blocks:
+        for _, ko, vo in sections:
+            n += len(vo) - 1
+    return time.perf_counter() - t, n
+
+
+def bench_pickle_read(storage, rel):
+    t = time.perf_counter()
+    groups = pickle.loads(storage.read_bytes(rel))
+    n = sum(len(vs) for _, vs in groups.values())
+    return time.perf_counter() - t, n
+
+
+def rescale_figures(storage, groups, p_old: int, p_new: int, cid: int):
+    handles = []
+    for i in range(p_old):
+        r = key_group_range(MAXP, p_old, i)
+        handles.append(write_keyed_snapshot(storage, cid, i, r, STATES,
+                                            ((kg, [(0, *groups[kg])]) for kg in r if kg in groups)))
+    md = CheckpointMetadata(cid, "bench", 0, MAXP, p_old, handles)
+    storage.commit(md)
+    total = sum(h.size for h in handles)
+    ratios, whole_ratios = [], []
+    for j in range(p_new):
+        r = key_group_range(MAXP, p_new, j)
+        ideal = total * len(r) / MAXP
+        read = 0
+        whole = 0
+        for h, part in plan_keyed_restore(md, r, max_parallelism=MAXP):
+            blocks, nread = read_key_groups(storage, h, part)
+            for _ in blocks:
+                pass
+            read += nread
+            whole += h.size
+        ratios.append(read / ideal)
+        whole_ratios.append(whole / ideal)
+    return ratios, whole_ratios
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--entries", type=int, default=1_000_000)
+    ap.add_argument("--value-size", type=int, default=24)
+    ap.add_argument("--runs", type=int, default=5)
+    args = ap.parse_args()
+
+    groups, payload = make_groups(args.entries, args.value_size)
+    r = KeyGroupRange(0, MAXP - 1)
+    with tempfile.TemporaryDirectory(prefix="kg-bench-") as d:
+        storage = CheckpointStorage(d, retain=100)
+        packed = pack(groups)
+        w, wp, pw, rd, rdc, rdo, prd = [], [], [], [], [], [], []
+        for run in range(args.runs):
+            t, h = bench_write(storage, groups, r, 2 * run + 1)
+            w.append(t)
+            t, hp = bench_write(storage, packed, r, 2 * run + 2)
+            assert hp.size == h.size
+            wp.append(t)
+            t, rel = bench_pickle_write(storage, groups, 2 * run + 1)
+            pw.append(t)
+            t, n, nread = bench_read(storage, h)
+            assert n == args.entries
+            rd.append(t)
+            t, n, _ = bench_read(storage, h, copy=True)
+            assert n == args.entries
+            rdc.append(t)
+            t, n = bench_read_offsets(storage, h)
+            assert n == args.entries
+            rdo.append(t)
+            t, n2 = bench_pickle_read(storage, rel)
+            assert n2 == args.entries
+            prd.append(t)
+        size = h.size
+        pickle_size = storage.file_size(rel)
+        mb = size / 1e6
+        print(f"keyed snapshot format, {args.entries:,} entries ({args.value_size}-byte values, 8-byte keys) over "
+              f"{MAXP} key groups; file {size / 1e6:.1f} MB (pickle {pickle_size / 1e6:.1f} MB), payload "
+              f"{payload / 1e6:.1f} MB; medians of {args.runs} runs; python {sys.version.split()[0]}, "
+              f"{os.cpu_count()} cpus")
+        print(f"{'':34}{'keygroups':>14}{'baseline':>14}{'ratio':>9}   baseline")
+        wm, pwm = statistics.median(w), statistics.median(pw)
+        rm, prm = statistics.median(rd), statistics.median(prd)
+        print(f"{'write MB/s':34}{mb / wm:14.0f}{pickle_size / 1e6 / pwm:14.0f}{(mb / wm) / (pickle_size / 1e6 / pwm):9.2f}"
+              f"   pickle.dumps protocol 5 + write")
+        wpm = statistics.median(wp)
+        print(f"{'write MB/s (Packed input)':34}{mb / wpm:14.0f}{pickle_size / 1e6 / pwm:14.0f}"
+              f"{(mb / wpm) / (pickle_size / 1e6 / pwm):9.2f}   pickle.dumps protocol 5 + write")
+        print(f"{'read MB/s (all groups, verified)':34}{mb / rm:14.0f}{pickle_size / 1e6 / prm:14.0f}"
+              f"{(mb / rm) / (pickle_size / 1e6 / prm):9.2f}   read + pickle.loads")
+        rcm = statistics.median(rdc)
+        print(f"{'read MB/s (copy=True: bytes)':34}{mb / rcm:14.0f}{pickle_size / 1e6 / prm:14.0f}"
+              f"{(mb / rcm) / (pickle_size / 1e6 / prm):9.2f}   read + pickle.loads")
+        rom = statistics.median(rdo)
+        print(f"{'read MB/s (offset arrays)':34}{mb / rom:14.0f}{pickle_size / 1e6 / prm:14.0f}"
+              f"{(mb / rom) / (pickle_size / 1e6 / prm):9.2f}   read + pickle.loads")
+        print(f"{'write entries/s':34}{args.entries / wm:14,.0f}{args.entries / pwm:14,.0f}{pwm / wm:9.2f}")
+        print(f"{'read entries/s (memoryview)':34}{args.entries / rm:14,.0f}{args.entries / prm:14,.0f}{prm / rm:9.2f}")
+        print(f"{'read entries/s (copy=True)':34}{args.entries / rcm:14,.0f}{args.entries / prm:14,.0f}"
+              f"{prm / rcm:9.2f}")
+        print()
+        print("rescaled restore: bytes read per new subtask / its ideal share (total x key groups / max parallelism)")
+        print(f"{'p -> p_new':14}{'keygroups max':>15}{'median':>9}{'whole files max':>17}{'median':>9}   target <= 1.1x")
+        cid = 1000
+        for p_old, p_new in [(4, 3), (2, 4), (3, 1), (1, 7), (15, 77), (77, 15)]:
+            ratios, whole = rescale_figures(storage, groups, p_old, p_new, cid)
+            cid += 1
+            print(f"{f'{p_old} -> {p_new}':14}{max(ratios):15.3f}{statistics.median(ratios):9.3f}"
+                  f"{max(whole):17.2f}{statistics.median(whole):9.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,43 @@
+"""Stub for the compiled keyed snapshot format (``_native/snapshot.pyx``)."""
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from typing_extensions import Buffer
+
+FILE_MAGIC: bytes
+INDEX_MAGIC: bytes
+FORMAT_VERSION: int
+HEADER_FIXED_SIZE: int
+FOOTER_SIZE: int
+BLOCK_OVERHEAD: int
+MAX_ITEM_SIZE: int
+
+class Packed:
+    """n serialized items back to back: item i is ``data[offsets[i]:offsets[i + 1]]``."""
+
+    @property
+    def data(self) -> Buffer: ...
+    @property
+    def offsets(self) -> npt.NDArray[np.int64]: ...
+    def __init__(self, data: Buffer, offsets: npt.ArrayLike) -> None: ...
+    def __len__(self) -> int: ...
+
+def encode_block(
+    key_group: int,
+    sections: Iterable[tuple[int, Sequence[Buffer] | Packed, Sequence[Buffer] | Packed]],
+    n_states: int,
+) -> bytes: ...
+def parse_block(
+    buffer: Buffer, expected_key_group: int, n_states: int, verify_checksum: bool = True, copy: bool = False
+) -> list[tuple[int, list[Any], list[Any]]]: ...   # memoryview items, or bytes with copy=True
+def parse_block_offsets(
+    buffer: Buffer, expected_key_group: int, n_states: int, verify_checksum: bool = True
+) -> list[tuple[int, npt.NDArray[np.int64], npt.NDArray[np.int64]]]: ...
+def encode_header(first_key_group: int, key_group_count: int, meta: bytes) -> bytes: ...
+def parse_header(buffer: Buffer) -> tuple[int, int, int, bytes, int]: ...
+def encode_index(offsets: list[int]) -> bytes: ...
+def parse_index(buffer: Buffer, header_size: int, key_group_count: int) -> list[int]: ...
+

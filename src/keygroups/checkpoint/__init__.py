@@ -1,0 +1,42 @@
+"""Checkpoint storage, metadata and the keyed snapshot file format.
+
+* :class:`CheckpointStorage` — ``chk-<id>/`` directories under a local path or fsspec URL, the atomic
+  ``_metadata`` commit, retention of the last N complete checkpoints, savepoints.
+* :class:`CheckpointMetadata`, :class:`KeyedStateHandle` — what a complete checkpoint holds.
+* :class:`KeyedSnapshotWriter`, :func:`read_key_groups` — the keyed snapshot file: one checksummed block per key
+  group and an offset index, read back lazily (memoryview slices) with one ranged read per old file.
+* :func:`plan_keyed_restore` — which old files and key groups a subtask of a new parallelism reads.
+
+This layer stores opaque bytes and JSON; it never imports ``keygroups.state`` or pyspark.
+"""
+
+from keygroups.checkpoint.format import (
+    FORMAT_VERSION,
+    KeyedSnapshotWriter,
+    Packed,
+    SnapshotFile,
+    open_snapshot,
+    read_key_group_offsets,
+    read_key_groups,
+    write_keyed_snapshot,
+)
+from keygroups.checkpoint.metadata import METADATA_VERSION, CheckpointMetadata, KeyedStateHandle
+from keygroups.checkpoint.planning import check_restore_max_parallelism, plan_keyed_restore
+from keygroups.checkpoint.storage import CheckpointStorage
+
+__all__ = [
+    "CheckpointStorage",
+    "CheckpointMetadata",
+    "KeyedStateHandle",
+    "KeyedSnapshotWriter",
+    "Packed",
+    "read_key_groups",
+    "read_key_group_offsets",
+    "write_keyed_snapshot",
+    "open_snapshot",
+    "SnapshotFile",
+    "plan_keyed_restore",
+    "check_restore_max_parallelism",
+    "FORMAT_VERSION",
+    "METADATA_VERSION",
+]

@@ -1,0 +1,221 @@
+"""Checkpoint metadata and keyed state handles, and the versioned ``_metadata`` file that holds them.
+
+``_metadata`` layout (little-endian): magic ``b"\\x89KGM"`` | u32 format version | u32 body length | body (UTF-8 JSON)
+| u32 CRC32C of everything before it. Anything else (a flipped byte, a truncation, an unknown version, a body that is
+not the expected JSON shape) is a :class:`~keygroups.errors.CorruptSnapshotError`.
+
+Paths: in memory, every state file (``KeyedStateHandle.file``, an operator handle's ``"file"``) is relative to the
+storage location, e.g. ``"chk-17/keyed-0-<uuid>"``, so ``storage.read_bytes(handle.file)`` works without more
+context. In the ``_metadata`` file they are stored relative to the directory holding that ``_metadata`` (the
+checkpoint or savepoint directory), so a checkpoint or savepoint directory is self-contained and can be moved.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass, field
+from typing import Any
+
+from crc32c import crc32c
+
+from keygroups._ranges import KeyGroupRange, check_max_parallelism
+from keygroups.errors import CorruptSnapshotError
+
+METADATA_MAGIC = b"\x89KGM"
+METADATA_VERSION = 1
+_PREFIX = struct.Struct("<4sII")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_relpath(relpath: Any, what: str = "path") -> str:
+    """A storage-relative path (``"chk-3/keyed-0-ab12"``): a non-empty str of ``/``-separated names, never absolute,
+    never ``.``/``..``. ValueError otherwise (such a path could escape the checkpoint location)."""
+    if not isinstance(relpath, str) or not relpath:
+        raise ValueError(f"{what} must be a non-empty relative path string, got {relpath!r}")
+    parts = relpath.split("/")
+    if relpath.startswith("/") or "\\" in relpath or ":" in parts[0] or any(p in ("", ".", "..") for p in parts):
+        raise ValueError(f"{what} must be a relative path of plain names separated by '/' (no '..', no leading "
+                         f"'/', no drive or URL scheme), got {relpath!r}")
+    return relpath
+
+
+@dataclass
+class KeyedStateHandle:
+    """Where one subtask's keyed snapshot lives and how to seek in it.
+
+    ``offsets[i]`` is the absolute byte offset of key group ``key_group_range.start + i``'s block in ``file``;
+    ``offsets[-1]`` is the end of the last block, so the bytes of key groups ``[a, b]`` are
+    ``offsets[a - start] : offsets[b - start + 1]``. ``states`` is the per-state meta (name, kind, serializer
+    snapshots, TTL) as JSON, the same list as in the file header, so a reader of a byte range needs no header.
+    """
+
+    file: str
+    subtask: int
+    key_group_range: KeyGroupRange
+    offsets: list[int]
+    size: int
+    states: list[dict[str, Any]]
+
+    def __post_init__(self) -> None:
+        check_relpath(self.file, "KeyedStateHandle.file")
+        if not _is_int(self.subtask) or self.subtask < 0:
+            raise ValueError(f"KeyedStateHandle.subtask must be an int >= 0, got {self.subtask!r}")
+        if not isinstance(self.key_group_range, KeyGroupRange):
+            raise TypeError(f"KeyedStateHandle.key_group_range must be a KeyGroupRange, got "
+                            f"{type(self.key_group_range).__name__}")
+        if not _is_int(self.size) or self.size < 0:
+            raise ValueError(f"KeyedStateHandle.size must be an int >= 0, got {self.size!r}")
+        offsets = self.offsets
+        expected = len(self.key_group_range) + 1
+        if not isinstance(offsets, list) or len(offsets) != expected:
+            raise ValueError(f"KeyedStateHandle.offsets must be a list of {expected} ints (one per key group of "
+                             f"{self.key_group_range} plus the end), got "
+                             f"{len(offsets) if isinstance(offsets, list) else type(offsets).__name__}")
+        prev = 0
+        for i, off in enumerate(offsets):
+            if not _is_int(off) or not prev <= off <= self.size:
+                raise ValueError(f"KeyedStateHandle.offsets[{i}] = {off!r} must be an int in [{prev}, "
+                                 f"size={self.size}]: offsets ascend within the file")
+            prev = off
+        if not isinstance(self.states, list) or not all(isinstance(s, dict) for s in self.states):
+            raise TypeError("KeyedStateHandle.states must be a list of JSON dicts (the state meta)")
+
+    def byte_range(self, key_groups: KeyGroupRange) -> tuple[int, int]:
+        """``(start, end)`` byte offsets in ``file`` of the blocks of ``key_groups`` (which must lie inside
+        ``key_group_range``), end exclusive."""
+        r = self.key_group_range
+        if not key_groups or key_groups.start < r.start or key_groups.end > r.end:
+            raise ValueError(f"key groups {key_groups} are not a non-empty part of this handle's {r}")
+        return self.offsets[key_groups.start - r.start], self.offsets[key_groups.end - r.start + 1]
+
+    def to_json(self) -> dict[str, Any]:
+        r = self.key_group_range
+        return {"file": self.file, "subtask": self.subtask, "key_group_range": [r.start, r.end],
+                "offsets": list(self.offsets), "size": self.size, "states": self.states}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> KeyedStateHandle:
+        """The handle back from :meth:`to_json`; CorruptSnapshotError if ``d`` is not one."""
+        try:
+            start, end = d["key_group_range"]
+            return cls(file=d["file"], subtask=d["subtask"], key_group_range=KeyGroupRange(start, end),
+                       offsets=d["offsets"], size=d["size"], states=d["states"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise CorruptSnapshotError(f"not a valid keyed state handle ({e}): {str(d)[:200]}") from e
+
+
+@dataclass
+class CheckpointMetadata:
+    """Everything a complete checkpoint (or savepoint) holds: the job, its parallelism, the state handles.
+
+    ``base`` is not serialized: it is the directory (relative to the storage location) this metadata was loaded
+    from or committed to, ``"chk-<id>"`` or ``"savepoints/<name>"``; the handles' files lie inside it.
+    """
+
+    checkpoint_id: int
+    job_id: str
+    timestamp_ms: int
+    max_parallelism: int
+    parallelism: int
+    keyed_handles: list[KeyedStateHandle] = field(default_factory=list)
+    operator_handles: list[dict[str, Any]] = field(default_factory=list)
+    properties: dict[str, Any] = field(default_factory=dict)
+    base: str = field(default="", compare=False)
+
+    def validate(self) -> None:
+        """ValueError/TypeError naming the first field that is not what a checkpoint can hold."""
+        if not _is_int(self.checkpoint_id) or self.checkpoint_id < 0:
+            raise ValueError(f"checkpoint_id must be an int >= 0, got {self.checkpoint_id!r}")
+        if not isinstance(self.job_id, str):
+            raise TypeError(f"job_id must be a str, got {type(self.job_id).__name__}")
+        if not _is_int(self.timestamp_ms):
+            raise TypeError(f"timestamp_ms must be an int, got {self.timestamp_ms!r}")
+        mp = check_max_parallelism(self.max_parallelism)
+        if not _is_int(self.parallelism) or not 1 <= self.parallelism <= mp:
+            raise ValueError(f"parallelism must be an int in [1, max_parallelism={mp}], got {self.parallelism!r}")
+        for h in self.keyed_handles:
+            if not isinstance(h, KeyedStateHandle):
+                raise TypeError(f"keyed_handles must hold KeyedStateHandle objects, got {type(h).__name__}")
+            if h.key_group_range and h.key_group_range.end >= mp:
+                raise ValueError(f"the keyed handle of subtask {h.subtask} covers {h.key_group_range}, past "
+                                 f"max_parallelism={mp} (key groups are [0, {mp - 1}])")
+        for oh in self.operator_handles:
+            if not isinstance(oh, dict) or "file" not in oh:
+                raise TypeError(f"operator_handles must be JSON dicts with a 'file' entry, got {str(oh)[:100]}")
+            check_relpath(oh["file"], "an operator handle's 'file'")
+        if not isinstance(self.properties, dict):
+            raise TypeError(f"properties must be a JSON dict, got {type(self.properties).__name__}")
+
+    def files(self) -> list[str]:
+        """Every state file this checkpoint references (storage-relative)."""
+        return [h.file for h in self.keyed_handles] + [h["file"] for h in self.operator_handles]
+
+
+def _strip_base(relpath: str, base: str) -> str:
+    prefix = base + "/"
+    if not relpath.startswith(prefix):
+        raise ValueError(f"state file {relpath!r} is not inside {base!r}/: a checkpoint references only files in its "
+                         f"own directory (write them with storage.new_file(checkpoint_id, ...))")
+    return relpath[len(prefix):]
+
+
+def encode_metadata(metadata: CheckpointMetadata, base: str) -> bytes:
+    """The bytes of ``_metadata`` for ``metadata`` stored in directory ``base`` (files become relative to it)."""
+    metadata.validate()
+    body = {
+        "checkpoint_id": metadata.checkpoint_id,
+        "job_id": metadata.job_id,
+        "timestamp_ms": metadata.timestamp_ms,
+        "max_parallelism": metadata.max_parallelism,
+        "parallelism": metadata.parallelism,
+        "keyed_handles": [dict(h.to_json(), file=_strip_base(h.file, base)) for h in metadata.keyed_handles],
+        "operator_handles": [dict(h, file=_strip_base(h["file"], base)) for h in metadata.operator_handles],
+        "properties": metadata.properties,
+    }
+    try:
+        text = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False, ensure_ascii=False)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"checkpoint {metadata.checkpoint_id}'s metadata is not plain JSON: {e}") from e
+    raw = text.encode("utf-8")
+    head = _PREFIX.pack(METADATA_MAGIC, METADATA_VERSION, len(raw)) + raw
+    return head + struct.pack("<I", crc32c(head))
+
+
+def decode_metadata(data: bytes, base: str, where: str) -> CheckpointMetadata:
+    """:class:`CheckpointMetadata` from ``_metadata`` bytes read from directory ``base``; ``where`` names the file in
+    errors. CorruptSnapshotError on anything but a well-formed, checksummed, known-version file."""
+    if len(data) < _PREFIX.size + 4:
+        raise CorruptSnapshotError(f"{where} is {len(data)} bytes long, too short for a _metadata file: truncated")
+    magic, version, length = _PREFIX.unpack_from(data)
+    if magic != METADATA_MAGIC:
+        raise CorruptSnapshotError(f"{where} starts with {magic!r}, not the _metadata magic {METADATA_MAGIC!r}")
+    if version != METADATA_VERSION:
+        raise CorruptSnapshotError(f"{where} has format version {version}; this keygroups reads version "
+                                   f"{METADATA_VERSION} (written by a newer keygroups, or corrupt)")
+    if len(data) != _PREFIX.size + length + 4:
+        raise CorruptSnapshotError(f"{where} declares a {length}-byte body but is {len(data)} bytes long: truncated "
+                                   f"or corrupt")
+    (stored,) = struct.unpack_from("<I", data, len(data) - 4)
+    if stored != crc32c(data[:-4]):
+        raise CorruptSnapshotError(f"{where} fails its CRC32C checksum: the file is corrupt")
+    try:
+        body = json.loads(data[_PREFIX.size:-4].decode("utf-8"))
+        keyed = []
+        for h in body["keyed_handles"]:
+            handle = KeyedStateHandle.from_json(dict(h, file=f"{base}/{check_relpath(h['file'])}"))
+            keyed.append(handle)
+        operator = [dict(h, file=f"{base}/{check_relpath(h['file'])}") for h in body["operator_handles"]]
+        md = CheckpointMetadata(
+            checkpoint_id=body["checkpoint_id"], job_id=body["job_id"], timestamp_ms=body["timestamp_ms"],
+            max_parallelism=body["max_parallelism"], parallelism=body["parallelism"], keyed_handles=keyed,
+            operator_handles=operator, properties=body["properties"], base=base)
+        md.validate()
+    except CorruptSnapshotError:
+        raise
+    except (KeyError, TypeError, ValueError, UnicodeDecodeError, AttributeError) as e:
+        raise CorruptSnapshotError(f"{where} passes its checksum but is not valid checkpoint metadata: {e}") from e
+    return md

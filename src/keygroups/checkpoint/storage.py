@@ -1,0 +1,463 @@
+"""Checkpoint storage: ``chk-<id>/`` directories, the commit protocol, retention and savepoints.
+
+Layout under ``location`` (a local path or any fsspec URL)::
+
+    chk-17/_metadata               written last, atomically: a checkpoint without it does not exist
+    chk-17/keyed-0-<uuid>          state files, named by storage.new_file(17, "keyed-0")
+    savepoints/<name>/_metadata    a self-contained copy of one checkpoint, never pruned
+    savepoints/<name>/keyed-0-<uuid>
+
+Commit protocol: subtasks write their state files (``open_write``, fsync'd on close for local paths), report
+handles; the driver calls :meth:`CheckpointStorage.commit`, which writes ``_metadata`` last and atomically:
+
+* local filesystem: write ``_metadata.inprogress-<uuid>``, fsync it, ``os.replace`` onto ``_metadata``, fsync the
+  directory. A crash leaves either no ``_metadata`` (the checkpoint does not exist) or a complete one.
+* other fsspec filesystems: write the temporary file, then ``fs.mv`` it onto ``_metadata``. On object stores (S3, GCS,
+  ...) an object appears only once fully written, so ``_metadata`` is never seen half written; the durability is
+  the store's. There is no directory fsync there.
+
+Only after that does retention run: it keeps the newest ``retain`` complete checkpoints, deletes older ones, and
+removes leftovers older than the newest complete checkpoint (directories without ``_metadata``, temporary files, and
+files a retained checkpoint does not reference, e.g. from a retried task attempt). Directories of checkpoints newer
+than the one just committed are left alone: they may still be in progress.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import mmap
+import os
+import posixpath
+import re
+import shutil
+import uuid
+from typing import Any, BinaryIO
+
+from keygroups.checkpoint.metadata import (
+    CheckpointMetadata,
+    KeyedStateHandle,
+    check_relpath,
+    decode_metadata,
+    encode_metadata,
+)
+from keygroups.errors import CheckpointNotFoundError, CorruptSnapshotError
+
+log = logging.getLogger(__name__)
+
+METADATA_NAME = "_metadata"
+SAVEPOINTS_DIR = "savepoints"
+_TMP_MARKER = ".inprogress-"
+_CHK_RE = re.compile(r"^chk-(0|[1-9][0-9]*)$")
+_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+
+
+def _check_name(name: Any, what: str) -> str:
+    if not isinstance(name, str) or not _NAME_RE.match(name) or len(name) > 200:
+        raise ValueError(f"{what} must be 1-200 characters of letters, digits, '_', '.', '-' (not starting with '.' "
+                         f"or '-'), got {name!r}")
+    return name
+
+
+def _check_id(checkpoint_id: Any) -> int:
+    if isinstance(checkpoint_id, bool) or not isinstance(checkpoint_id, int) or checkpoint_id < 0:
+        raise ValueError(f"checkpoint_id must be an int >= 0, got {checkpoint_id!r}")
+    return checkpoint_id
+
+
+class _SyncOnClose(io.BufferedWriter):
+    """A local file whose close() also fsyncs it, so state files are durable before ``_metadata`` names them."""
+
+    def close(self) -> None:
+        if not self.closed:
+            try:
+                self.flush()
+                os.fsync(self.fileno())
+            finally:
+                super().close()
+
+
+class _LocalFS:
+    """The local filesystem under ``root``, with real fsync/rename atomicity."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+
+    def path(self, rel: str) -> str:
+        return os.path.join(self.root, *rel.split("/")) if rel else self.root
+
+    def url(self, rel: str) -> str:
+        return self.path(rel)
+
+    def makedirs(self, rel: str) -> None:
+        os.makedirs(self.path(rel), exist_ok=True)
+
+    def open_write(self, rel: str) -> BinaryIO:
+        fd = os.open(self.path(rel), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        return _SyncOnClose(io.FileIO(fd, "wb"))
+
+    def read_bytes(self, rel: str, start: int | None, end: int | None) -> bytes:
+        with open(self.path(rel), "rb") as f:
+            if start:
+                f.seek(start)
+            if end is None:
+                return f.read()
+            return f.read(max(0, end - (start or 0)))
+
+    def open_buffer(self, rel: str) -> Any:
+        with open(self.path(rel), "rb") as f:
+            if os.fstat(f.fileno()).st_size == 0:
+                return b""
+            return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+
+    def exists(self, rel: str) -> bool:
+        return os.path.exists(self.path(rel))
+
+    def size(self, rel: str) -> int:
+        return os.stat(self.path(rel)).st_size
+
+    def listdir(self, rel: str) -> list[str]:
+        try:
+            return sorted(os.listdir(self.path(rel)))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+
+    def isdir(self, rel: str) -> bool:
+        return os.path.isdir(self.path(rel))
+
+    def rmtree(self, rel: str) -> None:
+        shutil.rmtree(self.path(rel), ignore_errors=True)
+
+    def remove(self, rel: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(self.path(rel))
+
+    def sync_dir(self, rel: str) -> None:
+        fd = os.open(self.path(rel), os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def write_atomic(self, rel: str, data: bytes) -> None:
+        parent, name = posixpath.split(rel)
+        tmp = posixpath.join(parent, f"{name}{_TMP_MARKER}{uuid.uuid4().hex}")
+        try:
+            with open(self.path(tmp), "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(self.path(tmp), self.path(rel))
+        except BaseException:
+            self.remove(tmp)
+            raise
+        self.sync_dir(parent)
+
+    def copy(self, src: str, dst: str) -> None:
+        with open(self.path(src), "rb") as fin, self.open_write(dst) as fout:
+            shutil.copyfileobj(fin, fout, 1 << 20)
+
+
+class _FsspecFS:
+    """Any fsspec filesystem under ``root``. ``_metadata`` is written to a temporary name and moved into place."""
+
+    def __init__(self, fs: Any, root: str) -> None:
+        self.fs = fs
+        self.root = root.rstrip("/") or "/"
+
+    def path(self, rel: str) -> str:
+        return posixpath.join(self.root, rel) if rel else self.root
+
+    def url(self, rel: str) -> str:
+        return str(self.fs.unstrip_protocol(self.path(rel)))
+
+    def makedirs(self, rel: str) -> None:
+        self.fs.makedirs(self.path(rel), exist_ok=True)
+
+    def open_write(self, rel: str) -> BinaryIO:
+        return self.fs.open(self.path(rel), "wb")  # type: ignore[no-any-return]
+
+    def read_bytes(self, rel: str, start: int | None, end: int | None) -> bytes:
+        return bytes(self.fs.cat_file(self.path(rel), start=start, end=end))
+
+    def open_buffer(self, rel: str) -> Any:
+        return bytes(self.fs.cat_file(self.path(rel)))
+
+    def exists(self, rel: str) -> bool:
+        return bool(self.fs.exists(self.path(rel)))
+
+    def size(self, rel: str) -> int:
+        return int(self.fs.size(self.path(rel)))
+
+    def listdir(self, rel: str) -> list[str]:
+        try:
+            entries = self.fs.ls(self.path(rel), detail=False)
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        return sorted({posixpath.basename(str(e).rstrip("/")) for e in entries} - {""})
+
+    def isdir(self, rel: str) -> bool:
+        return bool(self.fs.isdir(self.path(rel)))
+
+    def rmtree(self, rel: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.rm(self.path(rel), recursive=True)
+
+    def remove(self, rel: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.rm_file(self.path(rel))
+
+    def sync_dir(self, rel: str) -> None:
+        pass  # nothing to sync: object stores and fsspec filesystems have no directory entries to make durable
+
+    def write_atomic(self, rel: str, data: bytes) -> None:
+        parent, name = posixpath.split(rel)
+        tmp = posixpath.join(parent, f"{name}{_TMP_MARKER}{uuid.uuid4().hex}")
+        try:
+            self.fs.pipe_file(self.path(tmp), data)
+            self.fs.mv(self.path(tmp), self.path(rel))
+        except BaseException:
+            self.remove(tmp)
+            raise
+
+    def copy(self, src: str, dst: str) -> None:
+        self.fs.cp_file(self.path(src), self.path(dst))
+
+
+def _is_local(location: str) -> bool:
+    return "://" not in location or location.startswith("file://")
+
+
+class CheckpointStorage:
+    """Checkpoints and savepoints under ``location``: a local path or any fsspec URL (``s3://...``,
+    ``memory://...``, ...); ``storage_options`` go to fsspec. ``retain`` is how many complete checkpoints to keep.
+
+    All paths handed in and out (``new_file``, handles' ``file``) are relative to ``location``. The object pickles
+    as its arguments, so it can be shipped to Spark executors."""
+
+    def __init__(self, location: str | os.PathLike[str], *, retain: int = 3,
+                 storage_options: dict[str, Any] | None = None) -> None:
+        if isinstance(retain, bool) or not isinstance(retain, int) or retain < 1:
+            raise ValueError(f"retain must be an int >= 1 (how many complete checkpoints to keep), got {retain!r}")
+        loc = os.fspath(location)
+        if not isinstance(loc, str) or not loc:
+            raise ValueError(f"location must be a non-empty path or URL, got {location!r}")
+        self.retain = retain
+        self.storage_options = dict(storage_options or {})
+        self._fs: _LocalFS | _FsspecFS
+        if _is_local(loc):
+            root = loc[len("file://"):] if loc.startswith("file://") else loc
+            root = os.path.abspath(os.path.expanduser(root))
+            self._fs = _LocalFS(root)
+            self.location = root
+        else:
+            import fsspec  # type: ignore[import-untyped]
+
+            fs, root = fsspec.core.url_to_fs(loc, **self.storage_options)
+            self._fs = _FsspecFS(fs, root)
+            self.location = loc.rstrip("/")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild_storage, (self.location, self.retain, self.storage_options))
+
+    def __repr__(self) -> str:
+        return f"CheckpointStorage({self.location!r}, retain={self.retain})"
+
+    # -- state files -------------------------------------------------------------------------------------------
+    def new_file(self, checkpoint_id: int, prefix: str) -> str:
+        """A fresh, unique state file name ``"chk-<id>/<prefix>-<uuid>"`` (relative to ``location``)."""
+        cid = _check_id(checkpoint_id)
+        _check_name(prefix, "prefix")
+        return f"chk-{cid}/{prefix}-{uuid.uuid4().hex}"
+
+    def open_write(self, relpath: str) -> BinaryIO:
+        """A binary file open for writing at ``relpath``, creating its directory. On the local filesystem closing
+        it also fsyncs it, so it is durable before a ``_metadata`` names it."""
+        check_relpath(relpath)
+        parent = posixpath.dirname(relpath)
+        if parent:
+            self._fs.makedirs(parent)
+        return self._fs.open_write(relpath)
+
+    def read_bytes(self, relpath: str, start: int | None = None, end: int | None = None) -> bytes:
+        """Bytes ``[start, end)`` of a file (one ranged read); the whole file by default. FileNotFoundError if it
+        does not exist; fewer bytes than asked if the file is shorter."""
+        check_relpath(relpath)
+        for name, v in (("start", start), ("end", end)):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+                raise ValueError(f"{name} must be None or an int >= 0, got {v!r}")
+        if start is not None and end is not None and end < start:
+            raise ValueError(f"end must be >= start, got start={start}, end={end}")
+        return self._fs.read_bytes(relpath, start, end)
+
+    def open_buffer(self, relpath: str) -> Any:
+        """The whole file as a read-only buffer: an ``mmap`` for local files (close it, or drop every view of it,
+        when done), ``bytes`` otherwise. ``memoryview(buffer)`` works on both."""
+        check_relpath(relpath)
+        return self._fs.open_buffer(relpath)
+
+    def file_size(self, relpath: str) -> int:
+        """Size of a file in bytes (FileNotFoundError if absent)."""
+        check_relpath(relpath)
+        return self._fs.size(relpath)
+
+    def url(self, relpath: str = "") -> str:
+        """The full path or URL of ``relpath`` (of ``location`` itself by default), for messages and tools."""
+        return self._fs.url(check_relpath(relpath) if relpath else "")
+
+    # -- checkpoints -------------------------------------------------------------------------------------------
+    def _chk_dirs(self) -> dict[int, str]:
+        out = {}
+        for name in self._fs.listdir(""):
+            m = _CHK_RE.match(name)
+            if m:
+                out[int(m.group(1))] = name
+        return out
+
+    def checkpoint_ids(self) -> list[int]:
+        """Ids of the complete checkpoints (those with a ``_metadata``), ascending."""
+        return sorted(cid for cid, d in self._chk_dirs().items() if self._fs.exists(f"{d}/{METADATA_NAME}"))
+
+    def savepoint_names(self) -> list[str]:
+        """Names of the complete savepoints, sorted."""
+        return [n for n in self._fs.listdir(SAVEPOINTS_DIR)
+                if _NAME_RE.match(n) and self._fs.exists(f"{SAVEPOINTS_DIR}/{n}/{METADATA_NAME}")]
+
+    def _inventory(self) -> str:
+        complete = self.checkpoint_ids()
+        incomplete = sorted(set(self._chk_dirs()) - set(complete))
+        return (f"complete checkpoints: {complete or 'none'}; incomplete (no _metadata, ignored): "
+                f"{incomplete or 'none'}; savepoints: {self.savepoint_names() or 'none'}")
+
+    def _read_metadata(self, base: str) -> CheckpointMetadata:
+        rel = f"{base}/{METADATA_NAME}"
+        data = self._fs.read_bytes(rel, None, None)
+        return decode_metadata(data, base, self._fs.url(rel))
+
+    def load(self, checkpoint_id: int) -> CheckpointMetadata:
+        """The metadata of complete checkpoint ``checkpoint_id``; CheckpointNotFoundError (listing what exists) if
+        it is absent or incomplete, CorruptSnapshotError if its ``_metadata`` is damaged."""
+        cid = _check_id(checkpoint_id)
+        try:
+            md = self._read_metadata(f"chk-{cid}")
+        except FileNotFoundError:
+            raise CheckpointNotFoundError(
+                f"checkpoint {cid} does not exist in {self.location} (a checkpoint exists only once its "
+                f"_metadata is written); {self._inventory()}") from None
+        if md.checkpoint_id != cid:
+            raise CorruptSnapshotError(f"chk-{cid}/_metadata in {self.location} holds checkpoint {md.checkpoint_id}")
+        return md
+
+    def latest(self) -> CheckpointMetadata | None:
+        """The latest complete checkpoint, or None if there is none."""
+        ids = self.checkpoint_ids()
+        return self.load(ids[-1]) if ids else None
+
+    def commit(self, metadata: CheckpointMetadata) -> None:
+        """Make checkpoint ``metadata.checkpoint_id`` complete: check that every referenced state file exists (and
+        keyed files have their handle's size), write ``chk-<id>/_metadata`` atomically, then apply retention.
+
+        The id must be newer than every complete checkpoint. Sets ``metadata.base``."""
+        metadata.validate()
+        cid = metadata.checkpoint_id
+        base = f"chk-{cid}"
+        ids = self.checkpoint_ids()
+        if ids and cid <= ids[-1]:
+            raise ValueError(f"checkpoint {cid} cannot be committed: checkpoint ids must increase and checkpoint "
+                             f"{ids[-1]} is already complete in {self.location}")
+        data = encode_metadata(metadata, base)   # also checks every file lies in chk-<id>/
+        self._check_files(metadata)
+        self._fs.makedirs(base)
+        self._fs.sync_dir(base)   # the state files' directory entries are durable before _metadata names them
+        self._fs.write_atomic(f"{base}/{METADATA_NAME}", data)
+        metadata.base = base
+        try:
+            self._prune(cid)
+        except OSError as e:   # the checkpoint is complete; a failed cleanup is retried at the next commit
+            log.warning("retention after checkpoint %d in %s failed: %s", cid, self.location, e)
+
+    def _check_files(self, metadata: CheckpointMetadata) -> None:
+        for h in metadata.keyed_handles:
+            try:
+                size = self._fs.size(h.file)
+            except FileNotFoundError:
+                raise ValueError(f"checkpoint {metadata.checkpoint_id} references keyed state file {h.file!r} "
+                                 f"(subtask {h.subtask}), which does not exist in {self.location}") from None
+            if size != h.size:
+                raise ValueError(f"keyed state file {h.file!r} (subtask {h.subtask}) is {size} bytes but its handle "
+                                 f"says {h.size}: the file was not completely written (closed?)")
+        for oh in metadata.operator_handles:
+            if not self._fs.exists(oh["file"]):
+                raise ValueError(f"checkpoint {metadata.checkpoint_id} references operator state file "
+                                 f"{oh['file']!r}, which does not exist in {self.location}")
+
+    def _prune(self, latest: int) -> None:
+        dirs = self._chk_dirs()
+        complete = sorted(cid for cid, d in dirs.items() if self._fs.exists(f"{d}/{METADATA_NAME}"))
+        keep = set(complete[-self.retain:])
+        for cid, d in sorted(dirs.items()):
+            if cid > latest:
+                continue   # a newer checkpoint may still be being written
+            if cid not in keep:
+                log.debug("retention: removing %s", d)
+                self._fs.rmtree(d)
+            elif cid < latest:
+                self._remove_orphans(d)
+
+    def _remove_orphans(self, base: str) -> None:
+        try:
+            md = self._read_metadata(base)
+        except (CorruptSnapshotError, FileNotFoundError) as e:
+            log.warning("retention: not cleaning %s, its _metadata is unreadable: %s", base, e)
+            return
+        referenced = {posixpath.relpath(f, base) for f in md.files()} | {METADATA_NAME}
+        for name in self._fs.listdir(base):
+            if name not in referenced and not self._fs.isdir(f"{base}/{name}"):
+                log.debug("retention: removing orphan %s/%s", base, name)
+                self._fs.remove(f"{base}/{name}")
+
+    # -- savepoints --------------------------------------------------------------------------------------------
+    def savepoint(self, metadata_or_id: CheckpointMetadata | int, name: str) -> str:
+        """Copy a checkpoint (given by metadata or id) into ``savepoints/<name>/``, self-contained, ``_metadata``
+        written last. Retention never touches it. Returns the savepoint directory's full path or URL."""
+        _check_name(name, "savepoint name")
+        md = metadata_or_id if isinstance(metadata_or_id, CheckpointMetadata) else self.load(metadata_or_id)
+        md.validate()
+        base = f"{SAVEPOINTS_DIR}/{name}"
+        if self._fs.exists(f"{base}/{METADATA_NAME}"):
+            raise ValueError(f"savepoint {name!r} already exists in {self.location}; choose another name "
+                             f"(existing: {self.savepoint_names()})")
+        self._fs.rmtree(base)   # leftovers of an interrupted savepoint of the same name
+        self._fs.makedirs(base)
+        renamed = {src: f"{base}/{posixpath.basename(src)}" for src in md.files()}
+        if len(set(renamed.values())) != len(renamed):
+            raise ValueError(f"two state files of checkpoint {md.checkpoint_id} share a file name; a savepoint "
+                             f"(one flat directory) cannot hold both: {sorted(renamed)}")
+        for src, dst in renamed.items():
+            self._fs.copy(src, dst)
+        copy = CheckpointMetadata(
+            checkpoint_id=md.checkpoint_id, job_id=md.job_id, timestamp_ms=md.timestamp_ms,
+            max_parallelism=md.max_parallelism, parallelism=md.parallelism,
+            keyed_handles=[KeyedStateHandle(renamed[h.file], h.subtask, h.key_group_range, list(h.offsets), h.size,
+                                            h.states) for h in md.keyed_handles],
+            operator_handles=[dict(h, file=renamed[h["file"]]) for h in md.operator_handles],
+            properties=dict(md.properties), base=base)
+        self._fs.sync_dir(base)
+        self._fs.write_atomic(f"{base}/{METADATA_NAME}", encode_metadata(copy, base))
+        return self._fs.url(base)
+
+    def load_savepoint(self, name: str) -> CheckpointMetadata:
+        """The metadata of savepoint ``name`` (its handles point into ``savepoints/<name>/``);
+        CheckpointNotFoundError listing the savepoints that exist."""
+        _check_name(name, "savepoint name")
+        try:
+            return self._read_metadata(f"{SAVEPOINTS_DIR}/{name}")
+        except FileNotFoundError:
+            raise CheckpointNotFoundError(
+                f"savepoint {name!r} does not exist in {self.location} (a savepoint exists only once its _metadata "
+                f"is written); {self._inventory()}") from None
+
+
+def _rebuild_storage(location: str, retain: int, storage_options: dict[str, Any]) -> CheckpointStorage:
+    return CheckpointStorage(location, retain=retain, storage_options=storage_options)

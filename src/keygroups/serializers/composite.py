@@ -1,0 +1,124 @@
+"""Serializers built from other serializers: Nullable, Tuple, List and Map.
+
+Formats: Nullable is a flag byte (0 = None, 1 = a value follows); Tuple is its fields in order; List is a u32 count
+then the elements; Map is a u32 count then (key, value) pairs sorted by the key's bytes, so a dict serializes the
+same whatever its insertion order (it deserializes in that sorted order). Any TypeSerializer may be nested; the
+built-in ones are encoded by one compiled pass, others are called per value.
+
+Compatibility: the worst of the nested serializers; a tuple whose arity changed is incompatible; a plain ``X`` is
+read by ``Nullable(X')`` after migration when ``X'`` reads ``X``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from keygroups._native import codec as _codec
+from keygroups.serializers.base import AFTER_MIGRATION, INCOMPATIBLE, CodecSerializer, TypeSerializer, codec_of
+from keygroups.serializers.compatibility import Compatibility
+from keygroups.serializers.snapshot import SerializerSnapshot
+
+
+def _check(serializer: Any, what: str) -> TypeSerializer:
+    if not isinstance(serializer, TypeSerializer):
+        raise TypeError(f"{what} must be a TypeSerializer instance (e.g. Int64Serializer()), got {serializer!r}")
+    return serializer
+
+
+class NullableSerializer(CodecSerializer):
+    """``None`` or a value of ``inner``: one flag byte, then the inner bytes."""
+
+    identifier = "nullable"
+
+    def __init__(self, inner: TypeSerializer) -> None:
+        self.inner = _check(inner, "NullableSerializer's inner serializer")
+        self.is_immutable = inner.is_immutable
+        self._codec = _codec.Codec(_codec.NULLABLE, repr(self), (codec_of(inner),))
+
+    def nested_serializers(self) -> tuple[TypeSerializer, ...]:
+        return (self.inner,)
+
+    def nested_role(self, index: int) -> str:
+        return "the non-null value"
+
+    def copy(self, value: Any) -> Any:
+        return None if value is None else self.inner.copy(value)
+
+    def compatibility_with_other(self, old: SerializerSnapshot) -> tuple[Compatibility, str]:
+        outcome, why = self.inner.compatibility_with(old)
+        if outcome is INCOMPATIBLE:
+            return outcome, f"the non-null value: {why}"
+        return AFTER_MIGRATION, f"{old.describe()} values become non-null values of {self!r}"
+
+
+class TupleSerializer(CodecSerializer):
+    """Fixed-arity tuples, field i by ``fields[i]`` (Flink's TupleN). Lists of the right length are accepted;
+    values always come back as tuples."""
+
+    identifier = "tuple"
+
+    def __init__(self, *fields: TypeSerializer) -> None:
+        if not fields:
+            raise ValueError("TupleSerializer needs at least one field serializer")
+        self.fields = tuple(_check(f, f"TupleSerializer field {i}") for i, f in enumerate(fields))
+        self.is_immutable = all(f.is_immutable for f in self.fields)
+        self._codec = _codec.Codec(_codec.TUPLE, repr(self), tuple(codec_of(f) for f in self.fields))
+
+    def nested_serializers(self) -> tuple[TypeSerializer, ...]:
+        return self.fields
+
+    def nested_role(self, index: int) -> str:
+        return f"field {index}"
+
+    def copy(self, value: Any) -> Any:
+        if self.is_immutable:
+            return value
+        return tuple(f.copy(v) for f, v in zip(self.fields, value, strict=True))
+
+
+class ListSerializer(CodecSerializer):
+    """Lists (tuples accepted) of ``element`` values; values come back as lists."""
+
+    identifier = "list"
+
+    def __init__(self, element: TypeSerializer) -> None:
+        self.element = _check(element, "ListSerializer's element serializer")
+        self._codec = _codec.Codec(_codec.LIST, repr(self), (codec_of(element),))
+
+    def nested_serializers(self) -> tuple[TypeSerializer, ...]:
+        return (self.element,)
+
+    def nested_role(self, index: int) -> str:
+        return "element"
+
+    def copy(self, value: Any) -> Any:
+        if self.element.is_immutable:
+            return list(value)
+        copy = self.element.copy
+        return [copy(v) for v in value]
+
+
+class MapSerializer(CodecSerializer):
+    """Dicts with keys of ``key`` and values of ``value``; stored sorted by key bytes (deterministic)."""
+
+    identifier = "map"
+
+    def __init__(self, key: TypeSerializer, value: TypeSerializer) -> None:
+        self.key = _check(key, "MapSerializer's key serializer")
+        self.value = _check(value, "MapSerializer's value serializer")
+        self._codec = _codec.Codec(_codec.MAP, repr(self), (codec_of(key), codec_of(value)))
+
+    def nested_serializers(self) -> tuple[TypeSerializer, ...]:
+        return (self.key, self.value)
+
+    def nested_role(self, index: int) -> str:
+        return "map key" if index == 0 else "map value"
+
+    def copy(self, value: Any) -> Any:
+        if self.key.is_immutable and self.value.is_immutable:
+            return dict(value)
+        kc, vc = self.key.copy, self.value.copy
+        return {kc(k): vc(v) for k, v in value.items()}
+
+
+__all__ = ["NullableSerializer", "TupleSerializer", "ListSerializer", "MapSerializer"]

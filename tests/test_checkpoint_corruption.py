@@ -1,0 +1,259 @@
+"""Corruption: thousands of random byte flips and truncations of real snapshot and metadata files. Each read either
+returns exactly what was written or raises CorruptSnapshotError — never another exception, a crash or a hang.
+
+The compiled parser is also fuzzed *behind* the checksum (``verify_checksum=False``), so its structural checks
+(counts against remaining bytes, lengths, key groups, state indexes, trailing bytes) are exercised directly."""
+
+from __future__ import annotations
+
+import random
+import struct
+import uuid
+
+import fsspec
+import pytest
+
+from keygroups import KeyGroupRange, key_group_range
+from keygroups._native import snapshot as native
+from keygroups.checkpoint import (
+    CheckpointMetadata,
+    CheckpointStorage,
+    KeyedStateHandle,
+    open_snapshot,
+    read_key_group_offsets,
+    read_key_groups,
+    write_keyed_snapshot,
+)
+from keygroups.checkpoint.metadata import decode_metadata, encode_metadata
+from keygroups.errors import CorruptSnapshotError
+
+STATES = [{"name": "v", "kind": "value"}, {"name": "l", "kind": "list"}, {"name": "m", "kind": "map"}]
+KGR = KeyGroupRange(8, 23)
+SEED = 20261121
+
+
+def make_data(rng: random.Random) -> dict[int, list]:
+    data = {}
+    for kg in KGR:
+        if rng.random() < 0.25:
+            continue   # an empty block
+        sections = []
+        for idx in rng.sample(range(3), rng.randint(1, 3)):
+            n = rng.randint(0, 6)
+            keys = [rng.randbytes(rng.randint(0, 12)) for _ in range(n)]
+            values = [rng.randbytes(rng.choice([0, 1, 8, 40, 300])) for _ in range(n)]
+            sections.append((idx, keys, values))
+        data[kg] = sections
+    return data
+
+
+def plain(blocks) -> dict[int, list]:
+    return {kg: [(i, [bytes(k) for k in ks], [bytes(v) for v in vs]) for i, ks, vs in secs] for kg, secs in blocks}
+
+
+@pytest.fixture(scope="module")
+def snapshot():
+    """A real snapshot file in memory:// storage, its handle, and everything it holds."""
+    location = f"memory://kg-corrupt-{uuid.uuid4().hex}"
+    storage = CheckpointStorage(location)
+    data = make_data(random.Random(SEED))
+    handle = write_keyed_snapshot(storage, 1, 0, KGR, STATES, sorted(data.items()))
+    raw = storage.read_bytes(handle.file)
+    expected = plain(open_snapshot(raw).key_groups())
+    assert sum(len(v) for secs in expected.values() for _, ks, _ in secs for v in ks) > 50
+    yield storage, handle, raw, expected
+    fs, root = fsspec.core.url_to_fs(location)
+    fs.rm(root, recursive=True)
+
+
+def read_whole(buf: bytes) -> dict[int, list]:
+    f = open_snapshot(buf)
+    assert f.key_group_range == KGR and f.states == STATES
+    return plain(f.key_groups())
+
+
+def read_ranged(storage, handle: KeyedStateHandle, wanted: KeyGroupRange) -> dict[int, list]:
+    blocks, _ = read_key_groups(storage, handle, wanted)
+    return plain(blocks)
+
+
+def subset(expected: dict, wanted: KeyGroupRange) -> dict:
+    return {kg: v for kg, v in expected.items() if kg in wanted}
+
+
+def random_range(rng: random.Random) -> KeyGroupRange:
+    a = rng.randint(KGR.start, KGR.end)
+    return KeyGroupRange(a, rng.randint(a, KGR.end))
+
+
+def test_random_byte_flips_of_a_real_file(snapshot):
+    storage, handle, raw, expected = snapshot
+    rng = random.Random(SEED + 1)
+    outcomes = {"ok": 0, "corrupt": 0}
+    for trial in range(2500):
+        bad = bytearray(raw)
+        for _ in range(rng.choice([1, 1, 1, 2, 5])):
+            bad[rng.randrange(len(bad))] ^= rng.randint(1, 255)
+        bad = bytes(bad)
+        # the standalone reader: header, index and every block
+        try:
+            got = read_whole(bad)
+        except CorruptSnapshotError:
+            outcomes["corrupt"] += 1
+        else:
+            assert got == expected, f"trial {trial}: a flipped file read back different data"
+            outcomes["ok"] += 1
+        # the ranged reader of a restoring subtask, through storage, with the (intact) handle
+        rel = f"chk-1/flipped-{trial % 7}"
+        with storage.open_write(rel) as f:
+            f.write(bad)
+        wanted = random_range(rng)
+        h = KeyedStateHandle(rel, 0, KGR, handle.offsets, handle.size, STATES)
+        try:
+            got = read_ranged(storage, h, wanted)
+        except CorruptSnapshotError:
+            outcomes["corrupt"] += 1
+            with pytest.raises(CorruptSnapshotError):
+                for _ in read_key_group_offsets(storage, h, wanted)[0]:
+                    pass
+        else:
+            assert got == subset(expected, wanted), f"trial {trial}: ranged read returned different data"
+            outcomes["ok"] += 1
+    assert outcomes["corrupt"] > 1000 and outcomes["ok"] > 100   # both kinds happen (flips outside a read range)
+
+
+def test_random_truncations_of_a_real_file(snapshot):
+    storage, handle, raw, expected = snapshot
+    rng = random.Random(SEED + 2)
+    cuts = sorted({rng.randrange(len(raw)) for _ in range(1200)} | {0, 1, 4, 19, 20, len(raw) - 1, len(raw) - 12})
+    for cut in cuts:
+        short = raw[:cut]
+        with pytest.raises(CorruptSnapshotError):
+            read_whole(short)
+        rel = "chk-1/truncated"
+        with storage.open_write(rel) as f:
+            f.write(short)
+        wanted = random_range(rng)
+        h = KeyedStateHandle(rel, 0, KGR, handle.offsets, handle.size, STATES)
+        a, b = h.byte_range(wanted)
+        if cut >= b:
+            assert read_ranged(storage, h, wanted) == subset(expected, wanted)
+        else:
+            with pytest.raises(CorruptSnapshotError, match="truncated"):
+                read_ranged(storage, h, wanted)
+
+
+def test_missing_file_is_corrupt_not_oserror(snapshot):
+    storage, handle, _, _ = snapshot
+    h = KeyedStateHandle("chk-1/never-written", 3, KGR, handle.offsets, handle.size, STATES)
+    with pytest.raises(CorruptSnapshotError, match="missing"):
+        read_key_groups(storage, h, KGR)
+
+
+def test_fuzz_the_block_parser_behind_the_checksum(snapshot):
+    _, handle, raw, _ = snapshot
+    rng = random.Random(SEED + 3)
+    blocks = [(kg, raw[handle.offsets[i]:handle.offsets[i + 1]]) for i, kg in enumerate(KGR)]
+    blocks = [(kg, b) for kg, b in blocks if len(b) > native.BLOCK_OVERHEAD]
+    outcomes = {"ok": 0, "corrupt": 0}
+    for _ in range(4000):
+        kg, block = rng.choice(blocks)
+        bad = bytearray(block)
+        how = rng.random()
+        if how < 0.5:   # flip bytes, especially the length and count fields near the front
+            for _ in range(rng.randint(1, 3)):
+                pos = rng.randrange(min(len(bad), 40)) if rng.random() < 0.5 else rng.randrange(len(bad))
+                bad[pos] ^= rng.randint(1, 255)
+        elif how < 0.7:   # truncate, keeping a (fake) checksum slot
+            bad = bad[:rng.randrange(len(bad))] + b"\0\0\0\0"
+        elif how < 0.85:   # a huge count or length at a random field
+            pos = rng.randrange(0, max(1, len(bad) - 8), 4)
+            bad[pos:pos + 4] = struct.pack("<I", rng.choice([0xFFFFFFFF, 0x7FFFFFFF, 0x80000000, len(bad)]))
+        else:   # garbage appended or inserted
+            pos = rng.randrange(len(bad))
+            bad[pos:pos] = rng.randbytes(rng.randint(1, 16))
+        bad = bytes(bad)
+        try:
+            sections = native.parse_block(bad, kg, 3, verify_checksum=False)
+        except CorruptSnapshotError:
+            outcomes["corrupt"] += 1
+            with pytest.raises(CorruptSnapshotError):   # the offsets parser agrees
+                native.parse_block_offsets(bad, kg, 3, verify_checksum=False)
+        else:
+            outcomes["ok"] += 1
+            arrays = native.parse_block_offsets(bad, kg, 3, verify_checksum=False)
+            assert len(arrays) == len(sections)
+            for (idx, ks, vs), (idx2, ko, vo) in zip(sections, arrays):
+                # what parses is well-formed, lies inside the block, and both parsers see the same entries
+                assert 0 <= idx == idx2 < 3 and len(ks) == len(vs) == len(ko) - 1 == len(vo) - 1
+                assert sum(len(k) + len(v) for k, v in zip(ks, vs)) <= len(bad)
+                assert [bytes(k) for k in ks] == [bad[a:b] for a, b in zip(ko[:-1], ko[1:])]
+                assert [bytes(v) for v in vs] == [bad[a:b] for a, b in zip(vo[:-1], vo[1:])]
+    assert outcomes["corrupt"] > 2000
+
+
+def test_huge_counts_are_refused_before_allocating():
+    body = struct.pack("<II", 5, 0xFFFFFFFF)   # key group 5, four billion sections in 8 bytes
+    with pytest.raises(CorruptSnapshotError, match="section count 4294967295"):
+        native.parse_block(body + b"\0\0\0\0", 5, 1, verify_checksum=False)
+    body = struct.pack("<IIII", 5, 1, 0, 0x7FFFFFFF)   # one section of two billion entries
+    with pytest.raises(CorruptSnapshotError, match="entry count 2147483647"):
+        native.parse_block(body + b"\0\0\0\0", 5, 1, verify_checksum=False)
+    body = struct.pack("<IIIIII", 5, 1, 0, 1, 0xFFFFFFF0, 0) + b"abcdefgh"   # a key longer than the block
+    with pytest.raises(CorruptSnapshotError, match="1 keys of more than the 8 bytes left"):
+        native.parse_block(body + struct.pack("<I", 0), 5, 1, verify_checksum=False)
+    # many lengths whose sum would overflow 32 bits, and a value region past the end
+    body = struct.pack("<IIII", 5, 1, 0, 4) + struct.pack("<4I", *[0xFFFFFFFF] * 4) + struct.pack("<4I", 0, 0, 0, 0)
+    with pytest.raises(CorruptSnapshotError, match="4 keys of more than"):
+        native.parse_block_offsets(body + b"\0" * 16 + b"\0\0\0\0", 5, 1, verify_checksum=False)
+    body = struct.pack("<IIII", 5, 1, 0, 2) + struct.pack("<2I", 1, 1) + struct.pack("<2I", 3, 0xFFFFFFFF) + b"ab"
+    with pytest.raises(CorruptSnapshotError, match="2 values of more than the 0 bytes left"):
+        native.parse_block(body + b"\0\0\0\0", 5, 1, verify_checksum=False)
+
+
+def test_structural_errors_name_what_is_wrong():
+    good = native.encode_block(5, [(1, [b"k"], [b"v"])], 2)
+    assert plain([(5, native.parse_block(good, 5, 2))]) == {5: [(1, [b"k"], [b"v"])]}
+    with pytest.raises(CorruptSnapshotError, match="CRC32C"):
+        native.parse_block(good[:-1] + bytes([good[-1] ^ 1]), 5, 2)
+    with pytest.raises(CorruptSnapshotError, match="key group 5 where key group 6 belongs"):
+        native.parse_block(good, 6, 2)
+    with pytest.raises(CorruptSnapshotError, match="state index 1"):
+        native.parse_block(good, 5, 1)
+    with pytest.raises(CorruptSnapshotError, match="trailing"):
+        native.parse_block(good[:-4] + b"xx" + good[-4:], 5, 2, verify_checksum=False)
+    with pytest.raises(CorruptSnapshotError, match="shorter than"):
+        native.parse_block(b"", 5, 2)
+
+
+def test_unknown_version_and_wrong_magic(snapshot):
+    _, _, raw, _ = snapshot
+    with pytest.raises(CorruptSnapshotError, match="format version 2"):
+        open_snapshot(raw[:4] + struct.pack("<I", 2) + raw[8:])
+    with pytest.raises(CorruptSnapshotError, match="magic"):
+        open_snapshot(b"PK\x03\x04" + raw[4:])
+    with pytest.raises(CorruptSnapshotError, match="empty"):
+        open_snapshot(b"")
+
+
+def test_random_flips_and_truncations_of_metadata():
+    rng = random.Random(SEED + 4)
+    handles = []
+    for i in range(3):
+        r = key_group_range(128, 3, i)
+        handles.append(KeyedStateHandle(f"chk-9/keyed-{i}-abc", i, r, list(range(100, 100 + len(r) + 1)),
+                                        100 + len(r) + 10, STATES))
+    md = CheckpointMetadata(9, "job", 123, 128, 3, handles, [{"file": "chk-9/op-0", "subtask": 0}], {"x": [1, 2]})
+    raw = encode_metadata(md, "chk-9")
+    assert decode_metadata(raw, "chk-9", "test") == md
+    for _ in range(1500):
+        bad = bytearray(raw)
+        if rng.random() < 0.8:
+            bad[rng.randrange(len(bad))] ^= rng.randint(1, 255)
+        else:
+            bad = bad[:rng.randrange(len(bad))]
+        try:
+            got = decode_metadata(bytes(bad), "chk-9", "test")
+        except CorruptSnapshotError:
+            continue
+        assert got == md

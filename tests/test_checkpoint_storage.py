@@ -1,0 +1,365 @@
+"""Checkpoint storage: the commit protocol, atomicity, retention, savepoints, local paths and fsspec memory://."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import shutil
+import struct
+import uuid
+
+import fsspec
+import pytest
+
+from keygroups import KeyGroupRange, key_group_range
+from keygroups.checkpoint import (
+    CheckpointMetadata,
+    CheckpointStorage,
+    KeyedStateHandle,
+    read_key_groups,
+    write_keyed_snapshot,
+)
+from keygroups.checkpoint.metadata import METADATA_MAGIC, decode_metadata, encode_metadata
+from keygroups.errors import CheckpointNotFoundError, CorruptSnapshotError
+
+MAXP = 16
+STATES = [{"name": "count", "kind": "value", "serializers": {"value": {"identifier": "int64", "version": 1}}}]
+
+
+@pytest.fixture(params=["local", "memory"])
+def storage_factory(request, tmp_path):
+    """Builds CheckpointStorage objects over a fresh local directory or a fresh memory:// root (same location for
+    every call, so a test can open the same storage twice)."""
+    if request.param == "local":
+        location = str(tmp_path / "checkpoints")
+        yield lambda **kw: CheckpointStorage(location, **kw)
+    else:
+        location = f"memory://kg-test-{uuid.uuid4().hex}"
+        yield lambda **kw: CheckpointStorage(location, **kw)
+        fs, root = fsspec.core.url_to_fs(location)
+        if fs.exists(root):
+            fs.rm(root, recursive=True)
+
+
+def _entries(kg: int, cid: int) -> list:
+    return [(0, [f"key-{kg}".encode()], [struct.pack("<qq", kg, cid)])]
+
+
+def write_checkpoint(storage: CheckpointStorage, cid: int, parallelism: int = 2, *, commit: bool = True,
+                     operator: bool = True) -> CheckpointMetadata:
+    """A real checkpoint: one keyed file per subtask (one entry per key group) plus one operator file."""
+    handles = []
+    for i in range(parallelism):
+        r = key_group_range(MAXP, parallelism, i)
+        handles.append(write_keyed_snapshot(storage, cid, i, r, STATES, ((kg, _entries(kg, cid)) for kg in r)))
+    op_handles = []
+    if operator:
+        rel = storage.new_file(cid, "operator-0")
+        with storage.open_write(rel) as f:
+            f.write(b"operator state bytes")
+        op_handles.append({"file": rel, "subtask": 0, "states": {}})
+    md = CheckpointMetadata(checkpoint_id=cid, job_id="job-1", timestamp_ms=1_700_000_000_000 + cid,
+                            max_parallelism=MAXP, parallelism=parallelism, keyed_handles=handles,
+                            operator_handles=op_handles, properties={"source": {"0": cid}})
+    if commit:
+        storage.commit(md)
+    return md
+
+
+def read_all(storage: CheckpointStorage, md: CheckpointMetadata) -> dict[int, tuple]:
+    out = {}
+    for h in md.keyed_handles:
+        blocks, _ = read_key_groups(storage, h, KeyGroupRange(0, MAXP - 1))
+        for kg, sections in blocks:
+            out[kg] = tuple((i, tuple(map(bytes, ks)), tuple(map(bytes, vs))) for i, ks, vs in sections)
+    return out
+
+
+def expected_state(cid: int) -> dict[int, tuple]:
+    return {kg: ((0, (f"key-{kg}".encode(),), (struct.pack("<qq", kg, cid),)),) for kg in range(MAXP)}
+
+
+# -- commit, load, latest ------------------------------------------------------------------------------------------
+
+def test_commit_load_round_trip(storage_factory):
+    storage = storage_factory()
+    assert storage.latest() is None and storage.checkpoint_ids() == []
+    md = write_checkpoint(storage, 1)
+    assert md.base == "chk-1"
+    loaded = storage.load(1)
+    assert loaded == md
+    assert loaded.base == "chk-1"
+    assert all(h.file.startswith("chk-1/keyed-") for h in loaded.keyed_handles)
+    assert loaded.operator_handles[0]["file"].startswith("chk-1/operator-0-")
+    assert storage.read_bytes(loaded.operator_handles[0]["file"]) == b"operator state bytes"
+    assert storage.latest() == md
+    assert read_all(storage, loaded) == expected_state(1)
+
+
+def test_metadata_stores_paths_relative_to_its_directory(storage_factory):
+    storage = storage_factory()
+    md = write_checkpoint(storage, 3)
+    raw = storage.read_bytes("chk-3/_metadata")
+    assert raw.startswith(METADATA_MAGIC)
+    assert b"chk-3" not in raw   # relative to the checkpoint directory, so the directory can move
+    assert decode_metadata(raw, "elsewhere", "test") .keyed_handles[0].file.startswith("elsewhere/keyed-0-")
+    assert md.keyed_handles[0].file.startswith("chk-3/")
+
+
+def test_new_file_names_are_relative_and_unique(storage_factory):
+    storage = storage_factory()
+    a, b = storage.new_file(7, "keyed-3"), storage.new_file(7, "keyed-3")
+    assert a != b and a.startswith("chk-7/keyed-3-") and not os.path.isabs(a)
+    for bad in ["", "a/b", "../x", ".hidden", "x y"]:
+        with pytest.raises(ValueError, match="prefix"):
+            storage.new_file(7, bad)
+    with pytest.raises(ValueError, match="checkpoint_id"):
+        storage.new_file(-1, "keyed")
+    for bad in ["/etc/passwd", "../outside", "chk-1/../../x", "", "a//b"]:
+        with pytest.raises(ValueError, match="relative path"):
+            storage.read_bytes(bad)
+
+
+def test_ranged_read_bytes(storage_factory):
+    storage = storage_factory()
+    with storage.open_write("chk-1/blob") as f:
+        f.write(bytes(range(100)))
+    assert storage.read_bytes("chk-1/blob", 10, 20) == bytes(range(10, 20))
+    assert storage.read_bytes("chk-1/blob", 90) == bytes(range(90, 100))
+    assert storage.read_bytes("chk-1/blob") == bytes(range(100))
+    assert storage.file_size("chk-1/blob") == 100
+    assert bytes(memoryview(storage.open_buffer("chk-1/blob"))[5:8]) == bytes([5, 6, 7])
+    with pytest.raises(FileNotFoundError):
+        storage.read_bytes("chk-1/nope")
+
+
+def test_commit_refuses_incomplete_or_inconsistent_checkpoints(storage_factory):
+    storage = storage_factory()
+    md = write_checkpoint(storage, 2, commit=False)
+    missing = CheckpointMetadata(**{**md.__dict__, "keyed_handles": md.keyed_handles + [
+        KeyedStateHandle("chk-2/keyed-9-gone", 9, KeyGroupRange.empty(), [0], 0, STATES)]})
+    with pytest.raises(ValueError, match="does not exist"):
+        storage.commit(missing)
+    h = md.keyed_handles[0]
+    wrong_size = CheckpointMetadata(**{**md.__dict__, "keyed_handles": [
+        KeyedStateHandle(h.file, h.subtask, h.key_group_range, h.offsets, h.size + 1, h.states)]})
+    with pytest.raises(ValueError, match="bytes but its handle says"):
+        storage.commit(wrong_size)
+    other_dir = CheckpointMetadata(**{**md.__dict__, "checkpoint_id": 5})
+    with pytest.raises(ValueError, match="not inside 'chk-5'/"):
+        storage.commit(other_dir)
+    assert storage.checkpoint_ids() == []   # nothing of the refused commits became visible
+    storage.commit(md)
+    with pytest.raises(ValueError, match="ids must increase"):
+        storage.commit(md)
+    with pytest.raises(ValueError, match="max_parallelism"):
+        CheckpointMetadata(9, "j", 0, 0, 1).validate()
+    with pytest.raises(ValueError, match="parallelism must be"):
+        CheckpointMetadata(9, "j", 0, 8, 9).validate()
+
+
+# -- atomicity -----------------------------------------------------------------------------------------------------
+
+def test_checkpoint_without_metadata_does_not_exist(storage_factory):
+    storage = storage_factory()
+    write_checkpoint(storage, 1)
+    write_checkpoint(storage, 2, commit=False)   # a crash before the driver wrote _metadata
+    assert storage.checkpoint_ids() == [1]
+    assert storage.latest().checkpoint_id == 1
+    with pytest.raises(CheckpointNotFoundError) as e:
+        storage.load(2)
+    msg = str(e.value)
+    assert "checkpoint 2 does not exist" in msg and "complete checkpoints: [1]" in msg and "incomplete" in msg
+    assert "[2]" in msg
+
+
+def test_leftover_temp_metadata_is_invisible(storage_factory):
+    storage = storage_factory()
+    write_checkpoint(storage, 1)
+    md2 = write_checkpoint(storage, 2, commit=False)
+    # A crash between writing the temporary _metadata and the rename: a complete, valid file under the temp name.
+    with storage.open_write(f"chk-2/_metadata.inprogress-{uuid.uuid4().hex}") as f:
+        f.write(encode_metadata(md2, "chk-2"))
+    # ... and a half-written one of a third checkpoint.
+    md3 = write_checkpoint(storage, 3, commit=False)
+    with storage.open_write(f"chk-3/_metadata.inprogress-{uuid.uuid4().hex}") as f:
+        f.write(encode_metadata(md3, "chk-3")[:20])
+    assert storage.checkpoint_ids() == [1]
+    assert storage.latest().checkpoint_id == 1
+    # The next successful commit cleans the older leftovers but not newer, possibly in-progress, checkpoints.
+    storage.commit(md3)
+    assert storage.checkpoint_ids() == [1, 3]
+    assert not any(n.startswith("chk-2") for n in _ls(storage, ""))
+    assert sum(".inprogress-" in n for n in _ls(storage, "chk-3")) == 1   # the latest one's leftovers stay ...
+    write_checkpoint(storage, 4)
+    assert not any(".inprogress-" in n for n in _ls(storage, "chk-3"))   # ... until a newer one completes
+    assert read_all(storage, storage.load(3)) == expected_state(3)
+
+
+def test_truncated_or_damaged_metadata_is_corrupt(storage_factory):
+    storage = storage_factory()
+    write_checkpoint(storage, 1)
+    raw = storage.read_bytes("chk-1/_metadata")
+    for bad in [raw[: len(raw) // 2], raw[:-1], b"", raw[:5] + bytes([raw[5] ^ 1]) + raw[6:],
+                raw[:-10] + bytes([raw[-10] ^ 0x20]) + raw[-9:]]:
+        with storage.open_write("chk-1/_metadata") as f:
+            f.write(bad)
+        with pytest.raises(CorruptSnapshotError):
+            storage.load(1)
+    unknown = METADATA_MAGIC + struct.pack("<I", 99) + raw[8:]
+    with storage.open_write("chk-1/_metadata") as f:
+        f.write(unknown)
+    with pytest.raises(CorruptSnapshotError, match="version 99"):
+        storage.load(1)
+
+
+def test_local_commit_leaves_no_temp_files(tmp_path):
+    storage = CheckpointStorage(tmp_path)
+    write_checkpoint(storage, 4)
+    names = sorted(os.listdir(tmp_path / "chk-4"))
+    assert "_metadata" in names and not any(".inprogress-" in n for n in names)
+    assert len(names) == 1 + 2 + 1   # _metadata, two keyed files, one operator file
+
+
+# -- retention -----------------------------------------------------------------------------------------------------
+
+def _ls(storage: CheckpointStorage, rel: str) -> list[str]:
+    return storage._fs.listdir(rel)
+
+
+def test_retention_keeps_the_last_n_complete(storage_factory):
+    storage = storage_factory(retain=2)
+    write_checkpoint(storage, 1)
+    write_checkpoint(storage, 2)
+    assert storage.checkpoint_ids() == [1, 2]
+    write_checkpoint(storage, 3, commit=False)   # in progress: nothing may be pruned yet
+    assert storage.checkpoint_ids() == [1, 2]
+    assert "chk-1" in _ls(storage, "")
+    storage.commit(storage_md := write_checkpoint(storage, 4, commit=False))
+    assert storage.checkpoint_ids() == [2, 4]
+    assert [n for n in _ls(storage, "") if n.startswith("chk-")] == ["chk-2", "chk-4"]   # 1 pruned, 3 abandoned
+    for cid in range(5, 9):
+        write_checkpoint(storage, cid)
+    assert storage.checkpoint_ids() == [7, 8]
+    assert read_all(storage, storage.load(7)) == expected_state(7)
+    assert storage_md.checkpoint_id == 4
+
+
+def test_retention_removes_orphans_of_older_checkpoints_only(storage_factory):
+    storage = storage_factory(retain=3)
+    write_checkpoint(storage, 1)
+    with storage.open_write(storage.new_file(1, "keyed-0")) as f:   # a retried task attempt's unreported file
+        f.write(b"orphan")
+    write_checkpoint(storage, 2)
+    with storage.open_write(storage.new_file(2, "keyed-1")) as f:
+        f.write(b"orphan of the latest checkpoint: kept until a newer one completes")
+    assert len(_ls(storage, "chk-1")) == 1 + 2 + 1
+    assert len(_ls(storage, "chk-2")) == 1 + 2 + 1 + 1
+    write_checkpoint(storage, 3)
+    assert len(_ls(storage, "chk-2")) == 1 + 2 + 1
+    assert storage.checkpoint_ids() == [1, 2, 3]
+    assert read_all(storage, storage.load(2)) == expected_state(2)
+
+
+def test_retain_must_be_positive(tmp_path):
+    for bad in [0, -1, True, 1.5]:
+        with pytest.raises(ValueError, match="retain"):
+            CheckpointStorage(tmp_path, retain=bad)
+
+
+# -- savepoints ----------------------------------------------------------------------------------------------------
+
+def test_savepoint_survives_retention_and_restores_from_its_own_dir(storage_factory):
+    storage = storage_factory(retain=1)
+    md = write_checkpoint(storage, 1)
+    where = storage.savepoint(md, "before-upgrade")
+    assert where.endswith("savepoints/before-upgrade")
+    write_checkpoint(storage, 2)
+    write_checkpoint(storage, 3)
+    assert storage.checkpoint_ids() == [3]
+    assert "chk-1" not in _ls(storage, "")
+    sp = storage.load_savepoint("before-upgrade")
+    assert sp.base == "savepoints/before-upgrade"
+    assert all(h.file.startswith("savepoints/before-upgrade/") for h in sp.keyed_handles)
+    assert sp.operator_handles[0]["file"].startswith("savepoints/before-upgrade/operator-0-")
+    assert read_all(storage, sp) == expected_state(1)
+    assert storage.read_bytes(sp.operator_handles[0]["file"]) == b"operator state bytes"
+    assert storage.savepoint_names() == ["before-upgrade"]
+    # By id, too; a name is never reused.
+    storage.savepoint(3, "three")
+    assert read_all(storage, storage.load_savepoint("three")) == expected_state(3)
+    with pytest.raises(ValueError, match="already exists"):
+        storage.savepoint(3, "three")
+    with pytest.raises(CheckpointNotFoundError, match=r"savepoint 'nope' does not exist.*'before-upgrade', 'three'"):
+        storage.load_savepoint("nope")
+    with pytest.raises(CheckpointNotFoundError, match="checkpoint 1 does not exist"):
+        storage.savepoint(1, "too-late")
+
+
+def test_savepoint_directory_is_self_contained(tmp_path):
+    storage = CheckpointStorage(tmp_path / "a")
+    write_checkpoint(storage, 5)
+    storage.savepoint(5, "sp")
+    shutil.copytree(tmp_path / "a" / "savepoints", tmp_path / "b" / "savepoints")
+    shutil.rmtree(tmp_path / "a")
+    moved = CheckpointStorage(tmp_path / "b")
+    assert read_all(moved, moved.load_savepoint("sp")) == expected_state(5)
+
+
+def test_interrupted_savepoint_does_not_exist_and_can_be_redone(storage_factory):
+    storage = storage_factory()
+    write_checkpoint(storage, 1)
+    with storage.open_write("savepoints/sp/keyed-0-partial") as f:
+        f.write(b"half a copy")
+    with pytest.raises(CheckpointNotFoundError):
+        storage.load_savepoint("sp")
+    assert storage.savepoint_names() == []
+    storage.savepoint(1, "sp")
+    assert read_all(storage, storage.load_savepoint("sp")) == expected_state(1)
+    assert "keyed-0-partial" not in _ls(storage, "savepoints/sp")
+
+
+# -- fsspec, pickling ----------------------------------------------------------------------------------------------
+
+def test_memory_filesystem_round_trip_and_reopen():
+    location = f"memory://kg-test-{uuid.uuid4().hex}/nested/dir"
+    try:
+        storage = CheckpointStorage(location)
+        assert storage.location == location
+        write_checkpoint(storage, 1)
+        again = CheckpointStorage(location + "/")
+        assert again.checkpoint_ids() == [1]
+        assert read_all(again, again.latest()) == expected_state(1)
+        fs, root = fsspec.core.url_to_fs(location)
+        assert fs.exists(f"{root}/chk-1/_metadata")
+        assert isinstance(again.open_buffer(again.latest().keyed_handles[0].file), bytes)
+    finally:
+        fs, root = fsspec.core.url_to_fs(location)
+        fs.rm(root, recursive=True)
+
+
+def test_storage_pickles_as_its_arguments(storage_factory):
+    storage = storage_factory(retain=5)
+    write_checkpoint(storage, 1)
+    clone = pickle.loads(pickle.dumps(storage))
+    assert clone.location == storage.location and clone.retain == 5
+    assert clone.load(1) == storage.load(1)
+
+
+def test_file_url_and_relative_local_paths(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    rel = CheckpointStorage("ckpts")
+    assert rel.location == str(tmp_path / "ckpts")
+    write_checkpoint(rel, 1)
+    via_url = CheckpointStorage(f"file://{tmp_path}/ckpts")
+    assert via_url.checkpoint_ids() == [1]
+
+
+def test_checkpoint_layer_imports_neither_state_nor_pyspark():
+    import subprocess
+    import sys
+
+    code = ("import sys, keygroups.checkpoint; "
+            "bad = [m for m in sys.modules if m.startswith(('pyspark', 'keygroups.state', 'keygroups.spark'))]; "
+            "assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True)
