@@ -151,7 +151,7 @@ class RocksDBStateModel(StateModel):
 
 
 _SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
-StateModel.TestCase.settings = settings(max_examples=35, stateful_step_count=25, **_SETTINGS)
+StateModel.TestCase.settings = settings(max_examples=20, stateful_step_count=20, **_SETTINGS)
 RocksDBStateModel.TestCase.settings = settings(max_examples=12, stateful_step_count=20, **_SETTINGS)
 test_heap_state_model = StateModel.TestCase
 test_rocksdb_state_model = RocksDBStateModel.TestCase
