@@ -280,11 +280,18 @@ class GatedKeys(Int64Serializer):
         self.gate = threading.Event()
         self.entered = threading.Event()
 
-    def serialize(self, value):
+    def _wait(self):
         if threading.current_thread() is not threading.main_thread():
             self.entered.set()
             self.gate.wait(30)
+
+    def serialize(self, value):
+        self._wait()
         return super().serialize(value)
+
+    def serialize_many(self, values):
+        self._wait()
+        return super().serialize_many(values)
 
 
 def test_cancel_a_running_snapshot(tmp_path):

@@ -308,7 +308,7 @@ class KeyedStateBackendBase:
 
         Must be called once, before any state is written. A changed max parallelism raises
         ``StateMigrationError``."""
-        from keygroups.checkpoint import plan_keyed_restore, read_key_groups
+        from keygroups.checkpoint import plan_keyed_restore
 
         if self._restored:
             raise RuntimeError("restore() was already called on this backend; create a new backend to restore again")
@@ -327,23 +327,37 @@ class KeyedStateBackendBase:
             if not kgr:
                 continue
             targets = [self._restore_target(meta) for meta in handle.states]
-            it, nbytes = read_key_groups(storage, handle, kgr)
+            nbytes, ngroups = self._restore_handle(storage, handle, kgr, targets)
             total += nbytes
-            for kg, sections in it:
-                if kg not in self.key_group_range:
-                    continue
-                groups += 1
-                kgi = kg - self._start
-                for state_index, keys, values in sections:
-                    if not 0 <= state_index < len(targets):
-                        from keygroups.errors import CorruptSnapshotError
-
-                        raise CorruptSnapshotError(f"{handle.file}: key group {kg} has a section for state index "
-                                                   f"{state_index}, but the file has {len(targets)} states")
-                    if keys:
-                        self._restore_section(targets[state_index], kgi, keys, values)
+            groups += ngroups
         self._after_restore(lazy)
         return RestoreStats(total, groups)
+
+    def _restore_handle(self, storage: CheckpointStorage, handle: KeyedStateHandle, kgr: KeyGroupRange,
+                        targets: list[Any]) -> tuple[int, int]:
+        """Read ``kgr`` of one old file into ``targets`` (one per state of the file); (bytes read, key groups)."""
+        from keygroups.checkpoint import read_key_groups
+
+        it, nbytes = read_key_groups(storage, handle, kgr)
+        groups = 0
+        for kg, sections in it:
+            if kg not in self.key_group_range:
+                continue
+            groups += 1
+            kgi = kg - self._start
+            for state_index, keys, values in sections:
+                self._check_state_index(handle, kg, state_index, targets)
+                if keys:
+                    self._restore_section(targets[state_index], kgi, keys, values)
+        return nbytes, groups
+
+    @staticmethod
+    def _check_state_index(handle: KeyedStateHandle, kg: int, state_index: int, targets: list[Any]) -> None:
+        if not 0 <= state_index < len(targets):
+            from keygroups.errors import CorruptSnapshotError
+
+            raise CorruptSnapshotError(f"{handle.file}: key group {kg} has a section for state index {state_index}, "
+                                       f"but the file has {len(targets)} states")
 
     def _restore_target(self, meta: dict[str, Any]) -> Any:
         """The table restored entries of ``meta``'s state go to (created for unregistered states)."""

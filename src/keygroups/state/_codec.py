@@ -54,6 +54,14 @@ class Codec:
         # Deep copy of one in-memory value, for copy-on-write; None when values are never mutated in place.
         self.copy: Callable[[Any], Any] | None = self._make_copy()
 
+    def decode_many(self, block: Any, offsets: Any) -> list[Any]:
+        """Decode n values packed in ``block`` at ``offsets`` (n + 1 positions): compiled for plain value states."""
+        if not self.ttl and self.kind in ("value", "reducing", "aggregating"):
+            return self.ser.deserialize_many(block, offsets)
+        o = list(offsets)
+        dec = self.decode
+        return [dec(block[o[j]:o[j + 1]]) for j in range(len(o) - 1)]
+
     # ---- copies -------------------------------------------------------------------------------------------------
     def _make_copy(self) -> Callable[[Any], Any] | None:
         imm = self.ser.is_immutable
