@@ -206,13 +206,16 @@ class KeyedStateBackendBase:
             read_sers = self._resolve(descriptor, restored)
             self._register(descriptor, meta, self._codec(descriptor, read_sers),
                            self._codec(descriptor, descriptor.serializers))
-        state = STATE_CLASSES[(descriptor.kind, descriptor.ttl_config is not None)](
+        state = self._state_class(descriptor.kind, descriptor.ttl_config is not None)(
             self._store(name), descriptor, self)
         self._descriptors[name] = descriptor
         self._states[name] = state
         return state
 
     get_partitioned_state = get_state
+
+    def _state_class(self, kind: str, ttl: bool) -> type:
+        return STATE_CLASSES[(kind, ttl)]
 
     def _check_same(self, known: StateDescriptor, new: StateDescriptor) -> None:
         name = new.name
