@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from keygroups._hashing import key_type_code
-from keygroups._native import hashing as _h
+from keygroups._native import hashing as _h  # type: ignore[attr-defined]  # no stub on main yet
 from keygroups._ranges import KeyGroupRange, check_max_parallelism
 from keygroups.errors import KeyGroupOutOfRangeError, StateMigrationError
 from keygroups.state._codec import Codec

@@ -147,7 +147,7 @@ class Codec:
     # ---- map ----------------------------------------------------------------------------------------------------
     def _enc_map(self, v: Any) -> bytes:
         ks, vs = self.key_ser.serialize, self.ser.serialize
-        parts = []
+        parts: list[bytes] = []
         for k, x in v.items():
             kb, xb = ks(k), vs(x)
             parts += (_pack_u32(len(kb)), kb, _pack_u32(len(xb)), xb)
@@ -155,7 +155,7 @@ class Codec:
 
     def _enc_map_ttl(self, v: Any) -> bytes:
         ks, vs = self.key_ser.serialize, self.ser.serialize
-        parts = []
+        parts: list[bytes] = []
         for k, (x, ts) in v.items():
             kb, xb = ks(k), vs(x)
             parts += (_pack_u32(len(kb)), kb, _pack_u32_i64(len(xb), ts), xb)
@@ -213,12 +213,12 @@ class Codec:
             return b"".join(_pack_u32_i64(len(e), ts) + bytes(e) for ts, e in keep)
         if self.kind == "map":
             en = self.entries(b)
-            keep = [x for x in en if x[1] > deadline]
-            if len(keep) == len(en):
+            live = [x for x in en if x[1] > deadline]
+            if len(live) == len(en):
                 return b
-            if not keep:
+            if not live:
                 return None
-            return b"".join(_pack_u32(len(k)) + bytes(k) + _pack_u32_i64(len(x), ts) + bytes(x) for k, ts, x in keep)
+            return b"".join(_pack_u32(len(k)) + bytes(k) + _pack_u32_i64(len(x), ts) + bytes(x) for k, ts, x in live)
         if len(b) < 8:
             raise _corrupt(self.state, f"a TTL value needs an 8-byte timestamp, got {len(b)} bytes")
         return b if _I64.unpack_from(b, 0)[0] > deadline else None
@@ -229,6 +229,6 @@ class Codec:
             keep = [x for x in v if x[1] > deadline]
             return v if len(keep) == len(v) else (keep or None)
         if self.kind == "map":
-            keep = {k: x for k, x in v.items() if x[1] > deadline}
-            return v if len(keep) == len(v) else (keep or None)
+            live = {k: x for k, x in v.items() if x[1] > deadline}
+            return v if len(live) == len(v) else (live or None)
         return v if v[1] > deadline else None

@@ -247,9 +247,9 @@ class _HeapTable:
             r = self.raw[i]
             if r:
                 m = self.maps[i]
-                secs = self.rawsecs[i]
-                if len(secs) == 1 and len(r) == len(secs[0][1]) - 1:  # type: ignore[arg-type]
-                    block, _, vo = secs[0]  # type: ignore[index]
+                secs: Any = self.rawsecs[i]
+                if len(secs) == 1 and len(r) == len(secs[0][1]) - 1:
+                    block, _, vo = secs[0]
                     vals = self.read.decode_many(block, vo)
                     m.update(zip(r, vals))  # raw's keys are in entry order
                 else:
