@@ -892,6 +892,9 @@ cdef int enc(Codec c, Writer *w, object v, int depth) except -1:
             return w_f64(w, PyFloat_AsDouble(v))
         except TypeError:
             raise TypeError(f"{c.name} expects a float, got {_short(v)} of type {type(v).__name__}") from None
+        except OverflowError:
+            raise ValueError(f"{_short(v)} is out of range for {c.name}: allowed are floats and ints of magnitude "
+                             "up to about 1.8e308") from None
     if k == K_BOOL:
         if v is True:
             return w_u8(w, 1)

@@ -19,7 +19,6 @@ from cpython.buffer cimport PyObject_CheckBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_CheckExact, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.list cimport PyList_New, PyList_SET_ITEM
 from cpython.ref cimport Py_INCREF
-from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
 from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
 from libc.string cimport memcpy
 
@@ -55,6 +54,7 @@ cdef bytes _FILE_MAGIC = FILE_MAGIC
 cdef bytes _INDEX_MAGIC = INDEX_MAGIC
 cdef Py_ssize_t SECTION_MIN = 8    # state index + entry count
 cdef Py_ssize_t ENTRY_MIN = 8      # key length + value length
+cdef int64_t MAX_ITEM = 0xFFFFFFFF
 
 
 cdef inline void _put_u32(uint8_t *p, uint32_t v) noexcept nogil:
@@ -126,7 +126,7 @@ cdef class Packed:
         for i in range(n):
             a = self._offsets[i]
             b = self._offsets[i + 1]
-            if b < a or b - a > <int64_t>MAX_ITEM_SIZE:
+            if b < a or b - a > MAX_ITEM:
                 raise ValueError(f"item {i} spans offsets [{a}, {b}): offsets must ascend and an item is at most "
                                  f"{MAX_ITEM_SIZE} bytes")
         self.data = data
@@ -151,7 +151,8 @@ cdef Py_ssize_t _part_bytes(object part, str what) except -1:
     items = <list>part
     for i in range(len(items)):
         ln = PyBytes_GET_SIZE(items[i])
-        _checked_u32(ln, f"a {what}'s length")
+        if ln > MAX_ITEM:
+            raise ValueError(f"{what} {i} is {ln} bytes long; a key or value is at most {MAX_ITEM} bytes")
         total += ln
     return total
 

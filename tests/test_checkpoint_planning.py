@@ -7,6 +7,8 @@ import uuid
 
 import fsspec
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from keygroups import KeyGroupRange, assign_to_key_group, key_group_range
 from keygroups.checkpoint import (
@@ -61,6 +63,26 @@ def test_plan_partitions_the_key_groups_exactly(p_old, p_new):
         assert used == {h.subtask for h in md.keyed_handles if h.key_group_range.intersection(new_range)}
         covered.extend(kg for part in parts for kg in part)
     assert sorted(covered) == list(range(maxp)) and len(covered) == maxp
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data())
+def test_plan_partitions_for_any_parallelisms(data):
+    maxp = data.draw(st.integers(1, 400), label="max_parallelism")
+    p_old = data.draw(st.integers(1, maxp), label="p_old")
+    p_new = data.draw(st.integers(1, maxp), label="p_new")
+    md = CheckpointMetadata(1, "job", 0, maxp, p_old, fake_handles(maxp, p_old))
+    covered = []
+    for j in range(p_new):
+        new_range = key_group_range(maxp, p_new, j)
+        plan = plan_keyed_restore(md, new_range, max_parallelism=maxp)
+        assert [kg for _, part in plan for kg in part] == list(new_range)
+        # a contiguous range intersects at most the old subtasks its ends fall into, and every one between
+        first = new_range.start * p_old // maxp
+        last = new_range.end * p_old // maxp
+        assert [h.subtask for h, _ in plan] == list(range(first, last + 1))
+        covered.extend(new_range)
+    assert covered == list(range(maxp))
 
 
 def test_plan_skips_subtasks_without_keyed_state():

@@ -137,7 +137,7 @@ def test_commit_refuses_incomplete_or_inconsistent_checkpoints(storage_factory):
     storage = storage_factory()
     md = write_checkpoint(storage, 2, commit=False)
     missing = CheckpointMetadata(**{**md.__dict__, "keyed_handles": md.keyed_handles + [
-        KeyedStateHandle("chk-2/keyed-9-gone", 9, KeyGroupRange.empty(), [0], 0, STATES)]})
+        KeyedStateHandle("chk-2/keyed-1-gone", 1, KeyGroupRange.empty(), [0], 0, STATES)]})
     with pytest.raises(ValueError, match="does not exist"):
         storage.commit(missing)
     h = md.keyed_handles[0]
@@ -156,6 +156,14 @@ def test_commit_refuses_incomplete_or_inconsistent_checkpoints(storage_factory):
         CheckpointMetadata(9, "j", 0, 0, 1).validate()
     with pytest.raises(ValueError, match="parallelism must be"):
         CheckpointMetadata(9, "j", 0, 8, 9).validate()
+    h0, h1 = md.keyed_handles
+    with pytest.raises(ValueError, match="keyed handles overlap: subtask 0"):
+        CheckpointMetadata(2, "j", 0, MAXP, 2, [h0, KeyedStateHandle(h1.file, 1, KeyGroupRange(0, 3), [0] * 5, 9,
+                                                                    STATES)]).validate()
+    with pytest.raises(ValueError, match="subtask 1 in a checkpoint of parallelism 1"):
+        CheckpointMetadata(2, "j", 0, MAXP, 1, [h1]).validate()
+    with pytest.raises(ValueError, match="past max_parallelism=8"):
+        CheckpointMetadata(2, "j", 0, 8, 2, [h1]).validate()
 
 
 # -- atomicity -----------------------------------------------------------------------------------------------------
@@ -259,6 +267,22 @@ def test_retention_removes_orphans_of_older_checkpoints_only(storage_factory):
     assert len(_ls(storage, "chk-2")) == 1 + 2 + 1
     assert storage.checkpoint_ids() == [1, 2, 3]
     assert read_all(storage, storage.load(2)) == expected_state(2)
+
+
+def test_files_named_in_properties_or_not_ours_are_never_orphans(storage_factory):
+    storage = storage_factory(retain=3)
+    md = write_checkpoint(storage, 1, commit=False)
+    output = storage.new_file(1, "output-0") + ".parquet"
+    stray = storage.new_file(1, "output-1") + ".parquet"
+    for rel in (output, stray, "chk-1/README"):
+        with storage.open_write(rel) as f:
+            f.write(b"x")
+    md.properties = {"outputs": [output], "nested": {"deep": [{"other": "not a path"}]}}
+    storage.commit(md)
+    write_checkpoint(storage, 2)
+    names = _ls(storage, "chk-1")
+    assert output.split("/")[1] in names and "README" in names   # referenced by properties; not a new_file name
+    assert stray.split("/")[1] not in names                       # an unreferenced new_file name: an orphan
 
 
 def test_retain_must_be_positive(tmp_path):

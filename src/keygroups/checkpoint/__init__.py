@@ -4,7 +4,10 @@
   ``_metadata`` commit, retention of the last N complete checkpoints, savepoints.
 * :class:`CheckpointMetadata`, :class:`KeyedStateHandle` — what a complete checkpoint holds.
 * :class:`KeyedSnapshotWriter`, :func:`read_key_groups` — the keyed snapshot file: one checksummed block per key
-  group and an offset index, read back lazily (memoryview slices) with one ranged read per old file.
+  group and an offset index, read back lazily (memoryview slices, or bytes with ``copy=True``) with one ranged read
+  per old file; :func:`read_key_group_offsets` gives int64 offset arrays for bulk decoding instead, and
+  :class:`Packed` lets the writer take ``serialize_many`` output as is. :func:`write_keyed_snapshot` is the one-call
+  writer, :func:`open_snapshot` the standalone whole-file reader (tools, checks).
 * :func:`plan_keyed_restore` — which old files and key groups a subtask of a new parallelism reads.
 
 This layer stores opaque bytes and JSON; it never imports ``keygroups.state`` or pyspark.

@@ -143,6 +143,14 @@ class CheckpointMetadata:
             if h.key_group_range and h.key_group_range.end >= mp:
                 raise ValueError(f"the keyed handle of subtask {h.subtask} covers {h.key_group_range}, past "
                                  f"max_parallelism={mp} (key groups are [0, {mp - 1}])")
+            if h.subtask >= self.parallelism:
+                raise ValueError(f"a keyed handle of subtask {h.subtask} in a checkpoint of parallelism "
+                                 f"{self.parallelism} (subtasks are 0..{self.parallelism - 1})")
+        ranged = sorted((h for h in self.keyed_handles if h.key_group_range), key=lambda h: h.key_group_range.start)
+        for a, b in zip(ranged, ranged[1:]):
+            if a.key_group_range.end >= b.key_group_range.start:
+                raise ValueError(f"keyed handles overlap: subtask {a.subtask} {a.key_group_range} and subtask "
+                                 f"{b.subtask} {b.key_group_range}; each key group belongs to one subtask")
         for oh in self.operator_handles:
             if not isinstance(oh, dict) or "file" not in oh:
                 raise TypeError(f"operator_handles must be JSON dicts with a 'file' entry, got {str(oh)[:100]}")

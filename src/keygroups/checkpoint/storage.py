@@ -17,9 +17,11 @@ handles; the driver calls :meth:`CheckpointStorage.commit`, which writes ``_meta
   the store's. There is no directory fsync there.
 
 Only after that does retention run: it keeps the newest ``retain`` complete checkpoints, deletes older ones, and
-removes leftovers older than the newest complete checkpoint (directories without ``_metadata``, temporary files, and
-files a retained checkpoint does not reference, e.g. from a retried task attempt). Directories of checkpoints newer
-than the one just committed are left alone: they may still be in progress.
+removes leftovers older than the newest complete checkpoint: directories without ``_metadata``, temporary files, and
+files named by ``new_file`` that a retained checkpoint does not reference (e.g. from a retried task attempt). A file
+is referenced when a keyed or operator handle names it or when any string in ``properties`` is its path (the runner
+keeps its output files there). Directories of checkpoints newer than the one just committed are left alone: they may
+still be in progress.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import posixpath
 import re
 import shutil
 import uuid
+from collections.abc import Iterator
 from typing import Any, BinaryIO
 
 from keygroups.checkpoint.metadata import (
@@ -51,6 +54,19 @@ SAVEPOINTS_DIR = "savepoints"
 _TMP_MARKER = ".inprogress-"
 _CHK_RE = re.compile(r"^chk-(0|[1-9][0-9]*)$")
 _NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+_STATE_FILE_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*-[0-9a-f]{32}(\.[A-Za-z0-9_.-]+)?$")   # new_file's names
+
+
+def _strings(value: Any) -> Iterator[str]:
+    """Every string inside a JSON value (the runner names its own files in ``properties``)."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _strings(v)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _strings(v)
 
 
 def _check_name(name: Any, what: str) -> str:
@@ -412,8 +428,12 @@ class CheckpointStorage:
             log.warning("retention: not cleaning %s, its _metadata is unreadable: %s", base, e)
             return
         referenced = {posixpath.relpath(f, base) for f in md.files()} | {METADATA_NAME}
+        prefix = base + "/"
+        referenced |= {p[len(prefix):] for p in _strings(md.properties) if p.startswith(prefix)}
         for name in self._fs.listdir(base):
-            if name not in referenced and not self._fs.isdir(f"{base}/{name}"):
+            if name in referenced or not (_STATE_FILE_RE.match(name) or _TMP_MARKER in name):
+                continue
+            if not self._fs.isdir(f"{base}/{name}"):
                 log.debug("retention: removing orphan %s/%s", base, name)
                 self._fs.remove(f"{base}/{name}")
 
