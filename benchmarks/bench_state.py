@@ -173,8 +173,12 @@ def bench_snapshot_restore(n_keys, runs):
     row("snapshot write (capture + async write)", mb / t_snap, mb / t_raw_w, "MB/s")
     row("restore, lazy (values stay bytes)", mb / median_time(restore(True), runs), mb / t_raw_r, "MB/s")
     row("restore, eager (every value decoded)", mb / median_time(restore(False), runs), mb / t_raw_r, "MB/s")
-    t_sync = median_time(lambda: b.snapshot(cid[0] + 100, storage).cancel(), runs)
-    print(f"  synchronous capture of {n_keys:,} keys: {t_sync * 1e3:.2f} ms (the part that blocks processing)")
+    futures = []
+    t_sync = median_time(lambda: futures.append(b.snapshot(cid[0] + 100 + len(futures), storage)), runs)
+    for f in futures:  # let the background writes finish before the directory goes
+        f.result()
+    print(f"  synchronous capture of {n_keys:,} keys: {t_sync * 1e3:.2f} ms (the part that blocks processing; "
+          "the rest is written in a background thread)")
     tmp.cleanup()
 
 

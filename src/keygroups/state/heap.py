@@ -132,6 +132,7 @@ class _HeapTable:
         deadline = self._ttl_deadline()
         nsec = len(sections)
         raw: dict[Any, int] = {}
+        decoded: dict[Any, Any] = {}
         secs = []
         for s_i, (block, ko, vo) in enumerate(sections):
             keys = kd_many(block, ko)
@@ -144,7 +145,6 @@ class _HeapTable:
                     raw.update((k, i * nsec + s_i) for i, k in enumerate(keys))
                 continue
             drop = self.read.drop_expired_bytes
-            m = self.maps[kgi]
             for i, k in enumerate(keys):
                 vb = block[vo_l[i]:vo_l[i + 1]]
                 kept = drop(vb, deadline)
@@ -153,7 +153,14 @@ class _HeapTable:
                 if kept is vb:
                     raw[k] = i * nsec + s_i
                 else:  # partly expired list or map: keep what is left, decoded
-                    m[k] = self.read.decode(kept)
+                    decoded[k] = self.read.decode(kept)
+        if decoded:
+            if self.shared[kgi]:  # never write into a dict a running snapshot holds
+                self._unshare(kgi)
+            self.maps[kgi].update(decoded)
+            p = self.private[kgi]
+            if p is not None:
+                p.update(decoded)
         self.rawsecs[kgi] = secs
         self.raw[kgi] = raw or None
         if not raw:
