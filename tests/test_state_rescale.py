@@ -99,12 +99,20 @@ def expected(k):
     return ({"k": k}, [k, k + 1], {str(k): [k]}, k, (k, 1))
 
 
-@pytest.mark.parametrize("kind", sorted(BACKENDS))
-@pytest.mark.parametrize("maxp,p,p2,nkeys", [
+#: (max parallelism, old parallelism, new parallelism, keys); the RocksDB runs are in test_state_rescale_rocksdb.py.
+CASES = [
     (128, 2, 4, 300), (128, 4, 2, 300), (128, 3, 1, 300), (128, 1, 7, 300), (128, 15, 77, 400),
     (128, 77, 15, 400), (13, 3, 5, 42), (13, 13, 2, 42), (13, 1, 13, 42),
-])
-def test_rescale(kind, maxp, p, p2, nkeys, tmp_path):
+]
+
+
+@pytest.mark.parametrize("maxp,p,p2,nkeys", CASES)
+def test_rescale_heap(maxp, p, p2, nkeys, tmp_path):
+    check_rescale("heap", maxp, p, p2, nkeys, tmp_path)
+
+
+def check_rescale(kind, maxp, p, p2, nkeys, tmp_path):
+    """Write nkeys keys' state at parallelism p, restore at p2: each key is in its owner subtask, nowhere else."""
     storage = CheckpointStorage(tmp_path)
     keys = list(range(nkeys))
     old = Job(kind, maxp, p)

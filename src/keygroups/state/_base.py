@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from keygroups._hashing import key_type_code
-from keygroups._native import hashing as _h  # type: ignore[attr-defined]  # no stub on main yet
+from keygroups._native.statecore import KeyContext
 from keygroups._ranges import KeyGroupRange, check_max_parallelism
-from keygroups.errors import KeyGroupOutOfRangeError, StateMigrationError
+from keygroups.errors import StateMigrationError
 from keygroups.state._codec import Codec
 from keygroups.state.descriptors import StateDescriptor
 from keygroups.state.states import STATE_CLASSES, State
@@ -142,8 +142,7 @@ class KeyedStateBackendBase:
         self.subtask_index = subtask_index
         self._start = key_group_range.start
         self._n = len(key_group_range)
-        self._key: Any = None
-        self._kgi = -1
+        self._ctx = KeyContext(key_group_range, mp, self._key_type_code)
         self._states: dict[str, State] = {}
         self._descriptors: dict[str, StateDescriptor] = {}
         self._restored = False
@@ -152,32 +151,22 @@ class KeyedStateBackendBase:
     def set_current_key(self, key: Any) -> None:
         """Make ``key`` the key that every state of this backend reads and writes.
 
-        Raises ``KeyGroupOutOfRangeError`` if the key's group is not in this backend's range."""
-        kg = _h.key_group_for_hash(_h.java_hash_object(key, self._key_type_code), self.max_parallelism)
-        kgi = kg - self._start
-        if not 0 <= kgi < self._n:
-            raise KeyGroupOutOfRangeError(
-                f"key {key!r} belongs to key group {kg}, which is outside this backend's range "
-                f"{self.key_group_range!r} (max_parallelism={self.max_parallelism}): the records were not "
-                "partitioned by key group, or the key's hash is not deterministic"
-            )
-        self._key = key
-        self._kgi = kgi
+        Raises ``KeyGroupOutOfRangeError`` (naming the key, its key group and the range) if the key's group is not
+        in this backend's range: the records were not partitioned by key group, or the key's hash is not
+        deterministic."""
+        self._ctx.set_current_key(key)
 
     @property
     def current_key(self) -> Any:
-        return self._key
+        return self._ctx.key
 
     @property
     def current_key_group(self) -> int:
-        return self._start + self._kgi if self._kgi >= 0 else -1
+        c = self._ctx
+        return c.start + c.kgi if c.kgi < c.n else -1
 
     def _now_ms(self) -> int:
         return int(self.clock() * 1000)
-
-    def _require_key(self) -> None:
-        if self._kgi < 0:
-            raise RuntimeError("no current key: call set_current_key(key) before using keyed state")
 
     # ---- registration -------------------------------------------------------------------------------------------
     def get_state(self, descriptor: StateDescriptor, namespace: Any = VOID_NAMESPACE) -> Any:

@@ -22,15 +22,16 @@ from typing import TYPE_CHECKING, Any
 from keygroups.state._base import KeyedStateBackendBase, SnapshotFuture
 from keygroups.state._codec import Codec
 from keygroups.state.descriptors import StateDescriptor
-from keygroups.state.states import MISSING, _List, _Map, _Value
+from keygroups._native.statecore import HeapListCore, HeapMapCore, HeapValueCore, TableCore
+from keygroups.state.states import MISSING, ListState, MapState, ValueState
 
 if TYPE_CHECKING:
     from keygroups.checkpoint import CheckpointStorage
 
 
 class _NoKey(dict):  # type: ignore[type-arg]
-    """Sits in the slot of key-group index -1 so that state access before ``set_current_key`` fails clearly at no
-    cost to the normal path."""
+    """Sits in the extra last slot (key-group index ``n``, where the key context points before any
+    ``set_current_key``) so that state access without a key fails clearly at no cost to the normal path."""
 
     def _fail(self, *args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("no current key: call set_current_key(key) on the backend before using keyed state")
@@ -41,19 +42,20 @@ class _NoKey(dict):  # type: ignore[type-arg]
 _NO_KEY = _NoKey()
 
 
-class _HeapTable:
+class _HeapTable(TableCore):
     """All entries of one state: ``maps[i]`` holds decoded values of key group ``start + i``; ``raw[i]`` restored
     entries whose value is still bytes (key -> entry index in ``rawsecs[i]``, the key group's restored sections);
     ``pending[i]`` restored sections ``(block, key offsets, value offsets)`` whose keys are not even decoded yet. A
     key is in at most one of them."""
 
-    __slots__ = ("b", "name", "meta", "descriptor", "read", "write", "migrate", "maps", "raw", "rawsecs", "pending",
-                 "shared", "private", "slow", "cow", "lazy_groups", "copy", "n")
+    __slots__ = ("b", "name", "meta", "descriptor", "read", "write", "migrate", "raw", "rawsecs", "pending",
+                 "shared", "private", "cow", "lazy_groups", "copy", "n")
 
     def __init__(self, backend: HeapKeyedStateBackend, name: str, meta: dict[str, Any], read: Codec,
                  write: Codec, descriptor: StateDescriptor | None) -> None:
         n = backend._n
         self.b = backend
+        self.ctx = backend._ctx
         self.name = name
         self.n = n
         self.maps: list[dict[Any, Any]] = [{} for _ in range(n)]
@@ -88,26 +90,26 @@ class _HeapTable:
 
     # ---- store interface used by the state types (current key of the backend) -------------------------------------
     def get(self) -> Any:
-        b = self.b
+        c = self.ctx
         if self.slow:
-            return self._get_slow(b._kgi, b._key)
-        return self.maps[b._kgi].get(b._key, MISSING)
+            return self._get_slow(c.kgi, c.key)
+        return self.maps[c.kgi].get(c.key, MISSING)
 
     def put(self, value: Any) -> None:
-        b = self.b
+        c = self.ctx
         if self.slow:
-            self._prepare_write(b._kgi, b._key)
-        self.maps[b._kgi][b._key] = value
+            self._prepare_write(c.kgi, c.key)
+        self.maps[c.kgi][c.key] = value
 
     def delete(self) -> None:
-        b = self.b
+        c = self.ctx
         if self.slow:
-            self._prepare_write(b._kgi, b._key)
-        self.maps[b._kgi].pop(b._key, None)
+            self._prepare_write(c.kgi, c.key)
+        self.maps[c.kgi].pop(c.key, None)
 
     def append(self, items: list[Any]) -> None:
-        b = self.b
-        kgi, key = b._kgi, b._key
+        c = self.ctx
+        kgi, key = c.kgi, c.key
         if self.slow:
             cur = self._get_slow(kgi, key)
             if cur is MISSING:
@@ -275,72 +277,18 @@ class _HeapTable:
         return list(m) + list(r) if r else list(m)
 
 
-# The hot operations with the store access inlined (one Python call less per operation); semantics as in states.py.
-class _HeapValue(_Value):
+# The non-TTL value, list and map states with their fast paths compiled (``_native/statecore.pyx``); same semantics
+# as the generic classes in states.py.
+class _HeapValue(HeapValueCore, ValueState):
     __slots__ = ()
 
-    def value(self) -> Any:
-        t = self._t
-        b = t.b
-        v = t._get_slow(b._kgi, b._key) if t.slow else t.maps[b._kgi].get(b._key, MISSING)
-        if v is MISSING:
-            d = self._default
-            return d if d is None or self._copy is None else self._copy(d)
-        return v
 
-    def update(self, value: Any) -> None:
-        t = self._t
-        b = t.b
-        if t.slow:
-            t._prepare_write(b._kgi, b._key)
-        if value is None:
-            t.maps[b._kgi].pop(b._key, None)
-        else:
-            t.maps[b._kgi][b._key] = value
-
-
-class _HeapList(_List):
+class _HeapList(HeapListCore, ListState):
     __slots__ = ()
 
-    def add(self, value: Any) -> None:
-        if value is None:
-            super().add(value)
-        t = self._t
-        if t.slow:
-            t.append([value])
-            return
-        b = t.b
-        m = t.maps[b._kgi]
-        cur = m.get(b._key)
-        if cur is None:
-            m[b._key] = [value]
-        else:
-            cur.append(value)
 
-
-class _HeapMap(_Map):
+class _HeapMap(HeapMapCore, MapState):
     __slots__ = ()
-
-    def put(self, key: Any, value: Any) -> None:
-        t = self._t
-        if t.slow:
-            super().put(key, value)
-            return
-        b = t.b
-        m = t.maps[b._kgi]
-        cur = m.get(b._key)
-        if cur is None:
-            m[b._key] = {key: value}
-        else:
-            cur[key] = value
-
-    def get(self, key: Any) -> Any:
-        t = self._t
-        if t.slow:
-            return super().get(key)
-        b = t.b
-        cur = t.maps[b._kgi].get(b._key)
-        return None if cur is None else cur.get(key)
 
 
 _HEAP_CLASSES = {"value": _HeapValue, "list": _HeapList, "map": _HeapMap}
@@ -356,6 +304,7 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.set_current_key = self._ctx.set_current_key  # type: ignore[method-assign]  # no Python-level hop
         self._tables: dict[str, _HeapTable] = {}
         self._running_snapshots = 0
         self._snap_lock = threading.Lock()

@@ -132,7 +132,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
     def set_current_key(self, key: Any) -> None:
         super().set_current_key(key)
         kb = self._ks(key)
-        self._kgb = _U16.pack(self._start + self._kgi)
+        self._kgb = _U16.pack(self._start + self._ctx.kgi)
         self._kb = _U32.pack(len(kb)) + kb
 
     # ---- hooks ------------------------------------------------------------------------------------------------------
