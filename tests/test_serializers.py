@@ -153,6 +153,7 @@ def test_subclasses_and_numpy_scalars_stored_as_base_types():
     (Int64Serializer(), 1.5, TypeError, "expects an int, got 1.5 of type float"),
     (Int64Serializer(), "1", TypeError, "expects an int"),
     (Float64Serializer(), "x", TypeError, "expects a float"),
+    (Float64Serializer(), 10**400, ValueError, "out of range for Float64Serializer"),
     (BoolSerializer(), 1, TypeError, "expects a bool, got 1"),
     (StrSerializer(), b"x", TypeError, "expects a str"),
     (BytesSerializer(), "x", TypeError, "expects bytes"),
@@ -286,6 +287,11 @@ def test_malformed_snapshot_json_is_corrupt(bad):
 
 
 def test_deeply_nested_snapshot_json_is_refused():
+    cfg: list = []
+    for _ in range(100_000):
+        cfg = [cfg]
+    with pytest.raises(CorruptSnapshotError, match="nested too deeply"):
+        SerializerSnapshot.from_json({"identifier": "int64", "version": 1, "config": {"x": cfg}})
     d: dict = {"identifier": "int64", "version": 1}
     for _ in range(200):
         d = {"identifier": "list", "version": 1, "nested": [d]}
@@ -470,3 +476,15 @@ def test_a_list_mutated_during_serialization_does_not_crash():
     victim_map = {1: Clear(), 2: 3, 4: 5}
     with pytest.raises(RuntimeError, match="changed size"):
         m.serialize(victim_map)
+
+
+def test_subclass_overrides_are_not_shadowed_by_the_compiled_shortcut():
+    class Offset(Int64Serializer):
+        identifier = "tests.offset"
+
+        def serialize(self, value):
+            return super().serialize(value + 1)
+
+    assert Offset().serialize(1) == Int64Serializer().serialize(2)
+    assert Offset().deserialize(Offset().serialize(1)) == 2
+    assert Int64Serializer().serialize.__self__ is not None   # the built-ins call the codec directly

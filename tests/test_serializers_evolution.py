@@ -109,14 +109,14 @@ def test_worst_of_nested_fields_wins():
 
 
 @pytest.mark.parametrize("old, new, role, words", [
-    (StrSerializer(), Int64Serializer(), "value", ["Int64Serializer cannot read data written by StrSerializer"]),
+    (StrSerializer(), Int64Serializer(), "value", ["Int64Serializer cannot read data written by StrSerializer()"]),
     (Int64Serializer(), Int32Serializer(), "value", ["Int32Serializer cannot read"]),
     (Int64Serializer(), Float64Serializer(), "value", ["Float64Serializer cannot read"]),
-    (NullableSerializer(Int64Serializer()), Int64Serializer(), "value", ["NullableSerializer(Int64Serializer)"]),
+    (NullableSerializer(Int64Serializer()), Int64Serializer(), "value", ["old value serializer (NullableSerializer(Int64Serializer()))"]),
     (TupleSerializer(Int64Serializer()), TupleSerializer(Int64Serializer(), Int64Serializer()), "value",
      ["2 nested serializers, the stored one 1"]),
     (MapSerializer(StrSerializer(), Int64Serializer()), MapSerializer(Int64Serializer(), Int64Serializer()),
-     "value", ["map key: Int64Serializer cannot read data written by StrSerializer"]),
+     "value", ["map key: Int64Serializer cannot read data written by StrSerializer()"]),
     (ListSerializer(StrSerializer()), ListSerializer(BytesSerializer()), "element", ["element: "]),
     (ValueSerializer(), Int64Serializer(), "value", ["ValueSerializer"]),
     (PickleSerializer(), ValueSerializer(), "value", ["PickleSerializer"]),

@@ -185,6 +185,7 @@ def test_typed_format_errors_name_the_problem():
 
 @pytest.mark.parametrize("ser, values", [
     (Int64Serializer(), list(range(50))),
+    (BoolSerializer(), [True, False] * 25),
     (StrSerializer(), [f"s{i}" * (i % 5) for i in range(50)]),
     (ValueSerializer(), [JSON_VALUE, None, 3] * 10),
     (NESTED, [NESTED_VALUE, {}] * 5),

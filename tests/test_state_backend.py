@@ -280,11 +280,18 @@ class GatedKeys(Int64Serializer):
         self.gate = threading.Event()
         self.entered = threading.Event()
 
-    def serialize(self, value):
+    def _wait(self):
         if threading.current_thread() is not threading.main_thread():
             self.entered.set()
             self.gate.wait(30)
+
+    def serialize(self, value):
+        self._wait()
         return super().serialize(value)
+
+    def serialize_many(self, values):
+        self._wait()
+        return super().serialize_many(values)
 
 
 def test_cancel_a_running_snapshot(tmp_path):
@@ -372,6 +379,20 @@ def test_restore_refuses_changed_max_parallelism_and_kind(kind, tmp_path):
         new.get_state(d)
     with pytest.raises(StateMigrationError, match="key"):  # keys are never migrated
         BACKENDS[kind](KeyGroupRange(0, MAXP - 1), MAXP, StrSerializer()).restore(storage, md)
+
+
+def test_key_serializer_must_be_compatible_as_is(kind, tmp_path):
+    from keygroups.serializers import Int32Serializer
+
+    storage = CheckpointStorage(tmp_path)
+    b = BACKENDS[kind](KeyGroupRange(0, MAXP - 1), MAXP, Int32Serializer())
+    v = b.get_state(ValueStateDescriptor("v", Int64Serializer()))
+    b.set_current_key(5)
+    v.update(1)
+    md = commit(storage, [b.snapshot(1, storage).result(30)])
+    # Int32 -> Int64 would be fine for a value (after migration), but key bytes identify keys: refused
+    with pytest.raises(StateMigrationError, match="key serializer .*compatible as.is"):
+        make(kind).restore(storage, md)
 
 
 # ---- TTL -----------------------------------------------------------------------------------------------------------
@@ -498,3 +519,44 @@ def test_ttl_config_builder():
     d = ValueStateDescriptor("x", Int64Serializer())
     d.enable_time_to_live(StateTtlConfig(1000, StateTtlConfig.UpdateType.Disabled))
     assert d.ttl_config is None
+
+
+# ---- serializer evolution on restore -------------------------------------------------------------------------------
+def test_value_serializer_migration_reads_old_writes_new(kind, tmp_path):
+    from keygroups.serializers import Int32Serializer
+
+    storage = CheckpointStorage(tmp_path)
+    old = make(kind)
+    v = old.get_state(ValueStateDescriptor("v", Int32Serializer()))
+    lst = old.get_state(ListStateDescriptor("l", Int32Serializer()))
+    m = old.get_state(MapStateDescriptor("m", Int32Serializer(), StrSerializer()))
+    for k in range(30):
+        old.set_current_key(k)
+        v.update(k)
+        lst.add_all([k, -k])
+        m.put(k, str(k))
+    md = commit(storage, [old.snapshot(1, storage).result(30)])
+
+    def reopen(md):
+        new = make(kind)
+        new.restore(storage, md)
+        return new, (new.get_state(ValueStateDescriptor("v", Int64Serializer())),
+                     new.get_state(ListStateDescriptor("l", Int64Serializer())),
+                     new.get_state(MapStateDescriptor("m", Int64Serializer(), StrSerializer())))
+
+    new, (nv, nl, nm) = reopen(md)  # Int32 -> Int64: compatible after migration
+    new.set_current_key(3)
+    assert (nv.value(), nl.get(), nm.items()) == (3, [3, -3], [(3, "3")])
+    nv.update(2**40)  # only the new serializer can write this
+    md2 = commit(storage, [new.snapshot(2, storage).result(30)], 2)
+    assert all(st["serializers"].get("value", st["serializers"].get("element", st["serializers"].get("map key")))
+               ["identifier"] == Int64Serializer().snapshot().identifier for st in md2.keyed_handles[0].states)
+    again, (av, al, am) = reopen(md2)  # as is now
+    for k in range(30):
+        again.set_current_key(k)
+        assert (av.value(), al.get(), am.get(k)) == (2**40 if k == 3 else k, [k, -k], str(k))
+
+    bad = make(kind)
+    bad.restore(storage, md)
+    with pytest.raises(StateMigrationError, match="'v'"):
+        bad.get_state(ValueStateDescriptor("v", StrSerializer()))

@@ -33,7 +33,7 @@ class NullableSerializer(CodecSerializer):
     def __init__(self, inner: TypeSerializer) -> None:
         self.inner = _check(inner, "NullableSerializer's inner serializer")
         self.is_immutable = inner.is_immutable
-        self._codec = _codec.Codec(_codec.NULLABLE, repr(self), (codec_of(inner),))
+        self._use_codec(_codec.Codec(_codec.NULLABLE, repr(self), (codec_of(inner),)))
 
     def nested_serializers(self) -> tuple[TypeSerializer, ...]:
         return (self.inner,)
@@ -62,7 +62,7 @@ class TupleSerializer(CodecSerializer):
             raise ValueError("TupleSerializer needs at least one field serializer")
         self.fields = tuple(_check(f, f"TupleSerializer field {i}") for i, f in enumerate(fields))
         self.is_immutable = all(f.is_immutable for f in self.fields)
-        self._codec = _codec.Codec(_codec.TUPLE, repr(self), tuple(codec_of(f) for f in self.fields))
+        self._use_codec(_codec.Codec(_codec.TUPLE, repr(self), tuple(codec_of(f) for f in self.fields)))
 
     def nested_serializers(self) -> tuple[TypeSerializer, ...]:
         return self.fields
@@ -83,7 +83,7 @@ class ListSerializer(CodecSerializer):
 
     def __init__(self, element: TypeSerializer) -> None:
         self.element = _check(element, "ListSerializer's element serializer")
-        self._codec = _codec.Codec(_codec.LIST, repr(self), (codec_of(element),))
+        self._use_codec(_codec.Codec(_codec.LIST, repr(self), (codec_of(element),)))
 
     def nested_serializers(self) -> tuple[TypeSerializer, ...]:
         return (self.element,)
@@ -106,7 +106,7 @@ class MapSerializer(CodecSerializer):
     def __init__(self, key: TypeSerializer, value: TypeSerializer) -> None:
         self.key = _check(key, "MapSerializer's key serializer")
         self.value = _check(value, "MapSerializer's value serializer")
-        self._codec = _codec.Codec(_codec.MAP, repr(self), (codec_of(key), codec_of(value)))
+        self._use_codec(_codec.Codec(_codec.MAP, repr(self), (codec_of(key), codec_of(value))))
 
     def nested_serializers(self) -> tuple[TypeSerializer, ...]:
         return (self.key, self.value)

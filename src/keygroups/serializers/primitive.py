@@ -20,7 +20,7 @@ class _Primitive(CodecSerializer):
     _kind: ClassVar[int]
 
     def __init__(self) -> None:
-        self._codec = _codec.Codec(self._kind, f"{type(self).__name__}()")
+        self._use_codec(_codec.Codec(self._kind, f"{type(self).__name__}()"))
 
     def copy(self, value):
         return value

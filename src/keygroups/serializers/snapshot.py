@@ -106,15 +106,16 @@ class SerializerSnapshot:
         return (SerializerSnapshot, (self.identifier, self.version, self.config, self.nested))
 
     def describe(self) -> str:
-        """A short human form, e.g. ``tuple(int64, str)`` or ``int32 v2``, for error messages."""
+        """A short human form in the style of the serializers' repr, e.g. ``TupleSerializer(Int64Serializer(),
+        StrSerializer())``, with `` v1`` when the stored format version differs from the current one."""
         cls = _REGISTRY.get(self.identifier)
-        head = cls.__name__ if cls is not None else repr(self.identifier)
-        if self.version != getattr(cls, "version", self.version):
+        if cls is None:
+            head = f"unknown serializer {self.identifier!r}"
+        else:
+            args = [n.describe() for n in self.nested] + [f"{k}={v!r}" for k, v in self.config.items()]
+            head = f"{cls.__name__}({', '.join(args)})"
+        if cls is None or self.version != cls.version:
             head += f" v{self.version}"
-        if self.config:
-            head += f" {json.dumps(self.config, sort_keys=True)}"
-        if self.nested:
-            head += "(" + ", ".join(n.describe() for n in self.nested) + ")"
         return head
 
     # -- JSON ------------------------------------------------------------------------------------------------------
@@ -178,6 +179,8 @@ def _from_json(d: Any, depth: int) -> SerializerSnapshot:
         raise CorruptSnapshotError(f"serializer snapshot {ident!r} has nested snapshots that are not a list")
     try:
         return SerializerSnapshot(ident, version, config, tuple(_from_json(n, depth + 1) for n in nested))
+    except RecursionError:
+        raise CorruptSnapshotError(f"serializer snapshot {ident!r} has a config nested too deeply") from None
     except TypeError as e:
         raise CorruptSnapshotError(f"serializer snapshot {ident!r} is malformed: {e}") from None
 

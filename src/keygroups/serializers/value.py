@@ -39,7 +39,7 @@ class ValueSerializer(CodecSerializer):
     is_immutable = False
 
     def __init__(self) -> None:
-        self._codec = _codec.Codec(_codec.VALUE, "ValueSerializer()")
+        self._use_codec(_codec.Codec(_codec.VALUE, "ValueSerializer()"))
 
     def copy(self, value: Any) -> Any:
         return _codec.copy_json_value(value)

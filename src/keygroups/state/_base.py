@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from keygroups._hashing import key_type_code
-from keygroups._native import hashing as _h
+from keygroups._native.statecore import KeyContext
 from keygroups._ranges import KeyGroupRange, check_max_parallelism
-from keygroups.errors import KeyGroupOutOfRangeError, StateMigrationError
+from keygroups.errors import StateMigrationError
 from keygroups.state._codec import Codec
 from keygroups.state.descriptors import StateDescriptor
 from keygroups.state.states import STATE_CLASSES, State
@@ -142,8 +142,7 @@ class KeyedStateBackendBase:
         self.subtask_index = subtask_index
         self._start = key_group_range.start
         self._n = len(key_group_range)
-        self._key: Any = None
-        self._kgi = -1
+        self._ctx = KeyContext(key_group_range, mp, self._key_type_code)
         self._states: dict[str, State] = {}
         self._descriptors: dict[str, StateDescriptor] = {}
         self._restored = False
@@ -152,32 +151,22 @@ class KeyedStateBackendBase:
     def set_current_key(self, key: Any) -> None:
         """Make ``key`` the key that every state of this backend reads and writes.
 
-        Raises ``KeyGroupOutOfRangeError`` if the key's group is not in this backend's range."""
-        kg = _h.key_group_for_hash(_h.java_hash_object(key, self._key_type_code), self.max_parallelism)
-        kgi = kg - self._start
-        if not 0 <= kgi < self._n:
-            raise KeyGroupOutOfRangeError(
-                f"key {key!r} belongs to key group {kg}, which is outside this backend's range "
-                f"{self.key_group_range!r} (max_parallelism={self.max_parallelism}): the records were not "
-                "partitioned by key group, or the key's hash is not deterministic"
-            )
-        self._key = key
-        self._kgi = kgi
+        Raises ``KeyGroupOutOfRangeError`` (naming the key, its key group and the range) if the key's group is not
+        in this backend's range: the records were not partitioned by key group, or the key's hash is not
+        deterministic."""
+        self._ctx.set_current_key(key)
 
     @property
     def current_key(self) -> Any:
-        return self._key
+        return self._ctx.key
 
     @property
     def current_key_group(self) -> int:
-        return self._start + self._kgi if self._kgi >= 0 else -1
+        c = self._ctx
+        return c.start + c.kgi if c.kgi < c.n else -1
 
     def _now_ms(self) -> int:
         return int(self.clock() * 1000)
-
-    def _require_key(self) -> None:
-        if self._kgi < 0:
-            raise RuntimeError("no current key: call set_current_key(key) before using keyed state")
 
     # ---- registration -------------------------------------------------------------------------------------------
     def get_state(self, descriptor: StateDescriptor, namespace: Any = VOID_NAMESPACE) -> Any:
@@ -206,13 +195,16 @@ class KeyedStateBackendBase:
             read_sers = self._resolve(descriptor, restored)
             self._register(descriptor, meta, self._codec(descriptor, read_sers),
                            self._codec(descriptor, descriptor.serializers))
-        state = STATE_CLASSES[(descriptor.kind, descriptor.ttl_config is not None)](
+        state = self._state_class(descriptor.kind, descriptor.ttl_config is not None)(
             self._store(name), descriptor, self)
         self._descriptors[name] = descriptor
         self._states[name] = state
         return state
 
     get_partitioned_state = get_state
+
+    def _state_class(self, kind: str, ttl: bool) -> type:
+        return STATE_CLASSES[(kind, ttl)]
 
     def _check_same(self, known: StateDescriptor, new: StateDescriptor) -> None:
         name = new.name
@@ -308,7 +300,7 @@ class KeyedStateBackendBase:
 
         Must be called once, before any state is written. A changed max parallelism raises
         ``StateMigrationError``."""
-        from keygroups.checkpoint import plan_keyed_restore, read_key_groups
+        from keygroups.checkpoint import plan_keyed_restore
 
         if self._restored:
             raise RuntimeError("restore() was already called on this backend; create a new backend to restore again")
@@ -327,23 +319,37 @@ class KeyedStateBackendBase:
             if not kgr:
                 continue
             targets = [self._restore_target(meta) for meta in handle.states]
-            it, nbytes = read_key_groups(storage, handle, kgr)
+            nbytes, ngroups = self._restore_handle(storage, handle, kgr, targets)
             total += nbytes
-            for kg, sections in it:
-                if kg not in self.key_group_range:
-                    continue
-                groups += 1
-                kgi = kg - self._start
-                for state_index, keys, values in sections:
-                    if not 0 <= state_index < len(targets):
-                        from keygroups.errors import CorruptSnapshotError
-
-                        raise CorruptSnapshotError(f"{handle.file}: key group {kg} has a section for state index "
-                                                   f"{state_index}, but the file has {len(targets)} states")
-                    if keys:
-                        self._restore_section(targets[state_index], kgi, keys, values)
+            groups += ngroups
         self._after_restore(lazy)
         return RestoreStats(total, groups)
+
+    def _restore_handle(self, storage: CheckpointStorage, handle: KeyedStateHandle, kgr: KeyGroupRange,
+                        targets: list[Any]) -> tuple[int, int]:
+        """Read ``kgr`` of one old file into ``targets`` (one per state of the file); (bytes read, key groups)."""
+        from keygroups.checkpoint import read_key_groups
+
+        it, nbytes = read_key_groups(storage, handle, kgr)
+        groups = 0
+        for kg, sections in it:
+            if kg not in self.key_group_range:
+                continue
+            groups += 1
+            kgi = kg - self._start
+            for state_index, keys, values in sections:
+                self._check_state_index(handle, kg, state_index, targets)
+                if keys:
+                    self._restore_section(targets[state_index], kgi, keys, values)
+        return nbytes, groups
+
+    @staticmethod
+    def _check_state_index(handle: KeyedStateHandle, kg: int, state_index: int, targets: list[Any]) -> None:
+        if not 0 <= state_index < len(targets):
+            from keygroups.errors import CorruptSnapshotError
+
+            raise CorruptSnapshotError(f"{handle.file}: key group {kg} has a section for state index {state_index}, "
+                                       f"but the file has {len(targets)} states")
 
     def _restore_target(self, meta: dict[str, Any]) -> Any:
         """The table restored entries of ``meta``'s state go to (created for unregistered states)."""

@@ -54,6 +54,14 @@ class Codec:
         # Deep copy of one in-memory value, for copy-on-write; None when values are never mutated in place.
         self.copy: Callable[[Any], Any] | None = self._make_copy()
 
+    def decode_many(self, block: Any, offsets: Any) -> list[Any]:
+        """Decode n values packed in ``block`` at ``offsets`` (n + 1 positions): compiled for plain value states."""
+        if not self.ttl and self.kind in ("value", "reducing", "aggregating"):
+            return self.ser.deserialize_many(block, offsets)
+        o = list(offsets)
+        dec = self.decode
+        return [dec(block[o[j]:o[j + 1]]) for j in range(len(o) - 1)]
+
     # ---- copies -------------------------------------------------------------------------------------------------
     def _make_copy(self) -> Callable[[Any], Any] | None:
         imm = self.ser.is_immutable
@@ -139,7 +147,7 @@ class Codec:
     # ---- map ----------------------------------------------------------------------------------------------------
     def _enc_map(self, v: Any) -> bytes:
         ks, vs = self.key_ser.serialize, self.ser.serialize
-        parts = []
+        parts: list[bytes] = []
         for k, x in v.items():
             kb, xb = ks(k), vs(x)
             parts += (_pack_u32(len(kb)), kb, _pack_u32(len(xb)), xb)
@@ -147,7 +155,7 @@ class Codec:
 
     def _enc_map_ttl(self, v: Any) -> bytes:
         ks, vs = self.key_ser.serialize, self.ser.serialize
-        parts = []
+        parts: list[bytes] = []
         for k, (x, ts) in v.items():
             kb, xb = ks(k), vs(x)
             parts += (_pack_u32(len(kb)), kb, _pack_u32_i64(len(xb), ts), xb)
@@ -205,12 +213,12 @@ class Codec:
             return b"".join(_pack_u32_i64(len(e), ts) + bytes(e) for ts, e in keep)
         if self.kind == "map":
             en = self.entries(b)
-            keep = [x for x in en if x[1] > deadline]
-            if len(keep) == len(en):
+            live = [x for x in en if x[1] > deadline]
+            if len(live) == len(en):
                 return b
-            if not keep:
+            if not live:
                 return None
-            return b"".join(_pack_u32(len(k)) + bytes(k) + _pack_u32_i64(len(x), ts) + bytes(x) for k, ts, x in keep)
+            return b"".join(_pack_u32(len(k)) + bytes(k) + _pack_u32_i64(len(x), ts) + bytes(x) for k, ts, x in live)
         if len(b) < 8:
             raise _corrupt(self.state, f"a TTL value needs an 8-byte timestamp, got {len(b)} bytes")
         return b if _I64.unpack_from(b, 0)[0] > deadline else None
@@ -221,6 +229,6 @@ class Codec:
             keep = [x for x in v if x[1] > deadline]
             return v if len(keep) == len(v) else (keep or None)
         if self.kind == "map":
-            keep = {k: x for k, x in v.items() if x[1] > deadline}
-            return v if len(keep) == len(v) else (keep or None)
+            live = {k: x for k, x in v.items() if x[1] > deadline}
+            return v if len(live) == len(v) else (live or None)
         return v if v[1] > deadline else None

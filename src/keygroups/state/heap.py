@@ -7,9 +7,10 @@ per-key-group dicts and marks them shared. The first write to a shared key group
 mutable values (lists, maps, mutable accumulators) are then copied per entry when first read or written, so nothing
 the background writer holds is ever mutated. Once no snapshot is running, every access takes the fast path again.
 
-Lazy restore: a restored key group keeps the snapshot's raw byte sections until the first access to that key group
-(then only its keys are decoded), and every value stays bytes until its key is first read; a snapshot taken before
-that writes the original bytes back untouched.
+Lazy restore: a restored key group keeps the snapshot's block (one buffer and two offset arrays per state, not one
+object per entry) until the first access to that key group; then only its keys are decoded (``deserialize_many``),
+and every value stays bytes until its key is first read. A snapshot taken before that writes the original bytes back
+untouched (an untouched key group is handed to the writer as one packed buffer).
 """
 
 from __future__ import annotations
@@ -21,15 +22,16 @@ from typing import TYPE_CHECKING, Any
 from keygroups.state._base import KeyedStateBackendBase, SnapshotFuture
 from keygroups.state._codec import Codec
 from keygroups.state.descriptors import StateDescriptor
-from keygroups.state.states import MISSING
+from keygroups._native.statecore import HeapListCore, HeapMapCore, HeapValueCore, TableCore
+from keygroups.state.states import MISSING, ListState, MapState, ValueState
 
 if TYPE_CHECKING:
     from keygroups.checkpoint import CheckpointStorage
 
 
 class _NoKey(dict):  # type: ignore[type-arg]
-    """Sits in the slot of key-group index -1 so that state access before ``set_current_key`` fails clearly at no
-    cost to the normal path."""
+    """Sits in the extra last slot (key-group index ``n``, where the key context points before any
+    ``set_current_key``) so that state access without a key fails clearly at no cost to the normal path."""
 
     def _fail(self, *args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("no current key: call set_current_key(key) on the backend before using keyed state")
@@ -40,23 +42,26 @@ class _NoKey(dict):  # type: ignore[type-arg]
 _NO_KEY = _NoKey()
 
 
-class _HeapTable:
+class _HeapTable(TableCore):
     """All entries of one state: ``maps[i]`` holds decoded values of key group ``start + i``; ``raw[i]`` restored
-    entries still as bytes (key -> (key bytes, value bytes)); ``pending[i]`` restored sections whose keys are not even
-    decoded yet. A key is in at most one of them."""
+    entries whose value is still bytes (key -> entry index in ``rawsecs[i]``, the key group's restored sections);
+    ``pending[i]`` restored sections ``(block, key offsets, value offsets)`` whose keys are not even decoded yet. A
+    key is in at most one of them."""
 
-    __slots__ = ("b", "name", "meta", "descriptor", "read", "write", "migrate", "maps", "raw", "pending", "shared",
-                 "private", "slow", "cow", "lazy_groups", "copy", "n")
+    __slots__ = ("b", "name", "meta", "descriptor", "read", "write", "migrate", "raw", "rawsecs", "pending",
+                 "shared", "private", "cow", "lazy_groups", "copy", "n")
 
     def __init__(self, backend: HeapKeyedStateBackend, name: str, meta: dict[str, Any], read: Codec,
                  write: Codec, descriptor: StateDescriptor | None) -> None:
         n = backend._n
         self.b = backend
+        self.ctx = backend._ctx
         self.name = name
         self.n = n
         self.maps: list[dict[Any, Any]] = [{} for _ in range(n)]
         self.maps.append(_NO_KEY)
-        self.raw: list[dict[Any, Any] | None] = [None] * (n + 1)
+        self.raw: list[dict[Any, int] | None] = [None] * (n + 1)
+        self.rawsecs: list[list[Any] | None] = [None] * (n + 1)
         self.pending: list[list[Any] | None] = [None] * (n + 1)
         self.shared = [False] * (n + 1)
         self.private: list[set[Any] | None] = [None] * (n + 1)
@@ -85,26 +90,26 @@ class _HeapTable:
 
     # ---- store interface used by the state types (current key of the backend) -------------------------------------
     def get(self) -> Any:
-        b = self.b
+        c = self.ctx
         if self.slow:
-            return self._get_slow(b._kgi, b._key)
-        return self.maps[b._kgi].get(b._key, MISSING)
+            return self._get_slow(c.kgi, c.key)
+        return self.maps[c.kgi].get(c.key, MISSING)
 
     def put(self, value: Any) -> None:
-        b = self.b
+        c = self.ctx
         if self.slow:
-            self._prepare_write(b._kgi, b._key)
-        self.maps[b._kgi][b._key] = value
+            self._prepare_write(c.kgi, c.key)
+        self.maps[c.kgi][c.key] = value
 
     def delete(self) -> None:
-        b = self.b
+        c = self.ctx
         if self.slow:
-            self._prepare_write(b._kgi, b._key)
-        self.maps[b._kgi].pop(b._key, None)
+            self._prepare_write(c.kgi, c.key)
+        self.maps[c.kgi].pop(c.key, None)
 
     def append(self, items: list[Any]) -> None:
-        b = self.b
-        kgi, key = b._kgi, b._key
+        c = self.ctx
+        kgi, key = c.kgi, c.key
         if self.slow:
             cur = self._get_slow(kgi, key)
             if cur is MISSING:
@@ -122,23 +127,54 @@ class _HeapTable:
 
     # ---- slow path: lazy restore and copy-on-write -----------------------------------------------------------------
     def _materialize(self, kgi: int) -> None:
-        sections = self.pending[kgi]
+        """Decode a restored key group's keys; values stay bytes (``raw``)."""
+        sections = self.pending[kgi] or []
         self.pending[kgi] = None
-        kd = self.b.key_serializer.deserialize
+        kd_many = self.b.key_serializer.deserialize_many
         deadline = self._ttl_deadline()
-        drop = self.read.drop_expired_bytes
-        raw = dict(self.raw[kgi] or {})
-        for keys, values in sections or ():
-            for kb, vb in zip(keys, values):
-                if deadline is not None:
-                    vb = drop(vb, deadline)
-                    if vb is None:
-                        continue
-                raw[kd(kb)] = (kb, vb)
+        nsec = len(sections)
+        raw: dict[Any, int] = {}
+        decoded: dict[Any, Any] = {}
+        secs = []
+        for s_i, (block, ko, vo) in enumerate(sections):
+            keys = kd_many(block, ko)
+            vo_l = vo.tolist()
+            secs.append((block, ko.tolist(), vo_l))
+            if deadline is None:
+                if nsec == 1:
+                    raw.update(zip(keys, range(len(keys))))
+                else:
+                    raw.update((k, i * nsec + s_i) for i, k in enumerate(keys))
+                continue
+            drop = self.read.drop_expired_bytes
+            for i, k in enumerate(keys):
+                vb = block[vo_l[i]:vo_l[i + 1]]
+                kept = drop(vb, deadline)
+                if kept is None:
+                    continue
+                if kept is vb:
+                    raw[k] = i * nsec + s_i
+                else:  # partly expired list or map: keep what is left, decoded
+                    decoded[k] = self.read.decode(kept)
+        if decoded:
+            if self.shared[kgi]:  # never write into a dict a running snapshot holds
+                self._unshare(kgi)
+            self.maps[kgi].update(decoded)
+            p = self.private[kgi]
+            if p is not None:
+                p.update(decoded)
+        self.rawsecs[kgi] = secs
         self.raw[kgi] = raw or None
         if not raw:
             self.lazy_groups -= 1
             self._update_slow()
+
+    def _raw_value(self, kgi: int, idx: int) -> Any:
+        secs = self.rawsecs[kgi]
+        n = len(secs)  # type: ignore[arg-type]
+        block, _, vo = secs[idx % n]  # type: ignore[index]
+        i = idx // n
+        return block[vo[i]:vo[i + 1]]
 
     def _unshare(self, kgi: int) -> None:
         self.maps[kgi] = dict(self.maps[kgi])
@@ -172,10 +208,10 @@ class _HeapTable:
             r = self.raw[kgi]
             if not r:
                 return MISSING
-            entry = r.get(key)
-            if entry is None:
+            idx = r.get(key)
+            if idx is None:
                 return MISSING
-            v = self.read.decode(entry[1])
+            v = self.read.decode(self._raw_value(kgi, idx))
             self._prepare_write(kgi, key)
             self.maps[kgi][key] = v
             return v
@@ -193,26 +229,43 @@ class _HeapTable:
     def has_data(self) -> bool:
         return self.lazy_groups > 0 or any(self.maps[i] for i in range(self.n))
 
-    def add_section(self, kgi: int, keys: list[Any], values: list[Any]) -> None:
+    def add_section(self, kgi: int, block: Any, key_offsets: Any, value_offsets: Any) -> None:
         if self.pending[kgi] is None:
             if not self.raw[kgi]:
                 self.lazy_groups += 1
             self.pending[kgi] = []
-        self.pending[kgi].append((keys, values))  # type: ignore[union-attr]
+        self.pending[kgi].append((block, key_offsets, value_offsets))  # type: ignore[union-attr]
         self._update_slow()
 
     def decode_all(self) -> None:
         """Eager restore: decode every restored entry now."""
         dec = self.read.decode
+        kd_many = self.b.key_serializer.deserialize_many
+        fast = self._ttl_deadline() is None
         for i in range(self.n):
-            if self.pending[i] is not None:
+            p = self.pending[i]
+            if p is not None and fast and not self.raw[i]:
+                m = self.maps[i]
+                for block, ko, vo in p:
+                    m.update(zip(kd_many(block, ko), self.read.decode_many(block, vo)))
+                self.pending[i] = None
+                self.lazy_groups -= 1
+                continue
+            if p is not None:
                 self._materialize(i)
             r = self.raw[i]
             if r:
                 m = self.maps[i]
-                for k, (_, vb) in r.items():
-                    m[k] = dec(vb)
+                secs: Any = self.rawsecs[i]
+                if len(secs) == 1 and len(r) == len(secs[0][1]) - 1:
+                    block, _, vo = secs[0]
+                    vals = self.read.decode_many(block, vo)
+                    m.update(zip(r, vals))  # raw's keys are in entry order
+                else:
+                    for k, idx in r.items():
+                        m[k] = dec(self._raw_value(i, idx))
                 self.raw[i] = None
+                self.rawsecs[i] = None
                 self.lazy_groups -= 1
         self._update_slow()
 
@@ -222,6 +275,23 @@ class _HeapTable:
         m = self.maps[i]
         r = self.raw[i]
         return list(m) + list(r) if r else list(m)
+
+
+# The non-TTL value, list and map states with their fast paths compiled (``_native/statecore.pyx``); same semantics
+# as the generic classes in states.py.
+class _HeapValue(HeapValueCore, ValueState):
+    __slots__ = ()
+
+
+class _HeapList(HeapListCore, ListState):
+    __slots__ = ()
+
+
+class _HeapMap(HeapMapCore, MapState):
+    __slots__ = ()
+
+
+_HEAP_CLASSES = {"value": _HeapValue, "list": _HeapList, "map": _HeapMap}
 
 
 class HeapKeyedStateBackend(KeyedStateBackendBase):
@@ -234,11 +304,17 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.set_current_key = self._ctx.set_current_key  # type: ignore[method-assign]  # no Python-level hop
         self._tables: dict[str, _HeapTable] = {}
         self._running_snapshots = 0
         self._snap_lock = threading.Lock()
 
     # ---- hooks of the base ----------------------------------------------------------------------------------------
+    def _state_class(self, kind: str, ttl: bool) -> type:
+        if not ttl and kind in _HEAP_CLASSES:
+            return _HEAP_CLASSES[kind]
+        return super()._state_class(kind, ttl)
+
     def _has_data(self) -> bool:
         return any(t.has_data() for t in self._tables.values())
 
@@ -273,13 +349,26 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
                                        f"{meta['kind']} state in another")
         return t
 
-    def _restore_section(self, target: _HeapTable, kgi: int, keys: list[Any], values: list[Any]) -> None:
-        if len(keys) != len(values):
-            from keygroups.errors import CorruptSnapshotError
+    def _restore_handle(self, storage: Any, handle: Any, kgr: Any, targets: list[Any]) -> tuple[int, int]:
+        from keygroups.checkpoint.format import read_key_group_offsets
 
-            raise CorruptSnapshotError(f"state {target.name!r}: a section has {len(keys)} keys and {len(values)} "
-                                       "values")
-        target.add_section(kgi, keys, values)
+        it, nbytes = read_key_group_offsets(storage, handle, kgr)
+        groups = 0
+        for kg, block, sections in it:
+            if kg not in self.key_group_range:
+                continue
+            groups += 1
+            kgi = kg - self._start
+            for state_index, ko, vo in sections:
+                self._check_state_index(handle, kg, state_index, targets)
+                if len(ko) != len(vo):
+                    from keygroups.errors import CorruptSnapshotError
+
+                    raise CorruptSnapshotError(f"{handle.file}: key group {kg}, state {state_index}: "
+                                               f"{len(ko) - 1} keys but {len(vo) - 1} values")
+                if len(ko) > 1:
+                    targets[state_index].add_section(kgi, block, ko, vo)
+        return nbytes, groups
 
     def _after_restore(self, lazy: bool) -> None:
         if not lazy:
@@ -306,7 +395,8 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
         for t in self._tables.values():
             metas.append(t.meta)
             deadline = t._ttl_deadline()
-            captured.append((t.maps[:n], t.raw[:n], t.pending[:n], t.read, t.write, t.migrate, deadline))
+            captured.append((t.maps[:n], t.raw[:n], t.rawsecs[:n], t.pending[:n], t.read, t.write, t.migrate,
+                             deadline))
         with self._snap_lock:
             self._running_snapshots += 1
             for t in self._tables.values():
@@ -338,34 +428,52 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
                 t._update_slow()
 
     def _groups(self, captured: list[Any]) -> Iterator[tuple[int, list[Any]]]:
-        ks = self.key_serializer.serialize
+        from keygroups.checkpoint.format import Packed
+
+        key_ser = self.key_serializer
+        ks = key_ser.serialize
         start = self._start
         for i in range(self._n):
-            sections = []
-            for si, (maps, raws, pends, read, write, migrate, deadline) in enumerate(captured):
+            sections: list[Any] = []
+            for si, (maps, raws, rawsecs, pends, read, write, migrate, deadline) in enumerate(captured):
+                m, r, p = maps[i], raws[i], pends[i]
+                if not (m or r or p):
+                    continue
+                if p and not m and not r and len(p) == 1 and not migrate and deadline is None:
+                    block, ko, vo = p[0]  # an untouched restored key group: its bytes as they are
+                    sections.append((si, Packed(block, ko), Packed(block, vo)))
+                    continue
+                if m and not r and not p and deadline is None and write.kind in ("value", "reducing",
+                                                                                  "aggregating") and not write.ttl:
+                    kd, ko = key_ser.serialize_many(list(m))
+                    vd, vo = write.ser.serialize_many(list(m.values()))
+                    sections.append((si, Packed(kd, ko), Packed(vd, vo)))
+                    continue
                 keys: list[Any] = []
                 vals: list[Any] = []
-                m = maps[i]
                 if m:
                     enc = write.encode
-                    if deadline is None:
-                        for k, v in m.items():
-                            keys.append(ks(k))
-                            vals.append(enc(v))
-                    else:
-                        for k, v in m.items():
+                    for k, v in m.items():
+                        if deadline is not None:
                             v = write.drop_expired(v, deadline)
-                            if v is not None:
-                                keys.append(ks(k))
-                                vals.append(enc(v))
-                r = raws[i]
+                            if v is None:
+                                continue
+                        keys.append(ks(k))
+                        vals.append(enc(v))
                 if r:
-                    self._pass_through(((kb, vb) for kb, vb in r.values()), keys, vals, read, write, migrate,
-                                       deadline)
-                p = pends[i]
+                    secs = rawsecs[i]
+                    nsec = len(secs)
+                    entries = []
+                    for idx in r.values():
+                        block, ko, vo = secs[idx % nsec]
+                        j = idx // nsec
+                        entries.append((block[ko[j]:ko[j + 1]], block[vo[j]:vo[j + 1]]))
+                    self._pass_through(entries, keys, vals, read, write, migrate, deadline)
                 if p:
-                    for pk, pv in p:
-                        self._pass_through(zip(pk, pv), keys, vals, read, write, migrate, deadline)
+                    for block, ko, vo in p:
+                        kl, vl = ko.tolist(), vo.tolist()
+                        entries = [(block[kl[j]:kl[j + 1]], block[vl[j]:vl[j + 1]]) for j in range(len(kl) - 1)]
+                        self._pass_through(entries, keys, vals, read, write, migrate, deadline)
                 if keys:
                     sections.append((si, keys, vals))
             yield start + i, sections
@@ -374,11 +482,6 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
     def _pass_through(entries: Any, keys: list[Any], vals: list[Any], read: Codec, write: Codec, migrate: bool,
                       deadline: int | None) -> None:
         """Restored entries that were never decoded go back out as the same bytes (re-encoded only to migrate)."""
-        if not migrate and deadline is None:
-            for kb, vb in entries:
-                keys.append(kb)
-                vals.append(vb)
-            return
         for kb, vb in entries:
             if migrate:
                 vb = write.encode(read.decode(vb))

@@ -18,7 +18,7 @@ import struct
 import tempfile
 import weakref
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import rocksdict
 
@@ -62,7 +62,7 @@ class _RocksTable:
 
     def _key(self) -> bytes:
         b = self.b
-        if b._kb is None:
+        if b._kb is None or b._kgb is None:
             raise RuntimeError("no current key: call set_current_key(key) on the backend before using keyed state")
         return b._kgb + self.sid + b._kb
 
@@ -132,7 +132,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
     def set_current_key(self, key: Any) -> None:
         super().set_current_key(key)
         kb = self._ks(key)
-        self._kgb = _U16.pack(self._start + self._kgi)
+        self._kgb = _U16.pack(self._start + self._ctx.kgi)
         self._kb = _U32.pack(len(kb)) + kb
 
     # ---- hooks ------------------------------------------------------------------------------------------------------
@@ -168,6 +168,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         deadline = t.ttl_deadline()
         wb = rocksdict.WriteBatch(raw_mode=True)
         for k, v in self._db.items():
+            k = cast(bytes, k)
             if k[2:4] != t.sid:
                 continue
             if t.migrate:
@@ -228,6 +229,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
             raise KeyError(f"no state named {state_name!r}; known states: {sorted(self._tables)}")
         kd = self.key_serializer.deserialize
         for k in list(self._db.keys()):
+            k = cast(bytes, k)
             if k[2:4] == t.sid:
                 yield kd(_split_db_key(k)[2])
 
@@ -261,7 +263,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         cur_kg = -1
         sections: dict[int, tuple[list[Any], list[Any]]] = {}
         for k, v in cp.items():
-            kg, sid, kb = _split_db_key(k)
+            kg, sid, kb = _split_db_key(cast(bytes, k))
             if kg != cur_kg:
                 if cur_kg >= 0:
                     yield cur_kg, [(s, ks, vs) for s, (ks, vs) in sorted(sections.items())]

@@ -14,7 +14,7 @@ import abc
 from collections.abc import Iterable
 from typing import Any
 
-MISSING: Any = type("_Missing", (), {"__repr__": lambda self: "MISSING", "__slots__": ()})()
+from keygroups._native.statecore import MISSING
 
 
 class State(abc.ABC):

@@ -1,0 +1,318 @@
+# Compiled hot paths of the heap keyed state backend: the current key (Java hash -> key group, no Python-level hop
+# for int and str keys) and the value / list / map operations on the fast path (no snapshot running, nothing lazily
+# restored). Everything else (copy-on-write, lazy restore, TTL) stays in Python: each fast method checks the table's
+# `slow` flag and hands over to the table's Python methods.
+from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
+from cpython.long cimport PyLong_AsLongLongAndOverflow
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t
+
+from keygroups._native import hashing as _h
+from keygroups.errors import KeyGroupOutOfRangeError
+
+cdef extern from "Python.h":
+    int PyUnicode_KIND(object)
+    void *PyUnicode_DATA(object)
+    Py_ssize_t PyUnicode_GET_LENGTH(object)
+    int PyUnicode_1BYTE_KIND
+    int PyUnicode_2BYTE_KIND
+
+cdef extern from "kg_hash.h" nogil:
+    int32_t kg_key_group(int32_t java_hash, int32_t max_parallelism, double inv_max_parallelism)
+    int32_t kg_hash_long(int64_t v)
+    int32_t kg_hash_ucs4(const uint32_t *p, int64_t length)
+    int32_t kg_hash_ucs2(const uint16_t *p, int64_t length)
+    int32_t kg_hash_latin1(const uint8_t *p, int64_t length)
+
+
+cdef class _Missing:
+    def __repr__(self):
+        return "MISSING"
+
+    def __reduce__(self):
+        return "MISSING"
+
+
+#: What a state store returns for a key without a value (None is a legal value for some serializers).
+MISSING = _Missing()
+
+
+cdef inline int32_t _hash_str(str s):
+    cdef int kind = PyUnicode_KIND(s)
+    cdef Py_ssize_t n = PyUnicode_GET_LENGTH(s)
+    cdef void *data = PyUnicode_DATA(s)
+    if kind == PyUnicode_1BYTE_KIND:
+        return kg_hash_latin1(<const uint8_t *>data, n)
+    if kind == PyUnicode_2BYTE_KIND:
+        return kg_hash_ucs2(<const uint16_t *>data, n)
+    return kg_hash_ucs4(<const uint32_t *>data, n)
+
+
+cdef object _no_key():
+    return RuntimeError("no current key: call set_current_key(key) on the backend before using keyed state")
+
+
+cdef class KeyContext:
+    """The current key of a backend and its key group's index in the backend's range (``n`` when no key is set)."""
+
+    cdef readonly object key
+    cdef readonly Py_ssize_t kgi
+    cdef readonly int32_t start
+    cdef readonly Py_ssize_t n
+    cdef readonly int32_t max_parallelism
+    cdef double _inv
+    cdef object _type_code
+    cdef bint _infer
+    cdef object _range
+
+    def __init__(self, key_group_range, int32_t max_parallelism, type_code):
+        if max_parallelism < 1:
+            raise ValueError(f"max_parallelism must be >= 1, got {max_parallelism}")
+        self.start = key_group_range.start
+        self.n = len(key_group_range)
+        if self.n < 1 or self.start < 0 or self.start + self.n > max_parallelism:
+            raise ValueError(f"key_group_range must be a non-empty range inside [0, {max_parallelism - 1}], "
+                             f"got {key_group_range!r}")
+        self.max_parallelism = max_parallelism
+        self._inv = 1.0 / max_parallelism
+        self._type_code = type_code
+        self._infer = type_code is None
+        self._range = key_group_range
+        self.key = None
+        self.kgi = self.n
+
+    def set_current_key(self, object key):
+        """Make ``key`` current; ``KeyGroupOutOfRangeError`` if its key group is not in the backend's range."""
+        cdef int32_t h
+        cdef int overflow = 0
+        cdef long long v
+        cdef type t = type(key)
+        if self._infer and t is int:
+            v = PyLong_AsLongLongAndOverflow(key, &overflow)
+            h = _h.java_hash_object(key, None) if overflow else kg_hash_long(v)
+        elif self._infer and t is str:
+            h = _hash_str(key)
+        else:
+            h = _h.java_hash_object(key, self._type_code)
+        cdef int32_t kg = kg_key_group(h, self.max_parallelism, self._inv)
+        cdef Py_ssize_t kgi = kg - self.start
+        if kgi < 0 or kgi >= self.n:
+            raise KeyGroupOutOfRangeError(
+                f"key {key!r} belongs to key group {kg}, which is outside this backend's range {self._range!r} "
+                f"(max_parallelism={self.max_parallelism}): the records were not partitioned by key group, or the "
+                "key's hash is not deterministic")
+        self.key = key
+        self.kgi = kgi
+
+
+cdef class TableCore:
+    """The part of a heap state table the compiled fast paths read: one dict per key group (plus a final slot for
+    'no key'), the slow-path flag, and the backend's key context."""
+
+    cdef public list maps
+    cdef public bint slow
+    cdef public KeyContext ctx
+
+
+cdef inline dict _group(TableCore t, KeyContext c):
+    if c.kgi >= c.n or c.kgi >= PyList_GET_SIZE(t.maps):
+        raise _no_key()
+    return <dict>PyList_GET_ITEM(t.maps, c.kgi)
+
+
+cdef object _none_error(str name, str what):
+    return ValueError(f"state {name!r}: cannot add None to a {what} (None means 'no value'); wrap the serializer "
+                      "in a NullableSerializer and use a sentinel if you need to store nulls")
+
+
+cdef class HeapValueCore:
+    cdef TableCore _t
+    cdef object _default
+    cdef object _copy
+
+    def __init__(self, TableCore store, descriptor, backend):
+        self._t = store
+        self._default = descriptor.default
+        ser = descriptor.serializers["value"]
+        self._copy = None if ser.is_immutable else ser.copy
+
+    def value(self):
+        cdef TableCore t = self._t
+        cdef KeyContext c = t.ctx
+        if t.slow:
+            v = t._get_slow(c.kgi, c.key) if c.kgi < c.n else _group(t, c)
+        else:
+            v = _group(t, c).get(c.key, MISSING)
+        if v is MISSING:
+            d = self._default
+            return d if d is None or self._copy is None else self._copy(d)
+        return v
+
+    def update(self, value):
+        cdef TableCore t = self._t
+        cdef KeyContext c = t.ctx
+        if t.slow and c.kgi < c.n:
+            t._prepare_write(c.kgi, c.key)
+        cdef dict m = _group(t, c)
+        if value is None:
+            m.pop(c.key, None)
+        else:
+            m[c.key] = value
+
+    def clear(self):
+        self.update(None)
+
+
+cdef class HeapListCore:
+    cdef TableCore _t
+    cdef str _name
+
+    def __init__(self, TableCore store, descriptor, backend):
+        self._t = store
+        self._name = descriptor.name
+
+    def get(self):
+        cdef TableCore t = self._t
+        cdef KeyContext c = t.ctx
+        if t.slow and c.kgi < c.n:
+            v = t._get_slow(c.kgi, c.key)
+        else:
+            v = _group(t, c).get(c.key, MISSING)
+        return [] if v is MISSING else v
+
+    cdef _extend(self, list vals):
+        cdef TableCore t = self._t
+        cdef KeyContext c = t.ctx
+        if t.slow and c.kgi < c.n:
+            t.append(vals)
+            return
+        cdef dict m = _group(t, c)
+        cur = m.get(c.key)
+        if cur is None:
+            m[c.key] = vals
+        else:
+            (<list>cur).extend(vals)
+
+    def add(self, value):
+        if value is None:
+            raise _none_error(self._name, "ListState")
+        cdef TableCore t = self._t
+        cdef KeyContext c = t.ctx
+        if t.slow:
+            self._extend([value])
+            return
+        cdef dict m = _group(t, c)
+        cur = m.get(c.key)
+        if cur is None:
+            m[c.key] = [value]
+        else:
+            (<list>cur).append(value)
+
+    def add_all(self, values):
+        cdef list vals = list(values)
+        if None in vals:
+            raise _none_error(self._name, "ListState")
+        if vals:
+            self._extend(vals)
+
+    def update(self, values):
+        cdef list vals = list(values)
+        if None in vals:
+            raise _none_error(self._name, "ListState")
+        cdef TableCore t = self._t
+        cdef KeyContext c = t.ctx
+        if t.slow and c.kgi < c.n:
+            t._prepare_write(c.kgi, c.key)
+        cdef dict m = _group(t, c)
+        if vals:
+            m[c.key] = vals
+        else:
+            m.pop(c.key, None)
+
+    def clear(self):
+        self.update(())
+
+
+cdef class HeapMapCore:
+    cdef TableCore _t
+
+    def __init__(self, TableCore store, descriptor, backend):
+        self._t = store
+
+    cdef object _map(self):
+        """The current key's dict (a private one while a snapshot runs) or MISSING."""
+        cdef TableCore t = self._t
+        cdef KeyContext c = t.ctx
+        if t.slow and c.kgi < c.n:
+            return t._get_slow(c.kgi, c.key)
+        return _group(t, c).get(c.key, MISSING)
+
+    cdef _store(self, m):
+        cdef TableCore t = self._t
+        cdef KeyContext c = t.ctx
+        if t.slow and c.kgi < c.n:
+            t._prepare_write(c.kgi, c.key)
+        cdef dict g = _group(t, c)
+        if m:
+            g[c.key] = m
+        else:
+            g.pop(c.key, None)
+
+    def get(self, key):
+        m = self._map()
+        return None if m is MISSING else (<dict>m).get(key)
+
+    def contains(self, key):
+        m = self._map()
+        return m is not MISSING and key in <dict>m
+
+    def put(self, key, value):
+        cdef TableCore t = self._t
+        cdef KeyContext c = t.ctx
+        cdef dict g
+        if not t.slow:
+            g = _group(t, c)
+            cur = g.get(c.key)
+            if cur is None:
+                g[c.key] = {key: value}
+            else:
+                (<dict>cur)[key] = value
+            return
+        m = self._map()
+        if m is MISSING:
+            m = {}
+        (<dict>m)[key] = value
+        self._store(m)
+
+    def put_all(self, mapping):
+        if not mapping:
+            return
+        m = self._map()
+        m = dict(mapping) if m is MISSING else m
+        if m is not mapping:
+            (<dict>m).update(mapping)
+        self._store(m)
+
+    def remove(self, key):
+        m = self._map()
+        if m is MISSING or key not in <dict>m:
+            return
+        del (<dict>m)[key]
+        self._store(m)
+
+    def items(self):
+        m = self._map()
+        return [] if m is MISSING else list((<dict>m).items())
+
+    def keys(self):
+        m = self._map()
+        return [] if m is MISSING else list(<dict>m)
+
+    def values(self):
+        m = self._map()
+        return [] if m is MISSING else list((<dict>m).values())
+
+    def is_empty(self):
+        return self._map() is MISSING
+
+    def clear(self):
+        self._store(None)

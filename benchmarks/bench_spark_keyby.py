@@ -1,0 +1,184 @@
+"""Spark keyBy layer: key-group columns and exact placement, against Spark's own floor.
+
+Side by side, on one warm local[2] session, each the median of ``--runs`` runs after one warm-up run, every
+candidate forced the same way (``write.format("noop")``, which evaluates every column of every row and writes
+nothing):
+
+key-group column, on 10M ``LongType`` keys from ``spark.range`` and on 10M ``StringType`` keys (cached first, so
+that generating the strings is not timed):
+  (a)  ``with_key_groups``                 our default engine (Spark SQL expressions, in the JVM)
+  (a') ``with_key_groups(engine="arrow")`` the compiled kernels over Arrow batches (scalar ``arrow_udf``)
+  (b)  ``pmod(hash(k), max_parallelism)``  Spark's native hash: not Flink-exact, the floor of what Spark can do
+  (c)  ``pandas_udf``                      a numpy implementation of the same Flink arithmetic
+placement (shuffle to ``--parallelism`` partitions):
+  (d)  ``partition_by_key_group``          key-group columns + ``repartitionById`` on the operator index
+  (d') ``partition_by_key_group(method="hash")``  the Spark 4.0 route: hash partitioning on a stand-in
+  (e)  ``df.repartition(parallelism, k)``  Spark's own hash partitioning on the key
+
+Targets (issue 3): (a)/(b) <= 1.5 for integer keys, <= 3 for string keys; (d)/(e) <= 1.3.
+
+    python benchmarks/bench_spark_keyby.py [--rows 10000000] [--runs 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+import numpy as np
+import pandas as pd
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.functions import pandas_udf
+
+from keygroups.spark import partition_by_key_group, with_key_groups
+
+# ---- (c): the same Flink arithmetic in numpy, inside a pandas_udf ------------------------------------------------
+
+
+def _np_murmur_key_groups(h: np.ndarray, max_parallelism: int) -> np.ndarray:
+    """Flink's murmurHash(int) and key group over a uint32 array of Java hashes, in numpy."""
+
+    def rotl(x: np.ndarray, r: int) -> np.ndarray:
+        return (x << np.uint32(r)) | (x >> np.uint32(32 - r))
+
+    with np.errstate(over="ignore"):
+        h = h * np.uint32(0xCC9E2D51)
+        h = rotl(h, 15)
+        h *= np.uint32(0x1B873593)
+        h = rotl(h, 13)
+        h = h * np.uint32(5) + np.uint32(0xE6546B64)
+        h ^= np.uint32(4)
+        h ^= h >> np.uint32(16)
+        h *= np.uint32(0x85EBCA6B)
+        h ^= h >> np.uint32(13)
+        h *= np.uint32(0xC2B2AE35)
+        h ^= h >> np.uint32(16)
+    signed = h.view(np.int32).astype(np.int64)
+    non_negative = np.where(signed == -(2**31), 0, np.abs(signed))
+    return (non_negative % max_parallelism).astype(np.int32)
+
+
+def numpy_long_udf(max_parallelism: int) -> Callable:
+    @pandas_udf("int")
+    def key_group(keys: pd.Series) -> pd.Series:
+        v = keys.to_numpy(dtype=np.int64).view(np.uint64)
+        h = (v ^ (v >> np.uint64(32))).astype(np.uint32)
+        return pd.Series(_np_murmur_key_groups(h, max_parallelism))
+
+    return key_group
+
+
+def numpy_string_udf(max_parallelism: int) -> Callable:
+    @pandas_udf("int")
+    def key_group(keys: pd.Series) -> pd.Series:
+        # String.hashCode over the code points of a numpy 'U' array: UTF-16 units for BMP text (the keys here).
+        arr = keys.to_numpy(dtype=str)
+        width = max(arr.dtype.itemsize // 4, 1)
+        chars = arr.view(np.uint32).reshape(len(arr), width) if len(arr) else np.zeros((0, 1), np.uint32)
+        lengths = np.char.str_len(arr)
+        h = np.zeros(len(arr), dtype=np.uint32)
+        with np.errstate(over="ignore"):
+            for j in range(width):
+                h = np.where(j < lengths, h * np.uint32(31) + chars[:, j], h)
+        return pd.Series(_np_murmur_key_groups(h, max_parallelism))
+
+    return key_group
+
+
+# ---- harness --------------------------------------------------------------------------------------------------------
+
+
+def force(df: DataFrame) -> None:
+    df.write.format("noop").mode("overwrite").save()
+
+
+def measure(make: Callable[[], DataFrame], runs: int) -> float:
+    force(make())  # warm-up: JIT, Python workers, plan caches
+    times = []
+    for _ in range(runs):
+        df = make()
+        t0 = time.perf_counter()
+        force(df)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def report(title: str, results: dict[str, float], baseline: str, target: float | None) -> None:
+    base = results[baseline]
+    print(f"\n{title}")
+    for name, t in results.items():
+        ratio = t / base
+        mark = ""
+        if target is not None and (name.startswith("(a) ") or name.startswith("(d) ")):
+            mark = "  target <= %.1fx: %s" % (target, "MET" if ratio <= target else "MISSED")
+        print(f"  {name:<48} {t:8.3f} s   {ratio:6.2f}x {baseline[:3]}{mark}")
+    sys.stdout.flush()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", type=int, default=10_000_000)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--max-parallelism", type=int, default=128)
+    ap.add_argument("--parallelism", type=int, default=8)
+    ap.add_argument("--skip-pandas", action="store_true", help="leave out (c), the slowest candidate")
+    args = ap.parse_args()
+    n, runs, mp, p = args.rows, args.runs, args.max_parallelism, args.parallelism
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .appName("bench_spark_keyby")
+        .config("spark.ui.enabled", "false")
+        .config("spark.driver.memory", "4g")
+        .config("spark.sql.shuffle.partitions", str(p))
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    print(f"Spark {spark.version}, local[2], {n:,} rows, max_parallelism={mp}, parallelism={p}, median of {runs}")
+
+    ints = spark.range(n).withColumnRenamed("id", "k")
+    strings = spark.range(n).select(F.concat(F.lit("user-"), (F.col("id") * 7919 % 1_000_003).cast("string")).alias("k"))
+    strings = strings.cache()
+    strings.count()
+
+    for label, df, udf, target in (
+        ("LongType keys (spark.range)", ints, numpy_long_udf(mp), 1.5),
+        ("StringType keys (cached)", strings, numpy_string_udf(mp), 3.0),
+    ):
+        results = {
+            "(b) pmod(hash(k), max_parallelism)": measure(
+                lambda df=df: df.withColumn("key_group", F.pmod(F.hash("k"), F.lit(mp))), runs
+            ),
+            "(a) with_key_groups": measure(lambda df=df: with_key_groups(df, "k", max_parallelism=mp), runs),
+            "(a') with_key_groups(engine='arrow')": measure(
+                lambda df=df: with_key_groups(df, "k", max_parallelism=mp, engine="arrow"), runs
+            ),
+        }
+        if not args.skip_pandas:
+            results["(c) pandas_udf, numpy"] = measure(lambda df=df, udf=udf: df.withColumn("key_group", udf("k")), runs)
+        report(f"key-group column, {label}", results, "(b) pmod(hash(k), max_parallelism)", target)
+
+        placement = {
+            "(e) df.repartition(parallelism, k)": measure(lambda df=df: df.repartition(p, "k"), runs),
+            "(d) partition_by_key_group": measure(
+                lambda df=df: partition_by_key_group(df, "k", max_parallelism=mp, parallelism=p), runs
+            ),
+            "(d') partition_by_key_group(method='hash')": measure(
+                lambda df=df: partition_by_key_group(df, "k", max_parallelism=mp, parallelism=p, method="hash"), runs
+            ),
+        }
+        report(f"placement into {p} partitions, {label}", placement, "(e) df.repartition(parallelism, k)", 1.3)
+
+    strings.unpersist()
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,258 @@
+"""Keyed state benchmark: heap state ops/s per core beside a plain dict doing the same work, snapshot write and
+restore MB/s, bytes a rescaled restore reads per subtask against its ideal share, and lazy vs eager restore of 1M keys.
+
+Run: python benchmarks/bench_state.py [--quick]
+Every figure is the median of several runs; ours and the baseline are printed side by side with the ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import tempfile
+import time
+
+from keygroups import KeyGroupRange, key_group_range
+from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage
+from keygroups.serializers import Int64Serializer, StrSerializer
+from keygroups.state import HeapKeyedStateBackend, ListStateDescriptor, MapStateDescriptor, ValueStateDescriptor
+
+MAXP = 128
+
+
+def median_time(fn, runs):
+    times = []
+    for _ in range(runs):
+        gc.collect()
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def row(label, ours, base, unit, higher_is_better=True):
+    ratio = ours / base if base else float("nan")
+    note = "ours/baseline" if higher_is_better else "ours/baseline (lower is better)"
+    print(f"  {label:<44} {ours:>14,.0f} {unit:<8} baseline {base:>14,.0f} {unit:<8} ratio {ratio:6.2f}  ({note})")
+
+
+def bench_ops(n_keys, n_ops, runs):
+    print(f"\nheap state ops/s on one core ({n_ops:,} ops over {n_keys:,} keys; baseline: a plain dict doing the same "
+          "work)")
+    keys = [i % n_keys for i in range(n_ops)]
+
+    def fresh():
+        b = HeapKeyedStateBackend(KeyGroupRange(0, MAXP - 1), MAXP, Int64Serializer())
+        return (b, b.get_state(ValueStateDescriptor("v", Int64Serializer())),
+                b.get_state(ListStateDescriptor("l", Int64Serializer())),
+                b.get_state(MapStateDescriptor("m", StrSerializer(), Int64Serializer())))
+
+    b, v, lst, m = fresh()
+
+    def value_ours():
+        for k in keys:
+            b.set_current_key(k)
+            v.update((v.value() or 0) + 1)
+
+    def value_base():
+        d = {}
+        for k in keys:
+            d[k] = (d.get(k) or 0) + 1
+
+    def value_ours_nokey():  # the state access alone, key already set (as within one key's records)
+        b.set_current_key(1)
+        for _ in keys:
+            v.update((v.value() or 0) + 1)
+
+    def value_base_nokey():
+        d = {}
+        for _ in keys:
+            d[1] = (d.get(1) or 0) + 1
+
+    def list_ours():
+        bb, _, ll, _ = fresh()
+        for k in keys:
+            bb.set_current_key(k)
+            ll.add(k)
+
+    def list_base():
+        d = {}
+        for k in keys:
+            x = d.get(k)
+            if x is None:
+                d[k] = [k]
+            else:
+                x.append(k)
+
+    def map_ours():
+        bb, _, _, mm = fresh()
+        for k in keys:
+            bb.set_current_key(k)
+            mm.put("a", k)
+
+    def map_base():
+        d = {}
+        for k in keys:
+            x = d.get(k)
+            if x is None:
+                d[k] = {"a": k}
+            else:
+                x["a"] = k
+
+    def kg_only():
+        for k in keys:
+            b.set_current_key(k)
+
+    for label, ours, base in (("value get+update (incl. set_current_key)", value_ours, value_base),
+                              ("value get+update (key already set)", value_ours_nokey, value_base_nokey),
+                              ("list add (incl. set_current_key)", list_ours, list_base),
+                              ("map put (incl. set_current_key)", map_ours, map_base)):
+        row(label, n_ops / median_time(ours, runs), n_ops / median_time(base, runs), "ops/s")
+    print(f"  (set_current_key alone, hashing the key to its key group: {n_ops / median_time(kg_only, runs):,.0f}/s)")
+
+
+def build(n_keys, kgr=KeyGroupRange(0, MAXP - 1), maxp=MAXP, subtask=0):
+    b = HeapKeyedStateBackend(kgr, maxp, Int64Serializer(), subtask_index=subtask)
+    v = b.get_state(ValueStateDescriptor("v", StrSerializer()))
+    return b, v
+
+
+def fill(b, v, keys):
+    payload = "x" * 40
+    for k in keys:
+        b.set_current_key(k)
+        v.update(payload)
+
+
+def commit(storage, handles, cid, p, maxp=MAXP):
+    storage.commit(CheckpointMetadata(checkpoint_id=cid, job_id="bench", timestamp_ms=0, max_parallelism=maxp,
+                                      parallelism=p, keyed_handles=handles, operator_handles=[], properties={}))
+    return storage.load(cid)
+
+
+def bench_snapshot_restore(n_keys, runs):
+    print(f"\nsnapshot write / restore ({n_keys:,} keys, 40-byte str values, one subtask; baseline: writing / reading "
+          "the same bytes as one raw file)")
+    tmp = tempfile.TemporaryDirectory(prefix="kg-bench-")
+    storage = CheckpointStorage(tmp.name)
+    b, v = build(n_keys)
+    fill(b, v, range(n_keys))
+    cid = [0]
+    handle = None
+
+    def snap():
+        nonlocal handle
+        cid[0] += 1
+        handle = b.snapshot(cid[0], storage).result()
+
+    t_snap = median_time(snap, runs)
+    size = handle.size
+    md = commit(storage, [handle], cid[0], 1)
+    blob = b"x" * size
+
+    def raw_write():
+        with open(f"{tmp.name}/raw", "wb") as f:
+            f.write(blob)
+
+    def raw_read():
+        with open(f"{tmp.name}/raw", "rb") as f:
+            f.read()
+
+    t_raw_w = median_time(raw_write, runs)
+    t_raw_r = median_time(raw_read, runs)
+
+    def restore(lazy):
+        def go():
+            nb, nv = build(0)
+            nb.restore(storage, md, lazy=lazy)
+            nb.get_state(ValueStateDescriptor("v", StrSerializer()))
+        return go
+
+    mb = size / 1e6
+    row("snapshot write (capture + async write)", mb / t_snap, mb / t_raw_w, "MB/s")
+    row("restore, lazy (values stay bytes)", mb / median_time(restore(True), runs), mb / t_raw_r, "MB/s")
+    row("restore, eager (every value decoded)", mb / median_time(restore(False), runs), mb / t_raw_r, "MB/s")
+    futures = []
+    t_sync = median_time(lambda: futures.append(b.snapshot(cid[0] + 100 + len(futures), storage)), runs)
+    for f in futures:  # let the background writes finish before the directory goes
+        f.result()
+    print(f"  synchronous capture of {n_keys:,} keys: {t_sync * 1e3:.2f} ms (the part that blocks processing; "
+          "the rest is written in a background thread)")
+    tmp.cleanup()
+
+
+def bench_rescale(n_keys, p, p2, runs):
+    print(f"\nrescaled restore {p} -> {p2} subtasks (max parallelism {MAXP}, {n_keys:,} keys): bytes read per subtask "
+          "vs its ideal share (its key groups' fraction of the checkpoint; target <= 1.1x)")
+    tmp = tempfile.TemporaryDirectory(prefix="kg-bench-")
+    storage = CheckpointStorage(tmp.name)
+    handles = []
+    from keygroups import assign_operators
+    import numpy as np
+
+    keys = np.arange(n_keys, dtype=np.int64)
+    owners = assign_operators(keys, MAXP, p)
+    for i in range(p):
+        b, v = build(0, key_group_range(MAXP, p, i), subtask=i)
+        fill(b, v, keys[owners == i].tolist())
+        handles.append(b.snapshot(1, storage).result())
+    md = commit(storage, handles, 1, p)
+    total = sum(h.offsets[-1] - h.offsets[0] for h in handles)
+    ratios = []
+    naive = []
+    for j in range(p2):
+        kgr = key_group_range(MAXP, p2, j)
+        reads = []
+        for _ in range(runs):
+            nb, _ = build(0, kgr, subtask=j)
+            reads.append(nb.restore(storage, md).bytes_read)
+        ideal = total * len(kgr) / MAXP
+        ratios.append(statistics.median(reads) / ideal)
+        naive.append(sum(h.size for h in handles if h.key_group_range.intersection(kgr)) / ideal)
+    print(f"  {'bytes read / ideal share, median (max)':<44} {statistics.median(ratios):>10.3f}x ({max(ratios):.3f}x)"
+          f"   baseline: whole intersecting old files {statistics.median(naive):.2f}x ({max(naive):.2f}x)"
+          f"   ratio {statistics.median(ratios) / statistics.median(naive):.2f}")
+    tmp.cleanup()
+
+
+def bench_lazy(n_keys, runs):
+    print(f"\nlazy vs eager restore of {n_keys:,} keys: time until the first value can be read (baseline: eager)")
+    tmp = tempfile.TemporaryDirectory(prefix="kg-bench-")
+    storage = CheckpointStorage(tmp.name)
+    b, v = build(0)
+    fill(b, v, range(n_keys))
+    md = commit(storage, [b.snapshot(1, storage).result()], 1, 1)
+    del b, v
+    gc.collect()
+
+    def first_read(lazy):
+        def go():
+            nb, _ = build(0)
+            nb.restore(storage, md, lazy=lazy)
+            nv = nb.get_state(ValueStateDescriptor("v", StrSerializer()))
+            nb.set_current_key(12345)
+            assert nv.value() is not None
+        return go
+
+    t_lazy = median_time(first_read(True), runs)
+    t_eager = median_time(first_read(False), runs)
+    print(f"  {'lazy restore, first value':<44} {t_lazy * 1e3:>12,.1f} ms       baseline (eager) {t_eager * 1e3:>10,.1f} ms"
+          f"       ratio {t_eager / t_lazy:6.1f}x faster")
+    tmp.cleanup()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke run")
+    a = ap.parse_args()
+    q = a.quick
+    runs = 3 if q else 5
+    bench_ops(10_000, 50_000 if q else 300_000, runs)
+    bench_snapshot_restore(50_000 if q else 300_000, runs)
+    bench_rescale(20_000 if q else 200_000, 4, 7, 3)
+    bench_lazy(100_000 if q else 1_000_000, 3)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,205 @@
+"""Exact placement: Spark partition *i* holds exactly the records of subtask *i*, for RDDs and DataFrames.
+
+RDDs go through :class:`KeyGroupPartitioner`, a picklable partition function for ``rdd.partitionBy`` that hashes
+each key as Flink does (never Python's salted ``hash``), so placement is the same in every process, on every machine
+and under every ``PYTHONHASHSEED``.
+
+DataFrames stay in the JVM: :func:`partition_by_key_group` adds the key-group and operator-index columns
+(:func:`keygroups.spark.with_key_groups`) and shuffles on the operator index with ``DataFrame.repartitionById``
+(Spark 4.1+), whose target partition is ``pmod(id, numPartitions)``: for an id already in ``[0, parallelism)``, the
+id itself. Where ``repartitionById`` is missing (Spark 4.0), the operator index is mapped to a stand-in integer
+whose Spark hash lands in that very partition, and ``repartition(parallelism, stand_in)`` (hash partitioning,
+``pmod(murmur3(v, 42), n)``) places it exactly: see :func:`hash_partitioning_stand_ins`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from pyspark import RDD
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from keygroups._hashing import KeyType, key_type_code
+from keygroups._native import hashing as _h
+from keygroups._ranges import check_parallelism, default_max_parallelism
+from keygroups.spark.columns import ColumnOrName, operator_index_column, with_key_groups
+
+_METHODS = ("auto", "by_id", "hash")
+
+
+class KeyGroupPartitioner:
+    """A partition function for ``rdd.partitionBy(parallelism, partitioner)``: key -> the subtask that owns its key
+    group, so partition *i* holds exactly the keys of ``key_group_range(max_parallelism, parallelism, i)``.
+
+    Keys hash as the Java types Flink would see (``key_type`` as in :func:`keygroups.java_hash`; ``None`` infers it
+    from each key: ``int`` -> ``Long``, ``str`` -> ``String``, tuples -> ``TupleN``, ...). A ``None`` key, or a key
+    of an unsupported type, raises when the partition function meets it. Instances pickle as their three
+    parameters and compare equal when those are equal, so PySpark recognises RDDs partitioned alike and skips a
+    second shuffle.
+    """
+
+    __slots__ = ("_max_parallelism", "_parallelism", "_key_type", "_code")
+
+    def __init__(self, max_parallelism: int, parallelism: int, key_type: KeyType = None) -> None:
+        p, mp = check_parallelism(parallelism, max_parallelism)
+        self._max_parallelism = mp
+        self._parallelism = p
+        self._key_type = key_type
+        self._code = key_type_code(key_type)  # validates the name
+
+    @property
+    def max_parallelism(self) -> int:
+        return self._max_parallelism
+
+    @property
+    def parallelism(self) -> int:
+        """The number of partitions this partitioner is for: pass it as ``rdd.partitionBy``'s ``numPartitions``."""
+        return self._parallelism
+
+    @property
+    def key_type(self) -> KeyType:
+        return self._key_type
+
+    def __call__(self, key: Any) -> int:
+        """The operator index (subtask) of ``key``: ``key_group * parallelism // max_parallelism``."""
+        group = _h.key_group_for_hash(_h.java_hash_object(key, self._code), self._max_parallelism)
+        return group * self._parallelism // self._max_parallelism
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (KeyGroupPartitioner, (self._max_parallelism, self._parallelism, self._key_type))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, KeyGroupPartitioner):
+            return NotImplemented
+        return (self._max_parallelism, self._parallelism, self._key_type) == (
+            other._max_parallelism,
+            other._parallelism,
+            other._key_type,
+        )
+
+    def __hash__(self) -> int:
+        return hash((KeyGroupPartitioner, self._max_parallelism, self._parallelism, self._key_type))
+
+    def __repr__(self) -> str:
+        kt = "" if self._key_type is None else f", key_type={self._key_type!r}"
+        return f"KeyGroupPartitioner(max_parallelism={self._max_parallelism}, parallelism={self._parallelism}{kt})"
+
+
+def key_by(
+    rdd: RDD,
+    key_fn: Callable[[Any], Any],
+    max_parallelism: int | None = None,
+    parallelism: int | None = None,
+    key_type: KeyType = None,
+) -> RDD:
+    """The pair RDD ``(key_fn(value), value)``, partitioned so that partition *i* holds exactly subtask *i*'s keys.
+
+    ``parallelism`` defaults to the RDD's partition count, ``max_parallelism`` to
+    ``default_max_parallelism(parallelism)`` (Flink's default)."""
+    if not callable(key_fn):
+        raise TypeError(f"key_fn must be callable (value -> key), got {key_fn!r}")
+    p = rdd.getNumPartitions() if parallelism is None else parallelism
+    mp = default_max_parallelism(p) if max_parallelism is None else max_parallelism
+    partitioner = KeyGroupPartitioner(mp, p, key_type)
+    return rdd.map(lambda value: (key_fn(value), value)).partitionBy(partitioner.parallelism, partitioner)
+
+
+# ---- DataFrames ---------------------------------------------------------------------------------------------------
+
+_C1, _C2 = 0xCC9E2D51, 0x1B873593
+
+
+def _rotl(x: np.ndarray, r: int) -> np.ndarray:
+    return (x << np.uint32(r)) | (x >> np.uint32(32 - r))
+
+
+def spark_hash_int(values: npt.ArrayLike, seed: int = 42) -> npt.NDArray[np.int32]:
+    """Spark's ``hash()`` of ``IntegerType`` values (``Murmur3_x86_32.hashInt(v, seed)``), vectorized in numpy."""
+    k = np.asarray(values, dtype=np.int32).view(np.uint32).copy()
+    with np.errstate(over="ignore"):
+        k *= np.uint32(_C1)
+        k = _rotl(k, 15)
+        k *= np.uint32(_C2)
+        h = np.uint32(seed) ^ k
+        h = _rotl(h, 13)
+        h = h * np.uint32(5) + np.uint32(0xE6546B64)
+        h ^= np.uint32(4)
+        h ^= h >> np.uint32(16)
+        h *= np.uint32(0x85EBCA6B)
+        h ^= h >> np.uint32(13)
+        h *= np.uint32(0xC2B2AE35)
+        h ^= h >> np.uint32(16)
+    return h.view(np.int32)
+
+
+def hash_partitioning_stand_ins(num_partitions: int) -> npt.NDArray[np.int32]:
+    """For every partition *i* of ``num_partitions``, the smallest non-negative int ``v`` with
+    ``pmod(hash(v), num_partitions) == i``: Spark's hash partitioning sends a row whose partitioning column holds
+    ``v`` to partition *i*, exactly."""
+    out = np.full(num_partitions, -1, dtype=np.int64)
+    missing = num_partitions
+    start, chunk = 0, max(4096, 16 * num_partitions)
+    while missing:
+        candidates = np.arange(start, start + chunk, dtype=np.int64)
+        targets = np.mod(spark_hash_int(candidates).astype(np.int64), num_partitions)
+        # return_index gives each target's first (smallest) candidate in this chunk
+        uniq, first = np.unique(targets, return_index=True)
+        fresh = out[uniq] < 0
+        out[uniq[fresh]] = candidates[first[fresh]]
+        missing = int(np.count_nonzero(out < 0))
+        start += chunk
+    return out.astype(np.int32)
+
+
+def _has_repartition_by_id(df: DataFrame) -> bool:
+    return callable(getattr(df, "repartitionById", None))
+
+
+def partition_by_key_group(
+    df: DataFrame,
+    *key_columns: ColumnOrName,
+    max_parallelism: int,
+    parallelism: int,
+    sort_within: bool = False,
+    key_group_col: str = "key_group",
+    operator_col: str | None = None,
+    engine: str = "auto",
+    method: str = "auto",
+) -> DataFrame:
+    """``df`` plus its key-group column, in exactly ``parallelism`` partitions, where Spark partition *i* holds
+    exactly the records of subtask *i* (the keys of ``key_group_range(max_parallelism, parallelism, i)``);
+    ``sort_within=True`` also sorts each partition by key group. ``operator_col``, when given, names an extra
+    column with the operator index (which equals ``spark_partition_id()``); it is added after the shuffle, so it
+    costs no shuffle bytes.
+
+    The whole path runs in the JVM (no per-row Python): see the module docs. ``method`` is ``"auto"``,
+    ``"by_id"`` (``repartitionById``, Spark 4.1+) or ``"hash"`` (hash partitioning on a stand-in; any Spark 4);
+    ``engine`` is passed to :func:`with_key_groups`. The placement holds for this DataFrame's partitions: a later
+    shuffle (a join, an aggregation) redistributes rows as Spark sees fit."""
+    p, mp = check_parallelism(parallelism, max_parallelism)
+    if method not in _METHODS:
+        raise ValueError(f"method must be one of {', '.join(map(repr, _METHODS))}, got {method!r}")
+    if method == "auto":
+        method = "by_id" if _has_repartition_by_id(df) else "hash"
+    if method == "by_id" and not _has_repartition_by_id(df):
+        raise ValueError("method 'by_id' needs DataFrame.repartitionById (Spark 4.1+); use method='hash' or 'auto'")
+    if operator_col is not None and (operator_col == key_group_col or operator_col in df.columns):
+        raise ValueError(f"operator_col {operator_col!r} collides with key_group_col or an existing column")
+    keyed = with_key_groups(df, *key_columns, max_parallelism=mp, key_group_col=key_group_col, engine=engine)
+    # The operator index only steers the shuffle; it is not a column, so rows cross the shuffle one field narrower.
+    operator = operator_index_column(key_group_col, mp, p)
+    if method == "by_id":
+        placed = keyed.repartitionById(p, operator)
+    else:
+        # one SQL array literal (parsed once, constant-folded), not p py4j calls
+        stand_ins = F.expr("array(" + ",".join(map(str, hash_partitioning_stand_ins(p).tolist())) + ")")
+        placed = keyed.repartition(p, F.element_at(stand_ins, operator + F.lit(1)))
+    if sort_within:
+        placed = placed.sortWithinPartitions(key_group_col)
+    if operator_col is not None:
+        placed = placed.withColumn(operator_col, operator_index_column(key_group_col, mp, p))
+    return placed

@@ -1,0 +1,304 @@
+"""with_key_groups: Flink-exact key-group and operator-index columns on a real local Spark session.
+
+Every supported Spark type, composite keys, both engines, against the golden vectors from Flink and against the
+compiled core (``keygroups.assign_key_groups``); nulls, empty DataFrames and unsupported column types."""
+
+from __future__ import annotations
+
+import datetime
+import decimal
+import math
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import keygroups as kg
+from conftest import load_jsonl
+
+pyspark = pytest.importorskip("pyspark")
+from pyspark.sql import functions as F  # noqa: E402
+from pyspark.sql import types as T  # noqa: E402
+
+from keygroups.spark import with_key_groups  # noqa: E402
+from keygroups.spark.columns import choose_engine, resolve_key_columns  # noqa: E402
+
+pytestmark = pytest.mark.spark
+
+SPARK_TYPES = {
+    "long": T.LongType(),
+    "int": T.IntegerType(),
+    "short": T.ShortType(),
+    "byte": T.ByteType(),
+    "boolean": T.BooleanType(),
+    "double": T.DoubleType(),
+    "float": T.FloatType(),
+    "string": T.StringType(),
+    "bytes": T.BinaryType(),
+}
+ENGINES = ["sql", "arrow"]
+GOLDEN_MAX_PARALLELISMS = [1, 7, 129, 1000, 32768]  # 1, small prime, 2^7+1, 10^3, 2^15
+
+
+def _field_types(type_name: str) -> list[str]:
+    if type_name.startswith("tuple<"):
+        return type_name[len("tuple<") : -1].split(",")
+    return [type_name]
+
+
+def _decode(key_type: str, value):
+    if key_type == "bytes":
+        return bytes.fromhex(value)
+    if key_type == "double" and isinstance(value, str):
+        return float(value)  # "NaN", "Infinity", "-Infinity"
+    return value
+
+
+def _utf8_ok(value) -> bool:
+    try:
+        value.encode("utf-8")
+        return True
+    except UnicodeEncodeError:  # a lone surrogate: a Java String may hold one, a Spark (UTF-8) string cannot
+        return False
+
+
+def _golden_groups() -> dict[str, list[dict]]:
+    groups: dict[str, list[dict]] = {}
+    for row in load_jsonl("key_groups.jsonl"):
+        fields = _field_types(row["type"])
+        values = row["key"] if len(fields) > 1 else [row["key"]]
+        decoded = [_decode(t, v) for t, v in zip(fields, values)]
+        if any(isinstance(v, str) and not _utf8_ok(v) for v in decoded):
+            continue
+        groups.setdefault(row["type"], []).append({"key": decoded, "key_groups": row["key_groups"]})
+    return groups
+
+
+GOLDEN = _golden_groups()
+
+
+def _frame(spark, field_types: list[str], keys: list[list], nullable: bool = False):
+    schema = T.StructType(
+        [T.StructField("idx", T.IntegerType(), False)]
+        + [T.StructField(f"k{i}", SPARK_TYPES[t], nullable) for i, t in enumerate(field_types)]
+    )
+    return spark.createDataFrame([(i, *key) for i, key in enumerate(keys)], schema)
+
+
+def _collect_sorted(df, *cols):
+    return sorted(df.select("idx", *cols).collect(), key=lambda r: r["idx"])
+
+
+def test_golden_vectors_cover_every_golden_type():
+    assert {"long", "int", "string", "bytes", "double", "boolean"} <= set(GOLDEN)
+    assert any(t.startswith("tuple<") for t in GOLDEN)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("type_name", sorted(GOLDEN))
+def test_golden_key_groups(spark, type_name, engine):
+    """Flink's own key groups, for every golden type and max parallelism, in one Spark job per type."""
+    rows = GOLDEN[type_name]
+    fields = _field_types(type_name)
+    if engine == "sql" and "bytes" in fields:
+        pytest.skip("BinaryType keys need the arrow engine (checked in test_sql_engine_refuses_binary)")
+    df = _frame(spark, fields, [r["key"] for r in rows])
+    key_cols = [f"k{i}" for i in range(len(fields))]
+    for mp in GOLDEN_MAX_PARALLELISMS:
+        df = with_key_groups(df, *key_cols, max_parallelism=mp, key_group_col=f"g{mp}", engine=engine)
+    got = _collect_sorted(df, *[f"g{mp}" for mp in GOLDEN_MAX_PARALLELISMS])
+    assert len(got) == len(rows)
+    for out, row in zip(got, rows):
+        for mp in GOLDEN_MAX_PARALLELISMS:
+            assert out[f"g{mp}"] == row["key_groups"][str(mp)], (row["key"], mp)
+
+
+def _random_keys(key_type: str, n: int, rng: np.random.Generator) -> list:
+    """Random keys plus each type's edge values."""
+    if key_type in ("long", "int", "short", "byte"):
+        bits = {"long": 64, "int": 32, "short": 16, "byte": 8}[key_type]
+        lo, hi = -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
+        edges = [lo, lo + 1, -1, 0, 1, hi - 1, hi]
+        return edges + [int(v) for v in rng.integers(lo, hi, size=n, endpoint=True, dtype=np.int64)]
+    if key_type == "boolean":
+        return [True, False] * (n // 2 + 1)
+    if key_type in ("double", "float"):
+        edges = [0.0, -0.0, 1.0, -1.0, math.inf, -math.inf, math.nan, 5e-324, 1.7976931348623157e308]
+        if key_type == "float":
+            edges = [0.0, -0.0, 1.0, -1.0, math.inf, -math.inf, math.nan, 1.4e-45, 3.4028234663852886e38]
+            values = rng.standard_normal(n).astype(np.float32) * np.float32(1e6)
+            return edges + [float(v) for v in values]
+        return edges + [float(v) for v in rng.standard_normal(n) * 1e9]
+    if key_type == "string":
+        alphabet = ["a", "Z", "0", "é", "ß", "€", "中", "\u0000", "😀", "𝄞", "\uffff", " "]
+        lengths = rng.integers(0, 24, size=n)
+        return ["", "😀", "a" * 100] + ["".join(rng.choice(alphabet, size=length)) for length in lengths]
+    if key_type == "bytes":
+        lengths = rng.integers(0, 40, size=n)
+        return [b"", b"\x80", b"\xff" * 17] + [rng.integers(0, 256, size=length, dtype=np.uint8).tobytes()
+                                                 for length in lengths]
+    raise AssertionError(key_type)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("key_type", list(SPARK_TYPES))
+def test_every_column_type_agrees_with_the_core(spark, key_type, engine):
+    if engine == "sql" and key_type == "bytes":
+        pytest.skip("BinaryType keys need the arrow engine")
+    rng = np.random.default_rng(sum(map(ord, key_type)))
+    keys = _random_keys(key_type, 400, rng)
+    df = _frame(spark, [key_type], [[k] for k in keys])
+    out = _collect_sorted(
+        with_key_groups(df, "k0", max_parallelism=1000, parallelism=7, engine=engine), "k0", "key_group",
+        "operator_index",
+    )
+    # The core hashes the very values Spark hands back (floats went through float32 for FloatType).
+    back = [r["k0"] for r in out]
+    if key_type == "float":
+        expected = kg.assign_key_groups(np.array(back, dtype=np.float32), 1000, "float")
+    elif key_type == "bytes":
+        expected = kg.assign_key_groups(pa.array([bytes(b) for b in back], pa.binary()), 1000, "bytes")
+    elif key_type == "string":
+        expected = kg.assign_key_groups(pa.array(back, pa.string()), 1000, "string")
+    else:
+        expected = kg.assign_key_groups(back, 1000, key_type)
+    assert [r["key_group"] for r in out] == expected.tolist()
+    assert [r["operator_index"] for r in out] == kg.operator_index_for_key_group(1000, 7, expected).tolist()
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_composite_keys_hash_as_a_flink_tuple(spark, engine):
+    rng = np.random.default_rng(7)
+    n = 300
+    types = ["string", "long", "int", "boolean", "double", "short", "byte"]
+    columns = [_random_keys(t, n, rng)[:n] for t in types]
+    keys = [list(row) for row in zip(*columns)]
+    df = _frame(spark, types, keys)
+    cols = [f"k{i}" for i in range(len(types))]
+    for width in (2, 3, len(types)):
+        out = _collect_sorted(
+            with_key_groups(df, *cols[:width], max_parallelism=4096, key_group_col="g", engine=engine), "g"
+        )
+        expected = kg.assign_key_groups([tuple(k[:width]) for k in keys], 4096, tuple(types[:width]))
+        assert [r["g"] for r in out] == expected.tolist(), width
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    st.lists(
+        st.tuples(st.text(max_size=6), st.integers(-(2**63), 2**63 - 1), st.booleans()), min_size=1, max_size=30
+    ),
+    st.integers(1, 32768),
+    st.sampled_from(ENGINES),
+)
+def test_composite_key_property(spark, keys, max_parallelism, engine):
+    keys = [k for k in keys if _utf8_ok(k[0])]
+    if not keys:
+        return
+    df = _frame(spark, ["string", "long", "boolean"], [list(k) for k in keys])
+    p = max(1, max_parallelism // 3)
+    out = _collect_sorted(
+        with_key_groups(df, "k0", "k1", "k2", max_parallelism=max_parallelism, parallelism=p, engine=engine),
+        "key_group",
+        "operator_index",
+    )
+    for row, key in zip(out, keys):
+        assert row["key_group"] == kg.assign_to_key_group(key, max_parallelism, ("string", "long", "boolean"))
+        assert row["operator_index"] == kg.assign_to_operator(key, max_parallelism, p, ("string", "long", "boolean"))
+
+
+def test_key_columns_as_column_expressions(spark):
+    df = spark.range(50).withColumn("s", F.concat(F.lit("k"), F.col("id").cast("string")))
+    out = with_key_groups(df, F.col("s"), F.col("id") * 2, max_parallelism=128).orderBy("id").collect()
+    expected = kg.assign_key_groups([(r["s"], r["id"] * 2) for r in out], 128, ("string", "long"))
+    assert [r["key_group"] for r in out] == expected.tolist()
+
+
+def test_output_columns_and_types(spark):
+    df = spark.range(10)
+    out = with_key_groups(df, "id", max_parallelism=128, parallelism=4, key_group_col="g", operator_col="op")
+    assert out.columns == ["id", "g", "op"]
+    assert out.schema["g"].dataType == T.IntegerType()
+    assert out.schema["op"].dataType == T.IntegerType()
+    assert with_key_groups(df, "id", max_parallelism=128).columns == ["id", "key_group"]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_null_key_fails_naming_the_column(spark, engine):
+    df = _frame(spark, ["long", "string"], [[1, "a"], [2, None], [3, "c"]], nullable=True)
+    with pytest.raises(Exception, match="key column 'k1' holds a null key"):
+        with_key_groups(df, "k0", "k1", max_parallelism=128, engine=engine).collect()
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_nullable_column_without_nulls_works(spark, engine):
+    df = _frame(spark, ["long"], [[1], [2], [3]], nullable=True)
+    out = _collect_sorted(with_key_groups(df, "k0", max_parallelism=128, engine=engine), "key_group")
+    assert [r["key_group"] for r in out] == kg.assign_key_groups(np.array([1, 2, 3]), 128).tolist()
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_empty_dataframe(spark, engine):
+    df = _frame(spark, ["string", "long"], [])
+    out = with_key_groups(df, "k0", "k1", max_parallelism=128, parallelism=3, engine=engine)
+    assert out.collect() == []
+    assert out.columns == ["idx", "k0", "k1", "key_group", "operator_index"]
+
+
+@pytest.mark.parametrize(
+    ("spark_type", "value"),
+    [
+        (T.DecimalType(10, 2), decimal.Decimal("1.50")),
+        (T.DateType(), datetime.date(2024, 1, 1)),
+        (T.TimestampType(), datetime.datetime(2024, 1, 1)),
+        (T.ArrayType(T.LongType()), [1, 2]),
+    ],
+)
+def test_unsupported_column_type_is_refused_naming_the_column(spark, spark_type, value):
+    df = spark.createDataFrame(
+        [(1, value)], T.StructType([T.StructField("id", T.LongType()), T.StructField("when", spark_type)])
+    )
+    with pytest.raises(TypeError, match=r"key column 'when' has Spark type .*allowed: LongType"):
+        with_key_groups(df, "id", "when", max_parallelism=128)
+
+
+def test_argument_errors(spark):
+    df = spark.range(3).withColumn("b", F.lit(b"x"))
+    with pytest.raises(ValueError, match="at least one key column"):
+        with_key_groups(df, max_parallelism=128)
+    with pytest.raises(ValueError, match="max_parallelism must be in"):
+        with_key_groups(df, "id", max_parallelism=0)
+    with pytest.raises(ValueError, match="parallelism must be in"):
+        with_key_groups(df, "id", max_parallelism=8, parallelism=9)
+    with pytest.raises(ValueError, match="output column 'id' already exists"):
+        with_key_groups(df, "id", max_parallelism=8, key_group_col="id")
+    with pytest.raises(ValueError, match="must differ"):
+        with_key_groups(df, "id", max_parallelism=8, parallelism=2, key_group_col="x", operator_col="x")
+    with pytest.raises(ValueError, match="engine must be one of"):
+        with_key_groups(df, "id", max_parallelism=8, engine="fast")
+    with pytest.raises(TypeError, match="column name or a Column"):
+        with_key_groups(df, 3, max_parallelism=8)
+
+
+def test_sql_engine_refuses_binary_and_auto_picks_arrow(spark):
+    df = spark.range(3).withColumn("b", F.col("id").cast("string").cast("binary"))
+    _, keys, _ = resolve_key_columns(df, ["id", "b"])
+    assert [k.key_type for k in keys] == ["long", "bytes"]
+    assert choose_engine(keys, "auto") == "arrow"
+    assert choose_engine(keys[:1], "auto") == "sql"
+    with pytest.raises(ValueError, match="engine 'sql' cannot hash BinaryType key column 'b'"):
+        with_key_groups(df, "id", "b", max_parallelism=8, engine="sql")
+    out = with_key_groups(df, "id", "b", max_parallelism=8).orderBy("id").collect()
+    expected = kg.assign_key_groups([(r["id"], bytes(r["b"])) for r in out], 8, ("long", "bytes"))
+    assert [r["key_group"] for r in out] == expected.tolist()
+
+
+def test_nested_calls_do_not_collide(spark):
+    df = spark.range(20)
+    once = with_key_groups(df, "id", max_parallelism=64, key_group_col="g1")
+    twice = with_key_groups(once, "id", "g1", max_parallelism=32, key_group_col="g2").orderBy("id").collect()
+    assert [r["g1"] for r in twice] == kg.assign_key_groups(np.arange(20), 64).tolist()
+    expected = kg.assign_key_groups([(r["id"], r["g1"]) for r in twice], 32, ("long", "int"))
+    assert [r["g2"] for r in twice] == expected.tolist()
