@@ -174,3 +174,14 @@ def test_foreach_batch_on_a_stream_with_a_replayed_batch(spark, tmp_path):
     assert received[0] == [[(1, 1, 0), (2, 2, 0)]]
     assert received[1] == [[(1, 11, 1), (3, 3, 1)], [(1, 11, 1), (3, 3, 1)]]
     assert CheckpointStorage(str(tmp_path / "chk")).checkpoint_ids() == [0, 1]
+
+
+def test_an_empty_batch_still_carries_every_key_group_into_the_new_checkpoint(spark, tmp_path):
+    job = KeyedJob("totals", "k", RunningTotal(), TOTALS, MAX_PARALLELISM, str(tmp_path / "chk"))
+    first = job.process_batch(spark, spark.createDataFrame([(k, 1) for k in range(10)], "k long, v long"), 2)
+    assert first.count() == 10
+    empty = job.process_batch(spark, spark.createDataFrame([], "k long, v long"), 5)  # a rescale with no records
+    assert empty.count() == 0
+    assert [r["subtask"] for r in job.latest_checkpoint().properties["reports"]] == list(range(5))
+    after = job.process_batch(spark, spark.createDataFrame([(k, 1) for k in range(10)], "k long, v long"), 3)
+    assert sorted(tuple(r) for r in after.collect()) == [(k, 2, 3) for k in range(10)]

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 _REPORT_SCHEMA = "subtask int, report string"
+_REPORT_ARROW = pa.schema([("subtask", pa.int32()), ("report", pa.string())])
 
 
 def _arrow_schema(schema: Any) -> pa.Schema:
@@ -209,10 +210,18 @@ class KeyedJob:
 
             index = TaskContext.get().partitionId()
             report = run_keyed_subtask(spec, index, batches)
-            yield pa.RecordBatch.from_pylist([{"subtask": index, "report": json.dumps(report)}])
+            yield pa.RecordBatch.from_pylist([{"subtask": index, "report": json.dumps(report)}], schema=_REPORT_ARROW)
 
-        rows = placed.mapInArrow(subtask, _REPORT_SCHEMA).collect()
-        reports = sorted((json.loads(r["report"]) for r in rows), key=lambda r: r["subtask"])
+        reports = [json.loads(r["report"]) for r in placed.mapInArrow(subtask, _REPORT_SCHEMA).collect()]
+        # Spark runs no task for an input it knows is empty (it prunes the whole plan), but every subtask must still
+        # carry its key groups' state into the new checkpoint: those subtasks run here with no records.
+        missing = sorted(set(range(p)) - {r["subtask"] for r in reports})
+        if missing:
+            def idle_subtask(index: int) -> str:
+                return json.dumps(run_keyed_subtask(spec, index, []))
+
+            sc = spark.sparkContext
+            reports += [json.loads(r) for r in sc.parallelize(missing, len(missing)).map(idle_subtask).collect()]
         metadata = checkpoint_metadata(job_name=self.name, checkpoint_id=cid, max_parallelism=mp, parallelism=p,
                                        keyed_reports=reports, source_reports=source_reports or (),
                                        properties=properties)
