@@ -32,8 +32,8 @@ def _inspect(args: argparse.Namespace) -> int:
         print(f"  subtask {h.subtask}: key groups {h.key_group_range.start}-{h.key_group_range.end}, {h.size:,} bytes"
               f" in {h.file}")
     for h in metadata.operator_handles:
-        names = ", ".join(f"{s['name']} ({s.get('mode', '?')}, {len(s.get('offsets', []))} elements)"
-                          for s in h.get("states", []))
+        names = ", ".join(f"{name} ({meta.get('mode', '?')}, {len(meta.get('offsets', []))} elements)"
+                          for name, meta in sorted(h.get("states", {}).items()))
         print(f"  operator state of subtask {h.get('subtask')}: {h.get('size', 0):,} bytes: {names}")
     return 0
 
