@@ -1,3 +1,4 @@
+# cython: auto_pickle=False, autotestdict=False
 # Compiled hot paths of the heap keyed state backend: the current key (Java hash -> key group, no Python-level hop
 # for int and str keys) and the value / list / map operations on the fast path (no snapshot running, nothing lazily
 # restored). Everything else (copy-on-write, lazy restore, TTL) stays in Python: each fast method checks the table's

@@ -560,3 +560,29 @@ def test_value_serializer_migration_reads_old_writes_new(kind, tmp_path):
     bad.restore(storage, md)
     with pytest.raises(StateMigrationError, match="'v'"):
         bad.get_state(ValueStateDescriptor("v", StrSerializer()))
+
+
+def test_statecore_stub_matches_runtime():
+    """The .pyi stub of the compiled helper names exactly the runtime's public classes, functions and methods
+    (a cheap check; ``python -m mypy.stubtest keygroups._native.statecore`` is the full one)."""
+    import ast
+    import pathlib
+
+    import keygroups
+    from keygroups._native import statecore
+
+    stub = ast.parse((pathlib.Path(keygroups.__file__).parent / "_native" / "statecore.pyi").read_text())
+    declared = {}
+    for node in stub.body:
+        if isinstance(node, ast.ClassDef):
+            declared[node.name] = {n.name for n in node.body if isinstance(n, ast.FunctionDef)} | {
+                n.target.id for n in node.body if isinstance(n, ast.AnnAssign)}
+        elif isinstance(node, ast.AnnAssign):
+            declared[node.target.id] = set()
+    runtime = {n for n in vars(statecore) if not n.startswith("_")} - {"KeyGroupOutOfRangeError"}
+    assert runtime == set(declared)
+    for name, members in declared.items():
+        obj = getattr(statecore, name)
+        if isinstance(obj, type):
+            public = {m for m in vars(obj) if not m.startswith("_")} | ({"__init__"} & members)
+            assert public == members, name
