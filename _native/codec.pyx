@@ -24,7 +24,7 @@ from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
 from cpython.bytes cimport (PyBytes_AS_STRING, PyBytes_GET_SIZE, PyBytes_FromStringAndSize, PyBytes_CheckExact,
                             PyBytes_Check)
 from cpython.float cimport PyFloat_AsDouble, PyFloat_FromDouble, PyFloat_Check
-from cpython.dict cimport PyDict_Check
+from cpython.dict cimport PyDict_Check, PyDict_Copy
 from cpython.list cimport PyList_New, PyList_SET_ITEM, PyList_GET_ITEM, PyList_GET_SIZE, PyList_Check
 from cpython.long cimport PyLong_AsLongLongAndOverflow, PyLong_FromLongLong, PyLong_Check
 from cpython.mem cimport PyMem_Malloc, PyMem_Realloc, PyMem_Free
@@ -334,7 +334,7 @@ cdef Py_ssize_t sort_entries(uint8_t *buf, Entry *e, Py_ssize_t n, uint8_t *tmp)
     return -1
 
 
-cdef int enc_dict(Writer *w, object d, Codec kc, Codec vc, int depth) except -1:
+cdef int enc_dict(Writer *w, dict d, Codec kc, Codec vc, int depth) except -1:
     """A dict as u32 count + sorted (key, value) pairs; kc/vc None means the ValueSerializer format."""
     cdef Py_ssize_t n = len(d)
     cdef Py_ssize_t i = 0, base, dup
@@ -351,7 +351,7 @@ cdef int enc_dict(Writer *w, object d, Codec kc, Codec vc, int depth) except -1:
             raise MemoryError()
     try:
         base = w.pos
-        for k, v in dict.items(d):   # a dict subclass's own items() is not asked
+        for k, v in d.items():   # exact dicts only (see the callers): iterated with PyDict_Next
             if i >= n:
                 raise RuntimeError("dictionary changed size during serialization")
             e[i].start = w.pos
@@ -488,9 +488,9 @@ cdef int enc_value_slow(Writer *w, object v, int depth) except -1:
     if PyFloat_Check(v):
         w_u8(w, T_FLOAT64)
         return w_f64(w, PyFloat_AsDouble(v))
-    if PyDict_Check(v):   # OrderedDict, defaultdict, ...
+    if PyDict_Check(v):   # OrderedDict, defaultdict, ...: a plain copy of what they store (not their items())
         w_u8(w, T_DICT)
-        return enc_dict(w, v, None, None, depth)
+        return enc_dict(w, PyDict_Copy(v), None, None, depth)
     if PyList_Check(v):
         return enc_v_list(w, v, depth)
     if PyTuple_Check(v):   # namedtuples become plain tuples
@@ -936,7 +936,7 @@ cdef int enc(Codec c, Writer *w, object v, int depth) except -1:
     if k == K_MAP:
         if not isinstance(v, dict):
             raise TypeError(f"{c.name} expects a dict, got {_short(v)} of type {type(v).__name__}")
-        return enc_dict(w, v, c.a, c.b, depth)
+        return enc_dict(w, v if type(v) is dict else PyDict_Copy(v), c.a, c.b, depth)
     if k == K_VALUE:
         return enc_value(w, v, depth)
     if k == K_EXTERNAL:

@@ -3,7 +3,7 @@
 "The same work" is N separately addressable encodings (what keyed state stores: one value per key), so the
 baselines are ``[pickle.dumps(v) for v in values]`` and ``[json.dumps(v).encode() for v in values]`` (and their
 loads). Ours is shown both in bulk (``serialize_many``: one buffer + offsets, how snapshots write) and per value
-(``serialize`` in a Python loop, how a state update writes). Medians of several runs (GC paused while timing, as timeit does); ratio = baseline / ours, so
+(``serialize`` in a Python loop, how a state update writes). Medians of several interleaved runs (GC paused while timing, as timeit does); ratio = baseline / ours, so
 > 1 means we are faster.
 
     python benchmarks/bench_serializers.py [--n 1000000] [--repeat 5]
@@ -25,63 +25,56 @@ import numpy as np
 from keygroups.serializers import Int64Serializer, ValueSerializer
 
 
-def median_seconds(fn: Callable[[], Any], repeat: int) -> float:
-    """Median wall time of fn; the cyclic GC is off while timing (as timeit does), so that its passes over the
-    millions of fresh containers do not decide the figures of whichever run they happen to fall into."""
-    times = []
+def medians(fns: dict[str, Callable[[], Any]], repeat: int) -> dict[str, float]:
+    """Median wall time of each fn. The runs are interleaved (round r times every fn once), so that a change in the
+    machine's load during the benchmark (it is shared) affects ours and the baselines alike; the cyclic GC is off
+    while timing, as timeit does, so its passes over millions of fresh containers do not land on one side."""
+    times: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(repeat):
-        gc.collect()
-        gc.disable()
-        try:
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-        finally:
-            gc.enable()
-    return statistics.median(times)
+        for label, fn in fns.items():
+            gc.collect()
+            gc.disable()
+            try:
+                t0 = time.perf_counter()
+                fn()
+                times[label].append(time.perf_counter() - t0)
+            finally:
+                gc.enable()
+    return {k: statistics.median(v) for k, v in times.items()}
 
 
-def row(label: str, seconds: float, n: int, baseline: float | None = None) -> None:
-    rate = n / seconds / 1e6
-    ratio = f"{baseline / seconds:7.2f}x" if baseline is not None else "   (base)"
-    print(f"  {label:<44} {seconds * 1e3:9.1f} ms  {rate:7.2f} M/s  {ratio}")
+def report(title: str, fns: dict[str, Callable[[], Any]], n: int, repeat: int) -> None:
+    """Times fns (the first is the baseline) and prints time, rate and baseline/ours per line."""
+    print(f" {title}")
+    m = medians(fns, repeat)
+    base = next(iter(m.values()))
+    for i, (label, sec) in enumerate(m.items()):
+        ratio = "   (base)" if i == 0 else f"{base / sec:7.2f}x"
+        print(f"  {label:<44} {sec * 1e3:9.1f} ms  {n / sec / 1e6:7.2f} M/s  {ratio}")
 
 
-def bench_case(title: str, values: list, ser, repeat: int, *, with_json: bool = True) -> None:
+def bench_case(title: str, values: list, ser, repeat: int) -> None:
     n = len(values)
     print(f"\n{title}  (n = {n:,}, median of {repeat})")
     pk = [pickle.dumps(v, protocol=5) for v in values]
-    js = [json.dumps(v).encode() for v in values] if with_json else None
+    js = [json.dumps(v).encode() for v in values]
     buf, offsets = ser.serialize_many(values)
     ours_each = [ser.serialize(v) for v in values]
+    s, d = ser.serialize, ser.deserialize
 
-    print(" serialize")
-    t_pickle = median_seconds(lambda: [pickle.dumps(v, protocol=5) for v in values], repeat)
-    row("pickle.dumps per value (baseline)", t_pickle, n)
-    if with_json:
-        t_json = median_seconds(lambda: [json.dumps(v).encode() for v in values], repeat)
-        row("json.dumps per value", t_json, n, t_pickle)
-    t_many = median_seconds(lambda: ser.serialize_many(values), repeat)
-    row("keygroups serialize_many (bulk)", t_many, n, t_pickle)
-    s = ser.serialize
-    t_each = median_seconds(lambda: [s(v) for v in values], repeat)
-    row("keygroups serialize per value", t_each, n, t_pickle)
-
-    print(" deserialize")
-    t_pickle_l = median_seconds(lambda: [pickle.loads(b) for b in pk], repeat)
-    row("pickle.loads per value (baseline)", t_pickle_l, n)
-    if with_json:
-        t_json_l = median_seconds(lambda: [json.loads(b) for b in js], repeat)
-        row("json.loads per value", t_json_l, n, t_pickle_l)
-    t_many_l = median_seconds(lambda: ser.deserialize_many(buf, offsets), repeat)
-    row("keygroups deserialize_many (bulk)", t_many_l, n, t_pickle_l)
-    d = ser.deserialize
-    t_each_l = median_seconds(lambda: [d(b) for b in ours_each], repeat)
-    row("keygroups deserialize per value", t_each_l, n, t_pickle_l)
-
-    sizes = {"pickle": sum(map(len, pk)), "keygroups": len(buf)}
-    if with_json:
-        sizes["json"] = sum(map(len, js))
+    report("serialize", {
+        "pickle.dumps per value (baseline)": lambda: [pickle.dumps(v, protocol=5) for v in values],
+        "json.dumps per value": lambda: [json.dumps(v).encode() for v in values],
+        "keygroups serialize_many (bulk)": lambda: ser.serialize_many(values),
+        "keygroups serialize per value": lambda: [s(v) for v in values],
+    }, n, repeat)
+    report("deserialize", {
+        "pickle.loads per value (baseline)": lambda: [pickle.loads(b) for b in pk],
+        "json.loads per value": lambda: [json.loads(b) for b in js],
+        "keygroups deserialize_many (bulk)": lambda: ser.deserialize_many(buf, offsets),
+        "keygroups deserialize per value": lambda: [d(b) for b in ours_each],
+    }, n, repeat)
+    sizes = {"pickle": sum(map(len, pk)), "json": sum(map(len, js)), "keygroups": len(buf)}
     print("  bytes: " + ", ".join(f"{k} {v / n:.1f}/value" for k, v in sizes.items()))
 
 
