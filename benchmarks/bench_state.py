@@ -31,6 +31,18 @@ def median_time(fn, runs):
     return statistics.median(times)
 
 
+def paired_times(ours, base, runs):
+    """Medians of ours and of the baseline, run alternately so that load on a shared machine hits both alike."""
+    t_ours, t_base = [], []
+    for _ in range(runs):
+        for fn, out in ((ours, t_ours), (base, t_base)):
+            gc.collect()
+            t0 = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - t0)
+    return statistics.median(t_ours), statistics.median(t_base)
+
+
 def row(label, ours, base, unit, higher_is_better=True):
     ratio = ours / base if base else float("nan")
     note = "ours/baseline" if higher_is_better else "ours/baseline (lower is better)"
@@ -108,7 +120,8 @@ def bench_ops(n_keys, n_ops, runs):
                               ("value get+update (key already set)", value_ours_nokey, value_base_nokey),
                               ("list add (incl. set_current_key)", list_ours, list_base),
                               ("map put (incl. set_current_key)", map_ours, map_base)):
-        row(label, n_ops / median_time(ours, runs), n_ops / median_time(base, runs), "ops/s")
+        t_ours, t_base = paired_times(ours, base, runs)
+        row(label, n_ops / t_ours, n_ops / t_base, "ops/s")
     print(f"  (set_current_key alone, hashing the key to its key group: {n_ops / median_time(kg_only, runs):,.0f}/s)")
 
 
@@ -146,9 +159,8 @@ def bench_snapshot_restore(n_keys, runs):
         cid[0] += 1
         handle = b.snapshot(cid[0], storage).result()
 
-    t_snap = median_time(snap, runs)
+    snap()
     size = handle.size
-    md = commit(storage, [handle], cid[0], 1)
     blob = b"x" * size
 
     def raw_write():
@@ -159,8 +171,8 @@ def bench_snapshot_restore(n_keys, runs):
         with open(f"{tmp.name}/raw", "rb") as f:
             f.read()
 
-    t_raw_w = median_time(raw_write, runs)
-    t_raw_r = median_time(raw_read, runs)
+    t_snap, t_raw_w = paired_times(snap, raw_write, runs)
+    md = commit(storage, [handle], cid[0], 1)
 
     def restore(lazy):
         def go():
@@ -171,8 +183,10 @@ def bench_snapshot_restore(n_keys, runs):
 
     mb = size / 1e6
     row("snapshot write (capture + async write)", mb / t_snap, mb / t_raw_w, "MB/s")
-    row("restore, lazy (values stay bytes)", mb / median_time(restore(True), runs), mb / t_raw_r, "MB/s")
-    row("restore, eager (every value decoded)", mb / median_time(restore(False), runs), mb / t_raw_r, "MB/s")
+    t_lazy, t_raw_r = paired_times(restore(True), raw_read, runs)
+    row("restore, lazy (values stay bytes)", mb / t_lazy, mb / t_raw_r, "MB/s")
+    t_eager, t_raw_r = paired_times(restore(False), raw_read, runs)
+    row("restore, eager (every value decoded)", mb / t_eager, mb / t_raw_r, "MB/s")
     futures = []
     t_sync = median_time(lambda: futures.append(b.snapshot(cid[0] + 100 + len(futures), storage)), runs)
     for f in futures:  # let the background writes finish before the directory goes
@@ -235,8 +249,7 @@ def bench_lazy(n_keys, runs):
             assert nv.value() is not None
         return go
 
-    t_lazy = median_time(first_read(True), runs)
-    t_eager = median_time(first_read(False), runs)
+    t_lazy, t_eager = paired_times(first_read(True), first_read(False), runs)
     print(f"  {'lazy restore, first value':<44} {t_lazy * 1e3:>12,.1f} ms       baseline (eager) {t_eager * 1e3:>10,.1f} ms"
           f"       ratio {t_eager / t_lazy:6.1f}x faster")
     tmp.cleanup()
