@@ -7,6 +7,8 @@ import concurrent.futures
 import threading
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from keygroups import KeyGroupRange, assign_to_key_group, key_group_range
 from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage
@@ -611,3 +613,39 @@ def test_snapshots_restore_across_backends(src, dst, tmp_path):
         ns = {n: new.get_state(d) for n, d in descriptors().items()}
         got.update(dump(new, ns, sorted(new.keys("value"))))
     assert got == expected
+
+
+# ---- untrusted bytes -----------------------------------------------------------------------------------------------
+@settings(max_examples=150, deadline=None)
+@given(data=st.data(), kind=st.sampled_from(["value", "list", "map"]), ttl_on=st.booleans())
+def test_value_framing_rejects_damage_cleanly(data, kind, ttl_on):
+    """Flipped bytes and truncations of a key's encoded value either decode or raise CorruptSnapshotError."""
+    from keygroups.errors import CorruptSnapshotError
+    from keygroups.state._codec import Codec
+
+    ser, key_ser = ValueSerializer(), StrSerializer()
+    codec = Codec("s", kind, ser, key_ser if kind == "map" else None, ttl=ttl_on)
+    vals = data.draw(st.lists(st.one_of(st.integers(), st.text(max_size=3)), min_size=1, max_size=4))
+    if kind == "value":
+        obj = vals
+    elif kind == "list":
+        obj = list(vals)
+    else:
+        obj = {str(i): v for i, v in enumerate(vals)}
+    if ttl_on:
+        obj = {k: (v, 7) for k, v in obj.items()} if kind == "map" else (
+            [(v, 7) for v in obj] if kind == "list" else (obj, 7))
+    raw = bytearray(codec.encode(obj))
+    assert codec.decode(bytes(raw)) == obj
+    cut = data.draw(st.integers(0, len(raw)))
+    flips = data.draw(st.lists(st.tuples(st.integers(0, max(len(raw) - 1, 0)), st.integers(1, 255)), max_size=3))
+    for pos, x in flips:
+        if raw:
+            raw[pos] ^= x
+    for damaged in (bytes(raw), bytes(raw[:cut])):
+        try:
+            codec.decode(damaged)
+            if ttl_on:
+                codec.drop_expired_bytes(damaged, 0)
+        except CorruptSnapshotError:
+            pass
