@@ -27,6 +27,8 @@ class KeyContext:
 class TableCore:
     maps: list[dict[Any, Any]]
     slow: bool
+    cow: bool
+    lazy: list[bool]
     ctx: KeyContext
 
 @disjoint_base
