@@ -11,6 +11,10 @@ Lazy restore: a restored key group keeps the snapshot's block (one buffer and tw
 object per entry) until the first access to that key group; then only its keys are decoded (``deserialize_many``),
 and every value stays bytes until its key is first read. A snapshot taken before that writes the original bytes back
 untouched (an untouched key group is handed to the writer as one packed buffer).
+
+Hot paths: ``set_current_key`` and the value / list / map operations are compiled (``_native/statecore.pyx``); they
+read the dicts directly and hand over to the Python methods here only while a snapshot runs or for a key group that
+still holds undecoded restored entries. TTL states and the rarer operations use the generic classes of ``states``.
 """
 
 from __future__ import annotations
@@ -19,10 +23,10 @@ import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from keygroups._native.statecore import HeapListCore, HeapMapCore, HeapValueCore, TableCore
 from keygroups.state._base import KeyedStateBackendBase, SnapshotFuture
 from keygroups.state._codec import Codec
 from keygroups.state.descriptors import StateDescriptor
-from keygroups._native.statecore import HeapListCore, HeapMapCore, HeapValueCore, TableCore
 from keygroups.state.states import MISSING, ListState, MapState, ValueState
 
 if TYPE_CHECKING:
