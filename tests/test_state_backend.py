@@ -649,3 +649,29 @@ def test_value_framing_rejects_damage_cleanly(data, kind, ttl_on):
                 codec.drop_expired_bytes(damaged, 0)
         except CorruptSnapshotError:
             pass
+
+
+def test_rocksdb_layout_key_group_first_one_row_per_map_entry():
+    """RocksDB keys start with the key group (big-endian u16), then the state id: a key group is one contiguous
+    range; a map keeps one row per entry."""
+    b = make("rocksdb")
+    v = b.get_state(ValueStateDescriptor("v", Int64Serializer()))
+    m = b.get_state(MapStateDescriptor("m", StrSerializer(), Int64Serializer()))
+    for k in range(50):
+        b.set_current_key(k)
+        v.update(k)
+        m.put_all({"a": 1, "b": 2, "c": 3})
+    b.set_current_key(7)
+    m.remove("b")
+    assert sorted(m.items()) == [("a", 1), ("c", 3)] and not m.is_empty()
+    rows = [bytes(k) for k in b._db.keys()]
+    groups = [int.from_bytes(k[:2], "big") for k in rows]
+    assert groups == sorted(groups)
+    assert all(assign_to_key_group(k, MAXP) in set(groups) for k in range(50))
+    by_state = {}
+    for k in rows:
+        by_state[int.from_bytes(k[2:4], "big")] = by_state.get(int.from_bytes(k[2:4], "big"), 0) + 1
+    assert by_state == {0: 50, 1: 50 * 3 - 1}
+    m.clear()
+    assert m.is_empty() and m.items() == []
+    b.dispose()
