@@ -1,4 +1,4 @@
-"""Keyed state benchmark: heap state ops/s per core beside a plain dict doing the same work, snapshot write and
+"""Keyed state benchmark: heap (and, for context, RocksDB) state ops/s per core beside a plain dict doing the same work, snapshot write and
 restore MB/s, bytes a rescaled restore reads per subtask against its ideal share, and lazy vs eager restore of 1M keys.
 
 Run: python benchmarks/bench_state.py [--quick]
@@ -151,6 +151,47 @@ def bench_ops(n_keys, n_ops, runs):
     tmp.cleanup()
 
 
+def bench_rocksdb_ops(n_keys, n_ops, runs):
+    from keygroups.state import RocksDBKeyedStateBackend
+
+    print(f"\nRocksDB state ops/s on one core ({n_ops:,} ops over {n_keys:,} keys; for context, same baseline)")
+    keys = [i % n_keys for i in range(n_ops)]
+    b = RocksDBKeyedStateBackend(KeyGroupRange(0, MAXP - 1), MAXP, Int64Serializer())
+    v = b.get_state(ValueStateDescriptor("v", Int64Serializer()))
+    lst = b.get_state(ListStateDescriptor("l", Int64Serializer()))
+    m = b.get_state(MapStateDescriptor("m", StrSerializer(), Int64Serializer()))
+
+    def value_ours():
+        for k in keys:
+            b.set_current_key(k)
+            v.update((v.value() or 0) + 1)
+
+    def list_ours():
+        for k in keys:
+            b.set_current_key(k)
+            lst.add(k)
+        for k in range(n_keys):
+            b.set_current_key(k)
+            lst.clear()
+
+    def map_ours():
+        for k in keys:
+            b.set_current_key(k)
+            m.put("a", k)
+
+    def value_base():
+        d = {}
+        for k in keys:
+            d[k] = (d.get(k) or 0) + 1
+
+    for label, ours in (("value get+update (incl. set_current_key)", value_ours),
+                        ("list add (incl. set_current_key)", list_ours),
+                        ("map put (incl. set_current_key)", map_ours)):
+        t_ours, t_base = paired_times(ours, value_base, runs)
+        row(label, n_ops / t_ours, n_ops / t_base, "ops/s")
+    b.dispose()
+
+
 def build(n_keys, kgr=KeyGroupRange(0, MAXP - 1), maxp=MAXP, subtask=0):
     b = HeapKeyedStateBackend(kgr, maxp, Int64Serializer(), subtask_index=subtask)
     v = b.get_state(ValueStateDescriptor("v", StrSerializer()))
@@ -288,6 +329,7 @@ def main():
     q = a.quick
     runs = 3 if q else 5
     bench_ops(10_000, 50_000 if q else 300_000, runs)
+    bench_rocksdb_ops(2_000, 20_000 if q else 100_000, 3)
     bench_snapshot_restore(50_000 if q else 300_000, runs)
     bench_rescale(20_000 if q else 200_000, 4, 7, 3)
     bench_lazy(100_000 if q else 1_000_000, 3)
