@@ -1,5 +1,6 @@
-"""Keyed state benchmark: heap (and, for context, RocksDB) state ops/s per core beside a plain dict doing the same work, snapshot write and
-restore MB/s, bytes a rescaled restore reads per subtask against its ideal share, and lazy vs eager restore of 1M keys.
+"""Keyed state benchmark: heap (and, for context, RocksDB) state ops/s per core beside a plain dict doing the same
+work, snapshot write and restore MB/s, bytes a rescaled restore reads per subtask against its ideal share, and lazy vs
+eager restore of 1M keys.
 
 Run: python benchmarks/bench_state.py [--quick]
 Every figure is the median of several runs; ours and the baseline are printed side by side with the ratio.
