@@ -318,7 +318,8 @@ def bench_lazy(n_keys, runs):
         return go
 
     t_lazy, t_eager = paired_times(first_read(True), first_read(False), runs)
-    print(f"  {'lazy restore, first value':<44} {t_lazy * 1e3:>12,.1f} ms       baseline (eager) {t_eager * 1e3:>10,.1f} ms"
+    print(f"  {'lazy restore, first value':<44} {t_lazy * 1e3:>12,.1f} ms       "
+          f"baseline (eager) {t_eager * 1e3:>10,.1f} ms"
           f"       ratio {t_eager / t_lazy:6.1f}x faster")
     tmp.cleanup()
 

@@ -261,8 +261,9 @@ class KeyedStateBackendBase:
                                       f"restored as a {d.kind} state")
         if (meta.get("ttl") is None) != (d.ttl_config is None):
             had = "with" if meta.get("ttl") is not None else "without"
-            raise StateMigrationError(f"state {name!r} was snapshotted {had} TTL; it must be registered {had} TTL "
-                                      "to restore it (as in Flink, TTL cannot be switched on or off for existing state)")
+            raise StateMigrationError(
+                f"state {name!r} was snapshotted {had} TTL; it must be registered {had} TTL to restore it "
+                "(as in Flink, TTL cannot be switched on or off for existing state)")
         read: dict[str, Any] = {}
         for role, ser in d.serializers.items():
             stored = meta["serializers"].get(role)
