@@ -85,6 +85,7 @@ class SnapshotFuture:
 
     def _run(self, work: Callable[[SnapshotFuture], Any], name: str) -> None:
         def target() -> None:
+            time.sleep(0)  # hand the GIL back first: snapshot() returns to processing without waiting a switch interval
             try:
                 value = work(self)
             except _Cancelled:
