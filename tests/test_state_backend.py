@@ -675,3 +675,38 @@ def test_rocksdb_layout_key_group_first_one_row_per_map_entry():
     m.clear()
     assert m.is_empty() and m.items() == []
     b.dispose()
+
+
+def test_ttl_refresh_after_capture_stays_out_of_the_snapshot(kind, tmp_path):
+    """OnReadAndWrite refreshes timestamps on reads; reads after the synchronous capture (while the write runs)
+    change only the live state: the snapshot keeps the captured timestamps."""
+    storage = CheckpointStorage(tmp_path)
+    clock = FakeClock()
+    descs = descriptors(ttl(10, on_read=True))
+    b = make(kind, clock=clock)
+    s = {n: b.get_state(d) for n, d in descs.items()}
+    for k in range(20):
+        b.set_current_key(k)
+        s["value"].update([k])
+        s["list"].add(k)
+        s["map"].put("a", [k])
+    clock.t += 8
+    future = b.snapshot(1, storage)
+    for k in range(20):  # refresh every timestamp to t+8, and mutate what the reads return
+        b.set_current_key(k)
+        s["value"].value().append("LEAK")
+        s["list"].get()
+        s["map"].get("a").append("LEAK")
+    md = commit(storage, [future.result(30)])
+    clock.t += 5  # 13 s after the writes, 5 s after the refresh
+    b.set_current_key(3)
+    assert s["list"].get() == [3] and s["map"].get("a") is not None  # live state was refreshed
+    new, ns = snapshot_restore(b, kind, storage, 2, descs, clock=clock)
+    new.set_current_key(3)
+    assert ns["list"].get() == [3]  # the second snapshot carries the refreshed timestamps
+    restored = make(kind, clock=clock)
+    restored.restore(storage, md)
+    rs = {n: restored.get_state(d) for n, d in descs.items()}
+    for k in range(20):  # the first snapshot has the old ones: everything expired
+        restored.set_current_key(k)
+        assert rs["value"].value() is None and rs["list"].get() == [] and rs["map"].get("a") is None
