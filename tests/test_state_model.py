@@ -4,6 +4,7 @@ asynchronous snapshot; on both backends (RocksDB with fewer subtasks: each one i
 
 from __future__ import annotations
 
+import copy
 import tempfile
 
 from hypothesis import HealthCheck, settings
@@ -47,8 +48,8 @@ class StateModel(RuleBasedStateMachine):
         self.job.at(k)["value"].update(v)
         if v is None:
             self.model["value"].pop(k, None)
-        else:
-            self.model["value"][k] = v
+        else:  # the heap backend keeps the object it is given (as Flink's heap backend): the model keeps its own
+            self.model["value"][k] = copy.deepcopy(v)
 
     @rule(k=KEYS)
     def value_mutate_in_place(self, k):
