@@ -1,3 +1,4 @@
+# cython: auto_pickle=False, autotestdict=False
 # Compiled hot paths of the heap keyed state backend: the current key (Java hash -> key group, no Python-level hop
 # for int and str keys) and the value / list / map operations on the fast path (no snapshot running, nothing lazily
 # restored). Everything else (copy-on-write, lazy restore, TTL) stays in Python: each fast method checks the table's
@@ -106,10 +107,13 @@ cdef class KeyContext:
 
 cdef class TableCore:
     """The part of a heap state table the compiled fast paths read: one dict per key group (plus a final slot for
-    'no key'), the slow-path flag, and the backend's key context."""
+    'no key'), whether a snapshot holds the dicts (``cow``), which key groups still hold restored entries that are
+    not decoded (``lazy``, per key group), ``slow`` (either), and the backend's key context."""
 
     cdef public list maps
     cdef public bint slow
+    cdef public bint cow
+    cdef public list lazy
     cdef public KeyContext ctx
 
 
@@ -117,6 +121,26 @@ cdef inline dict _group(TableCore t, KeyContext c):
     if c.kgi >= c.n or c.kgi >= PyList_GET_SIZE(t.maps):
         raise _no_key()
     return <dict>PyList_GET_ITEM(t.maps, c.kgi)
+
+
+cdef inline bint _must_prepare(TableCore t, KeyContext c):
+    """A write needs the Python slow path: a snapshot holds the dicts, or this key group is still being restored."""
+    if not t.slow:
+        return False
+    if t.cow:
+        return True
+    return c.kgi < c.n and c.kgi < PyList_GET_SIZE(t.lazy) and <bint>(<object>PyList_GET_ITEM(t.lazy, c.kgi))
+
+
+cdef inline object _read(TableCore t, KeyContext c):
+    """The current key's stored object or MISSING; decoded values in ``maps`` are read directly unless a snapshot
+    needs copy-on-read."""
+    if t.slow and t.cow and c.kgi < c.n:
+        return t._get_slow(c.kgi, c.key)
+    v = _group(t, c).get(c.key, MISSING)
+    if v is MISSING and t.slow and _must_prepare(t, c):
+        return t._get_slow(c.kgi, c.key)
+    return v
 
 
 cdef object _none_error(str name, str what):
@@ -137,11 +161,7 @@ cdef class HeapValueCore:
 
     def value(self):
         cdef TableCore t = self._t
-        cdef KeyContext c = t.ctx
-        if t.slow:
-            v = t._get_slow(c.kgi, c.key) if c.kgi < c.n else _group(t, c)
-        else:
-            v = _group(t, c).get(c.key, MISSING)
+        v = _read(t, t.ctx)
         if v is MISSING:
             d = self._default
             return d if d is None or self._copy is None else self._copy(d)
@@ -150,7 +170,7 @@ cdef class HeapValueCore:
     def update(self, value):
         cdef TableCore t = self._t
         cdef KeyContext c = t.ctx
-        if t.slow and c.kgi < c.n:
+        if _must_prepare(t, c):
             t._prepare_write(c.kgi, c.key)
         cdef dict m = _group(t, c)
         if value is None:
@@ -172,17 +192,13 @@ cdef class HeapListCore:
 
     def get(self):
         cdef TableCore t = self._t
-        cdef KeyContext c = t.ctx
-        if t.slow and c.kgi < c.n:
-            v = t._get_slow(c.kgi, c.key)
-        else:
-            v = _group(t, c).get(c.key, MISSING)
+        v = _read(t, t.ctx)
         return [] if v is MISSING else v
 
     cdef _extend(self, list vals):
         cdef TableCore t = self._t
         cdef KeyContext c = t.ctx
-        if t.slow and c.kgi < c.n:
+        if _must_prepare(t, c):
             t.append(vals)
             return
         cdef dict m = _group(t, c)
@@ -197,7 +213,7 @@ cdef class HeapListCore:
             raise _none_error(self._name, "ListState")
         cdef TableCore t = self._t
         cdef KeyContext c = t.ctx
-        if t.slow:
+        if _must_prepare(t, c):
             self._extend([value])
             return
         cdef dict m = _group(t, c)
@@ -220,7 +236,7 @@ cdef class HeapListCore:
             raise _none_error(self._name, "ListState")
         cdef TableCore t = self._t
         cdef KeyContext c = t.ctx
-        if t.slow and c.kgi < c.n:
+        if _must_prepare(t, c):
             t._prepare_write(c.kgi, c.key)
         cdef dict m = _group(t, c)
         if vals:
@@ -241,15 +257,12 @@ cdef class HeapMapCore:
     cdef object _map(self):
         """The current key's dict (a private one while a snapshot runs) or MISSING."""
         cdef TableCore t = self._t
-        cdef KeyContext c = t.ctx
-        if t.slow and c.kgi < c.n:
-            return t._get_slow(c.kgi, c.key)
-        return _group(t, c).get(c.key, MISSING)
+        return _read(t, t.ctx)
 
     cdef _store(self, m):
         cdef TableCore t = self._t
         cdef KeyContext c = t.ctx
-        if t.slow and c.kgi < c.n:
+        if _must_prepare(t, c):
             t._prepare_write(c.kgi, c.key)
         cdef dict g = _group(t, c)
         if m:
@@ -269,7 +282,7 @@ cdef class HeapMapCore:
         cdef TableCore t = self._t
         cdef KeyContext c = t.ctx
         cdef dict g
-        if not t.slow:
+        if not _must_prepare(t, c):
             g = _group(t, c)
             cur = g.get(c.key)
             if cur is None:

@@ -7,6 +7,8 @@ import concurrent.futures
 import threading
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from keygroups import KeyGroupRange, assign_to_key_group, key_group_range
 from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage
@@ -560,3 +562,151 @@ def test_value_serializer_migration_reads_old_writes_new(kind, tmp_path):
     bad.restore(storage, md)
     with pytest.raises(StateMigrationError, match="'v'"):
         bad.get_state(ValueStateDescriptor("v", StrSerializer()))
+
+
+def test_statecore_stub_matches_runtime():
+    """The .pyi stub of the compiled helper names exactly the runtime's public classes, functions and methods
+    (a cheap check; ``python -m mypy.stubtest keygroups._native.statecore`` is the full one)."""
+    import ast
+    import pathlib
+
+    import keygroups
+    from keygroups._native import statecore
+
+    stub = ast.parse((pathlib.Path(keygroups.__file__).parent / "_native" / "statecore.pyi").read_text())
+    declared = {}
+    for node in stub.body:
+        if isinstance(node, ast.ClassDef):
+            declared[node.name] = {n.name for n in node.body if isinstance(n, ast.FunctionDef)} | {
+                n.target.id for n in node.body if isinstance(n, ast.AnnAssign)}
+        elif isinstance(node, ast.AnnAssign):
+            declared[node.target.id] = set()
+    runtime = {n for n in vars(statecore) if not n.startswith("_")} - {"KeyGroupOutOfRangeError"}
+    assert runtime == set(declared)
+    for name, members in declared.items():
+        obj = getattr(statecore, name)
+        if isinstance(obj, type):
+            public = {m for m in vars(obj) if not m.startswith("_")} | ({"__init__"} & members)
+            assert public == members, name
+
+
+@pytest.mark.parametrize("src,dst", [("heap", "rocksdb"), ("rocksdb", "heap")])
+def test_snapshots_restore_across_backends(src, dst, tmp_path):
+    """Both backends write the same file format: either restores the other's snapshot (at another parallelism)."""
+    storage = CheckpointStorage(tmp_path)
+    b = make(src)
+    s = {n: b.get_state(d) for n, d in descriptors().items()}
+    keys = list(range(60))
+    for k in keys:
+        b.set_current_key(k)
+        s["value"].update({"k": [k]})
+        s["list"].add_all([k, str(k)])
+        s["map"].put_all({"a": k, "b": None})
+        s["reducing"].add(k)
+        s["aggregating"].add(k)
+    expected = dump(b, s, keys)
+    md = commit(storage, [b.snapshot(1, storage).result(30)])
+    got = {}
+    for i in range(3):
+        new = make(dst, key_group_range(MAXP, 3, i))
+        new.restore(storage, md)
+        ns = {n: new.get_state(d) for n, d in descriptors().items()}
+        got.update(dump(new, ns, sorted(new.keys("value"))))
+    assert got == expected
+
+
+# ---- untrusted bytes -----------------------------------------------------------------------------------------------
+@settings(max_examples=150, deadline=None)
+@given(data=st.data(), kind=st.sampled_from(["value", "list", "map"]), ttl_on=st.booleans())
+def test_value_framing_rejects_damage_cleanly(data, kind, ttl_on):
+    """Flipped bytes and truncations of a key's encoded value either decode or raise CorruptSnapshotError."""
+    from keygroups.errors import CorruptSnapshotError
+    from keygroups.state._codec import Codec
+
+    ser, key_ser = ValueSerializer(), StrSerializer()
+    codec = Codec("s", kind, ser, key_ser if kind == "map" else None, ttl=ttl_on)
+    vals = data.draw(st.lists(st.one_of(st.integers(), st.text(max_size=3)), min_size=1, max_size=4))
+    if kind == "value":
+        obj = vals
+    elif kind == "list":
+        obj = list(vals)
+    else:
+        obj = {str(i): v for i, v in enumerate(vals)}
+    if ttl_on:
+        obj = {k: (v, 7) for k, v in obj.items()} if kind == "map" else (
+            [(v, 7) for v in obj] if kind == "list" else (obj, 7))
+    raw = bytearray(codec.encode(obj))
+    assert codec.decode(bytes(raw)) == obj
+    cut = data.draw(st.integers(0, len(raw)))
+    flips = data.draw(st.lists(st.tuples(st.integers(0, max(len(raw) - 1, 0)), st.integers(1, 255)), max_size=3))
+    for pos, x in flips:
+        if raw:
+            raw[pos] ^= x
+    for damaged in (bytes(raw), bytes(raw[:cut])):
+        try:
+            codec.decode(damaged)
+            if ttl_on:
+                codec.drop_expired_bytes(damaged, 0)
+        except CorruptSnapshotError:
+            pass
+
+
+def test_rocksdb_layout_key_group_first_one_row_per_map_entry():
+    """RocksDB keys start with the key group (big-endian u16), then the state id: a key group is one contiguous
+    range; a map keeps one row per entry."""
+    b = make("rocksdb")
+    v = b.get_state(ValueStateDescriptor("v", Int64Serializer()))
+    m = b.get_state(MapStateDescriptor("m", StrSerializer(), Int64Serializer()))
+    for k in range(50):
+        b.set_current_key(k)
+        v.update(k)
+        m.put_all({"a": 1, "b": 2, "c": 3})
+    b.set_current_key(7)
+    m.remove("b")
+    assert sorted(m.items()) == [("a", 1), ("c", 3)] and not m.is_empty()
+    rows = [bytes(k) for k in b._db.keys()]
+    groups = [int.from_bytes(k[:2], "big") for k in rows]
+    assert groups == sorted(groups)
+    assert all(assign_to_key_group(k, MAXP) in set(groups) for k in range(50))
+    by_state = {}
+    for k in rows:
+        by_state[int.from_bytes(k[2:4], "big")] = by_state.get(int.from_bytes(k[2:4], "big"), 0) + 1
+    assert by_state == {0: 50, 1: 50 * 3 - 1}
+    m.clear()
+    assert m.is_empty() and m.items() == []
+    b.dispose()
+
+
+def test_ttl_refresh_after_capture_stays_out_of_the_snapshot(kind, tmp_path):
+    """OnReadAndWrite refreshes timestamps on reads; reads after the synchronous capture (while the write runs)
+    change only the live state: the snapshot keeps the captured timestamps."""
+    storage = CheckpointStorage(tmp_path)
+    clock = FakeClock()
+    descs = descriptors(ttl(10, on_read=True))
+    b = make(kind, clock=clock)
+    s = {n: b.get_state(d) for n, d in descs.items()}
+    for k in range(20):
+        b.set_current_key(k)
+        s["value"].update([k])
+        s["list"].add(k)
+        s["map"].put("a", [k])
+    clock.t += 8
+    future = b.snapshot(1, storage)
+    for k in range(20):  # refresh every timestamp to t+8, and mutate what the reads return
+        b.set_current_key(k)
+        s["value"].value().append("LEAK")
+        s["list"].get()
+        s["map"].get("a").append("LEAK")
+    md = commit(storage, [future.result(30)])
+    clock.t += 5  # 13 s after the writes, 5 s after the refresh
+    b.set_current_key(3)
+    assert s["list"].get() == [3] and s["map"].get("a") is not None  # live state was refreshed
+    new, ns = snapshot_restore(b, kind, storage, 2, descs, clock=clock)
+    new.set_current_key(3)
+    assert ns["list"].get() == [3]  # the second snapshot carries the refreshed timestamps
+    restored = make(kind, clock=clock)
+    restored.restore(storage, md)
+    rs = {n: restored.get_state(d) for n, d in descs.items()}
+    for k in range(20):  # the first snapshot has the old ones: everything expired
+        restored.set_current_key(k)
+        assert rs["value"].value() is None and rs["list"].get() == [] and rs["map"].get("a") is None

@@ -2,10 +2,13 @@
 
 from typing import Any
 
+from typing_extensions import disjoint_base
+
 from keygroups._ranges import KeyGroupRange
 
 MISSING: Any
 
+@disjoint_base
 class KeyContext:
     @property
     def key(self) -> Any: ...
@@ -20,17 +23,22 @@ class KeyContext:
     def __init__(self, key_group_range: KeyGroupRange, max_parallelism: int, type_code: Any) -> None: ...
     def set_current_key(self, key: Any) -> None: ...
 
+@disjoint_base
 class TableCore:
     maps: list[dict[Any, Any]]
     slow: bool
+    cow: bool
+    lazy: list[bool]
     ctx: KeyContext
 
+@disjoint_base
 class HeapValueCore:
     def __init__(self, store: TableCore, descriptor: Any, backend: Any) -> None: ...
     def value(self) -> Any: ...
     def update(self, value: Any) -> None: ...
     def clear(self) -> None: ...
 
+@disjoint_base
 class HeapListCore:
     def __init__(self, store: TableCore, descriptor: Any, backend: Any) -> None: ...
     def get(self) -> list[Any]: ...
@@ -39,6 +47,7 @@ class HeapListCore:
     def update(self, values: Any) -> None: ...
     def clear(self) -> None: ...
 
+@disjoint_base
 class HeapMapCore:
     def __init__(self, store: TableCore, descriptor: Any, backend: Any) -> None: ...
     def get(self, key: Any) -> Any: ...

@@ -85,6 +85,7 @@ class SnapshotFuture:
 
     def _run(self, work: Callable[[SnapshotFuture], Any], name: str) -> None:
         def target() -> None:
+            time.sleep(0)  # hand the GIL back first: snapshot() returns to processing without waiting a switch interval
             try:
                 value = work(self)
             except _Cancelled:
@@ -261,8 +262,9 @@ class KeyedStateBackendBase:
                                       f"restored as a {d.kind} state")
         if (meta.get("ttl") is None) != (d.ttl_config is None):
             had = "with" if meta.get("ttl") is not None else "without"
-            raise StateMigrationError(f"state {name!r} was snapshotted {had} TTL; it must be registered {had} TTL "
-                                      "to restore it (as in Flink, TTL cannot be switched on or off for existing state)")
+            raise StateMigrationError(
+                f"state {name!r} was snapshotted {had} TTL; it must be registered {had} TTL to restore it "
+                "(as in Flink, TTL cannot be switched on or off for existing state)")
         read: dict[str, Any] = {}
         for role, ser in d.serializers.items():
             stored = meta["serializers"].get(role)

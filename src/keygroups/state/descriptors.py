@@ -128,7 +128,8 @@ class AggregatingStateDescriptor(StateDescriptor):
 
     kind = "aggregating"
 
-    def __init__(self, name: str, aggregate_function: AggregateFunction, accumulator_serializer: TypeSerializer) -> None:
+    def __init__(self, name: str, aggregate_function: AggregateFunction,
+                 accumulator_serializer: TypeSerializer) -> None:
         super().__init__(name, {"value": accumulator_serializer})
         for method in ("create_accumulator", "add", "get_result"):
             if not callable(getattr(aggregate_function, method, None)):

@@ -11,6 +11,10 @@ Lazy restore: a restored key group keeps the snapshot's block (one buffer and tw
 object per entry) until the first access to that key group; then only its keys are decoded (``deserialize_many``),
 and every value stays bytes until its key is first read. A snapshot taken before that writes the original bytes back
 untouched (an untouched key group is handed to the writer as one packed buffer).
+
+Hot paths: ``set_current_key`` and the value / list / map operations are compiled (``_native/statecore.pyx``); they
+read the dicts directly and hand over to the Python methods here only while a snapshot runs or for a key group that
+still holds undecoded restored entries. TTL states and the rarer operations use the generic classes of ``states``.
 """
 
 from __future__ import annotations
@@ -19,10 +23,10 @@ import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from keygroups._native.statecore import HeapListCore, HeapMapCore, HeapValueCore, TableCore
 from keygroups.state._base import KeyedStateBackendBase, SnapshotFuture
 from keygroups.state._codec import Codec
 from keygroups.state.descriptors import StateDescriptor
-from keygroups._native.statecore import HeapListCore, HeapMapCore, HeapValueCore, TableCore
 from keygroups.state.states import MISSING, ListState, MapState, ValueState
 
 if TYPE_CHECKING:
@@ -49,7 +53,7 @@ class _HeapTable(TableCore):
     key is in at most one of them."""
 
     __slots__ = ("b", "name", "meta", "descriptor", "read", "write", "migrate", "raw", "rawsecs", "pending",
-                 "shared", "private", "cow", "lazy_groups", "copy", "n")
+                 "shared", "private", "lazy_groups", "copy", "n")
 
     def __init__(self, backend: HeapKeyedStateBackend, name: str, meta: dict[str, Any], read: Codec,
                  write: Codec, descriptor: StateDescriptor | None) -> None:
@@ -67,6 +71,7 @@ class _HeapTable(TableCore):
         self.private: list[set[Any] | None] = [None] * (n + 1)
         self.cow = backend._running_snapshots > 0  # registered while a snapshot runs: nothing of ours is captured
         self.lazy_groups = 0
+        self.lazy = [False] * (n + 1)  # per key group: restored entries not decoded yet (pending or raw)
         self.slow = self.cow
         self.configure(meta, read, write, descriptor)
 
@@ -166,8 +171,12 @@ class _HeapTable(TableCore):
         self.rawsecs[kgi] = secs
         self.raw[kgi] = raw or None
         if not raw:
-            self.lazy_groups -= 1
-            self._update_slow()
+            self._group_decoded(kgi)
+
+    def _group_decoded(self, kgi: int) -> None:
+        self.lazy[kgi] = False
+        self.lazy_groups -= 1
+        self._update_slow()
 
     def _raw_value(self, kgi: int, idx: int) -> Any:
         secs = self.rawsecs[kgi]
@@ -194,8 +203,7 @@ class _HeapTable(TableCore):
             del r[key]
             if not r:
                 self.raw[kgi] = None
-                self.lazy_groups -= 1
-                self._update_slow()
+                self._group_decoded(kgi)
         p = self.private[kgi]
         if p is not None:
             p.add(key)
@@ -234,6 +242,7 @@ class _HeapTable(TableCore):
             if not self.raw[kgi]:
                 self.lazy_groups += 1
             self.pending[kgi] = []
+            self.lazy[kgi] = True
         self.pending[kgi].append((block, key_offsets, value_offsets))  # type: ignore[union-attr]
         self._update_slow()
 
@@ -249,7 +258,7 @@ class _HeapTable(TableCore):
                 for block, ko, vo in p:
                     m.update(zip(kd_many(block, ko), self.read.decode_many(block, vo)))
                 self.pending[i] = None
-                self.lazy_groups -= 1
+                self._group_decoded(i)
                 continue
             if p is not None:
                 self._materialize(i)
@@ -266,7 +275,7 @@ class _HeapTable(TableCore):
                         m[k] = dec(self._raw_value(i, idx))
                 self.raw[i] = None
                 self.rawsecs[i] = None
-                self.lazy_groups -= 1
+                self._group_decoded(i)
         self._update_slow()
 
     def keys_of_group(self, i: int) -> list[Any]:
