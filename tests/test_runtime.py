@@ -48,7 +48,7 @@ def events(tmp_path):
     return partitions, str(tmp_path / "log")
 
 
-def run_batch(location, log_dir, function, parallelism, max_records, *, retry_subtasks=False):
+def run_batch(location, log_dir, function, parallelism, max_records, *, retry_subtasks=False, backend="heap"):
     """One micro-batch as the Spark driver runs it, in this process."""
     storage = CheckpointStorage(location)
     previous = storage.latest()
@@ -67,7 +67,7 @@ def run_batch(location, log_dir, function, parallelism, max_records, *, retry_su
         job_name="carts", key_columns=("user",), key_type="string", function=pickle.dumps(function),
         input_schema=schema, output_schema=shop.ORDER_SCHEMA, max_parallelism=MAX_PARALLELISM,
         parallelism=parallelism, checkpoint_location=location, checkpoint_id=cid, restore_from=restore_from,
-        order_columns=("_partition", "_offset"),
+        order_columns=("_partition", "_offset"), backend=backend,
     )
     reports = []
     for i in range(parallelism):
@@ -102,11 +102,13 @@ def run_schedule(location, log_dir, schedule, **kwargs):
     return sorted(orders), total
 
 
-def test_rescaling_4_2_8_1_gives_exactly_the_reference(events, tmp_path):
+@pytest.mark.parametrize("backend", ["heap", "rocksdb"])
+def test_rescaling_4_2_8_1_gives_exactly_the_reference(events, tmp_path, backend):
     partitions, log_dir = events
     expected_state, expected_orders = shop.reference(partitions)
     location = str(tmp_path / "chk")
-    orders, total = run_schedule(location, log_dir, [(4, 200), (4, 150), (2, 400), (8, 60), (8, 100), (1, None)])
+    orders, total = run_schedule(location, log_dir, [(4, 200), (4, 150), (2, 400), (8, 60), (8, 100), (1, None)],
+                                 backend=backend)
     assert total == 3000
     assert orders == sorted(expected_orders)
     assert final_states(location) == expected_state

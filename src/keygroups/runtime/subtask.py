@@ -77,16 +77,18 @@ def key_serializer_for(key_type: KeyType) -> Any:
 
 
 def create_backend(kind: str, key_group_range: Any, max_parallelism: int, key_type: KeyType, *,
-                   allow_pickle: bool = False, local_dir: str | None = None) -> Any:
+                   subtask_index: int = 0, allow_pickle: bool = False, local_dir: str | None = None) -> Any:
+    """A keyed state backend for one subtask's key groups: ``"heap"`` or ``"rocksdb"`` (a local database under
+    ``local_dir``, a temporary directory by default; call ``dispose()`` when done)."""
     from keygroups import state
 
     key_serializer = key_serializer_for(key_type)
+    common = {"key_type": key_type, "allow_pickle": allow_pickle, "subtask_index": subtask_index}
     if kind == "heap":
-        return state.HeapKeyedStateBackend(key_group_range, max_parallelism, key_serializer, key_type=key_type,
-                                           allow_pickle=allow_pickle)
+        return state.HeapKeyedStateBackend(key_group_range, max_parallelism, key_serializer, **common)
     if kind == "rocksdb":
-        return state.RocksDBKeyedStateBackend(key_group_range, max_parallelism, key_serializer, key_type=key_type,
-                                              allow_pickle=allow_pickle, path=local_dir)
+        return state.RocksDBKeyedStateBackend(key_group_range, max_parallelism, key_serializer, db_dir=local_dir,
+                                              **common)
     raise ValueError(f"unknown state backend {kind!r}; allowed: 'heap', 'rocksdb'")
 
 
@@ -164,7 +166,7 @@ def run_keyed_subtask(spec: KeyedTaskSpec, subtask_index: int, batches: Iterable
     storage = CheckpointStorage(spec.checkpoint_location, storage_options=spec.storage_options)
     own_range = key_group_range(spec.max_parallelism, spec.parallelism, subtask_index)
     backend = create_backend(spec.backend, own_range, spec.max_parallelism, spec.key_type,
-                             allow_pickle=spec.allow_pickle)
+                             subtask_index=subtask_index, allow_pickle=spec.allow_pickle)
     restored: dict[str, Any] = {"bytes_read": 0, "key_groups": 0, "files": 0}
     if spec.restore_from is not None:
         stats = backend.restore(storage, storage.load(spec.restore_from))
@@ -239,9 +241,9 @@ def run_keyed_subtask(spec: KeyedTaskSpec, subtask_index: int, batches: Iterable
         pq.write_table(output, f)
     handle = backend.snapshot(spec.checkpoint_id, storage).result()
     timings["snapshot"] = time.perf_counter() - t
-    close = getattr(backend, "close", None)
-    if close is not None:
-        close()
+    dispose = getattr(backend, "dispose", None)  # RocksDB: its local database is not needed past the snapshot
+    if dispose is not None:
+        dispose()
     return {
         "subtask": subtask_index,
         "key_group_range": [own_range.start, own_range.end],
