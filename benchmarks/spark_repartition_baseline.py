@@ -2,16 +2,23 @@
 
 Spark 4.2+ ships ``spark._streamingCheckpointManager.repartition(checkpoint, n)`` (experimental, Spark Classic only):
 with the query stopped, it reads ALL the state of the last committed batch through the state data source, shuffles
-it to ``n`` partitions, rewrites every partition's RocksDB state and commits a new batch ``N+1`` that reads no input.
-Here it runs on the checkpoint of ``spark_tws_baseline`` (transformWithStateInPandas, one ValueState, RocksDB provider)
-written with 4 shuffle partitions.
+it to ``n`` partitions, rewrites every partition's RocksDB state and commits a new batch ``N+1`` that reads no input
+(its offset log entry repeats batch N's source offsets with ``spark.sql.shuffle.partitions`` = n, which the resumed
+query then uses). Only the RocksDB provider is supported: on the HDFS-backed provider it fails with
+``STATE_REPARTITION_INVALID_CHECKPOINT.UNSUPPORTED_PROVIDER`` (this script shows it). Here it runs on the checkpoint of
+``spark_tws_baseline`` (transformWithStateInPandas, one ValueState, RocksDB provider) written with 4 partitions.
 
-    python benchmarks/spark_repartition_baseline.py --events 200000 --keys 10000     # development size
-    python benchmarks/spark_repartition_baseline.py                                  # 5M events, 100k keys
+    python benchmarks/spark_repartition_baseline.py --events 200000 --keys 10000 --files 4    # development size
+    python benchmarks/spark_repartition_baseline.py                                            # 5M events, 100k keys
+    python benchmarks/spark_repartition_baseline.py --checkpoint CK --data-dir EVENTS         # reuse a kept run of
+                                                                    # spark_tws_baseline.py --keep (repartitions only)
 
-It also shows what Spark does when only ``spark.sql.shuffle.partitions`` changes between runs of the same
-checkpoint (``--skip-shuffle-change`` to leave that out): the query keeps the partition count recorded in the
-checkpoint's offset log, whatever the session says.
+Without ``--checkpoint`` the script writes the p=4 checkpoint over all files but the last, times ``--runs``
+repartitions (each on a fresh copy), checks the state after each against pandas, resumes the repartitioned query on
+the last file and checks again. It also shows what Spark does when only ``spark.sql.shuffle.partitions`` changes
+between runs of a checkpoint: nothing — the query keeps the partition count recorded in the checkpoint's offset
+log, logging at WARN "Updating the value of conf 'spark.sql.streaming.internal.stateStore.partitions' in current
+session from '8' to '4'." (``--skip-shuffle-change`` leaves that out).
 
 ``run_spark_repartition(spark, checkpoint_dir, new_partitions)`` is the entry point for a side-by-side benchmark.
 """
@@ -22,6 +29,7 @@ import argparse
 import json
 import os
 import pathlib
+import re
 import shutil
 import statistics
 import sys
@@ -149,6 +157,37 @@ def shuffle_change_experiment(spark: SparkSession, base: pathlib.Path, source: p
     }
 
 
+HDFS_PROVIDER = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
+
+
+def provider_experiment(spark: SparkSession, source: pathlib.Path, work: pathlib.Path, old_partitions: int,
+                        new_partitions: int) -> dict:
+    """Try the offline repartition on a plain streaming aggregation kept by the default (HDFS-backed) provider."""
+    ck = work / "hdfs-provider-ck"
+    shutil.rmtree(ck, ignore_errors=True)
+    saved = spark.conf.get("spark.sql.streaming.stateStore.providerClass") or HDFS_PROVIDER
+    spark.conf.set("spark.sql.streaming.stateStore.providerClass", HDFS_PROVIDER)
+    spark.conf.set("spark.sql.shuffle.partitions", str(old_partitions))
+    try:
+        agg = (
+            spark.readStream.schema("key long, value long, ts long").parquet(str(source))
+            .groupBy("key").agg({"value": "sum", "*": "count"})
+        )
+        q = (agg.writeStream.format("noop").outputMode("update").option("checkpointLocation", str(ck))
+             .trigger(availableNow=True).start())
+        q.awaitTermination()
+    finally:
+        spark.conf.set("spark.sql.streaming.stateStore.providerClass", saved)
+    try:
+        spark._streamingCheckpointManager.repartition(str(ck), int(new_partitions))
+    except Exception as e:  # the point is to report what Spark says
+        text = str(e)
+        m = re.search(r"\[([A-Z_.]+)\][^\n]*", text)
+        return {"provider": HDFS_PROVIDER, "repartition": "failed",
+                "error": m.group(1) if m else type(e).__name__, "message": m.group(0) if m else text[:500]}
+    return {"provider": HDFS_PROVIDER, "repartition": "ok", "partitions_after": state_partitions(ck)}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--events", type=int, default=5_000_000)
@@ -160,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data-dir", default=None)
     ap.add_argument("--work-dir", default=None)
     ap.add_argument("--skip-shuffle-change", action="store_true")
+    ap.add_argument("--skip-provider-check", action="store_true",
+                    help="do not try the repartition on a streaming aggregation with the HDFS-backed provider")
     ap.add_argument("--checkpoint", default=None,
                     help="reuse a stopped checkpoint of spark_tws_baseline.py (--keep) over all of --data-dir "
                          "instead of writing one; only the repartitions are run (no resume, no shuffle-change run)")
@@ -229,6 +270,10 @@ def main(argv: list[str] | None = None) -> int:
             exp = shuffle_change_experiment(spark, base, source, work, data, args.to_partitions)
             failures += exp["state"] != "OK"
             print(f"only spark.sql.shuffle.partitions changed to {args.to_partitions}: {json.dumps(exp)}", flush=True)
+        if not args.skip_provider_check:
+            print(f"repartition of a streaming aggregation on the HDFS-backed provider: "
+                  f"{json.dumps(provider_experiment(spark, source, work, args.from_partitions, args.to_partitions))}",
+                  flush=True)
     finally:
         spark.stop()
         if results:

@@ -148,19 +148,25 @@ def run_tws(
 
     Returns events_per_s, seconds (query wall time), events and batches (from the query's progress, checked against
     the log's manifest when there is one), state (pandas, read back from the checkpoint: not timed).
-    ``spark.sql.shuffle.partitions`` is set on the session: it fixes the number of state partitions for the life of
-    this checkpoint.
+    ``spark.sql.shuffle.partitions`` and the RocksDB provider are set on the session for the query's start (the
+    partition count is then fixed for the life of this checkpoint) and restored afterwards.
     """
     ck = pathlib.Path(checkpoint_dir)
     if ck.exists() and any(ck.iterdir()):
         raise ValueError(f"checkpoint_dir {ck} is not empty; run_tws measures a run from empty state")
-    if spark.conf.get("spark.sql.streaming.stateStore.providerClass") != ROCKSDB_PROVIDER:
-        spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB_PROVIDER)
-    spark.conf.set("spark.sql.shuffle.partitions", str(shuffle_partitions))
-    start = time.perf_counter()
-    query = start_query(spark, events_dir, str(ck), max_files_per_trigger=max_files_per_trigger)
-    query.awaitTermination()
-    seconds = time.perf_counter() - start
+    keys = ("spark.sql.streaming.stateStore.providerClass", "spark.sql.shuffle.partitions")
+    saved = {k: spark.conf.get(k) for k in keys}
+    spark.conf.set(keys[0], ROCKSDB_PROVIDER)
+    spark.conf.set(keys[1], str(shuffle_partitions))
+    try:
+        start = time.perf_counter()
+        query = start_query(spark, events_dir, str(ck), max_files_per_trigger=max_files_per_trigger)
+        query.awaitTermination()
+        seconds = time.perf_counter() - start
+    finally:
+        for k, v in saved.items():  # the caller's session is left as it was (the query captured its conf)
+            if v is not None:
+                spark.conf.set(k, v)
     if query.exception() is not None:
         raise RuntimeError(f"transformWithStateInPandas query failed: {query.exception()}")
     progress = [p for p in query.recentProgress if p["numInputRows"] > 0]

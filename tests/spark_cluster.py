@@ -46,7 +46,7 @@ import tempfile
 import time
 import traceback
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal
 
 LOCAL_CLUSTER = "local-cluster[2,1,1024]"
@@ -110,42 +110,59 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
-def _alive(pid: int) -> bool:
+Identity = tuple[int, int]  # (pid, start time in clock ticks): a pid alone may be reused by someone else
+
+
+def _identity(pid: int) -> Identity | None:
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(b")") + 2 :].split()
+    if fields[0] == b"Z":
+        return None  # a zombie is already dead
+    return pid, int(fields[19])  # field 22 of stat: start time
 
 
-def kill_tree(proc: subprocess.Popen, grace: float = 10.0) -> None:
-    """Stop ``proc`` (started with ``start_new_session=True``), its process group and every descendant.
+def _same(ident: Identity) -> bool:
+    return _identity(ident[0]) == ident
+
+
+def tree_identities(pid: int) -> list[Identity]:
+    """Identities of ``pid``'s live descendants; record them BEFORE stopping anything (orphans lose the link)."""
+    return [i for i in map(_identity, descendants(pid)) if i is not None]
+
+
+def kill_tree(proc: subprocess.Popen, grace: float = 10.0, recorded: Sequence[Identity] = ()) -> None:
+    """Stop ``proc`` (started with ``start_new_session=True``), its process group and all its descendants.
 
     SIGTERM first so that Spark can remove its temporary directories, SIGKILL for whatever is left after ``grace``
-    seconds. Descendants are recorded before anything is signalled, since orphans lose their parent link.
+    seconds. Descendants found now plus ``recorded`` ones are signalled by pid only while their start time still
+    matches, so a reused pid is never hit; group leaders among them (Spark's Python daemon makes its own process
+    group for its workers) get their whole group signalled.
     """
-    if proc.poll() is None:
-        tree = descendants(proc.pid)
-    else:
-        tree = []
-    groups = {proc.pid} | {g for g in map(_pgid, tree) if g is not None}
-    groups.discard(os.getpgid(0))  # never our own group
+    tree = list(dict.fromkeys([*recorded, *(tree_identities(proc.pid) if proc.poll() is None else [])]))
+    own_group = os.getpgid(0)
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        for g in groups:
+        if proc.pid != own_group:
             try:
-                os.killpg(g, sig)
+                os.killpg(proc.pid, sig)  # the group outlives its leader's pid, so the number cannot be reused
             except (ProcessLookupError, PermissionError):
                 pass
-        for p in tree:
+        for ident in tree:
+            if not _same(ident):
+                continue
+            pid = ident[0]
             try:
-                os.kill(p, sig)
+                if os.getpgid(pid) == pid and pid != own_group:
+                    os.killpg(pid, sig)
+                os.kill(pid, sig)
             except (ProcessLookupError, PermissionError):
                 pass
         deadline = time.monotonic() + (grace if sig == signal.SIGTERM else 5.0)
         while time.monotonic() < deadline:
-            if proc.poll() is not None and not any(_alive(p) for p in tree):
+            if proc.poll() is not None and not any(_same(i) for i in tree):
                 break
             time.sleep(0.1)
         else:
@@ -155,13 +172,6 @@ def kill_tree(proc: subprocess.Popen, grace: float = 10.0) -> None:
         proc.wait(timeout=5)
     except subprocess.TimeoutExpired:
         pass
-
-
-def _pgid(pid: int) -> int | None:
-    try:
-        return os.getpgid(pid)
-    except ProcessLookupError:
-        return None
 
 
 def _tail(path: str | os.PathLike, lines: int = 40) -> str:
@@ -382,6 +392,7 @@ class ClusterDriver:
     def close(self) -> None:
         proc, self._proc = self._proc, None
         if proc is not None:
+            recorded = tree_identities(proc.pid) if proc.poll() is None else []
             if proc.poll() is None and proc.stdin is not None:
                 try:  # polite stop: the child stops its SparkContext, which stops local-cluster's executors
                     proc.stdin.write(b'{"op": "stop"}\n')
@@ -390,7 +401,7 @@ class ClusterDriver:
                     proc.wait(timeout=30)
                 except (OSError, subprocess.TimeoutExpired):
                     pass
-            kill_tree(proc)  # whatever is left, including the executors' Python daemons
+            kill_tree(proc, recorded=recorded)  # whatever is left, including the executors' Python daemons
         if self._reply is not None:
             os.close(self._reply)
             self._reply = None
