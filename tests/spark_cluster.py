@@ -459,6 +459,12 @@ class ClusterDriver:
         return reply["result"]
 
 
+def run_in_cluster(fn: Callable[..., Any], /, master: str | None = None, **kwargs: Any) -> Any:
+    """One-shot: start a ``ClusterDriver`` on ``master``, return ``fn(spark, **kwargs)``'s result, tear it all down."""
+    with ClusterDriver(master) as driver:
+        return driver.call(fn, **kwargs)
+
+
 def cluster_fixture(scope: Literal["session", "package", "module", "class", "function"] = "module",
                     **driver_kwargs: Any) -> Any:
     """A pytest fixture (default module-scoped) yielding a started ``ClusterDriver``; skips if pyspark is missing."""
