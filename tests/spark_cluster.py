@@ -422,6 +422,7 @@ class ClusterDriver:
 
     # -- calls
     def _receive(self, timeout: float, what: str, timeout_error: type[ClusterError] = ClusterError) -> dict:
+        """The child's next JSON line; ``timeout_error`` on timeout or if the child exits first."""
         deadline = time.monotonic() + timeout
         assert self._reply is not None and self._proc is not None
         while b"\n" not in self._buf:
@@ -433,7 +434,7 @@ class ClusterDriver:
             if ready:
                 chunk = os.read(self._reply, 1 << 16)
                 if not chunk:
-                    raise ClusterError(f"the cluster driver exited (code {self._proc.poll()}) while waiting for "
+                    raise timeout_error(f"the cluster driver exited (code {self._proc.poll()}) while waiting for "
                                        f"{what}; driver log {self.log_path}:\n{_tail(self.log_path)}")
                 self._buf += chunk
         line, self._buf = self._buf.split(b"\n", 1)
