@@ -1,0 +1,241 @@
+"""Spark's own stateful baseline: per-key running count and sum through ``transformWithStateInPandas``.
+
+The workload of issue 6 (default 5M events over 100k keys, see ``_events.py`` for the data) runs as a Structured
+Streaming query:
+
+    file source (Parquet, the event log directory, ``maxFilesPerTrigger`` files per micro-batch)
+      -> groupBy("key").transformWithStateInPandas(RunningCountSum, timeMode="None", outputMode="Update")
+         one ValueState "countSum" (count long, sum long) per key, RocksDBStateStoreProvider
+         (transformWithState supports no other provider: it needs column families)
+      -> noop sink, trigger(availableNow=True)
+
+so every micro-batch is one Spark state checkpoint, like one keygroups checkpoint per micro-batch. Throughput is
+events / wall time of the query (start to termination, planning included). After each run the state is read back
+from the checkpoint with Spark's state data source (``format("statestore")``) and compared with pandas.
+
+    python benchmarks/spark_tws_baseline.py --events 200000 --keys 10000      # development size
+    python benchmarks/spark_tws_baseline.py                                   # 5M events, 100k keys
+
+``run_tws(spark, events_dir, checkpoint_dir, shuffle_partitions)`` is the entry point for a side-by-side benchmark.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pandas as pd
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _events import compare_state, generate_events, read_manifest, reference_state  # noqa: E402
+
+from pyspark.sql import SparkSession  # noqa: E402
+from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle  # noqa: E402
+
+ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+STATE_NAME = "countSum"
+EVENT_SCHEMA = "key long, value long, ts long"
+OUTPUT_SCHEMA = "key long, count long, sum long"
+STATE_SCHEMA = "count long, sum long"
+
+
+class RunningCountSum(StatefulProcessor):
+    """One ValueState (count, sum) per key; emits the key's new totals once per micro-batch."""
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.state = handle.getValueState(STATE_NAME, STATE_SCHEMA)
+
+    def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame], timerValues: Any) -> Iterator[pd.DataFrame]:
+        # get() is one call to the JVM state server and returns None for a new key; no separate exists() call.
+        current = self.state.get()
+        count, total = (int(current[0]), int(current[1])) if current is not None else (0, 0)
+        for pdf in rows:
+            values = pdf["value"].to_numpy()
+            count += len(values)
+            total += int(values.sum())
+        self.state.update((count, total))
+        yield pd.DataFrame({"key": [key[0]], "count": [count], "sum": [total]})
+
+    def close(self) -> None:
+        pass
+
+
+def _ship_this_module() -> None:
+    # Imported as a module (not run as a script), this file would be pickled to the Python workers by reference,
+    # and they cannot import it from benchmarks/. Pickle it by value instead.
+    if __name__ != "__main__":
+        from pyspark import cloudpickle
+
+        cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+def build_session(master: str = "local[2]", driver_memory: str = "2g") -> SparkSession:
+    """The session the baseline is measured on: RocksDB state store, Arrow on, UI off."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    spark = (
+        SparkSession.builder.master(master)
+        .appName("keygroups-tws-baseline")
+        .config("spark.ui.enabled", "false")
+        .config("spark.driver.memory", driver_memory)
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.streaming.stateStore.providerClass", ROCKSDB_PROVIDER)
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def start_query(
+    spark: SparkSession,
+    events_dir: str,
+    checkpoint_dir: str,
+    *,
+    max_files_per_trigger: int = 1,
+    sink: str = "noop",
+):
+    """Start the TWS query over the files in ``events_dir`` (availableNow); returns the StreamingQuery."""
+    _ship_this_module()
+    events = (
+        spark.readStream.schema(EVENT_SCHEMA)
+        .option("maxFilesPerTrigger", max_files_per_trigger)
+        .parquet(str(events_dir))
+    )
+    out = events.groupBy("key").transformWithStateInPandas(
+        statefulProcessor=RunningCountSum(),
+        outputStructType=OUTPUT_SCHEMA,
+        outputMode="Update",
+        timeMode="None",
+    )
+    return (
+        out.writeStream.format(sink)
+        .outputMode("update")
+        .option("checkpointLocation", str(checkpoint_dir))
+        .trigger(availableNow=True)
+        .start()
+    )
+
+
+def read_state(spark: SparkSession, checkpoint_dir: str) -> pd.DataFrame:
+    """The ValueState of the latest committed batch, read from the checkpoint; index ``key``, columns count, sum."""
+    df = (
+        spark.read.format("statestore")
+        .option("stateVarName", STATE_NAME)
+        .load(str(checkpoint_dir))
+        .selectExpr("key.key AS key", "value.count AS count", "value.sum AS sum")
+    )
+    pdf: pd.DataFrame = df.toPandas()  # type: ignore[assignment]
+    return pdf.set_index("key").sort_index().astype("int64")
+
+
+def run_tws(
+    spark: SparkSession,
+    events_dir: str,
+    checkpoint_dir: str,
+    shuffle_partitions: int,
+    *,
+    max_files_per_trigger: int = 1,
+) -> dict:
+    """Run the baseline once from an empty checkpoint over all files of ``events_dir``.
+
+    Returns events_per_s, seconds (query wall time), events and batches (from the query's progress, checked against
+    the log's manifest when there is one), state (pandas, read back from the checkpoint: not timed).
+    ``spark.sql.shuffle.partitions`` and the RocksDB provider are set on the session for the query's start (the
+    partition count is then fixed for the life of this checkpoint) and restored afterwards.
+    """
+    ck = pathlib.Path(checkpoint_dir)
+    if ck.exists() and any(ck.iterdir()):
+        raise ValueError(f"checkpoint_dir {ck} is not empty; run_tws measures a run from empty state")
+    keys = ("spark.sql.streaming.stateStore.providerClass", "spark.sql.shuffle.partitions")
+    saved = {k: spark.conf.get(k) for k in keys}
+    spark.conf.set(keys[0], ROCKSDB_PROVIDER)
+    spark.conf.set(keys[1], str(shuffle_partitions))
+    try:
+        start = time.perf_counter()
+        query = start_query(spark, events_dir, str(ck), max_files_per_trigger=max_files_per_trigger)
+        query.awaitTermination()
+        seconds = time.perf_counter() - start
+    finally:
+        for k, v in saved.items():  # the caller's session is left as it was (the query captured its conf)
+            if v is not None:
+                spark.conf.set(k, v)
+    if query.exception() is not None:
+        raise RuntimeError(f"transformWithStateInPandas query failed: {query.exception()}")
+    progress = [p for p in query.recentProgress if p["numInputRows"] > 0]
+    events = sum(p["numInputRows"] for p in progress)
+    try:
+        expected = read_manifest(events_dir)["n_events"]
+    except FileNotFoundError:
+        expected = events
+    if events != expected:
+        raise RuntimeError(f"the query read {events} events, the log has {expected}")
+    return {
+        "events_per_s": events / seconds,
+        "seconds": seconds,
+        "events": events,
+        "batches": len(progress),
+        "shuffle_partitions": shuffle_partitions,
+        "state": read_state(spark, str(ck)),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--events", type=int, default=5_000_000)
+    ap.add_argument("--keys", type=int, default=100_000)
+    ap.add_argument("--files", type=int, default=10, help="event files = micro-batches (1 file per trigger)")
+    ap.add_argument("--partitions", type=int, default=4, help="spark.sql.shuffle.partitions = state partitions")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=1, help="untimed runs first, on the same JVM")
+    ap.add_argument("--data-dir", default=None, help="event log directory (default: a fresh temporary one)")
+    ap.add_argument("--work-dir", default=None, help="where checkpoints go (default: a temporary directory)")
+    ap.add_argument("--keep", action="store_true", help="keep the last run's checkpoint (printed)")
+    args = ap.parse_args(argv)
+
+    work = pathlib.Path(args.work_dir or tempfile.mkdtemp(prefix="tws-baseline-"))
+    data = pathlib.Path(args.data_dir) if args.data_dir else work / "events"
+    t = time.perf_counter()
+    generate_events(data, args.events, args.keys, args.files)
+    expected = reference_state(data)
+    print(f"events: {args.events:,} over {args.keys:,} keys in {args.files} files at {data} "
+          f"({time.perf_counter() - t:.1f}s incl. pandas reference)", flush=True)
+
+    spark = build_session()
+    results = []
+    failures = 0
+    try:
+        for i in range(args.warmup + args.runs):
+            ck = work / f"checkpoint-{i}"
+            shutil.rmtree(ck, ignore_errors=True)
+            r = run_tws(spark, str(data), str(ck), args.partitions)
+            problems = compare_state(r["state"], expected)
+            failures += bool(problems)
+            kind = "warmup" if i < args.warmup else "run"
+            print(f"{kind} {i}: {r['seconds']:.2f}s  {r['events_per_s']:,.0f} events/s  {r['batches']} batches  "
+                  f"state {'OK' if not problems else 'MISMATCH: ' + '; '.join(problems)}", flush=True)
+            if i >= args.warmup:
+                results.append(r)
+            if not (args.keep and i == args.warmup + args.runs - 1):
+                shutil.rmtree(ck, ignore_errors=True)
+            else:
+                print(f"kept checkpoint: {ck}")
+    finally:
+        spark.stop()
+    secs = statistics.median(r["seconds"] for r in results)
+    print(f"\n== Spark transformWithStateInPandas (ValueState, timeMode=None, RocksDB, "
+          f"{args.partitions} shuffle partitions, local[2])")
+    runs = ", ".join(f"{r['seconds']:.2f}" for r in results)
+    print(f"median of {len(results)}: {secs:.2f}s  {args.events / secs:,.0f} events/s  (runs: {runs})")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
