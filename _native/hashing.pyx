@@ -10,24 +10,21 @@ from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, u
 
 import numpy as np
 
-cdef extern from "Python.h":
-    int PyUnicode_KIND(object)
-    void *PyUnicode_DATA(object)
-    Py_ssize_t PyUnicode_GET_LENGTH(object)
-    int PyUnicode_1BYTE_KIND
-    int PyUnicode_2BYTE_KIND
+from javahash cimport (
+    KG_BOOLEAN_FALSE_HASH,
+    KG_BOOLEAN_TRUE_HASH,
+    hash_str as _hash_str,
+    kg_hash_bytes,
+    kg_hash_double,
+    kg_hash_float,
+    kg_hash_long,
+    kg_hash_ucs4,
+    kg_hash_utf8,
+    kg_key_group,
+    kg_murmur,
+)
 
 cdef extern from "kg_hash.h" nogil:
-    int32_t kg_murmur(int32_t code)
-    int32_t kg_key_group(int32_t java_hash, int32_t max_parallelism, double inv_max_parallelism)
-    int32_t kg_hash_long(int64_t v)
-    int32_t kg_hash_double(double d)
-    int32_t kg_hash_float(float f)
-    int32_t kg_hash_bytes(const uint8_t *p, int64_t length)
-    int kg_hash_utf8(const uint8_t *p, int64_t length, int32_t *out)
-    int32_t kg_hash_ucs4(const uint32_t *p, int64_t length)
-    int32_t kg_hash_ucs2(const uint16_t *p, int64_t length)
-    int32_t kg_hash_latin1(const uint8_t *p, int64_t length)
     void kg_groups_from_int64(const int64_t *values, Py_ssize_t n, int32_t maxp, int16_t *out)
     void kg_groups_from_int32(const int32_t *values, Py_ssize_t n, int32_t maxp, int16_t *out)
     void kg_groups_from_hashes(const int32_t *hashes, Py_ssize_t n, int32_t maxp, int16_t *out)
@@ -41,8 +38,6 @@ cdef extern from "kg_hash.h" nogil:
                                              int64_t data_len, int utf8, int32_t maxp, int16_t *out, int *status)
     void kg_operators_from_groups(const int16_t *groups, Py_ssize_t n, int32_t maxp, int32_t parallelism,
                                   int32_t *out)
-    int KG_BOOLEAN_TRUE_HASH
-    int KG_BOOLEAN_FALSE_HASH
 
 # Key type codes; keygroups._hashing maps the public names ("long", "int", ...) onto them.
 KEY_TYPE_AUTO = 0
@@ -89,17 +84,6 @@ cdef inline int64_t _as_int64(object value) except? -1:
             f"key {value!r} is outside the 64-bit range of java.lang.Long [-2**63, 2**63 - 1]; "
             "use a str or bytes key for larger integers")
     return v
-
-
-cdef inline int32_t _hash_str(str s):
-    cdef int kind = PyUnicode_KIND(s)
-    cdef Py_ssize_t n = PyUnicode_GET_LENGTH(s)
-    cdef void *data = PyUnicode_DATA(s)
-    if kind == PyUnicode_1BYTE_KIND:
-        return kg_hash_latin1(<const uint8_t *>data, n)
-    if kind == PyUnicode_2BYTE_KIND:
-        return kg_hash_ucs2(<const uint16_t *>data, n)
-    return kg_hash_ucs4(<const uint32_t *>data, n)
 
 
 cdef inline int32_t _hash_bytes_like(object value) except? -1:

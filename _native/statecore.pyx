@@ -5,24 +5,12 @@
 # `slow` flag and hands over to the table's Python methods.
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from cpython.long cimport PyLong_AsLongLongAndOverflow
-from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t
+from libc.stdint cimport int32_t
 
 from keygroups._native import hashing as _h
 from keygroups.errors import KeyGroupOutOfRangeError
 
-cdef extern from "Python.h":
-    int PyUnicode_KIND(object)
-    void *PyUnicode_DATA(object)
-    Py_ssize_t PyUnicode_GET_LENGTH(object)
-    int PyUnicode_1BYTE_KIND
-    int PyUnicode_2BYTE_KIND
-
-cdef extern from "kg_hash.h" nogil:
-    int32_t kg_key_group(int32_t java_hash, int32_t max_parallelism, double inv_max_parallelism)
-    int32_t kg_hash_long(int64_t v)
-    int32_t kg_hash_ucs4(const uint32_t *p, int64_t length)
-    int32_t kg_hash_ucs2(const uint16_t *p, int64_t length)
-    int32_t kg_hash_latin1(const uint8_t *p, int64_t length)
+from javahash cimport hash_str as _hash_str, kg_hash_long, kg_key_group
 
 
 cdef class _Missing:
@@ -35,17 +23,6 @@ cdef class _Missing:
 
 #: What a state store returns for a key without a value (None is a legal value for some serializers).
 MISSING = _Missing()
-
-
-cdef inline int32_t _hash_str(str s):
-    cdef int kind = PyUnicode_KIND(s)
-    cdef Py_ssize_t n = PyUnicode_GET_LENGTH(s)
-    cdef void *data = PyUnicode_DATA(s)
-    if kind == PyUnicode_1BYTE_KIND:
-        return kg_hash_latin1(<const uint8_t *>data, n)
-    if kind == PyUnicode_2BYTE_KIND:
-        return kg_hash_ucs2(<const uint16_t *>data, n)
-    return kg_hash_ucs4(<const uint32_t *>data, n)
 
 
 cdef object _no_key():

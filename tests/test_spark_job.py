@@ -4,9 +4,11 @@ that dies before committing, idempotent replays, and the Structured Streaming fo
 from __future__ import annotations
 
 import os
+import sys
 
 import pyarrow as pa
 import pytest
+from pyspark import cloudpickle
 
 from keygroups.checkpoint import CheckpointStorage
 from keygroups.cli import shop
@@ -17,6 +19,8 @@ from keygroups.spark.job import KeyedJob
 from keygroups.state import ValueStateDescriptor
 
 pytestmark = pytest.mark.spark
+# The functions below live in this test file, which Spark's Python workers cannot import: ship them by value.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
 MAX_PARALLELISM = 32
 TOTALS = pa.schema([("k", pa.int64()), ("total", pa.int64()), ("batch", pa.int64())])
 

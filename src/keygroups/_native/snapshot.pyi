@@ -5,7 +5,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from typing_extensions import Buffer
+from typing_extensions import Buffer, disjoint_base
 
 FILE_MAGIC: bytes
 INDEX_MAGIC: bytes
@@ -15,6 +15,7 @@ FOOTER_SIZE: int
 BLOCK_OVERHEAD: int
 MAX_ITEM_SIZE: int
 
+@disjoint_base
 class Packed:
     """n serialized items back to back: item i is ``data[offsets[i]:offsets[i + 1]]``."""
 

@@ -1,9 +1,10 @@
 """Type stub of the compiled byte-level list splitter (``_native/splitter.pyx``)."""
 
-from collections.abc import Buffer, Callable
+from collections.abc import Callable
 
 import numpy as np
 import numpy.typing as npt
+from typing_extensions import Buffer  # collections.abc.Buffer only exists from Python 3.12
 
 def check_offsets(bounds: npt.NDArray[np.int64], lo: int, hi: int, what: str = ...) -> None: ...
 def gather(
