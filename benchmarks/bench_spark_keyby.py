@@ -97,15 +97,19 @@ def force(df: DataFrame) -> None:
     df.write.format("noop").mode("overwrite").save()
 
 
-def measure(make: Callable[[], DataFrame], runs: int) -> float:
-    force(make())  # warm-up: JIT, Python workers, plan caches
-    times = []
+def measure_all(candidates: dict[str, Callable[[], DataFrame]], runs: int) -> dict[str, float]:
+    """Median seconds per candidate. Runs are interleaved (round r runs every candidate once), so that load from
+    other processes on a shared machine falls on all candidates alike rather than on whichever ran at a bad time."""
+    for make in candidates.values():
+        force(make())  # warm-up: JIT, Python workers, plan caches
+    times: dict[str, list[float]] = {name: [] for name in candidates}
     for _ in range(runs):
-        df = make()
-        t0 = time.perf_counter()
-        force(df)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        for name, make in candidates.items():
+            df = make()
+            t0 = time.perf_counter()
+            force(df)
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(ts) for name, ts in times.items()}
 
 
 def report(title: str, results: dict[str, float], baseline: str, target: float | None) -> None:
@@ -127,6 +131,7 @@ def main() -> None:
     ap.add_argument("--max-parallelism", type=int, default=128)
     ap.add_argument("--parallelism", type=int, default=8)
     ap.add_argument("--skip-pandas", action="store_true", help="leave out (c), the slowest candidate")
+    ap.add_argument("--keys", default="long,string", help="comma-separated: long, string")
     args = ap.parse_args()
     n, runs, mp, p = args.rows, args.runs, args.max_parallelism, args.parallelism
 
@@ -135,6 +140,7 @@ def main() -> None:
         SparkSession.builder.master("local[2]")
         .appName("bench_spark_keyby")
         .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
         .config("spark.driver.memory", "4g")
         .config("spark.sql.shuffle.partitions", str(p))
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
@@ -145,36 +151,42 @@ def main() -> None:
 
     ints = spark.range(n).withColumnRenamed("id", "k")
     strings = spark.range(n).select(F.concat(F.lit("user-"), (F.col("id") * 7919 % 1_000_003).cast("string")).alias("k"))
-    strings = strings.cache()
-    strings.count()
+    if "string" in args.keys:
+        strings = strings.cache()
+        strings.count()
 
-    for label, df, udf, target in (
-        ("LongType keys (spark.range)", ints, numpy_long_udf(mp), 1.5),
-        ("StringType keys (cached)", strings, numpy_string_udf(mp), 3.0),
-    ):
-        results = {
-            "(b) pmod(hash(k), max_parallelism)": measure(
-                lambda df=df: df.withColumn("key_group", F.pmod(F.hash("k"), F.lit(mp))), runs
+    sections = {
+        "long": ("LongType keys (spark.range)", ints, numpy_long_udf(mp), 1.5),
+        "string": ("StringType keys (cached)", strings, numpy_string_udf(mp), 3.0),
+    }
+    for label, df, udf, target in (sections[k] for k in args.keys.split(",")):
+        columns: dict[str, Callable[[], DataFrame]] = {
+            "(b) pmod(hash(k), max_parallelism)": lambda df=df: df.withColumn(
+                "key_group", F.pmod(F.hash("k"), F.lit(mp))
             ),
-            "(a) with_key_groups": measure(lambda df=df: with_key_groups(df, "k", max_parallelism=mp), runs),
-            "(a') with_key_groups(engine='arrow')": measure(
-                lambda df=df: with_key_groups(df, "k", max_parallelism=mp, engine="arrow"), runs
+            "(a) with_key_groups": lambda df=df: with_key_groups(df, "k", max_parallelism=mp),
+            "(a') with_key_groups(engine='arrow')": lambda df=df: with_key_groups(
+                df, "k", max_parallelism=mp, engine="arrow"
             ),
         }
         if not args.skip_pandas:
-            results["(c) pandas_udf, numpy"] = measure(lambda df=df, udf=udf: df.withColumn("key_group", udf("k")), runs)
-        report(f"key-group column, {label}", results, "(b) pmod(hash(k), max_parallelism)", target)
+            columns["(c) pandas_udf, numpy"] = lambda df=df, udf=udf: df.withColumn("key_group", udf("k"))
+        report(f"key-group column, {label}", measure_all(columns, runs), "(b) pmod(hash(k), max_parallelism)", target)
 
-        placement = {
-            "(e) df.repartition(parallelism, k)": measure(lambda df=df: df.repartition(p, "k"), runs),
-            "(d) partition_by_key_group": measure(
-                lambda df=df: partition_by_key_group(df, "k", max_parallelism=mp, parallelism=p), runs
+        placement: dict[str, Callable[[], DataFrame]] = {
+            "(e) df.repartition(parallelism, k)": lambda df=df: df.repartition(p, "k"),
+            "(d) partition_by_key_group": lambda df=df: partition_by_key_group(
+                df, "k", max_parallelism=mp, parallelism=p
             ),
-            "(d') partition_by_key_group(method='hash')": measure(
-                lambda df=df: partition_by_key_group(df, "k", max_parallelism=mp, parallelism=p, method="hash"), runs
+            "(d') partition_by_key_group(method='hash')": lambda df=df: partition_by_key_group(
+                df, "k", max_parallelism=mp, parallelism=p, method="hash"
             ),
         }
-        report(f"placement into {p} partitions, {label}", placement, "(e) df.repartition(parallelism, k)", 1.3)
+        report(
+            f"placement into {p} partitions, {label}", measure_all(placement, runs),
+            "(e) df.repartition(parallelism, k)", 1.3,
+        )
+        print(f"  (load average after this section: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
 
     strings.unpersist()
     spark.stop()

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Union
 
-import pyarrow as pa
+import pyarrow as pa  # type: ignore[import-untyped]  # (no stubs; only pa.Array for arrow_udf's hints)
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -262,7 +262,8 @@ def _arrow_key_group(keys: Sequence[KeyColumn], max_parallelism: int) -> Column:
             groups = h.groups_from_hashes(acc, mp)
         return pa.array(groups.astype(np.int32), type=pa.int32())
 
-    udf = arrow_udf(key_groups, T.IntegerType())
+    # The pa.Array type hints make this a scalar Arrow UDF; PySpark's stubs do not cover a *args signature.
+    udf = arrow_udf(key_groups, T.IntegerType())  # type: ignore[call-overload]
     return udf(*[F.col(k.column) for k in keys])
 
 
