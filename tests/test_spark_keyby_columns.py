@@ -96,23 +96,25 @@ def test_golden_vectors_cover_every_golden_type():
     assert any(t.startswith("tuple<") for t in GOLDEN)
 
 
-@pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("type_name", sorted(GOLDEN))
-def test_golden_key_groups(spark, type_name, engine):
-    """Flink's own key groups, for every golden type and max parallelism, in one Spark job per type."""
+def test_golden_key_groups(spark, type_name):
+    """Flink's own key groups, for every golden type, several max parallelisms and both engines, in one Spark job
+    per type."""
     rows = GOLDEN[type_name]
     fields = _field_types(type_name)
-    if engine == "sql" and "bytes" in fields:
-        pytest.skip("BinaryType keys need the arrow engine (checked in test_sql_engine_refuses_binary)")
+    engines = ["arrow"] if "bytes" in fields else ENGINES  # BinaryType: see test_sql_engine_refuses_binary
     df = _frame(spark, fields, [r["key"] for r in rows])
     key_cols = [f"k{i}" for i in range(len(fields))]
-    for mp in GOLDEN_MAX_PARALLELISMS:
-        df = with_key_groups(df, *key_cols, max_parallelism=mp, key_group_col=f"g{mp}", engine=engine)
-    got = _collect_sorted(df, *[f"g{mp}" for mp in GOLDEN_MAX_PARALLELISMS])
+    outputs = []
+    for engine in engines:
+        for mp in GOLDEN_MAX_PARALLELISMS:
+            df = with_key_groups(df, *key_cols, max_parallelism=mp, key_group_col=f"{engine}{mp}", engine=engine)
+            outputs.append((engine, mp))
+    got = _collect_sorted(df, *[f"{e}{mp}" for e, mp in outputs])
     assert len(got) == len(rows)
     for out, row in zip(got, rows):
-        for mp in GOLDEN_MAX_PARALLELISMS:
-            assert out[f"g{mp}"] == row["key_groups"][str(mp)], (row["key"], mp)
+        for engine, mp in outputs:
+            assert out[f"{engine}{mp}"] == row["key_groups"][str(mp)], (row["key"], engine, mp)
 
 
 def _random_keys(key_type: str, n: int, rng: np.random.Generator) -> list:
@@ -142,34 +144,45 @@ def _random_keys(key_type: str, n: int, rng: np.random.Generator) -> list:
     raise AssertionError(key_type)
 
 
-@pytest.mark.parametrize("engine", ENGINES)
-@pytest.mark.parametrize("key_type", list(SPARK_TYPES))
-def test_every_column_type_agrees_with_the_core(spark, key_type, engine):
-    if engine == "sql" and key_type == "bytes":
-        pytest.skip("BinaryType keys need the arrow engine")
-    rng = np.random.default_rng(sum(map(ord, key_type)))
-    keys = _random_keys(key_type, 400, rng)
-    df = _frame(spark, [key_type], [[k] for k in keys])
-    out = _collect_sorted(
-        with_key_groups(df, "k0", max_parallelism=1000, parallelism=7, engine=engine), "k0", "key_group",
-        "operator_index",
-    )
-    # The core hashes the very values Spark hands back (floats went through float32 for FloatType).
-    back = [r["k0"] for r in out]
+def _core_key_groups(key_type: str, values: list, max_parallelism: int) -> np.ndarray:
+    """The compiled core's key groups of the values Spark handed back (FloatType values went through float32)."""
     if key_type == "float":
-        expected = kg.assign_key_groups(np.array(back, dtype=np.float32), 1000, "float")
-    elif key_type == "bytes":
-        expected = kg.assign_key_groups(pa.array([bytes(b) for b in back], pa.binary()), 1000, "bytes")
-    elif key_type == "string":
-        expected = kg.assign_key_groups(pa.array(back, pa.string()), 1000, "string")
-    else:
-        expected = kg.assign_key_groups(back, 1000, key_type)
-    assert [r["key_group"] for r in out] == expected.tolist()
-    assert [r["operator_index"] for r in out] == kg.operator_index_for_key_group(1000, 7, expected).tolist()
+        return kg.assign_key_groups(np.array(values, dtype=np.float32), max_parallelism, "float")
+    if key_type == "bytes":
+        return kg.assign_key_groups(pa.array([bytes(b) for b in values], pa.binary()), max_parallelism, "bytes")
+    if key_type == "string":
+        return kg.assign_key_groups(pa.array(values, pa.string()), max_parallelism, "string")
+    return kg.assign_key_groups(values, max_parallelism, key_type)
 
 
-@pytest.mark.parametrize("engine", ENGINES)
-def test_composite_keys_hash_as_a_flink_tuple(spark, engine):
+def test_every_column_type_agrees_with_the_core(spark):
+    """One DataFrame with a column of every supported type (random values plus each type's edge values), every
+    column keyed on its own by both engines, in one Spark job."""
+    rng = np.random.default_rng(2024)
+    n = 400
+    types = list(SPARK_TYPES)
+    columns = [_random_keys(t, n, rng)[:n] for t in types]
+    df = _frame(spark, types, [list(row) for row in zip(*columns)])
+    outputs = []
+    for i, key_type in enumerate(types):
+        for engine in ENGINES:
+            if engine == "sql" and key_type == "bytes":
+                continue
+            name = f"{engine}_{key_type}"
+            df = with_key_groups(
+                df, f"k{i}", max_parallelism=1000, parallelism=7, engine=engine, key_group_col=f"g_{name}",
+                operator_col=f"op_{name}",
+            )
+            outputs.append((i, key_type, name))
+    out = _collect_sorted(df, *[f"k{i}" for i in range(len(types))], *[c for _, _, name in outputs
+                                                                        for c in (f"g_{name}", f"op_{name}")])
+    for i, key_type, name in outputs:
+        expected = _core_key_groups(key_type, [r[f"k{i}"] for r in out], 1000)
+        assert [r[f"g_{name}"] for r in out] == expected.tolist(), name
+        assert [r[f"op_{name}"] for r in out] == kg.operator_index_for_key_group(1000, 7, expected).tolist(), name
+
+
+def test_composite_keys_hash_as_a_flink_tuple(spark):
     rng = np.random.default_rng(7)
     n = 300
     types = ["string", "long", "int", "boolean", "double", "short", "byte"]
@@ -177,12 +190,16 @@ def test_composite_keys_hash_as_a_flink_tuple(spark, engine):
     keys = [list(row) for row in zip(*columns)]
     df = _frame(spark, types, keys)
     cols = [f"k{i}" for i in range(len(types))]
-    for width in (2, 3, len(types)):
-        out = _collect_sorted(
-            with_key_groups(df, *cols[:width], max_parallelism=4096, key_group_col="g", engine=engine), "g"
-        )
-        expected = kg.assign_key_groups([tuple(k[:width]) for k in keys], 4096, tuple(types[:width]))
-        assert [r["g"] for r in out] == expected.tolist(), width
+    widths = (2, 3, len(types))
+    for engine in ENGINES:
+        for width in widths:
+            df = with_key_groups(df, *cols[:width], max_parallelism=4096, key_group_col=f"{engine}{width}",
+                                 engine=engine)
+    out = _collect_sorted(df, *[f"{e}{w}" for e in ENGINES for w in widths])
+    for width in widths:
+        expected = kg.assign_key_groups([tuple(k[:width]) for k in keys], 4096, tuple(types[:width])).tolist()
+        for engine in ENGINES:
+            assert [r[f"{engine}{width}"] for r in out] == expected, (engine, width)
 
 
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
