@@ -9,8 +9,9 @@ Two engines compute the same bits:
     so nothing here may overflow or narrow out of range), then masked with ``0xFFFFFFFF``. The Java ``hashCode()``
     of integral and boolean keys is plain arithmetic; ``String``, ``Double`` and ``Float`` keys call the JVM's own
     ``Objects.hashCode`` / ``Double.hashCode`` / ``Float.hashCode`` through ``java_method``, which is exact by
-    construction (``String.hashCode`` runs over UTF-16 units). ``java_method`` cannot take ``BinaryType``, so
-    binary keys use the other engine.
+    construction (``String.hashCode`` runs over UTF-16 units). ``java_method`` runs by reflection, outside code
+    generation, so these key types cost more than integral ones (Spark has no code-generated function that yields
+    ``String.hashCode``). ``java_method`` cannot take ``BinaryType``, so binary keys use the other engine.
 ``"arrow"``
     A scalar ``arrow_udf`` that hands the key columns, as Arrow arrays, to the compiled kernels
     (:func:`keygroups.java_hashes`, ``groups_from_hashes``); strings and binaries are hashed straight from the Arrow
@@ -25,7 +26,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Union
 
 import pyarrow as pa  # type: ignore[import-untyped]  # (no stubs; only pa.Array for arrow_udf's hints)
 from pyspark.sql import Column, DataFrame

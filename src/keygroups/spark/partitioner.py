@@ -4,10 +4,12 @@ RDDs go through :class:`KeyGroupPartitioner`, a picklable partition function for
 each key as Flink does (never Python's salted ``hash``), so placement is the same in every process, on every machine
 and under every ``PYTHONHASHSEED``.
 
-DataFrames stay in the JVM: :func:`partition_by_key_group` adds the key-group and operator-index columns
-(:func:`keygroups.spark.with_key_groups`) and shuffles on the operator index with ``DataFrame.repartitionById``
-(Spark 4.1+), whose target partition is ``pmod(id, numPartitions)``: for an id already in ``[0, parallelism)``, the
-id itself. Where ``repartitionById`` is missing (Spark 4.0), the operator index is mapped to a stand-in integer
+DataFrames stay in the JVM: :func:`partition_by_key_group` adds the key-group column
+(:func:`keygroups.spark.with_key_groups`) and shuffles on the operator index derived from it with
+``DataFrame.repartitionById`` (Spark 4.1+), whose target partition is ``pmod(id, numPartitions)``: for an id already
+in ``[0, parallelism)``, the id itself. The operator index is only the shuffle's partition expression, not a
+column, so rows cross the shuffle one field narrower. (The key group must be a column: its expression uses each
+intermediate value twice, so it lives in a chain of projections, and the exchange can only read their output.) Where ``repartitionById`` is missing (Spark 4.0), the operator index is mapped to a stand-in integer
 whose Spark hash lands in that very partition, and ``repartition(parallelism, stand_in)`` (hash partitioning,
 ``pmod(murmur3(v, 42), n)``) places it exactly: see :func:`hash_partitioning_stand_ins`.
 """
