@@ -88,22 +88,22 @@ from keygroups.spark import KeyGroupPartitioner
 keys = json.loads(sys.stdin.read())
 keys = [tuple(k) if isinstance(k, list) else k for k in keys]
 part = KeyGroupPartitioner(64, 7)
-print(json.dumps([part(k) for k in keys] + [hash("probe")]))
+with open(sys.argv[1], "w") as out:  # a file, not stdout: nothing else the interpreter prints can get mixed in
+    json.dump([part(k) for k in keys] + [hash("probe")], out)
 """
 
 
-def test_partitioner_is_deterministic_across_processes_and_hash_seeds():
+def test_partitioner_is_deterministic_across_processes_and_hash_seeds(tmp_path):
     keys = [k for k in MIXED_KEYS if not isinstance(k, bytes)]
     part = KeyGroupPartitioner(64, 7)
     expected = [part(k) for k in keys]
     probes = set()
     for seed in ("0", "1", "12345", "random"):
         env = dict(os.environ, PYTHONHASHSEED=seed)
-        out = subprocess.run(
-            [sys.executable, "-c", _CHILD], input=json.dumps(keys), capture_output=True, text=True, env=env,
-            check=True,
-        )
-        result = json.loads(out.stdout)
+        path = tmp_path / f"placement-{seed}.json"
+        subprocess.run([sys.executable, "-c", _CHILD, str(path)], input=json.dumps(keys), capture_output=True,
+                       text=True, env=env, check=True)
+        result = json.loads(path.read_text())
         probes.add(result.pop())
         assert result == expected, seed
     assert len(probes) > 1  # the seeds really did change Python's own str hash
