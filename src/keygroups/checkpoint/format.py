@@ -151,6 +151,19 @@ def _ranged_read(storage: CheckpointStorage, handle: KeyedStateHandle, wanted: K
     return data, start, end
 
 
+def _read_wanted(storage: CheckpointStorage, handle: KeyedStateHandle, key_groups: KeyGroupRange
+                 ) -> tuple[Any, int, int, int, KeyGroupRange] | None:
+    """The one ranged read of the handle's key groups that ``key_groups`` asks for: (data, start, end, index of the
+    first wanted group in the handle, the wanted range), or None when the handle holds none of them."""
+    if not isinstance(handle, KeyedStateHandle):
+        raise TypeError(f"handle must be a KeyedStateHandle, got {type(handle).__name__}")
+    wanted = handle.key_group_range.intersection(key_groups)
+    if not wanted:
+        return None
+    data, start, end = _ranged_read(storage, handle, wanted)
+    return data, start, end, wanted.start - handle.key_group_range.start, wanted
+
+
 def read_key_groups(storage: CheckpointStorage, handle: KeyedStateHandle, key_groups: KeyGroupRange, *,
                     copy: bool = False) -> tuple[Iterator[tuple[int, Sections]], int]:
     """Read the blocks of ``key_groups ∩ handle.key_group_range`` from ``handle.file`` with ONE ranged read.
@@ -162,13 +175,10 @@ def read_key_groups(storage: CheckpointStorage, handle: KeyedStateHandle, key_gr
     ``copy=True`` yields ``bytes`` copies instead of memoryviews: still not deserialized, about 3x faster to create
     and about 3x smaller to hold for small values (a memoryview object alone is ~180 bytes), and they do not pin
     the read buffer. Prefer it for keys and small values that are kept for a long time."""
-    if not isinstance(handle, KeyedStateHandle):
-        raise TypeError(f"handle must be a KeyedStateHandle, got {type(handle).__name__}")
-    wanted = handle.key_group_range.intersection(key_groups)
-    if not wanted:
+    read = _read_wanted(storage, handle, key_groups)
+    if read is None:
         return iter(()), 0
-    data, start, end = _ranged_read(storage, handle, wanted)
-    first = wanted.start - handle.key_group_range.start
+    data, start, end, first, wanted = read
     blocks = _iter_blocks(memoryview(data), start, handle.offsets, first, wanted, len(handle.states), copy)
     return blocks, end - start
 
@@ -181,13 +191,10 @@ def read_key_group_offsets(
     key group's bytes and the offsets are int64 arrays of n + 1 positions in it. Keys are contiguous in the block,
     as are values, so ``serializer.deserialize_many(block, key_offsets)`` decodes a state's keys in one call, and
     a lazy backend can keep ``(block, value_offsets)`` instead of n value objects."""
-    if not isinstance(handle, KeyedStateHandle):
-        raise TypeError(f"handle must be a KeyedStateHandle, got {type(handle).__name__}")
-    wanted = handle.key_group_range.intersection(key_groups)
-    if not wanted:
+    read = _read_wanted(storage, handle, key_groups)
+    if read is None:
         return iter(()), 0
-    data, start, end = _ranged_read(storage, handle, wanted)
-    first = wanted.start - handle.key_group_range.start
+    data, start, end, first, wanted = read
     n_states = len(handle.states)
 
     def blocks() -> Iterator[tuple[int, memoryview, list[tuple[int, Any, Any]]]]:

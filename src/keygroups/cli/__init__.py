@@ -8,15 +8,23 @@ import sys
 from typing import Any
 
 from keygroups import __version__
+from keygroups.errors import KeyGroupsError
 
 
-def _inspect(args: argparse.Namespace) -> int:
+def _load(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The storage at ``args.location`` and the asked-for checkpoint (default: the latest complete one)."""
     from keygroups.checkpoint import CheckpointStorage
 
     storage = CheckpointStorage(args.location)
     metadata = storage.load(args.checkpoint) if args.checkpoint is not None else storage.latest()
     if metadata is None:
         print(f"no complete checkpoint under {args.location}", file=sys.stderr)
+    return storage, metadata
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    storage, metadata = _load(args)
+    if metadata is None:
         return 1
     if args.json:
         print(json.dumps({"checkpoint_id": metadata.checkpoint_id, "job_id": metadata.job_id,
@@ -40,12 +48,10 @@ def _inspect(args: argparse.Namespace) -> int:
 
 def _plan(args: argparse.Namespace) -> int:
     from keygroups._ranges import key_group_range
-    from keygroups.checkpoint import CheckpointStorage, plan_keyed_restore
+    from keygroups.checkpoint import plan_keyed_restore
 
-    storage = CheckpointStorage(args.location)
-    metadata = storage.load(args.checkpoint) if args.checkpoint is not None else storage.latest()
+    storage, metadata = _load(args)
     if metadata is None:
-        print(f"no complete checkpoint under {args.location}", file=sys.stderr)
         return 1
     mp = metadata.max_parallelism
     total = sum(h.offsets[-1] - h.offsets[0] for h in metadata.keyed_handles)
@@ -85,4 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(run=_plan)
     args = parser.parse_args(argv)
     run: Any = args.run
-    return int(run(args) or 0)
+    try:
+        return int(run(args) or 0)
+    except KeyGroupsError as e:  # a missing or damaged checkpoint: say what is wrong, not where in our code
+        print(f"keygroups {args.command}: {e}", file=sys.stderr)
+        return 2

@@ -161,12 +161,22 @@ def _to_table(outputs: list[Any], schema: pa.Schema) -> pa.Table:
 
 def run_keyed_subtask(spec: KeyedTaskSpec, subtask_index: int, batches: Iterable[pa.RecordBatch]) -> dict[str, Any]:
     """Run one subtask of one micro-batch; returns its report (JSON-able) for the driver's commit."""
-    timings: dict[str, float] = {}
-    start = time.perf_counter()
-    storage = CheckpointStorage(spec.checkpoint_location, storage_options=spec.storage_options)
     own_range = key_group_range(spec.max_parallelism, spec.parallelism, subtask_index)
     backend = create_backend(spec.backend, own_range, spec.max_parallelism, spec.key_type,
                              subtask_index=subtask_index, allow_pickle=spec.allow_pickle)
+    try:
+        return _run_on_backend(spec, subtask_index, batches, backend, own_range)
+    finally:
+        dispose = getattr(backend, "dispose", None)  # RocksDB: its local database is not needed past the snapshot
+        if dispose is not None:
+            dispose()
+
+
+def _run_on_backend(spec: KeyedTaskSpec, subtask_index: int, batches: Iterable[pa.RecordBatch], backend: Any,
+                    own_range: Any) -> dict[str, Any]:
+    timings: dict[str, float] = {}
+    start = time.perf_counter()
+    storage = CheckpointStorage(spec.checkpoint_location, storage_options=spec.storage_options)
     restored: dict[str, Any] = {"bytes_read": 0, "key_groups": 0, "files": 0}
     if spec.restore_from is not None:
         stats = backend.restore(storage, storage.load(spec.restore_from))
@@ -203,34 +213,32 @@ def run_keyed_subtask(spec: KeyedTaskSpec, subtask_index: int, batches: Iterable
     outputs: list[Any] = []
     vectorized = type(function).process_key_batch is not KeyedProcessFunction.process_key_batch
     runs = _key_runs(table, spec.key_columns)
-    key_lists = [table.column(c).to_pylist() for c in spec.key_columns]
-    single_key = len(spec.key_columns) == 1
-    if vectorized:
-        for i in range(len(runs) - 1):
-            lo, hi = int(runs[i]), int(runs[i + 1])
-            key = key_lists[0][lo] if single_key else tuple(col[lo] for col in key_lists)
-            backend.set_current_key(key)
-            context.current_key, context.current_key_group = key, backend.current_key_group
-            result = function.process_key_batch(key, table.slice(lo, hi - lo), context)
-            if result is not None:
-                outputs.append(result) if isinstance(result, pa.Table) else outputs.extend(result)
-    elif records_in:
+    # One Python key per run of equal keys, not per record.
+    starts = pa.array(runs[:-1])
+    run_keys = [table.column(c).take(starts).to_pylist() for c in spec.key_columns]
+    keys = run_keys[0] if len(run_keys) == 1 else list(zip(*run_keys))
+    rows: list[dict[str, Any]] = []
+    if records_in and not vectorized:
         names = table.column_names
         columns = [table.column(i).to_pylist() for i in range(table.num_columns)]
         rows = [dict(zip(names, values)) for values in zip(*columns)]
-        ts_column = spec.timestamp_column
-        process = function.process_element
-        for i in range(len(runs) - 1):
-            lo, hi = int(runs[i]), int(runs[i + 1])
-            key = key_lists[0][lo] if single_key else tuple(col[lo] for col in key_lists)
-            backend.set_current_key(key)
-            context.current_key, context.current_key_group = key, backend.current_key_group
-            for row in rows[lo:hi]:
-                if ts_column is not None:
-                    context.timestamp = row[ts_column]
-                result = process(row, context)
-                if result is not None:
-                    outputs.extend(result)
+    ts_column = spec.timestamp_column
+    process = function.process_element
+    for i, key in enumerate(keys):
+        lo, hi = int(runs[i]), int(runs[i + 1])
+        backend.set_current_key(key)
+        context.current_key, context.current_key_group = key, backend.current_key_group
+        if vectorized:
+            result = function.process_key_batch(key, table.slice(lo, hi - lo), context)
+            if result is not None:
+                outputs.append(result) if isinstance(result, pa.Table) else outputs.extend(result)
+            continue
+        for row in rows[lo:hi]:
+            if ts_column is not None:
+                context.timestamp = row[ts_column]
+            result = process(row, context)
+            if result is not None:
+                outputs.extend(result)
     function.close()
     timings["process"] = time.perf_counter() - t
 
@@ -241,9 +249,6 @@ def run_keyed_subtask(spec: KeyedTaskSpec, subtask_index: int, batches: Iterable
         pq.write_table(output, f)
     handle = backend.snapshot(spec.checkpoint_id, storage).result()
     timings["snapshot"] = time.perf_counter() - t
-    dispose = getattr(backend, "dispose", None)  # RocksDB: its local database is not needed past the snapshot
-    if dispose is not None:
-        dispose()
     return {
         "subtask": subtask_index,
         "key_group_range": [own_range.start, own_range.end],

@@ -118,6 +118,8 @@ def _snap_from_json(d: dict[str, Any]) -> Any:
 class KeyedStateBackendBase:
     """Shared logic of the keyed state backends (see ``HeapKeyedStateBackend`` for the public documentation)."""
 
+    _tables: dict[str, Any]  # state name -> the subclass's table
+
     def __init__(self, key_group_range: KeyGroupRange, max_parallelism: int, key_serializer: TypeSerializer, *,
                  key_type: Any = None, clock: Callable[[], float] = time.time, allow_pickle: bool = False,
                  subtask_index: int = 0) -> None:
@@ -368,6 +370,13 @@ class KeyedStateBackendBase:
         raise NotImplementedError
 
     def _restored_meta(self, name: str) -> dict[str, Any] | None:
+        t = self._tables.get(name)
+        return t.meta if t is not None and t.descriptor is None else None
+
+    def _new_table(self, name: str, meta: dict[str, Any], read: Codec, write: Codec,
+                   d: StateDescriptor | None) -> Any:
+        """Create and register the backend's table for state ``name`` (``d`` is None for restored, unregistered
+        state)."""
         raise NotImplementedError
 
     def _register(self, d: StateDescriptor, meta: dict[str, Any], read: Codec, write: Codec) -> None:
@@ -377,7 +386,22 @@ class KeyedStateBackendBase:
         raise NotImplementedError
 
     def _adopt_restored(self, name: str, meta: dict[str, Any], read: Codec | None) -> Any:
-        raise NotImplementedError
+        """The table restored entries of state ``name`` go into: the registered one (reading with ``read``), or a
+        new table that keeps the stored meta until the state is registered."""
+        t = self._tables.get(name)
+        if t is not None and t.descriptor is not None:
+            assert read is not None
+            t.configure(t.meta, read, t.write, t.descriptor)
+            return t
+        if t is None:
+            codec = self._restored_codec(meta)
+            return self._new_table(name, meta, codec, codec, None)
+        if t.meta["kind"] != meta["kind"]:
+            from keygroups.errors import CorruptSnapshotError
+
+            raise CorruptSnapshotError(f"state {name!r} is a {t.meta['kind']} state in one restored file and a "
+                                       f"{meta['kind']} state in another")
+        return t
 
     def _restore_section(self, target: Any, kgi: int, keys: list[Any], values: list[Any]) -> None:
         raise NotImplementedError

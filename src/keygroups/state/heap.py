@@ -327,36 +327,20 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
     def _has_data(self) -> bool:
         return any(t.has_data() for t in self._tables.values())
 
-    def _restored_meta(self, name: str) -> dict[str, Any] | None:
-        t = self._tables.get(name)
-        return t.meta if t is not None and t.descriptor is None else None
+    def _new_table(self, name: str, meta: dict[str, Any], read: Codec, write: Codec,
+                   d: StateDescriptor | None) -> _HeapTable:
+        t = self._tables[name] = _HeapTable(self, name, meta, read, write, d)
+        return t
 
     def _register(self, d: StateDescriptor, meta: dict[str, Any], read: Codec, write: Codec) -> None:
         t = self._tables.get(d.name)
         if t is None:
-            self._tables[d.name] = _HeapTable(self, d.name, meta, read, write, d)
+            self._new_table(d.name, meta, read, write, d)
         else:
             t.configure(meta, read, write, d)
 
     def _store(self, name: str) -> _HeapTable:
         return self._tables[name]
-
-    def _adopt_restored(self, name: str, meta: dict[str, Any], read: Codec | None) -> _HeapTable:
-        t = self._tables.get(name)
-        if t is not None and t.descriptor is not None:
-            assert read is not None
-            t.configure(t.meta, read, t.write, t.descriptor)
-            return t
-        if t is None:
-            codec = self._restored_codec(meta)
-            t = _HeapTable(self, name, meta, codec, codec, None)
-            self._tables[name] = t
-        elif t.meta["kind"] != meta["kind"]:
-            from keygroups.errors import CorruptSnapshotError
-
-            raise CorruptSnapshotError(f"state {name!r} is a {t.meta['kind']} state in one restored file and a "
-                                       f"{meta['kind']} state in another")
-        return t
 
     def _restore_handle(self, storage: Any, handle: Any, kgr: Any, targets: list[Any]) -> tuple[int, int]:
         from keygroups.checkpoint.format import read_key_group_offsets

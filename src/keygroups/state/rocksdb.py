@@ -244,10 +244,6 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
             return True
         return False
 
-    def _restored_meta(self, name: str) -> dict[str, Any] | None:
-        t = self._tables.get(name)
-        return t.meta if t is not None and t.descriptor is None else None
-
     def _new_table(self, name: str, meta: dict[str, Any], read: Codec, write: Codec,
                    d: StateDescriptor | None) -> _RocksTable:
         sid = len(self._tables)
@@ -314,20 +310,6 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         if kind == "map" and not ttl:
             return _RocksMap
         return super()._state_class(kind, ttl)
-
-    def _adopt_restored(self, name: str, meta: dict[str, Any], read: Codec | None) -> _RocksTable:
-        t = self._tables.get(name)
-        if t is not None and t.descriptor is not None:
-            assert read is not None
-            t.configure(t.meta, read, t.write, t.descriptor)
-            return t
-        if t is None:
-            codec = self._restored_codec(meta)
-            return self._new_table(name, meta, codec, codec, None)
-        if t.meta["kind"] != meta["kind"]:
-            raise CorruptSnapshotError(f"state {name!r} is a {t.meta['kind']} state in one restored file and a "
-                                       f"{meta['kind']} state in another")
-        return t
 
     def _restore_section(self, target: _RocksTable, kgi: int, keys: list[Any], values: list[Any]) -> None:
         if len(keys) != len(values):
