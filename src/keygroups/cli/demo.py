@@ -44,6 +44,7 @@ def spark_session(master: str, app: str = "keygroups-demo") -> Any:
     spark = (
         SparkSession.builder.master(master).appName(app)
         .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")  # the demo prints its own progress
         .config("spark.sql.shuffle.partitions", "8")
         .config("spark.driver.memory", "3g")
         .config("spark.sql.session.timeZone", "UTC")
@@ -153,8 +154,8 @@ def run(args: argparse.Namespace) -> int:
         _say(f"restore at the start of phase {i} (p={f.parallelism}), {_mb(total)} in all:")
         for subtask, start, end, read in f.restore:
             _say(f"  subtask {subtask}: key groups {start}-{end} ({end - start + 1}), read {_mb(read)} "
-                 f"({read / max(total, 1) * 100:.0f}% of all; its share of key groups "
-                 f"{(end - start + 1) / args.max_parallelism * 100:.0f}%)")
+                 f"({read / max(total, 1) * 100:.1f}% of all; its share of key groups "
+                 f"{(end - start + 1) / args.max_parallelism * 100:.1f}%)")
     if problems:
         _say("\nMISMATCH against the reference:")
         for p in problems:
