@@ -35,6 +35,12 @@ class Codec:
     """Encoder/decoder of one state's per-key values. ``ser`` is the value (or element / map value) serializer;
     ``key_ser`` the map-key serializer (maps only)."""
 
+    def needs_migration_to(self, write: Codec) -> bool:
+        """Whether bytes read with this codec must be rewritten with ``write``: the serializers they were stored with
+        are not the ones registered now (read with the old, write with the new)."""
+        return not (self.ser.snapshot() == write.ser.snapshot() and
+                    (self.key_ser is None or self.key_ser.snapshot() == write.key_ser.snapshot()))
+
     def __init__(self, state: str, kind: str, ser: Any, key_ser: Any = None, ttl: bool = False) -> None:
         self.state = state
         self.kind = kind

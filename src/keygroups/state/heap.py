@@ -81,8 +81,7 @@ class _HeapTable(TableCore):
         self.write = write
         self.descriptor = descriptor
         self.copy = write.copy
-        self.migrate = not (read.ser.snapshot() == write.ser.snapshot() and
-                            (read.key_ser is None or read.key_ser.snapshot() == write.key_ser.snapshot()))
+        self.migrate = read.needs_migration_to(write)
 
     def _update_slow(self) -> None:
         self.slow = self.cow or self.lazy_groups > 0

@@ -88,8 +88,7 @@ class _RocksTable:
         self.write = write
         self.descriptor = descriptor
         self.is_map = meta["kind"] == "map"
-        self.migrate = not (read.ser.snapshot() == write.ser.snapshot() and
-                            (read.key_ser is None or read.key_ser.snapshot() == write.key_ser.snapshot()))
+        self.migrate = read.needs_migration_to(write)
 
     def _key(self) -> bytes:
         b = self.b
