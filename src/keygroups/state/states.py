@@ -117,8 +117,19 @@ def _no_none(state: str, what: str) -> ValueError:
 # ---------------------------------------------------------------------------------------------------------------------
 # Plain (no TTL)
 # ---------------------------------------------------------------------------------------------------------------------
-class _Value(ValueState):
-    __slots__ = ("_t", "_default", "_copy")
+class _Stored:
+    """What every state implementation holds: the table ``_t`` that stores the current key's entry; clearing the
+    state deletes that entry."""
+
+    __slots__ = ("_t",)
+    _t: Any
+
+    def clear(self) -> None:
+        self._t.delete()
+
+
+class _Value(_Stored, ValueState):
+    __slots__ = ("_default", "_copy")
 
     def __init__(self, store: Any, descriptor: Any, backend: Any) -> None:
         self._t = store
@@ -139,12 +150,9 @@ class _Value(ValueState):
         else:
             self._t.put(value)
 
-    def clear(self) -> None:
-        self._t.delete()
 
-
-class _List(ListState):
-    __slots__ = ("_t", "_name")
+class _List(_Stored, ListState):
+    __slots__ = ("_name",)
 
     def __init__(self, store: Any, descriptor: Any, backend: Any) -> None:
         self._t = store
@@ -175,12 +183,9 @@ class _List(ListState):
         else:
             self._t.delete()
 
-    def clear(self) -> None:
-        self._t.delete()
 
-
-class _Map(MapState):
-    __slots__ = ("_t",)
+class _Map(_Stored, MapState):
+    __slots__ = ()
 
     def __init__(self, store: Any, descriptor: Any, backend: Any) -> None:
         self._t = store
@@ -239,12 +244,9 @@ class _Map(MapState):
     def is_empty(self) -> bool:
         return self._t.get() is MISSING
 
-    def clear(self) -> None:
-        self._t.delete()
 
-
-class _Reducing(ReducingState):
-    __slots__ = ("_t", "_reduce", "_name")
+class _Reducing(_Stored, ReducingState):
+    __slots__ = ("_reduce", "_name")
 
     def __init__(self, store: Any, descriptor: Any, backend: Any) -> None:
         self._t = store
@@ -262,12 +264,9 @@ class _Reducing(ReducingState):
         cur = t.get()
         t.put(value if cur is MISSING else self._reduce(cur, value))
 
-    def clear(self) -> None:
-        self._t.delete()
 
-
-class _Aggregating(AggregatingState):
-    __slots__ = ("_t", "_agg")
+class _Aggregating(_Stored, AggregatingState):
+    __slots__ = ("_agg",)
 
     def __init__(self, store: Any, descriptor: Any, backend: Any) -> None:
         self._t = store
@@ -284,15 +283,12 @@ class _Aggregating(AggregatingState):
             acc = self._agg.create_accumulator()
         t.put(self._agg.add(value, acc))
 
-    def clear(self) -> None:
-        self._t.delete()
-
 
 # ---------------------------------------------------------------------------------------------------------------------
 # With TTL: stored objects are (value, timestamp_ms); lists hold such tuples; maps map user keys to them.
 # ---------------------------------------------------------------------------------------------------------------------
-class _TtlBase:
-    __slots__ = ("_t", "_now", "_ttl", "_on_read", "_ret_expired", "_name")
+class _TtlBase(_Stored):
+    __slots__ = ("_now", "_ttl", "_on_read", "_ret_expired", "_name")
 
     def __init__(self, store: Any, descriptor: Any, backend: Any) -> None:
         cfg = descriptor.ttl_config
@@ -316,9 +312,6 @@ class _TtlBase:
         if self._on_read:
             t.put((w[0], now))
         return w[0]
-
-    def clear(self) -> None:
-        self._t.delete()
 
 
 class _TtlValue(_TtlBase, ValueState):
