@@ -6,13 +6,16 @@ nothing):
 
 key-group column, on 10M ``LongType`` keys from ``spark.range`` and on 10M ``StringType`` keys (cached first, so
 that generating the strings is not timed):
-  (a)  ``with_key_groups``                 our default engine (Spark SQL expressions, in the JVM)
-  (a') ``with_key_groups(engine="arrow")`` the compiled kernels over Arrow batches (scalar ``arrow_udf``)
+  (a)  ``with_key_groups``                 our default engine ("jvm": one Catalyst expression calling the JDK's
+                                           own hashCode methods, code-generated)
+  (a') ``with_key_groups(engine="sql")``   the portable engine (SQL text only, also over Spark Connect)
+  (a") ``with_key_groups(engine="arrow")`` the compiled kernels over Arrow batches (scalar ``arrow_udf``)
   (b)  ``pmod(hash(k), max_parallelism)``  Spark's native hash: not Flink-exact, the floor of what Spark can do
   (c)  ``pandas_udf``                      a numpy implementation of the same Flink arithmetic
 placement (shuffle to ``--parallelism`` partitions):
-  (d)  ``partition_by_key_group``          key-group columns + ``repartitionById`` on the operator index
-  (d') ``partition_by_key_group(method="hash")``  the Spark 4.0 route: hash partitioning on a stand-in
+  (d)  ``partition_by_key_group``          ``repartitionById`` on the operator index: the same columns as (e)
+  (d') ``partition_by_key_group(key_group_col="key_group")``  and the key-group column, computed after the shuffle
+  (d") ``partition_by_key_group(method="hash")``  the Spark 4.0 route: hash partitioning on a stand-in
   (e)  ``df.repartition(parallelism, k)``  Spark's own hash partitioning on the key
 
 Targets (issue 3): (a)/(b) <= 1.5 for integer keys, <= 3 for string keys; (d)/(e) <= 1.3.
@@ -168,7 +171,10 @@ def main() -> None:
                 "key_group", F.pmod(F.hash("k"), F.lit(mp))
             ),
             "(a) with_key_groups": lambda df=df: with_key_groups(df, "k", max_parallelism=mp),
-            "(a') with_key_groups(engine='arrow')": lambda df=df: with_key_groups(
+            "(a') with_key_groups(engine='sql')": lambda df=df: with_key_groups(
+                df, "k", max_parallelism=mp, engine="sql"
+            ),
+            "(a\") with_key_groups(engine='arrow')": lambda df=df: with_key_groups(
                 df, "k", max_parallelism=mp, engine="arrow"
             ),
         }
@@ -181,7 +187,10 @@ def main() -> None:
             "(d) partition_by_key_group": lambda df=df: partition_by_key_group(
                 df, "k", max_parallelism=mp, parallelism=p
             ),
-            "(d') partition_by_key_group(method='hash')": lambda df=df: partition_by_key_group(
+            "(d') partition_by_key_group(key_group_col=...)": lambda df=df: partition_by_key_group(
+                df, "k", max_parallelism=mp, parallelism=p, key_group_col="key_group"
+            ),
+            "(d\") partition_by_key_group(method='hash')": lambda df=df: partition_by_key_group(
                 df, "k", max_parallelism=mp, parallelism=p, method="hash"
             ),
         }

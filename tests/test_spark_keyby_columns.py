@@ -23,6 +23,7 @@ from pyspark.sql import functions as F  # noqa: E402
 from pyspark.sql import types as T  # noqa: E402
 
 from keygroups.spark import with_key_groups  # noqa: E402
+from keygroups.spark.catalyst import CatalystHashes  # noqa: E402
 from keygroups.spark.columns import choose_engine, resolve_key_columns  # noqa: E402
 
 pytestmark = pytest.mark.spark
@@ -38,7 +39,7 @@ SPARK_TYPES = {
     "string": T.StringType(),
     "bytes": T.BinaryType(),
 }
-ENGINES = ["sql", "arrow"]
+ENGINES = ["jvm", "sql", "arrow"]
 GOLDEN_MAX_PARALLELISMS = [1, 7, 129, 1000, 32768]  # 1, small prime, 2^7+1, 10^3, 2^15
 
 
@@ -102,7 +103,7 @@ def test_golden_key_groups(spark, type_name):
     per type."""
     rows = GOLDEN[type_name]
     fields = _field_types(type_name)
-    engines = ["arrow"] if "bytes" in fields else ENGINES  # BinaryType: see test_sql_engine_refuses_binary
+    engines = [e for e in ENGINES if e != "sql"] if "bytes" in fields else ENGINES  # see test_binary_keys_*
     df = _frame(spark, fields, [r["key"] for r in rows])
     key_cols = [f"k{i}" for i in range(len(fields))]
     outputs = []
@@ -134,9 +135,14 @@ def _random_keys(key_type: str, n: int, rng: np.random.Generator) -> list:
             return edges + [float(v) for v in values]
         return edges + [float(v) for v in rng.standard_normal(n) * 1e9]
     if key_type == "string":
-        alphabet = ["a", "Z", "0", "é", "ß", "€", "中", "\u0000", "😀", "𝄞", "\uffff", " "]
+        # Half the keys are ASCII (the SQL engine's byte-hash route), half mix in multi-byte and astral characters
+        # (its java_method route); the edges put one non-ASCII character at either end of ASCII text.
+        mixed = ["a", "Z", "0", "é", "ß", "€", "中", "\u0000", "😀", "𝄞", "\uffff", " "]
+        ascii_only = ["a", "Z", "0", "~", "\u0000", "\u007f", " ", "-"]
         lengths = rng.integers(0, 24, size=n)
-        return ["", "😀", "a" * 100] + ["".join(rng.choice(alphabet, size=length)) for length in lengths]
+        edges = ["", "😀", "a" * 100, "\u007f", "é" + "a" * 9, "a" * 9 + "é", "user-1234567"]
+        return edges + ["".join(rng.choice(ascii_only if i % 2 else mixed, size=length))
+                        for i, length in enumerate(lengths)]
     if key_type == "bytes":
         lengths = rng.integers(0, 40, size=n)
         return [b"", b"\x80", b"\xff" * 17] + [rng.integers(0, 256, size=length, dtype=np.uint8).tobytes()
@@ -299,17 +305,52 @@ def test_argument_errors(spark):
         with_key_groups(df, 3, max_parallelism=8)
 
 
-def test_sql_engine_refuses_binary_and_auto_picks_arrow(spark):
+def test_engine_choice_and_binary_keys(spark):
+    """On a classic session "auto" is the JVM engine; without a JVM gateway (Spark Connect) it is the SQL engine,
+    or the Arrow engine for binary keys, which java_method cannot take; an engine that cannot run is refused."""
     df = spark.range(3).withColumn("b", F.col("id").cast("string").cast("binary"))
     _, keys, _ = resolve_key_columns(df, ["id", "b"])
     assert [k.key_type for k in keys] == ["long", "bytes"]
-    assert choose_engine(keys, "auto") == "arrow"
-    assert choose_engine(keys[:1], "auto") == "sql"
+    assert CatalystHashes.for_dataframe(df) is not None
+    assert choose_engine(keys, "auto", jvm_available=True) == "jvm"
+    assert choose_engine(keys, "auto", jvm_available=False) == "arrow"
+    assert choose_engine(keys[:1], "auto", jvm_available=False) == "sql"
+    with pytest.raises(ValueError, match="engine 'jvm' builds Catalyst expressions through the JVM gateway"):
+        choose_engine(keys[:1], "jvm", jvm_available=False)
     with pytest.raises(ValueError, match="engine 'sql' cannot hash BinaryType key column 'b'"):
         with_key_groups(df, "id", "b", max_parallelism=8, engine="sql")
     out = with_key_groups(df, "id", "b", max_parallelism=8).orderBy("id").collect()
     expected = kg.assign_key_groups([(r["id"], bytes(r["b"])) for r in out], 8, ("long", "bytes"))
     assert [r["key_group"] for r in out] == expected.tolist()
+
+
+@pytest.mark.parametrize("engine", ["jvm", "sql"])
+def test_strings_that_are_not_valid_utf8_hash_as_the_jvm_decodes_them(spark, engine):
+    """A Spark string can hold bytes that are not UTF-8 (cast from binary). The JVM engines hash the String the JVM
+    decodes (each malformed sequence becomes U+FFFD), as a Flink job reading those bytes would; the JVM engine must
+    not take its ASCII shortcut for them."""
+    raw = [b"\x80", b"abc\xff", b"ab\xc3", b"\xbf\xbf", b"plain", b"\xc3\xa9t\xc3\xa9"]
+    df = spark.createDataFrame([(i, r) for i, r in enumerate(raw)], "i int, b binary").selectExpr(
+        "i", "cast(b as string) AS s"
+    )
+    out = with_key_groups(df, "s", max_parallelism=32768, engine=engine).orderBy("i").collect()
+    expected = kg.assign_key_groups([r.decode("utf-8", errors="replace") for r in raw], 32768, "string")
+    assert [r["key_group"] for r in out] == expected.tolist()
+
+
+def test_jvm_engine_without_whole_stage_codegen(spark):
+    """The JVM engine's expressions evaluated outside whole-stage code generation (as Spark does when a plan's
+    generated code grows too large) give the same key groups."""
+    rows = [("k\u00e9y", -(2**63), True, 1.5, b"\x00\xff"), ("", 2**63 - 1, False, -0.0, b"")]
+    df = spark.createDataFrame(rows, "s string, l long, z boolean, d double, b binary")
+    spark.conf.set("spark.sql.codegen.wholeStage", "false")
+    try:
+        out = with_key_groups(df, "s", "l", "z", "d", "b", max_parallelism=32768, engine="jvm").collect()
+    finally:
+        spark.conf.unset("spark.sql.codegen.wholeStage")
+    expected = kg.assign_key_groups([tuple(r)[:4] + (bytes(r[4]),) for r in rows], 32768,
+                                    ("string", "long", "boolean", "double", "bytes"))
+    assert sorted(r["key_group"] for r in out) == sorted(expected.tolist())
 
 
 def test_nested_calls_do_not_collide(spark):

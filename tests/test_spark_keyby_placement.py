@@ -179,12 +179,15 @@ def users(spark):
 
 
 @pytest.mark.parametrize(
-    ("parallelism", "method"),
-    [(p, "by_id") for p in PARALLELISMS] + [(7, "hash"), (MAX_PARALLELISM, "hash")],  # "hash": Spark 4.0's route
+    ("parallelism", "method", "engine"),
+    [(p, "by_id", "auto") for p in PARALLELISMS]
+    + [(7, "hash", "auto"), (MAX_PARALLELISM, "hash", "auto")]  # "hash": Spark 4.0's route
+    + [(7, method, engine) for method in ("by_id", "hash") for engine in ("jvm", "sql", "arrow")],
 )
-def test_partition_by_key_group_exact_placement(users, parallelism, method):
+def test_partition_by_key_group_exact_placement(users, parallelism, method, engine):
     out = partition_by_key_group(
-        users, "user", "id", max_parallelism=MAX_PARALLELISM, parallelism=parallelism, method=method
+        users, "user", "id", max_parallelism=MAX_PARALLELISM, parallelism=parallelism, method=method, engine=engine,
+        key_group_col="key_group",
     )
     assert out.rdd.getNumPartitions() == parallelism
     rows = _check_placement(out, lambda r: (r["user"], r["id"]), ("string", "long"), MAX_PARALLELISM, parallelism)
@@ -195,7 +198,8 @@ def test_partition_by_key_group_exact_placement(users, parallelism, method):
 def test_partition_by_key_group_long_keys_and_sorting(spark, parallelism):
     df = spark.range(-3000, 3000, 7).withColumnRenamed("id", "k")
     out = partition_by_key_group(
-        df, "k", max_parallelism=MAX_PARALLELISM, parallelism=parallelism, sort_within=True, operator_col="op"
+        df, "k", max_parallelism=MAX_PARALLELISM, parallelism=parallelism, sort_within=True, operator_col="op",
+        key_group_col="key_group",
     )
     rows = _check_placement(out, lambda r: r["k"], "long", MAX_PARALLELISM, parallelism)
     assert len(rows) == len(range(-3000, 3000, 7))
@@ -210,7 +214,7 @@ def test_partition_by_key_group_long_keys_and_sorting(spark, parallelism):
 def test_partition_by_key_group_max_parallelism_partitions_even_when_empty(spark):
     """Parallelism above the number of distinct keys: every partition exists, most are empty."""
     df = spark.createDataFrame([(1,), (2,), (3,)], "k long")
-    out = partition_by_key_group(df, "k", max_parallelism=128, parallelism=128)
+    out = partition_by_key_group(df, "k", max_parallelism=128, parallelism=128, key_group_col="key_group")
     assert out.rdd.getNumPartitions() == 128
     rows = _check_placement(out, lambda r: r["k"], "long", 128, 128)
     assert sorted(r["k"] for r in rows) == [1, 2, 3]
@@ -219,16 +223,33 @@ def test_partition_by_key_group_max_parallelism_partitions_even_when_empty(spark
 @pytest.mark.parametrize("method", ["by_id", "hash"])
 def test_partition_by_key_group_empty_dataframe(spark, method):
     df = spark.createDataFrame([], "k string, v double")
-    out = partition_by_key_group(df, "k", max_parallelism=16, parallelism=5, method=method)
+    out = partition_by_key_group(df, "k", max_parallelism=16, parallelism=5, method=method, key_group_col="g")
     assert out.rdd.getNumPartitions() == 5
     assert out.collect() == []
-    assert out.columns == ["k", "v", "key_group"]
+    assert out.columns == ["k", "v", "g"]
 
 
-def test_partition_by_key_group_binary_keys_use_the_arrow_engine(spark):
+@pytest.mark.parametrize("engine", ["jvm", "arrow"])
+def test_partition_by_key_group_binary_keys(spark, engine):
     df = spark.range(300).select(F.col("id").cast("string").cast("binary").alias("b"))
-    out = partition_by_key_group(df, "b", max_parallelism=MAX_PARALLELISM, parallelism=7)
+    out = partition_by_key_group(df, "b", max_parallelism=MAX_PARALLELISM, parallelism=7, engine=engine,
+                                 key_group_col="key_group")
     _check_placement(out, lambda r: bytes(r["b"]), "bytes", MAX_PARALLELISM, 7)
+
+
+@pytest.mark.parametrize("engine", ["jvm", "sql", "arrow"])
+def test_partition_by_key_group_without_a_key_group_column(spark, engine):
+    """By default the input's columns only (as df.repartition), exactly placed, sorted by key group on request."""
+    df = spark.range(0, 900).select(F.concat(F.lit("k"), (F.col("id") % 97).cast("string")).alias("k"), "id")
+    out = partition_by_key_group(df, F.col("k"), max_parallelism=MAX_PARALLELISM, parallelism=5, sort_within=True,
+                                 operator_col="op", engine=engine)
+    assert out.columns == ["k", "id", "op"]
+    rows = out.withColumn("pid", F.spark_partition_id()).collect()
+    groups = kg.assign_key_groups([r["k"] for r in rows], MAX_PARALLELISM)
+    assert [r["pid"] for r in rows] == kg.operator_index_for_key_group(MAX_PARALLELISM, 5, groups).tolist()
+    assert [r["op"] for r in rows] == [r["pid"] for r in rows]
+    assert groups.tolist() == sorted(groups.tolist())  # partitions in order, each sorted: sorted overall
+    assert sorted(r["id"] for r in rows) == list(range(900))
 
 
 def test_partition_by_key_group_errors(spark):
@@ -238,8 +259,12 @@ def test_partition_by_key_group_errors(spark):
         partition_by_key_group(df, "d", max_parallelism=8, parallelism=2)
     with pytest.raises(ValueError, match="method must be one of"):
         partition_by_key_group(df, "k", max_parallelism=8, parallelism=2, method="range")
-    with pytest.raises(ValueError, match="collides"):
-        partition_by_key_group(df, "k", max_parallelism=8, parallelism=2, operator_col="key_group")
+    with pytest.raises(ValueError, match="key_group_col and operator_col must differ"):
+        partition_by_key_group(df, "k", max_parallelism=8, parallelism=2, key_group_col="g", operator_col="g")
+    with pytest.raises(ValueError, match="key_group_col 'd' already exists"):
+        partition_by_key_group(df, "k", max_parallelism=8, parallelism=2, key_group_col="d")
+    with pytest.raises(TypeError, match="operator_col is a non-empty column name or None"):
+        partition_by_key_group(df, "k", max_parallelism=8, parallelism=2, operator_col="")
     with pytest.raises(ValueError, match="parallelism must be in"):
         partition_by_key_group(df, "k", max_parallelism=8, parallelism=0)
 

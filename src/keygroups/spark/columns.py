@@ -1,24 +1,29 @@
 """Flink-exact key-group and operator-index columns for Spark DataFrames.
 
-Two engines compute the same bits:
+Three engines compute the same bits:
 
+``"jvm"``
+    One Catalyst expression that calls the JDK's own ``hashCode`` methods from generated code
+    (:mod:`keygroups.spark.catalyst`): ``Long.hashCode``, ``Double.hashCode``, ``Arrays.hashCode`` and so on, and
+    ``String.hashCode`` of the string the JVM decodes (all-ASCII strings skip the decoding), then Catalyst's
+    ``Murmur3Hash`` with seed 0, which is Flink's ``MathUtils.murmurHash``. The fastest engine, and the only one
+    whose expression can go straight into a shuffle's partitioning. It needs the JVM gateway of a classic session.
 ``"sql"``
-    Spark SQL expressions, evaluated in the JVM by whole-stage code generation, no Python worker involved. Java's
-    32-bit ``int`` arithmetic is reproduced on ``LongType`` values kept in ``[0, 2^32)``: every product is split so
-    that it stays below ``2^63`` (ANSI mode, Spark 4's default, raises on ``long`` overflow and on narrowing casts,
-    so nothing here may overflow or narrow out of range), then masked with ``0xFFFFFFFF``. The Java ``hashCode()``
-    of integral and boolean keys is plain arithmetic; ``String``, ``Double`` and ``Float`` keys call the JVM's own
-    ``Objects.hashCode`` / ``Double.hashCode`` / ``Float.hashCode`` through ``java_method``, which is exact by
-    construction (``String.hashCode`` runs over UTF-16 units). ``java_method`` runs by reflection, outside code
-    generation, so these key types cost more than integral ones (Spark has no code-generated function that yields
-    ``String.hashCode``). ``java_method`` cannot take ``BinaryType``, so binary keys use the other engine.
+    Spark SQL text only, so it also runs over Spark Connect. Java's 32-bit ``int`` arithmetic is reproduced on
+    ``LongType`` values kept in ``[0, 2^32)``: every product is split so that it stays below ``2^63`` (ANSI mode,
+    Spark 4's default, raises on ``long`` overflow and on narrowing casts, so nothing here may overflow or narrow
+    out of range), then masked with ``0xFFFFFFFF``. The Java ``hashCode()`` of integral and boolean keys is plain
+    arithmetic; ``String``, ``Double`` and ``Float`` keys call the JVM's own ``Objects.hashCode`` /
+    ``Double.hashCode`` / ``Float.hashCode`` through ``java_method``, which runs by reflection, outside code
+    generation. ``java_method`` cannot take ``BinaryType``, so binary keys need another engine.
 ``"arrow"``
     A scalar ``arrow_udf`` that hands the key columns, as Arrow arrays, to the compiled kernels
     (:func:`keygroups.java_hashes`, ``groups_from_hashes``); strings and binaries are hashed straight from the Arrow
     buffers. The operator index is then derived from the key group in SQL.
 
-``engine="auto"`` (the default) picks ``"sql"`` unless a key column is ``BinaryType``. The benchmark
-``benchmarks/bench_spark_keyby.py`` measures both against Spark's own ``pmod(hash(col), n)``.
+``engine="auto"`` (the default) picks ``"jvm"`` on a classic session; without a JVM gateway, ``"sql"``, or
+``"arrow"`` when a key column is ``BinaryType``. The benchmark ``benchmarks/bench_spark_keyby.py`` measures them
+against Spark's own ``pmod(hash(col), n)``.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from keygroups._ranges import check_max_parallelism, check_parallelism
+from keygroups.spark.catalyst import CatalystHashes, operator_index_of
 
 ColumnOrName = Union[str, Column]
 
@@ -54,7 +60,7 @@ _KEY_TYPES: dict[type, str] = {
 }
 _ALLOWED = "LongType, IntegerType, ShortType, ByteType, BooleanType, DoubleType, FloatType, StringType, BinaryType"
 
-_ENGINES = ("auto", "sql", "arrow")
+_ENGINES = ("auto", "jvm", "sql", "arrow")
 
 # Temporary columns are named with a prefix no user column is likely to carry, and a counter so that nested calls
 # (with_key_groups on a DataFrame that already went through it) never collide.
@@ -86,6 +92,11 @@ def _sql_string(text: str) -> str:
 
 def _temp_prefix() -> str:
     return f"__kg{next(_tmp_counter)}_"
+
+
+def temp_column_name() -> str:
+    """A fresh name for a temporary column (dropped before a result is returned)."""
+    return f"{_temp_prefix()}t"
 
 
 def _display_name(c: ColumnOrName) -> str:
@@ -131,23 +142,44 @@ def resolve_key_columns(
     return df, resolved, temps
 
 
-def choose_engine(keys: Sequence[KeyColumn], engine: str) -> str:
+def choose_engine(keys: Sequence[KeyColumn], engine: str, jvm_available: bool) -> str:
+    """The engine that will run: ``engine`` itself, checked against the key types and the session, or for
+    ``"auto"`` the fastest one that can run (see the module docs)."""
     if engine not in _ENGINES:
         raise ValueError(f"engine must be one of {', '.join(map(repr, _ENGINES))}, got {engine!r}")
+    binary = [k.name for k in keys if k.key_type == "bytes"]
     if engine == "auto":
-        return "arrow" if any(k.key_type == "bytes" for k in keys) else "sql"
-    if engine == "sql":
-        bad = [k.name for k in keys if k.key_type == "bytes"]
-        if bad:
-            raise ValueError(
-                f"engine 'sql' cannot hash BinaryType key column {bad[0]!r} (Spark's java_method does not take "
-                "binary arguments); use engine='arrow' or 'auto'"
-            )
+        return "jvm" if jvm_available else ("arrow" if binary else "sql")
+    if engine == "jvm" and not jvm_available:
+        raise ValueError(
+            "engine 'jvm' builds Catalyst expressions through the JVM gateway of a classic Spark session, and this "
+            "session has none (Spark Connect); use engine='sql', 'arrow' or 'auto'"
+        )
+    if engine == "sql" and binary:
+        raise ValueError(
+            f"engine 'sql' cannot hash BinaryType key column {binary[0]!r} (Spark's java_method does not take "
+            "binary arguments); use engine='jvm', 'arrow' or 'auto'"
+        )
     return engine
 
 
 def _null_message(key: KeyColumn) -> str:
     return f"key column {key.name!r} holds a null key: Flink refuses null keys (filter or fill them first)"
+
+
+# ---- the JVM engine: one Catalyst expression ---------------------------------------------------------------------
+
+
+def jvm_key_group(hashes: CatalystHashes, keys: Sequence[KeyColumn], max_parallelism: int) -> Column:
+    """The key-group Column of the JVM engine: one expression over the key columns, evaluated wherever it is used."""
+    fields = []
+    for key in keys:
+        column = F.col(key.sql)
+        h = hashes.java_hash(column, key.key_type)
+        if key.nullable:
+            h = F.when(column.isNull(), F.raise_error(F.lit(_null_message(key)))).otherwise(h)
+        fields.append(h)
+    return hashes.key_group(fields, max_parallelism)
 
 
 # ---- the SQL engine: Java int arithmetic on longs in [0, 2^32) ----------------------------------------------------
@@ -277,9 +309,6 @@ def operator_index_sql(key_group: str, max_parallelism: int, parallelism: int) -
     return f"cast((cast({quote_identifier(key_group)} as bigint) * {parallelism}) div {max_parallelism} as int)"
 
 
-def operator_index_column(key_group: str, max_parallelism: int, parallelism: int) -> Column:
-    """:func:`operator_index_sql` as a Column."""
-    return F.expr(operator_index_sql(key_group, max_parallelism, parallelism))
 
 
 def with_key_groups(
@@ -301,8 +330,8 @@ def with_key_groups(
     ``BinaryType`` -> ``byte[]`` (``Arrays.hashCode``).
 
     An unsupported column type raises ``TypeError`` here, naming the column. A null key makes the query fail when
-    it runs, with an error naming the column (Flink refuses null keys). ``engine`` is ``"auto"``, ``"sql"`` or
-    ``"arrow"`` (see the module docs); all give the same bits.
+    it runs, with an error naming the column (Flink refuses null keys). ``engine`` is ``"auto"``,
+    ``"jvm"``, ``"sql"`` or ``"arrow"`` (see the module docs); all give the same bits.
     """
     mp = check_max_parallelism(max_parallelism)
     p = None
@@ -318,15 +347,20 @@ def with_key_groups(
     if p is not None and key_group_col == operator_col:
         raise ValueError(f"key_group_col and operator_col must differ, both are {key_group_col!r}")
     df, keys, key_temps = resolve_key_columns(df, key_columns)
-    chosen = choose_engine(keys, engine)
-    if chosen == "sql":
+    hashes = CatalystHashes.for_dataframe(df) if engine in ("auto", "jvm") else None
+    chosen = choose_engine(keys, engine, hashes is not None)
+    if chosen == "jvm":
+        assert hashes is not None
+        out_df = df.withColumn(key_group_col, jvm_key_group(hashes, keys, mp))
+    elif chosen == "sql":
         steps = _Steps()
         group = _sql_key_group(steps, keys, mp)
         exprs = ["*", *steps.steps, f"{group} AS {quote_identifier(key_group_col)}"]
         if p is not None:
             exprs.append(f"{operator_index_sql(key_group_col, mp, p)} AS {quote_identifier(operator_col)}")
         return df.selectExpr(*exprs).drop(*steps.temps, *key_temps)
-    out_df = df.withColumn(key_group_col, _arrow_key_group(keys, mp))
+    else:
+        out_df = df.withColumn(key_group_col, _arrow_key_group(keys, mp))
     if p is not None:
-        out_df = out_df.withColumn(operator_col, operator_index_column(key_group_col, mp, p))
+        out_df = out_df.withColumn(operator_col, operator_index_of(F.col(key_group_col), mp, p))
     return out_df.drop(*key_temps) if key_temps else out_df

@@ -4,14 +4,16 @@ RDDs go through :class:`KeyGroupPartitioner`, a picklable partition function for
 each key as Flink does (never Python's salted ``hash``), so placement is the same in every process, on every machine
 and under every ``PYTHONHASHSEED``.
 
-DataFrames stay in the JVM: :func:`partition_by_key_group` adds the key-group column
-(:func:`keygroups.spark.with_key_groups`) and shuffles on the operator index derived from it with
+DataFrames stay in the JVM: :func:`partition_by_key_group` shuffles on the operator index with
 ``DataFrame.repartitionById`` (Spark 4.1+), whose target partition is ``pmod(id, numPartitions)``: for an id already
-in ``[0, parallelism)``, the id itself. The operator index is only the shuffle's partition expression, not a
-column, so rows cross the shuffle one field narrower. (The key group must be a column: its expression uses each
-intermediate value twice, so it lives in a chain of projections, and the exchange can only read their output.) Where ``repartitionById`` is missing (Spark 4.0), the operator index is mapped to a stand-in integer
-whose Spark hash lands in that very partition, and ``repartition(parallelism, stand_in)`` (hash partitioning,
-``pmod(murmur3(v, 42), n)``) places it exactly: see :func:`hash_partitioning_stand_ins`.
+in ``[0, parallelism)``, the id itself. With the ``"jvm"`` engine (:mod:`keygroups.spark.catalyst`) the whole key
+group is one expression, so the operator index is computed inside the shuffle's partitioning and nothing extra
+crosses the shuffle; the key-group column, when asked for, is computed again after it, which costs less than
+shuffling it. The other engines compute the key group in a chain of projections (their expressions reuse
+intermediate values), so it crosses the shuffle as a column. Where ``repartitionById`` is missing (Spark 4.0), the
+operator index is mapped to a stand-in integer whose Spark hash lands in that very partition, and
+``repartition(parallelism, stand_in)`` (hash partitioning, ``pmod(murmur3(v, 42), n)``) places it exactly: see
+:func:`hash_partitioning_stand_ins`.
 """
 
 from __future__ import annotations
@@ -22,13 +24,21 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 from pyspark import RDD
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from keygroups._hashing import KeyType, key_type_code
 from keygroups._native import hashing as _h
 from keygroups._ranges import check_parallelism, default_max_parallelism
-from keygroups.spark.columns import ColumnOrName, operator_index_column, with_key_groups
+from keygroups.spark.catalyst import CatalystHashes, operator_index_of
+from keygroups.spark.columns import (
+    ColumnOrName,
+    choose_engine,
+    jvm_key_group,
+    resolve_key_columns,
+    temp_column_name,
+    with_key_groups,
+)
 
 _METHODS = ("auto", "by_id", "hash")
 
@@ -167,20 +177,20 @@ def partition_by_key_group(
     max_parallelism: int,
     parallelism: int,
     sort_within: bool = False,
-    key_group_col: str = "key_group",
+    key_group_col: str | None = None,
     operator_col: str | None = None,
     engine: str = "auto",
     method: str = "auto",
 ) -> DataFrame:
-    """``df`` plus its key-group column, in exactly ``parallelism`` partitions, where Spark partition *i* holds
-    exactly the records of subtask *i* (the keys of ``key_group_range(max_parallelism, parallelism, i)``);
-    ``sort_within=True`` also sorts each partition by key group. ``operator_col``, when given, names an extra
-    column with the operator index (which equals ``spark_partition_id()``); it is added after the shuffle, so it
-    costs no shuffle bytes.
+    """``df`` in exactly ``parallelism`` partitions, where Spark partition *i* holds exactly the records of subtask
+    *i* (the keys of ``key_group_range(max_parallelism, parallelism, i)``): Flink's placement, with ``df``'s
+    columns, as ``df.repartition(parallelism, *key_columns)`` gives Spark's. ``sort_within=True`` also sorts each
+    partition by key group. ``key_group_col`` and ``operator_col``, when given, name extra columns with the key
+    group and the operator index (which equals ``spark_partition_id()``), added after the shuffle.
 
     The whole path runs in the JVM (no per-row Python): see the module docs. ``method`` is ``"auto"``,
     ``"by_id"`` (``repartitionById``, Spark 4.1+) or ``"hash"`` (hash partitioning on a stand-in; any Spark 4);
-    ``engine`` is passed to :func:`with_key_groups`. The placement holds for this DataFrame's partitions: a later
+    ``engine`` is as in :func:`with_key_groups`. The placement holds for this DataFrame's partitions: a later
     shuffle (a join, an aggregation) redistributes rows as Spark sees fit."""
     p, mp = check_parallelism(parallelism, max_parallelism)
     if method not in _METHODS:
@@ -189,19 +199,39 @@ def partition_by_key_group(
         method = "by_id" if _has_repartition_by_id(df) else "hash"
     if method == "by_id" and not _has_repartition_by_id(df):
         raise ValueError("method 'by_id' needs DataFrame.repartitionById (Spark 4.1+); use method='hash' or 'auto'")
-    if operator_col is not None and (operator_col == key_group_col or operator_col in df.columns):
-        raise ValueError(f"operator_col {operator_col!r} collides with key_group_col or an existing column")
-    keyed = with_key_groups(df, *key_columns, max_parallelism=mp, key_group_col=key_group_col, engine=engine)
-    # The operator index only steers the shuffle; it is not a column, so rows cross the shuffle one field narrower.
-    operator = operator_index_column(key_group_col, mp, p)
+    for name, label in ((key_group_col, "key_group_col"), (operator_col, "operator_col")):
+        if name is not None and (not isinstance(name, str) or not name):
+            raise TypeError(f"{label} is a non-empty column name or None, got {name!r}")
+        if name is not None and name in df.columns:
+            raise ValueError(f"{label} {name!r} already exists in the DataFrame; pass another name")
+    if operator_col is not None and operator_col == key_group_col:
+        raise ValueError(f"key_group_col and operator_col must differ, both are {operator_col!r}")
+
+    hashes = CatalystHashes.for_dataframe(df) if engine in ("auto", "jvm") else None
+    resolved, keys, key_temps = resolve_key_columns(df, key_columns)
+    if choose_engine(keys, engine, hashes is not None) == "jvm":
+        assert hashes is not None
+        source, temps = resolved, key_temps
+        group: Column = jvm_key_group(hashes, keys, mp)  # evaluated by the shuffle, and again after it if asked
+        keep_group = False
+    else:
+        group_name = key_group_col or temp_column_name()
+        source = with_key_groups(df, *key_columns, max_parallelism=mp, key_group_col=group_name, engine=engine)
+        temps = [] if key_group_col else [group_name]
+        group = F.col(group_name)
+        keep_group = key_group_col is not None
+    operator = operator_index_of(group, mp, p)
     if method == "by_id":
-        placed = keyed.repartitionById(p, operator)
+        placed = source.repartitionById(p, operator)
     else:
         # one SQL array literal (parsed once, constant-folded), not p py4j calls
         stand_ins = F.expr("array(" + ",".join(map(str, hash_partitioning_stand_ins(p).tolist())) + ")")
-        placed = keyed.repartition(p, F.element_at(stand_ins, operator + F.lit(1)))
+        placed = source.repartition(p, F.element_at(stand_ins, operator + F.lit(1)))
+    if key_group_col is not None and not keep_group:
+        placed = placed.withColumn(key_group_col, group)
+        group = F.col(key_group_col)
     if sort_within:
-        placed = placed.sortWithinPartitions(key_group_col)
+        placed = placed.sortWithinPartitions(group)
     if operator_col is not None:
-        placed = placed.withColumn(operator_col, operator_index_column(key_group_col, mp, p))
-    return placed
+        placed = placed.withColumn(operator_col, operator_index_of(group, mp, p))
+    return placed.drop(*temps) if temps else placed
