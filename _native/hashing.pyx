@@ -38,6 +38,8 @@ cdef extern from "kg_hash.h" nogil:
                                              int64_t data_len, int utf8, int32_t maxp, int16_t *out, int *status)
     void kg_operators_from_groups(const int16_t *groups, Py_ssize_t n, int32_t maxp, int32_t parallelism,
                                   int32_t *out)
+    int kg_simd_allowed
+    int kg_simd_available()
 
 # Key type codes; keygroups._hashing maps the public names ("long", "int", ...) onto them.
 KEY_TYPE_AUTO = 0
@@ -303,6 +305,20 @@ def java_hashes_bool(const uint8_t[::1] values):
         for i in range(n):
             o[i] = KG_BOOLEAN_TRUE_HASH if values[i] else KG_BOOLEAN_FALSE_HASH
     return out
+
+
+def _set_simd(bint allowed):
+    """Allow or forbid the vector path for Arrow strings (AVX-512, where the CPU has it); returns whether it was
+    allowed. For tests, which check the scalar path against it on CPUs that take the vector path."""
+    previous = bool(kg_simd_allowed)
+    global kg_simd_allowed
+    kg_simd_allowed = 1 if allowed else 0
+    return previous
+
+
+def _simd_active():
+    """Whether Arrow strings take the vector path on this CPU now."""
+    return bool(kg_simd_available())
 
 
 ctypedef fused offset_t:

@@ -257,22 +257,127 @@ static void kg_operators_from_groups(const int16_t *groups, Py_ssize_t n, int32_
     }
 }
 
+/* One Arrow variable-length value, data[start, end), after checking its offsets against the data buffer: 0 when
+ * hashed into *out, 1 for offsets outside the buffer, 2 for a string that is not UTF-8. */
+static inline int kg_hash_var_value(const uint8_t *data, int64_t data_len, int64_t start, int64_t end, int utf8,
+                                    int32_t *out) {
+    if (start < 0 || start > end || end > data_len) return 1;
+    if (utf8) return kg_hash_utf8(data + start, end - start, out) != 0 ? 2 : 0;
+    *out = kg_hash_bytes(data + start, end - start);
+    return 0;
+}
+
+/* ---- eight short ASCII strings at a time (AVX-512) --------------------------------------------------------------
+ * Keys are mostly short ASCII strings (ids, names, "user-1234567"), and their hash is a handful of multiplies, so
+ * the scalar loop is bound by its own instructions. A string of at most 16 bytes is two 8-byte words: its first
+ * eight bytes (head) and its last eight (tail, loaded so that it ends where the string ends, bytes the head already
+ * holds, or that belong to the previous value, shifted out). Its hash is poly8(head) * 31^(len-8) + poly8(tail),
+ * computed here for eight strings in the lanes of one register. Groups where any value is longer, not ASCII, ends
+ * before byte 8 of the buffer or has offsets out of bounds go through the scalar code, value by value. Every load
+ * stays inside [0, data_len): head needs len >= 8 (masked gather), tail needs end >= 8 and end <= data_len. */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(KG_NO_SIMD)
+#define KG_HAVE_SIMD 1
+#include <immintrin.h>
+
+/* Tests switch the vector path off (keygroups._native.hashing._set_simd) to check the scalar path on this CPU. */
+static int kg_simd_allowed = 1;
+
+static int kg_simd_available(void) {
+    static int cpu = -1;
+    if (cpu < 0) cpu = __builtin_cpu_supports("avx512f") ? 1 : 0;
+    return cpu && kg_simd_allowed;
+}
+
+/* kg_poly8 of each 64-bit lane, in the lane's low 32 bits. a * 31 = (a << 5) - a stays inside each 16-bit lane. */
+__attribute__((target("avx512f"))) static inline __m512i kg_poly8_x8(__m512i w) {
+    const __m512i bytes = _mm512_set1_epi64(0x00FF00FF00FF00FFll), pairs_mask = _mm512_set1_epi64(0x0000FFFF0000FFFFll);
+    __m512i a = _mm512_and_si512(w, bytes), b = _mm512_and_si512(_mm512_srli_epi64(w, 8), bytes);
+    __m512i pairs = _mm512_add_epi64(_mm512_sub_epi64(_mm512_slli_epi64(a, 5), a), b);
+    __m512i c = _mm512_and_si512(pairs, pairs_mask), d = _mm512_and_si512(_mm512_srli_epi64(pairs, 16), pairs_mask);
+    __m512i quads = _mm512_add_epi32(_mm512_mullo_epi32(c, _mm512_set1_epi32(961)), d);
+    return _mm512_add_epi32(_mm512_mullo_epi32(quads, _mm512_set1_epi32((int)KG_P4)), _mm512_srli_epi64(quads, 32));
+}
+
+#define KG_DEFINE_UTF8_X8(NAME, OFFSET_T, LOAD_OFFSETS)                                                              \
+    __attribute__((target("avx512f"))) static Py_ssize_t NAME(const OFFSET_T *offsets, Py_ssize_t n,                 \
+                                                             Py_ssize_t readable, const uint8_t *data,               \
+                                                             int64_t data_len, int32_t *out, int *status) {          \
+        const __m512i pow_lo = _mm512_setr_epi64(1, 31, 961, 29791, 923521, 28629151, 887503681, KG_P7);             \
+        const __m512i pow_hi = _mm512_set1_epi64(KG_P8);                                                             \
+        const __m512i high_bits = _mm512_set1_epi64((long long)0x8080808080808080ull);                               \
+        const __m512i zero = _mm512_setzero_si512(), eight = _mm512_set1_epi64(8);                                   \
+        const __m512i sixteen = _mm512_set1_epi64(16), limit = _mm512_set1_epi64(data_len);                          \
+        Py_ssize_t i = 0;                                                                                            \
+        for (; i + 8 <= n; i += 8) {                                                                                 \
+            if (i + 256 <= readable) { /* the hardware prefetcher does not keep up with gathers: 256 values on */   \
+                int64_t ahead = (int64_t)offsets[i + 256];                                                           \
+                if (ahead >= 0 && ahead < data_len) {                                                                \
+                    _mm_prefetch((const char *)(data + ahead), _MM_HINT_T0);                                         \
+                    _mm_prefetch((const char *)(data + ahead) + 64, _MM_HINT_T0);                                    \
+                }                                                                                                    \
+            }                                                                                                        \
+            __m512i start = LOAD_OFFSETS(offsets + i), end = LOAD_OFFSETS(offsets + i + 1);                          \
+            __m512i len = _mm512_sub_epi64(end, start);                                                              \
+            __mmask8 ok = _mm512_cmpge_epi64_mask(start, zero) & _mm512_cmpge_epi64_mask(len, zero) &               \
+                          _mm512_cmple_epi64_mask(end, limit) & _mm512_cmpge_epi64_mask(end, eight) &                \
+                          _mm512_cmple_epi64_mask(len, sixteen);                                                     \
+            if (ok == 0xFF) {                                                                                        \
+                __mmask8 long8 = _mm512_cmpge_epi64_mask(len, eight);                                                \
+                __m512i head = _mm512_mask_i64gather_epi64(zero, long8, start, data, 1);                             \
+                __m512i tail = _mm512_i64gather_epi64(_mm512_sub_epi64(end, eight), data, 1);                        \
+                /* bytes of tail not in this value's tail part: 16 - len (in head) or 8 - len (before start) */       \
+                __m512i drop = _mm512_mask_sub_epi64(_mm512_sub_epi64(eight, len), long8, sixteen, len);             \
+                __m512i bits = _mm512_slli_epi64(drop, 3); /* up to 64: vector shifts by >= 64 give 0 */             \
+                tail = _mm512_sllv_epi64(_mm512_srlv_epi64(tail, bits), bits);                                       \
+                if (!_mm512_test_epi64_mask(_mm512_or_si512(head, tail), high_bits)) {                               \
+                    __m512i power = _mm512_permutex2var_epi64(pow_lo, _mm512_maskz_sub_epi64(long8, len, eight),     \
+                                                              pow_hi);                                               \
+                    __m512i h = _mm512_add_epi32(_mm512_mullo_epi32(kg_poly8_x8(head), power), kg_poly8_x8(tail));   \
+                    _mm256_storeu_si256((__m256i *)(out + i), _mm512_cvtepi64_epi32(h));                             \
+                    continue;                                                                                        \
+                }                                                                                                    \
+            }                                                                                                        \
+            for (Py_ssize_t j = i; j < i + 8; j++) {                                                                 \
+                *status = kg_hash_var_value(data, data_len, (int64_t)offsets[j], (int64_t)offsets[j + 1], 1, &out[j]); \
+                if (*status) return j;                                                                               \
+            }                                                                                                        \
+        }                                                                                                            \
+        for (; i < n; i++) {                                                                                         \
+            *status = kg_hash_var_value(data, data_len, (int64_t)offsets[i], (int64_t)offsets[i + 1], 1, &out[i]);   \
+            if (*status) return i;                                                                                   \
+        }                                                                                                            \
+        return -1;                                                                                                   \
+    }
+#define KG_LOAD_OFFSETS32(p) _mm512_cvtepi32_epi64(_mm256_loadu_si256((const __m256i *)(p)))
+#define KG_LOAD_OFFSETS64(p) _mm512_loadu_si512((const void *)(p))
+KG_DEFINE_UTF8_X8(kg_hashes_utf8_x8_32, int32_t, KG_LOAD_OFFSETS32)
+KG_DEFINE_UTF8_X8(kg_hashes_utf8_x8_64, int64_t, KG_LOAD_OFFSETS64)
+/* `readable`: how many values offsets[] describes from here on (more than n inside a block), for the prefetch. */
+#define KG_TRY_SIMD_UTF8(FN, offsets, n, readable, data, data_len, out, status)                                      \
+    if (kg_simd_available()) return FN(offsets, n, readable, data, data_len, out, status);
+#else
+#define KG_HAVE_SIMD 0
+static int kg_simd_allowed = 0;
+static int kg_simd_available(void) { return 0; }
+#define KG_TRY_SIMD_UTF8(FN, offsets, n, readable, data, data_len, out, status)
+#endif
+
 /* Hashes of Arrow variable-length values: value i is data[offsets[i], offsets[i+1]), each offset checked against the
  * data buffer first. Returns -1 when all is well; otherwise the index of the first bad value, with *status 1 for
  * offsets outside the buffer and 2 for a string that is not UTF-8. */
-#define KG_DEFINE_VAR_BINARY(NAME, OFFSET_T)                                                                          \
-    static Py_ssize_t NAME(const OFFSET_T *offsets, Py_ssize_t n, const uint8_t *data, int64_t data_len, int utf8,   \
-                           int32_t *out, int *status) {                                                              \
+#define KG_DEFINE_VAR_BINARY(NAME, OFFSET_T, UTF8_X8)                                                                 \
+    static Py_ssize_t NAME##_ahead(const OFFSET_T *offsets, Py_ssize_t n, Py_ssize_t readable, const uint8_t *data,  \
+                                   int64_t data_len, int utf8, int32_t *out, int *status) {                          \
+        if (utf8) { KG_TRY_SIMD_UTF8(UTF8_X8, offsets, n, readable, data, data_len, out, status) }                   \
         for (Py_ssize_t i = 0; i < n; i++) {                                                                         \
-            int64_t start = (int64_t)offsets[i], end = (int64_t)offsets[i + 1];                                      \
-            if (start < 0 || start > end || end > data_len) { *status = 1; return i; }                                \
-            if (utf8) {                                                                                              \
-                if (kg_hash_utf8(data + start, end - start, &out[i]) != 0) { *status = 2; return i; }                 \
-            } else {                                                                                                 \
-                out[i] = kg_hash_bytes(data + start, end - start);                                                   \
-            }                                                                                                        \
+            *status = kg_hash_var_value(data, data_len, (int64_t)offsets[i], (int64_t)offsets[i + 1], utf8, &out[i]); \
+            if (*status) return i;                                                                                   \
         }                                                                                                            \
         return -1;                                                                                                   \
+    }                                                                                                                \
+    static Py_ssize_t NAME(const OFFSET_T *offsets, Py_ssize_t n, const uint8_t *data, int64_t data_len, int utf8,   \
+                           int32_t *out, int *status) {                                                              \
+        return NAME##_ahead(offsets, n, n, data, data_len, utf8, out, status);                                       \
     }                                                                                                                \
     /* Key groups straight away: hashes go through a small cache-resident block, so no int32 array of n hashes is  \
      * ever written (and page-faulted in), and the murmur/modulo pass over each block stays vectorized. */          \
@@ -281,13 +386,13 @@ static void kg_operators_from_groups(const int16_t *groups, Py_ssize_t n, int32_
         int32_t block[1024];                                                                                         \
         for (Py_ssize_t base = 0; base < n; base += 1024) {                                                          \
             Py_ssize_t m = n - base < 1024 ? n - base : 1024;                                                        \
-            Py_ssize_t bad = NAME(offsets + base, m, data, data_len, utf8, block, status);                           \
+            Py_ssize_t bad = NAME##_ahead(offsets + base, m, n - base, data, data_len, utf8, block, status);         \
             if (bad >= 0) return base + bad;                                                                         \
             kg_groups_from_hashes(block, m, maxp, out + base);                                                       \
         }                                                                                                            \
         return -1;                                                                                                   \
     }
-KG_DEFINE_VAR_BINARY(kg_hashes_var_binary32, int32_t)
-KG_DEFINE_VAR_BINARY(kg_hashes_var_binary64, int64_t)
+KG_DEFINE_VAR_BINARY(kg_hashes_var_binary32, int32_t, kg_hashes_utf8_x8_32)
+KG_DEFINE_VAR_BINARY(kg_hashes_var_binary64, int64_t, kg_hashes_utf8_x8_64)
 
 #endif

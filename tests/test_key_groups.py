@@ -10,7 +10,7 @@ import mmh3
 import numpy as np
 import pyarrow as pa
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import keygroups as kg
@@ -230,6 +230,88 @@ def test_vectorized_strings_equal_reference(values, mp, offset):
         np.testing.assert_array_equal(kg.assign_key_groups(arr.slice(offset), mp), expected)
     if values:
         np.testing.assert_array_equal(kg.assign_key_groups(np.array(values, dtype=str)[offset:], mp), expected)
+
+
+# ---- the vector path for Arrow strings (eight short ASCII strings at a time) and the scalar path beside it ----------
+
+SIMD_MODES = [pytest.param(True, id="vector"), pytest.param(False, id="scalar")]
+
+
+@pytest.fixture
+def simd_mode(request):
+    """Runs the test with the vector path allowed or forbidden (on a CPU without it, both runs are scalar)."""
+    from keygroups._native import hashing
+
+    previous = hashing._set_simd(request.param)
+    yield request.param
+    hashing._set_simd(previous)
+
+
+def test_vector_path_is_taken_on_this_cpu_when_allowed():
+    from keygroups._native import hashing
+
+    previous = hashing._set_simd(False)
+    try:
+        assert not hashing._simd_active()
+    finally:
+        hashing._set_simd(previous)
+    assert hashing._simd_active() == previous
+
+
+# Mostly short ASCII (the vector path's case) with lengths around its limits (8 and 16 bytes), now and then a longer
+# or non-ASCII string that sends its group of eight to the scalar code.
+_short_ascii = st.text(alphabet=st.characters(min_codepoint=0, max_codepoint=127), max_size=17)
+_any_text = st.one_of(_short_ascii, _short_ascii, _short_ascii, st.text(max_size=30))
+
+
+@pytest.mark.parametrize("simd_mode", SIMD_MODES, indirect=True)
+@given(st.lists(_any_text, max_size=90), st.sampled_from(MAX_PARALLELISMS), st.integers(0, 9))
+@settings(max_examples=150, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_arrow_strings_equal_reference_on_both_paths(simd_mode, values, mp, offset):
+    expected_hashes = np.array([ref.java_hash(v) for v in values[offset:]], dtype=np.int32)
+    expected = np.array([ref.key_group(v, mp) for v in values[offset:]], dtype=np.int16)
+    for arr in (pa.array(values, pa.string()), pa.array(values, pa.large_string())):
+        np.testing.assert_array_equal(kg.java_hashes(arr.slice(offset)), expected_hashes)
+        np.testing.assert_array_equal(kg.assign_key_groups(arr.slice(offset), mp), expected)
+
+
+@pytest.mark.parametrize("simd_mode", SIMD_MODES, indirect=True)
+def test_many_short_strings_agree_on_both_paths(simd_mode):
+    """Arrays longer than one block of the fused kernel (1024 values) and than the prefetch distance, every length
+    from 0 to 20 bytes, and values that begin in the data buffer's first eight bytes."""
+    rng = np.random.default_rng(7)
+    values = ["".join(chr(c) for c in rng.integers(0, 128, size=rng.integers(0, 21))) for _ in range(5000)]
+    values[2500:2510] = ["é" * k for k in range(10)]
+    expected = np.array([ref.key_group(v, 32768) for v in values], dtype=np.int16)
+    for typ in (pa.string(), pa.large_string()):
+        np.testing.assert_array_equal(kg.assign_key_groups(pa.array(values, typ), 32768), expected)
+
+
+@pytest.mark.parametrize("simd_mode", SIMD_MODES, indirect=True)
+@pytest.mark.parametrize("bad_index", [0, 5, 13, 700, 1023, 1024, 1995])
+def test_corrupt_offsets_inside_a_group_of_eight_are_reported_at_their_position(simd_mode, bad_index):
+    """A group of eight with one value out of bounds goes value by value, so the error names that value; an
+    offset far out of bounds is also read as a prefetch hint 256 values earlier, which must be harmless."""
+    from keygroups._native import hashing
+
+    data = b"user-1234567" * 2000
+    for width in (np.int32, np.int64):
+        offsets = np.arange(0, 12 * 2001, 12, dtype=width)[:2001]
+        offsets[bad_index + 1] = 10**9
+        with pytest.raises(ValueError, match=f"value at position {bad_index} has offsets"):
+            hashing.java_hashes_var_binary(offsets, memoryview(data), True, 128)
+        with pytest.raises(ValueError, match=f"value at position {bad_index} has offsets"):
+            hashing.java_hashes_var_binary(offsets, memoryview(data), True)
+
+
+@pytest.mark.parametrize("simd_mode", SIMD_MODES, indirect=True)
+def test_invalid_utf8_after_ascii_groups_is_reported_at_its_position(simd_mode):
+    values = [b"user-1234567"] * 40 + [b"ab\xc3\x28"] + [b"ok"] * 7
+    offsets = np.cumsum([0] + [len(v) for v in values]).astype(np.int32)
+    from keygroups._native import hashing
+
+    with pytest.raises(ValueError, match="string at position 40 is not valid UTF-8"):
+        hashing.java_hashes_var_binary(offsets, memoryview(b"".join(values)), True, 128)
 
 
 @given(st.lists(st.binary(max_size=40), max_size=40), st.sampled_from(MAX_PARALLELISMS), st.integers(0, 5))
