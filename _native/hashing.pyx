@@ -307,18 +307,20 @@ def java_hashes_bool(const uint8_t[::1] values):
     return out
 
 
-def _set_simd(bint allowed):
-    """Allow or forbid the vector path for Arrow strings (AVX-512, where the CPU has it); returns whether it was
-    allowed. For tests, which check the scalar path against it on CPUs that take the vector path."""
-    previous = bool(kg_simd_allowed)
+def _set_simd(int level):
+    """Cap the vector path for Arrow strings: 2 allows AVX-512 (the default), 1 AVX2 at most, 0 none. Returns the
+    previous cap. For tests, which check each narrower path against the others on a CPU that has the widest."""
     global kg_simd_allowed
-    kg_simd_allowed = 1 if allowed else 0
+    if level < 0 or level > 2:
+        raise ValueError(f"vector level is 0 (none), 1 (AVX2) or 2 (AVX-512), got {level}")
+    previous = kg_simd_allowed
+    kg_simd_allowed = level
     return previous
 
 
 def _simd_active():
-    """Whether Arrow strings take the vector path on this CPU now."""
-    return bool(kg_simd_available())
+    """The vector path Arrow strings take on this CPU now: 2 AVX-512, 1 AVX2, 0 none (scalar)."""
+    return kg_simd_available()
 
 
 ctypedef fused offset_t:

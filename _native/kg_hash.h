@@ -267,7 +267,7 @@ static inline int kg_hash_var_value(const uint8_t *data, int64_t data_len, int64
     return 0;
 }
 
-/* ---- eight short ASCII strings at a time (AVX-512) --------------------------------------------------------------
+/* ---- eight (AVX-512) or four (AVX2) short ASCII strings at a time ------------------------------------------------
  * Keys are mostly short ASCII strings (ids, names, "user-1234567"), and their hash is a handful of multiplies, so
  * the scalar loop is bound by its own instructions. A string of at most 16 bytes is two 8-byte words: its first
  * eight bytes (head) and its last eight (tail, loaded so that it ends where the string ends, bytes the head already
@@ -279,13 +279,15 @@ static inline int kg_hash_var_value(const uint8_t *data, int64_t data_len, int64
 #define KG_HAVE_SIMD 1
 #include <immintrin.h>
 
-/* Tests switch the vector path off (keygroups._native.hashing._set_simd) to check the scalar path on this CPU. */
-static int kg_simd_allowed = 1;
+/* The widest vector path allowed: 2 AVX-512, 1 AVX2, 0 none. Tests lower it (keygroups._native.hashing._set_simd)
+ * to check every narrower path against the others on a CPU that has the widest. */
+static int kg_simd_allowed = 2;
 
+/* The vector path that runs: the widest the CPU has, capped by kg_simd_allowed. */
 static int kg_simd_available(void) {
     static int cpu = -1;
-    if (cpu < 0) cpu = __builtin_cpu_supports("avx512f") ? 1 : 0;
-    return cpu && kg_simd_allowed;
+    if (cpu < 0) cpu = __builtin_cpu_supports("avx512f") ? 2 : __builtin_cpu_supports("avx2") ? 1 : 0;
+    return cpu < kg_simd_allowed ? cpu : kg_simd_allowed;
 }
 
 /* kg_poly8 of each 64-bit lane, in the lane's low 32 bits. a * 31 = (a << 5) - a stays inside each 16-bit lane. */
@@ -309,7 +311,7 @@ __attribute__((target("avx512f"))) static inline __m512i kg_poly8_x8(__m512i w) 
         const __m512i sixteen = _mm512_set1_epi64(16), limit = _mm512_set1_epi64(data_len);                          \
         Py_ssize_t i = 0;                                                                                            \
         for (; i + 8 <= n; i += 8) {                                                                                 \
-            if (i + 256 <= readable) { /* the hardware prefetcher does not keep up with gathers: 256 values on */   \
+            if (i + 256 <= readable) { /* the hardware prefetcher does not keep up with gathers: 256 values on */    \
                 int64_t ahead = (int64_t)offsets[i + 256];                                                           \
                 if (ahead >= 0 && ahead < data_len) {                                                                \
                     _mm_prefetch((const char *)(data + ahead), _MM_HINT_T0);                                         \
@@ -318,14 +320,14 @@ __attribute__((target("avx512f"))) static inline __m512i kg_poly8_x8(__m512i w) 
             }                                                                                                        \
             __m512i start = LOAD_OFFSETS(offsets + i), end = LOAD_OFFSETS(offsets + i + 1);                          \
             __m512i len = _mm512_sub_epi64(end, start);                                                              \
-            __mmask8 ok = _mm512_cmpge_epi64_mask(start, zero) & _mm512_cmpge_epi64_mask(len, zero) &               \
+            __mmask8 ok = _mm512_cmpge_epi64_mask(start, zero) & _mm512_cmpge_epi64_mask(len, zero) &                \
                           _mm512_cmple_epi64_mask(end, limit) & _mm512_cmpge_epi64_mask(end, eight) &                \
                           _mm512_cmple_epi64_mask(len, sixteen);                                                     \
             if (ok == 0xFF) {                                                                                        \
                 __mmask8 long8 = _mm512_cmpge_epi64_mask(len, eight);                                                \
                 __m512i head = _mm512_mask_i64gather_epi64(zero, long8, start, data, 1);                             \
                 __m512i tail = _mm512_i64gather_epi64(_mm512_sub_epi64(end, eight), data, 1);                        \
-                /* bytes of tail not in this value's tail part: 16 - len (in head) or 8 - len (before start) */       \
+                /* bytes of tail not in this value's tail part: 16 - len (in head) or 8 - len (before start) */      \
                 __m512i drop = _mm512_mask_sub_epi64(_mm512_sub_epi64(eight, len), long8, sixteen, len);             \
                 __m512i bits = _mm512_slli_epi64(drop, 3); /* up to 64: vector shifts by >= 64 give 0 */             \
                 tail = _mm512_sllv_epi64(_mm512_srlv_epi64(tail, bits), bits);                                       \
@@ -352,23 +354,95 @@ __attribute__((target("avx512f"))) static inline __m512i kg_poly8_x8(__m512i w) 
 #define KG_LOAD_OFFSETS64(p) _mm512_loadu_si512((const void *)(p))
 KG_DEFINE_UTF8_X8(kg_hashes_utf8_x8_32, int32_t, KG_LOAD_OFFSETS32)
 KG_DEFINE_UTF8_X8(kg_hashes_utf8_x8_64, int64_t, KG_LOAD_OFFSETS64)
+
+/* The same for four strings at a time with AVX2 (no mask registers: lane masks are all-ones lanes). */
+__attribute__((target("avx2"))) static inline __m256i kg_poly8_x4(__m256i w) {
+    const __m256i bytes = _mm256_set1_epi64x(0x00FF00FF00FF00FFll);
+    const __m256i pairs_mask = _mm256_set1_epi64x(0x0000FFFF0000FFFFll);
+    __m256i a = _mm256_and_si256(w, bytes), b = _mm256_and_si256(_mm256_srli_epi64(w, 8), bytes);
+    __m256i pairs = _mm256_add_epi64(_mm256_sub_epi64(_mm256_slli_epi64(a, 5), a), b);
+    __m256i c = _mm256_and_si256(pairs, pairs_mask), d = _mm256_and_si256(_mm256_srli_epi64(pairs, 16), pairs_mask);
+    __m256i quads = _mm256_add_epi32(_mm256_mullo_epi32(c, _mm256_set1_epi32(961)), d);
+    return _mm256_add_epi32(_mm256_mullo_epi32(quads, _mm256_set1_epi32((int)KG_P4)), _mm256_srli_epi64(quads, 32));
+}
+
+static const long long kg_pow31_table[9] = {1, 31, 961, 29791, 923521, 28629151, 887503681, KG_P7, KG_P8};
+
+#define KG_DEFINE_UTF8_X4(NAME, OFFSET_T, LOAD_OFFSETS)                                                              \
+    __attribute__((target("avx2"))) static Py_ssize_t NAME(const OFFSET_T *offsets, Py_ssize_t n,                    \
+                                                          Py_ssize_t readable, const uint8_t *data,                  \
+                                                          int64_t data_len, int32_t *out, int *status) {             \
+        const __m256i high_bits = _mm256_set1_epi64x((long long)0x8080808080808080ull);                              \
+        const __m256i zero = _mm256_setzero_si256(), eight = _mm256_set1_epi64x(8), seven = _mm256_set1_epi64x(7);   \
+        const __m256i sixteen = _mm256_set1_epi64x(16), limit = _mm256_set1_epi64x(data_len);                        \
+        const __m256i low_words = _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6);                                         \
+        const long long *words = (const long long *)(const void *)data;                                              \
+        Py_ssize_t i = 0;                                                                                            \
+        for (; i + 4 <= n; i += 4) {                                                                                 \
+            if (i + 256 <= readable) {                                                                               \
+                int64_t ahead = (int64_t)offsets[i + 256];                                                           \
+                if (ahead >= 0 && ahead < data_len) _mm_prefetch((const char *)(data + ahead), _MM_HINT_T0);         \
+            }                                                                                                        \
+            __m256i start = LOAD_OFFSETS(offsets + i), end = LOAD_OFFSETS(offsets + i + 1);                          \
+            __m256i len = _mm256_sub_epi64(end, start);                                                              \
+            __m256i bad = _mm256_or_si256(_mm256_or_si256(_mm256_cmpgt_epi64(zero, start),                           \
+                                                          _mm256_cmpgt_epi64(zero, len)),                            \
+                                          _mm256_or_si256(_mm256_cmpgt_epi64(end, limit),                            \
+                                                          _mm256_cmpgt_epi64(eight, end)));                          \
+            bad = _mm256_or_si256(bad, _mm256_cmpgt_epi64(len, sixteen));                                            \
+            if (_mm256_testz_si256(bad, bad)) {                                                                      \
+                __m256i long8 = _mm256_cmpgt_epi64(len, seven);                                                      \
+                __m256i head = _mm256_mask_i64gather_epi64(zero, words, start, long8, 1);                            \
+                __m256i tail = _mm256_i64gather_epi64(words, _mm256_sub_epi64(end, eight), 1);                       \
+                __m256i drop = _mm256_blendv_epi8(_mm256_sub_epi64(eight, len), _mm256_sub_epi64(sixteen, len),      \
+                                                  long8);                                                            \
+                __m256i bits = _mm256_slli_epi64(drop, 3);                                                           \
+                tail = _mm256_sllv_epi64(_mm256_srlv_epi64(tail, bits), bits);                                       \
+                if (_mm256_testz_si256(_mm256_or_si256(head, tail), high_bits)) {                                    \
+                    __m256i index = _mm256_and_si256(_mm256_sub_epi64(len, eight), long8);                           \
+                    __m256i power = _mm256_i64gather_epi64(kg_pow31_table, index, 8);                                \
+                    __m256i h = _mm256_add_epi32(_mm256_mullo_epi32(kg_poly8_x4(head), power), kg_poly8_x4(tail));   \
+                    _mm_storeu_si128((__m128i *)(out + i),                                                           \
+                                     _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(h, low_words)));             \
+                    continue;                                                                                        \
+                }                                                                                                    \
+            }                                                                                                        \
+            for (Py_ssize_t j = i; j < i + 4; j++) {                                                                 \
+                *status = kg_hash_var_value(data, data_len, (int64_t)offsets[j], (int64_t)offsets[j + 1], 1, &out[j]); \
+                if (*status) return j;                                                                               \
+            }                                                                                                        \
+        }                                                                                                            \
+        for (; i < n; i++) {                                                                                         \
+            *status = kg_hash_var_value(data, data_len, (int64_t)offsets[i], (int64_t)offsets[i + 1], 1, &out[i]);   \
+            if (*status) return i;                                                                                   \
+        }                                                                                                            \
+        return -1;                                                                                                   \
+    }
+#define KG_LOAD4_OFFSETS32(p) _mm256_cvtepi32_epi64(_mm_loadu_si128((const __m128i *)(p)))
+#define KG_LOAD4_OFFSETS64(p) _mm256_loadu_si256((const __m256i *)(p))
+KG_DEFINE_UTF8_X4(kg_hashes_utf8_x4_32, int32_t, KG_LOAD4_OFFSETS32)
+KG_DEFINE_UTF8_X4(kg_hashes_utf8_x4_64, int64_t, KG_LOAD4_OFFSETS64)
 /* `readable`: how many values offsets[] describes from here on (more than n inside a block), for the prefetch. */
-#define KG_TRY_SIMD_UTF8(FN, offsets, n, readable, data, data_len, out, status)                                      \
-    if (kg_simd_available()) return FN(offsets, n, readable, data, data_len, out, status);
+#define KG_TRY_SIMD_UTF8(WIDTH, offsets, n, readable, data, data_len, out, status)                                   \
+    switch (kg_simd_available()) {                                                                                   \
+    case 2: return kg_hashes_utf8_x8_##WIDTH(offsets, n, readable, data, data_len, out, status);                     \
+    case 1: return kg_hashes_utf8_x4_##WIDTH(offsets, n, readable, data, data_len, out, status);                     \
+    default: break;                                                                                                  \
+    }
 #else
 #define KG_HAVE_SIMD 0
 static int kg_simd_allowed = 0;
 static int kg_simd_available(void) { return 0; }
-#define KG_TRY_SIMD_UTF8(FN, offsets, n, readable, data, data_len, out, status)
+#define KG_TRY_SIMD_UTF8(WIDTH, offsets, n, readable, data, data_len, out, status)
 #endif
 
 /* Hashes of Arrow variable-length values: value i is data[offsets[i], offsets[i+1]), each offset checked against the
  * data buffer first. Returns -1 when all is well; otherwise the index of the first bad value, with *status 1 for
  * offsets outside the buffer and 2 for a string that is not UTF-8. */
-#define KG_DEFINE_VAR_BINARY(NAME, OFFSET_T, UTF8_X8)                                                                 \
+#define KG_DEFINE_VAR_BINARY(NAME, OFFSET_T, WIDTH)                                                                  \
     static Py_ssize_t NAME##_ahead(const OFFSET_T *offsets, Py_ssize_t n, Py_ssize_t readable, const uint8_t *data,  \
                                    int64_t data_len, int utf8, int32_t *out, int *status) {                          \
-        if (utf8) { KG_TRY_SIMD_UTF8(UTF8_X8, offsets, n, readable, data, data_len, out, status) }                   \
+        if (utf8) { KG_TRY_SIMD_UTF8(WIDTH, offsets, n, readable, data, data_len, out, status) }                     \
         for (Py_ssize_t i = 0; i < n; i++) {                                                                         \
             *status = kg_hash_var_value(data, data_len, (int64_t)offsets[i], (int64_t)offsets[i + 1], utf8, &out[i]); \
             if (*status) return i;                                                                                   \
@@ -379,10 +453,10 @@ static int kg_simd_available(void) { return 0; }
                            int32_t *out, int *status) {                                                              \
         return NAME##_ahead(offsets, n, n, data, data_len, utf8, out, status);                                       \
     }                                                                                                                \
-    /* Key groups straight away: hashes go through a small cache-resident block, so no int32 array of n hashes is  \
-     * ever written (and page-faulted in), and the murmur/modulo pass over each block stays vectorized. */          \
-    static Py_ssize_t NAME##_groups(const OFFSET_T *offsets, Py_ssize_t n, const uint8_t *data, int64_t data_len,   \
-                                    int utf8, int32_t maxp, int16_t *out, int *status) {                            \
+    /* Key groups straight away: hashes go through a small cache-resident block, so no int32 array of n hashes is    \
+     * ever written (and page-faulted in), and the murmur/modulo pass over each block stays vectorized. */           \
+    static Py_ssize_t NAME##_groups(const OFFSET_T *offsets, Py_ssize_t n, const uint8_t *data, int64_t data_len,    \
+                                    int utf8, int32_t maxp, int16_t *out, int *status) {                             \
         int32_t block[1024];                                                                                         \
         for (Py_ssize_t base = 0; base < n; base += 1024) {                                                          \
             Py_ssize_t m = n - base < 1024 ? n - base : 1024;                                                        \
@@ -392,7 +466,7 @@ static int kg_simd_available(void) { return 0; }
         }                                                                                                            \
         return -1;                                                                                                   \
     }
-KG_DEFINE_VAR_BINARY(kg_hashes_var_binary32, int32_t, kg_hashes_utf8_x8_32)
-KG_DEFINE_VAR_BINARY(kg_hashes_var_binary64, int64_t, kg_hashes_utf8_x8_64)
+KG_DEFINE_VAR_BINARY(kg_hashes_var_binary32, int32_t, 32)
+KG_DEFINE_VAR_BINARY(kg_hashes_var_binary64, int64_t, 64)
 
 #endif

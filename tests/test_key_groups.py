@@ -234,12 +234,12 @@ def test_vectorized_strings_equal_reference(values, mp, offset):
 
 # ---- the vector path for Arrow strings (eight short ASCII strings at a time) and the scalar path beside it ----------
 
-SIMD_MODES = [pytest.param(True, id="vector"), pytest.param(False, id="scalar")]
+SIMD_MODES = [pytest.param(2, id="avx512"), pytest.param(1, id="avx2"), pytest.param(0, id="scalar")]
 
 
 @pytest.fixture
 def simd_mode(request):
-    """Runs the test with the vector path allowed or forbidden (on a CPU without it, both runs are scalar)."""
+    """Runs the test with the vector path capped at a width (a CPU without that width takes the next narrower)."""
     from keygroups._native import hashing
 
     previous = hashing._set_simd(request.param)
@@ -247,15 +247,20 @@ def simd_mode(request):
     hashing._set_simd(previous)
 
 
-def test_vector_path_is_taken_on_this_cpu_when_allowed():
+def test_vector_path_caps():
     from keygroups._native import hashing
 
-    previous = hashing._set_simd(False)
+    widest = hashing._simd_active()
+    previous = hashing._set_simd(0)
     try:
-        assert not hashing._simd_active()
+        assert previous == 2 and hashing._simd_active() == 0
+        hashing._set_simd(1)
+        assert hashing._simd_active() == min(widest, 1)
+        with pytest.raises(ValueError, match="vector level is 0"):
+            hashing._set_simd(3)
     finally:
         hashing._set_simd(previous)
-    assert hashing._simd_active() == previous
+    assert hashing._simd_active() == widest
 
 
 # Mostly short ASCII (the vector path's case) with lengths around its limits (8 and 16 bytes), now and then a longer
@@ -290,7 +295,7 @@ def test_many_short_strings_agree_on_both_paths(simd_mode):
 @pytest.mark.parametrize("simd_mode", SIMD_MODES, indirect=True)
 @pytest.mark.parametrize("bad_index", [0, 5, 13, 700, 1023, 1024, 1995])
 def test_corrupt_offsets_inside_a_group_of_eight_are_reported_at_their_position(simd_mode, bad_index):
-    """A group of eight with one value out of bounds goes value by value, so the error names that value; an
+    """A vector group with one value out of bounds goes value by value, so the error names that value; an
     offset far out of bounds is also read as a prefetch hint 256 values earlier, which must be harmless."""
     from keygroups._native import hashing
 
