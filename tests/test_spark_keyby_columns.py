@@ -360,3 +360,16 @@ def test_nested_calls_do_not_collide(spark):
     assert [r["g1"] for r in twice] == kg.assign_key_groups(np.arange(20), 64).tolist()
     expected = kg.assign_key_groups([(r["id"], r["g1"]) for r in twice], 32, ("long", "int"))
     assert [r["g2"] for r in twice] == expected.tolist()
+
+
+def test_auto_falls_back_to_sql_with_a_warning_when_catalyst_classes_differ(spark, monkeypatch):
+    """A JVM without one of the classes the JVM engine calls (as a future Spark or JDK might be): the real
+    ClassNotFoundException from the gateway makes "auto" warn and use the SQL engine, with the same key groups."""
+    import keygroups.spark.catalyst as catalyst
+
+    monkeypatch.setitem(catalyst._STATIC_HASHES, "long", "java.lang.NoSuchLong")
+    df = spark.createDataFrame([("a", 1), ("b\u00e9", -(2**40))], "s string, n long")
+    with pytest.warns(RuntimeWarning, match="cannot build Catalyst hash expressions.*portable SQL engine"):
+        out = with_key_groups(df, "s", "n", max_parallelism=4096).orderBy("s").collect()
+    expected = kg.assign_key_groups([(r["s"], r["n"]) for r in out], 4096, ("string", "long"))
+    assert [r["key_group"] for r in out] == expected.tolist()

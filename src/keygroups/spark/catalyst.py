@@ -18,6 +18,7 @@ Connect has no gateway; a Spark whose constructors differ), and callers use the 
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -64,7 +65,12 @@ class CatalystHashes:
         try:
             hashes = cls(jvm)
             hashes.murmur(hashes.java_hash(F.lit("probe"), "string"))  # every constructor used below, once
-        except (Py4JError, TypeError, AttributeError):  # TypeError: py4j's JavaPackage stand-in for a missing class
+        except (Py4JError, TypeError, AttributeError) as e:  # TypeError: py4j's stand-in for a missing class
+            # A classic session whose Catalyst classes differ from Spark 4.x's: still exact, but slower; say so.
+            detail = " ".join(str(e).splitlines()[:2])  # py4j appends the whole Java stack trace
+            warnings.warn(f"keygroups: cannot build Catalyst hash expressions on Spark {df.sparkSession.version} "
+                          f"({type(e).__name__}: {detail}); key groups use the portable SQL engine instead",
+                          RuntimeWarning, stacklevel=3)
             return None
         return hashes
 
