@@ -267,6 +267,19 @@ static inline int kg_hash_var_value(const uint8_t *data, int64_t data_len, int64
     return 0;
 }
 
+/* Values from..to-1 one by one: -1 when all are hashed, else the index of the first bad one (*status says why). */
+#define KG_DEFINE_SCALAR_RUN(NAME, OFFSET_T)                                                                         \
+    static inline Py_ssize_t NAME(const OFFSET_T *offsets, Py_ssize_t from, Py_ssize_t to, const uint8_t *data,      \
+                                  int64_t data_len, int utf8, int32_t *out, int *status) {                           \
+        for (Py_ssize_t j = from; j < to; j++) {                                                                     \
+            *status = kg_hash_var_value(data, data_len, (int64_t)offsets[j], (int64_t)offsets[j + 1], utf8, &out[j]); \
+            if (*status) return j;                                                                                   \
+        }                                                                                                            \
+        return -1;                                                                                                   \
+    }
+KG_DEFINE_SCALAR_RUN(kg_scalar_run32, int32_t)
+KG_DEFINE_SCALAR_RUN(kg_scalar_run64, int64_t)
+
 /* ---- eight (AVX-512) or four (AVX2) short ASCII strings at a time ------------------------------------------------
  * Keys are mostly short ASCII strings (ids, names, "user-1234567"), and their hash is a handful of multiplies, so
  * the scalar loop is bound by its own instructions. A string of at most 16 bytes is two 8-byte words: its first
@@ -300,7 +313,7 @@ __attribute__((target("avx512f"))) static inline __m512i kg_poly8_x8(__m512i w) 
     return _mm512_add_epi32(_mm512_mullo_epi32(quads, _mm512_set1_epi32((int)KG_P4)), _mm512_srli_epi64(quads, 32));
 }
 
-#define KG_DEFINE_UTF8_X8(NAME, OFFSET_T, LOAD_OFFSETS)                                                              \
+#define KG_DEFINE_UTF8_X8(NAME, OFFSET_T, LOAD_OFFSETS, SCALAR_RUN)                                                  \
     __attribute__((target("avx512f"))) static Py_ssize_t NAME(const OFFSET_T *offsets, Py_ssize_t n,                 \
                                                              Py_ssize_t readable, const uint8_t *data,               \
                                                              int64_t data_len, int32_t *out, int *status) {          \
@@ -339,21 +352,15 @@ __attribute__((target("avx512f"))) static inline __m512i kg_poly8_x8(__m512i w) 
                     continue;                                                                                        \
                 }                                                                                                    \
             }                                                                                                        \
-            for (Py_ssize_t j = i; j < i + 8; j++) {                                                                 \
-                *status = kg_hash_var_value(data, data_len, (int64_t)offsets[j], (int64_t)offsets[j + 1], 1, &out[j]); \
-                if (*status) return j;                                                                               \
-            }                                                                                                        \
+            Py_ssize_t failed = SCALAR_RUN(offsets, i, i + 8, data, data_len, 1, out, status);                       \
+            if (failed >= 0) return failed;                                                                          \
         }                                                                                                            \
-        for (; i < n; i++) {                                                                                         \
-            *status = kg_hash_var_value(data, data_len, (int64_t)offsets[i], (int64_t)offsets[i + 1], 1, &out[i]);   \
-            if (*status) return i;                                                                                   \
-        }                                                                                                            \
-        return -1;                                                                                                   \
+        return SCALAR_RUN(offsets, i, n, data, data_len, 1, out, status);                                            \
     }
 #define KG_LOAD_OFFSETS32(p) _mm512_cvtepi32_epi64(_mm256_loadu_si256((const __m256i *)(p)))
 #define KG_LOAD_OFFSETS64(p) _mm512_loadu_si512((const void *)(p))
-KG_DEFINE_UTF8_X8(kg_hashes_utf8_x8_32, int32_t, KG_LOAD_OFFSETS32)
-KG_DEFINE_UTF8_X8(kg_hashes_utf8_x8_64, int64_t, KG_LOAD_OFFSETS64)
+KG_DEFINE_UTF8_X8(kg_hashes_utf8_x8_32, int32_t, KG_LOAD_OFFSETS32, kg_scalar_run32)
+KG_DEFINE_UTF8_X8(kg_hashes_utf8_x8_64, int64_t, KG_LOAD_OFFSETS64, kg_scalar_run64)
 
 /* The same for four strings at a time with AVX2 (no mask registers: lane masks are all-ones lanes). */
 __attribute__((target("avx2"))) static inline __m256i kg_poly8_x4(__m256i w) {
@@ -368,7 +375,7 @@ __attribute__((target("avx2"))) static inline __m256i kg_poly8_x4(__m256i w) {
 
 static const long long kg_pow31_table[9] = {1, 31, 961, 29791, 923521, 28629151, 887503681, KG_P7, KG_P8};
 
-#define KG_DEFINE_UTF8_X4(NAME, OFFSET_T, LOAD_OFFSETS)                                                              \
+#define KG_DEFINE_UTF8_X4(NAME, OFFSET_T, LOAD_OFFSETS, SCALAR_RUN)                                                  \
     __attribute__((target("avx2"))) static Py_ssize_t NAME(const OFFSET_T *offsets, Py_ssize_t n,                    \
                                                           Py_ssize_t readable, const uint8_t *data,                  \
                                                           int64_t data_len, int32_t *out, int *status) {             \
@@ -407,21 +414,15 @@ static const long long kg_pow31_table[9] = {1, 31, 961, 29791, 923521, 28629151,
                     continue;                                                                                        \
                 }                                                                                                    \
             }                                                                                                        \
-            for (Py_ssize_t j = i; j < i + 4; j++) {                                                                 \
-                *status = kg_hash_var_value(data, data_len, (int64_t)offsets[j], (int64_t)offsets[j + 1], 1, &out[j]); \
-                if (*status) return j;                                                                               \
-            }                                                                                                        \
+            Py_ssize_t failed = SCALAR_RUN(offsets, i, i + 4, data, data_len, 1, out, status);                       \
+            if (failed >= 0) return failed;                                                                          \
         }                                                                                                            \
-        for (; i < n; i++) {                                                                                         \
-            *status = kg_hash_var_value(data, data_len, (int64_t)offsets[i], (int64_t)offsets[i + 1], 1, &out[i]);   \
-            if (*status) return i;                                                                                   \
-        }                                                                                                            \
-        return -1;                                                                                                   \
+        return SCALAR_RUN(offsets, i, n, data, data_len, 1, out, status);                                            \
     }
 #define KG_LOAD4_OFFSETS32(p) _mm256_cvtepi32_epi64(_mm_loadu_si128((const __m128i *)(p)))
 #define KG_LOAD4_OFFSETS64(p) _mm256_loadu_si256((const __m256i *)(p))
-KG_DEFINE_UTF8_X4(kg_hashes_utf8_x4_32, int32_t, KG_LOAD4_OFFSETS32)
-KG_DEFINE_UTF8_X4(kg_hashes_utf8_x4_64, int64_t, KG_LOAD4_OFFSETS64)
+KG_DEFINE_UTF8_X4(kg_hashes_utf8_x4_32, int32_t, KG_LOAD4_OFFSETS32, kg_scalar_run32)
+KG_DEFINE_UTF8_X4(kg_hashes_utf8_x4_64, int64_t, KG_LOAD4_OFFSETS64, kg_scalar_run64)
 /* `readable`: how many values offsets[] describes from here on (more than n inside a block), for the prefetch. */
 #define KG_TRY_SIMD_UTF8(WIDTH, offsets, n, readable, data, data_len, out, status)                                   \
     switch (kg_simd_available()) {                                                                                   \
@@ -443,11 +444,7 @@ static int kg_simd_available(void) { return 0; }
     static Py_ssize_t NAME##_ahead(const OFFSET_T *offsets, Py_ssize_t n, Py_ssize_t readable, const uint8_t *data,  \
                                    int64_t data_len, int utf8, int32_t *out, int *status) {                          \
         if (utf8) { KG_TRY_SIMD_UTF8(WIDTH, offsets, n, readable, data, data_len, out, status) }                     \
-        for (Py_ssize_t i = 0; i < n; i++) {                                                                         \
-            *status = kg_hash_var_value(data, data_len, (int64_t)offsets[i], (int64_t)offsets[i + 1], utf8, &out[i]); \
-            if (*status) return i;                                                                                   \
-        }                                                                                                            \
-        return -1;                                                                                                   \
+        return kg_scalar_run##WIDTH(offsets, 0, n, data, data_len, utf8, out, status);                               \
     }                                                                                                                \
     static Py_ssize_t NAME(const OFFSET_T *offsets, Py_ssize_t n, const uint8_t *data, int64_t data_len, int utf8,   \
                            int32_t *out, int *status) {                                                              \
