@@ -39,29 +39,15 @@ from pyspark.sql import functions as F
 from pyspark.sql.functions import pandas_udf
 
 from keygroups.spark import partition_by_key_group, with_key_groups
+from keygroups.spark.partitioner import spark_hash_int
 
 # ---- (c): the same Flink arithmetic in numpy, inside a pandas_udf ------------------------------------------------
 
 
 def _np_murmur_key_groups(h: np.ndarray, max_parallelism: int) -> np.ndarray:
-    """Flink's murmurHash(int) and key group over a uint32 array of Java hashes, in numpy."""
-
-    def rotl(x: np.ndarray, r: int) -> np.ndarray:
-        return (x << np.uint32(r)) | (x >> np.uint32(32 - r))
-
-    with np.errstate(over="ignore"):
-        h = h * np.uint32(0xCC9E2D51)
-        h = rotl(h, 15)
-        h *= np.uint32(0x1B873593)
-        h = rotl(h, 13)
-        h = h * np.uint32(5) + np.uint32(0xE6546B64)
-        h ^= np.uint32(4)
-        h ^= h >> np.uint32(16)
-        h *= np.uint32(0x85EBCA6B)
-        h ^= h >> np.uint32(13)
-        h *= np.uint32(0xC2B2AE35)
-        h ^= h >> np.uint32(16)
-    signed = h.view(np.int32).astype(np.int64)
+    """Flink's murmurHash(int) and key group over a uint32 array of Java hashes, in numpy. Flink's murmur is
+    MurmurHash3_x86_32 of one int with seed 0, which is Spark's hashInt with seed 0."""
+    signed = spark_hash_int(h.view(np.int32), seed=0).astype(np.int64)
     non_negative = np.where(signed == -(2**31), 0, np.abs(signed))
     return (non_negative % max_parallelism).astype(np.int32)
 

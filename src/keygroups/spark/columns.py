@@ -303,12 +303,6 @@ def _arrow_key_group(keys: Sequence[KeyColumn], max_parallelism: int) -> Column:
 # ---- the public function ------------------------------------------------------------------------------------------
 
 
-def operator_index_sql(key_group: str, max_parallelism: int, parallelism: int) -> str:
-    """Flink's ``computeOperatorIndexForKeyGroup`` as SQL over a key-group column name:
-    ``key_group * parallelism / max_parallelism`` in integer division."""
-    return f"cast((cast({quote_identifier(key_group)} as bigint) * {parallelism}) div {max_parallelism} as int)"
-
-
 
 
 def with_key_groups(
@@ -356,9 +350,7 @@ def with_key_groups(
         steps = _Steps()
         group = _sql_key_group(steps, keys, mp)
         exprs = ["*", *steps.steps, f"{group} AS {quote_identifier(key_group_col)}"]
-        if p is not None:
-            exprs.append(f"{operator_index_sql(key_group_col, mp, p)} AS {quote_identifier(operator_col)}")
-        return df.selectExpr(*exprs).drop(*steps.temps, *key_temps)
+        out_df = df.selectExpr(*exprs).drop(*steps.temps)
     else:
         out_df = df.withColumn(key_group_col, _arrow_key_group(keys, mp))
     if p is not None:
