@@ -11,11 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage
-from keygroups.errors import CorruptSnapshotError
+from keygroups.errors import CorruptLogError, CorruptSnapshotError
 from keygroups.sources import (
     HEADER_SIZE,
     OFFSETS_STATE_NAME,
-    CorruptLogError,
     PartitionedLogReader,
     PartitionedLogSource,
     PartitionedLogWriter,
