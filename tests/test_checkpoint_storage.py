@@ -235,6 +235,24 @@ def _ls(storage: CheckpointStorage, rel: str) -> list[str]:
     return storage._fs.listdir(rel)
 
 
+def test_a_failed_atomic_write_removes_its_temporary_file(storage_factory, monkeypatch):
+    storage = storage_factory()
+    storage._fs.makedirs("chk-1/target/inside")   # locally, moving a file onto a non-empty directory fails
+    if "://" in storage.location:                  # memory:// moves onto anything: make its move fail instead
+
+        def refuse(*args, **kwargs):
+            raise OSError("injected: the move failed")
+
+        monkeypatch.setattr(storage._fs.fs, "mv", refuse)
+    with pytest.raises(OSError):
+        storage._fs.write_atomic("chk-1/target", b"new bytes")
+    assert _ls(storage, "chk-1") == ["target"]
+    monkeypatch.undo()
+    storage._fs.write_atomic("chk-1/other", b"new bytes")
+    assert sorted(_ls(storage, "chk-1")) == ["other", "target"]
+    assert storage.read_bytes("chk-1/other") == b"new bytes"
+
+
 def test_retention_keeps_the_last_n_complete(storage_factory):
     storage = storage_factory(retain=2)
     write_checkpoint(storage, 1)

@@ -82,6 +82,19 @@ def _check_id(checkpoint_id: Any) -> int:
     return checkpoint_id
 
 
+@contextlib.contextmanager
+def _tmp_name(fs: _LocalFS | _FsspecFS, rel: str) -> Iterator[str]:
+    """A fresh temporary name beside ``rel`` (retention knows it by ``_TMP_MARKER``), removed again if the block
+    fails: how both filesystems write a file atomically (write the temporary, then move it onto ``rel``)."""
+    parent, name = posixpath.split(rel)
+    tmp = posixpath.join(parent, f"{name}{_TMP_MARKER}{uuid.uuid4().hex}")
+    try:
+        yield tmp
+    except BaseException:
+        fs.remove(tmp)
+        raise
+
+
 class _SyncOnClose(io.BufferedWriter):
     """A local file whose close() also fsyncs it, so state files are durable before ``_metadata`` names them."""
 
@@ -157,18 +170,13 @@ class _LocalFS:
             os.close(fd)
 
     def write_atomic(self, rel: str, data: bytes) -> None:
-        parent, name = posixpath.split(rel)
-        tmp = posixpath.join(parent, f"{name}{_TMP_MARKER}{uuid.uuid4().hex}")
-        try:
+        with _tmp_name(self, rel) as tmp:
             with open(self.path(tmp), "wb") as f:
                 f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(self.path(tmp), self.path(rel))
-        except BaseException:
-            self.remove(tmp)
-            raise
-        self.sync_dir(parent)
+        self.sync_dir(posixpath.dirname(rel))
 
     def copy(self, src: str, dst: str) -> None:
         with open(self.path(src), "rb") as fin, self.open_write(dst) as fout:
@@ -228,14 +236,9 @@ class _FsspecFS:
         pass  # nothing to sync: object stores and fsspec filesystems have no directory entries to make durable
 
     def write_atomic(self, rel: str, data: bytes) -> None:
-        parent, name = posixpath.split(rel)
-        tmp = posixpath.join(parent, f"{name}{_TMP_MARKER}{uuid.uuid4().hex}")
-        try:
+        with _tmp_name(self, rel) as tmp:
             self.fs.pipe_file(self.path(tmp), data)
             self.fs.mv(self.path(tmp), self.path(rel))
-        except BaseException:
-            self.remove(tmp)
-            raise
 
     def copy(self, src: str, dst: str) -> None:
         self.fs.cp_file(self.path(src), self.path(dst))
