@@ -21,9 +21,7 @@ from keygroups.sources import (
     write_partitioned_log,
 )
 from keygroups.serializers import StrSerializer
-from keygroups.state import ListStateDescriptor
-from keygroups.state.functions import checkpoint_function, initialize_function
-from keygroups.state.operator import OperatorStateStore
+from keygroups.state import ListStateDescriptor, OperatorStateStore, checkpoint_function, initialize_function
 
 
 def records(partition: int, n: int, start: int = 0) -> list[dict]:

@@ -27,6 +27,7 @@ still be in progress.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import logging
 import mmap
@@ -407,9 +408,9 @@ class CheckpointStorage:
                 raise ValueError(f"keyed state file {h.file!r} (subtask {h.subtask}) is {size} bytes but its handle "
                                  f"says {h.size}: the file was not completely written (closed?)")
         for oh in metadata.operator_handles:
-            if not self._fs.exists(oh["file"]):
+            if not self._fs.exists(oh.file):
                 raise ValueError(f"checkpoint {metadata.checkpoint_id} references operator state file "
-                                 f"{oh['file']!r}, which does not exist in {self.location}")
+                                 f"{oh.file!r}, which does not exist in {self.location}")
 
     def _prune(self, latest: int) -> None:
         dirs = self._chk_dirs()
@@ -464,7 +465,7 @@ class CheckpointStorage:
             max_parallelism=md.max_parallelism, parallelism=md.parallelism,
             keyed_handles=[KeyedStateHandle(renamed[h.file], h.subtask, h.key_group_range, list(h.offsets), h.size,
                                             h.states) for h in md.keyed_handles],
-            operator_handles=[dict(h, file=renamed[h["file"]]) for h in md.operator_handles],
+            operator_handles=[dataclasses.replace(h, file=renamed[h.file]) for h in md.operator_handles],
             properties=dict(md.properties), base=base)
         self._fs.sync_dir(base)
         self._fs.write_atomic(f"{base}/{METADATA_NAME}", encode_metadata(copy, base))
