@@ -29,15 +29,9 @@ import time
 
 import numpy as np
 
-from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage
+from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage, plan_operator_restore, read_operator_runs
 from keygroups.serializers import ValueSerializer
-from keygroups.state import ListStateDescriptor
-from keygroups.state.operator import (
-    OperatorStateStore,
-    _collect_states,
-    _FileReader,
-    plan_operator_restore,
-)
+from keygroups.state import ListStateDescriptor, OperatorStateStore
 
 STATE = ListStateDescriptor("records", ValueSerializer())
 
@@ -91,18 +85,15 @@ def byte_level_copied(storage, md, new: int) -> list[tuple[bytes, np.ndarray]]:
 
 def reserialize(storage, md, new: int) -> list[tuple[bytes, np.ndarray]]:
     ser = ValueSerializer()
-    handles = list(md.operator_handles)
+    handles = md.operator_handles
     plan = plan_operator_restore(handles, new)
     out = []
     for runs in plan:
-        pieces = {(p.file, p.name): p for ps in _collect_states(handles, None).values() for p in ps}
-        sizes = {h["file"]: int(h["size"]) for h in handles}
-        reader = _FileReader(storage)
+        restored, _ = read_operator_runs(storage, handles, runs)
         values: list = []
-        for run in runs:
-            if run.stop > run.first:
-                buf, base, bounds = reader.segment(pieces[(run.file, run.state)], run, sizes[run.file])
-                values.extend(ser.deserialize_many(buf, bounds - base if base else bounds))
+        for share in restored.values():
+            for buf, offsets in share.relative():
+                values.extend(ser.deserialize_many(buf, offsets))
         data, offsets = ser.serialize_many(values)
         out.append((data, np.asarray(offsets, dtype=np.int64)))
     return out
@@ -139,8 +130,7 @@ def main() -> None:
         storage = CheckpointStorage(tmp)
         t = time.perf_counter()
         md = write_checkpoint(storage, args.elements, args.element_bytes, args.old)
-        total = sum(int(m["end"]) - int(m["offsets"][0]) if m["offsets"] else 0
-                    for h in md.operator_handles for m in h["states"].values())
+        total = sum(m.end - m.offsets[0] if m.offsets else 0 for h in md.operator_handles for m in h.states.values())
         print(f"checkpoint: {args.elements} elements, {total / 1e9:.3f} GB serialized, {args.old} old subtasks "
               f"(written in {time.perf_counter() - t:.1f} s); restoring for {args.new} new subtasks")
 

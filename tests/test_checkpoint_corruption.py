@@ -18,7 +18,10 @@ from keygroups._native import snapshot as native
 from keygroups.checkpoint import (
     CheckpointMetadata,
     CheckpointStorage,
+    DistributionMode,
     KeyedStateHandle,
+    OperatorStateHandle,
+    OperatorStateMeta,
     open_snapshot,
     read_key_group_offsets,
     read_key_groups,
@@ -243,7 +246,10 @@ def test_random_flips_and_truncations_of_metadata():
         r = key_group_range(128, 3, i)
         handles.append(KeyedStateHandle(f"chk-9/keyed-{i}-abc", i, r, list(range(100, 100 + len(r) + 1)),
                                         100 + len(r) + 10, STATES))
-    md = CheckpointMetadata(9, "job", 123, 128, 3, handles, [{"file": "chk-9/op-0", "subtask": 0}], {"x": [1, 2]})
+    union = OperatorStateMeta(DistributionMode.UNION, {"serializer": {"identifier": "str"}}, [8, 20], 30,
+                              [(0, 12345)])
+    operator = OperatorStateHandle("chk-9/op-0", 0, 30, "operator", {"u": union})
+    md = CheckpointMetadata(9, "job", 123, 128, 3, handles, [operator], {"x": [1, 2]})
     raw = encode_metadata(md, "chk-9")
     assert decode_metadata(raw, "chk-9", "test") == md
     for _ in range(1500):

@@ -16,6 +16,7 @@ from keygroups.checkpoint import (
     CheckpointMetadata,
     CheckpointStorage,
     KeyedStateHandle,
+    OperatorStateHandle,
     read_key_groups,
     write_keyed_snapshot,
 )
@@ -57,7 +58,7 @@ def write_checkpoint(storage: CheckpointStorage, cid: int, parallelism: int = 2,
         rel = storage.new_file(cid, "operator-0")
         with storage.open_write(rel) as f:
             f.write(b"operator state bytes")
-        op_handles.append({"file": rel, "subtask": 0, "states": {}})
+        op_handles.append(OperatorStateHandle(file=rel, subtask=0, size=20, operator_id="operator", states={}))
     md = CheckpointMetadata(checkpoint_id=cid, job_id="job-1", timestamp_ms=1_700_000_000_000 + cid,
                             max_parallelism=MAXP, parallelism=parallelism, keyed_handles=handles,
                             operator_handles=op_handles, properties={"source": {"0": cid}})
@@ -90,8 +91,8 @@ def test_commit_load_round_trip(storage_factory):
     assert loaded == md
     assert loaded.base == "chk-1"
     assert all(h.file.startswith("chk-1/keyed-") for h in loaded.keyed_handles)
-    assert loaded.operator_handles[0]["file"].startswith("chk-1/operator-0-")
-    assert storage.read_bytes(loaded.operator_handles[0]["file"]) == b"operator state bytes"
+    assert loaded.operator_handles[0].file.startswith("chk-1/operator-0-")
+    assert storage.read_bytes(loaded.operator_handles[0].file) == b"operator state bytes"
     assert storage.latest() == md
     assert read_all(storage, loaded) == expected_state(1)
 
@@ -235,6 +236,24 @@ def _ls(storage: CheckpointStorage, rel: str) -> list[str]:
     return storage._fs.listdir(rel)
 
 
+def test_a_failed_atomic_write_removes_its_temporary_file(storage_factory, monkeypatch):
+    storage = storage_factory()
+    storage._fs.makedirs("chk-1/target/inside")   # locally, moving a file onto a non-empty directory fails
+    if "://" in storage.location:                  # memory:// moves onto anything: make its move fail instead
+
+        def refuse(*args, **kwargs):
+            raise OSError("injected: the move failed")
+
+        monkeypatch.setattr(storage._fs.fs, "mv", refuse)
+    with pytest.raises(OSError):
+        storage._fs.write_atomic("chk-1/target", b"new bytes")
+    assert _ls(storage, "chk-1") == ["target"]
+    monkeypatch.undo()
+    storage._fs.write_atomic("chk-1/other", b"new bytes")
+    assert sorted(_ls(storage, "chk-1")) == ["other", "target"]
+    assert storage.read_bytes("chk-1/other") == b"new bytes"
+
+
 def test_retention_keeps_the_last_n_complete(storage_factory):
     storage = storage_factory(retain=2)
     write_checkpoint(storage, 1)
@@ -305,9 +324,9 @@ def test_savepoint_survives_retention_and_restores_from_its_own_dir(storage_fact
     sp = storage.load_savepoint("before-upgrade")
     assert sp.base == "savepoints/before-upgrade"
     assert all(h.file.startswith("savepoints/before-upgrade/") for h in sp.keyed_handles)
-    assert sp.operator_handles[0]["file"].startswith("savepoints/before-upgrade/operator-0-")
+    assert sp.operator_handles[0].file.startswith("savepoints/before-upgrade/operator-0-")
     assert read_all(storage, sp) == expected_state(1)
-    assert storage.read_bytes(sp.operator_handles[0]["file"]) == b"operator state bytes"
+    assert storage.read_bytes(sp.operator_handles[0].file) == b"operator state bytes"
     assert storage.savepoint_names() == ["before-upgrade"]
     # By id, too; a name is never reused.
     storage.savepoint(3, "three")

@@ -11,19 +11,21 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage
+from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage, DistributionMode, OperatorStateHandle
+from keygroups.checkpoint.operator_format import BLOCK_BYTES
 from keygroups.errors import CorruptSnapshotError, StateMigrationError
 from keygroups.serializers import Int64Serializer, StrSerializer, TupleSerializer, ValueSerializer
-from keygroups.state import ListStateDescriptor, MapStateDescriptor
-from keygroups.state.functions import (
+from keygroups.state import (
     CheckpointedFunction,
     FunctionInitializationContext,
     FunctionSnapshotContext,
     ListCheckpointed,
+    ListStateDescriptor,
+    MapStateDescriptor,
+    OperatorStateStore,
     checkpoint_function,
     initialize_function,
 )
-from keygroups.state.operator import BLOCK_BYTES, MODE_BROADCAST, MODE_SPLIT_DISTRIBUTE, OperatorStateStore
 
 PAIRS = ListStateDescriptor("pairs", TupleSerializer(Int64Serializer(), Int64Serializer()))
 UNION = ListStateDescriptor("everyone", StrSerializer())
@@ -81,7 +83,7 @@ def test_union_and_broadcast_restore_everywhere(storage, new_parallelism):
         assert sorted(store.get_union_list_state(UNION).get()) == ["subtask-0", "subtask-1", "subtask-2"]
         config = store.get_broadcast_state(CONFIG)
         assert dict(config.items()) == {"rate": 0.5, "names": ["a", "b"], "owner": None}
-        assert config.mode == MODE_BROADCAST
+        assert config.mode == DistributionMode.BROADCAST
 
 
 def test_broadcast_copies_are_independent(storage):
@@ -153,10 +155,10 @@ def test_snapshot_captures_the_state_at_the_call(storage):
     future = store.snapshot(1, storage)
     state.add((2, 2))
     handle = future.result(timeout=60)
-    assert handle["file"].startswith("chk-1/") and not os.path.isabs(handle["file"])
-    assert handle["states"]["pairs"]["mode"] == MODE_SPLIT_DISTRIBUTE
-    assert len(handle["states"]["pairs"]["offsets"]) == 1
-    json.dumps(handle)   # plain JSON
+    assert handle.file.startswith("chk-1/") and not os.path.isabs(handle.file)
+    assert handle.states["pairs"].mode == DistributionMode.SPLIT_DISTRIBUTE
+    assert len(handle.states["pairs"].offsets) == 1
+    json.dumps(handle.to_json())   # plain JSON
     md = checkpoint(storage, [store], 2)
     (again,) = restored(storage, md, 1)
     assert again.get_list_state(PAIRS).get() == [(1, 1), (2, 2)]
@@ -211,7 +213,7 @@ def test_a_subtask_reads_only_the_blocks_of_its_share(storage):
     store = OperatorStateStore(0, 1)
     store.get_list_state(elements).update(f"{i:08d}" + "x" * 200 for i in range(24000))
     md = checkpoint(storage, [store], 1)
-    size = md.operator_handles[0]["size"]
+    size = md.operator_handles[0].size
     assert size > 16 * BLOCK_BYTES
     for i in range(4):
         new = OperatorStateStore(i, 4)
@@ -227,7 +229,7 @@ def test_a_subtask_reads_only_the_blocks_of_its_share(storage):
 
 
 def _file(storage, md) -> str:
-    return os.path.join(storage.location, md.operator_handles[0]["file"])
+    return os.path.join(storage.location, md.operator_handles[0].file)
 
 
 @pytest.mark.parametrize("damage", ["flip-element-byte", "truncate", "extend", "magic"])
@@ -254,16 +256,18 @@ def test_damaged_operator_files_raise_corrupt_snapshot(storage, damage):
 @pytest.mark.parametrize("tamper", ["offset-past-end", "offsets-descending", "end-past-file", "bad-mode"])
 def test_damaged_handles_raise_corrupt_snapshot(storage, tamper):
     md = _old_job(storage, [[(i, i) for i in range(10)]])
-    meta = md.operator_handles[0]["states"]["pairs"]
+    raw = md.operator_handles[0].to_json()   # handles come from JSON: tamper there
+    meta = raw["states"]["pairs"]
     if tamper == "offset-past-end":
         meta["offsets"][3] = 10**9
     elif tamper == "offsets-descending":
         meta["offsets"][3], meta["offsets"][4] = meta["offsets"][4], meta["offsets"][3]
     elif tamper == "end-past-file":
-        meta["end"] = md.operator_handles[0]["size"] + 100
+        meta["end"] = raw["size"] + 100
     else:
         meta["mode"] = "SOMETIMES"
     with pytest.raises(CorruptSnapshotError):
+        md.operator_handles[0] = OperatorStateHandle.from_json(raw)
         for i in range(2):
             store = OperatorStateStore(i, 2)
             store.restore(storage, md)
@@ -278,7 +282,7 @@ class CountingSource(ListCheckpointed):
         self.counts: dict[str, int] = {}
         self.restored_with = None
 
-    def snapshot_state(self, checkpoint_id, timestamp):
+    def snapshot_state(self, checkpoint_id, timestamp_ms):
         return [[k, v] for k, v in sorted(self.counts.items())]
 
     def restore_state(self, state):
@@ -332,7 +336,7 @@ def test_checkpointed_function_gets_its_contexts(storage):
         False, None, store, "keyed-store")
     fn.seen = ["x", "y"]
     handle = checkpoint_function(fn, store, 3, 99, storage).result(timeout=60)
-    assert fn.contexts[1] == FunctionSnapshotContext(checkpoint_id=3, timestamp=99)
+    assert fn.contexts[1] == FunctionSnapshotContext(checkpoint_id=3, timestamp_ms=99)
     storage.commit(CheckpointMetadata(checkpoint_id=3, job_id="t", timestamp_ms=99, max_parallelism=128,
                                       parallelism=1, keyed_handles=[], operator_handles=[handle], properties={}))
     again_store, again = OperatorStateStore(0, 1), RememberingFunction()
@@ -381,7 +385,7 @@ def test_remote_storage_restores_by_ranged_reads(memory_storage):
         store.get_broadcast_state(CONFIG).put("k", [1, 2])
         old.append(store)
     md = checkpoint(memory_storage, old, 1)
-    size = md.operator_handles[0]["size"]
+    size = md.operator_handles[0].size
     got = []
     for i in range(3):
         store = OperatorStateStore(i, 3)
@@ -397,7 +401,7 @@ def test_remote_corruption_is_detected(memory_storage):
 
     md = _old_job(memory_storage, [[(i, i) for i in range(50)]])
     fs = fsspec.filesystem("memory")
-    path = f"{memory_storage.location.removeprefix('memory://')}/{md.operator_handles[0]['file']}"
+    path = f"{memory_storage.location.removeprefix('memory://')}/{md.operator_handles[0].file}"
     data = bytearray(fs.cat_file(path))
     data[len(data) // 2] ^= 0x01
     fs.pipe_file(path, bytes(data))

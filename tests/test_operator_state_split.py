@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import mmap
 from collections import Counter
 
@@ -10,17 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from keygroups.checkpoint import OperatorStateHandle, plan_operator_restore, split_sizes
+from keygroups.checkpoint.metadata import OPERATOR_FORMAT_NAME, OPERATOR_FORMAT_VERSION, SERIALIZER_KEYS
+from keygroups.checkpoint.metadata import DistributionMode as Mode
+from keygroups.checkpoint.operator_format import HEADER_SIZE
 from keygroups.errors import CorruptSnapshotError
-from keygroups.state.operator import (
-    FORMAT_NAME,
-    FORMAT_VERSION,
-    HEADER_SIZE,
-    MODE_BROADCAST,
-    MODE_SPLIT_DISTRIBUTE,
-    MODE_UNION,
-    plan_operator_restore,
-    split_sizes,
-)
 from keygroups._native import splitter
 
 
@@ -126,17 +121,21 @@ def test_gather_of_arbitrary_cuts_reassembles_the_list(elements, data):
 # ---- planner ----------------------------------------------------------------------------------------------------
 
 
-def _handle(subtask: int, states: dict[str, tuple[str, int]], elem: int = 10) -> dict:
-    """A well-formed handle with fixed-size elements (planning never opens the file)."""
+def _json(subtask: int, states: dict[str, tuple[str, int]], elem: int = 10) -> dict:
+    """A well-formed handle's JSON with fixed-size elements (planning never opens the file)."""
     pos = HEADER_SIZE
     metas = {}
     for name, (mode, n) in states.items():
         offsets = [pos + i * elem for i in range(n)]
-        metas[name] = {"mode": mode, "serializer": {"id": "x"}, "offsets": offsets, "end": pos + n * elem,
-                       "blocks": [[i, 0] for i in range(0, n, 3)]}
+        metas[name] = {"mode": mode, **{key: {"id": "x"} for key in SERIALIZER_KEYS[Mode(mode)]},
+                       "offsets": offsets, "end": pos + n * elem, "blocks": [[i, 0] for i in range(0, n, 3)]}
         pos += n * elem
-    return {"format": FORMAT_NAME, "version": FORMAT_VERSION, "operator_id": "operator", "subtask": subtask,
-            "parallelism": 0, "file": f"chk-1/operator-{subtask}", "size": pos, "states": metas}
+    return {"format": OPERATOR_FORMAT_NAME, "version": OPERATOR_FORMAT_VERSION, "operator_id": "operator",
+            "subtask": subtask, "file": f"chk-1/operator-{subtask}", "size": pos, "states": metas}
+
+
+def _handle(subtask: int, states: dict[str, tuple[str, int]], elem: int = 10) -> OperatorStateHandle:
+    return OperatorStateHandle.from_json(_json(subtask, states, elem))
 
 
 def test_split_sizes_rotates_the_extra_elements_like_flink():
@@ -152,8 +151,8 @@ def test_split_sizes_rotates_the_extra_elements_like_flink():
 
 
 def test_plan_hands_out_contiguous_runs_in_rotation():
-    handles = [_handle(0, {"a": (MODE_SPLIT_DISTRIBUTE, 3), "b": (MODE_SPLIT_DISTRIBUTE, 2)}),
-               _handle(1, {"a": (MODE_SPLIT_DISTRIBUTE, 2), "b": (MODE_SPLIT_DISTRIBUTE, 3)})]
+    handles = [_handle(0, {"a": (Mode.SPLIT_DISTRIBUTE, 3), "b": (Mode.SPLIT_DISTRIBUTE, 2)}),
+               _handle(1, {"a": (Mode.SPLIT_DISTRIBUTE, 2), "b": (Mode.SPLIT_DISTRIBUTE, 3)})]
     plan = plan_operator_restore(handles, 3)
     got = {(i, r.state): [] for i in range(3) for r in plan[i]}
     for i, runs in enumerate(plan):
@@ -172,24 +171,26 @@ def test_plan_hands_out_contiguous_runs_in_rotation():
 
 
 def test_plan_gives_every_subtask_the_state_even_without_elements():
-    plan = plan_operator_restore([_handle(0, {"a": (MODE_SPLIT_DISTRIBUTE, 1), "u": (MODE_UNION, 0)})], 3)
+    plan = plan_operator_restore([_handle(0, {"a": (Mode.SPLIT_DISTRIBUTE, 1), "u": (Mode.UNION, 0)})], 3)
     for runs in plan:
         assert {r.state for r in runs} == {"a", "u"}
 
 
 def test_plan_refuses_handles_that_disagree_or_are_not_handles():
-    h0 = _handle(0, {"a": (MODE_SPLIT_DISTRIBUTE, 1)})
-    h1 = _handle(1, {"a": (MODE_UNION, 1)})
+    h0 = _handle(0, {"a": (Mode.SPLIT_DISTRIBUTE, 1)})
+    h1 = _handle(1, {"a": (Mode.UNION, 1)})
     with pytest.raises(CorruptSnapshotError, match="disagree"):
         plan_operator_restore([h0, h1], 2)
     with pytest.raises(CorruptSnapshotError, match="same subtask"):
-        plan_operator_restore([h0, dict(h0)], 2)
+        plan_operator_restore([h0, dataclasses.replace(h0)], 2)
     with pytest.raises(CorruptSnapshotError, match="not an operator state handle"):
-        plan_operator_restore([{"file": "x"}], 2)
-    bad = _handle(0, {"a": (MODE_SPLIT_DISTRIBUTE, 1)})
+        plan_operator_restore([OperatorStateHandle.from_json({"file": "x"})], 2)
+    bad = _json(0, {"a": (Mode.SPLIT_DISTRIBUTE, 1)})
     bad["states"]["a"]["mode"] = "SHUFFLE"
     with pytest.raises(CorruptSnapshotError, match="unknown mode"):
-        plan_operator_restore([bad], 2)
+        plan_operator_restore([OperatorStateHandle.from_json(bad)], 2)
+    with pytest.raises(TypeError, match="OperatorStateHandle"):
+        plan_operator_restore([_json(0, {"a": (Mode.SPLIT_DISTRIBUTE, 1)})], 2)
     with pytest.raises(ValueError, match="new_parallelism"):
         plan_operator_restore([h0], 0)
 
@@ -202,8 +203,8 @@ def test_plan_refuses_handles_that_disagree_or_are_not_handles():
 def test_plan_property_split_union_broadcast(sizes, new_p):
     """Split: every old element goes to exactly one new subtask, sizes differ by at most one. Union: all to all.
     Broadcast: each new subtask gets one whole old copy."""
-    handles = [_handle(i, {"s1": (MODE_SPLIT_DISTRIBUTE, s1), "s2": (MODE_SPLIT_DISTRIBUTE, s2),
-                           "u": (MODE_UNION, u), "b": (MODE_BROADCAST, 4)})
+    handles = [_handle(i, {"s1": (Mode.SPLIT_DISTRIBUTE, s1), "s2": (Mode.SPLIT_DISTRIBUTE, s2),
+                           "u": (Mode.UNION, u), "b": (Mode.BROADCAST, 4)})
                for i, (s1, s2, u) in enumerate(sizes)]
     plan = plan_operator_restore(handles, new_p)
     for name, column in (("s1", 0), ("s2", 1)):

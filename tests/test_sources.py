@@ -11,20 +11,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage
-from keygroups.errors import CorruptSnapshotError
+from keygroups.errors import CorruptLogError, CorruptSnapshotError
 from keygroups.sources import (
     HEADER_SIZE,
     OFFSETS_STATE_NAME,
-    CorruptLogError,
     PartitionedLogReader,
     PartitionedLogSource,
     PartitionedLogWriter,
     write_partitioned_log,
 )
 from keygroups.serializers import StrSerializer
-from keygroups.state import ListStateDescriptor
-from keygroups.state.functions import checkpoint_function, initialize_function
-from keygroups.state.operator import OperatorStateStore
+from keygroups.state import ListStateDescriptor, OperatorStateStore, checkpoint_function, initialize_function
 
 
 def records(partition: int, n: int, start: int = 0) -> list[dict]:

@@ -1,8 +1,21 @@
 """The exceptions keygroups raises, one small hierarchy.
 
 Bad arguments raise the built-in ``ValueError`` / ``TypeError`` (their messages name the value and what is allowed);
-everything about state, snapshots and checkpoints raises a ``KeyGroupsError`` subclass, so a caller can tell "my
-input was wrong" from "the stored state cannot be used".
+everything about state, snapshots, checkpoints and stored inputs raises a ``KeyGroupsError`` subclass, so a caller
+can tell "my input was wrong" from "the stored data cannot be used"::
+
+    KeyGroupsError
+    ├── StateMigrationError          a state cannot be read with what is registered now
+    ├── CorruptDataError             stored bytes are not what keygroups wrote (catch this for "any corruption")
+    │   └── CorruptSnapshotError     a snapshot file, a ``_metadata`` file or a state handle
+    │       └── CorruptLogError      a partition log of ``keygroups.sources``
+    ├── CheckpointNotFoundError      no such (complete) checkpoint or savepoint
+    ├── KeyGroupOutOfRangeError      a key given to a backend that does not own its key group
+    └── UnsafeDeserializationError   pickled data without the caller's opt-in
+
+``CorruptLogError`` sits under ``CorruptSnapshotError`` rather than beside it because the compiled frame scanner it
+shares with the snapshot readers raises ``CorruptSnapshotError``, and callers written before ``CorruptDataError``
+existed catch log corruption that way.
 """
 
 from __future__ import annotations
@@ -17,8 +30,18 @@ class StateMigrationError(KeyGroupsError):
     max parallelism, a state registered again as another kind)."""
 
 
-class CorruptSnapshotError(KeyGroupsError):
-    """A snapshot or metadata file is truncated, fails its checksum or is otherwise not what keygroups wrote."""
+class CorruptDataError(KeyGroupsError):
+    """Stored bytes (a snapshot, its metadata, a log) are truncated, fail a checksum or are otherwise not what
+    keygroups wrote."""
+
+
+class CorruptSnapshotError(CorruptDataError):
+    """A snapshot or metadata file, or a state handle, is truncated, fails its checksum or is otherwise not what
+    keygroups wrote."""
+
+
+class CorruptLogError(CorruptSnapshotError):
+    """A partition file is not a keygroups log, or a complete record fails its checksum."""
 
 
 class CheckpointNotFoundError(KeyGroupsError):
@@ -37,7 +60,9 @@ class UnsafeDeserializationError(KeyGroupsError):
 __all__ = [
     "KeyGroupsError",
     "StateMigrationError",
+    "CorruptDataError",
     "CorruptSnapshotError",
+    "CorruptLogError",
     "CheckpointNotFoundError",
     "KeyGroupOutOfRangeError",
     "UnsafeDeserializationError",

@@ -2,13 +2,18 @@
 
 * :class:`CheckpointStorage` — ``chk-<id>/`` directories under a local path or fsspec URL, the atomic
   ``_metadata`` commit, retention of the last N complete checkpoints, savepoints.
-* :class:`CheckpointMetadata`, :class:`KeyedStateHandle` — what a complete checkpoint holds.
+* :class:`CheckpointMetadata`, :class:`KeyedStateHandle`, :class:`OperatorStateHandle` (with
+  :class:`OperatorStateMeta` per state and its :class:`DistributionMode`) — what a complete checkpoint holds.
 * :class:`KeyedSnapshotWriter`, :func:`read_key_groups` — the keyed snapshot file: one checksummed block per key
   group and an offset index, read back lazily (memoryview slices, or bytes with ``copy=True``) with one ranged read
   per old file; :func:`read_key_group_offsets` gives int64 offset arrays for bulk decoding instead, and
   :class:`Packed` lets the writer take ``serialize_many`` output as is. :func:`write_keyed_snapshot` is the one-call
   writer, :func:`open_snapshot` the standalone whole-file reader (tools, checks).
-* :func:`plan_keyed_restore` — which old files and key groups a subtask of a new parallelism reads.
+* :func:`write_operator_snapshot`, :func:`read_operator_runs` — the operator state file (``operator_format``):
+  elements back to back, indexed and checksummed by its handle, read as validated slices without decoding.
+* :func:`plan_keyed_restore` — which old files and key groups a subtask of a new parallelism reads;
+  :func:`plan_operator_restore` — which runs of old operator state elements it reads (Flink's round-robin
+  repartitioner).
 
 This layer stores opaque bytes and JSON; it never imports ``keygroups.state`` or pyspark.
 """
@@ -23,14 +28,38 @@ from keygroups.checkpoint.format import (
     read_key_groups,
     write_keyed_snapshot,
 )
-from keygroups.checkpoint.metadata import METADATA_VERSION, CheckpointMetadata, KeyedStateHandle
-from keygroups.checkpoint.planning import check_restore_max_parallelism, plan_keyed_restore
+from keygroups.checkpoint.metadata import (
+    METADATA_VERSION,
+    OPERATOR_FORMAT_VERSION,
+    CheckpointMetadata,
+    DistributionMode,
+    KeyedStateHandle,
+    OperatorStateHandle,
+    OperatorStateMeta,
+)
+from keygroups.checkpoint.operator_format import (
+    OperatorRestoreStats,
+    RestoredList,
+    SerializedState,
+    read_operator_runs,
+    write_operator_snapshot,
+)
+from keygroups.checkpoint.planning import (
+    ElementRun,
+    check_restore_max_parallelism,
+    plan_keyed_restore,
+    plan_operator_restore,
+    split_sizes,
+)
 from keygroups.checkpoint.storage import CheckpointStorage
 
 __all__ = [
     "CheckpointStorage",
     "CheckpointMetadata",
     "KeyedStateHandle",
+    "OperatorStateHandle",
+    "OperatorStateMeta",
+    "DistributionMode",
     "KeyedSnapshotWriter",
     "Packed",
     "read_key_groups",
@@ -40,6 +69,15 @@ __all__ = [
     "SnapshotFile",
     "plan_keyed_restore",
     "check_restore_max_parallelism",
+    "plan_operator_restore",
+    "split_sizes",
+    "ElementRun",
+    "write_operator_snapshot",
+    "SerializedState",
+    "read_operator_runs",
+    "RestoredList",
+    "OperatorRestoreStats",
     "FORMAT_VERSION",
+    "OPERATOR_FORMAT_VERSION",
     "METADATA_VERSION",
 ]

@@ -1,10 +1,13 @@
-"""Checkpoint metadata and keyed state handles, and the versioned ``_metadata`` file that holds them.
+"""Checkpoint metadata, the keyed and operator state handles, and the versioned ``_metadata`` file that holds them.
 
 ``_metadata`` layout (little-endian): magic ``b"\\x89KGM"`` | u32 format version | u32 body length | body (UTF-8 JSON)
 | u32 CRC32C of everything before it. Anything else (a flipped byte, a truncation, an unknown version, a body that is
 not the expected JSON shape) is a :class:`~keygroups.errors.CorruptSnapshotError`.
 
-Paths: in memory, every state file (``KeyedStateHandle.file``, an operator handle's ``"file"``) is relative to the
+Handles are dataclasses validated once, when built (``__post_init__``): a handle read from JSON with
+``from_json`` is either valid or a CorruptSnapshotError naming the bad field, so no reader checks fields again.
+
+Paths: in memory, every state file (``KeyedStateHandle.file``, ``OperatorStateHandle.file``) is relative to the
 storage location, e.g. ``"chk-17/keyed-0-<uuid>"``, so ``storage.read_bytes(handle.file)`` works without more
 context. In the ``_metadata`` file they are stored relative to the directory holding that ``_metadata`` (the
 checkpoint or savepoint directory), so a checkpoint or savepoint directory is self-contained and can be moved.
@@ -12,6 +15,8 @@ checkpoint or savepoint directory), so a checkpoint or savepoint directory is se
 
 from __future__ import annotations
 
+import enum
+import functools
 import json
 import struct
 from dataclasses import dataclass, field
@@ -25,6 +30,12 @@ from keygroups.errors import CorruptSnapshotError
 METADATA_MAGIC = b"\x89KGM"
 METADATA_VERSION = 1
 _PREFIX = struct.Struct("<4sII")
+
+#: The file format an operator handle describes; its JSON carries both, and its file header the version.
+OPERATOR_FORMAT_NAME = "keygroups-operator-state"
+OPERATOR_FORMAT_VERSION = 1
+#: The operator id of a handle whose JSON names none.
+DEFAULT_OPERATOR_ID = "operator"
 
 
 def _is_int(value: Any) -> bool:
@@ -108,6 +119,186 @@ class KeyedStateHandle:
             raise CorruptSnapshotError(f"not a valid keyed state handle ({e}): {str(d)[:200]}") from e
 
 
+def keyed_handles_by_range(handles: list[KeyedStateHandle]) -> list[KeyedStateHandle]:
+    """The handles that hold key groups, ordered by their first key group. ValueError naming the first two whose
+    ranges overlap: each key group belongs to exactly one subtask."""
+    ranged = sorted((h for h in handles if h.key_group_range), key=lambda h: h.key_group_range.start)
+    for a, b in zip(ranged, ranged[1:]):
+        if a.key_group_range.end >= b.key_group_range.start:
+            raise ValueError(f"keyed handles overlap: subtask {a.subtask} {a.key_group_range} and subtask "
+                             f"{b.subtask} {b.key_group_range}; each key group belongs to one subtask")
+    return ranged
+
+
+class DistributionMode(enum.StrEnum):
+    """How an operator state's elements are redistributed when the parallelism changes (Flink's
+    ``OperatorStateHandle.Mode``). The values are what handles store in JSON."""
+
+    #: The old lists, concatenated, are split evenly over the new subtasks (``get_list_state``).
+    SPLIT_DISTRIBUTE = "SPLIT_DISTRIBUTE"
+    #: Every new subtask gets every old element (``get_union_list_state``).
+    UNION = "UNION"
+    #: Every subtask holds the same map; each new subtask gets one old copy (``get_broadcast_state``).
+    BROADCAST = "BROADCAST"
+
+
+#: The serializer snapshots an operator state of each mode keeps, by JSON key.
+SERIALIZER_KEYS: dict[DistributionMode, tuple[str, ...]] = {
+    DistributionMode.SPLIT_DISTRIBUTE: ("serializer",),
+    DistributionMode.UNION: ("serializer",),
+    DistributionMode.BROADCAST: ("key_serializer", "value_serializer"),
+}
+
+
+@dataclass
+class OperatorStateMeta:
+    """One state in an operator handle (Flink's ``StateMetaInfo``, plus serializers and checksums).
+
+    ``offsets[i]`` is the absolute byte offset of element ``i`` in the handle's file and ``end`` the end of the last
+    one. ``blocks`` are ``(first element, CRC32C)`` of consecutive checksum blocks of whole elements: block ``b``
+    covers elements ``[blocks[b][0], blocks[b + 1][0])`` (the last one up to ``end``), so a reader of a few elements
+    verifies only the blocks holding them. ``serializers`` maps :data:`SERIALIZER_KEYS` of ``mode`` to serializer
+    snapshots (JSON). Validated as part of its :class:`OperatorStateHandle`.
+    """
+
+    mode: DistributionMode
+    serializers: dict[str, dict[str, Any]]
+    offsets: list[int]
+    end: int
+    blocks: list[tuple[int, int]]
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def bound(self, i: int) -> int:
+        """Byte offset where element ``i`` starts (``len(self)`` -> ``end``)."""
+        return self.offsets[i] if i < len(self.offsets) else self.end
+
+    @functools.cached_property
+    def block_starts(self) -> list[int]:
+        """The first element of each checksum block (ascending, from 0); computed once, as handles are not changed
+        after they are built."""
+        return [first for first, _ in self.blocks]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"mode": self.mode.value, **self.serializers, "offsets": list(self.offsets), "end": self.end,
+                "blocks": [[first, crc] for first, crc in self.blocks]}
+
+    @classmethod
+    def _from_json(cls, d: Any, where: str) -> OperatorStateMeta:
+        if not isinstance(d, dict):
+            raise TypeError(f"{where} must be a JSON object, got {type(d).__name__}")
+        value: Any = d.get("mode")
+        try:
+            mode = DistributionMode(value)
+        except ValueError:
+            raise ValueError(f"{where}.mode: unknown mode {value!r}; known: "
+                             f"{', '.join(m.value for m in DistributionMode)}") from None
+        missing = [k for k in (*SERIALIZER_KEYS[mode], "offsets", "end", "blocks") if k not in d]
+        if missing:
+            raise ValueError(f"{where} lacks {', '.join(missing)}")
+        blocks = d["blocks"]
+        if not isinstance(blocks, list) or not all(isinstance(b, list) and len(b) == 2 for b in blocks):
+            raise TypeError(f"{where}.blocks must be a list of [first element, CRC32C] pairs, got {str(blocks)[:100]}")
+        return cls(mode=mode, serializers={k: d[k] for k in SERIALIZER_KEYS[mode]}, offsets=d["offsets"],
+                   end=d["end"], blocks=[(first, crc) for first, crc in blocks])
+
+
+def _check_operator_state(where: str, meta: Any, size: int) -> None:
+    """ValueError/TypeError naming the first field of ``meta`` that a state of a ``size``-byte file cannot have."""
+    if not isinstance(meta, OperatorStateMeta):
+        raise TypeError(f"{where} must be an OperatorStateMeta, got {type(meta).__name__}")
+    if not isinstance(meta.mode, DistributionMode):
+        raise TypeError(f"{where}.mode must be a DistributionMode, got {meta.mode!r}")
+    roles = SERIALIZER_KEYS[meta.mode]
+    if not isinstance(meta.serializers, dict) or sorted(meta.serializers) != sorted(roles) \
+            or not all(isinstance(v, dict) for v in meta.serializers.values()):
+        raise TypeError(f"{where}.serializers must map {', '.join(roles)} (a {meta.mode} state's serializers) to "
+                        f"serializer snapshots (JSON objects), got {str(meta.serializers)[:100]}")
+    if not _is_int(meta.end) or not 0 <= meta.end <= size:
+        raise ValueError(f"{where}.end = {meta.end!r} must be an int in [0, size={size}]")
+    offsets = meta.offsets
+    # one pass each in C: offsets lists hold one entry per element and can be long
+    if not isinstance(offsets, list) or not set(map(type, offsets)) <= {int}:
+        raise TypeError(f"{where}.offsets must be a list of ints (one per element)")
+    if offsets and not 0 <= min(offsets) <= max(offsets) <= meta.end:
+        raise ValueError(f"{where}.offsets must lie in [0, end={meta.end}], got {min(offsets)}..{max(offsets)}")
+    if not isinstance(meta.blocks, list):
+        raise TypeError(f"{where}.blocks must be a list of (first element, CRC32C) pairs")
+    prev = -1
+    for b, block in enumerate(meta.blocks):
+        first, crc = block if isinstance(block, tuple) and len(block) == 2 else (None, None)
+        if not _is_int(first) or not prev < first < len(offsets) or not _is_int(crc) or not 0 <= crc < 1 << 32:
+            raise ValueError(f"{where}.blocks[{b}] = {block!r} must be (first element in ({prev}, {len(offsets)}), "
+                             f"CRC32C as u32): blocks ascend over the elements")
+        prev = first
+    if offsets and (not meta.blocks or meta.blocks[0][0] != 0):
+        raise ValueError(f"{where}.blocks must start at element 0, got "
+                         f"{meta.blocks[0][0] if meta.blocks else 'no blocks'}")
+
+
+@dataclass
+class OperatorStateHandle:
+    """Where one subtask's operator state file lives and what each of its states holds (Flink's
+    ``OperatorStateHandle``): ``states`` maps a state name to its :class:`OperatorStateMeta`. ``operator_id`` tells
+    apart the operators whose handles share one checkpoint.
+
+    In JSON (:meth:`to_json`) the handle also names its file format and version, which :meth:`from_json` checks.
+    """
+
+    file: str
+    subtask: int
+    size: int
+    operator_id: str
+    states: dict[str, OperatorStateMeta]
+
+    def __post_init__(self) -> None:
+        check_relpath(self.file, "OperatorStateHandle.file")
+        if not _is_int(self.subtask) or self.subtask < 0:
+            raise ValueError(f"OperatorStateHandle.subtask must be an int >= 0, got {self.subtask!r}")
+        if not _is_int(self.size) or self.size < 0:
+            raise ValueError(f"OperatorStateHandle.size must be an int >= 0, got {self.size!r}")
+        if not isinstance(self.operator_id, str) or not self.operator_id:
+            raise ValueError(f"OperatorStateHandle.operator_id must be a non-empty str, got {self.operator_id!r}")
+        if not isinstance(self.states, dict):
+            raise TypeError(f"OperatorStateHandle.states must be a dict of state name -> OperatorStateMeta, got "
+                            f"{type(self.states).__name__}")
+        for name, meta in self.states.items():
+            if not isinstance(name, str):
+                raise TypeError(f"OperatorStateHandle.states keys must be state names (str), got {name!r}")
+            _check_operator_state(f"OperatorStateHandle.states[{name!r}]", meta, self.size)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"format": OPERATOR_FORMAT_NAME, "version": OPERATOR_FORMAT_VERSION, "operator_id": self.operator_id,
+                "subtask": self.subtask, "file": self.file, "size": self.size,
+                "states": {name: meta.to_json() for name, meta in self.states.items()}}
+
+    @classmethod
+    def from_json(cls, d: Any) -> OperatorStateHandle:
+        """The handle back from :meth:`to_json` (also from handles written before this class existed, which carry
+        ``checkpoint_id`` and ``parallelism`` as well); CorruptSnapshotError naming the field if ``d`` is not one."""
+        if not isinstance(d, dict) or d.get("format") != OPERATOR_FORMAT_NAME:
+            raise CorruptSnapshotError(f"not an operator state handle (format {OPERATOR_FORMAT_NAME!r} expected): "
+                                       f"{str(d)[:200]}")
+        version: Any = d.get("version")
+        if not _is_int(version) or not 1 <= version <= OPERATOR_FORMAT_VERSION:
+            raise CorruptSnapshotError(f"operator state handle version {version!r} is not one this library reads "
+                                       f"(1..{OPERATOR_FORMAT_VERSION}); a newer keygroups wrote it, or it is corrupt")
+        try:
+            states = d["states"]
+            if not isinstance(states, dict):
+                raise TypeError(f"OperatorStateHandle.states must be a JSON object, got {type(states).__name__}")
+            return cls(file=d["file"], subtask=d["subtask"], size=d["size"],
+                       operator_id=d.get("operator_id", DEFAULT_OPERATOR_ID),
+                       states={name: OperatorStateMeta._from_json(meta, f"OperatorStateHandle.states[{name!r}]")
+                               for name, meta in states.items()})
+        except KeyError as e:
+            raise CorruptSnapshotError(f"not a valid operator state handle (no {e.args[0]!r} field): "
+                                       f"{str(d)[:200]}") from None
+        except (TypeError, ValueError) as e:
+            raise CorruptSnapshotError(f"not a valid operator state handle ({e}): {str(d)[:200]}") from None
+
+
 @dataclass
 class CheckpointMetadata:
     """Everything a complete checkpoint (or savepoint) holds: the job, its parallelism, the state handles.
@@ -122,7 +313,7 @@ class CheckpointMetadata:
     max_parallelism: int
     parallelism: int
     keyed_handles: list[KeyedStateHandle] = field(default_factory=list)
-    operator_handles: list[dict[str, Any]] = field(default_factory=list)
+    operator_handles: list[OperatorStateHandle] = field(default_factory=list)
     properties: dict[str, Any] = field(default_factory=dict)
     base: str = field(default="", compare=False)
 
@@ -146,21 +337,17 @@ class CheckpointMetadata:
             if h.subtask >= self.parallelism:
                 raise ValueError(f"a keyed handle of subtask {h.subtask} in a checkpoint of parallelism "
                                  f"{self.parallelism} (subtasks are 0..{self.parallelism - 1})")
-        ranged = sorted((h for h in self.keyed_handles if h.key_group_range), key=lambda h: h.key_group_range.start)
-        for a, b in zip(ranged, ranged[1:]):
-            if a.key_group_range.end >= b.key_group_range.start:
-                raise ValueError(f"keyed handles overlap: subtask {a.subtask} {a.key_group_range} and subtask "
-                                 f"{b.subtask} {b.key_group_range}; each key group belongs to one subtask")
+        keyed_handles_by_range(self.keyed_handles)
         for oh in self.operator_handles:
-            if not isinstance(oh, dict) or "file" not in oh:
-                raise TypeError(f"operator_handles must be JSON dicts with a 'file' entry, got {str(oh)[:100]}")
-            check_relpath(oh["file"], "an operator handle's 'file'")
+            if not isinstance(oh, OperatorStateHandle):
+                raise TypeError(f"operator_handles must hold OperatorStateHandle objects (OperatorStateHandle."
+                                f"from_json reads one from JSON), got {type(oh).__name__}")
         if not isinstance(self.properties, dict):
             raise TypeError(f"properties must be a JSON dict, got {type(self.properties).__name__}")
 
     def files(self) -> list[str]:
         """Every state file this checkpoint references (storage-relative)."""
-        return [h.file for h in self.keyed_handles] + [h["file"] for h in self.operator_handles]
+        return [h.file for h in self.keyed_handles] + [h.file for h in self.operator_handles]
 
 
 def _strip_base(relpath: str, base: str) -> str:
@@ -181,7 +368,7 @@ def encode_metadata(metadata: CheckpointMetadata, base: str) -> bytes:
         "max_parallelism": metadata.max_parallelism,
         "parallelism": metadata.parallelism,
         "keyed_handles": [dict(h.to_json(), file=_strip_base(h.file, base)) for h in metadata.keyed_handles],
-        "operator_handles": [dict(h, file=_strip_base(h["file"], base)) for h in metadata.operator_handles],
+        "operator_handles": [dict(h.to_json(), file=_strip_base(h.file, base)) for h in metadata.operator_handles],
         "properties": metadata.properties,
     }
     try:
@@ -216,7 +403,8 @@ def decode_metadata(data: bytes, base: str, where: str) -> CheckpointMetadata:
         for h in body["keyed_handles"]:
             handle = KeyedStateHandle.from_json(dict(h, file=f"{base}/{check_relpath(h['file'])}"))
             keyed.append(handle)
-        operator = [dict(h, file=f"{base}/{check_relpath(h['file'])}") for h in body["operator_handles"]]
+        operator = [OperatorStateHandle.from_json(dict(h, file=f"{base}/{check_relpath(h['file'])}"))
+                    for h in body["operator_handles"]]
         md = CheckpointMetadata(
             checkpoint_id=body["checkpoint_id"], job_id=body["job_id"], timestamp_ms=body["timestamp_ms"],
             max_parallelism=body["max_parallelism"], parallelism=body["parallelism"], keyed_handles=keyed,

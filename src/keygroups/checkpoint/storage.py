@@ -27,6 +27,7 @@ still be in progress.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import logging
 import mmap
@@ -80,6 +81,19 @@ def _check_id(checkpoint_id: Any) -> int:
     if isinstance(checkpoint_id, bool) or not isinstance(checkpoint_id, int) or checkpoint_id < 0:
         raise ValueError(f"checkpoint_id must be an int >= 0, got {checkpoint_id!r}")
     return checkpoint_id
+
+
+@contextlib.contextmanager
+def _tmp_name(fs: _LocalFS | _FsspecFS, rel: str) -> Iterator[str]:
+    """A fresh temporary name beside ``rel`` (retention knows it by ``_TMP_MARKER``), removed again if the block
+    fails: how both filesystems write a file atomically (write the temporary, then move it onto ``rel``)."""
+    parent, name = posixpath.split(rel)
+    tmp = posixpath.join(parent, f"{name}{_TMP_MARKER}{uuid.uuid4().hex}")
+    try:
+        yield tmp
+    except BaseException:
+        fs.remove(tmp)
+        raise
 
 
 class _SyncOnClose(io.BufferedWriter):
@@ -157,18 +171,13 @@ class _LocalFS:
             os.close(fd)
 
     def write_atomic(self, rel: str, data: bytes) -> None:
-        parent, name = posixpath.split(rel)
-        tmp = posixpath.join(parent, f"{name}{_TMP_MARKER}{uuid.uuid4().hex}")
-        try:
+        with _tmp_name(self, rel) as tmp:
             with open(self.path(tmp), "wb") as f:
                 f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(self.path(tmp), self.path(rel))
-        except BaseException:
-            self.remove(tmp)
-            raise
-        self.sync_dir(parent)
+        self.sync_dir(posixpath.dirname(rel))
 
     def copy(self, src: str, dst: str) -> None:
         with open(self.path(src), "rb") as fin, self.open_write(dst) as fout:
@@ -228,14 +237,9 @@ class _FsspecFS:
         pass  # nothing to sync: object stores and fsspec filesystems have no directory entries to make durable
 
     def write_atomic(self, rel: str, data: bytes) -> None:
-        parent, name = posixpath.split(rel)
-        tmp = posixpath.join(parent, f"{name}{_TMP_MARKER}{uuid.uuid4().hex}")
-        try:
+        with _tmp_name(self, rel) as tmp:
             self.fs.pipe_file(self.path(tmp), data)
             self.fs.mv(self.path(tmp), self.path(rel))
-        except BaseException:
-            self.remove(tmp)
-            raise
 
     def copy(self, src: str, dst: str) -> None:
         self.fs.cp_file(self.path(src), self.path(dst))
@@ -404,9 +408,9 @@ class CheckpointStorage:
                 raise ValueError(f"keyed state file {h.file!r} (subtask {h.subtask}) is {size} bytes but its handle "
                                  f"says {h.size}: the file was not completely written (closed?)")
         for oh in metadata.operator_handles:
-            if not self._fs.exists(oh["file"]):
+            if not self._fs.exists(oh.file):
                 raise ValueError(f"checkpoint {metadata.checkpoint_id} references operator state file "
-                                 f"{oh['file']!r}, which does not exist in {self.location}")
+                                 f"{oh.file!r}, which does not exist in {self.location}")
 
     def _prune(self, latest: int) -> None:
         dirs = self._chk_dirs()
@@ -461,7 +465,7 @@ class CheckpointStorage:
             max_parallelism=md.max_parallelism, parallelism=md.parallelism,
             keyed_handles=[KeyedStateHandle(renamed[h.file], h.subtask, h.key_group_range, list(h.offsets), h.size,
                                             h.states) for h in md.keyed_handles],
-            operator_handles=[dict(h, file=renamed[h["file"]]) for h in md.operator_handles],
+            operator_handles=[dataclasses.replace(h, file=renamed[h.file]) for h in md.operator_handles],
             properties=dict(md.properties), base=base)
         self._fs.sync_dir(base)
         self._fs.write_atomic(f"{base}/{METADATA_NAME}", encode_metadata(copy, base))

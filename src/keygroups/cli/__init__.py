@@ -30,7 +30,7 @@ def _inspect(args: argparse.Namespace) -> int:
         print(json.dumps({"checkpoint_id": metadata.checkpoint_id, "job_id": metadata.job_id,
                           "max_parallelism": metadata.max_parallelism, "parallelism": metadata.parallelism,
                           "keyed_handles": [h.to_json() for h in metadata.keyed_handles],
-                          "operator_handles": metadata.operator_handles}, indent=2))
+                          "operator_handles": [h.to_json() for h in metadata.operator_handles]}, indent=2))
         return 0
     print(f"checkpoint {metadata.checkpoint_id} of job {metadata.job_id!r}: parallelism {metadata.parallelism}, "
           f"max parallelism {metadata.max_parallelism}; complete checkpoints: {storage.checkpoint_ids()}")
@@ -39,10 +39,9 @@ def _inspect(args: argparse.Namespace) -> int:
     for h in metadata.keyed_handles:
         print(f"  subtask {h.subtask}: key groups {h.key_group_range.start}-{h.key_group_range.end}, {h.size:,} bytes"
               f" in {h.file}")
-    for h in metadata.operator_handles:
-        names = ", ".join(f"{name} ({meta.get('mode', '?')}, {len(meta.get('offsets', []))} elements)"
-                          for name, meta in sorted(h.get("states", {}).items()))
-        print(f"  operator state of subtask {h.get('subtask')}: {h.get('size', 0):,} bytes: {names}")
+    for oh in metadata.operator_handles:
+        names = ", ".join(f"{name} ({meta.mode}, {len(meta)} elements)" for name, meta in sorted(oh.states.items()))
+        print(f"  operator state of subtask {oh.subtask}: {oh.size:,} bytes: {names}")
     return 0
 
 
@@ -62,9 +61,8 @@ def _plan(args: argparse.Namespace) -> int:
         reads = []
         nbytes = 0
         for handle, part in plan_keyed_restore(metadata, own, max_parallelism=mp):
-            lo = part.start - handle.key_group_range.start
-            hi = part.end - handle.key_group_range.start + 1
-            size = handle.offsets[hi] - handle.offsets[lo]
+            start, end = handle.byte_range(part)
+            size = end - start
             nbytes += size
             reads.append(f"old subtask {handle.subtask} groups {part.start}-{part.end} ({size:,} B)")
         print(f"  new subtask {i} (key groups {own.start}-{own.end}): reads {nbytes:,} bytes, "

@@ -6,7 +6,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from keygroups.checkpoint import CheckpointMetadata, KeyedStateHandle
+from keygroups.checkpoint import CheckpointMetadata, KeyedStateHandle, OperatorStateHandle
 from keygroups.errors import KeyGroupsError
 
 
@@ -43,7 +43,8 @@ def checkpoint_metadata(
         max_parallelism=max_parallelism,
         parallelism=parallelism,
         keyed_handles=[KeyedStateHandle.from_json(r["keyed_handle"]) for r in keyed if r.get("keyed_handle")],
-        operator_handles=[r["operator_handle"] for r in sources if r.get("operator_handle")],
+        operator_handles=[OperatorStateHandle.from_json(r["operator_handle"]) for r in sources
+                          if r.get("operator_handle")],
         properties={
             **(properties or {}),
             "outputs": [r["output_file"] for r in keyed],

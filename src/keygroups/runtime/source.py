@@ -18,8 +18,7 @@ import pyarrow.parquet as pq
 
 from keygroups.checkpoint import CheckpointStorage
 from keygroups.sources import PartitionedLogReader, PartitionedLogSource
-from keygroups.state.functions import checkpoint_function, initialize_function
-from keygroups.state.operator import OperatorStateStore
+from keygroups.state import OperatorStateStore, checkpoint_function, initialize_function
 
 
 @dataclass(frozen=True)
@@ -44,7 +43,7 @@ def run_source_subtask(spec: SourceTaskSpec, subtask_index: int) -> dict[str, An
     restored_bytes = 0
     if spec.restore_from is not None:
         stats = store.restore(storage, storage.load(spec.restore_from))
-        restored_bytes = int(getattr(stats, "bytes_read", 0))
+        restored_bytes = stats.bytes_read
     reader = PartitionedLogReader(PartitionedLogSource(spec.log_directory))
     initialize_function(reader, store)
     table = reader.poll_arrow(spec.max_records, schema=spec.record_schema)
@@ -58,7 +57,7 @@ def run_source_subtask(spec: SourceTaskSpec, subtask_index: int) -> dict[str, An
     handle = checkpoint_function(reader, store, spec.checkpoint_id, int(time.time() * 1000), storage).result()
     return {
         "subtask": subtask_index,
-        "operator_handle": handle,
+        "operator_handle": handle.to_json(),
         "input_file": input_file,
         "records": table.num_rows,
         "partitions": reader.partitions,

@@ -6,7 +6,6 @@ Layer: above ``keygroups.state`` (the reader keeps its offsets in an operator st
 
 from keygroups.sources.log import (
     HEADER_SIZE,
-    CorruptLogError,
     LogSlice,
     PartitionedLogSource,
     PartitionedLogWriter,
@@ -16,7 +15,6 @@ from keygroups.sources.log import (
 from keygroups.sources.reader import OFFSETS_STATE_NAME, PartitionedLogReader
 
 __all__ = [
-    "CorruptLogError",
     "LogSlice",
     "PartitionedLogSource",
     "PartitionedLogWriter",

@@ -11,10 +11,10 @@ File ``partition-<p:05d>.kglog``::
 
 All integers little-endian. The first record starts at offset 16. A record whose frame is incomplete at the end of
 the file is not there yet (a writer may be appending, or crashed mid-record: the next writer cuts it off); a
-complete frame with a bad checksum raises :class:`CorruptLogError`. Payloads are compact JSON objects, which never
-contain a raw newline: the compiled frame scanner (``keygroups._native.splitter.scan_frames``) verifies a range of
-records and hands their payloads back as one newline-delimited JSON buffer, which Arrow's JSON reader parses
-directly and ``json`` decodes in one call.
+complete frame with a bad checksum raises :class:`~keygroups.errors.CorruptLogError`. Payloads are compact JSON
+objects, which never contain a raw newline: the compiled frame scanner (``keygroups._native.splitter.scan_frames``)
+verifies a range of records and hands their payloads back as one newline-delimited JSON buffer, which Arrow's JSON
+reader parses directly and ``json`` decodes in one call.
 """
 
 from __future__ import annotations
@@ -32,10 +32,9 @@ import crc32c
 import numpy as np
 
 from keygroups._native import splitter
-from keygroups.errors import CorruptSnapshotError
+from keygroups.errors import CorruptLogError, CorruptSnapshotError
 
 __all__ = [
-    "CorruptLogError",
     "LogSlice",
     "PartitionedLogSource",
     "PartitionedLogWriter",
@@ -53,10 +52,6 @@ HEADER_SIZE = _HEADER.size           # also the offset of a partition's first re
 FRAME_SIZE = 8                       # u32 CRC32C | u32 length
 MAX_RECORD_BYTES = 64 * 1024 * 1024  # a length above this is corruption, not a record
 _NAME = re.compile(r"^partition-(\d{5,})\.kglog$")
-
-
-class CorruptLogError(CorruptSnapshotError):
-    """A partition file is not a keygroups log, or a complete record fails its checksum."""
 
 
 def partition_path(directory: str | os.PathLike, partition: int) -> str:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from keygroups.sources.log import HEADER_SIZE, LogSlice, PartitionedLogSource
-from keygroups.state.functions import (
+from keygroups.state.checkpointed import (
     CheckpointedFunction,
     FunctionInitializationContext,
     FunctionSnapshotContext,
@@ -24,8 +24,8 @@ OFFSETS_STATE_NAME = "partitioned-log-offsets"
 
 
 class PartitionedLogReader(CheckpointedFunction):
-    """The source function of one subtask. Drive it with :func:`keygroups.state.functions.initialize_function` /
-    :func:`~keygroups.state.functions.checkpoint_function`, and call :meth:`poll` for each micro-batch.
+    """The source function of one subtask. Drive it with :func:`keygroups.state.initialize_function` /
+    :func:`~keygroups.state.checkpoint_function`, and call :meth:`poll` for each micro-batch.
 
     On a fresh start subtask ``i`` of ``p`` owns the partitions ``q`` with ``q % p == i``, from their first record.
     Partitions created after the first start are not picked up (a split-distribute state cannot tell which ones

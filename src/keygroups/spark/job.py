@@ -92,7 +92,7 @@ class BatchResult:
     def checkpoint_bytes(self) -> int:
         """Bytes of keyed and operator state this checkpoint wrote."""
         keyed = sum(h.size for h in self.metadata.keyed_handles)
-        return keyed + sum(int(h.get("size", 0)) for h in self.metadata.operator_handles)
+        return keyed + sum(h.size for h in self.metadata.operator_handles)
 
 
 class KeyedJob:

@@ -1,11 +1,22 @@
-"""Keyed state: descriptors, the five state types, TTL, and the heap and RocksDB keyed state backends.
+"""Keyed state: descriptors, the five state types, TTL, and the heap and RocksDB keyed state backends; operator
+state: the store, its list and broadcast states, and checkpointed functions (FLIP-8).
 
 Names follow Flink's in Python casing (``ValueStateDescriptor``, ``get_state``, ``StateTtlConfig``), so that a Flink
 user finds them. Backends snapshot into ``keygroups.checkpoint``'s keyed file format and restore from it at any
 parallelism.
 """
 
+from keygroups.checkpoint import DistributionMode
 from keygroups.state._base import VOID_NAMESPACE, RestoreStats, SnapshotFuture
+from keygroups.state.checkpointed import (
+    CheckpointedFunction,
+    FunctionInitializationContext,
+    FunctionSnapshotContext,
+    ListCheckpointed,
+    checkpoint_function,
+    initialize_function,
+    snapshot_function,
+)
 from keygroups.state.descriptors import (
     AggregateFunction,
     AggregatingStateDescriptor,
@@ -17,6 +28,7 @@ from keygroups.state.descriptors import (
     ValueStateDescriptor,
 )
 from keygroups.state.heap import HeapKeyedStateBackend
+from keygroups.state.operator import BroadcastState, OperatorListState, OperatorStateStore
 from keygroups.state.states import AggregatingState, ListState, MapState, ReducingState, State, ValueState
 from keygroups.state.ttl import StateTtlConfig, StateVisibility, TtlTimeCharacteristic, UpdateType
 
@@ -53,4 +65,15 @@ __all__ = [
     "RestoreStats",
     "SnapshotFuture",
     "VOID_NAMESPACE",
+    "OperatorStateStore",
+    "OperatorListState",
+    "BroadcastState",
+    "DistributionMode",
+    "CheckpointedFunction",
+    "ListCheckpointed",
+    "FunctionInitializationContext",
+    "FunctionSnapshotContext",
+    "initialize_function",
+    "snapshot_function",
+    "checkpoint_function",
 ]

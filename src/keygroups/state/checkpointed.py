@@ -10,15 +10,13 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from keygroups.checkpoint import CheckpointStorage
+from keygroups.serializers import TypeSerializer, ValueSerializer
+from keygroups.state._base import SnapshotFuture
+from keygroups.state.descriptors import ListStateDescriptor
 from keygroups.state.operator import OperatorStateStore
-
-if TYPE_CHECKING:
-    from concurrent.futures import Future
-
-    from keygroups.checkpoint import CheckpointStorage
-    from keygroups.serializers import TypeSerializer
 
 __all__ = [
     "FunctionSnapshotContext",
@@ -37,10 +35,11 @@ LIST_CHECKPOINTED_STATE_NAME = "_default_"
 
 @dataclass(frozen=True)
 class FunctionSnapshotContext:
-    """What a function knows when asked for its state: the checkpoint's id and timestamp (ms since the epoch)."""
+    """What a function knows when asked for its state: the checkpoint's id and its timestamp in milliseconds since
+    the epoch (the name ``CheckpointMetadata.timestamp_ms`` uses)."""
 
     checkpoint_id: int
-    timestamp: int
+    timestamp_ms: int
 
 
 @dataclass(frozen=True)
@@ -75,7 +74,7 @@ class ListCheckpointed(abc.ABC):
     """
 
     @abc.abstractmethod
-    def snapshot_state(self, checkpoint_id: int, timestamp: int) -> list:
+    def snapshot_state(self, checkpoint_id: int, timestamp_ms: int) -> list:
         """The elements to checkpoint."""
 
     @abc.abstractmethod
@@ -83,8 +82,6 @@ class ListCheckpointed(abc.ABC):
         """Called on restore only, with this subtask's share of the elements (possibly empty)."""
 
     def state_serializer(self) -> TypeSerializer:
-        from keygroups.serializers import ValueSerializer
-
         return ValueSerializer()
 
 
@@ -98,8 +95,6 @@ def _kind(function: Any) -> str | None:
 
 
 def _list_state(function: ListCheckpointed, store: OperatorStateStore) -> Any:
-    from keygroups.state import ListStateDescriptor
-
     return store.get_list_state(ListStateDescriptor(LIST_CHECKPOINTED_STATE_NAME, function.state_serializer()))
 
 
@@ -115,18 +110,18 @@ def initialize_function(function: Any, store: OperatorStateStore, *, keyed_state
             function.restore_state(state.get())
 
 
-def snapshot_function(function: Any, store: OperatorStateStore, checkpoint_id: int, timestamp: int) -> None:
+def snapshot_function(function: Any, store: OperatorStateStore, checkpoint_id: int, timestamp_ms: int) -> None:
     """Let ``function`` put its state into the store for checkpoint ``checkpoint_id``."""
     kind = _kind(function)
     if kind == "checkpointed":
-        function.snapshot_state(FunctionSnapshotContext(int(checkpoint_id), int(timestamp)))
+        function.snapshot_state(FunctionSnapshotContext(int(checkpoint_id), int(timestamp_ms)))
     elif kind == "list":
-        elements = function.snapshot_state(int(checkpoint_id), int(timestamp))
+        elements = function.snapshot_state(int(checkpoint_id), int(timestamp_ms))
         _list_state(function, store).update(elements if elements is not None else [])
 
 
-def checkpoint_function(function: Any, store: OperatorStateStore, checkpoint_id: int, timestamp: int,
-                        storage: CheckpointStorage) -> Future:
+def checkpoint_function(function: Any, store: OperatorStateStore, checkpoint_id: int, timestamp_ms: int,
+                        storage: CheckpointStorage) -> SnapshotFuture:
     """:func:`snapshot_function`, then the store's snapshot: a future of the operator handle."""
-    snapshot_function(function, store, checkpoint_id, timestamp)
+    snapshot_function(function, store, checkpoint_id, timestamp_ms)
     return store.snapshot(checkpoint_id, storage)
