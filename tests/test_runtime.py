@@ -232,7 +232,8 @@ def test_explicit_ids_replay_a_complete_checkpoint_and_refuse_older_ones(tmp_pat
 def test_another_max_parallelism_is_refused_before_any_subtask_runs(tmp_path):
     location = str(tmp_path / "chk")
     _totals_batch(location, 2, _keys(5))
-    with pytest.raises(StateMigrationError, match="written with max_parallelism=16, into a job with max_parallelism=32"):
+    with pytest.raises(StateMigrationError,
+                       match="written with max_parallelism=16, into a job with max_parallelism=32"):
         begin_batch(CheckpointStorage(location), job_name="c", max_parallelism=32, parallelism=2)
 
 
