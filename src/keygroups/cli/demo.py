@@ -176,8 +176,8 @@ def run(args: argparse.Namespace) -> int:
                  f"{(end - start + 1) / args.max_parallelism * 100:.1f}%)")
     if problems:
         _say("\nMISMATCH against the reference:")
-        for p in problems:
-            _say(f"  {p}")
+        for problem in problems:
+            _say(f"  {problem}")
         return 1
     _say(f"\nOK: all {len(expected_state):,} users' state and all {len(expected_orders):,} orders equal the reference")
     if not args.dir and not args.keep:

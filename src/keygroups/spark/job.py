@@ -167,7 +167,7 @@ class KeyedJob:
                                         parallelism=plan.parallelism).select(*df.columns)
 
         def subtask(batches: Any) -> Any:
-            index = TaskContext.get().partitionId()
+            index = TaskContext.get().partitionId()  # type: ignore[union-attr]  # always set inside a task
             report = run_keyed_subtask(spec, index, batches)
             yield pa.RecordBatch.from_pylist([{"subtask": index, "report": json.dumps(report)}], schema=_REPORT_ARROW)
 
