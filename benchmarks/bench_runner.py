@@ -54,13 +54,14 @@ class RunningCountSum(KeyedProcessFunction):
 
 
 def run_keygroups(spark, files, location, parallelism):
-    from keygroups.spark.job import KeyedJob
+    from keygroups.spark import KeyedJob
 
-    job = KeyedJob("count-sum", "key", RunningCountSum(), OUTPUT, MAX_PARALLELISM, location)
+    job = KeyedJob("count-sum", "key", RunningCountSum(), output_schema=OUTPUT, max_parallelism=MAX_PARALLELISM,
+                   checkpoint_location=location)
     start = time.perf_counter()
     events = 0
     for path in files:
-        result = job.run_batch(spark, spark.read.parquet(path), parallelism)
+        result = job.run_batch(spark.read.parquet(path), parallelism=parallelism)
         events += result.records_in
     seconds = time.perf_counter() - start
     return {"seconds": seconds, "events": events, "events_per_s": events / seconds}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import shutil
@@ -10,6 +11,7 @@ import uuid
 
 import fsspec
 import pytest
+from crc32c import crc32c
 
 from keygroups import KeyGroupRange, key_group_range
 from keygroups.checkpoint import (
@@ -288,7 +290,7 @@ def test_retention_removes_orphans_of_older_checkpoints_only(storage_factory):
     assert read_all(storage, storage.load(2)) == expected_state(2)
 
 
-def test_files_named_in_properties_or_not_ours_are_never_orphans(storage_factory):
+def test_files_named_as_outputs_or_not_ours_are_never_orphans(storage_factory):
     storage = storage_factory(retain=3)
     md = write_checkpoint(storage, 1, commit=False)
     output = storage.new_file(1, "output-0") + ".parquet"
@@ -296,12 +298,84 @@ def test_files_named_in_properties_or_not_ours_are_never_orphans(storage_factory
     for rel in (output, stray, "chk-1/README"):
         with storage.open_write(rel) as f:
             f.write(b"x")
-    md.properties = {"outputs": [output], "nested": {"deep": [{"other": "not a path"}]}}
+    md.outputs = [output]
+    md.properties = {"nested": {"deep": [{"other": "not a path"}]}}
     storage.commit(md)
     write_checkpoint(storage, 2)
     names = _ls(storage, "chk-1")
-    assert output.split("/")[1] in names and "README" in names   # referenced by properties; not a new_file name
+    assert output.split("/")[1] in names and "README" in names   # referenced as an output; not a new_file name
     assert stray.split("/")[1] not in names                       # an unreferenced new_file name: an orphan
+
+
+def test_outputs_and_inputs_are_metadata_fields_and_properties_reference_no_file(storage_factory):
+    storage = storage_factory(retain=3)
+    md = write_checkpoint(storage, 1, commit=False)
+    output, staged, named = (storage.new_file(1, p) + ".parquet" for p in ("output-0", "input-0", "output-9"))
+    for rel in (output, staged, named):
+        with storage.open_write(rel) as f:
+            f.write(b"x")
+    md.outputs, md.inputs = [output], [staged]
+    md.properties = {"reports": [{"output_file": named}]}   # a string in properties keeps nothing alive
+    storage.commit(md)
+    loaded = storage.load(1)
+    assert (loaded.outputs, loaded.inputs) == ([output], [staged])
+    body = storage.read_bytes("chk-1/_metadata")[12:-4].decode()
+    assert f'"outputs":["{output.split("/")[1]}"]' in body   # stored relative to the checkpoint's directory
+    write_checkpoint(storage, 2)
+    names = _ls(storage, "chk-1")
+    assert output.split("/")[1] in names and staged.split("/")[1] in names and named.split("/")[1] not in names
+
+
+def test_outputs_must_lie_in_the_checkpoints_own_directory_and_exist(storage_factory):
+    storage = storage_factory()
+    write_checkpoint(storage, 1)
+    md = write_checkpoint(storage, 2, commit=False)
+    md.outputs = [storage.new_file(1, "output-0") + ".parquet"]
+    with pytest.raises(ValueError, match=r"output file 'chk-1/output-0-.*' is not inside 'chk-2'/"):
+        storage.commit(md)
+    for bad in ["../chk-1/x", "/abs", "chk-2//x", 7]:
+        md.outputs = [bad]
+        with pytest.raises((ValueError, TypeError), match="an entry of outputs"):
+            storage.commit(md)
+    md.outputs, md.inputs = [], [storage.new_file(2, "input-0") + ".parquet"]
+    with pytest.raises(ValueError, match="references input files .* which do not exist"):
+        storage.commit(md)
+    assert storage.checkpoint_ids() == [1]
+
+
+def _version_1_metadata(md: CheckpointMetadata, base: str, properties: dict) -> bytes:
+    """``_metadata`` as keygroups wrote it before the outputs field: version 1, the runner's files in properties."""
+    body = {"checkpoint_id": md.checkpoint_id, "job_id": md.job_id, "timestamp_ms": md.timestamp_ms,
+            "max_parallelism": md.max_parallelism, "parallelism": md.parallelism,
+            "keyed_handles": [dict(h.to_json(), file=h.file[len(base) + 1:]) for h in md.keyed_handles],
+            "operator_handles": [dict(h.to_json(), file=h.file[len(base) + 1:]) for h in md.operator_handles],
+            "properties": properties}
+    raw = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    head = METADATA_MAGIC + struct.pack("<II", 1, len(raw)) + raw
+    return head + struct.pack("<I", crc32c(head))
+
+
+def test_version_1_checkpoints_with_outputs_in_properties_load_and_prune_correctly(storage_factory):
+    storage = storage_factory(retain=2)
+    md = write_checkpoint(storage, 1, commit=False)
+    output, staged, stray = (storage.new_file(1, p) + ".parquet" for p in ("output-0", "input-0", "output-1"))
+    for rel in (output, staged, stray):
+        with storage.open_write(rel) as f:
+            f.write(b"x")
+    properties = {"outputs": [output], "inputs": [staged], "reports": [{"subtask": 0, "output_file": output}]}
+    with storage.open_write("chk-1/_metadata") as f:
+        f.write(_version_1_metadata(md, "chk-1", properties))
+    loaded = storage.load(1)
+    assert (loaded.outputs, loaded.inputs) == ([output], [staged])
+    assert loaded.properties == {"reports": [{"subtask": 0, "output_file": output}]}
+    assert loaded.keyed_handles == md.keyed_handles
+    write_checkpoint(storage, 2)
+    names = _ls(storage, "chk-1")
+    assert output.split("/")[1] in names and staged.split("/")[1] in names and stray.split("/")[1] not in names
+    where = storage.savepoint(1, "from-version-1")   # state only: the savepoint holds no outputs
+    assert storage.load_savepoint("from-version-1").outputs == [] and where.endswith("savepoints/from-version-1")
+    write_checkpoint(storage, 3)
+    assert storage.checkpoint_ids() == [2, 3]
 
 
 def test_retain_must_be_positive(tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import subprocess
 import sys
 
@@ -28,14 +29,24 @@ def demo_dir(tmp_path_factory):
     result = keygroups("demo", "--events", "6000", "--users", "600", "--partitions", "4", "--phases", "3,1,5",
                        "--batches-per-phase", "1", "--max-parallelism", "16", "--dir", str(workdir))
     assert result.returncode == 0, result.stdout + result.stderr
-    return workdir, result.stdout
+    return workdir, result
+
+
+#: The start of every line the demo prints itself (the summary table's header and rows included).
+DEMO_LINE = re.compile(r"keygroups demo: |  working directory |\[[1-4]/4\] |  phase \d+ p=\d+ batch \d+: chk-|"
+                       r"summary$|phase +p +batches +events|\d+ +\d+ +\d+ +[\d,]+ +[\d,]+ +[\d.]+ MB$|"
+                       r"restore at the start of phase |  subtask \d+: key groups |OK: all |$")
 
 
 def test_demo_resumes_at_other_parallelisms_and_matches_the_reference(demo_dir):
-    _, out = demo_dir
+    _, result = demo_dir
+    out = result.stdout
     assert "phase 1 p=3" in out and "phase 2 p=1" in out and "phase 3 p=5" in out
     assert "restore at the start of phase 3 (p=5)" in out
     assert "OK: all" in out and "orders equal the reference" in out
+    # only the demo's own lines: no Spark or log4j WARN lines, no JVM start-up warnings, no progress bars
+    assert result.stderr == ""
+    assert [line for line in out.splitlines() if not DEMO_LINE.match(line)] == []
 
 
 def test_inspect_and_plan_describe_the_demo_checkpoint(demo_dir):

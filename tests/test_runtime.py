@@ -15,10 +15,10 @@ import pytest
 import keygroups as kg
 from keygroups.checkpoint import CheckpointStorage
 from keygroups.cli import shop
-from keygroups.errors import KeyGroupOutOfRangeError
-from keygroups.runtime.commit import checkpoint_metadata
+from keygroups.errors import KeyGroupOutOfRangeError, KeyGroupsError, StateMigrationError
+from keygroups.runtime import begin_batch, commit_batch
 from keygroups.runtime.functions import KeyedProcessFunction
-from keygroups.runtime.source import SourceTaskSpec, run_source_subtask, staged_schema
+from keygroups.runtime.source import run_source_subtask, staged_schema
 from keygroups.runtime.subtask import KeyedTaskSpec, create_backend, run_keyed_subtask
 from keygroups.sources import write_partitioned_log
 
@@ -49,36 +49,29 @@ def events(tmp_path):
 
 
 def run_batch(location, log_dir, function, parallelism, max_records, *, retry_subtasks=False, backend="heap"):
-    """One micro-batch as the Spark driver runs it, in this process."""
+    """One micro-batch as the Spark driver runs it (the same driver), its subtasks called in this process."""
     storage = CheckpointStorage(location)
-    previous = storage.latest()
-    cid = previous.checkpoint_id + 1 if previous else 1
-    restore_from = previous.checkpoint_id if previous else None
-    sources = [
-        run_source_subtask(SourceTaskSpec(log_dir, shop.EVENT_SCHEMA, parallelism, max_records, location, cid,
-                                          restore_from), i)
-        for i in range(parallelism)
-    ]
+    plan = begin_batch(storage, job_name="carts", max_parallelism=MAX_PARALLELISM, parallelism=parallelism)
+    source = plan.source_task(log_dir, record_schema=shop.EVENT_SCHEMA, max_records_per_subtask=max_records)
+    sources = [run_source_subtask(source, i) for i in range(parallelism)]
     tables = [pq.read_table(io.BytesIO(storage.read_bytes(r["input_file"]))) for r in sources if r["input_file"]]
     schema = staged_schema(shop.EVENT_SCHEMA)
     staged = pa.concat_tables(tables) if tables else schema.empty_table()
     owners = kg.assign_operators(staged.column("user"), MAX_PARALLELISM, parallelism)
-    spec = KeyedTaskSpec(
-        job_name="carts", key_columns=("user",), key_type="string", function=pickle.dumps(function),
-        input_schema=schema, output_schema=shop.ORDER_SCHEMA, max_parallelism=MAX_PARALLELISM,
-        parallelism=parallelism, checkpoint_location=location, checkpoint_id=cid, restore_from=restore_from,
-        order_columns=("_partition", "_offset"), backend=backend,
-    )
+    spec = plan.keyed_task(key_columns=("user",), function=pickle.dumps(function), input_schema=schema,
+                           output_schema=shop.ORDER_SCHEMA, order_columns=("_partition", "_offset"), backend=backend)
     reports = []
     for i in range(parallelism):
-        batches = staged.filter(pa.array(owners == i)).to_batches()
+        part = staged.filter(pa.array(owners == i))
+        if part.num_rows == 0:  # Spark runs no task for an empty partition: the driver runs it as an idle subtask
+            continue
+        batches = part.to_batches()
         if retry_subtasks:  # a first attempt that succeeded but whose report Spark discarded
             run_keyed_subtask(spec, i, batches)
         reports.append(run_keyed_subtask(spec, i, batches))
-    metadata = checkpoint_metadata(job_name="carts", checkpoint_id=cid, max_parallelism=MAX_PARALLELISM,
-                                   parallelism=parallelism, keyed_reports=reports, source_reports=sources)
-    storage.commit(metadata)
-    orders = [pq.read_table(io.BytesIO(storage.read_bytes(f))) for f in metadata.properties["outputs"]]
+    reports += [run_keyed_subtask(spec, i, []) for i in plan.idle_subtasks(reports)]
+    metadata = commit_batch(plan, reports, sources)
+    orders = [pq.read_table(io.BytesIO(storage.read_bytes(f))) for f in metadata.outputs]
     return metadata, pa.concat_tables(orders), sum(r["records"] for r in sources)
 
 
@@ -179,19 +172,94 @@ def test_vectorized_function_and_composite_int_keys(tmp_path):
         16, 3, kg.assign_key_groups_for_tuples([table.column("k"), table.column("g")], 16, key_type))
     results = []
     for cid, restore in ((1, None), (2, 1)):
-        spec = KeyedTaskSpec(job_name="c", key_columns=("k", "g"), key_type=key_type, function=pickle.dumps(Counter()),
-                             input_schema=table.schema, output_schema=out_schema, max_parallelism=16, parallelism=3,
-                             checkpoint_location=location, checkpoint_id=cid, restore_from=restore)
+        plan = begin_batch(CheckpointStorage(location), job_name="c", max_parallelism=16, parallelism=3)
+        assert (plan.checkpoint_id, plan.restore_from) == (cid, restore)
+        spec = plan.keyed_task(key_columns=("k", "g"), function=pickle.dumps(Counter()), input_schema=table.schema,
+                               output_schema=out_schema)
+        assert spec.key_type == key_type
         reports = [run_keyed_subtask(spec, i, table.filter(pa.array(owners == i)).to_batches()) for i in range(3)]
-        metadata = checkpoint_metadata(job_name="c", checkpoint_id=cid, max_parallelism=16, parallelism=3,
-                                       keyed_reports=reports)
-        CheckpointStorage(location).commit(metadata)
+        metadata = commit_batch(plan, reports)
         storage = CheckpointStorage(location)
         results.append(sorted(rows_of(pa.concat_tables(
-            pq.read_table(io.BytesIO(storage.read_bytes(f))) for f in metadata.properties["outputs"]))))
+            pq.read_table(io.BytesIO(storage.read_bytes(f))) for f in metadata.outputs))))
     assert results[0] == [(1, 7, 3), (2, 7, 2), (3, 8, 1)]
     assert results[1] == [(1, 7, 6), (2, 7, 4), (3, 8, 2)]
 
 
 def rows_of(table):
     return list(zip(*[c.to_pylist() for c in table.columns]))
+
+
+# ---- the driver's protocol ---------------------------------------------------------------------------------------
+
+def _totals_batch(location, parallelism, table, *, checkpoint_id=None, max_parallelism=16):
+    """One batch of Counter over ``table`` through the driver; returns the plan and the committed metadata."""
+    plan = begin_batch(CheckpointStorage(location), job_name="c", max_parallelism=max_parallelism,
+                       parallelism=parallelism, checkpoint_id=checkpoint_id)
+    if plan.replay is not None:
+        return plan, plan.replay
+    spec = plan.keyed_task(key_columns=("k", "g"), function=pickle.dumps(Counter()), input_schema=table.schema,
+                           output_schema=pa.schema([("k", pa.int64()), ("g", pa.int32()), ("n", pa.int64())]))
+    owners = kg.operator_index_for_key_group(
+        max_parallelism, parallelism,
+        kg.assign_key_groups_for_tuples([table.column("k"), table.column("g")], max_parallelism, spec.key_type))
+    reports = [run_keyed_subtask(spec, i, table.filter(pa.array(owners == i)).to_batches())
+               for i in sorted(set(owners.tolist()))]
+    reports += [run_keyed_subtask(spec, i, []) for i in plan.idle_subtasks(reports)]
+    return plan, commit_batch(plan, reports)
+
+
+def _keys(n):
+    return pa.table({"k": pa.array(range(n), pa.int64()), "g": pa.array([7] * n, pa.int32())})
+
+
+def test_explicit_ids_replay_a_complete_checkpoint_and_refuse_older_ones(tmp_path):
+    location = str(tmp_path / "chk")
+    _, first = _totals_batch(location, 2, _keys(5), checkpoint_id=4)
+    plan, again = _totals_batch(location, 3, _keys(5), checkpoint_id=4)   # replayed, even at another parallelism
+    assert plan.replay is not None and again == first and again.outputs == first.outputs
+    with pytest.raises(KeyGroupsError, match="already complete"):
+        commit_batch(plan, [])
+    nxt, _ = _totals_batch(location, 3, _keys(5))
+    assert (nxt.checkpoint_id, nxt.restore_from) == (5, 4)
+    with pytest.raises(KeyGroupsError, match=r"checkpoint 3 is older than the latest complete checkpoint 5 .*"
+                                              r"retained: \[4, 5\]"):
+        _totals_batch(location, 2, _keys(5), checkpoint_id=3)
+    with pytest.raises(ValueError, match="checkpoint_id must be an int >= 0"):
+        _totals_batch(location, 2, _keys(5), checkpoint_id=-1)
+
+
+def test_another_max_parallelism_is_refused_before_any_subtask_runs(tmp_path):
+    location = str(tmp_path / "chk")
+    _totals_batch(location, 2, _keys(5))
+    with pytest.raises(StateMigrationError,
+                       match="written with max_parallelism=16, into a job with max_parallelism=32"):
+        begin_batch(CheckpointStorage(location), job_name="c", max_parallelism=32, parallelism=2)
+
+
+def test_idle_subtasks_carry_their_key_groups_into_the_new_checkpoint(tmp_path):
+    location = str(tmp_path / "chk")
+    _, first = _totals_batch(location, 4, _keys(40))
+    plan, empty = _totals_batch(location, 6, _keys(0))   # a rescale with no records: every subtask is idle
+    assert plan.idle_subtasks([]) == list(range(6))
+    assert [r["subtask"] for r in empty.properties["reports"]] == list(range(6))
+    _, after = _totals_batch(location, 3, _keys(40))
+    storage = CheckpointStorage(location)
+    counts = pa.concat_tables(pq.read_table(io.BytesIO(storage.read_bytes(f))) for f in after.outputs)
+    assert sorted(counts.column("n").to_pylist()) == [2] * 40
+
+
+def test_commit_needs_exactly_one_report_per_subtask(tmp_path):
+    location = str(tmp_path / "chk")
+    storage = CheckpointStorage(location)
+    plan = begin_batch(storage, job_name="c", max_parallelism=16, parallelism=3)
+    spec = plan.keyed_task(key_columns=("k", "g"), function=pickle.dumps(Counter()), input_schema=_keys(0).schema,
+                           output_schema=pa.schema([("k", pa.int64()), ("g", pa.int32()), ("n", pa.int64())]))
+    reports = [run_keyed_subtask(spec, i, []) for i in range(3)]
+    for bad in (reports[:2], reports + reports[1:2]):
+        with pytest.raises(KeyGroupsError, match=r"keyed reports came from subtasks .* exactly one from each of 0..2"):
+            commit_batch(plan, bad)
+    assert storage.checkpoint_ids() == []
+    metadata = commit_batch(plan, reports)
+    assert storage.checkpoint_ids() == [1] and len(metadata.outputs) == 3 and metadata.inputs == []
+    assert all(f.startswith("chk-1/output-") for f in metadata.outputs)

@@ -15,7 +15,7 @@ from keygroups.cli import shop
 from keygroups.runtime.functions import KeyedProcessFunction
 from keygroups.serializers import Int64Serializer
 from keygroups.sources import write_partitioned_log
-from keygroups.spark.job import KeyedJob
+from keygroups.spark import KeyedJob
 from keygroups.state import ValueStateDescriptor
 
 pytestmark = pytest.mark.spark
@@ -56,12 +56,13 @@ def totals(job, batches, spark, parallelisms, **kwargs):
     out = []
     for rows, p in zip(batches, parallelisms):
         df = spark.createDataFrame(rows, "k long, v long")
-        out.append(sorted(tuple(r) for r in job.process_batch(spark, df, p, **kwargs).collect()))
+        out.append(sorted(tuple(r) for r in job.run_batch(df, parallelism=p, **kwargs).output.collect()))
     return out
 
 
 def test_running_totals_across_rescales(spark, tmp_path):
-    job = KeyedJob("totals", "k", RunningTotal(), TOTALS, MAX_PARALLELISM, str(tmp_path / "chk"))
+    job = KeyedJob("totals", "k", RunningTotal(), output_schema=TOTALS, max_parallelism=MAX_PARALLELISM,
+                   checkpoint_location=str(tmp_path / "chk"))
     batches = [[(k, 1) for k in range(20)], [(k, 10) for k in range(0, 20, 2)], [(k, 100) for k in range(20)]]
     out = totals(job, batches, spark, [3, 1, 7])
     assert out[0] == [(k, 1, 1) for k in range(20)]
@@ -71,14 +72,17 @@ def test_running_totals_across_rescales(spark, tmp_path):
 
 
 def test_output_evaluated_twice_and_replayed_batch_ids_apply_once(spark, tmp_path):
-    job = KeyedJob("totals", "k", RunningTotal(), TOTALS, MAX_PARALLELISM, str(tmp_path / "chk"))
+    job = KeyedJob("totals", "k", RunningTotal(), output_schema=TOTALS, max_parallelism=MAX_PARALLELISM,
+                   checkpoint_location=str(tmp_path / "chk"))
     df = spark.createDataFrame([(1, 5), (2, 7), (1, 5)], "k long, v long")
-    out = job.process_batch(spark, df, 2, checkpoint_id=0)
+    out = job.run_batch(df, parallelism=2, checkpoint_id=0).output
     first = sorted(map(tuple, out.collect()))
     assert sorted(map(tuple, out.collect())) == first == [(1, 5, 0), (1, 10, 0), (2, 7, 0)]
-    replay = job.process_batch(spark, df, 4, checkpoint_id=0)  # Spark replays batch 0, even at another parallelism
+    replayed = job.run_batch(df, parallelism=4, checkpoint_id=0)  # Spark replays batch 0, even at another parallelism
+    assert replayed.replayed and replayed.checkpoint_id == 0
+    replay = replayed.output
     assert sorted(map(tuple, replay.collect())) == first
-    nxt = job.process_batch(spark, spark.createDataFrame([(1, 1)], "k long, v long"), 3, checkpoint_id=1)
+    nxt = job.run_batch(spark.createDataFrame([(1, 1)], "k long, v long"), parallelism=3, checkpoint_id=1).output
     assert [tuple(r) for r in nxt.collect()] == [(1, 11, 1)]
     assert CheckpointStorage(str(tmp_path / "chk")).checkpoint_ids() == [0, 1]
 
@@ -86,9 +90,9 @@ def test_output_evaluated_twice_and_replayed_batch_ids_apply_once(spark, tmp_pat
 def run_shop(spark, location, log_dir, function, schedule):
     orders = []
     for parallelism, limit in schedule:
-        job = KeyedJob("carts", "user", function, shop.ORDER_SCHEMA, MAX_PARALLELISM, location,
-                       order_by=("_partition", "_offset"))
-        result = job.run_source_batch(spark, log_dir, parallelism, record_schema=shop.EVENT_SCHEMA,
+        job = KeyedJob("carts", "user", function, output_schema=shop.ORDER_SCHEMA, max_parallelism=MAX_PARALLELISM,
+                       checkpoint_location=location, order_by=("_partition", "_offset"))
+        result = job.run_source_batch(spark, log_dir, parallelism=parallelism, record_schema=shop.EVENT_SCHEMA,
                                       max_records_per_subtask=limit)
         orders += [tuple(r) for r in result.output.collect()]
     return orders
@@ -160,7 +164,8 @@ def test_a_driver_stopped_before_metadata_leaves_the_last_checkpoint(spark, tmp_
 def test_foreach_batch_on_a_stream_with_a_replayed_batch(spark, tmp_path):
     source = tmp_path / "in"
     source.mkdir()
-    job = KeyedJob("stream-totals", "k", RunningTotal(), TOTALS, MAX_PARALLELISM, str(tmp_path / "chk"))
+    job = KeyedJob("stream-totals", "k", RunningTotal(), output_schema=TOTALS, max_parallelism=MAX_PARALLELISM,
+                   checkpoint_location=str(tmp_path / "chk"))
     received: dict[int, list] = {}
 
     def sink(output, batch_id):
@@ -181,11 +186,13 @@ def test_foreach_batch_on_a_stream_with_a_replayed_batch(spark, tmp_path):
 
 
 def test_an_empty_batch_still_carries_every_key_group_into_the_new_checkpoint(spark, tmp_path):
-    job = KeyedJob("totals", "k", RunningTotal(), TOTALS, MAX_PARALLELISM, str(tmp_path / "chk"))
-    first = job.process_batch(spark, spark.createDataFrame([(k, 1) for k in range(10)], "k long, v long"), 2)
+    job = KeyedJob("totals", "k", RunningTotal(), output_schema=TOTALS, max_parallelism=MAX_PARALLELISM,
+                   checkpoint_location=str(tmp_path / "chk"))
+    first = job.run_batch(spark.createDataFrame([(k, 1) for k in range(10)], "k long, v long"), parallelism=2).output
     assert first.count() == 10
-    empty = job.process_batch(spark, spark.createDataFrame([], "k long, v long"), 5)  # a rescale with no records
+    # a rescale with no records
+    empty = job.run_batch(spark.createDataFrame([], "k long, v long"), parallelism=5).output
     assert empty.count() == 0
     assert [r["subtask"] for r in job.latest_checkpoint().properties["reports"]] == list(range(5))
-    after = job.process_batch(spark, spark.createDataFrame([(k, 1) for k in range(10)], "k long, v long"), 3)
+    after = job.run_batch(spark.createDataFrame([(k, 1) for k in range(10)], "k long, v long"), parallelism=3).output
     assert sorted(tuple(r) for r in after.collect()) == [(k, 2, 3) for k in range(10)]

@@ -7,10 +7,16 @@ not the expected JSON shape) is a :class:`~keygroups.errors.CorruptSnapshotError
 Handles are dataclasses validated once, when built (``__post_init__``): a handle read from JSON with
 ``from_json`` is either valid or a CorruptSnapshotError naming the bad field, so no reader checks fields again.
 
-Paths: in memory, every state file (``KeyedStateHandle.file``, ``OperatorStateHandle.file``) is relative to the
-storage location, e.g. ``"chk-17/keyed-0-<uuid>"``, so ``storage.read_bytes(handle.file)`` works without more
-context. In the ``_metadata`` file they are stored relative to the directory holding that ``_metadata`` (the
-checkpoint or savepoint directory), so a checkpoint or savepoint directory is self-contained and can be moved.
+Paths: in memory, every file a checkpoint references (``KeyedStateHandle.file``, ``OperatorStateHandle.file``,
+``outputs`` and ``inputs``) is relative to the storage location, e.g. ``"chk-17/keyed-0-<uuid>"``, so
+``storage.read_bytes(handle.file)`` works without more context. In the ``_metadata`` file they are stored relative to
+the directory holding that ``_metadata`` (the checkpoint or savepoint directory), so a checkpoint or savepoint
+directory is self-contained and can be moved.
+
+Versions: 2 (written) has the ``outputs`` and ``inputs`` fields. Version 1 (still read) kept the runner's files in
+``properties["outputs"]``/``["inputs"]`` as storage-relative paths; reading moves those inside the directory into the
+fields. The version changed so that a keygroups that knows no ``outputs`` field refuses the file instead of treating
+the output files as orphans and deleting them.
 """
 
 from __future__ import annotations
@@ -28,7 +34,8 @@ from keygroups._ranges import KeyGroupRange, check_max_parallelism
 from keygroups.errors import CorruptSnapshotError
 
 METADATA_MAGIC = b"\x89KGM"
-METADATA_VERSION = 1
+METADATA_VERSION = 2
+_LEGACY_VERSION = 1   # outputs and inputs in properties
 _PREFIX = struct.Struct("<4sII")
 
 #: The file format an operator handle describes; its JSON carries both, and its file header the version.
@@ -303,6 +310,10 @@ class OperatorStateHandle:
 class CheckpointMetadata:
     """Everything a complete checkpoint (or savepoint) holds: the job, its parallelism, the state handles.
 
+    ``outputs`` and ``inputs`` are the files a batch wrote beside its state (the runner's output and staged input,
+    Parquet): retention keeps them as long as the checkpoint, and a savepoint (state only) does not copy them.
+    ``properties`` is free JSON (the runner's per-subtask reports); nothing in it references a file.
+
     ``base`` is not serialized: it is the directory (relative to the storage location) this metadata was loaded
     from or committed to, ``"chk-<id>"`` or ``"savepoints/<name>"``; the handles' files lie inside it.
     """
@@ -315,6 +326,8 @@ class CheckpointMetadata:
     keyed_handles: list[KeyedStateHandle] = field(default_factory=list)
     operator_handles: list[OperatorStateHandle] = field(default_factory=list)
     properties: dict[str, Any] = field(default_factory=dict)
+    outputs: list[str] = field(default_factory=list)
+    inputs: list[str] = field(default_factory=list)
     base: str = field(default="", compare=False)
 
     def validate(self) -> None:
@@ -344,18 +357,33 @@ class CheckpointMetadata:
                                 f"from_json reads one from JSON), got {type(oh).__name__}")
         if not isinstance(self.properties, dict):
             raise TypeError(f"properties must be a JSON dict, got {type(self.properties).__name__}")
+        for name in ("outputs", "inputs"):
+            files = getattr(self, name)
+            if not isinstance(files, list):
+                raise TypeError(f"{name} must be a list of storage-relative paths, got {type(files).__name__}")
+            for f in files:
+                check_relpath(f, f"an entry of {name}")
 
     def files(self) -> list[str]:
         """Every state file this checkpoint references (storage-relative)."""
         return [h.file for h in self.keyed_handles] + [h.file for h in self.operator_handles]
 
 
-def _strip_base(relpath: str, base: str) -> str:
+def _strip_base(relpath: str, base: str, what: str = "state file") -> str:
     prefix = base + "/"
     if not relpath.startswith(prefix):
-        raise ValueError(f"state file {relpath!r} is not inside {base!r}/: a checkpoint references only files in its "
+        raise ValueError(f"{what} {relpath!r} is not inside {base!r}/: a checkpoint references only files in its "
                          f"own directory (write them with storage.new_file(checkpoint_id, ...))")
     return relpath[len(prefix):]
+
+
+def _legacy_files(properties: dict[str, Any], key: str, base: str) -> list[str]:
+    """Version 1's ``properties[key]`` (storage-relative paths), removed from ``properties``: those inside ``base``.
+    A version-1 savepoint copied the properties but not these files, so its entries point elsewhere and are dropped."""
+    files = properties.pop(key, [])
+    if not isinstance(files, list):
+        raise TypeError(f"properties[{key!r}] must be a list of paths in a version {_LEGACY_VERSION} _metadata")
+    return [check_relpath(f, f"properties[{key!r}]") for f in files if f.startswith(base + "/")]
 
 
 def encode_metadata(metadata: CheckpointMetadata, base: str) -> bytes:
@@ -370,6 +398,8 @@ def encode_metadata(metadata: CheckpointMetadata, base: str) -> bytes:
         "keyed_handles": [dict(h.to_json(), file=_strip_base(h.file, base)) for h in metadata.keyed_handles],
         "operator_handles": [dict(h.to_json(), file=_strip_base(h.file, base)) for h in metadata.operator_handles],
         "properties": metadata.properties,
+        "outputs": [_strip_base(f, base, "output file") for f in metadata.outputs],
+        "inputs": [_strip_base(f, base, "input file") for f in metadata.inputs],
     }
     try:
         text = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False, ensure_ascii=False)
@@ -388,9 +418,10 @@ def decode_metadata(data: bytes, base: str, where: str) -> CheckpointMetadata:
     magic, version, length = _PREFIX.unpack_from(data)
     if magic != METADATA_MAGIC:
         raise CorruptSnapshotError(f"{where} starts with {magic!r}, not the _metadata magic {METADATA_MAGIC!r}")
-    if version != METADATA_VERSION:
-        raise CorruptSnapshotError(f"{where} has format version {version}; this keygroups reads version "
-                                   f"{METADATA_VERSION} (written by a newer keygroups, or corrupt)")
+    if version not in (_LEGACY_VERSION, METADATA_VERSION):
+        raise CorruptSnapshotError(f"{where} has format version {version}; this keygroups reads versions "
+                                   f"{_LEGACY_VERSION} and {METADATA_VERSION} (written by a newer keygroups, or "
+                                   f"corrupt)")
     if len(data) != _PREFIX.size + length + 4:
         raise CorruptSnapshotError(f"{where} declares a {length}-byte body but is {len(data)} bytes long: truncated "
                                    f"or corrupt")
@@ -405,10 +436,17 @@ def decode_metadata(data: bytes, base: str, where: str) -> CheckpointMetadata:
             keyed.append(handle)
         operator = [OperatorStateHandle.from_json(dict(h, file=f"{base}/{check_relpath(h['file'])}"))
                     for h in body["operator_handles"]]
+        properties = body["properties"]
+        if version == _LEGACY_VERSION:
+            outputs = _legacy_files(properties, "outputs", base)
+            inputs = _legacy_files(properties, "inputs", base)
+        else:
+            outputs = [f"{base}/{check_relpath(f, 'an output file')}" for f in body["outputs"]]
+            inputs = [f"{base}/{check_relpath(f, 'an input file')}" for f in body["inputs"]]
         md = CheckpointMetadata(
             checkpoint_id=body["checkpoint_id"], job_id=body["job_id"], timestamp_ms=body["timestamp_ms"],
             max_parallelism=body["max_parallelism"], parallelism=body["parallelism"], keyed_handles=keyed,
-            operator_handles=operator, properties=body["properties"], base=base)
+            operator_handles=operator, properties=properties, outputs=outputs, inputs=inputs, base=base)
         md.validate()
     except CorruptSnapshotError:
         raise

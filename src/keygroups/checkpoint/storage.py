@@ -19,9 +19,9 @@ handles; the driver calls :meth:`CheckpointStorage.commit`, which writes ``_meta
 Only after that does retention run: it keeps the newest ``retain`` complete checkpoints, deletes older ones, and
 removes leftovers older than the newest complete checkpoint: directories without ``_metadata``, temporary files, and
 files named by ``new_file`` that a retained checkpoint does not reference (e.g. from a retried task attempt). A file
-is referenced when a keyed or operator handle names it or when any string in ``properties`` is its path (the runner
-keeps its output files there). Directories of checkpoints newer than the one just committed are left alone: they may
-still be in progress.
+is referenced when a keyed or operator handle names it or when it is one of the checkpoint's ``outputs`` or
+``inputs``. Directories of checkpoints newer than the one just committed are left alone: they may still be in
+progress.
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ import posixpath
 import re
 import shutil
 import uuid
-from collections.abc import Iterator
 from typing import Any, BinaryIO
 
 from keygroups.checkpoint.metadata import (
@@ -56,18 +55,6 @@ _TMP_MARKER = ".inprogress-"
 _CHK_RE = re.compile(r"^chk-(0|[1-9][0-9]*)$")
 _NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 _STATE_FILE_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*-[0-9a-f]{32}(\.[A-Za-z0-9_.-]+)?$")   # new_file's names
-
-
-def _strings(value: Any) -> Iterator[str]:
-    """Every string inside a JSON value (the runner names its own files in ``properties``)."""
-    if isinstance(value, str):
-        yield value
-    elif isinstance(value, dict):
-        for v in value.values():
-            yield from _strings(v)
-    elif isinstance(value, (list, tuple)):
-        for v in value:
-            yield from _strings(v)
 
 
 def _check_name(name: Any, what: str) -> str:
@@ -375,8 +362,8 @@ class CheckpointStorage:
         return self.load(ids[-1]) if ids else None
 
     def commit(self, metadata: CheckpointMetadata) -> None:
-        """Make checkpoint ``metadata.checkpoint_id`` complete: check that every referenced state file exists (and
-        keyed files have their handle's size), write ``chk-<id>/_metadata`` atomically, then apply retention.
+        """Make checkpoint ``metadata.checkpoint_id`` complete: check that every referenced file exists (and keyed
+        files have their handle's size), write ``chk-<id>/_metadata`` atomically, then apply retention.
 
         The id must be newer than every complete checkpoint. Sets ``metadata.base``."""
         metadata.validate()
@@ -411,6 +398,11 @@ class CheckpointStorage:
             if not self._fs.exists(oh.file):
                 raise ValueError(f"checkpoint {metadata.checkpoint_id} references operator state file "
                                  f"{oh.file!r}, which does not exist in {self.location}")
+        for name, files in (("output", metadata.outputs), ("input", metadata.inputs)):
+            missing = [f for f in files if not self._fs.exists(f)]
+            if missing:
+                raise ValueError(f"checkpoint {metadata.checkpoint_id} references {name} files {missing}, which do "
+                                 f"not exist in {self.location}")
 
     def _prune(self, latest: int) -> None:
         dirs = self._chk_dirs()
@@ -431,9 +423,7 @@ class CheckpointStorage:
         except (CorruptSnapshotError, FileNotFoundError) as e:
             log.warning("retention: not cleaning %s, its _metadata is unreadable: %s", base, e)
             return
-        referenced = {posixpath.relpath(f, base) for f in md.files()} | {METADATA_NAME}
-        prefix = base + "/"
-        referenced |= {p[len(prefix):] for p in _strings(md.properties) if p.startswith(prefix)}
+        referenced = {posixpath.relpath(f, base) for f in [*md.files(), *md.outputs, *md.inputs]} | {METADATA_NAME}
         for name in self._fs.listdir(base):
             if name in referenced or not (_STATE_FILE_RE.match(name) or _TMP_MARKER in name):
                 continue

@@ -36,20 +36,35 @@ def _mb(n: float) -> str:
     return f"{n / 1e6:.2f} MB"
 
 
-def spark_session(master: str, app: str = "keygroups-demo") -> Any:
+def spark_session(master: str, log_path: str, app: str = "keygroups-demo") -> Any:
+    """A Spark session whose JVM, and the Python workers it starts, write to ``log_path`` instead of this terminal.
+
+    The JVM prints to its stderr as it starts (the module system's "Using incubator modules" warning, log4j's
+    default profile, host-name and native-library WARN lines) before any log level set from Python applies, and
+    the first two are not log4j's at all: only a stream of its own keeps the demo's output to the demo's lines.
+    PySpark's ``launch_gateway`` takes the Popen arguments for exactly this."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    from pyspark import SparkConf, SparkContext
+    from pyspark.java_gateway import launch_gateway
     from pyspark.sql import SparkSession
 
-    spark = (
-        SparkSession.builder.master(master).appName(app)
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")  # the demo prints its own progress
-        .config("spark.sql.shuffle.partitions", "8")
-        .config("spark.driver.memory", "3g")
-        .config("spark.sql.session.timeZone", "UTC")
-        .getOrCreate()
-    )
+    conf = SparkConf().setMaster(master).setAppName(app).setAll([
+        ("spark.ui.enabled", "false"),
+        ("spark.ui.showConsoleProgress", "false"),  # the demo prints its own progress
+        ("spark.sql.shuffle.partitions", "8"),
+        ("spark.driver.memory", "3g"),
+        ("spark.sql.session.timeZone", "UTC"),
+    ])
+    if SparkContext._active_spark_context is None:
+        with open(log_path, "ab") as log:
+            try:
+                gateway = launch_gateway(conf, popen_kwargs={"stdout": log, "stderr": log})
+            except Exception as e:  # e.g. no Java: the reason is in the JVM's output
+                e.add_note(f"Spark's output is in {log_path}")
+                raise
+        SparkContext(conf=conf, gateway=gateway)
+    spark = SparkSession.builder.config(conf=conf).getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
 
@@ -103,24 +118,27 @@ def run(args: argparse.Namespace) -> int:
          f"{len(expected_orders):,} orders")
     del partitions
 
-    from keygroups.spark.job import KeyedJob
+    from keygroups.spark import KeyedJob
 
-    spark = spark_session(args.master)
+    spark_log = os.path.join(workdir, "spark.log")
+    spark = spark_session(args.master, spark_log)
     per_batch = math.ceil(args.events / (len(phases) * args.batches_per_phase))
     figures: list[PhaseFigures] = []
     orders: list[tuple] = []
-    _say(f"[3/4] running on Spark ({args.master}); about {per_batch:,} events per micro-batch")
+    _say(f"[3/4] running on Spark ({args.master}); about {per_batch:,} events per micro-batch; Spark's own log: "
+         f"{spark_log}")
     for number, parallelism in enumerate(phases, start=1):
         # A new job object per phase: the pipeline is stopped and resumed from its checkpoints, nothing in memory.
-        job = KeyedJob("shopping-carts", "user", shop.CartFunction(), shop.ORDER_SCHEMA, args.max_parallelism, chk_dir,
-                       backend=args.backend, order_by=("_partition", "_offset"), timestamp_column="ts")
+        job = KeyedJob("shopping-carts", "user", shop.CartFunction(), output_schema=shop.ORDER_SCHEMA,
+                       max_parallelism=args.max_parallelism, checkpoint_location=chk_dir, backend=args.backend,
+                       order_by=("_partition", "_offset"), timestamp_column="ts")
         phase = PhaseFigures(parallelism)
         last = number == len(phases)
         batch = 0
         while True:
             batch += 1
             limit = None if (last and batch >= args.batches_per_phase) else math.ceil(per_batch / parallelism)
-            result = job.run_source_batch(spark, log_dir, parallelism, record_schema=shop.EVENT_SCHEMA,
+            result = job.run_source_batch(spark, log_dir, parallelism=parallelism, record_schema=shop.EVENT_SCHEMA,
                                           max_records_per_subtask=limit)
             batch_orders = [tuple(r) for r in result.output.collect()]
             orders.extend(batch_orders)
@@ -158,8 +176,8 @@ def run(args: argparse.Namespace) -> int:
                  f"{(end - start + 1) / args.max_parallelism * 100:.1f}%)")
     if problems:
         _say("\nMISMATCH against the reference:")
-        for p in problems:
-            _say(f"  {p}")
+        for problem in problems:
+            _say(f"  {problem}")
         return 1
     _say(f"\nOK: all {len(expected_state):,} users' state and all {len(expected_orders):,} orders equal the reference")
     if not args.dir and not args.keep:

@@ -1,5 +1,7 @@
-"""The subtask runtime: what one parallel instance of a keyed job does in one micro-batch, independent of Spark."""
+"""The runtime, independent of Spark: the driver's batch protocol (plan a micro-batch, commit it), what one parallel
+instance of a keyed job does in one micro-batch, and the function API."""
 
+from keygroups.runtime.driver import BatchPlan, begin_batch, commit_batch
 from keygroups.runtime.functions import KeyedProcessFunction, ProcessContext, RuntimeContext
 
-__all__ = ["KeyedProcessFunction", "ProcessContext", "RuntimeContext"]
+__all__ = ["BatchPlan", "KeyedProcessFunction", "ProcessContext", "RuntimeContext", "begin_batch", "commit_batch"]

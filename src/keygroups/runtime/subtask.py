@@ -10,7 +10,7 @@ from __future__ import annotations
 import pickle
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -112,7 +112,6 @@ class KeyedTaskSpec:
     timestamp_column: str | None = None
     storage_options: dict[str, Any] | None = None
     allow_pickle: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def _load_function(spec: KeyedTaskSpec) -> KeyedProcessFunction:
@@ -177,11 +176,10 @@ def _run_on_backend(spec: KeyedTaskSpec, subtask_index: int, batches: Iterable[p
     timings: dict[str, float] = {}
     start = time.perf_counter()
     storage = CheckpointStorage(spec.checkpoint_location, storage_options=spec.storage_options)
-    restored: dict[str, Any] = {"bytes_read": 0, "key_groups": 0, "files": 0}
+    restored: dict[str, Any] = {"bytes_read": 0, "key_groups": 0}
     if spec.restore_from is not None:
         stats = backend.restore(storage, storage.load(spec.restore_from))
-        restored = {"bytes_read": int(stats.bytes_read), "key_groups": int(stats.key_groups),
-                    "files": int(getattr(stats, "files", 0))}
+        restored = {"bytes_read": int(stats.bytes_read), "key_groups": int(stats.key_groups)}
     timings["restore"] = time.perf_counter() - start
 
     t = time.perf_counter()

@@ -4,9 +4,12 @@ imports pyspark.
 - :class:`KeyGroupPartitioner` and :func:`key_by`: RDDs partitioned so that partition *i* holds subtask *i*'s keys.
 - :func:`with_key_groups`: a DataFrame plus Flink-exact key-group (and operator-index) columns, computed in the JVM.
 - :func:`partition_by_key_group`: a DataFrame whose Spark partition *i* holds exactly subtask *i*'s records.
+- :class:`KeyedJob`: the stateful job runner (one micro-batch = one checkpoint, any parallelism per batch), a thin
+  layer over :mod:`keygroups.runtime`'s driver; :class:`BatchResult` is what one batch did.
 """
 
 from keygroups.spark.columns import with_key_groups
+from keygroups.spark.job import BatchResult, KeyedJob
 from keygroups.spark.partitioner import KeyGroupPartitioner, key_by, partition_by_key_group
 
-__all__ = ["KeyGroupPartitioner", "key_by", "with_key_groups", "partition_by_key_group"]
+__all__ = ["BatchResult", "KeyGroupPartitioner", "KeyedJob", "key_by", "with_key_groups", "partition_by_key_group"]

@@ -1,5 +1,8 @@
 """The stateful job runner: one micro-batch on Spark is one checkpoint, and every run may use another parallelism.
 
+This module is the Spark half only: the batch protocol (checkpoint ids, the max-parallelism check, task specs, idle
+subtasks, the commit) is :mod:`keygroups.runtime.driver`'s; here are placement, the tasks, and reading the output.
+
 Data flow of :meth:`KeyedJob.run_batch` (see DESIGN.md):
 
 1. driver: the input is placed so that Spark partition *i* holds exactly subtask *i*'s key groups;
@@ -20,21 +23,21 @@ import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
+from pyspark import TaskContext, cloudpickle
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
+from pyspark.sql.types import StructType, _parse_datatype_string
 
 from keygroups._ranges import check_max_parallelism, check_parallelism
 from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage
-from keygroups.checkpoint.planning import check_restore_max_parallelism
-from keygroups.errors import KeyGroupsError
-from keygroups.runtime.commit import checkpoint_metadata
+from keygroups.runtime.driver import BatchPlan, begin_batch, commit_batch
 from keygroups.runtime.functions import KeyedProcessFunction
-from keygroups.runtime.source import SourceTaskSpec, run_source_subtask, staged_schema
-from keygroups.runtime.subtask import KeyedTaskSpec, key_type_for_schema, run_keyed_subtask
-
-if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+from keygroups.runtime.source import run_source_subtask, staged_schema
+from keygroups.runtime.subtask import KeyedTaskSpec, run_keyed_subtask
+from keygroups.spark.partitioner import partition_by_key_group
 
 _REPORT_SCHEMA = "subtask int, report string"
 _REPORT_ARROW = pa.schema([("subtask", pa.int32()), ("report", pa.string())])
@@ -44,9 +47,6 @@ def _arrow_schema(schema: Any) -> pa.Schema:
     """A pyarrow schema from a pyarrow Schema, a Spark StructType or a DDL string."""
     if isinstance(schema, pa.Schema):
         return schema
-    from pyspark.sql.pandas.types import to_arrow_schema
-    from pyspark.sql.types import StructType, _parse_datatype_string
-
     if isinstance(schema, str):
         schema = _parse_datatype_string(schema)
     if not isinstance(schema, StructType):
@@ -54,18 +54,10 @@ def _arrow_schema(schema: Any) -> pa.Schema:
     return to_arrow_schema(schema)
 
 
-def _spark_schema(schema: pa.Schema) -> Any:
-    from pyspark.sql.pandas.types import from_arrow_schema
-
-    return from_arrow_schema(schema)
-
-
 def _pickle_function(function: KeyedProcessFunction) -> bytes:
     if not isinstance(function, KeyedProcessFunction):
         raise TypeError(f"function must be a KeyedProcessFunction instance, got {type(function).__name__}")
-    from pyspark import cloudpickle  # what Spark itself ships functions with (classes defined in __main__ too)
-
-    return cloudpickle.dumps(function)
+    return cloudpickle.dumps(function)  # as Spark ships functions: classes defined in __main__ travel too
 
 
 @dataclass
@@ -99,8 +91,12 @@ class KeyedJob:
     """A keyed, stateful job whose state lives in checkpoints and whose parallelism may change between batches.
 
     ``function`` is a :class:`~keygroups.runtime.KeyedProcessFunction`; ``key_columns`` name the input columns
-    that form the key (several form a Flink tuple); ``order_by`` names columns that order a key's records inside a
-    batch (Spark's shuffle keeps no order, so give one whenever order matters to the function).
+    that form the key (several form a Flink tuple); ``output_schema`` is the schema of what the function returns (a
+    pyarrow Schema, a Spark StructType or a DDL string); ``max_parallelism`` is the number of key groups, fixed for
+    the life of the state; ``checkpoint_location`` is a local path or an fsspec URL. ``order_by`` names columns that
+    order a key's records inside a batch (Spark's shuffle keeps no order, so give one whenever order matters to the
+    function); ``timestamp_column`` gives each record's event time to ``context.timestamp``; ``retain`` is how many
+    complete checkpoints to keep.
     """
 
     def __init__(
@@ -108,10 +104,10 @@ class KeyedJob:
         name: str,
         key_columns: Sequence[str] | str,
         function: KeyedProcessFunction,
+        *,
         output_schema: Any,
         max_parallelism: int,
         checkpoint_location: str,
-        *,
         backend: str = "heap",
         order_by: Sequence[str] = (),
         timestamp_column: str | None = None,
@@ -131,107 +127,77 @@ class KeyedJob:
         self.backend = backend
         self.order_by = tuple(order_by)
         self.timestamp_column = timestamp_column
-        self.storage_options = storage_options
         self.allow_pickle = allow_pickle
         self.storage = CheckpointStorage(checkpoint_location, retain=retain, storage_options=storage_options)
 
-    # ---- checkpoints --------------------------------------------------------------------------------------------
-
     def latest_checkpoint(self) -> CheckpointMetadata | None:
+        """The latest complete checkpoint, None before the first batch."""
         return self.storage.latest()
-
-    def _check_restorable(self, previous: CheckpointMetadata | None) -> None:
-        if previous is not None:
-            check_restore_max_parallelism(previous, self.max_parallelism)
-
-    def _output_path(self, relpath: str) -> str:
-        return f"{self.storage.location.rstrip('/')}/{relpath}"
-
-    def _committed_result(self, spark: SparkSession, metadata: CheckpointMetadata, *, replayed: bool,
-                          reports: list[dict[str, Any]] | None = None, seconds: float = 0.0) -> BatchResult:
-        outputs = metadata.properties.get("outputs", [])
-        schema = _spark_schema(self.output_schema)
-        if outputs:
-            output = spark.read.schema(schema).parquet(*[self._output_path(p) for p in outputs])
-        else:
-            output = spark.createDataFrame([], schema)
-        return BatchResult(metadata.checkpoint_id, metadata.parallelism, output, metadata,
-                           reports if reports is not None else metadata.properties.get("reports", []),
-                           seconds, replayed)
-
-    def _next_checkpoint_id(self, previous: CheckpointMetadata | None, checkpoint_id: int | None) -> int:
-        if checkpoint_id is None:
-            return previous.checkpoint_id + 1 if previous is not None else 1
-        if isinstance(checkpoint_id, bool) or not isinstance(checkpoint_id, int) or checkpoint_id < 0:
-            raise ValueError(f"checkpoint_id must be an int >= 0, got {checkpoint_id!r}")
-        if previous is not None and checkpoint_id < previous.checkpoint_id:
-            raise KeyGroupsError(
-                f"checkpoint {checkpoint_id} is older than the latest complete checkpoint {previous.checkpoint_id} "
-                f"and is no longer retained (retained: {self.storage.checkpoint_ids()}): it cannot be replayed"
-            )
-        return checkpoint_id
 
     # ---- one micro-batch ----------------------------------------------------------------------------------------
 
-    def run_batch(self, spark: SparkSession, df: DataFrame, parallelism: int, *,
-                  checkpoint_id: int | None = None, source_reports: list[dict[str, Any]] | None = None,
-                  properties: dict[str, Any] | None = None) -> BatchResult:
-        """Process one micro-batch at ``parallelism`` and commit it as one checkpoint.
+    def _begin(self, parallelism: int, checkpoint_id: int | None = None) -> BatchPlan:
+        return begin_batch(self.storage, job_name=self.name, max_parallelism=self.max_parallelism,
+                           parallelism=parallelism, checkpoint_id=checkpoint_id)
 
-        With an explicit ``checkpoint_id`` (e.g. Spark's streaming batch id) the call is idempotent: a checkpoint
-        that is already complete is not processed again; its committed output comes back instead."""
-        started = time.perf_counter()
-        p, mp = check_parallelism(parallelism, self.max_parallelism)
-        if checkpoint_id is not None and checkpoint_id in self.storage.checkpoint_ids():
-            return self._committed_result(spark, self.storage.load(checkpoint_id), replayed=True)
-        previous = self.storage.latest()
-        self._check_restorable(previous)
-        cid = self._next_checkpoint_id(previous, checkpoint_id)
+    def _path(self, relpath: str) -> str:
+        """A storage-relative file as Spark reads it: under the location exactly as the job was given it."""
+        return f"{self.storage.location.rstrip('/')}/{relpath}"
 
-        from pyspark.sql.pandas.types import to_arrow_schema
+    def _result(self, spark: SparkSession, metadata: CheckpointMetadata, *, replayed: bool, started: float
+                ) -> BatchResult:
+        """The committed batch: its output DataFrame reads the files the committed subtasks wrote."""
+        schema = from_arrow_schema(self.output_schema)
+        if metadata.outputs:
+            output = spark.read.schema(schema).parquet(*[self._path(f) for f in metadata.outputs])
+        else:
+            output = spark.createDataFrame([], schema)
+        return BatchResult(metadata.checkpoint_id, metadata.parallelism, output, metadata,
+                           metadata.properties.get("reports", []), time.perf_counter() - started, replayed)
 
-        from keygroups.spark.partitioner import partition_by_key_group
-
-        input_schema = to_arrow_schema(df.schema)
-        key_type = key_type_for_schema(input_schema, self.key_columns)
-        spec = KeyedTaskSpec(
-            job_name=self.name, key_columns=self.key_columns, key_type=key_type, function=self._function,
-            input_schema=input_schema, output_schema=self.output_schema, max_parallelism=mp, parallelism=p,
-            checkpoint_location=self.storage.location, checkpoint_id=cid,
-            restore_from=previous.checkpoint_id if previous is not None else None, backend=self.backend,
-            order_columns=self.order_by, timestamp_column=self.timestamp_column,
-            storage_options=self.storage_options, allow_pickle=self.allow_pickle,
+    def _run_keyed(self, plan: BatchPlan, df: DataFrame, source_reports: list[dict[str, Any]],
+                   properties: dict[str, Any] | None) -> CheckpointMetadata:
+        """The keyed stage on Spark: place the records, run one task per subtask, commit."""
+        spec = plan.keyed_task(
+            key_columns=self.key_columns, function=self._function, input_schema=to_arrow_schema(df.schema),
+            output_schema=self.output_schema, backend=self.backend, order_columns=self.order_by,
+            timestamp_column=self.timestamp_column, allow_pickle=self.allow_pickle,
         )
-        placed = partition_by_key_group(df, *self.key_columns, max_parallelism=mp, parallelism=p)
-        placed = placed.select(*df.columns)
+        placed = partition_by_key_group(df, *self.key_columns, max_parallelism=plan.max_parallelism,
+                                        parallelism=plan.parallelism).select(*df.columns)
 
         def subtask(batches: Any) -> Any:
-            from pyspark import TaskContext
-
-            index = TaskContext.get().partitionId()
+            index = TaskContext.get().partitionId()  # type: ignore[union-attr]  # always set inside a task
             report = run_keyed_subtask(spec, index, batches)
             yield pa.RecordBatch.from_pylist([{"subtask": index, "report": json.dumps(report)}], schema=_REPORT_ARROW)
 
         reports = [json.loads(r["report"]) for r in placed.mapInArrow(subtask, _REPORT_SCHEMA).collect()]
-        # Spark runs no task for an input it knows is empty (it prunes the whole plan), but every subtask must still
-        # carry its key groups' state into the new checkpoint: those subtasks run here with no records.
-        missing = sorted(set(range(p)) - {r["subtask"] for r in reports})
-        if missing:
-            def idle_subtask(index: int) -> str:
-                return json.dumps(run_keyed_subtask(spec, index, []))
+        idle = plan.idle_subtasks(reports)
+        if idle:
+            reports += [json.loads(r) for r in df.sparkSession.sparkContext.parallelize(idle, len(idle)).map(
+                lambda index: _idle_report(spec, index)).collect()]
+        return commit_batch(plan, reports, source_reports, properties=properties)
 
-            sc = spark.sparkContext
-            reports += [json.loads(r) for r in sc.parallelize(missing, len(missing)).map(idle_subtask).collect()]
-        metadata = checkpoint_metadata(job_name=self.name, checkpoint_id=cid, max_parallelism=mp, parallelism=p,
-                                       keyed_reports=reports, source_reports=source_reports or (),
-                                       properties=properties)
-        self.storage.commit(metadata)
-        return self._committed_result(spark, metadata, replayed=False, reports=reports,
-                                      seconds=time.perf_counter() - started)
+    def run_batch(self, df: DataFrame, *, parallelism: int, checkpoint_id: int | None = None,
+                  properties: dict[str, Any] | None = None) -> BatchResult:
+        """Process the micro-batch ``df`` at ``parallelism`` and commit it as one checkpoint; the output is
+        ``run_batch(...).output``. ``properties`` (JSON) are stored in the checkpoint's metadata.
 
-    def run_source_batch(self, spark: SparkSession, log_directory: str, parallelism: int, *,
+        With an explicit ``checkpoint_id`` (e.g. Spark's streaming batch id) the call is idempotent: a checkpoint
+        that is already complete is not processed again; its committed output comes back instead."""
+        started = time.perf_counter()
+        plan = self._begin(parallelism, checkpoint_id)
+        if plan.replay is not None:
+            return self._result(df.sparkSession, plan.replay, replayed=True, started=started)
+        metadata = self._run_keyed(plan, df, [], properties)
+        return self._result(df.sparkSession, metadata, replayed=False, started=started)
+
+    def run_source_batch(self, spark: SparkSession, log_directory: str, *, parallelism: int,
                          record_schema: pa.Schema, max_records_per_subtask: int | None = None) -> BatchResult:
         """One micro-batch whose input is the next records of a partitioned log (:mod:`keygroups.sources`).
+
+        There is no input DataFrame to take the session from, so the session comes first, as in
+        ``spark.read...``; the rest is keyword-only, as in :meth:`run_batch`.
 
         Source subtask *i* (a Spark task) restores its share of the ``(partition, offset)`` pairs from the previous
         checkpoint's operator state — split evenly over this batch's subtasks, whatever the previous parallelism —
@@ -239,33 +205,21 @@ class KeyedJob:
         runs as in :meth:`run_batch`, and the checkpoint commits the new positions with the keyed state. A resumed
         job, at any parallelism, continues exactly where the last complete checkpoint left off."""
         started = time.perf_counter()
-        p, _ = check_parallelism(parallelism, self.max_parallelism)
-        previous = self.storage.latest()
-        self._check_restorable(previous)
-        cid = self._next_checkpoint_id(previous, None)
-        spec = SourceTaskSpec(
-            log_directory=str(log_directory), record_schema=record_schema, parallelism=p,
-            max_records=max_records_per_subtask, checkpoint_location=self.storage.location, checkpoint_id=cid,
-            restore_from=previous.checkpoint_id if previous is not None else None,
-            storage_options=self.storage_options,
-        )
+        plan = self._begin(parallelism)
+        spec = plan.source_task(log_directory, record_schema=record_schema,
+                                max_records_per_subtask=max_records_per_subtask)
 
         def source_subtask(index: int, _: Any) -> Any:
             yield json.dumps(run_source_subtask(spec, index))
 
+        p = plan.parallelism
         reports = [json.loads(r) for r in
                    spark.sparkContext.parallelize(range(p), p).mapPartitionsWithIndex(source_subtask).collect()]
-        inputs = [self._output_path(r["input_file"]) for r in reports if r["input_file"]]
-        schema = _spark_schema(staged_schema(record_schema))
+        inputs = [self._path(r["input_file"]) for r in reports if r["input_file"]]
+        schema = from_arrow_schema(staged_schema(record_schema))
         df = spark.read.schema(schema).parquet(*inputs) if inputs else spark.createDataFrame([], schema)
-        result = self.run_batch(spark, df, p, checkpoint_id=cid, source_reports=reports)
-        result.seconds = time.perf_counter() - started
-        return result
-
-    def process_batch(self, spark: SparkSession, df: DataFrame, parallelism: int, *,
-                      checkpoint_id: int | None = None) -> DataFrame:
-        """:meth:`run_batch`, returning just the output DataFrame."""
-        return self.run_batch(spark, df, parallelism, checkpoint_id=checkpoint_id).output
+        metadata = self._run_keyed(plan, df, reports, None)
+        return self._result(spark, metadata, replayed=False, started=started)
 
     def foreach_batch(self, sink: Callable[[DataFrame, int], None] | None = None, *,
                       parallelism: int) -> Callable[[DataFrame, int], None]:
@@ -275,8 +229,13 @@ class KeyedJob:
         check_parallelism(parallelism, self.max_parallelism)
 
         def run(df: DataFrame, batch_id: int) -> None:
-            result = self.run_batch(df.sparkSession, df, parallelism, checkpoint_id=int(batch_id))
+            result = self.run_batch(df, parallelism=parallelism, checkpoint_id=int(batch_id))
             if sink is not None:
                 sink(result.output, int(batch_id))
 
         return run
+
+
+def _idle_report(spec: KeyedTaskSpec, index: int) -> str:
+    """An idle subtask's run (no records), as a Spark task; its report travels as JSON, as every other report."""
+    return json.dumps(run_keyed_subtask(spec, index, []))
