@@ -621,10 +621,10 @@ def test_snapshots_restore_across_backends(src, dst, tmp_path):
 def test_value_framing_rejects_damage_cleanly(data, kind, ttl_on):
     """Flipped bytes and truncations of a key's encoded value either decode or raise CorruptSnapshotError."""
     from keygroups.errors import CorruptSnapshotError
-    from keygroups.state._codec import Codec
+    from keygroups.state._codec import ValueFraming
 
     ser, key_ser = ValueSerializer(), StrSerializer()
-    codec = Codec("s", kind, ser, key_ser if kind == "map" else None, ttl=ttl_on)
+    codec = ValueFraming("s", kind, ser, key_ser if kind == "map" else None, ttl=ttl_on)
     vals = data.draw(st.lists(st.one_of(st.integers(), st.text(max_size=3)), min_size=1, max_size=4))
     if kind == "value":
         obj = vals
