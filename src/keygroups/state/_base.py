@@ -448,7 +448,9 @@ class KeyedStateBackendBase:
                         key_groups: Iterable[tuple[int, Iterable[tuple[int, Any, Any]]]],
                         future: SnapshotFuture[KeyedStateHandle]) -> KeyedStateHandle:
         """Write a captured view (``key_groups`` from the subclass, ascending) as this subtask's keyed snapshot
-        file, stopping between key groups once ``future`` is cancelled."""
+        file, stopping between key groups once ``future`` is cancelled (before the file is created if it already
+        is)."""
+        check_cancel(future)
         return write_keyed_snapshot(storage, checkpoint_id, self.subtask_index, self.key_group_range, states,
                                     key_groups, on_key_group=functools.partial(check_cancel, future))
 
