@@ -9,6 +9,7 @@ from libc.stdint cimport int32_t
 
 from keygroups._native import hashing as _h
 from keygroups.errors import KeyGroupOutOfRangeError
+from keygroups.errors import no_current_key_error as _no_current_key_error, none_added_error as _none_added_error
 
 from javahash cimport hash_str as _hash_str, kg_hash_long, kg_key_group
 
@@ -23,10 +24,6 @@ cdef class _Missing:
 
 #: What a state store returns for a key without a value (None is a legal value for some serializers).
 MISSING = _Missing()
-
-
-cdef object _no_key():
-    return RuntimeError("no current key: call set_current_key(key) on the backend before using keyed state")
 
 
 cdef class KeyContext:
@@ -96,7 +93,7 @@ cdef class TableCore:
 
 cdef inline dict _group(TableCore t, KeyContext c):
     if c.kgi >= c.n or c.kgi >= PyList_GET_SIZE(t.maps):
-        raise _no_key()
+        raise _no_current_key_error()
     return <dict>PyList_GET_ITEM(t.maps, c.kgi)
 
 
@@ -118,11 +115,6 @@ cdef inline object _read(TableCore t, KeyContext c):
     if v is MISSING and t.slow and _must_prepare(t, c):
         return t._get_slow(c.kgi, c.key)
     return v
-
-
-cdef object _none_error(str name, str what):
-    return ValueError(f"state {name!r}: cannot add None to a {what} (None means 'no value'); wrap the serializer "
-                      "in a NullableSerializer and use a sentinel if you need to store nulls")
 
 
 cdef class HeapValueCore:
@@ -187,7 +179,7 @@ cdef class HeapListCore:
 
     def add(self, value):
         if value is None:
-            raise _none_error(self._name, "ListState")
+            raise _none_added_error(self._name, "ListState")
         cdef TableCore t = self._t
         cdef KeyContext c = t.ctx
         if _must_prepare(t, c):
@@ -203,14 +195,14 @@ cdef class HeapListCore:
     def add_all(self, values):
         cdef list vals = list(values)
         if None in vals:
-            raise _none_error(self._name, "ListState")
+            raise _none_added_error(self._name, "ListState")
         if vals:
             self._extend(vals)
 
     def update(self, values):
         cdef list vals = list(values)
         if None in vals:
-            raise _none_error(self._name, "ListState")
+            raise _none_added_error(self._name, "ListState")
         cdef TableCore t = self._t
         cdef KeyContext c = t.ctx
         if _must_prepare(t, c):

@@ -4,6 +4,9 @@ snapshots, cancellation, lazy restore, and TTL with a fake clock."""
 from __future__ import annotations
 
 import concurrent.futures
+import copy
+import inspect
+import os
 import threading
 
 import pytest
@@ -23,6 +26,7 @@ from keygroups.state import (
     ReducingStateDescriptor,
     RocksDBKeyedStateBackend,
     StateTtlConfig,
+    SnapshotFuture,
     ValueStateDescriptor,
 )
 
@@ -203,8 +207,30 @@ def test_key_outside_range_and_no_key(kind):
 
 
 # ---- snapshots -----------------------------------------------------------------------------------------------------
-def test_writes_after_capture_never_reach_the_snapshot(kind, tmp_path):
-    storage = CheckpointStorage(tmp_path)
+class HeldStorage(CheckpointStorage):
+    """Real checkpoint storage whose files opened off the main thread (by the snapshot worker) wait for
+    ``release``: a test acts while a snapshot is provably captured but not yet written, without relying on timing."""
+
+    def __init__(self, location):
+        super().__init__(location)
+        self.release = threading.Event()
+        self.waiting = threading.Event()
+
+    def open_write(self, relpath):
+        if threading.current_thread() is not threading.main_thread():
+            self.waiting.set()
+            assert self.release.wait(30), "the test never released the snapshot writer"
+        return super().open_write(relpath)
+
+
+@pytest.mark.parametrize("writer", ["held", "finished"])
+def test_writes_after_capture_never_reach_the_snapshot(kind, writer, tmp_path):
+    """Both interleavings are forced: the writer is held until every write below is done (the writes then go
+    through copy-on-write), or has finished before the first one (they then change live objects in place).
+    ``expected`` is a deep copy: objects read before the snapshot are the live state, and once the snapshot has
+    finished, in-place changes legitimately reach them (comparing against those same objects made this test fail
+    about one run in ten, when the writer happened to finish early; the snapshot itself was right)."""
+    storage = HeldStorage(tmp_path)
     b = make(kind)
     s = {n: b.get_state(d) for n, d in descriptors().items()}
     keys = list(range(40))
@@ -215,24 +241,33 @@ def test_writes_after_capture_never_reach_the_snapshot(kind, tmp_path):
         s["map"].put("a", {"k": k})
         s["reducing"].add(k)
         s["aggregating"].add(k)
-    expected = dump(b, s, keys)
+    expected = copy.deepcopy(dump(b, s, keys))
     future = b.snapshot(1, storage)
-    for k in keys:  # every way of changing state after the synchronous capture
-        b.set_current_key(k)
-        v = s["value"].value()
-        v.append("LEAK")  # mutate an object obtained from state, then write it back
-        s["value"].update(v)
-        got = s["list"].get()
-        got.append("LEAK")
-        s["list"].update(got)
-        s["list"].add("LEAK")
-        s["list"].get()[1].append("LEAK")
-        s["map"].get("a")["k"] = "LEAK"
-        s["map"].put("b", "LEAK")
-        s["reducing"].add(1000)
-        s["aggregating"].add(1000)
-    b.set_current_key(1000)
-    s["value"].update("new key")
+    if writer == "held":
+        assert storage.waiting.wait(30)
+    else:
+        storage.release.set()
+        future.result(30)
+    try:
+        for k in keys:  # every way of changing state after the synchronous capture
+            b.set_current_key(k)
+            v = s["value"].value()
+            v.append("LEAK")  # mutate an object obtained from state, then write it back
+            s["value"].update(v)
+            got = s["list"].get()
+            got.append("LEAK")
+            s["list"].update(got)
+            s["list"].add("LEAK")
+            s["list"].get()[1].append("LEAK")
+            s["map"].get("a")["k"] = "LEAK"
+            s["map"].put("b", "LEAK")
+            s["reducing"].add(1000)
+            s["aggregating"].add(1000)
+        b.set_current_key(1000)
+        s["value"].update("new key")
+        assert future.done() == (writer == "finished")
+    finally:
+        storage.release.set()
     handle = future.result(30)
     md = commit(storage, [handle])
     new = make(kind)
@@ -243,6 +278,64 @@ def test_writes_after_capture_never_reach_the_snapshot(kind, tmp_path):
     # and the live backend kept its own writes
     b.set_current_key(3)
     assert s["value"].value() == [3, "LEAK"] and s["map"].get("b") == "LEAK"
+
+
+def _read_paths_mutated(s):
+    """Change, in place and without writing back, every mutable object each read path of ``s`` hands out."""
+    s["value"].value().append("LEAK")
+    s["list"].get().append("LEAK")
+    s["list"].get()[1].append("LEAK")
+    s["map"].get("a")["k"] = "LEAK"
+    for v in s["map"].values():
+        v["values"] = "LEAK"
+    for _, v in s["map"].items():
+        v["items"] = "LEAK"
+    s["aggregating"].add(1000)  # Avg.add changes its accumulator in place
+
+
+@pytest.mark.parametrize("origin", ["fresh", "restored lazily", "restored eagerly"])
+@pytest.mark.parametrize("ttl", [None, "on write", "on read and write"])
+def test_objects_read_during_a_snapshot_are_not_the_snapshots(kind, origin, ttl, tmp_path):
+    """While a snapshot is captured but not written, every read path of every state kind hands out objects the
+    snapshot does not hold (Flink's CopyOnWriteStateMap copies an entry older than the snapshot on access), whether
+    the value was written in this run, or restored and still undecoded bytes (lazily) or decoded (eagerly)."""
+    clock = FakeClock()
+    cfg = None
+    if ttl is not None:
+        builder = StateTtlConfig.new_builder(60)
+        cfg = (builder.update_ttl_on_read_and_write() if ttl == "on read and write" else builder).build()
+    keys = list(range(40))
+    source = make(kind, clock=clock)
+    src = {n: source.get_state(d) for n, d in descriptors(cfg).items()}
+    for k in keys:
+        source.set_current_key(k)
+        src["value"].update([k])
+        src["list"].add_all([k, [k]])
+        src["map"].put_all({"a": {"k": k}, "b": {"k": -k}})
+        src["aggregating"].add(k)
+    expected = copy.deepcopy(dump(source, src, keys))
+    if origin == "fresh":
+        b, s = source, src
+    else:
+        plain = CheckpointStorage(tmp_path)
+        md = commit(plain, [source.snapshot(1, plain).result(30)])
+        b = make(kind, clock=clock)
+        b.restore(plain, md, lazy=origin == "restored lazily")
+        s = {n: b.get_state(d) for n, d in descriptors(cfg).items()}  # nothing read: lazily, still bytes
+    storage = HeldStorage(tmp_path)
+    future = b.snapshot(2, storage)
+    assert storage.waiting.wait(30)
+    try:
+        for k in keys:
+            b.set_current_key(k)
+            _read_paths_mutated(s)
+        assert not future.done()
+    finally:
+        storage.release.set()
+    md = commit(storage, [future.result(30)], 2)
+    new = make(kind, clock=clock)
+    new.restore(storage, md)
+    assert dump(new, {n: new.get_state(d) for n, d in descriptors(cfg).items()}, keys) == expected
 
 
 def test_two_overlapping_snapshots(kind, tmp_path):
@@ -321,6 +414,91 @@ def test_cancel_a_running_snapshot(tmp_path):
     nv = new.get_state(ValueStateDescriptor("v", Int64Serializer()))
     new.set_current_key(1)
     assert nv.value() == -1 and len(list(new.keys("v"))) == 100
+
+
+def test_snapshots_run_one_at_a_time_on_the_snapshot_worker():
+    order = []
+    gate = threading.Event()
+
+    def first(future):
+        order.append(("first", threading.current_thread().name))
+        assert gate.wait(30)
+        return 1
+
+    a = SnapshotFuture.start(first, name="first")
+    b = SnapshotFuture.start(lambda future: order.append(("second", threading.current_thread().name)) or 2,
+                             name="second")
+    assert not b.done()  # queued behind the first on the single worker
+    gate.set()
+    assert (a.result(30), b.result(30)) == (1, 2)
+    assert [who for who, _ in order] == ["first", "second"]
+    assert all(thread.startswith("keygroups-snapshot") for _, thread in order)
+
+
+def test_a_snapshot_waiting_for_a_later_one_fails_instead_of_deadlocking():
+    def outer(future):
+        later = SnapshotFuture.start(lambda f: "later", name="later")
+        with pytest.raises(RuntimeError, match="'later' has not finished.*wait forever"):
+            later.result()
+        return later
+
+    later = SnapshotFuture.start(outer, name="outer").result(30)
+    assert later.result(30) == "later"
+
+
+def test_a_snapshot_cancelled_before_it_starts_still_releases_its_capture(tmp_path):
+    storage = CheckpointStorage(tmp_path)
+    b = make("heap")
+    v = b.get_state(ValueStateDescriptor("v", ValueSerializer()))
+    b.set_current_key(1)
+    v.update([1])
+    gate = threading.Event()
+    blocker = SnapshotFuture.start(lambda f: gate.wait(30), name="blocker")
+    fut = b.snapshot(1, storage)
+    assert b._tables["v"].cow  # copy-on-write while the snapshot holds the dicts
+    assert fut.cancel() and fut.cancel_requested and not fut.done()
+    gate.set()
+    assert blocker.result(30)
+    with pytest.raises(concurrent.futures.CancelledError):
+        fut.result(30)
+    assert fut.cancelled() and not b._tables["v"].cow and not b._tables["v"].slow  # back on the fast path
+    assert not list(tmp_path.glob("chk-1/keyed-*"))  # cancelled before it began: no file was even started
+
+
+def test_backends_spell_out_their_signature_and_dispose_as_context_managers(kind, tmp_path):
+    params = inspect.signature(BACKENDS[kind]).parameters
+    assert list(params)[:3] == ["key_group_range", "max_parallelism", "key_serializer"]
+    assert {"key_type", "clock", "allow_pickle", "subtask_index"} <= {
+        n for n, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY}
+    assert ("db_dir" in params) == (kind == "rocksdb")
+    assert not hasattr(BACKENDS[kind], "close") and not hasattr(BACKENDS[kind], "get_partitioned_state")
+    extra = {"db_dir": tmp_path} if kind == "rocksdb" else {}
+    with make(kind, **extra) as b:
+        v = b.get_state(ValueStateDescriptor("v", Int64Serializer()))
+        b.set_current_key(1)
+        v.update(5)
+        assert v.value() == 5
+    if kind == "rocksdb":
+        assert os.listdir(tmp_path) == []  # the local database is gone
+    b.dispose()  # again: nothing happens
+    with pytest.raises(ZeroDivisionError):
+        with make(kind, **extra):
+            1 / 0
+    assert kind == "heap" or os.listdir(tmp_path) == []
+
+
+def test_state_use_without_a_current_key_names_the_fix(kind):
+    b = make(kind)
+    s = {n: b.get_state(d) for n, d in descriptors().items()}
+    with pytest.raises(RuntimeError, match=r"no current key: call set_current_key\(key\)"):
+        s["value"].value()
+    with pytest.raises(RuntimeError, match=r"no current key: call set_current_key\(key\)"):
+        s["map"].put("a", 1)
+    b.set_current_key(1)
+    with pytest.raises(ValueError, match="'list': cannot add None to a ListState"):
+        s["list"].add(None)
+    with pytest.raises(ValueError, match="'reducing': cannot add None to a ReducingState"):
+        s["reducing"].add(None)
 
 
 class CountingValues(ValueSerializer):
@@ -604,7 +782,7 @@ def test_snapshots_restore_across_backends(src, dst, tmp_path):
         s["map"].put_all({"a": k, "b": None})
         s["reducing"].add(k)
         s["aggregating"].add(k)
-    expected = dump(b, s, keys)
+    expected = copy.deepcopy(dump(b, s, keys))
     md = commit(storage, [b.snapshot(1, storage).result(30)])
     got = {}
     for i in range(3):
@@ -621,10 +799,10 @@ def test_snapshots_restore_across_backends(src, dst, tmp_path):
 def test_value_framing_rejects_damage_cleanly(data, kind, ttl_on):
     """Flipped bytes and truncations of a key's encoded value either decode or raise CorruptSnapshotError."""
     from keygroups.errors import CorruptSnapshotError
-    from keygroups.state._codec import Codec
+    from keygroups.state._codec import ValueFraming
 
     ser, key_ser = ValueSerializer(), StrSerializer()
-    codec = Codec("s", kind, ser, key_ser if kind == "map" else None, ttl=ttl_on)
+    codec = ValueFraming("s", kind, ser, key_ser if kind == "map" else None, ttl=ttl_on)
     vals = data.draw(st.lists(st.one_of(st.integers(), st.text(max_size=3)), min_size=1, max_size=4))
     if kind == "value":
         obj = vals

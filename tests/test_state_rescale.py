@@ -81,8 +81,7 @@ class Job:
 
     def dispose(self):
         for b in self.backends:
-            if hasattr(b, "dispose"):
-                b.dispose()
+            b.dispose()
 
 
 def fill(job, keys):

@@ -57,6 +57,18 @@ class UnsafeDeserializationError(KeyGroupsError):
     """A snapshot holds pickled data and the caller did not opt in to unpickling it."""
 
 
+# Messages raised from more than one module (Python and compiled), written once here.
+def no_current_key_error() -> RuntimeError:
+    """Keyed state was used before the backend had a current key."""
+    return RuntimeError("no current key: call set_current_key(key) on the backend before using keyed state")
+
+
+def none_added_error(state: str, kind: str) -> ValueError:
+    """``None`` was added to a list or reducing state ``state`` (``kind`` names it, e.g. "ListState")."""
+    return ValueError(f"state {state!r}: cannot add None to a {kind} (None means 'no value'); wrap the serializer "
+                      "in a NullableSerializer and use a sentinel if you need to store nulls")
+
+
 __all__ = [
     "KeyGroupsError",
     "StateMigrationError",

@@ -28,7 +28,7 @@ its values). Every block is verified (CRC32C, key group, structure) by the compi
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, BinaryIO
 
@@ -246,15 +246,23 @@ def open_snapshot(buffer: Any) -> SnapshotFile:
 def write_keyed_snapshot(storage: CheckpointStorage, checkpoint_id: int, subtask: int,
                          key_group_range: KeyGroupRange, states: list[dict[str, Any]],
                          key_groups: Iterable[tuple[int, Iterable[tuple[int, Any, Any]]]], *,
-                         prefix: str | None = None) -> KeyedStateHandle:
+                         prefix: str | None = None, on_key_group: Callable[[], object] | None = None
+                         ) -> KeyedStateHandle:
     """Write a whole keyed snapshot file into checkpoint ``checkpoint_id`` and return its handle: the one-call form
     of ``new_file`` + ``open_write`` + :class:`KeyedSnapshotWriter`. ``key_groups`` yields ``(key_group, sections)``
-    in ascending key-group order; the file is named ``chk-<id>/<prefix or "keyed-<subtask>">-<uuid>``."""
+    in ascending key-group order; the file is named ``chk-<id>/<prefix or "keyed-<subtask>">-<uuid>``.
+
+    ``on_key_group`` is called before each key group is written and once more before the file is finished; an
+    exception it raises abandons the file (a cancelled snapshot stops this way) and propagates."""
     relpath = storage.new_file(checkpoint_id, prefix or f"keyed-{subtask}")
     with storage.open_write(relpath) as stream:
         writer = KeyedSnapshotWriter(stream, key_group_range, states)
         for kg, sections in key_groups:
+            if on_key_group is not None:
+                on_key_group()
             writer.write_key_group(kg, sections)
+        if on_key_group is not None:
+            on_key_group()
         offsets, size = writer.finish()
     return KeyedStateHandle(file=relpath, subtask=subtask, key_group_range=key_group_range, offsets=offsets,
                             size=size, states=states)

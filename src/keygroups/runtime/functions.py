@@ -8,14 +8,42 @@ state it reads or writes is the current key's.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
+
+from keygroups.state import (
+    AggregatingState,
+    AggregatingStateDescriptor,
+    ListState,
+    ListStateDescriptor,
+    MapState,
+    MapStateDescriptor,
+    ReducingState,
+    ReducingStateDescriptor,
+    State,
+    StateDescriptor,
+    ValueState,
+    ValueStateDescriptor,
+)
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
+#: The getter of each descriptor kind, named in the message when a descriptor reaches the wrong one.
+_GETTERS = {
+    "value": ("get_state", "ValueStateDescriptor"),
+    "list": ("get_list_state", "ListStateDescriptor"),
+    "map": ("get_map_state", "MapStateDescriptor"),
+    "reducing": ("get_reducing_state", "ReducingStateDescriptor"),
+    "aggregating": ("get_aggregating_state", "AggregatingStateDescriptor"),
+}
+
 
 class RuntimeContext:
-    """What :meth:`KeyedProcessFunction.open` receives: state registration and where the function runs."""
+    """What :meth:`KeyedProcessFunction.open` receives: state registration and where the function runs.
+
+    One getter per state kind, as Flink's ``RuntimeContext`` (``get_list_state(ListStateDescriptor)`` returns a
+    ``ListState``, ...); each refuses a descriptor of another kind. ``get_state`` also takes every kind (the
+    backend's generic form), typed per descriptor."""
 
     def __init__(self, backend: Any, *, job_name: str, subtask_index: int, parallelism: int, max_parallelism: int,
                  checkpoint_id: int) -> None:
@@ -30,15 +58,48 @@ class RuntimeContext:
     def key_group_range(self) -> Any:
         return self._backend.key_group_range
 
-    def get_state(self, descriptor: Any) -> Any:
-        """The keyed state for ``descriptor`` (any of the five kinds); like Flink's ``getState`` and friends."""
-        return self._backend.get_state(descriptor)
+    @overload
+    def get_state(self, descriptor: ValueStateDescriptor) -> ValueState: ...
+    @overload
+    def get_state(self, descriptor: ListStateDescriptor) -> ListState: ...
+    @overload
+    def get_state(self, descriptor: MapStateDescriptor) -> MapState: ...
+    @overload
+    def get_state(self, descriptor: ReducingStateDescriptor) -> ReducingState: ...
+    @overload
+    def get_state(self, descriptor: AggregatingStateDescriptor) -> AggregatingState: ...
 
-    # Flink's per-kind names, for readers coming from Flink; they all resolve by the descriptor's kind.
-    get_list_state = get_state
-    get_map_state = get_state
-    get_reducing_state = get_state
-    get_aggregating_state = get_state
+    def get_state(self, descriptor: StateDescriptor) -> State:
+        """The keyed state for ``descriptor``, of any of the five kinds (Flink's ``getState`` takes a
+        ``ValueStateDescriptor`` only; here it is also the generic form). Prefer the per-kind getters, which check
+        the descriptor's kind."""
+        return self._backend.get_state(descriptor)  # type: ignore[no-any-return]
+
+    def get_list_state(self, descriptor: ListStateDescriptor) -> ListState:
+        """The keyed ``ListState`` for a ``ListStateDescriptor`` (Flink's ``getListState``)."""
+        return self._get_checked(descriptor, "list")  # type: ignore[return-value]
+
+    def get_map_state(self, descriptor: MapStateDescriptor) -> MapState:
+        """The keyed ``MapState`` for a ``MapStateDescriptor`` (Flink's ``getMapState``)."""
+        return self._get_checked(descriptor, "map")  # type: ignore[return-value]
+
+    def get_reducing_state(self, descriptor: ReducingStateDescriptor) -> ReducingState:
+        """The keyed ``ReducingState`` for a ``ReducingStateDescriptor`` (Flink's ``getReducingState``)."""
+        return self._get_checked(descriptor, "reducing")  # type: ignore[return-value]
+
+    def get_aggregating_state(self, descriptor: AggregatingStateDescriptor) -> AggregatingState:
+        """The keyed ``AggregatingState`` for an ``AggregatingStateDescriptor`` (Flink's
+        ``getAggregatingState``)."""
+        return self._get_checked(descriptor, "aggregating")  # type: ignore[return-value]
+
+    def _get_checked(self, descriptor: Any, kind: str) -> State:
+        if not isinstance(descriptor, StateDescriptor) or descriptor.kind != kind:
+            method, wanted = _GETTERS[kind]
+            fix = ""
+            if isinstance(descriptor, StateDescriptor) and descriptor.kind in _GETTERS:
+                fix = f"; use {_GETTERS[descriptor.kind][0]}() for a {_GETTERS[descriptor.kind][1]}"
+            raise TypeError(f"{method} takes a keygroups.state.{wanted}, got {descriptor!r}{fix}")
+        return self._backend.get_state(descriptor)  # type: ignore[no-any-return]
 
 
 class ProcessContext:

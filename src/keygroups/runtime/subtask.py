@@ -161,14 +161,10 @@ def _to_table(outputs: list[Any], schema: pa.Schema) -> pa.Table:
 def run_keyed_subtask(spec: KeyedTaskSpec, subtask_index: int, batches: Iterable[pa.RecordBatch]) -> dict[str, Any]:
     """Run one subtask of one micro-batch; returns its report (JSON-able) for the driver's commit."""
     own_range = key_group_range(spec.max_parallelism, spec.parallelism, subtask_index)
-    backend = create_backend(spec.backend, own_range, spec.max_parallelism, spec.key_type,
-                             subtask_index=subtask_index, allow_pickle=spec.allow_pickle)
-    try:
+    # Disposed on the way out (RocksDB: its local database is not needed past the snapshot).
+    with create_backend(spec.backend, own_range, spec.max_parallelism, spec.key_type,
+                        subtask_index=subtask_index, allow_pickle=spec.allow_pickle) as backend:
         return _run_on_backend(spec, subtask_index, batches, backend, own_range)
-    finally:
-        dispose = getattr(backend, "dispose", None)  # RocksDB: its local database is not needed past the snapshot
-        if dispose is not None:
-            dispose()
 
 
 def _run_on_backend(spec: KeyedTaskSpec, subtask_index: int, batches: Iterable[pa.RecordBatch], backend: Any,

@@ -30,7 +30,13 @@ from keygroups.state.descriptors import (
 from keygroups.state.heap import HeapKeyedStateBackend
 from keygroups.state.operator import BroadcastState, OperatorListState, OperatorStateStore
 from keygroups.state.states import AggregatingState, ListState, MapState, ReducingState, State, ValueState
-from keygroups.state.ttl import StateTtlConfig, StateVisibility, TtlTimeCharacteristic, UpdateType
+from keygroups.state.ttl import (
+    StateTtlConfig,
+    StateTtlConfigBuilder,
+    StateVisibility,
+    TtlTimeCharacteristic,
+    UpdateType,
+)
 
 
 def __getattr__(name: str):  # RocksDB is optional: import rocksdict only when asked for
@@ -57,6 +63,7 @@ __all__ = [
     "ReducingState",
     "AggregatingState",
     "StateTtlConfig",
+    "StateTtlConfigBuilder",
     "UpdateType",
     "StateVisibility",
     "TtlTimeCharacteristic",

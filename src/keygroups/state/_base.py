@@ -1,30 +1,37 @@
 """What both keyed state backends share: the current key, state registration and its checks against restored
-state, restore planning, and the snapshot future.
+state, restore planning, the backend's lifecycle (``dispose``, ``with``), and the snapshot runner.
 
-A backend subclass provides ``_new_table(name, kind, meta, read_codec, write_codec, ...)`` style hooks (see
+A backend subclass provides the table hooks below (``_new_table``, ``_register``, ``_store``, ...; see
 ``HeapKeyedStateBackend`` and ``RocksDBKeyedStateBackend``); this module never touches the stored data itself.
+
+Snapshots of every backend (and of the operator state store) run their asynchronous part on ONE worker thread
+(``SnapshotFuture``), one after another, as Flink's ``SnapshotStrategyRunner`` does per backend. A snapshot's work
+must therefore never wait for another snapshot: it would wait forever behind itself (``result()`` refuses).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import functools
+import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar
 
-from keygroups._hashing import key_type_code
+from keygroups._hashing import KeyType, key_type_code
 from keygroups._native.statecore import KeyContext
 from keygroups._ranges import KeyGroupRange, check_max_parallelism
-from keygroups.errors import StateMigrationError
-from keygroups.state._codec import Codec
+from keygroups.checkpoint import KeyedStateHandle, plan_keyed_restore, read_key_groups, write_keyed_snapshot
+from keygroups.errors import CorruptSnapshotError, StateMigrationError
+from keygroups.serializers import SerializerSnapshot, TypeSerializer, resolve_compatibility
+from keygroups.state._codec import ValueFraming
 from keygroups.state.descriptors import StateDescriptor
 from keygroups.state.states import STATE_CLASSES, State
 
 if TYPE_CHECKING:
-    from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage, KeyedStateHandle
-    from keygroups.serializers import TypeSerializer
+    from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage
 
 
 class _VoidNamespace:
@@ -53,21 +60,72 @@ class RestoreStats:
     key_groups: int
 
 
-class SnapshotFuture:
-    """The asynchronous part of a snapshot. ``result()`` gives the ``KeyedStateHandle`` once the file is written;
-    ``cancel()`` stops the write between key groups (``result()`` then raises ``concurrent.futures.CancelledError``)."""
+# ---- the snapshot runner ---------------------------------------------------------------------------------------
+_executor: concurrent.futures.ThreadPoolExecutor | None = None
+_executor_lock = threading.Lock()
+_on_worker = threading.local()  # ``.active`` is True on the worker thread while a snapshot's work runs
+
+
+def _snapshot_executor() -> concurrent.futures.ThreadPoolExecutor:
+    """The one worker thread every snapshot's asynchronous part runs on, created on first use."""
+    global _executor
+    with _executor_lock:
+        if _executor is None:
+            _executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="keygroups-snapshot")
+        return _executor
+
+
+def _forget_executor_after_fork() -> None:
+    # A forked child (Spark's Python daemon forks its workers) inherits the executor but not its thread: the
+    # executor would count a worker that does not exist and never run the child's snapshots. Start afresh.
+    global _executor, _executor_lock
+    _executor = None
+    _executor_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_executor_after_fork)
+
+T = TypeVar("T")
+
+
+class _Cancelled(Exception):
+    """Raised inside a snapshot's work (by ``check_cancel``) to stop it once ``cancel()`` was asked."""
+
+
+class SnapshotFuture(Generic[T]):
+    """The asynchronous part of a snapshot, running on the snapshot worker thread. ``result()`` gives what the work
+    returned (a ``KeyedStateHandle`` for keyed state) once the file is written; ``cancel()`` stops the write at its
+    next check (between key groups; ``result()`` then raises ``concurrent.futures.CancelledError``).
+
+    Start one with :meth:`start`. The work always runs, even when cancelled before it began, so that it can release
+    what the synchronous part captured (it ends at its first ``check_cancel``)."""
 
     def __init__(self) -> None:
-        self._future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        self.name = ""
+        self._future: concurrent.futures.Future[T] = concurrent.futures.Future()
         self._cancel = threading.Event()
-        self._thread: threading.Thread | None = None
 
-    def result(self, timeout: float | None = None) -> KeyedStateHandle:
+    @classmethod
+    def start(cls, work: Callable[[SnapshotFuture[T]], T], *, name: str) -> SnapshotFuture[T]:
+        """Run ``work(future)`` on the snapshot worker and return its future; ``name`` labels it (e.g.
+        ``"keyed-3 chk-17"``). ``work`` calls :func:`check_cancel` where stopping is safe."""
+        future: SnapshotFuture[T] = cls()
+        future._run(work, name)
+        return future
+
+    def result(self, timeout: float | None = None) -> T:
+        """What the work returned; raises what it raised, or ``CancelledError``. Called from a snapshot's own work
+        on an unfinished future, raises ``RuntimeError`` instead of waiting forever on the single worker."""
+        if not self._future.done() and getattr(_on_worker, "active", False):
+            raise RuntimeError(
+                f"snapshot {self.name!r} has not finished and result() was called from another snapshot's work: "
+                "snapshots run one at a time on one worker thread, so this would wait forever; wait for it from "
+                "the thread that started the snapshots instead")
         return self._future.result(timeout)
 
     def cancel(self) -> bool:
-        """Ask the write to stop at the next key group; True unless it had already finished. Does not wait:
-        ``result()`` raises ``CancelledError`` once the writer has stopped."""
+        """Ask the write to stop at its next check; True unless it had already finished. Does not wait:
+        ``result()`` raises ``CancelledError`` once the work has stopped."""
         if self._future.done():
             return self._future.cancelled()
         self._cancel.set()
@@ -81,50 +139,52 @@ class SnapshotFuture:
 
     @property
     def cancel_requested(self) -> bool:
+        """Whether ``cancel()`` was called (the work may still be running until its next check)."""
         return self._cancel.is_set()
 
-    def _run(self, work: Callable[[SnapshotFuture], Any], name: str) -> None:
-        def target() -> None:
-            time.sleep(0)  # hand the GIL back first: snapshot() returns to processing without waiting a switch interval
-            try:
-                value = work(self)
-            except _Cancelled:
-                self._future.cancel()
-                self._future.set_running_or_notify_cancel()
-            except BaseException as exc:  # noqa: BLE001 - handed to the caller through result()
-                self._future.set_exception(exc)
-            else:
-                self._future.set_result(value)
+    def __repr__(self) -> str:
+        state = "cancelled" if self.cancelled() else "done" if self.done() else (
+            "cancelling" if self.cancel_requested else "running")
+        return f"SnapshotFuture({self.name!r}, {state})"
 
-        self._thread = threading.Thread(target=target, name=name, daemon=True)
-        self._thread.start()
+    def _run(self, work: Callable[[SnapshotFuture[T]], T], name: str) -> None:
+        """Submit ``work(self)`` to the snapshot worker (:meth:`start` is the public form)."""
+        self.name = name
+        _snapshot_executor().submit(self._work, work)
+
+    def _work(self, work: Callable[[SnapshotFuture[T]], T]) -> None:
+        # Never cancel the executor's own future: the work must run to release what the snapshot captured.
+        time.sleep(0)  # hand the GIL back first: snapshot() returns to processing without waiting a switch interval
+        _on_worker.active = True
+        try:
+            value = work(self)
+        except _Cancelled:
+            self._future.cancel()
+            self._future.set_running_or_notify_cancel()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller through result()
+            self._future.set_exception(exc)
+        else:
+            self._future.set_result(value)
+        finally:
+            _on_worker.active = False
 
 
-class _Cancelled(Exception):
-    pass
-
-
-def check_cancel(future: SnapshotFuture) -> None:
-    if future._cancel.is_set():
+def check_cancel(future: SnapshotFuture[Any]) -> None:
+    """End a snapshot's work as cancelled if ``future.cancel()`` was asked (call it where stopping is safe)."""
+    if future.cancel_requested:
         raise _Cancelled()
 
 
-def _snap_from_json(d: dict[str, Any]) -> Any:
-    from keygroups.serializers import SerializerSnapshot
-
-    return SerializerSnapshot.from_json(d)
-
-
 class KeyedStateBackendBase:
-    """Shared logic of the keyed state backends (see ``HeapKeyedStateBackend`` for the public documentation)."""
+    """Shared logic of the keyed state backends (see ``HeapKeyedStateBackend`` for the public documentation).
+
+    A backend is a context manager: ``with HeapKeyedStateBackend(...) as backend:`` disposes of it on exit."""
 
     _tables: dict[str, Any]  # state name -> the subclass's table
 
     def __init__(self, key_group_range: KeyGroupRange, max_parallelism: int, key_serializer: TypeSerializer, *,
-                 key_type: Any = None, clock: Callable[[], float] = time.time, allow_pickle: bool = False,
+                 key_type: KeyType = None, clock: Callable[[], float] = time.time, allow_pickle: bool = False,
                  subtask_index: int = 0) -> None:
-        from keygroups.serializers import TypeSerializer
-
         if not isinstance(key_group_range, KeyGroupRange):
             raise TypeError(f"key_group_range must be a KeyGroupRange, got {key_group_range!r}")
         mp = check_max_parallelism(max_parallelism)
@@ -150,6 +210,17 @@ class KeyedStateBackendBase:
         self._descriptors: dict[str, StateDescriptor] = {}
         self._restored = False
 
+    # ---- lifecycle ----------------------------------------------------------------------------------------------
+    def dispose(self) -> None:
+        """Release what the backend holds beyond Python objects (RocksDB: its local database). Calling it again
+        does nothing; the heap backend holds nothing to release. Wait for running snapshots first."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.dispose()
+
     # ---- current key --------------------------------------------------------------------------------------------
     def set_current_key(self, key: Any) -> None:
         """Make ``key`` the key that every state of this backend reads and writes.
@@ -171,6 +242,13 @@ class KeyedStateBackendBase:
     def _now_ms(self) -> int:
         return int(self.clock() * 1000)
 
+    def _snapshot_ttl_deadline(self, descriptor: StateDescriptor | None) -> int | None:
+        """Entries of ``descriptor``'s state last accessed at or before this time (ms) are expired and dropped when
+        a snapshot is written or restored (``cleanup_full_snapshot``); None when that cleanup is off."""
+        if descriptor is None or descriptor.ttl_config is None or not descriptor.ttl_config.cleanup_full_snapshot:
+            return None
+        return self._now_ms() - descriptor.ttl_config.ttl_ms
+
     # ---- registration -------------------------------------------------------------------------------------------
     def get_state(self, descriptor: StateDescriptor, namespace: Any = VOID_NAMESPACE) -> Any:
         """The state ``descriptor`` describes, created on first use (or matched to restored state: kind, TTL and
@@ -191,20 +269,14 @@ class KeyedStateBackendBase:
             return self._states[name]
         meta = self._state_meta(descriptor)
         restored = self._restored_meta(name)
-        if restored is None:
-            codec = self._codec(descriptor, descriptor.serializers)
-            self._register(descriptor, meta, codec, codec)
-        else:
-            read_sers = self._resolve(descriptor, restored)
-            self._register(descriptor, meta, self._codec(descriptor, read_sers),
-                           self._codec(descriptor, descriptor.serializers))
+        write = self._framing(descriptor, descriptor.serializers)
+        read = write if restored is None else self._framing(descriptor, self._resolve(descriptor, restored))
+        self._register(descriptor, meta, read, write)
         state = self._state_class(descriptor.kind, descriptor.ttl_config is not None)(
             self._store(name), descriptor, self)
         self._descriptors[name] = descriptor
         self._states[name] = state
         return state
-
-    get_partitioned_state = get_state
 
     def _state_class(self, kind: str, ttl: bool) -> type:
         return STATE_CLASSES[(kind, ttl)]
@@ -237,27 +309,12 @@ class KeyedStateBackendBase:
             "format": STATE_META_VERSION,
         }
 
-    def _codec(self, d: StateDescriptor, sers: dict[str, Any]) -> Codec:
-        ttl = d.ttl_config is not None
-        if d.kind == "list":
-            return Codec(d.name, "list", sers["element"], ttl=ttl)
-        if d.kind == "map":
-            return Codec(d.name, "map", sers["map value"], sers["map key"], ttl=ttl)
-        return Codec(d.name, d.kind, sers["value"], ttl=ttl)
-
     @staticmethod
-    def _codec_for_meta(meta: dict[str, Any], sers: dict[str, Any]) -> Codec:
-        kind, ttl, name = meta["kind"], meta.get("ttl") is not None, meta["name"]
-        if kind == "list":
-            return Codec(name, "list", sers["element"], ttl=ttl)
-        if kind == "map":
-            return Codec(name, "map", sers["map value"], sers["map key"], ttl=ttl)
-        return Codec(name, kind, sers["value"], ttl=ttl)
+    def _framing(d: StateDescriptor, serializers: dict[str, TypeSerializer]) -> ValueFraming:
+        return ValueFraming.for_state(d.name, d.kind, serializers, ttl=d.ttl_config is not None)
 
-    def _resolve(self, d: StateDescriptor, meta: dict[str, Any]) -> dict[str, Any]:
+    def _resolve(self, d: StateDescriptor, meta: dict[str, Any]) -> dict[str, TypeSerializer]:
         """Serializers to read the restored bytes of ``d``'s state with; raises when they cannot be used."""
-        from keygroups.serializers import resolve_compatibility
-
         name = d.name
         if meta["kind"] != d.kind:
             raise StateMigrationError(f"state {name!r} was snapshotted as a {meta['kind']} state and cannot be "
@@ -267,34 +324,26 @@ class KeyedStateBackendBase:
             raise StateMigrationError(
                 f"state {name!r} was snapshotted {had} TTL; it must be registered {had} TTL to restore it "
                 "(as in Flink, TTL cannot be switched on or off for existing state)")
-        read: dict[str, Any] = {}
+        read: dict[str, TypeSerializer] = {}
         for role, ser in d.serializers.items():
             stored = meta["serializers"].get(role)
             if stored is None:
                 raise StateMigrationError(f"state {name!r}: the snapshot has no {role} serializer")
-            _, read[role] = resolve_compatibility(name, _snap_from_json(stored), ser,
-                                                  allow_pickle=self.allow_pickle, role=role)
+            _, read[role] = resolve_compatibility(name, stored, ser, allow_pickle=self.allow_pickle, role=role)
         return read
 
     def _check_key_serializer(self, meta: dict[str, Any]) -> None:
-        from keygroups.serializers import Compatibility, resolve_compatibility
-
+        """StateMigrationError unless this backend's key serializer reads the snapshot's keys as they are."""
         stored = meta["serializers"].get("key")
         if stored is None:
             raise StateMigrationError(f"state {meta['name']!r}: the snapshot has no key serializer")
-        outcome, _ = resolve_compatibility(meta["name"], _snap_from_json(stored), self.key_serializer,
-                                           allow_pickle=self.allow_pickle, role="key")
-        if outcome is not Compatibility.COMPATIBLE_AS_IS:
-            raise StateMigrationError(
-                f"state {meta['name']!r}: the key serializer {self.key_serializer!r} is not compatible as-is with "
-                f"the snapshot's ({stored.get('identifier', stored)}); keys cannot be migrated because their bytes "
-                "identify them")
+        resolve_compatibility(meta["name"], stored, self.key_serializer, allow_pickle=self.allow_pickle, role="key")
 
-    def _restored_codec(self, meta: dict[str, Any]) -> Codec:
-        """The codec of a restored state nobody registered yet: its own (old) serializers."""
-        sers = {role: _snap_from_json(s).restore_serializer(allow_pickle=self.allow_pickle)
+    def _restored_framing(self, meta: dict[str, Any]) -> ValueFraming:
+        """The framing of a restored state nobody registered yet: its own (old) serializers."""
+        sers = {role: SerializerSnapshot.from_json(s).restore_serializer(allow_pickle=self.allow_pickle)
                 for role, s in meta["serializers"].items() if role != "key"}
-        return self._codec_for_meta(meta, sers)
+        return ValueFraming.for_state(meta["name"], meta["kind"], sers, ttl=meta.get("ttl") is not None)
 
     # ---- restore ------------------------------------------------------------------------------------------------
     def restore(self, storage: CheckpointStorage, metadata: CheckpointMetadata, *, lazy: bool = True) -> RestoreStats:
@@ -304,54 +353,40 @@ class KeyedStateBackendBase:
 
         Must be called once, before any state is written. A changed max parallelism raises
         ``StateMigrationError``."""
-        from keygroups.checkpoint import plan_keyed_restore
-
         if self._restored:
             raise RuntimeError("restore() was already called on this backend; create a new backend to restore again")
         if self._has_data():
             raise RuntimeError("restore() must come before any state is written to the backend")
-        if metadata.max_parallelism != self.max_parallelism:
-            raise StateMigrationError(
-                f"checkpoint {metadata.checkpoint_id} was taken with max_parallelism={metadata.max_parallelism}, "
-                f"this backend has max_parallelism={self.max_parallelism}: max parallelism cannot change across a "
-                "restore (key groups would move); restore with the old max parallelism")
+        plan = plan_keyed_restore(metadata, self.key_group_range, max_parallelism=self.max_parallelism)
         self._restored = True
         total = 0
         groups = 0
-        for handle, kgr in plan_keyed_restore(metadata, self.key_group_range):
-            kgr = kgr.intersection(self.key_group_range)
-            if not kgr:
-                continue
+        for handle, key_groups in plan:  # key_groups: non-empty, inside this backend's range
             targets = [self._restore_target(meta) for meta in handle.states]
-            nbytes, ngroups = self._restore_handle(storage, handle, kgr, targets)
+            nbytes, ngroups = self._restore_handle(storage, handle, key_groups, targets)
             total += nbytes
             groups += ngroups
         self._after_restore(lazy)
         return RestoreStats(total, groups)
 
-    def _restore_handle(self, storage: CheckpointStorage, handle: KeyedStateHandle, kgr: KeyGroupRange,
+    def _restore_handle(self, storage: CheckpointStorage, handle: KeyedStateHandle, key_groups: KeyGroupRange,
                         targets: list[Any]) -> tuple[int, int]:
-        """Read ``kgr`` of one old file into ``targets`` (one per state of the file); (bytes read, key groups)."""
-        from keygroups.checkpoint import read_key_groups
-
-        it, nbytes = read_key_groups(storage, handle, kgr)
+        """Read ``key_groups`` of one old file into ``targets`` (one per state of the file); (bytes read, key
+        groups)."""
+        blocks, nbytes = read_key_groups(storage, handle, key_groups)
         groups = 0
-        for kg, sections in it:
-            if kg not in self.key_group_range:
-                continue
+        for kg, sections in blocks:
             groups += 1
-            kgi = kg - self._start
+            group_index = kg - self._start
             for state_index, keys, values in sections:
                 self._check_state_index(handle, kg, state_index, targets)
                 if keys:
-                    self._restore_section(targets[state_index], kgi, keys, values)
+                    self._restore_section(targets[state_index], group_index, keys, values)
         return nbytes, groups
 
     @staticmethod
     def _check_state_index(handle: KeyedStateHandle, kg: int, state_index: int, targets: list[Any]) -> None:
         if not 0 <= state_index < len(targets):
-            from keygroups.errors import CorruptSnapshotError
-
             raise CorruptSnapshotError(f"{handle.file}: key group {kg} has a section for state index {state_index}, "
                                        f"but the file has {len(targets)} states")
 
@@ -361,8 +396,7 @@ class KeyedStateBackendBase:
         name = meta["name"]
         d = self._descriptors.get(name)
         if d is not None:
-            read = self._resolve(d, meta)
-            return self._adopt_restored(name, meta, self._codec(d, read))
+            return self._adopt_restored(name, meta, self._framing(d, self._resolve(d, meta)))
         return self._adopt_restored(name, meta, None)
 
     # ---- hooks --------------------------------------------------------------------------------------------------
@@ -373,37 +407,35 @@ class KeyedStateBackendBase:
         t = self._tables.get(name)
         return t.meta if t is not None and t.descriptor is None else None
 
-    def _new_table(self, name: str, meta: dict[str, Any], read: Codec, write: Codec,
+    def _new_table(self, name: str, meta: dict[str, Any], read: ValueFraming, write: ValueFraming,
                    d: StateDescriptor | None) -> Any:
         """Create and register the backend's table for state ``name`` (``d`` is None for restored, unregistered
-        state)."""
+        state); stored bytes are decoded with ``read`` and written with ``write``."""
         raise NotImplementedError
 
-    def _register(self, d: StateDescriptor, meta: dict[str, Any], read: Codec, write: Codec) -> None:
+    def _register(self, d: StateDescriptor, meta: dict[str, Any], read: ValueFraming, write: ValueFraming) -> None:
         raise NotImplementedError
 
     def _store(self, name: str) -> Any:
         raise NotImplementedError
 
-    def _adopt_restored(self, name: str, meta: dict[str, Any], read: Codec | None) -> Any:
+    def _adopt_restored(self, name: str, meta: dict[str, Any], read: ValueFraming | None) -> Any:
         """The table restored entries of state ``name`` go into: the registered one (reading with ``read``), or a
         new table that keeps the stored meta until the state is registered."""
         t = self._tables.get(name)
         if t is not None and t.descriptor is not None:
             assert read is not None
-            t.configure(t.meta, read, t.write, t.descriptor)
+            t.configure(t.meta, read, t.write_framing, t.descriptor)
             return t
         if t is None:
-            codec = self._restored_codec(meta)
-            return self._new_table(name, meta, codec, codec, None)
+            framing = self._restored_framing(meta)
+            return self._new_table(name, meta, framing, framing, None)
         if t.meta["kind"] != meta["kind"]:
-            from keygroups.errors import CorruptSnapshotError
-
             raise CorruptSnapshotError(f"state {name!r} is a {t.meta['kind']} state in one restored file and a "
                                        f"{meta['kind']} state in another")
         return t
 
-    def _restore_section(self, target: Any, kgi: int, keys: list[Any], values: list[Any]) -> None:
+    def _restore_section(self, target: Any, group_index: int, keys: list[Any], values: list[Any]) -> None:
         raise NotImplementedError
 
     def _after_restore(self, lazy: bool) -> None:
@@ -412,22 +444,15 @@ class KeyedStateBackendBase:
     def keys(self, state_name: str) -> Iterator[Any]:
         raise NotImplementedError
 
-    def _write_snapshot(self, checkpoint_id: int, storage: CheckpointStorage, capture: Any,
-                        future: SnapshotFuture) -> KeyedStateHandle:
-        """Write a captured view (``capture`` from the subclass) as a keyed snapshot file."""
-        from keygroups.checkpoint import KeyedSnapshotWriter, KeyedStateHandle
-
-        metas, groups = capture
-        rel = storage.new_file(checkpoint_id, f"keyed-{self.subtask_index}")
-        with storage.open_write(rel) as stream:
-            writer = KeyedSnapshotWriter(stream, self.key_group_range, metas)
-            for kg, sections in groups:
-                check_cancel(future)
-                writer.write_key_group(kg, sections)
-            check_cancel(future)
-            offsets, size = writer.finish()
-        return KeyedStateHandle(file=rel, subtask=self.subtask_index, key_group_range=self.key_group_range,
-                                offsets=offsets, size=size, states=metas)
+    def _write_snapshot(self, checkpoint_id: int, storage: CheckpointStorage, states: list[dict[str, Any]],
+                        key_groups: Iterable[tuple[int, Iterable[tuple[int, Any, Any]]]],
+                        future: SnapshotFuture[KeyedStateHandle]) -> KeyedStateHandle:
+        """Write a captured view (``key_groups`` from the subclass, ascending) as this subtask's keyed snapshot
+        file, stopping between key groups once ``future`` is cancelled (before the file is created if it already
+        is)."""
+        check_cancel(future)
+        return write_keyed_snapshot(storage, checkpoint_id, self.subtask_index, self.key_group_range, states,
+                                    key_groups, on_key_group=functools.partial(check_cancel, future))
 
 
 __all__ = ["VOID_NAMESPACE", "RestoreStats", "SnapshotFuture", "KeyedStateBackendBase"]

@@ -31,12 +31,23 @@ def _corrupt(state: str, what: str) -> CorruptSnapshotError:
     return CorruptSnapshotError(f"state {state!r}: {what}")
 
 
-class Codec:
-    """Encoder/decoder of one state's per-key values. ``ser`` is the value (or element / map value) serializer;
-    ``key_ser`` the map-key serializer (maps only)."""
+class ValueFraming:
+    """Encoder/decoder of one state's per-key values: the framing above around the registered serializers (not a
+    serializer itself; ``keygroups._native.codec.Codec`` is the compiled form of one). ``ser`` is the value (or
+    element / map value) serializer; ``key_ser`` the map-key serializer (maps only)."""
 
-    def needs_migration_to(self, write: Codec) -> bool:
-        """Whether bytes read with this codec must be rewritten with ``write``: the serializers they were stored with
+    @classmethod
+    def for_state(cls, name: str, kind: str, serializers: dict[str, Any], *, ttl: bool) -> ValueFraming:
+        """The framing of state ``name`` of ``kind`` with its serializers by role (a descriptor's ``serializers``,
+        or those restored from a snapshot's state meta)."""
+        if kind == "list":
+            return cls(name, "list", serializers["element"], ttl=ttl)
+        if kind == "map":
+            return cls(name, "map", serializers["map value"], serializers["map key"], ttl=ttl)
+        return cls(name, kind, serializers["value"], ttl=ttl)
+
+    def needs_migration_to(self, write: ValueFraming) -> bool:
+        """Whether bytes read with this framing must be rewritten with ``write``: the serializers they were stored with
         are not the ones registered now (read with the old, write with the new)."""
         return not (self.ser.snapshot() == write.ser.snapshot() and
                     (self.key_ser is None or self.key_ser.snapshot() == write.key_ser.snapshot()))
@@ -238,3 +249,6 @@ class Codec:
             live = {k: x for k, x in v.items() if x[1] > deadline}
             return v if len(live) == len(v) else (live or None)
         return v if v[1] > deadline else None
+
+
+__all__ = ["ValueFraming"]

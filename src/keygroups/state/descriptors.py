@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from keygroups.serializers import TypeSerializer
 from keygroups.state.ttl import StateTtlConfig
-
-if TYPE_CHECKING:
-    from keygroups.serializers import TypeSerializer
 
 
 class ReduceFunction(abc.ABC):
@@ -46,8 +44,6 @@ def _check_name(name: Any) -> str:
 
 
 def _check_serializer(serializer: Any, role: str, name: str) -> TypeSerializer:
-    from keygroups.serializers import TypeSerializer
-
     if not isinstance(serializer, TypeSerializer):
         raise TypeError(
             f"state {name!r}: the {role} serializer must be a keygroups.serializers.TypeSerializer, got {serializer!r}"

@@ -20,12 +20,19 @@ still holds undecoded restored entries. TTL states and the rarer operations use 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, NamedTuple
 
+from keygroups._hashing import KeyType
 from keygroups._native.statecore import HeapListCore, HeapMapCore, HeapValueCore, TableCore
+from keygroups._ranges import KeyGroupRange
+from keygroups.checkpoint import KeyedStateHandle, Packed, read_key_group_offsets
+from keygroups.errors import CorruptSnapshotError, no_current_key_error
+from keygroups.serializers import TypeSerializer
 from keygroups.state._base import KeyedStateBackendBase, SnapshotFuture
-from keygroups.state._codec import Codec
+from keygroups.state._codec import ValueFraming
 from keygroups.state.descriptors import StateDescriptor
 from keygroups.state.states import MISSING, ListState, MapState, ValueState
 
@@ -38,7 +45,7 @@ class _NoKey(dict):  # type: ignore[type-arg]
     ``set_current_key``) so that state access without a key fails clearly at no cost to the normal path."""
 
     def _fail(self, *args: Any, **kwargs: Any) -> Any:
-        raise RuntimeError("no current key: call set_current_key(key) on the backend before using keyed state")
+        raise no_current_key_error()
 
     get = __getitem__ = __setitem__ = __delitem__ = pop = setdefault = __contains__ = _fail  # type: ignore
 
@@ -46,51 +53,95 @@ class _NoKey(dict):  # type: ignore[type-arg]
 _NO_KEY = _NoKey()
 
 
+class _Section(NamedTuple):
+    """One state's restored entries of one key group, as the snapshot file holds them: entry ``i``'s key is
+    ``block[key_offsets[i]:key_offsets[i + 1]]``, its value likewise with ``value_offsets`` (n + 1 offsets each;
+    int64 arrays while pending, lists once the keys are decoded)."""
+
+    block: Any
+    key_offsets: Any
+    value_offsets: Any
+
+
 class _HeapTable(TableCore):
-    """All entries of one state: ``maps[i]`` holds decoded values of key group ``start + i``; ``raw[i]`` restored
-    entries whose value is still bytes (key -> entry index in ``rawsecs[i]``, the key group's restored sections);
-    ``pending[i]`` restored sections ``(block, key offsets, value offsets)`` whose keys are not even decoded yet. A
-    key is in at most one of them."""
+    """All entries of one state, per key group ``start + i`` (every per-group list has one extra last slot, index
+    ``n``, for "no current key"). A key is in at most one of ``maps[i]``, ``raw_entries[i]`` and
+    ``pending_sections[i]``.
 
-    __slots__ = ("b", "name", "meta", "descriptor", "read", "write", "migrate", "raw", "rawsecs", "pending",
-                 "shared", "private", "lazy_groups", "copy", "n")
+    Inherited from the compiled ``TableCore`` (read by the fast paths): ``maps[i]`` the decoded values (key ->
+    value); ``ctx`` the backend's key context; ``cow`` whether a running snapshot may hold this table's dicts;
+    ``lazy[i]`` whether key group ``i`` still holds restored entries that are not decoded; ``slow`` = ``cow`` or
+    any ``lazy``: the fast paths hand over to the Python methods below."""
 
-    def __init__(self, backend: HeapKeyedStateBackend, name: str, meta: dict[str, Any], read: Codec,
-                 write: Codec, descriptor: StateDescriptor | None) -> None:
+    __slots__ = ("backend", "name", "meta", "descriptor", "read_framing", "write_framing", "needs_migration",
+                 "copy_value", "group_count", "raw_entries", "raw_sections", "pending_sections", "shared",
+                 "copied_keys", "lazy_group_count")
+
+    #: The backend this table belongs to (its key serializer and clock).
+    backend: HeapKeyedStateBackend
+    #: The state's name and its meta as written to snapshots (name, kind, serializer snapshots, TTL).
+    name: str
+    meta: dict[str, Any]
+    #: The registered descriptor; None for restored state nobody registered yet.
+    descriptor: StateDescriptor | None
+    #: Decodes stored bytes (the serializers the bytes were written with) / encodes values (the registered ones).
+    read_framing: ValueFraming
+    write_framing: ValueFraming
+    #: Stored bytes must be re-encoded on their way out: read and write framings differ.
+    needs_migration: bool
+    #: A deep copy of one stored value, for copy-on-write; None when values are never mutated in place.
+    copy_value: Callable[[Any], Any] | None
+    #: Key groups in the backend's range (``n``).
+    group_count: int
+    #: Per key group: restored keys whose value is still bytes -> entry index in ``raw_sections[i]`` (entry
+    #: ``idx`` is entry ``idx // len(sections)`` of section ``idx % len(sections)``); None when there are none.
+    raw_entries: list[dict[Any, int] | None]
+    #: Per key group: the restored sections ``raw_entries`` points into.
+    raw_sections: list[list[_Section] | None]
+    #: Per key group: restored sections whose keys are not decoded yet (decoded on the group's first access).
+    pending_sections: list[list[_Section] | None]
+    #: Per key group: ``maps[i]`` (and ``raw_entries[i]``) are also held by a running snapshot; copy before writing.
+    shared: list[bool]
+    #: Per key group: keys whose value was already copied since the last snapshot (None: copy nothing, i.e. the
+    #: group is not shared with a snapshot, or values are never mutated in place).
+    copied_keys: list[set[Any] | None]
+    #: Key groups with ``lazy[i]`` set.
+    lazy_group_count: int
+
+    def __init__(self, backend: HeapKeyedStateBackend, name: str, meta: dict[str, Any], read: ValueFraming,
+                 write: ValueFraming, descriptor: StateDescriptor | None) -> None:
         n = backend._n
-        self.b = backend
+        self.backend = backend
         self.ctx = backend._ctx
         self.name = name
-        self.n = n
+        self.group_count = n
         self.maps: list[dict[Any, Any]] = [{} for _ in range(n)]
         self.maps.append(_NO_KEY)
-        self.raw: list[dict[Any, int] | None] = [None] * (n + 1)
-        self.rawsecs: list[list[Any] | None] = [None] * (n + 1)
-        self.pending: list[list[Any] | None] = [None] * (n + 1)
+        self.raw_entries = [None] * (n + 1)
+        self.raw_sections = [None] * (n + 1)
+        self.pending_sections = [None] * (n + 1)
         self.shared = [False] * (n + 1)
-        self.private: list[set[Any] | None] = [None] * (n + 1)
+        self.copied_keys = [None] * (n + 1)
         self.cow = backend._running_snapshots > 0  # registered while a snapshot runs: nothing of ours is captured
-        self.lazy_groups = 0
-        self.lazy = [False] * (n + 1)  # per key group: restored entries not decoded yet (pending or raw)
+        self.lazy_group_count = 0
+        self.lazy = [False] * (n + 1)
         self.slow = self.cow
         self.configure(meta, read, write, descriptor)
 
-    def configure(self, meta: dict[str, Any], read: Codec, write: Codec, descriptor: StateDescriptor | None) -> None:
+    def configure(self, meta: dict[str, Any], read: ValueFraming, write: ValueFraming,
+                  descriptor: StateDescriptor | None) -> None:
         self.meta = meta
-        self.read = read
-        self.write = write
+        self.read_framing = read
+        self.write_framing = write
         self.descriptor = descriptor
-        self.copy = write.copy
-        self.migrate = read.needs_migration_to(write)
+        self.copy_value = write.copy
+        self.needs_migration = read.needs_migration_to(write)
 
     def _update_slow(self) -> None:
-        self.slow = self.cow or self.lazy_groups > 0
+        self.slow = self.cow or self.lazy_group_count > 0
 
     def _ttl_deadline(self) -> int | None:
-        d = self.descriptor
-        if d is None or d.ttl_config is None or not d.ttl_config.cleanup_full_snapshot:
-            return None
-        return self.b._now_ms() - d.ttl_config.ttl_ms
+        return self.backend._snapshot_ttl_deadline(self.descriptor)
 
     # ---- store interface used by the state types (current key of the backend) -------------------------------------
     def get(self) -> Any:
@@ -113,16 +164,16 @@ class _HeapTable(TableCore):
 
     def append(self, items: list[Any]) -> None:
         c = self.ctx
-        kgi, key = c.kgi, c.key
+        group_index, key = c.kgi, c.key
         if self.slow:
-            cur = self._get_slow(kgi, key)
+            cur = self._get_slow(group_index, key)
             if cur is MISSING:
-                self._prepare_write(kgi, key)
-                self.maps[kgi][key] = items
+                self._prepare_write(group_index, key)
+                self.maps[group_index][key] = items
             else:
                 cur.extend(items)
             return
-        m = self.maps[kgi]
+        m = self.maps[group_index]
         cur = m.get(key)
         if cur is None:
             m[key] = items
@@ -130,159 +181,174 @@ class _HeapTable(TableCore):
             cur.extend(items)
 
     # ---- slow path: lazy restore and copy-on-write -----------------------------------------------------------------
-    def _materialize(self, kgi: int) -> None:
-        """Decode a restored key group's keys; values stay bytes (``raw``)."""
-        sections = self.pending[kgi] or []
-        self.pending[kgi] = None
-        kd_many = self.b.key_serializer.deserialize_many
+    def _materialize(self, group_index: int) -> None:
+        """Decode a restored key group's keys; values stay bytes (``raw_entries``)."""
+        sections = self.pending_sections[group_index] or []
+        self.pending_sections[group_index] = None
+        decode_keys = self.backend.key_serializer.deserialize_many
         deadline = self._ttl_deadline()
-        nsec = len(sections)
+        section_count = len(sections)
         raw: dict[Any, int] = {}
         decoded: dict[Any, Any] = {}
-        secs = []
-        for s_i, (block, ko, vo) in enumerate(sections):
-            keys = kd_many(block, ko)
-            vo_l = vo.tolist()
-            secs.append((block, ko.tolist(), vo_l))
+        kept_sections = []
+        for section_index, (block, key_offsets, value_offsets) in enumerate(sections):
+            keys = decode_keys(block, key_offsets)
+            value_offsets = value_offsets.tolist()
+            kept_sections.append(_Section(block, key_offsets.tolist(), value_offsets))
             if deadline is None:
-                if nsec == 1:
+                if section_count == 1:
                     raw.update(zip(keys, range(len(keys))))
                 else:
-                    raw.update((k, i * nsec + s_i) for i, k in enumerate(keys))
+                    raw.update((k, i * section_count + section_index) for i, k in enumerate(keys))
                 continue
-            drop = self.read.drop_expired_bytes
+            drop = self.read_framing.drop_expired_bytes
             for i, k in enumerate(keys):
-                vb = block[vo_l[i]:vo_l[i + 1]]
-                kept = drop(vb, deadline)
+                value_bytes = block[value_offsets[i]:value_offsets[i + 1]]
+                kept = drop(value_bytes, deadline)
                 if kept is None:
                     continue
-                if kept is vb:
-                    raw[k] = i * nsec + s_i
+                if kept is value_bytes:
+                    raw[k] = i * section_count + section_index
                 else:  # partly expired list or map: keep what is left, decoded
-                    decoded[k] = self.read.decode(kept)
+                    decoded[k] = self.read_framing.decode(kept)
         if decoded:
-            if self.shared[kgi]:  # never write into a dict a running snapshot holds
-                self._unshare(kgi)
-            self.maps[kgi].update(decoded)
-            p = self.private[kgi]
-            if p is not None:
-                p.update(decoded)
-        self.rawsecs[kgi] = secs
-        self.raw[kgi] = raw or None
+            if self.shared[group_index]:  # never write into a dict a running snapshot holds
+                self._unshare(group_index)
+            self.maps[group_index].update(decoded)
+            copied = self.copied_keys[group_index]
+            if copied is not None:
+                copied.update(decoded)
+        self.raw_sections[group_index] = kept_sections
+        self.raw_entries[group_index] = raw or None
         if not raw:
-            self._group_decoded(kgi)
+            self._group_decoded(group_index)
 
-    def _group_decoded(self, kgi: int) -> None:
-        self.lazy[kgi] = False
-        self.lazy_groups -= 1
+    def _group_decoded(self, group_index: int) -> None:
+        self.lazy[group_index] = False
+        self.lazy_group_count -= 1
         self._update_slow()
 
-    def _raw_value(self, kgi: int, idx: int) -> Any:
-        secs = self.rawsecs[kgi]
-        n = len(secs)  # type: ignore[arg-type]
-        block, _, vo = secs[idx % n]  # type: ignore[index]
-        i = idx // n
-        return block[vo[i]:vo[i + 1]]
+    def _raw_value(self, group_index: int, entry: int) -> Any:
+        sections: Any = self.raw_sections[group_index]
+        section_count = len(sections)
+        block, _, value_offsets = sections[entry % section_count]
+        i = entry // section_count
+        return block[value_offsets[i]:value_offsets[i + 1]]
 
-    def _unshare(self, kgi: int) -> None:
-        self.maps[kgi] = dict(self.maps[kgi])
-        r = self.raw[kgi]
-        if r:
-            self.raw[kgi] = dict(r)
-        self.private[kgi] = set() if self.copy is not None else None
-        self.shared[kgi] = False
+    def _unshare(self, group_index: int) -> None:
+        self.maps[group_index] = dict(self.maps[group_index])
+        raw = self.raw_entries[group_index]
+        if raw:
+            self.raw_entries[group_index] = dict(raw)
+        self.copied_keys[group_index] = set() if self.copy_value is not None else None
+        self.shared[group_index] = False
 
-    def _prepare_write(self, kgi: int, key: Any) -> None:
-        if self.pending[kgi] is not None:
-            self._materialize(kgi)
-        if self.shared[kgi]:
-            self._unshare(kgi)
-        r = self.raw[kgi]
-        if r and key in r:
-            del r[key]
-            if not r:
-                self.raw[kgi] = None
-                self._group_decoded(kgi)
-        p = self.private[kgi]
-        if p is not None:
-            p.add(key)
+    def _prepare_write(self, group_index: int, key: Any) -> None:
+        if self.pending_sections[group_index] is not None:
+            self._materialize(group_index)
+        if self.shared[group_index]:
+            self._unshare(group_index)
+        raw = self.raw_entries[group_index]
+        if raw and key in raw:
+            del raw[key]
+            if not raw:
+                self.raw_entries[group_index] = None
+                self._group_decoded(group_index)
+        copied = self.copied_keys[group_index]
+        if copied is not None:
+            copied.add(key)
 
-    def _get_slow(self, kgi: int, key: Any) -> Any:
-        if self.pending[kgi] is not None:
-            self._materialize(kgi)
-        v = self.maps[kgi].get(key, MISSING)
+    def _get_slow(self, group_index: int, key: Any) -> Any:
+        if self.pending_sections[group_index] is not None:
+            self._materialize(group_index)
+        v = self.maps[group_index].get(key, MISSING)
         if v is MISSING:
-            r = self.raw[kgi]
-            if not r:
+            raw = self.raw_entries[group_index]
+            if not raw:
                 return MISSING
-            idx = r.get(key)
-            if idx is None:
+            entry = raw.get(key)
+            if entry is None:
                 return MISSING
-            v = self.read.decode(self._raw_value(kgi, idx))
-            self._prepare_write(kgi, key)
-            self.maps[kgi][key] = v
+            v = self.read_framing.decode(self._raw_value(group_index, entry))
+            self._prepare_write(group_index, key)
+            self.maps[group_index][key] = v
             return v
-        if self.copy is not None and self.cow:
-            if self.shared[kgi]:
-                self._unshare(kgi)
-            p = self.private[kgi]
-            if p is not None and key not in p:
-                v = self.copy(v)
-                self.maps[kgi][key] = v
-                p.add(key)
+        if self.copy_value is not None and self.cow:
+            if self.shared[group_index]:
+                self._unshare(group_index)
+            copied = self.copied_keys[group_index]
+            if copied is not None and key not in copied:
+                v = self.copy_value(v)
+                self.maps[group_index][key] = v
+                copied.add(key)
         return v
 
     # ---- whole-table operations ------------------------------------------------------------------------------------
     def has_data(self) -> bool:
-        return self.lazy_groups > 0 or any(self.maps[i] for i in range(self.n))
+        return self.lazy_group_count > 0 or any(self.maps[i] for i in range(self.group_count))
 
-    def add_section(self, kgi: int, block: Any, key_offsets: Any, value_offsets: Any) -> None:
-        if self.pending[kgi] is None:
-            if not self.raw[kgi]:
-                self.lazy_groups += 1
-            self.pending[kgi] = []
-            self.lazy[kgi] = True
-        self.pending[kgi].append((block, key_offsets, value_offsets))  # type: ignore[union-attr]
+    def add_section(self, group_index: int, block: Any, key_offsets: Any, value_offsets: Any) -> None:
+        pending = self.pending_sections[group_index]
+        if pending is None:
+            if not self.raw_entries[group_index]:
+                self.lazy_group_count += 1
+            pending = self.pending_sections[group_index] = []
+            self.lazy[group_index] = True
+        pending.append(_Section(block, key_offsets, value_offsets))
         self._update_slow()
 
     def decode_all(self) -> None:
         """Eager restore: decode every restored entry now."""
-        dec = self.read.decode
-        kd_many = self.b.key_serializer.deserialize_many
+        read = self.read_framing
+        decode_keys = self.backend.key_serializer.deserialize_many
         fast = self._ttl_deadline() is None
-        for i in range(self.n):
-            p = self.pending[i]
-            if p is not None and fast and not self.raw[i]:
+        for i in range(self.group_count):
+            pending = self.pending_sections[i]
+            if pending is not None and fast and not self.raw_entries[i]:
                 m = self.maps[i]
-                for block, ko, vo in p:
-                    m.update(zip(kd_many(block, ko), self.read.decode_many(block, vo)))
-                self.pending[i] = None
+                for block, key_offsets, value_offsets in pending:
+                    m.update(zip(decode_keys(block, key_offsets), read.decode_many(block, value_offsets)))
+                self.pending_sections[i] = None
                 self._group_decoded(i)
                 continue
-            if p is not None:
+            if pending is not None:
                 self._materialize(i)
-            r = self.raw[i]
-            if r:
+            raw = self.raw_entries[i]
+            if raw:
                 m = self.maps[i]
-                secs: Any = self.rawsecs[i]
-                if len(secs) == 1 and len(r) == len(secs[0][1]) - 1:
-                    block, _, vo = secs[0]
-                    vals = self.read.decode_many(block, vo)
-                    m.update(zip(r, vals))  # raw's keys are in entry order
+                sections: Any = self.raw_sections[i]
+                if len(sections) == 1 and len(raw) == len(sections[0].key_offsets) - 1:
+                    block, _, value_offsets = sections[0]
+                    m.update(zip(raw, read.decode_many(block, value_offsets)))  # raw's keys are in entry order
                 else:
-                    for k, idx in r.items():
-                        m[k] = dec(self._raw_value(i, idx))
-                self.raw[i] = None
-                self.rawsecs[i] = None
+                    for k, entry in raw.items():
+                        m[k] = read.decode(self._raw_value(i, entry))
+                self.raw_entries[i] = None
+                self.raw_sections[i] = None
                 self._group_decoded(i)
         self._update_slow()
 
-    def keys_of_group(self, i: int) -> list[Any]:
-        if self.pending[i] is not None:
-            self._materialize(i)
-        m = self.maps[i]
-        r = self.raw[i]
-        return list(m) + list(r) if r else list(m)
+    def keys_of_group(self, group_index: int) -> list[Any]:
+        if self.pending_sections[group_index] is not None:
+            self._materialize(group_index)
+        m = self.maps[group_index]
+        raw = self.raw_entries[group_index]
+        return list(m) + list(raw) if raw else list(m)
+
+
+@dataclass(frozen=True, slots=True)
+class _Capture:
+    """What a snapshot's synchronous part took of one table: per key group, the objects the table held then (the
+    table copies a shared key group before changing it, so these never change), and how to write them."""
+
+    maps: list[dict[Any, Any]]
+    raw_entries: list[dict[Any, int] | None]
+    raw_sections: list[list[_Section] | None]
+    pending_sections: list[list[_Section] | None]
+    read_framing: ValueFraming
+    write_framing: ValueFraming
+    needs_migration: bool
+    ttl_deadline: int | None
 
 
 # The non-TTL value, list and map states with their fast paths compiled (``_native/statecore.pyx``); same semantics
@@ -308,10 +374,14 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
     ``key_serializer`` serializes keys in snapshots (it must be deterministic); ``key_type`` is the Java type keys
     hash as (see ``keygroups.assign_to_key_group``); ``clock`` (seconds, like ``time.time``) drives TTL;
     ``allow_pickle`` lets restore read pickled serializer data; ``subtask_index`` is recorded in snapshot handles.
+    ``dispose()`` (or leaving a ``with`` block) does nothing here: the state is garbage-collected with the backend.
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, key_group_range: KeyGroupRange, max_parallelism: int, key_serializer: TypeSerializer, *,
+                 key_type: KeyType = None, clock: Callable[[], float] = time.time, allow_pickle: bool = False,
+                 subtask_index: int = 0) -> None:
+        super().__init__(key_group_range, max_parallelism, key_serializer, key_type=key_type, clock=clock,
+                         allow_pickle=allow_pickle, subtask_index=subtask_index)
         self.set_current_key = self._ctx.set_current_key  # type: ignore[method-assign]  # no Python-level hop
         self._tables: dict[str, _HeapTable] = {}
         self._running_snapshots = 0
@@ -326,12 +396,12 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
     def _has_data(self) -> bool:
         return any(t.has_data() for t in self._tables.values())
 
-    def _new_table(self, name: str, meta: dict[str, Any], read: Codec, write: Codec,
+    def _new_table(self, name: str, meta: dict[str, Any], read: ValueFraming, write: ValueFraming,
                    d: StateDescriptor | None) -> _HeapTable:
         t = self._tables[name] = _HeapTable(self, name, meta, read, write, d)
         return t
 
-    def _register(self, d: StateDescriptor, meta: dict[str, Any], read: Codec, write: Codec) -> None:
+    def _register(self, d: StateDescriptor, meta: dict[str, Any], read: ValueFraming, write: ValueFraming) -> None:
         t = self._tables.get(d.name)
         if t is None:
             self._new_table(d.name, meta, read, write, d)
@@ -341,25 +411,20 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
     def _store(self, name: str) -> _HeapTable:
         return self._tables[name]
 
-    def _restore_handle(self, storage: Any, handle: Any, kgr: Any, targets: list[Any]) -> tuple[int, int]:
-        from keygroups.checkpoint.format import read_key_group_offsets
-
-        it, nbytes = read_key_group_offsets(storage, handle, kgr)
+    def _restore_handle(self, storage: CheckpointStorage, handle: KeyedStateHandle, key_groups: KeyGroupRange,
+                        targets: list[Any]) -> tuple[int, int]:
+        blocks, nbytes = read_key_group_offsets(storage, handle, key_groups)
         groups = 0
-        for kg, block, sections in it:
-            if kg not in self.key_group_range:
-                continue
+        for kg, block, sections in blocks:
             groups += 1
-            kgi = kg - self._start
-            for state_index, ko, vo in sections:
+            group_index = kg - self._start
+            for state_index, key_offsets, value_offsets in sections:
                 self._check_state_index(handle, kg, state_index, targets)
-                if len(ko) != len(vo):
-                    from keygroups.errors import CorruptSnapshotError
-
+                if len(key_offsets) != len(value_offsets):
                     raise CorruptSnapshotError(f"{handle.file}: key group {kg}, state {state_index}: "
-                                               f"{len(ko) - 1} keys but {len(vo) - 1} values")
-                if len(ko) > 1:
-                    targets[state_index].add_section(kgi, block, ko, vo)
+                                               f"{len(key_offsets) - 1} keys but {len(value_offsets) - 1} values")
+                if len(key_offsets) > 1:
+                    targets[state_index].add_section(group_index, block, key_offsets, value_offsets)
         return nbytes, groups
 
     def _after_restore(self, lazy: bool) -> None:
@@ -378,34 +443,31 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
             yield from t.keys_of_group(i)
 
     # ---- snapshots ------------------------------------------------------------------------------------------------
-    def snapshot(self, checkpoint_id: int, storage: CheckpointStorage) -> SnapshotFuture:
+    def snapshot(self, checkpoint_id: int, storage: CheckpointStorage) -> SnapshotFuture[KeyedStateHandle]:
         """Capture a consistent view now (cheap: per key group, a reference; see the module docs) and write it to
-        ``storage`` in a background thread. Later writes to this backend never reach the snapshot."""
+        ``storage`` on the snapshot worker thread. Later writes to this backend never reach the snapshot."""
         n = self._n
         metas = []
-        captured = []
+        captures = []
         for t in self._tables.values():
             metas.append(t.meta)
-            deadline = t._ttl_deadline()
-            captured.append((t.maps[:n], t.raw[:n], t.rawsecs[:n], t.pending[:n], t.read, t.write, t.migrate,
-                             deadline))
+            captures.append(_Capture(t.maps[:n], t.raw_entries[:n], t.raw_sections[:n], t.pending_sections[:n],
+                                     t.read_framing, t.write_framing, t.needs_migration, t._ttl_deadline()))
         with self._snap_lock:
             self._running_snapshots += 1
             for t in self._tables.values():
                 t.shared = [True] * n + [False]
-                t.private = [None] * (n + 1)
+                t.copied_keys = [None] * (n + 1)
                 t.cow = True
                 t._update_slow()
-        future = SnapshotFuture()
 
-        def work(fut: SnapshotFuture) -> Any:
+        def work(future: SnapshotFuture[KeyedStateHandle]) -> KeyedStateHandle:
             try:
-                return self._write_snapshot(checkpoint_id, storage, (metas, self._groups(captured)), fut)
+                return self._write_snapshot(checkpoint_id, storage, metas, self._groups(captures), future)
             finally:
                 self._release_snapshot()
 
-        future._run(work, f"keygroups-snapshot-{checkpoint_id}")
-        return future
+        return SnapshotFuture.start(work, name=f"keyed-{self.subtask_index} chk-{checkpoint_id}")
 
     def _release_snapshot(self) -> None:
         with self._snap_lock:
@@ -416,73 +478,74 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
             for t in list(self._tables.values()):
                 t.cow = False
                 t.shared = [False] * (n + 1)
-                t.private = [None] * (n + 1)
+                t.copied_keys = [None] * (n + 1)
                 t._update_slow()
 
-    def _groups(self, captured: list[Any]) -> Iterator[tuple[int, list[Any]]]:
-        from keygroups.checkpoint.format import Packed
-
+    def _groups(self, captures: list[_Capture]) -> Iterator[tuple[int, list[Any]]]:
         key_ser = self.key_serializer
-        ks = key_ser.serialize
+        serialize_key = key_ser.serialize
         start = self._start
         for i in range(self._n):
             sections: list[Any] = []
-            for si, (maps, raws, rawsecs, pends, read, write, migrate, deadline) in enumerate(captured):
-                m, r, p = maps[i], raws[i], pends[i]
-                if not (m or r or p):
+            for state_index, c in enumerate(captures):
+                m, raw, pending = c.maps[i], c.raw_entries[i], c.pending_sections[i]
+                if not (m or raw or pending):
                     continue
-                if p and not m and not r and len(p) == 1 and not migrate and deadline is None:
-                    block, ko, vo = p[0]  # an untouched restored key group: its bytes as they are
-                    sections.append((si, Packed(block, ko), Packed(block, vo)))
+                write, deadline = c.write_framing, c.ttl_deadline
+                if pending and not m and not raw and len(pending) == 1 and not c.needs_migration and deadline is None:
+                    block, key_offsets, value_offsets = pending[0]  # an untouched restored key group: bytes as they are
+                    sections.append((state_index, Packed(block, key_offsets), Packed(block, value_offsets)))
                     continue
-                if m and not r and not p and deadline is None and write.kind in ("value", "reducing",
-                                                                                  "aggregating") and not write.ttl:
-                    kd, ko = key_ser.serialize_many(list(m))
-                    vd, vo = write.ser.serialize_many(list(m.values()))
-                    sections.append((si, Packed(kd, ko), Packed(vd, vo)))
+                if (m and not raw and not pending and deadline is None and not write.ttl
+                        and write.kind in ("value", "reducing", "aggregating")):
+                    key_data, key_offsets = key_ser.serialize_many(list(m))
+                    value_data, value_offsets = write.ser.serialize_many(list(m.values()))
+                    sections.append((state_index, Packed(key_data, key_offsets), Packed(value_data, value_offsets)))
                     continue
                 keys: list[Any] = []
                 vals: list[Any] = []
                 if m:
-                    enc = write.encode
+                    encode = write.encode
                     for k, v in m.items():
                         if deadline is not None:
                             v = write.drop_expired(v, deadline)
                             if v is None:
                                 continue
-                        keys.append(ks(k))
-                        vals.append(enc(v))
-                if r:
-                    secs = rawsecs[i]
-                    nsec = len(secs)
+                        keys.append(serialize_key(k))
+                        vals.append(encode(v))
+                if raw:
+                    raw_sections: Any = c.raw_sections[i]
+                    section_count = len(raw_sections)
                     entries = []
-                    for idx in r.values():
-                        block, ko, vo = secs[idx % nsec]
-                        j = idx // nsec
-                        entries.append((block[ko[j]:ko[j + 1]], block[vo[j]:vo[j + 1]]))
-                    self._pass_through(entries, keys, vals, read, write, migrate, deadline)
-                if p:
-                    for block, ko, vo in p:
-                        kl, vl = ko.tolist(), vo.tolist()
-                        entries = [(block[kl[j]:kl[j + 1]], block[vl[j]:vl[j + 1]]) for j in range(len(kl) - 1)]
-                        self._pass_through(entries, keys, vals, read, write, migrate, deadline)
+                    for entry in raw.values():
+                        block, key_offsets, value_offsets = raw_sections[entry % section_count]
+                        j = entry // section_count
+                        entries.append((block[key_offsets[j]:key_offsets[j + 1]],
+                                        block[value_offsets[j]:value_offsets[j + 1]]))
+                    self._pass_through(entries, keys, vals, c)
+                if pending:
+                    for block, key_offsets, value_offsets in pending:
+                        key_at, value_at = key_offsets.tolist(), value_offsets.tolist()
+                        entries = [(block[key_at[j]:key_at[j + 1]], block[value_at[j]:value_at[j + 1]])
+                                   for j in range(len(key_at) - 1)]
+                        self._pass_through(entries, keys, vals, c)
                 if keys:
-                    sections.append((si, keys, vals))
+                    sections.append((state_index, keys, vals))
             yield start + i, sections
 
     @staticmethod
-    def _pass_through(entries: Any, keys: list[Any], vals: list[Any], read: Codec, write: Codec, migrate: bool,
-                      deadline: int | None) -> None:
+    def _pass_through(entries: Any, keys: list[Any], vals: list[Any], capture: _Capture) -> None:
         """Restored entries that were never decoded go back out as the same bytes (re-encoded only to migrate)."""
-        for kb, vb in entries:
-            if migrate:
-                vb = write.encode(read.decode(vb))
+        read, write, deadline = capture.read_framing, capture.write_framing, capture.ttl_deadline
+        for key_bytes, value_bytes in entries:
+            if capture.needs_migration:
+                value_bytes = write.encode(read.decode(value_bytes))
             if deadline is not None:
-                vb = write.drop_expired_bytes(vb, deadline)
-                if vb is None:
+                value_bytes = write.drop_expired_bytes(value_bytes, deadline)
+                if value_bytes is None:
                     continue
-            keys.append(kb)
-            vals.append(vb)
+            keys.append(key_bytes)
+            vals.append(value_bytes)
 
 
 __all__ = ["HeapKeyedStateBackend"]

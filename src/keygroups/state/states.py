@@ -3,9 +3,10 @@
 
 Every method acts on the backend's current key (``set_current_key``). A store exposes, for the current key,
 ``get()`` (the stored object or ``MISSING``; a private copy when a snapshot still holds the original),
-``put(obj)``, ``delete()`` and ``append(items)``. With TTL the stored objects carry timestamps (see ``_codec``), and
-the TTL variants below follow Flink's ``AbstractTtlDecorator``: an expired entry is removed when it is accessed and
-returned that once only under ``ReturnExpiredIfNotCleanedUp``; ``OnReadAndWrite`` refreshes timestamps on reads.
+``put(obj)``, ``delete()`` and ``append(items)``. With TTL the stored objects carry timestamps (see
+``_codec.ValueFraming``), and the TTL variants below follow Flink's ``AbstractTtlDecorator``: an expired entry is
+removed when it is accessed and returned that once only under ``ReturnExpiredIfNotCleanedUp``; ``OnReadAndWrite``
+refreshes timestamps on reads.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from keygroups._native.statecore import MISSING
+from keygroups.errors import none_added_error
 
 
 class State(abc.ABC):
@@ -109,11 +111,6 @@ class AggregatingState(State):
     def add(self, value: Any) -> None: ...
 
 
-def _no_none(state: str, what: str) -> ValueError:
-    return ValueError(f"state {state!r}: cannot add None to a {what} (None means 'no value'); wrap the serializer "
-                      "in a NullableSerializer and use a sentinel if you need to store nulls")
-
-
 # ---------------------------------------------------------------------------------------------------------------------
 # Plain (no TTL)
 # ---------------------------------------------------------------------------------------------------------------------
@@ -164,20 +161,20 @@ class _List(_Stored, ListState):
 
     def add(self, value: Any) -> None:
         if value is None:
-            raise _no_none(self._name, "ListState")
+            raise none_added_error(self._name, "ListState")
         self._t.append([value])
 
     def add_all(self, values: Iterable[Any]) -> None:
         vals = list(values)
         if None in vals:
-            raise _no_none(self._name, "ListState")
+            raise none_added_error(self._name, "ListState")
         if vals:
             self._t.append(vals)
 
     def update(self, values: Iterable[Any]) -> None:
         vals = list(values)
         if None in vals:
-            raise _no_none(self._name, "ListState")
+            raise none_added_error(self._name, "ListState")
         if vals:
             self._t.put(vals)
         else:
@@ -259,7 +256,7 @@ class _Reducing(_Stored, ReducingState):
 
     def add(self, value: Any) -> None:
         if value is None:
-            raise _no_none(self._name, "ReducingState")
+            raise none_added_error(self._name, "ReducingState")
         t = self._t
         cur = t.get()
         t.put(value if cur is MISSING else self._reduce(cur, value))
@@ -360,13 +357,13 @@ class _TtlList(_TtlBase, ListState):
 
     def add(self, value: Any) -> None:
         if value is None:
-            raise _no_none(self._name, "ListState")
+            raise none_added_error(self._name, "ListState")
         self._t.append([(value, self._now())])
 
     def add_all(self, values: Iterable[Any]) -> None:
         vals = list(values)
         if None in vals:
-            raise _no_none(self._name, "ListState")
+            raise none_added_error(self._name, "ListState")
         if vals:
             now = self._now()
             self._t.append([(v, now) for v in vals])
@@ -374,7 +371,7 @@ class _TtlList(_TtlBase, ListState):
     def update(self, values: Iterable[Any]) -> None:
         vals = list(values)
         if None in vals:
-            raise _no_none(self._name, "ListState")
+            raise none_added_error(self._name, "ListState")
         if vals:
             now = self._now()
             self._t.put([(v, now) for v in vals])
@@ -481,7 +478,7 @@ class _TtlReducing(_TtlBase, ReducingState):
 
     def add(self, value: Any) -> None:
         if value is None:
-            raise _no_none(self._name, "ReducingState")
+            raise none_added_error(self._name, "ReducingState")
         t = self._t
         w = t.get()
         now = self._now()
