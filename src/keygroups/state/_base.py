@@ -110,7 +110,8 @@ class SnapshotFuture(Generic[T]):
         """Run ``work(future)`` on the snapshot worker and return its future; ``name`` labels it (e.g.
         ``"keyed-3 chk-17"``). ``work`` calls :func:`check_cancel` where stopping is safe."""
         future: SnapshotFuture[T] = cls()
-        future._run(work, name)
+        future.name = name
+        _snapshot_executor().submit(future._work, work)
         return future
 
     def result(self, timeout: float | None = None) -> T:
@@ -146,11 +147,6 @@ class SnapshotFuture(Generic[T]):
         state = "cancelled" if self.cancelled() else "done" if self.done() else (
             "cancelling" if self.cancel_requested else "running")
         return f"SnapshotFuture({self.name!r}, {state})"
-
-    def _run(self, work: Callable[[SnapshotFuture[T]], T], name: str) -> None:
-        """Submit ``work(self)`` to the snapshot worker (:meth:`start` is the public form)."""
-        self.name = name
-        _snapshot_executor().submit(self._work, work)
 
     def _work(self, work: Callable[[SnapshotFuture[T]], T]) -> None:
         # Never cancel the executor's own future: the work must run to release what the snapshot captured.

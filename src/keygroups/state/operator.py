@@ -328,11 +328,9 @@ class OperatorStateStore:
         background. The future's result is this subtask's :class:`~keygroups.checkpoint.OperatorStateHandle`."""
         captured = self._capture()
         relpath = storage.new_file(checkpoint_id, f"operator-{self.subtask_index}")
-        future = SnapshotFuture()
 
         def work(fut: SnapshotFuture) -> OperatorStateHandle:
             return write_operator_snapshot(storage, relpath, captured, subtask=self.subtask_index,
                                            operator_id=self.operator_id)
 
-        future._run(work, f"keygroups-operator-snapshot-{checkpoint_id}-{self.subtask_index}")
-        return future
+        return SnapshotFuture.start(work, name=f"operator-{self.subtask_index} chk-{checkpoint_id}")
