@@ -6,10 +6,12 @@ by one untimed batch; then the SAME ``--batch-keys``-key micro-batches (drawn fr
 touches all of the small state and ~1% of the big one) run on the small and the big job in turn, ``--rounds`` rounds
 after one untimed warm-up round. Printed per backend: the median batch time on each state, the ratio big/small, and the
 bytes each batch's checkpoint newly wrote against the bytes it references (the full state), beside issue 11's targets;
-per batch, where the time goes (restore / prepare / process / snapshot, the slowest subtask, from the batch's reports).
+per batch, where the time goes (restore / prepare / process / snapshot of the slowest subtask, from the batch's
+reports; "other" is the rest of the batch's wall time: Spark's scheduling, shuffle and Python workers), and at the end
+the peak resident memory of the whole process tree (driver, JVM, Python workers).
 
     python benchmarks/bench_batch_cost.py                                   # heap and rocksdb, 10k vs 1M keys
-    python benchmarks/bench_batch_cost.py --backends heap --big 10000000    # heap at 10M keys
+    python benchmarks/bench_batch_cost.py --backends heap --big 10000000    # heap at 10M keys (slow before issue 11)
     python benchmarks/bench_batch_cost.py --rounds 3 --big 200000           # a quick look
 
 Batch times are wall clock on the driver around the one call that runs a batch (Spark scheduling included). The
