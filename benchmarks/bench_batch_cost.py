@@ -70,15 +70,15 @@ class CountPerKey(KeyedProcessFunction):
 
 def new_job(name: str, location: str, backend: str) -> Any:
     """The counter job on ``backend`` with its checkpoints under ``location``."""
-    from keygroups.spark.job import KeyedJob
+    from keygroups.spark import KeyedJob
 
     return KeyedJob(name, "key", CountPerKey(), output_schema=OUTPUT, max_parallelism=MAX_PARALLELISM,
                     checkpoint_location=location, backend=backend)
 
 
-def run_batch(spark: Any, job: Any, df: Any, parallelism: int) -> Any:
+def run_batch(job: Any, df: Any, parallelism: int) -> Any:
     """One micro-batch of ``df`` through ``job``; returns its BatchResult."""
-    return job.run_batch(spark, df, parallelism)  # new driver API: job.run_batch(df, parallelism=parallelism)
+    return job.run_batch(df, parallelism=parallelism)
 
 
 # ---- byte accounting ----------------------------------------------------------------------------------------------
@@ -209,7 +209,7 @@ def load(spark: Any, job: Job) -> float:
     tasks = max(PARALLELISM, -(-job.keys // LOAD_KEYS_PER_TASK))
     df = spark.range(0, job.keys, numPartitions=tasks).select(F.col("id").alias("key"))
     start = time.perf_counter()
-    result = run_batch(spark, job.job, df, tasks)
+    result = run_batch(job.job, df, tasks)
     seconds = time.perf_counter() - start
     new, total = account(job, result)
     print(f"  loaded {job.keys:,} keys at parallelism {tasks} in {seconds:.1f} s, "
@@ -220,7 +220,7 @@ def load(spark: Any, job: Job) -> float:
 
 def timed_batch(spark: Any, job: Job, df: Any, keys: np.ndarray, round_no: int, warmup: bool) -> None:
     start = time.perf_counter()
-    result = run_batch(spark, job.job, df, PARALLELISM)
+    result = run_batch(job.job, df, PARALLELISM)
     wall = time.perf_counter() - start
     new, total = account(job, result)
     on_disk = written_on_disk(job.location, result.checkpoint_id)
