@@ -20,6 +20,7 @@ cdef extern from "kg_hash.h" nogil:
     int32_t kg_hash_ucs4(const uint32_t *p, int64_t length)
     int32_t kg_hash_ucs2(const uint16_t *p, int64_t length)
     int32_t kg_hash_latin1(const uint8_t *p, int64_t length)
+    int KG_UPPER_BOUND_MAX_PARALLELISM
     int KG_BOOLEAN_TRUE_HASH
     int KG_BOOLEAN_FALSE_HASH
 
