@@ -596,6 +596,7 @@ def test_assign_operators_matches_ranges():
         (lambda: kg.key_group_range(128, 4, 4), ValueError, r"operator_index must be in \[0, parallelism=4\), got 4"),
         (lambda: kg.operator_index_for_key_group(128, 4, 128), ValueError, r"key_group must be in \[0, max_parallelism=128\)"),
         (lambda: kg.operator_index_for_key_group(128, 4, np.array([0, -1])), ValueError, "position 1"),
+        (lambda: kg.operator_index_for_key_group(128, 4, np.array([200, -1])), ValueError, r"position 0 .*got 200$"),
         (lambda: kg.java_hash(2**63), ValueError, "outside the 64-bit range"),
         (lambda: kg.java_hash(-(2**63) - 1), ValueError, "outside the 64-bit range"),
         (lambda: kg.assign_key_groups(np.array([2**64 - 1], dtype=np.uint64), 128), ValueError, "outside the 64-bit"),
