@@ -30,7 +30,6 @@ from cpython.dict cimport PyDict_Check, PyDict_Copy
 from cpython.list cimport PyList_New, PyList_SET_ITEM, PyList_GET_ITEM, PyList_GET_SIZE, PyList_Check
 from cpython.long cimport PyLong_AsLongLongAndOverflow, PyLong_FromLongLong, PyLong_Check
 from cpython.mem cimport PyMem_Malloc, PyMem_Free
-from cpython.object cimport PyObject
 from cpython.ref cimport Py_INCREF
 from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM, PyTuple_GET_ITEM, PyTuple_GET_SIZE, PyTuple_Check
 from cpython.unicode cimport PyUnicode_DecodeUTF8, PyUnicode_Check
@@ -39,7 +38,7 @@ from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t, INT32_MI
 from libc.stdlib cimport qsort
 from libc.string cimport memcpy, memcmp
 
-from cursor cimport Cursor, cur_init, cur_read, cur_u8, cur_u32, cur_count, cur_corrupt, cur_remaining
+from cursor cimport Cursor, cur_init, cur_read, cur_u8, cur_count, cur_corrupt, cur_remaining
 from writer cimport Writer, w_bytes, w_free, w_i64, w_init, w_len, w_reserve, w_result, w_u8, w_u32
 
 cdef extern from "Python.h":

@@ -4,9 +4,8 @@
 # C kernels cannot, and hand raw pointers inward; the loops run without the GIL.
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 from cpython.long cimport PyLong_AsLongLongAndOverflow
-from cpython.object cimport PyObject
 from cpython.tuple cimport PyTuple_GET_SIZE, PyTuple_GET_ITEM
-from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
+from libc.stdint cimport int16_t, int32_t, int64_t, uint8_t, uint32_t
 
 import numpy as np
 

@@ -1,6 +1,6 @@
 # The C-level contract of the Java-hash kernels (kg_hash.h) and the one place that knows how to hash a Python str
 # over its internal representation. Inline-only: cimporting it adds no runtime import.
-from libc.stdint cimport int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t
 
 cdef extern from "Python.h":
     int PyUnicode_KIND(object)
