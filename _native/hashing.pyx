@@ -319,8 +319,9 @@ def java_hashes_bool(const uint8_t[::1] values):
 
 
 def _set_simd(int level):
-    """Cap the vector path (Arrow strings, int64 keys and Java hashes to key groups): 2 allows AVX-512 (the default), 1 AVX2 at most, 0 none. Returns the
-    previous cap. For tests, which check each narrower path against the others on a CPU that has the widest."""
+    """Cap the vector path (Arrow strings; int64 keys and Java hashes to key groups): 2 allows AVX-512 (the
+    default), 1 AVX2 at most, 0 none. Returns the previous cap. For tests, which check each narrower path against
+    the others on a CPU that has the widest."""
     global kg_simd_allowed
     if level < 0 or level > 2:
         raise ValueError(f"vector level is 0 (none), 1 (AVX2) or 2 (AVX-512), got {level}")

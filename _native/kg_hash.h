@@ -27,19 +27,27 @@
 
 static inline uint32_t kg_rotl32(uint32_t x, int r) { return (x << r) | (x >> (32 - r)); }
 
+/* MurmurHash3_x86_32's multipliers of a block (C1, C2), its per-block addend (C3) and its finalizer's multipliers
+ * (F1, F2); the vector kernels below use them too. */
+#define KG_MURMUR_C1 0xcc9e2d51u
+#define KG_MURMUR_C2 0x1b873593u
+#define KG_MURMUR_C3 0xe6546b64u
+#define KG_MURMUR_F1 0x85ebca6bu
+#define KG_MURMUR_F2 0xc2b2ae35u
+
 /* Flink's MathUtils.murmurHash(int): one MurmurHash3_x86_32 block with seed 0 and length 4, made non-negative. */
 static inline int32_t kg_murmur(int32_t code) {
     uint32_t h = (uint32_t)code;
-    h *= 0xcc9e2d51u;
+    h *= KG_MURMUR_C1;
     h = kg_rotl32(h, 15);
-    h *= 0x1b873593u;
+    h *= KG_MURMUR_C2;
     h = kg_rotl32(h, 13);
-    h = h * 5u + 0xe6546b64u;
+    h = h * 5u + KG_MURMUR_C3;
     h ^= 4u;
     h ^= h >> 16;
-    h *= 0x85ebca6bu;
+    h *= KG_MURMUR_F1;
     h ^= h >> 13;
-    h *= 0xc2b2ae35u;
+    h *= KG_MURMUR_F2;
     h ^= h >> 16;
     /* Flink returns code if >= 0, -code otherwise, and 0 for Integer.MIN_VALUE. Branch-free: |code| as unsigned is
      * below 2^31 except for MIN_VALUE, where it is exactly 2^31, which the mask turns into 0. */
@@ -438,21 +446,16 @@ KG_DEFINE_UTF8_X4(kg_hashes_utf8_x4_64, int64_t, KG_LOAD4_OFFSETS64, kg_scalar_r
  * folded keys into one register; murmur, the sign rule and the modulo follow lane by lane, exactly as kg_murmur and
  * kg_mod do (the modulo's double quotient is the same IEEE product, truncated the same way), and sixteen int16 key
  * groups are stored at once. The last n % 16 keys go through the scalar loop. */
-#define KG_MURMUR_C1 ((int)0xcc9e2d51u)
-#define KG_MURMUR_C2 ((int)0x1b873593u)
-#define KG_MURMUR_C3 ((int)0xe6546b64u)
-#define KG_MURMUR_F1 ((int)0x85ebca6bu)
-#define KG_MURMUR_F2 ((int)0xc2b2ae35u)
-
 __attribute__((target("avx512f"))) static inline __m512i kg_murmur_x16(__m512i h) {
-    h = _mm512_rol_epi32(_mm512_mullo_epi32(h, _mm512_set1_epi32(KG_MURMUR_C1)), 15);
-    h = _mm512_rol_epi32(_mm512_mullo_epi32(h, _mm512_set1_epi32(KG_MURMUR_C2)), 13);
-    h = _mm512_add_epi32(_mm512_add_epi32(_mm512_slli_epi32(h, 2), h), _mm512_set1_epi32(KG_MURMUR_C3)); /* h*5+c */
+    h = _mm512_rol_epi32(_mm512_mullo_epi32(h, _mm512_set1_epi32((int)KG_MURMUR_C1)), 15);
+    h = _mm512_rol_epi32(_mm512_mullo_epi32(h, _mm512_set1_epi32((int)KG_MURMUR_C2)), 13);
+    /* h * 5 + C3, as (h << 2) + h + C3 */
+    h = _mm512_add_epi32(_mm512_add_epi32(_mm512_slli_epi32(h, 2), h), _mm512_set1_epi32((int)KG_MURMUR_C3));
     h = _mm512_xor_si512(h, _mm512_set1_epi32(4));
     h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
-    h = _mm512_mullo_epi32(h, _mm512_set1_epi32(KG_MURMUR_F1));
+    h = _mm512_mullo_epi32(h, _mm512_set1_epi32((int)KG_MURMUR_F1));
     h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 13));
-    h = _mm512_mullo_epi32(h, _mm512_set1_epi32(KG_MURMUR_F2));
+    h = _mm512_mullo_epi32(h, _mm512_set1_epi32((int)KG_MURMUR_F2));
     h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
     /* Flink's sign rule: |h|, where |MIN_VALUE| wraps to 2^31 and the mask makes it 0 */
     return _mm512_and_si512(_mm512_abs_epi32(h), _mm512_set1_epi32(0x7fffffff));
@@ -500,14 +503,14 @@ __attribute__((target("avx2"))) static inline __m256i kg_rotl_x8(__m256i x, int 
 }
 
 __attribute__((target("avx2"))) static inline __m256i kg_murmur_x8(__m256i h) {
-    h = kg_rotl_x8(_mm256_mullo_epi32(h, _mm256_set1_epi32(KG_MURMUR_C1)), 15);
-    h = kg_rotl_x8(_mm256_mullo_epi32(h, _mm256_set1_epi32(KG_MURMUR_C2)), 13);
-    h = _mm256_add_epi32(_mm256_add_epi32(_mm256_slli_epi32(h, 2), h), _mm256_set1_epi32(KG_MURMUR_C3));
+    h = kg_rotl_x8(_mm256_mullo_epi32(h, _mm256_set1_epi32((int)KG_MURMUR_C1)), 15);
+    h = kg_rotl_x8(_mm256_mullo_epi32(h, _mm256_set1_epi32((int)KG_MURMUR_C2)), 13);
+    h = _mm256_add_epi32(_mm256_add_epi32(_mm256_slli_epi32(h, 2), h), _mm256_set1_epi32((int)KG_MURMUR_C3));
     h = _mm256_xor_si256(h, _mm256_set1_epi32(4));
     h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
-    h = _mm256_mullo_epi32(h, _mm256_set1_epi32(KG_MURMUR_F1));
+    h = _mm256_mullo_epi32(h, _mm256_set1_epi32((int)KG_MURMUR_F1));
     h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 13));
-    h = _mm256_mullo_epi32(h, _mm256_set1_epi32(KG_MURMUR_F2));
+    h = _mm256_mullo_epi32(h, _mm256_set1_epi32((int)KG_MURMUR_F2));
     h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
     return _mm256_and_si256(_mm256_abs_epi32(h), _mm256_set1_epi32(0x7fffffff));
 }
