@@ -1,7 +1,7 @@
 # A checked cursor over untrusted bytes (snapshot files, serialized values). Every read goes through cur_read, which
 # raises CorruptSnapshotError instead of reading past the end; counts are checked against what remains before any
 # allocation or loop they size.
-from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
+from libc.stdint cimport uint8_t, uint32_t, uint64_t
 from libc.string cimport memcpy
 
 

@@ -4,15 +4,15 @@
 # C kernels cannot, and hand raw pointers inward; the loops run without the GIL.
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 from cpython.long cimport PyLong_AsLongLongAndOverflow
-from cpython.object cimport PyObject
 from cpython.tuple cimport PyTuple_GET_SIZE, PyTuple_GET_ITEM
-from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
+from libc.stdint cimport int16_t, int32_t, int64_t, uint8_t, uint32_t
 
 import numpy as np
 
 from javahash cimport (
     KG_BOOLEAN_FALSE_HASH,
     KG_BOOLEAN_TRUE_HASH,
+    KG_UPPER_BOUND_MAX_PARALLELISM,
     hash_str as _hash_str,
     kg_hash_bytes,
     kg_hash_double,
@@ -26,7 +26,6 @@ from javahash cimport (
 
 cdef extern from "kg_hash.h" nogil:
     void kg_groups_from_int64(const int64_t *values, Py_ssize_t n, int32_t maxp, int16_t *out)
-    void kg_groups_from_int32(const int32_t *values, Py_ssize_t n, int32_t maxp, int16_t *out)
     void kg_groups_from_hashes(const int32_t *hashes, Py_ssize_t n, int32_t maxp, int16_t *out)
     Py_ssize_t kg_hashes_var_binary32(const int32_t *offsets, Py_ssize_t n, const uint8_t *data, int64_t data_len,
                                       int utf8, int32_t *out, int *status)
@@ -41,29 +40,21 @@ cdef extern from "kg_hash.h" nogil:
     int kg_simd_allowed
     int kg_simd_available()
 
-# Key type codes; keygroups._hashing maps the public names ("long", "int", ...) onto them.
-KEY_TYPE_AUTO = 0
-KEY_TYPE_LONG = 1
-KEY_TYPE_INT = 2
-KEY_TYPE_SHORT = 3
-KEY_TYPE_BYTE = 4
-KEY_TYPE_BOOLEAN = 5
-KEY_TYPE_DOUBLE = 6
-KEY_TYPE_FLOAT = 7
-KEY_TYPE_STRING = 8
-KEY_TYPE_BYTES = 9
+# The key type codes (KeyTypeCode, declared in hashing.pxd) under Python names; keygroups._hashing maps the public
+# names ("long", "int", ...) onto them.
+KEY_TYPE_AUTO = KT_AUTO
+KEY_TYPE_LONG = KT_LONG
+KEY_TYPE_INT = KT_INT
+KEY_TYPE_SHORT = KT_SHORT
+KEY_TYPE_BYTE = KT_BYTE
+KEY_TYPE_BOOLEAN = KT_BOOLEAN
+KEY_TYPE_DOUBLE = KT_DOUBLE
+KEY_TYPE_FLOAT = KT_FLOAT
+KEY_TYPE_STRING = KT_STRING
+KEY_TYPE_BYTES = KT_BYTES
 
-cdef enum:
-    KT_AUTO = 0
-    KT_LONG = 1
-    KT_INT = 2
-    KT_SHORT = 3
-    KT_BYTE = 4
-    KT_BOOLEAN = 5
-    KT_DOUBLE = 6
-    KT_FLOAT = 7
-    KT_STRING = 8
-    KT_BYTES = 9
+#: Flink's upper bound for max parallelism (2^15), from kg_hash.h.
+UPPER_BOUND_MAX_PARALLELISM = KG_UPPER_BOUND_MAX_PARALLELISM
 
 SUPPORTED_KEY_TYPES = (
     "int (java.lang.Long), bool (Boolean), float (Double), str (String), bytes (byte[]), tuple (Flink TupleN), "
@@ -236,9 +227,28 @@ def java_hashes_objects(object keys, object key_type=None):
     return out
 
 
-def groups_from_int64(const int64_t[::1] values, int32_t max_parallelism):
+cdef object _groups_out(object out, Py_ssize_t n):
+    """``out`` once checked as room for n int16 key groups, or a new array when it is None."""
+    if out is None:
+        return np.empty(n, dtype=np.int16)
+    fix = f"pass np.empty({n}, dtype=np.int16) (and reuse it for every batch of {n} keys)"
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"out must be a numpy int16 array, got {type(out).__name__}; {fix}")
+    if out.dtype != np.int16:
+        raise TypeError(f"out has dtype {out.dtype}, but key groups are native int16; {fix}")
+    if out.ndim != 1 or out.shape[0] != n:
+        raise ValueError(f"out has shape {out.shape}, but there are {n} keys: it needs shape ({n},); {fix}")
+    if not out.flags.writeable:
+        raise ValueError(f"out is read-only; {fix}")
+    if not out.flags.c_contiguous:
+        raise ValueError(f"out is not contiguous (a strided view, such as a[::2]); {fix}")
+    return out
+
+
+def groups_from_int64(const int64_t[::1] values, int32_t max_parallelism, out=None):
+    """Key groups of int64 keys hashed as java.lang.Long, into ``out`` (checked) or a new int16 array."""
     cdef Py_ssize_t n = values.shape[0]
-    out = np.empty(n, dtype=np.int16)
+    out = _groups_out(out, n)
     cdef int16_t[::1] o = out
     if n:
         with nogil:
@@ -246,10 +256,11 @@ def groups_from_int64(const int64_t[::1] values, int32_t max_parallelism):
     return out
 
 
-def groups_from_hashes(const int32_t[::1] hashes, int32_t max_parallelism):
-    """Key groups from Java hashes (also the hashes of Integer, Short and Byte keys, which are their values)."""
+def groups_from_hashes(const int32_t[::1] hashes, int32_t max_parallelism, out=None):
+    """Key groups from Java hashes (also the hashes of Integer, Short and Byte keys, which are their values), into
+    ``out`` (checked) or a new int16 array."""
     cdef Py_ssize_t n = hashes.shape[0]
-    out = np.empty(n, dtype=np.int16)
+    out = _groups_out(out, n)
     cdef int16_t[::1] o = out
     if n:
         with nogil:
@@ -308,8 +319,9 @@ def java_hashes_bool(const uint8_t[::1] values):
 
 
 def _set_simd(int level):
-    """Cap the vector path for Arrow strings: 2 allows AVX-512 (the default), 1 AVX2 at most, 0 none. Returns the
-    previous cap. For tests, which check each narrower path against the others on a CPU that has the widest."""
+    """Cap the vector path (Arrow strings; int64 keys and Java hashes to key groups): 2 allows AVX-512 (the
+    default), 1 AVX2 at most, 0 none. Returns the previous cap. For tests, which check each narrower path against
+    the others on a CPU that has the widest."""
     global kg_simd_allowed
     if level < 0 or level > 2:
         raise ValueError(f"vector level is 0 (none), 1 (AVX2) or 2 (AVX-512), got {level}")
@@ -319,7 +331,7 @@ def _set_simd(int level):
 
 
 def _simd_active():
-    """The vector path Arrow strings take on this CPU now: 2 AVX-512, 1 AVX2, 0 none (scalar)."""
+    """The vector path the kernels take on this CPU now: 2 AVX-512, 1 AVX2, 0 none (scalar)."""
     return kg_simd_available()
 
 
@@ -329,10 +341,11 @@ ctypedef fused offset_t:
 
 
 def java_hashes_var_binary(const offset_t[::1] offsets, const uint8_t[::1] data, bint utf8,
-                           int32_t max_parallelism=0):
+                           int32_t max_parallelism=0, out=None):
     """Hashes of n = len(offsets) - 1 variable-length values laid out as Arrow's (large_)utf8 and (large_)binary:
     value i is data[offsets[i]:offsets[i + 1]]. utf8 values hash as java.lang.String, others as byte[]. With
-    max_parallelism > 0, the int16 key groups come back instead of the int32 hashes (one fused pass)."""
+    max_parallelism > 0, the int16 key groups come back instead of the int32 hashes (one fused pass), written into
+    ``out`` when it is given."""
     if offsets.shape[0] == 0:
         raise ValueError("an Arrow offsets buffer holds at least one offset")
     cdef Py_ssize_t n = offsets.shape[0] - 1, bad = -1
@@ -340,7 +353,9 @@ def java_hashes_var_binary(const offset_t[::1] offsets, const uint8_t[::1] data,
     cdef const uint8_t *base = &data[0] if data_len else <const uint8_t *>b""
     cdef int status = 0
     cdef bint fused = max_parallelism > 0
-    out = np.empty(n, dtype=np.int16 if fused else np.int32)
+    if out is not None and not fused:
+        raise ValueError("out holds key groups: pass it together with max_parallelism > 0")
+    out = _groups_out(out, n) if fused else np.empty(n, dtype=np.int32)
     cdef int32_t[::1] hashes
     cdef int16_t[::1] groups
     if n == 0:

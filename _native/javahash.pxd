@@ -1,6 +1,6 @@
 # The C-level contract of the Java-hash kernels (kg_hash.h) and the one place that knows how to hash a Python str
 # over its internal representation. Inline-only: cimporting it adds no runtime import.
-from libc.stdint cimport int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t
 
 cdef extern from "Python.h":
     int PyUnicode_KIND(object)
@@ -20,6 +20,7 @@ cdef extern from "kg_hash.h" nogil:
     int32_t kg_hash_ucs4(const uint32_t *p, int64_t length)
     int32_t kg_hash_ucs2(const uint16_t *p, int64_t length)
     int32_t kg_hash_latin1(const uint8_t *p, int64_t length)
+    int KG_UPPER_BOUND_MAX_PARALLELISM
     int KG_BOOLEAN_TRUE_HASH
     int KG_BOOLEAN_FALSE_HASH
 

@@ -18,24 +18,36 @@
 #define KG_VECTOR_CLONES
 #endif
 
+/* Flink's KeyGroupRangeAssignment.UPPER_BOUND_MAX_PARALLELISM (2^15): key groups fit an int16, and kg_mod relies on
+ * a divisor of at most this. keygroups.UPPER_BOUND_MAX_PARALLELISM is derived from it. */
+#define KG_UPPER_BOUND_MAX_PARALLELISM 32768
+
 #define KG_BOOLEAN_TRUE_HASH 1231
 #define KG_BOOLEAN_FALSE_HASH 1237
 
 static inline uint32_t kg_rotl32(uint32_t x, int r) { return (x << r) | (x >> (32 - r)); }
 
+/* MurmurHash3_x86_32's multipliers of a block (C1, C2), its per-block addend (C3) and its finalizer's multipliers
+ * (F1, F2); the vector kernels below use them too. */
+#define KG_MURMUR_C1 0xcc9e2d51u
+#define KG_MURMUR_C2 0x1b873593u
+#define KG_MURMUR_C3 0xe6546b64u
+#define KG_MURMUR_F1 0x85ebca6bu
+#define KG_MURMUR_F2 0xc2b2ae35u
+
 /* Flink's MathUtils.murmurHash(int): one MurmurHash3_x86_32 block with seed 0 and length 4, made non-negative. */
 static inline int32_t kg_murmur(int32_t code) {
     uint32_t h = (uint32_t)code;
-    h *= 0xcc9e2d51u;
+    h *= KG_MURMUR_C1;
     h = kg_rotl32(h, 15);
-    h *= 0x1b873593u;
+    h *= KG_MURMUR_C2;
     h = kg_rotl32(h, 13);
-    h = h * 5u + 0xe6546b64u;
+    h = h * 5u + KG_MURMUR_C3;
     h ^= 4u;
     h ^= h >> 16;
-    h *= 0x85ebca6bu;
+    h *= KG_MURMUR_F1;
     h ^= h >> 13;
-    h *= 0xc2b2ae35u;
+    h *= KG_MURMUR_F2;
     h ^= h >> 16;
     /* Flink returns code if >= 0, -code otherwise, and 0 for Integer.MIN_VALUE. Branch-free: |code| as unsigned is
      * below 2^31 except for MIN_VALUE, where it is exactly 2^31, which the mask turns into 0. */
@@ -214,8 +226,9 @@ static inline int32_t kg_hash_latin1(const uint8_t *p, int64_t len) {
 
 /* ---- loops over whole buffers ---------------------------------------------------------------------------------- */
 
-KG_VECTOR_CLONES
-static void kg_groups_from_int64(const int64_t *in, Py_ssize_t n, int32_t maxp, int16_t *out) {
+/* The scalar loops: the reference the vector kernels below must match bit for bit, their tails, and the whole path
+ * where the CPU has no AVX2 (or the build has KG_NO_SIMD). */
+static void kg_groups_from_int64_scalar(const int64_t *in, Py_ssize_t n, int32_t maxp, int16_t *out) {
     if ((maxp & (maxp - 1)) == 0) { /* murmur is non-negative, so a mask is the modulo (the default 128 is here) */
         uint32_t mask = (uint32_t)maxp - 1;
         for (Py_ssize_t i = 0; i < n; i++) out[i] = (int16_t)((uint32_t)kg_murmur(kg_hash_long(in[i])) & mask);
@@ -225,14 +238,8 @@ static void kg_groups_from_int64(const int64_t *in, Py_ssize_t n, int32_t maxp, 
     for (Py_ssize_t i = 0; i < n; i++) out[i] = (int16_t)kg_key_group(kg_hash_long(in[i]), maxp, inv);
 }
 
-KG_VECTOR_CLONES
-static void kg_groups_from_int32(const int32_t *in, Py_ssize_t n, int32_t maxp, int16_t *out) {
-    double inv = 1.0 / (double)maxp;
-    for (Py_ssize_t i = 0; i < n; i++) out[i] = (int16_t)kg_key_group(in[i], maxp, inv);
-}
-
-KG_VECTOR_CLONES
-static void kg_groups_from_hashes(const int32_t *hashes, Py_ssize_t n, int32_t maxp, int16_t *out) {
+/* Also the int32 path: Integer.hashCode() (and Short's, Byte's) is the value itself. */
+static void kg_groups_from_hashes_scalar(const int32_t *hashes, Py_ssize_t n, int32_t maxp, int16_t *out) {
     if ((maxp & (maxp - 1)) == 0) {
         uint32_t mask = (uint32_t)maxp - 1;
         for (Py_ssize_t i = 0; i < n; i++) out[i] = (int16_t)((uint32_t)kg_murmur(hashes[i]) & mask);
@@ -292,8 +299,9 @@ KG_DEFINE_SCALAR_RUN(kg_scalar_run64, int64_t)
 #define KG_HAVE_SIMD 1
 #include <immintrin.h>
 
-/* The widest vector path allowed: 2 AVX-512, 1 AVX2, 0 none. Tests lower it (keygroups._native.hashing._set_simd)
- * to check every narrower path against the others on a CPU that has the widest. */
+/* The widest vector path allowed (Arrow strings and integer key groups alike): 2 AVX-512, 1 AVX2, 0 none. Tests lower
+ * it (keygroups._native.hashing._set_simd) to check every narrower path against the others on a CPU that has the
+ * widest. */
 static int kg_simd_allowed = 2;
 
 /* The vector path that runs: the widest the CPU has, capped by kg_simd_allowed. */
@@ -430,12 +438,151 @@ KG_DEFINE_UTF8_X4(kg_hashes_utf8_x4_64, int64_t, KG_LOAD4_OFFSETS64, kg_scalar_r
     case 1: return kg_hashes_utf8_x4_##WIDTH(offsets, n, readable, data, data_len, out, status);                     \
     default: break;                                                                                                  \
     }
+
+/* ---- key groups of int64 keys and of Java hashes: sixteen at a time (AVX-512, or AVX2 in two halves) --------------
+ * The scalar loop runs near the speed of memory while the data is in cache, but on arrays larger than the cache the
+ * compiler's own vectorization (64-bit loads, then 32-bit lanes) leaves it short. These kernels do the same arithmetic
+ * in 32-bit lanes: Long.hashCode folds each 64-bit key with one shift and one xor, then one permute packs sixteen
+ * folded keys into one register; murmur, the sign rule and the modulo follow lane by lane, exactly as kg_murmur and
+ * kg_mod do (the modulo's double quotient is the same IEEE product, truncated the same way), and sixteen int16 key
+ * groups are stored at once. The last n % 16 keys go through the scalar loop. */
+__attribute__((target("avx512f"))) static inline __m512i kg_murmur_x16(__m512i h) {
+    h = _mm512_rol_epi32(_mm512_mullo_epi32(h, _mm512_set1_epi32((int)KG_MURMUR_C1)), 15);
+    h = _mm512_rol_epi32(_mm512_mullo_epi32(h, _mm512_set1_epi32((int)KG_MURMUR_C2)), 13);
+    /* h * 5 + C3, as (h << 2) + h + C3 */
+    h = _mm512_add_epi32(_mm512_add_epi32(_mm512_slli_epi32(h, 2), h), _mm512_set1_epi32((int)KG_MURMUR_C3));
+    h = _mm512_xor_si512(h, _mm512_set1_epi32(4));
+    h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
+    h = _mm512_mullo_epi32(h, _mm512_set1_epi32((int)KG_MURMUR_F1));
+    h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 13));
+    h = _mm512_mullo_epi32(h, _mm512_set1_epi32((int)KG_MURMUR_F2));
+    h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
+    /* Flink's sign rule: |h|, where |MIN_VALUE| wraps to 2^31 and the mask makes it 0 */
+    return _mm512_and_si512(_mm512_abs_epi32(h), _mm512_set1_epi32(0x7fffffff));
+}
+
+/* kg_mod of sixteen lanes (0 <= x < 2^31), for a max parallelism that is not a power of two. */
+__attribute__((target("avx512f"))) static inline __m512i kg_mod_x16(__m512i x, __m512i d, __m512d inv) {
+    __m256i q_lo = _mm512_cvttpd_epi32(_mm512_mul_pd(_mm512_cvtepi32_pd(_mm512_castsi512_si256(x)), inv));
+    __m256i q_hi = _mm512_cvttpd_epi32(_mm512_mul_pd(_mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(x, 1)), inv));
+    __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(q_lo), q_hi, 1);
+    __m512i r = _mm512_sub_epi32(x, _mm512_mullo_epi32(q, d));
+    r = _mm512_mask_add_epi32(r, _mm512_cmplt_epi32_mask(r, _mm512_setzero_si512()), r, d);
+    return _mm512_mask_sub_epi32(r, _mm512_cmpge_epi32_mask(r, d), r, d);
+}
+
+/* Sixteen 64-bit keys from p as their sixteen Long.hashCode()s: (v ^ v >> 32), the low half of each lane. */
+__attribute__((target("avx512f"))) static inline __m512i kg_hash_long_x16(const int64_t *p) {
+    const __m512i low_halves = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    __m512i a = _mm512_loadu_si512((const void *)p), b = _mm512_loadu_si512((const void *)(p + 8));
+    a = _mm512_xor_si512(a, _mm512_srli_epi64(a, 32));
+    b = _mm512_xor_si512(b, _mm512_srli_epi64(b, 32));
+    return _mm512_permutex2var_epi32(a, low_halves, b);
+}
+
+#define KG_DEFINE_GROUPS_X16(NAME, IN_T, LOAD16, SCALAR)                                                             \
+    __attribute__((target("avx512f"))) static void NAME(const IN_T *in, Py_ssize_t n, int32_t maxp, int16_t *out) {  \
+        const __m512i d = _mm512_set1_epi32(maxp), mask = _mm512_set1_epi32(maxp - 1);                              \
+        const __m512d inv = _mm512_set1_pd(1.0 / (double)maxp);                                                     \
+        const int power_of_two = (maxp & (maxp - 1)) == 0;                                                           \
+        Py_ssize_t i = 0;                                                                                            \
+        for (; i + 16 <= n; i += 16) {                                                                               \
+            __m512i m = kg_murmur_x16(LOAD16(in + i));                                                               \
+            m = power_of_two ? _mm512_and_si512(m, mask) : kg_mod_x16(m, d, inv);                                    \
+            _mm256_storeu_si256((__m256i *)(out + i), _mm512_cvtepi32_epi16(m));                                     \
+        }                                                                                                            \
+        SCALAR(in + i, n - i, maxp, out + i);                                                                        \
+    }
+#define KG_LOAD16_HASHES(p) _mm512_loadu_si512((const void *)(p))
+KG_DEFINE_GROUPS_X16(kg_groups_from_int64_x16, int64_t, kg_hash_long_x16, kg_groups_from_int64_scalar)
+KG_DEFINE_GROUPS_X16(kg_groups_from_hashes_x16, int32_t, KG_LOAD16_HASHES, kg_groups_from_hashes_scalar)
+
+/* The same with AVX2: eight lanes per register, two registers per sixteen keys. */
+__attribute__((target("avx2"))) static inline __m256i kg_rotl_x8(__m256i x, int r) {
+    return _mm256_or_si256(_mm256_slli_epi32(x, r), _mm256_srli_epi32(x, 32 - r));
+}
+
+__attribute__((target("avx2"))) static inline __m256i kg_murmur_x8(__m256i h) {
+    h = kg_rotl_x8(_mm256_mullo_epi32(h, _mm256_set1_epi32((int)KG_MURMUR_C1)), 15);
+    h = kg_rotl_x8(_mm256_mullo_epi32(h, _mm256_set1_epi32((int)KG_MURMUR_C2)), 13);
+    h = _mm256_add_epi32(_mm256_add_epi32(_mm256_slli_epi32(h, 2), h), _mm256_set1_epi32((int)KG_MURMUR_C3));
+    h = _mm256_xor_si256(h, _mm256_set1_epi32(4));
+    h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
+    h = _mm256_mullo_epi32(h, _mm256_set1_epi32((int)KG_MURMUR_F1));
+    h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 13));
+    h = _mm256_mullo_epi32(h, _mm256_set1_epi32((int)KG_MURMUR_F2));
+    h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
+    return _mm256_and_si256(_mm256_abs_epi32(h), _mm256_set1_epi32(0x7fffffff));
+}
+
+__attribute__((target("avx2"))) static inline __m256i kg_mod_x8(__m256i x, __m256i d, __m256d inv) {
+    __m128i q_lo = _mm256_cvttpd_epi32(_mm256_mul_pd(_mm256_cvtepi32_pd(_mm256_castsi256_si128(x)), inv));
+    __m128i q_hi = _mm256_cvttpd_epi32(_mm256_mul_pd(_mm256_cvtepi32_pd(_mm256_extracti128_si256(x, 1)), inv));
+    __m256i r = _mm256_sub_epi32(x, _mm256_mullo_epi32(_mm256_set_m128i(q_hi, q_lo), d));
+    r = _mm256_add_epi32(r, _mm256_and_si256(_mm256_srai_epi32(r, 31), d));
+    return _mm256_sub_epi32(r, _mm256_and_si256(d, _mm256_cmpgt_epi32(r, _mm256_sub_epi32(d, _mm256_set1_epi32(1)))));
+}
+
+/* Eight 64-bit keys as their Long.hashCode()s: the low halves of the folded lanes come out of the in-lane shuffle
+ * as keys 0 1 4 5 | 2 3 6 7, and the cross-lane permute puts them in order. */
+__attribute__((target("avx2"))) static inline __m256i kg_hash_long_x8(const int64_t *p) {
+    __m256i a = _mm256_loadu_si256((const __m256i *)p), b = _mm256_loadu_si256((const __m256i *)(p + 4));
+    a = _mm256_xor_si256(a, _mm256_srli_epi64(a, 32));
+    b = _mm256_xor_si256(b, _mm256_srli_epi64(b, 32));
+    __m256i low = _mm256_castps_si256(_mm256_shuffle_ps(_mm256_castsi256_ps(a), _mm256_castsi256_ps(b),
+                                                        _MM_SHUFFLE(2, 0, 2, 0)));
+    return _mm256_permute4x64_epi64(low, _MM_SHUFFLE(3, 1, 2, 0));
+}
+
+#define KG_DEFINE_GROUPS_X8(NAME, IN_T, LOAD8, SCALAR)                                                               \
+    __attribute__((target("avx2"))) static void NAME(const IN_T *in, Py_ssize_t n, int32_t maxp, int16_t *out) {     \
+        const __m256i d = _mm256_set1_epi32(maxp), mask = _mm256_set1_epi32(maxp - 1);                              \
+        const __m256d inv = _mm256_set1_pd(1.0 / (double)maxp);                                                      \
+        const int power_of_two = (maxp & (maxp - 1)) == 0;                                                           \
+        Py_ssize_t i = 0;                                                                                            \
+        for (; i + 16 <= n; i += 16) {                                                                               \
+            __m256i a = kg_murmur_x8(LOAD8(in + i)), b = kg_murmur_x8(LOAD8(in + i + 8));                            \
+            if (power_of_two) {                                                                                      \
+                a = _mm256_and_si256(a, mask);                                                                       \
+                b = _mm256_and_si256(b, mask);                                                                       \
+            } else {                                                                                                 \
+                a = kg_mod_x8(a, d, inv);                                                                            \
+                b = kg_mod_x8(b, d, inv);                                                                            \
+            }                                                                                                        \
+            /* key groups are below 2^15, so the saturating pack is exact; it interleaves a and b by 128-bit lane */ \
+            __m256i packed = _mm256_permute4x64_epi64(_mm256_packs_epi32(a, b), _MM_SHUFFLE(3, 1, 2, 0));            \
+            _mm256_storeu_si256((__m256i *)(out + i), packed);                                                       \
+        }                                                                                                            \
+        SCALAR(in + i, n - i, maxp, out + i);                                                                        \
+    }
+#define KG_LOAD8_HASHES(p) _mm256_loadu_si256((const __m256i *)(p))
+KG_DEFINE_GROUPS_X8(kg_groups_from_int64_x8, int64_t, kg_hash_long_x8, kg_groups_from_int64_scalar)
+KG_DEFINE_GROUPS_X8(kg_groups_from_hashes_x8, int32_t, KG_LOAD8_HASHES, kg_groups_from_hashes_scalar)
+#define KG_TRY_SIMD_GROUPS(KIND, in, n, maxp, out)                                                                   \
+    switch (kg_simd_available()) {                                                                                   \
+    case 2: kg_groups_from_##KIND##_x16(in, n, maxp, out); return;                                                   \
+    case 1: kg_groups_from_##KIND##_x8(in, n, maxp, out); return;                                                    \
+    default: break;                                                                                                  \
+    }
 #else
 #define KG_HAVE_SIMD 0
 static int kg_simd_allowed = 0;
 static int kg_simd_available(void) { return 0; }
 #define KG_TRY_SIMD_UTF8(WIDTH, offsets, n, readable, data, data_len, out, status)
+#define KG_TRY_SIMD_GROUPS(KIND, in, n, maxp, out)
 #endif
+
+/* Key groups of int64 keys (hashed as java.lang.Long) and of Java hashes (also int32 keys: Integer.hashCode() is the
+ * value): the widest vector kernel allowed, else the scalar loop. */
+static void kg_groups_from_int64(const int64_t *in, Py_ssize_t n, int32_t maxp, int16_t *out) {
+    KG_TRY_SIMD_GROUPS(int64, in, n, maxp, out)
+    kg_groups_from_int64_scalar(in, n, maxp, out);
+}
+
+static void kg_groups_from_hashes(const int32_t *hashes, Py_ssize_t n, int32_t maxp, int16_t *out) {
+    KG_TRY_SIMD_GROUPS(hashes, hashes, n, maxp, out)
+    kg_groups_from_hashes_scalar(hashes, n, maxp, out);
+}
 
 /* Hashes of Arrow variable-length values: value i is data[offsets[i], offsets[i+1]), each offset checked against the
  * data buffer first. Returns -1 when all is well; otherwise the index of the first bad value, with *status 1 for

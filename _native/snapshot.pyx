@@ -25,6 +25,8 @@ from libc.string cimport memcpy
 cimport numpy as cnp
 
 from cursor cimport Cursor, cur_corrupt, cur_count, cur_init, cur_read, cur_remaining, cur_u32, cur_u64
+from javahash cimport KG_UPPER_BOUND_MAX_PARALLELISM
+from writer cimport U32_MAX, Writer, w_bytes, w_finish_bytes, w_init_bytes, w_u32, w_u64
 
 import sys
 
@@ -48,17 +50,12 @@ FORMAT_VERSION = VERSION
 HEADER_FIXED_SIZE = HEADER_FIXED
 FOOTER_SIZE = FOOTER
 BLOCK_OVERHEAD = BLOCK_MIN
-MAX_ITEM_SIZE = 0xFFFFFFFF     # u32 lengths and counts
+MAX_ITEM_SIZE = U32_MAX        # u32 lengths and counts
 
 cdef bytes _FILE_MAGIC = FILE_MAGIC
 cdef bytes _INDEX_MAGIC = INDEX_MAGIC
 cdef Py_ssize_t SECTION_MIN = 8    # state index + entry count
 cdef Py_ssize_t ENTRY_MIN = 8      # key length + value length
-cdef int64_t MAX_ITEM = 0xFFFFFFFF
-
-
-cdef inline void _put_u32(uint8_t *p, uint32_t v) noexcept nogil:
-    memcpy(p, &v, 4)
 
 
 cdef object _as_byte_view(object buffer):
@@ -126,7 +123,7 @@ cdef class Packed:
         for i in range(n):
             a = self._offsets[i]
             b = self._offsets[i + 1]
-            if b < a or b - a > MAX_ITEM:
+            if b < a or b - a > U32_MAX:
                 raise ValueError(f"item {i} spans offsets [{a}, {b}): offsets must ascend and an item is at most "
                                  f"{MAX_ITEM_SIZE} bytes")
         self.data = data
@@ -151,13 +148,13 @@ cdef Py_ssize_t _part_bytes(object part, str what) except -1:
     items = <list>part
     for i in range(len(items)):
         ln = PyBytes_GET_SIZE(items[i])
-        if ln > MAX_ITEM:
-            raise ValueError(f"{what} {i} is {ln} bytes long; a key or value is at most {MAX_ITEM} bytes")
+        if ln > U32_MAX:
+            raise ValueError(f"{what} {i} is {ln} bytes long; a key or value is at most {U32_MAX} bytes")
         total += ln
     return total
 
 
-cdef uint8_t *_put_lengths(uint8_t *q, object part):
+cdef int _put_lengths(Writer *w, object part) except -1:
     cdef Packed pk
     cdef list items
     cdef Py_ssize_t i, n
@@ -165,31 +162,29 @@ cdef uint8_t *_put_lengths(uint8_t *q, object part):
         pk = <Packed>part
         n = pk._offsets.shape[0] - 1
         for i in range(n):
-            _put_u32(q, <uint32_t>(pk._offsets[i + 1] - pk._offsets[i])); q += 4
-        return q
+            w_u32(w, <uint32_t>(pk._offsets[i + 1] - pk._offsets[i]))
+        return 0
     items = <list>part
     for i in range(len(items)):
-        _put_u32(q, <uint32_t>PyBytes_GET_SIZE(items[i])); q += 4
-    return q
+        w_u32(w, <uint32_t>PyBytes_GET_SIZE(items[i]))
+    return 0
 
 
-cdef uint8_t *_put_data(uint8_t *q, object part):
+cdef int _put_data(Writer *w, object part) except -1:
     cdef Packed pk
     cdef list items
-    cdef Py_ssize_t i, ln
+    cdef Py_ssize_t i
     cdef object item
     if isinstance(part, Packed):
         pk = <Packed>part
-        ln = <Py_ssize_t>(pk._offsets[pk._offsets.shape[0] - 1] - pk._offsets[0])
-        if ln:
-            memcpy(q, &pk._bytes[pk._offsets[0]], ln)
-        return q + ln
+        if pk._offsets[pk._offsets.shape[0] - 1] > pk._offsets[0]:
+            w_bytes(w, &pk._bytes[pk._offsets[0]], <Py_ssize_t>(pk._offsets[pk._offsets.shape[0] - 1] - pk._offsets[0]))
+        return 0
     items = <list>part
     for i in range(len(items)):
         item = items[i]
-        ln = PyBytes_GET_SIZE(item)
-        memcpy(q, PyBytes_AS_STRING(item), ln); q += ln
-    return q
+        w_bytes(w, PyBytes_AS_STRING(item), PyBytes_GET_SIZE(item))
+    return 0
 
 
 def encode_block(uint32_t key_group, object sections, uint32_t n_states):
@@ -220,21 +215,22 @@ def encode_block(uint32_t key_group, object sections, uint32_t n_states):
         secs.append((idx, keys, values))
     _checked_u32(len(secs), "the number of sections in one key group")
 
-    cdef bytes out = PyBytes_FromStringAndSize(NULL, total)
-    cdef uint8_t *q = <uint8_t *>PyBytes_AS_STRING(out)
-    _put_u32(q, key_group); q += 4
-    _put_u32(q, <uint32_t>len(secs)); q += 4
+    cdef Writer w
+    cdef bytes out = w_init_bytes(&w, total)
+    w_u32(&w, key_group)
+    w_u32(&w, <uint32_t>len(secs))
     for sec in secs:
         keys = sec[1]
         values = sec[2]
-        _put_u32(q, <uint32_t>sec[0]); q += 4
-        _put_u32(q, <uint32_t>_part_len(keys)); q += 4
-        q = _put_lengths(q, keys)
-        q = _put_lengths(q, values)
-        q = _put_data(q, keys)
-        q = _put_data(q, values)
+        w_u32(&w, <uint32_t>sec[0])
+        w_u32(&w, <uint32_t>_part_len(keys))
+        _put_lengths(&w, keys)
+        _put_lengths(&w, values)
+        _put_data(&w, keys)
+        _put_data(&w, values)
     # The bytes object is still private to us: fill in its checksum in place.
-    _put_u32(q, <uint32_t>_crc32c(memoryview(out)[:total - 4]))
+    w_u32(&w, <uint32_t>_crc32c(memoryview(out)[:total - 4]))
+    w_finish_bytes(&w)
     return out
 
 
@@ -422,15 +418,16 @@ def encode_header(uint32_t first_key_group, uint32_t key_group_count, bytes meta
     """The file header (magic, version, range, meta JSON, CRC32C) as bytes."""
     cdef Py_ssize_t ln = PyBytes_GET_SIZE(meta)
     _checked_u32(ln, "the state meta JSON's length")
-    cdef bytes out = PyBytes_FromStringAndSize(NULL, HEADER_FIXED + ln + 4)
-    cdef uint8_t *p = <uint8_t *>PyBytes_AS_STRING(out)
-    memcpy(p, PyBytes_AS_STRING(_FILE_MAGIC), 4)
-    _put_u32(p + 4, VERSION)
-    _put_u32(p + 8, first_key_group)
-    _put_u32(p + 12, key_group_count)
-    _put_u32(p + 16, <uint32_t>ln)
-    memcpy(p + HEADER_FIXED, PyBytes_AS_STRING(meta), ln)
-    _put_u32(p + HEADER_FIXED + ln, <uint32_t>_crc32c(memoryview(out)[:HEADER_FIXED + ln]))
+    cdef Writer w
+    cdef bytes out = w_init_bytes(&w, HEADER_FIXED + ln + 4)
+    w_bytes(&w, PyBytes_AS_STRING(_FILE_MAGIC), 4)
+    w_u32(&w, VERSION)
+    w_u32(&w, first_key_group)
+    w_u32(&w, key_group_count)
+    w_u32(&w, <uint32_t>ln)
+    w_bytes(&w, PyBytes_AS_STRING(meta), ln)
+    w_u32(&w, <uint32_t>_crc32c(memoryview(out)[:HEADER_FIXED + ln]))
+    w_finish_bytes(&w)
     return out
 
 
@@ -462,8 +459,9 @@ def parse_header(object buffer):
     stored = cur_u32(&c)
     if stored != <uint32_t>_crc32c(mv[:c.pos - 4]):
         cur_corrupt(&c, "a header that fails its CRC32C checksum")
-    if <uint64_t>first + <uint64_t>count > 32768:
-        cur_corrupt(&c, f"key groups [{first}, {<uint64_t>first + count}) past Flink's 32768")
+    if <uint64_t>first + <uint64_t>count > KG_UPPER_BOUND_MAX_PARALLELISM:
+        cur_corrupt(&c, f"key groups [{first}, {<uint64_t>first + count}) past Flink's "
+                        f"{KG_UPPER_BOUND_MAX_PARALLELISM}")
     return version, first, count, bytes(mv[meta_pos:meta_pos + meta_len]), c.pos
 
 
@@ -474,17 +472,15 @@ def encode_index(list offsets):
     cdef Py_ssize_t n = len(offsets), i
     _checked_u32(n, "the number of offsets")
     cdef Py_ssize_t size = 4 + 8 * n + 4 + FOOTER
-    cdef bytes out = PyBytes_FromStringAndSize(NULL, size)
-    cdef uint8_t *p = <uint8_t *>PyBytes_AS_STRING(out)
-    cdef uint64_t v
-    _put_u32(p, <uint32_t>n)
+    cdef Writer w
+    cdef bytes out = w_init_bytes(&w, size)
+    w_u32(&w, <uint32_t>n)
     for i in range(n):
-        v = <uint64_t>offsets[i]
-        memcpy(p + 4 + 8 * i, &v, 8)
-    _put_u32(p + 4 + 8 * n, <uint32_t>_crc32c(memoryview(out)[:4 + 8 * n]))
-    v = <uint64_t>offsets[n - 1] if n else 0
-    memcpy(p + 8 + 8 * n, &v, 8)
-    memcpy(p + 16 + 8 * n, PyBytes_AS_STRING(_INDEX_MAGIC), 4)
+        w_u64(&w, <uint64_t>offsets[i])
+    w_u32(&w, <uint32_t>_crc32c(memoryview(out)[:4 + 8 * n]))
+    w_u64(&w, <uint64_t>offsets[n - 1] if n else 0)
+    w_bytes(&w, PyBytes_AS_STRING(_INDEX_MAGIC), 4)
+    w_finish_bytes(&w)
     return out
 
 

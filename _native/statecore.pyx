@@ -7,11 +7,11 @@ from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from cpython.long cimport PyLong_AsLongLongAndOverflow
 from libc.stdint cimport int32_t
 
-from keygroups._native import hashing as _h
 from keygroups.errors import KeyGroupOutOfRangeError
 from keygroups.errors import no_current_key_error as _no_current_key_error, none_added_error as _none_added_error
 
 from javahash cimport hash_str as _hash_str, kg_hash_long, kg_key_group
+from keygroups._native.hashing cimport java_hash_object
 
 
 cdef class _Missing:
@@ -63,11 +63,11 @@ cdef class KeyContext:
         cdef type t = type(key)
         if self._infer and t is int:
             v = PyLong_AsLongLongAndOverflow(key, &overflow)
-            h = _h.java_hash_object(key, None) if overflow else kg_hash_long(v)
+            h = java_hash_object(key, None) if overflow else kg_hash_long(v)
         elif self._infer and t is str:
             h = _hash_str(key)
         else:
-            h = _h.java_hash_object(key, self._type_code)
+            h = java_hash_object(key, self._type_code)
         cdef int32_t kg = kg_key_group(h, self.max_parallelism, self._inv)
         cdef Py_ssize_t kgi = kg - self.start
         if kgi < 0 or kgi >= self.n:
@@ -117,6 +117,8 @@ cdef inline object _read(TableCore t, KeyContext c):
     return v
 
 
+# HeapValueCore, HeapListCore and HeapMapCore take (store, descriptor, backend) whether or not they use the backend:
+# the heap backend builds every state through one factory signature.
 cdef class HeapValueCore:
     cdef TableCore _t
     cdef object _default

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import statistics
 import tempfile
 import time
 
@@ -32,6 +31,8 @@ import numpy as np
 from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage, plan_operator_restore, read_operator_runs
 from keygroups.serializers import ValueSerializer
 from keygroups.state import ListStateDescriptor, OperatorStateStore
+
+from _util import measure
 
 STATE = ListStateDescriptor("records", ValueSerializer())
 
@@ -99,23 +100,6 @@ def reserialize(storage, md, new: int) -> list[tuple[bytes, np.ndarray]]:
     return out
 
 
-def timed(fn, runs: int) -> tuple[float, object]:
-    """Median seconds of ``runs`` calls. The cyclic GC is off while timing: it would otherwise rescan the
-    baseline's millions of fresh objects again and again, and we want the baseline at its best."""
-    times, result = [], None
-    for _ in range(runs):
-        result = None
-        gc.collect()
-        gc.disable()
-        try:
-            t = time.perf_counter()
-            result = fn()
-            times.append(time.perf_counter() - t)
-        finally:
-            gc.enable()
-    return statistics.median(times), result
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--elements", type=int, default=250_000)
@@ -134,9 +118,14 @@ def main() -> None:
         print(f"checkpoint: {args.elements} elements, {total / 1e9:.3f} GB serialized, {args.old} old subtasks "
               f"(written in {time.perf_counter() - t:.1f} s); restoring for {args.new} new subtasks")
 
-        view_s, views = timed(lambda: byte_level(storage, md, args.new), args.runs)
-        copy_s, ours = timed(lambda: byte_level_copied(storage, md, args.new), args.runs)
-        base_s, base = timed(lambda: reserialize(storage, md, args.new), args.runs)
+        timings = measure({
+            "views": lambda: byte_level(storage, md, args.new),
+            "copied": lambda: byte_level_copied(storage, md, args.new),
+            "baseline": lambda: reserialize(storage, md, args.new),
+        }, args.runs)
+        (view_s, views), (copy_s, ours), (base_s, base) = (
+            (t.seconds, t.result) for t in (timings["views"], timings["copied"], timings["baseline"])
+        )
         same = all(a[0] == b[0] and np.array_equal(a[1], b[1]) for a, b in zip(ours, base))
         same = same and all(v.to_bytes()[0] == a[0] for v, a in zip(views, ours))
         moved = sum(len(d) for d, _ in ours)

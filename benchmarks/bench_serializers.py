@@ -12,41 +12,21 @@ loads). Ours is shown both in bulk (``serialize_many``: one buffer + offsets, ho
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import pickle
-import statistics
-import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from keygroups.serializers import Int64Serializer, ValueSerializer
-
-
-def medians(fns: dict[str, Callable[[], Any]], repeat: int) -> dict[str, float]:
-    """Median wall time of each fn. The runs are interleaved (round r times every fn once), so that a change in the
-    machine's load during the benchmark (it is shared) affects ours and the baselines alike; the cyclic GC is off
-    while timing, as timeit does, so its passes over millions of fresh containers do not land on one side."""
-    times: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(repeat):
-        for label, fn in fns.items():
-            gc.collect()
-            gc.disable()
-            try:
-                t0 = time.perf_counter()
-                fn()
-                times[label].append(time.perf_counter() - t0)
-            finally:
-                gc.enable()
-    return {k: statistics.median(v) for k, v in times.items()}
+from _util import measure
 
 
 def report(title: str, fns: dict[str, Callable[[], Any]], n: int, repeat: int) -> None:
     """Times fns (the first is the baseline) and prints time, rate and baseline/ours per line."""
     print(f" {title}")
-    m = medians(fns, repeat)
+    m = {label: t.seconds for label, t in measure(fns, repeat, keep_results=False).items()}
     base = next(iter(m.values()))
     for i, (label, sec) in enumerate(m.items()):
         ratio = "   (base)" if i == 0 else f"{base / sec:7.2f}x"

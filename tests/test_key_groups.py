@@ -4,6 +4,7 @@ mmh3, through the scalar path and every vectorized input form."""
 from __future__ import annotations
 
 import math
+import re
 import struct
 
 import mmh3
@@ -319,6 +320,179 @@ def test_invalid_utf8_after_ascii_groups_is_reported_at_its_position(simd_mode):
         hashing.java_hashes_var_binary(offsets, memoryview(b"".join(values)), True, 128)
 
 
+# ---- int64 keys and Java hashes to key groups: sixteen at a time (AVX-512, AVX2) and the scalar loop ----------------
+
+# Around the folds and the sign rule: Long's two halves, Integer.MIN_VALUE, and keys whose Java hash is the one int
+# whose murmur hash is Integer.MIN_VALUE (Flink maps it to key group 0).
+_INT64_EDGES = [0, 1, -1, 2**31 - 1, -(2**31), 2**31, 2**32 - 1, 2**32, 2**63 - 1, -(2**63), 2**32 - 2089875627,
+                -2089875627, 0x0000000180000000, -0x7FFFFFFF7FFFFFFF]
+_INT32_EDGES = [0, 1, -1, 2**31 - 1, -(2**31), -2089875627, 32767, 32768, -32768]
+int64s = st.one_of(st.integers(-(2**63), 2**63 - 1), st.sampled_from(_INT64_EDGES))
+int32s_and_edges = st.one_of(int32s, st.sampled_from(_INT32_EDGES))
+
+
+@pytest.mark.parametrize("simd_mode", SIMD_MODES, indirect=True)
+@given(st.lists(int64s, max_size=70), st.sampled_from(MAX_PARALLELISMS), st.integers(0, 17))
+@settings(max_examples=200, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_int64_kernel_equals_reference_on_every_path(simd_mode, values, mp, offset):
+    # Up to four blocks of sixteen, every tail length, and starts that are not vector-aligned.
+    expected = np.array([ref.key_group(v, mp) for v in values[offset:]], dtype=np.int16)
+    np.testing.assert_array_equal(kg.assign_key_groups(np.array(values, dtype=np.int64)[offset:], mp), expected)
+
+
+@pytest.mark.parametrize("simd_mode", SIMD_MODES, indirect=True)
+@given(st.lists(int32s_and_edges, max_size=70), st.sampled_from(MAX_PARALLELISMS), st.integers(0, 17))
+@settings(max_examples=200, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_int32_and_hash_kernel_equals_reference_on_every_path(simd_mode, values, mp, offset):
+    expected = np.array([ref.key_group(v, mp, "int") for v in values[offset:]], dtype=np.int16)
+    np.testing.assert_array_equal(kg.assign_key_groups(np.array(values, dtype=np.int32)[offset:], mp), expected)
+
+
+@pytest.mark.parametrize("mp", MAX_PARALLELISMS)
+def test_vector_kernels_agree_with_the_scalar_loop_on_a_million_keys(mp):
+    from keygroups._native import hashing
+
+    rng = np.random.default_rng(mp)
+    values = rng.integers(-(2**63), 2**63 - 1, size=1_000_003, dtype=np.int64)
+    values[: len(_INT64_EDGES)] = _INT64_EDGES
+    hashes = hashing.java_hashes_int64(values)
+    previous = hashing._set_simd(0)
+    try:
+        scalar = (hashing.groups_from_int64(values, mp), hashing.groups_from_hashes(hashes, mp))
+        for level in (1, 2):
+            hashing._set_simd(level)
+            np.testing.assert_array_equal(hashing.groups_from_int64(values, mp), scalar[0])
+            np.testing.assert_array_equal(hashing.groups_from_hashes(hashes, mp), scalar[1])
+    finally:
+        hashing._set_simd(previous)
+    np.testing.assert_array_equal(scalar[0], scalar[1])  # Long.hashCode first, or the int64 kernel's own fold
+    sample = slice(0, 2000)
+    np.testing.assert_array_equal(scalar[0][sample], [ref.key_group(int(v), mp) for v in values[sample]])
+
+
+# ---- out=: key groups into the caller's buffer ---------------------------------------------------------------------
+
+OUT_KEYS = [
+    pytest.param(lambda: np.arange(-500, 537, dtype=np.int64) * 7919, id="numpy-int64"),
+    pytest.param(lambda: pa.array(np.arange(1037, dtype=np.int64)), id="arrow-int64"),
+    pytest.param(lambda: np.arange(1037, dtype=np.int32), id="numpy-int32"),
+    pytest.param(lambda: pa.array([f"user-{i}" for i in range(1037)]), id="arrow-utf8"),
+    pytest.param(lambda: pa.array([f"k{i}".encode() for i in range(1037)], pa.large_binary()), id="arrow-binary"),
+    pytest.param(lambda: pa.chunked_array([["a", "b"], ["c"]]), id="chunked"),
+    pytest.param(lambda: [("a", 1), ("b", 2), ("c", 3)], id="tuples"),
+]
+
+
+@pytest.mark.parametrize("make_keys", OUT_KEYS)
+def test_out_receives_the_key_groups_and_is_returned(make_keys):
+    keys = make_keys()
+    out = np.full(len(keys), -1, dtype=np.int16)
+    for mp in (1000, 128):  # one buffer, reused batch after batch
+        got = kg.assign_key_groups(keys, mp, out=out)
+        assert got is out
+        np.testing.assert_array_equal(out, kg.assign_key_groups(keys, mp))
+
+
+def _read_only(n):
+    out = np.empty(n, dtype=np.int16)
+    out.flags.writeable = False
+    return out
+
+
+@pytest.mark.parametrize("make_keys", [OUT_KEYS[0], OUT_KEYS[2], OUT_KEYS[3], OUT_KEYS[6]])
+@pytest.mark.parametrize(
+    "make_out,exc,match",
+    [
+        (lambda n: np.empty(n, dtype=np.int32), TypeError, "out has dtype int32, but key groups are native int16"),
+        (lambda n: np.empty(n, dtype=">i2"), TypeError, "out has dtype >i2"),
+        (lambda n: [0] * n, TypeError, "out must be a numpy int16 array, got list"),
+        (lambda n: np.empty(n - 1, dtype=np.int16), ValueError, r"out has shape \(\d+,\), but there are \d+ keys"),
+        (lambda n: np.empty((1, n), dtype=np.int16), ValueError, r"out has shape \(1, \d+\)"),
+        (_read_only, ValueError, "out is read-only"),
+        (lambda n: np.empty(2 * n, dtype=np.int16)[::2], ValueError, "out is not contiguous"),
+    ],
+)
+def test_out_that_cannot_hold_the_key_groups_is_refused(make_keys, make_out, exc, match):
+    keys = make_keys()
+    with pytest.raises(exc, match=match + r".*np\.empty\(\d+, dtype=np\.int16\)"):
+        kg.assign_key_groups(keys, 128, out=make_out(len(keys)))
+
+
+# ---- one Java key type per Arrow type, for arrays and for keyed jobs --------------------------------------------
+
+ARROW_KEY_COLUMNS = [
+    pytest.param(pa.array([0, 1, -1, 2**63 - 1, -(2**63)], pa.int64()), "long", id="int64"),
+    pytest.param(pa.array([0, 1, -1, 2**31 - 1, -(2**31)], pa.int32()), "int", id="int32"),
+    pytest.param(pa.array([0, -1, 32767, -32768], pa.int16()), "short", id="int16"),
+    pytest.param(pa.array([0, -1, 127, -128], pa.int8()), "byte", id="int8"),
+    pytest.param(pa.array([0, 5, 2**63 - 1], pa.uint64()), "long", id="uint64"),
+    pytest.param(pa.array([0, 5, 2**32 - 1, 2**31], pa.uint32()), "long", id="uint32"),
+    pytest.param(pa.array([0, 5, 65535], pa.uint16()), "long", id="uint16"),
+    pytest.param(pa.array([0, 5, 255], pa.uint8()), "long", id="uint8"),
+    pytest.param(pa.array([True, False], pa.bool_()), "boolean", id="bool"),
+    pytest.param(pa.array([1.5, -0.0, float("nan"), 1e300], pa.float64()), "double", id="float64"),
+    pytest.param(pa.array([1.5, -0.0, float("nan")], pa.float32()), "float", id="float32"),
+    pytest.param(pa.array(np.array([1.5, -0.0, 65504], dtype=np.float16)), "float", id="float16"),
+    pytest.param(pa.array(["a", "", "ü😀"], pa.string()), "string", id="string"),
+    pytest.param(pa.array(["a", "", "ü😀"], pa.large_string()), "string", id="large_string"),
+    pytest.param(pa.array(["a", "", "a longer string than twelve"], pa.string_view()), "string", id="string_view"),
+    pytest.param(pa.array([b"a", b"", b"\xff"], pa.binary()), "bytes", id="binary"),
+    pytest.param(pa.array([b"a", b"", b"\xff"], pa.large_binary()), "bytes", id="large_binary"),
+    pytest.param(pa.array([b"a", b"", b"\xff" * 20], pa.binary_view()), "bytes", id="binary_view"),
+    pytest.param(pa.array(["b", "a", "b"]).dictionary_encode(), "string", id="dictionary"),
+]
+
+
+@pytest.mark.parametrize("column,java", ARROW_KEY_COLUMNS)
+def test_a_column_hashes_alike_in_assign_key_groups_and_in_a_keyed_job(column, java):
+    from keygroups._hashing import key_type_code, key_type_for_arrow
+    from keygroups._native.statecore import KeyContext
+    from keygroups.runtime.subtask import key_type_for_schema
+
+    key_type = key_type_for_schema(pa.schema([("k", column.type)]), ("k",))
+    assert key_type == key_type_for_arrow(column.type) == java
+    groups = kg.assign_key_groups(column, 1000)
+    np.testing.assert_array_equal(kg.assign_key_groups(column, 1000, key_type), groups)
+    np.testing.assert_array_equal(kg.assign_key_groups(pa.chunked_array([column]), 1000, key_type), groups)
+    # A keyed job's backend hashes each record's key, as a Python value, under the key type of its schema.
+    context = KeyContext(kg.KeyGroupRange(0, 999), 1000, key_type_code(key_type))
+    for value, group in zip(column.to_pylist(), groups):
+        context.set_current_key(value)
+        assert context.kgi == group
+
+
+def test_unsigned_keys_past_long_are_refused_alike():
+    from keygroups._hashing import key_type_code
+    from keygroups._native.statecore import KeyContext
+
+    column = pa.array([1, 2**64 - 1], pa.uint64())
+    with pytest.raises(ValueError, match="outside the 64-bit range of java.lang.Long"):
+        kg.assign_key_groups(column, 128)
+    context = KeyContext(kg.KeyGroupRange(0, 127), 128, key_type_code("long"))
+    with pytest.raises(ValueError, match="outside the 64-bit range of java.lang.Long"):
+        context.set_current_key(2**64 - 1)
+
+
+@pytest.mark.parametrize(
+    "column",
+    [
+        pytest.param(pa.array([0, 1], pa.date32()), id="date32"),
+        pytest.param(pa.array([0, 1], pa.timestamp("ms")), id="timestamp"),
+        pytest.param(pa.array([0, 1], pa.time32("s")), id="time32"),
+        pytest.param(pa.array([1, 2], pa.decimal128(10, 2)), id="decimal"),
+        pytest.param(pa.array([[1]], pa.list_(pa.int64())), id="list"),
+    ],
+)
+def test_types_without_a_java_key_type_are_refused_alike(column):
+    from keygroups.runtime.subtask import key_type_for_schema
+
+    match = re.escape(f"unsupported Arrow key type {column.type}: it has no Java key type") + ".*Cast the column"
+    with pytest.raises(TypeError, match=match):
+        kg.assign_key_groups(column, 128)
+    with pytest.raises(TypeError, match="key column 'k': " + match):
+        key_type_for_schema(pa.schema([("k", column.type)]), ("k",))
+
+
 @given(st.lists(st.binary(max_size=40), max_size=40), st.sampled_from(MAX_PARALLELISMS), st.integers(0, 5))
 @settings(max_examples=200)
 def test_vectorized_binary_equals_reference(values, mp, offset):
@@ -422,6 +596,7 @@ def test_assign_operators_matches_ranges():
         (lambda: kg.key_group_range(128, 4, 4), ValueError, r"operator_index must be in \[0, parallelism=4\), got 4"),
         (lambda: kg.operator_index_for_key_group(128, 4, 128), ValueError, r"key_group must be in \[0, max_parallelism=128\)"),
         (lambda: kg.operator_index_for_key_group(128, 4, np.array([0, -1])), ValueError, "position 1"),
+        (lambda: kg.operator_index_for_key_group(128, 4, np.array([200, -1])), ValueError, r"position 0 .*got 200$"),
         (lambda: kg.java_hash(2**63), ValueError, "outside the 64-bit range"),
         (lambda: kg.java_hash(-(2**63) - 1), ValueError, "outside the 64-bit range"),
         (lambda: kg.assign_key_groups(np.array([2**64 - 1], dtype=np.uint64), 128), ValueError, "outside the 64-bit"),

@@ -43,6 +43,20 @@ ENGINES = ["jvm", "sql", "arrow"]
 GOLDEN_MAX_PARALLELISMS = [1, 7, 129, 1000, 32768]  # 1, small prime, 2^7+1, 10^3, 2^15
 
 
+def test_spark_key_types_are_the_key_types_of_their_arrow_types():
+    """The Spark table (one row per Spark type) agrees with the Arrow one: a key column hashes under the same Java
+    type whether Spark's engines read it or the Arrow engine and KeyedJob see its Arrow form."""
+    from pyspark.sql.pandas.types import to_arrow_type
+
+    from keygroups._hashing import key_type_for_arrow
+    from keygroups.spark.catalyst import SPARK_KEY_TYPES
+
+    assert {spark_type() for spark_type in SPARK_KEY_TYPES} == set(SPARK_TYPES.values())
+    for spark_type, (key_type, _) in SPARK_KEY_TYPES.items():
+        assert SPARK_TYPES[key_type] == spark_type()
+        assert key_type_for_arrow(to_arrow_type(spark_type())) == key_type
+
+
 def _field_types(type_name: str) -> list[str]:
     if type_name.startswith("tuple<"):
         return type_name[len("tuple<") : -1].split(",")

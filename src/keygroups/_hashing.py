@@ -7,16 +7,20 @@ Python / numpy / Arrow             Java type                   ``key_type`` name
 =================================  ==========================  =========================================
 ``int``, ``np.int64``, Arrow int64  ``java.lang.Long``          ``"long"``
 ``np.int32``, Arrow int32           ``java.lang.Integer``       ``"int"``
-``np.int16`` / ``np.int8``          ``Short`` / ``Byte``        ``"short"`` / ``"byte"``
-unsigned integers                   ``Long`` of their value     (Java has no unsigned types)
+int16 / int8 (numpy, Arrow)         ``Short`` / ``Byte``        ``"short"`` / ``"byte"``
+unsigned integers                   ``Long`` of their value     ``"long"`` (Java has no unsigned types)
 ``bool``, ``np.bool_``              ``java.lang.Boolean``       ``"boolean"``
 ``float``, ``np.float64``           ``java.lang.Double``        ``"double"``
-``np.float32``                      ``java.lang.Float``         ``"float"``
-``str``                             ``java.lang.String``        ``"string"`` (hashed over UTF-16 code units)
-``bytes``                           ``byte[]``                  ``"bytes"`` (``Arrays.hashCode``; our choice:
+``np.float32``, ``np.float16``      ``java.lang.Float``         ``"float"``
+``str``, Arrow (large_)utf8/view    ``java.lang.String``        ``"string"`` (hashed over UTF-16 code units)
+``bytes``, Arrow (large_)binary     ``byte[]``                  ``"bytes"`` (``Arrays.hashCode``; our choice:
                                                                 Flink itself refuses arrays as keys)
 ``tuple``                           Flink ``TupleN``            a tuple of the fields' key types
 =================================  ==========================  =========================================
+
+Arrays follow one table (``_KEY_TYPE_BY_ELEMENT``): numpy dtypes directly, Arrow types through
+:func:`key_type_for_arrow`, which ``KeyedJob`` also uses for its key columns, so a column hashes the same whether
+it goes through :func:`assign_key_groups` or through a job's keyed state.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from typing import Any, Union
 
 import numpy as np
 import numpy.typing as npt
+import pyarrow as pa
 
 from keygroups._native import hashing as _h
 from keygroups._ranges import check_max_parallelism, check_parallelism
@@ -46,6 +51,30 @@ _KEY_TYPE_CODES = {
 _INT_RANGES = {"int": (-(2**31), 2**31 - 1), "short": (-(2**15), 2**15 - 1), "byte": (-128, 127)}
 _INT64_MAX = 2**63 - 1
 
+#: The Java key type of an array element, by numpy dtype kind and item size: the one table for numpy arrays and
+#: (through ``to_pandas_dtype``) for Arrow's numeric and bool types. Unsigned integers hash as the Long of their value.
+_KEY_TYPE_BY_ELEMENT: dict[tuple[str, int], str] = {
+    ("i", 8): "long",
+    ("i", 4): "int",
+    ("i", 2): "short",
+    ("i", 1): "byte",
+    ("u", 8): "long",
+    ("u", 4): "long",
+    ("u", 2): "long",
+    ("u", 1): "long",
+    ("b", 1): "boolean",
+    ("f", 8): "double",
+    ("f", 4): "float",
+    ("f", 2): "float",
+}
+_SUPPORTED_NUMPY = (
+    "signed and unsigned integers, float16/float32/float64, bool, unicode ('U'), bytes ('S') and object arrays"
+)
+_SUPPORTED_ARROW = (
+    "integers, floating point, bool, utf8 / large_utf8 / string_view, binary / large_binary / binary_view, and "
+    "dictionaries of these"
+)
+
 
 def key_type_code(key_type: KeyType) -> Any:
     """The compiled core's code for a key type name (or tuple of names); None stays None (infer from the value)."""
@@ -60,6 +89,26 @@ def key_type_code(key_type: KeyType) -> Any:
             f"unknown key_type {key_type!r}; allowed: None (infer), {', '.join(map(repr, _KEY_TYPE_CODES))}, "
             "or a tuple of these for tuple keys"
         ) from None
+
+
+def key_type_for_arrow(arrow_type: pa.DataType) -> str:
+    """The Flink key type name (``"long"``, ``"string"``, ...) under which values of an Arrow type hash: the one
+    answer for :func:`assign_key_groups` and for a ``KeyedJob``'s key columns. A dictionary type answers for its
+    value type. ``TypeError`` for a type with no Java key type."""
+    t = pa.types
+    if t.is_dictionary(arrow_type):
+        return key_type_for_arrow(arrow_type.value_type)
+    if t.is_integer(arrow_type) or t.is_floating(arrow_type) or t.is_boolean(arrow_type):
+        dtype = np.dtype(arrow_type.to_pandas_dtype())
+        return _KEY_TYPE_BY_ELEMENT[(dtype.kind, dtype.itemsize)]
+    if t.is_string(arrow_type) or t.is_large_string(arrow_type) or t.is_string_view(arrow_type):
+        return "string"
+    if t.is_binary(arrow_type) or t.is_large_binary(arrow_type) or t.is_binary_view(arrow_type):
+        return "bytes"
+    raise TypeError(
+        f"unsupported Arrow key type {arrow_type}: it has no Java key type; supported: {_SUPPORTED_ARROW}. Cast the "
+        "column first (e.g. a timestamp or decimal to int64, a date to string)"
+    )
 
 
 def java_hash(key: Any, key_type: KeyType = None) -> int:
@@ -94,6 +143,9 @@ def _first_null(arr: Any) -> int:
 
 def _check_int_range(values: np.ndarray, key_type: str) -> None:
     lo, hi = _INT_RANGES[key_type]
+    dtype_range = np.iinfo(values.dtype)
+    if lo <= dtype_range.min and dtype_range.max <= hi:
+        return  # every value of the dtype fits (int16 keys as "short"): no pass over the array
     if values.size and (values.min() < lo or values.max() > hi):
         pos = int(np.argmax((values < lo) | (values > hi)))
         raise ValueError(
@@ -114,14 +166,9 @@ def _numeric_hashes(values: np.ndarray, key_type: KeyType) -> np.ndarray:
     """Java hashes of a 1-D numeric or bool numpy array; int64 values are returned untouched (hash them as Long)."""
     kind = values.dtype.kind
     if key_type is None:
-        if kind == "b":
-            key_type = "boolean"
-        elif kind == "i":
-            key_type = "long" if values.dtype.itemsize == 8 else "int"
-        elif kind == "u":
-            key_type = "long"
-        elif kind == "f":
-            key_type = "double" if values.dtype.itemsize == 8 else "float"
+        key_type = _KEY_TYPE_BY_ELEMENT.get((kind, values.dtype.itemsize))
+        if key_type is None:
+            raise TypeError(f"unsupported key array dtype {values.dtype}; supported: {_SUPPORTED_NUMPY}")
     if key_type == "boolean":
         if kind != "b":
             raise TypeError(f"key_type 'boolean' needs bool keys, got an array of {values.dtype}")
@@ -162,57 +209,55 @@ def _numpy_hashes(keys: np.ndarray, key_type: KeyType) -> np.ndarray:
         return _h.java_hashes_fixed_bytes(data)
     if kind == "O":
         return _h.java_hashes_objects(keys, key_type_code(key_type))
-    raise TypeError(
-        f"unsupported key array dtype {keys.dtype}; supported: signed and unsigned integers, float32/float64, bool, "
-        "unicode ('U'), bytes ('S') and object arrays"
-    )
+    raise TypeError(f"unsupported key array dtype {keys.dtype}; supported: {_SUPPORTED_NUMPY}")
 
 
-def _arrow_hashes(arr: Any, key_type: KeyType, max_parallelism: int = 0) -> np.ndarray:
+def _arrow_hashes(
+    arr: pa.Array, key_type: KeyType, max_parallelism: int = 0, out: np.ndarray | None = None
+) -> np.ndarray:
     """Java hashes of an Arrow array; for offset-based string/binary arrays with max_parallelism > 0, their key
-    groups instead (one fused pass). Callers check the dtype of what comes back."""
-    import pyarrow.types as t
-
+    groups instead (one fused pass, into ``out`` when given). Callers check the dtype of what comes back."""
+    t = pa.types
     if arr.null_count:
         raise ValueError(f"key at position {_first_null(arr)} is null: Flink refuses null keys")
     typ = arr.type
     if t.is_dictionary(typ):
         return _arrow_hashes(arr.dictionary, key_type)[arr.indices.to_numpy(zero_copy_only=False)]
+    natural = key_type_for_arrow(typ)  # raises the TypeError for types with no Java key type
     if t.is_integer(typ) or t.is_floating(typ) or t.is_boolean(typ):
-        values = arr.to_numpy(zero_copy_only=not t.is_boolean(typ))
-        if t.is_integer(typ) and key_type is None and typ.bit_width < 64 and t.is_signed_integer(typ):
-            key_type = "int"
-        return _numeric_hashes(values, key_type)
-    utf8 = t.is_string(typ) or t.is_large_string(typ) or t.is_string_view(typ)
-    binary = t.is_binary(typ) or t.is_large_binary(typ) or t.is_binary_view(typ)
-    if utf8 or binary:
-        wanted = "string" if utf8 else "bytes"
-        if key_type not in (None, wanted):
-            raise TypeError(f"key_type {key_type!r} does not fit an Arrow {typ} array")
-        buffers = arr.buffers()
-        n, off = len(arr), arr.offset
-        if t.is_string_view(typ) or t.is_binary_view(typ):
-            views = memoryview(buffers[1]).cast("B")[off * 16 : (off + n) * 16]
-            return _h.java_hashes_binary_view(views, [b if b is not None else b"" for b in buffers[2:]], utf8)
-        width = np.int64 if (t.is_large_string(typ) or t.is_large_binary(typ)) else np.int32
-        if buffers[1] is None:
-            offsets = np.zeros(n + 1, dtype=width)
-        else:
-            offsets = np.frombuffer(buffers[1], dtype=width)
-            if len(offsets) < off + n + 1:
-                raise ValueError(f"Arrow array of {n} values has only {len(offsets)} offsets: the array is corrupt")
-            offsets = offsets[off : off + n + 1]
-        data = buffers[2] if buffers[2] is not None else b""
-        return _h.java_hashes_var_binary(offsets, memoryview(data).cast("B"), utf8, max_parallelism)
-    raise TypeError(
-        f"unsupported Arrow key type {typ}; supported: integers, floating point, bool, utf8 / large_utf8 / "
-        "string_view, binary / large_binary / binary_view, and dictionaries of these"
-    )
+        return _numeric_hashes(arr.to_numpy(zero_copy_only=not t.is_boolean(typ)), key_type)
+    # strings and binaries: hashed straight from the Arrow buffers
+    if key_type not in (None, natural):
+        raise TypeError(f"key_type {key_type!r} does not fit an Arrow {typ} array")
+    utf8 = natural == "string"
+    buffers = arr.buffers()
+    n, off = len(arr), arr.offset
+    if t.is_string_view(typ) or t.is_binary_view(typ):
+        views = memoryview(buffers[1]).cast("B")[off * 16 : (off + n) * 16]
+        return _h.java_hashes_binary_view(views, [b if b is not None else b"" for b in buffers[2:]], utf8)
+    width = np.int64 if (t.is_large_string(typ) or t.is_large_binary(typ)) else np.int32
+    if buffers[1] is None:
+        offsets = np.zeros(n + 1, dtype=width)
+    else:
+        offsets = np.frombuffer(buffers[1], dtype=width)
+        if len(offsets) < off + n + 1:
+            raise ValueError(f"Arrow array of {n} values has only {len(offsets)} offsets: the array is corrupt")
+        offsets = offsets[off : off + n + 1]
+    data = buffers[2] if buffers[2] is not None else b""
+    return _h.java_hashes_var_binary(offsets, memoryview(data).cast("B"), utf8, max_parallelism,
+                                     out if max_parallelism > 0 else None)
 
 
-def _is_arrow(obj: Any, name: str) -> bool:
-    cls = type(obj)
-    return cls.__module__.startswith("pyarrow") and any(c.__name__ == name for c in cls.__mro__)
+def _int64_keys(keys: Any, key_type: KeyType) -> np.ndarray | None:
+    """``keys`` as a contiguous int64 numpy array when they are int64 keys hashed as Long (numpy, or Arrow without
+    nulls: zero-copy), for the direct int64 kernel; None otherwise."""
+    if key_type not in (None, "long"):
+        return None
+    if isinstance(keys, np.ndarray) and keys.ndim == 1 and keys.dtype.kind == "i" and keys.dtype.itemsize == 8:
+        return np.ascontiguousarray(keys, dtype=np.int64)
+    if isinstance(keys, pa.Array) and pa.types.is_int64(keys.type) and not keys.null_count:
+        return keys.to_numpy(zero_copy_only=True)
+    return None
 
 
 def java_hashes(keys: Any, key_type: KeyType = None) -> npt.NDArray[np.int32]:
@@ -220,12 +265,12 @@ def java_hashes(keys: Any, key_type: KeyType = None) -> npt.NDArray[np.int32]:
     ChunkedArray, or a sequence of Python keys). Errors name the position of the first bad key."""
     if key_type is not None:
         key_type_code(key_type)  # validates the name
-    if _is_arrow(keys, "ChunkedArray"):
+    if isinstance(keys, pa.ChunkedArray):
         if keys.null_count:
             raise ValueError(f"key at position {_first_null(keys)} is null: Flink refuses null keys")
         parts = [_arrow_hashes(chunk, key_type) for chunk in keys.chunks]
         return np.concatenate(parts) if parts else np.empty(0, dtype=np.int32)
-    if _is_arrow(keys, "Array"):
+    if isinstance(keys, pa.Array):
         return _arrow_hashes(keys, key_type)
     if isinstance(keys, np.ndarray):
         return _numpy_hashes(keys, key_type)
@@ -239,19 +284,29 @@ def java_hashes(keys: Any, key_type: KeyType = None) -> npt.NDArray[np.int32]:
     return _h.java_hashes_objects(keys, key_type_code(key_type))
 
 
-def assign_key_groups(keys: Any, max_parallelism: int, key_type: KeyType = None) -> npt.NDArray[np.int16]:
+def assign_key_groups(
+    keys: Any, max_parallelism: int, key_type: KeyType = None, *, out: npt.NDArray[np.int16] | None = None
+) -> npt.NDArray[np.int16]:
     """Vectorized :func:`assign_to_key_group`: an int16 array with the key group of every key.
 
     ``keys`` is a numpy array (integers, floats, bools, unicode, bytes or objects), a pyarrow ``Array`` /
     ``ChunkedArray`` (integers, floats, bools, strings, binaries, dictionaries), or a sequence of Python keys.
-    Arrow strings are hashed straight from their offset and data buffers."""
+    Arrow strings are hashed straight from their offset and data buffers.
+
+    ``out``, when given, is an int16 numpy array of ``len(keys)`` elements, writable and C-contiguous: the key groups
+    are written into it and it is returned, so that a loop over equally long batches reuses one buffer instead of
+    allocating (and page-faulting) a new one per batch. Any other ``out`` raises ``TypeError`` (not an int16 array)
+    or ``ValueError`` (wrong length, read-only, not contiguous)."""
     mp = check_max_parallelism(max_parallelism)
-    if isinstance(keys, np.ndarray) and keys.dtype == np.int64 and keys.ndim == 1 and key_type in (None, "long"):
-        return _h.groups_from_int64(np.ascontiguousarray(keys), mp)
-    if _is_arrow(keys, "Array") and not keys.null_count:
-        out = _arrow_hashes(keys, key_type, mp)
-        return out if out.dtype == np.int16 else _h.groups_from_hashes(out, mp)
-    return _h.groups_from_hashes(java_hashes(keys, key_type), mp)
+    int64_keys = _int64_keys(keys, key_type)
+    if int64_keys is not None:
+        return _h.groups_from_int64(int64_keys, mp, out)
+    if isinstance(keys, pa.Array) and not keys.null_count:
+        hashes_or_groups = _arrow_hashes(keys, key_type, mp, out)
+        if hashes_or_groups.dtype == np.int16:  # the fused string path wrote the key groups
+            return hashes_or_groups
+        return _h.groups_from_hashes(hashes_or_groups, mp, out)
+    return _h.groups_from_hashes(java_hashes(keys, key_type), mp, out)
 
 
 def assign_operators(

@@ -9,8 +9,11 @@ from typing import Any, overload
 import numpy as np
 import numpy.typing as npt
 
-#: Flink's upper bound for max parallelism (``KeyGroupRangeAssignment.UPPER_BOUND_MAX_PARALLELISM``, 2^15).
-UPPER_BOUND_MAX_PARALLELISM = 1 << 15
+from keygroups._native import hashing
+
+#: Flink's upper bound for max parallelism (``KeyGroupRangeAssignment.UPPER_BOUND_MAX_PARALLELISM``, 2^15), as the
+#: compiled kernels define it.
+UPPER_BOUND_MAX_PARALLELISM: int = hashing.UPPER_BOUND_MAX_PARALLELISM
 #: Flink's lower bound for a *default* max parallelism (``DEFAULT_LOWER_BOUND_MAX_PARALLELISM``).
 DEFAULT_LOWER_BOUND_MAX_PARALLELISM = 1 << 7
 
@@ -138,8 +141,6 @@ def operator_index_for_key_group(max_parallelism: int, parallelism: int, key_gro
     """The subtask that owns ``key_group`` (Flink's ``computeOperatorIndexForKeyGroup``: kg * p / max_p).
 
     ``key_group`` may be an int or an array of key groups (then an int32 array comes back)."""
-    from keygroups._native import hashing
-
     p, mp = check_parallelism(parallelism, max_parallelism)
     if isinstance(key_group, (int, np.integer)) and not isinstance(key_group, bool):
         kg = int(key_group)
@@ -153,8 +154,8 @@ def operator_index_for_key_group(max_parallelism: int, parallelism: int, key_gro
     if groups.size:
         lo, hi = int(groups.min()), int(groups.max())
         if lo < 0 or hi >= mp:
-            bad = lo if lo < 0 else hi
             pos = int(np.argmax((groups < 0) | (groups >= mp)))
+            bad = int(groups[pos])
             raise ValueError(f"key_group at position {pos} must be in [0, max_parallelism={mp}), got {bad}")
     return hashing.operators_from_groups(np.ascontiguousarray(groups, dtype=np.int16), mp, p)
 

@@ -1,7 +1,5 @@
 """Type stub of the compiled byte-level list splitter (``_native/splitter.pyx``)."""
 
-from collections.abc import Callable
-
 import numpy as np
 import numpy.typing as npt
 from typing_extensions import Buffer  # collections.abc.Buffer only exists from Python 3.12
@@ -19,11 +17,3 @@ def encode_entries(
 def decode_entries(
     data: Buffer, offsets: npt.NDArray[np.int64]
 ) -> tuple[bytes, npt.NDArray[np.int64], bytes, npt.NDArray[np.int64]]: ...
-def scan_frames(
-    data: Buffer,
-    start: int,
-    max_records: int,
-    max_record_bytes: int,
-    crc32c_fn: Callable[..., int],
-    payloads: bool = ...,
-) -> tuple[npt.NDArray[np.int64], int, bytes]: ...

@@ -18,42 +18,24 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from keygroups._hashing import KeyType, assign_key_groups, assign_key_groups_for_tuples
+from keygroups._hashing import KeyType, assign_key_groups, assign_key_groups_for_tuples, key_type_for_arrow
 from keygroups._ranges import key_group_range
 from keygroups.checkpoint import CheckpointStorage
 from keygroups.errors import KeyGroupOutOfRangeError
 from keygroups.runtime.functions import KeyedProcessFunction, ProcessContext, RuntimeContext
 
-#: Arrow key column types and the Java types Flink would see for them.
-_ARROW_KEY_TYPES: list[tuple[Any, str]] = [
-    (pa.types.is_int64, "long"),
-    (pa.types.is_int32, "int"),
-    (pa.types.is_int16, "short"),
-    (pa.types.is_int8, "byte"),
-    (pa.types.is_boolean, "boolean"),
-    (pa.types.is_float64, "double"),
-    (pa.types.is_float32, "float"),
-    (lambda t: pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t), "string"),
-    (lambda t: pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_binary_view(t), "bytes"),
-]
-
 
 def key_type_for_schema(schema: pa.Schema, key_columns: tuple[str, ...]) -> KeyType:
-    """The key type (a name, or a tuple of names for several key columns) of the given Arrow columns."""
+    """The key type (a name, or a tuple of names for several key columns) of the given Arrow columns: the names
+    :func:`keygroups._hashing.key_type_for_arrow` gives, so a job hashes a column as ``assign_key_groups`` does."""
     names = []
     for column in key_columns:
         if column not in schema.names:
             raise ValueError(f"key column {column!r} is not in the input; its columns are {schema.names}")
-        arrow_type = schema.field(column).type
-        for test, name in _ARROW_KEY_TYPES:
-            if test(arrow_type):
-                names.append(name)
-                break
-        else:
-            raise TypeError(
-                f"key column {column!r} has type {arrow_type}, which has no Java key type; supported: "
-                "int64, int32, int16, int8, bool, float64, float32, string, binary"
-            )
+        try:
+            names.append(key_type_for_arrow(schema.field(column).type))
+        except TypeError as e:
+            raise TypeError(f"key column {column!r}: {e}") from None
     return names[0] if len(names) == 1 else tuple(names)
 
 

@@ -12,7 +12,7 @@ File ``partition-<p:05d>.kglog``::
 All integers little-endian. The first record starts at offset 16. A record whose frame is incomplete at the end of
 the file is not there yet (a writer may be appending, or crashed mid-record: the next writer cuts it off); a
 complete frame with a bad checksum raises :class:`~keygroups.errors.CorruptLogError`. Payloads are compact JSON
-objects, which never contain a raw newline: the compiled frame scanner (``keygroups._native.splitter.scan_frames``)
+objects, which never contain a raw newline: the compiled frame scanner (``keygroups._native.logframes.scan_frames``)
 verifies a range of records and hands their payloads back as one newline-delimited JSON buffer, which Arrow's JSON
 reader parses directly and ``json`` decodes in one call.
 """
@@ -31,7 +31,7 @@ from typing import Any
 import crc32c
 import numpy as np
 
-from keygroups._native import splitter
+from keygroups._native import logframes
 from keygroups.errors import CorruptLogError, CorruptSnapshotError
 
 __all__ = [
@@ -99,7 +99,7 @@ def _scan(buf: Any, start: int, max_records: int | None, path: str, *, payloads:
     """The compiled scan of up to ``max_records`` complete records from ``start``: their start offsets, the next
     offset and their payloads as NDJSON. CorruptLogError (naming the file) on a bad checksum or length."""
     try:
-        return splitter.scan_frames(buf, start, -1 if max_records is None else max_records, MAX_RECORD_BYTES,
+        return logframes.scan_frames(buf, start, -1 if max_records is None else max_records, MAX_RECORD_BYTES,
                                     crc32c.crc32c, payloads)
     except CorruptSnapshotError as e:
         raise CorruptLogError(f"{path}: {e}; the log is corrupt") from None

@@ -24,20 +24,27 @@ from typing import Any
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 _M32 = 0xFFFFFFFF
 
-#: key type -> the JDK class whose static ``hashCode(primitive)`` is the Java hash of the column's value
-_STATIC_HASHES = {
-    "long": "java.lang.Long",
-    "int": "java.lang.Integer",
-    "short": "java.lang.Short",
-    "byte": "java.lang.Byte",
-    "boolean": "java.lang.Boolean",
-    "double": "java.lang.Double",
-    "float": "java.lang.Float",
-    "bytes": "java.util.Arrays",
+#: The one table of Spark key column types: each type's Flink key type name (as ``keygroups._hashing`` names them
+#: for the Arrow type Spark converts it to) and the JDK class whose static ``hashCode(value)`` is the Java hash of the
+#: column's value (None for strings, hashed through the decoded ``String``: see :meth:`CatalystHashes.java_hash`).
+SPARK_KEY_TYPES: dict[type, tuple[str, str | None]] = {
+    T.LongType: ("long", "java.lang.Long"),
+    T.IntegerType: ("int", "java.lang.Integer"),
+    T.ShortType: ("short", "java.lang.Short"),
+    T.ByteType: ("byte", "java.lang.Byte"),
+    T.BooleanType: ("boolean", "java.lang.Boolean"),
+    T.DoubleType: ("double", "java.lang.Double"),
+    T.FloatType: ("float", "java.lang.Float"),
+    T.StringType: ("string", None),
+    T.BinaryType: ("bytes", "java.util.Arrays"),
 }
+
+#: key type name -> the JDK class of its static ``hashCode``, read off SPARK_KEY_TYPES.
+_STATIC_HASHES = {key_type: cls for key_type, cls in SPARK_KEY_TYPES.values() if cls is not None}
 
 
 class CatalystHashes:

@@ -39,26 +39,14 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from keygroups._ranges import check_max_parallelism, check_parallelism
-from keygroups.spark.catalyst import CatalystHashes, operator_index_of
+from keygroups.spark.catalyst import SPARK_KEY_TYPES, CatalystHashes, operator_index_of
 
 ColumnOrName = Union[str, Column]
 
 _M32 = 0xFFFFFFFF
 _BIT31 = 1 << 31
 
-#: Spark type -> the Java type Flink would see, as a ``key_type`` name of the key-group core.
-_KEY_TYPES: dict[type, str] = {
-    T.LongType: "long",
-    T.IntegerType: "int",
-    T.ShortType: "short",
-    T.ByteType: "byte",
-    T.BooleanType: "boolean",
-    T.DoubleType: "double",
-    T.FloatType: "float",
-    T.StringType: "string",
-    T.BinaryType: "bytes",
-}
-_ALLOWED = "LongType, IntegerType, ShortType, ByteType, BooleanType, DoubleType, FloatType, StringType, BinaryType"
+_ALLOWED = ", ".join(spark_type.__name__ for spark_type in SPARK_KEY_TYPES)
 
 _ENGINES = ("auto", "jvm", "sql", "arrow")
 
@@ -132,12 +120,13 @@ def resolve_key_columns(
     resolved = []
     for column, name in named:
         field = schema[column]
-        key_type = _KEY_TYPES.get(type(field.dataType))
-        if key_type is None:
+        known = SPARK_KEY_TYPES.get(type(field.dataType))
+        if known is None:
             raise TypeError(
                 f"key column {name!r} has Spark type {field.dataType.simpleString()}, which has no Flink key "
                 f"hashCode() mapping; allowed: {_ALLOWED} (cast the column, e.g. a date to a long or a string)"
             )
+        key_type, _ = known
         resolved.append(KeyColumn(column, name, key_type, field.nullable))
     return df, resolved, temps
 
@@ -301,8 +290,6 @@ def _arrow_key_group(keys: Sequence[KeyColumn], max_parallelism: int) -> Column:
 
 
 # ---- the public function ------------------------------------------------------------------------------------------
-
-
 
 
 def with_key_groups(
