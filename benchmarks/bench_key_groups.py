@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import struct
+from typing import Any
 
 import mmh3
 import numpy as np
@@ -103,6 +104,20 @@ def python_loop_tuples(values: list[tuple]) -> list[int]:
     return out
 
 
+def by_vector_path(label: str, run: Any, n: int, runs: int) -> list[tuple[str, float, int]]:
+    """``run`` timed under each vector path this CPU has (widest first), as rows for print_table."""
+    rows = []
+    for level, path in ((2, "AVX-512"), (1, "AVX2"), (0, "scalar")):
+        if level > hashing._simd_active():
+            continue
+        previous = hashing._set_simd(level)
+        try:
+            rows.append((f"{label}, {path} path", median_seconds(run, runs), n))
+        finally:
+            hashing._set_simd(previous)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--n", type=int, default=10_000_000, help="keys for int64 and strings (tuples: n / 10)")
@@ -141,18 +156,9 @@ def main() -> None:
     )
     print(f"int64, {n:,} keys: keygroups is {numpy_s / fresh_s:.1f}x numpy ({numpy_s / reused_s:.1f}x with out=); "
           "target >= 20x")
-    widest = hashing._simd_active()
-    paths = []
-    for level, label in ((2, "AVX-512"), (1, "AVX2"), (0, "scalar")):
-        if level > widest:
-            continue
-        previous = hashing._set_simd(level)
-        try:
-            seconds = median_seconds(lambda: kg.assign_key_groups(ints, MAX_PARALLELISM, out=reused), args.runs)
-        finally:
-            hashing._set_simd(previous)
-        paths.append((f"assign_key_groups(out=), {label} path", seconds, n))
-    print_table(f"the same {n:,} int64 keys, by vector path (this CPU's widest first)", paths)
+    print_table(f"the same {n:,} int64 keys, by vector path (this CPU's widest first)",
+                by_vector_path("assign_key_groups(out=)",
+                               lambda: kg.assign_key_groups(ints, MAX_PARALLELISM, out=reused), n, args.runs))
 
     ids = rng.integers(1_000_000, 10_000_000, size=n)
     strings = pa.array(np.char.add("user-", ids.astype(str)).astype(object), pa.string())
@@ -171,17 +177,9 @@ def main() -> None:
     )
 
     # The same call with the vector path capped narrower: what a CPU without AVX-512 (or without AVX2) would run.
-    paths = []
-    for level, label in ((2, "AVX-512"), (1, "AVX2"), (0, "scalar")):
-        if level > widest:
-            continue
-        previous = hashing._set_simd(level)
-        try:
-            seconds = median_seconds(lambda: kg.assign_key_groups(strings, MAX_PARALLELISM), args.runs)
-        finally:
-            hashing._set_simd(previous)
-        paths.append((f"assign_key_groups, {label} path", seconds, n))
-    print_table(f"the same {n:,} Arrow utf8 keys, by vector path (this CPU's widest first)", paths)
+    print_table(f"the same {n:,} Arrow utf8 keys, by vector path (this CPU's widest first)",
+                by_vector_path("assign_key_groups", lambda: kg.assign_key_groups(strings, MAX_PARALLELISM), n,
+                               args.runs))
 
     m = n // 10
     tuples = list(zip(strings.slice(0, m).to_pylist(), ints[:m].tolist()))
