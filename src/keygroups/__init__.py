@@ -25,6 +25,8 @@ from keygroups._ranges import (
 )
 from keygroups.errors import (
     CheckpointNotFoundError,
+    CorruptDataError,
+    CorruptLogError,
     CorruptSnapshotError,
     KeyGroupOutOfRangeError,
     KeyGroupsError,
@@ -51,7 +53,9 @@ __all__ = [
     "UPPER_BOUND_MAX_PARALLELISM",
     "KeyGroupsError",
     "StateMigrationError",
+    "CorruptDataError",
     "CorruptSnapshotError",
+    "CorruptLogError",
     "CheckpointNotFoundError",
     "KeyGroupOutOfRangeError",
     "UnsafeDeserializationError",
