@@ -263,3 +263,51 @@ def test_commit_needs_exactly_one_report_per_subtask(tmp_path):
     metadata = commit_batch(plan, reports)
     assert storage.checkpoint_ids() == [1] and len(metadata.outputs) == 3 and metadata.inputs == []
     assert all(f.startswith("chk-1/output-") for f in metadata.outputs)
+
+
+class Emits(KeyedProcessFunction):
+    """Emits, for every record, whatever the test gives it (records of the output schema, or wrong ones)."""
+
+    def __init__(self, records):
+        self.records = records
+
+    def process_element(self, record, context):
+        return list(self.records)
+
+
+OUT = pa.schema([("user", pa.string()), ("n", pa.int64())])
+
+
+def run_emitting(tmp_path, records):
+    table = pa.table({"user": ["u1"]})
+    spec = KeyedTaskSpec(job_name="x", key_columns=("user",), key_type="string", function=pickle.dumps(Emits(records)),
+                         input_schema=table.schema, output_schema=OUT, max_parallelism=MAX_PARALLELISM,
+                         parallelism=1, checkpoint_location=str(tmp_path / "chk"), checkpoint_id=1, restore_from=None)
+    report = run_keyed_subtask(spec, 0, table.to_batches())
+    return pq.read_table(io.BytesIO(CheckpointStorage(str(tmp_path / "chk")).read_bytes(report["output_file"])))
+
+
+def test_output_records_of_every_form_keep_their_order(tmp_path):
+    records = [{"user": "a", "n": 1}, ("b", 2), ["c", 3], pa.table({"n": [4, 5], "user": ["d", "e"], "extra": [0, 0]}),
+               {"n": 6, "user": "f"}, {"user": None, "n": None}]
+    out = run_emitting(tmp_path, records)
+    assert out.schema == OUT
+    assert out.to_pylist() == [{"user": u, "n": n} for u, n in
+                               [("a", 1), ("b", 2), ("c", 3), ("d", 4), ("e", 5), ("f", 6), (None, None)]]
+
+
+@pytest.mark.parametrize("record, message", [
+    ({"usr": "a", "n": 1}, r"unknown fields \['usr'\], missing fields \['user'\]"),
+    ({"user": "a"}, r"unknown fields \[\], missing fields \['n'\]"),
+    ({"user": "a", "n": 1, "extra": 2}, r"unknown fields \['extra'\], missing fields \[\]"),
+    (("a", 1, 2), r"has 3 fields; the output schema has 2: \['user', 'n'\]"),
+    (pa.table({"user": ["a"]}), r"lacks the output schema's columns \['n'\]"),
+])
+def test_an_output_record_that_does_not_fit_the_schema_is_refused_by_name(tmp_path, record, message):
+    with pytest.raises(ValueError, match=message):
+        run_emitting(tmp_path, [{"user": "ok", "n": 0}, record])
+
+
+def test_an_output_record_of_another_kind_is_refused(tmp_path):
+    with pytest.raises(TypeError, match=r"output record 7 is a int; records are dicts \(field names \['user', 'n'\]\)"):
+        run_emitting(tmp_path, [7])

@@ -196,3 +196,21 @@ def test_an_empty_batch_still_carries_every_key_group_into_the_new_checkpoint(sp
     assert [r["subtask"] for r in job.latest_checkpoint().properties["reports"]] == list(range(5))
     after = job.run_batch(spark.createDataFrame([(k, 1) for k in range(10)], "k long, v long"), parallelism=3).output
     assert sorted(tuple(r) for r in after.collect()) == [(k, 2, 3) for k in range(10)]
+
+
+class EchoTimes(KeyedProcessFunction):
+    def process_element(self, record, context):
+        return [(context.current_key, record["ts"], record["day"])]
+
+
+def test_timestamp_and_date_columns_pass_through_a_job(spark, tmp_path):
+    import datetime as dt
+
+    rows = [(1, dt.datetime(2026, 3, 29, 1, 30, 5, 123456), dt.date(2026, 3, 29)),
+            (2, dt.datetime(1969, 12, 31, 23, 59, 59), dt.date(1900, 1, 1)),
+            (3, None, None)]
+    df = spark.createDataFrame(rows, "k long, ts timestamp, day date")
+    job = KeyedJob("times", "k", EchoTimes(), output_schema="k long, ts timestamp, day date", max_parallelism=8,
+                   checkpoint_location=str(tmp_path / "chk"))
+    got = sorted(tuple(r) for r in job.run_batch(df, parallelism=2).output.collect())
+    assert got == sorted(tuple(r) for r in df.collect())

@@ -125,19 +125,58 @@ def _key_runs(table: pa.Table, key_columns: tuple[str, ...]) -> np.ndarray:
 
 
 def _to_table(outputs: list[Any], schema: pa.Schema) -> pa.Table:
-    if not outputs:
+    """The function's output records as one table of ``schema``, in order. A record is a dict with exactly the
+    schema's field names, a tuple (or list) of its width in its order, or an Arrow table holding at least its columns
+    (others are dropped). Anything else raises, naming the record and the schema: a misspelled field must never
+    become a silent null."""
+    names = schema.names
+    wanted = frozenset(names)
+    parts: list[pa.Table] = []
+    dicts: list[dict[str, Any]] = []
+    tuples: list[Any] = []
+
+    def flush() -> None:
+        if dicts:
+            parts.append(pa.Table.from_pylist(dicts, schema=schema))
+            dicts.clear()
+        if tuples:
+            columns = list(zip(*tuples))
+            parts.append(pa.Table.from_arrays([pa.array(c, type=f.type) for c, f in zip(columns, schema)],
+                                              schema=schema))
+            tuples.clear()
+
+    for record in outputs:
+        if isinstance(record, dict):
+            if record.keys() != wanted:
+                unknown = sorted(str(k) for k in record.keys() - wanted)
+                missing = [n for n in names if n not in record]
+                raise ValueError(f"output record {record!r} does not match the output schema {names}: "
+                                 f"unknown fields {unknown}, missing fields {missing} (give every field, None for "
+                                 "a null)")
+            if tuples:
+                flush()
+            dicts.append(record)
+        elif isinstance(record, (tuple, list)):
+            if len(record) != len(names):
+                raise ValueError(f"output record {record!r} has {len(record)} fields; the output schema has "
+                                 f"{len(names)}: {names}")
+            if dicts:
+                flush()
+            tuples.append(record)
+        elif isinstance(record, pa.Table):
+            flush()
+            missing = [n for n in names if n not in record.column_names]
+            if missing:
+                raise ValueError(f"an output table lacks the output schema's columns {missing}; it has "
+                                 f"{record.column_names}, the schema {names}")
+            parts.append(record.select(names).cast(schema))
+        else:
+            raise TypeError(f"output record {record!r} is a {type(record).__name__}; records are dicts (field "
+                            f"names {names}), tuples in that order, or Arrow tables")
+    flush()
+    if not parts:
         return schema.empty_table()
-    if isinstance(outputs[0], pa.Table):
-        return pa.concat_tables([t.select(schema.names).cast(schema) for t in outputs])
-    if isinstance(outputs[0], dict):
-        return pa.Table.from_pylist(outputs, schema=schema)
-    width = len(schema)
-    for row in outputs:
-        if len(row) != width:
-            raise ValueError(f"output record {row!r} has {len(row)} fields; the output schema has {width}: "
-                             f"{schema.names}")
-    columns = list(zip(*outputs))
-    return pa.Table.from_arrays([pa.array(c, type=f.type) for c, f in zip(columns, schema)], schema=schema)
+    return parts[0] if len(parts) == 1 else pa.concat_tables(parts)
 
 
 def run_keyed_subtask(spec: KeyedTaskSpec, subtask_index: int, batches: Iterable[pa.RecordBatch]) -> dict[str, Any]:

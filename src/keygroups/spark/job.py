@@ -43,6 +43,12 @@ _REPORT_SCHEMA = "subtask int, report string"
 _REPORT_ARROW = pa.schema([("subtask", pa.int32()), ("report", pa.string())])
 
 
+def _input_arrow_schema(df: DataFrame) -> pa.Schema:
+    """The Arrow schema ``mapInArrow`` hands a DataFrame's rows over in: Spark timestamps carry the session's time
+    zone, as Spark sends them."""
+    return to_arrow_schema(df.schema, timezone=df.sparkSession.conf.get("spark.sql.session.timeZone"))
+
+
 def _arrow_schema(schema: Any) -> pa.Schema:
     """A pyarrow schema from a pyarrow Schema, a Spark StructType or a DDL string."""
     if isinstance(schema, pa.Schema):
@@ -51,7 +57,7 @@ def _arrow_schema(schema: Any) -> pa.Schema:
         schema = _parse_datatype_string(schema)
     if not isinstance(schema, StructType):
         raise TypeError(f"output_schema must be a pyarrow Schema, a Spark StructType or a DDL string, got {schema!r}")
-    return to_arrow_schema(schema)
+    return to_arrow_schema(schema, timezone="UTC")   # output timestamps are instants, written as UTC
 
 
 def _pickle_function(function: KeyedProcessFunction) -> bytes:
@@ -159,7 +165,7 @@ class KeyedJob:
                    properties: dict[str, Any] | None) -> CheckpointMetadata:
         """The keyed stage on Spark: place the records, run one task per subtask, commit."""
         spec = plan.keyed_task(
-            key_columns=self.key_columns, function=self._function, input_schema=to_arrow_schema(df.schema),
+            key_columns=self.key_columns, function=self._function, input_schema=_input_arrow_schema(df),
             output_schema=self.output_schema, backend=self.backend, order_columns=self.order_by,
             timestamp_column=self.timestamp_column, allow_pickle=self.allow_pickle,
         )
