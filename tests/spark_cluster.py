@@ -374,11 +374,8 @@ class ClusterDriver:
                "--executors", str(expected), "--timeout", str(self.start_timeout),
                "--conf", json.dumps(self.conf), "--reply-fd", str(write_end)]
         with open(self.log_path, "ab") as log:
-            # local-cluster's workers put executor directories under SPARK_WORKER_DIR, else inside pyspark's
-            # installed package (SPARK_HOME/work): keep them with this driver's logs
-            env = _spark_env({"SPARK_WORKER_DIR": str(self.log_dir / "work")})
             self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
-                                          env=env, pass_fds=(write_end,), start_new_session=True,
+                                          env=_spark_env(), pass_fds=(write_end,), start_new_session=True,
                                           cwd=self.log_dir)
         os.close(write_end)
         try:
