@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from keygroups._ranges import key_group_range
+from keygroups._ranges import UPPER_BOUND_MAX_PARALLELISM, key_group_range
 from keygroups.checkpoint import CheckpointStorage
 from keygroups.cli import shop
 
@@ -93,7 +93,7 @@ def verify(storage: CheckpointStorage, max_parallelism: int, expected_state: dic
 
 
 def run(args: argparse.Namespace) -> int:
-    phases = [int(p) for p in args.phases.split(",")]
+    phases = args.phases
     for p in phases:
         if not 1 <= p <= args.max_parallelism:
             raise SystemExit(f"--phases: parallelism {p} is outside [1, --max-parallelism={args.max_parallelism}]")
@@ -185,15 +185,47 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _at_least(minimum: int, maximum: int | None = None) -> Any:
+    """An argparse type: an int in ``[minimum, maximum]``; anything else is a usage error naming the value and the
+    bounds."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{value} is below {minimum}; give a whole number >= {minimum}")
+        if maximum is not None and value > maximum:
+            raise argparse.ArgumentTypeError(f"{value} is above {maximum}; give a whole number <= {maximum}")
+        return value
+
+    return parse
+
+
+def _parallelisms(text: str) -> list[int]:
+    """An argparse type: comma-separated parallelisms (each >= 1; the upper bound, --max-parallelism, is checked
+    once both are known)."""
+    try:
+        phases = [int(p) for p in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of whole numbers, e.g. 4,2,8") \
+            from None
+    bad = [p for p in phases if p < 1]
+    if bad:
+        raise argparse.ArgumentTypeError(f"parallelism {bad[0]} is below 1 in {text!r}")
+    return phases
+
+
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("demo", help="run the main job: carts on Spark, rescaled 4 -> 2 -> 8, checked against a reference",
                        description=__doc__)
-    p.add_argument("--events", type=int, default=1_000_000, help="shopping events to generate (default 1,000,000)")
-    p.add_argument("--users", type=int, default=100_000, help="distinct users (default 100,000)")
-    p.add_argument("--partitions", type=int, default=8, help="partitions of the event log (default 8)")
-    p.add_argument("--phases", default="4,2,8", help="parallelism of each run, comma-separated (default 4,2,8)")
-    p.add_argument("--batches-per-phase", type=int, default=3, help="micro-batches per run (default 3)")
-    p.add_argument("--max-parallelism", type=int, default=128, help="key groups (default 128, Flink's default)")
+    p.add_argument("--events", type=_at_least(1), default=1_000_000, help="shopping events to generate (default 1,000,000)")
+    p.add_argument("--users", type=_at_least(1), default=100_000, help="distinct users (default 100,000)")
+    p.add_argument("--partitions", type=_at_least(1), default=8, help="partitions of the event log (default 8)")
+    p.add_argument("--phases", type=_parallelisms, default="4,2,8", help="parallelism of each run, comma-separated (default 4,2,8)")
+    p.add_argument("--batches-per-phase", type=_at_least(1), default=3, help="micro-batches per run (default 3)")
+    p.add_argument("--max-parallelism", type=_at_least(1, UPPER_BOUND_MAX_PARALLELISM), default=128, help="key groups (default 128, Flink's default)")
     p.add_argument("--backend", choices=("heap", "rocksdb"), default="heap", help="keyed state backend")
     p.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
     p.add_argument("--dir", help="working directory to keep (default: a temporary one)")
