@@ -5,9 +5,6 @@ rescales, failed batches and retention against a dict."""
 
 from __future__ import annotations
 
-import dataclasses
-import io
-import contextlib
 import random
 import tempfile
 

@@ -41,9 +41,6 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-import numpy as np
-import numpy.typing as npt
-
 from keygroups._native import snapshot as _snap
 from keygroups._ranges import KeyGroupRange
 from keygroups.checkpoint.metadata import KeyedStateHandle, key_group_runs

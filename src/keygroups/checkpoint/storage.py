@@ -43,6 +43,7 @@ import posixpath
 import re
 import shutil
 import uuid
+from collections.abc import Iterator
 from typing import Any, BinaryIO
 
 from keygroups._ranges import key_group_range
@@ -50,7 +51,6 @@ from keygroups.checkpoint.format import merged_key_groups, write_full_snapshot
 from keygroups.checkpoint.metadata import (
     SHARED_DIR,
     CheckpointMetadata,
-    KeyedStateHandle,
     check_relpath,
     decode_metadata,
     encode_metadata,
