@@ -655,10 +655,6 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         (rocksdict's ``multi_get`` measured slower than single reads). Keys past the cache limit are left to load
         on first use; map states load theirs entry by entry."""
         keys = list(keys)[:self.cache_limit]
-        tables = [t for t in self._tables.values() if not t.is_map]
-        if not keys or not tables:
-            return
-        self._check_warm()
         if key_groups is None:
             kgis = [assign_to_key_group(k, self.max_parallelism, self.key_type) - self._start for k in keys]
         else:
@@ -667,6 +663,10 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         for k, i in zip(keys, kgis):
             if not 0 <= i < n:
                 raise ValueError(f"prefetch: key {k!r} is not in this backend's key groups {self.key_group_range!r}")
+        tables = [t for t in self._tables.values() if not t.is_map]
+        if not keys or not tables:
+            return
+        self._check_warm()
         ser = self._serialize_key
         framed = [_frame_key(ser(k)) for k in keys]
         gp = self._group_prefix
