@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import posixpath
 import pickle
 import shutil
 import struct
@@ -73,7 +75,8 @@ def read_all(storage: CheckpointStorage, md: CheckpointMetadata) -> dict[int, tu
     out = {}
     for h in md.keyed_handles:
         blocks, _ = read_key_groups(storage, h, KeyGroupRange(0, MAXP - 1))
-        for kg, sections in blocks:
+        for block in blocks:
+            kg, sections = block.key_group, block.puts
             out[kg] = tuple((i, tuple(map(bytes, ks)), tuple(map(bytes, vs))) for i, ks, vs in sections)
     return out
 
@@ -92,7 +95,7 @@ def test_commit_load_round_trip(storage_factory):
     loaded = storage.load(1)
     assert loaded == md
     assert loaded.base == "chk-1"
-    assert all(h.file.startswith("chk-1/keyed-") for h in loaded.keyed_handles)
+    assert all(h.file.startswith("shared/keyed-") for h in loaded.keyed_handles)   # keyed files outlive chk-<id>
     assert loaded.operator_handles[0].file.startswith("chk-1/operator-0-")
     assert storage.read_bytes(loaded.operator_handles[0].file) == b"operator state bytes"
     assert storage.latest() == md
@@ -105,8 +108,12 @@ def test_metadata_stores_paths_relative_to_its_directory(storage_factory):
     raw = storage.read_bytes("chk-3/_metadata")
     assert raw.startswith(METADATA_MAGIC)
     assert b"chk-3" not in raw   # relative to the checkpoint directory, so the directory can move
-    assert decode_metadata(raw, "elsewhere", "test") .keyed_handles[0].file.startswith("elsewhere/keyed-0-")
-    assert md.keyed_handles[0].file.startswith("chk-3/")
+    moved = decode_metadata(raw, "elsewhere", "test")
+    assert moved.operator_handles[0].file.startswith("elsewhere/operator-0-")
+    assert md.operator_handles[0].file.startswith("chk-3/")
+    # keyed files live in shared/ (later checkpoints reference them too) and are stored as shared/<name>
+    assert moved.keyed_handles[0].file.startswith("shared/keyed-0-3-") and md.keyed_handles[0].file.startswith(
+        "shared/keyed-0-3-")
 
 
 def test_new_file_names_are_relative_and_unique(storage_factory):
@@ -140,12 +147,13 @@ def test_commit_refuses_incomplete_or_inconsistent_checkpoints(storage_factory):
     storage = storage_factory()
     md = write_checkpoint(storage, 2, commit=False)
     missing = CheckpointMetadata(**{**md.__dict__, "keyed_handles": md.keyed_handles + [
-        KeyedStateHandle("chk-2/keyed-1-gone", 1, KeyGroupRange.empty(), [0], 0, STATES)]})
+        KeyedStateHandle("chk-2/keyed-1-gone", 1, KeyGroupRange.empty(), [0], 0, STATES, checkpoint_id=2)]})
     with pytest.raises(ValueError, match="does not exist"):
         storage.commit(missing)
     h = md.keyed_handles[0]
     wrong_size = CheckpointMetadata(**{**md.__dict__, "keyed_handles": [
-        KeyedStateHandle(h.file, h.subtask, h.key_group_range, h.offsets, h.size + 1, h.states)]})
+        KeyedStateHandle(h.file, h.subtask, h.key_group_range, h.offsets, h.size + 1, h.states,
+                         checkpoint_id=h.checkpoint_id)]})
     with pytest.raises(ValueError, match="bytes but its handle says"):
         storage.commit(wrong_size)
     other_dir = CheckpointMetadata(**{**md.__dict__, "checkpoint_id": 5})
@@ -162,7 +170,7 @@ def test_commit_refuses_incomplete_or_inconsistent_checkpoints(storage_factory):
     h0, h1 = md.keyed_handles
     with pytest.raises(ValueError, match="keyed handles overlap: subtask 0"):
         CheckpointMetadata(2, "j", 0, MAXP, 2, [h0, KeyedStateHandle(h1.file, 1, KeyGroupRange(0, 3), [0] * 5, 9,
-                                                                    STATES)]).validate()
+                                                                    STATES, checkpoint_id=2)]).validate()
     with pytest.raises(ValueError, match="subtask 1 in a checkpoint of parallelism 1"):
         CheckpointMetadata(2, "j", 0, MAXP, 1, [h1]).validate()
     with pytest.raises(ValueError, match="past max_parallelism=8"):
@@ -229,7 +237,9 @@ def test_local_commit_leaves_no_temp_files(tmp_path):
     write_checkpoint(storage, 4)
     names = sorted(os.listdir(tmp_path / "chk-4"))
     assert "_metadata" in names and not any(".inprogress-" in n for n in names)
-    assert len(names) == 1 + 2 + 1   # _metadata, two keyed files, one operator file
+    assert len(names) == 1 + 1   # _metadata, one operator file
+    shared = sorted(os.listdir(tmp_path / "shared"))   # the two keyed files: later checkpoints may reference them
+    assert len(shared) == 2 and all(n.startswith(("keyed-0-4-", "keyed-1-4-")) for n in shared)
 
 
 # -- retention -----------------------------------------------------------------------------------------------------
@@ -282,10 +292,11 @@ def test_retention_removes_orphans_of_older_checkpoints_only(storage_factory):
     write_checkpoint(storage, 2)
     with storage.open_write(storage.new_file(2, "keyed-1")) as f:
         f.write(b"orphan of the latest checkpoint: kept until a newer one completes")
-    assert len(_ls(storage, "chk-1")) == 1 + 2 + 1
-    assert len(_ls(storage, "chk-2")) == 1 + 2 + 1 + 1
+    assert len(_ls(storage, "chk-1")) == 1 + 1
+    assert len(_ls(storage, "chk-2")) == 1 + 1 + 1
     write_checkpoint(storage, 3)
-    assert len(_ls(storage, "chk-2")) == 1 + 2 + 1
+    assert len(_ls(storage, "chk-1")) == 1 + 1 and len(_ls(storage, "chk-2")) == 1 + 1
+    assert len(storage.shared_files()) == 3 * 2   # two keyed files per retained checkpoint
     assert storage.checkpoint_ids() == [1, 2, 3]
     assert read_all(storage, storage.load(2)) == expected_state(2)
 
@@ -358,6 +369,11 @@ def _version_1_metadata(md: CheckpointMetadata, base: str, properties: dict) -> 
 def test_version_1_checkpoints_with_outputs_in_properties_load_and_prune_correctly(storage_factory):
     storage = storage_factory(retain=2)
     md = write_checkpoint(storage, 1, commit=False)
+    # a version 1 checkpoint kept its keyed files in its own directory
+    for h in md.keyed_handles:
+        storage._fs.copy(h.file, f"chk-1/{posixpath.basename(h.file)}")
+        storage._fs.remove(h.file)
+    md.keyed_handles = [dataclasses.replace(h, file=f"chk-1/{posixpath.basename(h.file)}") for h in md.keyed_handles]
     output, staged, stray = (storage.new_file(1, p) + ".parquet" for p in ("output-0", "input-0", "output-1"))
     for rel in (output, staged, stray):
         with storage.open_write(rel) as f:
