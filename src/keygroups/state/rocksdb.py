@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import gc
 import json
 import os
@@ -42,10 +43,10 @@ import rocksdict
 
 from keygroups._hashing import KeyType, assign_to_key_group
 from keygroups._ranges import KeyGroupRange
-from keygroups.checkpoint import KeyedStateHandle
+from keygroups.checkpoint import KeyedStateHandle, KeyGroupBlock, chain_stats, write_keyed_snapshot
 from keygroups.errors import CorruptSnapshotError, no_current_key_error
 from keygroups.serializers import TypeSerializer
-from keygroups.state._base import KeyedStateBackendBase, RestoreStats, SnapshotFuture
+from keygroups.state._base import KeyedStateBackendBase, RestoreStats, SnapshotFuture, _canonical, check_cancel
 from keygroups.state._codec import ValueFraming
 from keygroups.state.descriptors import StateDescriptor
 from keygroups.state.states import MISSING, MapState, ValueState
@@ -474,10 +475,12 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
 
     def __init__(self, key_group_range: KeyGroupRange, max_parallelism: int, key_serializer: TypeSerializer, *,
                  key_type: KeyType = None, clock: Callable[[], float] = time.time, allow_pickle: bool = False,
-                 subtask_index: int = 0, db_dir: str | os.PathLike[str] | None = None,
+                 subtask_index: int = 0, incremental: bool = True, max_chain: int = 8,
+                 delta_fraction: float = 0.5, db_dir: str | os.PathLike[str] | None = None,
                  cache_limit: int = DEFAULT_CACHE_LIMIT, warm_dir: str | os.PathLike[str] | None = None) -> None:
         super().__init__(key_group_range, max_parallelism, key_serializer, key_type=key_type, clock=clock,
-                         allow_pickle=allow_pickle, subtask_index=subtask_index)
+                         allow_pickle=allow_pickle, subtask_index=subtask_index, incremental=incremental,
+                         max_chain=max_chain, delta_fraction=delta_fraction)
         if isinstance(cache_limit, bool) or not isinstance(cache_limit, int) or cache_limit < 1:
             raise ValueError(f"cache_limit must be an int >= 1 (entries per state), got {cache_limit!r}")
         self.cache_limit = cache_limit
@@ -642,6 +645,41 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
                 batch.put(k, bytes(value_bytes))
         self._write(batch)
 
+    def _restore_block(self, handle: KeyedStateHandle, targets: list[Any], block: KeyGroupBlock) -> None:
+        """Apply one block on top of the key group's earlier ones: a full block replaces every row of the key
+        group; puts replace a key's value (a map's rows with the new ones), deletes remove the key."""
+        group_index = block.key_group - self._start
+        if block.full:
+            batch = rocksdict.WriteBatch(raw_mode=True)
+            batch.delete_range(self._group_prefix[group_index], _next_prefix(self._group_prefix[group_index]))
+            self._write(batch)
+        mv = block.block
+        for state_index, key_offsets, value_offsets in block.puts:
+            if len(key_offsets) != len(value_offsets):
+                raise CorruptSnapshotError(f"{handle.file}: key group {block.key_group}, state {state_index}: "
+                                           f"{len(key_offsets) - 1} keys but {len(value_offsets) - 1} values")
+            if len(key_offsets) > 1:
+                ko, vo = key_offsets.tolist(), value_offsets.tolist()
+                target = targets[state_index]
+                keys = [mv[a:b] for a, b in zip(ko, ko[1:])]
+                if target.is_map and not block.full:  # the new map replaces the key's old rows
+                    self._delete_keys(target, group_index, keys)
+                self._restore_section(target, group_index, keys, [mv[a:b] for a, b in zip(vo, vo[1:])])
+        for state_index, key_offsets in block.deletes:
+            ko = key_offsets.tolist()
+            self._delete_keys(targets[state_index], group_index, [mv[a:b] for a, b in zip(ko, ko[1:])])
+
+    def _delete_keys(self, target: _RocksTable, group_index: int, keys: list[Any]) -> None:
+        prefix = self._group_prefix[group_index] + target.state_id_bytes
+        batch = rocksdict.WriteBatch(raw_mode=True)
+        for key_bytes in keys:
+            k = prefix + _frame_key(bytes(key_bytes))
+            if target.is_map:
+                batch.delete_range(k, _next_prefix(k))
+            else:
+                batch.delete(k)
+        self._write(batch)
+
     def _after_restore(self, lazy: bool) -> None:
         for t in self._tables.values():
             if t.descriptor is not None:
@@ -776,6 +814,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
                 self.warm = True
                 for meta in states:
                     self._restore_target(meta)
+                self._chains = chain_stats(metadata, self.key_group_range)
+                self._chain_metas = {meta["name"]: _canonical(meta) for meta in states}
                 self._after_restore(lazy)
                 return RestoreStats(0, 0)
             self._reset_db()
@@ -841,40 +881,106 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
 
     # ---- snapshots --------------------------------------------------------------------------------------------------
     def snapshot(self, checkpoint_id: int, storage: CheckpointStorage) -> SnapshotFuture[KeyedStateHandle]:
-        """Write the cache to the database, take a RocksDB checkpoint (consistent and cheap: flush + hard links) and
-        write it to ``storage`` on the snapshot worker thread."""
-        self._flush()
-        for t in self._tables.values():
-            t.changed.clear()
+        """Write the cache to the database and capture, now, the changes since the previous snapshot (encoded
+        bytes of the keys written, tombstones for those deleted or expired); the snapshot worker writes them as
+        delta blocks, and the key groups ``_full_key_groups_for_snapshot`` names as full blocks, scanned from a
+        RocksDB checkpoint. A snapshot that writes no full block needs no checkpoint and scans nothing."""
+        full = self._full_key_groups_for_snapshot()
+        encoded: dict[str, dict[Any, bytes | None]] = {}
+        self._flush(encoded=encoded)
         tables = list(self._tables.values())
         metas = [t.meta for t in tables]
+        with _gc_paused():
+            deltas = self._capture_deltas(tables, full, encoded)
+        for t in tables:
+            t.changed.clear()
         deadlines = {t.state_id: t.ttl_deadline() for t in tables}
         framings = {t.state_id: t.write_framing for t in tables}
         maps = {t.state_id: t.name for t in tables if t.is_map}
         writes = self._writes
-        cp_dir = tempfile.mkdtemp(prefix="cp-", dir=self._dir)
-        os.rmdir(cp_dir)  # RocksDB creates it
-        rocksdict.Checkpoint(self._db).create_checkpoint(cp_dir)
+        cp_dir: str | None = None
+        if full:  # a consistent copy to scan: a RocksDB checkpoint (a flush and hard links; rocksdict's snapshot
+            cp_dir = tempfile.mkdtemp(prefix="cp-", dir=self._dir)  # objects do not hold for iterators)
+            os.rmdir(cp_dir)  # RocksDB creates it
+            rocksdict.Checkpoint(self._db).create_checkpoint(cp_dir)
+        view: rocksdict.Rdict | None = None
+
+        def blocks() -> Iterator[tuple[int, list[Any], list[Any]]]:
+            for g in self.key_group_range:
+                if g in full:
+                    assert view is not None
+                    prefix = _U16.pack(g)
+                    rows = _rows_from(view.items(from_key=prefix), prefix)
+                    for _, sections in self._groups(rows, deadlines, framings, maps):
+                        yield g, sections, []
+                elif g in deltas:
+                    puts, deletes = deltas[g]
+                    yield g, [(s, ks, vs) for s, (ks, vs) in sorted(puts.items())], sorted(deletes.items())
 
         def work(future: SnapshotFuture[KeyedStateHandle]) -> KeyedStateHandle:
-            cp = _open(cp_dir)
+            nonlocal view
             try:
-                handle = self._write_snapshot(checkpoint_id, storage, metas,
-                                              self._groups(cp, deadlines, framings, maps), future)
+                if cp_dir is not None:
+                    view = _open(cp_dir)
+                check_cancel(future)
+                handle = write_keyed_snapshot(storage, checkpoint_id, self.subtask_index, self.key_group_range,
+                                              metas, blocks(), full_key_groups=full,
+                                              on_key_group=functools.partial(check_cancel, future))
             finally:
-                cp.close()
-                shutil.rmtree(cp_dir, ignore_errors=True)
+                if view is not None:
+                    view.close()
+                if cp_dir is not None:
+                    shutil.rmtree(cp_dir, ignore_errors=True)
+            self._after_snapshot(handle)
             if self._warm_path is not None:
                 self._write_marker(storage, checkpoint_id, handle, metas, writes)
             return handle
 
         return SnapshotFuture.start(work, name=f"keyed-{self.subtask_index} chk-{checkpoint_id} (rocksdb)")
 
+    def _capture_deltas(self, tables: list[_RocksTable], full: set[int], encoded: dict[str, dict[Any, bytes | None]]
+                        ) -> dict[int, tuple[dict[int, tuple[list[bytes], list[bytes]]], dict[int, list[bytes]]]]:
+        """Per key group outside ``full``: (state index -> (keys, values) put, state index -> keys deleted), the
+        values as the snapshot format encodes them. Keys flushed earlier (past the cache limit) and maps written
+        entry by entry are read back from the database; TTL-expired values become deletes."""
+        out: dict[int, tuple[dict[int, tuple[list[bytes], list[bytes]]], dict[int, list[bytes]]]] = {}
+        ser = self._serialize_key
+        start = self._start
+        for index, t in enumerate(tables):
+            if not t.changed:
+                continue
+            known = encoded.get(t.name, {})
+            deadline = t.ttl_deadline()
+            framing = t.write_framing
+            for key, kgi in t.changed.items():
+                g = start + kgi
+                if g in full:
+                    continue
+                kb = ser(key)
+                value = known.get(key, _ABSENT)
+                if value is _ABSENT:
+                    db_key = self._group_prefix[kgi] + t.state_id_bytes + _frame_key(kb)
+                    if t.is_map:
+                        rows = t.rows(db_key)
+                        value = _rows_to_value(t.name, rows, framing.ttl) if rows else None
+                    else:
+                        value = self._db.get(db_key)
+                if value is not None and deadline is not None:
+                    value = framing.drop_expired_bytes(value, deadline)
+                puts, deletes = out.get(g) or out.setdefault(g, ({}, {}))
+                if value is None:
+                    deletes.setdefault(index, []).append(kb)
+                else:
+                    ks, vs = puts.get(index) or puts.setdefault(index, ([], []))
+                    ks.append(kb)
+                    vs.append(value)
+        return out
+
     @staticmethod
-    def _groups(cp: rocksdict.Rdict, deadlines: dict[int, int | None], framings: dict[int, ValueFraming],
+    def _groups(rows: Iterable[tuple[Any, Any]], deadlines: dict[int, int | None], framings: dict[int, ValueFraming],
                 maps: dict[int, str]) -> Iterator[tuple[int, list[Any]]]:
-        """The checkpoint's rows, key group by key group, as snapshot sections (a map key's rows joined into the
-        map's value encoding)."""
+        """Database rows in key order, key group by key group, as snapshot sections (a map key's rows joined into
+        the map's value encoding; TTL-expired values left out)."""
         cur_kg = -1
         sections: dict[int, tuple[list[Any], list[Any]]] = {}
         entry: tuple[int, bytes, list[tuple[bytes, bytes]]] | None = None  # a map key's rows being gathered
@@ -898,7 +1004,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
                 add(state_id, key_bytes, _rows_to_value(maps[state_id], rows, framings[state_id].ttl))
                 entry = None
 
-        for k, v in cp.items():
+        for k, v in rows:
             kg, state_id, key_bytes, user_key_bytes = _split_db_key(cast(bytes, k))
             if entry is not None and (kg != cur_kg or state_id != entry[0] or key_bytes != entry[1]):
                 close_entry()
@@ -916,6 +1022,14 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         close_entry()
         if cur_kg >= 0:
             yield cur_kg, [(s, ks, vs) for s, (ks, vs) in sorted(sections.items())]
+
+
+def _rows_from(items: Iterable[tuple[Any, Any]], prefix: bytes) -> Iterator[tuple[Any, Any]]:
+    """The rows of ``items`` (an ordered scan from ``prefix``) that start with ``prefix``."""
+    for k, v in items:
+        if not k.startswith(prefix):
+            return
+        yield k, v
 
 
 def _split_db_key(k: bytes) -> tuple[int, int, bytes, bytes]:
