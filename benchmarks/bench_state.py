@@ -230,6 +230,8 @@ def bench_rocksdb_ops(n_keys, runs, batches=10):
     rocks.dispose()
     tmp.cleanup()
 
+    bench_rocksdb_delta(1_000_000 if n_keys >= 1_000_000 else n_keys, 0.01)
+
     print("\nRocksDB list and map ops/s on one core (100,000 ops over 2,000 keys, one batch; baseline: a plain dict)")
     small = [i % 2_000 for i in range(100_000)]
     b = RocksDBKeyedStateBackend(KeyGroupRange(0, MAXP - 1), MAXP, Int64Serializer())
@@ -261,6 +263,51 @@ def bench_rocksdb_ops(n_keys, runs, batches=10):
         t_ours, t_base = paired_times(ours, value_base, 3)
         row(label, len(small) / t_ours, len(small) / t_base, "ops/s")
     b.dispose()
+
+
+def bench_rocksdb_delta(n_keys, fraction):
+    """A RocksDB snapshot after a batch that touched ``fraction`` of ``n_keys`` keys: incremental (a delta of what
+    changed) against the full snapshot of the same state."""
+    import numpy as np
+
+    from keygroups import assign_key_groups
+    from keygroups.checkpoint import carry_forward
+    from keygroups.state import RocksDBKeyedStateBackend
+
+    tmp = tempfile.TemporaryDirectory(prefix="kg-bench-")
+    storage = CheckpointStorage(tmp.name)
+    b = RocksDBKeyedStateBackend(KeyGroupRange(0, MAXP - 1), MAXP, Int64Serializer(), db_dir=tmp.name)
+    v = b.get_state(ValueStateDescriptor("v", Int64Serializer()))
+    for start in range(0, n_keys, 200_000):
+        for k in range(start, min(start + 200_000, n_keys)):
+            b.set_current_key(k)
+            v.update(k)
+        b._flush(evict=True)
+    t0 = time.perf_counter()
+    full = b.snapshot(1, storage).result()
+    t_full = time.perf_counter() - t0
+    md = commit(storage, [full], 1, 1)
+    nb = RocksDBKeyedStateBackend(KeyGroupRange(0, MAXP - 1), MAXP, Int64Serializer(), db_dir=tmp.name)
+    nb.restore(storage, md)
+    nv = nb.get_state(ValueStateDescriptor("v", Int64Serializer()))
+    touched = list(range(0, n_keys, round(1 / fraction)))
+    nb.prefetch(touched, assign_key_groups(np.array(touched, dtype=np.int64), MAXP))
+    for k in touched:
+        nb.set_current_key(k)
+        nv.update(nv.value() + 1)
+    t0 = time.perf_counter()
+    future = nb.snapshot(2, storage)
+    t_sync = time.perf_counter() - t0
+    delta = future.result()
+    t_delta = time.perf_counter() - t0
+    assert not delta.full_key_groups and carry_forward(md, [delta])
+    print(f"\nRocksDB snapshot after a batch touching {fraction:.0%} of {n_keys:,} keys (baseline: a full snapshot)")
+    print(f"  {'delta snapshot (incl. writing the batch back)':<44} {t_delta * 1e3:>12,.0f} ms       "
+          f"baseline (full) {t_full * 1e3:>10,.0f} ms       ratio {t_full / t_delta:6.1f}x faster"
+          f"   ({t_sync * 1e3:,.0f} ms synchronous; {delta.size / 1e6:.2f} MB vs {full.size / 1e6:.1f} MB)")
+    nb.dispose()
+    b.dispose()
+    tmp.cleanup()
 
 
 def build(n_keys, kgr=KeyGroupRange(0, MAXP - 1), maxp=MAXP, subtask=0):
