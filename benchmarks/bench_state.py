@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 import statistics
 import tempfile
 import time
@@ -152,45 +153,161 @@ def bench_ops(n_keys, n_ops, runs):
     tmp.cleanup()
 
 
-def bench_rocksdb_ops(n_keys, n_ops, runs):
+def _rss() -> int:
+    """Resident bytes of this process now."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def bench_rocksdb_ops(n_keys, runs, batches=10):
+    """RocksDB beside heap on one workload: a state of ``n_keys`` keys, then get+update (incl. set_current_key)
+    once on every key, in ``batches`` batches of distinct keys; RocksDB prefetches each batch's keys and writes
+    them back in one WriteBatch, as the runner does."""
+    import numpy as np
+
+    from keygroups import assign_key_groups
     from keygroups.state import RocksDBKeyedStateBackend
 
-    print(f"\nRocksDB state ops/s on one core ({n_ops:,} ops over {n_keys:,} keys; for context, same baseline)")
-    keys = [i % n_keys for i in range(n_ops)]
+    size = n_keys // batches
+    print(f"\nRocksDB beside heap: ValueState get+update incl. set_current_key, {n_keys:,}-key state, every key once "
+          f"in batches of {size:,} keys (baseline: heap, same loop)")
+    keys = list(range(n_keys))
+    chunks = [(keys[i:i + size], assign_key_groups(np.array(keys[i:i + size], dtype=np.int64), MAXP))
+              for i in range(0, n_keys, size)]
+    gc.collect()
+    before = _rss()
+    heap = HeapKeyedStateBackend(KeyGroupRange(0, MAXP - 1), MAXP, Int64Serializer())
+    hv = heap.get_state(ValueStateDescriptor("v", Int64Serializer()))
+    for k in keys:
+        heap.set_current_key(k)
+        hv.update(k)
+    heap_bytes = (_rss() - before) / n_keys
+    tmp = tempfile.TemporaryDirectory(prefix="kg-bench-")
+    gc.collect()
+    before = _rss()
+    rocks = RocksDBKeyedStateBackend(KeyGroupRange(0, MAXP - 1), MAXP, Int64Serializer(), db_dir=tmp.name)
+    rv = rocks.get_state(ValueStateDescriptor("v", Int64Serializer()))
+    for chunk, _ in chunks:
+        for k in chunk:
+            rocks.set_current_key(k)
+            rv.update(k)
+        rocks._flush(evict=True)
+    rocks._db.flush()
+    gc.collect()
+    rocks_bytes = (_rss() - before) / n_keys
+
+    def heap_all():
+        for k in keys:
+            heap.set_current_key(k)
+            hv.update((hv.value() or 0) + 1)
+
+    parts = {"prefetch": [], "process": [], "flush": []}
+
+    def rocks_all():
+        spent = [0.0, 0.0, 0.0]
+        for chunk, groups in chunks:
+            t0 = time.perf_counter()
+            rocks.prefetch(chunk, groups)
+            t1 = time.perf_counter()
+            for k in chunk:
+                rocks.set_current_key(k)
+                rv.update((rv.value() or 0) + 1)
+            t2 = time.perf_counter()
+            rocks._flush(evict=True)
+            spent[0] += t1 - t0
+            spent[1] += t2 - t1
+            spent[2] += time.perf_counter() - t2
+        for part, t in zip(parts, spent):
+            parts[part].append(t)
+
+    t_rocks, t_heap = paired_times(rocks_all, heap_all, runs)
+    prefetch, process, flush = (statistics.median(parts[p]) for p in parts)
+    row("value get+update, processing (prefetched)", n_keys / process, n_keys / t_heap, "ops/s")
+    row("value get+update, incl. prefetch + write back", n_keys / t_rocks, n_keys / t_heap, "ops/s")
+    print(f"  (RocksDB per key of a batch: prefetch {prefetch / n_keys * 1e9:,.0f} ns, processing "
+          f"{process / n_keys * 1e9:,.0f} ns, write back {flush / n_keys * 1e9:,.0f} ns)")
+    print(f"  resident bytes per key: RocksDB {rocks_bytes:,.0f} B/key (between batches), heap {heap_bytes:,.0f} B/key")
+    rocks.dispose()
+    tmp.cleanup()
+
+    bench_rocksdb_delta(1_000_000 if n_keys >= 1_000_000 else n_keys, 0.01)
+
+    print("\nRocksDB list and map ops/s on one core (100,000 ops over 2,000 keys, one batch; baseline: a plain dict)")
+    small = [i % 2_000 for i in range(100_000)]
     b = RocksDBKeyedStateBackend(KeyGroupRange(0, MAXP - 1), MAXP, Int64Serializer())
-    v = b.get_state(ValueStateDescriptor("v", Int64Serializer()))
     lst = b.get_state(ListStateDescriptor("l", Int64Serializer()))
     m = b.get_state(MapStateDescriptor("m", StrSerializer(), Int64Serializer()))
 
-    def value_ours():
-        for k in keys:
-            b.set_current_key(k)
-            v.update((v.value() or 0) + 1)
-
     def list_ours():
-        for k in keys:
+        for k in small:
             b.set_current_key(k)
             lst.add(k)
-        for k in range(n_keys):
+        for k in range(2_000):
             b.set_current_key(k)
             lst.clear()
+        b._flush(evict=True)
 
     def map_ours():
-        for k in keys:
+        for k in small:
             b.set_current_key(k)
             m.put("a", k)
+        b._flush(evict=True)
 
     def value_base():
         d = {}
-        for k in keys:
+        for k in small:
             d[k] = (d.get(k) or 0) + 1
 
-    for label, ours in (("value get+update (incl. set_current_key)", value_ours),
-                        ("list add (incl. set_current_key)", list_ours),
+    for label, ours in (("list add (incl. set_current_key)", list_ours),
                         ("map put (incl. set_current_key)", map_ours)):
-        t_ours, t_base = paired_times(ours, value_base, runs)
-        row(label, n_ops / t_ours, n_ops / t_base, "ops/s")
+        t_ours, t_base = paired_times(ours, value_base, 3)
+        row(label, len(small) / t_ours, len(small) / t_base, "ops/s")
     b.dispose()
+
+
+def bench_rocksdb_delta(n_keys, fraction):
+    """A RocksDB snapshot after a batch that touched ``fraction`` of ``n_keys`` keys: incremental (a delta of what
+    changed) against the full snapshot of the same state."""
+    import numpy as np
+
+    from keygroups import assign_key_groups
+    from keygroups.checkpoint import carry_forward
+    from keygroups.state import RocksDBKeyedStateBackend
+
+    tmp = tempfile.TemporaryDirectory(prefix="kg-bench-")
+    storage = CheckpointStorage(tmp.name)
+    b = RocksDBKeyedStateBackend(KeyGroupRange(0, MAXP - 1), MAXP, Int64Serializer(), db_dir=tmp.name)
+    v = b.get_state(ValueStateDescriptor("v", Int64Serializer()))
+    for start in range(0, n_keys, 200_000):
+        for k in range(start, min(start + 200_000, n_keys)):
+            b.set_current_key(k)
+            v.update(k)
+        b._flush(evict=True)
+    t0 = time.perf_counter()
+    full = b.snapshot(1, storage).result()
+    t_full = time.perf_counter() - t0
+    md = commit(storage, [full], 1, 1)
+    nb = RocksDBKeyedStateBackend(KeyGroupRange(0, MAXP - 1), MAXP, Int64Serializer(), db_dir=tmp.name)
+    nb.restore(storage, md)
+    nv = nb.get_state(ValueStateDescriptor("v", Int64Serializer()))
+    touched = list(range(0, n_keys, round(1 / fraction)))
+    nb.prefetch(touched, assign_key_groups(np.array(touched, dtype=np.int64), MAXP))
+    for k in touched:
+        nb.set_current_key(k)
+        nv.update(nv.value() + 1)
+    t0 = time.perf_counter()
+    future = nb.snapshot(2, storage)
+    t_sync = time.perf_counter() - t0
+    delta = future.result()
+    t_delta = time.perf_counter() - t0
+    assert not delta.full_key_groups and carry_forward(md, [delta])
+    print(f"\nRocksDB snapshot after a batch touching {fraction:.0%} of {n_keys:,} keys (baseline: a full snapshot)")
+    print(f"  {'delta snapshot (incl. writing the batch back)':<44} {t_delta * 1e3:>12,.0f} ms       "
+          f"baseline (full) {t_full * 1e3:>10,.0f} ms       ratio {t_full / t_delta:6.1f}x faster"
+          f"   ({t_sync * 1e3:,.0f} ms synchronous; {delta.size / 1e6:.2f} MB vs {full.size / 1e6:.1f} MB)")
+    nb.dispose()
+    b.dispose()
+    tmp.cleanup()
 
 
 def build(n_keys, kgr=KeyGroupRange(0, MAXP - 1), maxp=MAXP, subtask=0):
@@ -331,7 +448,7 @@ def main():
     q = a.quick
     runs = 3 if q else 5
     bench_ops(10_000, 50_000 if q else 300_000, runs)
-    bench_rocksdb_ops(2_000, 20_000 if q else 100_000, 3)
+    bench_rocksdb_ops(200_000 if q else 2_000_000, 3)
     bench_snapshot_restore(50_000 if q else 300_000, runs)
     bench_rescale(20_000 if q else 200_000, 4, 7, 3)
     bench_lazy(100_000 if q else 1_000_000, 3)

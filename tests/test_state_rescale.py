@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from keygroups import assign_to_key_group, assign_to_operator, key_group_range
-from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage
+from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage, carry_forward
 from keygroups.serializers import Int64Serializer, StrSerializer, ValueSerializer
 from keygroups.state import (
     AggregateFunction,
@@ -74,6 +74,9 @@ class Job:
         if during is not None:
             during()
         handles = [f.result(60) for f in futures]
+        previous = storage.latest()
+        if previous is not None:  # as the driver does: delta files need the earlier files of their chains
+            handles = carry_forward(previous, handles)
         storage.commit(CheckpointMetadata(checkpoint_id=checkpoint_id, job_id="rescale", timestamp_ms=0,
                                           max_parallelism=self.maxp, parallelism=self.p, keyed_handles=handles,
                                           operator_handles=[], properties={}))

@@ -7,7 +7,10 @@ checkpoint only once every subtask has reported.
 
 from __future__ import annotations
 
+import hashlib
+import os
 import pickle
+import tempfile
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -58,10 +61,20 @@ def key_serializer_for(key_type: KeyType) -> Any:
     }[key_type]()
 
 
+def warm_directory(local_dir: str | None, checkpoint_location: str, job_name: str) -> str:
+    """Where a job's warm RocksDB databases live on this host: under ``local_dir`` (the system temporary directory
+    by default), keyed by checkpoint location (hashed) and job name, one directory per key-group range below."""
+    location = hashlib.sha256(checkpoint_location.encode()).hexdigest()[:16]
+    job = hashlib.sha256(job_name.encode()).hexdigest()[:16]  # job names may hold any character
+    return os.path.join(local_dir or tempfile.gettempdir(), "keygroups-warm", location, job)
+
+
 def create_backend(kind: str, key_group_range: Any, max_parallelism: int, key_type: KeyType, *,
-                   subtask_index: int = 0, allow_pickle: bool = False, local_dir: str | None = None) -> Any:
+                   subtask_index: int = 0, allow_pickle: bool = False, local_dir: str | None = None,
+                   warm_dir: str | None = None) -> Any:
     """A keyed state backend for one subtask's key groups: ``"heap"`` or ``"rocksdb"`` (a local database under
-    ``local_dir``, a temporary directory by default; call ``dispose()`` when done)."""
+    ``local_dir``, a temporary directory by default, or kept warm under ``warm_dir``; call ``dispose()`` when
+    done)."""
     from keygroups import state
 
     key_serializer = key_serializer_for(key_type)
@@ -70,7 +83,7 @@ def create_backend(kind: str, key_group_range: Any, max_parallelism: int, key_ty
         return state.HeapKeyedStateBackend(key_group_range, max_parallelism, key_serializer, **common)
     if kind == "rocksdb":
         return state.RocksDBKeyedStateBackend(key_group_range, max_parallelism, key_serializer, db_dir=local_dir,
-                                              **common)
+                                              warm_dir=warm_dir, **common)
     raise ValueError(f"unknown state backend {kind!r}; allowed: 'heap', 'rocksdb'")
 
 
@@ -94,6 +107,11 @@ class KeyedTaskSpec:
     timestamp_column: str | None = None
     storage_options: dict[str, Any] | None = None
     allow_pickle: bool = False
+    #: The executors' local directory for warm state (RocksDB keeps its database there between batches); None:
+    #: the system temporary directory.
+    local_dir: str | None = None
+    #: Keep RocksDB databases warm between batches (False: a fresh database per batch, as before).
+    warm_state: bool = True
 
 
 def _load_function(spec: KeyedTaskSpec) -> KeyedProcessFunction:
@@ -182,9 +200,11 @@ def _to_table(outputs: list[Any], schema: pa.Schema) -> pa.Table:
 def run_keyed_subtask(spec: KeyedTaskSpec, subtask_index: int, batches: Iterable[pa.RecordBatch]) -> dict[str, Any]:
     """Run one subtask of one micro-batch; returns its report (JSON-able) for the driver's commit."""
     own_range = key_group_range(spec.max_parallelism, spec.parallelism, subtask_index)
-    # Disposed on the way out (RocksDB: its local database is not needed past the snapshot).
+    # Disposed on the way out (RocksDB: its local database is deleted, or kept warm for the next batch).
+    warm_dir = warm_directory(spec.local_dir, spec.checkpoint_location, spec.job_name) if spec.warm_state else None
     with create_backend(spec.backend, own_range, spec.max_parallelism, spec.key_type,
-                        subtask_index=subtask_index, allow_pickle=spec.allow_pickle) as backend:
+                        subtask_index=subtask_index, allow_pickle=spec.allow_pickle, local_dir=spec.local_dir,
+                        warm_dir=warm_dir) as backend:
         return _run_on_backend(spec, subtask_index, batches, backend, own_range)
 
 
@@ -193,15 +213,17 @@ def _run_on_backend(spec: KeyedTaskSpec, subtask_index: int, batches: Iterable[p
     timings: dict[str, float] = {}
     start = time.perf_counter()
     storage = CheckpointStorage(spec.checkpoint_location, storage_options=spec.storage_options)
-    restored: dict[str, Any] = {"bytes_read": 0, "key_groups": 0}
+    restored: dict[str, Any] = {"bytes_read": 0, "key_groups": 0, "warm": False}
     if spec.restore_from is not None:
         stats = backend.restore(storage, storage.load(spec.restore_from))
-        restored = {"bytes_read": int(stats.bytes_read), "key_groups": int(stats.key_groups)}
+        restored = {"bytes_read": int(stats.bytes_read), "key_groups": int(stats.key_groups),
+                    "warm": bool(getattr(backend, "warm", False))}
     timings["restore"] = time.perf_counter() - start
 
     t = time.perf_counter()
     table = pa.Table.from_batches(list(batches), schema=spec.input_schema)
     records_in = table.num_rows
+    groups = np.zeros(0, dtype=np.int32)
     if records_in:
         groups = _key_groups(table, spec)
         outside = (groups < own_range.start) | (groups > own_range.end)
@@ -216,7 +238,9 @@ def _run_on_backend(spec: KeyedTaskSpec, subtask_index: int, batches: Iterable[p
         table = table.append_column("__key_group", pa.array(groups, pa.int16()))
         sort_keys = [("__key_group", "ascending")] + [(c, "ascending") for c in spec.key_columns]
         sort_keys += [(c, "ascending") for c in spec.order_columns]
-        table = table.take(pc.sort_indices(table, sort_keys=sort_keys)).drop_columns(["__key_group"])
+        order = pc.sort_indices(table, sort_keys=sort_keys)
+        table = table.take(order).drop_columns(["__key_group"])
+        groups = groups[order.to_numpy()]
     timings["prepare"] = time.perf_counter() - t
 
     t = time.perf_counter()
@@ -232,6 +256,8 @@ def _run_on_backend(spec: KeyedTaskSpec, subtask_index: int, batches: Iterable[p
     starts = pa.array(runs[:-1])
     run_keys = [table.column(c).take(starts).to_pylist() for c in spec.key_columns]
     keys = run_keys[0] if len(run_keys) == 1 else list(zip(*run_keys))
+    if keys and hasattr(backend, "prefetch"):  # until the heap backend has its no-op prefetch (stream H)
+        backend.prefetch(keys, groups[runs[:-1]])
     rows: list[dict[str, Any]] = []
     if records_in and not vectorized:
         names = table.column_names

@@ -102,7 +102,8 @@ class KeyedJob:
     the life of the state; ``checkpoint_location`` is a local path or an fsspec URL. ``order_by`` names columns that
     order a key's records inside a batch (Spark's shuffle keeps no order, so give one whenever order matters to the
     function); ``timestamp_column`` gives each record's event time to ``context.timestamp``; ``retain`` is how many
-    complete checkpoints to keep.
+    complete checkpoints to keep. ``local_dir`` names the executors' local directory where warm state stays between
+    batches (RocksDB keeps its database there; default: the system temporary directory).
     """
 
     def __init__(
@@ -120,6 +121,7 @@ class KeyedJob:
         retain: int = 3,
         storage_options: dict[str, Any] | None = None,
         allow_pickle: bool = False,
+        local_dir: str | None = None,
     ) -> None:
         if not name:
             raise ValueError("a job needs a non-empty name")
@@ -134,6 +136,7 @@ class KeyedJob:
         self.order_by = tuple(order_by)
         self.timestamp_column = timestamp_column
         self.allow_pickle = allow_pickle
+        self.local_dir = local_dir
         self.storage = CheckpointStorage(checkpoint_location, retain=retain, storage_options=storage_options)
 
     def latest_checkpoint(self) -> CheckpointMetadata | None:
@@ -167,7 +170,7 @@ class KeyedJob:
         spec = plan.keyed_task(
             key_columns=self.key_columns, function=self._function, input_schema=_input_arrow_schema(df),
             output_schema=self.output_schema, backend=self.backend, order_columns=self.order_by,
-            timestamp_column=self.timestamp_column, allow_pickle=self.allow_pickle,
+            timestamp_column=self.timestamp_column, allow_pickle=self.allow_pickle, local_dir=self.local_dir,
         )
         placed = partition_by_key_group(df, *self.key_columns, max_parallelism=plan.max_parallelism,
                                         parallelism=plan.parallelism).select(*df.columns)

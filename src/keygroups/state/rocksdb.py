@@ -1,45 +1,112 @@
-"""The RocksDB keyed state backend (on ``rocksdict``): state lives serialized in a local RocksDB per backend.
+"""The RocksDB keyed state backend (on ``rocksdict``): state lives serialized in a local RocksDB per backend, with a
+per-batch cache of decoded values in front of it.
 
-Database keys are ``key group (u16 BE) | state id (u16 BE) | u32 BE key length | key bytes``, so one key group is one
-contiguous key range and a snapshot is one ordered scan. Map states, as in Flink, keep one database entry per map
-entry: the key above followed by the serialized user key (the length prefix keeps keys prefix-free), the value being
-``[i64 timestamp |] user value bytes``. Other states keep one database value per key, exactly the per-key value
-encoding of the snapshot file format (``keygroups.state._codec``); a list append concatenates bytes without
-decoding. A snapshot turns the entries back into that encoding; a restore splits it.
+Database keys are ``key group (u16 BE) | state id (u16 BE) | u32 BE key length | key bytes``: big-endian because
+RocksDB orders keys bytewise, so one key group is one contiguous key range and a key group's rows are one ordered
+scan. Map states, as in Flink, keep one database entry per map entry: the key above followed by the serialized user
+key (the length prefix keeps keys prefix-free), the value being ``[i64 timestamp |] user value bytes``. Other states
+keep one database value per key, the per-key value encoding of the snapshot format (``keygroups.state._codec``).
 
-Snapshots: the synchronous part is a RocksDB checkpoint (a flush and hard links: a consistent, immutable copy); the
-snapshot worker thread scans that copy into the snapshot file and deletes it.
+The cache (Spark's RocksDB state store buffers a batch the same way): ``prefetch(keys)`` loads a batch's keys with
+one ``multi_get`` per state; reads and writes then hit decoded Python objects; the keys written since the last flush
+are written to the database in one ``WriteBatch`` when a snapshot is taken, or earlier once a state caches more than
+``cache_limit`` entries (the cache is then emptied; the set of keys changed since the last snapshot is kept). A map
+key's cache entry holds either its whole map or an overlay of the entries touched (missing entries are read row by
+row), so a batch touching one entry of a large map reads one row. Values read from the cache are live objects, as on
+the heap backend: a mutable value read is written back at the next flush, so changing it in place sticks.
+
+Warm database (``warm_dir``): the database stays on local disk after ``dispose()`` with a marker naming the
+checkpoint and the snapshot file it reflects; the next backend for the same key-group range that restores from that
+very checkpoint, whose metadata names that very file for this range, opens it as it is instead of restoring. Anything
+else (another checkpoint, a retried or failed attempt, a rescale, a damaged marker) deletes it and restores.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import functools
+import gc
+import json
 import os
 import shutil
 import struct
 import tempfile
+import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
+import numpy as np
 import rocksdict
 
-from keygroups._hashing import KeyType
+from keygroups._hashing import KeyType, assign_to_key_group
 from keygroups._ranges import KeyGroupRange
-from keygroups.checkpoint import KeyedStateHandle
+from keygroups.checkpoint import KeyedStateHandle, KeyGroupBlock, chain_stats, write_keyed_snapshot
 from keygroups.errors import CorruptSnapshotError, no_current_key_error
 from keygroups.serializers import TypeSerializer
-from keygroups.state._base import KeyedStateBackendBase, SnapshotFuture
+from keygroups.state._base import KeyedStateBackendBase, RestoreStats, SnapshotFuture, _canonical, check_cancel
 from keygroups.state._codec import ValueFraming
 from keygroups.state.descriptors import StateDescriptor
-from keygroups.state.states import MISSING, MapState
+from keygroups.state.states import MISSING, MapState, ValueState
 
 if TYPE_CHECKING:
-    from keygroups.checkpoint import CheckpointStorage
+    from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage
 
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
 _I64 = struct.Struct(">q")
+_pack_u32 = _U32.pack
+
+#: Cached entries per state before the cache is flushed to the database and emptied.
+DEFAULT_CACHE_LIMIT = 1 << 20
+
+#: Version of the warm database's marker (and of the database layout it vouches for).
+WARM_MARKER_VERSION = 1
+_MARKER = "marker.json"
+
+
+class _Absent:
+    """Not in the cache (unlike MISSING: known to have no value)."""
+
+    __slots__ = ()
+
+
+_ABSENT = _Absent()
+
+
+class _Overlay(dict):  # type: ignore[type-arg]
+    """A map key's cache entry that holds only the entries touched so far (user key -> value, MISSING: removed);
+    the others are still in the database. A plain dict in the cache is the whole map."""
+
+    __slots__ = ()
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Keep Python's cyclic collector out of a loop that makes an object per entry: at a million cached entries
+    its full collections cost more than the loop."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+class _Range:
+    """A range delete in a flush: from the operation's key up to ``end`` (exclusive)."""
+
+    __slots__ = ("end",)
+
+    def __init__(self, end: bytes) -> None:
+        self.end = end
+
+
+def _first(op: tuple[bytes, Any]) -> bytes:
+    return op[0]
 
 
 def _next_prefix(prefix: bytes) -> bytes:
@@ -59,7 +126,7 @@ def _rows_to_value(state: str, rows: list[tuple[bytes, bytes]], ttl: bool) -> by
         n = len(stored) - 8 if ttl else len(stored)
         if n < 0:
             raise CorruptSnapshotError(f"state {state!r}: a TTL map entry of {len(stored)} bytes has no timestamp")
-        parts += (_U32.pack(len(ukb)), ukb, _U32.pack(n), stored)
+        parts += (_pack_u32(len(ukb)), ukb, _pack_u32(n), stored)
     return b"".join(parts)
 
 
@@ -73,23 +140,41 @@ def _value_to_rows(framing: ValueFraming, value: Any) -> list[tuple[bytes, bytes
 def _open(path: str) -> rocksdict.Rdict:
     opts = rocksdict.Options(raw_mode=True)
     opts.create_if_missing(True)
-    return rocksdict.Rdict(path, opts)
+    table = rocksdict.BlockBasedOptions()
+    table.set_bloom_filter(10, False)  # a batch's prefetch asks for many keys that are not there yet
+    opts.set_block_based_table_factory(table)
+    db = rocksdict.Rdict(path, opts)
+    # No write-ahead log: the checkpoint is the durable copy; a warm database is flushed before its marker is written.
+    write = rocksdict.WriteOptions()
+    write.disable_wal = True
+    db.set_write_options(write)
+    return db
+
+
+def _frame_key(key_bytes: bytes) -> bytes:
+    return _pack_u32(len(key_bytes)) + key_bytes
 
 
 class _RocksTable:
-    """One state's view of the backend's database: its state id, framings, and the current key's rows."""
+    """One state's view of the backend: its state id, framings, cache and the keys written since the last flush
+    (``pending``: key -> key-group index) and since the last snapshot (``changed``)."""
 
-    __slots__ = ("backend", "db", "name", "state_id", "state_id_bytes", "meta", "descriptor", "read_framing",
-                 "write_framing", "needs_migration", "is_map")
+    __slots__ = ("backend", "db", "ctx", "name", "state_id", "state_id_bytes", "meta", "descriptor", "read_framing",
+                 "write_framing", "needs_migration", "is_map", "mutable", "cache", "pending", "changed",
+                 "restored_unregistered")
 
-    def __init__(self, backend: RocksDBKeyedStateBackend, db: rocksdict.Rdict, name: str, state_id: int,
-                 meta: dict[str, Any], read: ValueFraming, write: ValueFraming,
-                 descriptor: StateDescriptor | None) -> None:
+    def __init__(self, backend: RocksDBKeyedStateBackend, name: str, state_id: int, meta: dict[str, Any],
+                 read: ValueFraming, write: ValueFraming, descriptor: StateDescriptor | None) -> None:
         self.backend = backend
-        self.db = db
+        self.db = backend._db
+        self.ctx = backend._ctx
         self.name = name
         self.state_id = state_id
         self.state_id_bytes = _U16.pack(state_id)
+        self.cache: dict[Any, Any] = {}
+        self.pending: dict[Any, int] = {}
+        self.changed: dict[Any, int] = {}
+        self.restored_unregistered = False
         self.configure(meta, read, write, descriptor)
 
     def configure(self, meta: dict[str, Any], read: ValueFraming, write: ValueFraming,
@@ -100,13 +185,22 @@ class _RocksTable:
         self.descriptor = descriptor
         self.is_map = meta["kind"] == "map"
         self.needs_migration = read.needs_migration_to(write)
+        # Values the user may change in place: a read of one counts as a write (the cache holds live objects).
+        self.mutable = write.copy is not None
 
-    def _key(self) -> bytes:
-        """The current key's database key in this state (the common prefix of a map's rows)."""
-        return self.backend._current_db_key(self.state_id_bytes)
+    # ---- database keys -------------------------------------------------------------------------------------------
+    def db_key(self, group_index: int, key: Any) -> bytes:
+        b = self.backend
+        return b._group_prefix[group_index] + self.state_id_bytes + _frame_key(b._serialize_key(key))
+
+    def current(self) -> tuple[Any, int]:
+        c = self.ctx
+        if c.kgi >= c.n:
+            raise no_current_key_error()
+        return c.key, c.kgi
 
     def rows(self, prefix: bytes) -> list[tuple[bytes, bytes]]:
-        """The map entries of one key: (user key bytes, stored value)."""
+        """The map entries of one key in the database: (user key bytes, stored value)."""
         out = []
         n = len(prefix)
         for k, v in self.db.items(from_key=prefix):
@@ -116,145 +210,336 @@ class _RocksTable:
             out.append((k[n:], cast(bytes, v)))
         return out
 
-    def delete_rows(self, prefix: bytes) -> None:
-        self.db.delete_range(prefix, _next_prefix(prefix))
-
-    # ---- store interface (maps: the whole map of the current key, for the generic TTL map state) -----------------
-    def get(self) -> Any:
-        write = self.write_framing
+    # ---- the cache ------------------------------------------------------------------------------------------------
+    def load(self) -> Any:
+        """The current key's value from the database (MISSING if none), now cached."""
+        key, kgi = self.current()
+        self.backend._check_warm()
+        if len(self.cache) >= self.backend.cache_limit:
+            self.backend._flush(evict=True)
+        prefix = self.db_key(kgi, key)
+        framing = self.read_framing
         if self.is_map:
-            rows = self.rows(self._key())
-            return write.decode(_rows_to_value(self.name, rows, write.ttl)) if rows else MISSING
-        v = self.db.get(self._key())
-        return MISSING if v is None else write.decode(v)
+            rows = self.rows(prefix)
+            v = framing.decode(_rows_to_value(self.name, rows, framing.ttl)) if rows else MISSING
+        else:
+            raw = self.db.get(prefix)
+            v = MISSING if raw is None else framing.decode(raw)
+        self.cache[key] = v
+        if self.mutable and v is not MISSING:
+            self.pending[key] = kgi
+        return v
+
+    def whole(self, key: Any, kgi: int, overlay: _Overlay) -> Any:
+        """A map key's overlay completed with its other rows from the database: the whole map (or MISSING)."""
+        framing = self.read_framing
+        self.backend._check_warm()
+        m = {}
+        for ukb, stored in self.rows(self.db_key(kgi, key)):
+            m.update(framing.decode(_rows_to_value(self.name, [(ukb, stored)], framing.ttl)))
+        for uk, v in overlay.items():
+            if v is MISSING:
+                m.pop(uk, None)
+            else:
+                m[uk] = v
+        v = m if m else MISSING
+        self.cache[key] = v
+        self.pending[key] = kgi  # the overlay may hold unflushed changes
+        return v
+
+    # ---- store interface of the generic states (maps: the whole map of the current key) ---------------------------
+    def get(self) -> Any:
+        c = self.ctx
+        v = self.cache.get(c.key, _ABSENT)
+        if v is _ABSENT:
+            return self.load()
+        if type(v) is _Overlay:
+            key, kgi = self.current()
+            return self.whole(key, kgi, v)
+        if self.mutable and v is not MISSING:
+            self.pending[c.key] = c.kgi
+        return v
 
     def put(self, value: Any) -> None:
-        k = self._key()
-        if self.is_map:
-            self.delete_rows(k)
-            batch = rocksdict.WriteBatch(raw_mode=True)
-            for user_key_bytes, stored in _value_to_rows(self.write_framing, self.write_framing.encode(value)):
-                batch.put(k + user_key_bytes, stored)
-            self.db.write(batch)
-            return
-        self.db.put(k, self.write_framing.encode(value))
+        key, kgi = self.current()
+        self.cache[key] = value
+        self.pending[key] = kgi
 
     def delete(self) -> None:
-        if self.is_map:
-            self.delete_rows(self._key())
-        else:
-            self.db.delete(self._key())
+        key, kgi = self.current()
+        self.cache[key] = MISSING
+        self.pending[key] = kgi
 
     def append(self, items: list[Any]) -> None:
-        db = self.db
-        k = self._key()
-        cur = db.get(k)
-        enc = self.write_framing.encode(items)
-        db.put(k, enc if cur is None else cur + enc)
+        key, kgi = self.current()
+        cur = self.cache.get(key, _ABSENT)
+        if cur is _ABSENT:
+            cur = self.load()
+        if cur is MISSING:
+            self.cache[key] = items  # a fresh list built by the state
+        else:
+            cur.extend(items)
+        self.pending[key] = kgi
 
     def ttl_deadline(self) -> int | None:
         return self.backend._snapshot_ttl_deadline(self.descriptor)
 
+    # ---- flushing -------------------------------------------------------------------------------------------------
+    def write_pending(self, ops: list[tuple[bytes, Any]], encoded: dict[Any, bytes | None] | None) -> None:
+        """Add the pending keys' writes to ``ops`` ((database key, value bytes; None: delete; a ``_Range``: delete
+        the range from the key); when ``encoded`` is given, their value encodings too, for a delta: maps written
+        as overlays are left out, their whole value is read back after the write)."""
+        gp, sid, ser = self.backend._group_prefix, self.state_id_bytes, self.backend._serialize_key
+        cache, write = self.cache, self.write_framing
+        add = ops.append
+        if not self.is_map:
+            enc_value = write.encode
+            for key, kgi in self.pending.items():
+                v = cache[key]
+                kb = ser(key)
+                enc = None if v is MISSING else enc_value(v)
+                add((gp[kgi] + sid + _pack_u32(len(kb)) + kb, enc))
+                if encoded is not None:
+                    encoded[key] = enc
+        else:
+            for key, kgi in self.pending.items():
+                v = cache[key]
+                k = gp[kgi] + sid + _frame_key(ser(key))
+                if type(v) is _Overlay:
+                    uks, uvs = write.key_ser.serialize, write.ser.serialize
+                    for uk, x in v.items():
+                        add((k + uks(uk), None if x is MISSING else uvs(x)))
+                    continue
+                # The whole map: its old rows go first (sorting keeps this range delete before the new rows).
+                add((k, _Range(_next_prefix(k))))
+                enc = None if v is MISSING else write.encode(v)
+                if enc is not None:
+                    for user_key_bytes, stored in _value_to_rows(write, enc):
+                        add((k + user_key_bytes, stored))
+                if encoded is not None:
+                    encoded[key] = enc
+        self.changed.update(self.pending)
+        self.pending.clear()
 
-def _split_db_key(k: bytes) -> tuple[int, int, bytes, bytes]:
-    """(key group, state id, key bytes, the rest: a map entry's user key bytes, else empty)."""
-    if len(k) < 8:
-        raise CorruptSnapshotError(f"RocksDB key {k!r} is shorter than its 8-byte prefix")
-    kg, state_id = k[0] << 8 | k[1], k[2] << 8 | k[3]
-    (key_length,) = _U32.unpack_from(k, 4)
-    if key_length > len(k) - 8:
-        raise CorruptSnapshotError(f"RocksDB key {k!r} says {key_length} key bytes but has {len(k) - 8}")
-    return kg, state_id, k[8:8 + key_length], k[8 + key_length:]
+
+class _RocksValue(ValueState):
+    """ValueState without TTL, straight on the table's cache (the per-update path of the benchmark)."""
+
+    __slots__ = ("_t", "_ctx", "_cache", "_pending", "_default", "_copy", "_mutable")
+
+    def __init__(self, store: _RocksTable, descriptor: Any, backend: Any) -> None:
+        self._t = store
+        self._ctx = store.ctx
+        self._cache = store.cache
+        self._pending = store.pending
+        self._default = descriptor.default
+        ser = descriptor.serializers["value"]
+        self._copy = None if ser.is_immutable else ser.copy
+        self._mutable = store.mutable
+
+    def value(self) -> Any:
+        c = self._ctx
+        v = self._cache.get(c.key, _ABSENT)
+        if v is _ABSENT:
+            v = self._t.load()
+        elif self._mutable and v is not MISSING:
+            self._pending[c.key] = c.kgi
+        if v is MISSING:
+            d = self._default
+            return d if d is None or self._copy is None else self._copy(d)
+        return v
+
+    def update(self, value: Any) -> None:
+        c = self._ctx
+        if c.kgi >= c.n:
+            raise no_current_key_error()
+        self._cache[c.key] = MISSING if value is None else value
+        self._pending[c.key] = c.kgi
+
+    def clear(self) -> None:
+        self._t.delete()
 
 
 class _RocksMap(MapState):
-    """MapState without TTL on per-entry rows: get/put/remove touch one database entry."""
+    """MapState without TTL: a key's cache entry is an overlay of the entries touched (read row by row) until
+    something needs the whole map."""
 
-    __slots__ = ("_t", "_uks", "_uvs", "_ukd", "_uvd")
+    __slots__ = ("_t", "_uks", "_uvd")
 
     def __init__(self, store: _RocksTable, descriptor: Any, backend: Any) -> None:
         self._t = store
         uk, uv = descriptor.serializers["map key"], descriptor.serializers["map value"]
-        self._uks, self._uvs, self._ukd, self._uvd = uk.serialize, uv.serialize, uk.deserialize, uv.deserialize
+        self._uks, self._uvd = uk.serialize, uv.deserialize
+
+    def _entry(self) -> tuple[Any, Any, int]:
+        """(the current key's cache entry: overlay, whole map or MISSING; the key; its key-group index)."""
+        t = self._t
+        key, kgi = t.current()
+        m = t.cache.get(key, _ABSENT)
+        if m is _ABSENT:
+            t.backend._check_warm()
+            if len(t.cache) >= t.backend.cache_limit:
+                t.backend._flush(evict=True)
+            m = t.cache[key] = _Overlay()
+        return m, key, kgi
 
     def get(self, key: Any) -> Any:
-        v = self._t.db.get(self._t._key() + self._uks(key))
-        return None if v is None else self._uvd(v)
+        t = self._t
+        m, k, kgi = self._entry()
+        if m is MISSING:
+            return None
+        v = m.get(key, _ABSENT)
+        if v is _ABSENT:
+            if type(m) is not _Overlay:
+                return None
+            raw = t.db.get(t.db_key(kgi, k) + self._uks(key))
+            v = m[key] = MISSING if raw is None else self._uvd(raw)
+        if v is MISSING:
+            return None
+        if t.mutable:
+            t.pending[k] = kgi
+        return v
 
     def contains(self, key: Any) -> bool:
-        return self._t.db.get(self._t._key() + self._uks(key)) is not None
+        t = self._t
+        m, k, kgi = self._entry()
+        if m is MISSING:
+            return False
+        v = m.get(key, _ABSENT)
+        if v is _ABSENT and type(m) is _Overlay:
+            return t.db.get(t.db_key(kgi, k) + self._uks(key)) is not None
+        return v is not _ABSENT and v is not MISSING
 
     def put(self, key: Any, value: Any) -> None:
-        self._t.db.put(self._t._key() + self._uks(key), self._uvs(value))
+        t = self._t
+        m, k, kgi = self._entry()
+        if m is MISSING:
+            m = t.cache[k] = {}
+        m[key] = value
+        t.pending[k] = kgi
 
     def put_all(self, mapping: dict[Any, Any]) -> None:
-        p = self._t._key()
-        batch = rocksdict.WriteBatch(raw_mode=True)
-        for k, v in mapping.items():
-            batch.put(p + self._uks(k), self._uvs(v))
-        self._t.db.write(batch)
+        if not mapping:
+            return
+        t = self._t
+        m, k, kgi = self._entry()
+        if m is MISSING:
+            m = t.cache[k] = {}
+        m.update(mapping)
+        t.pending[k] = kgi
 
     def remove(self, key: Any) -> None:
-        self._t.db.delete(self._t._key() + self._uks(key))
+        t = self._t
+        m, k, kgi = self._entry()
+        if m is MISSING:
+            return
+        if type(m) is _Overlay:
+            m[key] = MISSING
+        elif m.pop(key, _ABSENT) is _ABSENT:
+            return
+        elif not m:
+            t.cache[k] = MISSING
+        t.pending[k] = kgi
+
+    def _whole(self) -> Any:
+        t = self._t
+        m, k, kgi = self._entry()
+        if type(m) is _Overlay:
+            return t.whole(k, kgi, m)
+        if t.mutable and m is not MISSING:
+            t.pending[k] = kgi
+        return m
 
     def items(self) -> list[tuple[Any, Any]]:
-        return [(self._ukd(k), self._uvd(v)) for k, v in self._t.rows(self._t._key())]
+        m = self._whole()
+        return [] if m is MISSING else list(m.items())
 
     def is_empty(self) -> bool:
-        p = self._t._key()
-        for k in self._t.db.keys(from_key=p):
-            return not cast(bytes, k).startswith(p)
-        return True
+        return self._whole() is MISSING
 
     def clear(self) -> None:
-        self._t.delete_rows(self._t._key())
+        self._t.delete()
 
 
 class RocksDBKeyedStateBackend(KeyedStateBackendBase):
     """Keyed state for one key-group range in a local RocksDB; same interface and snapshot format as
     ``HeapKeyedStateBackend``. ``db_dir``: parent directory of the database (a temporary directory by default);
     the database is deleted by ``dispose()`` (or on leaving a ``with`` block), at the latest when the backend is
-    garbage-collected."""
+    garbage-collected.
+
+    ``cache_limit``: decoded entries each state caches before the cache is written to the database and emptied
+    (bounds memory; see the module docs). ``warm_dir``: keep the database there across backends (one directory per
+    key-group range under it) and reuse it when a restore finds it exactly at the checkpoint it restores (see the
+    module docs); the caller keys ``warm_dir`` by checkpoint location and job (``runtime.subtask.warm_directory``).
+    """
 
     def __init__(self, key_group_range: KeyGroupRange, max_parallelism: int, key_serializer: TypeSerializer, *,
                  key_type: KeyType = None, clock: Callable[[], float] = time.time, allow_pickle: bool = False,
-                 subtask_index: int = 0, db_dir: str | os.PathLike[str] | None = None) -> None:
+                 subtask_index: int = 0, incremental: bool = True, max_chain: int = 8,
+                 delta_fraction: float = 0.5, db_dir: str | os.PathLike[str] | None = None,
+                 cache_limit: int = DEFAULT_CACHE_LIMIT, warm_dir: str | os.PathLike[str] | None = None) -> None:
         super().__init__(key_group_range, max_parallelism, key_serializer, key_type=key_type, clock=clock,
-                         allow_pickle=allow_pickle, subtask_index=subtask_index)
-        self._dir = tempfile.mkdtemp(prefix="keygroups-rocksdb-", dir=db_dir)
-        self._db = _open(os.path.join(self._dir, "db"))
-        self._finalizer = weakref.finalize(self, RocksDBKeyedStateBackend._cleanup, self._db, self._dir)
-        self._tables: dict[str, _RocksTable] = {}
-        self._current_group_bytes: bytes | None = None  # u16 BE key group of the current key
-        self._current_key_bytes: bytes | None = None  # u32 BE length | serialized current key
+                         allow_pickle=allow_pickle, subtask_index=subtask_index, incremental=incremental,
+                         max_chain=max_chain, delta_fraction=delta_fraction)
+        if isinstance(cache_limit, bool) or not isinstance(cache_limit, int) or cache_limit < 1:
+            raise ValueError(f"cache_limit must be an int >= 1 (entries per state), got {cache_limit!r}")
+        self.cache_limit = cache_limit
+        self.set_current_key = self._ctx.set_current_key  # type: ignore[method-assign]  # no Python-level hop
         self._serialize_key = self.key_serializer.serialize
+        self._group_prefix = [_U16.pack(g) for g in range(self._start, self._start + self._n)]
+        self._tables: dict[str, _RocksTable] = {}
+        self._marker_lock = threading.Lock()
+        self._writes = 0  # database writes so far: a marker vouches only for the write count it was captured at
+        self._warm_path: str | None = None
+        self._lock_file: Any = None
+        self.warm = False  # True when restore() reused a warm database
+        path = self._claim_warm(warm_dir) if warm_dir is not None else None
+        if path is None:
+            self._dir = tempfile.mkdtemp(prefix="keygroups-rocksdb-", dir=db_dir)
+        else:
+            self._dir = path
+        self._db = _open(os.path.join(self._dir, "db"))
+        # A kept database is used only once restore() has checked it against its checkpoint; anything that touches
+        # the data first (a job that does not restore) empties it.
+        self._unchecked = self._warm_path is not None
+        keep = self._warm_path is not None
+        self._finalizer = weakref.finalize(self, RocksDBKeyedStateBackend._cleanup, self._db, self._dir, keep,
+                                           self._lock_file)
 
     @staticmethod
-    def _cleanup(db: rocksdict.Rdict, path: str) -> None:
+    def _cleanup(db: rocksdict.Rdict, path: str, keep: bool, lock_file: Any) -> None:
         try:
             db.close()
         finally:
-            shutil.rmtree(path, ignore_errors=True)
+            if not keep:
+                shutil.rmtree(path, ignore_errors=True)
+            if lock_file is not None:
+                lock_file.close()  # releases the flock
+
+    def _claim_warm(self, warm_dir: str | os.PathLike[str]) -> str | None:
+        """This range's warm directory, locked for this backend; None when another backend holds it (a second
+        attempt of the same task running beside the first): that one then works in a temporary directory."""
+        r = self.key_group_range
+        path = os.path.join(os.fspath(warm_dir), f"{r.start}-{r.end}")
+        os.makedirs(path, exist_ok=True)
+        lock_file = open(path + ".lock", "a+")
+        try:
+            fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock_file.close()
+            return None
+        self._lock_file = lock_file
+        self._warm_path = path
+        return path
 
     def dispose(self) -> None:
-        """Close and delete the local database (once; later calls do nothing)."""
+        """Close the local database and delete it, unless it is kept warm (once; later calls do nothing)."""
         self._finalizer()
-
-    def set_current_key(self, key: Any) -> None:
-        super().set_current_key(key)
-        key_bytes = self._serialize_key(key)
-        self._current_group_bytes = _U16.pack(self._start + self._ctx.kgi)
-        self._current_key_bytes = _U32.pack(len(key_bytes)) + key_bytes
-
-    def _current_db_key(self, state_id_bytes: bytes) -> bytes:
-        """The current key's database key in the state ``state_id_bytes``: key group | state id | key."""
-        group, key = self._current_group_bytes, self._current_key_bytes
-        if group is None or key is None:
-            raise no_current_key_error()
-        return group + state_id_bytes + key
 
     # ---- hooks ------------------------------------------------------------------------------------------------------
     def _has_data(self) -> bool:
+        if any(t.pending for t in self._tables.values()):
+            return True
         for _ in self._db.keys():
             return True
         return False
@@ -264,7 +549,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         state_id = len(self._tables)
         if state_id > 0xFFFF:
             raise ValueError(f"a RocksDB backend holds at most 65536 states; {name!r} would be one more")
-        t = _RocksTable(self, self._db, name, state_id, meta, read, write, d)
+        t = _RocksTable(self, name, state_id, meta, read, write, d)
         self._tables[name] = t
         return t
 
@@ -274,11 +559,13 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
             self._new_table(d.name, meta, read, write, d)
             return
         t.configure(meta, read, write, d)
-        if t.needs_migration or t.ttl_deadline() is not None:
+        if t.needs_migration or (t.restored_unregistered and t.ttl_deadline() is not None):
             self._rewrite(t)  # restored bytes were ingested as written by the old serializers
+        t.restored_unregistered = False
 
     def _rewrite(self, t: _RocksTable) -> None:
         """Re-encode (migrate) and TTL-clean every stored value of ``t`` in place."""
+        self._flush(evict=True)
         deadline = t.ttl_deadline()
         read, write = t.read_framing, t.write_framing
         batch = rocksdict.WriteBatch(raw_mode=True)
@@ -316,22 +603,30 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
             group[2].append(k)
         if group is not None:
             redo(group[0], _rows_to_value(t.name, group[1], read.ttl), group[2])
-        self._db.write(batch)
+        self._write(batch)
         t.configure(t.meta, write, write, t.descriptor)
 
     def _store(self, name: str) -> _RocksTable:
         return self._tables[name]
 
     def _state_class(self, kind: str, ttl: bool) -> type:
-        if kind == "map" and not ttl:
+        if not ttl and kind == "map":
             return _RocksMap
+        if not ttl and kind == "value":
+            return _RocksValue
         return super()._state_class(kind, ttl)
+
+    def _adopt_restored(self, name: str, meta: dict[str, Any], read: ValueFraming | None) -> Any:
+        t = super()._adopt_restored(name, meta, read)
+        if t.descriptor is None:
+            t.restored_unregistered = True
+        return t
 
     def _restore_section(self, target: _RocksTable, group_index: int, keys: list[Any], values: list[Any]) -> None:
         if len(keys) != len(values):
             raise CorruptSnapshotError(f"state {target.name!r}: a section has {len(keys)} keys and {len(values)} "
                                        "values")
-        prefix = _U16.pack(self._start + group_index) + target.state_id_bytes
+        prefix = self._group_prefix[group_index] + target.state_id_bytes
         read, write = target.read_framing, target.write_framing
         batch = rocksdict.WriteBatch(raw_mode=True)
         deadline = target.ttl_deadline()
@@ -342,18 +637,152 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
                 value_bytes = write.drop_expired_bytes(value_bytes, deadline)
                 if value_bytes is None:
                     continue
-            k = prefix + _U32.pack(len(key_bytes)) + bytes(key_bytes)
+            k = prefix + _frame_key(bytes(key_bytes))
             if target.is_map:
                 for user_key_bytes, stored in _value_to_rows(write if target.needs_migration else read, value_bytes):
                     batch.put(k + user_key_bytes, stored)
             else:
                 batch.put(k, bytes(value_bytes))
-        self._db.write(batch)
+        self._write(batch)
+
+    def _restore_block(self, handle: KeyedStateHandle, targets: list[Any], block: KeyGroupBlock) -> None:
+        """Apply one block on top of the key group's earlier ones: a full block replaces every row of the key
+        group; puts replace a key's value (a map's rows with the new ones), deletes remove the key."""
+        group_index = block.key_group - self._start
+        if block.full:
+            batch = rocksdict.WriteBatch(raw_mode=True)
+            batch.delete_range(self._group_prefix[group_index], _next_prefix(self._group_prefix[group_index]))
+            self._write(batch)
+        mv = block.block
+        for state_index, key_offsets, value_offsets in block.puts:
+            if len(key_offsets) != len(value_offsets):
+                raise CorruptSnapshotError(f"{handle.file}: key group {block.key_group}, state {state_index}: "
+                                           f"{len(key_offsets) - 1} keys but {len(value_offsets) - 1} values")
+            if len(key_offsets) > 1:
+                ko, vo = key_offsets.tolist(), value_offsets.tolist()
+                target = targets[state_index]
+                keys = [mv[a:b] for a, b in zip(ko, ko[1:])]
+                if target.is_map and not block.full:  # the new map replaces the key's old rows
+                    self._delete_keys(target, group_index, keys)
+                self._restore_section(target, group_index, keys, [mv[a:b] for a, b in zip(vo, vo[1:])])
+        for state_index, key_offsets in block.deletes:
+            ko = key_offsets.tolist()
+            self._delete_keys(targets[state_index], group_index, [mv[a:b] for a, b in zip(ko, ko[1:])])
+
+    def _delete_keys(self, target: _RocksTable, group_index: int, keys: list[Any]) -> None:
+        prefix = self._group_prefix[group_index] + target.state_id_bytes
+        batch = rocksdict.WriteBatch(raw_mode=True)
+        for key_bytes in keys:
+            k = prefix + _frame_key(bytes(key_bytes))
+            if target.is_map:
+                batch.delete_range(k, _next_prefix(k))
+            else:
+                batch.delete(k)
+        self._write(batch)
 
     def _after_restore(self, lazy: bool) -> None:
         for t in self._tables.values():
             if t.descriptor is not None:
                 t.configure(t.meta, t.write_framing, t.write_framing, t.descriptor)
+
+    # ---- the cache --------------------------------------------------------------------------------------------------
+    def prefetch(self, keys: Sequence[Any], key_groups: Sequence[int] | np.ndarray | None = None) -> None:
+        """Load ``keys`` (a batch's distinct keys) into every state's cache, so the batch's reads hit decoded
+        values. ``key_groups`` (the keys' key groups, absolute) saves hashing them again. A state whose rows the
+        batch mostly touches is read by one ordered scan of the touched key groups, others key by key in key order
+        (rocksdict's ``multi_get`` measured slower than single reads). Keys past the cache limit are left to load
+        on first use; map states load theirs entry by entry."""
+        keys = list(keys)[:self.cache_limit]
+        if key_groups is None:
+            kgis = [assign_to_key_group(k, self.max_parallelism, self.key_type) - self._start for k in keys]
+        else:
+            kgis = [int(g) - self._start for g in key_groups[:len(keys)]]
+        n = self._n
+        for k, i in zip(keys, kgis):
+            if not 0 <= i < n:
+                raise ValueError(f"prefetch: key {k!r} is not in this backend's key groups {self.key_group_range!r}")
+        tables = [t for t in self._tables.values() if not t.is_map]
+        if not keys or not tables:
+            return
+        self._check_warm()
+        ser = self._serialize_key
+        framed = [_frame_key(ser(k)) for k in keys]
+        gp = self._group_prefix
+        estimate = self._db.property_int_value("rocksdb.estimate-num-keys") or 0
+        with _gc_paused():
+            for t in tables:
+                if len(t.cache) + len(keys) > self.cache_limit:
+                    self._flush(evict=True)
+                cache = t.cache
+                sid = t.state_id_bytes
+                wanted = {gp[kgis[i]] + sid + framed[i]: i for i, k in enumerate(keys) if k not in cache}
+                if not wanted:
+                    continue
+                found: list[tuple[int, bytes]] = []
+                if 4 * len(wanted) * len(tables) >= estimate:
+                    get = wanted.get
+                    for g in sorted({kgis[i] for i in wanted.values()}):
+                        prefix = gp[g] + sid
+                        for k, v in self._db.items(from_key=prefix):
+                            if not k.startswith(prefix):
+                                break
+                            i = get(k)
+                            if i is not None:
+                                found.append((i, v))
+                else:
+                    db_get = self._db.get
+                    for k in sorted(wanted):
+                        v = db_get(k)
+                        if v is not None:
+                            found.append((wanted[k], v))
+                for i in wanted.values():
+                    cache[keys[i]] = MISSING
+                if found:
+                    offsets = np.zeros(len(found) + 1, dtype=np.int64)
+                    np.cumsum([len(r) for _, r in found], out=offsets[1:])
+                    values = t.read_framing.decode_many(b"".join([r for _, r in found]), offsets)
+                    pending = t.pending if t.mutable else None
+                    for (i, _), v in zip(found, values):
+                        cache[keys[i]] = v
+                        if pending is not None:
+                            pending[keys[i]] = kgis[i]
+
+    def _write(self, batch: rocksdict.WriteBatch) -> None:
+        """Write to the database; the first write after a snapshot removes the warm marker, which no longer holds."""
+        with self._marker_lock:
+            self._writes += 1
+            if self._warm_path is not None:
+                try:
+                    os.remove(os.path.join(self._warm_path, _MARKER))
+                except FileNotFoundError:
+                    pass
+        self._db.write(batch)
+
+    def _flush(self, *, evict: bool = False, encoded: dict[str, dict[Any, bytes | None]] | None = None) -> None:
+        """Write every state's pending keys in one WriteBatch; ``evict`` empties the caches afterwards.
+        ``encoded`` (state name -> key -> value encoding or None) receives what was written, for a delta."""
+        self._check_warm()
+        with _gc_paused():
+            ops: list[tuple[bytes, Any]] = []
+            for t in self._tables.values():
+                if t.pending:
+                    t.write_pending(ops, None if encoded is None else encoded.setdefault(t.name, {}))
+            if ops:
+                # In key order: RocksDB's memtable takes sorted inserts an order of magnitude faster.
+                ops.sort(key=_first)
+                batch = rocksdict.WriteBatch(raw_mode=True)
+                put, delete, delete_range = batch.put, batch.delete, batch.delete_range
+                for k, v in ops:
+                    if v is None:
+                        delete(k)
+                    elif type(v) is _Range:
+                        delete_range(k, v.end)
+                    else:
+                        put(k, v)
+                self._write(batch)
+        if evict:
+            for t in self._tables.values():
+                t.cache.clear()
 
     # ---- iteration --------------------------------------------------------------------------------------------------
     def keys(self, state_name: str) -> Iterator[Any]:
@@ -361,6 +790,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         t = self._tables.get(state_name)
         if t is None:
             raise KeyError(f"no state named {state_name!r}; known states: {sorted(self._tables)}")
+        self._flush()  # (checks a kept database first)
         deserialize_key = self.key_serializer.deserialize
         last = None
         for k in list(self._db.keys()):
@@ -371,35 +801,186 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
                     last = key_bytes
                     yield deserialize_key(key_bytes)
 
+    # ---- warm database ----------------------------------------------------------------------------------------------
+    def restore(self, storage: CheckpointStorage, metadata: CheckpointMetadata, *, lazy: bool = True) -> RestoreStats:
+        """Restore as every backend does (see ``KeyedStateBackendBase.restore``), or, with ``warm_dir``, reuse the
+        database kept there when its marker shows it is exactly this checkpoint's state of this key-group range
+        (then nothing is read: the stats say 0 bytes and ``self.warm`` is True)."""
+        if self._warm_path is not None and not self._restored:
+            states = self._warm_states(storage, metadata)
+            if states is not None:
+                self._unchecked = False
+                self._restored = True
+                self.warm = True
+                for meta in states:
+                    self._restore_target(meta)
+                self._chains = chain_stats(metadata, self.key_group_range)
+                self._chain_metas = {meta["name"]: _canonical(meta) for meta in states}
+                self._after_restore(lazy)
+                return RestoreStats(0, 0)
+            self._reset_db()
+        return super().restore(storage, metadata, lazy=lazy)
+
+    def _warm_states(self, storage: CheckpointStorage, metadata: CheckpointMetadata) -> list[dict[str, Any]] | None:
+        """The states of the warm database if its marker matches this restore exactly, else None."""
+        assert self._warm_path is not None
+        try:
+            with open(os.path.join(self._warm_path, _MARKER), encoding="utf-8") as f:
+                marker = json.load(f)
+            r = self.key_group_range
+            if not (isinstance(marker, dict) and marker.get("version") == WARM_MARKER_VERSION
+                    and marker.get("location") == storage.location
+                    and marker.get("checkpoint_id") == metadata.checkpoint_id
+                    and marker.get("max_parallelism") == self.max_parallelism == metadata.max_parallelism
+                    and marker.get("key_group_range") == [r.start, r.end]):
+                return None
+            handle_file = marker.get("handle_file")
+            if not any(h.file == handle_file and h.key_group_range == r for h in metadata.keyed_handles):
+                return None
+            states = marker.get("states")
+            if not isinstance(states, list) or not all(isinstance(s, dict) and "name" in s for s in states):
+                return None
+            return states
+        except (OSError, ValueError):
+            return None  # no marker, or a damaged one: restore instead
+
+    def _check_warm(self) -> None:
+        """Empty a kept database that restore() has not vouched for, before its data is first used."""
+        if self._unchecked:
+            self._reset_db()
+
+    def _reset_db(self) -> None:
+        """Empty the database (a warm one that cannot be reused)."""
+        assert self._warm_path is not None
+        self._unchecked = False
+        try:
+            os.remove(os.path.join(self._warm_path, _MARKER))
+        except FileNotFoundError:
+            pass
+        self._db.delete_range(b"\x00", b"\xff")
+        self._db.compact_range(None, None)
+
+    def _write_marker(self, storage: CheckpointStorage, checkpoint_id: int, handle: KeyedStateHandle,
+                      states: list[dict[str, Any]], writes: int) -> None:
+        """Vouch for the database as the state ``handle`` holds, unless it was written to since the capture."""
+        assert self._warm_path is not None
+        r = self.key_group_range
+        marker = {"version": WARM_MARKER_VERSION, "location": storage.location, "checkpoint_id": checkpoint_id,
+                  "max_parallelism": self.max_parallelism, "key_group_range": [r.start, r.end],
+                  "handle_file": handle.file, "states": states}
+        self._db.flush()  # no write-ahead log: the marker must not outlive data in the memtable
+        with self._marker_lock:
+            if writes != self._writes:
+                return
+            path = os.path.join(self._warm_path, _MARKER)
+            with open(path + ".tmp", "w", encoding="utf-8") as f:
+                json.dump(marker, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(path + ".tmp", path)
+
     # ---- snapshots --------------------------------------------------------------------------------------------------
     def snapshot(self, checkpoint_id: int, storage: CheckpointStorage) -> SnapshotFuture[KeyedStateHandle]:
-        """Take a RocksDB checkpoint now (consistent and cheap: flush + hard links) and write it to ``storage`` on
-        the snapshot worker thread."""
+        """Write the cache to the database and capture, now, the changes since the previous snapshot (encoded
+        bytes of the keys written, tombstones for those deleted or expired); the snapshot worker writes them as
+        delta blocks, and the key groups ``_full_key_groups_for_snapshot`` names as full blocks, scanned from a
+        RocksDB checkpoint. A snapshot that writes no full block needs no checkpoint and scans nothing."""
+        full = self._full_key_groups_for_snapshot()
+        encoded: dict[str, dict[Any, bytes | None]] = {}
+        self._flush(encoded=encoded)
         tables = list(self._tables.values())
         metas = [t.meta for t in tables]
+        with _gc_paused():
+            deltas = self._capture_deltas(tables, full, encoded)
+        for t in tables:
+            t.changed.clear()
         deadlines = {t.state_id: t.ttl_deadline() for t in tables}
         framings = {t.state_id: t.write_framing for t in tables}
         maps = {t.state_id: t.name for t in tables if t.is_map}
-        cp_dir = tempfile.mkdtemp(prefix="cp-", dir=self._dir)
-        os.rmdir(cp_dir)  # RocksDB creates it
-        rocksdict.Checkpoint(self._db).create_checkpoint(cp_dir)
+        writes = self._writes
+        cp_dir: str | None = None
+        if full:  # a consistent copy to scan: a RocksDB checkpoint (a flush and hard links; rocksdict's snapshot
+            cp_dir = tempfile.mkdtemp(prefix="cp-", dir=self._dir)  # objects do not hold for iterators)
+            os.rmdir(cp_dir)  # RocksDB creates it
+            rocksdict.Checkpoint(self._db).create_checkpoint(cp_dir)
+        view: rocksdict.Rdict | None = None
+
+        def blocks() -> Iterator[tuple[int, list[Any], list[Any]]]:
+            for g in self.key_group_range:
+                if g in full:
+                    assert view is not None
+                    prefix = _U16.pack(g)
+                    rows = _rows_from(view.items(from_key=prefix), prefix)
+                    for _, sections in self._groups(rows, deadlines, framings, maps):
+                        yield g, sections, []
+                elif g in deltas:
+                    puts, deletes = deltas[g]
+                    yield g, [(s, ks, vs) for s, (ks, vs) in sorted(puts.items())], sorted(deletes.items())
 
         def work(future: SnapshotFuture[KeyedStateHandle]) -> KeyedStateHandle:
-            cp = _open(cp_dir)
+            nonlocal view
             try:
-                return self._write_snapshot(checkpoint_id, storage, metas,
-                                            self._groups(cp, deadlines, framings, maps), future)
+                if cp_dir is not None:
+                    view = _open(cp_dir)
+                check_cancel(future)
+                handle = write_keyed_snapshot(storage, checkpoint_id, self.subtask_index, self.key_group_range,
+                                              metas, blocks(), full_key_groups=full,
+                                              on_key_group=functools.partial(check_cancel, future))
             finally:
-                cp.close()
-                shutil.rmtree(cp_dir, ignore_errors=True)
+                if view is not None:
+                    view.close()
+                if cp_dir is not None:
+                    shutil.rmtree(cp_dir, ignore_errors=True)
+            self._after_snapshot(handle)
+            if self._warm_path is not None:
+                self._write_marker(storage, checkpoint_id, handle, metas, writes)
+            return handle
 
         return SnapshotFuture.start(work, name=f"keyed-{self.subtask_index} chk-{checkpoint_id} (rocksdb)")
 
+    def _capture_deltas(self, tables: list[_RocksTable], full: set[int], encoded: dict[str, dict[Any, bytes | None]]
+                        ) -> dict[int, tuple[dict[int, tuple[list[bytes], list[bytes]]], dict[int, list[bytes]]]]:
+        """Per key group outside ``full``: (state index -> (keys, values) put, state index -> keys deleted), the
+        values as the snapshot format encodes them. Keys flushed earlier (past the cache limit) and maps written
+        entry by entry are read back from the database; TTL-expired values become deletes."""
+        out: dict[int, tuple[dict[int, tuple[list[bytes], list[bytes]]], dict[int, list[bytes]]]] = {}
+        ser = self._serialize_key
+        start = self._start
+        for index, t in enumerate(tables):
+            if not t.changed:
+                continue
+            known = encoded.get(t.name, {})
+            deadline = t.ttl_deadline()
+            framing = t.write_framing
+            for key, kgi in t.changed.items():
+                g = start + kgi
+                if g in full:
+                    continue
+                kb = ser(key)
+                value = known.get(key, _ABSENT)
+                if value is _ABSENT:
+                    db_key = self._group_prefix[kgi] + t.state_id_bytes + _frame_key(kb)
+                    if t.is_map:
+                        rows = t.rows(db_key)
+                        value = _rows_to_value(t.name, rows, framing.ttl) if rows else None
+                    else:
+                        value = self._db.get(db_key)
+                if value is not None and deadline is not None:
+                    value = framing.drop_expired_bytes(value, deadline)
+                puts, deletes = out.get(g) or out.setdefault(g, ({}, {}))
+                if value is None:
+                    deletes.setdefault(index, []).append(kb)
+                else:
+                    ks, vs = puts.get(index) or puts.setdefault(index, ([], []))
+                    ks.append(kb)
+                    vs.append(value)
+        return out
+
     @staticmethod
-    def _groups(cp: rocksdict.Rdict, deadlines: dict[int, int | None], framings: dict[int, ValueFraming],
+    def _groups(rows: Iterable[tuple[Any, Any]], deadlines: dict[int, int | None], framings: dict[int, ValueFraming],
                 maps: dict[int, str]) -> Iterator[tuple[int, list[Any]]]:
-        """The checkpoint's rows, key group by key group, as snapshot sections (a map key's rows joined into the
-        map's value encoding)."""
+        """Database rows in key order, key group by key group, as snapshot sections (a map key's rows joined into
+        the map's value encoding; TTL-expired values left out)."""
         cur_kg = -1
         sections: dict[int, tuple[list[Any], list[Any]]] = {}
         entry: tuple[int, bytes, list[tuple[bytes, bytes]]] | None = None  # a map key's rows being gathered
@@ -423,7 +1004,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
                 add(state_id, key_bytes, _rows_to_value(maps[state_id], rows, framings[state_id].ttl))
                 entry = None
 
-        for k, v in cp.items():
+        for k, v in rows:
             kg, state_id, key_bytes, user_key_bytes = _split_db_key(cast(bytes, k))
             if entry is not None and (kg != cur_kg or state_id != entry[0] or key_bytes != entry[1]):
                 close_entry()
@@ -441,6 +1022,25 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         close_entry()
         if cur_kg >= 0:
             yield cur_kg, [(s, ks, vs) for s, (ks, vs) in sorted(sections.items())]
+
+
+def _rows_from(items: Iterable[tuple[Any, Any]], prefix: bytes) -> Iterator[tuple[Any, Any]]:
+    """The rows of ``items`` (an ordered scan from ``prefix``) that start with ``prefix``."""
+    for k, v in items:
+        if not k.startswith(prefix):
+            return
+        yield k, v
+
+
+def _split_db_key(k: bytes) -> tuple[int, int, bytes, bytes]:
+    """(key group, state id, key bytes, the rest: a map entry's user key bytes, else empty)."""
+    if len(k) < 8:
+        raise CorruptSnapshotError(f"RocksDB key {k!r} is shorter than its 8-byte prefix")
+    kg, state_id = k[0] << 8 | k[1], k[2] << 8 | k[3]
+    (key_length,) = _U32.unpack_from(k, 4)
+    if key_length > len(k) - 8:
+        raise CorruptSnapshotError(f"RocksDB key {k!r} says {key_length} key bytes but has {len(k) - 8}")
+    return kg, state_id, k[8:8 + key_length], k[8 + key_length:]
 
 
 __all__ = ["RocksDBKeyedStateBackend"]
