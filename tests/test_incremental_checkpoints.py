@@ -151,7 +151,7 @@ def test_backend_policy_and_chain_bookkeeping(tmp_path):
         if cid == 5:
             groups[2] = ({"a": {b"x" * 40: b"y" * 1200}}, {})
         md = commit(storage, cid, [write(storage, cid, 0, r, groups, full=set())], md)
-    b = HeapKeyedStateBackend(r, MAXP, Int64Serializer())
+    b = HeapKeyedStateBackend(r, MAXP, Int64Serializer(), max_chain=8, delta_fraction=0.5)
     b.restore(storage, md)
     assert b._chains[1].length == 11 and b._chains[2].length == 2 and b._chains[0].length == 1
     # ceil(8 / 8) = 1 per snapshot, the worst: 1 by length (11 / 8), before 2 by bytes (1.2 x half its full block)

@@ -174,11 +174,21 @@ def chain_stats(metadata: CheckpointMetadata, new_range: KeyGroupRange) -> dict[
     return out
 
 
+#: At most this share of a backend's key groups is materialized at one snapshot, the most overdue first: a burst
+#: (every chain reaching its bound at once, as after a job's first full checkpoint) is spread over several batches.
+MAX_MATERIALIZED_SHARE = 1 / 8
+
+
 def choose_full_key_groups(chains: dict[int, ChainStats], n_key_groups: int, *, max_chain: int,
                            delta_fraction: float) -> set[int]:
     """The key groups to materialize (write full) at the next snapshot: those whose chain is longer than
     ``max_chain`` blocks or whose deltas exceed ``delta_fraction`` of their full block, the worst first, at most
-    ``ceil(n_key_groups / max_chain)`` of them, so the rewriting is spread over snapshots."""
+    ``ceil(n_key_groups * MAX_MATERIALIZED_SHARE)`` of them, so the rewriting is spread over snapshots.
+
+    In a steady state where each batch changes a share ``t`` of a key group, its chain is rewritten every
+    ``delta_fraction / t`` batches: a batch writes about ``t + t / delta_fraction`` of the state, and a restore
+    reads at most ``1 + delta_fraction`` times the live state (``1 + delta_fraction / 2`` on average over key
+    groups whose chains are at different points)."""
     scored = []
     for kg, c in chains.items():
         by_length = c.length / max_chain
@@ -187,7 +197,7 @@ def choose_full_key_groups(chains: dict[int, ChainStats], n_key_groups: int, *, 
         if c.length > max_chain or by_bytes > 1:
             scored.append((-max(by_length, by_bytes), kg))
     scored.sort()
-    return {kg for _, kg in scored[:math.ceil(n_key_groups / max_chain)]}
+    return {kg for _, kg in scored[:math.ceil(n_key_groups * MAX_MATERIALIZED_SHARE)]}
 
 
 def carry_forward(previous: CheckpointMetadata | None, new_handles: Sequence[KeyedStateHandle]

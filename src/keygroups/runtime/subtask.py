@@ -256,7 +256,7 @@ def _run_on_backend(spec: KeyedTaskSpec, subtask_index: int, batches: Iterable[p
     starts = pa.array(runs[:-1])
     run_keys = [table.column(c).take(starts).to_pylist() for c in spec.key_columns]
     keys = run_keys[0] if len(run_keys) == 1 else list(zip(*run_keys))
-    if keys and hasattr(backend, "prefetch"):  # until the heap backend has its no-op prefetch (stream H)
+    if keys:
         backend.prefetch(keys, groups[runs[:-1]])
     rows: list[dict[str, Any]] = []
     if records_in and not vectorized:

@@ -17,7 +17,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar
 
@@ -62,6 +62,12 @@ VOID_NAMESPACE = _VoidNamespace()
 
 #: Version of the per-state meta this module writes (bumped when the value framing of ``_codec`` changes).
 STATE_META_VERSION = 1
+
+#: A key group's chain of blocks is written full again past this many blocks (bounds the files a restore opens)...
+DEFAULT_MAX_CHAIN = 32
+#: ... or once its deltas exceed this fraction of its full block (bounds what a restore reads: at most 1.3x the
+#: live state, and a batch that changes 1% of the keys writes about 1% + 1% / 0.3 = 4.3% of the state's bytes).
+DEFAULT_DELTA_FRACTION = 0.3
 
 
 @dataclass(frozen=True)
@@ -192,8 +198,8 @@ class KeyedStateBackendBase:
 
     def __init__(self, key_group_range: KeyGroupRange, max_parallelism: int, key_serializer: TypeSerializer, *,
                  key_type: KeyType = None, clock: Callable[[], float] = time.time, allow_pickle: bool = False,
-                 subtask_index: int = 0, incremental: bool = True, max_chain: int = 8,
-                 delta_fraction: float = 0.5) -> None:
+                 subtask_index: int = 0, incremental: bool = True, max_chain: int = DEFAULT_MAX_CHAIN,
+                 delta_fraction: float = DEFAULT_DELTA_FRACTION) -> None:
         if not isinstance(key_group_range, KeyGroupRange):
             raise TypeError(f"key_group_range must be a KeyGroupRange, got {key_group_range!r}")
         mp = check_max_parallelism(max_parallelism)
@@ -246,6 +252,11 @@ class KeyedStateBackendBase:
         self.dispose()
 
     # ---- current key --------------------------------------------------------------------------------------------
+    def prefetch(self, keys: Sequence[Any], key_groups: Any = None) -> None:
+        """A hint that a batch is about to use ``keys`` (its distinct keys; ``key_groups`` their absolute key groups,
+        if known), so a backend whose reads are slow one by one can load them together. Nothing to do on the
+        heap: its state is in memory."""
+
     def set_current_key(self, key: Any) -> None:
         """Make ``key`` the key that every state of this backend reads and writes.
 
@@ -517,7 +528,7 @@ class KeyedStateBackendBase:
         state's meta (serializers, TTL) differs from the one its chains were written with (a migrated serializer:
         the blocks of one chain are applied to one another as bytes). Otherwise the key groups whose chain is
         longer than ``max_chain`` or whose deltas exceed ``delta_fraction`` of their full block, the worst first,
-        at most ``ceil(n / max_chain)`` of them (``choose_full_key_groups``)."""
+        at most an eighth of them (``choose_full_key_groups``)."""
         everything = set(self.key_group_range)
         if not self.incremental or self._chains is None or self._needs_full:
             return everything

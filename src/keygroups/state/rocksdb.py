@@ -46,7 +46,15 @@ from keygroups._ranges import KeyGroupRange
 from keygroups.checkpoint import KeyedStateHandle, KeyGroupBlock, chain_stats, write_keyed_snapshot
 from keygroups.errors import CorruptSnapshotError, no_current_key_error
 from keygroups.serializers import TypeSerializer
-from keygroups.state._base import KeyedStateBackendBase, RestoreStats, SnapshotFuture, _canonical, check_cancel
+from keygroups.state._base import (
+    DEFAULT_DELTA_FRACTION,
+    DEFAULT_MAX_CHAIN,
+    KeyedStateBackendBase,
+    RestoreStats,
+    SnapshotFuture,
+    _canonical,
+    check_cancel,
+)
 from keygroups.state._codec import ValueFraming
 from keygroups.state.descriptors import StateDescriptor
 from keygroups.state.states import MISSING, MapState, ValueState
@@ -475,8 +483,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
 
     def __init__(self, key_group_range: KeyGroupRange, max_parallelism: int, key_serializer: TypeSerializer, *,
                  key_type: KeyType = None, clock: Callable[[], float] = time.time, allow_pickle: bool = False,
-                 subtask_index: int = 0, incremental: bool = True, max_chain: int = 8,
-                 delta_fraction: float = 0.5, db_dir: str | os.PathLike[str] | None = None,
+                 subtask_index: int = 0, incremental: bool = True, max_chain: int = DEFAULT_MAX_CHAIN,
+                 delta_fraction: float = DEFAULT_DELTA_FRACTION, db_dir: str | os.PathLike[str] | None = None,
                  cache_limit: int = DEFAULT_CACHE_LIMIT, warm_dir: str | os.PathLike[str] | None = None) -> None:
         super().__init__(key_group_range, max_parallelism, key_serializer, key_type=key_type, clock=clock,
                          allow_pickle=allow_pickle, subtask_index=subtask_index, incremental=incremental,
