@@ -92,10 +92,16 @@ def referenced_files(metadata: CheckpointMetadata, location: str) -> dict[str, i
 
 
 def written_on_disk(location: str, checkpoint_id: int) -> int:
-    """Bytes of state files in ``chk-<id>/`` (not its _metadata, not the batch's output): what the batch wrote."""
-    directory = pathlib.Path(location) / f"chk-{checkpoint_id}"
-    return sum(p.stat().st_size for p in directory.iterdir()
-               if p.is_file() and p.name != "_metadata" and not p.name.startswith("output-"))
+    """Bytes of state files the batch of checkpoint ``checkpoint_id`` wrote, by what is on disk: its keyed files in
+    ``shared/`` (named ``<prefix>-<checkpoint id>-<uuid>``) and its operator files in ``chk-<id>/`` (not _metadata,
+    not the batch's output)."""
+    root = pathlib.Path(location)
+    directory = root / f"chk-{checkpoint_id}"
+    own = sum(p.stat().st_size for p in directory.iterdir()
+              if p.is_file() and p.name != "_metadata" and not p.name.startswith("output-"))
+    shared = root / "shared"
+    marker = f"-{checkpoint_id}-"
+    return own + (sum(p.stat().st_size for p in shared.iterdir() if marker in p.name) if shared.is_dir() else 0)
 
 
 @dataclass
