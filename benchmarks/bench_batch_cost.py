@@ -100,8 +100,8 @@ def written_on_disk(location: str, checkpoint_id: int) -> int:
     own = sum(p.stat().st_size for p in directory.iterdir()
               if p.is_file() and p.name != "_metadata" and not p.name.startswith("output-"))
     shared = root / "shared"
-    marker = f"-{checkpoint_id}-"
-    return own + (sum(p.stat().st_size for p in shared.iterdir() if marker in p.name) if shared.is_dir() else 0)
+    mine = [p for p in shared.iterdir() if p.name.rsplit("-", 2)[1] == str(checkpoint_id)] if shared.is_dir() else []
+    return own + sum(p.stat().st_size for p in mine)
 
 
 @dataclass
