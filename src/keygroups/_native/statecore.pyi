@@ -30,6 +30,9 @@ class TableCore:
     cow: bool
     lazy: list[bool]
     ctx: KeyContext
+    track: bool
+    dirty: list[list[Any]]
+    dirty_limit: int
 
 @disjoint_base
 class HeapValueCore:
@@ -60,3 +63,7 @@ class HeapMapCore:
     def values(self) -> list[Any]: ...
     def is_empty(self) -> bool: ...
     def clear(self) -> None: ...
+
+def collect_entries(block: Any, key_offsets: Any, value_offsets: Any, shadow: set[bytes], keys: list[bytes],
+                    values: list[bytes], record: bool = True) -> int: ...
+def collect_keys(block: Any, key_offsets: Any, into: set[bytes]) -> None: ...
