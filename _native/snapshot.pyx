@@ -4,11 +4,17 @@
 # Layout (all integers little-endian; described in keygroups/checkpoint/format.py, which owns the version):
 #   header  = magic "\x89KGS" | u32 version | u32 first key group | u32 key-group count | u32 meta length | meta JSON
 #             | u32 crc32c(header so far)
-#   block   = u32 key group | u32 section count | section* | u32 crc32c(block so far)          (one per key group)
-#   section = u32 state index | u32 entry count n | u32 key length * n | u32 value length * n
-#             | the n keys, back to back | the n values, back to back
+#   block   = u32 key group | u32 flags (bit 0: full) | u32 section count | section* | u32 crc32c(block so far)
+#             (one per key group; version 1 had no flags: every block was full)
+#   section = u32 state index | u32 op (0 put, 1 delete) | u32 entry count n | u32 key length * n
+#             | [u32 value length * n, puts only] | the n keys, back to back | [the n values, back to back, puts only]
+#             (version 1: u32 state index | u32 n | key lengths | value lengths | keys | values; always a put)
 #   index   = u32 offset count | u64 offset* | u32 crc32c(index so far)
 #   footer  = u64 index position | magic "KGSI"
+#
+# Version 2 sorts every section's keys by their bytes (keysearch.pxd's order), so a key is found with a binary
+# search, and checks that order when parsing. A block applies its sections in file order (the encoder writes puts,
+# then deletes), each section its entries in order: of equal keys the last one counts.
 #
 # Every read of file bytes goes through the checked cursor (cursor.pxd), every count is checked against the bytes
 # that remain before it sizes a list or a loop, and every failure is a CorruptSnapshotError. Keys and values come
@@ -18,14 +24,17 @@
 from cpython.buffer cimport PyObject_CheckBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_CheckExact, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.list cimport PyList_New, PyList_SET_ITEM
+from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from cpython.ref cimport Py_INCREF
 from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
 from libc.string cimport memcpy
 
+cimport cython
 cimport numpy as cnp
 
 from cursor cimport Cursor, cur_corrupt, cur_count, cur_init, cur_read, cur_remaining, cur_u32, cur_u64
 from javahash cimport KG_UPPER_BOUND_MAX_PARALLELISM
+from keysearch cimport kg_find_key, kg_key_cmp
 from writer cimport U32_MAX, Writer, w_bytes, w_finish_bytes, w_init_bytes, w_u32, w_u64
 
 import sys
@@ -41,21 +50,36 @@ if sys.byteorder != "little":   # the cursor and the encoder copy integers in ho
 FILE_MAGIC = b"\x89KGS"
 INDEX_MAGIC = b"KGSI"
 cdef enum:
-    VERSION = 1
+    VERSION = 2
+    VERSION_1 = 1
     HEADER_FIXED = 20          # magic + version + first key group + count + meta length
     FOOTER = 12                # index position + magic
-    BLOCK_MIN = 12             # key group + section count + crc
+    BLOCK_MIN = 16             # key group + flags + section count + crc: an empty block
+    BLOCK_MIN_V1 = 12          # key group + section count + crc
+    FLAG_FULL = 1
+    OP_PUT_ = 0
+    OP_DELETE_ = 1
 
 FORMAT_VERSION = VERSION
+#: The keyed file versions this module reads.
+READ_VERSIONS = (VERSION_1, VERSION)
 HEADER_FIXED_SIZE = HEADER_FIXED
 FOOTER_SIZE = FOOTER
+#: The size of an empty block (no sections): a delta block of that size changes nothing.
 BLOCK_OVERHEAD = BLOCK_MIN
 MAX_ITEM_SIZE = U32_MAX        # u32 lengths and counts
+#: Block flag bit: the block holds every entry of its key group (else it holds the changes since the previous one).
+BLOCK_FULL = FLAG_FULL
+#: Section ops: a put section holds keys and values, a delete section keys only.
+OP_PUT = OP_PUT_
+OP_DELETE = OP_DELETE_
 
 cdef bytes _FILE_MAGIC = FILE_MAGIC
 cdef bytes _INDEX_MAGIC = INDEX_MAGIC
-cdef Py_ssize_t SECTION_MIN = 8    # state index + entry count
-cdef Py_ssize_t ENTRY_MIN = 8      # key length + value length
+cdef Py_ssize_t SECTION_MIN_V1 = 8    # state index + entry count
+cdef Py_ssize_t SECTION_MIN = 12      # state index + op + entry count
+cdef Py_ssize_t ENTRY_MIN = 8         # key length + value length
+cdef Py_ssize_t DELETE_ENTRY_MIN = 4  # key length
 
 
 cdef object _as_byte_view(object buffer):
@@ -133,105 +157,233 @@ cdef class Packed:
         return self._offsets.shape[0] - 1
 
 
-cdef Py_ssize_t _part_len(object part):
-    return len(<Packed>part) if isinstance(part, Packed) else len(<list>part)
+@cython.auto_pickle(False)
+cdef class _Items:
+    """The n items of one part of a section (keys or values: a Packed, or a list of bytes the caller keeps alive) as
+    C pointers and lengths, and, for keys, the stable order that sorts them (NULL when they already are sorted)."""
+
+    cdef Py_ssize_t n
+    cdef const uint8_t **ptr
+    cdef uint32_t *length
+    cdef Py_ssize_t *order
+    cdef uint64_t total
+    cdef object part          # keeps the bytes alive
+    cdef bint packed
+
+    def __dealloc__(self):
+        PyMem_Free(self.ptr)
+        PyMem_Free(self.length)
+        PyMem_Free(self.order)
 
 
-cdef Py_ssize_t _part_bytes(object part, str what) except -1:
-    """Total payload bytes of a part (Packed or list of bytes), every item length checked against u32."""
+cdef _Items _items(object part, str what):
+    cdef _Items it = _Items.__new__(_Items)
     cdef Packed pk
     cdef list items
-    cdef Py_ssize_t i, ln, total = 0
-    if isinstance(part, Packed):
+    cdef Py_ssize_t i, n, ln
+    cdef const uint8_t *base = NULL
+    cdef object item
+    it.part = part
+    it.packed = isinstance(part, Packed)
+    n = len(<Packed>part) if it.packed else len(<list>part)
+    it.n = n
+    it.ptr = <const uint8_t **>PyMem_Malloc((n + 1) * sizeof(const uint8_t *))
+    it.length = <uint32_t *>PyMem_Malloc((n + 1) * sizeof(uint32_t))
+    if it.ptr == NULL or it.length == NULL:
+        raise MemoryError(f"cannot index {n} {what}s")
+    it.total = 0
+    if it.packed:
         pk = <Packed>part
-        return <Py_ssize_t>(pk._offsets[pk._offsets.shape[0] - 1] - pk._offsets[0])
+        if pk._bytes.shape[0] > 0:
+            base = &pk._bytes[0]
+        for i in range(n):
+            it.ptr[i] = base + pk._offsets[i] if base != NULL else NULL
+            it.length[i] = <uint32_t>(pk._offsets[i + 1] - pk._offsets[i])   # checked <= U32_MAX by Packed
+            it.total += it.length[i]
+        return it
     items = <list>part
-    for i in range(len(items)):
-        ln = PyBytes_GET_SIZE(items[i])
+    for i in range(n):
+        item = items[i]
+        ln = PyBytes_GET_SIZE(item)
         if ln > U32_MAX:
             raise ValueError(f"{what} {i} is {ln} bytes long; a key or value is at most {U32_MAX} bytes")
-        total += ln
-    return total
+        it.ptr[i] = <const uint8_t *>PyBytes_AS_STRING(item)
+        it.length[i] = <uint32_t>ln
+        it.total += <uint64_t>ln
+    return it
 
 
-cdef int _put_lengths(Writer *w, object part) except -1:
-    cdef Packed pk
-    cdef list items
-    cdef Py_ssize_t i, n
-    if isinstance(part, Packed):
-        pk = <Packed>part
-        n = pk._offsets.shape[0] - 1
+cdef inline int _cmp_items(_Items k, Py_ssize_t a, Py_ssize_t b) noexcept nogil:
+    return kg_key_cmp(k.ptr[a], k.length[a], k.ptr[b], k.length[b])
+
+
+cdef int _sort_keys(_Items keys) except -1:
+    """Set ``keys.order`` to the stable order that sorts the keys (left NULL when they already are sorted)."""
+    cdef Py_ssize_t n = keys.n, i, width, lo, mid, hi, a, b, k
+    cdef Py_ssize_t *src
+    cdef Py_ssize_t *dst
+    cdef Py_ssize_t *tmp
+    for i in range(1, n):
+        if _cmp_items(keys, i - 1, i) > 0:
+            break
+    else:
+        return 0
+    src = <Py_ssize_t *>PyMem_Malloc(n * sizeof(Py_ssize_t))
+    dst = <Py_ssize_t *>PyMem_Malloc(n * sizeof(Py_ssize_t))
+    if src == NULL or dst == NULL:
+        PyMem_Free(src)
+        PyMem_Free(dst)
+        raise MemoryError(f"cannot sort {n} keys")
+    with nogil:
         for i in range(n):
-            w_u32(w, <uint32_t>(pk._offsets[i + 1] - pk._offsets[i]))
-        return 0
-    items = <list>part
-    for i in range(len(items)):
-        w_u32(w, <uint32_t>PyBytes_GET_SIZE(items[i]))
+            src[i] = i
+        width = 1
+        while width < n:   # bottom-up merge sort: stable, O(n log n) comparisons
+            lo = 0
+            while lo < n:
+                mid = lo + width if lo + width < n else n
+                hi = lo + 2 * width if lo + 2 * width < n else n
+                a, b, k = lo, mid, lo
+                while a < mid and b < hi:
+                    if _cmp_items(keys, src[b], src[a]) < 0:
+                        dst[k] = src[b]
+                        b += 1
+                    else:
+                        dst[k] = src[a]
+                        a += 1
+                    k += 1
+                while a < mid:
+                    dst[k] = src[a]
+                    a += 1
+                    k += 1
+                while b < hi:
+                    dst[k] = src[b]
+                    b += 1
+                    k += 1
+                lo = hi
+            tmp = src
+            src = dst
+            dst = tmp
+            width *= 2
+    PyMem_Free(dst)
+    keys.order = src
     return 0
 
 
-cdef int _put_data(Writer *w, object part) except -1:
-    cdef Packed pk
-    cdef list items
+cdef int _put_lengths(Writer *w, _Items it, const Py_ssize_t *order) except -1:
     cdef Py_ssize_t i
-    cdef object item
-    if isinstance(part, Packed):
-        pk = <Packed>part
-        if pk._offsets[pk._offsets.shape[0] - 1] > pk._offsets[0]:
-            w_bytes(w, &pk._bytes[pk._offsets[0]], <Py_ssize_t>(pk._offsets[pk._offsets.shape[0] - 1] - pk._offsets[0]))
-        return 0
-    items = <list>part
-    for i in range(len(items)):
-        item = items[i]
-        w_bytes(w, PyBytes_AS_STRING(item), PyBytes_GET_SIZE(item))
+    for i in range(it.n):
+        w_u32(w, it.length[order[i] if order != NULL else i])
     return 0
 
 
-def encode_block(uint32_t key_group, object sections, uint32_t n_states):
-    """One key group's block (with its trailing CRC32C) as bytes.
+cdef int _put_data(Writer *w, _Items it, const Py_ssize_t *order) except -1:
+    cdef Py_ssize_t i, j
+    cdef Packed pk
+    if order == NULL and it.packed:   # one copy of the whole run
+        pk = <Packed>it.part
+        if it.total:
+            w_bytes(w, &pk._bytes[pk._offsets[0]], <Py_ssize_t>it.total)
+        return 0
+    for i in range(it.n):
+        j = order[i] if order != NULL else i
+        w_bytes(w, it.ptr[j], it.length[j])
+    return 0
 
-    ``sections`` is an iterable of ``(state_index, keys, values)``: ``keys`` and ``values`` are equally long
-    sequences of bytes-like objects, or :class:`Packed`; ``state_index < n_states``. Raises ValueError/TypeError
-    on bad input."""
-    cdef list secs = []
-    cdef object sec, idx_obj, keys, values
+
+cdef uint32_t _state_index(object idx_obj, uint32_t n_states) except? 0xFFFFFFFF:
+    if isinstance(idx_obj, bool) or not isinstance(idx_obj, int) or not 0 <= idx_obj < n_states:
+        raise ValueError(f"state_index must be an int in [0, {n_states}) (the states given to the writer), "
+                         f"got {idx_obj!r}")
+    return <uint32_t>idx_obj
+
+
+def encode_block(uint32_t key_group, object sections, uint32_t n_states, *, bint full=True, object deletes=()):
+    """One key group's block (format 2, with its trailing CRC32C) as bytes.
+
+    ``sections`` is an iterable of put sections ``(state_index, keys, values)``: ``keys`` and ``values`` are equally
+    long sequences of bytes-like objects, or :class:`Packed`; ``state_index < n_states``. ``full`` says whether the
+    block holds every entry of its key group (else it is a delta: the entries written since the previous block, and
+    ``deletes``, an iterable of ``(state_index, keys)`` removed since then; a full block has no deletes). Every
+    section's entries are sorted by key bytes here (stably: of equal keys the last one given counts), so callers
+    need not sort. Raises ValueError/TypeError on bad input."""
+    cdef list secs = []     # (state index, op, keys, values or None)
+    cdef object sec, keys, values
+    cdef _Items k_items, v_items
     cdef uint32_t idx
-    cdef Py_ssize_t n, total = 8 + 4
+    cdef uint64_t total = BLOCK_MIN
     for sec in sections:
         if not isinstance(sec, tuple) or len(sec) != 3:
             raise TypeError(f"a section is a (state_index, keys, values) tuple, got {sec!r:.80}")
-        idx_obj = sec[0]
-        if isinstance(idx_obj, bool) or not isinstance(idx_obj, int) or not 0 <= idx_obj < n_states:
-            raise ValueError(f"state_index must be an int in [0, {n_states}) (the states given to the writer), "
-                             f"got {idx_obj!r}")
-        idx = <uint32_t>idx_obj
+        idx = _state_index(sec[0], n_states)
         keys = sec[1] if isinstance(sec[1], Packed) else _byte_items(sec[1], "key")
         values = sec[2] if isinstance(sec[2], Packed) else _byte_items(sec[2], "value")
-        n = _part_len(keys)
-        if n != _part_len(values):
-            raise ValueError(f"state {idx}: {n} keys but {_part_len(values)} values; they must pair up")
-        _checked_u32(n, "the number of entries of a state in one key group")
-        total += SECTION_MIN + 8 * n + _part_bytes(keys, "key") + _part_bytes(values, "value")
-        secs.append((idx, keys, values))
+        k_items = _items(keys, "key")
+        v_items = _items(values, "value")
+        if k_items.n != v_items.n:
+            raise ValueError(f"state {idx}: {k_items.n} keys but {v_items.n} values; they must pair up")
+        _checked_u32(k_items.n, "the number of entries of a state in one key group")
+        total += SECTION_MIN + 8 * <uint64_t>k_items.n + k_items.total + v_items.total
+        secs.append((idx, OP_PUT_, k_items, v_items))
+    for sec in deletes:
+        if full:
+            raise ValueError("a full block holds every entry of its key group: it has no deletes (a deleted key is "
+                             "simply absent); pass full=False for a delta block")
+        if not isinstance(sec, tuple) or len(sec) != 2:
+            raise TypeError(f"a delete section is a (state_index, keys) tuple, got {sec!r:.80}")
+        idx = _state_index(sec[0], n_states)
+        keys = sec[1] if isinstance(sec[1], Packed) else _byte_items(sec[1], "key")
+        k_items = _items(keys, "deleted key")
+        _checked_u32(k_items.n, "the number of deleted keys of a state in one key group")
+        total += SECTION_MIN + 4 * <uint64_t>k_items.n + k_items.total
+        secs.append((idx, OP_DELETE_, k_items, None))
     _checked_u32(len(secs), "the number of sections in one key group")
+    if total > <uint64_t>sys.maxsize:
+        raise ValueError(f"the block of key group {key_group} would be {total} bytes long")
+    for sec in secs:
+        _sort_keys(<_Items>sec[2])
 
     cdef Writer w
-    cdef bytes out = w_init_bytes(&w, total)
+    cdef bytes out = w_init_bytes(&w, <Py_ssize_t>total)
     w_u32(&w, key_group)
+    w_u32(&w, FLAG_FULL if full else 0)
     w_u32(&w, <uint32_t>len(secs))
     for sec in secs:
-        keys = sec[1]
-        values = sec[2]
+        k_items = <_Items>sec[2]
         w_u32(&w, <uint32_t>sec[0])
-        w_u32(&w, <uint32_t>_part_len(keys))
-        _put_lengths(&w, keys)
-        _put_lengths(&w, values)
-        _put_data(&w, keys)
-        _put_data(&w, values)
+        w_u32(&w, <uint32_t>sec[1])
+        w_u32(&w, <uint32_t>k_items.n)
+        _put_lengths(&w, k_items, k_items.order)
+        if sec[3] is not None:
+            _put_lengths(&w, <_Items>sec[3], k_items.order)
+        _put_data(&w, k_items, k_items.order)
+        if sec[3] is not None:
+            _put_data(&w, <_Items>sec[3], k_items.order)
     # The bytes object is still private to us: fill in its checksum in place.
-    w_u32(&w, <uint32_t>_crc32c(memoryview(out)[:total - 4]))
+    w_u32(&w, <uint32_t>_crc32c(memoryview(out)[:<Py_ssize_t>total - 4]))
     w_finish_bytes(&w)
     return out
+
+
+def find_key(object buffer, object key_offsets, object key):
+    """Index of ``key`` (bytes-like) among a sorted section's keys ``buffer[key_offsets[i]:key_offsets[i + 1]]``
+    (a format-2 section, as :func:`parse_block_offsets` gives them), the last one if several are equal; -1 if it
+    is absent. A binary search over the raw bytes: nothing is decoded, and nothing outside ``buffer`` is read
+    (offsets that point outside it raise CorruptSnapshotError)."""
+    cdef const uint8_t[::1] data = _as_byte_view(buffer)
+    cdef const int64_t[::1] offsets = key_offsets
+    cdef const uint8_t[::1] k = _as_byte_view(key)
+    cdef Py_ssize_t n = offsets.shape[0] - 1, found
+    cdef const uint8_t *buf = &data[0] if data.shape[0] else NULL
+    cdef const uint8_t *kp = &k[0] if k.shape[0] else NULL
+    if n < 0:
+        raise ValueError("key_offsets must hold n + 1 positions (at least one)")
+    with nogil:
+        found = kg_find_key(buf, data.shape[0], &offsets[0], n, kp, k.shape[0])
+    if found == -2:
+        from keygroups.errors import CorruptSnapshotError
+        raise CorruptSnapshotError(f"key offsets point outside the {data.shape[0]}-byte block they index")
+    return found
 
 
 cdef extern from "Python.h":
@@ -265,48 +417,86 @@ cdef void _offsets_from_lengths(const uint8_t *lengths, Py_ssize_t n, int64_t st
         out[i + 1] = out[i] + _u32_at(lengths + 4 * i)
 
 
+cdef Py_ssize_t _first_unsorted(const uint8_t *base, const uint8_t *lengths, Py_ssize_t n,
+                                Py_ssize_t pos) noexcept nogil:
+    """The first i whose key sorts before key i - 1 (keys back to back from ``pos``, already bounds-checked);
+    -1 if they ascend."""
+    cdef Py_ssize_t i, prev_at = pos, prev_len, ln
+    if n == 0:
+        return -1
+    prev_len = _u32_at(lengths)
+    pos += prev_len
+    for i in range(1, n):
+        ln = _u32_at(lengths + 4 * i)
+        if kg_key_cmp(base + prev_at, prev_len, base + pos, ln) > 0:
+            return i
+        prev_at = pos
+        prev_len = ln
+        pos += ln
+    return -1
+
+
 cdef struct Section:
     uint32_t state_index
+    uint32_t op
     Py_ssize_t n
     const uint8_t *key_lengths     # n u32
-    const uint8_t *value_lengths   # n u32
+    const uint8_t *value_lengths   # n u32 (NULL for a delete section)
     Py_ssize_t keys_at             # position of the first key in the block
     Py_ssize_t values_at           # position of the first value in the block
 
 
-cdef int _read_section(Cursor *c, uint32_t n_states, Section *sec) except -1:
-    """One section's header and length arrays, checked: every key and value lies inside the section."""
+cdef int _read_section(Cursor *c, uint32_t n_states, uint32_t version, Section *sec) except -1:
+    """One section's header and length arrays, checked: every key and value lies inside the section, and (format 2)
+    the op is known and the keys ascend."""
     cdef uint64_t key_bytes, value_bytes
+    cdef Py_ssize_t bad
     sec.state_index = cur_u32(c)
     if sec.state_index >= n_states:
         cur_corrupt(c, f"state index {sec.state_index} (the snapshot has {n_states} states)")
-    sec.n = cur_count(c, ENTRY_MIN, "entry")
+    sec.op = OP_PUT_
+    if version != VERSION_1:
+        sec.op = cur_u32(c)
+        if sec.op != OP_PUT_ and sec.op != OP_DELETE_:
+            cur_corrupt(c, f"section op {sec.op} (0 is a put, 1 a delete)")
+    sec.n = cur_count(c, ENTRY_MIN if sec.op == OP_PUT_ else DELETE_ENTRY_MIN, "entry")
     sec.key_lengths = cur_read(c, 4 * sec.n)
-    sec.value_lengths = cur_read(c, 4 * sec.n)
+    sec.value_lengths = cur_read(c, 4 * sec.n) if sec.op == OP_PUT_ else NULL
     key_bytes = _sum_lengths(sec.key_lengths, sec.n, <uint64_t>cur_remaining(c))
     if key_bytes > <uint64_t>cur_remaining(c):
         cur_corrupt(c, f"{sec.n} keys of more than the {cur_remaining(c)} bytes left")
     sec.keys_at = c.pos
     cur_read(c, <Py_ssize_t>key_bytes)
-    value_bytes = _sum_lengths(sec.value_lengths, sec.n, <uint64_t>cur_remaining(c))
-    if value_bytes > <uint64_t>cur_remaining(c):
-        cur_corrupt(c, f"{sec.n} values of more than the {cur_remaining(c)} bytes left")
+    if version != VERSION_1:
+        with nogil:
+            bad = _first_unsorted(c.buf, sec.key_lengths, sec.n, sec.keys_at)
+        if bad >= 0:
+            cur_corrupt(c, f"key {bad} of a section of state {sec.state_index} sorting before key {bad - 1} (keys "
+                           f"are sorted in format 2)")
     sec.values_at = c.pos
-    cur_read(c, <Py_ssize_t>value_bytes)
+    if sec.op == OP_PUT_:
+        value_bytes = _sum_lengths(sec.value_lengths, sec.n, <uint64_t>cur_remaining(c))
+        if value_bytes > <uint64_t>cur_remaining(c):
+            cur_corrupt(c, f"{sec.n} values of more than the {cur_remaining(c)} bytes left")
+        cur_read(c, <Py_ssize_t>value_bytes)
     return 0
 
 
-cdef object _check_block(object buffer, uint32_t expected_key_group, bint verify_checksum, Cursor *c):
-    """The block as a byte memoryview, its checksum verified and ``c`` positioned after its key group, over the
-    block without its CRC."""
+cdef object _check_block(object buffer, uint32_t expected_key_group, bint verify_checksum, uint32_t version,
+                         Cursor *c, uint32_t *flags):
+    """The block as a byte memoryview, its checksum verified, ``flags`` read (format 1: full) and ``c`` positioned
+    at the section count, over the block without its CRC."""
     cdef object mv = _as_byte_view(buffer)
     cdef const uint8_t[::1] data = mv
     cdef Py_ssize_t size = data.shape[0]
+    cdef Py_ssize_t minimum = BLOCK_MIN_V1 if version == VERSION_1 else BLOCK_MIN
     cdef uint32_t stored, kg
-    if size < BLOCK_MIN:
+    if version != VERSION_1 and version != VERSION:
+        raise ValueError(f"version must be one of {READ_VERSIONS}, got {version}")
+    if size < minimum:
         from keygroups.errors import CorruptSnapshotError
         raise CorruptSnapshotError(f"the block of key group {expected_key_group} is {size} bytes long, shorter than "
-                                   f"the {BLOCK_MIN}-byte minimum: the data is truncated or corrupt")
+                                   f"the {minimum}-byte minimum: the data is truncated or corrupt")
     # Checksum first: a flipped length byte is reported as a checksum failure, not as a strange length.
     cur_init(c, &data[0], size)
     c.pos = size - 4
@@ -319,7 +509,18 @@ cdef object _check_block(object buffer, uint32_t expected_key_group, bint verify
     kg = cur_u32(c)
     if kg != expected_key_group:
         cur_corrupt(c, f"a block of key group {kg} where key group {expected_key_group} belongs")
+    flags[0] = FLAG_FULL
+    if version != VERSION_1:
+        flags[0] = cur_u32(c)
+        if flags[0] & ~(<uint32_t>FLAG_FULL):
+            cur_corrupt(c, f"block flags {flags[0]:#x} (only bit 0, full, is defined)")
     return mv
+
+
+cdef int _check_op(Cursor *c, uint32_t flags, const Section *sec, uint32_t key_group) except -1:
+    if sec.op == OP_DELETE_ and flags & FLAG_FULL:
+        cur_corrupt(c, f"a delete section in the full block of key group {key_group}")
+    return 0
 
 
 cdef inline object _piece(object mv, const uint8_t *base, Py_ssize_t pos, Py_ssize_t ln, bint copy):
@@ -348,74 +549,82 @@ cdef list _pieces(object mv, const uint8_t *base, const uint8_t *lengths, Py_ssi
 
 
 def parse_block(object buffer, uint32_t expected_key_group, uint32_t n_states, bint verify_checksum=True,
-                bint copy=False):
-    """Parse one block (the exact bytes from its offset to the next one, CRC included).
+                bint copy=False, uint32_t version=VERSION):
+    """Parse one block of a file of format ``version`` (the exact bytes from its offset to the next one, CRC
+    included).
 
-    Returns ``[(state_index, keys, values), ...]`` with keys/values as memoryview slices of ``buffer`` (or, with
-    ``copy=True``, as bytes copies). Any mismatch (checksum, key group, a state index >= n_states, a length past
-    the block, trailing bytes) raises CorruptSnapshotError. ``verify_checksum=False`` exists so tests can fuzz the
-    structural checks behind the CRC."""
+    Returns ``(flags, puts, deletes)``: ``puts`` is ``[(state_index, keys, values), ...]`` and ``deletes``
+    ``[(state_index, keys), ...]``, in file order, with keys/values as memoryview slices of ``buffer`` (or, with
+    ``copy=True``, as bytes copies); ``flags & BLOCK_FULL`` is set for a full block (always in format 1). Any
+    mismatch (checksum, key group, unknown flags or op, a state index >= n_states, a length past the block, keys
+    out of order, trailing bytes) raises CorruptSnapshotError. ``verify_checksum=False`` exists so tests can fuzz
+    the structural checks behind the CRC."""
     cdef Cursor c
     cdef Section sec
+    cdef uint32_t flags
     cdef Py_ssize_t n_sections, s
-    cdef list result
-    cdef tuple item
-    cdef object mv = _check_block(buffer, expected_key_group, verify_checksum, &c)
+    cdef list puts = [], deletes = []
+    cdef object mv = _check_block(buffer, expected_key_group, verify_checksum, version, &c, &flags)
     cdef const uint8_t *base = c.buf
-    n_sections = cur_count(&c, SECTION_MIN, "section")
-    result = PyList_New(n_sections)
+    n_sections = cur_count(&c, SECTION_MIN_V1 if version == VERSION_1 else SECTION_MIN, "section")
     # The pieces cannot form reference cycles, yet each (memoryviews are GC-tracked) counts towards the cyclic
     # collector's thresholds, and collections during a large block multiply the parse time. Pause it; restore it.
     cdef int gc_was_enabled = PyGC_Disable()
     try:
         for s in range(n_sections):
-            _read_section(&c, n_states, &sec)
-            item = (sec.state_index,
-                    _pieces(mv, base, sec.key_lengths, sec.n, sec.keys_at, copy),
-                    _pieces(mv, base, sec.value_lengths, sec.n, sec.values_at, copy))
-            Py_INCREF(item)
-            PyList_SET_ITEM(result, s, item)
+            _read_section(&c, n_states, version, &sec)
+            _check_op(&c, flags, &sec, expected_key_group)
+            if sec.op == OP_PUT_:
+                puts.append((sec.state_index,
+                             _pieces(mv, base, sec.key_lengths, sec.n, sec.keys_at, copy),
+                             _pieces(mv, base, sec.value_lengths, sec.n, sec.values_at, copy)))
+            else:
+                deletes.append((sec.state_index, _pieces(mv, base, sec.key_lengths, sec.n, sec.keys_at, copy)))
     finally:
         if gc_was_enabled:
             PyGC_Enable()
     if cur_remaining(&c) != 0:
         cur_corrupt(&c, f"{cur_remaining(&c)} unexpected trailing bytes in the block of key group "
                         f"{expected_key_group}")
-    return result
+    return flags, puts, deletes
 
 
-def parse_block_offsets(object buffer, uint32_t expected_key_group, uint32_t n_states, bint verify_checksum=True):
-    """Parse one block into offset arrays instead of objects: ``[(state_index, key_offsets, value_offsets), ...]``,
+def parse_block_offsets(object buffer, uint32_t expected_key_group, uint32_t n_states, bint verify_checksum=True,
+                        uint32_t version=VERSION):
+    """Parse one block into offset arrays instead of objects: ``(flags, puts, deletes)`` with ``puts``
+    ``[(state_index, key_offsets, value_offsets), ...]`` and ``deletes`` ``[(state_index, key_offsets), ...]``,
     each an int64 array of n + 1 positions in ``buffer``, so key i is ``buffer[key_offsets[i]:key_offsets[i + 1]]``
-    (keys are contiguous, as are values: a serializer's ``deserialize_many(buffer, offsets)`` takes them whole).
-    Same checks and errors as :func:`parse_block`."""
+    (keys are contiguous, as are values: a serializer's ``deserialize_many(buffer, offsets)`` takes them whole; in
+    format 2 they are sorted, for :func:`find_key`). Same checks and errors as :func:`parse_block`."""
     cdef Cursor c
     cdef Section sec
+    cdef uint32_t flags
     cdef Py_ssize_t n_sections, s
-    cdef list result
-    cdef tuple item
+    cdef list puts = [], deletes = []
     cdef cnp.ndarray ko, vo
-    cdef object mv = _check_block(buffer, expected_key_group, verify_checksum, &c)
-    n_sections = cur_count(&c, SECTION_MIN, "section")
-    result = PyList_New(n_sections)
+    cdef object mv = _check_block(buffer, expected_key_group, verify_checksum, version, &c, &flags)
+    n_sections = cur_count(&c, SECTION_MIN_V1 if version == VERSION_1 else SECTION_MIN, "section")
     for s in range(n_sections):
-        _read_section(&c, n_states, &sec)
+        _read_section(&c, n_states, version, &sec)
+        _check_op(&c, flags, &sec, expected_key_group)
         ko = np.empty(sec.n + 1, dtype=np.int64)
-        vo = np.empty(sec.n + 1, dtype=np.int64)
         with nogil:
             _offsets_from_lengths(sec.key_lengths, sec.n, sec.keys_at, <int64_t *>cnp.PyArray_DATA(ko))
-            _offsets_from_lengths(sec.value_lengths, sec.n, sec.values_at, <int64_t *>cnp.PyArray_DATA(vo))
-        item = (sec.state_index, ko, vo)
-        Py_INCREF(item)
-        PyList_SET_ITEM(result, s, item)
+        if sec.op == OP_PUT_:
+            vo = np.empty(sec.n + 1, dtype=np.int64)
+            with nogil:
+                _offsets_from_lengths(sec.value_lengths, sec.n, sec.values_at, <int64_t *>cnp.PyArray_DATA(vo))
+            puts.append((sec.state_index, ko, vo))
+        else:
+            deletes.append((sec.state_index, ko))
     if cur_remaining(&c) != 0:
         cur_corrupt(&c, f"{cur_remaining(&c)} unexpected trailing bytes in the block of key group "
                         f"{expected_key_group}")
-    return result
+    return flags, puts, deletes
 
 
 def encode_header(uint32_t first_key_group, uint32_t key_group_count, bytes meta):
-    """The file header (magic, version, range, meta JSON, CRC32C) as bytes."""
+    """The file header (magic, version :data:`FORMAT_VERSION`, range, meta JSON, CRC32C) as bytes."""
     cdef Py_ssize_t ln = PyBytes_GET_SIZE(meta)
     _checked_u32(ln, "the state meta JSON's length")
     cdef Writer w
@@ -449,8 +658,8 @@ def parse_header(object buffer):
     if (<const char *>magic)[:4] != FILE_MAGIC:
         cur_corrupt(&c, f"magic {(<const char *>magic)[:4]!r} (a keyed snapshot starts with {FILE_MAGIC!r})")
     version = cur_u32(&c)
-    if version != VERSION:
-        cur_corrupt(&c, f"format version {version} (this keygroups reads version {VERSION})")
+    if version != VERSION and version != VERSION_1:
+        cur_corrupt(&c, f"format version {version} (this keygroups reads versions {VERSION_1} and {VERSION})")
     first = cur_u32(&c)
     count = cur_u32(&c)
     meta_len = cur_u32(&c)

@@ -20,6 +20,7 @@ from keygroups.checkpoint import (
     CheckpointStorage,
     DistributionMode,
     KeyedStateHandle,
+    KeyGroupBlock,
     OperatorStateHandle,
     OperatorStateMeta,
     open_snapshot,
@@ -51,7 +52,12 @@ def make_data(rng: random.Random) -> dict[int, list]:
 
 
 def plain(blocks) -> dict[int, list]:
-    return {kg: [(i, [bytes(k) for k in ks], [bytes(v) for v in vs]) for i, ks, vs in secs] for kg, secs in blocks}
+    """Put sections of blocks (KeyGroupBlock, or ``(key_group, parse_block(...))``) as bytes, for comparison."""
+    out = {}
+    for b in blocks:
+        kg, secs = (b.key_group, b.puts) if isinstance(b, KeyGroupBlock) else (b[0], b[1][1])
+        out[kg] = [(i, [bytes(k) for k in ks], [bytes(v) for v in vs]) for i, ks, vs in secs]
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +117,7 @@ def test_random_byte_flips_of_a_real_file(snapshot):
         with storage.open_write(rel) as f:
             f.write(bad)
         wanted = random_range(rng)
-        h = KeyedStateHandle(rel, 0, KGR, handle.offsets, handle.size, STATES)
+        h = KeyedStateHandle(rel, 0, KGR, handle.offsets, handle.size, STATES, checkpoint_id=1)
         try:
             got = read_ranged(storage, h, wanted)
         except CorruptSnapshotError:
@@ -137,7 +143,7 @@ def test_random_truncations_of_a_real_file(snapshot):
         with storage.open_write(rel) as f:
             f.write(short)
         wanted = random_range(rng)
-        h = KeyedStateHandle(rel, 0, KGR, handle.offsets, handle.size, STATES)
+        h = KeyedStateHandle(rel, 0, KGR, handle.offsets, handle.size, STATES, checkpoint_id=1)
         a, b = h.byte_range(wanted)
         if cut >= b:
             assert read_ranged(storage, h, wanted) == subset(expected, wanted)
@@ -148,7 +154,7 @@ def test_random_truncations_of_a_real_file(snapshot):
 
 def test_missing_file_is_corrupt_not_oserror(snapshot):
     storage, handle, _, _ = snapshot
-    h = KeyedStateHandle("chk-1/never-written", 3, KGR, handle.offsets, handle.size, STATES)
+    h = KeyedStateHandle("chk-1/never-written", 3, KGR, handle.offsets, handle.size, STATES, checkpoint_id=1)
     with pytest.raises(CorruptSnapshotError, match="missing"):
         read_key_groups(storage, h, KGR)
 
@@ -177,15 +183,18 @@ def test_fuzz_the_block_parser_behind_the_checksum(snapshot):
             bad[pos:pos] = rng.randbytes(rng.randint(1, 16))
         bad = bytes(bad)
         try:
-            sections = native.parse_block(bad, kg, 3, verify_checksum=False)
+            flags, sections, deletes = native.parse_block(bad, kg, 3, verify_checksum=False)
         except CorruptSnapshotError:
             outcomes["corrupt"] += 1
             with pytest.raises(CorruptSnapshotError):   # the offsets parser agrees
                 native.parse_block_offsets(bad, kg, 3, verify_checksum=False)
         else:
             outcomes["ok"] += 1
-            arrays = native.parse_block_offsets(bad, kg, 3, verify_checksum=False)
-            assert len(arrays) == len(sections)
+            flags2, arrays, delete_arrays = native.parse_block_offsets(bad, kg, 3, verify_checksum=False)
+            assert len(arrays) == len(sections) and flags == flags2 and len(deletes) == len(delete_arrays)
+            for (idx, ks), (idx2, ko) in zip(deletes, delete_arrays):
+                assert 0 <= idx == idx2 < 3 and len(ks) == len(ko) - 1
+                assert [bytes(k) for k in ks] == [bad[a:b] for a, b in zip(ko[:-1], ko[1:])]
             for (idx, ks, vs), (idx2, ko, vo) in zip(sections, arrays):
                 # what parses is well-formed, lies inside the block, and both parsers see the same entries
                 assert 0 <= idx == idx2 < 3 and len(ks) == len(vs) == len(ko) - 1 == len(vo) - 1
@@ -196,22 +205,23 @@ def test_fuzz_the_block_parser_behind_the_checksum(snapshot):
 
 
 def test_huge_counts_are_refused_before_allocating():
+    # format 1 blocks (still read): u32 key group | u32 section count | sections (no flags, no ops)
     body = struct.pack("<II", 5, 0xFFFFFFFF)   # key group 5, four billion sections in 8 bytes
     with pytest.raises(CorruptSnapshotError, match="section count 4294967295"):
-        native.parse_block(body + b"\0\0\0\0", 5, 1, verify_checksum=False)
+        native.parse_block(body + b"\0\0\0\0", 5, 1, verify_checksum=False, version=1)
     body = struct.pack("<IIII", 5, 1, 0, 0x7FFFFFFF)   # one section of two billion entries
     with pytest.raises(CorruptSnapshotError, match="entry count 2147483647"):
-        native.parse_block(body + b"\0\0\0\0", 5, 1, verify_checksum=False)
+        native.parse_block(body + b"\0\0\0\0", 5, 1, verify_checksum=False, version=1)
     body = struct.pack("<IIIIII", 5, 1, 0, 1, 0xFFFFFFF0, 0) + b"abcdefgh"   # a key longer than the block
     with pytest.raises(CorruptSnapshotError, match="1 keys of more than the 8 bytes left"):
-        native.parse_block(body + struct.pack("<I", 0), 5, 1, verify_checksum=False)
+        native.parse_block(body + struct.pack("<I", 0), 5, 1, verify_checksum=False, version=1)
     # many lengths whose sum would overflow 32 bits, and a value region past the end
     body = struct.pack("<IIII", 5, 1, 0, 4) + struct.pack("<4I", *[0xFFFFFFFF] * 4) + struct.pack("<4I", 0, 0, 0, 0)
     with pytest.raises(CorruptSnapshotError, match="4 keys of more than"):
-        native.parse_block_offsets(body + b"\0" * 16 + b"\0\0\0\0", 5, 1, verify_checksum=False)
+        native.parse_block_offsets(body + b"\0" * 16 + b"\0\0\0\0", 5, 1, verify_checksum=False, version=1)
     body = struct.pack("<IIII", 5, 1, 0, 2) + struct.pack("<2I", 1, 1) + struct.pack("<2I", 3, 0xFFFFFFFF) + b"ab"
     with pytest.raises(CorruptSnapshotError, match="2 values of more than the 0 bytes left"):
-        native.parse_block(body + b"\0\0\0\0", 5, 1, verify_checksum=False)
+        native.parse_block(body + b"\0\0\0\0", 5, 1, verify_checksum=False, version=1)
 
 
 def test_structural_errors_name_what_is_wrong():
@@ -231,8 +241,8 @@ def test_structural_errors_name_what_is_wrong():
 
 def test_unknown_version_and_wrong_magic(snapshot):
     _, _, raw, _ = snapshot
-    with pytest.raises(CorruptSnapshotError, match="format version 2"):
-        open_snapshot(raw[:4] + struct.pack("<I", 2) + raw[8:])
+    with pytest.raises(CorruptSnapshotError, match="format version 3"):
+        open_snapshot(raw[:4] + struct.pack("<I", 3) + raw[8:])
     with pytest.raises(CorruptSnapshotError, match="magic"):
         open_snapshot(b"PK\x03\x04" + raw[4:])
     with pytest.raises(CorruptSnapshotError, match="empty"):
@@ -245,7 +255,7 @@ def test_random_flips_and_truncations_of_metadata():
     for i in range(3):
         r = key_group_range(128, 3, i)
         handles.append(KeyedStateHandle(f"chk-9/keyed-{i}-abc", i, r, list(range(100, 100 + len(r) + 1)),
-                                        100 + len(r) + 10, STATES))
+                                        100 + len(r) + 10, STATES, checkpoint_id=9))
     union = OperatorStateMeta(DistributionMode.UNION, {"serializer": {"identifier": "str"}}, [8, 20], 30,
                               [(0, 12345)])
     operator = OperatorStateHandle("chk-9/op-0", 0, 30, "operator", {"u": union})

@@ -21,6 +21,7 @@ from keygroups.checkpoint import (
     CheckpointStorage,
     KeyedSnapshotWriter,
     KeyedStateHandle,
+    KeyGroupBlock,
     Packed,
     open_snapshot,
     read_key_group_offsets,
@@ -33,9 +34,19 @@ STATES = [{"name": "v", "kind": "value"}, {"name": "l", "kind": "list"}, {"name"
 
 
 def as_plain(blocks) -> dict[int, list]:
-    """Blocks with memoryviews turned into bytes, for comparison."""
-    return {kg: [(i, [bytes(k) for k in ks], [bytes(v) for v in vs]) for i, ks, vs in sections]
-            for kg, sections in blocks}
+    """The put sections of blocks (KeyGroupBlock, or ``(key_group, parse_block(...))``) with memoryviews turned into
+    bytes, for comparison."""
+    out = {}
+    for b in blocks:
+        kg, puts = (b.key_group, b.puts) if isinstance(b, KeyGroupBlock) else (b[0], b[1][1])
+        out[kg] = [(i, [bytes(k) for k in ks], [bytes(v) for v in vs]) for i, ks, vs in puts]
+    return out
+
+
+def key_sorted(keys, values) -> tuple[list, list]:
+    """A section's entries as the encoder writes them: stably sorted by key bytes."""
+    pairs = sorted(zip(keys, values), key=lambda kv: bytes(kv[0]))
+    return [k for k, _ in pairs], [v for _, v in pairs]
 
 
 def write_to_bytes(kgr: KeyGroupRange, states: list[dict], data: dict[int, list]) -> tuple[bytes, list[int], int]:
@@ -81,7 +92,7 @@ def snapshots(draw):
 
 def expected_blocks(kgr: KeyGroupRange, data: dict[int, list], wanted: KeyGroupRange) -> dict[int, list]:
     part = kgr.intersection(wanted)
-    return {kg: [(i, list(ks), list(vs)) for i, ks, vs in data.get(kg, [])] for kg in part}
+    return {kg: [(i, *key_sorted(ks, vs)) for i, ks, vs in data.get(kg, [])] for kg in part}
 
 
 @settings(max_examples=120, deadline=None)
@@ -107,12 +118,12 @@ def test_round_trip_ranged(mem_storage, snap, q_start, q_len):
     assert got == expected_blocks(kgr, data, wanted)
     copies, nread_copy = read_key_groups(mem_storage, h, wanted, copy=True)
     copies = list(copies)
-    assert all(type(x) is bytes for _, secs in copies for _, ks, vs in secs for x in ks + vs)
+    assert all(type(x) is bytes for b in copies for _, ks, vs in b.puts for x in ks + vs)
     assert as_plain(copies) == got and nread_copy == nread
     arrays, nread_arrays = read_key_group_offsets(mem_storage, h, wanted)
-    from_arrays = {kg: [(i, [bytes(block[a:b]) for a, b in zip(ko[:-1], ko[1:])],
-                         [bytes(block[a:b]) for a, b in zip(vo[:-1], vo[1:])]) for i, ko, vo in secs]
-                   for kg, block, secs in arrays}
+    from_arrays = {b.key_group: [(i, [bytes(b.block[x:y]) for x, y in zip(ko[:-1], ko[1:])],
+                                  [bytes(b.block[x:y]) for x, y in zip(vo[:-1], vo[1:])]) for i, ko, vo in b.puts]
+                   for b in arrays}
     assert from_arrays == got and nread_arrays == nread
     part = kgr.intersection(wanted)
     if part:
@@ -126,7 +137,7 @@ def test_values_are_lazy_slices_of_the_read_buffer():
     kgr = KeyGroupRange(0, 3)
     raw, offsets, _ = write_to_bytes(kgr, STATES, {2: [(2, [b"k" * 5], [b"value-bytes"])]})
     f = open_snapshot(raw)
-    (kg, [(idx, keys, values)]), = [b for b in f.key_groups() if b[1]]
+    (kg, [(idx, keys, values)]), = [(b.key_group, b.puts) for b in f.key_groups() if b.puts]
     assert (kg, idx) == (2, 2)
     assert isinstance(keys[0], memoryview) and isinstance(values[0], memoryview)
     assert keys[0].obj is raw and values[0].obj is raw   # no copy: a view into the file's bytes
@@ -183,12 +194,12 @@ def test_packed_validates_its_offsets():
 
 
 def test_offset_arrays_feed_a_bulk_decoder():
-    keys = [b"a", b"", b"ccc"]
+    keys = [b"", b"a", b"ccc"]   # in key order: the encoder sorts
     values = [b"1" * 5, b"22", b""]
     block = native.encode_block(4, [(1, keys, values), (0, [], [])], 2)
-    (idx, ko, vo), (idx0, ko0, vo0) = native.parse_block_offsets(block, 4, 2)
+    _, ((idx, ko, vo), (idx0, ko0, vo0)), _ = native.parse_block_offsets(block, 4, 2)
     assert (idx, idx0) == (1, 0) and ko.dtype == vo.dtype == np.int64
-    assert ko.tolist() == [ko[0], ko[0] + 1, ko[0] + 1, ko[0] + 4] and vo[0] == ko[-1]   # keys, then values
+    assert ko.tolist() == [ko[0], ko[0], ko[0] + 1, ko[0] + 4] and vo[0] == ko[-1]   # keys, then values
     assert [block[a:b] for a, b in zip(vo[:-1], vo[1:])] == values
     assert len(ko0) == len(vo0) == 1
 
@@ -299,7 +310,8 @@ def test_parsers_accept_read_only_and_writable_buffers(kind, tmp_path):
     f = open_snapshot(buf)
     assert as_plain(f.key_groups()) == expected_blocks(kgr, data, kgr)
     assert as_plain(f.key_groups(KeyGroupRange(6, 100))) == {6: [(0, [b"z"], [b"y"])]}
-    assert as_plain([(4, native.parse_block(memoryview(buf)[offsets[1]:offsets[2]], 4, 3))]) == {4: data[4]}
+    assert as_plain([(4, native.parse_block(memoryview(buf)[offsets[1]:offsets[2]], 4, 3))]) == {
+        4: [(1, *key_sorted(*data[4][0][1:]))]}
 
 
 def test_local_storage_buffers_are_mmaps(tmp_path):
@@ -358,14 +370,14 @@ def test_failed_write_key_group_writes_nothing():
 
 def test_handle_validates_offsets():
     with pytest.raises(ValueError, match="offsets must be a list of 3 ints"):
-        KeyedStateHandle("chk-1/k", 0, KeyGroupRange(0, 1), [0, 1], 10, [])
+        KeyedStateHandle("chk-1/k", 0, KeyGroupRange(0, 1), [0, 1], 10, [], checkpoint_id=1)
     with pytest.raises(ValueError, match=r"offsets\[1\] = 5 must be an int in \[7, size=10\]"):
-        KeyedStateHandle("chk-1/k", 0, KeyGroupRange(0, 1), [7, 5, 9], 10, [])
+        KeyedStateHandle("chk-1/k", 0, KeyGroupRange(0, 1), [7, 5, 9], 10, [], checkpoint_id=1)
     with pytest.raises(ValueError, match=r"offsets\[2\] = 11"):
-        KeyedStateHandle("chk-1/k", 0, KeyGroupRange(0, 1), [7, 8, 11], 10, [])
+        KeyedStateHandle("chk-1/k", 0, KeyGroupRange(0, 1), [7, 8, 11], 10, [], checkpoint_id=1)
     with pytest.raises(ValueError, match="relative path"):
-        KeyedStateHandle("/abs/k", 0, KeyGroupRange(0, 1), [7, 8, 9], 10, [])
-    h = KeyedStateHandle("chk-1/k", 2, KeyGroupRange(4, 5), [7, 8, 9], 10, [{"name": "x"}])
+        KeyedStateHandle("/abs/k", 0, KeyGroupRange(0, 1), [7, 8, 9], 10, [], checkpoint_id=1)
+    h = KeyedStateHandle("chk-1/k", 2, KeyGroupRange(4, 5), [7, 8, 9], 10, [{"name": "x"}], checkpoint_id=3)
     assert KeyedStateHandle.from_json(h.to_json()) == h
 
 
@@ -376,7 +388,8 @@ def test_stub_matches_the_compiled_module():
     if not stub.exists():   # editable installs keep the stub in the source tree
         stub = pathlib.Path(__file__).parents[1] / "src" / "keygroups" / "_native" / "snapshot.pyi"
     tree = ast.parse(stub.read_text())
-    funcs = {n.name: [a.arg for a in n.args.args] for n in tree.body if isinstance(n, ast.FunctionDef)}
+    funcs = {n.name: [a.arg for a in n.args.args + n.args.kwonlyargs] for n in tree.body
+             if isinstance(n, ast.FunctionDef)}
     classes = {n.name for n in tree.body if isinstance(n, ast.ClassDef)}
     consts = {n.target.id for n in tree.body if isinstance(n, ast.AnnAssign)}
     public = {n for n in dir(native) if not n.startswith("_") and not inspect.ismodule(getattr(native, n))}

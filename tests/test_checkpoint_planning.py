@@ -41,7 +41,7 @@ def fake_handles(maxp: int, p: int) -> list[KeyedStateHandle]:
     for i in range(p):
         r = key_group_range(maxp, p, i)
         out.append(KeyedStateHandle(f"chk-1/keyed-{i}-x", i, r, [100 + 10 * j for j in range(len(r) + 1)],
-                                    100 + 10 * len(r) + 50, STATES))
+                                    100 + 10 * len(r) + 50, STATES, checkpoint_id=1))
     return out
 
 
@@ -110,7 +110,7 @@ def test_changed_max_parallelism_is_refused_as_in_flink():
 
 def test_overlapping_handles_are_corrupt_metadata():
     a, b = fake_handles(16, 2)
-    bad = KeyedStateHandle("chk-1/keyed-1-y", 1, KeyGroupRange(7, 15), [0] * 10, 10, STATES)
+    bad = KeyedStateHandle("chk-1/keyed-1-y", 1, KeyGroupRange(7, 15), [0] * 10, 10, STATES, checkpoint_id=1)
     md = CheckpointMetadata(1, "job", 0, 16, 2, [a, bad])
     with pytest.raises(CorruptSnapshotError, match="overlapping"):
         plan_keyed_restore(md, KeyGroupRange(0, 15))
@@ -146,7 +146,8 @@ def restore_subtask(storage, md, maxp: int, p_new: int, j: int) -> tuple[dict[in
     for h, part in plan_keyed_restore(md, new_range, max_parallelism=maxp):
         blocks, nread = read_key_groups(storage, h, part)
         total += nread
-        for kg, sections in blocks:
+        for block in blocks:
+            kg, sections = block.key_group, block.puts
             assert kg in new_range
             for idx, ks, vs in sections:
                 for kb, vb in zip(ks, vs):

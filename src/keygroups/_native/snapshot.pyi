@@ -10,10 +10,14 @@ from typing_extensions import Buffer, disjoint_base
 FILE_MAGIC: bytes
 INDEX_MAGIC: bytes
 FORMAT_VERSION: int
+READ_VERSIONS: tuple[int, ...]
 HEADER_FIXED_SIZE: int
 FOOTER_SIZE: int
 BLOCK_OVERHEAD: int
 MAX_ITEM_SIZE: int
+BLOCK_FULL: int
+OP_PUT: int
+OP_DELETE: int
 
 @disjoint_base
 class Packed:
@@ -30,15 +34,27 @@ def encode_block(
     key_group: int,
     sections: Iterable[tuple[int, Sequence[Buffer] | Packed, Sequence[Buffer] | Packed]],
     n_states: int,
+    *,
+    full: bool = True,
+    deletes: Iterable[tuple[int, Sequence[Buffer] | Packed]] = (),
 ) -> bytes: ...
+def find_key(buffer: Buffer, key_offsets: npt.NDArray[np.int64], key: Buffer) -> int: ...
 def parse_block(
-    buffer: Buffer, expected_key_group: int, n_states: int, verify_checksum: bool = True, copy: bool = False
-) -> list[tuple[int, list[Any], list[Any]]]: ...   # memoryview items, or bytes with copy=True
+    buffer: Buffer,
+    expected_key_group: int,
+    n_states: int,
+    verify_checksum: bool = True,
+    copy: bool = False,
+    version: int = 2,
+) -> tuple[int, list[tuple[int, list[Any], list[Any]]], list[tuple[int, list[Any]]]]: ...   # memoryview or bytes items
 def parse_block_offsets(
-    buffer: Buffer, expected_key_group: int, n_states: int, verify_checksum: bool = True
-) -> list[tuple[int, npt.NDArray[np.int64], npt.NDArray[np.int64]]]: ...
+    buffer: Buffer, expected_key_group: int, n_states: int, verify_checksum: bool = True, version: int = 2
+) -> tuple[
+    int,
+    list[tuple[int, npt.NDArray[np.int64], npt.NDArray[np.int64]]],
+    list[tuple[int, npt.NDArray[np.int64]]],
+]: ...
 def encode_header(first_key_group: int, key_group_count: int, meta: bytes) -> bytes: ...
 def parse_header(buffer: Buffer) -> tuple[int, int, int, bytes, int]: ...
 def encode_index(offsets: list[int]) -> bytes: ...
 def parse_index(buffer: Buffer, header_size: int, key_group_count: int) -> list[int]: ...
-

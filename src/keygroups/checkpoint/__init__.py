@@ -5,13 +5,16 @@
 * :class:`CheckpointMetadata`, :class:`KeyedStateHandle`, :class:`OperatorStateHandle` (with
   :class:`OperatorStateMeta` per state and its :class:`DistributionMode`) — what a complete checkpoint holds.
 * :class:`KeyedSnapshotWriter`, :func:`read_key_groups` — the keyed snapshot file: one checksummed block per key
-  group and an offset index, read back lazily (memoryview slices, or bytes with ``copy=True``) with one ranged read
+  group (full, or a delta of puts and deletes; :class:`KeyGroupBlock` as read, keys sorted for :func:`find_key`)
+  and an offset index, read back lazily (memoryview slices, or bytes with ``copy=True``) with one ranged read
   per old file; :func:`read_key_group_offsets` gives int64 offset arrays for bulk decoding instead, and
   :class:`Packed` lets the writer take ``serialize_many`` output as is. :func:`write_keyed_snapshot` is the one-call
   writer, :func:`open_snapshot` the standalone whole-file reader (tools, checks).
 * :func:`write_operator_snapshot`, :func:`read_operator_runs` — the operator state file (``operator_format``):
   elements back to back, indexed and checksummed by its handle, read as validated slices without decoding.
-* :func:`plan_keyed_restore` — which old files and key groups a subtask of a new parallelism reads;
+* :func:`plan_keyed_restore` — which old files and key groups a subtask of a new parallelism reads (each key
+  group's chain of full and delta blocks); :func:`chain_stats`, :func:`choose_full_key_groups` and
+  :func:`carry_forward` keep chains bounded and the next checkpoint's handles exactly those still needed;
   :func:`plan_operator_restore` — which runs of old operator state elements it reads (Flink's round-robin
   repartitioner).
 
@@ -21,8 +24,10 @@ This layer stores opaque bytes and JSON; it never imports ``keygroups.state`` or
 from keygroups.checkpoint.format import (
     FORMAT_VERSION,
     KeyedSnapshotWriter,
+    KeyGroupBlock,
     Packed,
     SnapshotFile,
+    find_key,
     open_snapshot,
     read_key_group_offsets,
     read_key_groups,
@@ -45,8 +50,12 @@ from keygroups.checkpoint.operator_format import (
     write_operator_snapshot,
 )
 from keygroups.checkpoint.planning import (
+    ChainStats,
     ElementRun,
+    carry_forward,
+    chain_stats,
     check_restore_max_parallelism,
+    choose_full_key_groups,
     plan_keyed_restore,
     plan_operator_restore,
     split_sizes,
@@ -62,12 +71,18 @@ __all__ = [
     "DistributionMode",
     "KeyedSnapshotWriter",
     "Packed",
+    "KeyGroupBlock",
+    "find_key",
     "read_key_groups",
     "read_key_group_offsets",
     "write_keyed_snapshot",
     "open_snapshot",
     "SnapshotFile",
     "plan_keyed_restore",
+    "ChainStats",
+    "chain_stats",
+    "choose_full_key_groups",
+    "carry_forward",
     "check_restore_max_parallelism",
     "plan_operator_restore",
     "split_sizes",

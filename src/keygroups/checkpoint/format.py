@@ -5,30 +5,39 @@ Layout (little-endian integers; version :data:`FORMAT_VERSION`)::
     header   magic b"\\x89KGS" | u32 version | u32 first key group | u32 key-group count | u32 meta length
              | meta (UTF-8 JSON: {"states": [...]}) | u32 CRC32C(header)
     blocks   for each key group of the range, ascending (empty ones too):
-             u32 key group | u32 section count
-             | per section: u32 state index | u32 entry count n | n x u32 key length | n x u32 value length
-                            | the n keys back to back | the n values back to back
+             u32 key group | u32 flags (bit 0: full) | u32 section count
+             | per section: u32 state index | u32 op (0 put, 1 delete) | u32 entry count n | n x u32 key length
+                            | [n x u32 value length] | the n keys back to back | [the n values back to back]
+                            (values for a put only)
              | u32 CRC32C(block)
     index    u32 offset count (= key groups + 1) | u64 absolute offset of each block, then the end of the last one
              | u32 CRC32C(index)
     footer   u64 index position | magic b"KGSI"
 
+A **full** block holds every entry of its key group; a **delta** block holds the entries written since the key
+group's previous block (put sections) and the keys deleted since then (delete sections). A block applies its
+sections in file order (puts, then deletes), and of equal keys in a section the last one counts. Every section's
+keys are sorted by their bytes (the encoder sorts them), so a reader finds a key by binary search
+(:func:`find_key`) without decoding the others. Version 1 (still read) had no flags and no ops: every block full,
+every section a put, keys in any order.
+
 The offsets are also returned by :meth:`KeyedSnapshotWriter.finish` and kept in the
-:class:`~keygroups.checkpoint.KeyedStateHandle` (with the state meta), so a restoring subtask reads exactly the
-contiguous bytes of the key groups it owns, in one ranged read, without the header or the index.
-:func:`open_snapshot` reads a whole file standalone (header and index included), for tools and for checking.
+:class:`~keygroups.checkpoint.KeyedStateHandle` (with the state meta, the full key groups and the format version),
+so a restoring subtask reads exactly the contiguous bytes of the key groups it owns, in one ranged read, without the
+header or the index. :func:`open_snapshot` reads a whole file standalone (header and index included), for tools and
+for checking.
 
 Keys and values are opaque bytes (serialized by the state layer); they come back as ``memoryview`` slices of the
 read buffer, so nothing is deserialized or copied until the state layer touches a value (or, on request, as bytes
 copies, or as int64 offset arrays for a serializer's ``deserialize_many``: a section's keys are contiguous, as are
-its values). Every block is verified (CRC32C, key group, structure) by the compiled parser in
+its values). Every block is verified (CRC32C, key group, structure, key order) by the compiled parser in
 ``_native/snapshot.pyx`` before any of it is returned.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, BinaryIO
 
@@ -37,7 +46,7 @@ import numpy.typing as npt
 
 from keygroups._native import snapshot as _snap
 from keygroups._ranges import KeyGroupRange
-from keygroups.checkpoint.metadata import KeyedStateHandle
+from keygroups.checkpoint.metadata import KeyedStateHandle, key_group_runs
 from keygroups.errors import CorruptSnapshotError
 
 if TYPE_CHECKING:
@@ -50,8 +59,55 @@ FILE_MAGIC: bytes = _snap.FILE_MAGIC
 #: serializer's ``serialize_many`` returns them; the writer takes it in place of a list of n bytes objects.
 Packed = _snap.Packed
 
-#: What one key group's block parses into: ``[(state_index, keys, values), ...]``.
-Sections = list[tuple[int, list[memoryview], list[memoryview]]]   # bytes, not memoryview, with copy=True
+#: ``find_key(block, key_offsets, key) -> int``: the index of ``key`` among a sorted section's keys (the last of
+#: equal ones), -1 if absent; a binary search over the raw bytes that never reads outside ``block``.
+find_key = _snap.find_key
+
+#: A put section as a block parses into: ``(state_index, keys, values)`` (memoryviews or bytes, or int64 offsets).
+PutSection = tuple[int, Any, Any]
+#: A delete section: ``(state_index, keys)``.
+DeleteSection = tuple[int, Any]
+
+
+class KeyGroupBlock:
+    """One key group's block as read: ``key_group``; ``full`` (every entry of the key group, else the changes since
+    its previous block); ``sorted`` (keys of every section sorted by bytes, so :func:`find_key` works: format 2;
+    format 1 blocks are not); ``block`` (a memoryview of the block's bytes); ``puts``, ``[(state_index, keys,
+    values), ...]``, and ``deletes``, ``[(state_index, keys), ...]``, in file order (apply puts, then deletes).
+
+    Keys and values are memoryviews or bytes (:func:`read_key_groups`) or int64 arrays of n + 1 offsets into
+    ``block`` (:func:`read_key_group_offsets`)."""
+
+    __slots__ = ("key_group", "full", "sorted", "block", "puts", "deletes")
+
+    def __init__(self, key_group: int, full: bool, sorted: bool, block: memoryview, puts: list[PutSection],
+                 deletes: list[DeleteSection]) -> None:
+        self.key_group = key_group
+        self.full = full
+        self.sorted = sorted
+        self.block = block
+        self.puts = puts
+        self.deletes = deletes
+
+    def __iter__(self) -> Iterator[Any]:
+        # Transitional, for heap.py's _restore_handle of before the incremental format (it unpacks
+        # ``kg, block, sections``); remove once every backend restores through _restore_block.
+        return iter((self.key_group, self.block, self.puts))
+
+    def __repr__(self) -> str:
+        kind = "full" if self.full else "delta"
+        return (f"KeyGroupBlock({self.key_group}, {kind}, {len(self.block)} bytes, {len(self.puts)} put and "
+                f"{len(self.deletes)} delete sections)")
+
+
+def _block(mv: memoryview, key_group: int, n_states: int, version: int, copy: bool) -> KeyGroupBlock:
+    flags, puts, deletes = _snap.parse_block(mv, key_group, n_states, True, copy, version)
+    return KeyGroupBlock(key_group, bool(flags & _snap.BLOCK_FULL), version >= 2, mv, puts, deletes)
+
+
+def _offsets_block(mv: memoryview, key_group: int, n_states: int, version: int) -> KeyGroupBlock:
+    flags, puts, deletes = _snap.parse_block_offsets(mv, key_group, n_states, True, version)
+    return KeyGroupBlock(key_group, bool(flags & _snap.BLOCK_FULL), version >= 2, mv, puts, deletes)
 
 
 class KeyedSnapshotWriter:
@@ -59,9 +115,12 @@ class KeyedSnapshotWriter:
 
     ``states`` is the per-state meta (name, kind, serializer snapshots by role, TTL) as a JSON list; a section's
     ``state_index`` indexes it. Offsets are absolute positions in the stream (``stream.tell()`` at construction is
-    taken as the start, 0 if the stream cannot tell). The stream is not closed."""
+    taken as the start, 0 if the stream cannot tell). A key group never written gets an empty block, full unless
+    ``default_full`` is False (a delta file's untouched key groups are empty deltas: nothing changed) or, given as
+    a collection of key groups, full for those only. The stream is not closed."""
 
-    def __init__(self, stream: BinaryIO, key_group_range: KeyGroupRange, states: list[dict[str, Any]]) -> None:
+    def __init__(self, stream: BinaryIO, key_group_range: KeyGroupRange, states: list[dict[str, Any]], *,
+                 default_full: bool | Collection[int] = True) -> None:
         if not isinstance(key_group_range, KeyGroupRange):
             raise TypeError(f"key_group_range must be a KeyGroupRange, got {type(key_group_range).__name__}")
         if not isinstance(states, list) or not all(isinstance(s, dict) for s in states):
@@ -74,6 +133,9 @@ class KeyedSnapshotWriter:
         self._stream = stream
         self._range = key_group_range
         self._n_states = len(states)
+        self._default_full: bool | Collection[int] = (
+            default_full if isinstance(default_full, bool) else frozenset(default_full))
+        self._full: list[int] = []
         try:
             self._pos = int(stream.tell())
         except (AttributeError, OSError, ValueError):
@@ -87,14 +149,25 @@ class KeyedSnapshotWriter:
         self._stream.write(data)
         self._pos += len(data)
 
-    def _write_block(self, key_group: int, sections: Iterable[Any]) -> None:
-        self._write(_snap.encode_block(key_group, sections, self._n_states))
-        self._offsets.append(self._pos)
+    def _write_empty(self, stop: int) -> None:
+        """Empty blocks (full as ``default_full`` says) for the key groups from ``self._next`` to ``stop`` - 1."""
+        default = self._default_full
+        for kg in range(self._next, stop):
+            full = default if isinstance(default, bool) else kg in default
+            self._write(_snap.encode_block(kg, (), self._n_states, full=full))
+            self._offsets.append(self._pos)
+            if full:
+                self._full.append(kg)
 
     def write_key_group(self, key_group: int,
-                        sections: Iterable[tuple[int, Sequence[bytes] | Packed, Sequence[bytes] | Packed]]) -> None:
+                        sections: Iterable[tuple[int, Sequence[bytes] | Packed, Sequence[bytes] | Packed]], *,
+                        full: bool = True,
+                        deletes: Iterable[tuple[int, Sequence[bytes] | Packed]] = ()) -> None:
         """Write ``key_group``'s block: ``sections`` are ``(state_index, serialized keys, serialized values)``;
         keys or values may also be a :data:`Packed` (``serialize_many``'s output), which avoids n bytes objects.
+        ``full=False`` writes a delta block: ``sections`` are the entries written since the key group's previous
+        block and ``deletes``, ``(state_index, serialized keys)``, the keys deleted since then. Keys need not be
+        sorted: the encoder sorts them.
 
         Key groups must be strictly ascending and inside the range; skipped ones get empty blocks."""
         if self._finished:
@@ -106,20 +179,26 @@ class KeyedSnapshotWriter:
         if key_group < self._next:
             raise ValueError(f"key group {key_group} comes after key group {self._next - 1} was written: key groups "
                              f"must be written once each, in ascending order")
-        block = _snap.encode_block(key_group, sections, self._n_states)   # bad input fails before any write
-        for kg in range(self._next, key_group):
-            self._write_block(kg, ())
+        # bad input fails before any write
+        block = _snap.encode_block(key_group, sections, self._n_states, full=full, deletes=deletes)
+        self._write_empty(key_group)
         self._write(block)
         self._offsets.append(self._pos)
+        if full:
+            self._full.append(key_group)
         self._next = key_group + 1
+
+    @property
+    def full_key_groups(self) -> list[KeyGroupRange]:
+        """The key groups written so far whose block is full, as ascending ranges (for the handle)."""
+        return key_group_runs(self._full)
 
     def finish(self) -> tuple[list[int], int]:
         """Write empty blocks for the remaining key groups, the index and the footer; flush. Returns
         ``(offsets, file size)``: ``len(range) + 1`` absolute offsets, for the :class:`KeyedStateHandle`."""
         if self._finished:
             raise ValueError("finish() called twice")
-        for kg in range(self._next, self._range.end + 1):
-            self._write_block(kg, ())
+        self._write_empty(self._range.end + 1)
         self._next = self._range.end + 1
         self._write(_snap.encode_index(self._offsets))
         self._finished = True
@@ -130,12 +209,12 @@ class KeyedSnapshotWriter:
 
 
 def _iter_blocks(data: memoryview, base: int, offsets: Sequence[int], first_index: int, groups: KeyGroupRange,
-                 n_states: int, copy: bool) -> Iterator[tuple[int, Sections]]:
+                 n_states: int, version: int, copy: bool) -> Iterator[KeyGroupBlock]:
     # offsets[first_index + i] is key group groups.start + i's block start; ``data`` starts at file offset ``base``.
     for i, kg in enumerate(groups):
         a = offsets[first_index + i] - base
         b = offsets[first_index + i + 1] - base
-        yield kg, _snap.parse_block(data[a:b], kg, n_states, True, copy)
+        yield _block(data[a:b], kg, n_states, version, copy)
 
 
 def _ranged_read(storage: CheckpointStorage, handle: KeyedStateHandle, wanted: KeyGroupRange) -> tuple[bytes, int, int]:
@@ -164,13 +243,22 @@ def _read_wanted(storage: CheckpointStorage, handle: KeyedStateHandle, key_group
     return data, start, end, wanted.start - handle.key_group_range.start, wanted
 
 
+def _naming_the_file(blocks: Iterator[KeyGroupBlock], handle: KeyedStateHandle) -> Iterator[KeyGroupBlock]:
+    """``blocks``, a damaged one raising CorruptSnapshotError that names the file it came from."""
+    try:
+        yield from blocks
+    except CorruptSnapshotError as e:
+        raise CorruptSnapshotError(f"keyed state file {handle.file!r} (subtask {handle.subtask}, checkpoint "
+                                   f"{handle.checkpoint_id}): {e}") from e
+
+
 def read_key_groups(storage: CheckpointStorage, handle: KeyedStateHandle, key_groups: KeyGroupRange, *,
-                    copy: bool = False) -> tuple[Iterator[tuple[int, Sections]], int]:
+                    copy: bool = False) -> tuple[Iterator[KeyGroupBlock], int]:
     """Read the blocks of ``key_groups ∩ handle.key_group_range`` from ``handle.file`` with ONE ranged read.
 
-    Returns ``(blocks, bytes_read)``: ``blocks`` yields ``(key_group, [(state_index, keys, values), ...])`` in
-    key-group order, keys and values as memoryview slices of the bytes read; each block is checked (CRC32C, key
-    group, structure) as it is yielded. A missing or short file, or a damaged block, raises CorruptSnapshotError.
+    Returns ``(blocks, bytes_read)``: ``blocks`` yields a :class:`KeyGroupBlock` per key group, in key-group order,
+    keys and values as memoryview slices of the bytes read; each block is checked (CRC32C, key group, structure) as
+    it is yielded. A missing or short file, or a damaged block, raises CorruptSnapshotError naming the file.
 
     ``copy=True`` yields ``bytes`` copies instead of memoryviews: still not deserialized, about 3x faster to create
     and about 3x smaller to hold for small values (a memoryview object alone is ~180 bytes), and they do not pin
@@ -179,31 +267,33 @@ def read_key_groups(storage: CheckpointStorage, handle: KeyedStateHandle, key_gr
     if read is None:
         return iter(()), 0
     data, start, end, first, wanted = read
-    blocks = _iter_blocks(memoryview(data), start, handle.offsets, first, wanted, len(handle.states), copy)
-    return blocks, end - start
+    blocks = _iter_blocks(memoryview(data), start, handle.offsets, first, wanted, len(handle.states),
+                          handle.format_version, copy)
+    return _naming_the_file(blocks, handle), end - start
 
 
-def read_key_group_offsets(
-    storage: CheckpointStorage, handle: KeyedStateHandle, key_groups: KeyGroupRange
-) -> tuple[Iterator[tuple[int, memoryview, list[tuple[int, npt.NDArray[np.int64], npt.NDArray[np.int64]]]]], int]:
-    """As :func:`read_key_groups` (one ranged read, every block checked), but without one object per entry: yields
-    ``(key_group, block, [(state_index, key_offsets, value_offsets), ...])`` where ``block`` is a memoryview of the
-    key group's bytes and the offsets are int64 arrays of n + 1 positions in it. Keys are contiguous in the block,
-    as are values, so ``serializer.deserialize_many(block, key_offsets)`` decodes a state's keys in one call, and
-    a lazy backend can keep ``(block, value_offsets)`` instead of n value objects."""
+def read_key_group_offsets(storage: CheckpointStorage, handle: KeyedStateHandle, key_groups: KeyGroupRange
+                           ) -> tuple[Iterator[KeyGroupBlock], int]:
+    """As :func:`read_key_groups` (one ranged read, every block checked), but without one object per entry: each
+    :class:`KeyGroupBlock`'s sections hold int64 arrays of n + 1 offsets into its ``block`` (a memoryview of the
+    key group's bytes): ``puts`` ``[(state_index, key_offsets, value_offsets), ...]``, ``deletes``
+    ``[(state_index, key_offsets), ...]``. Keys are contiguous in the block, as are values, so
+    ``serializer.deserialize_many(block, key_offsets)`` decodes a state's keys in one call, a lazy backend can keep
+    ``(block, value_offsets)`` instead of n value objects, and :func:`find_key` finds one key in a sorted block."""
     read = _read_wanted(storage, handle, key_groups)
     if read is None:
         return iter(()), 0
     data, start, end, first, wanted = read
     n_states = len(handle.states)
+    version = handle.format_version
 
-    def blocks() -> Iterator[tuple[int, memoryview, list[tuple[int, Any, Any]]]]:
+    def blocks() -> Iterator[KeyGroupBlock]:
         mv = memoryview(data)
         for i, kg in enumerate(wanted):
             block = mv[handle.offsets[first + i] - start:handle.offsets[first + i + 1] - start]
-            yield kg, block, _snap.parse_block_offsets(block, kg, n_states)
+            yield _offsets_block(block, kg, n_states, version)
 
-    return blocks(), end - start
+    return _naming_the_file(blocks(), handle), end - start
 
 
 @dataclass
@@ -217,15 +307,15 @@ class SnapshotFile:
     offsets: list[int]
 
     def key_groups(self, key_groups: KeyGroupRange | None = None, *,
-                   copy: bool = False) -> Iterator[tuple[int, Sections]]:
-        """Yield ``(key_group, sections)`` for ``key_groups`` (all of the file's by default), each block checked;
-        ``copy`` as in :func:`read_key_groups`."""
+                   copy: bool = False) -> Iterator[KeyGroupBlock]:
+        """Yield a :class:`KeyGroupBlock` for each of ``key_groups`` (all of the file's by default), each block
+        checked; ``copy`` as in :func:`read_key_groups`."""
         wanted = self.key_group_range if key_groups is None else self.key_group_range.intersection(key_groups)
         if not wanted:
             return iter(())
         first = wanted.start - self.key_group_range.start
         return _iter_blocks(memoryview(self.buffer).cast("B"), 0, self.offsets, first, wanted, len(self.states),
-                            copy)
+                            self.version, copy)
 
 
 def open_snapshot(buffer: Any) -> SnapshotFile:
@@ -245,24 +335,33 @@ def open_snapshot(buffer: Any) -> SnapshotFile:
 
 def write_keyed_snapshot(storage: CheckpointStorage, checkpoint_id: int, subtask: int,
                          key_group_range: KeyGroupRange, states: list[dict[str, Any]],
-                         key_groups: Iterable[tuple[int, Iterable[tuple[int, Any, Any]]]], *,
-                         prefix: str | None = None, on_key_group: Callable[[], object] | None = None
-                         ) -> KeyedStateHandle:
-    """Write a whole keyed snapshot file into checkpoint ``checkpoint_id`` and return its handle: the one-call form
+                         key_groups: Iterable[tuple[int, Iterable[tuple[int, Any, Any]]]
+                                              | tuple[int, Iterable[tuple[int, Any, Any]], Iterable[tuple[int, Any]]]],
+                         *, full_key_groups: Collection[int] | None = None, prefix: str | None = None,
+                         on_key_group: Callable[[], object] | None = None) -> KeyedStateHandle:
+    """Write a whole keyed snapshot file for checkpoint ``checkpoint_id`` and return its handle: the one-call form
     of ``new_file`` + ``open_write`` + :class:`KeyedSnapshotWriter`. ``key_groups`` yields ``(key_group, sections)``
-    in ascending key-group order; the file is named ``chk-<id>/<prefix or "keyed-<subtask>">-<uuid>``.
+    or ``(key_group, sections, deletes)`` in ascending key-group order.
+
+    ``full_key_groups`` are the key groups written full (None: all of them, a full snapshot); the others are delta
+    blocks, and key groups not yielded get empty blocks, full or delta as ``full_key_groups`` says. The file is
+    named ``chk-<id>/<prefix or "keyed-<subtask>">-<uuid>``.
 
     ``on_key_group`` is called before each key group is written and once more before the file is finished; an
     exception it raises abandons the file (a cancelled snapshot stops this way) and propagates."""
     relpath = storage.new_file(checkpoint_id, prefix or f"keyed-{subtask}")
+    full = None if full_key_groups is None else frozenset(full_key_groups)
     with storage.open_write(relpath) as stream:
-        writer = KeyedSnapshotWriter(stream, key_group_range, states)
-        for kg, sections in key_groups:
+        writer = KeyedSnapshotWriter(stream, key_group_range, states, default_full=True if full is None else full)
+        for item in key_groups:
             if on_key_group is not None:
                 on_key_group()
-            writer.write_key_group(kg, sections)
+            kg, sections = item[0], item[1]
+            deletes = item[2] if len(item) > 2 else ()
+            writer.write_key_group(kg, sections, full=full is None or kg in full, deletes=deletes)
         if on_key_group is not None:
             on_key_group()
         offsets, size = writer.finish()
     return KeyedStateHandle(file=relpath, subtask=subtask, key_group_range=key_group_range, offsets=offsets,
-                            size=size, states=states)
+                            size=size, states=states, checkpoint_id=checkpoint_id,
+                            full_key_groups=writer.full_key_groups)

@@ -8,19 +8,24 @@ Handles are dataclasses validated once, when built (``__post_init__``): a handle
 ``from_json`` is either valid or a CorruptSnapshotError naming the bad field, so no reader checks fields again.
 
 Paths: in memory, every file a checkpoint references (``KeyedStateHandle.file``, ``OperatorStateHandle.file``,
-``outputs`` and ``inputs``) is relative to the storage location, e.g. ``"chk-17/keyed-0-<uuid>"``, so
-``storage.read_bytes(handle.file)`` works without more context. In the ``_metadata`` file they are stored relative to
-the directory holding that ``_metadata`` (the checkpoint or savepoint directory), so a checkpoint or savepoint
+``outputs`` and ``inputs``) is relative to the storage location, e.g. ``"shared/keyed-0-17-<uuid>"`` or
+``"chk-17/operator-0-<uuid>"``, so ``storage.read_bytes(handle.file)`` works without more context. In the
+``_metadata`` file, keyed files of ``shared/`` (which outlive the checkpoint that wrote them: incremental
+checkpoints reference older ones) are stored as ``shared/<name>``; every other file relative to the directory
+holding that ``_metadata`` (the checkpoint or savepoint directory). A savepoint references no shared file, so its
 directory is self-contained and can be moved.
 
-Versions: 2 (written) has the ``outputs`` and ``inputs`` fields. Version 1 (still read) kept the runner's files in
-``properties["outputs"]``/``["inputs"]`` as storage-relative paths; reading moves those inside the directory into the
-fields. The version changed so that a keygroups that knows no ``outputs`` field refuses the file instead of treating
-the output files as orphans and deleting them.
+Versions: 3 (written) stores keyed files of ``shared/`` and gives each keyed handle its ``checkpoint_id``,
+``full_key_groups`` and keyed ``format_version``. Version 2 (still read) has the ``outputs`` and ``inputs`` fields;
+its keyed handles are read as full files of keyed format 1 written by that checkpoint. Version 1 (still read) also
+kept the runner's files in ``properties["outputs"]``/``["inputs"]`` as storage-relative paths; reading moves those
+inside the directory into the fields. Each version changed so that an older keygroups refuses the file instead of
+misreading it (version 2: treating output files as orphans; version 3: restoring a delta as the whole state).
 """
 
 from __future__ import annotations
 
+import bisect
 import enum
 import functools
 import json
@@ -30,13 +35,22 @@ from typing import Any
 
 from crc32c import crc32c
 
+from keygroups._native import snapshot as _snap
 from keygroups._ranges import KeyGroupRange, check_max_parallelism
 from keygroups.errors import CorruptSnapshotError
 
 METADATA_MAGIC = b"\x89KGM"
-METADATA_VERSION = 2
+METADATA_VERSION = 3
 _LEGACY_VERSION = 1   # outputs and inputs in properties
+_UNSHARED_VERSION = 2   # keyed handles without checkpoint_id, full_key_groups, format_version (format 1 files)
+#: The directory (under the storage location) of keyed state files, which outlive the checkpoint that wrote them.
+SHARED_DIR = "shared"
 _PREFIX = struct.Struct("<4sII")
+
+#: The keyed file format written, the ones read, and the size of a block that holds nothing.
+KEYED_FORMAT_VERSION: int = _snap.FORMAT_VERSION
+KEYED_READ_VERSIONS: tuple[int, ...] = tuple(_snap.READ_VERSIONS)
+EMPTY_BLOCK_SIZE: int = _snap.BLOCK_OVERHEAD
 
 #: The file format an operator handle describes; its JSON carries both, and its file header the version.
 OPERATOR_FORMAT_NAME = "keygroups-operator-state"
@@ -61,6 +75,36 @@ def check_relpath(relpath: Any, what: str = "path") -> str:
     return relpath
 
 
+def _full_ranges(value: Any, key_group_range: KeyGroupRange) -> list[KeyGroupRange]:
+    """``value`` checked as the full key groups of a handle of ``key_group_range``: non-empty ranges inside it,
+    ascending and disjoint. ValueError/TypeError otherwise."""
+    if not isinstance(value, list) or not all(isinstance(r, KeyGroupRange) for r in value):
+        raise TypeError(f"KeyedStateHandle.full_key_groups must be a list of KeyGroupRange, got {str(value)[:100]}")
+    prev = -1
+    for r in value:
+        if not r or r.start <= prev or r.start < key_group_range.start or r.end > key_group_range.end:
+            raise ValueError(f"KeyedStateHandle.full_key_groups must be non-empty, ascending, disjoint ranges inside "
+                             f"{key_group_range}, got {value}")
+        prev = r.end
+    return value
+
+
+def key_group_runs(key_groups: Any) -> list[KeyGroupRange]:
+    """Key groups (any iterable of ints) as the ascending list of maximal contiguous ranges that hold them."""
+    runs: list[KeyGroupRange] = []
+    start = end = None
+    for kg in sorted(set(key_groups)):
+        if end is not None and kg == end + 1:
+            end = kg
+            continue
+        if start is not None:
+            runs.append(KeyGroupRange(start, end))
+        start = end = kg
+    if start is not None:
+        runs.append(KeyGroupRange(start, end))
+    return runs
+
+
 @dataclass
 class KeyedStateHandle:
     """Where one subtask's keyed snapshot lives and how to seek in it.
@@ -69,6 +113,12 @@ class KeyedStateHandle:
     ``offsets[-1]`` is the end of the last block, so the bytes of key groups ``[a, b]`` are
     ``offsets[a - start] : offsets[b - start + 1]``. ``states`` is the per-state meta (name, kind, serializer
     snapshots, TTL) as JSON, the same list as in the file header, so a reader of a byte range needs no header.
+
+    Incremental checkpoints: ``checkpoint_id`` is the checkpoint that wrote the file (a key group's chain is ordered
+    by it); ``full_key_groups`` are the key groups whose block in the file is full (every entry; None when built
+    means all of them), the others hold the changes since the key group's previous block. ``format_version`` is the
+    keyed file format of ``file`` (1: every block full, keys unsorted), needed to parse a byte range without the
+    header.
     """
 
     file: str
@@ -77,6 +127,9 @@ class KeyedStateHandle:
     offsets: list[int]
     size: int
     states: list[dict[str, Any]]
+    checkpoint_id: int = field(kw_only=True)
+    full_key_groups: list[KeyGroupRange] = field(default=None, kw_only=True)  # type: ignore[assignment]
+    format_version: int = field(default=KEYED_FORMAT_VERSION, kw_only=True)
 
     def __post_init__(self) -> None:
         check_relpath(self.file, "KeyedStateHandle.file")
@@ -101,6 +154,42 @@ class KeyedStateHandle:
             prev = off
         if not isinstance(self.states, list) or not all(isinstance(s, dict) for s in self.states):
             raise TypeError("KeyedStateHandle.states must be a list of JSON dicts (the state meta)")
+        if not _is_int(self.checkpoint_id) or self.checkpoint_id < 0:
+            raise ValueError(f"KeyedStateHandle.checkpoint_id must be an int >= 0 (the checkpoint that wrote the "
+                             f"file), got {self.checkpoint_id!r}")
+        if self.format_version not in KEYED_READ_VERSIONS:
+            raise ValueError(f"KeyedStateHandle.format_version must be one of {KEYED_READ_VERSIONS} (the keyed file "
+                             f"formats this keygroups reads), got {self.format_version!r}")
+        everything = [self.key_group_range] if self.key_group_range else []
+        if self.full_key_groups is None:
+            self.full_key_groups = everything
+        _full_ranges(self.full_key_groups, self.key_group_range)
+        if self.format_version == 1 and self.full_key_groups != everything:
+            raise ValueError("a KeyedStateHandle of keyed format 1 holds full blocks only (full_key_groups must be "
+                             f"its whole range {self.key_group_range}), got {self.full_key_groups}")
+        self._full_starts = [r.start for r in self.full_key_groups]
+
+    @property
+    def is_all_full(self) -> bool:
+        """Whether every block of the file is full (a file that needs no older file)."""
+        return self.full_key_groups == ([self.key_group_range] if self.key_group_range else [])
+
+    def is_full(self, key_group: int) -> bool:
+        """Whether ``key_group``'s block in this file is full (False for a delta, and outside the range)."""
+        i = bisect.bisect_right(self._full_starts, key_group) - 1
+        return i >= 0 and key_group <= self.full_key_groups[i].end
+
+    def block_size(self, key_group: int) -> int:
+        """Bytes of ``key_group``'s block (which must lie in ``key_group_range``)."""
+        i = key_group - self.key_group_range.start
+        if key_group not in self.key_group_range:
+            raise ValueError(f"key group {key_group} is outside this handle's {self.key_group_range}")
+        return self.offsets[i + 1] - self.offsets[i]
+
+    def changes(self, key_group: int) -> bool:
+        """Whether ``key_group``'s block matters to a restore: a full block always does, a delta block unless it is
+        empty (a delta file writes an empty block for every key group nothing changed in)."""
+        return self.is_full(key_group) or self.block_size(key_group) > EMPTY_BLOCK_SIZE
 
     def byte_range(self, key_groups: KeyGroupRange) -> tuple[int, int]:
         """``(start, end)`` byte offsets in ``file`` of the blocks of ``key_groups`` (which must lie inside
@@ -113,27 +202,35 @@ class KeyedStateHandle:
     def to_json(self) -> dict[str, Any]:
         r = self.key_group_range
         return {"file": self.file, "subtask": self.subtask, "key_group_range": [r.start, r.end],
-                "offsets": list(self.offsets), "size": self.size, "states": self.states}
+                "offsets": list(self.offsets), "size": self.size, "states": self.states,
+                "checkpoint_id": self.checkpoint_id,
+                "full_key_groups": [[f.start, f.end] for f in self.full_key_groups],
+                "format_version": self.format_version}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> KeyedStateHandle:
         """The handle back from :meth:`to_json`; CorruptSnapshotError if ``d`` is not one."""
         try:
             start, end = d["key_group_range"]
+            full = [KeyGroupRange(a, b) for a, b in d["full_key_groups"]]
             return cls(file=d["file"], subtask=d["subtask"], key_group_range=KeyGroupRange(start, end),
-                       offsets=d["offsets"], size=d["size"], states=d["states"])
+                       offsets=d["offsets"], size=d["size"], states=d["states"], checkpoint_id=d["checkpoint_id"],
+                       full_key_groups=full, format_version=d["format_version"])
         except (KeyError, TypeError, ValueError) as e:
             raise CorruptSnapshotError(f"not a valid keyed state handle ({e}): {str(d)[:200]}") from e
 
 
 def keyed_handles_by_range(handles: list[KeyedStateHandle]) -> list[KeyedStateHandle]:
-    """The handles that hold key groups, ordered by their first key group. ValueError naming the first two whose
-    ranges overlap: each key group belongs to exactly one subtask."""
-    ranged = sorted((h for h in handles if h.key_group_range), key=lambda h: h.key_group_range.start)
+    """The handles that hold key groups, ordered by checkpoint id, then by first key group. ValueError naming the
+    first two of one checkpoint whose ranges overlap: in one checkpoint each key group belongs to one subtask (files
+    of different checkpoints overlap: a key group's chain)."""
+    ranged = sorted((h for h in handles if h.key_group_range),
+                    key=lambda h: (h.checkpoint_id, h.key_group_range.start))
     for a, b in zip(ranged, ranged[1:]):
-        if a.key_group_range.end >= b.key_group_range.start:
+        if a.checkpoint_id == b.checkpoint_id and a.key_group_range.end >= b.key_group_range.start:
             raise ValueError(f"keyed handles overlap: subtask {a.subtask} {a.key_group_range} and subtask "
-                             f"{b.subtask} {b.key_group_range}; each key group belongs to one subtask")
+                             f"{b.subtask} {b.key_group_range}, both written by checkpoint {a.checkpoint_id}; in "
+                             f"one checkpoint each key group belongs to one subtask")
     return ranged
 
 
@@ -347,7 +444,10 @@ class CheckpointMetadata:
             if h.key_group_range and h.key_group_range.end >= mp:
                 raise ValueError(f"the keyed handle of subtask {h.subtask} covers {h.key_group_range}, past "
                                  f"max_parallelism={mp} (key groups are [0, {mp - 1}])")
-            if h.subtask >= self.parallelism:
+            if h.checkpoint_id > self.checkpoint_id:
+                raise ValueError(f"checkpoint {self.checkpoint_id} references the keyed file {h.file!r} of a newer "
+                                 f"checkpoint, {h.checkpoint_id}")
+            if h.checkpoint_id == self.checkpoint_id and h.subtask >= self.parallelism:
                 raise ValueError(f"a keyed handle of subtask {h.subtask} in a checkpoint of parallelism "
                                  f"{self.parallelism} (subtasks are 0..{self.parallelism - 1})")
         keyed_handles_by_range(self.keyed_handles)
@@ -369,12 +469,33 @@ class CheckpointMetadata:
         return [h.file for h in self.keyed_handles] + [h.file for h in self.operator_handles]
 
 
+def is_shared_path(relpath: str) -> bool:
+    """Whether ``relpath`` (storage-relative) names a file of ``shared/``: exactly ``shared/<name>``."""
+    parts = relpath.split("/")
+    return len(parts) == 2 and parts[0] == SHARED_DIR
+
+
 def _strip_base(relpath: str, base: str, what: str = "state file") -> str:
     prefix = base + "/"
     if not relpath.startswith(prefix):
         raise ValueError(f"{what} {relpath!r} is not inside {base!r}/: a checkpoint references only files in its "
-                         f"own directory (write them with storage.new_file(checkpoint_id, ...))")
+                         f"own directory (write them with storage.new_file(checkpoint_id, ...)) and keyed files in "
+                         f"{SHARED_DIR}/ (storage.new_shared_file)")
     return relpath[len(prefix):]
+
+
+def _keyed_path(relpath: str, base: str) -> str:
+    """How ``_metadata`` in ``base`` stores a keyed file: ``shared/<name>`` as it is, anything else relative to
+    ``base`` (and inside it)."""
+    return relpath if is_shared_path(check_relpath(relpath)) else _strip_base(relpath, base)
+
+
+def _keyed_file(stored: Any, base: str, version: int) -> str:
+    """The storage-relative path of a keyed file as ``_metadata`` of ``version`` in ``base`` stores it."""
+    rel = check_relpath(stored, "a keyed state file")
+    if version >= METADATA_VERSION and is_shared_path(rel):
+        return rel
+    return f"{base}/{rel}"
 
 
 def _legacy_files(properties: dict[str, Any], key: str, base: str) -> list[str]:
@@ -395,7 +516,7 @@ def encode_metadata(metadata: CheckpointMetadata, base: str) -> bytes:
         "timestamp_ms": metadata.timestamp_ms,
         "max_parallelism": metadata.max_parallelism,
         "parallelism": metadata.parallelism,
-        "keyed_handles": [dict(h.to_json(), file=_strip_base(h.file, base)) for h in metadata.keyed_handles],
+        "keyed_handles": [dict(h.to_json(), file=_keyed_path(h.file, base)) for h in metadata.keyed_handles],
         "operator_handles": [dict(h.to_json(), file=_strip_base(h.file, base)) for h in metadata.operator_handles],
         "properties": metadata.properties,
         "outputs": [_strip_base(f, base, "output file") for f in metadata.outputs],
@@ -418,9 +539,9 @@ def decode_metadata(data: bytes, base: str, where: str) -> CheckpointMetadata:
     magic, version, length = _PREFIX.unpack_from(data)
     if magic != METADATA_MAGIC:
         raise CorruptSnapshotError(f"{where} starts with {magic!r}, not the _metadata magic {METADATA_MAGIC!r}")
-    if version not in (_LEGACY_VERSION, METADATA_VERSION):
+    if version not in (_LEGACY_VERSION, _UNSHARED_VERSION, METADATA_VERSION):
         raise CorruptSnapshotError(f"{where} has format version {version}; this keygroups reads versions "
-                                   f"{_LEGACY_VERSION} and {METADATA_VERSION} (written by a newer keygroups, or "
+                                   f"{_LEGACY_VERSION} to {METADATA_VERSION} (written by a newer keygroups, or "
                                    f"corrupt)")
     if len(data) != _PREFIX.size + length + 4:
         raise CorruptSnapshotError(f"{where} declares a {length}-byte body but is {len(data)} bytes long: truncated "
@@ -432,8 +553,13 @@ def decode_metadata(data: bytes, base: str, where: str) -> CheckpointMetadata:
         body = json.loads(data[_PREFIX.size:-4].decode("utf-8"))
         keyed = []
         for h in body["keyed_handles"]:
-            handle = KeyedStateHandle.from_json(dict(h, file=f"{base}/{check_relpath(h['file'])}"))
-            keyed.append(handle)
+            h = dict(h, file=_keyed_file(h["file"], base, version))
+            if version < METADATA_VERSION:   # every file of format 1, full, written by this checkpoint
+                start, end = h["key_group_range"]
+                h.setdefault("checkpoint_id", body["checkpoint_id"])
+                h.setdefault("format_version", 1)
+                h.setdefault("full_key_groups", [[start, end]] if end >= start else [])
+            keyed.append(KeyedStateHandle.from_json(h))
         operator = [OperatorStateHandle.from_json(dict(h, file=f"{base}/{check_relpath(h['file'])}"))
                     for h in body["operator_handles"]]
         properties = body["properties"]

@@ -1,10 +1,15 @@
 """Restore planning from the metadata alone: what a subtask of a new parallelism reads of the old state files.
 
 Keyed state (:func:`plan_keyed_restore`): key groups are the unit of redistribution (Flink's
-``StateAssignmentOperation``). A subtask of any new parallelism owns a contiguous ``KeyGroupRange`` and reads, from
-each old subtask's file whose range intersects it, exactly the intersection. The number of key groups (max
-parallelism) is fixed for the life of the state: a key's key group is ``murmur(hash) % max_parallelism``, so another
-max parallelism would put every key in another group.
+``StateAssignmentOperation``). A subtask of any new parallelism owns a contiguous ``KeyGroupRange`` and reads, for
+each of its key groups, that key group's chain (incremental checkpoints): the newest full block and the delta blocks
+after it, from whichever old files hold them, and nothing else. The number of key groups (max parallelism) is fixed
+for the life of the state: a key's key group is ``murmur(hash) % max_parallelism``, so another max parallelism would
+put every key in another group.
+
+Chains stay bounded: :func:`chain_stats` describes them and :func:`choose_full_key_groups` picks the key groups a
+backend writes full at its next snapshot; :func:`carry_forward` keeps in the next checkpoint exactly the older
+files some chain still needs.
 
 Operator state (:func:`plan_operator_restore`, Flink's ``RoundRobinOperatorStateRepartitioner``): lists of elements
 are the unit. Per state, by its :class:`~keygroups.checkpoint.metadata.DistributionMode`: SPLIT_DISTRIBUTE lists are
@@ -15,6 +20,7 @@ old copy of a BROADCAST state. The plan is runs of elements with their byte rang
 from __future__ import annotations
 
 import bisect
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -25,6 +31,7 @@ from keygroups.checkpoint.metadata import (
     KeyedStateHandle,
     OperatorStateHandle,
     OperatorStateMeta,
+    key_group_runs,
     keyed_handles_by_range,
 )
 from keygroups.errors import CorruptSnapshotError, StateMigrationError
@@ -42,12 +49,30 @@ def check_restore_max_parallelism(metadata: CheckpointMetadata, max_parallelism:
             f"{metadata.max_parallelism} works), or start without this state.")
 
 
-def plan_keyed_restore(metadata: CheckpointMetadata, new_range: KeyGroupRange, *,
-                       max_parallelism: int | None = None) -> list[tuple[KeyedStateHandle, KeyGroupRange]]:
-    """The ``(old handle, key groups to read from it)`` pairs for a subtask that now owns ``new_range``, in
-    key-group order; only handles whose range intersects ``new_range`` appear. Key groups no handle covers had no
-    state. With ``max_parallelism`` given, a changed max parallelism raises StateMigrationError first; a
-    ``new_range`` past the checkpoint's key groups does too (it can only come from another max parallelism)."""
+@dataclass(frozen=True)
+class ChainStats:
+    """One key group's chain as a restore reads it: ``length`` blocks (the full one, if any, and the non-empty
+    deltas after it), ``full_bytes`` in the full block (0 without one: the chain starts from no state) and
+    ``delta_bytes`` in the deltas."""
+
+    length: int
+    full_bytes: int
+    delta_bytes: int
+
+    def after(self, handle: KeyedStateHandle, key_group: int) -> ChainStats:
+        """The chain once ``handle``'s block of ``key_group`` is added (a full block starts it anew; an empty
+        delta changes nothing)."""
+        if handle.is_full(key_group):
+            return ChainStats(1, handle.block_size(key_group), 0)
+        if not handle.changes(key_group):
+            return self
+        return ChainStats(self.length + 1, self.full_bytes, self.delta_bytes + handle.block_size(key_group))
+
+
+NO_CHAIN = ChainStats(0, 0, 0)
+
+
+def _checked_range(metadata: CheckpointMetadata, new_range: KeyGroupRange, max_parallelism: int | None) -> None:
     if max_parallelism is not None:
         check_restore_max_parallelism(metadata, max_parallelism)
     if not isinstance(new_range, KeyGroupRange):
@@ -57,16 +82,136 @@ def plan_keyed_restore(metadata: CheckpointMetadata, new_range: KeyGroupRange, *
             f"key groups {new_range} do not exist in checkpoint {metadata.checkpoint_id}, written with "
             f"max_parallelism={metadata.max_parallelism} (key groups 0..{metadata.max_parallelism - 1}): the max "
             f"parallelism cannot change across a restore")
+
+
+def _ordered_handles(checkpoint_id: int, handles: Sequence[KeyedStateHandle]) -> list[KeyedStateHandle]:
     try:
-        handles = keyed_handles_by_range(metadata.keyed_handles)
+        return keyed_handles_by_range(list(handles))
     except ValueError as e:
-        raise CorruptSnapshotError(f"checkpoint {metadata.checkpoint_id} is corrupt, overlapping: {e}") from None
-    plan = []
+        raise CorruptSnapshotError(f"checkpoint {checkpoint_id} is corrupt, overlapping: {e}") from None
+
+
+def key_group_chains(handles: Sequence[KeyedStateHandle], key_groups: KeyGroupRange
+                     ) -> dict[int, list[KeyedStateHandle]]:
+    """Each key group of ``key_groups`` that some handle holds -> its chain: the handle of its newest full block
+    (if any) and the handles of the non-empty delta blocks after it, oldest first. ``handles`` are ordered by
+    checkpoint id (:func:`~keygroups.checkpoint.metadata.keyed_handles_by_range`)."""
+    chains: dict[int, list[KeyedStateHandle]] = {}
     for h in handles:
-        part = h.key_group_range.intersection(new_range)
-        if part:
-            plan.append((h, part))
+        part = h.key_group_range.intersection(key_groups)
+        if not part:
+            continue
+        if h.is_all_full:
+            for kg in part:
+                chains[kg] = [h]
+            continue
+        for kg in part:
+            if h.is_full(kg):
+                chains[kg] = [h]
+            elif h.changes(kg):
+                chains.setdefault(kg, []).append(h)
+    return chains
+
+
+def _check_chain_meta(chain: Sequence[KeyedStateHandle]) -> None:
+    """CorruptSnapshotError unless every state has one meta (kind, serializers, TTL) along the chain: its blocks
+    are applied to one another as bytes."""
+    seen: dict[str, tuple[dict, KeyedStateHandle]] = {}
+    for h in chain:
+        for meta in h.states:
+            name = meta.get("name")
+            first = seen.setdefault(name, (meta, h))
+            if first[0] != meta:
+                raise CorruptSnapshotError(
+                    f"state {name!r} has one meta in {first[1].file!r} (checkpoint {first[1].checkpoint_id}) and "
+                    f"another in {h.file!r} (checkpoint {h.checkpoint_id}), files of one key group's chain: a "
+                    f"delta must be written with the meta of the block it changes (a changed serializer or TTL "
+                    f"makes the next snapshot full)")
+
+
+def _chains_of(metadata: CheckpointMetadata, new_range: KeyGroupRange) -> dict[int, list[KeyedStateHandle]]:
+    chains = key_group_chains(_ordered_handles(metadata.checkpoint_id, metadata.keyed_handles), new_range)
+    checked: set[tuple[int, ...]] = set()
+    for chain in chains.values():
+        ids = tuple(id(h) for h in chain)
+        if len(chain) > 1 and ids not in checked:
+            _check_chain_meta(chain)
+            checked.add(ids)
+    return chains
+
+
+def plan_keyed_restore(metadata: CheckpointMetadata, new_range: KeyGroupRange, *,
+                       max_parallelism: int | None = None) -> list[tuple[KeyedStateHandle, KeyGroupRange]]:
+    """The ``(old handle, key groups to read from it)`` pairs for a subtask that now owns ``new_range``, in chain
+    order: by the handles' ``checkpoint_id`` (then key group), so applying the reads in order gives each key
+    group's state. For each key group only its chain appears: the handle of its newest full block and those of the
+    non-empty deltas after it; a handle's key groups come as contiguous ranges (one ranged read each). Key groups
+    no handle covers had no state.
+
+    CorruptSnapshotError if a state's meta differs along a chain, or handles of one checkpoint overlap. With
+    ``max_parallelism`` given, a changed max parallelism raises StateMigrationError first; a ``new_range`` past the
+    checkpoint's key groups does too (it can only come from another max parallelism)."""
+    _checked_range(metadata, new_range, max_parallelism)
+    wanted: dict[int, tuple[KeyedStateHandle, list[int]]] = {}
+    for kg, chain in sorted(_chains_of(metadata, new_range).items()):
+        for h in chain:
+            wanted.setdefault(id(h), (h, []))[1].append(kg)
+    plan = [(h, run) for h, kgs in wanted.values() for run in key_group_runs(kgs)]
+    plan.sort(key=lambda hr: (hr[0].checkpoint_id, hr[1].start))
     return plan
+
+
+def chain_stats(metadata: CheckpointMetadata, new_range: KeyGroupRange) -> dict[int, ChainStats]:
+    """Each key group of ``new_range`` that has state -> its :class:`ChainStats` (from the metadata alone): what the
+    materialization policy (:func:`choose_full_key_groups`) weighs."""
+    _checked_range(metadata, new_range, None)
+    out: dict[int, ChainStats] = {}
+    for kg, chain in key_group_chains(_ordered_handles(metadata.checkpoint_id, metadata.keyed_handles),
+                                      new_range).items():
+        stats = NO_CHAIN
+        for h in chain:
+            stats = stats.after(h, kg)
+        out[kg] = stats
+    return out
+
+
+def choose_full_key_groups(chains: dict[int, ChainStats], n_key_groups: int, *, max_chain: int,
+                           delta_fraction: float) -> set[int]:
+    """The key groups to materialize (write full) at the next snapshot: those whose chain is longer than
+    ``max_chain`` blocks or whose deltas exceed ``delta_fraction`` of their full block, the worst first, at most
+    ``ceil(n_key_groups / max_chain)`` of them, so the rewriting is spread over snapshots."""
+    scored = []
+    for kg, c in chains.items():
+        by_length = c.length / max_chain
+        by_bytes = c.delta_bytes / (delta_fraction * c.full_bytes) if c.full_bytes else (
+            math.inf if c.delta_bytes else 0.0)
+        if c.length > max_chain or by_bytes > 1:
+            scored.append((-max(by_length, by_bytes), kg))
+    scored.sort()
+    return {kg for _, kg in scored[:math.ceil(n_key_groups / max_chain)]}
+
+
+def carry_forward(previous: CheckpointMetadata | None, new_handles: Sequence[KeyedStateHandle]
+                  ) -> list[KeyedStateHandle]:
+    """The keyed handles of the checkpoint after ``previous``: ``new_handles`` (what its subtasks wrote; a subtask
+    that changed nothing may have written none) and every handle of ``previous`` that some key group's chain still
+    needs, in chain order. A previous handle every key group of which has a newer full block (or only empty
+    deltas since one) drops out."""
+    new = list(new_handles)
+    old = list(previous.keyed_handles) if previous is not None else []
+    new_ids = {h.checkpoint_id for h in new}
+    if previous is not None and any(i <= previous.checkpoint_id for i in new_ids):
+        raise ValueError(f"new keyed handles of checkpoints {sorted(new_ids)} cannot follow checkpoint "
+                         f"{previous.checkpoint_id}: a new file belongs to a newer checkpoint")
+    handles = _ordered_handles(max(new_ids | {previous.checkpoint_id if previous else 0}), old + new)
+    everything = KeyGroupRange(0, max(h.key_group_range.end for h in handles)) if handles else KeyGroupRange.empty()
+    needed: dict[int, KeyedStateHandle] = {}
+    for chain in key_group_chains(handles, everything).values():
+        for h in chain:
+            needed[id(h)] = h
+    for h in new:   # a new file stays even if it holds only empty deltas: the subtask reported it
+        needed[id(h)] = h
+    return sorted(needed.values(), key=lambda h: (h.checkpoint_id, h.key_group_range.start))
 
 
 # ---- operator state -----------------------------------------------------------------------------------------------

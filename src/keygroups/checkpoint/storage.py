@@ -453,8 +453,7 @@ class CheckpointStorage:
         copy = CheckpointMetadata(
             checkpoint_id=md.checkpoint_id, job_id=md.job_id, timestamp_ms=md.timestamp_ms,
             max_parallelism=md.max_parallelism, parallelism=md.parallelism,
-            keyed_handles=[KeyedStateHandle(renamed[h.file], h.subtask, h.key_group_range, list(h.offsets), h.size,
-                                            h.states) for h in md.keyed_handles],
+            keyed_handles=[dataclasses.replace(h, file=renamed[h.file]) for h in md.keyed_handles],
             operator_handles=[dataclasses.replace(h, file=renamed[h.file]) for h in md.operator_handles],
             properties=dict(md.properties), base=base)
         self._fs.sync_dir(base)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import functools
+import json
 import os
 import threading
 import time
@@ -23,7 +24,18 @@ from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar
 from keygroups._hashing import KeyType, key_type_code
 from keygroups._native.statecore import KeyContext
 from keygroups._ranges import KeyGroupRange, check_max_parallelism
-from keygroups.checkpoint import KeyedStateHandle, plan_keyed_restore, read_key_groups, write_keyed_snapshot
+from keygroups.checkpoint import (
+    ChainStats,
+    KeyedStateHandle,
+    KeyGroupBlock,
+    chain_stats,
+    choose_full_key_groups,
+    plan_keyed_restore,
+    read_key_group_offsets,
+    write_keyed_snapshot,
+)
+from keygroups.checkpoint.metadata import is_shared_path
+from keygroups.checkpoint.planning import NO_CHAIN
 from keygroups.errors import CorruptSnapshotError, StateMigrationError
 from keygroups.serializers import SerializerSnapshot, TypeSerializer, resolve_compatibility
 from keygroups.state._codec import ValueFraming
@@ -180,7 +192,8 @@ class KeyedStateBackendBase:
 
     def __init__(self, key_group_range: KeyGroupRange, max_parallelism: int, key_serializer: TypeSerializer, *,
                  key_type: KeyType = None, clock: Callable[[], float] = time.time, allow_pickle: bool = False,
-                 subtask_index: int = 0) -> None:
+                 subtask_index: int = 0, incremental: bool = True, max_chain: int = 8,
+                 delta_fraction: float = 0.5) -> None:
         if not isinstance(key_group_range, KeyGroupRange):
             raise TypeError(f"key_group_range must be a KeyGroupRange, got {key_group_range!r}")
         mp = check_max_parallelism(max_parallelism)
@@ -191,6 +204,21 @@ class KeyedStateBackendBase:
             raise TypeError(f"key_serializer must be a keygroups.serializers.TypeSerializer, got {key_serializer!r}")
         if not callable(clock):
             raise TypeError(f"clock must be a callable returning seconds (like time.time), got {clock!r}")
+        if isinstance(max_chain, bool) or not isinstance(max_chain, int) or max_chain < 1:
+            raise ValueError(f"max_chain must be an int >= 1 (the longest chain of blocks a key group keeps before "
+                             f"it is written full again), got {max_chain!r}")
+        if isinstance(delta_fraction, bool) or not isinstance(delta_fraction, (int, float)) or not (
+                delta_fraction > 0):
+            raise ValueError(f"delta_fraction must be a number > 0 (deltas past this fraction of a key group's full "
+                             f"block make it written full again), got {delta_fraction!r}")
+        self.incremental = bool(incremental)
+        self.max_chain = max_chain
+        self.delta_fraction = float(delta_fraction)
+        #: Per key group of the range, the chain a restore of the latest snapshot (or of the restore point) reads;
+        #: None until the backend is restored (its first snapshot is then written full).
+        self._chains: dict[int, ChainStats] | None = None
+        self._chain_metas: dict[str, str] = {}   # state name -> its meta (canonical JSON) along the chains
+        self._needs_full = False                  # the next snapshot must be full (see _full_key_groups_for_snapshot)
         self.key_group_range = key_group_range
         self.max_parallelism = mp
         self.key_serializer = key_serializer
@@ -343,9 +371,10 @@ class KeyedStateBackendBase:
 
     # ---- restore ------------------------------------------------------------------------------------------------
     def restore(self, storage: CheckpointStorage, metadata: CheckpointMetadata, *, lazy: bool = True) -> RestoreStats:
-        """Restore this backend's key groups from a checkpoint written at any parallelism: only the intersecting
-        key groups of the intersecting old files are read (one ranged read per file). With ``lazy`` (the default,
-        heap backend) values stay bytes until first accessed, and key groups are decoded when first touched.
+        """Restore this backend's key groups from a checkpoint written at any parallelism: for each key group its
+        chain (the newest full block and the deltas after it), and nothing else, is read (one ranged read per run
+        of key groups per file) and applied in checkpoint order. With ``lazy`` (the default, heap backend) values
+        stay bytes until first accessed, and key groups are decoded when first touched.
 
         Must be called once, before any state is written. A changed max parallelism raises
         ``StateMigrationError``."""
@@ -355,30 +384,60 @@ class KeyedStateBackendBase:
             raise RuntimeError("restore() must come before any state is written to the backend")
         plan = plan_keyed_restore(metadata, self.key_group_range, max_parallelism=self.max_parallelism)
         self._restored = True
+        self._chains = chain_stats(metadata, self.key_group_range)
+        self._chain_metas = {}
         total = 0
-        groups = 0
-        for handle, key_groups in plan:  # key_groups: non-empty, inside this backend's range
+        restored: set[int] = set()
+        for handle, key_groups in plan:  # key_groups: non-empty, inside this backend's range; chain order
             targets = [self._restore_target(meta) for meta in handle.states]
-            nbytes, ngroups = self._restore_handle(storage, handle, key_groups, targets)
+            nbytes, _ = self._restore_handle(storage, handle, key_groups, targets)
             total += nbytes
-            groups += ngroups
+            restored.update(key_groups)
+            for meta in handle.states:   # the newest meta of each state (the plan checked they agree per chain)
+                self._chain_metas[meta["name"]] = _canonical(meta)
+            # a file outside shared/ (keyed format 1, written before incremental checkpoints) must not be carried
+            # into newer checkpoints: retention would delete it with its checkpoint's directory
+            if not is_shared_path(handle.file):
+                self._needs_full = True
         self._after_restore(lazy)
-        return RestoreStats(total, groups)
+        return RestoreStats(total, len(restored))
 
     def _restore_handle(self, storage: CheckpointStorage, handle: KeyedStateHandle, key_groups: KeyGroupRange,
                         targets: list[Any]) -> tuple[int, int]:
-        """Read ``key_groups`` of one old file into ``targets`` (one per state of the file); (bytes read, key
-        groups)."""
-        blocks, nbytes = read_key_groups(storage, handle, key_groups)
-        groups = 0
-        for kg, sections in blocks:
-            groups += 1
-            group_index = kg - self._start
-            for state_index, keys, values in sections:
-                self._check_state_index(handle, kg, state_index, targets)
-                if keys:
-                    self._restore_section(targets[state_index], group_index, keys, values)
-        return nbytes, groups
+        """Read ``key_groups`` of one old file (one ranged read) and hand each block to :meth:`_restore_block`;
+        (bytes read, blocks)."""
+        blocks, nbytes = read_key_group_offsets(storage, handle, key_groups)
+        n = 0
+        for block in blocks:
+            n += 1
+            for state_index, *_ in block.puts:
+                self._check_state_index(handle, block.key_group, state_index, targets)
+            for state_index, _ in block.deletes:
+                self._check_state_index(handle, block.key_group, state_index, targets)
+            self._restore_block(handle, targets, block)
+        return nbytes, n
+
+    def _restore_block(self, handle: KeyedStateHandle, targets: list[Any], block: KeyGroupBlock) -> None:
+        """Apply one block of ``handle`` (sections as int64 offsets into ``block.block``; state indexes checked
+        against ``targets``, one per state of the file) on top of what the key group's earlier blocks restored.
+
+        This default feeds put sections to :meth:`_restore_section` as memoryview slices (a put replaces the
+        key's value), which is all a full block holds; a backend that restores deletes overrides it."""
+        if block.deletes:
+            raise NotImplementedError(
+                f"{type(self).__name__} cannot apply the deletes of {handle.file!r}'s delta block of key group "
+                f"{block.key_group}: override _restore_block")
+        mv = block.block
+        group_index = block.key_group - self._start
+        for state_index, key_offsets, value_offsets in block.puts:
+            if len(key_offsets) != len(value_offsets):
+                raise CorruptSnapshotError(f"{handle.file}: key group {block.key_group}, state {state_index}: "
+                                           f"{len(key_offsets) - 1} keys but {len(value_offsets) - 1} values")
+            if len(key_offsets) > 1:
+                ko = key_offsets.tolist()
+                vo = value_offsets.tolist()
+                self._restore_section(targets[state_index], group_index,
+                                      [mv[a:b] for a, b in zip(ko, ko[1:])], [mv[a:b] for a, b in zip(vo, vo[1:])])
 
     @staticmethod
     def _check_state_index(handle: KeyedStateHandle, kg: int, state_index: int, targets: list[Any]) -> None:
@@ -449,6 +508,49 @@ class KeyedStateBackendBase:
         check_cancel(future)
         return write_keyed_snapshot(storage, checkpoint_id, self.subtask_index, self.key_group_range, states,
                                     key_groups, on_key_group=functools.partial(check_cancel, future))
+
+    # ---- incremental snapshots: which key groups are written full -----------------------------------------------
+    def _full_key_groups_for_snapshot(self) -> set[int]:
+        """The key groups (absolute) the next snapshot writes full; the others are written as deltas (the entries
+        written and deleted since the previous snapshot). All of them when snapshots are not incremental, on a
+        backend that was not restored, after a restore from files of before incremental checkpoints, or when a
+        state's meta (serializers, TTL) differs from the one its chains were written with (a migrated serializer:
+        the blocks of one chain are applied to one another as bytes). Otherwise the key groups whose chain is
+        longer than ``max_chain`` or whose deltas exceed ``delta_fraction`` of their full block, the worst first,
+        at most ``ceil(n / max_chain)`` of them (``choose_full_key_groups``)."""
+        everything = set(self.key_group_range)
+        if not self.incremental or self._chains is None or self._needs_full:
+            return everything
+        tables: dict[str, Any] = getattr(self, "_tables", {})
+        for name, t in tables.items():
+            known = self._chain_metas.get(name)
+            if known is not None and _canonical(t.meta) != known:
+                return everything
+        return choose_full_key_groups(self._chains, self._n, max_chain=self.max_chain,
+                                      delta_fraction=self.delta_fraction)
+
+    def _after_snapshot(self, handle: KeyedStateHandle) -> None:
+        """Record what a snapshot of this backend wrote (``handle``, once its file is complete), so the next one
+        continues its chains: a full block starts a key group's chain anew, a non-empty delta lengthens it."""
+        chains = self._chains if self._chains is not None else {}
+        part = handle.key_group_range.intersection(self.key_group_range)
+        for kg in part:
+            before = chains.get(kg)
+            if before is None and not handle.is_full(kg) and not handle.changes(kg):
+                continue
+            chains[kg] = (before or NO_CHAIN).after(handle, kg)
+        self._chains = chains
+        metas = {meta["name"]: _canonical(meta) for meta in handle.states}
+        if all(handle.is_full(kg) for kg in self.key_group_range):
+            self._chain_metas = metas
+            self._needs_full = False
+        else:
+            self._chain_metas.update(metas)
+
+
+def _canonical(meta: dict[str, Any]) -> str:
+    """A state meta as canonical JSON, so metas compare equal whether they come from a file or were just built."""
+    return json.dumps(meta, sort_keys=True, separators=(",", ":"))
 
 
 __all__ = ["VOID_NAMESPACE", "RestoreStats", "SnapshotFuture", "KeyedStateBackendBase"]
