@@ -19,6 +19,7 @@ still holds undecoded restored entries. TTL states and the rarer operations use 
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -28,15 +29,11 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from keygroups._hashing import KeyType
 from keygroups._native.statecore import (HeapListCore, HeapMapCore, HeapValueCore, TableCore, collect_entries,
                                          collect_keys)
-try:  # TEMP until i11-format lands
-    from keygroups._native.snapshot import find_key
-except ImportError:
-    find_key = None
 from keygroups._ranges import KeyGroupRange
-from keygroups.checkpoint import KeyedStateHandle, Packed, read_key_group_offsets
+from keygroups.checkpoint import KeyedStateHandle, KeyGroupBlock, Packed, find_key, write_keyed_snapshot
 from keygroups.errors import CorruptSnapshotError, no_current_key_error
 from keygroups.serializers import TypeSerializer
-from keygroups.state._base import KeyedStateBackendBase, SnapshotFuture
+from keygroups.state._base import KeyedStateBackendBase, SnapshotFuture, check_cancel
 from keygroups.state._codec import ValueFraming
 from keygroups.state.descriptors import StateDescriptor
 from keygroups.state.states import MISSING, ListState, MapState, ValueState
@@ -421,9 +418,11 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
 
     def __init__(self, key_group_range: KeyGroupRange, max_parallelism: int, key_serializer: TypeSerializer, *,
                  key_type: KeyType = None, clock: Callable[[], float] = time.time, allow_pickle: bool = False,
-                 subtask_index: int = 0) -> None:
+                 subtask_index: int = 0, incremental: bool = True, max_chain: int = 8,
+                 delta_fraction: float = 0.5) -> None:
         super().__init__(key_group_range, max_parallelism, key_serializer, key_type=key_type, clock=clock,
-                         allow_pickle=allow_pickle, subtask_index=subtask_index)
+                         allow_pickle=allow_pickle, subtask_index=subtask_index, incremental=incremental,
+                         max_chain=max_chain, delta_fraction=delta_fraction)
         self.set_current_key = self._ctx.set_current_key  # type: ignore[method-assign]  # no Python-level hop
         self._tables: dict[str, _HeapTable] = {}
         self._running_snapshots = 0
@@ -458,7 +457,7 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
     def _store(self, name: str) -> _HeapTable:
         return self._tables[name]
 
-    def _restore_block(self, handle: KeyedStateHandle, targets: list[Any], block: Any) -> None:
+    def _restore_block(self, handle: KeyedStateHandle, targets: list[Any], block: KeyGroupBlock) -> None:
         """One key group's block of one file of its chain (blocks come oldest first): kept as layers, nothing
         decoded. A full block replaces what older blocks said about the key group, in every state."""
         group_index = block.key_group - self._start
@@ -467,14 +466,12 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
                 t.drop_layers(group_index)
         per_state: dict[int, list[Any]] = {}
         for state_index, key_offsets, value_offsets in block.puts:
-            self._check_state_index(handle, block.key_group, state_index, targets)
             if len(key_offsets) != len(value_offsets):
                 raise CorruptSnapshotError(f"{handle.file}: key group {block.key_group}, state {state_index}: "
                                            f"{len(key_offsets) - 1} keys but {len(value_offsets) - 1} values")
             if len(key_offsets) > 1:
                 self._section_slot(handle, block.key_group, per_state, state_index, 0)[:2] = key_offsets, value_offsets
         for state_index, key_offsets in block.deletes:
-            self._check_state_index(handle, block.key_group, state_index, targets)
             if len(key_offsets) > 1:
                 self._section_slot(handle, block.key_group, per_state, state_index, 2)[2] = key_offsets
         for state_index, (key_offsets, value_offsets, delete_offsets) in per_state.items():
@@ -490,20 +487,6 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
                                        f"sections for state index {state_index}")
         return entry
 
-    # TEMP shims until i11-format lands -------------------------------------------------------------------------
-    def _restore_handle(self, storage, handle, key_groups, targets):  # type: ignore[no-untyped-def]
-        import types
-        blocks, nbytes = read_key_group_offsets(storage, handle, key_groups)
-        groups = 0
-        for kg, block, sections in blocks:
-            groups += 1
-            self._restore_block(handle, targets, types.SimpleNamespace(
-                key_group=kg, full=True, sorted=False, block=block, puts=sections, deletes=[]))
-        return nbytes, groups
-
-    def _full_key_groups_for_snapshot(self) -> set[int]:
-        return set(self.key_group_range)
-
     def _after_restore(self, lazy: bool) -> None:
         if not lazy:
             for t in self._tables.values():
@@ -511,6 +494,8 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
         self._start_tracking()
 
     def _start_tracking(self) -> None:
+        if not self.incremental:
+            return
         self._tracking = True
         for t in self._tables.values():
             t.track = True
@@ -538,7 +523,7 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
         since the last snapshot; see the module docs) and write it to ``storage`` on the snapshot worker thread:
         full blocks for the key groups the materialization policy names, deltas (changed values and deletes) for
         the others. Later writes to this backend never reach the snapshot."""
-        n = self._n
+        n, start = self._n, self._start
         full = self._full_groups()
         self._force_full = set()
         metas = []
@@ -576,13 +561,16 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
 
         def work(future: SnapshotFuture[KeyedStateHandle]) -> KeyedStateHandle:
             try:
-                handle = self._write_snapshot(checkpoint_id, storage, metas,
-                                              ((kg, secs) for kg, secs, _f, _d in self._groups(captures, full)), future)
+                check_cancel(future)
+                handle = write_keyed_snapshot(storage, checkpoint_id, self.subtask_index, self.key_group_range, metas,
+                                              self._groups(captures, full), full_key_groups={start + i for i in full},
+                                              on_key_group=functools.partial(check_cancel, future))
             except BaseException:
                 self._snapshot_failed(captures, full)
                 raise
             finally:
                 self._release_snapshot()
+            self._after_snapshot(handle)
             return handle
 
         return SnapshotFuture.start(work, name=f"keyed-{self.subtask_index} chk-{checkpoint_id}")
@@ -607,8 +595,9 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
                 t.copied_keys = [None] * (n + 1)
                 t._update_slow()
 
-    def _groups(self, captures: list[_Capture], full: set[int]) -> Iterator[tuple[int, list[Any], bool, list[Any]]]:
-        """Per key group with something to write: ``(key_group, put sections, full, delete sections)``."""
+    def _groups(self, captures: list[_Capture], full: set[int]) -> Iterator[tuple[int, list[Any], list[Any]]]:
+        """Per key group with something to write: ``(key_group, put sections, delete sections)``; the key groups
+        in ``full`` (indexes) are written full, the others as deltas."""
         start = self._start
         for i in range(self._n):
             sections: list[Any] = []
@@ -618,7 +607,7 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
                     section = self._full_section(c, i)
                     if section is not None:
                         sections.append((state_index, *section))
-                yield start + i, sections, True, deletes
+                yield start + i, sections, deletes
                 continue
             for state_index, c in enumerate(captures):
                 delta = c.deltas[i]
@@ -629,7 +618,7 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
                     if gone:
                         deletes.append((state_index, gone))
             if sections or deletes:
-                yield start + i, sections, False, deletes
+                yield start + i, sections, deletes
 
     def _delta_section(self, c: _Capture, delta: dict[Any, Any]) -> tuple[list[bytes], list[bytes], list[bytes]]:
         """The changed keys of one state in one key group: (keys, values) written, and keys deleted (an entry TTL
