@@ -4,9 +4,10 @@
 # in the key group's dict), with their dirty tracking (every written, deleted or appended key, and every key whose
 # mutable value was handed out, goes into its key group's dirty set: the next incremental snapshot writes those).
 # Everything else (copy-on-write, lookups in restored layers, TTL) stays in Python: each fast method checks the
-# table's `slow` flag and hands over to the table's Python methods. Also here: the merge of restored layers into a
-# full block at snapshot time, without one GC-tracked object per entry.
-from cpython.bytes cimport PyBytes_FromStringAndSize
+# table's `slow` flag and hands over to the table's Python methods. Also here: ``Layer``, a restored block's
+# entries of one state kept as bytes, searched by key in C and merged into full blocks at snapshot time without one
+# GC-tracked object per entry.
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.list cimport PyList_Append, PyList_GET_ITEM, PyList_GET_SIZE
 from cpython.long cimport PyLong_AsLongLongAndOverflow
 from cpython.set cimport PySet_Add, PySet_Contains
@@ -16,6 +17,7 @@ from keygroups.errors import KeyGroupOutOfRangeError
 from keygroups.errors import no_current_key_error as _no_current_key_error, none_added_error as _none_added_error
 
 from javahash cimport hash_str as _hash_str, kg_hash_long, kg_key_group
+from keysearch cimport kg_find_key
 from keygroups._native.hashing cimport java_hash_object
 
 
@@ -369,51 +371,120 @@ cdef class HeapMapCore:
         self._store(None)
 
 
-def collect_entries(block, const int64_t[::1] key_offsets, const int64_t[::1] value_offsets, set shadow,
-                    list keys, list values, bint record=True):
-    """Append to ``keys`` / ``values`` (as bytes) every entry of one restored section whose key bytes are not in
-    ``shadow``; with ``record``, add each appended key to ``shadow`` (so older layers skip it). Entry ``i`` is
-    ``block[key_offsets[i]:key_offsets[i + 1]]`` -> ``block[value_offsets[i]:value_offsets[i + 1]]``.
-
-    A full block merged from restored layers is written this way: one bytes object per key and value and nothing
-    the garbage collector tracks, so a collection during the snapshot has nothing of the state to scan. Returns the
-    number of entries appended; ValueError if the offsets do not ascend inside the block."""
-    cdef const uint8_t[::1] data = block
-    cdef Py_ssize_t n = key_offsets.shape[0] - 1, size = data.shape[0], i, added = 0
-    if n < 0 or value_offsets.shape[0] != n + 1:
-        raise ValueError(f"key_offsets ({key_offsets.shape[0]}) and value_offsets ({value_offsets.shape[0]}) must "
-                         "both hold n + 1 positions")
-    _check_offsets(key_offsets, size, "key")
-    _check_offsets(value_offsets, size, "value")
-    cdef const char *base = <const char *>&data[0] if size else NULL
-    cdef object kb, vb
-    for i in range(n):
-        kb = PyBytes_FromStringAndSize(base + key_offsets[i], key_offsets[i + 1] - key_offsets[i])
-        if PySet_Contains(shadow, kb):
-            continue
-        if record:
-            PySet_Add(shadow, kb)
-        vb = PyBytes_FromStringAndSize(base + value_offsets[i], value_offsets[i + 1] - value_offsets[i])
-        keys.append(kb)
-        values.append(vb)
-        added += 1
-    return added
+#: What :meth:`Layer.find` returns for a key the layer does not mention / deletes.
+ABSENT = -1
+DELETED = -2
 
 
-def collect_keys(block, const int64_t[::1] key_offsets, set into):
-    """Add every key of a section (as bytes) to ``into``: a delete section's keys shadow the older layers."""
-    cdef const uint8_t[::1] data = block
-    cdef Py_ssize_t n = key_offsets.shape[0] - 1, size = data.shape[0], i
-    _check_offsets(key_offsets, size, "key")
-    cdef const char *base = <const char *>&data[0] if size else NULL
-    for i in range(n):
-        PySet_Add(into, PyBytes_FromStringAndSize(base + key_offsets[i], key_offsets[i + 1] - key_offsets[i]))
+cdef class Layer:
+    """One restored block's entries of one state in one key group, kept as the file's bytes: put ``i``'s key is
+    ``block[key_offsets[i]:key_offsets[i + 1]]`` and its value likewise with ``value_offsets``; a deleted key
+    likewise with ``delete_offsets`` (int64 arrays of n + 1 positions; None when the block has no puts / deletes of
+    this state). The buffers are acquired once, here: a lookup is a binary search in C.
+
+    ``sorted``: keys are in byte order (format 2), so :meth:`find` locates one key without decoding the others. An
+    unsorted (format 1) layer is searched by decoded key instead: the backend decodes its keys once into ``index``
+    (key -> put index) and ``deleted``."""
+
+    cdef readonly object block
+    cdef readonly object key_offsets
+    cdef readonly object value_offsets
+    cdef readonly object delete_offsets
+    cdef readonly bint sorted
+    cdef public object index
+    cdef public object deleted
+    cdef const uint8_t[::1] _buf
+    cdef const int64_t[::1] _ko
+    cdef const int64_t[::1] _vo
+    cdef const int64_t[::1] _do
+    cdef Py_ssize_t _size, _n_puts, _n_deletes
+
+    def __init__(self, block, key_offsets, value_offsets, delete_offsets, bint sorted):
+        self._buf = block
+        self._size = self._buf.shape[0]
+        self._n_puts = self._n_deletes = 0
+        if (key_offsets is None) != (value_offsets is None):
+            raise ValueError("key_offsets and value_offsets must both be given or both be None")
+        if key_offsets is not None:
+            self._ko = key_offsets
+            self._vo = value_offsets
+            if self._ko.shape[0] < 1 or self._vo.shape[0] != self._ko.shape[0]:
+                raise ValueError(f"key_offsets ({self._ko.shape[0]}) and value_offsets ({self._vo.shape[0]}) must "
+                                 "both hold n + 1 >= 1 positions")
+            _check_offsets(self._ko, self._size, "key")
+            _check_offsets(self._vo, self._size, "value")
+            self._n_puts = self._ko.shape[0] - 1
+        if delete_offsets is not None:
+            self._do = delete_offsets
+            if self._do.shape[0] < 1:
+                raise ValueError("delete_offsets must hold n + 1 >= 1 positions")
+            _check_offsets(self._do, self._size, "delete")
+            self._n_deletes = self._do.shape[0] - 1
+        self.block = block
+        self.key_offsets = key_offsets
+        self.value_offsets = value_offsets
+        self.delete_offsets = delete_offsets
+        self.sorted = sorted
+        self.index = None
+        self.deleted = None
+
+    cdef inline const uint8_t *_base(self):
+        return &self._buf[0] if self._size else NULL
+
+    def find(self, bytes key):
+        """The put index of the serialized ``key`` in this (sorted) layer, ``DELETED`` if the layer deletes it,
+        ``ABSENT`` if it does not mention it."""
+        if not self.sorted:
+            raise ValueError("find() needs a sorted layer (keyed format 2); an unsorted one is searched by decoded key")
+        cdef const uint8_t *kp = <const uint8_t *>PyBytes_AS_STRING(key)
+        cdef Py_ssize_t kn = PyBytes_GET_SIZE(key), found
+        if self._n_deletes:
+            found = kg_find_key(self._base(), self._size, &self._do[0], self._n_deletes, kp, kn)
+            if found >= 0:
+                return DELETED
+        if self._n_puts:  # offsets were checked in __init__: the search never reports them bad (-2)
+            found = kg_find_key(self._base(), self._size, &self._ko[0], self._n_puts, kp, kn)
+            if found >= 0:
+                return found
+        return ABSENT
+
+    def value(self, Py_ssize_t i):
+        """Put ``i``'s value bytes (a copy: small, and not tracked by the garbage collector)."""
+        if not 0 <= i < self._n_puts:
+            raise IndexError(f"put index {i} is outside the layer's {self._n_puts} entries")
+        return PyBytes_FromStringAndSize(<const char *>self._base() + self._vo[i], self._vo[i + 1] - self._vo[i])
+
+    def collect_puts(self, set shadow, list keys, list values, bint record=True):
+        """Append to ``keys`` / ``values`` (as bytes) every put whose key bytes are not in ``shadow``; with
+        ``record``, add each appended key to ``shadow`` (so that older layers skip it). Returns how many.
+
+        A full block merged from restored layers is written this way: one bytes object per key and value and
+        nothing the garbage collector tracks, so a collection during the snapshot has nothing of the state to
+        scan."""
+        cdef const char *base = <const char *>self._base()
+        cdef Py_ssize_t i, added = 0
+        cdef object kb
+        for i in range(self._n_puts):
+            kb = PyBytes_FromStringAndSize(base + self._ko[i], self._ko[i + 1] - self._ko[i])
+            if PySet_Contains(shadow, kb):
+                continue
+            if record:
+                PySet_Add(shadow, kb)
+            PyList_Append(keys, kb)
+            PyList_Append(values, PyBytes_FromStringAndSize(base + self._vo[i], self._vo[i + 1] - self._vo[i]))
+            added += 1
+        return added
+
+    def collect_deletes(self, set into):
+        """Add the key bytes of every delete of this layer to ``into``: they shadow the older layers."""
+        cdef const char *base = <const char *>self._base()
+        cdef Py_ssize_t i
+        for i in range(self._n_deletes):
+            PySet_Add(into, PyBytes_FromStringAndSize(base + self._do[i], self._do[i + 1] - self._do[i]))
 
 
 cdef int _check_offsets(const int64_t[::1] offsets, Py_ssize_t size, str what) except -1:
     cdef Py_ssize_t i, n = offsets.shape[0]
-    if n == 0:
-        raise ValueError(f"{what} offsets must hold n + 1 >= 1 positions, got none")
     for i in range(n):
         if offsets[i] < 0 or offsets[i] > size or (i and offsets[i] < offsets[i - 1]):
             raise ValueError(f"{what} offset {i} = {offsets[i]}: offsets must ascend inside the block's {size} bytes")

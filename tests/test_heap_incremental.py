@@ -159,6 +159,49 @@ def test_restoring_a_million_keys_and_touching_ten_thousand_decodes_ten_thousand
         assert cv.value() == (k + 1 if k % 100 == 0 else k)
 
 
+@pytest.mark.parametrize("decoded_first", [False, True])
+def test_deleting_a_restored_key_shadows_its_older_block(tmp_path, decoded_first):
+    """Every way to delete, on a key still in a restored block or already decoded from it: the key stays gone in the
+    live backend, in its next (delta) snapshot and after restoring that."""
+    storage = SharedStorage(tmp_path, retain=100)
+    chain = Chain(storage)
+    descs = {"v": ValueStateDescriptor("v", Int64Serializer()), "l": ListStateDescriptor("l", Int64Serializer()),
+             "m": MapStateDescriptor("m", StrSerializer(), Int64Serializer())}
+    b = HeapKeyedStateBackend(KeyGroupRange(0, MAXP - 1), MAXP, Int64Serializer())
+    s = {n: b.get_state(d) for n, d in descs.items()}
+    for k in range(50):
+        b.set_current_key(k)
+        s["v"].update(k)
+        s["l"].add(k)
+        s["m"].put("a", k)
+    md = chain.commit(1, [b.snapshot(1, storage).result(30)], 1)
+    deletes = {"v": lambda st: st.clear(), "l": lambda st: st.update([]), "m": lambda st: st.remove("a")}
+    reads = {"v": lambda st: st.value(), "l": lambda st: (st.get() or [None])[0], "m": lambda st: st.get("a")}
+    restored = HeapKeyedStateBackend(KeyGroupRange(0, MAXP - 1), MAXP, Int64Serializer())
+    restored.restore(storage, md)
+    r = {n: restored.get_state(d) for n, d in descs.items()}
+    for k in range(0, 50, 2):
+        restored.set_current_key(k)
+        for name in descs:
+            if decoded_first:
+                assert reads[name](r[name]) == k
+            deletes[name](r[name])
+    for k in range(50):
+        restored.set_current_key(k)
+        for name in descs:
+            assert reads[name](r[name]) == (None if k % 2 == 0 else k), (name, k)
+    md2 = chain.commit(2, [restored.snapshot(2, storage).result(30)], 1)
+    assert md2.keyed_handles[-1].full_key_groups == []
+    again = HeapKeyedStateBackend(KeyGroupRange(0, MAXP - 1), MAXP, Int64Serializer())
+    again.restore(storage, md2)
+    a = {n: again.get_state(d) for n, d in descs.items()}
+    for k in range(50):
+        again.set_current_key(k)
+        for name in descs:
+            assert reads[name](a[name]) == (None if k % 2 == 0 else k), (name, k)
+    assert sorted(again.keys("v")) == list(range(1, 50, 2))
+
+
 def test_a_failed_snapshot_gives_its_changes_to_the_next_one(tmp_path):
     class Failing(SharedStorage):
         fail = True
@@ -255,9 +298,11 @@ class Clock:
 class IncrementalModel(RuleBasedStateMachine):
     """Every state of every key equals a dict model, across chains of incremental checkpoints (deltas, deletes,
     materialized key groups), restores at the same or another parallelism, warm backends kept between
-    checkpoints, writes racing the asynchronous snapshot, and TTL expiry."""
+    checkpoints, writes racing the asynchronous snapshot, and TTL expiry. A small max parallelism puts several
+    keys in most key groups, so that chains have deltas to stack."""
 
-    PARALLELISM = st.sampled_from([1, 2, 3, 5, 8, 64])
+    MAXP = 16
+    PARALLELISM = st.sampled_from([1, 2, 3, 5, 8, 16])
 
     def __init__(self):
         super().__init__()
@@ -270,13 +315,14 @@ class IncrementalModel(RuleBasedStateMachine):
     def start(self, p, max_chain):
         self.tmp = tempfile.TemporaryDirectory(prefix="kg-incremental-")
         self.storage = SharedStorage(self.tmp.name, retain=1000)
-        self.chain = Chain(self.storage)
+        self.chain = Chain(self.storage, self.MAXP)
         self.max_chain = max_chain
         self.open(p, None)
 
     def open(self, p, metadata):
         self.p = p
-        self.backends = [HeapKeyedStateBackend(key_group_range(MAXP, p, i), MAXP, Int64Serializer(), subtask_index=i,
+        maxp = self.MAXP
+        self.backends = [HeapKeyedStateBackend(key_group_range(maxp, p, i), maxp, Int64Serializer(), subtask_index=i,
                                                clock=self.clock, max_chain=self.max_chain) for i in range(p)]
         if metadata is not None:
             for b in self.backends:
@@ -288,7 +334,7 @@ class IncrementalModel(RuleBasedStateMachine):
             self.tmp.cleanup()
 
     def at(self, k):
-        i = assign_to_operator(k, MAXP, self.p)
+        i = assign_to_operator(k, self.MAXP, self.p)
         self.backends[i].set_current_key(k)
         return self.states[i]
 
@@ -325,7 +371,7 @@ class IncrementalModel(RuleBasedStateMachine):
         else:
             self.model[name].pop(k, None)
 
-    @rule(k=KEYS, uk=st.sampled_from("abc"), uv=st.integers(), name=st.sampled_from(["map", "ttl_map"]))
+    @rule(k=KEYS, uk=st.sampled_from("abc"), uv=st.integers(-1000, 1000), name=st.sampled_from(["map", "ttl_map"]))
     def map_put(self, k, uk, uv, name):
         self.at(k)[name].put(uk, uv)
         self.model[name].setdefault(k, {})[uk] = uv
@@ -359,6 +405,13 @@ class IncrementalModel(RuleBasedStateMachine):
     def clear(self, k, name):
         self.at(k)[name].clear()
         self.model[name].pop(k, None)
+
+    @rule(data=st.data(), name=st.sampled_from(sorted(descriptors())))
+    def clear_a_present_key(self, data, name):
+        """Deletes that hit a key with a value (perhaps still in a restored block): the ones that matter."""
+        present = sorted(self.model[name])
+        if present:
+            self.clear(data.draw(st.sampled_from(present), label="k"), name)
 
     @rule()
     def ttl_expires(self):
@@ -394,7 +447,7 @@ class IncrementalModel(RuleBasedStateMachine):
     @rule()
     def restored_reads_stay_within_the_chains(self):
         """A restore reads each key group's chain and nothing else: at most every block of its checkpoints."""
-        fresh = HeapKeyedStateBackend(KeyGroupRange(0, MAXP - 1), MAXP, Int64Serializer(), clock=self.clock)
+        fresh = HeapKeyedStateBackend(KeyGroupRange(0, self.MAXP - 1), self.MAXP, Int64Serializer(), clock=self.clock)
         stats = fresh.restore(self.storage, self.chain.last)
         assert stats.bytes_read <= sum(h.size for h in self.chain.last.keyed_handles)
 
@@ -426,6 +479,6 @@ class IncrementalModel(RuleBasedStateMachine):
 
 
 IncrementalModel.TestCase.settings = settings(
-    max_examples=40, stateful_step_count=30, deadline=None,
+    max_examples=100, stateful_step_count=50, deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 test_incremental_model = IncrementalModel.TestCase

@@ -27,8 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from keygroups._hashing import KeyType
-from keygroups._native.statecore import (HeapListCore, HeapMapCore, HeapValueCore, TableCore, collect_entries,
-                                         collect_keys)
+from keygroups._native.statecore import ABSENT, DELETED, HeapListCore, HeapMapCore, HeapValueCore, Layer, TableCore
 from keygroups._ranges import KeyGroupRange
 from keygroups.checkpoint import KeyedStateHandle, KeyGroupBlock, Packed, find_key, write_keyed_snapshot
 from keygroups.errors import CorruptSnapshotError, no_current_key_error
@@ -55,50 +54,18 @@ class _NoKey(dict):  # type: ignore[type-arg]
 _NO_KEY = _NoKey()
 
 
-class _Layer:
-    """One restored block's entries of one state in one key group, kept as the file's bytes: put ``i``'s key is
-    ``block[key_offsets[i]:key_offsets[i + 1]]`` and its value likewise with ``value_offsets``; a delete's key
-    likewise with ``delete_offsets`` (int64 arrays of n + 1 positions; None when the block has no puts / deletes of
-    this state). ``sorted``: keys are in byte order (format 2), so one key is found by binary search without
-    decoding the others; an unsorted (format 1) layer decodes its keys once, on its first lookup (``index``)."""
-
-    __slots__ = ("block", "key_offsets", "value_offsets", "delete_offsets", "sorted", "index", "deleted")
-
-    def __init__(self, block: Any, key_offsets: Any, value_offsets: Any, delete_offsets: Any, sorted_: bool) -> None:
-        self.block = block
-        self.key_offsets = key_offsets
-        self.value_offsets = value_offsets
-        self.delete_offsets = delete_offsets
-        self.sorted = sorted_
-        #: Unsorted layers only, built on the first lookup: decoded key -> put index, and the decoded deleted keys.
-        self.index: dict[Any, int] | None = None
-        self.deleted: set[Any] | None = None
-
-    def find(self, key: Any, key_bytes: bytes | None, decode_keys: Callable[[Any, Any], list[Any]]) -> int:
-        """The put index of ``key`` (``key_bytes``: its serialized form, needed for sorted layers), ``_DELETED``
-        if this layer deletes it, ``_ABSENT`` if the layer does not mention it."""
-        if self.sorted:
-            if self.delete_offsets is not None and find_key(self.block, self.delete_offsets, key_bytes) >= 0:
-                return _DELETED
-            if self.key_offsets is None:
-                return _ABSENT
-            return find_key(self.block, self.key_offsets, key_bytes)
-        if self.index is None:
-            keys = decode_keys(self.block, self.key_offsets) if self.key_offsets is not None else []
-            self.deleted = (set(decode_keys(self.block, self.delete_offsets)) if self.delete_offsets is not None
-                            else set())
-            self.index = dict(zip(keys, range(len(keys))))
-        if key in self.deleted:  # type: ignore[operator]
-            return _DELETED
-        return self.index.get(key, _ABSENT)
-
-    def value_bytes(self, i: int) -> Any:
-        o = self.value_offsets
-        return self.block[int(o[i]):int(o[i + 1])]
+def _find_unsorted(layer: Layer, key: Any, decode_keys: Callable[[Any, Any], list[Any]]) -> int:
+    """:meth:`Layer.find` for an unsorted (format 1) layer, by decoded key: its keys are decoded on its first
+    lookup (as the whole key group's were before format 2)."""
+    if layer.index is None:
+        keys = decode_keys(layer.block, layer.key_offsets) if layer.key_offsets is not None else []
+        layer.deleted = set(decode_keys(layer.block, layer.delete_offsets)) if layer.delete_offsets is not None else set()
+        layer.index = dict(zip(keys, range(len(keys))))
+    if key in layer.deleted:  # type: ignore[operator]
+        return DELETED
+    return layer.index.get(key, ABSENT)
 
 
-_ABSENT = -1
-_DELETED = -2
 #: A key group's dirty list is first de-duplicated when it reaches this many entries.
 _DIRTY_LIMIT = 1 << 14
 
@@ -138,7 +105,7 @@ class _HeapTable(TableCore):
     #: Key groups in the backend's range (``n``).
     group_count: int
     #: Per key group: the restored layers, newest first (None: none).
-    layers: list[list[_Layer] | None]
+    layers: list[list[Layer] | None]
     #: Per key group: ``maps[i]`` is also held by a running snapshot; copy before writing.
     shared: list[bool]
     #: Per key group: keys whose value was already copied since the last snapshot (None: copy nothing, i.e. no
@@ -236,19 +203,21 @@ class _HeapTable(TableCore):
         self.dirty_limit = max(self.dirty_limit, 2 * len(keys))
 
     # ---- slow path: restored layers and copy-on-write ------------------------------------------------------------
-    def _lookup(self, group_index: int, key: Any, layers: list[_Layer]) -> Any:
+    def _lookup(self, group_index: int, key: Any, layers: list[Layer]) -> Any:
         """``key``'s value from the layers (newest first), decoded, or MISSING; TTL cleanup as on restore."""
         key_bytes = None
-        decode_keys = self.backend.key_serializer.deserialize_many
         for layer in layers:
-            if key_bytes is None and layer.sorted:
-                key_bytes = self.backend.key_serializer.serialize(key)
-            found = layer.find(key, key_bytes, decode_keys)
-            if found == _ABSENT:
+            if layer.sorted:
+                if key_bytes is None:
+                    key_bytes = self.backend.key_serializer.serialize(key)
+                found = layer.find(key_bytes)
+            else:
+                found = _find_unsorted(layer, key, self.backend.key_serializer.deserialize_many)
+            if found == ABSENT:
                 continue
-            if found == _DELETED:
+            if found == DELETED:
                 return MISSING
-            value_bytes = layer.value_bytes(found)
+            value_bytes = layer.value(found)
             deadline = self._ttl_deadline()
             if deadline is not None:
                 value_bytes = self.read_framing.drop_expired_bytes(value_bytes, deadline)
@@ -301,7 +270,7 @@ class _HeapTable(TableCore):
     def has_data(self) -> bool:
         return self.lazy_group_count > 0 or any(self.maps[i] for i in range(self.group_count))
 
-    def add_layer(self, group_index: int, layer: _Layer) -> None:
+    def add_layer(self, group_index: int, layer: Layer) -> None:
         """A restored block's entries, newer than every layer added before (restore applies chains in order)."""
         layers = self.layers[group_index]
         if layers is None:
@@ -345,7 +314,7 @@ class _HeapTable(TableCore):
                         for j, k in enumerate(keys):
                             if k in seen:
                                 continue
-                            kept = read.drop_expired_bytes(layer.value_bytes(j), deadline)
+                            kept = read.drop_expired_bytes(layer.value(j), deadline)
                             if kept is not None:
                                 m[k] = read.decode(kept)
                     seen.update(keys)
@@ -381,7 +350,7 @@ class _Capture:
     (deleted). ``dirty`` is the dirty lists taken, given back if the snapshot fails."""
 
     maps: list[dict[Any, Any]]
-    layers: list[list[_Layer] | None]
+    layers: list[list[Layer] | None]
     deltas: list[dict[Any, Any] | None]
     dirty: list[list[Any]]
     read_framing: ValueFraming
@@ -476,7 +445,7 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
                 self._section_slot(handle, block.key_group, per_state, state_index, 2)[2] = key_offsets
         for state_index, (key_offsets, value_offsets, delete_offsets) in per_state.items():
             targets[state_index].add_layer(
-                group_index, _Layer(block.block, key_offsets, value_offsets, delete_offsets, block.sorted))
+                group_index, Layer(block.block, key_offsets, value_offsets, delete_offsets, block.sorted))
 
     @staticmethod
     def _section_slot(handle: KeyedStateHandle, kg: int, per_state: dict[int, list[Any]], state_index: int,
@@ -679,12 +648,10 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
             values.append(encode(v))
         for depth, layer in enumerate(layers or ()):
             older = depth + 1 < len(layers)  # type: ignore[arg-type]
-            if layer.delete_offsets is not None and older:
-                collect_keys(layer.block, layer.delete_offsets, shadow)
-            if layer.key_offsets is None:
-                continue
+            if older:
+                layer.collect_deletes(shadow)
             first = len(keys)
-            collect_entries(layer.block, layer.key_offsets, layer.value_offsets, shadow, keys, values, older)
+            layer.collect_puts(shadow, keys, values, older)
             if c.needs_migration or deadline is not None:
                 self._pass_through(keys, values, first, c)
         return (keys, values) if keys else None
