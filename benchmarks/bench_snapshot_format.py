@@ -1,6 +1,7 @@
 """Keyed snapshot format: write and read throughput, and what a rescaled restore reads.
 
     python benchmarks/bench_snapshot_format.py [--entries 1000000] [--runs 5]
+    python benchmarks/bench_snapshot_format.py --incremental [--entries 1000000] [--checkpoints 20] [--touch 0.01]
 
 Figures (medians of ``--runs`` runs) are printed beside a named baseline in the same run:
 
@@ -13,6 +14,13 @@ Figures (medians of ``--runs`` runs) are printed beside a named baseline in the 
 * rescaled restore: a checkpoint written by p subtasks restored by p' subtasks; per new subtask, the bytes read
   relative to its ideal share (total snapshot bytes x its key groups / max parallelism; target <= 1.1x), against
   reading every intersecting old file whole (what a format without a per-key-group index would need).
+
+``--incremental``: a full checkpoint, then ``--checkpoints`` incremental ones, each updating ``--touch`` of the keys
+(a few deleted), written with the format layer alone (``write_keyed_snapshot`` with the materialization policy's
+``choose_full_key_groups`` at its defaults, ``carry_forward``, commits with retention). Printed: what each
+checkpoint adds as a share of the live state, chain lengths, and for restores at new parallelisms, the bytes each new
+subtask reads (its key groups' chains) over its share of the live state (the bytes of its key groups in a merged
+full snapshot, the savepoint); target <= 1.2x after 20 checkpoints.
 """
 
 from __future__ import annotations
@@ -32,6 +40,9 @@ from keygroups.checkpoint import (
     CheckpointMetadata,
     CheckpointStorage,
     Packed,
+    carry_forward,
+    chain_stats,
+    choose_full_key_groups,
     plan_keyed_restore,
     read_key_group_offsets,
     read_key_groups,
@@ -84,8 +95,8 @@ def bench_read(storage, h, copy=False):
     t = time.perf_counter()
     blocks, nread = read_key_groups(storage, h, h.key_group_range, copy=copy)
     n = 0
-    for _, sections in blocks:
-        for _, ks, vs in sections:
+    for block in blocks:
+        for _, ks, vs in block.puts:
             n += len(vs)
     return time.perf_counter() - t, n, nread
 
@@ -94,8 +105,8 @@ def bench_read_offsets(storage, h):
     t = time.perf_counter()
     blocks, nread = read_key_group_offsets(storage, h, h.key_group_range)
     n = 0
-    for _, _, sections in blocks:
-        for _, ko, vo in sections:
+    for block in blocks:
+        for _, ko, vo in block.puts:
             n += len(vo) - 1
     return time.perf_counter() - t, n
 
@@ -133,12 +144,106 @@ def rescale_figures(storage, groups, p_old: int, p_new: int, cid: int):
     return ratios, whole_ratios
 
 
+def incremental_figures(groups: dict[int, tuple[list[bytes], list[bytes]]], checkpoints: int, touch: float,
+                        p: int, value_size: int, max_chain: int = 8, delta_fraction: float = 0.5) -> None:
+    """Write a full checkpoint and ``checkpoints`` incremental ones at parallelism ``p``, then plan restores."""
+    rng = np.random.default_rng(11)
+    live = {kg: dict(zip(ks, vs)) for kg, (ks, vs) in groups.items()}
+    n_entries = sum(len(e) for e in live.values())
+    ranges = [key_group_range(MAXP, p, i) for i in range(p)]
+    with tempfile.TemporaryDirectory(prefix="kg-bench-incr-") as d:
+        storage = CheckpointStorage(d, retain=2)
+        md = None
+        added = []
+        t = time.perf_counter()
+        for cid in range(1, checkpoints + 2):
+            handles = []
+            written = 0
+            dirty: dict[int, tuple[dict[bytes, bytes], list[bytes]]] = {}
+            if cid > 1:
+                kgs = sorted(live)
+                for _ in range(int(n_entries * touch)):
+                    kg = kgs[int(rng.integers(len(kgs)))]
+                    entries = live[kg]
+                    puts, deletes = dirty.setdefault(kg, ({}, []))
+                    key = list(entries)[int(rng.integers(len(entries)))] if rng.random() < 0.9 else (
+                        rng.integers(1 << 62).astype("<i8").tobytes())
+                    if rng.random() < 0.05 and key in entries:
+                        del entries[key]
+                        puts.pop(key, None)
+                        deletes.append(key)
+                    else:
+                        entries[key] = value = rng.bytes(value_size)
+                        puts[key] = value
+            for i, r in enumerate(ranges):
+                if md is None:
+                    full = set(r)
+                else:   # the backend's policy: chains from the metadata, the worst materialized
+                    full = choose_full_key_groups(chain_stats(md, r), len(r), max_chain=max_chain,
+                                                  delta_fraction=delta_fraction)
+
+                def items(r=r, full=full):
+                    for kg in r:
+                        if kg in full:
+                            e = live.get(kg, {})
+                            yield kg, [(0, list(e), list(e.values()))]
+                        elif kg in dirty:
+                            puts, deletes = dirty[kg]
+                            yield kg, [(0, list(puts), list(puts.values()))], [(0, deletes)] if deletes else []
+                h = write_keyed_snapshot(storage, cid, i, r, STATES, items(), full_key_groups=full)
+                handles.append(h)
+                written += h.size
+            md = CheckpointMetadata(cid, "bench", 0, MAXP, p, carry_forward(md, handles))
+            storage.commit(md)
+            added.append(written)
+        write_time = time.perf_counter() - t
+        storage.savepoint(md, "live")
+        merged = storage.load_savepoint("live")
+        live_bytes = {kg: h.block_size(kg) for h in merged.keyed_handles for kg in h.key_group_range}
+        total_live = sum(live_bytes.values())
+        all_groups = KeyGroupRange(0, MAXP - 1)
+        lengths = [c.length for c in chain_stats(md, all_groups).values()]
+        print(f"incremental checkpoints: {n_entries:,} entries over {MAXP} key groups at p={p}; a full checkpoint, "
+              f"then {checkpoints} each updating {touch:.1%} of the keys (5% of those deleted); policy max_chain={max_chain}, "
+              f"delta_fraction={delta_fraction}; {write_time:.1f} s to write all")
+        print(f"  live state {total_live / 1e6:.2f} MB (merged full snapshot); checkpoint 1 wrote "
+              f"{added[0] / total_live:.2f}x of it; each incremental one wrote {statistics.median(added[1:]) / total_live:.1%} "
+              f"(median), {max(added[1:]) / total_live:.1%} (max), {statistics.mean(added[-10:]) / total_live:.1%} "
+              f"(mean of the last 10)")
+        print(f"  chains after checkpoint {md.checkpoint_id}: {min(lengths)}-{max(lengths)} blocks "
+              f"(mean {statistics.mean(lengths):.1f}); {len(md.keyed_handles)} keyed files referenced, "
+              f"{len(storage.shared_files())} in shared/")
+        print("  restore at a new parallelism: bytes read per new subtask / its share of the live state "
+              "(target <= 1.2x)")
+        print(f"  {'p -> p_new':14}{'max':>8}{'median':>9}{'reads max':>11}")
+        for p_new in (1, 3, 5, 8):
+            ratios, reads = [], []
+            for j in range(p_new):
+                r = key_group_range(MAXP, p_new, j)
+                plan = plan_keyed_restore(md, r, max_parallelism=MAXP)
+                read = sum(h.byte_range(part)[1] - h.byte_range(part)[0] for h, part in plan)
+                ratios.append(read / sum(live_bytes[kg] for kg in r))
+                reads.append(len(plan))
+            print(f"  {f'{p} -> {p_new}':14}{max(ratios):8.3f}{statistics.median(ratios):9.3f}{max(reads):11}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--entries", type=int, default=1_000_000)
     ap.add_argument("--value-size", type=int, default=24)
     ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--incremental", action="store_true", help="chains of incremental checkpoints (see above)")
+    ap.add_argument("--checkpoints", type=int, default=20)
+    ap.add_argument("--touch", type=float, default=0.01)
+    ap.add_argument("--parallelism", type=int, default=4)
+    ap.add_argument("--max-chain", type=int, default=8, help="the policy's (the backends' default: 8)")
+    ap.add_argument("--delta-fraction", type=float, default=0.5, help="the policy's (the backends' default: 0.5)")
     args = ap.parse_args()
+    if args.incremental:
+        groups, _ = make_groups(args.entries, args.value_size)
+        incremental_figures(groups, args.checkpoints, args.touch, args.parallelism, args.value_size,
+                            args.max_chain, args.delta_fraction)
+        return
 
     groups, payload = make_groups(args.entries, args.value_size)
     r = KeyGroupRange(0, MAXP - 1)

@@ -117,11 +117,14 @@ def test_retention_and_leftovers_on_s3(storage_factory):
     storage.commit(write_checkpoint(storage, 4, commit=False))
     assert storage.checkpoint_ids() == [2, 4]
     assert _objects(storage, "chk-1") == [] and _objects(storage, "chk-3") == []   # pruned, abandoned: deleted
-    assert len(_objects(storage, "chk-2")) == 1 + 2 + 1 and len(_objects(storage, "chk-4")) == 1 + 2 + 1
+    assert len(_objects(storage, "chk-2")) == 1 + 1 and len(_objects(storage, "chk-4")) == 1 + 1
+    # keyed files live in shared/: the two of each retained checkpoint stay, those of 1 and 3 are deleted
+    assert sorted(int(f.split("-")[2]) for f in storage.shared_files()) == [2, 2, 4, 4]
     for cid in range(5, 9):
         write_checkpoint(storage, cid)
     assert storage.checkpoint_ids() == [7, 8]
     assert all(_objects(storage, f"chk-{cid}") == [] for cid in range(1, 7))
+    assert sorted(int(f.split("-")[2]) for f in storage.shared_files()) == [7, 7, 8, 8]
     assert read_all(storage, storage.load(7)) == expected_state(7)
     assert read_all(storage, storage.latest()) == expected_state(8)
 

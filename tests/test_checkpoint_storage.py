@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import posixpath
 import pickle
 import shutil
 import struct
@@ -93,7 +95,7 @@ def test_commit_load_round_trip(storage_factory):
     loaded = storage.load(1)
     assert loaded == md
     assert loaded.base == "chk-1"
-    assert all(h.file.startswith("chk-1/keyed-") for h in loaded.keyed_handles)
+    assert all(h.file.startswith("shared/keyed-") for h in loaded.keyed_handles)   # keyed files outlive chk-<id>
     assert loaded.operator_handles[0].file.startswith("chk-1/operator-0-")
     assert storage.read_bytes(loaded.operator_handles[0].file) == b"operator state bytes"
     assert storage.latest() == md
@@ -106,8 +108,12 @@ def test_metadata_stores_paths_relative_to_its_directory(storage_factory):
     raw = storage.read_bytes("chk-3/_metadata")
     assert raw.startswith(METADATA_MAGIC)
     assert b"chk-3" not in raw   # relative to the checkpoint directory, so the directory can move
-    assert decode_metadata(raw, "elsewhere", "test") .keyed_handles[0].file.startswith("elsewhere/keyed-0-")
-    assert md.keyed_handles[0].file.startswith("chk-3/")
+    moved = decode_metadata(raw, "elsewhere", "test")
+    assert moved.operator_handles[0].file.startswith("elsewhere/operator-0-")
+    assert md.operator_handles[0].file.startswith("chk-3/")
+    # keyed files live in shared/ (later checkpoints reference them too) and are stored as shared/<name>
+    assert moved.keyed_handles[0].file.startswith("shared/keyed-0-3-") and md.keyed_handles[0].file.startswith(
+        "shared/keyed-0-3-")
 
 
 def test_new_file_names_are_relative_and_unique(storage_factory):
@@ -231,7 +237,9 @@ def test_local_commit_leaves_no_temp_files(tmp_path):
     write_checkpoint(storage, 4)
     names = sorted(os.listdir(tmp_path / "chk-4"))
     assert "_metadata" in names and not any(".inprogress-" in n for n in names)
-    assert len(names) == 1 + 2 + 1   # _metadata, two keyed files, one operator file
+    assert len(names) == 1 + 1   # _metadata, one operator file
+    shared = sorted(os.listdir(tmp_path / "shared"))   # the two keyed files: later checkpoints may reference them
+    assert len(shared) == 2 and all(n.startswith(("keyed-0-4-", "keyed-1-4-")) for n in shared)
 
 
 # -- retention -----------------------------------------------------------------------------------------------------
@@ -284,10 +292,11 @@ def test_retention_removes_orphans_of_older_checkpoints_only(storage_factory):
     write_checkpoint(storage, 2)
     with storage.open_write(storage.new_file(2, "keyed-1")) as f:
         f.write(b"orphan of the latest checkpoint: kept until a newer one completes")
-    assert len(_ls(storage, "chk-1")) == 1 + 2 + 1
-    assert len(_ls(storage, "chk-2")) == 1 + 2 + 1 + 1
+    assert len(_ls(storage, "chk-1")) == 1 + 1
+    assert len(_ls(storage, "chk-2")) == 1 + 1 + 1
     write_checkpoint(storage, 3)
-    assert len(_ls(storage, "chk-2")) == 1 + 2 + 1
+    assert len(_ls(storage, "chk-1")) == 1 + 1 and len(_ls(storage, "chk-2")) == 1 + 1
+    assert len(storage.shared_files()) == 3 * 2   # two keyed files per retained checkpoint
     assert storage.checkpoint_ids() == [1, 2, 3]
     assert read_all(storage, storage.load(2)) == expected_state(2)
 
@@ -360,6 +369,11 @@ def _version_1_metadata(md: CheckpointMetadata, base: str, properties: dict) -> 
 def test_version_1_checkpoints_with_outputs_in_properties_load_and_prune_correctly(storage_factory):
     storage = storage_factory(retain=2)
     md = write_checkpoint(storage, 1, commit=False)
+    # a version 1 checkpoint kept its keyed files in its own directory
+    for h in md.keyed_handles:
+        storage._fs.copy(h.file, f"chk-1/{posixpath.basename(h.file)}")
+        storage._fs.remove(h.file)
+    md.keyed_handles = [dataclasses.replace(h, file=f"chk-1/{posixpath.basename(h.file)}") for h in md.keyed_handles]
     output, staged, stray = (storage.new_file(1, p) + ".parquet" for p in ("output-0", "input-0", "output-1"))
     for rel in (output, staged, stray):
         with storage.open_write(rel) as f:

@@ -155,7 +155,9 @@ def test_a_driver_stopped_before_metadata_leaves_the_last_checkpoint(spark, tmp_
         run_shop(spark, location, log_dir, shop.CartFunction(), [(4, 700)])
     monkeypatch.undo()
     assert storage.latest().checkpoint_id == before
-    assert any(name.startswith("keyed-") for name in os.listdir(os.path.join(location, f"chk-{before + 1}")))
+    # the subtasks' keyed files (in shared/, named keyed-<subtask>-<checkpoint>-<uuid>) were written, and are unused
+    assert any(name.startswith("keyed-") and name.split("-")[2] == str(before + 1)
+               for name in os.listdir(os.path.join(location, "shared")))
     orders += run_shop(spark, location, log_dir, shop.CartFunction(), [(4, 700), (3, None)])
     assert sorted(orders) == sorted(expected_orders)
     assert final_states(location) == expected_state

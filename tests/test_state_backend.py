@@ -462,7 +462,7 @@ def test_a_snapshot_cancelled_before_it_starts_still_releases_its_capture(tmp_pa
     with pytest.raises(concurrent.futures.CancelledError):
         fut.result(30)
     assert fut.cancelled() and not b._tables["v"].cow and not b._tables["v"].slow  # back on the fast path
-    assert not list(tmp_path.glob("chk-1/keyed-*"))  # cancelled before it began: no file was even started
+    assert not list(tmp_path.glob("shared/keyed-*"))  # cancelled before it began: no file was even started
 
 
 def test_backends_spell_out_their_signature_and_dispose_as_context_managers(kind, tmp_path):

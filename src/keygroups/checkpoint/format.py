@@ -41,9 +41,6 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-import numpy as np
-import numpy.typing as npt
-
 from keygroups._native import snapshot as _snap
 from keygroups._ranges import KeyGroupRange
 from keygroups.checkpoint.metadata import KeyedStateHandle, key_group_runs
@@ -340,17 +337,32 @@ def write_keyed_snapshot(storage: CheckpointStorage, checkpoint_id: int, subtask
                          *, full_key_groups: Collection[int] | None = None, prefix: str | None = None,
                          on_key_group: Callable[[], object] | None = None) -> KeyedStateHandle:
     """Write a whole keyed snapshot file for checkpoint ``checkpoint_id`` and return its handle: the one-call form
-    of ``new_file`` + ``open_write`` + :class:`KeyedSnapshotWriter`. ``key_groups`` yields ``(key_group, sections)``
-    or ``(key_group, sections, deletes)`` in ascending key-group order.
+    of ``new_shared_file`` + ``open_write`` + :class:`KeyedSnapshotWriter`. ``key_groups`` yields
+    ``(key_group, sections)`` or ``(key_group, sections, deletes)`` in ascending key-group order.
 
     ``full_key_groups`` are the key groups written full (None: all of them, a full snapshot); the others are delta
     blocks, and key groups not yielded get empty blocks, full or delta as ``full_key_groups`` says. The file is
-    named ``chk-<id>/<prefix or "keyed-<subtask>">-<uuid>``.
+    named ``shared/<prefix or "keyed-<subtask>">-<id>-<uuid>``: later checkpoints may reference it.
 
     ``on_key_group`` is called before each key group is written and once more before the file is finished; an
     exception it raises abandons the file (a cancelled snapshot stops this way) and propagates."""
-    relpath = storage.new_file(checkpoint_id, prefix or f"keyed-{subtask}")
+    relpath = storage.new_shared_file(checkpoint_id, prefix or f"keyed-{subtask}")
     full = None if full_key_groups is None else frozenset(full_key_groups)
+    return _write_file(storage, relpath, checkpoint_id, subtask, key_group_range, states, key_groups, full,
+                       on_key_group)
+
+
+def write_full_snapshot(storage: CheckpointStorage, relpath: str, checkpoint_id: int, subtask: int,
+                        key_group_range: KeyGroupRange, states: list[dict[str, Any]],
+                        key_groups: Iterable[tuple[int, Iterable[tuple[int, Any, Any]]]]) -> KeyedStateHandle:
+    """Write a full keyed snapshot file at ``relpath`` (a savepoint's, which lives in its own directory) and return
+    its handle; ``key_groups`` as in :func:`write_keyed_snapshot`, puts only."""
+    return _write_file(storage, relpath, checkpoint_id, subtask, key_group_range, states, key_groups, None, None)
+
+
+def _write_file(storage: CheckpointStorage, relpath: str, checkpoint_id: int, subtask: int,
+                key_group_range: KeyGroupRange, states: list[dict[str, Any]], key_groups: Iterable[Any],
+                full: frozenset[int] | None, on_key_group: Callable[[], object] | None) -> KeyedStateHandle:
     with storage.open_write(relpath) as stream:
         writer = KeyedSnapshotWriter(stream, key_group_range, states, default_full=True if full is None else full)
         for item in key_groups:
@@ -365,3 +377,47 @@ def write_keyed_snapshot(storage: CheckpointStorage, checkpoint_id: int, subtask
     return KeyedStateHandle(file=relpath, subtask=subtask, key_group_range=key_group_range, offsets=offsets,
                             size=size, states=states, checkpoint_id=checkpoint_id,
                             full_key_groups=writer.full_key_groups)
+
+
+def merged_key_groups(storage: CheckpointStorage, plan: Sequence[tuple[KeyedStateHandle, KeyGroupRange]],
+                      key_groups: KeyGroupRange
+                      ) -> tuple[list[dict[str, Any]], Iterator[tuple[int, list[tuple[int, list[bytes], list[bytes]]]]]]:
+    """Each key group's chain merged into one full block's sections, bytes in, bytes out: ``plan`` is
+    :func:`~keygroups.checkpoint.planning.plan_keyed_restore`'s (chain order) for ``key_groups``. A full block
+    starts a key group anew, a put replaces a key's value, a delete removes the key (keys compare as serialized
+    bytes). Returns ``(states, key groups)`` for :func:`write_full_snapshot`: the states by name (the meta of the
+    newest file that has each) and ``(key_group, [(state_index, keys, values), ...])`` ascending. Reads every
+    block of the plan first (one ranged read per entry): it holds one subtask's chains in memory.
+
+    ValueError if one state has different metas in different key groups' chains (then restore it with a backend,
+    which migrates it, and snapshot that instead)."""
+    blocks: dict[int, list[tuple[KeyedStateHandle, KeyGroupBlock]]] = {}
+    metas: dict[str, dict[str, Any]] = {}
+    for handle, part in plan:
+        read, _ = read_key_groups(storage, handle, part.intersection(key_groups), copy=True)
+        for block in read:
+            blocks.setdefault(block.key_group, []).append((handle, block))
+        for meta in handle.states:
+            known = metas.setdefault(meta["name"], meta)
+            if known != meta:
+                raise ValueError(f"state {meta['name']!r} has different metas (serializers, TTL) in the chains of "
+                                 f"different key groups (see {handle.file!r}): it cannot be merged as bytes; restore "
+                                 f"the checkpoint with a backend and snapshot that instead")
+    names = list(metas)
+    index = {name: i for i, name in enumerate(names)}
+
+    def merged() -> Iterator[tuple[int, list[tuple[int, list[bytes], list[bytes]]]]]:
+        for kg in sorted(blocks):
+            entries: dict[str, dict[bytes, bytes]] = {}
+            for handle, block in blocks[kg]:
+                if block.full:
+                    entries = {}
+                for state_index, keys, values in block.puts:
+                    entries.setdefault(handle.states[state_index]["name"], {}).update(zip(keys, values))
+                for state_index, keys in block.deletes:
+                    state = entries.get(handle.states[state_index]["name"], {})
+                    for k in keys:
+                        state.pop(k, None)
+            yield kg, [(index[name], list(e), list(e.values())) for name, e in entries.items() if e]
+
+    return [metas[n] for n in names], merged()

@@ -92,16 +92,12 @@ def _full_ranges(value: Any, key_group_range: KeyGroupRange) -> list[KeyGroupRan
 def key_group_runs(key_groups: Any) -> list[KeyGroupRange]:
     """Key groups (any iterable of ints) as the ascending list of maximal contiguous ranges that hold them."""
     runs: list[KeyGroupRange] = []
-    start = end = None
-    for kg in sorted(set(key_groups)):
-        if end is not None and kg == end + 1:
-            end = kg
-            continue
-        if start is not None:
-            runs.append(KeyGroupRange(start, end))
-        start = end = kg
-    if start is not None:
-        runs.append(KeyGroupRange(start, end))
+    ordered = sorted(set(key_groups))
+    start = 0
+    for i in range(1, len(ordered) + 1):
+        if i == len(ordered) or ordered[i] != ordered[i - 1] + 1:
+            runs.append(KeyGroupRange(ordered[start], ordered[i - 1]))
+            start = i
     return runs
 
 
@@ -128,7 +124,7 @@ class KeyedStateHandle:
     size: int
     states: list[dict[str, Any]]
     checkpoint_id: int = field(kw_only=True)
-    full_key_groups: list[KeyGroupRange] = field(default=None, kw_only=True)  # type: ignore[assignment]
+    full_key_groups: list[KeyGroupRange] = field(default=None, kw_only=True)  # type: ignore[arg-type]  # None: all
     format_version: int = field(default=KEYED_FORMAT_VERSION, kw_only=True)
 
     def __post_init__(self) -> None:

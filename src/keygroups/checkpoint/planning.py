@@ -119,11 +119,10 @@ def _check_chain_meta(chain: Sequence[KeyedStateHandle]) -> None:
     seen: dict[str, tuple[dict, KeyedStateHandle]] = {}
     for h in chain:
         for meta in h.states:
-            name = meta.get("name")
-            first = seen.setdefault(name, (meta, h))
+            first = seen.setdefault(meta["name"], (meta, h))
             if first[0] != meta:
                 raise CorruptSnapshotError(
-                    f"state {name!r} has one meta in {first[1].file!r} (checkpoint {first[1].checkpoint_id}) and "
+                    f"state {meta['name']!r} has one meta in {first[1].file!r} (checkpoint {first[1].checkpoint_id}) and "
                     f"another in {h.file!r} (checkpoint {h.checkpoint_id}), files of one key group's chain: a "
                     f"delta must be written with the meta of the block it changes (a changed serializer or TTL "
                     f"makes the next snapshot full)")

@@ -1,10 +1,13 @@
-"""Checkpoint storage: ``chk-<id>/`` directories, the commit protocol, retention and savepoints.
+"""Checkpoint storage: ``chk-<id>/`` directories, ``shared/`` keyed files, the commit protocol, retention and
+savepoints.
 
 Layout under ``location`` (a local path or any fsspec URL)::
 
     chk-17/_metadata               written last, atomically: a checkpoint without it does not exist
-    chk-17/keyed-0-<uuid>          state files, named by storage.new_file(17, "keyed-0")
-    savepoints/<name>/_metadata    a self-contained copy of one checkpoint, never pruned
+    chk-17/operator-0-<uuid>       files of one checkpoint alone, named by storage.new_file(17, "operator-0")
+    shared/keyed-0-17-<uuid>       keyed state files, named by storage.new_shared_file(17, "keyed-0"): an incremental
+                                   checkpoint references the files of earlier ones for what it did not change
+    savepoints/<name>/_metadata    a self-contained full snapshot of one checkpoint, never pruned
     savepoints/<name>/keyed-0-<uuid>
 
 Commit protocol: subtasks write their state files (``open_write``, fsync'd on close for local paths), report
@@ -21,7 +24,11 @@ removes leftovers older than the newest complete checkpoint: directories without
 files named by ``new_file`` that a retained checkpoint does not reference (e.g. from a retried task attempt). A file
 is referenced when a keyed or operator handle names it or when it is one of the checkpoint's ``outputs`` or
 ``inputs``. Directories of checkpoints newer than the one just committed are left alone: they may still be in
-progress.
+progress. In ``shared/`` (Flink's shared state registry, done without a registry file), a file is deleted when no
+retained checkpoint references it and the checkpoint id in its name is at most the one just committed: files of
+newer checkpoints, still being written, are never touched, and a shared file is only ever referenced by the
+checkpoint that wrote it and by later ones. If a retained ``_metadata`` cannot be read, nothing in ``shared/`` is
+deleted.
 """
 
 from __future__ import annotations
@@ -36,15 +43,20 @@ import posixpath
 import re
 import shutil
 import uuid
+from collections.abc import Iterator
 from typing import Any, BinaryIO
 
+from keygroups._ranges import key_group_range
+from keygroups.checkpoint.format import merged_key_groups, write_full_snapshot
 from keygroups.checkpoint.metadata import (
+    SHARED_DIR,
     CheckpointMetadata,
-    KeyedStateHandle,
     check_relpath,
     decode_metadata,
     encode_metadata,
+    is_shared_path,
 )
+from keygroups.checkpoint.planning import plan_keyed_restore
 from keygroups.errors import CheckpointNotFoundError, CorruptSnapshotError
 
 log = logging.getLogger(__name__)
@@ -55,6 +67,7 @@ _TMP_MARKER = ".inprogress-"
 _CHK_RE = re.compile(r"^chk-(0|[1-9][0-9]*)$")
 _NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 _STATE_FILE_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*-[0-9a-f]{32}(\.[A-Za-z0-9_.-]+)?$")   # new_file's names
+_SHARED_FILE_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*-(0|[1-9][0-9]*)-[0-9a-f]{32}$")   # new_shared_file's
 
 
 def _check_name(name: Any, what: str) -> str:
@@ -278,6 +291,13 @@ class CheckpointStorage:
         _check_name(prefix, "prefix")
         return f"chk-{cid}/{prefix}-{uuid.uuid4().hex}"
 
+    def new_shared_file(self, checkpoint_id: int, prefix: str) -> str:
+        """A fresh, unique keyed state file name ``"shared/<prefix>-<id>-<uuid>"`` (relative to ``location``): it
+        may be referenced by later checkpoints too, and retention deletes it once no retained checkpoint does."""
+        cid = _check_id(checkpoint_id)
+        _check_name(prefix, "prefix")
+        return f"{SHARED_DIR}/{prefix}-{cid}-{uuid.uuid4().hex}"
+
     def open_write(self, relpath: str) -> BinaryIO:
         """A binary file open for writing at ``relpath``, creating its directory. On the local filesystem closing
         it also fsyncs it, so it is durable before a ``_metadata`` names it."""
@@ -381,6 +401,7 @@ class CheckpointStorage:
         metadata.base = base
         try:
             self._prune(cid)
+            self._prune_shared(cid)
         except OSError as e:   # the checkpoint is complete; a failed cleanup is retried at the next commit
             log.warning("retention after checkpoint %d in %s failed: %s", cid, self.location, e)
 
@@ -417,6 +438,29 @@ class CheckpointStorage:
             elif cid < latest:
                 self._remove_orphans(d)
 
+    def _prune_shared(self, latest: int) -> None:
+        """Delete the files of ``shared/`` that no retained checkpoint references, written by checkpoint ``latest``
+        or older (newer ones may belong to a checkpoint still being written)."""
+        referenced: set[str] = set()
+        for cid in self.checkpoint_ids()[-self.retain:]:
+            try:
+                md = self._read_metadata(f"chk-{cid}")
+            except (CorruptSnapshotError, FileNotFoundError) as e:
+                log.warning("retention: not cleaning %s/, the _metadata of checkpoint %d is unreadable: %s",
+                            SHARED_DIR, cid, e)
+                return
+            referenced.update(h.file for h in md.keyed_handles if is_shared_path(h.file))
+        for name in self._fs.listdir(SHARED_DIR):
+            m = _SHARED_FILE_RE.match(name)
+            if m is None or int(m.group(1)) > latest or f"{SHARED_DIR}/{name}" in referenced:
+                continue
+            log.debug("retention: removing unreferenced %s/%s", SHARED_DIR, name)
+            self._fs.remove(f"{SHARED_DIR}/{name}")
+
+    def shared_files(self) -> list[str]:
+        """The keyed state files in ``shared/`` (storage-relative), sorted: for tools and tests of retention."""
+        return [f"{SHARED_DIR}/{n}" for n in self._fs.listdir(SHARED_DIR) if _SHARED_FILE_RE.match(n)]
+
     def _remove_orphans(self, base: str) -> None:
         try:
             md = self._read_metadata(base)
@@ -433,8 +477,11 @@ class CheckpointStorage:
 
     # -- savepoints --------------------------------------------------------------------------------------------
     def savepoint(self, metadata_or_id: CheckpointMetadata | int, name: str) -> str:
-        """Copy a checkpoint (given by metadata or id) into ``savepoints/<name>/``, self-contained, ``_metadata``
-        written last. Retention never touches it. Returns the savepoint directory's full path or URL."""
+        """Write a checkpoint (given by metadata or id) as a self-contained full snapshot into
+        ``savepoints/<name>/``, ``_metadata`` written last: per subtask of the checkpoint's parallelism, one keyed
+        file whose blocks are each key group's chain merged into one full block (bytes in, bytes out), and a copy
+        of each operator state file. Retention never touches it, and either backend restores it. Returns the
+        savepoint directory's full path or URL."""
         _check_name(name, "savepoint name")
         md = metadata_or_id if isinstance(metadata_or_id, CheckpointMetadata) else self.load(metadata_or_id)
         md.validate()
@@ -444,17 +491,25 @@ class CheckpointStorage:
                              f"(existing: {self.savepoint_names()})")
         self._fs.rmtree(base)   # leftovers of an interrupted savepoint of the same name
         self._fs.makedirs(base)
-        renamed = {src: f"{base}/{posixpath.basename(src)}" for src in md.files()}
-        if len(set(renamed.values())) != len(renamed):
-            raise ValueError(f"two state files of checkpoint {md.checkpoint_id} share a file name; a savepoint "
-                             f"(one flat directory) cannot hold both: {sorted(renamed)}")
-        for src, dst in renamed.items():
+        operator_files = {h.file: f"{base}/{posixpath.basename(h.file)}" for h in md.operator_handles}
+        if len(set(operator_files.values())) != len(operator_files):
+            raise ValueError(f"two operator state files of checkpoint {md.checkpoint_id} share a file name; a "
+                             f"savepoint (one flat directory) cannot hold both: {sorted(operator_files)}")
+        for src, dst in operator_files.items():
             self._fs.copy(src, dst)
+        keyed = []
+        for subtask in range(md.parallelism):
+            r = key_group_range(md.max_parallelism, md.parallelism, subtask)
+            plan = plan_keyed_restore(md, r)
+            if not plan:
+                continue
+            states, groups = merged_key_groups(self, plan, r)
+            keyed.append(write_full_snapshot(self, f"{base}/keyed-{subtask}-{uuid.uuid4().hex}", md.checkpoint_id,
+                                             subtask, r, states, groups))
         copy = CheckpointMetadata(
             checkpoint_id=md.checkpoint_id, job_id=md.job_id, timestamp_ms=md.timestamp_ms,
-            max_parallelism=md.max_parallelism, parallelism=md.parallelism,
-            keyed_handles=[dataclasses.replace(h, file=renamed[h.file]) for h in md.keyed_handles],
-            operator_handles=[dataclasses.replace(h, file=renamed[h.file]) for h in md.operator_handles],
+            max_parallelism=md.max_parallelism, parallelism=md.parallelism, keyed_handles=keyed,
+            operator_handles=[dataclasses.replace(h, file=operator_files[h.file]) for h in md.operator_handles],
             properties=dict(md.properties), base=base)
         self._fs.sync_dir(base)
         self._fs.write_atomic(f"{base}/{METADATA_NAME}", encode_metadata(copy, base))

@@ -47,15 +47,19 @@ def _inspect(args: argparse.Namespace) -> int:
 
 def _plan(args: argparse.Namespace) -> int:
     from keygroups._ranges import key_group_range
-    from keygroups.checkpoint import plan_keyed_restore
+    from keygroups.checkpoint import chain_stats, plan_keyed_restore
 
     storage, metadata = _load(args)
     if metadata is None:
         return 1
     mp = metadata.max_parallelism
-    total = sum(h.offsets[-1] - h.offsets[0] for h in metadata.keyed_handles)
+    everything = key_group_range(mp, 1, 0)
+    chains = chain_stats(metadata, everything)
+    total = sum(c.full_bytes + c.delta_bytes for c in chains.values())   # what restoring every key group reads
+    files = {h.file for h in metadata.keyed_handles}
     print(f"checkpoint {metadata.checkpoint_id}: p={metadata.parallelism} -> p'={args.parallelism} "
-          f"(max parallelism {mp}), {total:,} bytes of keyed state")
+          f"(max parallelism {mp}), {total:,} bytes of keyed state in the chains of {len(chains)} key groups, "
+          f"{len(files)} keyed files")
     for i in range(args.parallelism):
         own = key_group_range(mp, args.parallelism, i)
         reads = []
@@ -64,9 +68,17 @@ def _plan(args: argparse.Namespace) -> int:
             start, end = handle.byte_range(part)
             size = end - start
             nbytes += size
-            reads.append(f"old subtask {handle.subtask} groups {part.start}-{part.end} ({size:,} B)")
-        print(f"  new subtask {i} (key groups {own.start}-{own.end}): reads {nbytes:,} bytes, "
-              f"{nbytes / max(total, 1) * args.parallelism:.2f}x its even share: {'; '.join(reads) or 'nothing'}")
+            full = sum(handle.is_full(kg) for kg in part)
+            kind = "full" if full == len(part) else "delta" if not full else f"{full} full"
+            reads.append(f"{handle.file} (checkpoint {handle.checkpoint_id}, old subtask {handle.subtask}, {kind}) "
+                         f"groups {part.start}-{part.end} ({size:,} B)")
+        lengths = [chains[kg].length for kg in own if kg in chains]
+        chain_note = (f"chains of {min(lengths)}-{max(lengths)} blocks (mean {sum(lengths) / len(lengths):.1f})"
+                      if lengths else "no state")
+        print(f"  new subtask {i} (key groups {own.start}-{own.end}): reads {nbytes:,} bytes in {len(reads)} ranged "
+              f"reads, {nbytes / max(total, 1) * args.parallelism:.2f}x its even share; {chain_note}")
+        for read in reads:
+            print(f"    {read}")
     return 0
 
 

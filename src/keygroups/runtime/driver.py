@@ -19,7 +19,7 @@ import pyarrow as pa
 
 from keygroups._ranges import check_parallelism
 from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage, KeyedStateHandle, OperatorStateHandle
-from keygroups.checkpoint.planning import check_restore_max_parallelism
+from keygroups.checkpoint.planning import carry_forward, check_restore_max_parallelism
 from keygroups.errors import KeyGroupsError
 from keygroups.runtime.source import SourceTaskSpec
 from keygroups.runtime.subtask import KeyedTaskSpec, key_type_for_schema
@@ -125,7 +125,10 @@ def commit_batch(plan: BatchPlan, keyed_reports: Sequence[dict[str, Any]],
                  properties: dict[str, Any] | None = None) -> CheckpointMetadata:
     """Commit the planned checkpoint from its subtasks' reports: their keyed and operator handles, output and
     staged input files, and figures (``properties["reports"]``, ``["source_reports"]``, beside ``properties``).
-    Refuses (raises, committing nothing) unless each subtask reported exactly once."""
+    Refuses (raises, committing nothing) unless each subtask reported exactly once.
+
+    Keyed handles are incremental: the checkpoint lists the new ones (a subtask that changed nothing may report
+    none) and every handle of the restored checkpoint that some key group's chain still needs (``carry_forward``)."""
     if plan.replay is not None:
         raise KeyGroupsError(f"checkpoint {plan.checkpoint_id} is already complete: a replayed batch commits nothing")
     cid, p = plan.checkpoint_id, plan.parallelism
@@ -137,7 +140,8 @@ def commit_batch(plan: BatchPlan, keyed_reports: Sequence[dict[str, Any]],
         timestamp_ms=int(time.time() * 1000),
         max_parallelism=plan.max_parallelism,
         parallelism=p,
-        keyed_handles=[KeyedStateHandle.from_json(r["keyed_handle"]) for r in keyed if r.get("keyed_handle")],
+        keyed_handles=carry_forward(plan.previous, [KeyedStateHandle.from_json(r["keyed_handle"]) for r in keyed
+                                                    if r.get("keyed_handle")]),
         operator_handles=[OperatorStateHandle.from_json(r["operator_handle"]) for r in sources
                           if r.get("operator_handle")],
         properties={
