@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import copy
 import tempfile
-import uuid
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -28,15 +27,6 @@ from keygroups.state import (
 )
 
 MAXP = 128
-
-
-class SharedStorage(CheckpointStorage):
-    """Checkpoint storage that puts keyed files in ``shared/``, where incremental chains keep them."""
-
-    def new_file(self, checkpoint_id, prefix):
-        if prefix.startswith("keyed-"):
-            return f"shared/{prefix}-{checkpoint_id}-{uuid.uuid4().hex}"
-        return super().new_file(checkpoint_id, prefix)
 
 
 class Chain:
@@ -77,7 +67,7 @@ def _fill(backend, state, keys, value=lambda k: k):
 
 
 def test_delta_holds_the_changes_and_deletes_shadow_older_blocks(tmp_path):
-    storage = SharedStorage(tmp_path, retain=100)
+    storage = CheckpointStorage(tmp_path, retain=100)
     chain = Chain(storage)
     b = HeapKeyedStateBackend(KeyGroupRange(0, MAXP - 1), MAXP, Int64Serializer())
     v = b.get_state(ValueStateDescriptor("v", Int64Serializer()))
@@ -130,7 +120,7 @@ def test_delta_holds_the_changes_and_deletes_shadow_older_blocks(tmp_path):
 
 
 def test_restoring_a_million_keys_and_touching_ten_thousand_decodes_ten_thousand_values(tmp_path):
-    storage = SharedStorage(tmp_path, retain=100)
+    storage = CheckpointStorage(tmp_path, retain=100)
     chain = Chain(storage)
     n, touched = 1_000_000, range(0, 1_000_000, 100)
     b = HeapKeyedStateBackend(KeyGroupRange(0, MAXP - 1), MAXP, Int64Serializer())
@@ -163,7 +153,7 @@ def test_restoring_a_million_keys_and_touching_ten_thousand_decodes_ten_thousand
 def test_deleting_a_restored_key_shadows_its_older_block(tmp_path, decoded_first):
     """Every way to delete, on a key still in a restored block or already decoded from it: the key stays gone in the
     live backend, in its next (delta) snapshot and after restoring that."""
-    storage = SharedStorage(tmp_path, retain=100)
+    storage = CheckpointStorage(tmp_path, retain=100)
     chain = Chain(storage)
     descs = {"v": ValueStateDescriptor("v", Int64Serializer()), "l": ListStateDescriptor("l", Int64Serializer()),
              "m": MapStateDescriptor("m", StrSerializer(), Int64Serializer())}
@@ -203,7 +193,7 @@ def test_deleting_a_restored_key_shadows_its_older_block(tmp_path, decoded_first
 
 
 def test_a_failed_snapshot_gives_its_changes_to_the_next_one(tmp_path):
-    class Failing(SharedStorage):
+    class Failing(CheckpointStorage):
         fail = True
 
         def open_write(self, relpath):
@@ -234,7 +224,7 @@ def test_a_failed_snapshot_gives_its_changes_to_the_next_one(tmp_path):
 
 
 def test_not_incremental_writes_every_snapshot_full_and_tracks_nothing(tmp_path):
-    storage = SharedStorage(tmp_path, retain=100)
+    storage = CheckpointStorage(tmp_path, retain=100)
     b = HeapKeyedStateBackend(KeyGroupRange(0, MAXP - 1), MAXP, Int64Serializer(), incremental=False)
     v = b.get_state(ValueStateDescriptor("v", Int64Serializer()))
     _fill(b, v, range(100))
@@ -314,7 +304,7 @@ class IncrementalModel(RuleBasedStateMachine):
     @initialize(p=PARALLELISM, max_chain=st.sampled_from([1, 2, 3, 8]))
     def start(self, p, max_chain):
         self.tmp = tempfile.TemporaryDirectory(prefix="kg-incremental-")
-        self.storage = SharedStorage(self.tmp.name, retain=1000)
+        self.storage = CheckpointStorage(self.tmp.name, retain=1000)
         self.chain = Chain(self.storage, self.MAXP)
         self.max_chain = max_chain
         self.open(p, None)

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from keygroups import KeyGroupRange, assign_to_key_group, key_group_range
-from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage
+from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage, carry_forward
 from keygroups.errors import KeyGroupOutOfRangeError, StateMigrationError
 from keygroups.serializers import Int64Serializer, StrSerializer, ValueSerializer
 from keygroups.state import (
@@ -84,8 +84,11 @@ def make(kind, kgr=KeyGroupRange(0, MAXP - 1), **kw):
 
 
 def commit(storage, handles, checkpoint_id=1, parallelism=1, maxp=MAXP):
+    """Commit ``handles`` as the checkpoint after the latest one in ``storage``, carrying forward the files their
+    incremental chains still need (as the driver does)."""
     storage.commit(CheckpointMetadata(checkpoint_id=checkpoint_id, job_id="test", timestamp_ms=0,
-                                      max_parallelism=maxp, parallelism=parallelism, keyed_handles=handles,
+                                      max_parallelism=maxp, parallelism=parallelism,
+                                      keyed_handles=carry_forward(storage.latest(), handles),
                                       operator_handles=[], properties={}))
     return storage.load(checkpoint_id)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from keygroups import assign_to_key_group, assign_to_operator, key_group_range
-from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage
+from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage, carry_forward
 from keygroups.serializers import Int64Serializer, StrSerializer, ValueSerializer
 from keygroups.state import (
     AggregateFunction,
@@ -75,7 +75,8 @@ class Job:
             during()
         handles = [f.result(60) for f in futures]
         storage.commit(CheckpointMetadata(checkpoint_id=checkpoint_id, job_id="rescale", timestamp_ms=0,
-                                          max_parallelism=self.maxp, parallelism=self.p, keyed_handles=handles,
+                                          max_parallelism=self.maxp, parallelism=self.p,
+                                          keyed_handles=carry_forward(storage.latest(), handles),
                                           operator_handles=[], properties={}))
         return storage.load(checkpoint_id)
 
