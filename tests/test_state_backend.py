@@ -84,11 +84,11 @@ def make(kind, kgr=KeyGroupRange(0, MAXP - 1), **kw):
 
 
 def commit(storage, handles, checkpoint_id=1, parallelism=1, maxp=MAXP):
-    previous = storage.latest()
-    if previous is not None and previous.checkpoint_id < checkpoint_id:  # as the driver does: delta files need
-        handles = carry_forward(previous, handles)  # the earlier files of their chains
+    """Commit ``handles`` as the checkpoint after the latest one in ``storage``, carrying forward the files their
+    incremental chains still need (as the driver does)."""
     storage.commit(CheckpointMetadata(checkpoint_id=checkpoint_id, job_id="test", timestamp_ms=0,
-                                      max_parallelism=maxp, parallelism=parallelism, keyed_handles=handles,
+                                      max_parallelism=maxp, parallelism=parallelism,
+                                      keyed_handles=carry_forward(storage.latest(), handles),
                                       operator_handles=[], properties={}))
     return storage.load(checkpoint_id)
 
@@ -762,6 +762,8 @@ def test_statecore_stub_matches_runtime():
                 n.target.id for n in node.body if isinstance(n, ast.AnnAssign)}
         elif isinstance(node, ast.AnnAssign):
             declared[node.target.id] = set()
+        elif isinstance(node, ast.FunctionDef):
+            declared[node.name] = set()
     runtime = {n for n in vars(statecore) if not n.startswith("_")} - {"KeyGroupOutOfRangeError"}
     assert runtime == set(declared)
     for name, members in declared.items():

@@ -78,7 +78,8 @@ class Job:
         if previous is not None:  # as the driver does: delta files need the earlier files of their chains
             handles = carry_forward(previous, handles)
         storage.commit(CheckpointMetadata(checkpoint_id=checkpoint_id, job_id="rescale", timestamp_ms=0,
-                                          max_parallelism=self.maxp, parallelism=self.p, keyed_handles=handles,
+                                          max_parallelism=self.maxp, parallelism=self.p,
+                                          keyed_handles=carry_forward(storage.latest(), handles),
                                           operator_handles=[], properties={}))
         return storage.load(checkpoint_id)
 

@@ -19,6 +19,7 @@ still holds undecoded restored entries. TTL states and the rarer operations use 
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -26,12 +27,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from keygroups._hashing import KeyType
-from keygroups._native.statecore import HeapListCore, HeapMapCore, HeapValueCore, TableCore
+from keygroups._native.statecore import ABSENT, DELETED, HeapListCore, HeapMapCore, HeapValueCore, Layer, TableCore
 from keygroups._ranges import KeyGroupRange
-from keygroups.checkpoint import KeyedStateHandle, Packed, read_key_group_offsets
+from keygroups.checkpoint import KeyedStateHandle, KeyGroupBlock, Packed, find_key, write_keyed_snapshot
 from keygroups.errors import CorruptSnapshotError, no_current_key_error
 from keygroups.serializers import TypeSerializer
-from keygroups.state._base import KeyedStateBackendBase, SnapshotFuture
+from keygroups.state._base import KeyedStateBackendBase, SnapshotFuture, check_cancel
 from keygroups.state._codec import ValueFraming
 from keygroups.state.descriptors import StateDescriptor
 from keygroups.state.states import MISSING, ListState, MapState, ValueState
@@ -53,29 +54,37 @@ class _NoKey(dict):  # type: ignore[type-arg]
 _NO_KEY = _NoKey()
 
 
-class _Section(NamedTuple):
-    """One state's restored entries of one key group, as the snapshot file holds them: entry ``i``'s key is
-    ``block[key_offsets[i]:key_offsets[i + 1]]``, its value likewise with ``value_offsets`` (n + 1 offsets each;
-    int64 arrays while pending, lists once the keys are decoded)."""
+def _find_unsorted(layer: Layer, key: Any, decode_keys: Callable[[Any, Any], list[Any]]) -> int:
+    """:meth:`Layer.find` for an unsorted (format 1) layer, by decoded key: its keys are decoded on its first
+    lookup (as the whole key group's were before format 2)."""
+    if layer.index is None:
+        keys = decode_keys(layer.block, layer.key_offsets) if layer.key_offsets is not None else []
+        layer.deleted = set(decode_keys(layer.block, layer.delete_offsets)) if layer.delete_offsets is not None else set()
+        layer.index = dict(zip(keys, range(len(keys))))
+    if key in layer.deleted:  # type: ignore[operator]
+        return DELETED
+    return layer.index.get(key, ABSENT)
 
-    block: Any
-    key_offsets: Any
-    value_offsets: Any
+
+#: A key group's dirty list is first de-duplicated when it reaches this many entries.
+_DIRTY_LIMIT = 1 << 14
 
 
 class _HeapTable(TableCore):
     """All entries of one state, per key group ``start + i`` (every per-group list has one extra last slot, index
-    ``n``, for "no current key"). A key is in at most one of ``maps[i]``, ``raw_entries[i]`` and
-    ``pending_sections[i]``.
+    ``n``, for "no current key").
 
     Inherited from the compiled ``TableCore`` (read by the fast paths): ``maps[i]`` the decoded values (key ->
-    value); ``ctx`` the backend's key context; ``cow`` whether a running snapshot may hold this table's dicts;
-    ``lazy[i]`` whether key group ``i`` still holds restored entries that are not decoded; ``slow`` = ``cow`` or
-    any ``lazy``: the fast paths hand over to the Python methods below."""
+    value; ``MISSING`` marks a key deleted since the restore, which shadows the layers); ``ctx`` the backend's key
+    context; ``cow`` whether a running snapshot may hold this table's dicts or values; ``lazy[i]`` whether key group
+    ``i`` has restored layers (``layers[i]``); ``slow`` = ``cow`` or any ``lazy``: the fast paths hand over to the
+    Python methods below; ``track`` and ``dirty[i]``: the keys changed since the last snapshot's capture.
+
+    A key's value is ``maps[i][key]`` if the key is there, else the first of ``layers[i]`` (newest first) that puts
+    or deletes it. Lookups in layers decode that one value and keep it in ``maps[i]``."""
 
     __slots__ = ("backend", "name", "meta", "descriptor", "read_framing", "write_framing", "needs_migration",
-                 "copy_value", "group_count", "raw_entries", "raw_sections", "pending_sections", "shared",
-                 "copied_keys", "lazy_group_count")
+                 "copy_value", "reads_dirty", "group_count", "layers", "shared", "copied_keys", "lazy_group_count")
 
     #: The backend this table belongs to (its key serializer and clock).
     backend: HeapKeyedStateBackend
@@ -91,19 +100,16 @@ class _HeapTable(TableCore):
     needs_migration: bool
     #: A deep copy of one stored value, for copy-on-write; None when values are never mutated in place.
     copy_value: Callable[[Any], Any] | None
+    #: A read through ``get`` hands out an object the caller may change in place: the key becomes dirty.
+    reads_dirty: bool
     #: Key groups in the backend's range (``n``).
     group_count: int
-    #: Per key group: restored keys whose value is still bytes -> entry index in ``raw_sections[i]`` (entry
-    #: ``idx`` is entry ``idx // len(sections)`` of section ``idx % len(sections)``); None when there are none.
-    raw_entries: list[dict[Any, int] | None]
-    #: Per key group: the restored sections ``raw_entries`` points into.
-    raw_sections: list[list[_Section] | None]
-    #: Per key group: restored sections whose keys are not decoded yet (decoded on the group's first access).
-    pending_sections: list[list[_Section] | None]
-    #: Per key group: ``maps[i]`` (and ``raw_entries[i]``) are also held by a running snapshot; copy before writing.
+    #: Per key group: the restored layers, newest first (None: none).
+    layers: list[list[Layer] | None]
+    #: Per key group: ``maps[i]`` is also held by a running snapshot; copy before writing.
     shared: list[bool]
-    #: Per key group: keys whose value was already copied since the last snapshot (None: copy nothing, i.e. the
-    #: group is not shared with a snapshot, or values are never mutated in place).
+    #: Per key group: keys whose value was already copied since the last snapshot (None: copy nothing, i.e. no
+    #: running snapshot holds values of this group, or values are never mutated in place).
     copied_keys: list[set[Any] | None]
     #: Key groups with ``lazy[i]`` set.
     lazy_group_count: int
@@ -117,9 +123,10 @@ class _HeapTable(TableCore):
         self.group_count = n
         self.maps: list[dict[Any, Any]] = [{} for _ in range(n)]
         self.maps.append(_NO_KEY)
-        self.raw_entries = [None] * (n + 1)
-        self.raw_sections = [None] * (n + 1)
-        self.pending_sections = [None] * (n + 1)
+        self.dirty = [[] for _ in range(n + 1)]
+        self.dirty_limit = _DIRTY_LIMIT
+        self.track = backend._tracking
+        self.layers = [None] * (n + 1)
         self.shared = [False] * (n + 1)
         self.copied_keys = [None] * (n + 1)
         self.cow = backend._running_snapshots > 0  # registered while a snapshot runs: nothing of ours is captured
@@ -135,6 +142,9 @@ class _HeapTable(TableCore):
         self.write_framing = write
         self.descriptor = descriptor
         self.copy_value = write.copy
+        # Lists are handed out as stored; maps only hand out their values; other values when mutable.
+        self.reads_dirty = write.kind == "list" or (write.copy is not None and
+                                                    (write.kind != "map" or not write.ser.is_immutable))
         self.needs_migration = read.needs_migration_to(write)
 
     def _update_slow(self) -> None:
@@ -146,132 +156,105 @@ class _HeapTable(TableCore):
     # ---- store interface used by the state types (current key of the backend) -------------------------------------
     def get(self) -> Any:
         c = self.ctx
-        if self.slow:
-            return self._get_slow(c.kgi, c.key)
-        return self.maps[c.kgi].get(c.key, MISSING)
+        group_index, key = c.kgi, c.key
+        v = self._get_slow(group_index, key) if self.slow else self.maps[group_index].get(key, MISSING)
+        if v is not MISSING and self.reads_dirty and self.track:
+            self.dirty[group_index].append(key)
+        return v
 
     def put(self, value: Any) -> None:
         c = self.ctx
-        if self.slow:
-            self._prepare_write(c.kgi, c.key)
-        self.maps[c.kgi][c.key] = value
+        group_index, key = c.kgi, c.key
+        if self.cow:
+            self._prepare_write(group_index, key)
+        self.maps[group_index][key] = value
+        if self.track:
+            self.dirty[group_index].append(key)
 
     def delete(self) -> None:
         c = self.ctx
-        if self.slow:
-            self._prepare_write(c.kgi, c.key)
-        self.maps[c.kgi].pop(c.key, None)
+        group_index, key = c.kgi, c.key
+        if self.cow:
+            self._prepare_write(group_index, key)
+        if self.lazy[group_index]:
+            self.maps[group_index][key] = MISSING  # shadows the layers
+        else:
+            self.maps[group_index].pop(key, None)
+        if self.track:
+            self.dirty[group_index].append(key)
 
     def append(self, items: list[Any]) -> None:
         c = self.ctx
         group_index, key = c.kgi, c.key
-        if self.slow:
-            cur = self._get_slow(group_index, key)
-            if cur is MISSING:
+        cur = self._get_slow(group_index, key) if self.slow else self.maps[group_index].get(key, MISSING)
+        if cur is MISSING:
+            if self.cow:
                 self._prepare_write(group_index, key)
-                self.maps[group_index][key] = items
-            else:
-                cur.extend(items)
-            return
-        m = self.maps[group_index]
-        cur = m.get(key)
-        if cur is None:
-            m[key] = items
+            self.maps[group_index][key] = items
         else:
             cur.extend(items)
+        if self.track:
+            self.dirty[group_index].append(key)
 
-    # ---- slow path: lazy restore and copy-on-write -----------------------------------------------------------------
-    def _materialize(self, group_index: int) -> None:
-        """Decode a restored key group's keys; values stay bytes (``raw_entries``)."""
-        sections = self.pending_sections[group_index] or []
-        self.pending_sections[group_index] = None
-        decode_keys = self.backend.key_serializer.deserialize_many
-        deadline = self._ttl_deadline()
-        section_count = len(sections)
-        raw: dict[Any, int] = {}
-        decoded: dict[Any, Any] = {}
-        kept_sections = []
-        for section_index, (block, key_offsets, value_offsets) in enumerate(sections):
-            keys = decode_keys(block, key_offsets)
-            value_offsets = value_offsets.tolist()
-            kept_sections.append(_Section(block, key_offsets.tolist(), value_offsets))
-            if deadline is None:
-                if section_count == 1:
-                    raw.update(zip(keys, range(len(keys))))
-                else:
-                    raw.update((k, i * section_count + section_index) for i, k in enumerate(keys))
+    def _compact_dirty(self, group_index: int) -> None:
+        """Drop repeated keys from a dirty list that reached ``dirty_limit`` (the compiled paths call this); the
+        limit doubles if the list stays long, so compaction costs O(1) per write on average."""
+        keys = self.dirty[group_index] = list(dict.fromkeys(self.dirty[group_index]))
+        self.dirty_limit = max(self.dirty_limit, 2 * len(keys))
+
+    # ---- slow path: restored layers and copy-on-write ------------------------------------------------------------
+    def _lookup(self, group_index: int, key: Any, layers: list[Layer]) -> Any:
+        """``key``'s value from the layers (newest first), decoded, or MISSING; TTL cleanup as on restore."""
+        key_bytes = None
+        for layer in layers:
+            if layer.sorted:
+                if key_bytes is None:
+                    key_bytes = self.backend.key_serializer.serialize(key)
+                found = layer.find(key_bytes)
+            else:
+                found = _find_unsorted(layer, key, self.backend.key_serializer.deserialize_many)
+            if found == ABSENT:
                 continue
-            drop = self.read_framing.drop_expired_bytes
-            for i, k in enumerate(keys):
-                value_bytes = block[value_offsets[i]:value_offsets[i + 1]]
-                kept = drop(value_bytes, deadline)
-                if kept is None:
-                    continue
-                if kept is value_bytes:
-                    raw[k] = i * section_count + section_index
-                else:  # partly expired list or map: keep what is left, decoded
-                    decoded[k] = self.read_framing.decode(kept)
-        if decoded:
-            if self.shared[group_index]:  # never write into a dict a running snapshot holds
-                self._unshare(group_index)
-            self.maps[group_index].update(decoded)
-            copied = self.copied_keys[group_index]
-            if copied is not None:
-                copied.update(decoded)
-        self.raw_sections[group_index] = kept_sections
-        self.raw_entries[group_index] = raw or None
-        if not raw:
-            self._group_decoded(group_index)
-
-    def _group_decoded(self, group_index: int) -> None:
-        self.lazy[group_index] = False
-        self.lazy_group_count -= 1
-        self._update_slow()
-
-    def _raw_value(self, group_index: int, entry: int) -> Any:
-        sections: Any = self.raw_sections[group_index]
-        section_count = len(sections)
-        block, _, value_offsets = sections[entry % section_count]
-        i = entry // section_count
-        return block[value_offsets[i]:value_offsets[i + 1]]
+            if found == DELETED:
+                return MISSING
+            value_bytes = layer.value(found)
+            deadline = self._ttl_deadline()
+            if deadline is not None:
+                value_bytes = self.read_framing.drop_expired_bytes(value_bytes, deadline)
+                if value_bytes is None:
+                    return MISSING
+            return self.read_framing.decode(value_bytes)
+        return MISSING
 
     def _unshare(self, group_index: int) -> None:
         self.maps[group_index] = dict(self.maps[group_index])
-        raw = self.raw_entries[group_index]
-        if raw:
-            self.raw_entries[group_index] = dict(raw)
         self.copied_keys[group_index] = set() if self.copy_value is not None else None
         self.shared[group_index] = False
 
     def _prepare_write(self, group_index: int, key: Any) -> None:
-        if self.pending_sections[group_index] is not None:
-            self._materialize(group_index)
+        """Before a write while a snapshot runs: never write into a dict it holds, nor copy the value later."""
         if self.shared[group_index]:
             self._unshare(group_index)
-        raw = self.raw_entries[group_index]
-        if raw and key in raw:
-            del raw[key]
-            if not raw:
-                self.raw_entries[group_index] = None
-                self._group_decoded(group_index)
         copied = self.copied_keys[group_index]
         if copied is not None:
             copied.add(key)
 
     def _get_slow(self, group_index: int, key: Any) -> Any:
-        if self.pending_sections[group_index] is not None:
-            self._materialize(group_index)
-        v = self.maps[group_index].get(key, MISSING)
+        m = self.maps[group_index]
+        v = m.get(key, MISSING)
         if v is MISSING:
-            raw = self.raw_entries[group_index]
-            if not raw:
+            layers = self.layers[group_index]
+            if layers is None or key in m:  # no layers, or deleted since the restore
                 return MISSING
-            entry = raw.get(key)
-            if entry is None:
+            v = self._lookup(group_index, key, layers)
+            if v is MISSING:
                 return MISSING
-            v = self.read_framing.decode(self._raw_value(group_index, entry))
-            self._prepare_write(group_index, key)
+            if self.shared[group_index]:
+                self._unshare(group_index)
             self.maps[group_index][key] = v
+            copied = self.copied_keys[group_index]
+            if copied is not None:  # decoded just now: nothing else holds it
+                copied.add(key)
             return v
         if self.copy_value is not None and self.cow:
             if self.shared[group_index]:
@@ -287,64 +270,89 @@ class _HeapTable(TableCore):
     def has_data(self) -> bool:
         return self.lazy_group_count > 0 or any(self.maps[i] for i in range(self.group_count))
 
-    def add_section(self, group_index: int, block: Any, key_offsets: Any, value_offsets: Any) -> None:
-        pending = self.pending_sections[group_index]
-        if pending is None:
-            if not self.raw_entries[group_index]:
-                self.lazy_group_count += 1
-            pending = self.pending_sections[group_index] = []
+    def add_layer(self, group_index: int, layer: Layer) -> None:
+        """A restored block's entries, newer than every layer added before (restore applies chains in order)."""
+        layers = self.layers[group_index]
+        if layers is None:
+            self.layers[group_index] = [layer]
             self.lazy[group_index] = True
-        pending.append(_Section(block, key_offsets, value_offsets))
-        self._update_slow()
+            self.lazy_group_count += 1
+            self._update_slow()
+        else:
+            layers.insert(0, layer)
+
+    def drop_layers(self, group_index: int) -> None:
+        """Forget the layers of a key group (a full block replaces them)."""
+        if self.layers[group_index] is not None:
+            self.layers[group_index] = None
+            self.lazy[group_index] = False
+            self.lazy_group_count -= 1
+            self._update_slow()
 
     def decode_all(self) -> None:
-        """Eager restore: decode every restored entry now."""
+        """Eager restore: decode every restored entry now (the layers are dropped)."""
         read = self.read_framing
         decode_keys = self.backend.key_serializer.deserialize_many
-        fast = self._ttl_deadline() is None
+        deadline = self._ttl_deadline()
         for i in range(self.group_count):
-            pending = self.pending_sections[i]
-            if pending is not None and fast and not self.raw_entries[i]:
-                m = self.maps[i]
-                for block, key_offsets, value_offsets in pending:
-                    m.update(zip(decode_keys(block, key_offsets), read.decode_many(block, value_offsets)))
-                self.pending_sections[i] = None
-                self._group_decoded(i)
+            layers = self.layers[i]
+            if layers is None:
                 continue
-            if pending is not None:
-                self._materialize(i)
-            raw = self.raw_entries[i]
-            if raw:
-                m = self.maps[i]
-                sections: Any = self.raw_sections[i]
-                if len(sections) == 1 and len(raw) == len(sections[0].key_offsets) - 1:
-                    block, _, value_offsets = sections[0]
-                    m.update(zip(raw, read.decode_many(block, value_offsets)))  # raw's keys are in entry order
-                else:
-                    for k, entry in raw.items():
-                        m[k] = read.decode(self._raw_value(i, entry))
-                self.raw_entries[i] = None
-                self.raw_sections[i] = None
-                self._group_decoded(i)
-        self._update_slow()
+            m = self.maps[i]
+            seen = set(m)
+            for layer in layers:  # newest first: a key's newest entry wins
+                block = layer.block
+                if layer.key_offsets is not None:
+                    keys = decode_keys(block, layer.key_offsets)
+                    if deadline is None:
+                        values = read.decode_many(block, layer.value_offsets)
+                        if not seen:
+                            m.update(zip(keys, values))
+                        else:
+                            m.update((k, v) for k, v in zip(keys, values) if k not in seen)
+                    else:
+                        for j, k in enumerate(keys):
+                            if k in seen:
+                                continue
+                            kept = read.drop_expired_bytes(layer.value(j), deadline)
+                            if kept is not None:
+                                m[k] = read.decode(kept)
+                    seen.update(keys)
+                if layer.delete_offsets is not None:
+                    seen.update(decode_keys(block, layer.delete_offsets))
+            for k in [k for k, v in m.items() if v is MISSING]:
+                del m[k]
+            self.drop_layers(i)
 
     def keys_of_group(self, group_index: int) -> list[Any]:
-        if self.pending_sections[group_index] is not None:
-            self._materialize(group_index)
         m = self.maps[group_index]
-        raw = self.raw_entries[group_index]
-        return list(m) + list(raw) if raw else list(m)
+        out = [k for k, v in m.items() if v is not MISSING]
+        layers = self.layers[group_index]
+        if layers:
+            decode_keys = self.backend.key_serializer.deserialize_many
+            seen = set(m)
+            for layer in layers:
+                if layer.key_offsets is not None:
+                    for k in decode_keys(layer.block, layer.key_offsets):
+                        if k not in seen:
+                            seen.add(k)
+                            out.append(k)
+                if layer.delete_offsets is not None:
+                    seen.update(decode_keys(layer.block, layer.delete_offsets))
+        return out
 
 
 @dataclass(frozen=True, slots=True)
 class _Capture:
-    """What a snapshot's synchronous part took of one table: per key group, the objects the table held then (the
-    table copies a shared key group before changing it, so these never change), and how to write them."""
+    """What a snapshot's synchronous part took of one table, per key group ``i``: for a key group written full,
+    ``maps[i]`` and ``layers[i]`` as the table held them (the table copies a shared dict before changing it, and
+    never changes a layer); for one written as a delta, ``deltas[i]``: its dirty keys -> their value or MISSING
+    (deleted). ``dirty`` is the dirty lists taken, given back if the snapshot fails."""
 
     maps: list[dict[Any, Any]]
-    raw_entries: list[dict[Any, int] | None]
-    raw_sections: list[list[_Section] | None]
-    pending_sections: list[list[_Section] | None]
+    layers: list[list[Layer] | None]
+    deltas: list[dict[Any, Any] | None]
+    dirty: list[list[Any]]
     read_framing: ValueFraming
     write_framing: ValueFraming
     needs_migration: bool
@@ -379,13 +387,20 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
 
     def __init__(self, key_group_range: KeyGroupRange, max_parallelism: int, key_serializer: TypeSerializer, *,
                  key_type: KeyType = None, clock: Callable[[], float] = time.time, allow_pickle: bool = False,
-                 subtask_index: int = 0) -> None:
+                 subtask_index: int = 0, incremental: bool = True, max_chain: int = 8,
+                 delta_fraction: float = 0.5) -> None:
         super().__init__(key_group_range, max_parallelism, key_serializer, key_type=key_type, clock=clock,
-                         allow_pickle=allow_pickle, subtask_index=subtask_index)
+                         allow_pickle=allow_pickle, subtask_index=subtask_index, incremental=incremental,
+                         max_chain=max_chain, delta_fraction=delta_fraction)
         self.set_current_key = self._ctx.set_current_key  # type: ignore[method-assign]  # no Python-level hop
         self._tables: dict[str, _HeapTable] = {}
         self._running_snapshots = 0
         self._snap_lock = threading.Lock()
+        # Dirty tracking is on once a snapshot can be a delta: after a restore, or after the first snapshot's
+        # capture (until then every key group is written full and tracking would only cost).
+        self._tracking = False
+        # Key groups (indexes) whose last full or delta block was lost with a failed snapshot: written full next.
+        self._force_full: set[int] = set()
 
     # ---- hooks of the base ----------------------------------------------------------------------------------------
     def _state_class(self, kind: str, ttl: bool) -> type:
@@ -411,26 +426,48 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
     def _store(self, name: str) -> _HeapTable:
         return self._tables[name]
 
-    def _restore_handle(self, storage: CheckpointStorage, handle: KeyedStateHandle, key_groups: KeyGroupRange,
-                        targets: list[Any]) -> tuple[int, int]:
-        blocks, nbytes = read_key_group_offsets(storage, handle, key_groups)
-        groups = 0
-        for kg, block, sections in blocks:
-            groups += 1
-            group_index = kg - self._start
-            for state_index, key_offsets, value_offsets in sections:
-                self._check_state_index(handle, kg, state_index, targets)
-                if len(key_offsets) != len(value_offsets):
-                    raise CorruptSnapshotError(f"{handle.file}: key group {kg}, state {state_index}: "
-                                               f"{len(key_offsets) - 1} keys but {len(value_offsets) - 1} values")
-                if len(key_offsets) > 1:
-                    targets[state_index].add_section(group_index, block, key_offsets, value_offsets)
-        return nbytes, groups
+    def _restore_block(self, handle: KeyedStateHandle, targets: list[Any], block: KeyGroupBlock) -> None:
+        """One key group's block of one file of its chain (blocks come oldest first): kept as layers, nothing
+        decoded. A full block replaces what older blocks said about the key group, in every state."""
+        group_index = block.key_group - self._start
+        if block.full:
+            for t in self._tables.values():
+                t.drop_layers(group_index)
+        per_state: dict[int, list[Any]] = {}
+        for state_index, key_offsets, value_offsets in block.puts:
+            if len(key_offsets) != len(value_offsets):
+                raise CorruptSnapshotError(f"{handle.file}: key group {block.key_group}, state {state_index}: "
+                                           f"{len(key_offsets) - 1} keys but {len(value_offsets) - 1} values")
+            if len(key_offsets) > 1:
+                self._section_slot(handle, block.key_group, per_state, state_index, 0)[:2] = key_offsets, value_offsets
+        for state_index, key_offsets in block.deletes:
+            if len(key_offsets) > 1:
+                self._section_slot(handle, block.key_group, per_state, state_index, 2)[2] = key_offsets
+        for state_index, (key_offsets, value_offsets, delete_offsets) in per_state.items():
+            targets[state_index].add_layer(
+                group_index, Layer(block.block, key_offsets, value_offsets, delete_offsets, block.sorted))
+
+    @staticmethod
+    def _section_slot(handle: KeyedStateHandle, kg: int, per_state: dict[int, list[Any]], state_index: int,
+                      slot: int) -> list[Any]:
+        entry = per_state.setdefault(state_index, [None, None, None])
+        if entry[slot] is not None:
+            raise CorruptSnapshotError(f"{handle.file}: key group {kg} has two {'delete' if slot else 'put'} "
+                                       f"sections for state index {state_index}")
+        return entry
 
     def _after_restore(self, lazy: bool) -> None:
         if not lazy:
             for t in self._tables.values():
                 t.decode_all()
+        self._start_tracking()
+
+    def _start_tracking(self) -> None:
+        if not self.incremental:
+            return
+        self._tracking = True
+        for t in self._tables.values():
+            t.track = True
 
     # ---- iteration ------------------------------------------------------------------------------------------------
     def keys(self, state_name: str) -> Iterator[Any]:
@@ -443,31 +480,77 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
             yield from t.keys_of_group(i)
 
     # ---- snapshots ------------------------------------------------------------------------------------------------
+    def _full_groups(self) -> set[int]:
+        """Key-group indexes this snapshot writes full; the others get a delta of their dirty keys."""
+        if not self._tracking:  # nothing tracked yet: nothing to write a delta from
+            return set(range(self._n))
+        start = self._start
+        return {kg - start for kg in self._full_key_groups_for_snapshot()} | self._force_full
+
     def snapshot(self, checkpoint_id: int, storage: CheckpointStorage) -> SnapshotFuture[KeyedStateHandle]:
-        """Capture a consistent view now (cheap: per key group, a reference; see the module docs) and write it to
-        ``storage`` on the snapshot worker thread. Later writes to this backend never reach the snapshot."""
-        n = self._n
+        """Capture a consistent view now (cheap: per key group a reference, plus the values of the keys changed
+        since the last snapshot; see the module docs) and write it to ``storage`` on the snapshot worker thread:
+        full blocks for the key groups the materialization policy names, deltas (changed values and deletes) for
+        the others. Later writes to this backend never reach the snapshot."""
+        n, start = self._n, self._start
+        full = self._full_groups()
+        self._force_full = set()
         metas = []
         captures = []
         for t in self._tables.values():
             metas.append(t.meta)
-            captures.append(_Capture(t.maps[:n], t.raw_entries[:n], t.raw_sections[:n], t.pending_sections[:n],
-                                     t.read_framing, t.write_framing, t.needs_migration, t._ttl_deadline()))
+            dirty, t.dirty = t.dirty, [[] for _ in range(n + 1)]
+            t.dirty_limit = _DIRTY_LIMIT
+            maps = t.maps
+            deltas: list[dict[Any, Any] | None] = [None] * n
+            for i in range(n):
+                keys = dirty[i]
+                if keys and i not in full:
+                    m = maps[i]
+                    deltas[i] = {k: m.get(k, MISSING) for k in keys}
+            captures.append(_Capture(maps[:n], t.layers[:n], deltas, dirty, t.read_framing, t.write_framing,
+                                     t.needs_migration, t._ttl_deadline()))
         with self._snap_lock:
             self._running_snapshots += 1
             for t in self._tables.values():
-                t.shared = [True] * n + [False]
-                t.copied_keys = [None] * (n + 1)
+                # A full key group's dict is held as a whole (copied before the next write to it); a delta's values
+                # are held one by one (a mutable one is copied before it is handed out again). A dict still held by
+                # an earlier running snapshot stays shared.
+                shared, copied = t.shared, t.copied_keys
+                fresh_copies = t.copy_value is not None
+                for i in range(n):
+                    if i in full:
+                        shared[i] = True
+                        copied[i] = None
+                    elif not shared[i]:
+                        copied[i] = set() if fresh_copies else None
                 t.cow = True
                 t._update_slow()
+        self._start_tracking()
 
         def work(future: SnapshotFuture[KeyedStateHandle]) -> KeyedStateHandle:
             try:
-                return self._write_snapshot(checkpoint_id, storage, metas, self._groups(captures), future)
+                check_cancel(future)
+                handle = write_keyed_snapshot(storage, checkpoint_id, self.subtask_index, self.key_group_range, metas,
+                                              self._groups(captures, full), full_key_groups={start + i for i in full},
+                                              on_key_group=functools.partial(check_cancel, future))
+            except BaseException:
+                self._snapshot_failed(captures, full)
+                raise
             finally:
                 self._release_snapshot()
+            self._after_snapshot(handle)
+            return handle
 
         return SnapshotFuture.start(work, name=f"keyed-{self.subtask_index} chk-{checkpoint_id}")
+
+    def _snapshot_failed(self, captures: list[_Capture], full: set[int]) -> None:
+        """The changes a failed snapshot took go into the next one (a list's extend is atomic under the GIL)."""
+        for t, c in zip(self._tables.values(), captures):
+            for i, keys in enumerate(c.dirty[:self._n]):
+                if keys and i not in full:
+                    t.dirty[i].extend(keys)
+        self._force_full |= full
 
     def _release_snapshot(self) -> None:
         with self._snap_lock:
@@ -481,71 +564,116 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
                 t.copied_keys = [None] * (n + 1)
                 t._update_slow()
 
-    def _groups(self, captures: list[_Capture]) -> Iterator[tuple[int, list[Any]]]:
-        key_ser = self.key_serializer
-        serialize_key = key_ser.serialize
+    def _groups(self, captures: list[_Capture], full: set[int]) -> Iterator[tuple[int, list[Any], list[Any]]]:
+        """Per key group with something to write: ``(key_group, put sections, delete sections)``; the key groups
+        in ``full`` (indexes) are written full, the others as deltas."""
         start = self._start
         for i in range(self._n):
             sections: list[Any] = []
+            deletes: list[Any] = []
+            if i in full:
+                for state_index, c in enumerate(captures):
+                    section = self._full_section(c, i)
+                    if section is not None:
+                        sections.append((state_index, *section))
+                yield start + i, sections, deletes
+                continue
             for state_index, c in enumerate(captures):
-                m, raw, pending = c.maps[i], c.raw_entries[i], c.pending_sections[i]
-                if not (m or raw or pending):
+                delta = c.deltas[i]
+                if delta:
+                    keys, values, gone = self._delta_section(c, delta)
+                    if keys:
+                        sections.append((state_index, keys, values))
+                    if gone:
+                        deletes.append((state_index, gone))
+            if sections or deletes:
+                yield start + i, sections, deletes
+
+    def _delta_section(self, c: _Capture, delta: dict[Any, Any]) -> tuple[list[bytes], list[bytes], list[bytes]]:
+        """The changed keys of one state in one key group: (keys, values) written, and keys deleted (an entry TTL
+        drops now is written as a delete too, so that no older block brings it back)."""
+        serialize_key = self.key_serializer.serialize
+        write, deadline = c.write_framing, c.ttl_deadline
+        encode = write.encode
+        keys: list[bytes] = []
+        values: list[bytes] = []
+        gone: list[bytes] = []
+        for k, v in delta.items():
+            if v is not MISSING and deadline is not None:
+                v = write.drop_expired(v, deadline)
+                if v is None:
+                    v = MISSING
+            if v is MISSING:
+                gone.append(serialize_key(k))
+            else:
+                keys.append(serialize_key(k))
+                values.append(encode(v))
+        return keys, values, gone
+
+    def _full_section(self, c: _Capture, i: int) -> tuple[Any, Any] | None:
+        """Every live entry of one state in one key group, as (keys, values) to write, or None if it has none:
+        the decoded values, then what the layers hold of the other keys (bytes as they are, re-encoded only to
+        migrate). Creates no object the garbage collector tracks per entry."""
+        m, layers = c.maps[i], c.layers[i]
+        if not (m or layers):
+            return None
+        key_ser = self.key_serializer
+        write, deadline = c.write_framing, c.ttl_deadline
+        if not m and layers is not None and len(layers) == 1 and not c.needs_migration and deadline is None:
+            layer = layers[0]  # an untouched restored key group: its bytes as they are
+            if layer.key_offsets is None:
+                return None
+            return Packed(layer.block, layer.key_offsets), Packed(layer.block, layer.value_offsets)
+        if (m and layers is None and deadline is None and not write.ttl
+                and write.kind in ("value", "reducing", "aggregating")):
+            key_data, key_offsets = key_ser.serialize_many(list(m))
+            value_data, value_offsets = write.ser.serialize_many(list(m.values()))
+            return Packed(key_data, key_offsets), Packed(value_data, value_offsets)
+        serialize_key = key_ser.serialize
+        encode = write.encode
+        keys: list[bytes] = []
+        values: list[bytes] = []
+        shadow: set[bytes] = set()
+        for k, v in m.items():
+            key_bytes = serialize_key(k)
+            if layers is not None:
+                shadow.add(key_bytes)
+            if v is MISSING:
+                continue
+            if deadline is not None:
+                v = write.drop_expired(v, deadline)
+                if v is None:
                     continue
-                write, deadline = c.write_framing, c.ttl_deadline
-                if pending and not m and not raw and len(pending) == 1 and not c.needs_migration and deadline is None:
-                    block, key_offsets, value_offsets = pending[0]  # an untouched restored key group: bytes as they are
-                    sections.append((state_index, Packed(block, key_offsets), Packed(block, value_offsets)))
-                    continue
-                if (m and not raw and not pending and deadline is None and not write.ttl
-                        and write.kind in ("value", "reducing", "aggregating")):
-                    key_data, key_offsets = key_ser.serialize_many(list(m))
-                    value_data, value_offsets = write.ser.serialize_many(list(m.values()))
-                    sections.append((state_index, Packed(key_data, key_offsets), Packed(value_data, value_offsets)))
-                    continue
-                keys: list[Any] = []
-                vals: list[Any] = []
-                if m:
-                    encode = write.encode
-                    for k, v in m.items():
-                        if deadline is not None:
-                            v = write.drop_expired(v, deadline)
-                            if v is None:
-                                continue
-                        keys.append(serialize_key(k))
-                        vals.append(encode(v))
-                if raw:
-                    raw_sections: Any = c.raw_sections[i]
-                    section_count = len(raw_sections)
-                    entries = []
-                    for entry in raw.values():
-                        block, key_offsets, value_offsets = raw_sections[entry % section_count]
-                        j = entry // section_count
-                        entries.append((block[key_offsets[j]:key_offsets[j + 1]],
-                                        block[value_offsets[j]:value_offsets[j + 1]]))
-                    self._pass_through(entries, keys, vals, c)
-                if pending:
-                    for block, key_offsets, value_offsets in pending:
-                        key_at, value_at = key_offsets.tolist(), value_offsets.tolist()
-                        entries = [(block[key_at[j]:key_at[j + 1]], block[value_at[j]:value_at[j + 1]])
-                                   for j in range(len(key_at) - 1)]
-                        self._pass_through(entries, keys, vals, c)
-                if keys:
-                    sections.append((state_index, keys, vals))
-            yield start + i, sections
+            keys.append(key_bytes)
+            values.append(encode(v))
+        for depth, layer in enumerate(layers or ()):
+            older = depth + 1 < len(layers)  # type: ignore[arg-type]
+            if older:
+                layer.collect_deletes(shadow)
+            first = len(keys)
+            layer.collect_puts(shadow, keys, values, older)
+            if c.needs_migration or deadline is not None:
+                self._pass_through(keys, values, first, c)
+        return (keys, values) if keys else None
 
     @staticmethod
-    def _pass_through(entries: Any, keys: list[Any], vals: list[Any], capture: _Capture) -> None:
-        """Restored entries that were never decoded go back out as the same bytes (re-encoded only to migrate)."""
+    def _pass_through(keys: list[bytes], values: list[bytes], first: int, capture: _Capture) -> None:
+        """Restored entries ``keys[first:]`` go out as the same bytes, re-encoded only to migrate, without those
+        TTL drops now."""
         read, write, deadline = capture.read_framing, capture.write_framing, capture.ttl_deadline
-        for key_bytes, value_bytes in entries:
+        kept_keys: list[bytes] = []
+        kept_values: list[bytes] = []
+        for key_bytes, value_bytes in zip(keys[first:], values[first:]):
             if capture.needs_migration:
                 value_bytes = write.encode(read.decode(value_bytes))
             if deadline is not None:
                 value_bytes = write.drop_expired_bytes(value_bytes, deadline)
                 if value_bytes is None:
                     continue
-            keys.append(key_bytes)
-            vals.append(value_bytes)
+            kept_keys.append(key_bytes)
+            kept_values.append(value_bytes)
+        keys[first:] = kept_keys
+        values[first:] = kept_values
 
 
 __all__ = ["HeapKeyedStateBackend"]
