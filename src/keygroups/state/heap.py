@@ -32,7 +32,13 @@ from keygroups._ranges import KeyGroupRange
 from keygroups.checkpoint import KeyedStateHandle, KeyGroupBlock, Packed, find_key, write_keyed_snapshot
 from keygroups.errors import CorruptSnapshotError, no_current_key_error
 from keygroups.serializers import TypeSerializer
-from keygroups.state._base import KeyedStateBackendBase, SnapshotFuture, check_cancel
+from keygroups.state._base import (
+    DEFAULT_DELTA_FRACTION,
+    DEFAULT_MAX_CHAIN,
+    KeyedStateBackendBase,
+    SnapshotFuture,
+    check_cancel,
+)
 from keygroups.state._codec import ValueFraming
 from keygroups.state.descriptors import StateDescriptor
 from keygroups.state.states import MISSING, ListState, MapState, ValueState
@@ -387,8 +393,8 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
 
     def __init__(self, key_group_range: KeyGroupRange, max_parallelism: int, key_serializer: TypeSerializer, *,
                  key_type: KeyType = None, clock: Callable[[], float] = time.time, allow_pickle: bool = False,
-                 subtask_index: int = 0, incremental: bool = True, max_chain: int = 8,
-                 delta_fraction: float = 0.5) -> None:
+                 subtask_index: int = 0, incremental: bool = True, max_chain: int = DEFAULT_MAX_CHAIN,
+                 delta_fraction: float = DEFAULT_DELTA_FRACTION) -> None:
         super().__init__(key_group_range, max_parallelism, key_serializer, key_type=key_type, clock=clock,
                          allow_pickle=allow_pickle, subtask_index=subtask_index, incremental=incremental,
                          max_chain=max_chain, delta_fraction=delta_fraction)
