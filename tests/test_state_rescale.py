@@ -74,9 +74,7 @@ class Job:
         if during is not None:
             during()
         handles = [f.result(60) for f in futures]
-        previous = storage.latest()
-        if previous is not None:  # as the driver does: delta files need the earlier files of their chains
-            handles = carry_forward(previous, handles)
+        # as the driver does: delta files need the earlier files of their chains
         storage.commit(CheckpointMetadata(checkpoint_id=checkpoint_id, job_id="rescale", timestamp_ms=0,
                                           max_parallelism=self.maxp, parallelism=self.p,
                                           keyed_handles=carry_forward(storage.latest(), handles),
