@@ -250,8 +250,8 @@ def bench_rocksdb_ops(n_keys, n_ops, runs):
     b.dispose()
 
 
-def build(n_keys, kgr=KeyGroupRange(0, MAXP - 1), maxp=MAXP, subtask=0):
-    b = HeapKeyedStateBackend(kgr, maxp, Int64Serializer(), subtask_index=subtask)
+def build(n_keys, kgr=KeyGroupRange(0, MAXP - 1), maxp=MAXP, subtask=0, incremental=True):
+    b = HeapKeyedStateBackend(kgr, maxp, Int64Serializer(), subtask_index=subtask, incremental=incremental)
     v = b.get_state(ValueStateDescriptor("v", StrSerializer()))
     return b, v
 
@@ -274,7 +274,7 @@ def bench_snapshot_restore(n_keys, runs):
           "the same bytes as one raw file)")
     tmp = tempfile.TemporaryDirectory(prefix="kg-bench-")
     storage = CheckpointStorage(tmp.name)
-    b, v = build(n_keys)
+    b, v = build(n_keys, incremental=False)  # every snapshot writes the whole state: what this section measures
     fill(b, v, range(n_keys))
     cid = [0]
     handle = None

@@ -310,6 +310,14 @@ class _HeapTable(TableCore):
             if layers is None:
                 continue
             m = self.maps[i]
+            only = layers[0]
+            if len(layers) == 1 and not m and deadline is None and only.delete_offsets is None:
+                if only.key_offsets is not None:  # one full block: decode it whole
+                    m.update(zip(decode_keys(only.block, only.key_offsets),
+                                 read.decode_many(only.block, only.value_offsets)))
+                self.drop_layers(i)
+                continue
+            tombstones = [k for k, v in m.items() if v is MISSING]
             seen = set(m)
             for layer in layers:  # newest first: a key's newest entry wins
                 block = layer.block
@@ -317,10 +325,7 @@ class _HeapTable(TableCore):
                     keys = decode_keys(block, layer.key_offsets)
                     if deadline is None:
                         values = read.decode_many(block, layer.value_offsets)
-                        if not seen:
-                            m.update(zip(keys, values))
-                        else:
-                            m.update((k, v) for k, v in zip(keys, values) if k not in seen)
+                        m.update((k, v) for k, v in zip(keys, values) if k not in seen)
                     else:
                         for j, k in enumerate(keys):
                             if k in seen:
@@ -331,7 +336,7 @@ class _HeapTable(TableCore):
                     seen.update(keys)
                 if layer.delete_offsets is not None:
                     seen.update(decode_keys(block, layer.delete_offsets))
-            for k in [k for k, v in m.items() if v is MISSING]:
+            for k in tombstones:  # no layer left to shadow
                 del m[k]
             self.drop_layers(i)
 
