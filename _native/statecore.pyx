@@ -130,10 +130,14 @@ cdef inline int _mark(TableCore t, KeyContext c) except -1:
     Appending to a list is cheaper than adding to a set (no probe, no key comparison); the table de-duplicates a
     list that grows past ``dirty_limit`` entries, and the snapshot's capture de-duplicates the rest."""
     cdef object keys
+    cdef Py_ssize_t n
     if t.track and c.kgi < PyList_GET_SIZE(t.dirty):
         keys = <object>PyList_GET_ITEM(t.dirty, c.kgi)
+        n = PyList_GET_SIZE(keys)
+        if n and <object>PyList_GET_ITEM(keys, n - 1) is c.key:  # the same key again (a read, then its update)
+            return 0
         PyList_Append(keys, c.key)
-        if PyList_GET_SIZE(keys) >= t.dirty_limit:
+        if n + 1 >= t.dirty_limit:
             t._compact_dirty(c.kgi)
     return 0
 

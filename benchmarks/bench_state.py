@@ -1,6 +1,6 @@
 """Keyed state benchmark: heap (and, for context, RocksDB) state ops/s per core beside a plain dict doing the same
-work, snapshot write and restore MB/s, bytes a rescaled restore reads per subtask against its ideal share, and lazy vs
-eager restore of 1M keys.
+work, snapshot write and restore MB/s, bytes a rescaled restore reads per subtask against its ideal share, lazy vs
+eager restore of 1M keys, and a 1%-touching batch on a restored 1M-key heap state with incremental vs full snapshots.
 
 Run: python benchmarks/bench_state.py [--quick]
 Every figure is the median of several runs; ours and the baseline are printed side by side with the ratio.
@@ -118,13 +118,28 @@ def bench_ops(n_keys, n_ops, runs):
         for k in keys:
             b.set_current_key(k)
 
+    # After a first snapshot the backend tracks the keys each batch changes (its next snapshot is a delta of them).
+    tmp_tracked = tempfile.TemporaryDirectory(prefix="kg-bench-")
+    tb, tv, _, _ = fresh()
+    for k in range(n_keys):
+        tb.set_current_key(k)
+        tv.update(k)
+    tb.snapshot(1, CheckpointStorage(tmp_tracked.name)).result()
+
+    def value_ours_tracked():
+        for k in keys:
+            tb.set_current_key(k)
+            tv.update((tv.value() or 0) + 1)
+
     for label, ours, base in (("value get+update (incl. set_current_key)", value_ours, value_base),
+                              ("value get+update, dirty tracking on", value_ours_tracked, value_base),
                               ("value get+update (key already set)", value_ours_nokey, value_base_nokey),
                               ("list add (incl. set_current_key)", list_ours, list_base),
                               ("map put (incl. set_current_key)", map_ours, map_base)):
         t_ours, t_base = paired_times(ours, base, runs)
         row(label, n_ops / t_ours, n_ops / t_base, "ops/s")
     print(f"  (set_current_key alone, hashing the key to its key group: {n_ops / median_time(kg_only, runs):,.0f}/s)")
+    tmp_tracked.cleanup()
 
     # The runner's pattern: a subtask restores (lazily) and then processes records; first touches decode.
     tmp = tempfile.TemporaryDirectory(prefix="kg-bench-")
@@ -150,6 +165,48 @@ def bench_ops(n_keys, n_ops, runs):
         t_base.append(time.perf_counter() - t0)
     row("value get+update after a lazy restore", n_ops / statistics.median(t_ours),
         n_ops / statistics.median(t_base), "ops/s")
+    tmp.cleanup()
+
+
+def bench_incremental(n_keys, touched_fraction, runs):
+    """A restored heap state of ``n_keys``, a batch touching ``touched_fraction`` of its keys, then its snapshot:
+    incremental (a delta of the touched keys) against full (every key group rewritten, as before issue 11)."""
+    touched = range(0, n_keys, round(1 / touched_fraction))
+    print(f"\nheap: restore {n_keys:,} keys, touch {len(touched):,}, snapshot (baseline: the same with "
+          "incremental=False, every snapshot full)")
+    tmp = tempfile.TemporaryDirectory(prefix="kg-bench-")
+    storage = CheckpointStorage(tmp.name, retain=1000)
+    b, v = build(0)
+    fill(b, v, range(n_keys))
+    md = commit(storage, [b.snapshot(1, storage).result()], 1, 1)
+    del b, v
+    gc.collect()
+    figures = {True: [], False: []}
+    cid = 1
+    for _ in range(runs):
+        for incremental in (True, False):
+            cid += 1
+            nb = HeapKeyedStateBackend(KeyGroupRange(0, MAXP - 1), MAXP, Int64Serializer(), incremental=incremental)
+            t0 = time.perf_counter()
+            nb.restore(storage, md)
+            nv = nb.get_state(ValueStateDescriptor("v", StrSerializer()))
+            t1 = time.perf_counter()
+            for k in touched:
+                nb.set_current_key(k)
+                nv.update(nv.value() + "!")
+            t2 = time.perf_counter()
+            handle = nb.snapshot(cid, storage).result()
+            t3 = time.perf_counter()
+            figures[incremental].append((t1 - t0, t2 - t1, t3 - t2, handle.size))
+    full_size = md.keyed_handles[0].size
+    for i, what in enumerate(("restore", f"touch {len(touched):,} keys (get+update)", "snapshot")):
+        ours = statistics.median(f[i] for f in figures[True])
+        base = statistics.median(f[i] for f in figures[False])
+        print(f"  {what:<44} {ours * 1e3:>12,.1f} ms       baseline {base * 1e3:>12,.1f} ms       "
+              f"ratio {base / ours:6.1f}x faster")
+    size = statistics.median(f[3] for f in figures[True])
+    print(f"  {'bytes the snapshot writes':<44} {size:>12,.0f} B        baseline {full_size:>12,.0f} B        "
+          f"{size / full_size:6.1%} of the state")
     tmp.cleanup()
 
 
@@ -310,8 +367,8 @@ def bench_rocksdb_delta(n_keys, fraction):
     tmp.cleanup()
 
 
-def build(n_keys, kgr=KeyGroupRange(0, MAXP - 1), maxp=MAXP, subtask=0):
-    b = HeapKeyedStateBackend(kgr, maxp, Int64Serializer(), subtask_index=subtask)
+def build(n_keys, kgr=KeyGroupRange(0, MAXP - 1), maxp=MAXP, subtask=0, incremental=True):
+    b = HeapKeyedStateBackend(kgr, maxp, Int64Serializer(), subtask_index=subtask, incremental=incremental)
     v = b.get_state(ValueStateDescriptor("v", StrSerializer()))
     return b, v
 
@@ -334,7 +391,7 @@ def bench_snapshot_restore(n_keys, runs):
           "the same bytes as one raw file)")
     tmp = tempfile.TemporaryDirectory(prefix="kg-bench-")
     storage = CheckpointStorage(tmp.name)
-    b, v = build(n_keys)
+    b, v = build(n_keys, incremental=False)  # every snapshot writes the whole state: what this section measures
     fill(b, v, range(n_keys))
     cid = [0]
     handle = None
@@ -452,6 +509,7 @@ def main():
     bench_snapshot_restore(50_000 if q else 300_000, runs)
     bench_rescale(20_000 if q else 200_000, 4, 7, 3)
     bench_lazy(100_000 if q else 1_000_000, 3)
+    bench_incremental(100_000 if q else 1_000_000, 0.01, 3)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,9 @@ chains of them restore at any parallelism to exactly what was written, on real f
 from __future__ import annotations
 
 import copy
+import json
+import pathlib
+import shutil
 import tempfile
 
 import pytest
@@ -190,6 +193,49 @@ def test_deleting_a_restored_key_shadows_its_older_block(tmp_path, decoded_first
         for name in descs:
             assert reads[name](a[name]) == (None if k % 2 == 0 else k), (name, k)
     assert sorted(again.keys("v")) == list(range(1, 50, 2))
+
+
+def test_a_format_1_checkpoint_continues_as_a_chain(tmp_path):
+    """Format 1 blocks are unsorted: their keys are decoded on a key group's first lookup, as before. The first
+    snapshot after such a restore is full; the chain continues from it with deltas."""
+    v1 = pathlib.Path(__file__).parent / "data" / "keyed-checkpoint-v1"
+    shutil.copytree(v1, tmp_path / "chk")
+    storage = CheckpointStorage(tmp_path / "chk", retain=100)
+    chain = Chain(storage, 16)
+    chain.last = storage.load(1)
+    expected = {int(k): v for k, v in json.loads((v1 / "expected.json").read_text()).items()}
+    descs = {"count": ValueStateDescriptor("count", Int64Serializer()),
+             "events": ListStateDescriptor("events", StrSerializer()),
+             "attrs": MapStateDescriptor("attrs", StrSerializer(), ValueSerializer())}
+
+    def backend(metadata):
+        b = HeapKeyedStateBackend(KeyGroupRange(0, 15), 16, Int64Serializer())
+        b.restore(storage, metadata)
+        return b, {n: b.get_state(d) for n, d in descs.items()}
+
+    def check(b, s):
+        for k, want in expected.items():
+            b.set_current_key(k)
+            assert [s["count"].value(), s["events"].get(), dict(s["attrs"].items())] == want, k
+
+    b, s = backend(chain.last)
+    for cid, keys in ((2, list(expected)[::3]), (3, list(expected)[1::5])):
+        for k in keys:  # clear or change state still in the restored (unsorted or delta) blocks
+            b.set_current_key(k)
+            if k % 2:
+                s["count"].clear()
+                s["events"].clear()
+                s["attrs"].clear()
+                expected[k] = [None, [], {}]
+            else:
+                s["count"].update(-k)
+                s["events"].add("g")
+                expected[k] = [-k, expected[k][1] + ["g"], expected[k][2]]
+        handle = b.snapshot(cid, storage).result(30)
+        assert handle.is_all_full == (cid == 2)
+        check(b, s)
+        b, s = backend(chain.commit(cid, [handle], 1))
+        check(b, s)
 
 
 def test_a_failed_snapshot_gives_its_changes_to_the_next_one(tmp_path):

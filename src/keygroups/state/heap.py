@@ -1,30 +1,40 @@
-"""The heap keyed state backend: Python objects in one dict per (state, key group), with copy-on-write snapshots
-and lazy restore.
+"""The heap keyed state backend: Python objects in one dict per (state, key group), with copy-on-write snapshots,
+incremental snapshots, and restored state that stays bytes until a key is read.
 
 Copy-on-write, at key-group granularity (Flink's ``CopyOnWriteStateMap`` keeps versions per entry; a dict per key
-group gives the same guarantee with C-speed shallow copies): a snapshot's synchronous part only captures the list of
-per-key-group dicts and marks them shared. The first write to a shared key group replaces its dict by a shallow copy;
-mutable values (lists, maps, mutable accumulators) are then copied per entry when first read or written, so nothing
-the background writer holds is ever mutated. Once no snapshot is running, every access takes the fast path again.
+group gives the same guarantee with C-speed shallow copies): a snapshot's synchronous part captures, for a key group
+it writes full, the dict itself and marks it shared (the first write to it replaces it by a shallow copy), and for a
+key group it writes as a delta, the values of its changed keys. Mutable values (lists, maps, mutable accumulators)
+are then copied per entry when first read or written, so nothing the background writer holds is ever mutated. Once
+no snapshot is running, every access takes the fast path again.
 
-Lazy restore: a restored key group keeps the snapshot's block (one buffer and two offset arrays per state, not one
-object per entry) until the first access to that key group; then only its keys are decoded (``deserialize_many``),
-and every value stays bytes until its key is first read. A snapshot taken before that writes the original bytes back
-untouched (an untouched key group is handed to the writer as one packed buffer).
+Restored state as layers: each block of a key group's chain (the newest full block, then its deltas) stays one
+buffer and offset arrays per state (``statecore.Layer``), newest first. A key missing from the dict is serialized
+and looked up in the layers by binary search over the raw key bytes (keyed format 2 sorts them); only its value is
+decoded, so a batch touching 1% of the keys decodes about 1% of the state. Format 1 blocks are unsorted: their keys
+are decoded on the key group's first lookup. A delete leaves ``MISSING`` in the dict, which shadows the layers.
+
+Incremental snapshots: every write, delete, append, and every mutable value handed out adds the key to its key
+group's dirty list (in the compiled fast paths). A snapshot writes, for the key groups the materialization policy
+names (``_full_key_groups_for_snapshot``), a full block (the dict, then what the layers hold of the other keys, as
+the same bytes); for the others a delta: the dirty keys' values, and deletes for those without one (cleared,
+removed, or expired by TTL now, so that no older block brings them back). Writing creates bytes, not objects the
+garbage collector tracks, so a collection during the snapshot has nothing of the state to scan.
 
 Hot paths: ``set_current_key`` and the value / list / map operations are compiled (``_native/statecore.pyx``); they
-read the dicts directly and hand over to the Python methods here only while a snapshot runs or for a key group that
-still holds undecoded restored entries. TTL states and the rarer operations use the generic classes of ``states``.
+read the dicts directly and hand over to the Python methods here only while a snapshot runs or for a key that may be
+in a restored layer. TTL states and the rarer operations use the generic classes of ``states``.
 """
 
 from __future__ import annotations
 
+import collections
 import functools
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from keygroups._hashing import KeyType
 from keygroups._native.statecore import ABSENT, DELETED, HeapListCore, HeapMapCore, HeapValueCore, Layer, TableCore
@@ -65,7 +75,8 @@ def _find_unsorted(layer: Layer, key: Any, decode_keys: Callable[[Any, Any], lis
     lookup (as the whole key group's were before format 2)."""
     if layer.index is None:
         keys = decode_keys(layer.block, layer.key_offsets) if layer.key_offsets is not None else []
-        layer.deleted = set(decode_keys(layer.block, layer.delete_offsets)) if layer.delete_offsets is not None else set()
+        deletes = layer.delete_offsets
+        layer.deleted = set(decode_keys(layer.block, deletes)) if deletes is not None else set()
         layer.index = dict(zip(keys, range(len(keys))))
     if key in layer.deleted:  # type: ignore[operator]
         return DELETED
@@ -305,6 +316,14 @@ class _HeapTable(TableCore):
             if layers is None:
                 continue
             m = self.maps[i]
+            only = layers[0]
+            if len(layers) == 1 and not m and deadline is None and only.delete_offsets is None:
+                if only.key_offsets is not None:  # one full block: decode it whole
+                    m.update(zip(decode_keys(only.block, only.key_offsets),
+                                 read.decode_many(only.block, only.value_offsets)))
+                self.drop_layers(i)
+                continue
+            tombstones = [k for k, v in m.items() if v is MISSING]
             seen = set(m)
             for layer in layers:  # newest first: a key's newest entry wins
                 block = layer.block
@@ -312,10 +331,7 @@ class _HeapTable(TableCore):
                     keys = decode_keys(block, layer.key_offsets)
                     if deadline is None:
                         values = read.decode_many(block, layer.value_offsets)
-                        if not seen:
-                            m.update(zip(keys, values))
-                        else:
-                            m.update((k, v) for k, v in zip(keys, values) if k not in seen)
+                        m.update((k, v) for k, v in zip(keys, values) if k not in seen)
                     else:
                         for j, k in enumerate(keys):
                             if k in seen:
@@ -326,7 +342,7 @@ class _HeapTable(TableCore):
                     seen.update(keys)
                 if layer.delete_offsets is not None:
                     seen.update(decode_keys(block, layer.delete_offsets))
-            for k in [k for k, v in m.items() if v is MISSING]:
+            for k in tombstones:  # no layer left to shadow
                 del m[k]
             self.drop_layers(i)
 
@@ -405,8 +421,9 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
         # Dirty tracking is on once a snapshot can be a delta: after a restore, or after the first snapshot's
         # capture (until then every key group is written full and tracking would only cost).
         self._tracking = False
-        # Key groups (indexes) whose last full or delta block was lost with a failed snapshot: written full next.
-        self._force_full: set[int] = set()
+        # What failed snapshots took (per table name its dirty lists, and the key groups it was to write full),
+        # handed back to the next capture. A deque: the snapshot worker appends, the capture pops, no lock needed.
+        self._failed: collections.deque[tuple[dict[str, list[list[Any]]], set[int]]] = collections.deque()
 
     # ---- hooks of the base ----------------------------------------------------------------------------------------
     def _state_class(self, kind: str, ttl: bool) -> type:
@@ -487,11 +504,21 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
 
     # ---- snapshots ------------------------------------------------------------------------------------------------
     def _full_groups(self) -> set[int]:
-        """Key-group indexes this snapshot writes full; the others get a delta of their dirty keys."""
+        """Key-group indexes this snapshot writes full; the others get a delta of their dirty keys. The changes a
+        failed snapshot took come back first: its deltas' keys are dirty again, its full key groups full again."""
+        full: set[int] = set()
+        while self._failed:
+            dirty, failed_full = self._failed.popleft()
+            full |= failed_full
+            for name, lists in dirty.items():
+                t = self._tables[name]
+                for i, keys in enumerate(lists):
+                    if keys:
+                        t.dirty[i].extend(keys)
         if not self._tracking:  # nothing tracked yet: nothing to write a delta from
             return set(range(self._n))
         start = self._start
-        return {kg - start for kg in self._full_key_groups_for_snapshot()} | self._force_full
+        return {kg - start for kg in self._full_key_groups_for_snapshot()} | full
 
     def snapshot(self, checkpoint_id: int, storage: CheckpointStorage) -> SnapshotFuture[KeyedStateHandle]:
         """Capture a consistent view now (cheap: per key group a reference, plus the values of the keys changed
@@ -500,9 +527,9 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
         the others. Later writes to this backend never reach the snapshot."""
         n, start = self._n, self._start
         full = self._full_groups()
-        self._force_full = set()
         metas = []
         captures = []
+        names = list(self._tables)
         for t in self._tables.values():
             metas.append(t.meta)
             dirty, t.dirty = t.dirty, [[] for _ in range(n + 1)]
@@ -541,7 +568,8 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
                                               self._groups(captures, full), full_key_groups={start + i for i in full},
                                               on_key_group=functools.partial(check_cancel, future))
             except BaseException:
-                self._snapshot_failed(captures, full)
+                self._failed.append(({name: [c.dirty[i] if i not in full else [] for i in range(n)]
+                                      for name, c in zip(names, captures)}, full))
                 raise
             finally:
                 self._release_snapshot()
@@ -549,14 +577,6 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
             return handle
 
         return SnapshotFuture.start(work, name=f"keyed-{self.subtask_index} chk-{checkpoint_id}")
-
-    def _snapshot_failed(self, captures: list[_Capture], full: set[int]) -> None:
-        """The changes a failed snapshot took go into the next one (a list's extend is atomic under the GIL)."""
-        for t, c in zip(self._tables.values(), captures):
-            for i, keys in enumerate(c.dirty[:self._n]):
-                if keys and i not in full:
-                    t.dirty[i].extend(keys)
-        self._force_full |= full
 
     def _release_snapshot(self) -> None:
         with self._snap_lock:
