@@ -9,6 +9,7 @@
 # GC-tracked object per entry.
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.list cimport PyList_Append, PyList_GET_ITEM, PyList_GET_SIZE
+from cpython.object cimport PyObject
 from cpython.long cimport PyLong_AsLongLongAndOverflow
 from cpython.set cimport PySet_Add, PySet_Contains
 from libc.stdint cimport int32_t, int64_t, uint8_t
@@ -125,18 +126,30 @@ cdef inline bint _layered(TableCore t, KeyContext c) noexcept:
             and <bint>(<object>PyList_GET_ITEM(t.lazy, c.kgi)))
 
 
+cdef extern from "Python.h":
+    # Borrowed-pointer forms for _mark, the one path every tracked write takes: no reference counting.
+    Py_ssize_t _list_size "PyList_GET_SIZE"(PyObject *lst)
+    PyObject *_list_item "PyList_GET_ITEM"(PyObject *lst, Py_ssize_t i)
+    int _list_append "PyList_Append"(PyObject *lst, PyObject *item) except -1
+    bint _is_list "PyList_Check"(PyObject *obj)
+
+
 cdef inline int _mark(TableCore t, KeyContext c) except -1:
     """The current key goes into the next incremental snapshot (call after ``_group``: the key group is valid).
-    Appending to a list is cheaper than adding to a set (no probe, no key comparison); the table de-duplicates a
-    list that grows past ``dirty_limit`` entries, and the snapshot's capture de-duplicates the rest."""
-    cdef object keys
+    Appending to a list is cheaper than adding to a set (no probe, no key comparison); the same key twice in a row
+    is appended once, the table de-duplicates a list that grows past ``dirty_limit`` entries, and the snapshot's
+    capture de-duplicates the rest."""
+    cdef PyObject *dirty = <PyObject *>t.dirty   # borrowed: the table holds them
+    cdef PyObject *keys
     cdef Py_ssize_t n
-    if t.track and c.kgi < PyList_GET_SIZE(t.dirty):
-        keys = <object>PyList_GET_ITEM(t.dirty, c.kgi)
-        n = PyList_GET_SIZE(keys)
-        if n and <object>PyList_GET_ITEM(keys, n - 1) is c.key:  # the same key again (a read, then its update)
+    if t.track and t.dirty is not None and c.kgi < _list_size(dirty):
+        keys = _list_item(dirty, c.kgi)
+        if not _is_list(keys):
+            raise TypeError(f"dirty[{c.kgi}] must be a list")
+        n = _list_size(keys)
+        if n and _list_item(keys, n - 1) == <PyObject *>c.key:  # the same key again (a read, then its update)
             return 0
-        PyList_Append(keys, c.key)
+        _list_append(keys, <PyObject *>c.key)
         if n + 1 >= t.dirty_limit:
             t._compact_dirty(c.kgi)
     return 0
