@@ -48,6 +48,7 @@ from keygroups.checkpoint import (
     read_key_groups,
     write_keyed_snapshot,
 )
+from keygroups.state._base import DEFAULT_DELTA_FRACTION, DEFAULT_MAX_CHAIN
 
 MAXP = 128
 STATES = [{"name": "value", "kind": "value"}]
@@ -236,8 +237,10 @@ def main() -> None:
     ap.add_argument("--checkpoints", type=int, default=20)
     ap.add_argument("--touch", type=float, default=0.01)
     ap.add_argument("--parallelism", type=int, default=4)
-    ap.add_argument("--max-chain", type=int, default=8, help="the policy's (the backends' default: 8)")
-    ap.add_argument("--delta-fraction", type=float, default=0.5, help="the policy's (the backends' default: 0.5)")
+    ap.add_argument("--max-chain", type=int, default=DEFAULT_MAX_CHAIN,
+                    help=f"the policy's (the backends' default: {DEFAULT_MAX_CHAIN})")
+    ap.add_argument("--delta-fraction", type=float, default=DEFAULT_DELTA_FRACTION,
+                    help=f"the policy's (the backends' default: {DEFAULT_DELTA_FRACTION})")
     args = ap.parse_args()
     if args.incremental:
         groups, _ = make_groups(args.entries, args.value_size)
