@@ -19,7 +19,6 @@ from keygroups import KeyGroupRange, assign_to_key_group, assign_to_operator, ke
 from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage, carry_forward, open_snapshot
 from keygroups.serializers import Int64Serializer, StrSerializer, ValueSerializer
 from keygroups.state import (
-    AggregateFunction,
     AggregatingStateDescriptor,
     HeapKeyedStateBackend,
     ListStateDescriptor,
@@ -28,6 +27,7 @@ from keygroups.state import (
     StateTtlConfig,
     ValueStateDescriptor,
 )
+from test_state_rescale import SumCount
 
 MAXP = 128
 
@@ -281,22 +281,6 @@ def test_not_incremental_writes_every_snapshot_full_and_tracks_nothing(tmp_path)
 
 
 # ---- the model: chains of incremental snapshots, restores at any parallelism, materialization, TTL -------------
-class SumCount(AggregateFunction):
-    def create_accumulator(self):
-        return [0, 0]
-
-    def add(self, value, acc):
-        acc[0] += value
-        acc[1] += 1
-        return acc
-
-    def get_result(self, acc):
-        return (acc[0], acc[1])
-
-    def merge(self, a, b):
-        return [a[0] + b[0], a[1] + b[1]]
-
-
 TTL_SECONDS = 100
 
 

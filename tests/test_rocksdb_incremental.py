@@ -25,7 +25,6 @@ from keygroups.runtime.driver import begin_batch, commit_batch
 from keygroups.runtime.subtask import run_keyed_subtask
 from keygroups.serializers import Int64Serializer, StrSerializer, ValueSerializer
 from keygroups.state import (
-    AggregateFunction,
     AggregatingStateDescriptor,
     ListStateDescriptor,
     MapStateDescriptor,
@@ -34,6 +33,7 @@ from keygroups.state import (
     StateTtlConfig,
     ValueStateDescriptor,
 )
+from test_state_getters import Sum
 
 MAXP = 128
 FULL = KeyGroupRange(0, MAXP - 1)
@@ -292,20 +292,6 @@ def test_the_runner_keeps_rocksdb_warm_between_batches_and_restores_after_a_resc
 
 
 # ---- chains: a model test ----------------------------------------------------------------------------------------
-class Sum(AggregateFunction):
-    def create_accumulator(self):
-        return 0
-
-    def add(self, value, acc):
-        return acc + value
-
-    def get_result(self, acc):
-        return acc
-
-    def merge(self, a, b):
-        return a + b
-
-
 def five():
     return {"value": ValueStateDescriptor("value", ValueSerializer()),
             "list": ListStateDescriptor("list", Int64Serializer()),
