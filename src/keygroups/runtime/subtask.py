@@ -217,7 +217,7 @@ def _run_on_backend(spec: KeyedTaskSpec, subtask_index: int, batches: Iterable[p
     if spec.restore_from is not None:
         stats = backend.restore(storage, storage.load(spec.restore_from))
         restored = {"bytes_read": int(stats.bytes_read), "key_groups": int(stats.key_groups),
-                    "warm": bool(getattr(backend, "warm", False))}
+                    "warm": backend.warm}
     timings["restore"] = time.perf_counter() - start
 
     t = time.perf_counter()

@@ -252,6 +252,9 @@ class KeyedStateBackendBase:
         self.dispose()
 
     # ---- current key --------------------------------------------------------------------------------------------
+    #: Whether restore() found this backend's state already on the host (a warm RocksDB database) and read nothing.
+    warm: bool = False
+
     def prefetch(self, keys: Sequence[Any], key_groups: Any = None) -> None:
         """A hint that a batch is about to use ``keys`` (its distinct keys; ``key_groups`` their absolute key groups,
         if known), so a backend whose reads are slow one by one can load them together. Nothing to do on the
