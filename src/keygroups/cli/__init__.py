@@ -1,4 +1,5 @@
-"""The ``keygroups`` command: ``demo`` (the main job), ``inspect`` (a checkpoint), ``plan`` (a rescale)."""
+"""The ``keygroups`` command: ``demo`` (the main job), ``inspect`` (a checkpoint), ``plan`` (a rescale), ``verify``
+(read every file of a checkpoint)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import sys
 from typing import Any
 
 from keygroups import __version__
-from keygroups.errors import KeyGroupsError
+from keygroups.cli.arguments import whole_number
+from keygroups.errors import CorruptDataError, KeyGroupsError
 
 
 def _load(args: argparse.Namespace) -> tuple[Any, Any]:
@@ -53,6 +55,10 @@ def _plan(args: argparse.Namespace) -> int:
     if metadata is None:
         return 1
     mp = metadata.max_parallelism
+    if args.parallelism > mp:
+        print(f"keygroups plan: parallelism {args.parallelism} is above checkpoint {metadata.checkpoint_id}'s max "
+              f"parallelism {mp}; give a parallelism from 1 to {mp}", file=sys.stderr)
+        return 2
     everything = key_group_range(mp, 1, 0)
     chains = chain_stats(metadata, everything)
     total = sum(c.full_bytes + c.delta_bytes for c in chains.values())   # what restoring every key group reads
@@ -82,6 +88,48 @@ def _plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _verify(args: argparse.Namespace) -> int:
+    """Read every file the checkpoint references, whole, through the same checked readers a restore uses."""
+    from keygroups.checkpoint import open_snapshot, plan_operator_restore, read_operator_runs
+
+    storage, metadata = _load(args)
+    if metadata is None:
+        return 1
+    problems = []
+    checked = 0
+
+    def check(what: str, file: str, read: Any) -> None:
+        nonlocal checked
+        checked += 1
+        try:
+            read()
+        except (CorruptDataError, OSError, ValueError) as e:
+            problems.append(f"{what} {file}: {e}")
+
+    def keyed(handle: Any) -> None:
+        snapshot = open_snapshot(storage.read_bytes(handle.file))
+        if snapshot.key_group_range != handle.key_group_range:
+            raise CorruptDataError(f"holds key groups {snapshot.key_group_range}, its handle says "
+                                   f"{handle.key_group_range}")
+        for _ in snapshot.key_groups():   # each block's checksum and structure
+            pass
+
+    def operator(handle: Any) -> None:
+        runs = plan_operator_restore([handle], 1, operator_id=handle.operator_id)[0]
+        read_operator_runs(storage, [handle], runs)
+
+    for h in metadata.keyed_handles:
+        check("keyed state file", h.file, lambda h=h: keyed(h))
+    for oh in metadata.operator_handles:
+        check("operator state file", oh.file, lambda oh=oh: operator(oh))
+    for f in [*metadata.outputs, *metadata.inputs]:
+        check("output or input file", f, lambda f=f: storage.file_size(f))
+    for problem in problems:
+        print(f"CORRUPT {problem}", file=sys.stderr)
+    print(f"checkpoint {metadata.checkpoint_id}: {checked} files read, {len(problems)} corrupt or missing")
+    return 1 if problems else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="keygroups", description=__doc__)
     parser.add_argument("--version", action="version", version=f"keygroups {__version__}")
@@ -91,18 +139,25 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_parser(sub)
     p = sub.add_parser("inspect", help="describe a checkpoint (the latest complete one by default)")
     p.add_argument("location", help="checkpoint directory (local path or fsspec URL)")
-    p.add_argument("--checkpoint", type=int, help="checkpoint id (default: latest complete)")
+    p.add_argument("--checkpoint", type=whole_number(0), help="checkpoint id (default: latest complete)")
     p.add_argument("--json", action="store_true", help="print the handles as JSON")
     p.set_defaults(run=_inspect)
     p = sub.add_parser("plan", help="show what each subtask would read when restoring at another parallelism")
     p.add_argument("location", help="checkpoint directory (local path or fsspec URL)")
-    p.add_argument("parallelism", type=int, help="the new parallelism")
-    p.add_argument("--checkpoint", type=int, help="checkpoint id (default: latest complete)")
+    p.add_argument("parallelism", type=whole_number(1), help="the new parallelism")
+    p.add_argument("--checkpoint", type=whole_number(0), help="checkpoint id (default: latest complete)")
     p.set_defaults(run=_plan)
+    p = sub.add_parser("verify", help="read every file of a checkpoint through its checksums; exit 1 if any is "
+                                      "corrupt or missing")
+    p.add_argument("location", help="checkpoint directory (local path or fsspec URL)")
+    p.add_argument("--checkpoint", type=whole_number(0), help="checkpoint id (default: latest complete)")
+    p.set_defaults(run=_verify)
     args = parser.parse_args(argv)
     run: Any = args.run
     try:
         return int(run(args) or 0)
-    except KeyGroupsError as e:  # a missing or damaged checkpoint: say what is wrong, not where in our code
+    except (KeyGroupsError, OSError, ValueError) as e:
+        # a missing or damaged checkpoint, an unreadable path, an unknown URL scheme: say what is wrong, not where
+        # in our code
         print(f"keygroups {args.command}: {e}", file=sys.stderr)
         return 2

@@ -16,6 +16,7 @@ from typing import Any
 from keygroups._ranges import UPPER_BOUND_MAX_PARALLELISM, key_group_range
 from keygroups.checkpoint import CheckpointStorage
 from keygroups.cli import shop
+from keygroups.cli.arguments import whole_number
 
 
 @dataclass
@@ -185,24 +186,6 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _at_least(minimum: int, maximum: int | None = None) -> Any:
-    """An argparse type: an int in ``[minimum, maximum]``; anything else is a usage error naming the value and the
-    bounds."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"{value} is below {minimum}; give a whole number >= {minimum}")
-        if maximum is not None and value > maximum:
-            raise argparse.ArgumentTypeError(f"{value} is above {maximum}; give a whole number <= {maximum}")
-        return value
-
-    return parse
-
-
 def _parallelisms(text: str) -> list[int]:
     """An argparse type: comma-separated parallelisms (each >= 1; the upper bound, --max-parallelism, is checked
     once both are known)."""
@@ -220,12 +203,15 @@ def _parallelisms(text: str) -> list[int]:
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("demo", help="run the main job: carts on Spark, rescaled 4 -> 2 -> 8, checked against a reference",
                        description=__doc__)
-    p.add_argument("--events", type=_at_least(1), default=1_000_000, help="shopping events to generate (default 1,000,000)")
-    p.add_argument("--users", type=_at_least(1), default=100_000, help="distinct users (default 100,000)")
-    p.add_argument("--partitions", type=_at_least(1), default=8, help="partitions of the event log (default 8)")
-    p.add_argument("--phases", type=_parallelisms, default="4,2,8", help="parallelism of each run, comma-separated (default 4,2,8)")
-    p.add_argument("--batches-per-phase", type=_at_least(1), default=3, help="micro-batches per run (default 3)")
-    p.add_argument("--max-parallelism", type=_at_least(1, UPPER_BOUND_MAX_PARALLELISM), default=128, help="key groups (default 128, Flink's default)")
+    p.add_argument("--events", type=whole_number(1), default=1_000_000,
+                   help="shopping events to generate (default 1,000,000)")
+    p.add_argument("--users", type=whole_number(1), default=100_000, help="distinct users (default 100,000)")
+    p.add_argument("--partitions", type=whole_number(1), default=8, help="partitions of the event log (default 8)")
+    p.add_argument("--phases", type=_parallelisms, default="4,2,8",
+                   help="parallelism of each run, comma-separated (default 4,2,8)")
+    p.add_argument("--batches-per-phase", type=whole_number(1), default=3, help="micro-batches per run (default 3)")
+    p.add_argument("--max-parallelism", type=whole_number(1, UPPER_BOUND_MAX_PARALLELISM), default=128,
+                   help="key groups (default 128, Flink's default)")
     p.add_argument("--backend", choices=("heap", "rocksdb"), default="heap", help="keyed state backend")
     p.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
     p.add_argument("--dir", help="working directory to keep (default: a temporary one)")
