@@ -21,11 +21,12 @@ from keygroups.checkpoint import (
     CheckpointStorage,
     KeyedStateHandle,
     OperatorStateHandle,
+    carry_forward,
     read_key_groups,
     write_keyed_snapshot,
 )
 from keygroups.checkpoint.metadata import METADATA_MAGIC, decode_metadata, encode_metadata
-from keygroups.errors import CheckpointNotFoundError, CorruptSnapshotError
+from keygroups.errors import CheckpointNotFoundError, ConcurrentCommitError, CorruptSnapshotError
 
 MAXP = 16
 STATES = [{"name": "count", "kind": "value", "serializers": {"value": {"identifier": "int64", "version": 1}}}]
@@ -496,3 +497,75 @@ def test_checkpoint_layer_imports_neither_state_nor_pyspark():
             "bad = [m for m in sys.modules if m.startswith(('pyspark', 'keygroups.state', 'keygroups.spark'))]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_two_drivers_committing_one_checkpoint_exactly_one_wins(storage_factory):
+    """Two drivers on one location prepare checkpoint 2 and commit it at once: one commit publishes, the other is
+    refused naming the winner, and the loser's own files are gone while everything the winner references stays."""
+    import threading
+
+    first = storage_factory()
+    write_checkpoint(first, 1)
+    drivers = [storage_factory(), storage_factory()]
+    prepared = [write_checkpoint(s, 2, commit=False) for s in drivers]
+    prepared[1].job_id = "job-2"
+    start = threading.Barrier(2)
+    outcomes: list = [None, None]
+
+    def commit(i):
+        start.wait()
+        try:
+            drivers[i].commit(prepared[i])
+            outcomes[i] = "committed"
+        except ConcurrentCommitError as e:
+            outcomes[i] = e
+
+    threads = [threading.Thread(target=commit, args=(i,)) for i in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    winner = outcomes.index("committed")
+    loser = 1 - winner
+    assert isinstance(outcomes[loser], ConcurrentCommitError)
+    assert f"job {prepared[winner].job_id!r}" in str(outcomes[loser])
+    assert f"(job {prepared[loser].job_id!r}) was published" in str(outcomes[loser])
+    fresh = storage_factory()
+    loaded = fresh.load(2)
+    assert loaded.job_id == prepared[winner].job_id
+    assert read_all(fresh, loaded) == read_all(fresh, prepared[winner])
+    for f in prepared[winner].files():
+        assert fresh.file_size(f) > 0
+    for f in prepared[loser].files():
+        with pytest.raises(FileNotFoundError):
+            fresh.file_size(f)
+    assert fresh.checkpoint_ids() == [1, 2]
+    assert read_all(fresh, fresh.load(1)) == read_all(fresh, first.load(1))   # the previous checkpoint untouched
+
+
+def test_a_commit_that_loses_keeps_files_of_earlier_checkpoints_it_carried(storage_factory):
+    storage = storage_factory()
+    one = write_checkpoint(storage, 1, operator=False)
+    r = key_group_range(MAXP, 1, 0)
+    delta = write_keyed_snapshot(storage, 2, 0, r, STATES, ((kg, _entries(kg, 2)) for kg in r), full_key_groups=set())
+    late = CheckpointMetadata(checkpoint_id=2, job_id="late", timestamp_ms=0, max_parallelism=MAXP, parallelism=1,
+                              keyed_handles=carry_forward(one, [delta]), operator_handles=[], properties={})
+    assert {h.file for h in one.keyed_handles} < {h.file for h in late.keyed_handles}   # its chains need them
+    winner = write_checkpoint(storage_factory(), 2, operator=False)
+    with pytest.raises(ConcurrentCommitError, match="committed by another writer .job 'job-1'"):
+        storage.commit(late)
+    for h in one.keyed_handles:   # checkpoint 1's files, which the lost commit carried: kept
+        assert storage.file_size(h.file) == h.size
+    with pytest.raises(FileNotFoundError):   # the lost batch's own file: removed
+        storage.file_size(delta.file)
+    assert storage.load(2).job_id == winner.job_id
+
+
+def test_an_exclusive_write_never_replaces_what_is_there(storage_factory):
+    storage = storage_factory()
+    storage._fs.makedirs("chk-3")
+    storage._fs.write_exclusive("chk-3/_metadata", b"first")
+    with pytest.raises(FileExistsError):
+        storage._fs.write_exclusive("chk-3/_metadata", b"second")
+    assert storage.read_bytes("chk-3/_metadata") == b"first"
+    assert storage._fs.listdir("chk-3") == ["_metadata"]   # no temporary left behind

@@ -10,6 +10,7 @@ can tell "my input was wrong" from "the stored data cannot be used"::
     │   └── CorruptSnapshotError     a snapshot file, a ``_metadata`` file or a state handle
     │       └── CorruptLogError      a partition log of ``keygroups.sources``
     ├── CheckpointNotFoundError      no such (complete) checkpoint or savepoint
+    ├── ConcurrentCommitError        another writer committed the same checkpoint first
     ├── KeyGroupOutOfRangeError      a key given to a backend that does not own its key group
     └── UnsafeDeserializationError   pickled data without the caller's opt-in
 
@@ -42,6 +43,12 @@ class CorruptSnapshotError(CorruptDataError):
 
 class CorruptLogError(CorruptSnapshotError):
     """A partition file is not a keygroups log, or a complete record fails its checksum."""
+
+
+class ConcurrentCommitError(KeyGroupsError, ValueError):
+    """Another writer (a second driver on the same checkpoint location) committed this checkpoint id first: this
+    commit published nothing, and the files its own batch wrote were removed. Also a ``ValueError``: the commit of
+    an id that is already complete is refused, as any id that does not increase is."""
 
 
 class CheckpointNotFoundError(KeyGroupsError):

@@ -57,7 +57,7 @@ from keygroups.checkpoint.metadata import (
     is_shared_path,
 )
 from keygroups.checkpoint.planning import plan_keyed_restore
-from keygroups.errors import CheckpointNotFoundError, CorruptSnapshotError
+from keygroups.errors import CheckpointNotFoundError, ConcurrentCommitError, CorruptSnapshotError
 
 log = logging.getLogger(__name__)
 
@@ -179,6 +179,20 @@ class _LocalFS:
             os.replace(self.path(tmp), self.path(rel))
         self.sync_dir(posixpath.dirname(rel))
 
+    def write_exclusive(self, rel: str, data: bytes) -> None:
+        """Write ``rel`` atomically, only if it does not exist: FileExistsError otherwise. A hard link of the
+        complete temporary file is created or fails as one step, so of two writers exactly one succeeds."""
+        with _tmp_name(self, rel) as tmp:
+            with open(self.path(tmp), "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            try:
+                os.link(self.path(tmp), self.path(rel))
+            finally:
+                os.remove(self.path(tmp))
+        self.sync_dir(posixpath.dirname(rel))
+
     def copy(self, src: str, dst: str) -> None:
         with open(self.path(src), "rb") as fin, self.open_write(dst) as fout:
             shutil.copyfileobj(fin, fout, 1 << 20)
@@ -240,6 +254,19 @@ class _FsspecFS:
         with _tmp_name(self, rel) as tmp:
             self.fs.pipe_file(self.path(tmp), data)
             self.fs.mv(self.path(tmp), self.path(rel))
+
+    def write_exclusive(self, rel: str, data: bytes) -> None:
+        """Write ``rel`` in one request, only if it does not exist: FileExistsError otherwise. On object stores a
+        conditional put (``If-None-Match: *``), which the store itself decides; s3fs reports the refusal as an
+        OSError whose cause carries the code ``PreconditionFailed``."""
+        try:
+            self.fs.pipe_file(self.path(rel), data, mode="create")
+        except FileExistsError:
+            raise
+        except OSError as e:
+            if "PreconditionFailed" in repr(e.__cause__) or "PreconditionFailed" in str(e):
+                raise FileExistsError(f"{self.url(rel)} already exists") from e
+            raise
 
     def copy(self, src: str, dst: str) -> None:
         self.fs.cp_file(self.path(src), self.path(dst))
@@ -390,20 +417,63 @@ class CheckpointStorage:
         cid = metadata.checkpoint_id
         base = f"chk-{cid}"
         ids = self.checkpoint_ids()
-        if ids and cid <= ids[-1]:
+        if ids and cid < ids[-1]:
             raise ValueError(f"checkpoint {cid} cannot be committed: checkpoint ids must increase and checkpoint "
                              f"{ids[-1]} is already complete in {self.location}")
+        if cid in ids:
+            raise self._lost_commit(metadata, base)
         data = encode_metadata(metadata, base)   # also checks every file lies in chk-<id>/
         self._check_files(metadata)
         self._fs.makedirs(base)
         self._fs.sync_dir(base)   # the state files' directory entries are durable before _metadata names them
-        self._fs.write_atomic(f"{base}/{METADATA_NAME}", data)
+        try:
+            self._fs.write_exclusive(f"{base}/{METADATA_NAME}", data)
+        except FileExistsError:
+            raise self._lost_commit(metadata, base) from None
         metadata.base = base
         try:
             self._prune(cid)
             self._prune_shared(cid)
         except OSError as e:   # the checkpoint is complete; a failed cleanup is retried at the next commit
             log.warning("retention after checkpoint %d in %s failed: %s", cid, self.location, e)
+
+    @staticmethod
+    def _written_for(relpath: str, checkpoint_id: int) -> bool:
+        """Whether ``relpath`` was written for checkpoint ``checkpoint_id``: in its ``chk-<id>/``, or a shared file
+        named with that id."""
+        if relpath.startswith(f"chk-{checkpoint_id}/"):
+            return True
+        parent, name = posixpath.split(relpath)
+        match = _SHARED_FILE_RE.match(name) if parent == SHARED_DIR else None
+        return match is not None and int(match.group(1)) == checkpoint_id
+
+    def _lost_commit(self, metadata: CheckpointMetadata, base: str) -> ConcurrentCommitError:
+        """Another writer published ``base/_metadata`` first: remove the files only this commit referenced (its
+        state, output and input files; never one the winner references) and name the winner."""
+        try:
+            winner = self._read_metadata(base)
+            theirs = set(winner.files()) | set(winner.outputs) | set(winner.inputs)
+            who = f"job {winner.job_id!r}, committed at timestamp_ms={winner.timestamp_ms}"
+        except (CorruptSnapshotError, OSError) as e:   # unreadable: keep every file, the next retention decides
+            return ConcurrentCommitError(
+                f"checkpoint {metadata.checkpoint_id} is already complete in {self.location}, committed by another "
+                f"writer (its _metadata cannot be read: {e}): checkpoint ids must increase; nothing of this commit "
+                "was published")
+        # only what this commit's own batch wrote: files of earlier checkpoints it carried forward stay, whoever won
+        ours = {f for f in set(metadata.files()) | set(metadata.outputs) | set(metadata.inputs)
+                if self._written_for(f, metadata.checkpoint_id)}
+        removed = 0
+        for f in sorted(ours - theirs):
+            try:
+                self._fs.remove(f)
+                removed += 1
+            except OSError as e:   # left for retention's orphan cleanup
+                log.warning("could not remove %s of a lost commit: %s", f, e)
+        return ConcurrentCommitError(
+            f"checkpoint {metadata.checkpoint_id} is already complete in {self.location}, committed by another "
+            f"writer ({who}): checkpoint ids must increase; nothing of this commit (job {metadata.job_id!r}) was "
+            f"published and its {removed} files were removed. Two drivers must not run one job on one checkpoint "
+            "location at once")
 
     def _check_files(self, metadata: CheckpointMetadata) -> None:
         for h in metadata.keyed_handles:
