@@ -86,11 +86,6 @@ class KeyGroupBlock:
         self.puts = puts
         self.deletes = deletes
 
-    def __iter__(self) -> Iterator[Any]:
-        # Transitional, for heap.py's _restore_handle of before the incremental format (it unpacks
-        # ``kg, block, sections``); remove once every backend restores through _restore_block.
-        return iter((self.key_group, self.block, self.puts))
-
     def __repr__(self) -> str:
         kind = "full" if self.full else "delta"
         return (f"KeyGroupBlock({self.key_group}, {kind}, {len(self.block)} bytes, {len(self.puts)} put and "
