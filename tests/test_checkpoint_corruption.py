@@ -273,3 +273,19 @@ def test_random_flips_and_truncations_of_metadata():
         except CorruptSnapshotError:
             continue
         assert got == md
+
+
+def test_a_handle_claiming_a_huge_size_is_corrupt_not_a_memory_error(snapshot, tmp_path):
+    """A handle that passes its own checks but claims 2**62 bytes: the local read asks for what the file holds, and
+    the short read is a CorruptSnapshotError naming the file, never an attempt to allocate 2**62 bytes."""
+    _, handle, raw, _ = snapshot
+    storage = CheckpointStorage(str(tmp_path))
+    rel = storage.new_shared_file(1, "keyed-0")
+    with storage.open_write(rel) as f:
+        f.write(raw)
+    huge = 2 ** 62
+    offsets = list(handle.offsets[:-1]) + [huge]
+    h = KeyedStateHandle(rel, 0, KGR, offsets, huge, STATES, checkpoint_id=1)
+    with pytest.raises(CorruptSnapshotError, match=rf"{rel}.* is truncated"):
+        read_key_groups(storage, h, KeyGroupRange(KGR.end, KGR.end))
+    assert storage.read_bytes(rel, len(raw) - 4, huge) == raw[-4:]   # past the end: what the file holds

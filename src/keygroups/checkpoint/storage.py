@@ -129,11 +129,13 @@ class _LocalFS:
 
     def read_bytes(self, rel: str, start: int | None, end: int | None) -> bytes:
         with open(self.path(rel), "rb") as f:
-            if start:
-                f.seek(start)
-            if end is None:
-                return f.read()
-            return f.read(max(0, end - (start or 0)))
+            # never ask for more than the file holds: read(n) allocates n bytes first, and a damaged handle may say
+            # 2**62; the caller sees a short read and names the file, as object stores answer past the end
+            size = os.fstat(f.fileno()).st_size
+            begin = min(start or 0, size)
+            stop = size if end is None else min(end, size)
+            f.seek(begin)
+            return f.read(max(0, stop - begin))
 
     def open_buffer(self, rel: str) -> Any:
         with open(self.path(rel), "rb") as f:
