@@ -569,3 +569,18 @@ def test_an_exclusive_write_never_replaces_what_is_there(storage_factory):
         storage._fs.write_exclusive("chk-3/_metadata", b"second")
     assert storage.read_bytes("chk-3/_metadata") == b"first"
     assert storage._fs.listdir("chk-3") == ["_metadata"]   # no temporary left behind
+
+
+def test_a_symlink_out_of_the_location_is_refused_for_reads_and_writes(tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "_metadata").write_bytes(b"not ours")
+    storage = CheckpointStorage(str(tmp_path / "checkpoints"))
+    write_checkpoint(storage, 1)
+    os.symlink(elsewhere, tmp_path / "checkpoints" / "chk-2")
+    with pytest.raises(CorruptSnapshotError, match="outside the checkpoint location"):
+        write_checkpoint(storage, 2)
+    assert sorted(p.name for p in elsewhere.iterdir()) == ["_metadata"]   # nothing written through the link
+    with pytest.raises(CorruptSnapshotError, match="outside the checkpoint location"):
+        storage.read_bytes("chk-2/_metadata")
+    assert storage.load(1).checkpoint_id == 1   # the real checkpoints still load

@@ -115,7 +115,16 @@ class _LocalFS:
         self.root = root
 
     def path(self, rel: str) -> str:
-        return os.path.join(self.root, *rel.split("/")) if rel else self.root
+        """The local path of ``rel``; CorruptSnapshotError if a symlink inside the location (a ``chk-<id>`` linked
+        elsewhere, say) would take a read or a write out of it."""
+        if not rel:
+            return self.root
+        full = os.path.join(self.root, *rel.split("/"))
+        real, inside = os.path.realpath(full), os.path.realpath(self.root)
+        if real != inside and not real.startswith(inside.rstrip(os.sep) + os.sep):
+            raise CorruptSnapshotError(f"{full} resolves to {real}, outside the checkpoint location {self.root}: a "
+                                       "symlink that leads out of the location is refused")
+        return full
 
     def url(self, rel: str) -> str:
         return self.path(rel)
