@@ -12,6 +12,7 @@ import uuid
 
 import fsspec
 import pytest
+from crc32c import crc32c
 
 from keygroups import KeyGroupRange, key_group_range
 from keygroups._native import snapshot as native
@@ -28,7 +29,7 @@ from keygroups.checkpoint import (
     read_key_groups,
     write_keyed_snapshot,
 )
-from keygroups.checkpoint.metadata import decode_metadata, encode_metadata
+from keygroups.checkpoint.metadata import METADATA_MAGIC, METADATA_VERSION, decode_metadata, encode_metadata
 from keygroups.errors import CorruptSnapshotError
 
 STATES = [{"name": "v", "kind": "value"}, {"name": "l", "kind": "list"}, {"name": "m", "kind": "map"}]
@@ -289,3 +290,15 @@ def test_a_handle_claiming_a_huge_size_is_corrupt_not_a_memory_error(snapshot, t
     with pytest.raises(CorruptSnapshotError, match=rf"{rel}.* is truncated"):
         read_key_groups(storage, h, KeyGroupRange(KGR.end, KGR.end))
     assert storage.read_bytes(rel, len(raw) - 4, huge) == raw[-4:]   # past the end: what the file holds
+
+
+@pytest.mark.parametrize("body, what", [
+    (b"[" * 100_000 + b"]" * 100_000, "deep nesting"),
+    (b'{"checkpoint_id": 1}', "missing fields"),
+    (b'{"checkpoint_id": "one", "job_id": 3, "timestamp_ms": [], "max_parallelism": {}, "parallelism": null, '
+     b'"keyed_handles": 7, "operator_handles": "x", "properties": 1, "outputs": 2, "inputs": 3}', "mistyped fields"),
+])
+def test_metadata_that_passes_its_checksum_but_is_malformed_is_corrupt(body, what):
+    head = METADATA_MAGIC + struct.pack("<II", METADATA_VERSION, len(body)) + body
+    with pytest.raises(CorruptSnapshotError, match="chk-1/_metadata passes its checksum but is not valid"):
+        decode_metadata(head + struct.pack("<I", crc32c(head)), "chk-1", "chk-1/_metadata")

@@ -572,6 +572,6 @@ def decode_metadata(data: bytes, base: str, where: str) -> CheckpointMetadata:
         md.validate()
     except CorruptSnapshotError:
         raise
-    except (KeyError, TypeError, ValueError, UnicodeDecodeError, AttributeError) as e:
+    except (KeyError, TypeError, ValueError, UnicodeDecodeError, AttributeError, RecursionError) as e:
         raise CorruptSnapshotError(f"{where} passes its checksum but is not valid checkpoint metadata: {e}") from e
     return md
