@@ -7,8 +7,11 @@ only their share by ranged GETs. What SeaweedFS does differently from AWS S3 is 
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import inspect
+import multiprocessing
+import os
 from collections import Counter
 from collections.abc import Iterator
 
@@ -17,6 +20,7 @@ import pytest
 import test_checkpoint_storage as storage_tests
 from keygroups import assign_to_key_group, key_group_range
 from keygroups.checkpoint import CheckpointStorage, plan_keyed_restore
+from keygroups.checkpoint.metadata import encode_metadata
 from keygroups.errors import CorruptSnapshotError
 from keygroups.serializers import Int64Serializer
 from keygroups.sources import write_partitioned_log
@@ -29,14 +33,9 @@ from test_sources import _all, records
 from test_state_rescale import Job as KeyedJob
 from test_state_rescale import descriptors, expected, fill
 
-# Listing-based assertions of these two fail on SeaweedFS only because it keeps an emptied "directory" listed as a
-# common prefix for minutes (see test_pruned_checkpoint_leaves_no_directory_entry); their outcomes are checked
-# object by object in test_retention_and_leftovers_on_s3 instead.
-# These assert directory listings, which SeaweedFS answers differently (emptied "directories" stay listed); the
-# S3 tests below check the same outcomes object by object.
-_LISTS_EMPTIED_DIRECTORIES = {"test_retention_keeps_the_last_n_complete", "test_leftover_temp_metadata_is_invisible",
-                              "test_a_failed_atomic_write_removes_its_temporary_file"}
-
+# This one makes an empty directory to fail a move onto it; an object store has no empty directories (the move is
+# made to fail otherwise in test_a_failed_atomic_write_leaves_no_temporary_object).
+_NEEDS_EMPTY_DIRECTORIES = {"test_a_failed_atomic_write_removes_its_temporary_file"}
 
 @pytest.fixture
 def storage_factory(s3_server):
@@ -50,7 +49,7 @@ def storage_factory(s3_server):
 
 # Every storage test written against storage_factory (local paths, memory://) runs on S3 too, unchanged.
 globals().update({name: test for name, test in vars(storage_tests).items()
-                  if name.startswith("test_") and name not in _LISTS_EMPTIED_DIRECTORIES
+                  if name.startswith("test_") and name not in _NEEDS_EMPTY_DIRECTORIES
                   and "storage_factory" in inspect.signature(test).parameters})
 
 
@@ -129,26 +128,30 @@ def test_retention_and_leftovers_on_s3(storage_factory):
     assert read_all(storage, storage.latest()) == expected_state(8)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "SeaweedFS keeps an emptied directory listed as an S3 common prefix until its empty-folder cleaner runs "
-    "(minutes); _FsspecFS.rmtree deletes the objects only, so a pruned chk-<id> stays listed: inventories call it "
-    "an incomplete checkpoint and every later commit's _prune lists and 'deletes' it again (one LIST per stale "
-    "directory per commit). AWS S3 has no empty prefixes; GCS/ADLS with hierarchical namespaces behave as here."))
 def test_pruned_checkpoint_leaves_no_directory_entry(storage_factory):
+    """SeaweedFS keeps listing an emptied "directory" as a common prefix for minutes (until its empty-folder
+    cleaner runs) unless the directory's own key is deleted; AWS S3 has no empty prefixes, GCS/ADLS with
+    hierarchical namespaces behave as SeaweedFS. Retention deletes that key too, and a prefix emptied otherwise (a
+    lost commit's files, a hand-deleted checkpoint) is not a checkpoint, complete or incomplete."""
     storage = storage_factory(retain=1)
     write_checkpoint(storage, 1)
     write_checkpoint(storage, 2)
     assert storage.checkpoint_ids() == [2]
     assert [n for n in storage._fs.listdir("") if n.startswith("chk-")] == ["chk-2"]
+    md3 = write_checkpoint(storage, 3, commit=False)
+    for f in md3.files():                          # abandoned, then its objects deleted one by one
+        storage._fs.remove(f)
+    assert "chk-3" in storage._fs.listdir("")      # the server still lists the emptied prefix ...
+    assert storage._chk_dirs() == {2: "chk-2"}     # ... which is no checkpoint
+    assert "incomplete (no _metadata, ignored): none" in storage._inventory()
+    write_checkpoint(storage, 4)
+    assert storage.checkpoint_ids() == [4]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "s3fs caches directory listings per filesystem instance with no expiry, and CheckpointStorage lists through "
-    "that cache: a process that listed the location before another process (another s3fs instance) committed "
-    "never sees the new checkpoint in checkpoint_ids()/latest() until its own writes invalidate the cache. "
-    "Listing with refresh (or use_listings_cache=False) would fix it; issue 12's exclusive commit must not "
-    "rely on this view."))
 def test_latest_sees_a_checkpoint_committed_by_another_process(s3_server):
+    """s3fs caches listings per filesystem instance with no expiry, and answers info() of a file missing from a
+    cached listing with a zero-size directory; CheckpointStorage turns that cache off, so a process that listed the
+    location before another wrote sees the new checkpoint, and the new files with their sizes, at its next call."""
     url = s3_server.url()
     driver = CheckpointStorage(url, storage_options=s3_server.storage_options)
     # another process has its own s3fs instance: skip_instance_cache gives this one a separate one, as there
@@ -157,6 +160,12 @@ def test_latest_sees_a_checkpoint_committed_by_another_process(s3_server):
     assert driver.latest().checkpoint_id == 1
     write_checkpoint(other, 2)
     assert driver.checkpoint_ids() == [1, 2]
+    driver.commit(write_checkpoint(driver, 3, commit=False))   # lists chk-*/ and shared/ while retaining
+    assert other.latest().checkpoint_id == 3
+    md4 = write_checkpoint(other, 4, commit=False)             # written by "executors" into listed prefixes,
+    driver.commit(md4)                                         # committed by the driver: sizes checked afresh
+    assert other.checkpoint_ids() == [2, 3, 4]
+    assert read_all(other, other.latest()) == expected_state(4)
 
 
 def test_server_refuses_a_second_create_if_absent_write(s3_server):
@@ -218,6 +227,110 @@ def test_keyed_state_rescales_through_s3_reading_only_its_key_groups(kind, s3_se
     again.dispose()
     assert storage.checkpoint_ids() == [2] and storage.savepoint_names() == ["at-2"]
     assert _objects(storage, "chk-1") == []
+
+
+def _planned_gets(storage: CheckpointStorage, md, maxp: int, parallelism: int) -> list[tuple[str, str]]:
+    """The ranged GETs a cold restore at ``parallelism`` sends: one per (new subtask, old file it overlaps)."""
+    out = []
+    for i in range(parallelism):
+        for h, part in plan_keyed_restore(md, key_group_range(maxp, parallelism, i)):
+            start, end = h.byte_range(part)
+            out.append((storage._fs.path(h.file), f"bytes={start}-{end - 1}"))
+    return sorted(out)
+
+
+def _restored_state(kind: str, storage: CheckpointStorage, md, parallelism: int) -> dict:
+    job = KeyedJob(kind, MAXP, parallelism, storage, md)
+    try:
+        return {k: job.read(k) for k in KEYS}
+    finally:
+        job.dispose()
+
+
+@pytest.mark.parametrize("kind", ["heap", "rocksdb"])
+def test_a_restore_on_the_same_host_is_served_by_the_local_cache(kind, s3_server, tmp_path):
+    """Issue 11, item 5: the keyed files of a remote location are read once per host. The next batch's storage
+    (a new object, as every task builds one) restores the same key groups without a single GET; so does a rescale
+    whose ranges lie inside cached ones, while ranges not cached are read as before, exactly as planned."""
+    url, cache = s3_server.url(), tmp_path / "cache"
+
+    def storage() -> CheckpointStorage:
+        return CheckpointStorage(url, retain=1, storage_options=s3_server.storage_options, cache_dir=cache)
+
+    old = KeyedJob(kind, MAXP, 2)
+    fill(old, KEYS)
+    md = old.checkpoint(storage(), 1)
+    old.dispose()
+    want = {k: expected(k) for k in KEYS}
+    cold = storage()
+    with recorded_gets(cold) as gets:
+        assert _restored_state(kind, cold, md, 3) == want
+    assert sorted(gets) == _planned_gets(cold, md, MAXP, 3)
+    for parallelism in (3, 6):                            # 6's ranges of each old file lie inside 3's
+        warm = storage()
+        with recorded_gets(warm) as gets:
+            assert _restored_state(kind, warm, md, parallelism) == want
+        assert gets == []
+    wider = storage()
+    with recorded_gets(wider) as gets:                    # one subtask: ranges no entry holds
+        assert _restored_state(kind, wider, md, 1) == want
+    assert sorted(gets) == _planned_gets(wider, md, MAXP, 1)
+
+
+def test_a_damaged_cache_entry_costs_one_remote_read_of_its_range(s3_server, tmp_path):
+    cache = tmp_path / "cache"
+    storage = CheckpointStorage(s3_server.url(), storage_options=s3_server.storage_options, cache_dir=cache)
+    old = KeyedJob("heap", MAXP, 2)
+    fill(old, KEYS)
+    md = old.checkpoint(storage, 1)
+    old.dispose()
+    _restored_state("heap", storage, md, 2)
+    entries = {p.name: p.read_bytes() for p in cache.iterdir()}
+    damaged = sorted(entries)[0]
+    data = bytearray(entries[damaged])
+    data[len(data) // 3] ^= 0x10
+    (cache / damaged).write_bytes(bytes(data))
+    with recorded_gets(storage) as gets:
+        assert _restored_state("heap", storage, md, 2) == {k: expected(k) for k in KEYS}
+    _, start, end, _ = damaged.split("-")
+    (got,) = gets
+    assert got[1] == f"bytes={start}-{int(end) - 1}"
+    assert {p.name: p.read_bytes() for p in cache.iterdir()} == entries   # the entry is whole again
+
+
+def _restore_in_another_process(url: str, storage_options: dict, cache_dir: str, md_bytes: bytes,
+                                parallelism: int) -> tuple[dict, int]:
+    storage = CheckpointStorage(url, storage_options=storage_options, cache_dir=cache_dir)
+    md = storage.load(1)
+    assert encode_metadata(md, "chk-1") == md_bytes
+    with recorded_gets(storage) as gets:
+        state = _restored_state("heap", storage, md, parallelism)
+    return state, len(gets)
+
+
+def test_two_processes_share_one_cache_directory(s3_server, tmp_path):
+    """Two workers of one host restore at once through one cache directory: each sees whole entries only (a
+    publish is a rename), both restore the right state, and afterwards the cache serves a third restore alone."""
+    url, cache = s3_server.url(), str(tmp_path / "cache")
+    storage = CheckpointStorage(url, storage_options=s3_server.storage_options, cache_dir=cache)
+    old = KeyedJob("heap", MAXP, 2)
+    fill(old, KEYS)
+    md = old.checkpoint(storage, 1)
+    old.dispose()
+    md_bytes = encode_metadata(md, "chk-1")
+    want = {k: expected(k) for k in KEYS}
+    with concurrent.futures.ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
+        runs = [pool.submit(_restore_in_another_process, url, s3_server.storage_options, cache, md_bytes, p)
+                for p in (3, 3)]
+        results = [r.result(120) for r in runs]
+    assert all(state == want for state, _ in results)
+    assert all(gets <= len(_planned_gets(storage, md, MAXP, 3)) for _, gets in results)
+    names = sorted(os.listdir(cache))
+    assert not any(n.startswith(".tmp-") for n in names)
+    assert len(names) == len(_planned_gets(storage, md, MAXP, 3))   # equal ranges published twice are one entry
+    with recorded_gets(storage) as gets:
+        assert _restored_state("heap", storage, md, 3) == want
+    assert gets == []
 
 
 def test_corrupt_keyed_object_raises_corrupt_snapshot(s3_server):

@@ -9,11 +9,14 @@ import posixpath
 import pickle
 import shutil
 import struct
+import tempfile
 import uuid
 
 import fsspec
 import pytest
 from crc32c import crc32c
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from keygroups import KeyGroupRange, key_group_range
 from keygroups.checkpoint import (
@@ -26,6 +29,7 @@ from keygroups.checkpoint import (
     write_keyed_snapshot,
 )
 from keygroups.checkpoint.metadata import METADATA_MAGIC, decode_metadata, encode_metadata
+from keygroups.checkpoint.storage import _ReadCache
 from keygroups.errors import CheckpointNotFoundError, ConcurrentCommitError, CorruptSnapshotError
 
 MAXP = 16
@@ -584,3 +588,154 @@ def test_a_symlink_out_of_the_location_is_refused_for_reads_and_writes(tmp_path)
     with pytest.raises(CorruptSnapshotError, match="outside the checkpoint location"):
         storage.read_bytes("chk-2/_metadata")
     assert storage.load(1).checkpoint_id == 1   # the real checkpoints still load
+
+
+# -- the local cache of remote keyed files -------------------------------------------------------------------------
+
+def _cached(cache_dir) -> dict[str, bytes]:
+    """The cache's entries (name -> content), temporary files left out."""
+    if not os.path.isdir(cache_dir):
+        return {}
+    return {n: (cache_dir / n).read_bytes() for n in sorted(os.listdir(cache_dir)) if not n.startswith(".tmp-")}
+
+
+def _entry_is_sound(name: str, content: bytes) -> bool:
+    _, start, end, crc = name.split("-")
+    return int(end) - int(start) == len(content) and f"{crc32c(content):08x}" == crc
+
+
+@pytest.fixture
+def memory_location():
+    location = f"memory://kg-test-{uuid.uuid4().hex}"
+    yield location
+    fs, root = fsspec.core.url_to_fs(location)
+    if fs.exists(root):
+        fs.rm(root, recursive=True)
+
+
+def _delete_remote(storage: CheckpointStorage, relpath: str) -> None:
+    fs, path = fsspec.core.url_to_fs(storage.url(relpath))
+    fs.rm_file(path)
+
+
+def test_remote_keyed_ranges_are_read_once_then_served_from_the_cache(memory_location, tmp_path):
+    cache = tmp_path / "cache"
+    storage = CheckpointStorage(memory_location, cache_dir=cache)
+    md = write_checkpoint(storage, 1)
+    assert _cached(cache) == {}                                  # writing caches nothing
+    assert read_all(storage, md) == expected_state(1)
+    entries = _cached(cache)
+    assert len(entries) == len(md.keyed_handles) == 2            # one ranged read per keyed file
+    assert all(_entry_is_sound(n, c) for n, c in entries.items())
+    storage.load(1)
+    storage.read_bytes(md.operator_handles[0].file)
+    storage.read_bytes(md.keyed_handles[0].file)                 # the whole file: not a range of one
+    assert _cached(cache) == entries                             # _metadata, operator and whole reads: not kept
+    for h in md.keyed_handles:                                   # from now on only the cache has them
+        _delete_remote(storage, h.file)
+    again = CheckpointStorage(memory_location, cache_dir=cache)  # the next batch's storage on this host
+    assert read_all(again, again.load(1)) == expected_state(1)
+    h = md.keyed_handles[1]
+    part = KeyGroupRange(h.key_group_range.start + 1, h.key_group_range.start + 3)
+    assert [b.key_group for b in read_key_groups(again, h, part)[0]] == list(part)   # a part of a cached range
+    assert _cached(cache) == entries
+    with pytest.raises(FileNotFoundError):                       # a range never cached: the remote file is gone
+        again.read_bytes(h.file, 0, 10)
+    assert len(_cached(cache)) == 1                              # ... and its ranges are dropped with it
+
+
+def test_a_damaged_cache_entry_is_dropped_and_read_again_from_the_remote_file(memory_location, tmp_path):
+    cache = tmp_path / "cache"
+    storage = CheckpointStorage(memory_location, cache_dir=cache)
+    md = write_checkpoint(storage, 1)
+    read_all(storage, md)
+    entries = _cached(cache)
+    damaged, truncated = sorted(entries)
+    flipped = bytearray(entries[damaged])
+    flipped[len(flipped) // 2] ^= 0x01
+    (cache / damaged).write_bytes(bytes(flipped))
+    (cache / truncated).write_bytes(entries[truncated][:-3])
+    assert read_all(storage, md) == expected_state(1)
+    assert _cached(cache) == entries                             # both replaced by what the remote file holds
+
+
+def test_the_cache_keeps_at_most_its_limit_dropping_the_least_recently_used(memory_location, tmp_path):
+    cache = tmp_path / "cache"
+    storage = CheckpointStorage(memory_location, cache_dir=cache, cache_max_bytes=2500)
+    files = []
+    for name in "abcd":
+        rel = storage.new_shared_file(1, f"keyed-{name}")
+        with storage.open_write(rel) as f:
+            f.write(name.encode() * (3000 if name == "d" else 1000))
+        files.append(rel)
+    a, b, c, d = files
+
+    def entry(rel: str) -> str:
+        (name,) = [n for n in _cached(cache) if n.startswith(_ReadCache.key(storage.url(rel)))]
+        return name
+
+    assert storage.read_bytes(a, 0, 1000) == b"a" * 1000
+    assert storage.read_bytes(b, 0, 1000) == b"b" * 1000
+    os.utime(cache / entry(a), (1, 1))                           # a read long ago, b a bit later
+    os.utime(cache / entry(b), (2, 2))
+    assert storage.read_bytes(a, 10, 20) == b"a" * 10            # a hit: a is recently used again
+    assert storage.read_bytes(c, 0, 1000) == b"c" * 1000         # over the limit: b, least recently used, goes
+    assert len(_cached(cache)) == 2 and entry(a) and entry(c)
+    assert storage.read_bytes(d, 0, 3000) == b"d" * 3000         # larger than the whole cache: not kept
+    assert sum(map(len, _cached(cache).values())) == 2000
+    stale, fresh = cache / ".tmp-left-by-a-killed-writer", cache / ".tmp-being-written"
+    stale.write_bytes(b"x")
+    fresh.write_bytes(b"x")
+    os.utime(stale, (1, 1))
+    storage.read_bytes(b, 0, 1000)                               # a publish also removes stale temporary files
+    assert not stale.exists() and fresh.exists()
+    assert sum(map(len, _cached(cache).values())) <= 2500
+
+
+def test_retention_drops_the_cached_ranges_of_the_files_it_deletes(memory_location, tmp_path):
+    cache = tmp_path / "cache"
+    storage = CheckpointStorage(memory_location, retain=1, cache_dir=cache)
+    read_all(storage, write_checkpoint(storage, 1))
+    assert len(_cached(cache)) == 2
+    md2 = write_checkpoint(storage, 2)                           # deletes checkpoint 1's keyed files
+    assert _cached(cache) == {}
+    read_all(storage, md2)
+    assert len(_cached(cache)) == 2
+
+
+def test_local_locations_cache_nothing_and_the_cache_pickles(tmp_path, memory_location):
+    local = CheckpointStorage(tmp_path / "checkpoints", cache_dir=tmp_path / "cache")
+    read_all(local, write_checkpoint(local, 1))
+    assert not (tmp_path / "cache").exists()
+    remote = CheckpointStorage(memory_location, cache_dir=tmp_path / "cache", cache_max_bytes=12345)
+    clone = pickle.loads(pickle.dumps(remote))
+    assert (clone.cache_dir, clone.cache_max_bytes) == (str(tmp_path / "cache"), 12345)
+    assert "cache_dir=" in repr(clone)
+    for bad in (-1, 1.5, True, None):
+        with pytest.raises(ValueError, match="cache_max_bytes must be an int >= 0"):
+            CheckpointStorage(memory_location, cache_dir=tmp_path / "cache", cache_max_bytes=bad)
+
+
+@settings(max_examples=40, deadline=None)
+@given(reads=st.lists(st.tuples(st.integers(0, 2), st.integers(0, 300), st.integers(0, 300)), max_size=30),
+       limit=st.integers(0, 900))
+def test_cached_reads_return_what_the_remote_file_holds_within_the_limit(reads, limit):
+    location = f"memory://kg-test-{uuid.uuid4().hex}"
+    with tempfile.TemporaryDirectory() as cache:
+        storage = CheckpointStorage(location, cache_dir=cache, cache_max_bytes=limit)
+        contents = [bytes(range(i, 256)) + bytes(range(0, i)) for i in (0, 7, 99)]
+        files = []
+        for i, content in enumerate(contents):
+            files.append(storage.new_shared_file(1, f"keyed-{i}"))
+            with storage.open_write(files[-1]) as f:
+                f.write(content)
+        try:
+            for i, a, b in reads:
+                start, end = min(a, b), max(a, b)
+                assert storage.read_bytes(files[i], start, end) == contents[i][start:end]
+                entries = {n: open(os.path.join(cache, n), "rb").read() for n in os.listdir(cache)}
+                assert sum(map(len, entries.values())) <= limit
+                assert all(_entry_is_sound(n, c) for n, c in entries.items())
+        finally:
+            fs, root = fsspec.core.url_to_fs(location)
+            fs.rm(root, recursive=True)

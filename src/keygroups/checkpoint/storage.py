@@ -35,6 +35,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
+import inspect
 import io
 import logging
 import mmap
@@ -42,9 +44,12 @@ import os
 import posixpath
 import re
 import shutil
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any, BinaryIO
+
+from crc32c import crc32c
 
 from keygroups._ranges import key_group_range
 from keygroups.checkpoint.format import merged_key_groups, write_full_snapshot
@@ -64,10 +69,18 @@ log = logging.getLogger(__name__)
 METADATA_NAME = "_metadata"
 SAVEPOINTS_DIR = "savepoints"
 _TMP_MARKER = ".inprogress-"
+DEFAULT_CACHE_MAX_BYTES = 4 << 30   # of ranges of remote keyed files kept in CheckpointStorage's cache_dir
 _CHK_RE = re.compile(r"^chk-(0|[1-9][0-9]*)$")
 _NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 _STATE_FILE_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*-[0-9a-f]{32}(\.[A-Za-z0-9_.-]+)?$")   # new_file's names
 _SHARED_FILE_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*-(0|[1-9][0-9]*)-[0-9a-f]{32}$")   # new_shared_file's
+
+
+def _is_shared_file(relpath: str) -> bool:
+    """Whether ``relpath`` is a keyed state file in ``shared/`` (named by ``new_shared_file``): written once,
+    never changed under its name, so its bytes may be cached."""
+    parent, name = posixpath.split(relpath)
+    return parent == SHARED_DIR and _SHARED_FILE_RE.match(name) is not None
 
 
 def _check_name(name: Any, what: str) -> str:
@@ -164,6 +177,11 @@ class _LocalFS:
         except (FileNotFoundError, NotADirectoryError):
             return []
 
+    def names_holding_files(self, rel: str, prefix: str) -> list[str]:
+        """The entries of ``rel`` starting with ``prefix``: empty directories too, which exist on a local
+        filesystem (retention removes them)."""
+        return [n for n in self.listdir(rel) if n.startswith(prefix)]
+
     def isdir(self, rel: str) -> bool:
         return os.path.isdir(self.path(rel))
 
@@ -215,6 +233,7 @@ class _FsspecFS:
     def __init__(self, fs: Any, root: str) -> None:
         self.fs = fs
         self.root = root.rstrip("/") or "/"
+        self._find_takes_prefix = "prefix" in inspect.signature(fs.find).parameters   # s3fs, gcsfs
 
     def path(self, rel: str) -> str:
         return posixpath.join(self.root, rel) if rel else self.root
@@ -247,12 +266,30 @@ class _FsspecFS:
             return []
         return sorted({posixpath.basename(str(e).rstrip("/")) for e in entries} - {""})
 
+    def names_holding_files(self, rel: str, prefix: str) -> list[str]:
+        """Names under ``rel`` starting with ``prefix`` that hold at least one file, from one listing of the
+        objects below (the store is asked for ``prefix`` only where the filesystem can). Object stores have no
+        directories, yet SeaweedFS (like stores with a hierarchical namespace) keeps listing an emptied prefix for
+        minutes: a pruned ``chk-<id>`` is gone here once its objects are."""
+        path = self.path(rel)
+        try:
+            found = self.fs.find(path, prefix=prefix) if self._find_takes_prefix else self.fs.find(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        base = path.rstrip("/") + "/"
+        names = {str(p)[len(base):].split("/", 1)[0] for p in found if str(p).startswith(base)}
+        return sorted(n for n in names if n and n.startswith(prefix))
+
     def isdir(self, rel: str) -> bool:
         return bool(self.fs.isdir(self.path(rel)))
 
     def rmtree(self, rel: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             self.fs.rm(self.path(rel), recursive=True)
+        # the "directory" itself: SeaweedFS keeps listing an emptied prefix for minutes unless its key (with the
+        # trailing slash) is deleted; elsewhere that key does not exist and the request changes nothing
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.rm_file(self.path(rel) + "/")
 
     def remove(self, rel: str) -> None:
         with contextlib.suppress(FileNotFoundError):
@@ -283,6 +320,114 @@ class _FsspecFS:
         self.fs.cp_file(self.path(src), self.path(dst))
 
 
+class _ReadCache:
+    """Byte ranges of immutable remote files kept in a local directory, so a second read of the same bytes on this
+    host is served from disk. A file may be cached only if its content never changes under its name.
+
+    One cache file per range read, named ``<key>-<start>-<end>-<crc>``: ``key`` a hash of the file's URL, ``crc``
+    the CRC32C of the content. A read is served by any entry of the file whose range holds it, after the whole
+    entry's CRC32C is checked; a damaged or short entry is deleted and the read goes to the remote file. Entries
+    are published atomically (written under a temporary name, then renamed), so processes sharing the directory see
+    complete entries only; two that miss at once both fetch and publish the same bytes. After each publish the
+    least recently used entries (by modification time, which a hit renews) are deleted until the total is at most
+    ``max_bytes``; temporary files older than :attr:`STALE_TMP_S` (of a writer that died) go too. Every cache
+    failure (a full disk, a racing deletion) falls back to the remote read: the cache can cost a read, never fail
+    one."""
+
+    STALE_TMP_S = 600.0
+    _TMP = ".tmp-"
+
+    def __init__(self, directory: str, max_bytes: int) -> None:
+        self.directory = directory
+        self.max_bytes = max_bytes
+
+    @staticmethod
+    def key(url: str) -> str:
+        return hashlib.sha256(url.encode()).hexdigest()[:40]
+
+    def _entries(self, key: str) -> list[os.DirEntry[str]]:
+        try:
+            with os.scandir(self.directory) as it:
+                return [e for e in it if e.name.startswith(key + "-")]
+        except FileNotFoundError:
+            return []
+
+    def get(self, key: str, start: int, end: int) -> bytes | None:
+        """Bytes ``[start, end)`` of the file ``key`` from the smallest entry holding them, or None."""
+        holding = []
+        for entry in self._entries(key):
+            parts = entry.name.split("-")
+            if len(parts) == 4 and parts[1].isdigit() and parts[2].isdigit():
+                lo, hi = int(parts[1]), int(parts[2])
+                if lo <= start and end <= hi:
+                    holding.append((hi - lo, lo, parts[3], entry.path))
+        for _, lo, crc, path in sorted(holding):
+            try:
+                with open(path, "rb") as f:
+                    data = f.read()
+            except OSError:   # evicted meanwhile by another process
+                continue
+            if f"{crc32c(data):08x}" != crc or len(data) < end - lo:
+                log.warning("checkpoint cache: %s is damaged (checksum mismatch); dropped, reading the remote file",
+                            path)
+                self._remove(path)
+                continue
+            with contextlib.suppress(OSError):
+                os.utime(path)   # recently used: evicted last
+            return data if (lo, len(data)) == (start, end - start) else data[start - lo:end - lo]
+        return None
+
+    def put(self, key: str, start: int, data: bytes) -> None:
+        """Publish ``data`` as bytes ``[start, start + len(data))`` of file ``key``, then evict down to the limit."""
+        if len(data) > self.max_bytes:
+            return
+        try:
+            os.makedirs(self.directory, exist_ok=True)
+            tmp = os.path.join(self.directory, f"{self._TMP}{uuid.uuid4().hex}")
+            try:
+                with open(tmp, "wb") as f:
+                    f.write(data)
+                os.replace(tmp, os.path.join(self.directory,
+                                             f"{key}-{start}-{start + len(data)}-{crc32c(data):08x}"))
+            except BaseException:
+                self._remove(tmp)
+                raise
+            self._evict()
+        except OSError as e:
+            log.warning("checkpoint cache: could not keep a range in %s: %s", self.directory, e)
+
+    def drop(self, key: str) -> None:
+        """Delete every entry of file ``key`` (the file is gone from the remote store)."""
+        for entry in self._entries(key):
+            self._remove(entry.path)
+
+    def _evict(self) -> None:
+        now = time.time()
+        sized = []
+        with os.scandir(self.directory) as it:
+            for e in it:
+                try:
+                    st = e.stat()
+                except FileNotFoundError:
+                    continue
+                if e.name.startswith(self._TMP):
+                    if now - st.st_mtime > self.STALE_TMP_S:
+                        self._remove(e.path)
+                else:
+                    sized.append((st.st_mtime, e.path, st.st_size))
+        total = sum(size for _, _, size in sized)
+        for _, path, size in sorted(sized):
+            if total <= self.max_bytes:
+                break
+            self._remove(path)
+            total -= size
+
+    @staticmethod
+    def _remove(path: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path)
+
+
 def _is_local(location: str) -> bool:
     return "://" not in location or location.startswith("file://")
 
@@ -291,19 +436,34 @@ class CheckpointStorage:
     """Checkpoints and savepoints under ``location``: a local path or any fsspec URL (``s3://...``,
     ``memory://...``, ...); ``storage_options`` go to fsspec. ``retain`` is how many complete checkpoints to keep.
 
+    ``cache_dir``: a local directory where ranged reads of keyed state files in ``shared/`` of a remote location are
+    kept (they never change under their name), so reading the same key groups again on this host costs no request;
+    at most ``cache_max_bytes`` are kept, least recently used dropped first. Several processes may share one
+    directory. Ignored for a local ``location``; None (the default) caches nothing.
+
+    Listings and existence checks on remote locations are never answered from fsspec's listing cache: a checkpoint
+    another process committed is seen at the next call.
+
     All paths handed in and out (``new_file``, handles' ``file``) are relative to ``location``. The object pickles
     as its arguments, so it can be shipped to Spark executors."""
 
     def __init__(self, location: str | os.PathLike[str], *, retain: int = 3,
-                 storage_options: dict[str, Any] | None = None) -> None:
+                 storage_options: dict[str, Any] | None = None, cache_dir: str | os.PathLike[str] | None = None,
+                 cache_max_bytes: int = DEFAULT_CACHE_MAX_BYTES) -> None:
         if isinstance(retain, bool) or not isinstance(retain, int) or retain < 1:
             raise ValueError(f"retain must be an int >= 1 (how many complete checkpoints to keep), got {retain!r}")
+        if isinstance(cache_max_bytes, bool) or not isinstance(cache_max_bytes, int) or cache_max_bytes < 0:
+            raise ValueError(f"cache_max_bytes must be an int >= 0 (the most bytes cache_dir keeps), got "
+                             f"{cache_max_bytes!r}")
         loc = os.fspath(location)
         if not isinstance(loc, str) or not loc:
             raise ValueError(f"location must be a non-empty path or URL, got {location!r}")
         self.retain = retain
         self.storage_options = dict(storage_options or {})
+        self.cache_dir = None if cache_dir is None else os.path.abspath(os.fspath(cache_dir))
+        self.cache_max_bytes = cache_max_bytes
         self._fs: _LocalFS | _FsspecFS
+        self._cache: _ReadCache | None = None
         if _is_local(loc):
             root = loc[len("file://"):] if loc.startswith("file://") else loc
             root = os.path.abspath(os.path.expanduser(root))
@@ -312,15 +472,21 @@ class CheckpointStorage:
         else:
             import fsspec  # type: ignore[import-untyped]
 
-            fs, root = fsspec.core.url_to_fs(loc, **self.storage_options)
+            # every listing fresh: a listing cached by this process would hide checkpoints that others commit, and
+            # s3fs answers info() of a file missing from a cached listing with a zero-size "directory"
+            fs, root = fsspec.core.url_to_fs(loc, **{**self.storage_options, "use_listings_cache": False})
             self._fs = _FsspecFS(fs, root)
             self.location = loc.rstrip("/")
+            if self.cache_dir is not None:
+                self._cache = _ReadCache(self.cache_dir, cache_max_bytes)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild_storage, (self.location, self.retain, self.storage_options))
+        return (_rebuild_storage, (self.location, self.retain, self.storage_options, self.cache_dir,
+                                   self.cache_max_bytes))
 
     def __repr__(self) -> str:
-        return f"CheckpointStorage({self.location!r}, retain={self.retain})"
+        cache = f", cache_dir={self.cache_dir!r}" if self._cache is not None else ""
+        return f"CheckpointStorage({self.location!r}, retain={self.retain}{cache})"
 
     # -- state files -------------------------------------------------------------------------------------------
     def new_file(self, checkpoint_id: int, prefix: str) -> str:
@@ -347,14 +513,28 @@ class CheckpointStorage:
 
     def read_bytes(self, relpath: str, start: int | None = None, end: int | None = None) -> bytes:
         """Bytes ``[start, end)`` of a file (one ranged read); the whole file by default. FileNotFoundError if it
-        does not exist; fewer bytes than asked if the file is shorter."""
+        does not exist; fewer bytes than asked if the file is shorter. With a ``cache_dir``, a range of a ``shared/``
+        file is served from the cache when an entry holds it, and kept there after a remote read."""
         check_relpath(relpath)
         for name, v in (("start", start), ("end", end)):
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
                 raise ValueError(f"{name} must be None or an int >= 0, got {v!r}")
         if start is not None and end is not None and end < start:
             raise ValueError(f"end must be >= start, got start={start}, end={end}")
-        return self._fs.read_bytes(relpath, start, end)
+        if self._cache is None or start is None or end is None or not _is_shared_file(relpath):
+            return self._fs.read_bytes(relpath, start, end)
+        key = _ReadCache.key(self._fs.url(relpath))
+        data = self._cache.get(key, start, end)
+        if data is not None:
+            return data
+        try:
+            data = self._fs.read_bytes(relpath, start, end)
+        except FileNotFoundError:
+            self._cache.drop(key)   # deleted by retention: its ranges are of no use any more
+            raise
+        if 0 < len(data) == end - start:   # a short read is a damaged file's, reported by the caller: never kept
+            self._cache.put(key, start, data)
+        return data
 
     def open_buffer(self, relpath: str) -> Any:
         """The whole file as a read-only buffer: an ``mmap`` for local files (close it, or drop every view of it,
@@ -374,7 +554,7 @@ class CheckpointStorage:
     # -- checkpoints -------------------------------------------------------------------------------------------
     def _chk_dirs(self) -> dict[int, str]:
         out = {}
-        for name in self._fs.listdir(""):
+        for name in self._fs.names_holding_files("", "chk-"):
             m = _CHK_RE.match(name)
             if m:
                 out[int(m.group(1))] = name
@@ -537,6 +717,8 @@ class CheckpointStorage:
                 continue
             log.debug("retention: removing unreferenced %s/%s", SHARED_DIR, name)
             self._fs.remove(f"{SHARED_DIR}/{name}")
+            if self._cache is not None:
+                self._cache.drop(_ReadCache.key(self._fs.url(f"{SHARED_DIR}/{name}")))
 
     def shared_files(self) -> list[str]:
         """The keyed state files in ``shared/`` (storage-relative), sorted: for tools and tests of retention."""
@@ -608,5 +790,7 @@ class CheckpointStorage:
                 f"is written); {self._inventory()}") from None
 
 
-def _rebuild_storage(location: str, retain: int, storage_options: dict[str, Any]) -> CheckpointStorage:
-    return CheckpointStorage(location, retain=retain, storage_options=storage_options)
+def _rebuild_storage(location: str, retain: int, storage_options: dict[str, Any], cache_dir: str | None = None,
+                     cache_max_bytes: int = DEFAULT_CACHE_MAX_BYTES) -> CheckpointStorage:
+    return CheckpointStorage(location, retain=retain, storage_options=storage_options, cache_dir=cache_dir,
+                             cache_max_bytes=cache_max_bytes)
