@@ -29,6 +29,14 @@ retained checkpoint references it and the checkpoint id in its name is at most t
 newer checkpoints, still being written, are never touched, and a shared file is only ever referenced by the
 checkpoint that wrote it and by later ones. If a retained ``_metadata`` cannot be read, nothing in ``shared/`` is
 deleted.
+
+Remote locations: every listing and existence check asks the store (fsspec's listing cache is off), so a process
+sees checkpoints and files that others wrote at its next call. A ``chk-<id>`` is a checkpoint directory only while
+it holds an object: some stores (SeaweedFS; those with a hierarchical namespace) keep listing an emptied prefix.
+With a ``cache_dir``, ranged reads of ``shared/`` files, immutable under their unique names, are kept on local disk
+(:class:`_ReadCache`: bounded, least recently used dropped first, safe for processes sharing it, every entry
+CRC32C-checked before use), so restoring the same key groups again on one host sends no request for them.
+``_metadata`` and every other file are always read from the store.
 """
 
 from __future__ import annotations
@@ -360,14 +368,14 @@ class _ReadCache:
             if len(parts) == 4 and parts[1].isdigit() and parts[2].isdigit():
                 lo, hi = int(parts[1]), int(parts[2])
                 if lo <= start and end <= hi:
-                    holding.append((hi - lo, lo, parts[3], entry.path))
-        for _, lo, crc, path in sorted(holding):
+                    holding.append((hi - lo, lo, hi, parts[3], entry.path))
+        for _, lo, hi, crc, path in sorted(holding):
             try:
                 with open(path, "rb") as f:
                     data = f.read()
             except OSError:   # evicted meanwhile by another process
                 continue
-            if f"{crc32c(data):08x}" != crc or len(data) < end - lo:
+            if len(data) != hi - lo or f"{crc32c(data):08x}" != crc:
                 log.warning("checkpoint cache: %s is damaged (checksum mismatch); dropped, reading the remote file",
                             path)
                 self._remove(path)
