@@ -7,6 +7,7 @@ import os
 import tempfile
 from collections import Counter
 
+import fsspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
