@@ -12,8 +12,10 @@ from cpython.list cimport PyList_Append, PyList_GET_ITEM, PyList_GET_SIZE
 from cpython.object cimport PyObject
 from cpython.long cimport PyLong_AsLongLongAndOverflow
 from cpython.set cimport PySet_Add, PySet_Contains
+from libc.math cimport signbit
 from libc.stdint cimport int32_t, int64_t, uint8_t
 
+from keygroups._javakeys import NAN_KEY as _NAN_KEY_OBJ, NEGATIVE_ZERO_KEY as _NEG_ZERO_OBJ, NegativeZeroKey
 from keygroups.errors import KeyGroupOutOfRangeError
 from keygroups.errors import no_current_key_error as _no_current_key_error, none_added_error as _none_added_error
 
@@ -33,6 +35,49 @@ cdef class _Missing:
 #: What a state store returns for a key without a value (None is a legal value for some serializers).
 cdef object _MISSING = _Missing()  # a C global: no module-dict lookup on the hot paths
 MISSING = _MISSING
+
+
+cdef object _NAN_KEY = _NAN_KEY_OBJ
+cdef object _NEG_ZERO = _NEG_ZERO_OBJ
+cdef type _NegZeroType = NegativeZeroKey
+
+
+cdef inline object _java_float_key(object key):
+    """A float key as Java's Double.equals sees it: every NaN is one key, -0.0 is not 0.0."""
+    cdef double v = <double>key
+    if v != v:
+        return _NAN_KEY
+    if v == 0.0 and signbit(v) and type(key) is not _NegZeroType:
+        return _NEG_ZERO
+    return key
+
+
+cdef object _java_key(object key):
+    """``key`` with its float parts canonical (see keygroups._javakeys); the same object when none needs it."""
+    cdef type t = type(key)
+    cdef Py_ssize_t i, n
+    cdef object item, canon
+    cdef list items
+    if t is float or (isinstance(key, float) and t is not _NegZeroType):
+        return _java_float_key(key)
+    if isinstance(key, tuple):
+        n = len(key)
+        items = None
+        for i in range(n):
+            item = key[i]
+            canon = _java_key(item)
+            if canon is not item and items is None:
+                items = list(key[:i])
+            if items is not None:
+                items.append(canon)
+        if items is not None:
+            return tuple(items)
+    return key
+
+
+def java_key(key):
+    """``key`` as the backends compare it (Java's equality): float parts canonical, anything else unchanged."""
+    return _java_key(key)
 
 
 cdef class KeyContext:
@@ -77,6 +122,7 @@ cdef class KeyContext:
             h = _hash_str(key)
         else:
             h = java_hash_object(key, self._type_code)
+            key = _java_key(key)
         cdef int32_t kg = kg_key_group(h, self.max_parallelism, self._inv)
         cdef Py_ssize_t kgi = kg - self.start
         if kgi < 0 or kgi >= self.n:

@@ -7,6 +7,7 @@ import os
 import tempfile
 from collections import Counter
 
+import fsspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -248,6 +249,19 @@ def test_damaged_operator_files_raise_corrupt_snapshot(storage, damage):
     with open(path, "wb") as f:
         f.write(data)
     with pytest.raises(CorruptSnapshotError):
+        store = OperatorStateStore(0, 1)
+        store.restore(storage, md)
+        store.get_list_state(PAIRS).get()
+
+
+@pytest.mark.parametrize("location", ["local", "memory"])
+def test_a_missing_operator_file_is_a_corrupt_snapshot_naming_it(tmp_path, location):
+    storage = CheckpointStorage(str(tmp_path / "chk") if location == "local" else f"memory://{tmp_path.name}/chk")
+    md = _old_job(storage, [[(i, i) for i in range(10)]])
+    fs, path = fsspec.core.url_to_fs(storage.url(md.operator_handles[0].file))
+    fs.rm(path)
+    with pytest.raises(CorruptSnapshotError, match=rf"operator state file '{md.operator_handles[0].file}' is "
+                                                   r"missing from .*chk"):
         store = OperatorStateStore(0, 1)
         store.restore(storage, md)
         store.get_list_state(PAIRS).get()

@@ -5,7 +5,9 @@ Spark runner is tested in test_spark_job.py.)"""
 from __future__ import annotations
 
 import io
+import math
 import pickle
+import struct
 
 import numpy as np
 import pyarrow as pa
@@ -20,7 +22,9 @@ from keygroups.runtime import begin_batch, commit_batch
 from keygroups.runtime.functions import KeyedProcessFunction
 from keygroups.runtime.source import run_source_subtask, staged_schema
 from keygroups.runtime.subtask import KeyedTaskSpec, create_backend, run_keyed_subtask
+from keygroups.serializers import Int64Serializer
 from keygroups.sources import write_partitioned_log
+from keygroups.state import ValueStateDescriptor
 
 MAX_PARALLELISM = 64
 
@@ -311,3 +315,51 @@ def test_an_output_record_that_does_not_fit_the_schema_is_refused_by_name(tmp_pa
 def test_an_output_record_of_another_kind_is_refused(tmp_path):
     with pytest.raises(TypeError, match=r"output record 7 is a int; records are dicts \(field names \['user', 'n'\]\)"):
         run_emitting(tmp_path, [7])
+
+
+# ---- keys compare as Java compares them ---------------------------------------------------------------------------
+
+class CountPerKey(KeyedProcessFunction):
+    """Counts each key's records and emits the running count, with the batch's key as the function saw it."""
+
+    def open(self, context):
+        self.count = context.get_state(ValueStateDescriptor("n", Int64Serializer()))
+
+    def process_element(self, record, context):
+        n = (self.count.value() or 0) + 1
+        self.count.update(n)
+        return [(record["seq"], n)]
+
+
+def _java_bits(x: float) -> int:
+    """Java's doubleToLongBits: the IEEE bits, every NaN the one canonical NaN."""
+    return 0x7FF8000000000000 if math.isnan(x) else struct.unpack("<q", struct.pack("<d", x))[0]
+
+
+@pytest.mark.parametrize("parallelisms", [(1, 1), (4, 1), (1, 3), (2, 4)])
+def test_float_keys_group_as_java_equals_at_every_parallelism(tmp_path, parallelisms):
+    payload_nan = struct.unpack("<d", bytes.fromhex("010000000000f07f"))[0]   # a NaN with another payload
+    floats = [math.nan, 0.0, -0.0, payload_nan, -0.0, 1.5, -math.nan, 0.0, math.nan, -1.5, -0.0]
+    location = str(tmp_path / "chk")
+    schema = pa.schema([("k", pa.float64()), ("seq", pa.int64())])
+    out_schema = pa.schema([("seq", pa.int64()), ("n", pa.int64())])
+    model: dict[int, int] = {}
+    for round_, p in enumerate(parallelisms):
+        table = pa.table({"k": pa.array(floats, pa.float64()),
+                          "seq": pa.array(range(round_ * 100, round_ * 100 + len(floats)), pa.int64())}, schema=schema)
+        plan = begin_batch(CheckpointStorage(location), job_name="floats", max_parallelism=4, parallelism=p)
+        spec = plan.keyed_task(key_columns=("k",), function=pickle.dumps(CountPerKey()), input_schema=schema,
+                               output_schema=out_schema)
+        owners = kg.operator_index_for_key_group(4, p, kg.assign_key_groups(table.column("k"), 4))
+        reports = [run_keyed_subtask(spec, i, table.filter(pa.array(owners == i)).to_batches()) for i in range(p)]
+        metadata = commit_batch(plan, reports)
+        storage = CheckpointStorage(location)
+        got = dict(rows_of(pa.concat_tables(pq.read_table(io.BytesIO(storage.read_bytes(f)))
+                                            for f in metadata.outputs)))
+        # the model: records are counted in input order per Java key (one NaN key; -0.0 and 0.0 apart)
+        expected = {}
+        for seq, x in zip(table.column("seq").to_pylist(), floats):
+            model[_java_bits(x)] = model.get(_java_bits(x), 0) + 1
+            expected[seq] = model[_java_bits(x)]
+        assert got == expected
+    assert len(model) == 5   # NaN, 0.0, -0.0, 1.5, -1.5

@@ -12,6 +12,7 @@ from pyspark import cloudpickle
 
 from keygroups.checkpoint import CheckpointStorage
 from keygroups.cli import shop
+from keygroups.errors import DriverFencedError, ReplayMismatchError
 from keygroups.runtime.functions import KeyedProcessFunction
 from keygroups.serializers import Int64Serializer
 from keygroups.sources import write_partitioned_log
@@ -216,3 +217,38 @@ def test_timestamp_and_date_columns_pass_through_a_job(spark, tmp_path):
                    checkpoint_location=str(tmp_path / "chk"))
     got = sorted(tuple(r) for r in job.run_batch(df, parallelism=2).output.collect())
     assert got == sorted(tuple(r) for r in df.collect())
+
+
+def test_a_replayed_id_with_other_records_is_refused_and_the_same_records_replay(spark, tmp_path):
+    job = KeyedJob("totals", "k", RunningTotal(), output_schema=TOTALS, max_parallelism=MAX_PARALLELISM,
+                   checkpoint_location=str(tmp_path / "chk"))
+    rows = [(k, k % 3) for k in range(50)]
+    first = sorted(map(tuple, job.run_batch(spark.createDataFrame(rows, "k long, v long"), parallelism=2,
+                                            checkpoint_id=7).output.collect()))
+    # the same records in another order and partitioning replay the committed output
+    same = spark.createDataFrame(list(reversed(rows)), "k long, v long").repartition(5)
+    again = job.run_batch(same, parallelism=3, checkpoint_id=7)
+    assert again.replayed and sorted(map(tuple, again.output.collect())) == first
+    # one record more, one value changed, or one record fewer: refused, naming both digests; nothing processed
+    for other in (rows + [(99, 1)], [(0, 5)] + rows[1:], rows[1:]):
+        with pytest.raises(ReplayMismatchError, match=r"checkpoint 7 is already complete .* committed from 50 "
+                                                      r"records with digest \d+, but this batch has \d+ records"):
+            job.run_batch(spark.createDataFrame(other, "k long, v long"), parallelism=2, checkpoint_id=7)
+    assert CheckpointStorage(str(tmp_path / "chk")).checkpoint_ids() == [7]
+    nxt = job.run_batch(spark.createDataFrame([(1, 1)], "k long, v long"), parallelism=2, checkpoint_id=8)
+    assert [tuple(r) for r in nxt.output.collect()] == [(1, 2, 8)]
+
+
+def test_a_second_driver_of_a_job_fences_the_first(spark, tmp_path):
+    location = str(tmp_path / "chk")
+    first = KeyedJob("totals", "k", RunningTotal(), output_schema=TOTALS, max_parallelism=MAX_PARALLELISM,
+                     checkpoint_location=location)
+    first.run_batch(spark.createDataFrame([(1, 1), (2, 1)], "k long, v long"), parallelism=2)
+    second = KeyedJob("totals", "k", RunningTotal(), output_schema=TOTALS, max_parallelism=MAX_PARALLELISM,
+                      checkpoint_location=location)
+    out = second.run_batch(spark.createDataFrame([(1, 1)], "k long, v long"), parallelism=3).output
+    assert [tuple(r) for r in out.collect()] == [(1, 2, 2)]
+    with pytest.raises(DriverFencedError, match="was fenced: a newer driver claimed"):
+        first.run_batch(spark.createDataFrame([(1, 100)], "k long, v long"), parallelism=2)
+    out = second.run_batch(spark.createDataFrame([(1, 1), (2, 1)], "k long, v long"), parallelism=2).output
+    assert sorted(tuple(r) for r in out.collect()) == [(1, 3, 3), (2, 2, 3)]

@@ -25,11 +25,14 @@ from keygroups._ranges import (
 )
 from keygroups.errors import (
     CheckpointNotFoundError,
+    ConcurrentCommitError,
     CorruptDataError,
     CorruptLogError,
     CorruptSnapshotError,
+    DriverFencedError,
     KeyGroupOutOfRangeError,
     KeyGroupsError,
+    ReplayMismatchError,
     StateMigrationError,
     UnsafeDeserializationError,
 )
@@ -56,6 +59,9 @@ __all__ = [
     "CorruptDataError",
     "CorruptSnapshotError",
     "CorruptLogError",
+    "ConcurrentCommitError",
+    "DriverFencedError",
+    "ReplayMismatchError",
     "CheckpointNotFoundError",
     "KeyGroupOutOfRangeError",
     "UnsafeDeserializationError",

@@ -51,6 +51,17 @@ class ConcurrentCommitError(KeyGroupsError, ValueError):
     an id that is already complete is refused, as any id that does not increase is."""
 
 
+class DriverFencedError(ConcurrentCommitError):
+    """A newer driver claimed this job's checkpoint location (its fencing token is higher): this driver may no longer
+    commit. Nothing of the refused batch was published; start one driver per job and location, and let a restarted
+    driver take over (it fences the old one)."""
+
+
+class ReplayMismatchError(KeyGroupsError, ValueError):
+    """A batch with an explicit checkpoint id that is already complete carries other records than the batch that
+    completed it: answering with that checkpoint's output would silently drop this input, so it is refused."""
+
+
 class CheckpointNotFoundError(KeyGroupsError):
     """The requested checkpoint or savepoint does not exist (or is incomplete: it has no ``_metadata``)."""
 
@@ -82,6 +93,9 @@ __all__ = [
     "CorruptDataError",
     "CorruptSnapshotError",
     "CorruptLogError",
+    "ConcurrentCommitError",
+    "DriverFencedError",
+    "ReplayMismatchError",
     "CheckpointNotFoundError",
     "KeyGroupOutOfRangeError",
     "UnsafeDeserializationError",

@@ -8,6 +8,9 @@ from keygroups._ranges import KeyGroupRange
 
 MISSING: Any
 
+def java_key(key: Any) -> Any:
+    """``key`` as the backends compare it (Java's equality): float parts canonical, anything else unchanged."""
+
 @disjoint_base
 class KeyContext:
     @property

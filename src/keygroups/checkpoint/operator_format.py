@@ -160,10 +160,17 @@ class _FileReader:
             raise CorruptSnapshotError(f"operator state file {file}: {actual} bytes, but its handle says {size}; "
                                        "the file is truncated or was replaced")
 
+    def _missing(self, file: str) -> CorruptSnapshotError:
+        return CorruptSnapshotError(f"operator state file {file!r} is missing from {self._storage.location}: the "
+                                    "checkpoint references it, so the checkpoint is damaged (restore an earlier one)")
+
     def _mapped(self, file: str, size: int) -> Any:
         buf = self._buffers.get(file)
         if buf is None:
-            buf = self._storage.open_buffer(file)
+            try:
+                buf = self._storage.open_buffer(file)
+            except FileNotFoundError:
+                raise self._missing(file) from None
             self._check_size(file, len(buf), size)
             magic, version, _ = _HEADER.unpack_from(buf, 0)
             if magic != _MAGIC or version < 1 or version > OPERATOR_FORMAT_VERSION:
@@ -198,7 +205,10 @@ class _FileReader:
             buf, base = self._mapped(run.file, handle.size), 0
         else:
             if run.file not in self._sizes:
-                self._sizes[run.file] = self._storage.file_size(run.file)
+                try:
+                    self._sizes[run.file] = self._storage.file_size(run.file)
+                except FileNotFoundError:
+                    raise self._missing(run.file) from None
                 self._check_size(run.file, self._sizes[run.file], handle.size)
             buf, base = self._storage.read_bytes(run.file, lo, hi), lo
             if len(buf) != hi - lo:

@@ -46,6 +46,7 @@ import dataclasses
 import hashlib
 import inspect
 import io
+import json
 import logging
 import mmap
 import os
@@ -81,6 +82,8 @@ DEFAULT_CACHE_MAX_BYTES = 4 << 30   # of ranges of remote keyed files kept in Ch
 _CHK_RE = re.compile(r"^chk-(0|[1-9][0-9]*)$")
 _NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 _STATE_FILE_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*-[0-9a-f]{32}(\.[A-Za-z0-9_.-]+)?$")   # new_file's names
+DRIVERS_DIR = "_drivers"
+_EPOCH_RE = re.compile(r"^epoch-([0-9]{12})$")
 _SHARED_FILE_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*-(0|[1-9][0-9]*)-[0-9a-f]{32}$")   # new_shared_file's
 
 
@@ -658,21 +661,27 @@ class CheckpointStorage:
                 f"checkpoint {metadata.checkpoint_id} is already complete in {self.location}, committed by another "
                 f"writer (its _metadata cannot be read: {e}): checkpoint ids must increase; nothing of this commit "
                 "was published")
-        # only what this commit's own batch wrote: files of earlier checkpoints it carried forward stay, whoever won
-        ours = {f for f in set(metadata.files()) | set(metadata.outputs) | set(metadata.inputs)
-                if self._written_for(f, metadata.checkpoint_id)}
-        removed = 0
-        for f in sorted(ours - theirs):
-            try:
-                self._fs.remove(f)
-                removed += 1
-            except OSError as e:   # left for retention's orphan cleanup
-                log.warning("could not remove %s of a lost commit: %s", f, e)
+        removed = self.discard(metadata, keep=theirs)
         return ConcurrentCommitError(
             f"checkpoint {metadata.checkpoint_id} is already complete in {self.location}, committed by another "
             f"writer ({who}): checkpoint ids must increase; nothing of this commit (job {metadata.job_id!r}) was "
             f"published and its {removed} files were removed. Two drivers must not run one job on one checkpoint "
             "location at once")
+
+    def discard(self, metadata: CheckpointMetadata, *, keep: frozenset[str] | set[str] = frozenset()) -> int:
+        """Remove the files an unpublished checkpoint's own batch wrote (its state, output and input files in
+        ``chk-<id>/`` and shared files named with its id), except those in ``keep``; files of earlier checkpoints it
+        carried forward stay. Returns how many were removed; one that cannot be removed is left to retention."""
+        ours = {f for f in set(metadata.files()) | set(metadata.outputs) | set(metadata.inputs)
+                if self._written_for(f, metadata.checkpoint_id)}
+        removed = 0
+        for f in sorted(ours - set(keep)):
+            try:
+                self._fs.remove(f)
+                removed += 1
+            except OSError as e:
+                log.warning("could not remove %s of an unpublished checkpoint: %s", f, e)
+        return removed
 
     def _check_files(self, metadata: CheckpointMetadata) -> None:
         for h in metadata.keyed_handles:
@@ -746,6 +755,36 @@ class CheckpointStorage:
                 log.debug("retention: removing orphan %s/%s", base, name)
                 self._fs.remove(f"{base}/{name}")
 
+    # -- driver claims (fencing) -------------------------------------------------------------------------------
+    def claim(self, owner: dict[str, Any]) -> int:
+        """Claim the location for a new driver and return its fencing token: the epoch of a ``_drivers/epoch-<n>``
+        file written create-if-absent, one above the newest claim (a racing claimant takes the next). ``owner``
+        (JSON) says who holds it, for the error that fences an older driver."""
+        existing = [int(m.group(1)) for m in map(_EPOCH_RE.match, self._fs.listdir(DRIVERS_DIR)) if m]
+        epoch = max(existing, default=0) + 1
+        self._fs.makedirs(DRIVERS_DIR)
+        while True:
+            try:
+                self._fs.write_exclusive(_epoch_file(epoch), json.dumps({**owner, "epoch": epoch},
+                                                                        sort_keys=True).encode())
+                return epoch
+            except FileExistsError:
+                epoch += 1   # claims are contiguous: a claimant that loses a race takes the next number
+
+    def newer_claim(self, epoch: int) -> dict[str, Any] | None:
+        """Who claimed the location after the driver holding ``epoch`` (its owner record), None if nobody did: that
+        driver is the current one. Claims are contiguous, so only the next epoch's file is looked at."""
+        rel = _epoch_file(epoch + 1)
+        try:
+            data = self._fs.read_bytes(rel, None, None)
+        except FileNotFoundError:
+            return None
+        try:
+            owner = json.loads(data)
+        except ValueError:
+            owner = None
+        return owner if isinstance(owner, dict) else {"epoch": epoch + 1, "unreadable": self._fs.url(rel)}
+
     # -- savepoints --------------------------------------------------------------------------------------------
     def savepoint(self, metadata_or_id: CheckpointMetadata | int, name: str) -> str:
         """Write a checkpoint (given by metadata or id) as a self-contained full snapshot into
@@ -796,6 +835,10 @@ class CheckpointStorage:
             raise CheckpointNotFoundError(
                 f"savepoint {name!r} does not exist in {self.location} (a savepoint exists only once its _metadata "
                 f"is written); {self._inventory()}") from None
+
+
+def _epoch_file(epoch: int) -> str:
+    return f"{DRIVERS_DIR}/epoch-{epoch:012d}"
 
 
 def _rebuild_storage(location: str, retain: int, storage_options: dict[str, Any], cache_dir: str | None = None,

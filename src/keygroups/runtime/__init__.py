@@ -1,7 +1,7 @@
 """The runtime, independent of Spark: the driver's batch protocol (plan a micro-batch, commit it), what one parallel
 instance of a keyed job does in one micro-batch, and the function API."""
 
-from keygroups.runtime.driver import BatchPlan, begin_batch, commit_batch
+from keygroups.runtime.driver import BatchPlan, DriverFence, begin_batch, commit_batch
 from keygroups.runtime.functions import KeyedProcessFunction, ProcessContext, RuntimeContext
 
-__all__ = ["BatchPlan", "KeyedProcessFunction", "ProcessContext", "RuntimeContext", "begin_batch", "commit_batch"]
+__all__ = ["BatchPlan", "DriverFence", "KeyedProcessFunction", "ProcessContext", "RuntimeContext", "begin_batch", "commit_batch"]

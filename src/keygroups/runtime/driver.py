@@ -10,9 +10,12 @@ once. Until then the checkpoint does not exist, so a failed batch can simply run
 
 from __future__ import annotations
 
+import os
+import socket
 import time
+import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
@@ -20,9 +23,41 @@ import pyarrow as pa
 from keygroups._ranges import check_parallelism
 from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage, KeyedStateHandle, OperatorStateHandle
 from keygroups.checkpoint.planning import carry_forward, check_restore_max_parallelism
-from keygroups.errors import KeyGroupsError
+from keygroups.errors import DriverFencedError, KeyGroupsError
 from keygroups.runtime.source import SourceTaskSpec
 from keygroups.runtime.subtask import KeyedTaskSpec, key_type_for_schema
+
+
+@dataclass(frozen=True)
+class DriverFence:
+    """One driver's claim on a job's checkpoint location: its fencing token (``epoch``). A driver that starts later
+    claims the next epoch, and from then on this one may not commit (:meth:`check` raises): a restarted driver takes
+    over at once, and a driver that lost its place (a network partition, a hung process coming back) cannot
+    overwrite what the new one does. Flink fences its JobManager leaders the same way."""
+
+    storage: CheckpointStorage
+    job_name: str
+    epoch: int
+    owner: dict[str, Any] = field(repr=False)
+
+    @classmethod
+    def claim(cls, storage: CheckpointStorage, job_name: str) -> DriverFence:
+        """Claim ``storage``'s location for a new driver of ``job_name``, fencing every earlier one."""
+        owner = {"job": job_name, "driver": uuid.uuid4().hex, "host": socket.gethostname(), "pid": os.getpid(),
+                 "claimed_ms": int(time.time() * 1000)}
+        return cls(storage, job_name, storage.claim(owner), owner)
+
+    def check(self) -> None:
+        """DriverFencedError naming the newer driver if one has claimed the location since this one did."""
+        newer = self.storage.newer_claim(self.epoch)
+        if newer is not None:
+            who = ", ".join(f"{k}={newer[k]!r}" for k in ("job", "host", "pid", "claimed_ms", "unreadable")
+                            if k in newer)
+            raise DriverFencedError(
+                f"this driver of job {self.job_name!r} (fencing token {self.epoch}) was fenced: a newer driver "
+                f"claimed {self.storage.location} with token {newer.get('epoch', self.epoch + 1)} ({who}); it may "
+                "no longer commit checkpoints there. Run one driver per job and location; the newer one continues "
+                "from the latest complete checkpoint")
 
 
 @dataclass(frozen=True)
@@ -40,6 +75,7 @@ class BatchPlan:
     parallelism: int
     previous: CheckpointMetadata | None
     replay: CheckpointMetadata | None = None
+    fence: DriverFence | None = None
 
     @property
     def restore_from(self) -> int | None:
@@ -94,20 +130,25 @@ def _next_checkpoint_id(storage: CheckpointStorage, previous: CheckpointMetadata
 
 
 def begin_batch(storage: CheckpointStorage, *, job_name: str, max_parallelism: int, parallelism: int,
-                checkpoint_id: int | None = None) -> BatchPlan:
+                checkpoint_id: int | None = None, fence: DriverFence | None = None) -> BatchPlan:
     """Plan the next micro-batch of job ``job_name`` at ``parallelism``.
 
     Without ``checkpoint_id`` the batch becomes the checkpoint after the latest complete one. With one (e.g. Spark's
     streaming batch id) the batch is idempotent: if that checkpoint is already complete, the plan's ``replay`` holds
     it; an id older than the latest complete checkpoint is refused. StateMigrationError if ``max_parallelism``
-    differs from the latest checkpoint's."""
+    differs from the latest checkpoint's. With a ``fence`` (:meth:`DriverFence.claim`), a fenced driver is refused
+    here and again right before its commit."""
     p, mp = check_parallelism(parallelism, max_parallelism)
+    if fence is not None:
+        fence.check()
     if checkpoint_id is not None and checkpoint_id in storage.checkpoint_ids():
-        return BatchPlan(storage, job_name, checkpoint_id, mp, p, previous=None, replay=storage.load(checkpoint_id))
+        return BatchPlan(storage, job_name, checkpoint_id, mp, p, previous=None, replay=storage.load(checkpoint_id),
+                         fence=fence)
     previous = storage.latest()
     if previous is not None:
         check_restore_max_parallelism(previous, mp)
-    return BatchPlan(storage, job_name, _next_checkpoint_id(storage, previous, checkpoint_id), mp, p, previous)
+    return BatchPlan(storage, job_name, _next_checkpoint_id(storage, previous, checkpoint_id), mp, p, previous,
+                     fence=fence)
 
 
 def _exactly_one_per_subtask(reports: Sequence[dict[str, Any]], parallelism: int, what: str,
@@ -154,5 +195,11 @@ def commit_batch(plan: BatchPlan, keyed_reports: Sequence[dict[str, Any]],
         outputs=[r["output_file"] for r in keyed],
         inputs=[r["input_file"] for r in sources if r.get("input_file")],
     )
+    if plan.fence is not None:
+        try:
+            plan.fence.check()
+        except DriverFencedError:
+            plan.storage.discard(metadata)
+            raise
     plan.storage.commit(metadata)
     return metadata

@@ -130,14 +130,30 @@ def _key_groups(table: pa.Table, spec: KeyedTaskSpec) -> np.ndarray:
     return assign_key_groups_for_tuples(columns, spec.max_parallelism, spec.key_type)
 
 
+_CANONICAL_NAN_BITS = {pa.float16(): 0x7E00, pa.float32(): 0x7FC00000, pa.float64(): 0x7FF8000000000000}
+_BITS = {pa.float16(): np.int16, pa.float32(): np.int32, pa.float64(): np.int64}
+
+
+def _java_equality_column(column: pa.ChunkedArray) -> pa.ChunkedArray:
+    """A key column as Java's ``equals`` groups it: floats by their IEEE bits with one canonical NaN (every NaN is
+    one key; -0.0 is not 0.0), anything else as it is (the same object)."""
+    if not pa.types.is_floating(column.type):
+        return column
+    values = column.to_numpy(zero_copy_only=False)
+    bits = values.view(_BITS[column.type]).astype(np.int64)
+    bits[np.isnan(values)] = _CANONICAL_NAN_BITS[column.type]
+    return pa.chunked_array([pa.array(bits, mask=column.is_null().to_numpy(zero_copy_only=False))])
+
+
 def _key_runs(table: pa.Table, key_columns: tuple[str, ...]) -> np.ndarray:
-    """Start offsets of the runs of equal keys in a table sorted by key (plus the end offset)."""
+    """Start offsets of the runs of equal keys (equal as Java compares them) in a table sorted by key (plus the
+    end offset)."""
     n = table.num_rows
     if n == 0:
         return np.zeros(1, dtype=np.int64)
     change = np.zeros(n - 1, dtype=bool)
     for name in key_columns:
-        col = table.column(name)
+        col = _java_equality_column(table.column(name))
         change |= pc.not_equal(col.slice(1), col.slice(0, n - 1)).to_numpy(zero_copy_only=False)
     return np.concatenate([[0], np.flatnonzero(change) + 1, [n]]).astype(np.int64)
 
@@ -236,10 +252,17 @@ def _run_on_backend(spec: KeyedTaskSpec, subtask_index: int, batches: Iterable[p
                 "by key group (or the key's hash is not deterministic)"
             )
         table = table.append_column("__key_group", pa.array(groups, pa.int16()))
-        sort_keys = [("__key_group", "ascending")] + [(c, "ascending") for c in spec.key_columns]
+        sort_keys = [("__key_group", "ascending")]
+        for i, c in enumerate(spec.key_columns):
+            column = _java_equality_column(table.column(c))
+            if column is table.column(c):
+                sort_keys.append((c, "ascending"))
+            else:   # a float key sorts by its bits, so that -0.0 and 0.0 do not interleave
+                table = table.append_column(f"__key_bits_{i}", column)
+                sort_keys.append((f"__key_bits_{i}", "ascending"))
         sort_keys += [(c, "ascending") for c in spec.order_columns]
         order = pc.sort_indices(table, sort_keys=sort_keys)
-        table = table.take(order).drop_columns(["__key_group"])
+        table = table.take(order).select(list(spec.input_schema.names))
         groups = groups[order.to_numpy()]
     timings["prepare"] = time.perf_counter() - t
 

@@ -25,15 +25,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 from pyspark import TaskContext, cloudpickle
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
-from pyspark.sql.types import StructType, _parse_datatype_string
+from pyspark.sql.types import MapType, StructType, _parse_datatype_string
 
 from keygroups._ranges import check_max_parallelism, check_parallelism
 from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage
-from keygroups.runtime.driver import BatchPlan, begin_batch, commit_batch
+from keygroups.errors import ReplayMismatchError
+from keygroups.runtime.driver import BatchPlan, DriverFence, begin_batch, commit_batch
 from keygroups.runtime.functions import KeyedProcessFunction
 from keygroups.runtime.source import run_source_subtask, staged_schema
 from keygroups.runtime.subtask import KeyedTaskSpec, run_keyed_subtask
@@ -41,6 +44,45 @@ from keygroups.spark.partitioner import partition_by_key_group
 
 _REPORT_SCHEMA = "subtask int, report string"
 _REPORT_ARROW = pa.schema([("subtask", pa.int32()), ("report", pa.string())])
+#: The per-record input digest column, added before the shuffle and removed before the function sees the records.
+_DIGEST = "__keygroups_input_digest"
+_U64 = 1 << 64
+
+
+def _quoted(name: str) -> Column:
+    return F.col("`" + name.replace("`", "``") + "`")
+
+
+def _record_digest(df: DataFrame) -> Column:
+    """Spark's xxhash64 of a record over all its columns (a map by its sorted entries: Spark refuses to hash maps)."""
+    columns = [F.array_sort(F.map_entries(_quoted(f.name))) if isinstance(f.dataType, MapType) else _quoted(f.name)
+               for f in df.schema.fields]
+    return F.xxhash64(*columns)
+
+
+def input_digest(df: DataFrame) -> dict[str, int]:
+    """What identifies a batch's records, whatever their order and partitioning: their count and the sum (mod 2^64)
+    of each record's xxhash64. A replay compares it with the digest its checkpoint committed."""
+    row = df.select(F.count(F.lit(1)).alias("n"),
+                    F.sum(_record_digest(df).cast("decimal(20,0)")).alias("s")).collect()[0]
+    return {"records": int(row["n"]), "xxhash64_sum": int(row["s"] or 0) % _U64}
+
+
+class _DigestedBatches:
+    """A subtask's input batches without the digest column, summing the digest on the way (mod 2^64)."""
+
+    def __init__(self, batches: Any) -> None:
+        self._batches = batches
+        self.records = 0
+        self.total = 0
+
+    def __iter__(self) -> Any:
+        for batch in self._batches:
+            i = batch.schema.get_field_index(_DIGEST)
+            digests = batch.column(i).to_numpy(zero_copy_only=False).astype(np.uint64, copy=False)
+            self.total = (self.total + int(digests.sum(dtype=np.uint64))) % _U64
+            self.records += batch.num_rows
+            yield batch.drop_columns([_DIGEST])
 
 
 def _input_arrow_schema(df: DataFrame) -> pa.Schema:
@@ -138,6 +180,7 @@ class KeyedJob:
         self.allow_pickle = allow_pickle
         self.local_dir = local_dir
         self.storage = CheckpointStorage(checkpoint_location, retain=retain, storage_options=storage_options)
+        self._fence: DriverFence | None = None   # claimed at the first batch: constructing a job fences nobody
 
     def latest_checkpoint(self) -> CheckpointMetadata | None:
         """The latest complete checkpoint, None before the first batch."""
@@ -146,8 +189,12 @@ class KeyedJob:
     # ---- one micro-batch ----------------------------------------------------------------------------------------
 
     def _begin(self, parallelism: int, checkpoint_id: int | None = None) -> BatchPlan:
+        """Plan a batch as this job's driver: the first batch claims the location (fencing any earlier driver of
+        it); a later driver's claim fences this one (DriverFencedError, nothing committed)."""
+        if self._fence is None:
+            self._fence = DriverFence.claim(self.storage, self.name)
         return begin_batch(self.storage, job_name=self.name, max_parallelism=self.max_parallelism,
-                           parallelism=parallelism, checkpoint_id=checkpoint_id)
+                           parallelism=parallelism, checkpoint_id=checkpoint_id, fence=self._fence)
 
     def _path(self, relpath: str) -> str:
         """A storage-relative file as Spark reads it: under the location exactly as the job was given it."""
@@ -172,12 +219,15 @@ class KeyedJob:
             output_schema=self.output_schema, backend=self.backend, order_columns=self.order_by,
             timestamp_column=self.timestamp_column, allow_pickle=self.allow_pickle, local_dir=self.local_dir,
         )
-        placed = partition_by_key_group(df, *self.key_columns, max_parallelism=plan.max_parallelism,
-                                        parallelism=plan.parallelism).select(*df.columns)
+        placed = partition_by_key_group(df.withColumn(_DIGEST, _record_digest(df)), *self.key_columns,
+                                        max_parallelism=plan.max_parallelism,
+                                        parallelism=plan.parallelism).select(*df.columns, _DIGEST)
 
         def subtask(batches: Any) -> Any:
             index = TaskContext.get().partitionId()  # type: ignore[union-attr]  # always set inside a task
-            report = run_keyed_subtask(spec, index, batches)
+            digested = _DigestedBatches(batches)
+            report = run_keyed_subtask(spec, index, digested)
+            report["input_digest"] = {"records": digested.records, "xxhash64_sum": digested.total}
             yield pa.RecordBatch.from_pylist([{"subtask": index, "report": json.dumps(report)}], schema=_REPORT_ARROW)
 
         reports = [json.loads(r["report"]) for r in placed.mapInArrow(subtask, _REPORT_SCHEMA).collect()]
@@ -185,7 +235,10 @@ class KeyedJob:
         if idle:
             reports += [json.loads(r) for r in df.sparkSession.sparkContext.parallelize(idle, len(idle)).map(
                 lambda index: _idle_report(spec, index)).collect()]
-        return commit_batch(plan, reports, source_reports, properties=properties)
+        digests = [r.get("input_digest", {"records": 0, "xxhash64_sum": 0}) for r in reports]
+        digest = {"records": sum(d["records"] for d in digests),
+                  "xxhash64_sum": sum(d["xxhash64_sum"] for d in digests) % _U64}
+        return commit_batch(plan, reports, source_reports, properties={**(properties or {}), "input_digest": digest})
 
     def run_batch(self, df: DataFrame, *, parallelism: int, checkpoint_id: int | None = None,
                   properties: dict[str, Any] | None = None) -> BatchResult:
@@ -193,10 +246,13 @@ class KeyedJob:
         ``run_batch(...).output``. ``properties`` (JSON) are stored in the checkpoint's metadata.
 
         With an explicit ``checkpoint_id`` (e.g. Spark's streaming batch id) the call is idempotent: a checkpoint
-        that is already complete is not processed again; its committed output comes back instead."""
+        that is already complete is not processed again; its committed output comes back instead, once ``df`` is
+        found to hold the records that checkpoint committed (ReplayMismatchError otherwise: another input under a
+        completed id must not be silently dropped)."""
         started = time.perf_counter()
         plan = self._begin(parallelism, checkpoint_id)
         if plan.replay is not None:
+            _check_replay(plan.replay, df)
             return self._result(df.sparkSession, plan.replay, replayed=True, started=started)
         metadata = self._run_keyed(plan, df, [], properties)
         return self._result(df.sparkSession, metadata, replayed=False, started=started)
@@ -243,6 +299,22 @@ class KeyedJob:
                 sink(result.output, int(batch_id))
 
         return run
+
+
+def _check_replay(replayed: CheckpointMetadata, df: DataFrame) -> None:
+    """ReplayMismatchError unless ``df`` holds the records checkpoint ``replayed`` committed (a checkpoint written
+    before digests were recorded is taken on trust, as before)."""
+    committed = replayed.properties.get("input_digest")
+    if not isinstance(committed, dict):
+        return
+    given = input_digest(df)
+    if given != {"records": committed.get("records"), "xxhash64_sum": committed.get("xxhash64_sum")}:
+        raise ReplayMismatchError(
+            f"checkpoint {replayed.checkpoint_id} is already complete (job {replayed.job_id!r}), committed from "
+            f"{committed.get('records')} records with digest {committed.get('xxhash64_sum')}, but this batch has "
+            f"{given['records']} records with digest {given['xxhash64_sum']}: a batch id may only be replayed with "
+            "the same records (as Spark replays a foreachBatch id). Nothing was processed; give new input a new "
+            "checkpoint id, or none to take the next one")
 
 
 def _idle_report(spec: KeyedTaskSpec, index: int) -> str:
