@@ -61,6 +61,12 @@ def key_serializer_for(key_type: KeyType) -> Any:
     }[key_type]()
 
 
+def read_cache_directory(local_dir: str | None) -> str:
+    """Where this host caches the immutable state files it read from remote checkpoint storage (bounded; see
+    ``CheckpointStorage(cache_dir=...)``): under ``local_dir``, the system temporary directory by default."""
+    return os.path.join(local_dir or tempfile.gettempdir(), "keygroups-cache")
+
+
 def warm_directory(local_dir: str | None, checkpoint_location: str, job_name: str) -> str:
     """Where a job's warm RocksDB databases live on this host: under ``local_dir`` (the system temporary directory
     by default), keyed by checkpoint location (hashed) and job name, one directory per key-group range below."""
@@ -228,7 +234,8 @@ def _run_on_backend(spec: KeyedTaskSpec, subtask_index: int, batches: Iterable[p
                     own_range: Any) -> dict[str, Any]:
     timings: dict[str, float] = {}
     start = time.perf_counter()
-    storage = CheckpointStorage(spec.checkpoint_location, storage_options=spec.storage_options)
+    storage = CheckpointStorage(spec.checkpoint_location, storage_options=spec.storage_options,
+                                cache_dir=read_cache_directory(spec.local_dir))
     restored: dict[str, Any] = {"bytes_read": 0, "key_groups": 0, "warm": False}
     if spec.restore_from is not None:
         stats = backend.restore(storage, storage.load(spec.restore_from))
