@@ -14,6 +14,7 @@ from keygroups.checkpoint import CheckpointStorage
 from keygroups.cli import shop
 from keygroups.errors import DriverFencedError, ReplayMismatchError
 from keygroups.runtime.functions import KeyedProcessFunction
+from keygroups.runtime.scaling import RecordsPerSubtask
 from keygroups.serializers import Int64Serializer
 from keygroups.sources import write_partitioned_log
 from keygroups.spark import KeyedJob
@@ -252,3 +253,60 @@ def test_a_second_driver_of_a_job_fences_the_first(spark, tmp_path):
         first.run_batch(spark.createDataFrame([(1, 100)], "k long, v long"), parallelism=2)
     out = second.run_batch(spark.createDataFrame([(1, 1), (2, 1)], "k long, v long"), parallelism=2).output
     assert sorted(tuple(r) for r in out.collect()) == [(1, 3, 3), (2, 2, 3)]
+
+
+def _rescaling_stream(spark, tmp_path, parallelism):
+    """One streaming query over three files, one micro-batch each (400, 200 and 800 records over 50 keys), through
+    ``foreach_batch`` with ``parallelism``; returns what the sink got per batch and each checkpoint's parallelism."""
+    source = tmp_path / "in"
+    sizes = [400, 200, 800]
+    expected: dict[int, list] = {}
+    totals: dict[int, int] = {}
+    for i, n in enumerate(sizes):
+        rows = [(r % 50, r + 1000 * i) for r in range(n)]
+        spark.createDataFrame(rows, "k long, v long").coalesce(1).write.parquet(str(source / f"part-{i}"))
+        for k, v in rows:
+            totals[k] = totals.get(k, 0) + v
+        expected[i] = sorted({k: (k, totals[k], i) for k, _ in rows}.values())
+    job = KeyedJob("rescaling-stream", "k", LastTotal(), output_schema=TOTALS, max_parallelism=MAX_PARALLELISM,
+                   checkpoint_location=str(tmp_path / "chk"))
+    received: dict[int, list] = {}
+    run = job.foreach_batch(lambda out, bid: received.setdefault(bid, sorted(map(tuple, out.collect()))),
+                            parallelism=parallelism)
+    query = (spark.readStream.schema("k long, v long").option("maxFilesPerTrigger", 1)
+             .parquet(str(source / "part-*")).writeStream.foreachBatch(run)
+             .option("checkpointLocation", str(tmp_path / "spark-chk")).trigger(availableNow=True).start())
+    query.awaitTermination(300)
+    storage = CheckpointStorage(str(tmp_path / "chk"))
+    return received, expected, [storage.load(c).parallelism for c in storage.checkpoint_ids()]
+
+
+class LastTotal(KeyedProcessFunction):
+    """A key's running total, emitted once per batch (its last record's), with the batch id."""
+
+    def open(self, context):
+        self.total = context.get_state(ValueStateDescriptor("total", Int64Serializer()))
+
+    def process_key_batch(self, key, records, context):
+        total = (self.total.value() or 0) + sum(records.column("v").to_pylist())
+        self.total.update(total)
+        return [(key, total, context.checkpoint_id)]
+
+
+def test_a_streaming_query_rescales_between_micro_batches_by_policy(spark, tmp_path):
+    received, expected, parallelisms = _rescaling_stream(spark, tmp_path, RecordsPerSubtask(100, max_parallelism=8))
+    assert parallelisms == [4, 2, 8]
+    assert received == expected
+
+
+def test_a_streaming_query_rescales_between_micro_batches_by_a_callable(spark, tmp_path):
+    seen = []
+
+    def choose(records, history):
+        seen.append((records, [(b.parallelism, b.records) for b in history]))
+        return [4, 2, 8][len(history)]
+
+    received, expected, parallelisms = _rescaling_stream(spark, tmp_path, choose)
+    assert parallelisms == [4, 2, 8]
+    assert received == expected
+    assert seen == [(400, []), (200, [(4, 400)]), (800, [(4, 400), (2, 200)])]

@@ -38,6 +38,7 @@ from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage
 from keygroups.errors import ReplayMismatchError
 from keygroups.runtime.driver import BatchPlan, DriverFence, begin_batch, commit_batch
 from keygroups.runtime.functions import KeyedProcessFunction
+from keygroups.runtime.scaling import HISTORY, BatchFigures, ParallelismPolicy
 from keygroups.runtime.source import run_source_subtask, staged_schema
 from keygroups.runtime.subtask import KeyedTaskSpec, run_keyed_subtask
 from keygroups.spark.partitioner import partition_by_key_group
@@ -287,18 +288,45 @@ class KeyedJob:
         return self._result(spark, metadata, replayed=False, started=started)
 
     def foreach_batch(self, sink: Callable[[DataFrame, int], None] | None = None, *,
-                      parallelism: int) -> Callable[[DataFrame, int], None]:
+                      parallelism: int | ParallelismPolicy) -> Callable[[DataFrame, int], None]:
         """A function for ``stream.writeStream.foreachBatch(...)``: each micro-batch runs through this job with
         Spark's batch id as the checkpoint id, so a batch Spark replays is not applied twice; ``sink`` then gets the
-        batch's committed output (the same output again on a replay, for idempotent sinks)."""
-        check_parallelism(parallelism, self.max_parallelism)
+        batch's committed output (the same output again on a replay, for idempotent sinks).
+
+        ``parallelism`` is an int (every batch), or a policy that picks each batch's parallelism (see
+        :mod:`keygroups.runtime.scaling`: ``RecordsPerSubtask``, ``TargetBatchDuration``, or any callable
+        ``(records, history) -> int``): the query rescales between micro-batches without a restart. The chosen
+        parallelism is the batch's ``BatchResult.parallelism`` and is stored in its checkpoint."""
+        if callable(parallelism):
+            policy: ParallelismPolicy | None = parallelism
+        else:
+            check_parallelism(parallelism, self.max_parallelism)
+            policy = None
+        history: list[BatchFigures] = []
 
         def run(df: DataFrame, batch_id: int) -> None:
-            result = self.run_batch(df, parallelism=parallelism, checkpoint_id=int(batch_id))
+            p, properties = parallelism, None
+            if policy is not None:
+                records = df.count()
+                p = _checked_choice(policy, policy(records, tuple(history[-HISTORY:])), records,
+                                    self.max_parallelism)
+                properties = {"parallelism_policy": {"policy": repr(policy), "records": records, "chose": p}}
+            result = self.run_batch(df, parallelism=p, checkpoint_id=int(batch_id), properties=properties)
+            if not result.replayed:
+                history.append(BatchFigures(result.checkpoint_id, result.parallelism, result.records_in,
+                                            result.seconds))
             if sink is not None:
                 sink(result.output, int(batch_id))
 
         return run
+
+
+def _checked_choice(policy: ParallelismPolicy, chosen: Any, records: int, max_parallelism: int) -> int:
+    """The policy's answer if it is a usable parallelism; a ValueError naming the policy and the bounds otherwise."""
+    if isinstance(chosen, bool) or not isinstance(chosen, int) or not 1 <= chosen <= max_parallelism:
+        raise ValueError(f"parallelism policy {policy!r} chose {chosen!r} for a batch of {records} records; a "
+                         f"parallelism is an int in [1, {max_parallelism}] (the job's max parallelism)")
+    return chosen
 
 
 def _check_replay(replayed: CheckpointMetadata, df: DataFrame) -> None:
