@@ -12,7 +12,7 @@ from pyspark import cloudpickle
 
 from keygroups.checkpoint import CheckpointStorage
 from keygroups.cli import shop
-from keygroups.errors import DriverFencedError, ReplayMismatchError
+from keygroups.errors import CheckpointNotFoundError, DriverFencedError, ReplayMismatchError
 from keygroups.runtime.functions import KeyedProcessFunction
 from keygroups.runtime.scaling import RecordsPerSubtask
 from keygroups.serializers import Int64Serializer
@@ -310,3 +310,29 @@ def test_a_streaming_query_rescales_between_micro_batches_by_a_callable(spark, t
     assert parallelisms == [4, 2, 8]
     assert received == expected
     assert seen == [(400, []), (200, [(4, 400)]), (800, [(4, 400), (2, 200)])]
+
+
+def test_a_job_starts_from_a_savepoint_taken_between_batches(spark, tmp_path):
+    location = str(tmp_path / "chk")
+    job = KeyedJob("totals", "k", RunningTotal(), output_schema=TOTALS, max_parallelism=MAX_PARALLELISM,
+                   checkpoint_location=location)
+    totals(job, [[(k, 1) for k in range(10)]], spark, [2])
+    job.savepoint("before-bad-deploy")
+    totals(job, [[(k, 1000) for k in range(10)]], spark, [3])   # the batch the savepoint rolls back
+
+    restarted = KeyedJob("totals", "k", RunningTotal(), output_schema=TOTALS, max_parallelism=MAX_PARALLELISM,
+                         checkpoint_location=location, restore_from_savepoint="before-bad-deploy")
+    out = totals(restarted, [[(k, 1) for k in range(10)]], spark, [5])
+    assert out == [[(k, 2, 3) for k in range(10)]]   # from the savepoint's totals; the id follows the latest (2)
+    md = restarted.latest_checkpoint()
+    assert md.properties["started_from_savepoint"] == "before-bad-deploy"
+    assert not [h.file for h in md.keyed_handles if h.file.startswith("savepoints/")]   # written in full
+
+    # a driver restarted with the same argument continues from its latest checkpoint, not the savepoint again
+    again = KeyedJob("totals", "k", RunningTotal(), output_schema=TOTALS, max_parallelism=MAX_PARALLELISM,
+                     checkpoint_location=location, restore_from_savepoint="before-bad-deploy")
+    assert totals(again, [[(1, 1)]], spark, [2]) == [[(1, 3, 4)]]
+    with pytest.raises(CheckpointNotFoundError, match="savepoint 'missing' does not exist"):
+        KeyedJob("totals", "k", RunningTotal(), output_schema=TOTALS, max_parallelism=MAX_PARALLELISM,
+                 checkpoint_location=str(tmp_path / "other"), restore_from_savepoint="missing").run_batch(
+            spark.createDataFrame([(1, 1)], "k long, v long"), parallelism=1)

@@ -605,6 +605,10 @@ class CheckpointStorage:
             raise CorruptSnapshotError(f"chk-{cid}/_metadata in {self.location} holds checkpoint {md.checkpoint_id}")
         return md
 
+    def load_restore_point(self, point: int | str) -> CheckpointMetadata:
+        """The metadata a batch restores from: a checkpoint id (int) or a savepoint name (str)."""
+        return self.load_savepoint(point) if isinstance(point, str) else self.load(point)
+
     def latest(self) -> CheckpointMetadata | None:
         """The latest complete checkpoint, or None if there is none."""
         ids = self.checkpoint_ids()

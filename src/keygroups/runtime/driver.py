@@ -76,11 +76,15 @@ class BatchPlan:
     previous: CheckpointMetadata | None
     replay: CheckpointMetadata | None = None
     fence: DriverFence | None = None
+    #: The savepoint ``previous`` is (None: ``previous`` is a checkpoint).
+    savepoint: str | None = None
 
     @property
-    def restore_from(self) -> int | None:
-        """The id of the checkpoint the subtasks restore from, None for the first batch."""
-        return self.previous.checkpoint_id if self.previous is not None else None
+    def restore_from(self) -> int | str | None:
+        """What the subtasks restore from: a checkpoint id, a savepoint's name, or None for the first batch."""
+        if self.previous is None:
+            return None
+        return self.savepoint if self.savepoint is not None else self.previous.checkpoint_id
 
     def keyed_task(self, *, key_columns: tuple[str, ...], function: bytes, input_schema: pa.Schema,
                    output_schema: pa.Schema, backend: str = "heap", order_columns: tuple[str, ...] = (),
@@ -115,40 +119,48 @@ class BatchPlan:
         return sorted(set(range(self.parallelism)) - {r["subtask"] for r in reports})
 
 
-def _next_checkpoint_id(storage: CheckpointStorage, previous: CheckpointMetadata | None,
-                        checkpoint_id: int | None) -> int:
+def _next_checkpoint_id(storage: CheckpointStorage, newest: int | None, checkpoint_id: int | None) -> int:
+    """The id of the coming checkpoint: ``checkpoint_id`` if given (checked), else one past ``newest``, the id of
+    the latest complete checkpoint (or of the savepoint restored from, if newer)."""
     if checkpoint_id is None:
-        return previous.checkpoint_id + 1 if previous is not None else 1
+        return newest + 1 if newest is not None else 1
     if isinstance(checkpoint_id, bool) or not isinstance(checkpoint_id, int) or checkpoint_id < 0:
         raise ValueError(f"checkpoint_id must be an int >= 0, got {checkpoint_id!r}")
-    if previous is not None and checkpoint_id < previous.checkpoint_id:
+    if newest is not None and checkpoint_id <= newest and checkpoint_id not in storage.checkpoint_ids():
         raise KeyGroupsError(
-            f"checkpoint {checkpoint_id} is older than the latest complete checkpoint {previous.checkpoint_id} "
+            f"checkpoint {checkpoint_id} is older than the latest complete checkpoint {newest} "
             f"and is no longer retained (retained: {storage.checkpoint_ids()}): it cannot be replayed"
         )
     return checkpoint_id
 
 
 def begin_batch(storage: CheckpointStorage, *, job_name: str, max_parallelism: int, parallelism: int,
-                checkpoint_id: int | None = None, fence: DriverFence | None = None) -> BatchPlan:
+                checkpoint_id: int | None = None, fence: DriverFence | None = None,
+                savepoint: str | None = None) -> BatchPlan:
     """Plan the next micro-batch of job ``job_name`` at ``parallelism``.
 
     Without ``checkpoint_id`` the batch becomes the checkpoint after the latest complete one. With one (e.g. Spark's
     streaming batch id) the batch is idempotent: if that checkpoint is already complete, the plan's ``replay`` holds
     it; an id older than the latest complete checkpoint is refused. StateMigrationError if ``max_parallelism``
     differs from the latest checkpoint's. With a ``fence`` (:meth:`DriverFence.claim`), a fenced driver is refused
-    here and again right before its commit."""
+    here and again right before its commit.
+
+    With ``savepoint`` (a savepoint's name in ``storage``) the batch restores from that savepoint instead of the
+    latest checkpoint, and its id follows both; its subtasks write their state in full (the new checkpoint never
+    depends on the savepoint's files, which the user may delete: Flink's no-claim mode)."""
     p, mp = check_parallelism(parallelism, max_parallelism)
     if fence is not None:
         fence.check()
     if checkpoint_id is not None and checkpoint_id in storage.checkpoint_ids():
         return BatchPlan(storage, job_name, checkpoint_id, mp, p, previous=None, replay=storage.load(checkpoint_id),
                          fence=fence)
-    previous = storage.latest()
+    latest = storage.latest()
+    previous = storage.load_savepoint(savepoint) if savepoint is not None else latest
     if previous is not None:
         check_restore_max_parallelism(previous, mp)
-    return BatchPlan(storage, job_name, _next_checkpoint_id(storage, previous, checkpoint_id), mp, p, previous,
-                     fence=fence)
+    newest = max([c.checkpoint_id for c in (latest, previous) if c is not None], default=None)
+    return BatchPlan(storage, job_name, _next_checkpoint_id(storage, newest, checkpoint_id), mp, p, previous,
+                     fence=fence, savepoint=savepoint)
 
 
 def _exactly_one_per_subtask(reports: Sequence[dict[str, Any]], parallelism: int, what: str,

@@ -31,7 +31,7 @@ class SourceTaskSpec:
     max_records: int | None
     checkpoint_location: str
     checkpoint_id: int
-    restore_from: int | None
+    restore_from: int | str | None   # a checkpoint id, a savepoint name, or None (no state yet)
     storage_options: dict[str, Any] | None = None
 
 
@@ -42,7 +42,7 @@ def run_source_subtask(spec: SourceTaskSpec, subtask_index: int) -> dict[str, An
     store = OperatorStateStore(subtask_index, spec.parallelism)
     restored_bytes = 0
     if spec.restore_from is not None:
-        stats = store.restore(storage, storage.load(spec.restore_from))
+        stats = store.restore(storage, storage.load_restore_point(spec.restore_from))
         restored_bytes = stats.bytes_read
     reader = PartitionedLogReader(PartitionedLogSource(spec.log_directory))
     initialize_function(reader, store)

@@ -107,7 +107,7 @@ class KeyedTaskSpec:
     parallelism: int
     checkpoint_location: str
     checkpoint_id: int
-    restore_from: int | None
+    restore_from: int | str | None   # a checkpoint id, a savepoint name, or None (no state yet)
     backend: str = "heap"
     order_columns: tuple[str, ...] = ()
     timestamp_column: str | None = None
@@ -238,7 +238,7 @@ def _run_on_backend(spec: KeyedTaskSpec, subtask_index: int, batches: Iterable[p
                                 cache_dir=read_cache_directory(spec.local_dir))
     restored: dict[str, Any] = {"bytes_read": 0, "key_groups": 0, "warm": False}
     if spec.restore_from is not None:
-        stats = backend.restore(storage, storage.load(spec.restore_from))
+        stats = backend.restore(storage, storage.load_restore_point(spec.restore_from))
         restored = {"bytes_read": int(stats.bytes_read), "key_groups": int(stats.key_groups),
                     "warm": backend.warm}
     timings["restore"] = time.perf_counter() - start

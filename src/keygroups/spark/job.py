@@ -35,7 +35,7 @@ from pyspark.sql.types import MapType, StructType, _parse_datatype_string
 
 from keygroups._ranges import check_max_parallelism, check_parallelism
 from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage
-from keygroups.errors import ReplayMismatchError
+from keygroups.errors import CheckpointNotFoundError, ReplayMismatchError
 from keygroups.runtime.driver import BatchPlan, DriverFence, begin_batch, commit_batch
 from keygroups.runtime.functions import KeyedProcessFunction
 from keygroups.runtime.scaling import HISTORY, BatchFigures, ParallelismPolicy
@@ -48,6 +48,9 @@ _REPORT_ARROW = pa.schema([("subtask", pa.int32()), ("report", pa.string())])
 #: The per-record input digest column, added before the shuffle and removed before the function sees the records.
 _DIGEST = "__keygroups_input_digest"
 _U64 = 1 << 64
+#: The savepoint a job's checkpoints descend from: a restarted driver given the same savepoint continues from its
+#: latest checkpoint instead of going back to the savepoint.
+_LINEAGE = "started_from_savepoint"
 
 
 def _quoted(name: str) -> Column:
@@ -147,6 +150,9 @@ class KeyedJob:
     function); ``timestamp_column`` gives each record's event time to ``context.timestamp``; ``retain`` is how many
     complete checkpoints to keep. ``local_dir`` names the executors' local directory where warm state stays between
     batches (RocksDB keeps its database there; default: the system temporary directory).
+    ``restore_from_savepoint`` names a savepoint in ``checkpoint_location`` (see :meth:`savepoint`) that the job's
+    first batch restores instead of the latest checkpoint, at any parallelism; the checkpoints after it say so, and
+    a driver restarted with the same argument continues from the latest of them (Flink's ``-s``, no-claim mode).
     """
 
     def __init__(
@@ -165,6 +171,7 @@ class KeyedJob:
         storage_options: dict[str, Any] | None = None,
         allow_pickle: bool = False,
         local_dir: str | None = None,
+        restore_from_savepoint: str | None = None,
     ) -> None:
         if not name:
             raise ValueError("a job needs a non-empty name")
@@ -182,6 +189,8 @@ class KeyedJob:
         self.local_dir = local_dir
         self.storage = CheckpointStorage(checkpoint_location, retain=retain, storage_options=storage_options)
         self._fence: DriverFence | None = None   # claimed at the first batch: constructing a job fences nobody
+        self.restore_from_savepoint = restore_from_savepoint
+        self._savepoint_pending = restore_from_savepoint is not None
 
     def latest_checkpoint(self) -> CheckpointMetadata | None:
         """The latest complete checkpoint, None before the first batch."""
@@ -194,8 +203,24 @@ class KeyedJob:
         it); a later driver's claim fences this one (DriverFencedError, nothing committed)."""
         if self._fence is None:
             self._fence = DriverFence.claim(self.storage, self.name)
+        savepoint = None
+        if self._savepoint_pending:
+            latest = self.storage.latest()
+            lineage = latest.properties.get(_LINEAGE) if latest is not None else None
+            savepoint = None if lineage == self.restore_from_savepoint else self.restore_from_savepoint
         return begin_batch(self.storage, job_name=self.name, max_parallelism=self.max_parallelism,
-                           parallelism=parallelism, checkpoint_id=checkpoint_id, fence=self._fence)
+                           parallelism=parallelism, checkpoint_id=checkpoint_id, fence=self._fence,
+                           savepoint=savepoint)
+
+    def savepoint(self, name: str) -> str:
+        """Take a savepoint of the latest complete checkpoint, between batches: a self-contained full snapshot in
+        ``savepoints/<name>/`` that retention never deletes and either backend restores (start a job from it with
+        ``restore_from_savepoint=name``). Returns its directory."""
+        latest = self.storage.latest()
+        if latest is None:
+            raise CheckpointNotFoundError(f"job {self.name!r} has no complete checkpoint in "
+                                          f"{self.storage.location} yet: run a batch before taking a savepoint")
+        return self.storage.savepoint(latest, name)
 
     def _path(self, relpath: str) -> str:
         """A storage-relative file as Spark reads it: under the location exactly as the job was given it."""
@@ -239,7 +264,11 @@ class KeyedJob:
         digests = [r.get("input_digest", {"records": 0, "xxhash64_sum": 0}) for r in reports]
         digest = {"records": sum(d["records"] for d in digests),
                   "xxhash64_sum": sum(d["xxhash64_sum"] for d in digests) % _U64}
-        return commit_batch(plan, reports, source_reports, properties={**(properties or {}), "input_digest": digest})
+        lineage = {_LINEAGE: self.restore_from_savepoint} if self.restore_from_savepoint is not None else {}
+        metadata = commit_batch(plan, reports, source_reports,
+                                properties={**(properties or {}), "input_digest": digest, **lineage})
+        self._savepoint_pending = False
+        return metadata
 
     def run_batch(self, df: DataFrame, *, parallelism: int, checkpoint_id: int | None = None,
                   properties: dict[str, Any] | None = None) -> BatchResult:
