@@ -15,6 +15,11 @@ Data flow of :meth:`KeyedJob.run_batch` (see DESIGN.md):
 A task that Spark retries writes new files; only the successful attempt's report reaches the driver, so its files
 are the ones the checkpoint references and a batch's updates are never applied twice. The output DataFrame reads
 the files the committed subtasks wrote, so evaluating it again re-reads, never re-processes.
+
+Those files (the output, and a source batch's staged input) are read by :func:`read_checkpoint_files`: with Spark's
+own Parquet reader where Hadoop reaches the checkpoint location as the tasks did (a local path, ``hdfs://``), and
+otherwise by Spark tasks that read each file through the checkpoint storage, with the job's ``storage_options``
+(``s3://`` without Hadoop's S3A connector, or with an endpoint and credentials Hadoop is not configured with).
 """
 
 from __future__ import annotations
@@ -23,9 +28,10 @@ import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 from pyspark import TaskContext, cloudpickle
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
@@ -58,6 +64,56 @@ def _arrow_schema(schema: Any) -> pa.Schema:
     if not isinstance(schema, StructType):
         raise TypeError(f"output_schema must be a pyarrow Schema, a Spark StructType or a DDL string, got {schema!r}")
     return to_arrow_schema(schema, timezone="UTC")   # output timestamps are instants, written as UTC
+
+
+# Schemes whose files Spark's own Parquet reader reaches exactly as the tasks wrote them, with nothing from the job's
+# storage_options: local paths (CheckpointStorage makes them absolute, without a scheme) and HDFS, whose address is
+# all in the URL. Any other URL is read through the checkpoint storage: the tasks wrote through it, so it reaches
+# the files, where Hadoop may lack the connector (s3:// without S3A) or the endpoint and credentials.
+_SPARK_READER_SCHEMES = frozenset({"file", "hdfs", "viewfs"})
+
+FileReader = Literal["auto", "spark", "storage"]
+
+
+def _scheme(location: str) -> str:
+    return location.split("://", 1)[0].lower() if "://" in location else "file"
+
+
+def _read_parquet_file(storage: CheckpointStorage, relpath: str, schema: pa.Schema) -> Any:
+    """The record batches of one Parquet file under ``storage``, as ``schema`` (timestamps as the task wrote them,
+    UTC instants)."""
+    buffer = storage.open_buffer(relpath)   # one whole-object GET on object stores: no listing, no HEAD
+    for batch in pq.ParquetFile(pa.BufferReader(buffer)).iter_batches():
+        yield batch if batch.schema.equals(schema) else batch.cast(schema)
+
+
+def read_checkpoint_files(spark: SparkSession, storage: CheckpointStorage, files: Sequence[str], schema: pa.Schema,
+                          *, reader: FileReader = "auto") -> DataFrame:
+    """The Parquet files ``files`` (relative to ``storage``'s location: a batch's output or staged input) as one
+    lazy DataFrame of ``schema``; evaluating it again reads the files again.
+
+    ``reader="spark"`` is Spark's own Parquet reader over ``<location>/<file>`` (Hadoop must reach the location);
+    ``"storage"`` reads in Spark tasks, one per file, through ``storage`` with its ``storage_options``, as the tasks
+    that wrote them did; ``"auto"`` takes Spark's reader for local paths and ``hdfs://`` (faster: no Python worker,
+    no Arrow hand-over) and the storage for every other URL (``s3://``, ``gs://``, ...)."""
+    spark_schema = from_arrow_schema(schema)
+    if not files:
+        return spark.createDataFrame([], spark_schema)
+    if reader == "auto":
+        reader = "spark" if _scheme(storage.location) in _SPARK_READER_SCHEMES else "storage"
+    if reader == "spark":
+        base = storage.location.rstrip("/")
+        return spark.read.schema(spark_schema).parquet(*[f"{base}/{f}" for f in files])
+    if reader != "storage":
+        raise ValueError(f"reader must be 'auto', 'spark' or 'storage', got {reader!r}")
+
+    def read(batches: Any) -> Any:
+        for batch in batches:
+            for relpath in batch.column(0).to_pylist():
+                yield from _read_parquet_file(storage, relpath, schema)
+
+    names = spark.createDataFrame(spark.sparkContext.parallelize([(f,) for f in files], len(files)), "file string")
+    return names.mapInArrow(read, spark_schema)
 
 
 def _pickle_function(function: KeyedProcessFunction) -> bytes:
@@ -149,18 +205,10 @@ class KeyedJob:
         return begin_batch(self.storage, job_name=self.name, max_parallelism=self.max_parallelism,
                            parallelism=parallelism, checkpoint_id=checkpoint_id)
 
-    def _path(self, relpath: str) -> str:
-        """A storage-relative file as Spark reads it: under the location exactly as the job was given it."""
-        return f"{self.storage.location.rstrip('/')}/{relpath}"
-
     def _result(self, spark: SparkSession, metadata: CheckpointMetadata, *, replayed: bool, started: float
                 ) -> BatchResult:
         """The committed batch: its output DataFrame reads the files the committed subtasks wrote."""
-        schema = from_arrow_schema(self.output_schema)
-        if metadata.outputs:
-            output = spark.read.schema(schema).parquet(*[self._path(f) for f in metadata.outputs])
-        else:
-            output = spark.createDataFrame([], schema)
+        output = read_checkpoint_files(spark, self.storage, metadata.outputs, self.output_schema)
         return BatchResult(metadata.checkpoint_id, metadata.parallelism, output, metadata,
                            metadata.properties.get("reports", []), time.perf_counter() - started, replayed)
 
@@ -224,9 +272,8 @@ class KeyedJob:
         p = plan.parallelism
         reports = [json.loads(r) for r in
                    spark.sparkContext.parallelize(range(p), p).mapPartitionsWithIndex(source_subtask).collect()]
-        inputs = [self._path(r["input_file"]) for r in reports if r["input_file"]]
-        schema = from_arrow_schema(staged_schema(record_schema))
-        df = spark.read.schema(schema).parquet(*inputs) if inputs else spark.createDataFrame([], schema)
+        inputs = [r["input_file"] for r in reports if r["input_file"]]
+        df = read_checkpoint_files(spark, self.storage, inputs, staged_schema(record_schema))
         metadata = self._run_keyed(plan, df, reports, None)
         return self._result(spark, metadata, replayed=False, started=started)
 
