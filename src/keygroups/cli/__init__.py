@@ -9,15 +9,18 @@ import sys
 from typing import Any
 
 from keygroups import __version__
-from keygroups.cli.arguments import add_storage_options, storage_options, whole_number
+from keygroups.cli.arguments import add_storage_options, whole_number
 from keygroups.errors import CorruptDataError, KeyGroupsError
+
+# Packages of object-store clients under fsspec whose own exceptions (not OSError) mean "could not reach the store".
+_STORAGE_CLIENTS = frozenset({"botocore", "aiobotocore", "s3fs", "gcsfs", "google", "adlfs", "azure"})
 
 
 def _load(args: argparse.Namespace) -> tuple[Any, Any]:
     """The storage at ``args.location`` and the asked-for checkpoint (default: the latest complete one)."""
     from keygroups.checkpoint import CheckpointStorage
 
-    storage = CheckpointStorage(args.location, storage_options=storage_options(args))
+    storage = CheckpointStorage(args.location, storage_options=args.storage_options)
     metadata = storage.load(args.checkpoint) if args.checkpoint is not None else storage.latest()
     if metadata is None:
         print(f"no complete checkpoint under {args.location}", file=sys.stderr)
@@ -169,6 +172,14 @@ def main(argv: list[str] | None = None) -> int:
         # request; without options a TypeError is a bug of ours, to be seen whole
         if not args.storage_options:
             raise
-        print(f"keygroups {args.command}: the storage options {sorted(k for k, _ in args.storage_options)} were "
+        print(f"keygroups {args.command}: the storage options {sorted(args.storage_options)} were "
               f"not accepted ({e}); give only options of the location's fsspec filesystem", file=sys.stderr)
+        return 2
+    except Exception as e:
+        # the object store's client library refusing the request (botocore's NoCredentialsError is no OSError)
+        if type(e).__module__.split(".")[0] not in _STORAGE_CLIENTS:
+            raise
+        print(f"keygroups {args.command}: the storage client could not reach {getattr(args, 'location', None) or args.dir}: "
+              f"{type(e).__name__}: {e}; give its endpoint and credentials with --storage-option or in the "
+              f"environment (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY for s3://)", file=sys.stderr)
         return 2

@@ -18,7 +18,7 @@ import fsspec  # type: ignore[import-untyped]
 from keygroups._ranges import UPPER_BOUND_MAX_PARALLELISM, key_group_range
 from keygroups.checkpoint import CheckpointStorage
 from keygroups.cli import shop
-from keygroups.cli.arguments import add_storage_options, storage_options, whole_number
+from keygroups.cli.arguments import add_storage_options, whole_number
 
 
 @dataclass
@@ -116,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
     for p in phases:
         if not 1 <= p <= args.max_parallelism:
             raise SystemExit(f"--phases: parallelism {p} is outside [1, --max-parallelism={args.max_parallelism}]")
-    options = storage_options(args)
+    options = args.storage_options
     remote = args.dir is not None and _is_url(args.dir)
     # The event log and Spark's log are local files (the log source reads local paths); with --dir a URL only the
     # checkpoints go there, the rest to a temporary directory.
