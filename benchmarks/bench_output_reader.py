@@ -58,7 +58,7 @@ def main() -> None:
     args = ap.parse_args()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from keygroups.cli.demo import spark_session
-    from keygroups.spark.job import read_checkpoint_files
+    from keygroups.spark import read_checkpoint_files
 
     workdir = tempfile.mkdtemp(prefix="kg-bench-reader-")
     spark = spark_session("local[2]", os.path.join(workdir, "spark.log"), app="bench-output-reader")

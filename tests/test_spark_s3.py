@@ -18,8 +18,7 @@ from pyspark.sql.pandas.types import from_arrow_schema
 
 from keygroups.checkpoint import CheckpointStorage
 from keygroups.cli import main as keygroups_main
-from keygroups.spark import KeyedJob
-from keygroups.spark.job import read_checkpoint_files
+from keygroups.spark import KeyedJob, read_checkpoint_files
 from test_spark_job import TOTALS, EchoTimes, RunningTotal
 
 pytestmark = pytest.mark.spark

@@ -179,7 +179,8 @@ def main(argv: list[str] | None = None) -> int:
         # the object store's client library refusing the request (botocore's NoCredentialsError is no OSError)
         if type(e).__module__.split(".")[0] not in _STORAGE_CLIENTS:
             raise
-        print(f"keygroups {args.command}: the storage client could not reach {getattr(args, 'location', None) or args.dir}: "
-              f"{type(e).__name__}: {e}; give its endpoint and credentials with --storage-option or in the "
-              f"environment (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY for s3://)", file=sys.stderr)
+        location = getattr(args, "location", None) or args.dir
+        print(f"keygroups {args.command}: the storage client could not reach {location}: {type(e).__name__}: {e}; "
+              "give its endpoint and credentials with --storage-option or in the environment (AWS_ENDPOINT_URL, "
+              "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY for s3://)", file=sys.stderr)
         return 2
