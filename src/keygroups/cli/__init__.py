@@ -9,15 +9,18 @@ import sys
 from typing import Any
 
 from keygroups import __version__
-from keygroups.cli.arguments import whole_number
+from keygroups.cli.arguments import add_storage_options, whole_number
 from keygroups.errors import CorruptDataError, KeyGroupsError
+
+# Packages of object-store clients under fsspec whose own exceptions (not OSError) mean "could not reach the store".
+_STORAGE_CLIENTS = frozenset({"botocore", "aiobotocore", "s3fs", "gcsfs", "google", "adlfs", "azure"})
 
 
 def _load(args: argparse.Namespace) -> tuple[Any, Any]:
     """The storage at ``args.location`` and the asked-for checkpoint (default: the latest complete one)."""
     from keygroups.checkpoint import CheckpointStorage
 
-    storage = CheckpointStorage(args.location)
+    storage = CheckpointStorage(args.location, storage_options=args.storage_options)
     metadata = storage.load(args.checkpoint) if args.checkpoint is not None else storage.latest()
     if metadata is None:
         print(f"no complete checkpoint under {args.location}", file=sys.stderr)
@@ -141,16 +144,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("location", help="checkpoint directory (local path or fsspec URL)")
     p.add_argument("--checkpoint", type=whole_number(0), help="checkpoint id (default: latest complete)")
     p.add_argument("--json", action="store_true", help="print the handles as JSON")
+    add_storage_options(p)
     p.set_defaults(run=_inspect)
     p = sub.add_parser("plan", help="show what each subtask would read when restoring at another parallelism")
     p.add_argument("location", help="checkpoint directory (local path or fsspec URL)")
     p.add_argument("parallelism", type=whole_number(1), help="the new parallelism")
     p.add_argument("--checkpoint", type=whole_number(0), help="checkpoint id (default: latest complete)")
+    add_storage_options(p)
     p.set_defaults(run=_plan)
     p = sub.add_parser("verify", help="read every file of a checkpoint through its checksums; exit 1 if any is "
                                       "corrupt or missing")
     p.add_argument("location", help="checkpoint directory (local path or fsspec URL)")
     p.add_argument("--checkpoint", type=whole_number(0), help="checkpoint id (default: latest complete)")
+    add_storage_options(p)
     p.set_defaults(run=_verify)
     args = parser.parse_args(argv)
     run: Any = args.run
@@ -160,4 +166,21 @@ def main(argv: list[str] | None = None) -> int:
         # a missing or damaged checkpoint, an unreadable path, an unknown URL scheme: say what is wrong, not where
         # in our code
         print(f"keygroups {args.command}: {e}", file=sys.stderr)
+        return 2
+    except TypeError as e:
+        # fsspec hands storage options on to the filesystem's client, which refuses an unknown one at its first
+        # request; without options a TypeError is a bug of ours, to be seen whole
+        if not args.storage_options:
+            raise
+        print(f"keygroups {args.command}: the storage options {sorted(args.storage_options)} were "
+              f"not accepted ({e}); give only options of the location's fsspec filesystem", file=sys.stderr)
+        return 2
+    except Exception as e:
+        # the object store's client library refusing the request (botocore's NoCredentialsError is no OSError)
+        if type(e).__module__.split(".")[0] not in _STORAGE_CLIENTS:
+            raise
+        location = getattr(args, "location", None) or args.dir
+        print(f"keygroups {args.command}: the storage client could not reach {location}: {type(e).__name__}: {e}; "
+              "give its endpoint and credentials with --storage-option or in the environment (AWS_ENDPOINT_URL, "
+              "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY for s3://)", file=sys.stderr)
         return 2

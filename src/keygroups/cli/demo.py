@@ -13,10 +13,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import fsspec  # type: ignore[import-untyped]
+
 from keygroups._ranges import UPPER_BOUND_MAX_PARALLELISM, key_group_range
 from keygroups.checkpoint import CheckpointStorage
 from keygroups.cli import shop
-from keygroups.cli.arguments import whole_number
+from keygroups.cli.arguments import add_storage_options, whole_number
 
 
 @dataclass
@@ -93,20 +95,42 @@ def verify(storage: CheckpointStorage, max_parallelism: int, expected_state: dic
     return problems
 
 
+def _is_url(location: str) -> bool:
+    """A location for fsspec (``s3://bucket/path``), not a local path (``file://`` URLs are local paths)."""
+    return "://" in location and not location.startswith("file://")
+
+
+def _remove_checkpoints(location: str, options: dict[str, Any]) -> None:
+    """Delete the checkpoint directory ``location`` (a local path or an fsspec URL) and everything under it."""
+    if not _is_url(location):
+        if os.path.exists(location):
+            shutil.rmtree(location)
+        return
+    fs, path = fsspec.core.url_to_fs(location, **options)
+    if fs.exists(path):
+        fs.rm(path, recursive=True)
+
+
 def run(args: argparse.Namespace) -> int:
     phases = args.phases
     for p in phases:
         if not 1 <= p <= args.max_parallelism:
             raise SystemExit(f"--phases: parallelism {p} is outside [1, --max-parallelism={args.max_parallelism}]")
-    workdir = args.dir or tempfile.mkdtemp(prefix="keygroups-demo-")
-    log_dir, chk_dir = os.path.join(workdir, "log"), os.path.join(workdir, "checkpoints")
-    for d in (log_dir, chk_dir):
-        if os.path.exists(d):
-            shutil.rmtree(d)
+    options = args.storage_options
+    remote = args.dir is not None and _is_url(args.dir)
+    # The event log and Spark's log are local files (the log source reads local paths); with --dir a URL only the
+    # checkpoints go there, the rest to a temporary directory.
+    workdir = args.dir if args.dir is not None and not remote else tempfile.mkdtemp(prefix="keygroups-demo-")
+    keep_workdir = (args.dir is not None and not remote) or args.keep
+    log_dir = os.path.join(workdir, "log")
+    chk_dir = f"{args.dir.rstrip('/')}/checkpoints" if remote else os.path.join(workdir, "checkpoints")
+    if os.path.exists(log_dir):
+        shutil.rmtree(log_dir)
+    _remove_checkpoints(chk_dir, options)   # a new run: never resume a previous run's checkpoints
 
     _say(f"keygroups demo: {args.events:,} events over {args.users:,} users in {args.partitions} log partitions; "
          f"parallelism {' -> '.join(map(str, phases))}, max parallelism {args.max_parallelism}, {args.backend} "
-         f"state backend\n  working directory {workdir}")
+         f"state backend\n  working directory {workdir}" + (f"\n  checkpoints in {chk_dir}" if remote else ""))
     t = time.perf_counter()
     partitions = shop.generate_events(args.events, args.users, args.partitions, seed=args.seed)
     from keygroups.sources import write_partitioned_log
@@ -132,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
         # A new job object per phase: the pipeline is stopped and resumed from its checkpoints, nothing in memory.
         job = KeyedJob("shopping-carts", "user", shop.CartFunction(), output_schema=shop.ORDER_SCHEMA,
                        max_parallelism=args.max_parallelism, checkpoint_location=chk_dir, backend=args.backend,
-                       order_by=("_partition", "_offset"), timestamp_column="ts")
+                       order_by=("_partition", "_offset"), timestamp_column="ts", storage_options=options)
         phase = PhaseFigures(parallelism)
         last = number == len(phases)
         batch = 0
@@ -159,7 +183,7 @@ def run(args: argparse.Namespace) -> int:
         figures.append(phase)
 
     _say("[4/4] verifying every user's state and every order against the reference")
-    storage = CheckpointStorage(chk_dir)
+    storage = CheckpointStorage(chk_dir, storage_options=options)
     problems = verify(storage, args.max_parallelism, expected_state, expected_orders, orders)
     spark.stop()
 
@@ -181,7 +205,7 @@ def run(args: argparse.Namespace) -> int:
             _say(f"  {problem}")
         return 1
     _say(f"\nOK: all {len(expected_state):,} users' state and all {len(expected_orders):,} orders equal the reference")
-    if not args.dir and not args.keep:
+    if not keep_workdir:
         shutil.rmtree(workdir, ignore_errors=True)
     return 0
 
@@ -214,7 +238,10 @@ def add_parser(sub: Any) -> None:
                    help="key groups (default 128, Flink's default)")
     p.add_argument("--backend", choices=("heap", "rocksdb"), default="heap", help="keyed state backend")
     p.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
-    p.add_argument("--dir", help="working directory to keep (default: a temporary one)")
+    p.add_argument("--dir", help="working directory to keep (default: a temporary one); an fsspec URL such as "
+                                 "s3://bucket/path holds the checkpoints only, the event log stays in a local "
+                                 "temporary directory")
     p.add_argument("--keep", action="store_true", help="keep the temporary working directory")
     p.add_argument("--seed", type=int, default=7)
+    add_storage_options(p)
     p.set_defaults(run=run)

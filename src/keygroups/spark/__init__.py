@@ -6,10 +6,13 @@ imports pyspark.
 - :func:`partition_by_key_group`: a DataFrame whose Spark partition *i* holds exactly subtask *i*'s records.
 - :class:`KeyedJob`: the stateful job runner (one micro-batch = one checkpoint, any parallelism per batch), a thin
   layer over :mod:`keygroups.runtime`'s driver; :class:`BatchResult` is what one batch did.
+- :func:`read_checkpoint_files`: Parquet files a batch wrote under a checkpoint location (its output, its staged
+  input) as a DataFrame, on any location the storage reaches (``s3://`` without Hadoop's S3A connector too).
 """
 
 from keygroups.spark.columns import with_key_groups
-from keygroups.spark.job import BatchResult, KeyedJob
+from keygroups.spark.job import BatchResult, KeyedJob, read_checkpoint_files
 from keygroups.spark.partitioner import KeyGroupPartitioner, key_by, partition_by_key_group
 
-__all__ = ["BatchResult", "KeyGroupPartitioner", "KeyedJob", "key_by", "with_key_groups", "partition_by_key_group"]
+__all__ = ["BatchResult", "KeyGroupPartitioner", "KeyedJob", "key_by", "with_key_groups", "partition_by_key_group",
+           "read_checkpoint_files"]

@@ -15,6 +15,11 @@ Data flow of :meth:`KeyedJob.run_batch` (see DESIGN.md):
 A task that Spark retries writes new files; only the successful attempt's report reaches the driver, so its files
 are the ones the checkpoint references and a batch's updates are never applied twice. The output DataFrame reads
 the files the committed subtasks wrote, so evaluating it again re-reads, never re-processes.
+
+Those files (the output, and a source batch's staged input) are read by :func:`read_checkpoint_files`: with Spark's
+own Parquet reader where Hadoop reaches the checkpoint location as the tasks did (a local path, ``hdfs://``), and
+otherwise by Spark tasks that read each file through the checkpoint storage, with the job's ``storage_options``
+(``s3://`` without Hadoop's S3A connector, or with an endpoint and credentials Hadoop is not configured with).
 """
 
 from __future__ import annotations
@@ -23,10 +28,11 @@ import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 from pyspark import TaskContext, cloudpickle
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -106,6 +112,56 @@ def _arrow_schema(schema: Any) -> pa.Schema:
     return to_arrow_schema(schema, timezone="UTC")   # output timestamps are instants, written as UTC
 
 
+# Schemes whose files Spark's own Parquet reader reaches exactly as the tasks wrote them, with nothing from the job's
+# storage_options: local paths (CheckpointStorage makes them absolute, without a scheme) and HDFS, whose address is
+# all in the URL. Any other URL is read through the checkpoint storage: the tasks wrote through it, so it reaches
+# the files, where Hadoop may lack the connector (s3:// without S3A) or the endpoint and credentials.
+_SPARK_READER_SCHEMES = frozenset({"file", "hdfs", "viewfs"})
+
+FileReader = Literal["auto", "spark", "storage"]
+
+
+def _scheme(location: str) -> str:
+    return location.split("://", 1)[0].lower() if "://" in location else "file"
+
+
+def _read_parquet_file(storage: CheckpointStorage, relpath: str, schema: pa.Schema) -> Any:
+    """The record batches of one Parquet file under ``storage``, as ``schema`` (timestamps as the task wrote them,
+    UTC instants)."""
+    buffer = storage.open_buffer(relpath)   # one whole-object GET on object stores: no listing, no HEAD
+    for batch in pq.ParquetFile(pa.BufferReader(buffer)).iter_batches():
+        yield batch if batch.schema.equals(schema) else batch.cast(schema)
+
+
+def read_checkpoint_files(spark: SparkSession, storage: CheckpointStorage, files: Sequence[str], schema: pa.Schema,
+                          *, reader: FileReader = "auto") -> DataFrame:
+    """The Parquet files ``files`` (relative to ``storage``'s location: a batch's output or staged input) as one
+    lazy DataFrame of ``schema``; evaluating it again reads the files again.
+
+    ``reader="spark"`` is Spark's own Parquet reader over ``<location>/<file>`` (Hadoop must reach the location);
+    ``"storage"`` reads in Spark tasks, one per file, through ``storage`` with its ``storage_options``, as the tasks
+    that wrote them did; ``"auto"`` takes Spark's reader for local paths and ``hdfs://`` (faster: no Python worker,
+    no Arrow hand-over) and the storage for every other URL (``s3://``, ``gs://``, ...)."""
+    spark_schema = from_arrow_schema(schema)
+    if not files:
+        return spark.createDataFrame([], spark_schema)
+    if reader == "auto":
+        reader = "spark" if _scheme(storage.location) in _SPARK_READER_SCHEMES else "storage"
+    if reader == "spark":
+        base = storage.location.rstrip("/")
+        return spark.read.schema(spark_schema).parquet(*[f"{base}/{f}" for f in files])
+    if reader != "storage":
+        raise ValueError(f"reader must be 'auto', 'spark' or 'storage', got {reader!r}")
+
+    def read(batches: Any) -> Any:
+        for batch in batches:
+            for relpath in batch.column(0).to_pylist():
+                yield from _read_parquet_file(storage, relpath, schema)
+
+    names = spark.createDataFrame(spark.sparkContext.parallelize([(f,) for f in files], len(files)), "file string")
+    return names.mapInArrow(read, spark_schema)
+
+
 def _pickle_function(function: KeyedProcessFunction) -> bytes:
     if not isinstance(function, KeyedProcessFunction):
         raise TypeError(f"function must be a KeyedProcessFunction instance, got {type(function).__name__}")
@@ -145,7 +201,9 @@ class KeyedJob:
     ``function`` is a :class:`~keygroups.runtime.KeyedProcessFunction`; ``key_columns`` name the input columns
     that form the key (several form a Flink tuple); ``output_schema`` is the schema of what the function returns (a
     pyarrow Schema, a Spark StructType or a DDL string); ``max_parallelism`` is the number of key groups, fixed for
-    the life of the state; ``checkpoint_location`` is a local path or an fsspec URL. ``order_by`` names columns that
+    the life of the state; ``checkpoint_location`` is a local path or an fsspec URL, and ``storage_options`` go to its
+    fsspec filesystem (endpoint, credentials) in the driver and in every task, and for reading the output back where
+    Spark's own reader cannot reach the location (see :func:`read_checkpoint_files`). ``order_by`` names columns that
     order a key's records inside a batch (Spark's shuffle keeps no order, so give one whenever order matters to the
     function); ``timestamp_column`` gives each record's event time to ``context.timestamp``; ``retain`` is how many
     complete checkpoints to keep. ``local_dir`` names the executors' local directory where warm state stays between
@@ -222,18 +280,10 @@ class KeyedJob:
                                           f"{self.storage.location} yet: run a batch before taking a savepoint")
         return self.storage.savepoint(latest, name)
 
-    def _path(self, relpath: str) -> str:
-        """A storage-relative file as Spark reads it: under the location exactly as the job was given it."""
-        return f"{self.storage.location.rstrip('/')}/{relpath}"
-
     def _result(self, spark: SparkSession, metadata: CheckpointMetadata, *, replayed: bool, started: float
                 ) -> BatchResult:
         """The committed batch: its output DataFrame reads the files the committed subtasks wrote."""
-        schema = from_arrow_schema(self.output_schema)
-        if metadata.outputs:
-            output = spark.read.schema(schema).parquet(*[self._path(f) for f in metadata.outputs])
-        else:
-            output = spark.createDataFrame([], schema)
+        output = read_checkpoint_files(spark, self.storage, metadata.outputs, self.output_schema)
         return BatchResult(metadata.checkpoint_id, metadata.parallelism, output, metadata,
                            metadata.properties.get("reports", []), time.perf_counter() - started, replayed)
 
@@ -310,9 +360,8 @@ class KeyedJob:
         p = plan.parallelism
         reports = [json.loads(r) for r in
                    spark.sparkContext.parallelize(range(p), p).mapPartitionsWithIndex(source_subtask).collect()]
-        inputs = [self._path(r["input_file"]) for r in reports if r["input_file"]]
-        schema = from_arrow_schema(staged_schema(record_schema))
-        df = spark.read.schema(schema).parquet(*inputs) if inputs else spark.createDataFrame([], schema)
+        inputs = [r["input_file"] for r in reports if r["input_file"]]
+        df = read_checkpoint_files(spark, self.storage, inputs, staged_schema(record_schema))
         metadata = self._run_keyed(plan, df, reports, None)
         return self._result(spark, metadata, replayed=False, started=started)
 
