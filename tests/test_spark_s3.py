@@ -25,18 +25,9 @@ pytestmark = pytest.mark.spark
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
-def s3_options(s3_server) -> dict:
-    """The server's options, with s3fs's listing cache off. WORKAROUND until checkpoint/storage.py lists with a
-    refresh (the strict xfail test_latest_sees_a_checkpoint_committed_by_another_process in test_checkpoint_s3.py):
-    s3fs caches listings per process, so a driver that listed ``shared/`` before Spark's Python workers (other
-    processes) wrote a batch's files would find them missing at commit. The changed option also gives the job a
-    fresh s3fs instance, not the one the fixture and other tests share."""
-    return {**s3_server.storage_options, "use_listings_cache": False}
-
-
 def test_outputs_and_replays_are_read_from_s3_across_rescales(spark, s3_server):
     job = KeyedJob("totals", "k", RunningTotal(), output_schema=TOTALS, max_parallelism=32,
-                   checkpoint_location=s3_server.url(), storage_options=s3_options(s3_server))
+                   checkpoint_location=s3_server.url(), storage_options=s3_server.storage_options)
     batches = [[(k, 1) for k in range(20)], [(k, 10) for k in range(0, 20, 2)], [(k, 100) for k in range(20)]]
     frames = [spark.createDataFrame(rows, "k long, v long") for rows in batches]
     results = [job.run_batch(df, parallelism=p, checkpoint_id=i) for i, (df, p) in enumerate(zip(frames, [3, 1, 7]))]
@@ -60,7 +51,7 @@ def test_timestamps_and_dates_come_back_from_s3_as_they_went_in(spark, s3_server
             (2, dt.datetime(1969, 12, 31, 23, 59, 59), dt.date(1900, 1, 1)), (3, None, None)]
     df = spark.createDataFrame(rows, "k long, ts timestamp, day date")
     job = KeyedJob("times", "k", EchoTimes(), output_schema="k long, ts timestamp, day date", max_parallelism=8,
-                   checkpoint_location=s3_server.url(), storage_options=s3_options(s3_server))
+                   checkpoint_location=s3_server.url(), storage_options=s3_server.storage_options)
     output = job.run_batch(df, parallelism=2).output
     assert output.schema == df.schema
     assert sorted(tuple(r) for r in output.collect()) == sorted(tuple(r) for r in df.collect())
@@ -103,8 +94,7 @@ def test_demo_on_a_multi_process_cluster_with_checkpoints_on_s3(s3_server, capsy
     result = subprocess.run(
         [sys.executable, "-m", "keygroups", "demo", "--master", "local-cluster[2,1,1024]", "--events", "6000",
          "--users", "500", "--partitions", "4", "--phases", "2,1,4", "--batches-per-phase", "1",
-         "--max-parallelism", "16", "--dir", url,
-         "--storage-option", "use_listings_cache:=false"],   # the listing-cache workaround of s3_options
+         "--max-parallelism", "16", "--dir", url],
         capture_output=True, text=True, timeout=900, env=env)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     out = result.stdout
