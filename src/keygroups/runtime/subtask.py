@@ -287,6 +287,7 @@ def run_keyed_subtask(spec: KeyedTaskSpec, subtask_index: int, batches: Iterable
         backend, restored = _heap_backend(spec, subtask_index, own_range, storage, registry.take(key))
         report = _run_on_backend(spec, subtask_index, batches, backend, own_range, storage, restored,
                                  time.perf_counter() - start)
+        backend.compact()  # what a full rewrite made obsolete goes before the backend waits for its next batch
         registry.keep(key, backend, spec.warm_heap_backends)  # only after a batch that went through
         return report
     # Disposed on the way out (RocksDB: its local database is deleted, or kept warm for the next batch).

@@ -30,7 +30,8 @@ meanwhile by another worker process) are read and pushed as new top layers, and 
 they name are dropped. A key group whose chain restarted with a newer full block takes that chain instead.
 
 A kept backend must not grow without bound: once a key group with restored layers is written full, its layers and
-decoded entries are replaced (before the next batch) by one layer of the bytes just written (``compact_full_groups``).
+decoded entries are replaced (``compact()``, once the snapshot finished) by one layer of the bytes just written
+(``compact_full_groups``).
 
 Hot paths: ``set_current_key`` and the value / list / map operations are compiled (``_native/statecore.pyx``); they
 read the dicts directly and hand over to the Python methods here only while a snapshot runs or for a key that may be
@@ -601,7 +602,7 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
                 if t is not None and _canonical(meta) != _canonical(t.meta):
                     return None
         # From here on the backend changes: it becomes the state of checkpoint m.
-        self._apply_compactions()
+        self.compact()
         self._forget_registrations()
         for kg in restart:
             for t in self._tables.values():
@@ -647,9 +648,10 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
             t.descriptor = None
             t.ctx = self._ctx
 
-    def _apply_compactions(self) -> None:
-        """Apply what the latest capture's snapshot prepared (see ``compact_full_groups``) to the key groups
-        untouched since that capture; drop the rest. Only while no snapshot runs."""
+    def compact(self) -> None:
+        """Apply what the latest snapshot prepared (see ``compact_full_groups``) to the key groups untouched since
+        its capture, and drop the rest: call it from the thread that uses the backend once the snapshot finished
+        (the next ``snapshot`` or ``resume`` does it too). Does nothing while a snapshot runs."""
         if self._running_snapshots:
             return
         while self._compactions:
@@ -717,7 +719,7 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
         full blocks for the key groups the materialization policy names, deltas (changed values and deletes) for
         the others. Later writes to this backend never reach the snapshot."""
         n, start = self._n, self._start
-        self._apply_compactions()
+        self.compact()
         self._captures += 1
         capture = self._captures
         full = self._full_groups()
