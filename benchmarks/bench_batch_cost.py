@@ -7,8 +7,9 @@ touches all of the small state and ~1% of the big one) run on the small and the 
 after one untimed warm-up round. Printed per backend: the median batch time on each state, the ratio big/small, and the
 bytes each batch's checkpoint newly wrote against the bytes it references (the full state), beside issue 11's targets;
 per batch, where the time goes (restore / prepare / process / snapshot of the slowest subtask, from the batch's
-reports; "other" is the rest of the batch's wall time: Spark's scheduling, shuffle and Python workers), and at the end
-the peak resident memory of the whole process tree (driver, JVM, Python workers).
+reports; "other" is the rest of the batch's wall time: Spark's scheduling, shuffle and Python workers) and how each
+subtask got its state (warm, caught-up, cold; counted per job at the end), and at the end the peak resident memory of
+the whole process tree (driver, JVM, Python workers).
 
     python benchmarks/bench_batch_cost.py                                   # heap and rocksdb, 10k vs 1M keys
     python benchmarks/bench_batch_cost.py --backends heap --big 10000000    # heap at 10M keys (slow before issue 11)
@@ -21,6 +22,7 @@ counts of the last batch of every job are checked against the expected counts be
 from __future__ import annotations
 
 import argparse
+import collections
 import os
 import pathlib
 import resource
@@ -237,13 +239,15 @@ def timed_batch(spark: Any, job: Job, df: Any, keys: np.ndarray, round_no: int, 
     # what the slowest subtask's phases leave unexplained: Spark's scheduling, shuffle and Python workers
     phases["other"] = wall - max(sum(r["seconds"].get(p, 0.0) for p in PHASES) for r in result.reports)
     job.touched[keys] += 1
+    modes = [r["restored"].get("mode", "?") for r in result.reports]  # warm / caught-up / cold, per subtask
     row = {"round": round_no, "warmup": warmup, "wall": wall, "new": new, "total": total, "disk": on_disk,
-           "restored": sum(result.restored_bytes), "records": result.records_in, "result": result, **phases}
+           "restored": sum(result.restored_bytes), "records": result.records_in, "result": result, "modes": modes,
+           **phases}
     job.batches.append(row)
     mark = "warm-up" if warmup else f"round {round_no}"
     print(f"  {mark:<9} {job.label:<14} {wall:>7.2f} s | " + " ".join(f"{p} {phases[p]:>5.2f}" for p in COLUMNS)
-          + f" | restored {row['restored'] / 1e6:>6.1f} MB, wrote {new / 1e6:>6.1f} of {total / 1e6:>6.1f} MB "
-          f"({new / total:>6.1%})", flush=True)
+          + f" | restored {row['restored'] / 1e6:>6.1f} MB ({', '.join(modes)}), wrote {new / 1e6:>6.1f} of "
+          f"{total / 1e6:>6.1f} MB ({new / total:>6.1%})", flush=True)
 
 
 def check_counts(job: Job) -> None:
@@ -275,6 +279,9 @@ def summary(backend: str, small: Job, big: Job, batch_keys: int) -> None:
         print(f"{job.label:<16}{median(job, 'wall'):>9.2f}" + "".join(f"{median(job, c):>9.2f}" for c in COLUMNS)
               + f"{median(job, 'restored') / 1e6:>13.1f}{median(job, 'new') / 1e6:>9.1f}"
               f"{median(job, 'total') / 1e6:>10.1f}{median(job, 'new') / median(job, 'total'):>11.1%}")
+    for job in (small, big):
+        counts = collections.Counter(m for b in job.batches if not b["warmup"] for m in b["modes"])
+        print(f"{job.label:<16}subtask restores: " + ", ".join(f"{n} {mode}" for mode, n in sorted(counts.items())))
     verdict = "meets" if ratio <= target else "misses"
     print(f"ratio big/small {ratio:.2f}x   target <= {target:.1f}x at {big.keys:,} keys: {verdict}")
     verdict = "meets" if share <= ADDED_BYTES_TARGET else "misses"

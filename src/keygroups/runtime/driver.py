@@ -89,9 +89,10 @@ class BatchPlan:
     def keyed_task(self, *, key_columns: tuple[str, ...], function: bytes, input_schema: pa.Schema,
                    output_schema: pa.Schema, backend: str = "heap", order_columns: tuple[str, ...] = (),
                    timestamp_column: str | None = None, allow_pickle: bool = False,
-                   local_dir: str | None = None) -> KeyedTaskSpec:
+                   local_dir: str | None = None, warm_heap_backends: int = 4) -> KeyedTaskSpec:
         """What every keyed subtask of this batch gets; ``function`` is the job's KeyedProcessFunction, pickled;
-        ``local_dir`` is the executors' directory for warm state (None: the system temporary directory)."""
+        ``local_dir`` is the executors' directory for warm state (None: the system temporary directory);
+        ``warm_heap_backends`` how many heap backends a worker process keeps between batches (0: none)."""
         return KeyedTaskSpec(
             job_name=self.job_name, key_columns=key_columns, key_type=key_type_for_schema(input_schema, key_columns),
             function=function, input_schema=input_schema, output_schema=output_schema,
@@ -99,7 +100,7 @@ class BatchPlan:
             checkpoint_location=self.storage.location, checkpoint_id=self.checkpoint_id,
             restore_from=self.restore_from, backend=backend, order_columns=order_columns,
             timestamp_column=timestamp_column, storage_options=self.storage.storage_options,
-            allow_pickle=allow_pickle, local_dir=local_dir,
+            allow_pickle=allow_pickle, local_dir=local_dir, warm_heap_backends=warm_heap_backends,
         )
 
     def source_task(self, log_directory: str, *, record_schema: pa.Schema | None,

@@ -3,16 +3,26 @@
 restore its key groups from the previous checkpoint → run the user's function over its records, grouped by key, in
 order → write its output → snapshot its state → report (a small JSON dict) to the driver, which commits the
 checkpoint only once every subtask has reported.
+
+Warm state: Spark reuses its Python worker processes between tasks, so a heap backend can outlive its batch. After
+its batch it goes into the process's :class:`HeapBackendRegistry` (at most ``KeyedTaskSpec.warm_heap_backends`` of
+them, the least recently used dropped first); the next task of the same job, location and key-group range takes it
+out (no two tasks share one) and resumes it (``HeapKeyedStateBackend.resume``: only when it is exactly the committed
+state, reading just the blocks other workers committed since), else restores a new one. RocksDB keeps its database
+on local disk instead (``warm_dir``). The report's ``restored["mode"]`` says which: ``warm`` (nothing read),
+``caught-up`` (newer blocks read), ``cold`` (restored), ``new`` (no checkpoint to restore).
 """
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import os
 import pickle
 import tempfile
+import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,10 +32,11 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from keygroups._hashing import KeyType, assign_key_groups, assign_key_groups_for_tuples, key_type_for_arrow
-from keygroups._ranges import key_group_range
+from keygroups._ranges import KeyGroupRange, key_group_range
 from keygroups.checkpoint import CheckpointStorage
 from keygroups.errors import KeyGroupOutOfRangeError
 from keygroups.runtime.functions import KeyedProcessFunction, ProcessContext, RuntimeContext
+from keygroups.state import HeapKeyedStateBackend
 
 
 def key_type_for_schema(schema: pa.Schema, key_columns: tuple[str, ...]) -> KeyType:
@@ -77,16 +88,17 @@ def warm_directory(local_dir: str | None, checkpoint_location: str, job_name: st
 
 def create_backend(kind: str, key_group_range: Any, max_parallelism: int, key_type: KeyType, *,
                    subtask_index: int = 0, allow_pickle: bool = False, local_dir: str | None = None,
-                   warm_dir: str | None = None) -> Any:
+                   warm_dir: str | None = None, kept: bool = False) -> Any:
     """A keyed state backend for one subtask's key groups: ``"heap"`` or ``"rocksdb"`` (a local database under
     ``local_dir``, a temporary directory by default, or kept warm under ``warm_dir``; call ``dispose()`` when
-    done)."""
+    done). ``kept``: a heap backend that will be kept across batches (it compacts key groups it writes full)."""
     from keygroups import state
 
     key_serializer = key_serializer_for(key_type)
     common = {"key_type": key_type, "allow_pickle": allow_pickle, "subtask_index": subtask_index}
     if kind == "heap":
-        return state.HeapKeyedStateBackend(key_group_range, max_parallelism, key_serializer, **common)
+        return state.HeapKeyedStateBackend(key_group_range, max_parallelism, key_serializer,
+                                           compact_full_groups=kept, **common)
     if kind == "rocksdb":
         return state.RocksDBKeyedStateBackend(key_group_range, max_parallelism, key_serializer, db_dir=local_dir,
                                               warm_dir=warm_dir, **common)
@@ -118,6 +130,71 @@ class KeyedTaskSpec:
     local_dir: str | None = None
     #: Keep RocksDB databases warm between batches (False: a fresh database per batch, as before).
     warm_state: bool = True
+    #: Heap backends a Python worker process keeps between batches (each holds one subtask's state in memory); 0:
+    #: none, every batch restores.
+    warm_heap_backends: int = 4
+
+    def __post_init__(self) -> None:
+        check_warm_heap_backends(self.warm_heap_backends)
+
+
+def check_warm_heap_backends(n: Any) -> int:
+    """``n`` if it is a valid number of heap backends to keep per worker process, else ValueError."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ValueError(f"warm_heap_backends must be an int >= 0 (heap backends a worker process keeps between "
+                         f"batches; 0 keeps none), got {n!r}")
+    return n
+
+
+class HeapBackendRegistry:
+    """Heap backends kept in this process after their batch, for the next batch of the same subtask to resume.
+
+    Keyed by what must match for the state to be the same (see :func:`heap_backend_key`); bounded by the caller's
+    ``limit``, the least recently kept dropped first. :meth:`take` removes the backend, so two tasks never share one
+    (a second task finds nothing and restores)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._kept: collections.OrderedDict[Hashable, HeapKeyedStateBackend] = collections.OrderedDict()
+
+    def take(self, key: Hashable) -> HeapKeyedStateBackend | None:
+        """The backend kept under ``key``, now the caller's alone; None if there is none."""
+        with self._lock:
+            return self._kept.pop(key, None)
+
+    def keep(self, key: Hashable, backend: HeapKeyedStateBackend, limit: int) -> None:
+        """Keep ``backend`` under ``key`` (replacing one kept there), then drop the least recently kept beyond
+        ``limit`` (0 keeps nothing)."""
+        with self._lock:
+            self._kept.pop(key, None)
+            if limit <= 0:
+                return
+            self._kept[key] = backend
+            while len(self._kept) > limit:
+                self._kept.popitem(last=False)
+
+    def keys(self) -> list[Hashable]:
+        """The keys of the kept backends, least recently kept first."""
+        with self._lock:
+            return list(self._kept)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._kept.clear()
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+
+#: This Python process's kept heap backends (Spark reuses a worker process for many tasks).
+HEAP_BACKENDS = HeapBackendRegistry()
+
+
+def heap_backend_key(spec: KeyedTaskSpec, key_groups: KeyGroupRange) -> tuple[Any, ...]:
+    """What a kept heap backend must share with a task to be resumed by it: checkpoint location, job, max
+    parallelism, key-group range, key type (which fixes the key serializer) and whether pickle may be read."""
+    return (spec.checkpoint_location, spec.job_name, spec.max_parallelism, key_groups.start, key_groups.end,
+            spec.key_type, spec.allow_pickle)
 
 
 def _load_function(spec: KeyedTaskSpec) -> KeyedProcessFunction:
@@ -219,29 +296,64 @@ def _to_table(outputs: list[Any], schema: pa.Schema) -> pa.Table:
     return parts[0] if len(parts) == 1 else pa.concat_tables(parts)
 
 
-def run_keyed_subtask(spec: KeyedTaskSpec, subtask_index: int, batches: Iterable[pa.RecordBatch]) -> dict[str, Any]:
-    """Run one subtask of one micro-batch; returns its report (JSON-able) for the driver's commit."""
+def run_keyed_subtask(spec: KeyedTaskSpec, subtask_index: int, batches: Iterable[pa.RecordBatch], *,
+                      kept: HeapBackendRegistry | None = None) -> dict[str, Any]:
+    """Run one subtask of one micro-batch; returns its report (JSON-able) for the driver's commit. A heap backend
+    comes from, and after the batch goes back to, ``kept`` (this process's :data:`HEAP_BACKENDS` by default)."""
     own_range = key_group_range(spec.max_parallelism, spec.parallelism, subtask_index)
+    start = time.perf_counter()
+    storage = CheckpointStorage(spec.checkpoint_location, storage_options=spec.storage_options,
+                                cache_dir=read_cache_directory(spec.local_dir))
+    if spec.backend == "heap" and spec.warm_heap_backends > 0:
+        registry = kept if kept is not None else HEAP_BACKENDS
+        key = heap_backend_key(spec, own_range)
+        backend, restored = _heap_backend(spec, subtask_index, own_range, storage, registry.take(key))
+        report = _run_on_backend(spec, subtask_index, batches, backend, own_range, storage, restored,
+                                 time.perf_counter() - start)
+        backend.compact()  # what a full rewrite made obsolete goes before the backend waits for its next batch
+        registry.keep(key, backend, spec.warm_heap_backends)  # only after a batch that went through
+        return report
     # Disposed on the way out (RocksDB: its local database is deleted, or kept warm for the next batch).
     warm_dir = warm_directory(spec.local_dir, spec.checkpoint_location, spec.job_name) if spec.warm_state else None
     with create_backend(spec.backend, own_range, spec.max_parallelism, spec.key_type,
                         subtask_index=subtask_index, allow_pickle=spec.allow_pickle, local_dir=spec.local_dir,
                         warm_dir=warm_dir) as backend:
-        return _run_on_backend(spec, subtask_index, batches, backend, own_range)
+        restored = _restored("new", 0, 0, False)
+        if spec.restore_from is not None:
+            stats = backend.restore(storage, storage.load_restore_point(spec.restore_from))
+            restored = _restored("warm" if backend.warm else "cold", stats.bytes_read, stats.key_groups, backend.warm)
+        return _run_on_backend(spec, subtask_index, batches, backend, own_range, storage, restored,
+                               time.perf_counter() - start)
+
+
+def _restored(mode: str, bytes_read: int, key_groups: int, warm: bool) -> dict[str, Any]:
+    """The report's ``restored``: how the state came (``warm``, ``caught-up``, ``cold``, ``new``), bytes read from
+    checkpoint files, key groups read, and whether nothing had to be rebuilt (warm or caught up)."""
+    return {"mode": mode, "bytes_read": int(bytes_read), "key_groups": int(key_groups), "warm": warm}
+
+
+def _heap_backend(spec: KeyedTaskSpec, subtask_index: int, own_range: KeyGroupRange, storage: CheckpointStorage,
+                  kept: HeapKeyedStateBackend | None) -> tuple[HeapKeyedStateBackend, dict[str, Any]]:
+    """The task's heap backend: ``kept`` resumed at the restore point when it holds exactly that state (plus the
+    blocks committed since), else a new one restored from it."""
+    metadata = storage.load_restore_point(spec.restore_from) if spec.restore_from is not None else None
+    if kept is not None and metadata is not None:
+        stats = kept.resume(storage, metadata)
+        if stats is not None:
+            mode = "caught-up" if stats.bytes_read else "warm"
+            return kept, _restored(mode, stats.bytes_read, stats.key_groups, True)
+    backend = create_backend("heap", own_range, spec.max_parallelism, spec.key_type, subtask_index=subtask_index,
+                             allow_pickle=spec.allow_pickle, kept=True)
+    if metadata is None:
+        return backend, _restored("new", 0, 0, False)
+    stats = backend.restore(storage, metadata)
+    return backend, _restored("cold", stats.bytes_read, stats.key_groups, False)
 
 
 def _run_on_backend(spec: KeyedTaskSpec, subtask_index: int, batches: Iterable[pa.RecordBatch], backend: Any,
-                    own_range: Any) -> dict[str, Any]:
-    timings: dict[str, float] = {}
-    start = time.perf_counter()
-    storage = CheckpointStorage(spec.checkpoint_location, storage_options=spec.storage_options,
-                                cache_dir=read_cache_directory(spec.local_dir))
-    restored: dict[str, Any] = {"bytes_read": 0, "key_groups": 0, "warm": False}
-    if spec.restore_from is not None:
-        stats = backend.restore(storage, storage.load_restore_point(spec.restore_from))
-        restored = {"bytes_read": int(stats.bytes_read), "key_groups": int(stats.key_groups),
-                    "warm": backend.warm}
-    timings["restore"] = time.perf_counter() - start
+                    own_range: Any, storage: CheckpointStorage, restored: dict[str, Any],
+                    restore_seconds: float) -> dict[str, Any]:
+    timings: dict[str, float] = {"restore": restore_seconds}
 
     t = time.perf_counter()
     table = pa.Table.from_batches(list(batches), schema=spec.input_schema)

@@ -46,7 +46,7 @@ from keygroups.runtime.driver import BatchPlan, DriverFence, begin_batch, commit
 from keygroups.runtime.functions import KeyedProcessFunction
 from keygroups.runtime.scaling import HISTORY, BatchFigures, ParallelismPolicy
 from keygroups.runtime.source import run_source_subtask, staged_schema
-from keygroups.runtime.subtask import KeyedTaskSpec, run_keyed_subtask
+from keygroups.runtime.subtask import KeyedTaskSpec, check_warm_heap_backends, run_keyed_subtask
 from keygroups.spark.partitioner import partition_by_key_group
 
 _REPORT_SCHEMA = "subtask int, report string"
@@ -207,10 +207,13 @@ class KeyedJob:
     order a key's records inside a batch (Spark's shuffle keeps no order, so give one whenever order matters to the
     function); ``timestamp_column`` gives each record's event time to ``context.timestamp``; ``retain`` is how many
     complete checkpoints to keep. ``local_dir`` names the executors' local directory where warm state stays between
-    batches (RocksDB keeps its database there; default: the system temporary directory).
-    ``restore_from_savepoint`` names a savepoint in ``checkpoint_location`` (see :meth:`savepoint`) that the job's
-    first batch restores instead of the latest checkpoint, at any parallelism; the checkpoints after it say so, and
-    a driver restarted with the same argument continues from the latest of them (Flink's ``-s``, no-claim mode).
+    batches (RocksDB keeps its database there; default: the system temporary directory). ``warm_heap_backends`` is
+    how many heap backends (each one subtask's state, in memory) a Python worker process keeps between batches so
+    that the next batch resumes them instead of restoring (0: none; Spark must reuse its Python workers, as it does
+    by default). ``restore_from_savepoint`` names a savepoint in ``checkpoint_location`` (see :meth:`savepoint`)
+    that the job's first batch restores instead of the latest checkpoint, at any parallelism; the checkpoints after
+    it say so, and a driver restarted with the same argument continues from the latest of them (Flink's ``-s``,
+    no-claim mode).
     """
 
     def __init__(
@@ -229,6 +232,7 @@ class KeyedJob:
         storage_options: dict[str, Any] | None = None,
         allow_pickle: bool = False,
         local_dir: str | None = None,
+        warm_heap_backends: int = 4,
         restore_from_savepoint: str | None = None,
     ) -> None:
         if not name:
@@ -245,6 +249,7 @@ class KeyedJob:
         self.timestamp_column = timestamp_column
         self.allow_pickle = allow_pickle
         self.local_dir = local_dir
+        self.warm_heap_backends = check_warm_heap_backends(warm_heap_backends)
         self.storage = CheckpointStorage(checkpoint_location, retain=retain, storage_options=storage_options)
         self._fence: DriverFence | None = None   # claimed at the first batch: constructing a job fences nobody
         self.restore_from_savepoint = restore_from_savepoint
@@ -294,6 +299,7 @@ class KeyedJob:
             key_columns=self.key_columns, function=self._function, input_schema=_input_arrow_schema(df),
             output_schema=self.output_schema, backend=self.backend, order_columns=self.order_by,
             timestamp_column=self.timestamp_column, allow_pickle=self.allow_pickle, local_dir=self.local_dir,
+            warm_heap_backends=self.warm_heap_backends,
         )
         placed = partition_by_key_group(df.withColumn(_DIGEST, _record_digest(df)), *self.key_columns,
                                         max_parallelism=plan.max_parallelism,

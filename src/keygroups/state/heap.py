@@ -21,6 +21,18 @@ the same bytes); for the others a delta: the dirty keys' values, and deletes for
 removed, or expired by TTL now, so that no older block brings them back). Writing creates bytes, not objects the
 garbage collector tracks, so a collection during the snapshot has nothing of the state to scan.
 
+Warm state (``resume``): the runtime keeps a heap backend in the worker process after its batch, and the next batch
+of the same key-group range continues with it instead of restoring, when that gives exactly the state a restore
+would. The backend remembers, per key group, the files of the chain its state reflects (from the restore, lengthened
+by each snapshot) and the snapshot it wrote last. Checkpoint m resumes it if that snapshot's file is committed and
+every key group's committed chain at m starts with exactly those files; the blocks after them (changes made
+meanwhile by another worker process) are read and pushed as new top layers, and the decoded entries of the keys
+they name are dropped. A key group whose chain restarted with a newer full block takes that chain instead.
+
+A kept backend must not grow without bound: once a key group with restored layers is written full, its layers and
+decoded entries are replaced (``compact()``, once the snapshot finished) by one layer of the bytes just written
+(``compact_full_groups``).
+
 Hot paths: ``set_current_key`` and the value / list / map operations are compiled (``_native/statecore.pyx``); they
 read the dicts directly and hand over to the Python methods here only while a snapshot runs or for a key that may be
 in a restored layer. TTL states and the rarer operations use the generic classes of ``states``.
@@ -37,16 +49,39 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from keygroups._hashing import KeyType
-from keygroups._native.statecore import ABSENT, DELETED, HeapListCore, HeapMapCore, HeapValueCore, Layer, TableCore
+from keygroups._native.snapshot import encode_block, parse_block_offsets
+from keygroups._native.statecore import (
+    ABSENT,
+    DELETED,
+    HeapListCore,
+    HeapMapCore,
+    HeapValueCore,
+    KeyContext,
+    Layer,
+    TableCore,
+)
 from keygroups._ranges import KeyGroupRange
-from keygroups.checkpoint import KeyedStateHandle, KeyGroupBlock, Packed, find_key, write_keyed_snapshot
-from keygroups.errors import CorruptSnapshotError, no_current_key_error
+from keygroups.checkpoint import (
+    CheckpointMetadata,
+    KeyedStateHandle,
+    KeyGroupBlock,
+    Packed,
+    chain_stats,
+    find_key,
+    plan_keyed_restore,
+    write_keyed_snapshot,
+)
+from keygroups.checkpoint.metadata import is_shared_path, key_group_runs, keyed_handles_by_range
+from keygroups.checkpoint.planning import key_group_chains
+from keygroups.errors import CheckpointNotFoundError, CorruptSnapshotError, no_current_key_error
 from keygroups.serializers import TypeSerializer
 from keygroups.state._base import (
     DEFAULT_DELTA_FRACTION,
     DEFAULT_MAX_CHAIN,
     KeyedStateBackendBase,
+    RestoreStats,
     SnapshotFuture,
+    _canonical,
     check_cancel,
 )
 from keygroups.state._codec import ValueFraming
@@ -295,8 +330,15 @@ class _HeapTable(TableCore):
             self.lazy[group_index] = True
             self.lazy_group_count += 1
             self._update_slow()
-        else:
-            layers.insert(0, layer)
+        else:  # a new list: a snapshot's capture or a pending compaction may hold the old one
+            self.layers[group_index] = [layer, *layers]
+
+    def replace_group(self, group_index: int, layer: Layer | None) -> None:
+        """Key group ``group_index`` becomes ``layer`` alone (None: empty): its decoded entries and older layers go."""
+        self.maps[group_index] = {}
+        self.drop_layers(group_index)
+        if layer is not None:
+            self.add_layer(group_index, layer)
 
     def drop_layers(self, group_index: int) -> None:
         """Forget the layers of a key group (a full block replaces them)."""
@@ -405,15 +447,30 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
     hash as (see ``keygroups.assign_to_key_group``); ``clock`` (seconds, like ``time.time``) drives TTL;
     ``allow_pickle`` lets restore read pickled serializer data; ``subtask_index`` is recorded in snapshot handles.
     ``dispose()`` (or leaving a ``with`` block) does nothing here: the state is garbage-collected with the backend.
+
+    ``compact_full_groups``: for a backend kept across batches (see :meth:`resume`), once a key group with restored
+    layers is written full, replace its layers and decoded entries by one layer of the written bytes, so the
+    backend holds each key group's bytes once however many batches it lives (costs one more encode of those key
+    groups; pointless for a backend used for one batch).
     """
 
     def __init__(self, key_group_range: KeyGroupRange, max_parallelism: int, key_serializer: TypeSerializer, *,
                  key_type: KeyType = None, clock: Callable[[], float] = time.time, allow_pickle: bool = False,
                  subtask_index: int = 0, incremental: bool = True, max_chain: int = DEFAULT_MAX_CHAIN,
-                 delta_fraction: float = DEFAULT_DELTA_FRACTION) -> None:
+                 delta_fraction: float = DEFAULT_DELTA_FRACTION, compact_full_groups: bool = False) -> None:
         super().__init__(key_group_range, max_parallelism, key_serializer, key_type=key_type, clock=clock,
                          allow_pickle=allow_pickle, subtask_index=subtask_index, incremental=incremental,
                          max_chain=max_chain, delta_fraction=delta_fraction)
+        self.compact_full_groups = bool(compact_full_groups)
+        # Per key group, the files of the chain the state reflects (absent: no chain), and the (checkpoint id, file)
+        # of the last snapshot written: what resume() checks a restore point against.
+        self._chain_files: dict[int, tuple[str, ...]] = {}
+        self._warm_point: tuple[int, str] | None = None
+        # Captures so far, and the compactions finished snapshots prepared: (capture number, table name, key-group
+        # index, the dict and layers captured, the new layer or None), applied by the thread that owns the backend.
+        self._captures = 0
+        self._compactions: collections.deque[tuple[int, str, int, dict[Any, Any], list[Layer] | None,
+                                                   Layer | None]] = collections.deque()
         self.set_current_key = self._ctx.set_current_key  # type: ignore[method-assign]  # no Python-level hop
         self._tables: dict[str, _HeapTable] = {}
         self._running_snapshots = 0
@@ -451,11 +508,12 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
 
     def _restore_block(self, handle: KeyedStateHandle, targets: list[Any], block: KeyGroupBlock) -> None:
         """One key group's block of one file of its chain (blocks come oldest first): kept as layers, nothing
-        decoded. A full block replaces what older blocks said about the key group, in every state."""
+        decoded. A full block replaces what older blocks said about the key group, in every state; a delta on top
+        of decoded entries (a resumed backend catching up) drops those of the keys it names."""
         group_index = block.key_group - self._start
         if block.full:
             for t in self._tables.values():
-                t.drop_layers(group_index)
+                t.replace_group(group_index, None)
         per_state: dict[int, list[Any]] = {}
         for state_index, key_offsets, value_offsets in block.puts:
             if len(key_offsets) != len(value_offsets):
@@ -467,8 +525,14 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
             if len(key_offsets) > 1:
                 self._section_slot(handle, block.key_group, per_state, state_index, 2)[2] = key_offsets
         for state_index, (key_offsets, value_offsets, delete_offsets) in per_state.items():
-            targets[state_index].add_layer(
-                group_index, Layer(block.block, key_offsets, value_offsets, delete_offsets, block.sorted))
+            t = targets[state_index]
+            decoded = t.maps[group_index]
+            if decoded:
+                for offsets in (key_offsets, delete_offsets):
+                    if offsets is not None:
+                        for key in self.key_serializer.deserialize_many(block.block, offsets):
+                            decoded.pop(key, None)
+            t.add_layer(group_index, Layer(block.block, key_offsets, value_offsets, delete_offsets, block.sorted))
 
     @staticmethod
     def _section_slot(handle: KeyedStateHandle, kg: int, per_state: dict[int, list[Any]], state_index: int,
@@ -478,6 +542,135 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
             raise CorruptSnapshotError(f"{handle.file}: key group {kg} has two {'delete' if slot else 'put'} "
                                        f"sections for state index {state_index}")
         return entry
+
+    def restore(self, storage: CheckpointStorage, metadata: CheckpointMetadata, *, lazy: bool = True) -> RestoreStats:
+        """Restore this backend's key groups from a checkpoint of any parallelism (see
+        ``KeyedStateBackendBase.restore``), remembering each key group's chain for :meth:`resume`."""
+        stats = super().restore(storage, metadata, lazy=lazy)
+        self._chain_files = self._committed_chain_files(metadata)
+        return stats
+
+    def _committed_chain_files(self, metadata: CheckpointMetadata) -> dict[int, tuple[str, ...]]:
+        chains = key_group_chains(keyed_handles_by_range(list(metadata.keyed_handles)), self.key_group_range)
+        return {kg: tuple(h.file for h in chain) for kg, chain in chains.items()}
+
+    # ---- warm state -----------------------------------------------------------------------------------------------
+    def resume(self, storage: CheckpointStorage, metadata: CheckpointMetadata) -> RestoreStats | None:
+        """Continue, from checkpoint ``metadata``, with the state this backend holds since its last snapshot (the
+        runtime keeps heap backends in the worker process between batches), if that yields exactly the state
+        :meth:`restore` would; None otherwise (then restore a new backend; this one is left as it was).
+
+        The backend qualifies when its last snapshot (checkpoint n, file F) finished, none failed and nothing was
+        written since. Checkpoint m >= n resumes it only if F is committed for this key-group range (m's metadata,
+        or n's while retained, names it) and, per key group, the committed chain at m begins with exactly the files
+        the state reflects; a key group whose chain restarted with a full block newer than n takes that chain. So a
+        retried, failed or uncommitted attempt, another lineage, another max parallelism, or a state whose newer
+        blocks carry another meta (serializers, TTL) is refused. Then only the blocks newer than n are read (none
+        when m == n: the stats say 0 bytes, 0 key groups).
+
+        Registrations are forgotten, as after a restore: the job's function registers its states again (a changed
+        serializer then migrates, as it would on restored state)."""
+        point = self._kept_point()
+        r = self.key_group_range
+        if point is None or metadata.max_parallelism != self.max_parallelism or metadata.checkpoint_id < point[0]:
+            return None
+        n, kept_file = point
+        if not _names(metadata, kept_file, r):
+            if metadata.checkpoint_id == n:
+                return None
+            try:
+                if not _names(storage.load(n), kept_file, r):
+                    return None
+            except (CheckpointNotFoundError, CorruptSnapshotError):
+                return None
+        plan = plan_keyed_restore(metadata, r, max_parallelism=self.max_parallelism)
+        chains = key_group_chains(keyed_handles_by_range(list(metadata.keyed_handles)), r)
+        restart: list[int] = []
+        newer: dict[int, tuple[KeyedStateHandle, list[int]]] = {}
+        for kg in r:
+            chain = chains.get(kg, [])
+            if chain and chain[0].checkpoint_id > n and chain[0].is_full(kg):
+                restart.append(kg)
+            elif tuple(h.file for h in chain if h.checkpoint_id <= n) != self._chain_files.get(kg, ()):
+                return None
+            for h in chain:
+                if h.checkpoint_id > n:
+                    newer.setdefault(id(h), (h, []))[1].append(kg)
+        for h, _ in newer.values():
+            for meta in h.states:
+                t = self._tables.get(meta["name"])
+                if t is not None and _canonical(meta) != _canonical(t.meta):
+                    return None
+        # From here on the backend changes: it becomes the state of checkpoint m.
+        self.compact()
+        self._forget_registrations()
+        for kg in restart:
+            for t in self._tables.values():
+                t.replace_group(kg - self._start, None)
+        reads = sorted(((h, run) for h, kgs in newer.values() for run in key_group_runs(kgs)),
+                       key=lambda hr: (hr[0].checkpoint_id, hr[1].start))
+        total = 0
+        groups: set[int] = set()
+        for handle, run in reads:
+            targets = [self._restore_target(meta) for meta in handle.states]
+            nbytes, _ = self._restore_handle(storage, handle, run, targets)
+            total += nbytes
+            groups.update(run)
+        self._restored = True
+        self.warm = True
+        self._chains = chain_stats(metadata, r)
+        self._chain_metas = {}
+        for handle, _ in plan:
+            for meta in handle.states:
+                self._chain_metas[meta["name"]] = _canonical(meta)
+        self._needs_full = any(not is_shared_path(h.file) for h, _ in plan)
+        self._chain_files = {kg: tuple(h.file for h in chain) for kg, chain in chains.items()}
+        self._warm_point = None
+        return RestoreStats(total, len(groups))
+
+    def _kept_point(self) -> tuple[int, str] | None:
+        """(checkpoint id, file) of the last snapshot if the state is still exactly what it wrote: it finished, no
+        snapshot runs or failed, and no key was written (or a mutable value read) since its capture. Not while a
+        state migrates its serializer: its layers hold bytes of the old one, which the meta it wrote no longer
+        names."""
+        if (self._warm_point is None or self._running_snapshots or self._failed or not self._tracking
+                or any(t.needs_migration or any(t.dirty) for t in self._tables.values())):
+            return None
+        return self._warm_point
+
+    def _forget_registrations(self) -> None:
+        """Back to restored, unregistered states (as after a restore), with no current key."""
+        self._descriptors.clear()
+        self._states.clear()
+        self._ctx = KeyContext(self.key_group_range, self.max_parallelism, self._key_type_code)
+        self.set_current_key = self._ctx.set_current_key  # type: ignore[method-assign]
+        for t in self._tables.values():
+            t.descriptor = None
+            t.ctx = self._ctx
+
+    def compact(self) -> None:
+        """Apply what the latest snapshot prepared (see ``compact_full_groups``) to the key groups untouched since
+        its capture, and drop the rest: call it from the thread that uses the backend once the snapshot finished
+        (the next ``snapshot`` or ``resume`` does it too). Does nothing while a snapshot runs."""
+        if self._running_snapshots:
+            return
+        while self._compactions:
+            capture, name, i, captured_map, captured_layers, layer = self._compactions.popleft()
+            t = self._tables.get(name)
+            if (capture != self._captures or t is None or t.maps[i] is not captured_map
+                    or t.layers[i] is not captured_layers or t.dirty[i]):
+                continue
+            t.replace_group(i, layer)
+
+    def _after_snapshot(self, handle: KeyedStateHandle) -> None:
+        super()._after_snapshot(handle)
+        files = self._chain_files
+        for kg in handle.key_group_range.intersection(self.key_group_range):
+            if handle.is_full(kg):
+                files[kg] = (handle.file,)
+            elif handle.changes(kg):
+                files[kg] = files.get(kg, ()) + (handle.file,)
+        self._warm_point = (handle.checkpoint_id, handle.file)
 
     def _after_restore(self, lazy: bool) -> None:
         if not lazy:
@@ -526,6 +719,9 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
         full blocks for the key groups the materialization policy names, deltas (changed values and deletes) for
         the others. Later writes to this backend never reach the snapshot."""
         n, start = self._n, self._start
+        self.compact()
+        self._captures += 1
+        capture = self._captures
         full = self._full_groups()
         metas = []
         captures = []
@@ -562,11 +758,16 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
         self._start_tracking()
 
         def work(future: SnapshotFuture[KeyedStateHandle]) -> KeyedStateHandle:
+            compactions: list[tuple[int, int, Layer | None]] = []
             try:
                 check_cancel(future)
                 handle = write_keyed_snapshot(storage, checkpoint_id, self.subtask_index, self.key_group_range, metas,
-                                              self._groups(captures, full), full_key_groups={start + i for i in full},
+                                              self._groups(captures, full, compactions),
+                                              full_key_groups={start + i for i in full},
                                               on_key_group=functools.partial(check_cancel, future))
+                for state_index, i, layer in compactions:
+                    c = captures[state_index]
+                    self._compactions.append((capture, names[state_index], i, c.maps[i], c.layers[i], layer))
             except BaseException:
                 self._failed.append(({name: [c.dirty[i] if i not in full else [] for i in range(n)]
                                       for name, c in zip(names, captures)}, full))
@@ -590,9 +791,12 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
                 t.copied_keys = [None] * (n + 1)
                 t._update_slow()
 
-    def _groups(self, captures: list[_Capture], full: set[int]) -> Iterator[tuple[int, list[Any], list[Any]]]:
+    def _groups(self, captures: list[_Capture], full: set[int], compactions: list[tuple[int, int, Layer | None]]
+                ) -> Iterator[tuple[int, list[Any], list[Any]]]:
         """Per key group with something to write: ``(key_group, put sections, delete sections)``; the key groups
-        in ``full`` (indexes) are written full, the others as deltas."""
+        in ``full`` (indexes) are written full, the others as deltas. With ``compact_full_groups``, a full key group
+        that had restored layers adds ``(state index, key-group index, its written entries as one layer)`` to
+        ``compactions``."""
         start = self._start
         for i in range(self._n):
             sections: list[Any] = []
@@ -600,6 +804,13 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
             if i in full:
                 for state_index, c in enumerate(captures):
                     section = self._full_section(c, i)
+                    layers = c.layers[i]
+                    if (self.compact_full_groups and layers is not None and not c.needs_migration
+                            and (c.maps[i] or len(layers) > 1 or c.ttl_deadline is not None)):
+                        layer = None
+                        if section is not None:
+                            section, layer = _as_layer(start + i, section)
+                        compactions.append((state_index, i, layer))
                     if section is not None:
                         sections.append((state_index, *section))
                 yield start + i, sections, deletes
@@ -700,6 +911,21 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
             kept_values.append(value_bytes)
         keys[first:] = kept_keys
         values[first:] = kept_values
+
+
+def _names(metadata: CheckpointMetadata, file: str, key_group_range: KeyGroupRange) -> bool:
+    """Whether ``metadata`` lists ``file`` as the keyed handle of exactly ``key_group_range``."""
+    return any(h.file == file and h.key_group_range == key_group_range for h in metadata.keyed_handles)
+
+
+def _as_layer(key_group: int, section: tuple[Any, Any]) -> tuple[tuple[Packed, Packed], Layer]:
+    """One state's full entries of a key group as one sorted layer, and the same bytes as the section to write
+    (the writer then finds them sorted)."""
+    block = encode_block(key_group, [(0, *section)], 1, full=True)
+    _, puts, _ = parse_block_offsets(block, key_group, 1, verify_checksum=False)
+    _, key_offsets, value_offsets = puts[0]
+    return (Packed(block, key_offsets), Packed(block, value_offsets)), Layer(block, key_offsets, value_offsets, None,
+                                                                              True)
 
 
 __all__ = ["HeapKeyedStateBackend"]

@@ -1,0 +1,62 @@
+"""Warm heap state on a real local Spark session: Spark reuses its Python workers, so a heap backend kept after one
+batch is resumed (or caught up) by the next; the job's results are exactly those of the same job restoring every
+batch."""
+
+from __future__ import annotations
+
+import sys
+
+import pyarrow as pa
+import pytest
+from pyspark import cloudpickle
+
+from keygroups.runtime.functions import KeyedProcessFunction
+from keygroups.serializers import Int64Serializer
+from keygroups.spark import KeyedJob
+from keygroups.state import ValueStateDescriptor
+
+pytestmark = pytest.mark.spark
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Spark's workers cannot import this test file
+MAX_PARALLELISM = 32
+TOTALS = pa.schema([("k", pa.int64()), ("total", pa.int64()), ("batch", pa.int64())])
+
+
+class RunningTotal(KeyedProcessFunction):
+    """Per key the sum of its records' ``v``; a record with ``v == 0`` clears it."""
+
+    def open(self, context):
+        self.total = context.get_state(ValueStateDescriptor("total", Int64Serializer()))
+
+    def process_element(self, record, context):
+        if record["v"] == 0:
+            self.total.clear()
+            return [(context.current_key, 0, context.checkpoint_id)]
+        total = (self.total.value() or 0) + record["v"]
+        self.total.update(total)
+        return [(context.current_key, total, context.checkpoint_id)]
+
+
+def test_a_job_gives_the_same_results_with_warm_heap_state(spark, tmp_path):
+    warm = KeyedJob("totals", "k", RunningTotal(), output_schema=TOTALS, max_parallelism=MAX_PARALLELISM,
+                    checkpoint_location=str(tmp_path / "warm"))
+    cold = KeyedJob("totals", "k", RunningTotal(), output_schema=TOTALS, max_parallelism=MAX_PARALLELISM,
+                    checkpoint_location=str(tmp_path / "cold"), warm_heap_backends=0)
+    batches = [([(k, 1) for k in range(60)], 2)]
+    batches += [([(k, step) for k in range(step % 3, 60, 2)] + [(step, 0)], 2) for step in range(1, 6)]
+    batches += [([(k, 7) for k in range(0, 60, 5)], 3), ([(k, 9) for k in range(60)], 3)]
+    batches += [([(k, 11) for k in range(0, 60, 4)], 3) for _ in range(3)]
+    expected: dict[int, int] = {}
+    modes: dict[str, list[str]] = {"warm": [], "cold": []}
+    for number, (rows, parallelism) in enumerate(batches, start=1):
+        want = []
+        for k, v in rows:
+            expected[k] = 0 if v == 0 else expected.get(k, 0) + v
+            want.append((k, expected[k], number))
+        df = spark.createDataFrame(rows, "k long, v long")
+        for name, job in (("warm", warm), ("cold", cold)):
+            result = job.run_batch(df, parallelism=parallelism)
+            assert sorted(tuple(r) for r in result.output.collect()) == sorted(want), (name, number)
+            modes[name] += [r["restored"]["mode"] for r in result.reports]
+    assert set(modes["cold"]) == {"new", "cold"}
+    # Spark hands a subtask to either of its two Python workers: each keeps what it ran, warm or a few batches behind
+    assert {"warm", "caught-up"} & set(modes["warm"]), modes["warm"]
