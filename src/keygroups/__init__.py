@@ -34,6 +34,7 @@ from keygroups.errors import (
     KeyGroupsError,
     ReplayMismatchError,
     StateMigrationError,
+    StateSerializationError,
     UnsafeDeserializationError,
 )
 
@@ -62,6 +63,7 @@ __all__ = [
     "ConcurrentCommitError",
     "DriverFencedError",
     "ReplayMismatchError",
+    "StateSerializationError",
     "CheckpointNotFoundError",
     "KeyGroupOutOfRangeError",
     "UnsafeDeserializationError",

@@ -51,6 +51,11 @@ class ConcurrentCommitError(KeyGroupsError, ValueError):
     an id that is already complete is refused, as any id that does not increase is."""
 
 
+class StateSerializationError(KeyGroupsError, ValueError):
+    """A state's serializer cannot write one of its values (an int beyond int64, a str with a lone surrogate, a value
+    of another type): the error names the state, its serializer and the key, and the snapshot writes nothing."""
+
+
 class DriverFencedError(ConcurrentCommitError):
     """A newer driver claimed this job's checkpoint location (its fencing token is higher): this driver may no longer
     commit. Nothing of the refused batch was published; start one driver per job and location, and let a restarted
@@ -96,6 +101,7 @@ __all__ = [
     "ConcurrentCommitError",
     "DriverFencedError",
     "ReplayMismatchError",
+    "StateSerializationError",
     "CheckpointNotFoundError",
     "KeyGroupOutOfRangeError",
     "UnsafeDeserializationError",

@@ -73,7 +73,7 @@ from keygroups.checkpoint import (
 )
 from keygroups.checkpoint.metadata import is_shared_path, key_group_runs, keyed_handles_by_range
 from keygroups.checkpoint.planning import key_group_chains
-from keygroups.errors import CheckpointNotFoundError, CorruptSnapshotError, no_current_key_error
+from keygroups.errors import CheckpointNotFoundError, CorruptSnapshotError, StateSerializationError, no_current_key_error
 from keygroups.serializers import TypeSerializer
 from keygroups.state._base import (
     DEFAULT_DELTA_FRACTION,
@@ -404,6 +404,10 @@ class _HeapTable(TableCore):
                 if layer.delete_offsets is not None:
                     seen.update(decode_keys(layer.block, layer.delete_offsets))
         return out
+
+
+#: What a serializer raises for a value it cannot write.
+_UNWRITABLE = (ValueError, TypeError, OverflowError, UnicodeEncodeError)
 
 
 @dataclass(frozen=True, slots=True)
@@ -803,7 +807,10 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
             deletes: list[Any] = []
             if i in full:
                 for state_index, c in enumerate(captures):
-                    section = self._full_section(c, i)
+                    try:
+                        section = self._full_section(c, i)
+                    except _UNWRITABLE as e:
+                        raise self._unwritable(c, c.maps[i], e) from e
                     layers = c.layers[i]
                     if (self.compact_full_groups and layers is not None and not c.needs_migration
                             and (c.maps[i] or len(layers) > 1 or c.ttl_deadline is not None)):
@@ -818,13 +825,35 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
             for state_index, c in enumerate(captures):
                 delta = c.deltas[i]
                 if delta:
-                    keys, values, gone = self._delta_section(c, delta)
+                    try:
+                        keys, values, gone = self._delta_section(c, delta)
+                    except _UNWRITABLE as e:
+                        raise self._unwritable(c, delta, e) from e
                     if keys:
                         sections.append((state_index, keys, values))
                     if gone:
                         deletes.append((state_index, gone))
             if sections or deletes:
                 yield start + i, sections, deletes
+
+    def _unwritable(self, c: _Capture, entries: dict[Any, Any], error: Exception) -> StateSerializationError:
+        """The error for a value (or key) a serializer refused, naming the state, its serializer and the first key
+        whose entry fails on its own (found only now, on the error path)."""
+        w = c.write_framing
+        for k, v in entries.items():
+            try:
+                self.key_serializer.serialize(k)
+                if v is not MISSING:
+                    w.encode(v)
+            except _UNWRITABLE:
+                break
+        else:
+            k = "(unknown)"
+        serializer = w.ser if w.key_ser is None else f"{w.key_ser!r} -> {w.ser!r}"
+        return StateSerializationError(
+            f"state {w.state!r} ({w.kind} state, serializer {serializer}) cannot write the entry of key {k!r}: "
+            f"{error}. The snapshot fails and nothing is committed; store a value the serializer accepts, or "
+            "register the state with one that fits it")
 
     def _delta_section(self, c: _Capture, delta: dict[Any, Any]) -> tuple[list[bytes], list[bytes], list[bytes]]:
         """The changed keys of one state in one key group: (keys, values) written, and keys deleted (an entry TTL
