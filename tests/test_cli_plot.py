@@ -124,12 +124,15 @@ def test_a_parallelism_above_max_parallelism_is_one_line(v1):
     assert not (v1 / "state.png").exists()
 
 
+NO_MATPLOTLIB = "import sys; sys.modules['matplotlib'] = None"   # then importing it raises ImportError
+
+
 def test_without_matplotlib_the_error_names_the_extra(v1):
-    result = keygroups("inspect", v1, "--plot", v1 / "state.png", prelude="import sys; sys.modules['matplotlib'] = None")
+    result = keygroups("inspect", v1, "--plot", v1 / "state.png", prelude=NO_MATPLOTLIB)
     assert result.returncode == 2
     assert result.stderr.splitlines() == ["keygroups inspect: drawing a checkpoint needs matplotlib, which is not "
                                           "installed: install the plot extra, pip install 'keygroups[plot]'"]
     assert not (v1 / "state.png").exists()
     # the figures need no matplotlib
-    skew = keygroups("inspect", v1, "--parallelism", "3", prelude="import sys; sys.modules['matplotlib'] = None")
+    skew = keygroups("inspect", v1, "--parallelism", "3", prelude=NO_MATPLOTLIB)
     assert skew.returncode == 0 and "load per subtask at p=3: bytes skew" in skew.stdout
