@@ -17,6 +17,8 @@
   :func:`carry_forward` keep chains bounded and the next checkpoint's handles exactly those still needed;
   :func:`plan_operator_restore` — which runs of old operator state elements it reads (Flink's round-robin
   repartitioner).
+* :func:`checkpoint_figures` (:class:`CheckpointFigures`), :func:`size_history` — bytes and keys per key group,
+  each subtask's load and its skew at any parallelism, the size over the retained checkpoints (``stats``).
 
 This layer stores opaque bytes and JSON; it never imports ``keygroups.state`` or pyspark.
 """
@@ -60,6 +62,7 @@ from keygroups.checkpoint.planning import (
     plan_operator_restore,
     split_sizes,
 )
+from keygroups.checkpoint.stats import CheckpointFigures, checkpoint_figures, size_history
 from keygroups.checkpoint.storage import CheckpointStorage
 
 __all__ = [
@@ -95,4 +98,7 @@ __all__ = [
     "FORMAT_VERSION",
     "OPERATOR_FORMAT_VERSION",
     "METADATA_VERSION",
+    "CheckpointFigures",
+    "checkpoint_figures",
+    "size_history",
 ]

@@ -9,6 +9,7 @@ import sys
 from typing import Any
 
 from keygroups import __version__
+from keygroups.cli import plot
 from keygroups.cli.arguments import add_storage_options, whole_number
 from keygroups.errors import CorruptDataError, KeyGroupsError
 
@@ -36,7 +37,7 @@ def _inspect(args: argparse.Namespace) -> int:
                           "max_parallelism": metadata.max_parallelism, "parallelism": metadata.parallelism,
                           "keyed_handles": [h.to_json() for h in metadata.keyed_handles],
                           "operator_handles": [h.to_json() for h in metadata.operator_handles]}, indent=2))
-        return 0
+        return plot.run(args, storage, metadata)
     print(f"checkpoint {metadata.checkpoint_id} of job {metadata.job_id!r}: parallelism {metadata.parallelism}, "
           f"max parallelism {metadata.max_parallelism}; complete checkpoints: {storage.checkpoint_ids()}")
     states = {s["name"]: s.get("kind", "?") for h in metadata.keyed_handles for s in h.states}
@@ -47,7 +48,7 @@ def _inspect(args: argparse.Namespace) -> int:
     for oh in metadata.operator_handles:
         names = ", ".join(f"{name} ({meta.mode}, {len(meta)} elements)" for name, meta in sorted(oh.states.items()))
         print(f"  operator state of subtask {oh.subtask}: {oh.size:,} bytes: {names}")
-    return 0
+    return plot.run(args, storage, metadata)
 
 
 def _plan(args: argparse.Namespace) -> int:
@@ -145,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--checkpoint", type=whole_number(0), help="checkpoint id (default: latest complete)")
     p.add_argument("--json", action="store_true", help="print the handles as JSON")
     add_storage_options(p)
+    plot.add_arguments(p)
     p.set_defaults(run=_inspect)
     p = sub.add_parser("plan", help="show what each subtask would read when restoring at another parallelism")
     p.add_argument("location", help="checkpoint directory (local path or fsspec URL)")
