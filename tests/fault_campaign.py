@@ -53,7 +53,7 @@ from keygroups.checkpoint import CheckpointStorage
 from keygroups.checkpoint import storage as storage_module
 from keygroups.cli import main as keygroups_main
 from keygroups.cli import shop
-from keygroups.errors import ConcurrentCommitError, KeyGroupsError
+from keygroups.errors import CheckpointNotFoundError, ConcurrentCommitError, KeyGroupsError
 from keygroups.runtime import begin_batch, commit_batch
 from keygroups.runtime.functions import KeyedProcessFunction
 from keygroups.runtime.subtask import create_backend, run_keyed_subtask
@@ -308,6 +308,7 @@ class Trial:
     planned_not_reached: int = 0
     rescaled: bool = False
     refused: int = 0                  # concurrent commits refused with ConcurrentCommitError
+    stale: int = 0                    # concurrent batches whose restored checkpoint the other driver removed
     damage: str = ""                  # corruption: "<how> <file kind>"
     outcome: str = "ok"               # corruption: detected | harmless; otherwise ok
     lost: int = 0                     # input records or updates missing from state and outputs
@@ -590,7 +591,7 @@ def concurrent_main(config: dict[str, Any]) -> int:
     go = config["go"]
     while not os.path.exists(go):   # both drivers start their first batch together
         time.sleep(0.005)
-    refused = 0
+    refused = stale = 0
     for b, table in enumerate(tally_batches(config["name"], config["seed"], config["batches"])):
         while True:
             p = rng.randint(1, 4)
@@ -599,8 +600,16 @@ def concurrent_main(config: dict[str, Any]) -> int:
                                    output_schema=TALLY_OUTPUT, order_columns=("seq",), backend=config["backend"],
                                    local_dir=config["local_dir"])
             owners = kg.assign_operators(table.column("k"), TALLY_MAX_PARALLELISM, p)
-            reports = [run_keyed_subtask(spec, i, table.filter(pa.array(owners == i)).to_batches())
-                       for i in range(p)]
+            try:
+                reports = [run_keyed_subtask(spec, i, table.filter(pa.array(owners == i)).to_batches())
+                           for i in range(p)]
+            except CheckpointNotFoundError:
+                # the other driver committed past this plan and its retention removed the checkpoint the plan
+                # restores: a lost race found before the commit (a task error, not ConcurrentCommitError)
+                if storage.checkpoint_ids()[-1] <= (plan.restore_from or 0):
+                    raise
+                stale += 1
+                continue
             try:   # read before the commit: once committed, the other driver's retention may remove them
                 outputs = read_outputs_of(storage, [r["output_file"] for r in reports])
             except FileNotFoundError:   # it already did: this batch's id is taken, and the commit must say so
@@ -614,7 +623,7 @@ def concurrent_main(config: dict[str, Any]) -> int:
                 raise AssertionError(f"checkpoint {metadata.checkpoint_id} committed files that were gone before")
             deliver(config["sink"], metadata.checkpoint_id, table.num_rows, outputs, tag=f"{config['name']}-{b}")
             break
-    print(json.dumps({"refused": refused}))
+    print(json.dumps({"refused": refused, "stale": stale}))
     return 0
 
 
@@ -663,7 +672,9 @@ def concurrent_trial(directory: str | os.PathLike[str], seed: int, *, backend: s
         if proc.returncode != 0:
             trial.problems.append(f"driver {name} exited {proc.returncode}: {err[-2000:]}")
         else:
-            trial.refused += json.loads(out.strip().splitlines()[-1])["refused"]
+            counts = json.loads(out.strip().splitlines()[-1])
+            trial.refused += counts["refused"]
+            trial.stale += counts["stale"]
     entries = delivered(base["sink"])
     tags = Counter(e["tag"] for e in entries.values())
     wanted = Counter(f"{n}-{b}" for n in "ab" for b in range(batches))
@@ -828,6 +839,7 @@ def summarize(trials: list[Trial]) -> dict[str, Any]:
         "planned kills not reached": sum(t.planned_not_reached for t in trials),
         "trials with a rescale": sum(t.rescaled for t in trials),
         "concurrent commits refused": sum(t.refused for t in trials),
+        "concurrent plans gone stale (CheckpointNotFoundError in a task)": sum(t.stale for t in trials),
         "corrupted files detected": sum(t.outcome == "detected" for t in trials if t.kind == "corruption"),
         "corrupted files harmless": sum(t.outcome == "harmless" for t in trials if t.kind == "corruption"),
         "corruption outcomes": dict(sorted(corruption.items())),
