@@ -20,13 +20,11 @@ from keygroups.cli import shop
 from keygroups.errors import KeyGroupOutOfRangeError, KeyGroupsError, StateMigrationError
 from keygroups.runtime import begin_batch, commit_batch
 from keygroups.runtime.functions import KeyedProcessFunction
-from keygroups.runtime.source import run_source_subtask, staged_schema
-from keygroups.runtime.subtask import KeyedTaskSpec, create_backend, run_keyed_subtask
+from keygroups.runtime.subtask import KeyedTaskSpec, run_keyed_subtask
 from keygroups.serializers import Int64Serializer
 from keygroups.sources import write_partitioned_log
 from keygroups.state import ValueStateDescriptor
-
-MAX_PARALLELISM = 64
+from shop_runtime import MAX_PARALLELISM, final_states, rows, run_batch
 
 
 class Boom(RuntimeError):
@@ -50,44 +48,6 @@ def events(tmp_path):
     partitions = shop.generate_events(3000, 150, partitions=5, seed=3)
     write_partitioned_log(tmp_path / "log", partitions)
     return partitions, str(tmp_path / "log")
-
-
-def run_batch(location, log_dir, function, parallelism, max_records, *, retry_subtasks=False, backend="heap"):
-    """One micro-batch as the Spark driver runs it (the same driver), its subtasks called in this process."""
-    storage = CheckpointStorage(location)
-    plan = begin_batch(storage, job_name="carts", max_parallelism=MAX_PARALLELISM, parallelism=parallelism)
-    source = plan.source_task(log_dir, record_schema=shop.EVENT_SCHEMA, max_records_per_subtask=max_records)
-    sources = [run_source_subtask(source, i) for i in range(parallelism)]
-    tables = [pq.read_table(io.BytesIO(storage.read_bytes(r["input_file"]))) for r in sources if r["input_file"]]
-    schema = staged_schema(shop.EVENT_SCHEMA)
-    staged = pa.concat_tables(tables) if tables else schema.empty_table()
-    owners = kg.assign_operators(staged.column("user"), MAX_PARALLELISM, parallelism)
-    spec = plan.keyed_task(key_columns=("user",), function=pickle.dumps(function), input_schema=schema,
-                           output_schema=shop.ORDER_SCHEMA, order_columns=("_partition", "_offset"), backend=backend)
-    reports = []
-    for i in range(parallelism):
-        part = staged.filter(pa.array(owners == i))
-        if part.num_rows == 0:  # Spark runs no task for an empty partition: the driver runs it as an idle subtask
-            continue
-        batches = part.to_batches()
-        if retry_subtasks:  # a first attempt that succeeded but whose report Spark discarded
-            run_keyed_subtask(spec, i, batches)
-        reports.append(run_keyed_subtask(spec, i, batches))
-    reports += [run_keyed_subtask(spec, i, []) for i in plan.idle_subtasks(reports)]
-    metadata = commit_batch(plan, reports, sources)
-    orders = [pq.read_table(io.BytesIO(storage.read_bytes(f))) for f in metadata.outputs]
-    return metadata, pa.concat_tables(orders), sum(r["records"] for r in sources)
-
-
-def final_states(location):
-    storage = CheckpointStorage(location)
-    backend = create_backend("heap", kg.key_group_range(MAX_PARALLELISM, 1, 0), MAX_PARALLELISM, "string")
-    backend.restore(storage, storage.latest())
-    return dict(shop.read_user_states(backend))
-
-
-def rows(table):
-    return sorted(zip(*[table.column(n).to_pylist() for n in shop.ORDER_SCHEMA.names]))
 
 
 def run_schedule(location, log_dir, schedule, **kwargs):
@@ -155,9 +115,6 @@ class Counter(KeyedProcessFunction):
     """Vectorized form: one call per key with that key's records as an Arrow table."""
 
     def open(self, context):
-        from keygroups.serializers import Int64Serializer
-        from keygroups.state import ValueStateDescriptor
-
         self.count = context.get_state(ValueStateDescriptor("count", Int64Serializer()))
 
     def process_key_batch(self, key, records, context):

@@ -19,6 +19,7 @@ from keygroups.serializers import Int64Serializer
 from keygroups.sources import write_partitioned_log
 from keygroups.spark import KeyedJob
 from keygroups.state import ValueStateDescriptor
+from shop_runtime import final_states
 
 pytestmark = pytest.mark.spark
 # The functions below live in this test file, which Spark's Python workers cannot import: ship them by value.
@@ -100,16 +101,6 @@ def run_shop(spark, location, log_dir, function, schedule):
     return orders
 
 
-def final_states(location):
-    from keygroups import key_group_range
-    from keygroups.runtime.subtask import create_backend
-
-    storage = CheckpointStorage(location)
-    backend = create_backend("heap", key_group_range(MAX_PARALLELISM, 1, 0), MAX_PARALLELISM, "string")
-    backend.restore(storage, storage.latest())
-    return dict(shop.read_user_states(backend))
-
-
 @pytest.fixture(scope="module")
 def carts(tmp_path_factory):
     root = tmp_path_factory.mktemp("carts")
@@ -123,7 +114,7 @@ def test_source_job_resumed_4_2_8_1_equals_reference(spark, tmp_path, carts):
     location = str(tmp_path / "chk")
     orders = run_shop(spark, location, log_dir, shop.CartFunction(), [(4, 300), (2, 500), (8, 100), (1, None)])
     assert sorted(orders) == sorted(expected_orders)
-    assert final_states(location) == expected_state
+    assert final_states(location, MAX_PARALLELISM) == expected_state
     # the offsets went around: each batch read from where the previous one stopped, across all rescales
     metadata = CheckpointStorage(location).latest()
     assert metadata.parallelism == 1 and len(metadata.operator_handles) == 1
@@ -136,7 +127,7 @@ def test_a_task_killed_mid_batch_is_retried_and_applied_once(spark, tmp_path, ca
     orders += run_shop(spark, location, log_dir, DiesOnFirstAttempt(), [(2, 600)])
     orders += run_shop(spark, location, log_dir, shop.CartFunction(), [(5, None)])
     assert sorted(orders) == sorted(expected_orders)
-    assert final_states(location) == expected_state
+    assert final_states(location, MAX_PARALLELISM) == expected_state
 
 
 def test_a_driver_stopped_before_metadata_leaves_the_last_checkpoint(spark, tmp_path, carts, monkeypatch):
@@ -162,7 +153,7 @@ def test_a_driver_stopped_before_metadata_leaves_the_last_checkpoint(spark, tmp_
                for name in os.listdir(os.path.join(location, "shared")))
     orders += run_shop(spark, location, log_dir, shop.CartFunction(), [(4, 700), (3, None)])
     assert sorted(orders) == sorted(expected_orders)
-    assert final_states(location) == expected_state
+    assert final_states(location, MAX_PARALLELISM) == expected_state
 
 
 def test_foreach_batch_on_a_stream_with_a_replayed_batch(spark, tmp_path):

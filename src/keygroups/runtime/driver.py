@@ -23,7 +23,7 @@ import pyarrow as pa
 from keygroups._ranges import check_parallelism
 from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage, KeyedStateHandle, OperatorStateHandle
 from keygroups.checkpoint.planning import carry_forward, check_restore_max_parallelism
-from keygroups.errors import DriverFencedError, KeyGroupsError
+from keygroups.errors import ConcurrentCommitError, DriverFencedError, KeyGroupsError
 from keygroups.runtime.source import SourceTaskSpec
 from keygroups.runtime.subtask import KeyedTaskSpec, key_type_for_schema
 
@@ -181,7 +181,8 @@ def commit_batch(plan: BatchPlan, keyed_reports: Sequence[dict[str, Any]],
                  properties: dict[str, Any] | None = None) -> CheckpointMetadata:
     """Commit the planned checkpoint from its subtasks' reports: their keyed and operator handles, output and
     staged input files, and figures (``properties["reports"]``, ``["source_reports"]``, beside ``properties``).
-    Refuses (raises, committing nothing) unless each subtask reported exactly once.
+    Refuses (raises, committing nothing) unless each subtask reported exactly once; ConcurrentCommitError when
+    another writer committed this id, or a newer one, while the batch ran.
 
     Keyed handles are incremental: the checkpoint lists the new ones (a subtask that changed nothing may report
     none) and every handle of the restored checkpoint that some key group's chain still needs (``carry_forward``)."""
@@ -214,5 +215,20 @@ def commit_batch(plan: BatchPlan, keyed_reports: Sequence[dict[str, Any]],
         except DriverFencedError:
             plan.storage.discard(metadata)
             raise
-    plan.storage.commit(metadata)
+    try:
+        plan.storage.commit(metadata)
+    except ConcurrentCommitError:
+        raise
+    except ValueError as e:
+        # Another driver committed a newer checkpoint while this batch ran (and its retention may have removed
+        # this batch's files): the same lost race as a commit of the same id, so the same error, which tells the
+        # caller to plan its input again from the latest checkpoint rather than give up.
+        newer = [i for i in plan.storage.checkpoint_ids() if i >= cid]
+        if not newer:
+            raise
+        raise ConcurrentCommitError(
+            f"checkpoint {cid} cannot be committed: another writer committed checkpoints {newer} in "
+            f"{plan.storage.location} while this batch (restored from checkpoint {plan.restore_from}) ran; nothing "
+            f"of it was published ({e}). Two drivers must not run one job on one checkpoint location at once; to "
+            "apply this input, plan a new batch from the latest checkpoint") from e
     return metadata
