@@ -114,10 +114,6 @@ def test_a_batch_overtaken_by_newer_checkpoints_of_another_driver_is_a_concurren
     assert tally_states(location) == _sums(("a", 0), ("a", 1), ("a", 2), ("a", 3), ("b", 0))
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "storage.commit checks that the id is new, then publishes: a driver that commits more than `retain` "
-    "checkpoints in between has had the id's directory removed, so the late commit is published over nothing and "
-    "pruned at once; its input is lost without an error (needs a fencing check in checkpoint/storage.py)"))
 def test_a_commit_overtaken_between_its_check_and_its_publish_is_refused(tmp_path, monkeypatch):
     location = str(tmp_path / "chk")
     late, reports = _planned(location, "b", 0)
@@ -140,9 +136,6 @@ def test_a_commit_overtaken_between_its_check_and_its_publish_is_refused(tmp_pat
         "b's commit returned, but its batch is in no retained checkpoint"
 
 
-@pytest.mark.xfail(strict=True, raises=FileNotFoundError, reason=(
-    "issue 12, item 6: a missing operator state file is a raw FileNotFoundError from the whole-file read "
-    "(checkpoint/operator_format.py via storage.open_buffer), not a CorruptSnapshotError naming it"))
 def test_a_missing_operator_state_file_is_corrupt_snapshot(workload, tmp_path):
     baseline = corruption_baseline(workload, tmp_path)
     storage = CheckpointStorage(baseline["location"])
@@ -152,10 +145,6 @@ def test_a_missing_operator_state_file_is_corrupt_snapshot(workload, tmp_path):
         OperatorStateStore(0, metadata.parallelism).restore(storage, metadata)
 
 
-@pytest.mark.xfail(strict=True, raises=ValueError, reason=(
-    "a carried-forward keyed file cut by one byte after its checkpoint committed passes the restore (its last "
-    "byte is never read) and fails the next commit's size check with a ValueError blaming the writer ('not "
-    "completely written (closed?)'), not a CorruptSnapshotError naming the damaged file (checkpoint/storage.py)"))
 def test_a_truncated_carried_keyed_file_is_corrupt_snapshot_at_the_next_commit(workload, tmp_path):
     with quiet_logs():
         baseline = corruption_baseline(workload, tmp_path)

@@ -636,6 +636,16 @@ class CheckpointStorage:
             self._fs.write_exclusive(f"{base}/{METADATA_NAME}", data)
         except FileExistsError:
             raise self._lost_commit(metadata, base) from None
+        newer = [i for i in self.checkpoint_ids() if i > cid]
+        if newer:
+            # Another writer committed past this id between the check above and the publish (and its retention
+            # may have removed this id's directory and files): withdraw rather than publish out of order.
+            self._fs.remove(f"{base}/{METADATA_NAME}")
+            removed = self.discard(metadata)
+            raise ConcurrentCommitError(
+                f"checkpoint {cid} cannot be committed: another writer committed checkpoints {newer} in "
+                f"{self.location} while it was being published; it was withdrawn and its {removed} files were "
+                "removed. Two drivers must not run one job on one checkpoint location at once")
         metadata.base = base
         try:
             self._prune(cid)
@@ -694,6 +704,12 @@ class CheckpointStorage:
             except FileNotFoundError:
                 raise ValueError(f"checkpoint {metadata.checkpoint_id} references keyed state file {h.file!r} "
                                  f"(subtask {h.subtask}), which does not exist in {self.location}") from None
+            if size != h.size and h.checkpoint_id < metadata.checkpoint_id:
+                raise CorruptSnapshotError(
+                    f"keyed state file {h.file!r} of checkpoint {h.checkpoint_id}, carried into checkpoint "
+                    f"{metadata.checkpoint_id}, is {size} bytes but its handle says {h.size}: it was damaged after "
+                    f"its checkpoint committed (in {self.location}); restore from a checkpoint or savepoint that "
+                    "does not reference it")
             if size != h.size:
                 raise ValueError(f"keyed state file {h.file!r} (subtask {h.subtask}) is {size} bytes but its handle "
                                  f"says {h.size}: the file was not completely written (closed?)")
