@@ -19,22 +19,20 @@
 # Reading goes through the checked cursor (cursor.pxd) and every length is checked against the bytes that remain, so
 # no bytes, whatever they say, make this module read or write outside its buffers: a damaged value raises
 # CorruptSnapshotError.
-from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
-from cpython.long cimport PyLong_AsLongLong
+from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_CheckExact, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from cpython.list cimport PyList_GET_ITEM, PyList_New, PyList_SET_ITEM
+from cpython.long cimport PyLong_AsLongLong, PyLong_FromLongLong
+from cpython.ref cimport Py_INCREF
 from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
 from libc.string cimport memcpy, memmove
 
-cimport numpy as cnp
-
 from cursor cimport Cursor, cur_corrupt, cur_init, cur_read, cur_remaining, cur_u32, cur_u64
 from entryframe cimport ENTRY_HEAD, ent_read_key, ent_write
-from writer cimport U32_MAX, Writer, w_bytes, w_finish_bytes, w_i64, w_init_bytes, w_len
+from writer cimport Writer, w_bytes, w_finish_bytes, w_i64, w_init_bytes, w_len
 
 import sys
 
-import numpy as np
-
-cnp.import_array()
 
 if sys.byteorder != "little":   # the cursor and the writer copy integers in host order
     raise ImportError("keygroups._native.framing supports little-endian hosts only")
@@ -80,6 +78,13 @@ cdef inline Py_ssize_t _head(bint ttl) noexcept nogil:
     return FRAME_HEAD + TS_SIZE if ttl else FRAME_HEAD
 
 
+cdef int _acquire(object value, Py_buffer *view) except -1:
+    """The bytes of a framed value (bytes, a memoryview slice of a block, ...): one buffer acquisition, which is
+    several times cheaper than a typed memoryview for the short values framed here. Release with PyBuffer_Release."""
+    PyObject_GetBuffer(value, view, PyBUF_SIMPLE)
+    return 0
+
+
 cdef Py_ssize_t _count_frames(Cursor *c, bint ttl, str what) except -1:
     """The number of frames of the value under ``c`` (left at its start), each checked to lie inside it."""
     cdef Py_ssize_t n = 0, start = c.pos
@@ -95,150 +100,132 @@ cdef Py_ssize_t _count_frames(Cursor *c, bint ttl, str what) except -1:
     return n
 
 
+cdef inline object _copy(const uint8_t *p, Py_ssize_t n):
+    return PyBytes_FromStringAndSize(<const char *>p, n)
+
+
 def split_list(object value, bint ttl):
-    """A list value's elements back to back: ``(data, offsets, timestamps)``, element i being
-    ``data[offsets[i]:offsets[i + 1]]`` (the form a serializer's ``deserialize_many`` takes) and ``timestamps`` an
-    int64 array of n (None unless ``ttl``). CorruptSnapshotError if a frame overruns the value."""
-    cdef object mv = _byte_view(value)
-    cdef const uint8_t[::1] buf = mv
+    """A list value's elements: ``(elements, timestamps)``, a list of bytes and, for a TTL state, a list of int
+    timestamps (else None). CorruptSnapshotError if a frame overruns the value."""
+    cdef Py_buffer view
     cdef Cursor c
-    cdef Py_ssize_t n, i, size = buf.shape[0], length
-    cdef Writer w
-    cdef cnp.ndarray offsets, timestamps = None
-    cdef int64_t *off
-    cdef int64_t *ts = NULL
-    if size == 0:
-        return b"", np.zeros(1, dtype=np.int64), (np.empty(0, dtype=np.int64) if ttl else None)
-    cur_init(&c, &buf[0], size)
-    n = _count_frames(&c, ttl, "list element")
-    data = w_init_bytes(&w, size - n * _head(ttl))
-    offsets = np.empty(n + 1, dtype=np.int64)
-    off = <int64_t *>cnp.PyArray_DATA(offsets)
-    if ttl:
-        timestamps = np.empty(n, dtype=np.int64)
-        ts = <int64_t *>cnp.PyArray_DATA(timestamps)
-    off[0] = 0
-    for i in range(n):
-        length = cur_u32(&c)
+    cdef Py_ssize_t n, i
+    cdef uint32_t length
+    cdef list elements, timestamps = None
+    _acquire(value, &view)
+    try:
+        cur_init(&c, <const uint8_t *>view.buf, view.len)
+        n = _count_frames(&c, ttl, "list element")
+        elements = PyList_New(n)
         if ttl:
-            ts[i] = <int64_t>cur_u64(&c)
-        w_bytes(&w, cur_read(&c, length), length)
-        off[i + 1] = w.pos
-    w_finish_bytes(&w)
-    return data, offsets, timestamps
+            timestamps = PyList_New(n)
+        for i in range(n):
+            length = cur_u32(&c)
+            if ttl:
+                _set_item(timestamps, i, PyLong_FromLongLong(<int64_t>cur_u64(&c)))
+            _set_item(elements, i, _copy(cur_read(&c, length), length))
+    finally:
+        PyBuffer_Release(&view)
+    return elements, timestamps
 
 
 def split_map(object value, bint ttl):
-    """A map value's entries as ``(key_data, key_offsets, value_data, value_offsets, timestamps)``: keys back to
-    back, values back to back (each with n + 1 int64 offsets, for ``deserialize_many``), ``timestamps`` an int64 array
-    of n (None unless ``ttl``). CorruptSnapshotError if a frame overruns the value or a key its entry."""
-    cdef object mv = _byte_view(value)
-    cdef const uint8_t[::1] buf = mv
+    """A map value's entries: ``(keys, values, timestamps)``, lists of bytes and, for a TTL state, a list of int
+    timestamps (else None). CorruptSnapshotError if a frame overruns the value or a key its entry."""
+    cdef Py_buffer view
     cdef Cursor c, e
-    cdef Py_ssize_t n, i, size = buf.shape[0], length, key_len, key_total = 0
-    cdef Writer kw, vw
-    cdef cnp.ndarray key_offsets, value_offsets, timestamps = None
-    cdef int64_t *ko
-    cdef int64_t *vo
-    cdef int64_t *ts = NULL
-    cdef const uint8_t *p
-    if size == 0:
-        empty = np.zeros(1, dtype=np.int64)
-        return b"", empty, b"", empty.copy(), (np.empty(0, dtype=np.int64) if ttl else None)
-    cur_init(&c, &buf[0], size)
-    n = _count_frames(&c, ttl, "map entry")
-    for i in range(n):   # sizes the key and value buffers exactly, checking every entry
-        length = cur_u32(&c)
-        c.pos += _head(ttl) - FRAME_HEAD
-        cur_init(&e, cur_read(&c, length), length)
-        if length < ENTRY_HEAD:
-            cur_corrupt(&c, f"a map entry of {length} bytes, shorter than its key length")
-        ent_read_key(&e, &key_len)
-        key_total += key_len
-    c.pos = 0
-    key_data = w_init_bytes(&kw, key_total)
-    value_data = w_init_bytes(&vw, size - n * (_head(ttl) + ENTRY_HEAD) - key_total)
-    key_offsets = np.empty(n + 1, dtype=np.int64)
-    value_offsets = np.empty(n + 1, dtype=np.int64)
-    ko = <int64_t *>cnp.PyArray_DATA(key_offsets)
-    vo = <int64_t *>cnp.PyArray_DATA(value_offsets)
-    if ttl:
-        timestamps = np.empty(n, dtype=np.int64)
-        ts = <int64_t *>cnp.PyArray_DATA(timestamps)
-    ko[0] = vo[0] = 0
-    for i in range(n):
-        length = cur_u32(&c)
+    cdef Py_ssize_t n, i, key_len
+    cdef uint32_t length
+    cdef const uint8_t *key
+    cdef list keys, values, timestamps = None
+    _acquire(value, &view)
+    try:
+        cur_init(&c, <const uint8_t *>view.buf, view.len)
+        n = _count_frames(&c, ttl, "map entry")
+        keys = PyList_New(n)
+        values = PyList_New(n)
         if ttl:
-            ts[i] = <int64_t>cur_u64(&c)
-        cur_init(&e, cur_read(&c, length), length)
-        p = ent_read_key(&e, &key_len)
-        w_bytes(&kw, p, key_len)
-        w_bytes(&vw, e.buf + e.pos, cur_remaining(&e))
-        ko[i + 1] = kw.pos
-        vo[i + 1] = vw.pos
-    w_finish_bytes(&kw)
-    w_finish_bytes(&vw)
-    return key_data, key_offsets, value_data, value_offsets, timestamps
+            timestamps = PyList_New(n)
+        for i in range(n):
+            length = cur_u32(&c)
+            if ttl:
+                _set_item(timestamps, i, PyLong_FromLongLong(<int64_t>cur_u64(&c)))
+            if length < ENTRY_HEAD:
+                cur_corrupt(&c, f"a map entry of {length} bytes, shorter than its key length")
+            cur_init(&e, cur_read(&c, length), length)
+            key = ent_read_key(&e, &key_len)
+            _set_item(keys, i, _copy(key, key_len))
+            _set_item(values, i, _copy(e.buf + e.pos, cur_remaining(&e)))
+    finally:
+        PyBuffer_Release(&view)
+    return keys, values, timestamps
 
 
-cdef int _check_offsets(const int64_t[::1] offsets, Py_ssize_t size, str what) except -1:
-    cdef Py_ssize_t i, n = offsets.shape[0]
-    if n < 1:
-        raise ValueError(f"{what} offsets must hold n + 1 >= 1 positions, got {n}")
-    for i in range(n):
-        if offsets[i] < 0 or offsets[i] > size or (i and offsets[i] < offsets[i - 1]):
-            raise ValueError(f"{what} offset {i} = {offsets[i]}: offsets must ascend inside the {size}-byte buffer")
+cdef inline int _set_item(list items, Py_ssize_t i, object item) except -1:
+    # items come from PyList_New(n): every slot is filled before the list is returned
+    Py_INCREF(item)
+    PyList_SET_ITEM(items, i, item)
     return 0
+
+
+cdef Py_ssize_t _total(list items, Py_ssize_t n, str what) except -1:
+    cdef Py_ssize_t i, total = 0
+    cdef object item
+    if len(items) != n:
+        raise ValueError(f"{len(items)} {what}s for {n} items: give one per item")
+    for i in range(n):
+        item = <object>PyList_GET_ITEM(items, i)
+        if not PyBytes_CheckExact(item):
+            raise TypeError(f"{what} {i} must be bytes (serialized), got {type(item).__name__}")
+        total += PyBytes_GET_SIZE(item)
+    return total
 
 
 cdef int _check_timestamps(object timestamps, Py_ssize_t n) except -1:
-    if timestamps is not None and len(timestamps) != n:
-        raise ValueError(f"{len(timestamps)} timestamps for {n} items: give one per item, or None without TTL")
+    if timestamps is not None and (type(timestamps) is not list or len(timestamps) != n):
+        raise ValueError(f"timestamps must be a list of one int per item ({n}), or None without TTL; got "
+                         f"{type(timestamps).__name__} of {len(timestamps)}")
     return 0
 
 
-def join_list(const uint8_t[::1] data, const int64_t[::1] offsets, object timestamps=None):
-    """The list value of n serialized elements (``data`` and n + 1 ``offsets``, as ``serialize_many`` returns
-    them), with one int timestamp each from ``timestamps`` for a TTL state (None otherwise)."""
-    _check_offsets(offsets, data.shape[0], "element")
-    cdef Py_ssize_t n = offsets.shape[0] - 1, i, length
+def join_list(list elements, list timestamps=None):
+    """The list value of serialized ``elements`` (bytes), with one int timestamp each from ``timestamps`` for a TTL
+    state (None otherwise)."""
+    cdef Py_ssize_t n = len(elements), i, length
     cdef bint ttl = timestamps is not None
-    _check_timestamps(timestamps, n)
+    cdef Py_ssize_t total = _total(elements, n, "element")
+    cdef object item
     cdef Writer w
-    out = w_init_bytes(&w, n * _head(ttl) + <Py_ssize_t>(offsets[n] - offsets[0]))
+    _check_timestamps(timestamps, n)
+    out = w_init_bytes(&w, n * _head(ttl) + total)
     for i in range(n):
-        length = <Py_ssize_t>(offsets[i + 1] - offsets[i])
+        item = <object>PyList_GET_ITEM(elements, i)
+        length = PyBytes_GET_SIZE(item)
         w_len(&w, length, "a list element's length")
         if ttl:
-            w_i64(&w, PyLong_AsLongLong(timestamps[i]))
-        if length:
-            w_bytes(&w, &data[offsets[i]], length)
+            w_i64(&w, PyLong_AsLongLong(<object>PyList_GET_ITEM(timestamps, i)))
+        w_bytes(&w, PyBytes_AS_STRING(item), length)
     w_finish_bytes(&w)
     return out
 
 
-def join_map(const uint8_t[::1] key_data, const int64_t[::1] key_offsets, const uint8_t[::1] value_data,
-             const int64_t[::1] value_offsets, object timestamps=None):
-    """The map value of n serialized entries (keys and values as ``serialize_many`` returns them, in entry order),
-    with one int timestamp each from ``timestamps`` for a TTL state (None otherwise)."""
-    _check_offsets(key_offsets, key_data.shape[0], "key")
-    _check_offsets(value_offsets, value_data.shape[0], "value")
-    cdef Py_ssize_t n = key_offsets.shape[0] - 1, i, key_len, value_len
-    if value_offsets.shape[0] != n + 1:
-        raise ValueError(f"{n} keys and {value_offsets.shape[0] - 1} values: a map entry needs both")
+def join_map(list keys, list values, list timestamps=None):
+    """The map value of n entries, serialized ``keys`` and ``values`` (bytes) in entry order, with one int
+    timestamp each from ``timestamps`` for a TTL state (None otherwise)."""
+    cdef Py_ssize_t n = len(keys), i
     cdef bint ttl = timestamps is not None
-    _check_timestamps(timestamps, n)
+    cdef Py_ssize_t total = _total(keys, n, "key") + _total(values, n, "value")
+    cdef object k, v
     cdef Writer w
-    out = w_init_bytes(&w, n * (_head(ttl) + ENTRY_HEAD) + <Py_ssize_t>(key_offsets[n] - key_offsets[0])
-                       + <Py_ssize_t>(value_offsets[n] - value_offsets[0]))
+    _check_timestamps(timestamps, n)
+    out = w_init_bytes(&w, n * (_head(ttl) + ENTRY_HEAD) + total)
     for i in range(n):
-        key_len = <Py_ssize_t>(key_offsets[i + 1] - key_offsets[i])
-        value_len = <Py_ssize_t>(value_offsets[i + 1] - value_offsets[i])
-        w_len(&w, ENTRY_HEAD + key_len + value_len, "a map entry's length")
+        k = <object>PyList_GET_ITEM(keys, i)
+        v = <object>PyList_GET_ITEM(values, i)
+        w_len(&w, ENTRY_HEAD + PyBytes_GET_SIZE(k) + PyBytes_GET_SIZE(v), "a map entry's length")
         if ttl:
-            w_i64(&w, PyLong_AsLongLong(timestamps[i]))
-        ent_write(&w, &key_data[key_offsets[i]] if key_len else NULL, key_len,
-                  &value_data[value_offsets[i]] if value_len else NULL, value_len)
+            w_i64(&w, PyLong_AsLongLong(<object>PyList_GET_ITEM(timestamps, i)))
+        ent_write(&w, PyBytes_AS_STRING(k), PyBytes_GET_SIZE(k), PyBytes_AS_STRING(v), PyBytes_GET_SIZE(v))
     w_finish_bytes(&w)
     return out
 
@@ -247,36 +234,40 @@ def drop_expired(object value, int64_t deadline):
     """A TTL list or map value without the frames whose timestamp is <= ``deadline``: ``value`` itself when none
     is, None when all are, else a new bytes object of the live frames in order. CorruptSnapshotError if a frame
     overruns the value."""
-    cdef object mv = _byte_view(value)
-    cdef const uint8_t[::1] buf = mv
-    cdef Py_ssize_t size = buf.shape[0], start, live = 0, n = 0, kept = 0
+    cdef Py_buffer view
+    cdef const uint8_t *buf
+    cdef Py_ssize_t start, live = 0, n = 0, kept = 0
     cdef Cursor c
     cdef uint32_t length
     cdef Writer w
-    if size == 0:
-        return value
-    cur_init(&c, &buf[0], size)
-    _count_frames(&c, True, "TTL frame")   # checks every frame before anything below trusts its length
-    while cur_remaining(&c):
-        length = cur_u32(&c)
-        n += 1
-        if <int64_t>cur_u64(&c) > deadline:
-            live += FRAME_HEAD + TS_SIZE + length
-            kept += 1
-        cur_read(&c, length)
-    if kept == n:
-        return value
-    if kept == 0:
-        return None
-    out = w_init_bytes(&w, live)
-    c.pos = 0
-    while cur_remaining(&c):
-        start = c.pos
-        length = cur_u32(&c)
-        if <int64_t>cur_u64(&c) > deadline:
-            w_bytes(&w, &buf[start], FRAME_HEAD + TS_SIZE + length)
-        cur_read(&c, length)
-    w_finish_bytes(&w)
+    cdef object out = None
+    _acquire(value, &view)
+    try:
+        buf = <const uint8_t *>view.buf
+        cur_init(&c, buf, view.len)
+        _count_frames(&c, True, "TTL frame")   # checks every frame before anything below trusts its length
+        while cur_remaining(&c):
+            length = cur_u32(&c)
+            n += 1
+            if <int64_t>cur_u64(&c) > deadline:
+                live += FRAME_HEAD + TS_SIZE + length
+                kept += 1
+            cur_read(&c, length)
+        if kept == n:
+            return value
+        if kept == 0:
+            return None
+        out = w_init_bytes(&w, live)
+        c.pos = 0
+        while cur_remaining(&c):
+            start = c.pos
+            length = cur_u32(&c)
+            if <int64_t>cur_u64(&c) > deadline:
+                w_bytes(&w, buf + start, FRAME_HEAD + TS_SIZE + length)
+            cur_read(&c, length)
+        w_finish_bytes(&w)
+    finally:
+        PyBuffer_Release(&view)
     return out
 
 
@@ -333,6 +324,16 @@ cdef int _upgrade_value(uint8_t *p, Py_ssize_t size, int code) except -1:
             memcpy(p + pos + FRAME_HEAD, &ts, TS_SIZE)
         memcpy(p + pos + FRAME_HEAD + ts_size, &key_len, ENTRY_HEAD)
         pos += FRAME_HEAD + ts_size + ENTRY_HEAD + key_len + value_len
+    return 0
+
+
+cdef int _check_offsets(const int64_t[::1] offsets, Py_ssize_t size, str what) except -1:
+    cdef Py_ssize_t i, n = offsets.shape[0]
+    if n < 1:
+        raise ValueError(f"{what} offsets must hold n + 1 >= 1 positions, got {n}")
+    for i in range(n):
+        if offsets[i] < 0 or offsets[i] > size or (i and offsets[i] < offsets[i - 1]):
+            raise ValueError(f"{what} offset {i} = {offsets[i]}: offsets must ascend inside the {size}-byte buffer")
     return 0
 
 

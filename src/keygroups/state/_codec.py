@@ -30,9 +30,7 @@ from keygroups._native import framing as _framing
 from keygroups.errors import CorruptSnapshotError
 
 _I64 = struct.Struct("<q")
-_U32 = struct.Struct("<I")
 _pack_i64 = _I64.pack
-_pack_u32 = _U32.pack
 
 
 def _corrupt(state: str, what: str) -> CorruptSnapshotError:
@@ -123,21 +121,23 @@ class ValueFraming:
 
     # ---- list ---------------------------------------------------------------------------------------------------
     def _enc_list(self, v: Any) -> bytes:
-        return _framing.join_list(*self.ser.serialize_many(v))
+        s = self.ser.serialize
+        return _framing.join_list([s(e) for e in v])
 
     def _enc_list_ttl(self, v: Any) -> bytes:
-        data, offsets = self.ser.serialize_many([e for e, _ in v])
-        return _framing.join_list(data, offsets, [ts for _, ts in v])
+        s = self.ser.serialize
+        return _framing.join_list([s(e) for e, _ in v], [ts for _, ts in v])
 
     def _dec_list(self, b: Any) -> Any:
-        data, offsets, _ = self._split_list(b, False)
-        return self.ser.deserialize_many(data, offsets)
+        d = self.ser.deserialize
+        return [d(e) for e in self._split_list(b, False)[0]]
 
     def _dec_list_ttl(self, b: Any) -> Any:
-        data, offsets, ts = self._split_list(b, True)
-        return list(zip(self.ser.deserialize_many(data, offsets), ts.tolist()))
+        d = self.ser.deserialize
+        elements, ts = self._split_list(b, True)
+        return [(d(e), t) for e, t in zip(elements, ts)]
 
-    def _split_list(self, b: Any, ttl: bool) -> tuple[bytes, Any, Any]:
+    def _split_list(self, b: Any, ttl: bool) -> tuple[list[bytes], Any]:
         try:
             return _framing.split_list(b, ttl)
         except CorruptSnapshotError as e:
@@ -145,23 +145,25 @@ class ValueFraming:
 
     # ---- map ----------------------------------------------------------------------------------------------------
     def _enc_map(self, v: Any) -> bytes:
-        return _framing.join_map(*self.key_ser.serialize_many(list(v)), *self.ser.serialize_many(list(v.values())))
+        ks, vs = self.key_ser.serialize, self.ser.serialize
+        return _framing.join_map([ks(k) for k in v], [vs(x) for x in v.values()])
 
     def _enc_map_ttl(self, v: Any) -> bytes:
-        entries = list(v.values())
-        return _framing.join_map(*self.key_ser.serialize_many(list(v)),
-                                 *self.ser.serialize_many([x for x, _ in entries]), [ts for _, ts in entries])
+        ks, vs = self.key_ser.serialize, self.ser.serialize
+        entries = v.values()
+        return _framing.join_map([ks(k) for k in v], [vs(x) for x, _ in entries], [ts for _, ts in entries])
 
     def _dec_map(self, b: Any) -> Any:
-        key_data, key_offsets, data, offsets, _ = self._split_map(b, False)
-        return dict(zip(self.key_ser.deserialize_many(key_data, key_offsets), self.ser.deserialize_many(data, offsets)))
+        kd, vd = self.key_ser.deserialize, self.ser.deserialize
+        keys, values, _ = self._split_map(b, False)
+        return {kd(k): vd(x) for k, x in zip(keys, values)}
 
     def _dec_map_ttl(self, b: Any) -> Any:
-        key_data, key_offsets, data, offsets, ts = self._split_map(b, True)
-        return dict(zip(self.key_ser.deserialize_many(key_data, key_offsets),
-                        zip(self.ser.deserialize_many(data, offsets), ts.tolist())))
+        kd, vd = self.key_ser.deserialize, self.ser.deserialize
+        keys, values, ts = self._split_map(b, True)
+        return {kd(k): (vd(x), t) for k, x, t in zip(keys, values, ts)}
 
-    def _split_map(self, b: Any, ttl: bool) -> tuple[bytes, Any, bytes, Any, Any]:
+    def _split_map(self, b: Any, ttl: bool) -> tuple[list[bytes], list[bytes], Any]:
         try:
             return _framing.split_map(b, ttl)
         except CorruptSnapshotError as e:
@@ -170,25 +172,21 @@ class ValueFraming:
     # ---- RocksDB's rows of a map ----------------------------------------------------------------------------------
     def map_rows(self, b: Any) -> list[tuple[bytes, bytes]]:
         """A map value's entries as RocksDB rows: (user key bytes, ``[i64 timestamp |] user value bytes``)."""
-        key_data, ko, data, vo, ts = self._split_map(b, self.ttl)
-        k, v = ko.tolist(), vo.tolist()
+        keys, values, ts = self._split_map(b, self.ttl)
         if ts is None:
-            return [(key_data[k[i]:k[i + 1]], data[v[i]:v[i + 1]]) for i in range(len(k) - 1)]
-        return [(key_data[k[i]:k[i + 1]], _pack_i64(t) + data[v[i]:v[i + 1]]) for i, t in enumerate(ts.tolist())]
+            return list(zip(keys, values))
+        return [(k, _pack_i64(t) + x) for k, x, t in zip(keys, values, ts)]
 
     def map_from_rows(self, rows: Iterable[tuple[bytes, bytes]]) -> bytes:
         """The map value of RocksDB rows (:meth:`map_rows`), in row order."""
-        parts: list[bytes] = []
-        if self.ttl:
-            for user_key, stored in rows:
-                if len(stored) < 8:
-                    raise _corrupt(self.state, f"a TTL map entry of {len(stored)} bytes has no timestamp")
-                parts += (_pack_u32(4 + len(user_key) + len(stored) - 8), stored[:8], _pack_u32(len(user_key)),
-                          user_key, stored[8:])
-        else:
-            for user_key, stored in rows:
-                parts += (_pack_u32(4 + len(user_key) + len(stored)), _pack_u32(len(user_key)), user_key, stored)
-        return b"".join(parts)
+        rows = list(rows)
+        keys = [bytes(k) for k, _ in rows]
+        if not self.ttl:
+            return _framing.join_map(keys, [bytes(x) for _, x in rows])
+        for _, stored in rows:
+            if len(stored) < 8:
+                raise _corrupt(self.state, f"a TTL map entry of {len(stored)} bytes has no timestamp")
+        return _framing.join_map(keys, [bytes(x[8:]) for _, x in rows], [_I64.unpack_from(x)[0] for _, x in rows])
 
     # ---- TTL cleanup on bytes (snapshot / restore) ----------------------------------------------------------------
     def drop_expired_bytes(self, b: Any, deadline: int) -> Any:
