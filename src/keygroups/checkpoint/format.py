@@ -113,7 +113,7 @@ DeleteSection = tuple[int, Any]
 
 class KeyGroupBlock:
     """One key group's block as read: ``key_group``; ``full`` (every entry of the key group, else the changes since
-    its previous block); ``sorted`` (keys of every section sorted by bytes, so :func:`find_key` works: format 2;
+    its previous block); ``sorted`` (keys of every section sorted by bytes, so :func:`find_key` works: formats 2 and 3;
     format 1 blocks are not); ``block`` (a memoryview of the block's bytes); ``puts``, ``[(state_index, keys,
     values), ...]``, and ``deletes``, ``[(state_index, keys), ...]``, in file order (apply puts, then deletes).
 
