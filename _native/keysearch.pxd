@@ -1,5 +1,10 @@
-# The order of serialized keys in a keyed snapshot block (format 2), and the binary search over it. Inline-only, like
-# cursor.pxd: cimport it by its bare name (the heap backend's compiled core searches restored blocks with it).
+# The order of serialized keys in a keyed snapshot block (since format 2), and the binary search over it.
+# Inline-only, like cursor.pxd: cimport it by its bare name (the heap backend's compiled core searches restored
+# blocks with it).
+#
+# The keys are the key serializer's bytes as they are (little-endian ints, UTF-8 strings), and their order is this
+# byte order, not the keys' natural order: the search only needs the encoder's sort and itself to agree, so the key
+# serialization never changes for the search's sake (and must not change under existing files).
 #
 # Order: bytes compared with memcmp, a key that is a prefix of another first (Python's bytes order). Sections keep
 # equal keys in the order they were given (the encoder sorts stably), and the LAST of equal keys is the one that

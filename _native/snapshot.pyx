@@ -14,7 +14,9 @@
 #
 # Version 2 sorts every section's keys by their bytes (keysearch.pxd's order), so a key is found with a binary
 # search, and checks that order when parsing. A block applies its sections in file order (the encoder writes puts,
-# then deletes), each section its entries in order: of equal keys the last one counts.
+# then deletes), each section its entries in order: of equal keys the last one counts. Version 3 has version 2's
+# layout; what changed is inside the values (the per-key value framing, little-endian: framing.pyx), which this
+# module never looks into. Keys are the key serializer's bytes as they are: their order is the search order.
 #
 # Every read of file bytes goes through the checked cursor (cursor.pxd), every count is checked against the bytes
 # that remain before it sizes a list or a loop, and every failure is a CorruptSnapshotError. Keys and values come
@@ -50,7 +52,8 @@ if sys.byteorder != "little":   # the cursor and the encoder copy integers in ho
 FILE_MAGIC = b"\x89KGS"
 INDEX_MAGIC = b"KGSI"
 cdef enum:
-    VERSION = 2
+    VERSION = 3
+    VERSION_2 = 2
     VERSION_1 = 1
     HEADER_FIXED = 20          # magic + version + first key group + count + meta length
     FOOTER = 12                # index position + magic
@@ -62,7 +65,7 @@ cdef enum:
 
 FORMAT_VERSION = VERSION
 #: The keyed file versions this module reads.
-READ_VERSIONS = (VERSION_1, VERSION)
+READ_VERSIONS = (VERSION_1, VERSION_2, VERSION)
 HEADER_FIXED_SIZE = HEADER_FIXED
 FOOTER_SIZE = FOOTER
 #: The size of an empty block (no sections): a delta block of that size changes nothing.
@@ -299,7 +302,7 @@ cdef uint32_t _state_index(object idx_obj, uint32_t n_states) except? 0xFFFFFFFF
 
 
 def encode_block(uint32_t key_group, object sections, uint32_t n_states, *, bint full=True, object deletes=()):
-    """One key group's block (format 2, with its trailing CRC32C) as bytes.
+    """One key group's block (format 2 and 3, with its trailing CRC32C) as bytes.
 
     ``sections`` is an iterable of put sections ``(state_index, keys, values)``: ``keys`` and ``values`` are equally
     long sequences of bytes-like objects, or :class:`Packed`; ``state_index < n_states``. ``full`` says whether the
@@ -447,8 +450,8 @@ cdef struct Section:
 
 
 cdef int _read_section(Cursor *c, uint32_t n_states, uint32_t version, Section *sec) except -1:
-    """One section's header and length arrays, checked: every key and value lies inside the section, and (format 2)
-    the op is known and the keys ascend."""
+    """One section's header and length arrays, checked: every key and value lies inside the section, and (since
+    format 2) the op is known and the keys ascend."""
     cdef uint64_t key_bytes, value_bytes
     cdef Py_ssize_t bad
     sec.state_index = cur_u32(c)
@@ -472,7 +475,7 @@ cdef int _read_section(Cursor *c, uint32_t n_states, uint32_t version, Section *
             bad = _first_unsorted(c.buf, sec.key_lengths, sec.n, sec.keys_at)
         if bad >= 0:
             cur_corrupt(c, f"key {bad} of a section of state {sec.state_index} sorting before key {bad - 1} (keys "
-                           f"are sorted in format 2)")
+                           f"are sorted since format 2)")
     sec.values_at = c.pos
     if sec.op == OP_PUT_:
         value_bytes = _sum_lengths(sec.value_lengths, sec.n, <uint64_t>cur_remaining(c))
@@ -491,7 +494,7 @@ cdef object _check_block(object buffer, uint32_t expected_key_group, bint verify
     cdef Py_ssize_t size = data.shape[0]
     cdef Py_ssize_t minimum = BLOCK_MIN_V1 if version == VERSION_1 else BLOCK_MIN
     cdef uint32_t stored, kg
-    if version != VERSION_1 and version != VERSION:
+    if version != VERSION_1 and version != VERSION_2 and version != VERSION:
         raise ValueError(f"version must be one of {READ_VERSIONS}, got {version}")
     if size < minimum:
         from keygroups.errors import CorruptSnapshotError
@@ -595,7 +598,7 @@ def parse_block_offsets(object buffer, uint32_t expected_key_group, uint32_t n_s
     ``[(state_index, key_offsets, value_offsets), ...]`` and ``deletes`` ``[(state_index, key_offsets), ...]``,
     each an int64 array of n + 1 positions in ``buffer``, so key i is ``buffer[key_offsets[i]:key_offsets[i + 1]]``
     (keys are contiguous, as are values: a serializer's ``deserialize_many(buffer, offsets)`` takes them whole; in
-    format 2 they are sorted, for :func:`find_key`). Same checks and errors as :func:`parse_block`."""
+    formats 2 and 3 they are sorted, for :func:`find_key`). Same checks and errors as :func:`parse_block`."""
     cdef Cursor c
     cdef Section sec
     cdef uint32_t flags
@@ -658,8 +661,8 @@ def parse_header(object buffer):
     if (<const char *>magic)[:4] != FILE_MAGIC:
         cur_corrupt(&c, f"magic {(<const char *>magic)[:4]!r} (a keyed snapshot starts with {FILE_MAGIC!r})")
     version = cur_u32(&c)
-    if version != VERSION and version != VERSION_1:
-        cur_corrupt(&c, f"format version {version} (this keygroups reads versions {VERSION_1} and {VERSION})")
+    if version != VERSION and version != VERSION_2 and version != VERSION_1:
+        cur_corrupt(&c, f"format version {version} (this keygroups reads versions {READ_VERSIONS})")
     first = cur_u32(&c)
     count = cur_u32(&c)
     meta_len = cur_u32(&c)

@@ -8,11 +8,12 @@
 # Offsets come from checkpoint metadata and buffers from files: both are untrusted. Every byte read goes through the
 # checked cursor; every offset is checked (monotonic, inside the buffer) before a single byte is copied. Every byte
 # written goes through writer.pxd, into a bytes object sized beforehand.
-from libc.stdint cimport int64_t, uint8_t, uint32_t
+from libc.stdint cimport int64_t, uint8_t
 from libc.string cimport memcpy
 
-from cursor cimport Cursor, cur_init, cur_read, cur_u32
-from writer cimport U32_MAX, Writer, w_bytes, w_finish_bytes, w_init_bytes, w_reserve, w_u32
+from cursor cimport Cursor, cur_init, cur_read
+from entryframe cimport ENTRY_HEAD, ent_read_key, ent_write
+from writer cimport Writer, w_bytes, w_finish_bytes, w_init_bytes, w_reserve
 
 import numpy as np
 
@@ -117,7 +118,8 @@ def gather(list pieces, str what="operator state"):
 
 def encode_entries(const uint8_t[::1] key_data, const int64_t[::1] key_offsets,
                    const uint8_t[::1] value_data, const int64_t[::1] value_offsets):
-    """Frame n serialized (key, value) pairs as n elements: ``u32 key length | key | value`` each.
+    """Frame n serialized (key, value) pairs as n elements, each in the one map-entry framing (entryframe.pxd):
+    ``u32 key length | key | value``.
 
     The value's length is implied by the element's boundaries, so a map becomes an ordinary list of elements that
     the splitter can move byte by byte. Returns ``(data, offsets)`` with n+1 offsets.
@@ -130,7 +132,8 @@ def encode_entries(const uint8_t[::1] key_data, const int64_t[::1] key_offsets,
                          "offsets; both must have n+1 entries for n pairs")
     _check_bounds(key_offsets, 0, key_data.shape[0], "map keys")
     _check_bounds(value_offsets, 0, value_data.shape[0], "map values")
-    total = 4 * n + <Py_ssize_t>(key_offsets[n] - key_offsets[0]) + <Py_ssize_t>(value_offsets[n] - value_offsets[0])
+    total = (ENTRY_HEAD * n + <Py_ssize_t>(key_offsets[n] - key_offsets[0])
+             + <Py_ssize_t>(value_offsets[n] - value_offsets[0]))
     data = w_init_bytes(&w, total)
     offsets = np.empty(n + 1, dtype=np.int64)
     out_off = offsets
@@ -138,13 +141,8 @@ def encode_entries(const uint8_t[::1] key_data, const int64_t[::1] key_offsets,
     for i in range(n):
         klen = <Py_ssize_t>(key_offsets[i + 1] - key_offsets[i])
         vlen = <Py_ssize_t>(value_offsets[i + 1] - value_offsets[i])
-        if klen > U32_MAX:
-            raise ValueError(f"encode_entries: key #{i} is {klen} bytes; at most {U32_MAX} are allowed")
-        w_u32(&w, <uint32_t>klen)
-        if klen:
-            w_bytes(&w, &key_data[key_offsets[i]], klen)
-        if vlen:
-            w_bytes(&w, &value_data[value_offsets[i]], vlen)
+        ent_write(&w, &key_data[key_offsets[i]] if klen else NULL, klen,
+                  &value_data[value_offsets[i]] if vlen else NULL, vlen)
         out_off[i + 1] = w.pos
     w_finish_bytes(&w)
     return data, offsets
@@ -165,11 +163,11 @@ def decode_entries(const uint8_t[::1] data, const int64_t[::1] offsets):
         raise ValueError("decode_entries: offsets must have n+1 entries for n entries")
     _check_bounds(offsets, 0, data.shape[0], "map entries")
     total = <Py_ssize_t>(offsets[n] - offsets[0])
-    if total < 4 * n:
-        raise CorruptSnapshotError(f"map entries: {n} entries in {total} bytes; each needs at least 4")
+    if total < ENTRY_HEAD * n:
+        raise CorruptSnapshotError(f"map entries: {n} entries in {total} bytes; each needs at least {ENTRY_HEAD}")
     # Each gets room for all the payload bytes; both are cut to what they hold at the end.
-    key_data = w_init_bytes(&keys, total - 4 * n)
-    value_data = w_init_bytes(&values, total - 4 * n)
+    key_data = w_init_bytes(&keys, total - ENTRY_HEAD * n)
+    value_data = w_init_bytes(&values, total - ENTRY_HEAD * n)
     key_offsets = np.empty(n + 1, dtype=np.int64)
     value_offsets = np.empty(n + 1, dtype=np.int64)
     ko = key_offsets
@@ -180,8 +178,8 @@ def decode_entries(const uint8_t[::1] data, const int64_t[::1] offsets):
         if offsets[i + 1] == offsets[i]:
             raise CorruptSnapshotError(f"map entry #{i} is empty; an entry holds at least its 4-byte key length")
         cur_init(&cur, &data[offsets[i]], <Py_ssize_t>(offsets[i + 1] - offsets[i]))
-        klen = cur_u32(&cur)
-        w_bytes(&keys, cur_read(&cur, klen), klen)
+        p = ent_read_key(&cur, &klen)
+        w_bytes(&keys, p, klen)
         vlen = cur.length - cur.pos
         w_bytes(&values, cur_read(&cur, vlen), vlen)
         ko[i + 1] = keys.pos

@@ -445,7 +445,7 @@ cdef class Layer:
     likewise with ``delete_offsets`` (int64 arrays of n + 1 positions; None when the block has no puts / deletes of
     this state). The buffers are acquired once, here: a lookup is a binary search in C.
 
-    ``sorted``: keys are in byte order (format 2), so :meth:`find` locates one key without decoding the others. An
+    ``sorted``: keys are in byte order (since format 2), so :meth:`find` locates one key without decoding the others. An
     unsorted (format 1) layer is searched by decoded key instead: the backend decodes its keys once into ``index``
     (key -> put index) and ``deleted``."""
 
@@ -498,7 +498,8 @@ cdef class Layer:
         """The put index of the serialized ``key`` in this (sorted) layer, ``DELETED`` if the layer deletes it,
         ``ABSENT`` if it does not mention it."""
         if not self.sorted:
-            raise ValueError("find() needs a sorted layer (keyed format 2); an unsorted one is searched by decoded key")
+            raise ValueError("find() needs a sorted layer (keyed format 2 or later); search an unsorted one by "
+                             "decoded key")
         cdef const uint8_t *kp = <const uint8_t *>PyBytes_AS_STRING(key)
         cdef Py_ssize_t kn = PyBytes_GET_SIZE(key), found
         if self._n_deletes:

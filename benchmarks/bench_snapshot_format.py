@@ -2,6 +2,7 @@
 
     python benchmarks/bench_snapshot_format.py [--entries 1000000] [--runs 5]
     python benchmarks/bench_snapshot_format.py --incremental [--entries 1000000] [--checkpoints 20] [--touch 0.01]
+    python benchmarks/bench_snapshot_format.py --framing [--entries 1000000] [--runs 5]
 
 Figures (medians of ``--runs`` runs) are printed beside a named baseline in the same run:
 
@@ -21,6 +22,11 @@ Figures (medians of ``--runs`` runs) are printed beside a named baseline in the 
 checkpoint adds as a share of the live state, chain lengths, and for restores at new parallelisms, the bytes each new
 subtask reads (its key groups' chains) over its share of the live state (the bytes of its key groups in a merged
 full snapshot, the savepoint); target <= 1.2x after 20 checkpoints.
+
+``--framing``: the per-key value framing of keyed state (``state/_codec.py``) alone: encode and decode of
+``--entries`` / 4 list values (4 str elements each) and as many map values (4 str -> int64 entries each), with and
+without TTL, and TTL cleanup on bytes (``drop_expired_bytes``, half the elements expired); elements or entries per
+second, medians of ``--runs`` runs.
 """
 
 from __future__ import annotations
@@ -48,7 +54,11 @@ from keygroups.checkpoint import (
     read_key_groups,
     write_keyed_snapshot,
 )
+from keygroups.serializers import Int64Serializer, StrSerializer
 from keygroups.state._base import DEFAULT_DELTA_FRACTION, DEFAULT_MAX_CHAIN
+from keygroups.state._codec import ValueFraming
+
+from _util import measure
 
 MAXP = 128
 STATES = [{"name": "value", "kind": "value"}]
@@ -228,12 +238,43 @@ def incremental_figures(groups: dict[int, tuple[list[bytes], list[bytes]]], chec
             print(f"  {f'{p} -> {p_new}':14}{max(ratios):8.3f}{statistics.median(ratios):9.3f}{max(reads):11}")
 
 
+def framing_figures(entries: int, runs: int) -> None:
+    """Encode, decode and TTL cleanup of list and map values, per element or entry (see ``--framing``)."""
+    keys = entries // 4
+    sers = {"element": StrSerializer(), "map key": StrSerializer(), "map value": Int64Serializer()}
+    lists = [[f"event-{k}-{j}" for j in range(4)] for k in range(keys)]
+    maps = [{f"field-{j}": k * 4 + j for j in range(4)} for k in range(keys)]
+    print(f"value framing, {keys:,} list values (4 str elements) and {keys:,} map values (4 str -> int64 entries); "
+          f"elements or entries per second, medians of {runs} runs")
+    print(f"{'':14}{'encode':>14}{'decode':>14}{'ttl cleanup':>14}")
+    for kind, plain in (("list", lists), ("map", maps)):
+        for ttl in (False, True):
+            framing = ValueFraming.for_state("s", kind, sers, ttl=ttl)
+            if not ttl:
+                values = plain
+            elif kind == "list":
+                values = [[(e, 1000 + j) for j, e in enumerate(v)] for v in plain]
+            else:
+                values = [{f: (x, 1000 + j) for j, (f, x) in enumerate(v.items())} for v in plain]
+            encoded = [framing.encode(v) for v in values]
+            assert [framing.decode(b) for b in encoded[:100]] == values[:100]
+            fns = {"encode": lambda f=framing, vs=values: [f.encode(v) for v in vs],
+                   "decode": lambda f=framing, bs=encoded: [f.decode(b) for b in bs]}
+            if ttl:
+                fns["ttl cleanup"] = lambda f=framing, bs=encoded: [f.drop_expired_bytes(b, 1001) for b in bs]
+            t = measure(fns, runs, warmup=1, keep_results=False)
+            cells = "".join(f"{4 * keys / t[n].seconds:14,.0f}" if n in t else f"{'':14}"
+                            for n in ("encode", "decode", "ttl cleanup"))
+            print(f"{kind + (' + ttl' if ttl else ''):14}{cells}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--entries", type=int, default=1_000_000)
     ap.add_argument("--value-size", type=int, default=24)
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--incremental", action="store_true", help="chains of incremental checkpoints (see above)")
+    ap.add_argument("--framing", action="store_true", help="the per-key value framing alone (see above)")
     ap.add_argument("--checkpoints", type=int, default=20)
     ap.add_argument("--touch", type=float, default=0.01)
     ap.add_argument("--parallelism", type=int, default=4)
@@ -242,6 +283,9 @@ def main() -> None:
     ap.add_argument("--delta-fraction", type=float, default=DEFAULT_DELTA_FRACTION,
                     help=f"the policy's (the backends' default: {DEFAULT_DELTA_FRACTION})")
     args = ap.parse_args()
+    if args.framing:
+        framing_figures(args.entries, args.runs)
+        return
     if args.incremental:
         groups, _ = make_groups(args.entries, args.value_size)
         incremental_figures(groups, args.checkpoints, args.touch, args.parallelism, args.value_size,

@@ -242,8 +242,8 @@ def test_structural_errors_name_what_is_wrong():
 
 def test_unknown_version_and_wrong_magic(snapshot):
     _, _, raw, _ = snapshot
-    with pytest.raises(CorruptSnapshotError, match="format version 3"):
-        open_snapshot(raw[:4] + struct.pack("<I", 3) + raw[8:])
+    with pytest.raises(CorruptSnapshotError, match="format version 4"):
+        open_snapshot(raw[:4] + struct.pack("<I", 4) + raw[8:])
     with pytest.raises(CorruptSnapshotError, match="magic"):
         open_snapshot(b"PK\x03\x04" + raw[4:])
     with pytest.raises(CorruptSnapshotError, match="empty"):

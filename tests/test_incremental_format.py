@@ -210,7 +210,7 @@ def test_writer_writes_deltas_and_untouched_groups_as_default_full_says(tmp_path
     offsets, size = w.finish()
     assert w.full_key_groups == [KeyGroupRange(13, 13)]
     f = open_snapshot(buf.getvalue())
-    assert f.version == 2
+    assert f.version == 3
     blocks = {b.key_group: b for b in f.key_groups()}
     assert [kg for kg, b in blocks.items() if b.full] == [13] and all(b.sorted for b in blocks.values())
     assert [(i, [bytes(k) for k in ks]) for i, ks, _ in blocks[11].puts] == [(0, [b"k1", b"k2"])]
@@ -221,7 +221,7 @@ def test_writer_writes_deltas_and_untouched_groups_as_default_full_says(tmp_path
     h = write_keyed_snapshot(storage, 4, 1, KeyGroupRange(0, 7), STATES,
                              [(2, [(0, [b"a"], [b"1"])]), (3, [], [(0, [b"b"])]), (6, [(1, [b"c"], [b"2"])])],
                              full_key_groups={2, 5, 6, 7})
-    assert h.checkpoint_id == 4 and h.format_version == 2
+    assert h.checkpoint_id == 4 and h.format_version == 3
     assert h.full_key_groups == [KeyGroupRange(2, 2), KeyGroupRange(5, 7)]
     assert [h.is_full(kg) for kg in range(-1, 9)] == [False, False, False, True, False, False, True, True, True,
                                                         False]
@@ -247,7 +247,7 @@ def test_handle_checks_its_new_fields():
     with pytest.raises(ValueError, match="ascending, disjoint"):
         handle(checkpoint_id=1, full_key_groups=[KeyGroupRange(5, 6), KeyGroupRange(4, 4)])
     with pytest.raises(ValueError, match="format_version must be one of"):
-        handle(checkpoint_id=1, format_version=3)
+        handle(checkpoint_id=1, format_version=4)
     with pytest.raises(ValueError, match="format 1 holds full blocks only"):
         handle(checkpoint_id=1, format_version=1, full_key_groups=[])
     with pytest.raises(CorruptSnapshotError, match="not a valid keyed state handle"):

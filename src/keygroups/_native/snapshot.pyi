@@ -45,10 +45,10 @@ def parse_block(
     n_states: int,
     verify_checksum: bool = True,
     copy: bool = False,
-    version: int = 2,
+    version: int = 3,
 ) -> tuple[int, list[tuple[int, list[Any], list[Any]]], list[tuple[int, list[Any]]]]: ...   # memoryview or bytes items
 def parse_block_offsets(
-    buffer: Buffer, expected_key_group: int, n_states: int, verify_checksum: bool = True, version: int = 2
+    buffer: Buffer, expected_key_group: int, n_states: int, verify_checksum: bool = True, version: int = 3
 ) -> tuple[
     int,
     list[tuple[int, npt.NDArray[np.int64], npt.NDArray[np.int64]]],

@@ -18,8 +18,52 @@ A **full** block holds every entry of its key group; a **delta** block holds the
 group's previous block (put sections) and the keys deleted since then (delete sections). A block applies its
 sections in file order (puts, then deletes), and of equal keys in a section the last one counts. Every section's
 keys are sorted by their bytes (the encoder sorts them), so a reader finds a key by binary search
-(:func:`find_key`) without decoding the others. Version 1 (still read) had no flags and no ops: every block full,
-every section a put, keys in any order.
+(:func:`find_key`) without decoding the others.
+
+Versions. 3 (written) has the layout of 2; its values use the little-endian per-key value framing of
+``keygroups.state._codec`` (a map value being a list of entries in the one map-entry framing). 2 (still read) framed
+values big-endian, a map entry as ``u32 key length | key | u32 value length | [i64 timestamp] | value``: its blocks
+are rewritten into format 3's framing as they are read (``_native/framing.pyx``, ``upgrade_block``; every old value
+has the size of its new form, so offsets hold), after their checksum is verified, so everything above this module
+(restores, lazy heap layers, RocksDB ingestion, :func:`merged_key_groups`) sees one framing, even in a chain whose
+older files are format 2. 1 (still read, likewise upgraded) had no flags and no ops: every block full, every section
+a put, keys in any order.
+
+Byte order and framing of every keygroups format. The rule: little-endian everywhere, big-endian only where byte
+order is sort order; one map-entry framing, ``u32 key length | key | value`` with the value running to the end of
+the entry (whatever holds the entry gives its length; ``_native/entryframe.pxd``).
+
+* ``_metadata``: little-endian; magic | u32 version | u32 length | JSON | CRC32C. Written by
+  ``metadata.encode_metadata``, read by ``decode_metadata``.
+* Keyed snapshot file: little-endian; the layout above. Written by :class:`KeyedSnapshotWriter` (``_native/
+  snapshot.pyx``: ``encode_header``, ``encode_block``, ``encode_index``), read by :func:`read_key_groups`,
+  :func:`read_key_group_offsets`, :func:`open_snapshot` (``parse_header``, ``parse_block``, ``parse_block_offsets``,
+  ``parse_index``).
+* Per-key value framing (the values of keyed files and of RocksDB): little-endian since format 3 (big-endian in 1
+  and 2, upgraded as read, see above). A value is ``[i64 timestamp |] value``; a list, frames ``u32 length | [i64
+  timestamp] | element``; a map, such frames whose elements are entries. Written and read by
+  ``state._codec.ValueFraming`` over ``_native/framing.pyx`` (``join_list``, ``join_map``, ``split_list``,
+  ``split_map``, ``drop_expired``; ``upgrade_block`` for formats 1 and 2).
+* Serialized keys in keyed blocks: the key serializer's bytes as they are, sorted by those bytes (memcmp order,
+  ``_native/keysearch.pxd``) so that :func:`find_key` and the heap backend's ``Layer.find`` search them. The order
+  only has to agree between the encoder's sort and the search, never with the keys' numeric order, so the key
+  serialization stays as it is (little-endian for ints).
+* Operator state file: little-endian; ``<4sHH`` header, each state's elements back to back, a broadcast map's
+  element being one entry. Written by ``operator_format.write_operator_snapshot`` (entries by
+  ``splitter.encode_entries``), read by ``read_operator_runs`` (``splitter.decode_entries``).
+* Serializer formats: little-endian; ``_native/codec.pyx`` (``_value_format.pxi``, ``_typed_codecs.pxi``): u32
+  lengths and counts; a dict *value* is a u32 count and its (key, value) pairs sorted by key bytes, each part
+  self-delimiting (a serialized value, not a map state's entries). Written and read by ``serializers`` through
+  ``codec.Codec``.
+* Partitioned log: little-endian; ``<4sHHI`` header and CRC, records ``u32 CRC32C | u32 length | payload``.
+  Written by ``sources.log``, read by ``_native/logframes.scan_frames``.
+* RocksDB keys: **big-endian**, ``u16 key group | u16 state id | u32 key length | key [| user key]``: RocksDB orders
+  keys bytewise, so one key group is one contiguous range and its rows one ordered scan (``state/rocksdb.py``).
+* RocksDB values: a state's framed value; a map keeps one row per entry, the user key in the database key and
+  ``[i64 timestamp |] value`` (little-endian) as the row's value (``ValueFraming.map_rows``, ``map_from_rows``).
+
+No keygroups format follows a Java (Flink) serializer's byte layout: Flink compatibility is in the key-group
+arithmetic and the hashes (``_native/hashing.pyx``, ``kg_hash.h``), which compute on values, not on stored bytes.
 
 The offsets are also returned by :meth:`KeyedSnapshotWriter.finish` and kept in the
 :class:`~keygroups.checkpoint.KeyedStateHandle` (with the state meta, the full key groups and the format version),
@@ -41,6 +85,7 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, BinaryIO
 
+from keygroups._native import framing as _framing
 from keygroups._native import snapshot as _snap
 from keygroups._ranges import KeyGroupRange
 from keygroups.checkpoint.metadata import KeyedStateHandle, key_group_runs
@@ -68,7 +113,7 @@ DeleteSection = tuple[int, Any]
 
 class KeyGroupBlock:
     """One key group's block as read: ``key_group``; ``full`` (every entry of the key group, else the changes since
-    its previous block); ``sorted`` (keys of every section sorted by bytes, so :func:`find_key` works: format 2;
+    its previous block); ``sorted`` (keys of every section sorted by bytes, so :func:`find_key` works: formats 2 and 3;
     format 1 blocks are not); ``block`` (a memoryview of the block's bytes); ``puts``, ``[(state_index, keys,
     values), ...]``, and ``deletes``, ``[(state_index, keys), ...]``, in file order (apply puts, then deletes).
 
@@ -92,13 +137,35 @@ class KeyGroupBlock:
                 f"{len(self.deletes)} delete sections)")
 
 
-def _block(mv: memoryview, key_group: int, n_states: int, version: int, copy: bool) -> KeyGroupBlock:
-    flags, puts, deletes = _snap.parse_block(mv, key_group, n_states, True, copy, version)
-    return KeyGroupBlock(key_group, bool(flags & _snap.BLOCK_FULL), version >= 2, mv, puts, deletes)
+def _old_framings(states: Sequence[dict[str, Any]], version: int) -> list[int] | None:
+    """For a file of format 1 or 2, the framing code of each state's values (``_native/framing.pyx``), so that its
+    blocks are read in format 3's framing; None when no value needs rewriting (format 3, or plain values only)."""
+    if version >= 3:
+        return None
+    codes = [_FRAMING_KINDS.get(s.get("kind"), _framing.VALUE) | (_framing.TTL if s.get("ttl") is not None else 0)
+             for s in states]
+    return codes if any(codes) else None
 
 
-def _offsets_block(mv: memoryview, key_group: int, n_states: int, version: int) -> KeyGroupBlock:
+_FRAMING_KINDS = {"list": _framing.LIST, "map": _framing.MAP}
+
+
+def _block(mv: memoryview, key_group: int, n_states: int, version: int, copy: bool,
+           old_framings: list[int] | None) -> KeyGroupBlock:
+    if old_framings is None:
+        flags, puts, deletes = _snap.parse_block(mv, key_group, n_states, True, copy, version)
+        return KeyGroupBlock(key_group, bool(flags & _snap.BLOCK_FULL), version >= 2, mv, puts, deletes)
+    # checked as it is (CRC included) first, then parsed again from the rewritten copy, whose CRC no longer matches
+    upgraded = _offsets_block(mv, key_group, n_states, version, old_framings).block
+    flags, puts, deletes = _snap.parse_block(upgraded, key_group, n_states, False, copy, version)
+    return KeyGroupBlock(key_group, bool(flags & _snap.BLOCK_FULL), version >= 2, upgraded, puts, deletes)
+
+
+def _offsets_block(mv: memoryview, key_group: int, n_states: int, version: int,
+                   old_framings: list[int] | None) -> KeyGroupBlock:
     flags, puts, deletes = _snap.parse_block_offsets(mv, key_group, n_states, True, version)
+    if old_framings is not None:
+        mv = memoryview(_framing.upgrade_block(mv, puts, old_framings))
     return KeyGroupBlock(key_group, bool(flags & _snap.BLOCK_FULL), version >= 2, mv, puts, deletes)
 
 
@@ -201,12 +268,13 @@ class KeyedSnapshotWriter:
 
 
 def _iter_blocks(data: memoryview, base: int, offsets: Sequence[int], first_index: int, groups: KeyGroupRange,
-                 n_states: int, version: int, copy: bool) -> Iterator[KeyGroupBlock]:
+                 states: Sequence[dict[str, Any]], version: int, copy: bool) -> Iterator[KeyGroupBlock]:
     # offsets[first_index + i] is key group groups.start + i's block start; ``data`` starts at file offset ``base``.
+    old_framings = _old_framings(states, version)
     for i, kg in enumerate(groups):
         a = offsets[first_index + i] - base
         b = offsets[first_index + i + 1] - base
-        yield _block(data[a:b], kg, n_states, version, copy)
+        yield _block(data[a:b], kg, len(states), version, copy, old_framings)
 
 
 def _ranged_read(storage: CheckpointStorage, handle: KeyedStateHandle, wanted: KeyGroupRange) -> tuple[bytes, int, int]:
@@ -259,7 +327,7 @@ def read_key_groups(storage: CheckpointStorage, handle: KeyedStateHandle, key_gr
     if read is None:
         return iter(()), 0
     data, start, end, first, wanted = read
-    blocks = _iter_blocks(memoryview(data), start, handle.offsets, first, wanted, len(handle.states),
+    blocks = _iter_blocks(memoryview(data), start, handle.offsets, first, wanted, handle.states,
                           handle.format_version, copy)
     return _naming_the_file(blocks, handle), end - start
 
@@ -278,12 +346,13 @@ def read_key_group_offsets(storage: CheckpointStorage, handle: KeyedStateHandle,
     data, start, end, first, wanted = read
     n_states = len(handle.states)
     version = handle.format_version
+    old_framings = _old_framings(handle.states, version)
 
     def blocks() -> Iterator[KeyGroupBlock]:
         mv = memoryview(data)
         for i, kg in enumerate(wanted):
             block = mv[handle.offsets[first + i] - start:handle.offsets[first + i + 1] - start]
-            yield _offsets_block(block, kg, n_states, version)
+            yield _offsets_block(block, kg, n_states, version, old_framings)
 
     return _naming_the_file(blocks(), handle), end - start
 
@@ -306,7 +375,7 @@ class SnapshotFile:
         if not wanted:
             return iter(())
         first = wanted.start - self.key_group_range.start
-        return _iter_blocks(memoryview(self.buffer).cast("B"), 0, self.offsets, first, wanted, len(self.states),
+        return _iter_blocks(memoryview(self.buffer).cast("B"), 0, self.offsets, first, wanted, self.states,
                             self.version, copy)
 
 

@@ -60,7 +60,7 @@ class _VoidNamespace:
 
 VOID_NAMESPACE = _VoidNamespace()
 
-#: Version of the per-state meta this module writes (bumped when the value framing of ``_codec`` changes).
+#: Version of the per-state meta this module writes (the value framing of ``_codec`` is the keyed file format's).
 STATE_META_VERSION = 1
 
 #: A key group's chain of blocks is written full again past this many blocks (bounds the files a restore opens)...

@@ -1,30 +1,36 @@
-"""How one key's state value becomes bytes in a snapshot (and in RocksDB), per state kind.
+"""How one key's state value becomes bytes in a snapshot (and in RocksDB), per state kind: the per-key value framing.
 
-The user parts are encoded by the registered serializers; this module only adds framing:
+The user parts are encoded by the registered serializers; this module only adds framing (keyed file format 3;
+little-endian, as every keygroups format whose byte order is not a sort order):
 
-* value / reducing / aggregating: the serialized value; with TTL, an int64 big-endian timestamp (ms) first.
+* value / reducing / aggregating: the serialized value; with TTL, an i64 timestamp (ms) first.
 * list: one frame per element, ``u32 length | [i64 timestamp] | element bytes``; concatenating two encodings gives the
   encoding of the concatenated list (RocksDB appends without decoding).
-* map: one frame per entry, ``u32 key length | key bytes | u32 value length | [i64 timestamp] | value bytes``.
+* map: a list whose elements are the entries, each in the one map-entry framing of keygroups (operator state's
+  broadcast maps use it too): ``u32 entry length | [i64 timestamp] | u32 key length | key bytes | value bytes``.
 
-Every length is checked against the bytes that remain; anything inconsistent raises ``CorruptSnapshotError``.
-In memory, TTL values are ``(value, timestamp)`` tuples (lists: of such tuples; maps: user key -> such a tuple).
+Keyed files of formats 1 and 2 framed values big-endian, and a map entry as ``u32 key length | key | u32 value
+length | [i64 timestamp] | value``; ``keygroups.checkpoint.format`` rewrites their values into this framing as it reads
+them (``_native/framing.pyx``, ``upgrade_block``), so nothing above the file format ever sees the old one.
+
+Splitting and joining frames is compiled (``_native/framing.pyx``, over the checked cursor): every length is checked
+against the bytes that remain; anything inconsistent raises ``CorruptSnapshotError``. In memory, TTL values are
+``(value, timestamp)`` tuples (lists: of such tuples; maps: user key -> such a tuple). RocksDB keeps a map's entries
+as rows (:meth:`ValueFraming.map_rows`): the user key in the database key, ``[i64 timestamp |] value bytes`` as the
+row's value.
 """
 
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
+from keygroups._native import framing as _framing
 from keygroups.errors import CorruptSnapshotError
 
-_U32 = struct.Struct(">I")
-_I64 = struct.Struct(">q")
-_U32_I64 = struct.Struct(">Iq")
-_pack_u32 = _U32.pack
+_I64 = struct.Struct("<q")
 _pack_i64 = _I64.pack
-_pack_u32_i64 = _U32_I64.pack
 
 
 def _corrupt(state: str, what: str) -> CorruptSnapshotError:
@@ -116,126 +122,80 @@ class ValueFraming:
     # ---- list ---------------------------------------------------------------------------------------------------
     def _enc_list(self, v: Any) -> bytes:
         s = self.ser.serialize
-        parts = []
-        for e in v:
-            eb = s(e)
-            parts.append(_pack_u32(len(eb)))
-            parts.append(eb)
-        return b"".join(parts)
+        return _framing.join_list([s(e) for e in v])
 
     def _enc_list_ttl(self, v: Any) -> bytes:
         s = self.ser.serialize
-        parts = []
-        for e, ts in v:
-            eb = s(e)
-            parts.append(_pack_u32_i64(len(eb), ts))
-            parts.append(eb)
-        return b"".join(parts)
-
-    def frames(self, b: Any) -> list[tuple[int, memoryview]]:
-        """A list encoding split into (timestamp or 0, element bytes), checked."""
-        mv = memoryview(b).cast("B") if not isinstance(b, memoryview) else b.cast("B") if b.format != "B" else b
-        n = len(mv)
-        pos = 0
-        head = 12 if self.ttl else 4
-        out = []
-        while pos < n:
-            if n - pos < head:
-                raise _corrupt(self.state, f"list element header truncated at byte {pos} of {n}")
-            if self.ttl:
-                ln, ts = _U32_I64.unpack_from(mv, pos)
-            else:
-                ln, ts = _U32.unpack_from(mv, pos)[0], 0
-            pos += head
-            if ln > n - pos:
-                raise _corrupt(self.state, f"list element of {ln} bytes at byte {pos} overruns the {n}-byte value")
-            out.append((ts, mv[pos:pos + ln]))
-            pos += ln
-        return out
+        return _framing.join_list([s(e) for e, _ in v], [ts for _, ts in v])
 
     def _dec_list(self, b: Any) -> Any:
         d = self.ser.deserialize
-        return [d(e) for _, e in self.frames(b)]
+        return [d(e) for e in self._split_list(b, False)[0]]
 
     def _dec_list_ttl(self, b: Any) -> Any:
         d = self.ser.deserialize
-        return [(d(e), ts) for ts, e in self.frames(b)]
+        elements, ts = self._split_list(b, True)
+        return [(d(e), t) for e, t in zip(elements, ts)]
+
+    def _split_list(self, b: Any, ttl: bool) -> tuple[list[bytes], Any]:
+        try:
+            return _framing.split_list(b, ttl)
+        except CorruptSnapshotError as e:
+            raise _corrupt(self.state, f"a list value: {e}") from None
 
     # ---- map ----------------------------------------------------------------------------------------------------
     def _enc_map(self, v: Any) -> bytes:
         ks, vs = self.key_ser.serialize, self.ser.serialize
-        parts: list[bytes] = []
-        for k, x in v.items():
-            kb, xb = ks(k), vs(x)
-            parts += (_pack_u32(len(kb)), kb, _pack_u32(len(xb)), xb)
-        return b"".join(parts)
+        return _framing.join_map([ks(k) for k in v], [vs(x) for x in v.values()])
 
     def _enc_map_ttl(self, v: Any) -> bytes:
         ks, vs = self.key_ser.serialize, self.ser.serialize
-        parts: list[bytes] = []
-        for k, (x, ts) in v.items():
-            kb, xb = ks(k), vs(x)
-            parts += (_pack_u32(len(kb)), kb, _pack_u32_i64(len(xb), ts), xb)
-        return b"".join(parts)
-
-    def entries(self, b: Any) -> list[tuple[memoryview, int, memoryview]]:
-        """A map encoding split into (user key bytes, timestamp or 0, user value bytes), checked."""
-        mv = memoryview(b)
-        if mv.format != "B":
-            mv = mv.cast("B")
-        n = len(mv)
-        pos = 0
-        vhead = 12 if self.ttl else 4
-        out = []
-        while pos < n:
-            if n - pos < 4:
-                raise _corrupt(self.state, f"map key header truncated at byte {pos} of {n}")
-            kl = _U32.unpack_from(mv, pos)[0]
-            pos += 4
-            if kl > n - pos:
-                raise _corrupt(self.state, f"map key of {kl} bytes at byte {pos} overruns the {n}-byte value")
-            kb = mv[pos:pos + kl]
-            pos += kl
-            if n - pos < vhead:
-                raise _corrupt(self.state, f"map value header truncated at byte {pos} of {n}")
-            if self.ttl:
-                vl, ts = _U32_I64.unpack_from(mv, pos)
-            else:
-                vl, ts = _U32.unpack_from(mv, pos)[0], 0
-            pos += vhead
-            if vl > n - pos:
-                raise _corrupt(self.state, f"map value of {vl} bytes at byte {pos} overruns the {n}-byte value")
-            out.append((kb, ts, mv[pos:pos + vl]))
-            pos += vl
-        return out
+        entries = v.values()
+        return _framing.join_map([ks(k) for k in v], [vs(x) for x, _ in entries], [ts for _, ts in entries])
 
     def _dec_map(self, b: Any) -> Any:
         kd, vd = self.key_ser.deserialize, self.ser.deserialize
-        return {kd(k): vd(x) for k, _, x in self.entries(b)}
+        keys, values, _ = self._split_map(b, False)
+        return {kd(k): vd(x) for k, x in zip(keys, values)}
 
     def _dec_map_ttl(self, b: Any) -> Any:
         kd, vd = self.key_ser.deserialize, self.ser.deserialize
-        return {kd(k): (vd(x), ts) for k, ts, x in self.entries(b)}
+        keys, values, ts = self._split_map(b, True)
+        return {kd(k): (vd(x), t) for k, x, t in zip(keys, values, ts)}
+
+    def _split_map(self, b: Any, ttl: bool) -> tuple[list[bytes], list[bytes], Any]:
+        try:
+            return _framing.split_map(b, ttl)
+        except CorruptSnapshotError as e:
+            raise _corrupt(self.state, f"a map value: {e}") from None
+
+    # ---- RocksDB's rows of a map ----------------------------------------------------------------------------------
+    def map_rows(self, b: Any) -> list[tuple[bytes, bytes]]:
+        """A map value's entries as RocksDB rows: (user key bytes, ``[i64 timestamp |] user value bytes``)."""
+        keys, values, ts = self._split_map(b, self.ttl)
+        if ts is None:
+            return list(zip(keys, values))
+        return [(k, _pack_i64(t) + x) for k, x, t in zip(keys, values, ts)]
+
+    def map_from_rows(self, rows: Iterable[tuple[bytes, bytes]]) -> bytes:
+        """The map value of RocksDB rows (:meth:`map_rows`), in row order."""
+        rows = list(rows)
+        keys = [bytes(k) for k, _ in rows]
+        if not self.ttl:
+            return _framing.join_map(keys, [bytes(x) for _, x in rows])
+        for _, stored in rows:
+            if len(stored) < 8:
+                raise _corrupt(self.state, f"a TTL map entry of {len(stored)} bytes has no timestamp")
+        return _framing.join_map(keys, [bytes(x[8:]) for _, x in rows], [_I64.unpack_from(x)[0] for _, x in rows])
 
     # ---- TTL cleanup on bytes (snapshot / restore) ----------------------------------------------------------------
     def drop_expired_bytes(self, b: Any, deadline: int) -> Any:
         """``b`` without the entries whose timestamp is <= ``deadline`` (= now - ttl); None if nothing is left."""
-        if self.kind == "list":
-            fr = self.frames(b)
-            keep = [(ts, e) for ts, e in fr if ts > deadline]
-            if len(keep) == len(fr):
-                return b
-            if not keep:
-                return None
-            return b"".join(_pack_u32_i64(len(e), ts) + bytes(e) for ts, e in keep)
-        if self.kind == "map":
-            en = self.entries(b)
-            live = [x for x in en if x[1] > deadline]
-            if len(live) == len(en):
-                return b
-            if not live:
-                return None
-            return b"".join(_pack_u32(len(k)) + bytes(k) + _pack_u32_i64(len(x), ts) + bytes(x) for k, ts, x in live)
+        if self.kind in ("list", "map"):
+            try:
+                return _framing.drop_expired(b, deadline)
+            except CorruptSnapshotError as e:
+                raise _corrupt(self.state, f"a {self.kind} value: {e}") from None
         if len(b) < 8:
             raise _corrupt(self.state, f"a TTL value needs an 8-byte timestamp, got {len(b)} bytes")
         return b if _I64.unpack_from(b, 0)[0] > deadline else None

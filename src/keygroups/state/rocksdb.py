@@ -62,16 +62,16 @@ from keygroups.state.states import MISSING, MapState, ValueState
 if TYPE_CHECKING:
     from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage
 
+# Big-endian: the database keys these build sort bytewise in RocksDB, key group first (see above).
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
-_I64 = struct.Struct(">q")
 _pack_u32 = _U32.pack
 
 #: Cached entries per state before the cache is flushed to the database and emptied.
 DEFAULT_CACHE_LIMIT = 1 << 20
 
 #: Version of the warm database's marker (and of the database layout it vouches for).
-WARM_MARKER_VERSION = 1
+WARM_MARKER_VERSION = 2
 _MARKER = "marker.json"
 
 
@@ -125,24 +125,6 @@ def _next_prefix(prefix: bytes) -> bytes:
         b.pop()
     b[-1] += 1
     return bytes(b)
-
-
-def _rows_to_value(state: str, rows: list[tuple[bytes, bytes]], ttl: bool) -> bytes:
-    """Map entries stored as rows (user key bytes, [timestamp |] user value bytes) -> the map's value encoding."""
-    parts: list[bytes] = []
-    for ukb, stored in rows:
-        n = len(stored) - 8 if ttl else len(stored)
-        if n < 0:
-            raise CorruptSnapshotError(f"state {state!r}: a TTL map entry of {len(stored)} bytes has no timestamp")
-        parts += (_pack_u32(len(ukb)), ukb, _pack_u32(n), stored)
-    return b"".join(parts)
-
-
-def _value_to_rows(framing: ValueFraming, value: Any) -> list[tuple[bytes, bytes]]:
-    """A map's value encoding -> rows (user key bytes, [timestamp |] user value bytes)."""
-    if framing.ttl:
-        return [(bytes(kb), _I64.pack(ts) + bytes(vb)) for kb, ts, vb in framing.entries(value)]
-    return [(bytes(kb), bytes(vb)) for kb, _, vb in framing.entries(value)]
 
 
 def _open(path: str) -> rocksdict.Rdict:
@@ -229,7 +211,7 @@ class _RocksTable:
         framing = self.read_framing
         if self.is_map:
             rows = self.rows(prefix)
-            v = framing.decode(_rows_to_value(self.name, rows, framing.ttl)) if rows else MISSING
+            v = framing.decode(framing.map_from_rows(rows)) if rows else MISSING
         else:
             raw = self.db.get(prefix)
             v = MISSING if raw is None else framing.decode(raw)
@@ -244,7 +226,7 @@ class _RocksTable:
         self.backend._check_warm()
         m = {}
         for ukb, stored in self.rows(self.db_key(kgi, key)):
-            m.update(framing.decode(_rows_to_value(self.name, [(ukb, stored)], framing.ttl)))
+            m.update(framing.decode(framing.map_from_rows([(ukb, stored)])))
         for uk, v in overlay.items():
             if v is MISSING:
                 m.pop(uk, None)
@@ -322,7 +304,7 @@ class _RocksTable:
                 add((k, _Range(_next_prefix(k))))
                 enc = None if v is MISSING else write.encode(v)
                 if enc is not None:
-                    for user_key_bytes, stored in _value_to_rows(write, enc):
+                    for user_key_bytes, stored in write.map_rows(enc):
                         add((k + user_key_bytes, stored))
                 if encoded is not None:
                     encoded[key] = enc
@@ -587,7 +569,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
             if v is None:
                 return
             if t.is_map:
-                for user_key_bytes, stored in _value_to_rows(write, v):
+                for user_key_bytes, stored in write.map_rows(v):
                     batch.put(prefix + user_key_bytes, stored)
             else:
                 batch.put(prefix, v)
@@ -603,14 +585,14 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
             _, _, key_bytes, user_key_bytes = _split_db_key(k)
             prefix = k[:8 + len(key_bytes)]
             if group is not None and group[0] != prefix:
-                redo(group[0], _rows_to_value(t.name, group[1], read.ttl), group[2])
+                redo(group[0], read.map_from_rows(group[1]), group[2])
                 group = None
             if group is None:
                 group = (prefix, [], [])
             group[1].append((user_key_bytes, v))
             group[2].append(k)
         if group is not None:
-            redo(group[0], _rows_to_value(t.name, group[1], read.ttl), group[2])
+            redo(group[0], read.map_from_rows(group[1]), group[2])
         self._write(batch)
         t.configure(t.meta, write, write, t.descriptor)
 
@@ -647,7 +629,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
                     continue
             k = prefix + _frame_key(bytes(key_bytes))
             if target.is_map:
-                for user_key_bytes, stored in _value_to_rows(write if target.needs_migration else read, value_bytes):
+                for user_key_bytes, stored in (write if target.needs_migration else read).map_rows(value_bytes):
                     batch.put(k + user_key_bytes, stored)
             else:
                 batch.put(k, bytes(value_bytes))
@@ -970,7 +952,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
                     db_key = self._group_prefix[kgi] + t.state_id_bytes + _frame_key(kb)
                     if t.is_map:
                         rows = t.rows(db_key)
-                        value = _rows_to_value(t.name, rows, framing.ttl) if rows else None
+                        value = framing.map_from_rows(rows) if rows else None
                     else:
                         value = self._db.get(db_key)
                 if value is not None and deadline is not None:
@@ -1009,7 +991,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
             nonlocal entry
             if entry is not None:
                 state_id, key_bytes, rows = entry
-                add(state_id, key_bytes, _rows_to_value(maps[state_id], rows, framings[state_id].ttl))
+                add(state_id, key_bytes, framings[state_id].map_from_rows(rows))
                 entry = None
 
         for k, v in rows:

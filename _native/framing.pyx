@@ -1,0 +1,372 @@
+# cython: auto_pickle=False
+# The per-key value framing of keyed state, compiled: how one key's list or map value becomes bytes in a keyed
+# snapshot (format 3) and in RocksDB, around the bytes the registered serializers produce. Described in
+# keygroups/state/_codec.py, whose ValueFraming is the only caller besides the reader of older files
+# (keygroups/checkpoint/format.py, through upgrade_block).
+#
+# Format 3 (little-endian, as every keygroups format whose byte order is not a sort order):
+#   list value = frame*, frame = u32 payload length | [i64 timestamp, TTL states] | payload (one element)
+#   map value  = frame*, the payload being one entry in the one map-entry framing (entryframe.pxd):
+#                u32 key length | key | value
+# A map value is thus a list value whose elements are entries, and concatenating two list encodings gives the
+# encoding of the concatenated list (RocksDB appends without decoding).
+#
+# Formats 1 and 2 framed the same values big-endian, and a map entry as u32 key length | key | u32 value length |
+# [i64 timestamp] | value; a TTL value's timestamp was big-endian too. upgrade_block rewrites such values into
+# format 3 in a copy of their block: every old value has exactly the size of its format-3 form, so the block's
+# offsets stay valid.
+#
+# Reading goes through the checked cursor (cursor.pxd) and every length is checked against the bytes that remain, so
+# no bytes, whatever they say, make this module read or write outside its buffers: a damaged value raises
+# CorruptSnapshotError.
+from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_CheckExact, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from cpython.list cimport PyList_GET_ITEM, PyList_New, PyList_SET_ITEM
+from cpython.long cimport PyLong_AsLongLong, PyLong_FromLongLong
+from cpython.ref cimport Py_INCREF
+from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
+from libc.string cimport memcpy, memmove
+
+from cursor cimport Cursor, cur_corrupt, cur_init, cur_read, cur_remaining, cur_u32, cur_u64
+from entryframe cimport ENTRY_HEAD, ent_read_key, ent_write
+from writer cimport Writer, w_bytes, w_finish_bytes, w_i64, w_init_bytes, w_len
+
+import sys
+
+
+if sys.byteorder != "little":   # the cursor and the writer copy integers in host order
+    raise ImportError("keygroups._native.framing supports little-endian hosts only")
+
+cdef extern from *:
+    """
+    static inline uint32_t kg_be32(const uint8_t *p) {
+        uint32_t v; memcpy(&v, p, 4); return __builtin_bswap32(v);
+    }
+    static inline uint64_t kg_be64(const uint8_t *p) {
+        uint64_t v; memcpy(&v, p, 8); return __builtin_bswap64(v);
+    }
+    """
+    # Formats 1 and 2 only: their big-endian value framing, read while upgrading a block.
+    uint32_t kg_be32(const uint8_t *p) nogil
+    uint64_t kg_be64(const uint8_t *p) nogil
+
+cdef enum:
+    FRAME_HEAD = 4     # the payload length
+    TS_SIZE = 8        # the timestamp of a TTL state's element or entry
+    K_VALUE = 0
+    K_LIST = 1
+    K_MAP = 2
+    K_TTL = 4
+
+#: Framing codes for :func:`upgrade_block`: the kind (VALUE, LIST or MAP), plus TTL for a TTL state.
+VALUE = K_VALUE
+LIST = K_LIST
+MAP = K_MAP
+TTL = K_TTL
+
+
+cdef object _byte_view(object buffer):
+    cdef object mv = buffer if isinstance(buffer, memoryview) else memoryview(buffer)
+    if mv.ndim != 1 or mv.format != "B":
+        if not mv.c_contiguous:
+            raise TypeError("a framed value must be a C-contiguous buffer")
+        mv = mv.cast("B")
+    return mv
+
+
+cdef inline Py_ssize_t _head(bint ttl) noexcept nogil:
+    return FRAME_HEAD + TS_SIZE if ttl else FRAME_HEAD
+
+
+cdef int _acquire(object value, Py_buffer *view) except -1:
+    """The bytes of a framed value (bytes, a memoryview slice of a block, ...): one buffer acquisition, which is
+    several times cheaper than a typed memoryview for the short values framed here. Release with PyBuffer_Release."""
+    PyObject_GetBuffer(value, view, PyBUF_SIMPLE)
+    return 0
+
+
+cdef Py_ssize_t _count_frames(Cursor *c, bint ttl, str what) except -1:
+    """The number of frames of the value under ``c`` (left at its start), each checked to lie inside it."""
+    cdef Py_ssize_t n = 0, start = c.pos
+    cdef uint32_t length
+    while cur_remaining(c):
+        if cur_remaining(c) < _head(ttl):
+            cur_corrupt(c, f"a truncated {what} header")
+        length = cur_u32(c)
+        c.pos += _head(ttl) - FRAME_HEAD
+        cur_read(c, length)
+        n += 1
+    c.pos = start
+    return n
+
+
+cdef inline object _copy(const uint8_t *p, Py_ssize_t n):
+    return PyBytes_FromStringAndSize(<const char *>p, n)
+
+
+def split_list(object value, bint ttl):
+    """A list value's elements: ``(elements, timestamps)``, a list of bytes and, for a TTL state, a list of int
+    timestamps (else None). CorruptSnapshotError if a frame overruns the value."""
+    cdef Py_buffer view
+    cdef Cursor c
+    cdef Py_ssize_t n, i
+    cdef uint32_t length
+    cdef list elements, timestamps = None
+    _acquire(value, &view)
+    try:
+        cur_init(&c, <const uint8_t *>view.buf, view.len)
+        n = _count_frames(&c, ttl, "list element")
+        elements = PyList_New(n)
+        if ttl:
+            timestamps = PyList_New(n)
+        for i in range(n):
+            length = cur_u32(&c)
+            if ttl:
+                _set_item(timestamps, i, PyLong_FromLongLong(<int64_t>cur_u64(&c)))
+            _set_item(elements, i, _copy(cur_read(&c, length), length))
+    finally:
+        PyBuffer_Release(&view)
+    return elements, timestamps
+
+
+def split_map(object value, bint ttl):
+    """A map value's entries: ``(keys, values, timestamps)``, lists of bytes and, for a TTL state, a list of int
+    timestamps (else None). CorruptSnapshotError if a frame overruns the value or a key its entry."""
+    cdef Py_buffer view
+    cdef Cursor c, e
+    cdef Py_ssize_t n, i, key_len
+    cdef uint32_t length
+    cdef const uint8_t *key
+    cdef list keys, values, timestamps = None
+    _acquire(value, &view)
+    try:
+        cur_init(&c, <const uint8_t *>view.buf, view.len)
+        n = _count_frames(&c, ttl, "map entry")
+        keys = PyList_New(n)
+        values = PyList_New(n)
+        if ttl:
+            timestamps = PyList_New(n)
+        for i in range(n):
+            length = cur_u32(&c)
+            if ttl:
+                _set_item(timestamps, i, PyLong_FromLongLong(<int64_t>cur_u64(&c)))
+            if length < ENTRY_HEAD:
+                cur_corrupt(&c, f"a map entry of {length} bytes, shorter than its key length")
+            cur_init(&e, cur_read(&c, length), length)
+            key = ent_read_key(&e, &key_len)
+            _set_item(keys, i, _copy(key, key_len))
+            _set_item(values, i, _copy(e.buf + e.pos, cur_remaining(&e)))
+    finally:
+        PyBuffer_Release(&view)
+    return keys, values, timestamps
+
+
+cdef inline int _set_item(list items, Py_ssize_t i, object item) except -1:
+    # items come from PyList_New(n): every slot is filled before the list is returned
+    Py_INCREF(item)
+    PyList_SET_ITEM(items, i, item)
+    return 0
+
+
+cdef Py_ssize_t _total(list items, Py_ssize_t n, str what) except -1:
+    cdef Py_ssize_t i, total = 0
+    cdef object item
+    if len(items) != n:
+        raise ValueError(f"{len(items)} {what}s for {n} items: give one per item")
+    for i in range(n):
+        item = <object>PyList_GET_ITEM(items, i)
+        if not PyBytes_CheckExact(item):
+            raise TypeError(f"{what} {i} must be bytes (serialized), got {type(item).__name__}")
+        total += PyBytes_GET_SIZE(item)
+    return total
+
+
+cdef int _check_timestamps(object timestamps, Py_ssize_t n) except -1:
+    if timestamps is not None and (type(timestamps) is not list or len(timestamps) != n):
+        raise ValueError(f"timestamps must be a list of one int per item ({n}), or None without TTL; got "
+                         f"{type(timestamps).__name__} of {len(timestamps)}")
+    return 0
+
+
+def join_list(list elements, list timestamps=None):
+    """The list value of serialized ``elements`` (bytes), with one int timestamp each from ``timestamps`` for a TTL
+    state (None otherwise)."""
+    cdef Py_ssize_t n = len(elements), i, length
+    cdef bint ttl = timestamps is not None
+    cdef Py_ssize_t total = _total(elements, n, "element")
+    cdef object item
+    cdef Writer w
+    _check_timestamps(timestamps, n)
+    out = w_init_bytes(&w, n * _head(ttl) + total)
+    for i in range(n):
+        item = <object>PyList_GET_ITEM(elements, i)
+        length = PyBytes_GET_SIZE(item)
+        w_len(&w, length, "a list element's length")
+        if ttl:
+            w_i64(&w, PyLong_AsLongLong(<object>PyList_GET_ITEM(timestamps, i)))
+        w_bytes(&w, PyBytes_AS_STRING(item), length)
+    w_finish_bytes(&w)
+    return out
+
+
+def join_map(list keys, list values, list timestamps=None):
+    """The map value of n entries, serialized ``keys`` and ``values`` (bytes) in entry order, with one int
+    timestamp each from ``timestamps`` for a TTL state (None otherwise)."""
+    cdef Py_ssize_t n = len(keys), i
+    cdef bint ttl = timestamps is not None
+    cdef Py_ssize_t total = _total(keys, n, "key") + _total(values, n, "value")
+    cdef object k, v
+    cdef Writer w
+    _check_timestamps(timestamps, n)
+    out = w_init_bytes(&w, n * (_head(ttl) + ENTRY_HEAD) + total)
+    for i in range(n):
+        k = <object>PyList_GET_ITEM(keys, i)
+        v = <object>PyList_GET_ITEM(values, i)
+        w_len(&w, ENTRY_HEAD + PyBytes_GET_SIZE(k) + PyBytes_GET_SIZE(v), "a map entry's length")
+        if ttl:
+            w_i64(&w, PyLong_AsLongLong(<object>PyList_GET_ITEM(timestamps, i)))
+        ent_write(&w, PyBytes_AS_STRING(k), PyBytes_GET_SIZE(k), PyBytes_AS_STRING(v), PyBytes_GET_SIZE(v))
+    w_finish_bytes(&w)
+    return out
+
+
+def drop_expired(object value, int64_t deadline):
+    """A TTL list or map value without the frames whose timestamp is <= ``deadline``: ``value`` itself when none
+    is, None when all are, else a new bytes object of the live frames in order. CorruptSnapshotError if a frame
+    overruns the value."""
+    cdef Py_buffer view
+    cdef const uint8_t *buf
+    cdef Py_ssize_t start, live = 0, n = 0, kept = 0
+    cdef Cursor c
+    cdef uint32_t length
+    cdef Writer w
+    cdef object out = None
+    _acquire(value, &view)
+    try:
+        buf = <const uint8_t *>view.buf
+        cur_init(&c, buf, view.len)
+        _count_frames(&c, True, "TTL frame")   # checks every frame before anything below trusts its length
+        while cur_remaining(&c):
+            length = cur_u32(&c)
+            n += 1
+            if <int64_t>cur_u64(&c) > deadline:
+                live += FRAME_HEAD + TS_SIZE + length
+                kept += 1
+            cur_read(&c, length)
+        if kept == n:
+            return value
+        if kept == 0:
+            return None
+        out = w_init_bytes(&w, live)
+        c.pos = 0
+        while cur_remaining(&c):
+            start = c.pos
+            length = cur_u32(&c)
+            if <int64_t>cur_u64(&c) > deadline:
+                w_bytes(&w, buf + start, FRAME_HEAD + TS_SIZE + length)
+            cur_read(&c, length)
+        w_finish_bytes(&w)
+    finally:
+        PyBuffer_Release(&view)
+    return out
+
+
+# ---- formats 1 and 2 ---------------------------------------------------------------------------------------------
+
+cdef int _upgrade_value(uint8_t *p, Py_ssize_t size, int code) except -1:
+    """Rewrite one value of format 1 or 2 at ``p`` in place into format 3 (same size)."""
+    cdef Cursor c
+    cdef Py_ssize_t pos = 0, head, ts_size = TS_SIZE if code & K_TTL else 0
+    cdef uint32_t key_len, value_len, entry_len
+    cdef uint64_t ts = 0
+    cur_init(&c, p, size)
+    if code & 3 == K_VALUE:
+        if code & K_TTL:
+            if size < TS_SIZE:
+                cur_corrupt(&c, f"a TTL value of {size} bytes, shorter than its timestamp")
+            ts = kg_be64(p)
+            memcpy(p, &ts, TS_SIZE)
+        return 0
+    if code & 3 == K_LIST:
+        head = FRAME_HEAD + ts_size
+        while pos < size:
+            c.pos = pos
+            if size - pos < head:
+                cur_corrupt(&c, "a truncated list element header")
+            value_len = kg_be32(p + pos)
+            if ts_size:
+                ts = kg_be64(p + pos + FRAME_HEAD)
+            if <uint64_t>value_len > <uint64_t>(size - pos - head):
+                cur_corrupt(&c, f"a list element of {value_len} bytes past the end of its value")
+            memcpy(p + pos, &value_len, FRAME_HEAD)
+            if ts_size:
+                memcpy(p + pos + FRAME_HEAD, &ts, TS_SIZE)
+            pos += head + value_len
+        return 0
+    # a map: u32 key length | key | u32 value length | [i64 timestamp] | value
+    #     -> u32 entry length | [i64 timestamp] | u32 key length | key | value   (the value does not move)
+    while pos < size:
+        c.pos = pos
+        if size - pos < FRAME_HEAD:
+            cur_corrupt(&c, "a truncated map key header")
+        key_len = kg_be32(p + pos)
+        if <uint64_t>key_len + FRAME_HEAD + ts_size + FRAME_HEAD > <uint64_t>(size - pos):
+            cur_corrupt(&c, f"a map key of {key_len} bytes and its value header past the end of its value")
+        value_len = kg_be32(p + pos + FRAME_HEAD + key_len)
+        if ts_size:
+            ts = kg_be64(p + pos + 2 * FRAME_HEAD + key_len)
+        if <uint64_t>value_len > <uint64_t>(size - pos - 2 * FRAME_HEAD - ts_size - key_len):
+            cur_corrupt(&c, f"a map value of {value_len} bytes past the end of its value")
+        memmove(p + pos + FRAME_HEAD + ts_size + ENTRY_HEAD, p + pos + FRAME_HEAD, key_len)
+        entry_len = ENTRY_HEAD + key_len + value_len   # checked above: inside the value, so < 2^32
+        memcpy(p + pos, &entry_len, FRAME_HEAD)
+        if ts_size:
+            memcpy(p + pos + FRAME_HEAD, &ts, TS_SIZE)
+        memcpy(p + pos + FRAME_HEAD + ts_size, &key_len, ENTRY_HEAD)
+        pos += FRAME_HEAD + ts_size + ENTRY_HEAD + key_len + value_len
+    return 0
+
+
+cdef int _check_offsets(const int64_t[::1] offsets, Py_ssize_t size, str what) except -1:
+    cdef Py_ssize_t i, n = offsets.shape[0]
+    if n < 1:
+        raise ValueError(f"{what} offsets must hold n + 1 >= 1 positions, got {n}")
+    for i in range(n):
+        if offsets[i] < 0 or offsets[i] > size or (i and offsets[i] < offsets[i - 1]):
+            raise ValueError(f"{what} offset {i} = {offsets[i]}: offsets must ascend inside the {size}-byte buffer")
+    return 0
+
+
+def upgrade_block(object block, list puts, list codes):
+    """A block of keyed format 1 or 2 with its values rewritten into format 3's framing: a new bytes object (the
+    block is not changed; its CRC is not recomputed), or ``block`` itself when no value needs it. ``puts`` are the
+    block's put sections as ``parse_block_offsets`` returns them, ``codes`` the framing code of each state index
+    (VALUE, LIST or MAP, plus TTL); a plain value (VALUE without TTL) is the same in every format.
+    CorruptSnapshotError if a value's old framing is damaged."""
+    cdef object mv = _byte_view(block)
+    cdef const uint8_t[::1] src = mv
+    cdef Py_ssize_t size = src.shape[0], i, n, state
+    cdef const int64_t[::1] vo
+    cdef uint8_t *p
+    cdef int code
+    cdef bytes out = None
+    if size == 0:
+        return block
+    for put in puts:
+        state = put[0]
+        if not 0 <= state < len(codes):
+            raise ValueError(f"state index {state} has no framing code (codes for {len(codes)} states)")
+        code = codes[state]
+        if code == K_VALUE:
+            continue
+        if code & ~(3 | K_TTL) or code & 3 == 3:
+            raise ValueError(f"framing code {code} is not VALUE, LIST or MAP, plus TTL")
+        vo = put[2]
+        n = vo.shape[0] - 1
+        _check_offsets(vo, size, "value")
+        if out is None:
+            out = PyBytes_FromStringAndSize(<const char *>&src[0], size)
+        p = <uint8_t *>PyBytes_AS_STRING(out)
+        for i in range(n):
+            _upgrade_value(p + vo[i], <Py_ssize_t>(vo[i + 1] - vo[i]), code)
+    return block if out is None else out
