@@ -41,6 +41,7 @@ from keygroups.checkpoint import (
     read_key_group_offsets,
     read_operator_runs,
 )
+from keygroups.checkpoint.metadata import EMPTY_BLOCK_SIZE
 from keygroups.errors import CheckpointNotFoundError, CorruptSnapshotError, KeyGroupsError
 from keygroups.runtime.state_types import arrow_type, is_typed, reading_serializer
 from keygroups.serializers import SerializerSnapshot, TypeSerializer
@@ -259,7 +260,8 @@ def key_group_partitions(metadata: CheckpointMetadata, *, target_bytes: int = DE
     if isinstance(target_bytes, bool) or not isinstance(target_bytes, int) or target_bytes < 1:
         raise ValueError(f"target_bytes must be an int >= 1, got {target_bytes!r}")
     stats = chain_stats(metadata, KeyGroupRange(0, metadata.max_parallelism - 1))
-    sizes = [(kg, s.full_bytes + s.delta_bytes) for kg, s in sorted(stats.items())]
+    sizes = [(kg, s.full_bytes + s.delta_bytes) for kg, s in sorted(stats.items())
+             if s.delta_bytes or s.full_bytes > EMPTY_BLOCK_SIZE]   # an empty full block holds nothing to read
     if not sizes:
         return [KeyGroupRange.empty()]
     if count is not None:
