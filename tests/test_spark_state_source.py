@@ -92,7 +92,8 @@ def test_chosen_checkpoint_savepoint_metadata_and_operator_views(registered, tmp
         data, offsets)], subtask=0, operator_id="source")
     storage.commit(CheckpointMetadata(3, "j", 0, MAXP, 1, md.keyed_handles, [handle]))
     ops = read(spark, tmp_path, view="operator", state="positions").collect()
-    assert [tuple(r) for r in ops] == [("source", 0, "SPLIT_DISTRIBUTE", 0, 10), ("source", 0, "SPLIT_DISTRIBUTE", 1, 20)]
+    assert [tuple(r) for r in ops] == [("source", 0, "SPLIT_DISTRIBUTE", 0, 10),
+                                       ("source", 0, "SPLIT_DISTRIBUTE", 1, 20)]
 
 
 def test_bad_options_and_foreign_input_fail_clearly(registered, tmp_path):

@@ -11,9 +11,13 @@ import os
 
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from state_views import MAXP, STATES, T0, backend_view, build_chain, descriptors, expected_rows
+from test_serializers_strategies import serializers_and_values
 
-from keygroups import KeyGroupRange, assign_to_key_group
+from keygroups import KeyGroupRange, assign_to_key_group, key_group_range
+from keygroups._native import splitter
 from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage, SerializedState, write_operator_snapshot
 from keygroups.checkpoint.metadata import DistributionMode
 from keygroups.errors import CheckpointNotFoundError, CorruptSnapshotError
@@ -25,7 +29,7 @@ from keygroups.runtime.state_reader import (
     metadata_table,
     operator_state_table,
 )
-from keygroups.runtime.state_types import arrow_type, from_arrow, is_typed
+from keygroups.runtime.state_types import arrow_type, is_typed, python_values
 from keygroups.runtime.state_writer import (
     DuplicateKeyError,
     StateColumn,
@@ -128,11 +132,26 @@ def test_serializers_map_to_arrow_types_and_opaque_ones_to_binary():
     for opaque in (PickleSerializer(), ValueSerializer(), TupleSerializer(Int64Serializer(), PickleSerializer()),
                    ListSerializer(ValueSerializer())):
         assert not is_typed(opaque.snapshot()) and arrow_type(opaque.snapshot()) == pa.binary()
-    # values come back through Arrow in the form the serializer takes
-    value = (7, None, [{"a": 1.5}, {}])
-    arr = pa.array([value], type=arrow_type(t.snapshot()))
-    assert from_arrow(t.snapshot())(arr.to_pylist()[0]) == value
-    assert t.deserialize(t.serialize(from_arrow(t.snapshot())(arr.to_pylist()[0]))) == value
+    # values come back through Arrow in the form the serializer takes, sliced arrays too
+    values = [(7, None, [{"a": 1.5}, {}]), None, (0, "x", [])]
+    arr = pa.array(values, type=arrow_type(t.snapshot()))
+    assert python_values(arr, t.snapshot()) == values
+    assert python_values(pa.chunked_array([arr.slice(1), arr.slice(0, 1)]), t.snapshot()) == values[1:] + values[:1]
+
+
+@settings(max_examples=150)
+@given(st.data())
+def test_typed_values_cross_arrow_unchanged(data):
+    serializer, values_strategy = data.draw(serializers_and_values)
+    snapshot = serializer.snapshot()
+    values = data.draw(st.lists(values_strategy, max_size=6))
+    if not is_typed(snapshot):
+        assert arrow_type(snapshot) == pa.binary()
+        return
+    decoded = [serializer.deserialize(serializer.serialize(v)) for v in values]   # as the reader decodes them
+    column = pa.array(decoded, type=arrow_type(snapshot))
+    assert python_values(column, snapshot) == decoded                             # as the writer takes them
+    assert [serializer.deserialize(serializer.serialize(v)) for v in python_values(column, snapshot)] == decoded
 
 
 def test_tuple_keys_and_opaque_values_are_columns_and_bytes(tmp_path):
@@ -180,7 +199,6 @@ def test_operator_state_per_subtask_and_mode(tmp_path):
     handles = []
     for subtask, (offsets_list, rules) in enumerate([([1, 2, 3], {"a": 1}), ([4], {"a": 1})]):
         data, offsets = Int64Serializer().serialize_many(offsets_list)
-        from keygroups._native import splitter
         kd, ko = StrSerializer().serialize_many(list(rules))
         vd, vo = Int64Serializer().serialize_many(list(rules.values()))
         bdata, boffsets = splitter.encode_entries(kd, ko, vd, vo)
@@ -252,18 +270,18 @@ def test_damaged_files_raise_corrupt_snapshot_errors(tmp_path):
 # ---- the savepoint writer without Spark ----------------------------------------------------------------------------
 
 
-def write_rows(tmp_path, table: pa.Table, *, parallelism: int, **kwargs) -> tuple[CheckpointStorage, CheckpointMetadata]:
+def write_rows(tmp_path, table: pa.Table, *, parallelism: int, **kwargs
+               ) -> tuple[CheckpointStorage, CheckpointMetadata]:
     """As keygroups.spark.write_savepoint does, with the rows split over the subtasks in Python."""
     plan = plan_savepoint(table.schema, str(tmp_path), "boot", max_parallelism=MAXP, parallelism=parallelism,
                           **kwargs)
     keys = table.column(plan.key_columns[0]).to_pylist()
     handles = []
     for subtask in range(parallelism):
-        from keygroups import key_group_range
-        mine = [i for i, k in enumerate(keys) if assign_to_key_group(k, MAXP) in key_group_range(MAXP, parallelism,
-                                                                                                   subtask)]
+        groups = key_group_range(MAXP, parallelism, subtask)
+        mine = [i for i, k in enumerate(keys) if assign_to_key_group(k, MAXP) in groups]
         handles.append(write_savepoint_subtask(plan, subtask, table.take(pa.array(mine, pa.int64())).to_batches()))
-    md = commit_savepoint(plan, handles)
+    commit_savepoint(plan, handles)
     storage = CheckpointStorage(str(tmp_path))
     return storage, storage.load_savepoint("boot")
 

@@ -395,7 +395,9 @@ class KeyedStateReader:
         else:
             repeat: list[int] = []
             if self.kind == "list":
-                index, elements, stamps = [], [], []
+                index: list[int] = []
+                elements: list[Any] = []
+                stamps: list[int] = []
                 for i, v in enumerate(values):
                     repeat.extend([i] * len(v))
                     index.extend(range(len(v)))
@@ -406,7 +408,9 @@ class KeyedStateReader:
                         elements.extend(v)
                 columns = [index, elements] + ([stamps] if self.ttl else [])
             else:
-                map_keys, items, stamps = [], [], []
+                map_keys: list[Any] = []
+                items: list[Any] = []
+                stamps = []
                 for i, v in enumerate(values):
                     repeat.extend([i] * len(v))
                     map_keys.extend(v.keys())
@@ -503,7 +507,8 @@ def operator_state_schema(metadata: CheckpointMetadata, state: str) -> pa.Schema
         return pa.schema(head + [
             pa.field("key", arrow_type(SerializerSnapshot.from_json(meta.serializers["key_serializer"]))),
             pa.field("value", arrow_type(SerializerSnapshot.from_json(meta.serializers["value_serializer"])))])
-    return pa.schema(head + [pa.field("value", arrow_type(SerializerSnapshot.from_json(meta.serializers["serializer"])))])
+    element = arrow_type(SerializerSnapshot.from_json(meta.serializers["serializer"]))
+    return pa.schema(head + [pa.field("value", element)])
 
 
 def _operator_meta(metadata: CheckpointMetadata, state: str) -> Any:
@@ -549,6 +554,7 @@ def operator_state_table(storage: CheckpointStorage, metadata: CheckpointMetadat
     return pa.Table.from_pydict(columns, schema=schema)
 
 
-__all__ = ["KeyedStateReader", "load_restore_point", "key_group_partitions", "DEFAULT_PARTITION_BYTES", "keyed_state_metas", "operator_state_names", "metadata_table",
-           "operator_state_schema", "operator_state_table", "StateNotFoundError", "METADATA_SCHEMA",
-           "KEY_COLUMNS_PROPERTY", "TTL_TYPE", "SINGLE_VALUE_KINDS"]
+__all__ = ["KeyedStateReader", "load_restore_point", "key_group_partitions", "DEFAULT_PARTITION_BYTES",
+           "keyed_state_metas", "operator_state_names", "metadata_table", "operator_state_schema",
+           "operator_state_table", "StateNotFoundError", "METADATA_SCHEMA", "KEY_COLUMNS_PROPERTY", "TTL_TYPE",
+           "SINGLE_VALUE_KINDS"]

@@ -9,8 +9,8 @@ unpickled: that would run code from the checkpoint), ``ValueSerializer`` (self-d
 ones, alone or nested anywhere. An opaque value is its serialized bytes, a binary column, read and written as is.
 
 Values cross as Python objects: the typed serializers decode to ints, floats, bools, str, bytes, tuples, lists and
-dicts, which ``pyarrow.array`` takes for the mapped type as they are; the way back (:func:`from_arrow`) turns Arrow's
-structs (dicts) into tuples and its maps (lists of pairs) into dicts.
+dicts, which ``pyarrow.array`` takes for the mapped type as they are; the way back (:func:`python_values`) builds
+tuples from structs and dicts from maps, a column at a time.
 """
 
 from __future__ import annotations
@@ -128,37 +128,46 @@ def serializer_for_arrow(arrow: pa.DataType, what: str) -> TypeSerializer:
                     f"name a serializer and give its serialized bytes as a binary column")
 
 
-def from_arrow(snapshot: SerializerSnapshot) -> Callable[[Any], Any] | None:
-    """A function turning one value of ``arrow_type(snapshot)``'s column, as ``to_pylist`` gives it, into the object
-    the serializer takes (a struct's dict becomes a tuple, a map's pairs a dict); None when the values are already
-    right (scalars, and opaque bytes)."""
-    return _from_arrow(snapshot) if is_typed(snapshot) else None
+def python_values(column: pa.Array | pa.ChunkedArray, snapshot: SerializerSnapshot) -> list[Any]:
+    """The values of ``column`` (of ``arrow_type(snapshot)``, or of a type :func:`serializer_for_arrow` maps to
+    ``snapshot``'s serializer) as that serializer takes them: a struct's values as tuples, a map's as dicts, any
+    other as ``to_pylist`` gives it (opaque values: their bytes). Converted column by column, not row by row."""
+    chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+    # one array that starts at offset 0, so children and offsets line up without slicing arithmetic
+    array = pa.concat_arrays(chunks) if chunks else pa.array([], type=column.type)
+    return _python(array, snapshot) if is_typed(snapshot) else array.to_pylist()
 
 
-def _from_arrow(s: SerializerSnapshot) -> Callable[[Any], Any] | None:
-    if s.identifier in _SCALARS:
-        return None
+def _needs_conversion(s: SerializerSnapshot) -> bool:
+    return s.identifier in ("tuple", "map") or any(_needs_conversion(n) for n in s.nested)
+
+
+def _python(array: pa.Array, s: SerializerSnapshot) -> list[Any]:
     if s.identifier == "nullable":
-        return _from_arrow(s.nested[0])
+        return _python(array, s.nested[0])
+    if not _needs_conversion(s):
+        return array.to_pylist()
+    valid = None if array.null_count == 0 else array.is_valid().to_pylist()
     if s.identifier == "tuple":
-        fields = [_from_arrow(n) or _same for n in s.nested]
+        if not pa.types.is_struct(array.type) or array.type.num_fields != len(s.nested):
+            raise TypeError(f"a {s.describe()} value needs a struct of {len(s.nested)} fields, got {array.type}")
+        fields = [_python(array.field(i), n) for i, n in enumerate(s.nested)]
+        rows: list[Any] = list(zip(*fields)) if fields else []
+    else:
+        if s.identifier == "list":
+            parts = [_python(array.values, s.nested[0])]
+        else:
+            if not pa.types.is_map(array.type):
+                raise TypeError(f"a {s.describe()} value needs a map, got {array.type}")
+            parts = [_python(array.keys, s.nested[0]), _python(array.items, s.nested[1])]
+        offsets = array.offsets.to_pylist()
+        if s.identifier == "list":
+            rows = [parts[0][a:b] for a, b in zip(offsets, offsets[1:])]
+        else:
+            rows = [dict(zip(parts[0][a:b], parts[1][a:b])) for a, b in zip(offsets, offsets[1:])]
+    if valid is not None:
+        rows = [r if ok else None for r, ok in zip(rows, valid)]
+    return rows
 
-        def to_tuple(v: Any) -> Any:
-            if v is None:
-                return None
-            return tuple(f(x) for f, x in zip(fields, v.values() if isinstance(v, dict) else v, strict=True))
-        return to_tuple
-    if s.identifier == "list":
-        element = _from_arrow(s.nested[0])
-        if element is None:
-            return None
-        return lambda v: None if v is None else [element(x) for x in v]
-    key, value = _from_arrow(s.nested[0]) or _same, _from_arrow(s.nested[1]) or _same
-    return lambda v: None if v is None else {key(k): value(x) for k, x in (v.items() if isinstance(v, dict) else v)}
 
-
-def _same(v: Any) -> Any:
-    return v
-
-
-__all__ = ["is_typed", "arrow_type", "reading_serializer", "serializer_for_arrow", "from_arrow"]
+__all__ = ["is_typed", "arrow_type", "reading_serializer", "serializer_for_arrow", "python_values"]

@@ -35,10 +35,11 @@ from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage, KeyedSta
 from keygroups.checkpoint.format import write_full_snapshot
 from keygroups.errors import KeyGroupsError
 from keygroups.runtime.state_reader import KEY_COLUMNS_PROPERTY
-from keygroups.runtime.state_types import from_arrow, is_typed, serializer_for_arrow
+from keygroups.runtime.state_types import is_typed, python_values, serializer_for_arrow
 from keygroups.runtime.subtask import key_serializer_for, key_type_for_schema
 from keygroups.serializers import BytesSerializer, SerializerSnapshot, TypeSerializer
 from keygroups.state import (
+    AggregateFunction,
     AggregatingStateDescriptor,
     ListStateDescriptor,
     MapStateDescriptor,
@@ -132,11 +133,13 @@ def _no_function(a: Any, b: Any) -> Any:
     raise NotImplementedError("a savepoint writer never reduces")
 
 
-class _NoAggregate:
-    def create_accumulator(self) -> Any: raise NotImplementedError
-    def add(self, value: Any, accumulator: Any) -> Any: raise NotImplementedError
-    def get_result(self, accumulator: Any) -> Any: raise NotImplementedError
-    def merge(self, a: Any, b: Any) -> Any: raise NotImplementedError
+class _NoAggregate(AggregateFunction):
+    """A savepoint writer stores accumulators; it never aggregates (the function is the job's)."""
+
+    def create_accumulator(self) -> Any:
+        raise NotImplementedError("a savepoint writer never aggregates")
+
+    add = get_result = merge = create_accumulator   # type: ignore[assignment]
 
 
 def _plan_state(name: Any, spec: Any, schema: pa.Schema, key_serializer: TypeSerializer) -> _PlannedState:
@@ -259,43 +262,39 @@ class _Encoder:
         self.state = state
         self.framing = ValueFraming.for_state(state.name, state.kind, state.encoders, ttl=state.ttl)
         self.default_ms = default_ms
-        meta = state.meta["serializers"]
+        self.what = f"state {state.name!r} (column {state.column!r})"
+        # the snapshot of the column's values as a whole: a list state's column is a list of its elements, a map
+        # state's a map (a typed list / map serializer of the element / key and value serializers)
+        sers = state.meta["serializers"]
         if state.kind == "list":
-            self.convert = from_arrow(SerializerSnapshot.from_json(meta["element"]))
+            self.snapshot = SerializerSnapshot("list", 1, {}, (SerializerSnapshot.from_json(sers["element"]),))
         elif state.kind == "map":
-            key = from_arrow(SerializerSnapshot.from_json(meta["map key"]))
-            value = from_arrow(SerializerSnapshot.from_json(meta["map value"]))
-            self.convert = None if key is None and value is None else (
-                lambda pairs: {(key or _same)(k): (value or _same)(x) for k, x in pairs.items()})
+            self.snapshot = SerializerSnapshot("map", 1, {}, (SerializerSnapshot.from_json(sers["map key"]),
+                                                              SerializerSnapshot.from_json(sers["map value"])))
         else:
-            self.convert = from_arrow(SerializerSnapshot.from_json(meta["value"]))
+            self.snapshot = SerializerSnapshot.from_json(sers["value"])
 
-    def python(self, raw: Any) -> Any:
-        """A value as ``to_pylist`` gives it -> the object the framing encodes."""
-        if self.state.kind == "list":
-            return list(raw) if self.convert is None else [self.convert(e) for e in raw]
-        if self.state.kind == "map":
-            pairs = dict(raw)
-            return pairs if self.convert is None else self.convert(pairs)
-        return raw if self.convert is None else self.convert(raw)
+    def values(self, column: pa.ChunkedArray) -> list[Any]:
+        """The column's values as the framing encodes them (None for a null)."""
+        try:
+            values = python_values(column, self.snapshot)
+        except TypeError as e:
+            raise TypeError(f"{self.what}: {e}") from None
+        if self.state.kind == "map":   # opaque keys or values come as pairs
+            return [v if v is None or isinstance(v, dict) else dict(v) for v in values]
+        return values
 
     def encode(self, values: list[Any], stamps: list[Any] | None) -> list[bytes]:
-        what = f"state {self.state.name!r} (column {self.state.column!r})"
         out = []
         try:
-            for i, raw in enumerate(values):
-                v = self.python(raw)
+            for i, v in enumerate(values):
                 if self.state.ttl:
                     v = _with_timestamps(self.state.kind, v, stamps[i] if stamps is not None else None,
-                                         self.default_ms, what)
+                                         self.default_ms, self.what)
                 out.append(self.framing.encode(v))
         except (TypeError, ValueError, OverflowError) as e:
-            raise type(e)(f"{what}: {e}") from None
+            raise type(e)(f"{self.what}: {e}") from None
         return out
-
-
-def _same(v: Any) -> Any:
-    return v
 
 
 def write_savepoint_subtask(plan: SavepointPlan, subtask: int, batches: Iterable[pa.RecordBatch]
@@ -321,33 +320,31 @@ def write_savepoint_subtask(plan: SavepointPlan, subtask: int, batches: Iterable
     stops = np.concatenate([bounds, [len(kgs)]]).tolist()
     key_serializer = key_serializer_for(plan.key_type)
     encoders = [_Encoder(s, plan.written_ms) for s in plan.states]
-    key_columns = [table.column(c) for c in plan.key_columns]
+    parts = [table.column(c).to_pylist() for c in plan.key_columns]
+    keys = parts[0] if len(parts) == 1 else list(zip(*parts))
+    key_bytes = [key_serializer.serialize(k) for k in keys]
+    columns = []   # per state: (its encoder, its values, where it has one, their TTL timestamps)
+    for enc in encoders:
+        column = table.column(enc.state.column)
+        stamps = table.column(enc.state.ttl_column).to_pylist() if enc.state.ttl_column is not None else None
+        columns.append((enc, enc.values(column), pc.is_valid(column).to_numpy(zero_copy_only=False), stamps))
 
     def key_groups() -> Iterable[tuple[int, list[tuple[int, list[bytes], list[bytes]]]]]:
         for a, b in zip(starts, stops):
-            kg = int(kgs[a])
-            parts = [c.slice(a, b - a).to_pylist() for c in key_columns]
-            keys = parts[0] if len(parts) == 1 else list(zip(*parts))
-            key_bytes = [key_serializer.serialize(k) for k in keys]
-            if len(set(key_bytes)) != len(key_bytes):
-                seen: set[bytes] = set()
-                dup = next(k for k, kb in zip(keys, key_bytes) if kb in seen or seen.add(kb))  # type: ignore[func-returns-value]
+            mine = key_bytes[a:b]
+            if len(set(mine)) != len(mine):
+                first: dict[bytes, int] = {}
+                dup = next(keys[a + i] for i, kb in enumerate(mine) if first.setdefault(kb, i) != i)
                 raise DuplicateKeyError(f"key {dup!r} comes in more than one row: a savepoint holds one value (list, "
                                         f"map) per key and state; aggregate the rows per key first")
             sections = []
-            for index, enc in enumerate(encoders):
-                column = table.column(enc.state.column).slice(a, b - a)
-                present = pc.is_valid(column).to_numpy(zero_copy_only=False)
-                if not present.any():
-                    continue
-                rows = np.flatnonzero(present).tolist()
-                values = column.to_pylist()
-                stamps = (table.column(enc.state.ttl_column).slice(a, b - a).to_pylist()
-                          if enc.state.ttl_column is not None else None)
-                encoded = enc.encode([values[i] for i in rows], [stamps[i] for i in rows] if stamps else None)
-                sections.append((index, [key_bytes[i] for i in rows], encoded))
+            for index, (enc, values, present, stamps) in enumerate(columns):
+                rows = (np.flatnonzero(present[a:b]) + a).tolist()
+                if rows:
+                    encoded = enc.encode([values[i] for i in rows], [stamps[i] for i in rows] if stamps else None)
+                    sections.append((index, [key_bytes[i] for i in rows], encoded))
             if sections:
-                yield kg, sections
+                yield int(kgs[a]), sections
 
     storage = plan.storage
     relpath = f"{plan.directory}/keyed-{subtask}-{uuid.uuid4().hex}"

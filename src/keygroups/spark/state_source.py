@@ -102,7 +102,8 @@ class _Request:
             raise ValueError(f"option 'view' must be one of {', '.join(VIEWS)}, got {options['view']!r}")
         flatten = options.get("flattencollections", "false").lower()
         if flatten not in _TRUE + _FALSE:
-            raise ValueError(f"option 'flattenCollections' must be true or false, got {options['flattencollections']!r}")
+            raise ValueError(f"option 'flattenCollections' must be true or false, got "
+                             f"{options['flattencollections']!r}")
         self.flatten = flatten in _TRUE
         keys = options.get("keycolumns")
         self.key_columns = [c.strip() for c in keys.split(",")] if keys else None
@@ -130,7 +131,8 @@ class _Request:
                 f"{sorted(keyed_state_metas(self.metadata)) or 'none'}, operator states: "
                 f"{operator_state_names(self.metadata) or 'none'} (or read .option('view', 'metadata'))")
         self.keyed = (KeyedStateReader(self.storage, self.metadata, self.state, flatten=self.flatten,
-                                       key_columns=self.key_columns) if self.view == "keyed" else None)
+                                       key_columns=self.key_columns)
+                      if self.view == "keyed" and self.state is not None else None)
 
     @property
     def arrow_schema(self) -> pa.Schema:
@@ -180,7 +182,8 @@ class _StateReader(DataSourceReader):
     def _batches(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         request = self.request
         if request.view == "operator":
-            yield from operator_state_table(request.storage, request.metadata, request.state).to_batches()  # type: ignore[arg-type]
+            assert request.state is not None   # checked with the options
+            yield from operator_state_table(request.storage, request.metadata, request.state).to_batches()
             return
         assert isinstance(partition, KeyGroupRangePartition)
         groups = KeyGroupRange(partition.start, partition.end)
