@@ -49,7 +49,7 @@ def read(spark, location, **options):
 
 @pytest.fixture(scope="module")
 def registered(spark):
-    kspark.register(spark)
+    kspark.register()   # with the active session (this module imported keygroups.spark before it existed)
     return spark
 
 
