@@ -812,15 +812,9 @@ class CheckpointStorage:
         file whose blocks are each key group's chain merged into one full block (bytes in, bytes out), and a copy
         of each operator state file. Retention never touches it, and either backend restores it. Returns the
         savepoint directory's full path or URL."""
-        _check_name(name, "savepoint name")
         md = metadata_or_id if isinstance(metadata_or_id, CheckpointMetadata) else self.load(metadata_or_id)
         md.validate()
-        base = f"{SAVEPOINTS_DIR}/{name}"
-        if self._fs.exists(f"{base}/{METADATA_NAME}"):
-            raise ValueError(f"savepoint {name!r} already exists in {self.location}; choose another name "
-                             f"(existing: {self.savepoint_names()})")
-        self._fs.rmtree(base)   # leftovers of an interrupted savepoint of the same name
-        self._fs.makedirs(base)
+        base = self.begin_savepoint(name)
         operator_files = {h.file: f"{base}/{posixpath.basename(h.file)}" for h in md.operator_handles}
         if len(set(operator_files.values())) != len(operator_files):
             raise ValueError(f"two operator state files of checkpoint {md.checkpoint_id} share a file name; a "
@@ -841,8 +835,32 @@ class CheckpointStorage:
             max_parallelism=md.max_parallelism, parallelism=md.parallelism, keyed_handles=keyed,
             operator_handles=[dataclasses.replace(h, file=operator_files[h.file]) for h in md.operator_handles],
             properties=dict(md.properties), base=base)
+        return self.commit_savepoint(copy, name)
+
+    def begin_savepoint(self, name: str) -> str:
+        """Start writing savepoint ``name``: ValueError if it already exists; leftovers of an interrupted one of
+        that name are removed. Returns its directory (storage-relative, ``savepoints/<name>``): write its state
+        files there (e.g. ``keygroups.checkpoint.format.write_full_snapshot``), then :meth:`commit_savepoint`."""
+        _check_name(name, "savepoint name")
+        base = f"{SAVEPOINTS_DIR}/{name}"
+        if self._fs.exists(f"{base}/{METADATA_NAME}"):
+            raise ValueError(f"savepoint {name!r} already exists in {self.location}; choose another name "
+                             f"(existing: {self.savepoint_names()})")
+        self._fs.rmtree(base)   # leftovers of an interrupted savepoint of the same name
+        self._fs.makedirs(base)
+        return base
+
+    def commit_savepoint(self, metadata: CheckpointMetadata, name: str) -> str:
+        """Make savepoint ``name`` complete: every file ``metadata`` references lies in its directory and exists
+        (keyed files with their handle's size), then its ``_metadata`` is written last, atomically. Sets
+        ``metadata.base``; returns the savepoint directory's full path or URL."""
+        _check_name(name, "savepoint name")
+        base = f"{SAVEPOINTS_DIR}/{name}"
+        data = encode_metadata(metadata, base)   # also checks every file lies in the savepoint's directory
+        self._check_files(metadata)
         self._fs.sync_dir(base)
-        self._fs.write_atomic(f"{base}/{METADATA_NAME}", encode_metadata(copy, base))
+        self._fs.write_atomic(f"{base}/{METADATA_NAME}", data)
+        metadata.base = base
         return self._fs.url(base)
 
     def load_savepoint(self, name: str) -> CheckpointMetadata:

@@ -1,5 +1,5 @@
-"""keygroups on Spark: Flink-exact keyBy for RDDs and DataFrames. The only package, with ``keygroups.cli``, that
-imports pyspark.
+"""keygroups on Spark: Flink-exact keyBy for RDDs and DataFrames, the job runner, and state as DataFrames. The only
+package, with ``keygroups.cli``, that imports pyspark.
 
 - :class:`KeyGroupPartitioner` and :func:`key_by`: RDDs partitioned so that partition *i* holds subtask *i*'s keys.
 - :func:`with_key_groups`: a DataFrame plus Flink-exact key-group (and operator-index) columns, computed in the JVM.
@@ -8,11 +8,18 @@ imports pyspark.
   layer over :mod:`keygroups.runtime`'s driver; :class:`BatchResult` is what one batch did.
 - :func:`read_checkpoint_files`: Parquet files a batch wrote under a checkpoint location (its output, its staged
   input) as a DataFrame, on any location the storage reaches (``s3://`` without Hadoop's S3A connector too).
+- ``spark.read.format("keygroups")`` (:class:`KeyGroupsDataSource`, registered with the active session on import,
+  :func:`register` for a later one): a checkpoint's or savepoint's state as a DataFrame; :func:`write_savepoint`
+  (with :class:`StateColumn`): a savepoint from a DataFrame, which a ``KeyedJob`` starts from.
 """
 
+from keygroups.runtime.state_writer import StateColumn
 from keygroups.spark.columns import with_key_groups
 from keygroups.spark.job import BatchResult, KeyedJob, read_checkpoint_files
 from keygroups.spark.partitioner import KeyGroupPartitioner, key_by, partition_by_key_group
+from keygroups.spark.state_source import KeyGroupsDataSource, _register_with_active_session, register, write_savepoint
 
-__all__ = ["BatchResult", "KeyGroupPartitioner", "KeyedJob", "key_by", "with_key_groups", "partition_by_key_group",
-           "read_checkpoint_files"]
+_register_with_active_session()
+
+__all__ = ["BatchResult", "KeyGroupPartitioner", "KeyGroupsDataSource", "KeyedJob", "StateColumn", "key_by",
+           "partition_by_key_group", "read_checkpoint_files", "register", "with_key_groups", "write_savepoint"]

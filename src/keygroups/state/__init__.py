@@ -7,7 +7,7 @@ parallelism.
 """
 
 from keygroups.checkpoint import DistributionMode
-from keygroups.state._base import VOID_NAMESPACE, RestoreStats, SnapshotFuture
+from keygroups.state._base import VOID_NAMESPACE, RestoreStats, SnapshotFuture, state_meta
 from keygroups.state.checkpointed import (
     CheckpointedFunction,
     FunctionInitializationContext,
@@ -72,6 +72,7 @@ __all__ = [
     "RestoreStats",
     "SnapshotFuture",
     "VOID_NAMESPACE",
+    "state_meta",
     "OperatorStateStore",
     "OperatorListState",
     "BroadcastState",

@@ -70,6 +70,23 @@ DEFAULT_MAX_CHAIN = 32
 DEFAULT_DELTA_FRACTION = 0.3
 
 
+def state_meta(descriptor: StateDescriptor, key_serializer: TypeSerializer) -> dict[str, Any]:
+    """The per-state meta a keyed snapshot stores for ``descriptor``'s state with keys of ``key_serializer``: name,
+    kind, serializer snapshots by role (``"key"`` too), TTL. What a backend writes, and what a savepoint written
+    without a backend (``keygroups.runtime.state_writer``) must write so that a backend restores it."""
+    sers = {"key": key_serializer.snapshot().to_json()}
+    for role, ser in descriptor.serializers.items():
+        sers[role] = ser.snapshot().to_json()
+    return {
+        "name": descriptor.name,
+        "kind": descriptor.kind,
+        "serializers": sers,
+        "ttl": descriptor.ttl_config.to_json() if descriptor.ttl_config is not None else None,
+        "namespace_serializer": None,
+        "format": STATE_META_VERSION,
+    }
+
+
 @dataclass(frozen=True)
 class RestoreStats:
     """What a restore read: bytes fetched from storage and the number of key groups restored."""
@@ -335,17 +352,7 @@ class KeyedStateBackendBase:
                                       f"registered again with TTL {new.ttl_config}")
 
     def _state_meta(self, d: StateDescriptor) -> dict[str, Any]:
-        sers = {"key": self.key_serializer.snapshot().to_json()}
-        for role, ser in d.serializers.items():
-            sers[role] = ser.snapshot().to_json()
-        return {
-            "name": d.name,
-            "kind": d.kind,
-            "serializers": sers,
-            "ttl": d.ttl_config.to_json() if d.ttl_config is not None else None,
-            "namespace_serializer": None,
-            "format": STATE_META_VERSION,
-        }
+        return state_meta(d, self.key_serializer)
 
     @staticmethod
     def _framing(d: StateDescriptor, serializers: dict[str, TypeSerializer]) -> ValueFraming:
@@ -567,4 +574,4 @@ def _canonical(meta: dict[str, Any]) -> str:
     return json.dumps(meta, sort_keys=True, separators=(",", ":"))
 
 
-__all__ = ["VOID_NAMESPACE", "RestoreStats", "SnapshotFuture", "KeyedStateBackendBase"]
+__all__ = ["VOID_NAMESPACE", "RestoreStats", "SnapshotFuture", "KeyedStateBackendBase", "state_meta"]

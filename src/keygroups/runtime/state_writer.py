@@ -1,0 +1,372 @@
+"""A savepoint built from rows, without a job (Flink's State Processor API bootstrap), Spark-free: what
+``keygroups.spark.write_savepoint`` runs in its tasks and on its driver.
+
+1. driver, :func:`plan_savepoint`: from the input's Arrow schema, the key columns and one :class:`StateColumn` per
+   state, the state metas a backend would write (key serializer as a ``KeyedJob`` keys those columns, value
+   serializers named or inferred from the column types, TTL); checks everything a task would otherwise fail on, and
+   starts the savepoint's directory. The :class:`SavepointPlan` goes to every task.
+2. task *i*, :func:`write_savepoint_subtask`: gets the rows of subtask *i*'s key groups (placed by key group, as a
+   job places its input), encodes them per key group and state (a null value: the key has no entry in that state)
+   and writes one full keyed snapshot file with the checkpoint layer's full snapshot writer.
+3. driver, :func:`commit_savepoint`: the savepoint's ``_metadata`` from the tasks' handles, written last.
+
+A job started with ``KeyedJob(..., restore_from_savepoint=name)`` restores it at any parallelism, as it restores a
+savepoint of its own. Values of opaque serializers (pickle, ``ValueSerializer``, custom ones; see
+:mod:`keygroups.runtime.state_types`) are given as their serialized bytes, as the reader shows them: a savepoint
+read, transformed and written again keeps them byte for byte.
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from keygroups._hashing import KeyType, assign_key_groups, assign_key_groups_for_tuples
+from keygroups._ranges import KeyGroupRange, check_parallelism, key_group_range
+from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage, KeyedStateHandle
+from keygroups.checkpoint.format import write_full_snapshot
+from keygroups.errors import KeyGroupsError
+from keygroups.runtime.state_reader import KEY_COLUMNS_PROPERTY
+from keygroups.runtime.state_types import is_typed, python_values, serializer_for_arrow
+from keygroups.runtime.subtask import key_serializer_for, key_type_for_schema
+from keygroups.serializers import BytesSerializer, SerializerSnapshot, TypeSerializer
+from keygroups.state import (
+    AggregateFunction,
+    AggregatingStateDescriptor,
+    ListStateDescriptor,
+    MapStateDescriptor,
+    ReducingStateDescriptor,
+    StateDescriptor,
+    StateTtlConfig,
+    ValueStateDescriptor,
+    state_meta,
+)
+from keygroups.state._codec import ValueFraming
+
+KINDS = ("value", "list", "map", "reducing", "aggregating")
+
+
+class DuplicateKeyError(KeyGroupsError, ValueError):
+    """Two input rows have one key: a savepoint holds one value (list, map) per key and state."""
+
+
+@dataclass(frozen=True)
+class StateColumn:
+    """How one state of the savepoint comes from the input: its values are column ``column``.
+
+    ``kind``: ``"value"``, ``"list"``, ``"map"``, ``"reducing"`` or ``"aggregating"``; by default ``"list"`` for an
+    array column, ``"map"`` for a map column, else ``"value"``. ``serializer``: of the value (list element, map
+    value), by default the typed serializer of the column's type (an int64 column: ``Int64Serializer``, a struct:
+    a ``TupleSerializer``, ...); an opaque one (``PickleSerializer``, ``ValueSerializer``, a custom one) takes a
+    binary column of serialized values. ``key_serializer``: of a map's keys, likewise. Name the serializers the job
+    declares whenever the inferred ones could differ (a job's ``Int32Serializer`` for an int64 column, say).
+
+    ``ttl``: the state's TTL config (the job must declare TTL too); each entry's timestamp comes from
+    ``ttl_column`` (a timestamp column, or milliseconds as a long column; for a list an array of them, one per
+    element, for a map a map from its keys, or one value for all) or, by default, the time of writing."""
+
+    column: str
+    kind: str | None = None
+    serializer: TypeSerializer | None = None
+    key_serializer: TypeSerializer | None = None
+    ttl: StateTtlConfig | None = None
+    ttl_column: str | None = None
+
+
+@dataclass(frozen=True)
+class _PlannedState:
+    name: str
+    column: str
+    kind: str
+    meta: dict[str, Any]
+    #: Serializers the values are encoded with, by role: the state's own, or BytesSerializer for an opaque one
+    #: (its values come serialized and are written as they are).
+    encoders: dict[str, TypeSerializer]
+    ttl: bool
+    ttl_column: str | None
+
+
+@dataclass(frozen=True)
+class SavepointPlan:
+    """Everything a writer task needs (small, picklable): where, the key, the states' metas and encoders."""
+
+    location: str
+    storage_options: dict[str, Any] | None
+    name: str
+    key_columns: tuple[str, ...]
+    key_type: KeyType
+    max_parallelism: int
+    parallelism: int
+    states: tuple[_PlannedState, ...]
+    written_ms: int = field(default_factory=lambda: int(time.time() * 1000))
+
+    @property
+    def storage(self) -> CheckpointStorage:
+        return CheckpointStorage(self.location, storage_options=self.storage_options)
+
+    @property
+    def directory(self) -> str:
+        return f"savepoints/{self.name}"
+
+
+def _descriptor(name: str, kind: str, serializers: dict[str, TypeSerializer]) -> StateDescriptor:
+    if kind == "list":
+        return ListStateDescriptor(name, serializers["element"])
+    if kind == "map":
+        return MapStateDescriptor(name, serializers["map key"], serializers["map value"])
+    if kind == "reducing":   # the function is the job's: a savepoint stores values only
+        return ReducingStateDescriptor(name, _no_function, serializers["value"])
+    if kind == "aggregating":
+        return AggregatingStateDescriptor(name, _NoAggregate(), serializers["value"])
+    return ValueStateDescriptor(name, serializers["value"])
+
+
+def _no_function(a: Any, b: Any) -> Any:
+    raise NotImplementedError("a savepoint writer never reduces")
+
+
+class _NoAggregate(AggregateFunction):
+    """A savepoint writer stores accumulators; it never aggregates (the function is the job's)."""
+
+    def create_accumulator(self) -> Any:
+        raise NotImplementedError("a savepoint writer never aggregates")
+
+    add = get_result = merge = create_accumulator   # type: ignore[assignment]
+
+
+def _plan_state(name: Any, spec: Any, schema: pa.Schema, key_serializer: TypeSerializer) -> _PlannedState:
+    if isinstance(spec, str):
+        spec = StateColumn(spec)
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"state names must be non-empty strings, got {name!r}")
+    if not isinstance(spec, StateColumn):
+        raise TypeError(f"state {name!r}: give a column name or a StateColumn, got {spec!r}")
+    if spec.column not in schema.names:
+        raise ValueError(f"state {name!r}: column {spec.column!r} is not in the input; its columns: {schema.names}")
+    arrow = schema.field(spec.column).type
+    what = f"state {name!r} (column {spec.column!r})"
+    kind = spec.kind or ("list" if pa.types.is_list(arrow) or pa.types.is_large_list(arrow)
+                         else "map" if pa.types.is_map(arrow) else "value")
+    if kind not in KINDS:
+        raise ValueError(f"{what}: kind {kind!r} is not one of {', '.join(KINDS)}")
+    if kind == "list" and not (pa.types.is_list(arrow) or pa.types.is_large_list(arrow)):
+        raise TypeError(f"{what}: a list state takes an array column, got {arrow}")
+    if kind == "map" and not pa.types.is_map(arrow):
+        raise TypeError(f"{what}: a map state takes a map column, got {arrow}")
+    if kind == "list":
+        sers = {"element": spec.serializer or serializer_for_arrow(arrow.value_type, f"{what} element")}
+    elif kind == "map":
+        sers = {"map key": spec.key_serializer or serializer_for_arrow(arrow.key_type, f"{what} key"),
+                "map value": spec.serializer or serializer_for_arrow(arrow.item_type, f"{what} value")}
+    else:
+        if spec.key_serializer is not None:
+            raise ValueError(f"{what}: key_serializer is for map states (the keys of each map), not {kind} states")
+        sers = {"value": spec.serializer or serializer_for_arrow(arrow, what)}
+    encoders: dict[str, TypeSerializer] = {}
+    for role, ser in sers.items():
+        if not isinstance(ser, TypeSerializer):
+            raise TypeError(f"{what}: the {role} serializer must be a keygroups.serializers.TypeSerializer, got "
+                            f"{ser!r}")
+        opaque = not is_typed(ser.snapshot())
+        part = {"element": arrow.value_type if kind == "list" else None,
+                "map key": arrow.key_type if kind == "map" else None,
+                "map value": arrow.item_type if kind == "map" else None}.get(role, arrow)
+        if opaque and not (pa.types.is_binary(part) or pa.types.is_large_binary(part)):
+            raise TypeError(f"{what}: {ser!r} is not a typed serializer, so its {role}s are given as their "
+                            f"serialized bytes, a binary column (as the keygroups reader shows them); got {part}")
+        encoders[role] = BytesSerializer() if opaque else ser
+    descriptor = _descriptor(name, kind, sers)
+    if spec.ttl is not None:
+        descriptor.enable_time_to_live(spec.ttl)
+    if spec.ttl_column is not None:
+        if descriptor.ttl_config is None:
+            raise ValueError(f"{what}: ttl_column {spec.ttl_column!r} is given but the state has no TTL: give ttl too")
+        if spec.ttl_column not in schema.names:
+            raise ValueError(f"{what}: ttl_column {spec.ttl_column!r} is not in the input; its columns: "
+                             f"{schema.names}")
+    return _PlannedState(name, spec.column, kind, state_meta(descriptor, key_serializer), encoders,
+                         descriptor.ttl_config is not None, spec.ttl_column)
+
+
+def plan_savepoint(schema: pa.Schema, location: str, name: str, *, key_columns: Sequence[str] | str,
+                   states: Mapping[str, str | StateColumn], max_parallelism: int, parallelism: int,
+                   storage_options: dict[str, Any] | None = None) -> SavepointPlan:
+    """Check the request against the input's Arrow ``schema`` and start savepoint ``name`` in ``location``
+    (ValueError if it exists; leftovers of an interrupted one are removed). ``states``: state name -> its column
+    name, or a :class:`StateColumn`."""
+    keys = (key_columns,) if isinstance(key_columns, str) else tuple(key_columns)
+    if not keys:
+        raise ValueError("key_columns must name at least one column")
+    if not isinstance(states, Mapping) or not states:
+        raise ValueError("states must map at least one state name to its column (or a StateColumn)")
+    p, mp = check_parallelism(parallelism, max_parallelism)
+    key_type = key_type_for_schema(schema, keys)
+    key_serializer = key_serializer_for(key_type)
+    planned = tuple(_plan_state(n, s, schema, key_serializer) for n, s in states.items())
+    storage = CheckpointStorage(location, storage_options=storage_options)
+    storage.begin_savepoint(name)
+    return SavepointPlan(storage.location, storage_options, name, keys, key_type, mp, p, planned)
+
+
+# ---- one task ------------------------------------------------------------------------------------------------------
+
+
+def _key_groups(table: pa.Table, plan: SavepointPlan) -> np.ndarray:
+    columns = [table.column(c) for c in plan.key_columns]
+    if len(columns) == 1:
+        return np.asarray(assign_key_groups(columns[0], plan.max_parallelism, plan.key_type))  # type: ignore[arg-type]
+    return np.asarray(assign_key_groups_for_tuples(columns, plan.max_parallelism, plan.key_type))
+
+
+def _ms(v: Any, what: str) -> int:
+    if isinstance(v, datetime.datetime):
+        if v.tzinfo is None:
+            v = v.replace(tzinfo=datetime.timezone.utc)
+        return int(v.timestamp() * 1000)
+    if isinstance(v, int) and not isinstance(v, bool):
+        return v
+    raise TypeError(f"{what}: a TTL timestamp must be a timestamp or milliseconds (long), got {v!r}")
+
+
+def _with_timestamps(kind: str, value: Any, stamps: Any, default_ms: int, what: str) -> Any:
+    """``value`` in the in-memory TTL form (see ``keygroups.state._codec``): each part paired with its timestamp."""
+    if kind == "list":
+        if isinstance(stamps, list):
+            if len(stamps) != len(value):
+                raise ValueError(f"{what}: {len(value)} elements but {len(stamps)} TTL timestamps")
+            return [(e, _ms(t, what) if t is not None else default_ms) for e, t in zip(value, stamps)]
+        ts = default_ms if stamps is None else _ms(stamps, what)
+        return [(e, ts) for e in value]
+    if kind == "map":
+        if isinstance(stamps, (list, dict)):
+            by_key = dict(stamps)
+            return {k: (x, _ms(by_key[k], what) if by_key.get(k) is not None else default_ms)
+                    for k, x in value.items()}
+        ts = default_ms if stamps is None else _ms(stamps, what)
+        return {k: (x, ts) for k, x in value.items()}
+    return (value, default_ms if stamps is None else _ms(stamps, what))
+
+
+class _Encoder:
+    """One state's rows -> its stored value bytes (the state framing over the encoders)."""
+
+    def __init__(self, state: _PlannedState, default_ms: int) -> None:
+        self.state = state
+        self.framing = ValueFraming.for_state(state.name, state.kind, state.encoders, ttl=state.ttl)
+        self.default_ms = default_ms
+        self.what = f"state {state.name!r} (column {state.column!r})"
+        # the snapshot of the column's values as a whole: a list state's column is a list of its elements, a map
+        # state's a map (a typed list / map serializer of the element / key and value serializers)
+        sers = state.meta["serializers"]
+        if state.kind == "list":
+            self.snapshot = SerializerSnapshot("list", 1, {}, (SerializerSnapshot.from_json(sers["element"]),))
+        elif state.kind == "map":
+            self.snapshot = SerializerSnapshot("map", 1, {}, (SerializerSnapshot.from_json(sers["map key"]),
+                                                              SerializerSnapshot.from_json(sers["map value"])))
+        else:
+            self.snapshot = SerializerSnapshot.from_json(sers["value"])
+
+    def values(self, column: pa.ChunkedArray) -> list[Any]:
+        """The column's values as the framing encodes them (None for a null)."""
+        try:
+            values = python_values(column, self.snapshot)
+        except TypeError as e:
+            raise TypeError(f"{self.what}: {e}") from None
+        if self.state.kind == "map":   # opaque keys or values come as pairs
+            return [v if v is None or isinstance(v, dict) else dict(v) for v in values]
+        return values
+
+    def encode(self, values: list[Any], stamps: list[Any] | None) -> list[bytes]:
+        out = []
+        try:
+            for i, v in enumerate(values):
+                if self.state.ttl:
+                    v = _with_timestamps(self.state.kind, v, stamps[i] if stamps is not None else None,
+                                         self.default_ms, self.what)
+                out.append(self.framing.encode(v))
+        except (TypeError, ValueError, OverflowError) as e:
+            raise type(e)(f"{self.what}: {e}") from None
+        return out
+
+
+def write_savepoint_subtask(plan: SavepointPlan, subtask: int, batches: Iterable[pa.RecordBatch]
+                            ) -> KeyedStateHandle | None:
+    """Write subtask ``subtask``'s keyed file of the savepoint from its rows (``batches``: those of its key groups
+    only); None if it has no entry to write. DuplicateKeyError if a key comes twice; KeyGroupsError if a row's key
+    group belongs to another subtask (the rows were not placed by key group)."""
+    groups = key_group_range(plan.max_parallelism, plan.parallelism, subtask)
+    parts = [b for b in batches if b.num_rows]
+    if not parts:
+        return None
+    table = pa.Table.from_batches(parts)
+    kgs = _key_groups(table, plan)
+    outside = (kgs < groups.start) | (kgs > groups.end)
+    if outside.any():
+        raise KeyGroupsError(f"savepoint subtask {subtask} owns key groups {groups} but got a row of key group "
+                             f"{int(kgs[outside][0])}: place the rows with partition_by_key_group first")
+    order = np.argsort(kgs, kind="stable")
+    table = table.take(pa.array(order))
+    kgs = kgs[order]
+    bounds = np.flatnonzero(np.diff(kgs)) + 1
+    starts = np.concatenate([[0], bounds]).tolist()
+    stops = np.concatenate([bounds, [len(kgs)]]).tolist()
+    key_serializer = key_serializer_for(plan.key_type)
+    encoders = [_Encoder(s, plan.written_ms) for s in plan.states]
+    parts = [table.column(c).to_pylist() for c in plan.key_columns]
+    keys = parts[0] if len(parts) == 1 else list(zip(*parts))
+    key_bytes = [key_serializer.serialize(k) for k in keys]
+    columns = []   # per state: (its encoder, its values, where it has one, their TTL timestamps)
+    for enc in encoders:
+        column = table.column(enc.state.column)
+        stamps = table.column(enc.state.ttl_column).to_pylist() if enc.state.ttl_column is not None else None
+        columns.append((enc, enc.values(column), pc.is_valid(column).to_numpy(zero_copy_only=False), stamps))
+
+    def key_groups() -> Iterable[tuple[int, list[tuple[int, list[bytes], list[bytes]]]]]:
+        for a, b in zip(starts, stops):
+            mine = key_bytes[a:b]
+            if len(set(mine)) != len(mine):
+                first: dict[bytes, int] = {}
+                dup = next(keys[a + i] for i, kb in enumerate(mine) if first.setdefault(kb, i) != i)
+                raise DuplicateKeyError(f"key {dup!r} comes in more than one row: a savepoint holds one value (list, "
+                                        f"map) per key and state; aggregate the rows per key first")
+            sections = []
+            for index, (enc, values, present, stamps) in enumerate(columns):
+                rows = (np.flatnonzero(present[a:b]) + a).tolist()
+                if rows:
+                    encoded = enc.encode([values[i] for i in rows], [stamps[i] for i in rows] if stamps else None)
+                    sections.append((index, [key_bytes[i] for i in rows], encoded))
+            if sections:
+                yield int(kgs[a]), sections
+
+    storage = plan.storage
+    relpath = f"{plan.directory}/keyed-{subtask}-{uuid.uuid4().hex}"
+    metas = [s.meta for s in plan.states]
+    return write_full_snapshot(storage, relpath, 0, subtask, groups, metas, key_groups())
+
+
+def commit_savepoint(plan: SavepointPlan, handles: Sequence[KeyedStateHandle | None]) -> CheckpointMetadata:
+    """Write the savepoint's ``_metadata`` from the tasks' handles (one per subtask that had rows) and return it."""
+    keyed = sorted((h for h in handles if h is not None), key=lambda h: h.subtask)
+    subtasks = [h.subtask for h in keyed]
+    if len(set(subtasks)) != len(subtasks):
+        raise KeyGroupsError(f"savepoint {plan.name!r}: two files for one subtask ({subtasks}); nothing was "
+                             "committed")
+    metadata = CheckpointMetadata(
+        checkpoint_id=0, job_id=f"savepoint-writer:{plan.name}", timestamp_ms=plan.written_ms,
+        max_parallelism=plan.max_parallelism, parallelism=plan.parallelism, keyed_handles=keyed,
+        properties={KEY_COLUMNS_PROPERTY: list(plan.key_columns),
+                    "states": {s.name: s.column for s in plan.states}})
+    plan.storage.commit_savepoint(metadata, plan.name)
+    return metadata
+
+
+__all__ = ["StateColumn", "SavepointPlan", "plan_savepoint", "write_savepoint_subtask", "commit_savepoint",
+           "DuplicateKeyError", "KINDS"]
