@@ -479,10 +479,9 @@ def metadata_table(storage: CheckpointStorage, metadata: CheckpointMetadata, key
                 framing = framings.get(canonical)
                 if framing is None:
                     framing = framings[canonical] = _framing(meta)
-                split = framing.frames if kind == "list" else framing.entries
                 o = live.value_offsets.tolist()
                 mv = memoryview(live.values)
-                entries = sum(len(split(mv[o[i]:o[i + 1]])) for i in range(len(o) - 1))
+                entries = sum(framing.element_count(mv[o[i]:o[i + 1]]) for i in range(len(o) - 1))
             ttl = meta.get("ttl")
             rows.append({
                 "key_group": kg, "subtask": operator_index_for_key_group(mp, p, kg), "state": name, "kind": kind,

@@ -169,6 +169,14 @@ class ValueFraming:
         except CorruptSnapshotError as e:
             raise _corrupt(self.state, f"a map value: {e}") from None
 
+    def element_count(self, b: Any) -> int:
+        """How many elements (a list) or entries (a map) a stored value holds, without deserializing them."""
+        if self.kind == "list":
+            return len(self._split_list(b, self.ttl)[0])
+        if self.kind == "map":
+            return len(self._split_map(b, self.ttl)[0])
+        raise ValueError(f"state {self.state!r} is a {self.kind} state: only list and map values have elements")
+
     # ---- RocksDB's rows of a map ----------------------------------------------------------------------------------
     def map_rows(self, b: Any) -> list[tuple[bytes, bytes]]:
         """A map value's entries as RocksDB rows: (user key bytes, ``[i64 timestamp |] user value bytes``)."""
