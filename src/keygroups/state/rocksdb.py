@@ -23,12 +23,16 @@ else (another checkpoint, a retried or failed attempt, a rescale, a damaged mark
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import fcntl
 import functools
 import gc
+import itertools
 import json
+import operator
 import os
+import re
 import shutil
 import struct
 import tempfile
@@ -145,13 +149,107 @@ def _frame_key(key_bytes: bytes) -> bytes:
     return _pack_u32(len(key_bytes)) + key_bytes
 
 
+#: A warm directory of a key-group range, or its lock file: ``<first>-<last>[.lock]``.
+_RANGE_NAME = re.compile(r"(\d+)-(\d+)(?:\.lock)?")
+
+
+def _lock_range(parent: str, name: str) -> Any:
+    """The lock file of warm directory ``name`` under ``parent``, opened and locked exclusively; None when another
+    backend holds it. A lock file deleted (by a cleanup that held it) between opening and locking locks nothing:
+    then the one now at the path is tried."""
+    path = os.path.join(parent, name + ".lock")
+    while True:
+        lock_file = open(path, "a+")
+        try:
+            fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock_file.close()
+            return None
+        held = os.fstat(lock_file.fileno())
+        try:
+            now = os.stat(path)
+        except FileNotFoundError:
+            now = None
+        if now is not None and (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino):
+            return lock_file
+        lock_file.close()
+
+
+def _split(blob: bytes, offsets: np.ndarray) -> list[bytes]:
+    """``blob`` cut at ``offsets`` (n + 1 positions) into n bytes objects."""
+    n = len(offsets) - 1
+    if n <= 0:
+        return []
+    width = int(offsets[1] - offsets[0])
+    if int(offsets[0]) == 0 and int(offsets[-1]) == n * width:
+        if width == 0:
+            return [b""] * n
+        if bool((np.diff(offsets) == width).all()):  # fixed width: no offsets to walk
+            return [blob[i:i + width] for i in range(0, n * width, width)]
+    o = offsets.tolist()
+    return [blob[a:b] for a, b in zip(o, o[1:])]
+
+
+#: A batch's keys padded to more bytes per key than this (and more than 4x their size) are sorted in Python.
+_MAX_PADDED_WIDTH = 256
+
+
+def _sorted_db_keys(serialize_many: Callable[[Sequence[Any]], tuple[bytes, np.ndarray]], keys: Sequence[Any],
+                    groups: np.ndarray, state_id: int, *, unique: bool) -> tuple[list[bytes], np.ndarray]:
+    """The database keys of ``keys`` (absolute key groups ``groups``) in one state, sorted, with ``order``: the
+    i-th database key is that of ``keys[order[i]]``; ``unique`` leaves out repeats of a key. Built in one pass over
+    a byte matrix (a key per row, zero-padded to a multiple of 8 bytes: the length field precedes the key bytes,
+    so padding never changes the order), sorted as big-endian 64-bit columns."""
+    blob, offsets = serialize_many(keys)
+    n = len(keys)
+    lengths = np.diff(offsets)
+    width = int(lengths.max()) if n else 0
+    row = -(-(8 + width) // 8) * 8
+    if n == 0 or (row > _MAX_PADDED_WIDTH and n * row > 4 * (len(blob) + 8 * n)):
+        o = offsets.tolist()
+        prefix = [_U16.pack(int(g)) + _U16.pack(state_id) for g in groups.tolist()]
+        db_keys = [p + _pack_u32(b - a) + blob[a:b] for p, a, b in zip(prefix, o, o[1:])]
+        order_list = sorted(range(n), key=db_keys.__getitem__)
+        if unique:
+            order_list = [i for j, i in enumerate(order_list) if j == 0 or db_keys[i] != db_keys[order_list[j - 1]]]
+        return [db_keys[i] for i in order_list], np.array(order_list, dtype=np.int64)
+    m = np.zeros((n, row), dtype=np.uint8)
+    m[:, 0] = groups >> 8
+    m[:, 1] = groups & 0xFF
+    m[:, 2] = state_id >> 8
+    m[:, 3] = state_id & 0xFF
+    m[:, 4:8] = lengths.astype(">u4").view(np.uint8).reshape(n, 4)
+    data = np.frombuffer(blob, dtype=np.uint8)
+    fixed = int(lengths.min()) == width
+    if fixed:
+        m[:, 8:8 + width] = data.reshape(n, width)
+    elif len(data):
+        rows = np.repeat(np.arange(n), lengths)
+        m[rows, np.arange(len(data)) - np.repeat(offsets[:-1], lengths) + 8] = data
+    order = np.lexsort(m.view(">u8").T[::-1])
+    m = m[order]
+    if unique and n > 1:
+        columns = m.view(">u8")
+        first = np.ones(n, dtype=bool)
+        first[1:] = (columns[1:] != columns[:-1]).any(axis=1)
+        if not first.all():
+            order, m = order[first], m[first]
+            n = len(order)
+    buf = m.tobytes()
+    if fixed:
+        size = 8 + width
+        return [buf[i:i + size] for i in range(0, n * row, row)], order
+    ends = (np.arange(n) * row + 8 + lengths[order]).tolist()
+    return [buf[i * row:e] for i, e in enumerate(ends)], order
+
+
 class _RocksTable:
     """One state's view of the backend: its state id, framings, cache and the keys written since the last flush
     (``pending``: key -> key-group index) and since the last snapshot (``changed``)."""
 
     __slots__ = ("backend", "db", "ctx", "name", "state_id", "state_id_bytes", "meta", "descriptor", "read_framing",
                  "write_framing", "needs_migration", "is_map", "mutable", "cache", "pending", "changed",
-                 "restored_unregistered")
+                 "prefetched", "restored_unregistered")
 
     def __init__(self, backend: RocksDBKeyedStateBackend, name: str, state_id: int, meta: dict[str, Any],
                  read: ValueFraming, write: ValueFraming, descriptor: StateDescriptor | None) -> None:
@@ -164,6 +262,8 @@ class _RocksTable:
         self.cache: dict[Any, Any] = {}
         self.pending: dict[Any, int] = {}
         self.changed: dict[Any, int] = {}
+        # The batches prefetched since the last flush: (keys, their database keys), both in database-key order.
+        self.prefetched: list[tuple[list[Any], list[bytes]]] = []
         self.restored_unregistered = False
         self.configure(meta, read, write, descriptor)
 
@@ -274,40 +374,113 @@ class _RocksTable:
     def ttl_deadline(self) -> int | None:
         return self.backend._snapshot_ttl_deadline(self.descriptor)
 
+    def fill(self, keys: list[Any], group_indexes: np.ndarray, order: np.ndarray, db_keys: list[bytes],
+             raw: list[bytes | None]) -> None:
+        """Cache a prefetched batch: ``raw[i]`` is the stored value (None: not stored) of ``db_keys[i]``, the
+        database key of ``keys[order[i]]``; decoded together, cached in the order of ``keys`` (the order the batch
+        then reads them in, so the cache is walked front to back)."""
+        stored = cast(list[bytes], raw)
+        found: list[bool] | None = None  # None: every key has a stored value
+        if raw.count(None):
+            found = [r is not None for r in raw]
+            stored = list(itertools.compress(stored, found))
+        values: list[Any] = []
+        if stored:
+            offsets = np.zeros(len(stored) + 1, dtype=np.int64)
+            np.cumsum([len(r) for r in stored], out=offsets[1:])
+            values = self.read_framing.decode_many(b"".join(stored), offsets)
+        if found is not None:
+            it = iter(values)
+            values = [next(it) if f else MISSING for f in found]
+        order_list = order.tolist()
+        sorted_keys = [keys[i] for i in order_list]
+        cached_keys = sorted_keys
+        if len(order_list) == len(keys):  # no repeated keys: back to the batch's order
+            inverse = np.empty(len(order_list), dtype=np.int64)
+            inverse[order] = np.arange(len(order_list))
+            inverse_list = inverse.tolist()
+            values = [values[i] for i in inverse_list]
+            if found is not None:
+                found = [found[i] for i in inverse_list]
+            cached_keys, order = keys, np.arange(len(keys))
+        self.cache.update(zip(cached_keys, values))
+        if self.mutable and stored:
+            groups = group_indexes[order].tolist()
+            if found is None:
+                self.pending.update(zip(cached_keys, groups))
+            else:
+                self.pending.update(zip(itertools.compress(cached_keys, found), itertools.compress(groups, found)))
+        self.prefetched.append((sorted_keys, db_keys))
+
     # ---- flushing -------------------------------------------------------------------------------------------------
+    def sorted_pending(self) -> tuple[list[Any], list[bytes]]:
+        """The pending keys and their database keys, in database-key order: picked out of the batch prefetched
+        since the last flush when it holds them all (nothing to build or sort), else built and sorted."""
+        pending = self.pending
+        if len(self.prefetched) == 1:
+            keys, db_keys = self.prefetched[0]
+            mask = list(map(pending.__contains__, keys))
+            picked = list(itertools.compress(keys, mask))
+            if len(picked) == len(pending):
+                return picked, list(itertools.compress(db_keys, mask))
+        keys = list(pending)
+        groups = np.fromiter(pending.values(), np.int64, len(keys)) + self.backend._start
+        db_keys, order = _sorted_db_keys(self.backend.key_serializer.serialize_many, keys, groups, self.state_id,
+                                         unique=False)
+        return [keys[i] for i in order.tolist()], db_keys
+
+    def encode_many(self, values: list[Any]) -> list[bytes]:
+        """Encodings of ``values`` as stored, one vectorized call for plain value states."""
+        write = self.write_framing
+        if not write.ttl and write.kind in ("value", "reducing", "aggregating"):
+            return _split(*write.ser.serialize_many(values))
+        return list(map(write.encode, values))
+
+    def write_values(self, batch: rocksdict.WriteBatch, encoded: dict[Any, bytes | None] | None) -> int:
+        """Put the pending keys' values (not of a map state) into ``batch`` in key order, deletes for those
+        without one; ``encoded`` receives the encodings (None: deleted), for a delta. Returns the rows written."""
+        keys, db_keys = self.sorted_pending()
+        cache = self.cache
+        values = list(map(cache.__getitem__, keys))
+        live = [v is not MISSING for v in values]
+        if not all(live):
+            gone = list(itertools.compress(keys, map(operator.not_, live)))
+            collections.deque(map(batch.delete, itertools.compress(db_keys, map(operator.not_, live))), maxlen=0)
+            if encoded is not None:
+                encoded.update(dict.fromkeys(gone, None))
+            keys, db_keys = list(itertools.compress(keys, live)), list(itertools.compress(db_keys, live))
+            values = list(itertools.compress(values, live))
+        encodings = self.encode_many(values)
+        collections.deque(map(batch.put, db_keys, encodings), maxlen=0)
+        if encoded is not None:
+            encoded.update(zip(keys, encodings))
+        self.changed.update(self.pending)
+        self.pending.clear()
+        return len(live)
+
     def write_pending(self, ops: list[tuple[bytes, Any]], encoded: dict[Any, bytes | None] | None) -> None:
-        """Add the pending keys' writes to ``ops`` ((database key, value bytes; None: delete; a ``_Range``: delete
-        the range from the key); when ``encoded`` is given, their value encodings too, for a delta: maps written
-        as overlays are left out, their whole value is read back after the write)."""
+        """Add a map state's pending keys' writes to ``ops`` ((database key, value bytes; None: delete; a
+        ``_Range``: delete the range from the key); when ``encoded`` is given, their value encodings too, for a
+        delta: maps written as overlays are left out, their whole value is read back after the write)."""
         gp, sid, ser = self.backend._group_prefix, self.state_id_bytes, self.backend._serialize_key
         cache, write = self.cache, self.write_framing
         add = ops.append
-        if not self.is_map:
-            enc_value = write.encode
-            for key, kgi in self.pending.items():
-                v = cache[key]
-                kb = ser(key)
-                enc = None if v is MISSING else enc_value(v)
-                add((gp[kgi] + sid + _pack_u32(len(kb)) + kb, enc))
-                if encoded is not None:
-                    encoded[key] = enc
-        else:
-            for key, kgi in self.pending.items():
-                v = cache[key]
-                k = gp[kgi] + sid + _frame_key(ser(key))
-                if type(v) is _Overlay:
-                    uks, uvs = write.key_ser.serialize, write.ser.serialize
-                    for uk, x in v.items():
-                        add((k + uks(uk), None if x is MISSING else uvs(x)))
-                    continue
-                # The whole map: its old rows go first (sorting keeps this range delete before the new rows).
-                add((k, _Range(_next_prefix(k))))
-                enc = None if v is MISSING else write.encode(v)
-                if enc is not None:
-                    for user_key_bytes, stored in write.map_rows(enc):
-                        add((k + user_key_bytes, stored))
-                if encoded is not None:
-                    encoded[key] = enc
+        for key, kgi in self.pending.items():
+            v = cache[key]
+            k = gp[kgi] + sid + _frame_key(ser(key))
+            if type(v) is _Overlay:
+                uks, uvs = write.key_ser.serialize, write.ser.serialize
+                for uk, x in v.items():
+                    add((k + uks(uk), None if x is MISSING else uvs(x)))
+                continue
+            # The whole map: its old rows go first (sorting keeps this range delete before the new rows).
+            add((k, _Range(_next_prefix(k))))
+            enc = None if v is MISSING else write.encode(v)
+            if enc is not None:
+                for user_key_bytes, stored in write.map_rows(enc):
+                    add((k + user_key_bytes, stored))
+            if encoded is not None:
+                encoded[key] = enc
         self.changed.update(self.pending)
         self.pending.clear()
 
@@ -508,19 +681,49 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
 
     def _claim_warm(self, warm_dir: str | os.PathLike[str]) -> str | None:
         """This range's warm directory, locked for this backend; None when another backend holds it (a second
-        attempt of the same task running beside the first): that one then works in a temporary directory."""
+        attempt of the same task running beside the first): that one then works in a temporary directory. Once
+        claimed, the job's warm directories of other ranges that overlap this one are deleted (see
+        ``_remove_stale_warm``)."""
         r = self.key_group_range
-        path = os.path.join(os.fspath(warm_dir), f"{r.start}-{r.end}")
-        os.makedirs(path, exist_ok=True)
-        lock_file = open(path + ".lock", "a+")
-        try:
-            fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            lock_file.close()
+        parent = os.fspath(warm_dir)
+        os.makedirs(parent, exist_ok=True)
+        name = f"{r.start}-{r.end}"
+        lock_file = _lock_range(parent, name)
+        if lock_file is None:
             return None
+        path = os.path.join(parent, name)
+        os.makedirs(path, exist_ok=True)
         self._lock_file = lock_file
         self._warm_path = path
+        self._remove_stale_warm(parent)
         return path
+
+    def _remove_stale_warm(self, parent: str) -> None:
+        """Delete the warm directories under ``parent`` (one job's) of key-group ranges that overlap this backend's
+        range but are not it: the ranges of one parallelism never overlap, so those are left from another
+        parallelism (before a rescale) and no task of this one will reuse them. Every range of the current
+        parallelism overlaps some stale range it replaced, so a batch at the new parallelism removes them all. A
+        directory whose lock a running backend holds is left alone; the lock is deleted with its directory, while
+        held (``_lock_range`` retries when it locked a file that was deleted meanwhile)."""
+        r = self.key_group_range
+        stale = set()
+        for entry in os.listdir(parent):
+            m = _RANGE_NAME.fullmatch(entry)
+            if m is None:
+                continue
+            start, end = int(m[1]), int(m[2])
+            if (start, end) != (r.start, r.end) and start <= r.end and end >= r.start:
+                stale.add(m[0].removesuffix(".lock"))
+        for name in sorted(stale):
+            lock_file = _lock_range(parent, name)
+            if lock_file is None:
+                continue  # a running backend holds it
+            try:
+                shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(os.path.join(parent, name + ".lock"))
+            finally:
+                lock_file.close()
 
     def dispose(self) -> None:
         """Close the local database and delete it, unless it is kept warm (once; later calls do nothing)."""
@@ -678,64 +881,64 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
     # ---- the cache --------------------------------------------------------------------------------------------------
     def prefetch(self, keys: Sequence[Any], key_groups: Sequence[int] | np.ndarray | None = None) -> None:
         """Load ``keys`` (a batch's distinct keys) into every state's cache, so the batch's reads hit decoded
-        values. ``key_groups`` (the keys' key groups, absolute) saves hashing them again. A state whose rows the
-        batch mostly touches is read by one ordered scan of the touched key groups, others key by key in key order
-        (rocksdict's ``multi_get`` measured slower than single reads). Keys past the cache limit are left to load
+        values. ``key_groups`` (the keys' key groups, absolute) saves hashing them again. The batch's database keys
+        are built and sorted in one vectorized pass and read in key order (a state whose rows the batch mostly
+        touches by one ordered scan of the touched key groups instead); the sorted keys are kept so that the flush
+        writes the batch back in key order without building them again. Keys past the cache limit are left to load
         on first use; map states load theirs entry by entry."""
         keys = list(keys)[:self.cache_limit]
         if key_groups is None:
-            kgis = [assign_to_key_group(k, self.max_parallelism, self.key_type) - self._start for k in keys]
+            mp, kt = self.max_parallelism, self.key_type
+            groups = np.fromiter((assign_to_key_group(k, mp, kt) for k in keys), np.int64, len(keys))
         else:
-            kgis = [int(g) - self._start for g in key_groups[:len(keys)]]
-        n = self._n
-        for k, i in zip(keys, kgis):
-            if not 0 <= i < n:
-                raise ValueError(f"prefetch: key {k!r} is not in this backend's key groups {self.key_group_range!r}")
+            groups = np.asarray(key_groups, dtype=np.int64)[:len(keys)]
+            if len(groups) != len(keys):
+                raise ValueError(f"prefetch: {len(keys)} keys but {len(groups)} key groups; pass one key group per "
+                                 "key, or none")
+        outside = (groups < self._start) | (groups >= self._start + self._n)
+        if outside.any():
+            k = keys[int(np.argmax(outside))]
+            raise ValueError(f"prefetch: key {k!r} is not in this backend's key groups {self.key_group_range!r}")
         tables = [t for t in self._tables.values() if not t.is_map]
         if not keys or not tables:
             return
         self._check_warm()
-        ser = self._serialize_key
-        framed = [_frame_key(ser(k)) for k in keys]
-        gp = self._group_prefix
         estimate = self._db.property_int_value("rocksdb.estimate-num-keys") or 0
         with _gc_paused():
             for t in tables:
                 if len(t.cache) + len(keys) > self.cache_limit:
                     self._flush(evict=True)
                 cache = t.cache
-                sid = t.state_id_bytes
-                wanted = {gp[kgis[i]] + sid + framed[i]: i for i, k in enumerate(keys) if k not in cache}
-                if not wanted:
-                    continue
-                found: list[tuple[int, bytes]] = []
-                if 4 * len(wanted) * len(tables) >= estimate:
-                    get = wanted.get
-                    for g in sorted({kgis[i] for i in wanted.values()}):
-                        prefix = gp[g] + sid
-                        for k, v in self._db.items(from_key=prefix):
-                            if not k.startswith(prefix):
-                                break
-                            i = get(k)
-                            if i is not None:
-                                found.append((i, v))
+                if cache:
+                    wanted = np.flatnonzero([k not in cache for k in keys])
+                    want_keys, want_groups = [keys[i] for i in wanted.tolist()], groups[wanted]
                 else:
-                    db_get = self._db.get
-                    for k in sorted(wanted):
-                        v = db_get(k)
-                        if v is not None:
-                            found.append((wanted[k], v))
-                for i in wanted.values():
-                    cache[keys[i]] = MISSING
-                if found:
-                    offsets = np.zeros(len(found) + 1, dtype=np.int64)
-                    np.cumsum([len(r) for _, r in found], out=offsets[1:])
-                    values = t.read_framing.decode_many(b"".join([r for _, r in found]), offsets)
-                    pending = t.pending if t.mutable else None
-                    for (i, _), v in zip(found, values):
-                        cache[keys[i]] = v
-                        if pending is not None:
-                            pending[keys[i]] = kgis[i]
+                    want_keys, want_groups = keys, groups
+                if not want_keys:
+                    continue
+                db_keys, order = _sorted_db_keys(self.key_serializer.serialize_many, want_keys, want_groups,
+                                                 t.state_id, unique=True)
+                if 4 * len(db_keys) * len(tables) >= estimate:
+                    raw = self._scan(db_keys, np.unique(want_groups).tolist(), t.state_id_bytes)
+                else:
+                    raw = list(map(self._db.get, db_keys))
+                t.fill(want_keys, want_groups - self._start, order, db_keys, raw)
+
+    def _scan(self, db_keys: list[bytes], groups: list[int], state_id_bytes: bytes) -> list[bytes | None]:
+        """The stored values of ``db_keys`` (None: not stored), read by one ordered scan of each key group's rows
+        of one state: cheaper than a read per key when the keys are most of the rows."""
+        where = dict(zip(db_keys, range(len(db_keys))))
+        get = where.get
+        out: list[bytes | None] = [None] * len(db_keys)
+        for g in groups:
+            prefix = _U16.pack(g) + state_id_bytes
+            for k, v in self._db.items(from_key=prefix):
+                if not cast(bytes, k).startswith(prefix):
+                    break
+                i = get(cast(bytes, k))
+                if i is not None:
+                    out[i] = cast(bytes, v)
+        return out
 
     def _write(self, batch: rocksdict.WriteBatch) -> None:
         """Write to the database; the first write after a snapshot removes the warm marker, which no longer holds."""
@@ -753,14 +956,19 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         ``encoded`` (state name -> key -> value encoding or None) receives what was written, for a delta."""
         self._check_warm()
         with _gc_paused():
+            batch = rocksdict.WriteBatch(raw_mode=True)
+            writes = 0
             ops: list[tuple[bytes, Any]] = []
             for t in self._tables.values():
                 if t.pending:
-                    t.write_pending(ops, None if encoded is None else encoded.setdefault(t.name, {}))
+                    out = None if encoded is None else encoded.setdefault(t.name, {})
+                    if t.is_map:
+                        t.write_pending(ops, out)
+                    else:
+                        writes += t.write_values(batch, out)
             if ops:
                 # In key order: RocksDB's memtable takes sorted inserts an order of magnitude faster.
                 ops.sort(key=_first)
-                batch = rocksdict.WriteBatch(raw_mode=True)
                 put, delete, delete_range = batch.put, batch.delete, batch.delete_range
                 for k, v in ops:
                     if v is None:
@@ -769,9 +977,11 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
                         delete_range(k, v.end)
                     else:
                         put(k, v)
+            if ops or writes:
                 self._write(batch)
-        if evict:
-            for t in self._tables.values():
+        for t in self._tables.values():
+            t.prefetched.clear()
+            if evict:
                 t.cache.clear()
 
     # ---- iteration --------------------------------------------------------------------------------------------------
