@@ -19,6 +19,7 @@ from keygroups.checkpoint import (
     plan_keyed_restore,
 )
 from keygroups.checkpoint.format import merged_key_groups
+from keygroups.cli import main
 from keygroups.errors import StateMigrationError
 from keygroups.serializers import Int64Serializer, StrSerializer
 from keygroups.state import (
@@ -246,3 +247,22 @@ def test_other_changes_are_refused_naming_the_allowed_values(kind, tmp_path, old
             backend.restore(storage, md)
     finally:
         backend.dispose()
+
+
+def test_plan_command_shows_the_parent_key_groups_each_subtask_reads(tmp_path, capsys):
+    storage = CheckpointStorage(tmp_path)
+    clock, model = Clock(), Model()
+    batch = Batch("heap", storage, clock, 128, 2, None)
+    batch.apply([(i, "value", i) for i in range(len(KEYS))], model, clock.now)
+    batch.checkpoint(storage, 1)
+    batch.dispose()
+    assert main(["plan", str(tmp_path), "2", "--max-parallelism", "32"]) == 0
+    out = capsys.readouterr().out
+    assert "(max parallelism 128 -> 32: key groups merged 4 into 1, a new one reads those it merges)" in out
+    assert "new subtask 0 (key groups 0-15)" in out and "old key groups 0-15, 32-47, 64-79, 96-111" in out
+    assert main(["plan", str(tmp_path), "8", "--max-parallelism", "512"]) == 0
+    out = capsys.readouterr().out
+    assert "new subtask 1 (key groups 64-127)" in out and "old key groups 64-127" in out
+    assert main(["plan", str(tmp_path), "2", "--max-parallelism", "200"]) == 2
+    err = capsys.readouterr().err
+    assert "max_parallelism=200" in err and "a divisor of 128 (1, 2, 4, 8, 16, 32, 64)" in err
