@@ -16,6 +16,7 @@ from keygroups.checkpoint import (
     CheckpointStorage,
     KeyedStateHandle,
     check_restore_max_parallelism,
+    parent_key_groups,
     plan_keyed_restore,
     read_key_groups,
     write_keyed_snapshot,
@@ -92,20 +93,53 @@ def test_plan_skips_subtasks_without_keyed_state():
     assert plan_keyed_restore(md, KeyGroupRange(8, 11)) == []
 
 
-def test_changed_max_parallelism_is_refused_as_in_flink():
+def test_max_parallelism_changes_only_by_an_integer_factor():
     md = CheckpointMetadata(42, "job-7", 0, 128, 4, fake_handles(128, 4))
     with pytest.raises(StateMigrationError) as e:
-        check_restore_max_parallelism(md, 256)
+        check_restore_max_parallelism(md, 200)
     msg = str(e.value)
-    assert "max_parallelism=128" in msg and "max_parallelism=256" in msg
-    assert "cannot change across a restore" in msg and "checkpoint 42" in msg
-    with pytest.raises(StateMigrationError, match="cannot change across a restore"):
-        plan_keyed_restore(md, KeyGroupRange(0, 10), max_parallelism=64)
+    assert "max_parallelism=128" in msg and "max_parallelism=200" in msg
+    assert "only change by an integer factor" in msg and "checkpoint 42" in msg
+    assert "256, 384, 512, ..., 32768" in msg and "(1, 2, 4, 8, 16, 32, 64)" in msg   # the allowed values
+    with pytest.raises(StateMigrationError, match="only change by an integer factor"):
+        plan_keyed_restore(md, KeyGroupRange(0, 10), max_parallelism=96)
     with pytest.raises(StateMigrationError, match="max_parallelism=128"):
         plan_keyed_restore(md, KeyGroupRange(100, 200))   # key groups the old job never had
-    check_restore_max_parallelism(md, 128)
-    with pytest.raises(ValueError, match="max_parallelism must be in"):
+    assert [check_restore_max_parallelism(md, m) for m in (128, 256, 384, 32768, 64, 1)] == [128, 256, 384, 32768,
+                                                                                               64, 1]
+    with pytest.raises(ValueError, match=r"max_parallelism must be in.*a divisor of 128 \(1, 2, 4"):
         check_restore_max_parallelism(md, 0)
+    with pytest.raises(ValueError, match="max_parallelism must be in"):
+        check_restore_max_parallelism(CheckpointMetadata(1, "j", 0, 32768, 1, []), 65536)
+
+
+@pytest.mark.parametrize("old,new,new_range,parents", [
+    (128, 512, KeyGroupRange(0, 511), [KeyGroupRange(0, 127)]),
+    (128, 512, KeyGroupRange(100, 150), [KeyGroupRange(100, 127), KeyGroupRange(0, 22)][::-1]),
+    (128, 512, KeyGroupRange(300, 340), [KeyGroupRange(44, 84)]),
+    (128, 256, KeyGroupRange(0, 127), [KeyGroupRange(0, 127)]),
+    (512, 128, KeyGroupRange(10, 20), [KeyGroupRange(10 + j * 128, 20 + j * 128) for j in range(4)]),
+    (128, 128, KeyGroupRange(5, 9), [KeyGroupRange(5, 9)]),
+])
+def test_parent_key_groups(old, new, new_range, parents):
+    assert parent_key_groups(new_range, old, new) == parents
+    # every key group of new_range has its parents inside them (g % old, or g + j * new)
+    covered = {kg for r in parents for kg in r}
+    for g in new_range:
+        want = {g % old} if new >= old else {g + j * new for j in range(old // new)}
+        assert want <= covered
+    if new >= old:
+        assert len(covered) <= len(new_range)   # at most one parent per new key group: at most k x the share
+    else:
+        assert len(covered) == len(new_range) * (old // new)   # the merged groups, exactly the share
+
+
+def test_plan_across_a_max_parallelism_change_reads_only_parent_key_groups():
+    md = CheckpointMetadata(1, "job", 0, 128, 4, fake_handles(128, 4))
+    plan = plan_keyed_restore(md, KeyGroupRange(300, 340), max_parallelism=512)
+    assert {kg for _, part in plan for kg in part} == set(range(44, 85))
+    plan = plan_keyed_restore(md, KeyGroupRange(10, 11), max_parallelism=32)
+    assert {kg for _, part in plan for kg in part} == {10, 11, 42, 43, 74, 75, 106, 107}
 
 
 def test_overlapping_handles_are_corrupt_metadata():

@@ -194,8 +194,10 @@ def test_another_max_parallelism_is_refused_before_any_subtask_runs(tmp_path):
     location = str(tmp_path / "chk")
     _totals_batch(location, 2, _keys(5))
     with pytest.raises(StateMigrationError,
-                       match="written with max_parallelism=16, into a job with max_parallelism=32"):
-        begin_batch(CheckpointStorage(location), job_name="c", max_parallelism=32, parallelism=2)
+                       match=r"written with max_parallelism=16, into a job with max_parallelism=24.*Allowed: 16 "
+                             r"\(unchanged\); a multiple of 16 .*\(32, 48, 64, \.\.\., 32768\); a divisor of 16 "
+                             r"\(1, 2, 4, 8\)"):
+        begin_batch(CheckpointStorage(location), job_name="c", max_parallelism=24, parallelism=2)
 
 
 def test_idle_subtasks_carry_their_key_groups_into_the_new_checkpoint(tmp_path):

@@ -3,9 +3,15 @@
 Keyed state (:func:`plan_keyed_restore`): key groups are the unit of redistribution (Flink's
 ``StateAssignmentOperation``). A subtask of any new parallelism owns a contiguous ``KeyGroupRange`` and reads, for
 each of its key groups, that key group's chain (incremental checkpoints): the newest full block and the delta blocks
-after it, from whichever old files hold them, and nothing else. The number of key groups (max parallelism) is fixed
-for the life of the state: a key's key group is ``murmur(hash) % max_parallelism``, so another max parallelism would
-put every key in another group.
+after it, from whichever old files hold them, and nothing else.
+
+The number of key groups (max parallelism) changes only by an integer factor (:func:`check_restore_max_parallelism`):
+a key's key group is ``murmur(hash) % max_parallelism``, so with ``new = k * old`` every new key group ``g`` has
+exactly one parent, ``g % old`` (its keys are some of that parent's), and with ``old = k * new`` new key group ``g``
+is the union of old groups ``g + j * new`` (``j < k``). :func:`parent_key_groups` maps a new subtask's range to the
+old key groups it reads: at most k times its share of the state when splitting, exactly its share when merging. The
+backend re-keys what it reads (``KeyedStateBackendBase.restore``); any other change would need every key of the
+state, and is refused.
 
 Chains stay bounded: :func:`chain_stats` describes them and :func:`choose_full_key_groups` picks the key groups a
 backend writes full at its next snapshot; :func:`carry_forward` keeps in the next checkpoint exactly the older
@@ -24,7 +30,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from keygroups._ranges import KeyGroupRange, check_max_parallelism
+from keygroups._ranges import UPPER_BOUND_MAX_PARALLELISM, KeyGroupRange, check_max_parallelism
 from keygroups.checkpoint.metadata import (
     CheckpointMetadata,
     DistributionMode,
@@ -37,16 +43,71 @@ from keygroups.checkpoint.metadata import (
 from keygroups.errors import CorruptSnapshotError, StateMigrationError
 
 
-def check_restore_max_parallelism(metadata: CheckpointMetadata, max_parallelism: int) -> None:
-    """StateMigrationError unless the job's ``max_parallelism`` equals the checkpoint's, as Flink refuses it."""
-    mp = check_max_parallelism(max_parallelism)
-    if mp != metadata.max_parallelism:
+def allowed_max_parallelisms(old: int) -> tuple[list[int], list[int]]:
+    """The max parallelisms a state written with max parallelism ``old`` restores into, besides ``old`` itself:
+    ``(divisors, multiples)``, ascending: ``old / k`` (key groups merge) and ``old * k`` up to
+    ``UPPER_BOUND_MAX_PARALLELISM`` (key groups split)."""
+    old = check_max_parallelism(old)
+    divisors = [d for d in range(1, old) if old % d == 0]
+    multiples = list(range(2 * old, UPPER_BOUND_MAX_PARALLELISM + 1, old))
+    return divisors, multiples
+
+
+def _describe_allowed(old: int) -> str:
+    divisors, multiples = allowed_max_parallelisms(old)
+    parts = [f"{old} (unchanged)"]
+    if multiples:
+        shown = ", ".join(map(str, multiples)) if len(multiples) <= 6 else (
+            f"{multiples[0]}, {multiples[1]}, {multiples[2]}, ..., {multiples[-1]}")
+        parts.append(f"a multiple of {old} up to {UPPER_BOUND_MAX_PARALLELISM} ({shown})")
+    if divisors:
+        parts.append(f"a divisor of {old} ({', '.join(map(str, divisors))})")
+    return "; ".join(parts)
+
+
+def check_restore_max_parallelism(metadata: CheckpointMetadata, max_parallelism: int) -> int:
+    """``max_parallelism`` as an int if a job with it can restore ``metadata``: the checkpoint's max parallelism
+    multiplied or divided by an integer factor (or unchanged). StateMigrationError naming the allowed values
+    otherwise; ValueError (naming them too) outside ``[1, UPPER_BOUND_MAX_PARALLELISM]``."""
+    old = metadata.max_parallelism
+    try:
+        mp = check_max_parallelism(max_parallelism)
+    except ValueError as e:
+        raise ValueError(f"{e}; checkpoint {metadata.checkpoint_id} (max_parallelism={old}) restores with "
+                         f"max_parallelism {_describe_allowed(old)}") from None
+    if mp % old and old % mp:
         raise StateMigrationError(
             f"cannot restore checkpoint {metadata.checkpoint_id} (job {metadata.job_id!r}), written with "
-            f"max_parallelism={metadata.max_parallelism}, into a job with max_parallelism={mp}: the max parallelism "
-            f"cannot change across a restore, because it fixes the key groups every key is assigned to. Restore "
-            f"with max_parallelism={metadata.max_parallelism} (any parallelism from 1 to "
-            f"{metadata.max_parallelism} works), or start without this state.")
+            f"max_parallelism={old}, into a job with max_parallelism={mp}: the max parallelism can only change by "
+            f"an integer factor (then every key group splits into, or merges with, whole old key groups; any other "
+            f"change would move keys between all of them). Allowed: {_describe_allowed(old)}. Restore with one of "
+            f"these, or start without this state.")
+    return mp
+
+
+def parent_key_groups(new_range: KeyGroupRange, old_max_parallelism: int, new_max_parallelism: int
+                      ) -> list[KeyGroupRange]:
+    """The old key groups (of ``old_max_parallelism``) whose keys can belong to ``new_range`` (key groups of
+    ``new_max_parallelism``), as ascending disjoint ranges: ``g % old`` for each new ``g`` when the max parallelism
+    was multiplied (a range as long as ``old`` or longer reads them all), ``g + j * new`` for ``j < old / new`` when
+    it was divided. ValueError unless one divides the other."""
+    old, new = check_max_parallelism(old_max_parallelism), check_max_parallelism(new_max_parallelism)
+    if not isinstance(new_range, KeyGroupRange):
+        raise TypeError(f"new_range must be a KeyGroupRange, got {type(new_range).__name__}")
+    if new_range and new_range.end >= new:
+        raise ValueError(f"key groups {new_range} are past the last key group {new - 1} of max_parallelism={new}")
+    if not new_range or old == new:
+        return [new_range] if new_range else []
+    if new % old == 0:
+        if len(new_range) >= old:
+            return [KeyGroupRange(0, old - 1)]
+        first, last = new_range.start % old, new_range.end % old
+        if first <= last:
+            return [KeyGroupRange(first, last)]
+        return [KeyGroupRange(0, last), KeyGroupRange(first, old - 1)]   # the range wraps past a multiple of old
+    if old % new == 0:
+        return [KeyGroupRange(new_range.start + j * new, new_range.end + j * new) for j in range(old // new)]
+    raise ValueError(f"max_parallelism {old} -> {new} is not a change by an integer factor")
 
 
 @dataclass(frozen=True)
@@ -72,16 +133,21 @@ class ChainStats:
 NO_CHAIN = ChainStats(0, 0, 0)
 
 
-def _checked_range(metadata: CheckpointMetadata, new_range: KeyGroupRange, max_parallelism: int | None) -> None:
-    if max_parallelism is not None:
-        check_restore_max_parallelism(metadata, max_parallelism)
+def _checked_range(metadata: CheckpointMetadata, new_range: KeyGroupRange, max_parallelism: int | None
+                   ) -> list[KeyGroupRange]:
+    """The key groups of ``metadata`` (its numbering) that a subtask owning ``new_range`` (numbered for
+    ``max_parallelism``, the checkpoint's when None) reads."""
     if not isinstance(new_range, KeyGroupRange):
         raise TypeError(f"new_range must be a KeyGroupRange, got {type(new_range).__name__}")
-    if new_range and new_range.end >= metadata.max_parallelism:
+    old = metadata.max_parallelism
+    if max_parallelism is not None and check_restore_max_parallelism(metadata, max_parallelism) != old:
+        return parent_key_groups(new_range, old, max_parallelism)
+    if new_range and new_range.end >= old:
         raise StateMigrationError(
             f"key groups {new_range} do not exist in checkpoint {metadata.checkpoint_id}, written with "
-            f"max_parallelism={metadata.max_parallelism} (key groups 0..{metadata.max_parallelism - 1}): the max "
-            f"parallelism cannot change across a restore")
+            f"max_parallelism={old} (key groups 0..{old - 1}); to restore it with another max parallelism, "
+            f"give that max_parallelism")
+    return [new_range] if new_range else []
 
 
 def _ordered_handles(checkpoint_id: int, handles: Sequence[KeyedStateHandle]) -> list[KeyedStateHandle]:
@@ -128,8 +194,12 @@ def _check_chain_meta(chain: Sequence[KeyedStateHandle]) -> None:
                     f"makes the next snapshot full)")
 
 
-def _chains_of(metadata: CheckpointMetadata, new_range: KeyGroupRange) -> dict[int, list[KeyedStateHandle]]:
-    chains = key_group_chains(_ordered_handles(metadata.checkpoint_id, metadata.keyed_handles), new_range)
+def _chains_of(metadata: CheckpointMetadata, old_ranges: Sequence[KeyGroupRange]
+              ) -> dict[int, list[KeyedStateHandle]]:
+    handles = _ordered_handles(metadata.checkpoint_id, metadata.keyed_handles)
+    chains: dict[int, list[KeyedStateHandle]] = {}
+    for r in old_ranges:
+        chains.update(key_group_chains(handles, r))
     checked: set[tuple[int, ...]] = set()
     for chain in chains.values():
         ids = tuple(id(h) for h in chain)
@@ -147,12 +217,15 @@ def plan_keyed_restore(metadata: CheckpointMetadata, new_range: KeyGroupRange, *
     non-empty deltas after it; a handle's key groups come as contiguous ranges (one ranged read each). Key groups
     no handle covers had no state.
 
-    CorruptSnapshotError if a state's meta differs along a chain, or handles of one checkpoint overlap. With
-    ``max_parallelism`` given, a changed max parallelism raises StateMigrationError first; a ``new_range`` past the
-    checkpoint's key groups does too (it can only come from another max parallelism)."""
-    _checked_range(metadata, new_range, max_parallelism)
+    ``new_range`` is numbered for ``max_parallelism`` (the checkpoint's when None). When that differs from the
+    checkpoint's by an integer factor, the plan reads the chains of the old key groups ``new_range``'s keys come
+    from (:func:`parent_key_groups`), key groups numbered as in the checkpoint: the reader re-keys them. Another
+    change raises StateMigrationError naming the allowed values (:func:`check_restore_max_parallelism`); so does a
+    ``new_range`` past the checkpoint's key groups without ``max_parallelism``.
+    CorruptSnapshotError if a state's meta differs along a chain, or handles of one checkpoint overlap."""
+    old_ranges = _checked_range(metadata, new_range, max_parallelism)
     wanted: dict[int, tuple[KeyedStateHandle, list[int]]] = {}
-    for kg, chain in sorted(_chains_of(metadata, new_range).items()):
+    for kg, chain in sorted(_chains_of(metadata, old_ranges).items()):
         for h in chain:
             wanted.setdefault(id(h), (h, []))[1].append(kg)
     plan = [(h, run) for h, kgs in wanted.values() for run in key_group_runs(kgs)]
@@ -200,18 +273,30 @@ def choose_full_key_groups(chains: dict[int, ChainStats], n_key_groups: int, *, 
     return {kg for _, kg in scored[:math.ceil(n_key_groups * MAX_MATERIALIZED_SHARE)]}
 
 
-def carry_forward(previous: CheckpointMetadata | None, new_handles: Sequence[KeyedStateHandle]
-                  ) -> list[KeyedStateHandle]:
+def carry_forward(previous: CheckpointMetadata | None, new_handles: Sequence[KeyedStateHandle], *,
+                  max_parallelism: int | None = None) -> list[KeyedStateHandle]:
     """The keyed handles of the checkpoint after ``previous``: ``new_handles`` (what its subtasks wrote; a subtask
     that changed nothing may have written none) and every handle of ``previous`` that some key group's chain still
     needs, in chain order. A previous handle every key group of which has a newer full block (or only empty
-    deltas since one) drops out."""
+    deltas since one) drops out.
+
+    ``max_parallelism`` is the new checkpoint's (None: ``previous``'s). When it differs, ``previous``'s key groups
+    are numbered otherwise and none of its files carries over: the new handles must be full (a backend restored
+    across a max-parallelism change writes its first snapshot full), else ValueError."""
     new = list(new_handles)
     old = list(previous.keyed_handles) if previous is not None else []
     new_ids = {h.checkpoint_id for h in new}
     if previous is not None and any(i <= previous.checkpoint_id for i in new_ids):
         raise ValueError(f"new keyed handles of checkpoints {sorted(new_ids)} cannot follow checkpoint "
                          f"{previous.checkpoint_id}: a new file belongs to a newer checkpoint")
+    if previous is not None and max_parallelism is not None and max_parallelism != previous.max_parallelism:
+        partial = [h.file for h in new if not h.is_all_full]
+        if partial:
+            raise ValueError(f"keyed files {partial} hold delta blocks, but their checkpoint changes the max "
+                             f"parallelism from {previous.max_parallelism} to {max_parallelism}: a delta cannot "
+                             "apply to key groups numbered otherwise; the first snapshot after the change must be "
+                             "full")
+        previous, old = None, []
     handles = _ordered_handles(max(new_ids | {previous.checkpoint_id if previous else 0}), old + new)
     everything = KeyGroupRange(0, max(h.key_group_range.end for h in handles)) if handles else KeyGroupRange.empty()
     needed: dict[int, KeyedStateHandle] = {}

@@ -53,23 +53,28 @@ def _inspect(args: argparse.Namespace) -> int:
 
 def _plan(args: argparse.Namespace) -> int:
     from keygroups._ranges import key_group_range
-    from keygroups.checkpoint import chain_stats, plan_keyed_restore
+    from keygroups.checkpoint import chain_stats, check_restore_max_parallelism, parent_key_groups, plan_keyed_restore
 
     storage, metadata = _load(args)
     if metadata is None:
         return 1
-    mp = metadata.max_parallelism
+    old = metadata.max_parallelism
+    mp = old if args.max_parallelism is None else check_restore_max_parallelism(metadata, args.max_parallelism)
     if args.parallelism > mp:
-        print(f"keygroups plan: parallelism {args.parallelism} is above checkpoint {metadata.checkpoint_id}'s max "
-              f"parallelism {mp}; give a parallelism from 1 to {mp}", file=sys.stderr)
+        whose = f"checkpoint {metadata.checkpoint_id}'s max parallelism" if mp == old else "the new max parallelism"
+        print(f"keygroups plan: parallelism {args.parallelism} is above {whose} {mp}; give a parallelism from 1 "
+              f"to {mp}", file=sys.stderr)
         return 2
-    everything = key_group_range(mp, 1, 0)
+    everything = key_group_range(old, 1, 0)
     chains = chain_stats(metadata, everything)
     total = sum(c.full_bytes + c.delta_bytes for c in chains.values())   # what restoring every key group reads
     files = {h.file for h in metadata.keyed_handles}
+    change = "" if mp == old else (f" -> {mp}: each key group split in {mp // old}, a new one reads its parent"
+                                   if mp > old else f" -> {mp}: key groups merged {old // mp} into 1, a new one "
+                                                    "reads those it merges")
     print(f"checkpoint {metadata.checkpoint_id}: p={metadata.parallelism} -> p'={args.parallelism} "
-          f"(max parallelism {mp}), {total:,} bytes of keyed state in the chains of {len(chains)} key groups, "
-          f"{len(files)} keyed files")
+          f"(max parallelism {old}{change}), {total:,} bytes of keyed state in the chains of {len(chains)} key "
+          f"groups, {len(files)} keyed files")
     for i in range(args.parallelism):
         own = key_group_range(mp, args.parallelism, i)
         reads = []
@@ -82,9 +87,12 @@ def _plan(args: argparse.Namespace) -> int:
             kind = "full" if full == len(part) else "delta" if not full else f"{full} full"
             reads.append(f"{handle.file} (checkpoint {handle.checkpoint_id}, old subtask {handle.subtask}, {kind}) "
                          f"groups {part.start}-{part.end} ({size:,} B)")
-        lengths = [chains[kg].length for kg in own if kg in chains]
+        parents = parent_key_groups(own, old, mp)
+        lengths = [chains[kg].length for r in parents for kg in r if kg in chains]
         chain_note = (f"chains of {min(lengths)}-{max(lengths)} blocks (mean {sum(lengths) / len(lengths):.1f})"
                       if lengths else "no state")
+        if mp != old:
+            chain_note += f"; old key groups {', '.join(f'{r.start}-{r.end}' for r in parents)}"
         print(f"  new subtask {i} (key groups {own.start}-{own.end}): reads {nbytes:,} bytes in {len(reads)} ranged "
               f"reads, {nbytes / max(total, 1) * args.parallelism:.2f}x its even share; {chain_note}")
         for read in reads:
@@ -148,10 +156,14 @@ def main(argv: list[str] | None = None) -> int:
     add_storage_options(p)
     plot.add_arguments(p)
     p.set_defaults(run=_inspect)
-    p = sub.add_parser("plan", help="show what each subtask would read when restoring at another parallelism")
+    p = sub.add_parser("plan", help="show what each subtask would read when restoring at another parallelism (or "
+                                    "max parallelism)")
     p.add_argument("location", help="checkpoint directory (local path or fsspec URL)")
     p.add_argument("parallelism", type=whole_number(1), help="the new parallelism")
     p.add_argument("--checkpoint", type=whole_number(0), help="checkpoint id (default: latest complete)")
+    p.add_argument("--max-parallelism", type=whole_number(1), default=None,
+                   help="the new max parallelism: the checkpoint's multiplied or divided by an integer factor "
+                        "(default: unchanged)")
     add_storage_options(p)
     p.set_defaults(run=_plan)
     p = sub.add_parser("verify", help="read every file of a checkpoint through its checksums; exit 1 if any is "

@@ -1,7 +1,8 @@
 """The driver's half of a micro-batch, independent of Spark: plan the batch, then commit what its subtasks reported.
 
 :func:`begin_batch` picks the next checkpoint id (or finds that an explicitly numbered batch is already complete:
-an idempotent replay), refuses a max parallelism other than the latest checkpoint's, and returns a
+an idempotent replay), refuses a max parallelism that is not the restore point's multiplied or divided by an integer
+factor (:func:`~keygroups.checkpoint.planning.check_restore_max_parallelism`), and returns a
 :class:`BatchPlan`: the checkpoint to restore, the task specs every subtask gets, and which subtasks still have to
 run. The caller runs the subtasks (Spark tasks, or plain calls in tests) and hands their reports to
 :func:`commit_batch`, which builds the checkpoint's metadata and commits it only if each subtask reported exactly
@@ -142,8 +143,9 @@ def begin_batch(storage: CheckpointStorage, *, job_name: str, max_parallelism: i
 
     Without ``checkpoint_id`` the batch becomes the checkpoint after the latest complete one. With one (e.g. Spark's
     streaming batch id) the batch is idempotent: if that checkpoint is already complete, the plan's ``replay`` holds
-    it; an id older than the latest complete checkpoint is refused. StateMigrationError if ``max_parallelism``
-    differs from the latest checkpoint's. With a ``fence`` (:meth:`DriverFence.claim`), a fenced driver is refused
+    it; an id older than the latest complete checkpoint is refused. ``max_parallelism`` may differ from the restore
+    point's by an integer factor (its subtasks re-key the state as they restore it, and write it full);
+    StateMigrationError naming the allowed values for any other change. With a ``fence`` (:meth:`DriverFence.claim`), a fenced driver is refused
     here and again right before its commit.
 
     With ``savepoint`` (a savepoint's name in ``storage``) the batch restores from that savepoint instead of the
@@ -198,7 +200,7 @@ def commit_batch(plan: BatchPlan, keyed_reports: Sequence[dict[str, Any]],
         max_parallelism=plan.max_parallelism,
         parallelism=p,
         keyed_handles=carry_forward(plan.previous, [KeyedStateHandle.from_json(r["keyed_handle"]) for r in keyed
-                                                    if r.get("keyed_handle")]),
+                                                    if r.get("keyed_handle")], max_parallelism=plan.max_parallelism),
         operator_handles=[OperatorStateHandle.from_json(r["operator_handle"]) for r in sources
                           if r.get("operator_handle")],
         properties={

@@ -21,7 +21,9 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar
 
-from keygroups._hashing import KeyType, key_type_code
+import numpy as np
+
+from keygroups._hashing import KeyType, assign_key_groups, key_type_code
 from keygroups._native.statecore import KeyContext
 from keygroups._ranges import KeyGroupRange, check_max_parallelism
 from keygroups.checkpoint import (
@@ -397,14 +399,26 @@ class KeyedStateBackendBase:
         of key groups per file) and applied in checkpoint order. With ``lazy`` (the default, heap backend) values
         stay bytes until first accessed, and key groups are decoded when first touched.
 
-        Must be called once, before any state is written. A changed max parallelism raises
-        ``StateMigrationError``."""
+        A checkpoint of another max parallelism restores when this backend's is a multiple or a divisor of it: the
+        chains of the old key groups this backend's keys come from are read and re-keyed
+        (:meth:`_restore_rekeyed`), and the next snapshot is written full. Any other change raises
+        ``StateMigrationError`` naming the allowed values.
+
+        Must be called once, before any state is written."""
         if self._restored:
             raise RuntimeError("restore() was already called on this backend; create a new backend to restore again")
         if self._has_data():
             raise RuntimeError("restore() must come before any state is written to the backend")
         plan = plan_keyed_restore(metadata, self.key_group_range, max_parallelism=self.max_parallelism)
         self._restored = True
+        if metadata.max_parallelism != self.max_parallelism:
+            total, groups = self._restore_rekeyed(storage, plan)
+            # chains and files of the old numbering mean nothing here: the first snapshot starts them anew
+            self._chains = {}
+            self._chain_metas = {}
+            self._needs_full = True
+            self._after_restore(lazy)
+            return RestoreStats(total, groups)
         self._chains = chain_stats(metadata, self.key_group_range)
         self._chain_metas = {}
         total = 0
@@ -423,6 +437,83 @@ class KeyedStateBackendBase:
         self._after_restore(lazy)
         return RestoreStats(total, len(restored))
 
+    def _restore_rekeyed(self, storage: CheckpointStorage, plan: list[tuple[KeyedStateHandle, KeyGroupRange]]
+                         ) -> tuple[int, int]:
+        """Restore across a max-parallelism change; ``plan`` reads the chains of the old key groups this backend's
+        keys come from (``plan_keyed_restore``). Each old key group's chain is merged into its entries (bytes: a
+        full block starts it anew, a put replaces a key's value, a delete removes the key), each key is
+        deserialized once to find its key group under this backend's max parallelism, the keys of other key groups
+        are dropped, and each new key group gets one full block of its entries through :meth:`_restore_block`, as
+        any restore feeds a backend. (bytes read, key groups restored).
+
+        StateMigrationError if one state has different metas (serializers, TTL) in the chains of different old key
+        groups: their bytes would land in one new key group."""
+        metas: dict[str, dict[str, Any]] = {}
+        parents: dict[int, dict[str, dict[bytes, bytes]]] = {}   # old key group -> state -> key bytes -> value bytes
+        total = 0
+        for handle, key_groups in plan:   # chain order
+            for meta in handle.states:
+                known = metas.setdefault(meta["name"], meta)
+                if known is not meta and _canonical(known) != _canonical(meta):
+                    raise StateMigrationError(
+                        f"state {meta['name']!r} has one meta (serializers, TTL) in some old key groups and another "
+                        f"in {handle.file!r}: their entries cannot be merged into the key groups of "
+                        f"max_parallelism={self.max_parallelism}. Restore the checkpoint once with its own max "
+                        "parallelism and checkpoint it (the snapshot after a migration is written full, with one "
+                        "meta), then change the max parallelism")
+            names = [meta["name"] for meta in handle.states]
+            blocks, nbytes = read_key_group_offsets(storage, handle, key_groups)
+            total += nbytes
+            for block in blocks:
+                entries = parents.setdefault(block.key_group, {})
+                if block.full:
+                    entries.clear()
+                mv = block.block
+                for state_index, key_offsets, value_offsets in block.puts:
+                    self._check_state_index(handle, block.key_group, state_index, names)
+                    if len(key_offsets) != len(value_offsets):
+                        raise CorruptSnapshotError(f"{handle.file}: key group {block.key_group}, state {state_index}: "
+                                                   f"{len(key_offsets) - 1} keys but {len(value_offsets) - 1} values")
+                    ko, vo = key_offsets.tolist(), value_offsets.tolist()
+                    state = entries.setdefault(names[state_index], {})
+                    for i in range(len(ko) - 1):
+                        state[bytes(mv[ko[i]:ko[i + 1]])] = bytes(mv[vo[i]:vo[i + 1]])
+                for state_index, key_offsets in block.deletes:
+                    self._check_state_index(handle, block.key_group, state_index, names)
+                    ko = key_offsets.tolist()
+                    state = entries.get(names[state_index], {})
+                    for i in range(len(ko) - 1):
+                        state.pop(bytes(mv[ko[i]:ko[i + 1]]), None)
+        order = list(metas)
+        index = {name: i for i, name in enumerate(order)}
+        targets = [self._restore_target(metas[name]) for name in order]
+        children: dict[int, list[dict[bytes, bytes]]] = {}   # new key group -> per state index, its entries
+        for kg in sorted(parents):
+            states = parents.pop(kg)
+            new_groups = self._key_groups_of({k for state in states.values() for k in state})
+            for name, state in states.items():
+                i = index[name]
+                for key_bytes, value_bytes in state.items():
+                    g = new_groups[key_bytes]
+                    if g in self.key_group_range:
+                        children.setdefault(g, [{} for _ in order])[i][key_bytes] = value_bytes
+        newest = plan[-1][0] if plan else None   # named by errors about a block (none expected: it is built here)
+        restored = sorted(children)
+        for g in restored:
+            self._restore_block(newest, targets, _full_block(g, children.pop(g)))
+        return total, len(restored)
+
+    def _key_groups_of(self, keys: set[bytes]) -> dict[bytes, int]:
+        """Serialized keys -> their key groups under this backend's max parallelism (each key deserialized once,
+        hashed as ``set_current_key`` hashes it)."""
+        ordered = list(keys)
+        if not ordered:
+            return {}
+        offsets = np.zeros(len(ordered) + 1, dtype=np.int64)
+        np.cumsum([len(k) for k in ordered], out=offsets[1:])
+        decoded = self.key_serializer.deserialize_many(b"".join(ordered), offsets)
+        groups = assign_key_groups(decoded, self.max_parallelism, self.key_type)
+        return dict(zip(ordered, groups.tolist()))
     def _restore_handle(self, storage: CheckpointStorage, handle: KeyedStateHandle, key_groups: KeyGroupRange,
                         targets: list[Any]) -> tuple[int, int]:
         """Read ``key_groups`` of one old file (one ranged read) and hand each block to :meth:`_restore_block`;
@@ -567,6 +658,31 @@ class KeyedStateBackendBase:
             self._needs_full = False
         else:
             self._chain_metas.update(metas)
+
+
+def _full_block(key_group: int, states: list[dict[bytes, bytes]]) -> KeyGroupBlock:
+    """A full block of ``key_group`` built from its entries (``states[i]``: state ``i``'s serialized keys -> values),
+    as a restore reads blocks: keys back to back then values back to back per state, keys sorted by their bytes,
+    sections as int64 offsets into one buffer. Values stay the opaque bytes they were."""
+    parts: list[bytes] = []
+    puts = []
+    pos = 0
+    for state_index, entries in enumerate(states):
+        if not entries:
+            continue
+        keys = sorted(entries)
+        values = [entries[k] for k in keys]
+        sections = []
+        for items in (keys, values):
+            offsets = np.empty(len(items) + 1, dtype=np.int64)
+            offsets[0] = pos
+            np.cumsum([len(x) for x in items], out=offsets[1:])
+            offsets[1:] += pos
+            pos = int(offsets[-1])
+            parts.extend(items)
+            sections.append(offsets)
+        puts.append((state_index, sections[0], sections[1]))
+    return KeyGroupBlock(key_group, True, True, memoryview(b"".join(parts)), puts, [])
 
 
 def _canonical(meta: dict[str, Any]) -> str:
