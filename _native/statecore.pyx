@@ -15,7 +15,7 @@ from cpython.set cimport PySet_Add, PySet_Contains
 from libc.math cimport signbit
 from libc.stdint cimport int32_t, int64_t, uint8_t
 
-from keygroups._javakeys import NAN_KEY as _NAN_KEY_OBJ, NEGATIVE_ZERO_KEY as _NEG_ZERO_OBJ, NegativeZeroKey
+from keygroups._javakeys import NAN_KEY as _NAN_KEY_OBJ, NEGATIVE_ZERO_KEY as _NEG_ZERO_OBJ, NegativeZeroKey as _NegZeroClass
 from keygroups.errors import KeyGroupOutOfRangeError
 from keygroups.errors import no_current_key_error as _no_current_key_error, none_added_error as _none_added_error
 
@@ -39,7 +39,7 @@ MISSING = _MISSING
 
 cdef object _NAN_KEY = _NAN_KEY_OBJ
 cdef object _NEG_ZERO = _NEG_ZERO_OBJ
-cdef type _NegZeroType = NegativeZeroKey
+cdef type _NegZeroType = _NegZeroClass
 
 
 cdef inline object _java_float_key(object key):
