@@ -200,8 +200,9 @@ class KeyedJob:
 
     ``function`` is a :class:`~keygroups.runtime.KeyedProcessFunction`; ``key_columns`` name the input columns
     that form the key (several form a Flink tuple); ``output_schema`` is the schema of what the function returns (a
-    pyarrow Schema, a Spark StructType or a DDL string); ``max_parallelism`` is the number of key groups, fixed for
-    the life of the state; ``checkpoint_location`` is a local path or an fsspec URL, and ``storage_options`` go to its
+    pyarrow Schema, a Spark StructType or a DDL string); ``max_parallelism`` is the number of key groups (a later
+    run may multiply or divide it by an integer, which splits or merges key groups at restore; any other change is
+    refused); ``checkpoint_location`` is a local path or an fsspec URL, and ``storage_options`` go to its
     fsspec filesystem (endpoint, credentials) in the driver and in every task, and for reading the output back where
     Spark's own reader cannot reach the location (see :func:`read_checkpoint_files`). ``order_by`` names columns that
     order a key's records inside a batch (Spark's shuffle keeps no order, so give one whenever order matters to the
