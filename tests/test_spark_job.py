@@ -20,22 +20,12 @@ from keygroups.sources import write_partitioned_log
 from keygroups.spark import KeyedJob
 from keygroups.state import ValueStateDescriptor
 from shop_runtime import final_states
+from spark_functions import TOTALS, RunningTotal
 
 pytestmark = pytest.mark.spark
 # The functions below live in this test file, which Spark's Python workers cannot import: ship them by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 MAX_PARALLELISM = 32
-TOTALS = pa.schema([("k", pa.int64()), ("total", pa.int64()), ("batch", pa.int64())])
-
-
-class RunningTotal(KeyedProcessFunction):
-    def open(self, context):
-        self.total = context.get_state(ValueStateDescriptor("total", Int64Serializer()))
-
-    def process_element(self, record, context):
-        total = (self.total.value() or 0) + record["v"]
-        self.total.update(total)
-        return [(context.current_key, total, context.checkpoint_id)]
 
 
 class DiesOnFirstAttempt(shop.CartFunction):

@@ -3,30 +3,12 @@ batch restores the previous one's state re-keyed into the new key groups, and th
 
 from __future__ import annotations
 
-import sys
-
-import pyarrow as pa
 import pytest
-from pyspark import cloudpickle
 
-from keygroups.runtime.functions import KeyedProcessFunction
-from keygroups.serializers import Int64Serializer
 from keygroups.spark import KeyedJob
-from keygroups.state import ValueStateDescriptor
+from spark_functions import TOTALS, RunningTotal
 
 pytestmark = pytest.mark.spark
-cloudpickle.register_pickle_by_value(sys.modules[__name__])
-TOTALS = pa.schema([("k", pa.int64()), ("total", pa.int64()), ("batch", pa.int64())])
-
-
-class RunningTotal(KeyedProcessFunction):
-    def open(self, context):
-        self.total = context.get_state(ValueStateDescriptor("total", Int64Serializer()))
-
-    def process_element(self, record, context):
-        total = (self.total.value() or 0) + record["v"]
-        self.total.update(total)
-        return [(context.current_key, total, context.checkpoint_id)]
 
 
 @pytest.mark.parametrize("backend", ["heap", "rocksdb"])
