@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import sys
 
-import pyarrow as pa
 import pytest
 from pyspark import cloudpickle
 

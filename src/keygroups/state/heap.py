@@ -67,7 +67,6 @@ from keygroups.checkpoint import (
     KeyGroupBlock,
     Packed,
     chain_stats,
-    find_key,
     plan_keyed_restore,
     write_keyed_snapshot,
 )
