@@ -8,6 +8,12 @@ imports pyspark.
   layer over :mod:`keygroups.runtime`'s driver; :class:`BatchResult` is what one batch did.
 - :func:`read_checkpoint_files`: Parquet files a batch wrote under a checkpoint location (its output, its staged
   input) as a DataFrame, on any location the storage reaches (``s3://`` without Hadoop's S3A connector too).
+
+Everything but the RDD half works over Spark Connect too, with the same bits: there is no py4j gateway there, so
+the key-group engine "auto" picks the portable ones, and the runner starts its tasks from ``spark.range`` rather than
+a SparkContext. Connect has no RDDs: :func:`key_by` refuses a DataFrame and names :func:`partition_by_key_group`.
+:mod:`keygroups.spark.local_connect` serves a Connect session from a local classic session's JVM (tests, the demo's
+``--connect``, benchmarks).
 """
 
 from keygroups.spark.columns import with_key_groups
