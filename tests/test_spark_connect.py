@@ -3,7 +3,9 @@
 
 Flink's golden key groups through ``with_key_groups``, exact placement by ``partition_by_key_group``, a KeyedJob
 rescaled 3 -> 1 -> 4 against the reference, replays checked by their input digest, a ``foreachBatch`` streaming
-query, and the refusals (the ``"jvm"`` engine, ``key_by`` on a DataFrame) naming what to use instead."""
+query, and the refusals (the ``"jvm"`` engine, ``key_by`` on a DataFrame) naming what to use instead. The tests
+that take ``any_spark`` run on the classic session too, the same assertions on both; the classic suites
+(test_spark_keyby_*.py, test_spark_job.py) cover the rest of the classic side."""
 
 from __future__ import annotations
 
@@ -89,8 +91,8 @@ def test_auto_picks_a_portable_engine_and_jvm_is_refused_naming_the_others(conne
 
 @pytest.mark.parametrize(("parallelism", "method", "engine"),
                          [(7, "by_id", "auto"), (7, "hash", "auto"), (3, "by_id", "arrow"), (1, "by_id", "auto")])
-def test_exact_placement_over_connect(connect, parallelism, method, engine):
-    users = connect.range(0, 2000).select(
+def test_exact_placement_on_both_sessions(any_spark, parallelism, method, engine):
+    users = any_spark.range(0, 2000).select(
         F.col("id"), F.concat(F.lit("user-"), (F.col("id") % 331).cast("string")).alias("user"))
     out = partition_by_key_group(users, "user", "id", max_parallelism=128, parallelism=parallelism, method=method,
                                  engine=engine, key_group_col="key_group")
@@ -98,9 +100,9 @@ def test_exact_placement_over_connect(connect, parallelism, method, engine):
     assert sorted(r["id"] for r in rows) == list(range(2000))
 
 
-def test_key_by_refuses_a_dataframe_naming_partition_by_key_group(connect):
+def test_key_by_refuses_a_dataframe_naming_partition_by_key_group(any_spark):
     with pytest.raises(TypeError, match=r"RDD partitioners cannot exist over Spark Connect .*partition_by_key_group\("):
-        key_by(connect.range(3), lambda v: v, max_parallelism=8, parallelism=2)
+        key_by(any_spark.range(3), lambda v: v, max_parallelism=8, parallelism=2)
 
 
 # ---- the job runner ------------------------------------------------------------------------------------------------
@@ -115,27 +117,27 @@ def test_source_job_rescaled_3_1_4_over_connect_equals_reference(connect, tmp_pa
     assert CheckpointStorage(location).latest().parallelism == 4
 
 
-def test_replays_idle_subtasks_and_the_storage_reader_over_connect(connect, tmp_path):
+def test_replays_idle_subtasks_and_the_storage_reader_on_both_sessions(any_spark, tmp_path):
     job = KeyedJob("totals", "k", RunningTotal(), output_schema=TOTALS, max_parallelism=MAX_PARALLELISM,
                    checkpoint_location=str(tmp_path / "chk"))
     rows = [(k, k % 3) for k in range(50)]
-    first = job.run_batch(connect.createDataFrame(rows, "k long, v long"), parallelism=2, checkpoint_id=7)
+    first = job.run_batch(any_spark.createDataFrame(rows, "k long, v long"), parallelism=2, checkpoint_id=7)
     expected = sorted((k, k % 3, 7) for k in range(50))
     assert sorted(map(tuple, first.output.collect())) == expected
     # the digest (xxhash64 per record) is computed over Connect as on a classic session
-    again = job.run_batch(connect.createDataFrame(list(reversed(rows)), "k long, v long").repartition(3),
+    again = job.run_batch(any_spark.createDataFrame(list(reversed(rows)), "k long, v long").repartition(3),
                           parallelism=3, checkpoint_id=7)
     assert again.replayed and sorted(map(tuple, again.output.collect())) == expected
     with pytest.raises(ReplayMismatchError, match="checkpoint 7 is already complete"):
-        job.run_batch(connect.createDataFrame(rows[1:], "k long, v long"), parallelism=2, checkpoint_id=7)
+        job.run_batch(any_spark.createDataFrame(rows[1:], "k long, v long"), parallelism=2, checkpoint_id=7)
     # an empty batch: every subtask is idle and runs as its own task (no SparkContext to parallelize with)
-    empty = job.run_batch(connect.createDataFrame([], "k long, v long"), parallelism=5)
+    empty = job.run_batch(any_spark.createDataFrame([], "k long, v long"), parallelism=5)
     assert empty.output.count() == 0
     assert [r["subtask"] for r in job.latest_checkpoint().properties["reports"]] == list(range(5))
-    nxt = job.run_batch(connect.createDataFrame([(1, 1), (2, 1)], "k long, v long"), parallelism=2)
+    nxt = job.run_batch(any_spark.createDataFrame([(1, 1), (2, 1)], "k long, v long"), parallelism=2)
     outputs = nxt.metadata.outputs
-    by_storage = read_checkpoint_files(connect, job.storage, outputs, TOTALS, reader="storage")
-    by_spark = read_checkpoint_files(connect, job.storage, outputs, TOTALS, reader="spark")
+    by_storage = read_checkpoint_files(any_spark, job.storage, outputs, TOTALS, reader="storage")
+    by_spark = read_checkpoint_files(any_spark, job.storage, outputs, TOTALS, reader="spark")
     expected = [(1, 2, 9), (2, 3, 9)]   # k=2 had 2 from checkpoint 7
     assert sorted(map(tuple, by_storage.collect())) == sorted(map(tuple, by_spark.collect())) == expected
 
@@ -150,20 +152,20 @@ def _write_sink(location: str):
     return sink
 
 
-def test_foreach_batch_streaming_query_over_connect(connect, tmp_path):
+def test_foreach_batch_streaming_query_on_both_sessions(any_spark, tmp_path):
     source = tmp_path / "in"
     for i, rows in enumerate([[(1, 1), (2, 2)], [(1, 10), (3, 3)]]):
-        connect.createDataFrame(rows, "k long, v long").coalesce(1).write.parquet(str(source / f"part-{i}"))
+        any_spark.createDataFrame(rows, "k long, v long").coalesce(1).write.parquet(str(source / f"part-{i}"))
     job = KeyedJob("stream-totals", "k", RunningTotal(), output_schema=TOTALS, max_parallelism=MAX_PARALLELISM,
                    checkpoint_location=str(tmp_path / "chk"))
     sunk = str(tmp_path / "sunk")
-    query = (connect.readStream.schema("k long, v long").option("maxFilesPerTrigger", 1)
+    query = (any_spark.readStream.schema("k long, v long").option("maxFilesPerTrigger", 1)
              .parquet(str(source / "part-*"))
              .writeStream.foreachBatch(job.foreach_batch(_write_sink(sunk), parallelism=3))
              .option("checkpointLocation", str(tmp_path / "spark-chk")).trigger(availableNow=True).start())
     query.awaitTermination(180)
     assert query.exception() is None
-    got = sorted(tuple(r) for r in connect.read.parquet(sunk).collect())
+    got = sorted(tuple(r) for r in any_spark.read.parquet(sunk).collect())
     assert got == [(1, 1, 0, 0), (1, 11, 1, 1), (2, 2, 0, 0), (3, 3, 1, 1)]
     storage = CheckpointStorage(str(tmp_path / "chk"))
     assert storage.checkpoint_ids() == [0, 1]
