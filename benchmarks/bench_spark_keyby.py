@@ -20,7 +20,15 @@ placement (shuffle to ``--parallelism`` partitions):
 
 Targets (issue 3): (a)/(b) <= 1.5 for integer keys, <= 3 for string keys; (d)/(e) <= 1.3.
 
-    python benchmarks/bench_spark_keyby.py [--rows 10000000] [--runs 3]
+With ``--connect``, every section also runs over a Spark Connect session served by the same JVM (no py4j gateway
+there, so ``with_key_groups``' "auto" engine is the portable one), beside the classic figures:
+  (f)  Connect: ``pmod(hash(k), max_parallelism)``     Spark's native hash over Connect
+  (f') Connect: ``with_key_groups``                    "auto": "sql" (or "arrow" for binary keys)
+  (f") Connect: ``with_key_groups(engine='arrow')``
+  (g)  Connect: ``df.repartition(parallelism, k)``
+  (g') Connect: ``partition_by_key_group``              and ``(g")`` with ``method='hash'``
+
+    python benchmarks/bench_spark_keyby.py [--rows 10000000] [--runs 3] [--connect]
 """
 
 from __future__ import annotations
@@ -39,6 +47,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.functions import pandas_udf
 
 from keygroups.spark import partition_by_key_group, with_key_groups
+from keygroups.spark.local_connect import connect_mode, local_connect_session, stop_local_connect
 from keygroups.spark.partitioner import spark_hash_int
 
 # ---- (c): the same Flink arithmetic in numpy, inside a pandas_udf ------------------------------------------------
@@ -80,6 +89,16 @@ def numpy_string_udf(max_parallelism: int) -> Callable:
 
 
 # ---- harness --------------------------------------------------------------------------------------------------------
+
+
+def over_connect(make: Callable[[], DataFrame]) -> Callable[[], DataFrame]:
+    """``make`` with pyspark.sql.functions building Connect Columns (PySpark picks the kind per process)."""
+
+    def made() -> DataFrame:
+        with connect_mode(True):
+            return make()
+
+    return made
 
 
 def force(df: DataFrame) -> None:
@@ -124,6 +143,7 @@ def main() -> None:
     ap.add_argument("--parallelism", type=int, default=8)
     ap.add_argument("--skip-pandas", action="store_true", help="leave out (c), the slowest candidate")
     ap.add_argument("--keys", default="long,string", help="comma-separated: long, string")
+    ap.add_argument("--connect", action="store_true", help="also run over a Spark Connect session (same JVM)")
     args = ap.parse_args()
     n, runs, mp, p = args.rows, args.runs, args.max_parallelism, args.parallelism
 
@@ -141,17 +161,29 @@ def main() -> None:
     spark.sparkContext.setLogLevel("ERROR")
     print(f"Spark {spark.version}, local[2], {n:,} rows, max_parallelism={mp}, parallelism={p}, median of {runs}")
 
-    ints = spark.range(n).withColumnRenamed("id", "k")
-    strings = spark.range(n).select(F.concat(F.lit("user-"), (F.col("id") * 7919 % 1_000_003).cast("string")).alias("k"))
-    if "string" in args.keys:
-        strings = strings.cache()
-        strings.count()
+    def inputs(session: SparkSession) -> tuple[DataFrame, DataFrame]:
+        ints = session.range(n).withColumnRenamed("id", "k")
+        strings = session.range(n).select(
+            F.concat(F.lit("user-"), (F.col("id") * 7919 % 1_000_003).cast("string")).alias("k"))
+        if "string" in args.keys:
+            strings = strings.cache()
+            strings.count()
+        return ints, strings
 
+    ints, strings = inputs(spark)
+    connect = None
+    if args.connect:
+        with connect_mode(False):
+            connect = local_connect_session(spark)
+        with connect_mode(True):
+            connect_ints, connect_strings = inputs(connect)
     sections = {
         "long": ("LongType keys (spark.range)", ints, numpy_long_udf(mp), 1.5),
         "string": ("StringType keys (cached)", strings, numpy_string_udf(mp), 3.0),
     }
-    for label, df, udf, target in (sections[k] for k in args.keys.split(",")):
+    for key in args.keys.split(","):
+        label, df, udf, target = sections[key]
+        cdf = (connect_ints if key == "long" else connect_strings) if connect is not None else None
         columns: dict[str, Callable[[], DataFrame]] = {
             "(b) pmod(hash(k), max_parallelism)": lambda df=df: df.withColumn(
                 "key_group", F.pmod(F.hash("k"), F.lit(mp))
@@ -166,6 +198,13 @@ def main() -> None:
         }
         if not args.skip_pandas:
             columns["(c) pandas_udf, numpy"] = lambda df=df, udf=udf: df.withColumn("key_group", udf("k"))
+        if cdf is not None:
+            columns["(f) Connect: pmod(hash(k), max_parallelism)"] = over_connect(
+                lambda: cdf.withColumn("key_group", F.pmod(F.hash("k"), F.lit(mp))))
+            columns["(f') Connect: with_key_groups"] = over_connect(
+                lambda: with_key_groups(cdf, "k", max_parallelism=mp))
+            columns["(f\") Connect: with_key_groups(engine='arrow')"] = over_connect(
+                lambda: with_key_groups(cdf, "k", max_parallelism=mp, engine="arrow"))
         report(f"key-group column, {label}", measure_all(columns, runs), "(b) pmod(hash(k), max_parallelism)", target)
 
         placement: dict[str, Callable[[], DataFrame]] = {
@@ -180,6 +219,12 @@ def main() -> None:
                 df, "k", max_parallelism=mp, parallelism=p, method="hash"
             ),
         }
+        if cdf is not None:
+            placement["(g) Connect: df.repartition(parallelism, k)"] = over_connect(lambda: cdf.repartition(p, "k"))
+            placement["(g') Connect: partition_by_key_group"] = over_connect(
+                lambda: partition_by_key_group(cdf, "k", max_parallelism=mp, parallelism=p))
+            placement["(g\") Connect: partition_by_key_group(method='hash')"] = over_connect(
+                lambda: partition_by_key_group(cdf, "k", max_parallelism=mp, parallelism=p, method="hash"))
         report(
             f"placement into {p} partitions, {label}", measure_all(placement, runs),
             "(e) df.repartition(parallelism, k)", 1.3,
@@ -187,6 +232,11 @@ def main() -> None:
         print(f"  (load average after this section: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
 
     strings.unpersist()
+    if connect is not None:
+        with connect_mode(True):
+            connect_strings.unpersist()
+            connect.stop()
+        stop_local_connect(spark)
     spark.stop()
 
 

@@ -1,4 +1,5 @@
-"""Shared fixtures. Spark runs in local mode, one session for the whole test run."""
+"""Shared fixtures. Spark runs in local mode, one session for the whole test run; a Spark Connect session served by
+that session's JVM is started the first time a test asks for one (fixtures ``connect`` and ``any_spark``)."""
 
 from __future__ import annotations
 
@@ -44,3 +45,33 @@ def spark():
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def connect_server(spark):
+    """A Spark Connect session served by the classic session's JVM (one per test run, started on first use). Use the
+    fixture ``connect``: it switches pyspark.sql.functions to Connect Columns for the test."""
+    from keygroups.spark.local_connect import connect_mode, local_connect_session, stop_local_connect
+
+    with connect_mode(False):   # the other tests of the run go on with classic Columns
+        session = local_connect_session(spark)
+    yield session
+    with connect_mode(True):
+        session.stop()
+    stop_local_connect(spark)
+
+
+@pytest.fixture
+def connect(connect_server):
+    """The Spark Connect session, with pyspark.sql.functions building Connect Columns during the test (PySpark
+    chooses per process; the classic tests of the same run get classic ones back afterwards)."""
+    from keygroups.spark.local_connect import connect_mode
+
+    with connect_mode(True):
+        yield connect_server
+
+
+@pytest.fixture(params=["classic", "connect"])
+def any_spark(request):
+    """The test runs twice: on the classic session and over Spark Connect."""
+    return request.getfixturevalue("spark" if request.param == "classic" else "connect")

@@ -144,13 +144,17 @@ def run(args: argparse.Namespace) -> int:
     del partitions
 
     from keygroups.spark import KeyedJob
+    from keygroups.spark.local_connect import local_connect_session, stop_local_connect
 
     spark_log = os.path.join(workdir, "spark.log")
-    spark = spark_session(args.master, spark_log)
+    classic = spark_session(args.master, spark_log)
+    # --connect: the job talks to Spark only through a Spark Connect client (no py4j gateway, no SparkContext),
+    # served by the same local JVM.
+    spark = local_connect_session(classic) if args.connect else classic
     per_batch = math.ceil(args.events / (len(phases) * args.batches_per_phase))
     figures: list[PhaseFigures] = []
     orders: list[tuple] = []
-    _say(f"[3/4] running on Spark ({args.master}); about {per_batch:,} events per micro-batch; Spark's own log: "
+    _say(f"[3/4] running on Spark ({args.master}{', over Spark Connect' if args.connect else ''}); about {per_batch:,} events per micro-batch; Spark's own log: "
          f"{spark_log}")
     for number, parallelism in enumerate(phases, start=1):
         # A new job object per phase: the pipeline is stopped and resumed from its checkpoints, nothing in memory.
@@ -185,7 +189,10 @@ def run(args: argparse.Namespace) -> int:
     _say("[4/4] verifying every user's state and every order against the reference")
     storage = CheckpointStorage(chk_dir, storage_options=options)
     problems = verify(storage, args.max_parallelism, expected_state, expected_orders, orders)
-    spark.stop()
+    if args.connect:
+        spark.stop()
+        stop_local_connect(classic)
+    classic.stop()
 
     _say("\nsummary")
     _say(f"{'phase':<8}{'p':>4}{'batches':>9}{'events':>12}{'events/s':>12}{'checkpoint':>13}")
@@ -238,6 +245,8 @@ def add_parser(sub: Any) -> None:
                    help="key groups (default 128, Flink's default)")
     p.add_argument("--backend", choices=("heap", "rocksdb"), default="heap", help="keyed state backend")
     p.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
+    p.add_argument("--connect", action="store_true",
+                   help="run the job over a Spark Connect session (a Connect server started in the local Spark JVM)")
     p.add_argument("--dir", help="working directory to keep (default: a temporary one); an fsspec URL such as "
                                  "s3://bucket/path holds the checkpoints only, the event log stays in a local "
                                  "temporary directory")

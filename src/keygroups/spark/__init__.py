@@ -11,6 +11,12 @@ package, with ``keygroups.cli``, that imports pyspark.
 - ``spark.read.format("keygroups")`` (:class:`KeyGroupsDataSource`, registered with the active session on import,
   :func:`register` for a later one): a checkpoint's or savepoint's state as a DataFrame; :func:`write_savepoint`
   (with :class:`StateColumn`): a savepoint from a DataFrame, which a ``KeyedJob`` starts from.
+
+Everything but the RDD half works over Spark Connect too, with the same bits: there is no py4j gateway there, so
+the key-group engine "auto" picks the portable ones, and the runner starts its tasks from ``spark.range`` rather than
+a SparkContext. Connect has no RDDs: :func:`key_by` refuses a DataFrame and names :func:`partition_by_key_group`.
+:mod:`keygroups.spark.local_connect` serves a Connect session from a local classic session's JVM (tests, the demo's
+``--connect``, benchmarks). The state data source is a Python data source; it has not been tried over Connect.
 """
 
 from keygroups.runtime.state_writer import StateColumn

@@ -51,6 +51,8 @@ from keygroups.spark.partitioner import partition_by_key_group
 
 _REPORT_SCHEMA = "subtask int, report string"
 _REPORT_ARROW = pa.schema([("subtask", pa.int32()), ("report", pa.string())])
+_TASK_SCHEMA = "index long, report string"
+_TASK_ARROW = pa.schema([("index", pa.int64()), ("report", pa.string())])
 #: The per-record input digest column, added before the shuffle and removed before the function sees the records.
 _DIGEST = "__keygroups_input_digest"
 _U64 = 1 << 64
@@ -153,13 +155,33 @@ def read_checkpoint_files(spark: SparkSession, storage: CheckpointStorage, files
     if reader != "storage":
         raise ValueError(f"reader must be 'auto', 'spark' or 'storage', got {reader!r}")
 
+    files = list(files)
+
     def read(batches: Any) -> Any:
         for batch in batches:
-            for relpath in batch.column(0).to_pylist():
-                yield from _read_parquet_file(storage, relpath, schema)
+            for index in batch.column(0).to_pylist():
+                yield from _read_parquet_file(storage, files[index], schema)
 
-    names = spark.createDataFrame(spark.sparkContext.parallelize([(f,) for f in files], len(files)), "file string")
-    return names.mapInArrow(read, spark_schema)
+    return _one_task_each(spark, len(files)).mapInArrow(read, spark_schema)
+
+
+def _one_task_each(spark: SparkSession, n: int) -> DataFrame:
+    """The ids ``0..n-1`` in ``n`` partitions, one id each: a DataFrame whose ``mapInArrow`` runs one Spark task per
+    item. Built from ``spark.range``, so it works on classic sessions and over Spark Connect alike (Connect has no
+    SparkContext to ``parallelize`` with)."""
+    return spark.range(0, n, 1, n)
+
+
+def _run_tasks(spark: SparkSession, n: int, task: Callable[[int], str]) -> list[str]:
+    """``task(i)`` for every ``i`` in ``0..n-1``, each in its own Spark task, in the order of ``i``; a task returns
+    a string (a JSON report)."""
+    def run(batches: Any) -> Any:
+        for batch in batches:
+            for index in batch.column(0).to_pylist():
+                yield pa.RecordBatch.from_pylist([{"index": index, "report": task(index)}], schema=_TASK_ARROW)
+
+    rows = _one_task_each(spark, n).mapInArrow(run, _TASK_SCHEMA).collect()
+    return [r["report"] for r in sorted(rows, key=lambda r: r["index"])]
 
 
 def _pickle_function(function: KeyedProcessFunction) -> bytes:
@@ -316,8 +338,8 @@ class KeyedJob:
         reports = [json.loads(r["report"]) for r in placed.mapInArrow(subtask, _REPORT_SCHEMA).collect()]
         idle = plan.idle_subtasks(reports)
         if idle:
-            reports += [json.loads(r) for r in df.sparkSession.sparkContext.parallelize(idle, len(idle)).map(
-                lambda index: _idle_report(spec, index)).collect()]
+            reports += [json.loads(r) for r in
+                        _run_tasks(df.sparkSession, len(idle), lambda i: _idle_report(spec, idle[i]))]
         digests = [r.get("input_digest", {"records": 0, "xxhash64_sum": 0}) for r in reports]
         digest = {"records": sum(d["records"] for d in digests),
                   "xxhash64_sum": sum(d["xxhash64_sum"] for d in digests) % _U64}
@@ -361,12 +383,8 @@ class KeyedJob:
         spec = plan.source_task(log_directory, record_schema=record_schema,
                                 max_records_per_subtask=max_records_per_subtask)
 
-        def source_subtask(index: int, _: Any) -> Any:
-            yield json.dumps(run_source_subtask(spec, index))
-
-        p = plan.parallelism
         reports = [json.loads(r) for r in
-                   spark.sparkContext.parallelize(range(p), p).mapPartitionsWithIndex(source_subtask).collect()]
+                   _run_tasks(spark, plan.parallelism, lambda index: json.dumps(run_source_subtask(spec, index)))]
         inputs = [r["input_file"] for r in reports if r["input_file"]]
         df = read_checkpoint_files(spark, self.storage, inputs, staged_schema(record_schema))
         metadata = self._run_keyed(plan, df, reports, None)

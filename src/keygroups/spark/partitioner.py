@@ -43,6 +43,16 @@ from keygroups.spark.columns import (
 _METHODS = ("auto", "by_id", "hash")
 
 
+#: key_by's refusal of anything but an RDD: a DataFrame, and above all one of a Spark Connect session, which has no
+#: RDDs at all (so no ``rdd.partitionBy`` to hand a KeyGroupPartitioner to).
+_NOT_AN_RDD = (
+    "key_by partitions an RDD with a KeyGroupPartitioner, got a {got}. RDD partitioners cannot exist over Spark "
+    "Connect (it has no RDDs); for a DataFrame, on a classic or a Connect session alike, use "
+    "keygroups.spark.partition_by_key_group(df, *key_columns, max_parallelism=..., parallelism=...) for exact "
+    "placement, or with_key_groups(df, ...) for the key-group columns"
+)
+
+
 class KeyGroupPartitioner:
     """A partition function for ``rdd.partitionBy(parallelism, partitioner)``: key -> the subtask that owns its key
     group, so partition *i* holds exactly the keys of ``key_group_range(max_parallelism, parallelism, i)``.
@@ -52,6 +62,9 @@ class KeyGroupPartitioner:
     of an unsupported type, raises when the partition function meets it. Instances pickle as their three
     parameters and compare equal when those are equal, so PySpark recognises RDDs partitioned alike and skips a
     second shuffle.
+
+    RDDs only, so classic sessions only: Spark Connect has no RDDs (:func:`key_by` says so when handed a
+    DataFrame); :func:`partition_by_key_group` places DataFrames the same way on both.
     """
 
     __slots__ = ("_max_parallelism", "_parallelism", "_key_type", "_code")
@@ -112,6 +125,8 @@ def key_by(
 
     ``parallelism`` defaults to the RDD's partition count, ``max_parallelism`` to
     ``default_max_parallelism(parallelism)`` (Flink's default)."""
+    if not isinstance(rdd, RDD):
+        raise TypeError(_NOT_AN_RDD.format(got=type(rdd).__name__))
     if not callable(key_fn):
         raise TypeError(f"key_fn must be callable (value -> key), got {key_fn!r}")
     p = rdd.getNumPartitions() if parallelism is None else parallelism
