@@ -63,7 +63,9 @@ from keygroups.state import ValueStateDescriptor
 from shop_runtime import MAX_PARALLELISM, final_states, read_outputs, rows, run_batch
 
 HERE = pathlib.Path(__file__).resolve().parent
-SRC = HERE.parent / "src"
+#: Where this process imports keygroups from (the installed package, or a source tree with its compiled core):
+#: the harness processes import the very same one.
+PACKAGE_ROOT = pathlib.Path(kg.__file__).resolve().parent.parent
 
 #: Where a driver process can be killed. "task" and "file-write" are during tasks (subtasks run in the driver's
 #: process without Spark); "publish-tmp" and "publish-linked" are inside the exclusive ``_metadata`` publish.
@@ -326,7 +328,7 @@ class Trial:
 
 def _env() -> dict[str, str]:
     """A harness process's environment: the package and this directory importable (Spark's workers too)."""
-    paths = [str(SRC), str(HERE), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    paths = [str(PACKAGE_ROOT), str(HERE), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     return {**os.environ, "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths)),
             "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
 
