@@ -10,15 +10,17 @@ from keygroups import KeyGroupRange
 from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage
 from keygroups.errors import StateSerializationError
 from keygroups.serializers import Int64Serializer, StrSerializer
-from keygroups.state import HeapKeyedStateBackend, MapStateDescriptor, ValueStateDescriptor
+from keygroups.state import HeapKeyedStateBackend, MapStateDescriptor, RocksDBKeyedStateBackend, ValueStateDescriptor
 
 RANGE = KeyGroupRange(0, 15)
+BACKENDS = {"heap": HeapKeyedStateBackend, "rocksdb": RocksDBKeyedStateBackend}
 
 
+@pytest.mark.parametrize("name", sorted(BACKENDS))
 @pytest.mark.parametrize("incremental", [False, True])
-def test_an_unwritable_value_names_its_state_serializer_and_key(tmp_path, incremental):
-    storage = CheckpointStorage(str(tmp_path))
-    backend = HeapKeyedStateBackend(RANGE, 16, Int64Serializer())
+def test_an_unwritable_value_names_its_state_serializer_and_key(tmp_path, name, incremental):
+    storage = CheckpointStorage(str(tmp_path / "chk"))
+    backend = BACKENDS[name](RANGE, 16, Int64Serializer())
     counter = backend.get_state(ValueStateDescriptor("counter", Int64Serializer()))
     names = backend.get_state(MapStateDescriptor("names", StrSerializer(), StrSerializer()))
     for k in range(20):
@@ -42,7 +44,8 @@ def test_an_unwritable_value_names_its_state_serializer_and_key(tmp_path, increm
         backend.snapshot(2, storage).result()
     names.put("name", "Ada")
     handle = backend.snapshot(2, storage).result()
-    restored = HeapKeyedStateBackend(RANGE, 16, Int64Serializer())
+    backend.dispose()
+    restored = BACKENDS[name](RANGE, 16, Int64Serializer())
     restored.restore(storage, CheckpointMetadata(
         checkpoint_id=2, job_id="j", timestamp_ms=0, max_parallelism=16, parallelism=1,
         keyed_handles=[handle] + ([] if not incremental else storage.load(1).keyed_handles), operator_handles=[]))
@@ -50,3 +53,4 @@ def test_an_unwritable_value_names_its_state_serializer_and_key(tmp_path, increm
     assert restored.get_state(ValueStateDescriptor("counter", Int64Serializer())).value() == -7
     assert dict(restored.get_state(MapStateDescriptor("names", StrSerializer(), StrSerializer())).items()) == {
         "name": "Ada"}
+    restored.dispose()

@@ -27,7 +27,10 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from keygroups._native import framing as _framing
-from keygroups.errors import CorruptSnapshotError
+from keygroups.errors import CorruptSnapshotError, StateSerializationError
+
+#: What a serializer raises for a value (or key) it cannot write.
+UNWRITABLE = (ValueError, TypeError, OverflowError, UnicodeEncodeError)
 
 _I64 = struct.Struct("<q")
 _pack_i64 = _I64.pack
@@ -168,6 +171,28 @@ class ValueFraming:
             return _framing.split_map(b, ttl)
         except CorruptSnapshotError as e:
             raise _corrupt(self.state, f"a map value: {e}") from None
+
+    def unwritable(self, key: Any, error: Exception, *, what: str = "snapshot") -> StateSerializationError:
+        """The error for an entry of ``key`` whose value (or key) a serializer refused: it names the state, its
+        kind and serializers, and the key."""
+        serializer = repr(self.ser) if self.key_ser is None else f"{self.key_ser!r} -> {self.ser!r}"
+        return StateSerializationError(
+            f"state {self.state!r} ({self.kind} state, serializer {serializer}) cannot write the entry of key "
+            f"{key!r}: {error}. The {what} fails and nothing is committed; store a value the serializer accepts, "
+            "or register the state with one that fits it")
+
+    def first_unwritable(self, entries: Iterable[tuple[Any, Any]], serialize_key: Callable[[Any], bytes],
+                         missing: Any) -> Any:
+        """The key of the first entry (key, value; ``missing`` for a deletion) that cannot be written on its own,
+        ``"(unknown)"`` if each can: the slow search behind :meth:`unwritable` after a batched write failed."""
+        for key, value in entries:
+            try:
+                serialize_key(key)
+                if value is not missing:
+                    self.encode(value)
+            except UNWRITABLE:
+                return key
+        return "(unknown)"
 
     def element_count(self, b: Any) -> int:
         """How many elements (a list) or entries (a map) a stored value holds, without deserializing them."""

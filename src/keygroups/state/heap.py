@@ -83,7 +83,7 @@ from keygroups.state._base import (
     _canonical,
     check_cancel,
 )
-from keygroups.state._codec import ValueFraming
+from keygroups.state._codec import UNWRITABLE, ValueFraming
 from keygroups.state.descriptors import StateDescriptor
 from keygroups.state.states import MISSING, ListState, MapState, ValueState
 
@@ -403,10 +403,6 @@ class _HeapTable(TableCore):
                 if layer.delete_offsets is not None:
                     seen.update(decode_keys(layer.block, layer.delete_offsets))
         return out
-
-
-#: What a serializer raises for a value it cannot write.
-_UNWRITABLE = (ValueError, TypeError, OverflowError, UnicodeEncodeError)
 
 
 @dataclass(frozen=True, slots=True)
@@ -808,7 +804,7 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
                 for state_index, c in enumerate(captures):
                     try:
                         section = self._full_section(c, i)
-                    except _UNWRITABLE as e:
+                    except UNWRITABLE as e:
                         raise self._unwritable(c, c.maps[i], e) from e
                     layers = c.layers[i]
                     if (self.compact_full_groups and layers is not None and not c.needs_migration
@@ -826,7 +822,7 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
                 if delta:
                     try:
                         keys, values, gone = self._delta_section(c, delta)
-                    except _UNWRITABLE as e:
+                    except UNWRITABLE as e:
                         raise self._unwritable(c, delta, e) from e
                     if keys:
                         sections.append((state_index, keys, values))
@@ -836,23 +832,9 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
                 yield start + i, sections, deletes
 
     def _unwritable(self, c: _Capture, entries: dict[Any, Any], error: Exception) -> StateSerializationError:
-        """The error for a value (or key) a serializer refused, naming the state, its serializer and the first key
-        whose entry fails on its own (found only now, on the error path)."""
+        """The error for a value (or key) a serializer refused, naming the first key whose entry fails alone."""
         w = c.write_framing
-        for k, v in entries.items():
-            try:
-                self.key_serializer.serialize(k)
-                if v is not MISSING:
-                    w.encode(v)
-            except _UNWRITABLE:
-                break
-        else:
-            k = "(unknown)"
-        serializer = w.ser if w.key_ser is None else f"{w.key_ser!r} -> {w.ser!r}"
-        return StateSerializationError(
-            f"state {w.state!r} ({w.kind} state, serializer {serializer}) cannot write the entry of key {k!r}: "
-            f"{error}. The snapshot fails and nothing is committed; store a value the serializer accepts, or "
-            "register the state with one that fits it")
+        return w.unwritable(w.first_unwritable(entries.items(), self.key_serializer.serialize, MISSING), error)
 
     def _delta_section(self, c: _Capture, delta: dict[Any, Any]) -> tuple[list[bytes], list[bytes], list[bytes]]:
         """The changed keys of one state in one key group: (keys, values) written, and keys deleted (an entry TTL

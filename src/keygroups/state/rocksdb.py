@@ -59,7 +59,7 @@ from keygroups.state._base import (
     _canonical,
     check_cancel,
 )
-from keygroups.state._codec import ValueFraming
+from keygroups.state._codec import UNWRITABLE, ValueFraming
 from keygroups.state.descriptors import StateDescriptor
 from keygroups.state.states import MISSING, MapState, ValueState
 
@@ -438,7 +438,8 @@ class _RocksTable:
 
     def write_values(self, batch: rocksdict.WriteBatch, encoded: dict[Any, bytes | None] | None) -> int:
         """Put the pending keys' values (not of a map state) into ``batch`` in key order, deletes for those
-        without one; ``encoded`` receives the encodings (None: deleted), for a delta. Returns the rows written."""
+        without one; ``encoded`` receives the encodings (None: deleted), for a delta. Returns the rows written.
+        The keys stay pending until the caller has written ``batch``."""
         keys, db_keys = self.sorted_pending()
         cache = self.cache
         values = list(map(cache.__getitem__, keys))
@@ -450,12 +451,15 @@ class _RocksTable:
                 encoded.update(dict.fromkeys(gone, None))
             keys, db_keys = list(itertools.compress(keys, live)), list(itertools.compress(db_keys, live))
             values = list(itertools.compress(values, live))
-        encodings = self.encode_many(values)
+        try:
+            encodings = self.encode_many(values)
+        except UNWRITABLE as e:
+            write = self.write_framing
+            key = write.first_unwritable(zip(keys, values), self.backend.key_serializer.serialize, MISSING)
+            raise write.unwritable(key, e, what="write to the database") from e
         collections.deque(map(batch.put, db_keys, encodings), maxlen=0)
         if encoded is not None:
             encoded.update(zip(keys, encodings))
-        self.changed.update(self.pending)
-        self.pending.clear()
         return len(live)
 
     def write_pending(self, ops: list[tuple[bytes, Any]], encoded: dict[Any, bytes | None] | None) -> None:
@@ -467,22 +471,23 @@ class _RocksTable:
         add = ops.append
         for key, kgi in self.pending.items():
             v = cache[key]
-            k = gp[kgi] + sid + _frame_key(ser(key))
-            if type(v) is _Overlay:
-                uks, uvs = write.key_ser.serialize, write.ser.serialize
-                for uk, x in v.items():
-                    add((k + uks(uk), None if x is MISSING else uvs(x)))
-                continue
+            try:
+                k = gp[kgi] + sid + _frame_key(ser(key))
+                if type(v) is _Overlay:
+                    uks, uvs = write.key_ser.serialize, write.ser.serialize
+                    for uk, x in v.items():
+                        add((k + uks(uk), None if x is MISSING else uvs(x)))
+                    continue
+                enc = None if v is MISSING else write.encode(v)
+            except UNWRITABLE as e:
+                raise write.unwritable(key, e, what="write to the database") from e
             # The whole map: its old rows go first (sorting keeps this range delete before the new rows).
             add((k, _Range(_next_prefix(k))))
-            enc = None if v is MISSING else write.encode(v)
             if enc is not None:
                 for user_key_bytes, stored in write.map_rows(enc):
                     add((k + user_key_bytes, stored))
             if encoded is not None:
                 encoded[key] = enc
-        self.changed.update(self.pending)
-        self.pending.clear()
 
 
 class _RocksValue(ValueState):
@@ -959,13 +964,13 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
             batch = rocksdict.WriteBatch(raw_mode=True)
             writes = 0
             ops: list[tuple[bytes, Any]] = []
-            for t in self._tables.values():
-                if t.pending:
-                    out = None if encoded is None else encoded.setdefault(t.name, {})
-                    if t.is_map:
-                        t.write_pending(ops, out)
-                    else:
-                        writes += t.write_values(batch, out)
+            flushed = [t for t in self._tables.values() if t.pending]
+            for t in flushed:
+                out = None if encoded is None else encoded.setdefault(t.name, {})
+                if t.is_map:
+                    t.write_pending(ops, out)
+                else:
+                    writes += t.write_values(batch, out)
             if ops:
                 # In key order: RocksDB's memtable takes sorted inserts an order of magnitude faster.
                 ops.sort(key=_first)
@@ -979,6 +984,10 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
                         put(k, v)
             if ops or writes:
                 self._write(batch)
+            # Only now: a value that cannot be written leaves every state's pending writes for the next flush.
+            for t in flushed:
+                t.changed.update(t.pending)
+                t.pending.clear()
         for t in self._tables.values():
             t.prefetched.clear()
             if evict:
