@@ -29,14 +29,9 @@ from keygroups.spark import (  # noqa: E402
 )
 from keygroups.spark.columns import choose_engine, resolve_key_columns  # noqa: E402
 from shop_runtime import final_states  # noqa: E402
-from test_spark_job import MAX_PARALLELISM, TOTALS, RunningTotal, carts, run_shop  # noqa: E402,F401  (carts: fixture)
-from test_spark_keyby_columns import (  # noqa: E402
-    GOLDEN,
-    GOLDEN_MAX_PARALLELISMS,
-    _collect_sorted,
-    _field_types,
-    _frame,
-)
+from spark_functions import TOTALS, RunningTotal  # noqa: E402
+from test_spark_job import MAX_PARALLELISM, carts, run_shop  # noqa: E402,F401  (carts: fixture)
+from test_spark_keyby_columns import GOLDEN, _field_types, check_golden_key_groups  # noqa: E402
 from test_spark_keyby_placement import _check_placement  # noqa: E402
 
 pytestmark = pytest.mark.spark
@@ -57,21 +52,8 @@ def test_the_connect_session_has_no_gateway(connect):
 @pytest.mark.parametrize("type_name", sorted(GOLDEN))
 def test_golden_key_groups_over_connect(connect, type_name):
     """Flink's own key groups through every engine Connect can run ("auto" picks one), one Spark job per type."""
-    rows = GOLDEN[type_name]
     fields = _field_types(type_name)
-    engines = ["auto", "arrow"] + ([] if "bytes" in fields else ["sql"])
-    df = _frame(connect, fields, [r["key"] for r in rows])
-    key_cols = [f"k{i}" for i in range(len(fields))]
-    outputs = []
-    for engine in engines:
-        for mp in GOLDEN_MAX_PARALLELISMS:
-            df = with_key_groups(df, *key_cols, max_parallelism=mp, key_group_col=f"{engine}{mp}", engine=engine)
-            outputs.append((engine, mp))
-    got = _collect_sorted(df, *[f"{e}{mp}" for e, mp in outputs])
-    assert len(got) == len(rows)
-    for out, row in zip(got, rows):
-        for engine, mp in outputs:
-            assert out[f"{engine}{mp}"] == row["key_groups"][str(mp)], (row["key"], engine, mp)
+    check_golden_key_groups(connect, type_name, ["auto", "arrow"] + ([] if "bytes" in fields else ["sql"]))
 
 
 def test_auto_picks_a_portable_engine_and_jvm_is_refused_naming_the_others(connect):

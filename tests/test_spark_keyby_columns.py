@@ -115,10 +115,17 @@ def test_golden_vectors_cover_every_golden_type():
 def test_golden_key_groups(spark, type_name):
     """Flink's own key groups, for every golden type, several max parallelisms and both engines, in one Spark job
     per type."""
+    fields = _field_types(type_name)
+    check_golden_key_groups(spark, type_name,
+                            [e for e in ENGINES if e != "sql"] if "bytes" in fields else ENGINES)  # see test_binary_keys_*
+
+
+def check_golden_key_groups(session, type_name: str, engines: list[str]) -> None:
+    """Every golden key of ``type_name`` gets Flink's key group at every golden max parallelism from each engine,
+    on ``session`` (classic or Connect)."""
     rows = GOLDEN[type_name]
     fields = _field_types(type_name)
-    engines = [e for e in ENGINES if e != "sql"] if "bytes" in fields else ENGINES  # see test_binary_keys_*
-    df = _frame(spark, fields, [r["key"] for r in rows])
+    df = _frame(session, fields, [r["key"] for r in rows])
     key_cols = [f"k{i}" for i in range(len(fields))]
     outputs = []
     for engine in engines:
