@@ -421,7 +421,13 @@ class CheckpointMetadata:
     properties: dict[str, Any] = field(default_factory=dict)
     outputs: list[str] = field(default_factory=list)
     inputs: list[str] = field(default_factory=list)
+    #: The records each subtask found late (behind the watermark) and kept, Parquet like ``outputs``.
+    late_outputs: list[str] = field(default_factory=list)
     base: str = field(default="", compare=False)
+
+    def runner_files(self) -> list[str]:
+        """The files the runner wrote beside the state: ``outputs``, ``inputs`` and ``late_outputs``."""
+        return [*self.outputs, *self.inputs, *self.late_outputs]
 
     def validate(self) -> None:
         """ValueError/TypeError naming the first field that is not what a checkpoint can hold."""
@@ -453,7 +459,7 @@ class CheckpointMetadata:
                                 f"from_json reads one from JSON), got {type(oh).__name__}")
         if not isinstance(self.properties, dict):
             raise TypeError(f"properties must be a JSON dict, got {type(self.properties).__name__}")
-        for name in ("outputs", "inputs"):
+        for name in ("outputs", "inputs", "late_outputs"):
             files = getattr(self, name)
             if not isinstance(files, list):
                 raise TypeError(f"{name} must be a list of storage-relative paths, got {type(files).__name__}")
@@ -517,6 +523,7 @@ def encode_metadata(metadata: CheckpointMetadata, base: str) -> bytes:
         "properties": metadata.properties,
         "outputs": [_strip_base(f, base, "output file") for f in metadata.outputs],
         "inputs": [_strip_base(f, base, "input file") for f in metadata.inputs],
+        "late_outputs": [_strip_base(f, base, "late output file") for f in metadata.late_outputs],
     }
     try:
         text = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False, ensure_ascii=False)
@@ -565,10 +572,13 @@ def decode_metadata(data: bytes, base: str, where: str) -> CheckpointMetadata:
         else:
             outputs = [f"{base}/{check_relpath(f, 'an output file')}" for f in body["outputs"]]
             inputs = [f"{base}/{check_relpath(f, 'an input file')}" for f in body["inputs"]]
+        # Absent before late outputs existed (same version: an older reader only loses track of late files).
+        late = [f"{base}/{check_relpath(f, 'a late output file')}" for f in body.get("late_outputs", [])]
         md = CheckpointMetadata(
             checkpoint_id=body["checkpoint_id"], job_id=body["job_id"], timestamp_ms=body["timestamp_ms"],
             max_parallelism=body["max_parallelism"], parallelism=body["parallelism"], keyed_handles=keyed,
-            operator_handles=operator, properties=properties, outputs=outputs, inputs=inputs, base=base)
+            operator_handles=operator, properties=properties, outputs=outputs, inputs=inputs,
+            late_outputs=late, base=base)
         md.validate()
     except CorruptSnapshotError:
         raise

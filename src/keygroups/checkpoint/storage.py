@@ -22,8 +22,8 @@ handles; the driver calls :meth:`CheckpointStorage.commit`, which writes ``_meta
 Only after that does retention run: it keeps the newest ``retain`` complete checkpoints, deletes older ones, and
 removes leftovers older than the newest complete checkpoint: directories without ``_metadata``, temporary files, and
 files named by ``new_file`` that a retained checkpoint does not reference (e.g. from a retried task attempt). A file
-is referenced when a keyed or operator handle names it or when it is one of the checkpoint's ``outputs`` or
-``inputs``. Directories of checkpoints newer than the one just committed are left alone: they may still be in
+is referenced when a keyed or operator handle names it or when it is one of the checkpoint's ``outputs``,
+``inputs`` or ``late_outputs``. Directories of checkpoints newer than the one just committed are left alone: they may still be in
 progress. In ``shared/`` (Flink's shared state registry, done without a registry file), a file is deleted when no
 retained checkpoint references it and the checkpoint id in its name is at most the one just committed: files of
 newer checkpoints, still being written, are never touched, and a shared file is only ever referenced by the
@@ -668,7 +668,7 @@ class CheckpointStorage:
         state, output and input files; never one the winner references) and name the winner."""
         try:
             winner = self._read_metadata(base)
-            theirs = set(winner.files()) | set(winner.outputs) | set(winner.inputs)
+            theirs = set(winner.files()) | set(winner.runner_files())
             who = f"job {winner.job_id!r}, committed at timestamp_ms={winner.timestamp_ms}"
         except (CorruptSnapshotError, OSError) as e:   # unreadable: keep every file, the next retention decides
             return ConcurrentCommitError(
@@ -686,7 +686,7 @@ class CheckpointStorage:
         """Remove the files an unpublished checkpoint's own batch wrote (its state, output and input files in
         ``chk-<id>/`` and shared files named with its id), except those in ``keep``; files of earlier checkpoints it
         carried forward stay. Returns how many were removed; one that cannot be removed is left to retention."""
-        ours = {f for f in set(metadata.files()) | set(metadata.outputs) | set(metadata.inputs)
+        ours = {f for f in set(metadata.files()) | set(metadata.runner_files())
                 if self._written_for(f, metadata.checkpoint_id)}
         removed = 0
         for f in sorted(ours - set(keep)):
@@ -717,7 +717,8 @@ class CheckpointStorage:
             if not self._fs.exists(oh.file):
                 raise ValueError(f"checkpoint {metadata.checkpoint_id} references operator state file "
                                  f"{oh.file!r}, which does not exist in {self.location}")
-        for name, files in (("output", metadata.outputs), ("input", metadata.inputs)):
+        for name, files in (("output", metadata.outputs), ("input", metadata.inputs),
+                            ("late output", metadata.late_outputs)):
             missing = [f for f in files if not self._fs.exists(f)]
             if missing:
                 raise ValueError(f"checkpoint {metadata.checkpoint_id} references {name} files {missing}, which do "
@@ -767,7 +768,7 @@ class CheckpointStorage:
         except (CorruptSnapshotError, FileNotFoundError) as e:
             log.warning("retention: not cleaning %s, its _metadata is unreadable: %s", base, e)
             return
-        referenced = {posixpath.relpath(f, base) for f in [*md.files(), *md.outputs, *md.inputs]} | {METADATA_NAME}
+        referenced = {posixpath.relpath(f, base) for f in [*md.files(), *md.runner_files()]} | {METADATA_NAME}
         for name in self._fs.listdir(base):
             if name in referenced or not (_STATE_FILE_RE.match(name) or _TMP_MARKER in name):
                 continue

@@ -134,8 +134,8 @@ def _verify(args: argparse.Namespace) -> int:
         check("keyed state file", h.file, lambda h=h: keyed(h))
     for oh in metadata.operator_handles:
         check("operator state file", oh.file, lambda oh=oh: operator(oh))
-    for f in [*metadata.outputs, *metadata.inputs]:
-        check("output or input file", f, lambda f=f: storage.file_size(f))
+    for f in metadata.runner_files():
+        check("output, input or late output file", f, lambda f=f: storage.file_size(f))
     for problem in problems:
         print(f"CORRUPT {problem}", file=sys.stderr)
     print(f"checkpoint {metadata.checkpoint_id}: {checked} files read, {len(problems)} corrupt or missing")

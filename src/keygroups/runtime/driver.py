@@ -27,6 +27,7 @@ from keygroups.checkpoint.planning import carry_forward, check_restore_max_paral
 from keygroups.errors import ConcurrentCommitError, DriverFencedError, KeyGroupsError
 from keygroups.runtime.source import SourceTaskSpec
 from keygroups.runtime.subtask import KeyedTaskSpec, key_type_for_schema
+from keygroups.state.timers import NO_WATERMARK, TimeDomain
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,18 @@ class BatchPlan:
     fence: DriverFence | None = None
     #: The savepoint ``previous`` is (None: ``previous`` is a checkpoint).
     savepoint: str | None = None
+    #: The batch's processing time (epoch ms), fixed here so that every subtask, and a subtask run again after a
+    #: failure, fires the same processing-time timers.
+    processing_time: int = field(default_factory=lambda: int(time.time() * 1000))
+
+    @property
+    def start_watermark(self) -> int:
+        """The watermark the restore point committed (``NO_WATERMARK`` before any event time): this batch's records
+        at or before it are late."""
+        if self.previous is None:
+            return NO_WATERMARK
+        watermark = self.previous.properties.get("watermark", NO_WATERMARK)
+        return watermark if isinstance(watermark, int) and not isinstance(watermark, bool) else NO_WATERMARK
 
     @property
     def restore_from(self) -> int | str | None:
@@ -90,10 +103,15 @@ class BatchPlan:
     def keyed_task(self, *, key_columns: tuple[str, ...], function: bytes, input_schema: pa.Schema,
                    output_schema: pa.Schema, backend: str = "heap", order_columns: tuple[str, ...] = (),
                    timestamp_column: str | None = None, allow_pickle: bool = False,
-                   local_dir: str | None = None, warm_heap_backends: int = 4) -> KeyedTaskSpec:
+                   local_dir: str | None = None, warm_heap_backends: int = 4, watermark: int | None = None,
+                   late_records: str = "drop") -> KeyedTaskSpec:
         """What every keyed subtask of this batch gets; ``function`` is the job's KeyedProcessFunction, pickled;
         ``local_dir`` is the executors' directory for warm state (None: the system temporary directory);
-        ``warm_heap_backends`` how many heap backends a worker process keeps between batches (0: none)."""
+        ``warm_heap_backends`` how many heap backends a worker process keeps between batches (0: none);
+        ``watermark`` the batch's watermark once its records are in (see
+        :meth:`~keygroups.runtime.watermarks.WatermarkStrategy.next_watermark`; never below ``start_watermark``;
+        None keeps it); ``late_records`` what happens to records at or before ``start_watermark``."""
+        start = self.start_watermark
         return KeyedTaskSpec(
             job_name=self.job_name, key_columns=key_columns, key_type=key_type_for_schema(input_schema, key_columns),
             function=function, input_schema=input_schema, output_schema=output_schema,
@@ -102,6 +120,8 @@ class BatchPlan:
             restore_from=self.restore_from, backend=backend, order_columns=order_columns,
             timestamp_column=timestamp_column, storage_options=self.storage.storage_options,
             allow_pickle=allow_pickle, local_dir=local_dir, warm_heap_backends=warm_heap_backends,
+            start_watermark=start, watermark=start if watermark is None else max(start, watermark),
+            processing_time=self.processing_time, late_records=late_records,
         )
 
     def source_task(self, log_directory: str, *, record_schema: pa.Schema | None,
@@ -178,16 +198,36 @@ def _exactly_one_per_subtask(reports: Sequence[dict[str, Any]], parallelism: int
     return ordered
 
 
+def timer_summary(reports: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Per time domain, over the subtasks' reports: timers queued (registered, plus deleted ones not yet dropped),
+    registered and fired this batch, and the earliest still registered (None: none)."""
+    summary: dict[str, Any] = {}
+    for domain in TimeDomain:
+        parts = [r["timers"][domain.value] for r in reports if r.get("timers")]
+        earliest = [p["earliest"] for p in parts if p.get("earliest") is not None]
+        summary[domain.value] = {
+            "queued": sum(p.get("queued", 0) for p in parts),
+            "registered": sum(p.get("registered", 0) for p in parts),
+            "fired": sum(p.get("fired", 0) for p in parts),
+            "earliest": min(earliest) if earliest else None,
+        }
+    return summary
+
+
 def commit_batch(plan: BatchPlan, keyed_reports: Sequence[dict[str, Any]],
                  source_reports: Sequence[dict[str, Any]] = (), *,
-                 properties: dict[str, Any] | None = None) -> CheckpointMetadata:
+                 properties: dict[str, Any] | None = None, watermark: int | None = None) -> CheckpointMetadata:
     """Commit the planned checkpoint from its subtasks' reports: their keyed and operator handles, output and
     staged input files, and figures (``properties["reports"]``, ``["source_reports"]``, beside ``properties``).
     Refuses (raises, committing nothing) unless each subtask reported exactly once; ConcurrentCommitError when
     another writer committed this id, or a newer one, while the batch ran.
 
     Keyed handles are incremental: the checkpoint lists the new ones (a subtask that changed nothing may report
-    none) and every handle of the restored checkpoint that some key group's chain still needs (``carry_forward``)."""
+    none) and every handle of the restored checkpoint that some key group's chain still needs (``carry_forward``).
+
+    Time: ``properties["watermark"]`` is ``watermark`` (the batch's, as its subtasks got it; None keeps the restore
+    point's), which the next batch starts from; ``["processing_time"]`` the batch's; ``["timers"]`` the
+    :func:`timer_summary`; ``["records_late"]`` how many records were late."""
     if plan.replay is not None:
         raise KeyGroupsError(f"checkpoint {plan.checkpoint_id} is already complete: a replayed batch commits nothing")
     cid, p = plan.checkpoint_id, plan.parallelism
@@ -205,11 +245,16 @@ def commit_batch(plan: BatchPlan, keyed_reports: Sequence[dict[str, Any]],
                           if r.get("operator_handle")],
         properties={
             **(properties or {}),
+            "watermark": plan.start_watermark if watermark is None else max(plan.start_watermark, watermark),
+            "processing_time": plan.processing_time,
+            "timers": timer_summary(keyed),
+            "records_late": sum(r.get("records_late", 0) for r in keyed),
             "reports": [{k: v for k, v in r.items() if k != "keyed_handle"} for r in keyed],
             "source_reports": [{k: v for k, v in r.items() if k != "operator_handle"} for r in sources],
         },
         outputs=[r["output_file"] for r in keyed],
         inputs=[r["input_file"] for r in sources if r.get("input_file")],
+        late_outputs=[r["late_file"] for r in keyed if r.get("late_file")],
     )
     if plan.fence is not None:
         try:

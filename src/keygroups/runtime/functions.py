@@ -7,7 +7,7 @@ state it reads or writes is the current key's.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, overload
 
 from keygroups.state import (
@@ -24,6 +24,7 @@ from keygroups.state import (
     ValueState,
     ValueStateDescriptor,
 )
+from keygroups.state.timers import NO_WATERMARK, TIMER_STATE_PREFIX, TimeDomain, TimerQueues, check_timestamp
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -73,6 +74,7 @@ class RuntimeContext:
         """The keyed state for ``descriptor``, of any of the five kinds (Flink's ``getState`` takes a
         ``ValueStateDescriptor`` only; here it is also the generic form). Prefer the per-kind getters, which check
         the descriptor's kind."""
+        _check_user_state(descriptor)
         return self._backend.get_state(descriptor)  # type: ignore[no-any-return]
 
     def get_list_state(self, descriptor: ListStateDescriptor) -> ListState:
@@ -99,20 +101,93 @@ class RuntimeContext:
             if isinstance(descriptor, StateDescriptor) and descriptor.kind in _GETTERS:
                 fix = f"; use {_GETTERS[descriptor.kind][0]}() for a {_GETTERS[descriptor.kind][1]}"
             raise TypeError(f"{method} takes a keygroups.state.{wanted}, got {descriptor!r}{fix}")
+        _check_user_state(descriptor)
         return self._backend.get_state(descriptor)  # type: ignore[no-any-return]
 
 
+def _check_user_state(descriptor: Any) -> None:
+    name = getattr(descriptor, "name", None)
+    if isinstance(name, str) and name.startswith(TIMER_STATE_PREFIX):
+        raise ValueError(f"state name {name!r} is reserved: names starting with {TIMER_STATE_PREFIX!r} hold the "
+                         "job's timers; choose another name")
+
+
+class TimerService:
+    """The timers and clocks of the current key (Flink's ``TimerService``), on every context as
+    ``context.timer_service``.
+
+    A timer is (key, timestamp in epoch ms, domain); registering one that exists changes nothing, deleting one that
+    does not exist does nothing. An event-time timer fires once the watermark reaches its timestamp, a
+    processing-time timer once the batch's processing time does: in the micro-batch that gets there, after its
+    records, through :meth:`KeyedProcessFunction.on_timer` with its key set. Timers are keyed state: they are in
+    every checkpoint and move with their key group when the job's parallelism changes."""
+
+    __slots__ = ("_queues", "_watermark", "_processing_time")
+
+    def __init__(self, queues: TimerQueues | Callable[[], TimerQueues] | None, *, watermark: int = NO_WATERMARK,
+                 processing_time: int = 0) -> None:
+        # A factory defers building the subtask's queues (reading every timer) until a timer is first touched.
+        self._queues = queues
+        self._watermark = watermark
+        self._processing_time = processing_time
+
+    def current_processing_time(self) -> int:
+        """The batch's processing time in epoch ms: fixed by the driver when it planned the batch, so that a batch
+        run again after a failure sees the same time."""
+        return self._processing_time
+
+    def current_watermark(self) -> int:
+        """The event-time watermark in epoch ms: no record at or before it is expected any more. While a batch's
+        records are processed it is the watermark the batch started with (records at or before it are late and
+        never reach the function); while timers fire, the batch's new watermark. ``NO_WATERMARK`` (Java's
+        Long.MIN_VALUE) before any event time was seen."""
+        return self._watermark
+
+    def register_event_time_timer(self, timestamp: int) -> None:
+        """Call ``on_timer`` for the current key once the watermark reaches ``timestamp`` (ms)."""
+        self._require().register(TimeDomain.EVENT_TIME, check_timestamp(timestamp))
+
+    def register_processing_time_timer(self, timestamp: int) -> None:
+        """Call ``on_timer`` for the current key in the first batch whose processing time reaches ``timestamp``."""
+        self._require().register(TimeDomain.PROCESSING_TIME, check_timestamp(timestamp))
+
+    def delete_event_time_timer(self, timestamp: int) -> None:
+        """Delete the current key's event-time timer at ``timestamp``, if there is one."""
+        self._require().delete(TimeDomain.EVENT_TIME, check_timestamp(timestamp))
+
+    def delete_processing_time_timer(self, timestamp: int) -> None:
+        """Delete the current key's processing-time timer at ``timestamp``, if there is one."""
+        self._require().delete(TimeDomain.PROCESSING_TIME, check_timestamp(timestamp))
+
+    def registered_timers(self, domain: TimeDomain = TimeDomain.EVENT_TIME) -> list[int]:
+        """The current key's registered timers of ``domain``, earliest first (Spark's ``listTimers``)."""
+        return self._require().timestamps(domain)
+
+    def _require(self) -> TimerQueues:
+        queues = self._queues
+        if queues is None:
+            raise RuntimeError("timers are available while the job's function processes records or timers, not "
+                               "in open() or close()")
+        return queues() if callable(queues) else queues
+
+
 class ProcessContext:
-    """What :meth:`KeyedProcessFunction.process_element` receives along with each record."""
+    """What :meth:`KeyedProcessFunction.process_element` (and ``on_timer``) receives along with each record (timer):
+    the current key and its key group, the record's event time (``timestamp``, epoch ms, None without an event-time
+    column; the timer's time in ``on_timer``), the timer service, and in ``on_timer`` the timer's ``time_domain``
+    (None while records are processed)."""
 
-    __slots__ = ("current_key", "current_key_group", "timestamp", "checkpoint_id", "subtask_index")
+    __slots__ = ("current_key", "current_key_group", "timestamp", "checkpoint_id", "subtask_index",
+                 "timer_service", "time_domain")
 
-    def __init__(self, *, checkpoint_id: int, subtask_index: int) -> None:
+    def __init__(self, *, checkpoint_id: int, subtask_index: int, timer_service: TimerService | None = None) -> None:
         self.current_key: Any = None
         self.current_key_group: int = -1
         self.timestamp: int | None = None
         self.checkpoint_id = checkpoint_id
         self.subtask_index = subtask_index
+        self.timer_service = timer_service if timer_service is not None else TimerService(None)
+        self.time_domain: TimeDomain | None = None
 
 
 class KeyedProcessFunction:
@@ -142,5 +217,11 @@ class KeyedProcessFunction:
                 out.extend(result)
         return out
 
+    def on_timer(self, timestamp: int, context: ProcessContext) -> Iterable[Any] | None:
+        """A timer of the current key fired: ``timestamp`` is its time, ``context.time_domain`` its domain. State
+        reads and writes are the key's, new timers may be registered, and output records are returned (or
+        yielded) as from :meth:`process_element`. The default does nothing."""
+        return None
+
     def close(self) -> None:
-        """Called once the subtask's records are processed, before its snapshot."""
+        """Called once the subtask's records are processed and its due timers fired, before its snapshot."""

@@ -33,10 +33,20 @@ import pyarrow.parquet as pq
 
 from keygroups._hashing import KeyType, assign_key_groups, assign_key_groups_for_tuples, key_type_for_arrow
 from keygroups._ranges import KeyGroupRange, key_group_range
-from keygroups.checkpoint import CheckpointStorage
+from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage
 from keygroups.errors import KeyGroupOutOfRangeError
-from keygroups.runtime.functions import KeyedProcessFunction, ProcessContext, RuntimeContext
+from keygroups.runtime.functions import KeyedProcessFunction, ProcessContext, RuntimeContext, TimerService
+from keygroups.runtime.watermarks import check_late_records
 from keygroups.state import HeapKeyedStateBackend
+from keygroups.state.timers import (
+    NO_WATERMARK,
+    TIMER_QUEUES,
+    TIMER_STATE_NAMES,
+    QueueToken,
+    TimeDomain,
+    TimerQueueRegistry,
+    TimerQueues,
+)
 
 
 def key_type_for_schema(schema: pa.Schema, key_columns: tuple[str, ...]) -> KeyType:
@@ -122,7 +132,16 @@ class KeyedTaskSpec:
     restore_from: int | str | None   # a checkpoint id, a savepoint name, or None (no state yet)
     backend: str = "heap"
     order_columns: tuple[str, ...] = ()
+    #: The event-time column (a timestamp, or a long of epoch ms): ``context.timestamp``, lateness, the watermark.
     timestamp_column: str | None = None
+    #: The watermark the batch started with: records at or before it are late (see ``late_records``).
+    start_watermark: int = NO_WATERMARK
+    #: The batch's watermark once its records are in: event-time timers up to it fire after the records.
+    watermark: int = NO_WATERMARK
+    #: The batch's processing time (epoch ms, fixed by the driver): processing-time timers up to it fire.
+    processing_time: int = 0
+    #: Late records are dropped (and counted) or written to the batch's late output.
+    late_records: str = "drop"
     storage_options: dict[str, Any] | None = None
     allow_pickle: bool = False
     #: The executors' local directory for warm state (RocksDB keeps its database there between batches); None:
@@ -136,6 +155,7 @@ class KeyedTaskSpec:
 
     def __post_init__(self) -> None:
         check_warm_heap_backends(self.warm_heap_backends)
+        check_late_records(self.late_records)
 
 
 def check_warm_heap_backends(n: Any) -> int:
@@ -297,19 +317,24 @@ def _to_table(outputs: list[Any], schema: pa.Schema) -> pa.Table:
 
 
 def run_keyed_subtask(spec: KeyedTaskSpec, subtask_index: int, batches: Iterable[pa.RecordBatch], *,
-                      kept: HeapBackendRegistry | None = None) -> dict[str, Any]:
+                      kept: HeapBackendRegistry | None = None,
+                      kept_timers: TimerQueueRegistry | None = None) -> dict[str, Any]:
     """Run one subtask of one micro-batch; returns its report (JSON-able) for the driver's commit. A heap backend
-    comes from, and after the batch goes back to, ``kept`` (this process's :data:`HEAP_BACKENDS` by default)."""
+    comes from, and after the batch goes back to, ``kept`` (this process's :data:`HEAP_BACKENDS` by default); timer
+    queues likewise from ``kept_timers`` (:data:`~keygroups.state.timers.TIMER_QUEUES`)."""
     own_range = key_group_range(spec.max_parallelism, spec.parallelism, subtask_index)
     start = time.perf_counter()
     storage = CheckpointStorage(spec.checkpoint_location, storage_options=spec.storage_options,
                                 cache_dir=read_cache_directory(spec.local_dir))
+    metadata = storage.load_restore_point(spec.restore_from) if spec.restore_from is not None else None
+    timers = _TimerQueuesOfTask(spec, own_range, metadata,
+                                kept_timers if kept_timers is not None else TIMER_QUEUES)
     if spec.backend == "heap" and spec.warm_heap_backends > 0:
         registry = kept if kept is not None else HEAP_BACKENDS
         key = heap_backend_key(spec, own_range)
-        backend, restored = _heap_backend(spec, subtask_index, own_range, storage, registry.take(key))
+        backend, restored = _heap_backend(spec, subtask_index, own_range, storage, metadata, registry.take(key))
         report = _run_on_backend(spec, subtask_index, batches, backend, own_range, storage, restored,
-                                 time.perf_counter() - start)
+                                 time.perf_counter() - start, timers)
         backend.compact()  # what a full rewrite made obsolete goes before the backend waits for its next batch
         registry.keep(key, backend, spec.warm_heap_backends)  # only after a batch that went through
         return report
@@ -319,11 +344,49 @@ def run_keyed_subtask(spec: KeyedTaskSpec, subtask_index: int, batches: Iterable
                         subtask_index=subtask_index, allow_pickle=spec.allow_pickle, local_dir=spec.local_dir,
                         warm_dir=warm_dir) as backend:
         restored = _restored("new", 0, 0, False)
-        if spec.restore_from is not None:
-            stats = backend.restore(storage, storage.load_restore_point(spec.restore_from))
+        if metadata is not None:
+            stats = backend.restore(storage, metadata)
             restored = _restored("warm" if backend.warm else "cold", stats.bytes_read, stats.key_groups, backend.warm)
         return _run_on_backend(spec, subtask_index, batches, backend, own_range, storage, restored,
-                               time.perf_counter() - start)
+                               time.perf_counter() - start, timers)
+
+
+class _TimerQueuesOfTask:
+    """The task's timer queues, made when first needed: at the start when the restored state holds timers (or a
+    kept queue reflects it), else on the function's first timer call; kept for the next batch after the snapshot."""
+
+    def __init__(self, spec: KeyedTaskSpec, own_range: KeyGroupRange, metadata: CheckpointMetadata | None,
+                 registry: TimerQueueRegistry) -> None:
+        self.registry = registry
+        self.key = (spec.backend, *heap_backend_key(spec, own_range))
+        self.limit = spec.warm_heap_backends
+        self.kept = registry.take(self.key, metadata, own_range)
+        self.queues: TimerQueues | None = None
+        self.backend: Any = None
+
+    def attach(self, backend: Any) -> None:
+        """Use ``backend`` (restored); build or adopt the queues now if it holds timers."""
+        self.backend = backend
+        if self.kept is not None or any(backend.has_state(n) for n in TIMER_STATE_NAMES.values()):
+            self.get()
+
+    def get(self) -> TimerQueues:
+        if self.queues is None:
+            self.queues = TimerQueues(self.backend, reuse=self.kept)
+            self.kept = None
+        return self.queues
+
+    def keep(self, checkpoint_id: int, handle: Any) -> None:
+        if self.queues is not None:
+            token = QueueToken(checkpoint_id, handle.file if handle is not None else None)
+            self.registry.keep(self.key, token, self.queues, self.limit)
+
+    def report(self) -> dict[str, Any]:
+        q = self.queues
+        if q is None:
+            return {}
+        return {d.value: {"registered": q.registered[d], "fired": q.fired[d], "queued": q.pending(d),
+                          "earliest": q.earliest(d), "rebuilt": q.rebuilt} for d in TimeDomain}
 
 
 def _restored(mode: str, bytes_read: int, key_groups: int, warm: bool) -> dict[str, Any]:
@@ -333,10 +396,10 @@ def _restored(mode: str, bytes_read: int, key_groups: int, warm: bool) -> dict[s
 
 
 def _heap_backend(spec: KeyedTaskSpec, subtask_index: int, own_range: KeyGroupRange, storage: CheckpointStorage,
-                  kept: HeapKeyedStateBackend | None) -> tuple[HeapKeyedStateBackend, dict[str, Any]]:
-    """The task's heap backend: ``kept`` resumed at the restore point when it holds exactly that state (plus the
-    blocks committed since), else a new one restored from it."""
-    metadata = storage.load_restore_point(spec.restore_from) if spec.restore_from is not None else None
+                  metadata: CheckpointMetadata | None, kept: HeapKeyedStateBackend | None
+                  ) -> tuple[HeapKeyedStateBackend, dict[str, Any]]:
+    """The task's heap backend: ``kept`` resumed at ``metadata`` (the restore point) when it holds exactly that
+    state (plus the blocks committed since), else a new one restored from it."""
     if kept is not None and metadata is not None:
         stats = kept.resume(storage, metadata)
         if stats is not None:
@@ -350,16 +413,40 @@ def _heap_backend(spec: KeyedTaskSpec, subtask_index: int, own_range: KeyGroupRa
     return backend, _restored("cold", stats.bytes_read, stats.key_groups, False)
 
 
+def event_time_millis(column: pa.ChunkedArray, name: str) -> np.ndarray:
+    """An event-time column as int64 epoch milliseconds (nulls as ``NO_WATERMARK``): a timestamp of any unit and
+    time zone, or an integer column already in epoch ms. TypeError naming the column and the allowed types
+    otherwise."""
+    t = column.type
+    if pa.types.is_timestamp(t):
+        column = pc.cast(column, pa.timestamp("ms", t.tz), safe=False).cast(pa.int64())
+    elif not pa.types.is_integer(t):
+        raise TypeError(f"event-time column {name!r} is {t}; it must be a timestamp, or a long of epoch "
+                        "milliseconds")
+    return np.asarray(pc.fill_null(column.cast(pa.int64()), NO_WATERMARK).to_numpy(zero_copy_only=False),
+                      dtype=np.int64)
+
+
 def _run_on_backend(spec: KeyedTaskSpec, subtask_index: int, batches: Iterable[pa.RecordBatch], backend: Any,
                     own_range: Any, storage: CheckpointStorage, restored: dict[str, Any],
-                    restore_seconds: float) -> dict[str, Any]:
+                    restore_seconds: float, timers: _TimerQueuesOfTask) -> dict[str, Any]:
     timings: dict[str, float] = {"restore": restore_seconds}
 
     t = time.perf_counter()
     table = pa.Table.from_batches(list(batches), schema=spec.input_schema)
     records_in = table.num_rows
+    late = spec.input_schema.empty_table()
+    event_times = np.zeros(0, dtype=np.int64)
+    if records_in and spec.timestamp_column is not None:
+        event_times = event_time_millis(table.column(spec.timestamp_column), spec.timestamp_column)
+        if spec.start_watermark != NO_WATERMARK:
+            is_late = (event_times <= spec.start_watermark) & (event_times != NO_WATERMARK)
+            if is_late.any():
+                late = table.filter(pa.array(is_late))
+                table = table.filter(pa.array(~is_late))
+                event_times = event_times[~is_late]
     groups = np.zeros(0, dtype=np.int32)
-    if records_in:
+    if table.num_rows:
         groups = _key_groups(table, spec)
         outside = (groups < own_range.start) | (groups > own_range.end)
         if outside.any():
@@ -383,14 +470,20 @@ def _run_on_backend(spec: KeyedTaskSpec, subtask_index: int, batches: Iterable[p
         order = pc.sort_indices(table, sort_keys=sort_keys)
         table = table.take(order).select(list(spec.input_schema.names))
         groups = groups[order.to_numpy()]
+        if len(event_times):
+            event_times = event_times[order.to_numpy()]
     timings["prepare"] = time.perf_counter() - t
 
     t = time.perf_counter()
+    backend.watermark = spec.start_watermark
+    timers.attach(backend)
     function = _load_function(spec)
     function.open(RuntimeContext(backend, job_name=spec.job_name, subtask_index=subtask_index,
                                  parallelism=spec.parallelism, max_parallelism=spec.max_parallelism,
                                  checkpoint_id=spec.checkpoint_id))
-    context = ProcessContext(checkpoint_id=spec.checkpoint_id, subtask_index=subtask_index)
+    timer_service = TimerService(timers.get, watermark=spec.start_watermark, processing_time=spec.processing_time)
+    context = ProcessContext(checkpoint_id=spec.checkpoint_id, subtask_index=subtask_index,
+                             timer_service=timer_service)
     outputs: list[Any] = []
     vectorized = type(function).process_key_batch is not KeyedProcessFunction.process_key_batch
     runs = _key_runs(table, spec.key_columns)
@@ -401,11 +494,11 @@ def _run_on_backend(spec: KeyedTaskSpec, subtask_index: int, batches: Iterable[p
     if keys:
         backend.prefetch(keys, groups[runs[:-1]])
     rows: list[dict[str, Any]] = []
-    if records_in and not vectorized:
+    if table.num_rows and not vectorized:
         names = table.column_names
         columns = [table.column(i).to_pylist() for i in range(table.num_columns)]
         rows = [dict(zip(names, values)) for values in zip(*columns)]
-    ts_column = spec.timestamp_column
+    stamps = event_times.tolist() if spec.timestamp_column is not None else None
     process = function.process_element
     for i, key in enumerate(keys):
         lo, hi = int(runs[i]), int(runs[i + 1])
@@ -416,30 +509,68 @@ def _run_on_backend(spec: KeyedTaskSpec, subtask_index: int, batches: Iterable[p
             if result is not None:
                 outputs.append(result) if isinstance(result, pa.Table) else outputs.extend(result)
             continue
-        for row in rows[lo:hi]:
-            if ts_column is not None:
-                context.timestamp = row[ts_column]
-            result = process(row, context)
+        for j in range(lo, hi):
+            if stamps is not None:
+                stamp = stamps[j]
+                context.timestamp = None if stamp == NO_WATERMARK else stamp
+            result = process(rows[j], context)
             if result is not None:
                 outputs.extend(result)
-    function.close()
     timings["process"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    timer_service._watermark = backend.watermark = spec.watermark
+    if timers.queues is not None:
+        _fire_timers(function, backend, timers.queues, context, outputs,
+                     ((TimeDomain.EVENT_TIME, spec.watermark), (TimeDomain.PROCESSING_TIME, spec.processing_time)))
+    function.close()
+    timings["timers"] = time.perf_counter() - t
 
     t = time.perf_counter()
     output = _to_table(outputs, spec.output_schema)
     output_file = storage.new_file(spec.checkpoint_id, f"output-{subtask_index}") + ".parquet"
     with storage.open_write(output_file) as f:
         pq.write_table(output, f)
+    late_file = None
+    if late.num_rows and spec.late_records == "output":
+        late_file = storage.new_file(spec.checkpoint_id, f"late-{subtask_index}") + ".parquet"
+        with storage.open_write(late_file) as f:
+            pq.write_table(late, f)
+    timer_report = timers.report()  # before the snapshot: it reads state
     handle = backend.snapshot(spec.checkpoint_id, storage).result()
     timings["snapshot"] = time.perf_counter() - t
+    timers.keep(spec.checkpoint_id, handle)
+    live = event_times[event_times != NO_WATERMARK]
     return {
         "subtask": subtask_index,
         "key_group_range": [own_range.start, own_range.end],
         "keyed_handle": handle.to_json() if handle is not None else None,
         "output_file": output_file,
+        "late_file": late_file,
         "records_in": records_in,
+        "records_late": late.num_rows,
         "records_out": output.num_rows,
+        "max_event_time": int(live.max()) if len(live) else None,
+        "timers": timer_report,
         "restored": restored,
         "snapshot_bytes": int(handle.size) if handle is not None else 0,
         "seconds": timings,
     }
+
+
+def _fire_timers(function: KeyedProcessFunction, backend: Any, queues: TimerQueues, context: ProcessContext,
+                 outputs: list[Any], domains: Iterable[tuple[TimeDomain, int]]) -> None:
+    """Fire each domain's timers due by its time, in timestamp order, after the batch's records (the keys of the
+    due timers are prefetched together first: one read per batch, not per timer, on RocksDB)."""
+    def prefetch(keys: list[Any], groups: list[int]) -> None:
+        backend.prefetch(keys, np.asarray(groups, dtype=np.int32))
+
+    for domain, until in domains:
+        context.time_domain = domain
+        for timestamp, key in queues.due(domain, until, prefetch):
+            context.current_key, context.current_key_group = key, backend.current_key_group
+            context.timestamp = timestamp
+            result = function.on_timer(timestamp, context)
+            if result is not None:
+                outputs.extend(result)
+    context.time_domain = None

@@ -24,6 +24,7 @@ otherwise by Spark tasks that read each file through the checkpoint storage, wit
 
 from __future__ import annotations
 
+import datetime
 import json
 import time
 from collections.abc import Callable, Sequence
@@ -37,7 +38,14 @@ from pyspark import TaskContext, cloudpickle
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
-from pyspark.sql.types import MapType, StructType, _parse_datatype_string
+from pyspark.sql.types import (
+    IntegralType,
+    MapType,
+    StructType,
+    TimestampNTZType,
+    TimestampType,
+    _parse_datatype_string,
+)
 
 from keygroups._ranges import check_max_parallelism, check_parallelism
 from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage
@@ -47,6 +55,8 @@ from keygroups.runtime.functions import KeyedProcessFunction
 from keygroups.runtime.scaling import HISTORY, BatchFigures, ParallelismPolicy
 from keygroups.runtime.source import run_source_subtask, staged_schema
 from keygroups.runtime.subtask import KeyedTaskSpec, check_warm_heap_backends, run_keyed_subtask
+from keygroups.runtime.watermarks import WatermarkStrategy, check_late_records
+from keygroups.state.timers import NO_WATERMARK
 from keygroups.spark.partitioner import partition_by_key_group
 
 _REPORT_SCHEMA = "subtask int, report string"
@@ -201,6 +211,18 @@ class BatchResult:
     reports: list[dict[str, Any]] = field(default_factory=list)
     seconds: float = 0.0
     replayed: bool = False
+    #: The records that arrived behind the watermark, with ``late_records="output"`` (None otherwise).
+    late_output: DataFrame | None = None
+
+    @property
+    def watermark(self) -> int:
+        """The batch's watermark (epoch ms; ``NO_WATERMARK`` before any event time), where the next batch starts."""
+        return int(self.metadata.properties.get("watermark", NO_WATERMARK))
+
+    @property
+    def records_late(self) -> int:
+        """Records at or before the watermark the batch started with: dropped, or in ``late_output``."""
+        return int(self.metadata.properties.get("records_late", 0))
 
     @property
     def records_in(self) -> int:
@@ -228,7 +250,12 @@ class KeyedJob:
     fsspec filesystem (endpoint, credentials) in the driver and in every task, and for reading the output back where
     Spark's own reader cannot reach the location (see :func:`read_checkpoint_files`). ``order_by`` names columns that
     order a key's records inside a batch (Spark's shuffle keeps no order, so give one whenever order matters to the
-    function); ``timestamp_column`` gives each record's event time to ``context.timestamp``; ``retain`` is how many
+    function); ``timestamp_column`` names the event-time column (a timestamp, or a long of epoch ms), given to the
+    function as ``context.timestamp`` in epoch ms; with a ``watermark_strategy`` (e.g.
+    ``WatermarkStrategy.for_bounded_out_of_orderness(timedelta(minutes=5))``) the job keeps a watermark: each batch
+    first finds its largest event time, records at or before the watermark the batch started with are late
+    (``late_records="drop"`` counts and drops them, ``"output"`` keeps them in ``BatchResult.late_output``), and
+    event-time timers up to the batch's new watermark fire after its records; ``retain`` is how many
     complete checkpoints to keep. ``local_dir`` names the executors' local directory where warm state stays between
     batches (RocksDB keeps its database there; default: the system temporary directory). ``warm_heap_backends`` is
     how many heap backends (each one subtask's state, in memory) a Python worker process keeps between batches so
@@ -257,6 +284,8 @@ class KeyedJob:
         local_dir: str | None = None,
         warm_heap_backends: int = 4,
         restore_from_savepoint: str | None = None,
+        watermark_strategy: WatermarkStrategy | None = None,
+        late_records: str = "drop",
     ) -> None:
         if not name:
             raise ValueError("a job needs a non-empty name")
@@ -270,6 +299,13 @@ class KeyedJob:
         self.backend = backend
         self.order_by = tuple(order_by)
         self.timestamp_column = timestamp_column
+        if watermark_strategy is not None and not isinstance(watermark_strategy, WatermarkStrategy):
+            raise TypeError(f"watermark_strategy must be a keygroups.runtime.WatermarkStrategy, got "
+                            f"{watermark_strategy!r}")
+        if watermark_strategy is not None and timestamp_column is None:
+            raise ValueError("a watermark_strategy needs the event-time column: give timestamp_column too")
+        self.watermark_strategy = watermark_strategy
+        self.late_records = check_late_records(late_records)
         self.allow_pickle = allow_pickle
         self.local_dir = local_dir
         self.warm_heap_backends = check_warm_heap_backends(warm_heap_backends)
@@ -308,21 +344,32 @@ class KeyedJob:
                                           f"{self.storage.location} yet: run a batch before taking a savepoint")
         return self.storage.savepoint(latest, name)
 
-    def _result(self, spark: SparkSession, metadata: CheckpointMetadata, *, replayed: bool, started: float
-                ) -> BatchResult:
-        """The committed batch: its output DataFrame reads the files the committed subtasks wrote."""
+    def _result(self, spark: SparkSession, metadata: CheckpointMetadata, *, replayed: bool, started: float,
+                input_schema: pa.Schema | None) -> BatchResult:
+        """The committed batch: its output DataFrame reads the files the committed subtasks wrote (its late output
+        those of the late records, of ``input_schema``)."""
         output = read_checkpoint_files(spark, self.storage, metadata.outputs, self.output_schema)
+        late = None
+        if self.late_records == "output" and input_schema is not None:
+            late = read_checkpoint_files(spark, self.storage, metadata.late_outputs, input_schema)
         return BatchResult(metadata.checkpoint_id, metadata.parallelism, output, metadata,
-                           metadata.properties.get("reports", []), time.perf_counter() - started, replayed)
+                           metadata.properties.get("reports", []), time.perf_counter() - started, replayed,
+                           late_output=late)
 
     def _run_keyed(self, plan: BatchPlan, df: DataFrame, source_reports: list[dict[str, Any]],
                    properties: dict[str, Any] | None) -> CheckpointMetadata:
-        """The keyed stage on Spark: place the records, run one task per subtask, commit."""
+        """The keyed stage on Spark: find the batch's watermark, place the records, run one task per subtask,
+        commit."""
+        watermark = None
+        if self.watermark_strategy is not None:
+            assert self.timestamp_column is not None  # checked by the constructor
+            watermark = self.watermark_strategy.next_watermark(
+                plan.start_watermark, max_event_time(df, self.timestamp_column))
         spec = plan.keyed_task(
             key_columns=self.key_columns, function=self._function, input_schema=_input_arrow_schema(df),
             output_schema=self.output_schema, backend=self.backend, order_columns=self.order_by,
             timestamp_column=self.timestamp_column, allow_pickle=self.allow_pickle, local_dir=self.local_dir,
-            warm_heap_backends=self.warm_heap_backends,
+            warm_heap_backends=self.warm_heap_backends, watermark=watermark, late_records=self.late_records,
         )
         placed = partition_by_key_group(df.withColumn(_DIGEST, _record_digest(df)), *self.key_columns,
                                         max_parallelism=plan.max_parallelism,
@@ -345,7 +392,8 @@ class KeyedJob:
                   "xxhash64_sum": sum(d["xxhash64_sum"] for d in digests) % _U64}
         lineage = {_LINEAGE: self.restore_from_savepoint} if self.restore_from_savepoint is not None else {}
         metadata = commit_batch(plan, reports, source_reports,
-                                properties={**(properties or {}), "input_digest": digest, **lineage})
+                                properties={**(properties or {}), "input_digest": digest, **lineage},
+                                watermark=watermark)
         self._savepoint_pending = False
         return metadata
 
@@ -362,9 +410,11 @@ class KeyedJob:
         plan = self._begin(parallelism, checkpoint_id)
         if plan.replay is not None:
             _check_replay(plan.replay, df)
-            return self._result(df.sparkSession, plan.replay, replayed=True, started=started)
+            return self._result(df.sparkSession, plan.replay, replayed=True, started=started,
+                                input_schema=_input_arrow_schema(df))
         metadata = self._run_keyed(plan, df, [], properties)
-        return self._result(df.sparkSession, metadata, replayed=False, started=started)
+        return self._result(df.sparkSession, metadata, replayed=False, started=started,
+                            input_schema=_input_arrow_schema(df))
 
     def run_source_batch(self, spark: SparkSession, log_directory: str, *, parallelism: int,
                          record_schema: pa.Schema, max_records_per_subtask: int | None = None) -> BatchResult:
@@ -388,7 +438,8 @@ class KeyedJob:
         inputs = [r["input_file"] for r in reports if r["input_file"]]
         df = read_checkpoint_files(spark, self.storage, inputs, staged_schema(record_schema))
         metadata = self._run_keyed(plan, df, reports, None)
-        return self._result(spark, metadata, replayed=False, started=started)
+        return self._result(spark, metadata, replayed=False, started=started,
+                            input_schema=staged_schema(record_schema))
 
     def foreach_batch(self, sink: Callable[[DataFrame, int], None] | None = None, *,
                       parallelism: int | ParallelismPolicy) -> Callable[[DataFrame, int], None]:
@@ -422,6 +473,30 @@ class KeyedJob:
                 sink(result.output, int(batch_id))
 
         return run
+
+
+def max_event_time(df: DataFrame, column: str) -> int | None:
+    """The largest event time of ``df``'s ``column`` in epoch ms, as the subtasks read it from Arrow (a timestamp
+    with a time zone: its instant; without one (TIMESTAMP_NTZ): its wall-clock time taken as UTC; an integer: its
+    value); None when the column holds no value. One Spark aggregation over the batch's input."""
+    if column not in df.columns:
+        raise ValueError(f"event-time column {column!r} is not in the input; its columns are {df.columns}")
+    kind = df.schema[column].dataType
+    c = _quoted(column)
+    if isinstance(kind, TimestampType):
+        row = df.agg(F.max(F.unix_micros(c))).first()
+        return None if row is None or row[0] is None else int(row[0]) // 1000
+    if isinstance(kind, TimestampNTZType):
+        row = df.agg(F.max(c)).first()
+        if row is None or row[0] is None:
+            return None
+        value = row[0]
+        return (value - datetime.datetime(1970, 1, 1)) // datetime.timedelta(milliseconds=1)
+    if isinstance(kind, IntegralType):
+        row = df.agg(F.max(c)).first()
+        return None if row is None or row[0] is None else int(row[0])
+    raise TypeError(f"event-time column {column!r} is {kind.simpleString()}; it must be a timestamp, or a long of "
+                    "epoch milliseconds")
 
 
 def _checked_choice(policy: ParallelismPolicy, chosen: Any, records: int, max_parallelism: int) -> int:

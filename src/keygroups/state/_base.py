@@ -43,6 +43,7 @@ from keygroups.serializers import SerializerSnapshot, TypeSerializer, resolve_co
 from keygroups.state._codec import ValueFraming
 from keygroups.state.descriptors import StateDescriptor
 from keygroups.state.states import STATE_CLASSES, State
+from keygroups.state.timers import NO_WATERMARK
 
 if TYPE_CHECKING:
     from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage
@@ -273,6 +274,9 @@ class KeyedStateBackendBase:
     # ---- current key --------------------------------------------------------------------------------------------
     #: Whether restore() found this backend's state already on the host (a warm RocksDB database) and read nothing.
     warm: bool = False
+    #: The job's current event-time watermark (epoch ms), set by the runtime as a batch proceeds: the clock of
+    #: event-time TTL. ``NO_WATERMARK`` (Java's Long.MIN_VALUE) without event time.
+    watermark: int = NO_WATERMARK
 
     def prefetch(self, keys: Sequence[Any], key_groups: Any = None) -> None:
         """A hint that a batch is about to use ``keys`` (its distinct keys; ``key_groups`` their absolute key groups,
@@ -569,6 +573,10 @@ class KeyedStateBackendBase:
     # ---- hooks --------------------------------------------------------------------------------------------------
     def _has_data(self) -> bool:
         raise NotImplementedError
+
+    def has_state(self, name: str) -> bool:
+        """Whether state ``name`` is registered or was restored (and not yet registered)."""
+        return name in self._tables
 
     def _restored_meta(self, name: str) -> dict[str, Any] | None:
         t = self._tables.get(name)

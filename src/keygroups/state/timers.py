@@ -1,0 +1,229 @@
+"""Timers as keyed state: one subtask's event-time and processing-time timers, rescaled with their key groups.
+
+Flink keeps timers in key-group-partitioned priority queues that are snapshotted and restored with the keyed state.
+Here each time domain's timers are a hidden ``MapState`` of the backend (the key's timestamps -> True), so they
+live in the key's key group on either backend, are written incrementally with the rest of the state, restore lazily,
+and move with their key group when parallelism (or the max parallelism, by an integer factor) changes: a timer
+registered at parallelism 4 fires in whichever subtask owns its key at parallelism 8. The map also gives Flink's
+deduplication (one timer per key, timestamp and domain) and makes a delete an ordinary state write.
+
+Finding the due timers without reading every key is what :class:`TimerQueues` adds: a priority queue per domain of
+(timestamp, key group, key), built from the hidden states when a subtask's state is restored and kept in the worker
+process with its validity token (:class:`TimerQueueRegistry`) so that the next batch of the same subtask reuses it
+instead of rebuilding it. The hidden state stays the truth: a queue entry whose timer was deleted (or already fired)
+is skipped when it reaches the head.
+"""
+
+from __future__ import annotations
+
+import collections
+import enum
+import heapq
+import itertools
+import threading
+from collections.abc import Callable, Hashable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from keygroups.checkpoint import CheckpointMetadata
+from keygroups.serializers import BoolSerializer, Int64Serializer
+from keygroups.state.descriptors import MapStateDescriptor
+
+
+class TimeDomain(enum.Enum):
+    """The clock a timer follows (Flink's ``TimeDomain``): the watermark, or the batch's processing time."""
+
+    EVENT_TIME = "event-time"
+    PROCESSING_TIME = "processing-time"
+
+
+#: The prefix of the hidden states that hold timers; user states may not start with it.
+TIMER_STATE_PREFIX = "_timers/"
+
+#: The hidden state of each domain's timers.
+TIMER_STATE_NAMES = {domain: TIMER_STATE_PREFIX + domain.value for domain in TimeDomain}
+
+#: Flink's ``Long.MIN_VALUE`` watermark: no event time seen yet, so no event-time timer is due.
+NO_WATERMARK = -(2**63)
+
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
+def timer_descriptor(domain: TimeDomain) -> MapStateDescriptor:
+    """The descriptor of ``domain``'s hidden timer state (timestamp in ms -> True)."""
+    return MapStateDescriptor(TIMER_STATE_NAMES[domain], Int64Serializer(), BoolSerializer())
+
+
+def check_timestamp(timestamp: Any, what: str = "a timer's timestamp") -> int:
+    """``timestamp`` if it is an int of epoch milliseconds in the 64-bit range; TypeError/ValueError otherwise."""
+    if isinstance(timestamp, bool) or not isinstance(timestamp, int):
+        raise TypeError(f"{what} must be an int of epoch milliseconds, got {timestamp!r}")
+    if not _INT64_MIN <= timestamp <= _INT64_MAX:
+        raise ValueError(f"{what} must fit in a signed 64-bit long (Java's long), got {timestamp}")
+    return timestamp
+
+
+@dataclass(frozen=True)
+class QueueToken:
+    """Which committed state a :class:`TimerQueues` reflects: the checkpoint its subtask's snapshot belongs to and
+    the file that snapshot wrote (None: it wrote none, the state was unchanged since the restore it came from)."""
+
+    checkpoint_id: int
+    handle_file: str | None
+
+    def matches(self, metadata: CheckpointMetadata, key_group_range: Any) -> bool:
+        """Whether ``metadata`` (the checkpoint a new batch restores) committed exactly the snapshot this token
+        names for ``key_group_range``; a retried, uncommitted or other attempt does not."""
+        if metadata.checkpoint_id != self.checkpoint_id:
+            return False
+        mine = [h for h in metadata.keyed_handles
+                if h.key_group_range == key_group_range and h.checkpoint_id == self.checkpoint_id]
+        if self.handle_file is None:
+            overlapping = [h for h in metadata.keyed_handles if h.checkpoint_id == self.checkpoint_id
+                           and h.key_group_range and h.key_group_range.start <= key_group_range.end
+                           and key_group_range.start <= h.key_group_range.end]
+            return not overlapping
+        return any(h.file == self.handle_file for h in mine)
+
+
+class TimerQueues:
+    """The timers of one subtask's backend: registration and deletion for the backend's current key, the earliest
+    timer per domain, and the due timers in timestamp order.
+
+    Create it after the backend is restored; it registers the hidden states and, unless ``reuse`` (an earlier
+    instance for the same committed state) is given, builds its queues by reading every key of those states once."""
+
+    def __init__(self, backend: Any, reuse: TimerQueues | None = None) -> None:
+        self.backend = backend
+        self._states = {d: backend.get_state(timer_descriptor(d)) for d in TimeDomain}
+        self._sequence = itertools.count()
+        self._queues: dict[TimeDomain, list[tuple[int, int, int, Any]]] = {d: [] for d in TimeDomain}
+        #: Entries pushed per domain since the queues were built (a queue entry may be stale: see ``due``).
+        self.registered = {d: 0 for d in TimeDomain}
+        self.fired = {d: 0 for d in TimeDomain}
+        self.rebuilt = reuse is None
+        if reuse is not None:
+            self._queues = reuse._queues
+            self._sequence = reuse._sequence
+        else:
+            self._rebuild()
+
+    def _rebuild(self) -> None:
+        backend = self.backend
+        for domain, state in self._states.items():
+            queue = self._queues[domain]
+            try:
+                keys = list(backend.keys(TIMER_STATE_NAMES[domain]))
+            except KeyError:
+                continue  # no timer of this domain was ever written
+            for key in keys:
+                backend.set_current_key(key)
+                group = backend.current_key_group
+                for timestamp in state.keys():
+                    queue.append((timestamp, group, next(self._sequence), key))
+            heapq.heapify(queue)
+
+    # ---- the current key's timers ----------------------------------------------------------------------------------
+    def register(self, domain: TimeDomain, timestamp: int) -> None:
+        """A timer of the backend's current key at ``timestamp`` (ms); registering it again changes nothing."""
+        state = self._states[domain]
+        if state.contains(timestamp):
+            return
+        state.put(timestamp, True)
+        b = self.backend
+        heapq.heappush(self._queues[domain], (timestamp, b.current_key_group, next(self._sequence), b.current_key))
+        self.registered[domain] += 1
+
+    def delete(self, domain: TimeDomain, timestamp: int) -> None:
+        """Remove the current key's timer at ``timestamp`` (nothing if there is none), as Flink's delete*Timer."""
+        state = self._states[domain]
+        if state.contains(timestamp):
+            state.remove(timestamp)
+
+    def timestamps(self, domain: TimeDomain) -> list[int]:
+        """The current key's timers of ``domain``, earliest first."""
+        return sorted(self._states[domain].keys())
+
+    # ---- firing -------------------------------------------------------------------------------------------------
+    def earliest(self, domain: TimeDomain) -> int | None:
+        """The earliest timer of ``domain`` still registered, None if there is none (stale entries are dropped)."""
+        queue = self._queues[domain]
+        state, backend = self._states[domain], self.backend
+        while queue:
+            timestamp, _, _, key = queue[0]
+            backend.set_current_key(key)
+            if state.contains(timestamp):
+                return timestamp
+            heapq.heappop(queue)
+        return None
+
+    def pending(self, domain: TimeDomain) -> int:
+        """Queue entries of ``domain`` (registered timers plus entries of deleted ones not yet dropped)."""
+        return len(self._queues[domain])
+
+    def due(self, domain: TimeDomain, until: int,
+            prefetch: Callable[[list[Any], list[int]], None] | None = None) -> Iterator[tuple[int, Any]]:
+        """Pop the timers of ``domain`` at or before ``until``, in timestamp order (then key group, then the order
+        they were registered), each removed from its state before it is yielded as ``(timestamp, key)`` with the
+        backend's current key set to ``key``. Timers the consumer registers at or before ``until`` while iterating
+        are yielded too, in order, as Flink fires them within the same advance. ``prefetch(keys, key_groups)`` is
+        called with the keys of each run of due entries before the first of them is checked (RocksDB reads them
+        together)."""
+        queue = self._queues[domain]
+        state, backend = self._states[domain], self.backend
+        while queue and queue[0][0] <= until:
+            run = []
+            while queue and queue[0][0] <= until:
+                run.append(heapq.heappop(queue))
+            if prefetch is not None:
+                prefetch([e[3] for e in run], [e[1] for e in run])
+            pending = collections.deque(run)
+            while pending:
+                # A timer registered while this run fires may be due before the run's next one.
+                entry = heapq.heappop(queue) if queue and queue[0] < pending[0] else pending.popleft()
+                timestamp, _, _, key = entry
+                backend.set_current_key(key)
+                if not state.contains(timestamp):
+                    continue  # deleted, or a duplicate entry of one already fired
+                state.remove(timestamp)
+                self.fired[domain] += 1
+                yield timestamp, key
+
+
+class TimerQueueRegistry:
+    """Timer queues kept in this worker process after their batch, with the token of the snapshot they reflect, for
+    the next batch of the same subtask to reuse when it restores exactly that snapshot. Bounded as the heap backend
+    registry (least recently kept dropped first); :meth:`take` removes the entry, so two tasks never share one."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._kept: collections.OrderedDict[Hashable, tuple[QueueToken, TimerQueues]] = collections.OrderedDict()
+
+    def take(self, key: Hashable, metadata: CheckpointMetadata | None, key_group_range: Any) -> TimerQueues | None:
+        """The queues kept under ``key`` if they reflect exactly ``metadata``'s state of ``key_group_range``."""
+        with self._lock:
+            kept = self._kept.pop(key, None)
+        if kept is None or metadata is None:
+            return None
+        token, queues = kept
+        return queues if token.matches(metadata, key_group_range) else None
+
+    def keep(self, key: Hashable, token: QueueToken, queues: TimerQueues, limit: int) -> None:
+        with self._lock:
+            self._kept.pop(key, None)
+            if limit <= 0:
+                return
+            self._kept[key] = (token, queues)
+            while len(self._kept) > limit:
+                self._kept.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._kept.clear()
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+
+#: This Python process's kept timer queues (Spark reuses a worker process for many tasks).
+TIMER_QUEUES = TimerQueueRegistry()
