@@ -619,6 +619,16 @@ class KeyedStateBackendBase:
     def keys(self, state_name: str) -> Iterator[Any]:
         raise NotImplementedError
 
+    def map_keys(self, state_name: str) -> Iterator[tuple[int, Any, list[Any]]]:
+        """Every key of the registered map state ``state_name`` as (key group, key, its map's keys), key group by key
+        group: one pass for what indexes a map state (the timer queues). Sets the current key as it goes."""
+        state = self._states.get(state_name)
+        if state is None:
+            raise KeyError(f"map state {state_name!r} is not registered; registered: {sorted(self._states)}")
+        for key in list(self.keys(state_name)):
+            self.set_current_key(key)
+            yield self.current_key_group, key, state.keys()
+
     def _write_snapshot(self, checkpoint_id: int, storage: CheckpointStorage, states: list[dict[str, Any]],
                         key_groups: Iterable[tuple[int, Iterable[tuple[int, Any, Any]]]],
                         future: SnapshotFuture[KeyedStateHandle]) -> KeyedStateHandle:

@@ -109,18 +109,10 @@ class TimerQueues:
             self._rebuild()
 
     def _rebuild(self) -> None:
-        backend = self.backend
-        for domain, state in self._states.items():
+        for domain in TimeDomain:
             queue = self._queues[domain]
-            try:
-                keys = list(backend.keys(TIMER_STATE_NAMES[domain]))
-            except KeyError:
-                continue  # no timer of this domain was ever written
-            for key in keys:
-                backend.set_current_key(key)
-                group = backend.current_key_group
-                for timestamp in state.keys():
-                    queue.append((timestamp, group, next(self._sequence), key))
+            for group, key, timestamps in self.backend.map_keys(TIMER_STATE_NAMES[domain]):
+                queue.extend((timestamp, group, next(self._sequence), key) for timestamp in timestamps)
             heapq.heapify(queue)
 
     # ---- the current key's timers ----------------------------------------------------------------------------------
