@@ -25,6 +25,7 @@ from keygroups.checkpoint import (
     RawKeyedStateHandle,
     RawKeyedStateReader,
     RawKeyedStateWriter,
+    checkpoint_figures,
     open_raw_keyed,
     plan_raw_keyed_restore,
     write_raw_keyed_snapshot,
@@ -363,3 +364,12 @@ def test_commit_checks_raw_files_and_a_lost_commit_discards_them(tmp_path):
     md = commit_batch(plan, [report])
     assert report["raw_keyed_handle"]["file"] in md.files()
     assert storage.discard(md) >= 1 and not os.path.exists(tmp_path / report["raw_keyed_handle"]["file"])
+
+
+def test_checkpoint_figures_count_the_raw_files_as_written(tmp_path):
+    storage = CheckpointStorage(str(tmp_path))
+    md, _ = run_batch(storage, list(range(30)), 2)
+    figures = checkpoint_figures(storage, md)
+    state_files = {h.file: h.size for h in [*md.keyed_handles, *md.raw_keyed_handles]}
+    assert figures.written_bytes == sum(state_files.values())
+    assert sum(h.size for h in md.raw_keyed_handles) > 0

@@ -825,8 +825,8 @@ class CheckpointStorage:
         md = metadata_or_id if isinstance(metadata_or_id, CheckpointMetadata) else self.load(metadata_or_id)
         md.validate()
         base = self.begin_savepoint(name)
-        copied = {h.file: f"{base}/{posixpath.basename(h.file)}"
-                  for h in [*md.operator_handles, *md.raw_keyed_handles]}
+        copied = {f: f"{base}/{posixpath.basename(f)}"
+                  for f in [h.file for h in md.operator_handles] + [h.file for h in md.raw_keyed_handles]}
         if len(set(copied.values())) != len(copied):
             raise ValueError(f"two operator or raw keyed state files of checkpoint {md.checkpoint_id} share a file "
                              f"name; a savepoint (one flat directory) cannot hold both: {sorted(copied)}")
