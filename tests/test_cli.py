@@ -4,6 +4,7 @@ checkpoints it left."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import subprocess
@@ -11,8 +12,12 @@ import sys
 
 import pytest
 
+from test_raw_keyed_state import run_batch as run_raw_keyed_batch
+from timer_checkpoints import run_timer_job
+
+from keygroups import assign_to_key_group
 from keygroups.checkpoint import CheckpointStorage
-from keygroups.cli import demo, shop
+from keygroups.cli import demo, main, shop
 
 pytestmark = pytest.mark.spark
 
@@ -78,3 +83,51 @@ def test_verify_reports_any_difference_from_the_reference(demo_dir, tmp_path):
     tampered[user] = dataclasses.replace(expected_state[user], last_seen=-1)
     problems = demo.verify(storage, 16, tampered, expected_orders, expected_orders[1:])
     assert any(user in p for p in problems) and any("orders differ" in p for p in problems)
+
+
+# ---- timers and raw keyed state offline (in process: no Spark needed) ----------------------------------------------
+
+
+def test_inspect_counts_the_timers_of_a_checkpoint(tmp_path, capsys):
+    storage, live = run_timer_job(str(tmp_path))
+    md = storage.latest()
+    assert main(["inspect", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    for domain in ("event-time", "processing-time"):
+        stamps = sorted(ts for _, d, ts in live if d == domain)
+        groups = {assign_to_key_group(k, md.max_parallelism) for k, d, _ in live if d == domain}
+        assert f"timers ({domain}): {len(stamps):,} in {len(groups)} key groups, earliest {stamps[0]} (" in out
+    assert "_timers/event-time (map)" in out   # the hidden states are listed as the keyed state they are
+    assert main(["inspect", str(tmp_path), "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    for domain in ("event-time", "processing-time"):
+        per_group: dict[str, int] = {}
+        for k, d, _ in live:
+            if d == domain:
+                g = str(assign_to_key_group(k, md.max_parallelism))
+                per_group[g] = per_group.get(g, 0) + 1
+        assert shown["timers"][domain] == {"total": sum(per_group.values()), "per_key_group": per_group,
+                                           "earliest": min(ts for _, d, ts in live if d == domain)}
+    assert main(["inspect", str(tmp_path), "--no-timers"]) == 0
+    assert "timers (" not in capsys.readouterr().out
+
+
+def test_inspect_shows_and_verify_reads_raw_keyed_state(tmp_path, capsys):
+    storage = CheckpointStorage(str(tmp_path))
+    md, _ = run_raw_keyed_batch(storage, list(range(50)), 3)
+    assert main(["inspect", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    for h in md.raw_keyed_handles:
+        assert (f"raw keyed state of subtask {h.subtask}: key groups {h.key_group_range.start}-"
+                f"{h.key_group_range.end}, {h.size:,} bytes in {h.file}") in out
+    assert "timers (event-time): none" in out
+    assert main(["verify", str(tmp_path)]) == 0
+    victim = md.raw_keyed_handles[1]
+    with open(tmp_path / victim.file, "r+b") as f:
+        f.seek(victim.offsets[0] + 13)
+        byte = f.read(1)
+        f.seek(victim.offsets[0] + 13)
+        f.write(bytes([byte[0] ^ 0x40]))
+    assert main(["verify", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert f"CORRUPT raw keyed state file {victim.file}" in err and "checksum" in err

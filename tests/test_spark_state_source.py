@@ -14,6 +14,7 @@ from pyspark.sql import Row
 from pyspark.sql import functions as F
 from state_views import MAXP, STATES, backend_view, build_chain, expected_rows
 from test_state_reader import plain
+from timer_checkpoints import run_timer_job
 
 import keygroups.spark as kspark
 from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage, SerializedState, write_operator_snapshot
@@ -101,7 +102,7 @@ def test_bad_options_and_foreign_input_fail_clearly(registered, tmp_path):
     build_chain(str(tmp_path), "heap", False, [1], KEYS[:5])
     cases = [   # checked by the data source itself, without running a query
         ({}, "option 'state' names the state to read"),
-        ({"state": "v", "view": "rows"}, "option 'view' must be one of keyed, metadata, operator, got 'rows'"),
+        ({"state": "v", "view": "rows"}, "option 'view' must be one of keyed, metadata, operator, timers, got 'rows'"),
         ({"state": "v", "checkpointId": "x"}, "option 'checkpointId' must be an int >= 0, got 'x'"),
         ({"state": "v", "checkpointId": "7"}, "checkpoint 7 does not exist"),
         ({"state": "v", "savepoint": "nope"}, "savepoint 'nope' does not exist"),
@@ -181,3 +182,13 @@ def test_write_savepoint_bootstrap_job_read_back_and_edit(registered, tmp_path):
     assert sorted(tuple(r) for r in again.select("k", "value").collect()) == [(k, k * 100) for k in range(5)]
     with pytest.raises(Exception, match="holds no keyed state named 'tags'"):
         read(spark, location, savepoint="fixed", state="tags").schema
+
+
+def test_timers_view_lists_every_registered_timer(registered, tmp_path):
+    spark = registered
+    _, live = run_timer_job(str(tmp_path))
+    df = read(spark, tmp_path, view="timers", partitions=3, keyColumns="user")
+    assert df.columns == ["user", "key_group", "domain", "timestamp"]
+    assert df.rdd.getNumPartitions() == 3
+    rows = df.collect()
+    assert sorted((r["user"], r["domain"], r["timestamp"]) for r in rows) == sorted(live)

@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from state_views import MAXP, STATES, T0, backend_view, build_chain, descriptors, expected_rows
 from test_serializers_strategies import serializers_and_values
+from timer_checkpoints import run_timer_job
 
 from keygroups import KeyGroupRange, assign_to_key_group, key_group_range
 from keygroups._native import splitter
@@ -28,6 +29,9 @@ from keygroups.runtime.state_reader import (
     load_restore_point,
     metadata_table,
     operator_state_table,
+    read_timers,
+    timer_counts,
+    timer_schema,
 )
 from keygroups.runtime.state_types import arrow_type, is_typed, python_values
 from keygroups.runtime.state_writer import (
@@ -353,3 +357,40 @@ def test_writer_refuses_bad_requests_before_writing(tmp_path):
                              states={"p": StateColumn("b", serializer=PickleSerializer())})
     assert json.loads(json.dumps(md.keyed_handles[0].states[0]["serializers"]["value"]))["identifier"] == "pickle"
     assert [r[2] for r in read_all(KeyedStateReader(storage, md, "p"))] == [b"x", b"x"]
+
+
+# ---- timers offline ---------------------------------------------------------------------------------------------------
+
+
+def test_timers_are_read_back_per_key_domain_and_timestamp(tmp_path):
+    storage, live = run_timer_job(str(tmp_path))
+    md = storage.latest()
+    assert timer_schema(md).names == ["key", "key_group", "domain", "timestamp"]
+    table = read_timers(storage, md)
+    assert table.schema == timer_schema(md)
+    rows = table.to_pylist()
+    assert {(r["key"], r["domain"], r["timestamp"]) for r in rows} == live and len(rows) == len(live)
+    assert all(r["key_group"] == assign_to_key_group(r["key"], md.max_parallelism) for r in rows)
+    assert [(r["domain"], r["timestamp"]) for r in rows] == sorted((r["domain"], r["timestamp"]) for r in rows)
+    # a range of key groups reads only its timers; key columns can be named
+    part = read_timers(storage, md, KeyGroupRange(0, 5), key_columns=["user"]).to_pylist()
+    assert part == [dict(user=r["key"], **{c: r[c] for c in ("key_group", "domain", "timestamp")})
+                    for r in rows if r["key_group"] <= 5]
+    # the hidden states read as the map states they are
+    hidden = read_all(KeyedStateReader(storage, md, "_timers/event-time", flatten=True),
+                      [KeyGroupRange(0, md.max_parallelism - 1)])
+    assert {(k, ts) for k, _, ts, flag in hidden} == {(k, ts) for k, d, ts in live if d == "event-time"}
+    assert all(flag is True for *_, flag in hidden)
+    # counts per key group and domain, with the earliest
+    counts = {(r["key_group"], r["domain"]): (r["timers"], r["earliest"]) for r in timer_counts(storage, md).to_pylist()}
+    want: dict = {}
+    for k, d, ts in live:
+        n, first = want.get((assign_to_key_group(k, md.max_parallelism), d), (0, ts))
+        want[(assign_to_key_group(k, md.max_parallelism), d)] = (n + 1, min(first, ts))
+    assert counts == want
+
+
+def test_a_restore_point_without_timers_reads_none(tmp_path):
+    storage, md, _ = build_chain(str(tmp_path), "heap", False, [2, 3], KEYS)
+    assert read_timers(storage, md).num_rows == 0
+    assert timer_counts(storage, md).num_rows == 0

@@ -17,6 +17,10 @@
   :func:`carry_forward` keep chains bounded and the next checkpoint's handles exactly those still needed;
   :func:`plan_operator_restore` — which runs of old operator state elements it reads (Flink's round-robin
   repartitioner).
+* :class:`RawKeyedStateHandle`, :class:`RawKeyedStateWriter`, :class:`RawKeyedStateReader` — raw keyed state
+  (``raw_keyed``): per-key-group bytes a job's function writes itself, one checksummed block per key group, read
+  back by any parallelism with :func:`plan_raw_keyed_restore`; :func:`write_raw_keyed_snapshot`,
+  :func:`open_raw_keyed` (the standalone whole-file reader).
 * :func:`checkpoint_figures` (:class:`CheckpointFigures`), :func:`size_history` — bytes and keys per key group,
   each subtask's load and its skew at any parallelism, the size over the retained checkpoints (``stats``).
 
@@ -43,6 +47,7 @@ from keygroups.checkpoint.metadata import (
     KeyedStateHandle,
     OperatorStateHandle,
     OperatorStateMeta,
+    RawKeyedStateHandle,
 )
 from keygroups.checkpoint.operator_format import (
     OperatorRestoreStats,
@@ -62,7 +67,14 @@ from keygroups.checkpoint.planning import (
     parent_key_groups,
     plan_keyed_restore,
     plan_operator_restore,
+    plan_raw_keyed_restore,
     split_sizes,
+)
+from keygroups.checkpoint.raw_keyed import (
+    RawKeyedStateReader,
+    RawKeyedStateWriter,
+    open_raw_keyed,
+    write_raw_keyed_snapshot,
 )
 from keygroups.checkpoint.stats import CheckpointFigures, checkpoint_figures, size_history
 from keygroups.checkpoint.storage import CheckpointStorage
@@ -73,6 +85,7 @@ __all__ = [
     "KeyedStateHandle",
     "OperatorStateHandle",
     "OperatorStateMeta",
+    "RawKeyedStateHandle",
     "DistributionMode",
     "KeyedSnapshotWriter",
     "Packed",
@@ -93,6 +106,11 @@ __all__ = [
     "parent_key_groups",
     "plan_operator_restore",
     "split_sizes",
+    "plan_raw_keyed_restore",
+    "RawKeyedStateWriter",
+    "RawKeyedStateReader",
+    "write_raw_keyed_snapshot",
+    "open_raw_keyed",
     "ElementRun",
     "write_operator_snapshot",
     "SerializedState",

@@ -55,6 +55,8 @@ EMPTY_BLOCK_SIZE: int = _snap.BLOCK_OVERHEAD
 #: The file format an operator handle describes; its JSON carries both, and its file header the version.
 OPERATOR_FORMAT_NAME = "keygroups-operator-state"
 OPERATOR_FORMAT_VERSION = 1
+#: The raw keyed state file format (``raw_keyed.py``) a :class:`RawKeyedStateHandle` describes.
+RAW_KEYED_FORMAT_VERSION = 1
 #: The operator id of a handle whose JSON names none.
 DEFAULT_OPERATOR_ID = "operator"
 
@@ -101,6 +103,29 @@ def key_group_runs(key_groups: Any) -> list[KeyGroupRange]:
     return runs
 
 
+def _check_offsets(what: str, offsets: Any, key_group_range: KeyGroupRange, size: int) -> None:
+    """ValueError unless ``offsets`` are one absolute file offset per key group of ``key_group_range`` plus the end,
+    ascending, inside a file of ``size`` bytes (a handle's seek index)."""
+    expected = len(key_group_range) + 1
+    if not isinstance(offsets, list) or len(offsets) != expected:
+        raise ValueError(f"{what}.offsets must be a list of {expected} ints (one per key group of "
+                         f"{key_group_range} plus the end), got "
+                         f"{len(offsets) if isinstance(offsets, list) else type(offsets).__name__}")
+    prev = 0
+    for i, off in enumerate(offsets):
+        if not _is_int(off) or not prev <= off <= size:
+            raise ValueError(f"{what}.offsets[{i}] = {off!r} must be an int in [{prev}, size={size}]: offsets "
+                             f"ascend within the file")
+        prev = off
+
+
+def _byte_range(r: KeyGroupRange, offsets: list[int], key_groups: KeyGroupRange) -> tuple[int, int]:
+    """``(start, end)`` byte offsets of the blocks of ``key_groups`` in a file indexed by ``offsets`` for ``r``."""
+    if not key_groups or key_groups.start < r.start or key_groups.end > r.end:
+        raise ValueError(f"key groups {key_groups} are not a non-empty part of this handle's {r}")
+    return offsets[key_groups.start - r.start], offsets[key_groups.end - r.start + 1]
+
+
 @dataclass
 class KeyedStateHandle:
     """Where one subtask's keyed snapshot lives and how to seek in it.
@@ -136,18 +161,7 @@ class KeyedStateHandle:
                             f"{type(self.key_group_range).__name__}")
         if not _is_int(self.size) or self.size < 0:
             raise ValueError(f"KeyedStateHandle.size must be an int >= 0, got {self.size!r}")
-        offsets = self.offsets
-        expected = len(self.key_group_range) + 1
-        if not isinstance(offsets, list) or len(offsets) != expected:
-            raise ValueError(f"KeyedStateHandle.offsets must be a list of {expected} ints (one per key group of "
-                             f"{self.key_group_range} plus the end), got "
-                             f"{len(offsets) if isinstance(offsets, list) else type(offsets).__name__}")
-        prev = 0
-        for i, off in enumerate(offsets):
-            if not _is_int(off) or not prev <= off <= self.size:
-                raise ValueError(f"KeyedStateHandle.offsets[{i}] = {off!r} must be an int in [{prev}, "
-                                 f"size={self.size}]: offsets ascend within the file")
-            prev = off
+        _check_offsets("KeyedStateHandle", self.offsets, self.key_group_range, self.size)
         if not isinstance(self.states, list) or not all(isinstance(s, dict) for s in self.states):
             raise TypeError("KeyedStateHandle.states must be a list of JSON dicts (the state meta)")
         if not _is_int(self.checkpoint_id) or self.checkpoint_id < 0:
@@ -190,10 +204,7 @@ class KeyedStateHandle:
     def byte_range(self, key_groups: KeyGroupRange) -> tuple[int, int]:
         """``(start, end)`` byte offsets in ``file`` of the blocks of ``key_groups`` (which must lie inside
         ``key_group_range``), end exclusive."""
-        r = self.key_group_range
-        if not key_groups or key_groups.start < r.start or key_groups.end > r.end:
-            raise ValueError(f"key groups {key_groups} are not a non-empty part of this handle's {r}")
-        return self.offsets[key_groups.start - r.start], self.offsets[key_groups.end - r.start + 1]
+        return _byte_range(self.key_group_range, self.offsets, key_groups)
 
     def to_json(self) -> dict[str, Any]:
         r = self.key_group_range
@@ -228,6 +239,59 @@ def keyed_handles_by_range(handles: list[KeyedStateHandle]) -> list[KeyedStateHa
                              f"{b.subtask} {b.key_group_range}, both written by checkpoint {a.checkpoint_id}; in "
                              f"one checkpoint each key group belongs to one subtask")
     return ranged
+
+
+@dataclass
+class RawKeyedStateHandle:
+    """Where one subtask's raw keyed state lives (Flink's ``KeyGroupsStateHandle`` of raw keyed state): the bytes the
+    job's function wrote itself, per key group, at snapshot time.
+
+    ``offsets[i]`` is the absolute byte offset of key group ``key_group_range.start + i``'s block in ``file`` and
+    ``offsets[-1]`` the end of the last one, so a subtask of any parallelism reads exactly the blocks of its key
+    groups. The file lies in its checkpoint's directory: raw state is written whole at every checkpoint (the bytes
+    are opaque, so there is nothing to write incrementally), and no later checkpoint references it.
+    """
+
+    file: str
+    subtask: int
+    key_group_range: KeyGroupRange
+    offsets: list[int]
+    size: int
+    format_version: int = field(default=RAW_KEYED_FORMAT_VERSION, kw_only=True)
+
+    def __post_init__(self) -> None:
+        check_relpath(self.file, "RawKeyedStateHandle.file")
+        if not _is_int(self.subtask) or self.subtask < 0:
+            raise ValueError(f"RawKeyedStateHandle.subtask must be an int >= 0, got {self.subtask!r}")
+        if not isinstance(self.key_group_range, KeyGroupRange) or not self.key_group_range:
+            raise TypeError(f"RawKeyedStateHandle.key_group_range must be a non-empty KeyGroupRange, got "
+                            f"{self.key_group_range!r}")
+        if not _is_int(self.size) or self.size < 0:
+            raise ValueError(f"RawKeyedStateHandle.size must be an int >= 0, got {self.size!r}")
+        _check_offsets("RawKeyedStateHandle", self.offsets, self.key_group_range, self.size)
+        if self.format_version != RAW_KEYED_FORMAT_VERSION:
+            raise ValueError(f"RawKeyedStateHandle.format_version must be {RAW_KEYED_FORMAT_VERSION} (the raw keyed "
+                             f"format this keygroups reads), got {self.format_version!r}")
+
+    def byte_range(self, key_groups: KeyGroupRange) -> tuple[int, int]:
+        """``(start, end)`` byte offsets in ``file`` of the blocks of ``key_groups`` (a non-empty part of
+        ``key_group_range``), end exclusive."""
+        return _byte_range(self.key_group_range, self.offsets, key_groups)
+
+    def to_json(self) -> dict[str, Any]:
+        r = self.key_group_range
+        return {"file": self.file, "subtask": self.subtask, "key_group_range": [r.start, r.end],
+                "offsets": list(self.offsets), "size": self.size, "format_version": self.format_version}
+
+    @classmethod
+    def from_json(cls, d: Any) -> RawKeyedStateHandle:
+        """The handle back from :meth:`to_json`; CorruptSnapshotError naming the field if ``d`` is not one."""
+        try:
+            start, end = d["key_group_range"]
+            return cls(file=d["file"], subtask=d["subtask"], key_group_range=KeyGroupRange(start, end),
+                       offsets=d["offsets"], size=d["size"], format_version=d["format_version"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise CorruptSnapshotError(f"not a valid raw keyed state handle ({e}): {str(d)[:200]}") from e
 
 
 class DistributionMode(enum.StrEnum):
@@ -423,6 +487,8 @@ class CheckpointMetadata:
     inputs: list[str] = field(default_factory=list)
     #: The records each subtask found late (behind the watermark) and kept, Parquet like ``outputs``.
     late_outputs: list[str] = field(default_factory=list)
+    #: The raw keyed state the job's function wrote (one file per subtask, in this checkpoint's directory).
+    raw_keyed_handles: list[RawKeyedStateHandle] = field(default_factory=list)
     base: str = field(default="", compare=False)
 
     def runner_files(self) -> list[str]:
@@ -453,6 +519,19 @@ class CheckpointMetadata:
                 raise ValueError(f"a keyed handle of subtask {h.subtask} in a checkpoint of parallelism "
                                  f"{self.parallelism} (subtasks are 0..{self.parallelism - 1})")
         keyed_handles_by_range(self.keyed_handles)
+        for rh in self.raw_keyed_handles:
+            if not isinstance(rh, RawKeyedStateHandle):
+                raise TypeError(f"raw_keyed_handles must hold RawKeyedStateHandle objects (RawKeyedStateHandle."
+                                f"from_json reads one from JSON), got {type(rh).__name__}")
+        prev: RawKeyedStateHandle | None = None
+        for rh in sorted(self.raw_keyed_handles, key=lambda h: h.key_group_range.start):
+            if rh.key_group_range.end >= mp or rh.subtask >= self.parallelism:
+                raise ValueError(f"the raw keyed handle of subtask {rh.subtask} covers {rh.key_group_range}, outside "
+                                 f"a checkpoint of parallelism {self.parallelism} and max_parallelism={mp}")
+            if prev is not None and prev.key_group_range.end >= rh.key_group_range.start:
+                raise ValueError(f"raw keyed handles overlap: subtask {prev.subtask} {prev.key_group_range} and "
+                                 f"subtask {rh.subtask} {rh.key_group_range}; each key group belongs to one subtask")
+            prev = rh
         for oh in self.operator_handles:
             if not isinstance(oh, OperatorStateHandle):
                 raise TypeError(f"operator_handles must hold OperatorStateHandle objects (OperatorStateHandle."
@@ -467,8 +546,9 @@ class CheckpointMetadata:
                 check_relpath(f, f"an entry of {name}")
 
     def files(self) -> list[str]:
-        """Every state file this checkpoint references (storage-relative)."""
-        return [h.file for h in self.keyed_handles] + [h.file for h in self.operator_handles]
+        """Every state file this checkpoint references (storage-relative): keyed, operator and raw keyed."""
+        return ([h.file for h in self.keyed_handles] + [h.file for h in self.operator_handles]
+                + [h.file for h in self.raw_keyed_handles])
 
 
 def is_shared_path(relpath: str) -> bool:
@@ -525,6 +605,9 @@ def encode_metadata(metadata: CheckpointMetadata, base: str) -> bytes:
         "inputs": [_strip_base(f, base, "input file") for f in metadata.inputs],
         "late_outputs": [_strip_base(f, base, "late output file") for f in metadata.late_outputs],
     }
+    if metadata.raw_keyed_handles:   # absent when there is none: such a _metadata reads as before
+        body["raw_keyed_handles"] = [dict(h.to_json(), file=_strip_base(h.file, base, "raw keyed state file"))
+                                     for h in metadata.raw_keyed_handles]
     try:
         text = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False, ensure_ascii=False)
     except (TypeError, ValueError) as e:
@@ -574,11 +657,13 @@ def decode_metadata(data: bytes, base: str, where: str) -> CheckpointMetadata:
             inputs = [f"{base}/{check_relpath(f, 'an input file')}" for f in body["inputs"]]
         # Absent before late outputs existed (same version: an older reader only loses track of late files).
         late = [f"{base}/{check_relpath(f, 'a late output file')}" for f in body.get("late_outputs", [])]
+        raw = [RawKeyedStateHandle.from_json(dict(h, file=f"{base}/{check_relpath(h['file'])}"))
+               for h in body.get("raw_keyed_handles", [])]
         md = CheckpointMetadata(
             checkpoint_id=body["checkpoint_id"], job_id=body["job_id"], timestamp_ms=body["timestamp_ms"],
             max_parallelism=body["max_parallelism"], parallelism=body["parallelism"], keyed_handles=keyed,
             operator_handles=operator, properties=properties, outputs=outputs, inputs=inputs,
-            late_outputs=late, base=base)
+            late_outputs=late, raw_keyed_handles=raw, base=base)
         md.validate()
     except CorruptSnapshotError:
         raise

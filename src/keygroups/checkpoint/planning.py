@@ -17,6 +17,10 @@ Chains stay bounded: :func:`chain_stats` describes them and :func:`choose_full_k
 backend writes full at its next snapshot; :func:`carry_forward` keeps in the next checkpoint exactly the older
 files some chain still needs.
 
+Raw keyed state (:func:`plan_raw_keyed_restore`, ``raw_keyed.py``): one block per key group, written whole every
+checkpoint, so a subtask reads its key groups' blocks from the old files that hold them; the bytes are opaque, so a
+max-parallelism change is refused while raw keyed state exists.
+
 Operator state (:func:`plan_operator_restore`, Flink's ``RoundRobinOperatorStateRepartitioner``): lists of elements
 are the unit. Per state, by its :class:`~keygroups.checkpoint.metadata.DistributionMode`: SPLIT_DISTRIBUTE lists are
 concatenated and cut evenly (:func:`split_sizes`), UNION lists go whole to every subtask, and each subtask reads one
@@ -37,6 +41,7 @@ from keygroups.checkpoint.metadata import (
     KeyedStateHandle,
     OperatorStateHandle,
     OperatorStateMeta,
+    RawKeyedStateHandle,
     key_group_runs,
     keyed_handles_by_range,
 )
@@ -82,6 +87,14 @@ def check_restore_max_parallelism(metadata: CheckpointMetadata, max_parallelism:
             f"an integer factor (then every key group splits into, or merges with, whole old key groups; any other "
             f"change would move keys between all of them). Allowed: {_describe_allowed(old)}. Restore with one of "
             f"these, or start without this state.")
+    if mp != old and metadata.raw_keyed_handles:
+        writers = sorted(h.subtask for h in metadata.raw_keyed_handles)
+        raise StateMigrationError(
+            f"cannot restore checkpoint {metadata.checkpoint_id} (job {metadata.job_id!r}) with max_parallelism={mp}: "
+            f"it holds raw keyed state (the bytes its function wrote per key group in snapshot_raw_keyed_state, "
+            f"subtasks {writers}), which is opaque and cannot be re-keyed into key groups of another max "
+            f"parallelism (Flink cannot either). Restore with max_parallelism={old}, or from a checkpoint without "
+            f"raw keyed state.")
     return mp
 
 
@@ -230,6 +243,30 @@ def plan_keyed_restore(metadata: CheckpointMetadata, new_range: KeyGroupRange, *
             wanted.setdefault(id(h), (h, []))[1].append(kg)
     plan = [(h, run) for h, kgs in wanted.values() for run in key_group_runs(kgs)]
     plan.sort(key=lambda hr: (hr[0].checkpoint_id, hr[1].start))
+    return plan
+
+
+def plan_raw_keyed_restore(metadata: CheckpointMetadata, new_range: KeyGroupRange, *,
+                           max_parallelism: int | None = None) -> list[tuple[RawKeyedStateHandle, KeyGroupRange]]:
+    """The ``(old raw keyed handle, key groups to read from it)`` pairs for a subtask that now owns ``new_range``,
+    by key group: each key group's one block (raw state is written whole every checkpoint, so there is no chain),
+    one contiguous range per old file. Key groups no handle covers had no raw state.
+
+    ``max_parallelism`` (None: the checkpoint's) may differ only when the checkpoint holds no raw keyed state
+    (:func:`check_restore_max_parallelism` refuses it otherwise, naming it); CorruptSnapshotError if two handles
+    overlap."""
+    ranges = _checked_range(metadata, new_range, max_parallelism)
+    if not ranges or not metadata.raw_keyed_handles:
+        return []
+    (old_range,) = ranges   # the max parallelism is unchanged: raw state exists
+    plan: list[tuple[RawKeyedStateHandle, KeyGroupRange]] = []
+    for h in sorted(metadata.raw_keyed_handles, key=lambda h: h.key_group_range.start):
+        part = h.key_group_range.intersection(old_range)
+        if part:
+            if plan and plan[-1][1].end >= part.start:
+                raise CorruptSnapshotError(f"checkpoint {metadata.checkpoint_id} is corrupt: raw keyed handles of "
+                                           f"subtasks {plan[-1][0].subtask} and {h.subtask} overlap")
+            plan.append((h, part))
     return plan
 
 

@@ -57,8 +57,8 @@ class CheckpointFigures:
     """One checkpoint's figures. Lists are indexed by key group (``0 .. max_parallelism - 1``): ``full_bytes`` and
     ``delta_bytes`` of each key group's chain (0 and 0 for a key group without state), ``chain_blocks`` (its
     length), ``keys`` (distinct keys, None unless counted). ``operator_bytes`` is the operator state's size;
-    ``written_bytes`` what this checkpoint wrote itself (its keyed and operator files; an incremental checkpoint
-    references older keyed files too)."""
+    ``written_bytes`` what this checkpoint wrote itself (its keyed, operator and raw keyed files; an incremental
+    checkpoint references older keyed files too)."""
 
     checkpoint_id: int
     job_id: str
@@ -142,6 +142,7 @@ def checkpoint_figures(storage: CheckpointStorage, metadata: CheckpointMetadata,
     own = f"{metadata.base}/"
     written = {h.file: h.size for h in metadata.keyed_handles if h.checkpoint_id == metadata.checkpoint_id}
     written.update((h.file, h.size) for h in metadata.operator_handles if h.file.startswith(own))
+    written.update((h.file, h.size) for h in metadata.raw_keyed_handles)   # written whole by every checkpoint
     return CheckpointFigures(
         checkpoint_id=metadata.checkpoint_id, job_id=metadata.job_id, max_parallelism=mp,
         parallelism=metadata.parallelism, full_bytes=full, delta_bytes=delta, chain_blocks=blocks,

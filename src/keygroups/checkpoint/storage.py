@@ -22,7 +22,7 @@ handles; the driver calls :meth:`CheckpointStorage.commit`, which writes ``_meta
 Only after that does retention run: it keeps the newest ``retain`` complete checkpoints, deletes older ones, and
 removes leftovers older than the newest complete checkpoint: directories without ``_metadata``, temporary files, and
 files named by ``new_file`` that a retained checkpoint does not reference (e.g. from a retried task attempt). A file
-is referenced when a keyed or operator handle names it or when it is one of the checkpoint's ``outputs``,
+is referenced when a keyed, operator or raw keyed handle names it or when it is one of the checkpoint's ``outputs``,
 ``inputs`` or ``late_outputs``. Directories of checkpoints newer than the one just committed are left alone: they may still be in
 progress. In ``shared/`` (Flink's shared state registry, done without a registry file), a file is deleted when no
 retained checkpoint references it and the checkpoint id in its name is at most the one just committed: files of
@@ -717,6 +717,15 @@ class CheckpointStorage:
             if not self._fs.exists(oh.file):
                 raise ValueError(f"checkpoint {metadata.checkpoint_id} references operator state file "
                                  f"{oh.file!r}, which does not exist in {self.location}")
+        for rh in metadata.raw_keyed_handles:
+            try:
+                size = self._fs.size(rh.file)
+            except FileNotFoundError:
+                raise ValueError(f"checkpoint {metadata.checkpoint_id} references raw keyed state file {rh.file!r} "
+                                 f"(subtask {rh.subtask}), which does not exist in {self.location}") from None
+            if size != rh.size:
+                raise ValueError(f"raw keyed state file {rh.file!r} (subtask {rh.subtask}) is {size} bytes but its "
+                                 f"handle says {rh.size}: the file was not completely written (closed?)")
         for name, files in (("output", metadata.outputs), ("input", metadata.inputs),
                             ("late output", metadata.late_outputs)):
             missing = [f for f in files if not self._fs.exists(f)]
@@ -811,16 +820,17 @@ class CheckpointStorage:
         """Write a checkpoint (given by metadata or id) as a self-contained full snapshot into
         ``savepoints/<name>/``, ``_metadata`` written last: per subtask of the checkpoint's parallelism, one keyed
         file whose blocks are each key group's chain merged into one full block (bytes in, bytes out), and a copy
-        of each operator state file. Retention never touches it, and either backend restores it. Returns the
+        of each operator and raw keyed state file. Retention never touches it, and either backend restores it. Returns the
         savepoint directory's full path or URL."""
         md = metadata_or_id if isinstance(metadata_or_id, CheckpointMetadata) else self.load(metadata_or_id)
         md.validate()
         base = self.begin_savepoint(name)
-        operator_files = {h.file: f"{base}/{posixpath.basename(h.file)}" for h in md.operator_handles}
-        if len(set(operator_files.values())) != len(operator_files):
-            raise ValueError(f"two operator state files of checkpoint {md.checkpoint_id} share a file name; a "
-                             f"savepoint (one flat directory) cannot hold both: {sorted(operator_files)}")
-        for src, dst in operator_files.items():
+        copied = {f: f"{base}/{posixpath.basename(f)}"
+                  for f in [h.file for h in md.operator_handles] + [h.file for h in md.raw_keyed_handles]}
+        if len(set(copied.values())) != len(copied):
+            raise ValueError(f"two operator or raw keyed state files of checkpoint {md.checkpoint_id} share a file "
+                             f"name; a savepoint (one flat directory) cannot hold both: {sorted(copied)}")
+        for src, dst in copied.items():
             self._fs.copy(src, dst)
         keyed = []
         for subtask in range(md.parallelism):
@@ -834,7 +844,8 @@ class CheckpointStorage:
         copy = CheckpointMetadata(
             checkpoint_id=md.checkpoint_id, job_id=md.job_id, timestamp_ms=md.timestamp_ms,
             max_parallelism=md.max_parallelism, parallelism=md.parallelism, keyed_handles=keyed,
-            operator_handles=[dataclasses.replace(h, file=operator_files[h.file]) for h in md.operator_handles],
+            operator_handles=[dataclasses.replace(h, file=copied[h.file]) for h in md.operator_handles],
+            raw_keyed_handles=[dataclasses.replace(h, file=copied[h.file]) for h in md.raw_keyed_handles],
             properties=dict(md.properties), base=base)
         return self.commit_savepoint(copy, name)
 

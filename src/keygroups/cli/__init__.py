@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import sys
 from typing import Any
@@ -28,15 +29,34 @@ def _load(args: argparse.Namespace) -> tuple[Any, Any]:
     return storage, metadata
 
 
+def _timers(storage: Any, metadata: Any) -> dict[str, Any]:
+    """Per time domain: the timers registered at ``metadata`` in total, the earliest, and how many per key group
+    (read from the hidden timer states: every key group's chain is read when the checkpoint holds timers)."""
+    from keygroups.runtime.state_reader import timer_counts
+    from keygroups.state.timers import TimeDomain
+
+    counts = timer_counts(storage, metadata).to_pylist()
+    out: dict[str, Any] = {}
+    for domain in TimeDomain:
+        rows = [r for r in counts if r["domain"] == domain.value]
+        out[domain.value] = {"total": sum(r["timers"] for r in rows),
+                             "earliest": min((r["earliest"] for r in rows), default=None),
+                             "per_key_group": {r["key_group"]: r["timers"] for r in rows}}
+    return out
+
+
 def _inspect(args: argparse.Namespace) -> int:
     storage, metadata = _load(args)
     if metadata is None:
         return 1
+    timers = _timers(storage, metadata) if args.timers else {}
     if args.json:
         print(json.dumps({"checkpoint_id": metadata.checkpoint_id, "job_id": metadata.job_id,
                           "max_parallelism": metadata.max_parallelism, "parallelism": metadata.parallelism,
                           "keyed_handles": [h.to_json() for h in metadata.keyed_handles],
-                          "operator_handles": [h.to_json() for h in metadata.operator_handles]}, indent=2))
+                          "operator_handles": [h.to_json() for h in metadata.operator_handles],
+                          "raw_keyed_handles": [h.to_json() for h in metadata.raw_keyed_handles],
+                          "timers": timers}, indent=2))
         return plot.run(args, storage, metadata)
     print(f"checkpoint {metadata.checkpoint_id} of job {metadata.job_id!r}: parallelism {metadata.parallelism}, "
           f"max parallelism {metadata.max_parallelism}; complete checkpoints: {storage.checkpoint_ids()}")
@@ -48,7 +68,25 @@ def _inspect(args: argparse.Namespace) -> int:
     for oh in metadata.operator_handles:
         names = ", ".join(f"{name} ({meta.mode}, {len(meta)} elements)" for name, meta in sorted(oh.states.items()))
         print(f"  operator state of subtask {oh.subtask}: {oh.size:,} bytes: {names}")
+    for rh in metadata.raw_keyed_handles:
+        print(f"  raw keyed state of subtask {rh.subtask}: key groups {rh.key_group_range.start}-"
+              f"{rh.key_group_range.end}, {rh.size:,} bytes in {rh.file}")
+    for domain, t in timers.items():
+        if not t["total"]:
+            print(f"timers ({domain}): none")
+            continue
+        groups = " ".join(f"{kg}:{n}" for kg, n in sorted(t["per_key_group"].items()))
+        print(f"timers ({domain}): {t['total']:,} in {len(t['per_key_group'])} key groups, earliest {t['earliest']} "
+              f"({_utc(t['earliest'])}); per key group: {groups}")
     return plot.run(args, storage, metadata)
+
+
+def _utc(ms: int) -> str:
+    """Epoch milliseconds as an ISO UTC time (or a note that they lie outside the calendar datetime knows)."""
+    try:
+        return datetime.datetime.fromtimestamp(ms / 1000, datetime.UTC).isoformat(timespec="milliseconds")
+    except (OverflowError, OSError, ValueError):
+        return "out of the calendar's range"
 
 
 def _plan(args: argparse.Namespace) -> int:
@@ -102,7 +140,7 @@ def _plan(args: argparse.Namespace) -> int:
 
 def _verify(args: argparse.Namespace) -> int:
     """Read every file the checkpoint references, whole, through the same checked readers a restore uses."""
-    from keygroups.checkpoint import open_snapshot, plan_operator_restore, read_operator_runs
+    from keygroups.checkpoint import open_raw_keyed, open_snapshot, plan_operator_restore, read_operator_runs
 
     storage, metadata = _load(args)
     if metadata is None:
@@ -126,6 +164,11 @@ def _verify(args: argparse.Namespace) -> int:
         for _ in snapshot.key_groups():   # each block's checksum and structure
             pass
 
+    def raw_keyed(handle: Any) -> None:
+        key_groups, _ = open_raw_keyed(storage.read_bytes(handle.file))   # every block's checksum
+        if key_groups != handle.key_group_range:
+            raise CorruptDataError(f"holds key groups {key_groups}, its handle says {handle.key_group_range}")
+
     def operator(handle: Any) -> None:
         runs = plan_operator_restore([handle], 1, operator_id=handle.operator_id)[0]
         read_operator_runs(storage, [handle], runs)
@@ -134,6 +177,8 @@ def _verify(args: argparse.Namespace) -> int:
         check("keyed state file", h.file, lambda h=h: keyed(h))
     for oh in metadata.operator_handles:
         check("operator state file", oh.file, lambda oh=oh: operator(oh))
+    for rh in metadata.raw_keyed_handles:
+        check("raw keyed state file", rh.file, lambda rh=rh: raw_keyed(rh))
     for f in metadata.runner_files():
         check("output, input or late output file", f, lambda f=f: storage.file_size(f))
     for problem in problems:
@@ -153,6 +198,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("location", help="checkpoint directory (local path or fsspec URL)")
     p.add_argument("--checkpoint", type=whole_number(0), help="checkpoint id (default: latest complete)")
     p.add_argument("--json", action="store_true", help="print the handles as JSON")
+    p.add_argument("--no-timers", dest="timers", action="store_false",
+                   help="do not count the timers (which reads every key group's chain when the checkpoint holds "
+                        "timers); print what the metadata says only")
     add_storage_options(p)
     plot.add_arguments(p)
     p.set_defaults(run=_inspect)

@@ -22,7 +22,13 @@ from typing import Any
 import pyarrow as pa
 
 from keygroups._ranges import check_parallelism
-from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage, KeyedStateHandle, OperatorStateHandle
+from keygroups.checkpoint import (
+    CheckpointMetadata,
+    CheckpointStorage,
+    KeyedStateHandle,
+    OperatorStateHandle,
+    RawKeyedStateHandle,
+)
 from keygroups.checkpoint.planning import carry_forward, check_restore_max_parallelism
 from keygroups.errors import ConcurrentCommitError, DriverFencedError, KeyGroupsError
 from keygroups.runtime.source import SourceTaskSpec
@@ -219,7 +225,8 @@ def commit_batch(plan: BatchPlan, keyed_reports: Sequence[dict[str, Any]],
                  properties: dict[str, Any] | None = None, watermark: int | None = None) -> CheckpointMetadata:
     """Commit the planned checkpoint from its subtasks' reports: their keyed and operator handles, output and
     staged input files, and figures (``properties["reports"]``, ``["source_reports"]``, beside ``properties``).
-    Refuses (raises, committing nothing) unless each subtask reported exactly once; ConcurrentCommitError when
+    Raw keyed state (``raw_keyed_handle`` in a report) is written whole every checkpoint, so only the new handles
+    are listed. Refuses (raises, committing nothing) unless each subtask reported exactly once; ConcurrentCommitError when
     another writer committed this id, or a newer one, while the batch ran.
 
     Keyed handles are incremental: the checkpoint lists the new ones (a subtask that changed nothing may report
@@ -243,13 +250,17 @@ def commit_batch(plan: BatchPlan, keyed_reports: Sequence[dict[str, Any]],
                                                     if r.get("keyed_handle")], max_parallelism=plan.max_parallelism),
         operator_handles=[OperatorStateHandle.from_json(r["operator_handle"]) for r in sources
                           if r.get("operator_handle")],
+        # raw keyed state is written whole every checkpoint: nothing of the previous one carries forward
+        raw_keyed_handles=[RawKeyedStateHandle.from_json(r["raw_keyed_handle"]) for r in keyed
+                           if r.get("raw_keyed_handle")],
         properties={
             **(properties or {}),
             "watermark": plan.start_watermark if watermark is None else max(plan.start_watermark, watermark),
             "processing_time": plan.processing_time,
             "timers": timer_summary(keyed),
             "records_late": sum(r.get("records_late", 0) for r in keyed),
-            "reports": [{k: v for k, v in r.items() if k != "keyed_handle"} for r in keyed],
+            "reports": [{k: v for k, v in r.items() if k not in ("keyed_handle", "raw_keyed_handle")}
+                        for r in keyed],
             "source_reports": [{k: v for k, v in r.items() if k != "operator_handle"} for r in sources],
         },
         outputs=[r["output_file"] for r in keyed],

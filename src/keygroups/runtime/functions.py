@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, overload
 
+from keygroups.checkpoint.raw_keyed import RawKeyedStateReader, RawKeyedStateWriter
 from keygroups.state import (
     AggregatingState,
     AggregatingStateDescriptor,
@@ -225,3 +226,18 @@ class KeyedProcessFunction:
 
     def close(self) -> None:
         """Called once the subtask's records are processed and its due timers fired, before its snapshot."""
+
+    def snapshot_raw_keyed_state(self, writer: RawKeyedStateWriter) -> None:
+        """Write raw keyed state (Flink's raw state): bytes this function keeps itself, per key group, stored in the
+        checkpoint beside the managed state. Called after :meth:`close`, at every checkpoint (raw state is written
+        whole each time: what is not written again is gone). ``writer.key_groups`` are the subtask's key groups;
+        ``writer.stream(key_group)`` is a binary stream to ``write`` that key group's bytes to, in ascending key
+        group order. The bytes move with their key group when the parallelism changes (never across a change of the
+        max parallelism, which is refused while raw state exists). The default writes none."""
+
+    def restore_raw_keyed_state(self, reader: RawKeyedStateReader) -> None:
+        """Read back the raw keyed state :meth:`snapshot_raw_keyed_state` wrote, for this subtask's key groups, from
+        whichever subtasks wrote them at the old parallelism. Called after :meth:`open` in every batch that restores
+        a checkpoint (or savepoint) holding raw keyed state. ``reader.key_groups`` are the subtask's key groups the
+        restore point holds raw state for; ``reader.stream(key_group)`` is a readable binary stream of that key
+        group's bytes. The default reads nothing."""

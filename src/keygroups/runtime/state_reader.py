@@ -13,6 +13,9 @@ A restore point is a complete checkpoint (the latest, or one by id) or a savepoi
 * :func:`metadata_table`: per key group and state, what is stored (kind, serializers, TTL, keys, entries, bytes,
   the chain's blocks and bytes).
 * :func:`operator_state_table`: one operator state's elements per subtask as stored, with the distribution mode.
+* Timers (:func:`read_timers`, Spark's ``readRegisteredTimers``): one row per registered timer, key, time domain and
+  timestamp, read from the job's hidden timer states (``_timers/event-time``, ``_timers/processing-time``, map
+  states like any other, also readable with :class:`KeyedStateReader`); :func:`timer_counts` per key group.
 
 Values are decoded only through the stored serializers and the state framing (``keygroups.state._codec``); see
 :mod:`keygroups.runtime.state_types` for the column types. Nothing is unpickled.
@@ -46,6 +49,7 @@ from keygroups.errors import CheckpointNotFoundError, CorruptSnapshotError, KeyG
 from keygroups.runtime.state_types import arrow_type, is_typed, reading_serializer
 from keygroups.serializers import SerializerSnapshot, TypeSerializer
 from keygroups.state._codec import ValueFraming
+from keygroups.state.timers import TIMER_STATE_NAMES, TimeDomain
 
 #: Keyed state kinds whose value is one object per key.
 SINGLE_VALUE_KINDS = ("value", "reducing", "aggregating")
@@ -145,6 +149,14 @@ def _key_fields(key: SerializerSnapshot, names: Sequence[str] | None) -> list[pa
         raise ValueError(f"keyColumns names {len(names)} columns ({list(names)}), but the state's keys have "
                          f"{len(types)} part(s) ({key.describe()}): give {len(types)} names")
     return [pa.field(n, t) for n, t in zip(names, types)]
+
+
+def _key_column_names(metadata: CheckpointMetadata, key_columns: Sequence[str] | None) -> Sequence[str] | None:
+    """``key_columns``, else those a savepoint writer recorded in ``metadata``, else None (the default names)."""
+    if key_columns is not None:
+        return key_columns
+    recorded = metadata.properties.get(KEY_COLUMNS_PROPERTY)
+    return recorded if isinstance(recorded, list) and all(isinstance(c, str) for c in recorded) else None
 
 
 def _split_key(key: SerializerSnapshot) -> bool:
@@ -305,12 +317,8 @@ class KeyedStateReader:
         self.ttl = self.meta.get("ttl") is not None
         self.flatten = bool(flatten) and self.kind in ("list", "map")
         self.batch_rows = batch_rows
-        if key_columns is None:
-            recorded = metadata.properties.get(KEY_COLUMNS_PROPERTY)
-            key_columns = recorded if isinstance(recorded, list) and all(isinstance(c, str) for c in recorded) \
-                else None
         self._key_snapshot = _snapshot(self.meta, "key")
-        key_fields = _key_fields(self._key_snapshot, key_columns)
+        key_fields = _key_fields(self._key_snapshot, _key_column_names(metadata, key_columns))
         self._key_parts = len(key_fields) if _split_key(self._key_snapshot) else 0   # 0: one key column
         self.schema = self._schema(key_fields)
 
@@ -493,6 +501,97 @@ def metadata_table(storage: CheckpointStorage, metadata: CheckpointMetadata, key
     return pa.Table.from_pylist(rows, schema=METADATA_SCHEMA)
 
 
+# ---- timers ----------------------------------------------------------------------------------------------------------
+
+
+def _timer_states(metadata: CheckpointMetadata) -> dict[TimeDomain, str]:
+    """The time domains whose hidden timer state the restore point holds -> that state's name."""
+    metas = keyed_state_metas(metadata)
+    return {d: TIMER_STATE_NAMES[d] for d in TimeDomain if TIMER_STATE_NAMES[d] in metas}
+
+
+def timer_schema(metadata: CheckpointMetadata, *, key_columns: Sequence[str] | None = None) -> pa.Schema:
+    """The rows of :func:`read_timers`: the key column(s) (named as :class:`KeyedStateReader` names them), ``key_group``,
+    ``domain`` (``"event-time"`` or ``"processing-time"``) and ``timestamp`` (epoch ms, as registered)."""
+    metas = keyed_state_metas(metadata)
+    names = _timer_states(metadata)
+    meta = metas[next(iter(names.values()))] if names else next(iter(metas.values()), None)
+    if meta is not None:   # every keyed state of a job stores its keys with the job's key serializer
+        key_fields = _key_fields(_snapshot(meta, "key"), _key_column_names(metadata, key_columns))
+    else:   # no keyed state at all: the key's type is unknown
+        key_fields = [pa.field(key_columns[0] if key_columns else "key", pa.binary())]
+    return pa.schema([*key_fields, pa.field("key_group", pa.int32(), nullable=False),
+                      pa.field("domain", pa.string(), nullable=False),
+                      pa.field("timestamp", pa.int64(), nullable=False)])
+
+
+def read_timers(storage: CheckpointStorage, metadata: CheckpointMetadata, key_groups: KeyGroupRange | None = None,
+                *, key_columns: Sequence[str] | None = None) -> pa.Table:
+    """Every timer registered at the restore point (Spark's ``readRegisteredTimers``), of the key groups
+    ``key_groups`` (all by default): one row per (key, time domain, timestamp), ordered by domain, timestamp, key
+    group. Timers are the job's hidden map states ``_timers/event-time`` and ``_timers/processing-time`` (timestamp
+    -> True per key), so this reads them as it reads any keyed state, in one pass over the key groups' chains: a
+    deleted or fired timer is gone from the state and is not listed. The schema is :func:`timer_schema`; with no
+    timer state at all, the table is empty."""
+    schema = timer_schema(metadata, key_columns=key_columns)
+    names = _timer_states(metadata)
+    wanted = KeyGroupRange(0, metadata.max_parallelism - 1) if key_groups is None else key_groups
+    if not names or not wanted:
+        return schema.empty_table()
+    readers = {domain: KeyedStateReader(storage, metadata, name, flatten=True, key_columns=key_columns)
+               for domain, name in names.items()}
+    key_ser = reading_serializer(next(iter(readers.values()))._key_snapshot)
+    parts: list[pa.Table] = []
+    for kg, states in _chains(storage, metadata, wanted):
+        for domain, reader in readers.items():
+            found = states.get(reader.state)
+            if found is None:
+                continue
+            meta, live = found
+            batch = reader._rows(kg, live, key_ser, _framing(meta))   # key..., key_group, map_key, value
+            columns = [*batch.columns[:-2], pa.array([domain.value] * batch.num_rows, pa.string()),
+                       batch.column("map_key")]
+            parts.append(pa.Table.from_arrays(columns, schema=schema))
+    if not parts:
+        return schema.empty_table()
+    return pa.concat_tables(parts).sort_by([("domain", "ascending"), ("timestamp", "ascending"),
+                                            ("key_group", "ascending")])
+
+
+#: The rows of :func:`timer_counts`.
+TIMER_COUNTS_SCHEMA = pa.schema([
+    pa.field("key_group", pa.int32(), nullable=False),
+    pa.field("domain", pa.string(), nullable=False),
+    pa.field("timers", pa.int64(), nullable=False),
+    pa.field("earliest", pa.int64(), nullable=False),
+])
+
+
+def timer_counts(storage: CheckpointStorage, metadata: CheckpointMetadata) -> pa.Table:
+    """Per key group and time domain that holds timers at the restore point: how many (``timers``) and the earliest
+    timestamp (``earliest``, epoch ms). One pass over every key group's chain (what a restore of everything reads);
+    only the timer states' values are decoded, never a key, so a job's opaque keys do not matter. Empty without
+    timers (and then nothing is read)."""
+    names = _timer_states(metadata)
+    if not names:
+        return TIMER_COUNTS_SCHEMA.empty_table()
+    rows: list[dict[str, Any]] = []
+    for kg, states in _chains(storage, metadata, KeyGroupRange(0, metadata.max_parallelism - 1)):
+        for domain, name in names.items():
+            found = states.get(name)
+            if found is None:
+                continue
+            meta, live = found
+            framing = _framing(meta)
+            o = live.value_offsets.tolist()
+            mv = memoryview(live.values)
+            stamps = [ts for i in range(len(o) - 1) for ts in framing.decode(mv[o[i]:o[i + 1]])]
+            if stamps:
+                rows.append({"key_group": kg, "domain": domain.value, "timers": len(stamps),
+                             "earliest": min(stamps)})
+    return pa.Table.from_pylist(rows, schema=TIMER_COUNTS_SCHEMA)
+
+
 # ---- operator state ------------------------------------------------------------------------------------------------
 
 
@@ -556,4 +655,4 @@ def operator_state_table(storage: CheckpointStorage, metadata: CheckpointMetadat
 __all__ = ["KeyedStateReader", "load_restore_point", "key_group_partitions", "DEFAULT_PARTITION_BYTES",
            "keyed_state_metas", "operator_state_names", "metadata_table", "operator_state_schema",
            "operator_state_table", "StateNotFoundError", "METADATA_SCHEMA", "KEY_COLUMNS_PROPERTY", "TTL_TYPE",
-           "SINGLE_VALUE_KINDS"]
+           "SINGLE_VALUE_KINDS", "read_timers", "timer_schema", "timer_counts", "TIMER_COUNTS_SCHEMA"]

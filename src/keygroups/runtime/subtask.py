@@ -34,6 +34,7 @@ import pyarrow.parquet as pq
 from keygroups._hashing import KeyType, assign_key_groups, assign_key_groups_for_tuples, key_type_for_arrow
 from keygroups._ranges import KeyGroupRange, key_group_range
 from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage
+from keygroups.checkpoint.raw_keyed import RawKeyedStateReader, write_raw_keyed_snapshot
 from keygroups.errors import KeyGroupOutOfRangeError
 from keygroups.runtime.functions import KeyedProcessFunction, ProcessContext, RuntimeContext, TimerService
 from keygroups.runtime.watermarks import check_late_records
@@ -334,7 +335,7 @@ def run_keyed_subtask(spec: KeyedTaskSpec, subtask_index: int, batches: Iterable
         key = heap_backend_key(spec, own_range)
         backend, restored = _heap_backend(spec, subtask_index, own_range, storage, metadata, registry.take(key))
         report = _run_on_backend(spec, subtask_index, batches, backend, own_range, storage, restored,
-                                 time.perf_counter() - start, timers)
+                                 time.perf_counter() - start, timers, metadata)
         backend.compact()  # what a full rewrite made obsolete goes before the backend waits for its next batch
         registry.keep(key, backend, spec.warm_heap_backends)  # only after a batch that went through
         return report
@@ -348,7 +349,7 @@ def run_keyed_subtask(spec: KeyedTaskSpec, subtask_index: int, batches: Iterable
             stats = backend.restore(storage, metadata)
             restored = _restored("warm" if backend.warm else "cold", stats.bytes_read, stats.key_groups, backend.warm)
         return _run_on_backend(spec, subtask_index, batches, backend, own_range, storage, restored,
-                               time.perf_counter() - start, timers)
+                               time.perf_counter() - start, timers, metadata)
 
 
 class _TimerQueuesOfTask:
@@ -429,7 +430,8 @@ def event_time_millis(column: pa.ChunkedArray, name: str) -> np.ndarray:
 
 def _run_on_backend(spec: KeyedTaskSpec, subtask_index: int, batches: Iterable[pa.RecordBatch], backend: Any,
                     own_range: Any, storage: CheckpointStorage, restored: dict[str, Any],
-                    restore_seconds: float, timers: _TimerQueuesOfTask) -> dict[str, Any]:
+                    restore_seconds: float, timers: _TimerQueuesOfTask,
+                    metadata: CheckpointMetadata | None = None) -> dict[str, Any]:
     timings: dict[str, float] = {"restore": restore_seconds}
 
     t = time.perf_counter()
@@ -481,6 +483,9 @@ def _run_on_backend(spec: KeyedTaskSpec, subtask_index: int, batches: Iterable[p
     function.open(RuntimeContext(backend, job_name=spec.job_name, subtask_index=subtask_index,
                                  parallelism=spec.parallelism, max_parallelism=spec.max_parallelism,
                                  checkpoint_id=spec.checkpoint_id))
+    if metadata is not None and metadata.raw_keyed_handles:   # a fresh function object every batch: always read
+        function.restore_raw_keyed_state(RawKeyedStateReader(storage, metadata, own_range,
+                                                             max_parallelism=spec.max_parallelism))
     timer_service = TimerService(timers.get, watermark=spec.start_watermark, processing_time=spec.processing_time)
     context = ProcessContext(checkpoint_id=spec.checkpoint_id, subtask_index=subtask_index,
                              timer_service=timer_service)
@@ -537,6 +542,11 @@ def _run_on_backend(spec: KeyedTaskSpec, subtask_index: int, batches: Iterable[p
         with storage.open_write(late_file) as f:
             pq.write_table(late, f)
     timer_report = timers.report()  # before the snapshot: it reads state
+    raw_handle = None
+    if type(function).snapshot_raw_keyed_state is not KeyedProcessFunction.snapshot_raw_keyed_state:
+        raw_handle = write_raw_keyed_snapshot(
+            storage, storage.new_file(spec.checkpoint_id, f"raw-keyed-{subtask_index}"), subtask=subtask_index,
+            key_groups=own_range, write=function.snapshot_raw_keyed_state)
     handle = backend.snapshot(spec.checkpoint_id, storage).result()
     timings["snapshot"] = time.perf_counter() - t
     timers.keep(spec.checkpoint_id, handle)
@@ -545,6 +555,7 @@ def _run_on_backend(spec: KeyedTaskSpec, subtask_index: int, batches: Iterable[p
         "subtask": subtask_index,
         "key_group_range": [own_range.start, own_range.end],
         "keyed_handle": handle.to_json() if handle is not None else None,
+        "raw_keyed_handle": raw_handle.to_json() if raw_handle is not None else None,
         "output_file": output_file,
         "late_file": late_file,
         "records_in": records_in,

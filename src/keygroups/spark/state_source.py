@@ -9,7 +9,9 @@ savepoint in that location). Options (names are case-insensitive):
 
 * ``state``: the state to read (required for the keyed and operator views; the error lists the states there are);
 * ``view``: ``keyed`` (default: one row per key, see ``KeyedStateReader``), ``metadata`` (per key group and state:
-  kind, serializers, TTL, keys, entries, bytes, chain) or ``operator`` (one operator state, per subtask and mode);
+  kind, serializers, TTL, keys, entries, bytes, chain), ``operator`` (one operator state, per subtask and mode) or
+  ``timers`` (every registered timer: key, key group, time domain, timestamp; Spark's ``readRegisteredTimers``,
+  see ``state_reader.read_timers``; no ``state`` option);
 * ``flattenCollections``: ``true`` for one row per list element / map entry (Spark's ``flattenCollectionTypes``);
 * ``keyColumns``: comma-separated names of the key column(s);
 * ``partitions`` or ``partitionBytes``: how the key groups are cut into Spark partitions (default: runs of
@@ -53,6 +55,8 @@ from keygroups.runtime.state_reader import (
     operator_state_names,
     operator_state_schema,
     operator_state_table,
+    read_timers,
+    timer_schema,
 )
 from keygroups.runtime.state_writer import (
     StateColumn,
@@ -63,7 +67,7 @@ from keygroups.runtime.state_writer import (
 from keygroups.spark.partitioner import partition_by_key_group
 
 SOURCE_NAME = "keygroups"
-VIEWS = ("keyed", "metadata", "operator")
+VIEWS = ("keyed", "metadata", "operator", "timers")
 #: The options the reader knows, lower case (Spark passes option names case-insensitively).
 OPTIONS = ("path", "state", "checkpointid", "savepoint", "view", "flattencollections", "keycolumns", "partitions",
            "partitionbytes", "storageoptions")
@@ -125,7 +129,7 @@ class _Request:
         self.storage = CheckpointStorage(path, storage_options=storage_options)
         self.metadata: CheckpointMetadata = load_restore_point(self.storage, checkpoint_id=checkpoint_id,
                                                                savepoint=options.get("savepoint"))
-        if self.view != "metadata" and self.state is None:
+        if self.view in ("keyed", "operator") and self.state is None:
             raise StateNotFoundError(
                 f"option 'state' names the state to read (view {self.view!r}); keyed states here: "
                 f"{sorted(keyed_state_metas(self.metadata)) or 'none'}, operator states: "
@@ -140,6 +144,8 @@ class _Request:
             return self.keyed.schema
         if self.view == "metadata":
             return METADATA_SCHEMA
+        if self.view == "timers":
+            return timer_schema(self.metadata, key_columns=self.key_columns)
         return operator_state_schema(self.metadata, self.state)   # type: ignore[arg-type]
 
     def key_group_partitions(self) -> list[KeyGroupRange]:
@@ -189,6 +195,9 @@ class _StateReader(DataSourceReader):
         groups = KeyGroupRange(partition.start, partition.end)
         if request.keyed is not None:
             yield from request.keyed.read(groups)
+        elif request.view == "timers":
+            yield from read_timers(request.storage, request.metadata, groups,
+                                   key_columns=request.key_columns).to_batches()
         elif groups:
             yield from metadata_table(request.storage, request.metadata, groups).to_batches()
 
