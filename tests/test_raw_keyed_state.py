@@ -5,10 +5,12 @@ files, and whole batches through the driver and subtasks (no Spark) across resca
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 import pickle
 import random
+import struct
 from collections import Counter
 
 import pyarrow as pa
@@ -30,7 +32,7 @@ from keygroups.checkpoint import (
     plan_raw_keyed_restore,
     write_raw_keyed_snapshot,
 )
-from keygroups.checkpoint.metadata import decode_metadata, encode_metadata
+from keygroups.checkpoint.metadata import METADATA_MAGIC, decode_metadata, encode_metadata
 from keygroups.checkpoint.raw_keyed import BLOCK_OVERHEAD, HEADER_SIZE, parse_raw_blocks
 from keygroups.errors import CorruptSnapshotError, StateMigrationError
 from keygroups.runtime import begin_batch, commit_batch
@@ -373,3 +375,16 @@ def test_checkpoint_figures_count_the_raw_files_as_written(tmp_path):
     state_files = {h.file: h.size for h in [*md.keyed_handles, *md.raw_keyed_handles]}
     assert figures.written_bytes == sum(state_files.values())
     assert sum(h.size for h in md.raw_keyed_handles) > 0
+
+
+def test_a_checkpoint_with_raw_state_or_late_output_is_version_4_and_others_stay_3():
+    def version(md):
+        data = encode_metadata(md, "chk-1")
+        assert data[:4] == METADATA_MAGIC
+        assert decode_metadata(data, "chk-1", "test") == md
+        return struct.unpack_from("<I", data, 4)[0]
+
+    plain = CheckpointMetadata(checkpoint_id=1, job_id="j", timestamp_ms=0, max_parallelism=8, parallelism=1)
+    assert version(plain) == 3   # what every older keygroups reads
+    assert version(dataclasses.replace(plain, late_outputs=["chk-1/late-0-x.parquet"])) == 4
+    assert version(dataclasses.replace(plain, max_parallelism=4, raw_keyed_handles=[handle()])) == 4

@@ -15,12 +15,14 @@ checkpoints reference older ones) are stored as ``shared/<name>``; every other f
 holding that ``_metadata`` (the checkpoint or savepoint directory). A savepoint references no shared file, so its
 directory is self-contained and can be moved.
 
-Versions: 3 (written) stores keyed files of ``shared/`` and gives each keyed handle its ``checkpoint_id``,
+Versions: 4 (written when a checkpoint has raw keyed state or late outputs, else 3) adds ``raw_keyed_handles`` and
+``late_outputs``. 3 (written) stores keyed files of ``shared/`` and gives each keyed handle its ``checkpoint_id``,
 ``full_key_groups`` and keyed ``format_version``. Version 2 (still read) has the ``outputs`` and ``inputs`` fields;
 its keyed handles are read as full files of keyed format 1 written by that checkpoint. Version 1 (still read) also
 kept the runner's files in ``properties["outputs"]``/``["inputs"]`` as storage-relative paths; reading moves those
 inside the directory into the fields. Each version changed so that an older keygroups refuses the file instead of
-misreading it (version 2: treating output files as orphans; version 3: restoring a delta as the whole state).
+misreading it (version 2: treating output files as orphans; version 3: restoring a delta as the whole state;
+version 4: restoring without raw keyed state, deleting late outputs as orphans).
 """
 
 from __future__ import annotations
@@ -40,9 +42,10 @@ from keygroups._ranges import KeyGroupRange, check_max_parallelism
 from keygroups.errors import CorruptSnapshotError
 
 METADATA_MAGIC = b"\x89KGM"
-METADATA_VERSION = 3
+METADATA_VERSION = 4
 _LEGACY_VERSION = 1   # outputs and inputs in properties
 _UNSHARED_VERSION = 2   # keyed handles without checkpoint_id, full_key_groups, format_version (format 1 files)
+_SHARED_VERSION = 3   # written when there is neither raw keyed state nor late output: older readers read it
 #: The directory (under the storage location) of keyed state files, which outlive the checkpoint that wrote them.
 SHARED_DIR = "shared"
 _PREFIX = struct.Struct("<4sII")
@@ -575,7 +578,7 @@ def _keyed_path(relpath: str, base: str) -> str:
 def _keyed_file(stored: Any, base: str, version: int) -> str:
     """The storage-relative path of a keyed file as ``_metadata`` of ``version`` in ``base`` stores it."""
     rel = check_relpath(stored, "a keyed state file")
-    if version >= METADATA_VERSION and is_shared_path(rel):
+    if version >= _SHARED_VERSION and is_shared_path(rel):
         return rel
     return f"{base}/{rel}"
 
@@ -613,7 +616,10 @@ def encode_metadata(metadata: CheckpointMetadata, base: str) -> bytes:
     except (TypeError, ValueError) as e:
         raise TypeError(f"checkpoint {metadata.checkpoint_id}'s metadata is not plain JSON: {e}") from e
     raw = text.encode("utf-8")
-    head = _PREFIX.pack(METADATA_MAGIC, METADATA_VERSION, len(raw)) + raw
+    # Version 4 only where a version-3 reader would lose something: it ignores raw keyed state and late outputs
+    # (restoring without the one, deleting both as orphans), so it must refuse such a checkpoint instead.
+    version = METADATA_VERSION if metadata.raw_keyed_handles or metadata.late_outputs else _SHARED_VERSION
+    head = _PREFIX.pack(METADATA_MAGIC, version, len(raw)) + raw
     return head + struct.pack("<I", crc32c(head))
 
 
@@ -625,7 +631,7 @@ def decode_metadata(data: bytes, base: str, where: str) -> CheckpointMetadata:
     magic, version, length = _PREFIX.unpack_from(data)
     if magic != METADATA_MAGIC:
         raise CorruptSnapshotError(f"{where} starts with {magic!r}, not the _metadata magic {METADATA_MAGIC!r}")
-    if version not in (_LEGACY_VERSION, _UNSHARED_VERSION, METADATA_VERSION):
+    if version not in (_LEGACY_VERSION, _UNSHARED_VERSION, _SHARED_VERSION, METADATA_VERSION):
         raise CorruptSnapshotError(f"{where} has format version {version}; this keygroups reads versions "
                                    f"{_LEGACY_VERSION} to {METADATA_VERSION} (written by a newer keygroups, or "
                                    f"corrupt)")
@@ -640,7 +646,7 @@ def decode_metadata(data: bytes, base: str, where: str) -> CheckpointMetadata:
         keyed = []
         for h in body["keyed_handles"]:
             h = dict(h, file=_keyed_file(h["file"], base, version))
-            if version < METADATA_VERSION:   # every file of format 1, full, written by this checkpoint
+            if version < _SHARED_VERSION:   # every file of format 1, full, written by this checkpoint
                 start, end = h["key_group_range"]
                 h.setdefault("checkpoint_id", body["checkpoint_id"])
                 h.setdefault("format_version", 1)
