@@ -87,7 +87,8 @@ def is_connect(session) -> bool:
 
 def partition_count(df) -> int:
     """How many partitions ``df`` has, on either session type. Connect has no ``df.rdd``: there, one task per
-    partition (empty ones too) returns one row, and the rows are counted."""
+    partition (empty ones too) returns one row, and the rows are counted. Not for a query that may be empty as a
+    whole: Spark then runs no tasks at all (it drops the partitions of a shuffle it finds empty at run time)."""
     if not is_connect(df.sparkSession):
         return df.rdd.getNumPartitions()
     def one_row_per_partition(batches):   # nested: cloudpickle ships it by value (workers cannot import conftest)
