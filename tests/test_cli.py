@@ -78,3 +78,18 @@ def test_verify_reports_any_difference_from_the_reference(demo_dir, tmp_path):
     tampered[user] = dataclasses.replace(expected_state[user], last_seen=-1)
     problems = demo.verify(storage, 16, tampered, expected_orders, expected_orders[1:])
     assert any(user in p for p in problems) and any("orders differ" in p for p in problems)
+
+
+def test_demo_over_spark_connect_matches_the_reference(tmp_path):
+    """The demo with --connect: the job runs through a Spark Connect client (no py4j gateway, no SparkContext)
+    served by the demo's own local JVM, rescaled 2 -> 1 -> 3, and its state and orders equal the reference."""
+    result = keygroups("demo", "--connect", "--events", "3000", "--users", "300", "--partitions", "3", "--phases",
+                       "2,1,3", "--batches-per-phase", "1", "--max-parallelism", "16", "--dir", str(tmp_path))
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    assert "over Spark Connect" in out
+    assert "phase 1 p=2" in out and "phase 2 p=1" in out and "phase 3 p=3" in out
+    assert "OK: all" in out and "orders equal the reference" in out
+    assert result.stderr == ""
+    latest = CheckpointStorage(str(tmp_path / "checkpoints")).latest()
+    assert (latest.parallelism, latest.max_parallelism) == (3, 16)
