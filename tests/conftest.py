@@ -8,6 +8,7 @@ import os
 import pathlib
 import sys
 
+import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, settings
 
@@ -73,5 +74,26 @@ def connect(connect_server):
 
 @pytest.fixture(params=["classic", "connect"])
 def any_spark(request):
-    """The test runs twice: on the classic session and over Spark Connect."""
+    """The test runs twice: on the classic session and over Spark Connect. To run only some cases on both, choose
+    the session per case: ``@pytest.mark.parametrize(("any_spark", ...), [("connect", ...), ...],
+    indirect=["any_spark"])``."""
     return request.getfixturevalue("spark" if request.param == "classic" else "connect")
+
+
+def is_connect(session) -> bool:
+    """Whether ``session`` is a Spark Connect session (no py4j gateway, no SparkContext, no RDDs)."""
+    return getattr(session, "_jvm", None) is None
+
+
+def partition_count(df) -> int:
+    """How many partitions ``df`` has, on either session type. Connect has no ``df.rdd``: there, one task per
+    partition (empty ones too) returns one row, and the rows are counted. Not for a query that may be empty as a
+    whole: Spark then runs no tasks at all (it drops the partitions of a shuffle it finds empty at run time)."""
+    if not is_connect(df.sparkSession):
+        return df.rdd.getNumPartitions()
+    def one_row_per_partition(batches):   # nested: cloudpickle ships it by value (workers cannot import conftest)
+        for _ in batches:
+            pass
+        yield pa.RecordBatch.from_pylist([{"n": 1}], schema=pa.schema([("n", pa.int32())]))
+
+    return df.mapInArrow(one_row_per_partition, "n int").count()

@@ -131,3 +131,18 @@ def test_inspect_shows_and_verify_reads_raw_keyed_state(tmp_path, capsys):
     assert main(["verify", str(tmp_path)]) == 1
     err = capsys.readouterr().err
     assert f"CORRUPT raw keyed state file {victim.file}" in err and "checksum" in err
+
+
+def test_demo_over_spark_connect_matches_the_reference(tmp_path):
+    """The demo with --connect: the job runs through a Spark Connect client (no py4j gateway, no SparkContext)
+    served by the demo's own local JVM, rescaled 2 -> 1 -> 3, and its state and orders equal the reference."""
+    result = keygroups("demo", "--connect", "--events", "3000", "--users", "300", "--partitions", "3", "--phases",
+                       "2,1,3", "--batches-per-phase", "1", "--max-parallelism", "16", "--dir", str(tmp_path))
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    assert "over Spark Connect" in out
+    assert "phase 1 p=2" in out and "phase 2 p=1" in out and "phase 3 p=3" in out
+    assert "OK: all" in out and "orders equal the reference" in out
+    assert result.stderr == ""
+    latest = CheckpointStorage(str(tmp_path / "checkpoints")).latest()
+    assert (latest.parallelism, latest.max_parallelism) == (3, 16)

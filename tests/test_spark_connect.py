@@ -1,11 +1,13 @@
 """Every public Spark entry point over Spark Connect, on a local Connect server the tests start themselves (fixture
 ``connect`` in conftest: served by the classic session's JVM; the client has no py4j gateway and no SparkContext).
 
-Flink's golden key groups through ``with_key_groups``, exact placement by ``partition_by_key_group``, a KeyedJob
-rescaled 3 -> 1 -> 4 against the reference, replays checked by their input digest, a ``foreachBatch`` streaming
-query, and the refusals (the ``"jvm"`` engine, ``key_by`` on a DataFrame) naming what to use instead. The tests
-that take ``any_spark`` run on the classic session too, the same assertions on both; the classic suites
-(test_spark_keyby_*.py, test_spark_job.py) cover the rest of the classic side."""
+Flink's golden key groups through ``with_key_groups``, exact placement by ``partition_by_key_group``, replays checked
+by their input digest, a ``foreachBatch`` streaming query, and the refusals (the ``"jvm"`` engine, ``key_by`` on a
+DataFrame) naming what to use instead. The tests that take ``any_spark`` run on the classic session too, the same
+assertions on both. The classic suites run their key tests over both sessions as well (``any_spark`` there): the
+job runner's entry points with rescales and savepoints (test_spark_job.py), the state data source and
+``write_savepoint`` (test_spark_state_source.py), the partitioner's and ``with_key_groups``' DataFrame paths
+(test_spark_keyby_*.py), and ``keygroups demo --connect`` (test_cli.py)."""
 
 from __future__ import annotations
 
@@ -18,7 +20,6 @@ from pyspark import cloudpickle  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
 
 from keygroups.checkpoint import CheckpointStorage  # noqa: E402
-from keygroups.cli import shop  # noqa: E402
 from keygroups.errors import ReplayMismatchError  # noqa: E402
 from keygroups.spark import (  # noqa: E402
     KeyedJob,
@@ -28,14 +29,13 @@ from keygroups.spark import (  # noqa: E402
     with_key_groups,
 )
 from keygroups.spark.columns import choose_engine, resolve_key_columns  # noqa: E402
-from shop_runtime import final_states  # noqa: E402
 from spark_functions import TOTALS, RunningTotal  # noqa: E402
-from test_spark_job import MAX_PARALLELISM, carts, run_shop  # noqa: E402,F401  (carts: fixture)
+from test_spark_job import MAX_PARALLELISM, write_sink  # noqa: E402
 from test_spark_keyby_columns import GOLDEN, _field_types, check_golden_key_groups  # noqa: E402
 from test_spark_keyby_placement import _check_placement  # noqa: E402
 
 pytestmark = pytest.mark.spark
-# The sink below runs in the Connect server's foreachBatch worker, which cannot import this file: ship it by value.
+# Spark's workers (and the Connect server's) cannot import this file: functions of it that they run go by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
@@ -90,15 +90,6 @@ def test_key_by_refuses_a_dataframe_naming_partition_by_key_group(any_spark):
 # ---- the job runner ------------------------------------------------------------------------------------------------
 
 
-def test_source_job_rescaled_3_1_4_over_connect_equals_reference(connect, tmp_path, carts):  # noqa: F811
-    (expected_state, expected_orders), log_dir = carts
-    location = str(tmp_path / "chk")
-    orders = run_shop(connect, location, log_dir, shop.CartFunction(), [(3, 400), (1, 700), (4, None)])
-    assert sorted(orders) == sorted(expected_orders)
-    assert final_states(location, MAX_PARALLELISM) == expected_state
-    assert CheckpointStorage(location).latest().parallelism == 4
-
-
 def test_replays_idle_subtasks_and_the_storage_reader_on_both_sessions(any_spark, tmp_path):
     job = KeyedJob("totals", "k", RunningTotal(), output_schema=TOTALS, max_parallelism=MAX_PARALLELISM,
                    checkpoint_location=str(tmp_path / "chk"))
@@ -124,16 +115,6 @@ def test_replays_idle_subtasks_and_the_storage_reader_on_both_sessions(any_spark
     assert sorted(map(tuple, by_storage.collect())) == sorted(map(tuple, by_spark.collect())) == expected
 
 
-def _write_sink(location: str):
-    """A foreachBatch sink that keeps each batch's committed output in Parquet under ``location``: over Connect the
-    function runs in the server's Python worker, so it cannot hand anything back in memory."""
-
-    def sink(output, batch_id):
-        output.withColumn("batch_id", F.lit(batch_id)).write.mode("append").parquet(location)
-
-    return sink
-
-
 def test_foreach_batch_streaming_query_on_both_sessions(any_spark, tmp_path):
     source = tmp_path / "in"
     for i, rows in enumerate([[(1, 1), (2, 2)], [(1, 10), (3, 3)]]):
@@ -143,7 +124,7 @@ def test_foreach_batch_streaming_query_on_both_sessions(any_spark, tmp_path):
     sunk = str(tmp_path / "sunk")
     query = (any_spark.readStream.schema("k long, v long").option("maxFilesPerTrigger", 1)
              .parquet(str(source / "part-*"))
-             .writeStream.foreachBatch(job.foreach_batch(_write_sink(sunk), parallelism=3))
+             .writeStream.foreachBatch(job.foreach_batch(write_sink(sunk), parallelism=3))
              .option("checkpointLocation", str(tmp_path / "spark-chk")).trigger(availableNow=True).start())
     query.awaitTermination(180)
     assert query.exception() is None

@@ -1,5 +1,10 @@
 """The stateful job runner on a real local Spark session: rescaling between batches, Spark task retries, a driver
-that dies before committing, idempotent replays, and the Structured Streaming foreachBatch adapter."""
+that dies before committing, idempotent replays, and the Structured Streaming foreachBatch adapter.
+
+The tests that take ``any_spark`` run over Spark Connect too (each entry point with a rescale: ``run_batch``,
+``run_source_batch``, ``foreach_batch`` by policy, a savepoint restart, and timestamps, which Connect converts
+itself); the rest drive the same code from the same driver on both session types (test_spark_connect.py runs
+replays, idle subtasks and both file readers over Connect)."""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ import sys
 
 import pytest
 from pyspark import cloudpickle
+from pyspark.sql import functions as F
 
 from keygroups.checkpoint import CheckpointStorage
 from keygroups.cli import shop
@@ -52,11 +58,11 @@ def totals(job, batches, spark, parallelisms, **kwargs):
     return out
 
 
-def test_running_totals_across_rescales(spark, tmp_path):
+def test_running_totals_across_rescales(any_spark, tmp_path):
     job = KeyedJob("totals", "k", RunningTotal(), output_schema=TOTALS, max_parallelism=MAX_PARALLELISM,
                    checkpoint_location=str(tmp_path / "chk"))
     batches = [[(k, 1) for k in range(20)], [(k, 10) for k in range(0, 20, 2)], [(k, 100) for k in range(20)]]
-    out = totals(job, batches, spark, [3, 1, 7])
+    out = totals(job, batches, any_spark, [3, 1, 7])
     assert out[0] == [(k, 1, 1) for k in range(20)]
     assert out[1] == [(k, 11, 2) for k in range(0, 20, 2)]
     assert out[2] == [(k, 111 if k % 2 == 0 else 101, 3) for k in range(20)]
@@ -98,10 +104,10 @@ def carts(tmp_path_factory):
     return shop.reference(partitions), str(root / "log")
 
 
-def test_source_job_resumed_4_2_8_1_equals_reference(spark, tmp_path, carts):
+def test_source_job_resumed_4_2_8_1_equals_reference(any_spark, tmp_path, carts):
     (expected_state, expected_orders), log_dir = carts
     location = str(tmp_path / "chk")
-    orders = run_shop(spark, location, log_dir, shop.CartFunction(), [(4, 300), (2, 500), (8, 100), (1, None)])
+    orders = run_shop(any_spark, location, log_dir, shop.CartFunction(), [(4, 300), (2, 500), (8, 100), (1, None)])
     assert sorted(orders) == sorted(expected_orders)
     assert final_states(location, MAX_PARALLELISM) == expected_state
     # the offsets went around: each batch read from where the previous one stopped, across all rescales
@@ -187,13 +193,13 @@ class EchoTimes(KeyedProcessFunction):
         return [(context.current_key, record["ts"], record["day"])]
 
 
-def test_timestamp_and_date_columns_pass_through_a_job(spark, tmp_path):
+def test_timestamp_and_date_columns_pass_through_a_job(any_spark, tmp_path):
     import datetime as dt
 
     rows = [(1, dt.datetime(2026, 3, 29, 1, 30, 5, 123456), dt.date(2026, 3, 29)),
             (2, dt.datetime(1969, 12, 31, 23, 59, 59), dt.date(1900, 1, 1)),
             (3, None, None)]
-    df = spark.createDataFrame(rows, "k long, ts timestamp, day date")
+    df = any_spark.createDataFrame(rows, "k long, ts timestamp, day date")
     job = KeyedJob("times", "k", EchoTimes(), output_schema="k long, ts timestamp, day date", max_parallelism=8,
                    checkpoint_location=str(tmp_path / "chk"))
     got = sorted(tuple(r) for r in job.run_batch(df, parallelism=2).output.collect())
@@ -237,7 +243,8 @@ def test_a_second_driver_of_a_job_fences_the_first(spark, tmp_path):
 
 def _rescaling_stream(spark, tmp_path, parallelism):
     """One streaming query over three files, one micro-batch each (400, 200 and 800 records over 50 keys), through
-    ``foreach_batch`` with ``parallelism``; returns what the sink got per batch and each checkpoint's parallelism."""
+    ``foreach_batch`` with ``parallelism``; returns what the sink got per batch and each checkpoint's parallelism.
+    The sink writes to Parquet: over Connect it runs in the server's Python worker, not in this process."""
     source = tmp_path / "in"
     sizes = [400, 200, 800]
     expected: dict[int, list] = {}
@@ -250,15 +257,30 @@ def _rescaling_stream(spark, tmp_path, parallelism):
         expected[i] = sorted({k: (k, totals[k], i) for k, _ in rows}.values())
     job = KeyedJob("rescaling-stream", "k", LastTotal(), output_schema=TOTALS, max_parallelism=MAX_PARALLELISM,
                    checkpoint_location=str(tmp_path / "chk"))
-    received: dict[int, list] = {}
-    run = job.foreach_batch(lambda out, bid: received.setdefault(bid, sorted(map(tuple, out.collect()))),
-                            parallelism=parallelism)
+    sunk = str(tmp_path / "sunk")
+    run = job.foreach_batch(write_sink(sunk), parallelism=parallelism)
     query = (spark.readStream.schema("k long, v long").option("maxFilesPerTrigger", 1)
              .parquet(str(source / "part-*")).writeStream.foreachBatch(run)
              .option("checkpointLocation", str(tmp_path / "spark-chk")).trigger(availableNow=True).start())
     query.awaitTermination(300)
+    assert query.exception() is None
+    received: dict[int, list] = {}
+    for row in spark.read.parquet(sunk).collect():
+        received.setdefault(row["batch_id"], []).append(tuple(row)[:-1])
+    received = {bid: sorted(rows) for bid, rows in received.items()}
     storage = CheckpointStorage(str(tmp_path / "chk"))
     return received, expected, [storage.load(c).parallelism for c in storage.checkpoint_ids()]
+
+
+def write_sink(location: str):
+    """A foreachBatch sink that appends each batch's committed output, with its batch id, to Parquet under
+    ``location``: over Connect the function runs in the server's Python worker, so it cannot hand anything back in
+    memory."""
+
+    def sink(output, batch_id):
+        output.withColumn("batch_id", F.lit(batch_id)).write.mode("append").parquet(location)
+
+    return sink
 
 
 class LastTotal(KeyedProcessFunction):
@@ -273,8 +295,8 @@ class LastTotal(KeyedProcessFunction):
         return [(key, total, context.checkpoint_id)]
 
 
-def test_a_streaming_query_rescales_between_micro_batches_by_policy(spark, tmp_path):
-    received, expected, parallelisms = _rescaling_stream(spark, tmp_path, RecordsPerSubtask(100, max_parallelism=8))
+def test_a_streaming_query_rescales_between_micro_batches_by_policy(any_spark, tmp_path):
+    received, expected, parallelisms = _rescaling_stream(any_spark, tmp_path, RecordsPerSubtask(100, max_parallelism=8))
     assert parallelisms == [4, 2, 8]
     assert received == expected
 
@@ -292,7 +314,8 @@ def test_a_streaming_query_rescales_between_micro_batches_by_a_callable(spark, t
     assert seen == [(400, []), (200, [(4, 400)]), (800, [(4, 400), (2, 200)])]
 
 
-def test_a_job_starts_from_a_savepoint_taken_between_batches(spark, tmp_path):
+def test_a_job_starts_from_a_savepoint_taken_between_batches(any_spark, tmp_path):
+    spark = any_spark
     location = str(tmp_path / "chk")
     job = KeyedJob("totals", "k", RunningTotal(), output_schema=TOTALS, max_parallelism=MAX_PARALLELISM,
                    checkpoint_location=location)

@@ -1,7 +1,9 @@
 """with_key_groups: Flink-exact key-group and operator-index columns on a real local Spark session.
 
 Every supported Spark type, composite keys, both engines, against the golden vectors from Flink and against the
-compiled core (``keygroups.assign_key_groups``); nulls, empty DataFrames and unsupported column types."""
+compiled core (``keygroups.assign_key_groups``); nulls, empty DataFrames and unsupported column types. The tests
+that take ``any_spark`` run over Spark Connect too, with the engines it has (``ENGINES_BY_SESSION``): Column
+arguments, output types, nulls, empty input and the refusals (test_spark_connect.py runs the golden vectors there)."""
 
 from __future__ import annotations
 
@@ -40,6 +42,9 @@ SPARK_TYPES = {
     "bytes": T.BinaryType(),
 }
 ENGINES = ["jvm", "sql", "arrow"]
+#: (session, engine) cases: every engine on the classic session, the portable ones over Spark Connect ("jvm" needs
+#: the py4j gateway; test_spark_connect.py checks its refusal there).
+ENGINES_BY_SESSION = [("classic", e) for e in ENGINES] + [("connect", "sql"), ("connect", "arrow")]
 GOLDEN_MAX_PARALLELISMS = [1, 7, 129, 1000, 32768]  # 1, small prime, 2^7+1, 10^3, 2^15
 
 
@@ -253,15 +258,15 @@ def test_composite_key_property(spark, keys, max_parallelism, engine):
         assert row["operator_index"] == kg.assign_to_operator(key, max_parallelism, p, ("string", "long", "boolean"))
 
 
-def test_key_columns_as_column_expressions(spark):
-    df = spark.range(50).withColumn("s", F.concat(F.lit("k"), F.col("id").cast("string")))
+def test_key_columns_as_column_expressions(any_spark):
+    df = any_spark.range(50).withColumn("s", F.concat(F.lit("k"), F.col("id").cast("string")))
     out = with_key_groups(df, F.col("s"), F.col("id") * 2, max_parallelism=128).orderBy("id").collect()
     expected = kg.assign_key_groups([(r["s"], r["id"] * 2) for r in out], 128, ("string", "long"))
     assert [r["key_group"] for r in out] == expected.tolist()
 
 
-def test_output_columns_and_types(spark):
-    df = spark.range(10)
+def test_output_columns_and_types(any_spark):
+    df = any_spark.range(10)
     out = with_key_groups(df, "id", max_parallelism=128, parallelism=4, key_group_col="g", operator_col="op")
     assert out.columns == ["id", "g", "op"]
     assert out.schema["g"].dataType == T.IntegerType()
@@ -269,9 +274,9 @@ def test_output_columns_and_types(spark):
     assert with_key_groups(df, "id", max_parallelism=128).columns == ["id", "key_group"]
 
 
-@pytest.mark.parametrize("engine", ENGINES)
-def test_null_key_fails_naming_the_column(spark, engine):
-    df = _frame(spark, ["long", "string"], [[1, "a"], [2, None], [3, "c"]], nullable=True)
+@pytest.mark.parametrize(("any_spark", "engine"), ENGINES_BY_SESSION, indirect=["any_spark"])
+def test_null_key_fails_naming_the_column(any_spark, engine):
+    df = _frame(any_spark, ["long", "string"], [[1, "a"], [2, None], [3, "c"]], nullable=True)
     with pytest.raises(Exception, match="key column 'k1' holds a null key"):
         with_key_groups(df, "k0", "k1", max_parallelism=128, engine=engine).collect()
 
@@ -283,9 +288,9 @@ def test_nullable_column_without_nulls_works(spark, engine):
     assert [r["key_group"] for r in out] == kg.assign_key_groups(np.array([1, 2, 3]), 128).tolist()
 
 
-@pytest.mark.parametrize("engine", ENGINES)
-def test_empty_dataframe(spark, engine):
-    df = _frame(spark, ["string", "long"], [])
+@pytest.mark.parametrize(("any_spark", "engine"), ENGINES_BY_SESSION, indirect=["any_spark"])
+def test_empty_dataframe(any_spark, engine):
+    df = _frame(any_spark, ["string", "long"], [])
     out = with_key_groups(df, "k0", "k1", max_parallelism=128, parallelism=3, engine=engine)
     assert out.collect() == []
     assert out.columns == ["idx", "k0", "k1", "key_group", "operator_index"]
@@ -300,16 +305,16 @@ def test_empty_dataframe(spark, engine):
         (T.ArrayType(T.LongType()), [1, 2]),
     ],
 )
-def test_unsupported_column_type_is_refused_naming_the_column(spark, spark_type, value):
-    df = spark.createDataFrame(
+def test_unsupported_column_type_is_refused_naming_the_column(any_spark, spark_type, value):
+    df = any_spark.createDataFrame(
         [(1, value)], T.StructType([T.StructField("id", T.LongType()), T.StructField("when", spark_type)])
     )
     with pytest.raises(TypeError, match=r"key column 'when' has Spark type .*allowed: LongType"):
         with_key_groups(df, "id", "when", max_parallelism=128)
 
 
-def test_argument_errors(spark):
-    df = spark.range(3).withColumn("b", F.lit(b"x"))
+def test_argument_errors(any_spark):
+    df = any_spark.range(3).withColumn("b", F.lit(b"x"))
     with pytest.raises(ValueError, match="at least one key column"):
         with_key_groups(df, max_parallelism=128)
     with pytest.raises(ValueError, match="max_parallelism must be in"):
@@ -374,8 +379,8 @@ def test_jvm_engine_without_whole_stage_codegen(spark):
     assert sorted(r["key_group"] for r in out) == sorted(expected.tolist())
 
 
-def test_nested_calls_do_not_collide(spark):
-    df = spark.range(20)
+def test_nested_calls_do_not_collide(any_spark):
+    df = any_spark.range(20)
     once = with_key_groups(df, "id", max_parallelism=64, key_group_col="g1")
     twice = with_key_groups(once, "id", "g1", max_parallelism=32, key_group_col="g2").orderBy("id").collect()
     assert [r["g1"] for r in twice] == kg.assign_key_groups(np.arange(20), 64).tolist()

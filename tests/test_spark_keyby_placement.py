@@ -1,7 +1,9 @@
 """Exact placement on a real local Spark session: Spark partition i holds exactly subtask i's records.
 
 RDDs through KeyGroupPartitioner / key_by, DataFrames through partition_by_key_group (repartitionById, and the
-hash-partitioning route for Spark versions without it); determinism across processes and PYTHONHASHSEED values."""
+hash-partitioning route for Spark versions without it); determinism across processes and PYTHONHASHSEED values.
+The DataFrame tests that take ``any_spark`` run over Spark Connect too (test_spark_connect.py checks exact placement
+there): empty input on both routes, sorting without a key-group column, and the errors."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import numpy as np
 import pytest
 
 import keygroups as kg
-from conftest import load_jsonl
+from conftest import is_connect, load_jsonl
 
 pyspark = pytest.importorskip("pyspark")
 from pyspark.sql import functions as F  # noqa: E402
@@ -24,6 +26,7 @@ from pyspark.sql import types as T  # noqa: E402
 
 from keygroups.spark import KeyGroupPartitioner, key_by, partition_by_key_group  # noqa: E402
 from keygroups.spark.partitioner import hash_partitioning_stand_ins, spark_hash_int  # noqa: E402
+from test_spark_keyby_columns import ENGINES_BY_SESSION  # noqa: E402
 
 pytestmark = pytest.mark.spark
 
@@ -221,10 +224,11 @@ def test_partition_by_key_group_max_parallelism_partitions_even_when_empty(spark
 
 
 @pytest.mark.parametrize("method", ["by_id", "hash"])
-def test_partition_by_key_group_empty_dataframe(spark, method):
-    df = spark.createDataFrame([], "k string, v double")
+def test_partition_by_key_group_empty_dataframe(any_spark, method):
+    df = any_spark.createDataFrame([], "k string, v double")
     out = partition_by_key_group(df, "k", max_parallelism=16, parallelism=5, method=method, key_group_col="g")
-    assert out.rdd.getNumPartitions() == 5
+    if not is_connect(any_spark):   # the plan's partitions: Connect has no df.rdd (and an empty query runs no tasks)
+        assert out.rdd.getNumPartitions() == 5
     assert out.collect() == []
     assert out.columns == ["k", "v", "g"]
 
@@ -237,10 +241,10 @@ def test_partition_by_key_group_binary_keys(spark, engine):
     _check_placement(out, lambda r: bytes(r["b"]), "bytes", MAX_PARALLELISM, 7)
 
 
-@pytest.mark.parametrize("engine", ["jvm", "sql", "arrow"])
-def test_partition_by_key_group_without_a_key_group_column(spark, engine):
+@pytest.mark.parametrize(("any_spark", "engine"), ENGINES_BY_SESSION, indirect=["any_spark"])
+def test_partition_by_key_group_without_a_key_group_column(any_spark, engine):
     """By default the input's columns only (as df.repartition), exactly placed, sorted by key group on request."""
-    df = spark.range(0, 900).select(F.concat(F.lit("k"), (F.col("id") % 97).cast("string")).alias("k"), "id")
+    df = any_spark.range(0, 900).select(F.concat(F.lit("k"), (F.col("id") % 97).cast("string")).alias("k"), "id")
     out = partition_by_key_group(df, F.col("k"), max_parallelism=MAX_PARALLELISM, parallelism=5, sort_within=True,
                                  operator_col="op", engine=engine)
     assert out.columns == ["k", "id", "op"]
@@ -252,8 +256,8 @@ def test_partition_by_key_group_without_a_key_group_column(spark, engine):
     assert sorted(r["id"] for r in rows) == list(range(900))
 
 
-def test_partition_by_key_group_errors(spark):
-    df = spark.createDataFrame([(1, decimal.Decimal("2.50"))], T.StructType([T.StructField("k", T.LongType()),
+def test_partition_by_key_group_errors(any_spark):
+    df = any_spark.createDataFrame([(1, decimal.Decimal("2.50"))], T.StructType([T.StructField("k", T.LongType()),
                                                          T.StructField("d", T.DecimalType(5, 2))]))
     with pytest.raises(TypeError, match="key column 'd'"):
         partition_by_key_group(df, "d", max_parallelism=8, parallelism=2)
@@ -269,8 +273,8 @@ def test_partition_by_key_group_errors(spark):
         partition_by_key_group(df, "k", max_parallelism=8, parallelism=0)
 
 
-def test_null_key_fails_at_run_time_naming_the_column(spark):
-    df = spark.createDataFrame([(1,), (None,)], "k long")
+def test_null_key_fails_at_run_time_naming_the_column(any_spark):
+    df = any_spark.createDataFrame([(1,), (None,)], "k long")
     with pytest.raises(Exception, match="key column 'k' holds a null key"):
         partition_by_key_group(df, "k", max_parallelism=8, parallelism=2).collect()
 

@@ -1,7 +1,8 @@
 """State as DataFrames on a real local Spark session: ``spark.read.format("keygroups")`` equals what a backend
 restored from the same checkpoint shows (all five kinds, heap and RocksDB, TTL on and off, a chain of incremental
 checkpoints written at parallelisms 1, 3 and 2), its metadata and operator views, its errors; and
-``write_savepoint`` -> ``KeyedJob(restore_from_savepoint=...)`` -> reader gives back the input."""
+``write_savepoint`` -> ``KeyedJob(restore_from_savepoint=...)`` -> reader gives back the input. Every test runs on
+the classic session and over Spark Connect (the RocksDB/TTL chain only there: the heap chain reads the same way)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import sys
 
 import pyarrow as pa
 import pytest
+from conftest import partition_count
 from pyspark import cloudpickle
 from pyspark.sql import Row
 from pyspark.sql import functions as F
@@ -22,6 +24,7 @@ from keygroups.checkpoint.metadata import DistributionMode
 from keygroups.runtime.functions import KeyedProcessFunction
 from keygroups.serializers import Float64Serializer, Int64Serializer, StrSerializer
 from keygroups.spark import KeyedJob, KeyGroupsDataSource, StateColumn, write_savepoint
+from keygroups.spark.state_source import default_parallelism
 from keygroups.state import ListStateDescriptor, MapStateDescriptor, StateTtlConfig, ValueStateDescriptor
 
 pytestmark = pytest.mark.spark
@@ -48,15 +51,19 @@ def read(spark, location, **options):
     return spark.read.format("keygroups").options(**{k: str(v) for k, v in options.items()}).load(str(location))
 
 
-@pytest.fixture(scope="module")
-def registered(spark):
-    kspark.register()   # with the active session (this module imported keygroups.spark before it existed)
-    return spark
+@pytest.fixture
+def registered(any_spark):
+    """``any_spark`` with format("keygroups") registered (this module imported keygroups.spark before any session
+    existed; a Connect session is a session of its own)."""
+    kspark.register()   # with the active session
+    return any_spark
 
 
 # Both backends and TTL on and off (every pairing runs without Spark in test_state_reader.py), each over a chain of
 # incremental checkpoints written at three parallelisms.
-@pytest.mark.parametrize("backend,ttl,parallelisms", [("heap", False, [1, 3, 2]), ("rocksdb", True, [2, 1, 3])])
+@pytest.mark.parametrize(("any_spark", "backend", "ttl", "parallelisms"),
+                         [("classic", "heap", False, [1, 3, 2]), ("classic", "rocksdb", True, [2, 1, 3]),
+                          ("connect", "rocksdb", True, [2, 1, 3])], indirect=["any_spark"])
 def test_rows_equal_the_backends_view(registered, tmp_path, backend, ttl, parallelisms):
     spark = registered
     storage, md, model = build_chain(str(tmp_path), backend, ttl, parallelisms, KEYS)
@@ -64,7 +71,7 @@ def test_rows_equal_the_backends_view(registered, tmp_path, backend, ttl, parall
     for state in STATES:
         df = read(spark, tmp_path, state=state, partitions=3)
         assert collected(df) == expected_rows(view, model, state, ttl=ttl, flatten=False), state
-    assert df.rdd.getNumPartitions() == 3
+    assert partition_count(df) == 3
     for state in ("l", "m"):
         df = read(spark, tmp_path, state=state, flattenCollections="true")
         assert collected(df) == expected_rows(view, model, state, ttl=ttl, flatten=True), state
@@ -178,6 +185,8 @@ def test_write_savepoint_bootstrap_job_read_back_and_edit(registered, tmp_path):
     fixed = state("total").where("k < 5").withColumn("value", F.col("value") - 1)
     write_savepoint(fixed, location, "fixed", key_columns="k", max_parallelism=MAXP,
                     states={"total": "value"})
+    # no parallelism given: Spark's default parallelism (over Connect, asked of the server)
+    assert CheckpointStorage(location).load_savepoint("fixed").parallelism == min(MAXP, default_parallelism(spark))
     again = read(spark, location, savepoint="fixed", state="total")
     assert sorted(tuple(r) for r in again.select("k", "value").collect()) == [(k, k * 100) for k in range(5)]
     with pytest.raises(Exception, match="holds no keyed state named 'tags'"):
@@ -189,6 +198,18 @@ def test_timers_view_lists_every_registered_timer(registered, tmp_path):
     _, live = run_timer_job(str(tmp_path))
     df = read(spark, tmp_path, view="timers", partitions=3, keyColumns="user")
     assert df.columns == ["user", "key_group", "domain", "timestamp"]
-    assert df.rdd.getNumPartitions() == 3
+    assert partition_count(df) == 3
     rows = df.collect()
     assert sorted((r["user"], r["domain"], r["timestamp"]) for r in rows) == sorted(live)
+
+
+def test_default_parallelism_over_connect_is_the_servers(spark, connect):
+    """Connect has no SparkContext: the default comes from the partitions the server splits a range into, which
+    follow the server's settings (here the session's leaf-node parallelism, then its default again)."""
+    assert default_parallelism(connect) == default_parallelism(spark) == spark.sparkContext.defaultParallelism
+    connect.conf.set("spark.sql.leafNodeDefaultParallelism", "3")
+    try:
+        assert default_parallelism(connect) == 3
+    finally:
+        connect.conf.unset("spark.sql.leafNodeDefaultParallelism")
+    assert default_parallelism(connect) == spark.sparkContext.defaultParallelism

@@ -16,7 +16,8 @@ Everything but the RDD half works over Spark Connect too, with the same bits: th
 the key-group engine "auto" picks the portable ones, and the runner starts its tasks from ``spark.range`` rather than
 a SparkContext. Connect has no RDDs: :func:`key_by` refuses a DataFrame and names :func:`partition_by_key_group`.
 :mod:`keygroups.spark.local_connect` serves a Connect session from a local classic session's JVM (tests, the demo's
-``--connect``, benchmarks). The state data source is a Python data source; it has not been tried over Connect.
+``--connect``, benchmarks). The state data source works there too (:func:`register` it with the Connect session),
+and :func:`write_savepoint` asks the server for Spark's default parallelism, which a Connect client cannot read.
 """
 
 from keygroups.runtime.state_writer import StateColumn

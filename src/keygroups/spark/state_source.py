@@ -242,6 +242,25 @@ def _register_with_active_session() -> None:
 
 _HANDLES_SCHEMA = "subtask int, handle string"
 _HANDLES_ARROW = pa.schema([("subtask", pa.int32()), ("handle", pa.string())])
+_ONE_SCHEMA = "n int"
+_ONE_ARROW = pa.schema([("n", pa.int32())])
+
+
+def _one_row(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    for _ in batches:
+        pass
+    yield pa.RecordBatch.from_pylist([{"n": 1}], schema=_ONE_ARROW)
+
+
+def default_parallelism(spark: SparkSession) -> int:
+    """Spark's default parallelism (``SparkContext.defaultParallelism``) on either session type. A Spark Connect
+    session has no SparkContext to ask: there it is the number of partitions the server splits ``spark.range`` into
+    when none is given, which is that same default parallelism (``spark.default.parallelism`` if set, else the
+    cluster's cores) unless ``spark.sql.leafNodeDefaultParallelism`` overrides it; one tiny task per partition
+    counts them."""
+    if getattr(spark, "_jvm", None) is not None:   # classic sessions only
+        return int(spark.sparkContext.defaultParallelism)
+    return int(spark.range(0, 1).mapInArrow(_one_row, _ONE_SCHEMA).count())
 
 
 def write_savepoint(df: DataFrame, location: str, name: str, *, key_columns: Sequence[str] | str,
@@ -253,12 +272,13 @@ def write_savepoint(df: DataFrame, location: str, name: str, *, key_columns: Seq
 
     One row per key: ``key_columns`` form the key (as a ``KeyedJob`` keys those columns); ``states`` maps each state
     name to its column, or to a :class:`StateColumn` (kind, serializers, TTL). A null leaves the key without an
-    entry in that state. ``parallelism`` (default: Spark's default parallelism, at most ``max_parallelism``) is how
-    many files, one per subtask's key groups, are written; the job may use any other. ValueError (before anything
-    is written) for a bad request; DuplicateKeyError for a key in two rows (nothing is committed)."""
+    entry in that state. ``parallelism`` (default: Spark's default parallelism, see :func:`default_parallelism`, at
+    most ``max_parallelism``) is how many files, one per subtask's key groups, are written; the job may use any
+    other. ValueError (before anything is written) for a bad request; DuplicateKeyError for a key in two rows
+    (nothing is committed)."""
     spark = df.sparkSession
     if parallelism is None:
-        parallelism = max(1, min(max_parallelism, spark.sparkContext.defaultParallelism))
+        parallelism = max(1, min(max_parallelism, default_parallelism(spark)))
     schema = to_arrow_schema(df.schema, timezone=spark.conf.get("spark.sql.session.timeZone"))
     plan = plan_savepoint(schema, location, name, key_columns=key_columns, states=states,
                           max_parallelism=max_parallelism, parallelism=parallelism, storage_options=storage_options)
@@ -279,4 +299,5 @@ def write_savepoint(df: DataFrame, location: str, name: str, *, key_columns: Seq
     return plan.storage.url(plan.directory)
 
 
-__all__ = ["KeyGroupsDataSource", "KeyGroupRangePartition", "register", "write_savepoint", "SOURCE_NAME", "VIEWS"]
+__all__ = ["KeyGroupsDataSource", "KeyGroupRangePartition", "default_parallelism", "register", "write_savepoint",
+           "SOURCE_NAME", "VIEWS"]
