@@ -698,34 +698,37 @@ class CheckpointStorage:
         return removed
 
     def _check_files(self, metadata: CheckpointMetadata) -> None:
-        for h in metadata.keyed_handles:
+        cid = metadata.checkpoint_id
+
+        def size_of(what: str, file: str, subtask: int) -> int:
             try:
-                size = self._fs.size(h.file)
+                return self._fs.size(file)
             except FileNotFoundError:
-                raise ValueError(f"checkpoint {metadata.checkpoint_id} references keyed state file {h.file!r} "
-                                 f"(subtask {h.subtask}), which does not exist in {self.location}") from None
-            if size != h.size and h.checkpoint_id < metadata.checkpoint_id:
+                raise ValueError(f"checkpoint {cid} references {what} file {file!r} (subtask {subtask}), which does "
+                                 f"not exist in {self.location}") from None
+
+        def unfinished(what: str, file: str, subtask: int, size: int, expected: int) -> ValueError:
+            return ValueError(f"{what} file {file!r} (subtask {subtask}) is {size} bytes but its handle says "
+                              f"{expected}: the file was not completely written (closed?)")
+
+        for h in metadata.keyed_handles:
+            size = size_of("keyed state", h.file, h.subtask)
+            if size != h.size and h.checkpoint_id < cid:
                 raise CorruptSnapshotError(
                     f"keyed state file {h.file!r} of checkpoint {h.checkpoint_id}, carried into checkpoint "
-                    f"{metadata.checkpoint_id}, is {size} bytes but its handle says {h.size}: it was damaged after "
+                    f"{cid}, is {size} bytes but its handle says {h.size}: it was damaged after "
                     f"its checkpoint committed (in {self.location}); restore from a checkpoint or savepoint that "
                     "does not reference it")
             if size != h.size:
-                raise ValueError(f"keyed state file {h.file!r} (subtask {h.subtask}) is {size} bytes but its handle "
-                                 f"says {h.size}: the file was not completely written (closed?)")
+                raise unfinished("keyed state", h.file, h.subtask, size, h.size)
         for oh in metadata.operator_handles:
             if not self._fs.exists(oh.file):
-                raise ValueError(f"checkpoint {metadata.checkpoint_id} references operator state file "
+                raise ValueError(f"checkpoint {cid} references operator state file "
                                  f"{oh.file!r}, which does not exist in {self.location}")
         for rh in metadata.raw_keyed_handles:
-            try:
-                size = self._fs.size(rh.file)
-            except FileNotFoundError:
-                raise ValueError(f"checkpoint {metadata.checkpoint_id} references raw keyed state file {rh.file!r} "
-                                 f"(subtask {rh.subtask}), which does not exist in {self.location}") from None
+            size = size_of("raw keyed state", rh.file, rh.subtask)
             if size != rh.size:
-                raise ValueError(f"raw keyed state file {rh.file!r} (subtask {rh.subtask}) is {size} bytes but its "
-                                 f"handle says {rh.size}: the file was not completely written (closed?)")
+                raise unfinished("raw keyed state", rh.file, rh.subtask, size, rh.size)
         for name, files in (("output", metadata.outputs), ("input", metadata.inputs),
                             ("late output", metadata.late_outputs)):
             missing = [f for f in files if not self._fs.exists(f)]
