@@ -123,20 +123,24 @@ class StateTtlConfig:
         return self.time_characteristic is TtlTimeCharacteristic.EventTime
 
     def to_json(self) -> dict[str, Any]:
-        """The copy stored in a snapshot's state meta; restore checks its ``time_characteristic``
-        (:func:`stored_time_characteristic`), the rest is informational."""
-        return {
+        """The copy stored in a snapshot's state meta; restore checks its time characteristic
+        (:func:`stored_time_characteristic`), the rest is informational. ``"time_characteristic"`` is written for
+        event time only: the metas of processing-time states stay as they were before event-time TTL, so their
+        incremental chains continue (a changed meta would write every key group full)."""
+        out: dict[str, Any] = {
             "ttl_ms": self.ttl_ms,
             "update_type": self.update_type.value,
             "state_visibility": self.state_visibility.value,
-            "time_characteristic": self.time_characteristic.value,
             "cleanup_full_snapshot": self.cleanup_full_snapshot,
         }
+        if self.event_time:
+            out["time_characteristic"] = self.time_characteristic.value
+        return out
 
 
 def stored_time_characteristic(ttl_json: dict[str, Any]) -> TtlTimeCharacteristic:
-    """The time characteristic of a state meta's ``"ttl"`` (:meth:`StateTtlConfig.to_json`); metas written before
-    event-time TTL existed have none and mean processing time."""
+    """The time characteristic of a state meta's ``"ttl"`` (:meth:`StateTtlConfig.to_json`): processing time when it
+    names none (processing-time states, and every meta written before event-time TTL existed)."""
     return TtlTimeCharacteristic(ttl_json.get("time_characteristic", TtlTimeCharacteristic.ProcessingTime.value))
 
 
