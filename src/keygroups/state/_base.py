@@ -44,6 +44,7 @@ from keygroups.state._codec import ValueFraming
 from keygroups.state.descriptors import StateDescriptor
 from keygroups.state.states import STATE_CLASSES, State
 from keygroups.state.timers import NO_WATERMARK
+from keygroups.state.ttl import EVENT_TIME_NOT_STARTED, StateTtlConfig, stored_time_characteristic
 
 if TYPE_CHECKING:
     from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage
@@ -275,7 +276,8 @@ class KeyedStateBackendBase:
     #: Whether restore() found this backend's state already on the host (a warm RocksDB database) and read nothing.
     warm: bool = False
     #: The job's current event-time watermark (epoch ms), set by the runtime as a batch proceeds: the clock of
-    #: event-time TTL. ``NO_WATERMARK`` (Java's Long.MIN_VALUE) without event time.
+    #: event-time TTL. ``NO_WATERMARK`` (Java's Long.MIN_VALUE) without event time: then no event-time TTL entry
+    #: expires (see ``keygroups.state.ttl``).
     watermark: int = NO_WATERMARK
 
     def prefetch(self, keys: Sequence[Any], key_groups: Any = None) -> None:
@@ -303,12 +305,31 @@ class KeyedStateBackendBase:
     def _now_ms(self) -> int:
         return int(self.clock() * 1000)
 
+    def _watermark_ms(self) -> int:
+        return self.watermark
+
+    def _event_time_stamp_ms(self) -> int:
+        w = self.watermark
+        return EVENT_TIME_NOT_STARTED if w == NO_WATERMARK else w
+
+    def _ttl_clocks(self, config: StateTtlConfig) -> tuple[Callable[[], int], Callable[[], int]]:
+        """The clocks (ms) of a TTL state with ``config``: the one expiry is measured against, and the one a write
+        stamps. Processing time: the backend's clock for both. Event time: the watermark (nothing expires while it
+        is ``NO_WATERMARK``), and the watermark or, before the first one, ``EVENT_TIME_NOT_STARTED``."""
+        if config.event_time:
+            return self._watermark_ms, self._event_time_stamp_ms
+        return self._now_ms, self._now_ms
+
     def _snapshot_ttl_deadline(self, descriptor: StateDescriptor | None) -> int | None:
-        """Entries of ``descriptor``'s state last accessed at or before this time (ms) are expired and dropped when
-        a snapshot is written or restored (``cleanup_full_snapshot``); None when that cleanup is off."""
+        """Entries of ``descriptor``'s state last accessed at or before this time (ms, of the state's TTL clock)
+        are expired and dropped when a snapshot is written or restored (``cleanup_full_snapshot``); None when that
+        cleanup is off, or for event-time TTL while there is no watermark (nothing has expired)."""
         if descriptor is None or descriptor.ttl_config is None or not descriptor.ttl_config.cleanup_full_snapshot:
             return None
-        return self._now_ms() - descriptor.ttl_config.ttl_ms
+        config = descriptor.ttl_config
+        if config.event_time:
+            return None if self.watermark == NO_WATERMARK else self.watermark - config.ttl_ms
+        return self._now_ms() - config.ttl_ms
 
     # ---- registration -------------------------------------------------------------------------------------------
     def get_state(self, descriptor: StateDescriptor, namespace: Any = VOID_NAMESPACE) -> Any:
@@ -375,6 +396,14 @@ class KeyedStateBackendBase:
             raise StateMigrationError(
                 f"state {name!r} was snapshotted {had} TTL; it must be registered {had} TTL to restore it "
                 "(as in Flink, TTL cannot be switched on or off for existing state)")
+        if d.ttl_config is not None:
+            stored = stored_time_characteristic(meta["ttl"])
+            if stored is not d.ttl_config.time_characteristic:
+                raise StateMigrationError(
+                    f"state {name!r} was snapshotted with {stored.value} TTL; it cannot be restored with "
+                    f"{d.ttl_config.time_characteristic.value} TTL: its stored timestamps are of the other clock. "
+                    f"Register it with set_ttl_time_characteristic(TtlTimeCharacteristic.{stored.value}) (the TTL "
+                    "duration, update type and visibility may change), or keep the new clock under a new state name")
         read: dict[str, TypeSerializer] = {}
         for role, ser in d.serializers.items():
             stored = meta["serializers"].get(role)

@@ -6,7 +6,10 @@ Every method acts on the backend's current key (``set_current_key``). A store ex
 ``put(obj)``, ``delete()`` and ``append(items)``. With TTL the stored objects carry timestamps (see
 ``_codec.ValueFraming``), and the TTL variants below follow Flink's ``AbstractTtlDecorator``: an expired entry is
 removed when it is accessed and returned that once only under ``ReturnExpiredIfNotCleanedUp``; ``OnReadAndWrite``
-refreshes timestamps on reads.
+refreshes timestamps on reads. Each TTL state reads two clocks of its backend: ``now`` decides expiry, ``stamp`` is
+what a write records; they differ only for event-time TTL before the first watermark (``now`` is ``NO_WATERMARK``,
+under which nothing expires, and ``stamp`` is ``EVENT_TIME_NOT_STARTED``; such an entry is stamped on its first access
+under a watermark, see ``keygroups.state.ttl``).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from typing import Any
 
 from keygroups._native.statecore import MISSING
 from keygroups.errors import none_added_error
+from keygroups.state.ttl import EVENT_TIME_NOT_STARTED
 
 
 class State(abc.ABC):
@@ -285,12 +289,12 @@ class _Aggregating(_Stored, AggregatingState):
 # With TTL: stored objects are (value, timestamp_ms); lists hold such tuples; maps map user keys to them.
 # ---------------------------------------------------------------------------------------------------------------------
 class _TtlBase(_Stored):
-    __slots__ = ("_now", "_ttl", "_on_read", "_ret_expired", "_name")
+    __slots__ = ("_now", "_stamp", "_ttl", "_on_read", "_ret_expired", "_name")
 
     def __init__(self, store: Any, descriptor: Any, backend: Any) -> None:
         cfg = descriptor.ttl_config
         self._t = store
-        self._now = backend._now_ms
+        self._now, self._stamp = backend._ttl_clocks(cfg)
         self._ttl = cfg.ttl_ms
         self._on_read = cfg.update_on_read
         self._ret_expired = cfg.return_expired
@@ -302,13 +306,26 @@ class _TtlBase(_Stored):
         w = t.get()
         if w is MISSING:
             return MISSING
-        now = self._now()
-        if w[1] + self._ttl <= now:
+        if w[1] + self._ttl <= self._now():
             t.delete()
             return w[0] if self._ret_expired else MISSING
         if self._on_read:
-            t.put((w[0], now))
+            t.put((w[0], self._stamp()))
+        elif w[1] == EVENT_TIME_NOT_STARTED:   # its clock starts at the first read under a watermark
+            stamp = self._stamp()
+            if stamp != EVENT_TIME_NOT_STARTED:
+                t.put((w[0], stamp))
         return w[0]
+
+    def _restamped(self, entries: Iterable[tuple[Any, int]]) -> list[tuple[Any, int]] | None:
+        """``entries`` (live (value, timestamp) pairs) with the timestamps a read gives them (all of them refreshed
+        under ``OnReadAndWrite``, the not-started ones under a watermark); None if the read changes none."""
+        stamp = self._stamp()
+        if self._on_read:
+            return [(x[0], stamp) for x in entries]
+        if stamp == EVENT_TIME_NOT_STARTED or all(x[1] != EVENT_TIME_NOT_STARTED for x in entries):
+            return None
+        return [(x[0], stamp) if x[1] == EVENT_TIME_NOT_STARTED else x for x in entries]
 
 
 class _TtlValue(_TtlBase, ValueState):
@@ -331,7 +348,7 @@ class _TtlValue(_TtlBase, ValueState):
         if value is None:
             self._t.delete()
         else:
-            self._t.put((value, self._now()))
+            self._t.put((value, self._stamp()))
 
 
 class _TtlList(_TtlBase, ListState):
@@ -346,8 +363,9 @@ class _TtlList(_TtlBase, ListState):
         ttl = self._ttl
         keep = [x for x in w if x[1] + ttl > now]
         out = [x[0] for x in (w if self._ret_expired else keep)]
-        if self._on_read and keep:
-            t.put([(x[0], now) for x in keep])
+        restamped = self._restamped(keep) if keep else None
+        if restamped is not None:
+            t.put(restamped)
         elif len(keep) != len(w):
             if keep:
                 t.put(keep)
@@ -358,23 +376,23 @@ class _TtlList(_TtlBase, ListState):
     def add(self, value: Any) -> None:
         if value is None:
             raise none_added_error(self._name, "ListState")
-        self._t.append([(value, self._now())])
+        self._t.append([(value, self._stamp())])
 
     def add_all(self, values: Iterable[Any]) -> None:
         vals = list(values)
         if None in vals:
             raise none_added_error(self._name, "ListState")
         if vals:
-            now = self._now()
-            self._t.append([(v, now) for v in vals])
+            stamp = self._stamp()
+            self._t.append([(v, stamp) for v in vals])
 
     def update(self, values: Iterable[Any]) -> None:
         vals = list(values)
         if None in vals:
             raise none_added_error(self._name, "ListState")
         if vals:
-            now = self._now()
-            self._t.put([(v, now) for v in vals])
+            stamp = self._stamp()
+            self._t.put([(v, stamp) for v in vals])
         else:
             self._t.delete()
 
@@ -396,14 +414,15 @@ class _TtlMap(_TtlBase, MapState):
         x = m.get(key, MISSING)
         if x is MISSING:
             return MISSING
-        now = self._now()
-        if x[1] + self._ttl <= now:
+        if x[1] + self._ttl <= self._now():
             del m[key]
             self._store(m)
             return x[0] if self._ret_expired else MISSING
-        if self._on_read:
-            m[key] = (x[0], now)
-            t.put(m)
+        if self._on_read or x[1] == EVENT_TIME_NOT_STARTED:
+            stamp = self._stamp()
+            if self._on_read or stamp != EVENT_TIME_NOT_STARTED:
+                m[key] = (x[0], stamp)
+                t.put(m)
         return x[0]
 
     def get(self, key: Any) -> Any:
@@ -418,7 +437,7 @@ class _TtlMap(_TtlBase, MapState):
         m = t.get()
         if m is MISSING:
             m = {}
-        m[key] = (value, self._now())
+        m[key] = (value, self._stamp())
         t.put(m)
 
     def put_all(self, mapping: dict[Any, Any]) -> None:
@@ -428,9 +447,9 @@ class _TtlMap(_TtlBase, MapState):
         m = t.get()
         if m is MISSING:
             m = {}
-        now = self._now()
+        stamp = self._stamp()
         for k, v in mapping.items():
-            m[k] = (v, now)
+            m[k] = (v, stamp)
         t.put(m)
 
     def remove(self, key: Any) -> None:
@@ -449,8 +468,9 @@ class _TtlMap(_TtlBase, MapState):
         ttl = self._ttl
         live = {k: x for k, x in m.items() if x[1] + ttl > now}
         out = [(k, x[0]) for k, x in (m if self._ret_expired else live).items()]
-        if self._on_read and live:
-            t.put({k: (x[0], now) for k, x in live.items()})
+        restamped = self._restamped(live.values()) if live else None
+        if restamped is not None:
+            t.put(dict(zip(live, restamped)))
         elif len(live) != len(m):
             self._store(live)
         return out
@@ -481,11 +501,10 @@ class _TtlReducing(_TtlBase, ReducingState):
             raise none_added_error(self._name, "ReducingState")
         t = self._t
         w = t.get()
-        now = self._now()
-        if w is MISSING or w[1] + self._ttl <= now:  # an expired value never takes part (Flink's TtlReduceFunction)
-            t.put((value, now))
+        if w is MISSING or w[1] + self._ttl <= self._now():  # an expired value never takes part (TtlReduceFunction)
+            t.put((value, self._stamp()))
         else:
-            t.put((self._reduce(w[0], value), now))
+            t.put((self._reduce(w[0], value), self._stamp()))
 
 
 class _TtlAggregating(_TtlBase, AggregatingState):
@@ -502,9 +521,8 @@ class _TtlAggregating(_TtlBase, AggregatingState):
     def add(self, value: Any) -> None:
         t = self._t
         w = t.get()
-        now = self._now()
-        acc = self._agg.create_accumulator() if w is MISSING or w[1] + self._ttl <= now else w[0]
-        t.put((self._agg.add(value, acc), now))
+        acc = self._agg.create_accumulator() if w is MISSING or w[1] + self._ttl <= self._now() else w[0]
+        t.put((self._agg.add(value, acc), self._stamp()))
 
 
 STATE_CLASSES: dict[tuple[str, bool], type] = {
