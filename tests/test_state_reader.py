@@ -394,3 +394,24 @@ def test_a_restore_point_without_timers_reads_none(tmp_path):
     storage, md, _ = build_chain(str(tmp_path), "heap", False, [2, 3], KEYS)
     assert read_timers(storage, md).num_rows == 0
     assert timer_counts(storage, md).num_rows == 0
+
+
+def test_event_time_ttl_values_without_a_watermark_read_with_a_null_timestamp(tmp_path):
+    from keygroups.state import TtlTimeCharacteristic
+
+    storage = CheckpointStorage(str(tmp_path))
+    be = HeapKeyedStateBackend(KeyGroupRange(0, 7), 8, Int64Serializer())
+    d = ValueStateDescriptor("v", Int64Serializer())
+    d.enable_time_to_live(StateTtlConfig.new_builder(datetime.timedelta(minutes=5))
+                          .set_ttl_time_characteristic(TtlTimeCharacteristic.EventTime).build())
+    state = be.get_state(d)
+    for k in range(4):
+        be.set_current_key(k)
+        if k == 3:
+            be.watermark = 1_000   # the job's first watermark: from here on writes are stamped with it
+        state.update(k * 10)
+    storage.commit(CheckpointMetadata(1, "j", 0, 8, 1, [be.snapshot(1, storage).result()]))
+    rows = read_all(KeyedStateReader(storage, storage.load(1), "v"))
+    stamps = {r[0]: r[3] for r in rows}
+    assert [stamps[k] for k in range(3)] == [None, None, None]
+    assert stamps[3] == 1_000   # (read_all gives plain epoch ms)

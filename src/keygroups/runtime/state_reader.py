@@ -50,6 +50,7 @@ from keygroups.runtime.state_types import arrow_type, is_typed, reading_serializ
 from keygroups.serializers import SerializerSnapshot, TypeSerializer
 from keygroups.state._codec import ValueFraming
 from keygroups.state.timers import TIMER_STATE_NAMES, TimeDomain
+from keygroups.state.ttl import EVENT_TIME_NOT_STARTED
 
 #: Keyed state kinds whose value is one object per key.
 SINGLE_VALUE_KINDS = ("value", "reducing", "aggregating")
@@ -57,6 +58,12 @@ SINGLE_VALUE_KINDS = ("value", "reducing", "aggregating")
 KEY_COLUMNS_PROPERTY = "key_columns"
 #: TTL timestamps (milliseconds of the writing backend's clock) as a column.
 TTL_TYPE = pa.timestamp("ms", tz="UTC")
+
+
+def _ttl_stamp(t: int) -> int | None:
+    """An entry's TTL timestamp as the reader shows it: None for an event-time value written before the job's
+    first watermark (its clock has not started; see ``EVENT_TIME_NOT_STARTED``)."""
+    return None if t == EVENT_TIME_NOT_STARTED else t
 #: Rows per record batch (a batch may hold more: one key group's rows are never split).
 DEFAULT_BATCH_ROWS = 1 << 16
 
@@ -394,24 +401,24 @@ class KeyedStateReader:
             columns = [values]
             if self.ttl:
                 if self.kind in SINGLE_VALUE_KINDS:
-                    columns = [[v for v, _ in values], [t for _, t in values]]
+                    columns = [[v for v, _ in values], [_ttl_stamp(t) for _, t in values]]
                 elif self.kind == "list":
-                    columns = [[[e for e, _ in v] for v in values], [[t for _, t in v] for v in values]]
+                    columns = [[[e for e, _ in v] for v in values], [[_ttl_stamp(t) for _, t in v] for v in values]]
                 else:
                     columns = [[{k: x for k, (x, _) in v.items()} for v in values],
-                               [[(k, t) for k, (_, t) in v.items()] for v in values]]
+                               [[(k, _ttl_stamp(t)) for k, (_, t) in v.items()] for v in values]]
         else:
             repeat: list[int] = []
             if self.kind == "list":
                 index: list[int] = []
                 elements: list[Any] = []
-                stamps: list[int] = []
+                stamps: list[int | None] = []
                 for i, v in enumerate(values):
                     repeat.extend([i] * len(v))
                     index.extend(range(len(v)))
                     if self.ttl:
                         elements.extend(e for e, _ in v)
-                        stamps.extend(t for _, t in v)
+                        stamps.extend(_ttl_stamp(t) for _, t in v)
                     else:
                         elements.extend(v)
                 columns = [index, elements] + ([stamps] if self.ttl else [])
@@ -424,7 +431,7 @@ class KeyedStateReader:
                     map_keys.extend(v.keys())
                     if self.ttl:
                         items.extend(x for x, _ in v.values())
-                        stamps.extend(t for _, t in v.values())
+                        stamps.extend(_ttl_stamp(t) for _, t in v.values())
                     else:
                         items.extend(v.values())
                 columns = [map_keys, items] + ([stamps] if self.ttl else [])
