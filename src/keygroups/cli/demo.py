@@ -100,6 +100,22 @@ def _minutes(delta: datetime.timedelta) -> str:
     return f"{delta / datetime.timedelta(minutes=1):g}"
 
 
+def generate_input(events: int, users: int, partitions: int, *, batches: int,
+                   seed: int) -> list[dict[int, list[dict[str, Any]]]]:
+    """The demo's events: per micro-batch, what each log partition gains before it (``EVENT_TIME_PER_BATCH`` of
+    event time, ``DELAYED`` of the events up to that late)."""
+    per_batch_ms = _ms(EVENT_TIME_PER_BATCH)
+    return shop.generate_arrivals(events, users, partitions, batches, seed=seed, span_ms=batches * per_batch_ms,
+                                  delayed=DELAYED, max_delay_ms=per_batch_ms)
+
+
+def compute_reference(arrivals: list[dict[int, list[dict[str, Any]]]]) -> shop.EventTimeReference:
+    """What the demo's job must produce from ``arrivals`` (one micro-batch each), with the demo's watermark delay
+    and abandonment timeout."""
+    return shop.event_time_reference(arrivals, out_of_orderness_ms=_ms(OUT_OF_ORDERNESS),
+                                     abandoned_after_ms=_ms(shop.ABANDONED_AFTER))
+
+
 def verify(storage: CheckpointStorage, max_parallelism: int, expected: shop.EventTimeReference,
            emitted: Emitted) -> list[str]:
     """Mismatches between what the job committed and emitted and the reference (empty when all is equal): every
@@ -173,10 +189,8 @@ def run(args: argparse.Namespace) -> int:
          f"parallelism {' -> '.join(map(str, phases))}, max parallelism {args.max_parallelism}, {args.backend} "
          f"state backend\n  working directory {workdir}" + (f"\n  checkpoints in {chk_dir}" if remote else ""))
     t = time.perf_counter()
-    per_batch_ms = _ms(EVENT_TIME_PER_BATCH)
-    arrivals: list[dict[int, list[dict[str, Any]]] | None] = list(shop.generate_arrivals(
-        args.events, args.users, args.partitions, batches, seed=args.seed, span_ms=batches * per_batch_ms,
-        delayed=DELAYED, max_delay_ms=per_batch_ms))
+    arrivals: list[dict[int, list[dict[str, Any]]] | None] = list(
+        generate_input(args.events, args.users, args.partitions, batches=batches, seed=args.seed))
     from keygroups.sources import PartitionedLogWriter
 
     log = PartitionedLogWriter(log_dir)
@@ -186,9 +200,7 @@ def run(args: argparse.Namespace) -> int:
          f"minutes of event time, {DELAYED:.0%} of the events up to {_minutes(EVENT_TIME_PER_BATCH)} minutes late; "
          f"the log gets each micro-batch's {_minutes(EVENT_TIME_PER_BATCH)} minutes just before it runs")
     t = time.perf_counter()
-    expected = shop.event_time_reference([a for a in arrivals if a is not None],
-                                         out_of_orderness_ms=_ms(OUT_OF_ORDERNESS),
-                                         abandoned_after_ms=_ms(shop.ABANDONED_AFTER))
+    expected = compute_reference([a for a in arrivals if a is not None])
     _say(f"[2/4] reference computed in one process in {time.perf_counter() - t:.1f} s: {len(expected.users):,} "
          f"users, {len(expected.orders):,} orders, {len(expected.abandoned):,} abandoned carts, "
          f"{expected.late:,} late events")
@@ -275,8 +287,8 @@ def run(args: argparse.Namespace) -> int:
         for problem in problems:
             _say(f"  {problem}")
         return 1
-    _say(f"\nOK: all {len(expected.users):,} users' state and timers, all {len(expected.orders):,} orders and all "
-         f"{len(expected.abandoned):,} abandoned carts equal the reference")
+    _say(f"\nOK: all {len(expected.users):,} users' state and timers, all {len(expected.abandoned):,} abandoned carts "
+         f"and all {len(expected.orders):,} orders equal the reference")
     if not keep_workdir:
         shutil.rmtree(workdir, ignore_errors=True)
     return 0
