@@ -30,11 +30,12 @@ def run_on_event_time(tmp_path, schedule, backend, n_events=2400, n_users=200, p
     for partition in range(partitions):
         log.create(partition)
     orders, abandoned, late = [], [], 0
+    strategy = WatermarkStrategy.for_bounded_out_of_orderness(DELAY)
     for batch, (parallelism, arriving) in enumerate(zip(schedule, arrivals)):
         for partition, records in arriving.items():
             log.append(partition, records)
         metadata, table, _ = run_batch(location, log_dir, shop.AbandonedCartFunction(), parallelism, None,
-                                       backend=backend, watermark_strategy=WatermarkStrategy.for_bounded_out_of_orderness(DELAY),
+                                       backend=backend, watermark_strategy=strategy,
                                        output_schema=shop.CART_OUTPUT_SCHEMA)
         late += metadata.properties["records_late"]
         for row in zip(*[table.column(n).to_pylist() for n in shop.CART_OUTPUT_SCHEMA.names]):

@@ -141,11 +141,11 @@ def verify(storage: CheckpointStorage, max_parallelism: int, expected: shop.Even
         problems.append(f"orders differ: job emitted {len(emitted.orders)}, reference {len(expected.orders)}")
     reference_abandoned = sorted((fired, row) for _, fired, row in expected.abandoned)
     if sorted(emitted.abandoned) != reference_abandoned:
-        extra = sorted(set(emitted.abandoned) - set(reference_abandoned))
-        missing = sorted(set(reference_abandoned) - set(emitted.abandoned))
+        only_job = sorted(set(emitted.abandoned) - set(reference_abandoned))
+        only_reference = sorted(set(reference_abandoned) - set(emitted.abandoned))
         problems.append(f"abandoned carts differ: job emitted {len(emitted.abandoned)}, reference "
-                        f"{len(reference_abandoned)}; (batch, row) only in the job: {extra[:3]}, only in the "
-                        f"reference: {missing[:3]}")
+                        f"{len(reference_abandoned)}; (batch, row) only in the job: {only_job[:3]}, only in the "
+                        f"reference: {only_reference[:3]}")
     if emitted.late != expected.late:
         problems.append(f"late events differ: job dropped {emitted.late}, reference {expected.late}")
     return problems
@@ -309,9 +309,9 @@ def _parallelisms(text: str) -> list[int]:
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("demo", help="run the main job: carts on Spark with event-time timers, rescaled 4 -> 2 -> 8, checked "
-                            "against a reference",
-                       description=__doc__)
+    p = sub.add_parser("demo", description=__doc__,
+                       help="run the main job: carts on Spark with event-time timers, rescaled 4 -> 2 -> 8, checked "
+                            "against a reference")
     p.add_argument("--events", type=whole_number(1), default=1_000_000,
                    help="shopping events to generate (default 1,000,000)")
     p.add_argument("--users", type=whole_number(1), default=100_000, help="distinct users (default 100,000)")
