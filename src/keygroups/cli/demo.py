@@ -22,6 +22,7 @@ from keygroups.checkpoint import CheckpointStorage
 from keygroups.cli import shop
 from keygroups.cli.arguments import add_storage_options, whole_number
 from keygroups.runtime.watermarks import WatermarkStrategy
+from keygroups.sources import PartitionedLogWriter
 
 #: Event time each micro-batch's arrivals cover.
 EVENT_TIME_PER_BATCH = datetime.timedelta(hours=1)
@@ -189,18 +190,16 @@ def run(args: argparse.Namespace) -> int:
          f"parallelism {' -> '.join(map(str, phases))}, max parallelism {args.max_parallelism}, {args.backend} "
          f"state backend\n  working directory {workdir}" + (f"\n  checkpoints in {chk_dir}" if remote else ""))
     t = time.perf_counter()
-    arrivals: list[dict[int, list[dict[str, Any]]] | None] = list(
-        generate_input(args.events, args.users, args.partitions, batches=batches, seed=args.seed))
-    from keygroups.sources import PartitionedLogWriter
-
+    arrivals = generate_input(args.events, args.users, args.partitions, batches=batches, seed=args.seed)
     log = PartitionedLogWriter(log_dir)
     for partition in range(args.partitions):
         log.create(partition)
     _say(f"[1/4] events generated in {time.perf_counter() - t:.1f} s: {_minutes(batches * EVENT_TIME_PER_BATCH)} "
-         f"minutes of event time, {DELAYED:.0%} of the events up to {_minutes(EVENT_TIME_PER_BATCH)} minutes late; "
-         f"the log gets each micro-batch's {_minutes(EVENT_TIME_PER_BATCH)} minutes just before it runs")
+         f"minutes of event time, {DELAYED:.0%} of the events arriving up to {_minutes(EVENT_TIME_PER_BATCH)} "
+         f"minutes after their event time; the log gets each micro-batch's {_minutes(EVENT_TIME_PER_BATCH)} "
+         "minutes just before it runs")
     t = time.perf_counter()
-    expected = compute_reference([a for a in arrivals if a is not None])
+    expected = compute_reference(arrivals)
     _say(f"[2/4] reference computed in one process in {time.perf_counter() - t:.1f} s: {len(expected.users):,} "
          f"users, {len(expected.orders):,} orders, {len(expected.abandoned):,} abandoned carts, "
          f"{expected.late:,} late events")
@@ -230,11 +229,9 @@ def run(args: argparse.Namespace) -> int:
                        storage_options=options)
         phase = PhaseFigures(parallelism)
         for batch in range(1, args.batches_per_phase + 1):
-            arriving = arrivals[batch_index]
-            assert arriving is not None
-            for partition, records in arriving.items():
+            for partition, records in arrivals[batch_index].items():
                 log.append(partition, records)
-            arrivals[batch_index] = None   # in the log now; free the memory
+            arrivals[batch_index] = {}   # in the log now: free the memory
             result = job.run_source_batch(spark, log_dir, parallelism=parallelism, record_schema=shop.EVENT_SCHEMA)
             rows = [tuple(r) for r in result.output.collect()]
             orders = [row[1:] for row in rows if row[0] == "order"]
