@@ -13,12 +13,13 @@ from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 import keygroups as kg
 from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage
 from keygroups.cli import shop
-from keygroups.runtime import begin_batch, commit_batch
+from keygroups.runtime import WatermarkStrategy, begin_batch, commit_batch
 from keygroups.runtime.source import run_source_subtask, staged_schema
 from keygroups.runtime.subtask import create_backend, run_keyed_subtask
 
@@ -34,11 +35,14 @@ def run_batch(location: str, log_dir: str, function: Any, parallelism: int, max_
               retry_subtasks: bool = False, backend: str = "heap", retain: int = 3,
               max_parallelism: int = MAX_PARALLELISM, local_dir: str | None = None,
               run_subtask: Callable[..., dict[str, Any]] = run_keyed_subtask,
-              at: Callable[[str], None] = no_fault) -> tuple[CheckpointMetadata, pa.Table, int]:
+              at: Callable[[str], None] = no_fault, watermark_strategy: WatermarkStrategy | None = None,
+              output_schema: pa.Schema = shop.ORDER_SCHEMA) -> tuple[CheckpointMetadata, pa.Table, int]:
     """One micro-batch as the Spark driver runs it (the same driver), its subtasks called through ``run_subtask``
-    (``run_keyed_subtask`` in this process by default). Returns the committed metadata, its output (orders) and the
-    number of records the sources read. ``at(point)`` is called at ``"source"`` (after each source subtask) and
-    ``"reported"`` (every subtask has reported; the driver is about to commit): the fault campaign's kill points."""
+    (``run_keyed_subtask`` in this process by default). Returns the committed metadata, its output (orders, of
+    ``output_schema``) and the number of records the sources read. ``at(point)`` is called at ``"source"`` (after
+    each source subtask) and ``"reported"`` (every subtask has reported; the driver is about to commit): the fault
+    campaign's kill points. With a ``watermark_strategy`` the job runs on event time (column ``ts``): the driver
+    moves the watermark from the batch's largest event time, as the Spark job does."""
     storage = CheckpointStorage(location, retain=retain)
     plan = begin_batch(storage, job_name=JOB_NAME, max_parallelism=max_parallelism, parallelism=parallelism)
     source = plan.source_task(log_dir, record_schema=shop.EVENT_SCHEMA, max_records_per_subtask=max_records)
@@ -50,9 +54,13 @@ def run_batch(location: str, log_dir: str, function: Any, parallelism: int, max_
     schema = staged_schema(shop.EVENT_SCHEMA)
     staged = pa.concat_tables(tables) if tables else schema.empty_table()
     owners = kg.assign_operators(staged.column("user"), max_parallelism, parallelism)
+    watermark = None
+    if watermark_strategy is not None:
+        watermark = watermark_strategy.next_watermark(plan.start_watermark, pc.max(staged.column("ts")).as_py())
     spec = plan.keyed_task(key_columns=("user",), function=pickle.dumps(function), input_schema=schema,
-                           output_schema=shop.ORDER_SCHEMA, order_columns=("_partition", "_offset"), backend=backend,
-                           local_dir=local_dir)
+                           output_schema=output_schema, order_columns=("_partition", "_offset"), backend=backend,
+                           local_dir=local_dir, timestamp_column="ts" if watermark_strategy is not None else None,
+                           watermark=watermark)
     reports = []
     for i in range(parallelism):
         part = staged.filter(pa.array(owners == i))
@@ -64,14 +72,15 @@ def run_batch(location: str, log_dir: str, function: Any, parallelism: int, max_
         reports.append(run_subtask(spec, i, batches))
     reports += [run_subtask(spec, i, []) for i in plan.idle_subtasks(reports)]
     at("reported")
-    metadata = commit_batch(plan, reports, sources)
-    return metadata, read_outputs(storage, metadata), sum(r["records"] for r in sources)
+    metadata = commit_batch(plan, reports, sources, watermark=watermark)
+    return metadata, read_outputs(storage, metadata, output_schema), sum(r["records"] for r in sources)
 
 
-def read_outputs(storage: CheckpointStorage, metadata: CheckpointMetadata) -> pa.Table:
-    """A committed checkpoint's output (the orders its subtasks wrote), as one table."""
+def read_outputs(storage: CheckpointStorage, metadata: CheckpointMetadata,
+                 schema: pa.Schema = shop.ORDER_SCHEMA) -> pa.Table:
+    """A committed checkpoint's output (the orders its subtasks wrote, of ``schema``), as one table."""
     orders = [pq.read_table(io.BytesIO(storage.read_bytes(f))) for f in metadata.outputs]
-    return pa.concat_tables(orders) if orders else shop.ORDER_SCHEMA.empty_table()
+    return pa.concat_tables(orders) if orders else schema.empty_table()
 
 
 def final_states(location: str, max_parallelism: int = MAX_PARALLELISM) -> dict[str, shop.UserState]:

@@ -17,7 +17,7 @@ from timer_checkpoints import run_timer_job
 
 from keygroups import assign_to_key_group
 from keygroups.checkpoint import CheckpointStorage
-from keygroups.cli import demo, main, shop
+from keygroups.cli import demo, main
 
 pytestmark = pytest.mark.spark
 
@@ -40,7 +40,7 @@ def demo_dir(tmp_path_factory):
 #: The start of every line the demo prints itself (the summary table's header and rows included).
 DEMO_LINE = re.compile(r"keygroups demo: |  working directory |\[[1-4]/4\] |  phase \d+ p=\d+ batch \d+: chk-|"
                        r"summary$|phase +p +batches +events|\d+ +\d+ +\d+ +[\d,]+ +[\d,]+ +[\d.]+ MB$|"
-                       r"restore at the start of phase |  subtask \d+: key groups |OK: all |$")
+                       r"restore at the start of phase |  subtask \d+: key groups |timers: |OK: all |$")
 
 
 def test_demo_resumes_at_other_parallelisms_and_matches_the_reference(demo_dir):
@@ -49,6 +49,15 @@ def test_demo_resumes_at_other_parallelisms_and_matches_the_reference(demo_dir):
     assert "phase 1 p=3" in out and "phase 2 p=1" in out and "phase 3 p=5" in out
     assert "restore at the start of phase 3 (p=5)" in out
     assert "OK: all" in out and "orders equal the reference" in out
+    assert re.search(r"^OK: all [\d,]+ users' state and timers, all [\d,]+ abandoned carts and all [\d,]+ orders "
+                     r"equal the reference$", out, re.MULTILINE)
+    # event time: some events arrive behind the watermark, and timers set in one phase fire in another (at another
+    # parallelism), verified cart by cart in the batch they fired in
+    timers = re.search(r"timers: ([\d,]+) carts abandoned, ([\d,]+) of them by a timer set at one parallelism that "
+                       r"fired at another; ([\d,]+) late events dropped", out)
+    assert timers is not None, out
+    abandoned, moved, late = (int(g.replace(",", "")) for g in timers.groups())
+    assert abandoned > moved > 0 and late > 0
     # only the demo's own lines: no Spark or log4j WARN lines, no JVM start-up warnings, no progress bars
     assert result.stderr == ""
     assert [line for line in out.splitlines() if not DEMO_LINE.match(line)] == []
@@ -69,20 +78,22 @@ def test_inspect_and_plan_describe_the_demo_checkpoint(demo_dir):
     assert missing.returncode != 0 and "999" in missing.stderr
 
 
-def test_verify_reports_any_difference_from_the_reference(demo_dir, tmp_path):
+def test_verify_reports_any_difference_from_the_reference(demo_dir):
     workdir, _ = demo_dir
-    from keygroups.sources import PartitionedLogSource
-
-    source = PartitionedLogSource(str(workdir / "log"))
-    partitions = {p: list(source.iter_records(p)) for p in source.partitions}
-    expected_state, expected_orders = shop.reference(partitions)
     storage = CheckpointStorage(str(workdir / "checkpoints"))
-    user = sorted(expected_state)[0]
-    assert demo.verify(storage, 16, expected_state, expected_orders, expected_orders) == []
-    tampered = dict(expected_state)
-    tampered[user] = dataclasses.replace(expected_state[user], last_seen=-1)
-    problems = demo.verify(storage, 16, tampered, expected_orders, expected_orders[1:])
-    assert any(user in p for p in problems) and any("orders differ" in p for p in problems)
+    expected = demo.compute_reference(demo.generate_input(6000, 600, 4, batches=3, seed=7))
+    emitted = demo.Emitted(orders=list(expected.orders),
+                           abandoned=[(fired, row) for _, fired, row in expected.abandoned], late=expected.late)
+    assert demo.verify(storage, 16, expected, emitted) == []
+    user = sorted(expected.users)[0]
+    tampered = dataclasses.replace(expected, users=dict(expected.users))
+    tampered.users[user] = dataclasses.replace(expected.users[user], last_seen=-1)
+    problems = demo.verify(storage, 16, tampered, emitted)
+    assert len(problems) == 1 and user in problems[0]
+    (fired, row), *rest = emitted.abandoned
+    wrong = demo.Emitted(orders=emitted.orders[1:], abandoned=[(fired + 1, row), *rest], late=emitted.late + 1)
+    problems = demo.verify(storage, 16, expected, wrong)
+    assert [p.split(":")[0] for p in problems] == ["orders differ", "abandoned carts differ", "late events differ"]
 
 
 # ---- timers and raw keyed state offline (in process: no Spark needed) ----------------------------------------------

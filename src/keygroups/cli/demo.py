@@ -1,9 +1,11 @@
-"""``keygroups demo``: the main job. A shopping-cart pipeline on Spark that is stopped and resumed at other
-parallelisms, then checked user by user against a single-process reference."""
+"""``keygroups demo``: the main job. A shopping-cart pipeline on Spark, on event time with a watermark, that is
+stopped and resumed at other parallelisms, then checked user by user against a single-process reference: state,
+orders, and the carts that event-time timers found abandoned (timers set at one parallelism fire at another)."""
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import math
 import os
 import shutil
@@ -19,6 +21,16 @@ from keygroups._ranges import UPPER_BOUND_MAX_PARALLELISM, key_group_range
 from keygroups.checkpoint import CheckpointStorage
 from keygroups.cli import shop
 from keygroups.cli.arguments import add_storage_options, whole_number
+from keygroups.runtime.watermarks import WatermarkStrategy
+from keygroups.sources import PartitionedLogWriter
+
+#: Event time each micro-batch's arrivals cover.
+EVENT_TIME_PER_BATCH = datetime.timedelta(hours=1)
+#: How far behind the latest event time an event may arrive and still count (the watermark's delay).
+OUT_OF_ORDERNESS = datetime.timedelta(minutes=5)
+#: The share of events that arrive late, up to ``EVENT_TIME_PER_BATCH`` after their event time: some are behind the
+#: watermark by then (dropped and counted), the others are merely out of order.
+DELAYED = 0.02
 
 
 @dataclass
@@ -29,6 +41,15 @@ class PhaseFigures:
     seconds: float = 0.0
     checkpoint_bytes: int = 0
     restore: list[tuple[int, int, int, int]] = field(default_factory=list)  # subtask, kg start, kg end, bytes
+
+
+@dataclass
+class Emitted:
+    """What the job emitted over all its batches."""
+
+    orders: list[tuple] = field(default_factory=list)                 # ``shop.ORDER_SCHEMA`` rows
+    abandoned: list[tuple[int, tuple]] = field(default_factory=list)  # (batch, ``shop.ORDER_SCHEMA`` row)
+    late: int = 0                                                      # events dropped behind the watermark
 
 
 def _say(message: str) -> None:
@@ -72,15 +93,42 @@ def spark_session(master: str, log_path: str, app: str = "keygroups-demo") -> An
     return spark
 
 
-def verify(storage: CheckpointStorage, max_parallelism: int, expected_state: dict[str, shop.UserState],
-           expected_orders: list[tuple], orders: list[tuple]) -> list[str]:
-    """Mismatches between what the job committed and the reference (empty when all is equal)."""
+def _ms(delta: datetime.timedelta) -> int:
+    return delta // datetime.timedelta(milliseconds=1)
+
+
+def _minutes(delta: datetime.timedelta) -> str:
+    return f"{delta / datetime.timedelta(minutes=1):g}"
+
+
+def generate_input(events: int, users: int, partitions: int, *, batches: int,
+                   seed: int) -> list[dict[int, list[dict[str, Any]]]]:
+    """The demo's events: per micro-batch, what each log partition gains before it (``EVENT_TIME_PER_BATCH`` of
+    event time, ``DELAYED`` of the events up to that late)."""
+    per_batch_ms = _ms(EVENT_TIME_PER_BATCH)
+    return shop.generate_arrivals(events, users, partitions, batches, seed=seed, span_ms=batches * per_batch_ms,
+                                  delayed=DELAYED, max_delay_ms=per_batch_ms)
+
+
+def compute_reference(arrivals: list[dict[int, list[dict[str, Any]]]]) -> shop.EventTimeReference:
+    """What the demo's job must produce from ``arrivals`` (one micro-batch each), with the demo's watermark delay
+    and abandonment timeout."""
+    return shop.event_time_reference(arrivals, out_of_orderness_ms=_ms(OUT_OF_ORDERNESS),
+                                     abandoned_after_ms=_ms(shop.ABANDONED_AFTER))
+
+
+def verify(storage: CheckpointStorage, max_parallelism: int, expected: shop.EventTimeReference,
+           emitted: Emitted) -> list[str]:
+    """Mismatches between what the job committed and emitted and the reference (empty when all is equal): every
+    user's state and registered timers, the orders, each abandoned cart and the batch it came out in, the number of
+    late events."""
     from keygroups.runtime.subtask import create_backend
 
     problems = []
     backend = create_backend("heap", key_group_range(max_parallelism, 1, 0), max_parallelism, "string")
     backend.restore(storage, storage.latest())
     state = dict(shop.read_user_states(backend))
+    expected_state = expected.users
     if set(state) != set(expected_state):
         missing, extra = set(expected_state) - set(state), set(state) - set(expected_state)
         problems.append(f"users in state differ: {len(missing)} missing (e.g. {sorted(missing)[:3]}), "
@@ -90,8 +138,17 @@ def verify(storage: CheckpointStorage, max_parallelism: int, expected_state: dic
         problems.append(f"{user}: state {state[user]} != reference {expected_state[user]}")
     if len(wrong) > 5:
         problems.append(f"... and {len(wrong) - 5} more users with a wrong state")
-    if sorted(orders) != sorted(expected_orders):
-        problems.append(f"orders differ: job emitted {len(orders)}, reference {len(expected_orders)}")
+    if sorted(emitted.orders) != sorted(expected.orders):
+        problems.append(f"orders differ: job emitted {len(emitted.orders)}, reference {len(expected.orders)}")
+    reference_abandoned = sorted((fired, row) for _, fired, row in expected.abandoned)
+    if sorted(emitted.abandoned) != reference_abandoned:
+        only_job = sorted(set(emitted.abandoned) - set(reference_abandoned))
+        only_reference = sorted(set(reference_abandoned) - set(emitted.abandoned))
+        problems.append(f"abandoned carts differ: job emitted {len(emitted.abandoned)}, reference "
+                        f"{len(reference_abandoned)}; (batch, row) only in the job: {only_job[:3]}, only in the "
+                        f"reference: {only_reference[:3]}")
+    if emitted.late != expected.late:
+        problems.append(f"late events differ: job dropped {emitted.late}, reference {expected.late}")
     return problems
 
 
@@ -128,20 +185,24 @@ def run(args: argparse.Namespace) -> int:
         shutil.rmtree(log_dir)
     _remove_checkpoints(chk_dir, options)   # a new run: never resume a previous run's checkpoints
 
+    batches = len(phases) * args.batches_per_phase
     _say(f"keygroups demo: {args.events:,} events over {args.users:,} users in {args.partitions} log partitions; "
          f"parallelism {' -> '.join(map(str, phases))}, max parallelism {args.max_parallelism}, {args.backend} "
          f"state backend\n  working directory {workdir}" + (f"\n  checkpoints in {chk_dir}" if remote else ""))
     t = time.perf_counter()
-    partitions = shop.generate_events(args.events, args.users, args.partitions, seed=args.seed)
-    from keygroups.sources import write_partitioned_log
-
-    write_partitioned_log(log_dir, partitions)
-    _say(f"[1/4] event log written in {time.perf_counter() - t:.1f} s")
+    arrivals = generate_input(args.events, args.users, args.partitions, batches=batches, seed=args.seed)
+    log = PartitionedLogWriter(log_dir)
+    for partition in range(args.partitions):
+        log.create(partition)
+    _say(f"[1/4] events generated in {time.perf_counter() - t:.1f} s: {_minutes(batches * EVENT_TIME_PER_BATCH)} "
+         f"minutes of event time, {DELAYED:.0%} of the events arriving up to {_minutes(EVENT_TIME_PER_BATCH)} "
+         f"minutes after their event time; the log gets each micro-batch's {_minutes(EVENT_TIME_PER_BATCH)} "
+         "minutes just before it runs")
     t = time.perf_counter()
-    expected_state, expected_orders = shop.reference(partitions)
-    _say(f"[2/4] reference computed in one process in {time.perf_counter() - t:.1f} s: {len(expected_state):,} users, "
-         f"{len(expected_orders):,} orders")
-    del partitions
+    expected = compute_reference(arrivals)
+    _say(f"[2/4] reference computed in one process in {time.perf_counter() - t:.1f} s: {len(expected.users):,} "
+         f"users, {len(expected.orders):,} orders, {len(expected.abandoned):,} abandoned carts, "
+         f"{expected.late:,} late events")
 
     from keygroups.spark import KeyedJob
     from keygroups.spark.local_connect import local_connect_session, stop_local_connect
@@ -151,26 +212,33 @@ def run(args: argparse.Namespace) -> int:
     # --connect: the job talks to Spark only through a Spark Connect client (no py4j gateway, no SparkContext),
     # served by the same local JVM.
     spark = local_connect_session(classic) if args.connect else classic
-    per_batch = math.ceil(args.events / (len(phases) * args.batches_per_phase))
+    per_batch = math.ceil(args.events / batches)
     figures: list[PhaseFigures] = []
-    orders: list[tuple] = []
-    _say(f"[3/4] running on Spark ({args.master}{', over Spark Connect' if args.connect else ''}); about {per_batch:,} events per micro-batch; Spark's own log: "
+    emitted = Emitted()
+    strategy = WatermarkStrategy.for_bounded_out_of_orderness(OUT_OF_ORDERNESS)
+    _say(f"[3/4] running on Spark ({args.master}{', over Spark Connect' if args.connect else ''}); about "
+         f"{per_batch:,} events per micro-batch, watermark {_minutes(OUT_OF_ORDERNESS)} minutes behind the "
+         f"latest event, carts abandoned after {_minutes(shop.ABANDONED_AFTER)} minutes; Spark's own log: "
          f"{spark_log}")
+    batch_index = 0
     for number, parallelism in enumerate(phases, start=1):
         # A new job object per phase: the pipeline is stopped and resumed from its checkpoints, nothing in memory.
-        job = KeyedJob("shopping-carts", "user", shop.CartFunction(), output_schema=shop.ORDER_SCHEMA,
+        job = KeyedJob("shopping-carts", "user", shop.AbandonedCartFunction(), output_schema=shop.CART_OUTPUT_SCHEMA,
                        max_parallelism=args.max_parallelism, checkpoint_location=chk_dir, backend=args.backend,
-                       order_by=("_partition", "_offset"), timestamp_column="ts", storage_options=options)
+                       order_by=("_partition", "_offset"), timestamp_column="ts", watermark_strategy=strategy,
+                       storage_options=options)
         phase = PhaseFigures(parallelism)
-        last = number == len(phases)
-        batch = 0
-        while True:
-            batch += 1
-            limit = None if (last and batch >= args.batches_per_phase) else math.ceil(per_batch / parallelism)
-            result = job.run_source_batch(spark, log_dir, parallelism=parallelism, record_schema=shop.EVENT_SCHEMA,
-                                          max_records_per_subtask=limit)
-            batch_orders = [tuple(r) for r in result.output.collect()]
-            orders.extend(batch_orders)
+        for batch in range(1, args.batches_per_phase + 1):
+            for partition, records in arrivals[batch_index].items():
+                log.append(partition, records)
+            arrivals[batch_index] = {}   # in the log now: free the memory
+            result = job.run_source_batch(spark, log_dir, parallelism=parallelism, record_schema=shop.EVENT_SCHEMA)
+            rows = [tuple(r) for r in result.output.collect()]
+            orders = [row[1:] for row in rows if row[0] == "order"]
+            abandoned = [(batch_index, row[1:]) for row in rows if row[0] == "abandoned"]
+            emitted.orders.extend(orders)
+            emitted.abandoned.extend(abandoned)
+            emitted.late += result.records_late
             records = sum(r["records"] for r in result.metadata.properties["source_reports"])
             phase.batches += 1
             phase.records += records
@@ -179,16 +247,17 @@ def run(args: argparse.Namespace) -> int:
             if batch == 1:
                 phase.restore = [(r["subtask"], r["key_group_range"][0], r["key_group_range"][1],
                                   r["restored"]["bytes_read"]) for r in result.reports]
+            watermark = datetime.datetime.fromtimestamp(result.watermark / 1000, datetime.timezone.utc)
             _say(f"  phase {number} p={parallelism} batch {batch}: chk-{result.checkpoint_id}, {records:,} events in "
                  f"{result.seconds:.1f} s ({records / max(result.seconds, 1e-9):,.0f}/s), state "
-                 f"{_mb(result.checkpoint_bytes)}, {len(batch_orders):,} orders")
-            if (not last and batch >= args.batches_per_phase) or (last and limit is None):
-                break
+                 f"{_mb(result.checkpoint_bytes)}, {len(orders):,} orders, {len(abandoned):,} abandoned carts, "
+                 f"{result.records_late:,} late, watermark {watermark:%H:%M:%S}")
+            batch_index += 1
         figures.append(phase)
 
-    _say("[4/4] verifying every user's state and every order against the reference")
+    _say("[4/4] verifying every user's state and timers, every order and every abandoned cart against the reference")
     storage = CheckpointStorage(chk_dir, storage_options=options)
-    problems = verify(storage, args.max_parallelism, expected_state, expected_orders, orders)
+    problems = verify(storage, args.max_parallelism, expected, emitted)
     if args.connect:
         spark.stop()
         stop_local_connect(classic)
@@ -206,12 +275,17 @@ def run(args: argparse.Namespace) -> int:
             _say(f"  subtask {subtask}: key groups {start}-{end} ({end - start + 1}), read {_mb(read)} "
                  f"({read / max(total, 1) * 100:.1f}% of all; its share of key groups "
                  f"{(end - start + 1) / args.max_parallelism * 100:.1f}%)")
+    parallelism_of = [p for p in phases for _ in range(args.batches_per_phase)]
+    moved = sum(1 for set_in, fired, _ in expected.abandoned if parallelism_of[set_in] != parallelism_of[fired])
+    _say(f"timers: {len(expected.abandoned):,} carts abandoned, {moved:,} of them by a timer set at one parallelism "
+         f"that fired at another; {expected.late:,} late events dropped")
     if problems:
         _say("\nMISMATCH against the reference:")
         for problem in problems:
             _say(f"  {problem}")
         return 1
-    _say(f"\nOK: all {len(expected_state):,} users' state and all {len(expected_orders):,} orders equal the reference")
+    _say(f"\nOK: all {len(expected.users):,} users' state and timers, all {len(expected.abandoned):,} abandoned carts "
+         f"and all {len(expected.orders):,} orders equal the reference")
     if not keep_workdir:
         shutil.rmtree(workdir, ignore_errors=True)
     return 0
@@ -232,15 +306,17 @@ def _parallelisms(text: str) -> list[int]:
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("demo", help="run the main job: carts on Spark, rescaled 4 -> 2 -> 8, checked against a reference",
-                       description=__doc__)
+    p = sub.add_parser("demo", description=__doc__,
+                       help="run the main job: carts on Spark with event-time timers, rescaled 4 -> 2 -> 8, checked "
+                            "against a reference")
     p.add_argument("--events", type=whole_number(1), default=1_000_000,
                    help="shopping events to generate (default 1,000,000)")
     p.add_argument("--users", type=whole_number(1), default=100_000, help="distinct users (default 100,000)")
     p.add_argument("--partitions", type=whole_number(1), default=8, help="partitions of the event log (default 8)")
     p.add_argument("--phases", type=_parallelisms, default="4,2,8",
                    help="parallelism of each run, comma-separated (default 4,2,8)")
-    p.add_argument("--batches-per-phase", type=whole_number(1), default=3, help="micro-batches per run (default 3)")
+    p.add_argument("--batches-per-phase", type=whole_number(1), default=3,
+                   help="micro-batches per run, each bringing an hour of event time (default 3)")
     p.add_argument("--max-parallelism", type=whole_number(1, UPPER_BOUND_MAX_PARALLELISM), default=128,
                    help="key groups (default 128, Flink's default)")
     p.add_argument("--backend", choices=("heap", "rocksdb"), default="heap", help="keyed state backend")
