@@ -25,7 +25,14 @@ from keygroups.state import (
     ValueState,
     ValueStateDescriptor,
 )
-from keygroups.state.timers import NO_WATERMARK, TIMER_STATE_PREFIX, TimeDomain, TimerQueues, check_timestamp
+from keygroups.state.timers import (
+    NO_WATERMARK,
+    TIMER_STATE_PREFIX,
+    DomainTimers,
+    TimeDomain,
+    TimerQueues,
+    check_timestamp,
+)
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -123,12 +130,14 @@ class TimerService:
     records, through :meth:`KeyedProcessFunction.on_timer` with its key set. Timers are keyed state: they are in
     every checkpoint and move with their key group when the job's parallelism changes."""
 
-    __slots__ = ("_queues", "_watermark", "_processing_time")
+    __slots__ = ("_queues", "_event", "_processing", "_watermark", "_processing_time")
 
     def __init__(self, queues: TimerQueues | Callable[[], TimerQueues] | None, *, watermark: int = NO_WATERMARK,
                  processing_time: int = 0) -> None:
         # A factory defers building the subtask's queues (reading every timer) until a timer is first touched.
         self._queues = queues
+        self._event: DomainTimers | None = None
+        self._processing: DomainTimers | None = None
         self._watermark = watermark
         self._processing_time = processing_time
 
@@ -146,30 +155,41 @@ class TimerService:
 
     def register_event_time_timer(self, timestamp: int) -> None:
         """Call ``on_timer`` for the current key once the watermark reaches ``timestamp`` (ms)."""
-        self._require().register(TimeDomain.EVENT_TIME, check_timestamp(timestamp))
+        (self._event or self._resolve()[0]).register(_checked(timestamp))
 
     def register_processing_time_timer(self, timestamp: int) -> None:
         """Call ``on_timer`` for the current key in the first batch whose processing time reaches ``timestamp``."""
-        self._require().register(TimeDomain.PROCESSING_TIME, check_timestamp(timestamp))
+        (self._processing or self._resolve()[1]).register(_checked(timestamp))
 
     def delete_event_time_timer(self, timestamp: int) -> None:
         """Delete the current key's event-time timer at ``timestamp``, if there is one."""
-        self._require().delete(TimeDomain.EVENT_TIME, check_timestamp(timestamp))
+        (self._event or self._resolve()[0]).delete(_checked(timestamp))
 
     def delete_processing_time_timer(self, timestamp: int) -> None:
         """Delete the current key's processing-time timer at ``timestamp``, if there is one."""
-        self._require().delete(TimeDomain.PROCESSING_TIME, check_timestamp(timestamp))
+        (self._processing or self._resolve()[1]).delete(_checked(timestamp))
 
     def registered_timers(self, domain: TimeDomain = TimeDomain.EVENT_TIME) -> list[int]:
         """The current key's registered timers of ``domain``, earliest first (Spark's ``listTimers``)."""
-        return self._require().timestamps(domain)
+        event, processing = self._resolve()
+        return (event if domain is TimeDomain.EVENT_TIME else processing).timestamps()
 
-    def _require(self) -> TimerQueues:
+    def _resolve(self) -> tuple[DomainTimers, DomainTimers]:
         queues = self._queues
         if queues is None:
             raise RuntimeError("timers are available while the job's function processes records or timers, not "
                                "in open() or close()")
-        return queues() if callable(queues) else queues
+        if callable(queues):
+            queues = self._queues = queues()
+        self._event, self._processing = queues.event_time, queues.processing_time
+        return self._event, self._processing
+
+
+def _checked(timestamp: Any) -> int:
+    # The common case (an int in range) without a call; check_timestamp names the problem otherwise.
+    if type(timestamp) is int and -0x8000000000000000 <= timestamp <= 0x7FFFFFFFFFFFFFFF:
+        return timestamp
+    return check_timestamp(timestamp)
 
 
 class ProcessContext:

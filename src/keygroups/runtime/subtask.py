@@ -383,11 +383,7 @@ class _TimerQueuesOfTask:
             self.registry.keep(self.key, token, self.queues, self.limit)
 
     def report(self) -> dict[str, Any]:
-        q = self.queues
-        if q is None:
-            return {}
-        return {d.value: {"registered": q.registered[d], "fired": q.fired[d], "queued": q.pending(d),
-                          "earliest": q.earliest(d), "rebuilt": q.rebuilt} for d in TimeDomain}
+        return self.queues.report() if self.queues is not None else {}
 
 
 def _restored(mode: str, bytes_read: int, key_groups: int, warm: bool) -> dict[str, Any]:
@@ -578,7 +574,7 @@ def _fire_timers(function: KeyedProcessFunction, backend: Any, queues: TimerQueu
 
     for domain, until in domains:
         context.time_domain = domain
-        for timestamp, key in queues.due(domain, until, prefetch):
+        for timestamp, key in queues.of(domain).due(until, prefetch):
             context.current_key, context.current_key_group = key, backend.current_key_group
             context.timestamp = timestamp
             result = function.on_timer(timestamp, context)

@@ -86,61 +86,44 @@ class QueueToken:
         return any(h.file == self.handle_file for h in mine)
 
 
-class TimerQueues:
-    """The timers of one subtask's backend: registration and deletion for the backend's current key, the earliest
-    timer per domain, and the due timers in timestamp order.
+class DomainTimers:
+    """One time domain's timers of a subtask: the hidden state (the truth) and the priority queue over it."""
 
-    Create it after the backend is restored; it registers the hidden states and, unless ``reuse`` (an earlier
-    instance for the same committed state) is given, builds its queues by reading every key of those states once."""
+    __slots__ = ("backend", "state", "queue", "sequence", "registered", "fired")
 
-    def __init__(self, backend: Any, reuse: TimerQueues | None = None) -> None:
+    def __init__(self, backend: Any, domain: TimeDomain, queue: list[tuple[int, int, int, Any]],
+                 sequence: Iterator[int]) -> None:
         self.backend = backend
-        self._states = {d: backend.get_state(timer_descriptor(d)) for d in TimeDomain}
-        self._sequence = itertools.count()
-        self._queues: dict[TimeDomain, list[tuple[int, int, int, Any]]] = {d: [] for d in TimeDomain}
-        #: Entries pushed per domain since the queues were built (a queue entry may be stale: see ``due``).
-        self.registered = {d: 0 for d in TimeDomain}
-        self.fired = {d: 0 for d in TimeDomain}
-        self.rebuilt = reuse is None
-        if reuse is not None:
-            self._queues = reuse._queues
-            self._sequence = reuse._sequence
-        else:
-            self._rebuild()
+        self.state = backend.get_state(timer_descriptor(domain))
+        self.queue = queue
+        self.sequence = sequence
+        #: Timers registered and fired since this object was made (this batch).
+        self.registered = 0
+        self.fired = 0
 
-    def _rebuild(self) -> None:
-        for domain in TimeDomain:
-            queue = self._queues[domain]
-            for group, key, timestamps in self.backend.map_keys(TIMER_STATE_NAMES[domain]):
-                queue.extend((timestamp, group, next(self._sequence), key) for timestamp in timestamps)
-            heapq.heapify(queue)
-
-    # ---- the current key's timers ----------------------------------------------------------------------------------
-    def register(self, domain: TimeDomain, timestamp: int) -> None:
+    def register(self, timestamp: int) -> None:
         """A timer of the backend's current key at ``timestamp`` (ms); registering it again changes nothing."""
-        state = self._states[domain]
+        state = self.state
         if state.contains(timestamp):
             return
         state.put(timestamp, True)
         b = self.backend
-        heapq.heappush(self._queues[domain], (timestamp, b.current_key_group, next(self._sequence), b.current_key))
-        self.registered[domain] += 1
+        heapq.heappush(self.queue, (timestamp, b.current_key_group, next(self.sequence), b.current_key))
+        self.registered += 1
 
-    def delete(self, domain: TimeDomain, timestamp: int) -> None:
+    def delete(self, timestamp: int) -> None:
         """Remove the current key's timer at ``timestamp`` (nothing if there is none), as Flink's delete*Timer."""
-        state = self._states[domain]
+        state = self.state
         if state.contains(timestamp):
             state.remove(timestamp)
 
-    def timestamps(self, domain: TimeDomain) -> list[int]:
-        """The current key's timers of ``domain``, earliest first."""
-        return sorted(self._states[domain].keys())
+    def timestamps(self) -> list[int]:
+        """The current key's timers, earliest first."""
+        return sorted(self.state.keys())
 
-    # ---- firing -------------------------------------------------------------------------------------------------
-    def earliest(self, domain: TimeDomain) -> int | None:
-        """The earliest timer of ``domain`` still registered, None if there is none (stale entries are dropped)."""
-        queue = self._queues[domain]
-        state, backend = self._states[domain], self.backend
+    def earliest(self) -> int | None:
+        """The earliest timer still registered, None if there is none (stale entries are dropped)."""
+        queue, state, backend = self.queue, self.state, self.backend
         while queue:
             timestamp, _, _, key = queue[0]
             backend.set_current_key(key)
@@ -149,20 +132,14 @@ class TimerQueues:
             heapq.heappop(queue)
         return None
 
-    def pending(self, domain: TimeDomain) -> int:
-        """Queue entries of ``domain`` (registered timers plus entries of deleted ones not yet dropped)."""
-        return len(self._queues[domain])
-
-    def due(self, domain: TimeDomain, until: int,
+    def due(self, until: int,
             prefetch: Callable[[list[Any], list[int]], None] | None = None) -> Iterator[tuple[int, Any]]:
-        """Pop the timers of ``domain`` at or before ``until``, in timestamp order (then key group, then the order
-        they were registered), each removed from its state before it is yielded as ``(timestamp, key)`` with the
-        backend's current key set to ``key``. Timers the consumer registers at or before ``until`` while iterating
-        are yielded too, in order, as Flink fires them within the same advance. ``prefetch(keys, key_groups)`` is
-        called with the keys of each run of due entries before the first of them is checked (RocksDB reads them
-        together)."""
-        queue = self._queues[domain]
-        state, backend = self._states[domain], self.backend
+        """Pop the timers at or before ``until``, in timestamp order (then key group, then the order they were
+        registered), each removed from its state before it is yielded as ``(timestamp, key)`` with the backend's
+        current key set to ``key``. Timers the consumer registers at or before ``until`` while iterating are yielded
+        too, in order, as Flink fires them within the same advance. ``prefetch(keys, key_groups)`` is called with
+        the keys of each run of due entries before the first of them is checked (RocksDB reads them together)."""
+        queue, state, backend = self.queue, self.state, self.backend
         while queue and queue[0][0] <= until:
             run = []
             while queue and queue[0][0] <= until:
@@ -178,8 +155,46 @@ class TimerQueues:
                 if not state.contains(timestamp):
                     continue  # deleted, or a duplicate entry of one already fired
                 state.remove(timestamp)
-                self.fired[domain] += 1
+                self.fired += 1
                 yield timestamp, key
+
+
+class TimerQueues:
+    """The timers of one subtask's backend, per domain (:class:`DomainTimers`: registration and deletion for the
+    backend's current key, the earliest timer, the due timers in timestamp order).
+
+    Create it after the backend is restored; it registers the hidden states and, unless ``reuse`` (an earlier
+    instance for the same committed state) is given, builds its queues by reading every key of those states once."""
+
+    def __init__(self, backend: Any, reuse: TimerQueues | None = None) -> None:
+        self.backend = backend
+        sequence = reuse.sequence if reuse is not None else itertools.count()
+        self.sequence = sequence
+        self.event_time = DomainTimers(backend, TimeDomain.EVENT_TIME,
+                                       reuse.event_time.queue if reuse is not None else [], sequence)
+        self.processing_time = DomainTimers(backend, TimeDomain.PROCESSING_TIME,
+                                            reuse.processing_time.queue if reuse is not None else [], sequence)
+        self.rebuilt = reuse is None
+        if reuse is None:
+            for domain in TimeDomain:
+                self._rebuild(self.of(domain), TIMER_STATE_NAMES[domain])
+
+    def _rebuild(self, timers: DomainTimers, state_name: str) -> None:
+        queue, sequence = timers.queue, self.sequence
+        for group, key, timestamps in self.backend.map_keys(state_name):
+            queue.extend((timestamp, group, next(sequence), key) for timestamp in timestamps)
+        heapq.heapify(queue)
+
+    def of(self, domain: TimeDomain) -> DomainTimers:
+        """The timers of ``domain``."""
+        return self.event_time if domain is TimeDomain.EVENT_TIME else self.processing_time
+
+    def report(self) -> dict[str, Any]:
+        """Per domain: timers registered and fired this batch, queue entries, the earliest timer, and whether the
+        queues were rebuilt from state (not kept from the previous batch)."""
+        return {d.value: {"registered": t.registered, "fired": t.fired, "queued": len(t.queue),
+                          "earliest": t.earliest(), "rebuilt": self.rebuilt}
+                for d, t in ((d, self.of(d)) for d in TimeDomain)}
 
 
 class TimerQueueRegistry:
