@@ -27,6 +27,7 @@ from keygroups.state import (
 from keygroups.state.timers import NO_WATERMARK, TIMER_STATE_PREFIX, TimeDomain, TimerQueues, check_timestamp
 
 if TYPE_CHECKING:
+    import numpy as np
     import pyarrow as pa
 
 #: The getter of each descriptor kind, named in the message when a descriptor reaches the wrong one.
@@ -216,6 +217,13 @@ class KeyedProcessFunction:
             if result is not None:
                 out.extend(result)
         return out
+
+    def late_mask(self, event_times: np.ndarray, watermark: int) -> np.ndarray:
+        """Which records are late (a bool array over their event times, epoch ms) when the batch starts at
+        ``watermark``: late records never reach the function (dropped and counted, or the job's late output). The
+        default: at or before the watermark. A function that still accepts some of them overrides it (windows with
+        allowed lateness: a record is late once every window it belongs to has expired)."""
+        return event_times <= watermark
 
     def on_timer(self, timestamp: int, context: ProcessContext) -> Iterable[Any] | None:
         """A timer of the current key fired: ``timestamp`` is its time, ``context.time_domain`` its domain. State

@@ -433,6 +433,7 @@ def _run_on_backend(spec: KeyedTaskSpec, subtask_index: int, batches: Iterable[p
     timings: dict[str, float] = {"restore": restore_seconds}
 
     t = time.perf_counter()
+    function = _load_function(spec)
     table = pa.Table.from_batches(list(batches), schema=spec.input_schema)
     records_in = table.num_rows
     late = spec.input_schema.empty_table()
@@ -440,7 +441,7 @@ def _run_on_backend(spec: KeyedTaskSpec, subtask_index: int, batches: Iterable[p
     if records_in and spec.timestamp_column is not None:
         event_times = event_time_millis(table.column(spec.timestamp_column), spec.timestamp_column)
         if spec.start_watermark != NO_WATERMARK:
-            is_late = (event_times <= spec.start_watermark) & (event_times != NO_WATERMARK)
+            is_late = function.late_mask(event_times, spec.start_watermark) & (event_times != NO_WATERMARK)
             if is_late.any():
                 late = table.filter(pa.array(is_late))
                 table = table.filter(pa.array(~is_late))
@@ -477,7 +478,6 @@ def _run_on_backend(spec: KeyedTaskSpec, subtask_index: int, batches: Iterable[p
     t = time.perf_counter()
     backend.watermark = spec.start_watermark
     timers.attach(backend)
-    function = _load_function(spec)
     function.open(RuntimeContext(backend, job_name=spec.job_name, subtask_index=subtask_index,
                                  parallelism=spec.parallelism, max_parallelism=spec.max_parallelism,
                                  checkpoint_id=spec.checkpoint_id))
