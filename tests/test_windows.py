@@ -278,8 +278,10 @@ def aggregate_job(assigner, lateness):
 
 
 batches_strategy = st.lists(
-    st.tuples(st.lists(st.tuples(st.integers(0, 5), st.integers(0, 40), st.integers(-5, 9)), max_size=12),
-              st.integers(0, 25), st.integers(1, 3)),
+    # (records (key, event time relative to the batch's base, value), watermark advance, parallelism): records up to
+    # 30 ms behind the base are late or within the allowed lateness, depending on the watermark
+    st.tuples(st.lists(st.tuples(st.integers(0, 5), st.integers(-30, 40), st.integers(-5, 9)), max_size=12),
+              st.integers(0, 40), st.integers(1, 3)),
     min_size=1, max_size=6)
 
 
