@@ -500,7 +500,16 @@ def _run_on_backend(spec: KeyedTaskSpec, subtask_index: int, batches: Iterable[p
         rows = [dict(zip(names, values)) for values in zip(*columns)]
     stamps = event_times.tolist() if spec.timestamp_column is not None else None
     process = function.process_element
-    for i, key in enumerate(keys):
+    batched = type(function).process_batch is not KeyedProcessFunction.process_batch
+    if batched and keys:
+        def select_key(i: int) -> None:
+            backend.set_current_key(keys[i])
+            context.current_key, context.current_key_group = keys[i], backend.current_key_group
+
+        result = function.process_batch(table, runs, keys, select_key, context)
+        if result is not None:
+            outputs.extend(result)
+    for i, key in enumerate(() if batched else keys):
         lo, hi = int(runs[i]), int(runs[i + 1])
         backend.set_current_key(key)
         context.current_key, context.current_key_group = key, backend.current_key_group

@@ -28,7 +28,7 @@ the stored contents move into the covering window with ``merge_namespaces`` and 
 from __future__ import annotations
 
 import io
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -118,12 +118,23 @@ class WindowOperator(fn.KeyedProcessFunction):
 
     # ---- records ------------------------------------------------------------------------------------------------
     def process_key_batch(self, key: Any, records: pa.Table, context: fn.ProcessContext) -> list[Any]:
+        return self._process(records, np.zeros(records.num_rows, dtype=np.int64), [key], lambda i: None, context)
+
+    def process_batch(self, records: pa.Table, runs: np.ndarray, keys: list[Any],
+                      select_key: Callable[[int], None], context: fn.ProcessContext) -> list[Any]:
+        key_of_row = np.repeat(np.arange(len(keys), dtype=np.int64), np.diff(runs))
+        return self._process(records, key_of_row, keys, select_key, context)
+
+    def _process(self, records: pa.Table, key_of_row: np.ndarray, keys: list[Any],
+                 select_key: Callable[[int], None], context: fn.ProcessContext) -> list[Any]:
+        """Assign the records (of one or many keys) to windows, combine each (key, window)'s records into one
+        partial, and merge it into the window's state: a Python step per (key, window), none per record."""
         service = context.timer_service
         if self.assigner.event_time:
             times = event_time_millis(records.column(self.timestamp_column), self.timestamp_column)
             keep = times != NO_WATERMARK   # a record without event time belongs to no window
             if not keep.all():
-                records, times = records.filter(pa.array(keep)), times[keep]
+                records, times, key_of_row = records.filter(pa.array(keep)), times[keep], key_of_row[keep]
             watermark = service.current_watermark()
         else:
             times = np.full(records.num_rows, service.current_processing_time(), dtype=np.int64)
@@ -134,21 +145,37 @@ class WindowOperator(fn.KeyedProcessFunction):
             rows, starts, ends = rows[live], starts[live], ends[live]
         if not len(rows):
             return []
-        order = np.lexsort((rows, ends, starts))
-        rows, starts, ends = rows[order], starts[order], ends[order]
+        owner = key_of_row[rows]
+        order = np.lexsort((rows, ends, starts, owner))
+        rows, starts, ends, owner = rows[order], starts[order], ends[order], owner[order]
+        # groups: (key index, window, stored windows merged into it, first row, end row)
+        groups: list[tuple[int, TimeWindow, list[Any], int, int]] = []
         if self.assigner.merging:
-            groups = self._merge_sessions(starts, ends)
+            key_change = np.flatnonzero(np.diff(owner) != 0) + 1
+            key_bounds = np.concatenate([[0], key_change, [len(owner)]]).tolist()
+            for lo, hi in zip(key_bounds[:-1], key_bounds[1:]):
+                k = int(owner[lo])
+                select_key(k)
+                groups += [(k, w, merged, lo + a, lo + b)
+                           for w, merged, a, b in self._merge_sessions(starts[lo:hi], ends[lo:hi])]
         else:
-            change = np.flatnonzero(np.diff(starts) != 0) + 1
-            bounds = np.concatenate([[0], change, [len(starts)]]).astype(np.int64)
-            groups = [(TimeWindow(int(starts[lo]), int(ends[lo])), [], lo, hi)
-                      for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist())]
-        bounds = np.array([g[2] for g in groups] + [len(rows)], dtype=np.int64)
+            change = np.flatnonzero((np.diff(starts) != 0) | (np.diff(owner) != 0)) + 1
+            bounds = np.concatenate([[0], change, [len(starts)]]).tolist()
+            firsts = bounds[:-1]
+            groups = [(k, TimeWindow(s, e), [], lo, hi) for k, s, e, lo, hi in zip(
+                owner[firsts].tolist(), starts[firsts].tolist(), ends[firsts].tolist(), firsts, bounds[1:])]
+        bounds_array = np.array([g[3] for g in groups] + [len(rows)], dtype=np.int64)
+        if self.aggregations is not None:
+            partials = self.aggregations.partials(records, rows, bounds_array)
         out: list[Any] = []
         state = self.contents
-        if self.aggregations is not None:
-            partials = self.aggregations.partials(records, rows, bounds)
-        for i, (window, merged, lo, hi) in enumerate(groups):
+        current = -1
+        lateness = self.allowed_lateness
+        event_time = self.assigner.event_time
+        for i, (k, window, merged, lo, hi) in enumerate(groups):
+            if k != current:
+                select_key(k)
+                current = k
             if merged:
                 state.merge_namespaces(window, merged)
             state.set_current_namespace(window)
@@ -157,14 +184,14 @@ class WindowOperator(fn.KeyedProcessFunction):
                 state.update_internal(partials[i] if stored is None else self.aggregations.merge(stored, partials[i]))
             else:
                 state.add(_ipc(records.take(pa.array(rows[lo:hi]))))
-            fire_at = window.max_timestamp()
-            if self.assigner.event_time:
+            fire_at = window.end - 1
+            if event_time:
                 if fire_at <= watermark:   # a late record within the allowed lateness: fire again now
-                    out.extend(self._emit(key, window, context))
+                    out.extend(self._emit(keys[k], window, context))
                 else:
                     service.register_event_time_timer(fire_at)
-                if self.allowed_lateness:
-                    service.register_event_time_timer(fire_at + self.allowed_lateness)
+                if lateness:
+                    service.register_event_time_timer(fire_at + lateness)
             else:
                 service.register_processing_time_timer(fire_at)
         return out
@@ -212,11 +239,12 @@ class WindowOperator(fn.KeyedProcessFunction):
         if event_time != self.assigner.event_time:
             return []
         out: list[Any] = []
-        for w in sorted(TimeWindow(*w) for w in state.namespaces()):
-            fire_at = w.max_timestamp()
-            if fire_at == timestamp:
-                out.extend(self._emit(context.current_key, w, context))
-            if fire_at + self.allowed_lateness <= timestamp:
+        lateness = self.allowed_lateness
+        for w in sorted(state.namespaces()):   # (start, end) tuples: a TimeWindow only for the windows touched
+            last = w[1] - 1
+            if last == timestamp:
+                out.extend(self._emit(context.current_key, TimeWindow(*w), context))
+            if last + lateness <= timestamp:
                 state.set_current_namespace(w)
                 state.clear()
         return out
@@ -228,8 +256,9 @@ class WindowOperator(fn.KeyedProcessFunction):
             acc = state.get_internal()
             if acc is None:
                 return []
-            keys = key if isinstance(key, tuple) else (key,)
-            return [(*keys, window.start, window.end, *self.aggregations.result(acc))]
+            if isinstance(key, tuple):
+                return [(*key, window.start, window.end, *self.aggregations.result(acc))]
+            return [(key, window.start, window.end, *self.aggregations.result(acc))]
         parts = state.get()
         if not parts:
             return []
