@@ -6,6 +6,7 @@ changing between batches."""
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import io
 import operator
 import pickle
@@ -388,3 +389,28 @@ def test_window_builder_refuses_what_it_cannot_run():
         stream.aggregate(Sum("missing"))
     with pytest.raises(ValueError, match="repeat"):
         stream.aggregate(Count(), Count())
+
+
+def test_state_reader_shows_open_windows_with_their_start_and_end(tmp_path):
+    from keygroups.runtime.state_reader import KeyedStateReader, load_restore_point, with_window_columns
+
+    location = str(tmp_path / "chk")
+    job = aggregate_job(TumblingEventTimeWindows.of(10), 0)
+    t = pa.table({"k": [1, 1, 2], "t": [1, 12, 25], "v": [4, 5, 6]}, schema=SCHEMA)
+    out, _ = run_batch(location, job, t, parallelism=2, backend="rocksdb", watermark=15)
+    assert out == [(1, 0, 10, 1, 4, 4, 4, 4.0)]
+    storage = CheckpointStorage(location)
+    reader = KeyedStateReader(storage, load_restore_point(storage), "window-contents", flatten=True)
+    rows = with_window_columns(pa.Table.from_batches(list(reader.read(kg.KeyGroupRange(0, MAXP - 1))),
+                                                     schema=reader.schema))
+    assert rows.column_names[:4] == ["key", "key_group", "window_start", "window_end"]
+    epoch = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
+
+    def ms(t):
+        return (t - epoch) // datetime.timedelta(milliseconds=1)
+
+    seen = sorted((r["key"], ms(r["window_start"]), ms(r["window_end"]), r["value"]["_1"], r["value"]["_2"])
+                  for r in rows.to_pylist())
+    assert seen == [(1, 10, 20, 1, 5), (2, 20, 30, 1, 6)]   # [0, 10) fired and was cleaned up
+    with pytest.raises(ValueError, match="flatten=True"):
+        with_window_columns(pa.table({"x": [1]}))
