@@ -42,9 +42,11 @@ from keygroups.windows import (
     Max,
     Mean,
     Min,
+    ProcessingTimeSessionWindows,
     ProcessWindowFunction,
     PythonAggregate,
     SlidingEventTimeWindows,
+    SlidingProcessingTimeWindows,
     Sum,
     TimeWindow,
     TumblingEventTimeWindows,
@@ -312,6 +314,33 @@ def test_event_time_windows_match_the_reference(kind_, kind, tmp_path_factory, b
 
 def _rounded(rows):
     return [(*r[:-1], round(r[-1], 9) if r[-1] is not None else None) for r in rows]
+
+
+@pytest.mark.parametrize("kind_", ["tumbling", "sliding", "session"])
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(batches=st.lists(st.tuples(st.lists(st.tuples(st.integers(0, 5), st.integers(-5, 9)), max_size=8),
+                                  st.integers(0, 12), st.integers(1, 3)), min_size=1, max_size=6))
+def test_processing_time_windows_match_the_reference(kind_, kind, tmp_path_factory, batches):
+    """Every record of a batch is at the batch's processing time; windows fire once a batch's time reaches their
+    end - 1 (the reference's watermark is the processing time)."""
+    location = str(tmp_path_factory.mktemp("p") / "chk")
+    size, slide = 10, 4
+    assigner = {"tumbling": TumblingProcessingTimeWindows.of(size),
+                "sliding": SlidingProcessingTimeWindows.of(size, slide),
+                "session": ProcessingTimeSessionWindows.with_gap(size)}[kind_]
+    job = aggregate_job(assigner, 0)
+    ref = Reference(kind_, size, slide, 0)
+    now = 1_000
+    for records, advance, parallelism in batches:
+        now += advance
+        rows = [(k, now, v) for k, v in records]
+        table = pa.table({"k": [r[0] for r in rows], "t": [0] * len(rows), "v": [r[2] for r in rows]},
+                         schema=SCHEMA)
+        out, late = run_batch(location, job, table, parallelism=parallelism, backend=kind, watermark=None,
+                              processing_time=now)
+        want_out, want_late = ref.batch(rows, now)
+        assert late == want_late == []
+        assert Multiset(_rounded(out)) == Multiset(_rounded(want_out))
 
 
 def test_processing_time_tumbling_windows_fire_when_the_batch_time_passes(tmp_path):

@@ -134,7 +134,7 @@ class Sum(_ColumnAggregation):
 
 class _Extreme(_ColumnAggregation):
     ufunc: Any = None
-    pick: Callable[[Any, Any], Any] = min
+    pick: Any = min
 
     def output_fields(self) -> list[pa.Field]:
         return [pa.field(self.name, self._type())]

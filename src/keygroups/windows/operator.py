@@ -131,7 +131,9 @@ class WindowOperator(fn.KeyedProcessFunction):
         partial, and merge it into the window's state: a Python step per (key, window), none per record."""
         service = context.timer_service
         if self.assigner.event_time:
-            times = event_time_millis(records.column(self.timestamp_column), self.timestamp_column)
+            column = self.timestamp_column
+            assert column is not None, "window() requires timestamp_column for event-time windows"
+            times = event_time_millis(records.column(column), column)
             keep = times != NO_WATERMARK   # a record without event time belongs to no window
             if not keep.all():
                 records, times, key_of_row = records.filter(pa.array(keep)), times[keep], key_of_row[keep]
