@@ -17,6 +17,7 @@ LAYERS = [
     {"keygroups.state"},
     {"keygroups.sources"},
     {"keygroups.runtime"},
+    {"keygroups.windows"},
     {"keygroups.spark"},
     {"keygroups.cli", "keygroups.__main__"},
 ]

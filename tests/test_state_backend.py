@@ -190,7 +190,7 @@ def test_registration_rules(kind):
         d2 = ValueStateDescriptor("s", Int64Serializer())
         d2.enable_time_to_live(StateTtlConfig.new_builder(10).build())
         b.get_state(d2)
-    with pytest.raises(NotImplementedError, match="namespace"):
+    with pytest.raises(StateMigrationError, match="namespace"):
         b.get_state(d, namespace="window-1")
 
 

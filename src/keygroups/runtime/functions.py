@@ -35,6 +35,7 @@ from keygroups.state.timers import (
 )
 
 if TYPE_CHECKING:
+    import numpy as np
     import pyarrow as pa
 
 #: The getter of each descriptor kind, named in the message when a descriptor reaches the wrong one.
@@ -237,6 +238,22 @@ class KeyedProcessFunction:
             if result is not None:
                 out.extend(result)
         return out
+
+    def process_batch(self, records: pa.Table, runs: np.ndarray, keys: list[Any],
+                      select_key: Callable[[int], None], context: ProcessContext) -> Iterable[Any] | None:
+        """Whole-subtask form, for functions whose per-key Python overhead dominates (windows pre-aggregate every
+        key's records at once): all the subtask's records of the batch, sorted by key group then key, key ``i``'s
+        rows at ``runs[i]:runs[i + 1]``; ``select_key(i)`` makes ``keys[i]`` the current key (state, timers,
+        ``context.current_key``) before its state is touched. Overriding it replaces process_key_batch /
+        process_element."""
+        raise NotImplementedError
+
+    def late_mask(self, event_times: np.ndarray, watermark: int) -> np.ndarray:
+        """Which records are late (a bool array over their event times, epoch ms) when the batch starts at
+        ``watermark``: late records never reach the function (dropped and counted, or the job's late output). The
+        default: at or before the watermark. A function that still accepts some of them overrides it (windows with
+        allowed lateness: a record is late once every window it belongs to has expired)."""
+        return event_times <= watermark
 
     def on_timer(self, timestamp: int, context: ProcessContext) -> Iterable[Any] | None:
         """A timer of the current key fired: ``timestamp`` is its time, ``context.time_domain`` its domain. State

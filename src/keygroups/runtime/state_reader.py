@@ -659,7 +659,36 @@ def operator_state_table(storage: CheckpointStorage, metadata: CheckpointMetadat
     return pa.Table.from_pydict(columns, schema=schema)
 
 
-__all__ = ["KeyedStateReader", "load_restore_point", "key_group_partitions", "DEFAULT_PARTITION_BYTES",
+def with_window_columns(rows: pa.Table | pa.RecordBatch) -> pa.Table:
+    """Window start and end columns for rows of a namespaced state whose namespaces are windows (the contents of
+    ``keygroups.windows``, state ``"window-contents"``, or any state got with ``namespace_serializer=
+    TimeWindow.serializer()``), read with ``flatten=True``.
+
+    A namespaced state is stored as a map state: its ``map_key`` is the namespace, a struct ``{_1: start, _2: end}``
+    of epoch ms (for a namespaced map state ``{_1: {_1: start, _2: end}, _2: user key}``). This replaces it by
+    ``window_start`` and ``window_end`` (UTC timestamps, ms) after the key columns, and keeps a namespaced map
+    state's user key as ``map_key``. ValueError for rows without such a ``map_key``."""
+    table = pa.Table.from_batches([rows]) if isinstance(rows, pa.RecordBatch) else rows
+    if "map_key" not in table.column_names or not pa.types.is_struct(table.schema.field("map_key").type):
+        raise ValueError(f"with_window_columns needs a namespaced state read with flatten=True (a struct map_key "
+                         f"column); the rows have columns {table.column_names}")
+    key = table.column("map_key").combine_chunks()
+    user_key = None
+    if pa.types.is_struct(key.type.field(0).type):   # a namespaced map state: (window, user key)
+        key, user_key = key.field(0), key.field(1)
+    window_type = [key.type.field(i).type for i in range(key.type.num_fields)]
+    if len(window_type) != 2 or not all(pa.types.is_integer(t) for t in window_type):
+        raise ValueError(f"map_key {table.schema.field('map_key').type} is not a (start, end) window of epoch ms")
+    at = table.column_names.index("map_key")
+    table = table.remove_column(at)
+    if user_key is not None:
+        table = table.add_column(at, "map_key", user_key)
+    for name, i in (("window_end", 1), ("window_start", 0)):
+        table = table.add_column(at, name, key.field(i).cast(pa.int64()).cast(TTL_TYPE))
+    return table
+
+
+__all__ = ["KeyedStateReader", "with_window_columns", "load_restore_point", "key_group_partitions", "DEFAULT_PARTITION_BYTES",
            "keyed_state_metas", "operator_state_names", "metadata_table", "operator_state_schema",
            "operator_state_table", "StateNotFoundError", "METADATA_SCHEMA", "KEY_COLUMNS_PROPERTY", "TTL_TYPE",
            "SINGLE_VALUE_KINDS", "read_timers", "timer_schema", "timer_counts", "TIMER_COUNTS_SCHEMA"]

@@ -431,6 +431,7 @@ def _run_on_backend(spec: KeyedTaskSpec, subtask_index: int, batches: Iterable[p
     timings: dict[str, float] = {"restore": restore_seconds}
 
     t = time.perf_counter()
+    function = _load_function(spec)
     table = pa.Table.from_batches(list(batches), schema=spec.input_schema)
     records_in = table.num_rows
     late = spec.input_schema.empty_table()
@@ -438,7 +439,7 @@ def _run_on_backend(spec: KeyedTaskSpec, subtask_index: int, batches: Iterable[p
     if records_in and spec.timestamp_column is not None:
         event_times = event_time_millis(table.column(spec.timestamp_column), spec.timestamp_column)
         if spec.start_watermark != NO_WATERMARK:
-            is_late = (event_times <= spec.start_watermark) & (event_times != NO_WATERMARK)
+            is_late = function.late_mask(event_times, spec.start_watermark) & (event_times != NO_WATERMARK)
             if is_late.any():
                 late = table.filter(pa.array(is_late))
                 table = table.filter(pa.array(~is_late))
@@ -475,7 +476,6 @@ def _run_on_backend(spec: KeyedTaskSpec, subtask_index: int, batches: Iterable[p
     t = time.perf_counter()
     backend.watermark = spec.start_watermark
     timers.attach(backend)
-    function = _load_function(spec)
     function.open(RuntimeContext(backend, job_name=spec.job_name, subtask_index=subtask_index,
                                  parallelism=spec.parallelism, max_parallelism=spec.max_parallelism,
                                  checkpoint_id=spec.checkpoint_id))
@@ -501,7 +501,16 @@ def _run_on_backend(spec: KeyedTaskSpec, subtask_index: int, batches: Iterable[p
         rows = [dict(zip(names, values)) for values in zip(*columns)]
     stamps = event_times.tolist() if spec.timestamp_column is not None else None
     process = function.process_element
-    for i, key in enumerate(keys):
+    batched = type(function).process_batch is not KeyedProcessFunction.process_batch
+    if batched and keys:
+        def select_key(i: int) -> None:
+            backend.set_current_key(keys[i])
+            context.current_key, context.current_key_group = keys[i], backend.current_key_group
+
+        result = function.process_batch(table, runs, keys, select_key, context)
+        if result is not None:
+            outputs.extend(result)
+    for i, key in enumerate(() if batched else keys):
         lo, hi = int(runs[i]), int(runs[i + 1])
         backend.set_current_key(key)
         context.current_key, context.current_key_group = key, backend.current_key_group

@@ -42,6 +42,7 @@ from keygroups.errors import CorruptSnapshotError, StateMigrationError
 from keygroups.serializers import SerializerSnapshot, TypeSerializer, resolve_compatibility
 from keygroups.state._codec import ValueFraming
 from keygroups.state.descriptors import StateDescriptor
+from keygroups.state.namespaced import namespaced_state
 from keygroups.state.states import STATE_CLASSES, State
 from keygroups.state.timers import NO_WATERMARK
 from keygroups.state.ttl import EVENT_TIME_NOT_STARTED, StateTtlConfig, stored_time_characteristic
@@ -332,14 +333,19 @@ class KeyedStateBackendBase:
         return self._now_ms() - config.ttl_ms
 
     # ---- registration -------------------------------------------------------------------------------------------
-    def get_state(self, descriptor: StateDescriptor, namespace: Any = VOID_NAMESPACE) -> Any:
+    def get_state(self, descriptor: StateDescriptor, namespace: Any = VOID_NAMESPACE, *,
+                  namespace_serializer: TypeSerializer | None = None) -> Any:
         """The state ``descriptor`` describes, created on first use (or matched to restored state: kind, TTL and
         serializer compatibility are checked, see ``keygroups.serializers.resolve_compatibility``).
 
-        ``namespace`` is reserved for window state; only ``VOID_NAMESPACE`` is supported so far."""
+        With a ``namespace`` (e.g. a window), the state is scoped to (key, namespace): a
+        ``keygroups.state.namespaced.NamespacedState`` whose current namespace is ``namespace``, stored as a map
+        state of the same name (namespace -> value, ``namespace_serializer`` writing the namespaces; needed on the
+        first call)."""
         if namespace is not VOID_NAMESPACE:
-            raise NotImplementedError(
-                f"namespaced state (namespace={namespace!r}) is not supported yet; use the default VOID_NAMESPACE")
+            if not isinstance(descriptor, StateDescriptor) or not descriptor.kind:
+                raise TypeError(f"get_state takes a state descriptor, got {descriptor!r}")
+            return namespaced_state(self, descriptor, namespace, namespace_serializer)
         if not isinstance(descriptor, StateDescriptor) or not descriptor.kind:
             raise TypeError(f"get_state takes a ValueStateDescriptor, ListStateDescriptor, MapStateDescriptor, "
                             f"ReducingStateDescriptor or AggregatingStateDescriptor, got {descriptor!r}")
