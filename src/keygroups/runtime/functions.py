@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, overload
 
 from keygroups.checkpoint.raw_keyed import RawKeyedStateReader, RawKeyedStateWriter
+from keygroups.serializers import TypeSerializer
 from keygroups.state import (
     AggregatingState,
     AggregatingStateDescriptor,
@@ -85,6 +86,16 @@ class RuntimeContext:
         the descriptor's kind."""
         _check_user_state(descriptor)
         return self._backend.get_state(descriptor)  # type: ignore[no-any-return]
+
+    def get_namespaced_state(self, descriptor: StateDescriptor, namespace: Any,
+                             namespace_serializer: TypeSerializer) -> Any:
+        """The keyed state for ``descriptor`` scoped to (key, namespace), e.g. per window (Flink's internal
+        namespaced state, which its window operator builds on): a ``keygroups.state.namespaced.NamespacedState``
+        whose current namespace starts as ``namespace`` (``set_current_namespace`` moves it; namespaces merge with
+        ``merge_namespaces``). ``namespace_serializer`` writes the namespaces (a window: ``TimeWindow.serializer()``).
+        Stored as a map state of the descriptor's name, so it rescales and checkpoints like any keyed state."""
+        _check_user_state(descriptor)
+        return self._backend.get_state(descriptor, namespace=namespace, namespace_serializer=namespace_serializer)
 
     def get_list_state(self, descriptor: ListStateDescriptor) -> ListState:
         """The keyed ``ListState`` for a ``ListStateDescriptor`` (Flink's ``getListState``)."""

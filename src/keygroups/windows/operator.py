@@ -107,9 +107,7 @@ class WindowOperator(fn.KeyedProcessFunction):
                                                          self.aggregations.accumulator_serializer())
         else:
             descriptor = ListStateDescriptor(CONTENTS_STATE, BytesSerializer())
-        # The runtime context registers user state without namespaces; the backend takes one.
-        self.contents = context._backend.get_state(descriptor, namespace=TimeWindow(0, 0),
-                                                   namespace_serializer=TimeWindow.serializer())
+        self.contents = context.get_namespaced_state(descriptor, TimeWindow(0, 0), TimeWindow.serializer())
 
     def late_mask(self, event_times: np.ndarray, watermark: int) -> np.ndarray:
         if not self.assigner.event_time:
