@@ -2,8 +2,7 @@
 
 1. Micro (no Spark, one subtask in this process = one core), per backend, through the runtime the Spark runner
    uses (begin_batch / run_keyed_subtask / commit_batch), one timer per key on ``--keys`` keys (heap, default 1M)
-   and ``--rocksdb-keys`` (default 10k: RocksDB's snapshot after a batch that empties many MapStates, as fired
-   timers do, is quadratic in their number today; pass 1000000 once that is fixed):
+   and ``--rocksdb-keys`` (default: as many):
      register  a batch of one record per key whose process_element registers one event-time timer (watermark stays
                below every timer), then
      fire      a batch with no records whose watermark passes every timer: each fires once (on_timer does nothing);
@@ -196,7 +195,7 @@ def micro_table(n_keys: int, seed: int = 13) -> pa.Table:
 
 
 def run_micro(args: argparse.Namespace, work: pathlib.Path) -> None:
-    sizes = {"heap": args.keys, "rocksdb": args.rocksdb_keys}
+    sizes = {"heap": args.keys, "rocksdb": args.rocksdb_keys or args.keys}
     tables = {b: micro_table(sizes[b]) for b in args.backends}
     kinds = ("warm", "cold", "value")
     times: dict[tuple[str, str], list[dict[str, float]]] = {(b, k): [] for b in args.backends for k in kinds}
@@ -233,10 +232,6 @@ def run_micro(args: argparse.Namespace, work: pathlib.Path) -> None:
             base = n / med(backend, "value", f"{what}_phase")
             ratio = "" if kind == "value" else f"{phase / base:>9.2f}x"
             print(f"{backend:<9}{n:>11,}  {label:<44}{phase:>13,.0f}{batch:>13,.0f}{ratio}")
-    if "rocksdb" in args.backends and args.rocksdb_keys < args.keys:
-        print(f"   rocksdb runs {args.rocksdb_keys:,} keys (--rocksdb-keys), not {args.keys:,}: its snapshot after a "
-              "batch that empties many MapStates (every fired timer does)\n   takes time quadratic in their number "
-              "(RocksDB _capture_deltas -> rows(): an unbounded prefix scan skips every tombstone after the key)")
 
 
 # ==== 2. session timeout: keygroups KeyedJob vs transformWithStateInPandas (EventTime) ===============================
@@ -533,9 +528,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--backends", default="heap,rocksdb", help="keygroups state backends, comma-separated")
     parser.add_argument("--keys", type=int, default=1_000_000, help="micro, heap: keys, one timer each")
-    parser.add_argument("--rocksdb-keys", type=int, default=10_000,
-                        help="micro, rocksdb: keys, one timer each (small while its snapshot after many fired "
-                             "timers is quadratic)")
+    parser.add_argument("--rocksdb-keys", type=int, default=None,
+                        help="micro, rocksdb: keys, one timer each (default: --keys)")
     parser.add_argument("--events", type=int, default=300_000, help="sessions: events (without the 2 sentinels)")
     parser.add_argument("--users", type=int, default=30_000, help="sessions: users (keys)")
     parser.add_argument("--batches", type=int, default=10, help="sessions: micro-batches (files) of real events")
