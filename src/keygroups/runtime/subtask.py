@@ -487,6 +487,7 @@ def _run_on_backend(spec: KeyedTaskSpec, subtask_index: int, batches: Iterable[p
                              timer_service=timer_service)
     outputs: list[Any] = []
     vectorized = type(function).process_key_batch is not KeyedProcessFunction.process_key_batch
+    batched = type(function).process_batch is not KeyedProcessFunction.process_batch
     runs = _key_runs(table, spec.key_columns)
     # One Python key per run of equal keys, not per record.
     starts = pa.array(runs[:-1])
@@ -495,13 +496,12 @@ def _run_on_backend(spec: KeyedTaskSpec, subtask_index: int, batches: Iterable[p
     if keys:
         backend.prefetch(keys, groups[runs[:-1]])
     rows: list[dict[str, Any]] = []
-    if table.num_rows and not vectorized:
+    if table.num_rows and not vectorized and not batched:
         names = table.column_names
         columns = [table.column(i).to_pylist() for i in range(table.num_columns)]
         rows = [dict(zip(names, values)) for values in zip(*columns)]
     stamps = event_times.tolist() if spec.timestamp_column is not None else None
     process = function.process_element
-    batched = type(function).process_batch is not KeyedProcessFunction.process_batch
     if batched and keys:
         def select_key(i: int) -> None:
             backend.set_current_key(keys[i])
