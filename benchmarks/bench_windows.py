@@ -337,8 +337,9 @@ def main() -> None:
                 runs["keygroups"].append(ours)
                 runs["spark"].append(theirs)
                 line = (f"run {run + 1} {kind:9s} keygroups {ours['events_per_second']:>10,.0f} ev/s   spark native "
-                        f"{theirs['events_per_second']:>10,.0f} ev/s   rescale batch {ours['rescale_batch_seconds']:.2f} s "
-                        f"vs steady {ours['steady_batch_seconds']:.2f} s, {ours['rescale_bytes_read']:,} bytes read")
+                        f"{theirs['events_per_second']:>10,.0f} ev/s   rescale batch "
+                        f"{ours['rescale_batch_seconds']:.2f} s vs steady {ours['steady_batch_seconds']:.2f} s, "
+                        f"{ours['rescale_bytes_read']:,} bytes read")
                 if not args.skip_tws:
                     tws = run_tws(spark, events_dir, kind, os.path.join(work, f"tws-{kind}-{run}"))
                     tws["events_per_second"] = n / tws["seconds"]
