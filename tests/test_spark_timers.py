@@ -124,7 +124,8 @@ def job_of(tmp_path, function=None, **kwargs):
                     watermark_strategy=WatermarkStrategy.for_bounded_out_of_orderness(DELAY), **kwargs)
 
 
-def test_event_time_timers_fire_across_rescales_as_the_reference(spark, tmp_path):
+def test_event_time_timers_fire_across_rescales_as_the_reference(any_spark, tmp_path):
+    spark = any_spark
     day = 86_400_000
     # The empty batch fires nothing new (its watermark stays); the last one, a day later, fires every timer left.
     batches = events(seed=1) + [[], [(999, day)]]
