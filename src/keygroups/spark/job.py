@@ -56,8 +56,8 @@ from keygroups.runtime.scaling import HISTORY, BatchFigures, ParallelismPolicy
 from keygroups.runtime.source import run_source_subtask, staged_schema
 from keygroups.runtime.subtask import KeyedTaskSpec, check_warm_heap_backends, run_keyed_subtask
 from keygroups.runtime.watermarks import WatermarkStrategy, check_late_records
-from keygroups.state.timers import NO_WATERMARK
 from keygroups.spark.partitioner import partition_by_key_group
+from keygroups.state.timers import NO_WATERMARK
 
 _REPORT_SCHEMA = "subtask int, report string"
 _REPORT_ARROW = pa.schema([("subtask", pa.int32()), ("report", pa.string())])
@@ -345,12 +345,12 @@ class KeyedJob:
         return self.storage.savepoint(latest, name)
 
     def _result(self, spark: SparkSession, metadata: CheckpointMetadata, *, replayed: bool, started: float,
-                input_schema: pa.Schema | None) -> BatchResult:
+                input_schema: pa.Schema) -> BatchResult:
         """The committed batch: its output DataFrame reads the files the committed subtasks wrote (its late output
         those of the late records, of ``input_schema``)."""
         output = read_checkpoint_files(spark, self.storage, metadata.outputs, self.output_schema)
         late = None
-        if self.late_records == "output" and input_schema is not None:
+        if self.late_records == "output":
             late = read_checkpoint_files(spark, self.storage, metadata.late_outputs, input_schema)
         return BatchResult(metadata.checkpoint_id, metadata.parallelism, output, metadata,
                            metadata.properties.get("reports", []), time.perf_counter() - started, replayed,
