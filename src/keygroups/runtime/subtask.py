@@ -15,14 +15,12 @@ on local disk instead (``warm_dir``). The report's ``restored["mode"]`` says whi
 
 from __future__ import annotations
 
-import collections
 import hashlib
 import os
 import pickle
 import tempfile
-import threading
 import time
-from collections.abc import Hashable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +37,7 @@ from keygroups.errors import KeyGroupOutOfRangeError
 from keygroups.runtime.functions import KeyedProcessFunction, ProcessContext, RuntimeContext, TimerService
 from keygroups.runtime.watermarks import check_late_records
 from keygroups.state import HeapKeyedStateBackend
+from keygroups.state.kept import KeptRegistry
 from keygroups.state.timers import (
     NO_WATERMARK,
     TIMER_QUEUES,
@@ -167,44 +166,12 @@ def check_warm_heap_backends(n: Any) -> int:
     return n
 
 
-class HeapBackendRegistry:
+class HeapBackendRegistry(KeptRegistry[HeapKeyedStateBackend]):
     """Heap backends kept in this process after their batch, for the next batch of the same subtask to resume.
 
     Keyed by what must match for the state to be the same (see :func:`heap_backend_key`); bounded by the caller's
     ``limit``, the least recently kept dropped first. :meth:`take` removes the backend, so two tasks never share one
     (a second task finds nothing and restores)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._kept: collections.OrderedDict[Hashable, HeapKeyedStateBackend] = collections.OrderedDict()
-
-    def take(self, key: Hashable) -> HeapKeyedStateBackend | None:
-        """The backend kept under ``key``, now the caller's alone; None if there is none."""
-        with self._lock:
-            return self._kept.pop(key, None)
-
-    def keep(self, key: Hashable, backend: HeapKeyedStateBackend, limit: int) -> None:
-        """Keep ``backend`` under ``key`` (replacing one kept there), then drop the least recently kept beyond
-        ``limit`` (0 keeps nothing)."""
-        with self._lock:
-            self._kept.pop(key, None)
-            if limit <= 0:
-                return
-            self._kept[key] = backend
-            while len(self._kept) > limit:
-                self._kept.popitem(last=False)
-
-    def keys(self) -> list[Hashable]:
-        """The keys of the kept backends, least recently kept first."""
-        with self._lock:
-            return list(self._kept)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._kept.clear()
-
-    def __len__(self) -> int:
-        return len(self._kept)
 
 
 #: This Python process's kept heap backends (Spark reuses a worker process for many tasks).
@@ -361,7 +328,7 @@ class _TimerQueuesOfTask:
         self.registry = registry
         self.key = (spec.backend, *heap_backend_key(spec, own_range))
         self.limit = spec.warm_heap_backends
-        self.kept = registry.take(self.key, metadata, own_range)
+        self.kept = registry.take_matching(self.key, metadata, own_range)
         self.queues: TimerQueues | None = None
         self.backend: Any = None
 
@@ -380,7 +347,7 @@ class _TimerQueuesOfTask:
     def keep(self, checkpoint_id: int, handle: Any) -> None:
         if self.queues is not None:
             token = QueueToken(checkpoint_id, handle.file if handle is not None else None)
-            self.registry.keep(self.key, token, self.queues, self.limit)
+            self.registry.keep(self.key, (token, self.queues), self.limit)
 
     def report(self) -> dict[str, Any]:
         return self.queues.report() if self.queues is not None else {}

@@ -20,7 +20,6 @@ import collections
 import enum
 import heapq
 import itertools
-import threading
 from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +27,7 @@ from typing import Any
 from keygroups.checkpoint import CheckpointMetadata
 from keygroups.serializers import BoolSerializer, Int64Serializer
 from keygroups.state.descriptors import MapStateDescriptor
+from keygroups.state.kept import KeptRegistry
 
 
 class TimeDomain(enum.Enum):
@@ -197,39 +197,19 @@ class TimerQueues:
                 for d, t in ((d, self.of(d)) for d in TimeDomain)}
 
 
-class TimerQueueRegistry:
+class TimerQueueRegistry(KeptRegistry[tuple[QueueToken, TimerQueues]]):
     """Timer queues kept in this worker process after their batch, with the token of the snapshot they reflect, for
     the next batch of the same subtask to reuse when it restores exactly that snapshot. Bounded as the heap backend
-    registry (least recently kept dropped first); :meth:`take` removes the entry, so two tasks never share one."""
+    registry (least recently kept dropped first); taking removes the entry, so two tasks never share one."""
 
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._kept: collections.OrderedDict[Hashable, tuple[QueueToken, TimerQueues]] = collections.OrderedDict()
-
-    def take(self, key: Hashable, metadata: CheckpointMetadata | None, key_group_range: Any) -> TimerQueues | None:
+    def take_matching(self, key: Hashable, metadata: CheckpointMetadata | None,
+                      key_group_range: Any) -> TimerQueues | None:
         """The queues kept under ``key`` if they reflect exactly ``metadata``'s state of ``key_group_range``."""
-        with self._lock:
-            kept = self._kept.pop(key, None)
+        kept = self.take(key)
         if kept is None or metadata is None:
             return None
         token, queues = kept
         return queues if token.matches(metadata, key_group_range) else None
-
-    def keep(self, key: Hashable, token: QueueToken, queues: TimerQueues, limit: int) -> None:
-        with self._lock:
-            self._kept.pop(key, None)
-            if limit <= 0:
-                return
-            self._kept[key] = (token, queues)
-            while len(self._kept) > limit:
-                self._kept.popitem(last=False)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._kept.clear()
-
-    def __len__(self) -> int:
-        return len(self._kept)
 
 
 #: This Python process's kept timer queues (Spark reuses a worker process for many tasks).
