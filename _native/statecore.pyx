@@ -80,6 +80,45 @@ def java_key(key):
     return _java_key(key)
 
 
+def java_keys(list keys):
+    """``keys`` with every key as :func:`java_key` gives it: the same list when none changes (int and str keys,
+    the common case, cost one type check each), else a new one."""
+    cdef Py_ssize_t i, n = PyList_GET_SIZE(keys)
+    cdef object key, canon
+    cdef list out = None
+    for i in range(n):
+        key = <object>PyList_GET_ITEM(keys, i)
+        canon = _java_key(key)
+        if canon is not key and out is None:
+            out = list(keys)
+        if out is not None:
+            out[i] = canon
+    return keys if out is None else out
+
+
+cdef object _java_map(object mapping):
+    """``mapping`` as a dict whose keys are canonical (:func:`java_key`): the dict itself when none changes. Keys
+    that Java sees as one (two NaN objects) become one entry, the later value winning, as a second ``put`` would."""
+    cdef object key, canon
+    cdef dict out
+    if type(mapping) is dict:
+        for key in <dict>mapping:
+            canon = _java_key(key)
+            if canon is not key:
+                break
+        else:
+            return mapping
+    out = {}
+    for key, value in mapping.items():
+        out[_java_key(key)] = value
+    return out
+
+
+def java_map(mapping):
+    """``mapping`` (a mapping) as a dict with canonical keys (:func:`java_key`); the dict itself when none changes."""
+    return _java_map(mapping)
+
+
 cdef class KeyContext:
     """The current key of a backend and its key group's index in the backend's range (``n`` when no key is set)."""
 
@@ -371,14 +410,17 @@ cdef class HeapMapCore:
             _remove(t, c, g)
 
     def get(self, key):
+        key = _java_key(key)
         m = self._values()
         return None if m is _MISSING else (<dict>m).get(key)
 
     def contains(self, key):
+        key = _java_key(key)
         m = self._map()
         return m is not _MISSING and key in <dict>m
 
     def put(self, key, value):
+        key = _java_key(key)
         cdef TableCore t = self._t
         cdef KeyContext c = t.ctx
         cdef dict g
@@ -402,6 +444,7 @@ cdef class HeapMapCore:
     def put_all(self, mapping):
         if not mapping:
             return
+        mapping = _java_map(mapping)
         m = self._map()
         m = dict(mapping) if m is _MISSING else m
         if m is not mapping:
@@ -409,6 +452,7 @@ cdef class HeapMapCore:
         self._store(m)
 
     def remove(self, key):
+        key = _java_key(key)
         m = self._map()
         if m is _MISSING or key not in <dict>m:
             return

@@ -1,23 +1,39 @@
 """Keys compare as Java's ``equals`` compares them in both backends, before and after a snapshot and a restore at
 another parallelism: every NaN is one key (``Double.equals``), ``-0.0`` and ``0.0`` are two, alone or inside tuple
-keys; the backends hash them by the same rule they compare them by."""
+keys; the backends hash them by the same rule they compare them by. Map keys follow the same rule (keyed MapState on
+both backends, operator broadcast state), on every path a batch, the state reader and the savepoint writer take."""
 
 from __future__ import annotations
 
+import io
 import math
+import pickle
 import struct
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from keygroups import KeyGroupRange, key_group_range
+from keygroups import KeyGroupRange, assign_key_groups, key_group_range, operator_index_for_key_group
 from keygroups._javakeys import NAN_KEY, NEGATIVE_ZERO_KEY
 from keygroups._native.statecore import java_key
 from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage
 from keygroups.errors import KeyGroupOutOfRangeError
 from keygroups.serializers import Float64Serializer, Int64Serializer, TupleSerializer
-from keygroups.state import HeapKeyedStateBackend, RocksDBKeyedStateBackend, ValueStateDescriptor
+from keygroups.runtime.driver import begin_batch, commit_batch
+from keygroups.runtime.functions import KeyedProcessFunction
+from keygroups.runtime.state_reader import KeyedStateReader
+from keygroups.runtime.state_writer import StateColumn, commit_savepoint, plan_savepoint, write_savepoint_subtask
+from keygroups.runtime.subtask import run_keyed_subtask
+from keygroups.state import (
+    HeapKeyedStateBackend,
+    MapStateDescriptor,
+    OperatorStateStore,
+    RocksDBKeyedStateBackend,
+    ValueStateDescriptor,
+)
 
 MAXP = 8
 BACKENDS = {"heap": HeapKeyedStateBackend, "rocksdb": RocksDBKeyedStateBackend}
@@ -87,3 +103,117 @@ def test_float_keys_are_java_keys_through_snapshot_and_rescale(tmp_path_factory,
             assert owners[0].get_state(desc).value() == model[model_key(key)]
         for b in restored:
             b.dispose()
+
+
+# ---- map keys, and every path a batch takes (run_keyed_subtask, reader, writer) --------------------------------------
+class CountPerKeyAndMapKey(KeyedProcessFunction):
+    """Counts each job key's records (a value state) and, per job key, each map key's records (a map state)."""
+
+    def open(self, context):
+        self.count = context.get_state(ValueStateDescriptor("n", Int64Serializer()))
+        self.per_map_key = context.get_state(MapStateDescriptor("m", Float64Serializer(), Int64Serializer()))
+
+    def process_element(self, record, context):
+        n = (self.count.value() or 0) + 1
+        self.count.update(n)
+        uk = record["uk"]
+        m = (self.per_map_key.get(uk) or 0) + 1
+        self.per_map_key.put(uk, m)
+        return [(record["seq"], n, m)]
+
+
+PAYLOAD_NAN = struct.unpack("<d", bytes.fromhex("010000000000f07f"))[0]
+BATCH_FLOATS = [math.nan, 0.0, -0.0, PAYLOAD_NAN, -0.0, 1.5, -math.nan, 0.0, math.nan, -1.5, -0.0]
+
+
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+@pytest.mark.parametrize("parallelisms", [(1, 1, 1), (2, 2), (1, 2, 1)])
+def test_batches_keep_float_job_and_map_keys_apart_as_java_does(tmp_path, backend, parallelisms):
+    """Job keys and map keys both from the float list, in several rounds at parallelism 1 and 2 (restores and
+    rescales between them): each record's counts, and the state a reader finds after every round, follow a model
+    keyed by Java's doubleToLongBits."""
+    location = str(tmp_path / "chk")
+    schema = pa.schema([("k", pa.float64()), ("uk", pa.float64()), ("seq", pa.int64())])
+    out_schema = pa.schema([("seq", pa.int64()), ("n", pa.int64()), ("m", pa.int64())])
+    counts: dict[int, int] = {}
+    per_map_key: dict[int, dict[int, int]] = {}
+    map_keys = BATCH_FLOATS[3:] + BATCH_FLOATS[:3]
+    for round_, p in enumerate(parallelisms):
+        seqs = list(range(round_ * 100, round_ * 100 + len(BATCH_FLOATS)))
+        table = pa.table({"k": pa.array(BATCH_FLOATS, pa.float64()), "uk": pa.array(map_keys, pa.float64()),
+                          "seq": pa.array(seqs, pa.int64())}, schema=schema)
+        plan = begin_batch(CheckpointStorage(location), job_name="floats", max_parallelism=MAXP, parallelism=p)
+        spec = plan.keyed_task(key_columns=("k",), function=pickle.dumps(CountPerKeyAndMapKey()), input_schema=schema,
+                               output_schema=out_schema, backend=backend, local_dir=str(tmp_path / "local"))
+        owners = operator_index_for_key_group(MAXP, p, assign_key_groups(table.column("k"), MAXP))
+        reports = [run_keyed_subtask(spec, i, table.filter(pa.array(owners == i)).to_batches()) for i in range(p)]
+        metadata = commit_batch(plan, reports)
+        storage = CheckpointStorage(location)
+        got = {row["seq"]: (row["n"], row["m"]) for f in metadata.outputs
+               for row in pq.read_table(io.BytesIO(storage.read_bytes(f))).to_pylist()}
+        expected = {}
+        for seq, k, uk in zip(seqs, BATCH_FLOATS, map_keys):
+            counts[java_bits(k)] = counts.get(java_bits(k), 0) + 1
+            m = per_map_key.setdefault(java_bits(k), {})
+            m[java_bits(uk)] = m.get(java_bits(uk), 0) + 1
+            expected[seq] = (counts[java_bits(k)], m[java_bits(uk)])
+        assert got == expected
+        # what is stored, as the state reader shows it: one row per Java key, one map entry per Java map key
+        values = pa.concat_tables(pa.Table.from_batches([b]) for b in
+                                  KeyedStateReader(storage, metadata, "n").read(KeyGroupRange(0, MAXP - 1)))
+        stored = [(java_bits(k), n) for k, n in zip(values.column("key").to_pylist(),
+                                                   values.column("value").to_pylist())]
+        assert sorted(stored) == sorted(counts.items())
+        entries = pa.concat_tables(pa.Table.from_batches([b]) for b in KeyedStateReader(
+            storage, metadata, "m", flatten=True).read(KeyGroupRange(0, MAXP - 1)))
+        stored_entries = [(java_bits(k), java_bits(uk), n) for k, uk, n in zip(
+            entries.column("key").to_pylist(), entries.column("map_key").to_pylist(), entries.column("value").to_pylist())]
+        assert sorted(stored_entries) == sorted((k, uk, n) for k, m in per_map_key.items() for uk, n in m.items())
+
+
+@pytest.mark.parametrize("name", sorted(BACKENDS))
+def test_a_written_savepoint_keeps_float_map_keys_apart_as_java_does(tmp_path, name):
+    """The savepoint writer takes a map column with two NaNs of different payloads (one Java key: the later value
+    wins, as a second put would) and both zeros (two keys); a backend restored from it finds them so."""
+    keys = [1.0, 2.0]
+    maps = [[(math.nan, 1), (PAYLOAD_NAN, 2), (0.0, 3), (-0.0, 4)], [(-0.0, 5)]]
+    table = pa.table({"k": pa.array(keys, pa.float64()),
+                      "m": pa.array(maps, pa.map_(pa.float64(), pa.int64()))})
+    plan = plan_savepoint(table.schema, str(tmp_path), "boot", key_columns="k", max_parallelism=MAXP, parallelism=1,
+                          states={"m": StateColumn("m", key_serializer=Float64Serializer(),
+                                                   serializer=Int64Serializer())})
+    commit_savepoint(plan, [write_savepoint_subtask(plan, 0, table.to_batches())])
+    storage = CheckpointStorage(str(tmp_path))
+    metadata = storage.load_savepoint("boot")
+    backend = BACKENDS[name](KeyGroupRange(0, MAXP - 1), MAXP, Float64Serializer())
+    backend.restore(storage, metadata)
+    state = backend.get_state(MapStateDescriptor("m", Float64Serializer(), Int64Serializer()))
+    backend.set_current_key(1.0)
+    assert sorted((java_bits(k), v) for k, v in state.items()) == sorted(
+        [(java_bits(math.nan), 2), (java_bits(0.0), 3), (java_bits(-0.0), 4)])
+    assert state.get(float("nan")) == 2 and state.get(-0.0) == 4 and state.get(0.0) == 3
+    backend.set_current_key(2.0)
+    assert state.get(0.0) is None and state.get(-0.0) == 5
+    backend.dispose()
+
+
+def test_broadcast_state_keys_compare_as_java_does(tmp_path):
+    """Operator broadcast maps follow the same equality, before and after a snapshot and restore."""
+    descriptor = MapStateDescriptor("b", Float64Serializer(), Int64Serializer())
+    store = OperatorStateStore(0, 1)
+    state = store.get_broadcast_state(descriptor)
+    state.put(math.nan, 1)
+    state.put(PAYLOAD_NAN, 2)
+    state.put(0.0, 3)
+    state.put(-0.0, 4)
+    assert len(state.items()) == 3 and state.get(float("nan")) == 2 and state.get(-0.0) == 4
+    storage = CheckpointStorage(str(tmp_path))
+    handle = store.snapshot(1, storage).result()
+    md = CheckpointMetadata(checkpoint_id=1, job_id="j", timestamp_ms=0, max_parallelism=MAXP, parallelism=1,
+                            keyed_handles=[], operator_handles=[handle])
+    restored = OperatorStateStore(0, 1)
+    restored.restore(storage, md)
+    again = restored.get_broadcast_state(descriptor)
+    assert sorted((java_bits(k), v) for k, v in again.items()) == sorted(
+        [(java_bits(math.nan), 2), (java_bits(0.0), 3), (java_bits(-0.0), 4)])
+    assert again.contains(PAYLOAD_NAN) and again.get(0.0) == 3

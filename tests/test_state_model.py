@@ -1,10 +1,14 @@
 """Model-based test: random operations on all five state types over random keys against a plain-dict model, with
 snapshot -> restore -> rescale (random p -> random p', max parallelism 128) in between, and writes racing the
-asynchronous snapshot; on both backends (RocksDB with fewer subtasks: each one is a database on disk)."""
+asynchronous snapshot; on both backends (RocksDB with fewer subtasks: each one is a database on disk). Then the same
+for float job keys and float map keys against a model of Java's equality (NaN payloads, signed zeros)."""
 
 from __future__ import annotations
 
 import copy
+import math
+import os
+import struct
 import tempfile
 
 from hypothesis import HealthCheck, settings
@@ -12,7 +16,18 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 from test_state_rescale import Job, descriptors
 
-from keygroups.checkpoint import CheckpointStorage
+from keygroups import assign_to_key_group, key_group_range, operator_index_for_key_group
+from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage, carry_forward
+from keygroups.serializers import Float64Serializer, Int64Serializer
+from keygroups.state import (
+    HeapKeyedStateBackend,
+    MapStateDescriptor,
+    RocksDBKeyedStateBackend,
+    StateTtlConfig,
+    ValueStateDescriptor,
+)
+
+BACKENDS = {"heap": HeapKeyedStateBackend, "rocksdb": RocksDBKeyedStateBackend}
 
 NKEYS = 25
 KEYS = st.integers(min_value=0, max_value=NKEYS - 1)
@@ -157,3 +172,183 @@ StateModel.TestCase.settings = settings(max_examples=30, stateful_step_count=20,
 RocksDBStateModel.TestCase.settings = settings(max_examples=10, stateful_step_count=15, **_SETTINGS)
 test_heap_state_model = StateModel.TestCase
 test_rocksdb_state_model = RocksDBStateModel.TestCase
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Float keys: job keys and map keys compare as Java's equals (every NaN one key, whatever its payload; 0.0 and -0.0
+# two), on both backends, through snapshots, restores at another parallelism, and warm reuse (a heap backend resumed,
+# a RocksDB database kept in its warm directory). The model keys everything by Java's doubleToLongBits.
+# ---------------------------------------------------------------------------------------------------------------------
+def java_bits(x: float) -> int:
+    """Java's doubleToLongBits: the IEEE bits, every NaN the one canonical NaN."""
+    return 0x7FF8000000000000 if math.isnan(x) else struct.unpack("<q", struct.pack("<d", x))[0]
+
+
+def _from_hex(h: str) -> float:
+    return struct.unpack(">d", bytes.fromhex(h))[0]
+
+
+#: NaNs with several payloads and both signs, both zeros, and a few ordinary values.
+FLOATS = st.sampled_from([_from_hex("7ff8000000000000"), _from_hex("fff8000000000000"), _from_hex("7ff0000000000001"),
+                          _from_hex("7fffffffffffffff"), 0.0, -0.0, 1.5, -1.5, math.inf])
+TTL = StateTtlConfig.new_builder(3600).build()
+
+
+def float_descriptors():
+    ttl_map = MapStateDescriptor("ttl map", Float64Serializer(), Int64Serializer())
+    ttl_map.enable_time_to_live(TTL)
+    return {"value": ValueStateDescriptor("value", Int64Serializer()),
+            "map": MapStateDescriptor("map", Float64Serializer(), Int64Serializer()),
+            "ttl map": ttl_map}
+
+
+class FloatJob:
+    """p subtasks keyed by Float64 job keys, each with a value state and two Float64-keyed map states (one with
+    TTL). ``warm``: RocksDB databases live in a warm directory and are reused by a restore at the same parallelism;
+    heap backends are resumed instead of restored."""
+
+    def __init__(self, kind, p, storage=None, metadata=None, warm_dir=None, previous=None):
+        self.kind, self.p = kind, p
+        self.resumed = False
+        if previous is not None:   # heap: continue with the backends the previous job kept
+            stats = [b.resume(storage, metadata) for b in previous.backends]
+            assert all(s is not None for s in stats)
+            self.backends, self.resumed = previous.backends, True
+        else:
+            extra = {"warm_dir": warm_dir} if warm_dir is not None else {}
+            self.backends = [BACKENDS[kind](key_group_range(MAXP, p, i), MAXP, Float64Serializer(),
+                                            key_type="double", subtask_index=i, **extra) for i in range(p)]
+            if metadata is not None:
+                for b in self.backends:
+                    b.restore(storage, metadata)
+        self.states = [{n: b.get_state(d) for n, d in float_descriptors().items()} for b in self.backends]
+
+    def at(self, key):
+        i = operator_index_for_key_group(MAXP, self.p, assign_to_key_group(key, MAXP, "double"))
+        self.backends[i].set_current_key(key)
+        return self.states[i]
+
+    def checkpoint(self, storage, checkpoint_id):
+        handles = [b.snapshot(checkpoint_id, storage).result(60) for b in self.backends]
+        storage.commit(CheckpointMetadata(checkpoint_id=checkpoint_id, job_id="floats", timestamp_ms=0,
+                                          max_parallelism=MAXP, parallelism=self.p,
+                                          keyed_handles=carry_forward(storage.latest(), handles),
+                                          operator_handles=[], properties={}))
+        return storage.load(checkpoint_id)
+
+    def dispose(self):
+        for b in self.backends:
+            b.dispose()
+
+
+MAXP = 16
+
+
+class FloatKeyModel(RuleBasedStateMachine):
+    """Float job keys and float map keys against a model keyed by Java's doubleToLongBits."""
+
+    KIND = "heap"
+
+    def __init__(self):
+        super().__init__()
+        self.job = None
+        self.checkpoint_id = 0
+        self.model = {n: {} for n in float_descriptors()}   # state -> java bits -> value / {java bits: value}
+
+    @initialize(p=st.integers(1, 3))
+    def start(self, p):
+        self.tmp = tempfile.TemporaryDirectory(prefix="kg-float-model-")
+        self.storage = CheckpointStorage(os.path.join(self.tmp.name, "chk"))
+        self.warm_dir = os.path.join(self.tmp.name, "warm")
+        self.job = FloatJob(self.KIND, p, warm_dir=self.warm_dir if self.KIND == "rocksdb" else None)
+
+    def teardown(self):
+        if self.job is not None:
+            self.job.dispose()
+            self.tmp.cleanup()
+
+    @rule(k=FLOATS, v=st.integers(-9, 9))
+    def value_add(self, k, v):
+        s = self.job.at(k)["value"]
+        s.update((s.value() or 0) + v)
+        m = self.model["value"]
+        m[java_bits(k)] = m.get(java_bits(k), 0) + v
+
+    @rule(k=FLOATS, uk=FLOATS, v=st.integers(-9, 9), name=st.sampled_from(["map", "ttl map"]))
+    def map_put(self, k, uk, v, name):
+        self.job.at(k)[name].put(uk, v)
+        self.model[name].setdefault(java_bits(k), {})[java_bits(uk)] = v
+
+    @rule(k=FLOATS, entries=st.lists(st.tuples(FLOATS, st.integers(-9, 9)), max_size=4),
+          name=st.sampled_from(["map", "ttl map"]))
+    def map_put_all(self, k, entries, name):
+        mapping = dict(entries)   # a Python dict: 0.0 and -0.0 are one key of it, NaN objects apart
+        self.job.at(k)[name].put_all(mapping)
+        if mapping:
+            target = self.model[name].setdefault(java_bits(k), {})
+            for uk, v in mapping.items():
+                target[java_bits(uk)] = v
+
+    @rule(k=FLOATS, uk=FLOATS, name=st.sampled_from(["map", "ttl map"]))
+    def map_remove(self, k, uk, name):
+        self.job.at(k)[name].remove(uk)
+        m = self.model[name].get(java_bits(k))
+        if m is not None:
+            m.pop(java_bits(uk), None)
+            if not m:
+                del self.model[name][java_bits(k)]
+
+    @rule(k=FLOATS, uk=FLOATS, name=st.sampled_from(["map", "ttl map"]))
+    def map_get(self, k, uk, name):
+        s = self.job.at(k)[name]
+        want = self.model[name].get(java_bits(k), {}).get(java_bits(uk))
+        assert s.get(uk) == want
+        assert s.contains(uk) == (want is not None)
+
+    @rule(k=FLOATS, name=st.sampled_from(sorted(float_descriptors())))
+    def clear(self, k, name):
+        self.job.at(k)[name].clear()
+        self.model[name].pop(java_bits(k), None)
+
+    @rule(p2=st.integers(1, 3), warm=st.booleans())
+    def snapshot_restore_rescale(self, p2, warm):
+        """Snapshot, then restore at p2 (cold), or continue warm at the same parallelism."""
+        self.checkpoint_id += 1
+        job = self.job
+        md = job.checkpoint(self.storage, self.checkpoint_id)
+        if warm and self.KIND == "heap":
+            self.job = FloatJob(self.KIND, job.p, self.storage, md, previous=job)
+        else:
+            p = job.p if warm else p2
+            job.dispose()
+            self.job = FloatJob(self.KIND, p, self.storage, md,
+                                warm_dir=self.warm_dir if self.KIND == "rocksdb" else None)
+        for name in float_descriptors():
+            found = [java_bits(k) for b in self.job.backends for k in b.keys(name)]
+            assert sorted(found) == sorted(self.model[name]), name   # each key once
+
+    def expected_map(self, name, bits):
+        return self.model[name].get(bits, {})
+
+    @invariant()
+    def all_keys_match(self):
+        if self.job is None:
+            return
+        for k in (_from_hex("7ff8000000000000"), _from_hex("fff0000000000123"), 0.0, -0.0, 1.5, -1.5, math.inf):
+            s = self.job.at(k)
+            bits = java_bits(k)
+            assert s["value"].value() == self.model["value"].get(bits)
+            for name in ("map", "ttl map"):
+                got = {java_bits(uk): v for uk, v in s[name].items()}
+                assert len(got) == len(s[name].items())   # each map key once
+                assert got == self.expected_map(name, bits), name
+
+
+class RocksDBFloatKeyModel(FloatKeyModel):
+    KIND = "rocksdb"
+
+
+FloatKeyModel.TestCase.settings = settings(max_examples=40, stateful_step_count=25, **_SETTINGS)
+RocksDBFloatKeyModel.TestCase.settings = settings(max_examples=20, stateful_step_count=20, **_SETTINGS)
+test_heap_float_key_model = FloatKeyModel.TestCase
+test_rocksdb_float_key_model = RocksDBFloatKeyModel.TestCase

@@ -1,5 +1,6 @@
 """Stub for the compiled hot paths of the heap keyed state backend (``_native/statecore.pyx``)."""
 
+from collections.abc import Mapping
 from typing import Any
 
 from typing_extensions import disjoint_base
@@ -10,6 +11,12 @@ MISSING: Any
 
 def java_key(key: Any) -> Any:
     """``key`` as the backends compare it (Java's equality): float parts canonical, anything else unchanged."""
+
+def java_keys(keys: list[Any]) -> list[Any]:
+    """``keys`` with every key as :func:`java_key` gives it: the same list when none changes, else a new one."""
+
+def java_map(mapping: Mapping[Any, Any]) -> dict[Any, Any]:
+    """``mapping`` as a dict with canonical keys (:func:`java_key`); the dict itself when none changes."""
 
 @disjoint_base
 class KeyContext:

@@ -20,6 +20,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from keygroups._native.statecore import java_keys
 from keygroups.errors import KeyGroupsError
 from keygroups.serializers import (
     BoolSerializer,
@@ -164,7 +165,8 @@ def _python(array: pa.Array, s: SerializerSnapshot) -> list[Any]:
         if s.identifier == "list":
             rows = [parts[0][a:b] for a, b in zip(offsets, offsets[1:])]
         else:
-            rows = [dict(zip(parts[0][a:b], parts[1][a:b])) for a, b in zip(offsets, offsets[1:])]
+            keys = java_keys(parts[0])   # one NaN entry, 0.0 and -0.0 apart: the map state's own key equality
+            rows = [dict(zip(keys[a:b], parts[1][a:b])) for a, b in zip(offsets, offsets[1:])]
     if valid is not None:
         rows = [r if ok else None for r, ok in zip(rows, valid)]
     return rows

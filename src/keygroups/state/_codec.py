@@ -17,7 +17,8 @@ Splitting and joining frames is compiled (``_native/framing.pyx``, over the chec
 against the bytes that remain; anything inconsistent raises ``CorruptSnapshotError``. In memory, TTL values are
 ``(value, timestamp)`` tuples (lists: of such tuples; maps: user key -> such a tuple). RocksDB keeps a map's entries
 as rows (:meth:`ValueFraming.map_rows`): the user key in the database key, ``[i64 timestamp |] value bytes`` as the
-row's value.
+row's value. A decoded map's keys are canonical (``java_keys``): they compare as Java's ``equals``, as the states'
+lookups do.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from keygroups._native import framing as _framing
+from keygroups._native.statecore import java_keys
 from keygroups.errors import CorruptSnapshotError, StateSerializationError
 
 #: What a serializer raises for a value (or key) it cannot write.
@@ -159,12 +161,12 @@ class ValueFraming:
     def _dec_map(self, b: Any) -> Any:
         kd, vd = self.key_ser.deserialize, self.ser.deserialize
         keys, values, _ = self._split_map(b, False)
-        return {kd(k): vd(x) for k, x in zip(keys, values)}
+        return dict(zip(java_keys([kd(k) for k in keys]), [vd(x) for x in values]))
 
     def _dec_map_ttl(self, b: Any) -> Any:
         kd, vd = self.key_ser.deserialize, self.ser.deserialize
         keys, values, ts = self._split_map(b, True)
-        return {kd(k): (vd(x), t) for k, x, t in zip(keys, values, ts)}
+        return dict(zip(java_keys([kd(k) for k in keys]), [(vd(x), t) for x, t in zip(values, ts)]))
 
     def _split_map(self, b: Any, ttl: bool) -> tuple[list[bytes], list[bytes], Any]:
         try:

@@ -59,6 +59,7 @@ from keygroups._native.statecore import (
     KeyContext,
     Layer,
     TableCore,
+    java_keys,
 )
 from keygroups._ranges import KeyGroupRange
 from keygroups.checkpoint import (
@@ -263,7 +264,7 @@ class _HeapTable(TableCore):
                     key_bytes = self.backend.key_serializer.serialize(key)
                 found = layer.find(key_bytes)
             else:
-                found = _find_unsorted(layer, key, self.backend.key_serializer.deserialize_many)
+                found = _find_unsorted(layer, key, self.backend._decode_keys)
             if found == ABSENT:
                 continue
             if found == DELETED:
@@ -350,7 +351,7 @@ class _HeapTable(TableCore):
     def decode_all(self) -> None:
         """Eager restore: decode every restored entry now (the layers are dropped)."""
         read = self.read_framing
-        decode_keys = self.backend.key_serializer.deserialize_many
+        decode_keys = self.backend._decode_keys
         deadline = self._ttl_deadline()
         for i in range(self.group_count):
             layers = self.layers[i]
@@ -392,7 +393,7 @@ class _HeapTable(TableCore):
         out = [k for k, v in m.items() if v is not MISSING]
         layers = self.layers[group_index]
         if layers:
-            decode_keys = self.backend.key_serializer.deserialize_many
+            decode_keys = self.backend._decode_keys
             seen = set(m)
             for layer in layers:
                 if layer.key_offsets is not None:
@@ -472,6 +473,13 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
                                                    Layer | None]] = collections.deque()
         self.set_current_key = self._ctx.set_current_key  # type: ignore[method-assign]  # no Python-level hop
         self._tables: dict[str, _HeapTable] = {}
+        deserialize_many = self.key_serializer.deserialize_many
+
+        def decode_keys(block: Any, offsets: Any) -> list[Any]:
+            # canonical, so that a decoded key meets the dicts' keys as set_current_key made them (Java equality)
+            return java_keys(deserialize_many(block, offsets))
+
+        self._decode_keys = decode_keys
         self._running_snapshots = 0
         self._snap_lock = threading.Lock()
         # Dirty tracking is on once a snapshot can be a delta: after a restore, or after the first snapshot's
@@ -529,7 +537,7 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
             if decoded:
                 for offsets in (key_offsets, delete_offsets):
                     if offsets is not None:
-                        for key in self.key_serializer.deserialize_many(block.block, offsets):
+                        for key in self._decode_keys(block.block, offsets):
                             decoded.pop(key, None)
             t.add_layer(group_index, Layer(block.block, key_offsets, value_offsets, delete_offsets, block.sorted))
 

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from keygroups._native import splitter
+from keygroups._native.statecore import java_key, java_keys, java_map
 from keygroups.checkpoint.metadata import (
     DEFAULT_OPERATOR_ID,
     CheckpointMetadata,
@@ -104,22 +105,23 @@ class BroadcastState:
         self.name = name
         self.key_serializer = key_serializer
         self.value_serializer = value_serializer
-        self._map: dict = entries if entries is not None else {}
+        # keys compare as Java's equals (one NaN entry, 0.0 and -0.0 apart), as in keyed MapState
+        self._map: dict = java_map(entries) if entries is not None else {}
 
     def get(self, key: Any, default: Any = None) -> Any:
-        return self._map.get(key, default)
+        return self._map.get(java_key(key), default)
 
     def put(self, key: Any, value: Any) -> None:
-        self._map[key] = value
+        self._map[java_key(key)] = value
 
     def put_all(self, entries: Mapping[Any, Any]) -> None:
-        self._map.update(entries)
+        self._map.update(java_map(entries))
 
     def remove(self, key: Any) -> None:
-        self._map.pop(key, None)
+        self._map.pop(java_key(key), None)
 
     def contains(self, key: Any) -> bool:
-        return key in self._map
+        return java_key(key) in self._map
 
     def keys(self) -> list:
         return list(self._map.keys())
@@ -137,7 +139,7 @@ class BroadcastState:
         self._map = {}
 
     def __contains__(self, key: Any) -> bool:
-        return key in self._map
+        return java_key(key) in self._map
 
     def __len__(self) -> int:
         return len(self._map)
@@ -285,7 +287,7 @@ class OperatorStateStore:
             v_read = self._read_serializer(name, restored.meta, "value_serializer", value_ser, "map value")
             for buf, offsets in restored.relative():
                 kd, ko, vd, vo = splitter.decode_entries(buf, offsets)
-                entries.update(zip(k_read.deserialize_many(kd, ko), v_read.deserialize_many(vd, vo)))
+                entries.update(zip(java_keys(k_read.deserialize_many(kd, ko)), v_read.deserialize_many(vd, vo)))
         state = BroadcastState(name, key_ser, value_ser, entries)
         self._registered[name] = _Registration(DistributionMode.BROADCAST, snapshots, state)
         return state

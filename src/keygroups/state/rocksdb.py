@@ -46,6 +46,7 @@ import numpy as np
 import rocksdict
 
 from keygroups._hashing import KeyType, assign_to_key_group
+from keygroups._native.statecore import java_key, java_keys, java_map
 from keygroups._ranges import KeyGroupRange
 from keygroups.checkpoint import KeyedStateHandle, KeyGroupBlock, chain_stats, write_keyed_snapshot
 from keygroups.errors import CorruptSnapshotError, no_current_key_error
@@ -559,6 +560,7 @@ class _RocksMap(MapState):
         return m, key, kgi
 
     def get(self, key: Any) -> Any:
+        key = java_key(key)
         t = self._t
         m, k, kgi = self._entry()
         if m is MISSING:
@@ -576,6 +578,7 @@ class _RocksMap(MapState):
         return v
 
     def contains(self, key: Any) -> bool:
+        key = java_key(key)
         t = self._t
         m, k, kgi = self._entry()
         if m is MISSING:
@@ -586,6 +589,7 @@ class _RocksMap(MapState):
         return v is not _ABSENT and v is not MISSING
 
     def put(self, key: Any, value: Any) -> None:
+        key = java_key(key)
         t = self._t
         m, k, kgi = self._entry()
         if m is MISSING:
@@ -596,6 +600,7 @@ class _RocksMap(MapState):
     def put_all(self, mapping: dict[Any, Any]) -> None:
         if not mapping:
             return
+        mapping = java_map(mapping)
         t = self._t
         m, k, kgi = self._entry()
         if m is MISSING:
@@ -604,6 +609,7 @@ class _RocksMap(MapState):
         t.pending[k] = kgi
 
     def remove(self, key: Any) -> None:
+        key = java_key(key)
         t = self._t
         m, k, kgi = self._entry()
         if m is MISSING:
@@ -898,7 +904,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         touches by one ordered scan of the touched key groups instead); the sorted keys are kept so that the flush
         writes the batch back in key order without building them again. Keys past the cache limit are left to load
         on first use; map states load theirs entry by entry."""
-        keys = list(keys)[:self.cache_limit]
+        keys = java_keys(list(keys)[:self.cache_limit])  # the cache is keyed as set_current_key keys it
         if key_groups is None:
             mp, kt = self.max_parallelism, self.key_type
             groups = np.fromiter((assign_to_key_group(k, mp, kt) for k in keys), np.int64, len(keys))
@@ -1005,7 +1011,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         if t is None:
             raise KeyError(f"no state named {state_name!r}; known states: {sorted(self._tables)}")
         self._flush()  # (checks a kept database first)
-        deserialize_key = self.key_serializer.deserialize
+        deserialize = self.key_serializer.deserialize
         last = None
         for k in list(self._db.keys()):
             k = cast(bytes, k)
@@ -1013,7 +1019,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
                 key_bytes = _split_db_key(k)[2]
                 if key_bytes != last:  # a map's entries of one key are adjacent
                     last = key_bytes
-                    yield deserialize_key(key_bytes)
+                    yield java_key(deserialize(key_bytes))
 
     def map_keys(self, state_name: str) -> Iterator[tuple[int, Any, list[Any]]]:
         """As the base class's, in one ordered scan of the state's rows per key group (not a read per key)."""
@@ -1022,7 +1028,11 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
             raise KeyError(f"map state {state_name!r} is not registered; registered: "
                            f"{sorted(n for n, x in self._tables.items() if x.descriptor is not None)}")
         self._flush()  # (checks a kept database first)
-        deserialize_key = self.key_serializer.deserialize
+        deserialize = self.key_serializer.deserialize
+
+        def deserialize_key(key_bytes: Any) -> Any:
+            return java_key(deserialize(key_bytes))
+
         framing = t.read_framing
         for kgi in range(self._n):
             prefix = self._group_prefix[kgi] + t.state_id_bytes

@@ -10,6 +10,9 @@ refreshes timestamps on reads. Each TTL state reads two clocks of its backend: `
 what a write records; they differ only for event-time TTL before the first watermark (``now`` is ``NO_WATERMARK``,
 under which nothing expires, and ``stamp`` is ``EVENT_TIME_NOT_STARTED``; such an entry is stamped on its first access
 under a watermark, see ``keygroups.state.ttl``).
+
+Map keys compare as Java's ``equals`` (``keygroups._javakeys``): every user key passes through ``java_key`` on its way
+in, and stored maps are decoded with canonical keys (``_codec``), so every NaN is one entry and ``0.0``/``-0.0`` two.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import abc
 from collections.abc import Iterable
 from typing import Any
 
-from keygroups._native.statecore import MISSING
+from keygroups._native.statecore import MISSING, java_key, java_map
 from keygroups.errors import none_added_error
 from keygroups.state.ttl import EVENT_TIME_NOT_STARTED
 
@@ -192,10 +195,12 @@ class _Map(_Stored, MapState):
         self._t = store
 
     def get(self, key: Any) -> Any:
+        key = java_key(key)
         m = self._t.get()
         return None if m is MISSING else m.get(key)
 
     def put(self, key: Any, value: Any) -> None:
+        key = java_key(key)
         t = self._t
         m = t.get()
         if m is MISSING:
@@ -207,6 +212,7 @@ class _Map(_Stored, MapState):
     def put_all(self, mapping: dict[Any, Any]) -> None:
         if not mapping:
             return
+        mapping = java_map(mapping)
         t = self._t
         m = t.get()
         if m is MISSING:
@@ -216,6 +222,7 @@ class _Map(_Stored, MapState):
             t.put(m)
 
     def remove(self, key: Any) -> None:
+        key = java_key(key)
         t = self._t
         m = t.get()
         if m is MISSING or key not in m:
@@ -227,6 +234,7 @@ class _Map(_Stored, MapState):
             t.delete()
 
     def contains(self, key: Any) -> bool:
+        key = java_key(key)
         m = self._t.get()
         return m is not MISSING and key in m
 
@@ -407,6 +415,7 @@ class _TtlMap(_TtlBase, MapState):
             self._t.delete()
 
     def _entry(self, key: Any) -> Any:
+        key = java_key(key)
         t = self._t
         m = t.get()
         if m is MISSING:
@@ -433,6 +442,7 @@ class _TtlMap(_TtlBase, MapState):
         return self._entry(key) is not MISSING
 
     def put(self, key: Any, value: Any) -> None:
+        key = java_key(key)
         t = self._t
         m = t.get()
         if m is MISSING:
@@ -443,6 +453,7 @@ class _TtlMap(_TtlBase, MapState):
     def put_all(self, mapping: dict[Any, Any]) -> None:
         if not mapping:
             return
+        mapping = java_map(mapping)
         t = self._t
         m = t.get()
         if m is MISSING:
@@ -453,6 +464,7 @@ class _TtlMap(_TtlBase, MapState):
         t.put(m)
 
     def remove(self, key: Any) -> None:
+        key = java_key(key)
         m = self._t.get()
         if m is MISSING or key not in m:
             return
