@@ -19,6 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from keygroups import KeyGroupRange, key_group_range
+from keygroups._local_dirs import SECRET_NAME, seal
 from keygroups.checkpoint import (
     CheckpointMetadata,
     CheckpointStorage,
@@ -593,15 +594,19 @@ def test_a_symlink_out_of_the_location_is_refused_for_reads_and_writes(tmp_path)
 # -- the local cache of remote keyed files -------------------------------------------------------------------------
 
 def _cached(cache_dir) -> dict[str, bytes]:
-    """The cache's entries (name -> content), temporary files left out."""
+    """The cache's entries (name -> content), temporary files and the directory's secret left out."""
     if not os.path.isdir(cache_dir):
         return {}
-    return {n: (cache_dir / n).read_bytes() for n in sorted(os.listdir(cache_dir)) if not n.startswith(".tmp-")}
+    return {n: (cache_dir / n).read_bytes() for n in sorted(os.listdir(cache_dir)) if not n.startswith(".")}
 
 
-def _entry_is_sound(name: str, content: bytes) -> bool:
-    _, start, end, crc = name.split("-")
-    return int(end) - int(start) == len(content) and f"{crc32c(content):08x}" == crc
+def _entry_is_sound(cache_dir: str, name: str, content: bytes) -> bool:
+    """The entry's name has its range and the HMAC of key, range and content under the directory's secret."""
+    key, start, end, mac = name.split("-")
+    with open(os.path.join(cache_dir, SECRET_NAME), "rb") as f:
+        secret = f.read()
+    return (int(end) - int(start) == len(content)
+            and seal(secret, key.encode(), f"{start}-{end}".encode(), content)[:32] == mac)
 
 
 @pytest.fixture
@@ -626,7 +631,7 @@ def test_remote_keyed_ranges_are_read_once_then_served_from_the_cache(memory_loc
     assert read_all(storage, md) == expected_state(1)
     entries = _cached(cache)
     assert len(entries) == len(md.keyed_handles) == 2            # one ranged read per keyed file
-    assert all(_entry_is_sound(n, c) for n, c in entries.items())
+    assert all(_entry_is_sound(str(cache), n, c) for n, c in entries.items())
     storage.load(1)
     storage.read_bytes(md.operator_handles[0].file)
     storage.read_bytes(md.keyed_handles[0].file)                 # the whole file: not a range of one
@@ -733,9 +738,10 @@ def test_cached_reads_return_what_the_remote_file_holds_within_the_limit(reads, 
             for i, a, b in reads:
                 start, end = min(a, b), max(a, b)
                 assert storage.read_bytes(files[i], start, end) == contents[i][start:end]
-                entries = {n: open(os.path.join(cache, n), "rb").read() for n in os.listdir(cache)}
+                entries = {n: open(os.path.join(cache, n), "rb").read() for n in os.listdir(cache)
+                           if n != SECRET_NAME}
                 assert sum(map(len, entries.values())) <= limit
-                assert all(_entry_is_sound(n, c) for n, c in entries.items())
+                assert all(_entry_is_sound(cache, n, c) for n, c in entries.items())
         finally:
             fs, root = fsspec.core.url_to_fs(location)
             fs.rm(root, recursive=True)

@@ -204,7 +204,7 @@ def test_a_second_backend_on_a_held_directory_works_apart(tmp_path):
     assert read(b, KEYS) == expected
     a.dispose()
     b.dispose()
-    assert sorted(os.listdir(warm)) == [f"0-{MAXP - 1}", f"0-{MAXP - 1}.lock"]
+    assert sorted(os.listdir(warm)) == [".keygroups-secret", f"0-{MAXP - 1}", f"0-{MAXP - 1}.lock"]
 
 
 # ---- the cache ---------------------------------------------------------------------------------------------------

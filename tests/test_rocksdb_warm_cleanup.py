@@ -21,8 +21,8 @@ def name(r):
 
 
 def kept(warm):
-    """The range directories under ``warm`` and the lock files, by name."""
-    entries = os.listdir(warm)
+    """The range directories under ``warm`` and the lock files, by name (not the directory's secret)."""
+    entries = [e for e in os.listdir(warm) if not e.startswith(".")]
     return ({e for e in entries if not e.endswith(".lock")}, {e[:-5] for e in entries if e.endswith(".lock")})
 
 
@@ -60,7 +60,7 @@ def test_the_same_range_and_unrelated_entries_are_kept(tmp_path):
     (warm / "12-x").mkdir()
     (warm / "README").write_text("not ours")
     open_and_dispose(str(warm), KeyGroupRange(0, 63))  # the same range again: its database stays for reuse
-    assert sorted(os.listdir(warm)) == ["0-63", "0-63.lock", "12-x", "README", "notes"]
+    assert sorted(os.listdir(warm)) == [".keygroups-secret", "0-63", "0-63.lock", "12-x", "README", "notes"]
     assert os.listdir(warm / "0-63")
 
 

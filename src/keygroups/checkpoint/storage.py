@@ -34,8 +34,8 @@ Remote locations: every listing and existence check asks the store (fsspec's lis
 sees checkpoints and files that others wrote at its next call. A ``chk-<id>`` is a checkpoint directory only while
 it holds an object: some stores (SeaweedFS; those with a hierarchical namespace) keep listing an emptied prefix.
 With a ``cache_dir``, ranged reads of ``shared/`` files, immutable under their unique names, are kept on local disk
-(:class:`_ReadCache`: bounded, least recently used dropped first, safe for processes sharing it, every entry
-CRC32C-checked before use), so restoring the same key groups again on one host sends no request for them.
+(:class:`_ReadCache`: in a directory private to this user, bounded, least recently used dropped first, safe for
+processes sharing it, every entry checked against an HMAC under the directory's secret before use), so restoring the same key groups again on one host sends no request for them.
 ``_metadata`` and every other file are always read from the store.
 """
 
@@ -44,6 +44,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import hmac
 import inspect
 import io
 import json
@@ -53,13 +54,14 @@ import os
 import posixpath
 import re
 import shutil
+import stat
 import time
 import uuid
 from collections.abc import Iterator
 from typing import Any, BinaryIO
 
-from crc32c import crc32c
 
+from keygroups import _local_dirs
 from keygroups._ranges import key_group_range
 from keygroups.checkpoint.format import merged_key_groups, write_full_snapshot
 from keygroups.checkpoint.metadata import (
@@ -335,15 +337,19 @@ class _ReadCache:
     """Byte ranges of immutable remote files kept in a local directory, so a second read of the same bytes on this
     host is served from disk. A file may be cached only if its content never changes under its name.
 
-    One cache file per range read, named ``<key>-<start>-<end>-<crc>``: ``key`` a hash of the file's URL, ``crc``
-    the CRC32C of the content. A read is served by any entry of the file whose range holds it, after the whole
-    entry's CRC32C is checked; a damaged or short entry is deleted and the read goes to the remote file. Entries
-    are published atomically (written under a temporary name, then renamed), so processes sharing the directory see
-    complete entries only; two that miss at once both fetch and publish the same bytes. After each publish the
-    least recently used entries (by modification time, which a hit renews) are deleted until the total is at most
-    ``max_bytes``; temporary files older than :attr:`STALE_TMP_S` (of a writer that died) go too. Every cache
-    failure (a full disk, a racing deletion) falls back to the remote read: the cache can cost a read, never fail
-    one."""
+    The directory must be private to this user (``keygroups._local_dirs``: created with mode 0700; an existing one
+    owned by someone else, writable by group or others, or not a directory disables the cache, with a warning). One
+    cache file per range read, named ``<key>-<start>-<end>-<mac>``: ``key`` a hash of the file's URL, ``mac`` an
+    HMAC-SHA256 of the key, the range and the content under the directory's secret (a random key in a 0600 file of
+    the directory), so an entry that this user's keygroups did not write, or whose bytes changed, is never used,
+    however well its own checksums agree. A read is served by any entry of the file whose range holds it, after the
+    whole entry's HMAC is checked; an entry that fails the check, or is not a private file, is deleted and the read
+    goes to the remote file. Entries are published atomically (written under a temporary name, then renamed), so
+    processes sharing the directory see complete entries only; two that miss at once both fetch and publish the same
+    bytes. After each publish the least recently used entries (by modification time, which a hit renews) are
+    deleted until the total is at most ``max_bytes``; temporary files older than :attr:`STALE_TMP_S` (of a writer
+    that died) go too. Every cache failure (a full disk, a racing deletion, a directory that is a file or
+    unreadable) falls back to the remote read: the cache can cost a read, never fail one."""
 
     STALE_TMP_S = 600.0
     _TMP = ".tmp-"
@@ -351,20 +357,40 @@ class _ReadCache:
     def __init__(self, directory: str, max_bytes: int) -> None:
         self.directory = directory
         self.max_bytes = max_bytes
+        self._secret: bytes | None = None
+        self._disabled = False
 
     @staticmethod
     def key(url: str) -> str:
         return hashlib.sha256(url.encode()).hexdigest()[:40]
 
+    def _ready(self) -> bytes | None:
+        """The directory's secret once the directory is checked (created private if missing); None, with one
+        warning, when it cannot be used."""
+        if self._secret is None and not self._disabled:
+            try:
+                _local_dirs.make_private(self.directory)
+                self._secret = _local_dirs.directory_secret(self.directory)
+            except OSError as e:
+                self._disabled = True
+                log.warning("checkpoint cache: not using %s (%s); reading remote files directly", self.directory, e)
+        return self._secret
+
+    def _mac(self, secret: bytes, key: str, start: int, end: int, data: bytes) -> str:
+        return _local_dirs.seal(secret, key.encode(), f"{start}-{end}".encode(), data)[:32]
+
     def _entries(self, key: str) -> list[os.DirEntry[str]]:
         try:
             with os.scandir(self.directory) as it:
                 return [e for e in it if e.name.startswith(key + "-")]
-        except FileNotFoundError:
+        except OSError:
             return []
 
     def get(self, key: str, start: int, end: int) -> bytes | None:
         """Bytes ``[start, end)`` of the file ``key`` from the smallest entry holding them, or None."""
+        secret = self._ready()
+        if secret is None:
+            return None
         holding = []
         for entry in self._entries(key):
             parts = entry.name.split("-")
@@ -372,15 +398,14 @@ class _ReadCache:
                 lo, hi = int(parts[1]), int(parts[2])
                 if lo <= start and end <= hi:
                     holding.append((hi - lo, lo, hi, parts[3], entry.path))
-        for _, lo, hi, crc, path in sorted(holding):
+        for _, lo, hi, mac, path in sorted(holding):
             try:
-                with open(path, "rb") as f:
-                    data = f.read()
-            except OSError:   # evicted meanwhile by another process
+                data = self._read_private(path)
+            except OSError:   # evicted meanwhile by another process, or not a file of ours
                 continue
-            if len(data) != hi - lo or f"{crc32c(data):08x}" != crc:
-                log.warning("checkpoint cache: %s is damaged (checksum mismatch); dropped, reading the remote file",
-                            path)
+            if len(data) != hi - lo or not hmac.compare_digest(self._mac(secret, key, lo, hi, data), mac):
+                log.warning("checkpoint cache: %s fails its check (not written here, or changed since); dropped, "
+                            "reading the remote file", path)
                 self._remove(path)
                 continue
             with contextlib.suppress(OSError):
@@ -388,18 +413,34 @@ class _ReadCache:
             return data if (lo, len(data)) == (start, end - start) else data[start - lo:end - lo]
         return None
 
+    @staticmethod
+    def _read_private(path: str) -> bytes:
+        """The content of cache entry ``path``, opened without following a symlink; UnsafeDirectoryError (after
+        deleting it) when it is not a regular file of this user that only this user may write."""
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+                _ReadCache._remove(path)
+                raise _local_dirs.UnsafeDirectoryError(f"{path} is not a private file")
+            return f.read()
+
     def put(self, key: str, start: int, data: bytes) -> None:
         """Publish ``data`` as bytes ``[start, start + len(data))`` of file ``key``, then evict down to the limit."""
         if len(data) > self.max_bytes:
             return
+        secret = self._ready()
+        if secret is None:
+            return
         try:
-            os.makedirs(self.directory, exist_ok=True)
+            end = start + len(data)
             tmp = os.path.join(self.directory, f"{self._TMP}{uuid.uuid4().hex}")
             try:
-                with open(tmp, "wb") as f:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                with os.fdopen(fd, "wb") as f:
                     f.write(data)
                 os.replace(tmp, os.path.join(self.directory,
-                                             f"{key}-{start}-{start + len(data)}-{crc32c(data):08x}"))
+                                             f"{key}-{start}-{end}-{self._mac(secret, key, start, end, data)}"))
             except BaseException:
                 self._remove(tmp)
                 raise
@@ -417,8 +458,10 @@ class _ReadCache:
         sized = []
         with os.scandir(self.directory) as it:
             for e in it:
+                if e.name == _local_dirs.SECRET_NAME:
+                    continue
                 try:
-                    st = e.stat()
+                    st = e.stat(follow_symlinks=False)
                 except FileNotFoundError:
                     continue
                 if e.name.startswith(self._TMP):
@@ -435,7 +478,7 @@ class _ReadCache:
 
     @staticmethod
     def _remove(path: str) -> None:
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(OSError):
             os.remove(path)
 
 

@@ -30,6 +30,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from keygroups._hashing import KeyType, assign_key_groups, assign_key_groups_for_tuples, key_type_for_arrow
+from keygroups._local_dirs import private_directory
 from keygroups._ranges import KeyGroupRange, key_group_range
 from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage
 from keygroups.checkpoint.raw_keyed import RawKeyedStateReader, write_raw_keyed_snapshot
@@ -84,16 +85,26 @@ def key_serializer_for(key_type: KeyType) -> Any:
 
 def read_cache_directory(local_dir: str | None) -> str:
     """Where this host caches the immutable state files it read from remote checkpoint storage (bounded; see
-    ``CheckpointStorage(cache_dir=...)``): under ``local_dir``, the system temporary directory by default."""
-    return os.path.join(local_dir or tempfile.gettempdir(), "keygroups-cache")
+    ``CheckpointStorage(cache_dir=...)``): ``keygroups-cache-<uid>`` under ``local_dir`` (the system temporary
+    directory by default), private to this user (mode 0700; one that someone else could change is refused for a
+    private temporary directory, with a warning: see :mod:`keygroups._local_dirs`)."""
+    return private_directory(os.path.join(_local_base(local_dir), f"keygroups-cache-{os.geteuid()}"),
+                             what="read cache")
 
 
 def warm_directory(local_dir: str | None, checkpoint_location: str, job_name: str) -> str:
-    """Where a job's warm RocksDB databases live on this host: under ``local_dir`` (the system temporary directory
-    by default), keyed by checkpoint location (hashed) and job name, one directory per key-group range below."""
+    """Where a job's warm RocksDB databases live on this host: ``keygroups-warm-<uid>`` under ``local_dir`` (the
+    system temporary directory by default; private to this user as :func:`read_cache_directory` is), keyed by
+    checkpoint location (hashed) and job name, one directory per key-group range below."""
     location = hashlib.sha256(checkpoint_location.encode()).hexdigest()[:16]
     job = hashlib.sha256(job_name.encode()).hexdigest()[:16]  # job names may hold any character
-    return os.path.join(local_dir or tempfile.gettempdir(), "keygroups-warm", location, job)
+    root = private_directory(os.path.join(_local_base(local_dir), f"keygroups-warm-{os.geteuid()}"),
+                             what="warm state")
+    return os.path.join(root, location, job)
+
+
+def _local_base(local_dir: str | None) -> str:
+    return local_dir or tempfile.gettempdir()
 
 
 def create_backend(kind: str, key_group_range: Any, max_parallelism: int, key_type: KeyType, *,

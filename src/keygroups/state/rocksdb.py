@@ -18,7 +18,11 @@ the heap backend: a mutable value read is written back at the next flush, so cha
 Warm database (``warm_dir``): the database stays on local disk after ``dispose()`` with a marker naming the
 checkpoint and the snapshot file it reflects; the next backend for the same key-group range that restores from that
 very checkpoint, whose metadata names that very file for this range, opens it as it is instead of restoring. Anything
-else (another checkpoint, a retried or failed attempt, a rescale, a damaged marker) deletes it and restores.
+else (another checkpoint, a retried or failed attempt, a rescale, a damaged marker) deletes it and restores. The
+warm directory must be private to this user (``keygroups._local_dirs``); when the database is closed its marker is
+sealed with the list of its files (size, modification time, inode) and an HMAC under the directory's secret, and a
+kept database is opened only after the seal and the files are checked: one changed behind the job's back is deleted
+and restored, never read.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import functools
 import gc
 import itertools
 import json
+import logging
 import operator
 import os
 import re
@@ -46,6 +51,15 @@ import numpy as np
 import rocksdict
 
 from keygroups._hashing import KeyType, assign_to_key_group
+from keygroups._local_dirs import (
+    UnsafeDirectoryError,
+    check_private,
+    directory_secret,
+    make_private,
+    private_directory,
+    seal,
+    sealed,
+)
 from keygroups._native.statecore import java_key, java_keys, java_map
 from keygroups._ranges import KeyGroupRange
 from keygroups.checkpoint import KeyedStateHandle, KeyGroupBlock, chain_stats, write_keyed_snapshot
@@ -76,8 +90,10 @@ _pack_u32 = _U32.pack
 DEFAULT_CACHE_LIMIT = 1 << 20
 
 #: Version of the warm database's marker (and of the database layout it vouches for).
-WARM_MARKER_VERSION = 2
+WARM_MARKER_VERSION = 3
 _MARKER = "marker.json"
+
+log = logging.getLogger(__name__)
 
 
 class _Absent:
@@ -184,6 +200,83 @@ def _lock_range(parent: str, name: str) -> Any:
         if now is not None and (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino):
             return lock_file
         lock_file.close()
+
+
+def _db_files(db_dir: str) -> dict[str, list[int]]:
+    """What a closed database directory holds: file name -> [size, mtime (ns), inode]; UnsafeDirectoryError if
+    anything in it is not a regular file of this user that only this user may write."""
+    files = {}
+    with os.scandir(db_dir) as it:
+        for e in it:
+            st = check_private(e.path, directory=False)
+            files[e.name] = [st.st_size, st.st_mtime_ns, st.st_ino]
+    return files
+
+
+def _marker_body(marker: dict[str, Any]) -> bytes:
+    """What a marker's HMAC covers: everything in it but the HMAC, as canonical JSON."""
+    return json.dumps({k: v for k, v in marker.items() if k != "mac"}, sort_keys=True, separators=(",", ":")).encode()
+
+
+def _seal_kept(path: str, secret: bytes) -> None:
+    """Once the kept database is closed: add to its marker (if it still has one) the list of the database's files
+    and an HMAC of the whole under the warm directory's secret. A marker not sealed so (its process died first) is
+    never believed, nor one whose database files changed since."""
+    marker_path = os.path.join(path, _MARKER)
+    try:
+        with open(marker_path, encoding="utf-8") as f:
+            marker = json.load(f)
+        if not isinstance(marker, dict):
+            raise ValueError("the marker is not a JSON object")
+        marker["files"] = _db_files(os.path.join(path, "db"))
+        marker["mac"] = seal(secret, _marker_body(marker))
+        with open(marker_path + ".tmp", "w", encoding="utf-8") as f:
+            json.dump(marker, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(marker_path + ".tmp", marker_path)
+    except FileNotFoundError:
+        return  # written to since its last snapshot: nothing to vouch for
+    except (OSError, ValueError) as e:
+        log.warning("warm state: could not seal %s (%s); it will be restored, not reused", path, e)
+        with contextlib.suppress(OSError):
+            os.remove(marker_path)
+
+
+def _open_kept(path: str, secret: bytes) -> dict[str, Any] | None:
+    """The sealed marker of the database kept in ``path`` when the seal holds and the database's files are exactly
+    those it lists (checked before the database is opened, so nothing RocksDB reads has changed); otherwise the
+    database and its marker are deleted (a warning if they were tampered with) and None is returned. An unsealed
+    or missing marker only means there is nothing to reuse."""
+    marker_path = os.path.join(path, _MARKER)
+    db_dir = os.path.join(path, "db")
+    marker = None
+    problem = None
+    try:
+        check_private(marker_path, directory=False)
+        with open(marker_path, encoding="utf-8") as f:
+            marker = json.load(f)
+        if not isinstance(marker, dict) or "mac" not in marker:
+            marker = None   # written by a backend that did not close: never vouched for
+        elif not sealed(secret, marker["mac"], _marker_body(marker)):
+            problem, marker = "its marker's seal does not match", None
+        else:
+            check_private(db_dir)
+            if _db_files(db_dir) != marker.get("files"):
+                problem, marker = "its database files changed since it was sealed", None
+    except FileNotFoundError:
+        marker = None
+    except (OSError, ValueError) as e:
+        problem, marker = str(e), None
+    if marker is None:
+        if problem is not None:
+            log.warning("warm state: not reusing %s: %s; its database is deleted and restored", path, problem)
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(marker_path)
+        shutil.rmtree(db_dir, ignore_errors=True)
+        if os.path.lexists(db_dir):
+            raise UnsafeDirectoryError(f"{db_dir} cannot be deleted")
+    return marker
 
 
 def _split(blob: bytes, offsets: np.ndarray) -> list[bytes]:
@@ -673,6 +766,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         self._writes = 0  # database writes so far: a marker vouches only for the write count it was captured at
         self._warm_path: str | None = None
         self._lock_file: Any = None
+        self._secret: bytes | None = None  # of the warm directory: seals the marker (see _seal_kept)
+        self._kept_marker: dict[str, Any] | None = None  # the sealed marker the kept database was checked against
         self.warm = False  # True when restore() reused a warm database
         path = self._claim_warm(warm_dir) if warm_dir is not None else None
         if path is None:
@@ -685,12 +780,14 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         self._unchecked = self._warm_path is not None
         keep = self._warm_path is not None
         self._finalizer = weakref.finalize(self, RocksDBKeyedStateBackend._cleanup, self._db, self._dir, keep,
-                                           self._lock_file)
+                                           self._lock_file, self._secret)
 
     @staticmethod
-    def _cleanup(db: rocksdict.Rdict, path: str, keep: bool, lock_file: Any) -> None:
+    def _cleanup(db: rocksdict.Rdict, path: str, keep: bool, lock_file: Any, secret: bytes | None) -> None:
         try:
             db.close()
+            if keep and secret is not None:
+                _seal_kept(path, secret)
         finally:
             if not keep:
                 shutil.rmtree(path, ignore_errors=True)
@@ -703,14 +800,25 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         claimed, the job's warm directories of other ranges that overlap this one are deleted (see
         ``_remove_stale_warm``)."""
         r = self.key_group_range
-        parent = os.fspath(warm_dir)
-        os.makedirs(parent, exist_ok=True)
+        parent = private_directory(warm_dir, what="warm state")
+        try:
+            secret = directory_secret(parent)
+        except OSError as e:
+            log.warning("warm state: cannot use %s (%s); this backend's database is not kept", parent, e)
+            return None
         name = f"{r.start}-{r.end}"
         lock_file = _lock_range(parent, name)
         if lock_file is None:
             return None
         path = os.path.join(parent, name)
-        os.makedirs(path, exist_ok=True)
+        try:
+            make_private(path)
+            self._kept_marker = _open_kept(path, secret)
+        except OSError as e:
+            log.warning("warm state: %s cannot be kept (%s); its backend works in a temporary directory", path, e)
+            lock_file.close()
+            return None
+        self._secret = secret
         self._lock_file = lock_file
         self._warm_path = path
         self._remove_stale_warm(parent)
@@ -1072,9 +1180,11 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
     def _warm_states(self, storage: CheckpointStorage, metadata: CheckpointMetadata) -> list[dict[str, Any]] | None:
         """The states of the warm database if its marker matches this restore exactly, else None."""
         assert self._warm_path is not None
+        marker = self._kept_marker  # as sealed when its backend closed the database, checked before this one opened it
+        self._kept_marker = None
+        if marker is None:
+            return None
         try:
-            with open(os.path.join(self._warm_path, _MARKER), encoding="utf-8") as f:
-                marker = json.load(f)
             r = self.key_group_range
             if not (isinstance(marker, dict) and marker.get("version") == WARM_MARKER_VERSION
                     and marker.get("location") == storage.location
@@ -1089,8 +1199,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
             if not isinstance(states, list) or not all(isinstance(s, dict) and "name" in s for s in states):
                 return None
             return states
-        except (OSError, ValueError):
-            return None  # no marker, or a damaged one: restore instead
+        except (TypeError, ValueError):
+            return None  # a marker of another shape: restore instead
 
     def _check_warm(self) -> None:
         """Empty a kept database that restore() has not vouched for, before its data is first used."""
@@ -1101,6 +1211,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         """Empty the database (a warm one that cannot be reused)."""
         assert self._warm_path is not None
         self._unchecked = False
+        self._kept_marker = None
         try:
             os.remove(os.path.join(self._warm_path, _MARKER))
         except FileNotFoundError:
