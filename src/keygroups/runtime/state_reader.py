@@ -45,6 +45,7 @@ from keygroups.checkpoint import (
     read_operator_runs,
 )
 from keygroups.checkpoint.metadata import EMPTY_BLOCK_SIZE
+from keygroups.checkpoint.state_meta import check_state_metas
 from keygroups.errors import CheckpointNotFoundError, CorruptSnapshotError, KeyGroupsError
 from keygroups.runtime.state_types import arrow_type, is_typed, reading_serializer
 from keygroups.serializers import SerializerSnapshot, TypeSerializer
@@ -97,7 +98,9 @@ def _where(metadata: CheckpointMetadata) -> str:
 
 
 def keyed_state_metas(metadata: CheckpointMetadata) -> dict[str, dict[str, Any]]:
-    """Each keyed state's meta (kind, serializer snapshots, TTL), by name: that of the newest file holding it."""
+    """Each keyed state's meta (kind, serializer snapshots, TTL), by name: that of the newest file holding it.
+    CorruptSnapshotError naming the state if a meta is malformed."""
+    check_state_metas(metadata)
     metas: dict[str, dict[str, Any]] = {}
     for h in sorted(metadata.keyed_handles, key=lambda h: h.checkpoint_id):
         for meta in h.states:

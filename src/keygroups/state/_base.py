@@ -38,6 +38,7 @@ from keygroups.checkpoint import (
 )
 from keygroups.checkpoint.metadata import is_shared_path
 from keygroups.checkpoint.planning import NO_CHAIN
+from keygroups.checkpoint.state_meta import check_state_metas
 from keygroups.errors import CorruptSnapshotError, StateMigrationError
 from keygroups.serializers import SerializerSnapshot, TypeSerializer, resolve_compatibility
 from keygroups.state._codec import ValueFraming
@@ -448,6 +449,7 @@ class KeyedStateBackendBase:
             raise RuntimeError("restore() was already called on this backend; create a new backend to restore again")
         if self._has_data():
             raise RuntimeError("restore() must come before any state is written to the backend")
+        check_state_metas(metadata)
         plan = plan_keyed_restore(metadata, self.key_group_range, max_parallelism=self.max_parallelism)
         self._restored = True
         if metadata.max_parallelism != self.max_parallelism:

@@ -73,6 +73,7 @@ from keygroups.checkpoint import (
 )
 from keygroups.checkpoint.metadata import is_shared_path, key_group_runs, keyed_handles_by_range
 from keygroups.checkpoint.planning import key_group_chains
+from keygroups.checkpoint.state_meta import check_state_metas
 from keygroups.errors import CheckpointNotFoundError, CorruptSnapshotError, StateSerializationError, no_current_key_error
 from keygroups.serializers import TypeSerializer
 from keygroups.state._base import (
@@ -590,6 +591,7 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
                     return None
             except (CheckpointNotFoundError, CorruptSnapshotError):
                 return None
+        check_state_metas(metadata)
         plan = plan_keyed_restore(metadata, r, max_parallelism=self.max_parallelism)
         chains = key_group_chains(keyed_handles_by_range(list(metadata.keyed_handles)), r)
         restart: list[int] = []

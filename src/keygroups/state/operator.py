@@ -43,9 +43,10 @@ from keygroups.checkpoint.operator_format import (
 )
 from keygroups.checkpoint.planning import plan_operator_restore
 from keygroups.checkpoint.storage import CheckpointStorage
-from keygroups.errors import StateMigrationError
+from keygroups.errors import StateMigrationError, StateSerializationError
 from keygroups.serializers import SerializerSnapshot, TypeSerializer, resolve_compatibility
 from keygroups.state._base import SnapshotFuture
+from keygroups.state._codec import UNWRITABLE
 
 __all__ = [
     "OperatorStateStore",
@@ -313,15 +314,25 @@ class OperatorStateStore:
         for name in sorted(self._registered):
             reg = self._registered[name]
             st = reg.state
-            if isinstance(st, BroadcastState):
-                keys, values = list(st._map.keys()), list(st._map.values())
-                kd, ko = st.key_serializer.serialize_many(keys)
-                vd, vo = st.value_serializer.serialize_many(values)
-                data, offsets = splitter.encode_entries(kd, np.ascontiguousarray(ko, dtype=np.int64),
-                                                        vd, np.ascontiguousarray(vo, dtype=np.int64))
-            else:
-                data, offsets = st.serializer.serialize_many(st._elements)
-                offsets = np.ascontiguousarray(offsets, dtype=np.int64)
+            try:
+                if isinstance(st, BroadcastState):
+                    keys, values = list(st._map.keys()), list(st._map.values())
+                    kd, ko = st.key_serializer.serialize_many(keys)
+                    vd, vo = st.value_serializer.serialize_many(values)
+                    data, offsets = splitter.encode_entries(kd, np.ascontiguousarray(ko, dtype=np.int64),
+                                                            vd, np.ascontiguousarray(vo, dtype=np.int64))
+                else:
+                    data, offsets = st.serializer.serialize_many(st._elements)
+                    offsets = np.ascontiguousarray(offsets, dtype=np.int64)
+            except UNWRITABLE as e:
+                kind = {DistributionMode.SPLIT_DISTRIBUTE: "list", DistributionMode.UNION: "union list"}.get(
+                    reg.mode, "broadcast")
+                sers = (f"{st.key_serializer!r} -> {st.value_serializer!r}" if isinstance(st, BroadcastState)
+                        else repr(st.serializer))
+                raise StateSerializationError(
+                    f"operator state {name!r} ({kind} state, serializer {sers}) cannot be written: {e}. The "
+                    "snapshot fails and nothing is committed; store values the serializer accepts, or register the "
+                    "state with one that fits them") from e
             captured.append(SerializedState(name, reg.mode, reg.serializers, data, offsets))
         return captured
 
