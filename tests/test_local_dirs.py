@@ -265,8 +265,22 @@ def _rewrite_kept_values(warm, value: int) -> None:
     db.close()
 
 
-def test_a_kept_database_is_reused_when_nothing_touched_it(tmp_path):
-    storage, warm = CheckpointStorage(str(tmp_path / "chk")), str(tmp_path / "warm")
+@pytest.fixture(params=["local", "s3"])
+def checkpoints(request, tmp_path):
+    """Checkpoint storage of a warm-database test: a local directory, or a fresh prefix on the real S3 server."""
+    if request.param == "local":
+        yield CheckpointStorage(str(tmp_path / "chk"))
+        return
+    server = request.getfixturevalue("s3_server")
+    location = server.url()
+    yield CheckpointStorage(location, storage_options=server.storage_options, cache_dir=tmp_path / "cache")
+    fs, root = fsspec.core.url_to_fs(location, **server.storage_options)
+    if fs.exists(root):
+        fs.rm(root, recursive=True)
+
+
+def test_a_kept_database_is_reused_when_nothing_touched_it(checkpoints, tmp_path):
+    storage, warm = checkpoints, str(tmp_path / "warm")
     _, _, md = _rocks_run(storage, warm, value_of=lambda k: k * 3)
     reused, values, _ = _rocks_run(storage, warm, md)
     assert reused and values == {k: k * 3 for k in KEYS}
@@ -274,8 +288,8 @@ def test_a_kept_database_is_reused_when_nothing_touched_it(tmp_path):
 
 @pytest.mark.parametrize("tamper", ["rewrite values", "marker's checkpoint", "marker's seal", "unsealed marker",
                                     "secret", pytest.param("a file of another user", marks=needs_root)])
-def test_a_tampered_kept_database_is_restored_never_reused(tmp_path, caplog, tamper):
-    storage, warm = CheckpointStorage(str(tmp_path / "chk")), str(tmp_path / "warm")
+def test_a_tampered_kept_database_is_restored_never_reused(checkpoints, tmp_path, caplog, tamper):
+    storage, warm = checkpoints, str(tmp_path / "warm")
     _, _, md = _rocks_run(storage, warm, value_of=lambda k: k * 3)
     truth = {k: k * 3 for k in KEYS}
     marker_path = os.path.join(warm, f"0-{MAXP - 1}", "marker.json")

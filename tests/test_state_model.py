@@ -17,7 +17,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from test_state_rescale import Job, descriptors
 
 from keygroups import assign_to_key_group, key_group_range, operator_index_for_key_group
-from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage, carry_forward
+from keygroups.checkpoint import CheckpointStorage
 from keygroups.serializers import Float64Serializer, Int64Serializer
 from keygroups.state import (
     HeapKeyedStateBackend,
@@ -192,6 +192,7 @@ def _from_hex(h: str) -> float:
 FLOATS = st.sampled_from([_from_hex("7ff8000000000000"), _from_hex("fff8000000000000"), _from_hex("7ff0000000000001"),
                           _from_hex("7fffffffffffffff"), 0.0, -0.0, 1.5, -1.5, math.inf])
 TTL = StateTtlConfig.new_builder(3600).build()
+MAXP = 16
 
 
 def float_descriptors():
@@ -202,13 +203,13 @@ def float_descriptors():
             "ttl map": ttl_map}
 
 
-class FloatJob:
+class FloatJob(Job):
     """p subtasks keyed by Float64 job keys, each with a value state and two Float64-keyed map states (one with
-    TTL). ``warm``: RocksDB databases live in a warm directory and are reused by a restore at the same parallelism;
-    heap backends are resumed instead of restored."""
+    TTL); checkpoints as ``Job`` does. With ``warm_dir``, RocksDB databases are kept there and reused by a restore
+    at the same parallelism; with ``previous``, its heap backends are resumed instead of restored."""
 
     def __init__(self, kind, p, storage=None, metadata=None, warm_dir=None, previous=None):
-        self.kind, self.p = kind, p
+        self.kind, self.maxp, self.p = kind, MAXP, p
         self.resumed = False
         if previous is not None:   # heap: continue with the backends the previous job kept
             stats = [b.resume(storage, metadata) for b in previous.backends]
@@ -228,20 +229,6 @@ class FloatJob:
         self.backends[i].set_current_key(key)
         return self.states[i]
 
-    def checkpoint(self, storage, checkpoint_id):
-        handles = [b.snapshot(checkpoint_id, storage).result(60) for b in self.backends]
-        storage.commit(CheckpointMetadata(checkpoint_id=checkpoint_id, job_id="floats", timestamp_ms=0,
-                                          max_parallelism=MAXP, parallelism=self.p,
-                                          keyed_handles=carry_forward(storage.latest(), handles),
-                                          operator_handles=[], properties={}))
-        return storage.load(checkpoint_id)
-
-    def dispose(self):
-        for b in self.backends:
-            b.dispose()
-
-
-MAXP = 16
 
 
 class FloatKeyModel(RuleBasedStateMachine):
