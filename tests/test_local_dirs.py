@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import stat
 import uuid
 
@@ -333,3 +334,20 @@ def test_a_world_writable_warm_directory_is_not_used(tmp_path, caplog):
     assert warned(caplog, "warm state") and os.listdir(warm) == []
     reused, values, _ = _rocks_run(storage, str(warm), md)
     assert values == {k: k for k in KEYS}
+
+
+@pytest.mark.parametrize("obstacle", ["range directory is a file", "lock file is a directory"])
+def test_a_broken_warm_directory_costs_a_restore_never_the_batch(tmp_path, caplog, obstacle):
+    storage, warm = CheckpointStorage(str(tmp_path / "chk")), tmp_path / "warm"
+    _, _, md = _rocks_run(storage, str(warm), value_of=lambda k: k + 5)
+    name = f"0-{MAXP - 1}"
+    if obstacle == "range directory is a file":
+        shutil.rmtree(warm / name)
+        (warm / name).write_bytes(b"in the way")
+    else:
+        os.remove(warm / f"{name}.lock")
+        (warm / f"{name}.lock").mkdir()
+    with caplog.at_level(logging.WARNING, logger="keygroups"):
+        reused, values, _ = _rocks_run(storage, str(warm), md)
+    assert not reused and values == {k: k + 5 for k in KEYS}
+    assert warned(caplog, "warm state")
