@@ -474,13 +474,6 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
                                                    Layer | None]] = collections.deque()
         self.set_current_key = self._ctx.set_current_key  # type: ignore[method-assign]  # no Python-level hop
         self._tables: dict[str, _HeapTable] = {}
-        deserialize_many = self.key_serializer.deserialize_many
-
-        def decode_keys(block: Any, offsets: Any) -> list[Any]:
-            # canonical, so that a decoded key meets the dicts' keys as set_current_key made them (Java equality)
-            return java_keys(deserialize_many(block, offsets))
-
-        self._decode_keys = decode_keys
         self._running_snapshots = 0
         self._snap_lock = threading.Lock()
         # Dirty tracking is on once a snapshot can be a delta: after a restore, or after the first snapshot's
@@ -489,6 +482,11 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
         # What failed snapshots took (per table name its dirty lists, and the key groups it was to write full),
         # handed back to the next capture. A deque: the snapshot worker appends, the capture pops, no lock needed.
         self._failed: collections.deque[tuple[dict[str, list[list[Any]]], set[int]]] = collections.deque()
+
+    def _decode_keys(self, block: Any, offsets: Any) -> list[Any]:
+        """The keys serialized in ``block`` at ``offsets``, canonical (``java_keys``): a decoded key meets the dicts'
+        keys as ``set_current_key`` made them, so a NaN or ``-0.0`` key is found, and listed, once."""
+        return java_keys(self.key_serializer.deserialize_many(block, offsets))
 
     # ---- hooks of the base ----------------------------------------------------------------------------------------
     def _state_class(self, kind: str, ttl: bool) -> type:
