@@ -8,7 +8,7 @@ state it reads or writes is the current key's.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from keygroups.checkpoint.raw_keyed import RawKeyedStateReader, RawKeyedStateWriter
 from keygroups.serializers import TypeSerializer
@@ -39,6 +39,13 @@ if TYPE_CHECKING:
     import numpy as np
     import pyarrow as pa
 
+T = TypeVar("T")
+K = TypeVar("K")
+V = TypeVar("V")
+IN = TypeVar("IN")
+ACC = TypeVar("ACC")
+OUT = TypeVar("OUT")
+
 #: The getter of each descriptor kind, named in the message when a descriptor reaches the wrong one.
 _GETTERS = {
     "value": ("get_state", "ValueStateDescriptor"),
@@ -54,7 +61,9 @@ class RuntimeContext:
 
     One getter per state kind, as Flink's ``RuntimeContext`` (``get_list_state(ListStateDescriptor)`` returns a
     ``ListState``, ...); each refuses a descriptor of another kind. ``get_state`` also takes every kind (the
-    backend's generic form), typed per descriptor."""
+    backend's generic form), typed per descriptor. The handles are typed by the descriptor's serializers:
+    ``get_state(ValueStateDescriptor("n", Int64Serializer()))`` is a ``ValueState[int]``,
+    ``get_map_state(MapStateDescriptor("m", StrSerializer(), Float64Serializer()))`` a ``MapState[str, float]``."""
 
     def __init__(self, backend: Any, *, job_name: str, subtask_index: int, parallelism: int, max_parallelism: int,
                  checkpoint_id: int) -> None:
@@ -70,15 +79,15 @@ class RuntimeContext:
         return self._backend.key_group_range
 
     @overload
-    def get_state(self, descriptor: ValueStateDescriptor) -> ValueState: ...
+    def get_state(self, descriptor: ValueStateDescriptor[T]) -> ValueState[T]: ...
     @overload
-    def get_state(self, descriptor: ListStateDescriptor) -> ListState: ...
+    def get_state(self, descriptor: ListStateDescriptor[T]) -> ListState[T]: ...
     @overload
-    def get_state(self, descriptor: MapStateDescriptor) -> MapState: ...
+    def get_state(self, descriptor: MapStateDescriptor[K, V]) -> MapState[K, V]: ...
     @overload
-    def get_state(self, descriptor: ReducingStateDescriptor) -> ReducingState: ...
+    def get_state(self, descriptor: ReducingStateDescriptor[T]) -> ReducingState[T]: ...
     @overload
-    def get_state(self, descriptor: AggregatingStateDescriptor) -> AggregatingState: ...
+    def get_state(self, descriptor: AggregatingStateDescriptor[IN, ACC, OUT]) -> AggregatingState[IN, OUT]: ...
 
     def get_state(self, descriptor: StateDescriptor) -> State:
         """The keyed state for ``descriptor``, of any of the five kinds (Flink's ``getState`` takes a
@@ -88,7 +97,7 @@ class RuntimeContext:
         return self._backend.get_state(descriptor)  # type: ignore[no-any-return]
 
     def get_namespaced_state(self, descriptor: StateDescriptor, namespace: Any,
-                             namespace_serializer: TypeSerializer) -> Any:
+                             namespace_serializer: TypeSerializer[Any]) -> Any:
         """The keyed state for ``descriptor`` scoped to (key, namespace), e.g. per window (Flink's internal
         namespaced state, which its window operator builds on): a ``keygroups.state.namespaced.NamespacedState``
         whose current namespace starts as ``namespace`` (``set_current_namespace`` moves it; namespaces merge with
@@ -97,19 +106,20 @@ class RuntimeContext:
         _check_user_state(descriptor)
         return self._backend.get_state(descriptor, namespace=namespace, namespace_serializer=namespace_serializer)
 
-    def get_list_state(self, descriptor: ListStateDescriptor) -> ListState:
+    def get_list_state(self, descriptor: ListStateDescriptor[T]) -> ListState[T]:
         """The keyed ``ListState`` for a ``ListStateDescriptor`` (Flink's ``getListState``)."""
         return self._get_checked(descriptor, "list")  # type: ignore[return-value]
 
-    def get_map_state(self, descriptor: MapStateDescriptor) -> MapState:
+    def get_map_state(self, descriptor: MapStateDescriptor[K, V]) -> MapState[K, V]:
         """The keyed ``MapState`` for a ``MapStateDescriptor`` (Flink's ``getMapState``)."""
         return self._get_checked(descriptor, "map")  # type: ignore[return-value]
 
-    def get_reducing_state(self, descriptor: ReducingStateDescriptor) -> ReducingState:
+    def get_reducing_state(self, descriptor: ReducingStateDescriptor[T]) -> ReducingState[T]:
         """The keyed ``ReducingState`` for a ``ReducingStateDescriptor`` (Flink's ``getReducingState``)."""
         return self._get_checked(descriptor, "reducing")  # type: ignore[return-value]
 
-    def get_aggregating_state(self, descriptor: AggregatingStateDescriptor) -> AggregatingState:
+    def get_aggregating_state(self, descriptor: AggregatingStateDescriptor[IN, ACC, OUT]
+                              ) -> AggregatingState[IN, OUT]:
         """The keyed ``AggregatingState`` for an ``AggregatingStateDescriptor`` (Flink's
         ``getAggregatingState``)."""
         return self._get_checked(descriptor, "aggregating")  # type: ignore[return-value]
@@ -206,21 +216,45 @@ def _checked(timestamp: Any) -> int:
 
 class ProcessContext:
     """What :meth:`KeyedProcessFunction.process_element` (and ``on_timer``) receives along with each record (timer):
-    the current key and its key group, the record's event time (``timestamp``, epoch ms, None without an event-time
-    column; the timer's time in ``on_timer``), the timer service, and in ``on_timer`` the timer's ``time_domain``
-    (None while records are processed)."""
+    the current key and its key group, the record's event time (:attr:`timestamp`, epoch ms; the timer's time in
+    ``on_timer``), the timer service, and in ``on_timer`` the timer's ``time_domain`` (None while records are
+    processed)."""
 
-    __slots__ = ("current_key", "current_key_group", "timestamp", "checkpoint_id", "subtask_index",
+    __slots__ = ("current_key", "current_key_group", "_timestamp", "checkpoint_id", "subtask_index",
                  "timer_service", "time_domain")
 
     def __init__(self, *, checkpoint_id: int, subtask_index: int, timer_service: TimerService | None = None) -> None:
         self.current_key: Any = None
         self.current_key_group: int = -1
-        self.timestamp: int | None = None
+        self._timestamp: int | None = None
         self.checkpoint_id = checkpoint_id
         self.subtask_index = subtask_index
         self.timer_service = timer_service if timer_service is not None else TimerService(None)
         self.time_domain: TimeDomain | None = None
+
+    @property
+    def timestamp(self) -> int:
+        """The current record's event time in epoch ms (in ``on_timer``: the timer's time), as an ``int``, so that
+        event-time code needs no cast or None check. Records have one when the job runs on event time
+        (``KeyedJob(timestamp_column=...)``); reading it otherwise, or for a record whose event-time column is null,
+        raises ``ValueError`` saying so. Test for it with :attr:`has_timestamp` (Flink's ``ctx.timestamp()`` returns
+        null there instead)."""
+        stamp = self._timestamp
+        if stamp is None:
+            raise ValueError(
+                "context.timestamp: this record has no event time: the job has no timestamp_column (give "
+                "KeyedJob(timestamp_column=...) to run on event time) or the record's event-time column is null; "
+                "check context.has_timestamp first where either can happen")
+        return stamp
+
+    @timestamp.setter
+    def timestamp(self, value: int | None) -> None:
+        self._timestamp = value
+
+    @property
+    def has_timestamp(self) -> bool:
+        """Whether :attr:`timestamp` has a value for the current record (or timer)."""
+        return self._timestamp is not None
 
 
 class KeyedProcessFunction:
