@@ -5,8 +5,12 @@ same blocks."""
 
 from __future__ import annotations
 
+import json
+import os
 import pathlib
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -34,6 +38,14 @@ def python_blocks(text: str) -> tuple[list[tuple[int, str]], int]:
         else:
             runnable.append((text.count("\n", 0, m.start(2)) + 1, m.group(2)))
     return runnable, skipped
+
+
+def file_block(text: str, name: str) -> str:
+    """The body of the fenced block whose info string names ``file=<name>`` (a script the guide shows whole)."""
+    for m in FENCE.finditer(text):
+        if f"file={name}" in m.group(1).split():
+            return m.group(2)
+    raise LookupError(f"no block with file={name}")
 
 
 def padded_source(text: str) -> str:
@@ -71,3 +83,38 @@ def test_the_streaming_job_page_runs_in_order(spark):
     namespace = run_guide(STREAMING_JOB)
     assert namespace["spark"] is spark
     assert len(namespace["sessions"]) == 4   # four sessions ended, the late click reached none of them
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_the_streaming_job_script_runs_under_spark_submit_on_a_multi_process_cluster(tmp_path):
+    """The page's deployment script, as written, through ``spark-submit --master local-cluster[2,1,1024]``: a
+    master and two executors in their own JVMs and Python workers (keygroups installed in their Python, the first
+    way the page gives); only the directories on the command line are shared."""
+    import pyspark
+
+    script = tmp_path / "sessions_job.py"
+    script.write_text(file_block(STREAMING_JOB.read_text(encoding="utf-8"), "sessions_job.py"))
+    incoming = tmp_path / "incoming"
+    incoming.mkdir()
+    clicks = [("ann", "2026-11-23T09:00:00Z"), ("bob", "2026-11-23T09:01:00Z"), ("ann", "2026-11-23T09:02:00Z"),
+              ("eve", "2026-11-23T09:30:00Z")]
+    (incoming / "clicks.json").write_text("".join(json.dumps({"user": u, "page": "home", "ts": t}) + "\n"
+                                                  for u, t in clicks))
+    spark_home = os.path.dirname(os.path.abspath(pyspark.__file__))
+    env = {**os.environ, "SPARK_HOME": spark_home, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable,
+           "PYSPARK_DRIVER_PYTHON": sys.executable}
+    out = tmp_path / "out"
+    result = subprocess.run(
+        [os.path.join(spark_home, "bin", "spark-submit"), "--master", "local-cluster[2,1,1024]",
+         "--conf", "spark.ui.enabled=false", str(script), str(incoming), str(tmp_path / "query"),
+         str(tmp_path / "state"), str(out)],
+        capture_output=True, text=True, timeout=900, env=env, cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(out / "batch=0").to_pylist()
+    start = 1_795_424_400_000   # 2026-11-23 09:00 UTC in epoch ms
+    assert sorted((r["user"], r["session_end"], r["clicks"]) for r in rows) == [
+        ("ann", start + 12 * 60_000, 2), ("bob", start + 11 * 60_000, 1)]   # eve's session is still open

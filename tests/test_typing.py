@@ -16,7 +16,7 @@ import sys
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from test_guide import GUIDES, padded_source
+from test_guide import GUIDES, STREAMING_JOB, file_block, padded_source
 
 from keygroups.checkpoint import CheckpointStorage
 from keygroups.runtime import ProcessContext, begin_batch, commit_batch
@@ -158,6 +158,14 @@ def test_the_guides_python_passes_the_type_checker(guide, checker, tmp_path):
     path.write_text(padded_source(guide.read_text(encoding="utf-8")))   # line numbers are the guide's own
     result = CHECKERS[checker](path)
     assert result.returncode == 0, f"{guide.name} under {checker}:\n{result.stdout}{result.stderr}"
+
+
+@pytest.mark.parametrize("checker", CHECKERS)
+def test_the_deployment_script_passes_the_type_checker(checker, tmp_path):
+    path = tmp_path / "sessions_job.py"
+    path.write_text(file_block(STREAMING_JOB.read_text(encoding="utf-8"), "sessions_job.py"))
+    result = CHECKERS[checker](path)
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 @pytest.mark.parametrize("checker", CHECKERS)
