@@ -8,8 +8,9 @@ state it reads or writes is the current key's.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, overload
 
+from keygroups._typing import ACC, IN, OUT, K, T, V
 from keygroups.checkpoint.raw_keyed import RawKeyedStateReader, RawKeyedStateWriter
 from keygroups.serializers import TypeSerializer
 from keygroups.state import (
@@ -39,12 +40,6 @@ if TYPE_CHECKING:
     import numpy as np
     import pyarrow as pa
 
-T = TypeVar("T")
-K = TypeVar("K")
-V = TypeVar("V")
-IN = TypeVar("IN")
-ACC = TypeVar("ACC")
-OUT = TypeVar("OUT")
 
 #: The getter of each descriptor kind, named in the message when a descriptor reaches the wrong one.
 _GETTERS = {

@@ -14,10 +14,11 @@ from __future__ import annotations
 import abc
 import copy as _copy
 from collections.abc import Sequence
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic
 
 import numpy as np
 
+from keygroups._typing import T
 from keygroups.errors import CorruptSnapshotError
 from keygroups.serializers.compatibility import Compatibility
 from keygroups.serializers.snapshot import SerializerSnapshot, register_serializer_class
@@ -25,9 +26,6 @@ from keygroups.serializers.snapshot import SerializerSnapshot, register_serializ
 AS_IS = Compatibility.COMPATIBLE_AS_IS
 AFTER_MIGRATION = Compatibility.COMPATIBLE_AFTER_MIGRATION
 INCOMPATIBLE = Compatibility.INCOMPATIBLE
-
-#: The type of value a serializer writes and reads back.
-T = TypeVar("T")
 
 
 class TypeSerializer(abc.ABC, Generic[T]):

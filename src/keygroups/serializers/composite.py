@@ -14,13 +14,12 @@ from __future__ import annotations
 from typing import Any, Generic, TypeVar, overload
 
 from keygroups._native import codec as _codec
+from keygroups._typing import K, V
 from keygroups.serializers.base import AFTER_MIGRATION, INCOMPATIBLE, CodecSerializer, TypeSerializer, codec_of
 from keygroups.serializers.compatibility import Compatibility
 from keygroups.serializers.snapshot import SerializerSnapshot
 
 
-_V = TypeVar("_V")
-_K = TypeVar("_K")
 _A = TypeVar("_A")
 _B = TypeVar("_B")
 _C = TypeVar("_C")
@@ -34,12 +33,12 @@ def _check(serializer: Any, what: str) -> TypeSerializer[Any]:
     return serializer
 
 
-class NullableSerializer(CodecSerializer[_V | None], Generic[_V]):
+class NullableSerializer(CodecSerializer[V | None], Generic[V]):
     """``None`` or a value of ``inner``: one flag byte, then the inner bytes."""
 
     identifier = "nullable"
 
-    def __init__(self, inner: TypeSerializer[_V]) -> None:
+    def __init__(self, inner: TypeSerializer[V]) -> None:
         self.inner = _check(inner, "NullableSerializer's inner serializer")
         self.is_immutable = inner.is_immutable
         self._use_codec(_codec.Codec(_codec.NULLABLE, repr(self), (codec_of(inner),)))
@@ -50,7 +49,7 @@ class NullableSerializer(CodecSerializer[_V | None], Generic[_V]):
     def nested_role(self, index: int) -> str:
         return "the non-null value"
 
-    def copy(self, value: _V | None) -> _V | None:
+    def copy(self, value: V | None) -> V | None:
         return None if value is None else self.inner.copy(value)
 
     def compatibility_with_other(self, old: SerializerSnapshot) -> tuple[Compatibility, str]:
@@ -99,12 +98,12 @@ class TupleSerializer(CodecSerializer[_Tuple], Generic[_Tuple]):
         return tuple(f.copy(v) for f, v in zip(self.fields, value, strict=True))  # type: ignore[return-value]
 
 
-class ListSerializer(CodecSerializer[list[_V]], Generic[_V]):
+class ListSerializer(CodecSerializer[list[V]], Generic[V]):
     """Lists (tuples accepted) of ``element`` values; values come back as lists."""
 
     identifier = "list"
 
-    def __init__(self, element: TypeSerializer[_V]) -> None:
+    def __init__(self, element: TypeSerializer[V]) -> None:
         self.element = _check(element, "ListSerializer's element serializer")
         self._use_codec(_codec.Codec(_codec.LIST, repr(self), (codec_of(element),)))
 
@@ -114,19 +113,19 @@ class ListSerializer(CodecSerializer[list[_V]], Generic[_V]):
     def nested_role(self, index: int) -> str:
         return "element"
 
-    def copy(self, value: list[_V]) -> list[_V]:
+    def copy(self, value: list[V]) -> list[V]:
         if self.element.is_immutable:
             return list(value)
         copy = self.element.copy
         return [copy(v) for v in value]
 
 
-class MapSerializer(CodecSerializer[dict[_K, _V]], Generic[_K, _V]):
+class MapSerializer(CodecSerializer[dict[K, V]], Generic[K, V]):
     """Dicts with keys of ``key`` and values of ``value``; stored sorted by key bytes (deterministic)."""
 
     identifier = "map"
 
-    def __init__(self, key: TypeSerializer[_K], value: TypeSerializer[_V]) -> None:
+    def __init__(self, key: TypeSerializer[K], value: TypeSerializer[V]) -> None:
         self.key = _check(key, "MapSerializer's key serializer")
         self.value = _check(value, "MapSerializer's value serializer")
         self._use_codec(_codec.Codec(_codec.MAP, repr(self), (codec_of(key), codec_of(value))))
@@ -137,7 +136,7 @@ class MapSerializer(CodecSerializer[dict[_K, _V]], Generic[_K, _V]):
     def nested_role(self, index: int) -> str:
         return "map key" if index == 0 else "map value"
 
-    def copy(self, value: dict[_K, _V]) -> dict[_K, _V]:
+    def copy(self, value: dict[K, V]) -> dict[K, V]:
         if self.key.is_immutable and self.value.is_immutable:
             return dict(value)
         kc, vc = self.key.copy, self.value.copy

@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import ClassVar
 
 from keygroups._native import codec as _codec
-from keygroups.serializers.base import AFTER_MIGRATION, CodecSerializer, T
+from keygroups._typing import T
+from keygroups.serializers.base import AFTER_MIGRATION, CodecSerializer
 from keygroups.serializers.compatibility import Compatibility
 from keygroups.serializers.snapshot import SerializerSnapshot
 

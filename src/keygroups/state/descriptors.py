@@ -13,18 +13,13 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic
 
+from keygroups._typing import ACC, IN, OUT, K, T, V
 from keygroups.serializers import TypeSerializer
 from keygroups.state.ttl import StateTtlConfig
 
 
-T = TypeVar("T")
-K = TypeVar("K")
-V = TypeVar("V")
-IN = TypeVar("IN")
-ACC = TypeVar("ACC")
-OUT = TypeVar("OUT")
 
 
 class ReduceFunction(abc.ABC, Generic[T]):

@@ -16,18 +16,14 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Iterable
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic
 
 from keygroups._native.statecore import MISSING
+from keygroups._typing import IN, OUT, K, T, V
 from keygroups.errors import none_added_error
 from keygroups.state.ttl import EVENT_TIME_NOT_STARTED
 
 
-T = TypeVar("T")
-K = TypeVar("K")
-V = TypeVar("V")
-IN = TypeVar("IN")
-OUT = TypeVar("OUT")
 
 
 class State(abc.ABC):
