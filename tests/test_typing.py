@@ -9,6 +9,7 @@ import io
 import json
 import pathlib
 import pickle
+import re
 import shutil
 import subprocess
 import sys
@@ -129,59 +130,70 @@ def misuse(f: Typed) -> None:
 '''
 
 
-def _run(args: list[str], cwd: pathlib.Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=600)
+#: An error line of either checker: mypy's ``file.py:12: error: ...``, pyright's ``/dir/file.py:12:5 - error: ...``.
+ERROR = re.compile(r"(?P<file>[\w-]+\.py):(?P<line>\d+)(?::\d+)?(?: - |: )error")
 
 
-def _mypy(path: pathlib.Path) -> subprocess.CompletedProcess[str]:
-    config = path.parent / "mypy.ini"
-    config.write_text(MYPY_CONFIG)
-    return _run([sys.executable, "-m", "mypy", "--config-file", str(config), "--no-incremental",
-                 "--cache-dir", str(path.parent / ".mypy_cache"), str(path)], path.parent)
+def _mypy(directory: pathlib.Path, files: list[str]) -> subprocess.CompletedProcess[str]:
+    (directory / "mypy.ini").write_text(MYPY_CONFIG)
+    return subprocess.run([sys.executable, "-m", "mypy", "--config-file", "mypy.ini", *files], cwd=directory,
+                          capture_output=True, text=True, timeout=600)
 
 
-def _pyright(path: pathlib.Path) -> subprocess.CompletedProcess[str]:
-    config = path.parent / "pyrightconfig.json"
-    config.write_text(json.dumps({"typeCheckingMode": "standard", "pythonVersion": "3.11"}))
+def _pyright(directory: pathlib.Path, files: list[str]) -> subprocess.CompletedProcess[str]:
+    (directory / "pyrightconfig.json").write_text(json.dumps({"typeCheckingMode": "standard",
+                                                               "pythonVersion": "3.11"}))
     exe = shutil.which("basedpyright", path=str(pathlib.Path(sys.executable).parent))
     assert exe is not None, "basedpyright is not installed: pip install '.[test]'"
-    return _run([exe, "--pythonpath", sys.executable, "-p", str(config), str(path)], path.parent)
+    return subprocess.run([exe, "--pythonpath", sys.executable, "-p", "pyrightconfig.json", *files], cwd=directory,
+                          capture_output=True, text=True, timeout=600)
 
 
 CHECKERS = {"mypy --strict": _mypy, "pyright": _pyright}
 
 
-@pytest.mark.parametrize("checker", CHECKERS)
+def _sources() -> dict[str, str]:
+    """Every file the checkers see, by name: the guides' blocks (at the guides' line numbers), the deployment
+    script, the typed function, and the typed function with two misuses appended."""
+    sources = {f"{g.stem.replace('-', '_')}.py": padded_source(g.read_text(encoding="utf-8")) for g in GUIDES}
+    sources["sessions_job.py"] = file_block(STREAMING_JOB.read_text(encoding="utf-8"), "sessions_job.py")
+    sources["typed_function.py"] = TYPED_FUNCTION
+    sources["misused_function.py"] = TYPED_FUNCTION + MISUSES
+    return sources
+
+
+@pytest.fixture(scope="module", params=CHECKERS)
+def checked(request, tmp_path_factory):
+    """One run of a checker over all the sources (each checker analyses pyspark and keygroups once): the error
+    lines per file, and the checker's output for messages."""
+    directory = tmp_path_factory.mktemp("typecheck")
+    sources = _sources()
+    for name, text in sources.items():
+        (directory / name).write_text(text)
+    result = CHECKERS[request.param](directory, sorted(sources))
+    errors: dict[str, set[int]] = {name: set() for name in sources}
+    for m in ERROR.finditer(result.stdout):
+        errors[m["file"]].add(int(m["line"]))
+    return request.param, errors, result.stdout + result.stderr
+
+
 @pytest.mark.parametrize("guide", GUIDES, ids=lambda p: p.name)
-def test_the_guides_python_passes_the_type_checker(guide, checker, tmp_path):
-    path = tmp_path / f"{guide.stem.replace('-', '_')}.py"
-    path.write_text(padded_source(guide.read_text(encoding="utf-8")))   # line numbers are the guide's own
-    result = CHECKERS[checker](path)
-    assert result.returncode == 0, f"{guide.name} under {checker}:\n{result.stdout}{result.stderr}"
+def test_the_guides_python_passes_the_type_checker(guide, checked):
+    checker, errors, output = checked
+    assert errors[f"{guide.stem.replace('-', '_')}.py"] == set(), f"{guide.name} under {checker}:\n{output}"
 
 
-@pytest.mark.parametrize("checker", CHECKERS)
-def test_the_deployment_script_passes_the_type_checker(checker, tmp_path):
-    path = tmp_path / "sessions_job.py"
-    path.write_text(file_block(STREAMING_JOB.read_text(encoding="utf-8"), "sessions_job.py"))
-    result = CHECKERS[checker](path)
-    assert result.returncode == 0, result.stdout + result.stderr
+def test_the_deployment_script_passes_the_type_checker(checked):
+    checker, errors, output = checked
+    assert errors["sessions_job.py"] == set(), f"{checker}:\n{output}"
 
 
-@pytest.mark.parametrize("checker", CHECKERS)
-def test_state_handles_are_typed_by_their_serializers(checker, tmp_path):
-    path = tmp_path / "typed_function.py"
-    path.write_text(TYPED_FUNCTION)
-    result = CHECKERS[checker](path)
-    assert result.returncode == 0, result.stdout + result.stderr
+def test_state_handles_are_typed_by_their_serializers(checked):
+    checker, errors, output = checked
+    assert errors["typed_function.py"] == set(), f"{checker}:\n{output}"
     # and the same checker refuses values of the wrong type, on exactly the two lines that misuse the handles
-    path.write_text(TYPED_FUNCTION + MISUSES)
-    result = CHECKERS[checker](path)
-    assert result.returncode != 0
     first = TYPED_FUNCTION.count("\n") + 3
-    flagged = {int(line.split(":")[1]) for line in result.stdout.splitlines()
-               if "typed_function.py:" in line and "error" in line}
-    assert flagged == {first, first + 1}, result.stdout
+    assert errors["misused_function.py"] == {first, first + 1}, f"{checker}:\n{output}"
 
 
 def test_generic_classes_subscript_at_run_time():
