@@ -5,12 +5,15 @@ same blocks."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import pathlib
 import re
+import shutil
 import subprocess
 import sys
+import tarfile
 
 import pytest
 
@@ -85,36 +88,75 @@ def test_the_streaming_job_page_runs_in_order(spark):
     assert len(namespace["sessions"]) == 4   # four sessions ended, the late click reached none of them
 
 
-@pytest.mark.cluster
-@pytest.mark.slow
-def test_the_streaming_job_script_runs_under_spark_submit_on_a_multi_process_cluster(tmp_path):
-    """The page's deployment script, as written, through ``spark-submit --master local-cluster[2,1,1024]``: a
-    master and two executors in their own JVMs and Python workers (keygroups installed in their Python, the first
-    way the page gives); only the directories on the command line are shared."""
+CLICKS = [("ann", "2026-11-23T09:00:00Z"), ("bob", "2026-11-23T09:01:00Z"), ("ann", "2026-11-23T09:02:00Z"),
+          ("eve", "2026-11-23T09:30:00Z")]
+START_MS = 1_795_424_400_000   # 2026-11-23 09:00 UTC in epoch ms
+
+
+def _spark_submit(tmp_path: pathlib.Path, *options: str) -> list[tuple[str, int, int]]:
+    """The page's deployment script through ``spark-submit --master local-cluster[2,1,1024]`` (a master and two
+    executors, each its own JVM with its own Python workers; only the directories on the command line are shared)
+    over one file of ``CLICKS``: the sessions it wrote."""
+    import pyarrow.parquet as pq
     import pyspark
 
     script = tmp_path / "sessions_job.py"
     script.write_text(file_block(STREAMING_JOB.read_text(encoding="utf-8"), "sessions_job.py"))
     incoming = tmp_path / "incoming"
     incoming.mkdir()
-    clicks = [("ann", "2026-11-23T09:00:00Z"), ("bob", "2026-11-23T09:01:00Z"), ("ann", "2026-11-23T09:02:00Z"),
-              ("eve", "2026-11-23T09:30:00Z")]
     (incoming / "clicks.json").write_text("".join(json.dumps({"user": u, "page": "home", "ts": t}) + "\n"
-                                                  for u, t in clicks))
+                                                  for u, t in CLICKS))
     spark_home = os.path.dirname(os.path.abspath(pyspark.__file__))
-    env = {**os.environ, "SPARK_HOME": spark_home, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable,
-           "PYSPARK_DRIVER_PYTHON": sys.executable}
+    env = {**os.environ, "SPARK_HOME": spark_home, "SPARK_LOCAL_IP": "127.0.0.1"}
+    env.pop("PYSPARK_PYTHON", None)
     out = tmp_path / "out"
-    result = subprocess.run(
-        [os.path.join(spark_home, "bin", "spark-submit"), "--master", "local-cluster[2,1,1024]",
-         "--conf", "spark.ui.enabled=false", str(script), str(incoming), str(tmp_path / "query"),
-         str(tmp_path / "state"), str(out)],
-        capture_output=True, text=True, timeout=900, env=env, cwd=tmp_path,
-    )
+    work = pathlib.Path(spark_home, "work")   # local-cluster's workers keep each application's files there
+    before = set(work.iterdir()) if work.is_dir() else set()
+    try:
+        result = subprocess.run(
+            [os.path.join(spark_home, "bin", "spark-submit"), "--master", "local-cluster[2,1,1024]",
+             "--conf", "spark.ui.enabled=false", "--conf", f"spark.pyspark.driver.python={sys.executable}",
+             *options, str(script), str(incoming), str(tmp_path / "query"), str(tmp_path / "state"), str(out)],
+            capture_output=True, text=True, timeout=900, env=env, cwd=tmp_path,
+        )
+    finally:   # this application's directories (an unpacked environment per executor)
+        for app in (set(work.iterdir()) if work.is_dir() else set()) - before:
+            shutil.rmtree(app, ignore_errors=True)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
-    import pyarrow.parquet as pq
+    return sorted((r["user"], r["session_end"], r["clicks"]) for r in pq.read_table(out / "batch=0").to_pylist())
 
-    rows = pq.read_table(out / "batch=0").to_pylist()
-    start = 1_795_424_400_000   # 2026-11-23 09:00 UTC in epoch ms
-    assert sorted((r["user"], r["session_end"], r["clicks"]) for r in rows) == [
-        ("ann", start + 12 * 60_000, 2), ("bob", start + 11 * 60_000, 1)]   # eve's session is still open
+
+#: eve's session (9:30) is still open when the batch ends; ann's and bob's ended at the watermark (9:25).
+SESSIONS_ENDED = [("ann", START_MS + 12 * 60_000, 2), ("bob", START_MS + 11 * 60_000, 1)]
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_the_streaming_job_script_runs_under_spark_submit_with_keygroups_installed_on_the_nodes(tmp_path):
+    """The executors' Python is this one, where keygroups is installed: the page's first way."""
+    assert _spark_submit(tmp_path, "--conf", f"spark.pyspark.python={sys.executable}") == SESSIONS_ENDED
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_the_streaming_job_script_runs_with_keygroups_shipped_as_an_archive(tmp_path):
+    """The page's second way: a virtualenv holding the keygroups wheel (built from this checkout) and its
+    dependencies, packed as a .tar.gz and given to ``--archives``; the executors run ``./environment/bin/python``
+    from it, a Python that has no other way to import keygroups."""
+    root = pathlib.Path(__file__).parents[1]
+    wheels = tmp_path / "wheels"
+    isolation = [] if importlib.util.find_spec("scikit_build_core") is None else ["--no-build-isolation"]
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", *isolation, "-Cbuild-dir=build",
+                    "-w", str(wheels), str(root)], cwd=root, check=True, timeout=1200)
+    env_dir = tmp_path / "env"
+    subprocess.run([sys.executable, "-m", "venv", "--copies", str(env_dir)], check=True, timeout=300)
+    [wheel] = wheels.glob("keygroups-*.whl")
+    subprocess.run([str(env_dir / "bin" / "python"), "-m", "pip", "install", "-q", str(wheel), "pandas>=2.2,<3"],
+                   check=True, timeout=1200)
+    archive = tmp_path / "environment.tar.gz"
+    with tarfile.open(archive, "w:gz", compresslevel=1) as tar:   # entries relative to the environment's root
+        for entry in sorted(env_dir.iterdir()):
+            tar.add(entry, arcname=entry.name)
+    sessions = _spark_submit(tmp_path, "--archives", f"{archive}#environment",
+                             "--conf", "spark.pyspark.python=./environment/bin/python")
+    assert sessions == SESSIONS_ENDED

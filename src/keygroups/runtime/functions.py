@@ -40,7 +40,6 @@ if TYPE_CHECKING:
     import numpy as np
     import pyarrow as pa
 
-
 #: The getter of each descriptor kind, named in the message when a descriptor reaches the wrong one.
 _GETTERS = {
     "value": ("get_state", "ValueStateDescriptor"),
