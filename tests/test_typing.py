@@ -121,6 +121,19 @@ class Typed(KeyedProcessFunction):
         self.seen.add((record["item"], context.timestamp))
         context.timer_service.register_event_time_timer(context.timestamp + 1000)
         yield (str(context.current_key), context.timestamp)
+
+
+class Renamed(KeyedProcessFunction):
+    """Overrides may name the parameters as they like (the runtime passes them by position)."""
+
+    def open(self, ctx: RuntimeContext) -> None:
+        self.last = ctx.get_state(ValueStateDescriptor("last", Int64Serializer()))
+
+    def process_element(self, event: dict[str, Any], ctx: ProcessContext) -> None:
+        self.last.update(ctx.timestamp)
+
+    def on_timer(self, when: int, ctx: ProcessContext) -> Iterator[tuple[str, int]]:
+        yield (str(ctx.current_key), when)
 '''
 
 MISUSES = '''

@@ -253,20 +253,23 @@ class ProcessContext:
 
 class KeyedProcessFunction:
     """Subclass and implement :meth:`process_element` (or :meth:`process_key_batch` for the vectorized form).
+    The runtime passes every argument by position, so an override may name its parameters as it likes
+    (``process_element(self, event, ctx)``) and type checkers accept it.
 
     Output records are tuples or dicts in the order / with the names of the job's output schema. A function must be
     deterministic given its state and input: a micro-batch that fails is run again from the last checkpoint."""
 
-    def open(self, context: RuntimeContext) -> None:
+    def open(self, context: RuntimeContext, /) -> None:
         """Declare state here: ``self.count = context.get_state(ValueStateDescriptor("count", Int64Serializer()))``."""
 
-    def process_element(self, record: dict[str, Any], context: ProcessContext) -> Iterable[Any] | None:
+    def process_element(self, record: dict[str, Any], context: ProcessContext, /) -> Iterable[Any] | None:
         """Handle one record of the current key; return (or yield) output records, or None."""
         raise NotImplementedError(
             f"{type(self).__name__} must implement process_element(record, context) or process_key_batch(...)"
         )
 
-    def process_key_batch(self, key: Any, records: pa.Table, context: ProcessContext) -> Iterable[Any] | pa.Table | None:
+    def process_key_batch(self, key: Any, records: pa.Table, context: ProcessContext, /
+                          ) -> Iterable[Any] | pa.Table | None:
         """Vectorized form: all records of one key in this micro-batch, in order, as an Arrow table. Override it
         instead of process_element to work on columns; the default calls process_element per record."""
         out: list[Any] = []
@@ -279,7 +282,7 @@ class KeyedProcessFunction:
         return out
 
     def process_batch(self, records: pa.Table, runs: np.ndarray, keys: list[Any],
-                      select_key: Callable[[int], None], context: ProcessContext) -> Iterable[Any] | None:
+                      select_key: Callable[[int], None], context: ProcessContext, /) -> Iterable[Any] | None:
         """Whole-subtask form, for functions whose per-key Python overhead dominates (windows pre-aggregate every
         key's records at once): all the subtask's records of the batch, sorted by key group then key, key ``i``'s
         rows at ``runs[i]:runs[i + 1]``; ``select_key(i)`` makes ``keys[i]`` the current key (state, timers,
@@ -287,14 +290,14 @@ class KeyedProcessFunction:
         process_element."""
         raise NotImplementedError
 
-    def late_mask(self, event_times: np.ndarray, watermark: int) -> np.ndarray:
+    def late_mask(self, event_times: np.ndarray, watermark: int, /) -> np.ndarray:
         """Which records are late (a bool array over their event times, epoch ms) when the batch starts at
         ``watermark``: late records never reach the function (dropped and counted, or the job's late output). The
         default: at or before the watermark. A function that still accepts some of them overrides it (windows with
         allowed lateness: a record is late once every window it belongs to has expired)."""
         return event_times <= watermark
 
-    def on_timer(self, timestamp: int, context: ProcessContext) -> Iterable[Any] | None:
+    def on_timer(self, timestamp: int, context: ProcessContext, /) -> Iterable[Any] | None:
         """A timer of the current key fired: ``timestamp`` is its time, ``context.time_domain`` its domain. State
         reads and writes are the key's, new timers may be registered, and output records are returned (or
         yielded) as from :meth:`process_element`. The default does nothing."""
