@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import accumulate
+from typing import Literal
 
 from keygroups._ranges import check_parallelism, key_group_range
 from keygroups.checkpoint.format import read_key_group_offsets
@@ -29,6 +30,9 @@ from keygroups.checkpoint.metadata import CheckpointMetadata
 from keygroups.checkpoint.planning import chain_stats, plan_keyed_restore
 from keygroups.checkpoint.storage import CheckpointStorage
 from keygroups.errors import CheckpointNotFoundError
+
+#: What a subtask's load is measured in: bytes of keyed state, or keys (when they were counted).
+LoadMeasure = Literal["bytes", "keys"]
 
 
 def subtask_loads(per_key_group: Sequence[int], parallelism: int) -> list[int]:
@@ -81,7 +85,7 @@ class CheckpointFigures:
         """Bytes of keyed state a restore of every key group reads."""
         return sum(self.full_bytes) + sum(self.delta_bytes)
 
-    def per_key_group(self, measure: str) -> list[int]:
+    def per_key_group(self, measure: LoadMeasure) -> list[int]:
         """``"bytes"`` or ``"keys"`` per key group (``"keys"`` only when they were counted)."""
         if measure == "bytes":
             return self.bytes_per_key_group
@@ -92,11 +96,11 @@ class CheckpointFigures:
             return self.keys
         raise ValueError(f"measure must be 'bytes' or 'keys', got {measure!r}")
 
-    def loads(self, parallelism: int, measure: str = "bytes") -> list[int]:
+    def loads(self, parallelism: int, measure: LoadMeasure = "bytes") -> list[int]:
         """Each subtask's load at ``parallelism`` (1 to the max parallelism), in bytes or keys."""
         return subtask_loads(self.per_key_group(measure), parallelism)
 
-    def skew(self, parallelism: int, measure: str = "bytes") -> float:
+    def skew(self, parallelism: int, measure: LoadMeasure = "bytes") -> float:
         """Max over mean of :meth:`loads` at ``parallelism``."""
         return skew(self.loads(parallelism, measure))
 

@@ -193,7 +193,7 @@ class AbandonedCartFunction(CartFunction):
 
     def process_element(self, event: dict[str, Any], context: ProcessContext) -> list[tuple] | None:
         orders = super().process_element(event, context)
-        if context.timestamp is None:
+        if not context.has_timestamp:
             raise ValueError("AbandonedCartFunction runs on event time: give the job timestamp_column='ts'")
         timers = context.timer_service
         deadline = context.timestamp + self.abandoned_after_ms

@@ -4,9 +4,10 @@ instance of a keyed job does in one micro-batch, the function API with its timer
 from keygroups.runtime.driver import BatchPlan, DriverFence, begin_batch, commit_batch
 from keygroups.runtime.functions import KeyedProcessFunction, ProcessContext, RuntimeContext, TimerService
 from keygroups.runtime.scaling import BatchFigures, ParallelismPolicy, RecordsPerSubtask, TargetBatchDuration
-from keygroups.runtime.watermarks import WatermarkStrategy
+from keygroups.runtime.subtask import StateBackendName
+from keygroups.runtime.watermarks import LateRecords, WatermarkStrategy
 from keygroups.state.timers import NO_WATERMARK, TimeDomain
 
 __all__ = ["BatchPlan", "DriverFence", "KeyedProcessFunction", "ProcessContext", "RuntimeContext", "TimerService",
            "TimeDomain", "WatermarkStrategy", "NO_WATERMARK", "begin_batch", "commit_batch", "BatchFigures",
-           "ParallelismPolicy", "RecordsPerSubtask", "TargetBatchDuration"]
+           "ParallelismPolicy", "RecordsPerSubtask", "TargetBatchDuration", "LateRecords", "StateBackendName"]

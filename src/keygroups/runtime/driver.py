@@ -32,7 +32,8 @@ from keygroups.checkpoint import (
 from keygroups.checkpoint.planning import carry_forward, check_restore_max_parallelism
 from keygroups.errors import ConcurrentCommitError, DriverFencedError, KeyGroupsError
 from keygroups.runtime.source import SourceTaskSpec
-from keygroups.runtime.subtask import KeyedTaskSpec, key_type_for_schema
+from keygroups.runtime.subtask import KeyedTaskSpec, StateBackendName, key_type_for_schema
+from keygroups.runtime.watermarks import LateRecords
 from keygroups.state.timers import NO_WATERMARK, TimeDomain
 
 
@@ -107,10 +108,10 @@ class BatchPlan:
         return self.savepoint if self.savepoint is not None else self.previous.checkpoint_id
 
     def keyed_task(self, *, key_columns: tuple[str, ...], function: bytes, input_schema: pa.Schema,
-                   output_schema: pa.Schema, backend: str = "heap", order_columns: tuple[str, ...] = (),
+                   output_schema: pa.Schema, backend: StateBackendName = "heap", order_columns: tuple[str, ...] = (),
                    timestamp_column: str | None = None, allow_pickle: bool = False,
                    local_dir: str | None = None, warm_heap_backends: int = 4, watermark: int | None = None,
-                   late_records: str = "drop") -> KeyedTaskSpec:
+                   late_records: LateRecords = "drop") -> KeyedTaskSpec:
         """What every keyed subtask of this batch gets; ``function`` is the job's KeyedProcessFunction, pickled;
         ``local_dir`` is the executors' directory for warm state (None: the system temporary directory);
         ``warm_heap_backends`` how many heap backends a worker process keeps between batches (0: none);

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, overload
 
+from keygroups._typing import ACC, IN, OUT, K, T, V
 from keygroups.checkpoint.raw_keyed import RawKeyedStateReader, RawKeyedStateWriter
 from keygroups.serializers import TypeSerializer
 from keygroups.state import (
@@ -54,7 +55,9 @@ class RuntimeContext:
 
     One getter per state kind, as Flink's ``RuntimeContext`` (``get_list_state(ListStateDescriptor)`` returns a
     ``ListState``, ...); each refuses a descriptor of another kind. ``get_state`` also takes every kind (the
-    backend's generic form), typed per descriptor."""
+    backend's generic form), typed per descriptor. The handles are typed by the descriptor's serializers:
+    ``get_state(ValueStateDescriptor("n", Int64Serializer()))`` is a ``ValueState[int]``,
+    ``get_map_state(MapStateDescriptor("m", StrSerializer(), Float64Serializer()))`` a ``MapState[str, float]``."""
 
     def __init__(self, backend: Any, *, job_name: str, subtask_index: int, parallelism: int, max_parallelism: int,
                  checkpoint_id: int) -> None:
@@ -70,15 +73,15 @@ class RuntimeContext:
         return self._backend.key_group_range
 
     @overload
-    def get_state(self, descriptor: ValueStateDescriptor) -> ValueState: ...
+    def get_state(self, descriptor: ValueStateDescriptor[T]) -> ValueState[T]: ...
     @overload
-    def get_state(self, descriptor: ListStateDescriptor) -> ListState: ...
+    def get_state(self, descriptor: ListStateDescriptor[T]) -> ListState[T]: ...
     @overload
-    def get_state(self, descriptor: MapStateDescriptor) -> MapState: ...
+    def get_state(self, descriptor: MapStateDescriptor[K, V]) -> MapState[K, V]: ...
     @overload
-    def get_state(self, descriptor: ReducingStateDescriptor) -> ReducingState: ...
+    def get_state(self, descriptor: ReducingStateDescriptor[T]) -> ReducingState[T]: ...
     @overload
-    def get_state(self, descriptor: AggregatingStateDescriptor) -> AggregatingState: ...
+    def get_state(self, descriptor: AggregatingStateDescriptor[IN, ACC, OUT]) -> AggregatingState[IN, OUT]: ...
 
     def get_state(self, descriptor: StateDescriptor) -> State:
         """The keyed state for ``descriptor``, of any of the five kinds (Flink's ``getState`` takes a
@@ -88,7 +91,7 @@ class RuntimeContext:
         return self._backend.get_state(descriptor)  # type: ignore[no-any-return]
 
     def get_namespaced_state(self, descriptor: StateDescriptor, namespace: Any,
-                             namespace_serializer: TypeSerializer) -> Any:
+                             namespace_serializer: TypeSerializer[Any]) -> Any:
         """The keyed state for ``descriptor`` scoped to (key, namespace), e.g. per window (Flink's internal
         namespaced state, which its window operator builds on): a ``keygroups.state.namespaced.NamespacedState``
         whose current namespace starts as ``namespace`` (``set_current_namespace`` moves it; namespaces merge with
@@ -97,19 +100,20 @@ class RuntimeContext:
         _check_user_state(descriptor)
         return self._backend.get_state(descriptor, namespace=namespace, namespace_serializer=namespace_serializer)
 
-    def get_list_state(self, descriptor: ListStateDescriptor) -> ListState:
+    def get_list_state(self, descriptor: ListStateDescriptor[T]) -> ListState[T]:
         """The keyed ``ListState`` for a ``ListStateDescriptor`` (Flink's ``getListState``)."""
         return self._get_checked(descriptor, "list")  # type: ignore[return-value]
 
-    def get_map_state(self, descriptor: MapStateDescriptor) -> MapState:
+    def get_map_state(self, descriptor: MapStateDescriptor[K, V]) -> MapState[K, V]:
         """The keyed ``MapState`` for a ``MapStateDescriptor`` (Flink's ``getMapState``)."""
         return self._get_checked(descriptor, "map")  # type: ignore[return-value]
 
-    def get_reducing_state(self, descriptor: ReducingStateDescriptor) -> ReducingState:
+    def get_reducing_state(self, descriptor: ReducingStateDescriptor[T]) -> ReducingState[T]:
         """The keyed ``ReducingState`` for a ``ReducingStateDescriptor`` (Flink's ``getReducingState``)."""
         return self._get_checked(descriptor, "reducing")  # type: ignore[return-value]
 
-    def get_aggregating_state(self, descriptor: AggregatingStateDescriptor) -> AggregatingState:
+    def get_aggregating_state(self, descriptor: AggregatingStateDescriptor[IN, ACC, OUT]
+                              ) -> AggregatingState[IN, OUT]:
         """The keyed ``AggregatingState`` for an ``AggregatingStateDescriptor`` (Flink's
         ``getAggregatingState``)."""
         return self._get_checked(descriptor, "aggregating")  # type: ignore[return-value]
@@ -206,39 +210,66 @@ def _checked(timestamp: Any) -> int:
 
 class ProcessContext:
     """What :meth:`KeyedProcessFunction.process_element` (and ``on_timer``) receives along with each record (timer):
-    the current key and its key group, the record's event time (``timestamp``, epoch ms, None without an event-time
-    column; the timer's time in ``on_timer``), the timer service, and in ``on_timer`` the timer's ``time_domain``
-    (None while records are processed)."""
+    the current key and its key group, the record's event time (:attr:`timestamp`, epoch ms; the timer's time in
+    ``on_timer``), the timer service, and in ``on_timer`` the timer's ``time_domain`` (None while records are
+    processed)."""
 
-    __slots__ = ("current_key", "current_key_group", "timestamp", "checkpoint_id", "subtask_index",
+    __slots__ = ("current_key", "current_key_group", "_timestamp", "checkpoint_id", "subtask_index",
                  "timer_service", "time_domain")
 
     def __init__(self, *, checkpoint_id: int, subtask_index: int, timer_service: TimerService | None = None) -> None:
         self.current_key: Any = None
         self.current_key_group: int = -1
-        self.timestamp: int | None = None
+        self._timestamp: int | None = None
         self.checkpoint_id = checkpoint_id
         self.subtask_index = subtask_index
         self.timer_service = timer_service if timer_service is not None else TimerService(None)
         self.time_domain: TimeDomain | None = None
 
+    @property
+    def timestamp(self) -> int:
+        """The current record's event time in epoch ms (in ``on_timer``: the timer's time), as an ``int``, so that
+        event-time code needs no cast or None check. Records have one when the job runs on event time
+        (``KeyedJob(timestamp_column=...)``); reading it otherwise, or for a record whose event-time column is null,
+        raises ``ValueError`` saying so. Test for it with :attr:`has_timestamp` (Flink's ``ctx.timestamp()`` returns
+        null there instead)."""
+        stamp = self._timestamp
+        if stamp is None:
+            raise ValueError(
+                "context.timestamp: this record has no event time: the job has no timestamp_column (give "
+                "KeyedJob(timestamp_column=...) to run on event time) or the record's event-time column is null; "
+                "check context.has_timestamp first where either can happen")
+        return stamp
+
+    @timestamp.setter
+    def timestamp(self, value: int | None) -> None:
+        self._timestamp = value
+
+    @property
+    def has_timestamp(self) -> bool:
+        """Whether :attr:`timestamp` has a value for the current record (or timer)."""
+        return self._timestamp is not None
+
 
 class KeyedProcessFunction:
     """Subclass and implement :meth:`process_element` (or :meth:`process_key_batch` for the vectorized form).
+    The runtime passes every argument by position, so an override may name its parameters as it likes
+    (``process_element(self, event, ctx)``) and type checkers accept it.
 
     Output records are tuples or dicts in the order / with the names of the job's output schema. A function must be
     deterministic given its state and input: a micro-batch that fails is run again from the last checkpoint."""
 
-    def open(self, context: RuntimeContext) -> None:
+    def open(self, context: RuntimeContext, /) -> None:
         """Declare state here: ``self.count = context.get_state(ValueStateDescriptor("count", Int64Serializer()))``."""
 
-    def process_element(self, record: dict[str, Any], context: ProcessContext) -> Iterable[Any] | None:
+    def process_element(self, record: dict[str, Any], context: ProcessContext, /) -> Iterable[Any] | None:
         """Handle one record of the current key; return (or yield) output records, or None."""
         raise NotImplementedError(
             f"{type(self).__name__} must implement process_element(record, context) or process_key_batch(...)"
         )
 
-    def process_key_batch(self, key: Any, records: pa.Table, context: ProcessContext) -> Iterable[Any] | pa.Table | None:
+    def process_key_batch(self, key: Any, records: pa.Table, context: ProcessContext, /
+                          ) -> Iterable[Any] | pa.Table | None:
         """Vectorized form: all records of one key in this micro-batch, in order, as an Arrow table. Override it
         instead of process_element to work on columns; the default calls process_element per record."""
         out: list[Any] = []
@@ -251,7 +282,7 @@ class KeyedProcessFunction:
         return out
 
     def process_batch(self, records: pa.Table, runs: np.ndarray, keys: list[Any],
-                      select_key: Callable[[int], None], context: ProcessContext) -> Iterable[Any] | None:
+                      select_key: Callable[[int], None], context: ProcessContext, /) -> Iterable[Any] | None:
         """Whole-subtask form, for functions whose per-key Python overhead dominates (windows pre-aggregate every
         key's records at once): all the subtask's records of the batch, sorted by key group then key, key ``i``'s
         rows at ``runs[i]:runs[i + 1]``; ``select_key(i)`` makes ``keys[i]`` the current key (state, timers,
@@ -259,14 +290,14 @@ class KeyedProcessFunction:
         process_element."""
         raise NotImplementedError
 
-    def late_mask(self, event_times: np.ndarray, watermark: int) -> np.ndarray:
+    def late_mask(self, event_times: np.ndarray, watermark: int, /) -> np.ndarray:
         """Which records are late (a bool array over their event times, epoch ms) when the batch starts at
         ``watermark``: late records never reach the function (dropped and counted, or the job's late output). The
         default: at or before the watermark. A function that still accepts some of them overrides it (windows with
         allowed lateness: a record is late once every window it belongs to has expired)."""
         return event_times <= watermark
 
-    def on_timer(self, timestamp: int, context: ProcessContext) -> Iterable[Any] | None:
+    def on_timer(self, timestamp: int, context: ProcessContext, /) -> Iterable[Any] | None:
         """A timer of the current key fired: ``timestamp`` is its time, ``context.time_domain`` its domain. State
         reads and writes are the key's, new timers may be registered, and output records are returned (or
         yielded) as from :meth:`process_element`. The default does nothing."""

@@ -22,7 +22,7 @@ import tempfile
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -36,7 +36,7 @@ from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage
 from keygroups.checkpoint.raw_keyed import RawKeyedStateReader, write_raw_keyed_snapshot
 from keygroups.errors import KeyGroupOutOfRangeError
 from keygroups.runtime.functions import KeyedProcessFunction, ProcessContext, RuntimeContext, TimerService
-from keygroups.runtime.watermarks import check_late_records
+from keygroups.runtime.watermarks import LateRecords, check_late_records
 from keygroups.state import HeapKeyedStateBackend
 from keygroups.state.kept import KeptRegistry
 from keygroups.state.timers import (
@@ -107,7 +107,12 @@ def _local_base(local_dir: str | None) -> str:
     return local_dir or tempfile.gettempdir()
 
 
-def create_backend(kind: str, key_group_range: Any, max_parallelism: int, key_type: KeyType, *,
+#: The keyed state backends a job can run on: ``"heap"`` (Python objects in the worker's memory, copy-on-write
+#: snapshots) or ``"rocksdb"`` (a local RocksDB database per subtask, through rocksdict: state larger than memory).
+StateBackendName = Literal["heap", "rocksdb"]
+
+
+def create_backend(kind: StateBackendName, key_group_range: Any, max_parallelism: int, key_type: KeyType, *,
                    subtask_index: int = 0, allow_pickle: bool = False, local_dir: str | None = None,
                    warm_dir: str | None = None, kept: bool = False) -> Any:
     """A keyed state backend for one subtask's key groups: ``"heap"`` or ``"rocksdb"`` (a local database under
@@ -141,7 +146,7 @@ class KeyedTaskSpec:
     checkpoint_location: str
     checkpoint_id: int
     restore_from: int | str | None   # a checkpoint id, a savepoint name, or None (no state yet)
-    backend: str = "heap"
+    backend: StateBackendName = "heap"
     order_columns: tuple[str, ...] = ()
     #: The event-time column (a timestamp, or a long of epoch ms): ``context.timestamp``, lateness, the watermark.
     timestamp_column: str | None = None
@@ -152,7 +157,7 @@ class KeyedTaskSpec:
     #: The batch's processing time (epoch ms, fixed by the driver): processing-time timers up to it fire.
     processing_time: int = 0
     #: Late records are dropped (and counted) or written to the batch's late output.
-    late_records: str = "drop"
+    late_records: LateRecords = "drop"
     storage_options: dict[str, Any] | None = None
     allow_pickle: bool = False
     #: The executors' local directory for warm state (RocksDB keeps its database there between batches); None:
@@ -500,7 +505,7 @@ def _run_on_backend(spec: KeyedTaskSpec, subtask_index: int, batches: Iterable[p
         for j in range(lo, hi):
             if stamps is not None:
                 stamp = stamps[j]
-                context.timestamp = None if stamp == NO_WATERMARK else stamp
+                context._timestamp = None if stamp == NO_WATERMARK else stamp   # the slot: no property call per record
             result = process(rows[j], context)
             if result is not None:
                 outputs.extend(result)
@@ -563,7 +568,7 @@ def _fire_timers(function: KeyedProcessFunction, backend: Any, queues: TimerQueu
         context.time_domain = domain
         for timestamp, key in queues.of(domain).due(until, prefetch):
             context.current_key, context.current_key_group = key, backend.current_key_group
-            context.timestamp = timestamp
+            context._timestamp = timestamp
             result = function.on_timer(timestamp, context)
             if result is not None:
                 outputs.extend(result)

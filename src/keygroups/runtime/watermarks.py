@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import datetime
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, cast, get_args
 
 from keygroups.state.timers import NO_WATERMARK, check_timestamp
 
-#: What a job does with records at or before the watermark it started the batch with.
-LATE_RECORD_MODES = ("drop", "output")
+#: What a job does with records at or before the watermark it started the batch with: ``"drop"`` counts and drops
+#: them, ``"output"`` keeps them in the batch's late output.
+LateRecords = Literal["drop", "output"]
+LATE_RECORD_MODES: tuple[LateRecords, ...] = get_args(LateRecords)
 
 
 def _delay_ms(delay: Any) -> int:
@@ -69,12 +71,12 @@ class WatermarkStrategy:
         return {"kind": "bounded-out-of-orderness", "out_of_orderness_ms": self.out_of_orderness_ms}
 
 
-def check_late_records(mode: Any) -> str:
+def check_late_records(mode: Any) -> LateRecords:
     """``mode`` if it is a known way to handle late records; ValueError naming the allowed ones otherwise."""
     if mode not in LATE_RECORD_MODES:
         raise ValueError(f"late_records must be one of {LATE_RECORD_MODES} ('drop' counts and drops records at or "
                          f"before the watermark; 'output' keeps them in the batch's late output), got {mode!r}")
-    return str(mode)
+    return cast(LateRecords, str(mode))
 
 
-__all__ = ["NO_WATERMARK", "WatermarkStrategy", "LATE_RECORD_MODES", "check_late_records"]
+__all__ = ["NO_WATERMARK", "WatermarkStrategy", "LateRecords", "LATE_RECORD_MODES", "check_late_records"]

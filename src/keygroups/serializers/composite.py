@@ -11,37 +11,45 @@ read by ``Nullable(X')`` after migration when ``X'`` reads ``X``.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Generic, TypeVar, overload
 
 from keygroups._native import codec as _codec
+from keygroups._typing import K, V
 from keygroups.serializers.base import AFTER_MIGRATION, INCOMPATIBLE, CodecSerializer, TypeSerializer, codec_of
 from keygroups.serializers.compatibility import Compatibility
 from keygroups.serializers.snapshot import SerializerSnapshot
 
 
-def _check(serializer: Any, what: str) -> TypeSerializer:
+_A = TypeVar("_A")
+_B = TypeVar("_B")
+_C = TypeVar("_C")
+_D = TypeVar("_D")
+_Tuple = TypeVar("_Tuple", bound=tuple[Any, ...])
+
+
+def _check(serializer: Any, what: str) -> TypeSerializer[Any]:
     if not isinstance(serializer, TypeSerializer):
         raise TypeError(f"{what} must be a TypeSerializer instance (e.g. Int64Serializer()), got {serializer!r}")
     return serializer
 
 
-class NullableSerializer(CodecSerializer):
+class NullableSerializer(CodecSerializer[V | None], Generic[V]):
     """``None`` or a value of ``inner``: one flag byte, then the inner bytes."""
 
     identifier = "nullable"
 
-    def __init__(self, inner: TypeSerializer) -> None:
+    def __init__(self, inner: TypeSerializer[V]) -> None:
         self.inner = _check(inner, "NullableSerializer's inner serializer")
         self.is_immutable = inner.is_immutable
         self._use_codec(_codec.Codec(_codec.NULLABLE, repr(self), (codec_of(inner),)))
 
-    def nested_serializers(self) -> tuple[TypeSerializer, ...]:
+    def nested_serializers(self) -> tuple[TypeSerializer[Any], ...]:
         return (self.inner,)
 
     def nested_role(self, index: int) -> str:
         return "the non-null value"
 
-    def copy(self, value: Any) -> Any:
+    def copy(self, value: V | None) -> V | None:
         return None if value is None else self.inner.copy(value)
 
     def compatibility_with_other(self, old: SerializerSnapshot) -> tuple[Compatibility, str]:
@@ -51,70 +59,84 @@ class NullableSerializer(CodecSerializer):
         return AFTER_MIGRATION, f"{old.describe()} values become non-null values of {self!r}"
 
 
-class TupleSerializer(CodecSerializer):
+class TupleSerializer(CodecSerializer[_Tuple], Generic[_Tuple]):
     """Fixed-arity tuples, field i by ``fields[i]`` (Flink's TupleN). Lists of the right length are accepted;
-    values always come back as tuples."""
+    values always come back as tuples. Typed per field up to four fields (``TupleSerializer(StrSerializer(),
+    Int64Serializer())`` is a ``TypeSerializer[tuple[str, int]]``), as ``tuple[Any, ...]`` beyond."""
 
     identifier = "tuple"
 
-    def __init__(self, *fields: TypeSerializer) -> None:
+    @overload
+    def __init__(self: TupleSerializer[tuple[_A]], f0: TypeSerializer[_A], /) -> None: ...
+    @overload
+    def __init__(self: TupleSerializer[tuple[_A, _B]], f0: TypeSerializer[_A], f1: TypeSerializer[_B], /) -> None: ...
+    @overload
+    def __init__(self: TupleSerializer[tuple[_A, _B, _C]], f0: TypeSerializer[_A], f1: TypeSerializer[_B],
+                 f2: TypeSerializer[_C], /) -> None: ...
+    @overload
+    def __init__(self: TupleSerializer[tuple[_A, _B, _C, _D]], f0: TypeSerializer[_A], f1: TypeSerializer[_B],
+                 f2: TypeSerializer[_C], f3: TypeSerializer[_D], /) -> None: ...
+    @overload
+    def __init__(self: TupleSerializer[tuple[Any, ...]], *fields: TypeSerializer[Any]) -> None: ...
+
+    def __init__(self, *fields: TypeSerializer[Any]) -> None:
         if not fields:
             raise ValueError("TupleSerializer needs at least one field serializer")
         self.fields = tuple(_check(f, f"TupleSerializer field {i}") for i, f in enumerate(fields))
         self.is_immutable = all(f.is_immutable for f in self.fields)
         self._use_codec(_codec.Codec(_codec.TUPLE, repr(self), tuple(codec_of(f) for f in self.fields)))
 
-    def nested_serializers(self) -> tuple[TypeSerializer, ...]:
+    def nested_serializers(self) -> tuple[TypeSerializer[Any], ...]:
         return self.fields
 
     def nested_role(self, index: int) -> str:
         return f"field {index}"
 
-    def copy(self, value: Any) -> Any:
+    def copy(self, value: _Tuple) -> _Tuple:
         if self.is_immutable:
             return value
-        return tuple(f.copy(v) for f, v in zip(self.fields, value, strict=True))
+        return tuple(f.copy(v) for f, v in zip(self.fields, value, strict=True))  # type: ignore[return-value]
 
 
-class ListSerializer(CodecSerializer):
+class ListSerializer(CodecSerializer[list[V]], Generic[V]):
     """Lists (tuples accepted) of ``element`` values; values come back as lists."""
 
     identifier = "list"
 
-    def __init__(self, element: TypeSerializer) -> None:
+    def __init__(self, element: TypeSerializer[V]) -> None:
         self.element = _check(element, "ListSerializer's element serializer")
         self._use_codec(_codec.Codec(_codec.LIST, repr(self), (codec_of(element),)))
 
-    def nested_serializers(self) -> tuple[TypeSerializer, ...]:
+    def nested_serializers(self) -> tuple[TypeSerializer[Any], ...]:
         return (self.element,)
 
     def nested_role(self, index: int) -> str:
         return "element"
 
-    def copy(self, value: Any) -> Any:
+    def copy(self, value: list[V]) -> list[V]:
         if self.element.is_immutable:
             return list(value)
         copy = self.element.copy
         return [copy(v) for v in value]
 
 
-class MapSerializer(CodecSerializer):
+class MapSerializer(CodecSerializer[dict[K, V]], Generic[K, V]):
     """Dicts with keys of ``key`` and values of ``value``; stored sorted by key bytes (deterministic)."""
 
     identifier = "map"
 
-    def __init__(self, key: TypeSerializer, value: TypeSerializer) -> None:
+    def __init__(self, key: TypeSerializer[K], value: TypeSerializer[V]) -> None:
         self.key = _check(key, "MapSerializer's key serializer")
         self.value = _check(value, "MapSerializer's value serializer")
         self._use_codec(_codec.Codec(_codec.MAP, repr(self), (codec_of(key), codec_of(value))))
 
-    def nested_serializers(self) -> tuple[TypeSerializer, ...]:
+    def nested_serializers(self) -> tuple[TypeSerializer[Any], ...]:
         return (self.key, self.value)
 
     def nested_role(self, index: int) -> str:
         return "map key" if index == 0 else "map value"
 
-    def copy(self, value: Any) -> Any:
+    def copy(self, value: dict[K, V]) -> dict[K, V]:
         if self.key.is_immutable and self.value.is_immutable:
             return dict(value)
         kc, vc = self.key.copy, self.value.copy

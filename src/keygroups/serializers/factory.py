@@ -14,7 +14,7 @@ from keygroups.serializers.primitive import (
 )
 from keygroups.serializers.value import ValueSerializer
 
-_BY_TYPE: dict[type, type[TypeSerializer]] = {
+_BY_TYPE: dict[type, type[TypeSerializer[Any]]] = {
     bool: BoolSerializer,
     int: Int64Serializer,
     float: Float64Serializer,
@@ -23,7 +23,7 @@ _BY_TYPE: dict[type, type[TypeSerializer]] = {
 }
 
 
-def serializer_for(type_or_value: Any) -> TypeSerializer:
+def serializer_for(type_or_value: Any) -> TypeSerializer[Any]:
     """The typed serializer for bool/int/float/str/bytes (a type or a value of it); ``ValueSerializer`` for anything
     else JSON-like. Never pickle: use ``PickleSerializer()`` explicitly for arbitrary objects.
 

@@ -17,7 +17,7 @@ from keygroups.serializers.base import TypeSerializer
 from keygroups.serializers.snapshot import PICKLE_IDENTIFIER
 
 
-class PickleSerializer(TypeSerializer):
+class PickleSerializer(TypeSerializer[Any]):
     """Any picklable value; ``protocol`` is used for writing (reading understands every protocol)."""
 
     identifier = PICKLE_IDENTIFIER

@@ -29,7 +29,7 @@ def _json_like(snapshot: SerializerSnapshot) -> bool:
     return snapshot.identifier in _JSON_LIKE and all(_json_like(n) for n in snapshot.nested)
 
 
-class ValueSerializer(CodecSerializer):
+class ValueSerializer(CodecSerializer[Any]):
     """JSON-like values: None, bool, int (any size), float, str, bytes, list, tuple and dict, nested freely.
 
     Reads, after migration, the data of any serializer built only from the built-in JSON-like ones.

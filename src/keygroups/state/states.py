@@ -19,11 +19,14 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Generic
 
 from keygroups._native.statecore import MISSING, java_key, java_map
+from keygroups._typing import IN, OUT, K, T, V
 from keygroups.errors import none_added_error
 from keygroups.state.ttl import EVENT_TIME_NOT_STARTED
+
+
 
 
 class State(abc.ABC):
@@ -35,87 +38,99 @@ class State(abc.ABC):
     def clear(self) -> None: ...
 
 
-class ValueState(State):
+class ValueState(State, Generic[T]):
+    """One value of type ``T`` per key (Flink's ``ValueState<T>``); ``T`` follows the descriptor's serializer."""
+
     __slots__ = ()
 
     @abc.abstractmethod
-    def value(self) -> Any:
+    def value(self) -> T | None:
         """The current key's value, or the descriptor's default (None unless set) if it has none."""
 
     @abc.abstractmethod
-    def update(self, value: Any) -> None:
+    def update(self, value: T | None) -> None:
         """Set the current key's value; ``None`` clears it (as in Flink)."""
 
 
-class ListState(State):
+class ListState(State, Generic[T]):
+    """A list of elements of type ``T`` per key (Flink's ``ListState<T>``)."""
+
     __slots__ = ()
 
     @abc.abstractmethod
-    def get(self) -> list[Any]:
+    def get(self) -> list[T]:
         """The current key's elements (an empty list if none). Change them through ``update``/``add`` only."""
 
     @abc.abstractmethod
-    def add(self, value: Any) -> None: ...
+    def add(self, value: T) -> None: ...
 
     @abc.abstractmethod
-    def add_all(self, values: Iterable[Any]) -> None: ...
+    def add_all(self, values: Iterable[T]) -> None: ...
 
     @abc.abstractmethod
-    def update(self, values: Iterable[Any]) -> None:
+    def update(self, values: Iterable[T]) -> None:
         """Replace the elements; an empty list clears the state."""
 
 
-class MapState(State):
+class MapState(State, Generic[K, V]):
+    """A map from ``K`` to ``V`` per key (Flink's ``MapState<UK, UV>``)."""
+
     __slots__ = ()
 
     @abc.abstractmethod
-    def get(self, key: Any) -> Any: ...
+    def get(self, key: K) -> V | None:
+        """The value of ``key`` in the current key's map, or None."""
 
     @abc.abstractmethod
-    def put(self, key: Any, value: Any) -> None: ...
+    def put(self, key: K, value: V) -> None: ...
 
     @abc.abstractmethod
-    def put_all(self, mapping: dict[Any, Any]) -> None: ...
+    def put_all(self, mapping: dict[K, V]) -> None: ...
 
     @abc.abstractmethod
-    def remove(self, key: Any) -> None: ...
+    def remove(self, key: K) -> None: ...
 
     @abc.abstractmethod
-    def contains(self, key: Any) -> bool: ...
+    def contains(self, key: K) -> bool: ...
 
     @abc.abstractmethod
-    def items(self) -> list[tuple[Any, Any]]: ...
+    def items(self) -> list[tuple[K, V]]: ...
 
-    def keys(self) -> list[Any]:
+    def keys(self) -> list[K]:
         return [k for k, _ in self.items()]
 
-    def values(self) -> list[Any]:
+    def values(self) -> list[V]:
         return [v for _, v in self.items()]
 
     def is_empty(self) -> bool:
         return not self.items()
 
 
-class ReducingState(State):
+class ReducingState(State, Generic[T]):
+    """One value of type ``T`` per key that every added value is reduced into (Flink's ``ReducingState<T>``)."""
+
     __slots__ = ()
 
     @abc.abstractmethod
-    def get(self) -> Any:
+    def get(self) -> T | None:
         """The reduced value, or None."""
 
     @abc.abstractmethod
-    def add(self, value: Any) -> None: ...
+    def add(self, value: T) -> None: ...
 
 
-class AggregatingState(State):
+class AggregatingState(State, Generic[IN, OUT]):
+    """Values of type ``IN`` folded into an accumulator per key, read as ``OUT`` (Flink's
+    ``AggregatingState<IN, OUT>``)."""
+
     __slots__ = ()
 
     @abc.abstractmethod
-    def get(self) -> Any:
+    def get(self) -> OUT | None:
         """``get_result`` of the accumulator, or None if nothing was added."""
 
     @abc.abstractmethod
-    def add(self, value: Any) -> None: ...
+    def add(self, value: IN) -> None: ...
 
 
 # ---------------------------------------------------------------------------------------------------------------------
