@@ -229,7 +229,9 @@ class KeyedFunctionHarness:
     ``allow_pickle``, ``warm_heap_backends``; and ``parallelism``, which a job takes per batch and the harness keeps
     (change it with :meth:`snapshot` and :meth:`restore`). ``input_schema`` fixes the input's columns (by default the
     first batch's, inferred from its records; a schema as ``output_schema`` takes it); ``processing_time`` is where the processing-time clock starts (epoch
-    ms). ``name`` is the job's name in the checkpoints.
+    ms). ``name`` is the job's name in the checkpoints. ``directory`` is where the harness makes its own temporary
+    directory (checkpoints, RocksDB's local state): by default ``/dev/shm`` where the host has one (memory: a
+    checkpoint's fsyncs cost nothing), else the system temporary directory.
 
     Every :meth:`process` and ``advance_*`` call is one micro-batch and one checkpoint; it returns the batch's
     :class:`HarnessBatch`. Output and late records collect until :meth:`output` and :meth:`late` take them.
@@ -247,7 +249,7 @@ class KeyedFunctionHarness:
                  backend: str = "heap", order_by: Sequence[str] = (), timestamp_column: str | None = None,
                  watermark_strategy: WatermarkStrategy | None = None, late_records: str = "drop",
                  processing_time: int = 0, allow_pickle: bool = False, warm_heap_backends: int = 4,
-                 name: str = "harness") -> None:
+                 name: str = "harness", directory: str | os.PathLike[str] | None = None) -> None:
         if not isinstance(function, KeyedProcessFunction):
             raise TypeError(f"function must be a KeyedProcessFunction instance, got {type(function).__name__}")
         self.key_columns = (key_columns,) if isinstance(key_columns, str) else tuple(key_columns)
@@ -279,7 +281,7 @@ class KeyedFunctionHarness:
         if input_schema is not None:
             self._key_type()   # the key columns are checked now
         self._processing_time = check_timestamp(processing_time, "processing_time")
-        self._root = tempfile.mkdtemp(prefix="keygroups-harness-")
+        self._root = tempfile.mkdtemp(prefix="keygroups-harness-", dir=_scratch_directory(directory))
         self._cleanup = weakref.finalize(self, shutil.rmtree, self._root, True)
         self.storage = CheckpointStorage(os.path.join(self._root, "checkpoints"), retain=1)
         self._local_dir = os.path.join(self._root, "local")
@@ -586,6 +588,22 @@ class KeyedFunctionHarness:
         restored._family = self._family
         self._family.append(restored)
         return restored
+
+
+#: Memory-backed file systems, where the fsync of every file a checkpoint writes costs nothing (a harness keeps
+#: nothing past its test, so durability buys it nothing).
+_MEMORY_DIRECTORIES = ("/dev/shm",)
+
+
+def _scratch_directory(directory: str | os.PathLike[str] | None) -> str | None:
+    """Where a harness makes its directory: ``directory`` if given, else a memory-backed file system if the host
+    has a writable one, else the system temporary directory (None)."""
+    if directory is not None:
+        return os.fspath(directory)
+    for candidate in _MEMORY_DIRECTORIES:
+        if os.path.isdir(candidate) and os.access(candidate, os.W_OK | os.X_OK):
+            return candidate
+    return None
 
 
 def _link_or_copy(src: str, dst: str) -> None:
