@@ -551,7 +551,7 @@ class KeyedFunctionHarness:
             source = os.path.join(self.storage.location, "savepoints", self._savepoint)
         else:
             source = self.storage.savepoint(self._restore_point, name)
-        location = tempfile.mkdtemp(prefix="keygroups-snapshot-")
+        location = tempfile.mkdtemp(prefix="keygroups-snapshot-", dir=os.path.dirname(self._root))
         target = os.path.join(location, "savepoints", name)
         if self._savepoint is not None:
             shutil.copytree(source, target, copy_function=_link_or_copy)
