@@ -335,6 +335,8 @@ def test_reports_are_the_jobs(keygroups_harness):
     again = h.process(rows(("a", 1)))
     assert first.restored_modes == ["new", "new"] and again.restored_modes == ["warm", "warm"]
     assert first.records_out == 3 and again.records_in == 1
+    assert first.checkpoint_bytes > 0 and again.restored_bytes == [0, 0]
+    assert set(first.phases) == {"plan", "subtasks", "commit", "output"} and first.seconds > 0
     assert [r["subtask"] for r in first.reports] == [0, 1]
     assert first.metadata.properties["processing_time"] == 0 == first.processing_time
     cold = keygroups_harness(Totals(), "user", output_schema=OUT, warm_heap_backends=0)
@@ -400,3 +402,18 @@ def test_a_timestamp_event_time_column(keygroups_harness):
     h.process([{"user": "a", "at": at}])
     ms = int(at.timestamp() * 1000)
     assert h.output() == [{"user": "a", "n": ms, "total": NO_WATERMARK}] and h.watermark == ms - 1
+
+
+def test_the_harness_works_in_the_directory_it_is_given_and_removes_what_it_made(keygroups_harness, tmp_path):
+    h = keygroups_harness(Totals(), "user", output_schema=OUT, directory=tmp_path, backend="rocksdb")
+    h.process(rows(("a", 1)))
+    snapshot = h.snapshot()
+    made = sorted(p.name.split("-")[1] for p in tmp_path.iterdir())
+    assert made == ["harness", "snapshot"]
+    h.close()
+    assert [p.name.split("-")[1] for p in tmp_path.iterdir()] == ["snapshot"]
+    del snapshot
+    import gc
+
+    gc.collect()
+    assert list(tmp_path.iterdir()) == []

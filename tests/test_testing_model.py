@@ -8,7 +8,6 @@ import heapq
 import operator
 
 import pyarrow as pa
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -21,7 +20,7 @@ from keygroups.state import (
     StateTtlConfig,
     ValueStateDescriptor,
 )
-from keygroups.testing import KeyedFunctionHarness, Timer
+from keygroups.testing import Timer
 
 INPUT = pa.schema([("k", pa.int64()), ("v", pa.int64()), ("ts", pa.int64()), ("seq", pa.int64())])
 OUTPUT = pa.schema([("kind", pa.string()), ("k", pa.int64()), ("a", pa.int64()), ("b", pa.int64())])

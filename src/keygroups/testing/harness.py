@@ -28,11 +28,10 @@ import tempfile
 import time
 import uuid
 import weakref
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -82,10 +81,11 @@ class HarnessBatch:
     parallelism: int
     metadata: CheckpointMetadata = field(repr=False)
     reports: list[dict[str, Any]] = field(repr=False)
-    #: Seconds the harness spent on the batch, by phase: ``plan`` (begin_batch, placement), ``subtasks`` (every
-    #: ``run_keyed_subtask``, one after another), ``commit`` (commit_batch) and ``output`` (reading back the output
-    #: and late files).
-    seconds: dict[str, float] = field(default_factory=dict)
+    #: Seconds the batch took, as ``BatchResult.seconds``.
+    seconds: float = 0.0
+    #: ``seconds`` by phase: ``plan`` (begin_batch, placement), ``subtasks`` (every ``run_keyed_subtask``, one after
+    #: another), ``commit`` (commit_batch) and ``output`` (reading back the output and late files).
+    phases: dict[str, float] = field(default_factory=dict)
 
     @property
     def watermark(self) -> int:
@@ -114,6 +114,16 @@ class HarnessBatch:
     def timers(self) -> dict[str, Any]:
         """Per time domain: timers queued, registered and fired in this batch, and the earliest still registered."""
         return dict(self.metadata.properties.get("timers", {}))
+
+    @property
+    def restored_bytes(self) -> list[int]:
+        """Per subtask, bytes of checkpoint files it read to restore its state."""
+        return [int(r["restored"]["bytes_read"]) for r in self.reports]
+
+    @property
+    def checkpoint_bytes(self) -> int:
+        """Bytes of keyed state files this checkpoint wrote (only what changed: checkpoints are incremental)."""
+        return sum(int(r.get("snapshot_bytes", 0)) for r in self.reports)
 
     @property
     def restored_modes(self) -> list[str]:
@@ -224,14 +234,14 @@ class KeyedFunctionHarness:
 
     The arguments are ``KeyedJob``'s (see there): ``function``, ``key_columns`` (a name or names), ``output_schema``
     (a pyarrow schema, a Spark DDL string such as ``"user string, total long"`` or a Spark ``StructType``),
-    ``max_parallelism`` (128 here by default), ``backend``
-    (``"heap"`` or ``"rocksdb"``), ``order_by``, ``timestamp_column``, ``watermark_strategy``, ``late_records``,
-    ``allow_pickle``, ``warm_heap_backends``; and ``parallelism``, which a job takes per batch and the harness keeps
-    (change it with :meth:`snapshot` and :meth:`restore`). ``input_schema`` fixes the input's columns (by default the
-    first batch's, inferred from its records; a schema as ``output_schema`` takes it); ``processing_time`` is where the processing-time clock starts (epoch
-    ms). ``name`` is the job's name in the checkpoints. ``directory`` is where the harness makes its own temporary
-    directory (checkpoints, RocksDB's local state): by default ``/dev/shm`` where the host has one (memory: a
-    checkpoint's fsyncs cost nothing), else the system temporary directory.
+    ``max_parallelism`` (128 here by default), ``backend`` (``"heap"`` or ``"rocksdb"``), ``order_by``,
+    ``timestamp_column``, ``watermark_strategy``, ``late_records``, ``allow_pickle``, ``warm_heap_backends``; and
+    ``parallelism``, which a job takes per batch and the harness keeps (change it with :meth:`snapshot` and
+    :meth:`restore`). ``input_schema`` fixes the input's columns (a schema as ``output_schema`` takes it; by default
+    the first batch's, inferred from its records); ``processing_time`` is where the processing-time clock starts
+    (epoch ms). ``name`` is the job's name in the checkpoints. ``directory`` is where the harness makes its own
+    temporary directory (checkpoints, RocksDB's local state): by default ``/dev/shm`` where the host has one
+    (memory: a checkpoint's fsyncs cost nothing), else the system temporary directory.
 
     Every :meth:`process` and ``advance_*`` call is one micro-batch and one checkpoint; it returns the batch's
     :class:`HarnessBatch`. Output and late records collect until :meth:`output` and :meth:`late` take them.
@@ -415,10 +425,10 @@ class KeyedFunctionHarness:
         self._output.extend(self._read(metadata.outputs, self.output_schema))
         self._late.extend(self._read(metadata.late_outputs, schema))
         done = time.perf_counter()
-        seconds = {"plan": planned - started, "subtasks": ran - planned, "commit": committed - ran,
-                   "output": done - committed}
+        phases = {"plan": planned - started, "subtasks": ran - planned, "commit": committed - ran,
+                  "output": done - committed}
         return HarnessBatch(metadata.checkpoint_id, metadata.parallelism, metadata,
-                            metadata.properties.get("reports", []), seconds)
+                            metadata.properties.get("reports", []), done - started, phases)
 
     def _place(self, table: pa.Table, key_type: KeyType) -> list[list[pa.RecordBatch]]:
         """Each subtask's records: those whose key group it owns, as a job's shuffle places them (key groups by
@@ -456,7 +466,8 @@ class KeyedFunctionHarness:
     def output(self) -> list[dict[str, Any]]:
         """What the function emitted since the last ``output``/``output_table`` call, in order, one dict per
         record (then forgotten)."""
-        return self.output_table().to_pylist()
+        rows: list[dict[str, Any]] = self.output_table().to_pylist()
+        return rows
 
     def late(self) -> list[dict[str, Any]]:
         """The records that came at or before the watermark since the last call (they never reached the function;
@@ -520,8 +531,8 @@ class KeyedFunctionHarness:
 
     def timers(self, key: Any = None) -> list[Timer]:
         """The registered timers (of ``key`` only, when given), earliest first (then event time before processing
-        time, then by key): read from the latest checkpoint, as the state reader (and Spark's ``readRegisteredTimers``) reads
-        them."""
+        time, then by key): read from the latest checkpoint as the state reader (and Spark's
+        ``readRegisteredTimers``) reads them."""
         self._check_open()
         if self._restore_point is None:
             return []
