@@ -155,13 +155,13 @@ step = st.one_of(
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(steps=st.lists(step, min_size=1, max_size=8), strategy=st.sampled_from([None, 0, 15]),
-       start=st.tuples(st.integers(1, 3), st.sampled_from(["heap", "rocksdb"])))
+       start=st.tuples(st.integers(1, 3), st.sampled_from(["heap", "rocksdb"]), st.sampled_from([4, 0])))
 def test_the_harness_matches_a_dict_model(keygroups_harness, steps, strategy, start):
-    parallelism, backend = start
+    parallelism, backend, warm = start   # warm 0: every batch restores its state from the checkpoint
     harness = keygroups_harness(
         Accounts(), "k", output_schema=OUTPUT, input_schema=INPUT, max_parallelism=16, parallelism=parallelism,
         backend=backend, order_by=["seq"], timestamp_column="ts",
-        watermark_strategy=None if strategy is None else WatermarkStrategy(strategy))
+        watermark_strategy=None if strategy is None else WatermarkStrategy(strategy), warm_heap_backends=warm)
     model = Model()
     seq = 0
     for kind, arg in steps:
