@@ -417,3 +417,22 @@ def test_the_harness_works_in_the_directory_it_is_given_and_removes_what_it_made
 
     gc.collect()
     assert list(tmp_path.iterdir()) == []
+
+
+class FailsOn(Totals):
+    def process_element(self, record, context):
+        if record["amount"] < 0:
+            raise ArithmeticError(f"negative amount for {context.current_key}")
+        yield from super().process_element(record, context)
+
+
+def test_a_batch_that_fails_leaves_the_last_checkpoint_as_a_job_does(keygroups_harness):
+    h = keygroups_harness(FailsOn(), "user", output_schema=OUT, parallelism=2, max_parallelism=8)
+    h.process(rows(("a", 1), ("b", 2)))
+    with pytest.raises(ArithmeticError, match="negative amount for b"):
+        h.process(rows(("a", 10), ("b", -1)))
+    assert h.checkpoint.checkpoint_id == 1
+    assert h.state("a", "total") == 1       # a's update of the failed batch was never committed
+    report = h.process(rows(("a", 10)))
+    assert report.checkpoint_id == 2 and h.state("a", "total") == 11
+    assert [r["total"] for r in h.output() if r["user"] == "a"] == [1, 11]
