@@ -436,3 +436,18 @@ def test_a_batch_that_fails_leaves_the_last_checkpoint_as_a_job_does(keygroups_h
     report = h.process(rows(("a", 10)))
     assert report.checkpoint_id == 2 and h.state("a", "total") == 11
     assert [r["total"] for r in h.output() if r["user"] == "a"] == [1, 11]
+
+
+def test_a_spark_struct_type_gives_the_schema_spark_would_hand_over():
+    types = pytest.importorskip("pyspark.sql.types")
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    struct = types.StructType([
+        types.StructField("user", types.StringType()), types.StructField("n", types.LongType()),
+        types.StructField("at", types.TimestampType()),
+        types.StructField("tags", types.ArrayType(types.StringType())),
+        types.StructField("m", types.MapType(types.StringType(), types.IntegerType())),
+        types.StructField("s", types.StructType([types.StructField("a", types.IntegerType()),
+                                                 types.StructField("b", types.DoubleType())])),
+        types.StructField("d", types.DecimalType(12, 3))])
+    assert arrow_schema(struct) == to_arrow_schema(struct, timezone="UTC")
