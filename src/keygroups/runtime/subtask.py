@@ -458,6 +458,7 @@ def _run_on_backend(spec: KeyedTaskSpec, subtask_index: int, batches: Iterable[p
 
     t = time.perf_counter()
     backend.watermark = spec.start_watermark
+    backend.processing_time = spec.processing_time
     timers.attach(backend)
     function.open(RuntimeContext(backend, job_name=spec.job_name, subtask_index=subtask_index,
                                  parallelism=spec.parallelism, max_parallelism=spec.max_parallelism,

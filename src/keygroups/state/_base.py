@@ -304,8 +304,14 @@ class KeyedStateBackendBase:
         c = self._ctx
         return c.start + c.kgi if c.kgi < c.n else -1
 
+    #: The batch's processing time (epoch ms), set by the runtime before each batch: the clock of processing-time
+    #: TTL, so that the batch reads and writes TTL at the same time its processing-time timers see (and a batch run
+    #: again sees it again). None: ``clock``.
+    processing_time: int | None = None
+
     def _now_ms(self) -> int:
-        return int(self.clock() * 1000)
+        now = self.processing_time
+        return int(self.clock() * 1000) if now is None else now
 
     def _watermark_ms(self) -> int:
         return self.watermark

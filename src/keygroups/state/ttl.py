@@ -4,7 +4,8 @@ A TTL-enabled state stores the last-access timestamp (milliseconds) beside every
 entry of a map). An entry is expired once ``timestamp + ttl <= now``. Each state chooses its clock
 (``TtlTimeCharacteristic``):
 
-- ``ProcessingTime`` (the default, and Flink's only one): the backend's clock (wall time).
+- ``ProcessingTime`` (the default, and Flink's only one): the backend's clock (wall time); in a job, the batch's
+  processing time, which the driver fixes when it plans the batch (``BatchPlan.processing_time``).
 - ``EventTime``: the job's watermark (``KeyedStateBackendBase.watermark``, set by the runtime as a batch proceeds), so
   state expires as event time passes, however fast the job replays. While the job has no watermark yet
   (``NO_WATERMARK``: no event time, or no event seen so far) nothing expires, and an entry written then has no time
