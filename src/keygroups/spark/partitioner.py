@@ -18,7 +18,7 @@ operator index is mapped to a stand-in integer whose Spark hash lands in that ve
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -29,7 +29,7 @@ from pyspark.sql import functions as F
 
 from keygroups._hashing import KeyType, key_type_code
 from keygroups._native import hashing as _h
-from keygroups._ranges import check_parallelism, default_max_parallelism
+from keygroups._ranges import check_boundaries, check_parallelism, default_max_parallelism, flink_boundaries
 from keygroups.spark.catalyst import CatalystHashes, operator_index_of
 from keygroups.spark.columns import (
     ColumnOrName,
@@ -196,10 +196,13 @@ def partition_by_key_group(
     operator_col: str | None = None,
     engine: str = "auto",
     method: str = "auto",
+    key_group_boundaries: Sequence[int] | None = None,
 ) -> DataFrame:
     """``df`` in exactly ``parallelism`` partitions, where Spark partition *i* holds exactly the records of subtask
     *i* (the keys of ``key_group_range(max_parallelism, parallelism, i)``): Flink's placement, with ``df``'s
-    columns, as ``df.repartition(parallelism, *key_columns)`` gives Spark's. ``sort_within=True`` also sorts each
+    columns, as ``df.repartition(parallelism, *key_columns)`` gives Spark's. With ``key_group_boundaries``
+    (``parallelism + 1`` of them, as :mod:`keygroups.runtime.assignment` chooses: subtask *i* owns key groups
+    ``[b[i], b[i + 1] - 1]``) partition *i* holds the keys of that range instead. ``sort_within=True`` also sorts each
     partition by key group. ``key_group_col`` and ``operator_col``, when given, name extra columns with the key
     group and the operator index (which equals ``spark_partition_id()``), added after the shuffle.
 
@@ -208,6 +211,7 @@ def partition_by_key_group(
     ``engine`` is as in :func:`with_key_groups`. The placement holds for this DataFrame's partitions: a later
     shuffle (a join, an aggregation) redistributes rows as Spark sees fit."""
     p, mp = check_parallelism(parallelism, max_parallelism)
+    owners = _owners(key_group_boundaries, mp, p)
     if method not in _METHODS:
         raise ValueError(f"method must be one of {', '.join(map(repr, _METHODS))}, got {method!r}")
     if method == "auto":
@@ -235,7 +239,7 @@ def partition_by_key_group(
         temps = [] if key_group_col else [group_name]
         group = F.col(group_name)
         keep_group = key_group_col is not None
-    operator = operator_index_of(group, mp, p)
+    operator = owners(group)
     if method == "by_id":
         placed = source.repartitionById(p, operator)
     else:
@@ -248,5 +252,20 @@ def partition_by_key_group(
     if sort_within:
         placed = placed.sortWithinPartitions(group)
     if operator_col is not None:
-        placed = placed.withColumn(operator_col, operator_index_of(group, mp, p))
+        placed = placed.withColumn(operator_col, owners(group))
     return placed.drop(*temps) if temps else placed
+
+
+def _owners(boundaries: Sequence[int] | None, max_parallelism: int, parallelism: int) -> Callable[[Column], Column]:
+    """Key-group Column -> its subtask's Column: Flink's arithmetic for Flink's ranges (or none given), else a
+    lookup in one array literal of every key group's owner (parsed once, constant-folded)."""
+    if boundaries is None:
+        return lambda group: operator_index_of(group, max_parallelism, parallelism)
+    b = check_boundaries(boundaries, max_parallelism)
+    if len(b) != parallelism + 1:
+        raise ValueError(f"key_group_boundaries must hold parallelism + 1 = {parallelism + 1} boundaries, got {len(b)}")
+    if b == flink_boundaries(max_parallelism, parallelism):
+        return lambda group: operator_index_of(group, max_parallelism, parallelism)
+    owner = np.repeat(np.arange(parallelism), np.diff(np.asarray(b)))
+    table = F.expr("array(" + ",".join(map(str, owner.tolist())) + ")")
+    return lambda group: F.element_at(table, group.cast("int") + F.lit(1))
