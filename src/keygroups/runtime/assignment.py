@@ -33,9 +33,10 @@ which keygroups restores into).
 **Hysteresis**: boundaries move only when it pays. Among the ranges within ``tolerance`` of the optimum, the one
 closest to the current boundaries is taken (each boundary moves as little as it can), and it replaces the current
 ranges only when the largest load drops by at least ``min_gain + move_cost * restore_share`` of it, where
-``restore_share`` is the share of the state held by the ranges that change (what their subtasks then read again).
-A parallelism change, a max parallelism change or a switch from another assignment moves ranges anyway: then the
-ranges closest to the previous ones (when there are as many) within the tolerance are taken.
+``restore_share`` is the share of the state held by the ranges that change (what their subtasks then read again),
+or, whatever the cost, when the current ranges' max/mean load is above ``max_skew`` (1.15 by default).
+A parallelism or max parallelism change makes every range new anyway: then the balanced ranges are taken at once
+(with a policy of :mod:`keygroups.runtime.scaling`, a batch may change both its parallelism and its boundaries).
 """
 
 from __future__ import annotations
@@ -451,14 +452,15 @@ class BalancedRanges:
     """Contiguous ranges balanced by measured load (see the module docs): ``state_weight`` (in [0, 1]) is the
     state bytes' part of a key group's load, the rest being records and timers; ``tolerance`` how far above the
     optimum the largest load may stay to keep boundaries where they are; boundaries move when the largest load
-    drops by ``min_gain + move_cost * restore_share`` of it; ``half_life`` (batches) how fast old records count
-    less."""
+    drops by ``min_gain + move_cost * restore_share`` of it, or whenever the current ranges' max/mean load is above
+    ``max_skew`` and the move lowers it; ``half_life`` (batches) how fast old records count less."""
 
     state_weight: float = 0.25
     tolerance: float = 0.05
     min_gain: float = 0.05
     move_cost: float = 0.1
     half_life: float = DEFAULT_HALF_LIFE
+    max_skew: float = 1.15
     name: str = field(default="balanced", init=False)
 
     def __post_init__(self) -> None:
@@ -468,6 +470,9 @@ class BalancedRanges:
                 raise ValueError(f"BalancedRanges.{label} must be a number in [{low}, {high}], got {value!r}")
         if self.tolerance >= 1:
             raise ValueError(f"BalancedRanges.tolerance must be below 1, got {self.tolerance!r}")
+        if isinstance(self.max_skew, bool) or not isinstance(self.max_skew, (int, float)) or self.max_skew < 1:
+            raise ValueError(f"BalancedRanges.max_skew must be a number >= 1 (max over mean load), got "
+                             f"{self.max_skew!r}")
         if isinstance(self.half_life, bool) or not isinstance(self.half_life, (int, float)) or self.half_life <= 0:
             raise ValueError(f"BalancedRanges.half_life must be a number of batches > 0, got {self.half_life!r}")
 
@@ -501,6 +506,10 @@ class BalancedRanges:
         restore_share = restore / total_state if total_state > 0 else 0.0
         gain = (current_max - new_max) / current_max if current_max > 0 else 0.0
         needed = self.min_gain + self.move_cost * restore_share
+        current_skew = current_max * p / float(load.sum())
+        if current_skew > self.max_skew and new_max < current_max:
+            return decide(candidate, f"boundaries moved: max/mean {current_skew:.3f} is above max_skew "
+                                     f"{self.max_skew}; the largest load drops by {gain:.1%}")
         if gain < needed:
             return decide(before, f"ranges kept: moving would cut the largest load by {gain:.1%}, less than the "
                                   f"{needed:.1%} it must gain to move {restore_share:.1%} of the state")
