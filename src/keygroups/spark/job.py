@@ -50,7 +50,7 @@ from pyspark.sql.types import (
 from keygroups._ranges import check_max_parallelism, check_parallelism
 from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage
 from keygroups.errors import CheckpointNotFoundError, ReplayMismatchError
-from keygroups.runtime.assignment import Assignment, resolve_assignment
+from keygroups.runtime.assignment import DECISION_PROPERTY, Assignment, resolve_assignment
 from keygroups.runtime.driver import BatchPlan, DriverFence, begin_batch, commit_batch
 from keygroups.runtime.functions import KeyedProcessFunction
 from keygroups.runtime.scaling import HISTORY, BatchFigures, ParallelismPolicy
@@ -473,8 +473,9 @@ class KeyedJob:
                 properties = {"parallelism_policy": {"policy": repr(policy), "records": records, "chose": p}}
             result = self.run_batch(df, parallelism=p, checkpoint_id=int(batch_id), properties=properties)
             if not result.replayed:
+                decision = result.metadata.properties.get(DECISION_PROPERTY) or {}
                 history.append(BatchFigures(result.checkpoint_id, result.parallelism, result.records_in,
-                                            result.seconds))
+                                            result.seconds, decision.get("max_over_mean")))
             if sink is not None:
                 sink(result.output, int(batch_id))
 
