@@ -139,9 +139,11 @@ def test_counts_round_trip_and_corruption_is_named():
 
 
 def test_loads_rekey_by_an_integer_factor():
-    loads = KeyGroupLoads(4, np.array([4.0, 0, 2, 2]), np.zeros(4), np.array([8.0, 4, 0, 0]))
+    loads = KeyGroupLoads(4, np.array([4.0, 0, 2, 2]), np.array([2.0, 0, 1, 1]), np.zeros(4),
+                          np.array([8.0, 4, 0, 0]))
     split = loads.rekeyed(8)
     assert split.records.tolist() == [2, 0, 1, 1, 2, 0, 1, 1]   # child g of parent g % 4
+    assert split.calls.tolist() == [1, 0, 0.5, 0.5, 1, 0, 0.5, 0.5]
     merged = loads.rekeyed(2)
     assert merged.records.tolist() == [6, 2] and merged.state_bytes.tolist() == [8, 4]
     assert split.rekeyed(4).records.tolist() == loads.records.tolist()

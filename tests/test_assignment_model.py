@@ -150,10 +150,18 @@ class AssignmentModel(RuleBasedStateMachine):
         # the load figures: the previous ones decayed, plus this batch's records per key group
         counted = np.bincount(groups, minlength=max_parallelism).astype(np.float64)
         expected = counted
+        decay = 0.5 ** (1 / plan.load_half_life)
         if previous is not None:
-            decay = 0.5 ** (1 / plan.load_half_life)
             expected = counted + decay * checkpoint_loads(previous).rekeyed(max_parallelism).records
-        np.testing.assert_allclose(checkpoint_loads(metadata).records, expected, rtol=1e-5, atol=1e-3)
+        loads = checkpoint_loads(metadata)
+        np.testing.assert_allclose(loads.records, expected, rtol=1e-5, atol=1e-3)
+        # SkewCounter is vectorized: one call per key (of the batch) and key group
+        calls = np.bincount(kg.assign_key_groups(pa.array(np.unique(keys), pa.int64()), max_parallelism, "long"),
+                            minlength=max_parallelism).astype(np.float64)
+        if previous is not None:
+            calls += decay * checkpoint_loads(previous).rekeyed(max_parallelism).calls
+        np.testing.assert_allclose(loads.calls, calls, rtol=1e-5, atol=1e-3)
+        np.testing.assert_allclose(loads.timers, calls, rtol=1e-5, atol=1e-3)   # one timer fired per key too
 
     @invariant()
     def state_equals_the_model(self):

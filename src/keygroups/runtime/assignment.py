@@ -10,19 +10,22 @@ timer queues), which is kept per key-group range, stays warm exactly where a ran
 **Load figures** (:class:`KeyGroupLoads`), kept with every checkpoint whatever the assignment:
 
 * ``records``: records each key group processed, decayed over batches (``half_life`` batches: a key group's weight
-  halves after that many batches without records). The subtasks count them from the key-group column they compute
-  anyway (one ``bincount``); the driver adds the decayed figures of the checkpoint it restored.
+  halves after that many batches without records); ``calls``: calls of the job's function (a record each for
+  ``process_element``, a key each for ``process_key_batch`` and ``process_batch``), decayed alike. The subtasks count
+  both from the key-group column and the runs of equal keys they compute anyway (a ``bincount`` each); the driver
+  adds the decayed figures of the checkpoint it restored.
 * ``timers``: timers fired per key group, decayed the same way (a firing is work like a record).
 * ``state_bytes``: bytes of each key group's chain (its newest full block and the deltas after it), from the keyed
   handles' offsets: no file is read.
 
-Records and timers are stored in the checkpoint's ``properties[LOADS_PROPERTY]`` as compact arrays (float32,
+Records, calls and timers are stored in the checkpoint's ``properties[LOADS_PROPERTY]`` as compact arrays (float32,
 zlib, base64); the ranges in ``properties[RANGES_PROPERTY]``; why they were chosen in
 ``properties[DECISION_PROPERTY]`` (:class:`AssignmentDecision`). The binary ``_metadata`` format is unchanged.
 
 **Balanced ranges** (:class:`BalancedRanges`): a key group's load is a blend of its share of the work
-(``records + timers``, what a batch's time grows with) and its share of the state (``state_bytes``, what restores,
-snapshots and memory grow with): ``load = (1 - state_weight) * work_share + state_weight * bytes_share``.
+(``calls + timers``: what a batch's time grows with once state is warm; a vectorized function handles a hot key's
+records in one call) and its share of the state (``state_bytes``: what memory, and restores after a rescale, grow
+with): ``load = (1 - state_weight) * work_share + state_weight * bytes_share``, ``state_weight`` 0.1 by default.
 :func:`balanced_boundaries` cuts ``[0, max_parallelism)`` into ``p`` contiguous non-empty ranges whose largest sum of
 load is the smallest possible (the linear partition problem, solved exactly: loads are quantized to integers, the
 optimum is found by binary search over the largest sum, each candidate checked greedily over prefix sums with
@@ -63,14 +66,14 @@ from keygroups._ranges import (
 from keygroups.checkpoint import CheckpointMetadata, chain_stats
 from keygroups.errors import CorruptSnapshotError
 
-#: ``properties`` key of a checkpoint's per key group load figures (records and timers, decayed).
+#: ``properties`` key of a checkpoint's per key group load figures (records, calls and timers, decayed).
 LOADS_PROPERTY = "key_group_loads"
 #: ``properties`` key of a checkpoint's ranges, as boundaries (``[0, b1, ..., max_parallelism]``).
 RANGES_PROPERTY = "key_group_ranges"
 #: ``properties`` key of why the batch's ranges are what they are (:meth:`AssignmentDecision.to_json`).
 DECISION_PROPERTY = "key_group_assignment"
 #: Report keys of a subtask's per key group counts (encoded, over its own range).
-RECORDS_REPORT, TIMERS_REPORT = "key_group_records", "key_group_timers"
+RECORDS_REPORT, CALLS_REPORT, TIMERS_REPORT = "key_group_records", "key_group_calls", "key_group_timers"
 
 #: Batches after which a key group's measured records count half (the default of :class:`BalancedRanges`).
 DEFAULT_HALF_LIFE = 3.0
@@ -106,22 +109,25 @@ def decode_counts(text: Any, length: int, what: str) -> npt.NDArray[np.float64]:
 
 @dataclass(frozen=True)
 class KeyGroupLoads:
-    """Per key group load figures of one checkpoint (arrays of ``max_parallelism``): ``records`` and ``timers``
-    processed in the last batches (decayed), ``state_bytes`` of the key group's chain."""
+    """Per key group load figures of one checkpoint (arrays of ``max_parallelism``), the first three decayed over
+    the last batches: ``records`` processed, ``calls`` of the job's function (one per record for
+    ``process_element``, one per key for ``process_key_batch`` and ``process_batch``), ``timers`` fired, and
+    ``state_bytes`` of the key group's chain."""
 
     max_parallelism: int
     records: npt.NDArray[np.float64]
+    calls: npt.NDArray[np.float64]
     timers: npt.NDArray[np.float64]
     state_bytes: npt.NDArray[np.float64]
 
     @classmethod
     def empty(cls, max_parallelism: int) -> KeyGroupLoads:
-        zeros = np.zeros(max_parallelism, dtype=np.float64)
-        return cls(max_parallelism, zeros, zeros.copy(), zeros.copy())
+        return cls(max_parallelism, *(np.zeros(max_parallelism, dtype=np.float64) for _ in range(4)))
 
     def work(self) -> npt.NDArray[np.float64]:
-        """Records plus timers fired, per key group: what a batch's time grows with."""
-        return self.records + self.timers
+        """Calls of the job's function plus timers fired, per key group: what a batch's time grows with (a
+        vectorized function's call covers all of a key's records, so a single hot key costs one call)."""
+        return self.calls + self.timers
 
     def blend(self, state_weight: float) -> npt.NDArray[np.float64]:
         """Each key group's share of the load: ``(1 - state_weight)`` of its share of the work plus ``state_weight``
@@ -141,14 +147,13 @@ class KeyGroupLoads:
         """The figures for ``max_parallelism`` key groups, a multiple or divisor of this one's: a key group split
         in ``k`` gives each child ``1/k`` of it (child ``g``'s parent is ``g % old``), merged ones add up."""
         old, new = self.max_parallelism, max_parallelism
+        arrays = (self.records, self.calls, self.timers, self.state_bytes)
         if new == old:
             return self
         if new % old == 0:
-            k = new // old
-            return KeyGroupLoads(new, *(np.tile(a, k) / k for a in (self.records, self.timers, self.state_bytes)))
+            return KeyGroupLoads(new, *(np.tile(a, new // old) / (new // old) for a in arrays))
         if old % new == 0:
-            return KeyGroupLoads(new, *(a.reshape(old // new, new).sum(axis=0)
-                                        for a in (self.records, self.timers, self.state_bytes)))
+            return KeyGroupLoads(new, *(a.reshape(old // new, new).sum(axis=0) for a in arrays))
         raise ValueError(f"max parallelism {old} -> {new} is not a change by an integer factor")
 
 
@@ -169,22 +174,28 @@ def checkpoint_boundaries(metadata: CheckpointMetadata) -> tuple[int, ...]:
     return boundaries
 
 
-def _stored_counts(metadata: CheckpointMetadata) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
-    """The decayed records and timers ``metadata`` stores (zeros when it has none)."""
+#: The decayed figures a checkpoint stores, with the subtask report key each batch's counts come in.
+_STORED = (("records", RECORDS_REPORT), ("calls", CALLS_REPORT), ("timers", TIMERS_REPORT))
+
+
+def _stored_counts(metadata: CheckpointMetadata) -> list[npt.NDArray[np.float64]]:
+    """The decayed records, calls and timers ``metadata`` stores (zeros when it has none; calls are its records
+    when it has none)."""
     mp = metadata.max_parallelism
     stored = metadata.properties.get(LOADS_PROPERTY)
     if stored is None:
-        return np.zeros(mp), np.zeros(mp)
+        return [np.zeros(mp) for _ in _STORED]
     what = f"checkpoint {metadata.checkpoint_id}: properties[{LOADS_PROPERTY!r}]"
     if not isinstance(stored, dict):
         raise CorruptSnapshotError(f"{what} must be a JSON object, got {type(stored).__name__}")
-    return (decode_counts(stored.get("records"), mp, f"{what}['records']"),
-            decode_counts(stored.get("timers"), mp, f"{what}['timers']"))
+    records = decode_counts(stored.get("records"), mp, f"{what}['records']")
+    calls = records if "calls" not in stored else decode_counts(stored["calls"], mp, f"{what}['calls']")
+    return [records, calls, decode_counts(stored.get("timers"), mp, f"{what}['timers']")]
 
 
 def checkpoint_loads(metadata: CheckpointMetadata) -> KeyGroupLoads:
-    """The load figures of ``metadata``: records and timers from its properties (zeros when it has none), state
-    bytes from its keyed handles (no file is read)."""
+    """The load figures of ``metadata``: records, calls and timers from its properties (zeros when it has none),
+    state bytes from its keyed handles (no file is read)."""
     mp = metadata.max_parallelism
     state = np.zeros(mp, dtype=np.float64)
     for kg, chain in chain_stats(metadata, KeyGroupRange(0, mp - 1)).items():
@@ -194,23 +205,22 @@ def checkpoint_loads(metadata: CheckpointMetadata) -> KeyGroupLoads:
 
 def merged_loads(previous: CheckpointMetadata | None, reports: Sequence[dict[str, Any]], max_parallelism: int,
                  boundaries: tuple[int, ...], half_life: float) -> dict[str, Any]:
-    """The ``properties[LOADS_PROPERTY]`` of a new checkpoint: the restored checkpoint's records and timers
+    """The ``properties[LOADS_PROPERTY]`` of a new checkpoint: the restored checkpoint's records, calls and timers
     (re-keyed to ``max_parallelism`` if it changed), decayed by one batch, plus what the subtasks' reports counted
     over their ranges (``boundaries``)."""
     decay = 0.5 ** (1.0 / half_life)
-    records = np.zeros(max_parallelism)
-    timers = np.zeros(max_parallelism)
+    figures = [np.zeros(max_parallelism) for _ in _STORED]
     if previous is not None:
         old = KeyGroupLoads(previous.max_parallelism, *_stored_counts(previous),
                             np.zeros(previous.max_parallelism)).rekeyed(max_parallelism)
-        records += decay * old.records
-        timers += decay * old.timers
+        for target, value in zip(figures, (old.records, old.calls, old.timers)):
+            target += decay * value
     for r in reports:
         own = KeyGroupRange(boundaries[r["subtask"]], boundaries[r["subtask"] + 1] - 1)
-        for key, target in ((RECORDS_REPORT, records), (TIMERS_REPORT, timers)):
+        for (_, key), target in zip(_STORED, figures):
             if r.get(key) is not None:
                 target[own.start:own.end + 1] += decode_counts(r[key], len(own), f"subtask {r['subtask']}'s {key}")
-    return {"records": encode_counts(records), "timers": encode_counts(timers), "half_life": half_life}
+    return {**{name: encode_counts(v) for (name, _), v in zip(_STORED, figures)}, "half_life": half_life}
 
 
 def range_loads(per_key_group: npt.ArrayLike, boundaries: Sequence[int]) -> npt.NDArray[np.float64]:
@@ -434,7 +444,7 @@ class FlinkRanges:
     """Flink's equal ranges (``KeyGroupRangeAssignment``), whatever the load: ownership exactly as Flink's. The
     default. ``state_weight`` only blends the load figures the decision reports."""
 
-    state_weight: float = 0.25
+    state_weight: float = 0.1
     name: str = field(default="flink", init=False)
 
     def choose(self, previous: CheckpointMetadata | None, max_parallelism: int,
@@ -450,12 +460,12 @@ class FlinkRanges:
 @dataclass(frozen=True)
 class BalancedRanges:
     """Contiguous ranges balanced by measured load (see the module docs): ``state_weight`` (in [0, 1]) is the
-    state bytes' part of a key group's load, the rest being records and timers; ``tolerance`` how far above the
+    state bytes' part of a key group's load, the rest being its work (calls of the function and timers); ``tolerance`` how far above the
     optimum the largest load may stay to keep boundaries where they are; boundaries move when the largest load
     drops by ``min_gain + move_cost * restore_share`` of it, or whenever the current ranges' max/mean load is above
     ``max_skew`` and the move lowers it; ``half_life`` (batches) how fast old records count less."""
 
-    state_weight: float = 0.25
+    state_weight: float = 0.1
     tolerance: float = 0.05
     min_gain: float = 0.05
     move_cost: float = 0.1

@@ -36,6 +36,7 @@ from keygroups.runtime.assignment import (
     DEFAULT_HALF_LIFE,
     LOADS_PROPERTY,
     RANGES_PROPERTY,
+    CALLS_REPORT,
     RECORDS_REPORT,
     TIMERS_REPORT,
     Assignment,
@@ -258,7 +259,7 @@ def timer_summary(reports: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 #: What a report holds that the checkpoint keeps elsewhere: handles, and the per key group counts (merged into
 #: ``properties[LOADS_PROPERTY]``).
-_NOT_IN_PROPERTIES = frozenset({"keyed_handle", "raw_keyed_handle", RECORDS_REPORT, TIMERS_REPORT})
+_NOT_IN_PROPERTIES = frozenset({"keyed_handle", "raw_keyed_handle", RECORDS_REPORT, CALLS_REPORT, TIMERS_REPORT})
 
 
 def commit_batch(plan: BatchPlan, keyed_reports: Sequence[dict[str, Any]],

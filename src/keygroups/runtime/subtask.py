@@ -34,7 +34,7 @@ from keygroups._ranges import KeyGroupRange, check_boundaries, key_group_range
 from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage
 from keygroups.checkpoint.raw_keyed import RawKeyedStateReader, write_raw_keyed_snapshot
 from keygroups.errors import KeyGroupOutOfRangeError
-from keygroups.runtime.assignment import RECORDS_REPORT, TIMERS_REPORT, encode_counts
+from keygroups.runtime.assignment import CALLS_REPORT, RECORDS_REPORT, TIMERS_REPORT, encode_counts
 from keygroups.runtime.functions import KeyedProcessFunction, ProcessContext, RuntimeContext, TimerService
 from keygroups.runtime.watermarks import check_late_records
 from keygroups.state import HeapKeyedStateBackend
@@ -481,6 +481,9 @@ def _run_on_backend(spec: KeyedTaskSpec, subtask_index: int, batches: Iterable[p
     vectorized = type(function).process_key_batch is not KeyedProcessFunction.process_key_batch
     batched = type(function).process_batch is not KeyedProcessFunction.process_batch
     runs = _key_runs(table, spec.key_columns)
+    # the function's calls per key group (the load figures): one per record, or one per key when vectorized
+    calls_per_group = (np.bincount(groups[runs[:-1]] - own_range.start, minlength=len(own_range))
+                       if vectorized or batched else records_per_group)
     # One Python key per run of equal keys, not per record.
     starts = pa.array(runs[:-1])
     run_keys = [table.column(c).take(starts).to_pylist() for c in spec.key_columns]
@@ -566,6 +569,7 @@ def _run_on_backend(spec: KeyedTaskSpec, subtask_index: int, batches: Iterable[p
         "snapshot_bytes": int(handle.size) if handle is not None else 0,
         "seconds": timings,
         RECORDS_REPORT: encode_counts(records_per_group),
+        CALLS_REPORT: encode_counts(calls_per_group),
         TIMERS_REPORT: encode_counts(np.bincount(np.asarray(fired_groups, dtype=np.int64) - own_range.start,
                                                  minlength=len(own_range))),
     }
