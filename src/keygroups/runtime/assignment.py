@@ -178,19 +178,22 @@ def checkpoint_boundaries(metadata: CheckpointMetadata) -> tuple[int, ...]:
 _STORED = (("records", RECORDS_REPORT), ("calls", CALLS_REPORT), ("timers", TIMERS_REPORT))
 
 
-def _stored_counts(metadata: CheckpointMetadata) -> list[npt.NDArray[np.float64]]:
+_Counts = tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], npt.NDArray[np.float64]]
+
+
+def _stored_counts(metadata: CheckpointMetadata) -> _Counts:
     """The decayed records, calls and timers ``metadata`` stores (zeros when it has none; calls are its records
     when it has none)."""
     mp = metadata.max_parallelism
     stored = metadata.properties.get(LOADS_PROPERTY)
     if stored is None:
-        return [np.zeros(mp) for _ in _STORED]
+        return np.zeros(mp), np.zeros(mp), np.zeros(mp)
     what = f"checkpoint {metadata.checkpoint_id}: properties[{LOADS_PROPERTY!r}]"
     if not isinstance(stored, dict):
         raise CorruptSnapshotError(f"{what} must be a JSON object, got {type(stored).__name__}")
     records = decode_counts(stored.get("records"), mp, f"{what}['records']")
     calls = records if "calls" not in stored else decode_counts(stored["calls"], mp, f"{what}['calls']")
-    return [records, calls, decode_counts(stored.get("timers"), mp, f"{what}['timers']")]
+    return records, calls, decode_counts(stored.get("timers"), mp, f"{what}['timers']")
 
 
 def checkpoint_loads(metadata: CheckpointMetadata) -> KeyGroupLoads:
@@ -200,7 +203,8 @@ def checkpoint_loads(metadata: CheckpointMetadata) -> KeyGroupLoads:
     state = np.zeros(mp, dtype=np.float64)
     for kg, chain in chain_stats(metadata, KeyGroupRange(0, mp - 1)).items():
         state[kg] = chain.full_bytes + chain.delta_bytes
-    return KeyGroupLoads(mp, *_stored_counts(metadata), state)
+    records, calls, timers = _stored_counts(metadata)
+    return KeyGroupLoads(mp, records, calls, timers, state)
 
 
 def merged_loads(previous: CheckpointMetadata | None, reports: Sequence[dict[str, Any]], max_parallelism: int,
@@ -211,7 +215,8 @@ def merged_loads(previous: CheckpointMetadata | None, reports: Sequence[dict[str
     decay = 0.5 ** (1.0 / half_life)
     figures = [np.zeros(max_parallelism) for _ in _STORED]
     if previous is not None:
-        old = KeyGroupLoads(previous.max_parallelism, *_stored_counts(previous),
+        records, calls, timers = _stored_counts(previous)
+        old = KeyGroupLoads(previous.max_parallelism, records, calls, timers,
                             np.zeros(previous.max_parallelism)).rekeyed(max_parallelism)
         for target, value in zip(figures, (old.records, old.calls, old.timers)):
             target += decay * value

@@ -32,11 +32,11 @@ from keygroups.checkpoint import (
 from keygroups.checkpoint.planning import carry_forward, check_restore_max_parallelism
 from keygroups.errors import ConcurrentCommitError, DriverFencedError, KeyGroupsError
 from keygroups.runtime.assignment import (
+    CALLS_REPORT,
     DECISION_PROPERTY,
     DEFAULT_HALF_LIFE,
     LOADS_PROPERTY,
     RANGES_PROPERTY,
-    CALLS_REPORT,
     RECORDS_REPORT,
     TIMERS_REPORT,
     Assignment,
