@@ -222,8 +222,7 @@ def report(stream: str, p: int, runs: dict[str, list[list[BatchFigures]]]) -> st
     for name, b in last.items():
         print(f"  {name:<9} ranges {list(b.boundaries)}")
         print(f"  {'':<9} records  {b.records}  max/mean {ratio(b.records):.3f}")
-        print(f"  {'':<9} calls    {b.calls}  max/mean {ratio(b.calls):.3f} (the function is vectorized: a call per "
-              f"key and batch)")
+        print(f"  {'':<9} calls    {b.calls}  max/mean {ratio(b.calls):.3f}")
         print(f"  {'':<9} state B  {b.state_bytes}  max/mean {ratio(b.state_bytes):.3f}")
         print(f"  {'':<9} seconds  {[round(s, 3) for s in b.seconds]}  batch (slowest subtask, median) "
               f"{critical[name]:.3f}s")

@@ -215,3 +215,21 @@ def test_assignment_names_and_bad_settings():
     with pytest.raises(ValueError, match=r"BalancedRanges.state_weight must be a number in \[0, 1\], got 2"):
         BalancedRanges(state_weight=2)
     assert max_over_mean([0, 0]) == 1.0
+
+
+def test_rdd_partitioner_follows_explicit_ranges_and_keeps_flinks_when_given_them():
+    import pickle
+
+    from keygroups.spark.partitioner import KeyGroupPartitioner
+
+    boundaries = (0, 3, 4, 20, 32)
+    partitioner = KeyGroupPartitioner(32, 4, "long", key_group_boundaries=boundaries)
+    keys = list(range(500))
+    groups = kg.assign_key_groups(np.array(keys, dtype=np.int64), 32, "long")
+    assert [partitioner(k) for k in keys] == operator_indexes_for_boundaries(boundaries, groups).tolist()
+    again = pickle.loads(pickle.dumps(partitioner))
+    assert again == partitioner and hash(again) == hash(partitioner) and again.key_group_boundaries == boundaries
+    flink = KeyGroupPartitioner(32, 4, "long", key_group_boundaries=flink_boundaries(32, 4))
+    assert flink == KeyGroupPartitioner(32, 4, "long") != partitioner
+    with pytest.raises(ValueError, match="must hold parallelism \\+ 1 = 4 boundaries, got 5"):
+        KeyGroupPartitioner(32, 3, "long", key_group_boundaries=boundaries)
