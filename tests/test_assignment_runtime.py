@@ -25,7 +25,8 @@ from keygroups.runtime.assignment import (
 )
 from keygroups.runtime.subtask import HeapBackendRegistry, run_keyed_subtask
 from keygroups.state.timers import TimerQueueRegistry
-from test_assignment_model import OUT, SCHEMA, SkewCounter
+from keygroups.runtime.functions import KeyedProcessFunction
+from test_assignment_model import COUNT, OUT, SCHEMA, SkewCounter
 
 MP = 32
 
@@ -40,11 +41,21 @@ def skewed(seed: int, hot: int = 0, hot_share: float = 0.6, n: int = 4000) -> pa
     return pa.table({"key": pa.array(keys, pa.int64()), "n": pa.array(np.ones(n, dtype=np.int64))})
 
 
-def run(location, table, p, assignment, kept, kept_timers, tamper=None):
+class PerRecordCounter(KeyedProcessFunction):
+    """SkewCounter's count, called once per record."""
+
+    def open(self, context):
+        self.count = context.get_state(COUNT)
+
+    def process_element(self, record, context):
+        self.count.update((self.count.value() or 0) + record["n"])
+
+
+def run(location, table, p, assignment, kept, kept_timers, tamper=None, function=None):
     storage = CheckpointStorage(location)
     plan = begin_batch(storage, job_name="skew", max_parallelism=MP, parallelism=p, assignment=assignment)
-    spec = plan.keyed_task(key_columns=("key",), function=pickle.dumps(SkewCounter()), input_schema=SCHEMA,
-                           output_schema=OUT, warm_heap_backends=8)
+    spec = plan.keyed_task(key_columns=("key",), function=pickle.dumps(function or SkewCounter()),
+                           input_schema=SCHEMA, output_schema=OUT, warm_heap_backends=8)
     owners = operator_indexes_for_boundaries(plan.boundaries, kg.assign_key_groups(table.column("key"), MP, "long"))
     reports = [run_keyed_subtask(spec, i, table.filter(pa.array(owners == i)).to_batches(), kept=kept,
                                  kept_timers=kept_timers) for i in range(p)]
@@ -116,3 +127,17 @@ def test_a_report_of_other_ranges_is_refused_and_nothing_commits(tmp_path):
                                              r"with KeyGroupRange\(8, 15\); nothing was committed"):
         run(location, skewed(2), 4, None, kept, timers, tamper=shift)
     assert CheckpointStorage(location).latest().checkpoint_id == 1
+
+
+def test_the_work_figure_counts_a_step_per_key_plus_one_per_record_for_a_per_record_function(tmp_path):
+    table = skewed(5)
+    groups = kg.assign_key_groups(table.column("key"), MP, "long")
+    keys = np.bincount(kg.assign_key_groups(pa.array(np.unique(table.column("key").to_numpy())), MP, "long"),
+                       minlength=MP)
+    records = np.bincount(groups, minlength=MP)
+    for function, expected in ((PerRecordCounter(), keys + records), (SkewCounter(), keys)):
+        location = str(tmp_path / type(function).__name__)
+        _, metadata, _ = run(location, table, 3, None, HeapBackendRegistry(), TimerQueueRegistry(), function=function)
+        loads = checkpoint_loads(metadata)
+        assert loads.records.tolist() == records.tolist()
+        assert loads.calls.tolist() == expected.tolist()

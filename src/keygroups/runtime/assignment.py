@@ -10,8 +10,9 @@ timer queues), which is kept per key-group range, stays warm exactly where a ran
 **Load figures** (:class:`KeyGroupLoads`), kept with every checkpoint whatever the assignment:
 
 * ``records``: records each key group processed, decayed over batches (``half_life`` batches: a key group's weight
-  halves after that many batches without records); ``calls``: calls of the job's function (a record each for
-  ``process_element``, a key each for ``process_key_batch`` and ``process_batch``), decayed alike. The subtasks count
+  halves after that many batches without records); ``calls``: the steps a batch takes per key group, one per key
+  of the batch (switching to it, reaching its state) plus one per record when the job's function is called per record
+  (``process_element``; ``process_key_batch`` and ``process_batch`` take a key's records at once), decayed alike. The subtasks count
   both from the key-group column and the runs of equal keys they compute anyway (a ``bincount`` each); the driver
   adds the decayed figures of the checkpoint it restored.
 * ``timers``: timers fired per key group, decayed the same way (a firing is work like a record).
@@ -24,7 +25,7 @@ zlib, base64); the ranges in ``properties[RANGES_PROPERTY]``; why they were chos
 
 **Balanced ranges** (:class:`BalancedRanges`): a key group's load is a blend of its share of the work
 (``calls + timers``: what a batch's time grows with once state is warm; a vectorized function handles a hot key's
-records in one call) and its share of the state (``state_bytes``: what memory, and restores after a rescale, grow
+records in one step) and its share of the state (``state_bytes``: what memory, and restores after a rescale, grow
 with): ``load = (1 - state_weight) * work_share + state_weight * bytes_share``, ``state_weight`` 0.1 by default.
 :func:`balanced_boundaries` cuts ``[0, max_parallelism)`` into ``p`` contiguous non-empty ranges whose largest sum of
 load is the smallest possible (the linear partition problem, solved exactly: loads are quantized to integers, the
@@ -37,7 +38,7 @@ which keygroups restores into).
 closest to the current boundaries is taken (each boundary moves as little as it can), and it replaces the current
 ranges only when the largest load drops by at least ``min_gain + move_cost * restore_share`` of it, where
 ``restore_share`` is the share of the state held by the ranges that change (what their subtasks then read again),
-or, whatever the cost, when the current ranges' max/mean load is above ``max_skew`` (1.15 by default).
+or, whatever the cost, when the current ranges' max/mean load is above ``max_skew`` (1.10 by default).
 A parallelism or max parallelism change makes every range new anyway: then the balanced ranges are taken at once
 (with a policy of :mod:`keygroups.runtime.scaling`, a batch may change both its parallelism and its boundaries).
 """
@@ -110,9 +111,8 @@ def decode_counts(text: Any, length: int, what: str) -> npt.NDArray[np.float64]:
 @dataclass(frozen=True)
 class KeyGroupLoads:
     """Per key group load figures of one checkpoint (arrays of ``max_parallelism``), the first three decayed over
-    the last batches: ``records`` processed, ``calls`` of the job's function (one per record for
-    ``process_element``, one per key for ``process_key_batch`` and ``process_batch``), ``timers`` fired, and
-    ``state_bytes`` of the key group's chain."""
+    the last batches: ``records`` processed, ``calls`` (steps: one per key of a batch, plus one per record for a
+    function called per record), ``timers`` fired, and ``state_bytes`` of the key group's chain."""
 
     max_parallelism: int
     records: npt.NDArray[np.float64]
@@ -125,8 +125,9 @@ class KeyGroupLoads:
         return cls(max_parallelism, *(np.zeros(max_parallelism, dtype=np.float64) for _ in range(4)))
 
     def work(self) -> npt.NDArray[np.float64]:
-        """Calls of the job's function plus timers fired, per key group: what a batch's time grows with (a
-        vectorized function's call covers all of a key's records, so a single hot key costs one call)."""
+        """Steps (keys, and records of a function called per record) plus timers fired, per key group: what a
+        batch's time grows with (a vectorized function takes all of a key's records at once, so a single hot key
+        costs one step)."""
         return self.calls + self.timers
 
     def blend(self, state_weight: float) -> npt.NDArray[np.float64]:
@@ -471,11 +472,11 @@ class BalancedRanges:
     ``max_skew`` and the move lowers it; ``half_life`` (batches) how fast old records count less."""
 
     state_weight: float = 0.1
-    tolerance: float = 0.05
+    tolerance: float = 0.03
     min_gain: float = 0.05
     move_cost: float = 0.1
     half_life: float = DEFAULT_HALF_LIFE
-    max_skew: float = 1.15
+    max_skew: float = 1.10
     name: str = field(default="balanced", init=False)
 
     def __post_init__(self) -> None:

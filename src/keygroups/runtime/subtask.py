@@ -481,9 +481,11 @@ def _run_on_backend(spec: KeyedTaskSpec, subtask_index: int, batches: Iterable[p
     vectorized = type(function).process_key_batch is not KeyedProcessFunction.process_key_batch
     batched = type(function).process_batch is not KeyedProcessFunction.process_batch
     runs = _key_runs(table, spec.key_columns)
-    # the function's calls per key group (the load figures): one per record, or one per key when vectorized
-    calls_per_group = (np.bincount(groups[runs[:-1]] - own_range.start, minlength=len(own_range))
-                       if vectorized or batched else records_per_group)
+    # the work per key group (the load figures): a step per key (the switch to it, its state), and one per record
+    # when the function is called per record
+    calls_per_group = np.bincount(groups[runs[:-1]] - own_range.start, minlength=len(own_range))
+    if not (vectorized or batched):
+        calls_per_group = calls_per_group + records_per_group
     # One Python key per run of equal keys, not per record.
     starts = pa.array(runs[:-1])
     run_keys = [table.column(c).take(starts).to_pylist() for c in spec.key_columns]
