@@ -685,6 +685,17 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
             t.track = True
 
     # ---- iteration ------------------------------------------------------------------------------------------------
+    def estimated_entries(self) -> int:
+        """Entries in memory plus entries put by restored layers not yet merged (a key both decoded and in a layer,
+        or put by two layers, counts twice): a sum over key groups, never over entries."""
+        total = 0
+        for t in self._tables.values():
+            for i in range(self._n):
+                total += len(t.maps[i])
+                for layer in t.layers[i] or ():
+                    total += max(0, len(layer.key_offsets) - 1)
+        return total
+
     def keys(self, state_name: str) -> Iterator[Any]:
         """Every key that has a value in ``state_name``, key group by key group (expired TTL entries that were
         not cleaned up yet included, as in Flink)."""
