@@ -95,6 +95,9 @@ class BatchReport:
         """The report as JSON-able plain values (``seconds`` a dict of its phases)."""
         return asdict(self)
 
+    def __str__(self) -> str:
+        return self.summary()
+
     def summary(self) -> str:
         """One line for logs and the console."""
         late = f", {self.records_late:,} late ({self.late_share:.0%})" if self.records_late else ""

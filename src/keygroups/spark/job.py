@@ -108,9 +108,10 @@ def input_digest(df: DataFrame) -> dict[str, int]:
 class _DigestedBatches:
     """A subtask's input batches without the digest column, summing the digest on the way (mod 2^64)."""
 
-    def __init__(self, batches: Any, column: str = _DIGEST) -> None:
+    def __init__(self, batches: Any, column: str = _DIGEST, names: list[str] | None = None) -> None:
         self._batches = batches
         self._column = column
+        self._names = names   # the input's own column names, where they crossed under others
         self.records = 0
         self.total = 0
 
@@ -120,7 +121,8 @@ class _DigestedBatches:
             digests = batch.column(i).to_numpy(zero_copy_only=False).astype(np.uint64, copy=False)
             self.total = (self.total + int(digests.sum(dtype=np.uint64))) % _U64
             self.records += batch.num_rows
-            yield batch.drop_columns([self._column])
+            batch = batch.drop_columns([self._column])
+            yield batch if self._names is None else pa.RecordBatch.from_arrays(batch.columns, names=self._names)
 
 
 def _input_arrow_schema(df: DataFrame) -> pa.Schema:
@@ -480,14 +482,19 @@ class KeyedJob:
             warm_heap_backends=self.warm_heap_backends, watermark=watermark, late_records=self.late_records,
         )
         digest_column = _unused_column(df.columns, _DIGEST)
+        # PySpark's mapInArrow refers to its input's columns by their bare names, which breaks on a name with a dot
+        # or a backtick: such columns cross it under plain names, and get theirs back in the task.
+        names = list(df.columns)
+        plain = [_unused_column(names, f"__kg_column_{i}") if "." in c or "`" in c else c
+                 for i, c in enumerate(names)]
         placed = partition_by_key_group(df.withColumn(digest_column, _record_digest(df)), *self.key_columns,
-                                        max_parallelism=plan.max_parallelism,
-                                        parallelism=plan.parallelism).select(*map(_quoted, df.columns),
-                                                                             _quoted(digest_column))
+                                        max_parallelism=plan.max_parallelism, parallelism=plan.parallelism
+                                        ).select(*[_quoted(c).alias(p) for c, p in zip(names, plain)],
+                                                 _quoted(digest_column))
 
         def subtask(batches: Any) -> Any:
             index = TaskContext.get().partitionId()  # type: ignore[union-attr]  # always set inside a task
-            digested = _DigestedBatches(batches, digest_column)
+            digested = _DigestedBatches(batches, digest_column, names if plain != names else None)
             report = run_keyed_subtask(spec, index, digested)
             report["input_digest"] = {"records": digested.records, "xxhash64_sum": digested.total}
             yield pa.RecordBatch.from_pylist([{"subtask": index, "report": json.dumps(report)}], schema=_REPORT_ARROW)
