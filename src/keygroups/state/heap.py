@@ -693,7 +693,8 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
             for i in range(self._n):
                 total += len(t.maps[i])
                 for layer in t.layers[i] or ():
-                    total += max(0, len(layer.key_offsets) - 1)
+                    if layer.key_offsets is not None:   # None: a layer of deletes only
+                        total += max(0, len(layer.key_offsets) - 1)
         return total
 
     def keys(self, state_name: str) -> Iterator[Any]:
