@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import sys
 from typing import Any
@@ -109,20 +108,12 @@ def _inspect(args: argparse.Namespace) -> int:
             continue
         groups = " ".join(f"{kg}:{n}" for kg, n in sorted(t["per_key_group"].items()))
         print(f"timers ({domain}): {t['total']:,} in {len(t['per_key_group'])} key groups, earliest {t['earliest']} "
-              f"({_utc(t['earliest'])}); per key group: {groups}")
+              f"({format_time(t['earliest'])}); per key group: {groups}")
     if reports:
         print(f"last {len(reports)} batches:")
         for r in reports:
             print(f"  {r.summary()}")
     return plot.run(args, storage, metadata)
-
-
-def _utc(ms: int) -> str:
-    """Epoch milliseconds as an ISO UTC time (or a note that they lie outside the calendar datetime knows)."""
-    try:
-        return datetime.datetime.fromtimestamp(ms / 1000, datetime.UTC).isoformat(timespec="milliseconds")
-    except (OverflowError, OSError, ValueError):
-        return "out of the calendar's range"
 
 
 def _plan(args: argparse.Namespace) -> int:

@@ -74,8 +74,9 @@ class BatchReport:
     timers_registered: int
     timers_fired: int
     timers_pending: int
-    #: Entries of keyed state after the batch (an estimate: keys in layers not yet merged may count twice; None when
-    #: a backend gives none).
+    #: Entries of keyed state after the batch, the timers' own state included: an estimate where restored blocks
+    #: are not merged yet (heap) and RocksDB's own estimate; a heap map state counts once per key; None when a
+    #: backend gives none.
     state_entries: int | None
     #: Bytes a full restore of the checkpoint reads (every key group's chain: its full block and deltas).
     state_bytes: int
@@ -129,6 +130,7 @@ class BatchReport:
             if mode in modes:
                 modes[mode] += _range_size(r.get("key_group_range"))
         entries = [r.get("state_entries") for r in reports]
+        known = [int(e) for e in entries if e is not None]
         ranges = [r["event_time_range"] for r in reports if r.get("event_time_range")]
         return cls(
             checkpoint_id=metadata.checkpoint_id,
@@ -152,7 +154,7 @@ class BatchReport:
             timers_registered=sum(int(t.get("registered", 0)) for t in timers.values()),
             timers_fired=sum(int(t.get("fired", 0)) for t in timers.values()),
             timers_pending=sum(int(t.get("queued", 0)) for t in timers.values()),
-            state_entries=None if not entries or None in entries else sum(int(e) for e in entries),
+            state_entries=sum(known) if entries and len(known) == len(entries) else None,
             state_bytes=_state_bytes(metadata),
             seconds=PhaseSeconds(
                 plan=float(driver.get("plan", 0.0)) if plan_seconds is None else plan_seconds,

@@ -20,7 +20,7 @@ import os
 import pickle
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -249,7 +249,7 @@ def _java_equality_column(column: pa.ChunkedArray) -> pa.ChunkedArray:
     return pa.chunked_array([pa.array(bits, mask=column.is_null().to_numpy(zero_copy_only=False))])
 
 
-def _unused_name(names: list[str], wanted: str) -> str:
+def unused_name(names: Sequence[str], wanted: str) -> str:
     """``wanted``, or ``wanted`` with a numbered suffix if a column of that name exists."""
     taken = set(names)
     name, n = wanted, 0
@@ -470,7 +470,7 @@ def _run_on_backend(spec: KeyedTaskSpec, subtask_index: int, batches: Iterable[p
                 f"{key if len(key) > 1 else key[0]!r} of key group {int(groups[pos])}: the input was not partitioned "
                 "by key group (or the key's hash is not deterministic)"
             )
-        group_column = _unused_name(table.column_names, "__key_group")   # input columns may have any name
+        group_column = unused_name(table.column_names, "__key_group")   # input columns may have any name
         table = table.append_column(group_column, pa.array(groups, pa.int16()))
         sort_keys = [(group_column, "ascending")]
         for i, c in enumerate(spec.key_columns):
@@ -478,7 +478,7 @@ def _run_on_backend(spec: KeyedTaskSpec, subtask_index: int, batches: Iterable[p
             if column is table.column(c):
                 sort_keys.append((c, "ascending"))
             else:   # a float key sorts by its bits, so that -0.0 and 0.0 do not interleave
-                bits_column = _unused_name(table.column_names, f"__key_bits_{i}")
+                bits_column = unused_name(table.column_names, f"__key_bits_{i}")
                 table = table.append_column(bits_column, column)
                 sort_keys.append((bits_column, "ascending"))
         sort_keys += [(c, "ascending") for c in spec.order_columns]

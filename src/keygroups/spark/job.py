@@ -24,6 +24,7 @@ otherwise by Spark tasks that read each file through the checkpoint storage, wit
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import difflib
@@ -31,7 +32,7 @@ import inspect
 import json
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -66,6 +67,7 @@ from keygroups.runtime.subtask import (
     check_warm_heap_backends,
     key_type_for_schema,
     run_keyed_subtask,
+    unused_name,
 )
 from keygroups.runtime.watermarks import WatermarkStrategy, check_late_records
 from keygroups.spark.partitioner import partition_by_key_group
@@ -293,7 +295,17 @@ class KeyedJob:
     by default). ``restore_from_savepoint`` names a savepoint in ``checkpoint_location`` (see :meth:`savepoint`)
     that the job's first batch restores instead of the latest checkpoint, at any parallelism; the checkpoints after
     it say so, and a driver restarted with the same argument continues from the latest of them (Flink's ``-s``,
-    no-claim mode).
+    no-claim mode). ``late_warning_share`` is the share of a batch's records that may be late before the batch logs
+    a WARNING on the ``keygroups`` logger (every batch logs one INFO line, its :class:`BatchReport`).
+
+    Mistakes are refused on the driver before any Spark job starts, each naming the argument, the value and what is
+    allowed: here the arguments themselves (``backend``, column-name arguments, ``output_schema`` against an
+    ``output_schema`` attribute the function may declare); at each batch the input's columns and types (key,
+    ``order_by``, ``timestamp_column``), and at the first batch of a restore point the function's state
+    declarations against the restored ones (kind, TTL, serializers: ``StateMigrationError``; its ``open`` runs on
+    the driver against an empty backend) and the max parallelism. Input columns may have any name: names with a
+    dot or a backtick, or like keygroups' own internal columns, work as any other. Building a job needs no Spark
+    session.
     """
 
     def __init__(
@@ -481,11 +493,11 @@ class KeyedJob:
             timestamp_column=self.timestamp_column, allow_pickle=self.allow_pickle, local_dir=self.local_dir,
             warm_heap_backends=self.warm_heap_backends, watermark=watermark, late_records=self.late_records,
         )
-        digest_column = _unused_column(df.columns, _DIGEST)
+        digest_column = unused_name(df.columns, _DIGEST)
         # PySpark's mapInArrow refers to its input's columns by their bare names, which breaks on a name with a dot
         # or a backtick: such columns cross it under plain names, and get theirs back in the task.
         names = list(df.columns)
-        plain = [_unused_column(names, f"__kg_column_{i}") if "." in c or "`" in c else c
+        plain = [unused_name(names, f"__kg_column_{i}") if "." in c or "`" in c else c
                  for i, c in enumerate(names)]
         placed = partition_by_key_group(df.withColumn(digest_column, _record_digest(df)), *self.key_columns,
                                         max_parallelism=plan.max_parallelism, parallelism=plan.parallelism
@@ -548,21 +560,7 @@ class KeyedJob:
             self._log(result.report)
             return result
         self._check_restore_point(plan, input_schema)
-        need_max = self.watermark_strategy is not None
-        persisted = False
-        if (policy is not None or need_max) and self._read_input_once and not df.is_cached:
-            df = df.persist(StorageLevel.MEMORY_AND_DISK)
-            persisted = True
-        try:
-            records, max_event = None, None
-            if self._read_input_once and (policy is not None or need_max):
-                records, max_event = _count_and_max_event_time(df, self.timestamp_column if need_max else None)
-            else:   # the former path, kept for the comparison in benchmarks/bench_runner.py: one Spark job each
-                if policy is not None:
-                    records = df.count()
-                if need_max:
-                    assert self.timestamp_column is not None  # checked by the constructor
-                    max_event = max_event_time(df, self.timestamp_column)
+        with self._read_once(df, count=policy is not None) as (df, records, max_event):
             if policy is not None:
                 assert records is not None
                 p = _checked_choice(policy, policy(records, tuple(history[-HISTORY:])), records,
@@ -572,9 +570,6 @@ class KeyedJob:
                 plan = dataclasses.replace(plan, parallelism=p)
             metadata, commit_seconds = self._run_keyed(plan, df, [], properties, max_event=max_event,
                                                        plan_started=started)
-        finally:
-            if persisted:
-                df.unpersist()
         result = self._result(df.sparkSession, metadata, replayed=False, started=started,
                               input_schema=input_schema, commit_seconds=commit_seconds)
         self._log(result.report)
@@ -603,16 +598,39 @@ class KeyedJob:
         inputs = [r["input_file"] for r in reports if r["input_file"]]
         df = read_checkpoint_files(spark, self.storage, inputs, staged_schema(record_schema))
         self._check_input(df)
-        max_event = None
-        if self.watermark_strategy is not None:
-            assert self.timestamp_column is not None  # checked by the constructor
-            max_event = max_event_time(df, self.timestamp_column)
-        metadata, commit_seconds = self._run_keyed(plan, df, reports, None, max_event=max_event,
-                                                   plan_started=started)
+        with self._read_once(df, count=False) as (df, _, max_event):
+            metadata, commit_seconds = self._run_keyed(plan, df, reports, None, max_event=max_event,
+                                                       plan_started=started)
         result = self._result(spark, metadata, replayed=False, started=started,
                               input_schema=staged_schema(record_schema), commit_seconds=commit_seconds)
         self._log(result.report)
         return result
+
+    @contextlib.contextmanager
+    def _read_once(self, df: DataFrame, *, count: bool) -> Iterator[tuple[DataFrame, int | None, int | None]]:
+        """``(df, records, max_event)`` for a batch's keyed stage: the record count (if ``count``) and the largest
+        event time (with a watermark strategy) found in one Spark job, over ``df`` persisted so that the keyed
+        stage reads the same rows again instead of the source; released when the block ends. A ``df`` the caller
+        cached stays as it is. Persisting costs one columnar copy of the batch (in executor memory, spilling to
+        disk); a second read of the source costs its whole read and parse, each time."""
+        need_max = self.watermark_strategy is not None
+        if not (count or need_max):
+            yield df, None, None
+            return
+        column = self.timestamp_column if need_max else None
+        if not self._read_input_once:   # the former path, for the comparison in benchmarks/bench_runner.py
+            records = df.count() if count else None
+            yield df, records, max_event_time(df, column) if column is not None else None
+            return
+        persisted = not df.is_cached
+        if persisted:
+            df = df.persist(StorageLevel.MEMORY_AND_DISK)
+        try:
+            records, max_event = _count_and_max_event_time(df, column)
+            yield df, records, max_event
+        finally:
+            if persisted:
+                df.unpersist()
 
     def _log(self, report: BatchReport) -> None:
         """One INFO line per batch; a WARNING when more than ``late_warning_share`` of its records were late."""
@@ -710,16 +728,6 @@ def _takes_three_arguments(sink: Callable[..., Any]) -> bool:
     positional = [p for p in parameters if p.kind in (inspect.Parameter.POSITIONAL_ONLY,
                                                       inspect.Parameter.POSITIONAL_OR_KEYWORD)]
     return len(positional) >= 3
-
-
-def _unused_column(columns: Sequence[str], wanted: str) -> str:
-    """``wanted``, or ``wanted`` with a numbered suffix if the input has a column of that name."""
-    taken = set(columns)
-    name, n = wanted, 0
-    while name in taken:
-        n += 1
-        name = f"{wanted}_{n}"
-    return name
 
 
 def _event_time_column(df: DataFrame, column: str) -> Column:

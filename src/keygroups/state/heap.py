@@ -686,15 +686,17 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
 
     # ---- iteration ------------------------------------------------------------------------------------------------
     def estimated_entries(self) -> int:
-        """Entries in memory plus entries put by restored layers not yet merged (a key both decoded and in a layer,
-        or put by two layers, counts twice): a sum over key groups, never over entries."""
+        """Entries per state and key group: those in memory, or, where restored layers are not merged yet, the most
+        that one of them or memory holds (a key may be in several layers and memory at once; keys only a newer
+        delta adds are missed). A sum over key groups, never over entries."""
         total = 0
         for t in self._tables.values():
             for i in range(self._n):
-                total += len(t.maps[i])
+                largest = len(t.maps[i])
                 for layer in t.layers[i] or ():
                     if layer.key_offsets is not None:   # None: a layer of deletes only
-                        total += max(0, len(layer.key_offsets) - 1)
+                        largest = max(largest, len(layer.key_offsets) - 1)
+                total += largest
         return total
 
     def keys(self, state_name: str) -> Iterator[Any]:
