@@ -84,7 +84,7 @@ def json_event_files(files, directory) -> list[str]:
     return out
 
 
-def run_input_reads(spark, files, location, parallelism, *, read_once):
+def run_input_reads(spark, files, location, parallelism, events_per_file, *, read_once):
     """Every file as one micro-batch of a job with a watermark and a RecordsPerSubtask policy (both need a figure
     of the whole batch before its records are placed); returns each batch's seconds."""
     from datetime import timedelta
@@ -96,7 +96,6 @@ def run_input_reads(spark, files, location, parallelism, *, read_once):
                    checkpoint_location=location, timestamp_column="ts",
                    watermark_strategy=WatermarkStrategy.for_bounded_out_of_orderness(timedelta(seconds=5)))
     job._read_input_once = read_once
-    events_per_file = max(1, sum(pq.ParquetFile(f).metadata.num_rows for f in files) // len(files))
     policy = RecordsPerSubtask(max(1, events_per_file // parallelism))
     seconds = []
     for path in files:
@@ -109,11 +108,12 @@ def run_input_reads(spark, files, location, parallelism, *, read_once):
 def input_reads(spark, parquet_files, work, parallelism, runs, expected):
     """The read-once comparison: medians over ``runs`` of each path's median batch time, the paths alternating."""
     files = json_event_files(parquet_files, work / "events-json")
+    events_per_file = max(1, sum(pq.ParquetFile(f).metadata.num_rows for f in parquet_files) // len(files))
     times = {False: [], True: []}
     for run in range(runs):
         for read_once in (False, True):
             location = str(work / f"reads-{run}-{read_once}")
-            batches = run_input_reads(spark, files, location, parallelism, read_once=read_once)
+            batches = run_input_reads(spark, files, location, parallelism, events_per_file, read_once=read_once)
             problems = compare_state(keygroups_state(location), expected)
             if problems:
                 raise SystemExit(f"keygroups state differs from pandas (read_once={read_once}): {problems}")
