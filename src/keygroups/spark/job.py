@@ -527,6 +527,7 @@ class KeyedJob:
                                 properties={**(properties or {}), "input_digest": digest, **lineage, **figures},
                                 watermark=watermark)
         self._savepoint_pending = False
+        self._checked_restore_point = (metadata.checkpoint_id, None)   # written here, by this very function
         return metadata, time.perf_counter() - committing
 
     def run_batch(self, df: DataFrame, *, parallelism: int | ParallelismPolicy, checkpoint_id: int | None = None,
