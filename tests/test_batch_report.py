@@ -38,13 +38,14 @@ class Count(KeyedProcessFunction):
         return [(context.current_key, n)]
 
 
-def _batch(location, parallelism, keys, stamps, *, watermark=None, function=None):
+def _batch(location, parallelism, keys, stamps, *, watermark=None, function=None, backend="heap"):
     """One batch of ``function`` (Count) over ``keys`` with event times ``stamps``; returns the committed metadata."""
     storage = CheckpointStorage(location)
     plan = begin_batch(storage, job_name="r", max_parallelism=MAX_PARALLELISM, parallelism=parallelism)
     table = pa.table({"k": pa.array(keys, pa.int64()), "t": pa.array(stamps, pa.int64())})
     spec = plan.keyed_task(key_columns=("k",), function=pickle.dumps(function or Count()), input_schema=table.schema,
-                           output_schema=OUTPUT, timestamp_column="t", watermark=watermark, warm_heap_backends=0)
+                           output_schema=OUTPUT, timestamp_column="t", watermark=watermark, warm_heap_backends=0,
+                           backend=backend, local_dir=location + "-local")
     owners = kg.operator_index_for_key_group(MAX_PARALLELISM, parallelism,
                                              kg.assign_key_groups(table.column("k"), MAX_PARALLELISM, "long"))
     reports = [run_keyed_subtask(spec, i, table.filter(pa.array(owners == i)).to_batches())
@@ -130,3 +131,12 @@ def test_estimated_entries_grow_with_the_keys_not_the_batches(tmp_path):
         _batch(location, 1, list(range(50)), list(np.arange(50) + 100 * i))
     report = BatchReport.from_checkpoint(CheckpointStorage(location).latest())
     assert report.state_entries == 100   # per key its count and its timers, though restored from three blocks
+
+
+def test_rocksdb_reports_its_own_estimate(tmp_path):
+    location = str(tmp_path / "chk")
+    for i in range(2):
+        metadata = _batch(location, 2, list(range(300)), list(range(300)), backend="rocksdb")
+    report = BatchReport.from_checkpoint(metadata)
+    assert report.key_groups_warm + report.key_groups_caught_up + report.key_groups_cold == MAX_PARALLELISM
+    assert report.state_entries is not None and 300 <= report.state_entries <= 1200   # counts and timer maps

@@ -657,7 +657,11 @@ class KeyedJob:
         third positional parameter gets the batch's :class:`BatchResult` too, ``sink(output, batch_id, result)``
         (``result.report`` holds the batch's figures: records late, the watermark, restore modes, phase times).
         Every batch is also logged on the ``keygroups`` logger (one INFO line; a WARNING when more than
-        ``late_warning_share`` of its records were late).
+        ``late_warning_share`` of its records were late). Spark's own progress (``query.lastProgress``) counts
+        each input record once (``numInputRows``: the batch is read once); it cannot carry keygroups' figures, as
+        ``StreamingQueryProgress.observedMetrics`` holds only metrics observed on the streaming plan itself, and
+        everything a foreachBatch function runs is a separate query: feed dashboards from the sink's ``result``
+        or the log lines instead.
 
         ``parallelism`` is an int (every batch), or a policy that picks each batch's parallelism (see
         :mod:`keygroups.runtime.scaling`: ``RecordsPerSubtask``, ``TargetBatchDuration``, or any callable
