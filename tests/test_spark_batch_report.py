@@ -156,6 +156,21 @@ def test_streaming_late_file_warns_reports_and_inspect_shows_it(spark, tmp_path,
     assert "_timers" not in out
     assert cli_main(["inspect", str(tmp_path / "chk"), "--internal"]) == 0
     assert "_timers" in capsys.readouterr().out
+    assert cli_main(["inspect", str(tmp_path / "chk"), "--json", "--no-timers"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["watermark"] == late.watermark_after and shown["records_late"] == 200
+    assert [b["records_late"] for b in shown["recent_batches"]] == [0, 200]
+    assert list(shown["states"]) == ["total"]
+
+
+def test_sinks_of_two_and_of_any_arguments(spark, tmp_path):
+    seen = []
+    job = _job(tmp_path)
+    job.foreach_batch(lambda df, batch_id: seen.append(("two", batch_id)), parallelism=1)(
+        _df(spark, _rows(10, 2, EPOCH_MS)), 0)
+    job.foreach_batch(lambda *args: seen.append(("any", args[1], args[2].report.records_in)), parallelism=1)(
+        _df(spark, _rows(10, 2, EPOCH_MS + 1000)), 1)
+    assert seen == [("two", 0), ("any", 1, 10)]
 
 
 # ---- one read of the input per batch ----------------------------------------------------------------------------

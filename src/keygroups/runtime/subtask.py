@@ -194,13 +194,12 @@ def _load_function(spec: KeyedTaskSpec) -> KeyedProcessFunction:
     return function
 
 
-def check_restored_states(function: bytes, metadata: CheckpointMetadata, *, key_type: KeyType | None,
+def check_restored_states(function: bytes, metadata: CheckpointMetadata, *, key_type: KeyType,
                           job_name: str, max_parallelism: int, allow_pickle: bool, checkpoint_id: int) -> None:
     """Run the job's ``open`` on the driver against an empty heap backend that holds only ``metadata``'s state
     metas (no state is read): every state it declares is matched with the restored one as a task would match it, so
-    a changed kind, TTL or value serializer raises StateMigrationError (and stored pickled serializers without
-    ``allow_pickle`` UnsafeDeserializationError) before any task starts. With ``key_type`` the key serializer is
-    checked too. States a function declares only while processing records are checked by the tasks, as before;
+    a changed kind, TTL, key or value serializer raises StateMigrationError (and stored pickled serializers without
+    ``allow_pickle`` UnsafeDeserializationError) before any task starts. States a function declares only while processing records are checked by the tasks, as before;
     any other error of ``open`` is left for the tasks to raise where it belongs."""
     metas: dict[str, dict[str, Any]] = {}
     for handle in sorted(metadata.keyed_handles, key=lambda h: h.checkpoint_id):
@@ -210,14 +209,9 @@ def check_restored_states(function: bytes, metadata: CheckpointMetadata, *, key_
         return
     user = pickle.loads(function)   # the job's own function, pickled by this driver: never bytes from a checkpoint
     everything = key_group_range(max_parallelism, 1, 0)
-    backend = create_backend("heap", everything, max_parallelism, key_type if key_type is not None else "long",
-                             allow_pickle=allow_pickle)
-    with backend:
+    with create_backend("heap", everything, max_parallelism, key_type, allow_pickle=allow_pickle) as backend:
         for meta in metas.values():
-            if key_type is None:
-                backend._adopt_restored(meta["name"], meta, None)
-            else:
-                backend._restore_target(meta)
+            backend._restore_target(meta)   # as a restore meets each state: the key serializer checked
         try:
             user.open(RuntimeContext(backend, job_name=job_name, subtask_index=0, parallelism=1,
                                      max_parallelism=max_parallelism, checkpoint_id=checkpoint_id))
