@@ -1,9 +1,13 @@
 """The stateful runner against Spark's own state: per-key running count and sum over the same event log, same
 machine, same run — keygroups' KeyedJob beside Spark's transformWithStateInPandas (ValueState, timeMode="None",
-RocksDB state store) — then the cost of a rescale: restoring at p'=8 the checkpoint written at p=4.
+RocksDB state store) — then the cost of a rescale: restoring at p'=8 the checkpoint written at p=4; then the batch time with the input
+read once (persisted while one Spark job counts it and finds its largest event time) beside the former path (a Spark
+job per figure, each reading the input again), on JSON files, whose read costs something, with a watermark and a
+parallelism policy, so that the batch needs both figures.
 
     python benchmarks/bench_runner.py                          # 5M events, 100k keys, 10 files, 3 runs
     python benchmarks/bench_runner.py --events 500000 --keys 20000 --runs 1
+    python benchmarks/bench_runner.py --only-input-reads       # the read-once comparison alone
 
 Both runners process one log file per micro-batch (one checkpoint each), at the same parallelism (Spark:
 spark.sql.shuffle.partitions), and both results are checked against pandas before any figure is printed.
@@ -23,6 +27,7 @@ import time
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _events import compare_state, event_files, generate_events, reference_state  # noqa: E402
@@ -65,6 +70,63 @@ def run_keygroups(spark, files, location, parallelism):
         events += result.records_in
     seconds = time.perf_counter() - start
     return {"seconds": seconds, "events": events, "events_per_s": events / seconds}
+
+
+def json_event_files(files, directory) -> list[str]:
+    """The event files as JSON lines, one file per micro-batch (reused when already there)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    out = []
+    for i, path in enumerate(files):
+        target = directory / f"part-{i:05d}.json"
+        if not target.exists():
+            pd.read_parquet(path).to_json(target, orient="records", lines=True)
+        out.append(str(target))
+    return out
+
+
+def run_input_reads(spark, files, location, parallelism, events_per_file, *, read_once):
+    """Every file as one micro-batch of a job with a watermark and a RecordsPerSubtask policy (both need a figure
+    of the whole batch before its records are placed); returns each batch's seconds."""
+    from datetime import timedelta
+
+    from keygroups.runtime import RecordsPerSubtask, WatermarkStrategy
+    from keygroups.spark import KeyedJob
+
+    job = KeyedJob("count-sum", "key", RunningCountSum(), output_schema=OUTPUT, max_parallelism=MAX_PARALLELISM,
+                   checkpoint_location=location, timestamp_column="ts",
+                   watermark_strategy=WatermarkStrategy.for_bounded_out_of_orderness(timedelta(seconds=5)))
+    job._read_input_once = read_once
+    policy = RecordsPerSubtask(max(1, events_per_file // parallelism))
+    seconds = []
+    for path in files:
+        start = time.perf_counter()
+        job.run_batch(spark.read.schema("key long, value long, ts long").json(path), parallelism=policy)
+        seconds.append(time.perf_counter() - start)
+    return seconds
+
+
+def input_reads(spark, parquet_files, work, parallelism, runs, expected):
+    """The read-once comparison: medians over ``runs`` of each path's median batch time, the paths alternating."""
+    files = json_event_files(parquet_files, work / "events-json")
+    events_per_file = max(1, sum(pq.ParquetFile(f).metadata.num_rows for f in parquet_files) // len(files))
+    times = {False: [], True: []}
+    for run in range(runs):
+        for read_once in (False, True):
+            location = str(work / f"reads-{run}-{read_once}")
+            batches = run_input_reads(spark, files, location, parallelism, events_per_file, read_once=read_once)
+            problems = compare_state(keygroups_state(location), expected)
+            if problems:
+                raise SystemExit(f"keygroups state differs from pandas (read_once={read_once}): {problems}")
+            times[read_once].append(statistics.median(batches))
+            print(f"run {run + 1}: {'read once' if read_once else 'former path'}: median batch "
+                  f"{times[read_once][-1]:.2f} s over {len(batches)} batches", flush=True)
+            shutil.rmtree(location, ignore_errors=True)
+    before, after = statistics.median(times[False]), statistics.median(times[True])
+    print(f"\n== input read once per batch: {len(files)} JSON files ({sum(os.path.getsize(f) for f in files) / 1e6:.0f}"
+          f" MB), watermark + RecordsPerSubtask policy, medians of {runs} runs; load average {os.getloadavg()}")
+    print(f"{'path':<58}{'batch seconds':>14}{'ratio':>9}")
+    print(f"{'former: count, max event time, keyed stage (3 reads)':<58}{before:>14.2f}{before / after:>8.2f}x")
+    print(f"{'read once: persisted, one job for count + max (1 read)':<58}{after:>14.2f}{1.0:>8.2f}x")
 
 
 def keygroups_state(location) -> pd.DataFrame:
@@ -113,6 +175,8 @@ def main(argv=None):
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--skip-spark-baseline", action="store_true")
+    parser.add_argument("--only-input-reads", action="store_true",
+                        help="run only the comparison of one input read per batch with the former path")
     args = parser.parse_args(argv)
 
     work = pathlib.Path(tempfile.mkdtemp(prefix="kg-bench-runner-"))
@@ -124,6 +188,13 @@ def main(argv=None):
     from spark_tws_baseline import build_session, run_tws
 
     spark = build_session(args.master, driver_memory="4g")
+    if args.only_input_reads:
+        try:
+            input_reads(spark, files, work, args.parallelism, args.runs, expected)
+        finally:
+            spark.stop()
+            shutil.rmtree(work, ignore_errors=True)
+        return
     ours, theirs = [], []
     kg_location = None
     try:
@@ -146,6 +217,7 @@ def main(argv=None):
                 shutil.rmtree(work / f"tws-{run}", ignore_errors=True)
             if run + 1 < args.runs:
                 shutil.rmtree(kg_location, ignore_errors=True)
+        input_reads(spark, files, work, args.parallelism, args.runs, expected)
     finally:
         spark.stop()
 

@@ -125,7 +125,7 @@ def _check_offsets(what: str, offsets: Any, key_group_range: KeyGroupRange, size
 def _byte_range(r: KeyGroupRange, offsets: list[int], key_groups: KeyGroupRange) -> tuple[int, int]:
     """``(start, end)`` byte offsets of the blocks of ``key_groups`` in a file indexed by ``offsets`` for ``r``."""
     if not key_groups or key_groups.start < r.start or key_groups.end > r.end:
-        raise ValueError(f"key groups {key_groups} are not a non-empty part of this handle's {r}")
+        raise ValueError(f"key groups {key_groups} must be a non-empty range inside this handle's {r}")
     return offsets[key_groups.start - r.start], offsets[key_groups.end - r.start + 1]
 
 

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import sys
 from typing import Any
@@ -45,23 +44,55 @@ def _timers(storage: Any, metadata: Any) -> dict[str, Any]:
     return out
 
 
+#: How many of the latest retained checkpoints ``inspect`` shows the batch figures of.
+RECENT_BATCHES = 5
+
+
+def _recent_reports(storage: Any, metadata: Any) -> list[Any]:
+    """The batch reports of the retained checkpoints up to ``metadata`` (the newest :data:`RECENT_BATCHES`), oldest
+    first: each reads one ``_metadata`` file, no state."""
+    from keygroups.runtime.report import BatchReport
+
+    ids = [i for i in storage.checkpoint_ids() if i <= metadata.checkpoint_id][-RECENT_BATCHES:]
+    return [BatchReport.from_checkpoint(metadata if i == metadata.checkpoint_id else storage.load(i)) for i in ids]
+
+
+def _is_internal(state_name: str) -> bool:
+    """States keygroups keeps for itself (the timer queues, ``_timers/...``), not the function's."""
+    return state_name.startswith("_")
+
+
 def _inspect(args: argparse.Namespace) -> int:
+    from keygroups.runtime.report import format_time
+
     storage, metadata = _load(args)
     if metadata is None:
         return 1
     timers = _timers(storage, metadata) if args.timers else {}
+    reports = _recent_reports(storage, metadata)
+    latest = reports[-1] if reports else None
+    states = {s["name"]: s.get("kind", "?") for h in metadata.keyed_handles for s in h.states
+              if args.internal or not _is_internal(s["name"])}
     if args.json:
         print(json.dumps({"checkpoint_id": metadata.checkpoint_id, "job_id": metadata.job_id,
                           "max_parallelism": metadata.max_parallelism, "parallelism": metadata.parallelism,
+                          "watermark": latest.watermark_after if latest else None,
+                          "records_late": latest.records_late if latest else 0,
+                          "states": states,
                           "keyed_handles": [h.to_json() for h in metadata.keyed_handles],
                           "operator_handles": [h.to_json() for h in metadata.operator_handles],
                           "raw_keyed_handles": [h.to_json() for h in metadata.raw_keyed_handles],
-                          "timers": timers, "ranges": _range_figures(metadata)}, indent=2))
+                          "timers": timers, "ranges": _range_figures(metadata),
+                          "recent_batches": [r.to_dict() for r in reports]}, indent=2))
         return plot.run(args, storage, metadata)
     print(f"checkpoint {metadata.checkpoint_id} of job {metadata.job_id!r}: parallelism {metadata.parallelism}, "
           f"max parallelism {metadata.max_parallelism}; complete checkpoints: {storage.checkpoint_ids()}")
-    states = {s["name"]: s.get("kind", "?") for h in metadata.keyed_handles for s in h.states}
-    print(f"keyed state: {', '.join(f'{n} ({k})' for n, k in sorted(states.items())) or 'none'}")
+    if latest is not None:
+        late = sum(r.records_late for r in reports)
+        print(f"watermark {format_time(latest.watermark_after)}; late records: {latest.records_late:,} in this "
+              f"checkpoint, {late:,} in the last {len(reports)}")
+    hidden = "" if args.internal else " (internal states hidden: --internal shows them)"
+    print(f"keyed state: {', '.join(f'{n} ({k})' for n, k in sorted(states.items())) or 'none'}{hidden}")
     for h in metadata.keyed_handles:
         print(f"  subtask {h.subtask}: key groups {h.key_group_range.start}-{h.key_group_range.end}, {h.size:,} bytes"
               f" in {h.file}")
@@ -78,7 +109,11 @@ def _inspect(args: argparse.Namespace) -> int:
             continue
         groups = " ".join(f"{kg}:{n}" for kg, n in sorted(t["per_key_group"].items()))
         print(f"timers ({domain}): {t['total']:,} in {len(t['per_key_group'])} key groups, earliest {t['earliest']} "
-              f"({_utc(t['earliest'])}); per key group: {groups}")
+              f"({format_time(t['earliest'])}); per key group: {groups}")
+    if reports:
+        print(f"last {len(reports)} batches:")
+        for r in reports:
+            print(f"  {r.summary()}")
     return plot.run(args, storage, metadata)
 
 
@@ -118,14 +153,6 @@ def _hot_note(hot: dict[str, Any]) -> str:
               if suggested else "no allowed max parallelism splits it enough")
     return (f"key group {hot['key_group']} alone carries {hot['times_mean']:.2f}x a subtask's mean load: no ranges "
             f"can split it; {remedy}")
-
-
-def _utc(ms: int) -> str:
-    """Epoch milliseconds as an ISO UTC time (or a note that they lie outside the calendar datetime knows)."""
-    try:
-        return datetime.datetime.fromtimestamp(ms / 1000, datetime.UTC).isoformat(timespec="milliseconds")
-    except (OverflowError, OSError, ValueError):
-        return "out of the calendar's range"
 
 
 def _plan(args: argparse.Namespace) -> int:
@@ -247,6 +274,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-timers", dest="timers", action="store_false",
                    help="do not count the timers (which reads every key group's chain when the checkpoint holds "
                         "timers); print what the metadata says only")
+    p.add_argument("--internal", action="store_true",
+                   help="also list the states keygroups keeps for itself (the timer queues, _timers/...)")
     add_storage_options(p)
     plot.add_arguments(p)
     p.set_defaults(run=_inspect)

@@ -21,6 +21,7 @@ from keygroups._ranges import UPPER_BOUND_MAX_PARALLELISM, key_group_range
 from keygroups.checkpoint import CheckpointStorage
 from keygroups.cli import shop
 from keygroups.cli.arguments import add_storage_options, whole_number
+from keygroups.runtime.report import PHASES
 from keygroups.runtime.watermarks import WatermarkStrategy
 from keygroups.sources import PartitionedLogWriter
 
@@ -238,20 +239,24 @@ def run(args: argparse.Namespace) -> int:
             abandoned = [(batch_index, row[1:]) for row in rows if row[0] == "abandoned"]
             emitted.orders.extend(orders)
             emitted.abandoned.extend(abandoned)
-            emitted.late += result.records_late
-            records = sum(r["records"] for r in result.metadata.properties["source_reports"])
+            report = result.report   # the figures every job reports (BatchResult.report), printed as they are
+            emitted.late += report.records_late
             phase.batches += 1
-            phase.records += records
+            phase.records += report.records_in
             phase.seconds += result.seconds
             phase.checkpoint_bytes = result.checkpoint_bytes
             if batch == 1:
                 phase.restore = [(r["subtask"], r["key_group_range"][0], r["key_group_range"][1],
                                   r["restored"]["bytes_read"]) for r in result.reports]
             watermark = datetime.datetime.fromtimestamp(result.watermark / 1000, datetime.timezone.utc)
-            _say(f"  phase {number} p={parallelism} batch {batch}: chk-{result.checkpoint_id}, {records:,} events in "
-                 f"{result.seconds:.1f} s ({records / max(result.seconds, 1e-9):,.0f}/s), state "
-                 f"{_mb(result.checkpoint_bytes)}, {len(orders):,} orders, {len(abandoned):,} abandoned carts, "
-                 f"{result.records_late:,} late, watermark {watermark:%H:%M:%S}")
+            _say(f"  phase {number} p={parallelism} batch {batch}: chk-{report.checkpoint_id}, {report.records_in:,} "
+                 f"events in {result.seconds:.1f} s ({report.records_in / max(result.seconds, 1e-9):,.0f}/s), "
+                 f"{len(orders):,} orders, {len(abandoned):,} abandoned carts, {report.records_late:,} late, "
+                 f"watermark {watermark:%H:%M:%S}; key groups warm/caught-up/cold {report.key_groups_warm}/"
+                 f"{report.key_groups_caught_up}/{report.key_groups_cold}, {_mb(report.bytes_restored)} restored, "
+                 f"{_mb(report.bytes_written)} written, state {_mb(report.state_bytes)}; timers "
+                 f"+{report.timers_registered:,} fired {report.timers_fired:,}; phases "
+                 + " ".join(f"{p} {getattr(report.seconds, p):.2f}" for p in PHASES))
             batch_index += 1
         figures.append(phase)
 

@@ -20,7 +20,7 @@ import os
 import pickle
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -34,7 +34,7 @@ from keygroups._local_dirs import private_directory
 from keygroups._ranges import KeyGroupRange, check_boundaries, key_group_range
 from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage
 from keygroups.checkpoint.raw_keyed import RawKeyedStateReader, write_raw_keyed_snapshot
-from keygroups.errors import KeyGroupOutOfRangeError
+from keygroups.errors import KeyGroupOutOfRangeError, StateMigrationError, UnsafeDeserializationError
 from keygroups.runtime.assignment import CALLS_REPORT, RECORDS_REPORT, TIMERS_REPORT, encode_counts
 from keygroups.runtime.functions import KeyedProcessFunction, ProcessContext, RuntimeContext, TimerService
 from keygroups.runtime.watermarks import LateRecords, check_late_records
@@ -230,6 +230,33 @@ def _load_function(spec: KeyedTaskSpec) -> KeyedProcessFunction:
     return function
 
 
+def check_restored_states(function: bytes, metadata: CheckpointMetadata, *, key_type: KeyType,
+                          job_name: str, max_parallelism: int, allow_pickle: bool, checkpoint_id: int) -> None:
+    """Run the job's ``open`` on the driver against an empty heap backend that holds only ``metadata``'s state
+    metas (no state is read): every state it declares is matched with the restored one as a task would match it, so
+    a changed kind, TTL, key or value serializer raises StateMigrationError (and stored pickled serializers without
+    ``allow_pickle`` UnsafeDeserializationError) before any task starts. States a function declares only while processing records are checked by the tasks, as before;
+    any other error of ``open`` is left for the tasks to raise where it belongs."""
+    metas: dict[str, dict[str, Any]] = {}
+    for handle in sorted(metadata.keyed_handles, key=lambda h: h.checkpoint_id):
+        for meta in handle.states:
+            metas[meta["name"]] = meta
+    if not metas:
+        return
+    user = pickle.loads(function)   # the job's own function, pickled by this driver: never bytes from a checkpoint
+    everything = key_group_range(max_parallelism, 1, 0)
+    with create_backend("heap", everything, max_parallelism, key_type, allow_pickle=allow_pickle) as backend:
+        for meta in metas.values():
+            backend._restore_target(meta)   # as a restore meets each state: the key serializer checked
+        try:
+            user.open(RuntimeContext(backend, job_name=job_name, subtask_index=0, parallelism=1,
+                                     max_parallelism=max_parallelism, checkpoint_id=checkpoint_id))
+        except (StateMigrationError, UnsafeDeserializationError):
+            raise
+        except Exception:   # noqa: BLE001  # open may need what only an executor has: the tasks will say
+            return
+
+
 def _key_groups(table: pa.Table, spec: KeyedTaskSpec) -> np.ndarray:
     columns = [table.column(c) for c in spec.key_columns]
     if len(columns) == 1:
@@ -250,6 +277,16 @@ def _java_equality_column(column: pa.ChunkedArray) -> pa.ChunkedArray:
     bits = values.view(_BITS[column.type]).astype(np.int64)
     bits[np.isnan(values)] = _CANONICAL_NAN_BITS[column.type]
     return pa.chunked_array([pa.array(bits, mask=column.is_null().to_numpy(zero_copy_only=False))])
+
+
+def unused_name(names: Sequence[str], wanted: str) -> str:
+    """``wanted``, or ``wanted`` with a numbered suffix if a column of that name exists."""
+    taken = set(names)
+    name, n = wanted, 0
+    while name in taken:
+        n += 1
+        name = f"{wanted}_{n}"
+    return name
 
 
 def _key_runs(table: pa.Table, key_columns: tuple[str, ...]) -> np.ndarray:
@@ -442,8 +479,12 @@ def _run_on_backend(spec: KeyedTaskSpec, subtask_index: int, batches: Iterable[p
     records_in = table.num_rows
     late = spec.input_schema.empty_table()
     event_times = np.zeros(0, dtype=np.int64)
+    event_time_range = None
     if records_in and spec.timestamp_column is not None:
         event_times = event_time_millis(table.column(spec.timestamp_column), spec.timestamp_column)
+        stamped = event_times[event_times != NO_WATERMARK]
+        if len(stamped):   # late records included: the range of what arrived
+            event_time_range = [int(stamped.min()), int(stamped.max())]
         if spec.start_watermark != NO_WATERMARK:
             is_late = function.late_mask(event_times, spec.start_watermark) & (event_times != NO_WATERMARK)
             if is_late.any():
@@ -464,15 +505,17 @@ def _run_on_backend(spec: KeyedTaskSpec, subtask_index: int, batches: Iterable[p
                 "by key group (or the key's hash is not deterministic)"
             )
         records_per_group = np.bincount(groups - own_range.start, minlength=len(own_range))
-        table = table.append_column("__key_group", pa.array(groups, pa.int16()))
-        sort_keys = [("__key_group", "ascending")]
+        group_column = unused_name(table.column_names, "__key_group")   # input columns may have any name
+        table = table.append_column(group_column, pa.array(groups, pa.int16()))
+        sort_keys = [(group_column, "ascending")]
         for i, c in enumerate(spec.key_columns):
             column = _java_equality_column(table.column(c))
             if column is table.column(c):
                 sort_keys.append((c, "ascending"))
             else:   # a float key sorts by its bits, so that -0.0 and 0.0 do not interleave
-                table = table.append_column(f"__key_bits_{i}", column)
-                sort_keys.append((f"__key_bits_{i}", "ascending"))
+                bits_column = unused_name(table.column_names, f"__key_bits_{i}")
+                table = table.append_column(bits_column, column)
+                sort_keys.append((bits_column, "ascending"))
         sort_keys += [(c, "ascending") for c in spec.order_columns]
         order = pc.sort_indices(table, sort_keys=sort_keys)
         table = table.take(order).select(list(spec.input_schema.names))
@@ -583,9 +626,12 @@ def _run_on_backend(spec: KeyedTaskSpec, subtask_index: int, batches: Iterable[p
         "records_late": late.num_rows,
         "records_out": output.num_rows,
         "max_event_time": int(live.max()) if len(live) else None,
+        "event_time_range": event_time_range,
         "timers": timer_report,
         "restored": restored,
         "snapshot_bytes": int(handle.size) if handle is not None else 0,
+        "raw_keyed_bytes": int(raw_handle.size) if raw_handle is not None else 0,
+        "state_entries": backend.estimated_entries(),
         "seconds": timings,
         RECORDS_REPORT: encode_counts(records_per_group),
         CALLS_REPORT: encode_counts(calls_per_group),

@@ -92,8 +92,8 @@ def resolve_compatibility(state_name: str, old: SerializerSnapshot | dict[str, A
     outcome, why = new.compatibility_with(old)
     if outcome is Compatibility.INCOMPATIBLE:
         raise StateMigrationError(
-            f"For state {state_name!r}, the new {role} serializer ({new!r}) must not be incompatible with the old "
-            f"{role} serializer ({old.describe()}): {why}. Register a {role} serializer that can read the old data "
+            f"For state {state_name!r}, the new {role} serializer ({new!r}) cannot read what the old {role} "
+            f"serializer ({old.describe()}) wrote: {why}. Register a {role} serializer that reads the old data "
             "(keygroups.serializers.compatibility lists the migrations), or restore without this state.")
     if require_as_is and outcome is not Compatibility.COMPATIBLE_AS_IS:
         raise StateMigrationError(

@@ -286,7 +286,7 @@ def _arrow_key_group(keys: Sequence[KeyColumn], max_parallelism: int) -> Column:
 
     # The pa.Array type hints make this a scalar Arrow UDF; PySpark's stubs do not cover a *args signature.
     udf = arrow_udf(key_groups, T.IntegerType())  # type: ignore[call-overload]
-    return udf(*[F.col(k.column) for k in keys])
+    return udf(*[F.col(k.sql) for k in keys])
 
 
 # ---- the public function ------------------------------------------------------------------------------------------
@@ -341,5 +341,5 @@ def with_key_groups(
     else:
         out_df = df.withColumn(key_group_col, _arrow_key_group(keys, mp))
     if p is not None:
-        out_df = out_df.withColumn(operator_col, operator_index_of(F.col(key_group_col), mp, p))
+        out_df = out_df.withColumn(operator_col, operator_index_of(F.col(quote_identifier(key_group_col)), mp, p))
     return out_df.drop(*key_temps) if key_temps else out_df

@@ -24,21 +24,27 @@ otherwise by Spark tasks that read each file through the checkpoint storage, wit
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import datetime
+import difflib
+import inspect
 import json
+import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from pyspark import TaskContext, cloudpickle
+from pyspark import StorageLevel, TaskContext, cloudpickle
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 from pyspark.sql.types import (
+    ArrayType,
     IntegralType,
     MapType,
     StructType,
@@ -53,12 +59,23 @@ from keygroups.errors import CheckpointNotFoundError, ReplayMismatchError
 from keygroups.runtime.assignment import DECISION_PROPERTY, Assignment, resolve_assignment
 from keygroups.runtime.driver import BatchPlan, DriverFence, begin_batch, commit_batch
 from keygroups.runtime.functions import KeyedProcessFunction
+from keygroups.runtime.report import BatchReport, format_time
 from keygroups.runtime.scaling import HISTORY, BatchFigures, ParallelismPolicy
 from keygroups.runtime.source import run_source_subtask, staged_schema
-from keygroups.runtime.subtask import KeyedTaskSpec, check_warm_heap_backends, run_keyed_subtask
+from keygroups.runtime.subtask import (
+    KeyedTaskSpec,
+    check_restored_states,
+    check_warm_heap_backends,
+    key_type_for_schema,
+    run_keyed_subtask,
+    unused_name,
+)
 from keygroups.runtime.watermarks import WatermarkStrategy, check_late_records
 from keygroups.spark.partitioner import partition_by_key_group
 from keygroups.state.timers import NO_WATERMARK
+
+#: Every batch's INFO line and late-data WARNING.
+LOG = logging.getLogger("keygroups")
 
 _REPORT_SCHEMA = "subtask int, report string"
 _REPORT_ARROW = pa.schema([("subtask", pa.int32()), ("report", pa.string())])
@@ -94,18 +111,21 @@ def input_digest(df: DataFrame) -> dict[str, int]:
 class _DigestedBatches:
     """A subtask's input batches without the digest column, summing the digest on the way (mod 2^64)."""
 
-    def __init__(self, batches: Any) -> None:
+    def __init__(self, batches: Any, column: str = _DIGEST, names: list[str] | None = None) -> None:
         self._batches = batches
+        self._column = column
+        self._names = names   # the input's own column names, where they crossed under others
         self.records = 0
         self.total = 0
 
     def __iter__(self) -> Any:
         for batch in self._batches:
-            i = batch.schema.get_field_index(_DIGEST)
+            i = batch.schema.get_field_index(self._column)
             digests = batch.column(i).to_numpy(zero_copy_only=False).astype(np.uint64, copy=False)
             self.total = (self.total + int(digests.sum(dtype=np.uint64))) % _U64
             self.records += batch.num_rows
-            yield batch.drop_columns([_DIGEST])
+            batch = batch.drop_columns([self._column])
+            yield batch if self._names is None else pa.RecordBatch.from_arrays(batch.columns, names=self._names)
 
 
 def _input_arrow_schema(df: DataFrame) -> pa.Schema:
@@ -132,6 +152,11 @@ def _arrow_schema(schema: Any) -> pa.Schema:
 _SPARK_READER_SCHEMES = frozenset({"file", "hdfs", "viewfs"})
 
 FileReader = Literal["auto", "spark", "storage"]
+#: The keyed state backends a job runs on.
+Backend = Literal["heap", "rocksdb"]
+_BACKENDS = ("heap", "rocksdb")
+#: What happens to records at or before the watermark.
+LateRecords = Literal["drop", "output"]
 
 
 def _scheme(location: str) -> str:
@@ -203,7 +228,8 @@ def _pickle_function(function: KeyedProcessFunction) -> bytes:
 
 @dataclass
 class BatchResult:
-    """What one micro-batch did: its committed checkpoint, its output, and per-subtask figures."""
+    """What one micro-batch did: its committed checkpoint, its output, its figures (``report``, a
+    :class:`~keygroups.runtime.report.BatchReport`) and the raw per-subtask reports they come from."""
 
     checkpoint_id: int
     parallelism: int
@@ -214,6 +240,12 @@ class BatchResult:
     replayed: bool = False
     #: The records that arrived behind the watermark, with ``late_records="output"`` (None otherwise).
     late_output: DataFrame | None = None
+    #: The batch in figures: records in, late and out, the watermark, restore modes, bytes, timers, phase times.
+    report: BatchReport = None  # type: ignore[assignment]  # always set by the job; None only if built by hand
+
+    def __post_init__(self) -> None:
+        if self.report is None:
+            self.report = BatchReport.from_checkpoint(self.metadata, replayed=self.replayed)
 
     @property
     def watermark(self) -> int:
@@ -264,7 +296,18 @@ class KeyedJob:
     by default). ``restore_from_savepoint`` names a savepoint in ``checkpoint_location`` (see :meth:`savepoint`)
     that the job's first batch restores instead of the latest checkpoint, at any parallelism; the checkpoints after
     it say so, and a driver restarted with the same argument continues from the latest of them (Flink's ``-s``,
-    no-claim mode). ``assignment`` chooses each batch's key-group ranges: ``"flink"`` (the default: Flink's equal
+    no-claim mode). ``late_warning_share`` is the share of a batch's records that may be late before the batch logs
+    a WARNING on the ``keygroups`` logger (every batch logs one INFO line, its :class:`BatchReport`).
+
+    Mistakes are refused on the driver before any Spark job starts, each naming the argument, the value and what is
+    allowed: here the arguments themselves (``backend``, column-name arguments, ``output_schema`` against an
+    ``output_schema`` attribute the function may declare); at each batch the input's columns and types (key,
+    ``order_by``, ``timestamp_column``), and at the first batch of a restore point the function's state
+    declarations against the restored ones (kind, TTL, serializers: ``StateMigrationError``; its ``open`` runs on
+    the driver against an empty backend) and the max parallelism. Input columns may have any name: names with a
+    dot or a backtick, or like keygroups' own internal columns, work as any other. Building a job needs no Spark
+    session.
+    ``assignment`` chooses each batch's key-group ranges: ``"flink"`` (the default: Flink's equal
     ranges, Flink's ownership exactly), ``"balanced"`` (contiguous ranges cut by each key group's measured records
     and state bytes, moved only when it pays; see :mod:`keygroups.runtime.assignment`) or an assignment object
     such as ``BalancedRanges(state_weight=0.5)``.
@@ -279,8 +322,8 @@ class KeyedJob:
         output_schema: Any,
         max_parallelism: int,
         checkpoint_location: str,
-        backend: str = "heap",
-        order_by: Sequence[str] = (),
+        backend: Backend = "heap",
+        order_by: Sequence[str] | str = (),
         timestamp_column: str | None = None,
         retain: int = 3,
         storage_options: dict[str, Any] | None = None,
@@ -289,20 +332,40 @@ class KeyedJob:
         warm_heap_backends: int = 4,
         restore_from_savepoint: str | None = None,
         watermark_strategy: WatermarkStrategy | None = None,
-        late_records: str = "drop",
+        late_records: LateRecords = "drop",
+        late_warning_share: float = 0.1,
         assignment: str | Assignment = "flink",
     ) -> None:
-        if not name:
-            raise ValueError("a job needs a non-empty name")
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"name must be a non-empty string (the job's name in its checkpoints), got {name!r}")
         self.name = name
-        self.key_columns = (key_columns,) if isinstance(key_columns, str) else tuple(key_columns)
+        self.key_columns = _column_names("key_columns", key_columns)
         if not self.key_columns:
-            raise ValueError("a keyed job needs at least one key column")
+            raise ValueError("key_columns must name at least one input column (several form a Flink tuple key), "
+                             "got none")
         self.max_parallelism = check_max_parallelism(max_parallelism)
-        self.output_schema = _arrow_schema(output_schema)
+        # A DDL string needs a Spark session to parse: without one it is parsed at the first batch, so that a job
+        # can be built before the session exists.
+        self._output_schema: pa.Schema | None = None
+        self._output_ddl: str | None = None
+        if isinstance(output_schema, str) and SparkSession.getActiveSession() is None:
+            self._output_ddl = output_schema
+        else:
+            self._output_schema = _arrow_schema(output_schema)
         self._function = _pickle_function(function)
+        self._declared_output = getattr(function, "output_schema", None)
+        if self._output_schema is not None:
+            _check_declared_output(self._declared_output, self._output_schema)
+        if backend not in _BACKENDS:
+            close = difflib.get_close_matches(str(backend), _BACKENDS, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ValueError(f"backend {backend!r} is not a state backend{hint}; allowed: 'heap' (state in memory) "
+                             "or 'rocksdb' (state in a local RocksDB database)")
         self.backend = backend
-        self.order_by = tuple(order_by)
+        self.order_by = _column_names("order_by", order_by)
+        if timestamp_column is not None and (not isinstance(timestamp_column, str) or not timestamp_column):
+            raise TypeError(f"timestamp_column must be a column name (a non-empty str) or None, got "
+                            f"{timestamp_column!r}")
         self.timestamp_column = timestamp_column
         if watermark_strategy is not None and not isinstance(watermark_strategy, WatermarkStrategy):
             raise TypeError(f"watermark_strategy must be a keygroups.runtime.WatermarkStrategy, got "
@@ -311,14 +374,73 @@ class KeyedJob:
             raise ValueError("a watermark_strategy needs the event-time column: give timestamp_column too")
         self.watermark_strategy = watermark_strategy
         self.late_records = check_late_records(late_records)
+        if (isinstance(late_warning_share, bool) or not isinstance(late_warning_share, (int, float))
+                or not 0 <= late_warning_share <= 1):
+            raise ValueError(f"late_warning_share must be a number in [0, 1] (the share of a batch's records that "
+                             f"may be late before a WARNING is logged), got {late_warning_share!r}")
+        self.late_warning_share = float(late_warning_share)
         self.allow_pickle = allow_pickle
         self.local_dir = local_dir
         self.warm_heap_backends = check_warm_heap_backends(warm_heap_backends)
         self.storage = CheckpointStorage(checkpoint_location, retain=retain, storage_options=storage_options)
         self._fence: DriverFence | None = None   # claimed at the first batch: constructing a job fences nobody
         self.restore_from_savepoint = restore_from_savepoint
+        #: Read each batch's input once (persisted while its count and largest event time are found). False runs
+        #: the former path, a Spark job per figure, for the comparison in benchmarks/bench_runner.py only.
+        self._read_input_once = True
+        #: The restore point whose state declarations were checked on the driver against the function's.
+        self._checked_restore_point: tuple[Any, ...] | None = None
         self._savepoint_pending = restore_from_savepoint is not None
         self.assignment = resolve_assignment(assignment)
+
+    @property
+    def output_schema(self) -> pa.Schema:
+        """The schema of the function's output records (a DDL string given without a Spark session is parsed here,
+        at the first batch)."""
+        if self._output_schema is None:
+            assert self._output_ddl is not None
+            self._output_schema = _arrow_schema(self._output_ddl)
+            _check_declared_output(self._declared_output, self._output_schema)
+        return self._output_schema
+
+    def _check_input(self, df: DataFrame) -> None:
+        """Refuse, on the driver and before any Spark job, an input the job's columns do not fit: each error names
+        the argument, the value and what the input has."""
+        fields = {f.name: f.dataType for f in df.schema.fields}
+        available = f"the input's columns are {list(fields)}"
+        for argument, names in (("key_columns", self.key_columns), ("order_by", self.order_by)):
+            for column in names:
+                if column not in fields:
+                    raise ValueError(f"{argument}: column {column!r} is not in the input; {available}")
+        input_schema = _input_arrow_schema(df)
+        key_type_for_schema(input_schema, self.key_columns)   # TypeError naming the column and the allowed types
+        for column in self.order_by:
+            kind = fields[column]
+            if isinstance(kind, (MapType, ArrayType, StructType)):
+                raise TypeError(f"order_by: column {column!r} is {kind.simpleString()}, which has no order; allowed: "
+                                "numbers, strings, binary, booleans, dates and timestamps")
+        if self.timestamp_column is not None:
+            if self.timestamp_column not in fields:
+                raise ValueError(f"timestamp_column: column {self.timestamp_column!r} is not in the input; "
+                                 f"{available}")
+            _event_time_column(df, self.timestamp_column)   # TypeError naming the type and the allowed ones
+
+    def _check_restore_point(self, plan: BatchPlan, input_schema: pa.Schema) -> None:
+        """Open the function's state declarations on the driver against the restore point's state metas (once per
+        restore point this driver did not write itself): a changed serializer, kind or TTL raises
+        StateMigrationError here, before any task runs, rather than in every task. The function's ``open`` runs
+        against an empty heap backend holding the restored metas only (no state is read)."""
+        previous = plan.previous
+        if previous is None or not previous.keyed_handles:
+            return
+        point = (previous.checkpoint_id, plan.savepoint)
+        if point == self._checked_restore_point:
+            return
+        key_type = key_type_for_schema(input_schema, self.key_columns)
+        check_restored_states(self._function, previous, key_type=key_type, job_name=self.name,
+                              max_parallelism=plan.max_parallelism, allow_pickle=self.allow_pickle,
+                              checkpoint_id=plan.checkpoint_id)
+        self._checked_restore_point = point
 
     def latest_checkpoint(self) -> CheckpointMetadata | None:
         """The latest complete checkpoint, None before the first batch."""
@@ -351,43 +473,53 @@ class KeyedJob:
         return self.storage.savepoint(latest, name)
 
     def _result(self, spark: SparkSession, metadata: CheckpointMetadata, *, replayed: bool, started: float,
-                input_schema: pa.Schema) -> BatchResult:
+                input_schema: pa.Schema, commit_seconds: float | None = None) -> BatchResult:
         """The committed batch: its output DataFrame reads the files the committed subtasks wrote (its late output
         those of the late records, of ``input_schema``)."""
         output = read_checkpoint_files(spark, self.storage, metadata.outputs, self.output_schema)
         late = None
         if self.late_records == "output":
             late = read_checkpoint_files(spark, self.storage, metadata.late_outputs, input_schema)
+        report = BatchReport.from_checkpoint(metadata, replayed=replayed, commit_seconds=commit_seconds)
         return BatchResult(metadata.checkpoint_id, metadata.parallelism, output, metadata,
                            metadata.properties.get("reports", []), time.perf_counter() - started, replayed,
-                           late_output=late)
+                           late_output=late, report=report)
 
     def _run_keyed(self, plan: BatchPlan, df: DataFrame, source_reports: list[dict[str, Any]],
-                   properties: dict[str, Any] | None) -> CheckpointMetadata:
-        """The keyed stage on Spark: find the batch's watermark, place the records, run one task per subtask,
-        commit."""
+                   properties: dict[str, Any] | None, *, max_event: int | None,
+                   plan_started: float) -> tuple[CheckpointMetadata, float]:
+        """The keyed stage on Spark: place the records, run one task per subtask, commit. ``max_event`` is the
+        batch's largest event time (found with the batch's count, in the one read of the input before this stage).
+        Returns the committed metadata and the commit's seconds."""
         watermark = None
         if self.watermark_strategy is not None:
-            assert self.timestamp_column is not None  # checked by the constructor
-            watermark = self.watermark_strategy.next_watermark(
-                plan.start_watermark, max_event_time(df, self.timestamp_column))
+            watermark = self.watermark_strategy.next_watermark(plan.start_watermark, max_event)
         spec = plan.keyed_task(
             key_columns=self.key_columns, function=self._function, input_schema=_input_arrow_schema(df),
             output_schema=self.output_schema, backend=self.backend, order_columns=self.order_by,
             timestamp_column=self.timestamp_column, allow_pickle=self.allow_pickle, local_dir=self.local_dir,
             warm_heap_backends=self.warm_heap_backends, watermark=watermark, late_records=self.late_records,
         )
-        placed = partition_by_key_group(df.withColumn(_DIGEST, _record_digest(df)), *self.key_columns,
+        digest_column = unused_name(df.columns, _DIGEST)
+        # PySpark's mapInArrow refers to its input's columns by their bare names, which breaks on a name with a dot
+        # or a backtick: such columns cross it under plain names, and get theirs back in the task.
+        names = list(df.columns)
+        plain = [unused_name(names, f"__kg_column_{i}") if "." in c or "`" in c else c
+                 for i, c in enumerate(names)]
+        placed = partition_by_key_group(df.withColumn(digest_column, _record_digest(df)), *self.key_columns,
                                         max_parallelism=plan.max_parallelism, parallelism=plan.parallelism,
-                                        key_group_boundaries=plan.boundaries).select(*df.columns, _DIGEST)
+                                        key_group_boundaries=plan.boundaries
+                                        ).select(*[_quoted(c).alias(p) for c, p in zip(names, plain)],
+                                                 _quoted(digest_column))
 
         def subtask(batches: Any) -> Any:
             index = TaskContext.get().partitionId()  # type: ignore[union-attr]  # always set inside a task
-            digested = _DigestedBatches(batches)
+            digested = _DigestedBatches(batches, digest_column, names if plain != names else None)
             report = run_keyed_subtask(spec, index, digested)
             report["input_digest"] = {"records": digested.records, "xxhash64_sum": digested.total}
             yield pa.RecordBatch.from_pylist([{"subtask": index, "report": json.dumps(report)}], schema=_REPORT_ARROW)
 
+        plan_seconds = time.perf_counter() - plan_started
         reports = [json.loads(r["report"]) for r in placed.mapInArrow(subtask, _REPORT_SCHEMA).collect()]
         idle = plan.idle_subtasks(reports)
         if idle:
@@ -397,30 +529,60 @@ class KeyedJob:
         digest = {"records": sum(d["records"] for d in digests),
                   "xxhash64_sum": sum(d["xxhash64_sum"] for d in digests) % _U64}
         lineage = {_LINEAGE: self.restore_from_savepoint} if self.restore_from_savepoint is not None else {}
+        figures = {"start_watermark": plan.start_watermark, "driver_seconds": {"plan": plan_seconds}}
+        committing = time.perf_counter()
         metadata = commit_batch(plan, reports, source_reports,
-                                properties={**(properties or {}), "input_digest": digest, **lineage},
+                                properties={**(properties or {}), "input_digest": digest, **lineage, **figures},
                                 watermark=watermark)
         self._savepoint_pending = False
-        return metadata
+        self._checked_restore_point = (metadata.checkpoint_id, None)   # written here, by this very function
+        return metadata, time.perf_counter() - committing
 
-    def run_batch(self, df: DataFrame, *, parallelism: int, checkpoint_id: int | None = None,
+    def run_batch(self, df: DataFrame, *, parallelism: int | ParallelismPolicy, checkpoint_id: int | None = None,
                   properties: dict[str, Any] | None = None) -> BatchResult:
-        """Process the micro-batch ``df`` at ``parallelism`` and commit it as one checkpoint; the output is
-        ``run_batch(...).output``. ``properties`` (JSON) are stored in the checkpoint's metadata.
+        """Process the micro-batch ``df`` and commit it as one checkpoint; the output is ``run_batch(...).output``,
+        its figures ``run_batch(...).report``. ``parallelism`` is an int, or a policy that picks it from the batch's
+        record count (see :meth:`foreach_batch`). ``properties`` (JSON) are stored in the checkpoint's metadata.
+
+        The input is read once: where the batch needs its record count (a policy) or its largest event time (a
+        watermark) before placing the records, ``df`` is persisted while one Spark job counts it and finds the
+        maximum, the keyed stage reads the persisted rows, and they are released when the batch ends.
 
         With an explicit ``checkpoint_id`` (e.g. Spark's streaming batch id) the call is idempotent: a checkpoint
         that is already complete is not processed again; its committed output comes back instead, once ``df`` is
         found to hold the records that checkpoint committed (ReplayMismatchError otherwise: another input under a
         completed id must not be silently dropped)."""
+        return self._run(df, parallelism, checkpoint_id, properties, ())
+
+    def _run(self, df: DataFrame, parallelism: int | ParallelismPolicy, checkpoint_id: int | None,
+             properties: dict[str, Any] | None, history: Sequence[BatchFigures]) -> BatchResult:
         started = time.perf_counter()
-        plan = self._begin(parallelism, checkpoint_id)
+        policy = _checked_parallelism(parallelism, self.max_parallelism)
+        self.output_schema   # noqa: B018  # a DDL string given without a session is parsed (and checked) now
+        self._check_input(df)
+        plan = self._begin(1 if policy is not None else int(parallelism), checkpoint_id)  # type: ignore[arg-type]
+        input_schema = _input_arrow_schema(df)
         if plan.replay is not None:
             _check_replay(plan.replay, df)
-            return self._result(df.sparkSession, plan.replay, replayed=True, started=started,
-                                input_schema=_input_arrow_schema(df))
-        metadata = self._run_keyed(plan, df, [], properties)
-        return self._result(df.sparkSession, metadata, replayed=False, started=started,
-                            input_schema=_input_arrow_schema(df))
+            result = self._result(df.sparkSession, plan.replay, replayed=True, started=started,
+                                  input_schema=input_schema)
+            self._log(result.report)
+            return result
+        self._check_restore_point(plan, input_schema)
+        with self._read_once(df, count=policy is not None) as (df, records, max_event):
+            if policy is not None:
+                assert records is not None
+                p = _checked_choice(policy, policy(records, tuple(history[-HISTORY:])), records,
+                                    self.max_parallelism)
+                properties = {**(properties or {}),
+                              "parallelism_policy": {"policy": repr(policy), "records": records, "chose": p}}
+                plan = dataclasses.replace(plan, parallelism=p)
+            metadata, commit_seconds = self._run_keyed(plan, df, [], properties, max_event=max_event,
+                                                       plan_started=started)
+        result = self._result(df.sparkSession, metadata, replayed=False, started=started,
+                              input_schema=input_schema, commit_seconds=commit_seconds)
+        self._log(result.report)
+        return result
 
     def run_source_batch(self, spark: SparkSession, log_directory: str, *, parallelism: int,
                          record_schema: pa.Schema, max_records_per_subtask: int | None = None) -> BatchResult:
@@ -436,6 +598,7 @@ class KeyedJob:
         job, at any parallelism, continues exactly where the last complete checkpoint left off."""
         started = time.perf_counter()
         plan = self._begin(parallelism)
+        self._check_restore_point(plan, staged_schema(record_schema))
         spec = plan.source_task(log_directory, record_schema=record_schema,
                                 max_records_per_subtask=max_records_per_subtask)
 
@@ -443,43 +606,176 @@ class KeyedJob:
                    _run_tasks(spark, plan.parallelism, lambda index: json.dumps(run_source_subtask(spec, index)))]
         inputs = [r["input_file"] for r in reports if r["input_file"]]
         df = read_checkpoint_files(spark, self.storage, inputs, staged_schema(record_schema))
-        metadata = self._run_keyed(plan, df, reports, None)
-        return self._result(spark, metadata, replayed=False, started=started,
-                            input_schema=staged_schema(record_schema))
+        self._check_input(df)
+        with self._read_once(df, count=False) as (df, _, max_event):
+            metadata, commit_seconds = self._run_keyed(plan, df, reports, None, max_event=max_event,
+                                                       plan_started=started)
+        result = self._result(spark, metadata, replayed=False, started=started,
+                              input_schema=staged_schema(record_schema), commit_seconds=commit_seconds)
+        self._log(result.report)
+        return result
 
-    def foreach_batch(self, sink: Callable[[DataFrame, int], None] | None = None, *,
+    @contextlib.contextmanager
+    def _read_once(self, df: DataFrame, *, count: bool) -> Iterator[tuple[DataFrame, int | None, int | None]]:
+        """``(df, records, max_event)`` for a batch's keyed stage: the record count (if ``count``) and the largest
+        event time (with a watermark strategy) found in one Spark job, over ``df`` persisted so that the keyed
+        stage reads the same rows again instead of the source; released when the block ends. A ``df`` the caller
+        cached stays as it is. Persisting costs one columnar copy of the batch (in executor memory, spilling to
+        disk); a second read of the source costs its whole read and parse, each time."""
+        need_max = self.watermark_strategy is not None
+        if not (count or need_max):
+            yield df, None, None
+            return
+        column = self.timestamp_column if need_max else None
+        if not self._read_input_once:   # the former path, for the comparison in benchmarks/bench_runner.py
+            records = df.count() if count else None
+            yield df, records, max_event_time(df, column) if column is not None else None
+            return
+        persisted = not df.is_cached
+        if persisted:
+            df = df.persist(StorageLevel.MEMORY_AND_DISK)
+        try:
+            records, max_event = _count_and_max_event_time(df, column)
+            yield df, records, max_event
+        finally:
+            if persisted:
+                df.unpersist()
+
+    def _log(self, report: BatchReport) -> None:
+        """One INFO line per batch; a WARNING when more than ``late_warning_share`` of its records were late."""
+        LOG.info("job %s: %s", self.name, report)
+        if report.records_late and report.records_late > self.late_warning_share * report.records_in:
+            went = "dropped" if self.late_records == "drop" else "sent to the late output"
+            LOG.warning(
+                "job %s: checkpoint %d %s %d of %d records (%.0f%%) as late: their event times were at or before "
+                "the watermark %s the batch started with; the batch's event times ran from %s to %s. A file "
+                "source may take files out of order (see the guide), or the watermark strategy's "
+                "out-of-orderness bound is too small for this input",
+                self.name, report.checkpoint_id, went, report.records_late, report.records_in,
+                100 * report.late_share, format_time(report.watermark_before), format_time(report.event_time_min),
+                format_time(report.event_time_max))
+
+    def foreach_batch(self, sink: Callable[..., None] | None = None, *,
                       parallelism: int | ParallelismPolicy) -> Callable[[DataFrame, int], None]:
         """A function for ``stream.writeStream.foreachBatch(...)``: each micro-batch runs through this job with
         Spark's batch id as the checkpoint id, so a batch Spark replays is not applied twice; ``sink`` then gets the
         batch's committed output (the same output again on a replay, for idempotent sinks).
 
+        ``sink`` is called as Spark calls a foreachBatch function, ``sink(output, batch_id)``; a sink that takes a
+        third positional parameter gets the batch's :class:`BatchResult` too, ``sink(output, batch_id, result)``
+        (``result.report`` holds the batch's figures: records late, the watermark, restore modes, phase times).
+        Every batch is also logged on the ``keygroups`` logger (one INFO line; a WARNING when more than
+        ``late_warning_share`` of its records were late). Spark's own progress (``query.lastProgress``) counts
+        each input record once (``numInputRows``: the batch is read once); it cannot carry keygroups' figures, as
+        ``StreamingQueryProgress.observedMetrics`` holds only metrics observed on the streaming plan itself, and
+        everything a foreachBatch function runs is a separate query: feed dashboards from the sink's ``result``
+        or the log lines instead.
+
         ``parallelism`` is an int (every batch), or a policy that picks each batch's parallelism (see
         :mod:`keygroups.runtime.scaling`: ``RecordsPerSubtask``, ``TargetBatchDuration``, or any callable
         ``(records, history) -> int``): the query rescales between micro-batches without a restart. The chosen
-        parallelism is the batch's ``BatchResult.parallelism`` and is stored in its checkpoint."""
-        if callable(parallelism):
-            policy: ParallelismPolicy | None = parallelism
-        else:
-            check_parallelism(parallelism, self.max_parallelism)
-            policy = None
+        parallelism is the batch's ``BatchResult.parallelism`` and is stored in its checkpoint, with the policy's
+        reasons (``result.report.parallelism_reason``)."""
+        _checked_parallelism(parallelism, self.max_parallelism)
+        wants_result = sink is not None and _takes_three_arguments(sink)
         history: list[BatchFigures] = []
 
         def run(df: DataFrame, batch_id: int) -> None:
-            p, properties = parallelism, None
-            if policy is not None:
-                records = df.count()
-                p = _checked_choice(policy, policy(records, tuple(history[-HISTORY:])), records,
-                                    self.max_parallelism)
-                properties = {"parallelism_policy": {"policy": repr(policy), "records": records, "chose": p}}
-            result = self.run_batch(df, parallelism=p, checkpoint_id=int(batch_id), properties=properties)
+            result = self._run(df, parallelism, int(batch_id), None, history)
             if not result.replayed:
                 decision = result.metadata.properties.get(DECISION_PROPERTY) or {}
                 history.append(BatchFigures(result.checkpoint_id, result.parallelism, result.records_in,
                                             result.seconds, decision.get("max_over_mean")))
             if sink is not None:
-                sink(result.output, int(batch_id))
+                if wants_result:
+                    sink(result.output, int(batch_id), result)
+                else:
+                    sink(result.output, int(batch_id))
 
         return run
+
+
+def _column_names(argument: str, names: Any) -> tuple[str, ...]:
+    """``names`` (one column name, or a sequence of them) as a tuple; TypeError naming the argument otherwise."""
+    if isinstance(names, str):
+        names = (names,)
+    try:
+        out = tuple(names)
+    except TypeError:
+        raise TypeError(f"{argument} must be a column name or a list of column names, got {names!r}") from None
+    bad = [n for n in out if not isinstance(n, str) or not n]
+    if bad:
+        raise TypeError(f"{argument} must be a column name or a list of column names (non-empty strings), got "
+                        f"{names!r}")
+    return out
+
+
+def _check_declared_output(declared: Any, schema: pa.Schema) -> None:
+    """ValueError when the function declares an ``output_schema`` that differs from the job's ``output_schema``."""
+    if declared is None:
+        return
+    theirs = _arrow_schema(declared)
+    if theirs.names != schema.names or theirs.types != schema.types:
+        ours = ", ".join(f"{f.name}: {f.type}" for f in schema)
+        declared_text = ", ".join(f"{f.name}: {f.type}" for f in theirs)
+        raise ValueError(f"output_schema ({ours}) differs from the output_schema the function declares "
+                         f"({declared_text}); give the job the schema the function declares")
+
+
+def _checked_parallelism(parallelism: Any, max_parallelism: int) -> ParallelismPolicy | None:
+    """The policy if ``parallelism`` is one (a callable), None for a valid int; ValueError naming the value
+    otherwise."""
+    if callable(parallelism):
+        return parallelism  # type: ignore[no-any-return]
+    check_parallelism(parallelism, max_parallelism)
+    return None
+
+
+def _takes_three_arguments(sink: Callable[..., Any]) -> bool:
+    """Whether ``sink`` accepts ``(output, batch_id, result)``: three positional parameters, or ``*args``."""
+    try:
+        parameters = list(inspect.signature(sink).parameters.values())
+    except (TypeError, ValueError):   # a builtin without a signature: call it as Spark would
+        return False
+    if any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in parameters):
+        return True
+    positional = [p for p in parameters if p.kind in (inspect.Parameter.POSITIONAL_ONLY,
+                                                      inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    return len(positional) >= 3
+
+
+def _event_time_column(df: DataFrame, column: str) -> Column:
+    """The aggregate-ready form of the event-time column: epoch microseconds of a timestamp, the raw value of a
+    TIMESTAMP_NTZ (converted on the driver) or of an integer (epoch ms)."""
+    kind = df.schema[column].dataType
+    c = _quoted(column)
+    if isinstance(kind, TimestampType):
+        return F.unix_micros(c)
+    if isinstance(kind, (TimestampNTZType, IntegralType)):
+        return c
+    raise TypeError(f"timestamp_column {column!r} is {kind.simpleString()}; allowed: a timestamp, or an integral "
+                    "column of epoch milliseconds")
+
+
+def _event_time_millis(df: DataFrame, column: str, value: Any) -> int | None:
+    """The maximum :func:`_event_time_column` found, as epoch ms (None when the column held no value)."""
+    if value is None:
+        return None
+    kind = df.schema[column].dataType
+    if isinstance(kind, TimestampType):
+        return int(value) // 1000
+    if isinstance(kind, TimestampNTZType):
+        return (value - datetime.datetime(1970, 1, 1)) // datetime.timedelta(milliseconds=1)  # type: ignore[no-any-return]
+    return int(value)
+
+
+def _count_and_max_event_time(df: DataFrame, column: str | None) -> tuple[int, int | None]:
+    """The batch's record count and, with a ``column``, its largest event time (epoch ms): one Spark job."""
+    aggregates = [F.count(F.lit(1))]
+    if column is not None:
+        aggregates.append(F.max(_event_time_column(df, column)))
+    row = df.agg(*aggregates).collect()[0]
+    return int(row[0]), (_event_time_millis(df, column, row[1]) if column is not None else None)
 
 
 def max_event_time(df: DataFrame, column: str) -> int | None:
@@ -487,23 +783,9 @@ def max_event_time(df: DataFrame, column: str) -> int | None:
     with a time zone: its instant; without one (TIMESTAMP_NTZ): its wall-clock time taken as UTC; an integer: its
     value); None when the column holds no value. One Spark aggregation over the batch's input."""
     if column not in df.columns:
-        raise ValueError(f"event-time column {column!r} is not in the input; its columns are {df.columns}")
-    kind = df.schema[column].dataType
-    c = _quoted(column)
-    if isinstance(kind, TimestampType):
-        row = df.agg(F.max(F.unix_micros(c))).first()
-        return None if row is None or row[0] is None else int(row[0]) // 1000
-    if isinstance(kind, TimestampNTZType):
-        row = df.agg(F.max(c)).first()
-        if row is None or row[0] is None:
-            return None
-        value = row[0]
-        return (value - datetime.datetime(1970, 1, 1)) // datetime.timedelta(milliseconds=1)
-    if isinstance(kind, IntegralType):
-        row = df.agg(F.max(c)).first()
-        return None if row is None or row[0] is None else int(row[0])
-    raise TypeError(f"event-time column {column!r} is {kind.simpleString()}; it must be a timestamp, or a long of "
-                    "epoch milliseconds")
+        raise ValueError(f"timestamp_column {column!r} is not in the input; its columns are {df.columns}")
+    row = df.agg(F.max(_event_time_column(df, column))).first()
+    return None if row is None else _event_time_millis(df, column, row[0])
 
 
 def _checked_choice(policy: ParallelismPolicy, chosen: Any, records: int, max_parallelism: int) -> int:

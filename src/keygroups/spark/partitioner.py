@@ -35,6 +35,7 @@ from keygroups.spark.columns import (
     ColumnOrName,
     choose_engine,
     jvm_key_group,
+    quote_identifier,
     resolve_key_columns,
     temp_column_name,
     with_key_groups,
@@ -270,7 +271,7 @@ def partition_by_key_group(
         placed = source.repartition(p, F.element_at(stand_ins, operator + F.lit(1)))
     if key_group_col is not None and not keep_group:
         placed = placed.withColumn(key_group_col, group)
-        group = F.col(key_group_col)
+        group = F.col(quote_identifier(key_group_col))
     if sort_within:
         placed = placed.sortWithinPartitions(group)
     if operator_col is not None:

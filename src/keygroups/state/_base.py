@@ -617,6 +617,11 @@ class KeyedStateBackendBase:
     def _has_data(self) -> bool:
         raise NotImplementedError
 
+    def estimated_entries(self) -> int | None:
+        """About how many entries the backend's keyed state holds, found without reading them (None: this backend
+        cannot tell cheaply)."""
+        return None
+
     def has_state(self, name: str) -> bool:
         """Whether state ``name`` is registered or was restored (and not yet registered)."""
         return name in self._tables

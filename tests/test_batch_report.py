@@ -1,0 +1,142 @@
+"""BatchReport without Spark: built from what the driver committed (subtasks run as plain calls), its figures
+checked against what the batches did; and the driver-side check of the function's state declarations against a
+restore point."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import keygroups as kg
+from keygroups.checkpoint import CheckpointStorage
+from keygroups.errors import StateMigrationError
+from keygroups.runtime import KeyedProcessFunction, begin_batch, commit_batch
+from keygroups.runtime.report import BatchReport, PhaseSeconds, format_time
+from keygroups.runtime.subtask import check_restored_states, run_keyed_subtask
+from keygroups.serializers import Int32Serializer, Int64Serializer
+from keygroups.state import ValueStateDescriptor
+
+MAX_PARALLELISM = 16
+OUTPUT = pa.schema([("k", pa.int64()), ("n", pa.int64())])
+
+
+class Count(KeyedProcessFunction):
+    def __init__(self, serializer=None):
+        self.serializer = serializer or Int64Serializer()
+
+    def open(self, context):
+        self.count = context.get_state(ValueStateDescriptor("count", self.serializer))
+
+    def process_element(self, record, context):
+        n = (self.count.value() or 0) + 1
+        self.count.update(n)
+        if context.timestamp is not None:
+            context.timer_service.register_event_time_timer(context.timestamp + 1000)
+        return [(context.current_key, n)]
+
+
+def _batch(location, parallelism, keys, stamps, *, watermark=None, function=None, backend="heap"):
+    """One batch of ``function`` (Count) over ``keys`` with event times ``stamps``; returns the committed metadata."""
+    storage = CheckpointStorage(location)
+    plan = begin_batch(storage, job_name="r", max_parallelism=MAX_PARALLELISM, parallelism=parallelism)
+    table = pa.table({"k": pa.array(keys, pa.int64()), "t": pa.array(stamps, pa.int64())})
+    spec = plan.keyed_task(key_columns=("k",), function=pickle.dumps(function or Count()), input_schema=table.schema,
+                           output_schema=OUTPUT, timestamp_column="t", watermark=watermark, warm_heap_backends=0,
+                           backend=backend, local_dir=location + "-local")
+    owners = kg.operator_index_for_key_group(MAX_PARALLELISM, parallelism,
+                                             kg.assign_key_groups(table.column("k"), MAX_PARALLELISM, "long"))
+    reports = [run_keyed_subtask(spec, i, table.filter(pa.array(owners == i)).to_batches())
+               for i in sorted(set(owners.tolist()))]
+    reports += [run_keyed_subtask(spec, i, []) for i in plan.idle_subtasks(reports)]
+    return commit_batch(plan, reports, properties={"start_watermark": plan.start_watermark}, watermark=watermark)
+
+
+def test_report_of_two_batches(tmp_path):
+    location = str(tmp_path / "chk")
+    keys = list(range(40)) * 2
+    first = BatchReport.from_checkpoint(_batch(location, 2, keys, list(range(1000, 1080)), watermark=1050))
+    assert (first.records_in, first.records_late, first.records_out) == (80, 0, 80)
+    assert (first.watermark_before, first.watermark_after) == (None, 1050)
+    assert (first.event_time_min, first.event_time_max) == (1000, 1079)
+    assert first.parallelism_reason == "fixed" and first.parallelism == 2
+    assert (first.key_groups_warm, first.key_groups_caught_up, first.key_groups_cold) == (0, 0, 0)
+    assert first.timers_registered == 80 and first.timers_fired == 0 and first.timers_pending == 80
+    assert first.state_entries == 80   # per key its count and its timers (a map in the hidden timer state)
+    assert 0 < first.state_bytes <= first.bytes_written   # the file also has its header
+
+    # the second batch: 10 records at or before the watermark are late, timers up to 2100 fire, restored cold at p=4
+    stamps = [1040 + i for i in range(10)] + [2000 + i for i in range(30)]
+    second = BatchReport.from_checkpoint(_batch(location, 4, list(range(40)), stamps, watermark=2100))
+    assert (second.records_in, second.records_late) == (40, 10)
+    assert second.records_out == 30   # on_timer emits nothing
+    assert (second.watermark_before, second.watermark_after) == (1050, 2100)
+    assert (second.event_time_min, second.event_time_max) == (1040, 2029)   # the late records count in the range
+    assert second.key_groups_cold == MAX_PARALLELISM and second.bytes_restored > 0
+    assert second.timers_fired == 80 and second.timers_pending == 30   # the first batch's (2000-2079) fire
+    assert second.late_share == pytest.approx(0.25)
+    assert second.seconds.restore > 0 and second.seconds.process > 0 and second.seconds.snapshot > 0
+    line = second.summary()
+    assert "10 late (25%)" in line and "p=4 (fixed)" in line and f"cold {MAX_PARALLELISM}" in line
+    assert str(second) == line
+
+
+def test_report_of_a_committed_policy_decision(tmp_path):
+    location = str(tmp_path / "chk")
+    metadata = _batch(location, 1, [1, 2], [5, 6])
+    metadata.properties["parallelism_policy"] = {"policy": "RecordsPerSubtask(10)", "records": 2, "chose": 1}
+    metadata.properties["driver_seconds"] = {"plan": 0.25}
+    report = BatchReport.from_checkpoint(metadata, commit_seconds=0.5)
+    assert report.parallelism_reason == "RecordsPerSubtask(10) chose 1 for 2 records"
+    assert report.seconds == PhaseSeconds(plan=0.25, restore=report.seconds.restore,
+                                          process=report.seconds.process, snapshot=report.seconds.snapshot,
+                                          commit=0.5)
+    assert report.total_seconds == pytest.approx(sum(report.to_dict()["seconds"].values()))
+
+
+def test_format_time():
+    assert format_time(None) == "none"
+    assert format_time(1_767_225_600_000) == "2026-01-01T00:00:00.000+00:00"
+    assert "outside the calendar" in format_time(2 ** 62)
+
+
+def test_restored_states_are_checked_against_the_function_on_the_driver(tmp_path):
+    location = str(tmp_path / "chk")
+    metadata = _batch(location, 2, list(range(10)), list(range(10)))
+    same = dict(key_type="long", job_name="r", max_parallelism=MAX_PARALLELISM, allow_pickle=False,
+                checkpoint_id=2)
+    check_restored_states(pickle.dumps(Count()), metadata, **same)   # unchanged: accepted
+    with pytest.raises(StateMigrationError, match="For state 'count', the new value serializer .* cannot read"):
+        check_restored_states(pickle.dumps(Count(Int32Serializer())), metadata, **same)
+    with pytest.raises(StateMigrationError, match="key"):   # the key changed type: int instead of long
+        check_restored_states(pickle.dumps(Count()), metadata, **{**same, "key_type": "string"})
+
+
+class OpensOnlyOnExecutors(Count):
+    def open(self, context):
+        raise RuntimeError("needs an executor")
+
+
+def test_a_function_whose_open_fails_on_the_driver_is_left_to_the_tasks(tmp_path):
+    metadata = _batch(str(tmp_path / "chk"), 1, [1], [1])
+    check_restored_states(pickle.dumps(OpensOnlyOnExecutors()), metadata, key_type="long", job_name="r",
+                          max_parallelism=MAX_PARALLELISM, allow_pickle=False, checkpoint_id=2)
+
+
+def test_estimated_entries_grow_with_the_keys_not_the_batches(tmp_path):
+    location = str(tmp_path / "chk")
+    for i in range(3):
+        _batch(location, 1, list(range(50)), list(np.arange(50) + 100 * i))
+    report = BatchReport.from_checkpoint(CheckpointStorage(location).latest())
+    assert report.state_entries == 100   # per key its count and its timers, though restored from three blocks
+
+
+def test_rocksdb_reports_its_own_estimate(tmp_path):
+    location = str(tmp_path / "chk")
+    for i in range(2):
+        metadata = _batch(location, 2, list(range(300)), list(range(300)), backend="rocksdb")
+    report = BatchReport.from_checkpoint(metadata)
+    assert report.key_groups_warm + report.key_groups_caught_up + report.key_groups_cold == MAX_PARALLELISM
+    assert report.state_entries is not None and 300 <= report.state_entries <= 1200   # counts and timer maps
