@@ -451,3 +451,21 @@ def test_a_spark_struct_type_gives_the_schema_spark_would_hand_over():
                                                  types.StructField("b", types.DoubleType())])),
         types.StructField("d", types.DecimalType(12, 3))])
     assert arrow_schema(struct) == to_arrow_schema(struct, timezone="UTC")
+
+
+def test_each_batch_carries_the_report_a_keyed_job_batch_returns(keygroups_harness):
+    """``HarnessBatch.report`` is the job's BatchReport, built from the committed checkpoint as a KeyedJob builds
+    it: records in and out, the watermark before and after, restore modes, timers and bytes."""
+    from keygroups.runtime.report import BatchReport
+
+    h = keygroups_harness(Totals(), "user", output_schema=OUT, parallelism=2, max_parallelism=16)
+    first = h.process(rows(("ann", 1), ("bob", 2), ("ann", 3)))
+    second = h.process(rows(("cy", 4)))
+    assert isinstance(first.report, BatchReport) and isinstance(second.report, BatchReport)
+    assert (first.report.records_in, first.report.records_out, first.report.records_late) == (3, 3, 0)
+    assert (second.report.records_in, second.report.records_out) == (1, 1)
+    assert first.report.checkpoint_id == first.checkpoint_id and second.report.parallelism == 2
+    assert first.report.watermark_before is None and first.report.watermark_after is None   # no event time
+    assert second.report.bytes_written > 0 and second.report.state_bytes > 0
+    assert second.report == BatchReport.from_checkpoint(second.metadata, plan_seconds=second.report.seconds.plan,
+                                                        commit_seconds=second.report.seconds.commit)

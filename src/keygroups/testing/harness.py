@@ -36,12 +36,18 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from keygroups._hashing import KeyType, assign_key_groups, assign_key_groups_for_tuples, assign_to_key_group
-from keygroups._ranges import KeyGroupRange, check_parallelism, operator_index_for_key_group
+from keygroups._ranges import (
+    KeyGroupRange,
+    check_parallelism,
+    operator_index_for_key_group,
+    operator_indexes_for_boundaries,
+)
 from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage
 from keygroups.checkpoint.planning import check_restore_max_parallelism
 from keygroups.errors import KeyGroupsError
 from keygroups.runtime.driver import BatchPlan, begin_batch, commit_batch
 from keygroups.runtime.functions import KeyedProcessFunction, RuntimeContext
+from keygroups.runtime.report import BatchReport
 from keygroups.runtime.state_reader import StateNotFoundError, keyed_state_metas, read_timers
 from keygroups.runtime.subtask import (
     HeapBackendRegistry,
@@ -86,6 +92,9 @@ class HarnessBatch:
     #: ``seconds`` by phase: ``plan`` (begin_batch, placement), ``subtasks`` (every ``run_keyed_subtask``, one after
     #: another), ``commit`` (commit_batch) and ``output`` (reading back the output and late files).
     phases: dict[str, float] = field(default_factory=dict)
+    #: The batch's report, the one a ``KeyedJob`` batch returns as ``BatchResult.report`` (records, late, watermark
+    #: before and after, restore modes, bytes, timers, state, seconds per phase).
+    report: BatchReport | None = field(default=None, repr=False)
 
     @property
     def watermark(self) -> int:
@@ -413,13 +422,15 @@ class KeyedFunctionHarness:
             output_schema=self.output_schema, backend=self.backend, order_columns=self.order_by,
             timestamp_column=self.timestamp_column, allow_pickle=self.allow_pickle, local_dir=self._local_dir,
             warm_heap_backends=self.warm_heap_backends, watermark=watermark, late_records="output")
-        placed = self._place(table, spec.key_type)
+        placed = self._place(table, spec.key_type, plan.ranges)
         planned = time.perf_counter()
         reports = [json.loads(json.dumps(run_keyed_subtask(spec, i, placed[i], kept=self._heaps,
                                                            kept_timers=self._timer_queues)))
                    for i in range(self.parallelism)]
         ran = time.perf_counter()
-        metadata = commit_batch(plan, reports, watermark=watermark)
+        metadata = commit_batch(plan, reports, watermark=watermark,
+                                properties={"start_watermark": plan.start_watermark,
+                                            "driver_seconds": {"plan": planned - started}})
         committed = time.perf_counter()
         self._restore_point, self._savepoint = metadata, None
         self._output.extend(self._read(metadata.outputs, self.output_schema))
@@ -427,12 +438,14 @@ class KeyedFunctionHarness:
         done = time.perf_counter()
         phases = {"plan": planned - started, "subtasks": ran - planned, "commit": committed - ran,
                   "output": done - committed}
+        report = BatchReport.from_checkpoint(metadata, plan_seconds=planned - started, commit_seconds=committed - ran)
         return HarnessBatch(metadata.checkpoint_id, metadata.parallelism, metadata,
-                            metadata.properties.get("reports", []), done - started, phases)
+                            metadata.properties.get("reports", []), done - started, phases, report)
 
-    def _place(self, table: pa.Table, key_type: KeyType) -> list[list[pa.RecordBatch]]:
+    def _place(self, table: pa.Table, key_type: KeyType,
+               ranges: Sequence[KeyGroupRange]) -> list[list[pa.RecordBatch]]:
         """Each subtask's records: those whose key group it owns, as a job's shuffle places them (key groups by
-        ``assign_key_groups`` over the Arrow key columns, owners by Flink's ``kg * p // max_p``), in input order."""
+        ``assign_key_groups`` over the Arrow key columns, owners by the plan's ``ranges``), in input order."""
         p, mp = self.parallelism, self.max_parallelism
         if not table.num_rows:
             return [[] for _ in range(p)]
@@ -443,7 +456,7 @@ class KeyedFunctionHarness:
             groups = assign_key_groups(columns[0], mp, key_type)
         else:
             groups = assign_key_groups_for_tuples(columns, mp, key_type)
-        owners = operator_index_for_key_group(mp, p, groups)
+        owners = operator_indexes_for_boundaries((*(r.start for r in ranges), mp), groups)
         return [table.filter(pa.array(owners == i)).to_batches() for i in range(p)]
 
     def _read(self, files: Sequence[str], schema: pa.Schema) -> list[pa.Table]:
