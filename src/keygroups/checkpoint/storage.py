@@ -19,6 +19,15 @@ handles; the driver calls :meth:`CheckpointStorage.commit`, which writes ``_meta
   ...) an object appears only once fully written, so ``_metadata`` is never seen half written; the durability is
   the store's. There is no directory fsync there.
 
+Compare-and-swap: a commit names the checkpoint it was planned from (``planned_from``) and succeeds only if that
+one is still the newest complete checkpoint; it first claims the place after it, ``_commits/after-<id>``
+(``_commits/first`` for a location's first checkpoint), create-if-absent (a hard link locally, ``If-None-Match: *``
+on object stores), so of two commits planned from one checkpoint exactly one publishes and the other gets a
+ConcurrentCommitError naming both checkpoints. The claim holds the new ``_metadata``'s bytes: a writer that dies
+between its claim and its publish leaves a claim the next commit (or ``begin_batch``) completes. Driver fences
+(``_drivers/epoch-<n>``, :class:`~keygroups.runtime.driver.DriverFence`) say which driver may go on; the
+compare-and-swap makes sure that no commit, fenced or not, hides another's batch.
+
 Only after that does retention run: it keeps the newest ``retain`` complete checkpoints, deletes older ones, and
 removes leftovers older than the newest complete checkpoint: directories without ``_metadata``, temporary files, and
 files named by ``new_file`` that a retained checkpoint does not reference (e.g. from a retried task attempt). A file
