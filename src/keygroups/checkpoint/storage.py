@@ -681,7 +681,7 @@ class CheckpointStorage:
             if self._read_claim(claim) != data:   # ours already when a commit of this very metadata is retried
                 raise self._claimed_by_another(metadata, previous, claim) from None
         ids = self.checkpoint_ids()
-        if ids and ids[-1] not in (previous, cid):
+        if (ids[-1] if ids else None) not in (previous, cid):
             # the claim of a checkpoint that retention removed, taken again: the chain moved on long ago
             self._fs.remove(claim)
             raise self._stale_commit(metadata, previous, ids[-1])
@@ -732,15 +732,15 @@ class CheckpointStorage:
         data = self._read_claim(claim)
         try:
             if data is None:
-                raise FileNotFoundError(claim)
+                raise FileNotFoundError(f"{claim} was withdrawn meanwhile")
             winner = self._decode_claim(data, claim)
-            self._finish_claim(previous, claim, data, winner)
         except (CorruptSnapshotError, OSError) as e:   # unreadable: keep every file, the next retention decides
             return ConcurrentCommitError(
                 f"checkpoint {metadata.checkpoint_id} (job {metadata.job_id!r}) cannot be committed: it was planned "
                 f"from {_describe(previous)}, whose successor another writer claimed first in {self.location} "
                 f"({self._fs.url(claim)}, unreadable: {e}); nothing of this commit was published",
                 planned_from=previous)
+        self._finish_claim(previous, claim, data, winner)
         return self._stale_commit(metadata, previous, winner.checkpoint_id, winner)
 
     def _stale_commit(self, metadata: CheckpointMetadata, previous: int | None, newest: int | None,
