@@ -408,7 +408,8 @@ def write_keyed_snapshot(storage: CheckpointStorage, checkpoint_id: int, subtask
     ``full_key_groups`` are the key groups written full (None: all of them, a full snapshot); the others are delta
     blocks, and key groups not yielded get empty blocks, full or delta as ``full_key_groups`` says. A delta block
     changes the key group's previous block, which every checkpoint that lists this file must list too, unless its
-    key group is in ``fresh_key_groups`` (it had no state: the delta applies to nothing). The file is named ``shared/<prefix or "keyed-<subtask>">-<id>-<uuid>``: later checkpoints may reference it.
+    key group is in ``fresh_key_groups`` (it had no state: the delta applies to nothing). The file is named
+    ``shared/<prefix or "keyed-<subtask>">-<id>-<uuid>``: later checkpoints may reference it.
 
     ``on_key_group`` is called before each key group is written and once more before the file is finished; an
     exception it raises abandons the file (a cancelled snapshot stops this way) and propagates."""

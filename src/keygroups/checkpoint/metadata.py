@@ -21,9 +21,10 @@ Versions: 4 (written when a checkpoint has raw keyed state or late outputs, else
 its keyed handles are read as full files of keyed format 1 written by that checkpoint. Version 1 (still read) also
 kept the runner's files in ``properties["outputs"]``/``["inputs"]`` as storage-relative paths; reading moves those
 inside the directory into the fields. A keyed handle's ``fresh_key_groups`` (optional in versions 3 and 4: a reader
-that ignores it only skips a check) says which of its delta blocks apply to no earlier block. Each version changed so that an older keygroups refuses the file instead of
-misreading it (version 2: treating output files as orphans; version 3: restoring a delta as the whole state;
-version 4: restoring without raw keyed state, deleting late outputs as orphans).
+that ignores it only skips a check) says which of its delta blocks apply to no earlier block. Each version changed
+so that an older keygroups refuses the file instead of misreading it (version 2: treating output files as orphans;
+version 3: restoring a delta as the whole state; version 4: restoring without raw keyed state, deleting late outputs
+as orphans).
 """
 
 from __future__ import annotations

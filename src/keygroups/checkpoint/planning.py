@@ -222,9 +222,10 @@ def describe_baseless(checkpoint_id: int, found: list[tuple[int, KeyedStateHandl
     shown = ", ".join(map(str, groups[:8])) + (", ..." if len(groups) > 8 else "")
     return (f"checkpoint {checkpoint_id} lists a delta block of key group {kg} (file {h.file!r} of subtask "
             f"{h.subtask}, written by checkpoint {h.checkpoint_id}) but not the block it applies to: the chain of a "
-            f"key group with state must start with a full block, else a restore returns the delta alone as the "
-            f"whole state ({len(groups)} key groups: {shown}). The keyed handles of a checkpoint must carry forward "
-            f"every file an older block of each chain lives in (keygroups.checkpoint.carry_forward)")
+            f"key group with state must start with a full block (or a delta its writer marked as applying to no "
+            f"state), else a restore returns the delta alone as the whole state ({len(groups)} key groups: {shown}). "
+            f"The keyed handles of a checkpoint must carry forward every file an older block of each chain lives in "
+            f"(keygroups.checkpoint.carry_forward)")
 
 
 def _chains_of(metadata: CheckpointMetadata, old_ranges: Sequence[KeyGroupRange]

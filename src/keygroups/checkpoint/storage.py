@@ -681,10 +681,11 @@ class CheckpointStorage:
             if self._read_claim(claim) != data:   # ours already when a commit of this very metadata is retried
                 raise self._claimed_by_another(metadata, previous, claim) from None
         ids = self.checkpoint_ids()
-        if (ids[-1] if ids else None) not in (previous, cid):
+        newest = ids[-1] if ids else None
+        if newest not in (previous, cid):
             # the claim of a checkpoint that retention removed, taken again: the chain moved on long ago
             self._fs.remove(claim)
-            raise self._stale_commit(metadata, previous, ids[-1])
+            raise self._stale_commit(metadata, previous, newest)
         self._publish(base, data)
         metadata.base = base
         try:
@@ -782,8 +783,7 @@ class CheckpointStorage:
                 f"{self.location} ({self._fs.url(claim)}) but never published, and it cannot be any more: {e}. "
                 f"Remove {self._fs.url(claim)} to let the job continue from {_describe(previous)}") from None
         log.warning("completing checkpoint %d in %s: its writer claimed it (%s) but has not published it (slow, "
-                    "or stopped)",
-                    claimed.checkpoint_id, self.location, claim)
+                    "or stopped)", claimed.checkpoint_id, self.location, claim)
         self._fs.makedirs(base)
         self._publish(base, data)
 
