@@ -4,7 +4,8 @@ commit, whatever the timing, on local disk and on the real S3 server, with and w
 The race, Spark-free: checkpoint 1 is committed; two drivers then plan at once from it, with explicit checkpoint ids
 2 and 3 (two queries writing one location, or a restarted driver while the old one still publishes), run their
 subtasks and commit. The commit is slowed where a lost update would slip in: between its checks and its claim, and
-while publishing ``_metadata`` (up to 0.3 s each, random per run). A driver whose commit is refused plans its batch
+while publishing ``_metadata`` (up to 0.3 s each, random per commit); each batch also lasts a random time (up to
+0.9 s) before its commit, so one driver often plans before the other commits and commits after it. A driver whose commit is refused plans its batch
 again from the latest checkpoint, as a driver must. A lost update is a record of either batch missing from the final
 state (a commit that succeeded on a stale restore point hides the other driver's batch); the tests count them over
 every run and require zero, and that exactly one of the two first commits succeeds.
@@ -20,14 +21,14 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from fault_campaign import TALLY, TALLY_INPUT, TALLY_MAX_PARALLELISM, TALLY_OUTPUT, Tally, tally_batches
+from fault_campaign import TALLY_INPUT, TALLY_MAX_PARALLELISM, TALLY_OUTPUT, Tally, tally_batches, tally_states
 
 import keygroups as kg
 from keygroups.checkpoint import CheckpointStorage
 from keygroups.errors import ConcurrentCommitError, DriverFencedError, KeyGroupsError
 from keygroups.runtime import begin_batch, commit_batch
 from keygroups.runtime.driver import DriverFence
-from keygroups.runtime.subtask import create_backend, run_keyed_subtask
+from keygroups.runtime.subtask import run_keyed_subtask
 
 LOCAL_RUNS = 50
 S3_RUNS = 20
@@ -48,17 +49,6 @@ def _run_batch(storage: CheckpointStorage, table: pa.Table, *, checkpoint_id: in
                for i in range(parallelism)]
     time.sleep(pause_s)   # a batch of its own length: the other driver may plan, run and commit meanwhile
     return commit_batch(plan, reports)
-
-
-def _state(storage: CheckpointStorage) -> dict[int, int]:
-    backend = create_backend("heap", kg.key_group_range(TALLY_MAX_PARALLELISM, 1, 0), TALLY_MAX_PARALLELISM, "long")
-    backend.restore(storage, storage.latest())
-    state = backend.get_state(TALLY)
-    out = {}
-    for k in list(backend.keys(TALLY.name)):
-        backend.set_current_key(k)
-        out[k] = state.value()
-    return out
 
 
 def _sums(*tables: pa.Table) -> dict[int, int]:
@@ -149,7 +139,7 @@ def race(make_storage, seed: int, *, fenced: bool) -> dict[str, int]:
         t.join(120)
     assert not errors, errors
     expected = _sums(a0, a1, b1)
-    final = _state(make_storage())
+    final = tally_states(make_storage())
     lost = sum(1 for k in expected if final.get(k) != expected[k])
     # every commit that succeeded was planned from the checkpoint committed just before it
     chain = sorted(committed)
