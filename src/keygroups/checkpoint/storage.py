@@ -811,7 +811,7 @@ class CheckpointStorage:
         if not ids:
             return
         for name in self._fs.listdir(COMMITS_DIR):
-            m = _CLAIM_RE.match(name)
+            m = _CLAIM_RE.match(name.split(_TMP_MARKER, 1)[0])   # and a dead writer's temporary of one
             if m is not None and (m.group(1) is None or int(m.group(1)) < ids[0]):
                 self._fs.remove(f"{COMMITS_DIR}/{name}")
 
