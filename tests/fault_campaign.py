@@ -226,6 +226,7 @@ def driver_main(config: dict[str, Any]) -> int:
     kill.install()
     storage = CheckpointStorage(config["location"], retain=config["retain"])
     sink, schedule = config["sink"], config["schedule"]
+    storage.finish_interrupted_commit()   # a batch claimed but not yet published when the driver died counts too
     deliver_pending(storage, sink)
     spark_job = _spark_job(config, kill) if config.get("spark") else None
     while True:

@@ -789,9 +789,10 @@ class CheckpointStorage:
 
     def finish_interrupted_commit(self) -> int | None:
         """Publish the checkpoint whose writer claimed it (see :meth:`commit`) but stopped before writing its
-        ``_metadata``, so a new batch plans from it; its id, or None when there is none. A driver calls this
-        before planning (``begin_batch`` does); a commit planned from the checkpoint before it is refused either
-        way."""
+        ``_metadata``, so a new batch plans from it; its id, or None when there is none. A claimed checkpoint is as
+        committed as a published one (its writer may yet report success): a restarted driver calls this before it
+        looks at what is committed, and ``begin_batch`` calls it before planning; a commit planned from the
+        checkpoint before it is refused either way."""
         ids = self.checkpoint_ids()
         previous = ids[-1] if ids else None
         claim = _claim_file(previous)
