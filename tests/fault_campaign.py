@@ -226,6 +226,7 @@ def driver_main(config: dict[str, Any]) -> int:
     kill.install()
     storage = CheckpointStorage(config["location"], retain=config["retain"])
     sink, schedule = config["sink"], config["schedule"]
+    storage.finish_interrupted_commit()   # a batch claimed but not yet published when the driver died counts too
     deliver_pending(storage, sink)
     spark_job = _spark_job(config, kill) if config.get("spark") else None
     while True:
@@ -637,8 +638,9 @@ def read_outputs_of(storage: CheckpointStorage, files: list[str]) -> list[tuple]
     return sorted(tuple(r.values()) for t in tables for r in t.to_pylist())
 
 
-def tally_states(location: str) -> dict[int, int]:
-    storage = CheckpointStorage(location)
+def tally_states(location: str | CheckpointStorage) -> dict[int, int]:
+    """Each key's sum in the latest checkpoint at ``location`` (a path, or the storage itself)."""
+    storage = location if isinstance(location, CheckpointStorage) else CheckpointStorage(location)
     backend = create_backend("heap", kg.key_group_range(TALLY_MAX_PARALLELISM, 1, 0), TALLY_MAX_PARALLELISM, "long")
     backend.restore(storage, storage.latest())
     state = backend.get_state(TALLY)

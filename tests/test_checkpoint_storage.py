@@ -745,3 +745,121 @@ def test_cached_reads_return_what_the_remote_file_holds_within_the_limit(reads, 
         finally:
             fs, root = fsspec.core.url_to_fs(location)
             fs.rm(root, recursive=True)
+
+
+# -- compare-and-swap commits (issue 22) ---------------------------------------------------------------------------
+
+def test_a_commit_planned_from_a_checkpoint_that_is_no_longer_the_newest_is_refused(storage_factory):
+    """Two drivers plan from checkpoint 1 with ids 2 and 3; 2 commits first. Before issue 22 checkpoint 3 committed
+    too, built on checkpoint 1, and hid checkpoint 2's batch."""
+    storage = storage_factory()
+    write_checkpoint(storage, 1)
+    two = write_checkpoint(storage_factory(), 2, commit=False)
+    three = write_checkpoint(storage_factory(), 3, commit=False)
+    three.job_id = "job-3"
+    storage_factory().commit(two, planned_from=1)
+    with pytest.raises(ConcurrentCommitError, match=r"checkpoint 3 cannot be committed: it was planned from "
+                                                    r"checkpoint 1, but checkpoint 2, committed by another writer "
+                                                    r"\(job 'job-1'.*is the newest complete one.*\(job 'job-3'\) was "
+                                                    r"published and its 3 files were removed") as refused:
+        storage.commit(three, planned_from=1)
+    assert (refused.value.planned_from, refused.value.newest) == (1, 2)
+    fresh = storage_factory()
+    assert fresh.checkpoint_ids() == [1, 2]
+    for f in three.files():
+        with pytest.raises(FileNotFoundError):
+            fresh.file_size(f)
+    assert read_all(fresh, fresh.load(2)) == expected_state(2)
+    fresh.commit(write_checkpoint(fresh, 3, commit=False), planned_from=2)   # planned again: committed
+    assert fresh.checkpoint_ids() == [1, 2, 3]
+
+
+def test_a_first_commit_is_refused_once_another_first_checkpoint_exists(storage_factory):
+    storage = storage_factory()
+    late = write_checkpoint(storage, 2, commit=False)
+    write_checkpoint(storage_factory(), 1)
+    with pytest.raises(ConcurrentCommitError, match="planned from no checkpoint .the job's first., but checkpoint 1"):
+        storage.commit(late, planned_from=None)
+    assert storage.checkpoint_ids() == [1]
+
+
+def _claim_then_die(storage: CheckpointStorage, metadata: CheckpointMetadata, monkeypatch) -> None:
+    """Commit ``metadata`` (planned from the checkpoint before it) as a driver killed right after its claim."""
+    def dies(self, base, data):
+        raise KeyboardInterrupt("the driver was killed")
+
+    monkeypatch.setattr(CheckpointStorage, "_publish", dies)
+    with pytest.raises(KeyboardInterrupt):
+        storage.commit(metadata, planned_from=metadata.checkpoint_id - 1)
+    monkeypatch.undo()
+
+
+def test_a_commit_whose_writer_stops_after_its_claim_is_completed_by_the_next(storage_factory, monkeypatch):
+    """The claim holds the whole _metadata: a writer that dies between claiming and publishing leaves a checkpoint
+    that the next driver publishes (begin_batch does) rather than one that blocks the location, and a commit
+    planned from the checkpoint before it is refused naming it."""
+    storage = storage_factory()
+    write_checkpoint(storage, 1)
+    two = write_checkpoint(storage, 2, commit=False)
+    _claim_then_die(storage, two, monkeypatch)
+    other = storage_factory()
+    assert other.checkpoint_ids() == [1]   # not visible: claimed, never published
+    late = write_checkpoint(other, 3, commit=False)
+    with pytest.raises(ConcurrentCommitError, match="planned from checkpoint 1, but checkpoint 2") as refused:
+        other.commit(late, planned_from=1)
+    assert refused.value.newest == 2
+    assert other.checkpoint_ids() == [1, 2]    # completed by the refused commit
+    assert other.load(2) == two
+    assert other.finish_interrupted_commit() is None
+
+
+def test_finish_interrupted_commit_publishes_a_claimed_checkpoint(storage_factory, monkeypatch):
+    storage = storage_factory()
+    write_checkpoint(storage, 1)
+    two = write_checkpoint(storage, 2, commit=False)
+    _claim_then_die(storage, two, monkeypatch)
+    fresh = storage_factory()
+    assert fresh.checkpoint_ids() == [1]
+    assert fresh.finish_interrupted_commit() == 2
+    assert fresh.checkpoint_ids() == [1, 2] and read_all(fresh, fresh.load(2)) == expected_state(2)
+
+
+def test_a_claim_whose_files_are_gone_is_named_with_the_way_out(storage_factory, monkeypatch):
+    storage = storage_factory()
+    write_checkpoint(storage, 1)
+    two = write_checkpoint(storage, 2, commit=False)
+    _claim_then_die(storage, two, monkeypatch)
+    storage._fs.remove(two.keyed_handles[0].file)   # deleted by hand
+    with pytest.raises(CorruptSnapshotError, match=r"checkpoint 2 was claimed as the successor of checkpoint 1 .* "
+                                                   r"never published, and it cannot be any more.*Remove .*"
+                                                   r"_commits/after-1 to let the job continue"):
+        storage_factory().finish_interrupted_commit()
+    storage._fs.remove("_commits/after-1")
+    fresh = storage_factory()
+    fresh.commit(write_checkpoint(fresh, 3, commit=False), planned_from=1)
+    assert fresh.checkpoint_ids() == [1, 3]
+
+
+def test_retrying_the_same_commit_after_its_claim_publishes_it(storage_factory, monkeypatch):
+    """A commit whose publish failed (a network error after the claim) can be retried with the same metadata."""
+    storage = storage_factory()
+    write_checkpoint(storage, 1)
+    two = write_checkpoint(storage, 2, commit=False)
+
+    def fails(self, base, data):
+        raise OSError("connection reset")
+
+    monkeypatch.setattr(CheckpointStorage, "_publish", fails)
+    with pytest.raises(OSError, match="connection reset"):
+        storage.commit(two, planned_from=1)
+    monkeypatch.undo()
+    storage.commit(two, planned_from=1)
+    assert storage.checkpoint_ids() == [1, 2]
+
+
+def test_claims_of_checkpoints_older_than_the_retained_ones_are_pruned(storage_factory):
+    storage = storage_factory(retain=2)
+    for cid in range(1, 6):
+        write_checkpoint(storage, cid)
+    assert storage.checkpoint_ids() == [4, 5]
+    assert storage._fs.listdir("_commits") == ["after-4"]   # the claim of 5, the newest: none of 5 yet

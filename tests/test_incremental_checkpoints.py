@@ -35,15 +35,17 @@ MAXP = 8
 STATES = [{"name": "a", "kind": "value"}, {"name": "b", "kind": "map"}]
 
 
-def write(storage, cid, subtask, r, groups, full=None, states=STATES):
-    """groups: kg -> ({state: {key: value}}, {state: [deleted keys]})."""
+def write(storage, cid, subtask, r, groups, full=None, states=STATES, fresh=()):
+    """groups: kg -> ({state: {key: value}}, {state: [deleted keys]}); ``fresh``: key groups whose delta applies
+    to no earlier block."""
     def items():
         for kg in sorted(groups):
             puts, deletes = groups[kg]
             yield (kg, [(i, list(puts[s]), list(puts[s].values())) for i, s in enumerate(n["name"] for n in states)
                         if s in puts],
                    [(i, list(deletes[s])) for i, s in enumerate(n["name"] for n in states) if s in deletes])
-    return write_keyed_snapshot(storage, cid, subtask, r, states, items(), full_key_groups=full)
+    return write_keyed_snapshot(storage, cid, subtask, r, states, items(), full_key_groups=full,
+                                fresh_key_groups=fresh)
 
 
 def commit(storage, cid, handles, previous=None, parallelism=1):
@@ -297,9 +299,10 @@ def test_random_incremental_histories_restore_like_a_dict(data):
                 groups = {kg: dirty.get(kg, ({}, {})) for kg in r if kg in dirty}
                 for kg in full:   # a full block holds the whole key group
                     groups[kg] = ({s: dict(e) for s, e in new_model.get(kg, {}).items()}, {})
+                fresh = set(r) - set(model)   # a delta of a key group without state applies to no block
                 if rng.random() < 0.2:   # a retried attempt's file nobody reports
-                    write(storage, cid, i, r, groups, full=full)
-                reports.append(_report(storage, cid, i, write(storage, cid, i, r, groups, full=full)))
+                    write(storage, cid, i, r, groups, full=full, fresh=fresh)
+                reports.append(_report(storage, cid, i, write(storage, cid, i, r, groups, full=full, fresh=fresh)))
             if rng.random() < 0.15:
                 continue   # the batch fails before its commit: nothing of it becomes visible
             md = commit_batch(plan, reports)

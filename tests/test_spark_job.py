@@ -135,7 +135,7 @@ def test_a_driver_stopped_before_metadata_leaves_the_last_checkpoint(spark, tmp_
     class DriverDied(BaseException):
         pass
 
-    def die(self, metadata):  # every subtask has written and reported its snapshot; the driver dies right here
+    def die(self, metadata, **options):  # every subtask wrote and reported its snapshot; the driver dies right here
         raise DriverDied()
 
     monkeypatch.setattr(CheckpointStorage, "commit", die)

@@ -10,7 +10,7 @@ can tell "my input was wrong" from "the stored data cannot be used"::
     │   └── CorruptSnapshotError     a snapshot file, a ``_metadata`` file or a state handle
     │       └── CorruptLogError      a partition log of ``keygroups.sources``
     ├── CheckpointNotFoundError      no such (complete) checkpoint or savepoint
-    ├── ConcurrentCommitError        another writer committed the same checkpoint first
+    ├── ConcurrentCommitError        another writer committed first (this id, or after the planned-from one)
     ├── KeyGroupOutOfRangeError      a key given to a backend that does not own its key group
     └── UnsafeDeserializationError   pickled data without the caller's opt-in
 
@@ -46,9 +46,19 @@ class CorruptLogError(CorruptSnapshotError):
 
 
 class ConcurrentCommitError(KeyGroupsError, ValueError):
-    """Another writer (a second driver on the same checkpoint location) committed this checkpoint id first: this
-    commit published nothing, and the files its own batch wrote were removed. Also a ``ValueError``: the commit of
-    an id that is already complete is refused, as any id that does not increase is."""
+    """Another writer (a second driver on the same checkpoint location) committed first: this checkpoint id, or a
+    checkpoint after the one this commit was planned from (compare-and-swap: a commit built on a stale restore point
+    would lose that writer's updates). This commit published nothing, and the files its own batch wrote were
+    removed. Also a ``ValueError``: the commit of an id that is already complete is refused, as any id that does not
+    increase is.
+
+    ``planned_from`` is the checkpoint the refused commit was planned from (None: none, the job's first) and
+    ``newest`` the newest complete one found instead, when the refusal is of that kind (else both None)."""
+
+    def __init__(self, message: str, *, planned_from: int | None = None, newest: int | None = None) -> None:
+        super().__init__(message)
+        self.planned_from = planned_from
+        self.newest = newest
 
 
 class StateSerializationError(KeyGroupsError, ValueError):

@@ -1,7 +1,8 @@
 """Checkpoint storage, metadata and the keyed snapshot file format.
 
 * :class:`CheckpointStorage` — ``chk-<id>/`` directories under a local path or fsspec URL, the atomic
-  ``_metadata`` commit, retention of the last N complete checkpoints, savepoints.
+  ``_metadata`` commit (compare-and-swap: only if the checkpoint it was planned from is still the newest),
+  retention of the last N complete checkpoints, savepoints.
 * :class:`CheckpointMetadata`, :class:`KeyedStateHandle`, :class:`OperatorStateHandle` (with
   :class:`OperatorStateMeta` per state and its :class:`DistributionMode`) — what a complete checkpoint holds.
 * :class:`KeyedSnapshotWriter`, :func:`read_key_groups` — the keyed snapshot file: one checksummed block per key

@@ -399,21 +399,24 @@ def write_keyed_snapshot(storage: CheckpointStorage, checkpoint_id: int, subtask
                          key_groups: Iterable[tuple[int, Iterable[tuple[int, Any, Any]]]
                                               | tuple[int, Iterable[tuple[int, Any, Any]], Iterable[tuple[int, Any]]]],
                          *, full_key_groups: Collection[int] | None = None, prefix: str | None = None,
-                         on_key_group: Callable[[], object] | None = None) -> KeyedStateHandle:
+                         on_key_group: Callable[[], object] | None = None,
+                         fresh_key_groups: Collection[int] = ()) -> KeyedStateHandle:
     """Write a whole keyed snapshot file for checkpoint ``checkpoint_id`` and return its handle: the one-call form
     of ``new_shared_file`` + ``open_write`` + :class:`KeyedSnapshotWriter`. ``key_groups`` yields
     ``(key_group, sections)`` or ``(key_group, sections, deletes)`` in ascending key-group order.
 
     ``full_key_groups`` are the key groups written full (None: all of them, a full snapshot); the others are delta
-    blocks, and key groups not yielded get empty blocks, full or delta as ``full_key_groups`` says. The file is
-    named ``shared/<prefix or "keyed-<subtask>">-<id>-<uuid>``: later checkpoints may reference it.
+    blocks, and key groups not yielded get empty blocks, full or delta as ``full_key_groups`` says. A delta block
+    changes the key group's previous block, which every checkpoint that lists this file must list too, unless its
+    key group is in ``fresh_key_groups`` (it had no state: the delta applies to nothing). The file is named
+    ``shared/<prefix or "keyed-<subtask>">-<id>-<uuid>``: later checkpoints may reference it.
 
     ``on_key_group`` is called before each key group is written and once more before the file is finished; an
     exception it raises abandons the file (a cancelled snapshot stops this way) and propagates."""
     relpath = storage.new_shared_file(checkpoint_id, prefix or f"keyed-{subtask}")
     full = None if full_key_groups is None else frozenset(full_key_groups)
     return _write_file(storage, relpath, checkpoint_id, subtask, key_group_range, states, key_groups, full,
-                       on_key_group)
+                       on_key_group, fresh_key_groups)
 
 
 def write_full_snapshot(storage: CheckpointStorage, relpath: str, checkpoint_id: int, subtask: int,
@@ -426,7 +429,8 @@ def write_full_snapshot(storage: CheckpointStorage, relpath: str, checkpoint_id:
 
 def _write_file(storage: CheckpointStorage, relpath: str, checkpoint_id: int, subtask: int,
                 key_group_range: KeyGroupRange, states: list[dict[str, Any]], key_groups: Iterable[Any],
-                full: frozenset[int] | None, on_key_group: Callable[[], object] | None) -> KeyedStateHandle:
+                full: frozenset[int] | None, on_key_group: Callable[[], object] | None,
+                fresh_key_groups: Collection[int] = ()) -> KeyedStateHandle:
     with storage.open_write(relpath) as stream:
         writer = KeyedSnapshotWriter(stream, key_group_range, states, default_full=True if full is None else full)
         for item in key_groups:
@@ -438,9 +442,10 @@ def _write_file(storage: CheckpointStorage, relpath: str, checkpoint_id: int, su
         if on_key_group is not None:
             on_key_group()
         offsets, size = writer.finish()
+    fresh = [kg for kg in fresh_key_groups if kg in key_group_range and not (full is None or kg in full)]
     return KeyedStateHandle(file=relpath, subtask=subtask, key_group_range=key_group_range, offsets=offsets,
                             size=size, states=states, checkpoint_id=checkpoint_id,
-                            full_key_groups=writer.full_key_groups)
+                            full_key_groups=writer.full_key_groups, fresh_key_groups=key_group_runs(fresh))
 
 
 def merged_key_groups(storage: CheckpointStorage, plan: Sequence[tuple[KeyedStateHandle, KeyGroupRange]],

@@ -20,9 +20,11 @@ Versions: 4 (written when a checkpoint has raw keyed state or late outputs, else
 ``full_key_groups`` and keyed ``format_version``. Version 2 (still read) has the ``outputs`` and ``inputs`` fields;
 its keyed handles are read as full files of keyed format 1 written by that checkpoint. Version 1 (still read) also
 kept the runner's files in ``properties["outputs"]``/``["inputs"]`` as storage-relative paths; reading moves those
-inside the directory into the fields. Each version changed so that an older keygroups refuses the file instead of
-misreading it (version 2: treating output files as orphans; version 3: restoring a delta as the whole state;
-version 4: restoring without raw keyed state, deleting late outputs as orphans).
+inside the directory into the fields. A keyed handle's ``fresh_key_groups`` (optional in versions 3 and 4: a reader
+that ignores it only skips a check) says which of its delta blocks apply to no earlier block. Each version changed
+so that an older keygroups refuses the file instead of misreading it (version 2: treating output files as orphans;
+version 3: restoring a delta as the whole state; version 4: restoring without raw keyed state, deleting late outputs
+as orphans).
 """
 
 from __future__ import annotations
@@ -80,15 +82,15 @@ def check_relpath(relpath: Any, what: str = "path") -> str:
     return relpath
 
 
-def _full_ranges(value: Any, key_group_range: KeyGroupRange) -> list[KeyGroupRange]:
-    """``value`` checked as the full key groups of a handle of ``key_group_range``: non-empty ranges inside it,
-    ascending and disjoint. ValueError/TypeError otherwise."""
+def _full_ranges(value: Any, key_group_range: KeyGroupRange, name: str = "full_key_groups") -> list[KeyGroupRange]:
+    """``value`` checked as key groups (``name``: the full ones, or the fresh ones) of a handle of
+    ``key_group_range``: non-empty ranges inside it, ascending and disjoint. ValueError/TypeError otherwise."""
     if not isinstance(value, list) or not all(isinstance(r, KeyGroupRange) for r in value):
-        raise TypeError(f"KeyedStateHandle.full_key_groups must be a list of KeyGroupRange, got {str(value)[:100]}")
+        raise TypeError(f"KeyedStateHandle.{name} must be a list of KeyGroupRange, got {str(value)[:100]}")
     prev = -1
     for r in value:
         if not r or r.start <= prev or r.start < key_group_range.start or r.end > key_group_range.end:
-            raise ValueError(f"KeyedStateHandle.full_key_groups must be non-empty, ascending, disjoint ranges inside "
+            raise ValueError(f"KeyedStateHandle.{name} must be non-empty, ascending, disjoint ranges inside "
                              f"{key_group_range}, got {value}")
         prev = r.end
     return value
@@ -143,6 +145,12 @@ class KeyedStateHandle:
     means all of them), the others hold the changes since the key group's previous block. ``format_version`` is the
     keyed file format of ``file`` (1: every block full, keys unsorted), needed to parse a byte range without the
     header.
+
+    Chain completeness: ``fresh_key_groups`` are the key groups whose delta block applies to no earlier block (the
+    key group had no state where the writer started from); every other delta block changes the block before it in
+    its key group's chain, so a chain that starts with one lacks its base and is refused at commit and at restore
+    (:func:`~keygroups.checkpoint.planning.baseless_deltas`). None: not recorded (files of earlier versions, whose
+    chains are not checked).
     """
 
     file: str
@@ -154,6 +162,7 @@ class KeyedStateHandle:
     checkpoint_id: int = field(kw_only=True)
     full_key_groups: list[KeyGroupRange] = field(default=None, kw_only=True)  # type: ignore[arg-type]  # None: all
     format_version: int = field(default=KEYED_FORMAT_VERSION, kw_only=True)
+    fresh_key_groups: list[KeyGroupRange] | None = field(default=None, kw_only=True)
 
     def __post_init__(self) -> None:
         check_relpath(self.file, "KeyedStateHandle.file")
@@ -177,6 +186,8 @@ class KeyedStateHandle:
         if self.full_key_groups is None:
             self.full_key_groups = everything
         _full_ranges(self.full_key_groups, self.key_group_range)
+        if self.fresh_key_groups is not None:
+            _full_ranges(self.fresh_key_groups, self.key_group_range, "fresh_key_groups")
         if self.format_version == 1 and self.full_key_groups != everything:
             raise ValueError("a KeyedStateHandle of keyed format 1 holds full blocks only (full_key_groups must be "
                              f"its whole range {self.key_group_range}), got {self.full_key_groups}")
@@ -191,6 +202,13 @@ class KeyedStateHandle:
         """Whether ``key_group``'s block in this file is full (False for a delta, and outside the range)."""
         i = bisect.bisect_right(self._full_starts, key_group) - 1
         return i >= 0 and key_group <= self.full_key_groups[i].end
+
+    def is_fresh(self, key_group: int) -> bool:
+        """Whether ``key_group``'s delta block in this file applies to no earlier block (True when not recorded:
+        files of earlier versions did not say)."""
+        if self.fresh_key_groups is None:
+            return True
+        return any(r.start <= key_group <= r.end for r in self.fresh_key_groups)
 
     def block_size(self, key_group: int) -> int:
         """Bytes of ``key_group``'s block (which must lie in ``key_group_range``)."""
@@ -211,11 +229,14 @@ class KeyedStateHandle:
 
     def to_json(self) -> dict[str, Any]:
         r = self.key_group_range
-        return {"file": self.file, "subtask": self.subtask, "key_group_range": [r.start, r.end],
-                "offsets": list(self.offsets), "size": self.size, "states": self.states,
-                "checkpoint_id": self.checkpoint_id,
-                "full_key_groups": [[f.start, f.end] for f in self.full_key_groups],
-                "format_version": self.format_version}
+        out = {"file": self.file, "subtask": self.subtask, "key_group_range": [r.start, r.end],
+               "offsets": list(self.offsets), "size": self.size, "states": self.states,
+               "checkpoint_id": self.checkpoint_id,
+               "full_key_groups": [[f.start, f.end] for f in self.full_key_groups],
+               "format_version": self.format_version}
+        if self.fresh_key_groups is not None:   # an older reader ignores it (and checks no chain)
+            out["fresh_key_groups"] = [[f.start, f.end] for f in self.fresh_key_groups]
+        return out
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> KeyedStateHandle:
@@ -223,9 +244,11 @@ class KeyedStateHandle:
         try:
             start, end = d["key_group_range"]
             full = [KeyGroupRange(a, b) for a, b in d["full_key_groups"]]
+            fresh = d.get("fresh_key_groups")
             return cls(file=d["file"], subtask=d["subtask"], key_group_range=KeyGroupRange(start, end),
                        offsets=d["offsets"], size=d["size"], states=d["states"], checkpoint_id=d["checkpoint_id"],
-                       full_key_groups=full, format_version=d["format_version"])
+                       full_key_groups=full, format_version=d["format_version"],
+                       fresh_key_groups=None if fresh is None else [KeyGroupRange(a, b) for a, b in fresh])
         except (KeyError, TypeError, ValueError) as e:
             raise CorruptSnapshotError(f"not a valid keyed state handle ({e}): {str(d)[:200]}") from e
 

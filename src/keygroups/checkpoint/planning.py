@@ -207,12 +207,36 @@ def _check_chain_meta(chain: Sequence[KeyedStateHandle]) -> None:
                     f"makes the next snapshot full)")
 
 
+def baseless_deltas(chains: dict[int, list[KeyedStateHandle]]) -> list[tuple[int, KeyedStateHandle]]:
+    """``(key group, its first block)`` for each chain (of :func:`key_group_chains`) that starts with a delta
+    written to change an earlier block (not one of its handle's ``fresh_key_groups``): the block it applies to is
+    missing, and the delta alone would restore as the whole state."""
+    return [(kg, chain[0]) for kg, chain in sorted(chains.items())
+            if not chain[0].is_full(kg) and not chain[0].is_fresh(kg)]
+
+
+def describe_baseless(checkpoint_id: int, found: list[tuple[int, KeyedStateHandle]]) -> str:
+    """The message for :func:`baseless_deltas`' findings in checkpoint ``checkpoint_id``."""
+    kg, h = found[0]
+    groups = [g for g, _ in found]
+    shown = ", ".join(map(str, groups[:8])) + (", ..." if len(groups) > 8 else "")
+    return (f"checkpoint {checkpoint_id} lists a delta block of key group {kg} (file {h.file!r} of subtask "
+            f"{h.subtask}, written by checkpoint {h.checkpoint_id}) but not the block it applies to: the chain of a "
+            f"key group with state must start with a full block (or a delta its writer marked as applying to no "
+            f"state), else a restore returns the delta alone as the whole state ({len(groups)} key groups: {shown}). "
+            f"The keyed handles of a checkpoint must carry forward every file an older block of each chain lives in "
+            f"(keygroups.checkpoint.carry_forward)")
+
+
 def _chains_of(metadata: CheckpointMetadata, old_ranges: Sequence[KeyGroupRange]
               ) -> dict[int, list[KeyedStateHandle]]:
     handles = _ordered_handles(metadata.checkpoint_id, metadata.keyed_handles)
     chains: dict[int, list[KeyedStateHandle]] = {}
     for r in old_ranges:
         chains.update(key_group_chains(handles, r))
+    found = baseless_deltas(chains)
+    if found:
+        raise CorruptSnapshotError(describe_baseless(metadata.checkpoint_id, found))
     checked: set[tuple[int, ...]] = set()
     for chain in chains.values():
         ids = tuple(id(h) for h in chain)
@@ -235,7 +259,8 @@ def plan_keyed_restore(metadata: CheckpointMetadata, new_range: KeyGroupRange, *
     from (:func:`parent_key_groups`), key groups numbered as in the checkpoint: the reader re-keys them. Another
     change raises StateMigrationError naming the allowed values (:func:`check_restore_max_parallelism`); so does a
     ``new_range`` past the checkpoint's key groups without ``max_parallelism``.
-    CorruptSnapshotError if a state's meta differs along a chain, or handles of one checkpoint overlap."""
+    CorruptSnapshotError if a state's meta differs along a chain, if handles of one checkpoint overlap, or if a key
+    group's chain starts with a delta that applies to a block the checkpoint does not list (:func:`baseless_deltas`)."""
     old_ranges = _checked_range(metadata, new_range, max_parallelism)
     wanted: dict[int, tuple[KeyedStateHandle, list[int]]] = {}
     for kg, chain in sorted(_chains_of(metadata, old_ranges).items()):

@@ -209,6 +209,8 @@ class RawKeyedStateReader:
                  max_parallelism: int | None = None) -> None:
         self._storage = storage
         self._own = own
+        self._checkpoint = (f"savepoint {metadata.base.rsplit('/', 1)[-1]!r}" if metadata.base.startswith("savepoints/")
+                            else f"checkpoint {metadata.checkpoint_id}")
         self._plan = plan_raw_keyed_restore(metadata, own, max_parallelism=max_parallelism)
         self._read: dict[int, memoryview] = {}
         self.bytes_read = 0
@@ -220,7 +222,7 @@ class RawKeyedStateReader:
 
     def stream(self, key_group: int) -> BinaryIO:
         """``key_group``'s raw bytes as a readable binary stream. ValueError for a key group the subtask does not
-        own; CorruptSnapshotError if its file is damaged."""
+        own; CorruptSnapshotError if its file is damaged or missing."""
         if isinstance(key_group, bool) or not isinstance(key_group, int) or key_group not in self._own:
             raise ValueError(f"key group {key_group!r} is not one of this subtask's key groups {self._own}")
         if key_group not in self._read:
@@ -232,8 +234,13 @@ class RawKeyedStateReader:
 
     def _load(self, handle: RawKeyedStateHandle, part: KeyGroupRange) -> None:
         start, end = handle.byte_range(part)
-        data = self._storage.read_bytes(handle.file, start, end)
         where = f"raw keyed state file {handle.file} (subtask {handle.subtask}), key groups {part.start}-{part.end}"
+        try:
+            data = self._storage.read_bytes(handle.file, start, end)
+        except FileNotFoundError:
+            raise CorruptSnapshotError(
+                f"{where} of {self._checkpoint} is missing from {self._storage.location}: the checkpoint references "
+                "it, so it is damaged; restore an earlier checkpoint or a savepoint") from None
         if len(data) != end - start:
             raise CorruptSnapshotError(f"{where}: {len(data)} bytes where its handle says {end - start}: truncated")
         self.bytes_read += len(data)

@@ -19,6 +19,15 @@ handles; the driver calls :meth:`CheckpointStorage.commit`, which writes ``_meta
   ...) an object appears only once fully written, so ``_metadata`` is never seen half written; the durability is
   the store's. There is no directory fsync there.
 
+Compare-and-swap: a commit names the checkpoint it was planned from (``planned_from``) and succeeds only if that
+one is still the newest complete checkpoint; it first claims the place after it, ``_commits/after-<id>``
+(``_commits/first`` for a location's first checkpoint), create-if-absent (a hard link locally, ``If-None-Match: *``
+on object stores), so of two commits planned from one checkpoint exactly one publishes and the other gets a
+ConcurrentCommitError naming both checkpoints. The claim holds the new ``_metadata``'s bytes: a writer that dies
+between its claim and its publish leaves a claim the next commit (or ``begin_batch``) completes. Driver fences
+(``_drivers/epoch-<n>``, :class:`~keygroups.runtime.driver.DriverFence`) say which driver may go on; the
+compare-and-swap makes sure that no commit, fenced or not, hides another's batch.
+
 Only after that does retention run: it keeps the newest ``retain`` complete checkpoints, deletes older ones, and
 removes leftovers older than the newest complete checkpoint: directories without ``_metadata``, temporary files, and
 files named by ``new_file`` that a retained checkpoint does not reference (e.g. from a retried task attempt). A file
@@ -58,11 +67,10 @@ import stat
 import time
 import uuid
 from collections.abc import Iterator
-from typing import Any, BinaryIO
-
+from typing import Any, BinaryIO, Literal
 
 from keygroups import _local_dirs
-from keygroups._ranges import key_group_range
+from keygroups._ranges import KeyGroupRange, key_group_range
 from keygroups.checkpoint.format import merged_key_groups, write_full_snapshot
 from keygroups.checkpoint.metadata import (
     SHARED_DIR,
@@ -71,8 +79,14 @@ from keygroups.checkpoint.metadata import (
     decode_metadata,
     encode_metadata,
     is_shared_path,
+    keyed_handles_by_range,
 )
-from keygroups.checkpoint.planning import plan_keyed_restore
+from keygroups.checkpoint.planning import (
+    baseless_deltas,
+    describe_baseless,
+    key_group_chains,
+    plan_keyed_restore,
+)
 from keygroups.errors import CheckpointNotFoundError, ConcurrentCommitError, CorruptSnapshotError
 
 log = logging.getLogger(__name__)
@@ -85,6 +99,8 @@ _CHK_RE = re.compile(r"^chk-(0|[1-9][0-9]*)$")
 _NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 _STATE_FILE_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*-[0-9a-f]{32}(\.[A-Za-z0-9_.-]+)?$")   # new_file's names
 DRIVERS_DIR = "_drivers"
+COMMITS_DIR = "_commits"   # commit claims: _commits/after-<id>, _commits/first (see CheckpointStorage.commit)
+_CLAIM_RE = re.compile(r"^(?:first|after-(0|[1-9][0-9]*))$")
 _EPOCH_RE = re.compile(r"^epoch-([0-9]{12})$")
 _SHARED_FILE_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*-(0|[1-9][0-9]*)-[0-9a-f]{32}$")   # new_shared_file's
 
@@ -657,44 +673,190 @@ class CheckpointStorage:
         ids = self.checkpoint_ids()
         return self.load(ids[-1]) if ids else None
 
-    def commit(self, metadata: CheckpointMetadata) -> None:
+    def commit(self, metadata: CheckpointMetadata, *,
+               planned_from: int | None | Literal["latest"] = "latest") -> None:
         """Make checkpoint ``metadata.checkpoint_id`` complete: check that every referenced file exists (and keyed
-        files have their handle's size), write ``chk-<id>/_metadata`` atomically, then apply retention.
+        files have their handle's size), claim the place after the checkpoint it was planned from, write
+        ``chk-<id>/_metadata`` atomically, then apply retention. Sets ``metadata.base``.
 
-        The id must be newer than every complete checkpoint. Sets ``metadata.base``."""
+        Compare-and-swap: ``planned_from`` is the checkpoint the batch was planned from (its restore point, or the
+        newest checkpoint when it restored a savepoint; None for a job's first checkpoint). The commit succeeds only
+        if that checkpoint is still the newest complete one; otherwise ConcurrentCommitError naming both, and
+        nothing of this commit becomes visible (its own files are removed). ``"latest"`` (the default, for
+        writers that plan from nothing, e.g. tools) follows whichever checkpoint is newest now. The id must be newer
+        than every complete checkpoint.
+
+        How the check is atomic with the publish: the successor of checkpoint ``k`` is claimed by writing
+        ``_commits/after-<k>`` (``_commits/first`` for the first checkpoint) create-if-absent -- a hard link on a
+        local filesystem, a conditional PUT (``If-None-Match: *``) on object stores -- holding the new ``_metadata``'s
+        bytes. Of two commits planned from one checkpoint exactly one creates the claim; the other is refused.
+        ``_metadata`` is published only after the claim, so a writer that dies in between leaves a claim that the
+        next commit or :meth:`finish_interrupted_commit` completes (its files were checked before the claim). A
+        claim left from a checkpoint that retention has since removed (the claims of checkpoints older than the
+        retained ones are deleted) is caught by a listing after the claim: the newest checkpoint is no longer
+        the one planned from, so the claim is withdrawn and the commit refused."""
         metadata.validate()
         cid = metadata.checkpoint_id
         base = f"chk-{cid}"
+        if planned_from != "latest" and planned_from is not None:
+            _check_id(planned_from)
         ids = self.checkpoint_ids()
-        if ids and cid < ids[-1]:
+        newest = ids[-1] if ids else None
+        if newest is not None and cid < newest:
             raise ValueError(f"checkpoint {cid} cannot be committed: checkpoint ids must increase and checkpoint "
-                             f"{ids[-1]} is already complete in {self.location}")
+                             f"{newest} is already complete in {self.location}")
         if cid in ids:
             raise self._lost_commit(metadata, base)
+        previous = newest if planned_from == "latest" else planned_from
+        if previous != newest:
+            raise self._stale_commit(metadata, previous, newest)
+        self._check_chains(metadata)
         data = encode_metadata(metadata, base)   # also checks every file lies in chk-<id>/
         self._check_files(metadata)
         self._fs.makedirs(base)
         self._fs.sync_dir(base)   # the state files' directory entries are durable before _metadata names them
+        claim = _claim_file(previous)
+        self._fs.makedirs(COMMITS_DIR)
         try:
-            self._fs.write_exclusive(f"{base}/{METADATA_NAME}", data)
+            self._fs.write_exclusive(claim, data)
         except FileExistsError:
-            raise self._lost_commit(metadata, base) from None
-        newer = [i for i in self.checkpoint_ids() if i > cid]
-        if newer:
-            # Another writer committed past this id between the check above and the publish (and its retention
-            # may have removed this id's directory and files): withdraw rather than publish out of order.
-            self._fs.remove(f"{base}/{METADATA_NAME}")
-            removed = self.discard(metadata)
-            raise ConcurrentCommitError(
-                f"checkpoint {cid} cannot be committed: another writer committed checkpoints {newer} in "
-                f"{self.location} while it was being published; it was withdrawn and its {removed} files were "
-                "removed. Two drivers must not run one job on one checkpoint location at once")
+            if self._read_claim(claim) != data:   # ours already when a commit of this very metadata is retried
+                raise self._claimed_by_another(metadata, previous, claim) from None
+        ids = self.checkpoint_ids()
+        newest = ids[-1] if ids else None
+        if newest not in (previous, cid):
+            # the claim of a checkpoint that retention removed, taken again: the chain moved on long ago
+            self._fs.remove(claim)
+            raise self._stale_commit(metadata, previous, newest)
+        self._publish(base, data)
         metadata.base = base
         try:
             self._prune(cid)
             self._prune_shared(cid)
+            self._prune_claims()
         except OSError as e:   # the checkpoint is complete; a failed cleanup is retried at the next commit
             log.warning("retention after checkpoint %d in %s failed: %s", cid, self.location, e)
+
+    @staticmethod
+    def _check_chains(metadata: CheckpointMetadata) -> None:
+        """ValueError, committing nothing, if a key group's chain starts with a delta whose base the metadata does
+        not list (a driver that forgot to carry older files forward: a restore would return the delta alone)."""
+        handles = keyed_handles_by_range(metadata.keyed_handles)
+        found = baseless_deltas(key_group_chains(handles, KeyGroupRange(0, metadata.max_parallelism - 1)))
+        if found:
+            raise ValueError(f"{describe_baseless(metadata.checkpoint_id, found)}; nothing was committed")
+
+    def _publish(self, base: str, data: bytes) -> None:
+        """Write ``base/_metadata`` create-if-absent; one with the same bytes there already (published from the
+        claim by another process) is this very checkpoint."""
+        try:
+            self._fs.write_exclusive(f"{base}/{METADATA_NAME}", data)
+        except FileExistsError:
+            if self._fs.read_bytes(f"{base}/{METADATA_NAME}", None, None) != data:
+                raise
+            self._fs.sync_dir(base)
+
+    def _read_claim(self, claim: str) -> bytes | None:
+        try:
+            return self._fs.read_bytes(claim, None, None)
+        except FileNotFoundError:   # withdrawn meanwhile
+            return None
+
+    def _decode_claim(self, data: bytes, claim: str) -> CheckpointMetadata:
+        """The checkpoint metadata a claim holds (the ``_metadata`` it publishes), its files in ``chk-<id>/``."""
+        where = self._fs.url(claim)
+        cid = decode_metadata(data, "chk-0", where).checkpoint_id   # paths relative to its directory: id first
+        return decode_metadata(data, f"chk-{cid}", where)
+
+    def _claimed_by_another(self, metadata: CheckpointMetadata, previous: int | None,
+                            claim: str) -> ConcurrentCommitError:
+        """Another writer claimed the place after ``previous`` first: complete its checkpoint if it is still
+        unpublished, remove this commit's own files, and name both checkpoints."""
+        data = self._read_claim(claim)
+        try:
+            if data is None:
+                raise FileNotFoundError(f"{claim} was withdrawn meanwhile")
+            winner = self._decode_claim(data, claim)
+        except (CorruptSnapshotError, OSError) as e:   # unreadable: keep every file, the next retention decides
+            return ConcurrentCommitError(
+                f"checkpoint {metadata.checkpoint_id} (job {metadata.job_id!r}) cannot be committed: it was planned "
+                f"from {_describe(previous)}, whose successor another writer claimed first in {self.location} "
+                f"({self._fs.url(claim)}, unreadable: {e}); nothing of this commit was published",
+                planned_from=previous)
+        self._finish_claim(previous, claim, data, winner)
+        return self._stale_commit(metadata, previous, winner.checkpoint_id, winner)
+
+    def _stale_commit(self, metadata: CheckpointMetadata, previous: int | None, newest: int | None,
+                      winner: CheckpointMetadata | None = None) -> ConcurrentCommitError:
+        """The commit of ``metadata``, planned from ``previous``, is refused because ``newest`` (committed by
+        another writer, ``winner`` if known) is the newest checkpoint now: remove its own files and say so."""
+        if winner is None and newest is not None:
+            with contextlib.suppress(CorruptSnapshotError, OSError):
+                winner = self._read_metadata(f"chk-{newest}")
+        keep: set[str] = set()
+        who = ""
+        if winner is not None:
+            keep = set(winner.files()) | set(winner.runner_files())
+            who = f" (job {winner.job_id!r}, committed at timestamp_ms={winner.timestamp_ms})"
+        removed = self.discard(metadata, keep=keep)
+        found = "no checkpoint is complete" if newest is None else (
+            f"checkpoint {newest}, committed by another writer{who}, is the newest complete one")
+        return ConcurrentCommitError(
+            f"checkpoint {metadata.checkpoint_id} cannot be committed: it was planned from {_describe(previous)}, "
+            f"but {found} in {self.location}; publishing it would lose that writer's updates. Nothing of this "
+            f"commit (job {metadata.job_id!r}) was published and its {removed} files were removed. Plan the batch "
+            "again from the latest checkpoint; two drivers must not run one job on one checkpoint location at once",
+            planned_from=previous, newest=newest)
+
+    def _finish_claim(self, previous: int | None, claim: str, data: bytes, claimed: CheckpointMetadata) -> None:
+        """Publish the checkpoint a claim holds if it is still unpublished and ``previous`` still the newest (its
+        writer died, or is slow, between claiming and publishing; publishing twice is harmless: same bytes)."""
+        base = f"chk-{claimed.checkpoint_id}"
+        if self._fs.exists(f"{base}/{METADATA_NAME}"):
+            return
+        ids = self.checkpoint_ids()
+        if (ids[-1] if ids else None) != previous:
+            return   # a stale claim, being withdrawn by its writer
+        try:
+            self._check_files(claimed)
+        except (ValueError, CorruptSnapshotError) as e:
+            raise CorruptSnapshotError(
+                f"checkpoint {claimed.checkpoint_id} was claimed as the successor of {_describe(previous)} in "
+                f"{self.location} ({self._fs.url(claim)}) but never published, and it cannot be any more: {e}. "
+                f"Remove {self._fs.url(claim)} to let the job continue from {_describe(previous)}") from None
+        log.warning("completing checkpoint %d in %s: its writer claimed it (%s) but has not published it (slow, "
+                    "or stopped)", claimed.checkpoint_id, self.location, claim)
+        self._fs.makedirs(base)
+        self._publish(base, data)
+
+    def finish_interrupted_commit(self) -> int | None:
+        """Publish the checkpoint whose writer claimed it (see :meth:`commit`) but stopped before writing its
+        ``_metadata``, so a new batch plans from it; its id, or None when there is none. A claimed checkpoint is as
+        committed as a published one (its writer may yet report success): a restarted driver calls this before it
+        looks at what is committed, and ``begin_batch`` calls it before planning; a commit planned from the
+        checkpoint before it is refused either way."""
+        ids = self.checkpoint_ids()
+        previous = ids[-1] if ids else None
+        claim = _claim_file(previous)
+        data = self._read_claim(claim)
+        if data is None:
+            return None
+        claimed = self._decode_claim(data, claim)
+        if claimed.checkpoint_id in ids:
+            return None
+        self._finish_claim(previous, claim, data, claimed)
+        return claimed.checkpoint_id if self._fs.exists(f"chk-{claimed.checkpoint_id}/{METADATA_NAME}") else None
+
+    def _prune_claims(self) -> None:
+        """Delete the claims of checkpoints older than the oldest retained one: no commit can be planned from them
+        any more (one that was is refused by the listing after its claim)."""
+        ids = self.checkpoint_ids()
+        if not ids:
+            return
+        for name in self._fs.listdir(COMMITS_DIR):
+            m = _CLAIM_RE.match(name.split(_TMP_MARKER, 1)[0])   # and a dead writer's temporary of one
+            if m is not None and (m.group(1) is None or int(m.group(1)) < ids[0]):
+                self._fs.remove(f"{COMMITS_DIR}/{name}")
 
     @staticmethod
     def _written_for(relpath: str, checkpoint_id: int) -> bool:
@@ -914,6 +1076,7 @@ class CheckpointStorage:
         ``metadata.base``; returns the savepoint directory's full path or URL."""
         _check_name(name, "savepoint name")
         base = f"{SAVEPOINTS_DIR}/{name}"
+        self._check_chains(metadata)
         data = encode_metadata(metadata, base)   # also checks every file lies in the savepoint's directory
         self._check_files(metadata)
         self._fs.sync_dir(base)
@@ -931,6 +1094,15 @@ class CheckpointStorage:
             raise CheckpointNotFoundError(
                 f"savepoint {name!r} does not exist in {self.location} (a savepoint exists only once its _metadata "
                 f"is written); {self._inventory()}") from None
+
+
+def _claim_file(previous: int | None) -> str:
+    """The claim of the checkpoint that follows ``previous`` (None: the first checkpoint of a location)."""
+    return f"{COMMITS_DIR}/first" if previous is None else f"{COMMITS_DIR}/after-{previous}"
+
+
+def _describe(checkpoint_id: int | None) -> str:
+    return "no checkpoint (the job's first)" if checkpoint_id is None else f"checkpoint {checkpoint_id}"
 
 
 def _epoch_file(epoch: int) -> str:

@@ -212,8 +212,15 @@ def _plan(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    """Read every file the checkpoint references, whole, through the same checked readers a restore uses."""
+    """Read every file the checkpoint references, whole, through the same checked readers a restore uses, and check
+    each handle against its file: the size, the offsets of every key group (or element block), the key groups and,
+    for keyed files, which blocks are full; then that every key group's chain starts with the block its deltas
+    apply to. Each problem names the file, its handle and what is wrong; exit 1 if there is any."""
+    from keygroups import KeyGroupRange
     from keygroups.checkpoint import open_raw_keyed, open_snapshot, plan_operator_restore, read_operator_runs
+    from keygroups.checkpoint.metadata import keyed_handles_by_range
+    from keygroups.checkpoint.planning import baseless_deltas, describe_baseless, key_group_chains
+    from keygroups.checkpoint.raw_keyed import BLOCK_OVERHEAD, HEADER_SIZE
 
     storage, metadata = _load(args)
     if metadata is None:
@@ -221,39 +228,71 @@ def _verify(args: argparse.Namespace) -> int:
     problems = []
     checked = 0
 
-    def check(what: str, file: str, read: Any) -> None:
+    def check(what: str, read: Any) -> None:
         nonlocal checked
         checked += 1
         try:
             read()
+        except FileNotFoundError:
+            problems.append(f"{what}: missing from {storage.location}")
         except (CorruptDataError, OSError, ValueError) as e:
-            problems.append(f"{what} {file}: {e}")
+            problems.append(f"{what}: {e}")
+
+    def sized(handle: Any) -> None:
+        size = storage.file_size(handle.file)
+        if size != handle.size:
+            raise CorruptDataError(f"the file is {size} bytes, its handle says {handle.size}")
 
     def keyed(handle: Any) -> None:
+        sized(handle)
         snapshot = open_snapshot(storage.read_bytes(handle.file))
         if snapshot.key_group_range != handle.key_group_range:
             raise CorruptDataError(f"holds key groups {snapshot.key_group_range}, its handle says "
                                    f"{handle.key_group_range}")
-        for _ in snapshot.key_groups():   # each block's checksum and structure
-            pass
+        if snapshot.version != handle.format_version:
+            raise CorruptDataError(f"is of keyed format {snapshot.version}, its handle says {handle.format_version}")
+        if list(snapshot.offsets) != list(handle.offsets):
+            wrong = next(i for i, (a, b) in enumerate(zip(snapshot.offsets, handle.offsets)) if a != b)
+            where = (f"key group {handle.key_group_range.start + wrong}" if wrong < len(handle.key_group_range)
+                     else "the end of the last block")
+            raise CorruptDataError(f"its index puts {where} at byte {snapshot.offsets[wrong]}, its handle says "
+                                   f"{handle.offsets[wrong]}")
+        if snapshot.states != handle.states:
+            raise CorruptDataError("its header's state meta differs from its handle's")
+        for block in snapshot.key_groups():   # each block's checksum and structure
+            if block.full != handle.is_full(block.key_group):
+                raise CorruptDataError(f"key group {block.key_group}'s block is {'full' if block.full else 'a delta'}, "
+                                       f"its handle says {'full' if handle.is_full(block.key_group) else 'a delta'}")
 
     def raw_keyed(handle: Any) -> None:
-        key_groups, _ = open_raw_keyed(storage.read_bytes(handle.file))   # every block's checksum
+        sized(handle)
+        key_groups, payloads = open_raw_keyed(storage.read_bytes(handle.file))   # every block's checksum
         if key_groups != handle.key_group_range:
             raise CorruptDataError(f"holds key groups {key_groups}, its handle says {handle.key_group_range}")
+        offset = HEADER_SIZE
+        for kg, payload, said in zip(key_groups, payloads, handle.offsets):
+            if said != offset:
+                raise CorruptDataError(f"key group {kg}'s block starts at byte {offset}, its handle says {said}")
+            offset += BLOCK_OVERHEAD + len(payload)
 
     def operator(handle: Any) -> None:
+        sized(handle)
         runs = plan_operator_restore([handle], 1, operator_id=handle.operator_id)[0]
         read_operator_runs(storage, [handle], runs)
 
     for h in metadata.keyed_handles:
-        check("keyed state file", h.file, lambda h=h: keyed(h))
+        check(f"keyed state file {h.file} (handle of subtask {h.subtask}, written by checkpoint {h.checkpoint_id})",
+              lambda h=h: keyed(h))
     for oh in metadata.operator_handles:
-        check("operator state file", oh.file, lambda oh=oh: operator(oh))
+        check(f"operator state file {oh.file} (handle of subtask {oh.subtask})", lambda oh=oh: operator(oh))
     for rh in metadata.raw_keyed_handles:
-        check("raw keyed state file", rh.file, lambda rh=rh: raw_keyed(rh))
+        check(f"raw keyed state file {rh.file} (handle of subtask {rh.subtask})", lambda rh=rh: raw_keyed(rh))
     for f in metadata.runner_files():
-        check("output, input or late output file", f, lambda f=f: storage.file_size(f))
+        check(f"output, input or late output file {f}", lambda f=f: storage.file_size(f))
+    everything = KeyGroupRange(0, metadata.max_parallelism - 1)
+    baseless = baseless_deltas(key_group_chains(keyed_handles_by_range(metadata.keyed_handles), everything))
+    if baseless:
+        problems.append(f"keyed state chains: {describe_baseless(metadata.checkpoint_id, baseless)}")
     for problem in problems:
         print(f"CORRUPT {problem}", file=sys.stderr)
     print(f"checkpoint {metadata.checkpoint_id}: {checked} files read, {len(problems)} corrupt or missing")

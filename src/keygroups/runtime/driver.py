@@ -17,7 +17,7 @@ import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import pyarrow as pa
 
@@ -55,7 +55,13 @@ class DriverFence:
     """One driver's claim on a job's checkpoint location: its fencing token (``epoch``). A driver that starts later
     claims the next epoch, and from then on this one may not commit (:meth:`check` raises): a restarted driver takes
     over at once, and a driver that lost its place (a network partition, a hung process coming back) cannot
-    overwrite what the new one does. Flink fences its JobManager leaders the same way."""
+    overwrite what the new one does. Flink fences its JobManager leaders the same way.
+
+    The fence is checked when a batch is planned and right before its commit, not atomically with the publish: a
+    driver fenced between its check and its publish is stopped by the commit's compare-and-swap instead
+    (:meth:`CheckpointStorage.commit`), which refuses any commit whose planned-from checkpoint is no longer the
+    newest. Fences say which driver may go on; the compare-and-swap guarantees that no commit, fenced or not, loses
+    another's batch."""
 
     storage: CheckpointStorage
     job_name: str
@@ -100,6 +106,9 @@ class BatchPlan:
     fence: DriverFence | None = None
     #: The savepoint ``previous`` is (None: ``previous`` is a checkpoint).
     savepoint: str | None = None
+    #: The newest complete checkpoint when the batch was planned (None: there was none): the commit succeeds only if
+    #: it is still the newest (compare-and-swap, see :meth:`CheckpointStorage.commit`). "latest": no such check.
+    planned_from: int | None | Literal["latest"] = "latest"
     #: The batch's processing time (epoch ms), fixed here so that every subtask, and a subtask run again after a
     #: failure, fires the same processing-time timers.
     processing_time: int = field(default_factory=lambda: int(time.time() * 1000))
@@ -209,6 +218,7 @@ def begin_batch(storage: CheckpointStorage, *, job_name: str, max_parallelism: i
     p, mp = check_parallelism(parallelism, max_parallelism)
     if fence is not None:
         fence.check()
+    storage.finish_interrupted_commit()   # a checkpoint claimed by a writer that died before publishing it
     if checkpoint_id is not None and checkpoint_id in storage.checkpoint_ids():
         return BatchPlan(storage, job_name, checkpoint_id, mp, p, previous=None, replay=storage.load(checkpoint_id),
                          fence=fence)
@@ -220,7 +230,8 @@ def begin_batch(storage: CheckpointStorage, *, job_name: str, max_parallelism: i
     chooser = assignment if assignment is not None else FlinkRanges()
     decision = chooser.choose(previous, mp, p)
     return BatchPlan(storage, job_name, _next_checkpoint_id(storage, newest, checkpoint_id), mp, p, previous,
-                     fence=fence, savepoint=savepoint, boundaries=decision.boundaries, assignment=decision,
+                     fence=fence, savepoint=savepoint, planned_from=None if latest is None else latest.checkpoint_id,
+                     boundaries=decision.boundaries, assignment=decision,
                      load_half_life=getattr(chooser, "half_life", DEFAULT_HALF_LIFE))
 
 
@@ -270,7 +281,11 @@ def commit_batch(plan: BatchPlan, keyed_reports: Sequence[dict[str, Any]],
     staged input files, and figures (``properties["reports"]``, ``["source_reports"]``, beside ``properties``).
     Raw keyed state (``raw_keyed_handle`` in a report) is written whole every checkpoint, so only the new handles
     are listed. Refuses (raises, committing nothing) unless each subtask reported exactly once; ConcurrentCommitError when
-    another writer committed this id, or a newer one, while the batch ran.
+    another writer committed this id, or any checkpoint after the one the batch was planned from, while the batch ran
+    (compare-and-swap: the commit succeeds only if ``plan.planned_from`` is still the newest complete checkpoint, so
+    a batch built on a stale restore point never hides another driver's batch). This holds with and without a
+    :class:`DriverFence`, on local disk and on object stores (see :meth:`CheckpointStorage.commit`); the fence
+    additionally refuses a driver once a newer one has started, before its batch runs.
 
     Keyed handles are incremental: the checkpoint lists the new ones (a subtask that changed nothing may report
     none) and every handle of the restored checkpoint that some key group's chain still needs (``carry_forward``).
@@ -326,7 +341,7 @@ def commit_batch(plan: BatchPlan, keyed_reports: Sequence[dict[str, Any]],
             plan.storage.discard(metadata)
             raise
     try:
-        plan.storage.commit(metadata)
+        plan.storage.commit(metadata, planned_from=plan.planned_from)
     except ConcurrentCommitError:
         raise
     except ValueError as e:

@@ -690,7 +690,9 @@ class KeyedStateBackendBase:
     # ---- incremental snapshots: which key groups are written full -----------------------------------------------
     def _full_key_groups_for_snapshot(self) -> set[int]:
         """The key groups (absolute) the next snapshot writes full; the others are written as deltas (the entries
-        written and deleted since the previous snapshot). All of them when snapshots are not incremental, on a
+        written and deleted since the previous snapshot). Those without a chain (no block in the checkpoint
+        restored, as after restoring a savepoint without their files), so every chain starts full. All of them when
+        snapshots are not incremental, on a
         backend that was not restored, after a restore from files of before incremental checkpoints, or when a
         state's meta (serializers, TTL) differs from the one its chains were written with (a migrated serializer:
         the blocks of one chain are applied to one another as bytes). Otherwise the key groups whose chain is
@@ -704,8 +706,9 @@ class KeyedStateBackendBase:
             known = self._chain_metas.get(name)
             if known is not None and _canonical(t.meta) != known:
                 return everything
+        # a key group without a chain (no block in the checkpoint restored) is written full: a delta needs a base
         return choose_full_key_groups(self._chains, self._n, max_chain=self.max_chain,
-                                      delta_fraction=self.delta_fraction)
+                                      delta_fraction=self.delta_fraction) | (everything - self._chains.keys())
 
     def _after_snapshot(self, handle: KeyedStateHandle) -> None:
         """Record what a snapshot of this backend wrote (``handle``, once its file is complete), so the next one
