@@ -62,6 +62,8 @@ def _inspect(args: argparse.Namespace) -> int:
           f"max parallelism {metadata.max_parallelism}; complete checkpoints: {storage.checkpoint_ids()}")
     states = {s["name"]: s.get("kind", "?") for h in metadata.keyed_handles for s in h.states}
     print(f"keyed state: {', '.join(f'{n} ({k})' for n, k in sorted(states.items())) or 'none'}")
+    for line in _record_schemas(metadata):
+        print(line)
     for h in metadata.keyed_handles:
         print(f"  subtask {h.subtask}: key groups {h.key_group_range.start}-{h.key_group_range.end}, {h.size:,} bytes"
               f" in {h.file}")
@@ -79,6 +81,23 @@ def _inspect(args: argparse.Namespace) -> int:
         print(f"timers ({domain}): {t['total']:,} in {len(t['per_key_group'])} key groups, earliest {t['earliest']} "
               f"({_utc(t['earliest'])}); per key group: {groups}")
     return plot.run(args, storage, metadata)
+
+
+def _record_schemas(metadata: Any) -> list[str]:
+    """One line per keyed state stored as records: its role (value, element, map value) and schema, as Spark DDL."""
+    from keygroups.serializers.schema import RecordType
+
+    lines = {}
+    for h in sorted(metadata.keyed_handles, key=lambda h: h.checkpoint_id):   # the newest meta of each state wins
+        for meta in h.states:
+            for role, stored in sorted(meta.get("serializers", {}).items()):
+                if role != "key" and stored.get("identifier") == "record":
+                    try:
+                        ddl = RecordType.from_json(stored.get("config", {}).get("schema")).fields_ddl()
+                    except KeyGroupsError as e:
+                        ddl = f"unreadable ({e})"
+                    lines[(meta["name"], role)] = f"  {meta['name']} {role}: record<{ddl}>"
+    return [lines[k] for k in sorted(lines)]
 
 
 def _utc(ms: int) -> str:

@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from keygroups._native import records as _records
+from keygroups.errors import KeyGroupsError
 from keygroups.serializers.base import AFTER_MIGRATION, AS_IS, INCOMPATIBLE, TypeSerializer
 from keygroups.serializers.compatibility import Compatibility
 from keygroups.serializers.schema import (
@@ -99,6 +100,17 @@ def _form_of(schema: Any, form: str | type | None, record: RecordType) -> str | 
     raise TypeError(f"form must be 'dict', 'tuple' or the schema's dataclass, got {form!r}")
 
 
+def _without_classes(t: Any) -> Any:
+    """``t`` with no ``python_class`` anywhere in it (defaults and aliases kept)."""
+    if isinstance(t, RecordType):
+        return RecordType(tuple(dataclasses.replace(f, type=_without_classes(f.type)) for f in t.fields))
+    if isinstance(t, ListType):
+        return dataclasses.replace(t, element=_without_classes(t.element))
+    if isinstance(t, MapType):
+        return dataclasses.replace(t, value=_without_classes(t.value))
+    return t
+
+
 class RecordSerializer(TypeSerializer):
     """Records of named, typed fields; see the module docs.
 
@@ -114,6 +126,8 @@ class RecordSerializer(TypeSerializer):
     def __init__(self, schema: Any, *, form: str | type | None = None) -> None:
         self.schema: RecordType = record_type(schema)
         self.form: str | type = _form_of(schema, form, self.schema)
+        if isinstance(self.form, str):   # no classes: pickles (to Spark executors) without the user's modules
+            self.schema = _without_classes(self.schema)
         node = _node(self.schema, False, "", self.form)
         self._node = node
         # the compiled methods shadow the Python ones on the instance: one call less per value
@@ -188,6 +202,14 @@ class RecordSerializer(TypeSerializer):
         return (f"State {state_name!r} cannot be restored with the new {role} schema {self.schema.ddl()}: {why}. "
                 f"The stored {role} schema is {stored}. Allowed changes: {ALLOWED_CHANGES}. Register a schema that "
                 "follows these rules, or keep the old one.")
+
+    @classmethod
+    def describe_stored(cls, snapshot: SerializerSnapshot) -> str:
+        """``RecordSerializer('a bigint, b string')`` for a stored snapshot (the schema as DDL)."""
+        try:
+            return f"RecordSerializer({RecordType.from_json(snapshot.config.get('schema')).fields_ddl()!r})"
+        except KeyGroupsError:
+            return "RecordSerializer(<unreadable schema>)"
 
     def __reduce__(self) -> tuple:
         form = self.form
