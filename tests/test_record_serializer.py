@@ -302,3 +302,22 @@ def test_a_malformed_stored_schema_is_corrupt():
                                                                                        "nullable": True}]}})
     with pytest.raises(CorruptSnapshotError, match="malformed"):
         bad.restore_serializer()
+
+
+def test_tuple_state_becomes_record_state_field_by_field():
+    from keygroups.cli import shop
+    from keygroups.serializers import StrSerializer, TupleSerializer
+
+    old = shop.PAIR   # the demo's cart lines before they were records
+    outcome, reader = resolve_compatibility("cart", stored(old.snapshot()), shop.CART.serializers["map value"])
+    assert outcome is Compatibility.COMPATIBLE_AFTER_MIGRATION
+    assert reader.deserialize(old.serialize((3, 250))) == shop.CartLine(3, 250)
+    assert reader.snapshot() == old.snapshot()
+    with pytest.raises(StateMigrationError, match="one field per tuple element"):
+        resolve_compatibility("cart", old.snapshot(), RecordSerializer("quantity bigint"))
+    with pytest.raises(StateMigrationError, match="fields in order, and field 'a' changed from string to bigint"):
+        resolve_compatibility("cart", TupleSerializer(StrSerializer(), Int64Serializer()).snapshot(),
+                              RecordSerializer("a bigint, b bigint"))
+    with pytest.raises(StateMigrationError, match="one field per tuple element"):   # an opaque element
+        resolve_compatibility("cart", TupleSerializer(ValueSerializer(), Int64Serializer()).snapshot(),
+                              RecordSerializer("a bigint, b bigint"))

@@ -36,8 +36,15 @@ from keygroups.serializers.base import AFTER_MIGRATION, AS_IS, INCOMPATIBLE, Typ
 from keygroups.serializers.compatibility import Compatibility
 from keygroups.serializers.schema import (
     ALLOWED_CHANGES,
+    BINARY,
+    BOOL,
+    FLOAT64,
+    INT32,
+    INT64,
+    STRING,
     DataType,
     DecimalType,
+    Field,
     ListType,
     MapType,
     PrimitiveType,
@@ -175,11 +182,24 @@ class RecordSerializer(TypeSerializer):
 
     def compatibility_with(self, old: SerializerSnapshot) -> tuple[Compatibility, str]:
         """As is for the same schema; after migration when Avro's rules resolve the old schema to this one (the
-        reason lists what changed); incompatible otherwise, naming the field and the allowed changes."""
+        reason lists what changed), or when the old state is a ``TupleSerializer`` of as many fields that map onto
+        this record's fields in order (tuple state becoming record state); incompatible otherwise, naming the field
+        and the allowed changes."""
+        if old.identifier == "tuple":
+            as_record = tuple_as_record(old, self.schema)
+            if as_record is None:
+                return INCOMPATIBLE, (f"RecordSerializer cannot read data written by {old.describe()}: a tuple becomes "
+                                      f"a record only with one field per tuple element ({len(self.schema.fields)} "
+                                      f"here, {len(old.nested)} there) of built-in typed serializers")
+            try:
+                resolve(as_record, self.schema)
+            except SchemaChangeRefused as e:
+                return INCOMPATIBLE, f"the tuple's elements are this record's fields in order, and {e}"
+            return AFTER_MIGRATION, f"{old.describe()} values become records {self.schema.ddl()}, field by field"
         if old.identifier != self.identifier:
             return INCOMPATIBLE, (f"RecordSerializer cannot read data written by {old.describe()}: record state "
-                                  "starts with a record serializer (write the old state into a new state to convert "
-                                  "it)")
+                                  "starts with a record serializer or a tuple serializer (write the old state into a "
+                                  "new state to convert it)")
         outcome, why = self.version_compatibility(old.version)
         if outcome is not AS_IS:
             return outcome, why
@@ -193,7 +213,11 @@ class RecordSerializer(TypeSerializer):
         return AFTER_MIGRATION, f"the stored schema {stored.ddl()} is read into {self.schema.ddl()}"
 
     def migration_reader(self, old: SerializerSnapshot) -> TypeSerializer:
-        """Reads bytes written with ``old`` (a record schema this one resolves) into this serializer's shape."""
+        """Reads bytes written with ``old`` (a record schema this one resolves, or a tuple) into this shape."""
+        if old.identifier == "tuple":
+            as_record = tuple_as_record(old, self.schema)
+            assert as_record is not None   # checked by compatibility_with
+            return RecordMigrationReader(as_record, self, old.restore_serializer(), old)
         return RecordMigrationReader(RecordType.from_json(old.config.get("schema")), self)
 
     def refusal_message(self, state_name: str, role: str, old: SerializerSnapshot, why: str) -> str:
@@ -219,6 +243,48 @@ class RecordSerializer(TypeSerializer):
         return f"RecordSerializer({self.schema.fields_ddl()!r})"
 
 
+class _TupleDecoder:
+    """A record node read as tuples, with the serializer method names the migration reader calls."""
+
+    def __init__(self, node: Any) -> None:
+        self.deserialize = node.decode
+        self.deserialize_many = node.decode_many
+
+
+_TUPLE_SCALARS: dict[str, DataType] = {"int64": INT64, "int32": INT32, "float64": FLOAT64, "bool": BOOL,
+                                       "str": STRING, "bytes": BINARY}
+
+
+def tuple_as_record(old: SerializerSnapshot, new: RecordType) -> RecordType | None:
+    """A stored ``TupleSerializer``'s elements as a record with ``new``'s field names in order (nested tuples as
+    records named ``_1``, ``_2``, ...), or None when the arity differs or an element is not built-in and typed."""
+    if len(old.nested) != len(new.fields):
+        return None
+    types = [_tuple_element(n, 0) for n in old.nested]
+    if any(t is None for t in types):
+        return None
+    return RecordType(tuple(Field(f.name, t[0], t[1]) for f, t in zip(new.fields, types)))
+
+
+def _tuple_element(s: SerializerSnapshot, depth: int) -> tuple[DataType, bool] | None:
+    if depth > 16 or s.config:
+        return None
+    if s.identifier in _TUPLE_SCALARS and not s.nested:
+        return _TUPLE_SCALARS[s.identifier], False
+    parts = [_tuple_element(n, depth + 1) for n in s.nested]
+    if any(p is None for p in parts):
+        return None
+    if s.identifier == "nullable" and len(parts) == 1:
+        return parts[0][0], True
+    if s.identifier == "list" and len(parts) == 1:
+        return ListType(parts[0][0], parts[0][1]), False
+    if s.identifier == "map" and len(parts) == 2 and not parts[0][1]:
+        return MapType(parts[0][0], parts[1][0], parts[1][1]), False
+    if s.identifier == "tuple" and parts:
+        return RecordType(tuple(Field(f"_{i + 1}", t, nl) for i, (t, nl) in enumerate(parts))), False
+    return None
+
+
 def _rebuild(schema: Any, form: Any) -> RecordSerializer:
     return RecordSerializer(schema, form=form)
 
@@ -230,17 +296,21 @@ class RecordMigrationReader(TypeSerializer):
 
     is_immutable = False
 
-    def __init__(self, old_schema: RecordType, new: RecordSerializer) -> None:
+    def __init__(self, old_schema: RecordType, new: RecordSerializer, old_serializer: TypeSerializer | None = None,
+                 old_snapshot: SerializerSnapshot | None = None) -> None:
         self.old_schema = old_schema
         self.new = new
-        self._old = _node(old_schema, False, "", "tuple")
+        # the old bytes decode to tuples (nested records too): the old record's codec, or the old tuple serializer
+        self._old = old_serializer if old_serializer is not None else _TupleDecoder(_node(old_schema, False, "",
+                                                                                          "tuple"))
+        self._old_snapshot = old_snapshot
         self._sources = resolve(old_schema, new.schema)
 
     def deserialize(self, data: bytes | memoryview) -> Any:
-        return self.new.deserialize(self.new.serialize(project(self._old.decode(data), self._sources)))
+        return self.new.deserialize(self.new.serialize(project(self._old.deserialize(data), self._sources)))
 
     def deserialize_many(self, data: bytes | memoryview, offsets: Any) -> list[Any]:
-        old = self._old.decode_many(data, offsets)
+        old = self._old.deserialize_many(data, offsets)
         new = self.new
         return new.deserialize_many(*new.serialize_many([project(v, self._sources) for v in old]))
 
@@ -252,6 +322,8 @@ class RecordMigrationReader(TypeSerializer):
         return self.new.copy(value)
 
     def snapshot(self) -> SerializerSnapshot:
+        if self._old_snapshot is not None:
+            return self._old_snapshot
         return SerializerSnapshot(RecordSerializer.identifier, RecordSerializer.version,
                                   {"schema": self.old_schema.to_json()})
 
