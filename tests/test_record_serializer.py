@@ -321,3 +321,20 @@ def test_tuple_state_becomes_record_state_field_by_field():
     with pytest.raises(StateMigrationError, match="one field per tuple element"):   # an opaque element
         resolve_compatibility("cart", TupleSerializer(ValueSerializer(), Int64Serializer()).snapshot(),
                               RecordSerializer("a bigint, b bigint"))
+
+
+def test_records_nested_in_composites_migrate_into_the_new_shape():
+    from keygroups.serializers import ListSerializer, MapSerializer, NullableSerializer, StrSerializer
+
+    v1, v2 = RecordSerializer("a int not null"), RecordSerializer("a bigint not null, b string")
+    for old, new, value, expected in [
+        (ListSerializer(v1), ListSerializer(v2), [{"a": 1}], [{"a": 1, "b": None}]),
+        (MapSerializer(StrSerializer(), v1), MapSerializer(StrSerializer(), v2), {"k": {"a": 2}},
+         {"k": {"a": 2, "b": None}}),
+        (v1, NullableSerializer(v2), {"a": 3}, {"a": 3, "b": None}),
+        (NullableSerializer(v1), NullableSerializer(v2), None, None),
+    ]:
+        outcome, reader = resolve_compatibility("s", stored(old.snapshot()), new)
+        assert outcome is Compatibility.COMPATIBLE_AFTER_MIGRATION
+        assert reader.snapshot() == old.snapshot()
+        assert reader.deserialize(old.serialize(value)) == expected
