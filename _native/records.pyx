@@ -43,6 +43,9 @@ from writer cimport Writer, w_bytes, w_free, w_i64, w_init, w_len, w_reserve, w_
 
 cdef extern from "Python.h":
     const char *PyUnicode_AsUTF8AndSize(object s, Py_ssize_t *size) except NULL
+    # CPython's dict with room for n items (what dict(**kwargs) uses): a record of more than five fields would
+    # otherwise resize its dict while it is filled
+    object _PyDict_NewPresized(Py_ssize_t minused)
 
 if sys.byteorder != "little":   # the format is little-endian and the cursor reads with memcpy
     raise ImportError("keygroups._native.records needs a little-endian host")
@@ -673,7 +676,7 @@ cdef object dec_record(Node n, Cursor *cur):
             Py_INCREF(item)
             PyTuple_SET_ITEM(out, i, item)
         return out
-    out = PyDict_New()
+    out = _PyDict_NewPresized(nf)
     for i in range(nf):
         PyDict_SetItem(out, <object>PyTuple_GET_ITEM(names, i), dec(<Node>PyTuple_GET_ITEM(children, i), cur))
     if n.form == FORM_DICT:

@@ -92,6 +92,30 @@ def _avro_codec() -> tuple[Callable[[Any], bytes], Callable[[bytes], Any]] | Non
     return encode, decode
 
 
+def measure_cpu(fns: dict[str, Callable[[], Any]], repeat: int) -> dict[str, tuple[float, float]]:
+    """Median (wall seconds, CPU seconds of this process) per fn: interleaved runs, GC collected before and paused
+    during each call (as ``_util.measure`` times)."""
+    import gc
+    import statistics
+    import time
+
+    walls: dict[str, list[float]] = {k: [] for k in fns}
+    cpus: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(repeat):
+        for label, fn in fns.items():
+            gc.collect()
+            gc.disable()
+            try:
+                w0, c0 = time.perf_counter(), time.process_time()
+                result = fn()
+                walls[label].append(time.perf_counter() - w0)
+                cpus[label].append(time.process_time() - c0)
+            finally:
+                gc.enable()
+            del result
+    return {k: (statistics.median(walls[k]), statistics.median(cpus[k])) for k in fns}
+
+
 def bench_records(n: int, repeat: int, rng: np.random.Generator) -> None:
     """Encode + decode of the 6-field record, each candidate doing the same work; round trips per second."""
     import datetime as dt
@@ -132,7 +156,14 @@ def bench_records(n: int, repeat: int, rng: np.random.Generator) -> None:
         "RecordSerializer tuples per record": round_trip_each(rec_tuple, tuples),
         "RecordSerializer tuples bulk": round_trip_bulk(rec_tuple, tuples),
     })
-    report("encode + decode (round trips)", fns, n, repeat)
+    print(" encode + decode (round trips); per core = records / CPU seconds of this process (the machine is shared:"
+          " wall time includes waiting for a core, CPU time does not)")
+    cpu = measure_cpu(fns, repeat)
+    base_wall, base_cpu = next(iter(cpu.values()))
+    for i, (label, (wall, cpu_s)) in enumerate(cpu.items()):
+        ratio = "   (base)" if i == 0 else f"{base_cpu / cpu_s:7.2f}x"
+        print(f"  {label:<44} wall {wall * 1e3:8.1f} ms  cpu {cpu_s * 1e3:8.1f} ms  {n / cpu_s / 1e6:6.2f} M/s per core"
+              f"  {ratio}")
     assert rec.deserialize_many(*rec.serialize_many(records[:1000])) == records[:1000]
     sizes = {"pickle": sum(len(pickle.dumps(r, protocol=5)) for r in records[:10_000]),
              "ValueSerializer": len(value.serialize_many(as_value[:10_000])[0]),
