@@ -87,6 +87,7 @@ cdef enum:
     FORM_TUPLE = 0
     FORM_DICT = 1
     FORM_CLASS = 2
+    FORM_FACTORY = 3
 
 INT8 = R_INT8
 INT16 = R_INT16
@@ -106,6 +107,7 @@ RECORD = R_RECORD
 TUPLE_FORM = FORM_TUPLE
 DICT_FORM = FORM_DICT
 CLASS_FORM = FORM_CLASS
+FACTORY_FORM = FORM_FACTORY
 
 cdef uint64_t CANONICAL_NAN = 0x7FF8000000000000ULL
 cdef int64_t US_PER_DAY = 86400000000LL
@@ -167,8 +169,9 @@ cdef class Node:
     cdef readonly Py_ssize_t min_size     # the fewest bytes a value here takes
     cdef readonly tuple children          # record: one node per field; list: (element,); map: (key, value)
     cdef readonly tuple names             # record: the field names
-    cdef readonly int form                # record: TUPLE_FORM, DICT_FORM or CLASS_FORM
-    cdef readonly object cls              # record, CLASS_FORM: the class built
+    cdef readonly int form                # record: TUPLE_FORM, DICT_FORM, CLASS_FORM or FACTORY_FORM
+    cdef readonly object cls              # record: the class built (CLASS_FORM), or the callable that builds a
+                                          # value from the record's dict (FACTORY_FORM, e.g. a Spark Row)
     cdef bint cls_dict                    # instances of cls keep their fields in a __dict__
     cdef Py_ssize_t nfields
     cdef int unit                         # timestamp: 0 s, 1 ms, 2 us, 3 ns
@@ -201,6 +204,9 @@ cdef class Node:
                 if not isinstance(cls, type):
                     raise TypeError(f"a record built as a class needs the class, got {cls!r}")
                 self.cls_dict = cls.__dictoffset__ != 0
+            elif form == FORM_FACTORY:
+                if not callable(cls):
+                    raise TypeError(f"a record built by a factory needs a callable, got {cls!r}")
             elif form != FORM_TUPLE and form != FORM_DICT:
                 raise ValueError(f"unknown record form {form}")
         elif kind == R_LIST:
@@ -681,6 +687,8 @@ cdef object dec_record(Node n, Cursor *cur):
         PyDict_SetItem(out, <object>PyTuple_GET_ITEM(names, i), dec(<Node>PyTuple_GET_ITEM(children, i), cur))
     if n.form == FORM_DICT:
         return out
+    if n.form == FORM_FACTORY:
+        return n.cls(out)
     # a class instance as unpickling builds one: __new__, then the fields (no __init__, no __post_init__; a frozen
     # dataclass's __setattr__ is bypassed as pickle bypasses it)
     obj = _object_new(n.cls)

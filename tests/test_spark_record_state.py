@@ -59,3 +59,23 @@ def test_write_savepoint_takes_a_struct_column(registered, tmp_path):
     for v in expected.values():
         v["started"] = v["started"].replace(tzinfo=None)
     assert by_key == expected
+
+
+def test_row_records_take_a_struct_type_and_give_rows():
+    import pickle
+
+    from pyspark.sql import Row
+    from pyspark.sql.types import ArrayType, LongType, StringType, StructField, StructType
+
+    from keygroups.spark import row_records
+
+    schema = StructType([StructField("user", StringType(), False),
+                         StructField("visits", ArrayType(StructType([StructField("page", StringType()),
+                                                                     StructField("ms", LongType())])))])
+    ser = row_records(schema)
+    assert ser.schema.field("user").nullable is False
+    row = Row(user="ann", visits=[Row(page="home", ms=5)])
+    back = pickle.loads(pickle.dumps(ser)).deserialize(ser.serialize(row))
+    assert back == row and isinstance(back, Row) and isinstance(back.visits[0], Row)
+    assert back.visits[0].page == "home"
+    assert ser.deserialize(ser.serialize({"user": "bo", "visits": None})) == Row(user="bo", visits=None)

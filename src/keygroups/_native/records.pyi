@@ -24,6 +24,7 @@ RECORD: int
 TUPLE_FORM: int
 DICT_FORM: int
 CLASS_FORM: int
+FACTORY_FORM: int
 
 @final
 class Node:

@@ -85,6 +85,8 @@ def _node(t: DataType, nullable: bool, path: str, form: str | type) -> Any:
     assert isinstance(t, RecordType)
     prefix = path + "." if path else ""
     children = tuple(_node(f.type, f.nullable, prefix + f.name, form) for f in t.fields)
+    if callable(form) and not isinstance(form, (str, type)):   # a factory: every record level is built by it
+        return _records.Node(_records.RECORD, nullable, what, children, t.names, _records.FACTORY_FORM, form)
     cls = t.python_class if form not in FORMS and t.python_class is not None else None
     if cls is not None:
         return _records.Node(_records.RECORD, nullable, what, children, t.names, _records.CLASS_FORM, cls)
@@ -92,7 +94,9 @@ def _node(t: DataType, nullable: bool, path: str, form: str | type) -> Any:
     return _records.Node(_records.RECORD, nullable, what, children, t.names, record_form)
 
 
-def _form_of(schema: Any, form: str | type | None, record: RecordType) -> str | type:
+def _form_of(schema: Any, form: Any, record: RecordType) -> Any:
+    if callable(form) and not isinstance(form, type):
+        return form   # a factory from a record's dict (keygroups.spark.row_records builds Spark Rows with one)
     if form is None:
         return record.python_class if record.python_class is not None else "dict"
     if isinstance(form, str):
@@ -123,17 +127,18 @@ class RecordSerializer(TypeSerializer):
 
     ``schema``: a Spark DDL string, a ``StructType`` (or its JSON), a ``pyarrow.Schema``, a dataclass, a
     :class:`~keygroups.serializers.schema.RecordType`, or a list of fields. ``form``: how records are returned,
-    ``"dict"``, ``"tuple"`` or (the default for a dataclass schema) the dataclass.
+    ``"dict"``, ``"tuple"``, (the default for a dataclass schema) the dataclass, or a picklable function that
+    builds each record (nested ones too) from its dict (``keygroups.spark.row_records`` returns Spark Rows so).
     """
 
     identifier = "record"
     version = 1
     is_immutable = False
 
-    def __init__(self, schema: Any, *, form: str | type | None = None) -> None:
+    def __init__(self, schema: Any, *, form: Any = None) -> None:
         self.schema: RecordType = record_type(schema)
-        self.form: str | type = _form_of(schema, form, self.schema)
-        if isinstance(self.form, str):   # no classes: pickles (to Spark executors) without the user's modules
+        self.form: Any = _form_of(schema, form, self.schema)
+        if not isinstance(self.form, type):   # no classes: pickles (to Spark executors) without the user's modules
             self.schema = _without_classes(self.schema)
         node = _node(self.schema, False, "", self.form)
         self._node = node
@@ -237,7 +242,7 @@ class RecordSerializer(TypeSerializer):
 
     def __reduce__(self) -> tuple:
         form = self.form
-        return (_rebuild, (self.schema if isinstance(form, str) else form, form))
+        return (_rebuild, (form if isinstance(form, type) else self.schema, form))
 
     def __repr__(self) -> str:
         return f"RecordSerializer({self.schema.fields_ddl()!r})"
