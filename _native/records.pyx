@@ -38,8 +38,10 @@ from libc.math cimport isnan, isfinite
 from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.string cimport memcpy
 
-from cursor cimport Cursor, cur_init, cur_read, cur_u8, cur_count, cur_corrupt, cur_remaining
-from writer cimport Writer, w_bytes, w_free, w_i64, w_init, w_len, w_reserve, w_result, w_u8, w_u32
+from cursor cimport (Cursor, cur_init, cur_read, cur_u8, cur_count, cur_corrupt, cur_remaining,
+                    cur_i64 as r_i64, cur_i32 as r_i32)
+from writer cimport (Writer, w_bytes, w_f64, w_free, w_i64, w_init, w_len, w_reserve, w_result, w_u8, w_u32,
+                    short_repr as _short)
 
 cdef extern from "Python.h":
     const char *PyUnicode_AsUTF8AndSize(object s, Py_ssize_t *size) except NULL
@@ -109,7 +111,6 @@ DICT_FORM = FORM_DICT
 CLASS_FORM = FORM_CLASS
 FACTORY_FORM = FORM_FACTORY
 
-cdef uint64_t CANONICAL_NAN = 0x7FF8000000000000ULL
 cdef int64_t US_PER_DAY = 86400000000LL
 # datetime's range, 0001-01-01 .. 9999-12-31T23:59:59.999999, as microseconds since the epoch
 cdef int64_t MIN_US = -62135596800000000LL
@@ -152,11 +153,6 @@ cdef inline int64_t floor_div(int64_t a, int64_t b) noexcept nogil:
     if (a % b != 0) and ((a < 0) != (b < 0)):
         q -= 1
     return q
-
-
-cdef str _short(object v):
-    cdef str r = repr(v)
-    return r if len(r) <= 80 else r[:77] + "..."
 
 
 @cython.final
@@ -369,16 +365,6 @@ cdef double as_float(Node n, object v) except? -1.0:
         return PyFloat_AsDouble(v)
     except OverflowError:
         raise ValueError(f"{n.what}: {_short(v)} is out of range for a double") from None
-
-
-cdef inline int w_f64(Writer *w, double v) except -1:
-    cdef uint64_t bits
-    if isnan(v):
-        bits = CANONICAL_NAN   # one NaN, so equal values give equal bytes
-    else:
-        memcpy(&bits, &v, 8)
-    memcpy(w_reserve(w, 8), &bits, 8)
-    return 0
 
 
 cdef int w_f32(Writer *w, Node n, double v) except -1:
@@ -599,18 +585,6 @@ cdef int enc(Node n, Writer *w, object v) except -1:
 
 
 # ---- decoding ---------------------------------------------------------------------------------------------------
-
-cdef inline int64_t r_i64(Cursor *c) except? -1:
-    cdef int64_t v
-    memcpy(&v, cur_read(c, 8), 8)
-    return v
-
-
-cdef inline int32_t r_i32(Cursor *c) except? -1:
-    cdef int32_t v
-    memcpy(&v, cur_read(c, 4), 4)
-    return v
-
 
 cdef object r_str(Cursor *c, Py_ssize_t n):
     cdef const uint8_t *p = cur_read(c, n)
