@@ -69,7 +69,8 @@ def test_ddl_covers_spark_types_and_nullability():
 
 
 @pytest.mark.parametrize("bad, words", [
-    ("id bigint, name", "cannot parse"), ("id interval", "not supported"), ("", "non-empty"), ("a int, a int", "more than once"),
+    ("id bigint, name", "cannot parse"), ("id interval", "not supported"), ("", "non-empty"),
+    ("a int, a int", "more than once"),
 ])
 def test_bad_ddl_is_refused_clearly(bad, words):
     with pytest.raises(ValueError, match=words):

@@ -93,7 +93,9 @@ def arrow_type(snapshot: SerializerSnapshot) -> pa.DataType:
 
 def _arrow(s: SerializerSnapshot) -> pa.DataType:
     if s.identifier == _RECORD:
-        return to_arrow(_record_schema(s))
+        schema = _record_schema(s)
+        assert schema is not None   # typed: checked by the caller
+        return to_arrow(schema)
     if s.identifier in _SCALARS:
         return _SCALARS[s.identifier]
     if s.identifier == "nullable":

@@ -265,8 +265,9 @@ def tuple_as_record(old: SerializerSnapshot, new: RecordType) -> RecordType | No
     records named ``_1``, ``_2``, ...), or None when the arity differs or an element is not built-in and typed."""
     if len(old.nested) != len(new.fields):
         return None
-    types = [_tuple_element(n, 0) for n in old.nested]
-    if any(t is None for t in types):
+    found = [_tuple_element(n, 0) for n in old.nested]
+    types = [t for t in found if t is not None]
+    if len(types) != len(found):
         return None
     return RecordType(tuple(Field(f.name, t[0], t[1]) for f, t in zip(new.fields, types)))
 
@@ -276,8 +277,9 @@ def _tuple_element(s: SerializerSnapshot, depth: int) -> tuple[DataType, bool] |
         return None
     if s.identifier in _TUPLE_SCALARS and not s.nested:
         return _TUPLE_SCALARS[s.identifier], False
-    parts = [_tuple_element(n, depth + 1) for n in s.nested]
-    if any(p is None for p in parts):
+    found = [_tuple_element(n, depth + 1) for n in s.nested]
+    parts = [p for p in found if p is not None]
+    if len(parts) != len(found):
         return None
     if s.identifier == "nullable" and len(parts) == 1:
         return parts[0][0], True

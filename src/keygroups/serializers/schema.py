@@ -581,7 +581,8 @@ def to_arrow(t: DataType) -> Any:
 
 # -- dataclasses --
 
-_PY_TYPES: dict[Any, DataType] = {int: INT64, float: FLOAT64, bool: BOOL, str: STRING, bytes: BINARY, datetime.date: DATE,
+_PY_TYPES: dict[Any, DataType] = {int: INT64, float: FLOAT64, bool: BOOL, str: STRING, bytes: BINARY,
+             datetime.date: DATE,
              datetime.datetime: TimestampType("us", "UTC"), decimal.Decimal: DecimalType(38, 18)}
 
 
@@ -598,7 +599,11 @@ def from_dataclass(cls: type) -> RecordType:
 def _dataclass_type(cls: type, depth: int) -> RecordType:
     if depth > MAX_TYPE_DEPTH:
         raise ValueError(f"dataclass {cls.__qualname__} nests deeper than {MAX_TYPE_DEPTH} levels (or contains itself)")
-    hints = typing.get_type_hints(cls, include_extras=True)
+    try:
+        hints = typing.get_type_hints(cls, include_extras=True)
+    except (NameError, AttributeError, TypeError) as e:
+        raise TypeError(f"the annotations of dataclass {cls.__qualname__} cannot be resolved ({type(e).__name__}: "
+                        f"{e}); define it in an importable module, with its types imported there") from None
     fields = []
     for f in dataclasses.fields(cls):
         t, nullable = _annotation(hints[f.name], f"{cls.__qualname__}.{f.name}", depth)
@@ -641,19 +646,19 @@ def _annotation(a: Any, what: str, depth: int) -> tuple[DataType, bool]:
         t, _ = _annotation(args[0], what, depth)
         return t, True
     if origin in (list, Sequence, typing.List):   # noqa: UP006
-        (element,) = typing.get_args(a) or (None,)
+        (element,) = tuple(typing.get_args(a)) or (None,)
         if element is None:
             raise TypeError(f"{what}: give the element type, e.g. list[int]")
         t, nullable = _annotation(element, what + "[]", depth + 1)
         return ListType(t, nullable), False
     if origin in (dict, Mapping, typing.Dict):   # noqa: UP006
-        args = typing.get_args(a)
-        if len(args) != 2:
+        key_value = typing.get_args(a)
+        if len(key_value) != 2:
             raise TypeError(f"{what}: give the key and value types, e.g. dict[str, int]")
-        k, knull = _annotation(args[0], what + " key", depth + 1)
+        k, knull = _annotation(key_value[0], what + " key", depth + 1)
         if knull:
-            raise TypeError(f"{what}: map keys cannot be None (Optional key type {args[0]})")
-        v, vnull = _annotation(args[1], what + " value", depth + 1)
+            raise TypeError(f"{what}: map keys cannot be None (Optional key type {key_value[0]})")
+        v, vnull = _annotation(key_value[1], what + " value", depth + 1)
         return MapType(k, v, vnull), False
     if isinstance(a, type) and dataclasses.is_dataclass(a):
         return _dataclass_type(a, depth + 1), False
@@ -736,10 +741,10 @@ def _converter(old: DataType, new: DataType, where: str) -> Callable[[Any], Any]
     elif isinstance(old, ListType) and isinstance(new, ListType):
         if old.element_nullable and not new.element_nullable:
             raise SchemaChangeRefused(where, old.ddl(), new.ddl(), "nullable elements cannot become not null")
-        conv = _converter(old.element, new.element, where + "[]")
-        if conv is None:
+        element = _converter(old.element, new.element, where + "[]")
+        if element is None:
             return None
-        return lambda v: [None if e is None else conv(e) for e in v]
+        return lambda v: [None if e is None else element(e) for e in v]
     elif isinstance(old, MapType) and isinstance(new, MapType):
         if old.key != new.key:
             raise SchemaChangeRefused(where, old.ddl(), new.ddl(), "map keys cannot change type")
