@@ -339,3 +339,11 @@ def test_records_nested_in_composites_migrate_into_the_new_shape():
         assert outcome is Compatibility.COMPATIBLE_AFTER_MIGRATION
         assert reader.snapshot() == old.snapshot()
         assert reader.deserialize(old.serialize(value)) == expected
+
+
+def test_serializer_for_a_dataclass_is_a_record_serializer():
+    from keygroups.serializers import serializer_for
+
+    ser = serializer_for(Line)
+    assert isinstance(ser, RecordSerializer) and ser.form is Line
+    assert serializer_for(Line("a", 1, decimal.Decimal(1))).schema == ser.schema

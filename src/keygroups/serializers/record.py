@@ -14,7 +14,8 @@ with the fields as attributes (dataclass instances, namedtuples, Spark ``Row``s)
 A value that does not fit is refused on write with ``TypeError``/``ValueError`` naming the field and its type.
 
 Bytes: the fields in order, each nullable one behind a flag byte, no names (format in ``_native/records.pyx``):
-smaller than ``ValueSerializer``'s self-describing form, and compiled both ways.
+smaller than ``ValueSerializer``'s self-describing form, and compiled both ways. Equal records give equal bytes
+(one NaN), except that a map field is written in its dict's order: do not use records that hold maps as keys.
 
 Evolution: the snapshot stores the schema. On restore, a changed schema is resolved with Avro's rules (see
 :func:`keygroups.serializers.schema.resolve`: add with a default, drop, reorder, widen, rename through an alias):
