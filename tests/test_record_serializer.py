@@ -347,3 +347,16 @@ def test_serializer_for_a_dataclass_is_a_record_serializer():
     ser = serializer_for(Line)
     assert isinstance(ser, RecordSerializer) and ser.form is Line
     assert serializer_for(Line("a", 1, decimal.Decimal(1))).schema == ser.schema
+
+
+def test_dataclass_fields_are_renamed_through_metadata_aliases():
+    @dataclasses.dataclass
+    class Old:
+        qty: int
+
+    @dataclasses.dataclass
+    class New:
+        quantity: int = dataclasses.field(metadata={"aliases": ("qty",)})
+
+    _, reader = resolve_compatibility("s", RecordSerializer(Old).snapshot(), RecordSerializer(New))
+    assert reader.deserialize(RecordSerializer(Old).serialize(Old(5))) == New(5)

@@ -591,8 +591,8 @@ def from_dataclass(cls: type) -> RecordType:
     bool, str, bytes, datetime.date, datetime.datetime → UTC timestamp (µs), Decimal → decimal(38, 18) (Spark's
     inference), ``list[X]``, ``dict[K, V]``, nested dataclasses; ``Optional[X]`` / ``X | None`` is nullable, every
     other field is not. ``typing.Annotated[X, t]`` with a DataType ``t`` chooses the type (``Annotated[int, INT32]``,
-    ``Annotated[Decimal, DecimalType(10, 2)]``). A field's default becomes its default for schema evolution; read
-    values are instances of the class."""
+    ``Annotated[Decimal, DecimalType(10, 2)]``). A field's default becomes its default for schema evolution, and
+    ``field(metadata={"aliases": ("old_name",)})`` renames a field; read values are instances of the class."""
     return _dataclass_type(cls, 0)
 
 
@@ -612,7 +612,11 @@ def _dataclass_type(cls: type, depth: int) -> RecordType:
             default = f.default
         elif f.default_factory is not dataclasses.MISSING:
             default = _Factory(f.default_factory)
-        fields.append(Field(f.name, t, nullable, default))
+        aliases = f.metadata.get("aliases", ())
+        if isinstance(aliases, str) or not all(isinstance(a, str) for a in aliases):
+            raise TypeError(f"{cls.__qualname__}.{f.name}: metadata 'aliases' must be a tuple of old field names, "
+                            f"got {aliases!r}")
+        fields.append(Field(f.name, t, nullable, default, tuple(aliases)))
     return RecordType(tuple(fields), python_class=cls)
 
 
