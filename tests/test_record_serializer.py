@@ -35,12 +35,8 @@ from keygroups.serializers.schema import (
     MapType,
     RecordType,
     TimestampType,
-    from_arrow,
-    from_spark_json,
-    parse_ddl,
-    to_arrow,
-    to_spark_json,
 )
+from keygroups.serializers.schema_formats import from_arrow, from_spark_json, parse_ddl, to_arrow, to_spark_json
 from record_strategies import evolution_steps, record_types, values_of
 
 UTC = dt.timezone.utc

@@ -36,7 +36,8 @@ from keygroups.serializers import (
     TupleSerializer,
     TypeSerializer,
 )
-from keygroups.serializers.schema import DataType, ListType, MapType, RecordType, to_arrow
+from keygroups.serializers.schema import DataType, ListType, MapType, RecordType
+from keygroups.serializers.schema_formats import to_arrow
 
 _SCALARS: dict[str, pa.DataType] = {
     "int64": pa.int64(), "int32": pa.int32(), "float64": pa.float64(), "bool": pa.bool_(), "str": pa.string(),

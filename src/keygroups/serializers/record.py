@@ -52,12 +52,11 @@ from keygroups.serializers.schema import (
     RecordType,
     SchemaChangeRefused,
     TimestampType,
-    from_fields,
     project,
-    record_type,
     resolve,
     zone_info,
 )
+from keygroups.serializers.schema_formats import from_fields, record_type
 from keygroups.serializers.snapshot import SerializerSnapshot
 
 FORMS = ("dict", "tuple")
