@@ -4,10 +4,11 @@ writer agree on.
 A *typed* serializer (the built-in ``int64``, ``int32``, ``float64``, ``bool``, ``str``, ``bytes`` and ``nullable``,
 ``tuple``, ``list``, ``map`` built from them) maps to an Arrow type: ints, doubles, booleans, strings, binaries,
 a nullable value to its inner type, a tuple to a struct with fields ``_1``, ``_2``, ... (as Spark names a Python
-tuple's fields), a list to a list, a map to a map. A ``record`` (``RecordSerializer``) maps to a struct of its named
-fields, nested, with their types and nullability (``keygroups.serializers.schema.to_arrow``). Every other serializer is *opaque*: ``PickleSerializer`` (never
-unpickled: that would run code from the checkpoint), ``ValueSerializer`` (self-describing, no one type) and custom
-ones, alone or nested anywhere. An opaque value is its serialized bytes, a binary column, read and written as is.
+tuple's fields), a list to a list, a map to a map. A ``record`` (``RecordSerializer``) maps to a struct of its
+named fields, nested, with their types and nullability (``keygroups.serializers.schema_formats.to_arrow``). Every
+other serializer is *opaque*: ``PickleSerializer`` (never unpickled: that would run code from the checkpoint),
+``ValueSerializer`` (self-describing, no one type) and custom ones, alone or nested anywhere. An opaque value is its
+serialized bytes, a binary column, read and written as is.
 
 Values cross as Python objects: the typed serializers decode to ints, floats, bools, str, bytes, tuples, lists and
 dicts, which ``pyarrow.array`` takes for the mapped type as they are; the way back (:func:`python_values`) builds
@@ -30,9 +31,9 @@ from keygroups.serializers import (
     Int64Serializer,
     ListSerializer,
     MapSerializer,
+    RecordSerializer,
     SerializerSnapshot,
     StrSerializer,
-    RecordSerializer,
     TupleSerializer,
     TypeSerializer,
 )

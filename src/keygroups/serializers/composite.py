@@ -37,7 +37,9 @@ def _nested_migration_reader(new: TypeSerializer, old: SerializerSnapshot) -> Ty
     readers = [child.migration_reader(o) for child, o in zip(mine, old.nested)]
     if all(r is None for r in readers):
         return None
-    return type(new)(*(r if r is not None else o.restore_serializer() for r, o in zip(readers, old.nested)))
+    # resolve_compatibility, the only caller, has already refused pickled data unless the caller allowed it
+    return type(new)(*(r if r is not None else o.restore_serializer(allow_pickle=True)
+                       for r, o in zip(readers, old.nested)))
 
 
 class NullableSerializer(CodecSerializer):
