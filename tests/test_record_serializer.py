@@ -356,3 +356,21 @@ def test_dataclass_fields_are_renamed_through_metadata_aliases():
 
     _, reader = resolve_compatibility("s", RecordSerializer(Old).snapshot(), RecordSerializer(New))
     assert reader.deserialize(RecordSerializer(Old).serialize(Old(5))) == New(5)
+
+
+@dataclasses.dataclass(slots=True)
+class Point:
+    x: int
+    y: Optional[float] = None
+
+
+def test_slots_dataclasses_namedtuples_and_objects_with_attributes():
+    import collections
+
+    ser = RecordSerializer(Point)
+    back = ser.deserialize(ser.serialize(Point(1, 2.5)))
+    assert back == Point(1, 2.5) and type(back) is Point
+    Pair = collections.namedtuple("Pair", ["y", "x"])   # by name, not by position
+    assert ser.deserialize(ser.serialize(Pair(y=None, x=3))) == Point(3)
+    with pytest.raises(TypeError, match="has no attribute 'x'"):
+        ser.serialize(object())

@@ -1,7 +1,8 @@
 """Record state in both keyed backends: value, list and map states of records (with and without TTL) are written,
 checkpointed (a full checkpoint, then an incremental one), restored at another parallelism with an evolved schema
-(add, drop, reorder, widen, rename: random steps) and read back equal to a plain-dict model; the next checkpoint
-holds only the new shape; a refused change raises StateMigrationError and leaves the checkpoint usable."""
+(add, drop, reorder, widen, rename: random steps), read back equal to a plain-dict model, checkpointed again and
+restored with a second random step; the checkpoint after a migration holds only the new shape; a refused change
+raises StateMigrationError and leaves the checkpoint usable."""
 
 from __future__ import annotations
 
@@ -87,7 +88,7 @@ def stored_schemas(metadata: CheckpointMetadata) -> set[str]:
             for role in ("value", "element", "map value") if role in meta["serializers"]}
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                   HealthCheck.function_scoped_fixture])
 @given(data=st.data(), backend=st.sampled_from(sorted(BACKENDS)), ttl=st.booleans(),
        parallelisms=st.tuples(st.integers(1, 3), st.integers(1, 4)))
@@ -122,9 +123,12 @@ def test_evolved_schema_restores_at_a_new_parallelism_like_the_model(data, backe
     # the migrated state was rewritten whole: no file of the new checkpoint's chains holds the old shape
     assert stored_schemas(md3) == {json.dumps(step.schema.to_json(), sort_keys=True)}
 
-    again = Job(backend, p, new_ser, ttl, storage, md3)
+    # a second step on top, back at the first parallelism: the chain of migrations reads like the model too
+    step2 = data.draw(evolution_steps(step.schema), label="second step")
+    again = Job(backend, p, RecordSerializer(step2.schema), ttl, storage, md3)
     for k in keys:
-        assert again.read(k) == (expected[k], [expected[k]] * 2, expected[k])
+        want = step2.apply(expected[k])
+        assert again.read(k) == (want, [want] * 2, want)
     again.dispose()
 
 
