@@ -119,3 +119,22 @@ def test_inspect_prints_record_schemas(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "  lines map value: record<quantity int not null, price decimal(10,2) not null>" in out
     assert "  session value: record<user string not null, started timestamp not null" in out
+
+
+def test_operator_state_of_records_reads_as_struct_rows(tmp_path):
+    from keygroups.checkpoint import SerializedState, write_operator_snapshot
+    from keygroups.checkpoint.metadata import DistributionMode
+    from keygroups.runtime.state_reader import operator_state_table
+
+    storage = CheckpointStorage(str(tmp_path))
+    ser = RecordSerializer("partition int not null, offset bigint not null, seen timestamp")
+    positions = [{"partition": p, "offset": 10 * p, "seen": None if p else dt.datetime(2024, 1, 1, tzinfo=UTC)}
+                 for p in range(3)]
+    data, offsets = ser.serialize_many(positions)
+    handle = write_operator_snapshot(storage, storage.new_file(1, "operator-0"), [
+        SerializedState("positions", DistributionMode.SPLIT_DISTRIBUTE, {"serializer": ser.snapshot().to_json()},
+                        data, offsets)], subtask=0, operator_id="source")
+    storage.commit(CheckpointMetadata(1, "j", 0, MAXP, 1, [], [handle]))
+    table = operator_state_table(storage, storage.load(1), "positions")
+    assert pa.types.is_struct(table.schema.field("value").type)
+    assert table.column("value").to_pylist() == positions
