@@ -10,6 +10,8 @@ import decimal
 from typing import Annotated, Optional
 
 import pyarrow as pa
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from keygroups import assign_to_key_group, key_group_range
 from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage
@@ -18,6 +20,7 @@ from keygroups.runtime.state_writer import StateColumn, commit_savepoint, plan_s
 from keygroups.serializers import Int64Serializer, RecordSerializer, StrSerializer
 from keygroups.serializers.schema import INT32, DecimalType
 from keygroups.state import HeapKeyedStateBackend, MapStateDescriptor, ValueStateDescriptor
+from record_strategies import record_types, values_of
 
 MAXP = 16
 UTC = dt.timezone.utc
@@ -138,3 +141,20 @@ def test_operator_state_of_records_reads_as_struct_rows(tmp_path):
     table = operator_state_table(storage, storage.load(1), "positions")
     assert pa.types.is_struct(table.schema.field("value").type)
     assert table.column("value").to_pylist() == positions
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_random_records_cross_arrow_both_ways_unchanged(data):
+    from keygroups.runtime.state_types import arrow_type, python_values, reading_serializer
+
+    schema = data.draw(record_types())
+    ser = RecordSerializer(schema)
+    values = data.draw(st.lists(st.one_of(st.none(), values_of(schema)), max_size=4))
+    snapshot = ser.snapshot()
+    reader = reading_serializer(snapshot)
+    decoded = [None if v is None else reader.deserialize(ser.serialize(v)) for v in values]
+    column = pa.array(decoded, type=arrow_type(snapshot))     # what the state reader builds
+    back = python_values(column, snapshot)                     # what the savepoint writer encodes
+    assert back == values
+    assert [None if v is None else ser.deserialize(ser.serialize(v)) for v in back] == values
