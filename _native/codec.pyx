@@ -38,8 +38,10 @@ from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t, INT32_MI
 from libc.stdlib cimport qsort
 from libc.string cimport memcpy, memcmp
 
-from cursor cimport Cursor, cur_init, cur_read, cur_u8, cur_count, cur_corrupt, cur_remaining
-from writer cimport Writer, w_bytes, w_free, w_i64, w_init, w_len, w_reserve, w_result, w_u8, w_u32
+from cursor cimport (Cursor, cur_init, cur_read, cur_u8, cur_count, cur_corrupt, cur_remaining,
+                    cur_i64 as r_i64, cur_i32 as r_i32)
+from writer cimport (Writer, w_bytes, w_f64, w_free, w_i64, w_init, w_len, w_reserve, w_result, w_u8, w_u32,
+                    short_repr as _short)
 
 cdef extern from "Python.h":
     const char *PyUnicode_AsUTF8AndSize(object s, Py_ssize_t *size) except NULL
@@ -101,7 +103,6 @@ cdef enum:
     KEY_CACHE_MAX_LEN = 40
 MAX_DEPTH = C_MAX_DEPTH
 
-cdef uint64_t CANONICAL_NAN = 0x7FF8000000000000ULL
 
 cdef object _np_bool = np.bool_
 cdef object _np_integer = np.integer
@@ -112,32 +113,7 @@ ALLOWED_VALUE_TYPES = "None, bool, int, float, str, bytes (or bytearray/memoryvi
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Floats are written with one NaN, the format's rule; everything else goes through writer.pxd.
-
-cdef inline int w_f64(Writer *w, double v) except -1:
-    cdef uint64_t bits
-    if isnan(v):
-        bits = CANONICAL_NAN   # one NaN, so equal values give equal bytes
-    else:
-        memcpy(&bits, &v, 8)
-    memcpy(w_reserve(w, 8), &bits, 8)
-    return 0
-
-
-# ---------------------------------------------------------------------------------------------------------------------
 # Reading helpers over the checked cursor.
-
-cdef inline int64_t r_i64(Cursor *c) except? -1:
-    cdef int64_t v
-    memcpy(&v, cur_read(c, 8), 8)
-    return v
-
-
-cdef inline int32_t r_i32(Cursor *c) except? -1:
-    cdef int32_t v
-    memcpy(&v, cur_read(c, 4), 4)
-    return v
-
 
 cdef inline double r_f64(Cursor *c) except? -1:
     cdef double v
@@ -301,11 +277,6 @@ cdef int enc_dict(Writer *w, dict d, Codec kc, Codec vc, int depth) except -1:
         if e != small:
             PyMem_Free(e)
     return 0
-
-
-cdef str _short(object v):
-    cdef str r = repr(v)
-    return r if len(r) <= 80 else r[:77] + "..."
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 # A checked cursor over untrusted bytes (snapshot files, serialized values). Every read goes through cur_read, which
 # raises CorruptSnapshotError instead of reading past the end; counts are checked against what remains before any
 # allocation or loop they size.
-from libc.stdint cimport uint8_t, uint32_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.string cimport memcpy
 
 
@@ -57,3 +57,15 @@ cdef inline Py_ssize_t cur_count(Cursor *c, Py_ssize_t min_item_size, str what) 
     if min_item_size > 0 and <uint64_t>n * <uint64_t>min_item_size > <uint64_t>(c.length - c.pos):
         cur_corrupt(c, f"{what} count {n} (at least {min_item_size} bytes each) exceeds what remains")
     return n
+
+
+cdef inline int64_t cur_i64(Cursor *c) except? -1:
+    cdef int64_t v
+    memcpy(&v, cur_read(c, 8), 8)
+    return v
+
+
+cdef inline int32_t cur_i32(Cursor *c) except? -1:
+    cdef int32_t v
+    memcpy(&v, cur_read(c, 4), 4)
+    return v

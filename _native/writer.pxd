@@ -9,6 +9,7 @@
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
 from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
+from libc.math cimport isnan
 from libc.string cimport memcpy
 
 cdef enum:
@@ -129,3 +130,18 @@ cdef inline int w_len(Writer *w, Py_ssize_t n, str what) except -1:
 
 cdef inline bytes w_result(Writer *w):
     return PyBytes_FromStringAndSize(<const char *>w.buf, w.pos)
+
+
+cdef inline int w_f64(Writer *w, double v) except -1:
+    """A double, every NaN written as the one canonical quiet NaN (so equal values give equal bytes)."""
+    cdef uint64_t bits = 0x7FF8000000000000ULL
+    if not isnan(v):
+        memcpy(&bits, &v, 8)
+    memcpy(w_reserve(w, 8), &bits, 8)
+    return 0
+
+
+cdef inline str short_repr(object v):
+    """repr(v), cut to 80 characters, for messages about a value that cannot be written."""
+    cdef str r = repr(v)
+    return r if len(r) <= 80 else r[:77] + "..."

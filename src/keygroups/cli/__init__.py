@@ -93,6 +93,8 @@ def _inspect(args: argparse.Namespace) -> int:
               f"checkpoint, {late:,} in the last {len(reports)}")
     hidden = "" if args.internal else " (internal states hidden: --internal shows them)"
     print(f"keyed state: {', '.join(f'{n} ({k})' for n, k in sorted(states.items())) or 'none'}{hidden}")
+    for line in _record_schemas(metadata):
+        print(line)
     for h in metadata.keyed_handles:
         print(f"  subtask {h.subtask}: key groups {h.key_group_range.start}-{h.key_group_range.end}, {h.size:,} bytes"
               f" in {h.file}")
@@ -153,6 +155,23 @@ def _hot_note(hot: dict[str, Any]) -> str:
               if suggested else "no allowed max parallelism splits it enough")
     return (f"key group {hot['key_group']} alone carries {hot['times_mean']:.2f}x a subtask's mean load: no ranges "
             f"can split it; {remedy}")
+def _record_schemas(metadata: Any) -> list[str]:
+    """One line per keyed state stored as records: its role (value, element, map value) and schema, as Spark DDL."""
+    from keygroups.serializers.schema import RecordType
+
+    lines = {}
+    for h in sorted(metadata.keyed_handles, key=lambda h: h.checkpoint_id):   # the newest meta of each state wins
+        for meta in h.states:
+            for role, stored in sorted(meta.get("serializers", {}).items()):
+                if role != "key" and stored.get("identifier") == "record":
+                    try:
+                        ddl = RecordType.from_json(stored.get("config", {}).get("schema")).fields_ddl()
+                    except KeyGroupsError as e:
+                        ddl = f"unreadable ({e})"
+                    lines[(meta["name"], role)] = f"  {meta['name']} {role}: record<{ddl}>"
+    return [lines[k] for k in sorted(lines)]
+
+
 
 
 def _plan(args: argparse.Namespace) -> int:

@@ -1,7 +1,8 @@
 """The demo's workload: shopping events per user, a keyed cart function, and a plain reference computation.
 
 Events live in a partitioned log, each user's events in one partition in arrival order (as a Kafka topic keyed by
-user). The cart function keeps, per user: the cart (MapState item -> (quantity, unit price)), the last event time
+user). The cart function keeps, per user: the cart (MapState item -> a :class:`CartLine` record of quantity and unit
+price, stored with ``RecordSerializer``, so the state reader shows it as a struct), the last event time
 (ValueState), the lifetime amount spent (ReducingState, a sum) and the average price of viewed items
 (AggregatingState). Every checkout emits an order row. On event time, :class:`AbandonedCartFunction` also keeps an
 event-time timer per user and emits an "abandoned" row for a cart left alone too long. The references compute the
@@ -21,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 
 from keygroups.runtime.functions import KeyedProcessFunction, ProcessContext, RuntimeContext
-from keygroups.serializers import Int64Serializer, StrSerializer, TupleSerializer
+from keygroups.serializers import Int64Serializer, RecordSerializer, StrSerializer, TupleSerializer
 from keygroups.state import (
     AggregateFunction,
     AggregatingStateDescriptor,
@@ -130,17 +131,28 @@ class AveragePrice(AggregateFunction):
         return (a[0] + b[0], a[1] + b[1])
 
 
+@dataclass(frozen=True)
+class CartLine:
+    """One line of a cart: how many of the item, at what unit price (cents)."""
+
+    quantity: int
+    unit_price: int
+
+
 PAIR = TupleSerializer(Int64Serializer(), Int64Serializer())
-CART = MapStateDescriptor("cart", StrSerializer(), PAIR)
+#: Carts of checkpoints written before carts were records (a TupleSerializer of two longs) restore into CartLine
+#: records: RecordSerializer migrates tuple state field by field.
+CART = MapStateDescriptor("cart", StrSerializer(), RecordSerializer(CartLine))
 LAST_SEEN = ValueStateDescriptor("last_seen", Int64Serializer())
 SPENT = ReducingStateDescriptor("spent", operator.add, Int64Serializer())
 VIEWED = AggregatingStateDescriptor("viewed_price", AveragePrice(), PAIR)
 
 
 def cart_totals(cart: Any) -> tuple[int, int]:
-    """(items, value) of a cart's ``(item, (quantity, unit price))`` lines."""
+    """(items, value) of a cart's ``(item, line)`` pairs, a line a CartLine or a (quantity, unit price) pair."""
     items = value = 0
-    for _, (quantity, price) in cart:
+    for _, line in cart:
+        quantity, price = (line.quantity, line.unit_price) if isinstance(line, CartLine) else line
         items += quantity
         value += quantity * price
     return items, value
@@ -162,13 +174,13 @@ class CartFunction(KeyedProcessFunction):
             self.viewed.add(event["price"])
         elif kind == "add":
             held = self.cart.get(item)
-            self.cart.put(item, ((held[0] if held else 0) + event["qty"], event["price"]))
+            self.cart.put(item, CartLine((held.quantity if held else 0) + event["qty"], event["price"]))
         elif kind == "remove":
             held = self.cart.get(item)
             if held is not None:
-                left = held[0] - event["qty"]
+                left = held.quantity - event["qty"]
                 if left > 0:
-                    self.cart.put(item, (left, held[1]))
+                    self.cart.put(item, CartLine(left, held.unit_price))
                 else:
                     self.cart.remove(item)
         elif kind == "checkout":
@@ -321,7 +333,7 @@ def read_user_states(backend: Any) -> Iterator[tuple[str, UserState]]:
     for user in list(backend.keys(LAST_SEEN.name)):
         backend.set_current_key(user)
         yield user, UserState(
-            cart={k: tuple(v) for k, v in cart.items()},
+            cart={k: (v.quantity, v.unit_price) for k, v in cart.items()},
             last_seen=last_seen.value(),
             spent=spent.get(),
             viewed_price=viewed.get(),

@@ -4,9 +4,11 @@ writer agree on.
 A *typed* serializer (the built-in ``int64``, ``int32``, ``float64``, ``bool``, ``str``, ``bytes`` and ``nullable``,
 ``tuple``, ``list``, ``map`` built from them) maps to an Arrow type: ints, doubles, booleans, strings, binaries,
 a nullable value to its inner type, a tuple to a struct with fields ``_1``, ``_2``, ... (as Spark names a Python
-tuple's fields), a list to a list, a map to a map. Every other serializer is *opaque*: ``PickleSerializer`` (never
-unpickled: that would run code from the checkpoint), ``ValueSerializer`` (self-describing, no one type) and custom
-ones, alone or nested anywhere. An opaque value is its serialized bytes, a binary column, read and written as is.
+tuple's fields), a list to a list, a map to a map. A ``record`` (``RecordSerializer``) maps to a struct of its
+named fields, nested, with their types and nullability (``keygroups.serializers.schema_formats.to_arrow``). Every
+other serializer is *opaque*: ``PickleSerializer`` (never unpickled: that would run code from the checkpoint),
+``ValueSerializer`` (self-describing, no one type) and custom ones, alone or nested anywhere. An opaque value is its
+serialized bytes, a binary column, read and written as is.
 
 Values cross as Python objects: the typed serializers decode to ints, floats, bools, str, bytes, tuples, lists and
 dicts, which ``pyarrow.array`` takes for the mapped type as they are; the way back (:func:`python_values`) builds
@@ -30,17 +32,21 @@ from keygroups.serializers import (
     Int64Serializer,
     ListSerializer,
     MapSerializer,
+    RecordSerializer,
     SerializerSnapshot,
     StrSerializer,
     TupleSerializer,
     TypeSerializer,
 )
+from keygroups.serializers.schema import DataType, ListType, MapType, RecordType
+from keygroups.serializers.schema_formats import to_arrow
 
 _SCALARS: dict[str, pa.DataType] = {
     "int64": pa.int64(), "int32": pa.int32(), "float64": pa.float64(), "bool": pa.bool_(), "str": pa.string(),
     "bytes": pa.binary(),
 }
 _COMPOSITES = frozenset({"nullable", "tuple", "list", "map"})
+_RECORD = RecordSerializer.identifier
 
 #: Serializer snapshots are untrusted JSON; a typed tree deeper than this is treated as opaque.
 _MAX_DEPTH = 32
@@ -55,6 +61,8 @@ def is_typed(snapshot: SerializerSnapshot) -> bool:
 def _typed(s: SerializerSnapshot, depth: int) -> bool:
     if depth > _MAX_DEPTH or s.uses_pickle:
         return False
+    if s.identifier == _RECORD:
+        return _record_schema(s) is not None
     if s.identifier in _SCALARS:
         arity_ok = not s.nested
     elif s.identifier in _COMPOSITES:
@@ -71,12 +79,26 @@ def _typed(s: SerializerSnapshot, depth: int) -> bool:
     return all(_typed(n, depth + 1) for n in s.nested)
 
 
+def _record_schema(s: SerializerSnapshot) -> RecordType | None:
+    """The schema a record snapshot stores, or None when this code cannot read it (then the state is opaque)."""
+    if s.nested or s.version != RecordSerializer.version:
+        return None
+    try:
+        return RecordType.from_json(s.config.get("schema"))
+    except KeyGroupsError:
+        return None
+
+
 def arrow_type(snapshot: SerializerSnapshot) -> pa.DataType:
     """The Arrow type of the values ``snapshot``'s serializer stores: mapped if typed, binary if opaque."""
     return _arrow(snapshot) if is_typed(snapshot) else pa.binary()
 
 
 def _arrow(s: SerializerSnapshot) -> pa.DataType:
+    if s.identifier == _RECORD:
+        schema = _record_schema(s)
+        assert schema is not None   # typed: checked by the caller
+        return to_arrow(schema)
     if s.identifier in _SCALARS:
         return _SCALARS[s.identifier]
     if s.identifier == "nullable":
@@ -114,7 +136,7 @@ def serializer_for_arrow(arrow: pa.DataType, what: str) -> TypeSerializer:
         return StrSerializer()
     if t.is_binary(arrow) or t.is_large_binary(arrow):
         return BytesSerializer()
-    if t.is_struct(arrow):
+    if t.is_struct(arrow):   # a tuple, as before records existed; name a RecordSerializer for named fields
         if arrow.num_fields == 0:
             raise TypeError(f"{what}: an empty struct has no serializer")
         return TupleSerializer(*(serializer_for_arrow(arrow.field(i).type, f"{what}.{arrow.field(i).name}")
@@ -140,10 +162,29 @@ def python_values(column: pa.Array | pa.ChunkedArray, snapshot: SerializerSnapsh
 
 
 def _needs_conversion(s: SerializerSnapshot) -> bool:
-    return s.identifier in ("tuple", "map") or any(_needs_conversion(n) for n in s.nested)
+    return s.identifier in ("tuple", "map", _RECORD) or any(_needs_conversion(n) for n in s.nested)
+
+
+def _with_dicts(value: Any, t: DataType) -> Any:
+    """A record's ``to_pylist`` value with its maps as dicts (Arrow gives a map as a list of pairs)."""
+    if value is None:
+        return None
+    if isinstance(t, RecordType):
+        return {f.name: _with_dicts(value.get(f.name), f.type) for f in t.fields}
+    if isinstance(t, ListType):
+        return [_with_dicts(e, t.element) for e in value]
+    if isinstance(t, MapType):
+        return {k: _with_dicts(v, t.value) for k, v in (value.items() if isinstance(value, dict) else value)}
+    return value
 
 
 def _python(array: pa.Array, s: SerializerSnapshot) -> list[Any]:
+    if s.identifier == _RECORD:
+        schema = _record_schema(s)
+        assert schema is not None   # typed: checked by the caller
+        if not pa.types.is_struct(array.type):
+            raise TypeError(f"a record {schema.ddl()} needs a struct column, got {array.type}")
+        return [_with_dicts(v, schema) for v in array.to_pylist()]
     if s.identifier == "nullable":
         return _python(array, s.nested[0])
     if not _needs_conversion(s):

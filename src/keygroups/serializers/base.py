@@ -143,6 +143,17 @@ class TypeSerializer(abc.ABC, Generic[T]):
             return outcome, why
         return nested_outcome, nested_why
 
+    def migration_reader(self, old: SerializerSnapshot) -> TypeSerializer | None:
+        """After migration, the serializer that reads data written with ``old`` (Flink's reconfigured serializer):
+        None (the default) reads it with the old serializer restored from ``old``; a serializer whose values change
+        shape on migration (``RecordSerializer``) returns one that decodes the old bytes into its new shape."""
+        return None
+
+    def refusal_message(self, state_name: str, role: str, old: SerializerSnapshot, why: str) -> str | None:
+        """The whole ``StateMigrationError`` message when this serializer cannot read ``old``'s data, or None
+        for the generic one."""
+        return None
+
     def compatibility_with_other(self, old: SerializerSnapshot) -> tuple[Compatibility, str]:
         """Data written by a serializer of another identifier: incompatible unless a subclass knows better."""
         return INCOMPATIBLE, f"{type(self).__name__} cannot read data written by {old.describe()}"

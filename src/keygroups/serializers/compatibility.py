@@ -67,7 +67,8 @@ def resolve_compatibility(state_name: str, old: SerializerSnapshot | dict[str, A
     """Resolve the serializer registered now (``new``) against the stored snapshot (``old``) of state ``state_name``.
 
     Returns ``(outcome, read_serializer)``: the serializer to READ the existing bytes with: ``new`` when compatible
-    as is, the old serializer restored from ``old`` after migration (then write with ``new``).
+    as is; after migration (then write with ``new``) the reader ``new.migration_reader(old)`` gives (a record
+    serializer's: old bytes into the new shape), else the old serializer restored from ``old``.
 
     ``role`` names the serializer in messages ("key", "value", "map key", "element", ...). ``require_as_is`` refuses
     anything but as is (for keys); it defaults to True for ``role="key"`` and False otherwise.
@@ -91,6 +92,9 @@ def resolve_compatibility(state_name: str, old: SerializerSnapshot | dict[str, A
             "unpickling runs arbitrary code; pass allow_pickle=True only if you trust where this checkpoint came from")
     outcome, why = new.compatibility_with(old)
     if outcome is Compatibility.INCOMPATIBLE:
+        own = new.refusal_message(state_name, role, old, why)
+        if own is not None:
+            raise StateMigrationError(own)
         raise StateMigrationError(
             f"For state {state_name!r}, the new {role} serializer ({new!r}) cannot read what the old {role} "
             f"serializer ({old.describe()}) wrote: {why}. Register a {role} serializer that reads the old data "
@@ -102,7 +106,8 @@ def resolve_compatibility(state_name: str, old: SerializerSnapshot | dict[str, A
             "never migrated: their bytes decide the key group and every lookup. Keep the old serializer.")
     if outcome is Compatibility.COMPATIBLE_AS_IS:
         return outcome, new
-    return outcome, old.restore_serializer(allow_pickle=allow_pickle)
+    reader = new.migration_reader(old)
+    return outcome, reader if reader is not None else old.restore_serializer(allow_pickle=allow_pickle)
 
 
 __all__ = ["Compatibility", "resolve_compatibility"]

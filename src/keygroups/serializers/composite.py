@@ -6,7 +6,9 @@ same whatever its insertion order (it deserializes in that sorted order). Any Ty
 built-in ones are encoded by one compiled pass, others are called per value.
 
 Compatibility: the worst of the nested serializers; a tuple whose arity changed is incompatible; a plain ``X`` is
-read by ``Nullable(X')`` after migration when ``X'`` reads ``X``.
+read by ``Nullable(X')`` after migration when ``X'`` reads ``X``. A nested serializer whose values change shape on
+migration (a ``RecordSerializer`` whose schema evolved) reads old bytes through its migration reader, wrapped in the
+same composite.
 """
 
 from __future__ import annotations
@@ -33,6 +35,21 @@ def _check(serializer: Any, what: str) -> TypeSerializer[Any]:
     return serializer
 
 
+def _nested_migration_reader(new: TypeSerializer, old: SerializerSnapshot) -> TypeSerializer | None:
+    """A composite of ``new``'s class around its nested serializers' migration readers (the old serializer, restored,
+    where one has none), when at least one nested serializer changes its values' shape on migration (a record
+    nested in a list, say); None otherwise (the old serializer, restored, reads as is)."""
+    mine = new.nested_serializers()
+    if old.identifier != new.identifier or len(mine) != len(old.nested):
+        return None
+    readers = [child.migration_reader(o) for child, o in zip(mine, old.nested)]
+    if all(r is None for r in readers):
+        return None
+    # resolve_compatibility, the only caller, has already refused pickled data unless the caller allowed it
+    return type(new)(*(r if r is not None else o.restore_serializer(allow_pickle=True)
+                       for r, o in zip(readers, old.nested)))
+
+
 class NullableSerializer(CodecSerializer[V | None], Generic[V]):
     """``None`` or a value of ``inner``: one flag byte, then the inner bytes."""
 
@@ -51,6 +68,11 @@ class NullableSerializer(CodecSerializer[V | None], Generic[V]):
 
     def copy(self, value: V | None) -> V | None:
         return None if value is None else self.inner.copy(value)
+
+    def migration_reader(self, old: SerializerSnapshot) -> TypeSerializer | None:
+        if old.identifier != self.identifier:   # non-null values of the old serializer
+            return self.inner.migration_reader(old)
+        return _nested_migration_reader(self, old)
 
     def compatibility_with_other(self, old: SerializerSnapshot) -> tuple[Compatibility, str]:
         outcome, why = self.inner.compatibility_with(old)
@@ -92,6 +114,9 @@ class TupleSerializer(CodecSerializer[_Tuple], Generic[_Tuple]):
     def nested_role(self, index: int) -> str:
         return f"field {index}"
 
+    def migration_reader(self, old: SerializerSnapshot) -> TypeSerializer | None:
+        return _nested_migration_reader(self, old)
+
     def copy(self, value: _Tuple) -> _Tuple:
         if self.is_immutable:
             return value
@@ -112,6 +137,9 @@ class ListSerializer(CodecSerializer[list[V]], Generic[V]):
 
     def nested_role(self, index: int) -> str:
         return "element"
+
+    def migration_reader(self, old: SerializerSnapshot) -> TypeSerializer | None:
+        return _nested_migration_reader(self, old)
 
     def copy(self, value: list[V]) -> list[V]:
         if self.element.is_immutable:
@@ -135,6 +163,9 @@ class MapSerializer(CodecSerializer[dict[K, V]], Generic[K, V]):
 
     def nested_role(self, index: int) -> str:
         return "map key" if index == 0 else "map value"
+
+    def migration_reader(self, old: SerializerSnapshot) -> TypeSerializer | None:
+        return _nested_migration_reader(self, old)
 
     def copy(self, value: dict[K, V]) -> dict[K, V]:
         if self.key.is_immutable and self.value.is_immutable:

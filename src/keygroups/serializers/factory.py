@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from keygroups.serializers.base import TypeSerializer
@@ -12,6 +13,7 @@ from keygroups.serializers.primitive import (
     Int64Serializer,
     StrSerializer,
 )
+from keygroups.serializers.record import RecordSerializer
 from keygroups.serializers.value import ValueSerializer
 
 _BY_TYPE: dict[type, type[TypeSerializer[Any]]] = {
@@ -24,13 +26,16 @@ _BY_TYPE: dict[type, type[TypeSerializer[Any]]] = {
 
 
 def serializer_for(type_or_value: Any) -> TypeSerializer[Any]:
-    """The typed serializer for bool/int/float/str/bytes (a type or a value of it); ``ValueSerializer`` for anything
-    else JSON-like. Never pickle: use ``PickleSerializer()`` explicitly for arbitrary objects.
+    """The typed serializer for bool/int/float/str/bytes (a type or a value of it), a ``RecordSerializer`` for a
+    dataclass (or an instance of one: values come back as that dataclass); ``ValueSerializer`` for anything else
+    JSON-like. Never pickle: use ``PickleSerializer()`` explicitly for arbitrary objects.
 
     Note that int maps to Int64Serializer, which refuses ints outside the 64-bit range; pass ``object`` (or use
     ValueSerializer) for unbounded ints.
     """
     t = type_or_value if isinstance(type_or_value, type) else type(type_or_value)
+    if dataclasses.is_dataclass(t):
+        return RecordSerializer(t)
     cls = _BY_TYPE.get(t)
     return cls() if cls is not None else ValueSerializer()
 

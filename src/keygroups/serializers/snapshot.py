@@ -109,8 +109,11 @@ class SerializerSnapshot:
         """A short human form in the style of the serializers' repr, e.g. ``TupleSerializer(Int64Serializer(),
         StrSerializer())``, with `` v1`` when the stored format version differs from the current one."""
         cls = _REGISTRY.get(self.identifier)
+        own = getattr(cls, "describe_stored", None)
         if cls is None:
             head = f"unknown serializer {self.identifier!r}"
+        elif own is not None:   # a class whose config reads better in its own words (a record's schema)
+            head = own(self)
         else:
             args = [n.describe() for n in self.nested] + [f"{k}={v!r}" for k, v in self.config.items()]
             head = f"{cls.__name__}({', '.join(args)})"

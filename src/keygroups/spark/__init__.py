@@ -24,9 +24,11 @@ from keygroups.runtime.state_writer import StateColumn
 from keygroups.spark.columns import with_key_groups
 from keygroups.spark.job import BatchResult, KeyedJob, read_checkpoint_files
 from keygroups.spark.partitioner import KeyGroupPartitioner, key_by, partition_by_key_group
+from keygroups.spark.records import row_records
 from keygroups.spark.state_source import KeyGroupsDataSource, _register_with_active_session, register, write_savepoint
 
 _register_with_active_session()
 
 __all__ = ["BatchResult", "KeyGroupPartitioner", "KeyGroupsDataSource", "KeyedJob", "StateColumn", "key_by",
-           "partition_by_key_group", "read_checkpoint_files", "register", "with_key_groups", "write_savepoint"]
+           "partition_by_key_group", "read_checkpoint_files", "register", "row_records", "with_key_groups",
+           "write_savepoint"]

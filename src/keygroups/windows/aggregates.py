@@ -20,10 +20,14 @@ from keygroups.serializers import (
     Float64Serializer,
     Int64Serializer,
     NullableSerializer,
+    RecordSerializer,
     TupleSerializer,
     TypeSerializer,
 )
 from keygroups.state import AggregateFunction, ReduceFunction
+
+#: Mean's accumulator: the sum and the count of the values (tuples in, tuples out).
+MEAN_ACCUMULATOR = RecordSerializer.from_fields([("sum", "double", False), ("count", "bigint", False)], form="tuple")
 
 
 class WindowAggregation:
@@ -177,7 +181,10 @@ class Max(_Extreme):
 
 
 class Mean(_ColumnAggregation):
-    """The mean of a column (``avg_<column>``, double; accumulator (sum, count) so that windows merge exactly)."""
+    """The mean of a column (``avg_<column>``, double; accumulator (sum, count) so that windows merge exactly).
+
+    The accumulator is a record ``sum double, count bigint`` (values as tuples), so the state reader shows named
+    fields; checkpoints written when it was a ``TupleSerializer`` of the two migrate to it on restore."""
 
     prefix = "avg"
 
@@ -185,7 +192,7 @@ class Mean(_ColumnAggregation):
         return [pa.field(self.name, pa.float64())]
 
     def accumulator_serializer(self) -> TypeSerializer:
-        return TupleSerializer(Float64Serializer(), Int64Serializer())
+        return MEAN_ACCUMULATOR
 
     def partials(self, records: pa.Table, order: np.ndarray, bounds: np.ndarray) -> list[Any]:
         values, valid = self._values(records, order, 0)
@@ -202,7 +209,11 @@ class Mean(_ColumnAggregation):
 
 class PythonAggregate(WindowAggregation):
     """A Python ``AggregateFunction`` applied per record (``add(record_dict, accumulator)``); ``get_result`` gives
-    a tuple of the ``result_fields`` (or one value when there is one field). ``merge`` is needed for sessions."""
+    a tuple of the ``result_fields`` (or one value when there is one field). ``merge`` is needed for sessions.
+
+    A ``RecordSerializer`` (of a dataclass, say) makes a good ``accumulator_serializer``: the accumulator is stored
+    compactly, read back as that dataclass, shown by the state reader as named fields, and it can evolve (add,
+    drop, widen fields) between runs."""
 
     def __init__(self, function: AggregateFunction, accumulator_serializer: TypeSerializer,
                  result_fields: list[pa.Field]) -> None:

@@ -1,0 +1,377 @@
+"""Record schemas from and to the formats users have them in: a Spark DDL string (parsed with ``sqlglot``: no JVM,
+no pyspark), a Spark ``StructType`` or its JSON (duck-typed through ``jsonValue()``), a ``pyarrow`` schema, a
+dataclass (fields and annotations), or a list of ``(name, type, nullable)`` fields; :func:`record_type` picks by
+argument. The types themselves live in :mod:`keygroups.serializers.schema`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import decimal
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from keygroups.serializers.schema import (
+    BINARY,
+    BOOL,
+    DATE,
+    FLOAT32,
+    FLOAT64,
+    INT8,
+    INT16,
+    INT32,
+    INT64,
+    MAX_TYPE_DEPTH,
+    NO_DEFAULT,
+    STRING,
+    DataType,
+    DecimalType,
+    Factory,
+    Field,
+    ListType,
+    MapType,
+    PrimitiveType,
+    RecordType,
+    TimestampType,
+)
+
+
+def record_type(schema: Any) -> RecordType:
+    """A :class:`RecordType` from any of: a RecordType, a Spark DDL string, a Spark ``StructType`` (anything with
+    ``jsonValue()``) or its JSON dict, a ``pyarrow.Schema`` or struct type, a dataclass (class), or a sequence of
+    ``Field``s or ``(name, type, nullable)`` tuples (types as DataType objects or DDL strings)."""
+    if isinstance(schema, RecordType):
+        return schema
+    if isinstance(schema, str):
+        return parse_ddl(schema)
+    if isinstance(schema, type) and dataclasses.is_dataclass(schema):
+        return from_dataclass(schema)
+    if hasattr(schema, "jsonValue"):
+        return from_spark_json(schema.jsonValue())
+    if isinstance(schema, Mapping) and schema.get("type") == "struct":
+        return from_spark_json(schema)
+    try:
+        import pyarrow as pa
+    except ImportError:   # pragma: no cover - pyarrow is a dependency
+        pa = None
+    if pa is not None and isinstance(schema, (pa.Schema, pa.StructType)):
+        return from_arrow(schema)
+    if isinstance(schema, Sequence) and not isinstance(schema, (bytes, bytearray)):
+        return from_fields(schema)
+    raise TypeError(f"cannot build a record schema from {schema!r} of type {type(schema).__name__}: give a Spark "
+                    "DDL string, a StructType, a pyarrow schema, a dataclass, or a list of (name, type, nullable)")
+
+
+def from_fields(fields: Sequence[Any]) -> RecordType:
+    """A record from ``Field`` objects or ``(name, type)`` / ``(name, type, nullable)`` tuples, a type being a
+    DataType or a DDL type string (``"bigint"``, ``"array<string>"``). Fields are nullable unless told otherwise.
+    This is the constructor other formats (Flink's TupleN and Row serializers) map their fields onto."""
+    out = []
+    for i, f in enumerate(fields):
+        if isinstance(f, Field):
+            out.append(f)
+            continue
+        if not isinstance(f, (tuple, list)) or len(f) not in (2, 3):
+            raise TypeError(f"field {i}: give a Field or a (name, type[, nullable]) tuple, got {f!r}")
+        name, t = f[0], f[1]
+        nullable = f[2] if len(f) == 3 else True
+        if isinstance(t, str):
+            t = parse_type(t)
+        if not isinstance(nullable, bool):
+            raise TypeError(f"field {name!r}: nullable must be a bool, got {nullable!r}")
+        out.append(Field(name, t, nullable))
+    return RecordType(tuple(out))
+
+
+# -- Spark DDL (parsed by sqlglot: no JVM, no pyspark) --
+
+
+def parse_ddl(ddl: str) -> RecordType:
+    """Spark DDL → record: ``"id bigint not null, tags array<string>, at timestamp"`` or ``"struct<...>"``.
+
+    Types as Spark names them (tinyint, smallint, int/integer, bigint/long, float/real, double, boolean, string/
+    varchar/char, binary, date, timestamp (UTC instants), timestamp_ntz (naive), decimal(p, s), array<>, map<>,
+    struct<>); ``not null`` and ``comment '...'`` after a field's type."""
+    if not isinstance(ddl, str) or not ddl.strip():
+        raise ValueError(f"a DDL schema must be a non-empty string such as 'id bigint, name string', got {ddl!r}")
+    import sqlglot
+    from sqlglot import exp
+
+    text = ddl.strip()
+    if text.lower().startswith("struct<") or text.lower().startswith("struct <"):
+        t = parse_type(text)
+        assert isinstance(t, RecordType)
+        return t
+    try:
+        tree = sqlglot.parse_one(f"CREATE TABLE t ({text})", read="spark")
+    except sqlglot.errors.ParseError as e:
+        raise ValueError(f"cannot parse the DDL schema {ddl!r}: {_first_line(e)}") from None
+    schema = tree.this
+    if not isinstance(schema, exp.Schema):
+        raise ValueError(f"cannot parse the DDL schema {ddl!r}: expected 'name type, ...'")
+    return RecordType(tuple(_column(c, ddl) for c in schema.expressions))
+
+
+def parse_type(ddl: str) -> DataType:
+    """One Spark DDL type (``"array<map<string, bigint>>"``) → its DataType."""
+    import sqlglot
+    from sqlglot import exp
+
+    try:
+        node = exp.DataType.build(ddl, dialect="spark")
+    except (sqlglot.errors.ParseError, ValueError) as e:
+        raise ValueError(f"cannot parse the DDL type {ddl!r}: {_first_line(e)}") from None
+    return _sqlglot_type(node, ddl)
+
+
+def _first_line(e: Exception) -> str:
+    return str(e).splitlines()[0] if str(e) else type(e).__name__
+
+
+def _column(c: Any, ddl: str) -> Field:
+    from sqlglot import exp
+
+    if not isinstance(c, exp.ColumnDef) or c.args.get("kind") is None:
+        raise ValueError(f"cannot parse the DDL schema {ddl!r}: {c.sql(dialect='spark')!r} is not 'name type'")
+    constraints = [k.args.get("kind") for k in c.args.get("constraints") or []]
+    nullable = True
+    for k in constraints:
+        if isinstance(k, exp.NotNullColumnConstraint):
+            nullable = bool(k.args.get("allow_null"))
+        elif not isinstance(k, exp.CommentColumnConstraint):
+            raise ValueError(f"in the DDL schema {ddl!r}, field {c.name!r}: only NOT NULL and COMMENT may follow "
+                             f"a type, got {k.sql(dialect='spark')!r}")
+    return Field(c.name, _sqlglot_type(c.args["kind"], ddl), nullable)
+
+
+def _sqlglot_type(node: Any, ddl: str) -> DataType:
+    from sqlglot import exp
+
+    T = exp.DataType.Type
+    simple = {T.TINYINT: INT8, T.SMALLINT: INT16, T.INT: INT32, T.BIGINT: INT64, T.FLOAT: FLOAT32,
+              T.DOUBLE: FLOAT64, T.BOOLEAN: BOOL, T.TEXT: STRING, T.VARCHAR: STRING, T.CHAR: STRING,
+              T.NCHAR: STRING, T.NVARCHAR: STRING, T.BINARY: BINARY, T.VARBINARY: BINARY, T.DATE: DATE}
+    t = node.this
+    if t in simple:
+        return simple[t]
+    if t in (T.TIMESTAMP, T.TIMESTAMPTZ, T.TIMESTAMPLTZ):
+        return TimestampType("us", "UTC")
+    if t == T.TIMESTAMPNTZ:
+        return TimestampType("us", None)
+    if t == T.DECIMAL:
+        params = [int(p.this.this) for p in node.expressions]
+        return DecimalType(*params) if params else DecimalType(10, 0)
+    if t == T.ARRAY:
+        return ListType(_sqlglot_type(node.expressions[0], ddl))
+    if t == T.MAP:
+        return MapType(_sqlglot_type(node.expressions[0], ddl), _sqlglot_type(node.expressions[1], ddl))
+    if t == T.STRUCT:
+        return RecordType(tuple(_column(c, ddl) for c in node.expressions))
+    raise ValueError(f"in the DDL {ddl!r}: type {node.sql(dialect='spark')!r} is not supported; allowed: tinyint, "
+                     "smallint, int, bigint, float, double, boolean, string, binary, date, timestamp, timestamp_ntz, "
+                     "decimal(p,s), array<>, map<>, struct<>")
+
+
+# -- Spark JSON schema (StructType.jsonValue()) --
+
+
+def from_spark_json(d: Mapping[str, Any]) -> RecordType:
+    """A Spark ``StructType``'s JSON (``jsonValue()``) → record. Spark timestamps are UTC instants, timestamp_ntz
+    naive; an array's ``containsNull`` and a map's ``valueContainsNull`` become the element/value nullability."""
+    t = _spark_type(d, 0)
+    if not isinstance(t, RecordType):
+        raise ValueError(f"a record schema must be a Spark struct, got {d!r:.200}")
+    return t
+
+
+_SPARK_SIMPLE = {"byte": INT8, "short": INT16, "integer": INT32, "long": INT64, "float": FLOAT32, "double": FLOAT64,
+                 "boolean": BOOL, "string": STRING, "binary": BINARY, "date": DATE,
+                 "timestamp": TimestampType("us", "UTC"), "timestamp_ntz": TimestampType("us", None)}
+
+
+def _spark_type(d: Any, depth: int) -> DataType:
+    if depth > MAX_TYPE_DEPTH:
+        raise ValueError(f"a Spark schema nests deeper than {MAX_TYPE_DEPTH} levels")
+    if isinstance(d, str):
+        if d in _SPARK_SIMPLE:
+            return _SPARK_SIMPLE[d]
+        if d.startswith("decimal(") and d.endswith(")"):
+            p, s = d[len("decimal("):-1].split(",")
+            return DecimalType(int(p), int(s))
+        if d.startswith("varchar(") or d.startswith("char("):
+            return STRING
+        raise ValueError(f"Spark type {d!r} is not supported in a record")
+    kind = d.get("type")
+    if kind == "struct":
+        return RecordType(tuple(Field(f["name"], _spark_type(f["type"], depth + 1), bool(f.get("nullable", True)))
+                                for f in d["fields"]))
+    if kind == "array":
+        return ListType(_spark_type(d["elementType"], depth + 1), bool(d.get("containsNull", True)))
+    if kind == "map":
+        return MapType(_spark_type(d["keyType"], depth + 1), _spark_type(d["valueType"], depth + 1),
+                       bool(d.get("valueContainsNull", True)))
+    raise ValueError(f"Spark type {d!r:.100} is not supported in a record")
+
+
+def to_spark_json(t: DataType, nullable: bool = True) -> Any:
+    """The Spark JSON form of ``t`` (the inverse of ``from_spark_json``; ``StructType.fromJson`` reads it).
+    Integer widths, float32 and timestamp zones map to Spark's types (a zoned timestamp → timestamp)."""
+    if isinstance(t, PrimitiveType):
+        return {"int8": "byte", "int16": "short", "int32": "integer", "int64": "long", "float32": "float",
+                "float64": "double", "bool": "boolean"}.get(t.name, t.name)
+    if isinstance(t, TimestampType):
+        return "timestamp" if t.tz is not None else "timestamp_ntz"
+    if isinstance(t, DecimalType):
+        return f"decimal({t.precision},{t.scale})"
+    if isinstance(t, ListType):
+        return {"type": "array", "elementType": to_spark_json(t.element), "containsNull": t.element_nullable}
+    if isinstance(t, MapType):
+        return {"type": "map", "keyType": to_spark_json(t.key), "valueType": to_spark_json(t.value),
+                "valueContainsNull": t.value_nullable}
+    assert isinstance(t, RecordType)
+    return {"type": "struct", "fields": [{"name": f.name, "type": to_spark_json(f.type), "nullable": f.nullable,
+                                          "metadata": {}} for f in t.fields]}
+
+
+# -- pyarrow --
+
+
+def from_arrow(schema: Any) -> RecordType:
+    """A ``pyarrow.Schema`` (or struct type) → record; Arrow's nullability, units and zones are kept."""
+    import pyarrow as pa
+
+    fields = list(schema) if isinstance(schema, pa.Schema) else [schema.field(i) for i in range(schema.num_fields)]
+    return RecordType(tuple(Field(f.name, _from_arrow_type(f.type, f.name), f.nullable) for f in fields))
+
+
+def _from_arrow_type(t: Any, what: str) -> DataType:
+    import pyarrow as pa
+
+    pt = pa.types
+    for check, ours in ((pt.is_int8, INT8), (pt.is_int16, INT16), (pt.is_int32, INT32), (pt.is_int64, INT64),
+                        (pt.is_float32, FLOAT32), (pt.is_float64, FLOAT64), (pt.is_boolean, BOOL),
+                        (pt.is_string, STRING), (pt.is_large_string, STRING), (pt.is_binary, BINARY),
+                        (pt.is_large_binary, BINARY), (pt.is_date32, DATE), (pt.is_date64, DATE)):
+        if check(t):
+            return ours
+    if pt.is_timestamp(t):
+        return TimestampType(t.unit, t.tz)
+    if pt.is_decimal(t):
+        return DecimalType(t.precision, t.scale)
+    if pt.is_list(t) or pt.is_large_list(t):
+        return ListType(_from_arrow_type(t.value_type, what), t.value_field.nullable)
+    if pt.is_map(t):
+        return MapType(_from_arrow_type(t.key_type, what), _from_arrow_type(t.item_type, what),
+                       t.item_field.nullable)
+    if pt.is_struct(t):
+        return from_arrow(t)
+    raise ValueError(f"field {what!r}: Arrow type {t} is not supported in a record (allowed: ints, floats, bool, "
+                     "string, binary, date, timestamp, decimal, list, map, struct)")
+
+
+def to_arrow(t: DataType) -> Any:
+    """The Arrow type of ``t``'s values (a record: a struct with its fields' nullability)."""
+    import pyarrow as pa
+
+    if isinstance(t, PrimitiveType):
+        return {"int8": pa.int8(), "int16": pa.int16(), "int32": pa.int32(), "int64": pa.int64(),
+                "float32": pa.float32(), "float64": pa.float64(), "bool": pa.bool_(), "string": pa.string(),
+                "binary": pa.binary(), "date": pa.date32()}[t.name]
+    if isinstance(t, TimestampType):
+        return pa.timestamp(t.unit, tz=t.tz)
+    if isinstance(t, DecimalType):
+        return pa.decimal128(t.precision, t.scale)
+    if isinstance(t, ListType):
+        return pa.list_(pa.field("element", to_arrow(t.element), t.element_nullable))
+    if isinstance(t, MapType):
+        return pa.map_(pa.field("key", to_arrow(t.key), False), pa.field("value", to_arrow(t.value),
+                                                                         t.value_nullable))
+    assert isinstance(t, RecordType)
+    return pa.struct([pa.field(f.name, to_arrow(f.type), f.nullable) for f in t.fields])
+
+
+# -- dataclasses --
+
+_PY_TYPES: dict[Any, DataType] = {int: INT64, float: FLOAT64, bool: BOOL, str: STRING, bytes: BINARY,
+             datetime.date: DATE,
+             datetime.datetime: TimestampType("us", "UTC"), decimal.Decimal: DecimalType(38, 18)}
+
+
+def from_dataclass(cls: type) -> RecordType:
+    """A dataclass → record: one field per dataclass field, typed by its annotation: int → bigint, float → double,
+    bool, str, bytes, datetime.date, datetime.datetime → UTC timestamp (µs), Decimal → decimal(38, 18) (Spark's
+    inference), ``list[X]``, ``dict[K, V]``, nested dataclasses; ``Optional[X]`` / ``X | None`` is nullable, every
+    other field is not. ``typing.Annotated[X, t]`` with a DataType ``t`` chooses the type (``Annotated[int, INT32]``,
+    ``Annotated[Decimal, DecimalType(10, 2)]``). A field's default becomes its default for schema evolution, and
+    ``field(metadata={"aliases": ("old_name",)})`` renames a field; read values are instances of the class."""
+    return _dataclass_type(cls, 0)
+
+
+def _dataclass_type(cls: type, depth: int) -> RecordType:
+    if depth > MAX_TYPE_DEPTH:
+        raise ValueError(f"dataclass {cls.__qualname__} nests deeper than {MAX_TYPE_DEPTH} levels (or contains itself)")
+    try:
+        hints = typing.get_type_hints(cls, include_extras=True)
+    except (NameError, AttributeError, TypeError) as e:
+        raise TypeError(f"the annotations of dataclass {cls.__qualname__} cannot be resolved ({type(e).__name__}: "
+                        f"{e}); define it in an importable module, with its types imported there") from None
+    fields = []
+    for f in dataclasses.fields(cls):
+        t, nullable = _annotation(hints[f.name], f"{cls.__qualname__}.{f.name}", depth)
+        default = NO_DEFAULT
+        if f.default is not dataclasses.MISSING:
+            default = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            default = Factory(f.default_factory)
+        aliases = f.metadata.get("aliases", ())
+        if isinstance(aliases, str) or not all(isinstance(a, str) for a in aliases):
+            raise TypeError(f"{cls.__qualname__}.{f.name}: metadata 'aliases' must be a tuple of old field names, "
+                            f"got {aliases!r}")
+        fields.append(Field(f.name, t, nullable, default, tuple(aliases)))
+    return RecordType(tuple(fields), python_class=cls)
+
+
+def _annotation(a: Any, what: str, depth: int) -> tuple[DataType, bool]:
+    origin = typing.get_origin(a)
+    if origin is typing.Annotated:
+        base, *extra = typing.get_args(a)
+        chosen = [x for x in extra if isinstance(x, DataType)]
+        _, nullable = _annotation(base, what, depth)
+        if chosen:
+            return chosen[0], nullable
+        return _annotation(base, what, depth)
+    if origin in (typing.Union, types.UnionType):
+        args = [x for x in typing.get_args(a) if x is not type(None)]
+        if len(args) != 1:
+            raise TypeError(f"{what}: a union {a} is not a record field type; only Optional[X] (X | None) is")
+        t, _ = _annotation(args[0], what, depth)
+        return t, True
+    if origin in (list, Sequence, typing.List):   # noqa: UP006
+        (element,) = tuple(typing.get_args(a)) or (None,)
+        if element is None:
+            raise TypeError(f"{what}: give the element type, e.g. list[int]")
+        t, nullable = _annotation(element, what + "[]", depth + 1)
+        return ListType(t, nullable), False
+    if origin in (dict, Mapping, typing.Dict):   # noqa: UP006
+        key_value = typing.get_args(a)
+        if len(key_value) != 2:
+            raise TypeError(f"{what}: give the key and value types, e.g. dict[str, int]")
+        k, knull = _annotation(key_value[0], what + " key", depth + 1)
+        if knull:
+            raise TypeError(f"{what}: map keys cannot be None (Optional key type {key_value[0]})")
+        v, vnull = _annotation(key_value[1], what + " value", depth + 1)
+        return MapType(k, v, vnull), False
+    if isinstance(a, type) and dataclasses.is_dataclass(a):
+        return _dataclass_type(a, depth + 1), False
+    if a in _PY_TYPES:
+        return _PY_TYPES[a], False
+    raise TypeError(f"{what}: annotation {a!r} has no record type; allowed: int, float, bool, str, bytes, "
+                    "datetime.date, datetime.datetime, decimal.Decimal, list[X], dict[K, V], Optional[X], nested "
+                    "dataclasses, and Annotated[X, <DataType>] to choose a width")
+
+
+__all__ = ["record_type", "from_fields", "parse_ddl", "parse_type", "from_spark_json", "to_spark_json", "from_arrow",
+           "to_arrow", "from_dataclass"]
