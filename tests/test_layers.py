@@ -18,6 +18,7 @@ LAYERS = [
     {"keygroups.sources"},
     {"keygroups.runtime"},
     {"keygroups.windows"},
+    {"keygroups.flink"},
     {"keygroups.spark"},
     {"keygroups.cli", "keygroups.__main__"},
 ]
