@@ -16,6 +16,7 @@ import fsspec
 import mmh3
 import pyarrow as pa
 
+from keygroups._ranges import KeyGroupRange
 from keygroups.errors import CheckpointNotFoundError, CorruptSnapshotError
 from keygroups.flink._cursor import Cursor
 from keygroups.flink.keyed import (
@@ -203,11 +204,16 @@ class FlinkSavepoint:
 
     # -- keyed state -------------------------------------------------------------------------------------------
 
-    def key_groups(self, uid: str, states: set[str] | None = None) -> Iterator[KeyGroupData]:
-        """Every non-empty key group of the operator, in order, decoded (only the named ``states`` when given)."""
+    def key_groups(self, uid: str, states: set[str] | None = None,
+                   key_groups: KeyGroupRange | None = None) -> Iterator[KeyGroupData]:
+        """Every non-empty key group of the operator (of ``key_groups`` when given), in order, decoded (only the
+        named ``states`` when given). Holds one key group's block at a time."""
         op = self.operator(uid)
         prefix = key_group_prefix_bytes(op.max_parallelism)
         for handle in self._keyed_handles(op):
+            if key_groups is not None and (handle.end_key_group < key_groups.start
+                                           or handle.start_key_group > key_groups.end):
+                continue
             header, stream = self._keyed_header(handle)
             decoders = [_decoder(m, header.key_type) for m in header.states]
             nonzero = sorted(o for o in handle.offsets if o)
@@ -216,6 +222,8 @@ class FlinkSavepoint:
                 if not offset:
                     continue
                 kg = handle.start_key_group + i
+                if key_groups is not None and not key_groups.start <= kg <= key_groups.end:
+                    continue
                 where = f"{stream.where}, key group {kg}"
                 block = read_block(stream.read(offset, ends[offset]), 0, ends[offset] - offset, header.compression,
                                    where)
