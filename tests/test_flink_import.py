@@ -118,3 +118,19 @@ def test_row_state_is_refused_by_name_until_skipped(tmp_path):
     with pytest.raises(ValueError, match="skip_states names \\['nope'\\]"):
         import_savepoint(FIXTURES / FIXTURE_NAMES[0] / "savepoint", str(tmp_path), "y", uid="keyed",
                          skip_states=["row", "nope"])
+
+
+def test_cli_lists_and_imports_and_refuses_by_name(tmp_path, capsys):
+    from keygroups.cli import main
+
+    src = str(FIXTURES / FIXTURE_NAMES[1] / "savepoint")
+    assert main(["flink", "list", src]) == 0
+    out = capsys.readouterr().out
+    assert "operator uid=keyed name=keyed state id=e7beec23fd9f6ed5e1b8395129d43728" in out
+    assert "TIMER            _timer_state/event_user-timers: Timer(Long, VoidNamespace)" in out
+    assert main(["flink", "import", src, str(tmp_path), "--name", "a", "--uid", "keyed"]) == 2
+    assert "state 'row'" in capsys.readouterr().err
+    assert main(["flink", "import", src, str(tmp_path), "--name", "a", "--uid", "keyed", "--skip-state", "row",
+                 "--operator-state-uid", "source"]) == 0
+    assert "operator states source_offset; skipped row" in capsys.readouterr().out
+    assert (tmp_path / "savepoints" / "a" / "_metadata").exists()

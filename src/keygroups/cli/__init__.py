@@ -194,6 +194,9 @@ def main(argv: list[str] | None = None) -> int:
     from keygroups.cli import demo
 
     demo.add_parser(sub)
+    from keygroups.cli import flink
+
+    flink.add_parser(sub)
     p = sub.add_parser("inspect", help="describe a checkpoint (the latest complete one by default)")
     p.add_argument("location", help="checkpoint directory (local path or fsspec URL)")
     p.add_argument("--checkpoint", type=whole_number(0), help="checkpoint id (default: latest complete)")
