@@ -29,7 +29,6 @@ from keygroups.flink.types import (
     BooleanType,
     ByteType,
     BytesType,
-    CharType,
     DoubleType,
     FlinkType,
     FloatType,
@@ -44,19 +43,10 @@ from keygroups.flink.types import (
 )
 from keygroups.runtime.subtask import key_serializer_for
 from keygroups.serializers import TypeSerializer
-from keygroups.state import (
-    AggregateFunction,
-    AggregatingStateDescriptor,
-    ListStateDescriptor,
-    MapStateDescriptor,
-    ReducingStateDescriptor,
-    StateDescriptor,
-    StateTtlConfig,
-    ValueStateDescriptor,
-    state_meta,
-)
+from keygroups.runtime.state_writer import _descriptor as state_descriptor
+from keygroups.state import StateDescriptor, StateTtlConfig, state_meta
 from keygroups.state._codec import ValueFraming
-from keygroups.state.timers import TIMER_STATE_NAMES, TimeDomain, timer_descriptor
+from keygroups.state.timers import TimeDomain, timer_descriptor
 
 log = logging.getLogger("keygroups.flink")
 
@@ -99,19 +89,6 @@ def key_type_of(t: FlinkType) -> Any:
     return name
 
 
-class _NoAggregate(AggregateFunction):
-    """The job's aggregate function: an imported savepoint holds accumulators only."""
-
-    def create_accumulator(self) -> Any:
-        raise NotImplementedError("an imported savepoint never aggregates")
-
-    add = get_result = merge = create_accumulator   # type: ignore[assignment]
-
-
-def _no_reduce(a: Any, b: Any) -> Any:
-    raise NotImplementedError("an imported savepoint never reduces")
-
-
 def _plain(t: FlinkType, v: Any) -> Any:
     """A Flink value as its keygroups serializer takes it (TTL unwrapped by the caller)."""
     if isinstance(t, TupleType):
@@ -152,20 +129,18 @@ def _plan(info: FlinkStateInfo, index: int, ttl_ms: int) -> _State:
         if info.kind == "LIST":
             element = vt.element                                   # type: ignore[attr-defined]
             value_type = element.value if info.ttl else element   # type: ignore[attr-defined]
-            d: StateDescriptor = ListStateDescriptor(info.name, value_type.keygroups_serializer())
             kind = "list"
+            d: StateDescriptor = state_descriptor(info.name, kind, {"element": value_type.keygroups_serializer()})
         elif info.kind == "MAP":
             map_key = vt.key                                       # type: ignore[attr-defined]
             value_type = vt.value.value if info.ttl else vt.value  # type: ignore[attr-defined]
-            d = MapStateDescriptor(info.name, map_key.keygroups_serializer(), value_type.keygroups_serializer())
             kind = "map"
+            d = state_descriptor(info.name, kind, {"map key": map_key.keygroups_serializer(),
+                                                   "map value": value_type.keygroups_serializer()})
         else:
             value_type = vt.value if info.ttl else vt              # type: ignore[attr-defined]
-            ser = value_type.keygroups_serializer()
             kind = info.kind.lower()
-            d = {"value": lambda: ValueStateDescriptor(info.name, ser),
-                 "reducing": lambda: ReducingStateDescriptor(info.name, _no_reduce, ser),
-                 "aggregating": lambda: AggregatingStateDescriptor(info.name, _NoAggregate(), ser)}[kind]()
+            d = state_descriptor(info.name, kind, {"value": value_type.keygroups_serializer()})
     except UnsupportedFlinkTypeError as e:
         raise UnsupportedFlinkTypeError(f"{what}: {e}") from None
     if info.ttl:
