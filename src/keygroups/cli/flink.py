@@ -3,7 +3,9 @@
 ``keygroups flink import SAVEPOINT LOCATION --name NAME --uid UID [--operator-state-uid UID2] [--skip-state S]``
 writes Flink operator UID's keyed state, timers and operator state (UID2's operator state when given) as the keygroups
 savepoint LOCATION/savepoints/NAME, which ``KeyedJob(..., restore_from_savepoint=NAME)`` continues from.
-``keygroups flink list SAVEPOINT`` lists a Flink savepoint's operators and states.
+``keygroups flink export LOCATION (--savepoint NAME | --checkpoint ID) DEST --uid UID [--operator-state-uid UID2]
+[--like FLINK_SAVEPOINT] [--compression]`` writes keygroups state as a Flink canonical savepoint DEST that Flink
+restores into a job whose operator has uid UID. ``keygroups flink list SAVEPOINT`` lists a Flink savepoint.
 """
 
 from __future__ import annotations
@@ -26,6 +28,21 @@ def _import(args: argparse.Namespace) -> int:
           f"{r.max_parallelism}, {r.key_groups} key groups, {r.entries} entries, {r.timers} timers, keyed states "
           f"{', '.join(r.keyed_states) or 'none'}; operator states {', '.join(r.operator_states) or 'none'}"
           + (f"; skipped {', '.join(r.skipped_states)}" if r.skipped_states else ""))
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from keygroups.flink.exporter import export_savepoint
+
+    r = export_savepoint(args.location, args.dest, uid=args.uid, savepoint=args.savepoint,
+                         checkpoint_id=args.checkpoint, operator_state_uid=args.operator_state_uid, like=args.like,
+                         skip_states=args.skip_state or (), compression=args.compression,
+                         storage_options=args.storage_options)
+    print(f"exported to Flink savepoint {r.savepoint} for operator uid {args.uid!r}: parallelism {r.parallelism}, "
+          f"max parallelism {r.max_parallelism}, {r.key_groups} key groups, {r.entries} entries, {r.timers} timers, "
+          f"keyed states {', '.join(r.keyed_states) or 'none'}; operator states "
+          f"{', '.join(r.operator_states) or 'none'}" + (f"; skipped {', '.join(r.skipped_states)}"
+                                                          if r.skipped_states else ""))
     return 0
 
 
@@ -61,6 +78,21 @@ def add_parser(sub: Any) -> None:
                                               "not the duration; default 7 days)")
     add_storage_options(i)
     i.set_defaults(run=_import)
+    e = fsub.add_parser("export", help="keygroups state as a Flink canonical savepoint")
+    e.add_argument("location", help="the keygroups checkpoint location (local path or fsspec URL)")
+    e.add_argument("dest", help="the Flink savepoint directory to write (empty or new)")
+    which = e.add_mutually_exclusive_group()
+    which.add_argument("--savepoint", help="export this keygroups savepoint")
+    which.add_argument("--checkpoint", type=int, help="export this checkpoint (default: the latest complete one)")
+    e.add_argument("--uid", required=True, help="the uid of the Flink operator that will restore the keyed state")
+    e.add_argument("--operator-state-uid", help="give the operator state to this Flink operator instead")
+    e.add_argument("--like", help="the Flink savepoint the state came from: its state types are kept (Short, Byte, "
+                                  "Float, Character)")
+    e.add_argument("--skip-state", action="append", metavar="STATE", help="leave this state out (repeatable)")
+    e.add_argument("--compression", action="store_true", help="Snappy-compress the key-group blocks (Flink's "
+                                                              "snapshot compression)")
+    add_storage_options(e)
+    e.set_defaults(run=_export)
     li = fsub.add_parser("list", help="list a Flink savepoint's operators and states")
     li.add_argument("savepoint", help="the Flink savepoint directory")
     li.set_defaults(run=_list, storage_options=None)

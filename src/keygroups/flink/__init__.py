@@ -6,6 +6,8 @@ record type (named after the Flink class it mirrors), every tag and version in o
 name. Nothing is deserialized with pickle.
 """
 
+from keygroups.flink.exporter import ExportReport, export_savepoint
+from keygroups.flink.importer import ImportReport, import_savepoint
 from keygroups.flink.metadata import UnsupportedSavepointError
 from keygroups.flink.savepoint import (
     FlinkSavepoint,
@@ -18,6 +20,10 @@ from keygroups.flink.types import TtlValue, UnsupportedFlinkTypeError
 
 __all__ = [
     "read_savepoint",
+    "import_savepoint",
+    "export_savepoint",
+    "ImportReport",
+    "ExportReport",
     "FlinkSavepoint",
     "FlinkStateInfo",
     "KeyGroupData",

@@ -30,6 +30,7 @@ from keygroups.serializers import (
     NullableSerializer,
     StrSerializer,
     TupleSerializer,
+    SerializerSnapshot,
     TypeSerializer,
 )
 
@@ -818,14 +819,15 @@ def write_serializer_snapshot(out: bytearray, t: FlinkType) -> None:
 
 # ---------------------------------------------------------------------------------------------- keygroups → Flink
 
-def flink_type_for(serializer: TypeSerializer, what: str) -> FlinkType:
-    """The Flink serializer that holds ``serializer``'s values exactly; refuses (by name) those Flink cannot hold."""
-    ident = serializer.identifier
+def flink_type_for(snapshot: SerializerSnapshot, what: str) -> FlinkType:
+    """The Flink serializer that holds the values of keygroups' serializer ``snapshot`` exactly; refuses (by name)
+    those Flink cannot hold."""
+    ident = snapshot.identifier
     simple = {"int64": LongType, "int32": IntType, "float64": DoubleType, "bool": BooleanType, "str": StringType,
               "bytes": BytesType}
     if ident in simple:
         return simple[ident]()
-    nested = serializer.nested_serializers()
+    nested = snapshot.nested
     if ident == "tuple":
         return TupleType(tuple(flink_type_for(s, what) for s in nested))
     if ident == "list":
@@ -835,9 +837,9 @@ def flink_type_for(serializer: TypeSerializer, what: str) -> FlinkType:
     if ident == "nullable":
         return NullableType(flink_type_for(nested[0], what))
     raise UnsupportedFlinkTypeError(
-        f"{what} uses {serializer!r}, which Flink cannot hold: only Int64/Int32/Float64/Bool/Str/Bytes and Tuple, "
-        "List, Map and Nullable of them are exported (a ValueSerializer or pickled value has no Flink type; give "
-        "the state a typed serializer, or leave it out with skip_states)")
+        f"{what} uses {snapshot.describe()}, which Flink cannot hold: only Int64/Int32/Float64/Bool/Str/Bytes and "
+        "Tuple, List, Map and Nullable of them are exported (a ValueSerializer or pickled value has no Flink type; "
+        "give the state a typed serializer, or leave it out with skip_states / --skip-state)")
 
 
 def narrow_to(flink: FlinkType, wider: FlinkType) -> bool:
