@@ -103,6 +103,15 @@ def check_savepoint(savepoint: pathlib.Path, parallelism: int, key_type: str, ex
     return r.returncode == 0, r.stdout[-4000:]
 
 
+def restore_runtime_ms(savepoint: pathlib.Path | None, parallelism: int, key_type: str, backend: str) -> int:
+    """Flink's net runtime (ms) of the job restoring ``savepoint`` (None: restoring nothing) and then finishing."""
+    r = _run(["restore", savepoint if savepoint is not None else "-", parallelism, key_type, backend])
+    if r.returncode != 0:
+        raise RuntimeError(f"the Flink restore job failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-6000:]}")
+    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("netRuntimeMs="))
+    return int(line.split()[0].split("=")[1])
+
+
 #: The committed fixtures (tests/flink/fixtures/<name>/): small, written by generate_fixtures.py.
 FIXTURE_SET = [
     Fixture(2, 128, False, 20, "long", "hashmap", True),

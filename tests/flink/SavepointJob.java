@@ -64,6 +64,8 @@ import org.apache.flink.types.Row;
  *     runs a job whose operator "keyed" holds keyed state of every supported type, timers and operator state
  *     (split, union, broadcast), stops it with a canonical savepoint into OUT_DIR/savepoint and writes
  *     OUT_DIR/expected.txt: every entry, timer and operator-state element, one canonical line each.
+ * restore SAVEPOINT_DIR|- PARALLELISM KEY_TYPE BACKEND
+ *     restores the savepoint (or nothing) into the job and prints the job's net runtime (for benchmarks).
  * check SAVEPOINT_DIR PARALLELISM KEY_TYPE EXPECTED DUMP_DIR
  *     restores the savepoint into the same operator at PARALLELISM, lists everything it restored (every key of
  *     every state, every timer, every operator-state element) into DUMP_DIR/restored.txt and compares it with
@@ -598,9 +600,31 @@ public class SavepointJob {
         return 1;
     }
 
+    /** Restores SAVEPOINT (or nothing, for "-") into the job and prints its net runtime: Flink's restore cost. */
+    static void restore(String[] a) throws Exception {
+        Configuration conf = new Configuration();
+        if (!a[1].equals("-")) {
+            conf.set(StateRecoveryOptions.SAVEPOINT_PATH, Paths.get(a[1]).toAbsolutePath().toString());
+            conf.set(StateRecoveryOptions.SAVEPOINT_IGNORE_UNCLAIMED_STATE, true);
+        }
+        conf.set(StateBackendOptions.STATE_BACKEND, a[4]);
+        StreamExecutionEnvironment env = StreamExecutionEnvironment.getExecutionEnvironment(conf);
+        env.setParallelism(Integer.parseInt(a[2]));
+        env.addSource(new EmptySource(), "empty", Types.LONG).setParallelism(1).uid("check-source")
+                .keyBy(keySelector(a[3]), keyType(a[3]))
+                .process(new StateFunction(0), Types.LONG).uid(UID).name("keyed state")
+                .sinkTo(new DiscardingSink<>()).uid("sink");
+        long start = System.nanoTime();
+        long net = env.execute("keygroups restore timing").getNetRuntime();
+        System.out.println("netRuntimeMs=" + net + " wallMs=" + (System.nanoTime() - start) / 1_000_000);
+    }
+
     public static void main(String[] a) throws Exception {
         int status;
-        if (a.length == 9 && a[0].equals("write")) {
+        if (a.length == 5 && a[0].equals("restore")) {
+            restore(a);
+            status = 0;
+        } else if (a.length == 9 && a[0].equals("write")) {
             write(a);
             status = 0;
         } else if (a.length == 6 && a[0].equals("check")) {

@@ -39,7 +39,7 @@ LIST_DELIMITER = 0x2C                    # ',' between list elements (ListDelimi
 BACKEND_STATE_TYPES = ("KEY_VALUE", "OPERATOR", "BROADCAST", "PRIORITY_QUEUE")
 KEYED_STATE_KINDS = frozenset({"VALUE", "LIST", "MAP", "REDUCING", "AGGREGATING"})
 
-_I16, _I32 = struct.Struct(">h"), struct.Struct(">i")
+_I16, _I32, _U16 = struct.Struct(">h"), struct.Struct(">i"), struct.Struct(">H")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,34 +173,60 @@ def read_block(data: bytes | memoryview, start: int, end: int, compressed: bool,
 
 
 def iter_block_entries(block: bytes | memoryview, key_group: int, prefix_bytes: int, n_states: int,
-                       where: str) -> Iterator[tuple[int, bytes, memoryview]]:
-    """(state id, key without the key-group prefix, value) of every entry of one key group's block."""
-    c = Cursor(block, where)
-    state_id = c.i16("a state id")
+                       where: str) -> Iterator[tuple[int, bytes, bytes]]:
+    """(state id, key without the key-group prefix, value) of every entry of one key group's block. The hot loop of
+    every read: lengths are unpacked in place, each checked against the bytes that remain before it is used."""
+    data = bytes(block)
+    end = len(data)
+    unpack_i32 = _I32.unpack_from
+    if end < 2:
+        raise CorruptSnapshotError(f"{where}: a key-group block of {end} bytes has no state id")
+    state_id = _I16.unpack_from(data, 0)[0]
     if not 0 <= state_id < n_states:
-        raise c.fail(f"state id {state_id}; the header lists {n_states} states")
+        raise CorruptSnapshotError(f"{where} at byte 0: state id {state_id}; the header lists {n_states} states")
+    pos = 2
+    kg_bytes = key_group.to_bytes(prefix_bytes, "big")
+    kg_flagged = bytes([kg_bytes[0] | FIRST_BIT]) + kg_bytes[1:]
     while True:
-        klen = c.i32("a key length")
-        if klen < prefix_bytes:
-            raise c.fail(f"a key of {klen} bytes is shorter than its {prefix_bytes}-byte key-group prefix")
-        key = c.take(klen, "a key")
-        vlen = c.i32("a value length")
-        value = c.take(vlen, "a value")
-        first = key[0]
-        last_of_state = bool(first & FIRST_BIT)
-        kg = int.from_bytes(bytes([first & ~FIRST_BIT & 0xFF]) + bytes(key[1:prefix_bytes]), "big")
-        if kg != key_group:
-            raise c.fail(f"an entry of key group {kg} in the block of key group {key_group}")
-        yield state_id, bytes(key[prefix_bytes:]), value
+        if pos + 4 > end:
+            raise CorruptSnapshotError(f"{where} at byte {pos}: a key length needs 4 bytes, {end - pos} remain "
+                                       "(truncated or corrupt)")
+        klen = unpack_i32(data, pos)[0]
+        kpos = pos + 4
+        if klen < prefix_bytes or kpos + klen + 4 > end:
+            raise CorruptSnapshotError(f"{where} at byte {pos}: a key of {klen} bytes (at least {prefix_bytes}) "
+                                       f"does not fit the {end - kpos} remaining bytes")
+        vlen = unpack_i32(data, kpos + klen)[0]
+        vpos = kpos + klen + 4
+        if vlen < 0 or vpos + vlen > end:
+            raise CorruptSnapshotError(f"{where} at byte {kpos + klen}: a value of {vlen} bytes does not fit the "
+                                       f"{end - vpos} remaining bytes")
+        head = data[kpos:kpos + prefix_bytes]
+        if head == kg_bytes:
+            last_of_state = False
+        elif head == kg_flagged:
+            last_of_state = True
+        else:
+            kg = int.from_bytes(bytes([head[0] & ~FIRST_BIT & 0xFF]) + head[1:], "big")
+            raise CorruptSnapshotError(f"{where} at byte {kpos}: an entry of key group {kg} in the block of key "
+                                       f"group {key_group}")
+        pos = vpos + vlen
+        yield state_id, data[kpos + prefix_bytes:kpos + klen], data[vpos:pos]
         if last_of_state:
-            nxt = c.u16("the next state id")
+            if pos + 2 > end:
+                raise CorruptSnapshotError(f"{where} at byte {pos}: the next state id needs 2 bytes, {end - pos} "
+                                           "remain (truncated or corrupt)")
+            nxt = _U16.unpack_from(data, pos)[0]
+            pos += 2
             if nxt == END_OF_KEY_GROUP:
                 break
             if nxt >= n_states:
-                raise c.fail(f"state id {nxt}; the header lists {n_states} states")
+                raise CorruptSnapshotError(f"{where} at byte {pos - 2}: state id {nxt}; the header lists {n_states} "
+                                           "states")
             state_id = nxt
-    if c.remaining:
-        raise c.fail(f"{c.remaining} bytes follow the end of key group {key_group}")
+    if pos != end:
+        raise CorruptSnapshotError(f"{where} at byte {pos}: {end - pos} bytes follow the end of key group "
+                                   f"{key_group}")
 
 
 def _variable_int_bytes(n: int) -> bytes:
@@ -278,7 +304,10 @@ def encode_list_value(out: bytearray, values: list, element: FlinkType) -> None:
         element.write(out, v)
 
 
-def decode_value(value: memoryview, t: FlinkType, where: str) -> Any:
+def decode_value(value: bytes | memoryview, t: FlinkType, where: str) -> Any:
+    fast = t.fixed_struct
+    if fast is not None and len(value) == fast.size:
+        return t.from_fixed(fast.unpack(value)[0])
     c = Cursor(value, where)
     v = t.read(c)
     if c.remaining:

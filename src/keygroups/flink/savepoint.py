@@ -228,11 +228,16 @@ class FlinkSavepoint:
                 block = read_block(stream.read(offset, ends[offset]), 0, ends[offset] - offset, header.compression,
                                    where)
                 entries: dict[str, list[tuple]] = {}
+                keys: dict[bytes, tuple[Any, Any]] = {}   # the states of one key share its key bytes
+                names = [m.name for m in header.states]
                 for state_id, key, value in iter_block_entries(block, kg, prefix, len(header.states), where):
-                    m = header.states[state_id]
-                    if states is not None and m.name not in states:
+                    name = names[state_id]
+                    if states is not None and name not in states:
                         continue
-                    entries.setdefault(m.name, []).append(decoders[state_id](key, value, where))
+                    out = entries.get(name)
+                    if out is None:
+                        out = entries[name] = []
+                    out.append(decoders[state_id](key, value, where, keys))
                 if entries:
                     yield KeyGroupData(kg, entries)
 
@@ -307,12 +312,12 @@ def _is_ttl_state(m: StateMetaInfoSnapshot) -> bool:
 
 
 def _decoder(m: StateMetaInfoSnapshot, key_type: FlinkType):
-    """A function (key bytes, value bytes, where) → the entry tuple of one state."""
+    """A function (key bytes, value bytes, where, decoded keys of this key group) → the entry tuple of one state."""
     ns_type = m.namespace_type
     if m.kind == "TIMER":
         t = timer_type(m)
 
-        def timer(key: bytes, value: memoryview, where: str) -> tuple:
+        def timer(key: bytes, value: bytes, where: str, keys: dict) -> tuple:
             ts, k, ns = decode_value(memoryview(key), t, where)
             if len(value):
                 raise CorruptSnapshotError(f"{where}: a timer entry with a {len(value)}-byte value")
@@ -321,14 +326,17 @@ def _decoder(m: StateMetaInfoSnapshot, key_type: FlinkType):
     if m.kind == "LIST":
         element = list_element_type(m)
 
-        def list_entry(key: bytes, value: memoryview, where: str) -> tuple:
-            k, ns, _ = decode_key(key, key_type, ns_type, None, where)
+        def list_entry(key: bytes, value: bytes, where: str, keys: dict) -> tuple:
+            kn = keys.get(key)
+            if kn is None:
+                kn = keys[key] = decode_key(key, key_type, ns_type, None, where)[:2]
+            k, ns = kn
             return k, ns, decode_list_value(value, element, where)
         return list_entry
     if m.kind == "MAP":
         user_key, user_value = map_value_type(m)
 
-        def map_entry(key: bytes, value: memoryview, where: str) -> tuple:
+        def map_entry(key: bytes, value: bytes, where: str, keys: dict) -> tuple:
             k, ns, uk = decode_key(key, key_type, ns_type, user_key, where)
             c = Cursor(value, where)
             v = None if c.boolean("a map value's null flag") else user_value.read(c)
@@ -338,9 +346,11 @@ def _decoder(m: StateMetaInfoSnapshot, key_type: FlinkType):
         return map_entry
     vt = m.value_type
 
-    def value_entry(key: bytes, value: memoryview, where: str) -> tuple:
-        k, ns, _ = decode_key(key, key_type, ns_type, None, where)
-        return k, ns, decode_value(value, vt, where)
+    def value_entry(key: bytes, value: bytes, where: str, keys: dict) -> tuple:
+        kn = keys.get(key)
+        if kn is None:
+            kn = keys[key] = decode_key(key, key_type, ns_type, None, where)[:2]
+        return kn[0], kn[1], decode_value(value, vt, where)
     return value_entry
 
 

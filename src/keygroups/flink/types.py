@@ -66,6 +66,12 @@ class FlinkType:
     length: ClassVar[int] = -1
     #: Flink's short name for messages.
     name: ClassVar[str]
+    #: For fixed-size primitives: the struct that unpacks one value (a fast path for whole values).
+    fixed_struct: ClassVar[struct.Struct | None] = None
+
+    def from_fixed(self, raw: Any) -> Any:
+        """The value of what ``fixed_struct`` unpacked."""
+        return raw
 
     def read(self, c: Cursor) -> Any:
         raise NotImplementedError
@@ -130,6 +136,7 @@ class LongType(_Simple):
     """``LongSerializer``: 8 bytes big-endian."""
 
     snapshot_class, name, length = _base("Long"), "Long", 8
+    fixed_struct = _I64
 
     def read(self, c: Cursor) -> int:
         return c.i64("a Long")
@@ -148,6 +155,7 @@ class IntType(_Simple):
     """``IntSerializer``: 4 bytes big-endian."""
 
     snapshot_class, name, length = _base("Int"), "Integer", 4
+    fixed_struct = _I32
 
     def read(self, c: Cursor) -> int:
         return c.i32("an Integer")
@@ -166,6 +174,7 @@ class ShortType(_Simple):
     """``ShortSerializer``: 2 bytes big-endian (kept in keygroups as Int32)."""
 
     snapshot_class, name, length = _base("Short"), "Short", 2
+    fixed_struct = _I16
 
     def read(self, c: Cursor) -> int:
         return c.i16("a Short")
@@ -203,6 +212,7 @@ class DoubleType(_Simple):
     """``DoubleSerializer``: the IEEE bits as a long (``doubleToLongBits``: one NaN)."""
 
     snapshot_class, name, length = _base("Double"), "Double", 8
+    fixed_struct = _F64
 
     def read(self, c: Cursor) -> float:
         return _F64.unpack(c.take(8, "a Double"))[0]
@@ -221,6 +231,7 @@ class FloatType(_Simple):
     """``FloatSerializer``: the IEEE bits as an int (kept in keygroups as Float64, exactly)."""
 
     snapshot_class, name, length = _base("Float"), "Float", 4
+    fixed_struct = _F32
 
     def read(self, c: Cursor) -> float:
         return _F32.unpack(c.take(4, "a Float"))[0]
