@@ -74,7 +74,7 @@ class Fixture:
     max_parallelism: int
     compression: bool
     keys: int
-    key_type: str        # long | string
+    key_type: str        # long | string | tuple (Tuple2<Long, String>)
     backend: str         # hashmap | rocksdb
     inline: bool         # every chunk inlined in _metadata, or each in a file of its own
 
@@ -118,4 +118,5 @@ FIXTURE_SET = [
     Fixture(1, 128, True, 20, "long", "hashmap", False),
     Fixture(3, 256, True, 20, "string", "rocksdb", False),
     Fixture(2, 4096, False, 20, "long", "rocksdb", True),
+    Fixture(2, 128, False, 20, "tuple", "hashmap", False),
 ]

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 
 from flink_harness import FIXTURE_SET, FIXTURES
-from keygroups import assign_key_groups
+from keygroups import assign_key_groups, assign_key_groups_for_tuples
 from keygroups.checkpoint import CheckpointStorage
 from keygroups.flink import UnsupportedFlinkTypeError, read_savepoint
 from keygroups.flink.importer import import_savepoint
@@ -51,6 +51,21 @@ def _kg_value(v):
     return v
 
 
+def _key(row):
+    """A row's key: one column, or a Tuple key's columns key_1, key_2."""
+    return row["key"] if "key" in row else (row["key_1"], row["key_2"])
+
+
+def _key_groups(rows, fixture):
+    """The key groups keygroups computes for the rows' keys (as a KeyedJob placing them would)."""
+    if fixture.key_type == "tuple":
+        return assign_key_groups_for_tuples([pa.array([r["key_1"] for r in rows], pa.int64()),
+                                             pa.array([r["key_2"] for r in rows], pa.string())],
+                                            fixture.max_parallelism)
+    keys = pa.array([r["key"] for r in rows], type=pa.int64() if fixture.key_type == "long" else pa.string())
+    return assign_key_groups(keys, fixture.max_parallelism)
+
+
 @pytest.mark.parametrize("name", FIXTURE_NAMES)
 def test_imported_state_reads_back_equal_to_flinks(tmp_path, name):
     fixture = next(f for f in FIXTURE_SET if f.name == name)
@@ -79,21 +94,20 @@ def test_imported_state_reads_back_equal_to_flinks(tmp_path, name):
     for state in report.keyed_states:
         reader = KeyedStateReader(storage, md, state)
         rows = [r for part in reader.partitions() for b in reader.read(part) for r in b.to_pylist()]
-        got = {r["key"]: _kg_value(r["value"]) for r in rows}
+        got = {_key(r): _kg_value(r["value"]) for r in rows}
         assert got == flink[state], state
-        keys = pa.array([r["key"] for r in rows], type=pa.int64() if fixture.key_type == "long" else pa.string())
-        assert assign_key_groups(keys, fixture.max_parallelism).tolist() == [r["key_group"] for r in rows]
+        assert _key_groups(rows, fixture).tolist() == [r["key_group"] for r in rows]
         if infos[state].ttl and infos[state].kind == "VALUE":
-            assert {r["key"]: int(r["ttl_timestamp"].timestamp() * 1000) for r in rows} == ttl[state]
+            assert {_key(r): int(r["ttl_timestamp"].timestamp() * 1000) for r in rows} == ttl[state]
         if infos[state].ttl and infos[state].kind == "LIST":
-            assert {r["key"]: [int(t.timestamp() * 1000) for t in r["ttl_timestamps"]] for r in rows} == ttl[state]
+            assert {_key(r): [int(t.timestamp() * 1000) for t in r["ttl_timestamps"]] for r in rows} == ttl[state]
     timers = read_timers(storage, md).to_pylist()
     for domain, state in (("event-time", "_timer_state/event_user-timers"),
                           ("processing-time", "_timer_state/processing_user-timers")):
         got: dict = {}
         for t in timers:
             if t["domain"] == domain:
-                got.setdefault(t["key"], set()).add(t["timestamp"])
+                got.setdefault(_key(t), set()).add(t["timestamp"])
         assert got == flink[state]
     for state in ("op_split", "op_union"):
         table = operator_state_table(storage, md, state).to_pylist()

@@ -41,6 +41,7 @@ CASES = [  # fixture, parallelism Flink restores at, Snappy on the way back
     ("p2-mp128-long-hashmap-inline-plain", 3, False),
     ("p3-mp256-string-rocksdb-files-snappy", 2, True),
     ("p2-mp4096-long-rocksdb-inline-plain", 5, False),
+    ("p2-mp128-tuple-hashmap-files-plain", 3, True),
 ]
 
 

@@ -53,6 +53,16 @@ def test_keyed_job_continues_an_imported_flink_savepoint_at_another_parallelism(
                     slot[state] = e[2] if state == "long" else sum(e[2])
     location = str(tmp_path / "chk")
     import_savepoint(sp, location, "from-flink", uid="keyed", skip_states=["row"])
+    from keygroups.spark import state_source
+
+    state_source.register(spark)
+    read = spark.read.format("keygroups").option("savepoint", "from-flink")
+    assert {r["key"]: r["value"] for r in read.option("state", "long").load(location).collect()} == \
+        {k: v["long"] for k, v in flink.items() if v["long"] is not None}
+    assert read.option("view", "timers").load(location).count() == \
+        sum(len(e) for kg in sp.key_groups("keyed", {"_timer_state/event_user-timers",
+                                                     "_timer_state/processing_user-timers"})
+            for e in kg.entries.values())
     job = KeyedJob("continued", "k", ContinueFlinkState(), output_schema=OUT, max_parallelism=128,
                    checkpoint_location=location, restore_from_savepoint="from-flink")
     keys = sorted(flink)

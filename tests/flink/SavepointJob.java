@@ -60,7 +60,7 @@ import org.apache.flink.types.Row;
  * Ground truth for keygroups' Flink savepoint reader and writer (tests/flink/README.md).
  *
  * <pre>
- * write OUT_DIR PARALLELISM MAX_PARALLELISM COMPRESSION(true|false) KEYS KEY_TYPE(long|string) BACKEND(hashmap|rocksdb) INLINE(true|false)
+ * write OUT_DIR PARALLELISM MAX_PARALLELISM COMPRESSION(true|false) KEYS KEY_TYPE(long|string|tuple) BACKEND(hashmap|rocksdb) INLINE(true|false)
  *     runs a job whose operator "keyed" holds keyed state of every supported type, timers and operator state
  *     (split, union, broadcast), stops it with a canonical savepoint into OUT_DIR/savepoint and writes
  *     OUT_DIR/expected.txt: every entry, timer and operator-state element, one canonical line each.
@@ -132,6 +132,9 @@ public class SavepointJob {
     static Object key(String keyType, long n) {
         if (keyType.equals("long")) {
             return n * 7919L - 50_000L;
+        }
+        if (keyType.equals("tuple")) {
+            return Tuple2.of(n - 7, n % 3 == 0 ? "t\uD83D\uDE00" : "t" + n % 5);
         }
         return "key-" + n + (n % 4 == 0 ? "\uD83D\uDE00" : "") + (n % 9 == 0 ? "\u00e9" : "");
     }
@@ -483,14 +486,20 @@ public class SavepointJob {
     // ---------------------------------------------------------------------------------------------- the jobs
 
     static KeySelector<Long, Object> keySelector(String keyType) {
-        return keyType.equals("long") ? (KeySelector<Long, Object>) n -> (Object) key("long", n)
-                                      : (KeySelector<Long, Object>) n -> (Object) key("string", n);
+        switch (keyType) {
+            case "long": return n -> (Object) key("long", n);
+            case "tuple": return n -> (Object) key("tuple", n);
+            default: return n -> (Object) key("string", n);
+        }
     }
 
+    @SuppressWarnings({"unchecked", "rawtypes"})
     static TypeInformation<Object> keyType(String keyType) {
-        @SuppressWarnings({"unchecked", "rawtypes"})
-        TypeInformation<Object> t = (TypeInformation) (keyType.equals("long") ? Types.LONG : Types.STRING);
-        return t;
+        switch (keyType) {
+            case "long": return (TypeInformation) Types.LONG;
+            case "tuple": return (TypeInformation) Types.TUPLE(Types.LONG, Types.STRING);
+            default: return (TypeInformation) Types.STRING;
+        }
     }
 
     static void write(String[] a) throws Exception {

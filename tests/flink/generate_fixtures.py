@@ -1,6 +1,6 @@
 """Remake the committed Flink savepoint fixtures in tests/flink/fixtures/ with a real Flink 2.3 (see README.md).
 
-    python tests/flink/generate_fixtures.py
+    python tests/flink/generate_fixtures.py [NAME ...]     (all of them by default)
 
 Each fixture directory holds `savepoint/` (what Flink wrote) and `expected.txt` (every entry, timer and operator
 state element it holds, one canonical line each); the checking job restores each one before it is kept.
@@ -20,7 +20,10 @@ from flink_harness import FIXTURE_SET, FIXTURES, check_savepoint, write_savepoin
 
 def main() -> None:
     FIXTURES.mkdir(exist_ok=True)
+    only = set(sys.argv[1:])
     for fixture in FIXTURE_SET:
+        if only and fixture.name not in only:
+            continue
         with tempfile.TemporaryDirectory() as tmp:
             out = pathlib.Path(tmp) / "out"
             savepoint = write_savepoint(out, fixture)
