@@ -183,6 +183,8 @@ def _entries(out: _Out, key: Any, value: Any, key_type: FlinkType, prefix: bytes
             out.value_type.write(v, _flink_value(out.value_type, uv))
             yield bytes(k), bytes(v)
         return
+    if out.kind == "list" and not value:
+        return          # Flink holds no empty list: ListState.update([]) clears the state
     v = bytearray()
     if out.kind == "list":
         encode_list_value(v, [_flink_value(out.value_type, e) for e in value], out.value_type)
