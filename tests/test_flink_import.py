@@ -148,3 +148,15 @@ def test_cli_lists_and_imports_and_refuses_by_name(tmp_path, capsys):
                  "--operator-state-uid", "source"]) == 0
     assert "operator states source_offset; skipped row" in capsys.readouterr().out
     assert (tmp_path / "savepoints" / "a" / "_metadata").exists()
+
+
+def test_keygroups_inspect_reads_an_imported_savepoint(tmp_path, capsys):
+    from keygroups.cli import main
+
+    import_savepoint(FIXTURES / FIXTURE_NAMES[0] / "savepoint", str(tmp_path), "fromflink", uid="keyed",
+                     skip_states=["row"])
+    assert main(["inspect", str(tmp_path), "--savepoint", "fromflink"]) == 0
+    out = capsys.readouterr().out
+    assert "ttl_map" in out and "128" in out
+    assert main(["inspect", str(tmp_path), "--savepoint", "fromflink", "--json"]) == 0
+    assert '"event-time"' in capsys.readouterr().out
