@@ -149,16 +149,25 @@ def _plan(info: FlinkStateInfo, index: int, ttl_ms: int) -> _State:
     return _State(info, index, kind, d, framing, value_type, map_key)
 
 
-def _encode(st: _State, entries: list[tuple], key_ser: TypeSerializer, key_type: FlinkType
-            ) -> tuple[list[bytes], list[bytes]]:
-    """Flink entries of one state in one key group → (key bytes, keygroups value bytes), one per key."""
+def _encode(st: _State, entries: list[tuple], key_ser: TypeSerializer, key_type: FlinkType,
+            key_bytes: dict[Any, bytes]) -> tuple[list[bytes], list[bytes]]:
+    """Flink entries of one state in one key group → (key bytes, keygroups value bytes), one per key.
+    ``key_bytes`` caches the key group's serialized keys (its states share them)."""
     keys: list[bytes] = []
     values: list[bytes] = []
     vt = st.value_type
+    plain_key = not isinstance(key_type, TupleType)
+
+    def serialized(k: Any) -> bytes:
+        kb = key_bytes.get(k)
+        if kb is None:
+            kb = key_bytes[k] = key_ser.serialize(k if plain_key else _plain(key_type, k))
+        return kb
+
     if st.domain is not None or st.kind == "map":        # one keygroups value per key: a dict
         by_key: dict[bytes, dict] = {}
         for e in entries:
-            kb = key_ser.serialize(_plain(key_type, e[0]))
+            kb = serialized(e[0])
             if st.domain is not None:
                 by_key.setdefault(kb, {})[e[2]] = True
             else:
@@ -183,7 +192,7 @@ def _encode(st: _State, entries: list[tuple], key_ser: TypeSerializer, key_type:
             v = (_plain(vt, v.value), v.timestamp)
         else:
             v = _plain(vt, v)
-        keys.append(key_ser.serialize(_plain(key_type, e[0])))
+        keys.append(serialized(e[0]))
         values.append(st.framing.encode(v))
     return keys, values
 
@@ -282,9 +291,10 @@ def _key_groups(sp: FlinkSavepoint, uid: str, groups: KeyGroupRange, by_name: di
                 ) -> Iterator[tuple[int, list[tuple[int, list[bytes], list[bytes]]]]]:
     for kg in sp.key_groups(uid, set(by_name), key_groups=groups):
         sections = []
+        key_bytes: dict[Any, bytes] = {}
         for state_name, entries in kg.entries.items():
             st = by_name[state_name]
-            keys, values = _encode(st, entries, key_ser, key_type)
+            keys, values = _encode(st, entries, key_ser, key_type, key_bytes)
             order = sorted(range(len(keys)), key=keys.__getitem__)
             sections.append((st.index, [keys[i] for i in order], [values[i] for i in order]))
             counts["timers" if st.domain is not None else "entries"] += len(entries)

@@ -300,13 +300,38 @@ def read_string_value(c: Cursor) -> str | None:
         raise c.fail(f"a String of {n} characters is longer than the {c.remaining} remaining bytes")
     data, start = c.data, c.pos
     end = start + n
-    chunk = data[start:end]
-    if bytes(chunk).isascii():           # the common case: one byte per character
+    chunk = bytes(data[start:end])
+    if chunk.isascii():           # the common case: one byte per character
         c.pos = end
-        return bytes(chunk).decode("ascii")
+        return chunk.decode("ascii")
+    # each unit is 1 to 3 varint bytes: scan in place, every byte checked against the end first
     units = array("H")
+    pos, stop = start, c.end
     for _ in range(n):
-        units.append(_varint(c, "a String's character", limit=0xFFFF))
+        if pos >= stop:
+            c.pos = pos
+            raise c.fail("a String's character needs a byte but none remains (truncated or corrupt)")
+        b = data[pos]
+        pos += 1
+        if b < 0x80:
+            units.append(b)
+            continue
+        value, shift = b & 0x7F, 7
+        while True:
+            if pos >= stop:
+                c.pos = pos
+                raise c.fail("a String's character needs a byte but none remains (truncated or corrupt)")
+            b = data[pos]
+            pos += 1
+            value |= (b & 0x7F) << shift
+            if value > 0xFFFF:
+                c.pos = pos
+                raise c.fail("a String's character exceeds 0xFFFF")
+            if b < 0x80:
+                break
+            shift += 7
+        units.append(value)
+    c.pos = pos
     return units.tobytes().decode(_NATIVE_UTF16, "surrogatepass")
 
 
