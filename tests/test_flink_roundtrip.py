@@ -134,3 +134,14 @@ def test_states_flink_cannot_hold_are_refused_by_name(tmp_path):
     assert report.keyed_states == ("n",) and report.entries == 2
     sp = read_savepoint(tmp_path / "out")
     assert sorted(e[2] for kg in sp.key_groups("op") for e in kg.entries["n"]) == [10, 20]
+
+
+@pytest.mark.flink
+@needs_flink
+def test_a_savepoint_flink_writes_now_reads_equal_to_what_it_holds(tmp_path):
+    """Beyond the committed fixtures: Flink writes one now (3 subtasks, max parallelism 1000, Snappy, heap, files)
+    and the reader lists exactly what the job says it holds."""
+    fixture = flink_harness.Fixture(3, 1000, True, 60, "string", "hashmap", False)
+    savepoint = flink_harness.write_savepoint(tmp_path / "out", fixture)
+    expected = sorted((tmp_path / "out" / "expected.txt").read_text(encoding="utf-8").splitlines())
+    assert savepoint_lines(read_savepoint(savepoint)) == expected
