@@ -13,7 +13,13 @@ import pytest
 from flink_canonical import savepoint_lines
 from flink_harness import FIXTURE_SET, FIXTURES
 from keygroups.errors import CheckpointNotFoundError, CorruptSnapshotError
-from keygroups.flink import UnsupportedFlinkTypeError, UnsupportedSavepointError, operator_id_for_uid, read_savepoint
+from keygroups.flink import (
+    UnsupportedFlinkTypeError,
+    UnsupportedSavepointError,
+    import_savepoint,
+    operator_id_for_uid,
+    read_savepoint,
+)
 from keygroups.flink.types import RowType, TtlValue
 
 FIXTURE_NAMES = [f.name for f in FIXTURE_SET]
@@ -127,3 +133,39 @@ def test_truncated_keyed_state_file_is_corrupt(tmp_path):
 def test_fixtures_stay_small():
     total = sum(p.stat().st_size for p in pathlib.Path(FIXTURES).rglob("*") if p.is_file())
     assert total < 400_000
+
+
+def _flink_key(key_type: str, n: int):
+    """SavepointJob.key(keyType, n)."""
+    if key_type == "long":
+        return n * 7919 - 50_000
+    if key_type == "tuple":
+        return (n - 7, "t\U0001F600" if n % 3 == 0 else f"t{n % 5}")
+    return f"key-{n}" + ("\U0001F600" if n % 4 == 0 else "") + ("\u00e9" if n % 9 == 0 else "")
+
+
+@pytest.mark.parametrize("name", FIXTURE_NAMES)
+def test_window_state_and_window_timers_read_with_their_time_windows(name):
+    fixture = next(f for f in FIXTURE_SET if f.name == name)
+    sp = read_savepoint(FIXTURES / name / "savepoint")
+    infos = {s.name: s for s in sp.states("window")}
+    assert infos["window-contents"].kind == "REDUCING"
+    contents, timers = {}, {}
+    for kg in sp.key_groups("window"):
+        for key, window, value in kg.entries.get("window-contents", []):
+            contents[(key, window)] = value
+        for key, window, ts in kg.entries.get("_timer_state/event_window-timers", []):
+            timers[(key, window)] = ts
+    expected = {}
+    for n in range(fixture.keys):
+        start = n * 1000 // 10_000 * 10_000
+        expected[(_flink_key(fixture.key_type, n), (start, start + 10_000))] = n
+    assert contents == expected
+    assert timers == {kw: kw[1][1] - 1 for kw in expected}
+    batch = next(sp.read_state("window", "window-contents"))
+    assert batch.schema.field("namespace").type == pa.struct([("start", pa.int64()), ("end", pa.int64())])
+
+
+def test_window_state_is_refused_on_import_by_name(tmp_path):
+    with pytest.raises(UnsupportedFlinkTypeError, match="window"):
+        import_savepoint(FIXTURES / FIXTURE_NAMES[0] / "savepoint", str(tmp_path), "w", uid="window")

@@ -84,6 +84,7 @@ public class SavepointJob {
     static final long EVENT_TIMER_BASE = 1_000_000L;
     static final long PROCESSING_TIMER_BASE = 4_000_000_000_000L; // year 2096: never fires during a test
     static final AtomicLong PROCESSED = new AtomicLong();
+    static final AtomicLong WINDOW_PROCESSED = new AtomicLong();
 
     // ---------------------------------------------------------------------------------------------- the state
 
@@ -527,9 +528,24 @@ public class SavepointJob {
                 .keyBy(keySelector(keyType), keyType(keyType));
         keyed.process(new StateFunction(keys), Types.LONG).uid(UID).name("keyed state")
                 .sinkTo(new DiscardingSink<>()).uid("sink");
+        // window state and window timers (TimeWindow namespaces): record n at event time n * 1000 ms, 10 s
+        // tumbling windows that never fire (no watermark), summed per key and window
+        env.addSource(new NumberSource(keys), "window numbers", Types.LONG).setParallelism(1).uid("window-source")
+                .assignTimestampsAndWatermarks(
+                        org.apache.flink.api.common.eventtime.WatermarkStrategy.<Long>noWatermarks()
+                                .withTimestampAssigner((n, ts) -> n * 1000))
+                .map(n -> {
+                    WINDOW_PROCESSED.incrementAndGet();
+                    return n;
+                }).returns(Types.LONG).uid("window-count")
+                .keyBy(keySelector(keyType), keyType(keyType))
+                .window(org.apache.flink.streaming.api.windowing.assigners.TumblingEventTimeWindows.of(
+                        Duration.ofSeconds(10)))
+                .reduce((ReduceFunction<Long>) Long::sum).uid("window").name("window sums")
+                .sinkTo(new DiscardingSink<>()).uid("window-sink");
         JobClient job = env.executeAsync("keygroups savepoint writer");
         long deadline = System.currentTimeMillis() + 120_000;
-        while (PROCESSED.get() < keys) {
+        while (PROCESSED.get() < keys || WINDOW_PROCESSED.get() < keys) {
             if (System.currentTimeMillis() > deadline) throw new IllegalStateException("records not processed in time");
             Thread.sleep(20);
         }
