@@ -19,6 +19,7 @@ LAYERS = [
     {"keygroups.runtime"},
     {"keygroups.windows"},
     {"keygroups.testing"},
+    {"keygroups.flink"},
     {"keygroups.spark"},
     {"keygroups.cli", "keygroups.__main__"},
 ]

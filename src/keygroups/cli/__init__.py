@@ -22,6 +22,8 @@ def _load(args: argparse.Namespace) -> tuple[Any, Any]:
     from keygroups.checkpoint import CheckpointStorage
 
     storage = CheckpointStorage(args.location, storage_options=args.storage_options)
+    if getattr(args, "savepoint", None) is not None:
+        return storage, storage.load_savepoint(args.savepoint)
     metadata = storage.load(args.checkpoint) if args.checkpoint is not None else storage.latest()
     if metadata is None:
         print(f"no complete checkpoint under {args.location}", file=sys.stderr)
@@ -325,9 +327,14 @@ def main(argv: list[str] | None = None) -> int:
     from keygroups.cli import demo
 
     demo.add_parser(sub)
+    from keygroups.cli import flink
+
+    flink.add_parser(sub)
     p = sub.add_parser("inspect", help="describe a checkpoint (the latest complete one by default)")
     p.add_argument("location", help="checkpoint directory (local path or fsspec URL)")
-    p.add_argument("--checkpoint", type=whole_number(0), help="checkpoint id (default: latest complete)")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--checkpoint", type=whole_number(0), help="checkpoint id (default: latest complete)")
+    which.add_argument("--savepoint", help="inspect this savepoint of the location instead (savepoints/NAME)")
     p.add_argument("--json", action="store_true", help="print the handles as JSON")
     p.add_argument("--no-timers", dest="timers", action="store_false",
                    help="do not count the timers (which reads every key group's chain when the checkpoint holds "

@@ -1,0 +1,34 @@
+"""Flink savepoints in and out: read a Flink canonical savepoint (``read_savepoint``), import an operator's state
+into a keygroups savepoint, and export keygroups state as a Flink savepoint Flink restores.
+
+Flink's formats are read the way asyncpg reads the Postgres protocol: one checked cursor, one small reader per Flink
+record type (named after the Flink class it mirrors), every tag and version in one table, anything else refused by
+name. Nothing is deserialized with pickle.
+"""
+
+from keygroups.flink.exporter import ExportReport, export_savepoint
+from keygroups.flink.importer import ImportReport, import_savepoint
+from keygroups.flink.metadata import UnsupportedSavepointError
+from keygroups.flink.savepoint import (
+    FlinkSavepoint,
+    FlinkStateInfo,
+    KeyGroupData,
+    operator_id_for_uid,
+    read_savepoint,
+)
+from keygroups.flink.types import TtlValue, UnsupportedFlinkTypeError
+
+__all__ = [
+    "read_savepoint",
+    "import_savepoint",
+    "export_savepoint",
+    "ImportReport",
+    "ExportReport",
+    "FlinkSavepoint",
+    "FlinkStateInfo",
+    "KeyGroupData",
+    "TtlValue",
+    "operator_id_for_uid",
+    "UnsupportedFlinkTypeError",
+    "UnsupportedSavepointError",
+]

@@ -1,0 +1,413 @@
+"""``export_savepoint``: a keygroups savepoint or checkpoint as a Flink canonical savepoint directory that Flink 2.3
+restores into a job whose operator has the given uid and the same state descriptors.
+
+Per Flink subtask (the restore point's parallelism and key groups) one keyed state file is written, one key group's
+block at a time (``FullSnapshotAsyncWriter``'s format, optionally Snappy-framed per key group), plus one operator
+state file per subtask; ``_metadata`` (version 3) is written last. Flink types come from the keygroups serializers
+(Int64 → Long, Int32 → Integer, Float64 → Double, Str → String, ...), or, given ``like`` (the Flink savepoint the state
+came from), from that savepoint's own state meta info, so that Short, Byte, Float and Character states go back as
+they came (values are range-checked). A state Flink cannot hold (a ``ValueSerializer`` or pickled value) and raw
+keyed state are refused by name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import struct
+import time
+import uuid
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import cramjam
+import fsspec
+
+from keygroups._ranges import KeyGroupRange, key_group_range
+from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage
+from keygroups.flink.keyed import (
+    END_OF_KEY_GROUP,
+    FIRST_BIT,
+    KeyedBackendHeader,
+    StateMetaInfoSnapshot,
+    encode_key,
+    encode_list_value,
+    key_group_prefix_bytes,
+    write_keyed_header,
+)
+from keygroups.flink.metadata import (
+    KeyGroupsStateHandle,
+    OperatorState,
+    OperatorStateMeta,
+    OperatorStreamStateHandle,
+    OperatorSubtaskState,
+    RelativeFileStateHandle,
+    write_metadata,
+)
+from keygroups.flink.operator import OperatorBackendHeader, write_operator_header
+from keygroups.flink.savepoint import FlinkSavepoint, operator_id_for_uid, read_savepoint
+from keygroups.flink.types import (
+    FlinkType,
+    ListType,
+    MapType,
+    TimerType,
+    TtlType,
+    TtlValue,
+    TupleType,
+    UnsupportedFlinkTypeError,
+    VoidNamespaceType,
+    flink_type_for,
+    narrow_to,
+)
+from keygroups.runtime.state_reader import _chains, _framing, load_restore_point, operator_state_table
+from keygroups.runtime.state_types import reading_serializer
+from keygroups.serializers import SerializerSnapshot
+from keygroups.state.timers import TIMER_STATE_NAMES, TimeDomain
+
+log = logging.getLogger("keygroups.flink")
+
+#: keygroups' timer states → Flink's user timer queues (KeyedProcessOperator's "user-timers").
+FLINK_TIMER_STATES = {TIMER_STATE_NAMES[TimeDomain.EVENT_TIME]: "_timer_state/event_user-timers",
+                      TIMER_STATE_NAMES[TimeDomain.PROCESSING_TIME]: "_timer_state/processing_user-timers"}
+_KINDS = {"value": "VALUE", "list": "LIST", "map": "MAP", "reducing": "REDUCING", "aggregating": "AGGREGATING"}
+_I32 = struct.Struct(">i")
+_U16 = struct.Struct(">H")
+
+
+@dataclasses.dataclass(frozen=True)
+class ExportReport:
+    """What ``export_savepoint`` wrote."""
+
+    savepoint: str
+    parallelism: int
+    max_parallelism: int
+    keyed_states: tuple[str, ...]
+    skipped_states: tuple[str, ...]
+    key_groups: int
+    entries: int
+    timers: int
+    operator_states: tuple[str, ...]
+    bytes_written: int
+    seconds: float
+
+
+@dataclasses.dataclass
+class _Out:
+    """One exported keyed state: its Flink meta info and how a keygroups value becomes Flink entries."""
+
+    source: str                  # the keygroups state name
+    meta: StateMetaInfoSnapshot
+    kind: str                    # keygroups kind, or "timer"
+    value_type: FlinkType        # value / list element / map value, TTL-wrapped when the state has TTL
+    map_key_type: FlinkType | None = None
+    timer: TimerType | None = None
+
+
+def _checked(template: FlinkType | None, derived: FlinkType, what: str) -> FlinkType:
+    """``template`` (the original Flink type) when keygroups' values fit it, else ``derived``."""
+    if template is None:
+        return derived
+    if narrow_to(template, derived) or template == derived:
+        return template
+    raise UnsupportedFlinkTypeError(f"{what}: the state holds {derived!r} values, which the original Flink "
+                                    f"savepoint's {template!r} cannot hold; export without like=, or skip it")
+
+
+def _plan(meta: dict[str, Any], key_type: FlinkType, template: StateMetaInfoSnapshot | None) -> _Out:
+    name, kind = meta["name"], meta["kind"]
+    what = f"state {name!r}"
+    sers = {role: SerializerSnapshot.from_json(j) for role, j in meta["serializers"].items()}
+    ttl = meta.get("ttl") is not None
+    void = VoidNamespaceType()
+    if name in FLINK_TIMER_STATES:
+        timer = TimerType(key_type, void)
+        m = StateMetaInfoSnapshot(FLINK_TIMER_STATES[name], "PRIORITY_QUEUE", {}, {"VALUE_SERIALIZER": timer})
+        return _Out(name, m, "timer", timer, timer=timer)
+    if meta.get("namespace_serializer") is not None:
+        raise UnsupportedFlinkTypeError(f"{what} is namespaced (window state); keygroups exports non-windowed keyed "
+                                        "state only: skip it")
+    tt = template.value_type if template is not None else None
+    if kind == "list":
+        element = _checked(tt.element.value if isinstance(tt, ListType) and isinstance(tt.element, TtlType)
+                           else tt.element if isinstance(tt, ListType) else None,
+                           flink_type_for(sers["element"], f"{what} (element)"), what)
+        value_type: FlinkType = TtlType(element) if ttl else element
+        full: FlinkType = ListType(value_type)
+        map_key = None
+    elif kind == "map":
+        tv = tt.value if isinstance(tt, MapType) else None
+        map_key = _checked(tt.key if isinstance(tt, MapType) else None,
+                           flink_type_for(sers["map key"], f"{what} (map key)"), what)
+        mv = _checked(tv.value if isinstance(tv, TtlType) else tv, flink_type_for(sers["map value"],
+                                                                                  f"{what} (map value)"), what)
+        value_type = TtlType(mv) if ttl else mv
+        full = MapType(map_key, value_type)
+    else:
+        v = _checked(tt.value if isinstance(tt, TtlType) else tt, flink_type_for(sers["value"], what), what)
+        value_type = full = TtlType(v) if ttl else v
+        map_key = None
+    m = StateMetaInfoSnapshot(name, "KEY_VALUE", {"KEYED_STATE_TYPE": _KINDS[kind]},
+                              {"VALUE_SERIALIZER": full, "NAMESPACE_SERIALIZER": void})
+    return _Out(name, m, kind, value_type, map_key)
+
+
+def _flink_value(t: FlinkType, v: Any) -> Any:
+    """A keygroups value (TTL as (value, ts)) as the FlinkType writes it."""
+    if isinstance(t, TtlType):
+        value, ts = v
+        return TtlValue(_flink_value(t.value, value), ts)
+    if isinstance(t, TupleType):
+        return tuple(_flink_value(f, x) for f, x in zip(t.fields, v))
+    return v
+
+
+def _entries(out: _Out, key: Any, value: Any, key_type: FlinkType, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+    """The Flink (key, value) pairs of one keygroups key of one state; ``prefix`` is the key group's."""
+    void = VoidNamespaceType()
+    if out.kind == "timer":
+        assert out.timer is not None
+        for ts in sorted(value):
+            k = bytearray(prefix)
+            out.timer.write(k, (ts, key, None))
+            yield bytes(k), b""
+        return
+    base = bytearray(prefix)
+    encode_key(base, key, None, key_type, void)
+    if out.kind == "map":
+        assert out.map_key_type is not None
+        for uk, uv in value.items():
+            k = bytearray(base)
+            out.map_key_type.write(k, _flink_value(out.map_key_type, uk))
+            v = bytearray(b"\x00")
+            out.value_type.write(v, _flink_value(out.value_type, uv))
+            yield bytes(k), bytes(v)
+        return
+    if out.kind == "list" and not value:
+        return          # Flink holds no empty list: ListState.update([]) clears the state
+    v = bytearray()
+    if out.kind == "list":
+        encode_list_value(v, [_flink_value(out.value_type, e) for e in value], out.value_type)
+    else:
+        out.value_type.write(v, _flink_value(out.value_type, value))
+    yield bytes(base), bytes(v)
+
+
+def _block(sections: list[tuple[int, list[tuple[bytes, bytes]]]]) -> bytes:
+    """One key group's block (``FullSnapshotAsyncWriter``): per state run its id, its pairs, the last pair's first
+    key byte flagged, then the next id or the end mark."""
+    out = bytearray()
+    for i, (state_id, pairs) in enumerate(sections):
+        if i == 0:
+            out += struct.pack(">h", state_id)
+        for j, (k, v) in enumerate(pairs):
+            if j == len(pairs) - 1:
+                k = bytes([k[0] | FIRST_BIT]) + k[1:]
+            out += _I32.pack(len(k)) + k + _I32.pack(len(v)) + v
+        nxt = sections[i + 1][0] if i + 1 < len(sections) else END_OF_KEY_GROUP
+        out += _U16.pack(nxt)
+    return bytes(out)
+
+
+def _key_type(meta: dict[str, Any], template: FlinkType | None) -> FlinkType:
+    derived = flink_type_for(SerializerSnapshot.from_json(meta["serializers"]["key"]), "the job's key")
+    return _checked(template, derived, "the job's key")
+
+
+def export_savepoint(location: str, dest: str | os.PathLike, *, uid: str, savepoint: str | None = None,
+                     checkpoint_id: int | None = None, operator_state_uid: str | None = None,
+                     like: str | os.PathLike | FlinkSavepoint | None = None, skip_states: Iterable[str] = (),
+                     compression: bool = False, storage_options: dict[str, Any] | None = None) -> ExportReport:
+    """Write keygroups savepoint ``savepoint`` (or checkpoint ``checkpoint_id``, or the latest checkpoint) of
+    ``location`` as a Flink canonical savepoint in directory ``dest`` for operator ``uid`` (operator state under
+    ``operator_state_uid`` when given). ``like``: the Flink savepoint the state came from, whose types are kept;
+    ``compression``: Snappy key-group blocks (Flink's snapshot compression)."""
+    started = time.perf_counter()
+    storage = CheckpointStorage(location, storage_options=storage_options)
+    md = load_restore_point(storage, checkpoint_id=checkpoint_id, savepoint=savepoint)
+    if md.raw_keyed_handles:
+        raise UnsupportedFlinkTypeError("the restore point holds raw keyed state (written by the job's function in "
+                                        "keygroups' own format), which a Flink operator cannot restore")
+    template = like if isinstance(like, FlinkSavepoint) or like is None else read_savepoint(like)
+    t_header = template.keyed_header(uid) if template is not None else None
+    t_states = {m.name: m for m in t_header.states} if t_header is not None else {}
+    skip = set(skip_states)
+    metas: dict[str, dict[str, Any]] = {}
+    for h in md.keyed_handles:
+        for m in h.states:
+            metas.setdefault(m["name"], m)
+    dest = os.fspath(dest)
+    fs, root = fsspec.core.url_to_fs(dest)
+    if fs.exists(f"{root}/_metadata"):
+        raise ValueError(f"{dest} already holds a savepoint (_metadata exists); give an empty directory")
+    fs.makedirs(root, exist_ok=True)
+
+    plans: list[_Out] = []
+    skipped = []
+    key_type: FlinkType | None = None
+    if metas:
+        key_type = _key_type(next(iter(metas.values())), t_header.key_type if t_header is not None else None)
+        for name, meta in metas.items():
+            if name in skip:
+                skipped.append(name)
+                continue
+            flink_name = FLINK_TIMER_STATES.get(name, name)
+            plans.append(_plan(meta, key_type, t_states.get(flink_name)))
+    unknown = skip - set(metas) - {n for h in md.operator_handles for n in h.states}
+    if unknown:
+        raise ValueError(f"skip_states names {sorted(unknown)}, which the restore point does not have")
+    plans.sort(key=lambda o: (o.kind == "timer", o.source))
+    by_source = {o.source: (i, o) for i, o in enumerate(plans)}
+    mp, p = md.max_parallelism, md.parallelism
+    prefix_bytes = key_group_prefix_bytes(mp)
+    counts = {"key_groups": 0, "entries": 0, "timers": 0, "bytes": 0}
+    keyed: dict[int, KeyGroupsStateHandle] = {}
+    if plans:
+        assert key_type is not None
+        header = KeyedBackendHeader(compression, key_type, tuple(o.meta for o in plans))
+        key_ser = reading_serializer(SerializerSnapshot.from_json(next(iter(metas.values()))["serializers"]["key"]))
+        for subtask in range(p):
+            groups = key_group_range(mp, p, subtask)
+            keyed[subtask] = _write_keyed_file(fs, root, storage, md, groups, header, by_source, key_ser,
+                                               key_type, prefix_bytes, counts)
+
+    op_states: dict[int, OperatorStreamStateHandle] = {}
+    op_names: list[str] = []
+    t_op = template if template is not None else None
+    if md.operator_handles:
+        op_states, op_names = _write_operator_files(fs, root, storage, md, skip, t_op,
+                                                    operator_state_uid or uid, counts)
+
+    operators = []
+    separate = operator_state_uid is not None and operator_state_uid != uid
+    subtasks = []
+    for i in range(p):
+        subtasks.append(OperatorSubtaskState(i, None if separate else op_states.get(i), None, keyed.get(i), None))
+    operators.append(OperatorState(operator_id_for_uid(uid), None, uid, p, mp, tuple(subtasks)))
+    if separate and op_states:
+        n = max(op_states) + 1
+        operators.append(OperatorState(operator_id_for_uid(operator_state_uid), None, operator_state_uid,
+                                       max(n, 1), mp, tuple(OperatorSubtaskState(i, h, None, None, None)
+                                                            for i, h in sorted(op_states.items()))))
+    elif op_states and max(op_states) >= p:
+        raise ValueError(f"operator state of subtask {max(op_states)} in a restore point of parallelism {p}")
+    data = write_metadata(md.checkpoint_id, operators)
+    with fs.open(f"{root}/_metadata.inprogress", "wb") as f:
+        f.write(data)
+    fs.mv(f"{root}/_metadata.inprogress", f"{root}/_metadata")
+    report = ExportReport(dest, p, mp, tuple(o.source for o in plans if o.kind != "timer"), tuple(skipped),
+                          counts["key_groups"], counts["entries"], counts["timers"], tuple(op_names),
+                          counts["bytes"] + len(data), time.perf_counter() - started)
+    log.info("exported %s of %s as Flink savepoint %s: %d key groups, %d entries, %d timers", savepoint or
+             f"checkpoint {md.checkpoint_id}", location, dest, report.key_groups, report.entries, report.timers)
+    return report
+
+
+def _write_keyed_file(fs: Any, root: str, storage: CheckpointStorage, md: CheckpointMetadata, groups: KeyGroupRange,
+                      header: KeyedBackendHeader, by_source: dict[str, tuple[int, _Out]], key_ser: Any,
+                      key_type: FlinkType, prefix_bytes: int, counts: dict[str, int]) -> KeyGroupsStateHandle:
+    name = str(uuid.uuid4())
+    offsets = [0] * (groups.end - groups.start + 1)
+    head = bytearray()
+    write_keyed_header(head, header)
+    pos = len(head)
+    with fs.open(f"{root}/{name}", "wb") as f:
+        f.write(head)
+        for kg in range(groups.start, groups.end + 1):       # one key group in memory at a time
+            for _, live in _chains(storage, md, KeyGroupRange(kg, kg)):
+                prefix = kg.to_bytes(prefix_bytes, "big")
+                sections = []
+                for state, (meta, entries) in live.items():
+                    if state not in by_source:
+                        continue
+                    state_id, out = by_source[state]
+                    keys = key_ser.deserialize_many(entries.keys, entries.key_offsets)
+                    framing = _framing(meta)
+                    vo = entries.value_offsets.tolist()
+                    mv = memoryview(entries.values)
+                    pairs = []
+                    for i, key in enumerate(keys):
+                        value = framing.decode(mv[vo[i]:vo[i + 1]])
+                        pairs.extend(_entries(out, key, value, key_type, prefix))
+                        counts["timers" if out.kind == "timer" else "entries"] += len(value) \
+                            if out.kind == "timer" else 1
+                    if pairs:
+                        sections.append((state_id, pairs))
+                if not sections:
+                    continue
+                sections.sort(key=lambda s: s[0])
+                block = _block(sections)
+                if header.compression:
+                    block = bytes(cramjam.snappy.compress(block))
+                offsets[kg - groups.start] = pos
+                f.write(block)
+                pos += len(block)
+                counts["key_groups"] += 1
+    counts["bytes"] += pos
+    return KeyGroupsStateHandle(groups.start, tuple(offsets), RelativeFileStateHandle(name, pos), savepoint=True)
+
+
+def _write_operator_files(fs: Any, root: str, storage: CheckpointStorage, md: CheckpointMetadata, skip: set[str],
+                          template: FlinkSavepoint | None, op_uid: str, counts: dict[str, int]
+                          ) -> tuple[dict[int, OperatorStreamStateHandle], list[str]]:
+    names = sorted({n for h in md.operator_handles for n in h.states} - skip)
+    t_types: dict[str, Any] = {}
+    if template is not None:
+        try:
+            t_types = {s.name: s for s in template.states(op_uid) if not s.keyed}
+        except KeyError:
+            t_types = {}
+    per_subtask: dict[int, dict[str, tuple[str, list[Any]]]] = {}
+    metas: dict[str, StateMetaInfoSnapshot] = {}
+    for name in names:
+        table = operator_state_table(storage, md, name)
+        meta = next(h.states[name] for h in md.operator_handles if name in h.states)
+        mode = meta.mode.value
+        what = f"operator state {name!r}"
+        tt = t_types.get(name)
+        if mode == "BROADCAST":
+            kt = _checked(tt.key_type if tt else None,
+                          flink_type_for(SerializerSnapshot.from_json(meta.serializers["key_serializer"]), what), what)
+            vt = _checked(tt.value_type if tt else None,
+                          flink_type_for(SerializerSnapshot.from_json(meta.serializers["value_serializer"]), what),
+                          what)
+            metas[name] = StateMetaInfoSnapshot(name, "BROADCAST", {"OPERATOR_STATE_DISTRIBUTION_MODE": mode},
+                                                {"KEY_SERIALIZER": kt, "VALUE_SERIALIZER": vt})
+        else:
+            vt = _checked(tt.value_type if tt else None,
+                          flink_type_for(SerializerSnapshot.from_json(meta.serializers["serializer"]), what), what)
+            metas[name] = StateMetaInfoSnapshot(name, "OPERATOR", {"OPERATOR_STATE_DISTRIBUTION_MODE": mode},
+                                                {"VALUE_SERIALIZER": vt})
+        for row in table.to_pylist():
+            slot = per_subtask.setdefault(row["subtask"], {}).setdefault(name, (mode, []))
+            slot[1].append((row["key"], row["value"]) if mode == "BROADCAST" else row["value"])
+    handles = {}
+    for subtask, states in sorted(per_subtask.items()):
+        header = OperatorBackendHeader(False, {n: m for n, m in metas.items() if m.backend_type == "OPERATOR"},
+                                       {n: m for n, m in metas.items() if m.backend_type == "BROADCAST"})
+        data = bytearray()
+        write_operator_header(data, header)
+        offsets: dict[str, OperatorStateMeta] = {}
+        for name in [*header.states, *header.broadcast_states]:
+            mode, values = states.get(name, (metas[name].kind, []))
+            m = metas[name]
+            if mode == "BROADCAST":
+                at = len(data)
+                data += _I32.pack(len(values))
+                kt, vt = m.serializers["KEY_SERIALIZER"], m.value_type
+                for k, v in values:
+                    kt.write(data, _flink_value(kt, k))
+                    vt.write(data, _flink_value(vt, v))
+                offsets[name] = OperatorStateMeta(mode, (at,))
+            else:
+                element_offsets = []
+                for v in values:
+                    element_offsets.append(len(data))
+                    m.value_type.write(data, _flink_value(m.value_type, v))
+                offsets[name] = OperatorStateMeta(mode, tuple(element_offsets))
+        file = str(uuid.uuid4())
+        with fs.open(f"{root}/{file}", "wb") as f:
+            f.write(data)
+        counts["bytes"] += len(data)
+        handles[subtask] = OperatorStreamStateHandle(offsets, RelativeFileStateHandle(file, len(data)))
+    return handles, names

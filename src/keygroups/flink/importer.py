@@ -1,0 +1,325 @@
+"""``import_savepoint``: one Flink operator's state (keyed state, TTL, timers, operator state) as a keygroups
+savepoint ``LOCATION/savepoints/NAME/`` that ``KeyedJob(..., restore_from_savepoint=NAME)`` continues from.
+
+Same max parallelism and key groups (keygroups' key groups are Flink's, bit for bit); one keyed file per Flink
+subtask, written one key group at a time with the checkpoint layer's full snapshot writer; states keep their Flink
+names. Flink's user timers become keygroups' timers of the same domain; Flink values map to keygroups serializers
+(``FlinkType.keygroups_serializer``): Short/Byte as Int32, Float as Float64, Character as a one-character str.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+import uuid
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+import numpy as np
+
+from keygroups._ranges import KeyGroupRange, key_group_range
+from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage
+from keygroups.checkpoint.format import write_full_snapshot
+from keygroups.checkpoint.metadata import DEFAULT_OPERATOR_ID, DistributionMode
+from keygroups.checkpoint.operator_format import SerializedState, write_operator_snapshot
+from keygroups.flink.savepoint import FlinkSavepoint, FlinkStateInfo, read_savepoint
+from keygroups.flink.types import (
+    BooleanType,
+    ByteType,
+    BytesType,
+    DoubleType,
+    FlinkType,
+    FloatType,
+    IntType,
+    LongType,
+    ShortType,
+    StringType,
+    TtlValue,
+    TupleType,
+    UnsupportedFlinkTypeError,
+    VoidNamespaceType,
+)
+from keygroups.runtime.subtask import key_serializer_for
+from keygroups.serializers import TypeSerializer
+from keygroups.runtime.state_writer import _descriptor as state_descriptor
+from keygroups.state import StateDescriptor, StateTtlConfig, state_meta
+from keygroups.state._codec import ValueFraming
+from keygroups.state.timers import TimeDomain, timer_descriptor
+
+log = logging.getLogger("keygroups.flink")
+
+#: Flink's user timer queues (KeyedProcessOperator's timer service "user-timers") → keygroups' timer domains.
+USER_TIMERS = {"_timer_state/event_user-timers": TimeDomain.EVENT_TIME,
+               "_timer_state/processing_user-timers": TimeDomain.PROCESSING_TIME}
+#: Flink does not store a TTL's duration in a savepoint; imported TTL states get this one unless told otherwise.
+DEFAULT_TTL_MS = 7 * 24 * 3600 * 1000
+
+_KEY_TYPES: dict[type[FlinkType], str] = {
+    LongType: "long", IntType: "int", ShortType: "short", ByteType: "byte", BooleanType: "boolean",
+    DoubleType: "double", FloatType: "float", StringType: "string", BytesType: "bytes"}
+
+
+@dataclasses.dataclass(frozen=True)
+class ImportReport:
+    """What ``import_savepoint`` wrote."""
+
+    savepoint: str                     # LOCATION/savepoints/NAME
+    max_parallelism: int
+    parallelism: int
+    keyed_states: tuple[str, ...]
+    skipped_states: tuple[str, ...]
+    timers: int
+    entries: int
+    key_groups: int
+    operator_states: tuple[str, ...]
+    bytes_read: int
+    seconds: float
+
+
+def key_type_of(t: FlinkType) -> Any:
+    """The keygroups key type (``KeyedJob``'s hashing) of a Flink key serializer; Tuple keys become tuples."""
+    if isinstance(t, TupleType):
+        return tuple(key_type_of(f) for f in t.fields)
+    name = _KEY_TYPES.get(type(t))
+    if name is None:
+        raise UnsupportedFlinkTypeError(f"the job is keyed by {t!r}, which keygroups does not hash as Flink does; "
+                                        "key it by a basic type, String or a Tuple of them")
+    return name
+
+
+def _plain(t: FlinkType, v: Any) -> Any:
+    """A Flink value as its keygroups serializer takes it (TTL unwrapped by the caller)."""
+    if isinstance(t, TupleType):
+        return tuple(_plain(f, x) for f, x in zip(t.fields, v))
+    return v
+
+
+@dataclasses.dataclass
+class _State:
+    info: FlinkStateInfo
+    index: int
+    kind: str                          # keygroups kind
+    descriptor: StateDescriptor
+    framing: ValueFraming
+    value_type: FlinkType              # of the value, list element or map value (TTL unwrapped)
+    map_key_type: FlinkType | None = None
+    domain: TimeDomain | None = None
+
+
+def _plan(info: FlinkStateInfo, index: int, ttl_ms: int) -> _State:
+    what = f"state {info.name!r}"
+    if info.kind == "TIMER":
+        domain = USER_TIMERS.get(info.name)
+        if domain is None:
+            raise UnsupportedFlinkTypeError(f"{what}: timer queue {info.name!r} is not a KeyedProcessFunction's "
+                                            "user timers (window timers are not imported yet); skip it")
+        if not isinstance(info.namespace_type, VoidNamespaceType):
+            raise UnsupportedFlinkTypeError(f"{what}: timers in namespace {info.namespace_type!r} are not imported")
+        d = timer_descriptor(domain)
+        return _State(info, index, "map", d, ValueFraming.for_state(d.name, "map", d.serializers, ttl=False),
+                      LongType(), domain=domain)
+    if not isinstance(info.namespace_type, VoidNamespaceType):
+        raise UnsupportedFlinkTypeError(f"{what} is in namespace {info.namespace_type!r} (window state); keygroups "
+                                        "imports non-windowed keyed state; skip it")
+    vt = info.value_type
+    map_key = None
+    try:
+        if info.kind == "LIST":
+            element = vt.element                                   # type: ignore[attr-defined]
+            value_type = element.value if info.ttl else element   # type: ignore[attr-defined]
+            kind = "list"
+            d: StateDescriptor = state_descriptor(info.name, kind, {"element": value_type.keygroups_serializer()})
+        elif info.kind == "MAP":
+            map_key = vt.key                                       # type: ignore[attr-defined]
+            value_type = vt.value.value if info.ttl else vt.value  # type: ignore[attr-defined]
+            kind = "map"
+            d = state_descriptor(info.name, kind, {"map key": map_key.keygroups_serializer(),
+                                                   "map value": value_type.keygroups_serializer()})
+        else:
+            value_type = vt.value if info.ttl else vt              # type: ignore[attr-defined]
+            kind = info.kind.lower()
+            d = state_descriptor(info.name, kind, {"value": value_type.keygroups_serializer()})
+    except UnsupportedFlinkTypeError as e:
+        raise UnsupportedFlinkTypeError(f"{what}: {e}") from None
+    if info.ttl:
+        d.enable_time_to_live(StateTtlConfig(ttl_ms=ttl_ms))
+    framing = ValueFraming.for_state(info.name, kind, d.serializers, ttl=info.ttl)
+    return _State(info, index, kind, d, framing, value_type, map_key)
+
+
+def _encode(st: _State, entries: list[tuple], key_ser: TypeSerializer, key_type: FlinkType,
+            key_bytes: dict[Any, bytes]) -> tuple[list[bytes], list[bytes]]:
+    """Flink entries of one state in one key group → (key bytes, keygroups value bytes), one per key.
+    ``key_bytes`` caches the key group's serialized keys (its states share them)."""
+    keys: list[bytes] = []
+    values: list[bytes] = []
+    vt = st.value_type
+    plain_key = not isinstance(key_type, TupleType)
+
+    def serialized(k: Any) -> bytes:
+        kb = key_bytes.get(k)
+        if kb is None:
+            kb = key_bytes[k] = key_ser.serialize(k if plain_key else _plain(key_type, k))
+        return kb
+
+    if st.domain is not None or st.kind == "map":        # one keygroups value per key: a dict
+        by_key: dict[bytes, dict] = {}
+        for e in entries:
+            kb = serialized(e[0])
+            if st.domain is not None:
+                by_key.setdefault(kb, {})[e[2]] = True
+            else:
+                v = e[3]
+                if v is None:
+                    raise UnsupportedFlinkTypeError(f"map state {st.info.name!r} holds a null value for key {e[0]!r}"
+                                                    "; keygroups map states hold no nulls")
+                if st.info.ttl:
+                    v = (_plain(vt, v.value), v.timestamp)
+                else:
+                    v = _plain(vt, v)
+                by_key.setdefault(kb, {})[_plain(st.map_key_type, e[2])] = v   # type: ignore[arg-type]
+        for kb, m in by_key.items():
+            keys.append(kb)
+            values.append(st.framing.encode(m))
+        return keys, values
+    for e in entries:
+        v = e[2]
+        if st.kind == "list":
+            v = [(_plain(vt, x.value), x.timestamp) if isinstance(x, TtlValue) else _plain(vt, x) for x in v]
+        elif isinstance(v, TtlValue):
+            v = (_plain(vt, v.value), v.timestamp)
+        else:
+            v = _plain(vt, v)
+        keys.append(serialized(e[0]))
+        values.append(st.framing.encode(v))
+    return keys, values
+
+
+def import_savepoint(savepoint: str | os.PathLike | FlinkSavepoint, location: str, name: str, *, uid: str,
+                     operator_state_uid: str | None = None, skip_states: Iterable[str] = (),
+                     ttl_ms: int | Mapping[str, int] = DEFAULT_TTL_MS,
+                     storage_options: dict[str, Any] | None = None) -> ImportReport:
+    """Write Flink operator ``uid``'s keyed state, timers and operator state (of ``operator_state_uid`` when given:
+    a Flink source usually holds the offsets) as keygroups savepoint ``name`` in ``location``.
+
+    ``skip_states`` leaves states out by name (a state keygroups cannot hold otherwise refuses the import, naming it
+    and its serializer). ``ttl_ms``: the time to live recorded for TTL states (Flink's savepoint keeps the entries'
+    timestamps, not the duration), one for all or per state name. Nothing is visible until the savepoint's
+    ``_metadata`` is written, last."""
+    started = time.perf_counter()
+    sp = savepoint if isinstance(savepoint, FlinkSavepoint) else read_savepoint(savepoint)
+    op = sp.operator(uid)
+    skip = set(skip_states)
+    header = sp.keyed_header(uid)
+    storage = CheckpointStorage(location, storage_options=storage_options)
+    mp, p = op.max_parallelism, op.parallelism
+
+    plans: list[_State] = []
+    skipped = []
+    key_type = header.key_type if header is not None else None
+    if header is not None:
+        assert key_type is not None
+        key_ser = key_serializer_for(key_type_of(key_type))
+        for info in sp.states(uid):
+            if not info.keyed:
+                continue
+            if info.name in skip:
+                skipped.append(info.name)
+                continue
+            ttl = ttl_ms.get(info.name, DEFAULT_TTL_MS) if isinstance(ttl_ms, Mapping) else ttl_ms
+            plans.append(_plan(info, len(plans), ttl))
+    unknown = skip - {s.name for s in sp.states(uid)}
+    if unknown:
+        raise ValueError(f"skip_states names {sorted(unknown)}, which operator {uid!r} does not have")
+
+    storage.begin_savepoint(name)
+    directory = f"savepoints/{name}"
+    by_name = {st.info.name: st for st in plans}
+    metas = [state_meta(st.descriptor, key_ser) for st in plans] if plans else []
+    keyed_handles = []
+    counts = {"timers": 0, "entries": 0, "key_groups": 0}
+    if plans:
+        assert key_type is not None
+        for subtask in range(p):
+            groups = key_group_range(mp, p, subtask)
+            kg_iter = _key_groups(sp, uid, groups, by_name, key_ser, key_type, counts)
+            relpath = f"{directory}/keyed-{subtask}-{uuid.uuid4().hex}"
+            handle = write_full_snapshot(storage, relpath, 0, subtask, groups, metas, kg_iter)
+            keyed_handles.append(handle)
+
+    operator_handles = []
+    operator_names: list[str] = []
+    op_uid = operator_state_uid or uid
+    op_infos = {s.name: s for s in sp.states(op_uid) if not s.keyed and s.name not in skip}
+    if op_infos:
+        modes = sp.operator_state_modes(op_uid)
+        per_subtask: dict[int, list[SerializedState]] = {}
+        for name_, info in op_infos.items():
+            operator_names.append(name_)
+            mode = DistributionMode(modes[name_])
+            try:
+                value_ser = info.value_type.keygroups_serializer()
+                key_ser_op = info.key_type.keygroups_serializer() if info.key_type is not None else None
+            except UnsupportedFlinkTypeError as e:
+                raise UnsupportedFlinkTypeError(f"operator state {name_!r}: {e}") from None
+            for index, elements in sp.read_operator_state(op_uid, name_).items():
+                per_subtask.setdefault(index, []).append(
+                    _serialized_operator_state(name_, mode, value_ser, key_ser_op, info, elements))
+        for index in sorted(per_subtask):
+            relpath = f"{directory}/operator-{index}-{uuid.uuid4().hex}"
+            operator_handles.append(write_operator_snapshot(storage, relpath, per_subtask[index], subtask=index,
+                                                            operator_id=DEFAULT_OPERATOR_ID))
+
+    metadata = CheckpointMetadata(
+        checkpoint_id=0, job_id=f"flink-import:{uid}", timestamp_ms=int(time.time() * 1000), max_parallelism=mp,
+        parallelism=p, keyed_handles=keyed_handles, operator_handles=operator_handles,
+        properties={"flink": {"savepoint": sp.path, "uid": uid, "operator_id": op.operator_id_hex,
+                              "checkpoint_id": sp.metadata.checkpoint_id}})
+    path = storage.commit_savepoint(metadata, name)
+    report = ImportReport(path, mp, p, tuple(st.info.name for st in plans if st.domain is None), tuple(skipped),
+                          counts["timers"], counts["entries"], counts["key_groups"], tuple(operator_names), 0,
+                          time.perf_counter() - started)
+    log.info("imported Flink operator %s into %s: %d key groups, %d entries, %d timers", uid, path,
+             report.key_groups, report.entries, report.timers)
+    return report
+
+
+def _key_groups(sp: FlinkSavepoint, uid: str, groups: KeyGroupRange, by_name: dict[str, _State],
+                key_ser: TypeSerializer, key_type: FlinkType, counts: dict[str, int]
+                ) -> Iterator[tuple[int, list[tuple[int, list[bytes], list[bytes]]]]]:
+    for kg in sp.key_groups(uid, set(by_name), key_groups=groups):
+        sections = []
+        key_bytes: dict[Any, bytes] = {}
+        for state_name, entries in kg.entries.items():
+            st = by_name[state_name]
+            keys, values = _encode(st, entries, key_ser, key_type, key_bytes)
+            order = sorted(range(len(keys)), key=keys.__getitem__)
+            sections.append((st.index, [keys[i] for i in order], [values[i] for i in order]))
+            counts["timers" if st.domain is not None else "entries"] += len(entries)
+        sections.sort(key=lambda s: s[0])
+        counts["key_groups"] += 1
+        yield kg.key_group, sections
+
+
+def _serialized_operator_state(name: str, mode: DistributionMode, value_ser: TypeSerializer,
+                               key_ser: TypeSerializer | None, info: FlinkStateInfo, elements: Any
+                               ) -> SerializedState:
+    from keygroups._native import splitter
+
+    if mode is DistributionMode.BROADCAST:
+        assert key_ser is not None and info.key_type is not None
+        keys = [_plain(info.key_type, k) for k in elements]
+        values = [_plain(info.value_type, v) for v in elements.values()]
+        kd, ko = key_ser.serialize_many(keys)
+        vd, vo = value_ser.serialize_many(values)
+        data, offsets = splitter.encode_entries(kd, np.ascontiguousarray(ko, dtype=np.int64),
+                                                vd, np.ascontiguousarray(vo, dtype=np.int64))
+        serializers = {"key_serializer": key_ser.snapshot().to_json(),
+                       "value_serializer": value_ser.snapshot().to_json()}
+    else:
+        data, offsets = value_ser.serialize_many([_plain(info.value_type, e) for e in elements])
+        offsets = np.ascontiguousarray(offsets, dtype=np.int64)
+        serializers = {"serializer": value_ser.snapshot().to_json()}
+    return SerializedState(name, mode, serializers, data, offsets)

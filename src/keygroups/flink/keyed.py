@@ -1,0 +1,342 @@
+"""Flink's keyed state in the canonical savepoint format (FLIP-41, the same for the heap and RocksDB backends): the
+header of a subtask's keyed stream (``KeyedBackendSerializationProxy``) and its key-group blocks
+(``FullSnapshotAsyncWriter``, read back by ``FullSnapshotRestoreOperation``).
+
+A block starts with a state id (short), then (int length, key, int length, value) pairs; the last pair of each state
+run has bit 0x80 set in its first key byte and is followed by the next state id, or 0xFFFF at the end of the key
+group. A key is the key group (1 byte when max parallelism <= 128, else 2), the key, the namespace, and for map state
+the user key (``CompositeKeySerializationUtils``). With snapshot compression each block is its own Snappy framed
+stream (xerial's ``SnappyFramedOutputStream``), decoded by cramjam.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import struct
+from collections.abc import Iterator
+from typing import Any
+
+import cramjam
+
+from keygroups.errors import CorruptSnapshotError
+from keygroups.flink._cursor import Cursor, encode_modified_utf8
+from keygroups.flink.types import (
+    FlinkType,
+    ListType,
+    MapType,
+    TimerType,
+    TtlType,
+    UnsupportedFlinkTypeError,
+    read_serializer_snapshot,
+    write_serializer_snapshot,
+)
+
+HEADER_VERSION = 6                       # KeyedBackendSerializationProxy.VERSION (Flink 1.9+)
+META_INFO_VERSION = 6                    # StateMetaInfoSnapshotReadersWriters.CURRENT_STATE_META_INFO_SNAPSHOT_VERSION
+END_OF_KEY_GROUP = 0xFFFF
+FIRST_BIT = 0x80
+LIST_DELIMITER = 0x2C                    # ',' between list elements (ListDelimitedSerializer)
+BACKEND_STATE_TYPES = ("KEY_VALUE", "OPERATOR", "BROADCAST", "PRIORITY_QUEUE")
+KEYED_STATE_KINDS = frozenset({"VALUE", "LIST", "MAP", "REDUCING", "AGGREGATING"})
+
+_I16, _I32, _U16 = struct.Struct(">h"), struct.Struct(">i"), struct.Struct(">H")
+
+
+@dataclasses.dataclass(frozen=True)
+class StateMetaInfoSnapshot:
+    """``StateMetaInfoSnapshot``: one state's name, backend type, options and serializers."""
+
+    name: str
+    backend_type: str                      # KEY_VALUE | PRIORITY_QUEUE (OPERATOR/BROADCAST in operator files)
+    options: dict[str, str]
+    serializers: dict[str, FlinkType]
+
+    @property
+    def kind(self) -> str:
+        """VALUE, LIST, MAP, REDUCING, AGGREGATING, or TIMER for a timer (priority queue) state."""
+        if self.backend_type == "PRIORITY_QUEUE":
+            return "TIMER"
+        return self.options.get("KEYED_STATE_TYPE", self.options.get("OPERATOR_STATE_DISTRIBUTION_MODE", "?"))
+
+    @property
+    def value_type(self) -> FlinkType:
+        return self.serializers["VALUE_SERIALIZER"]
+
+    @property
+    def namespace_type(self) -> FlinkType | None:
+        return self.serializers.get("NAMESPACE_SERIALIZER")
+
+
+def read_state_meta_info(c: Cursor) -> StateMetaInfoSnapshot:
+    name = c.utf("a state name")
+    backend = c.i32(f"state {name!r}'s backend state type")
+    if not 0 <= backend < len(BACKEND_STATE_TYPES):
+        raise c.fail(f"state {name!r} has backend state type {backend}; known: {list(enumerate(BACKEND_STATE_TYPES))}")
+    options = {}
+    for _ in range(c.count(f"state {name!r}'s number of options", 4, limit=64)):
+        k = c.utf("an option name")
+        options[k] = c.utf("an option value")
+    serializers = {}
+    for _ in range(c.count(f"state {name!r}'s number of serializers", 8, limit=16)):
+        k = c.utf("a serializer key")
+        try:
+            serializers[k] = read_serializer_snapshot(c)
+        except UnsupportedFlinkTypeError as e:
+            raise UnsupportedFlinkTypeError(
+                f"{c.where}: state {name!r} ({k}): {e}. keygroups reads Flink's basic types, String, byte[], "
+                "Tuple, Row, List, Map, Nullable and TTL; convert the state in Flink first (State Processor API). "
+                "Its snapshot has no length prefix, so the states after it cannot be read either") from None
+    if "VALUE_SERIALIZER" not in serializers:
+        raise c.fail(f"state {name!r} has no VALUE_SERIALIZER")
+    return StateMetaInfoSnapshot(name, BACKEND_STATE_TYPES[backend], options, serializers)
+
+
+def write_state_meta_info(out: bytearray, m: StateMetaInfoSnapshot) -> None:
+    out += encode_modified_utf8(m.name) + _I32.pack(BACKEND_STATE_TYPES.index(m.backend_type))
+    out += _I32.pack(len(m.options))
+    for k, v in m.options.items():
+        out += encode_modified_utf8(k) + encode_modified_utf8(v)
+    out += _I32.pack(len(m.serializers))
+    for k, t in m.serializers.items():
+        out += encode_modified_utf8(k)
+        write_serializer_snapshot(out, t)
+
+
+@dataclasses.dataclass(frozen=True)
+class KeyedBackendHeader:
+    """``KeyedBackendSerializationProxy``: compression, the key serializer, and the states in id order (a state's id
+    in the blocks is its position here)."""
+
+    compression: bool
+    key_type: FlinkType
+    states: tuple[StateMetaInfoSnapshot, ...]
+
+
+def read_keyed_header(c: Cursor) -> KeyedBackendHeader:
+    version = c.i32("the keyed state header version")
+    if version != HEADER_VERSION:
+        raise UnsupportedFlinkTypeError(f"{c.where}: keyed state header version {version} is not supported (only "
+                                        f"{HEADER_VERSION}, written by Flink 1.9 and later)")
+    compression = c.boolean("the snapshot compression flag")
+    try:
+        key_type = read_serializer_snapshot(c)
+    except UnsupportedFlinkTypeError as e:
+        raise UnsupportedFlinkTypeError(f"{c.where}: the key serializer: {e}; key the job by a basic type, String, "
+                                        "byte[] or a Tuple of them") from None
+    n = c.u16("the number of states")
+    states = tuple(read_state_meta_info(c) for _ in range(n))
+    for s in states:
+        if s.backend_type not in ("KEY_VALUE", "PRIORITY_QUEUE"):
+            raise c.fail(f"state {s.name!r} of type {s.backend_type} in a keyed state stream")
+        if s.kind == "TIMER":
+            timer_type(s)
+            continue
+        if s.kind not in KEYED_STATE_KINDS:
+            raise c.fail(f"keyed state {s.name!r} has KEYED_STATE_TYPE {s.kind!r}; known: {sorted(KEYED_STATE_KINDS)}")
+        if s.namespace_type is None:
+            raise c.fail(f"keyed state {s.name!r} has no NAMESPACE_SERIALIZER")
+        if s.kind == "LIST":
+            list_element_type(s)
+        elif s.kind == "MAP":
+            map_value_type(s)
+    return KeyedBackendHeader(compression, key_type, states)
+
+
+def write_keyed_header(out: bytearray, h: KeyedBackendHeader) -> None:
+    out += _I32.pack(HEADER_VERSION)
+    out.append(1 if h.compression else 0)
+    write_serializer_snapshot(out, h.key_type)
+    out += struct.pack(">H", len(h.states))
+    for s in h.states:
+        write_state_meta_info(out, s)
+
+
+def key_group_prefix_bytes(max_parallelism: int) -> int:
+    """``CompositeKeySerializationUtils.computeRequiredBytesInKeyGroupPrefix``."""
+    return 1 if max_parallelism <= 128 else 2
+
+
+# ---------------------------------------------------------------------------------------------- blocks
+
+def read_block(data: bytes | memoryview, start: int, end: int, compressed: bool, where: str) -> bytes | memoryview:
+    """The bytes of one key group's block: ``data[start:end]``, Snappy-decoded when compressed."""
+    if not 0 <= start < end <= len(data):
+        raise CorruptSnapshotError(f"{where}: key-group block [{start}, {end}) lies outside its {len(data)} bytes")
+    raw = memoryview(data)[start:end]
+    if not compressed:
+        return raw
+    try:
+        return bytes(cramjam.snappy.decompress(raw))
+    except Exception as e:   # cramjam raises its own DecompressionError for bad frames or checksums
+        raise CorruptSnapshotError(f"{where}: the Snappy-compressed key-group block at byte {start} does not "
+                                   f"decode: {e}") from None
+
+
+def iter_block_entries(block: bytes | memoryview, key_group: int, prefix_bytes: int, n_states: int,
+                       where: str) -> Iterator[tuple[int, bytes, bytes]]:
+    """(state id, key without the key-group prefix, value) of every entry of one key group's block. The hot loop of
+    every read: lengths are unpacked in place, each checked against the bytes that remain before it is used."""
+    data = bytes(block)
+    end = len(data)
+    unpack_i32 = _I32.unpack_from
+    if end < 2:
+        raise CorruptSnapshotError(f"{where}: a key-group block of {end} bytes has no state id")
+    state_id = _I16.unpack_from(data, 0)[0]
+    if not 0 <= state_id < n_states:
+        raise CorruptSnapshotError(f"{where} at byte 0: state id {state_id}; the header lists {n_states} states")
+    pos = 2
+    kg_bytes = key_group.to_bytes(prefix_bytes, "big")
+    kg_flagged = bytes([kg_bytes[0] | FIRST_BIT]) + kg_bytes[1:]
+    while True:
+        if pos + 4 > end:
+            raise CorruptSnapshotError(f"{where} at byte {pos}: a key length needs 4 bytes, {end - pos} remain "
+                                       "(truncated or corrupt)")
+        klen = unpack_i32(data, pos)[0]
+        kpos = pos + 4
+        if klen < prefix_bytes or kpos + klen + 4 > end:
+            raise CorruptSnapshotError(f"{where} at byte {pos}: a key of {klen} bytes (at least {prefix_bytes}) "
+                                       f"does not fit the {end - kpos} remaining bytes")
+        vlen = unpack_i32(data, kpos + klen)[0]
+        vpos = kpos + klen + 4
+        if vlen < 0 or vpos + vlen > end:
+            raise CorruptSnapshotError(f"{where} at byte {kpos + klen}: a value of {vlen} bytes does not fit the "
+                                       f"{end - vpos} remaining bytes")
+        head = data[kpos:kpos + prefix_bytes]
+        if head == kg_bytes:
+            last_of_state = False
+        elif head == kg_flagged:
+            last_of_state = True
+        else:
+            kg = int.from_bytes(bytes([head[0] & ~FIRST_BIT & 0xFF]) + head[1:], "big")
+            raise CorruptSnapshotError(f"{where} at byte {kpos}: an entry of key group {kg} in the block of key "
+                                       f"group {key_group}")
+        pos = vpos + vlen
+        yield state_id, data[kpos + prefix_bytes:kpos + klen], data[vpos:pos]
+        if last_of_state:
+            if pos + 2 > end:
+                raise CorruptSnapshotError(f"{where} at byte {pos}: the next state id needs 2 bytes, {end - pos} "
+                                           "remain (truncated or corrupt)")
+            nxt = _U16.unpack_from(data, pos)[0]
+            pos += 2
+            if nxt == END_OF_KEY_GROUP:
+                break
+            if nxt >= n_states:
+                raise CorruptSnapshotError(f"{where} at byte {pos - 2}: state id {nxt}; the header lists {n_states} "
+                                           "states")
+            state_id = nxt
+    if pos != end:
+        raise CorruptSnapshotError(f"{where} at byte {pos}: {end - pos} bytes follow the end of key group "
+                                   f"{key_group}")
+
+
+def _variable_int_bytes(n: int) -> bytes:
+    """``CompositeKeySerializationUtils.writeVariableIntBytes``: little-endian bytes until the rest is 0."""
+    out = bytearray()
+    while True:
+        out.append(n & 0xFF)
+        n >>= 8
+        if n == 0:
+            return bytes(out)
+
+
+def composite_key_ambiguous(key_type: FlinkType, namespace_type: FlinkType | None) -> bool:
+    """Flink appends the key's and namespace's lengths when both are variable-length."""
+    return namespace_type is not None and key_type.length < 0 and namespace_type.length < 0
+
+
+def decode_key(key: bytes, key_type: FlinkType, namespace_type: FlinkType | None, user_key_type: FlinkType | None,
+               where: str) -> tuple[Any, Any, Any]:
+    """(key, namespace, user key) of a composite key (its key-group prefix removed)."""
+    c = Cursor(key, where)
+    ambiguous = composite_key_ambiguous(key_type, namespace_type)
+    start = c.pos
+    k = key_type.read(c)
+    if ambiguous:
+        _expect(c, _variable_int_bytes(c.pos - start), "the key's length")
+    ns = None
+    if namespace_type is not None:
+        start = c.pos
+        ns = namespace_type.read(c)
+        if ambiguous:
+            _expect(c, _variable_int_bytes(c.pos - start), "the namespace's length")
+    uk = user_key_type.read(c) if user_key_type is not None else None
+    if c.remaining:
+        raise c.fail(f"{c.remaining} bytes follow the key, namespace and user key")
+    return k, ns, uk
+
+
+def encode_key(out: bytearray, key: Any, namespace: Any, key_type: FlinkType, namespace_type: FlinkType) -> None:
+    """The inverse of ``decode_key`` without the user key and prefix."""
+    ambiguous = composite_key_ambiguous(key_type, namespace_type)
+    start = len(out)
+    key_type.write(out, key)
+    if ambiguous:
+        out += _variable_int_bytes(len(out) - start)
+    start = len(out)
+    namespace_type.write(out, namespace)
+    if ambiguous:
+        out += _variable_int_bytes(len(out) - start)
+
+
+def _expect(c: Cursor, want: bytes, what: str) -> None:
+    got = bytes(c.take(len(want), what))
+    if got != want:
+        raise c.fail(f"{what} is {got.hex()}, expected {want.hex()}")
+
+
+def decode_list_value(value: memoryview, element: FlinkType, where: str) -> list:
+    """A list state's value: elements separated by ',' (``ListDelimitedSerializer``)."""
+    c = Cursor(value, where)
+    out = []
+    while c.remaining:
+        out.append(element.read(c))
+        if c.remaining:
+            d = c.u8("a list delimiter")
+            if d != LIST_DELIMITER:
+                raise c.fail(f"list elements are separated by {LIST_DELIMITER:#x}, found {d:#x}")
+    return out
+
+
+def encode_list_value(out: bytearray, values: list, element: FlinkType) -> None:
+    for i, v in enumerate(values):
+        if i:
+            out.append(LIST_DELIMITER)
+        element.write(out, v)
+
+
+def decode_value(value: bytes | memoryview, t: FlinkType, where: str) -> Any:
+    fast = t.fixed_struct
+    if fast is not None and len(value) == fast.size:
+        return t.from_fixed(fast.unpack(value)[0])
+    c = Cursor(value, where)
+    v = t.read(c)
+    if c.remaining:
+        raise c.fail(f"{c.remaining} bytes follow a {t!r} value")
+    return v
+
+
+def map_value_type(meta: StateMetaInfoSnapshot) -> tuple[FlinkType, FlinkType]:
+    """(user key type, user value type) of a map state."""
+    t = meta.value_type
+    if not isinstance(t, MapType):
+        raise UnsupportedFlinkTypeError(f"map state {meta.name!r} has value serializer {t!r}, not a MapSerializer")
+    return t.key, t.value
+
+
+def list_element_type(meta: StateMetaInfoSnapshot) -> FlinkType:
+    t = meta.value_type
+    if not isinstance(t, ListType):
+        raise UnsupportedFlinkTypeError(f"list state {meta.name!r} has value serializer {t!r}, not a ListSerializer")
+    return t.element
+
+
+def timer_type(meta: StateMetaInfoSnapshot) -> TimerType:
+    t = meta.value_type
+    if not isinstance(t, TimerType):
+        raise UnsupportedFlinkTypeError(f"priority-queue state {meta.name!r} holds {t!r}, not timers; keygroups "
+                                        "reads Flink's timer queues only")
+    return t
+
+
+def is_ttl(t: FlinkType) -> bool:
+    return isinstance(t, TtlType)

@@ -1,0 +1,888 @@
+"""Flink's type serializers: their snapshots (read from and written to Flink's state meta info) and their binary
+formats, each mapped to an Arrow type and to a keygroups serializer.
+
+One class per Flink serializer, named after it; ``SNAPSHOT_READERS`` is the one table from a snapshot class name to
+the reader of its payload. A snapshot class not in the table (Kryo, POJO, Avro, a user's serializer) is refused by
+name with ``UnsupportedFlinkTypeError``: its payload has no length prefix, so nothing after it can be read either.
+Nothing is ever unpickled.
+"""
+
+from __future__ import annotations
+
+import struct
+import sys
+from array import array
+from collections.abc import Callable
+from typing import Any, ClassVar, NamedTuple
+
+import pyarrow as pa
+
+from keygroups.errors import KeyGroupsError
+from keygroups.flink._cursor import Cursor, encode_modified_utf8
+from keygroups.serializers import (
+    BoolSerializer,
+    BytesSerializer,
+    Float64Serializer,
+    Int32Serializer,
+    Int64Serializer,
+    ListSerializer,
+    MapSerializer,
+    NullableSerializer,
+    StrSerializer,
+    TupleSerializer,
+    SerializerSnapshot,
+    TypeSerializer,
+)
+
+COMPOSITE_MAGIC = 911108               # CompositeTypeSerializerSnapshot.MAGIC_NUMBER
+NESTED_MAGIC = 1333245                 # NestedSerializersSnapshotDelegate.MAGIC_NUMBER
+NESTED_VERSION = 1
+SNAPSHOT_PROXY_VERSION = 2             # TypeSerializerSnapshotSerializationUtil's format version
+
+_I16, _I32, _I64 = struct.Struct(">h"), struct.Struct(">i"), struct.Struct(">q")
+_F32, _F64 = struct.Struct(">f"), struct.Struct(">d")
+_H = struct.Struct(">H")
+_NATIVE_UTF16 = "utf-16-le" if sys.byteorder == "little" else "utf-16-be"
+
+
+class UnsupportedFlinkTypeError(KeyGroupsError, ValueError):
+    """A Flink state uses a serializer keygroups cannot read or write (Kryo, POJO, Avro, a user serializer), or a
+    value keygroups cannot express in Flink. The message names the state, the serializer and what to do."""
+
+
+class TtlValue(NamedTuple):
+    """A TTL-wrapped value as Flink stores it (``TtlValue``): the value and its last-access timestamp (ms)."""
+
+    value: Any
+    timestamp: int
+
+
+class FlinkType:
+    """One Flink ``TypeSerializer``: its binary format, its snapshot, its Arrow type and its keygroups serializer."""
+
+    snapshot_class: ClassVar[str]
+    snapshot_version: ClassVar[int] = 3
+    #: Bytes per value when fixed (Flink's ``getLength()``), else -1.
+    length: ClassVar[int] = -1
+    #: Flink's short name for messages.
+    name: ClassVar[str]
+    #: For fixed-size primitives: the struct that unpacks one value (a fast path for whole values).
+    fixed_struct: ClassVar[struct.Struct | None] = None
+
+    def from_fixed(self, raw: Any) -> Any:
+        """The value of what ``fixed_struct`` unpacked."""
+        return raw
+
+    def read(self, c: Cursor) -> Any:
+        raise NotImplementedError
+
+    def write(self, out: bytearray, value: Any) -> None:
+        raise NotImplementedError
+
+    def arrow_type(self) -> pa.DataType:
+        raise NotImplementedError
+
+    def keygroups_serializer(self) -> TypeSerializer:
+        raise UnsupportedFlinkTypeError(f"Flink's {self.name} has no keygroups serializer yet")
+
+    def nested(self) -> tuple[FlinkType, ...]:
+        return ()
+
+    def write_outer(self, out: bytearray) -> None:
+        """The payload of a simple snapshot, or the outer snapshot of a composite one."""
+
+    def write_snapshot(self, out: bytearray) -> None:
+        """``TypeSerializerSnapshot.writeVersionedSnapshot``: class, version, payload."""
+        out += encode_modified_utf8(self.snapshot_class)
+        out += _I32.pack(self.snapshot_version)
+        self.write_outer(out)
+
+    def to_python(self, value: Any) -> Any:
+        """The value as keygroups' serializer holds it (identity unless a subclass narrows or widens)."""
+        return value
+
+    def from_python(self, value: Any) -> Any:
+        return value
+
+    def __eq__(self, other: object) -> bool:
+        return type(self) is type(other) and self.__dict__ == other.__dict__
+
+    def __hash__(self) -> int:
+        return hash(type(self))
+
+    def __repr__(self) -> str:
+        inner = ", ".join(repr(n) for n in self.nested())
+        return f"{self.name}({inner})" if inner else self.name
+
+
+def _check_int(value: Any, bits: int, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"Flink's {name} holds ints, got {value!r} of type {type(value).__name__}")
+    lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+    if not lo <= value <= hi:
+        raise ValueError(f"{value} is outside Flink {name}'s range [{lo}, {hi}]")
+    return value
+
+
+class _Simple(FlinkType):
+    """A serializer whose snapshot is a ``SimpleTypeSerializerSnapshot`` (version 3, no payload)."""
+
+
+def _base(name: str) -> str:
+    return f"org.apache.flink.api.common.typeutils.base.{name}Serializer${name}SerializerSnapshot"
+
+
+class LongType(_Simple):
+    """``LongSerializer``: 8 bytes big-endian."""
+
+    snapshot_class, name, length = _base("Long"), "Long", 8
+    fixed_struct = _I64
+
+    def read(self, c: Cursor) -> int:
+        return c.i64("a Long")
+
+    def write(self, out: bytearray, value: Any) -> None:
+        out += _I64.pack(_check_int(value, 64, "Long"))
+
+    def arrow_type(self) -> pa.DataType:
+        return pa.int64()
+
+    def keygroups_serializer(self) -> TypeSerializer:
+        return Int64Serializer()
+
+
+class IntType(_Simple):
+    """``IntSerializer``: 4 bytes big-endian."""
+
+    snapshot_class, name, length = _base("Int"), "Integer", 4
+    fixed_struct = _I32
+
+    def read(self, c: Cursor) -> int:
+        return c.i32("an Integer")
+
+    def write(self, out: bytearray, value: Any) -> None:
+        out += _I32.pack(_check_int(value, 32, "Integer"))
+
+    def arrow_type(self) -> pa.DataType:
+        return pa.int32()
+
+    def keygroups_serializer(self) -> TypeSerializer:
+        return Int32Serializer()
+
+
+class ShortType(_Simple):
+    """``ShortSerializer``: 2 bytes big-endian (kept in keygroups as Int32)."""
+
+    snapshot_class, name, length = _base("Short"), "Short", 2
+    fixed_struct = _I16
+
+    def read(self, c: Cursor) -> int:
+        return c.i16("a Short")
+
+    def write(self, out: bytearray, value: Any) -> None:
+        out += _I16.pack(_check_int(value, 16, "Short"))
+
+    def arrow_type(self) -> pa.DataType:
+        return pa.int16()
+
+    def keygroups_serializer(self) -> TypeSerializer:
+        return Int32Serializer()
+
+
+class ByteType(_Simple):
+    """``ByteSerializer``: 1 byte, signed (kept in keygroups as Int32)."""
+
+    snapshot_class, name, length = _base("Byte"), "Byte", 1
+
+    def read(self, c: Cursor) -> int:
+        b = c.u8("a Byte")
+        return b - 256 if b > 127 else b
+
+    def write(self, out: bytearray, value: Any) -> None:
+        out.append(_check_int(value, 8, "Byte") & 0xFF)
+
+    def arrow_type(self) -> pa.DataType:
+        return pa.int8()
+
+    def keygroups_serializer(self) -> TypeSerializer:
+        return Int32Serializer()
+
+
+class DoubleType(_Simple):
+    """``DoubleSerializer``: the IEEE bits as a long (``doubleToLongBits``: one NaN)."""
+
+    snapshot_class, name, length = _base("Double"), "Double", 8
+    fixed_struct = _F64
+
+    def read(self, c: Cursor) -> float:
+        return _F64.unpack(c.take(8, "a Double"))[0]
+
+    def write(self, out: bytearray, value: Any) -> None:
+        out += _F64.pack(float(value))
+
+    def arrow_type(self) -> pa.DataType:
+        return pa.float64()
+
+    def keygroups_serializer(self) -> TypeSerializer:
+        return Float64Serializer()
+
+
+class FloatType(_Simple):
+    """``FloatSerializer``: the IEEE bits as an int (kept in keygroups as Float64, exactly)."""
+
+    snapshot_class, name, length = _base("Float"), "Float", 4
+    fixed_struct = _F32
+
+    def read(self, c: Cursor) -> float:
+        return _F32.unpack(c.take(4, "a Float"))[0]
+
+    def write(self, out: bytearray, value: Any) -> None:
+        v = float(value)
+        packed = _F32.pack(v)
+        if _F32.unpack(packed)[0] != v and v == v:
+            raise ValueError(f"{v!r} is not exactly a Java float: Flink's Float state cannot hold it")
+        out += packed
+
+    def arrow_type(self) -> pa.DataType:
+        return pa.float32()
+
+    def keygroups_serializer(self) -> TypeSerializer:
+        return Float64Serializer()
+
+
+class BooleanType(_Simple):
+    """``BooleanSerializer``: one byte, 0 or 1."""
+
+    snapshot_class, name, length = _base("Boolean"), "Boolean", 1
+
+    def read(self, c: Cursor) -> bool:
+        return c.boolean("a Boolean")
+
+    def write(self, out: bytearray, value: Any) -> None:
+        if not isinstance(value, bool):
+            raise TypeError(f"Flink's Boolean holds bools, got {value!r}")
+        out.append(1 if value else 0)
+
+    def arrow_type(self) -> pa.DataType:
+        return pa.bool_()
+
+    def keygroups_serializer(self) -> TypeSerializer:
+        return BoolSerializer()
+
+
+class CharType(_Simple):
+    """``CharSerializer``: one UTF-16 code unit, 2 bytes big-endian (kept in keygroups as a one-character str)."""
+
+    snapshot_class, name, length = _base("Char"), "Character", 2
+
+    def read(self, c: Cursor) -> str:
+        return chr(c.u16("a Character"))
+
+    def write(self, out: bytearray, value: Any) -> None:
+        if not isinstance(value, str) or len(value) != 1 or ord(value) > 0xFFFF:
+            raise ValueError(f"Flink's Character holds one UTF-16 code unit, got {value!r}")
+        out += _H.pack(ord(value))
+
+    def arrow_type(self) -> pa.DataType:
+        return pa.string()
+
+    def keygroups_serializer(self) -> TypeSerializer:
+        return StrSerializer()
+
+
+def read_string_value(c: Cursor) -> str | None:
+    """Flink's ``StringValue.readString``: varint (length + 1; 0 is null), then each UTF-16 unit as a varint."""
+    n = _varint(c, "a String's length")
+    if n == 0:
+        return None
+    n -= 1
+    if n > c.remaining:
+        raise c.fail(f"a String of {n} characters is longer than the {c.remaining} remaining bytes")
+    data, start = c.data, c.pos
+    end = start + n
+    chunk = bytes(data[start:end])
+    if chunk.isascii():           # the common case: one byte per character
+        c.pos = end
+        return chunk.decode("ascii")
+    # each unit is 1 to 3 varint bytes: scan in place, every byte checked against the end first
+    units = array("H")
+    pos, stop = start, c.end
+    for _ in range(n):
+        if pos >= stop:
+            c.pos = pos
+            raise c.fail("a String's character needs a byte but none remains (truncated or corrupt)")
+        b = data[pos]
+        pos += 1
+        if b < 0x80:
+            units.append(b)
+            continue
+        value, shift = b & 0x7F, 7
+        while True:
+            if pos >= stop:
+                c.pos = pos
+                raise c.fail("a String's character needs a byte but none remains (truncated or corrupt)")
+            b = data[pos]
+            pos += 1
+            value |= (b & 0x7F) << shift
+            if value > 0xFFFF:
+                c.pos = pos
+                raise c.fail("a String's character exceeds 0xFFFF")
+            if b < 0x80:
+                break
+            shift += 7
+        units.append(value)
+    c.pos = pos
+    return units.tobytes().decode(_NATIVE_UTF16, "surrogatepass")
+
+
+def _varint(c: Cursor, what: str, limit: int = 0x7FFFFFFF) -> int:
+    value, shift = 0, 0
+    while True:
+        b = c.u8(what)
+        value |= (b & 0x7F) << shift
+        if value > limit:
+            raise c.fail(f"{what} exceeds {limit}")
+        if b < 0x80:
+            return value
+        shift += 7
+
+
+def _write_varint(out: bytearray, v: int) -> None:
+    while v >= 0x80:
+        out.append((v & 0x7F) | 0x80)
+        v >>= 7
+    out.append(v)
+
+
+def write_string_value(out: bytearray, s: str | None) -> None:
+    if s is None:
+        out.append(0)
+        return
+    if s.isascii():
+        _write_varint(out, len(s) + 1)
+        out += s.encode("ascii")
+        return
+    units = s.encode("utf-16-be", "surrogatepass")
+    _write_varint(out, len(units) // 2 + 1)
+    for i in range(0, len(units), 2):
+        _write_varint(out, (units[i] << 8) | units[i + 1])
+
+
+class StringType(_Simple):
+    """``StringSerializer`` (``StringValue`` encoding: varint lengths and characters, any UTF-16 string)."""
+
+    snapshot_class, name = _base("String"), "String"
+
+    def read(self, c: Cursor) -> str | None:
+        return read_string_value(c)
+
+    def write(self, out: bytearray, value: Any) -> None:
+        if value is not None and not isinstance(value, str):
+            raise TypeError(f"Flink's String holds str, got {value!r} of type {type(value).__name__}")
+        write_string_value(out, value)
+
+    def arrow_type(self) -> pa.DataType:
+        return pa.string()
+
+    def keygroups_serializer(self) -> TypeSerializer:
+        return StrSerializer()
+
+
+class BytesType(_Simple):
+    """``BytePrimitiveArraySerializer`` (``byte[]``): int length, then the bytes."""
+
+    snapshot_class = ("org.apache.flink.api.common.typeutils.base.array.BytePrimitiveArraySerializer"
+                      "$BytePrimitiveArraySerializerSnapshot")
+    name = "byte[]"
+
+    def read(self, c: Cursor) -> bytes:
+        n = c.i32("a byte[] length")
+        return bytes(c.take(n, "a byte[]"))
+
+    def write(self, out: bytearray, value: Any) -> None:
+        if not isinstance(value, (bytes, bytearray, memoryview)):
+            raise TypeError(f"Flink's byte[] holds bytes, got {value!r} of type {type(value).__name__}")
+        b = bytes(value)
+        out += _I32.pack(len(b))
+        out += b
+
+    def arrow_type(self) -> pa.DataType:
+        return pa.binary()
+
+    def keygroups_serializer(self) -> TypeSerializer:
+        return BytesSerializer()
+
+
+class VoidNamespaceType(_Simple):
+    """``VoidNamespaceSerializer``: the one namespace of non-windowed state, one 0 byte."""
+
+    snapshot_class = "org.apache.flink.runtime.state.VoidNamespaceSerializer$VoidNamespaceSerializerSnapshot"
+    name, length = "VoidNamespace", 1
+
+    def read(self, c: Cursor) -> None:
+        c.u8("a VoidNamespace")
+        return None
+
+    def write(self, out: bytearray, value: Any) -> None:
+        out.append(0)
+
+    def arrow_type(self) -> pa.DataType:
+        return pa.null()
+
+
+class TimeWindowType(_Simple):
+    """``TimeWindow.Serializer``: start and end (ms), two longs; as a (start, end) tuple."""
+
+    snapshot_class = ("org.apache.flink.streaming.api.windowing.windows.TimeWindow$Serializer"
+                      "$TimeWindowSerializerSnapshot")
+    name, length = "TimeWindow", 16
+
+    def read(self, c: Cursor) -> tuple[int, int]:
+        return c.i64("a TimeWindow start"), c.i64("a TimeWindow end")
+
+    def write(self, out: bytearray, value: Any) -> None:
+        start, end = value
+        out += _I64.pack(start) + _I64.pack(end)
+
+    def arrow_type(self) -> pa.DataType:
+        return pa.struct([("start", pa.int64()), ("end", pa.int64())])
+
+
+class _Composite(FlinkType):
+    """A ``CompositeTypeSerializerSnapshot``: outer snapshot, then the nested serializers' snapshots."""
+
+    snapshot_version = 3
+    outer_version: ClassVar[int] = 1
+
+    def write_outer_payload(self, out: bytearray) -> None:
+        """The outer snapshot's own fields (none by default)."""
+
+    def write_outer(self, out: bytearray) -> None:
+        out += _I32.pack(COMPOSITE_MAGIC) + _I32.pack(self.outer_version)
+        self.write_outer_payload(out)
+        nested = self.nested()
+        out += _I32.pack(NESTED_MAGIC) + _I32.pack(NESTED_VERSION) + _I32.pack(len(nested))
+        for n in nested:
+            n.write_snapshot(out)
+
+
+class TupleType(_Composite):
+    """``TupleSerializer`` (Flink's Tuple1..Tuple25): the fields in order, none null; as a Python tuple."""
+
+    snapshot_class = "org.apache.flink.api.java.typeutils.runtime.TupleSerializerSnapshot"
+    name = "Tuple"
+    outer_version = 2
+
+    def __init__(self, fields: tuple[FlinkType, ...], tuple_class: str | None = None) -> None:
+        self.fields = fields
+        self.tuple_class = tuple_class or f"org.apache.flink.api.java.tuple.Tuple{len(fields)}"
+
+    def nested(self) -> tuple[FlinkType, ...]:
+        return self.fields
+
+    def write_outer_payload(self, out: bytearray) -> None:
+        out += encode_modified_utf8(self.tuple_class)
+
+    def read(self, c: Cursor) -> tuple:
+        return tuple(f.read(c) for f in self.fields)
+
+    def write(self, out: bytearray, value: Any) -> None:
+        if len(value) != len(self.fields):
+            raise ValueError(f"a {self.tuple_class.rpartition('.')[2]} needs {len(self.fields)} fields, got "
+                             f"{len(value)}: {value!r}")
+        for f, v in zip(self.fields, value):
+            if v is None:
+                raise ValueError(f"Flink's Tuple fields cannot be null: {value!r}")
+            f.write(out, v)
+
+    def arrow_type(self) -> pa.DataType:
+        return pa.struct([(f"f{i}", f.arrow_type()) for i, f in enumerate(self.fields)])
+
+    def keygroups_serializer(self) -> TypeSerializer:
+        return TupleSerializer(*(f.keygroups_serializer() for f in self.fields))
+
+    def __repr__(self) -> str:
+        return f"Tuple{len(self.fields)}({', '.join(map(repr, self.fields))})"
+
+
+class RowType(_Composite):
+    """``RowSerializer`` (position based): a bit mask (2 RowKind bits when supported, then one null bit per field,
+    most significant bit first), then the non-null fields; as a Python tuple (RowKind must be INSERT)."""
+
+    snapshot_class = "org.apache.flink.api.java.typeutils.runtime.RowSerializer$RowSerializerSnapshot"
+    name = "Row"
+    outer_version = 4
+
+    def __init__(self, fields: tuple[FlinkType, ...], supports_row_kind: bool = True) -> None:
+        self.fields = fields
+        self.supports_row_kind = supports_row_kind
+
+    def nested(self) -> tuple[FlinkType, ...]:
+        return self.fields
+
+    def write_outer_payload(self, out: bytearray) -> None:
+        out.append(1 if self.supports_row_kind else 0)
+
+    def _mask_bits(self) -> int:
+        return len(self.fields) + (2 if self.supports_row_kind else 0)
+
+    def read(self, c: Cursor) -> tuple:
+        nbits = self._mask_bits()
+        mask = int.from_bytes(c.take((nbits + 7) // 8, "a Row's null mask"), "big")
+        shift = ((nbits + 7) // 8) * 8
+        offset = 2 if self.supports_row_kind else 0
+        if offset and mask >> (shift - 2):
+            raise c.fail("a Row whose RowKind is not INSERT (keygroups keeps only inserted rows)")
+        out = []
+        for i, f in enumerate(self.fields):
+            is_null = (mask >> (shift - 1 - offset - i)) & 1
+            out.append(None if is_null else f.read(c))
+        return tuple(out)
+
+    def write(self, out: bytearray, value: Any) -> None:
+        if len(value) != len(self.fields):
+            raise ValueError(f"a Row of {len(self.fields)} fields cannot hold {value!r}")
+        nbits = self._mask_bits()
+        nbytes = (nbits + 7) // 8
+        offset = 2 if self.supports_row_kind else 0
+        mask = 0
+        for i, v in enumerate(value):
+            if v is None:
+                mask |= 1 << (nbytes * 8 - 1 - offset - i)
+        out += mask.to_bytes(nbytes, "big")
+        for f, v in zip(self.fields, value):
+            if v is not None:
+                f.write(out, v)
+
+    def arrow_type(self) -> pa.DataType:
+        return pa.struct([(f"f{i}", f.arrow_type()) for i, f in enumerate(self.fields)])
+
+    def keygroups_serializer(self) -> TypeSerializer:
+        raise UnsupportedFlinkTypeError(
+            "Flink's Row has no keygroups serializer yet (it waits for keygroups' record serializer, issue #24); "
+            "read it with read_savepoint, convert it to a Tuple in Flink, or skip the state")
+
+    def __repr__(self) -> str:
+        return f"Row({', '.join(map(repr, self.fields))})"
+
+
+class ListType(_Composite):
+    """``ListSerializer``: int count, then the elements (none null); as a Python list."""
+
+    snapshot_class = "org.apache.flink.api.common.typeutils.base.ListSerializerSnapshot"
+    name = "List"
+
+    def __init__(self, element: FlinkType) -> None:
+        self.element = element
+
+    def nested(self) -> tuple[FlinkType, ...]:
+        return (self.element,)
+
+    def read(self, c: Cursor) -> list:
+        n = c.count("a List's size", max(1, self.element.length))
+        return [self.element.read(c) for _ in range(n)]
+
+    def write(self, out: bytearray, value: Any) -> None:
+        out += _I32.pack(len(value))
+        for v in value:
+            self.element.write(out, v)
+
+    def arrow_type(self) -> pa.DataType:
+        return pa.list_(self.element.arrow_type())
+
+    def keygroups_serializer(self) -> TypeSerializer:
+        return ListSerializer(self.element.keygroups_serializer())
+
+
+class MapType(_Composite):
+    """``MapSerializer``: int count, then (key, boolean isNull, value) per entry; as a Python dict."""
+
+    snapshot_class = "org.apache.flink.api.common.typeutils.base.MapSerializerSnapshot"
+    name = "Map"
+
+    def __init__(self, key: FlinkType, value: FlinkType) -> None:
+        self.key = key
+        self.value = value
+
+    def nested(self) -> tuple[FlinkType, ...]:
+        return (self.key, self.value)
+
+    def read(self, c: Cursor) -> dict:
+        n = c.count("a Map's size", max(1, self.key.length) + 1)
+        out = {}
+        for _ in range(n):
+            k = self.key.read(c)
+            out[k] = None if c.boolean("a Map value's null flag") else self.value.read(c)
+        return out
+
+    def write(self, out: bytearray, value: Any) -> None:
+        out += _I32.pack(len(value))
+        for k, v in value.items():
+            self.key.write(out, k)
+            out.append(1 if v is None else 0)
+            if v is not None:
+                self.value.write(out, v)
+
+    def arrow_type(self) -> pa.DataType:
+        return pa.map_(self.key.arrow_type(), self.value.arrow_type())
+
+    def keygroups_serializer(self) -> TypeSerializer:
+        return MapSerializer(self.key.keygroups_serializer(), self.value.keygroups_serializer())
+
+
+class NullableType(_Composite):
+    """``NullableSerializer``: boolean isNull, then the value (or ``padding`` zero bytes for a null)."""
+
+    snapshot_class = "org.apache.flink.api.java.typeutils.runtime.NullableSerializer$NullableSerializerSnapshot"
+    name = "Nullable"
+    outer_version = 2
+
+    def __init__(self, inner: FlinkType, padding: int = 0) -> None:
+        self.inner = inner
+        self.padding = padding
+
+    def nested(self) -> tuple[FlinkType, ...]:
+        return (self.inner,)
+
+    def write_outer_payload(self, out: bytearray) -> None:
+        out += _I32.pack(self.padding)
+
+    def read(self, c: Cursor) -> Any:
+        if c.boolean("a Nullable's null flag"):
+            c.take(self.padding, "a Nullable's padding")
+            return None
+        return self.inner.read(c)
+
+    def write(self, out: bytearray, value: Any) -> None:
+        if value is None:
+            out.append(1)
+            out += bytes(self.padding)
+        else:
+            out.append(0)
+            self.inner.write(out, value)
+
+    def arrow_type(self) -> pa.DataType:
+        return self.inner.arrow_type()
+
+    def keygroups_serializer(self) -> TypeSerializer:
+        return NullableSerializer(self.inner.keygroups_serializer())
+
+
+class TtlType(_Composite):
+    """``TtlStateFactory.TtlSerializer``: the last-access timestamp (long), then the user value; as ``TtlValue``."""
+
+    snapshot_class = "org.apache.flink.runtime.state.ttl.TtlStateFactory$TtlSerializerSnapshot"
+    name = "Ttl"
+    outer_version = 2
+
+    def __init__(self, value: FlinkType) -> None:
+        self.value = value
+
+    def nested(self) -> tuple[FlinkType, ...]:
+        return (LongType(), self.value)
+
+    def read(self, c: Cursor) -> TtlValue:
+        ts = c.i64("a TTL timestamp")
+        return TtlValue(self.value.read(c), ts)
+
+    def write(self, out: bytearray, value: Any) -> None:
+        out += _I64.pack(value.timestamp)
+        self.value.write(out, value.value)
+
+    def arrow_type(self) -> pa.DataType:
+        return self.value.arrow_type()
+
+    def keygroups_serializer(self) -> TypeSerializer:
+        return self.value.keygroups_serializer()
+
+
+class TimerType(_Composite):
+    """``TimerSerializer`` (a timer of the heap and RocksDB priority queues): timestamp with its sign bit flipped (so
+    bytes sort as numbers), key, namespace."""
+
+    snapshot_class = "org.apache.flink.streaming.api.operators.TimerSerializerSnapshot"
+    name = "Timer"
+    outer_version = 2
+
+    def __init__(self, key: FlinkType, namespace: FlinkType) -> None:
+        self.key = key
+        self.namespace = namespace
+
+    def nested(self) -> tuple[FlinkType, ...]:
+        return (self.key, self.namespace)
+
+    def read(self, c: Cursor) -> tuple[int, Any, Any]:
+        ts = c.i64("a timer timestamp") ^ -(1 << 63)
+        return ts, self.key.read(c), self.namespace.read(c)
+
+    def write(self, out: bytearray, value: Any) -> None:
+        ts, key, namespace = value
+        out += _I64.pack(_check_int(ts, 64, "timer timestamp") ^ -(1 << 63))
+        self.key.write(out, key)
+        self.namespace.write(out, namespace)
+
+
+# ---------------------------------------------------------------------------------------------- reading snapshots
+
+def _read_composite(c: Cursor, cls_name: str, outer_versions: frozenset[int]) -> tuple[int, Cursor]:
+    magic = c.i32("a composite serializer snapshot's magic number")
+    if magic != COMPOSITE_MAGIC:
+        raise c.fail(f"{cls_name}: magic number {magic}, expected {COMPOSITE_MAGIC} (a CompositeTypeSerializer"
+                     "Snapshot); snapshots older than Flink 1.8's format are not supported")
+    outer = c.i32("the outer snapshot version")
+    if outer not in outer_versions:
+        raise UnsupportedFlinkTypeError(f"{cls_name} outer snapshot version {outer} is not supported (known: "
+                                        f"{sorted(outer_versions)})")
+    return outer, c
+
+
+def _read_nested_list(c: Cursor, cls_name: str, expected: int | None = None) -> list[FlinkType]:
+    magic = c.i32("the nested serializers' magic number")
+    if magic != NESTED_MAGIC:
+        raise c.fail(f"{cls_name}: nested serializers magic number {magic}, expected {NESTED_MAGIC}")
+    version = c.i32("the nested serializers' version")
+    if version != NESTED_VERSION:
+        raise c.fail(f"{cls_name}: nested serializers version {version}, expected {NESTED_VERSION}")
+    n = c.count("the number of nested serializers", 6, limit=1024)
+    if expected is not None and n != expected:
+        raise c.fail(f"{cls_name} has {n} nested serializers, expected {expected}")
+    return [read_nested_snapshot(c) for _ in range(n)]
+
+
+def _simple(cls: type[FlinkType]) -> Callable[[Cursor, int], FlinkType]:
+    def reader(c: Cursor, version: int) -> FlinkType:
+        if version not in (1, 2, 3):
+            raise UnsupportedFlinkTypeError(f"{cls.snapshot_class} version {version} is not supported")
+        return cls()
+    return reader
+
+
+def _tuple(c: Cursor, version: int) -> FlinkType:
+    _read_composite(c, "TupleSerializerSnapshot", frozenset({2}))
+    tuple_class = c.utf("the tuple class")
+    return TupleType(tuple(_read_nested_list(c, "TupleSerializerSnapshot")), tuple_class)
+
+
+def _row(c: Cursor, version: int) -> FlinkType:
+    outer, _ = _read_composite(c, "RowSerializerSnapshot", frozenset({3, 4}))
+    supports_row_kind = c.boolean("RowSerializer's supportsRowKind") if outer >= 4 else False
+    return RowType(tuple(_read_nested_list(c, "RowSerializerSnapshot")), supports_row_kind)
+
+
+def _list(c: Cursor, version: int) -> FlinkType:
+    _read_composite(c, "ListSerializerSnapshot", frozenset({1}))
+    return ListType(*_read_nested_list(c, "ListSerializerSnapshot", 1))
+
+
+def _map(c: Cursor, version: int) -> FlinkType:
+    _read_composite(c, "MapSerializerSnapshot", frozenset({1}))
+    return MapType(*_read_nested_list(c, "MapSerializerSnapshot", 2))
+
+
+def _nullable(c: Cursor, version: int) -> FlinkType:
+    _read_composite(c, "NullableSerializerSnapshot", frozenset({2}))
+    padding = c.i32("a Nullable's padding length")
+    if not 0 <= padding <= 1024:
+        raise c.fail(f"a Nullable's padding length is {padding}")
+    (inner,) = _read_nested_list(c, "NullableSerializerSnapshot", 1)
+    if padding and padding != inner.length:
+        raise c.fail(f"a Nullable's padding of {padding} bytes differs from its {inner!r}'s length {inner.length}")
+    return NullableType(inner, padding)
+
+
+def _ttl(c: Cursor, version: int) -> FlinkType:
+    _read_composite(c, "TtlSerializerSnapshot", frozenset({2}))
+    ts, value = _read_nested_list(c, "TtlSerializerSnapshot", 2)
+    if not isinstance(ts, LongType):
+        raise c.fail(f"a TtlSerializer's timestamp serializer is {ts!r}, not Long")
+    return TtlType(value)
+
+
+def _timer(c: Cursor, version: int) -> FlinkType:
+    _read_composite(c, "TimerSerializerSnapshot", frozenset({2}))
+    return TimerType(*_read_nested_list(c, "TimerSerializerSnapshot", 2))
+
+
+_SIMPLE_TYPES: tuple[type[FlinkType], ...] = (
+    LongType, IntType, ShortType, ByteType, DoubleType, FloatType, BooleanType, CharType, StringType, BytesType,
+    VoidNamespaceType, TimeWindowType)
+
+#: Every serializer snapshot class keygroups reads, to the reader of its payload (given the snapshot version).
+SNAPSHOT_READERS: dict[str, Callable[[Cursor, int], FlinkType]] = {
+    **{t.snapshot_class: _simple(t) for t in _SIMPLE_TYPES},
+    TupleType.snapshot_class: _tuple,
+    RowType.snapshot_class: _row,
+    ListType.snapshot_class: _list,
+    MapType.snapshot_class: _map,
+    NullableType.snapshot_class: _nullable,
+    TtlType.snapshot_class: _ttl,
+    TimerType.snapshot_class: _timer,
+}
+
+_KNOWN_UNSUPPORTED = {
+    "KryoSerializer": "Kryo (a generic type Flink could not analyse)",
+    "PojoSerializer": "a POJO",
+    "AvroSerializer": "Avro",
+    "ValueSerializer": "a Flink Value type",
+    "EnumSerializer": "a Java enum",
+}
+
+
+def read_nested_snapshot(c: Cursor) -> FlinkType:
+    """``TypeSerializerSnapshot.readVersionedSnapshot``: class name, version, payload."""
+    cls_name = c.utf("a serializer snapshot class")
+    version = c.i32(f"{cls_name}'s version")
+    reader = SNAPSHOT_READERS.get(cls_name)
+    if reader is None:
+        kind = next((v for k, v in _KNOWN_UNSUPPORTED.items() if k in cls_name), "a serializer keygroups does not know")
+        raise UnsupportedFlinkTypeError(f"serializer {cls_name} ({kind}) is not supported")
+    return reader(c, version)
+
+
+def read_serializer_snapshot(c: Cursor) -> FlinkType:
+    """``TypeSerializerSnapshotSerializationUtil.readSerializerSnapshot``: format version 2, then the snapshot."""
+    proxy = c.i32("the serializer snapshot format version")
+    if proxy != SNAPSHOT_PROXY_VERSION:
+        raise UnsupportedFlinkTypeError(f"serializer snapshot format version {proxy} (Flink before 1.8) is not "
+                                        f"supported; only {SNAPSHOT_PROXY_VERSION}")
+    return read_nested_snapshot(c)
+
+
+def write_serializer_snapshot(out: bytearray, t: FlinkType) -> None:
+    out += _I32.pack(SNAPSHOT_PROXY_VERSION)
+    t.write_snapshot(out)
+
+
+# ---------------------------------------------------------------------------------------------- keygroups → Flink
+
+def flink_type_for(snapshot: SerializerSnapshot, what: str) -> FlinkType:
+    """The Flink serializer that holds the values of keygroups' serializer ``snapshot`` exactly; refuses (by name)
+    those Flink cannot hold."""
+    ident = snapshot.identifier
+    simple = {"int64": LongType, "int32": IntType, "float64": DoubleType, "bool": BooleanType, "str": StringType,
+              "bytes": BytesType}
+    if ident in simple:
+        return simple[ident]()
+    nested = snapshot.nested
+    if ident == "tuple":
+        return TupleType(tuple(flink_type_for(s, what) for s in nested))
+    if ident == "list":
+        return ListType(flink_type_for(nested[0], what))
+    if ident == "map":
+        return MapType(flink_type_for(nested[0], what), flink_type_for(nested[1], what))
+    if ident == "nullable":
+        return NullableType(flink_type_for(nested[0], what))
+    raise UnsupportedFlinkTypeError(
+        f"{what} uses {snapshot.describe()}, which Flink cannot hold: only Int64/Int32/Float64/Bool/Str/Bytes and "
+        "Tuple, List, Map and Nullable of them are exported (a ValueSerializer or pickled value has no Flink type; "
+        "give the state a typed serializer, or leave it out with skip_states / --skip-state)")
+
+
+def narrow_to(flink: FlinkType, wider: FlinkType) -> bool:
+    """True when values of keygroups' serializer for ``wider`` can be written as ``flink`` (same shape, with Short/
+    Byte/Float/Character narrowed from Int32/Float64/Str): used to export to the types of an original savepoint."""
+    if type(flink) is type(wider):
+        return all(narrow_to(a, b) for a, b in zip(flink.nested(), wider.nested())) \
+            and len(flink.nested()) == len(wider.nested())
+    pairs = {(ShortType, IntType), (ByteType, IntType), (FloatType, DoubleType), (CharType, StringType)}
+    return (type(flink), type(wider)) in pairs

@@ -1,0 +1,162 @@
+"""Import: a Flink 2.3 savepoint (tests/flink/fixtures) becomes a keygroups savepoint whose keyed state, TTL
+timestamps, timers and operator state read back, through keygroups' own state reader, equal to what Flink holds; every
+key sits in the key group keygroups computes for it, so a KeyedJob restoring it finds its keys at any parallelism."""
+
+from __future__ import annotations
+
+import struct
+
+import pyarrow as pa
+import pytest
+
+from flink_harness import FIXTURE_SET, FIXTURES
+from keygroups import assign_key_groups, assign_key_groups_for_tuples
+from keygroups.checkpoint import CheckpointStorage
+from keygroups.flink import UnsupportedFlinkTypeError, read_savepoint
+from keygroups.flink.importer import import_savepoint
+from keygroups.flink.types import TtlValue
+from keygroups.runtime.state_reader import KeyedStateReader, load_restore_point, operator_state_table, read_timers
+
+FIXTURE_NAMES = [f.name for f in FIXTURE_SET]
+
+
+def _bits(v):
+    """Floats compared by their bits (NaN equals NaN, -0.0 differs from 0.0)."""
+    return struct.pack(">d", v) if isinstance(v, float) else v
+
+
+def _flink_value(v):
+    if isinstance(v, float):
+        return _bits(v)
+    if isinstance(v, TtlValue):
+        return _flink_value(v.value)
+    if isinstance(v, tuple):
+        return tuple(_flink_value(x) for x in v)
+    if isinstance(v, list):
+        return [_flink_value(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _flink_value(x) for k, x in v.items()}
+    return v
+
+
+def _kg_value(v):
+    if isinstance(v, float):
+        return _bits(v)
+    if isinstance(v, dict):                       # a struct (tuple) column
+        return tuple(_kg_value(x) for x in v.values())
+    if isinstance(v, list) and v and isinstance(v[0], tuple):
+        return {k: _kg_value(x) for k, x in v}    # a map column
+    if isinstance(v, list):
+        return [_kg_value(x) for x in v]
+    return v
+
+
+def _key(row):
+    """A row's key: one column, or a Tuple key's columns key_1, key_2."""
+    return row["key"] if "key" in row else (row["key_1"], row["key_2"])
+
+
+def _key_groups(rows, fixture):
+    """The key groups keygroups computes for the rows' keys (as a KeyedJob placing them would)."""
+    if fixture.key_type == "tuple":
+        return assign_key_groups_for_tuples([pa.array([r["key_1"] for r in rows], pa.int64()),
+                                             pa.array([r["key_2"] for r in rows], pa.string())],
+                                            fixture.max_parallelism)
+    keys = pa.array([r["key"] for r in rows], type=pa.int64() if fixture.key_type == "long" else pa.string())
+    return assign_key_groups(keys, fixture.max_parallelism)
+
+
+@pytest.mark.parametrize("name", FIXTURE_NAMES)
+def test_imported_state_reads_back_equal_to_flinks(tmp_path, name):
+    fixture = next(f for f in FIXTURE_SET if f.name == name)
+    sp = read_savepoint(FIXTURES / name / "savepoint")
+    report = import_savepoint(sp, str(tmp_path), "fromflink", uid="keyed", skip_states=["row"])
+    assert (report.parallelism, report.max_parallelism, report.skipped_states) == \
+        (fixture.parallelism, fixture.max_parallelism, ("row",))
+    storage = CheckpointStorage(str(tmp_path))
+    md = load_restore_point(storage, savepoint="fromflink")
+    infos = {s.name: s for s in sp.states("keyed")}
+    flink: dict[str, dict] = {}
+    ttl: dict[str, dict] = {}
+    for kg in sp.key_groups("keyed"):
+        for state, entries in kg.entries.items():
+            for e in entries:
+                if infos[state].kind == "MAP":
+                    flink.setdefault(state, {}).setdefault(e[0], {})[e[2]] = _flink_value(e[3])
+                    ttl.setdefault(state, {}).setdefault(e[0], {})[e[2]] = getattr(e[3], "timestamp", None)
+                elif infos[state].kind == "TIMER":
+                    flink.setdefault(state, {}).setdefault(e[0], set()).add(e[2])
+                else:
+                    flink.setdefault(state, {})[e[0]] = _flink_value(e[2])
+                    stamp = [x.timestamp for x in e[2]] if infos[state].kind == "LIST" and infos[state].ttl \
+                        else getattr(e[2], "timestamp", None)
+                    ttl.setdefault(state, {})[e[0]] = stamp
+    for state in report.keyed_states:
+        reader = KeyedStateReader(storage, md, state)
+        rows = [r for part in reader.partitions() for b in reader.read(part) for r in b.to_pylist()]
+        got = {_key(r): _kg_value(r["value"]) for r in rows}
+        assert got == flink[state], state
+        assert _key_groups(rows, fixture).tolist() == [r["key_group"] for r in rows]
+        if infos[state].ttl and infos[state].kind == "VALUE":
+            assert {_key(r): int(r["ttl_timestamp"].timestamp() * 1000) for r in rows} == ttl[state]
+        if infos[state].ttl and infos[state].kind == "LIST":
+            assert {_key(r): [int(t.timestamp() * 1000) for t in r["ttl_timestamps"]] for r in rows} == ttl[state]
+    timers = read_timers(storage, md).to_pylist()
+    for domain, state in (("event-time", "_timer_state/event_user-timers"),
+                          ("processing-time", "_timer_state/processing_user-timers")):
+        got: dict = {}
+        for t in timers:
+            if t["domain"] == domain:
+                got.setdefault(_key(t), set()).add(t["timestamp"])
+        assert got == flink[state]
+    for state in ("op_split", "op_union"):
+        table = operator_state_table(storage, md, state).to_pylist()
+        assert sorted(r["value"] for r in table) == \
+            sorted(e for elems in sp.read_operator_state("keyed", state).values() for e in elems)
+
+
+def test_import_of_a_source_operator_state_uid(tmp_path):
+    sp = read_savepoint(FIXTURES / FIXTURE_NAMES[0] / "savepoint")
+    report = import_savepoint(sp, str(tmp_path), "withsource", uid="keyed", operator_state_uid="source",
+                              skip_states=["row"])
+    assert report.operator_states == ("source_offset",)
+    storage = CheckpointStorage(str(tmp_path))
+    md = load_restore_point(storage, savepoint="withsource")
+    assert [r["value"] for r in operator_state_table(storage, md, "source_offset").to_pylist()] == [20]
+
+
+def test_row_state_is_refused_by_name_until_skipped(tmp_path):
+    with pytest.raises(UnsupportedFlinkTypeError, match="state 'row'.*Row has no keygroups serializer.*skip"):
+        import_savepoint(FIXTURES / FIXTURE_NAMES[0] / "savepoint", str(tmp_path), "x", uid="keyed")
+    assert not (tmp_path / "savepoints" / "x" / "_metadata").exists()
+    with pytest.raises(ValueError, match="skip_states names \\['nope'\\]"):
+        import_savepoint(FIXTURES / FIXTURE_NAMES[0] / "savepoint", str(tmp_path), "y", uid="keyed",
+                         skip_states=["row", "nope"])
+
+
+def test_cli_lists_and_imports_and_refuses_by_name(tmp_path, capsys):
+    from keygroups.cli import main
+
+    src = str(FIXTURES / FIXTURE_NAMES[1] / "savepoint")
+    assert main(["flink", "list", src]) == 0
+    out = capsys.readouterr().out
+    assert "operator uid=keyed name=keyed state id=e7beec23fd9f6ed5e1b8395129d43728" in out
+    assert "TIMER            _timer_state/event_user-timers: Timer(Long, VoidNamespace)" in out
+    assert main(["flink", "import", src, str(tmp_path), "--name", "a", "--uid", "keyed"]) == 2
+    assert "state 'row'" in capsys.readouterr().err
+    assert main(["flink", "import", src, str(tmp_path), "--name", "a", "--uid", "keyed", "--skip-state", "row",
+                 "--operator-state-uid", "source"]) == 0
+    assert "operator states source_offset; skipped row" in capsys.readouterr().out
+    assert (tmp_path / "savepoints" / "a" / "_metadata").exists()
+
+
+def test_keygroups_inspect_reads_an_imported_savepoint(tmp_path, capsys):
+    from keygroups.cli import main
+
+    import_savepoint(FIXTURES / FIXTURE_NAMES[0] / "savepoint", str(tmp_path), "fromflink", uid="keyed",
+                     skip_states=["row"])
+    assert main(["inspect", str(tmp_path), "--savepoint", "fromflink"]) == 0
+    out = capsys.readouterr().out
+    assert "ttl_map" in out and "128" in out
+    assert main(["inspect", str(tmp_path), "--savepoint", "fromflink", "--json"]) == 0
+    assert '"event-time"' in capsys.readouterr().out
