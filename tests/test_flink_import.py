@@ -70,9 +70,10 @@ def _key_groups(rows, fixture):
 def test_imported_state_reads_back_equal_to_flinks(tmp_path, name):
     fixture = next(f for f in FIXTURE_SET if f.name == name)
     sp = read_savepoint(FIXTURES / name / "savepoint")
-    report = import_savepoint(sp, str(tmp_path), "fromflink", uid="keyed", skip_states=["row"])
+    report = import_savepoint(sp, str(tmp_path), "fromflink", uid="keyed")
     assert (report.parallelism, report.max_parallelism, report.skipped_states) == \
-        (fixture.parallelism, fixture.max_parallelism, ("row",))
+        (fixture.parallelism, fixture.max_parallelism, ())
+    assert "row" in report.keyed_states
     storage = CheckpointStorage(str(tmp_path))
     md = load_restore_point(storage, savepoint="fromflink")
     infos = {s.name: s for s in sp.states("keyed")}
@@ -117,21 +118,47 @@ def test_imported_state_reads_back_equal_to_flinks(tmp_path, name):
 
 def test_import_of_a_source_operator_state_uid(tmp_path):
     sp = read_savepoint(FIXTURES / FIXTURE_NAMES[0] / "savepoint")
-    report = import_savepoint(sp, str(tmp_path), "withsource", uid="keyed", operator_state_uid="source",
-                              skip_states=["row"])
+    report = import_savepoint(sp, str(tmp_path), "withsource", uid="keyed", operator_state_uid="source")
     assert report.operator_states == ("source_offset",)
     storage = CheckpointStorage(str(tmp_path))
     md = load_restore_point(storage, savepoint="withsource")
     assert [r["value"] for r in operator_state_table(storage, md, "source_offset").to_pylist()] == [20]
 
 
-def test_row_state_is_refused_by_name_until_skipped(tmp_path):
-    with pytest.raises(UnsupportedFlinkTypeError, match="state 'row'.*Row has no keygroups serializer.*skip"):
-        import_savepoint(FIXTURES / FIXTURE_NAMES[0] / "savepoint", str(tmp_path), "x", uid="keyed")
-    assert not (tmp_path / "savepoints" / "x" / "_metadata").exists()
+def test_row_state_becomes_a_record_with_the_given_field_names(tmp_path):
+    sp = read_savepoint(FIXTURES / FIXTURE_NAMES[0] / "savepoint")
+    import_savepoint(sp, str(tmp_path), "named", uid="keyed", field_names={"row": ["id", "label"]})
+    storage = CheckpointStorage(str(tmp_path))
+    md = load_restore_point(storage, savepoint="named")
+    reader = KeyedStateReader(storage, md, "row")
+    table = pa.Table.from_batches([b for part in reader.partitions() for b in reader.read(part)])
+    assert table.schema.field("value").type == pa.struct([("id", pa.int64()), ("label", pa.string())])
+    flink = {e[0]: e[2] for kg in sp.key_groups("keyed", {"row"}) for e in kg.entries["row"]}
+    got = {_key(r): r["value"] for r in table.to_pylist()}
+    assert got == {k: {"id": v[0], "label": v[1]} for k, v in flink.items()}
+    assert any(v["label"] is None for v in got.values())     # Row fields are nullable: Flink's nulls stay null
+    (meta,) = [m for m in md.keyed_handles[0].states if m["name"] == "row"]
+    assert meta["serializers"]["value"]["identifier"] == "record"
+
+
+def test_field_names_that_do_not_fit_are_refused_by_name(tmp_path):
+    src = FIXTURES / FIXTURE_NAMES[0] / "savepoint"
+    with pytest.raises(ValueError, match="field_names for state 'row'.*2 fields needs 2 distinct"):
+        import_savepoint(src, str(tmp_path), "a", uid="keyed", field_names={"row": ["only_one"]})
+    with pytest.raises(ValueError, match="field_names gives names for state 'long'.*not Row"):
+        import_savepoint(src, str(tmp_path), "b", uid="keyed", field_names={"long": ["x"]})
+    with pytest.raises(ValueError, match="field_names names \\['nope'\\]"):
+        import_savepoint(src, str(tmp_path), "c", uid="keyed", field_names={"nope": ["x"]})
     with pytest.raises(ValueError, match="skip_states names \\['nope'\\]"):
-        import_savepoint(FIXTURES / FIXTURE_NAMES[0] / "savepoint", str(tmp_path), "y", uid="keyed",
-                         skip_states=["row", "nope"])
+        import_savepoint(src, str(tmp_path), "d", uid="keyed", skip_states=["row", "nope"])
+    assert not (tmp_path / "savepoints").exists() or not list((tmp_path / "savepoints").glob("*/_metadata"))
+
+
+def test_window_state_is_refused_by_name_until_skipped(tmp_path):
+    src = FIXTURES / FIXTURE_NAMES[0] / "savepoint"
+    with pytest.raises(UnsupportedFlinkTypeError, match="state 'window-contents'.*namespace.*skip"):
+        import_savepoint(src, str(tmp_path), "x", uid="window")
+    assert not (tmp_path / "savepoints" / "x" / "_metadata").exists()
 
 
 def test_cli_lists_and_imports_and_refuses_by_name(tmp_path, capsys):
@@ -142,19 +169,18 @@ def test_cli_lists_and_imports_and_refuses_by_name(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "operator uid=keyed name=keyed state id=e7beec23fd9f6ed5e1b8395129d43728" in out
     assert "TIMER            _timer_state/event_user-timers: Timer(Long, VoidNamespace)" in out
-    assert main(["flink", "import", src, str(tmp_path), "--name", "a", "--uid", "keyed"]) == 2
-    assert "state 'row'" in capsys.readouterr().err
-    assert main(["flink", "import", src, str(tmp_path), "--name", "a", "--uid", "keyed", "--skip-state", "row",
-                 "--operator-state-uid", "source"]) == 0
-    assert "operator states source_offset; skipped row" in capsys.readouterr().out
+    assert main(["flink", "import", src, str(tmp_path), "--name", "w", "--uid", "window"]) == 2
+    assert "state 'window-contents'" in capsys.readouterr().err
+    assert main(["flink", "import", src, str(tmp_path), "--name", "a", "--uid", "keyed", "--skip-state", "bytes",
+                 "--operator-state-uid", "source", "--field-names", "row=id,label"]) == 0
+    assert "operator states source_offset; skipped bytes" in capsys.readouterr().out
     assert (tmp_path / "savepoints" / "a" / "_metadata").exists()
 
 
 def test_keygroups_inspect_reads_an_imported_savepoint(tmp_path, capsys):
     from keygroups.cli import main
 
-    import_savepoint(FIXTURES / FIXTURE_NAMES[0] / "savepoint", str(tmp_path), "fromflink", uid="keyed",
-                     skip_states=["row"])
+    import_savepoint(FIXTURES / FIXTURE_NAMES[0] / "savepoint", str(tmp_path), "fromflink", uid="keyed")
     assert main(["inspect", str(tmp_path), "--savepoint", "fromflink"]) == 0
     out = capsys.readouterr().out
     assert "ttl_map" in out and "128" in out

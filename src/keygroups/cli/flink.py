@@ -1,6 +1,7 @@
 """``keygroups flink``: move a job's state between Flink and keygroups.
 
-``keygroups flink import SAVEPOINT LOCATION --name NAME --uid UID [--operator-state-uid UID2] [--skip-state S]``
+``keygroups flink import SAVEPOINT LOCATION --name NAME --uid UID [--operator-state-uid UID2] [--skip-state S]
+[--field-names STATE=A,B]``
 writes Flink operator UID's keyed state, timers and operator state (UID2's operator state when given) as the keygroups
 savepoint LOCATION/savepoints/NAME, which ``KeyedJob(..., restore_from_savepoint=NAME)`` continues from.
 ``keygroups flink export LOCATION (--savepoint NAME | --checkpoint ID) DEST --uid UID [--operator-state-uid UID2]
@@ -21,6 +22,8 @@ def _import(args: argparse.Namespace) -> int:
 
     ttl = args.ttl_ms if args.ttl_ms is not None else None
     kwargs: dict[str, Any] = {} if ttl is None else {"ttl_ms": ttl}
+    if args.field_names:
+        kwargs["field_names"] = dict(args.field_names)
     r = import_savepoint(args.savepoint, args.location, args.name, uid=args.uid,
                          operator_state_uid=args.operator_state_uid, skip_states=args.skip_state or (),
                          storage_options=args.storage_options, **kwargs)
@@ -62,6 +65,13 @@ def _list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _field_names(text: str) -> tuple[str, list[str]]:
+    state, sep, names = text.partition("=")
+    if not sep or not state or not names:
+        raise argparse.ArgumentTypeError(f"--field-names takes STATE=NAME,NAME,... (e.g. row=id,label), got {text!r}")
+    return state, names.split(",")
+
+
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("flink", description=__doc__, help="move state between Flink savepoints and keygroups")
     fsub = p.add_subparsers(dest="flink_command", required=True)
@@ -74,6 +84,8 @@ def add_parser(sub: Any) -> None:
                                                 "source holding the offsets)")
     i.add_argument("--skip-state", action="append", metavar="STATE",
                    help="leave this state out (repeatable): for a state keygroups cannot hold")
+    i.add_argument("--field-names", action="append", type=_field_names, metavar="STATE=NAME,NAME,...",
+                   help="name a Row state's fields (repeatable; Flink does not store them: f0, f1, ... otherwise)")
     i.add_argument("--ttl-ms", type=int, help="the TTL recorded for TTL states (Flink keeps each entry's timestamp, "
                                               "not the duration; default 7 days)")
     add_storage_options(i)

@@ -53,12 +53,12 @@ from keygroups.flink.types import (
     MapType,
     TimerType,
     TtlType,
-    TtlValue,
-    TupleType,
     UnsupportedFlinkTypeError,
     VoidNamespaceType,
     flink_type_for,
+    flink_value,
     narrow_to,
+    with_record_names,
 )
 from keygroups.runtime.state_reader import _chains, _framing, load_restore_point, operator_state_table
 from keygroups.runtime.state_types import reading_serializer
@@ -109,7 +109,7 @@ def _checked(template: FlinkType | None, derived: FlinkType, what: str) -> Flink
     if template is None:
         return derived
     if narrow_to(template, derived) or template == derived:
-        return template
+        return with_record_names(template, derived)
     raise UnsupportedFlinkTypeError(f"{what}: the state holds {derived!r} values, which the original Flink "
                                     f"savepoint's {template!r} cannot hold; export without like=, or skip it")
 
@@ -152,16 +152,6 @@ def _plan(meta: dict[str, Any], key_type: FlinkType, template: StateMetaInfoSnap
     return _Out(name, m, kind, value_type, map_key)
 
 
-def _flink_value(t: FlinkType, v: Any) -> Any:
-    """A keygroups value (TTL as (value, ts)) as the FlinkType writes it."""
-    if isinstance(t, TtlType):
-        value, ts = v
-        return TtlValue(_flink_value(t.value, value), ts)
-    if isinstance(t, TupleType):
-        return tuple(_flink_value(f, x) for f, x in zip(t.fields, v))
-    return v
-
-
 def _entries(out: _Out, key: Any, value: Any, key_type: FlinkType, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
     """The Flink (key, value) pairs of one keygroups key of one state; ``prefix`` is the key group's."""
     void = VoidNamespaceType()
@@ -178,18 +168,18 @@ def _entries(out: _Out, key: Any, value: Any, key_type: FlinkType, prefix: bytes
         assert out.map_key_type is not None
         for uk, uv in value.items():
             k = bytearray(base)
-            out.map_key_type.write(k, _flink_value(out.map_key_type, uk))
+            out.map_key_type.write(k, flink_value(out.map_key_type, uk))
             v = bytearray(b"\x00")
-            out.value_type.write(v, _flink_value(out.value_type, uv))
+            out.value_type.write(v, flink_value(out.value_type, uv))
             yield bytes(k), bytes(v)
         return
     if out.kind == "list" and not value:
         return          # Flink holds no empty list: ListState.update([]) clears the state
     v = bytearray()
     if out.kind == "list":
-        encode_list_value(v, [_flink_value(out.value_type, e) for e in value], out.value_type)
+        encode_list_value(v, [flink_value(out.value_type, e) for e in value], out.value_type)
     else:
-        out.value_type.write(v, _flink_value(out.value_type, value))
+        out.value_type.write(v, flink_value(out.value_type, value))
     yield bytes(base), bytes(v)
 
 
@@ -396,14 +386,14 @@ def _write_operator_files(fs: Any, root: str, storage: CheckpointStorage, md: Ch
                 data += _I32.pack(len(values))
                 kt, vt = m.serializers["KEY_SERIALIZER"], m.value_type
                 for k, v in values:
-                    kt.write(data, _flink_value(kt, k))
-                    vt.write(data, _flink_value(vt, v))
+                    kt.write(data, flink_value(kt, k))
+                    vt.write(data, flink_value(vt, v))
                 offsets[name] = OperatorStateMeta(mode, (at,))
             else:
                 element_offsets = []
                 for v in values:
                     element_offsets.append(len(data))
-                    m.value_type.write(data, _flink_value(m.value_type, v))
+                    m.value_type.write(data, flink_value(m.value_type, v))
                 offsets[name] = OperatorStateMeta(mode, tuple(element_offsets))
         file = str(uuid.uuid4())
         with fs.open(f"{root}/{file}", "wb") as f:

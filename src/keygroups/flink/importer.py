@@ -14,7 +14,7 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -34,6 +34,7 @@ from keygroups.flink.types import (
     FloatType,
     IntType,
     LongType,
+    RowType,
     ShortType,
     StringType,
     TtlValue,
@@ -108,7 +109,22 @@ class _State:
     domain: TimeDomain | None = None
 
 
-def _plan(info: FlinkStateInfo, index: int, ttl_ms: int) -> _State:
+def _named(t: FlinkType, names: Sequence[str] | None, what: str) -> FlinkType:
+    """``t`` with the user's field names when given (only a Row takes them)."""
+    if names is None:
+        return t
+    if not isinstance(t, RowType):
+        raise ValueError(f"field_names gives names for {what}, whose values are {t!r}, not Row: only a Row's fields "
+                         "are named (a Tuple's are f0, f1, ...)")
+    if isinstance(names, str):
+        raise TypeError(f"field_names for {what} must be a list of names, got the string {names!r}")
+    try:
+        return t.with_names(tuple(names))
+    except ValueError as e:
+        raise ValueError(f"field_names for {what}: {e}") from None
+
+
+def _plan(info: FlinkStateInfo, index: int, ttl_ms: int, names: Sequence[str] | None = None) -> _State:
     what = f"state {info.name!r}"
     if info.kind == "TIMER":
         domain = USER_TIMERS.get(info.name)
@@ -129,16 +145,19 @@ def _plan(info: FlinkStateInfo, index: int, ttl_ms: int) -> _State:
         if info.kind == "LIST":
             element = vt.element                                   # type: ignore[attr-defined]
             value_type = element.value if info.ttl else element   # type: ignore[attr-defined]
+            value_type = _named(value_type, names, what)
             kind = "list"
             d: StateDescriptor = state_descriptor(info.name, kind, {"element": value_type.keygroups_serializer()})
         elif info.kind == "MAP":
             map_key = vt.key                                       # type: ignore[attr-defined]
             value_type = vt.value.value if info.ttl else vt.value  # type: ignore[attr-defined]
+            value_type = _named(value_type, names, what)
             kind = "map"
             d = state_descriptor(info.name, kind, {"map key": map_key.keygroups_serializer(),
                                                    "map value": value_type.keygroups_serializer()})
         else:
             value_type = vt.value if info.ttl else vt              # type: ignore[attr-defined]
+            value_type = _named(value_type, names, what)
             kind = info.kind.lower()
             d = state_descriptor(info.name, kind, {"value": value_type.keygroups_serializer()})
     except UnsupportedFlinkTypeError as e:
@@ -200,14 +219,17 @@ def _encode(st: _State, entries: list[tuple], key_ser: TypeSerializer, key_type:
 def import_savepoint(savepoint: str | os.PathLike | FlinkSavepoint, location: str, name: str, *, uid: str,
                      operator_state_uid: str | None = None, skip_states: Iterable[str] = (),
                      ttl_ms: int | Mapping[str, int] = DEFAULT_TTL_MS,
+                     field_names: Mapping[str, Sequence[str]] | None = None,
                      storage_options: dict[str, Any] | None = None) -> ImportReport:
     """Write Flink operator ``uid``'s keyed state, timers and operator state (of ``operator_state_uid`` when given:
     a Flink source usually holds the offsets) as keygroups savepoint ``name`` in ``location``.
 
     ``skip_states`` leaves states out by name (a state keygroups cannot hold otherwise refuses the import, naming it
     and its serializer). ``ttl_ms``: the time to live recorded for TTL states (Flink's savepoint keeps the entries'
-    timestamps, not the duration), one for all or per state name. Nothing is visible until the savepoint's
-    ``_metadata`` is written, last."""
+    timestamps, not the duration), one for all or per state name. ``field_names``: per state name, the names of
+    its Row's fields (Flink's savepoint does not store them; unnamed Rows get f0, f1, ...). Row state becomes record
+    state (``RecordSerializer``, every field nullable, Short/Byte/Float kept as smallint/tinyint/float), queryable as
+    struct columns. Nothing is visible until the savepoint's ``_metadata`` is written, last."""
     started = time.perf_counter()
     sp = savepoint if isinstance(savepoint, FlinkSavepoint) else read_savepoint(savepoint)
     op = sp.operator(uid)
@@ -216,6 +238,7 @@ def import_savepoint(savepoint: str | os.PathLike | FlinkSavepoint, location: st
     storage = CheckpointStorage(location, storage_options=storage_options)
     mp, p = op.max_parallelism, op.parallelism
 
+    names = dict(field_names or {})
     plans: list[_State] = []
     skipped = []
     key_type = header.key_type if header is not None else None
@@ -229,10 +252,14 @@ def import_savepoint(savepoint: str | os.PathLike | FlinkSavepoint, location: st
                 skipped.append(info.name)
                 continue
             ttl = ttl_ms.get(info.name, DEFAULT_TTL_MS) if isinstance(ttl_ms, Mapping) else ttl_ms
-            plans.append(_plan(info, len(plans), ttl))
+            plans.append(_plan(info, len(plans), ttl, names.get(info.name)))
     unknown = skip - {s.name for s in sp.states(uid)}
     if unknown:
         raise ValueError(f"skip_states names {sorted(unknown)}, which operator {uid!r} does not have")
+    unnamed = set(names) - {st.info.name for st in plans}
+    if unnamed:
+        raise ValueError(f"field_names names {sorted(unnamed)}, which are not keyed states imported from operator "
+                         f"{uid!r} (its keyed states: {sorted(s.name for s in sp.states(uid) if s.keyed)})")
 
     storage.begin_savepoint(name)
     directory = f"savepoints/{name}"

@@ -28,11 +28,13 @@ from keygroups.serializers import (
     ListSerializer,
     MapSerializer,
     NullableSerializer,
+    RecordSerializer,
     StrSerializer,
     TupleSerializer,
     SerializerSnapshot,
     TypeSerializer,
 )
+from keygroups.serializers import schema as rs
 
 COMPOSITE_MAGIC = 911108               # CompositeTypeSerializerSnapshot.MAGIC_NUMBER
 NESTED_MAGIC = 1333245                 # NestedSerializersSnapshotDelegate.MAGIC_NUMBER
@@ -487,6 +489,8 @@ class TupleType(_Composite):
         return tuple(f.read(c) for f in self.fields)
 
     def write(self, out: bytearray, value: Any) -> None:
+        if isinstance(value, dict):      # a keygroups record standing for a Tuple: fields f0, f1, ...
+            value = record_values(tuple(f"f{i}" for i in range(len(self.fields))), value, "a Tuple")
         if len(value) != len(self.fields):
             raise ValueError(f"a {self.tuple_class.rpartition('.')[2]} needs {len(self.fields)} fields, got "
                              f"{len(value)}: {value!r}")
@@ -507,15 +511,28 @@ class TupleType(_Composite):
 
 class RowType(_Composite):
     """``RowSerializer`` (position based): a bit mask (2 RowKind bits when supported, then one null bit per field,
-    most significant bit first), then the non-null fields; as a Python tuple (RowKind must be INSERT)."""
+    most significant bit first), then the non-null fields; as a Python tuple (RowKind must be INSERT).
+
+    Flink's snapshot stores the field serializers and ``supportsRowKind``, never field names: ``names`` (not part of
+    the snapshot, f0, f1, ... unless given) name the fields of the keygroups record the Row becomes."""
 
     snapshot_class = "org.apache.flink.api.java.typeutils.runtime.RowSerializer$RowSerializerSnapshot"
     name = "Row"
     outer_version = 4
 
-    def __init__(self, fields: tuple[FlinkType, ...], supports_row_kind: bool = True) -> None:
+    def __init__(self, fields: tuple[FlinkType, ...], supports_row_kind: bool = True,
+                 names: tuple[str, ...] | None = None) -> None:
         self.fields = fields
         self.supports_row_kind = supports_row_kind
+        self.names = tuple(names) if names is not None else tuple(f"f{i}" for i in range(len(fields)))
+        if len(self.names) != len(fields) or len(set(self.names)) != len(fields) or \
+                not all(isinstance(n, str) and n for n in self.names):
+            raise ValueError(f"a Row of {len(fields)} fields needs {len(fields)} distinct non-empty field names, "
+                             f"got {list(self.names)!r}")
+
+    def with_names(self, names: tuple[str, ...]) -> RowType:
+        """This Row with its fields named ``names`` (the names of the record it becomes in keygroups)."""
+        return RowType(self.fields, self.supports_row_kind, tuple(names))
 
     def nested(self) -> tuple[FlinkType, ...]:
         return self.fields
@@ -540,6 +557,8 @@ class RowType(_Composite):
         return tuple(out)
 
     def write(self, out: bytearray, value: Any) -> None:
+        if isinstance(value, dict):
+            value = record_values(self.names, value, "a Row")
         if len(value) != len(self.fields):
             raise ValueError(f"a Row of {len(self.fields)} fields cannot hold {value!r}")
         nbits = self._mask_bits()
@@ -555,15 +574,62 @@ class RowType(_Composite):
                 f.write(out, v)
 
     def arrow_type(self) -> pa.DataType:
-        return pa.struct([(f"f{i}", f.arrow_type()) for i, f in enumerate(self.fields)])
+        return pa.struct([(n, f.arrow_type()) for n, f in zip(self.names, self.fields)])
+
+    def record_type(self) -> rs.RecordType:
+        """The keygroups record schema of this Row: its names, every field nullable (Flink's null mask)."""
+        return rs.RecordType(tuple(rs.Field(n, record_field_type(f, n)[0], True)
+                                   for n, f in zip(self.names, self.fields)))
 
     def keygroups_serializer(self) -> TypeSerializer:
-        raise UnsupportedFlinkTypeError(
-            "Flink's Row has no keygroups serializer yet (it waits for keygroups' record serializer, issue #24); "
-            "read it with read_savepoint, convert it to a Tuple in Flink, or skip the state")
+        return RecordSerializer(self.record_type())
+
+    def __eq__(self, other: object) -> bool:
+        # names are not part of Flink's serializer (nor of its snapshot)
+        return isinstance(other, RowType) and (self.fields, self.supports_row_kind) == (
+            other.fields, other.supports_row_kind)
+
+    def __hash__(self) -> int:
+        return hash((RowType, len(self.fields)))
 
     def __repr__(self) -> str:
         return f"Row({', '.join(map(repr, self.fields))})"
+
+
+def record_values(names: tuple[str, ...], value: dict, what: str) -> tuple:
+    """A keygroups record (a dict) as a tuple of its fields in ``names``' order; other keys are refused."""
+    extra = set(value) - set(names)
+    if extra:
+        raise ValueError(f"{what} with fields {list(names)} cannot hold the fields {sorted(extra)} of {value!r}")
+    return tuple(value.get(n) for n in names)
+
+
+def record_field_type(t: FlinkType, path: str) -> tuple[rs.DataType, bool]:
+    """The keygroups record type of a Flink serializer inside a Row: (type, nullable). Short, Byte and Float keep
+    their width (int16, int8, float32); a Character is a one-character string; a nested Tuple or Row is a record
+    with fields f0, f1, ... (a Tuple's never null, a Row's always nullable)."""
+    scalars: dict[type[FlinkType], rs.DataType] = {
+        LongType: rs.INT64, IntType: rs.INT32, ShortType: rs.INT16, ByteType: rs.INT8, DoubleType: rs.FLOAT64,
+        FloatType: rs.FLOAT32, BooleanType: rs.BOOL, CharType: rs.STRING, StringType: rs.STRING,
+        BytesType: rs.BINARY}
+    if type(t) in scalars:
+        return scalars[type(t)], False
+    if isinstance(t, NullableType):
+        return record_field_type(t.inner, path)[0], True
+    if isinstance(t, ListType):
+        element, element_nullable = record_field_type(t.element, path + "[]")
+        return rs.ListType(element, element_nullable), False
+    if isinstance(t, MapType):
+        key, _ = record_field_type(t.key, path + " key")
+        value, _ = record_field_type(t.value, path + " value")
+        return rs.MapType(key, value, True), False
+    if isinstance(t, TupleType):
+        return rs.RecordType(tuple(rs.Field(f"f{i}", *record_field_type(f, f"{path}.f{i}"))
+                                   for i, f in enumerate(t.fields))), False
+    if isinstance(t, RowType):
+        return rs.RecordType(tuple(rs.Field(n, record_field_type(f, f"{path}.{n}")[0], True)
+                                   for n, f in zip(t.names, t.fields))), False
+    raise UnsupportedFlinkTypeError(f"Row field {path!r} is a {t!r}, which a keygroups record cannot hold")
 
 
 class ListType(_Composite):
@@ -765,7 +831,8 @@ def _tuple(c: Cursor, version: int) -> FlinkType:
 
 def _row(c: Cursor, version: int) -> FlinkType:
     outer, _ = _read_composite(c, "RowSerializerSnapshot", frozenset({3, 4}))
-    supports_row_kind = c.boolean("RowSerializer's supportsRowKind") if outer >= 4 else False
+    # RowSerializerSnapshot.readOuterSnapshot: version 3 always wrote RowKind bits; version 4 stores the flag
+    supports_row_kind = c.boolean("RowSerializer's supportsRowKind") if outer >= 4 else True
     return RowType(tuple(_read_nested_list(c, "RowSerializerSnapshot")), supports_row_kind)
 
 
@@ -872,10 +939,41 @@ def flink_type_for(snapshot: SerializerSnapshot, what: str) -> FlinkType:
         return MapType(flink_type_for(nested[0], what), flink_type_for(nested[1], what))
     if ident == "nullable":
         return NullableType(flink_type_for(nested[0], what))
+    if ident == RecordSerializer.identifier and snapshot.version == RecordSerializer.version:
+        return flink_row_for(rs.RecordType.from_json(snapshot.config.get("schema")), what)
     raise UnsupportedFlinkTypeError(
-        f"{what} uses {snapshot.describe()}, which Flink cannot hold: only Int64/Int32/Float64/Bool/Str/Bytes and "
-        "Tuple, List, Map and Nullable of them are exported (a ValueSerializer or pickled value has no Flink type; "
-        "give the state a typed serializer, or leave it out with skip_states / --skip-state)")
+        f"{what} uses {snapshot.describe()}, which Flink cannot hold: only Int64/Int32/Float64/Bool/Str/Bytes, "
+        "records (as Row) and Tuple, List, Map and Nullable of them are exported (a ValueSerializer or pickled value "
+        "has no Flink type; give the state a typed serializer, or leave it out with skip_states / --skip-state)")
+
+
+_FLINK_SCALARS: dict[rs.DataType, type[FlinkType]] = {
+    rs.INT64: LongType, rs.INT32: IntType, rs.INT16: ShortType, rs.INT8: ByteType, rs.FLOAT64: DoubleType,
+    rs.FLOAT32: FloatType, rs.BOOL: BooleanType, rs.STRING: StringType, rs.BINARY: BytesType}
+
+
+def flink_row_for(record: rs.RecordType, what: str) -> RowType:
+    """The Flink ``Row`` (with RowKind, as Flink 2's ``RowTypeInfo`` makes it) of a keygroups record schema: every
+    field nullable in Flink, nested records as nested Rows; field names are kept on the RowType (Flink does not
+    store them). Date, timestamp and decimal fields have no Flink serializer keygroups writes: refused by name."""
+    def field(t: rs.DataType, path: str) -> FlinkType:
+        scalar = _FLINK_SCALARS.get(t)
+        if scalar is not None:
+            return scalar()
+        if isinstance(t, rs.ListType):
+            return ListType(field(t.element, path + "[]"))
+        if isinstance(t, rs.MapType):
+            return MapType(field(t.key, path + " key"), field(t.value, path + " value"))
+        if isinstance(t, rs.RecordType):
+            return RowType(tuple(field(f.type, f"{path}.{f.name}" if path else f.name) for f in t.fields),
+                           names=t.names)
+        raise UnsupportedFlinkTypeError(
+            f"{what}: record field {path!r} is {t.ddl()}, which keygroups does not export to Flink (records export "
+            "as Row of bigint, int, smallint, tinyint, double, float, boolean, string, binary, arrays, maps and "
+            "nested records); skip the state or store the field as one of those")
+    row = field(record, "")
+    assert isinstance(row, RowType)
+    return row
 
 
 def narrow_to(flink: FlinkType, wider: FlinkType) -> bool:
@@ -884,5 +982,52 @@ def narrow_to(flink: FlinkType, wider: FlinkType) -> bool:
     if type(flink) is type(wider):
         return all(narrow_to(a, b) for a, b in zip(flink.nested(), wider.nested())) \
             and len(flink.nested()) == len(wider.nested())
+    if isinstance(flink, TupleType) and isinstance(wider, RowType):    # a Tuple nested in a Row: a record
+        return len(flink.fields) == len(wider.fields) and wider.names == tuple(
+            f"f{i}" for i in range(len(flink.fields))) and all(map(narrow_to, flink.fields, wider.fields))
+    if isinstance(flink, NullableType) and not isinstance(wider, NullableType):   # a Row's field, nullable anyway
+        return narrow_to(flink.inner, wider) or flink.inner == wider
     pairs = {(ShortType, IntType), (ByteType, IntType), (FloatType, DoubleType), (CharType, StringType)}
     return (type(flink), type(wider)) in pairs
+
+
+def with_record_names(template: FlinkType, derived: FlinkType) -> FlinkType:
+    """``template`` (a type of the original Flink savepoint, which ``narrow_to`` accepted for ``derived``) with the
+    field names of ``derived``'s Rows: Flink does not store names, keygroups' records have them."""
+    if isinstance(template, RowType) and isinstance(derived, RowType):
+        return RowType(tuple(map(with_record_names, template.fields, derived.fields)), template.supports_row_kind,
+                       derived.names)
+    if isinstance(template, TupleType) and isinstance(derived, (TupleType, RowType)):
+        return TupleType(tuple(map(with_record_names, template.fields, derived.fields)), template.tuple_class)
+    if isinstance(template, ListType) and isinstance(derived, ListType):
+        return ListType(with_record_names(template.element, derived.element))
+    if isinstance(template, MapType) and isinstance(derived, MapType):
+        return MapType(with_record_names(template.key, derived.key), with_record_names(template.value, derived.value))
+    if isinstance(template, NullableType):
+        inner = derived.inner if isinstance(derived, NullableType) else derived
+        return NullableType(with_record_names(template.inner, inner), template.padding)
+    return template
+
+
+def flink_value(t: FlinkType, v: Any) -> Any:
+    """A keygroups value as the FlinkType ``t`` writes it: records (dicts) as tuples in the field order of a Row or
+    Tuple, inside lists, maps and TTL values too (TTL as a (value, timestamp) pair)."""
+    if v is None:
+        return None
+    if isinstance(t, TtlType):
+        value, ts = v
+        return TtlValue(flink_value(t.value, value), ts)
+    if isinstance(t, (RowType, TupleType)):
+        if isinstance(v, dict):
+            names = t.names if isinstance(t, RowType) else tuple(f"f{i}" for i in range(len(t.fields)))
+            v = record_values(names, v, f"a {t.name}")
+        if len(v) != len(t.fields):
+            raise ValueError(f"{t!r} needs {len(t.fields)} fields, got {v!r}")
+        return tuple(flink_value(f, x) for f, x in zip(t.fields, v))
+    if isinstance(t, ListType) and isinstance(t.element, _Composite):
+        return [flink_value(t.element, x) for x in v]
+    if isinstance(t, MapType) and isinstance(t.value, _Composite):
+        return {k: flink_value(t.value, x) for k, x in v.items()}
+    if isinstance(t, NullableType):
+        return flink_value(t.inner, v)
+    return v
