@@ -26,15 +26,11 @@ from keygroups.state import ValueStateDescriptor
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 needs_flink = pytest.mark.skipif(flink_harness.flink_lib() is None, reason=flink_harness.missing_reason())
-# Row waits for keygroups' record serializer (issue #24): it is skipped on the way in, so left out of the comparison.
-SKIP = ["row"]
 
 
-def _expected_without_row(name: str, dest: pathlib.Path) -> pathlib.Path:
-    lines = [ln for ln in (FIXTURES / name / "expected.txt").read_text(encoding="utf-8").splitlines()
-             if "\trow\t" not in ln]
-    dest.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return dest
+def _expected(name: str) -> pathlib.Path:
+    """What the Flink job wrote: every state, Row included (keygroups holds it as a record)."""
+    return FIXTURES / name / "expected.txt"
 
 
 CASES = [  # fixture, parallelism Flink restores at, Snappy on the way back
@@ -48,10 +44,11 @@ CASES = [  # fixture, parallelism Flink restores at, Snappy on the way back
 @pytest.mark.parametrize("name,parallelism,compression", CASES)
 def test_exported_savepoint_rereads_equal_without_flink(tmp_path, name, parallelism, compression):
     src = FIXTURES / name / "savepoint"
-    import_savepoint(src, str(tmp_path / "loc"), "sp", uid="keyed", skip_states=SKIP)
+    import_savepoint(src, str(tmp_path / "loc"), "sp", uid="keyed", field_names={"row": ["id", "label"]})
     export_savepoint(str(tmp_path / "loc"), tmp_path / "flink", uid="keyed", savepoint="sp", like=src,
                      compression=compression)
-    expected = _expected_without_row(name, tmp_path / "expected.txt")
+    expected = _expected(name)
+    assert any("\trow\t" in ln for ln in expected.read_text(encoding="utf-8").splitlines())
     assert savepoint_lines(read_savepoint(tmp_path / "flink")) == \
         sorted(expected.read_text(encoding="utf-8").splitlines())
 
@@ -62,13 +59,12 @@ def test_exported_savepoint_rereads_equal_without_flink(tmp_path, name, parallel
 def test_flink_restores_the_round_trip_exactly(tmp_path, name, parallelism, compression):
     fixture = next(f for f in FIXTURE_SET if f.name == name)
     src = FIXTURES / name / "savepoint"
-    assert main(["flink", "import", str(src), str(tmp_path / "loc"), "--name", "sp", "--uid", "keyed",
-                 "--skip-state", "row"]) == 0
+    assert main(["flink", "import", str(src), str(tmp_path / "loc"), "--name", "sp", "--uid", "keyed"]) == 0
     args = ["flink", "export", str(tmp_path / "loc"), str(tmp_path / "flink"), "--savepoint", "sp", "--uid", "keyed",
             "--like", str(src)] + (["--compression"] if compression else [])
     assert main(args) == 0
     ok, report = check_savepoint(tmp_path / "flink", parallelism, fixture.key_type,
-                                 _expected_without_row(name, tmp_path / "expected.txt"), tmp_path / "dump")
+                                 _expected(name), tmp_path / "dump")
     assert ok, report
 
 
@@ -94,8 +90,8 @@ def test_round_trip_after_a_keygroups_job_rescaled_and_changed_the_state(spark, 
     name = "p2-mp128-long-hashmap-inline-plain"
     src = FIXTURES / name / "savepoint"
     location = str(tmp_path / "loc")
-    import_savepoint(src, location, "sp", uid="keyed", skip_states=SKIP)
-    expected = _expected_without_row(name, tmp_path / "expected.txt").read_text(encoding="utf-8").splitlines()
+    import_savepoint(src, location, "sp", uid="keyed")
+    expected = _expected(name).read_text(encoding="utf-8").splitlines()
     keys = sorted({int(ln.split("\t")[2]) for ln in expected if ln.startswith("keyed\tlong\t")})
     job = KeyedJob("moved", "k", AddOne(), output_schema=pa.schema([("k", pa.int64())]), max_parallelism=128,
                    checkpoint_location=location, restore_from_savepoint="sp")
