@@ -52,13 +52,19 @@ def test_keyed_job_continues_an_imported_flink_savepoint_at_another_parallelism(
                 else:
                     slot[state] = e[2] if state == "long" else sum(e[2])
     location = str(tmp_path / "chk")
-    import_savepoint(sp, location, "from-flink", uid="keyed", skip_states=["row"])
+    import_savepoint(sp, location, "from-flink", uid="keyed", field_names={"row": ["id", "label"]})
     from keygroups.spark import state_source
 
     state_source.register(spark)
     read = spark.read.format("keygroups").option("savepoint", "from-flink")
     assert {r["key"]: r["value"] for r in read.option("state", "long").load(location).collect()} == \
         {k: v["long"] for k, v in flink.items() if v["long"] is not None}
+    rows = read.option("state", "row").load(location)      # Flink's Row: a struct column of the named fields
+    assert rows.schema["value"].dataType.simpleString() == "struct<id:bigint,label:string>"
+    flink_rows = {e[0]: e[2] for kg in sp.key_groups("keyed", {"row"}) for e in kg.entries["row"]}
+    assert {r["key"]: (r["id"], r["label"]) for r in rows.select("key", "value.id", "value.label").collect()} == \
+        flink_rows
+    assert rows.where("value.label is null").count() == sum(v[1] is None for v in flink_rows.values()) > 0
     assert read.option("view", "timers").load(location).count() == \
         sum(len(e) for kg in sp.key_groups("keyed", {"_timer_state/event_user-timers",
                                                      "_timer_state/processing_user-timers"})

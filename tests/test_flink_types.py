@@ -258,3 +258,46 @@ def test_random_rows_become_records_and_export_back_as_equal_rows(tmp_path_facto
     got = {e[0]: e[2] for kg in sp.key_groups("op") for e in kg.entries["row"]}
     assert got.keys() == set(keys)
     assert all(same(got[k], v) for k, v in zip(keys, values))
+
+
+def _row_snapshot(outer_version: int, flag: bytes) -> bytes:
+    out = bytearray(encode_modified_utf8(RowType.snapshot_class))
+    out += struct.pack(">iii", 3, 911108, outer_version) + flag
+    out += struct.pack(">iii", 1333245, 1, 2)
+    LongType().write_snapshot(out)
+    StringType().write_snapshot(out)
+    return bytes(out)
+
+
+@pytest.mark.parametrize("outer_version,flag,row_kind", [(3, b"", True), (4, b"\x01", True), (4, b"\x00", False)])
+def test_row_snapshots_say_whether_rows_carry_a_row_kind(outer_version, flag, row_kind):
+    """RowSerializerSnapshot: version 3 always wrote the 2 RowKind bits; version 4 stores supportsRowKind."""
+    t = read_nested_snapshot(Cursor(memoryview(_row_snapshot(outer_version, flag)), "test"))
+    assert isinstance(t, RowType) and t.supports_row_kind is row_kind
+    out = bytearray()
+    t.write(out, (7, None))
+    # the mask: [kind bit 0, kind bit 1,] f0 null?, f1 null?, most significant bit first
+    assert out[0] == (0b0001_0000 if row_kind else 0b0100_0000)
+    assert t.read(Cursor(memoryview(bytes(out)), "test")) == (7, None)
+
+
+def test_a_row_that_is_not_an_insert_is_refused_by_name():
+    t = RowType((LongType(),))
+    data = bytes([0b0100_0000]) + struct.pack(">q", 1)      # RowKind UPDATE_BEFORE
+    with pytest.raises(CorruptSnapshotError, match="RowKind is not INSERT"):
+        t.read(Cursor(memoryview(data), "test"))
+
+
+def test_records_export_as_rows_and_refuse_fields_flink_cannot_hold():
+    from keygroups.flink.types import UnsupportedFlinkTypeError, flink_type_for
+    from keygroups.serializers import RecordSerializer
+
+    row = flink_type_for(RecordSerializer("id bigint not null, tags array<string>, sub struct<a: smallint, b: float>")
+                         .snapshot(), "state 'r'")
+    assert row == RowType((LongType(), ListType(StringType()), RowType((ShortType(), FloatType()))))
+    assert row.names == ("id", "tags", "sub") and row.fields[2].names == ("a", "b")
+    out = bytearray()
+    row.write(out, {"id": 1, "tags": None, "sub": {"a": 2, "b": 0.5}})
+    assert row.read(Cursor(memoryview(bytes(out)), "test")) == (1, None, (2, 0.5))
+    with pytest.raises(UnsupportedFlinkTypeError, match="state 'r'.*field 'sub.day' is date"):
+        flink_type_for(RecordSerializer("id bigint, sub struct<day: date>").snapshot(), "state 'r'")

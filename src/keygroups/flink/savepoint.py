@@ -384,7 +384,9 @@ def to_arrow_value(t: FlinkType, v: Any) -> Any:
     """A decoded value in the shape ``pa.array`` takes for ``t.arrow_type()``."""
     if v is None:
         return None
-    if isinstance(t, (TupleType, RowType)):
+    if isinstance(t, RowType):
+        return {n: to_arrow_value(f, x) for n, f, x in zip(t.names, t.fields, v)}
+    if isinstance(t, TupleType):
         return {f"f{i}": to_arrow_value(f, x) for i, (f, x) in enumerate(zip(t.fields, v))}
     if isinstance(t, TimeWindowType):
         return {"start": v[0], "end": v[1]}
