@@ -122,6 +122,11 @@ public class SavepointJob {
         MapStateDescriptor<String, Long> ttlMap = new MapStateDescriptor<>("ttl_map", Types.STRING, Types.LONG);
         ttlMap.enableTimeToLive(ttl());
         d.add(ttlMap);
+        // 13 fields: a two-byte null mask after the RowKind bits; every field type a Row maps, nested ones too
+        d.add(new ValueStateDescriptor<>("row_wide", (TypeInformation) new RowTypeInfo(
+                Types.INT, Types.SHORT, Types.BYTE, Types.FLOAT, Types.DOUBLE, Types.BOOLEAN, Types.CHAR, Types.STRING,
+                Types.PRIMITIVE_ARRAY(Types.BYTE), Types.LIST(Types.LONG), Types.MAP(Types.STRING, Types.LONG),
+                Types.TUPLE(Types.LONG, Types.STRING), Types.ROW(Types.LONG, Types.STRING))));
         return d;
     }
 
@@ -191,6 +196,18 @@ public class SavepointJob {
             case "ttl_value": return n * 5;
             case "ttl_list": return List.of("a" + n);
             case "ttl_map": return new TreeMap<>(Map.of("k", n));
+            case "row_wide": {
+                Map<String, Long> map = new TreeMap<>();
+                map.put("k" + n % 3, n % 4 == 0 ? null : n);   // a null map value inside a Row is fine
+                Row r = Row.of((int) (m * 10007), (short) (m * 7), (byte) m, n % 11 == 0 ? -0.0f : m * 0.5f,
+                        n % 13 == 0 ? Double.NaN : m * 0.25, n % 2 == 0, n % 10 == 0 ? '\u4e2d' : (char) ('a' + n % 26),
+                        stringValue(n), new byte[] {(byte) n, 7}, List.of(m, m + 1), map, Tuple2.of(m, "w" + n),
+                        Row.of(n, n % 3 == 0 ? null : "v" + n));
+                for (int i = 0; i < r.getArity(); i++) {
+                    if ((n + i) % 7 == 0) r.setField(i, null);
+                }
+                return r;
+            }
             default: throw new IllegalArgumentException(name);
         }
     }
