@@ -169,3 +169,21 @@ def test_a_wide_row_goes_flink_to_spark_records_and_back_exactly(tmp_path):
         sorted(expected.read_text(encoding="utf-8").splitlines())
     ok, report = check_savepoint(tmp_path / "flink", 3, "long", expected, tmp_path / "dump")
     assert ok, report
+
+
+def test_a_record_value_flink_cannot_hold_is_refused_naming_state_and_key(tmp_path):
+    """A record's nullable array<bigint> exports as Flink's List<Long>, whose elements cannot be null: the export
+    names the state, the key and the value, and leaves no _metadata behind."""
+    from keygroups.runtime.state_writer import StateColumn, commit_savepoint, plan_savepoint, write_savepoint_subtask
+    from keygroups.serializers import RecordSerializer
+
+    ser = RecordSerializer("id bigint, tags array<bigint>")
+    batch = pa.record_batch({"k": pa.array([1, 2], pa.int64()),
+                             "r": pa.array([{"id": 1, "tags": [1, None]}, {"id": 2, "tags": [3]}],
+                                           pa.struct([("id", pa.int64()), ("tags", pa.list_(pa.int64()))]))})
+    plan = plan_savepoint(batch.schema, str(tmp_path / "loc"), "sp", key_columns="k",
+                          states={"r": StateColumn("r", serializer=ser)}, max_parallelism=128, parallelism=1)
+    commit_savepoint(plan, [write_savepoint_subtask(plan, 0, [batch])])
+    with pytest.raises(UnsupportedFlinkTypeError, match="state 'r', key 1: Flink's Row.*cannot hold the value"):
+        export_savepoint(str(tmp_path / "loc"), tmp_path / "out", uid="op", savepoint="sp")
+    assert not (tmp_path / "out" / "_metadata").exists()

@@ -318,7 +318,14 @@ def _write_keyed_file(fs: Any, root: str, storage: CheckpointStorage, md: Checkp
                     pairs = []
                     for i, key in enumerate(keys):
                         value = framing.decode(mv[vo[i]:vo[i + 1]])
-                        pairs.extend(_entries(out, key, value, key_type, prefix))
+                        try:
+                            pairs.extend(_entries(out, key, value, key_type, prefix))
+                        except UnsupportedFlinkTypeError:
+                            raise
+                        except (TypeError, ValueError) as e:   # e.g. a null list element Flink cannot hold
+                            raise UnsupportedFlinkTypeError(
+                                f"state {state!r}, key {key!r}: Flink's {out.meta.serializers['VALUE_SERIALIZER']!r} "
+                                f"cannot hold the value {value!r}: {e}") from None
                         counts["timers" if out.kind == "timer" else "entries"] += len(value) \
                             if out.kind == "timer" else 1
                     if pairs:
