@@ -13,28 +13,35 @@ from flink_harness import FIXTURES
 from keygroups.flink import read_savepoint
 from keygroups.flink.importer import import_savepoint
 from keygroups.runtime.functions import KeyedProcessFunction
-from keygroups.serializers import Int64Serializer, StrSerializer
+from keygroups.serializers import Int64Serializer, RecordSerializer, StrSerializer
 from keygroups.spark import KeyedJob
 from keygroups.state import ListStateDescriptor, MapStateDescriptor, ValueStateDescriptor
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
-OUT = pa.schema([("k", pa.int64()), ("long", pa.int64()), ("list", pa.int64()), ("map_a", pa.int64())])
+OUT = pa.schema([("k", pa.int64()), ("long", pa.int64()), ("list", pa.int64()), ("map_a", pa.int64()),
+                 ("label", pa.string())])
 
 
 class ContinueFlinkState(KeyedProcessFunction):
-    """Reads the imported Flink states of each key, emits them, and adds the record's v to 'long'."""
+    """Reads the imported Flink states of each key, emits them, and adds the record's v to 'long'; the Flink Row
+    state 'row' is a record state, declared with the field names it was imported with."""
 
     def open(self, context):
         self.long = context.get_state(ValueStateDescriptor("long", Int64Serializer()))
         self.list = context.get_list_state(ListStateDescriptor("list", Int64Serializer()))
         self.map = context.get_map_state(MapStateDescriptor("map", StrSerializer(), Int64Serializer()))
+        self.row = context.get_state(ValueStateDescriptor("row", RecordSerializer("id bigint, label string")))
 
     def process_element(self, record, context):
         value = self.long.value()
         if value is not None:
             self.long.update(value + record["v"])
-        return [(context.current_key, value, sum(self.list.get() or []), self.map.get("a"))]
+        row = self.row.value()
+        if row is not None and row["label"] is None:
+            self.row.update({"id": row["id"], "label": "filled"})
+        return [(context.current_key, value, sum(self.list.get() or []), self.map.get("a"),
+                 None if row is None else row["label"])]
 
 
 @pytest.mark.spark
@@ -75,6 +82,10 @@ def test_keyed_job_continues_an_imported_flink_savepoint_at_another_parallelism(
     out = job.run_batch(spark.createDataFrame([(k, 1) for k in keys], "k long, v long"), parallelism=3).output
     got = {r["k"]: {"long": r["long"], "list": r["list"], "map_a": r["map_a"]} for r in out.collect()}
     assert got == flink
+    assert {r["k"]: r["label"] for r in out.collect()} == {k: flink_rows[k][1] if k in flink_rows else None
+                                                          for k in keys}
     out = job.run_batch(spark.createDataFrame([(k, 1) for k in keys], "k long, v long"), parallelism=1).output
     assert {r["k"]: r["long"] for r in out.collect()} == \
         {k: (v["long"] + 1 if v["long"] is not None else None) for k, v in flink.items()}
+    assert {r["k"]: r["label"] for r in out.collect()} == \
+        {k: (flink_rows[k][1] or "filled") if k in flink_rows else None for k in keys}

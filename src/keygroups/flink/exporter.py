@@ -6,8 +6,11 @@ block at a time (``FullSnapshotAsyncWriter``'s format, optionally Snappy-framed 
 state file per subtask; ``_metadata`` (version 3) is written last. Flink types come from the keygroups serializers
 (Int64 → Long, Int32 → Integer, Float64 → Double, Str → String, ...), or, given ``like`` (the Flink savepoint the state
 came from), from that savepoint's own state meta info, so that Short, Byte, Float and Character states go back as
-they came (values are range-checked). A state Flink cannot hold (a ``ValueSerializer`` or pickled value) and raw
-keyed state are refused by name.
+they came (values are range-checked). Record state (``RecordSerializer``) goes back as ``Row`` with RowKind (as Flink
+2's ``RowTypeInfo`` makes it), fields in the record's order, nested records as nested Rows, smallint/tinyint/float as
+Short/Byte/Float; with ``like``, a Row's Character, Tuple and Nullable fields come back as they were. A state Flink
+cannot hold (a ``ValueSerializer`` or pickled value, a record with a date, timestamp or decimal field) and raw keyed
+state are refused by name.
 """
 
 from __future__ import annotations

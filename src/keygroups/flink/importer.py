@@ -4,7 +4,10 @@ savepoint ``LOCATION/savepoints/NAME/`` that ``KeyedJob(..., restore_from_savepo
 Same max parallelism and key groups (keygroups' key groups are Flink's, bit for bit); one keyed file per Flink
 subtask, written one key group at a time with the checkpoint layer's full snapshot writer; states keep their Flink
 names. Flink's user timers become keygroups' timers of the same domain; Flink values map to keygroups serializers
-(``FlinkType.keygroups_serializer``): Short/Byte as Int32, Float as Float64, Character as a one-character str.
+(``FlinkType.keygroups_serializer``): Short/Byte as Int32, Float as Float64, Character as a one-character str;
+TupleN as a tuple (``TupleSerializer``: positional fields, never null, as Flink's); a Row as a record
+(``RecordSerializer``: Flink stores no field names, so f0, f1, ... unless ``field_names`` names them; every field
+nullable; Short/Byte/Float keep their width as smallint/tinyint/float).
 """
 
 from __future__ import annotations
