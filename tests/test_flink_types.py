@@ -301,3 +301,13 @@ def test_records_export_as_rows_and_refuse_fields_flink_cannot_hold():
     assert row.read(Cursor(memoryview(bytes(out)), "test")) == (1, None, (2, 0.5))
     with pytest.raises(UnsupportedFlinkTypeError, match="state 'r'.*field 'sub.day' is date"):
         flink_type_for(RecordSerializer("id bigint, sub struct<day: date>").snapshot(), "state 'r'")
+
+
+def test_row_fields_a_record_cannot_hold_are_refused_by_name():
+    from keygroups.flink.types import UnsupportedFlinkTypeError
+
+    with pytest.raises(UnsupportedFlinkTypeError, match="Row field 'f1' is a Map keyed by Tuple2"):
+        RowType((LongType(), MapType(TupleType((LongType(), StringType())), LongType()))).keygroups_serializer()
+    with pytest.raises(UnsupportedFlinkTypeError, match="Row field 'f0' is a TimeWindow"):
+        from keygroups.flink.types import TimeWindowType
+        RowType((TimeWindowType(),)).keygroups_serializer()

@@ -621,6 +621,9 @@ def record_field_type(t: FlinkType, path: str) -> tuple[rs.DataType, bool]:
         return rs.ListType(element, element_nullable), False
     if isinstance(t, MapType):
         key, _ = record_field_type(t.key, path + " key")
+        if isinstance(key, (rs.ListType, rs.MapType, rs.RecordType)):
+            raise UnsupportedFlinkTypeError(f"Row field {path!r} is a Map keyed by {t.key!r}: a keygroups record's "
+                                            "map keys are scalars")
         value, _ = record_field_type(t.value, path + " value")
         return rs.MapType(key, value, True), False
     if isinstance(t, TupleType):
