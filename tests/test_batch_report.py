@@ -33,7 +33,7 @@ class Count(KeyedProcessFunction):
     def process_element(self, record, context):
         n = (self.count.value() or 0) + 1
         self.count.update(n)
-        if context.timestamp is not None:
+        if context.has_timestamp:
             context.timer_service.register_event_time_timer(context.timestamp + 1000)
         return [(context.current_key, n)]
 

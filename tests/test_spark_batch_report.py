@@ -46,7 +46,7 @@ class TotalWithTimer(KeyedProcessFunction):
     def process_element(self, record, context):
         total = (self.total.value() or 0) + record["v"]
         self.total.update(total)
-        if context.timestamp is not None:
+        if context.has_timestamp:
             context.timer_service.register_event_time_timer(context.timestamp + 60_000)
         return [(record["user"], total)]
 

@@ -11,6 +11,7 @@ once. Until then the checkpoint does not exist, so a failed batch can simply run
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import time
@@ -118,6 +119,17 @@ class BatchPlan:
     assignment: AssignmentDecision | None = None
     #: Batches after which a key group's measured records count half (see :mod:`keygroups.runtime.assignment`).
     load_half_life: float = DEFAULT_HALF_LIFE
+
+    def at_parallelism(self, parallelism: int, assignment: Assignment | None = None) -> BatchPlan:
+        """This plan at another ``parallelism`` (a policy chose it once the batch's input was counted), with its
+        ranges chosen again by ``assignment`` (default: Flink's) from the same restore point."""
+        p, mp = check_parallelism(parallelism, self.max_parallelism)
+        if self.replay is not None:
+            return dataclasses.replace(self, parallelism=p)
+        chooser = assignment if assignment is not None else FlinkRanges()
+        decision = chooser.choose(self.previous, mp, p)
+        return dataclasses.replace(self, parallelism=p, boundaries=decision.boundaries, assignment=decision,
+                                   load_half_life=getattr(chooser, "half_life", DEFAULT_HALF_LIFE))
 
     @property
     def ranges(self) -> list[KeyGroupRange]:

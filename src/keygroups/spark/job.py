@@ -25,7 +25,6 @@ otherwise by Spark tasks that read each file through the checkpoint storage, wit
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import datetime
 import difflib
 import inspect
@@ -576,7 +575,7 @@ class KeyedJob:
                                     self.max_parallelism)
                 properties = {**(properties or {}),
                               "parallelism_policy": {"policy": repr(policy), "records": records, "chose": p}}
-                plan = dataclasses.replace(plan, parallelism=p)
+                plan = plan.at_parallelism(p, self.assignment)
             metadata, commit_seconds = self._run_keyed(plan, df, [], properties, max_event=max_event,
                                                        plan_started=started)
         result = self._result(df.sparkSession, metadata, replayed=False, started=started,
