@@ -22,7 +22,7 @@ from crc32c import crc32c
 
 from keygroups import KeyGroupRange
 from keygroups._local_dirs import SECRET_NAME, UnsafeDirectoryError, check_private, directory_secret, private_directory
-from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage
+from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage, carry_forward
 from keygroups.errors import CorruptSnapshotError
 from keygroups.runtime.subtask import read_cache_directory, warm_directory
 from keygroups.serializers import Int64Serializer
@@ -244,9 +244,12 @@ def _rocks_run(storage, warm, md=None, value_of=None, checkpoint_id=1):
     new_md = None
     if value_of is not None:
         handle = backend.snapshot(checkpoint_id, storage).result()
+        # as the driver does: a backend restored from ``md`` snapshots deltas on top of ``md``'s blocks, so the
+        # new checkpoint carries forward the files of their chains (commit refuses a delta without its base)
+        handles = carry_forward(md, [handle]) if md is not None else [handle]
         new_md = CheckpointMetadata(checkpoint_id=checkpoint_id, job_id="j", timestamp_ms=0, max_parallelism=MAXP,
-                                    parallelism=1, keyed_handles=[handle], operator_handles=[])
-        storage.commit(new_md)
+                                    parallelism=1, keyed_handles=handles, operator_handles=[])
+        storage.commit(new_md, planned_from=md.checkpoint_id if md is not None else None)
         new_md = storage.load(checkpoint_id)
     backend.dispose()
     return reused, values, new_md
