@@ -32,7 +32,10 @@ from keygroups.runtime.subtask import run_keyed_subtask
 
 LOCAL_RUNS = 50
 S3_RUNS = 20
-MAX_DELAY_S = 0.3
+# The longest injected delay: a publish as slow as the probe's (0.3 s) on S3; on local disk a third of it, which
+# interleaves the drivers as often (they race on the same relative timings) in a third of the wall time.
+S3_MAX_DELAY_S = 0.3
+LOCAL_MAX_DELAY_S = 0.1
 
 
 def _run_batch(storage: CheckpointStorage, table: pa.Table, *, checkpoint_id: int | None,
@@ -61,13 +64,15 @@ def _sums(*tables: pa.Table) -> dict[int, int]:
 
 @pytest.fixture
 def slow_commits(monkeypatch):
-    """Slows every commit (random, up to MAX_DELAY_S) after its checks and again while it publishes _metadata."""
+    """Slows every commit (random, up to ``slow_commits.max_delay`` seconds) after its checks and again while it
+    publishes _metadata."""
     rng = random.Random()
+    rng.max_delay = S3_MAX_DELAY_S   # type: ignore[attr-defined]  # set by each test
     lock = threading.Lock()
 
     def pause() -> None:
         with lock:
-            delay = rng.uniform(0, MAX_DELAY_S)
+            delay = rng.uniform(0, rng.max_delay)   # type: ignore[attr-defined]
         time.sleep(delay)
 
     check_files, publish = CheckpointStorage._check_files, CheckpointStorage._publish
@@ -85,7 +90,7 @@ def slow_commits(monkeypatch):
     return rng
 
 
-def race(make_storage, seed: int, *, fenced: bool) -> dict[str, int]:
+def race(make_storage, seed: int, *, fenced: bool, max_delay: float) -> dict[str, int]:
     """One run: checkpoint 1, then drivers a and b commit checkpoints 2 and 3 at once, both planned from 1; a
     refused driver plans again (a fenced one as a restarted driver, with a new claim). Returns the figures."""
     a0, a1 = tally_batches(f"a{seed}", seed, 2)
@@ -104,14 +109,14 @@ def race(make_storage, seed: int, *, fenced: bool) -> dict[str, int]:
             start.wait()
             # a driver claims the location when it starts: at a random moment, so either may plan, run or commit
             # before the other's claim fences it
-            time.sleep(delays.uniform(0, MAX_DELAY_S))
+            time.sleep(delays.uniform(0, max_delay))
             fence = DriverFence.claim(storage, "race") if fenced else None
             cid: int | None = checkpoint_id
             for attempt in range(10):
                 plans: list[Any] = []
                 try:
                     md = _run_batch(storage, table, checkpoint_id=cid, fence=fence, parallelism=1 + attempt % 2,
-                                    plans=plans, pause_s=delays.uniform(0, 3 * MAX_DELAY_S))
+                                    plans=plans, pause_s=delays.uniform(0, 3 * max_delay))
                     committed.append((md.checkpoint_id, plans[0].planned_from))
                     first_plans.setdefault(name, plans[0])
                     first.setdefault(name, "committed")
@@ -150,10 +155,10 @@ def race(make_storage, seed: int, *, fenced: bool) -> dict[str, int]:
     return {"lost": lost, "stale_commits": stale, "raced": raced, "raced_and_both_succeeded": raced * (both == 2)}
 
 
-def _campaign(make_storage_for_run, runs: int, fenced: bool) -> dict[str, int]:
+def _campaign(make_storage_for_run, runs: int, fenced: bool, max_delay: float) -> dict[str, int]:
     totals = {"runs": 0, "lost": 0, "stale_commits": 0, "raced": 0, "raced_and_both_succeeded": 0}
     for seed in range(runs):
-        figures = race(make_storage_for_run(seed), seed, fenced=fenced)
+        figures = race(make_storage_for_run(seed), seed, fenced=fenced, max_delay=max_delay)
         totals["runs"] += 1
         for k, v in figures.items():
             totals[k] += v
@@ -169,8 +174,9 @@ def _check(totals: dict[str, int], runs: int) -> None:
 
 @pytest.mark.parametrize("fenced", [False, True], ids=["unfenced", "fenced"])
 def test_concurrent_commits_lose_no_update_on_local_disk(tmp_path, slow_commits, fenced):
+    slow_commits.max_delay = LOCAL_MAX_DELAY_S
     totals = _campaign(lambda seed: (lambda: CheckpointStorage(str(tmp_path / f"run-{seed}"), retain=2)),
-                       LOCAL_RUNS, fenced)
+                       LOCAL_RUNS, fenced, LOCAL_MAX_DELAY_S)
     _check(totals, LOCAL_RUNS)
 
 
@@ -180,5 +186,6 @@ def test_concurrent_commits_lose_no_update_on_s3(s3_server, slow_commits, fenced
         url = s3_server.url()
         return lambda: CheckpointStorage(url, retain=2, storage_options=s3_server.storage_options)
 
-    totals = _campaign(for_run, S3_RUNS, fenced)
+    slow_commits.max_delay = S3_MAX_DELAY_S
+    totals = _campaign(for_run, S3_RUNS, fenced, S3_MAX_DELAY_S)
     _check(totals, S3_RUNS)
