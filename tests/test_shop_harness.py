@@ -37,13 +37,13 @@ def test_a_checkout_orders_the_cart_and_empties_it(cart):
     cart.process([event("ann", "add", 0, "item-001", 2, 150), event("ann", "add", 1, "item-002", 1, 400),
                   event("bob", "add", 1, "item-003", 5, 10)])
     assert cart.output() == []
-    assert cart.state("ann", "cart") == {"item-001": (2, 150), "item-002": (1, 400)}
+    assert cart.state("ann", "cart") == {"item-001": shop.CartLine(2, 150), "item-002": shop.CartLine(1, 400)}
     cart.process([event("ann", "checkout", 2)])
     assert cart.output() == [{"user": "ann", "ts": T0 + 2 * MINUTE, "items": 3, "total": 700, "lifetime": 700}]
     assert cart.state("ann", "cart") == {}
     assert cart.state("ann", "spent") == 700
     assert cart.state("ann", "last_seen") == T0 + 2 * MINUTE
-    assert cart.state("bob", "cart") == {"item-003": (5, 10)}   # another user's cart is untouched
+    assert cart.state("bob", "cart") == {"item-003": shop.CartLine(5, 10)}   # another user's cart is untouched
 
 
 def test_the_lifetime_spend_adds_up_over_orders_and_batches(cart):
@@ -54,7 +54,7 @@ def test_the_lifetime_spend_adds_up_over_orders_and_batches(cart):
 
 def test_removing_more_than_the_cart_holds_drops_the_line_and_an_empty_checkout_orders_nothing(cart):
     cart.process([event("ann", "add", 0, qty=2), event("ann", "remove", 1, qty=1)])
-    assert cart.state("ann", "cart") == {"item-001": (1, 100)}
+    assert cart.state("ann", "cart") == {"item-001": shop.CartLine(1, 100)}
     cart.process([event("ann", "remove", 2, qty=5), event("ann", "remove", 3, "item-009"),
                   event("ann", "checkout", 4)])
     assert cart.state("ann", "cart") == {}

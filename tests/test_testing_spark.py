@@ -82,7 +82,7 @@ def test_a_function_behaves_in_the_harness_as_in_a_keyed_job_on_spark(spark, tmp
                               key_columns=["user"])
     for batch in reader.read(KeyGroupRange(0, MAX_PARALLELISM - 1)):
         for row in batch.to_pylist():
-            job_carts[row["user"]] = {k: tuple(v.values()) for k, v in row["value"]}
+            job_carts[row["user"]] = {k: shop.CartLine(**v) for k, v in row["value"]}   # struct -> record
     users = {u for t in batches() for u in t.column("user").to_pylist()}
     assert any(job_carts.values())
     for user in sorted(users):
