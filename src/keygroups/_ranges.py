@@ -169,3 +169,46 @@ def default_max_parallelism(parallelism: int) -> int:
     target = p + p // 2
     power = 1 << (target - 1).bit_length() if target > 1 else 1
     return min(max(power, DEFAULT_LOWER_BOUND_MAX_PARALLELISM), UPPER_BOUND_MAX_PARALLELISM)
+
+
+# ---- explicit assignments: any contiguous ranges, Flink's or balanced ---------------------------------------------
+
+
+def flink_boundaries(max_parallelism: int, parallelism: int) -> tuple[int, ...]:
+    """Flink's ranges as boundaries: ``b[i]`` is the first key group of subtask ``i`` (``key_group_range``'s start)
+    and ``b[parallelism] == max_parallelism``, so subtask ``i`` owns ``[b[i], b[i + 1] - 1]``."""
+    p, mp = check_parallelism(parallelism, max_parallelism)
+    return (*((i * mp + p - 1) // p for i in range(p)), mp)
+
+
+def check_boundaries(boundaries: Any, max_parallelism: int) -> tuple[int, ...]:
+    """``boundaries`` as a tuple of ints if they cut ``[0, max_parallelism)`` into contiguous non-empty ranges (the
+    first 0, the last ``max_parallelism``, strictly ascending, at most ``max_parallelism + 1`` of them); a
+    ValueError naming what is wrong otherwise."""
+    mp = check_max_parallelism(max_parallelism)
+    if isinstance(boundaries, (str, bytes)) or not hasattr(boundaries, "__len__"):
+        raise TypeError(f"key-group boundaries must be a sequence of ints, got {type(boundaries).__name__}")
+    values = [_as_int(b, "a key-group boundary") for b in boundaries]
+    if len(values) < 2 or values[0] != 0 or values[-1] != mp:
+        raise ValueError(f"key-group boundaries must run from 0 to max_parallelism={mp} (one more than the "
+                         f"parallelism), got {values[:8]}{'...' if len(values) > 8 else ''}")
+    for i in range(1, len(values)):
+        if values[i] <= values[i - 1]:
+            raise ValueError(f"key-group boundaries must be strictly ascending (every subtask owns at least one key "
+                             f"group), got {values[i - 1]} then {values[i]} at position {i}")
+    return tuple(values)
+
+
+def ranges_of(boundaries: tuple[int, ...]) -> list[KeyGroupRange]:
+    """The key-group range of each subtask of checked ``boundaries`` (see :func:`check_boundaries`)."""
+    return [KeyGroupRange(boundaries[i], boundaries[i + 1] - 1) for i in range(len(boundaries) - 1)]
+
+
+def operator_indexes_for_boundaries(boundaries: tuple[int, ...], key_groups: npt.ArrayLike) -> npt.NDArray[np.int32]:
+    """The subtask that owns each of ``key_groups`` under checked ``boundaries`` (Flink's boundaries give
+    :func:`operator_index_for_key_group`'s answer)."""
+    groups = np.asarray(key_groups)
+    if groups.size and (int(groups.min()) < 0 or int(groups.max()) >= boundaries[-1]):
+        raise ValueError(f"key groups must be in [0, max_parallelism={boundaries[-1]})")
+    starts = np.asarray(boundaries[:-1], dtype=np.int64)
+    return (np.searchsorted(starts, groups, side="right") - 1).astype(np.int32)

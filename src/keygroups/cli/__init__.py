@@ -56,7 +56,7 @@ def _inspect(args: argparse.Namespace) -> int:
                           "keyed_handles": [h.to_json() for h in metadata.keyed_handles],
                           "operator_handles": [h.to_json() for h in metadata.operator_handles],
                           "raw_keyed_handles": [h.to_json() for h in metadata.raw_keyed_handles],
-                          "timers": timers}, indent=2))
+                          "timers": timers, "ranges": _range_figures(metadata)}, indent=2))
         return plot.run(args, storage, metadata)
     print(f"checkpoint {metadata.checkpoint_id} of job {metadata.job_id!r}: parallelism {metadata.parallelism}, "
           f"max parallelism {metadata.max_parallelism}; complete checkpoints: {storage.checkpoint_ids()}")
@@ -65,6 +65,7 @@ def _inspect(args: argparse.Namespace) -> int:
     for h in metadata.keyed_handles:
         print(f"  subtask {h.subtask}: key groups {h.key_group_range.start}-{h.key_group_range.end}, {h.size:,} bytes"
               f" in {h.file}")
+    _print_ranges(metadata)
     for oh in metadata.operator_handles:
         names = ", ".join(f"{name} ({meta.mode}, {len(meta)} elements)" for name, meta in sorted(oh.states.items()))
         print(f"  operator state of subtask {oh.subtask}: {oh.size:,} bytes: {names}")
@@ -79,6 +80,44 @@ def _inspect(args: argparse.Namespace) -> int:
         print(f"timers ({domain}): {t['total']:,} in {len(t['per_key_group'])} key groups, earliest {t['earliest']} "
               f"({_utc(t['earliest'])}); per key group: {groups}")
     return plot.run(args, storage, metadata)
+
+
+def _range_figures(metadata: Any) -> dict[str, Any]:
+    """The checkpoint's key-group ranges with each one's load (records and timers decayed over the last batches,
+    state bytes), and why the ranges are what they are (the assignment's decision, when recorded)."""
+    from keygroups.runtime.assignment import DECISION_PROPERTY, checkpoint_boundaries, checkpoint_loads, range_loads
+
+    b = checkpoint_boundaries(metadata)
+    loads = checkpoint_loads(metadata)
+    records, timers, state = (range_loads(a, b) for a in (loads.records, loads.timers, loads.state_bytes))
+    return {"boundaries": list(b), "decision": metadata.properties.get(DECISION_PROPERTY),
+            "per_range": [{"subtask": i, "key_groups": [b[i], b[i + 1] - 1], "records": round(float(records[i]), 1),
+                           "timers": round(float(timers[i]), 1), "state_bytes": int(state[i])}
+                          for i in range(len(b) - 1)]}
+
+
+def _print_ranges(metadata: Any) -> None:
+    figures = _range_figures(metadata)
+    decision = figures["decision"] or {}
+    print(f"key-group ranges ({decision.get('assignment', 'flink')}): {decision.get('reason', 'not recorded')}")
+    for r in figures["per_range"]:
+        print(f"  subtask {r['subtask']}: key groups {r['key_groups'][0]}-{r['key_groups'][1]}, records "
+              f"{r['records']:,.0f}, timers fired {r['timers']:,.0f} (decayed over the last batches), state "
+              f"{r['state_bytes']:,} B")
+    if decision:
+        print(f"  load max/mean {decision['max_over_mean']} (before: {decision['max_over_mean_before']}, Flink's "
+              f"ranges: {decision['flink_max_over_mean']}); moved {decision['moved_key_groups']} key groups holding "
+              f"{decision['moved_bytes']:,} B; ranges that changed hold {decision['restore_bytes']:,} B")
+        for hot in decision.get("hot_key_groups", []):
+            print(f"  {_hot_note(hot)}")
+
+
+def _hot_note(hot: dict[str, Any]) -> str:
+    suggested = hot.get("suggested_max_parallelism")
+    remedy = (f"a max parallelism of {suggested} would split it (if its load is spread over several keys)"
+              if suggested else "no allowed max parallelism splits it enough")
+    return (f"key group {hot['key_group']} alone carries {hot['times_mean']:.2f}x a subtask's mean load: no ranges "
+            f"can split it; {remedy}")
 
 
 def _utc(ms: int) -> str:
@@ -103,6 +142,9 @@ def _plan(args: argparse.Namespace) -> int:
         print(f"keygroups plan: parallelism {args.parallelism} is above {whose} {mp}; give a parallelism from 1 "
               f"to {mp}", file=sys.stderr)
         return 2
+    from keygroups.runtime.assignment import resolve_assignment
+
+    decision = resolve_assignment(args.assignment).choose(metadata, mp, args.parallelism)
     everything = key_group_range(old, 1, 0)
     chains = chain_stats(metadata, everything)
     total = sum(c.full_bytes + c.delta_bytes for c in chains.values())   # what restoring every key group reads
@@ -113,8 +155,12 @@ def _plan(args: argparse.Namespace) -> int:
     print(f"checkpoint {metadata.checkpoint_id}: p={metadata.parallelism} -> p'={args.parallelism} "
           f"(max parallelism {old}{change}), {total:,} bytes of keyed state in the chains of {len(chains)} key "
           f"groups, {len(files)} keyed files")
-    for i in range(args.parallelism):
-        own = key_group_range(mp, args.parallelism, i)
+    print(f"ranges ({decision.assignment}): {decision.reason}; load max/mean {decision.max_over_mean:.3f} (Flink's "
+          f"ranges: {decision.flink_max_over_mean:.3f}); {decision.moved_key_groups} key groups change owner, "
+          f"holding {decision.moved_bytes:,} B")
+    for hot in decision.hot_key_groups:
+        print(f"  {_hot_note(hot.to_json())}")
+    for i, own in enumerate(decision.ranges):
         reads = []
         nbytes = 0
         for handle, part in plan_keyed_restore(metadata, own, max_parallelism=mp):
@@ -212,6 +258,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-parallelism", type=whole_number(1), default=None,
                    help="the new max parallelism: the checkpoint's multiplied or divided by an integer factor "
                         "(default: unchanged)")
+    p.add_argument("--assignment", choices=["flink", "balanced"], default="flink",
+                   help="the key-group ranges to plan: Flink's equal ranges (default) or balanced by the "
+                        "checkpoint's measured load")
     add_storage_options(p)
     p.set_defaults(run=_plan)
     p = sub.add_parser("verify", help="read every file of a checkpoint through its checksums; exit 1 if any is "

@@ -21,7 +21,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from keygroups._ranges import check_parallelism
+from keygroups._ranges import KeyGroupRange, check_parallelism, flink_boundaries, ranges_of
 from keygroups.checkpoint import (
     CheckpointMetadata,
     CheckpointStorage,
@@ -31,6 +31,19 @@ from keygroups.checkpoint import (
 )
 from keygroups.checkpoint.planning import carry_forward, check_restore_max_parallelism
 from keygroups.errors import ConcurrentCommitError, DriverFencedError, KeyGroupsError
+from keygroups.runtime.assignment import (
+    CALLS_REPORT,
+    DECISION_PROPERTY,
+    DEFAULT_HALF_LIFE,
+    LOADS_PROPERTY,
+    RANGES_PROPERTY,
+    RECORDS_REPORT,
+    TIMERS_REPORT,
+    Assignment,
+    AssignmentDecision,
+    FlinkRanges,
+    merged_loads,
+)
 from keygroups.runtime.source import SourceTaskSpec
 from keygroups.runtime.subtask import KeyedTaskSpec, key_type_for_schema
 from keygroups.state.timers import NO_WATERMARK, TimeDomain
@@ -89,6 +102,17 @@ class BatchPlan:
     #: The batch's processing time (epoch ms), fixed here so that every subtask, and a subtask run again after a
     #: failure, fires the same processing-time timers.
     processing_time: int = field(default_factory=lambda: int(time.time() * 1000))
+    #: The batch's ranges as boundaries (subtask i owns ``[b[i], b[i + 1] - 1]``); None: Flink's equal ranges.
+    boundaries: tuple[int, ...] | None = None
+    #: Why the ranges are what they are (the assignment's decision; None for a replay).
+    assignment: AssignmentDecision | None = None
+    #: Batches after which a key group's measured records count half (see :mod:`keygroups.runtime.assignment`).
+    load_half_life: float = DEFAULT_HALF_LIFE
+
+    @property
+    def ranges(self) -> list[KeyGroupRange]:
+        """The key groups each subtask owns this batch."""
+        return ranges_of(self.boundaries or flink_boundaries(self.max_parallelism, self.parallelism))
 
     @property
     def start_watermark(self) -> int:
@@ -127,7 +151,7 @@ class BatchPlan:
             timestamp_column=timestamp_column, storage_options=self.storage.storage_options,
             allow_pickle=allow_pickle, local_dir=local_dir, warm_heap_backends=warm_heap_backends,
             start_watermark=start, watermark=start if watermark is None else max(start, watermark),
-            processing_time=self.processing_time, late_records=late_records,
+            processing_time=self.processing_time, late_records=late_records, key_group_boundaries=self.boundaries,
         )
 
     def source_task(self, log_directory: str, *, record_schema: pa.Schema | None,
@@ -164,7 +188,7 @@ def _next_checkpoint_id(storage: CheckpointStorage, newest: int | None, checkpoi
 
 def begin_batch(storage: CheckpointStorage, *, job_name: str, max_parallelism: int, parallelism: int,
                 checkpoint_id: int | None = None, fence: DriverFence | None = None,
-                savepoint: str | None = None) -> BatchPlan:
+                savepoint: str | None = None, assignment: Assignment | None = None) -> BatchPlan:
     """Plan the next micro-batch of job ``job_name`` at ``parallelism``.
 
     Without ``checkpoint_id`` the batch becomes the checkpoint after the latest complete one. With one (e.g. Spark's
@@ -176,7 +200,11 @@ def begin_batch(storage: CheckpointStorage, *, job_name: str, max_parallelism: i
 
     With ``savepoint`` (a savepoint's name in ``storage``) the batch restores from that savepoint instead of the
     latest checkpoint, and its id follows both; its subtasks write their state in full (the new checkpoint never
-    depends on the savepoint's files, which the user may delete: Flink's no-claim mode)."""
+    depends on the savepoint's files, which the user may delete: Flink's no-claim mode).
+
+    ``assignment`` chooses the key-group ranges of the batch's subtasks from the restore point's load figures
+    (:mod:`keygroups.runtime.assignment`; default :class:`~keygroups.runtime.assignment.FlinkRanges`, Flink's
+    equal ranges); the plan's ``boundaries`` and ``assignment`` (the decision) say which and why."""
     p, mp = check_parallelism(parallelism, max_parallelism)
     if fence is not None:
         fence.check()
@@ -188,12 +216,16 @@ def begin_batch(storage: CheckpointStorage, *, job_name: str, max_parallelism: i
     if previous is not None:
         check_restore_max_parallelism(previous, mp)
     newest = max([c.checkpoint_id for c in (latest, previous) if c is not None], default=None)
+    chooser = assignment if assignment is not None else FlinkRanges()
+    decision = chooser.choose(previous, mp, p)
     return BatchPlan(storage, job_name, _next_checkpoint_id(storage, newest, checkpoint_id), mp, p, previous,
-                     fence=fence, savepoint=savepoint)
+                     fence=fence, savepoint=savepoint, boundaries=decision.boundaries, assignment=decision,
+                     load_half_life=getattr(chooser, "half_life", DEFAULT_HALF_LIFE))
 
 
 def _exactly_one_per_subtask(reports: Sequence[dict[str, Any]], parallelism: int, what: str,
-                             checkpoint_id: int) -> list[dict[str, Any]]:
+                             checkpoint_id: int, ranges: Sequence[KeyGroupRange] | None = None
+                             ) -> list[dict[str, Any]]:
     ordered = sorted(reports, key=lambda r: r["subtask"])
     got = [r["subtask"] for r in ordered]
     if got != list(range(parallelism)):
@@ -201,6 +233,11 @@ def _exactly_one_per_subtask(reports: Sequence[dict[str, Any]], parallelism: int
             f"checkpoint {checkpoint_id}: {what} reports came from subtasks {got}, but exactly one from each of "
             f"0..{parallelism - 1} is needed; nothing was committed"
         )
+    for r, own in zip(ordered, ranges or ()):
+        if "key_group_range" in r and r["key_group_range"] != [own.start, own.end]:
+            raise KeyGroupsError(
+                f"checkpoint {checkpoint_id}: subtask {r['subtask']} ran with key groups {r['key_group_range']}, "
+                f"but the batch was planned with {own}; nothing was committed")
     return ordered
 
 
@@ -220,6 +257,11 @@ def timer_summary(reports: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return summary
 
 
+#: What a report holds that the checkpoint keeps elsewhere: handles, and the per key group counts (merged into
+#: ``properties[LOADS_PROPERTY]``).
+_NOT_IN_PROPERTIES = frozenset({"keyed_handle", "raw_keyed_handle", RECORDS_REPORT, CALLS_REPORT, TIMERS_REPORT})
+
+
 def commit_batch(plan: BatchPlan, keyed_reports: Sequence[dict[str, Any]],
                  source_reports: Sequence[dict[str, Any]] = (), *,
                  properties: dict[str, Any] | None = None, watermark: int | None = None) -> CheckpointMetadata:
@@ -234,11 +276,17 @@ def commit_batch(plan: BatchPlan, keyed_reports: Sequence[dict[str, Any]],
 
     Time: ``properties["watermark"]`` is ``watermark`` (the batch's, as its subtasks got it; None keeps the restore
     point's), which the next batch starts from; ``["processing_time"]`` the batch's; ``["timers"]`` the
-    :func:`timer_summary`; ``["records_late"]`` how many records were late."""
+    :func:`timer_summary`; ``["records_late"]`` how many records were late.
+
+    Ranges: ``properties[RANGES_PROPERTY]`` are the batch's ranges (boundaries), ``[LOADS_PROPERTY]`` the per key
+    group load figures (the restored checkpoint's, decayed, plus this batch's), ``[DECISION_PROPERTY]`` why the
+    ranges are what they are (see :mod:`keygroups.runtime.assignment`). A report whose ``key_group_range`` is not
+    its planned range is refused."""
     if plan.replay is not None:
         raise KeyGroupsError(f"checkpoint {plan.checkpoint_id} is already complete: a replayed batch commits nothing")
     cid, p = plan.checkpoint_id, plan.parallelism
-    keyed = _exactly_one_per_subtask(keyed_reports, p, "keyed", cid)
+    keyed = _exactly_one_per_subtask(keyed_reports, p, "keyed", cid, plan.ranges)
+    boundaries = plan.boundaries or flink_boundaries(plan.max_parallelism, p)
     sources = _exactly_one_per_subtask(source_reports, p, "source", cid) if source_reports else []
     metadata = CheckpointMetadata(
         checkpoint_id=cid,
@@ -259,8 +307,11 @@ def commit_batch(plan: BatchPlan, keyed_reports: Sequence[dict[str, Any]],
             "processing_time": plan.processing_time,
             "timers": timer_summary(keyed),
             "records_late": sum(r.get("records_late", 0) for r in keyed),
-            "reports": [{k: v for k, v in r.items() if k not in ("keyed_handle", "raw_keyed_handle")}
-                        for r in keyed],
+            "reports": [{k: v for k, v in r.items() if k not in _NOT_IN_PROPERTIES} for r in keyed],
+            RANGES_PROPERTY: list(boundaries),
+            LOADS_PROPERTY: merged_loads(plan.previous, keyed, plan.max_parallelism, boundaries,
+                                         plan.load_half_life),
+            **({DECISION_PROPERTY: plan.assignment.to_json()} if plan.assignment is not None else {}),
             "source_reports": [{k: v for k, v in r.items() if k != "operator_handle"} for r in sources],
         },
         outputs=[r["output_file"] for r in keyed],

@@ -19,12 +19,17 @@ HISTORY = 16
 
 @dataclass(frozen=True)
 class BatchFigures:
-    """What one earlier micro-batch did: its checkpoint, the parallelism it ran at, its records and its duration."""
+    """What one earlier micro-batch did: its checkpoint, the parallelism it ran at, its records and its duration;
+    ``max_over_mean``: its largest subtask load over the mean under the key-group ranges it ran with (None when not
+    known). A batch's duration follows its largest subtask, so a policy may read ``seconds / max_over_mean`` as the
+    duration balanced ranges would reach (the job's assignment chooses each batch's ranges after the policy has
+    chosen its parallelism: one batch may change both)."""
 
     checkpoint_id: int
     parallelism: int
     records: int
     seconds: float
+    max_over_mean: float | None = None
 
 
 ParallelismPolicy = Callable[[int, Sequence[BatchFigures]], int]

@@ -32,7 +32,7 @@ import numpy as np
 import pyarrow as pa
 
 from keygroups._native import splitter
-from keygroups._ranges import KeyGroupRange, operator_index_for_key_group
+from keygroups._ranges import KeyGroupRange, operator_indexes_for_boundaries
 from keygroups.checkpoint import (
     CheckpointMetadata,
     CheckpointStorage,
@@ -47,6 +47,7 @@ from keygroups.checkpoint import (
 from keygroups.checkpoint.metadata import EMPTY_BLOCK_SIZE
 from keygroups.checkpoint.state_meta import check_state_metas
 from keygroups.errors import CheckpointNotFoundError, CorruptSnapshotError, KeyGroupsError
+from keygroups.runtime.assignment import checkpoint_boundaries
 from keygroups.runtime.state_types import arrow_type, is_typed, reading_serializer
 from keygroups.serializers import SerializerSnapshot, TypeSerializer
 from keygroups.state._codec import ValueFraming
@@ -476,14 +477,15 @@ METADATA_SCHEMA = pa.schema([
 def metadata_table(storage: CheckpointStorage, metadata: CheckpointMetadata, key_groups: KeyGroupRange | None = None
                    ) -> pa.Table:
     """One row per key group of ``key_groups`` (all by default) and keyed state stored in it: the subtask that owns
-    the key group at the restore point's parallelism, the state's kind, serializers (by role, described), TTL,
+    the key group at the restore point (by its key-group ranges: Flink's, or balanced ones), the state's kind, serializers (by role, described), TTL,
     ``keys``, ``entries`` (list elements or map entries; = keys for the other kinds), ``state_bytes`` (its live
     keys and values as stored), and the key group's chain: ``chain_blocks`` and ``chain_bytes`` (all states)."""
-    mp, p = metadata.max_parallelism, metadata.parallelism
+    mp = metadata.max_parallelism
     wanted = KeyGroupRange(0, mp - 1) if key_groups is None else key_groups
     if not wanted:
         return METADATA_SCHEMA.empty_table()
     stats = chain_stats(metadata, wanted)
+    owners = operator_indexes_for_boundaries(checkpoint_boundaries(metadata), np.arange(mp)).tolist()
     rows: list[dict[str, Any]] = []
     framings: dict[str, ValueFraming] = {}
     for kg, states in _chains(storage, metadata, wanted):
@@ -502,7 +504,7 @@ def metadata_table(storage: CheckpointStorage, metadata: CheckpointMetadata, key
                 entries = sum(framing.element_count(mv[o[i]:o[i + 1]]) for i in range(len(o) - 1))
             ttl = meta.get("ttl")
             rows.append({
-                "key_group": kg, "subtask": operator_index_for_key_group(mp, p, kg), "state": name, "kind": kind,
+                "key_group": kg, "subtask": owners[kg], "state": name, "kind": kind,
                 "serializers": [(role, SerializerSnapshot.from_json(s).describe())
                                 for role, s in sorted(meta.get("serializers", {}).items())],
                 "ttl_ms": ttl.get("ttl_ms") if isinstance(ttl, dict) else None,

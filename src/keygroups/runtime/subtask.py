@@ -31,10 +31,11 @@ import pyarrow.parquet as pq
 
 from keygroups._hashing import KeyType, assign_key_groups, assign_key_groups_for_tuples, key_type_for_arrow
 from keygroups._local_dirs import private_directory
-from keygroups._ranges import KeyGroupRange, key_group_range
+from keygroups._ranges import KeyGroupRange, check_boundaries, key_group_range
 from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage
 from keygroups.checkpoint.raw_keyed import RawKeyedStateReader, write_raw_keyed_snapshot
 from keygroups.errors import KeyGroupOutOfRangeError
+from keygroups.runtime.assignment import CALLS_REPORT, RECORDS_REPORT, TIMERS_REPORT, encode_counts
 from keygroups.runtime.functions import KeyedProcessFunction, ProcessContext, RuntimeContext, TimerService
 from keygroups.runtime.watermarks import check_late_records
 from keygroups.state import HeapKeyedStateBackend
@@ -163,10 +164,29 @@ class KeyedTaskSpec:
     #: Heap backends a Python worker process keeps between batches (each holds one subtask's state in memory); 0:
     #: none, every batch restores.
     warm_heap_backends: int = 4
+    #: The batch's ranges as boundaries (subtask i owns ``[b[i], b[i + 1] - 1]``; see
+    #: :mod:`keygroups.runtime.assignment`); None: Flink's equal ranges.
+    key_group_boundaries: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         check_warm_heap_backends(self.warm_heap_backends)
         check_late_records(self.late_records)
+        if self.key_group_boundaries is not None:
+            b = check_boundaries(self.key_group_boundaries, self.max_parallelism)
+            if len(b) != self.parallelism + 1:
+                raise ValueError(f"key_group_boundaries must hold parallelism + 1 = {self.parallelism + 1} "
+                                 f"boundaries, got {len(b)}")
+            object.__setattr__(self, "key_group_boundaries", b)
+
+    def own_key_groups(self, subtask_index: int) -> KeyGroupRange:
+        """The key groups subtask ``subtask_index`` owns this batch: its range of ``key_group_boundaries``, or
+        Flink's ``key_group_range`` without them."""
+        b = self.key_group_boundaries
+        if b is None:
+            return key_group_range(self.max_parallelism, self.parallelism, subtask_index)
+        if not 0 <= subtask_index < self.parallelism:
+            raise ValueError(f"subtask_index must be in [0, parallelism={self.parallelism}), got {subtask_index}")
+        return KeyGroupRange(b[subtask_index], b[subtask_index + 1] - 1)
 
 
 def check_warm_heap_backends(n: Any) -> int:
@@ -301,7 +321,7 @@ def run_keyed_subtask(spec: KeyedTaskSpec, subtask_index: int, batches: Iterable
     """Run one subtask of one micro-batch; returns its report (JSON-able) for the driver's commit. A heap backend
     comes from, and after the batch goes back to, ``kept`` (this process's :data:`HEAP_BACKENDS` by default); timer
     queues likewise from ``kept_timers`` (:data:`~keygroups.state.timers.TIMER_QUEUES`)."""
-    own_range = key_group_range(spec.max_parallelism, spec.parallelism, subtask_index)
+    own_range = spec.own_key_groups(subtask_index)
     start = time.perf_counter()
     storage = CheckpointStorage(spec.checkpoint_location, storage_options=spec.storage_options,
                                 cache_dir=read_cache_directory(spec.local_dir))
@@ -378,6 +398,9 @@ def _heap_backend(spec: KeyedTaskSpec, subtask_index: int, own_range: KeyGroupRa
     if kept is not None and metadata is not None:
         stats = kept.resume(storage, metadata)
         if stats is not None:
+            # warm state belongs to a range, not a subtask number: with other ranges (or another parallelism) the
+            # same range may be another subtask's, whose number the snapshot's handle must carry
+            kept.subtask_index = subtask_index
             mode = "caught-up" if stats.bytes_read else "warm"
             return kept, _restored(mode, stats.bytes_read, stats.key_groups, True)
     backend = create_backend("heap", own_range, spec.max_parallelism, spec.key_type, subtask_index=subtask_index,
@@ -423,6 +446,7 @@ def _run_on_backend(spec: KeyedTaskSpec, subtask_index: int, batches: Iterable[p
                 table = table.filter(pa.array(~is_late))
                 event_times = event_times[~is_late]
     groups = np.zeros(0, dtype=np.int32)
+    records_per_group = np.zeros(len(own_range), dtype=np.int64)   # the load figures (runtime.assignment)
     if table.num_rows:
         groups = _key_groups(table, spec)
         outside = (groups < own_range.start) | (groups > own_range.end)
@@ -434,6 +458,7 @@ def _run_on_backend(spec: KeyedTaskSpec, subtask_index: int, batches: Iterable[p
                 f"{key if len(key) > 1 else key[0]!r} of key group {int(groups[pos])}: the input was not partitioned "
                 "by key group (or the key's hash is not deterministic)"
             )
+        records_per_group = np.bincount(groups - own_range.start, minlength=len(own_range))
         table = table.append_column("__key_group", pa.array(groups, pa.int16()))
         sort_keys = [("__key_group", "ascending")]
         for i, c in enumerate(spec.key_columns):
@@ -467,6 +492,11 @@ def _run_on_backend(spec: KeyedTaskSpec, subtask_index: int, batches: Iterable[p
     vectorized = type(function).process_key_batch is not KeyedProcessFunction.process_key_batch
     batched = type(function).process_batch is not KeyedProcessFunction.process_batch
     runs = _key_runs(table, spec.key_columns)
+    # the work per key group (the load figures): a step per key (the switch to it, its state), and one per record
+    # when the function is called per record
+    calls_per_group = np.bincount(groups[runs[:-1]] - own_range.start, minlength=len(own_range))
+    if not (vectorized or batched):
+        calls_per_group = calls_per_group + records_per_group
     # One Python key per run of equal keys, not per record.
     starts = pa.array(runs[:-1])
     run_keys = [table.column(c).take(starts).to_pylist() for c in spec.key_columns]
@@ -508,9 +538,11 @@ def _run_on_backend(spec: KeyedTaskSpec, subtask_index: int, batches: Iterable[p
 
     t = time.perf_counter()
     timer_service._watermark = backend.watermark = spec.watermark
+    fired_groups: list[int] = []
     if timers.queues is not None:
         _fire_timers(function, backend, timers.queues, context, outputs,
-                     ((TimeDomain.EVENT_TIME, spec.watermark), (TimeDomain.PROCESSING_TIME, spec.processing_time)))
+                     ((TimeDomain.EVENT_TIME, spec.watermark), (TimeDomain.PROCESSING_TIME, spec.processing_time)),
+                     fired_groups)
     function.close()
     timings["timers"] = time.perf_counter() - t
 
@@ -549,13 +581,18 @@ def _run_on_backend(spec: KeyedTaskSpec, subtask_index: int, batches: Iterable[p
         "restored": restored,
         "snapshot_bytes": int(handle.size) if handle is not None else 0,
         "seconds": timings,
+        RECORDS_REPORT: encode_counts(records_per_group),
+        CALLS_REPORT: encode_counts(calls_per_group),
+        TIMERS_REPORT: encode_counts(np.bincount(np.asarray(fired_groups, dtype=np.int64) - own_range.start,
+                                                 minlength=len(own_range))),
     }
 
 
 def _fire_timers(function: KeyedProcessFunction, backend: Any, queues: TimerQueues, context: ProcessContext,
-                 outputs: list[Any], domains: Iterable[tuple[TimeDomain, int]]) -> None:
+                 outputs: list[Any], domains: Iterable[tuple[TimeDomain, int]], fired_groups: list[int]) -> None:
     """Fire each domain's timers due by its time, in timestamp order, after the batch's records (the keys of the
-    due timers are prefetched together first: one read per batch, not per timer, on RocksDB)."""
+    due timers are prefetched together first: one read per batch, not per timer, on RocksDB); the key group of
+    each timer fired goes to ``fired_groups`` (the load figures)."""
     def prefetch(keys: list[Any], groups: list[int]) -> None:
         backend.prefetch(keys, np.asarray(groups, dtype=np.int32))
 
@@ -563,6 +600,7 @@ def _fire_timers(function: KeyedProcessFunction, backend: Any, queues: TimerQueu
         context.time_domain = domain
         for timestamp, key in queues.of(domain).due(until, prefetch):
             context.current_key, context.current_key_group = key, backend.current_key_group
+            fired_groups.append(context.current_key_group)
             context.timestamp = timestamp
             result = function.on_timer(timestamp, context)
             if result is not None:

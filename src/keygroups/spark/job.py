@@ -50,6 +50,7 @@ from pyspark.sql.types import (
 from keygroups._ranges import check_max_parallelism, check_parallelism
 from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage
 from keygroups.errors import CheckpointNotFoundError, ReplayMismatchError
+from keygroups.runtime.assignment import DECISION_PROPERTY, Assignment, resolve_assignment
 from keygroups.runtime.driver import BatchPlan, DriverFence, begin_batch, commit_batch
 from keygroups.runtime.functions import KeyedProcessFunction
 from keygroups.runtime.scaling import HISTORY, BatchFigures, ParallelismPolicy
@@ -263,7 +264,10 @@ class KeyedJob:
     by default). ``restore_from_savepoint`` names a savepoint in ``checkpoint_location`` (see :meth:`savepoint`)
     that the job's first batch restores instead of the latest checkpoint, at any parallelism; the checkpoints after
     it say so, and a driver restarted with the same argument continues from the latest of them (Flink's ``-s``,
-    no-claim mode).
+    no-claim mode). ``assignment`` chooses each batch's key-group ranges: ``"flink"`` (the default: Flink's equal
+    ranges, Flink's ownership exactly), ``"balanced"`` (contiguous ranges cut by each key group's measured records
+    and state bytes, moved only when it pays; see :mod:`keygroups.runtime.assignment`) or an assignment object
+    such as ``BalancedRanges(state_weight=0.5)``.
     """
 
     def __init__(
@@ -286,6 +290,7 @@ class KeyedJob:
         restore_from_savepoint: str | None = None,
         watermark_strategy: WatermarkStrategy | None = None,
         late_records: str = "drop",
+        assignment: str | Assignment = "flink",
     ) -> None:
         if not name:
             raise ValueError("a job needs a non-empty name")
@@ -313,6 +318,7 @@ class KeyedJob:
         self._fence: DriverFence | None = None   # claimed at the first batch: constructing a job fences nobody
         self.restore_from_savepoint = restore_from_savepoint
         self._savepoint_pending = restore_from_savepoint is not None
+        self.assignment = resolve_assignment(assignment)
 
     def latest_checkpoint(self) -> CheckpointMetadata | None:
         """The latest complete checkpoint, None before the first batch."""
@@ -332,7 +338,7 @@ class KeyedJob:
             savepoint = None if lineage == self.restore_from_savepoint else self.restore_from_savepoint
         return begin_batch(self.storage, job_name=self.name, max_parallelism=self.max_parallelism,
                            parallelism=parallelism, checkpoint_id=checkpoint_id, fence=self._fence,
-                           savepoint=savepoint)
+                           savepoint=savepoint, assignment=self.assignment)
 
     def savepoint(self, name: str) -> str:
         """Take a savepoint of the latest complete checkpoint, between batches: a self-contained full snapshot in
@@ -372,8 +378,8 @@ class KeyedJob:
             warm_heap_backends=self.warm_heap_backends, watermark=watermark, late_records=self.late_records,
         )
         placed = partition_by_key_group(df.withColumn(_DIGEST, _record_digest(df)), *self.key_columns,
-                                        max_parallelism=plan.max_parallelism,
-                                        parallelism=plan.parallelism).select(*df.columns, _DIGEST)
+                                        max_parallelism=plan.max_parallelism, parallelism=plan.parallelism,
+                                        key_group_boundaries=plan.boundaries).select(*df.columns, _DIGEST)
 
         def subtask(batches: Any) -> Any:
             index = TaskContext.get().partitionId()  # type: ignore[union-attr]  # always set inside a task
@@ -467,8 +473,9 @@ class KeyedJob:
                 properties = {"parallelism_policy": {"policy": repr(policy), "records": records, "chose": p}}
             result = self.run_batch(df, parallelism=p, checkpoint_id=int(batch_id), properties=properties)
             if not result.replayed:
+                decision = result.metadata.properties.get(DECISION_PROPERTY) or {}
                 history.append(BatchFigures(result.checkpoint_id, result.parallelism, result.records_in,
-                                            result.seconds))
+                                            result.seconds, decision.get("max_over_mean")))
             if sink is not None:
                 sink(result.output, int(batch_id))
 

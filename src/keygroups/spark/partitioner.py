@@ -18,7 +18,7 @@ operator index is mapped to a stand-in integer whose Spark hash lands in that ve
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -29,7 +29,7 @@ from pyspark.sql import functions as F
 
 from keygroups._hashing import KeyType, key_type_code
 from keygroups._native import hashing as _h
-from keygroups._ranges import check_parallelism, default_max_parallelism
+from keygroups._ranges import check_boundaries, check_parallelism, default_max_parallelism, flink_boundaries
 from keygroups.spark.catalyst import CatalystHashes, operator_index_of
 from keygroups.spark.columns import (
     ColumnOrName,
@@ -55,11 +55,12 @@ _NOT_AN_RDD = (
 
 class KeyGroupPartitioner:
     """A partition function for ``rdd.partitionBy(parallelism, partitioner)``: key -> the subtask that owns its key
-    group, so partition *i* holds exactly the keys of ``key_group_range(max_parallelism, parallelism, i)``.
+    group, so partition *i* holds exactly the keys of ``key_group_range(max_parallelism, parallelism, i)`` (or, with
+    ``key_group_boundaries``, of the range ``[b[i], b[i + 1] - 1]``: see :mod:`keygroups.runtime.assignment`).
 
     Keys hash as the Java types Flink would see (``key_type`` as in :func:`keygroups.java_hash`; ``None`` infers it
     from each key: ``int`` -> ``Long``, ``str`` -> ``String``, tuples -> ``TupleN``, ...). A ``None`` key, or a key
-    of an unsupported type, raises when the partition function meets it. Instances pickle as their three
+    of an unsupported type, raises when the partition function meets it. Instances pickle as their
     parameters and compare equal when those are equal, so PySpark recognises RDDs partitioned alike and skips a
     second shuffle.
 
@@ -67,14 +68,24 @@ class KeyGroupPartitioner:
     DataFrame); :func:`partition_by_key_group` places DataFrames the same way on both.
     """
 
-    __slots__ = ("_max_parallelism", "_parallelism", "_key_type", "_code")
+    __slots__ = ("_max_parallelism", "_parallelism", "_key_type", "_code", "_boundaries", "_owners")
 
-    def __init__(self, max_parallelism: int, parallelism: int, key_type: KeyType = None) -> None:
+    def __init__(self, max_parallelism: int, parallelism: int, key_type: KeyType = None,
+                 key_group_boundaries: Sequence[int] | None = None) -> None:
         p, mp = check_parallelism(parallelism, max_parallelism)
         self._max_parallelism = mp
         self._parallelism = p
         self._key_type = key_type
         self._code = key_type_code(key_type)  # validates the name
+        self._boundaries: tuple[int, ...] | None = None
+        self._owners: list[int] | None = None
+        if key_group_boundaries is not None:
+            b = check_boundaries(key_group_boundaries, mp)
+            if len(b) != p + 1:
+                raise ValueError(f"key_group_boundaries must hold parallelism + 1 = {p + 1} boundaries, got {len(b)}")
+            if b != flink_boundaries(mp, p):   # Flink's ranges stay Flink's arithmetic (and compare equal to it)
+                self._boundaries = b
+                self._owners = np.repeat(np.arange(p), np.diff(np.asarray(b))).tolist()
 
     @property
     def max_parallelism(self) -> int:
@@ -89,29 +100,40 @@ class KeyGroupPartitioner:
     def key_type(self) -> KeyType:
         return self._key_type
 
+    @property
+    def key_group_boundaries(self) -> tuple[int, ...] | None:
+        """The explicit ranges partitions follow (None: Flink's)."""
+        return self._boundaries
+
     def __call__(self, key: Any) -> int:
-        """The operator index (subtask) of ``key``: ``key_group * parallelism // max_parallelism``."""
+        """The operator index (subtask) of ``key``: ``key_group * parallelism // max_parallelism`` (Flink's), or the
+        subtask whose range of ``key_group_boundaries`` holds its key group."""
         group = _h.key_group_for_hash(_h.java_hash_object(key, self._code), self._max_parallelism)
+        if self._owners is not None:
+            return self._owners[group]
         return group * self._parallelism // self._max_parallelism
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (KeyGroupPartitioner, (self._max_parallelism, self._parallelism, self._key_type))
+        return (KeyGroupPartitioner, (self._max_parallelism, self._parallelism, self._key_type, self._boundaries))
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, KeyGroupPartitioner):
             return NotImplemented
-        return (self._max_parallelism, self._parallelism, self._key_type) == (
+        return (self._max_parallelism, self._parallelism, self._key_type, self._boundaries) == (
             other._max_parallelism,
             other._parallelism,
             other._key_type,
+            other._boundaries,
         )
 
     def __hash__(self) -> int:
-        return hash((KeyGroupPartitioner, self._max_parallelism, self._parallelism, self._key_type))
+        return hash((KeyGroupPartitioner, self._max_parallelism, self._parallelism, self._key_type, self._boundaries))
 
     def __repr__(self) -> str:
         kt = "" if self._key_type is None else f", key_type={self._key_type!r}"
-        return f"KeyGroupPartitioner(max_parallelism={self._max_parallelism}, parallelism={self._parallelism}{kt})"
+        kb = "" if self._boundaries is None else f", key_group_boundaries={self._boundaries!r}"
+        return (f"KeyGroupPartitioner(max_parallelism={self._max_parallelism}, parallelism={self._parallelism}{kt}"
+                f"{kb})")
 
 
 def key_by(
@@ -196,10 +218,13 @@ def partition_by_key_group(
     operator_col: str | None = None,
     engine: str = "auto",
     method: str = "auto",
+    key_group_boundaries: Sequence[int] | None = None,
 ) -> DataFrame:
     """``df`` in exactly ``parallelism`` partitions, where Spark partition *i* holds exactly the records of subtask
     *i* (the keys of ``key_group_range(max_parallelism, parallelism, i)``): Flink's placement, with ``df``'s
-    columns, as ``df.repartition(parallelism, *key_columns)`` gives Spark's. ``sort_within=True`` also sorts each
+    columns, as ``df.repartition(parallelism, *key_columns)`` gives Spark's. With ``key_group_boundaries``
+    (``parallelism + 1`` of them, as :mod:`keygroups.runtime.assignment` chooses: subtask *i* owns key groups
+    ``[b[i], b[i + 1] - 1]``) partition *i* holds the keys of that range instead. ``sort_within=True`` also sorts each
     partition by key group. ``key_group_col`` and ``operator_col``, when given, name extra columns with the key
     group and the operator index (which equals ``spark_partition_id()``), added after the shuffle.
 
@@ -208,6 +233,7 @@ def partition_by_key_group(
     ``engine`` is as in :func:`with_key_groups`. The placement holds for this DataFrame's partitions: a later
     shuffle (a join, an aggregation) redistributes rows as Spark sees fit."""
     p, mp = check_parallelism(parallelism, max_parallelism)
+    owners = _owners(key_group_boundaries, mp, p)
     if method not in _METHODS:
         raise ValueError(f"method must be one of {', '.join(map(repr, _METHODS))}, got {method!r}")
     if method == "auto":
@@ -235,7 +261,7 @@ def partition_by_key_group(
         temps = [] if key_group_col else [group_name]
         group = F.col(group_name)
         keep_group = key_group_col is not None
-    operator = operator_index_of(group, mp, p)
+    operator = owners(group)
     if method == "by_id":
         placed = source.repartitionById(p, operator)
     else:
@@ -248,5 +274,20 @@ def partition_by_key_group(
     if sort_within:
         placed = placed.sortWithinPartitions(group)
     if operator_col is not None:
-        placed = placed.withColumn(operator_col, operator_index_of(group, mp, p))
+        placed = placed.withColumn(operator_col, owners(group))
     return placed.drop(*temps) if temps else placed
+
+
+def _owners(boundaries: Sequence[int] | None, max_parallelism: int, parallelism: int) -> Callable[[Column], Column]:
+    """Key-group Column -> its subtask's Column: Flink's arithmetic for Flink's ranges (or none given), else a
+    lookup in one array literal of every key group's owner (parsed once, constant-folded)."""
+    if boundaries is None:
+        return lambda group: operator_index_of(group, max_parallelism, parallelism)
+    b = check_boundaries(boundaries, max_parallelism)
+    if len(b) != parallelism + 1:
+        raise ValueError(f"key_group_boundaries must hold parallelism + 1 = {parallelism + 1} boundaries, got {len(b)}")
+    if b == flink_boundaries(max_parallelism, parallelism):
+        return lambda group: operator_index_of(group, max_parallelism, parallelism)
+    owner = np.repeat(np.arange(parallelism), np.diff(np.asarray(b)))
+    table = F.expr("array(" + ",".join(map(str, owner.tolist())) + ")")
+    return lambda group: F.element_at(table, group.cast("int") + F.lit(1))
