@@ -7,10 +7,15 @@ checkpoint only once every subtask has reported.
 Warm state: Spark reuses its Python worker processes between tasks, so a heap backend can outlive its batch. After
 its batch it goes into the process's :class:`HeapBackendRegistry` (at most ``KeyedTaskSpec.warm_heap_backends`` of
 them, the least recently used dropped first); the next task of the same job, location and key-group range takes it
-out (no two tasks share one) and resumes it (``HeapKeyedStateBackend.resume``: only when it is exactly the committed
-state, reading just the blocks other workers committed since), else restores a new one. RocksDB keeps its database
+out (no two tasks share one; failing that, the kept backend whose range overlaps the task's most) and resumes it
+(``HeapKeyedStateBackend.resume``: only when it is exactly the committed state, reading just the blocks other
+workers committed since and the chains of key groups that arrived), else restores a new one. RocksDB keeps its database
 on local disk instead (``warm_dir``). The report's ``restored["mode"]`` says which: ``warm`` (nothing read),
-``caught-up`` (newer blocks read), ``cold`` (restored), ``new`` (no checkpoint to restore).
+``caught-up`` (newer blocks read), ``moved`` (a kept backend of an overlapping range: the key groups still owned stay
+warm and catch up, those that arrived are restored, those that left are dropped), ``cold`` (restored), ``new`` (no
+checkpoint to restore); its ``warm_key_groups``, ``caught_up_key_groups``, ``restored_key_groups`` and
+``dropped_key_groups`` (``[start, end]`` runs) and ``bytes_caught_up``/``bytes_restored`` say which key groups came
+how.
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ from keygroups.runtime.assignment import CALLS_REPORT, RECORDS_REPORT, TIMERS_RE
 from keygroups.runtime.functions import KeyedProcessFunction, ProcessContext, RuntimeContext, TimerService
 from keygroups.runtime.watermarks import check_late_records
 from keygroups.state import HeapKeyedStateBackend
-from keygroups.state.kept import KeptRegistry
+from keygroups.state.kept import KeptRegistry, WarmResume
 from keygroups.state.timers import (
     NO_WATERMARK,
     TIMER_QUEUES,
@@ -216,6 +221,26 @@ def heap_backend_key(spec: KeyedTaskSpec, key_groups: KeyGroupRange) -> tuple[An
             spec.key_type, spec.allow_pickle)
 
 
+def _take_kept_heap_backend(registry: HeapBackendRegistry, key: tuple[Any, ...], subtask_index: int
+                            ) -> HeapKeyedStateBackend | None:
+    """The kept backend of exactly ``key``'s range, else the one of the same job whose range overlaps it most (the
+    previous batch's backend of this subtask among equals: its key groups stay with their owner); its key groups
+    still owned stay warm (see ``HeapKeyedStateBackend.resume``). None if no kept backend overlaps."""
+    exact = registry.take(key)
+    if exact is not None:
+        return exact
+    start, end = key[3], key[4]
+
+    def score(other: Any, backend: HeapKeyedStateBackend) -> tuple[int, bool] | None:
+        if other[:3] != key[:3] or other[5:] != key[5:]:
+            return None
+        overlap = min(end, other[4]) - max(start, other[3]) + 1
+        return (overlap, backend.subtask_index == subtask_index) if overlap > 0 else None
+
+    found = registry.take_best(score)
+    return None if found is None else found[1]
+
+
 def _load_function(spec: KeyedTaskSpec) -> KeyedProcessFunction:
     # The job's own code, pickled by the driver that submitted this task (as Spark ships every function): never
     # bytes read from a checkpoint or an input file.
@@ -331,7 +356,8 @@ def run_keyed_subtask(spec: KeyedTaskSpec, subtask_index: int, batches: Iterable
     if spec.backend == "heap" and spec.warm_heap_backends > 0:
         registry = kept if kept is not None else HEAP_BACKENDS
         key = heap_backend_key(spec, own_range)
-        backend, restored = _heap_backend(spec, subtask_index, own_range, storage, metadata, registry.take(key))
+        backend, restored = _heap_backend(spec, subtask_index, own_range, storage, metadata,
+                                          _take_kept_heap_backend(registry, key, subtask_index))
         report = _run_on_backend(spec, subtask_index, batches, backend, own_range, storage, restored,
                                  time.perf_counter() - start, timers, metadata)
         backend.compact()  # what a full rewrite made obsolete goes before the backend waits for its next batch
@@ -396,19 +422,26 @@ def _heap_backend(spec: KeyedTaskSpec, subtask_index: int, own_range: KeyGroupRa
     """The task's heap backend: ``kept`` resumed at ``metadata`` (the restore point) when it holds exactly that
     state (plus the blocks committed since), else a new one restored from it."""
     if kept is not None and metadata is not None:
-        stats = kept.resume(storage, metadata)
+        moved = kept.key_group_range != own_range
+        stats = kept.resume(storage, metadata, own_range)
         if stats is not None:
             # warm state belongs to a range, not a subtask number: with other ranges (or another parallelism) the
             # same range may be another subtask's, whose number the snapshot's handle must carry
             kept.subtask_index = subtask_index
-            mode = "caught-up" if stats.bytes_read else "warm"
-            return kept, _restored(mode, stats.bytes_read, stats.key_groups, True)
+            mode = "moved" if moved else "caught-up" if stats.bytes_read else "warm"
+            return kept, {**_restored(mode, stats.bytes_read, stats.key_groups, True), **stats.report()}
     backend = create_backend("heap", own_range, spec.max_parallelism, spec.key_type, subtask_index=subtask_index,
                              allow_pickle=spec.allow_pickle, kept=True)
     if metadata is None:
         return backend, _restored("new", 0, 0, False)
     stats = backend.restore(storage, metadata)
-    return backend, _restored("cold", stats.bytes_read, stats.key_groups, False)
+    return backend, {**_restored("cold", stats.bytes_read, stats.key_groups, False),
+                     **cold_restore_report(own_range, stats.bytes_read)}
+
+
+def cold_restore_report(own_range: KeyGroupRange, bytes_read: int) -> dict[str, Any]:
+    """The key-group fields of a report's ``restored`` for a backend restored whole (see ``WarmResume.report``)."""
+    return WarmResume(bytes_read, len(own_range), restored=tuple(own_range), bytes_restored=bytes_read).report()
 
 
 def event_time_millis(column: pa.ChunkedArray, name: str) -> np.ndarray:

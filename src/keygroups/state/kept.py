@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import collections
 import threading
-from collections.abc import Hashable
-from typing import Generic, TypeVar
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from keygroups.checkpoint.metadata import key_group_runs
 
 T = TypeVar("T")
 
@@ -23,6 +26,20 @@ class KeptRegistry(Generic[T]):
         """The object kept under ``key``, now the caller's alone; None if there is none."""
         with self._lock:
             return self._kept.pop(key, None)
+
+    def take_best(self, score: Callable[[Hashable, T], Any]) -> tuple[Hashable, T] | None:
+        """The kept object that ``score(key, object)`` ranks highest (None: unsuitable; ties: the most recently
+        kept), with its key, now the caller's alone; None if none is suitable."""
+        with self._lock:
+            best: Hashable = None
+            best_score: Any = None
+            for key, value in self._kept.items():
+                s = score(key, value)
+                if s is not None and (best_score is None or s >= best_score):
+                    best, best_score = key, s
+            if best_score is None:
+                return None
+            return best, self._kept.pop(best)
 
     def keep(self, key: Hashable, value: T, limit: int) -> None:
         """Keep ``value`` under ``key`` (replacing one kept there), then drop the least recently kept beyond
@@ -46,3 +63,29 @@ class KeptRegistry(Generic[T]):
 
     def __len__(self) -> int:
         return len(self._kept)
+
+
+@dataclass(frozen=True)
+class WarmResume:
+    """What resuming a kept backend for a key-group range read (``bytes_read``, ``key_groups`` read), and which key
+    groups (absolute numbers) it kept: ``warm`` (kept, nothing read), ``caught_up`` (kept, the blocks committed
+    since the backend's last snapshot read), ``restored`` (arrived from another range: their chains read from the
+    checkpoint), ``dropped`` (left for another subtask; their entries discarded); bytes read per kind."""
+
+    bytes_read: int
+    key_groups: int
+    warm: tuple[int, ...] = ()
+    caught_up: tuple[int, ...] = ()
+    restored: tuple[int, ...] = ()
+    dropped: tuple[int, ...] = ()
+    bytes_caught_up: int = 0
+    bytes_restored: int = 0
+
+    def report(self) -> dict[str, Any]:
+        """The key groups as ``[start, end]`` runs and the bytes, for a task report (JSON-able)."""
+        def runs(kgs: tuple[int, ...]) -> list[list[int]]:
+            return [[r.start, r.end] for r in key_group_runs(kgs)]
+
+        return {"warm_key_groups": runs(self.warm), "caught_up_key_groups": runs(self.caught_up),
+                "restored_key_groups": runs(self.restored), "dropped_key_groups": runs(self.dropped),
+                "bytes_caught_up": int(self.bytes_caught_up), "bytes_restored": int(self.bytes_restored)}
