@@ -371,7 +371,13 @@ def run_keyed_subtask(spec: KeyedTaskSpec, subtask_index: int, batches: Iterable
         restored = _restored("new", 0, 0, False)
         if metadata is not None:
             stats = backend.restore(storage, metadata)
-            restored = _restored("warm" if backend.warm else "cold", stats.bytes_read, stats.key_groups, backend.warm)
+            if isinstance(stats, WarmResume):   # the kept database of an overlapping range, taken over
+                restored = {**_restored("moved", stats.bytes_read, stats.key_groups, True), **stats.report()}
+            else:
+                restored = {**_restored("warm" if backend.warm else "cold", stats.bytes_read, stats.key_groups,
+                                        backend.warm),
+                            **(WarmResume(0, 0, warm=tuple(own_range)).report() if backend.warm
+                               else cold_restore_report(own_range, stats.bytes_read))}
         return _run_on_backend(spec, subtask_index, batches, backend, own_range, storage, restored,
                                time.perf_counter() - start, timers, metadata)
 
