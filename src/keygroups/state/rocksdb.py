@@ -910,8 +910,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
             try:
                 if not (old.start >= r.start and old.end <= r.end):
                     kept_at = _marker_checkpoint(os.path.join(parent, name))
-                    if kept_at is not None and kept_at != checkpoint_id:
-                        continue  # a sibling range may still take it over at checkpoint ``kept_at``
+                    if kept_at is not None and checkpoint_id in (None, kept_at):
+                        continue  # a sibling range restoring from checkpoint ``kept_at`` may still take it over
                 shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
                 with contextlib.suppress(FileNotFoundError):
                     os.remove(os.path.join(parent, name + ".lock"))
