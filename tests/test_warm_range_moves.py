@@ -12,7 +12,7 @@ from keygroups.checkpoint import CheckpointStorage, plan_keyed_restore
 from keygroups.checkpoint.metadata import key_group_runs
 from keygroups.serializers import Int64Serializer
 from keygroups.state import HeapKeyedStateBackend, RocksDBKeyedStateBackend
-from keygroups.state.kept import WarmResume
+from keygroups.state._warm import WarmResume
 from test_rocksdb_incremental import KEYS, MAXP, commit, read, write
 
 OLD = [KeyGroupRange(0, 63), KeyGroupRange(64, 127)]

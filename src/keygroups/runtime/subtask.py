@@ -44,7 +44,8 @@ from keygroups.runtime.assignment import CALLS_REPORT, RECORDS_REPORT, TIMERS_RE
 from keygroups.runtime.functions import KeyedProcessFunction, ProcessContext, RuntimeContext, TimerService
 from keygroups.runtime.watermarks import check_late_records
 from keygroups.state import HeapKeyedStateBackend
-from keygroups.state.kept import KeptRegistry, WarmResume
+from keygroups.state._warm import WarmResume
+from keygroups.state.kept import KeptRegistry
 from keygroups.state.timers import (
     NO_WATERMARK,
     TIMER_QUEUES,

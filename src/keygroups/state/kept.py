@@ -6,10 +6,7 @@ from __future__ import annotations
 import collections
 import threading
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
-
-from keygroups.checkpoint.metadata import key_group_runs
 
 T = TypeVar("T")
 
@@ -64,28 +61,3 @@ class KeptRegistry(Generic[T]):
     def __len__(self) -> int:
         return len(self._kept)
 
-
-@dataclass(frozen=True)
-class WarmResume:
-    """What resuming a kept backend for a key-group range read (``bytes_read``, ``key_groups`` read), and which key
-    groups (absolute numbers) it kept: ``warm`` (kept, nothing read), ``caught_up`` (kept, the blocks committed
-    since the backend's last snapshot read), ``restored`` (arrived from another range: their chains read from the
-    checkpoint), ``dropped`` (left for another subtask; their entries discarded); bytes read per kind."""
-
-    bytes_read: int
-    key_groups: int
-    warm: tuple[int, ...] = ()
-    caught_up: tuple[int, ...] = ()
-    restored: tuple[int, ...] = ()
-    dropped: tuple[int, ...] = ()
-    bytes_caught_up: int = 0
-    bytes_restored: int = 0
-
-    def report(self) -> dict[str, Any]:
-        """The key groups as ``[start, end]`` runs and the bytes, for a task report (JSON-able)."""
-        def runs(kgs: tuple[int, ...]) -> list[list[int]]:
-            return [[r.start, r.end] for r in key_group_runs(kgs)]
-
-        return {"warm_key_groups": runs(self.warm), "caught_up_key_groups": runs(self.caught_up),
-                "restored_key_groups": runs(self.restored), "dropped_key_groups": runs(self.dropped),
-                "bytes_caught_up": int(self.bytes_caught_up), "bytes_restored": int(self.bytes_restored)}

@@ -78,7 +78,7 @@ from keygroups.state._base import (
 )
 from keygroups.state._codec import UNWRITABLE, ValueFraming
 from keygroups.state.descriptors import StateDescriptor
-from keygroups.state.kept import WarmResume
+from keygroups.state._warm import WarmResume
 from keygroups.state.states import MISSING, MapState, ValueState
 
 if TYPE_CHECKING:
@@ -1228,7 +1228,9 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
     def restore(self, storage: CheckpointStorage, metadata: CheckpointMetadata, *, lazy: bool = True) -> RestoreStats:
         """Restore as every backend does (see ``KeyedStateBackendBase.restore``), or, with ``warm_dir``, reuse the
         database kept there when its marker shows it is exactly this checkpoint's state of this key-group range
-        (then nothing is read: the stats say 0 bytes and ``self.warm`` is True)."""
+        (then nothing is read: the stats say 0 bytes and ``self.warm`` is True), or the kept database of an
+        overlapping range at this checkpoint (a :class:`~keygroups.state._warm.WarmResume`: the key groups that
+        arrived are read, those that left deleted; see ``_resume_moved``)."""
         if self._warm_path is not None and not self._restored:
             self._remove_stale_warm(os.path.dirname(self._warm_path), metadata.checkpoint_id)
             if self._moved_from is not None:
