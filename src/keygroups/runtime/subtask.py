@@ -25,7 +25,7 @@ import os
 import pickle
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -222,14 +222,15 @@ def heap_backend_key(spec: KeyedTaskSpec, key_groups: KeyGroupRange) -> tuple[An
             spec.key_type, spec.allow_pickle)
 
 
-def _take_kept_heap_backend(registry: HeapBackendRegistry, key: tuple[Any, ...], subtask_index: int
-                            ) -> HeapKeyedStateBackend | None:
-    """The kept backend of exactly ``key``'s range, else the one of the same job whose range overlaps it most (the
-    previous batch's backend of this subtask among equals: its key groups stay with their owner); its key groups
-    still owned stay warm (see ``HeapKeyedStateBackend.resume``). None if no kept backend overlaps."""
+def _kept_heap_backends(registry: HeapBackendRegistry, key: tuple[Any, ...], subtask_index: int
+                        ) -> Iterator[HeapKeyedStateBackend]:
+    """The kept backends a task may resume, each taken out of ``registry`` as it is yielded: the one of exactly
+    ``key``'s range, then those of the same job whose ranges overlap it, the largest overlap first (the previous
+    batch's backend of this subtask among equals: its key groups stay with their owner); the key groups still
+    owned stay warm (see ``HeapKeyedStateBackend.resume``)."""
     exact = registry.take(key)
     if exact is not None:
-        return exact
+        yield exact
     start, end = key[3], key[4]
 
     def score(other: Any, backend: HeapKeyedStateBackend) -> tuple[int, bool] | None:
@@ -238,8 +239,8 @@ def _take_kept_heap_backend(registry: HeapBackendRegistry, key: tuple[Any, ...],
         overlap = min(end, other[4]) - max(start, other[3]) + 1
         return (overlap, backend.subtask_index == subtask_index) if overlap > 0 else None
 
-    found = registry.take_best(score)
-    return None if found is None else found[1]
+    while (found := registry.take_best(score)) is not None:
+        yield found[1]
 
 
 def _load_function(spec: KeyedTaskSpec) -> KeyedProcessFunction:
@@ -358,7 +359,7 @@ def run_keyed_subtask(spec: KeyedTaskSpec, subtask_index: int, batches: Iterable
         registry = kept if kept is not None else HEAP_BACKENDS
         key = heap_backend_key(spec, own_range)
         backend, restored = _heap_backend(spec, subtask_index, own_range, storage, metadata,
-                                          _take_kept_heap_backend(registry, key, subtask_index))
+                                          _kept_heap_backends(registry, key, subtask_index))
         report = _run_on_backend(spec, subtask_index, batches, backend, own_range, storage, restored,
                                  time.perf_counter() - start, timers, metadata)
         backend.compact()  # what a full rewrite made obsolete goes before the backend waits for its next batch
@@ -424,11 +425,12 @@ def _restored(mode: str, bytes_read: int, key_groups: int, warm: bool) -> dict[s
 
 
 def _heap_backend(spec: KeyedTaskSpec, subtask_index: int, own_range: KeyGroupRange, storage: CheckpointStorage,
-                  metadata: CheckpointMetadata | None, kept: HeapKeyedStateBackend | None
+                  metadata: CheckpointMetadata | None, candidates: Iterator[HeapKeyedStateBackend]
                   ) -> tuple[HeapKeyedStateBackend, dict[str, Any]]:
-    """The task's heap backend: ``kept`` resumed at ``metadata`` (the restore point) when it holds exactly that
-    state (plus the blocks committed since), else a new one restored from it."""
-    if kept is not None and metadata is not None:
+    """The task's heap backend: the first of the kept ``candidates`` that resumes at ``metadata`` (the restore
+    point: it holds exactly that state of the key groups it keeps, plus the blocks committed since), else a new one
+    restored from it. A candidate that cannot resume is dropped (it is of another checkpoint or lineage)."""
+    for kept in candidates if metadata is not None else ():
         moved = kept.key_group_range != own_range
         stats = kept.resume(storage, metadata, own_range)
         if stats is not None:
