@@ -17,8 +17,11 @@ the heap backend: a mutable value read is written back at the next flush, so cha
 
 Warm database (``warm_dir``): the database stays on local disk after ``dispose()`` with a marker naming the
 checkpoint and the snapshot file it reflects; the next backend for the same key-group range that restores from that
-very checkpoint, whose metadata names that very file for this range, opens it as it is instead of restoring. Anything
-else (another checkpoint, a retried or failed attempt, a rescale, a damaged marker) deletes it and restores. The
+very checkpoint, whose metadata names that very file for this range, opens it as it is instead of restoring. A backend
+of another range (boundaries moved, or a rescale) with none of its own takes over the kept database of the range that
+overlaps it most, at that same checkpoint only: the key groups that left are deleted (a ranged delete per run), only
+the chains of those that arrived are read. Anything else (another checkpoint, a retried or failed attempt, a damaged
+marker) deletes it and restores. The
 warm directory must be private to this user (``keygroups._local_dirs``); when the database is closed its marker is
 sealed with the list of its files (size, modification time, inode) and an HMAC under the directory's secret, and a
 kept database is opened only after the seal and the files are checked: one changed behind the job's back is deleted
