@@ -128,8 +128,8 @@ def write_state(location: str, keys: np.ndarray, mp: int) -> None:
     commit_savepoint(plan, [write_savepoint_subtask(plan, 0, table.to_batches())])
 
 
-def run_job(location: str, assignment: Any, batches: list[pa.Table], mp: int, p: int, function_name: str
-            ) -> list[BatchFigures]:
+def run_job(location: str, assignment: Any, batches: list[pa.Table], mp: int, p: int, function_name: str,
+            backend: str = "heap") -> list[BatchFigures]:
     """Every batch through the driver and the subtasks (timed one by one), the first restoring savepoint ``base``;
     figures per batch."""
     storage = CheckpointStorage(location, retain=2)
@@ -140,7 +140,7 @@ def run_job(location: str, assignment: Any, batches: list[pa.Table], mp: int, p:
         plan = begin_batch(storage, job_name="skew", max_parallelism=mp, parallelism=p, assignment=assignment,
                            savepoint="base" if n == 0 else None)
         spec = plan.keyed_task(key_columns=("key",), function=function, input_schema=SCHEMA, output_schema=OUTPUT,
-                               warm_heap_backends=p)
+                               warm_heap_backends=p, backend=backend, local_dir=f"{location}-local")
         owners = operator_indexes_for_boundaries(plan.boundaries, assign_key_groups(table.column("key"), mp, "long"))
         order = np.argsort(owners, kind="stable")
         cuts = np.searchsorted(owners[order], np.arange(p + 1))
@@ -185,6 +185,7 @@ def main() -> None:
     parser.add_argument("--parallelism", type=int, nargs="+", default=[4, 8])
     parser.add_argument("--streams", nargs="+", default=["zipf1.1", "zipf1.5", "tenants"])
     parser.add_argument("--functions", nargs="+", default=["per-record", "vectorized"], choices=sorted(FUNCTIONS))
+    parser.add_argument("--backends", nargs="+", default=["heap"], choices=["heap", "rocksdb"])
     args = parser.parse_args()
     mp = args.max_parallelism
     print(f"bench_skew: {args.state_keys:,} keys of state, {args.batches} batches of {args.records:,} records, "
@@ -196,23 +197,47 @@ def main() -> None:
         skewed = [pa.table({"key": pa.array(draw(stream, args.records, args.state_keys, rng, order), pa.int64()),
                             "amount": pa.array(np.ones(args.records, dtype=np.int64))})
                   for _ in range(args.batches)]
-        for function, p in [(f, p) for f in args.functions for p in args.parallelism]:
+        for backend, function, p in [(b, f, p) for b in args.backends for f in args.functions
+                                     for p in args.parallelism]:
             runs: dict[str, list[list[BatchFigures]]] = {"flink": [], "balanced": []}
             for _ in range(args.runs):
                 for name, assignment in (("flink", FlinkRanges()), ("balanced", BalancedRanges())):
                     directory = tempfile.mkdtemp(prefix="bench-skew-")
                     try:
                         write_state(f"{directory}/chk", order, mp)
-                        runs[name].append(run_job(f"{directory}/chk", assignment, skewed, mp, p, function))
+                        runs[name].append(run_job(f"{directory}/chk", assignment, skewed, mp, p, function, backend))
                     finally:
                         shutil.rmtree(directory, ignore_errors=True)
-            summary.append(report(f"{stream} {function}", p, runs))
+            summary.append(report(f"{stream} {function}" + (f" {backend}" if backend != "heap" else ""), p, runs))
     print(f"\n== summary (load {os.getloadavg()})")
     print(f"{'stream, function':<21} {'p':>2} {'hot kg':>7} {'records max/mean':>17} {'calls max/mean':>17} "
           f"{'state max/mean':>17} {'blended max/mean':>17} "
           f"{'batch s (flink / balanced)':>28} {'move read/moved':>16}")
     for row in summary:
         print(row)
+
+
+def move_figures(run: list[BatchFigures], p: int) -> float | None:
+    """Print the first boundary move of a run of balanced batches (key groups moved, their state bytes, and what the
+    subtasks of the changed ranges read: which key groups they kept warm, caught up and restored); the bytes read
+    over the moved key groups' bytes, None without a move."""
+    move = next(((i, b) for i, b in enumerate(run) if b.decision["reason"].startswith("boundaries moved")), None)
+    if move is None:
+        return None
+    i, b = move
+    changed = [j for j in range(p) if b.restored[j]["mode"] != "warm"]
+    read = sum(b.restored[j]["bytes_read"] for j in changed)
+    moved = b.decision["moved_bytes"]
+    print(f"  move at batch {i}: {b.decision['moved_key_groups']} key groups moved holding {moved:,} B "
+          f"({moved / max(b.decision['state_bytes'], 1):.1%} of the state); subtasks of changed ranges {changed} "
+          f"read {read:,} B = {read / max(moved, 1):.2f}x the moved share (predicted restore of whole changed "
+          f"ranges {b.decision['restore_bytes']:,} B)")
+    for j in changed:
+        r = b.restored[j]
+        print(f"    subtask {j} ({r['mode']}): warm {r.get('warm_key_groups')} caught up "
+              f"{r.get('caught_up_key_groups')} restored {r.get('restored_key_groups')} "
+              f"({r.get('bytes_restored', r['bytes_read']):,} B) dropped {r.get('dropped_key_groups')}")
+    return read / moved if moved else None
 
 
 def report(stream: str, p: int, runs: dict[str, list[list[BatchFigures]]]) -> str:
@@ -232,18 +257,11 @@ def report(stream: str, p: int, runs: dict[str, list[list[BatchFigures]]]) -> st
     # the boundary move: the first batch whose balanced ranges changed
     for i, b in enumerate(runs["balanced"][0]):
         print(f"  balanced batch {i}: {b.decision['reason']}; blended load max/mean {b.blended:.3f}")
-    move = next(((i, b) for i, b in enumerate(runs["balanced"][0])
-                 if b.decision["reason"].startswith("boundaries moved")), None)
     move_note = "no move"
-    if move is not None:
-        i, b = move
-        changed = set(range(p)) - {j for j in range(p) if b.restored[j]["mode"] == "warm"}
-        read = sum(b.restored[j]["bytes_read"] for j in changed)
-        moved = b.decision["moved_bytes"]
-        move_note = f"{read / moved:.2f}x" if moved else "n/a"
-        print(f"  move at batch {i}: {b.decision['moved_key_groups']} key groups moved holding {moved:,} B "
-              f"({moved / max(b.decision['state_bytes'], 1):.1%} of the state); subtasks of changed ranges {sorted(changed)} "
-              f"read {read:,} B = {move_note} the moved share (predicted restore {b.decision['restore_bytes']:,} B)")
+    ratios = [r for r in (move_figures(run, p) for run in runs["balanced"]) if r is not None]
+    if ratios:
+        move_note = f"{statistics.median(ratios):.2f}x"
+        print(f"  move read / moved share, per run: {[round(r, 3) for r in ratios]}; median {move_note}")
     flink, balanced = last["flink"], last["balanced"]
     hot = "yes" if balanced.decision["hot_key_groups"] else "no"
     return (f"{stream:<21} {p:>2} {hot:>7} {ratio(flink.records):>7.3f} / {ratio(balanced.records):<7.3f} "

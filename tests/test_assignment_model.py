@@ -1,8 +1,9 @@
 """Skew-aware key-group ranges through the real driver and subtasks (no Spark), as a hypothesis model: batches of
 skewed keys at random parallelisms and max parallelisms, switching between Flink's and balanced ranges, on both
-backends. After every batch the committed state equals a plain-dict model, the ranges cut the key groups into one
-owner each, a restore reads only its own key groups (and an unchanged range stays warm), the load figures add up,
-and Flink's ranges are Flink's ownership exactly."""
+backends (and now and then a batch on the other one). After every batch the committed state equals a plain-dict
+model, the ranges cut the key groups into one owner each, a restore reads only its own key groups (an unchanged
+range stays warm; a moved one keeps the key groups it still owns and reads only the chains of those that arrived),
+the load figures add up, and Flink's ranges are Flink's ownership exactly."""
 
 from __future__ import annotations
 
@@ -75,6 +76,9 @@ def committed_state(storage: CheckpointStorage) -> tuple[dict[int, int], dict[in
     return counts, fires
 
 
+OTHER = {"heap": "rocksdb", "rocksdb": "heap"}
+
+
 class AssignmentModel(RuleBasedStateMachine):
     backend = "heap"
 
@@ -86,14 +90,15 @@ class AssignmentModel(RuleBasedStateMachine):
         self.kept_timers = TimerQueueRegistry()
         self.counts: dict[int, int] = {}
         self.fired: dict[int, int] = {}
+        self.switched = False   # the last batch ran on the other backend (warm state of this one is then stale)
 
     def teardown(self) -> None:
         shutil.rmtree(self.directory, ignore_errors=True)
 
     @rule(hot=st.lists(st.integers(0, 299), max_size=4), spread=st.integers(0, 80),
           seed=st.integers(0, 2**16), parallelism=st.integers(1, 6), assignment=st.sampled_from(sorted(ASSIGNMENTS)),
-          max_parallelism=st.sampled_from([24, 24, 24, 48, 12]))
-    def batch(self, hot, spread, seed, parallelism, assignment, max_parallelism):
+          max_parallelism=st.sampled_from([24, 24, 24, 48, 12]), switch=st.sampled_from([False, False, False, True]))
+    def batch(self, hot, spread, seed, parallelism, assignment, max_parallelism, switch):
         previous = self.storage.latest()
         if previous is not None and max_parallelism % previous.max_parallelism and \
                 previous.max_parallelism % max_parallelism:
@@ -109,7 +114,8 @@ class AssignmentModel(RuleBasedStateMachine):
         if assignment == "flink":   # Flink's ownership exactly, whatever the restored checkpoint's ranges were
             assert plan.ranges == [kg.key_group_range(max_parallelism, parallelism, i) for i in range(parallelism)]
         spec = plan.keyed_task(key_columns=("key",), function=pickle.dumps(SkewCounter()), input_schema=SCHEMA,
-                               output_schema=OUT, backend=self.backend, local_dir=f"{self.directory}/local",
+                               output_schema=OUT, backend=OTHER[self.backend] if switch else self.backend,
+                               local_dir=f"{self.directory}/local",
                                warm_heap_backends=8)
         groups = kg.assign_key_groups(table.column("key"), max_parallelism, "long")
         owners = operator_indexes_for_boundaries(boundaries, groups)
@@ -131,12 +137,23 @@ class AssignmentModel(RuleBasedStateMachine):
                 if own_chains is not None:
                     assert restored["bytes_read"] <= sum(c.full_bytes + c.delta_bytes for c in own_chains.values())
                     assert restored["key_groups"] <= len(own)
-                if own in previous_ranges:      # an unchanged range stays warm
+                if own in previous_ranges and not switch and not self.switched:   # an unchanged range stays warm
                     assert restored["mode"] == "warm", (own, restored)
                 else:
                     assert restored["mode"] != "new", (own, restored)   # warm only if resumed exactly
+                # every key group it owns came one way (kept warm, caught up, or restored), none it does not own
+                came = {name: [kg for a, b in restored[f"{name}_key_groups"] for kg in range(a, b + 1)]
+                        for name in ("warm", "caught_up", "restored")}
+                assert sorted(sum(came.values(), [])) == list(own), (own, restored)
+                assert restored["bytes_caught_up"] + restored["bytes_restored"] == restored["bytes_read"]
+                if own_chains is not None:   # a range that moved reads the chains of the key groups that arrived
+                    arrived = [own_chains[g] for g in came["restored"] if g in own_chains]
+                    assert restored["bytes_restored"] <= sum(c.full_bytes + c.delta_bytes for c in arrived)
+                    if restored["mode"] == "moved" and self.backend == "rocksdb" and not switch:
+                        assert not came["caught_up"]   # a kept database is taken only at its own checkpoint
             reports.append(report)
         metadata = commit_batch(plan, reports)
+        self.switched = switch
         for key, n in zip(table.column("key").to_pylist(), table.column("n").to_pylist()):
             self.counts[key] = self.counts.get(key, 0) + n
         for key in set(table.column("key").to_pylist()):

@@ -159,10 +159,16 @@ def test_another_range_or_location_is_not_reused(tmp_path):
     warm = tmp_path / "warm"
     storage, md, expected = first_checkpoint(tmp_path, warm)
     half = KeyGroupRange(0, MAXP // 2 - 1)
-    b = make(warm, kgr=half)  # a rescale: another range, another directory, restored from the files
-    assert b.restore(storage, md).bytes_read > 0 and not b.warm
+    b = make(warm, kgr=half)  # a rescale: the overlapping range's database is taken over, the other half dropped
+    stats = b.restore(storage, md)
+    assert b.warm and stats.bytes_read == 0 and stats.dropped == tuple(range(MAXP // 2, MAXP))
     mine = [k for k in KEYS if assign_to_key_group(k, MAXP) in half]
     assert read(b, mine) == {k: expected[k] for k in mine}
+    assert all(int.from_bytes(k[:2], "big") in half for k in b._db.keys())   # a ranged delete of those that left
+    b.dispose()
+    b = make(warm)  # back to the whole range: the half's database vouches for no snapshot, so all is restored
+    assert b.restore(storage, md).bytes_read > 0 and not b.warm
+    assert read(b, KEYS) == expected
     b.dispose()
     other = CheckpointStorage(tmp_path / "elsewhere")  # the same files under another location
     md_other = commit(other, [], 1)
@@ -286,8 +292,12 @@ def test_the_runner_keeps_rocksdb_warm_between_batches_and_restores_after_a_resc
     assert [r["restored"]["warm"] for r in reports] == [True, True]
     assert [r["restored"]["bytes_read"] for r in reports] == [0, 0]
     assert counts == {k: 2 for k in keys}
-    reports, counts = run_counting_batch(storage, local, keys, parallelism=3)  # a rescale: restored from files
-    assert not any(r["restored"]["warm"] for r in reports) and all(r["restored"]["bytes_read"] for r in reports)
+    # a rescale (2 -> 3): the first two new ranges take over the overlapping databases and read only the key groups
+    # that arrived; the third has none left and restores from the files
+    reports, counts = run_counting_batch(storage, local, keys, parallelism=3)
+    assert [r["restored"]["mode"] for r in reports] == ["moved", "moved", "cold"]
+    assert all(r["restored"]["bytes_read"] for r in reports[1:])
+    assert reports[0]["restored"]["restored_key_groups"] == [] and reports[1]["restored"]["dropped_key_groups"]
     assert counts == {k: 3 for k in keys}
 
 

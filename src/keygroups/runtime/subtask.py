@@ -7,10 +7,15 @@ checkpoint only once every subtask has reported.
 Warm state: Spark reuses its Python worker processes between tasks, so a heap backend can outlive its batch. After
 its batch it goes into the process's :class:`HeapBackendRegistry` (at most ``KeyedTaskSpec.warm_heap_backends`` of
 them, the least recently used dropped first); the next task of the same job, location and key-group range takes it
-out (no two tasks share one) and resumes it (``HeapKeyedStateBackend.resume``: only when it is exactly the committed
-state, reading just the blocks other workers committed since), else restores a new one. RocksDB keeps its database
+out (no two tasks share one; failing that, the kept backend whose range overlaps the task's most) and resumes it
+(``HeapKeyedStateBackend.resume``: only when it is exactly the committed state, reading just the blocks other
+workers committed since and the chains of key groups that arrived), else restores a new one. RocksDB keeps its database
 on local disk instead (``warm_dir``). The report's ``restored["mode"]`` says which: ``warm`` (nothing read),
-``caught-up`` (newer blocks read), ``cold`` (restored), ``new`` (no checkpoint to restore).
+``caught-up`` (newer blocks read), ``moved`` (a kept backend of an overlapping range: the key groups still owned stay
+warm and catch up, those that arrived are restored, those that left are dropped), ``cold`` (restored), ``new`` (no
+checkpoint to restore); its ``warm_key_groups``, ``caught_up_key_groups``, ``restored_key_groups`` and
+``dropped_key_groups`` (``[start, end]`` runs) and ``bytes_caught_up``/``bytes_restored`` say which key groups came
+how.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import os
 import pickle
 import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -39,6 +44,7 @@ from keygroups.runtime.assignment import CALLS_REPORT, RECORDS_REPORT, TIMERS_RE
 from keygroups.runtime.functions import KeyedProcessFunction, ProcessContext, RuntimeContext, TimerService
 from keygroups.runtime.watermarks import LateRecords, check_late_records
 from keygroups.state import HeapKeyedStateBackend
+from keygroups.state._warm import WarmResume
 from keygroups.state.kept import KeptRegistry
 from keygroups.state.timers import (
     NO_WATERMARK,
@@ -221,6 +227,27 @@ def heap_backend_key(spec: KeyedTaskSpec, key_groups: KeyGroupRange) -> tuple[An
             spec.key_type, spec.allow_pickle)
 
 
+def _kept_heap_backends(registry: HeapBackendRegistry, key: tuple[Any, ...], subtask_index: int
+                        ) -> Iterator[HeapKeyedStateBackend]:
+    """The kept backends a task may resume, each taken out of ``registry`` as it is yielded: the one of exactly
+    ``key``'s range, then those of the same job whose ranges overlap it, the largest overlap first (the previous
+    batch's backend of this subtask among equals: its key groups stay with their owner); the key groups still
+    owned stay warm (see ``HeapKeyedStateBackend.resume``)."""
+    exact = registry.take(key)
+    if exact is not None:
+        yield exact
+    start, end = key[3], key[4]
+
+    def score(other: Any, backend: HeapKeyedStateBackend) -> tuple[int, bool] | None:
+        if other[:3] != key[:3] or other[5:] != key[5:]:
+            return None
+        overlap = min(end, other[4]) - max(start, other[3]) + 1
+        return (overlap, backend.subtask_index == subtask_index) if overlap > 0 else None
+
+    while (found := registry.take_best(score)) is not None:
+        yield found[1]
+
+
 def _load_function(spec: KeyedTaskSpec) -> KeyedProcessFunction:
     # The job's own code, pickled by the driver that submitted this task (as Spark ships every function): never
     # bytes read from a checkpoint or an input file.
@@ -373,7 +400,8 @@ def run_keyed_subtask(spec: KeyedTaskSpec, subtask_index: int, batches: Iterable
     if spec.backend == "heap" and spec.warm_heap_backends > 0:
         registry = kept if kept is not None else HEAP_BACKENDS
         key = heap_backend_key(spec, own_range)
-        backend, restored = _heap_backend(spec, subtask_index, own_range, storage, metadata, registry.take(key))
+        backend, restored = _heap_backend(spec, subtask_index, own_range, storage, metadata,
+                                          _kept_heap_backends(registry, key, subtask_index))
         report = _run_on_backend(spec, subtask_index, batches, backend, own_range, storage, restored,
                                  time.perf_counter() - start, timers, metadata)
         backend.compact()  # what a full rewrite made obsolete goes before the backend waits for its next batch
@@ -387,7 +415,13 @@ def run_keyed_subtask(spec: KeyedTaskSpec, subtask_index: int, batches: Iterable
         restored = _restored("new", 0, 0, False)
         if metadata is not None:
             stats = backend.restore(storage, metadata)
-            restored = _restored("warm" if backend.warm else "cold", stats.bytes_read, stats.key_groups, backend.warm)
+            if isinstance(stats, WarmResume):   # the kept database of an overlapping range, taken over
+                restored = {**_restored("moved", stats.bytes_read, stats.key_groups, True), **stats.report()}
+            else:
+                restored = {**_restored("warm" if backend.warm else "cold", stats.bytes_read, stats.key_groups,
+                                        backend.warm),
+                            **(WarmResume(0, 0, warm=tuple(own_range)).report() if backend.warm
+                               else cold_restore_report(own_range, stats.bytes_read))}
         return _run_on_backend(spec, subtask_index, batches, backend, own_range, storage, restored,
                                time.perf_counter() - start, timers, metadata)
 
@@ -433,24 +467,32 @@ def _restored(mode: str, bytes_read: int, key_groups: int, warm: bool) -> dict[s
 
 
 def _heap_backend(spec: KeyedTaskSpec, subtask_index: int, own_range: KeyGroupRange, storage: CheckpointStorage,
-                  metadata: CheckpointMetadata | None, kept: HeapKeyedStateBackend | None
+                  metadata: CheckpointMetadata | None, candidates: Iterator[HeapKeyedStateBackend]
                   ) -> tuple[HeapKeyedStateBackend, dict[str, Any]]:
-    """The task's heap backend: ``kept`` resumed at ``metadata`` (the restore point) when it holds exactly that
-    state (plus the blocks committed since), else a new one restored from it."""
-    if kept is not None and metadata is not None:
-        stats = kept.resume(storage, metadata)
+    """The task's heap backend: the first of the kept ``candidates`` that resumes at ``metadata`` (the restore
+    point: it holds exactly that state of the key groups it keeps, plus the blocks committed since), else a new one
+    restored from it. A candidate that cannot resume is dropped (it is of another checkpoint or lineage)."""
+    for kept in candidates if metadata is not None else ():
+        moved = kept.key_group_range != own_range
+        stats = kept.resume(storage, metadata, own_range)
         if stats is not None:
             # warm state belongs to a range, not a subtask number: with other ranges (or another parallelism) the
             # same range may be another subtask's, whose number the snapshot's handle must carry
             kept.subtask_index = subtask_index
-            mode = "caught-up" if stats.bytes_read else "warm"
-            return kept, _restored(mode, stats.bytes_read, stats.key_groups, True)
+            mode = "moved" if moved else "caught-up" if stats.bytes_read else "warm"
+            return kept, {**_restored(mode, stats.bytes_read, stats.key_groups, True), **stats.report()}
     backend = create_backend("heap", own_range, spec.max_parallelism, spec.key_type, subtask_index=subtask_index,
                              allow_pickle=spec.allow_pickle, kept=True)
     if metadata is None:
         return backend, _restored("new", 0, 0, False)
     stats = backend.restore(storage, metadata)
-    return backend, _restored("cold", stats.bytes_read, stats.key_groups, False)
+    return backend, {**_restored("cold", stats.bytes_read, stats.key_groups, False),
+                     **cold_restore_report(own_range, stats.bytes_read)}
+
+
+def cold_restore_report(own_range: KeyGroupRange, bytes_read: int) -> dict[str, Any]:
+    """The key-group fields of a report's ``restored`` for a backend restored whole (see ``WarmResume.report``)."""
+    return WarmResume(bytes_read, len(own_range), restored=tuple(own_range), bytes_restored=bytes_read).report()
 
 
 def event_time_millis(column: pa.ChunkedArray, name: str) -> np.ndarray:

@@ -87,6 +87,7 @@ from keygroups.state._base import (
 )
 from keygroups.state._codec import UNWRITABLE, ValueFraming
 from keygroups.state.descriptors import StateDescriptor
+from keygroups.state._warm import WarmResume
 from keygroups.state.states import MISSING, ListState, MapState, ValueState
 
 if TYPE_CHECKING:
@@ -341,6 +342,28 @@ class _HeapTable(TableCore):
         if layer is not None:
             self.add_layer(group_index, layer)
 
+    def rerange(self, old_start: int, new_start: int, n: int) -> None:
+        """The backend's range moved (see ``HeapKeyedStateBackend.resume``): keep the per-group lists of the key
+        groups still owned at their new index, start arrived ones empty, and forget those that left. Only called with
+        nothing dirty and no snapshot running."""
+        def moved(old: list[Any], fresh: Callable[[], Any]) -> list[Any]:
+            out = []
+            for i in range(n):
+                j = new_start + i - old_start
+                out.append(old[j] if 0 <= j < self.group_count else fresh())
+            return out
+
+        self.maps = moved(self.maps, dict)
+        self.maps.append(_NO_KEY)
+        self.dirty = [[] for _ in range(n + 1)]
+        self.layers = moved(self.layers, lambda: None) + [None]
+        self.shared = moved(self.shared, lambda: False) + [False]
+        self.copied_keys = moved(self.copied_keys, lambda: None) + [None]
+        self.lazy = moved(self.lazy, lambda: False) + [False]
+        self.lazy_group_count = sum(self.lazy)
+        self.group_count = n
+        self._update_slow()
+
     def drop_layers(self, group_index: int) -> None:
         """Forget the layers of a key group (a full block replaces them)."""
         if self.layers[group_index] is not None:
@@ -561,31 +584,38 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
         return {kg: tuple(h.file for h in chain) for kg, chain in chains.items()}
 
     # ---- warm state -----------------------------------------------------------------------------------------------
-    def resume(self, storage: CheckpointStorage, metadata: CheckpointMetadata) -> RestoreStats | None:
+    def resume(self, storage: CheckpointStorage, metadata: CheckpointMetadata,
+               key_group_range: KeyGroupRange | None = None) -> WarmResume | None:
         """Continue, from checkpoint ``metadata``, with the state this backend holds since its last snapshot (the
-        runtime keeps heap backends in the worker process between batches), if that yields exactly the state
-        :meth:`restore` would; None otherwise (then restore a new backend; this one is left as it was).
+        runtime keeps heap backends in the worker process between batches), for ``key_group_range`` (this backend's
+        range by default; any range overlapping it), if that yields exactly the state :meth:`restore` would; None
+        otherwise (then restore a new backend; this one is left as it was).
 
         The backend qualifies when its last snapshot (checkpoint n, file F) finished, none failed and nothing was
-        written since. Checkpoint m >= n resumes it only if F is committed for this key-group range (m's metadata,
-        or n's while retained, names it) and, per key group, the committed chain at m begins with exactly the files
-        the state reflects; a key group whose chain restarted with a full block newer than n takes that chain. So a
-        retried, failed or uncommitted attempt, another lineage, another max parallelism, or a state whose newer
-        blocks carry another meta (serializers, TTL) is refused. Then only the blocks newer than n are read (none
-        when m == n: the stats say 0 bytes, 0 key groups).
+        written since. Checkpoint m >= n resumes it only if F is committed for the backend's range (m's metadata,
+        or n's while retained, names it) and, per key group it keeps, the committed chain at m begins with exactly
+        the files the state reflects; a key group whose chain restarted with a full block newer than n takes that
+        chain. So a retried, failed or uncommitted attempt, another lineage, another max parallelism, or a state
+        whose newer blocks carry another meta (serializers, TTL) is refused. Then only the blocks newer than n of
+        the key groups kept are read (none when m == n), plus the whole chains of the key groups that arrived (a
+        ranged read per run of them; values stay bytes until used, as after a restore); the entries of the key
+        groups that left are dropped. The stats say which key groups were kept warm, caught up and restored.
 
         Registrations are forgotten, as after a restore: the job's function registers its states again (a changed
         serializer then migrates, as it would on restored state)."""
         point = self._kept_point()
-        r = self.key_group_range
-        if point is None or metadata.max_parallelism != self.max_parallelism or metadata.checkpoint_id < point[0]:
+        old = self.key_group_range
+        r = old if key_group_range is None else key_group_range
+        kept = old.intersection(r)
+        if (point is None or not kept or metadata.max_parallelism != self.max_parallelism
+                or metadata.checkpoint_id < point[0] or r.end >= self.max_parallelism):
             return None
         n, kept_file = point
-        if not _names(metadata, kept_file, r):
+        if not _names(metadata, kept_file, old):
             if metadata.checkpoint_id == n:
                 return None
             try:
-                if not _names(storage.load(n), kept_file, r):
+                if not _names(storage.load(n), kept_file, old):
                     return None
             except (CheckpointNotFoundError, CorruptSnapshotError):
                 return None
@@ -594,7 +624,7 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
         chains = key_group_chains(keyed_handles_by_range(list(metadata.keyed_handles)), r)
         restart: list[int] = []
         newer: dict[int, tuple[KeyedStateHandle, list[int]]] = {}
-        for kg in r:
+        for kg in kept:
             chain = chains.get(kg, [])
             if chain and chain[0].checkpoint_id > n and chain[0].is_full(kg):
                 restart.append(kg)
@@ -603,26 +633,36 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
             for h in chain:
                 if h.checkpoint_id > n:
                     newer.setdefault(id(h), (h, []))[1].append(kg)
-        for h, _ in newer.values():
+        # the key groups that arrive: their whole chains, in chain order (plan order)
+        arriving: list[tuple[KeyedStateHandle, KeyGroupRange]] = []
+        for h, groups in plan:
+            arriving += [(h, run) for run in key_group_runs(kg for kg in groups if kg not in old)]
+        for h in [h for h, _ in newer.values()] + [h for h, _ in arriving]:
             for meta in h.states:
                 t = self._tables.get(meta["name"])
                 if t is not None and _canonical(meta) != _canonical(t.meta):
                     return None
-        # From here on the backend changes: it becomes the state of checkpoint m.
+        # From here on the backend changes: it becomes the state of checkpoint m for range r.
         self.compact()
+        if r != old:
+            self._move_to(r)
         self._forget_registrations()
         for kg in restart:
             for t in self._tables.values():
                 t.replace_group(kg - self._start, None)
         reads = sorted(((h, run) for h, kgs in newer.values() for run in key_group_runs(kgs)),
                        key=lambda hr: (hr[0].checkpoint_id, hr[1].start))
-        total = 0
-        groups: set[int] = set()
+        caught_up_bytes = restored_bytes = 0
+        caught_up: set[int] = set()
         for handle, run in reads:
             targets = [self._restore_target(meta) for meta in handle.states]
-            nbytes, _ = self._restore_handle(storage, handle, run, targets)
-            total += nbytes
-            groups.update(run)
+            caught_up_bytes += self._restore_handle(storage, handle, run, targets)[0]
+            caught_up.update(run)
+        arrived: set[int] = set()
+        for handle, run in arriving:
+            targets = [self._restore_target(meta) for meta in handle.states]
+            restored_bytes += self._restore_handle(storage, handle, run, targets)[0]
+            arrived.update(run)
         self._restored = True
         self.warm = True
         self._chains = chain_stats(metadata, r)
@@ -633,7 +673,22 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
         self._needs_full = any(not is_shared_path(h.file) for h, _ in plan)
         self._chain_files = {kg: tuple(h.file for h in chain) for kg, chain in chains.items()}
         self._warm_point = None
-        return RestoreStats(total, len(groups))
+        return WarmResume(caught_up_bytes + restored_bytes, len(caught_up | arrived),
+                          warm=tuple(kg for kg in kept if kg not in caught_up), caught_up=tuple(sorted(caught_up)),
+                          restored=tuple(kg for kg in r if kg not in old),
+                          dropped=tuple(kg for kg in old if kg not in r),
+                          bytes_caught_up=caught_up_bytes, bytes_restored=restored_bytes)
+
+    def _move_to(self, new_range: KeyGroupRange) -> None:
+        """Own ``new_range`` from now on: the entries of the key groups that left are dropped, those that arrive
+        start empty (``resume`` then restores them)."""
+        old_start = self._start
+        self.key_group_range = new_range
+        self._start = new_range.start
+        self._n = len(new_range)
+        for t in self._tables.values():
+            t.rerange(old_start, self._start, self._n)
+        self._chain_files = {kg: f for kg, f in self._chain_files.items() if kg in new_range}
 
     def _kept_point(self) -> tuple[int, str] | None:
         """(checkpoint id, file) of the last snapshot if the state is still exactly what it wrote: it finished, no

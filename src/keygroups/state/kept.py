@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import collections
 import threading
-from collections.abc import Hashable
-from typing import Generic, TypeVar
+from collections.abc import Callable, Hashable
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -23,6 +23,20 @@ class KeptRegistry(Generic[T]):
         """The object kept under ``key``, now the caller's alone; None if there is none."""
         with self._lock:
             return self._kept.pop(key, None)
+
+    def take_best(self, score: Callable[[Hashable, T], Any]) -> tuple[Hashable, T] | None:
+        """The kept object that ``score(key, object)`` ranks highest (None: unsuitable; ties: the most recently
+        kept), with its key, now the caller's alone; None if none is suitable."""
+        with self._lock:
+            best: Hashable = None
+            best_score: Any = None
+            for key, value in self._kept.items():
+                s = score(key, value)
+                if s is not None and (best_score is None or s >= best_score):
+                    best, best_score = key, s
+            if best_score is None:
+                return None
+            return best, self._kept.pop(best)
 
     def keep(self, key: Hashable, value: T, limit: int) -> None:
         """Keep ``value`` under ``key`` (replacing one kept there), then drop the least recently kept beyond
@@ -46,3 +60,4 @@ class KeptRegistry(Generic[T]):
 
     def __len__(self) -> int:
         return len(self._kept)
+

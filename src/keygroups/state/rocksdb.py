@@ -17,8 +17,11 @@ the heap backend: a mutable value read is written back at the next flush, so cha
 
 Warm database (``warm_dir``): the database stays on local disk after ``dispose()`` with a marker naming the
 checkpoint and the snapshot file it reflects; the next backend for the same key-group range that restores from that
-very checkpoint, whose metadata names that very file for this range, opens it as it is instead of restoring. Anything
-else (another checkpoint, a retried or failed attempt, a rescale, a damaged marker) deletes it and restores. The
+very checkpoint, whose metadata names that very file for this range, opens it as it is instead of restoring. A backend
+of another range (boundaries moved, or a rescale) with none of its own takes over the kept database of the range that
+overlaps it most, at that same checkpoint only: the key groups that left are deleted (a ranged delete per run), only
+the chains of those that arrived are read. Anything else (another checkpoint, a retried or failed attempt, a damaged
+marker) deletes it and restores. The
 warm directory must be private to this user (``keygroups._local_dirs``); when the database is closed its marker is
 sealed with the list of its files (size, modification time, inode) and an HMAC under the directory's secret, and a
 kept database is opened only after the seal and the files are checked: one changed behind the job's back is deleted
@@ -62,7 +65,9 @@ from keygroups._local_dirs import (
 )
 from keygroups._native.statecore import java_key, java_keys, java_map
 from keygroups._ranges import KeyGroupRange
-from keygroups.checkpoint import KeyedStateHandle, KeyGroupBlock, chain_stats, write_keyed_snapshot
+from keygroups.checkpoint import KeyedStateHandle, KeyGroupBlock, chain_stats, plan_keyed_restore, write_keyed_snapshot
+from keygroups.checkpoint.metadata import is_shared_path, key_group_runs
+from keygroups.checkpoint.state_meta import check_state_metas
 from keygroups.errors import CorruptSnapshotError, no_current_key_error
 from keygroups.serializers import TypeSerializer
 from keygroups.state._base import (
@@ -76,6 +81,7 @@ from keygroups.state._base import (
 )
 from keygroups.state._codec import UNWRITABLE, ValueFraming
 from keygroups.state.descriptors import StateDescriptor
+from keygroups.state._warm import WarmResume
 from keygroups.state.states import MISSING, MapState, ValueState
 
 if TYPE_CHECKING:
@@ -277,6 +283,19 @@ def _open_kept(path: str, secret: bytes) -> dict[str, Any] | None:
         if os.path.lexists(db_dir):
             raise UnsafeDirectoryError(f"{db_dir} cannot be deleted")
     return marker
+
+
+def _marker_checkpoint(path: str) -> int | None:
+    """The checkpoint id the sealed marker in ``path`` names (unverified: only to decide whether the directory may
+    still be taken over), None without one."""
+    try:
+        with open(os.path.join(path, _MARKER), encoding="utf-8") as f:
+            marker = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if isinstance(marker, dict) and "mac" in marker and isinstance(marker.get("checkpoint_id"), int):
+        return int(marker["checkpoint_id"])
+    return None
 
 
 def _split(blob: bytes, offsets: np.ndarray) -> list[bytes]:
@@ -768,6 +787,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         self._lock_file: Any = None
         self._secret: bytes | None = None  # of the warm directory: seals the marker (see _seal_kept)
         self._kept_marker: dict[str, Any] | None = None  # the sealed marker the kept database was checked against
+        self._moved_from: KeyGroupRange | None = None  # the range of a kept database taken over (see _take_moved)
         self.warm = False  # True when restore() reused a warm database
         path = self._claim_warm(warm_dir) if warm_dir is not None else None
         if path is None:
@@ -819,6 +839,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         try:
             make_private(path)
             self._kept_marker = _open_kept(path, secret)
+            if self._kept_marker is None:
+                self._take_moved(parent, path, secret)
         except OSError as e:
             log.warning("warm state: %s cannot be kept (%s); its backend works in a temporary directory", path, e)
             lock_file.close()
@@ -829,27 +851,70 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         self._remove_stale_warm(parent)
         return path
 
-    def _remove_stale_warm(self, parent: str) -> None:
-        """Delete the warm directories under ``parent`` (one job's) of key-group ranges that overlap this backend's
-        range but are not it: the ranges of one parallelism never overlap, so those are left from another
-        parallelism (before a rescale) and no task of this one will reuse them. Every range of the current
-        parallelism overlaps some stale range it replaced, so a batch at the new parallelism removes them all. A
-        directory whose lock a running backend holds is left alone; the lock is deleted with its directory, while
-        held (``_lock_range`` retries when it locked a file that was deleted meanwhile)."""
+    def _overlapping_warm(self, parent: str) -> dict[str, KeyGroupRange]:
+        """The warm directories (and lock files) under ``parent`` of ranges that overlap this backend's but are not
+        it, by name."""
         r = self.key_group_range
-        stale = set()
+        out = {}
         for entry in os.listdir(parent):
             m = _RANGE_NAME.fullmatch(entry)
             if m is None:
                 continue
             start, end = int(m[1]), int(m[2])
-            if (start, end) != (r.start, r.end) and start <= r.end and end >= r.start:
-                stale.add(m[0].removesuffix(".lock"))
-        for name in sorted(stale):
+            if (start, end) != (r.start, r.end) and start <= r.end and end >= r.start and start <= end:
+                out[m[0].removesuffix(".lock")] = KeyGroupRange(start, end)
+        return out
+
+    def _take_moved(self, parent: str, path: str, secret: bytes) -> None:
+        """With no kept database of this very range: take over the one of the overlapping range that shares the
+        most key groups with it (boundaries moved, or a rescale), if its sealed marker and files check out. Its
+        directory becomes this range's (under both locks); its marker is removed at once (it vouches for the old
+        range only) and kept in memory for ``restore``, which drops the key groups that left and restores those
+        that arrived (see ``_resume_moved``)."""
+        r = self.key_group_range
+        candidates = sorted(self._overlapping_warm(parent).items(),
+                            key=lambda nr: (-len(nr[1].intersection(r)), nr[1].start))
+        for name, old in candidates:
             lock_file = _lock_range(parent, name)
             if lock_file is None:
                 continue  # a running backend holds it
             try:
+                old_path = os.path.join(parent, name)
+                if not os.path.isdir(old_path):
+                    continue
+                marker = _open_kept(old_path, secret)
+                if marker is None or marker.get("key_group_range") != [old.start, old.end]:
+                    continue
+                shutil.rmtree(path)
+                os.rename(old_path, path)
+                os.remove(os.path.join(path, _MARKER))
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(os.path.join(parent, name + ".lock"))
+                self._kept_marker = marker
+                self._moved_from = old
+                return
+            finally:
+                lock_file.close()
+
+    def _remove_stale_warm(self, parent: str, checkpoint_id: int | None = None) -> None:
+        """Delete the warm directories under ``parent`` (one job's) of key-group ranges that overlap this backend's
+        range but are not it: the ranges of one parallelism never overlap, so those are left from other ranges
+        (before a rescale or a boundary move). One that also overlaps other ranges and holds a sealed marker may
+        still be taken over by the backend of one of those (``_take_moved``): it stays until a restore from another
+        checkpoint than its marker's (``checkpoint_id``) makes it useless. Every range of the current ranges
+        overlaps some stale range it replaced, so the batches at the new ranges remove them all. A directory whose
+        lock a running backend holds is left alone; the lock is deleted with its directory, while held
+        (``_lock_range`` retries when it locked a file that was deleted meanwhile)."""
+        r = self.key_group_range
+        for name, old in sorted(self._overlapping_warm(parent).items()):
+            lock_file = _lock_range(parent, name)
+            if lock_file is None:
+                continue  # a running backend holds it
+            try:
+                if not (old.start >= r.start and old.end <= r.end):
+                    kept_at = _marker_checkpoint(os.path.join(parent, name))
+                    if kept_at is not None and checkpoint_id in (None, kept_at):
+                        continue  # a sibling range restoring from checkpoint ``kept_at`` may still take it over
                 shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
                 with contextlib.suppress(FileNotFoundError):
                     os.remove(os.path.join(parent, name + ".lock"))
@@ -1171,8 +1236,17 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
     def restore(self, storage: CheckpointStorage, metadata: CheckpointMetadata, *, lazy: bool = True) -> RestoreStats:
         """Restore as every backend does (see ``KeyedStateBackendBase.restore``), or, with ``warm_dir``, reuse the
         database kept there when its marker shows it is exactly this checkpoint's state of this key-group range
-        (then nothing is read: the stats say 0 bytes and ``self.warm`` is True)."""
+        (then nothing is read: the stats say 0 bytes and ``self.warm`` is True), or the kept database of an
+        overlapping range at this checkpoint (a :class:`~keygroups.state._warm.WarmResume`: the key groups that
+        arrived are read, those that left deleted; see ``_resume_moved``)."""
         if self._warm_path is not None and not self._restored:
+            self._remove_stale_warm(os.path.dirname(self._warm_path), metadata.checkpoint_id)
+            if self._moved_from is not None:
+                moved = self._resume_moved(storage, metadata, lazy)
+                if moved is not None:
+                    return moved
+                self._reset_db()
+                return super().restore(storage, metadata, lazy=lazy)
             states = self._warm_states(storage, metadata)
             if states is not None:
                 self._unchecked = False
@@ -1187,15 +1261,64 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
             self._reset_db()
         return super().restore(storage, metadata, lazy=lazy)
 
-    def _warm_states(self, storage: CheckpointStorage, metadata: CheckpointMetadata) -> list[dict[str, Any]] | None:
-        """The states of the warm database if its marker matches this restore exactly, else None."""
+    def _resume_moved(self, storage: CheckpointStorage, metadata: CheckpointMetadata, lazy: bool
+                      ) -> WarmResume | None:
+        """Restore from the kept database of another, overlapping range (``_take_moved``) if its marker shows it is
+        exactly this checkpoint's state of that range: the key groups that left are deleted (a ranged delete each
+        run), those still owned stay as they are, and the chains of those that arrived are read (ranged reads, as a
+        restore reads them). None when the marker does not match (nothing changed yet)."""
+        old = self._moved_from
+        assert old is not None
+        states = self._warm_states(storage, metadata, old)
+        if states is None:
+            return None
+        r = self.key_group_range
+        check_state_metas(metadata)
+        plan = plan_keyed_restore(metadata, r, max_parallelism=self.max_parallelism)
+        arriving = [(h, run) for h, groups in plan for run in key_group_runs(kg for kg in groups if kg not in old)]
+        known = {meta["name"]: _canonical(meta) for meta in states}
+        for h, _ in arriving:
+            for meta in h.states:
+                if known.get(meta["name"], _canonical(meta)) != _canonical(meta):
+                    return None   # another serializer or TTL there: restore it all, as a restore would migrate
+        self._unchecked = False
+        self._restored = True
+        self.warm = True
+        dropped = [kg for kg in old if kg not in r]
+        with self._marker_lock:
+            self._writes += 1
+        for run in key_group_runs(dropped):   # key groups < 2**15: the one after a run still packs
+            self._db.delete_range(_U16.pack(run.start), _U16.pack(run.end + 1))
+        for meta in states:
+            self._restore_target(meta)
+        restored_bytes = 0
+        arrived: set[int] = set()
+        for handle, run in arriving:
+            targets = [self._restore_target(meta) for meta in handle.states]
+            restored_bytes += self._restore_handle(storage, handle, run, targets)[0]
+            arrived.update(run)
+        self._chains = chain_stats(metadata, r)
+        self._chain_metas = dict(known)
+        for handle, _ in plan:
+            for meta in handle.states:
+                self._chain_metas[meta["name"]] = _canonical(meta)
+        self._needs_full = any(not is_shared_path(h.file) for h, _ in plan)
+        self._after_restore(lazy)
+        return WarmResume(restored_bytes, len(arrived), warm=tuple(kg for kg in r if kg in old),
+                          restored=tuple(kg for kg in r if kg not in old), dropped=tuple(dropped),
+                          bytes_restored=restored_bytes)
+
+    def _warm_states(self, storage: CheckpointStorage, metadata: CheckpointMetadata,
+                     kept_range: KeyGroupRange | None = None) -> list[dict[str, Any]] | None:
+        """The states of the warm database if its marker matches this restore exactly (for ``kept_range``, this
+        backend's range by default), else None."""
         assert self._warm_path is not None
         marker = self._kept_marker  # as sealed when its backend closed the database, checked before this one opened it
         self._kept_marker = None
         if marker is None:
             return None
         try:
-            r = self.key_group_range
+            r = self.key_group_range if kept_range is None else kept_range
             if not (isinstance(marker, dict) and marker.get("version") == WARM_MARKER_VERSION
                     and marker.get("location") == storage.location
                     and marker.get("checkpoint_id") == metadata.checkpoint_id
