@@ -89,6 +89,10 @@ def from_fields(fields: Sequence[Any]) -> RecordType:
 # -- Spark DDL (parsed by sqlglot: no JVM, no pyspark) --
 
 
+_ALLOWED_TYPES = ("tinyint, smallint, int, bigint, float, double, boolean, string, binary, date, timestamp, "
+                  "timestamp_ntz, decimal(p,s), array<>, map<>, struct<>")
+
+
 def parse_ddl(ddl: str) -> RecordType:
     """Spark DDL → record: ``"id bigint not null, tags array<string>, at timestamp"`` or ``"struct<...>"``.
 
@@ -108,7 +112,10 @@ def parse_ddl(ddl: str) -> RecordType:
     try:
         tree = sqlglot.parse_one(f"CREATE TABLE t ({text})", read="spark")
     except sqlglot.errors.ParseError as e:
-        raise ValueError(f"cannot parse the DDL schema {ddl!r}: {_first_line(e)}") from None
+        where = (e.errors or [{}])[0].get("highlight")
+        near = f" at {where!r} (an unknown type, or a typo?)" if where else ""
+        raise ValueError(f"cannot parse the DDL schema {ddl!r}{near}: {_first_line(e)}; a schema is 'name type, "
+                         f"...' with types {_ALLOWED_TYPES}") from None
     schema = tree.this
     if not isinstance(schema, exp.Schema):
         raise ValueError(f"cannot parse the DDL schema {ddl!r}: expected 'name type, ...'")
@@ -170,9 +177,8 @@ def _sqlglot_type(node: Any, ddl: str) -> DataType:
         return MapType(_sqlglot_type(node.expressions[0], ddl), _sqlglot_type(node.expressions[1], ddl))
     if t == T.STRUCT:
         return RecordType(tuple(_column(c, ddl) for c in node.expressions))
-    raise ValueError(f"in the DDL {ddl!r}: type {node.sql(dialect='spark')!r} is not supported; allowed: tinyint, "
-                     "smallint, int, bigint, float, double, boolean, string, binary, date, timestamp, timestamp_ntz, "
-                     "decimal(p,s), array<>, map<>, struct<>")
+    raise ValueError(f"in the DDL {ddl!r}: type {node.sql(dialect='spark')!r} is not supported; allowed: "
+                     f"{_ALLOWED_TYPES}")
 
 
 # -- Spark JSON schema (StructType.jsonValue()) --
