@@ -34,7 +34,10 @@ from keygroups.checkpoint.storage import _ReadCache
 from keygroups.errors import CheckpointNotFoundError, ConcurrentCommitError, CorruptSnapshotError
 
 MAXP = 16
-STATES = [{"name": "count", "kind": "value", "serializers": {"value": {"identifier": "int64", "version": 1}}}]
+# A meta as a backend writes it (keygroups.state._base.state_meta): the key's serializer too, so that a backend's
+# restore (which checks every meta first, keygroups.checkpoint.state_meta) reads these checkpoints.
+STATES = [{"name": "count", "kind": "value", "serializers": {"key": {"identifier": "str", "version": 1},
+                                                            "value": {"identifier": "int64", "version": 1}}}]
 
 
 @pytest.fixture(params=["local", "memory"])

@@ -383,7 +383,13 @@ class KeyedStateReader:
             framing = framings.get(canonical)
             if framing is None:
                 framing = framings[canonical] = _framing(meta)
-            batch = self._rows(kg, live, key_ser, framing)
+            try:
+                batch = self._rows(kg, live, key_ser, framing)
+            except CorruptSnapshotError as e:
+                # bytes its meta cannot decode (a crafted or damaged meta: a TTL the values were written without, a
+                # serializer of another type): name the state, as the backends' restore does
+                raise CorruptSnapshotError(f"state {self.state!r}, key group {kg}: its stored values do not decode "
+                                           f"with the serializers and TTL its meta names: {e}") from e
             pending.append(batch)
             rows += batch.num_rows
             if rows >= self.batch_rows:

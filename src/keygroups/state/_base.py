@@ -39,7 +39,7 @@ from keygroups.checkpoint import (
 from keygroups.checkpoint.metadata import is_shared_path
 from keygroups.checkpoint.planning import NO_CHAIN
 from keygroups.checkpoint.state_meta import check_state_metas
-from keygroups.errors import CorruptSnapshotError, StateMigrationError
+from keygroups.errors import CorruptSnapshotError, StateMigrationError, UnsafeDeserializationError
 from keygroups.serializers import SerializerSnapshot, TypeSerializer, resolve_compatibility
 from keygroups.state._codec import ValueFraming
 from keygroups.state.descriptors import StateDescriptor
@@ -433,9 +433,17 @@ class KeyedStateBackendBase:
         resolve_compatibility(meta["name"], stored, self.key_serializer, allow_pickle=self.allow_pickle, role="key")
 
     def _restored_framing(self, meta: dict[str, Any]) -> ValueFraming:
-        """The framing of a restored state nobody registered yet: its own (old) serializers."""
-        sers = {role: SerializerSnapshot.from_json(s).restore_serializer(allow_pickle=self.allow_pickle)
-                for role, s in meta["serializers"].items() if role != "key"}
+        """The framing of a restored state nobody registered yet: its own (old) serializers. A stored serializer that
+        does not rebuild here (an identifier no module registered, a format this code does not read) is refused
+        naming the state and the role, as ``resolve_compatibility`` does for a registered state."""
+        sers: dict[str, TypeSerializer] = {}
+        for role, s in meta["serializers"].items():
+            if role == "key":
+                continue
+            try:
+                sers[role] = SerializerSnapshot.from_json(s).restore_serializer(allow_pickle=self.allow_pickle)
+            except (StateMigrationError, UnsafeDeserializationError) as e:
+                raise type(e)(f"state {meta['name']!r}: its stored {role} serializer: {e}") from e
         return ValueFraming.for_state(meta["name"], meta["kind"], sers, ttl=meta.get("ttl") is not None)
 
     # ---- restore ------------------------------------------------------------------------------------------------
