@@ -60,9 +60,9 @@ class BatchReport:
     #: Why this parallelism: ``"fixed"``, or what the parallelism policy saw and chose.
     parallelism_reason: str
     max_parallelism: int
-    #: Key groups whose subtask resumed its state in memory or on local disk (nothing read), caught up (read only
-    #: the blocks committed since), or restored cold from the checkpoint files; key groups of a job's first batch
-    #: are in none of them.
+    #: Key groups whose state was resumed in memory or on local disk (nothing read), caught up (read only the blocks
+    #: committed since), or restored cold from the checkpoint files, counted per key group (a subtask whose range
+    #: moved keeps some warm and restores only those that arrived); key groups of a job's first batch are in none.
     key_groups_warm: int
     key_groups_caught_up: int
     key_groups_cold: int
@@ -126,8 +126,14 @@ class BatchReport:
         timers = properties.get("timers") or {}
         modes = {"warm": 0, "caught-up": 0, "cold": 0}
         for r in reports:
-            mode = (r.get("restored") or {}).get("mode")
-            if mode in modes:
+            restored = r.get("restored") or {}
+            mode = restored.get("mode")
+            if mode in ("warm", "caught-up", "cold", "moved") and "warm_key_groups" in restored:
+                # per key group: a subtask whose range moved keeps some warm and reads only the ones that arrived
+                modes["warm"] += _runs_size(restored.get("warm_key_groups"))
+                modes["caught-up"] += _runs_size(restored.get("caught_up_key_groups"))
+                modes["cold"] += _runs_size(restored.get("restored_key_groups"))
+            elif mode in modes:
                 modes[mode] += _range_size(r.get("key_group_range"))
         entries = [r.get("state_entries") for r in reports]
         known = [int(e) for e in entries if e is not None]
@@ -192,6 +198,10 @@ def _range_size(bounds: Any) -> int:
     if not isinstance(bounds, (list, tuple)) or len(bounds) != 2:
         return 0
     return max(0, int(bounds[1]) - int(bounds[0]) + 1)
+
+
+def _runs_size(runs: Any) -> int:
+    return sum(_range_size(run) for run in runs) if isinstance(runs, list) else 0
 
 
 def _slowest(reports: Sequence[Mapping[str, Any]], *phases: str) -> float:
