@@ -361,9 +361,13 @@ cdef int tc(Node n, FCur *c, Writer *w, int mode) except -1:
             if n.record and not (mode & M_NULLPOS):
                 _no_null(c, "Nullable value")
             return w_u8(w, 0)
-        # present: the inner value fills this nullable position (a NullableSerializer's, or a record's), its own
-        # null (a String's) included
-        return tc(n.a, c, w, mode if n.record else M_NULLPOS)
+        if n.record:   # present: the inner value fills the record's nullable position, its own null included
+            return tc(n.a, c, w, mode)
+        # a NullableSerializer: a null anywhere inside (a Nullable's, a String's) is its null, written by the
+        # outermost one; present, each level writes its 1
+        if mode & M_NULLPOS:
+            w_u8(w, 1)
+        return tc(n.a, c, w, M_NULLPOS)
     if k == F_STRING:
         u32 = f_varint(c, 0x7FFFFFFF, "a String's length")
         if u32 == 0:
@@ -437,7 +441,7 @@ cdef int tc(Node n, FCur *c, Writer *w, int mode) except -1:
         return 0
     if k == F_MAP:
         if not n.record:
-            raise AssertionError("a Map outside a Row is not compiled (keygroups sorts its entries)")
+            return tc_sorted_map(n, c, w)
         count = f_count(c, (n.a.length if n.a.length > 1 else 1) + 1, "a Map's size")
         w_u32(w, <uint32_t>count)
         for i in range(count):
@@ -448,6 +452,58 @@ cdef int tc(Node n, FCur *c, Writer *w, int mode) except -1:
                 tc(n.b, c, w, M_NULLPOS)
         return 0
     raise AssertionError(f"unknown Flink node kind {k}")
+
+
+cdef int tc_sorted_map(Node n, FCur *c, Writer *w) except -1:
+    """A Map as keygroups' MapSerializer writes it: u32 count, then (key, value) pairs sorted by the key's bytes;
+    no null values, no two keys of the same bytes (Flink's keys are distinct by Java's equals, and so are their
+    bytes)."""
+    cdef int32_t count = f_count(c, (n.a.length if n.a.length > 1 else 1) + 1, "a Map's size")
+    cdef Py_ssize_t i, base, pos, size
+    cdef int64_t *bounds = NULL      # entry i: [bounds[2i], bounds[2i + 1]) is its key, bounds[2i + 2] its end
+    cdef Span *spans = NULL
+    cdef uint8_t *tmp = NULL
+    w_u32(w, <uint32_t>count)
+    if count == 0:
+        return 0
+    base = w.pos
+    try:
+        bounds = <int64_t *>_realloc(NULL, (2 * count + 1) * sizeof(int64_t))
+        for i in range(count):
+            bounds[2 * i] = w.pos
+            tc(n.a, c, w, 0)
+            bounds[2 * i + 1] = w.pos
+            if f_flag(c, "a Map value's null flag"):
+                if n.b.kind != F_NULLABLE:
+                    raise StateSerializationError(f"at byte {c.pos - 1}: a Map holding a null value; keygroups' "
+                                                  f"MapSerializer of non-nullable values holds no nulls")
+                w_u8(w, 0)     # the value's NullableSerializer writes the null
+            else:
+                tc(n.b, c, w, 0)
+        bounds[2 * count] = w.pos
+        size = w.pos - base
+        tmp = <uint8_t *>_realloc(NULL, size if size else 1)
+        memcpy(tmp, w.buf + base, size)
+        spans = <Span *>_realloc(NULL, count * sizeof(Span))
+        for i in range(count):
+            spans[i].key = tmp + (bounds[2 * i] - base)
+            spans[i].key_len = bounds[2 * i + 1] - bounds[2 * i]
+            spans[i].index = i
+        if not _sorted(spans, count):
+            _sort_spans(spans, count)
+        pos = base
+        for i in range(count):
+            if i and spans[i].key_len == spans[i - 1].key_len and memcmp(spans[i].key, spans[i - 1].key,
+                                                                         spans[i].key_len) == 0:
+                raise StateSerializationError(f"at byte {c.pos}: a Map with two keys of the same bytes")
+            size = bounds[2 * spans[i].index + 2] - bounds[2 * spans[i].index]
+            memcpy(w.buf + pos, tmp + (bounds[2 * spans[i].index] - base), size)
+            pos += size
+    finally:
+        PyMem_Free(bounds)
+        PyMem_Free(spans)
+        PyMem_Free(tmp)
+    return 0
 
 
 cdef int tc_row(Node n, FCur *c, Writer *w) except -1:

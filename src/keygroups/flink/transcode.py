@@ -2,10 +2,9 @@
 tree of compiled nodes that turns its bytes straight into the bytes of its keygroups serializer
 (``FlinkType.keygroups_serializer()``), and a keyed state's plan (job key, namespace, value framing, TTL).
 
-What is not compiled falls back to the Python path of ``keygroups.flink.importer`` (decode to Python values, encode
-with the keygroups serializer), state by state: window state (a namespace other than ``VoidNamespace``), a ``Map``
-outside a ``Row`` (keygroups' ``MapSerializer`` sorts its entries by their bytes) and a ``Nullable`` directly inside
-a ``Nullable`` outside a ``Row``.
+Every type the importer maps is compiled. What is not (window state: a namespace other than ``VoidNamespace``) falls
+back to the Python path of ``keygroups.flink.importer`` (decode to Python values, encode with the keygroups
+serializer), state by state.
 """
 
 from __future__ import annotations
@@ -55,12 +54,8 @@ def compile_type(t: FlinkType, record: bool = False) -> flinkin.Node:
     if isinstance(t, ListType):
         return flinkin.Node(flinkin.LIST, record, (compile_type(t.element, record),))
     if isinstance(t, MapType):
-        if not record:
-            raise NotCompiled(f"{t!r} outside a Row (keygroups' MapSerializer sorts its entries)")
-        return flinkin.Node(flinkin.MAP, True, (compile_type(t.key, True), compile_type(t.value, True)))
+        return flinkin.Node(flinkin.MAP, record, (compile_type(t.key, record), compile_type(t.value, record)))
     if isinstance(t, NullableType):
-        if isinstance(t.inner, NullableType) and not record:
-            raise NotCompiled(f"{t!r}: a Nullable of a Nullable")
         return flinkin.Node(flinkin.NULLABLE, record, (compile_type(t.inner, record),), padding=t.padding)
     raise NotCompiled(f"{t!r} has no compiled import")
 
