@@ -348,7 +348,7 @@ def _key_groups(sp: FlinkSavepoint, uid: str, groups: KeyGroupRange, by_name: di
         present = scan.counts(len(names))
         sections: list[tuple[int, Any, Any]] = []
         slow = []
-        order = flinkin.KeyOrder()
+        key_order = flinkin.KeyOrder()   # the states of a key group mostly share their keys: sorted once
         for state_id, name in enumerate(names):
             st = by_name.get(name)
             if st is None or not present[state_id]:
@@ -358,7 +358,7 @@ def _key_groups(sp: FlinkSavepoint, uid: str, groups: KeyGroupRange, by_name: di
                 slow.append(state_id)
                 continue
             try:
-                n, kd, ko, vd, vo = plan.transcode(scan, state_id, order)
+                n, kd, ko, vd, vo = plan.transcode(scan, state_id, key_order)
             except CorruptSnapshotError as e:
                 raise CorruptSnapshotError(f"{raw.where}, state {name!r} {e}") from None
             except StateSerializationError as e:

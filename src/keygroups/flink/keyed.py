@@ -40,7 +40,7 @@ LIST_DELIMITER = 0x2C                    # ',' between list elements (ListDelimi
 BACKEND_STATE_TYPES = ("KEY_VALUE", "OPERATOR", "BROADCAST", "PRIORITY_QUEUE")
 KEYED_STATE_KINDS = frozenset({"VALUE", "LIST", "MAP", "REDUCING", "AGGREGATING"})
 
-_I16, _I32, _U16 = struct.Struct(">h"), struct.Struct(">i"), struct.Struct(">H")
+_I32 = struct.Struct(">i")
 
 
 @dataclasses.dataclass(frozen=True)
