@@ -8,6 +8,11 @@ names. Flink's user timers become keygroups' timers of the same domain; Flink va
 TupleN as a tuple (``TupleSerializer``: positional fields, never null, as Flink's); a Row as a record
 (``RecordSerializer``: Flink stores no field names, so f0, f1, ... unless ``field_names`` names them; every field
 nullable; Short/Byte/Float keep their width as smallint/tinyint/float).
+
+Keyed state is imported compiled (``keygroups.flink.transcode``, ``_native/flinkin.pyx``): each block is scanned once
+and every VoidNamespace state's entries go from Flink's bytes straight to the bytes those serializers write, framed,
+grouped per key and sorted, with no Python object per entry. A state it cannot compile (window namespaces) goes
+through ``_plan``/``_encode`` (decode to Python values, encode them), which also serve as its reference in tests.
 """
 
 from __future__ import annotations
