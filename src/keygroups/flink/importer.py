@@ -8,6 +8,11 @@ names. Flink's user timers become keygroups' timers of the same domain; Flink va
 TupleN as a tuple (``TupleSerializer``: positional fields, never null, as Flink's); a Row as a record
 (``RecordSerializer``: Flink stores no field names, so f0, f1, ... unless ``field_names`` names them; every field
 nullable; Short/Byte/Float keep their width as smallint/tinyint/float).
+
+Keyed state is imported compiled (``keygroups.flink.transcode``, ``_native/flinkin.pyx``): each block is scanned once
+and every VoidNamespace state's entries go from Flink's bytes straight to the bytes those serializers write, framed,
+grouped per key and sorted, with no Python object per entry. A state it cannot compile (window namespaces) goes
+through ``_plan``/``_encode`` (decode to Python values, encode them), which also serve as its reference in tests.
 """
 
 from __future__ import annotations
@@ -22,12 +27,15 @@ from typing import Any
 
 import numpy as np
 
+from keygroups._native import flinkin
 from keygroups._ranges import KeyGroupRange, key_group_range
 from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage
-from keygroups.checkpoint.format import write_full_snapshot
+from keygroups.checkpoint.format import Packed, write_full_snapshot
 from keygroups.checkpoint.metadata import DEFAULT_OPERATOR_ID, DistributionMode
 from keygroups.checkpoint.operator_format import SerializedState, write_operator_snapshot
-from keygroups.flink.savepoint import FlinkSavepoint, FlinkStateInfo, read_savepoint
+from keygroups.errors import CorruptSnapshotError, StateSerializationError
+from keygroups.flink.savepoint import FlinkSavepoint, FlinkStateInfo, decode_entries, read_savepoint
+from keygroups.flink.transcode import NotCompiled, state_plan
 from keygroups.flink.types import (
     BooleanType,
     ByteType,
@@ -272,9 +280,10 @@ def import_savepoint(savepoint: str | os.PathLike | FlinkSavepoint, location: st
     counts = {"timers": 0, "entries": 0, "key_groups": 0}
     if plans:
         assert key_type is not None
+        fast = _fast_plans(plans, key_type)
         for subtask in range(p):
             groups = key_group_range(mp, p, subtask)
-            kg_iter = _key_groups(sp, uid, groups, by_name, key_ser, key_type, counts)
+            kg_iter = _key_groups(sp, uid, groups, by_name, key_ser, key_type, counts, fast)
             relpath = f"{directory}/keyed-{subtask}-{uuid.uuid4().hex}"
             handle = write_full_snapshot(storage, relpath, 0, subtask, groups, metas, kg_iter)
             keyed_handles.append(handle)
@@ -316,21 +325,62 @@ def import_savepoint(savepoint: str | os.PathLike | FlinkSavepoint, location: st
     return report
 
 
+def _fast_plan(st: _State, key_type: FlinkType) -> flinkin.StatePlan:
+    """The compiled import of ``st`` (NotCompiled when it has none: the Python path imports it)."""
+    return state_plan(st.info.name, st.kind, key_type, st.info.namespace_type, st.value_type, st.map_key_type,
+                      st.info.ttl, st.domain is not None)
+
+
+def _fast_plans(plans: list[_State], key_type: FlinkType) -> dict[str, flinkin.StatePlan]:
+    fast = {}
+    for st in plans:
+        try:
+            fast[st.info.name] = _fast_plan(st, key_type)
+        except NotCompiled as e:
+            log.info("state %r is imported by the Python path: %s", st.info.name, e)
+    return fast
+
+
 def _key_groups(sp: FlinkSavepoint, uid: str, groups: KeyGroupRange, by_name: dict[str, _State],
-                key_ser: TypeSerializer, key_type: FlinkType, counts: dict[str, int]
-                ) -> Iterator[tuple[int, list[tuple[int, list[bytes], list[bytes]]]]]:
-    for kg in sp.key_groups(uid, set(by_name), key_groups=groups):
-        sections = []
-        key_bytes: dict[Any, bytes] = {}
-        for state_name, entries in kg.entries.items():
-            st = by_name[state_name]
-            keys, values = _encode(st, entries, key_ser, key_type, key_bytes)
-            order = sorted(range(len(keys)), key=keys.__getitem__)
-            sections.append((st.index, [keys[i] for i in order], [values[i] for i in order]))
-            counts["timers" if st.domain is not None else "entries"] += len(entries)
+                key_ser: TypeSerializer, key_type: FlinkType, counts: dict[str, int],
+                fast: dict[str, flinkin.StatePlan]) -> Iterator[tuple[int, list[tuple[int, Any, Any]]]]:
+    """Each key group's sections for ``write_full_snapshot``. A block is scanned once; a compiled state's entries go
+    from Flink's bytes to keygroups' in C (``flinkin.StatePlan``, packed: no Python object per entry), the others
+    through ``_encode``."""
+    for raw in sp.key_group_blocks(uid, groups):
+        names = [m.name for m in raw.header.states]
+        scan = raw.scan()
+        present = scan.counts(len(names))
+        sections: list[tuple[int, Any, Any]] = []
+        slow = []
+        key_order = flinkin.KeyOrder()   # the states of a key group mostly share their keys: sorted once
+        for state_id, name in enumerate(names):
+            st = by_name.get(name)
+            if st is None or not present[state_id]:
+                continue
+            plan = fast.get(name)
+            if plan is None:
+                slow.append(state_id)
+                continue
+            try:
+                n, kd, ko, vd, vo = plan.transcode(scan, state_id, key_order)
+            except CorruptSnapshotError as e:
+                raise CorruptSnapshotError(f"{raw.where}, state {name!r} {e}") from None
+            except StateSerializationError as e:
+                raise UnsupportedFlinkTypeError(f"{raw.where}, state {name!r} {e}") from None
+            sections.append((st.index, Packed(kd, ko), Packed(vd, vo)))
+            counts["timers" if st.domain is not None else "entries"] += n
+        if slow:
+            key_bytes: dict[Any, bytes] = {}
+            for state_name, entries in decode_entries(raw, scan, slow).items():
+                st = by_name[state_name]
+                keys, values = _encode(st, entries, key_ser, key_type, key_bytes)
+                order = sorted(range(len(keys)), key=keys.__getitem__)
+                sections.append((st.index, [keys[i] for i in order], [values[i] for i in order]))
+                counts["timers" if st.domain is not None else "entries"] += len(entries)
         sections.sort(key=lambda s: s[0])
         counts["key_groups"] += 1
-        yield kg.key_group, sections
+        yield raw.key_group, sections
 
 
 def _serialized_operator_state(name: str, mode: DistributionMode, value_ser: TypeSerializer,
