@@ -66,6 +66,10 @@ import org.apache.flink.types.Row;
  *     OUT_DIR/expected.txt: every entry, timer and operator-state element, one canonical line each.
  * restore SAVEPOINT_DIR|- PARALLELISM KEY_TYPE BACKEND
  *     restores the savepoint (or nothing) into the job and prints the job's net runtime (for benchmarks).
+ * windows SAVEPOINT_DIR PARALLELISM KEY_TYPE OUT_FILE
+ *     restores the savepoint's window operator uid("window") (10 s tumbling event-time windows, Long::sum) at
+ *     PARALLELISM with a source that ends at once, so the final watermark fires every restored window; writes one
+ *     line per firing to OUT_FILE, sorted: KEY START END SUM (KEY as JSON).
  * check SAVEPOINT_DIR PARALLELISM KEY_TYPE EXPECTED DUMP_DIR
  *     restores the savepoint into the same operator at PARALLELISM, lists everything it restored (every key of
  *     every state, every timer, every operator-state element) into DUMP_DIR/restored.txt and compares it with
@@ -661,9 +665,48 @@ public class SavepointJob {
         System.out.println("netRuntimeMs=" + net + " wallMs=" + (System.nanoTime() - start) / 1_000_000);
     }
 
+    static final java.util.concurrent.ConcurrentLinkedQueue<String> WINDOW_FIRINGS =
+            new java.util.concurrent.ConcurrentLinkedQueue<>();
+
+    /** Emits what a restored window holds when it fires: key, window and the reduced sum. */
+    public static class FiringLines extends org.apache.flink.streaming.api.functions.windowing.ProcessWindowFunction<
+            Long, Long, Object, org.apache.flink.streaming.api.windowing.windows.TimeWindow> {
+        @Override
+        public void process(Object key, Context ctx, Iterable<Long> sums, org.apache.flink.util.Collector<Long> out) {
+            for (Long sum : sums) {
+                WINDOW_FIRINGS.add(Json.of(key) + "\t" + ctx.window().getStart() + "\t" + ctx.window().getEnd()
+                        + "\t" + sum);
+                out.collect(sum);
+            }
+        }
+    }
+
+    /** Restores the window operator and lets the end of input fire every window it restored. */
+    static void windows(String[] a) throws Exception {
+        Configuration conf = new Configuration();
+        conf.set(StateRecoveryOptions.SAVEPOINT_PATH, Paths.get(a[1]).toAbsolutePath().toString());
+        conf.set(StateRecoveryOptions.SAVEPOINT_IGNORE_UNCLAIMED_STATE, true);
+        StreamExecutionEnvironment env = StreamExecutionEnvironment.getExecutionEnvironment(conf);
+        env.setParallelism(Integer.parseInt(a[2]));
+        env.addSource(new EmptySource(), "empty", Types.LONG).setParallelism(1).uid("check-source")
+                .keyBy(keySelector(a[3]), keyType(a[3]))
+                .window(org.apache.flink.streaming.api.windowing.assigners.TumblingEventTimeWindows.of(
+                        Duration.ofSeconds(10)))
+                .reduce((ReduceFunction<Long>) Long::sum, new FiringLines(), Types.LONG).uid("window")
+                .name("window sums").sinkTo(new DiscardingSink<>()).uid("window-sink");
+        env.execute("keygroups window checker");
+        List<String> lines = new ArrayList<>(WINDOW_FIRINGS);
+        Collections.sort(lines);
+        Files.write(Paths.get(a[4]), lines, StandardCharsets.UTF_8);
+        System.out.println("fired " + lines.size() + " windows");
+    }
+
     public static void main(String[] a) throws Exception {
         int status;
-        if (a.length == 5 && a[0].equals("restore")) {
+        if (a.length == 5 && a[0].equals("windows")) {
+            windows(a);
+            status = 0;
+        } else if (a.length == 5 && a[0].equals("restore")) {
             restore(a);
             status = 0;
         } else if (a.length == 9 && a[0].equals("write")) {
@@ -673,7 +716,7 @@ public class SavepointJob {
             status = check(a);
         } else {
             System.err.println("usage: write OUT P MAXP COMPRESSION KEYS long|string hashmap|rocksdb INLINE"
-                    + " | check SAVEPOINT P long|string EXPECTED DUMP_DIR");
+                    + " | check SAVEPOINT P long|string EXPECTED DUMP_DIR | windows SAVEPOINT P long|string OUT_FILE");
             status = 2;
         }
         System.exit(status);

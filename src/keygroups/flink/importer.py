@@ -45,6 +45,14 @@ from keygroups.flink.types import (
     UnsupportedFlinkTypeError,
     VoidNamespaceType,
 )
+from keygroups.flink.windows import (
+    WINDOW_TIMERS,
+    FlinkWindows,
+    WindowImport,
+    check_namespace,
+    plan_import,
+    refuse_merging_windows,
+)
 from keygroups.runtime.subtask import key_serializer_for
 from keygroups.serializers import TypeSerializer
 from keygroups.runtime.state_writer import _descriptor as state_descriptor
@@ -110,6 +118,7 @@ class _State:
     value_type: FlinkType              # of the value, list element or map value (TTL unwrapped)
     map_key_type: FlinkType | None = None
     domain: TimeDomain | None = None
+    window: WindowImport | None = None   # a state in TimeWindow namespaces (keygroups.flink.windows)
 
 
 def _named(t: FlinkType, names: Sequence[str] | None, what: str) -> FlinkType:
@@ -127,21 +136,25 @@ def _named(t: FlinkType, names: Sequence[str] | None, what: str) -> FlinkType:
         raise ValueError(f"field_names for {what}: {e}") from None
 
 
-def _plan(info: FlinkStateInfo, index: int, ttl_ms: int, names: Sequence[str] | None = None) -> _State:
+def _plan(info: FlinkStateInfo, index: int, ttl_ms: int, names: Sequence[str] | None = None,
+          windows: FlinkWindows | None = None) -> _State:
     what = f"state {info.name!r}"
     if info.kind == "TIMER":
         domain = USER_TIMERS.get(info.name)
-        if domain is None:
-            raise UnsupportedFlinkTypeError(f"{what}: timer queue {info.name!r} is not a KeyedProcessFunction's "
-                                            "user timers (window timers are not imported yet); skip it")
-        if not isinstance(info.namespace_type, VoidNamespaceType):
+        if domain is not None and not isinstance(info.namespace_type, VoidNamespaceType):
             raise UnsupportedFlinkTypeError(f"{what}: timers in namespace {info.namespace_type!r} are not imported")
+        if domain is None:   # a window's timers fire the key's windows in keygroups: the namespace is dropped
+            domain = WINDOW_TIMERS.get(info.name)
+            check_namespace(info.namespace_type, what)
+        if domain is None:
+            raise UnsupportedFlinkTypeError(f"{what}: timer queue {info.name!r} is neither a KeyedProcessFunction's "
+                                            "user timers nor a WindowOperator's window timers; skip it")
         d = timer_descriptor(domain)
         return _State(info, index, "map", d, ValueFraming.for_state(d.name, "map", d.serializers, ttl=False),
                       LongType(), domain=domain)
-    if not isinstance(info.namespace_type, VoidNamespaceType):
-        raise UnsupportedFlinkTypeError(f"{what} is in namespace {info.namespace_type!r} (window state); keygroups "
-                                        "imports non-windowed keyed state; skip it")
+    namespaced = not isinstance(info.namespace_type, VoidNamespaceType)
+    if namespaced:
+        check_namespace(info.namespace_type, what)
     vt = info.value_type
     map_key = None
     try:
@@ -165,10 +178,14 @@ def _plan(info: FlinkStateInfo, index: int, ttl_ms: int, names: Sequence[str] | 
             d = state_descriptor(info.name, kind, {"value": value_type.keygroups_serializer()})
     except UnsupportedFlinkTypeError as e:
         raise UnsupportedFlinkTypeError(f"{what}: {e}") from None
+    window = None
+    if namespaced:   # stored as keygroups stores namespaced state: a map state, window -> value
+        d, window = plan_import(info.name, kind, d, windows or FlinkWindows(), info.ttl)
+        kind = "map"
     if info.ttl:
         d.enable_time_to_live(StateTtlConfig(ttl_ms=ttl_ms))
     framing = ValueFraming.for_state(info.name, kind, d.serializers, ttl=info.ttl)
-    return _State(info, index, kind, d, framing, value_type, map_key)
+    return _State(info, index, kind, d, framing, value_type, map_key, window=window)
 
 
 def _encode(st: _State, entries: list[tuple], key_ser: TypeSerializer, key_type: FlinkType,
@@ -186,6 +203,12 @@ def _encode(st: _State, entries: list[tuple], key_ser: TypeSerializer, key_type:
             kb = key_bytes[k] = key_ser.serialize(k if plain_key else _plain(key_type, k))
         return kb
 
+    if st.window is not None:                          # a namespaced state: window (and user key) -> value
+        by_window: dict[bytes, dict] = {}
+        mk = st.map_key_type
+        for key, map_key, v in st.window.entries(entries, lambda x: _plain(vt, x), lambda x: _plain(mk, x)):
+            by_window.setdefault(serialized(key), {})[map_key] = v
+        return list(by_window), [st.framing.encode(m) for m in by_window.values()]
     if st.domain is not None or st.kind == "map":        # one keygroups value per key: a dict
         by_key: dict[bytes, dict] = {}
         for e in entries:
@@ -223,6 +246,7 @@ def import_savepoint(savepoint: str | os.PathLike | FlinkSavepoint, location: st
                      operator_state_uid: str | None = None, skip_states: Iterable[str] = (),
                      ttl_ms: int | Mapping[str, int] = DEFAULT_TTL_MS,
                      field_names: Mapping[str, Sequence[str]] | None = None,
+                     windows: FlinkWindows | None = None,
                      storage_options: dict[str, Any] | None = None) -> ImportReport:
     """Write Flink operator ``uid``'s keyed state, timers and operator state (of ``operator_state_uid`` when given:
     a Flink source usually holds the offsets) as keygroups savepoint ``name`` in ``location``.
@@ -232,7 +256,10 @@ def import_savepoint(savepoint: str | os.PathLike | FlinkSavepoint, location: st
     timestamps, not the duration), one for all or per state name. ``field_names``: per state name, the names of
     its Row's fields (Flink's savepoint does not store them; unnamed Rows get f0, f1, ...). Row state becomes record
     state (``RecordSerializer``, every field nullable, Short/Byte/Float kept as smallint/tinyint/float), queryable as
-    struct columns. Nothing is visible until the savepoint's ``_metadata`` is written, last."""
+    struct columns. ``windows``: how a window operator's state (keyed state in ``TimeWindow`` namespaces) and window
+    timers are imported (``keygroups.flink.windows.FlinkWindows``; by default ``window-contents`` as
+    ``keygroups.windows``' operator keeps it, so a keygroups ``window(...)`` job continues the Flink windows).
+    Nothing is visible until the savepoint's ``_metadata`` is written, last."""
     started = time.perf_counter()
     sp = savepoint if isinstance(savepoint, FlinkSavepoint) else read_savepoint(savepoint)
     op = sp.operator(uid)
@@ -248,6 +275,9 @@ def import_savepoint(savepoint: str | os.PathLike | FlinkSavepoint, location: st
     if header is not None:
         assert key_type is not None
         key_ser = key_serializer_for(key_type_of(key_type))
+        windows = windows if windows is not None else FlinkWindows()
+        if any(not isinstance(s.namespace_type, (VoidNamespaceType, type(None))) for s in sp.states(uid)):
+            refuse_merging_windows((s.name for s in sp.states(uid)), windows, uid)
         for info in sp.states(uid):
             if not info.keyed:
                 continue
@@ -255,7 +285,7 @@ def import_savepoint(savepoint: str | os.PathLike | FlinkSavepoint, location: st
                 skipped.append(info.name)
                 continue
             ttl = ttl_ms.get(info.name, DEFAULT_TTL_MS) if isinstance(ttl_ms, Mapping) else ttl_ms
-            plans.append(_plan(info, len(plans), ttl, names.get(info.name)))
+            plans.append(_plan(info, len(plans), ttl, names.get(info.name), windows))
     unknown = skip - {s.name for s in sp.states(uid)}
     if unknown:
         raise ValueError(f"skip_states names {sorted(unknown)}, which operator {uid!r} does not have")
