@@ -23,7 +23,7 @@ from keygroups.state import ReducingStateDescriptor
 from keygroups.state.timers import TimeDomain
 from keygroups.testing import KeyedFunctionHarness
 from keygroups.testing.harness import HarnessSnapshot
-from keygroups.windows import Sum, TumblingEventTimeWindows, TimeWindow, window
+from keygroups.windows import Count, ProcessWindowFunction, Sum, TimeWindow, TumblingEventTimeWindows, window
 
 needs_flink = pytest.mark.skipif(flink_harness.flink_lib() is None, reason=flink_harness.missing_reason())
 FIXTURE = {f.name: f for f in FIXTURE_SET}
@@ -50,7 +50,8 @@ def window_entries(sp, uid: str = "window") -> dict[str, set]:
     out: dict[str, set] = {}
     for kg in sp.key_groups(uid):
         for state, entries in kg.entries.items():
-            out.setdefault(state, set()).update(entries)
+            out.setdefault(state, set()).update(tuple(tuple(x) if isinstance(x, list) else x for x in e)
+                                                for e in entries)
     return out
 
 
@@ -204,3 +205,88 @@ def test_flink_fires_the_windows_keygroups_continued(tmp_path, name, parallelism
     expected[(k3, (20_000, 30_000))] = 3_000
     assert rest == expected
     assert fire_in_flink(tmp_path / "flink", parallelism, f.key_type, tmp_path / "fired.txt") == rest
+
+
+class SumRecords(ProcessWindowFunction):
+    def process(self, key, window, records, context):
+        return [(key, window.start, window.end, sum(records.column("n").to_pylist()), records.num_rows)]
+
+
+RECORDS_OUT = pa.schema([("k", pa.int64()), ("window_start", pa.int64()), ("window_end", pa.int64()),
+                         ("n", pa.int64()), ("count", pa.int64())])
+
+
+def test_process_window_records_go_to_flink_as_list_contents_and_come_back(tmp_path):
+    """keygroups' whole-window records (Arrow batches) -> Flink ListState contents of Tuple3 records -> keygroups,
+    and the windows fire alike; allowed lateness places the cleanup timers."""
+    schema = input_schema("long")
+    job = window(TumblingEventTimeWindows.of(SIZE), input_schema=schema, key_columns="k", timestamp_column="t",
+                 allowed_lateness=5_000).process(SumRecords(), RECORDS_OUT)
+    original = KeyedFunctionHarness(job.function, "k", output_schema=job.output_schema, input_schema=schema,
+                                    timestamp_column="t", parallelism=2)
+    records = [{"k": k, "t": t, "n": k * 100 + t} for k in (1, 2, 3) for t in (10, 9_999, 10_000, 15_000 + k)]
+    original.process(records[:5])
+    original.process(records[5:])
+    snapshot = original.snapshot()
+    spec = FlinkWindows(states={"window-contents": "list"}, record_schema=schema, allowed_lateness=5_000)
+    report = export_savepoint(snapshot.location, tmp_path / "flink", uid="w", savepoint=snapshot.name, windows=spec)
+    flink = read_savepoint(tmp_path / "flink")
+    infos = {s.name: s for s in flink.states("w")}
+    assert infos["window-contents"].kind == "LIST" and repr(infos["window-contents"].namespace_type) == "TimeWindow"
+    assert repr(infos["window-contents"].value_type) == "List(Tuple3(Long, Long, Long))"
+    entries = window_entries(flink, "w")
+    windows_of = {(k, (s, s + SIZE)) for k in (1, 2, 3) for s in (0, SIZE)}
+    assert {(k, w) for k, w, _ in entries["window-contents"]} == windows_of
+    for k, w, elements in entries["window-contents"]:
+        assert sorted(elements) == sorted((r["k"], r["t"], r["n"]) for r in records
+                                          if r["k"] == k and w[0] <= r["t"] < w[1])
+    # the trigger's timer and the cleanup timer of every window
+    assert entries["_timer_state/event_window-timers"] == {(k, w, ts) for k, w in windows_of
+                                                          for ts in (w[1] - 1, w[1] - 1 + 5_000)}
+    assert report.timers == 2 * len(windows_of)
+
+    with pytest.raises(UnsupportedFlinkTypeError, match="record_schema"):
+        import_savepoint(tmp_path / "flink", str(tmp_path / "back"), "x", uid="w")
+    import_savepoint(tmp_path / "flink", str(tmp_path / "back"), "back", uid="w",
+                     windows=FlinkWindows(record_schema=schema))
+    back = continued(tmp_path / "back", "back", job.function, "long", job.output_schema, 3, 128)
+    fired = []
+    for h in (original, back):
+        h.process([{"k": 2, "t": 12_000, "n": 5}])
+        h.advance_watermark(2**62)
+        fired.append(sorted(h.output(), key=lambda r: (r["k"], r["window_start"])))
+    assert fired[1] == fired[0]
+    assert [(r["k"], r["window_start"], r["count"]) for r in fired[0]] == \
+        [(1, 0, 2), (1, SIZE, 2), (2, 0, 2), (2, SIZE, 3), (3, 0, 2), (3, SIZE, 2)]
+
+
+def test_several_aggregations_are_one_flink_tuple_accumulator_never_a_reducing_state(tmp_path):
+    schema = input_schema("long")
+    job = window(TumblingEventTimeWindows.of(SIZE), input_schema=schema, key_columns="k",
+                 timestamp_column="t").aggregate(Count(), Sum("n"))
+    h = KeyedFunctionHarness(job.function, "k", output_schema=job.output_schema, input_schema=schema,
+                             timestamp_column="t")
+    h.process([{"k": 1, "t": 5, "n": 4}, {"k": 1, "t": 6, "n": 5}])
+    snapshot = h.snapshot()
+    with pytest.raises(UnsupportedFlinkTypeError, match="window state 'window-contents'.*several aggregations.*"
+                                                        "'aggregating'"):
+        export_savepoint(snapshot.location, tmp_path / "a", uid="w", savepoint=snapshot.name, windows=FlinkWindows())
+    assert not (tmp_path / "a" / "_metadata").exists()
+    export_savepoint(snapshot.location, tmp_path / "b", uid="w", savepoint=snapshot.name,
+                     windows=FlinkWindows(states={"window-contents": "aggregating"}))
+    entries = window_entries(read_savepoint(tmp_path / "b"), "w")
+    assert entries["window-contents"] == {(1, (0, SIZE), (2, 9))}
+    assert entries["_timer_state/event_window-timers"] == {(1, (0, SIZE), SIZE - 1)}
+
+
+def test_window_options_are_checked_by_name(tmp_path):
+    with pytest.raises(ValueError, match="layout 'ops' is unknown; allowed: \\['operator', 'state'\\]"):
+        FlinkWindows(layout="ops")
+    with pytest.raises(ValueError, match="unknown Flink state kinds"):
+        FlinkWindows(states={"window-contents": "sum"})
+    with pytest.raises(ValueError, match="allowed_lateness"):
+        FlinkWindows(allowed_lateness=-1)
+    import_savepoint(FIXTURES / QUICK[0] / "savepoint", str(tmp_path), "w", uid="window")
+    with pytest.raises(ValueError, match="FlinkWindows states \\['nope'\\] are not in the restore point"):
+        export_savepoint(str(tmp_path), tmp_path / "out", uid="window", savepoint="w",
+                         windows=FlinkWindows(states={"nope": "value"}))

@@ -144,8 +144,8 @@ def _plan(meta: dict[str, Any], key_type: FlinkType, template: StateMetaInfoSnap
         if kind != "map":
             raise UnsupportedFlinkTypeError(f"{what} is a {kind} state, not the map state keygroups keeps a "
                                             "namespaced (window) state in; it is not window state")
-        layout = windows.layout if windows is not None else "operator"
-        m, value_type, map_key, how = plan_export(name, window_kind, sers, layout, ttl, template, _checked)
+        m, value_type, map_key, how = plan_export(name, window_kind, sers, windows or FlinkWindows(), ttl, template,
+                                                  _checked)
         return _Out(name, m, "window", value_type, map_key, window=how)
     if name in FLINK_TIMER_STATES:
         timer = TimerType(key_type, void)

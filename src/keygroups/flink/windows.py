@@ -40,7 +40,13 @@ import pyarrow as pa
 
 from keygroups.flink.keyed import StateMetaInfoSnapshot, encode_key, encode_list_value
 from keygroups.flink.types import (
+    BooleanType,
+    BytesType,
+    DoubleType,
     FlinkType,
+    IntType,
+    LongType,
+    StringType,
     ListType,
     MapType,
     RowType,
@@ -226,12 +232,13 @@ def export_kinds(windows: FlinkWindows | None, template: Mapping[str, StateMetaI
     return {}
 
 
-def plan_export(name: str, flink_kind: str, sers: dict[str, SerializerSnapshot], layout: str, ttl: bool,
+def plan_export(name: str, flink_kind: str, sers: dict[str, SerializerSnapshot], windows: FlinkWindows, ttl: bool,
                 template: StateMetaInfoSnapshot | None, checked: Callable[[FlinkType | None, FlinkType, str], FlinkType]
                 ) -> tuple[StateMetaInfoSnapshot, FlinkType, FlinkType | None, WindowExport]:
     """Flink meta info, value type (TTL-wrapped when ``ttl``; of list elements, map values), map user key type and
     entry conversion of keygroups state ``name``, stored as the backing map of a namespaced ``flink_kind`` state."""
     what = f"window state {name!r}"
+    layout, record_schema = windows.layout, windows.record_schema
     if sers["map key"].identifier != "tuple" or not sers["map key"].nested:
         raise UnsupportedFlinkTypeError(f"{what} is not a namespaced state (its map keys are not windows)")
     value_snapshot = sers["map value"]
@@ -257,11 +264,9 @@ def plan_export(name: str, flink_kind: str, sers: dict[str, SerializerSnapshot],
                                                 f"{value_snapshot.describe()}")
             t_element = _ttl_inner(tt.element) if isinstance(tt, ListType) else None
             if layout == "operator" and name == CONTENTS_STATE and element_snapshot.identifier == "bytes":
-                if t_element is None:   # Arrow record batches: only the original savepoint knows the element type
-                    raise UnsupportedFlinkTypeError(
-                        f"{what} holds keygroups' window records (Arrow record batches); their Flink element type "
-                        "comes from the original savepoint: pass like=")
-                element, out.records = t_element, True
+                # Arrow record batches: the element type is the original savepoint's, or the record schema's
+                element = t_element if t_element is not None else _record_element(record_schema, what)
+                out.records = True
             else:
                 element = checked(t_element, flink_type_for(element_snapshot, what), what)
             value_type = TtlType(element) if ttl else element
@@ -279,6 +284,28 @@ def plan_export(name: str, flink_kind: str, sers: dict[str, SerializerSnapshot],
     meta = StateMetaInfoSnapshot(name, "KEY_VALUE", {"KEYED_STATE_TYPE": flink_kind.upper()},
                                  {"VALUE_SERIALIZER": full, "NAMESPACE_SERIALIZER": TimeWindowType()})
     return meta, value_type, map_key_type, out
+
+
+_ARROW_TO_FLINK: dict[pa.DataType, type[FlinkType]] = {
+    pa.int64(): LongType, pa.int32(): IntType, pa.float64(): DoubleType, pa.bool_(): BooleanType,
+    pa.string(): StringType, pa.binary(): BytesType}
+
+
+def _record_element(schema: pa.Schema | None, what: str) -> FlinkType:
+    """The Flink list element of keygroups' window records: one column's type, or a Tuple of the columns' types."""
+    if schema is None:
+        raise UnsupportedFlinkTypeError(
+            f"{what} holds keygroups' window records (Arrow record batches); their Flink element type comes from the "
+            "original savepoint (like=) or from FlinkWindows(record_schema=...): one column becomes its type, "
+            "several a Tuple")
+    fields = []
+    for f in schema:
+        t = _ARROW_TO_FLINK.get(f.type)
+        if t is None:
+            raise UnsupportedFlinkTypeError(f"{what}: record column {f.name!r} is {f.type}, which has no Flink "
+                                            f"element type here (allowed: {[str(a) for a in _ARROW_TO_FLINK]})")
+        fields.append(t())
+    return fields[0] if len(fields) == 1 else TupleType(tuple(fields))
 
 
 def _ttl_inner(t: FlinkType | None) -> FlinkType | None:
