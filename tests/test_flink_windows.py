@@ -216,17 +216,23 @@ RECORDS_OUT = pa.schema([("k", pa.int64()), ("window_start", pa.int64()), ("wind
                          ("n", pa.int64()), ("count", pa.int64())])
 
 
-def test_process_window_records_go_to_flink_as_list_contents_and_come_back(tmp_path):
-    """keygroups' whole-window records (Arrow batches) -> Flink ListState contents of Tuple3 records -> keygroups,
-    and the windows fire alike; allowed lateness places the cleanup timers."""
+def records_job():
+    """A keygroups whole-window job (allowed lateness 5 s) that has taken records for keys 1-3 into two windows."""
     schema = input_schema("long")
     job = window(TumblingEventTimeWindows.of(SIZE), input_schema=schema, key_columns="k", timestamp_column="t",
                  allowed_lateness=5_000).process(SumRecords(), RECORDS_OUT)
-    original = KeyedFunctionHarness(job.function, "k", output_schema=job.output_schema, input_schema=schema,
-                                    timestamp_column="t", parallelism=2)
+    harness = KeyedFunctionHarness(job.function, "k", output_schema=job.output_schema, input_schema=schema,
+                                   timestamp_column="t", parallelism=2)
     records = [{"k": k, "t": t, "n": k * 100 + t} for k in (1, 2, 3) for t in (10, 9_999, 10_000, 15_000 + k)]
-    original.process(records[:5])
-    original.process(records[5:])
+    harness.process(records[:5])
+    harness.process(records[5:])
+    return job, schema, harness, records
+
+
+def test_process_window_records_go_to_flink_as_list_contents_and_come_back(tmp_path):
+    """keygroups' whole-window records (Arrow batches) -> Flink ListState contents of Tuple3 records -> keygroups,
+    and the windows fire alike; allowed lateness places the cleanup timers."""
+    job, schema, original, records = records_job()
     snapshot = original.snapshot()
     spec = FlinkWindows(states={"window-contents": "list"}, record_schema=schema, allowed_lateness=5_000)
     report = export_savepoint(snapshot.location, tmp_path / "flink", uid="w", savepoint=snapshot.name, windows=spec)
@@ -290,3 +296,25 @@ def test_window_options_are_checked_by_name(tmp_path):
     with pytest.raises(ValueError, match="FlinkWindows states \\['nope'\\] are not in the restore point"):
         export_savepoint(str(tmp_path), tmp_path / "out", uid="window", savepoint="w",
                          windows=FlinkWindows(states={"nope": "value"}))
+
+
+@pytest.mark.flink
+@needs_flink
+def test_flink_fires_keygroups_whole_window_records_with_their_lateness(tmp_path):
+    """keygroups' whole-window records and cleanup timers -> Flink 2.3's WindowOperator (a process window function
+    over Tuple3 records, allowed lateness 5 s), which fires each window once with keygroups' records."""
+    job, schema, harness, _ = records_job()
+    snapshot = harness.snapshot()
+    export_savepoint(snapshot.location, tmp_path / "flink", uid="w", savepoint=snapshot.name,
+                     windows=FlinkWindows(states={"window-contents": "list"}, record_schema=schema,
+                                          allowed_lateness=5_000))
+    harness.advance_watermark(2**62)
+    kept = {(r["k"], r["window_start"], r["window_end"]): (r["n"], r["count"]) for r in harness.output()}
+    assert len(kept) == 6
+    r = flink_harness._run(["window-records", tmp_path / "flink", 3, 5_000, tmp_path / "fired.txt"])
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-6000:]
+    fired = {}
+    for line in (tmp_path / "fired.txt").read_text(encoding="utf-8").splitlines():
+        k, start, end, total, count = map(int, line.split("\t"))
+        fired[(k, start, end)] = (total, count)
+    assert fired == kept

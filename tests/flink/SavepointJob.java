@@ -70,6 +70,9 @@ import org.apache.flink.types.Row;
  *     restores the savepoint's window operator uid("window") (10 s tumbling event-time windows, Long::sum) at
  *     PARALLELISM with a source that ends at once, so the final watermark fires every restored window; writes one
  *     line per firing to OUT_FILE, sorted: KEY START END SUM (KEY as JSON).
+ * window-records SAVEPOINT_DIR PARALLELISM LATENESS_MS OUT_FILE
+ *     the same for a process window function over Tuple3(key, t, n) records keyed by f0 (operator uid("w"),
+ *     window-contents a ListState of the records) with allowed lateness LATENESS_MS: KEY START END SUM(n) COUNT.
  * check SAVEPOINT_DIR PARALLELISM KEY_TYPE EXPECTED DUMP_DIR
  *     restores the savepoint into the same operator at PARALLELISM, lists everything it restored (every key of
  *     every state, every timer, every operator-state element) into DUMP_DIR/restored.txt and compares it with
@@ -701,10 +704,58 @@ public class SavepointJob {
         System.out.println("fired " + lines.size() + " windows");
     }
 
+    /** An empty source of Tuple3(key, t, n) records: the window-records job only restores. */
+    public static class EmptyRecords extends RichSourceFunction<Tuple3<Long, Long, Long>> {
+        @Override public void run(SourceContext<Tuple3<Long, Long, Long>> ctx) {}
+        @Override public void cancel() {}
+    }
+
+    /** Emits a restored window's records when it fires: key, window, the sum of n and the number of records. */
+    public static class RecordLines extends org.apache.flink.streaming.api.functions.windowing.ProcessWindowFunction<
+            Tuple3<Long, Long, Long>, Long, Long, org.apache.flink.streaming.api.windowing.windows.TimeWindow> {
+        @Override
+        public void process(Long key, Context ctx, Iterable<Tuple3<Long, Long, Long>> records,
+                            org.apache.flink.util.Collector<Long> out) {
+            long sum = 0;
+            long count = 0;
+            for (Tuple3<Long, Long, Long> r : records) {
+                sum += r.f2;
+                count++;
+            }
+            WINDOW_FIRINGS.add(key + "\t" + ctx.window().getStart() + "\t" + ctx.window().getEnd() + "\t" + sum
+                    + "\t" + count);
+            out.collect(sum);
+        }
+    }
+
+    static void windowRecords(String[] a) throws Exception {
+        Configuration conf = new Configuration();
+        conf.set(StateRecoveryOptions.SAVEPOINT_PATH, Paths.get(a[1]).toAbsolutePath().toString());
+        conf.set(StateRecoveryOptions.SAVEPOINT_IGNORE_UNCLAIMED_STATE, true);
+        StreamExecutionEnvironment env = StreamExecutionEnvironment.getExecutionEnvironment(conf);
+        env.setParallelism(Integer.parseInt(a[2]));
+        env.addSource(new EmptyRecords(), "empty", Types.TUPLE(Types.LONG, Types.LONG, Types.LONG))
+                .setParallelism(1).uid("check-source")
+                .keyBy((KeySelector<Tuple3<Long, Long, Long>, Long>) r -> r.f0, Types.LONG)
+                .window(org.apache.flink.streaming.api.windowing.assigners.TumblingEventTimeWindows.of(
+                        Duration.ofSeconds(10)))
+                .allowedLateness(Duration.ofMillis(Long.parseLong(a[3])))
+                .process(new RecordLines(), Types.LONG).uid("w")
+                .sinkTo(new DiscardingSink<>()).uid("window-sink");
+        env.execute("keygroups window records checker");
+        List<String> lines = new ArrayList<>(WINDOW_FIRINGS);
+        Collections.sort(lines);
+        Files.write(Paths.get(a[4]), lines, StandardCharsets.UTF_8);
+        System.out.println("fired " + lines.size() + " windows");
+    }
+
     public static void main(String[] a) throws Exception {
         int status;
         if (a.length == 5 && a[0].equals("windows")) {
             windows(a);
+            status = 0;
+        } else if (a.length == 5 && a[0].equals("window-records")) {
+            windowRecords(a);
             status = 0;
         } else if (a.length == 5 && a[0].equals("restore")) {
             restore(a);
