@@ -318,3 +318,24 @@ def test_flink_fires_keygroups_whole_window_records_with_their_lateness(tmp_path
         k, start, end, total, count = map(int, line.split("\t"))
         fired[(k, start, end)] = (total, count)
     assert fired == kept
+
+
+def test_the_cli_imports_and_exports_window_state(tmp_path, capsys):
+    from keygroups.cli import main
+
+    src = FIXTURES / QUICK[0] / "savepoint"
+    assert main(["flink", "import", str(src), str(tmp_path / "loc"), "--name", "w", "--uid", "window",
+                 "--windows", "state"]) == 0
+    assert "keyed states window-contents" in capsys.readouterr().out
+    assert main(["flink", "export", str(tmp_path / "loc"), str(tmp_path / "flink"), "--savepoint", "w", "--uid",
+                 "window", "--windows", "state", "--window-state", "window-contents=reducing",
+                 "--allowed-lateness", "0"]) == 0
+    assert window_entries(read_savepoint(tmp_path / "flink")) == window_entries(read_savepoint(src))
+    with pytest.raises(SystemExit):
+        main(["flink", "export", str(tmp_path / "loc"), str(tmp_path / "x"), "--uid", "window", "--window-state",
+              "window-contents"])
+    assert "--window-state takes STATE=KIND" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["flink", "import", str(src), str(tmp_path / "loc"), "--name", "x", "--uid", "window",
+              "--window-records", "k lung"])
+    assert "--window-records takes the records' columns as Spark DDL" in capsys.readouterr().err

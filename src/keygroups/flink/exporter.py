@@ -277,8 +277,7 @@ def export_savepoint(location: str, dest: str | os.PathLike, *, uid: str, savepo
     key_type: FlinkType | None = None
     window_kinds = export_kinds(windows, t_states, set(metas) - skip)
     t_timers = {n for n, m in t_states.items() if m.kind == "TIMER"}
-    as_window_timers = bool(t_timers & set(WINDOW_TIMERS)) if t_timers else bool(window_kinds) and (
-        windows is None or windows.layout == "operator")
+    as_window_timers = bool(t_timers & set(WINDOW_TIMERS)) if t_timers else bool(window_kinds)
     if metas:
         key_type = _key_type(next(iter(metas.values())), t_header.key_type if t_header is not None else None)
         for name, meta in metas.items():

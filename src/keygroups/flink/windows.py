@@ -86,7 +86,8 @@ class FlinkWindows:
     of list contents). Export only: ``states``, the keygroups states that are window state and their Flink kinds
     (``{"window-contents": "reducing"}``; by default the ``like`` savepoint's states in ``TimeWindow`` namespaces,
     else ``window-contents`` as reducing), and ``allowed_lateness`` (ms) of the keygroups windows, which places their
-    cleanup timers."""
+    cleanup timers. When window state is exported, keygroups' timers become the ``WindowOperator``'s window timers
+    (unless the ``like`` savepoint has a ``KeyedProcessFunction``'s user timers instead)."""
 
     layout: str = "operator"
     record_schema: pa.Schema | None = None
