@@ -23,7 +23,15 @@ from keygroups.state import ReducingStateDescriptor
 from keygroups.state.timers import TimeDomain
 from keygroups.testing import KeyedFunctionHarness
 from keygroups.testing.harness import HarnessSnapshot
-from keygroups.windows import Count, ProcessWindowFunction, Sum, TimeWindow, TumblingEventTimeWindows, window
+from keygroups.windows import (
+    Count,
+    ProcessWindowFunction,
+    Sum,
+    TimeWindow,
+    TumblingEventTimeWindows,
+    TumblingProcessingTimeWindows,
+    window,
+)
 
 needs_flink = pytest.mark.skipif(flink_harness.flink_lib() is None, reason=flink_harness.missing_reason())
 FIXTURE = {f.name: f for f in FIXTURE_SET}
@@ -339,3 +347,48 @@ def test_the_cli_imports_and_exports_window_state(tmp_path, capsys):
         main(["flink", "import", str(src), str(tmp_path / "loc"), "--name", "x", "--uid", "window",
               "--window-records", "k lung"])
     assert "--window-records takes the records' columns as Spark DDL" in capsys.readouterr().err
+
+
+def test_processing_time_windows_go_to_flink_processing_window_timers_and_back(tmp_path):
+    schema = input_schema("long")
+    job = window(TumblingProcessingTimeWindows.of(SIZE), input_schema=schema,
+                 key_columns="k").reduce(add, "n", Int64Serializer())
+    h = KeyedFunctionHarness(job.function, "k", output_schema=job.output_schema, input_schema=schema,
+                             processing_time=123_000)
+    h.process([{"k": 7, "t": 0, "n": 2}, {"k": 8, "t": 0, "n": 3}, {"k": 7, "t": 0, "n": 4}])
+    snapshot = h.snapshot()
+    export_savepoint(snapshot.location, tmp_path / "flink", uid="w", savepoint=snapshot.name,
+                     windows=FlinkWindows())
+    entries = window_entries(read_savepoint(tmp_path / "flink"), "w")
+    assert entries["window-contents"] == {(7, (120_000, 130_000), 6), (8, (120_000, 130_000), 3)}
+    assert entries["_timer_state/processing_window-timers"] == {(7, (120_000, 130_000), 129_999),
+                                                                (8, (120_000, 130_000), 129_999)}
+    assert "_timer_state/event_window-timers" not in entries
+    import_savepoint(tmp_path / "flink", str(tmp_path / "back"), "back", uid="w")
+    back = continued(tmp_path / "back", "back", job.function, "long", job.output_schema, 1, 128)
+    assert {(t.key, t.domain, t.timestamp) for t in back.timers()} == \
+        {(7, TimeDomain.PROCESSING_TIME, 129_999), (8, TimeDomain.PROCESSING_TIME, 129_999)}
+    back.advance_processing_time(130_000)
+    assert sorted((r["k"], r["n"]) for r in back.output()) == [(7, 6), (8, 3)]
+
+
+def test_a_flink_aggregate_accumulator_is_one_part_of_the_keygroups_accumulator(tmp_path):
+    """Flink's AggregatingState holds one accumulator (here a Tuple2 of the counts and sums keygroups exported):
+    imported, it is the one part of keygroups' accumulator tuple; exported again, it is the same Tuple2."""
+    schema = input_schema("long")
+    job = window(TumblingEventTimeWindows.of(SIZE), input_schema=schema, key_columns="k",
+                 timestamp_column="t").aggregate(Count(), Sum("n"))
+    h = KeyedFunctionHarness(job.function, "k", output_schema=job.output_schema, input_schema=schema,
+                             timestamp_column="t")
+    h.process([{"k": 1, "t": 5, "n": 4}, {"k": 1, "t": 6, "n": 5}, {"k": 2, "t": 10_001, "n": 1}])
+    snapshot = h.snapshot()
+    spec = FlinkWindows(states={"window-contents": "aggregating"})
+    export_savepoint(snapshot.location, tmp_path / "a", uid="w", savepoint=snapshot.name, windows=spec)
+    import_savepoint(tmp_path / "a", str(tmp_path / "loc"), "w", uid="w")
+    storage = CheckpointStorage(str(tmp_path / "loc"))
+    meta = storage.load_savepoint("w").keyed_handles[0].states
+    contents = next(m for m in meta if m["name"] == "window-contents")
+    value = contents["serializers"]["map value"]
+    assert value["identifier"] == "tuple" and len(value["nested"]) == 1 and value["nested"][0]["identifier"] == "tuple"
+    export_savepoint(str(tmp_path / "loc"), tmp_path / "b", uid="w", savepoint="w", like=tmp_path / "a")
+    assert window_entries(read_savepoint(tmp_path / "b"), "w") == window_entries(read_savepoint(tmp_path / "a"), "w")
