@@ -14,6 +14,7 @@ import pytest
 
 import flink_harness
 from flink_harness import FIXTURE_SET, FIXTURES
+from test_flink_read import _flink_key   # SavepointJob.key: the key of record n
 from keygroups.checkpoint import CheckpointStorage
 from keygroups.flink import UnsupportedFlinkTypeError, export_savepoint, import_savepoint, read_savepoint
 from keygroups.flink.windows import FlinkWindows
@@ -38,19 +39,10 @@ FIXTURE = {f.name: f for f in FIXTURE_SET}
 SIZE = 10_000
 
 
-def flink_key(key_type: str, n: int):
-    """SavepointJob.key: the key of record n."""
-    if key_type == "long":
-        return n * 7919 - 50_000
-    if key_type == "tuple":
-        return (n - 7, "t\U0001F600" if n % 3 == 0 else f"t{n % 5}")
-    return f"key-{n}" + ("\U0001F600" if n % 4 == 0 else "") + ("\u00e9" if n % 9 == 0 else "")
-
-
 def flink_windows(name: str) -> dict[tuple, int]:
     """What the Flink job holds: (key, (start, end)) -> the sum of its window."""
     f = FIXTURE[name]
-    return {(flink_key(f.key_type, n), (n * 1000 // SIZE * SIZE, n * 1000 // SIZE * SIZE + SIZE)): n
+    return {(_flink_key(f.key_type, n), (n * 1000 // SIZE * SIZE, n * 1000 // SIZE * SIZE + SIZE)): n
             for n in range(f.keys)}
 
 
@@ -103,7 +95,7 @@ def test_a_keygroups_window_job_continues_the_flink_windows_and_fires_them_with_
     # every Flink window timer is the key's event-time timer at the window's end - 1
     assert sorted((t.key, t.timestamp) for t in harness.timers()) == sorted((k, w[1] - 1) for k, w in held)
     assert {t.domain for t in harness.timers()} == {TimeDomain.EVENT_TIME}
-    k0, k5 = flink_key(f.key_type, 0), flink_key(f.key_type, 5)
+    k0, k5 = _flink_key(f.key_type, 0), _flink_key(f.key_type, 5)
     harness.process([{"k": k0, "t": 500, "n": 100}, {"k": k5, "t": 9_999, "n": 1},    # into Flink's windows
                      {"k": k0, "t": 25_000, "n": 7}])                                   # a window of its own
     assert harness.output() == []
@@ -197,7 +189,7 @@ def test_flink_fires_the_windows_keygroups_continued(tmp_path, name, parallelism
     import_savepoint(src, str(tmp_path / "loc"), "w", uid="window")
     job = reduce_job(f.key_type)
     harness = continued(tmp_path / "loc", "w", job.function, f.key_type, job.output_schema, 2, f.max_parallelism)
-    k3, k15 = flink_key(f.key_type, 3), flink_key(f.key_type, 15)
+    k3, k15 = _flink_key(f.key_type, 3), _flink_key(f.key_type, 15)
     harness.process([{"k": k3, "t": 1_000, "n": 1_000}, {"k": k15, "t": 19_000, "n": 2_000},
                      {"k": k3, "t": 25_000, "n": 3_000}])
     harness.advance_watermark(SIZE - 1)          # keygroups fires the first windows itself

@@ -684,24 +684,36 @@ public class SavepointJob {
         }
     }
 
-    /** Restores the window operator and lets the end of input fire every window it restored. */
-    static void windows(String[] a) throws Exception {
+    /** A job restoring savepoint a[1] at parallelism a[2] (state of operators it lacks ignored). */
+    static StreamExecutionEnvironment restoring(String[] a) {
         Configuration conf = new Configuration();
         conf.set(StateRecoveryOptions.SAVEPOINT_PATH, Paths.get(a[1]).toAbsolutePath().toString());
         conf.set(StateRecoveryOptions.SAVEPOINT_IGNORE_UNCLAIMED_STATE, true);
         StreamExecutionEnvironment env = StreamExecutionEnvironment.getExecutionEnvironment(conf);
         env.setParallelism(Integer.parseInt(a[2]));
+        return env;
+    }
+
+    /** Runs the job (its source ends at once, so the final watermark fires every restored window) and writes the
+     * firings, sorted, to `out`. */
+    static void writeFirings(StreamExecutionEnvironment env, String out) throws Exception {
+        env.execute("keygroups window checker");
+        List<String> lines = new ArrayList<>(WINDOW_FIRINGS);
+        Collections.sort(lines);
+        Files.write(Paths.get(out), lines, StandardCharsets.UTF_8);
+        System.out.println("fired " + lines.size() + " windows");
+    }
+
+    /** Restores the window operator uid("window") and fires every window it restored. */
+    static void windows(String[] a) throws Exception {
+        StreamExecutionEnvironment env = restoring(a);
         env.addSource(new EmptySource(), "empty", Types.LONG).setParallelism(1).uid("check-source")
                 .keyBy(keySelector(a[3]), keyType(a[3]))
                 .window(org.apache.flink.streaming.api.windowing.assigners.TumblingEventTimeWindows.of(
                         Duration.ofSeconds(10)))
                 .reduce((ReduceFunction<Long>) Long::sum, new FiringLines(), Types.LONG).uid("window")
                 .name("window sums").sinkTo(new DiscardingSink<>()).uid("window-sink");
-        env.execute("keygroups window checker");
-        List<String> lines = new ArrayList<>(WINDOW_FIRINGS);
-        Collections.sort(lines);
-        Files.write(Paths.get(a[4]), lines, StandardCharsets.UTF_8);
-        System.out.println("fired " + lines.size() + " windows");
+        writeFirings(env, a[4]);
     }
 
     /** An empty source of Tuple3(key, t, n) records: the window-records job only restores. */
@@ -728,12 +740,9 @@ public class SavepointJob {
         }
     }
 
+    /** Restores the process window operator uid("w") and fires every window it restored. */
     static void windowRecords(String[] a) throws Exception {
-        Configuration conf = new Configuration();
-        conf.set(StateRecoveryOptions.SAVEPOINT_PATH, Paths.get(a[1]).toAbsolutePath().toString());
-        conf.set(StateRecoveryOptions.SAVEPOINT_IGNORE_UNCLAIMED_STATE, true);
-        StreamExecutionEnvironment env = StreamExecutionEnvironment.getExecutionEnvironment(conf);
-        env.setParallelism(Integer.parseInt(a[2]));
+        StreamExecutionEnvironment env = restoring(a);
         env.addSource(new EmptyRecords(), "empty", Types.TUPLE(Types.LONG, Types.LONG, Types.LONG))
                 .setParallelism(1).uid("check-source")
                 .keyBy((KeySelector<Tuple3<Long, Long, Long>, Long>) r -> r.f0, Types.LONG)
@@ -742,11 +751,7 @@ public class SavepointJob {
                 .allowedLateness(Duration.ofMillis(Long.parseLong(a[3])))
                 .process(new RecordLines(), Types.LONG).uid("w")
                 .sinkTo(new DiscardingSink<>()).uid("window-sink");
-        env.execute("keygroups window records checker");
-        List<String> lines = new ArrayList<>(WINDOW_FIRINGS);
-        Collections.sort(lines);
-        Files.write(Paths.get(a[4]), lines, StandardCharsets.UTF_8);
-        System.out.println("fired " + lines.size() + " windows");
+        writeFirings(env, a[4]);
     }
 
     public static void main(String[] a) throws Exception {
@@ -767,7 +772,8 @@ public class SavepointJob {
             status = check(a);
         } else {
             System.err.println("usage: write OUT P MAXP COMPRESSION KEYS long|string hashmap|rocksdb INLINE"
-                    + " | check SAVEPOINT P long|string EXPECTED DUMP_DIR | windows SAVEPOINT P long|string OUT_FILE");
+                    + " | check SAVEPOINT P long|string EXPECTED DUMP_DIR | windows SAVEPOINT P long|string OUT_FILE"
+                    + " | window-records SAVEPOINT P LATENESS_MS OUT_FILE");
             status = 2;
         }
         System.exit(status);
