@@ -19,8 +19,8 @@ from keygroups.checkpoint import CheckpointStorage
 from keygroups.flink import UnsupportedFlinkTypeError, export_savepoint, import_savepoint, read_savepoint
 from keygroups.flink.windows import FlinkWindows
 from keygroups.runtime.functions import KeyedProcessFunction
-from keygroups.serializers import Int64Serializer
-from keygroups.state import ReducingStateDescriptor
+from keygroups.serializers import Int64Serializer, TupleSerializer
+from keygroups.state import ListStateDescriptor, ReducingStateDescriptor
 from keygroups.state.timers import TimeDomain
 from keygroups.testing import KeyedFunctionHarness
 from keygroups.testing.harness import HarnessSnapshot
@@ -384,3 +384,36 @@ def test_a_flink_aggregate_accumulator_is_one_part_of_the_keygroups_accumulator(
     assert value["identifier"] == "tuple" and len(value["nested"]) == 1 and value["nested"][0]["identifier"] == "tuple"
     export_savepoint(str(tmp_path / "loc"), tmp_path / "b", uid="w", savepoint="w", like=tmp_path / "a")
     assert window_entries(read_savepoint(tmp_path / "b"), "w") == window_entries(read_savepoint(tmp_path / "a"), "w")
+
+
+class SessionLike(KeyedProcessFunction):
+    """Writes what a Flink session window operator holds: contents under a state window, and merging-window-set."""
+
+    def open(self, context):
+        self.sums = context.get_namespaced_state(ReducingStateDescriptor("window-contents", add, Int64Serializer()),
+                                                 TimeWindow(0, 0), TimeWindow.serializer())
+        self.merged = context.get_state(ListStateDescriptor("merging-window-set", TupleSerializer(
+            Int64Serializer(), Int64Serializer(), Int64Serializer(), Int64Serializer())))
+
+    def process_element(self, record, context):
+        self.sums.set_current_namespace(TimeWindow(0, 5))
+        self.sums.add(record["n"])
+        self.merged.update([(0, 9, 0, 5)])
+        context.timer_service.register_event_time_timer(8)
+        return []
+
+
+def test_session_windows_are_refused_in_the_operator_layout_by_name(tmp_path):
+    h = KeyedFunctionHarness(SessionLike(), "k", output_schema="k long", input_schema=input_schema("long"))
+    h.process([{"k": 1, "t": 0, "n": 3}])
+    snapshot = h.snapshot()
+    export_savepoint(snapshot.location, tmp_path / "flink", uid="s", savepoint=snapshot.name,
+                     windows=FlinkWindows(layout="state"))
+    with pytest.raises(UnsupportedFlinkTypeError, match="operator 's' has merging \\(session\\) windows "
+                                                        "\\('merging-window-set'\\).*layout='state'"):
+        import_savepoint(tmp_path / "flink", str(tmp_path / "loc"), "x", uid="s")
+    assert not (tmp_path / "loc" / "savepoints" / "x" / "_metadata").exists()
+    report = import_savepoint(tmp_path / "flink", str(tmp_path / "loc"), "y", uid="s",
+                              windows=FlinkWindows(layout="state"))
+    # the timer at 8 ends no window of the key: it fires nothing in keygroups, and Flink gets no window timer
+    assert set(report.keyed_states) == {"window-contents", "merging-window-set"} and report.timers == 0

@@ -144,9 +144,8 @@ def _plan(meta: dict[str, Any], key_type: FlinkType, template: StateMetaInfoSnap
         if kind != "map":
             raise UnsupportedFlinkTypeError(f"{what} is a {kind} state, not the map state keygroups keeps a "
                                             "namespaced (window) state in; it is not window state")
-        m, value_type, map_key, how = plan_export(name, window_kind, sers, windows or FlinkWindows(), ttl, template,
-                                                  _checked)
-        return _Out(name, m, "window", value_type, map_key, window=how)
+        planned = plan_export(name, window_kind, sers, windows or FlinkWindows(), ttl, template, _checked)
+        return _Out(name, planned[0], "window", planned[1], planned[2], window=planned[3])
     if name in FLINK_TIMER_STATES:
         timer = TimerType(key_type, void)
         m = StateMetaInfoSnapshot(FLINK_TIMER_STATES[name], "PRIORITY_QUEUE", {}, {"VALUE_SERIALIZER": timer})
@@ -363,8 +362,8 @@ def _write_keyed_file(fs: Any, root: str, storage: CheckpointStorage, md: Checkp
                     vo = entries.value_offsets.tolist()
                     mv = memoryview(entries.values)
                     windowed = out.window is not None or out.window_timers
-                    ko = entries.key_offsets.tolist() if windowed else None
-                    mk = memoryview(entries.keys) if windowed else None
+                    ko = entries.key_offsets.tolist()
+                    mk = memoryview(entries.keys)
                     pairs = []
                     for i, key in enumerate(keys):
                         value = framing.decode(mv[vo[i]:vo[i + 1]])

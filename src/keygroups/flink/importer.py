@@ -206,7 +206,8 @@ def _encode(st: _State, entries: list[tuple], key_ser: TypeSerializer, key_type:
     if st.window is not None:                          # a namespaced state: window (and user key) -> value
         by_window: dict[bytes, dict] = {}
         mk = st.map_key_type
-        for key, map_key, v in st.window.entries(entries, lambda x: _plain(vt, x), lambda x: _plain(mk, x)):
+        for key, map_key, v in st.window.entries(entries, lambda x: _plain(vt, x),
+                                                 lambda x: x if mk is None else _plain(mk, x)):
             by_window.setdefault(serialized(key), {})[map_key] = v
         return list(by_window), [st.framing.encode(m) for m in by_window.values()]
     if st.domain is not None or st.kind == "map":        # one keygroups value per key: a dict
