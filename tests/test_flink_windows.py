@@ -33,6 +33,7 @@ from keygroups.windows import (
     TumblingProcessingTimeWindows,
     window,
 )
+from keygroups.windows.assigners import EventTimeSessionWindows
 
 needs_flink = pytest.mark.skipif(flink_harness.flink_lib() is None, reason=flink_harness.missing_reason())
 FIXTURE = {f.name: f for f in FIXTURE_SET}
@@ -167,14 +168,25 @@ def fire_in_flink(savepoint: pathlib.Path, parallelism: int, key_type: str, out:
     """Flink 2.3 restores the window operator from ``savepoint`` and fires every window it holds (SavepointJob
     ``windows``): (key, (start, end)) -> sum."""
     r = flink_harness._run(["windows", savepoint, parallelism, key_type, out])
-    if r.returncode != 0:
-        raise RuntimeError(f"the Flink window job failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-6000:]}")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-6000:]
+    return read_firings(out)
+
+
+def read_firings(out: pathlib.Path) -> dict[tuple, int]:
+    """The firings SavepointJob wrote: (key, (start, end)) -> sum."""
     fired = {}
     for line in out.read_text(encoding="utf-8").splitlines():
         key, start, end, total = line.split("\t")
         k = json.loads(key)
         fired[(tuple(k) if isinstance(k, list) else k, (int(start), int(end)))] = int(total)
     return fired
+
+
+def fire_in_flink_sessions(savepoint: pathlib.Path, parallelism: int, out: pathlib.Path) -> dict[tuple, int]:
+    """SavepointJob ``sessions``: Flink restores the session operator and fires every session."""
+    r = flink_harness._run(["sessions", savepoint, parallelism, out])
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-6000:]
+    return read_firings(out)
 
 
 @pytest.mark.flink
@@ -387,7 +399,7 @@ def test_a_flink_aggregate_accumulator_is_one_part_of_the_keygroups_accumulator(
 
 
 class SessionLike(KeyedProcessFunction):
-    """Writes what a Flink session window operator holds: contents under a state window, and merging-window-set."""
+    """Writes window contents and a state named merging-window-set that is not Flink's record of sessions."""
 
     def open(self, context):
         self.sums = context.get_namespaced_state(ReducingStateDescriptor("window-contents", add, Int64Serializer()),
@@ -403,17 +415,78 @@ class SessionLike(KeyedProcessFunction):
         return []
 
 
-def test_session_windows_are_refused_in_the_operator_layout_by_name(tmp_path):
+def test_a_merging_window_set_that_is_not_flinks_is_refused_by_name(tmp_path):
     h = KeyedFunctionHarness(SessionLike(), "k", output_schema="k long", input_schema=input_schema("long"))
     h.process([{"k": 1, "t": 0, "n": 3}])
     snapshot = h.snapshot()
     export_savepoint(snapshot.location, tmp_path / "flink", uid="s", savepoint=snapshot.name,
                      windows=FlinkWindows(layout="state"))
-    with pytest.raises(UnsupportedFlinkTypeError, match="operator 's' has merging \\(session\\) windows "
-                                                        "\\('merging-window-set'\\).*layout='state'"):
+    with pytest.raises(UnsupportedFlinkTypeError, match="operator 's': state 'merging-window-set' is "
+                                                        "List\\(Tuple4.*not Flink's.*layout='state'"):
         import_savepoint(tmp_path / "flink", str(tmp_path / "loc"), "x", uid="s")
     assert not (tmp_path / "loc" / "savepoints" / "x" / "_metadata").exists()
     report = import_savepoint(tmp_path / "flink", str(tmp_path / "loc"), "y", uid="s",
                               windows=FlinkWindows(layout="state"))
     # the timer at 8 ends no window of the key: it fires nothing in keygroups, and Flink gets no window timer
     assert set(report.keyed_states) == {"window-contents", "merging-window-set"} and report.timers == 0
+
+
+def session_job():
+    return window(EventTimeSessionWindows.with_gap(3_000), input_schema=input_schema("long"), key_columns="k",
+                  timestamp_column="t").reduce(add, "n", Int64Serializer())
+
+
+def sessions_of(output) -> dict[tuple, int]:
+    return {(r["k"], (r["window_start"], r["window_end"])): r["n"] for r in output}
+
+
+def test_keygroups_sessions_go_to_flink_each_its_own_state_window_and_come_back(tmp_path):
+    job = session_job()
+    original = KeyedFunctionHarness(job.function, "k", output_schema=job.output_schema,
+                                    input_schema=input_schema("long"), timestamp_column="t", parallelism=2)
+    original.process([{"k": 1, "t": 0, "n": 1}, {"k": 1, "t": 2_000, "n": 2}, {"k": 1, "t": 9_000, "n": 4},
+                      {"k": 2, "t": 500, "n": 8}])
+    snapshot = original.snapshot()
+    export_savepoint(snapshot.location, tmp_path / "flink", uid="s", savepoint=snapshot.name,
+                     windows=FlinkWindows(merging=True))
+    entries = window_entries(read_savepoint(tmp_path / "flink"), "s")
+    assert entries["merging-window-set"] == {
+        (1, None, (((0, 5_000), (0, 5_000)), ((9_000, 12_000), (9_000, 12_000)))),
+        (2, None, (((500, 3_500), (500, 3_500)),))}
+    assert entries["window-contents"] == {(1, (0, 5_000), 3), (1, (9_000, 12_000), 4), (2, (500, 3_500), 8)}
+    import_savepoint(tmp_path / "flink", str(tmp_path / "back"), "back", uid="s")
+    back = continued(tmp_path / "back", "back", job.function, "long", job.output_schema, 3, 128)
+    fired = []
+    for h in (original, back):
+        h.process([{"k": 1, "t": 4_000, "n": 16}, {"k": 1, "t": 6_500, "n": 32}])   # key 1's sessions join
+        h.advance_watermark(2**62)
+        fired.append(sessions_of(h.output()))
+    assert fired[0] == fired[1] == {(1, (0, 12_000)): 55, (2, (500, 3_500)): 8}
+
+
+@pytest.mark.flink
+@needs_flink
+def test_flink_sessions_continue_in_keygroups_and_flink_fires_them_as_keygroups_does(tmp_path):
+    """Flink 2.3 writes session windows (contents under Flink's state windows); keygroups moves them to their
+    sessions, merges new records into them, and Flink restores the export and fires what keygroups fires."""
+    r = flink_harness._run(["write-sessions", tmp_path / "out", 2, 24])
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-6000:]
+    src = tmp_path / "out" / "savepoint"
+    assert any(state_window != session for kg in read_savepoint(src).key_groups("sessions")
+               for _, _, pairs in kg.entries["merging-window-set"] for session, state_window in pairs)
+    import_savepoint(src, str(tmp_path / "loc"), "s", uid="sessions")
+    job = session_job()
+    harness = continued(tmp_path / "loc", "s", job.function, "long", job.output_schema, 2, 128)
+    harness.process([{"k": 1, "t": 5_000, "n": 1_000}, {"k": 2, "t": 14_000, "n": 2_000},
+                     {"k": 3, "t": 40_000, "n": 3_000}])
+    snapshot = harness.snapshot()
+    export_savepoint(snapshot.location, tmp_path / "flink", uid="sessions", savepoint=snapshot.name, like=src)
+    harness.advance_watermark(2**62)
+    kept = sessions_of(harness.output())
+    # SavepointJob.sessionTime: key k has records k, k+4, k+8 at 0, 2, 4 s and k+12, k+16, k+20 at 16, 18, 20 s
+    expected = {(k, (0, 7_000)): 3 * k + 12 for k in range(4)} | {(k, (16_000, 23_000)): 3 * k + 48 for k in range(4)}
+    expected[(1, (0, 8_000))] = expected.pop((1, (0, 7_000))) + 1_000
+    expected[(2, (14_000, 23_000))] = expected.pop((2, (16_000, 23_000))) + 2_000
+    expected[(3, (40_000, 43_000))] = 3_000
+    assert kept == expected
+    assert fire_in_flink_sessions(tmp_path / "flink", 3, tmp_path / "fired.txt") == kept

@@ -73,6 +73,12 @@ import org.apache.flink.types.Row;
  * window-records SAVEPOINT_DIR PARALLELISM LATENESS_MS OUT_FILE
  *     the same for a process window function over Tuple3(key, t, n) records keyed by f0 (operator uid("w"),
  *     window-contents a ListState of the records) with allowed lateness LATENESS_MS: KEY START END SUM(n) COUNT.
+ * write-sessions OUT_DIR PARALLELISM KEYS
+ *     runs event-time session windows (gap 3 s, Long::sum, operator uid("sessions")) over records n = 0..KEYS-1,
+ *     keyed by n % 4 at event time sessionTime(n) (two sessions per key, each merged from several records), never
+ *     fired, and stops with a canonical savepoint into OUT_DIR/savepoint.
+ * sessions SAVEPOINT_DIR PARALLELISM OUT_FILE
+ *     restores that operator and fires every session it restored: KEY START END SUM lines, as `windows` does.
  * check SAVEPOINT_DIR PARALLELISM KEY_TYPE EXPECTED DUMP_DIR
  *     restores the savepoint into the same operator at PARALLELISM, lists everything it restored (every key of
  *     every state, every timer, every operator-state element) into DUMP_DIR/restored.txt and compares it with
@@ -754,9 +760,74 @@ public class SavepointJob {
         writeFirings(env, a[4]);
     }
 
+    static final java.time.Duration SESSION_GAP = Duration.ofSeconds(3);
+
+    /** Record n's event time in the session job: per key, records 2 s apart, then a 12 s pause. */
+    static long sessionTime(long n) {
+        long i = n / 4;
+        return i * 2000 + (i >= 3 ? 10_000 : 0);
+    }
+
+    @SuppressWarnings({"unchecked", "rawtypes"})
+    static KeyedStream<Long, Object> bySessionKey(org.apache.flink.streaming.api.datastream.DataStream<Long> s) {
+        return s.keyBy((KeySelector<Long, Object>) n -> (Object) (n % 4), (TypeInformation) Types.LONG);
+    }
+
+    static void writeSessions(String[] a) throws Exception {
+        Path out = Paths.get(a[1]).toAbsolutePath();
+        long keys = Long.parseLong(a[3]);
+        Configuration conf = new Configuration();
+        conf.set(CheckpointingOptions.CHECKPOINT_STORAGE, "filesystem");
+        conf.set(CheckpointingOptions.CHECKPOINTS_DIRECTORY,
+                Files.createTempDirectory("keygroups-flink-chk").toUri().toString());
+        StreamExecutionEnvironment env = StreamExecutionEnvironment.getExecutionEnvironment(conf);
+        env.setParallelism(Integer.parseInt(a[2]));
+        env.setMaxParallelism(128);
+        bySessionKey(env.addSource(new NumberSource(keys), "session numbers", Types.LONG).setParallelism(1)
+                .uid("session-source")
+                .assignTimestampsAndWatermarks(
+                        org.apache.flink.api.common.eventtime.WatermarkStrategy.<Long>noWatermarks()
+                                .withTimestampAssigner((n, ts) -> sessionTime(n)))
+                .map(n -> {
+                    WINDOW_PROCESSED.incrementAndGet();
+                    return n;
+                }).returns(Types.LONG).uid("session-count"))
+                .window(org.apache.flink.streaming.api.windowing.assigners.EventTimeSessionWindows.withGap(
+                        SESSION_GAP))
+                .reduce((ReduceFunction<Long>) Long::sum).uid("sessions").name("session sums")
+                .sinkTo(new DiscardingSink<>()).uid("session-sink");
+        JobClient job = env.executeAsync("keygroups session writer");
+        long deadline = System.currentTimeMillis() + 120_000;
+        while (WINDOW_PROCESSED.get() < keys) {
+            if (System.currentTimeMillis() > deadline) throw new IllegalStateException("records not processed in time");
+            Thread.sleep(20);
+        }
+        Path tmp = Files.createTempDirectory("keygroups-flink-savepoint");
+        String savepoint = job.stopWithSavepoint(false, tmp.toUri().toString(), SavepointFormatType.CANONICAL).get();
+        move(Paths.get(java.net.URI.create(savepoint.startsWith("file:") ? savepoint : "file:" + savepoint)),
+                out.resolve("savepoint"));
+        System.out.println("savepoint " + out.resolve("savepoint"));
+    }
+
+    static void sessions(String[] a) throws Exception {
+        StreamExecutionEnvironment env = restoring(a);
+        bySessionKey(env.addSource(new EmptySource(), "empty", Types.LONG).setParallelism(1).uid("check-source"))
+                .window(org.apache.flink.streaming.api.windowing.assigners.EventTimeSessionWindows.withGap(
+                        SESSION_GAP))
+                .reduce((ReduceFunction<Long>) Long::sum, new FiringLines(), Types.LONG).uid("sessions")
+                .sinkTo(new DiscardingSink<>()).uid("session-sink");
+        writeFirings(env, a[3]);
+    }
+
     public static void main(String[] a) throws Exception {
         int status;
-        if (a.length == 5 && a[0].equals("windows")) {
+        if (a.length == 4 && a[0].equals("write-sessions")) {
+            writeSessions(a);
+            status = 0;
+        } else if (a.length == 4 && a[0].equals("sessions")) {
+            sessions(a);
+            status = 0;
+        } else if (a.length == 5 && a[0].equals("windows")) {
             windows(a);
             status = 0;
         } else if (a.length == 5 && a[0].equals("window-records")) {
@@ -773,7 +844,8 @@ public class SavepointJob {
         } else {
             System.err.println("usage: write OUT P MAXP COMPRESSION KEYS long|string hashmap|rocksdb INLINE"
                     + " | check SAVEPOINT P long|string EXPECTED DUMP_DIR | windows SAVEPOINT P long|string OUT_FILE"
-                    + " | window-records SAVEPOINT P LATENESS_MS OUT_FILE");
+                    + " | window-records SAVEPOINT P LATENESS_MS OUT_FILE | write-sessions OUT P KEYS"
+                    + " | sessions SAVEPOINT P OUT_FILE");
             status = 2;
         }
         System.exit(status);

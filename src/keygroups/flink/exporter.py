@@ -64,10 +64,13 @@ from keygroups.flink.types import (
     with_record_names,
 )
 from keygroups.flink.windows import (
+    MERGING_WINDOW_SET,
     WINDOW_TIMERS,
     FlinkWindows,
     WindowExport,
     export_kinds,
+    merging_entries,
+    merging_meta,
     namespaces_of,
     plan_export,
     window_entries,
@@ -286,6 +289,10 @@ def export_savepoint(location: str, dest: str | os.PathLike, *, uid: str, savepo
             flink_name = FLINK_TIMER_STATES.get(name, name)
             plans.append(_plan(meta, key_type, t_states.get(flink_name), window_kinds.get(name), windows,
                                as_window_timers))
+    merging = (windows is not None and windows.merging) or MERGING_WINDOW_SET in t_states
+    if window_kinds and merging and MERGING_WINDOW_SET not in metas:   # sessions: Flink's record of them
+        m = merging_meta()
+        plans.append(_Out(MERGING_WINDOW_SET, m, "merging", m.value_type))
     unknown = skip - set(metas) - {n for h in md.operator_handles for n in h.states}
     if unknown:
         raise ValueError(f"skip_states names {sorted(unknown)}, which the restore point does not have")
@@ -352,7 +359,7 @@ def _write_keyed_file(fs: Any, root: str, storage: CheckpointStorage, md: Checkp
             for _, live in _chains(storage, md, KeyGroupRange(kg, kg)):
                 prefix = kg.to_bytes(prefix_bytes, "big")
                 sections = []
-                key_windows: dict[bytes, set[tuple[int, int]]] = {}   # window timers: the windows of each key
+                key_windows: dict[bytes, tuple[Any, set[tuple[int, int]]]] = {}   # key bytes -> key, its windows
                 for state, (meta, entries) in sorted(live.items(), key=lambda s: s[0] in FLINK_TIMER_STATES):
                     if state not in by_source:
                         continue
@@ -370,11 +377,12 @@ def _write_keyed_file(fs: Any, root: str, storage: CheckpointStorage, md: Checkp
                         if windowed:
                             kb = bytes(mk[ko[i]:ko[i + 1]])
                             if out.window is not None:
-                                key_windows.setdefault(kb, set()).update(namespaces_of(value, out.window.kind))
+                                known = key_windows.setdefault(kb, (key, set()))[1]
+                                known.update(namespaces_of(value, out.window.kind))
                         try:
                             if windowed:
                                 produced = list(_entries(out, key, value, key_type, prefix,
-                                                         key_windows.get(kb, ()), allowed_lateness))
+                                                         key_windows.get(kb, (key, ()))[1], allowed_lateness))
                                 pairs.extend(produced)
                                 counts["timers" if out.window_timers else "entries"] += len(produced)
                                 continue
@@ -389,6 +397,11 @@ def _write_keyed_file(fs: Any, root: str, storage: CheckpointStorage, md: Checkp
                             if out.kind == "timer" else 1
                     if pairs:
                         sections.append((state_id, pairs))
+                if MERGING_WINDOW_SET in by_source and by_source[MERGING_WINDOW_SET][1].kind == "merging":
+                    pairs = [pair for kb, (key, ws) in sorted(key_windows.items())
+                             for pair in merging_entries(key, ws, key_type, prefix)]
+                    if pairs:
+                        sections.append((by_source[MERGING_WINDOW_SET][0], pairs))
                 if not sections:
                     continue
                 sections.sort(key=lambda s: s[0])

@@ -49,9 +49,11 @@ from keygroups.flink.windows import (
     WINDOW_TIMERS,
     FlinkWindows,
     WindowImport,
+    MERGING_WINDOW_SET,
     check_namespace,
+    merging_window_set,
     plan_import,
-    refuse_merging_windows,
+    session_windows,
 )
 from keygroups.runtime.subtask import key_serializer_for
 from keygroups.serializers import TypeSerializer
@@ -272,18 +274,20 @@ def import_savepoint(savepoint: str | os.PathLike | FlinkSavepoint, location: st
     names = dict(field_names or {})
     plans: list[_State] = []
     skipped = []
+    sessions = False
     key_type = header.key_type if header is not None else None
     if header is not None:
         assert key_type is not None
         key_ser = key_serializer_for(key_type_of(key_type))
         windows = windows if windows is not None else FlinkWindows()
-        if any(not isinstance(s.namespace_type, (VoidNamespaceType, type(None))) for s in sp.states(uid)):
-            refuse_merging_windows((s.name for s in sp.states(uid)), windows, uid)
         for info in sp.states(uid):
             if not info.keyed:
                 continue
             if info.name in skip:
                 skipped.append(info.name)
+                continue
+            if merging_window_set(info.name, info.value_type, windows, uid):
+                sessions = True      # read to move session contents to their sessions; not a keygroups state
                 continue
             ttl = ttl_ms.get(info.name, DEFAULT_TTL_MS) if isinstance(ttl_ms, Mapping) else ttl_ms
             plans.append(_plan(info, len(plans), ttl, names.get(info.name), windows))
@@ -305,7 +309,7 @@ def import_savepoint(savepoint: str | os.PathLike | FlinkSavepoint, location: st
         assert key_type is not None
         for subtask in range(p):
             groups = key_group_range(mp, p, subtask)
-            kg_iter = _key_groups(sp, uid, groups, by_name, key_ser, key_type, counts)
+            kg_iter = _key_groups(sp, uid, groups, by_name, key_ser, key_type, counts, sessions)
             relpath = f"{directory}/keyed-{subtask}-{uuid.uuid4().hex}"
             handle = write_full_snapshot(storage, relpath, 0, subtask, groups, metas, kg_iter)
             keyed_handles.append(handle)
@@ -348,13 +352,19 @@ def import_savepoint(savepoint: str | os.PathLike | FlinkSavepoint, location: st
 
 
 def _key_groups(sp: FlinkSavepoint, uid: str, groups: KeyGroupRange, by_name: dict[str, _State],
-                key_ser: TypeSerializer, key_type: FlinkType, counts: dict[str, int]
+                key_ser: TypeSerializer, key_type: FlinkType, counts: dict[str, int], sessions: bool = False
                 ) -> Iterator[tuple[int, list[tuple[int, list[bytes], list[bytes]]]]]:
-    for kg in sp.key_groups(uid, set(by_name), key_groups=groups):
+    read = set(by_name) | ({MERGING_WINDOW_SET} if sessions else set())
+    for kg in sp.key_groups(uid, read, key_groups=groups):
         sections = []
         key_bytes: dict[Any, bytes] = {}
+        state_windows = session_windows(kg.entries.get(MERGING_WINDOW_SET, [])) if sessions else {}
         for state_name, entries in kg.entries.items():
-            st = by_name[state_name]
+            st = by_name.get(state_name)
+            if st is None:      # merging-window-set: read for state_windows only
+                continue
+            if st.window is not None:
+                st.window.state_windows = state_windows
             keys, values = _encode(st, entries, key_ser, key_type, key_bytes)
             order = sorted(range(len(keys)), key=keys.__getitem__)
             sections.append((st.index, [keys[i] for i in order], [values[i] for i in order]))

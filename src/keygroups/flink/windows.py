@@ -26,8 +26,12 @@ Two layouts of the imported contents (:class:`FlinkWindows`):
   it with ``context.get_namespaced_state(descriptor, window, TimeWindow.serializer())``.
 
 Other states in ``TimeWindow`` namespaces (a process window function's per-window state) are imported as in the
-``"state"`` layout either way. Merging (session) windows are not mapped: Flink keeps their contents under a "state
-window" listed in ``merging-window-set``, keygroups under the session window itself.
+``"state"`` layout either way.
+
+Merging (session) windows: Flink keeps a session's contents under a "state window" (the first window merged into
+it), recorded per key in the list state ``merging-window-set`` of (window, state window) pairs; keygroups keeps them
+under the session itself. The operator layout moves the contents to their session and leaves ``merging-window-set``
+out; the export writes each session as its own state window (as Flink does for a session not merged yet).
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ from keygroups.flink.types import (
     TtlValue,
     TupleType,
     UnsupportedFlinkTypeError,
+    VoidNamespaceType,
     flink_type_for,
     flink_value,
 )
@@ -86,13 +91,15 @@ class FlinkWindows:
     of list contents). Export only: ``states``, the keygroups states that are window state and their Flink kinds
     (``{"window-contents": "reducing"}``; by default the ``like`` savepoint's states in ``TimeWindow`` namespaces,
     else ``window-contents`` as reducing), and ``allowed_lateness`` (ms) of the keygroups windows, which places their
-    cleanup timers. When window state is exported, keygroups' timers become the ``WindowOperator``'s window timers
+    cleanup timers; ``merging``: the windows are sessions (Flink's ``merging-window-set`` is written; by default when
+    the ``like`` savepoint has one). When window state is exported, keygroups' timers become the ``WindowOperator``'s window timers
     (unless the ``like`` savepoint has a ``KeyedProcessFunction``'s user timers instead)."""
 
     layout: str = "operator"
     record_schema: pa.Schema | None = None
     states: Mapping[str, str] | None = None
     allowed_lateness: int = 0
+    merging: bool = False
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
@@ -126,13 +133,19 @@ class WindowImport:
     ttl: bool
     wrap: bool = False                         # the operator layout's one-part accumulator tuple
     record_schema: pa.Schema | None = None     # the operator layout's record batches
+    sessions: bool = False                     # contents of merging windows: moved from state window to session
+    #: (key, state window) -> session, of the key group being imported (``session_windows``)
+    state_windows: dict[tuple[Any, tuple[int, int]], tuple[int, int]] = dataclasses.field(default_factory=dict)
 
     def entries(self, entries: list[tuple], plain: Callable[[Any], Any], plain_key: Callable[[Any], Any]
                 ) -> Iterator[tuple[Any, Any, Any]]:
         """(job key, map key, map value) of the backing map state per Flink entry; ``plain`` converts a value (or
         list element, or map value), ``plain_key`` a map's user key."""
+        moved = self.state_windows if self.sessions else {}
         for e in entries:
             window = tuple(e[1])
+            if moved:
+                window = moved.get((e[0], window), window)
             if self.kind == "map":
                 v = e[3]
                 if v is None:
@@ -180,7 +193,7 @@ def plan_import(name: str, kind: str, inner: StateDescriptor, windows: FlinkWind
     operator = windows.layout == "operator" and name == CONTENTS_STATE
     if operator and kind in ("reducing", "aggregating"):
         inner = MapStateDescriptor(name, TimeWindow.serializer(), TupleSerializer(inner.serializers["value"]))
-        return inner, WindowImport(kind, ttl, wrap=True)
+        return inner, WindowImport(kind, ttl, wrap=True, sessions=True)
     if operator and kind == "list":
         if windows.record_schema is None:
             raise UnsupportedFlinkTypeError(
@@ -188,18 +201,27 @@ def plan_import(name: str, kind: str, inner: StateDescriptor, windows: FlinkWind
                 "them as Arrow record batches: give FlinkWindows(record_schema=...) (the records' columns), or "
                 "FlinkWindows(layout='state') to import them as a namespaced list state")
         inner = MapStateDescriptor(name, TimeWindow.serializer(), ListSerializer(BytesSerializer()))
-        return inner, WindowImport(kind, ttl, record_schema=windows.record_schema)
+        return inner, WindowImport(kind, ttl, record_schema=windows.record_schema, sessions=True)
     return backing_descriptor(inner, TimeWindow.serializer()), WindowImport(kind, ttl)
 
 
-def refuse_merging_windows(names: Iterable[str], windows: FlinkWindows, uid: str) -> None:
-    """Session windows keep their contents under state windows keygroups does not have: refused in the operator
-    layout."""
-    if windows.layout == "operator" and MERGING_WINDOW_SET in set(names):
-        raise UnsupportedFlinkTypeError(
-            f"operator {uid!r} has merging (session) windows ({MERGING_WINDOW_SET!r}): Flink keeps their contents "
-            "under a state window per session, keygroups' window operator under the session itself, and this "
-            "mapping is not built; import them with FlinkWindows(layout='state') for a function of your own")
+def merging_window_set(info_name: str, value_type: FlinkType, windows: FlinkWindows, uid: str) -> bool:
+    """Whether state ``info_name`` is Flink's record of merged windows, read (not imported) by the operator layout;
+    refused by name when it is not the (window, state window) pairs Flink writes."""
+    if info_name != MERGING_WINDOW_SET or windows.layout != "operator":
+        return False
+    pair = value_type.element if isinstance(value_type, ListType) else None
+    if not (isinstance(pair, TupleType) and len(pair.fields) == 2
+            and all(isinstance(f, TimeWindowType) for f in pair.fields)):
+        raise UnsupportedFlinkTypeError(f"operator {uid!r}: state {MERGING_WINDOW_SET!r} is {value_type!r}, not "
+                                        "Flink's List(Tuple2(TimeWindow, TimeWindow)) of merged windows; skip it or "
+                                        "import with FlinkWindows(layout='state')")
+    return True
+
+
+def session_windows(entries: list[tuple]) -> dict[tuple[Any, tuple[int, int]], tuple[int, int]]:
+    """(key, state window) -> session, from one key group's ``merging-window-set`` entries."""
+    return {(e[0], tuple(state_window)): tuple(session) for e in entries for session, state_window in e[2]}
 
 
 # ---------------------------------------------------------------------------------------------- export
@@ -401,6 +423,29 @@ def namespaces_of(value: dict, kind: str) -> set[tuple[int, int]]:
     return {tuple(k) for k in value}
 
 
+def merging_meta() -> StateMetaInfoSnapshot:
+    """Flink's ``merging-window-set`` state: a list of (window, state window) pairs per key."""
+    return StateMetaInfoSnapshot(MERGING_WINDOW_SET, "KEY_VALUE", {"KEYED_STATE_TYPE": "LIST"},
+                                 {"VALUE_SERIALIZER": ListType(_WINDOW_PAIR), "NAMESPACE_SERIALIZER": VoidNamespaceType()})
+
+
+_WINDOW_PAIR = TupleType((TimeWindowType(), TimeWindowType()))
+
+
+def merging_entries(key: Any, windows: Iterable[tuple[int, int]], key_type: FlinkType, prefix: bytes
+                    ) -> Iterator[tuple[bytes, bytes]]:
+    """A key's ``merging-window-set`` entry: each of its sessions is its own state window."""
+    pairs = [(w, w) for w in sorted(set(map(tuple, windows)))]
+    if not pairs:
+        return
+    k = bytearray(prefix)
+    encode_key(k, key, None, key_type, VoidNamespaceType())
+    v = bytearray()
+    encode_list_value(v, pairs, _WINDOW_PAIR)
+    yield bytes(k), bytes(v)
+
+
 __all__ = ["FlinkWindows", "WINDOW_TIMERS", "FLINK_WINDOW_TIMERS", "MERGING_WINDOW_SET", "WindowImport",
            "WindowExport", "plan_import", "plan_export", "export_kinds", "window_entries", "window_timer_meta",
-           "window_timers", "namespaces_of", "check_namespace", "refuse_merging_windows"]
+           "window_timers", "namespaces_of", "check_namespace", "merging_window_set", "session_windows",
+           "merging_meta", "merging_entries"]
