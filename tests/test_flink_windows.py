@@ -16,11 +16,17 @@ import flink_harness
 from flink_harness import FIXTURE_SET, FIXTURES
 from test_flink_read import _flink_key   # SavepointJob.key: the key of record n
 from keygroups.checkpoint import CheckpointStorage
-from keygroups.flink import UnsupportedFlinkTypeError, export_savepoint, import_savepoint, read_savepoint
+from keygroups.flink import TtlValue, UnsupportedFlinkTypeError, export_savepoint, import_savepoint, read_savepoint
 from keygroups.flink.windows import FlinkWindows
 from keygroups.runtime.functions import KeyedProcessFunction
-from keygroups.serializers import Int64Serializer, TupleSerializer
-from keygroups.state import ListStateDescriptor, ReducingStateDescriptor
+from keygroups.serializers import Int64Serializer, StrSerializer, TupleSerializer
+from keygroups.state import (
+    ListStateDescriptor,
+    MapStateDescriptor,
+    ReducingStateDescriptor,
+    StateTtlConfig,
+    ValueStateDescriptor,
+)
 from keygroups.state.timers import TimeDomain
 from keygroups.testing import KeyedFunctionHarness
 from keygroups.testing.harness import HarnessSnapshot
@@ -490,3 +496,67 @@ def test_flink_sessions_continue_in_keygroups_and_flink_fires_them_as_keygroups_
     expected[(3, (40_000, 43_000))] = 3_000
     assert kept == expected
     assert fire_in_flink_sessions(tmp_path / "flink", 3, tmp_path / "fired.txt") == kept
+
+
+TTL = StateTtlConfig(ttl_ms=3_600_000)
+
+
+class PerWindow(KeyedProcessFunction):
+    """Namespaced value, list and map states (with TTL) per window; a record with n < 0 lists them instead."""
+
+    def open(self, context):
+        value = ValueStateDescriptor("v", Int64Serializer())
+        value.enable_time_to_live(TTL)
+        per_key = MapStateDescriptor("m", StrSerializer(), Int64Serializer())
+        per_key.enable_time_to_live(TTL)
+        elements = ListStateDescriptor("l", StrSerializer())
+        elements.enable_time_to_live(TTL)
+        ns = TimeWindow.serializer()
+        self.value = context.get_namespaced_state(value, TimeWindow(0, 0), ns)
+        self.list = context.get_namespaced_state(elements, TimeWindow(0, 0), ns)
+        self.map = context.get_namespaced_state(per_key, TimeWindow(0, 0), ns)
+
+    def process_element(self, record, context):
+        windows = [TimeWindow(0, SIZE), TimeWindow(SIZE, 2 * SIZE)]
+        if record["n"] < 0:
+            out = []
+            for w in windows:
+                for s in (self.value, self.list, self.map):
+                    s.set_current_namespace(w)
+                out.append((context.current_key, w.start, repr((self.value.value(), self.list.get(),
+                                                                 sorted(self.map.items())))))
+            return out
+        w = windows[record["t"] // SIZE]
+        for s in (self.value, self.list, self.map):
+            s.set_current_namespace(w)
+        self.value.update(record["n"])
+        self.list.add(f"x{record['n']}")
+        self.map.put(f"k{record['n'] % 2}", record["n"])
+        return []
+
+
+def test_namespaced_value_list_and_map_states_with_ttl_go_to_flink_and_back(tmp_path):
+    schema = input_schema("long")
+    out = "k long, window_start long, states string"
+    original = KeyedFunctionHarness(PerWindow(), "k", output_schema=out, input_schema=schema, processing_time=1_000)
+    original.process([{"k": k, "t": t, "n": k * 10 + t // 1000} for k in (1, 2) for t in (0, 3_000, 12_000)])
+    snapshot = original.snapshot()
+    export_savepoint(snapshot.location, tmp_path / "flink", uid="p", savepoint=snapshot.name,
+                     windows=FlinkWindows(layout="state", states={"v": "value", "l": "list", "m": "map"}))
+    flink = read_savepoint(tmp_path / "flink")
+    infos = {s.name: s for s in flink.states("p")}
+    assert {n: (infos[n].kind, infos[n].ttl, repr(infos[n].namespace_type)) for n in "vlm"} == {
+        "v": ("VALUE", True, "TimeWindow"), "l": ("LIST", True, "TimeWindow"), "m": ("MAP", True, "TimeWindow")}
+    entries = window_entries(flink, "p")
+    assert (1, (0, SIZE), TtlValue(13, 1_000)) in entries["v"]
+    assert (2, (SIZE, 2 * SIZE), (TtlValue("x32", 1_000),)) in entries["l"]
+    assert (1, (0, SIZE), "k1", TtlValue(13, 1_000)) in entries["m"]
+    import_savepoint(tmp_path / "flink", str(tmp_path / "back"), "back", uid="p", ttl_ms=TTL.ttl_ms,
+                     windows=FlinkWindows(layout="state"))
+    back = continued(tmp_path / "back", "back", PerWindow(), "long", out, 2, 128)
+    listed = []
+    for h in (original, back):
+        h.process([{"k": 1, "t": 0, "n": -1}, {"k": 2, "t": 0, "n": -1}])
+        listed.append(sorted(h.output(), key=lambda r: (r["k"], r["window_start"])))
+    assert listed[0] == listed[1]
+    assert listed[0][0]["states"] == "(13, ['x10', 'x13'], [('k0', 10), ('k1', 13)])"
