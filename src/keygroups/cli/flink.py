@@ -5,8 +5,10 @@
 writes Flink operator UID's keyed state, timers and operator state (UID2's operator state when given) as the keygroups
 savepoint LOCATION/savepoints/NAME, which ``KeyedJob(..., restore_from_savepoint=NAME)`` continues from.
 ``keygroups flink export LOCATION (--savepoint NAME | --checkpoint ID) DEST --uid UID [--operator-state-uid UID2]
-[--like FLINK_SAVEPOINT] [--compression] [--window-state STATE=KIND] [--window-records DDL] [--allowed-lateness MS]`` writes keygroups state as a Flink canonical savepoint DEST that Flink
-restores into a job whose operator has uid UID. ``keygroups flink list SAVEPOINT`` lists a Flink savepoint.
+[--like FLINK_SAVEPOINT] [--compression] [--windows operator|state] [--window-state STATE=KIND] [--window-records DDL]
+[--allowed-lateness MS]`` writes keygroups state as a Flink canonical savepoint DEST that Flink restores into a job
+whose operator has uid UID (window state and timers as a ``WindowOperator``'s). ``keygroups flink list SAVEPOINT``
+lists a Flink savepoint.
 """
 
 from __future__ import annotations

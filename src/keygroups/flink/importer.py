@@ -46,10 +46,10 @@ from keygroups.flink.types import (
     VoidNamespaceType,
 )
 from keygroups.flink.windows import (
+    MERGING_WINDOW_SET,
     WINDOW_TIMERS,
     FlinkWindows,
     WindowImport,
-    MERGING_WINDOW_SET,
     check_namespace,
     merging_window_set,
     plan_import,

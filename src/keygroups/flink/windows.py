@@ -76,7 +76,7 @@ WINDOW_TIMERS = {"_timer_state/event_window-timers": TimeDomain.EVENT_TIME,
                  "_timer_state/processing_window-timers": TimeDomain.PROCESSING_TIME}
 #: keygroups' timer states -> Flink's window timer queues (export of a window operator).
 FLINK_WINDOW_TIMERS = {TIMER_STATE_NAMES[d]: name for name, d in WINDOW_TIMERS.items()}
-#: Flink's record of merged (session) windows: state window per window. Its contents are not mapped (see above).
+#: Flink's record of merged (session) windows: (window, state window) pairs per key (see the module docstring).
 MERGING_WINDOW_SET = "merging-window-set"
 LAYOUTS = ("operator", "state")
 KINDS = ("value", "list", "map", "reducing", "aggregating")
@@ -92,8 +92,9 @@ class FlinkWindows:
     (``{"window-contents": "reducing"}``; by default the ``like`` savepoint's states in ``TimeWindow`` namespaces,
     else ``window-contents`` as reducing), and ``allowed_lateness`` (ms) of the keygroups windows, which places their
     cleanup timers; ``merging``: the windows are sessions (Flink's ``merging-window-set`` is written; by default when
-    the ``like`` savepoint has one). When window state is exported, keygroups' timers become the ``WindowOperator``'s window timers
-    (unless the ``like`` savepoint has a ``KeyedProcessFunction``'s user timers instead)."""
+    the ``like`` savepoint has one). When window state is exported, keygroups' timers become the
+    ``WindowOperator``'s window timers (unless the ``like`` savepoint has a ``KeyedProcessFunction``'s user timers
+    instead)."""
 
     layout: str = "operator"
     record_schema: pa.Schema | None = None
@@ -183,7 +184,11 @@ def _records(values: list[Any], schema: pa.Schema) -> pa.Table:
                 raise UnsupportedFlinkTypeError(f"a window record {v!r} does not fill record_schema's {len(names)} "
                                                 f"columns {names}")
             rows.append(dict(zip(names, v)))
-    return pa.Table.from_pylist(rows, schema=schema)
+    try:
+        return pa.Table.from_pylist(rows, schema=schema)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as e:
+        raise UnsupportedFlinkTypeError(f"window records such as {rows[0]!r} do not fit record_schema "
+                                        f"{schema.to_string(show_schema_metadata=False)!r}: {e}") from None
 
 
 def plan_import(name: str, kind: str, inner: StateDescriptor, windows: FlinkWindows, ttl: bool
@@ -426,7 +431,8 @@ def namespaces_of(value: dict, kind: str) -> set[tuple[int, int]]:
 def merging_meta() -> StateMetaInfoSnapshot:
     """Flink's ``merging-window-set`` state: a list of (window, state window) pairs per key."""
     return StateMetaInfoSnapshot(MERGING_WINDOW_SET, "KEY_VALUE", {"KEYED_STATE_TYPE": "LIST"},
-                                 {"VALUE_SERIALIZER": ListType(_WINDOW_PAIR), "NAMESPACE_SERIALIZER": VoidNamespaceType()})
+                                 {"VALUE_SERIALIZER": ListType(_WINDOW_PAIR),
+                                  "NAMESPACE_SERIALIZER": VoidNamespaceType()})
 
 
 _WINDOW_PAIR = TupleType((TimeWindowType(), TimeWindowType()))
