@@ -303,6 +303,8 @@ def plan_export(name: str, flink_kind: str, sers: dict[str, SerializerSnapshot],
             if (layout == "operator" and name == CONTENTS_STATE and value_snapshot.identifier == "tuple"
                     and len(value_snapshot.nested) == 1):
                 value_snapshot, out.unwrap = value_snapshot.nested[0], True
+                if value_snapshot.identifier == "nullable":   # Sum/Min/Max: None is no value, which Flink skips
+                    value_snapshot = value_snapshot.nested[0]
             elif flink_kind == "reducing" and layout == "operator" and name == CONTENTS_STATE:
                 raise UnsupportedFlinkTypeError(
                     f"{what} holds the accumulators of several aggregations {value_snapshot.describe()}; a Flink "
