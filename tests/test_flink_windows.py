@@ -318,6 +318,10 @@ def test_window_options_are_checked_by_name(tmp_path):
     with pytest.raises(ValueError, match="FlinkWindows states \\['nope'\\] are not in the restore point"):
         export_savepoint(str(tmp_path), tmp_path / "out", uid="window", savepoint="w",
                          windows=FlinkWindows(states={"nope": "value"}))
+    import_savepoint(FIXTURES / QUICK[0] / "savepoint", str(tmp_path), "k", uid="keyed", skip_states=["row"])
+    with pytest.raises(ValueError, match="windows= is given but the restore point has no 'window-contents'"):
+        export_savepoint(str(tmp_path), tmp_path / "out", uid="keyed", savepoint="k", windows=FlinkWindows())
+    assert not (tmp_path / "out" / "_metadata").exists()
 
 
 @pytest.mark.flink

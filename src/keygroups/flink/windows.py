@@ -255,9 +255,13 @@ def export_kinds(windows: FlinkWindows | None, template: Mapping[str, StateMetaI
                      and m.kind != "TIMER"}
     if from_template:
         return {n: k for n, k in from_template.items() if n in present}
-    if windows is not None and CONTENTS_STATE in present:
-        return {CONTENTS_STATE: "reducing"}
-    return {}
+    if windows is None:
+        return {}
+    if CONTENTS_STATE not in present:
+        raise ValueError(f"windows= is given but the restore point has no {CONTENTS_STATE!r} state (its keyed states: "
+                         f"{sorted(present)}); name its window states and their Flink kinds with "
+                         "FlinkWindows(states={...})")
+    return {CONTENTS_STATE: "reducing"}
 
 
 def plan_export(name: str, flink_kind: str, sers: dict[str, SerializerSnapshot], windows: FlinkWindows, ttl: bool,
