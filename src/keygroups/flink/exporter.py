@@ -63,6 +63,20 @@ from keygroups.flink.types import (
     narrow_to,
     with_record_names,
 )
+from keygroups.flink.windows import (
+    MERGING_WINDOW_SET,
+    WINDOW_TIMERS,
+    FlinkWindows,
+    WindowExport,
+    export_kinds,
+    merging_entries,
+    merging_meta,
+    namespaces_of,
+    plan_export,
+    window_entries,
+    window_timer_meta,
+    window_timers,
+)
 from keygroups.runtime.state_reader import _chains, _framing, load_restore_point, operator_state_table
 from keygroups.runtime.state_types import reading_serializer
 from keygroups.serializers import SerializerSnapshot
@@ -105,6 +119,8 @@ class _Out:
     value_type: FlinkType        # value / list element / map value, TTL-wrapped when the state has TTL
     map_key_type: FlinkType | None = None
     timer: TimerType | None = None
+    window: WindowExport | None = None   # a state in TimeWindow namespaces (keygroups.flink.windows)
+    window_timers: bool = False          # timers as a WindowOperator's, one per window of the key
 
 
 def _checked(template: FlinkType | None, derived: FlinkType, what: str) -> FlinkType:
@@ -117,12 +133,22 @@ def _checked(template: FlinkType | None, derived: FlinkType, what: str) -> Flink
                                     f"savepoint's {template!r} cannot hold; export without like=, or skip it")
 
 
-def _plan(meta: dict[str, Any], key_type: FlinkType, template: StateMetaInfoSnapshot | None) -> _Out:
+def _plan(meta: dict[str, Any], key_type: FlinkType, template: StateMetaInfoSnapshot | None,
+          window_kind: str | None = None, windows: FlinkWindows | None = None, window_timers: bool = False) -> _Out:
     name, kind = meta["name"], meta["kind"]
     what = f"state {name!r}"
     sers = {role: SerializerSnapshot.from_json(j) for role, j in meta["serializers"].items()}
     ttl = meta.get("ttl") is not None
     void = VoidNamespaceType()
+    if name in FLINK_TIMER_STATES and window_timers:
+        m, timer = window_timer_meta(name, key_type)
+        return _Out(name, m, "timer", timer, timer=timer, window_timers=True)
+    if window_kind is not None:     # keygroups' backing map of a namespaced state
+        if kind != "map":
+            raise UnsupportedFlinkTypeError(f"{what} is a {kind} state, not the map state keygroups keeps a "
+                                            "namespaced (window) state in; it is not window state")
+        planned = plan_export(name, window_kind, sers, windows or FlinkWindows(), ttl, template, _checked)
+        return _Out(name, planned[0], "window", planned[1], planned[2], window=planned[3])
     if name in FLINK_TIMER_STATES:
         timer = TimerType(key_type, void)
         m = StateMetaInfoSnapshot(FLINK_TIMER_STATES[name], "PRIORITY_QUEUE", {}, {"VALUE_SERIALIZER": timer})
@@ -155,9 +181,18 @@ def _plan(meta: dict[str, Any], key_type: FlinkType, template: StateMetaInfoSnap
     return _Out(name, m, kind, value_type, map_key)
 
 
-def _entries(out: _Out, key: Any, value: Any, key_type: FlinkType, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
-    """The Flink (key, value) pairs of one keygroups key of one state; ``prefix`` is the key group's."""
+def _entries(out: _Out, key: Any, value: Any, key_type: FlinkType, prefix: bytes,
+             key_windows: Iterable[tuple[int, int]] = (), allowed_lateness: int = 0) -> Iterator[tuple[bytes, bytes]]:
+    """The Flink (key, value) pairs of one keygroups key of one state; ``prefix`` is the key group's;
+    ``key_windows``: the key's windows (window timers)."""
     void = VoidNamespaceType()
+    if out.window is not None:
+        yield from window_entries(out.window, key, value, key_type, out.value_type, out.map_key_type, prefix)
+        return
+    if out.window_timers:
+        assert out.timer is not None
+        yield from window_timers(out.timer, key, value, key_windows, allowed_lateness, prefix)
+        return
     if out.kind == "timer":
         assert out.timer is not None
         for ts in sorted(value):
@@ -210,11 +245,15 @@ def _key_type(meta: dict[str, Any], template: FlinkType | None) -> FlinkType:
 def export_savepoint(location: str, dest: str | os.PathLike, *, uid: str, savepoint: str | None = None,
                      checkpoint_id: int | None = None, operator_state_uid: str | None = None,
                      like: str | os.PathLike | FlinkSavepoint | None = None, skip_states: Iterable[str] = (),
-                     compression: bool = False, storage_options: dict[str, Any] | None = None) -> ExportReport:
+                     compression: bool = False, windows: FlinkWindows | None = None,
+                     storage_options: dict[str, Any] | None = None) -> ExportReport:
     """Write keygroups savepoint ``savepoint`` (or checkpoint ``checkpoint_id``, or the latest checkpoint) of
     ``location`` as a Flink canonical savepoint in directory ``dest`` for operator ``uid`` (operator state under
     ``operator_state_uid`` when given). ``like``: the Flink savepoint the state came from, whose types are kept;
-    ``compression``: Snappy key-group blocks (Flink's snapshot compression)."""
+    ``compression``: Snappy key-group blocks (Flink's snapshot compression). ``windows``
+    (``keygroups.flink.windows.FlinkWindows``): which states are window state (keygroups keeps a namespaced state as
+    a map state, so only this or ``like``'s states in ``TimeWindow`` namespaces tell), and the timers then become a
+    Flink ``WindowOperator``'s window timers."""
     started = time.perf_counter()
     storage = CheckpointStorage(location, storage_options=storage_options)
     md = load_restore_point(storage, checkpoint_id=checkpoint_id, savepoint=savepoint)
@@ -238,6 +277,9 @@ def export_savepoint(location: str, dest: str | os.PathLike, *, uid: str, savepo
     plans: list[_Out] = []
     skipped = []
     key_type: FlinkType | None = None
+    window_kinds = export_kinds(windows, t_states, set(metas) - skip)
+    t_timers = {n for n, m in t_states.items() if m.kind == "TIMER"}
+    as_window_timers = bool(t_timers & set(WINDOW_TIMERS)) if t_timers else bool(window_kinds)
     if metas:
         key_type = _key_type(next(iter(metas.values())), t_header.key_type if t_header is not None else None)
         for name, meta in metas.items():
@@ -245,7 +287,12 @@ def export_savepoint(location: str, dest: str | os.PathLike, *, uid: str, savepo
                 skipped.append(name)
                 continue
             flink_name = FLINK_TIMER_STATES.get(name, name)
-            plans.append(_plan(meta, key_type, t_states.get(flink_name)))
+            plans.append(_plan(meta, key_type, t_states.get(flink_name), window_kinds.get(name), windows,
+                               as_window_timers))
+    merging = (windows is not None and windows.merging) or MERGING_WINDOW_SET in t_states
+    if window_kinds and merging and MERGING_WINDOW_SET not in metas:   # sessions: Flink's record of them
+        m = merging_meta()
+        plans.append(_Out(MERGING_WINDOW_SET, m, "merging", m.value_type))
     unknown = skip - set(metas) - {n for h in md.operator_handles for n in h.states}
     if unknown:
         raise ValueError(f"skip_states names {sorted(unknown)}, which the restore point does not have")
@@ -262,7 +309,8 @@ def export_savepoint(location: str, dest: str | os.PathLike, *, uid: str, savepo
         for subtask in range(p):
             groups = key_group_range(mp, p, subtask)
             keyed[subtask] = _write_keyed_file(fs, root, storage, md, groups, header, by_source, key_ser,
-                                               key_type, prefix_bytes, counts)
+                                               key_type, prefix_bytes, counts,
+                                               windows.allowed_lateness if windows is not None else 0)
 
     op_states: dict[int, OperatorStreamStateHandle] = {}
     op_names: list[str] = []
@@ -298,7 +346,8 @@ def export_savepoint(location: str, dest: str | os.PathLike, *, uid: str, savepo
 
 def _write_keyed_file(fs: Any, root: str, storage: CheckpointStorage, md: CheckpointMetadata, groups: KeyGroupRange,
                       header: KeyedBackendHeader, by_source: dict[str, tuple[int, _Out]], key_ser: Any,
-                      key_type: FlinkType, prefix_bytes: int, counts: dict[str, int]) -> KeyGroupsStateHandle:
+                      key_type: FlinkType, prefix_bytes: int, counts: dict[str, int],
+                      allowed_lateness: int = 0) -> KeyGroupsStateHandle:
     name = str(uuid.uuid4())
     offsets = [0] * (groups.end - groups.start + 1)
     head = bytearray()
@@ -310,7 +359,8 @@ def _write_keyed_file(fs: Any, root: str, storage: CheckpointStorage, md: Checkp
             for _, live in _chains(storage, md, KeyGroupRange(kg, kg)):
                 prefix = kg.to_bytes(prefix_bytes, "big")
                 sections = []
-                for state, (meta, entries) in live.items():
+                key_windows: dict[bytes, tuple[Any, set[tuple[int, int]]]] = {}   # key bytes -> key, its windows
+                for state, (meta, entries) in sorted(live.items(), key=lambda s: s[0] in FLINK_TIMER_STATES):
                     if state not in by_source:
                         continue
                     state_id, out = by_source[state]
@@ -318,10 +368,24 @@ def _write_keyed_file(fs: Any, root: str, storage: CheckpointStorage, md: Checkp
                     framing = _framing(meta)
                     vo = entries.value_offsets.tolist()
                     mv = memoryview(entries.values)
+                    windowed = out.window is not None or out.window_timers
+                    ko = entries.key_offsets.tolist()
+                    mk = memoryview(entries.keys)
                     pairs = []
                     for i, key in enumerate(keys):
                         value = framing.decode(mv[vo[i]:vo[i + 1]])
+                        if windowed:
+                            kb = bytes(mk[ko[i]:ko[i + 1]])
+                            if out.window is not None:
+                                known = key_windows.setdefault(kb, (key, set()))[1]
+                                known.update(namespaces_of(value, out.window.kind))
                         try:
+                            if windowed:
+                                produced = list(_entries(out, key, value, key_type, prefix,
+                                                         key_windows.get(kb, (key, ()))[1], allowed_lateness))
+                                pairs.extend(produced)
+                                counts["timers" if out.window_timers else "entries"] += len(produced)
+                                continue
                             pairs.extend(_entries(out, key, value, key_type, prefix))
                         except UnsupportedFlinkTypeError:
                             raise
@@ -333,6 +397,11 @@ def _write_keyed_file(fs: Any, root: str, storage: CheckpointStorage, md: Checkp
                             if out.kind == "timer" else 1
                     if pairs:
                         sections.append((state_id, pairs))
+                if MERGING_WINDOW_SET in by_source and by_source[MERGING_WINDOW_SET][1].kind == "merging":
+                    pairs = [pair for kb, (key, ws) in sorted(key_windows.items())
+                             for pair in merging_entries(key, ws, key_type, prefix)]
+                    if pairs:
+                        sections.append((by_source[MERGING_WINDOW_SET][0], pairs))
                 if not sections:
                     continue
                 sections.sort(key=lambda s: s[0])
