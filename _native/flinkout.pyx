@@ -22,6 +22,8 @@
 # raises CorruptSnapshotError and nothing reads past a buffer; a value Flink's serializer cannot hold (a null list
 # element, an int out of a Short's range, a double that is no float) raises UnrepresentableValue, whose ``index`` is
 # the key's position in the state's entries: the exporter then names the state and the key.
+cimport cython
+
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_CheckExact, PyBytes_GET_SIZE
 from cpython.mem cimport PyMem_Free, PyMem_Realloc
@@ -136,6 +138,7 @@ cdef dict _TARGET_NAMES = {D_DELEGATE: "(the record)", D_BYTE: "Byte", D_SHORT: 
                            D_ROW: "Row", D_LIST: "List", D_MAP: "Map"}
 
 
+@cython.final
 cdef class Op:
     """One position's transcoding: read keygroups' ``src`` form, write Flink's ``dst`` serializer."""
     cdef readonly int src, dst, null_mode, padding
@@ -517,6 +520,7 @@ cdef int _whole(Op op, const uint8_t *p, Py_ssize_t n, Writer *w) except -1:
 
 # ---- states and key-group blocks -----------------------------------------------------------------------------------
 
+@cython.final
 cdef class StateTranscoder:
     """One keyed state's entries -> Flink pairs: ``kind`` VALUE_STATE (value, reducing, aggregating), LIST_STATE,
     MAP_STATE or TIMER_STATE; ``key`` transcodes the job's key; ``value`` the value, list element or map value;
@@ -551,6 +555,7 @@ cdef int check_offsets(const int64_t[::1] o, Py_ssize_t size, str what) except -
 
 
 
+@cython.final
 cdef class BlockWriter:
     """One key group's block at a time: ``start(key_group)``, then per state in ascending id ``add_state`` (keygroups
     entries, transcoded here) or ``add_pairs`` (Flink pairs made elsewhere), then ``finish()``: the block's bytes, or

@@ -1,5 +1,6 @@
 """Stub for the compiled keygroups → Flink transcoder and key-group block writer (``_native/flinkout.pyx``)."""
 
+from typing import final
 
 import numpy as np
 import numpy.typing as npt
@@ -53,6 +54,7 @@ class UnrepresentableValue(ValueError):
     index: int
     def __init__(self, message: str, index: int = -1) -> None: ...
 
+@final
 class Op:
     """One position's transcoding: keygroups' ``src`` form read, Flink's ``dst`` serializer written."""
 
@@ -83,6 +85,7 @@ class Op:
     def min_size(self) -> int: ...
     def transcode(self, data: Buffer) -> bytes: ...
 
+@final
 class StateTranscoder:
     """One keyed state's entries → Flink (key, value) pairs."""
 
@@ -99,6 +102,7 @@ class StateTranscoder:
     @property
     def map_key(self) -> Op | None: ...
 
+@final
 class BlockWriter:
     """One key group's Flink block at a time."""
 
