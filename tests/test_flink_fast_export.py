@@ -400,3 +400,41 @@ def test_timers_are_sorted_by_time_with_the_sign_bit_flipped():
     keys = [bytes([2]) + struct.pack(">Q", (ts & (2 ** 64 - 1)) ^ (1 << 63)) + struct.pack(">q", 9) + b"\x00"
             for ts in (-3, 7, 50)]
     assert writer.finish() == exporter._block([(0, [(k, b"") for k in keys])])
+
+
+def test_key_group_entries_reads_each_key_group_once_and_equals_the_whole_range(tmp_path, monkeypatch):
+    """``state_reader.key_group_entries`` (what the export streams through): one ranged read per key group and file
+    of its chain, never more than one key group's block at once, every byte of the files' blocks read once, and the
+    same live entries as reading the whole range at once."""
+    from keygroups.checkpoint import CheckpointStorage
+    from keygroups.runtime import state_reader
+    from keygroups.runtime.state_reader import key_group_entries, load_restore_point
+
+    n = 500
+    location = str(tmp_path / "loc")
+    _keygroups_savepoint(location, pa.array(range(n), pa.int64()),
+                         {"v": pa.array([f"value {i}" * (i % 5) for i in range(n)])}, {"s": "v"}, 256, 2)
+    storage = CheckpointStorage(location)
+    md = load_restore_point(storage, savepoint="sp")
+    reads: list[int] = []
+    read_bytes = CheckpointStorage.read_bytes
+
+    def counting(self, rel, start=None, end=None):
+        data = read_bytes(self, rel, start, end)
+        reads.append(len(data))
+        return data
+
+    monkeypatch.setattr(CheckpointStorage, "read_bytes", counting)
+    everything = state_reader.KeyGroupRange(0, 255)
+    def pairs(e):
+        ko, vo = e.key_offsets.tolist(), e.value_offsets.tolist()
+        return [(bytes(e.keys[ko[i]:ko[i + 1]]), bytes(e.values[vo[i]:vo[i + 1]])) for i in range(len(e))]
+
+    streamed = [(kg, {s: pairs(e) for s, (_, e) in live.items()})
+                for kg, live in key_group_entries(storage, md, everything)]
+    blocks = [h.byte_range(state_reader.KeyGroupRange(kg, kg)) for h in md.keyed_handles for kg in h.key_group_range]
+    assert len(reads) == len(blocks) and sum(reads) == sum(end - start for start, end in blocks)
+    assert max(reads) == max(end - start for start, end in blocks)
+    whole = [(kg, {s: pairs(e) for s, (_, e) in live.items()})
+             for kg, live in state_reader._chains(storage, md, everything)]
+    assert streamed == whole and sum(len(live["s"]) for _, live in streamed) == n
