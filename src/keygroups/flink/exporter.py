@@ -11,6 +11,13 @@ they came (values are range-checked). Record state (``RecordSerializer``) goes b
 Short/Byte/Float; with ``like``, a Row's Character, Tuple and Nullable fields come back as they were. A state Flink
 cannot hold (a ``ValueSerializer`` or pickled value, a record with a date, timestamp or decimal field) and raw keyed
 state are refused by name.
+
+Per state, the compiled path (``_native/flinkout.pyx``) transcodes the stored keygroups bytes straight into Flink's
+(no Python object per entry) and writes each key group's block in C; ``_fast_state`` compiles it from the state's
+serializers and Flink types. A state it does not take (a namespaced state, a Nullable of a Nullable) goes the Python
+way, ``_entries`` per decoded key; both write the same bytes (tests/test_flink_fast_export.py). A value Flink cannot
+hold is refused naming the state and the key either way; corrupt stored bytes raise ``CorruptSnapshotError`` naming
+the state and the key group.
 """
 
 from __future__ import annotations
@@ -210,7 +217,8 @@ def _entries(out: _Out, key: Any, value: Any, key_type: FlinkType, prefix: bytes
 
 def _block(sections: list[tuple[int, list[tuple[bytes, bytes]]]]) -> bytes:
     """One key group's block (``FullSnapshotAsyncWriter``): per state run its id, its pairs, the last pair's first
-    key byte flagged, then the next id or the end mark."""
+    key byte flagged, then the next id or the end mark. (The export writes blocks with ``flinkout.BlockWriter``;
+    this is the reference the tests hold it to.)"""
     out = bytearray()
     for i, (state_id, pairs) in enumerate(sections):
         if i == 0:

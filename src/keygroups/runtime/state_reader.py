@@ -10,6 +10,9 @@ A restore point is a complete checkpoint (the latest, or one by id) or a savepoi
   state a backend restored from the same point holds, expired TTL entries not cleaned up yet included (as Flink's
   State Processor API shows them). :meth:`KeyedStateReader.partitions` cuts the key groups into contiguous runs of
   about equal stored bytes; :meth:`KeyedStateReader.read` reads one run: one ranged read per file of its chains.
+* :func:`key_group_entries`: each key group's live entries per state, still as stored (keys and framed values back to
+  back, with offsets: :class:`LiveEntries`), one key group read at a time: what a bulk consumer that decodes or
+  transcodes the bytes itself streams through (the Flink export does); :func:`value_framing` decodes them.
 * :func:`metadata_table`: per key group and state, what is stored (kind, serializers, TTL, keys, entries, bytes,
   the chain's blocks and bytes).
 * :func:`operator_state_table`: one operator state's elements per subtask as stored, with the distribution mode.
