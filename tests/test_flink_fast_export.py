@@ -217,7 +217,7 @@ def _transcoded(op: flinkout.Op, data: bytes) -> bytes | None:
         return None
 
 
-texts = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=12)
+texts = st.text(alphabet=st.characters(exclude_categories=["Cs"]), max_size=12)
 floats = st.one_of(st.floats(), st.floats(width=32), st.sampled_from([math.nan, -0.0, math.inf, 3.5e38, 1e-46]))
 
 
@@ -233,7 +233,7 @@ def typed(draw, depth: int = 0):
         (Float64Serializer(), FloatType(), floats),
         (BoolSerializer(), BooleanType(), st.booleans()),
         (StrSerializer(), StringType(), texts),
-        (StrSerializer(), CharType(), st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=2)),
+        (StrSerializer(), CharType(), st.text(alphabet=st.characters(exclude_categories=["Cs"]), max_size=2)),
         (BytesSerializer(), BytesType(), st.binary(max_size=10)),
     ]
     if depth >= 2:

@@ -247,7 +247,7 @@ def _python_pairs(state: str, out: _Out, meta: dict[str, Any], entries: LiveEntr
             pairs.extend(_entries(out, key, value, key_type, prefix))
         except UnsupportedFlinkTypeError:
             raise
-        except (TypeError, ValueError) as e:   # e.g. a null list element Flink cannot hold
+        except (TypeError, ValueError, OverflowError) as e:   # e.g. a null list element, a double past a Float
             raise UnsupportedFlinkTypeError(
                 f"state {state!r}, key {key!r}: Flink's {out.meta.serializers['VALUE_SERIALIZER']!r} "
                 f"cannot hold the value {value!r}: {e}") from None
@@ -273,9 +273,9 @@ def _refusal(state: str, out: _Out, meta: dict[str, Any], entries: LiveEntries, 
 _COMPILED = True
 
 _F = flinkout
-_FLINK_SCALARS = {LongType: _F.LONG, IntType: _F.INT, ShortType: _F.SHORT, ByteType: _F.BYTE, DoubleType: _F.DOUBLE,
-                  FloatType: _F.FLOAT, BooleanType: _F.BOOLEAN, CharType: _F.CHAR, StringType: _F.STRING,
-                  BytesType: _F.BYTE_ARRAY}
+_FLINK_SCALARS: dict[type[FlinkType], int] = {
+    LongType: _F.LONG, IntType: _F.INT, ShortType: _F.SHORT, ByteType: _F.BYTE, DoubleType: _F.DOUBLE,
+    FloatType: _F.FLOAT, BooleanType: _F.BOOLEAN, CharType: _F.CHAR, StringType: _F.STRING, BytesType: _F.BYTE_ARRAY}
 _CODEC_SCALARS = {"int64": _F.I64, "int32": _F.I32, "float64": _F.F64, "bool": _F.BOOL, "str": _F.STR,
                   "bytes": _F.BYTES}
 _RECORD_SCALARS = {rs.INT8: _F.I8, rs.INT16: _F.I16, rs.INT32: _F.I32, rs.INT64: _F.I64, rs.FLOAT32: _F.F32,
@@ -351,7 +351,7 @@ def _null_mode(t: FlinkType, position: str) -> int:
 
 def _compile(src: _Source, t: FlinkType, position: str = "", whole: bool = False) -> flinkout.Op:
     """The Op writing ``src``'s values as ``t`` writes them (``t.write(flink_value(t, value))``)."""
-    common = {"src_nullable": src.nullable, "null_mode": _null_mode(t, position), "what": repr(t)}
+    common: dict[str, Any] = {"src_nullable": src.nullable, "null_mode": _null_mode(t, position), "what": repr(t)}
     target = t
     if isinstance(t, NullableType):
         target = t.inner
@@ -529,11 +529,11 @@ def _write_keyed_file(fs: Any, root: str, storage: CheckpointStorage, md: Checkp
                 if cached is None:
                     cached = fast[id(meta)] = (meta, _fast_state(out, meta, key_type))
                 transcoder = cached[1]
-                if transcoder is None:
-                    builder.add_pairs(state_id, _python_pairs(state, out, meta, entries, key_ser, key_type, prefix,
-                                                              counts))
-                    continue
                 try:
+                    if transcoder is None:
+                        builder.add_pairs(state_id, _python_pairs(state, out, meta, entries, key_ser, key_type,
+                                                                  prefix, counts))
+                        continue
                     keys, timers = builder.add_state(state_id, transcoder, entries.keys, entries.key_offsets,
                                                      entries.values, entries.value_offsets)
                 except CorruptSnapshotError as e:
