@@ -438,3 +438,37 @@ def test_key_group_entries_reads_each_key_group_once_and_equals_the_whole_range(
     whole = [(kg, {s: pairs(e) for s, (_, e) in live.items()})
              for kg, live in state_reader._chains(storage, md, everything)]
     assert streamed == whole and sum(len(live["s"]) for _, live in streamed) == n
+
+
+STATE_TRANSCODERS = {
+    "value ttl": lambda: flinkout.StateTranscoder(flinkout.VALUE_STATE, _compiled(StrSerializer(), StringType()),
+                                                  _compiled(TupleSerializer(Int64Serializer(), StrSerializer()),
+                                                            TupleType((LongType(), StringType()))), ttl=True),
+    "list": lambda: _value_transcoder(),
+    "list ttl": lambda: _value_transcoder(ttl=True),
+    "map ttl": lambda: flinkout.StateTranscoder(flinkout.MAP_STATE, _compiled(Int64Serializer(), LongType()),
+                                                _compiled(NullableSerializer(Int64Serializer()),
+                                                          NullableType(LongType())),
+                                                _compiled(StrSerializer(), StringType()), ttl=True),
+    "timers": lambda: flinkout.StateTranscoder(flinkout.TIMER_STATE, _compiled(Int64Serializer(), LongType())),
+}
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(sorted(STATE_TRANSCODERS)), st.lists(st.tuples(st.binary(max_size=12), st.binary(max_size=40)),
+                                                             max_size=4))
+def test_random_entry_bytes_raise_corrupt_or_transcode_and_never_crash(kind, entries):
+    """Whatever bytes a state's keys and values hold, add_state transcodes them or raises CorruptSnapshotError
+    (UnrepresentableValue for a value Flink cannot hold); it never reads past the buffers."""
+    keys = b"".join(k for k, _ in entries)
+    values = b"".join(v for _, v in entries)
+    ko = np.cumsum([0] + [len(k) for k, _ in entries]).astype(np.int64)
+    vo = np.cumsum([0] + [len(v) for _, v in entries]).astype(np.int64)
+    writer = flinkout.BlockWriter(2)
+    writer.start(1000)
+    try:
+        writer.add_state(3, STATE_TRANSCODERS[kind](), keys, ko, values, vo)
+    except (CorruptSnapshotError, flinkout.UnrepresentableValue):
+        return
+    block = writer.finish()
+    assert block is None or block.endswith(b"\xff\xff")
