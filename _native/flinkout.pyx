@@ -629,7 +629,10 @@ cdef class BlockWriter:
         return at
 
     cdef inline int _close(self, Py_ssize_t at) except -1:
-        kg_put_be32(self.w.buf + at, <uint32_t>(self.w.pos - at - 4))
+        cdef Py_ssize_t length = self.w.pos - at - 4
+        if length > 0x7FFFFFFF:
+            raise UnrepresentableValue(f"a Flink key or value of {length} bytes: Flink's lengths are Java ints")
+        kg_put_be32(self.w.buf + at, <uint32_t>length)
         return 0
 
     def add_pairs(self, int state_id, list pairs):
