@@ -153,6 +153,8 @@ cdef class Op:
                  int padding=0, int null_mode=N_REFUSE, bint whole=False, bint row_kind=True, str what=""):
         cdef Op ch
         cdef Py_ssize_t total = 0
+        if self.what is not None:   # built once: a child made later cannot contain its parent (no cycle to recurse)
+            raise TypeError("an Op cannot be initialized twice")
         if not S_I8 <= src <= S_EXTERNAL:
             raise ValueError(f"unknown source kind {src}")
         if not D_DELEGATE <= dst <= D_MAP:

@@ -472,3 +472,11 @@ def test_random_entry_bytes_raise_corrupt_or_transcode_and_never_crash(kind, ent
         return
     block = writer.finish()
     assert block is None or block.endswith(b"\xff\xff")
+
+
+def test_an_op_tree_cannot_be_made_cyclic():
+    op = flinkout.Op(flinkout.LIST, flinkout.FLINK_LIST, (flinkout.Op(flinkout.I64, flinkout.LONG),))
+    with pytest.raises(TypeError, match="twice"):
+        op.__init__(flinkout.LIST, flinkout.FLINK_LIST, (op,))
+    with pytest.raises(ValueError, match="cannot be written"):
+        flinkout.Op(flinkout.STR, flinkout.LONG)
