@@ -120,3 +120,29 @@ FIXTURE_SET = [
     Fixture(2, 4096, False, 20, "long", "rocksdb", True),
     Fixture(2, 128, False, 20, "tuple", "hashmap", False),
 ]
+
+
+def write_unsupported_types_savepoint(out: pathlib.Path, keys: int = 12) -> pathlib.Path:
+    """Run tests/flink/UnsupportedTypesJob.java (types keygroups does not map: POJO, Kryo, enum, arrays, a user
+    serializer, ...): `out/savepoint` is its savepoint, `out/expected.txt` what it holds."""
+    lib = flink_lib()
+    if lib is None:
+        raise RuntimeError(missing_reason())
+    source = FLINK_DIR / "UnsupportedTypesJob.java"
+    jars = _classpath(lib)
+    digest = hashlib.sha256(source.read_bytes() + "\n".join(jars).encode()).hexdigest()[:16]
+    classes = pathlib.Path(tempfile.gettempdir()) / f"keygroups-flink-unsupported-{digest}"
+    if not (classes / "UnsupportedTypesJob.class").exists():
+        staging = pathlib.Path(tempfile.mkdtemp(prefix="keygroups-flink-build-"))
+        subprocess.run(["javac", "-nowarn", "-d", str(staging), "-cp", os.pathsep.join(jars), str(source)],
+                       check=True, capture_output=True, text=True)
+        try:
+            staging.rename(classes)
+        except OSError:
+            shutil.rmtree(staging, ignore_errors=True)
+    cmd = ["java", "-Xmx768m", "-XX:+UseSerialGC", "-cp", os.pathsep.join([str(classes), *jars]),
+           "UnsupportedTypesJob", "write", str(out), str(keys)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    if r.returncode != 0:
+        raise RuntimeError(f"UnsupportedTypesJob failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-6000:]}")
+    return out / "savepoint"
