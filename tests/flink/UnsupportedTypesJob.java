@@ -6,6 +6,7 @@ import java.nio.file.Files;
 import java.nio.file.Path;
 import java.nio.file.Paths;
 import java.nio.file.StandardCopyOption;
+import java.time.Duration;
 import java.time.Instant;
 import java.time.LocalDate;
 import java.util.ArrayList;
@@ -22,6 +23,7 @@ import org.apache.flink.api.common.state.MapState;
 import org.apache.flink.api.common.state.MapStateDescriptor;
 import org.apache.flink.api.common.state.State;
 import org.apache.flink.api.common.state.StateDescriptor;
+import org.apache.flink.api.common.state.StateTtlConfig;
 import org.apache.flink.api.common.state.ValueState;
 import org.apache.flink.api.common.state.ValueStateDescriptor;
 import org.apache.flink.api.common.typeinfo.TypeInformation;
@@ -54,8 +56,8 @@ import org.apache.flink.types.Value;
  * write OUT_DIR KEYS
  *     runs a job (parallelism 2, max parallelism 128, heap backend, everything inlined in _metadata) whose operator
  *     "keyed" holds, beside plain Long and String value states, a POJO, a Kryo (generic type), an enum, primitive
- *     arrays, BigInteger/BigDecimal/Instant/LocalDate, a String[] (GenericArraySerializer), a user Value type, a
- *     list of POJOs and a map of Kryo values, and operator state of a Kryo type (split), a POJO (union) and Long
+ *     arrays, BigInteger/BigDecimal/Instant/LocalDate, a String[], a Long[] (GenericArraySerializer), a user Value
+ *     type, a TTL-wrapped POJO, a list of POJOs and a map of Kryo values, and operator state of a Kryo type (split), a POJO (union) and Long
  *     (split); operator "custom" holds a state whose serializer is the job's own (its snapshot has no length
  *     prefix) between two Long states. Stops with a canonical savepoint into OUT_DIR/savepoint and writes
  *     OUT_DIR/expected.txt (tab-separated: keyed STATE KEY VALUE | split|union STATE SUBTASK ELEMENT, values as
@@ -188,6 +190,10 @@ public class UnsupportedTypesJob {
         d.add(new ValueStateDescriptor<>("local_date", Types.LOCAL_DATE));
         d.add(new ValueStateDescriptor<>("strings", (TypeInformation) Types.OBJECT_ARRAY(Types.STRING)));
         d.add(new ValueStateDescriptor<>("value", Types.VALUE(Counter.class)));
+        d.add(new ValueStateDescriptor<>("boxed", (TypeInformation) Types.OBJECT_ARRAY(Types.LONG)));
+        ValueStateDescriptor<Point> ttlPojo = new ValueStateDescriptor<>("ttl_pojo", Types.POJO(Point.class));
+        ttlPojo.enableTimeToLive(StateTtlConfig.newBuilder(Duration.ofDays(3650)).build());
+        d.add(ttlPojo);
         d.add(new ListStateDescriptor<>("pojo_list", Types.POJO(Point.class)));
         d.add(new MapStateDescriptor<>("kryo_map", Types.STRING, Types.GENERIC(Opaque.class)));
         d.add(new ValueStateDescriptor<>("string", Types.STRING));
@@ -228,6 +234,8 @@ public class UnsupportedTypesJob {
             case "local_date": return LocalDate.of(2020, 1, 1).plusDays(n);
             case "strings": return new String[] {"a" + n, null, "b"};
             case "value": return new Counter(n * 3);
+            case "boxed": return new Long[] {n, null, -n * 1_000_000_000_000L};
+            case "ttl_pojo": return new Point(-n, "ttl" + n);
             case "pojo_list": return List.of(new Point(n, "l" + n), new Point(-n, null));
             case "kryo_map": {
                 Map<String, Opaque> m = new TreeMap<>();

@@ -1411,7 +1411,14 @@ def narrow_to(flink: FlinkType, wider: FlinkType) -> bool:
             f"f{i}" for i in range(len(flink.fields))) and all(map(narrow_to, flink.fields, wider.fields))
     if isinstance(flink, NullableType) and not isinstance(wider, NullableType):   # a Row's field, nullable anyway
         return narrow_to(flink.inner, wider) or flink.inner == wider
-    pairs = {(ShortType, IntType), (ByteType, IntType), (FloatType, DoubleType), (CharType, StringType)}
+    if isinstance(flink, _PrimitiveArray) and isinstance(wider, ListType):    # long[] imported as a List
+        return narrow_to(flink.element, wider.element) or flink.element == wider.element
+    if isinstance(flink, (StringArrayType, GenericArrayType)) and isinstance(wider, ListType):
+        element = flink.element if isinstance(flink, GenericArrayType) else StringType()
+        inner = wider.element.inner if isinstance(wider.element, NullableType) else wider.element
+        return element == inner or narrow_to(element, inner)
+    pairs = {(ShortType, IntType), (ByteType, IntType), (FloatType, DoubleType), (CharType, StringType),
+             (EnumType, StringType)}     # an enum imported as its constants' names
     return (type(flink), type(wider)) in pairs
 
 
