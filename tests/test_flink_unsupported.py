@@ -358,3 +358,53 @@ def test_a_savepoint_written_now_by_flink_reads_as_its_job_says(tmp_path):
     sp = read_savepoint(tmp_path / "out" / "savepoint")
     with pytest.raises(UnknownSerializerSnapshotError, match="state 'negated'"):
         sp.states("custom")
+
+
+# ---------------------------------------------------------------------------------------------- from Flink's source
+
+def _versioned(cls: str, version: int, payload: bytes) -> bytes:
+    return encode_modified_utf8(cls) + struct.pack(">i", version) + payload
+
+
+def test_a_version_2_simple_snapshot_names_its_serializer_class():
+    """Flink 1.7's SimpleTypeSerializerSnapshot wrote the serializer's class (version 2); 3 writes nothing."""
+    cls = "org.apache.flink.api.common.typeutils.base.LongSerializer$LongSerializerSnapshot"
+    raw = _versioned(cls, 2, encode_modified_utf8("org.apache.flink.api.common.typeutils.base.LongSerializer"))
+    c = Cursor(raw, "snapshot")
+    assert read_nested_snapshot(c) == LongType() and c.remaining == 0
+
+
+def test_an_avro_snapshot_is_skipped_and_refuses_naming_the_record_class():
+    """AvroSerializerSnapshot version 2 (flink-avro; not in the apache-flink-libraries wheel, so from Flink's
+    source): the runtime type, then the schema, each a writeUTF string."""
+    schema = '{"type":"record","name":"Click","fields":[{"name":"url","type":"string"}]}'
+    cls = "org.apache.flink.formats.avro.typeutils.AvroSerializerSnapshot"
+    raw = _versioned(cls, 2, encode_modified_utf8("com.example.Click") + encode_modified_utf8(schema)) + b"after"
+    c = Cursor(raw, "snapshot")
+    t = read_nested_snapshot(c)
+    assert bytes(c.take(c.remaining)) == b"after"
+    assert isinstance(t, UnsupportedType) and t.user_class == "com.example.Click" and "Click" in t.kind
+    t.state = "clicks"
+    with pytest.raises(UnsupportedFlinkTypeError, match="state 'clicks' uses Flink's org.apache.flink.formats.avro."
+                       "typeutils.AvroSerializer of com.example.Click .*--skip-state clicks"):
+        t.arrow_type()
+
+
+def test_enums_and_arrays_inside_a_row_become_record_fields():
+    """A Row holding an enum and arrays imports as a record (string, list fields) and writes back as Flink's."""
+    from keygroups.flink.types import RowType, StringArrayType, flink_value
+
+    row = RowType((EnumType("Color", ("RED", "GREEN")), LongArrayType(), StringArrayType(),
+                   GenericArrayType(LongType(), "java.lang.Long")), names=("color", "ids", "tags", "boxed"))
+    value = ("GREEN", [1, -2], ["a", None], [None, 3])
+    out = bytearray()
+    row.write(out, value)
+    assert row.read(Cursor(bytes(out), "row")) == value
+    serializer = row.keygroups_serializer()
+    record = dict(zip(row.names, value))
+    assert serializer.deserialize(serializer.serialize(record)) == record
+    again = bytearray()
+    row.write(again, flink_value(row, record))
+    assert bytes(again) == bytes(out)
+    with pytest.raises(ValueError, match="not a constant of enum Color"):
+        row.write(bytearray(), ("BLUE", [], [], []))

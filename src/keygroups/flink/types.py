@@ -616,6 +616,13 @@ def record_field_type(t: FlinkType, path: str) -> tuple[rs.DataType, bool]:
         return scalars[type(t)], False
     if isinstance(t, NullableType):
         return record_field_type(t.inner, path)[0], True
+    if isinstance(t, EnumType):
+        return rs.STRING, False
+    if isinstance(t, _PrimitiveArray):
+        return rs.ListType(record_field_type(t.element, path + "[]")[0], False), False
+    if isinstance(t, (StringArrayType, GenericArrayType)):
+        item = t.element if isinstance(t, GenericArrayType) else StringType()
+        return rs.ListType(record_field_type(item, path + "[]")[0], True), False
     if isinstance(t, ListType):
         element, element_nullable = record_field_type(t.element, path + "[]")
         return rs.ListType(element, element_nullable), False
@@ -1260,7 +1267,8 @@ def _enum(c: Cursor, version: int) -> FlinkType:
 def _generic_array(c: Cursor, version: int) -> FlinkType:
     _read_composite(c, "GenericArraySerializerSnapshot", frozenset({1}))
     component = c.utf("the array's component class")
-    return GenericArrayType(*_read_nested_list(c, "GenericArraySerializerSnapshot", 1), component)
+    (element,) = _read_nested_list(c, "GenericArraySerializerSnapshot", 1)
+    return GenericArrayType(element, component)
 
 
 def _base_unsupported(java: str, kind: str) -> tuple[str, Callable[[Cursor, int], FlinkType]]:
