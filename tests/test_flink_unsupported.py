@@ -408,3 +408,16 @@ def test_enums_and_arrays_inside_a_row_become_record_fields():
     assert bytes(again) == bytes(out)
     with pytest.raises(ValueError, match="not a constant of enum Color"):
         row.write(bytearray(), ("BLUE", [], [], []))
+
+
+@pytest.mark.flink
+@pytest.mark.skipif(flink_harness.flink_lib() is None, reason=flink_harness.missing_reason())
+def test_flink_restores_the_mapped_states_exported_back_after_an_import_that_skipped_the_rest(tmp_path):
+    """Import (skipping every unmapped state), export like= the original, and Flink 2.3 restores the enum, the
+    arrays, Long and String states and the operator state at another parallelism, equal to what its job wrote."""
+    location = str(tmp_path / "kg")
+    _import_skipping(location, "from-flink")
+    export_savepoint(location, tmp_path / "back", uid="keyed", savepoint="from-flink", like=FIXTURE / "savepoint")
+    ok, report = flink_harness.check_unsupported_types_savepoint(tmp_path / "back", 3, FIXTURE / "expected.txt",
+                                                                 tmp_path / "dump")
+    assert ok, report

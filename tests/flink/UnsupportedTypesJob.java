@@ -36,17 +36,21 @@ import org.apache.flink.configuration.CheckpointingOptions;
 import org.apache.flink.configuration.Configuration;
 import org.apache.flink.configuration.MemorySize;
 import org.apache.flink.configuration.StateBackendOptions;
+import org.apache.flink.configuration.StateRecoveryOptions;
 import org.apache.flink.core.execution.JobClient;
 import org.apache.flink.core.execution.SavepointFormatType;
 import org.apache.flink.core.memory.DataInputView;
 import org.apache.flink.core.memory.DataOutputView;
 import org.apache.flink.runtime.state.FunctionInitializationContext;
 import org.apache.flink.runtime.state.FunctionSnapshotContext;
+import org.apache.flink.runtime.state.VoidNamespace;
+import org.apache.flink.runtime.state.VoidNamespaceSerializer;
 import org.apache.flink.streaming.api.checkpoint.CheckpointedFunction;
 import org.apache.flink.streaming.api.environment.StreamExecutionEnvironment;
 import org.apache.flink.streaming.api.functions.KeyedProcessFunction;
 import org.apache.flink.streaming.api.functions.sink.v2.DiscardingSink;
 import org.apache.flink.streaming.api.functions.source.legacy.RichSourceFunction;
+import org.apache.flink.streaming.api.operators.KeyedProcessOperator;
 import org.apache.flink.types.Value;
 
 /**
@@ -62,6 +66,10 @@ import org.apache.flink.types.Value;
  *     prefix) between two Long states. Stops with a canonical savepoint into OUT_DIR/savepoint and writes
  *     OUT_DIR/expected.txt (tab-separated: keyed STATE KEY VALUE | split|union STATE SUBTASK ELEMENT, values as
  *     JSON, doubles as "d:" + the hex of their bits, POJO/Kryo/Value values as their toString()).
+ * check SAVEPOINT PARALLELISM EXPECTED DUMP_DIR
+ *     restores SAVEPOINT (keygroups' export of the states keygroups maps) into operator "keyed" at PARALLELISM,
+ *     lists every key of the states it maps (MAPPED) and op_long's elements into DUMP_DIR/restored.txt and compares
+ *     them with those lines of EXPECTED; exit status 0 when equal, 1 (with the first differences) when not.
  * </pre>
  */
 public class UnsupportedTypesJob {
@@ -209,6 +217,9 @@ public class UnsupportedTypesJob {
         return d;
     }
 
+    /** The states keygroups maps (read and written): what an export of the import holds. */
+    static final List<String> MAPPED = List.of("long", "string", "enum", "longs", "ints", "doubles", "strings", "boxed");
+
     static long key(long n) {
         return n * 31L - 100L;
     }
@@ -334,6 +345,98 @@ public class UnsupportedTypesJob {
         }
     }
 
+    /** An empty source for the checking job: it only restores. */
+    public static class EmptySource extends RichSourceFunction<Long> {
+        @Override public void run(SourceContext<Long> ctx) {}
+        @Override public void cancel() {}
+    }
+
+    /** The "keyed" operator, listing what it restored of the MAPPED states and op_long when it opens. */
+    public static class DumpingOperator extends KeyedProcessOperator<Long, Long, Long> {
+        final String dumpDir;
+
+        DumpingOperator(String dumpDir) {
+            super(new StateFunction(false));
+            this.dumpDir = dumpDir;
+        }
+
+        @Override
+        @SuppressWarnings({"unchecked", "rawtypes"})
+        public void open() throws Exception {
+            super.open();
+            List<String> lines = new ArrayList<>();
+            for (StateDescriptor<?, ?> d : descriptors()) {
+                String name = d.getName();
+                if (!MAPPED.contains(name)) continue;
+                getKeyedStateBackend().applyToAllKeys(VoidNamespace.INSTANCE, VoidNamespaceSerializer.INSTANCE,
+                        (StateDescriptor) d, (k, s) -> {
+                            Object v = ((ValueState<?>) s).value();
+                            if (v != null) lines.add("keyed\t" + name + "\t" + k + "\t" + json(v));
+                        });
+            }
+            int subtask = getRuntimeContext().getTaskInfo().getIndexOfThisSubtask();
+            List<Long> elements = new ArrayList<>();
+            for (Long e : ((StateFunction) userFunction).opLong.get()) elements.add(e);
+            Collections.sort(elements);
+            lines.add("op_long\t" + json(elements));
+            Files.write(Paths.get(dumpDir, "subtask-" + subtask + ".txt"), lines, StandardCharsets.UTF_8);
+        }
+    }
+
+    static int check(String savepoint, int parallelism, Path expectedFile, Path dumpDir) throws Exception {
+        Files.createDirectories(dumpDir);
+        Configuration conf = new Configuration();
+        conf.set(StateRecoveryOptions.SAVEPOINT_PATH, Paths.get(savepoint).toAbsolutePath().toString());
+        StreamExecutionEnvironment env = StreamExecutionEnvironment.getExecutionEnvironment(conf);
+        env.setParallelism(parallelism);
+        env.addSource(new EmptySource(), "empty", Types.LONG).setParallelism(1).uid("check-source")
+                .keyBy(n -> key(n), Types.LONG)
+                .transform("keyed state", Types.LONG, new DumpingOperator(dumpDir.toString())).uid("keyed")
+                .sinkTo(new DiscardingSink<>()).uid("keyed-sink");
+        env.execute("keygroups unsupported types checker");
+        List<String> restored = new ArrayList<>();
+        List<Long> opLong = new ArrayList<>();
+        for (int s = 0; s < parallelism; s++) {
+            for (String line : Files.readAllLines(dumpDir.resolve("subtask-" + s + ".txt"), StandardCharsets.UTF_8)) {
+                if (!line.startsWith("op_long\t")) {
+                    restored.add(line);
+                    continue;
+                }
+                for (String e : line.substring(9).replaceAll("[\\[\\]]", "").split(",")) {
+                    if (!e.isEmpty()) opLong.add(Long.parseLong(e));
+                }
+            }
+        }
+        Collections.sort(opLong);
+        restored.add("op_long\t" + json(opLong));
+        List<String> expected = new ArrayList<>();
+        List<Long> expectedOpLong = new ArrayList<>();
+        for (String line : Files.readAllLines(expectedFile, StandardCharsets.UTF_8)) {
+            String[] f = line.split("\t");
+            if (f[0].equals("keyed") && MAPPED.contains(f[1])) expected.add(line);
+            if (f[0].equals("split") && f[1].equals("op_long")) {
+                for (String e : f[3].replaceAll("[\\[\\]]", "").split(",")) expectedOpLong.add(Long.parseLong(e));
+            }
+        }
+        Collections.sort(expectedOpLong);
+        expected.add("op_long\t" + json(expectedOpLong));
+        Collections.sort(restored);
+        Collections.sort(expected);
+        Files.write(dumpDir.resolve("restored.txt"), restored, StandardCharsets.UTF_8);
+        if (restored.equals(expected)) {
+            System.out.println("OK " + restored.size() + " lines restored as expected");
+            return 0;
+        }
+        List<String> missing = new ArrayList<>(expected);
+        missing.removeAll(restored);
+        List<String> extra = new ArrayList<>(restored);
+        extra.removeAll(expected);
+        System.out.println("MISMATCH expected " + expected.size() + " lines, restored " + restored.size());
+        for (String l : missing.subList(0, Math.min(10, missing.size()))) System.out.println("missing: " + l);
+        for (String l : extra.subList(0, Math.min(10, extra.size()))) System.out.println("unexpected: " + l);
+        return 1;
+    }
+
     // ---------------------------------------------------------------------------------------------- expected lines
 
     static String json(Object v) {
@@ -440,11 +543,14 @@ public class UnsupportedTypesJob {
     }
 
     public static void main(String[] a) throws Exception {
-        if (a.length != 3 || !a[0].equals("write")) {
-            System.err.println("usage: write OUT_DIR KEYS");
-            System.exit(2);
+        if (a.length == 3 && a[0].equals("write")) {
+            write(Paths.get(a[1]).toAbsolutePath(), Long.parseLong(a[2]));
+            System.exit(0);
         }
-        write(Paths.get(a[1]).toAbsolutePath(), Long.parseLong(a[2]));
-        System.exit(0);
+        if (a.length == 5 && a[0].equals("check")) {
+            System.exit(check(a[1], Integer.parseInt(a[2]), Paths.get(a[3]), Paths.get(a[4]).toAbsolutePath()));
+        }
+        System.err.println("usage: write OUT_DIR KEYS | check SAVEPOINT PARALLELISM EXPECTED DUMP_DIR");
+        System.exit(2);
     }
 }
