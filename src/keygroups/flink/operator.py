@@ -36,13 +36,15 @@ def read_operator_header(c: Cursor) -> OperatorBackendHeader:
                                         f"{HEADER_VERSION}, written by Flink 1.17 and later)")
     compression = c.boolean("the snapshot compression flag")
     states = {}
-    for m in read_state_meta_infos(c, c.u16("the number of operator states"), "operator state header", False):
+    n = c.u16("the number of operator states")
+    for m in read_state_meta_infos(c, n, "operator state header", ends_header=False):
         if m.backend_type != "OPERATOR" or m.kind not in ("SPLIT_DISTRIBUTE", "UNION"):
             raise c.fail(f"operator state {m.name!r} is {m.backend_type} with mode {m.kind!r} (expected OPERATOR, "
                          "SPLIT_DISTRIBUTE or UNION)")
         states[m.name] = m
     broadcast = {}
-    for m in read_state_meta_infos(c, c.u16("the number of broadcast states"), "broadcast state header", False):
+    n = c.u16("the number of broadcast states")
+    for m in read_state_meta_infos(c, n, "broadcast state header", ends_header=False):
         if m.backend_type != "BROADCAST" or m.kind != "BROADCAST" or "KEY_SERIALIZER" not in m.serializers:
             raise c.fail(f"broadcast state {m.name!r} is {m.backend_type} with mode {m.kind!r} and serializers "
                          f"{sorted(m.serializers)} (expected BROADCAST with a KEY_SERIALIZER)")
