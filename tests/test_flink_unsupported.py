@@ -2,7 +2,12 @@
 by a real Flink 2.3 job (tests/flink/UnsupportedTypesJob.java; fixture tests/flink/fixtures/unsupported-types): the
 header reads on past them, they list, using one refuses by name with the advice, ``skip_states`` leaves them out of
 an import that a keyed job then continues; enums, primitive arrays, String[] and Long[] map and read exactly; a
-user's own serializer still stops the header, naming the states it hides; damaged snapshots raise clear errors."""
+user's own serializer still stops the header, naming the states it hides; damaged snapshots raise clear errors.
+
+Remake the fixture (Java 17 and apache-flink-libraries): ``python -c "import pathlib, sys; sys.path.insert(0,
+'tests'); import flink_harness as h; h.write_unsupported_types_savepoint(pathlib.Path('tests/flink/fixtures/
+unsupported-types'), keys=8)"`` (it replaces savepoint/ and expected.txt; the flink-marked tests here check a fresh
+one against the job too)."""
 
 from __future__ import annotations
 

@@ -129,7 +129,9 @@ def _names_after(c: Cursor, count: int) -> list[str]:
     raw = bytes(data[start:end])
     marker = encode_modified_utf8("KEYED_STATE_TYPE")
     pos = raw.find(marker)
-    while pos != -1:
+    for _ in range(3):    # the next state's is the first unless the unknown payload holds the marker: few tries
+        if pos == -1:
+            break
         # the state's name, backend type (int) and option count (int) come before its first option's name
         for name_len in range(0, min(pos - 8 - 2, 0xFFFF) + 1):
             at = pos - 8 - 2 - name_len
