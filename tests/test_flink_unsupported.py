@@ -426,3 +426,21 @@ def test_flink_restores_the_mapped_states_exported_back_after_an_import_that_ski
     ok, report = flink_harness.check_unsupported_types_savepoint(tmp_path / "back", 3, FIXTURE / "expected.txt",
                                                                  tmp_path / "dump")
     assert ok, report
+
+
+def test_a_job_keyed_by_an_unmapped_type_lists_its_states_and_refuses_to_read_any():
+    """A keyed header whose key serializer is Kryo (the job keyed by a generic type): it reads, its states list,
+    and reading one says the key is the problem (skipping states would not help)."""
+    from keygroups.flink.keyed import KeyedBackendHeader
+
+    header = read_savepoint(FIXTURE / "savepoint").keyed_header("keyed")
+    assert header is not None
+    kryo = next(s for s in header.states if s.name == "kryo").value_type
+    long_state = next(s for s in header.states if s.name == "long")
+    out = bytearray()
+    write_keyed_header(out, KeyedBackendHeader(False, kryo, (long_state,)))
+    again = read_keyed_header(Cursor(bytes(out), "header"))
+    assert [s.name for s in again.states] == ["long"] and again.key_type == kryo
+    with pytest.raises(UnsupportedFlinkTypeError, match=r"the job is keyed by Flink's .*KryoSerializer of "
+                       r"UnsupportedTypesJob\$Opaque.*key the job by a basic type"):
+        again.key_type.read(Cursor(b"\x00" * 8, "key"))

@@ -182,6 +182,8 @@ def read_keyed_header(c: Cursor) -> KeyedBackendHeader:
     except UnsupportedFlinkTypeError as e:
         raise UnsupportedFlinkTypeError(f"{c.where}: the key serializer: {e}; key the job by a basic type, String, "
                                         "byte[] or a Tuple of them") from None
+    for u in unsupported_types(key_type):   # a Kryo or POJO key: the states list, none of them reads
+        u.is_key = True
     n = c.u16("the number of states")
     states = tuple(read_state_meta_infos(c, n, "keyed header", ends_header=True))
     for s in states:

@@ -995,8 +995,10 @@ class UnsupportedType(FlinkType):
         self.fields = fields
         #: the snapshot's payload as Flink wrote it
         self.payload = b""
-        #: the state and serializer key it belongs to (set once the state meta info is read)
+        #: the state it belongs to (set once the state meta info is read)
         self.state: str | None = None
+        #: the serializer of the job's keys (set by the keyed header): no state can be skipped around it
+        self.is_key = False
 
     @property
     def serializer_class(self) -> str:
@@ -1007,10 +1009,16 @@ class UnsupportedType(FlinkType):
         return cls[: -len("Snapshot")] if cls.endswith("Snapshot") else cls
 
     def refusal(self) -> UnsupportedFlinkTypeError:
+        of = f" of {self.user_class}" if self.user_class else ""
+        if self.is_key:
+            return UnsupportedFlinkTypeError(
+                f"the job is keyed by Flink's {self.serializer_class}{of} ({self.kind}), which keygroups can neither "
+                "read nor hash as Flink does, so none of the operator's keyed state can be imported: key the job by "
+                "a basic type, String, byte[] or a Tuple of them (convert the state in Flink first, with the State "
+                "Processor API)")
         state = f"state {self.state!r}" if self.state else "this state"
         skip = (f"--skip-state {self.state} (Python: skip_states=[{self.state!r}])" if self.state
                 else "--skip-state NAME (Python: skip_states=[NAME])")
-        of = f" of {self.user_class}" if self.user_class else ""
         return UnsupportedFlinkTypeError(
             f"{state} uses Flink's {self.serializer_class}{of} ({self.kind}), which keygroups cannot read or write "
             "(it maps Flink's basic types, String, byte[], primitive arrays, enums, Tuple, Row, List, Map, Nullable "
