@@ -444,3 +444,25 @@ def test_a_job_keyed_by_an_unmapped_type_lists_its_states_and_refuses_to_read_an
     with pytest.raises(UnsupportedFlinkTypeError, match=r"the job is keyed by Flink's .*KryoSerializer of "
                        r"UnsupportedTypesJob\$Opaque.*key the job by a basic type"):
         again.key_type.read(Cursor(b"\x00" * 8, "key"))
+
+
+@pytest.mark.spark
+def test_a_keyed_job_on_spark_continues_the_import_that_skipped_the_unmapped_states(spark, tmp_path):
+    import sys
+
+    from pyspark import cloudpickle
+
+    from keygroups.spark import KeyedJob
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    expected = _expected(FIXTURE)
+    location = str(tmp_path / "chk")
+    _import_skipping(location, "from-flink")
+    job = KeyedJob("continued", "k", ContinueImported(),
+                   output_schema="k long, long long, enum string, longs string, boxed string", max_parallelism=128,
+                   checkpoint_location=location, restore_from_savepoint="from-flink")
+    keys = sorted(expected[("keyed", "long")])
+    out = job.run_batch(spark.createDataFrame([(k, 1) for k in keys], "k long, v long"), parallelism=2).output
+    got = {r["k"]: (r["long"], r["enum"], json.loads(r["longs"])) for r in out.collect()}
+    assert got == {k: (expected[("keyed", "long")][k], expected[("keyed", "enum")].get(k),
+                       expected[("keyed", "longs")].get(k)) for k in keys}
