@@ -466,3 +466,15 @@ def test_a_keyed_job_on_spark_continues_the_import_that_skipped_the_unmapped_sta
     got = {r["k"]: (r["long"], r["enum"], json.loads(r["longs"])) for r in out.collect()}
     assert got == {k: (expected[("keyed", "long")][k], expected[("keyed", "enum")].get(k),
                        expected[("keyed", "longs")].get(k)) for k in keys}
+
+
+@pytest.mark.parametrize(("snapshot", "serializer"), [
+    ("org.apache.flink.streaming.api.windowing.windows.GlobalWindow$Serializer$GlobalWindowSerializerSnapshot",
+     "org.apache.flink.streaming.api.windowing.windows.GlobalWindow$Serializer"),
+    ("org.apache.flink.api.common.typeutils.base.LocalDateTimeSerializer$LocalDateTimeSerializerSnapshot",
+     "org.apache.flink.api.common.typeutils.base.LocalDateTimeSerializer"),
+])
+def test_simple_snapshots_of_unmapped_serializers_skip_and_name_their_serializer(snapshot, serializer):
+    c = Cursor(_versioned(snapshot, 3, b"") + b"next", "snapshot")
+    t = read_nested_snapshot(c)
+    assert isinstance(t, UnsupportedType) and t.serializer_class == serializer and c.remaining == 4

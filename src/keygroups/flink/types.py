@@ -2,9 +2,12 @@
 formats, each mapped to an Arrow type and to a keygroups serializer.
 
 One class per Flink serializer, named after it; ``SNAPSHOT_READERS`` is the one table from a snapshot class name to
-the reader of its payload. A snapshot class not in the table (Kryo, POJO, Avro, a user's serializer) is refused by
-name with ``UnsupportedFlinkTypeError``: its payload has no length prefix, so nothing after it can be read either.
-Nothing is ever unpickled.
+the reader of its payload. Flink's own serializers that keygroups does not map (Kryo, POJO, Avro, Value types,
+BigInteger, java.time, ...) are read to the end of their snapshot and become an ``UnsupportedType``: the header reads
+on, their states list, and using one refuses by name (``UnsupportedFlinkTypeError``), so ``skip_states`` can leave
+it out. A snapshot class not in the table (a user's own serializer) raises ``UnknownSerializerSnapshotError``: its
+payload has no length prefix, so nothing after it can be read either. Nothing is ever unpickled (a Kryo snapshot's
+Java-serialized parts are skipped by their frame lengths, never read).
 """
 
 from __future__ import annotations
@@ -1005,7 +1008,7 @@ class UnsupportedType(FlinkType):
         """Flink's serializer class: the snapshot class's outer class, or its name without ``Snapshot``."""
         cls = self.snapshot_class_name
         if "$" in cls:
-            return cls.split("$", 1)[0]
+            return cls.rsplit("$", 1)[0]
         return cls[: -len("Snapshot")] if cls.endswith("Snapshot") else cls
 
     def refusal(self) -> UnsupportedFlinkTypeError:
