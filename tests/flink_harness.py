@@ -120,3 +120,44 @@ FIXTURE_SET = [
     Fixture(2, 4096, False, 20, "long", "rocksdb", True),
     Fixture(2, 128, False, 20, "tuple", "hashmap", False),
 ]
+
+
+def _run_unsupported_types_job(args: list[str]) -> subprocess.CompletedProcess:
+    """Compile tests/flink/UnsupportedTypesJob.java (once per source and Flink version) and run it with ``args``."""
+    lib = flink_lib()
+    if lib is None:
+        raise RuntimeError(missing_reason())
+    source = FLINK_DIR / "UnsupportedTypesJob.java"
+    jars = _classpath(lib)
+    digest = hashlib.sha256(source.read_bytes() + "\n".join(jars).encode()).hexdigest()[:16]
+    classes = pathlib.Path(tempfile.gettempdir()) / f"keygroups-flink-unsupported-{digest}"
+    if not (classes / "UnsupportedTypesJob.class").exists():
+        staging = pathlib.Path(tempfile.mkdtemp(prefix="keygroups-flink-build-"))
+        subprocess.run(["javac", "-nowarn", "-d", str(staging), "-cp", os.pathsep.join(jars), str(source)],
+                       check=True, capture_output=True, text=True)
+        try:
+            staging.rename(classes)
+        except OSError:
+            shutil.rmtree(staging, ignore_errors=True)
+    cmd = ["java", "-Xmx768m", "-XX:+UseSerialGC", "-cp", os.pathsep.join([str(classes), *jars]),
+           "UnsupportedTypesJob", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+
+
+def write_unsupported_types_savepoint(out: pathlib.Path, keys: int = 12) -> pathlib.Path:
+    """Run UnsupportedTypesJob's writer (types keygroups does not map: POJO, Kryo, a user serializer, ..., beside
+    enums, arrays, Long and String): `out/savepoint` is its savepoint, `out/expected.txt` what it holds."""
+    r = _run_unsupported_types_job(["write", str(out), str(keys)])
+    if r.returncode != 0:
+        raise RuntimeError(f"UnsupportedTypesJob failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-6000:]}")
+    return out / "savepoint"
+
+
+def check_unsupported_types_savepoint(savepoint: pathlib.Path, parallelism: int, expected: pathlib.Path,
+                                      dump_dir: pathlib.Path) -> tuple[bool, str]:
+    """Restore `savepoint` (an export of the states keygroups maps) into UnsupportedTypesJob's operator at
+    `parallelism` and compare what Flink restored with `expected`'s lines of those states. (equal, the report)"""
+    r = _run_unsupported_types_job(["check", str(savepoint), str(parallelism), str(expected), str(dump_dir)])
+    if r.returncode not in (0, 1):
+        raise RuntimeError(f"the checking job failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-6000:]}")
+    return r.returncode == 0, r.stdout[-4000:]

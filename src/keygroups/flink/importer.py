@@ -187,7 +187,7 @@ def _plan(info: FlinkStateInfo, index: int, ttl_ms: int, names: Sequence[str] | 
             kind = info.kind.lower()
             d = state_descriptor(info.name, kind, {"value": value_type.keygroups_serializer()})
     except UnsupportedFlinkTypeError as e:
-        raise UnsupportedFlinkTypeError(f"{what}: {e}") from None
+        raise UnsupportedFlinkTypeError(str(e) if str(e).startswith(what) else f"{what}: {e}") from None
     window = None
     if namespaced:   # stored as keygroups stores namespaced state: a map state, window -> value
         d, window = plan_import(info.name, kind, d, windows or FlinkWindows(), info.ttl)
@@ -282,6 +282,7 @@ def import_savepoint(savepoint: str | os.PathLike | FlinkSavepoint, location: st
     names = dict(field_names or {})
     plans: list[_State] = []
     skipped = []
+    refused: list[tuple[str, UnsupportedFlinkTypeError]] = []
     sessions = False
     key_type = header.key_type if header is not None else None
     if header is not None:
@@ -298,8 +299,19 @@ def import_savepoint(savepoint: str | os.PathLike | FlinkSavepoint, location: st
                 sessions = True      # read to move session contents to their sessions; not a keygroups state
                 continue
             ttl = ttl_ms.get(info.name, DEFAULT_TTL_MS) if isinstance(ttl_ms, Mapping) else ttl_ms
-            plans.append(_plan(info, len(plans), ttl, names.get(info.name), windows))
-    unknown = skip - {s.name for s in sp.states(uid)}
+            try:
+                plans.append(_plan(info, len(plans), ttl, names.get(info.name), windows))
+            except UnsupportedFlinkTypeError as e:
+                refused.append((info.name, e))
+    if len(refused) == 1:
+        raise refused[0][1]
+    if refused:   # every one at once: a user skipping them should not learn of them one import at a time
+        skips = " ".join(f"--skip-state {n}" for n, _ in refused)
+        raise UnsupportedFlinkTypeError(
+            f"{len(refused)} states of operator {uid!r} cannot be imported: "
+            + "; ".join(str(e) for _, e in refused)
+            + f". To import the others, leave these out: {skips} (Python: skip_states={[n for n, _ in refused]})")
+    unknown = skip - {s.name for s in sp.states(uid)} - {s.name for s in sp.states(operator_state_uid or uid)}
     if unknown:
         raise ValueError(f"skip_states names {sorted(unknown)}, which operator {uid!r} does not have")
     unnamed = set(names) - {st.info.name for st in plans}
@@ -327,6 +339,7 @@ def import_savepoint(savepoint: str | os.PathLike | FlinkSavepoint, location: st
     operator_names: list[str] = []
     op_uid = operator_state_uid or uid
     op_infos = {s.name: s for s in sp.states(op_uid) if not s.keyed and s.name not in skip}
+    skipped += [s.name for s in sp.states(op_uid) if not s.keyed and s.name in skip]
     if op_infos:
         modes = sp.operator_state_modes(op_uid)
         per_subtask: dict[int, list[SerializedState]] = {}

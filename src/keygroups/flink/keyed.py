@@ -19,7 +19,7 @@ from typing import Any
 import cramjam
 
 from keygroups._native import flinkin
-from keygroups.errors import CorruptSnapshotError
+from keygroups.errors import CorruptSnapshotError, KeyGroupsError
 from keygroups.flink._cursor import Cursor, encode_modified_utf8
 from keygroups.flink.types import (
     FlinkType,
@@ -27,8 +27,10 @@ from keygroups.flink.types import (
     MapType,
     TimerType,
     TtlType,
+    UnknownSerializerSnapshotError,
     UnsupportedFlinkTypeError,
     read_serializer_snapshot,
+    unsupported_types,
     write_serializer_snapshot,
 )
 
@@ -69,6 +71,9 @@ class StateMetaInfoSnapshot:
 
 
 def read_state_meta_info(c: Cursor) -> StateMetaInfoSnapshot:
+    """One state's meta info. A serializer keygroups skips but does not map (Kryo, POJO, ...) becomes an
+    ``UnsupportedType`` that knows its state's name (so using it refuses by name); one it cannot skip (a user's own
+    serializer) raises ``UnknownSerializerSnapshotError`` naming the state."""
     name = c.utf("a state name")
     backend = c.i32(f"state {name!r}'s backend state type")
     if not 0 <= backend < len(BACKEND_STATE_TYPES):
@@ -83,13 +88,67 @@ def read_state_meta_info(c: Cursor) -> StateMetaInfoSnapshot:
         try:
             serializers[k] = read_serializer_snapshot(c)
         except UnsupportedFlinkTypeError as e:
-            raise UnsupportedFlinkTypeError(
-                f"{c.where}: state {name!r} ({k}): {e}. keygroups reads Flink's basic types, String, byte[], "
-                "Tuple, Row, List, Map, Nullable and TTL; convert the state in Flink first (State Processor API). "
-                "Its snapshot has no length prefix, so the states after it cannot be read either") from None
+            cls = getattr(e, "snapshot_class", "?")
+            raise UnknownSerializerSnapshotError(
+                cls, f"{c.where}: state {name!r} ({k}): {e}. keygroups skips the snapshots of Flink's own "
+                "serializers (Kryo, POJO, Avro, Value types, ...) but not this one") from None
+        for u in unsupported_types(serializers[k]):
+            u.state = name
     if "VALUE_SERIALIZER" not in serializers:
         raise c.fail(f"state {name!r} has no VALUE_SERIALIZER")
     return StateMetaInfoSnapshot(name, BACKEND_STATE_TYPES[backend], options, serializers)
+
+
+def read_state_meta_infos(c: Cursor, n: int, what: str, ends_header: bool) -> list[StateMetaInfoSnapshot]:
+    """``n`` states' meta info; a snapshot keygroups cannot skip stops them all, and the error says which states
+    it hides: their names when they end the header (``ends_header``: the cursor ends where the header does) and can
+    be found after it, else how many."""
+    states: list[StateMetaInfoSnapshot] = []
+    for i in range(n):
+        try:
+            states.append(read_state_meta_info(c))
+        except UnknownSerializerSnapshotError as e:
+            after = n - i - 1
+            hidden = _names_after(c, after) if after and ends_header else []
+            if not after:
+                tail = f"it is the last of the {what}'s {n} states"
+            elif hidden:
+                tail = (f"the {what}'s states after it ({', '.join(map(repr, hidden))}) cannot be read either: "
+                        "convert the state in Flink first (State Processor API), or give it a serializer Flink ships")
+            else:
+                tail = (f"the {after} states of the {what} after it cannot be read either: convert the state in "
+                        "Flink first (State Processor API), or give it a serializer Flink ships")
+            raise UnknownSerializerSnapshotError(e.snapshot_class, f"{e}; {tail}") from None
+    return states
+
+
+def _names_after(c: Cursor, count: int) -> list[str]:
+    """The names of the ``count`` states that follow an unknown serializer snapshot, found by looking for where
+    the next state's meta info starts: a candidate counts only when the ``count`` states read from it end exactly
+    where the header ends (any doubt: [])."""
+    data, start, end = c.data, c.pos, c.end
+    raw = bytes(data[start:end])
+    marker = encode_modified_utf8("KEYED_STATE_TYPE")
+    pos = raw.find(marker)
+    for _ in range(3):    # the next state's is the first unless the unknown payload holds the marker: few tries
+        if pos == -1:
+            break
+        # the state's name, backend type (int) and option count (int) come before its first option's name
+        for name_len in range(0, min(pos - 8 - 2, 0xFFFF) + 1):
+            at = pos - 8 - 2 - name_len
+            if at < 0:
+                break
+            if int.from_bytes(raw[at:at + 2], "big") != name_len:
+                continue
+            probe = Cursor(data, c.where, start + at, end)
+            try:
+                states = [read_state_meta_info(probe) for _ in range(count)]
+            except (KeyGroupsError, ValueError):
+                continue
+            if probe.remaining == 0:
+                return [s.name for s in states]
+        pos = raw.find(marker, pos + 1)
+    return []
 
 
 def write_state_meta_info(out: bytearray, m: StateMetaInfoSnapshot) -> None:
@@ -124,8 +183,10 @@ def read_keyed_header(c: Cursor) -> KeyedBackendHeader:
     except UnsupportedFlinkTypeError as e:
         raise UnsupportedFlinkTypeError(f"{c.where}: the key serializer: {e}; key the job by a basic type, String, "
                                         "byte[] or a Tuple of them") from None
+    for u in unsupported_types(key_type):   # a Kryo or POJO key: the states list, none of them reads
+        u.is_key = True
     n = c.u16("the number of states")
-    states = tuple(read_state_meta_info(c) for _ in range(n))
+    states = tuple(read_state_meta_infos(c, n, "keyed header", ends_header=True))
     for s in states:
         if s.backend_type not in ("KEY_VALUE", "PRIORITY_QUEUE"):
             raise c.fail(f"state {s.name!r} of type {s.backend_type} in a keyed state stream")

@@ -12,7 +12,7 @@ from typing import Any
 
 from keygroups.errors import CorruptSnapshotError
 from keygroups.flink._cursor import Cursor
-from keygroups.flink.keyed import StateMetaInfoSnapshot, read_block, read_state_meta_info, write_state_meta_info
+from keygroups.flink.keyed import StateMetaInfoSnapshot, read_block, read_state_meta_infos, write_state_meta_info
 from keygroups.flink.types import FlinkType, UnsupportedFlinkTypeError
 
 SNAPPY_STREAM_IDENTIFIER = b"\xff\x06\x00\x00sNaPpY"
@@ -36,15 +36,15 @@ def read_operator_header(c: Cursor) -> OperatorBackendHeader:
                                         f"{HEADER_VERSION}, written by Flink 1.17 and later)")
     compression = c.boolean("the snapshot compression flag")
     states = {}
-    for _ in range(c.u16("the number of operator states")):
-        m = read_state_meta_info(c)
+    n = c.u16("the number of operator states")
+    for m in read_state_meta_infos(c, n, "operator state header", ends_header=False):
         if m.backend_type != "OPERATOR" or m.kind not in ("SPLIT_DISTRIBUTE", "UNION"):
             raise c.fail(f"operator state {m.name!r} is {m.backend_type} with mode {m.kind!r} (expected OPERATOR, "
                          "SPLIT_DISTRIBUTE or UNION)")
         states[m.name] = m
     broadcast = {}
-    for _ in range(c.u16("the number of broadcast states")):
-        m = read_state_meta_info(c)
+    n = c.u16("the number of broadcast states")
+    for m in read_state_meta_infos(c, n, "broadcast state header", ends_header=False):
         if m.backend_type != "BROADCAST" or m.kind != "BROADCAST" or "KEY_SERIALIZER" not in m.serializers:
             raise c.fail(f"broadcast state {m.name!r} is {m.backend_type} with mode {m.kind!r} and serializers "
                          f"{sorted(m.serializers)} (expected BROADCAST with a KEY_SERIALIZER)")

@@ -2,9 +2,12 @@
 formats, each mapped to an Arrow type and to a keygroups serializer.
 
 One class per Flink serializer, named after it; ``SNAPSHOT_READERS`` is the one table from a snapshot class name to
-the reader of its payload. A snapshot class not in the table (Kryo, POJO, Avro, a user's serializer) is refused by
-name with ``UnsupportedFlinkTypeError``: its payload has no length prefix, so nothing after it can be read either.
-Nothing is ever unpickled.
+the reader of its payload. Flink's own serializers that keygroups does not map (Kryo, POJO, Avro, Value types,
+BigInteger, java.time, ...) are read to the end of their snapshot and become an ``UnsupportedType``: the header reads
+on, their states list, and using one refuses by name (``UnsupportedFlinkTypeError``), so ``skip_states`` can leave
+it out. A snapshot class not in the table (a user's own serializer) raises ``UnknownSerializerSnapshotError``: its
+payload has no length prefix, so nothing after it can be read either. Nothing is ever unpickled (a Kryo snapshot's
+Java-serialized parts are skipped by their frame lengths, never read).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from typing import Any, ClassVar, NamedTuple
 
 import pyarrow as pa
 
-from keygroups.errors import KeyGroupsError
+from keygroups.errors import CorruptSnapshotError, KeyGroupsError
 from keygroups.flink._cursor import Cursor, encode_modified_utf8
 from keygroups.serializers import (
     BoolSerializer,
@@ -616,6 +619,13 @@ def record_field_type(t: FlinkType, path: str) -> tuple[rs.DataType, bool]:
         return scalars[type(t)], False
     if isinstance(t, NullableType):
         return record_field_type(t.inner, path)[0], True
+    if isinstance(t, EnumType):
+        return rs.STRING, False
+    if isinstance(t, _PrimitiveArray):
+        return rs.ListType(record_field_type(t.element, path + "[]")[0], False), False
+    if isinstance(t, (StringArrayType, GenericArrayType)):
+        item = t.element if isinstance(t, GenericArrayType) else StringType()
+        return rs.ListType(record_field_type(item, path + "[]")[0], True), False
     if isinstance(t, ListType):
         element, element_nullable = record_field_type(t.element, path + "[]")
         return rs.ListType(element, element_nullable), False
@@ -791,6 +801,269 @@ class TimerType(_Composite):
         self.namespace.write(out, namespace)
 
 
+# ---------------------------------------------------------------------------------------------- arrays and enums
+
+class _PrimitiveArray(_Simple):
+    """Flink's primitive-array serializers (``long[]``, ``int[]``, ...): int length, then the elements (the array is
+    never null); as a Python list, kept in keygroups as a ``ListSerializer`` of the element's serializer."""
+
+    element: ClassVar[FlinkType]
+
+    def read(self, c: Cursor) -> list:
+        e = self.element
+        n = c.count(f"a {self.name} length", e.length)
+        if e.fixed_struct is not None:
+            raw = c.take(n * e.length, f"a {self.name}")
+            return [e.from_fixed(x) for x in struct.unpack(f">{n}{e.fixed_struct.format[-1]}", raw)]
+        return [e.read(c) for _ in range(n)]
+
+    def write(self, out: bytearray, value: Any) -> None:
+        if value is None or isinstance(value, (str, bytes, dict)):
+            raise TypeError(f"Flink's {self.name} holds a list (never null), got {value!r}")
+        values = list(value)
+        out += _I32.pack(len(values))
+        for v in values:
+            if v is None:
+                raise ValueError(f"Flink's {self.name} cannot hold null elements: {value!r}")
+            self.element.write(out, v)
+
+    def arrow_type(self) -> pa.DataType:
+        return pa.list_(self.element.arrow_type())
+
+    def keygroups_serializer(self) -> TypeSerializer:
+        return ListSerializer(self.element.keygroups_serializer())
+
+
+def _array_snapshot(java: str) -> str:
+    return (f"org.apache.flink.api.common.typeutils.base.array.{java}PrimitiveArraySerializer"
+            f"${java}PrimitiveArraySerializerSnapshot")
+
+
+class LongArrayType(_PrimitiveArray):
+    snapshot_class, name, element = _array_snapshot("Long"), "long[]", LongType()
+
+
+class IntArrayType(_PrimitiveArray):
+    snapshot_class, name, element = _array_snapshot("Int"), "int[]", IntType()
+
+
+class ShortArrayType(_PrimitiveArray):
+    snapshot_class, name, element = _array_snapshot("Short"), "short[]", ShortType()
+
+
+class DoubleArrayType(_PrimitiveArray):
+    snapshot_class, name, element = _array_snapshot("Double"), "double[]", DoubleType()
+
+
+class FloatArrayType(_PrimitiveArray):
+    snapshot_class, name, element = _array_snapshot("Float"), "float[]", FloatType()
+
+
+class BooleanArrayType(_PrimitiveArray):
+    snapshot_class, name, element = _array_snapshot("Boolean"), "boolean[]", BooleanType()
+
+
+class StringArrayType(_Simple):
+    """``StringArraySerializer`` (``String[]``): int length, then each element as a String (null allowed)."""
+
+    snapshot_class = ("org.apache.flink.api.common.typeutils.base.array.StringArraySerializer"
+                      "$StringArraySerializerSnapshot")
+    name = "String[]"
+
+    def read(self, c: Cursor) -> list:
+        n = c.count("a String[] length", 1)
+        return [read_string_value(c) for _ in range(n)]
+
+    def write(self, out: bytearray, value: Any) -> None:
+        if value is None or isinstance(value, (str, bytes)):
+            raise TypeError(f"Flink's String[] holds a list of str (never null itself), got {value!r}")
+        values = list(value)
+        out += _I32.pack(len(values))
+        for v in values:
+            StringType().write(out, v)
+
+    def arrow_type(self) -> pa.DataType:
+        return pa.list_(pa.string())
+
+    def keygroups_serializer(self) -> TypeSerializer:
+        return ListSerializer(NullableSerializer(StrSerializer()))
+
+
+class GenericArrayType(_Composite):
+    """``GenericArraySerializer`` (an array of objects, e.g. ``Long[]``): int length, then per element a boolean
+    (false: null) and the element; as a Python list."""
+
+    snapshot_class = "org.apache.flink.api.common.typeutils.base.GenericArraySerializerSnapshot"
+    name = "Array"
+    outer_version = 1
+
+    def __init__(self, element: FlinkType, component_class: str) -> None:
+        self.element = element
+        self.component_class = component_class
+
+    def nested(self) -> tuple[FlinkType, ...]:
+        return (self.element,)
+
+    def write_outer_payload(self, out: bytearray) -> None:
+        out += encode_modified_utf8(self.component_class)
+
+    def read(self, c: Cursor) -> list:
+        n = c.count("an array's length", 1)
+        return [self.element.read(c) if c.boolean("an array element's non-null flag") else None for _ in range(n)]
+
+    def write(self, out: bytearray, value: Any) -> None:
+        values = list(value)
+        out += _I32.pack(len(values))
+        for v in values:
+            out.append(0 if v is None else 1)
+            if v is not None:
+                self.element.write(out, v)
+
+    def arrow_type(self) -> pa.DataType:
+        return pa.list_(self.element.arrow_type())
+
+    def keygroups_serializer(self) -> TypeSerializer:
+        return ListSerializer(NullableSerializer(self.element.keygroups_serializer()))
+
+    def __repr__(self) -> str:
+        return f"{self.element!r}[]"
+
+
+class EnumType(FlinkType):
+    """``EnumSerializer``: the value's position (int) in the enum's constants as the snapshot lists them (Flink keeps
+    that order across restores); as the constant's name, a str."""
+
+    snapshot_class = "org.apache.flink.api.common.typeutils.base.EnumSerializer$EnumSerializerSnapshot"
+    name = "Enum"
+    length = 4
+
+    def __init__(self, enum_class: str, constants: tuple[str, ...]) -> None:
+        self.enum_class = enum_class
+        self.constants = tuple(constants)
+        self._ordinals = {n: i for i, n in enumerate(self.constants)}
+
+    def write_outer(self, out: bytearray) -> None:
+        out += encode_modified_utf8(self.enum_class) + _I32.pack(len(self.constants))
+        for n in self.constants:
+            out += encode_modified_utf8(n)
+
+    def read(self, c: Cursor) -> str:
+        i = c.i32(f"an {self.enum_class} ordinal")
+        if not 0 <= i < len(self.constants):
+            raise c.fail(f"ordinal {i} of enum {self.enum_class}, which has {len(self.constants)} constants")
+        return self.constants[i]
+
+    def write(self, out: bytearray, value: Any) -> None:
+        i = self._ordinals.get(value) if isinstance(value, str) else None
+        if i is None:
+            raise ValueError(f"{value!r} is not a constant of enum {self.enum_class} {list(self.constants)}")
+        out += _I32.pack(i)
+
+    def arrow_type(self) -> pa.DataType:
+        return pa.string()
+
+    def keygroups_serializer(self) -> TypeSerializer:
+        return StrSerializer()
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, EnumType) and (self.enum_class, self.constants) == (other.enum_class, other.constants)
+
+    def __hash__(self) -> int:
+        return hash((EnumType, self.enum_class))
+
+    def __repr__(self) -> str:
+        return f"Enum({self.enum_class.rpartition('.')[2]})"
+
+
+# ---------------------------------------------------------------------------------------------- not mapped
+
+class UnsupportedType(FlinkType):
+    """A Flink serializer whose snapshot keygroups reads to its end (so the rest of the header reads on, and
+    ``skip_states`` / ``--skip-state`` can leave its state out) but whose values it neither reads nor writes: Kryo,
+    POJO, Avro, a Flink ``Value`` type, BigInteger, java.time types, ... Reading its values, its Arrow type, import
+    and export each raise ``UnsupportedFlinkTypeError`` naming the state, the serializer, the user's class and what
+    to do. Its snapshot is kept as Flink wrote it (written back byte for byte)."""
+
+    name = "Unsupported"
+
+    def __init__(self, snapshot_class: str, version: int, kind: str, user_class: str | None = None,
+                 fields: tuple[tuple[str, FlinkType | None], ...] = ()) -> None:
+        self.snapshot_class_name = snapshot_class
+        self.version = version
+        #: what the serializer is, for people: "Kryo", "POJO", "Avro", "a Flink Value type", ...
+        self.kind = kind
+        #: the user's class (a POJO's, Kryo's generic type, an Avro record's), when the snapshot names it
+        self.user_class = user_class
+        #: a POJO's fields: (name, type, None when keygroups does not know the field's serializer either)
+        self.fields = fields
+        #: the snapshot's payload as Flink wrote it
+        self.payload = b""
+        #: the state it belongs to (set once the state meta info is read)
+        self.state: str | None = None
+        #: the serializer of the job's keys (set by the keyed header): no state can be skipped around it
+        self.is_key = False
+
+    @property
+    def serializer_class(self) -> str:
+        """Flink's serializer class: the snapshot class's outer class, or its name without ``Snapshot``."""
+        cls = self.snapshot_class_name
+        if "$" in cls:
+            return cls.rsplit("$", 1)[0]
+        return cls[: -len("Snapshot")] if cls.endswith("Snapshot") else cls
+
+    def refusal(self) -> UnsupportedFlinkTypeError:
+        of = f" of {self.user_class}" if self.user_class else ""
+        if self.is_key:
+            return UnsupportedFlinkTypeError(
+                f"the job is keyed by Flink's {self.serializer_class}{of} ({self.kind}), which keygroups can neither "
+                "read nor hash as Flink does, so none of the operator's keyed state can be imported: key the job by "
+                "a basic type, String, byte[] or a Tuple of them (convert the state in Flink first, with the State "
+                "Processor API)")
+        state = f"state {self.state!r}" if self.state else "this state"
+        skip = (f"--skip-state {self.state} (Python: skip_states=[{self.state!r}])" if self.state
+                else "--skip-state NAME (Python: skip_states=[NAME])")
+        return UnsupportedFlinkTypeError(
+            f"{state} uses Flink's {self.serializer_class}{of} ({self.kind}), which keygroups cannot read or write "
+            "(it maps Flink's basic types, String, byte[], primitive arrays, enums, Tuple, Row, List, Map, Nullable "
+            "and TTL). Convert the state in Flink first (the State Processor API: read it and write it back as a Row, "
+            f"Tuple or basic type), or leave it out: {skip}")
+
+    def read(self, c: Cursor) -> Any:
+        raise self.refusal()
+
+    def write(self, out: bytearray, value: Any) -> None:
+        raise self.refusal()
+
+    def arrow_type(self) -> pa.DataType:
+        raise self.refusal()
+
+    def keygroups_serializer(self) -> TypeSerializer:
+        raise self.refusal()
+
+    def write_snapshot(self, out: bytearray) -> None:
+        out += encode_modified_utf8(self.snapshot_class_name)
+        out += _I32.pack(self.version)
+        out += self.payload
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, UnsupportedType) and (self.snapshot_class_name, self.version, self.payload) == (
+            other.snapshot_class_name, other.version, other.payload)
+
+    def __hash__(self) -> int:
+        return hash((UnsupportedType, self.snapshot_class_name))
+
+    def __repr__(self) -> str:
+        short = self.serializer_class.rpartition(".")[2]
+        return f"{short}({self.user_class})" if self.user_class else short
+
+
+def unsupported_types(t: FlinkType) -> list[UnsupportedType]:
+    """Every ``UnsupportedType`` in ``t``'s tree (``t`` itself, a List's element, a Map's value, ...)."""
+    if isinstance(t, UnsupportedType):
+        return [t]
+    return [u for n in t.nested() for u in unsupported_types(n)]
+
+
 # ---------------------------------------------------------------------------------------------- reading snapshots
 
 def _read_composite(c: Cursor, cls_name: str, outer_versions: frozenset[int]) -> tuple[int, Cursor]:
@@ -818,10 +1091,17 @@ def _read_nested_list(c: Cursor, cls_name: str, expected: int | None = None) -> 
     return [read_nested_snapshot(c) for _ in range(n)]
 
 
+def _read_simple_payload(c: Cursor, cls_name: str, version: int) -> None:
+    """``SimpleTypeSerializerSnapshot.readSnapshot``: version 3 has no payload, version 2 the serializer's class."""
+    if version == 2:
+        c.utf(f"{cls_name}'s serializer class")
+    elif version != 3:
+        raise UnknownSerializerSnapshotError(cls_name, f"{cls_name} version {version} is not supported (2 or 3)")
+
+
 def _simple(cls: type[FlinkType]) -> Callable[[Cursor, int], FlinkType]:
     def reader(c: Cursor, version: int) -> FlinkType:
-        if version not in (1, 2, 3):
-            raise UnsupportedFlinkTypeError(f"{cls.snapshot_class} version {version} is not supported")
+        _read_simple_payload(c, cls.snapshot_class, version)
         return cls()
     return reader
 
@@ -889,24 +1169,184 @@ SNAPSHOT_READERS: dict[str, Callable[[Cursor, int], FlinkType]] = {
     TimerType.snapshot_class: _timer,
 }
 
-_KNOWN_UNSUPPORTED = {
-    "KryoSerializer": "Kryo (a generic type Flink could not analyse)",
-    "PojoSerializer": "a POJO",
-    "AvroSerializer": "Avro",
-    "ValueSerializer": "a Flink Value type",
-    "EnumSerializer": "a Java enum",
-}
+class UnknownSerializerSnapshotError(UnsupportedFlinkTypeError):
+    """A serializer snapshot keygroups cannot even skip (a user's serializer, an unknown version): its payload has
+    no length prefix, so nothing after it in the same header can be read."""
+
+    def __init__(self, snapshot_class: str, message: str) -> None:
+        super().__init__(message)
+        self.snapshot_class = snapshot_class
+
+
+OPTIONAL_MAP_HEADER = 0x4F2C69A3D70   # LinkedOptionalMapSerializer.HEADER
+
+
+def _optional_map(c: Cursor, what: str) -> list[tuple[str, memoryview | None, memoryview | None]]:
+    """``LinkedOptionalMapSerializer.readOptionalMap``: long header, int size, then per entry the key's name and an
+    optional length-prefixed frame for the key and one for the value (so each entry skips exactly)."""
+    header = c.i64(f"{what}'s header")
+    if header != OPTIONAL_MAP_HEADER:
+        raise c.fail(f"{what}'s header is {header:#x}, expected {OPTIONAL_MAP_HEADER:#x}")
+    out = []
+    for _ in range(c.count(f"{what}'s size", 4, limit=1 << 16)):
+        name = c.utf(f"a name in {what}")
+        frames: list[memoryview | None] = []
+        for part in ("key", "value"):
+            if c.boolean(f"{what} {name!r}'s {part} presence flag"):
+                n = c.i32(f"{what} {name!r}'s {part} frame length")
+                frames.append(c.take(n, f"{what} {name!r}'s {part} frame"))
+            else:
+                frames.append(None)
+        out.append((name, frames[0], frames[1]))
+    return out
+
+
+def _framed_snapshot(frame: memoryview | None, where: str) -> FlinkType | None:
+    """A nested snapshot inside a frame of an optional map (a POJO field's serializer): None when keygroups does not
+    know it. The frame's length bounds it, so an unknown one costs nothing after it."""
+    if frame is None:
+        return None
+    c = Cursor(frame, where)
+    try:
+        t = read_nested_snapshot(c)
+    except (UnsupportedFlinkTypeError, CorruptSnapshotError):
+        return None
+    return t if not c.remaining else None
+
+
+def _kryo(c: Cursor, version: int) -> FlinkType:
+    cls = "org.apache.flink.api.java.typeutils.runtime.kryo.KryoSerializerSnapshot"
+    if version != 2:
+        raise UnknownSerializerSnapshotError(cls, f"{cls} version {version} is not supported (only 2)")
+    user_class = c.utf("Kryo's type class")
+    for what in ("Kryo's registrations", "Kryo's default serializers", "Kryo's default serializer classes"):
+        _optional_map(c, what)
+    return UnsupportedType(cls, version, "Kryo: a generic type Flink could not analyse", user_class)
+
+
+def _pojo(c: Cursor, version: int) -> FlinkType:
+    cls = "org.apache.flink.api.java.typeutils.runtime.PojoSerializerSnapshot"
+    if version != 2:
+        raise UnknownSerializerSnapshotError(cls, f"{cls} version {version} is not supported (only 2, Flink 1.8+)")
+    pojo_class = c.utf("the POJO class")
+    fields = tuple((name, _framed_snapshot(value, c.where))
+                   for name, _, value in _optional_map(c, f"POJO {pojo_class}'s fields"))
+    _optional_map(c, f"POJO {pojo_class}'s registered subclasses")
+    _optional_map(c, f"POJO {pojo_class}'s other subclasses")
+    return UnsupportedType(cls, version, "a POJO", pojo_class, fields)
+
+
+def _avro(c: Cursor, version: int) -> FlinkType:
+    cls = "org.apache.flink.formats.avro.typeutils.AvroSerializerSnapshot"
+    if version == 1:
+        runtime_type = None
+    elif version == 2:
+        runtime_type = c.utf("the Avro runtime type")
+    else:
+        raise UnknownSerializerSnapshotError(cls, f"{cls} version {version} is not supported (1 or 2)")
+    schema = c.utf("the Avro schema")
+    return UnsupportedType(cls, version, f"Avro, schema {schema[:200]}", runtime_type)
+
+
+def _generic_type(cls: str, kind: str) -> Callable[[Cursor, int], FlinkType]:
+    """``GenericTypeSerializerSnapshot`` (ValueSerializer, CopyableValueSerializer): version 2, the type class."""
+    def reader(c: Cursor, version: int) -> FlinkType:
+        if version != 2:
+            raise UnknownSerializerSnapshotError(cls, f"{cls} version {version} is not supported (only 2)")
+        return UnsupportedType(cls, version, kind, c.utf("the type class"))
+    return reader
+
+
+def _simple_unsupported(cls: str, kind: str) -> Callable[[Cursor, int], FlinkType]:
+    def reader(c: Cursor, version: int) -> FlinkType:
+        _read_simple_payload(c, cls, version)
+        return UnsupportedType(cls, version, kind)
+    return reader
+
+
+def _enum(c: Cursor, version: int) -> FlinkType:
+    if version != 3:
+        raise UnknownSerializerSnapshotError(EnumType.snapshot_class, f"{EnumType.snapshot_class} version {version} "
+                                             "is not supported (only 3, Flink 1.11+)")
+    enum_class = c.utf("the enum class")
+    constants = tuple(c.utf(f"a constant of {enum_class}") for _ in range(c.count(f"{enum_class}'s constants", 2)))
+    if len(set(constants)) != len(constants):
+        raise c.fail(f"enum {enum_class} lists a constant twice: {list(constants)}")
+    return EnumType(enum_class, constants)
+
+
+def _generic_array(c: Cursor, version: int) -> FlinkType:
+    _read_composite(c, "GenericArraySerializerSnapshot", frozenset({1}))
+    component = c.utf("the array's component class")
+    (element,) = _read_nested_list(c, "GenericArraySerializerSnapshot", 1)
+    return GenericArrayType(element, component)
+
+
+def _base_unsupported(java: str, kind: str) -> tuple[str, Callable[[Cursor, int], FlinkType]]:
+    cls = _base(java)
+    return cls, _simple_unsupported(cls, kind)
+
+
+#: Flink's serializers whose snapshot (a ``SimpleTypeSerializerSnapshot``) keygroups skips but whose values it does
+#: not map: their states list, and refuse by name when used.
+_UNSUPPORTED_SIMPLE = dict([
+    _base_unsupported("BigInt", "java.math.BigInteger"),
+    _base_unsupported("BigDec", "java.math.BigDecimal"),
+    _base_unsupported("Date", "java.util.Date"),
+    _base_unsupported("Instant", "java.time.Instant"),
+    _base_unsupported("LocalDate", "java.time.LocalDate"),
+    _base_unsupported("LocalDateTime", "java.time.LocalDateTime"),
+    _base_unsupported("LocalTime", "java.time.LocalTime"),
+    _base_unsupported("SqlDate", "java.sql.Date"),
+    _base_unsupported("SqlTime", "java.sql.Time"),
+    _base_unsupported("SqlTimestamp", "java.sql.Timestamp"),
+    _base_unsupported("Void", "java.lang.Void"),
+    _base_unsupported("Bitmap", "a Flink Bitmap"),
+    _base_unsupported("Variant", "a Flink Variant"),
+    *(_base_unsupported(f"{t}Value", f"Flink's {t}Value") for t in (
+        "Boolean", "Byte", "Char", "Double", "Float", "Int", "Long", "Null", "Short", "String")),
+    (_array_snapshot("Char"), _simple_unsupported(_array_snapshot("Char"), "char[]")),
+    ("org.apache.flink.runtime.state.JavaSerializer$JavaSerializerSnapshot",
+     _simple_unsupported("org.apache.flink.runtime.state.JavaSerializer$JavaSerializerSnapshot",
+                         "Java serialization")),
+    ("org.apache.flink.streaming.api.windowing.windows.GlobalWindow$Serializer$GlobalWindowSerializerSnapshot",
+     _simple_unsupported("org.apache.flink.streaming.api.windowing.windows.GlobalWindow$Serializer"
+                         "$GlobalWindowSerializerSnapshot", "a GlobalWindow namespace")),
+])
+
+SNAPSHOT_READERS.update({
+    **{t.snapshot_class: _simple(t) for t in (LongArrayType, IntArrayType, ShortArrayType, DoubleArrayType,
+                                                FloatArrayType, BooleanArrayType, StringArrayType)},
+    EnumType.snapshot_class: _enum,
+    GenericArrayType.snapshot_class: _generic_array,
+    "org.apache.flink.api.java.typeutils.runtime.kryo.KryoSerializerSnapshot": _kryo,
+    "org.apache.flink.api.java.typeutils.runtime.PojoSerializerSnapshot": _pojo,
+    "org.apache.flink.formats.avro.typeutils.AvroSerializerSnapshot": _avro,
+    "org.apache.flink.api.java.typeutils.runtime.ValueSerializer$ValueSerializerSnapshot": _generic_type(
+        "org.apache.flink.api.java.typeutils.runtime.ValueSerializer$ValueSerializerSnapshot", "a Flink Value type"),
+    "org.apache.flink.api.java.typeutils.runtime.CopyableValueSerializer$CopyableValueSerializerSnapshot":
+        _generic_type("org.apache.flink.api.java.typeutils.runtime.CopyableValueSerializer"
+                      "$CopyableValueSerializerSnapshot", "a Flink CopyableValue type"),
+    **_UNSUPPORTED_SIMPLE,
+})
 
 
 def read_nested_snapshot(c: Cursor) -> FlinkType:
-    """``TypeSerializerSnapshot.readVersionedSnapshot``: class name, version, payload."""
+    """``TypeSerializerSnapshot.readVersionedSnapshot``: class name, version, payload. A serializer keygroups skips
+    but does not map becomes an ``UnsupportedType`` holding its payload; one it cannot skip raises
+    ``UnknownSerializerSnapshotError``."""
     cls_name = c.utf("a serializer snapshot class")
     version = c.i32(f"{cls_name}'s version")
     reader = SNAPSHOT_READERS.get(cls_name)
     if reader is None:
-        kind = next((v for k, v in _KNOWN_UNSUPPORTED.items() if k in cls_name), "a serializer keygroups does not know")
-        raise UnsupportedFlinkTypeError(f"serializer {cls_name} ({kind}) is not supported")
-    return reader(c, version)
+        raise UnknownSerializerSnapshotError(
+            cls_name, f"serializer snapshot {cls_name} is one keygroups does not know (a user's serializer?): its "
+            "payload has no length prefix, so it cannot be skipped either")
+    start = c.pos
+    t = reader(c, version)
+    if isinstance(t, UnsupportedType):
+        t.payload = bytes(c.data[start:c.pos])
+    return t
 
 
 def read_serializer_snapshot(c: Cursor) -> FlinkType:
@@ -990,7 +1430,14 @@ def narrow_to(flink: FlinkType, wider: FlinkType) -> bool:
             f"f{i}" for i in range(len(flink.fields))) and all(map(narrow_to, flink.fields, wider.fields))
     if isinstance(flink, NullableType) and not isinstance(wider, NullableType):   # a Row's field, nullable anyway
         return narrow_to(flink.inner, wider) or flink.inner == wider
-    pairs = {(ShortType, IntType), (ByteType, IntType), (FloatType, DoubleType), (CharType, StringType)}
+    if isinstance(flink, _PrimitiveArray) and isinstance(wider, ListType):    # long[] imported as a List
+        return narrow_to(flink.element, wider.element) or flink.element == wider.element
+    if isinstance(flink, (StringArrayType, GenericArrayType)) and isinstance(wider, ListType):
+        element = flink.element if isinstance(flink, GenericArrayType) else StringType()
+        inner = wider.element.inner if isinstance(wider.element, NullableType) else wider.element
+        return element == inner or narrow_to(element, inner)
+    pairs = {(ShortType, IntType), (ByteType, IntType), (FloatType, DoubleType), (CharType, StringType),
+             (EnumType, StringType)}     # an enum imported as its constants' names
     return (type(flink), type(wider)) in pairs
 
 
