@@ -17,6 +17,8 @@ from keygroups.flink.types import FlinkType, UnsupportedFlinkTypeError
 
 SNAPPY_STREAM_IDENTIFIER = b"\xff\x06\x00\x00sNaPpY"
 HEADER_VERSION = 6                   # OperatorBackendSerializationProxy.VERSION (compression flag since Flink 1.17)
+# Version 5 (Flink 1.7 to 1.16) is version 6 without the compression flag: operator state was never compressed.
+READ_HEADER_VERSIONS = frozenset({5, HEADER_VERSION})
 _I32 = struct.Struct(">i")
 
 
@@ -31,10 +33,10 @@ class OperatorBackendHeader:
 
 def read_operator_header(c: Cursor) -> OperatorBackendHeader:
     version = c.i32("the operator state header version")
-    if version != HEADER_VERSION:
-        raise UnsupportedFlinkTypeError(f"{c.where}: operator state header version {version} is not supported (only "
-                                        f"{HEADER_VERSION}, written by Flink 1.17 and later)")
-    compression = c.boolean("the snapshot compression flag")
+    if version not in READ_HEADER_VERSIONS:
+        raise UnsupportedFlinkTypeError(f"{c.where}: operator state header version {version} is not supported; "
+                                        "keygroups reads versions 5 and 6 (written by Flink 1.7 to 2.3)")
+    compression = c.boolean("the snapshot compression flag") if version >= 6 else False
     states = {}
     for _ in range(c.u16("the number of operator states")):
         m = read_state_meta_info(c)
