@@ -34,9 +34,12 @@ import org.apache.flink.api.common.state.ValueState;
 import org.apache.flink.api.common.state.ValueStateDescriptor;
 import org.apache.flink.api.common.typeinfo.TypeInformation;
 import org.apache.flink.api.common.typeinfo.Types;
+import org.apache.flink.api.common.typeutils.base.LongSerializer;
 import org.apache.flink.api.java.tuple.Tuple;
 import org.apache.flink.api.java.tuple.Tuple2;
+import org.apache.flink.api.java.tuple.Tuple3;
 import org.apache.flink.api.java.typeutils.RowTypeInfo;
+import org.apache.flink.api.java.typeutils.runtime.NullableSerializer;
 import org.apache.flink.configuration.CheckpointingOptions;
 import org.apache.flink.configuration.Configuration;
 import org.apache.flink.configuration.MemorySize;
@@ -111,12 +114,25 @@ public class VersionsJob {
         List<StateDescriptor<?, ?>> d = new ArrayList<>();
         d.add(new ValueStateDescriptor<>("long", Types.LONG));
         d.add(new ValueStateDescriptor<>("int", Types.INT));
+        d.add(new ValueStateDescriptor<>("short", Types.SHORT));
+        d.add(new ValueStateDescriptor<>("byte", Types.BYTE));
         d.add(new ValueStateDescriptor<>("double", Types.DOUBLE));
+        d.add(new ValueStateDescriptor<>("float", Types.FLOAT));
         d.add(new ValueStateDescriptor<>("bool", Types.BOOLEAN));
+        d.add(new ValueStateDescriptor<>("char", Types.CHAR));
         d.add(new ValueStateDescriptor<>("string", Types.STRING));
+        d.add(new ValueStateDescriptor<>("bytes", Types.PRIMITIVE_ARRAY(Types.BYTE)));
         d.add(new ValueStateDescriptor<>("tuple2", Types.TUPLE(Types.LONG, Types.STRING)));
+        d.add(new ValueStateDescriptor<>("tuple3", Types.TUPLE(Types.INT, Types.DOUBLE, Types.BOOLEAN)));
         d.add(new ValueStateDescriptor<>("row", (TypeInformation) new RowTypeInfo(Types.LONG, Types.STRING)));
+        // 10 fields (a two-byte null mask after the RowKind bits), nested types too
+        d.add(new ValueStateDescriptor<>("row_nested", (TypeInformation) new RowTypeInfo(
+                Types.INT, Types.SHORT, Types.BYTE, Types.FLOAT, Types.CHAR, Types.PRIMITIVE_ARRAY(Types.BYTE),
+                Types.LIST(Types.LONG), Types.MAP(Types.STRING, Types.LONG), Types.TUPLE(Types.LONG, Types.STRING),
+                Types.ROW(Types.LONG, Types.STRING))));
+        d.add(new ValueStateDescriptor<>("nullable", NullableSerializer.wrap(LongSerializer.INSTANCE, false)));
         d.add(new ListStateDescriptor<>("list", Types.LONG));
+        d.add(new ListStateDescriptor<>("list_str", Types.STRING));
         d.add(new MapStateDescriptor<>("map", Types.STRING, Types.LONG));
         d.add(new ReducingStateDescriptor<>("reducing", (ReduceFunction<Long>) Long::sum, Types.LONG));
         ValueStateDescriptor<Long> ttlValue = new ValueStateDescriptor<>("ttl_value", Types.LONG);
@@ -146,6 +162,28 @@ public class VersionsJob {
         switch (name) {
             case "long": return m * 1_000_000_007L;
             case "int": return (int) (m * 10007);
+            case "short": return (short) (m * 7);
+            case "byte": return (byte) m;
+            case "float": return n % 4 == 0 ? -0.0f : m * 0.5f;
+            case "char": return n % 3 == 0 ? '\u4e2d' : (char) ('A' + n);
+            case "bytes": {
+                byte[] b = new byte[(int) (n % 4)];
+                for (int i = 0; i < b.length; i++) b[i] = (byte) ((n + i) * 37);
+                return b;
+            }
+            case "tuple3": return Tuple3.of((int) n, n * 1.5, n % 2 == 1);
+            case "row_nested": {
+                Map<String, Long> map = new TreeMap<>();
+                map.put("k" + n % 3, n % 4 == 0 ? null : n);   // a null map value inside a Row is fine
+                Row r = Row.of((int) m, (short) n, (byte) -n, m * 0.5f, (char) ('a' + n), new byte[] {(byte) n, 7},
+                        List.of(m, m + 1), map, Tuple2.of(m, "w" + n), Row.of(n, n % 3 == 0 ? null : "v" + n));
+                for (int i = 0; i < r.getArity(); i++) {
+                    if ((n + i) % 6 == 0) r.setField(i, null);
+                }
+                return r;
+            }
+            case "nullable": return m;
+            case "list_str": return List.of("x" + n, "\uD83D\uDE00");
             case "double":
                 if (n % 7 == 0) return Double.NaN;
                 if (n % 4 == 0) return -0.0d;
@@ -271,8 +309,16 @@ public class VersionsJob {
         static void write(StringBuilder b, Object v) {
             if (v == null) b.append("null");
             else if (v instanceof Double) b.append("\"d:").append(String.format("%016x", Double.doubleToRawLongBits((Double) v))).append('"');
-            else if (v instanceof Long || v instanceof Integer || v instanceof Boolean) b.append(v);
+            else if (v instanceof Float) b.append("\"f:").append(String.format("%08x", Float.floatToRawIntBits((Float) v))).append('"');
+            else if (v instanceof Long || v instanceof Integer || v instanceof Short || v instanceof Byte) b.append(v);
+            else if (v instanceof Boolean) b.append(v);
+            else if (v instanceof Character) string(b, String.valueOf(v));
             else if (v instanceof String) string(b, (String) v);
+            else if (v instanceof byte[]) {
+                StringBuilder h = new StringBuilder("b:");
+                for (byte x : (byte[]) v) h.append(String.format("%02x", x & 0xff));
+                string(b, h.toString());
+            }
             else if (v instanceof Tuple) {
                 Tuple t = (Tuple) v;
                 List<Object> l = new ArrayList<>();
