@@ -13,11 +13,13 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from flink_canonical import dumps, plain, savepoint_lines
 from flink_harness import FIXTURES
 from keygroups.checkpoint import CheckpointStorage
-from keygroups.errors import CorruptSnapshotError
+from keygroups.errors import CorruptSnapshotError, KeyGroupsError
 from keygroups.flink import UnsupportedFlinkTypeError, UnsupportedSavepointError, operator_id_for_uid, read_savepoint
 from keygroups.flink.importer import _plan, import_savepoint
 from keygroups.flink.metadata import read_metadata
@@ -25,6 +27,7 @@ from keygroups.flink.types import MapType, NullableType, RowType, TtlType, Tuple
 from keygroups.runtime.functions import KeyedProcessFunction
 from keygroups.runtime.state_reader import operator_state_table
 from keygroups.testing.harness import HarnessSnapshot, KeyedFunctionHarness
+from test_flink_fuzz import EDITS, mutate, read_everything
 
 VERSIONS = FIXTURES / "versions"
 FIXTURE_DIRS = sorted(p.parent for p in VERSIONS.glob("*/*/expected.txt"))
@@ -200,6 +203,34 @@ def test_a_truncated_old_metadata_file_is_corrupt(tmp_path):
         (sp / "_metadata").write_bytes(data[:cut])
         with pytest.raises(CorruptSnapshotError):
             read_savepoint(sp).states("keyed")
+
+
+#: One savepoint per metadata version below 6, and the snappy ones (operator state header 5 and 6 compressed).
+FUZZED = [VERSIONS / "1.15.4" / "p2-mp128-hashmap-files-snappy", VERSIONS / "1.16.3" / "p3-mp256-rocksdb-files-plain",
+          VERSIONS / "1.17.2" / "p2-mp128-hashmap-files-snappy", VERSIONS / "2.0.1" / "p2-mp128-hashmap-files-plain"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(source=st.sampled_from(FUZZED), edits=EDITS)
+def test_fuzzed_old_metadata_raises_only_keygroups_errors(source, edits):
+    try:
+        read_metadata(mutate((source / "savepoint" / "_metadata").read_bytes(), edits))
+    except KeyGroupsError:
+        pass
+
+
+@settings(max_examples=100, deadline=None)
+@given(source=st.sampled_from(FUZZED), target=st.integers(0, 100), edits=EDITS)
+def test_fuzzed_old_savepoints_read_whole_raise_only_keygroups_errors(tmp_path_factory, source, target, edits):
+    root = tmp_path_factory.mktemp("fuzz") / "sp"
+    shutil.copytree(source / "savepoint", root)
+    files = sorted(root.iterdir())
+    victim = files[target % len(files)]
+    victim.write_bytes(mutate(victim.read_bytes(), edits))
+    try:
+        read_everything(root)
+    except (KeyGroupsError, KeyError):
+        pass
 
 
 def test_version_fixtures_stay_small():
