@@ -48,9 +48,13 @@ import org.apache.flink.core.execution.JobClient;
 import org.apache.flink.core.execution.SavepointFormatType;
 import org.apache.flink.runtime.state.FunctionInitializationContext;
 import org.apache.flink.runtime.state.FunctionSnapshotContext;
+import org.apache.flink.runtime.state.VoidNamespace;
+import org.apache.flink.runtime.state.VoidNamespaceSerializer;
 import org.apache.flink.streaming.api.checkpoint.CheckpointedFunction;
 import org.apache.flink.streaming.api.environment.StreamExecutionEnvironment;
 import org.apache.flink.streaming.api.functions.KeyedProcessFunction;
+import org.apache.flink.streaming.api.operators.InternalTimerService;
+import org.apache.flink.streaming.api.operators.KeyedProcessOperator;
 import org.apache.flink.types.Row;
 import org.apache.flink.util.Collector;
 
@@ -62,11 +66,14 @@ import org.apache.flink.util.Collector;
  *
  * <pre>
  * write OUT_DIR PARALLELISM MAX_PARALLELISM COMPRESSION(true|false) KEYS BACKEND(hashmap|rocksdb) INLINE(true|false)
+ * check SAVEPOINT_DIR PARALLELISM EXPECTED DUMP_DIR
  * </pre>
  *
  * takes a canonical savepoint into OUT_DIR/savepoint and writes OUT_DIR/expected.txt in SavepointJob's
  * format: keyed STATE KEY VALUE | timer event|processing KEY TS | split STATE ELEM | union STATE ELEM |
- * broadcast STATE K V. The keyed operator has uid "keyed" and Long keys.
+ * broadcast STATE K V. The keyed operator has uid "keyed" and Long keys. `check` restores the savepoint into the same
+ * operator at PARALLELISM, lists every key of every state, every timer and every operator-state element it restored
+ * (DUMP_DIR/restored.txt) and exits 0 when that equals EXPECTED, 1 (naming the first differences) when not.
  */
 public class VersionsJob {
 
@@ -243,6 +250,7 @@ public class VersionsJob {
         transient ListState<Long> split;
         transient ListState<String> union;
         transient BroadcastState<String, Long> broadcast;
+        transient List<String> restoredOperatorLines;
 
         public StateFunction(long keys) {
             this.keys = keys;
@@ -279,6 +287,7 @@ public class VersionsJob {
 
         @Override
         public void snapshotState(FunctionSnapshotContext ctx) throws Exception {
+            if (restoredOperatorLines != null) return;   // a checking job keeps what it restored
             int subtask = subtaskIndex(getRuntimeContext());
             split.update(splitElements(subtask));
             union.update(unionElements(subtask));
@@ -293,6 +302,61 @@ public class VersionsJob {
             union = ctx.getOperatorStateStore().getUnionListState(new ListStateDescriptor<>("op_union", Types.STRING));
             broadcast = ctx.getOperatorStateStore().getBroadcastState(
                     new MapStateDescriptor<>("op_broadcast", Types.STRING, Types.LONG));
+            if (ctx.isRestored()) {
+                restoredOperatorLines = new ArrayList<>();
+                for (Long e : split.get()) restoredOperatorLines.add("split\top_split\t" + Json.of(e));
+                for (String e : union.get()) restoredOperatorLines.add("union\top_union\t" + Json.of(e));
+                for (Map.Entry<String, Long> e : broadcast.entries()) {
+                    restoredOperatorLines.add("broadcast\top_broadcast\t" + Json.of(e.getKey()) + "\t"
+                            + Json.of(e.getValue()));
+                }
+            }
+        }
+    }
+
+    /** The same operator as `process(StateFunction)`, which lists everything it restored when it opens. */
+    public static class DumpingOperator extends KeyedProcessOperator<Long, Long, Long> {
+        final String dumpDir;
+
+        DumpingOperator(StateFunction fn, String dumpDir) {
+            super(fn);
+            this.dumpDir = dumpDir;
+        }
+
+        @Override
+        @SuppressWarnings({"unchecked", "rawtypes"})
+        public void open() throws Exception {
+            super.open();
+            List<String> lines = new ArrayList<>();
+            for (StateDescriptor<?, ?> d : descriptors()) {
+                String name = d.getName();
+                getKeyedStateBackend().applyToAllKeys(VoidNamespace.INSTANCE, VoidNamespaceSerializer.INSTANCE,
+                        (StateDescriptor) d, (k, s) -> {
+                            Object v;
+                            if (s instanceof ValueState) v = ((ValueState<?>) s).value();
+                            else if (s instanceof ListState) {
+                                List<Object> l = new ArrayList<>();
+                                for (Object e : ((ListState<?>) s).get()) l.add(e);
+                                v = l;
+                            } else if (s instanceof MapState) {
+                                Map<Object, Object> map = new TreeMap<>();
+                                for (Map.Entry<?, ?> e : ((MapState<?, ?>) s).entries()) map.put(e.getKey(), e.getValue());
+                                v = map;
+                            } else v = ((ReducingState<?>) s).get();
+                            if (v != null) lines.add("keyed\t" + name + "\t" + Json.of(k) + "\t" + Json.of(v));
+                        });
+            }
+            InternalTimerService<VoidNamespace> timers =
+                    getInternalTimerService("user-timers", VoidNamespaceSerializer.INSTANCE, this);
+            timers.forEachEventTimeTimer((ns, t) -> lines.add("timer\tevent\t" + Json.of(getCurrentKey()) + "\t" + t));
+            timers.forEachProcessingTimeTimer(
+                    (ns, t) -> lines.add("timer\tprocessing\t" + Json.of(getCurrentKey()) + "\t" + t));
+            List<String> operator = ((StateFunction) userFunction).restoredOperatorLines;
+            if (operator != null) lines.addAll(operator);
+            int subtask = subtaskIndex(getRuntimeContext());
+            Path tmp = Paths.get(dumpDir, "subtask-" + subtask + ".partial");
+            Files.write(tmp, lines, StandardCharsets.UTF_8);   // then renamed: the checker never sees half of it
+            Files.move(tmp, Paths.get(dumpDir, "subtask-" + subtask + ".txt"), StandardCopyOption.ATOMIC_MOVE);
         }
     }
 
@@ -456,12 +520,91 @@ public class VersionsJob {
         System.out.println("savepoint " + target);
     }
 
+    static int check(String[] a) throws Exception {
+        String savepoint = Paths.get(a[1]).toAbsolutePath().toString();
+        int parallelism = Integer.parseInt(a[2]);
+        List<String> expected = new ArrayList<>(Files.readAllLines(Paths.get(a[3]), StandardCharsets.UTF_8));
+        Path dumpDir = Paths.get(a[4]).toAbsolutePath();
+        Files.createDirectories(dumpDir);
+
+        Configuration conf = new Configuration();
+        // the option's key before Flink 2.0, and from 2.0 on
+        for (String prefix : List.of("execution.savepoint.", "execution.state-recovery.")) {
+            conf.setString(prefix + "path", savepoint);
+            conf.setString(prefix + "ignore-unclaimed-state", "true");
+        }
+        StreamExecutionEnvironment env = StreamExecutionEnvironment.getExecutionEnvironment(conf);
+        env.setParallelism(parallelism);
+        ServerSocket server = serveNumbers(0);   // no records; cancelled once every subtask listed what it restored
+        env.socketTextStream(server.getInetAddress().getHostAddress(), server.getLocalPort()).uid("check-source")
+                .map(Long::parseLong).returns(Types.LONG).setParallelism(1).uid("check-parse")
+                .keyBy(n -> key(n), Types.LONG)
+                .transform("keyed state", Types.LONG, new DumpingOperator(new StateFunction(0), dumpDir.toString()))
+                .uid(UID).print().uid("sink");
+        JobClient job = env.executeAsync("keygroups versions savepoint checker");
+        long deadline = System.currentTimeMillis() + 120_000;
+        while (!allDumped(dumpDir, parallelism)) {
+            if (job.getJobStatus().get().isTerminalState()) job.getJobExecutionResult().get();   // throws its failure
+            if (System.currentTimeMillis() > deadline) throw new IllegalStateException("nothing restored in time");
+            Thread.sleep(20);
+        }
+        job.cancel().get();
+        server.close();
+
+        List<String> restored = new ArrayList<>();
+        List<String> unionSeen = null;
+        List<String> broadcastSeen = null;
+        for (int s = 0; s < parallelism; s++) {
+            List<String> union = new ArrayList<>();
+            List<String> broadcast = new ArrayList<>();
+            for (String line : Files.readAllLines(dumpDir.resolve("subtask-" + s + ".txt"), StandardCharsets.UTF_8)) {
+                if (line.startsWith("union\t")) union.add(line);
+                else if (line.startsWith("broadcast\t")) broadcast.add(line);
+                else restored.add(line);
+            }
+            Collections.sort(union);
+            Collections.sort(broadcast);
+            // every subtask restores the whole union list and the same broadcast state
+            if (unionSeen != null && !unionSeen.equals(union)) restored.add("! subtask " + s + " union differs " + union);
+            if (broadcastSeen != null && !broadcastSeen.equals(broadcast)) restored.add("! subtask " + s + " broadcast differs");
+            unionSeen = union;
+            broadcastSeen = broadcast;
+        }
+        restored.addAll(unionSeen);
+        restored.addAll(broadcastSeen);
+        Collections.sort(restored);
+        Collections.sort(expected);
+        Files.write(dumpDir.resolve("restored.txt"), restored, StandardCharsets.UTF_8);
+        if (restored.equals(expected)) {
+            System.out.println("OK " + restored.size() + " lines restored as expected");
+            return 0;
+        }
+        List<String> missing = new ArrayList<>(expected);
+        missing.removeAll(new java.util.HashSet<>(restored));
+        List<String> extra = new ArrayList<>(restored);
+        extra.removeAll(new java.util.HashSet<>(expected));
+        System.out.println("MISMATCH expected " + expected.size() + " lines, restored " + restored.size());
+        for (String l : missing.subList(0, Math.min(10, missing.size()))) System.out.println("missing: " + l);
+        for (String l : extra.subList(0, Math.min(10, extra.size()))) System.out.println("unexpected: " + l);
+        return 1;
+    }
+
+    static boolean allDumped(Path dumpDir, int parallelism) {
+        for (int s = 0; s < parallelism; s++) {
+            if (!Files.exists(dumpDir.resolve("subtask-" + s + ".txt"))) return false;
+        }
+        return true;
+    }
+
     public static void main(String[] a) throws Exception {
         if (a.length == 8 && a[0].equals("write")) {
             write(a);
             System.exit(0);
         }
-        System.err.println("usage: write OUT P MAXP COMPRESSION KEYS hashmap|rocksdb INLINE");
+        if (a.length == 5 && a[0].equals("check")) {
+            System.exit(check(a));
+        }
+        System.err.println("usage: write OUT P MAXP COMPRESSION KEYS hashmap|rocksdb INLINE | check SAVEPOINT P EXPECTED DUMP_DIR");
         System.exit(2);
     }
 }

@@ -4,7 +4,8 @@
 
 For each Flink version it downloads that `apache-flink-libraries` wheel (`pip download`, into a cache directory under
 the system temp dir, or KEYGROUPS_FLINK_LIBS_CACHE), keeps the jars of its `pyflink/lib`, compiles VersionsJob.java
-against them and runs it on that Flink's MiniCluster with Java 17. Each fixture directory
+against them and runs it on that Flink's MiniCluster with Java 17; the same Flink then restores each savepoint at one
+more subtask and compares everything it restored with expected.txt before the fixture is kept. Each fixture directory
 `versions/<flink version>/<variant>/` holds `savepoint/` (what Flink wrote) and `expected.txt` (every entry, timer and
 operator-state element it holds, one canonical line each, as tests/flink/README.md describes).
 """
@@ -114,16 +115,27 @@ def build(version: str) -> str:
     return os.pathsep.join([str(classes), *jars])
 
 
+def _run(classpath: str, args: list) -> subprocess.CompletedProcess:
+    cmd = ["java", "-Xmx768m", "-XX:+UseSerialGC", *ADD_OPENS, "-cp", classpath, "VersionsJob", *map(str, args)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+
+
 def write(fixture: VersionFixture, classpath: str) -> None:
+    """Write the savepoint, have the same Flink restore it at one more subtask and compare everything it restored
+    with expected.txt, and only then keep it."""
     with tempfile.TemporaryDirectory() as tmp:
         out = pathlib.Path(tmp) / "out"
-        cmd = ["java", "-Xmx768m", "-XX:+UseSerialGC", *ADD_OPENS, "-cp", classpath, "VersionsJob", "write", str(out),
-               str(fixture.parallelism), str(fixture.max_parallelism), str(fixture.compression).lower(), str(KEYS),
-               fixture.backend, str(fixture.inline).lower()]
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        r = _run(classpath, ["write", out, fixture.parallelism, fixture.max_parallelism,
+                             str(fixture.compression).lower(), KEYS, fixture.backend, str(fixture.inline).lower()])
         if r.returncode != 0:
             raise SystemExit(f"Flink {fixture.flink} {fixture.name}: the writer failed ({r.returncode}):\n"
                              f"{r.stdout[-2000:]}\n{r.stderr[-6000:]}")
+        restore_parallelism = min(fixture.parallelism + 1, fixture.max_parallelism)
+        r = _run(classpath, ["check", out / "savepoint", restore_parallelism, out / "expected.txt",
+                             pathlib.Path(tmp) / "dump"])
+        if r.returncode != 0:
+            raise SystemExit(f"Flink {fixture.flink} {fixture.name}: Flink does not restore what it wrote "
+                             f"({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-6000:]}")
         shutil.rmtree(fixture.directory, ignore_errors=True)
         fixture.directory.parent.mkdir(parents=True, exist_ok=True)
         shutil.copytree(out, fixture.directory)
