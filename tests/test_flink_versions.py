@@ -186,7 +186,7 @@ def test_metadata_versions_outside_3_to_6_are_refused_naming_the_version_and_wha
 
 def test_an_operator_state_header_older_than_flink_1_7_is_refused_by_version(tmp_path):
     sp = _copy(VERSIONS / "1.16.3" / "p2-mp128-hashmap-files-plain", tmp_path)
-    # the operator state files are the small ones: header version 5, no compression flag (Flink 1.7 to 1.16)
+    # the operator state files are the small ones: header version 5, no compression flag (Flink 1.7 to 1.17)
     operator_files = [p for p in sp.iterdir() if p.name != "_metadata" and p.stat().st_size < 2000]
     assert operator_files and all(struct.unpack(">i", p.read_bytes()[:4]) == (5,) for p in operator_files)
     for p in operator_files:
@@ -207,7 +207,7 @@ def test_a_truncated_old_metadata_file_is_corrupt(tmp_path):
 
 #: One savepoint per metadata version below 6, and the snappy ones (operator state header 5 and 6 compressed).
 FUZZED = [VERSIONS / "1.15.4" / "p2-mp128-hashmap-files-snappy", VERSIONS / "1.16.3" / "p3-mp256-rocksdb-files-plain",
-          VERSIONS / "1.17.2" / "p2-mp128-hashmap-files-snappy", VERSIONS / "2.0.1" / "p2-mp128-hashmap-files-plain"]
+          VERSIONS / "1.19.3" / "p2-mp128-hashmap-files-snappy", VERSIONS / "2.0.1" / "p2-mp128-hashmap-files-plain"]
 
 
 @settings(max_examples=200, deadline=None)

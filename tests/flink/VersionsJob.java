@@ -496,9 +496,10 @@ public class VersionsJob {
                 .process(new StateFunction(keys), Types.LONG).uid(UID).name("keyed state")
                 .print().uid("sink");
         JobClient job = env.executeAsync("keygroups versions savepoint writer");
+        java.util.concurrent.CompletableFuture<?> result = job.getJobExecutionResult();
         long deadline = System.currentTimeMillis() + 120_000;
         while (PROCESSED.get() < keys) {
-            if (job.getJobStatus().get().isTerminalState()) job.getJobExecutionResult().get();   // throws its failure
+            if (result.isDone()) result.get();   // throws the job's failure
             if (System.currentTimeMillis() > deadline) throw new IllegalStateException("records not processed in time");
             Thread.sleep(20);
         }
@@ -542,9 +543,10 @@ public class VersionsJob {
                 .transform("keyed state", Types.LONG, new DumpingOperator(new StateFunction(0), dumpDir.toString()))
                 .uid(UID).print().uid("sink");
         JobClient job = env.executeAsync("keygroups versions savepoint checker");
+        java.util.concurrent.CompletableFuture<?> result = job.getJobExecutionResult();
         long deadline = System.currentTimeMillis() + 120_000;
         while (!allDumped(dumpDir, parallelism)) {
-            if (job.getJobStatus().get().isTerminalState()) job.getJobExecutionResult().get();   // throws its failure
+            if (result.isDone()) result.get();   // throws the job's failure
             if (System.currentTimeMillis() > deadline) throw new IllegalStateException("nothing restored in time");
             Thread.sleep(20);
         }

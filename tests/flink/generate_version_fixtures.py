@@ -55,9 +55,10 @@ class VersionFixture:
 
 
 #: The newest release of each Flink minor version 1.15 to 2.2 (2.3 is tests/flink/fixtures/, SavepointJob.java),
-#: each a heap (hashmap) savepoint; 1.15 also with RocksDB and with snapshot compression, 1.17 (the first whose
-#: operator state is compressed too) with compression, 1.16 with a max parallelism above 128 (2-byte key-group
-#: prefixes), 1.19 inlined in _metadata.
+#: each a heap (hashmap) savepoint; 1.15 also with RocksDB and with snapshot compression, 1.16 with RocksDB and a max
+#: parallelism above 128 (2-byte key-group prefixes), 1.19 inlined in _metadata and with compression (operator state
+#: is compressed too from 1.18, operator state header version 6; but Flink 1.18.1 fails to restore its own
+#: compressed operator state at another parallelism, "invalid stream header", so the checked fixture is 1.19's).
 VERSION_FIXTURES = [
     VersionFixture("1.15.4"),
     VersionFixture("1.15.4", backend="rocksdb"),
@@ -65,9 +66,9 @@ VERSION_FIXTURES = [
     VersionFixture("1.16.3"),
     VersionFixture("1.16.3", parallelism=3, max_parallelism=256, backend="rocksdb"),
     VersionFixture("1.17.2"),
-    VersionFixture("1.17.2", compression=True),
     VersionFixture("1.18.1"),
     VersionFixture("1.19.3", inline=True),
+    VersionFixture("1.19.3", compression=True),
     VersionFixture("1.20.3"),
     VersionFixture("2.0.1"),
     VersionFixture("2.1.1"),

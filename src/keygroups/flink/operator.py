@@ -16,8 +16,8 @@ from keygroups.flink.keyed import StateMetaInfoSnapshot, read_block, read_state_
 from keygroups.flink.types import FlinkType, UnsupportedFlinkTypeError
 
 SNAPPY_STREAM_IDENTIFIER = b"\xff\x06\x00\x00sNaPpY"
-HEADER_VERSION = 6                   # OperatorBackendSerializationProxy.VERSION (compression flag since Flink 1.17)
-# Version 5 (Flink 1.7 to 1.16) is version 6 without the compression flag: operator state was never compressed.
+HEADER_VERSION = 6                   # OperatorBackendSerializationProxy.VERSION (compression flag since Flink 1.18)
+# Version 5 (Flink 1.7 to 1.17) is version 6 without the compression flag: operator state was never compressed.
 READ_HEADER_VERSIONS = frozenset({5, HEADER_VERSION})
 _I32 = struct.Struct(">i")
 
