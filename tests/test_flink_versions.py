@@ -20,9 +20,15 @@ from flink_canonical import dumps, plain, savepoint_lines
 from flink_harness import FIXTURES
 from keygroups.checkpoint import CheckpointStorage
 from keygroups.errors import CorruptSnapshotError, KeyGroupsError
-from keygroups.flink import UnsupportedFlinkTypeError, UnsupportedSavepointError, operator_id_for_uid, read_savepoint
+from keygroups.flink import (
+    UnsupportedFlinkTypeError,
+    UnsupportedSavepointError,
+    export_savepoint,
+    operator_id_for_uid,
+    read_savepoint,
+)
 from keygroups.flink.importer import _plan, import_savepoint
-from keygroups.flink.metadata import read_metadata
+from keygroups.flink.metadata import ByteStreamStateHandle, read_metadata
 from keygroups.flink.types import MapType, NullableType, RowType, TtlType, TupleType
 from keygroups.runtime.functions import KeyedProcessFunction
 from keygroups.runtime.state_reader import operator_state_table
@@ -161,6 +167,24 @@ def test_imports_and_a_keygroups_restore_at_another_parallelism_reads_the_same_v
     finally:
         restored.close()
         harness.close()
+
+
+@pytest.mark.parametrize("fixture", [VERSIONS / "1.15.4" / "p2-mp128-rocksdb-files-plain",
+                                     VERSIONS / "1.19.3" / "p2-mp128-hashmap-files-snappy"], ids=["1.15", "1.19"])
+def test_an_export_like_an_old_savepoint_keeps_its_format_and_reads_back_equal(tmp_path, fixture):
+    """Exports write operator state header version 5 (no compression flag), which Flink 1.15 to 1.17 restore and
+    version 6 cannot give them (generate_version_fixtures.py --check-export has each version restore an export)."""
+    flink = read_savepoint(fixture / "savepoint")
+    import_savepoint(flink, str(tmp_path / "loc"), "sp", uid="keyed")
+    export_savepoint(str(tmp_path / "loc"), tmp_path / "out", uid="keyed", savepoint="sp", like=flink)
+    back = read_savepoint(tmp_path / "out")
+    assert savepoint_lines(back) == _expected(fixture)
+    streams = [st.managed_operator_state.stream for st in back.operator("keyed").subtasks if st.managed_operator_state]
+    assert len(streams) == flink.operator("keyed").parallelism
+    for stream in streams:
+        data = stream.data if isinstance(stream, ByteStreamStateHandle) else \
+            (tmp_path / "out" / stream.relative_path).read_bytes()
+        assert struct.unpack(">i", data[:4]) == (5,)
 
 
 # ---------------------------------------------------------------------------------------------- what is refused

@@ -1,6 +1,11 @@
 """Remake the savepoints of older Flink versions in tests/flink/fixtures/versions/ (see README.md). Not run in CI.
 
     python tests/flink/generate_version_fixtures.py [VERSION ...]     (every version of VERSION_FIXTURES by default)
+    python tests/flink/generate_version_fixtures.py --check-export [VERSION ...]
+
+`--check-export` writes nothing: it imports each committed fixture into keygroups, exports it back with
+`keygroups.flink.export_savepoint(..., like=<the fixture>)` and has the Flink version that wrote it restore the export
+at one more subtask, which must restore exactly the fixture's expected.txt.
 
 For each Flink version it downloads that `apache-flink-libraries` wheel (`pip download`, into a cache directory under
 the system temp dir, or KEYGROUPS_FLINK_LIBS_CACHE), keeps the jars of its `pyflink/lib`, compiles VersionsJob.java
@@ -20,6 +25,8 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+
+from keygroups.flink import export_savepoint, import_savepoint, read_savepoint
 
 HERE = pathlib.Path(__file__).parent
 SOURCE = HERE / "VersionsJob.java"
@@ -121,6 +128,16 @@ def _run(classpath: str, args: list) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
 
 
+def check(fixture: VersionFixture, savepoint: pathlib.Path, expected: pathlib.Path, classpath: str, what: str) -> None:
+    """Flink restores `savepoint` at one more subtask and must restore exactly `expected`."""
+    parallelism = min(fixture.parallelism + 1, fixture.max_parallelism)
+    with tempfile.TemporaryDirectory() as dump:
+        r = _run(classpath, ["check", savepoint, parallelism, expected, dump])
+    if r.returncode != 0:
+        raise SystemExit(f"Flink {fixture.flink} {fixture.name}: Flink does not restore {what} ({r.returncode}):\n"
+                         f"{r.stdout[-3000:]}\n{r.stderr[-6000:]}")
+
+
 def write(fixture: VersionFixture, classpath: str) -> None:
     """Write the savepoint, have the same Flink restore it at one more subtask and compare everything it restored
     with expected.txt, and only then keep it."""
@@ -131,12 +148,7 @@ def write(fixture: VersionFixture, classpath: str) -> None:
         if r.returncode != 0:
             raise SystemExit(f"Flink {fixture.flink} {fixture.name}: the writer failed ({r.returncode}):\n"
                              f"{r.stdout[-2000:]}\n{r.stderr[-6000:]}")
-        restore_parallelism = min(fixture.parallelism + 1, fixture.max_parallelism)
-        r = _run(classpath, ["check", out / "savepoint", restore_parallelism, out / "expected.txt",
-                             pathlib.Path(tmp) / "dump"])
-        if r.returncode != 0:
-            raise SystemExit(f"Flink {fixture.flink} {fixture.name}: Flink does not restore what it wrote "
-                             f"({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-6000:]}")
+        check(fixture, out / "savepoint", out / "expected.txt", classpath, "what it wrote")
         shutil.rmtree(fixture.directory, ignore_errors=True)
         fixture.directory.parent.mkdir(parents=True, exist_ok=True)
         shutil.copytree(out, fixture.directory)
@@ -144,15 +156,27 @@ def write(fixture: VersionFixture, classpath: str) -> None:
     print(f"{fixture.flink}/{fixture.name}: {size} bytes")
 
 
+def check_export(fixture: VersionFixture, classpath: str) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        flink = read_savepoint(fixture.directory / "savepoint")
+        import_savepoint(flink, tmp, "imported", uid="keyed")
+        export_savepoint(tmp, pathlib.Path(tmp) / "exported", uid="keyed", savepoint="imported", like=flink)
+        check(fixture, pathlib.Path(tmp) / "exported", fixture.directory / "expected.txt", classpath,
+              "keygroups' export of it")
+    print(f"{fixture.flink}/{fixture.name}: Flink {fixture.flink} restores keygroups' export")
+
+
 def main() -> None:
-    only = set(sys.argv[1:])
+    args = sys.argv[1:]
+    exports = "--check-export" in args
+    only = set(args) - {"--check-export"}
     for version in dict.fromkeys(f.flink for f in VERSION_FIXTURES):
         if only and version not in only:
             continue
         classpath = build(version)
         for fixture in VERSION_FIXTURES:
             if fixture.flink == version:
-                write(fixture, classpath)
+                (check_export if exports else write)(fixture, classpath)
 
 
 if __name__ == "__main__":

@@ -55,8 +55,13 @@ def read_operator_header(c: Cursor) -> OperatorBackendHeader:
 
 
 def write_operator_header(out: bytearray, h: OperatorBackendHeader) -> None:
-    out += _I32.pack(HEADER_VERSION)
-    out.append(1 if h.compression else 0)
+    """Version 5 for uncompressed operator state, which every Flink from 1.7 to 2.3 restores (versions 1.15 to 1.17
+    refuse version 6); version 6 only when the flag is needed."""
+    if h.compression:
+        out += _I32.pack(HEADER_VERSION)
+        out.append(1)
+    else:
+        out += _I32.pack(5)
     for group in (h.states, h.broadcast_states):
         out += struct.pack(">H", len(group))
         for m in group.values():
