@@ -61,7 +61,7 @@ class VersionFixture:
         return TARGET / self.flink / self.name
 
 
-#: The newest release of each Flink minor version 1.15 to 2.2 (2.3 is tests/flink/fixtures/, SavepointJob.java),
+#: A release of each Flink minor version 1.15 to 2.2 (2.3 is tests/flink/fixtures/, written by SavepointJob.java),
 #: each a heap (hashmap) savepoint; 1.15 also with RocksDB and with snapshot compression, 1.16 with RocksDB and a max
 #: parallelism above 128 (2-byte key-group prefixes), 1.19 inlined in _metadata and with compression (operator state
 #: is compressed too from 1.18, operator state header version 6; but Flink 1.18.1 fails to restore its own
