@@ -75,3 +75,22 @@ def test_fuzzed_savepoints_read_whole_raise_only_keygroups_errors(tmp_path_facto
         read_everything(root)
     except (KeyGroupsError, KeyError):
         pass
+
+
+@settings(max_examples=60)
+@given(name=st.sampled_from(sorted(SOURCES)), target=st.integers(0, 100), edits=EDITS)
+def test_fuzzed_savepoints_import_raise_only_keygroups_errors(tmp_path_factory, name, target, edits):
+    """The compiled import (block scanner and transcoder) on damaged keyed and operator state files: keygroups'
+    errors, never a crash or a read past a buffer; nothing half-written becomes a savepoint."""
+    from keygroups.flink import import_savepoint
+
+    root = tmp_path_factory.mktemp("fuzz") / "sp"
+    shutil.copytree(SOURCES[name], root)
+    files = sorted(root.iterdir())   # inline state lives in _metadata
+    victim = files[target % len(files)]
+    victim.write_bytes(mutate(victim.read_bytes(), edits))
+    location = root.parent / "imported"
+    try:
+        import_savepoint(root, str(location), "sp", uid="keyed")
+    except (KeyGroupsError, KeyError):
+        assert not (location / "savepoints" / "sp" / "_metadata").exists()

@@ -16,7 +16,6 @@ from keygroups.errors import CheckpointNotFoundError, CorruptSnapshotError
 from keygroups.flink import (
     UnsupportedFlinkTypeError,
     UnsupportedSavepointError,
-    import_savepoint,
     operator_id_for_uid,
     read_savepoint,
 )
@@ -164,8 +163,3 @@ def test_window_state_and_window_timers_read_with_their_time_windows(name):
     assert timers == {kw: kw[1][1] - 1 for kw in expected}
     batch = next(sp.read_state("window", "window-contents"))
     assert batch.schema.field("namespace").type == pa.struct([("start", pa.int64()), ("end", pa.int64())])
-
-
-def test_window_state_is_refused_on_import_by_name(tmp_path):
-    with pytest.raises(UnsupportedFlinkTypeError, match="window"):
-        import_savepoint(FIXTURES / FIXTURE_NAMES[0] / "savepoint", str(tmp_path), "w", uid="window")

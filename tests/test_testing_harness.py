@@ -370,6 +370,22 @@ def test_the_fixture_comes_with_the_package_and_closes_every_harness_it_made_and
     assert len(dirs) == 2 and not any(os.path.exists(d) for d in dirs)
 
 
+def test_a_suite_that_never_uses_the_fixture_loads_nothing_heavy(pytester):
+    """pytest loads the plugin of every installed keygroups at its start: that must not import numpy, pyarrow or
+    the runtime (seconds of start-up for a suite that never asks for the fixture)."""
+    pytester.makepyfile(test_other_suite="""
+        import sys
+
+        def test_nothing_heavy_was_imported():
+            assert "keygroups.testing.pytest_plugin" in sys.modules
+            heavy = [m for m in ("numpy", "pyarrow", "keygroups._hashing", "keygroups.runtime",
+                                 "keygroups.testing.harness") if m in sys.modules]
+            assert heavy == []
+    """)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
+
+
 def test_ddl_schemas_as_keyed_job_takes_them():
     assert arrow_schema("user string, n long, at timestamp, tags array<string>, m map<string,int>, "
                         "s struct<a:int,b:double>, d decimal(10,2), `odd name` binary") == pa.schema([

@@ -66,6 +66,19 @@ import org.apache.flink.types.Row;
  *     OUT_DIR/expected.txt: every entry, timer and operator-state element, one canonical line each.
  * restore SAVEPOINT_DIR|- PARALLELISM KEY_TYPE BACKEND
  *     restores the savepoint (or nothing) into the job and prints the job's net runtime (for benchmarks).
+ * windows SAVEPOINT_DIR PARALLELISM KEY_TYPE OUT_FILE
+ *     restores the savepoint's window operator uid("window") (10 s tumbling event-time windows, Long::sum) at
+ *     PARALLELISM with a source that ends at once, so the final watermark fires every restored window; writes one
+ *     line per firing to OUT_FILE, sorted: KEY START END SUM (KEY as JSON).
+ * window-records SAVEPOINT_DIR PARALLELISM LATENESS_MS OUT_FILE
+ *     the same for a process window function over Tuple3(key, t, n) records keyed by f0 (operator uid("w"),
+ *     window-contents a ListState of the records) with allowed lateness LATENESS_MS: KEY START END SUM(n) COUNT.
+ * write-sessions OUT_DIR PARALLELISM KEYS
+ *     runs event-time session windows (gap 3 s, Long::sum, operator uid("sessions")) over records n = 0..KEYS-1,
+ *     keyed by n % 4 at event time sessionTime(n) (two sessions per key, each merged from several records), never
+ *     fired, and stops with a canonical savepoint into OUT_DIR/savepoint.
+ * sessions SAVEPOINT_DIR PARALLELISM OUT_FILE
+ *     restores that operator and fires every session it restored: KEY START END SUM lines, as `windows` does.
  * check SAVEPOINT_DIR PARALLELISM KEY_TYPE EXPECTED DUMP_DIR
  *     restores the savepoint into the same operator at PARALLELISM, lists everything it restored (every key of
  *     every state, every timer, every operator-state element) into DUMP_DIR/restored.txt and compares it with
@@ -661,9 +674,166 @@ public class SavepointJob {
         System.out.println("netRuntimeMs=" + net + " wallMs=" + (System.nanoTime() - start) / 1_000_000);
     }
 
+    static final java.util.concurrent.ConcurrentLinkedQueue<String> WINDOW_FIRINGS =
+            new java.util.concurrent.ConcurrentLinkedQueue<>();
+
+    /** Emits what a restored window holds when it fires: key, window and the reduced sum. */
+    public static class FiringLines extends org.apache.flink.streaming.api.functions.windowing.ProcessWindowFunction<
+            Long, Long, Object, org.apache.flink.streaming.api.windowing.windows.TimeWindow> {
+        @Override
+        public void process(Object key, Context ctx, Iterable<Long> sums, org.apache.flink.util.Collector<Long> out) {
+            for (Long sum : sums) {
+                WINDOW_FIRINGS.add(Json.of(key) + "\t" + ctx.window().getStart() + "\t" + ctx.window().getEnd()
+                        + "\t" + sum);
+                out.collect(sum);
+            }
+        }
+    }
+
+    /** A job restoring savepoint a[1] at parallelism a[2] (state of operators it lacks ignored). */
+    static StreamExecutionEnvironment restoring(String[] a) {
+        Configuration conf = new Configuration();
+        conf.set(StateRecoveryOptions.SAVEPOINT_PATH, Paths.get(a[1]).toAbsolutePath().toString());
+        conf.set(StateRecoveryOptions.SAVEPOINT_IGNORE_UNCLAIMED_STATE, true);
+        StreamExecutionEnvironment env = StreamExecutionEnvironment.getExecutionEnvironment(conf);
+        env.setParallelism(Integer.parseInt(a[2]));
+        return env;
+    }
+
+    /** Runs the job (its source ends at once, so the final watermark fires every restored window) and writes the
+     * firings, sorted, to `out`. */
+    static void writeFirings(StreamExecutionEnvironment env, String out) throws Exception {
+        long net = env.execute("keygroups window checker").getNetRuntime();
+        List<String> lines = new ArrayList<>(WINDOW_FIRINGS);
+        Collections.sort(lines);
+        Files.write(Paths.get(out), lines, StandardCharsets.UTF_8);
+        System.out.println("fired " + lines.size() + " windows netRuntimeMs=" + net);
+    }
+
+    /** Restores the window operator uid("window") and fires every window it restored. */
+    static void windows(String[] a) throws Exception {
+        StreamExecutionEnvironment env = restoring(a);
+        env.addSource(new EmptySource(), "empty", Types.LONG).setParallelism(1).uid("check-source")
+                .keyBy(keySelector(a[3]), keyType(a[3]))
+                .window(org.apache.flink.streaming.api.windowing.assigners.TumblingEventTimeWindows.of(
+                        Duration.ofSeconds(10)))
+                .reduce((ReduceFunction<Long>) Long::sum, new FiringLines(), Types.LONG).uid("window")
+                .name("window sums").sinkTo(new DiscardingSink<>()).uid("window-sink");
+        writeFirings(env, a[4]);
+    }
+
+    /** An empty source of Tuple3(key, t, n) records: the window-records job only restores. */
+    public static class EmptyRecords extends RichSourceFunction<Tuple3<Long, Long, Long>> {
+        @Override public void run(SourceContext<Tuple3<Long, Long, Long>> ctx) {}
+        @Override public void cancel() {}
+    }
+
+    /** Emits a restored window's records when it fires: key, window, the sum of n and the number of records. */
+    public static class RecordLines extends org.apache.flink.streaming.api.functions.windowing.ProcessWindowFunction<
+            Tuple3<Long, Long, Long>, Long, Long, org.apache.flink.streaming.api.windowing.windows.TimeWindow> {
+        @Override
+        public void process(Long key, Context ctx, Iterable<Tuple3<Long, Long, Long>> records,
+                            org.apache.flink.util.Collector<Long> out) {
+            long sum = 0;
+            long count = 0;
+            for (Tuple3<Long, Long, Long> r : records) {
+                sum += r.f2;
+                count++;
+            }
+            WINDOW_FIRINGS.add(key + "\t" + ctx.window().getStart() + "\t" + ctx.window().getEnd() + "\t" + sum
+                    + "\t" + count);
+            out.collect(sum);
+        }
+    }
+
+    /** Restores the process window operator uid("w") and fires every window it restored. */
+    static void windowRecords(String[] a) throws Exception {
+        StreamExecutionEnvironment env = restoring(a);
+        env.addSource(new EmptyRecords(), "empty", Types.TUPLE(Types.LONG, Types.LONG, Types.LONG))
+                .setParallelism(1).uid("check-source")
+                .keyBy((KeySelector<Tuple3<Long, Long, Long>, Long>) r -> r.f0, Types.LONG)
+                .window(org.apache.flink.streaming.api.windowing.assigners.TumblingEventTimeWindows.of(
+                        Duration.ofSeconds(10)))
+                .allowedLateness(Duration.ofMillis(Long.parseLong(a[3])))
+                .process(new RecordLines(), Types.LONG).uid("w")
+                .sinkTo(new DiscardingSink<>()).uid("window-sink");
+        writeFirings(env, a[4]);
+    }
+
+    static final java.time.Duration SESSION_GAP = Duration.ofSeconds(3);
+
+    /** Record n's event time in the session job: per key, records 2 s apart, then a 12 s pause. */
+    static long sessionTime(long n) {
+        long i = n / 4;
+        return i * 2000 + (i >= 3 ? 10_000 : 0);
+    }
+
+    @SuppressWarnings({"unchecked", "rawtypes"})
+    static KeyedStream<Long, Object> bySessionKey(org.apache.flink.streaming.api.datastream.DataStream<Long> s) {
+        return s.keyBy((KeySelector<Long, Object>) n -> (Object) (n % 4), (TypeInformation) Types.LONG);
+    }
+
+    static void writeSessions(String[] a) throws Exception {
+        Path out = Paths.get(a[1]).toAbsolutePath();
+        long keys = Long.parseLong(a[3]);
+        Configuration conf = new Configuration();
+        conf.set(CheckpointingOptions.CHECKPOINT_STORAGE, "filesystem");
+        conf.set(CheckpointingOptions.CHECKPOINTS_DIRECTORY,
+                Files.createTempDirectory("keygroups-flink-chk").toUri().toString());
+        StreamExecutionEnvironment env = StreamExecutionEnvironment.getExecutionEnvironment(conf);
+        env.setParallelism(Integer.parseInt(a[2]));
+        env.setMaxParallelism(128);
+        bySessionKey(env.addSource(new NumberSource(keys), "session numbers", Types.LONG).setParallelism(1)
+                .uid("session-source")
+                .assignTimestampsAndWatermarks(
+                        org.apache.flink.api.common.eventtime.WatermarkStrategy.<Long>noWatermarks()
+                                .withTimestampAssigner((n, ts) -> sessionTime(n)))
+                .map(n -> {
+                    WINDOW_PROCESSED.incrementAndGet();
+                    return n;
+                }).returns(Types.LONG).uid("session-count"))
+                .window(org.apache.flink.streaming.api.windowing.assigners.EventTimeSessionWindows.withGap(
+                        SESSION_GAP))
+                .reduce((ReduceFunction<Long>) Long::sum).uid("sessions").name("session sums")
+                .sinkTo(new DiscardingSink<>()).uid("session-sink");
+        JobClient job = env.executeAsync("keygroups session writer");
+        long deadline = System.currentTimeMillis() + 120_000;
+        while (WINDOW_PROCESSED.get() < keys) {
+            if (System.currentTimeMillis() > deadline) throw new IllegalStateException("records not processed in time");
+            Thread.sleep(20);
+        }
+        Path tmp = Files.createTempDirectory("keygroups-flink-savepoint");
+        String savepoint = job.stopWithSavepoint(false, tmp.toUri().toString(), SavepointFormatType.CANONICAL).get();
+        move(Paths.get(java.net.URI.create(savepoint.startsWith("file:") ? savepoint : "file:" + savepoint)),
+                out.resolve("savepoint"));
+        System.out.println("savepoint " + out.resolve("savepoint"));
+    }
+
+    static void sessions(String[] a) throws Exception {
+        StreamExecutionEnvironment env = restoring(a);
+        bySessionKey(env.addSource(new EmptySource(), "empty", Types.LONG).setParallelism(1).uid("check-source"))
+                .window(org.apache.flink.streaming.api.windowing.assigners.EventTimeSessionWindows.withGap(
+                        SESSION_GAP))
+                .reduce((ReduceFunction<Long>) Long::sum, new FiringLines(), Types.LONG).uid("sessions")
+                .sinkTo(new DiscardingSink<>()).uid("session-sink");
+        writeFirings(env, a[3]);
+    }
+
     public static void main(String[] a) throws Exception {
         int status;
-        if (a.length == 5 && a[0].equals("restore")) {
+        if (a.length == 4 && a[0].equals("write-sessions")) {
+            writeSessions(a);
+            status = 0;
+        } else if (a.length == 4 && a[0].equals("sessions")) {
+            sessions(a);
+            status = 0;
+        } else if (a.length == 5 && a[0].equals("windows")) {
+            windows(a);
+            status = 0;
+        } else if (a.length == 5 && a[0].equals("window-records")) {
+            windowRecords(a);
+            status = 0;
+        } else if (a.length == 5 && a[0].equals("restore")) {
             restore(a);
             status = 0;
         } else if (a.length == 9 && a[0].equals("write")) {
@@ -673,7 +843,9 @@ public class SavepointJob {
             status = check(a);
         } else {
             System.err.println("usage: write OUT P MAXP COMPRESSION KEYS long|string hashmap|rocksdb INLINE"
-                    + " | check SAVEPOINT P long|string EXPECTED DUMP_DIR");
+                    + " | check SAVEPOINT P long|string EXPECTED DUMP_DIR | windows SAVEPOINT P long|string OUT_FILE"
+                    + " | window-records SAVEPOINT P LATENESS_MS OUT_FILE | write-sessions OUT P KEYS"
+                    + " | sessions SAVEPOINT P OUT_FILE");
             status = 2;
         }
         System.exit(status);

@@ -116,6 +116,9 @@ def _check_offsets(what: str, offsets: Any, key_group_range: KeyGroupRange, size
         raise ValueError(f"{what}.offsets must be a list of {expected} ints (one per key group of "
                          f"{key_group_range} plus the end), got "
                          f"{len(offsets) if isinstance(offsets, list) else type(offsets).__name__}")
+    if (all(type(off) is int for off in offsets) and 0 <= offsets[0] and offsets[-1] <= size
+            and offsets == sorted(offsets)):
+        return   # the common case at C speed: every batch decodes every handle of the checkpoint
     prev = 0
     for i, off in enumerate(offsets):
         if not _is_int(off) or not prev <= off <= size:
@@ -221,6 +224,24 @@ class KeyedStateHandle:
         """Whether ``key_group``'s block matters to a restore: a full block always does, a delta block unless it is
         empty (a delta file writes an empty block for every key group nothing changed in)."""
         return self.is_full(key_group) or self.block_size(key_group) > EMPTY_BLOCK_SIZE
+
+    def changed_key_groups(self) -> tuple[list[int], list[int]]:
+        """``(full, deltas)``: the key groups whose block is full, and those whose block is a non-empty delta (the
+        key groups :meth:`changes` is true of), each ascending. Worked out once per handle: every batch plans its
+        chains from them, over every handle of the checkpoint."""
+        cached = self.__dict__.get("_changed")
+        if cached is None:
+            full: list[int] = []
+            deltas: list[int] = []
+            start, offsets = self.key_group_range.start, self.offsets
+            for i in range(len(self.key_group_range)):
+                kg = start + i
+                if self.is_full(kg):
+                    full.append(kg)
+                elif offsets[i + 1] - offsets[i] > EMPTY_BLOCK_SIZE:
+                    deltas.append(kg)
+            cached = self.__dict__["_changed"] = (full, deltas)
+        return cached
 
     def byte_range(self, key_groups: KeyGroupRange) -> tuple[int, int]:
         """``(start, end)`` byte offsets in ``file`` of the blocks of ``key_groups`` (which must lie inside

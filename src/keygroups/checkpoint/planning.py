@@ -184,11 +184,11 @@ def key_group_chains(handles: Sequence[KeyedStateHandle], key_groups: KeyGroupRa
             for kg in part:
                 chains[kg] = [h]
             continue
-        for kg in part:
-            if h.is_full(kg):
-                chains[kg] = [h]
-            elif h.changes(kg):
-                chains.setdefault(kg, []).append(h)
+        full, deltas = h.changed_key_groups()   # a key group's block is one or the other: order is free
+        for kg in full[bisect.bisect_left(full, part.start):bisect.bisect_right(full, part.end)]:
+            chains[kg] = [h]
+        for kg in deltas[bisect.bisect_left(deltas, part.start):bisect.bisect_right(deltas, part.end)]:
+            chains.setdefault(kg, []).append(h)
     return chains
 
 

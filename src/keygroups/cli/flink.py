@@ -1,12 +1,14 @@
 """``keygroups flink``: move a job's state between Flink and keygroups.
 
 ``keygroups flink import SAVEPOINT LOCATION --name NAME --uid UID [--operator-state-uid UID2] [--skip-state S]
-[--field-names STATE=A,B]``
+[--field-names STATE=A,B] [--windows operator|state] [--window-records DDL]``
 writes Flink operator UID's keyed state, timers and operator state (UID2's operator state when given) as the keygroups
 savepoint LOCATION/savepoints/NAME, which ``KeyedJob(..., restore_from_savepoint=NAME)`` continues from.
 ``keygroups flink export LOCATION (--savepoint NAME | --checkpoint ID) DEST --uid UID [--operator-state-uid UID2]
-[--like FLINK_SAVEPOINT] [--compression]`` writes keygroups state as a Flink canonical savepoint DEST that Flink
-restores into a job whose operator has uid UID. ``keygroups flink list SAVEPOINT`` lists a Flink savepoint.
+[--like FLINK_SAVEPOINT] [--compression] [--windows operator|state] [--window-state STATE=KIND] [--window-records DDL]
+[--allowed-lateness MS]`` writes keygroups state as a Flink canonical savepoint DEST that Flink restores into a job
+whose operator has uid UID (window state and timers as a ``WindowOperator``'s). ``keygroups flink list SAVEPOINT``
+lists a Flink savepoint.
 """
 
 from __future__ import annotations
@@ -15,6 +17,52 @@ import argparse
 from typing import Any
 
 from keygroups.cli.arguments import add_storage_options
+
+
+def _windows(args: argparse.Namespace) -> Any:
+    """The ``FlinkWindows`` of the window options, None when none is given."""
+    from keygroups.flink.windows import FlinkWindows
+
+    states = dict(getattr(args, "window_state", None) or ()) or None
+    lateness = getattr(args, "allowed_lateness", None)
+    if args.windows is None and args.window_records is None and states is None and lateness is None:
+        return None
+    return FlinkWindows(layout=args.windows or "operator", record_schema=args.window_records, states=states,
+                        allowed_lateness=lateness or 0)
+
+
+def _ddl_schema(text: str) -> Any:
+    import pyarrow as pa
+
+    from keygroups.errors import KeyGroupsError
+    from keygroups.serializers.schema_formats import parse_ddl, to_arrow
+
+    try:
+        return pa.schema(list(to_arrow(parse_ddl(text))))
+    except (ValueError, TypeError, KeyGroupsError) as e:
+        raise argparse.ArgumentTypeError(f"--window-records takes the records' columns as Spark DDL "
+                                         f"('k long, t long, n long'): {e}") from None
+
+
+def _window_state(text: str) -> tuple[str, str]:
+    state, sep, kind = text.partition("=")
+    if not sep or not state or not kind:
+        raise argparse.ArgumentTypeError(f"--window-state takes STATE=KIND (e.g. window-contents=reducing), got "
+                                         f"{text!r}")
+    return state, kind
+
+
+def _add_window_options(p: Any, export: bool) -> None:
+    p.add_argument("--windows", choices=["operator", "state"], help="window state (TimeWindow namespaces) as "
+                   "keygroups.windows' operator keeps it (default), or as Flink has it, for a function of your own")
+    p.add_argument("--window-records", type=_ddl_schema, metavar="DDL",
+                   help="the columns of a process window function's records (Spark DDL)")
+    if export:
+        p.add_argument("--window-state", action="append", type=_window_state, metavar="STATE=KIND",
+                       help="a window state and its Flink kind (value, list, map, reducing, aggregating; repeatable;"
+                            " default: --like's states in TimeWindow namespaces)")
+        p.add_argument("--allowed-lateness", type=int, metavar="MS",
+                       help="the windows' allowed lateness: places their cleanup timers")
 
 
 def _import(args: argparse.Namespace) -> int:
@@ -26,7 +74,7 @@ def _import(args: argparse.Namespace) -> int:
         kwargs["field_names"] = dict(args.field_names)
     r = import_savepoint(args.savepoint, args.location, args.name, uid=args.uid,
                          operator_state_uid=args.operator_state_uid, skip_states=args.skip_state or (),
-                         storage_options=args.storage_options, **kwargs)
+                         windows=_windows(args), storage_options=args.storage_options, **kwargs)
     print(f"imported Flink operator {args.uid!r} into {r.savepoint}: parallelism {r.parallelism}, max parallelism "
           f"{r.max_parallelism}, {r.key_groups} key groups, {r.entries} entries, {r.timers} timers, keyed states "
           f"{', '.join(r.keyed_states) or 'none'}; operator states {', '.join(r.operator_states) or 'none'}"
@@ -40,7 +88,7 @@ def _export(args: argparse.Namespace) -> int:
     r = export_savepoint(args.location, args.dest, uid=args.uid, savepoint=args.savepoint,
                          checkpoint_id=args.checkpoint, operator_state_uid=args.operator_state_uid, like=args.like,
                          skip_states=args.skip_state or (), compression=args.compression,
-                         storage_options=args.storage_options)
+                         windows=_windows(args), storage_options=args.storage_options)
     print(f"exported to Flink savepoint {r.savepoint} for operator uid {args.uid!r}: parallelism {r.parallelism}, "
           f"max parallelism {r.max_parallelism}, {r.key_groups} key groups, {r.entries} entries, {r.timers} timers, "
           f"keyed states {', '.join(r.keyed_states) or 'none'}; operator states "
@@ -88,6 +136,7 @@ def add_parser(sub: Any) -> None:
                    help="name a Row state's fields (repeatable; Flink does not store them: f0, f1, ... otherwise)")
     i.add_argument("--ttl-ms", type=int, help="the TTL recorded for TTL states (Flink keeps each entry's timestamp, "
                                               "not the duration; default 7 days)")
+    _add_window_options(i, export=False)
     add_storage_options(i)
     i.set_defaults(run=_import)
     e = fsub.add_parser("export", help="keygroups state as a Flink canonical savepoint")
@@ -103,6 +152,7 @@ def add_parser(sub: Any) -> None:
     e.add_argument("--skip-state", action="append", metavar="STATE", help="leave this state out (repeatable)")
     e.add_argument("--compression", action="store_true", help="Snappy-compress the key-group blocks (Flink's "
                                                               "snapshot compression)")
+    _add_window_options(e, export=True)
     add_storage_options(e)
     e.set_defaults(run=_export)
     li = fsub.add_parser("list", help="list a Flink savepoint's operators and states")

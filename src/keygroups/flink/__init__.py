@@ -17,6 +17,7 @@ from keygroups.flink.savepoint import (
     read_savepoint,
 )
 from keygroups.flink.types import TtlValue, UnsupportedFlinkTypeError
+from keygroups.flink.windows import FlinkWindows
 
 __all__ = [
     "read_savepoint",
@@ -24,6 +25,7 @@ __all__ = [
     "export_savepoint",
     "ImportReport",
     "ExportReport",
+    "FlinkWindows",
     "FlinkSavepoint",
     "FlinkStateInfo",
     "KeyGroupData",

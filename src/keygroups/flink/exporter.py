@@ -11,6 +11,13 @@ they came (values are range-checked). Record state (``RecordSerializer``) goes b
 Short/Byte/Float; with ``like``, a Row's Character, Tuple and Nullable fields come back as they were. A state Flink
 cannot hold (a ``ValueSerializer`` or pickled value, a record with a date, timestamp or decimal field) and raw keyed
 state are refused by name.
+
+Per state, the compiled path (``_native/flinkout.pyx``) transcodes the stored keygroups bytes straight into Flink's
+(no Python object per entry) and writes each key group's block in C; ``_fast_state`` compiles it from the state's
+serializers and Flink types. A state it does not take (a namespaced state, a Nullable of a Nullable) goes the Python
+way, ``_entries`` per decoded key; both write the same bytes (tests/test_flink_fast_export.py). A value Flink cannot
+hold is refused naming the state and the key either way; corrupt stored bytes raise ``CorruptSnapshotError`` naming
+the state and the key group.
 """
 
 from __future__ import annotations
@@ -51,11 +58,24 @@ from keygroups.flink.metadata import (
 from keygroups.flink.operator import OperatorBackendHeader, write_operator_header
 from keygroups.flink.savepoint import FlinkSavepoint, operator_id_for_uid, read_savepoint
 from keygroups.flink.types import (
+    BooleanType,
+    ByteType,
+    BytesType,
+    CharType,
+    DoubleType,
     FlinkType,
+    FloatType,
+    IntType,
     ListType,
+    LongType,
     MapType,
+    NullableType,
+    RowType,
+    ShortType,
+    StringType,
     TimerType,
     TtlType,
+    TupleType,
     UnsupportedFlinkTypeError,
     VoidNamespaceType,
     flink_type_for,
@@ -63,9 +83,32 @@ from keygroups.flink.types import (
     narrow_to,
     with_record_names,
 )
-from keygroups.runtime.state_reader import _chains, _framing, load_restore_point, operator_state_table
+from keygroups.flink.windows import (
+    MERGING_WINDOW_SET,
+    WINDOW_TIMERS,
+    FlinkWindows,
+    WindowExport,
+    export_kinds,
+    merging_entries,
+    merging_meta,
+    namespaces_of,
+    plan_export,
+    window_entries,
+    window_timer_meta,
+    window_timers,
+)
+from keygroups._native import flinkout
+from keygroups.errors import CorruptSnapshotError
+from keygroups.runtime.state_reader import (
+    LiveEntries,
+    key_group_entries,
+    load_restore_point,
+    operator_state_table,
+    value_framing,
+)
 from keygroups.runtime.state_types import reading_serializer
-from keygroups.serializers import SerializerSnapshot
+from keygroups.serializers import RecordSerializer, SerializerSnapshot
+from keygroups.serializers import schema as rs
 from keygroups.state.timers import TIMER_STATE_NAMES, TimeDomain
 
 log = logging.getLogger("keygroups.flink")
@@ -105,6 +148,8 @@ class _Out:
     value_type: FlinkType        # value / list element / map value, TTL-wrapped when the state has TTL
     map_key_type: FlinkType | None = None
     timer: TimerType | None = None
+    window: WindowExport | None = None   # a state in TimeWindow namespaces (keygroups.flink.windows)
+    window_timers: bool = False          # timers as a WindowOperator's, one per window of the key
 
 
 def _checked(template: FlinkType | None, derived: FlinkType, what: str) -> FlinkType:
@@ -117,12 +162,22 @@ def _checked(template: FlinkType | None, derived: FlinkType, what: str) -> Flink
                                     f"savepoint's {template!r} cannot hold; export without like=, or skip it")
 
 
-def _plan(meta: dict[str, Any], key_type: FlinkType, template: StateMetaInfoSnapshot | None) -> _Out:
+def _plan(meta: dict[str, Any], key_type: FlinkType, template: StateMetaInfoSnapshot | None,
+          window_kind: str | None = None, windows: FlinkWindows | None = None, window_timers: bool = False) -> _Out:
     name, kind = meta["name"], meta["kind"]
     what = f"state {name!r}"
     sers = {role: SerializerSnapshot.from_json(j) for role, j in meta["serializers"].items()}
     ttl = meta.get("ttl") is not None
     void = VoidNamespaceType()
+    if name in FLINK_TIMER_STATES and window_timers:
+        m, timer = window_timer_meta(name, key_type)
+        return _Out(name, m, "timer", timer, timer=timer, window_timers=True)
+    if window_kind is not None:     # keygroups' backing map of a namespaced state
+        if kind != "map":
+            raise UnsupportedFlinkTypeError(f"{what} is a {kind} state, not the map state keygroups keeps a "
+                                            "namespaced (window) state in; it is not window state")
+        planned = plan_export(name, window_kind, sers, windows or FlinkWindows(), ttl, template, _checked)
+        return _Out(name, planned[0], "window", planned[1], planned[2], window=planned[3])
     if name in FLINK_TIMER_STATES:
         timer = TimerType(key_type, void)
         m = StateMetaInfoSnapshot(FLINK_TIMER_STATES[name], "PRIORITY_QUEUE", {}, {"VALUE_SERIALIZER": timer})
@@ -155,9 +210,18 @@ def _plan(meta: dict[str, Any], key_type: FlinkType, template: StateMetaInfoSnap
     return _Out(name, m, kind, value_type, map_key)
 
 
-def _entries(out: _Out, key: Any, value: Any, key_type: FlinkType, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
-    """The Flink (key, value) pairs of one keygroups key of one state; ``prefix`` is the key group's."""
+def _entries(out: _Out, key: Any, value: Any, key_type: FlinkType, prefix: bytes,
+             key_windows: Iterable[tuple[int, int]] = (), allowed_lateness: int = 0) -> Iterator[tuple[bytes, bytes]]:
+    """The Flink (key, value) pairs of one keygroups key of one state; ``prefix`` is the key group's;
+    ``key_windows``: the key's windows (window timers)."""
     void = VoidNamespaceType()
+    if out.window is not None:
+        yield from window_entries(out.window, key, value, key_type, out.value_type, out.map_key_type, prefix)
+        return
+    if out.window_timers:
+        assert out.timer is not None
+        yield from window_timers(out.timer, key, value, key_windows, allowed_lateness, prefix)
+        return
     if out.kind == "timer":
         assert out.timer is not None
         for ts in sorted(value):
@@ -188,7 +252,8 @@ def _entries(out: _Out, key: Any, value: Any, key_type: FlinkType, prefix: bytes
 
 def _block(sections: list[tuple[int, list[tuple[bytes, bytes]]]]) -> bytes:
     """One key group's block (``FullSnapshotAsyncWriter``): per state run its id, its pairs, the last pair's first
-    key byte flagged, then the next id or the end mark."""
+    key byte flagged, then the next id or the end mark. (The export writes blocks with ``flinkout.BlockWriter``;
+    this is the reference the tests hold it to.)"""
     out = bytearray()
     for i, (state_id, pairs) in enumerate(sections):
         if i == 0:
@@ -202,6 +267,206 @@ def _block(sections: list[tuple[int, list[tuple[bytes, bytes]]]]) -> bytes:
     return bytes(out)
 
 
+def _python_pairs(state: str, out: _Out, meta: dict[str, Any], entries: LiveEntries, key_ser: Any,
+                  key_type: FlinkType, prefix: bytes, counts: dict[str, int],
+                  key_windows: dict[bytes, tuple[Any, set[tuple[int, int]]]] | None = None,
+                  allowed_lateness: int = 0) -> list[tuple[bytes, bytes]]:
+    """One state's Flink pairs in one key group, the Python way (``_entries`` per decoded key): for the states the
+    compiled path does not take (see ``_fast_state``: window state and window timers among them), and to name the
+    key of a value Flink cannot hold. ``key_windows`` (key bytes -> the key and its windows) is filled by window
+    states and read by window timers."""
+    keys = key_ser.deserialize_many(entries.keys, entries.key_offsets)
+    framing = value_framing(meta)
+    vo = entries.value_offsets.tolist()
+    mv = memoryview(entries.values)
+    windowed = out.window is not None or out.window_timers
+    if key_windows is None:
+        key_windows = {}
+    ko = entries.key_offsets.tolist()
+    mk = memoryview(entries.keys)
+    pairs: list[tuple[bytes, bytes]] = []
+    for i, key in enumerate(keys):
+        value = framing.decode(mv[vo[i]:vo[i + 1]])
+        try:
+            if windowed:
+                kb = bytes(mk[ko[i]:ko[i + 1]])
+                if out.window is not None:
+                    key_windows.setdefault(kb, (key, set()))[1].update(namespaces_of(value, out.window.kind))
+                produced = list(_entries(out, key, value, key_type, prefix, key_windows.get(kb, (key, ()))[1],
+                                         allowed_lateness))
+                pairs.extend(produced)
+                counts["timers" if out.window_timers else "entries"] += len(produced)
+                continue
+            pairs.extend(_entries(out, key, value, key_type, prefix))
+        except UnsupportedFlinkTypeError:
+            raise
+        except (TypeError, ValueError, OverflowError) as e:   # e.g. a null list element, a double past a Float
+            raise UnsupportedFlinkTypeError(
+                f"state {state!r}, key {key!r}: Flink's {out.meta.serializers['VALUE_SERIALIZER']!r} "
+                f"cannot hold the value {value!r}: {e}") from None
+        counts["timers" if out.kind == "timer" else "entries"] += len(value) if out.kind == "timer" else 1
+    return pairs
+
+
+def _refusal(state: str, out: _Out, meta: dict[str, Any], entries: LiveEntries, key_ser: Any, key_type: FlinkType,
+             prefix: bytes, kg: int, error: flinkout.UnrepresentableValue) -> Exception:
+    """The error for a value the compiled path found Flink cannot hold: the Python path's, which names the key and
+    the value (it refuses the same values), else one naming the state, key group and the key's position."""
+    try:
+        _python_pairs(state, out, meta, entries, key_ser, key_type, prefix, {"entries": 0, "timers": 0})
+    except (UnsupportedFlinkTypeError, CorruptSnapshotError) as e:
+        return e
+    return UnsupportedFlinkTypeError(f"state {state!r}, key group {kg}, key #{error.index}: "
+                                     f"{out.meta.serializers['VALUE_SERIALIZER']!r} cannot hold a value: {error}")
+
+
+# ---- the compiled path: a flinkout.Op tree per state, from its keygroups serializers and its Flink types ----------
+
+#: Off: every state takes the Python path (``_entries``); the tests compare the two paths' files byte for byte.
+_COMPILED = True
+
+_F = flinkout
+_FLINK_SCALARS: dict[type[FlinkType], int] = {
+    LongType: _F.LONG, IntType: _F.INT, ShortType: _F.SHORT, ByteType: _F.BYTE, DoubleType: _F.DOUBLE,
+    FloatType: _F.FLOAT, BooleanType: _F.BOOLEAN, CharType: _F.CHAR, StringType: _F.STRING, BytesType: _F.BYTE_ARRAY}
+_CODEC_SCALARS = {"int64": _F.I64, "int32": _F.I32, "float64": _F.F64, "bool": _F.BOOL, "str": _F.STR,
+                  "bytes": _F.BYTES}
+_RECORD_SCALARS = {rs.INT8: _F.I8, rs.INT16: _F.I16, rs.INT32: _F.I32, rs.INT64: _F.I64, rs.FLOAT32: _F.F32,
+                   rs.FLOAT64: _F.F64, rs.BOOL: _F.BOOL, rs.STRING: _F.STR, rs.BINARY: _F.BYTES}
+_INTS = frozenset({_F.I8, _F.I16, _F.I32, _F.I64})
+
+
+class _NotCompiled(Exception):
+    """A serializer pairing the compiled path does not take: the state goes the Python way."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _Source:
+    """How keygroups stored one position: a flinkout source kind, behind a null flag or not, and its parts."""
+
+    kind: int
+    nullable: bool = False
+    parts: tuple[_Source, ...] = ()
+
+
+def _codec_source(snapshot: SerializerSnapshot) -> _Source:
+    ident = snapshot.identifier
+    if ident in _CODEC_SCALARS:
+        return _Source(_CODEC_SCALARS[ident])
+    nested = snapshot.nested
+    if ident == "nullable":
+        inner = _codec_source(nested[0])
+        if inner.nullable:
+            raise _NotCompiled("a Nullable of a Nullable")
+        return dataclasses.replace(inner, nullable=True)
+    if ident in ("tuple", "list", "map"):
+        kind = {"tuple": _F.TUPLE, "list": _F.LIST, "map": _F.MAP}[ident]
+        return _Source(kind, parts=tuple(_codec_source(n) for n in nested))
+    if ident == RecordSerializer.identifier and snapshot.version == RecordSerializer.version:
+        return _Source(_F.EXTERNAL, parts=(_record_source(_record_schema(snapshot), False),))   # u32 length first
+    raise _NotCompiled(snapshot.describe())
+
+
+def _record_schema(snapshot: SerializerSnapshot) -> rs.RecordType:
+    return rs.RecordType.from_json(snapshot.config.get("schema"))
+
+
+def _record_source(t: rs.DataType, nullable: bool) -> _Source:
+    if t in _RECORD_SCALARS:
+        return _Source(_RECORD_SCALARS[t], nullable)
+    if isinstance(t, rs.ListType):
+        return _Source(_F.LIST, nullable, (_record_source(t.element, t.element_nullable),))
+    if isinstance(t, rs.MapType):
+        return _Source(_F.MAP, nullable, (_record_source(t.key, False), _record_source(t.value, t.value_nullable)))
+    if isinstance(t, rs.RecordType):
+        return _Source(_F.RECORD, nullable, tuple(_record_source(f.type, f.nullable) for f in t.fields))
+    raise _NotCompiled(t.ddl())
+
+
+def _top_source(snapshot: SerializerSnapshot) -> _Source:
+    """A whole stored value (a key, a value, an element, a map key or value): a record is its fields, unframed."""
+    if snapshot.identifier == RecordSerializer.identifier and snapshot.version == RecordSerializer.version:
+        return _record_source(_record_schema(snapshot), False)
+    return _codec_source(snapshot)
+
+
+def _null_mode(t: FlinkType, position: str) -> int:
+    """What a null becomes where ``t`` is written: a Row's mask bit and a Map value's flag are the parent's; a
+    Tuple field refuses it; elsewhere Flink's serializer writes it (Nullable, String) or refuses it."""
+    if position == "parent":
+        return _F.NULL_TO_PARENT
+    if position == "tuple":
+        return _F.NULL_REFUSED
+    if isinstance(t, NullableType):
+        return _F.NULL_AS_NULLABLE
+    return _F.NULL_AS_STRING if isinstance(t, StringType) else _F.NULL_REFUSED
+
+
+def _compile(src: _Source, t: FlinkType, position: str = "", whole: bool = False) -> flinkout.Op:
+    """The Op writing ``src``'s values as ``t`` writes them (``t.write(flink_value(t, value))``)."""
+    common: dict[str, Any] = {"src_nullable": src.nullable, "null_mode": _null_mode(t, position), "what": repr(t)}
+    target = t
+    if isinstance(t, NullableType):
+        target = t.inner
+        common.update(dst_nullable=True, padding=t.padding)
+        if isinstance(target, NullableType):
+            raise _NotCompiled("a Nullable of a Nullable")
+    if src.kind == _F.EXTERNAL:
+        return _F.Op(_F.EXTERNAL, _F.DELEGATE, (_compile(src.parts[0], target),), **common)
+    kind = _FLINK_SCALARS.get(type(target))
+    if kind is not None:
+        ok = {_F.LONG: _INTS, _F.INT: _INTS, _F.SHORT: _INTS, _F.BYTE: _INTS, _F.DOUBLE: {_F.F32, _F.F64},
+              _F.FLOAT: {_F.F32, _F.F64}, _F.BOOLEAN: {_F.BOOL}, _F.CHAR: {_F.STR}, _F.STRING: {_F.STR},
+              _F.BYTE_ARRAY: {_F.BYTES}}[kind]
+        if src.kind not in ok:
+            raise _NotCompiled(f"{src} as {t!r}")
+        return _F.Op(src.kind, kind, whole=whole and src.kind in (_F.STR, _F.BYTES) and not src.nullable,
+                     **common)
+    if isinstance(target, (TupleType, RowType)) and src.kind in (_F.TUPLE, _F.RECORD) \
+            and len(src.parts) == len(target.fields):
+        row = isinstance(target, RowType)
+        fields = tuple(_compile(s, f, "parent" if row else "tuple") for s, f in zip(src.parts, target.fields))
+        return _F.Op(src.kind, _F.ROW if row else _F.FLINK_TUPLE, fields,
+                     row_kind=target.supports_row_kind if isinstance(target, RowType) else True, **common)
+    if isinstance(target, ListType) and src.kind == _F.LIST:
+        return _F.Op(_F.LIST, _F.FLINK_LIST, (_compile(src.parts[0], target.element),), **common)
+    if isinstance(target, MapType) and src.kind == _F.MAP:
+        return _F.Op(_F.MAP, _F.FLINK_MAP, (_compile(src.parts[0], target.key),
+                                            _compile(src.parts[1], target.value, "parent")), **common)
+    raise _NotCompiled(f"{src} as {t!r}")
+
+
+def _fast_state(out: _Out, meta: dict[str, Any], key_type: FlinkType) -> flinkout.StateTranscoder | None:
+    """The compiled transcoder of one state's entries stored with ``meta``'s serializers, or None when the state
+    takes the Python path (a pairing the compiled path does not take, e.g. a namespaced state)."""
+    if (not _COMPILED or meta.get("namespace_serializer") is not None or out.window is not None
+            or out.window_timers or out.kind == "merging"):
+        return None   # window state looks like a map state in its meta: only the plan tells it apart
+    try:
+        sers = {role: SerializerSnapshot.from_json(j) for role, j in meta["serializers"].items()}
+        key = _compile(_top_source(sers["key"]), key_type, whole=True)
+        if out.kind == "timer":
+            if sers["map key"].identifier != "int64" or sers["map value"].identifier != "bool":
+                return None
+            return _F.StateTranscoder(_F.TIMER_STATE, key)
+        ttl = meta.get("ttl") is not None
+        value_type = out.value_type
+        if ttl != isinstance(value_type, TtlType):
+            return None
+        if isinstance(value_type, TtlType):
+            value_type = value_type.value
+        if out.kind == "map":
+            assert out.map_key_type is not None
+            return _F.StateTranscoder(
+                _F.MAP_STATE, key, _compile(_top_source(sers["map value"]), value_type, whole=True),
+                _compile(_top_source(sers["map key"]), out.map_key_type, whole=True), ttl=ttl)
+        role, kind = ("element", _F.LIST_STATE) if out.kind == "list" else ("value", _F.VALUE_STATE)
+        return _F.StateTranscoder(kind, key, _compile(_top_source(sers[role]), value_type, whole=True), ttl=ttl)
+    except (_NotCompiled, KeyError, ValueError) as e:
+        log.debug("state %r takes the Python export path: %s", out.source, e)
+        return None
+
+
 def _key_type(meta: dict[str, Any], template: FlinkType | None) -> FlinkType:
     derived = flink_type_for(SerializerSnapshot.from_json(meta["serializers"]["key"]), "the job's key")
     return _checked(template, derived, "the job's key")
@@ -210,11 +475,15 @@ def _key_type(meta: dict[str, Any], template: FlinkType | None) -> FlinkType:
 def export_savepoint(location: str, dest: str | os.PathLike, *, uid: str, savepoint: str | None = None,
                      checkpoint_id: int | None = None, operator_state_uid: str | None = None,
                      like: str | os.PathLike | FlinkSavepoint | None = None, skip_states: Iterable[str] = (),
-                     compression: bool = False, storage_options: dict[str, Any] | None = None) -> ExportReport:
+                     compression: bool = False, windows: FlinkWindows | None = None,
+                     storage_options: dict[str, Any] | None = None) -> ExportReport:
     """Write keygroups savepoint ``savepoint`` (or checkpoint ``checkpoint_id``, or the latest checkpoint) of
     ``location`` as a Flink canonical savepoint in directory ``dest`` for operator ``uid`` (operator state under
     ``operator_state_uid`` when given). ``like``: the Flink savepoint the state came from, whose types are kept;
-    ``compression``: Snappy key-group blocks (Flink's snapshot compression)."""
+    ``compression``: Snappy key-group blocks (Flink's snapshot compression). ``windows``
+    (``keygroups.flink.windows.FlinkWindows``): which states are window state (keygroups keeps a namespaced state as
+    a map state, so only this or ``like``'s states in ``TimeWindow`` namespaces tell), and the timers then become a
+    Flink ``WindowOperator``'s window timers."""
     started = time.perf_counter()
     storage = CheckpointStorage(location, storage_options=storage_options)
     md = load_restore_point(storage, checkpoint_id=checkpoint_id, savepoint=savepoint)
@@ -238,6 +507,9 @@ def export_savepoint(location: str, dest: str | os.PathLike, *, uid: str, savepo
     plans: list[_Out] = []
     skipped = []
     key_type: FlinkType | None = None
+    window_kinds = export_kinds(windows, t_states, set(metas) - skip)
+    t_timers = {n for n, m in t_states.items() if m.kind == "TIMER"}
+    as_window_timers = bool(t_timers & set(WINDOW_TIMERS)) if t_timers else bool(window_kinds)
     if metas:
         key_type = _key_type(next(iter(metas.values())), t_header.key_type if t_header is not None else None)
         for name, meta in metas.items():
@@ -245,7 +517,12 @@ def export_savepoint(location: str, dest: str | os.PathLike, *, uid: str, savepo
                 skipped.append(name)
                 continue
             flink_name = FLINK_TIMER_STATES.get(name, name)
-            plans.append(_plan(meta, key_type, t_states.get(flink_name)))
+            plans.append(_plan(meta, key_type, t_states.get(flink_name), window_kinds.get(name), windows,
+                               as_window_timers))
+    merging = (windows is not None and windows.merging) or MERGING_WINDOW_SET in t_states
+    if window_kinds and merging and MERGING_WINDOW_SET not in metas:   # sessions: Flink's record of them
+        m = merging_meta()
+        plans.append(_Out(MERGING_WINDOW_SET, m, "merging", m.value_type))
     unknown = skip - set(metas) - {n for h in md.operator_handles for n in h.states}
     if unknown:
         raise ValueError(f"skip_states names {sorted(unknown)}, which the restore point does not have")
@@ -262,7 +539,8 @@ def export_savepoint(location: str, dest: str | os.PathLike, *, uid: str, savepo
         for subtask in range(p):
             groups = key_group_range(mp, p, subtask)
             keyed[subtask] = _write_keyed_file(fs, root, storage, md, groups, header, by_source, key_ser,
-                                               key_type, prefix_bytes, counts)
+                                               key_type, prefix_bytes, counts,
+                                               windows.allowed_lateness if windows is not None else 0)
 
     op_states: dict[int, OperatorStreamStateHandle] = {}
     op_names: list[str] = []
@@ -298,51 +576,66 @@ def export_savepoint(location: str, dest: str | os.PathLike, *, uid: str, savepo
 
 def _write_keyed_file(fs: Any, root: str, storage: CheckpointStorage, md: CheckpointMetadata, groups: KeyGroupRange,
                       header: KeyedBackendHeader, by_source: dict[str, tuple[int, _Out]], key_ser: Any,
-                      key_type: FlinkType, prefix_bytes: int, counts: dict[str, int]) -> KeyGroupsStateHandle:
+                      key_type: FlinkType, prefix_bytes: int, counts: dict[str, int],
+                      allowed_lateness: int = 0) -> KeyGroupsStateHandle:
     name = str(uuid.uuid4())
     offsets = [0] * (groups.end - groups.start + 1)
     head = bytearray()
     write_keyed_header(head, header)
     pos = len(head)
+    builder = flinkout.BlockWriter(prefix_bytes)
+    fast: dict[int, tuple[dict[str, Any], flinkout.StateTranscoder | None]] = {}   # id(meta) -> its fast path
     with fs.open(f"{root}/{name}", "wb") as f:
         f.write(head)
-        for kg in range(groups.start, groups.end + 1):       # one key group in memory at a time
-            for _, live in _chains(storage, md, KeyGroupRange(kg, kg)):
-                prefix = kg.to_bytes(prefix_bytes, "big")
-                sections = []
-                for state, (meta, entries) in live.items():
-                    if state not in by_source:
-                        continue
-                    state_id, out = by_source[state]
-                    keys = key_ser.deserialize_many(entries.keys, entries.key_offsets)
-                    framing = _framing(meta)
-                    vo = entries.value_offsets.tolist()
-                    mv = memoryview(entries.values)
-                    pairs = []
-                    for i, key in enumerate(keys):
-                        value = framing.decode(mv[vo[i]:vo[i + 1]])
-                        try:
-                            pairs.extend(_entries(out, key, value, key_type, prefix))
-                        except UnsupportedFlinkTypeError:
-                            raise
-                        except (TypeError, ValueError) as e:   # e.g. a null list element Flink cannot hold
-                            raise UnsupportedFlinkTypeError(
-                                f"state {state!r}, key {key!r}: Flink's {out.meta.serializers['VALUE_SERIALIZER']!r} "
-                                f"cannot hold the value {value!r}: {e}") from None
-                        counts["timers" if out.kind == "timer" else "entries"] += len(value) \
-                            if out.kind == "timer" else 1
-                    if pairs:
-                        sections.append((state_id, pairs))
-                if not sections:
+        for kg, live in key_group_entries(storage, md, groups):   # one key group in memory at a time
+            prefix = kg.to_bytes(prefix_bytes, "big")
+            builder.start(kg)
+            present = {by_source[s][0]: (s, e) for s, e in live.items() if s in by_source}
+            # Window state first, the Python way: its keys' windows decide their window timers and session list,
+            # whose state ids may come before or after it (a block's states go in id order).
+            key_windows: dict[bytes, tuple[Any, set[tuple[int, int]]]] = {}   # key bytes -> key, its windows
+            ready: dict[int, list[tuple[bytes, bytes]]] = {}
+            for state_id, (state, (meta, entries)) in sorted(present.items()):
+                out = by_source[state][1]
+                if out.window is not None:
+                    ready[state_id] = _python_pairs(state, out, meta, entries, key_ser, key_type, prefix, counts,
+                                                    key_windows, allowed_lateness)
+            merging = by_source.get(MERGING_WINDOW_SET)
+            if merging is not None and merging[1].kind == "merging":
+                ready[merging[0]] = [pair for kb, (key, ws) in sorted(key_windows.items())
+                                     for pair in merging_entries(key, ws, key_type, prefix)]
+            for state_id in sorted(present.keys() | ready.keys()):
+                if state_id in ready:
+                    builder.add_pairs(state_id, ready[state_id])
                     continue
-                sections.sort(key=lambda s: s[0])
-                block = _block(sections)
-                if header.compression:
-                    block = bytes(cramjam.snappy.compress(block))
-                offsets[kg - groups.start] = pos
-                f.write(block)
-                pos += len(block)
-                counts["key_groups"] += 1
+                state, (meta, entries) = present[state_id]
+                out = by_source[state][1]
+                cached = fast.get(id(meta))
+                if cached is None:
+                    cached = fast[id(meta)] = (meta, _fast_state(out, meta, key_type))
+                transcoder = cached[1]
+                try:
+                    if transcoder is None:
+                        builder.add_pairs(state_id, _python_pairs(state, out, meta, entries, key_ser, key_type,
+                                                                  prefix, counts, key_windows, allowed_lateness))
+                        continue
+                    keys, timers = builder.add_state(state_id, transcoder, entries.keys, entries.key_offsets,
+                                                     entries.values, entries.value_offsets)
+                except CorruptSnapshotError as e:
+                    raise CorruptSnapshotError(f"state {state!r}, key group {kg}: {e}") from None
+                except flinkout.UnrepresentableValue as e:
+                    raise _refusal(state, out, meta, entries, key_ser, key_type, prefix, kg, e) from None
+                counts["entries"] += keys
+                counts["timers"] += timers
+            block = builder.finish()
+            if block is None:
+                continue
+            if header.compression:
+                block = bytes(cramjam.snappy.compress(block))
+            offsets[kg - groups.start] = pos
+            f.write(block)
+            pos += len(block)
+            counts["key_groups"] += 1
     counts["bytes"] += pos
     return KeyGroupsStateHandle(groups.start, tuple(offsets), RelativeFileStateHandle(name, pos), savepoint=True)
 

@@ -8,6 +8,11 @@ names. Flink's user timers become keygroups' timers of the same domain; Flink va
 TupleN as a tuple (``TupleSerializer``: positional fields, never null, as Flink's); a Row as a record
 (``RecordSerializer``: Flink stores no field names, so f0, f1, ... unless ``field_names`` names them; every field
 nullable; Short/Byte/Float keep their width as smallint/tinyint/float).
+
+Keyed state is imported compiled (``keygroups.flink.transcode``, ``_native/flinkin.pyx``): each block is scanned once
+and every VoidNamespace state's entries go from Flink's bytes straight to the bytes those serializers write, framed,
+grouped per key and sorted, with no Python object per entry. A state it cannot compile (window namespaces) goes
+through ``_plan``/``_encode`` (decode to Python values, encode them), which also serve as its reference in tests.
 """
 
 from __future__ import annotations
@@ -22,12 +27,15 @@ from typing import Any
 
 import numpy as np
 
+from keygroups._native import flinkin
 from keygroups._ranges import KeyGroupRange, key_group_range
 from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage
-from keygroups.checkpoint.format import write_full_snapshot
+from keygroups.checkpoint.format import Packed, write_full_snapshot
 from keygroups.checkpoint.metadata import DEFAULT_OPERATOR_ID, DistributionMode
 from keygroups.checkpoint.operator_format import SerializedState, write_operator_snapshot
-from keygroups.flink.savepoint import FlinkSavepoint, FlinkStateInfo, read_savepoint
+from keygroups.errors import CorruptSnapshotError, StateSerializationError
+from keygroups.flink.savepoint import FlinkSavepoint, FlinkStateInfo, decode_entries, read_savepoint
+from keygroups.flink.transcode import NotCompiled, state_plan
 from keygroups.flink.types import (
     BooleanType,
     ByteType,
@@ -44,6 +52,16 @@ from keygroups.flink.types import (
     TupleType,
     UnsupportedFlinkTypeError,
     VoidNamespaceType,
+)
+from keygroups.flink.windows import (
+    MERGING_WINDOW_SET,
+    WINDOW_TIMERS,
+    FlinkWindows,
+    WindowImport,
+    check_namespace,
+    merging_window_set,
+    plan_import,
+    session_windows,
 )
 from keygroups.runtime.subtask import key_serializer_for
 from keygroups.serializers import TypeSerializer
@@ -110,6 +128,7 @@ class _State:
     value_type: FlinkType              # of the value, list element or map value (TTL unwrapped)
     map_key_type: FlinkType | None = None
     domain: TimeDomain | None = None
+    window: WindowImport | None = None   # a state in TimeWindow namespaces (keygroups.flink.windows)
 
 
 def _named(t: FlinkType, names: Sequence[str] | None, what: str) -> FlinkType:
@@ -127,21 +146,25 @@ def _named(t: FlinkType, names: Sequence[str] | None, what: str) -> FlinkType:
         raise ValueError(f"field_names for {what}: {e}") from None
 
 
-def _plan(info: FlinkStateInfo, index: int, ttl_ms: int, names: Sequence[str] | None = None) -> _State:
+def _plan(info: FlinkStateInfo, index: int, ttl_ms: int, names: Sequence[str] | None = None,
+          windows: FlinkWindows | None = None) -> _State:
     what = f"state {info.name!r}"
     if info.kind == "TIMER":
         domain = USER_TIMERS.get(info.name)
-        if domain is None:
-            raise UnsupportedFlinkTypeError(f"{what}: timer queue {info.name!r} is not a KeyedProcessFunction's "
-                                            "user timers (window timers are not imported yet); skip it")
-        if not isinstance(info.namespace_type, VoidNamespaceType):
+        if domain is not None and not isinstance(info.namespace_type, VoidNamespaceType):
             raise UnsupportedFlinkTypeError(f"{what}: timers in namespace {info.namespace_type!r} are not imported")
+        if domain is None:   # a window's timers fire the key's windows in keygroups: the namespace is dropped
+            domain = WINDOW_TIMERS.get(info.name)
+            check_namespace(info.namespace_type, what)
+        if domain is None:
+            raise UnsupportedFlinkTypeError(f"{what}: timer queue {info.name!r} is neither a KeyedProcessFunction's "
+                                            "user timers nor a WindowOperator's window timers; skip it")
         d = timer_descriptor(domain)
         return _State(info, index, "map", d, ValueFraming.for_state(d.name, "map", d.serializers, ttl=False),
                       LongType(), domain=domain)
-    if not isinstance(info.namespace_type, VoidNamespaceType):
-        raise UnsupportedFlinkTypeError(f"{what} is in namespace {info.namespace_type!r} (window state); keygroups "
-                                        "imports non-windowed keyed state; skip it")
+    namespaced = not isinstance(info.namespace_type, VoidNamespaceType)
+    if namespaced:
+        check_namespace(info.namespace_type, what)
     vt = info.value_type
     map_key = None
     try:
@@ -165,10 +188,14 @@ def _plan(info: FlinkStateInfo, index: int, ttl_ms: int, names: Sequence[str] | 
             d = state_descriptor(info.name, kind, {"value": value_type.keygroups_serializer()})
     except UnsupportedFlinkTypeError as e:
         raise UnsupportedFlinkTypeError(f"{what}: {e}") from None
+    window = None
+    if namespaced:   # stored as keygroups stores namespaced state: a map state, window -> value
+        d, window = plan_import(info.name, kind, d, windows or FlinkWindows(), info.ttl)
+        kind = "map"
     if info.ttl:
         d.enable_time_to_live(StateTtlConfig(ttl_ms=ttl_ms))
     framing = ValueFraming.for_state(info.name, kind, d.serializers, ttl=info.ttl)
-    return _State(info, index, kind, d, framing, value_type, map_key)
+    return _State(info, index, kind, d, framing, value_type, map_key, window=window)
 
 
 def _encode(st: _State, entries: list[tuple], key_ser: TypeSerializer, key_type: FlinkType,
@@ -186,6 +213,13 @@ def _encode(st: _State, entries: list[tuple], key_ser: TypeSerializer, key_type:
             kb = key_bytes[k] = key_ser.serialize(k if plain_key else _plain(key_type, k))
         return kb
 
+    if st.window is not None:                          # a namespaced state: window (and user key) -> value
+        by_window: dict[bytes, dict] = {}
+        mk = st.map_key_type
+        for key, map_key, v in st.window.entries(entries, lambda x: _plain(vt, x),
+                                                 lambda x: x if mk is None else _plain(mk, x)):
+            by_window.setdefault(serialized(key), {})[map_key] = v
+        return list(by_window), [st.framing.encode(m) for m in by_window.values()]
     if st.domain is not None or st.kind == "map":        # one keygroups value per key: a dict
         by_key: dict[bytes, dict] = {}
         for e in entries:
@@ -223,6 +257,7 @@ def import_savepoint(savepoint: str | os.PathLike | FlinkSavepoint, location: st
                      operator_state_uid: str | None = None, skip_states: Iterable[str] = (),
                      ttl_ms: int | Mapping[str, int] = DEFAULT_TTL_MS,
                      field_names: Mapping[str, Sequence[str]] | None = None,
+                     windows: FlinkWindows | None = None,
                      storage_options: dict[str, Any] | None = None) -> ImportReport:
     """Write Flink operator ``uid``'s keyed state, timers and operator state (of ``operator_state_uid`` when given:
     a Flink source usually holds the offsets) as keygroups savepoint ``name`` in ``location``.
@@ -232,7 +267,10 @@ def import_savepoint(savepoint: str | os.PathLike | FlinkSavepoint, location: st
     timestamps, not the duration), one for all or per state name. ``field_names``: per state name, the names of
     its Row's fields (Flink's savepoint does not store them; unnamed Rows get f0, f1, ...). Row state becomes record
     state (``RecordSerializer``, every field nullable, Short/Byte/Float kept as smallint/tinyint/float), queryable as
-    struct columns. Nothing is visible until the savepoint's ``_metadata`` is written, last."""
+    struct columns. ``windows``: how a window operator's state (keyed state in ``TimeWindow`` namespaces) and window
+    timers are imported (``keygroups.flink.windows.FlinkWindows``; by default ``window-contents`` as
+    ``keygroups.windows``' operator keeps it, so a keygroups ``window(...)`` job continues the Flink windows).
+    Nothing is visible until the savepoint's ``_metadata`` is written, last."""
     started = time.perf_counter()
     sp = savepoint if isinstance(savepoint, FlinkSavepoint) else read_savepoint(savepoint)
     op = sp.operator(uid)
@@ -244,18 +282,23 @@ def import_savepoint(savepoint: str | os.PathLike | FlinkSavepoint, location: st
     names = dict(field_names or {})
     plans: list[_State] = []
     skipped = []
+    sessions = False
     key_type = header.key_type if header is not None else None
     if header is not None:
         assert key_type is not None
         key_ser = key_serializer_for(key_type_of(key_type))
+        windows = windows if windows is not None else FlinkWindows()
         for info in sp.states(uid):
             if not info.keyed:
                 continue
             if info.name in skip:
                 skipped.append(info.name)
                 continue
+            if merging_window_set(info.name, info.value_type, windows, uid):
+                sessions = True      # read to move session contents to their sessions; not a keygroups state
+                continue
             ttl = ttl_ms.get(info.name, DEFAULT_TTL_MS) if isinstance(ttl_ms, Mapping) else ttl_ms
-            plans.append(_plan(info, len(plans), ttl, names.get(info.name)))
+            plans.append(_plan(info, len(plans), ttl, names.get(info.name), windows))
     unknown = skip - {s.name for s in sp.states(uid)}
     if unknown:
         raise ValueError(f"skip_states names {sorted(unknown)}, which operator {uid!r} does not have")
@@ -272,9 +315,10 @@ def import_savepoint(savepoint: str | os.PathLike | FlinkSavepoint, location: st
     counts = {"timers": 0, "entries": 0, "key_groups": 0}
     if plans:
         assert key_type is not None
+        fast = _fast_plans(plans, key_type)
         for subtask in range(p):
             groups = key_group_range(mp, p, subtask)
-            kg_iter = _key_groups(sp, uid, groups, by_name, key_ser, key_type, counts)
+            kg_iter = _key_groups(sp, uid, groups, by_name, key_ser, key_type, counts, fast, sessions)
             relpath = f"{directory}/keyed-{subtask}-{uuid.uuid4().hex}"
             handle = write_full_snapshot(storage, relpath, 0, subtask, groups, metas, kg_iter)
             keyed_handles.append(handle)
@@ -316,21 +360,73 @@ def import_savepoint(savepoint: str | os.PathLike | FlinkSavepoint, location: st
     return report
 
 
+def _fast_plan(st: _State, key_type: FlinkType) -> flinkin.StatePlan:
+    """The compiled import of ``st`` (NotCompiled when it has none: the Python path imports it)."""
+    return state_plan(st.info.name, st.kind, key_type, st.info.namespace_type, st.value_type, st.map_key_type,
+                      st.info.ttl, st.domain is not None)
+
+
+def _fast_plans(plans: list[_State], key_type: FlinkType) -> dict[str, flinkin.StatePlan]:
+    fast = {}
+    for st in plans:
+        if st.window is not None or st.info.name in WINDOW_TIMERS:
+            continue   # window state and window timers: the Python path (keygroups.flink.windows) maps them
+        try:
+            fast[st.info.name] = _fast_plan(st, key_type)
+        except NotCompiled as e:
+            log.info("state %r is imported by the Python path: %s", st.info.name, e)
+    return fast
+
+
 def _key_groups(sp: FlinkSavepoint, uid: str, groups: KeyGroupRange, by_name: dict[str, _State],
-                key_ser: TypeSerializer, key_type: FlinkType, counts: dict[str, int]
-                ) -> Iterator[tuple[int, list[tuple[int, list[bytes], list[bytes]]]]]:
-    for kg in sp.key_groups(uid, set(by_name), key_groups=groups):
-        sections = []
-        key_bytes: dict[Any, bytes] = {}
-        for state_name, entries in kg.entries.items():
-            st = by_name[state_name]
-            keys, values = _encode(st, entries, key_ser, key_type, key_bytes)
-            order = sorted(range(len(keys)), key=keys.__getitem__)
-            sections.append((st.index, [keys[i] for i in order], [values[i] for i in order]))
-            counts["timers" if st.domain is not None else "entries"] += len(entries)
+                key_ser: TypeSerializer, key_type: FlinkType, counts: dict[str, int],
+                fast: dict[str, flinkin.StatePlan], sessions: bool = False
+                ) -> Iterator[tuple[int, list[tuple[int, Any, Any]]]]:
+    """Each key group's sections for ``write_full_snapshot``. A block is scanned once; a compiled state's entries go
+    from Flink's bytes to keygroups' in C (``flinkin.StatePlan``, packed: no Python object per entry), the others
+    (window state and window timers) through ``_encode``. ``sessions``: the block's ``merging-window-set`` is read
+    to move each session's contents to the session itself."""
+    for raw in sp.key_group_blocks(uid, groups):
+        names = [m.name for m in raw.header.states]
+        scan = raw.scan()
+        present = scan.counts(len(names))
+        sections: list[tuple[int, Any, Any]] = []
+        slow = []
+        key_order = flinkin.KeyOrder()   # the states of a key group mostly share their keys: sorted once
+        for state_id, name in enumerate(names):
+            st = by_name.get(name)
+            if not present[state_id] or (st is None and not (sessions and name == MERGING_WINDOW_SET)):
+                continue
+            plan = fast.get(name)
+            if plan is None:
+                slow.append(state_id)
+                continue
+            assert st is not None
+            try:
+                n, kd, ko, vd, vo = plan.transcode(scan, state_id, key_order)
+            except CorruptSnapshotError as e:
+                raise CorruptSnapshotError(f"{raw.where}, state {name!r} {e}") from None
+            except StateSerializationError as e:
+                raise UnsupportedFlinkTypeError(f"{raw.where}, state {name!r} {e}") from None
+            sections.append((st.index, Packed(kd, ko), Packed(vd, vo)))
+            counts["timers" if st.domain is not None else "entries"] += n
+        if slow:
+            decoded = decode_entries(raw, scan, slow)
+            state_windows = session_windows(decoded.get(MERGING_WINDOW_SET, [])) if sessions else {}
+            key_bytes: dict[Any, bytes] = {}
+            for state_name, entries in decoded.items():
+                st = by_name.get(state_name)
+                if st is None:      # merging-window-set: read for state_windows only
+                    continue
+                if st.window is not None:
+                    st.window.state_windows = state_windows
+                keys, values = _encode(st, entries, key_ser, key_type, key_bytes)
+                order = sorted(range(len(keys)), key=keys.__getitem__)
+                sections.append((st.index, [keys[i] for i in order], [values[i] for i in order]))
+                counts["timers" if st.domain is not None else "entries"] += len(entries)
         sections.sort(key=lambda s: s[0])
         counts["key_groups"] += 1
-        yield kg.key_group, sections
+        yield raw.key_group, sections
 
 
 def _serialized_operator_state(name: str, mode: DistributionMode, value_ser: TypeSerializer,

@@ -18,6 +18,7 @@ from typing import Any
 
 import cramjam
 
+from keygroups._native import flinkin
 from keygroups.errors import CorruptSnapshotError
 from keygroups.flink._cursor import Cursor, encode_modified_utf8
 from keygroups.flink.types import (
@@ -39,7 +40,7 @@ LIST_DELIMITER = 0x2C                    # ',' between list elements (ListDelimi
 BACKEND_STATE_TYPES = ("KEY_VALUE", "OPERATOR", "BROADCAST", "PRIORITY_QUEUE")
 KEYED_STATE_KINDS = frozenset({"VALUE", "LIST", "MAP", "REDUCING", "AGGREGATING"})
 
-_I16, _I32, _U16 = struct.Struct(">h"), struct.Struct(">i"), struct.Struct(">H")
+_I32 = struct.Struct(">i")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,59 +175,14 @@ def read_block(data: bytes | memoryview, start: int, end: int, compressed: bool,
 
 def iter_block_entries(block: bytes | memoryview, key_group: int, prefix_bytes: int, n_states: int,
                        where: str) -> Iterator[tuple[int, bytes, bytes]]:
-    """(state id, key without the key-group prefix, value) of every entry of one key group's block. The hot loop of
-    every read: lengths are unpacked in place, each checked against the bytes that remain before it is used."""
+    """(state id, key without the key-group prefix, value) of every entry of one key group's block. The block is
+    scanned first, compiled (``flinkin.scan_block``): every length is checked against the bytes that remain before it
+    is used, and a corrupt block raises CorruptSnapshotError, naming the byte offset, before any entry is given."""
     data = bytes(block)
-    end = len(data)
-    unpack_i32 = _I32.unpack_from
-    if end < 2:
-        raise CorruptSnapshotError(f"{where}: a key-group block of {end} bytes has no state id")
-    state_id = _I16.unpack_from(data, 0)[0]
-    if not 0 <= state_id < n_states:
-        raise CorruptSnapshotError(f"{where} at byte 0: state id {state_id}; the header lists {n_states} states")
-    pos = 2
-    kg_bytes = key_group.to_bytes(prefix_bytes, "big")
-    kg_flagged = bytes([kg_bytes[0] | FIRST_BIT]) + kg_bytes[1:]
-    while True:
-        if pos + 4 > end:
-            raise CorruptSnapshotError(f"{where} at byte {pos}: a key length needs 4 bytes, {end - pos} remain "
-                                       "(truncated or corrupt)")
-        klen = unpack_i32(data, pos)[0]
-        kpos = pos + 4
-        if klen < prefix_bytes or kpos + klen + 4 > end:
-            raise CorruptSnapshotError(f"{where} at byte {pos}: a key of {klen} bytes (at least {prefix_bytes}) "
-                                       f"does not fit the {end - kpos} remaining bytes")
-        vlen = unpack_i32(data, kpos + klen)[0]
-        vpos = kpos + klen + 4
-        if vlen < 0 or vpos + vlen > end:
-            raise CorruptSnapshotError(f"{where} at byte {kpos + klen}: a value of {vlen} bytes does not fit the "
-                                       f"{end - vpos} remaining bytes")
-        head = data[kpos:kpos + prefix_bytes]
-        if head == kg_bytes:
-            last_of_state = False
-        elif head == kg_flagged:
-            last_of_state = True
-        else:
-            kg = int.from_bytes(bytes([head[0] & ~FIRST_BIT & 0xFF]) + head[1:], "big")
-            raise CorruptSnapshotError(f"{where} at byte {kpos}: an entry of key group {kg} in the block of key "
-                                       f"group {key_group}")
-        pos = vpos + vlen
-        yield state_id, data[kpos + prefix_bytes:kpos + klen], data[vpos:pos]
-        if last_of_state:
-            if pos + 2 > end:
-                raise CorruptSnapshotError(f"{where} at byte {pos}: the next state id needs 2 bytes, {end - pos} "
-                                           "remain (truncated or corrupt)")
-            nxt = _U16.unpack_from(data, pos)[0]
-            pos += 2
-            if nxt == END_OF_KEY_GROUP:
-                break
-            if nxt >= n_states:
-                raise CorruptSnapshotError(f"{where} at byte {pos - 2}: state id {nxt}; the header lists {n_states} "
-                                           "states")
-            state_id = nxt
-    if pos != end:
-        raise CorruptSnapshotError(f"{where} at byte {pos}: {end - pos} bytes follow the end of key group "
-                                   f"{key_group}")
+    scan = flinkin.scan_block(data, key_group, prefix_bytes, n_states, where)
+    sid, ks, ke, vs, ve = (a.tolist() for a in scan.arrays())
+    for i in range(len(sid)):
+        yield sid[i], data[ks[i]:ke[i]], data[vs[i]:ve[i]]
 
 
 def _variable_int_bytes(n: int) -> bytes:

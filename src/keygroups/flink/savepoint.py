@@ -16,6 +16,7 @@ import fsspec
 import mmh3
 import pyarrow as pa
 
+from keygroups._native import flinkin
 from keygroups._ranges import KeyGroupRange
 from keygroups.errors import CheckpointNotFoundError, CorruptSnapshotError
 from keygroups.flink._cursor import Cursor
@@ -25,7 +26,6 @@ from keygroups.flink.keyed import (
     decode_key,
     decode_list_value,
     decode_value,
-    iter_block_entries,
     key_group_prefix_bytes,
     list_element_type,
     map_value_type,
@@ -90,6 +90,46 @@ class KeyGroupData:
 
     key_group: int
     entries: dict[str, list[tuple]]
+
+
+@dataclasses.dataclass(frozen=True)
+class KeyGroupBlock:
+    """One key group's block as read (Snappy-decoded): what ``FlinkSavepoint.key_group_blocks`` yields."""
+
+    key_group: int
+    block: bytes | memoryview
+    header: KeyedBackendHeader
+    prefix_bytes: int                # of the key-group prefix of its keys
+    where: str                       # names the block in errors
+
+    def scan(self) -> flinkin.BlockScan:
+        """Where each entry's state id, key and value lie (compiled and checked: ``flinkin.scan_block``)."""
+        return flinkin.scan_block(self.block, self.key_group, self.prefix_bytes, len(self.header.states),
+                                  self.where)
+
+
+def decode_entries(raw: KeyGroupBlock, scan: flinkin.BlockScan, state_ids: list[int],
+                   decoders: list | None = None) -> dict[str, list[tuple]]:
+    """The entries of states ``state_ids`` of a scanned block, decoded to Python values (``KeyGroupData``'s
+    tuples), per state name, in block order; states without entries are left out."""
+    header = raw.header
+    if decoders is None:
+        decoders = [_decoder(m, header.key_type) if i in state_ids else None for i, m in enumerate(header.states)]
+    wanted = set(state_ids)
+    data = bytes(raw.block)
+    sid, ks, ke, vs, ve = (a.tolist() for a in scan.arrays())
+    entries: dict[str, list[tuple]] = {}
+    keys: dict[bytes, tuple[Any, Any]] = {}   # the states of one key share its key bytes
+    where = raw.where
+    for i, state_id in enumerate(sid):
+        if state_id not in wanted:
+            continue
+        name = header.states[state_id].name
+        out = entries.get(name)
+        if out is None:
+            out = entries[name] = []
+        out.append(decoders[state_id](data[ks[i]:ke[i]], data[vs[i]:ve[i]], where, keys))
+    return entries
 
 
 class _Stream:
@@ -204,10 +244,9 @@ class FlinkSavepoint:
 
     # -- keyed state -------------------------------------------------------------------------------------------
 
-    def key_groups(self, uid: str, states: set[str] | None = None,
-                   key_groups: KeyGroupRange | None = None) -> Iterator[KeyGroupData]:
-        """Every non-empty key group of the operator (of ``key_groups`` when given), in order, decoded (only the
-        named ``states`` when given). Holds one key group's block at a time."""
+    def key_group_blocks(self, uid: str, key_groups: KeyGroupRange | None = None) -> Iterator[KeyGroupBlock]:
+        """Every non-empty key group's block of the operator (of ``key_groups`` when given), in order, undecoded
+        (Snappy-decoded when compressed) with the header of the stream it is in. Holds one block at a time."""
         op = self.operator(uid)
         prefix = key_group_prefix_bytes(op.max_parallelism)
         for handle in self._keyed_handles(op):
@@ -215,7 +254,6 @@ class FlinkSavepoint:
                                            or handle.start_key_group > key_groups.end):
                 continue
             header, stream = self._keyed_header(handle)
-            decoders = [_decoder(m, header.key_type) for m in header.states]
             nonzero = sorted(o for o in handle.offsets if o)
             ends = dict(zip(nonzero, nonzero[1:] + [stream.size]))
             for i, offset in enumerate(handle.offsets):
@@ -227,19 +265,23 @@ class FlinkSavepoint:
                 where = f"{stream.where}, key group {kg}"
                 block = read_block(stream.read(offset, ends[offset]), 0, ends[offset] - offset, header.compression,
                                    where)
-                entries: dict[str, list[tuple]] = {}
-                keys: dict[bytes, tuple[Any, Any]] = {}   # the states of one key share its key bytes
-                names = [m.name for m in header.states]
-                for state_id, key, value in iter_block_entries(block, kg, prefix, len(header.states), where):
-                    name = names[state_id]
-                    if states is not None and name not in states:
-                        continue
-                    out = entries.get(name)
-                    if out is None:
-                        out = entries[name] = []
-                    out.append(decoders[state_id](key, value, where, keys))
-                if entries:
-                    yield KeyGroupData(kg, entries)
+                yield KeyGroupBlock(kg, block, header, prefix, where)
+
+    def key_groups(self, uid: str, states: set[str] | None = None,
+                   key_groups: KeyGroupRange | None = None) -> Iterator[KeyGroupData]:
+        """Every non-empty key group of the operator (of ``key_groups`` when given), in order, decoded (only the
+        named ``states`` when given). Holds one key group's block at a time."""
+        decoders: dict[int, list] = {}
+        for raw in self.key_group_blocks(uid, key_groups):
+            header = raw.header
+            if id(header) not in decoders:
+                decoders.clear()
+                decoders[id(header)] = [_decoder(m, header.key_type) for m in header.states]
+            scan = raw.scan()
+            wanted = [i for i, m in enumerate(header.states) if states is None or m.name in states]
+            entries = decode_entries(raw, scan, wanted, decoders[id(header)])
+            if entries:
+                yield KeyGroupData(raw.key_group, entries)
 
     def read_state(self, uid: str, name: str) -> Iterator[pa.RecordBatch]:
         """A keyed state (or timer state) as Arrow record batches, one per key group that holds it. Columns:

@@ -10,6 +10,9 @@ A restore point is a complete checkpoint (the latest, or one by id) or a savepoi
   state a backend restored from the same point holds, expired TTL entries not cleaned up yet included (as Flink's
   State Processor API shows them). :meth:`KeyedStateReader.partitions` cuts the key groups into contiguous runs of
   about equal stored bytes; :meth:`KeyedStateReader.read` reads one run: one ranged read per file of its chains.
+* :func:`key_group_entries`: each key group's live entries per state, still as stored (keys and framed values back to
+  back, with offsets: :class:`LiveEntries`), one key group read at a time: what a bulk consumer that decodes or
+  transcodes the bytes itself streams through (the Flink export does); :func:`value_framing` decodes them.
 * :func:`metadata_table`: per key group and state, what is stored (kind, serializers, TTL, keys, entries, bytes,
   the chain's blocks and bytes).
 * :func:`operator_state_table`: one operator state's elements per subtask as stored, with the distribution mode.
@@ -139,9 +142,10 @@ def _roles(kind: str) -> tuple[str, ...]:
     raise CorruptSnapshotError(f"unknown keyed state kind {kind!r}; known: value, list, map, reducing, aggregating")
 
 
-def _framing(meta: dict[str, Any]) -> ValueFraming:
-    """The framing that splits ``meta``'s stored values (list elements, map entries, TTL timestamps) and decodes
-    them with the column's reading serializers."""
+def value_framing(meta: dict[str, Any]) -> ValueFraming:
+    """The framing that splits the stored values of the state whose meta is ``meta`` (list elements, map entries,
+    TTL timestamps; see ``keygroups.state._codec``) and decodes them with its reading serializers.
+    CorruptSnapshotError naming the state if the meta lacks a serializer."""
     sers = {role: reading_serializer(_snapshot(meta, role)) for role in _roles(meta["kind"])}
     return ValueFraming.for_state(meta["name"], meta["kind"], sers, ttl=meta.get("ttl") is not None)
 
@@ -178,9 +182,11 @@ def _split_key(key: SerializerSnapshot) -> bool:
 
 
 @dataclass
-class _Live:
-    """One state's live entries in one key group: keys back to back in ``keys`` at ``key_offsets`` (n + 1), and
-    values likewise; sorted by key bytes."""
+class LiveEntries:
+    """One state's live entries in one key group, as stored: keys (serialized with the job's key serializer) back
+    to back in ``keys`` at ``key_offsets`` (n + 1 int64 positions), values (the state's framing, see
+    :func:`value_framing`) likewise in ``values`` at ``value_offsets``; sorted by key bytes. ``keys`` and ``values``
+    may be views of the bytes read."""
 
     keys: Any
     key_offsets: np.ndarray
@@ -202,12 +208,12 @@ def _packed(items: list[bytes]) -> tuple[bytes, np.ndarray]:
     return b"".join(items), offsets
 
 
-def _merge(layers: list[tuple[Any, Any, Any, Any]]) -> _Live | None:
+def _merge(layers: list[tuple[Any, Any, Any, Any]]) -> LiveEntries | None:
     """Apply one state's layers of one key group's chain, oldest first (block, key offsets or None, value offsets,
     delete offsets or None); None if no entry is left. A lone put layer is used in place."""
     if len(layers) == 1 and layers[0][3] is None and layers[0][1] is not None:
         block, ko, vo, _ = layers[0]
-        return _Live(block, ko, block, vo) if len(ko) > 1 else None
+        return LiveEntries(block, ko, block, vo) if len(ko) > 1 else None
     entries: dict[bytes, Any] = {}
     for block, ko, vo, do in layers:
         if ko is not None:
@@ -223,16 +229,42 @@ def _merge(layers: list[tuple[Any, Any, Any, Any]]) -> _Live | None:
     keys = sorted(entries)
     key_data, key_offsets = _packed(keys)
     value_data, value_offsets = _packed([bytes(entries[k]) for k in keys])
-    return _Live(key_data, key_offsets, value_data, value_offsets)
+    return LiveEntries(key_data, key_offsets, value_data, value_offsets)
 
 
 def _chains(storage: CheckpointStorage, metadata: CheckpointMetadata, key_groups: KeyGroupRange
-            ) -> Iterator[tuple[int, dict[str, tuple[dict[str, Any], _Live]]]]:
+            ) -> Iterator[tuple[int, dict[str, tuple[dict[str, Any], LiveEntries]]]]:
     """Per key group of ``key_groups`` with state, ascending: state name -> (its meta, its live entries). Reads
-    each key group's chain (``plan_keyed_restore``: one ranged read per run of key groups per file)."""
+    each file's part of the range at once (``plan_keyed_restore``: one ranged read per run of key groups per file),
+    so the whole range is in memory; :func:`key_group_entries` holds one key group at a time."""
+    return _applied(storage, plan_keyed_restore(metadata, key_groups))
+
+
+def key_group_entries(storage: CheckpointStorage, metadata: CheckpointMetadata, key_groups: KeyGroupRange
+                      ) -> Iterator[tuple[int, dict[str, tuple[dict[str, Any], LiveEntries]]]]:
+    """Each key group of ``key_groups`` that holds state, ascending, as ``(key_group, {state name: (its meta, its
+    live entries)})``: the key group's chain applied as a restore applies it (:class:`LiveEntries`), values still
+    as stored (decode them with :func:`value_framing` of the meta, keys with the meta's ``key`` serializer).
+
+    Streaming: the chains are planned once for the whole range (from the metadata), then one key group is read
+    at a time, one ranged read of its bytes per file of its chain, so memory holds one key group's blocks and the
+    bytes read are those of the range's chains, never a whole file per key group. CorruptSnapshotError names the
+    file of a damaged block."""
+    per_group: dict[int, list[KeyedStateHandle]] = {}
+    for handle, run in plan_keyed_restore(metadata, key_groups):    # chain order: oldest checkpoint first
+        for kg in run:
+            per_group.setdefault(kg, []).append(handle)
+    for kg in sorted(per_group):
+        one = KeyGroupRange(kg, kg)
+        yield from _applied(storage, [(handle, one) for handle in per_group[kg]])
+
+
+def _applied(storage: CheckpointStorage, plan: list[tuple[KeyedStateHandle, KeyGroupRange]]
+             ) -> Iterator[tuple[int, dict[str, tuple[dict[str, Any], LiveEntries]]]]:
+    """The live entries of a restore plan's key groups (``plan_keyed_restore``'s pairs, in chain order)."""
     # kg -> state name -> (meta, layers); a full block starts the key group anew, in every state
     groups: dict[int, dict[str, tuple[dict[str, Any], list[Any]]]] = {}
-    for handle, part in plan_keyed_restore(metadata, key_groups):
+    for handle, part in plan:
         blocks, _ = read_key_group_offsets(storage, handle, part)
         for block in blocks:
             group = groups.setdefault(block.key_group, {})
@@ -382,7 +414,7 @@ class KeyedStateReader:
             canonical = json.dumps(meta, sort_keys=True)
             framing = framings.get(canonical)
             if framing is None:
-                framing = framings[canonical] = _framing(meta)
+                framing = framings[canonical] = value_framing(meta)
             try:
                 batch = self._rows(kg, live, key_ser, framing)
             except CorruptSnapshotError as e:
@@ -398,7 +430,7 @@ class KeyedStateReader:
         if pending:
             yield _combined(pending, self.schema)
 
-    def _rows(self, kg: int, live: _Live, key_ser: TypeSerializer, framing: ValueFraming) -> pa.RecordBatch:
+    def _rows(self, kg: int, live: LiveEntries, key_ser: TypeSerializer, framing: ValueFraming) -> pa.RecordBatch:
         keys = key_ser.deserialize_many(live.keys, live.key_offsets)
         if self.kind in SINGLE_VALUE_KINDS:
             values = framing.decode_many(live.values, live.value_offsets)
@@ -504,7 +536,7 @@ def metadata_table(storage: CheckpointStorage, metadata: CheckpointMetadata, key
                 canonical = json.dumps(meta, sort_keys=True)
                 framing = framings.get(canonical)
                 if framing is None:
-                    framing = framings[canonical] = _framing(meta)
+                    framing = framings[canonical] = value_framing(meta)
                 o = live.value_offsets.tolist()
                 mv = memoryview(live.values)
                 entries = sum(framing.element_count(mv[o[i]:o[i + 1]]) for i in range(len(o) - 1))
@@ -566,7 +598,7 @@ def read_timers(storage: CheckpointStorage, metadata: CheckpointMetadata, key_gr
             if found is None:
                 continue
             meta, live = found
-            batch = reader._rows(kg, live, key_ser, _framing(meta))   # key..., key_group, map_key, value
+            batch = reader._rows(kg, live, key_ser, value_framing(meta))   # key..., key_group, map_key, value
             columns = [*batch.columns[:-2], pa.array([domain.value] * batch.num_rows, pa.string()),
                        batch.column("map_key")]
             parts.append(pa.Table.from_arrays(columns, schema=schema))
@@ -600,7 +632,7 @@ def timer_counts(storage: CheckpointStorage, metadata: CheckpointMetadata) -> pa
             if found is None:
                 continue
             meta, live = found
-            framing = _framing(meta)
+            framing = value_framing(meta)
             o = live.value_offsets.tolist()
             mv = memoryview(live.values)
             stamps = [ts for i in range(len(o) - 1) for ts in framing.decode(mv[o[i]:o[i + 1]])]
@@ -699,7 +731,8 @@ def with_window_columns(rows: pa.Table | pa.RecordBatch) -> pa.Table:
     return table
 
 
-__all__ = ["KeyedStateReader", "with_window_columns", "load_restore_point", "key_group_partitions", "DEFAULT_PARTITION_BYTES",
+__all__ = ["KeyedStateReader", "key_group_entries", "LiveEntries", "value_framing", "with_window_columns",
+           "load_restore_point", "key_group_partitions", "DEFAULT_PARTITION_BYTES",
            "keyed_state_metas", "operator_state_names", "metadata_table", "operator_state_schema",
            "operator_state_table", "StateNotFoundError", "METADATA_SCHEMA", "KEY_COLUMNS_PROPERTY", "TTL_TYPE",
            "SINGLE_VALUE_KINDS", "read_timers", "timer_schema", "timer_counts", "TIMER_COUNTS_SCHEMA"]
