@@ -1,5 +1,6 @@
-"""Flink's checkpoint ``_metadata`` (format versions 3 to 6, Flink 1.11 to 2.3): operators, their subtasks' state
-handles, and the stream handles that locate the bytes (inline, absolute file, or relative to the savepoint).
+"""Flink's checkpoint ``_metadata`` (format versions 3 to 6: 3 from Flink 1.11 to 1.15, 4 from 1.16 to 1.20, 5 from
+2.0, 6 from 2.1 to 2.3; savepoints of Flink 1.15 to 2.3 are tested): operators, their subtasks' state handles, and the
+stream handles that locate the bytes (inline, absolute file, or relative to the savepoint).
 
 Mirrors ``Checkpoints`` and ``MetadataV2V3SerializerBase``/``MetadataV3..V6Serializer``. Each handle tag is read
 by one small reader in ``KEYED_HANDLE_READERS``/``STREAM_HANDLE_READERS``; a tag keygroups cannot read (incremental
@@ -297,7 +298,8 @@ def read_metadata(data: bytes, where: str = "_metadata") -> CheckpointMetadata:
     if version not in SUPPORTED_VERSIONS:
         raise UnsupportedSavepointError(
             f"{where}: Flink metadata version {version} is not supported; keygroups reads versions "
-            f"{min(SUPPORTED_VERSIONS)}-{max(SUPPORTED_VERSIONS)} (Flink 1.11-2.3)")
+            f"{min(SUPPORTED_VERSIONS)}-{max(SUPPORTED_VERSIONS)}, the canonical savepoints of Flink 1.15 to 2.3 "
+            f"(version 3: Flink 1.11-1.15, 4: 1.16-1.20, 5: 2.0, 6: 2.1-2.3){_version_advice(version)}")
     checkpoint_id = c.i64("the checkpoint id")
     if checkpoint_id < 0:
         raise c.fail(f"checkpoint id {checkpoint_id} is negative")
@@ -310,6 +312,13 @@ def read_metadata(data: bytes, where: str = "_metadata") -> CheckpointMetadata:
     operators = tuple(_operator(c, version) for _ in range(n))
     # Versions 4+ end with Java-serialized CheckpointProperties: never deserialized here.
     return CheckpointMetadata(version, checkpoint_id, operators)
+
+
+def _version_advice(version: int) -> str:
+    if version < min(SUPPORTED_VERSIONS):
+        return ("; restore it in Flink 1.15 or later and take a new canonical savepoint there (flink stop --type "
+                "canonical)")
+    return "; this savepoint comes from a newer Flink: take it with Flink 2.3 or earlier"
 
 
 # ---------------------------------------------------------------------------------------------- writing

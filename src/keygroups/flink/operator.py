@@ -16,7 +16,9 @@ from keygroups.flink.keyed import StateMetaInfoSnapshot, read_block, read_state_
 from keygroups.flink.types import FlinkType, UnsupportedFlinkTypeError
 
 SNAPPY_STREAM_IDENTIFIER = b"\xff\x06\x00\x00sNaPpY"
-HEADER_VERSION = 6                   # OperatorBackendSerializationProxy.VERSION (compression flag since Flink 1.17)
+HEADER_VERSION = 6                   # OperatorBackendSerializationProxy.VERSION (compression flag since Flink 1.18)
+# Version 5 (Flink 1.7 to 1.17) is version 6 without the compression flag: operator state was never compressed.
+READ_HEADER_VERSIONS = frozenset({5, HEADER_VERSION})
 _I32 = struct.Struct(">i")
 
 
@@ -31,10 +33,10 @@ class OperatorBackendHeader:
 
 def read_operator_header(c: Cursor) -> OperatorBackendHeader:
     version = c.i32("the operator state header version")
-    if version != HEADER_VERSION:
-        raise UnsupportedFlinkTypeError(f"{c.where}: operator state header version {version} is not supported (only "
-                                        f"{HEADER_VERSION}, written by Flink 1.17 and later)")
-    compression = c.boolean("the snapshot compression flag")
+    if version not in READ_HEADER_VERSIONS:
+        raise UnsupportedFlinkTypeError(f"{c.where}: operator state header version {version} is not supported; "
+                                        "keygroups reads versions 5 and 6 (written by Flink 1.7 to 2.3)")
+    compression = c.boolean("the snapshot compression flag") if version >= 6 else False
     states = {}
     n = c.u16("the number of operator states")
     for m in read_state_meta_infos(c, n, "operator state header", ends_header=False):
@@ -53,8 +55,13 @@ def read_operator_header(c: Cursor) -> OperatorBackendHeader:
 
 
 def write_operator_header(out: bytearray, h: OperatorBackendHeader) -> None:
-    out += _I32.pack(HEADER_VERSION)
-    out.append(1 if h.compression else 0)
+    """Version 5 for uncompressed operator state, which every Flink from 1.7 to 2.3 restores (versions 1.15 to 1.17
+    refuse version 6); version 6 only when the flag is needed."""
+    if h.compression:
+        out += _I32.pack(HEADER_VERSION)
+        out.append(1)
+    else:
+        out += _I32.pack(5)
     for group in (h.states, h.broadcast_states):
         out += struct.pack(">H", len(group))
         for m in group.values():
