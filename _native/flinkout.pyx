@@ -52,6 +52,10 @@ cdef extern from *:
     void kg_put_be32(uint8_t *p, uint32_t v) nogil
     void kg_put_be64(uint8_t *p, uint64_t v) nogil
 
+# Java's canonical NaNs (Double.doubleToLongBits, Float.floatToIntBits).
+cdef uint64_t JAVA_NAN_64 = 0x7FF8000000000000ULL
+cdef uint32_t JAVA_NAN_32 = 0x7FC00000U
+
 # Source kinds: how keygroups stored the value.
 cdef enum:
     S_I8 = 1
@@ -430,24 +434,25 @@ cdef int xc(Op op, Cursor *c, Writer *w) except -1:
         return write_int(op, w, i16)
     if s == S_I8:
         return write_int(op, w, <int8_t>cur_u8(c))
+    # Java's writeDouble/writeFloat write doubleToLongBits/floatToIntBits: every NaN as the one canonical NaN.
     if s == S_F64:
         memcpy(&u64, cur_read(c, 8), 8)
-        if op.dst == D_DOUBLE:
-            return put_be64(w, u64)
         memcpy(&f64, &u64, 8)
+        if op.dst == D_DOUBLE:
+            return put_be64(w, JAVA_NAN_64 if isnan(f64) else u64)
         f32 = <float>f64
         if not isnan(f64) and <double>f32 != f64:
             refuse(op, f"{f64!r}: it is not exactly a Java float")
         memcpy(&u32, &f32, 4)
-        return put_be32(w, u32)
+        return put_be32(w, JAVA_NAN_32 if isnan(f64) else u32)
     if s == S_F32:
         memcpy(&u32, cur_read(c, 4), 4)
-        if op.dst == D_FLOAT:
-            return put_be32(w, u32)
         memcpy(&f32, &u32, 4)
+        if op.dst == D_FLOAT:
+            return put_be32(w, JAVA_NAN_32 if isnan(f32) else u32)
         f64 = <double>f32
         memcpy(&u64, &f64, 8)
-        return put_be64(w, u64)
+        return put_be64(w, JAVA_NAN_64 if isnan(f64) else u64)
     if s == S_BOOL:
         flag = cur_u8(c)
         if flag > 1:

@@ -480,3 +480,16 @@ def test_an_op_tree_cannot_be_made_cyclic():
         op.__init__(flinkout.LIST, flinkout.FLINK_LIST, (op,))
     with pytest.raises(ValueError, match="cannot be written"):
         flinkout.Op(flinkout.STR, flinkout.LONG)
+
+
+@pytest.mark.parametrize("bits", [0x7FF8000000000001, 0xFFF8000000000000, 0x7FF0000000000001])
+def test_every_nan_goes_to_flink_as_javas_one_nan(bits):
+    """Java's writeDouble/writeFloat write doubleToLongBits/floatToIntBits: a NaN of any payload or sign is written
+    as the canonical one, by the compiled path and the Python path alike."""
+    stored = struct.pack("<Q", bits)   # keygroups' Float64 bytes of a NaN with this payload
+    nan = struct.unpack("<d", stored)[0]
+    for t, canonical in ((DoubleType(), "7ff8000000000000"), (FloatType(), "7fc00000")):
+        written = bytearray()
+        t.write(written, nan)
+        assert written.hex() == canonical
+        assert _compiled(Float64Serializer(), t).transcode(stored).hex() == canonical

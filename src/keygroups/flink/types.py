@@ -47,6 +47,8 @@ SNAPSHOT_PROXY_VERSION = 2             # TypeSerializerSnapshotSerializationUtil
 _I16, _I32, _I64 = struct.Struct(">h"), struct.Struct(">i"), struct.Struct(">q")
 _F32, _F64 = struct.Struct(">f"), struct.Struct(">d")
 _H = struct.Struct(">H")
+_JAVA_NAN_64 = bytes.fromhex("7ff8000000000000")   # Double.doubleToLongBits(NaN)
+_JAVA_NAN_32 = bytes.fromhex("7fc00000")           # Float.floatToIntBits(NaN)
 _NATIVE_UTF16 = "utf-16-le" if sys.byteorder == "little" else "utf-16-be"
 
 
@@ -223,7 +225,8 @@ class DoubleType(_Simple):
         return _F64.unpack(c.take(8, "a Double"))[0]
 
     def write(self, out: bytearray, value: Any) -> None:
-        out += _F64.pack(float(value))
+        v = float(value)
+        out += _F64.pack(v) if v == v else _JAVA_NAN_64   # writeDouble: doubleToLongBits, one NaN
 
     def arrow_type(self) -> pa.DataType:
         return pa.float64()
@@ -246,7 +249,7 @@ class FloatType(_Simple):
         packed = _F32.pack(v)
         if _F32.unpack(packed)[0] != v and v == v:
             raise ValueError(f"{v!r} is not exactly a Java float: Flink's Float state cannot hold it")
-        out += packed
+        out += packed if v == v else _JAVA_NAN_32          # writeFloat: floatToIntBits, one NaN
 
     def arrow_type(self) -> pa.DataType:
         return pa.float32()
