@@ -146,9 +146,9 @@ def test_a_savepoint_flink_writes_now_reads_equal_to_what_it_holds(tmp_path):
 @pytest.mark.flink
 @needs_flink
 def test_a_wide_row_goes_flink_to_spark_records_and_back_exactly(tmp_path):
-    """Flink writes a savepoint now (the committed fixtures predate the state `row_wide`: a Row of 13 fields, every
-    type a Row maps, nulls, a nested Tuple and Row); it imports as a record with named fields, exports with like=
-    and Flink restores every value exactly, at another parallelism."""
+    """Flink writes a savepoint now with 40 keys of `row_wide` (a Row of 13 fields, every type a Row maps, nulls, a
+    nested Tuple and Row; the committed fixtures hold 17, from RocksDB too); it imports as a record with named
+    fields, exports with like= and Flink restores every value exactly, at another parallelism."""
     from keygroups.checkpoint import CheckpointStorage
     from keygroups.runtime.state_reader import KeyedStateReader, load_restore_point
 
