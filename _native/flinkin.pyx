@@ -767,16 +767,21 @@ cdef class KeyOrder:
 cdef class StatePlan:
     """One keyed state's compiled import: its kind (VALUE_STATE for value, reducing and aggregating; LIST_STATE;
     MAP_STATE; TIMER_STATE), the job key's node, the value's (list element's, map value's; None for timers) and the
-    map key's, and whether the values carry a TTL timestamp. Only VoidNamespace states are compiled: the namespace
-    is the one byte after the key."""
+    map key's, and whether the values carry a TTL timestamp. Without ``namespace`` the state is in VoidNamespace
+    (the one byte after the key); with it (a TimeWindow's node: a fixed-length namespace, so Flink writes no
+    lengths between key and namespace) a VALUE_STATE becomes keygroups' namespaced state, one map per key,
+    namespace -> value (in entry order), and a TIMER_STATE drops the namespace: a key's timers of several windows
+    at one timestamp are its one timer there (the first kept)."""
     cdef readonly int kind
     cdef readonly bint ttl
     cdef readonly str name
     cdef Node key
     cdef Node value
     cdef Node user_key
+    cdef Node namespace
 
-    def __init__(self, int kind, Node key, Node value=None, Node user_key=None, bint ttl=False, str name=""):
+    def __init__(self, int kind, Node key, Node value=None, Node user_key=None, bint ttl=False, str name="",
+                 Node namespace=None):
         if kind < S_VALUE or kind > S_TIMER:
             raise ValueError(f"unknown state kind {kind}")
         if key is None or key.record:
@@ -787,12 +792,19 @@ cdef class StatePlan:
             raise ValueError("a map state needs the map key's node")
         if kind == S_TIMER and ttl:
             raise ValueError("timers have no TTL")
+        if namespace is not None and (namespace.record or kind == S_LIST or kind == S_MAP):
+            raise ValueError("a namespace (codec node) is compiled for value states and timers only")
         self.kind = kind
         self.key = key
         self.value = value
         self.user_key = user_key
         self.ttl = ttl
         self.name = name
+        self.namespace = namespace
+
+    @property
+    def namespaced(self) -> bool:
+        return self.namespace is not None
 
     def transcode(self, BlockScan scan, int state_id, KeyOrder order=None):
         """This state's entries of ``scan`` (those of ``state_id``) as keygroups' keyed-state entries sorted by key
@@ -823,7 +835,9 @@ cdef class StatePlan:
                 j += 1
             ko[m] = kw.pos
             vo[m] = vw.pos
-            if self.kind == S_MAP or self.kind == S_TIMER:
+            if self.kind == S_TIMER and self.namespace is not None:
+                return (m,) + _distinct_timers(_grouped(&kw, ko, &vw, vo, m))
+            if self.kind == S_MAP or self.kind == S_TIMER or self.namespace is not None:
                 return (m,) + _grouped(&kw, ko, &vw, vo, m)
             return (m,) + _sorted_entries(&kw, ko, &vw, vo, m, order)
         finally:
@@ -848,7 +862,10 @@ cdef class StatePlan:
         if self.kind == S_TIMER:
             ts = be64(f_take(&c, 8, "a timer timestamp")) ^ (<uint64_t>1 << 63)
             tc(self.key, &c, kw, M_TOP)
-            f_take(&c, 1, "a VoidNamespace")
+            if self.namespace is not None:
+                _skip_namespace(self.namespace, &c)
+            else:
+                f_take(&c, 1, "a VoidNamespace")
             if c.pos != c.end:
                 _corrupt(c.pos, f"{c.end - c.pos} bytes follow a timer's key and namespace")
             if v.end != v.pos:
@@ -859,6 +876,22 @@ cdef class StatePlan:
             w_i64(vw, <int64_t>ts)
             return w_u8(vw, 1)
         tc(self.key, &c, kw, M_TOP)
+        if self.namespace is not None:   # one entry of the key's map: namespace -> value
+            frame = w_open_len(vw)
+            if self.ttl:
+                w_reserve(vw, 8)
+            key_start = w_open_len(vw)
+            tc(self.namespace, &c, vw, M_TOP)
+            w_close_len(vw, key_start)
+            if c.pos != c.end:
+                _corrupt(c.pos, f"{c.end - c.pos} bytes follow the key and namespace")
+            if self.ttl:
+                ts = be64(f_take(&v, 8, "a TTL timestamp"))
+                memcpy(vw.buf + frame, &ts, 8)
+            tc(self.value, &v, vw, M_TOP)
+            if v.pos != v.end:
+                _corrupt(v.pos, f"{v.end - v.pos} bytes follow the value")
+            return w_set_len(vw, frame - 4, vw.pos - key_start + 4)
         f_take(&c, 1, "a VoidNamespace")
         if self.kind == S_MAP:
             frame = w_open_len(vw)
@@ -900,6 +933,80 @@ cdef class StatePlan:
         if v.pos != v.end:
             _corrupt(v.pos, f"{v.end - v.pos} bytes follow the value")
         return 0
+
+
+cdef int _skip_namespace(Node ns, FCur *c) except -1:
+    """Past a namespace the plan drops (a window timer's window), checked as it would be read."""
+    cdef Writer scratch
+    w_init(&scratch)
+    try:
+        tc(ns, c, &scratch, M_TOP)
+    finally:
+        w_free(&scratch)
+    return 0
+
+
+cdef struct Stamp:
+    int64_t ts
+    Py_ssize_t index
+
+
+cdef int _cmp_stamp(const void *a, const void *b) noexcept nogil:
+    cdef const Stamp *x = <const Stamp *>a
+    cdef const Stamp *y = <const Stamp *>b
+    if x.ts != y.ts:
+        return -1 if x.ts < y.ts else 1
+    return -1 if x.index < y.index else (1 if x.index > y.index else 0)
+
+
+cdef enum:
+    TIMER_FRAME = 17     # a timer map entry: u32 frame length, u32 key length, i64 timestamp, bool True
+
+
+cdef tuple _distinct_timers(tuple grouped):
+    """Grouped timer maps with each key's repeated timestamps dropped (the first kept, in order): a key's window
+    timers at one timestamp (two windows' cleanup and trigger) are one keygroups timer."""
+    cdef bytes kd = grouped[0]
+    cdef bytes vd = grouped[2]
+    cdef int64_t[::1] vo = grouped[3]
+    cdef Py_ssize_t g = vo.shape[0] - 1, i, j, n
+    cdef const uint8_t *src = <const uint8_t *>PyBytes_AS_STRING(vd)
+    cdef Stamp *stamps = NULL
+    cdef uint8_t *keep = NULL
+    cdef Writer ow
+    cdef int64_t ts
+    out_offsets = np.empty(g + 1, dtype=np.int64)
+    cdef int64_t[::1] oo = out_offsets
+    w_init(&ow)
+    try:
+        w_reserve(&ow, PyBytes_GET_SIZE(vd))
+        ow.pos = 0
+        for i in range(g):
+            oo[i] = ow.pos
+            n = (vo[i + 1] - vo[i]) // TIMER_FRAME
+            if n < 2:
+                w_bytes(&ow, src + vo[i], vo[i + 1] - vo[i])
+                continue
+            stamps = <Stamp *>_realloc(stamps, n * sizeof(Stamp))
+            keep = <uint8_t *>_realloc(keep, n)
+            for j in range(n):
+                memcpy(&ts, src + vo[i] + j * TIMER_FRAME + 8, 8)
+                stamps[j].ts = ts
+                stamps[j].index = j
+                keep[j] = 0
+            qsort(stamps, n, sizeof(Stamp), _cmp_stamp)
+            for j in range(n):
+                if j == 0 or stamps[j].ts != stamps[j - 1].ts:
+                    keep[stamps[j].index] = 1
+            for j in range(n):
+                if keep[j]:
+                    w_bytes(&ow, src + vo[i] + j * TIMER_FRAME, TIMER_FRAME)
+        oo[g] = ow.pos
+        return kd, grouped[1], w_result(&ow), out_offsets
+    finally:
+        PyMem_Free(stamps)
+        PyMem_Free(keep)
+        w_free(&ow)
 
 
 cdef object _offsets(const int64_t *o, Py_ssize_t m):
