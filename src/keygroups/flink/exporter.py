@@ -14,8 +14,9 @@ state are refused by name.
 
 Per state, the compiled path (``_native/flinkout.pyx``) transcodes the stored keygroups bytes straight into Flink's
 (no Python object per entry) and writes each key group's block in C; ``_fast_state`` compiles it from the state's
-serializers and Flink types. A state it does not take (a namespaced state, a Nullable of a Nullable) goes the Python
-way, ``_entries`` per decoded key; both write the same bytes (tests/test_flink_fast_export.py). A value Flink cannot
+serializers and Flink types (window value state and window timers included: ``flinkout.BlockWriter.note_windows``
+records each key's windows first). A state it does not take (a window list or map state, sessions, a Nullable of a
+Nullable) goes the Python way, ``_entries`` per decoded key; both write the same bytes (tests/test_flink_fast_export.py). A value Flink cannot
 hold is refused naming the state and the key either way; corrupt stored bytes raise ``CorruptSnapshotError`` naming
 the state and the key group.
 """
@@ -57,6 +58,7 @@ from keygroups.flink.metadata import (
 )
 from keygroups.flink.operator import OperatorBackendHeader, write_operator_header
 from keygroups.flink.savepoint import FlinkSavepoint, operator_id_for_uid, read_savepoint
+from keygroups.windows.assigners import TimeWindow
 from keygroups.flink.types import (
     BooleanType,
     ByteType,
@@ -436,15 +438,23 @@ def _compile(src: _Source, t: FlinkType, position: str = "", whole: bool = False
     raise _NotCompiled(f"{src} as {t!r}")
 
 
-def _fast_state(out: _Out, meta: dict[str, Any], key_type: FlinkType) -> flinkout.StateTranscoder | None:
+def _fast_state(out: _Out, meta: dict[str, Any], key_type: FlinkType, allowed_lateness: int = 0
+                ) -> flinkout.StateTranscoder | None:
     """The compiled transcoder of one state's entries stored with ``meta``'s serializers, or None when the state
-    takes the Python path (a pairing the compiled path does not take, e.g. a namespaced state)."""
-    if (not _COMPILED or meta.get("namespace_serializer") is not None or out.window is not None
-            or out.window_timers or out.kind == "merging"):
-        return None   # window state looks like a map state in its meta: only the plan tells it apart
+    takes the Python path (a pairing the compiled path does not take: a window list or map state, a window value
+    that may be null, session records). Window value state and window timers are compiled (``allowed_lateness``
+    places the cleanup timers)."""
+    if not _COMPILED or meta.get("namespace_serializer") is not None or out.kind == "merging":
+        return None
     try:
         sers = {role: SerializerSnapshot.from_json(j) for role, j in meta["serializers"].items()}
         key = _compile(_top_source(sers["key"]), key_type, whole=True)
+        if out.window_timers:
+            if sers["map key"].identifier != "int64" or sers["map value"].identifier != "bool":
+                return None
+            return _F.StateTranscoder(_F.WINDOW_TIMER_STATE, key, allowed_lateness=allowed_lateness)
+        if out.window is not None:
+            return _fast_window(out, sers, key, meta.get("ttl") is not None)
         if out.kind == "timer":
             if sers["map key"].identifier != "int64" or sers["map value"].identifier != "bool":
                 return None
@@ -465,6 +475,26 @@ def _fast_state(out: _Out, meta: dict[str, Any], key_type: FlinkType) -> flinkou
     except (_NotCompiled, KeyError, ValueError) as e:
         log.debug("state %r takes the Python export path: %s", out.source, e)
         return None
+
+
+def _fast_window(out: _Out, sers: dict[str, SerializerSnapshot], key: flinkout.Op, ttl: bool
+                 ) -> flinkout.StateTranscoder | None:
+    """A namespaced value, reducing or aggregating state's transcoder: window -> value (the operator layout's
+    one-part accumulator unwrapped: a Flink Tuple1 is its field's bytes). None for what the Python path keeps:
+    list and map kinds, records, a value that may be null (Flink holds none: the Python path leaves it out)."""
+    assert out.window is not None
+    value_type = out.value_type
+    if out.window.kind not in ("value", "reducing", "aggregating") or out.window.records \
+            or ttl != isinstance(value_type, TtlType):
+        return None
+    if isinstance(value_type, TtlType):
+        value_type = value_type.value
+    value = sers["map value"]
+    inner = value.nested[0] if out.window.unwrap else value
+    if inner.identifier == "nullable" or sers["map key"] != TimeWindow.serializer().snapshot():
+        return None
+    target = TupleType((value_type,)) if out.window.unwrap else value_type
+    return _F.StateTranscoder(_F.WINDOW_STATE, key, _compile(_top_source(value), target, whole=True), ttl=ttl)
 
 
 def _key_type(meta: dict[str, Any], template: FlinkType | None) -> FlinkType:
@@ -585,22 +615,42 @@ def _write_keyed_file(fs: Any, root: str, storage: CheckpointStorage, md: Checkp
     pos = len(head)
     builder = flinkout.BlockWriter(prefix_bytes)
     fast: dict[int, tuple[dict[str, Any], flinkout.StateTranscoder | None]] = {}   # id(meta) -> its fast path
+    merging = by_source.get(MERGING_WINDOW_SET)
     with fs.open(f"{root}/{name}", "wb") as f:
         f.write(head)
         for kg, live in key_group_entries(storage, md, groups):   # one key group in memory at a time
             prefix = kg.to_bytes(prefix_bytes, "big")
             builder.start(kg)
             present = {by_source[s][0]: (s, e) for s, e in live.items() if s in by_source}
-            # Window state first, the Python way: its keys' windows decide their window timers and session list,
-            # whose state ids may come before or after it (a block's states go in id order).
+            transcoders = {}
+            for state_id, (state, (meta, entries)) in present.items():
+                cached = fast.get(id(meta))
+                if cached is None:
+                    cached = fast[id(meta)] = (meta, _fast_state(by_source[state][1], meta, key_type,
+                                                                 allowed_lateness))
+                transcoders[state_id] = cached[1]
+            # Window state first: its keys' windows decide their window timers and session list, whose state ids
+            # may come before or after it (a block's states go in id order). Compiled, the BlockWriter notes them;
+            # else the Python way, and then window timers go that way too (they read key_windows).
+            windowed = {i: by_source[s][1] for i, (s, _) in present.items()
+                        if by_source[s][1].window is not None or by_source[s][1].window_timers}
+            compiled_windows = all(transcoders[i] is not None for i in windowed) and (
+                merging is None or merging[1].kind != "merging")
             key_windows: dict[bytes, tuple[Any, set[tuple[int, int]]]] = {}   # key bytes -> key, its windows
             ready: dict[int, list[tuple[bytes, bytes]]] = {}
             for state_id, (state, (meta, entries)) in sorted(present.items()):
                 out = by_source[state][1]
-                if out.window is not None:
+                if out.window is None:
+                    continue
+                if compiled_windows:
+                    try:
+                        builder.note_windows(transcoders[state_id], entries.keys, entries.key_offsets,
+                                             entries.values, entries.value_offsets)
+                    except CorruptSnapshotError as e:
+                        raise CorruptSnapshotError(f"state {state!r}, key group {kg}: {e}") from None
+                else:
                     ready[state_id] = _python_pairs(state, out, meta, entries, key_ser, key_type, prefix, counts,
                                                     key_windows, allowed_lateness)
-            merging = by_source.get(MERGING_WINDOW_SET)
             if merging is not None and merging[1].kind == "merging":
                 ready[merging[0]] = [pair for kb, (key, ws) in sorted(key_windows.items())
                                      for pair in merging_entries(key, ws, key_type, prefix)]
@@ -610,10 +660,7 @@ def _write_keyed_file(fs: Any, root: str, storage: CheckpointStorage, md: Checkp
                     continue
                 state, (meta, entries) = present[state_id]
                 out = by_source[state][1]
-                cached = fast.get(id(meta))
-                if cached is None:
-                    cached = fast[id(meta)] = (meta, _fast_state(out, meta, key_type))
-                transcoder = cached[1]
+                transcoder = transcoders[state_id] if compiled_windows or state_id not in windowed else None
                 try:
                     if transcoder is None:
                         builder.add_pairs(state_id, _python_pairs(state, out, meta, entries, key_ser, key_type,
