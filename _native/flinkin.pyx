@@ -769,9 +769,10 @@ cdef class StatePlan:
     MAP_STATE; TIMER_STATE), the job key's node, the value's (list element's, map value's; None for timers) and the
     map key's, and whether the values carry a TTL timestamp. Without ``namespace`` the state is in VoidNamespace
     (the one byte after the key); with it (a TimeWindow's node: a fixed-length namespace, so Flink writes no
-    lengths between key and namespace) a VALUE_STATE becomes keygroups' namespaced state, one map per key,
-    namespace -> value (in entry order), and a TIMER_STATE drops the namespace: a key's timers of several windows
-    at one timestamp are its one timer there (the first kept)."""
+    lengths between key and namespace) a state becomes keygroups' namespaced state, one map per key in entry
+    order: namespace -> value (VALUE_STATE), namespace -> list (LIST_STATE; with TTL the list's latest timestamp),
+    (namespace, user key) -> value (MAP_STATE); and a TIMER_STATE drops the namespace: a key's timers of several
+    windows at one timestamp are its one timer there (the first kept)."""
     cdef readonly int kind
     cdef readonly bint ttl
     cdef readonly str name
@@ -792,8 +793,8 @@ cdef class StatePlan:
             raise ValueError("a map state needs the map key's node")
         if kind == S_TIMER and ttl:
             raise ValueError("timers have no TTL")
-        if namespace is not None and (namespace.record or kind == S_LIST or kind == S_MAP):
-            raise ValueError("a namespace (codec node) is compiled for value states and timers only")
+        if namespace is not None and namespace.record:
+            raise ValueError("a namespace is a codec node")
         self.kind = kind
         self.key = key
         self.value = value
@@ -837,7 +838,7 @@ cdef class StatePlan:
             vo[m] = vw.pos
             if self.kind == S_TIMER and self.namespace is not None:
                 return (m,) + _distinct_timers(_grouped(&kw, ko, &vw, vo, m))
-            if self.kind == S_MAP or self.kind == S_TIMER or self.namespace is not None:
+            if self.kind == S_MAP or self.kind == S_TIMER or self.namespace is not None:   # a map per key
                 return (m,) + _grouped(&kw, ko, &vw, vo, m)
             return (m,) + _sorted_entries(&kw, ko, &vw, vo, m, order)
         finally:
@@ -876,6 +877,28 @@ cdef class StatePlan:
             w_i64(vw, <int64_t>ts)
             return w_u8(vw, 1)
         tc(self.key, &c, kw, M_TOP)
+        if self.namespace is not None and self.kind == S_LIST:
+            return _list_entry(self, &c, &v, vw)
+        if self.namespace is not None and self.kind == S_MAP:   # (namespace, user key) -> value
+            frame = w_open_len(vw)
+            if self.ttl:
+                w_reserve(vw, 8)
+            key_start = w_open_len(vw)
+            tc(self.namespace, &c, vw, 0)     # a tuple's fields
+            tc(self.user_key, &c, vw, 0)
+            w_close_len(vw, key_start)
+            if c.pos != c.end:
+                _corrupt(c.pos, f"{c.end - c.pos} bytes follow the key, namespace and user key")
+            if f_flag(&v, "a map value's null flag"):
+                raise StateSerializationError(f"at byte {v.pos - 1}: map state {self.name!r} holds a null value; "
+                                              "keygroups map states hold no nulls")
+            if self.ttl:
+                ts = be64(f_take(&v, 8, "a TTL timestamp"))
+                memcpy(vw.buf + frame, &ts, 8)
+            tc(self.value, &v, vw, M_TOP)
+            if v.pos != v.end:
+                _corrupt(v.pos, f"{v.end - v.pos} bytes follow a map value")
+            return w_set_len(vw, frame - 4, vw.pos - key_start + 4)
         if self.namespace is not None:   # one entry of the key's map: namespace -> value
             frame = w_open_len(vw)
             if self.ttl:
@@ -933,6 +956,41 @@ cdef class StatePlan:
         if v.pos != v.end:
             _corrupt(v.pos, f"{v.end - v.pos} bytes follow the value")
         return 0
+
+
+cdef int _list_entry(StatePlan plan, FCur *c, FCur *v, Writer *vw) except -1:
+    """A namespaced list state's entry: one frame of the key's map, namespace -> the elements (a ListSerializer's
+    u32 count and elements); with TTL the frame's timestamp is the elements' latest (keygroups keeps one)."""
+    cdef Py_ssize_t frame, key_start, count_at, value_start
+    cdef uint32_t count = 0
+    cdef int64_t ts, latest = 0
+    frame = w_open_len(vw)
+    if plan.ttl:
+        w_reserve(vw, 8)
+    key_start = w_open_len(vw)
+    tc(plan.namespace, c, vw, M_TOP)
+    w_close_len(vw, key_start)
+    if c.pos != c.end:
+        _corrupt(c.pos, f"{c.end - c.pos} bytes follow the key and namespace")
+    value_start = v.pos
+    count_at = w_open_len(vw)
+    while v.pos < v.end:
+        if plan.ttl:
+            ts = <int64_t>be64(f_take(v, 8, "a TTL timestamp"))
+            if count == 0 or ts > latest:
+                latest = ts
+        tc(plan.value, v, vw, 0)
+        count += 1
+        if v.pos < v.end:
+            if f_take(v, 1, "a list delimiter")[0] != LIST_DELIMITER:
+                _corrupt(v.pos - 1, f"list elements are separated by {LIST_DELIMITER:#x}, found "
+                                    f"{v.buf[v.pos - 1]:#x}")
+    if plan.ttl:
+        if count == 0:
+            _corrupt(value_start, "an empty list with TTL (Flink writes no empty list)")
+        memcpy(vw.buf + frame, &latest, 8)
+    memcpy(vw.buf + count_at - 4, &count, 4)
+    return w_set_len(vw, frame - 4, vw.pos - key_start + 4)
 
 
 cdef int _skip_namespace(Node ns, FCur *c) except -1:

@@ -20,9 +20,11 @@ from keygroups.flink import exporter, importer
 from keygroups.flink.transcode import NotCompiled, state_plan
 from keygroups.flink.types import IntType, LongType, StringType, TimeWindowType, TupleType
 from keygroups.flink.windows import FlinkWindows
-from keygroups.serializers import Int64Serializer
+from keygroups.runtime.functions import KeyedProcessFunction
+from keygroups.serializers import Int64Serializer, StrSerializer
+from keygroups.state import ListStateDescriptor, MapStateDescriptor, StateTtlConfig, ValueStateDescriptor
 from keygroups.testing import KeyedFunctionHarness
-from keygroups.windows import SlidingEventTimeWindows, TumblingEventTimeWindows, window
+from keygroups.windows import SlidingEventTimeWindows, TimeWindow, TumblingEventTimeWindows, window
 
 FIXTURE_NAMES = [f.name for f in FIXTURE_SET]
 
@@ -344,3 +346,51 @@ def test_corrupt_keygroups_window_state_raises_and_never_crashes(cut, flips):
             pass
         else:   # a flip inside a window or a value is still a window and a value; a cut between frames is a map
             assert damage == "flip" or all(len(v) % 32 == 0 for v in damaged)   # 32-byte frames
+
+
+# ---------------------------------------------------------------------------------------------- the "state" layout
+
+class PerWindowStates(KeyedProcessFunction):
+    """Namespaced value, list and map states per window (the "state" layout's list and map kinds), with or
+    without TTL; each record lands in the windows of its time, several per key."""
+
+    def __init__(self, ttl: bool) -> None:
+        self.ttl = ttl
+
+    def open(self, context):
+        descriptors = [ValueStateDescriptor("v", Int64Serializer()), ListStateDescriptor("l", StrSerializer()),
+                       MapStateDescriptor("m", StrSerializer(), Int64Serializer())]
+        ns = TimeWindow.serializer()
+        for d in descriptors:
+            if self.ttl:
+                d.enable_time_to_live(StateTtlConfig(ttl_ms=3_600_000))
+        self.states = [context.get_namespaced_state(d, TimeWindow(0, 0), ns) for d in descriptors]
+
+    def process_element(self, record, context):
+        value, elements, per_key = self.states
+        for w in (TimeWindow(record["t"] // 1000 * 1000, record["t"] // 1000 * 1000 + 1000),
+                  TimeWindow(record["t"] // 3000 * 3000, record["t"] // 3000 * 3000 + 3000)):
+            for s in self.states:
+                s.set_current_namespace(w)
+            value.update(record["n"])
+            elements.add(f"x{record['n']}\u00e9" * (record["n"] % 3))
+            per_key.put(f"k{record['n'] % 4}", record["n"])
+        return []
+
+
+@pytest.mark.parametrize("ttl", [False, True])
+def test_namespaced_list_and_map_states_take_the_compiled_import(tmp_path, monkeypatch, ttl):
+    schema = pa.schema([("k", pa.string()), ("t", pa.int64()), ("n", pa.int64())])
+    harness = KeyedFunctionHarness(PerWindowStates(ttl), "k", output_schema="k string", input_schema=schema,
+                                   processing_time=1_000, max_parallelism=128, parallelism=2)
+    harness.process([{"k": f"key{i % 37}", "t": (i * 7919) % 20_000, "n": i} for i in range(400)])
+    snapshot = harness.snapshot()
+    export_savepoint(snapshot.location, tmp_path / "flink", uid="p", savepoint=snapshot.name,
+                     windows=FlinkWindows(layout="state", states={"v": "value", "l": "list", "m": "map"}))
+    sp = read_savepoint(tmp_path / "flink")
+    infos = [s for s in sp.states("p") if s.keyed]
+    plans = [importer._plan(info, i, 1000, windows=FlinkWindows(layout="state")) for i, info in enumerate(infos)]
+    assert {"v", "l", "m"} <= set(importer._fast_plans(plans, sp.keyed_header("p").key_type))
+    report = _same_import(tmp_path / "in", monkeypatch, tmp_path / "flink", uid="p",
+                          windows=FlinkWindows(layout="state"))
+    assert set(report.keyed_states) == {"v", "l", "m"} and report.entries > 400

@@ -11,8 +11,8 @@ nullable; Short/Byte/Float keep their width as smallint/tinyint/float).
 
 Keyed state is imported compiled (``keygroups.flink.transcode``, ``_native/flinkin.pyx``): each block is scanned once
 and every state's entries go from Flink's bytes straight to the bytes those serializers write, framed, grouped per
-key and sorted, with no Python object per entry (window value state and window timers included). A state it cannot
-compile (window list and map states, sessions' contents, a process window's records) goes through ``_plan``/
+key and sorted, with no Python object per entry (window state and window timers included). A state it cannot
+compile (sessions' contents, a process window's records as Arrow batches) goes through ``_plan``/
 ``_encode`` (decode to Python values, encode them), which also serve as its reference in tests.
 """
 

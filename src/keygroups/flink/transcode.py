@@ -2,9 +2,9 @@
 tree of compiled nodes that turns its bytes straight into the bytes of its keygroups serializer
 (``FlinkType.keygroups_serializer()``), and a keyed state's plan (job key, namespace, value framing, TTL).
 
-Every type the importer maps is compiled, in ``VoidNamespace`` and, for value-like window state and window timers,
-in ``TimeWindow`` namespaces. What is not (window list and map states, session contents moved by
-``merging-window-set``, a process window's records) falls back to the Python path of ``keygroups.flink.importer``
+Every type the importer maps is compiled, in ``VoidNamespace`` and ``TimeWindow`` namespaces (window state and
+window timers). What is not (session contents moved by ``merging-window-set``, a process window's records as
+Arrow batches) falls back to the Python path of ``keygroups.flink.importer``
 (decode to Python values, encode with the keygroups serializer), state by state.
 """
 
@@ -72,9 +72,9 @@ def state_plan(name: str, kind: str, key_type: FlinkType, namespace_type: FlinkT
     ``value_type`` the value's, list element's or map value's FlinkType with its TTL unwrapped (``ttl`` says
     whether it had one); ``timers`` for a timer queue (its value_type is ignored). NotCompiled if it has none.
 
-    In ``TimeWindow`` namespaces (keygroups.flink.windows): a value, reducing or aggregating state becomes the
-    namespaced state's map, window -> value (``wrap``: the window operator's one-part accumulator ``(v,)``), and
-    window timers the key's timers; namespaced list and map states are not compiled."""
+    In ``TimeWindow`` namespaces (keygroups.flink.windows): a state becomes the namespaced state's map, window ->
+    value (``wrap``: the window operator's one-part accumulator ``(v,)``) or list, (window, user key) -> value for
+    a map state; window timers become the key's timers."""
     windowed = isinstance(namespace_type, TimeWindowType)
     if not windowed and not isinstance(namespace_type, VoidNamespaceType):
         raise NotCompiled(f"state {name!r} is in namespace {namespace_type!r}")
@@ -82,11 +82,11 @@ def state_plan(name: str, kind: str, key_type: FlinkType, namespace_type: FlinkT
     namespace = compile_type(_WINDOW) if windowed else None
     if timers:
         return flinkin.StatePlan(flinkin.TIMER_STATE, key, name=name, namespace=namespace)
-    if windowed and kind in ("list", "map"):
-        raise NotCompiled(f"window state {name!r} is a {kind} state")
     value = compile_type(TupleType((value_type,)) if wrap else value_type)
     if windowed:
-        return flinkin.StatePlan(flinkin.VALUE_STATE, key, value, None, ttl, name, namespace)
+        kinds = {"list": flinkin.LIST_STATE, "map": flinkin.MAP_STATE}
+        user_key = compile_type(map_key_type) if kind == "map" and map_key_type is not None else None
+        return flinkin.StatePlan(kinds.get(kind, flinkin.VALUE_STATE), key, value, user_key, ttl, name, namespace)
     if kind == "map":
         assert map_key_type is not None
         return flinkin.StatePlan(flinkin.MAP_STATE, key, value, compile_type(map_key_type), ttl, name)
