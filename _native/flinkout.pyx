@@ -102,6 +102,14 @@ cdef enum:
     K_TIMER = 3
     K_WINDOW = 4         # keygroups' namespaced value state (a map window -> value): one Flink pair per window
     K_WINDOW_TIMER = 5   # keygroups' timers as a WindowOperator's: one per window of the key (see add_state)
+    K_WINDOW_LIST = 6    # a namespaced list state (a map window -> list): one Flink list per window
+    K_WINDOW_MAP = 7     # a namespaced map state (a map (window, user key) -> value): one Flink pair per entry
+
+# How a namespaced map state's user keys sort (as Python sorts them): keygroups' codec bytes in a tuple.
+cdef enum:
+    UK_UTF8 = 1          # str or bytes: u32 length, then the bytes (UTF-8 sorts as code points do)
+    UK_I64 = 2
+    UK_I32 = 3
 
 cdef enum:
     LIST_DELIMITER = 0x2C
@@ -115,7 +123,8 @@ BOOLEAN, CHAR, STRING, BYTE_ARRAY, FLINK_TUPLE, ROW = D_BOOL, D_CHAR, D_STRING, 
 FLINK_LIST, FLINK_MAP = D_LIST, D_MAP
 NULL_REFUSED, NULL_TO_PARENT, NULL_AS_NULLABLE, NULL_AS_STRING = N_REFUSE, N_PARENT, N_NULLABLE, N_STRING
 VALUE_STATE, LIST_STATE, MAP_STATE, TIMER_STATE = K_VALUE, K_LIST, K_MAP, K_TIMER
-WINDOW_STATE, WINDOW_TIMER_STATE = K_WINDOW, K_WINDOW_TIMER
+WINDOW_STATE, WINDOW_TIMER_STATE, WINDOW_LIST_STATE, WINDOW_MAP_STATE = K_WINDOW, K_WINDOW_TIMER, K_WINDOW_LIST, K_WINDOW_MAP
+USER_KEY_UTF8, USER_KEY_I64, USER_KEY_I32 = UK_UTF8, UK_I64, UK_I32
 
 
 class UnrepresentableValue(ValueError):
@@ -540,7 +549,9 @@ cdef int _whole(Op op, const uint8_t *p, Py_ssize_t n, Writer *w) except -1:
 cdef class StateTranscoder:
     """One keyed state's entries -> Flink pairs: ``kind`` VALUE_STATE (value, reducing, aggregating), LIST_STATE,
     MAP_STATE, TIMER_STATE, WINDOW_STATE (a namespaced value, reducing or aggregating state: keygroups' map of
-    TimeWindow -> value, a Flink pair per window in window order) or WINDOW_TIMER_STATE (keygroups' timers as a
+    TimeWindow -> value, a Flink pair per window in window order), WINDOW_LIST_STATE (window -> list; a list per
+    window, an empty one left out), WINDOW_MAP_STATE (map (window, user key) -> value, a pair per entry in window
+    then user key order, ``user_key_order`` says how the user keys sort) or WINDOW_TIMER_STATE (keygroups' timers as a
     WindowOperator's window timers, see ``BlockWriter.add_state``); ``key`` transcodes the job's key; ``value`` the
     value, list element or map value; ``map_key`` a map state's user key; ``ttl``: each value, element or entry
     carries its timestamp; ``allowed_lateness`` (ms, window timers): where a window's cleanup timer is."""
@@ -548,14 +559,19 @@ cdef class StateTranscoder:
     cdef readonly bint ttl
     cdef readonly Op key, value, map_key
     cdef readonly int64_t allowed_lateness
+    cdef readonly int user_key_order
 
     def __init__(self, int kind, Op key, Op value=None, Op map_key=None, *, bint ttl=False,
-                 int64_t allowed_lateness=0):
+                 int64_t allowed_lateness=0, int user_key_order=0):
         cdef bint timers = kind == K_TIMER or kind == K_WINDOW_TIMER
-        if not K_VALUE <= kind <= K_WINDOW_TIMER:
+        cdef bint maps = kind == K_MAP or kind == K_WINDOW_MAP
+        if not K_VALUE <= kind <= K_WINDOW_MAP:
             raise ValueError(f"unknown state kind {kind}")
-        if key is None or (value is None and not timers) or ((map_key is None) != (kind != K_MAP)):
+        if key is None or (value is None and not timers) or ((map_key is None) != (not maps)):
             raise ValueError("a state needs its key's Op, its value's (none for timers) and a map key's (map only)")
+        if (kind == K_WINDOW_MAP) != (UK_UTF8 <= user_key_order <= UK_I32):
+            raise ValueError("a window map state (only) needs its user keys' order: USER_KEY_UTF8, _I64 or _I32")
+        self.user_key_order = user_key_order
         if timers and ttl:
             raise ValueError("timers have no TTL")
         if allowed_lateness < 0:
@@ -574,6 +590,39 @@ cdef struct Win:
     int64_t end
     Py_ssize_t at       # a window state entry: where its frame's value starts; a window timer: its timestamp
     Py_ssize_t n        # a window state entry: its value's length
+    const uint8_t *uk   # a window map entry: its user key's codec bytes
+    Py_ssize_t uk_n
+
+
+cdef int _uk_order = 0      # the user key order of the window map being sorted (qsort has no context)
+
+
+cdef int cmp_user_key(const Win *x, const Win *y) noexcept nogil:
+    cdef int64_t a, b
+    cdef int32_t a32, b32
+    cdef Py_ssize_t n
+    cdef int r
+    if _uk_order == UK_I64 and x.uk_n == 8 and y.uk_n == 8:
+        memcpy(&a, x.uk, 8)
+        memcpy(&b, y.uk, 8)
+        return (a > b) - (a < b)
+    if _uk_order == UK_I32 and x.uk_n == 4 and y.uk_n == 4:
+        memcpy(&a32, x.uk, 4)
+        memcpy(&b32, y.uk, 4)
+        return (a32 > b32) - (a32 < b32)
+    n = x.uk_n if x.uk_n < y.uk_n else y.uk_n      # UTF-8 (past the equal-width length prefix: compared last)
+    if n > 4:
+        r = memcmp(x.uk + 4, y.uk + 4, n - 4)
+        if r:
+            return r
+    return (x.uk_n > y.uk_n) - (x.uk_n < y.uk_n)
+
+
+cdef int cmp_win_entry(const void *a, const void *b) noexcept nogil:
+    cdef int r = cmp_win(a, b)
+    if r or _uk_order == 0:
+        return r
+    return cmp_user_key(<const Win *>a, <const Win *>b)
 
 
 cdef int cmp_win(const void *a, const void *b) noexcept nogil:
@@ -778,8 +827,8 @@ cdef class BlockWriter:
             PyBuffer_Release(&kview)
         if t.kind == K_TIMER or t.kind == K_WINDOW_TIMER:
             return 0, timers
-        if t.kind == K_WINDOW:
-            return timers, 0     # a pair per window
+        if t.kind == K_WINDOW or t.kind == K_WINDOW_LIST or t.kind == K_WINDOW_MAP:
+            return timers, 0     # a pair per window (per map entry)
         return n, 0
 
     cdef int _pair_key(self) except -1:
@@ -800,7 +849,7 @@ cdef class BlockWriter:
         cdef bint first
         self.kw.pos = 0
         _whole(t.key, kp, kn, &self.kw)
-        if t.kind == K_WINDOW:
+        if t.kind == K_WINDOW or t.kind == K_WINDOW_LIST or t.kind == K_WINDOW_MAP:
             return self._windows(t, kp, kn, vp, vn, False)
         if t.kind == K_WINDOW_TIMER:
             return self._window_timers(kp, kn, vp, vn, t.allowed_lateness)
@@ -894,8 +943,8 @@ cdef class BlockWriter:
         cdef const int64_t[::1] ko = key_offsets
         cdef const int64_t[::1] vo = value_offsets
         cdef Py_ssize_t i
-        if t.kind != K_WINDOW:
-            raise ValueError("note_windows takes a WINDOW_STATE transcoder")
+        if t.kind != K_WINDOW and t.kind != K_WINDOW_LIST and t.kind != K_WINDOW_MAP:
+            raise ValueError("note_windows takes a window state's transcoder")
         if self.key_group < 0:
             raise ValueError("call start(key_group) first")
         if vo.shape[0] != ko.shape[0]:
@@ -919,10 +968,12 @@ cdef class BlockWriter:
         """One key's namespaced value (its map's frames, window -> value): ``record``, its windows noted for the
         window timers; else a Flink pair per window, in window order. Returns the windows."""
         cdef Cursor c, e
-        cdef uint32_t length, klen
-        cdef Py_ssize_t count = 0, i, first = self.n_wins, at
+        cdef uint32_t length, klen, elements
+        cdef Py_ssize_t count = 0, written = 0, i, j, first = self.n_wins, at
         cdef Win *ws
         cdef KeyWins *kwp
+        cdef int kind = t.kind
+        global _uk_order
         cur_init(&c, vp, vn)
         while cur_remaining(&c):
             length = cur_u32(&c)
@@ -932,26 +983,54 @@ cdef class BlockWriter:
                 cur_corrupt(&c, f"a map entry of {length} bytes, shorter than its key length")
             cur_init(&e, cur_read(&c, length), length)
             klen = cur_u32(&e)
-            if klen != 16:
+            if klen != 16 and not (kind == K_WINDOW_MAP and klen > 16):
                 cur_corrupt(&e, f"a window (TimeWindow: two Int64) of {klen} bytes")
             ws = self._room(&self.wins, &self.wins_cap, first + count + 1)
             ws[first + count].start = cur_i64(&e)
             ws[first + count].end = cur_i64(&e)
+            ws[first + count].uk = e.buf + e.pos
+            ws[first + count].uk_n = klen - 16
+            cur_read(&e, klen - 16)
             ws[first + count].at = (e.buf + e.pos) - vp
             ws[first + count].n = cur_remaining(&e)
             count += 1
         ws = self.wins + first
         if not record:
-            qsort(ws, count, sizeof(Win), cmp_win)
+            _uk_order = t.user_key_order
+            qsort(ws, count, sizeof(Win), cmp_win_entry)
+            _uk_order = 0
         for i in range(0 if record else count):
+            if kind == K_WINDOW_LIST:
+                cur_init(&e, vp + ws[i].at, ws[i].n)
+                elements = <uint32_t>cur_count(&e, t.value.min_size if t.value.min_size > 0 else 1, "a list")
+                if elements == 0:
+                    if cur_remaining(&e):
+                        cur_corrupt(&e, f"{cur_remaining(&e)} bytes follow an empty list")
+                    continue          # Flink holds no empty list
             self._pair_key()
             put_window(&self.w, ws[i].start, ws[i].end)
+            if kind == K_WINDOW_MAP:
+                _whole(t.map_key, ws[i].uk, ws[i].uk_n, &self.w)
             self._close(self.key_len_pos)
             at = self._open()
-            if t.ttl:     # the frame's timestamp: before its key length and the window
-                put_be64(&self.w, <uint64_t>_load_i64(vp + ws[i].at - 16 - 4 - 8))
-            _whole(t.value, vp + ws[i].at, ws[i].n, &self.w)
+            if kind == K_WINDOW_MAP:
+                w_u8(&self.w, 0)      # the value's null flag
+            if kind == K_WINDOW_LIST:
+                for j in range(elements):
+                    if j:
+                        w_u8(&self.w, LIST_DELIMITER)
+                    if t.ttl:
+                        put_be64(&self.w, <uint64_t>_load_i64(vp + ws[i].at - 16 - 4 - 8))
+                    if xc(t.value, &e, &self.w):
+                        refuse(t.value, "null")
+                if cur_remaining(&e):
+                    cur_corrupt(&e, f"{cur_remaining(&e)} bytes follow a list's {elements} elements")
+            else:
+                if t.ttl:     # the frame's timestamp: before its key length and the window (and user key)
+                    put_be64(&self.w, <uint64_t>_load_i64(vp + ws[i].at - ws[i].uk_n - 16 - 4 - 8))
+                _whole(t.value, vp + ws[i].at, ws[i].n, &self.w)
             self._close(at)
+            written += 1
         if count and record:
             self.n_wins = first + count
             if self.n_key_wins == self.key_wins_cap:
@@ -968,7 +1047,7 @@ cdef class BlockWriter:
             w_bytes(&self.win_keys, kp, kn)
             self.n_key_wins += 1
             self.key_wins_sorted = False
-        return count
+        return count if record else written
 
     cdef int _sort_key_wins(self) except -1:
         cdef Py_ssize_t i

@@ -21,7 +21,7 @@ from keygroups.flink.transcode import NotCompiled, state_plan
 from keygroups.flink.types import IntType, LongType, StringType, TimeWindowType, TupleType
 from keygroups.flink.windows import FlinkWindows
 from keygroups.runtime.functions import KeyedProcessFunction
-from keygroups.serializers import Int64Serializer, StrSerializer
+from keygroups.serializers import BytesSerializer, Int32Serializer, Int64Serializer, StrSerializer
 from keygroups.state import ListStateDescriptor, MapStateDescriptor, StateTtlConfig, ValueStateDescriptor
 from keygroups.testing import KeyedFunctionHarness
 from keygroups.windows import SlidingEventTimeWindows, TimeWindow, TumblingEventTimeWindows, window
@@ -354,12 +354,15 @@ class PerWindowStates(KeyedProcessFunction):
     """Namespaced value, list and map states per window (the "state" layout's list and map kinds), with or
     without TTL; each record lands in the windows of its time, several per key."""
 
-    def __init__(self, ttl: bool) -> None:
+    def __init__(self, ttl: bool, user_keys: str = "str") -> None:
         self.ttl = ttl
+        self.user_keys = user_keys
 
     def open(self, context):
+        user_key = {"str": StrSerializer(), "bytes": BytesSerializer(), "int64": Int64Serializer(),
+                    "int32": Int32Serializer()}[self.user_keys]
         descriptors = [ValueStateDescriptor("v", Int64Serializer()), ListStateDescriptor("l", StrSerializer()),
-                       MapStateDescriptor("m", StrSerializer(), Int64Serializer())]
+                       MapStateDescriptor("m", user_key, Int64Serializer())]
         ns = TimeWindow.serializer()
         for d in descriptors:
             if self.ttl:
@@ -374,19 +377,26 @@ class PerWindowStates(KeyedProcessFunction):
                 s.set_current_namespace(w)
             value.update(record["n"])
             elements.add(f"x{record['n']}\u00e9" * (record["n"] % 3))
-            per_key.put(f"k{record['n'] % 4}", record["n"])
+            n = record["n"]
+            per_key.put({"str": f"k{n % 4}" + "\u00e9" * (n % 3), "bytes": bytes([n % 5]) * (n % 3),
+                         "int64": (n % 7 - 3) * 2**40, "int32": n % 9 - 4}[self.user_keys], n)
         return []
 
 
-@pytest.mark.parametrize("ttl", [False, True])
-def test_namespaced_list_and_map_states_take_the_compiled_import(tmp_path, monkeypatch, ttl):
+@pytest.mark.parametrize("ttl,user_keys", [(False, "str"), (True, "str"), (False, "bytes"), (True, "int64"),
+                                           (False, "int32")])
+def test_namespaced_list_and_map_states_take_the_compiled_paths(tmp_path, monkeypatch, ttl, user_keys):
+    """The "state" layout's namespaced value, list and map states, exported and imported compiled: the Python
+    path's bytes both ways."""
     schema = pa.schema([("k", pa.string()), ("t", pa.int64()), ("n", pa.int64())])
-    harness = KeyedFunctionHarness(PerWindowStates(ttl), "k", output_schema="k string", input_schema=schema,
-                                   processing_time=1_000, max_parallelism=128, parallelism=2)
+    harness = KeyedFunctionHarness(PerWindowStates(ttl, user_keys), "k", output_schema="k string",
+                                   input_schema=schema, processing_time=1_000, max_parallelism=128, parallelism=2)
     harness.process([{"k": f"key{i % 37}", "t": (i * 7919) % 20_000, "n": i} for i in range(400)])
     snapshot = harness.snapshot()
-    export_savepoint(snapshot.location, tmp_path / "flink", uid="p", savepoint=snapshot.name,
-                     windows=FlinkWindows(layout="state", states={"v": "value", "l": "list", "m": "map"}))
+    exported = _same_export(monkeypatch, snapshot.location, tmp_path, uid="p", savepoint=snapshot.name,
+                            windows=FlinkWindows(layout="state", states={"v": "value", "l": "list", "m": "map"}))
+    assert exported.entries > 400
+    (tmp_path / "compiled").rename(tmp_path / "flink")
     sp = read_savepoint(tmp_path / "flink")
     infos = [s for s in sp.states("p") if s.keyed]
     plans = [importer._plan(info, i, 1000, windows=FlinkWindows(layout="state")) for i, info in enumerate(infos)]

@@ -49,6 +49,12 @@ MAP_STATE: int
 TIMER_STATE: int
 WINDOW_STATE: int
 WINDOW_TIMER_STATE: int
+WINDOW_LIST_STATE: int
+WINDOW_MAP_STATE: int
+# how a window map state's user keys sort
+USER_KEY_UTF8: int
+USER_KEY_I64: int
+USER_KEY_I32: int
 
 class UnrepresentableValue(ValueError):
     """A value Flink's serializer of its position cannot hold; ``index``: its key's position in the state."""
@@ -92,11 +98,13 @@ class StateTranscoder:
     """One keyed state's entries → Flink (key, value) pairs."""
 
     def __init__(self, kind: int, key: Op, value: Op | None = None, map_key: Op | None = None, *,
-                 ttl: bool = False, allowed_lateness: int = 0) -> None: ...
+                 ttl: bool = False, allowed_lateness: int = 0, user_key_order: int = 0) -> None: ...
     @property
     def kind(self) -> int: ...
     @property
     def allowed_lateness(self) -> int: ...
+    @property
+    def user_key_order(self) -> int: ...
     @property
     def ttl(self) -> bool: ...
     @property

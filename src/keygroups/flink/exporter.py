@@ -14,8 +14,8 @@ state are refused by name.
 
 Per state, the compiled path (``_native/flinkout.pyx``) transcodes the stored keygroups bytes straight into Flink's
 (no Python object per entry) and writes each key group's block in C; ``_fast_state`` compiles it from the state's
-serializers and Flink types (window value state and window timers included: ``flinkout.BlockWriter.note_windows``
-records each key's windows first). A state it does not take (a window list or map state, sessions, a Nullable of a
+serializers and Flink types (window state and window timers included: ``flinkout.BlockWriter.note_windows``
+records each key's windows first). A state it does not take (sessions, a process window's records, a Nullable of a
 Nullable) goes the Python way, ``_entries`` per decoded key; both write the same bytes (tests/test_flink_fast_export.py). A value Flink cannot
 hold is refused naming the state and the key either way; corrupt stored bytes raise ``CorruptSnapshotError`` naming
 the state and the key group.
@@ -441,9 +441,8 @@ def _compile(src: _Source, t: FlinkType, position: str = "", whole: bool = False
 def _fast_state(out: _Out, meta: dict[str, Any], key_type: FlinkType, allowed_lateness: int = 0
                 ) -> flinkout.StateTranscoder | None:
     """The compiled transcoder of one state's entries stored with ``meta``'s serializers, or None when the state
-    takes the Python path (a pairing the compiled path does not take: a window list or map state, a window value
-    that may be null, session records). Window value state and window timers are compiled (``allowed_lateness``
-    places the cleanup timers)."""
+    takes the Python path (a pairing the compiled path does not take, see ``_fast_window``; sessions). Window state
+    and window timers are compiled (``allowed_lateness`` places the cleanup timers)."""
     if not _COMPILED or meta.get("namespace_serializer") is not None or out.kind == "merging":
         return None
     try:
@@ -479,22 +478,43 @@ def _fast_state(out: _Out, meta: dict[str, Any], key_type: FlinkType, allowed_la
 
 def _fast_window(out: _Out, sers: dict[str, SerializerSnapshot], key: flinkout.Op, ttl: bool
                  ) -> flinkout.StateTranscoder | None:
-    """A namespaced value, reducing or aggregating state's transcoder: window -> value (the operator layout's
-    one-part accumulator unwrapped: a Flink Tuple1 is its field's bytes). None for what the Python path keeps:
-    list and map kinds, records, a value that may be null (Flink holds none: the Python path leaves it out)."""
+    """A namespaced state's transcoder: window -> value (the operator layout's one-part accumulator unwrapped: a
+    Flink Tuple1 is its field's bytes) or list, (window, user key) -> value. None for what the Python path keeps:
+    records, a value that may be null (Flink holds none: the Python path leaves it out), user keys other than
+    str, bytes, int64 and int32 (their order is Python's)."""
     assert out.window is not None
     value_type = out.value_type
-    if out.window.kind not in ("value", "reducing", "aggregating") or out.window.records \
-            or ttl != isinstance(value_type, TtlType):
+    if out.window.records or ttl != isinstance(value_type, TtlType):
         return None
     if isinstance(value_type, TtlType):
         value_type = value_type.value
     value = sers["map value"]
+    window = TimeWindow.serializer().snapshot()
+    if out.window.kind == "map":
+        namespace, user_key = sers["map key"].nested
+        order = _USER_KEY_ORDER.get(user_key.identifier)
+        if namespace != window or order is None or out.map_key_type is None:
+            return None
+        return _F.StateTranscoder(_F.WINDOW_MAP_STATE, key, _compile(_top_source(value), value_type, whole=True),
+                                  _compile(_codec_source(user_key), out.map_key_type), ttl=ttl,
+                                  user_key_order=order)
+    if sers["map key"] != window:
+        return None
+    if out.window.kind == "list":
+        if value.identifier != "list" or value.nested[0].identifier == "nullable":
+            return None
+        return _F.StateTranscoder(_F.WINDOW_LIST_STATE, key, _compile(_codec_source(value.nested[0]), value_type),
+                                  ttl=ttl)
     inner = value.nested[0] if out.window.unwrap else value
-    if inner.identifier == "nullable" or sers["map key"] != TimeWindow.serializer().snapshot():
+    if inner.identifier == "nullable":
         return None
     target = TupleType((value_type,)) if out.window.unwrap else value_type
     return _F.StateTranscoder(_F.WINDOW_STATE, key, _compile(_top_source(value), target, whole=True), ttl=ttl)
+
+
+#: How a window map state's user keys sort, as Python sorts them (by their keygroups codec bytes).
+_USER_KEY_ORDER = {"str": _F.USER_KEY_UTF8, "bytes": _F.USER_KEY_UTF8, "int64": _F.USER_KEY_I64,
+                   "int32": _F.USER_KEY_I32}
 
 
 def _key_type(meta: dict[str, Any], template: FlinkType | None) -> FlinkType:
