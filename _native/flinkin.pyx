@@ -879,62 +879,11 @@ cdef class StatePlan:
         tc(self.key, &c, kw, M_TOP)
         if self.namespace is not None and self.kind == S_LIST:
             return _list_entry(self, &c, &v, vw)
-        if self.namespace is not None and self.kind == S_MAP:   # (namespace, user key) -> value
-            frame = w_open_len(vw)
-            if self.ttl:
-                w_reserve(vw, 8)
-            key_start = w_open_len(vw)
-            tc(self.namespace, &c, vw, 0)     # a tuple's fields
-            tc(self.user_key, &c, vw, 0)
-            w_close_len(vw, key_start)
-            if c.pos != c.end:
-                _corrupt(c.pos, f"{c.end - c.pos} bytes follow the key, namespace and user key")
-            if f_flag(&v, "a map value's null flag"):
-                raise StateSerializationError(f"at byte {v.pos - 1}: map state {self.name!r} holds a null value; "
-                                              "keygroups map states hold no nulls")
-            if self.ttl:
-                ts = be64(f_take(&v, 8, "a TTL timestamp"))
-                memcpy(vw.buf + frame, &ts, 8)
-            tc(self.value, &v, vw, M_TOP)
-            if v.pos != v.end:
-                _corrupt(v.pos, f"{v.end - v.pos} bytes follow a map value")
-            return w_set_len(vw, frame - 4, vw.pos - key_start + 4)
-        if self.namespace is not None:   # one entry of the key's map: namespace -> value
-            frame = w_open_len(vw)
-            if self.ttl:
-                w_reserve(vw, 8)
-            key_start = w_open_len(vw)
-            tc(self.namespace, &c, vw, M_TOP)
-            w_close_len(vw, key_start)
-            if c.pos != c.end:
-                _corrupt(c.pos, f"{c.end - c.pos} bytes follow the key and namespace")
-            if self.ttl:
-                ts = be64(f_take(&v, 8, "a TTL timestamp"))
-                memcpy(vw.buf + frame, &ts, 8)
-            tc(self.value, &v, vw, M_TOP)
-            if v.pos != v.end:
-                _corrupt(v.pos, f"{v.end - v.pos} bytes follow the value")
-            return w_set_len(vw, frame - 4, vw.pos - key_start + 4)
+        if self.namespace is not None:   # one entry of the key's map: namespace (and user key) -> value
+            return _map_frame(self, &c, &v, vw, True)
         f_take(&c, 1, "a VoidNamespace")
         if self.kind == S_MAP:
-            frame = w_open_len(vw)
-            if self.ttl:
-                w_reserve(vw, 8)
-            key_start = w_open_len(vw)
-            tc(self.user_key, &c, vw, M_TOP)
-            w_close_len(vw, key_start)
-            if c.pos != c.end:
-                _corrupt(c.pos, f"{c.end - c.pos} bytes follow the key, namespace and user key")
-            if f_flag(&v, "a map value's null flag"):
-                raise StateSerializationError(f"at byte {v.pos - 1}: map state {self.name!r} holds a null value; "
-                                              "keygroups map states hold no nulls")
-            if self.ttl:
-                ts = be64(f_take(&v, 8, "a TTL timestamp"))
-                memcpy(vw.buf + frame, &ts, 8)
-            tc(self.value, &v, vw, M_TOP)
-            if v.pos != v.end:
-                _corrupt(v.pos, f"{v.end - v.pos} bytes follow a map value")
-            return w_set_len(vw, frame - 4, vw.pos - key_start + 4)   # the entry: key length, key, value
+            return _map_frame(self, &c, &v, vw, False)
         if c.pos != c.end:
             _corrupt(c.pos, f"{c.end - c.pos} bytes follow the key and namespace")
         if self.kind == S_LIST:
@@ -956,6 +905,38 @@ cdef class StatePlan:
         if v.pos != v.end:
             _corrupt(v.pos, f"{v.end - v.pos} bytes follow the value")
         return 0
+
+
+cdef int _map_frame(StatePlan plan, FCur *c, FCur *v, Writer *vw, bint namespaced) except -1:
+    """One frame of the key's keygroups map (u32 length, TTL timestamp, u32 key length, key, value): a map
+    state's (user key -> value), a namespaced one's ((namespace, user key) -> value: a tuple's fields) or a
+    namespaced value's (namespace -> value). ``c`` is past the job key (and VoidNamespace)."""
+    cdef Py_ssize_t frame, key_start
+    cdef bint user_key = plan.kind == S_MAP
+    cdef uint64_t ts
+    frame = w_open_len(vw)
+    if plan.ttl:
+        w_reserve(vw, 8)
+    key_start = w_open_len(vw)
+    if namespaced:
+        tc(plan.namespace, c, vw, 0 if user_key else M_TOP)
+    if user_key:
+        tc(plan.user_key, c, vw, 0 if namespaced else M_TOP)
+    w_close_len(vw, key_start)
+    if c.pos != c.end:
+        _corrupt(c.pos, f"{c.end - c.pos} bytes follow the key, namespace and user key" if user_key else
+                 f"{c.end - c.pos} bytes follow the key and namespace")
+    if user_key and f_flag(v, "a map value's null flag"):
+        raise StateSerializationError(f"at byte {v.pos - 1}: map state {plan.name!r} holds a null value; "
+                                      "keygroups map states hold no nulls")
+    if plan.ttl:
+        ts = be64(f_take(v, 8, "a TTL timestamp"))
+        memcpy(vw.buf + frame, &ts, 8)
+    tc(plan.value, v, vw, M_TOP)
+    if v.pos != v.end:
+        _corrupt(v.pos, f"{v.end - v.pos} bytes follow a map value" if user_key else
+                 f"{v.end - v.pos} bytes follow the value")
+    return w_set_len(vw, frame - 4, vw.pos - key_start + 4)   # the entry: key length, key, value
 
 
 cdef int _list_entry(StatePlan plan, FCur *c, FCur *v, Writer *vw) except -1:

@@ -900,19 +900,7 @@ cdef class BlockWriter:
                 self._close(at)
             return 0
         # timers: a map of timestamp (int64) -> True; Flink's queue entries sorted by time, with empty values
-        count = 0
-        while cur_remaining(&c):
-            length = cur_u32(&c)
-            cur_init(&e, cur_read(&c, length), length)
-            if length != 4 + 8 + 1 or cur_u32(&e) != 8:
-                cur_corrupt(&c, f"a timer entry of {length} bytes (a timestamp and its flag take 13)")
-            if count == self.stamps_cap:
-                self._grow_stamps()
-            self.stamps[count] = cur_i64(&e)
-            if cur_u8(&e) > 1:
-                cur_corrupt(&e, "a timer flag other than 0 or 1")
-            count += 1
-        qsort(self.stamps, count, sizeof(int64_t), cmp_i64)
+        count = self._stamps(&c)
         for i in range(count):
             self.key_len_pos = self._open()
             self.last_key_pos = self.w.pos
@@ -1068,20 +1056,9 @@ cdef class BlockWriter:
         cdef int64_t cand[2]
         cdef int nc, q
         cur_init(&c, vp, vn)
-        while cur_remaining(&c):
-            length = cur_u32(&c)
-            cur_init(&e, cur_read(&c, length), length)
-            if length != 4 + 8 + 1 or cur_u32(&e) != 8:
-                cur_corrupt(&c, f"a timer entry of {length} bytes (a timestamp and its flag take 13)")
-            if count == self.stamps_cap:
-                self._grow_stamps()
-            self.stamps[count] = cur_i64(&e)
-            if cur_u8(&e) > 1:
-                cur_corrupt(&e, "a timer flag other than 0 or 1")
-            count += 1
+        count = self._stamps(&c)
         if count == 0 or self.n_key_wins == 0:
             return 0
-        qsort(self.stamps, count, sizeof(int64_t), cmp_i64)
         if not self.key_wins_sorted:
             self._sort_key_wins()
         probe.key = kp
@@ -1139,6 +1116,25 @@ cdef class BlockWriter:
             self._close(self.key_len_pos)
             put_be32(&self.w, 0)
         return nt
+
+    cdef Py_ssize_t _stamps(self, Cursor *c) except -1:
+        """A key's timer map (timestamp (int64) -> True frames) into ``self.stamps``, sorted; returns how many."""
+        cdef Cursor e
+        cdef uint32_t length
+        cdef Py_ssize_t count = 0
+        while cur_remaining(c):
+            length = cur_u32(c)
+            cur_init(&e, cur_read(c, length), length)
+            if length != 4 + 8 + 1 or cur_u32(&e) != 8:
+                cur_corrupt(c, f"a timer entry of {length} bytes (a timestamp and its flag take 13)")
+            if count == self.stamps_cap:
+                self._grow_stamps()
+            self.stamps[count] = cur_i64(&e)
+            if cur_u8(&e) > 1:
+                cur_corrupt(&e, "a timer flag other than 0 or 1")
+            count += 1
+        qsort(self.stamps, count, sizeof(int64_t), cmp_i64)
+        return count
 
     cdef int _grow_stamps(self) except -1:
         cdef Py_ssize_t cap = self.stamps_cap * 2 if self.stamps_cap else 64

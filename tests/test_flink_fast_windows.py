@@ -13,12 +13,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flink_harness import FIXTURE_SET, FIXTURES
+from test_flink_fast_export import _both_paths, _data_files
 from test_flink_fast_import import _block_sections, _keyed_files
 from keygroups.errors import CorruptSnapshotError, KeyGroupsError
 from keygroups.flink import export_savepoint, import_savepoint, read_savepoint
-from keygroups.flink import exporter, importer
+from keygroups.flink import importer
 from keygroups.flink.transcode import NotCompiled, state_plan
-from keygroups.flink.types import IntType, LongType, StringType, TimeWindowType, TupleType
+from keygroups.flink.types import LongType, StringType, TimeWindowType
 from keygroups.flink.windows import FlinkWindows
 from keygroups.runtime.functions import KeyedProcessFunction
 from keygroups.serializers import BytesSerializer, Int32Serializer, Int64Serializer, StrSerializer
@@ -84,21 +85,9 @@ def test_window_contents_and_window_timers_take_the_compiled_import(layout):
 
 # ---------------------------------------------------------------------------------------------- export
 
-def _data_files(directory: pathlib.Path) -> list[bytes]:
-    return sorted(p.read_bytes() for p in directory.iterdir() if p.name != "_metadata")
-
-
 def _same_export(monkeypatch, location: str, dest: pathlib.Path, **kwargs):
     """Export compiled (no state on the Python path), then with the Python path alone: the same files."""
-    def no_python(*args, **kw):
-        raise AssertionError("a state took the Python path")
-
-    with monkeypatch.context() as m:
-        m.setattr(exporter, "_python_pairs", no_python)
-        fast = export_savepoint(location, dest / "compiled", **kwargs)
-    with monkeypatch.context() as m:
-        m.setattr(exporter, "_COMPILED", False)
-        slow = export_savepoint(location, dest / "python", **kwargs)
+    fast, slow = _both_paths(monkeypatch, location, dest, **kwargs)
     assert (fast.entries, fast.timers, fast.key_groups) == (slow.entries, slow.timers, slow.key_groups)
     assert _data_files(dest / "compiled") == _data_files(dest / "python")
     return fast

@@ -662,10 +662,11 @@ def _write_keyed_file(fs: Any, root: str, storage: CheckpointStorage, md: Checkp
                 out = by_source[state][1]
                 if out.window is None:
                     continue
-                if compiled_windows:
+                noted = transcoders[state_id] if compiled_windows else None
+                if noted is not None:
                     try:
-                        builder.note_windows(transcoders[state_id], entries.keys, entries.key_offsets,
-                                             entries.values, entries.value_offsets)
+                        builder.note_windows(noted, entries.keys, entries.key_offsets, entries.values,
+                                             entries.value_offsets)
                     except CorruptSnapshotError as e:
                         raise CorruptSnapshotError(f"state {state!r}, key group {kg}: {e}") from None
                 else:
