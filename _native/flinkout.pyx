@@ -659,6 +659,13 @@ cdef int cmp_keywins(const void *a, const void *b) noexcept nogil:
     return (x.first > y.first) - (x.first < y.first)
 
 
+cdef inline int cmp_keywins_key(const KeyWins *x, const KeyWins *y) noexcept nogil:
+    """Equal key bytes: 0."""
+    if x.key_len != y.key_len:
+        return 1
+    return memcmp(x.key, y.key, x.key_len) if x.key_len else 0
+
+
 cdef inline int put_window(Writer *w, int64_t start, int64_t end) except -1:
     put_be64(w, <uint64_t>start)
     return put_be64(w, <uint64_t>end)
@@ -1036,6 +1043,40 @@ cdef class BlockWriter:
             self.n_key_wins += 1
             self.key_wins_sorted = False
         return count if record else written
+
+    def add_merging(self, int state_id, Op key):
+        """Flink's ``merging-window-set`` of the windows recorded by ``note_windows`` (sessions): per key (``key``
+        transcodes the job's key), in key order, a list of (window, state window) pairs, each window its own
+        state window, distinct and in window order; a key without windows has none."""
+        cdef Py_ssize_t i = 0, j, k, nw, at
+        self._begin(state_id)
+        if not self.key_wins_sorted:
+            self._sort_key_wins()
+        while i < self.n_key_wins:
+            nw = 0
+            j = i
+            while j < self.n_key_wins and cmp_keywins_key(&self.key_wins[j], &self.key_wins[i]) == 0:
+                self._room(&self.scratch, &self.scratch_cap, nw + self.key_wins[j].count)
+                memcpy(self.scratch + nw, self.wins + self.key_wins[j].first, self.key_wins[j].count * sizeof(Win))
+                nw += self.key_wins[j].count
+                j += 1
+            qsort(self.scratch, nw, sizeof(Win), cmp_win)
+            self.kw.pos = 0
+            _whole(key, self.key_wins[i].key, self.key_wins[i].key_len, &self.kw)
+            w_u8(&self.kw, 0)                                 # VoidNamespace
+            self._pair_key()
+            self._close(self.key_len_pos)
+            at = self._open()
+            for k in range(nw):
+                if k and cmp_win(&self.scratch[k - 1], &self.scratch[k]) == 0:
+                    continue
+                if k:
+                    w_u8(&self.w, LIST_DELIMITER)
+                put_window(&self.w, self.scratch[k].start, self.scratch[k].end)
+                put_window(&self.w, self.scratch[k].start, self.scratch[k].end)
+            self._close(at)
+            i = j
+        self._end()
 
     cdef int _sort_key_wins(self) except -1:
         cdef Py_ssize_t i

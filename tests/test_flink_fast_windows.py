@@ -26,6 +26,7 @@ from keygroups.serializers import BytesSerializer, Int32Serializer, Int64Seriali
 from keygroups.state import ListStateDescriptor, MapStateDescriptor, StateTtlConfig, ValueStateDescriptor
 from keygroups.testing import KeyedFunctionHarness
 from keygroups.windows import SlidingEventTimeWindows, TimeWindow, TumblingEventTimeWindows, window
+from keygroups.windows.assigners import EventTimeSessionWindows
 
 FIXTURE_NAMES = [f.name for f in FIXTURE_SET]
 
@@ -123,8 +124,10 @@ SCHEMA = pa.schema([("k", pa.string()), ("t", pa.int64()), ("n", pa.int64())])
 
 
 def _window_job_checkpoint(tmp_path, records: list[tuple[str, int, int]], lateness: int, size: int,
-                           slide: int | None, watermark: int | None):
+                           slide: int | None, watermark: int | None, sessions: bool = False):
     assigner = TumblingEventTimeWindows.of(size) if slide is None else SlidingEventTimeWindows.of(size, slide)
+    if sessions:
+        assigner = EventTimeSessionWindows.with_gap(size)
     job = window(assigner, input_schema=SCHEMA, key_columns="k", timestamp_column="t",
                  allowed_lateness=lateness).reduce(add, "n", Int64Serializer())
     harness = KeyedFunctionHarness(job.function, "k", output_schema=job.output_schema, input_schema=SCHEMA,
@@ -156,6 +159,23 @@ def test_compiled_window_export_of_keygroups_window_jobs_is_byte_identical(tmp_p
         # and back in: the compiled import of what was exported is the Python path's
         if any(p.name != "_metadata" for p in (tmp_path / "compiled").iterdir()):
             _same_import(tmp_path / "in", m, tmp_path / "compiled")
+
+
+@settings(max_examples=15, deadline=None)
+@given(records=RECORDS, lateness=st.sampled_from([0, 2_000]), gap=st.sampled_from([1_000, 10_000]),
+       watermark=st.none() | st.integers(-20_000, 40_000))
+def test_compiled_session_export_of_keygroups_session_jobs_is_byte_identical(tmp_path_factory, records, lateness,
+                                                                             gap, watermark):
+    """Session windows: the compiled export writes Flink's merging-window-set (each session its own state window)
+    beside the contents and timers, as the Python path does."""
+    tmp_path = tmp_path_factory.mktemp("job")
+    snapshot = _window_job_checkpoint(tmp_path, records, lateness, gap, None, watermark, sessions=True)
+    with pytest.MonkeyPatch.context() as m:
+        report = _same_export(m, snapshot.location, tmp_path, uid="window", savepoint=snapshot.name,
+                              windows=FlinkWindows(allowed_lateness=lateness, merging=True))
+    if report.entries:
+        sp = read_savepoint(tmp_path / "compiled")
+        assert any(n == "merging-window-set" for kg in sp.key_groups("window") for n in kg.entries)
 
 
 def test_a_keys_window_timers_at_one_timestamp_are_one_keygroups_timer(tmp_path, monkeypatch):

@@ -654,8 +654,7 @@ def _write_keyed_file(fs: Any, root: str, storage: CheckpointStorage, md: Checkp
             # else the Python way, and then window timers go that way too (they read key_windows).
             windowed = {i: by_source[s][1] for i, (s, _) in present.items()
                         if by_source[s][1].window is not None or by_source[s][1].window_timers}
-            compiled_windows = all(transcoders[i] is not None for i in windowed) and (
-                merging is None or merging[1].kind != "merging")
+            compiled_windows = all(transcoders[i] is not None for i in windowed)
             key_windows: dict[bytes, tuple[Any, set[tuple[int, int]]]] = {}   # key bytes -> key, its windows
             ready: dict[int, list[tuple[bytes, bytes]]] = {}
             for state_id, (state, (meta, entries)) in sorted(present.items()):
@@ -672,12 +671,19 @@ def _write_keyed_file(fs: Any, root: str, storage: CheckpointStorage, md: Checkp
                 else:
                     ready[state_id] = _python_pairs(state, out, meta, entries, key_ser, key_type, prefix, counts,
                                                     key_windows, allowed_lateness)
-            if merging is not None and merging[1].kind == "merging":
+            sessions = merging is not None and merging[1].kind == "merging"
+            window_key = next((transcoders[i].key for i, o in windowed.items()       # type: ignore[union-attr]
+                               if o.window is not None), None) if compiled_windows else None
+            if sessions and window_key is None:
                 ready[merging[0]] = [pair for kb, (key, ws) in sorted(key_windows.items())
                                      for pair in merging_entries(key, ws, key_type, prefix)]
-            for state_id in sorted(present.keys() | ready.keys()):
+            for state_id in sorted(present.keys() | ready.keys() | ({merging[0]} if sessions else set())):
                 if state_id in ready:
                     builder.add_pairs(state_id, ready[state_id])
+                    continue
+                if sessions and state_id == merging[0]:   # the windows noted above, compiled
+                    if window_key is not None:
+                        builder.add_merging(state_id, window_key)
                     continue
                 state, (meta, entries) = present[state_id]
                 out = by_source[state][1]
