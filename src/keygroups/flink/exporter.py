@@ -15,8 +15,8 @@ state are refused by name.
 Per state, the compiled path (``_native/flinkout.pyx``) transcodes the stored keygroups bytes straight into Flink's
 (no Python object per entry) and writes each key group's block in C; ``_fast_state`` compiles it from the state's
 serializers and Flink types (window state and window timers included: ``flinkout.BlockWriter.note_windows``
-records each key's windows first). A state it does not take (sessions, a process window's records, a Nullable of a
-Nullable) goes the Python way, ``_entries`` per decoded key; both write the same bytes (tests/test_flink_fast_export.py). A value Flink cannot
+records each key's windows first; sessions' ``merging-window-set`` is written from them). A state it does not take
+(a process window's records, a window value that may be null, a Nullable of a Nullable) goes the Python way, ``_entries`` per decoded key; both write the same bytes (tests/test_flink_fast_export.py). A value Flink cannot
 hold is refused naming the state and the key either way; corrupt stored bytes raise ``CorruptSnapshotError`` naming
 the state and the key group.
 """
@@ -441,8 +441,8 @@ def _compile(src: _Source, t: FlinkType, position: str = "", whole: bool = False
 def _fast_state(out: _Out, meta: dict[str, Any], key_type: FlinkType, allowed_lateness: int = 0
                 ) -> flinkout.StateTranscoder | None:
     """The compiled transcoder of one state's entries stored with ``meta``'s serializers, or None when the state
-    takes the Python path (a pairing the compiled path does not take, see ``_fast_window``; sessions). Window state
-    and window timers are compiled (``allowed_lateness`` places the cleanup timers)."""
+    takes the Python path (a pairing the compiled path does not take, see ``_fast_window``). Window state and
+    window timers are compiled (``allowed_lateness`` places the cleanup timers)."""
     if not _COMPILED or meta.get("namespace_serializer") is not None or out.kind == "merging":
         return None
     try:

@@ -36,8 +36,8 @@ out; the export writes each session as its own state window (as Flink does for a
 This module is the Python path and the reference: the importer and exporter move window state and window timers
 through their compiled transcoders (``keygroups.flink.transcode`` with ``_native/flinkin.pyx``, and
 ``_native/flinkout.pyx``), which write the same bytes (tests/test_flink_fast_windows.py); what they do not take
-(sessions' contents and ``merging-window-set``, a process window's records as Arrow batches, a value that may be
-null) comes here.
+comes here: on import the contents of sessions (moved by ``merging-window-set``) and a process window's records as
+Arrow batches; on export those records and a window value that may be null.
 """
 
 from __future__ import annotations
