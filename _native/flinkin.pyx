@@ -780,9 +780,11 @@ cdef class StatePlan:
     cdef Node value
     cdef Node user_key
     cdef Node namespace
+    cdef Py_ssize_t namespace_length   # a namespace of fixed-length fields (a TimeWindow): its bytes, else -1
 
     def __init__(self, int kind, Node key, Node value=None, Node user_key=None, bint ttl=False, str name="",
                  Node namespace=None):
+        cdef Node field
         if kind < S_VALUE or kind > S_TIMER:
             raise ValueError(f"unknown state kind {kind}")
         if key is None or key.record:
@@ -802,6 +804,16 @@ cdef class StatePlan:
         self.ttl = ttl
         self.name = name
         self.namespace = namespace
+        self.namespace_length = -1
+        if namespace is not None:
+            self.namespace_length = namespace.length
+            if namespace.kind == F_TUPLE:
+                self.namespace_length = 0
+                for field in namespace.children:
+                    if field.length < 0:
+                        self.namespace_length = -1
+                        break
+                    self.namespace_length += field.length
 
     @property
     def namespaced(self) -> bool:
@@ -863,7 +875,9 @@ cdef class StatePlan:
         if self.kind == S_TIMER:
             ts = be64(f_take(&c, 8, "a timer timestamp")) ^ (<uint64_t>1 << 63)
             tc(self.key, &c, kw, M_TOP)
-            if self.namespace is not None:
+            if self.namespace_length >= 0:     # a window timer's window: dropped
+                f_take(&c, self.namespace_length, "a timer's namespace")
+            elif self.namespace is not None:
                 _skip_namespace(self.namespace, &c)
             else:
                 f_take(&c, 1, "a VoidNamespace")

@@ -289,7 +289,7 @@ def test_a_window_entry_without_its_window_is_corrupt():
     with pytest.raises(CorruptSnapshotError, match="1 bytes follow the value"):
         contents.transcode(flinkin.scan_block(block, 3, 1, 1, "b"), 0)
     block = _block([(0, b"\x00" * 8 + struct.pack(">q", 1) + b"\x00" * 12, b"")], 3, 1)
-    with pytest.raises(CorruptSnapshotError, match="needs 8 bytes but 4 remain"):
+    with pytest.raises(CorruptSnapshotError, match="a timer.s namespace needs 16 bytes but 12 remain"):
         timers.transcode(flinkin.scan_block(block, 3, 1, 1, "b"), 0)
 
 
