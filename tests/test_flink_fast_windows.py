@@ -413,3 +413,56 @@ def test_namespaced_list_and_map_states_take_the_compiled_paths(tmp_path, monkey
     report = _same_import(tmp_path / "in", monkeypatch, tmp_path / "flink", uid="p",
                           windows=FlinkWindows(layout="state"))
     assert set(report.keyed_states) == {"v", "l", "m"} and report.entries > 400
+
+
+def _list_and_map_frames(k: int) -> tuple[bytes, bytes]:
+    """A key's keygroups window list (window -> [str]) and window map ((window, str) -> int64) values."""
+    import struct
+
+    lists = maps = b""
+    for w in range(k + 1):
+        window = struct.pack("<qq", w * 10, w * 10 + 10)
+        elements = [f"e{j}\u00e9".encode() for j in range(w + 1)]
+        body = struct.pack("<I", len(elements)) + b"".join(struct.pack("<I", len(e)) + e for e in elements)
+        lists += struct.pack("<II", 4 + 16 + len(body), 16) + window + body
+        user_key = f"u{w}".encode()
+        key = window + struct.pack("<I", len(user_key)) + user_key
+        maps += struct.pack("<II", 4 + len(key) + 8, len(key)) + key + struct.pack("<q", w)
+    return lists, maps
+
+
+@settings(max_examples=200, deadline=None)
+@given(cut=st.integers(0, 1 << 12), flips=st.lists(st.tuples(st.integers(0, 1 << 12), st.integers(0, 7)),
+                                                    min_size=1, max_size=4))
+def test_corrupt_keygroups_window_lists_and_maps_raise_and_never_crash(cut, flips):
+    key = flinkout.Op(flinkout.I64, flinkout.LONG)
+    string = flinkout.Op(flinkout.STR, flinkout.STRING, null_mode=flinkout.NULL_AS_STRING)
+    lists = flinkout.StateTranscoder(flinkout.WINDOW_LIST_STATE, key, string)
+    maps = flinkout.StateTranscoder(flinkout.WINDOW_MAP_STATE, key, flinkout.Op(flinkout.I64, flinkout.LONG),
+                                    string, user_key_order=flinkout.USER_KEY_UTF8)
+    keys = [k.to_bytes(8, "little") for k in (1, 2)]
+    kd, ko = _packed(keys)
+    values = [_list_and_map_frames(k) for k in (1, 2)]
+    writer = flinkout.BlockWriter(2)
+    for which, transcoder in ((0, lists), (1, maps)):
+        intact = [v[which] for v in values]
+        writer.start(300)
+        assert writer.add_state(0, transcoder, kd, ko, *_packed(intact))[0] == 5   # a list or entry per window
+        assert writer.finish()
+        for damage in ("cut", "flip"):
+            damaged = []
+            for v in intact:
+                b = bytearray(v)
+                if damage == "cut":
+                    b = b[:cut % len(b)]
+                else:
+                    for pos, bit in flips:
+                        b[pos % len(b)] ^= 1 << bit
+                damaged.append(bytes(b))
+            writer.start(300)
+            try:
+                writer.note_windows(transcoder, kd, ko, *_packed(damaged))
+                writer.add_state(0, transcoder, kd, ko, *_packed(damaged))
+                writer.finish()
+            except (CorruptSnapshotError, flinkout.UnrepresentableValue):
+                pass
