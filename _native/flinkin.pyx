@@ -767,16 +767,24 @@ cdef class KeyOrder:
 cdef class StatePlan:
     """One keyed state's compiled import: its kind (VALUE_STATE for value, reducing and aggregating; LIST_STATE;
     MAP_STATE; TIMER_STATE), the job key's node, the value's (list element's, map value's; None for timers) and the
-    map key's, and whether the values carry a TTL timestamp. Only VoidNamespace states are compiled: the namespace
-    is the one byte after the key."""
+    map key's, and whether the values carry a TTL timestamp. Without ``namespace`` the state is in VoidNamespace
+    (the one byte after the key); with it (a TimeWindow's node: a fixed-length namespace, so Flink writes no
+    lengths between key and namespace) a state becomes keygroups' namespaced state, one map per key in entry
+    order: namespace -> value (VALUE_STATE), namespace -> list (LIST_STATE; with TTL the list's latest timestamp),
+    (namespace, user key) -> value (MAP_STATE); and a TIMER_STATE drops the namespace: a key's timers of several
+    windows at one timestamp are its one timer there (the first kept)."""
     cdef readonly int kind
     cdef readonly bint ttl
     cdef readonly str name
     cdef Node key
     cdef Node value
     cdef Node user_key
+    cdef Node namespace
+    cdef Py_ssize_t namespace_length   # a namespace of fixed-length fields (a TimeWindow): its bytes, else -1
 
-    def __init__(self, int kind, Node key, Node value=None, Node user_key=None, bint ttl=False, str name=""):
+    def __init__(self, int kind, Node key, Node value=None, Node user_key=None, bint ttl=False, str name="",
+                 Node namespace=None):
+        cdef Node field
         if kind < S_VALUE or kind > S_TIMER:
             raise ValueError(f"unknown state kind {kind}")
         if key is None or key.record:
@@ -787,12 +795,29 @@ cdef class StatePlan:
             raise ValueError("a map state needs the map key's node")
         if kind == S_TIMER and ttl:
             raise ValueError("timers have no TTL")
+        if namespace is not None and namespace.record:
+            raise ValueError("a namespace is a codec node")
         self.kind = kind
         self.key = key
         self.value = value
         self.user_key = user_key
         self.ttl = ttl
         self.name = name
+        self.namespace = namespace
+        self.namespace_length = -1
+        if namespace is not None:
+            self.namespace_length = namespace.length
+            if namespace.kind == F_TUPLE:
+                self.namespace_length = 0
+                for field in namespace.children:
+                    if field.length < 0:
+                        self.namespace_length = -1
+                        break
+                    self.namespace_length += field.length
+
+    @property
+    def namespaced(self) -> bool:
+        return self.namespace is not None
 
     def transcode(self, BlockScan scan, int state_id, KeyOrder order=None):
         """This state's entries of ``scan`` (those of ``state_id``) as keygroups' keyed-state entries sorted by key
@@ -823,7 +848,9 @@ cdef class StatePlan:
                 j += 1
             ko[m] = kw.pos
             vo[m] = vw.pos
-            if self.kind == S_MAP or self.kind == S_TIMER:
+            if self.kind == S_TIMER and self.namespace is not None:
+                return (m,) + _distinct_timers(_grouped(&kw, ko, &vw, vo, m))
+            if self.kind == S_MAP or self.kind == S_TIMER or self.namespace is not None:   # a map per key
                 return (m,) + _grouped(&kw, ko, &vw, vo, m)
             return (m,) + _sorted_entries(&kw, ko, &vw, vo, m, order)
         finally:
@@ -848,7 +875,12 @@ cdef class StatePlan:
         if self.kind == S_TIMER:
             ts = be64(f_take(&c, 8, "a timer timestamp")) ^ (<uint64_t>1 << 63)
             tc(self.key, &c, kw, M_TOP)
-            f_take(&c, 1, "a VoidNamespace")
+            if self.namespace_length >= 0:     # a window timer's window: dropped
+                f_take(&c, self.namespace_length, "a timer's namespace")
+            elif self.namespace is not None:
+                _skip_namespace(self.namespace, &c)
+            else:
+                f_take(&c, 1, "a VoidNamespace")
             if c.pos != c.end:
                 _corrupt(c.pos, f"{c.end - c.pos} bytes follow a timer's key and namespace")
             if v.end != v.pos:
@@ -859,26 +891,13 @@ cdef class StatePlan:
             w_i64(vw, <int64_t>ts)
             return w_u8(vw, 1)
         tc(self.key, &c, kw, M_TOP)
+        if self.namespace is not None and self.kind == S_LIST:
+            return _list_entry(self, &c, &v, vw)
+        if self.namespace is not None:   # one entry of the key's map: namespace (and user key) -> value
+            return _map_frame(self, &c, &v, vw, True)
         f_take(&c, 1, "a VoidNamespace")
         if self.kind == S_MAP:
-            frame = w_open_len(vw)
-            if self.ttl:
-                w_reserve(vw, 8)
-            key_start = w_open_len(vw)
-            tc(self.user_key, &c, vw, M_TOP)
-            w_close_len(vw, key_start)
-            if c.pos != c.end:
-                _corrupt(c.pos, f"{c.end - c.pos} bytes follow the key, namespace and user key")
-            if f_flag(&v, "a map value's null flag"):
-                raise StateSerializationError(f"at byte {v.pos - 1}: map state {self.name!r} holds a null value; "
-                                              "keygroups map states hold no nulls")
-            if self.ttl:
-                ts = be64(f_take(&v, 8, "a TTL timestamp"))
-                memcpy(vw.buf + frame, &ts, 8)
-            tc(self.value, &v, vw, M_TOP)
-            if v.pos != v.end:
-                _corrupt(v.pos, f"{v.end - v.pos} bytes follow a map value")
-            return w_set_len(vw, frame - 4, vw.pos - key_start + 4)   # the entry: key length, key, value
+            return _map_frame(self, &c, &v, vw, False)
         if c.pos != c.end:
             _corrupt(c.pos, f"{c.end - c.pos} bytes follow the key and namespace")
         if self.kind == S_LIST:
@@ -900,6 +919,147 @@ cdef class StatePlan:
         if v.pos != v.end:
             _corrupt(v.pos, f"{v.end - v.pos} bytes follow the value")
         return 0
+
+
+cdef int _map_frame(StatePlan plan, FCur *c, FCur *v, Writer *vw, bint namespaced) except -1:
+    """One frame of the key's keygroups map (u32 length, TTL timestamp, u32 key length, key, value): a map
+    state's (user key -> value), a namespaced one's ((namespace, user key) -> value: a tuple's fields) or a
+    namespaced value's (namespace -> value). ``c`` is past the job key (and VoidNamespace)."""
+    cdef Py_ssize_t frame, key_start
+    cdef bint user_key = plan.kind == S_MAP
+    cdef uint64_t ts
+    frame = w_open_len(vw)
+    if plan.ttl:
+        w_reserve(vw, 8)
+    key_start = w_open_len(vw)
+    if namespaced:
+        tc(plan.namespace, c, vw, 0 if user_key else M_TOP)
+    if user_key:
+        tc(plan.user_key, c, vw, 0 if namespaced else M_TOP)
+    w_close_len(vw, key_start)
+    if c.pos != c.end:
+        _corrupt(c.pos, f"{c.end - c.pos} bytes follow the key, namespace and user key" if user_key else
+                 f"{c.end - c.pos} bytes follow the key and namespace")
+    if user_key and f_flag(v, "a map value's null flag"):
+        raise StateSerializationError(f"at byte {v.pos - 1}: map state {plan.name!r} holds a null value; "
+                                      "keygroups map states hold no nulls")
+    if plan.ttl:
+        ts = be64(f_take(v, 8, "a TTL timestamp"))
+        memcpy(vw.buf + frame, &ts, 8)
+    tc(plan.value, v, vw, M_TOP)
+    if v.pos != v.end:
+        _corrupt(v.pos, f"{v.end - v.pos} bytes follow a map value" if user_key else
+                 f"{v.end - v.pos} bytes follow the value")
+    return w_set_len(vw, frame - 4, vw.pos - key_start + 4)   # the entry: key length, key, value
+
+
+cdef int _list_entry(StatePlan plan, FCur *c, FCur *v, Writer *vw) except -1:
+    """A namespaced list state's entry: one frame of the key's map, namespace -> the elements (a ListSerializer's
+    u32 count and elements); with TTL the frame's timestamp is the elements' latest (keygroups keeps one)."""
+    cdef Py_ssize_t frame, key_start, count_at, value_start
+    cdef uint32_t count = 0
+    cdef int64_t ts, latest = 0
+    frame = w_open_len(vw)
+    if plan.ttl:
+        w_reserve(vw, 8)
+    key_start = w_open_len(vw)
+    tc(plan.namespace, c, vw, M_TOP)
+    w_close_len(vw, key_start)
+    if c.pos != c.end:
+        _corrupt(c.pos, f"{c.end - c.pos} bytes follow the key and namespace")
+    value_start = v.pos
+    count_at = w_open_len(vw)
+    while v.pos < v.end:
+        if plan.ttl:
+            ts = <int64_t>be64(f_take(v, 8, "a TTL timestamp"))
+            if count == 0 or ts > latest:
+                latest = ts
+        tc(plan.value, v, vw, 0)
+        count += 1
+        if v.pos < v.end:
+            if f_take(v, 1, "a list delimiter")[0] != LIST_DELIMITER:
+                _corrupt(v.pos - 1, f"list elements are separated by {LIST_DELIMITER:#x}, found "
+                                    f"{v.buf[v.pos - 1]:#x}")
+    if plan.ttl:
+        if count == 0:
+            _corrupt(value_start, "an empty list with TTL (Flink writes no empty list)")
+        memcpy(vw.buf + frame, &latest, 8)
+    memcpy(vw.buf + count_at - 4, &count, 4)
+    return w_set_len(vw, frame - 4, vw.pos - key_start + 4)
+
+
+cdef int _skip_namespace(Node ns, FCur *c) except -1:
+    """Past a namespace the plan drops (a window timer's window), checked as it would be read."""
+    cdef Writer scratch
+    w_init(&scratch)
+    try:
+        tc(ns, c, &scratch, M_TOP)
+    finally:
+        w_free(&scratch)
+    return 0
+
+
+cdef struct Stamp:
+    int64_t ts
+    Py_ssize_t index
+
+
+cdef int _cmp_stamp(const void *a, const void *b) noexcept nogil:
+    cdef const Stamp *x = <const Stamp *>a
+    cdef const Stamp *y = <const Stamp *>b
+    if x.ts != y.ts:
+        return -1 if x.ts < y.ts else 1
+    return -1 if x.index < y.index else (1 if x.index > y.index else 0)
+
+
+cdef enum:
+    TIMER_FRAME = 17     # a timer map entry: u32 frame length, u32 key length, i64 timestamp, bool True
+
+
+cdef tuple _distinct_timers(tuple grouped):
+    """Grouped timer maps with each key's repeated timestamps dropped (the first kept, in order): a key's window
+    timers at one timestamp (two windows' cleanup and trigger) are one keygroups timer."""
+    cdef bytes kd = grouped[0]
+    cdef bytes vd = grouped[2]
+    cdef int64_t[::1] vo = grouped[3]
+    cdef Py_ssize_t g = vo.shape[0] - 1, i, j, n
+    cdef const uint8_t *src = <const uint8_t *>PyBytes_AS_STRING(vd)
+    cdef Stamp *stamps = NULL
+    cdef uint8_t *keep = NULL
+    cdef Writer ow
+    cdef int64_t ts
+    out_offsets = np.empty(g + 1, dtype=np.int64)
+    cdef int64_t[::1] oo = out_offsets
+    w_init(&ow)
+    try:
+        w_reserve(&ow, PyBytes_GET_SIZE(vd))
+        ow.pos = 0
+        for i in range(g):
+            oo[i] = ow.pos
+            n = (vo[i + 1] - vo[i]) // TIMER_FRAME
+            if n < 2:
+                w_bytes(&ow, src + vo[i], vo[i + 1] - vo[i])
+                continue
+            stamps = <Stamp *>_realloc(stamps, n * sizeof(Stamp))
+            keep = <uint8_t *>_realloc(keep, n)
+            for j in range(n):
+                memcpy(&ts, src + vo[i] + j * TIMER_FRAME + 8, 8)
+                stamps[j].ts = ts
+                stamps[j].index = j
+                keep[j] = 0
+            qsort(stamps, n, sizeof(Stamp), _cmp_stamp)
+            for j in range(n):
+                if j == 0 or stamps[j].ts != stamps[j - 1].ts:
+                    keep[stamps[j].index] = 1
+            for j in range(n):
+                if keep[j]:
+                    w_bytes(&ow, src + vo[i] + j * TIMER_FRAME, TIMER_FRAME)
+        oo[g] = ow.pos
+        return kd, grouped[1], w_result(&ow), out_offsets
+    finally:
+        PyMem_Free(stamps)
+        PyMem_Free(keep)
+        w_free(&ow)
 
 
 cdef object _offsets(const int64_t *o, Py_ssize_t m):

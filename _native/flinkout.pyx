@@ -29,8 +29,8 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_CheckExact, PyBytes_GET_SI
 from cpython.mem cimport PyMem_Free, PyMem_Realloc
 from libc.math cimport isnan
 from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
-from libc.stdlib cimport qsort
-from libc.string cimport memcpy, memset
+from libc.stdlib cimport bsearch, qsort
+from libc.string cimport memcmp, memcpy, memset
 
 from cursor cimport Cursor, cur_corrupt, cur_count, cur_i32, cur_i64, cur_init, cur_read, cur_remaining, cur_u8, cur_u32
 from writer cimport Writer, w_bytes, w_free, w_init, w_reserve, w_result, w_u8
@@ -104,6 +104,16 @@ cdef enum:
     K_LIST = 1
     K_MAP = 2
     K_TIMER = 3
+    K_WINDOW = 4         # keygroups' namespaced value state (a map window -> value): one Flink pair per window
+    K_WINDOW_TIMER = 5   # keygroups' timers as a WindowOperator's: one per window of the key (see add_state)
+    K_WINDOW_LIST = 6    # a namespaced list state (a map window -> list): one Flink list per window
+    K_WINDOW_MAP = 7     # a namespaced map state (a map (window, user key) -> value): one Flink pair per entry
+
+# How a namespaced map state's user keys sort (as Python sorts them): keygroups' codec bytes in a tuple.
+cdef enum:
+    UK_UTF8 = 1          # str or bytes: u32 length, then the bytes (UTF-8 sorts as code points do)
+    UK_I64 = 2
+    UK_I32 = 3
 
 cdef enum:
     LIST_DELIMITER = 0x2C
@@ -117,6 +127,8 @@ BOOLEAN, CHAR, STRING, BYTE_ARRAY, FLINK_TUPLE, ROW = D_BOOL, D_CHAR, D_STRING, 
 FLINK_LIST, FLINK_MAP = D_LIST, D_MAP
 NULL_REFUSED, NULL_TO_PARENT, NULL_AS_NULLABLE, NULL_AS_STRING = N_REFUSE, N_PARENT, N_NULLABLE, N_STRING
 VALUE_STATE, LIST_STATE, MAP_STATE, TIMER_STATE = K_VALUE, K_LIST, K_MAP, K_TIMER
+WINDOW_STATE, WINDOW_TIMER_STATE, WINDOW_LIST_STATE, WINDOW_MAP_STATE = K_WINDOW, K_WINDOW_TIMER, K_WINDOW_LIST, K_WINDOW_MAP
+USER_KEY_UTF8, USER_KEY_I64, USER_KEY_I32 = UK_UTF8, UK_I64, UK_I32
 
 
 class UnrepresentableValue(ValueError):
@@ -228,6 +240,17 @@ cdef class Op:
 
 
 # ---- writing Flink's big-endian forms -------------------------------------------------------------------------------
+
+cdef extern from *:
+    """
+    #define KGO_INT64_MIN_ ((int64_t)(-9223372036854775807LL - 1))
+    #define KGO_INT64_MAX_ ((int64_t)9223372036854775807LL)
+    static inline int64_t kgo_load_i64(const uint8_t *p) { int64_t v; memcpy(&v, p, 8); return v; }
+    """
+    int64_t INT64_MIN_ "KGO_INT64_MIN_"
+    int64_t INT64_MAX_ "KGO_INT64_MAX_"
+    int64_t _load_i64 "kgo_load_i64"(const uint8_t *p) nogil
+
 
 cdef inline int put_be16(Writer *w, uint16_t v) except -1:
     kg_put_be16(w_reserve(w, 2), v)
@@ -530,25 +553,127 @@ cdef int _whole(Op op, const uint8_t *p, Py_ssize_t n, Writer *w) except -1:
 @cython.final
 cdef class StateTranscoder:
     """One keyed state's entries -> Flink pairs: ``kind`` VALUE_STATE (value, reducing, aggregating), LIST_STATE,
-    MAP_STATE or TIMER_STATE; ``key`` transcodes the job's key; ``value`` the value, list element or map value;
-    ``map_key`` a map state's user key; ``ttl``: each value, element or entry carries its timestamp."""
+    MAP_STATE, TIMER_STATE, WINDOW_STATE (a namespaced value, reducing or aggregating state: keygroups' map of
+    TimeWindow -> value, a Flink pair per window in window order), WINDOW_LIST_STATE (window -> list; a list per
+    window, an empty one left out), WINDOW_MAP_STATE (map (window, user key) -> value, a pair per entry in window
+    then user key order, ``user_key_order`` says how the user keys sort) or WINDOW_TIMER_STATE (keygroups' timers as a
+    WindowOperator's window timers, see ``BlockWriter.add_state``); ``key`` transcodes the job's key; ``value`` the
+    value, list element or map value; ``map_key`` a map state's user key; ``ttl``: each value, element or entry
+    carries its timestamp; ``allowed_lateness`` (ms, window timers): where a window's cleanup timer is."""
     cdef readonly int kind
     cdef readonly bint ttl
     cdef readonly Op key, value, map_key
+    cdef readonly int64_t allowed_lateness
+    cdef readonly int user_key_order
 
-    def __init__(self, int kind, Op key, Op value=None, Op map_key=None, *, bint ttl=False):
-        if not K_VALUE <= kind <= K_TIMER:
+    def __init__(self, int kind, Op key, Op value=None, Op map_key=None, *, bint ttl=False,
+                 int64_t allowed_lateness=0, int user_key_order=0):
+        cdef bint timers = kind == K_TIMER or kind == K_WINDOW_TIMER
+        cdef bint maps = kind == K_MAP or kind == K_WINDOW_MAP
+        if not K_VALUE <= kind <= K_WINDOW_MAP:
             raise ValueError(f"unknown state kind {kind}")
-        if key is None or (value is None and kind != K_TIMER) or ((map_key is None) != (kind != K_MAP)):
+        if key is None or (value is None and not timers) or ((map_key is None) != (not maps)):
             raise ValueError("a state needs its key's Op, its value's (none for timers) and a map key's (map only)")
-        if kind == K_TIMER and ttl:
+        if (kind == K_WINDOW_MAP) != (UK_UTF8 <= user_key_order <= UK_I32):
+            raise ValueError("a window map state (only) needs its user keys' order: USER_KEY_UTF8, _I64 or _I32")
+        self.user_key_order = user_key_order
+        if timers and ttl:
             raise ValueError("timers have no TTL")
+        if allowed_lateness < 0:
+            raise ValueError(f"allowed_lateness must be >= 0, got {allowed_lateness}")
         self.kind, self.key, self.value, self.map_key, self.ttl = kind, key, value, map_key, ttl
+        self.allowed_lateness = allowed_lateness
 
 
 cdef int cmp_i64(const void *a, const void *b) noexcept nogil:
     cdef int64_t x = (<const int64_t *>a)[0], y = (<const int64_t *>b)[0]
     return (x > y) - (x < y)
+
+
+cdef struct Win:
+    int64_t start
+    int64_t end
+    Py_ssize_t at       # a window state entry: where its frame's value starts; a window timer: its timestamp
+    Py_ssize_t n        # a window state entry: its value's length
+    const uint8_t *uk   # a window map entry: its user key's codec bytes
+    Py_ssize_t uk_n
+
+
+cdef int _uk_order = 0      # the user key order of the window map being sorted (qsort has no context)
+
+
+cdef int cmp_user_key(const Win *x, const Win *y) noexcept nogil:
+    cdef int64_t a, b
+    cdef int32_t a32, b32
+    cdef Py_ssize_t n
+    cdef int r
+    if _uk_order == UK_I64 and x.uk_n == 8 and y.uk_n == 8:
+        memcpy(&a, x.uk, 8)
+        memcpy(&b, y.uk, 8)
+        return (a > b) - (a < b)
+    if _uk_order == UK_I32 and x.uk_n == 4 and y.uk_n == 4:
+        memcpy(&a32, x.uk, 4)
+        memcpy(&b32, y.uk, 4)
+        return (a32 > b32) - (a32 < b32)
+    n = x.uk_n if x.uk_n < y.uk_n else y.uk_n      # UTF-8 (past the equal-width length prefix: compared last)
+    if n > 4:
+        r = memcmp(x.uk + 4, y.uk + 4, n - 4)
+        if r:
+            return r
+    return (x.uk_n > y.uk_n) - (x.uk_n < y.uk_n)
+
+
+cdef int cmp_win_entry(const void *a, const void *b) noexcept nogil:
+    cdef int r = cmp_win(a, b)
+    if r or _uk_order == 0:
+        return r
+    return cmp_user_key(<const Win *>a, <const Win *>b)
+
+
+cdef int cmp_win(const void *a, const void *b) noexcept nogil:
+    cdef const Win *x = <const Win *>a
+    cdef const Win *y = <const Win *>b
+    if x.start != y.start:
+        return -1 if x.start < y.start else 1
+    return (x.end > y.end) - (x.end < y.end)
+
+
+cdef int cmp_timer(const void *a, const void *b) noexcept nogil:
+    cdef const Win *x = <const Win *>a
+    cdef const Win *y = <const Win *>b
+    if x.at != y.at:
+        return -1 if x.at < y.at else 1
+    return cmp_win(a, b)
+
+
+cdef struct KeyWins:
+    const uint8_t *key  # into BlockWriter.win_keys once all are recorded
+    Py_ssize_t key_at, key_len
+    Py_ssize_t first, count   # its windows in BlockWriter.wins
+
+
+cdef int cmp_keywins(const void *a, const void *b) noexcept nogil:
+    cdef const KeyWins *x = <const KeyWins *>a
+    cdef const KeyWins *y = <const KeyWins *>b
+    cdef Py_ssize_t n = x.key_len if x.key_len < y.key_len else y.key_len
+    cdef int r = memcmp(x.key, y.key, n) if n else 0
+    if r:
+        return r
+    if x.key_len != y.key_len:
+        return -1 if x.key_len < y.key_len else 1
+    return (x.first > y.first) - (x.first < y.first)
+
+
+cdef inline int cmp_keywins_key(const KeyWins *x, const KeyWins *y) noexcept nogil:
+    """Equal key bytes: 0."""
+    if x.key_len != y.key_len:
+        return 1
+    return memcmp(x.key, y.key, x.key_len) if x.key_len else 0
+
+
+cdef inline int put_window(Writer *w, int64_t start, int64_t end) except -1:
+    put_be64(w, <uint64_t>start)
+    return put_be64(w, <uint64_t>end)
 
 
 cdef int check_offsets(const int64_t[::1] o, Py_ssize_t size, str what) except -1:
@@ -576,17 +701,34 @@ cdef class BlockWriter:
     cdef Py_ssize_t section_start, last_key_pos, key_len_pos, pairs
     cdef int64_t *stamps
     cdef Py_ssize_t stamps_cap
+    # the key group's windows per key, recorded by WINDOW_STATE for WINDOW_TIMER_STATE
+    cdef Writer win_keys           # keygroups key bytes, back to back
+    cdef KeyWins *key_wins
+    cdef Py_ssize_t n_key_wins, key_wins_cap
+    cdef bint key_wins_sorted
+    cdef Win *wins                 # the recorded windows (and a key's windows or timers while it is written)
+    cdef Py_ssize_t n_wins, wins_cap
+    cdef Win *scratch
+    cdef Py_ssize_t scratch_cap
 
     def __cinit__(self):
         w_init(&self.w)
         w_init(&self.kw)
+        w_init(&self.win_keys)
         self.stamps = NULL
         self.stamps_cap = 0
+        self.key_wins = NULL
+        self.wins = NULL
+        self.scratch = NULL
 
     def __dealloc__(self):
         w_free(&self.w)
         w_free(&self.kw)
+        w_free(&self.win_keys)
         PyMem_Free(self.stamps)
+        PyMem_Free(self.key_wins)
+        PyMem_Free(self.wins)
+        PyMem_Free(self.scratch)
 
     def __init__(self, int prefix_bytes):
         if prefix_bytes != 1 and prefix_bytes != 2:
@@ -602,6 +744,10 @@ cdef class BlockWriter:
         self.w.pos = 0
         self.any_section = False
         self.last_state = -1
+        self.win_keys.pos = 0
+        self.n_key_wins = 0
+        self.n_wins = 0
+        self.key_wins_sorted = True
 
     cdef int _begin(self, int state_id) except -1:
         if self.key_group < 0:
@@ -659,8 +805,11 @@ cdef class BlockWriter:
 
     def add_state(self, int state_id, StateTranscoder t, keys, key_offsets, values, value_offsets):
         """Transcode one state's entries of this key group: key i is ``keys[key_offsets[i]:key_offsets[i + 1]]``
-        (the job's key serializer), its value likewise (the state's framing). Returns ``(keys, timers)`` counted.
-        CorruptSnapshotError for damaged bytes; UnrepresentableValue (with the key's ``index``) for a value Flink
+        (the job's key serializer), its value likewise (the state's framing). Returns ``(keys, timers)`` counted
+        (a window state counts its windows). WINDOW_STATE records each key's windows; WINDOW_TIMER_STATE, added
+        after the key group's window states, turns a key's timer at a window's ``end - 1`` or ``end - 1 +
+        allowed_lateness`` into that window's timer (sorted by time, then window) and drops a timer of no window
+        of the key, as keygroups.flink.windows.window_timers does. CorruptSnapshotError for damaged bytes; UnrepresentableValue (with the key's ``index``) for a value Flink
         cannot hold."""
         cdef Py_buffer kview, vview
         cdef const int64_t[::1] ko = key_offsets
@@ -688,8 +837,10 @@ cdef class BlockWriter:
                 PyBuffer_Release(&vview)
         finally:
             PyBuffer_Release(&kview)
-        if t.kind == K_TIMER:
+        if t.kind == K_TIMER or t.kind == K_WINDOW_TIMER:
             return 0, timers
+        if t.kind == K_WINDOW or t.kind == K_WINDOW_LIST or t.kind == K_WINDOW_MAP:
+            return timers, 0     # a pair per window (per map entry)
         return n, 0
 
     cdef int _pair_key(self) except -1:
@@ -710,6 +861,10 @@ cdef class BlockWriter:
         cdef bint first
         self.kw.pos = 0
         _whole(t.key, kp, kn, &self.kw)
+        if t.kind == K_WINDOW or t.kind == K_WINDOW_LIST or t.kind == K_WINDOW_MAP:
+            return self._windows(t, kp, kn, vp, vn, False)
+        if t.kind == K_WINDOW_TIMER:
+            return self._window_timers(kp, kn, vp, vn, t.allowed_lateness)
         w_u8(&self.kw, 0)                                     # VoidNamespace
         cur_init(&c, vp, vn)
         if t.kind == K_VALUE:
@@ -757,19 +912,7 @@ cdef class BlockWriter:
                 self._close(at)
             return 0
         # timers: a map of timestamp (int64) -> True; Flink's queue entries sorted by time, with empty values
-        count = 0
-        while cur_remaining(&c):
-            length = cur_u32(&c)
-            cur_init(&e, cur_read(&c, length), length)
-            if length != 4 + 8 + 1 or cur_u32(&e) != 8:
-                cur_corrupt(&c, f"a timer entry of {length} bytes (a timestamp and its flag take 13)")
-            if count == self.stamps_cap:
-                self._grow_stamps()
-            self.stamps[count] = cur_i64(&e)
-            if cur_u8(&e) > 1:
-                cur_corrupt(&e, "a timer flag other than 0 or 1")
-            count += 1
-        qsort(self.stamps, count, sizeof(int64_t), cmp_i64)
+        count = self._stamps(&c)
         for i in range(count):
             self.key_len_pos = self._open()
             self.last_key_pos = self.w.pos
@@ -779,6 +922,264 @@ cdef class BlockWriter:
             w_bytes(&self.w, self.kw.buf, self.kw.pos)
             self._close(self.key_len_pos)
             put_be32(&self.w, 0)
+        return count
+
+    cdef Win *_room(self, Win **arr, Py_ssize_t *cap, Py_ssize_t need) except NULL:
+        cdef Py_ssize_t n = cap[0]
+        cdef Win *p
+        if need > n:
+            n = max(need, 2 * n, 64)
+            p = <Win *>PyMem_Realloc(arr[0], n * sizeof(Win))
+            if p == NULL:
+                raise MemoryError()
+            arr[0] = p
+            cap[0] = n
+        return arr[0]
+
+    def note_windows(self, StateTranscoder t, keys, key_offsets, values, value_offsets):
+        """Record the windows of one WINDOW_STATE's entries of this key group (as ``add_state`` takes them) for
+        the window timers added after, whatever their state ids: writes nothing."""
+        cdef Py_buffer kview, vview
+        cdef const int64_t[::1] ko = key_offsets
+        cdef const int64_t[::1] vo = value_offsets
+        cdef Py_ssize_t i
+        if t.kind != K_WINDOW and t.kind != K_WINDOW_LIST and t.kind != K_WINDOW_MAP:
+            raise ValueError("note_windows takes a window state's transcoder")
+        if self.key_group < 0:
+            raise ValueError("call start(key_group) first")
+        if vo.shape[0] != ko.shape[0]:
+            raise CorruptSnapshotError(f"{ko.shape[0] - 1} keys but {vo.shape[0] - 1} values")
+        PyObject_GetBuffer(keys, &kview, PyBUF_SIMPLE)
+        try:
+            PyObject_GetBuffer(values, &vview, PyBUF_SIMPLE)
+            try:
+                check_offsets(ko, kview.len, "key")
+                check_offsets(vo, vview.len, "value")
+                for i in range(ko.shape[0] - 1):
+                    self._windows(t, <const uint8_t *>kview.buf + ko[i], ko[i + 1] - ko[i],
+                                  <const uint8_t *>vview.buf + vo[i], vo[i + 1] - vo[i], True)
+            finally:
+                PyBuffer_Release(&vview)
+        finally:
+            PyBuffer_Release(&kview)
+
+    cdef int64_t _windows(self, StateTranscoder t, const uint8_t *kp, Py_ssize_t kn, const uint8_t *vp,
+                          Py_ssize_t vn, bint record) except -1:
+        """One key's namespaced value (its map's frames, window -> value): ``record``, its windows noted for the
+        window timers; else a Flink pair per window, in window order. Returns the windows."""
+        cdef Cursor c, e
+        cdef uint32_t length, klen, elements
+        cdef Py_ssize_t count = 0, written = 0, i, j, first = self.n_wins, at
+        cdef Win *ws
+        cdef KeyWins *kwp
+        cdef int kind = t.kind
+        global _uk_order
+        cur_init(&c, vp, vn)
+        while cur_remaining(&c):
+            length = cur_u32(&c)
+            if t.ttl:
+                cur_i64(&c)      # read again below, from the frame
+            if length < 4:
+                cur_corrupt(&c, f"a map entry of {length} bytes, shorter than its key length")
+            cur_init(&e, cur_read(&c, length), length)
+            klen = cur_u32(&e)
+            if klen != 16 and not (kind == K_WINDOW_MAP and klen > 16):
+                cur_corrupt(&e, f"a window (TimeWindow: two Int64) of {klen} bytes")
+            ws = self._room(&self.wins, &self.wins_cap, first + count + 1)
+            ws[first + count].start = cur_i64(&e)
+            ws[first + count].end = cur_i64(&e)
+            ws[first + count].uk = e.buf + e.pos
+            ws[first + count].uk_n = klen - 16
+            cur_read(&e, klen - 16)
+            ws[first + count].at = (e.buf + e.pos) - vp
+            ws[first + count].n = cur_remaining(&e)
+            count += 1
+        ws = self.wins + first
+        if not record:
+            _uk_order = t.user_key_order
+            qsort(ws, count, sizeof(Win), cmp_win_entry)
+            _uk_order = 0
+        for i in range(0 if record else count):
+            if kind == K_WINDOW_LIST:
+                cur_init(&e, vp + ws[i].at, ws[i].n)
+                elements = <uint32_t>cur_count(&e, t.value.min_size if t.value.min_size > 0 else 1, "a list")
+                if elements == 0:
+                    if cur_remaining(&e):
+                        cur_corrupt(&e, f"{cur_remaining(&e)} bytes follow an empty list")
+                    continue          # Flink holds no empty list
+            self._pair_key()
+            put_window(&self.w, ws[i].start, ws[i].end)
+            if kind == K_WINDOW_MAP:
+                _whole(t.map_key, ws[i].uk, ws[i].uk_n, &self.w)
+            self._close(self.key_len_pos)
+            at = self._open()
+            if kind == K_WINDOW_MAP:
+                w_u8(&self.w, 0)      # the value's null flag
+            if kind == K_WINDOW_LIST:
+                for j in range(elements):
+                    if j:
+                        w_u8(&self.w, LIST_DELIMITER)
+                    if t.ttl:
+                        put_be64(&self.w, <uint64_t>_load_i64(vp + ws[i].at - 16 - 4 - 8))
+                    if xc(t.value, &e, &self.w):
+                        refuse(t.value, "null")
+                if cur_remaining(&e):
+                    cur_corrupt(&e, f"{cur_remaining(&e)} bytes follow a list's {elements} elements")
+            else:
+                if t.ttl:     # the frame's timestamp: before its key length and the window (and user key)
+                    put_be64(&self.w, <uint64_t>_load_i64(vp + ws[i].at - ws[i].uk_n - 16 - 4 - 8))
+                _whole(t.value, vp + ws[i].at, ws[i].n, &self.w)
+            self._close(at)
+            written += 1
+        if count and record:
+            self.n_wins = first + count
+            if self.n_key_wins == self.key_wins_cap:
+                kwp = <KeyWins *>PyMem_Realloc(self.key_wins, max(64, 2 * self.key_wins_cap) * sizeof(KeyWins))
+                if kwp == NULL:
+                    raise MemoryError()
+                self.key_wins = kwp
+                self.key_wins_cap = max(64, 2 * self.key_wins_cap)
+            kwp = self.key_wins + self.n_key_wins
+            kwp.key_at = self.win_keys.pos
+            kwp.key_len = kn
+            kwp.first = first
+            kwp.count = count
+            w_bytes(&self.win_keys, kp, kn)
+            self.n_key_wins += 1
+            self.key_wins_sorted = False
+        return count if record else written
+
+    def add_merging(self, int state_id, Op key):
+        """Flink's ``merging-window-set`` of the windows recorded by ``note_windows`` (sessions): per key (``key``
+        transcodes the job's key), in key order, a list of (window, state window) pairs, each window its own
+        state window, distinct and in window order; a key without windows has none."""
+        cdef Py_ssize_t i = 0, j, k, nw, at
+        self._begin(state_id)
+        if not self.key_wins_sorted:
+            self._sort_key_wins()
+        while i < self.n_key_wins:
+            nw = 0
+            j = i
+            while j < self.n_key_wins and cmp_keywins_key(&self.key_wins[j], &self.key_wins[i]) == 0:
+                self._room(&self.scratch, &self.scratch_cap, nw + self.key_wins[j].count)
+                memcpy(self.scratch + nw, self.wins + self.key_wins[j].first, self.key_wins[j].count * sizeof(Win))
+                nw += self.key_wins[j].count
+                j += 1
+            qsort(self.scratch, nw, sizeof(Win), cmp_win)
+            self.kw.pos = 0
+            _whole(key, self.key_wins[i].key, self.key_wins[i].key_len, &self.kw)
+            w_u8(&self.kw, 0)                                 # VoidNamespace
+            self._pair_key()
+            self._close(self.key_len_pos)
+            at = self._open()
+            for k in range(nw):
+                if k and cmp_win(&self.scratch[k - 1], &self.scratch[k]) == 0:
+                    continue
+                if k:
+                    w_u8(&self.w, LIST_DELIMITER)
+                put_window(&self.w, self.scratch[k].start, self.scratch[k].end)
+                put_window(&self.w, self.scratch[k].start, self.scratch[k].end)
+            self._close(at)
+            i = j
+        self._end()
+
+    cdef int _sort_key_wins(self) except -1:
+        cdef Py_ssize_t i
+        for i in range(self.n_key_wins):
+            self.key_wins[i].key = self.win_keys.buf + self.key_wins[i].key_at
+        qsort(self.key_wins, self.n_key_wins, sizeof(KeyWins), cmp_keywins)
+        self.key_wins_sorted = True
+        return 0
+
+    cdef int64_t _window_timers(self, const uint8_t *kp, Py_ssize_t kn, const uint8_t *vp, Py_ssize_t vn,
+                                int64_t lateness) except -1:
+        """One key's timers (timestamp -> True frames) as the window timers of its recorded windows."""
+        cdef Cursor c, e
+        cdef uint32_t length
+        cdef Py_ssize_t count = 0, lo, hi, mid, i, j, nw = 0, nt = 0
+        cdef KeyWins probe
+        cdef int64_t ts, end
+        cdef int64_t cand[2]
+        cdef int nc, q
+        cur_init(&c, vp, vn)
+        count = self._stamps(&c)
+        if count == 0 or self.n_key_wins == 0:
+            return 0
+        if not self.key_wins_sorted:
+            self._sort_key_wins()
+        probe.key = kp
+        probe.key_len = kn
+        probe.first = -1
+        lo, hi = 0, self.n_key_wins          # the first recorded key >= this key
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if cmp_keywins(&self.key_wins[mid], &probe) < 0:
+                lo = mid + 1
+            else:
+                hi = mid
+        # the key's windows (of every window state), distinct, then each one's trigger and cleanup timers
+        i = lo
+        while i < self.n_key_wins and self.key_wins[i].key_len == kn and (
+                kn == 0 or memcmp(self.key_wins[i].key, kp, kn) == 0):
+            self._room(&self.scratch, &self.scratch_cap, nw + self.key_wins[i].count)
+            memcpy(self.scratch + nw, self.wins + self.key_wins[i].first, self.key_wins[i].count * sizeof(Win))
+            nw += self.key_wins[i].count
+            i += 1
+        if nw == 0:
+            return 0
+        qsort(self.scratch, nw, sizeof(Win), cmp_win)
+        j = 0
+        for i in range(nw):
+            if j and cmp_win(&self.scratch[j - 1], &self.scratch[i]) == 0:
+                continue
+            self.scratch[j] = self.scratch[i]
+            j += 1
+        nw = j
+        self._room(&self.scratch, &self.scratch_cap, 3 * nw)   # the timers go after the windows
+        for i in range(nw):
+            end = self.scratch[i].end
+            if end == INT64_MIN_:
+                continue   # no end - 1 in Python's ints either: keygroups' windows end after they start
+            cand[0] = end - 1
+            nc = 1
+            if lateness and end - 1 <= INT64_MAX_ - lateness:
+                cand[1] = end - 1 + lateness
+                nc = 2
+            for q in range(nc):
+                if bsearch(&cand[q], self.stamps, count, sizeof(int64_t), cmp_i64) != NULL:
+                    self.scratch[nw + nt] = self.scratch[i]
+                    self.scratch[nw + nt].at = <Py_ssize_t>cand[q]
+                    nt += 1
+        qsort(self.scratch + nw, nt, sizeof(Win), cmp_timer)
+        for i in range(nt):
+            self.key_len_pos = self._open()
+            self.last_key_pos = self.w.pos
+            self.pairs += 1
+            self._prefix()
+            put_be64(&self.w, (<uint64_t>self.scratch[nw + i].at) ^ 0x8000000000000000ULL)
+            w_bytes(&self.w, self.kw.buf, self.kw.pos)
+            put_window(&self.w, self.scratch[nw + i].start, self.scratch[nw + i].end)
+            self._close(self.key_len_pos)
+            put_be32(&self.w, 0)
+        return nt
+
+    cdef Py_ssize_t _stamps(self, Cursor *c) except -1:
+        """A key's timer map (timestamp (int64) -> True frames) into ``self.stamps``, sorted; returns how many."""
+        cdef Cursor e
+        cdef uint32_t length
+        cdef Py_ssize_t count = 0
+        while cur_remaining(c):
+            length = cur_u32(c)
+            cur_init(&e, cur_read(c, length), length)
+            if length != 4 + 8 + 1 or cur_u32(&e) != 8:
+                cur_corrupt(c, f"a timer entry of {length} bytes (a timestamp and its flag take 13)")
+            if count == self.stamps_cap:
+                self._grow_stamps()
+            self.stamps[count] = cur_i64(&e)
+            if cur_u8(&e) > 1:
+                cur_corrupt(&e, "a timer flag other than 0 or 1")
+            count += 1
+        qsort(self.stamps, count, sizeof(int64_t), cmp_i64)
         return count
 
     cdef int _grow_stamps(self) except -1:

@@ -16,8 +16,9 @@ Then, medians of ``--runs`` interleaved runs:
   watermark-free way to end a job with its windows restored), so its figure is an upper bound of its restore.
 
 Throughput is the Flink savepoint's bytes per second per core (keygroups runs on one core; Flink's figure is divided
-by its subtasks). keygroups' window path is Python per entry (the compiled import and export paths cover
-non-namespaced state); the issue's target is 50 MB/s per core both ways.
+by its subtasks). keygroups' window state and window timers go through the compiled paths (_native/flinkin.pyx
+imports, _native/flinkout.pyx exports; the Python path of keygroups.flink.windows stays for sessions and a process
+window's records); the issue's target is 50 MB/s per core both ways.
 """
 
 from __future__ import annotations

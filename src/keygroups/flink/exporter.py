@@ -14,8 +14,9 @@ state are refused by name.
 
 Per state, the compiled path (``_native/flinkout.pyx``) transcodes the stored keygroups bytes straight into Flink's
 (no Python object per entry) and writes each key group's block in C; ``_fast_state`` compiles it from the state's
-serializers and Flink types. A state it does not take (a namespaced state, a Nullable of a Nullable) goes the Python
-way, ``_entries`` per decoded key; both write the same bytes (tests/test_flink_fast_export.py). A value Flink cannot
+serializers and Flink types (window state and window timers included: ``flinkout.BlockWriter.note_windows``
+records each key's windows first; sessions' ``merging-window-set`` is written from them). A state it does not take
+(a process window's records, a window value that may be null, a Nullable of a Nullable) goes the Python way, ``_entries`` per decoded key; both write the same bytes (tests/test_flink_fast_export.py). A value Flink cannot
 hold is refused naming the state and the key either way; corrupt stored bytes raise ``CorruptSnapshotError`` naming
 the state and the key group.
 """
@@ -57,6 +58,7 @@ from keygroups.flink.metadata import (
 )
 from keygroups.flink.operator import OperatorBackendHeader, write_operator_header
 from keygroups.flink.savepoint import FlinkSavepoint, operator_id_for_uid, read_savepoint
+from keygroups.windows.assigners import TimeWindow
 from keygroups.flink.types import (
     BooleanType,
     ByteType,
@@ -436,15 +438,22 @@ def _compile(src: _Source, t: FlinkType, position: str = "", whole: bool = False
     raise _NotCompiled(f"{src} as {t!r}")
 
 
-def _fast_state(out: _Out, meta: dict[str, Any], key_type: FlinkType) -> flinkout.StateTranscoder | None:
+def _fast_state(out: _Out, meta: dict[str, Any], key_type: FlinkType, allowed_lateness: int = 0
+                ) -> flinkout.StateTranscoder | None:
     """The compiled transcoder of one state's entries stored with ``meta``'s serializers, or None when the state
-    takes the Python path (a pairing the compiled path does not take, e.g. a namespaced state)."""
-    if (not _COMPILED or meta.get("namespace_serializer") is not None or out.window is not None
-            or out.window_timers or out.kind == "merging"):
-        return None   # window state looks like a map state in its meta: only the plan tells it apart
+    takes the Python path (a pairing the compiled path does not take, see ``_fast_window``). Window state and
+    window timers are compiled (``allowed_lateness`` places the cleanup timers)."""
+    if not _COMPILED or meta.get("namespace_serializer") is not None or out.kind == "merging":
+        return None
     try:
         sers = {role: SerializerSnapshot.from_json(j) for role, j in meta["serializers"].items()}
         key = _compile(_top_source(sers["key"]), key_type, whole=True)
+        if out.window_timers:
+            if sers["map key"].identifier != "int64" or sers["map value"].identifier != "bool":
+                return None
+            return _F.StateTranscoder(_F.WINDOW_TIMER_STATE, key, allowed_lateness=allowed_lateness)
+        if out.window is not None:
+            return _fast_window(out, sers, key, meta.get("ttl") is not None)
         if out.kind == "timer":
             if sers["map key"].identifier != "int64" or sers["map value"].identifier != "bool":
                 return None
@@ -465,6 +474,47 @@ def _fast_state(out: _Out, meta: dict[str, Any], key_type: FlinkType) -> flinkou
     except (_NotCompiled, KeyError, ValueError) as e:
         log.debug("state %r takes the Python export path: %s", out.source, e)
         return None
+
+
+def _fast_window(out: _Out, sers: dict[str, SerializerSnapshot], key: flinkout.Op, ttl: bool
+                 ) -> flinkout.StateTranscoder | None:
+    """A namespaced state's transcoder: window -> value (the operator layout's one-part accumulator unwrapped: a
+    Flink Tuple1 is its field's bytes) or list, (window, user key) -> value. None for what the Python path keeps:
+    records, a value that may be null (Flink holds none: the Python path leaves it out), user keys other than
+    str, bytes, int64 and int32 (their order is Python's)."""
+    assert out.window is not None
+    value_type = out.value_type
+    if out.window.records or ttl != isinstance(value_type, TtlType):
+        return None
+    if isinstance(value_type, TtlType):
+        value_type = value_type.value
+    value = sers["map value"]
+    window = TimeWindow.serializer().snapshot()
+    if out.window.kind == "map":
+        namespace, user_key = sers["map key"].nested
+        order = _USER_KEY_ORDER.get(user_key.identifier)
+        if namespace != window or order is None or out.map_key_type is None:
+            return None
+        return _F.StateTranscoder(_F.WINDOW_MAP_STATE, key, _compile(_top_source(value), value_type, whole=True),
+                                  _compile(_codec_source(user_key), out.map_key_type), ttl=ttl,
+                                  user_key_order=order)
+    if sers["map key"] != window:
+        return None
+    if out.window.kind == "list":
+        if value.identifier != "list" or value.nested[0].identifier == "nullable":
+            return None
+        return _F.StateTranscoder(_F.WINDOW_LIST_STATE, key, _compile(_codec_source(value.nested[0]), value_type),
+                                  ttl=ttl)
+    inner = value.nested[0] if out.window.unwrap else value
+    if inner.identifier == "nullable":
+        return None
+    target = TupleType((value_type,)) if out.window.unwrap else value_type
+    return _F.StateTranscoder(_F.WINDOW_STATE, key, _compile(_top_source(value), target, whole=True), ttl=ttl)
+
+
+#: How a window map state's user keys sort, as Python sorts them (by their keygroups codec bytes).
+_USER_KEY_ORDER = {"str": _F.USER_KEY_UTF8, "bytes": _F.USER_KEY_UTF8, "int64": _F.USER_KEY_I64,
+                   "int32": _F.USER_KEY_I32}
 
 
 def _key_type(meta: dict[str, Any], template: FlinkType | None) -> FlinkType:
@@ -585,35 +635,59 @@ def _write_keyed_file(fs: Any, root: str, storage: CheckpointStorage, md: Checkp
     pos = len(head)
     builder = flinkout.BlockWriter(prefix_bytes)
     fast: dict[int, tuple[dict[str, Any], flinkout.StateTranscoder | None]] = {}   # id(meta) -> its fast path
+    merging = by_source.get(MERGING_WINDOW_SET)
     with fs.open(f"{root}/{name}", "wb") as f:
         f.write(head)
         for kg, live in key_group_entries(storage, md, groups):   # one key group in memory at a time
             prefix = kg.to_bytes(prefix_bytes, "big")
             builder.start(kg)
             present = {by_source[s][0]: (s, e) for s, e in live.items() if s in by_source}
-            # Window state first, the Python way: its keys' windows decide their window timers and session list,
-            # whose state ids may come before or after it (a block's states go in id order).
+            transcoders = {}
+            for state_id, (state, (meta, entries)) in present.items():
+                cached = fast.get(id(meta))
+                if cached is None:
+                    cached = fast[id(meta)] = (meta, _fast_state(by_source[state][1], meta, key_type,
+                                                                 allowed_lateness))
+                transcoders[state_id] = cached[1]
+            # Window state first: its keys' windows decide their window timers and session list, whose state ids
+            # may come before or after it (a block's states go in id order). Compiled, the BlockWriter notes them;
+            # else the Python way, and then window timers go that way too (they read key_windows).
+            windowed = {i: by_source[s][1] for i, (s, _) in present.items()
+                        if by_source[s][1].window is not None or by_source[s][1].window_timers}
+            compiled_windows = all(transcoders[i] is not None for i in windowed)
             key_windows: dict[bytes, tuple[Any, set[tuple[int, int]]]] = {}   # key bytes -> key, its windows
             ready: dict[int, list[tuple[bytes, bytes]]] = {}
             for state_id, (state, (meta, entries)) in sorted(present.items()):
                 out = by_source[state][1]
-                if out.window is not None:
+                if out.window is None:
+                    continue
+                noted = transcoders[state_id] if compiled_windows else None
+                if noted is not None:
+                    try:
+                        builder.note_windows(noted, entries.keys, entries.key_offsets, entries.values,
+                                             entries.value_offsets)
+                    except CorruptSnapshotError as e:
+                        raise CorruptSnapshotError(f"state {state!r}, key group {kg}: {e}") from None
+                else:
                     ready[state_id] = _python_pairs(state, out, meta, entries, key_ser, key_type, prefix, counts,
                                                     key_windows, allowed_lateness)
-            merging = by_source.get(MERGING_WINDOW_SET)
-            if merging is not None and merging[1].kind == "merging":
+            sessions = merging is not None and merging[1].kind == "merging"
+            window_key = next((transcoders[i].key for i, o in windowed.items()       # type: ignore[union-attr]
+                               if o.window is not None), None) if compiled_windows else None
+            if sessions and window_key is None:
                 ready[merging[0]] = [pair for kb, (key, ws) in sorted(key_windows.items())
                                      for pair in merging_entries(key, ws, key_type, prefix)]
-            for state_id in sorted(present.keys() | ready.keys()):
+            for state_id in sorted(present.keys() | ready.keys() | ({merging[0]} if sessions else set())):
                 if state_id in ready:
                     builder.add_pairs(state_id, ready[state_id])
                     continue
+                if sessions and state_id == merging[0]:   # the windows noted above, compiled
+                    if window_key is not None:
+                        builder.add_merging(state_id, window_key)
+                    continue
                 state, (meta, entries) = present[state_id]
                 out = by_source[state][1]
-                cached = fast.get(id(meta))
-                if cached is None:
-                    cached = fast[id(meta)] = (meta, _fast_state(out, meta, key_type))
-                transcoder = cached[1]
+                transcoder = transcoders[state_id] if compiled_windows or state_id not in windowed else None
                 try:
                     if transcoder is None:
                         builder.add_pairs(state_id, _python_pairs(state, out, meta, entries, key_ser, key_type,

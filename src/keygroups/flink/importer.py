@@ -10,9 +10,10 @@ TupleN as a tuple (``TupleSerializer``: positional fields, never null, as Flink'
 nullable; Short/Byte/Float keep their width as smallint/tinyint/float).
 
 Keyed state is imported compiled (``keygroups.flink.transcode``, ``_native/flinkin.pyx``): each block is scanned once
-and every VoidNamespace state's entries go from Flink's bytes straight to the bytes those serializers write, framed,
-grouped per key and sorted, with no Python object per entry. A state it cannot compile (window namespaces) goes
-through ``_plan``/``_encode`` (decode to Python values, encode them), which also serve as its reference in tests.
+and every state's entries go from Flink's bytes straight to the bytes those serializers write, framed, grouped per
+key and sorted, with no Python object per entry (window state and window timers included). A state it cannot
+compile (sessions' contents, a process window's records as Arrow batches) goes through ``_plan``/
+``_encode`` (decode to Python values, encode them), which also serve as its reference in tests.
 """
 
 from __future__ import annotations
@@ -327,7 +328,7 @@ def import_savepoint(savepoint: str | os.PathLike | FlinkSavepoint, location: st
     counts = {"timers": 0, "entries": 0, "key_groups": 0}
     if plans:
         assert key_type is not None
-        fast = _fast_plans(plans, key_type)
+        fast = _fast_plans(plans, key_type, sessions)
         for subtask in range(p):
             groups = key_group_range(mp, p, subtask)
             kg_iter = _key_groups(sp, uid, groups, by_name, key_ser, key_type, counts, fast, sessions)
@@ -375,15 +376,22 @@ def import_savepoint(savepoint: str | os.PathLike | FlinkSavepoint, location: st
 
 def _fast_plan(st: _State, key_type: FlinkType) -> flinkin.StatePlan:
     """The compiled import of ``st`` (NotCompiled when it has none: the Python path imports it)."""
-    return state_plan(st.info.name, st.kind, key_type, st.info.namespace_type, st.value_type, st.map_key_type,
-                      st.info.ttl, st.domain is not None)
+    kind, wrap = st.kind, False
+    if st.window is not None:      # keygroups keeps it as a map; the compiled plan follows the Flink kind
+        if st.window.record_schema is not None:
+            raise NotCompiled(f"state {st.info.name!r} holds a process window's records")
+        kind, wrap = st.window.kind, st.window.wrap
+    return state_plan(st.info.name, kind, key_type, st.info.namespace_type, st.value_type, st.map_key_type,
+                      st.info.ttl, st.domain is not None, wrap)
 
 
-def _fast_plans(plans: list[_State], key_type: FlinkType) -> dict[str, flinkin.StatePlan]:
+def _fast_plans(plans: list[_State], key_type: FlinkType, sessions: bool = False) -> dict[str, flinkin.StatePlan]:
+    """The compiled import of each state that has one. ``sessions``: the savepoint records merged windows, whose
+    contents move to their sessions the Python way (keygroups.flink.windows)."""
     fast = {}
     for st in plans:
-        if st.window is not None or st.info.name in WINDOW_TIMERS:
-            continue   # window state and window timers: the Python path (keygroups.flink.windows) maps them
+        if sessions and st.window is not None and st.window.sessions:
+            continue
         try:
             fast[st.info.name] = _fast_plan(st, key_type)
         except NotCompiled as e:

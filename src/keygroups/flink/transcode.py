@@ -2,9 +2,10 @@
 tree of compiled nodes that turns its bytes straight into the bytes of its keygroups serializer
 (``FlinkType.keygroups_serializer()``), and a keyed state's plan (job key, namespace, value framing, TTL).
 
-Every type the importer maps is compiled. What is not (window state: a namespace other than ``VoidNamespace``) falls
-back to the Python path of ``keygroups.flink.importer`` (decode to Python values, encode with the keygroups
-serializer), state by state.
+Every type the importer maps is compiled, in ``VoidNamespace`` and ``TimeWindow`` namespaces (window state and
+window timers). What is not (session contents moved by ``merging-window-set``, a process window's records as
+Arrow batches) falls back to the Python path of ``keygroups.flink.importer``
+(decode to Python values, encode with the keygroups serializer), state by state.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from keygroups.flink.types import (
     RowType,
     ShortType,
     StringType,
+    TimeWindowType,
     TupleType,
     VoidNamespaceType,
 )
@@ -60,17 +62,31 @@ def compile_type(t: FlinkType, record: bool = False) -> flinkin.Node:
     raise NotCompiled(f"{t!r} has no compiled import")
 
 
+#: A ``TimeWindow`` namespace (start, end) as ``TimeWindow.serializer()`` writes it: a tuple of two Int64.
+_WINDOW = TupleType((LongType(), LongType()))
+
+
 def state_plan(name: str, kind: str, key_type: FlinkType, namespace_type: FlinkType | None, value_type: FlinkType,
-               map_key_type: FlinkType | None, ttl: bool, timers: bool) -> flinkin.StatePlan:
+               map_key_type: FlinkType | None, ttl: bool, timers: bool, wrap: bool = False) -> flinkin.StatePlan:
     """The compiled import of one keyed state: ``kind`` is keygroups' (value, reducing, aggregating, list, map),
     ``value_type`` the value's, list element's or map value's FlinkType with its TTL unwrapped (``ttl`` says
-    whether it had one); ``timers`` for a timer queue (its value_type is ignored). NotCompiled if it has none."""
-    if not isinstance(namespace_type, VoidNamespaceType):
+    whether it had one); ``timers`` for a timer queue (its value_type is ignored). NotCompiled if it has none.
+
+    In ``TimeWindow`` namespaces (keygroups.flink.windows): a state becomes the namespaced state's map, window ->
+    value (``wrap``: the window operator's one-part accumulator ``(v,)``) or list, (window, user key) -> value for
+    a map state; window timers become the key's timers."""
+    windowed = isinstance(namespace_type, TimeWindowType)
+    if not windowed and not isinstance(namespace_type, VoidNamespaceType):
         raise NotCompiled(f"state {name!r} is in namespace {namespace_type!r}")
     key = compile_type(key_type)
+    namespace = compile_type(_WINDOW) if windowed else None
     if timers:
-        return flinkin.StatePlan(flinkin.TIMER_STATE, key, name=name)
-    value = compile_type(value_type)
+        return flinkin.StatePlan(flinkin.TIMER_STATE, key, name=name, namespace=namespace)
+    value = compile_type(TupleType((value_type,)) if wrap else value_type)
+    if windowed:
+        kinds = {"list": flinkin.LIST_STATE, "map": flinkin.MAP_STATE}
+        user_key = compile_type(map_key_type) if kind == "map" and map_key_type is not None else None
+        return flinkin.StatePlan(kinds.get(kind, flinkin.VALUE_STATE), key, value, user_key, ttl, name, namespace)
     if kind == "map":
         assert map_key_type is not None
         return flinkin.StatePlan(flinkin.MAP_STATE, key, value, compile_type(map_key_type), ttl, name)

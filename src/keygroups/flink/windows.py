@@ -32,6 +32,12 @@ Merging (session) windows: Flink keeps a session's contents under a "state windo
 it), recorded per key in the list state ``merging-window-set`` of (window, state window) pairs; keygroups keeps them
 under the session itself. The operator layout moves the contents to their session and leaves ``merging-window-set``
 out; the export writes each session as its own state window (as Flink does for a session not merged yet).
+
+This module is the Python path and the reference: the importer and exporter move window state and window timers
+through their compiled transcoders (``keygroups.flink.transcode`` with ``_native/flinkin.pyx``, and
+``_native/flinkout.pyx``), which write the same bytes (tests/test_flink_fast_windows.py); what they do not take
+comes here: on import the contents of sessions (moved by ``merging-window-set``) and a process window's records as
+Arrow batches; on export those records and a window value that may be null.
 """
 
 from __future__ import annotations
