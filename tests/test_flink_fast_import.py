@@ -427,3 +427,20 @@ def test_fuzzed_blocks_through_every_state_plan_raise_only_keygroups_errors(targ
                 plan.transcode(scan, state_id)
             except KeyGroupsError:
                 pass
+
+
+def test_the_python_path_keeps_map_keys_apart_as_java_does_too():
+    """The Python path (window states, types not compiled) builds a map value from Flink's entries as the compiled
+    path does: 0.0 and -0.0 two keys, every NaN one."""
+    from keygroups._javakeys import NEGATIVE_ZERO_KEY
+    from keygroups.flink.savepoint import FlinkStateInfo
+    from keygroups.flink.types import DoubleType, MapType
+    from keygroups.runtime.subtask import key_serializer_for
+
+    info = FlinkStateInfo("m", "MAP", MapType(DoubleType(), LongType()), LongType(), VoidNamespaceType(), False)
+    st = importer._plan(info, 0, 1000)
+    entries = [(7, None, 0.0, 1), (7, None, -0.0, 2), (7, None, math.nan, 3), (7, None, -math.nan, 4)]
+    keys, values = importer._encode(st, entries, key_serializer_for("long"), LongType(), {})
+    assert len(keys) == 1
+    m = st.framing.decode(values[0])
+    assert len(m) == 3 and m[0.0] == 1 and m[NEGATIVE_ZERO_KEY] == 2

@@ -64,6 +64,7 @@ from keygroups.flink.windows import (
     plan_import,
     session_windows,
 )
+from keygroups._native.statecore import java_key
 from keygroups.runtime.subtask import key_serializer_for
 from keygroups.serializers import TypeSerializer
 from keygroups.runtime.state_writer import _descriptor as state_descriptor
@@ -236,7 +237,8 @@ def _encode(st: _State, entries: list[tuple], key_ser: TypeSerializer, key_type:
                     v = (_plain(vt, v.value), v.timestamp)
                 else:
                     v = _plain(vt, v)
-                by_key.setdefault(kb, {})[_plain(st.map_key_type, e[2])] = v   # type: ignore[arg-type]
+                # Java's equality (0.0 and -0.0 two keys, every NaN one), as the compiled path and the states keep
+                by_key.setdefault(kb, {})[java_key(_plain(st.map_key_type, e[2]))] = v   # type: ignore[arg-type]
         for kb, m in by_key.items():
             keys.append(kb)
             values.append(st.framing.encode(m))
