@@ -35,7 +35,6 @@ from keygroups.flink.types import (
     LongType,
     MapType,
     NullableType,
-    RowType,
     ShortType,
     StringType,
     TupleType,

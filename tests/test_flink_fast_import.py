@@ -15,7 +15,7 @@ import pathlib
 import struct
 
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from flink_harness import FIXTURE_SET, FIXTURES

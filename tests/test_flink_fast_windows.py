@@ -16,7 +16,7 @@ from flink_harness import FIXTURE_SET, FIXTURES
 from test_flink_fast_export import _both_paths, _data_files
 from test_flink_fast_import import _block_sections, _keyed_files
 from keygroups.errors import CorruptSnapshotError, KeyGroupsError
-from keygroups.flink import export_savepoint, import_savepoint, read_savepoint
+from keygroups.flink import import_savepoint, read_savepoint
 from keygroups.flink import importer
 from keygroups.flink.transcode import NotCompiled, state_plan
 from keygroups.flink.types import LongType, StringType, TimeWindowType
@@ -198,7 +198,6 @@ def snapshot_timers(location: pathlib.Path):
     from keygroups.checkpoint import CheckpointStorage
     from keygroups.runtime.state_reader import load_restore_point
     from keygroups.checkpoint.format import read_key_groups
-    from keygroups.state._codec import ValueFraming
     from keygroups.state.timers import TIMER_STATE_NAMES, TimeDomain
 
     storage = CheckpointStorage(str(location / "fast"))
@@ -320,6 +319,20 @@ def _packed(parts: list[bytes]):
     return b"".join(parts), offsets
 
 
+def _damaged(values: list[bytes], damage: str, cut: int, flips: list[tuple[int, int]]) -> list[bytes]:
+    """Each value cut short ("cut") or with the given bits flipped ("flip"), positions taken modulo its length."""
+    out = []
+    for v in values:
+        b = bytearray(v)
+        if damage == "cut":
+            b = b[:cut % len(b)]
+        else:
+            for pos, bit in flips:
+                b[pos % len(b)] ^= 1 << bit
+        out.append(bytes(b))
+    return out
+
+
 @settings(max_examples=200, deadline=None)
 @given(cut=st.integers(0, 1 << 12), flips=st.lists(st.tuples(st.integers(0, 1 << 12), st.integers(0, 7)),
                                                     min_size=1, max_size=4))
@@ -337,15 +350,7 @@ def test_corrupt_keygroups_window_state_raises_and_never_crashes(cut, flips):
     assert writer.add_state(1, contents, kd, ko, *_packed(values)) == (5, 0)
     assert writer.finish()
     for damage in ("cut", "flip"):
-        damaged = []
-        for v in values:
-            b = bytearray(v)
-            if damage == "cut":
-                b = b[:cut % len(b)]
-            else:
-                for pos, bit in flips:
-                    b[pos % len(b)] ^= 1 << bit
-            damaged.append(bytes(b))
+        damaged = _damaged(values, damage, cut, flips)
         writer.start(7)
         try:
             writer.note_windows(contents, kd, ko, *_packed(damaged))
@@ -450,15 +455,7 @@ def test_corrupt_keygroups_window_lists_and_maps_raise_and_never_crash(cut, flip
         assert writer.add_state(0, transcoder, kd, ko, *_packed(intact))[0] == 5   # a list or entry per window
         assert writer.finish()
         for damage in ("cut", "flip"):
-            damaged = []
-            for v in intact:
-                b = bytearray(v)
-                if damage == "cut":
-                    b = b[:cut % len(b)]
-                else:
-                    for pos, bit in flips:
-                        b[pos % len(b)] ^= 1 << bit
-                damaged.append(bytes(b))
+            damaged = _damaged(intact, damage, cut, flips)
             writer.start(300)
             try:
                 writer.note_windows(transcoder, kd, ko, *_packed(damaged))

@@ -12,7 +12,7 @@ import pytest
 from flink_harness import FIXTURE_SET, FIXTURES
 from keygroups import assign_key_groups, assign_key_groups_for_tuples
 from keygroups.checkpoint import CheckpointStorage
-from keygroups.flink import UnsupportedFlinkTypeError, read_savepoint
+from keygroups.flink import read_savepoint
 from keygroups.flink.importer import import_savepoint
 from keygroups.flink.types import TtlValue
 from keygroups.runtime.state_reader import KeyedStateReader, load_restore_point, operator_state_table, read_timers

@@ -4,7 +4,6 @@ Flink restoring the savepoint)."""
 
 from __future__ import annotations
 
-import pathlib
 import shutil
 
 import pyarrow as pa

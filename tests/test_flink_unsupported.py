@@ -163,7 +163,7 @@ def test_a_user_serializer_stops_the_header_naming_the_states_it_hides():
     with pytest.raises(UnknownSerializerSnapshotError) as e:
         sp.states("custom")
     message = str(e.value)
-    assert f"state 'negated' (VALUE_SERIALIZER)" in message and f"{JOB}$NegatedSnapshot" in message
+    assert "state 'negated' (VALUE_SERIALIZER)" in message and f"{JOB}$NegatedSnapshot" in message
     raw, where = _header_bytes(sp, "custom")
     # the states after it, in header order (found past the unknown snapshot); the states before it read
     order = [s for s in ("before", "negated", "after", "last") if encode_modified_utf8(s) in raw]
