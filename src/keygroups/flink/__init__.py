@@ -3,7 +3,8 @@ into a keygroups savepoint, and export keygroups state as a Flink savepoint Flin
 
 Flink's formats are read the way asyncpg reads the Postgres protocol: one checked cursor, one small reader per Flink
 record type (named after the Flink class it mirrors), every tag and version in one table, anything else refused by
-name. Nothing is deserialized with pickle.
+name. Nothing is deserialized with pickle, nothing is read outside the savepoint's directory unless the caller allows
+it, and an error never echoes what a file holds beyond a short, escaped name.
 """
 
 from keygroups.flink.exporter import ExportReport, export_savepoint
@@ -13,6 +14,8 @@ from keygroups.flink.savepoint import (
     FlinkSavepoint,
     FlinkStateInfo,
     KeyGroupData,
+    OperatorNotFoundError,
+    PathOutsideSavepointError,
     operator_id_for_uid,
     read_savepoint,
 )
@@ -33,4 +36,6 @@ __all__ = [
     "operator_id_for_uid",
     "UnsupportedFlinkTypeError",
     "UnsupportedSavepointError",
+    "PathOutsideSavepointError",
+    "OperatorNotFoundError",
 ]

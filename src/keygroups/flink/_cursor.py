@@ -84,6 +84,29 @@ class Cursor:
             raise self.fail(f"{what} is not modified UTF-8") from None
 
 
+#: The most characters of a string read from a file that an error message shows.
+SHOWN_CHARACTERS = 80
+
+
+def shown(value: object, limit: int = SHOWN_CHARACTERS) -> str:
+    """A value read from a file, as an error message may show it: its ``repr`` (control characters and quotes
+    escaped), cut to ``limit`` characters with the full length said; bytes only as their length. A message never
+    echoes more of what a file holds than a short, escaped name."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return f"<{len(value)} bytes>"
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    length = f"{len(value)} characters" if isinstance(value, str) else f"{len(text)} characters as text"
+    return f"{text[:limit]}... ({length})"
+
+
+def plain(name: str, limit: int = SHOWN_CHARACTERS) -> str:
+    """A name read from a file (a Java class, an enum constant) as a message shows it: as it is when printable and
+    short, else as ``shown`` gives it (quoted, escaped, cut)."""
+    return name if name.isprintable() and len(name) <= limit else shown(name, limit)
+
+
 def decode_modified_utf8(raw: bytes) -> str:
     """Java's modified UTF-8 → str. Surrogate pairs written as two 3-byte sequences are joined."""
     if raw.isascii():

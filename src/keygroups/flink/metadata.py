@@ -14,7 +14,7 @@ import struct
 from collections.abc import Callable
 
 from keygroups.errors import CorruptSnapshotError
-from keygroups.flink._cursor import Cursor, encode_modified_utf8
+from keygroups.flink._cursor import Cursor, encode_modified_utf8, shown
 from keygroups.flink.types import UnsupportedFlinkTypeError
 
 MAGIC = 0x4960672D
@@ -73,7 +73,7 @@ def _file(c: Cursor) -> FileStateHandle:
 def _relative(c: Cursor) -> RelativeFileStateHandle:
     path = c.utf("a RelativeFileStateHandle's path")
     if path.startswith("/") or ".." in path.split("/"):
-        raise c.fail(f"a relative state handle points outside the savepoint: {path!r}")
+        raise c.fail(f"a relative state handle points outside the savepoint: {shown(path)}")
     return RelativeFileStateHandle(path, c.i64("a RelativeFileStateHandle's size"))
 
 
@@ -189,8 +189,8 @@ def read_operator_handle(c: Cursor) -> OperatorStreamStateHandle | None:
         name = c.utf("an operator state name")
         mode = c.u8("an operator state's distribution mode")
         if mode >= len(MODES):
-            raise c.fail(f"operator state {name!r} has distribution mode {mode}; known: {list(enumerate(MODES))}")
-        k = c.count(f"operator state {name!r}'s number of elements", 8)
+            raise c.fail(f"operator state {shown(name)} has distribution mode {mode}; known: {list(enumerate(MODES))}")
+        k = c.count(f"operator state {shown(name)}'s number of elements", 8)
         offsets = struct.unpack_from(f">{k}q", c.take(8 * k, "element offsets")) if k else ()
         states[name] = OperatorStateMeta(MODES[mode], tuple(offsets))
     stream = read_stream_handle(c)
