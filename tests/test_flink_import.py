@@ -180,3 +180,96 @@ def test_keygroups_inspect_reads_an_imported_savepoint(tmp_path, capsys):
     assert "ttl_map" in out and "128" in out
     assert main(["inspect", str(tmp_path), "--savepoint", "fromflink", "--json"]) == 0
     assert '"event-time"' in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------------------------------------- the watermark
+
+WATERMARK_MS = 1_795_681_600_000            # 2026-11-26T08:26:40Z
+
+
+@pytest.mark.parametrize("given", [WATERMARK_MS, str(WATERMARK_MS), "2026-11-26T08:26:40Z",
+                                   "2026-11-26T09:26:40+01:00", "2026-11-26 08:26:40",
+                                   "2026-11-26T08:26:40.000+00:00"])
+def test_a_watermark_is_epoch_ms_or_an_iso_time(given):
+    import datetime
+
+    from keygroups.flink.importer import parse_watermark
+
+    assert parse_watermark(given) == WATERMARK_MS
+    utc = datetime.datetime(2026, 11, 26, 8, 26, 40, 250_000, tzinfo=datetime.timezone.utc)
+    assert parse_watermark(utc) == WATERMARK_MS + 250
+    assert parse_watermark(utc.replace(tzinfo=None)) == WATERMARK_MS + 250      # a naive time is UTC
+    assert parse_watermark("1969-12-31T23:59:59.999Z") == -1
+
+
+@pytest.mark.parametrize("given, error, says", [
+    ("tomorrow", ValueError, "neither epoch milliseconds"),
+    (True, TypeError, "int of epoch milliseconds"),
+    (2**63, ValueError, "64-bit"),
+    (-(2**63), ValueError, "Long.MIN_VALUE, which means no watermark"),
+    (1.5, TypeError, "int of epoch milliseconds"),
+])
+def test_a_watermark_that_is_not_a_time_is_refused_by_name(given, error, says):
+    from keygroups.flink.importer import parse_watermark
+
+    with pytest.raises(error, match=says):
+        parse_watermark(given)
+    import datetime
+    with pytest.raises(TypeError, match="a date has no time of day"):
+        parse_watermark(datetime.date(2026, 11, 26))
+
+
+def test_an_import_with_a_watermark_starts_the_first_batch_from_it(tmp_path):
+    """Flink's savepoint holds no watermark; the one given is the restore point's, as a checkpoint's would be: the
+    runtime's plan starts from it, and a continuing job finds records at or before it late."""
+    from datetime import timedelta
+
+    from keygroups.runtime import KeyedProcessFunction, WatermarkStrategy, begin_batch
+    from keygroups.testing import KeyedFunctionHarness
+    from keygroups.testing.harness import HarnessSnapshot
+
+    src = FIXTURES / FIXTURE_NAMES[0] / "savepoint"
+    report = import_savepoint(src, str(tmp_path / "plain"), "x", uid="keyed")
+    assert report.watermark is None
+    storage = CheckpointStorage(str(tmp_path / "plain"))
+    assert "watermark" not in storage.load_savepoint("x").properties
+    report = import_savepoint(src, str(tmp_path / "wm"), "x", uid="keyed", watermark="2026-11-26T08:26:40Z")
+    assert report.watermark == WATERMARK_MS
+    storage = CheckpointStorage(str(tmp_path / "wm"))
+    plan = begin_batch(storage, job_name="moved", max_parallelism=report.max_parallelism, parallelism=3,
+                       savepoint="x")
+    assert plan.start_watermark == WATERMARK_MS
+
+    class Echo(KeyedProcessFunction):
+        def process_element(self, record, context):
+            return [(context.current_key, record["t"])]
+
+    harness = KeyedFunctionHarness(Echo(), "k", output_schema="k long, t long", input_schema="k long, t long",
+                                   max_parallelism=report.max_parallelism, timestamp_column="t",
+                                   watermark_strategy=WatermarkStrategy.for_bounded_out_of_orderness(timedelta(0)))
+    snapshot = HarnessSnapshot(str(tmp_path / "wm"), "x", storage.load_savepoint("x"), 0, None)
+    assert snapshot.watermark == WATERMARK_MS
+    moved = harness.restore(snapshot, parallelism=2)
+    try:
+        moved.process([{"k": 1, "t": WATERMARK_MS}, {"k": 2, "t": WATERMARK_MS + 1}])
+        assert [r["t"] for r in moved.output()] == [WATERMARK_MS + 1]
+        assert [r["t"] for r in moved.late()] == [WATERMARK_MS]
+    finally:
+        moved.close()
+        harness.close()
+
+
+def test_cli_import_takes_a_watermark_and_says_when_there_is_none(tmp_path, capsys):
+    from keygroups.cli import main
+
+    src = str(FIXTURES / FIXTURE_NAMES[0] / "savepoint")
+    assert main(["flink", "import", src, str(tmp_path), "--name", "a", "--uid", "keyed", "--watermark",
+                 "2026-11-26T08:26:40Z"]) == 0
+    assert f"watermark {WATERMARK_MS}" in capsys.readouterr().out
+    assert CheckpointStorage(str(tmp_path)).load_savepoint("a").properties["watermark"] == WATERMARK_MS
+    assert main(["flink", "import", src, str(tmp_path), "--name", "b", "--uid", "keyed"]) == 0
+    assert "no watermark (give --watermark" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as usage:
+        main(["flink", "import", src, str(tmp_path), "--name", "c", "--uid", "keyed", "--watermark", "soon"])
+    assert usage.value.code == 2
+    assert "--watermark 'soon' is neither epoch milliseconds" in capsys.readouterr().err

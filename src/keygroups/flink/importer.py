@@ -118,7 +118,7 @@ def parse_watermark(value: int | datetime.datetime | str, what: str = "watermark
             try:
                 value = datetime.datetime.fromisoformat(text)
             except ValueError:
-                raise ValueError(f"{what} {value!r} is neither epoch milliseconds (e.g. 1795600000000) nor an ISO "
+                raise ValueError(f"{what} {value!r} is neither epoch milliseconds (e.g. 1795681600000) nor an ISO "
                                  "8601 time (e.g. 2026-11-26T10:00:00Z)") from None
     if isinstance(value, datetime.datetime):
         if value.tzinfo is None:

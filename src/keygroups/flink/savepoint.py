@@ -22,7 +22,7 @@ from fsspec.utils import get_protocol
 from keygroups._native import flinkin
 from keygroups._ranges import KeyGroupRange
 from keygroups.errors import CheckpointNotFoundError, CorruptSnapshotError, KeyGroupsError
-from keygroups.flink._cursor import Cursor, shown
+from keygroups.flink._cursor import Cursor, plain, shown
 from keygroups.flink.keyed import (
     KeyedBackendHeader,
     StateMetaInfoSnapshot,
@@ -151,6 +151,10 @@ class OperatorNotFoundError(KeyGroupsError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
+#: A path read from ``_metadata`` is shown whole up to this length (escaped, as any text read from a file).
+_PATH_CHARACTERS = 400
+
+
 class _Files:
     """The file system of one savepoint directory: where each stream handle's bytes are, refused outside the
     directory unless allowed; each file checked once (a regular file, at least as long as its handle says) before
@@ -181,20 +185,20 @@ class _Files:
         if isinstance(handle, RelativeFileStateHandle):
             path = posixpath.join(self.root, handle.relative_path)
             if not self.allow_paths_outside and not self._is_inside(path):
-                raise self._outside(f"relative state handle {shown(handle.relative_path)}", "resolves (through a "
+                raise self._outside(f"relative state handle {shown(handle.relative_path, _PATH_CHARACTERS)}", "resolves (through a "
                                     "symbolic link)")
-            return self.fs, path, path
+            return self.fs, path, plain(path, _PATH_CHARACTERS)
         path = handle.path
         if path.startswith("file:") and not path.startswith("file://"):
             path = path[len("file:"):]
         if get_protocol(path) in self.protocols:
             on_fs = type(self.fs)._strip_protocol(path)
             if self.allow_paths_outside or self._is_inside(on_fs):
-                return self.fs, on_fs, on_fs
+                return self.fs, on_fs, plain(on_fs, _PATH_CHARACTERS)
         if not self.allow_paths_outside:
-            raise self._outside(f"file state handle {shown(handle.path)}", "points")
+            raise self._outside(f"file state handle {shown(handle.path, _PATH_CHARACTERS)}", "points")
         fs, on_fs = fsspec.core.url_to_fs(path)
-        return fs, on_fs, path
+        return fs, on_fs, plain(path, _PATH_CHARACTERS)
 
     def _outside(self, what: str, verb: str) -> PathOutsideSavepointError:
         return PathOutsideSavepointError(
