@@ -244,6 +244,9 @@ def test_an_import_with_a_watermark_starts_the_first_batch_from_it(tmp_path):
         def process_element(self, record, context):
             return [(context.current_key, record["t"])]
 
+        def on_timer(self, timestamp, context):
+            return [(context.current_key, timestamp)]
+
     harness = KeyedFunctionHarness(Echo(), "k", output_schema="k long, t long", input_schema="k long, t long",
                                    max_parallelism=report.max_parallelism, timestamp_column="t",
                                    watermark_strategy=WatermarkStrategy.for_bounded_out_of_orderness(timedelta(0)))
@@ -252,8 +255,12 @@ def test_an_import_with_a_watermark_starts_the_first_batch_from_it(tmp_path):
     moved = harness.restore(snapshot, parallelism=2)
     try:
         moved.process([{"k": 1, "t": WATERMARK_MS}, {"k": 2, "t": WATERMARK_MS + 1}])
-        assert [r["t"] for r in moved.output()] == [WATERMARK_MS + 1]
         assert [r["t"] for r in moved.late()] == [WATERMARK_MS]
+        flink_timers = sorted((e[0], e[2]) for kg in read_savepoint(src).key_groups("keyed")
+                              for e in kg.entries.get("_timer_state/event_user-timers", []))
+        assert flink_timers and all(t <= WATERMARK_MS for _, t in flink_timers)
+        out = sorted((r["k"], r["t"]) for r in moved.output())
+        assert out == sorted(flink_timers + [(2, WATERMARK_MS + 1)])    # every Flink-era timer fired
     finally:
         moved.close()
         harness.close()
@@ -273,3 +280,87 @@ def test_cli_import_takes_a_watermark_and_says_when_there_is_none(tmp_path, caps
         main(["flink", "import", src, str(tmp_path), "--name", "c", "--uid", "keyed", "--watermark", "soon"])
     assert usage.value.code == 2
     assert "--watermark 'soon' is neither epoch milliseconds" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------- Tuples: f0, f1, ...
+
+TUPLES = FIXTURES / "p2-mp128-tuple-hashmap-files-plain" / "savepoint"
+
+
+def test_a_tuple_state_reads_with_flinks_field_names(tmp_path):
+    """Flink's Tuple2 value is a record f0, f1 (never null): the state reader (and SQL) has value.f0, as a Flink
+    user writes it; its values are Flink's."""
+    import_savepoint(TUPLES, str(tmp_path), "t", uid="keyed")
+    storage = CheckpointStorage(str(tmp_path))
+    md = load_restore_point(storage, savepoint="t")
+    sp = read_savepoint(TUPLES)
+    for state, fields in (("tuple2", [("f0", pa.int64()), ("f1", pa.string())]),
+                          ("tuple3", [("f0", pa.int32()), ("f1", pa.float64()), ("f2", pa.bool_())])):
+        reader = KeyedStateReader(storage, md, state)
+        table = pa.Table.from_batches([b for part in reader.partitions() for b in reader.read(part)])
+        assert table.schema.field("value").type == pa.struct([pa.field(n, t, nullable=False) for n, t in fields])
+        flink = {e[0]: e[2] for kg in sp.key_groups("keyed", {state}) for e in kg.entries[state]}
+        got = {_key(r): tuple(r["value"].values()) for r in table.to_pylist()}
+        assert got == flink and len(got) > 10
+        (meta,) = [m for m in md.keyed_handles[0].states if m["name"] == state]
+        assert meta["serializers"]["value"]["identifier"] == "record"
+
+
+def test_a_job_continues_tuple_state_as_a_record_of_f0_f1(tmp_path):
+    """The job declares the Tuple state as the record it became (``FlinkStateInfo.value_type`` says which:
+    ``state_serializer``), as dicts or, with form='tuple', as tuples; it reads Flink's values and updates them."""
+    from keygroups.flink.types import state_serializer
+    from keygroups.runtime import KeyedProcessFunction
+    from keygroups.serializers import RecordSerializer
+    from keygroups.state import ValueStateDescriptor
+    from keygroups.testing import KeyedFunctionHarness
+    from keygroups.testing.harness import HarnessSnapshot
+
+    sp = read_savepoint(TUPLES)
+    info = {s.name: s for s in sp.states("keyed")}["tuple2"]
+    declared = RecordSerializer("f0 bigint not null, f1 string not null")
+    assert state_serializer(info.value_type).snapshot() == declared.snapshot()
+    report = import_savepoint(sp, str(tmp_path), "t", uid="keyed")
+    flink = {e[0]: e[2] for kg in sp.key_groups("keyed", {"tuple2"}) for e in kg.entries["tuple2"]}
+    key, before = next(iter(flink.items()))
+
+    class Bump(KeyedProcessFunction):
+        def open(self, context):
+            self.dicts = context.get_state(ValueStateDescriptor("tuple2", declared))
+
+        def process_element(self, record, context):
+            value = self.dicts.value()
+            self.dicts.update({"f0": value["f0"] + 1, "f1": value["f1"]})
+            return [(value["f0"], value["f1"])]
+
+    harness = KeyedFunctionHarness(Bump(), ["k1", "k2"], output_schema="f0 long, f1 string",
+                                   input_schema="k1 long, k2 string", max_parallelism=report.max_parallelism)
+    storage = CheckpointStorage(str(tmp_path))
+    moved = harness.restore(HarnessSnapshot(str(tmp_path), "t", storage.load_savepoint("t"), 0, None),
+                            parallelism=3)
+    try:
+        moved.process([{"k1": key[0], "k2": key[1]}])
+        assert moved.output() == [{"f0": before[0], "f1": before[1]}]
+        assert moved.state(key, "tuple2") == {"f0": before[0] + 1, "f1": before[1]}
+    finally:
+        moved.close()
+        harness.close()
+
+
+def test_tuple_state_goes_back_to_flink_as_its_tuple_without_like(tmp_path):
+    """A record of a Tuple's shape (f0, f1, ... none null) is exported as that Flink Tuple even without like=, so
+    Flink's TupleSerializer restores it; a Row's record (nullable fields) stays a Row."""
+    from keygroups.flink import export_savepoint
+    from keygroups.flink.types import RowType, TupleType
+
+    import_savepoint(TUPLES, str(tmp_path / "loc"), "t", uid="keyed")
+    export_savepoint(str(tmp_path / "loc"), tmp_path / "flink", uid="keyed", savepoint="t",
+                     skip_states=["short", "byte", "float", "char", "row_wide"])
+    before = {s.name: s.value_type for s in read_savepoint(TUPLES).states("keyed")}
+    after = {s.name: s.value_type for s in read_savepoint(tmp_path / "flink").states("keyed")}
+    assert isinstance(after["tuple2"], TupleType) and after["tuple2"] == before["tuple2"]
+    assert after["tuple3"] == before["tuple3"] and isinstance(after["row"], RowType)
+    flink = {e[0]: e[2] for kg in read_savepoint(TUPLES).key_groups("keyed", {"tuple2"}) for e in kg.entries["tuple2"]}
+    back = {e[0]: e[2] for kg in read_savepoint(tmp_path / "flink").key_groups("keyed", {"tuple2"})
+            for e in kg.entries["tuple2"]}
+    assert back == flink

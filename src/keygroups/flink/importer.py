@@ -55,6 +55,7 @@ from keygroups.flink.types import (
     TupleType,
     UnsupportedFlinkTypeError,
     VoidNamespaceType,
+    state_serializer,
 )
 from keygroups.flink.windows import (
     MERGING_WINDOW_SET,
@@ -204,25 +205,28 @@ def _plan(info: FlinkStateInfo, index: int, ttl_ms: int, names: Sequence[str] | 
         check_namespace(info.namespace_type, what)
     vt = info.value_type
     map_key = None
+    # A Tuple becomes a record with Flink's field names (f0, f1, ...), except in window state, whose values
+    # keygroups.windows' operator keeps as its own accumulators (tuples).
+    serializer = (lambda t: t.keygroups_serializer()) if namespaced else state_serializer
     try:
         if info.kind == "LIST":
             element = vt.element                                   # type: ignore[attr-defined]
             value_type = element.value if info.ttl else element   # type: ignore[attr-defined]
             value_type = _named(value_type, names, what)
             kind = "list"
-            d: StateDescriptor = state_descriptor(info.name, kind, {"element": value_type.keygroups_serializer()})
+            d: StateDescriptor = state_descriptor(info.name, kind, {"element": serializer(value_type)})
         elif info.kind == "MAP":
             map_key = vt.key                                       # type: ignore[attr-defined]
             value_type = vt.value.value if info.ttl else vt.value  # type: ignore[attr-defined]
             value_type = _named(value_type, names, what)
             kind = "map"
             d = state_descriptor(info.name, kind, {"map key": map_key.keygroups_serializer(),
-                                                   "map value": value_type.keygroups_serializer()})
+                                                   "map value": serializer(value_type)})
         else:
             value_type = vt.value if info.ttl else vt              # type: ignore[attr-defined]
             value_type = _named(value_type, names, what)
             kind = info.kind.lower()
-            d = state_descriptor(info.name, kind, {"value": value_type.keygroups_serializer()})
+            d = state_descriptor(info.name, kind, {"value": serializer(value_type)})
     except UnsupportedFlinkTypeError as e:
         raise UnsupportedFlinkTypeError(str(e) if str(e).startswith(what) else f"{what}: {e}") from None
     window = None
@@ -403,7 +407,7 @@ def import_savepoint(savepoint: str | os.PathLike | FlinkSavepoint, location: st
             operator_names.append(name_)
             mode = DistributionMode(modes[name_])
             try:
-                value_ser = info.value_type.keygroups_serializer()
+                value_ser = state_serializer(info.value_type)
                 key_ser_op = info.key_type.keygroups_serializer() if info.key_type is not None else None
             except UnsupportedFlinkTypeError as e:
                 raise UnsupportedFlinkTypeError(f"operator state {shown(name_)}: {e}") from None
@@ -438,7 +442,7 @@ def _fast_plan(st: _State, key_type: FlinkType) -> flinkin.StatePlan:
             raise NotCompiled(f"state {shown(st.info.name)} holds a process window's records")
         kind, wrap = st.window.kind, st.window.wrap
     return state_plan(st.info.name, kind, key_type, st.info.namespace_type, st.value_type, st.map_key_type,
-                      st.info.ttl, st.domain is not None, wrap)
+                      st.info.ttl, st.domain is not None, wrap, tuples_as_records=st.window is None)
 
 
 def _fast_plans(plans: list[_State], key_type: FlinkType, sessions: bool = False) -> dict[str, flinkin.StatePlan]:

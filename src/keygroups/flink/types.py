@@ -649,6 +649,47 @@ def record_field_type(t: FlinkType, path: str) -> tuple[rs.DataType, bool]:
     raise UnsupportedFlinkTypeError(f"Row field {path!r} is a {t!r}, which a keygroups record cannot hold")
 
 
+def tuple_record_type(t: TupleType) -> rs.RecordType:
+    """The keygroups record a Flink Tuple becomes: fields ``f0``, ``f1``, ... (the names Flink's Tuple classes give
+    them), in order, none null unless Flink's field serializer is a Nullable one."""
+    record, _ = record_field_type(t, "")
+    assert isinstance(record, rs.RecordType)
+    return record
+
+
+def state_serializer(t: FlinkType) -> TypeSerializer:
+    """The keygroups serializer of a whole state value of Flink type ``t`` (a value, a list element, a map value, an
+    operator state element): ``t.keygroups_serializer()``, except that a Tuple becomes a record with Flink's field
+    names, ``f0``, ``f1``, ... (``tuple_record_type``), wherever it is but in a map's key (keys stay tuples: a record
+    is a dict, which cannot key a map). A state read back (the state reader, SQL) has ``value.f0``, as a Flink user
+    writes ``value.f0``."""
+    if isinstance(t, TupleType):
+        return RecordSerializer(tuple_record_type(t))
+    if isinstance(t, TtlType):
+        return state_serializer(t.value)
+    if isinstance(t, ListType):
+        return ListSerializer(state_serializer(t.element))
+    if isinstance(t, MapType):
+        return MapSerializer(t.key.keygroups_serializer(), state_serializer(t.value))
+    if isinstance(t, NullableType):
+        return NullableSerializer(state_serializer(t.inner))
+    if isinstance(t, GenericArrayType):
+        return ListSerializer(NullableSerializer(state_serializer(t.element)))
+    return t.keygroups_serializer()
+
+
+def holds_tuple(t: FlinkType) -> bool:
+    """Whether ``t`` holds a Tuple that ``state_serializer`` makes a record: anywhere but in a map's key or inside a
+    Row (whose Tuples are records already)."""
+    if isinstance(t, TupleType):
+        return True
+    if isinstance(t, RowType):
+        return False
+    if isinstance(t, MapType):
+        return holds_tuple(t.value)
+    return any(holds_tuple(n) for n in t.nested())
+
+
 class ListType(_Composite):
     """``ListSerializer``: int count, then the elements (none null); as a Python list."""
 
@@ -1401,10 +1442,19 @@ _FLINK_SCALARS: dict[rs.DataType, type[FlinkType]] = {
     rs.FLOAT32: FloatType, rs.BOOL: BooleanType, rs.STRING: StringType, rs.BINARY: BytesType}
 
 
-def flink_row_for(record: rs.RecordType, what: str) -> RowType:
+def is_tuple_shaped(record: rs.RecordType) -> bool:
+    """Whether a record has a Flink Tuple's shape, as ``tuple_record_type`` makes one: 1 to 25 fields named ``f0``,
+    ``f1``, ... in order, none nullable (a Row's fields always are)."""
+    return 1 <= len(record.fields) <= 25 and all(f.name == f"f{i}" and not f.nullable
+                                                 for i, f in enumerate(record.fields))
+
+
+def flink_row_for(record: rs.RecordType, what: str) -> RowType | TupleType:
     """The Flink ``Row`` (with RowKind, as Flink 2's ``RowTypeInfo`` makes it) of a keygroups record schema: every
     field nullable in Flink, nested records as nested Rows; field names are kept on the RowType (Flink does not
-    store them). Date, timestamp and decimal fields have no Flink serializer keygroups writes: refused by name."""
+    store them). A record of a Tuple's shape (``is_tuple_shaped``: how a Flink Tuple was imported) goes back as that
+    Tuple, nested ones too. Date, timestamp and decimal fields have no Flink serializer keygroups writes: refused by
+    name."""
     def field(t: rs.DataType, path: str) -> FlinkType:
         scalar = _FLINK_SCALARS.get(t)
         if scalar is not None:
@@ -1414,14 +1464,14 @@ def flink_row_for(record: rs.RecordType, what: str) -> RowType:
         if isinstance(t, rs.MapType):
             return MapType(field(t.key, path + " key"), field(t.value, path + " value"))
         if isinstance(t, rs.RecordType):
-            return RowType(tuple(field(f.type, f"{path}.{f.name}" if path else f.name) for f in t.fields),
-                           names=t.names)
+            fields = tuple(field(f.type, f"{path}.{f.name}" if path else f.name) for f in t.fields)
+            return TupleType(fields) if is_tuple_shaped(t) else RowType(fields, names=t.names)
         raise UnsupportedFlinkTypeError(
             f"{what}: record field {path!r} is {t.ddl()}, which keygroups does not export to Flink (records export "
             "as Row of bigint, int, smallint, tinyint, double, float, boolean, string, binary, arrays, maps and "
             "nested records); skip the state or store the field as one of those")
     row = field(record, "")
-    assert isinstance(row, RowType)
+    assert isinstance(row, (RowType, TupleType))
     return row
 
 
