@@ -333,3 +333,31 @@ def test_missing_state_file_is_named(tmp_path):
     with pytest.raises(CheckpointNotFoundError, match=victim.name):
         import_savepoint(root, str(tmp_path / "out"), "x", uid="keyed")
     assert _nothing_written(tmp_path / "out")
+
+
+def test_a_count_refusal_says_which_bound_it_broke():
+    """'N items: more than the R remaining bytes can hold' was said of a negative count and of one above the limit
+    too; each bound is named now."""
+    import struct
+
+    from keygroups.flink._cursor import Cursor
+
+    def count(n: int, tail: int = 0, limit: int = 100) -> str:
+        with pytest.raises(CorruptSnapshotError) as refused:
+            Cursor(struct.pack(">i", n) + bytes(tail), "f").count("the number of things", 8, limit=limit)
+        return str(refused.value)
+
+    assert "is -3, below 0" in count(-3, tail=1000)
+    assert "is 500, above the most keygroups reads (100)" in count(500, tail=10_000)
+    said = count(5, tail=16)
+    assert "5 items of at least 8 bytes each need 40 bytes, but 16 remain" in said
+
+
+def test_too_few_bytes_for_the_subtask_states_is_not_blamed_on_the_parallelism(tmp_path):
+    md = read_metadata((FILES / "_metadata").read_bytes())
+    data = write_metadata(md.checkpoint_id, list(md.operators))
+    cut = data[: data.index(md.operators[-1].operator_id) + 16 + 4 + 4 + 1 + 4 + 2]
+    with pytest.raises(CorruptSnapshotError) as refused:
+        read_metadata(cut)
+    assert "for an operator of parallelism" not in str(refused.value)
+    assert "1 subtask states need at least 4 bytes, but 2 remain" in str(refused.value)

@@ -65,8 +65,13 @@ class Cursor:
     def count(self, what: str, min_size: int, limit: int = 1 << 31) -> int:
         """An int count of items of at least ``min_size`` bytes each, checked against what remains before a loop."""
         n = self.i32(what)
-        if n < 0 or n > limit or n * min_size > self.remaining:
-            raise self.fail(f"{what} is {n}: more than the {self.remaining} remaining bytes can hold")
+        if n < 0:
+            raise self.fail(f"{what} is {n}, below 0")
+        if n > limit:
+            raise self.fail(f"{what} is {n}, above the most keygroups reads ({limit})")
+        if n * min_size > self.remaining:
+            raise self.fail(f"{what} is {n}: {n} items of at least {min_size} bytes each need {n * min_size} bytes, "
+                            f"but {self.remaining} remain (truncated or corrupt)")
         return n
 
     def take(self, n: int, what: str = "bytes") -> memoryview:

@@ -195,8 +195,9 @@ def _plan(info: FlinkStateInfo, index: int, ttl_ms: int, names: Sequence[str] | 
             domain = WINDOW_TIMERS.get(info.name)
             check_namespace(info.namespace_type, what)
         if domain is None:
-            raise UnsupportedFlinkTypeError(f"{what}: timer queue {shown(info.name)} is neither a KeyedProcessFunction's "
-                                            "user timers nor a WindowOperator's window timers; skip it")
+            raise UnsupportedFlinkTypeError(f"{what}: timer queue {shown(info.name)} is neither a "
+                                            "KeyedProcessFunction's user timers nor a WindowOperator's window "
+                                            "timers; skip it")
         d = timer_descriptor(domain)
         return _State(info, index, "map", d, ValueFraming.for_state(d.name, "map", d.serializers, ttl=False),
                       LongType(), domain=domain)
@@ -370,10 +371,14 @@ def import_savepoint(savepoint: str | os.PathLike | FlinkSavepoint, location: st
         raise UnsupportedFlinkTypeError(
             f"{len(refused)} states of operator {uid!r} cannot be imported: "
             + "; ".join(str(e) for _, e in refused)
-            + f". To import the others, leave these out: {skips} (Python: skip_states=[{', '.join(shown(n) for n, _ in refused)}])")
+            + f". To import the others, leave these out: {skips} (Python: skip_states="
+            + f"[{', '.join(shown(n) for n, _ in refused)}])")
     unknown = skip - {s.name for s in sp.states(uid)} - {s.name for s in sp.states(operator_state_uid or uid)}
-    if unknown:
+    if unknown and operator_state_uid in (None, uid):
         raise ValueError(f"skip_states names {sorted(unknown)}, which operator {uid!r} does not have")
+    if unknown:
+        raise ValueError(f"skip_states names {sorted(unknown)}, which neither operator {uid!r} nor operator "
+                         f"{operator_state_uid!r} has")
     unnamed = set(names) - {st.info.name for st in plans}
     if unnamed:
         raise ValueError(f"field_names names {sorted(unnamed)}, which are not keyed states imported from operator "

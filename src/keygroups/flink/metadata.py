@@ -265,8 +265,12 @@ def _operator(c: Cursor, version: int) -> OperatorState:
     n = c.i32("the number of subtask states")
     if n == -1:
         return OperatorState(operator_id, name, uid, parallelism, max_parallelism, (), finished=True)
-    if n < 0 or n > parallelism or n * 4 > c.remaining:
-        raise c.fail(f"{n} subtask states for an operator of parallelism {parallelism}")
+    if n < 0 or n > parallelism:
+        raise c.fail(f"{n} subtask states for an operator of parallelism {parallelism}; expected 0 to {parallelism} "
+                     "(or -1: a finished operator)")
+    if n * 4 > c.remaining:
+        raise c.fail(f"{n} subtask states need at least {n * 4} bytes, but {c.remaining} remain (truncated or "
+                     "corrupt)")
     subtasks = []
     for _ in range(n):
         index = c.i32("a subtask index")

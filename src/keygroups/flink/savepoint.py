@@ -185,8 +185,8 @@ class _Files:
         if isinstance(handle, RelativeFileStateHandle):
             path = posixpath.join(self.root, handle.relative_path)
             if not self.allow_paths_outside and not self._is_inside(path):
-                raise self._outside(f"relative state handle {shown(handle.relative_path, _PATH_CHARACTERS)}", "resolves (through a "
-                                    "symbolic link)")
+                raise self._outside(f"relative state handle {shown(handle.relative_path, _PATH_CHARACTERS)}",
+                                    "resolves (through a symbolic link)")
             return self.fs, path, plain(path, _PATH_CHARACTERS)
         path = handle.path
         if path.startswith("file:") and not path.startswith("file://"):

@@ -1062,17 +1062,17 @@ class UnsupportedType(FlinkType):
         if self.is_key:
             return UnsupportedFlinkTypeError(
                 f"the job is keyed by Flink's {plain(self.serializer_class)}{of} ({self.kind}), which keygroups can "
-                "neither read nor hash as Flink does, so none of the operator's keyed state can be imported: key the job by "
-                "a basic type, String, byte[] or a Tuple of them (convert the state in Flink first, with the State "
-                "Processor API)")
+                "neither read nor hash as Flink does, so none of the operator's keyed state can be imported: key the "
+                "job by a basic type, String, byte[] or a Tuple of them (convert the state in Flink first, with the "
+                "State Processor API)")
         state = f"state {shown(self.state)}" if self.state else "this state"
         skip = (f"--skip-state {plain(self.state)} (Python: skip_states=[{shown(self.state)}])" if self.state
                 else "--skip-state NAME (Python: skip_states=[NAME])")
         return UnsupportedFlinkTypeError(
             f"{state} uses Flink's {plain(self.serializer_class)}{of} ({self.kind}), which keygroups cannot read or "
-            "write (it maps Flink's basic types, String, byte[], primitive arrays, enums, Tuple, Row, List, Map, Nullable "
-            "and TTL). Convert the state in Flink first (the State Processor API: read it and write it back as a Row, "
-            f"Tuple or basic type), or leave it out: {skip}")
+            "write (it maps Flink's basic types, String, byte[], primitive arrays, enums, Tuple, Row, List, Map, "
+            "Nullable and TTL). Convert the state in Flink first (the State Processor API: read it and write it back "
+            f"as a Row, Tuple or basic type), or leave it out: {skip}")
 
     def read(self, c: Cursor) -> Any:
         raise self.refusal()
