@@ -309,7 +309,7 @@ def test_a_tuple_state_reads_with_flinks_field_names(tmp_path):
 def test_a_job_continues_tuple_state_as_a_record_of_f0_f1(tmp_path):
     """The job declares the Tuple state as the record it became (``FlinkStateInfo.value_type`` says which:
     ``state_serializer``), as dicts or, with form='tuple', as tuples; it reads Flink's values and updates them."""
-    from keygroups.flink.types import state_serializer
+    from keygroups.flink import state_serializer
     from keygroups.runtime import KeyedProcessFunction
     from keygroups.serializers import RecordSerializer
     from keygroups.state import ValueStateDescriptor

@@ -8,7 +8,7 @@ it, and an error never echoes what a file holds beyond a short, escaped name.
 """
 
 from keygroups.flink.exporter import ExportReport, export_savepoint
-from keygroups.flink.importer import ImportReport, import_savepoint
+from keygroups.flink.importer import ImportReport, import_savepoint, parse_watermark
 from keygroups.flink.metadata import UnsupportedSavepointError
 from keygroups.flink.savepoint import (
     FlinkSavepoint,
@@ -19,7 +19,7 @@ from keygroups.flink.savepoint import (
     operator_id_for_uid,
     read_savepoint,
 )
-from keygroups.flink.types import TtlValue, UnsupportedFlinkTypeError
+from keygroups.flink.types import TtlValue, UnsupportedFlinkTypeError, state_serializer
 from keygroups.flink.windows import FlinkWindows
 
 __all__ = [
@@ -34,6 +34,8 @@ __all__ = [
     "KeyGroupData",
     "TtlValue",
     "operator_id_for_uid",
+    "state_serializer",
+    "parse_watermark",
     "UnsupportedFlinkTypeError",
     "UnsupportedSavepointError",
     "PathOutsideSavepointError",
