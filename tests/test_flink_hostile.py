@@ -257,6 +257,8 @@ def test_a_wrong_uid_prints_one_line_listing_the_operators(tmp_path, capsys):
     assert "no operator with uid 'WRONG'" in err
     for uid in ("keyed", "window", "source"):
         assert f"uid '{uid}'" in err
+    assert "name 'keyed state'" in err and "stores no uids" not in err
+    assert "uid not stored, name 'Timestamps/Watermarks'" in err and "found by its id" in err
     assert _nothing_written(tmp_path)
     with pytest.raises(OperatorNotFoundError) as refused:
         read_savepoint(FILES).operator("WRONG")
@@ -267,7 +269,7 @@ def test_a_wrong_uid_prints_one_line_listing_the_operators(tmp_path, capsys):
 def test_an_old_savepoint_without_uids_says_how_to_find_the_operator(tmp_path):
     root = _copy(tmp_path)
     _rewrite_handles(root, lambda h: h)   # version 3: no uids stored
-    with pytest.raises(OperatorNotFoundError, match="stores no uids.*hash, or the operator id"):
+    with pytest.raises(OperatorNotFoundError, match="version 3, stores no uids.*hash, or an operator id"):
         read_savepoint(root).operator("WRONG")
     assert read_savepoint(root).operator("keyed").max_parallelism == 128   # found by its uid's hash
 

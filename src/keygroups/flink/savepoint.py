@@ -297,9 +297,13 @@ class FlinkSavepoint:
             if op.name and op.name != op.uid:
                 label += f", name {shown(op.name)}"
             parts.append(f"{label}, id {op.operator_id_hex}")
-        note = "" if all(op.uid for op in self.operators) else (
-            " (this savepoint's metadata stores no uids: give the uid the Flink job set, which keygroups matches by "
-            "its hash, or the operator id)")
+        if self.metadata.version < 5:
+            note = (f" (this savepoint's metadata, version {self.metadata.version}, stores no uids: give the uid the "
+                    "Flink job set, which keygroups matches by its hash, or an operator id)")
+        elif not all(op.uid for op in self.operators):
+            note = " (an operator without a uid is found by its id)"
+        else:
+            note = ""
         return f"its operators: {'; '.join(parts)}{note}"
 
     @property
