@@ -89,6 +89,21 @@ def test_a_handle_claiming_2_to_the_62_bytes_is_refused_before_anything_is_alloc
     assert _nothing_written(tmp_path / "out")
 
 
+def test_a_claimed_size_is_never_allocated_where_the_file_system_does_not_say_a_files_size(tmp_path, monkeypatch):
+    """Some file systems list no size: the claim cannot be checked first, so the file is read in bounded chunks and
+    found short, never allocated whole."""
+    from fsspec.implementations.local import LocalFileSystem
+
+    root = _copy(tmp_path)
+    target = read_savepoint(root).operator("keyed").subtasks[0].managed_operator_state.stream.relative_path
+    _rewrite_handles(root, lambda h: dataclasses.replace(h, size=2**62) if h.relative_path == target else h)
+    info = LocalFileSystem.info
+    monkeypatch.setattr(LocalFileSystem, "info", lambda self, path, **kw: {
+        k: v for k, v in info(self, path, **kw).items() if k != "size"})
+    with pytest.raises(CorruptSnapshotError, match=f"expected {2**62} \\(the file is truncated\\)"):
+        read_savepoint(root).read_operator_state("keyed", "op_split")
+
+
 def test_a_negative_handle_size_is_corrupt(tmp_path):
     root = _copy(tmp_path)
     _rewrite_handles(root, lambda h: dataclasses.replace(h, size=-5))

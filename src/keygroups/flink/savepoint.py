@@ -222,8 +222,9 @@ class _Files:
                     kind, f"of type {kind!r}")
                 raise CorruptSnapshotError(f"state file {where} of the savepoint is {found}; a savepoint's state "
                                            "files are regular files")
-            size = self._checked[path] = int(info.get("size") or 0)
-        if claimed > size:
+            known = info.get("size")
+            size = self._checked[path] = -1 if known is None else int(known)   # -1: the file system does not say
+        if 0 <= size < claimed:
             raise CorruptSnapshotError(f"state file {where} holds {size} bytes, but its state handle in _metadata "
                                        f"says {claimed} (the file is truncated, or _metadata is corrupt)")
 
@@ -255,13 +256,31 @@ class _Stream:
         try:
             with self.fs.open(self.path, "rb") as f:
                 f.seek(start)
-                data = f.read(end - start)
+                data = _read_up_to(f, end - start)
         except FileNotFoundError:
             raise CheckpointNotFoundError(f"state file {self.where} of the savepoint is missing") from None
         if len(data) != end - start:
             raise CorruptSnapshotError(f"{self.where}: {len(data)} bytes at {start}, expected {end - start} "
                                        "(the file is truncated)")
         return data
+
+
+#: The most bytes one read asks a file for: a length taken from a file is never allocated before the bytes exist.
+_READ_CHUNK = 1 << 26
+
+
+def _read_up_to(f: Any, n: int) -> bytes:
+    """Up to ``n`` bytes of ``f``, read in chunks (fewer at the end of the file)."""
+    if n <= _READ_CHUNK:
+        return f.read(n)
+    parts = []
+    while n > 0:
+        part = f.read(min(n, _READ_CHUNK))
+        if not part:
+            break
+        parts.append(part)
+        n -= len(part)
+    return b"".join(parts)
 
 
 class FlinkSavepoint:
