@@ -145,7 +145,7 @@ def test_field_names_that_do_not_fit_are_refused_by_name(tmp_path):
     src = FIXTURES / FIXTURE_NAMES[0] / "savepoint"
     with pytest.raises(ValueError, match="field_names for state 'row'.*2 fields needs 2 distinct"):
         import_savepoint(src, str(tmp_path), "a", uid="keyed", field_names={"row": ["only_one"]})
-    with pytest.raises(ValueError, match="field_names gives names for state 'long'.*not Row"):
+    with pytest.raises(ValueError, match="field_names gives names for state 'long'.*not a Row or Tuple"):
         import_savepoint(src, str(tmp_path), "b", uid="keyed", field_names={"long": ["x"]})
     with pytest.raises(ValueError, match="field_names names \\['nope'\\]"):
         import_savepoint(src, str(tmp_path), "c", uid="keyed", field_names={"nope": ["x"]})
@@ -363,4 +363,28 @@ def test_tuple_state_goes_back_to_flink_as_its_tuple_without_like(tmp_path):
     flink = {e[0]: e[2] for kg in read_savepoint(TUPLES).key_groups("keyed", {"tuple2"}) for e in kg.entries["tuple2"]}
     back = {e[0]: e[2] for kg in read_savepoint(tmp_path / "flink").key_groups("keyed", {"tuple2"})
             for e in kg.entries["tuple2"]}
+    assert back == flink
+
+
+def test_a_tuples_fields_take_the_names_given_at_the_import_and_go_back_like_the_original(tmp_path):
+    from keygroups.flink import export_savepoint
+
+    import_savepoint(TUPLES, str(tmp_path / "loc"), "t", uid="keyed", field_names={"tuple2": ["id", "label"]})
+    storage = CheckpointStorage(str(tmp_path / "loc"))
+    md = load_restore_point(storage, savepoint="t")
+    reader = KeyedStateReader(storage, md, "tuple2")
+    table = pa.Table.from_batches([b for part in reader.partitions() for b in reader.read(part)])
+    assert table.schema.field("value").type == pa.struct([pa.field("id", pa.int64(), nullable=False),
+                                                          pa.field("label", pa.string(), nullable=False)])
+    with pytest.raises(ValueError, match="field_names for state 'tuple3': a Tuple of 3 fields needs 3"):
+        import_savepoint(TUPLES, str(tmp_path / "bad"), "t", uid="keyed", field_names={"tuple3": ["a", "b"]})
+    with pytest.raises(ValueError, match="window state.*only a Row's fields are named"):
+        import_savepoint(TUPLES, str(tmp_path / "bad"), "w", uid="window", field_names={"window-contents": ["a"]})
+    export_savepoint(str(tmp_path / "loc"), tmp_path / "flink", uid="keyed", savepoint="t", like=TUPLES)
+    before = read_savepoint(TUPLES)
+    after = read_savepoint(tmp_path / "flink")
+    assert {s.name: s.value_type for s in after.states("keyed")}["tuple2"] == \
+        {s.name: s.value_type for s in before.states("keyed")}["tuple2"]
+    flink = {e[0]: e[2] for kg in before.key_groups("keyed", {"tuple2"}) for e in kg.entries["tuple2"]}
+    back = {e[0]: e[2] for kg in after.key_groups("keyed", {"tuple2"}) for e in kg.entries["tuple2"]}
     assert back == flink

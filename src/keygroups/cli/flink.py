@@ -160,7 +160,7 @@ def add_parser(sub: Any) -> None:
     i.add_argument("--skip-state", action="append", metavar="STATE",
                    help="leave this state out (repeatable): for a state keygroups cannot hold")
     i.add_argument("--field-names", action="append", type=_field_names, metavar="STATE=NAME,NAME,...",
-                   help="name a Row state's fields (repeatable; Flink does not store them: f0, f1, ... otherwise)")
+                   help="name a Row or Tuple state's fields (repeatable; f0, f1, ... otherwise)")
     i.add_argument("--ttl-ms", type=int, help="the TTL recorded for TTL states (Flink keeps each entry's timestamp, "
                                               "not the duration; default 7 days)")
     i.add_argument("--watermark", type=_watermark, metavar="MS|ISO",

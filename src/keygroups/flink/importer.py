@@ -4,10 +4,12 @@ savepoint ``LOCATION/savepoints/NAME/`` that ``KeyedJob(..., restore_from_savepo
 Same max parallelism and key groups (keygroups' key groups are Flink's, bit for bit); one keyed file per Flink
 subtask, written one key group at a time with the checkpoint layer's full snapshot writer; states keep their Flink
 names. Flink's user timers become keygroups' timers of the same domain; Flink values map to keygroups serializers
-(``FlinkType.keygroups_serializer``): Short/Byte as Int32, Float as Float64, Character as a one-character str;
-TupleN as a tuple (``TupleSerializer``: positional fields, never null, as Flink's); a Row as a record
+(``state_serializer``): Short/Byte as Int32, Float as Float64, Character as a one-character str; a Row as a record
 (``RecordSerializer``: Flink stores no field names, so f0, f1, ... unless ``field_names`` names them; every field
-nullable; Short/Byte/Float keep their width as smallint/tinyint/float).
+nullable; Short/Byte/Float keep their width as smallint/tinyint/float); a TupleN as a record too, its fields f0, f1,
+... as Flink's Tuple classes name them (or ``field_names``), never null unless Flink's field serializer is a Nullable
+one. Tuples stay tuples (``TupleSerializer``) in a map's keys and in window state, whose values are
+``keygroups.windows``' accumulators.
 
 Keyed state is imported compiled (``keygroups.flink.transcode``, ``_native/flinkin.pyx``): each block is scanned once
 and every state's entries go from Flink's bytes straight to the bytes those serializers write, framed, grouped per
@@ -170,18 +172,28 @@ class _State:
 
 
 def _named(t: FlinkType, names: Sequence[str] | None, what: str) -> FlinkType:
-    """``t`` with the user's field names when given (only a Row takes them)."""
+    """``t`` with the user's field names when given (only a Row or a Tuple takes them)."""
     if names is None:
         return t
-    if not isinstance(t, RowType):
-        raise ValueError(f"field_names gives names for {what}, whose values are {t!r}, not Row: only a Row's fields "
-                         "are named (a Tuple's are f0, f1, ...)")
+    if not isinstance(t, (RowType, TupleType)):
+        raise ValueError(f"field_names gives names for {what}, whose values are {t!r}, not a Row or Tuple: only "
+                         "their fields are named")
     if isinstance(names, str):
         raise TypeError(f"field_names for {what} must be a list of names, got the string {names!r}")
     try:
         return t.with_names(tuple(names))
     except ValueError as e:
         raise ValueError(f"field_names for {what}: {e}") from None
+
+
+def _value_of(info: FlinkStateInfo) -> FlinkType:
+    """The type of a state's value, list element or map value, its TTL unwrapped."""
+    vt = info.value_type
+    if info.kind == "LIST":
+        vt = vt.element                       # type: ignore[attr-defined]
+    elif info.kind == "MAP":
+        vt = vt.value                         # type: ignore[attr-defined]
+    return vt.value if info.ttl else vt       # type: ignore[attr-defined]
 
 
 def _plan(info: FlinkStateInfo, index: int, ttl_ms: int, names: Sequence[str] | None = None,
@@ -209,6 +221,10 @@ def _plan(info: FlinkStateInfo, index: int, ttl_ms: int, names: Sequence[str] | 
     # A Tuple becomes a record with Flink's field names (f0, f1, ...), except in window state, whose values
     # keygroups.windows' operator keeps as its own accumulators (tuples).
     serializer = (lambda t: t.keygroups_serializer()) if namespaced else state_serializer
+    if namespaced and names is not None and not isinstance(_value_of(info), RowType):
+        raise ValueError(f"field_names gives names for {what}, a window state, whose values are "
+                         f"{_value_of(info)!r}: only a Row's fields are named in window state (its Tuples stay "
+                         "tuples, as keygroups.windows keeps its accumulators)")
     try:
         if info.kind == "LIST":
             element = vt.element                                   # type: ignore[attr-defined]
@@ -310,9 +326,9 @@ def import_savepoint(savepoint: str | os.PathLike | FlinkSavepoint, location: st
     ``skip_states`` leaves states out by name (a state keygroups cannot hold otherwise refuses the import, naming it
     and its serializer). ``ttl_ms``: the time to live recorded for TTL states (Flink's savepoint keeps the entries'
     timestamps, not the duration), one for all or per state name. ``field_names``: per state name, the names of
-    its Row's fields (Flink's savepoint does not store them; unnamed Rows get f0, f1, ...). Row state becomes record
-    state (``RecordSerializer``, every field nullable, Short/Byte/Float kept as smallint/tinyint/float), queryable as
-    struct columns. ``windows``: how a window operator's state (keyed state in ``TimeWindow`` namespaces) and window
+    its Row's or Tuple's fields (Flink's savepoint does not store a Row's; unnamed Rows and Tuples get f0, f1, ...).
+    Row and Tuple state becomes record state (``RecordSerializer``: a Row's fields nullable, a Tuple's not;
+    Short/Byte/Float kept as smallint/tinyint/float), queryable as struct columns. ``windows``: how a window operator's state (keyed state in ``TimeWindow`` namespaces) and window
     timers are imported (``keygroups.flink.windows.FlinkWindows``; by default ``window-contents`` as
     ``keygroups.windows``' operator keeps it, so a keygroups ``window(...)`` job continues the Flink windows).
     ``watermark``: where event time stands (epoch ms, a datetime or an ISO time, see ``parse_watermark``): Flink's

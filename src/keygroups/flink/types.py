@@ -475,15 +475,28 @@ class _Composite(FlinkType):
 
 
 class TupleType(_Composite):
-    """``TupleSerializer`` (Flink's Tuple1..Tuple25): the fields in order, none null; as a Python tuple."""
+    """``TupleSerializer`` (Flink's Tuple1..Tuple25): the fields in order, none null; as a Python tuple.
+
+    ``names`` (not part of the snapshot: Flink's Tuple classes name their fields f0, f1, ...) name the fields of the
+    keygroups record the Tuple becomes (``state_serializer``), f0, f1, ... unless the import was given others."""
 
     snapshot_class = "org.apache.flink.api.java.typeutils.runtime.TupleSerializerSnapshot"
     name = "Tuple"
     outer_version = 2
 
-    def __init__(self, fields: tuple[FlinkType, ...], tuple_class: str | None = None) -> None:
+    def __init__(self, fields: tuple[FlinkType, ...], tuple_class: str | None = None,
+                 names: tuple[str, ...] | None = None) -> None:
         self.fields = fields
         self.tuple_class = tuple_class or f"org.apache.flink.api.java.tuple.Tuple{len(fields)}"
+        self.names = tuple(names) if names is not None else tuple(f"f{i}" for i in range(len(fields)))
+        if len(self.names) != len(fields) or len(set(self.names)) != len(fields) or \
+                not all(isinstance(n, str) and n for n in self.names):
+            raise ValueError(f"a Tuple of {len(fields)} fields needs {len(fields)} distinct non-empty field names, "
+                             f"got {list(self.names)!r}")
+
+    def with_names(self, names: tuple[str, ...]) -> TupleType:
+        """This Tuple with its fields named ``names`` (the names of the record it becomes in keygroups)."""
+        return TupleType(self.fields, self.tuple_class, tuple(names))
 
     def nested(self) -> tuple[FlinkType, ...]:
         return self.fields
@@ -495,8 +508,8 @@ class TupleType(_Composite):
         return tuple(f.read(c) for f in self.fields)
 
     def write(self, out: bytearray, value: Any) -> None:
-        if isinstance(value, dict):      # a keygroups record standing for a Tuple: fields f0, f1, ...
-            value = record_values(tuple(f"f{i}" for i in range(len(self.fields))), value, "a Tuple")
+        if isinstance(value, dict):      # a keygroups record standing for a Tuple: fields f0, f1, ... or its names
+            value = record_values(self.names, value, "a Tuple")
         if len(value) != len(self.fields):
             raise ValueError(f"a {plain(self.tuple_class.rpartition('.')[2])} needs {len(self.fields)} fields, got "
                              f"{len(value)}: {shown(value)}")
@@ -506,10 +519,17 @@ class TupleType(_Composite):
             f.write(out, v)
 
     def arrow_type(self) -> pa.DataType:
-        return pa.struct([(f"f{i}", f.arrow_type()) for i, f in enumerate(self.fields)])
+        return pa.struct([(n, f.arrow_type()) for n, f in zip(self.names, self.fields)])
 
     def keygroups_serializer(self) -> TypeSerializer:
         return TupleSerializer(*(f.keygroups_serializer() for f in self.fields))
+
+    def __eq__(self, other: object) -> bool:
+        # names are not part of Flink's serializer (nor of its snapshot)
+        return isinstance(other, TupleType) and (self.fields, self.tuple_class) == (other.fields, other.tuple_class)
+
+    def __hash__(self) -> int:
+        return hash((TupleType, len(self.fields)))
 
     def __repr__(self) -> str:
         return f"Tuple{len(self.fields)}({', '.join(map(repr, self.fields))})"
@@ -641,8 +661,8 @@ def record_field_type(t: FlinkType, path: str) -> tuple[rs.DataType, bool]:
         value, _ = record_field_type(t.value, path + " value")
         return rs.MapType(key, value, True), False
     if isinstance(t, TupleType):
-        return rs.RecordType(tuple(rs.Field(f"f{i}", *record_field_type(f, f"{path}.f{i}"))
-                                   for i, f in enumerate(t.fields))), False
+        return rs.RecordType(tuple(rs.Field(n, *record_field_type(f, f"{path}.{n}" if path else n))
+                                   for n, f in zip(t.names, t.fields))), False
     if isinstance(t, RowType):
         return rs.RecordType(tuple(rs.Field(n, record_field_type(f, f"{path}.{n}")[0], True)
                                    for n, f in zip(t.names, t.fields))), False
@@ -651,7 +671,8 @@ def record_field_type(t: FlinkType, path: str) -> tuple[rs.DataType, bool]:
 
 def tuple_record_type(t: TupleType) -> rs.RecordType:
     """The keygroups record a Flink Tuple becomes: fields ``f0``, ``f1``, ... (the names Flink's Tuple classes give
-    them), in order, none null unless Flink's field serializer is a Nullable one."""
+    them; ``t.names`` when the import was given others), in order, none null unless Flink's field serializer is a
+    Nullable one."""
     record, _ = record_field_type(t, "")
     assert isinstance(record, rs.RecordType)
     return record
@@ -1481,9 +1502,9 @@ def narrow_to(flink: FlinkType, wider: FlinkType) -> bool:
     if type(flink) is type(wider):
         return all(narrow_to(a, b) for a, b in zip(flink.nested(), wider.nested())) \
             and len(flink.nested()) == len(wider.nested())
-    if isinstance(flink, TupleType) and isinstance(wider, RowType):    # a Tuple nested in a Row: a record
-        return len(flink.fields) == len(wider.fields) and wider.names == tuple(
-            f"f{i}" for i in range(len(flink.fields))) and all(map(narrow_to, flink.fields, wider.fields))
+    if isinstance(flink, TupleType) and isinstance(wider, RowType):    # a Tuple as a record: by position
+        return len(flink.fields) == len(wider.fields) and all(
+            narrow_to(a, b) or a == b for a, b in zip(flink.fields, wider.fields))
     if isinstance(flink, NullableType) and not isinstance(wider, NullableType):   # a Row's field, nullable anyway
         return narrow_to(flink.inner, wider) or flink.inner == wider
     if isinstance(flink, _PrimitiveArray) and isinstance(wider, ListType):    # long[] imported as a List
@@ -1504,7 +1525,8 @@ def with_record_names(template: FlinkType, derived: FlinkType) -> FlinkType:
         return RowType(tuple(map(with_record_names, template.fields, derived.fields)), template.supports_row_kind,
                        derived.names)
     if isinstance(template, TupleType) and isinstance(derived, (TupleType, RowType)):
-        return TupleType(tuple(map(with_record_names, template.fields, derived.fields)), template.tuple_class)
+        return TupleType(tuple(map(with_record_names, template.fields, derived.fields)), template.tuple_class,
+                         derived.names)
     if isinstance(template, ListType) and isinstance(derived, ListType):
         return ListType(with_record_names(template.element, derived.element))
     if isinstance(template, MapType) and isinstance(derived, MapType):
@@ -1525,8 +1547,7 @@ def flink_value(t: FlinkType, v: Any) -> Any:
         return TtlValue(flink_value(t.value, value), ts)
     if isinstance(t, (RowType, TupleType)):
         if isinstance(v, dict):
-            names = t.names if isinstance(t, RowType) else tuple(f"f{i}" for i in range(len(t.fields)))
-            v = record_values(names, v, f"a {t.name}")
+            v = record_values(t.names, v, f"a {t.name}")
         if len(v) != len(t.fields):
             raise ValueError(f"{t!r} needs {len(t.fields)} fields, got {shown(v)}")
         return tuple(flink_value(f, x) for f, x in zip(t.fields, v))
