@@ -15,8 +15,13 @@ checkpoints reference older ones) are stored as ``shared/<name>``; every other f
 holding that ``_metadata`` (the checkpoint or savepoint directory). A savepoint references no shared file, so its
 directory is self-contained and can be moved.
 
-Versions: 4 (written when a checkpoint has raw keyed state or late outputs, else 3) adds ``raw_keyed_handles`` and
-``late_outputs``. 3 (written) stores keyed files of ``shared/`` and gives each keyed handle its ``checkpoint_id``,
+Versions: 5 (written when a keyed handle is of keyed format 4, so by every checkpoint with keyed state since) has
+version 4's fields and gives each keyed handle of format 4 its file's ``file_id``, the ``checksums`` of its blocks (one
+per key group, the CRC32C each block stores) and the ``predecessors`` of its linked delta blocks (``[key group,
+checkpoint id, checksum]`` of the block each applies on), so a chain that lacks a delta, or holds one of another run,
+is refused from the metadata alone (``planning.chain_breaks``) and a block read is checked against the checksum its
+handle names. 4 (written when a checkpoint has raw keyed state or late outputs, else 3, until version 5) adds
+``raw_keyed_handles`` and ``late_outputs``. 3 (written) stores keyed files of ``shared/`` and gives each keyed handle its ``checkpoint_id``,
 ``full_key_groups`` and keyed ``format_version``. Version 2 (still read) has the ``outputs`` and ``inputs`` fields;
 its keyed handles are read as full files of keyed format 1 written by that checkpoint. Version 1 (still read) also
 kept the runner's files in ``properties["outputs"]``/``["inputs"]`` as storage-relative paths; reading moves those
@@ -24,7 +29,10 @@ inside the directory into the fields. A keyed handle's ``fresh_key_groups`` (opt
 that ignores it only skips a check) says which of its delta blocks apply to no earlier block. Each version changed
 so that an older keygroups refuses the file instead of misreading it (version 2: treating output files as orphans;
 version 3: restoring a delta as the whole state; version 4: restoring without raw keyed state, deleting late outputs
-as orphans).
+as orphans; version 5: reading blocks of keyed format 4, whose layout it does not know, and checking no chain).
+Checkpoints of every earlier version still restore; their chains are checked only as far as they say (a delta of
+format 3 or older names no predecessor), and a backend restored from them writes its next snapshot full, so that
+the chains it continues are checked from their base.
 """
 
 from __future__ import annotations
@@ -33,9 +41,10 @@ import bisect
 import enum
 import functools
 import json
+import re
 import struct
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from crc32c import crc32c
 
@@ -44,18 +53,23 @@ from keygroups._ranges import KeyGroupRange, check_max_parallelism
 from keygroups.errors import CorruptSnapshotError
 
 METADATA_MAGIC = b"\x89KGM"
-METADATA_VERSION = 4
+METADATA_VERSION = 5
 _LEGACY_VERSION = 1   # outputs and inputs in properties
 _UNSHARED_VERSION = 2   # keyed handles without checkpoint_id, full_key_groups, format_version (format 1 files)
 _SHARED_VERSION = 3   # written when there is neither raw keyed state nor late output: older readers read it
+_RAW_KEYED_VERSION = 4   # raw keyed handles and late outputs, keyed handles without checksums
 #: The directory (under the storage location) of keyed state files, which outlive the checkpoint that wrote them.
 SHARED_DIR = "shared"
 _PREFIX = struct.Struct("<4sII")
 
-#: The keyed file format written, the ones read, and the size of a block that holds nothing.
+#: The keyed file format written, the ones read, and the size of a block that holds nothing (in the format written;
+#: no block of an older format that holds a section is that small either, so it tells empty blocks of any format).
 KEYED_FORMAT_VERSION: int = _snap.FORMAT_VERSION
 KEYED_READ_VERSIONS: tuple[int, ...] = tuple(_snap.READ_VERSIONS)
 EMPTY_BLOCK_SIZE: int = _snap.BLOCK_OVERHEAD
+#: The first keyed format whose blocks carry a checksum of their file's id and name their predecessor.
+CHAINED_FORMAT_VERSION = 4
+_FILE_ID_RE = re.compile(r"^[0-9a-f]{32}$")
 
 #: The file format an operator handle describes; its JSON carries both, and its file header the version.
 OPERATOR_FORMAT_NAME = "keygroups-operator-state"
@@ -94,6 +108,17 @@ def _full_ranges(value: Any, key_group_range: KeyGroupRange, name: str = "full_k
                              f"{key_group_range}, got {value}")
         prev = r.end
     return value
+
+
+class BlockLink(NamedTuple):
+    """A block as a delta names the block it applies on (its predecessor): the checkpoint that wrote it and its
+    checksum, the CRC32C the block stores (in keyed format 4, of its file's id and its bytes)."""
+
+    checkpoint_id: int
+    checksum: int
+
+    def __str__(self) -> str:
+        return f"the block of checkpoint {self.checkpoint_id} with checksum {self.checksum:#010x}"
 
 
 def key_group_runs(key_groups: Any) -> list[KeyGroupRange]:
@@ -154,6 +179,14 @@ class KeyedStateHandle:
     its key group's chain, so a chain that starts with one lacks its base and is refused at commit and at restore
     (:func:`~keygroups.checkpoint.planning.baseless_deltas`). None: not recorded (files of earlier versions, whose
     chains are not checked).
+
+    Chain integrity (keyed format 4): ``file_id`` is the random id of the file (32 hex digits), which each block's
+    checksum covers; ``checksums[i]`` is the CRC32C block ``i`` stores, so a reader checks the bytes the offsets
+    delimit against the metadata (a file replaced by another, even one of the same layout, is refused); and
+    ``predecessors`` maps each linked delta block's key group to the :class:`BlockLink` it applies on, so a chain
+    that lacks a delta or holds a foreign one is refused from the metadata alone
+    (:func:`~keygroups.checkpoint.planning.chain_breaks`). All three are None for files of earlier formats (their
+    chains are checked as far as ``fresh_key_groups`` goes); a handle of format 4 must carry the first two.
     """
 
     file: str
@@ -166,6 +199,9 @@ class KeyedStateHandle:
     full_key_groups: list[KeyGroupRange] = field(default=None, kw_only=True)  # type: ignore[arg-type]  # None: all
     format_version: int = field(default=KEYED_FORMAT_VERSION, kw_only=True)
     fresh_key_groups: list[KeyGroupRange] | None = field(default=None, kw_only=True)
+    file_id: str | None = field(default=None, kw_only=True)
+    checksums: list[int] | None = field(default=None, kw_only=True)
+    predecessors: dict[int, BlockLink] | None = field(default=None, kw_only=True)
 
     def __post_init__(self) -> None:
         check_relpath(self.file, "KeyedStateHandle.file")
@@ -195,6 +231,68 @@ class KeyedStateHandle:
             raise ValueError("a KeyedStateHandle of keyed format 1 holds full blocks only (full_key_groups must be "
                              f"its whole range {self.key_group_range}), got {self.full_key_groups}")
         self._full_starts = [r.start for r in self.full_key_groups]
+        self._check_chain_fields()
+
+    def _check_chain_fields(self) -> None:
+        """ValueError/TypeError naming the first of ``file_id``, ``checksums``, ``predecessors`` that is not what a
+        handle of its format can hold (each may be None here: :meth:`CheckpointMetadata.validate` requires the first
+        two of a format-4 handle a checkpoint holds)."""
+        chained = self.format_version >= CHAINED_FORMAT_VERSION
+        for name in ("file_id", "checksums", "predecessors"):
+            if getattr(self, name) is not None and not chained:
+                raise ValueError(f"KeyedStateHandle.{name} belongs to keyed format {CHAINED_FORMAT_VERSION} and later; "
+                                 f"this handle is of format {self.format_version}")
+        if self.file_id is not None and (not isinstance(self.file_id, str) or not _FILE_ID_RE.match(self.file_id)):
+            raise ValueError(f"KeyedStateHandle.file_id must be 32 lowercase hex digits (the file's id), got "
+                             f"{self.file_id!r:.80}")
+        checksums = self.checksums
+        if checksums is not None:
+            n = len(self.key_group_range)
+            if not isinstance(checksums, list) or len(checksums) != n:
+                raise ValueError(f"KeyedStateHandle.checksums must be a list of {n} ints (one per key group of "
+                                 f"{self.key_group_range}), got "
+                                 f"{len(checksums) if isinstance(checksums, list) else type(checksums).__name__}")
+            if checksums and (set(map(type, checksums)) != {int} or min(checksums) < 0 or max(checksums) >= 1 << 32):
+                raise ValueError("KeyedStateHandle.checksums must be u32 ints (the CRC32C each block stores)")
+        predecessors = self.predecessors
+        if predecessors is None:
+            return
+        if not isinstance(predecessors, dict):
+            raise TypeError(f"KeyedStateHandle.predecessors must be a dict of key group -> BlockLink, got "
+                            f"{type(predecessors).__name__}")
+        for kg, link in predecessors.items():
+            if not _is_int(kg) or kg not in self.key_group_range or self.is_full(kg) or (
+                    self.fresh_key_groups is not None and self.is_fresh(kg)):
+                raise ValueError(f"KeyedStateHandle.predecessors names key group {kg!r}, which is not a delta block "
+                                 f"of {self.key_group_range} that changes an earlier block (full: "
+                                 f"{self.full_key_groups}, fresh: {self.fresh_key_groups})")
+            if not isinstance(link, BlockLink) or not _is_int(link.checkpoint_id) or not _is_int(link.checksum) \
+                    or not 0 <= link.checkpoint_id < self.checkpoint_id or not 0 <= link.checksum < 1 << 32:
+                raise ValueError(f"KeyedStateHandle.predecessors[{kg}] must be a BlockLink of an older checkpoint "
+                                 f"(id in [0, {self.checkpoint_id})) and a u32 checksum, got {link!r:.100}")
+            if not self.block_size(kg) > EMPTY_BLOCK_SIZE:
+                raise ValueError(f"KeyedStateHandle.predecessors names key group {kg}, whose block is empty (an empty "
+                                 "delta changes nothing and names no predecessor)")
+
+    @functools.cached_property
+    def crc_seed(self) -> int:
+        """``crc32c(file id)``, the seed of each format-4 block's checksum (0 for earlier formats or no id)."""
+        return crc32c(bytes.fromhex(self.file_id)) if self.file_id is not None else 0
+
+    def checksum(self, key_group: int) -> int | None:
+        """The checksum ``key_group``'s block stores, as the handle names it (None: not recorded, format < 4)."""
+        if self.checksums is None:
+            return None
+        return self.checksums[key_group - self.key_group_range.start]
+
+    def link(self, key_group: int) -> BlockLink | None:
+        """``key_group``'s block of this file as a later delta names it (None: its checksum is not recorded)."""
+        checksum = self.checksum(key_group)
+        return None if checksum is None else BlockLink(self.checkpoint_id, checksum)
+
+    def predecessor(self, key_group: int) -> BlockLink | None:
+        """The block ``key_group``'s delta block applies on, if the handle names one."""
+        return None if self.predecessors is None else self.predecessors.get(key_group)
 
     @property
     def is_all_full(self) -> bool:
@@ -257,6 +355,13 @@ class KeyedStateHandle:
                "format_version": self.format_version}
         if self.fresh_key_groups is not None:   # an older reader ignores it (and checks no chain)
             out["fresh_key_groups"] = [[f.start, f.end] for f in self.fresh_key_groups]
+        if self.file_id is not None:
+            out["file_id"] = self.file_id
+        if self.checksums is not None:
+            out["checksums"] = list(self.checksums)
+        if self.predecessors is not None:
+            out["predecessors"] = [[kg, link.checkpoint_id, link.checksum]
+                                   for kg, link in sorted(self.predecessors.items())]
         return out
 
     @classmethod
@@ -266,10 +371,19 @@ class KeyedStateHandle:
             start, end = d["key_group_range"]
             full = [KeyGroupRange(a, b) for a, b in d["full_key_groups"]]
             fresh = d.get("fresh_key_groups")
+            links = d.get("predecessors")
+            predecessors = None
+            if links is not None:
+                predecessors = {}
+                for kg, cid, checksum in links:
+                    if kg in predecessors:
+                        raise ValueError(f"predecessors names key group {kg} twice")
+                    predecessors[kg] = BlockLink(cid, checksum)
             return cls(file=d["file"], subtask=d["subtask"], key_group_range=KeyGroupRange(start, end),
                        offsets=d["offsets"], size=d["size"], states=d["states"], checkpoint_id=d["checkpoint_id"],
                        full_key_groups=full, format_version=d["format_version"],
-                       fresh_key_groups=None if fresh is None else [KeyGroupRange(a, b) for a, b in fresh])
+                       fresh_key_groups=None if fresh is None else [KeyGroupRange(a, b) for a, b in fresh],
+                       file_id=d.get("file_id"), checksums=d.get("checksums"), predecessors=predecessors)
         except (KeyError, TypeError, ValueError) as e:
             raise CorruptSnapshotError(f"not a valid keyed state handle ({e}): {str(d)[:200]}") from e
 
@@ -565,6 +679,10 @@ class CheckpointMetadata:
             if h.checkpoint_id == self.checkpoint_id and h.subtask >= self.parallelism:
                 raise ValueError(f"a keyed handle of subtask {h.subtask} in a checkpoint of parallelism "
                                  f"{self.parallelism} (subtasks are 0..{self.parallelism - 1})")
+            if h.format_version >= CHAINED_FORMAT_VERSION and (h.file_id is None or h.checksums is None):
+                raise ValueError(f"the keyed handle of {h.file!r} (subtask {h.subtask}, checkpoint {h.checkpoint_id}) "
+                                 f"is of keyed format {h.format_version} but names no file id or block checksums: "
+                                 "they tie the file's bytes to the checkpoint (write_keyed_snapshot's handle has them)")
         keyed_handles_by_range(self.keyed_handles)
         for rh in self.raw_keyed_handles:
             if not isinstance(rh, RawKeyedStateHandle):
@@ -660,9 +778,15 @@ def encode_metadata(metadata: CheckpointMetadata, base: str) -> bytes:
     except (TypeError, ValueError) as e:
         raise TypeError(f"checkpoint {metadata.checkpoint_id}'s metadata is not plain JSON: {e}") from e
     raw = text.encode("utf-8")
-    # Version 4 only where a version-3 reader would lose something: it ignores raw keyed state and late outputs
-    # (restoring without the one, deleting both as orphans), so it must refuse such a checkpoint instead.
-    version = METADATA_VERSION if metadata.raw_keyed_handles or metadata.late_outputs else _SHARED_VERSION
+    # The oldest version whose readers lose nothing: a version-3 reader ignores raw keyed state and late outputs
+    # (restoring without the one, deleting both as orphans) and a version-4 reader does not know keyed format 4, so
+    # each must refuse such a checkpoint instead.
+    if any(h.format_version >= CHAINED_FORMAT_VERSION for h in metadata.keyed_handles):
+        version = METADATA_VERSION
+    elif metadata.raw_keyed_handles or metadata.late_outputs:
+        version = _RAW_KEYED_VERSION
+    else:
+        version = _SHARED_VERSION
     head = _PREFIX.pack(METADATA_MAGIC, version, len(raw)) + raw
     return head + struct.pack("<I", crc32c(head))
 
@@ -675,7 +799,7 @@ def decode_metadata(data: bytes, base: str, where: str) -> CheckpointMetadata:
     magic, version, length = _PREFIX.unpack_from(data)
     if magic != METADATA_MAGIC:
         raise CorruptSnapshotError(f"{where} starts with {magic!r}, not the _metadata magic {METADATA_MAGIC!r}")
-    if version not in (_LEGACY_VERSION, _UNSHARED_VERSION, _SHARED_VERSION, METADATA_VERSION):
+    if version not in (_LEGACY_VERSION, _UNSHARED_VERSION, _SHARED_VERSION, _RAW_KEYED_VERSION, METADATA_VERSION):
         raise CorruptSnapshotError(f"{where} has format version {version}; this keygroups reads versions "
                                    f"{_LEGACY_VERSION} to {METADATA_VERSION} (written by a newer keygroups, or "
                                    f"corrupt)")
