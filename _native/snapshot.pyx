@@ -325,8 +325,10 @@ cdef uint32_t _state_index(object idx_obj, uint32_t n_states) except? 0xFFFFFFFF
 
 
 def encode_block(uint32_t key_group, object sections, uint32_t n_states, *, bint full=True, object deletes=(),
-                 object predecessor=None, uint32_t file_seed=0):
-    """One key group's block (format 4, with its trailing CRC32C) as bytes.
+                 object predecessor=None, uint32_t file_seed=0, uint32_t version=VERSION):
+    """One key group's block (format 4, with its trailing CRC32C) as bytes; ``version=3`` (or 2, the same layout)
+    writes the older layout, without predecessor fields and with a checksum of the block alone, for tools and tests
+    that make files of those formats.
 
     ``sections`` is an iterable of put sections ``(state_index, keys, values)``: ``keys`` and ``values`` are equally
     long sequences of bytes-like objects, or :class:`Packed`; ``state_index < n_states``. ``full`` says whether the
@@ -343,10 +345,14 @@ def encode_block(uint32_t key_group, object sections, uint32_t n_states, *, bint
     cdef uint64_t pred_checkpoint = 0
     cdef uint32_t pred_checksum = 0, flags = FLAG_FULL if full else 0
     cdef list secs = []     # (state index, op, keys, values or None)
+    if version != VERSION and version != VERSION_3 and version != VERSION_2:
+        raise ValueError(f"version must be {VERSION_2}, {VERSION_3} or {VERSION} (format 1 is read only), got {version}")
+    if version != VERSION and (predecessor is not None or file_seed):
+        raise ValueError(f"a block of format {version} names no predecessor and its checksum covers no file id")
     cdef object sec, keys, values
     cdef _Items k_items, v_items
     cdef uint32_t idx
-    cdef uint64_t total = BLOCK_MIN
+    cdef uint64_t total = BLOCK_MIN if version == VERSION else BLOCK_MIN_V2
     for sec in sections:
         if not isinstance(sec, tuple) or len(sec) != 3:
             raise TypeError(f"a section is a (state_index, keys, values) tuple, got {sec!r:.80}")
@@ -393,8 +399,9 @@ def encode_block(uint32_t key_group, object sections, uint32_t n_states, *, bint
     cdef bytes out = w_init_bytes(&w, <Py_ssize_t>total)
     w_u32(&w, key_group)
     w_u32(&w, flags)
-    w_u64(&w, pred_checkpoint)
-    w_u32(&w, pred_checksum)
+    if version == VERSION:
+        w_u64(&w, pred_checkpoint)
+        w_u32(&w, pred_checksum)
     w_u32(&w, <uint32_t>len(secs))
     for sec in secs:
         k_items = <_Items>sec[2]

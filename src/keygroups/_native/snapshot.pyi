@@ -43,6 +43,7 @@ def encode_block(
     deletes: Iterable[tuple[int, Sequence[Buffer] | Packed]] = (),
     predecessor: tuple[int, int] | None = None,
     file_seed: int = 0,
+    version: int = 4,
 ) -> bytes: ...
 def find_key(buffer: Buffer, key_offsets: npt.NDArray[np.int64], key: Buffer) -> int: ...
 def parse_block(
