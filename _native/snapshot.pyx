@@ -23,11 +23,12 @@
 # Version 4 ties each block to its file and to the block it applies on. Its checksum is the CRC32C of the file's
 # 16-byte id (a random id in the header's meta and in the handle) followed by the block, computed by seeding the CRC
 # with crc32c(file id) (``file_seed``): a block copied into another file, even a byte-identical one of a twin run,
-# fails it. A delta block that changes an earlier block is *linked* (flag bit 1): it names that block, the
+# fails it. A delta block that continues an earlier block is *linked* (flag bit 1): it names that block, the
 # checkpoint that wrote it and its checksum, so a chain that lacks a delta, or holds one of another lineage, is
-# refused. A full block, a delta that applies to no earlier block, and an empty delta (no sections: it changes
-# nothing) are not linked, their predecessor fields zero. The checksum of a linked block covers its predecessor's,
-# so the newest block of a chain vouches for the whole chain.
+# refused. An empty delta (no sections) is linked too: it changes nothing, and names the block its key group's chain
+# ends with, so the newest file attests each chain's end. A full block and a delta that applies to no earlier block
+# are not linked, their predecessor fields zero. The checksum of a linked block covers its predecessor's, so the
+# newest block of a chain vouches for the whole chain.
 #
 # Every read of file bytes goes through the checked cursor (cursor.pxd), every count is checked against the bytes
 # that remain before it sizes a list or a loop, and every failure is a CorruptSnapshotError. Keys and values come
@@ -337,9 +338,9 @@ def encode_block(uint32_t key_group, object sections, uint32_t n_states, *, bint
     section's entries are sorted by key bytes here (stably: of equal keys the last one given counts), so callers
     need not sort.
 
-    ``predecessor``, for a delta block that changes an earlier block, is ``(checkpoint id, checksum)`` of that block:
-    the block is then linked (names it); a delta block without one applies to no earlier block, and an empty delta
-    block (no sections) is never linked (it changes nothing). ``file_seed`` is ``crc32c(file id)`` of the file the
+    ``predecessor``, for a delta block that continues an earlier block, is ``(checkpoint id, checksum)`` of that
+    block: the block is then linked (names it), an empty one too (it leaves that block as the chain's end); a delta
+    block without one applies to no earlier block. ``file_seed`` is ``crc32c(file id)`` of the file the
     block goes into: the block's checksum covers the file's id (0: no id, for blocks that are not part of a file).
     Raises ValueError/TypeError on bad input."""
     cdef uint64_t pred_checkpoint = 0
@@ -386,10 +387,9 @@ def encode_block(uint32_t key_group, object sections, uint32_t n_states, *, bint
                 or not all(isinstance(x, int) and not isinstance(x, bool) for x in predecessor)
                 or not 0 <= predecessor[0] < 2 ** 63 or not 0 <= predecessor[1] <= U32_MAX):
             raise ValueError(f"predecessor must be (checkpoint id >= 0, u32 checksum), got {predecessor!r:.80}")
-        if secs:
-            pred_checkpoint = <uint64_t>predecessor[0]
-            pred_checksum = <uint32_t>predecessor[1]
-            flags |= FLAG_LINKED
+        pred_checkpoint = <uint64_t>predecessor[0]
+        pred_checksum = <uint32_t>predecessor[1]
+        flags |= FLAG_LINKED
     if total > <uint64_t>sys.maxsize:
         raise ValueError(f"the block of key group {key_group} would be {total} bytes long")
     for sec in secs:

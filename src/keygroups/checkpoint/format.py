@@ -24,9 +24,11 @@ keys are sorted by their bytes (the encoder sorts them), so a reader finds a key
 Chains. Each file has a random 16-byte id (``file_id``, in its header and its handle), and a block's checksum is the
 CRC32C of that id followed by the block: a block read from another file than the one written for it fails it, even
 when the two files are byte for byte alike otherwise (a twin run's delta put in place of this run's). A delta block
-that changes an earlier block is *linked*: it names that block (:class:`~keygroups.checkpoint.metadata.BlockLink`:
+that continues an earlier block is *linked*: it names that block (:class:`~keygroups.checkpoint.metadata.BlockLink`:
 the checkpoint that wrote it and the checksum it stores), which :func:`write_keyed_snapshot` takes from
-``predecessors``; its own checksum then covers its predecessor's, and so on down to the chain's full block. The
+``predecessors``; its own checksum then covers its predecessor's, and so on down to the chain's full block. An empty
+delta (nothing changed) names the block its chain ends with, so a file attests the end of every chain it continues,
+and losing the file that holds a chain's newest block is refused like losing any other. The
 handle repeats what the file says (``checksums`` per key group, ``predecessors`` of its linked blocks), so the
 chains of a checkpoint are checked from its ``_metadata`` alone (at commit and when a restore is planned,
 :func:`~keygroups.checkpoint.planning.chain_breaks`) and every ranged read against the handle before a byte of it is
@@ -214,10 +216,13 @@ class KeyedSnapshotWriter:
     a collection of key groups, full for those only. The stream is not closed.
 
     ``file_id`` (16 bytes; random by default) is the file's id, which every block's checksum covers: the handle
-    names it (:attr:`file_id`, :attr:`checksums`, :attr:`predecessors` give what it records)."""
+    names it (:attr:`file_id`, :attr:`checksums`, :attr:`predecessors` give what it records). ``predecessors`` maps
+    a key group to the block its delta continues: the empty delta block of a key group never written names it
+    (:meth:`write_key_group` takes a written block's own)."""
 
     def __init__(self, stream: BinaryIO, key_group_range: KeyGroupRange, states: list[dict[str, Any]], *,
-                 default_full: bool | Collection[int] = True, file_id: bytes | None = None) -> None:
+                 default_full: bool | Collection[int] = True, file_id: bytes | None = None,
+                 predecessors: Mapping[int, BlockLink] | None = None) -> None:
         if not isinstance(key_group_range, KeyGroupRange):
             raise TypeError(f"key_group_range must be a KeyGroupRange, got {type(key_group_range).__name__}")
         if not isinstance(states, list) or not all(isinstance(s, dict) for s in states):
@@ -241,6 +246,7 @@ class KeyedSnapshotWriter:
         self._seed = crc32c(file_id)
         self._checksums: list[int] = []
         self._links: dict[int, BlockLink] = {}
+        self._predecessors = predecessors or {}
         try:
             self._pos = int(stream.tell())
         except (AttributeError, OSError, ValueError):
@@ -264,9 +270,13 @@ class KeyedSnapshotWriter:
         default = self._default_full
         for kg in range(self._next, stop):
             full = default if isinstance(default, bool) else kg in default
-            self._write_block(_snap.encode_block(kg, (), self._n_states, full=full, file_seed=self._seed))
+            predecessor = None if full else self._predecessors.get(kg)
+            self._write_block(_snap.encode_block(kg, (), self._n_states, full=full, file_seed=self._seed,
+                                                 predecessor=None if predecessor is None else tuple(predecessor)))
             if full:
                 self._full.append(kg)
+            elif predecessor is not None:
+                self._links[kg] = BlockLink(*predecessor)
 
     def write_key_group(self, key_group: int,
                         sections: Iterable[tuple[int, Sequence[bytes] | Packed, Sequence[bytes] | Packed]], *,
@@ -277,8 +287,8 @@ class KeyedSnapshotWriter:
         keys or values may also be a :data:`Packed` (``serialize_many``'s output), which avoids n bytes objects.
         ``full=False`` writes a delta block: ``sections`` are the entries written since the key group's previous
         block and ``deletes``, ``(state_index, serialized keys)``, the keys deleted since then. Keys need not be
-        sorted: the encoder sorts them. ``predecessor`` is the block such a delta changes (the checkpoint that wrote
-        it and its checksum); a delta without one applies to no earlier block, and an empty one names none.
+        sorted: the encoder sorts them. ``predecessor`` is the block such a delta continues (the checkpoint that
+        wrote it and its checksum); a delta without one applies to no earlier block.
 
         Key groups must be strictly ascending and inside the range; skipped ones get empty blocks."""
         if self._finished:
@@ -298,7 +308,7 @@ class KeyedSnapshotWriter:
         self._write_block(block)
         if full:
             self._full.append(key_group)
-        elif predecessor is not None and block[_snap.FLAGS_OFFSET] & _snap.BLOCK_LINKED:
+        elif predecessor is not None:
             self._links[key_group] = BlockLink(*predecessor)
         self._next = key_group + 1
 
@@ -551,11 +561,11 @@ def write_keyed_snapshot(storage: CheckpointStorage, checkpoint_id: int, subtask
 
     ``predecessors`` maps a key group to the block its delta changes (a
     :class:`~keygroups.checkpoint.metadata.BlockLink`: :func:`~keygroups.checkpoint.planning.chain_tips` of the
-    checkpoint the writer restored, or a backend's chain tips): each non-empty delta block names it, and so does the
-    handle, so that a chain that lacks a delta or holds a foreign one is refused. Given, every non-empty delta of a
-    key group that is not fresh must have one (ValueError otherwise, before the file is finished). None: the deltas
-    name no predecessor (the caller may still name them on the handle; a checkpoint refuses a format-4 delta that
-    names none in the middle of a chain).
+    checkpoint the writer restored, or a backend's chain tips): each delta block names it, an empty one too (the
+    block its chain ends with), and so does the handle, so that a chain that lacks a delta or holds a foreign one is
+    refused. Given, every non-empty delta of a key group that is not fresh must have one (ValueError otherwise,
+    before the file is finished). None: the deltas name no predecessor (the caller may still name them on the
+    handle; a checkpoint refuses a format-4 delta that names none in the middle of a chain).
 
     ``on_key_group`` is called before each key group is written and once more before the file is finished; an
     exception it raises abandons the file (a cancelled snapshot stops this way) and propagates."""
@@ -585,7 +595,9 @@ def _write_file(storage: CheckpointStorage, relpath: str, checkpoint_id: int, su
             raise ValueError(f"key groups {both} are fresh (their deltas apply to no earlier block) yet predecessors "
                              f"names a block for them")
     with storage.open_write(relpath) as stream:
-        writer = KeyedSnapshotWriter(stream, key_group_range, states, default_full=True if full is None else full)
+        writer = KeyedSnapshotWriter(stream, key_group_range, states, default_full=True if full is None else full,
+                                     predecessors=None if predecessors is None else
+                                     {kg: p for kg, p in predecessors.items() if kg not in fresh_set})
         for item in key_groups:
             if on_key_group is not None:
                 on_key_group()

@@ -183,8 +183,9 @@ class KeyedStateHandle:
     Chain integrity (keyed format 4): ``file_id`` is the random id of the file (32 hex digits), which each block's
     checksum covers; ``checksums[i]`` is the CRC32C block ``i`` stores, so a reader checks the bytes the offsets
     delimit against the metadata (a file replaced by another, even one of the same layout, is refused); and
-    ``predecessors`` maps each linked delta block's key group to the :class:`BlockLink` it applies on, so a chain
-    that lacks a delta or holds a foreign one is refused from the metadata alone
+    ``predecessors`` maps each linked delta block's key group to the :class:`BlockLink` it applies on (an empty
+    delta's: the block its chain ends with, which it leaves as it is), so a chain that lacks a delta or holds a
+    foreign one is refused from the metadata alone
     (:func:`~keygroups.checkpoint.planning.chain_breaks`). All three are None for files of earlier formats (their
     chains are checked as far as ``fresh_key_groups`` goes); a handle of format 4 must carry the first two.
     """
@@ -270,9 +271,6 @@ class KeyedStateHandle:
                     or not 0 <= link.checkpoint_id < self.checkpoint_id or not 0 <= link.checksum < 1 << 32:
                 raise ValueError(f"KeyedStateHandle.predecessors[{kg}] must be a BlockLink of an older checkpoint "
                                  f"(id in [0, {self.checkpoint_id})) and a u32 checksum, got {link!r:.100}")
-            if not self.block_size(kg) > EMPTY_BLOCK_SIZE:
-                raise ValueError(f"KeyedStateHandle.predecessors names key group {kg}, whose block is empty (an empty "
-                                 "delta changes nothing and names no predecessor)")
 
     @functools.cached_property
     def crc_seed(self) -> int:

@@ -237,19 +237,26 @@ def _hex(checksum: int | None) -> str:
 
 @dataclass(frozen=True)
 class ChainBreak:
-    """A delta block that does not apply on the block before it in its key group's chain: ``delta`` holds it,
-    ``before`` holds the block before it, and ``names`` is the block the delta names as its predecessor (None: it
-    names none). :meth:`describe` says which kind of break it is."""
+    """A delta block that does not continue the block before it in its key group's chain: ``delta`` holds it,
+    ``before`` holds the newest block of the chain older than it (None: the checkpoint lists no block of the key
+    group), and ``names`` is the block the delta names as its predecessor (None: it names none).
+    :meth:`describe` says which kind of break it is."""
 
     key_group: int
     delta: KeyedStateHandle
-    before: KeyedStateHandle
+    before: KeyedStateHandle | None
     names: BlockLink | None
 
     def describe(self) -> str:
         kg, h, before, names = self.key_group, self.delta, self.before, self.names
-        what = (f"the delta block of key group {kg} in {h.file!r} (subtask {h.subtask}, written by checkpoint "
-                f"{h.checkpoint_id})")
+        empty = not h.changes(kg)
+        what = (f"the {'empty ' if empty else ''}delta block of key group {kg} in {h.file!r} (subtask {h.subtask}, "
+                f"written by checkpoint {h.checkpoint_id})")
+        verb = "continues" if empty else "applies on"
+        if before is None:
+            return (f"{what} {verb} {names}, but the checkpoint lists no block of key group {kg}: the chain lacks "
+                    f"its blocks (the file of checkpoint {names.checkpoint_id if names else '?'} that holds the "
+                    "newest is not listed)")
         found = (f"the block of checkpoint {before.checkpoint_id} in {before.file!r} (subtask {before.subtask}, "
                  f"{_hex(before.checksum(kg))})")
         if names is None:
@@ -259,26 +266,32 @@ class ChainBreak:
             return (f"{what} names no block it applies on, after {found}: a delta of keyed format "
                     f"{h.format_version} must name it")
         if before.checksum(kg) is None:
-            return (f"{what} applies on {names}, but the block before it is {found}, of keyed format "
+            return (f"{what} {verb} {names}, but the block before it is {found}, of keyed format "
                     f"{before.format_version}, which no delta of format {CHAINED_FORMAT_VERSION} names: the delta "
                     "belongs to another lineage")
         if names.checkpoint_id > before.checkpoint_id:
-            return (f"{what} applies on {names}, but the block before it in the chain is {found}: the chain lacks a "
-                    f"delta (the file of checkpoint {names.checkpoint_id} that holds that block is not listed)")
+            return (f"{what} {verb} {names}, but the newest block before it in the chain is {found}: the chain "
+                    f"lacks a delta (the file of checkpoint {names.checkpoint_id} that holds that block is not "
+                    "listed)")
         if names.checkpoint_id < before.checkpoint_id:
-            return (f"{what} applies on {names}, but {found} comes between them: a delta that does not belong to "
-                    "this chain (of another run, or listed out of order)")
-        return (f"{what} applies on {names}, but the checkpoint lists {found} instead: one of the two files is of "
+            return (f"{what} {verb} {names}, but {found} comes between them: a delta that does not belong to this "
+                    "chain (of another run, or listed out of order)")
+        return (f"{what} {verb} {names}, but the checkpoint lists {found} instead: one of the two files is of "
                 f"another run or attempt of checkpoint {names.checkpoint_id} (a foreign delta)")
 
 
-def chain_breaks(chains: dict[int, list[KeyedStateHandle]]) -> list[ChainBreak]:
-    """The deltas of keyed format 4 in ``chains`` (of :func:`key_group_chains`) that do not apply on the block before
-    them, by key group: each must name that block (its checkpoint and checksum) as its predecessor. A chain that lost
-    a middle delta, or holds one of another run or attempt, breaks here. Deltas of earlier formats name nothing and
-    are not checked; a chain's first block is :func:`baseless_deltas`' concern."""
+def chain_breaks(chains: dict[int, list[KeyedStateHandle]], handles: Sequence[KeyedStateHandle] = (),
+                 key_groups: Sequence[KeyGroupRange] = ()) -> list[ChainBreak]:
+    """The deltas of keyed format 4 that do not continue the block before them, by key group. In ``chains`` (of
+    :func:`key_group_chains`), each delta must name the block before it (its checkpoint and checksum) as its
+    predecessor. ``handles`` (as ordered for ``key_group_chains``) are scanned for the empty deltas of
+    ``key_groups`` (the ranges ``chains`` were taken for), which are not part of a chain: one that names a block
+    must name the newest block of its key group's chain older than itself, the end it left as it was. A chain that
+    lost a delta (its newest included, while a later file lists the key group), or holds one of another run or
+    attempt, breaks here. Deltas of earlier formats name nothing and are not checked; a chain's first block is
+    :func:`baseless_deltas`' concern. O(key groups x chain length), from the metadata alone."""
     out: list[ChainBreak] = []
-    for kg, chain in sorted(chains.items()):
+    for kg, chain in chains.items():
         before = chain[0]
         for h in chain[1:]:
             if h.format_version >= CHAINED_FORMAT_VERSION:
@@ -286,6 +299,27 @@ def chain_breaks(chains: dict[int, list[KeyedStateHandle]]) -> list[ChainBreak]:
                 if names is None or names != before.link(kg):
                     out.append(ChainBreak(kg, h, before, names))
             before = h
+    for h in handles:
+        if not h.predecessors:
+            continue
+        parts = [p for p in (h.key_group_range.intersection(r) for r in key_groups) if p]
+        for kg, names in h.predecessors.items():
+            if h.changes(kg) or not any(p.start <= kg <= p.end for p in parts):
+                continue   # a chain's own delta (checked above), or a key group not asked for
+            chain = chains.get(kg)
+            if chain is None:
+                out.append(ChainBreak(kg, h, None, names))
+                continue
+            if chain[0].checkpoint_id > h.checkpoint_id:
+                continue   # older than the chain's full block: the end it names was since written over
+            newest = chain[0]
+            for c in chain[1:]:
+                if c.checkpoint_id >= h.checkpoint_id:
+                    break
+                newest = c
+            if names != newest.link(kg):
+                out.append(ChainBreak(kg, h, newest, names))
+    out.sort(key=lambda b: (b.key_group, b.delta.checkpoint_id))
     return out
 
 
@@ -330,7 +364,7 @@ def _chains_of(metadata: CheckpointMetadata, old_ranges: Sequence[KeyGroupRange]
     found = baseless_deltas(chains)
     if found:
         raise CorruptSnapshotError(describe_baseless(metadata.checkpoint_id, found))
-    breaks = chain_breaks(chains)
+    breaks = chain_breaks(chains, handles, old_ranges)
     if breaks:
         raise CorruptSnapshotError(describe_breaks(metadata.checkpoint_id, breaks))
     checked: set[tuple[int, ...]] = set()

@@ -770,11 +770,12 @@ class CheckpointStorage:
         CorruptSnapshotError, committing nothing, if a delta does not apply on the block before it in its chain (a
         lost middle delta, a delta of another run or attempt: ``planning.chain_breaks``). From the metadata alone."""
         handles = keyed_handles_by_range(metadata.keyed_handles)
-        chains = key_group_chains(handles, KeyGroupRange(0, metadata.max_parallelism - 1))
+        everything = KeyGroupRange(0, metadata.max_parallelism - 1)
+        chains = key_group_chains(handles, everything)
         found = baseless_deltas(chains)
         if found:
             raise ValueError(f"{describe_baseless(metadata.checkpoint_id, found)}; nothing was committed")
-        breaks = chain_breaks(chains)
+        breaks = chain_breaks(chains, handles, [everything])
         if breaks:
             raise CorruptSnapshotError(f"{describe_breaks(metadata.checkpoint_id, breaks)}; nothing was committed")
 

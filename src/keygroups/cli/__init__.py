@@ -331,11 +331,12 @@ def _verify(args: argparse.Namespace) -> int:
     for f in metadata.runner_files():
         check(f"output, input or late output file {f}", lambda f=f: storage.file_size(f))
     everything = KeyGroupRange(0, metadata.max_parallelism - 1)
-    chains = key_group_chains(keyed_handles_by_range(metadata.keyed_handles), everything)
+    ordered = keyed_handles_by_range(metadata.keyed_handles)
+    chains = key_group_chains(ordered, everything)
     baseless = baseless_deltas(chains)
     if baseless:
         problems.append(f"keyed state chains: {describe_baseless(metadata.checkpoint_id, baseless)}")
-    breaks = chain_breaks(chains)
+    breaks = chain_breaks(chains, ordered, [everything])
     if breaks:
         problems.append(f"keyed state chains: {describe_breaks(metadata.checkpoint_id, breaks)}")
     for problem in problems:

@@ -759,8 +759,8 @@ class KeyedStateBackendBase:
             return
         known = handle.predecessors or {}
         tips = None
-        for kg in handle.changed_key_groups()[1]:   # the non-empty deltas
-            if kg in known or (handle.fresh_key_groups is not None and handle.is_fresh(kg)):
+        for kg in handle.key_group_range:
+            if kg in known or handle.is_full(kg) or (handle.fresh_key_groups is not None and handle.is_fresh(kg)):
                 continue
             if tips is None:
                 tips = self._chain_tips()
