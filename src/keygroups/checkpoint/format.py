@@ -369,9 +369,9 @@ def check_blocks(handle: KeyedStateHandle, data: Any, key_groups: KeyGroupRange)
     checksum the block stores and the block it names as its predecessor. A cost of one CRC32C pass over the bytes.
 
     CorruptSnapshotError naming the key group, the file, the checkpoint that wrote it and what was expected: a short
-    read, a block that fails its checksum (corrupt bytes, or a block written for another file), a sound block that is
-    not the one the checkpoint names (the file was replaced, say by a twin run's file of the same layout), or a
-    delta that names another predecessor than its handle."""
+    read, a block that stores another checksum than the handle names (the file was replaced, say by a twin run's
+    file of the same layout), a block that fails its checksum (corrupt bytes, or a block written for another file),
+    or a delta that names another predecessor than its handle."""
     start, end = handle.byte_range(key_groups)
     where = f"keyed state file {handle.file!r} (subtask {handle.subtask}, written by checkpoint {handle.checkpoint_id})"
     if len(data) != end - start:
@@ -389,15 +389,13 @@ def check_blocks(handle: KeyedStateHandle, data: Any, key_groups: KeyGroupRange)
                                        f"{minimum}-byte minimum of keyed format {version}: the handle's offsets or "
                                        "the file are corrupt")
         stored = int.from_bytes(mv[b - 4:b], "little")
-        sound = crc32c(mv[a:b - 4], seed) == stored
         expected = None if checksums is None else checksums[first + i]
         if expected is not None and stored != expected:
-            why = ("it is a sound block, but not the one the checkpoint names: the file was replaced by another of "
-                   "the same layout (a file of another run or attempt of this job?)" if sound else
-                   "the block fails its CRC32C checksum as well: the file is corrupt or was replaced")
             raise CorruptSnapshotError(f"{where}: the block of key group {kg} stores checksum {_hex(stored)}, the "
-                                       f"checkpoint's handle names {_hex(expected)}: {why}")
-        if not sound:
+                                       f"checkpoint's handle names {_hex(expected)}: the file is not the one the "
+                                       "checkpoint wrote (replaced by another of the same layout, of another run "
+                                       "or attempt of this job?), or it is corrupt")
+        if crc32c(mv[a:b - 4], seed) != stored:
             raise CorruptSnapshotError(
                 f"{where}: the block of key group {kg} fails its CRC32C checksum ({b - a} bytes): the file is corrupt"
                 + (f", or the block was written for another file (its checksum covers the id {handle.file_id} of the "
