@@ -14,6 +14,12 @@ a full block and the deltas after it. Then, medians of ``--runs`` (wall and proc
 * the baseline beside them: reading the same bytes as one raw local file, and ``plan_keyed_restore`` alone (the
   metadata-level chain check of the plan).
 
+With ``--metadata-max-parallelism N`` (e.g. 32768, Flink's upper bound) it also measures what the chain records cost
+in ``_metadata``, which every batch decodes: ``--metadata-parallelism`` heap backends (a few keys each) write
+``--deltas`` + 1 checkpoints at max parallelism N, then the size of the newest ``_metadata``, the time to load it
+(decode and validate every handle), to plan one subtask's restore and to commit the next checkpoint (whose chain
+checks run over every key group) are printed.
+
 Run it on two commits to compare before and after: it uses only the API both have.
 """
 
@@ -88,13 +94,65 @@ def restore(storage: CheckpointStorage, md: CheckpointMetadata, lazy: bool, n_ke
     return go
 
 
+def bench_metadata(max_parallelism: int, parallelism: int, deltas: int, runs: int) -> None:
+    from keygroups import key_group_range
+
+    with tempfile.TemporaryDirectory(prefix="kg-bench-meta-") as tmp:
+        storage = CheckpointStorage(os.path.join(tmp, "chk"), retain=deltas + 3)
+        backends = [HeapKeyedStateBackend(key_group_range(max_parallelism, parallelism, i), max_parallelism,
+                                          Int64Serializer(), subtask_index=i, max_chain=deltas + 2,
+                                          delta_fraction=1000.0) for i in range(parallelism)]
+        states = [b.get_state(VALUE) for b in backends]
+        previous = None
+        for cid in range(1, deltas + 3):
+            for b, state in zip(backends, states):
+                for k in range(cid * 1000, cid * 1000 + 50):
+                    try:
+                        b.set_current_key(k)
+                    except Exception:   # a key of another subtask's key groups
+                        continue
+                    state.update("x")
+            handles = [b.snapshot(cid, storage).result() for b in backends]
+            md = CheckpointMetadata(checkpoint_id=cid, job_id="bench-meta", timestamp_ms=0,
+                                    max_parallelism=max_parallelism, parallelism=parallelism,
+                                    keyed_handles=carry_forward(previous, handles))
+            if cid == deltas + 2:   # the commit timed below
+                break
+            storage.commit(md)
+            previous = storage.load(cid)
+        size = len(storage.read_bytes(f"chk-{previous.checkpoint_id}/_metadata"))
+        load_wall, load_cpu = timed(lambda: storage.load(previous.checkpoint_id), runs)
+        r = key_group_range(max_parallelism, parallelism, 0)
+        plan_wall, plan_cpu = timed(lambda: plan_keyed_restore(previous, r), runs)
+        check_wall, check_cpu = timed(lambda: CheckpointStorage._check_chains(md), runs)
+        w0, c0 = time.perf_counter(), time.process_time()
+        storage.commit(md)
+        commit_wall, commit_cpu = time.perf_counter() - w0, time.process_time() - c0
+        for b in backends:
+            b.dispose()
+        print(f"_metadata at max parallelism {max_parallelism:,}, parallelism {parallelism}, "
+              f"{len(previous.keyed_handles)} keyed handles ({deltas + 1} checkpoints): {size / 1e3:,.1f} kB")
+        print(f"  {'load (decode + validate every handle)':<52} {load_wall * 1e3:9.1f} ms wall {load_cpu * 1e3:9.1f} ms CPU")
+        print(f"  {'plan one subtask restore (chain checks of its range)':<52} {plan_wall * 1e3:9.1f} ms wall "
+              f"{plan_cpu * 1e3:9.1f} ms CPU")
+        print(f"  {'commit chain checks (every key group)':<52} {check_wall * 1e3:9.1f} ms wall "
+              f"{check_cpu * 1e3:9.1f} ms CPU")
+        print(f"  {'commit (checks, files, _metadata; once)':<52} {commit_wall * 1e3:9.1f} ms wall "
+              f"{commit_cpu * 1e3:9.1f} ms CPU")
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--keys", type=int, default=1_000_000)
     p.add_argument("--deltas", type=int, default=3)
     p.add_argument("--touched", type=float, default=0.1)
     p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--metadata-max-parallelism", type=int, default=0)
+    p.add_argument("--metadata-parallelism", type=int, default=8)
     args = p.parse_args(argv)
+    if args.metadata_max_parallelism:
+        bench_metadata(args.metadata_max_parallelism, args.metadata_parallelism, args.deltas, args.runs)
+        return
     with tempfile.TemporaryDirectory(prefix="kg-bench-chain-") as tmp:
         local = CheckpointStorage(os.path.join(tmp, "chk"), retain=args.deltas + 2)
         t0 = time.perf_counter()
