@@ -19,6 +19,7 @@ import uuid
 
 import fsspec
 import pytest
+from crc32c import crc32c
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -34,7 +35,7 @@ from keygroups.checkpoint import (
     plan_keyed_restore,
     read_key_groups,
 )
-from keygroups.checkpoint.metadata import METADATA_VERSION, encode_metadata
+from keygroups.checkpoint.metadata import METADATA_MAGIC, METADATA_VERSION, encode_metadata
 from keygroups.checkpoint.storage import _ReadCache
 from keygroups.cli import main
 from keygroups.errors import CorruptDataError, CorruptSnapshotError
@@ -242,25 +243,25 @@ def test_swapped_delta_files_are_refused_by_restore_and_verify(job, backend, cap
 
 
 def test_deltas_listed_out_of_order_are_refused(job, backend, capsys):
-    """A _metadata whose handles of checkpoints 2 and 3 trade their checkpoint ids (CRC and all recomputed): a
-    delta cannot name a block of its own or a newer checkpoint, so the file is refused as it is read."""
+    """A _metadata whose handles of checkpoints 2 and 3 trade their checkpoint ids (CRC and all recomputed): each
+    delta then names another block than the one before it."""
     storage, mds, _ = job
     path = os.path.join(storage.location, "chk-4", "_metadata")
     raw = open(path, "rb").read()
     body = json.loads(raw[12:-4])
     for h in body["keyed_handles"]:
         h["checkpoint_id"] = {2: 3, 3: 2}.get(h["checkpoint_id"], h["checkpoint_id"])
-    from keygroups.checkpoint.metadata import METADATA_MAGIC
-    from crc32c import crc32c
     text = json.dumps(body).encode()
-    head = struct.pack("<4sII", METADATA_MAGIC, 5, len(text)) + text
+    head = struct.pack("<4sII", METADATA_MAGIC, METADATA_VERSION, len(text)) + text
     open(path, "wb").write(head + struct.pack("<I", crc32c(head)))
-    with pytest.raises(CorruptSnapshotError, match=r"predecessors\[\d+\] must be a BlockLink of an older checkpoint"):
-        storage.load(4)
-    with pytest.raises(CorruptSnapshotError):
-        restored(storage, storage.load(4), backend)
+    reordered = storage.load(4)
+    broken = r"checkpoint 4 holds a broken chain: the (empty )?delta block of key group \d+ in .* \(subtask \d, written by"
+    with pytest.raises(CorruptSnapshotError, match=broken):
+        restored(storage, reordered, backend)
+    with pytest.raises(CorruptSnapshotError, match=broken.replace("checkpoint 4", "checkpoint 5")):
+        storage.commit(CheckpointMetadata(5, "twin", 0, MAXP, P, carry_forward(reordered, [])), planned_from=4)
     code, err = verify(storage, capsys)
-    assert code != 0 and "must be a BlockLink of an older checkpoint" in err
+    assert code == 1 and re.search(f"CORRUPT keyed state chains: {broken}", err)
 
 
 def test_a_delta_written_on_an_older_checkpoint_is_refused_at_commit(job, backend):

@@ -4,6 +4,7 @@ the checkpoints of format 1 (metadata 2) that must still restore."""
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 import pathlib
@@ -290,16 +291,21 @@ def test_handle_checks_its_chain_fields():
     linked = handle(predecessors={5: BlockLink(2, 7), 6: BlockLink(0, 2 ** 32 - 1)})
     assert linked.predecessor(5) == (2, 7) and linked.predecessor(7) is None and linked.link(6) == (3, 3)
     assert KeyedStateHandle.from_json(json.loads(json.dumps(linked.to_json()))) == linked
-    assert linked.to_json()["predecessors"] == [[5, 2, 7], [6, 0, 2 ** 32 - 1]]
+    as_json = linked.to_json()   # u32s as base64: checkpoint distances (0: names none) and checksums
+    assert base64.b64decode(as_json["predecessors"]["distances"]) == struct.pack("<4I", 0, 1, 3, 0)
+    assert base64.b64decode(as_json["predecessors"]["checksums"]) == struct.pack("<4I", 0, 7, 2 ** 32 - 1, 0)
+    assert base64.b64decode(as_json["checksums"]) == struct.pack("<4I", 1, 2, 3, 4)
+    assert dict(linked.predecessors) == {5: (2, 7), 6: (0, 2 ** 32 - 1)} and len(linked.predecessors) == 2
     for bad, match in [({"file_id": "AB" * 16}, "file_id must be 32 lowercase hex digits"),
                        ({"file_id": "ab" * 15}, "file_id must be 32"),
                        ({"checksums": [1, 2, 3]}, "checksums must be a list of 4 ints"),
                        ({"checksums": [1, 2, 3, 2 ** 32]}, "checksums must be u32"),
                        ({"checksums": [1, 2, 3, True]}, "checksums must be u32"),
                        ({"predecessors": {4: BlockLink(2, 7)}}, "key group 4, which is not a delta block"),
-                       ({"predecessors": {9: BlockLink(2, 7)}}, "key group 9, which is not a delta block"),
+                       ({"predecessors": {9: BlockLink(2, 7)}}, "key group 9, outside the handle's"),
                        ({"predecessors": {5: BlockLink(3, 7)}}, r"an older checkpoint \(id in \[0, 3\)\)"),
-                       ({"predecessors": {5: (2, 7)}}, "must be a BlockLink"),
+                       ({"predecessors": {5: ("2", 7)}}, "must be a BlockLink"),
+                       ({"predecessors": {5: BlockLink(2, -1)}}, "must be a BlockLink"),
                        ({"predecessors": {5: BlockLink(2, 7)}, "fresh_key_groups": [KeyGroupRange(5, 5)]},
                         "key group 5, which is not a delta block"),
                        ({"format_version": 3, "file_id": None, "checksums": [1, 2, 3, 4]}, "format 4 and later")]:
@@ -308,8 +314,17 @@ def test_handle_checks_its_chain_fields():
     md = CheckpointMetadata(3, "j", 0, 8, 1, [handle(checksums=None)])
     with pytest.raises(ValueError, match="names no file id or block checksums"):
         md.validate()
-    with pytest.raises(CorruptSnapshotError, match="predecessors names key group 5 twice"):
-        KeyedStateHandle.from_json(dict(linked.to_json(), predecessors=[[5, 2, 7], [5, 1, 1]]))
+    four = base64.b64encode(bytes(16)).decode()
+    for bad, match in [({"predecessors": {"distances": base64.b64encode(bytes(12)).decode(), "checksums": four}},
+                        "one link per key group of"),
+                       ({"predecessors": {"distances": base64.b64encode(struct.pack("<4I", 0, 4, 0, 0)).decode(),
+                                          "checksums": four}}, r"predecessors\[5\] must be a BlockLink of an older"),
+                       ({"predecessors": {"distances": four, "checksums": "not base64!"}}, "not base64"),
+                       ({"predecessors": [[5, 2, 7]]}, "must be an object of 'distances' and 'checksums'"),
+                       ({"checksums": "AAAAAAA="}, "not a whole number of u32"),
+                       ({"checksums": [1, 2, 3, 4]}, "base64 string of u32")]:
+        with pytest.raises(CorruptSnapshotError, match=match):
+            KeyedStateHandle.from_json(dict(as_json, **bad))
 
 
 # ---- format 1 and metadata 2, as written before incremental checkpoints (tests/data/keyed-checkpoint-v1) -----------

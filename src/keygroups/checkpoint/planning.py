@@ -40,10 +40,14 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from keygroups._ranges import UPPER_BOUND_MAX_PARALLELISM, KeyGroupRange, check_max_parallelism
 from keygroups.checkpoint.metadata import (
     CHAINED_FORMAT_VERSION,
+    EMPTY_BLOCK_SIZE,
     BlockLink,
+    BlockLinks,
     CheckpointMetadata,
     DistributionMode,
     KeyedStateHandle,
@@ -280,46 +284,66 @@ class ChainBreak:
                 f"another run or attempt of checkpoint {names.checkpoint_id} (a foreign delta)")
 
 
-def chain_breaks(chains: dict[int, list[KeyedStateHandle]], handles: Sequence[KeyedStateHandle] = (),
-                 key_groups: Sequence[KeyGroupRange] = ()) -> list[ChainBreak]:
-    """The deltas of keyed format 4 that do not continue the block before them, by key group. In ``chains`` (of
-    :func:`key_group_chains`), each delta must name the block before it (its checkpoint and checksum) as its
-    predecessor. ``handles`` (as ordered for ``key_group_chains``) are scanned for the empty deltas of
-    ``key_groups`` (the ranges ``chains`` were taken for), which are not part of a chain: one that names a block
-    must name the newest block of its key group's chain older than itself, the end it left as it was. A chain that
-    lost a delta (its newest included, while a later file lists the key group), or holds one of another run or
-    attempt, breaks here. Deltas of earlier formats name nothing and are not checked; a chain's first block is
-    :func:`baseless_deltas`' concern. O(key groups x chain length), from the metadata alone."""
+def chain_breaks(handles: Sequence[KeyedStateHandle], key_groups: Sequence[KeyGroupRange]) -> list[ChainBreak]:
+    """The deltas of keyed format 4 among ``handles`` (ordered as :func:`key_group_chains` takes them) that do not
+    continue the block before them, for the key groups of ``key_groups``, by key group. A key group's chain is its
+    newest full block and the non-empty deltas after it; each delta of the chain must name the block before it (its
+    checkpoint and checksum), and each empty delta after the chain's full block (a file that changed nothing there)
+    the newest block older than itself, the end it left as it was. A chain that lost a delta (its newest too, while a
+    later file lists the key group), or holds one of another run or attempt, breaks here. Deltas of earlier formats
+    name nothing and are not checked; a chain's first block is :func:`baseless_deltas`' concern.
+
+    From the metadata alone, in one pass over the handles with numpy over each one's key groups: O(key groups x
+    chain length) in C, Python only for the breaks found."""
     out: list[ChainBreak] = []
-    for kg, chain in chains.items():
-        before = chain[0]
-        for h in chain[1:]:
-            if h.format_version >= CHAINED_FORMAT_VERSION:
-                names = h.predecessor(kg)
-                if names is None or names != before.link(kg):
-                    out.append(ChainBreak(kg, h, before, names))
-            before = h
-    for h in handles:
-        if not h.predecessors:
+    for r in key_groups:
+        if not r:
             continue
-        parts = [p for p in (h.key_group_range.intersection(r) for r in key_groups) if p]
-        for kg, names in h.predecessors.items():
-            if h.changes(kg) or not any(p.start <= kg <= p.end for p in parts):
-                continue   # a chain's own delta (checked above), or a key group not asked for
-            chain = chains.get(kg)
-            if chain is None:
-                out.append(ChainBreak(kg, h, None, names))
-                continue
-            if chain[0].checkpoint_id > h.checkpoint_id:
-                continue   # older than the chain's full block: the end it names was since written over
-            newest = chain[0]
-            for c in chain[1:]:
-                if c.checkpoint_id >= h.checkpoint_id:
-                    break
-                newest = c
-            if names != newest.link(kg):
-                out.append(ChainBreak(kg, h, newest, names))
-    out.sort(key=lambda b: (b.key_group, b.delta.checkpoint_id))
+        parts = [(i, h, h.key_group_range.intersection(r)) for i, h in enumerate(handles)]
+        parts = [(i, h, part) for i, h, part in parts if part]
+        newest_full = np.full(len(r), -1, dtype=np.int64)   # the checkpoint of each key group's newest full block
+        for _, h, part in parts:
+            for f in h.full_key_groups:
+                fp = f.intersection(part)
+                if fp:
+                    view = newest_full[fp.start - r.start:fp.end - r.start + 1]
+                    np.maximum(view, h.checkpoint_id, out=view)
+        tip_checkpoint = np.full(len(r), -1, dtype=np.int64)   # the chain's newest block so far: -1, none yet
+        tip_checksum = np.full(len(r), -1, dtype=np.int64)     # ... its checksum, -1 when it carries none
+        tip_handle = np.full(len(r), -1, dtype=np.int64)
+        for i, h, part in parts:
+            a, b = part.start - r.start, part.end - r.start + 1
+            ha, hb = part.start - h.key_group_range.start, part.end - h.key_group_range.start + 1
+            active = newest_full[a:b] <= h.checkpoint_id   # blocks older than the chain's full block do not count
+            full = np.zeros(hb - ha, dtype=bool)
+            for f in h.full_key_groups:
+                fp = f.intersection(part)
+                if fp:
+                    full[fp.start - part.start:fp.end - part.start + 1] = True
+            nonempty = np.diff(np.asarray(h.offsets[ha:hb + 1], dtype=np.int64)) > EMPTY_BLOCK_SIZE
+            links = h.predecessors
+            if h.format_version >= CHAINED_FORMAT_VERSION:
+                if isinstance(links, BlockLinks):
+                    names, named_checksum = links.checkpoints[ha:hb], links.checksums[ha:hb]
+                else:
+                    names = np.full(hb - ha, -1, dtype=np.int64)
+                    named_checksum = np.zeros(hb - ha, dtype=np.int64)
+                started = tip_checkpoint[a:b] >= 0
+                linked = names >= 0
+                wrong = linked & ((tip_checkpoint[a:b] != names) | (tip_checksum[a:b] != named_checksum))
+                # a linked delta that starts its chain is a baseless one (reported as such): not counted here
+                bad = active & ~full & ((wrong & (started | ~nonempty)) | (~linked & nonempty & started))
+                for j in np.flatnonzero(bad).tolist():
+                    before = int(tip_handle[a + j])
+                    out.append(ChainBreak(part.start + j, h, handles[before] if before >= 0 else None,
+                                          BlockLink(int(names[j]), int(named_checksum[j])) if names[j] >= 0 else None))
+            moves = active & (full | nonempty)   # a full block starts the chain, a non-empty delta continues it
+            tip_checkpoint[a:b][moves] = h.checkpoint_id
+            tip_handle[a:b][moves] = i
+            checksums = (np.asarray(h.checksums[ha:hb], dtype=np.int64) if h.checksums is not None
+                         else np.full(hb - ha, -1, dtype=np.int64))
+            tip_checksum[a:b][moves] = checksums[moves]
+    out.sort(key=lambda br: (br.key_group, br.delta.checkpoint_id))
     return out
 
 
@@ -364,7 +388,7 @@ def _chains_of(metadata: CheckpointMetadata, old_ranges: Sequence[KeyGroupRange]
     found = baseless_deltas(chains)
     if found:
         raise CorruptSnapshotError(describe_baseless(metadata.checkpoint_id, found))
-    breaks = chain_breaks(chains, handles, old_ranges)
+    breaks = chain_breaks(handles, old_ranges)
     if breaks:
         raise CorruptSnapshotError(describe_breaks(metadata.checkpoint_id, breaks))
     checked: set[tuple[int, ...]] = set()

@@ -775,7 +775,7 @@ class CheckpointStorage:
         found = baseless_deltas(chains)
         if found:
             raise ValueError(f"{describe_baseless(metadata.checkpoint_id, found)}; nothing was committed")
-        breaks = chain_breaks(chains, handles, [everything])
+        breaks = chain_breaks(handles, [everything])
         if breaks:
             raise CorruptSnapshotError(f"{describe_breaks(metadata.checkpoint_id, breaks)}; nothing was committed")
 

@@ -336,7 +336,7 @@ def _verify(args: argparse.Namespace) -> int:
     baseless = baseless_deltas(chains)
     if baseless:
         problems.append(f"keyed state chains: {describe_baseless(metadata.checkpoint_id, baseless)}")
-    breaks = chain_breaks(chains, ordered, [everything])
+    breaks = chain_breaks(ordered, [everything])
     if breaks:
         problems.append(f"keyed state chains: {describe_breaks(metadata.checkpoint_id, breaks)}")
     for problem in problems:
