@@ -142,10 +142,14 @@ class BlockLinks(Mapping[int, BlockLink]):
     def of(cls, links: Mapping[int, Any], key_group_range: KeyGroupRange) -> BlockLinks:
         """The links of ``links`` (key group -> BlockLink or ``(checkpoint id, checksum)``) over ``key_group_range``;
         ValueError naming a key group outside it or a link that is not two ints."""
-        if isinstance(links, BlockLinks) and links.start == key_group_range.start \
-                and len(links.checkpoints) == len(key_group_range):
-            return links
         n = len(key_group_range)
+        if isinstance(links, BlockLinks):
+            if links.start != key_group_range.start or links.checkpoints.shape != (n,) \
+                    or links.checksums.shape != (n,):
+                raise ValueError(f"KeyedStateHandle.predecessors must hold one link per key group of "
+                                 f"{key_group_range}, got {len(links.checkpoints)} checkpoints and "
+                                 f"{len(links.checksums)} checksums from key group {links.start}")
+            return links
         checkpoints, checksums = np.full(n, -1, dtype=np.int64), np.zeros(n, dtype=np.int64)
         for kg, link in links.items():
             i = kg - key_group_range.start if _is_int(kg) else -1
@@ -358,12 +362,7 @@ class KeyedStateHandle:
             raise TypeError(f"KeyedStateHandle.predecessors must be a mapping of key group -> BlockLink, got "
                             f"{type(self.predecessors).__name__}")
         links = self.predecessors = BlockLinks.of(self.predecessors, self.key_group_range)
-        # vectorized: a handle holds one link per key group of its range
-        n = len(self.key_group_range)
-        cps, cks = links.checkpoints, links.checksums
-        if links.start != self.key_group_range.start or cps.shape != (n,) or cks.shape != (n,):
-            raise ValueError(f"KeyedStateHandle.predecessors must hold one link per key group of "
-                             f"{self.key_group_range}, got {len(cps)} from key group {links.start}")
+        cps, cks = links.checkpoints, links.checksums   # vectorized: one link per key group of the range
         wrong = (cps < -1) | (cps >= self.checkpoint_id) | (cks < 0) | (cks >= 1 << 32) | ((cps < 0) & (cks != 0))
         if wrong.any():
             bad = int(np.flatnonzero(wrong)[0])
