@@ -318,7 +318,7 @@ def test_handle_checks_its_chain_fields():
     for bad, match in [({"predecessors": {"distances": base64.b64encode(bytes(12)).decode(), "checksums": four}},
                         "one link per key group of"),
                        ({"predecessors": {"distances": base64.b64encode(struct.pack("<4I", 0, 4, 0, 0)).decode(),
-                                          "checksums": four}}, r"predecessors\[5\] must be a BlockLink of an older"),
+                                          "checksums": four}}, r"predecessors\[5\] names the block of checkpoint -1"),
                        ({"predecessors": {"distances": four, "checksums": "not base64!"}}, "not base64"),
                        ({"predecessors": [[5, 2, 7]]}, "must be an object of 'distances' and 'checksums'"),
                        ({"checksums": "AAAAAAA="}, "not a whole number of u32"),
