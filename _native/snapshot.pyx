@@ -347,7 +347,8 @@ def encode_block(uint32_t key_group, object sections, uint32_t n_states, *, bint
     cdef uint32_t pred_checksum = 0, flags = FLAG_FULL if full else 0
     cdef list secs = []     # (state index, op, keys, values or None)
     if version != VERSION and version != VERSION_3 and version != VERSION_2:
-        raise ValueError(f"version must be {VERSION_2}, {VERSION_3} or {VERSION} (format 1 is read only), got {version}")
+        raise ValueError(f"version must be {VERSION_2}, {VERSION_3} or {VERSION} (format 1 is read only), got "
+                         f"{version}")
     if version != VERSION and (predecessor is not None or file_seed):
         raise ValueError(f"a block of format {version} names no predecessor and its checksum covers no file id")
     cdef object sec, keys, values

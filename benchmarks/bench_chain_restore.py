@@ -132,7 +132,8 @@ def bench_metadata(max_parallelism: int, parallelism: int, deltas: int, runs: in
             b.dispose()
         print(f"_metadata at max parallelism {max_parallelism:,}, parallelism {parallelism}, "
               f"{len(previous.keyed_handles)} keyed handles ({deltas + 1} checkpoints): {size / 1e3:,.1f} kB")
-        print(f"  {'load (decode + validate every handle)':<52} {load_wall * 1e3:9.1f} ms wall {load_cpu * 1e3:9.1f} ms CPU")
+        print(f"  {'load (decode + validate every handle)':<52} {load_wall * 1e3:9.1f} ms wall "
+              f"{load_cpu * 1e3:9.1f} ms CPU")
         print(f"  {'plan one subtask restore (chain checks of its range)':<52} {plan_wall * 1e3:9.1f} ms wall "
               f"{plan_cpu * 1e3:9.1f} ms CPU")
         print(f"  {'commit chain checks (every key group)':<52} {check_wall * 1e3:9.1f} ms wall "

@@ -149,7 +149,7 @@ def twin(tmp_path, backend):
     return storage, mds, expected
 
 
-# ---- what is written ---------------------------------------------------------------------------------------------------
+# ---- what is written -------------------------------------------------------------------------------------------------
 
 def test_a_whole_chain_names_its_predecessors_restores_and_verifies(job, backend, capsys):
     storage, mds, expected = job
@@ -174,7 +174,7 @@ def test_a_whole_chain_names_its_predecessors_restores_and_verifies(job, backend
     assert verify(storage, capsys) == (0, "")
 
 
-# ---- a middle delta lost ------------------------------------------------------------------------------------------------
+# ---- a middle delta lost ---------------------------------------------------------------------------------------------
 
 LOST = (r"holds a broken chain: the (empty )?delta block of key group (\d+) in 'shared/keyed-0-[34]-[0-9a-f]+' "
         r"\(subtask 0, written by checkpoint [34]\) (applies on|continues) the block of checkpoint 2 with checksum "
@@ -221,7 +221,7 @@ def test_a_lost_file_that_ends_a_chain_is_refused_too(job, backend):
             plan_keyed_restore(storage.load(4), KeyGroupRange(kg, kg))
 
 
-# ---- deltas swapped -------------------------------------------------------------------------------------------------
+# ---- deltas swapped --------------------------------------------------------------------------------------------------
 
 def test_swapped_delta_files_are_refused_by_restore_and_verify(job, backend, capsys):
     """The bytes of two middle deltas swapped under their names: each handle's checksums (and file id) refuse the
@@ -239,7 +239,8 @@ def test_swapped_delta_files_are_refused_by_restore_and_verify(job, backend, cap
     code, err = verify(storage, capsys)
     assert code == 1
     for h in (two, three):
-        assert f"CORRUPT keyed state file {h.file} (handle of subtask 1, written by checkpoint {h.checkpoint_id})" in err
+        assert (f"CORRUPT keyed state file {h.file} (handle of subtask 1, written by checkpoint "
+                f"{h.checkpoint_id})") in err
 
 
 def test_deltas_listed_out_of_order_are_refused(job, backend, capsys):
@@ -255,7 +256,8 @@ def test_deltas_listed_out_of_order_are_refused(job, backend, capsys):
     head = struct.pack("<4sII", METADATA_MAGIC, METADATA_VERSION, len(text)) + text
     open(path, "wb").write(head + struct.pack("<I", crc32c(head)))
     reordered = storage.load(4)
-    broken = r"checkpoint 4 holds a broken chain: the (empty )?delta block of key group \d+ in .* \(subtask \d, written by"
+    broken = (r"checkpoint 4 holds a broken chain: the (empty )?delta block of key group \d+ in .* \(subtask \d, "
+              r"written by")
     with pytest.raises(CorruptSnapshotError, match=broken):
         restored(storage, reordered, backend)
     with pytest.raises(CorruptSnapshotError, match=broken.replace("checkpoint 4", "checkpoint 5")):
@@ -282,7 +284,7 @@ def test_a_delta_written_on_an_older_checkpoint_is_refused_at_commit(job, backen
     assert storage.checkpoint_ids() == [1, 2, 3, 4]
 
 
-# ---- a twin run's delta -------------------------------------------------------------------------------------------
+# ---- a twin run's delta ----------------------------------------------------------------------------------------------
 
 def test_a_twin_runs_delta_of_the_same_layout_is_refused_by_restore_and_verify(job, twin, backend, capsys):
     """The hostile probe of 2026-11-26: a delta file replaced by the twin run's file of the same checkpoint and
@@ -328,7 +330,7 @@ def test_a_twin_runs_delta_listed_in_the_chain_is_refused_by_commit_restore_and_
     assert code == 1 and "CORRUPT keyed state chains: checkpoint 4 holds a broken chain" in err
 
 
-# ---- the read cache ---------------------------------------------------------------------------------------------------
+# ---- the read cache --------------------------------------------------------------------------------------------------
 
 @pytest.fixture
 def remote(tmp_path):
@@ -394,7 +396,7 @@ def test_a_range_wrong_in_the_cache_and_in_the_file_is_refused(remote):
     assert not [n for n in os.listdir(cache) if n.startswith(_ReadCache.key(storage.url(h.file)))]
 
 
-# ---- random damage: always refused or harmless ---------------------------------------------------------------------
+# ---- random damage: always refused or harmless -----------------------------------------------------------------------
 
 _BUILT: dict[str, tuple[str, str, dict]] = {}
 
@@ -487,7 +489,7 @@ def test_random_damage_to_a_chain_is_refused_or_harmless(data, tmp_path_factory,
         assert state == expected, "verify passed a chain that does not restore what was checkpointed"
 
 
-# ---- checkpoints written before: keyed format 3, _metadata 3 ------------------------------------------------------
+# ---- checkpoints written before: keyed format 3, _metadata 3 ---------------------------------------------------------
 
 def v3_descriptors() -> dict:
     ttl = StateTtlConfig.new_builder(3600).build()

@@ -37,14 +37,14 @@ same way). The checks cost a CRC32C of the bytes read, which the block checksum 
 block: O(bytes read), never O(state).
 
 Versions. 4 (written) adds the file id, the predecessor fields and the seeded checksum above; blocks of 4 are 12 bytes
-longer than those of 3 (an empty one is 28 bytes). 3 (still read) has the layout of 2; its values use the little-endian per-key value framing of
-``keygroups.state._codec`` (a map value being a list of entries in the one map-entry framing). 2 (still read) framed
-values big-endian, a map entry as ``u32 key length | key | u32 value length | [i64 timestamp] | value``: its blocks
-are rewritten into format 3's framing as they are read (``_native/framing.pyx``, ``upgrade_block``; every old value
-has the size of its new form, so offsets hold), after their checksum is verified, so everything above this module
-(restores, lazy heap layers, RocksDB ingestion, :func:`merged_key_groups`) sees one framing, even in a chain whose
-older files are format 2. 1 (still read, likewise upgraded) had no flags and no ops: every block full, every section
-a put, keys in any order.
+longer than those of 3 (an empty one is 28 bytes). 3 (still read) has the layout of 2; its values use the little-endian
+per-key value framing of ``keygroups.state._codec`` (a map value being a list of entries in the one map-entry framing).
+2 (still read) framed values big-endian, a map entry as ``u32 key length | key | u32 value length | [i64 timestamp] |
+value``: its blocks are rewritten into format 3's framing as they are read (``_native/framing.pyx``, ``upgrade_block``;
+every old value has the size of its new form, so offsets hold), after their checksum is verified, so everything above
+this module (restores, lazy heap layers, RocksDB ingestion, :func:`merged_key_groups`) sees one framing, even in a chain
+whose older files are format 2. 1 (still read, likewise upgraded) had no flags and no ops: every block full, every
+section a put, keys in any order.
 
 Byte order and framing of every keygroups format. The rule: little-endian everywhere, big-endian only where byte
 order is sort order; one map-entry framing, ``u32 key length | key | value`` with the value running to the end of
@@ -272,7 +272,8 @@ class KeyedSnapshotWriter:
             full = default if isinstance(default, bool) else kg in default
             predecessor = None if full else self._predecessors.get(kg)
             self._write_block(_snap.encode_block(kg, (), self._n_states, full=full, file_seed=self._seed,
-                                                 predecessor=None if predecessor is None else tuple(predecessor)))
+                                                 predecessor=None if predecessor is None else
+                                                 (predecessor[0], predecessor[1])))
             if full:
                 self._full.append(kg)
             elif predecessor is not None:
@@ -302,7 +303,7 @@ class KeyedSnapshotWriter:
                              f"must be written once each, in ascending order")
         # bad input fails before any write
         block = _snap.encode_block(key_group, sections, self._n_states, full=full, deletes=deletes,
-                                   predecessor=None if predecessor is None else tuple(predecessor),
+                                   predecessor=None if predecessor is None else (predecessor[0], predecessor[1]),
                                    file_seed=self._seed)
         self._write_empty(key_group)
         self._write_block(block)

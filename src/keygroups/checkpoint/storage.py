@@ -360,16 +360,17 @@ class _ReadCache:
     The directory must be private to this user (``keygroups._local_dirs``: created with mode 0700; an existing one
     owned by someone else, writable by group or others, or not a directory disables the cache, with a warning). One
     cache file per range read, named ``<key>-<start>-<end>-<mac>``: ``key`` a hash of the file's URL, ``mac`` an
-    HMAC-SHA256 of the key, the range and the content under the directory's secret (a random key in a 0600 file of
-    the directory), so an entry that this user's keygroups did not write, or whose bytes changed, is never used,
-    however well its own checksums agree. A read is served by any entry of the file whose range holds it, after the
-    whole entry's HMAC is checked, and then the range against the caller's ``check`` (a keyed read checks the blocks
-    against the checksums ``_metadata`` names for them): an entry that fails either, or is not a private file, is
-    deleted and the read goes to the remote file, whose bytes are kept only once they pass ``check`` too. Entries are published atomically (written under a temporary name, then renamed), so
-    processes sharing the directory see complete entries only; two that miss at once both fetch and publish the same
-    bytes. After each publish the least recently used entries (by modification time, which a hit renews) are
-    deleted until the total is at most ``max_bytes``; temporary files older than :attr:`STALE_TMP_S` (of a writer
-    that died) go too. Every cache failure (a full disk, a racing deletion, a directory that is a file or
+    HMAC-SHA256 of the key, the range and the content under the directory's secret (a random key in a 0600 file of the
+    directory), so an entry that this user's keygroups did not write, or whose bytes changed, is never used, however
+    well its own checksums agree. A read is served by any entry of the file whose range holds it, after the whole
+    entry's HMAC is checked, and then the range against the caller's ``check`` (a keyed read checks the blocks against
+    the checksums ``_metadata`` names for them): an entry that fails either, or is not a private file, is deleted and
+    the read goes to the remote file, whose bytes are kept only once they pass ``check`` too. Entries are published
+    atomically (written under a temporary name, then renamed), so processes sharing the directory see complete entries
+    only; two that miss at once both fetch and publish the same bytes. After each publish the least recently used
+    entries (by modification time, which a hit renews) are deleted until the total is at most ``max_bytes``; temporary
+    files older than :attr:`STALE_TMP_S` (of a writer that died) go too. Every cache failure (a full disk, a racing
+    deletion, a directory that is a file or
     unreadable) falls back to the remote read: the cache can cost a read, never fail one."""
 
     STALE_TMP_S = 600.0
@@ -618,9 +619,9 @@ class CheckpointStorage:
                 verify(data)
             return data
         key = _ReadCache.key(self._fs.url(relpath))
-        data = self._cache.get(key, start, end, verify)
-        if data is not None:
-            return data
+        cached = self._cache.get(key, start, end, verify)
+        if cached is not None:
+            return cached
         try:
             data = self._fs.read_bytes(relpath, start, end)
         except FileNotFoundError:

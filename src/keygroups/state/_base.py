@@ -37,7 +37,7 @@ from keygroups.checkpoint import (
     read_key_group_offsets,
     write_keyed_snapshot,
 )
-from keygroups.checkpoint.metadata import is_shared_path
+from keygroups.checkpoint.metadata import BlockLinks, is_shared_path
 from keygroups.checkpoint.planning import NO_CHAIN
 from keygroups.checkpoint.state_meta import check_state_metas
 from keygroups.errors import CorruptSnapshotError, StateMigrationError, UnsafeDeserializationError
@@ -755,21 +755,23 @@ class KeyedStateBackendBase:
 
 
     def _name_predecessors(self, handle: KeyedStateHandle) -> None:
-        if handle.format_version < 4 or handle.checksums is None:
+        if handle.format_version < 4 or handle.checksums is None or not handle.key_group_range:
             return
-        known = handle.predecessors or {}
-        tips = None
-        for kg in handle.key_group_range:
-            if kg in known or handle.is_full(kg) or (handle.fresh_key_groups is not None and handle.is_fresh(kg)):
-                continue
-            if tips is None:
-                tips = self._chain_tips()
-                known = dict(known)
-            if kg in tips:
-                known[kg] = tips[kg]
-        if tips is not None:
-            handle.predecessors = known
-            handle._check_chain_fields()
+        r = handle.key_group_range
+        links = BlockLinks.of(handle.predecessors or {}, r)
+        unnamed = links.checkpoints < 0
+        for unlinked in list(handle.full_key_groups) + list(handle.fresh_key_groups or []):
+            unnamed[unlinked.start - r.start:unlinked.end - r.start + 1] = False
+        if not unnamed.any():
+            return   # the writer named them all
+        tips = self._chain_tips()
+        checkpoints, checksums = links.checkpoints.copy(), links.checksums.copy()
+        for i in np.flatnonzero(unnamed).tolist():
+            tip = tips.get(r.start + i)
+            if tip is not None:
+                checkpoints[i], checksums[i] = tip
+        handle.predecessors = BlockLinks(r.start, checkpoints, checksums)
+        handle._check_chain_fields()
 
 
 def _full_block(key_group: int, states: list[dict[bytes, bytes]]) -> KeyGroupBlock:
