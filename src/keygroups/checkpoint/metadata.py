@@ -21,20 +21,19 @@ per key group, the CRC32C each block stores; base64 of u32 little-endian) and th
 blocks (``{"distances": base64, "checksums": base64}``: per key group, the handle's checkpoint id minus that of the
 block it applies on, 0 for none, and that block's checksum), so a chain that lacks a delta, or holds one of another run,
 is refused from the metadata alone (``planning.chain_breaks``) and a block read is checked against the checksum its
-handle names. 4 (written when a checkpoint without keyed handles of format 4 has raw keyed state or late outputs, else 3) adds
-``raw_keyed_handles`` and ``late_outputs``. 3 (written) stores keyed files of ``shared/`` and gives each keyed handle
-its ``checkpoint_id``, ``full_key_groups`` and keyed ``format_version``. Version 2 (still read) has the ``outputs`` and
-``inputs`` fields; its keyed handles are read as full files of keyed format 1 written by that checkpoint. Version 1
-(still read) also kept the runner's files in ``properties["outputs"]``/``["inputs"]`` as storage-relative paths; reading
-moves those inside the directory into the fields. A keyed handle's ``fresh_key_groups`` (optional in versions 3 and 4: a
-reader that ignores it only skips a check) says which of its delta blocks apply to no earlier block. Each version
-changed so that an older keygroups refuses the file instead of misreading it (version 2: treating output files as
-orphans; version 3: restoring a delta as the whole state; version 4: restoring without raw keyed state, deleting late
-outputs as orphans; version 5: reading blocks of keyed format 4, whose layout it does not know, and checking no chain).
-Checkpoints of every earlier version still restore; their chains are checked only as far as they say (a delta of format
-3 or older names no predecessor), and a backend restored from them writes its next snapshot full, so that the chains it
-continues are checked from their base.
-"""
+handle names. 4 (written when a checkpoint without keyed handles of format 4 has raw keyed state or late outputs, else
+3) adds ``raw_keyed_handles`` and ``late_outputs``. 3 (written) stores keyed files of ``shared/`` and gives each keyed
+handle its ``checkpoint_id``, ``full_key_groups`` and keyed ``format_version``. Version 2 (still read) has the
+``outputs`` and ``inputs`` fields; its keyed handles are read as full files of keyed format 1 written by that
+checkpoint. Version 1 (still read) also kept the runner's files in ``properties["outputs"]``/``["inputs"]`` as
+storage-relative paths; reading moves those inside the directory into the fields. A keyed handle's ``fresh_key_groups``
+(optional in versions 3 and 4: a reader that ignores it only skips a check) says which of its delta blocks apply to no
+earlier block. Each version changed so that an older keygroups refuses the file instead of misreading it (version 2:
+treating output files as orphans; version 3: restoring a delta as the whole state; version 4: restoring without raw
+keyed state, deleting late outputs as orphans; version 5: reading blocks of keyed format 4, whose layout it does not
+know, and checking no chain). Checkpoints of every earlier version still restore; their chains are checked only as far
+as they say (a delta of format 3 or older names no predecessor), and a backend restored from them writes its next
+snapshot full, so that the chains it continues are checked from their base. """
 
 from __future__ import annotations
 
