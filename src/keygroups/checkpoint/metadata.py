@@ -33,7 +33,8 @@ treating output files as orphans; version 3: restoring a delta as the whole stat
 keyed state, deleting late outputs as orphans; version 5: reading blocks of keyed format 4, whose layout it does not
 know, and checking no chain). Checkpoints of every earlier version still restore; their chains are checked only as far
 as they say (a delta of format 3 or older names no predecessor), and a backend restored from them writes its next
-snapshot full, so that the chains it continues are checked from their base. """
+snapshot full, so that the chains it continues are checked from their base.
+"""
 
 from __future__ import annotations
 
