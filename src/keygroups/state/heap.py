@@ -840,7 +840,8 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
                 handle = write_keyed_snapshot(storage, checkpoint_id, self.subtask_index, self.key_group_range, metas,
                                               self._groups(captures, full, compactions),
                                               full_key_groups={start + i for i in full},
-                                              on_key_group=functools.partial(check_cancel, future))
+                                              on_key_group=functools.partial(check_cancel, future),
+                                              predecessors=self._chain_tips())
                 for state_index, i, layer in compactions:
                     c = captures[state_index]
                     self._compactions.append((capture, names[state_index], i, c.maps[i], c.layers[i], layer))
