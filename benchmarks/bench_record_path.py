@@ -12,9 +12,10 @@ over ``--keys`` keys, ``--files`` files = batches). Candidates, each over the sa
   ``process`` per file (one checkpoint each), the output taken (``output_table``) after each; all in this process,
   as issue 33's figures were. Timed: the ``process`` and ``output_table`` calls; the harness's ``subtasks`` phase
   (the subtasks' own work, wall) is printed beside.
-- ``pure-Python floor``: a plain Python loop over the same Arrow batches (``to_pylist`` of the two columns), the
-  two states in dicts, the output built as an Arrow table per batch.
-- ``Python same-calls floor``: the job's own ``process_element`` called per record from a plain loop over the same
+- ``inline Python loop``: a plain Python loop over the same Arrow batches (``to_pylist`` of the two columns), the
+  two states in dicts, inline, the output built as an Arrow table per batch: no function call per record.
+- ``pure-Python floor`` (the floor issue 33's ratio names; its figure, 5.7 µs at ×2.31, puts that floor near 2.5
+  µs per record, which is this one's cost, not the inline loop's): the job's own ``process_element`` called per record from a plain loop over the same
   batches, each record a dict of its columns, the states dict-backed objects with ``value``/``update``, the output
   tuples gathered into an Arrow table per batch: what the per-record API's calls cost with no runtime around them.
 - ``numpy floor``: a vectorized group-by running count and sum per batch (stable argsort by key, segmented
@@ -285,8 +286,8 @@ def main(argv: list[str] | None = None) -> int:
     candidates: dict[str, Callable[[], Run]] = {
         "keygroups heap": lambda: keygroups("heap", files),
         "keygroups rocksdb": lambda: keygroups("rocksdb", files),
-        "pure-Python floor": lambda: python_floor(files),
-        "Python same-calls floor": lambda: python_calls_floor(files),
+        "inline Python loop": lambda: python_floor(files),
+        "pure-Python floor": lambda: python_calls_floor(files),
         "numpy floor": lambda: numpy_floor(files, args.keys),
     }
     declarative, why = declarative_function()
@@ -363,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
           "over the second):")
     checks = [
         ("keygroups heap", "pure-Python floor", "cpu", "<= 1.7", lambda x: x <= 1.7),
-        ("keygroups heap", "Python same-calls floor", "cpu", "(the user's calls at no runtime cost)", lambda x: True),
+        ("keygroups heap", "inline Python loop", "cpu", "(for the record)", lambda x: True),
         ("keygroups heap", "Flink Java heap", "throughput", ">= 0.5", lambda x: x >= 0.5),
         ("keygroups rocksdb", "Flink Java rocksdb", "throughput", ">= 1.0", lambda x: x >= 1.0),
         ("declarative heap", "Flink Java heap", "throughput", ">= 1.0", lambda x: x >= 1.0),
