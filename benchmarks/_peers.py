@@ -192,7 +192,8 @@ class TreeCPU:
 
     KINDS = ("driver", "jvm", "python workers", "other")
 
-    def sample(self) -> dict[str, float]:
+    def sample(self) -> dict[int, tuple[str, float]]:
+        """Every process of the tree now: pid -> (kind, CPU seconds)."""
         stats: dict[int, tuple[int, float]] = {}
         children: dict[int, list[int]] = {}
         for entry in os.listdir("/proc"):
@@ -201,18 +202,25 @@ class TreeCPU:
                 if s is not None:
                     stats[int(entry)] = s
                     children.setdefault(s[0], []).append(int(entry))
-        totals = dict.fromkeys(self.KINDS, 0.0)
+        out: dict[int, tuple[str, float]] = {}
         todo = [os.getpid()]
         while todo:
             pid = todo.pop()
             if pid in stats:
-                totals[_kind(pid)] += stats[pid][1]
+                out[pid] = (_kind(pid), stats[pid][1])
             todo.extend(children.get(pid, []))
-        return totals
+        return out
 
-    @staticmethod
-    def delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
-        return {k: after[k] - before[k] for k in before}
+    @classmethod
+    def delta(cls, before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]]) -> dict[str, float]:
+        """CPU seconds per kind between two samples: each process's growth (a new one's whole CPU). A process that
+        ended in between and was not reaped by a living one (whose reaped-children time then grows) is lost: the
+        figures are a lower bound, never negative."""
+        totals = dict.fromkeys(cls.KINDS, 0.0)
+        for pid, (kind, cpu) in after.items():
+            previous = before.get(pid)
+            totals[kind] += cpu - (previous[1] if previous is not None and previous[0] == kind else 0.0)
+        return totals
 
 
 def load() -> str:
