@@ -370,6 +370,10 @@ def pyflink_throughput(files: list[str], work: pathlib.Path) -> tuple[float, flo
     write_pairs(files, tiny, 1_000)
     run = pyflink(python, pairs, "hashmap", "thread", job="value")
     fixed = pyflink(python, tiny, "hashmap", "thread", job="value")
+    keys = np.unique(pq.read_table(files, columns=["key"]).column("key").to_numpy()).size
+    if run.records != sum(pq.ParquetFile(f).metadata.num_rows for f in files) or run.checksum != keys:
+        raise SystemExit(f"PyFlink: {run.records} output rows over {run.checksum} keys; expected one per event over "
+                         f"{keys} keys")
     return run.wall, run.cpu, fixed.wall, run.records
 
 

@@ -53,6 +53,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -90,7 +91,7 @@ def keygroups(backend: str, files: list[str], function: Callable[[], object] = R
             batch = h.process(table)
             out = h.output_table()
             records += out.num_rows
-            checksum += int(pa.compute.sum(out.column("count")).as_py() or 0)
+            checksum += int(pc.sum(out.column("count")).as_py() or 0)
             subtasks += batch.phases["subtasks"]
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     return Run(wall, cpu, records, checksum, {"subtasks": subtasks})
