@@ -86,8 +86,8 @@ def spark_view(spark, clock: SparkJobClock, max_p: int, args: argparse.Namespace
                              f"{args.batch}")
         ours.append(t_ours)
         theirs.append(t_floor)
-        plan.append(result.report.seconds.plan)
-        commit.append(result.report.seconds.commit)
+        plan.append(float(getattr(result.report.seconds, "plan", float("nan"))))
+        commit.append(float(getattr(result.report.seconds, "commit", float("nan"))))
         print(f"    batch {i + 1}: keygroups {t_ours.wall * 1e3:.0f} ms, outside jobs {t_ours.outside_jobs * 1e3:.0f} "
               f"ms ({t_ours.jobs} jobs); floor {t_floor.wall * 1e3:.0f} ms, outside jobs "
               f"{t_floor.outside_jobs * 1e3:.0f} ms", flush=True)
@@ -118,7 +118,8 @@ def harness_view(max_p: int, args: argparse.Namespace, files: list[str]) -> dict
             h.output_table()
             for k, v in batch.phases.items():
                 phases.setdefault(k, []).append(v)
-    out = {k: statistics.median(v) for k, v in phases.items()}
+    out = {k: float("nan") for k in ("plan", "commit", "output", "subtasks")}   # in case a phase is renamed
+    out.update({k: statistics.median(v) for k, v in phases.items()})
     out["cpu"] = statistics.median(cpu)
     return out
 
