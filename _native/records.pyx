@@ -265,6 +265,17 @@ cdef class Node:
         finally:
             w_free(&w)
 
+    def check(self, value) -> None:
+        """Raise what encode would raise for value (TypeError or ValueError naming the field), without making the
+        bytes: the check of a value on write. It runs the encoder itself into a buffer on the C stack (a heap one only
+        past W_STACK bytes), so what it accepts is exactly what a snapshot can write."""
+        cdef Writer w
+        w_init(&w)
+        try:
+            enc(self, &w, value)
+        finally:
+            w_free(&w)
+
     def decode(self, data):
         """Bytes holding exactly one value → the value; CorruptSnapshotError if they are not that."""
         cdef Py_buffer view
