@@ -36,6 +36,15 @@ decoded entries are replaced (``compact()``, once the snapshot finished) by one 
 Hot paths: ``set_current_key`` and the value / list / map operations are compiled (``_native/statecore.pyx``); they
 read the dicts directly and hand over to the Python methods here only while a snapshot runs or for a key that may be
 in a restored layer. TTL states and the rarer operations use the generic classes of ``states``.
+
+Checks on write: a state whose serializer checks values (``TypeSerializer.check``; ``RecordSerializer`` does) refuses
+a value it could not snapshot where it is written (``update``, ``add``, ``add_all``, ``put``, ``put_all``, and what a
+reducing or aggregating state stores), with the ``StateSerializationError`` RocksDB raises when it writes one: the
+state keeps what it had. States of other serializers take the compiled paths unchanged.
+
+A state registered again with another serializer (warm state resumed for a job whose schema changed, or restored
+state decoded eagerly) has its decoded values rewritten into the new serializer's shape as it is registered (read
+from their bytes with the reader a restore would use), as a restore would give them.
 """
 
 from __future__ import annotations
@@ -76,6 +85,7 @@ from keygroups.checkpoint.planning import key_group_chains
 from keygroups.checkpoint.state_meta import check_state_metas
 from keygroups.errors import CheckpointNotFoundError, CorruptSnapshotError, StateSerializationError, no_current_key_error
 from keygroups.serializers import TypeSerializer
+from keygroups.serializers.base import checks_on_write
 from keygroups.state._base import (
     DEFAULT_DELTA_FRACTION,
     DEFAULT_MAX_CHAIN,
@@ -88,7 +98,7 @@ from keygroups.state._base import (
 from keygroups.state._codec import UNWRITABLE, ValueFraming
 from keygroups.state.descriptors import StateDescriptor
 from keygroups.state._warm import WarmResume
-from keygroups.state.states import MISSING, ListState, MapState, ValueState
+from keygroups.state.states import STATE_CLASSES, MISSING, ListState, MapState, ValueState
 
 if TYPE_CHECKING:
     from keygroups.checkpoint import CheckpointStorage
@@ -138,7 +148,8 @@ class _HeapTable(TableCore):
     or deletes it. Lookups in layers decode that one value and keep it in ``maps[i]``."""
 
     __slots__ = ("backend", "name", "meta", "descriptor", "read_framing", "write_framing", "needs_migration",
-                 "copy_value", "reads_dirty", "group_count", "layers", "shared", "copied_keys", "lazy_group_count")
+                 "copy_value", "reads_dirty", "group_count", "layers", "shared", "copied_keys", "lazy_group_count",
+                 "check_put")
 
     #: The backend this table belongs to (its key serializer and clock).
     backend: HeapKeyedStateBackend
@@ -167,6 +178,9 @@ class _HeapTable(TableCore):
     copied_keys: list[set[Any] | None]
     #: Key groups with ``lazy[i]`` set.
     lazy_group_count: int
+    #: What ``put`` checks a stored object with (a reducing or aggregating state's value, whose serializer checks on
+    #: write: what ``reduce`` or ``add`` made), else None; value, list and map states check in their state classes.
+    check_put: Callable[[Any], None] | None
 
     def __init__(self, backend: HeapKeyedStateBackend, name: str, meta: dict[str, Any], read: ValueFraming,
                  write: ValueFraming, descriptor: StateDescriptor | None) -> None:
@@ -200,6 +214,10 @@ class _HeapTable(TableCore):
         self.reads_dirty = write.kind == "list" or (write.copy is not None and
                                                     (write.kind != "map" or not write.ser.is_immutable))
         self.needs_migration = read.needs_migration_to(write)
+        check = checks_on_write(write.ser) if write.kind in ("reducing", "aggregating") else None
+        if check is not None and write.ttl:
+            check = functools.partial(_check_first, check)
+        self.check_put = check
 
     def _update_slow(self) -> None:
         self.slow = self.cow or self.lazy_group_count > 0
@@ -219,6 +237,8 @@ class _HeapTable(TableCore):
     def put(self, value: Any) -> None:
         c = self.ctx
         group_index, key = c.kgi, c.key
+        if self.check_put is not None:
+            _checked(self.check_put, value, self, "add")
         if self.cow:
             self._prepare_write(group_index, key)
         self.maps[group_index][key] = value
@@ -412,6 +432,19 @@ class _HeapTable(TableCore):
                 del m[k]
             self.drop_layers(i)
 
+    def reshape_decoded(self, old: ValueFraming, read: ValueFraming) -> None:
+        """The decoded values were made for the framing ``old`` (its serializers' shape: a previous registration's
+        values, or values decoded with it); rewrite each as ``read`` reads ``old``'s bytes of it, the shape the
+        serializer registered now gives. New dicts: a running snapshot may hold the old ones."""
+        encode, decode = old.encode, read.decode
+        for i in range(self.group_count):
+            m = self.maps[i]
+            if not m:
+                continue
+            self.maps[i] = {k: v if v is MISSING else decode(encode(v)) for k, v in m.items()}
+            self.shared[i] = False
+            self.copied_keys[i] = None   # every value is new: nothing a snapshot holds
+
     def keys_of_group(self, group_index: int) -> list[Any]:
         m = self.maps[group_index]
         out = [k for k, v in m.items() if v is not MISSING]
@@ -464,6 +497,140 @@ class _HeapMap(HeapMapCore, MapState):
 _HEAP_CLASSES = {"value": _HeapValue, "list": _HeapList, "map": _HeapMap}
 
 
+# ---- checks on write ---------------------------------------------------------------------------------------------
+# The state classes of serializers that check on write (``TypeSerializer.check``): the check, then the class's own
+# write. One Python call more per write, for those states only; the check itself is compiled (a record's encoder).
+
+def _check_first(check: Callable[[Any], None], stored: tuple[Any, int]) -> None:
+    check(stored[0])   # a TTL value: (value, timestamp)
+
+
+def _checked(check: Callable[[Any], None], value: Any, table: _HeapTable, what: str) -> None:
+    """``check(value)``, a refusal raised as the ``StateSerializationError`` RocksDB raises for it (naming the state,
+    its serializers and the current key)."""
+    try:
+        check(value)
+    except UNWRITABLE as e:
+        raise table.write_framing.unwritable(table.ctx.key, e, what=what) from e
+
+
+def _refusal(table: _HeapTable, error: Exception, what: str) -> Exception:
+    return table.write_framing.unwritable(table.ctx.key, error, what=what)
+
+
+def _with_checks(kind: str, base: type) -> type:
+    """``base`` (a value, list or map state class) with the write checks in front: its writes check each value
+    (``self._check``, a map's keys with ``self._check_key`` too), then call ``base``'s own. The base methods are
+    bound here, not found through ``super()`` per call."""
+    def __init__(self: Any, store: Any, descriptor: StateDescriptor, backend: Any) -> None:
+        base.__init__(self, store, descriptor, backend)
+        self._table = store
+        if kind == "map":
+            self._check = checks_on_write(descriptor.serializers["map value"]) or _accept
+            self._check_key = checks_on_write(descriptor.serializers["map key"]) or _accept
+        else:
+            self._check = descriptor.serializers["element" if kind == "list" else "value"].check
+
+    methods: dict[str, Any] = {"__init__": __init__}
+    if kind == "value":
+        base_update = base.update
+
+        def update(self: Any, value: Any) -> None:
+            if value is not None:
+                try:
+                    self._check(value)
+                except UNWRITABLE as e:
+                    raise _refusal(self._table, e, "update") from e
+            base_update(self, value)
+
+        methods["update"] = update
+    elif kind == "list":
+        base_add, base_add_all, base_list_update = base.add, base.add_all, base.update
+
+        def check_all(self: Any, values: Any, what: str) -> list[Any]:
+            values = list(values)
+            check = self._check
+            try:
+                for v in values:
+                    if v is not None:   # the state refuses None itself, naming it
+                        check(v)
+            except UNWRITABLE as e:
+                raise _refusal(self._table, e, what) from e
+            return values
+
+        def add(self: Any, value: Any) -> None:
+            if value is not None:
+                try:
+                    self._check(value)
+                except UNWRITABLE as e:
+                    raise _refusal(self._table, e, "add") from e
+            base_add(self, value)
+
+        def add_all(self: Any, values: Any) -> None:
+            base_add_all(self, check_all(self, values, "add_all"))
+
+        def list_update(self: Any, values: Any) -> None:
+            base_list_update(self, check_all(self, values, "update"))
+
+        methods.update(add=add, add_all=add_all, update=list_update)
+    else:
+        base_put, base_put_all = base.put, base.put_all
+
+        def put(self: Any, key: Any, value: Any) -> None:
+            try:
+                self._check_key(key)
+                self._check(value)
+            except UNWRITABLE as e:
+                raise _refusal(self._table, e, "put") from e
+            base_put(self, key, value)
+
+        def put_all(self: Any, mapping: Any) -> None:
+            check, check_key = self._check, self._check_key
+            try:
+                for k, v in mapping.items():
+                    check_key(k)
+                    check(v)
+            except UNWRITABLE as e:
+                raise _refusal(self._table, e, "put_all") from e
+            base_put_all(self, mapping)
+
+        methods.update(put=put, put_all=put_all)
+    slots = ("_table", "_check", "_check_key") if kind == "map" else ("_table", "_check")
+    return type(f"_Checked{base.__name__.lstrip('_')}", (base,), {"__slots__": slots, "__module__": __name__,
+                                                                   **methods})
+
+
+def _accept(value: Any) -> None:
+    """The check of a serializer that checks nothing on write."""
+
+
+def _roles(kind: str) -> tuple[str, ...]:
+    return {"list": ("element",), "map": ("map key", "map value")}.get(kind, ("value",))
+
+
+class _StateChooser:
+    """Stands for a state class in ``_state_class``: makes an instance of ``checked`` for a descriptor whose
+    serializers check on write, of ``plain`` otherwise (so states of other serializers pay nothing)."""
+
+    def __init__(self, kind: str, plain: type, checked: type) -> None:
+        self.kind, self.plain, self.checked = kind, plain, checked
+
+    def __call__(self, store: Any, descriptor: StateDescriptor, backend: Any) -> Any:
+        checks = any(checks_on_write(descriptor.serializers[role]) is not None for role in _roles(self.kind))
+        return (self.checked if checks else self.plain)(store, descriptor, backend)
+
+
+def _chooser(kind: str, ttl: bool) -> _StateChooser:
+    plain = _HEAP_CLASSES[kind] if not ttl and kind in _HEAP_CLASSES else STATE_CLASSES[(kind, ttl)]
+    return _StateChooser(kind, plain, _with_checks(kind, plain))
+
+
+# reducing and aggregating states: their table checks what they store (_HeapTable.check_put)
+
+
+_CHOOSERS = {(kind, ttl): _chooser(kind, ttl) for kind in ("value", "list", "map") for ttl in (False, True)}
+
+
 class HeapKeyedStateBackend(KeyedStateBackendBase):
     """Keyed state for one key-group range, held as Python objects.
 
@@ -513,6 +680,9 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
 
     # ---- hooks of the base ----------------------------------------------------------------------------------------
     def _state_class(self, kind: str, ttl: bool) -> type:
+        chooser = _CHOOSERS.get((kind, ttl))
+        if chooser is not None:
+            return chooser  # type: ignore[return-value]  # called as the class is: (store, descriptor, backend)
         if not ttl and kind in _HEAP_CLASSES:
             return _HEAP_CLASSES[kind]
         return super()._state_class(kind, ttl)
@@ -529,8 +699,13 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
         t = self._tables.get(d.name)
         if t is None:
             self._new_table(d.name, meta, read, write, d)
-        else:
-            t.configure(meta, read, write, d)
+            return
+        if t.descriptor is None and not _same_values(t.write_framing, write):
+            # Decoded values of restored or resumed state (a kept backend's last batch) are in the shape of the
+            # serializer they were made with; the one registered now may read them otherwise (a record schema that
+            # changed, another form): rewrite them as a restore would read them, before anything meets them.
+            t.reshape_decoded(t.write_framing, read)
+        t.configure(meta, read, write, d)
 
     def _store(self, name: str) -> _HeapTable:
         return self._tables[name]
@@ -998,6 +1173,16 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
             kept_values.append(value_bytes)
         keys[first:] = kept_keys
         values[first:] = kept_values
+
+
+def _same_values(a: ValueFraming, b: ValueFraming) -> bool:
+    """Whether values made for framing ``a`` are values of ``b`` as they are: the same serializers (snapshots) giving
+    values in the same form (a record serializer's dicts, tuples or class)."""
+    def same(x: Any, y: Any) -> bool:
+        return x is y or (x is not None and y is not None and x.snapshot() == y.snapshot()
+                          and getattr(x, "form", None) == getattr(y, "form", None))
+
+    return a.kind == b.kind and a.ttl == b.ttl and same(a.ser, b.ser) and same(a.key_ser, b.key_ser)
 
 
 def _names(metadata: CheckpointMetadata, file: str, key_group_range: KeyGroupRange) -> bool:
