@@ -345,6 +345,7 @@ class RecordMigrationReader(TypeSerializer):
         self.new = new
         #: The state this reader reads (named in errors); ``resolve_compatibility`` sets it.
         self.state = state
+        self._old_serializer = old_serializer
         # the old bytes decode to tuples (nested records too): the old record's codec, or the old tuple serializer
         self._old = old_serializer if old_serializer is not None else _TupleDecoder(_node(old_schema, False, "",
                                                                                           "tuple"))
@@ -385,6 +386,11 @@ class RecordMigrationReader(TypeSerializer):
             return self._old_snapshot
         return SerializerSnapshot(RecordSerializer.identifier, RecordSerializer.version,
                                   {"schema": self.old_schema.to_json()})
+
+    def __reduce__(self) -> tuple:
+        # the compiled nodes are rebuilt from the schemas
+        return (RecordMigrationReader, (self.old_schema, self.new, self._old_serializer, self._old_snapshot,
+                                        self.state))
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, RecordMigrationReader) and (self.old_schema, self.new) == (other.old_schema,

@@ -473,9 +473,9 @@ def _dataclass_type(cls: type, depth: int) -> RecordType:
     for f in dataclasses.fields(cls):
         t, nullable = _annotation(hints[f.name], f"{cls.__qualname__}.{f.name}", depth)
         default = NO_DEFAULT
-        if f.default is not dataclasses.MISSING:
+        if not _missing(f.default):
             default = f.default
-        elif f.default_factory is not dataclasses.MISSING:
+        elif not _missing(f.default_factory):
             default = Factory(f.default_factory)
         aliases = f.metadata.get("aliases", ())
         if isinstance(aliases, str) or not all(isinstance(a, str) for a in aliases):
@@ -483,6 +483,12 @@ def _dataclass_type(cls: type, depth: int) -> RecordType:
                             f"got {aliases!r}")
         fields.append(Field(f.name, t, nullable, default, tuple(aliases)))
     return RecordType(tuple(fields), python_class=cls)
+
+
+def _missing(value: Any) -> bool:
+    """Whether a dataclass field's default (or factory) is ``dataclasses.MISSING``: by type too, because a dataclass
+    that cloudpickle ships by value (one of a script's ``__main__``) comes back with a copy of MISSING."""
+    return value is dataclasses.MISSING or type(value) is type(dataclasses.MISSING)
 
 
 def _annotation(a: Any, what: str, depth: int) -> tuple[DataType, bool]:

@@ -85,7 +85,6 @@ from keygroups.checkpoint.planning import key_group_chains
 from keygroups.checkpoint.state_meta import check_state_metas
 from keygroups.errors import CheckpointNotFoundError, CorruptSnapshotError, StateSerializationError, no_current_key_error
 from keygroups.serializers import TypeSerializer
-from keygroups.serializers.base import checks_on_write
 from keygroups.state._base import (
     DEFAULT_DELTA_FRACTION,
     DEFAULT_MAX_CHAIN,
@@ -95,10 +94,11 @@ from keygroups.state._base import (
     _canonical,
     check_cancel,
 )
+from keygroups.state._checks import check_stored, checked_state_class, stored_value_check
 from keygroups.state._codec import UNWRITABLE, ValueFraming
 from keygroups.state.descriptors import StateDescriptor
 from keygroups.state._warm import WarmResume
-from keygroups.state.states import STATE_CLASSES, MISSING, ListState, MapState, ValueState
+from keygroups.state.states import MISSING, ListState, MapState, ValueState
 
 if TYPE_CHECKING:
     from keygroups.checkpoint import CheckpointStorage
@@ -214,10 +214,7 @@ class _HeapTable(TableCore):
         self.reads_dirty = write.kind == "list" or (write.copy is not None and
                                                     (write.kind != "map" or not write.ser.is_immutable))
         self.needs_migration = read.needs_migration_to(write)
-        check = checks_on_write(write.ser) if write.kind in ("reducing", "aggregating") else None
-        if check is not None and write.ttl:
-            check = functools.partial(_check_first, check)
-        self.check_put = check
+        self.check_put = stored_value_check(write)
 
     def _update_slow(self) -> None:
         self.slow = self.cow or self.lazy_group_count > 0
@@ -238,7 +235,7 @@ class _HeapTable(TableCore):
         c = self.ctx
         group_index, key = c.kgi, c.key
         if self.check_put is not None:
-            _checked(self.check_put, value, self, "add")
+            check_stored(self.check_put, value, self)
         if self.cow:
             self._prepare_write(group_index, key)
         self.maps[group_index][key] = value
@@ -441,7 +438,11 @@ class _HeapTable(TableCore):
             m = self.maps[i]
             if not m:
                 continue
-            self.maps[i] = {k: v if v is MISSING else decode(encode(v)) for k, v in m.items()}
+            try:
+                self.maps[i] = {k: v if v is MISSING else decode(encode(v)) for k, v in m.items()}
+            except UNWRITABLE as e:
+                raise old.unwritable(old.first_unwritable(m.items(), self.backend.key_serializer.serialize, MISSING),
+                                     e, what="migration to the serializer registered now") from e
             self.shared[i] = False
             self.copied_keys[i] = None   # every value is new: nothing a snapshot holds
 
@@ -497,138 +498,6 @@ class _HeapMap(HeapMapCore, MapState):
 _HEAP_CLASSES = {"value": _HeapValue, "list": _HeapList, "map": _HeapMap}
 
 
-# ---- checks on write ---------------------------------------------------------------------------------------------
-# The state classes of serializers that check on write (``TypeSerializer.check``): the check, then the class's own
-# write. One Python call more per write, for those states only; the check itself is compiled (a record's encoder).
-
-def _check_first(check: Callable[[Any], None], stored: tuple[Any, int]) -> None:
-    check(stored[0])   # a TTL value: (value, timestamp)
-
-
-def _checked(check: Callable[[Any], None], value: Any, table: _HeapTable, what: str) -> None:
-    """``check(value)``, a refusal raised as the ``StateSerializationError`` RocksDB raises for it (naming the state,
-    its serializers and the current key)."""
-    try:
-        check(value)
-    except UNWRITABLE as e:
-        raise table.write_framing.unwritable(table.ctx.key, e, what=what) from e
-
-
-def _refusal(table: _HeapTable, error: Exception, what: str) -> Exception:
-    return table.write_framing.unwritable(table.ctx.key, error, what=what)
-
-
-def _with_checks(kind: str, base: type) -> type:
-    """``base`` (a value, list or map state class) with the write checks in front: its writes check each value
-    (``self._check``, a map's keys with ``self._check_key`` too), then call ``base``'s own. The base methods are
-    bound here, not found through ``super()`` per call."""
-    def __init__(self: Any, store: Any, descriptor: StateDescriptor, backend: Any) -> None:
-        base.__init__(self, store, descriptor, backend)
-        self._table = store
-        if kind == "map":
-            self._check = checks_on_write(descriptor.serializers["map value"]) or _accept
-            self._check_key = checks_on_write(descriptor.serializers["map key"]) or _accept
-        else:
-            self._check = descriptor.serializers["element" if kind == "list" else "value"].check
-
-    methods: dict[str, Any] = {"__init__": __init__}
-    if kind == "value":
-        base_update = base.update
-
-        def update(self: Any, value: Any) -> None:
-            if value is not None:
-                try:
-                    self._check(value)
-                except UNWRITABLE as e:
-                    raise _refusal(self._table, e, "update") from e
-            base_update(self, value)
-
-        methods["update"] = update
-    elif kind == "list":
-        base_add, base_add_all, base_list_update = base.add, base.add_all, base.update
-
-        def check_all(self: Any, values: Any, what: str) -> list[Any]:
-            values = list(values)
-            check = self._check
-            try:
-                for v in values:
-                    if v is not None:   # the state refuses None itself, naming it
-                        check(v)
-            except UNWRITABLE as e:
-                raise _refusal(self._table, e, what) from e
-            return values
-
-        def add(self: Any, value: Any) -> None:
-            if value is not None:
-                try:
-                    self._check(value)
-                except UNWRITABLE as e:
-                    raise _refusal(self._table, e, "add") from e
-            base_add(self, value)
-
-        def add_all(self: Any, values: Any) -> None:
-            base_add_all(self, check_all(self, values, "add_all"))
-
-        def list_update(self: Any, values: Any) -> None:
-            base_list_update(self, check_all(self, values, "update"))
-
-        methods.update(add=add, add_all=add_all, update=list_update)
-    else:
-        base_put, base_put_all = base.put, base.put_all
-
-        def put(self: Any, key: Any, value: Any) -> None:
-            try:
-                self._check_key(key)
-                self._check(value)
-            except UNWRITABLE as e:
-                raise _refusal(self._table, e, "put") from e
-            base_put(self, key, value)
-
-        def put_all(self: Any, mapping: Any) -> None:
-            check, check_key = self._check, self._check_key
-            try:
-                for k, v in mapping.items():
-                    check_key(k)
-                    check(v)
-            except UNWRITABLE as e:
-                raise _refusal(self._table, e, "put_all") from e
-            base_put_all(self, mapping)
-
-        methods.update(put=put, put_all=put_all)
-    slots = ("_table", "_check", "_check_key") if kind == "map" else ("_table", "_check")
-    return type(f"_Checked{base.__name__.lstrip('_')}", (base,), {"__slots__": slots, "__module__": __name__,
-                                                                   **methods})
-
-
-def _accept(value: Any) -> None:
-    """The check of a serializer that checks nothing on write."""
-
-
-def _roles(kind: str) -> tuple[str, ...]:
-    return {"list": ("element",), "map": ("map key", "map value")}.get(kind, ("value",))
-
-
-class _StateChooser:
-    """Stands for a state class in ``_state_class``: makes an instance of ``checked`` for a descriptor whose
-    serializers check on write, of ``plain`` otherwise (so states of other serializers pay nothing)."""
-
-    def __init__(self, kind: str, plain: type, checked: type) -> None:
-        self.kind, self.plain, self.checked = kind, plain, checked
-
-    def __call__(self, store: Any, descriptor: StateDescriptor, backend: Any) -> Any:
-        checks = any(checks_on_write(descriptor.serializers[role]) is not None for role in _roles(self.kind))
-        return (self.checked if checks else self.plain)(store, descriptor, backend)
-
-
-def _chooser(kind: str, ttl: bool) -> _StateChooser:
-    plain = _HEAP_CLASSES[kind] if not ttl and kind in _HEAP_CLASSES else STATE_CLASSES[(kind, ttl)]
-    return _StateChooser(kind, plain, _with_checks(kind, plain))
-
-
-# reducing and aggregating states: their table checks what they store (_HeapTable.check_put)
-
-
-_CHOOSERS = {(kind, ttl): _chooser(kind, ttl) for kind in ("value", "list", "map") for ttl in (False, True)}
 
 
 class HeapKeyedStateBackend(KeyedStateBackendBase):
@@ -680,12 +549,8 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
 
     # ---- hooks of the base ----------------------------------------------------------------------------------------
     def _state_class(self, kind: str, ttl: bool) -> type:
-        chooser = _CHOOSERS.get((kind, ttl))
-        if chooser is not None:
-            return chooser  # type: ignore[return-value]  # called as the class is: (store, descriptor, backend)
-        if not ttl and kind in _HEAP_CLASSES:
-            return _HEAP_CLASSES[kind]
-        return super()._state_class(kind, ttl)
+        plain = _HEAP_CLASSES[kind] if not ttl and kind in _HEAP_CLASSES else super()._state_class(kind, ttl)
+        return checked_state_class(kind, plain)
 
     def _has_data(self) -> bool:
         return any(t.has_data() for t in self._tables.values())
