@@ -114,6 +114,8 @@ def parse_ddl(ddl: str) -> RecordType:
         return t
     try:
         tree = sqlglot.parse_one(f"CREATE TABLE t ({text})", read="spark")
+    except sqlglot.errors.TokenError as e:   # an unterminated quote or comment
+        raise ValueError(f"cannot parse the DDL schema {ddl!r}: {_first_line(e)} (a quote left open?)") from None
     except sqlglot.errors.ParseError as e:
         where = (e.errors or [{}])[0].get("highlight")
         near = f" at {where!r} (an unknown type, or a typo?)" if where else ""
@@ -135,7 +137,7 @@ def parse_type(ddl: str) -> DataType:
     _check_no_empty_field(ddl, ddl)
     try:
         node = exp.DataType.build(ddl, dialect="spark")
-    except (sqlglot.errors.ParseError, ValueError) as e:
+    except (sqlglot.errors.ParseError, sqlglot.errors.TokenError, ValueError) as e:
         raise ValueError(f"cannot parse the DDL type {ddl!r}: {_first_line(e)}") from None
     except RecursionError:
         raise _too_deep(ddl) from None
@@ -207,7 +209,7 @@ def sql_default(text: str, t: DataType, what: str = "a default") -> Any:
 
     try:
         node = sqlglot.parse_one(text, read="spark")
-    except sqlglot.errors.ParseError as e:
+    except (sqlglot.errors.ParseError, sqlglot.errors.TokenError) as e:
         raise ValueError(f"{what}: cannot parse {text!r} ({_first_line(e)})") from None
     return _literal(node, t, what)
 
