@@ -203,8 +203,9 @@ def _column(c: Any, ddl: str, depth: int) -> Field:
 def sql_default(text: str, t: DataType, what: str = "a default") -> Any:
     """The Python value of a Spark SQL default ``text`` (``"'x'"``, ``"-5"``, ``"DATE'2024-01-01'"``) for a field of
     type ``t``: literals only (NULL, true/false, numbers, strings, X'hex' for binary, DATE'...' and TIMESTAMP'...'
-    (or a string) for dates and timestamps, ``array(...)`` and ``map(k, v, ...)`` of literals); ValueError for
-    anything else (an expression such as ``current_date()`` has no fixed value)."""
+    (or a string) for dates and timestamps, ``CAST(<literal> AS <type>)`` as Spark writes a column's default,
+    ``array(...)`` and ``map(k, v, ...)`` of literals); ValueError for anything else (an expression such as
+    ``current_date()`` has no fixed value)."""
     import sqlglot
 
     try:
@@ -234,8 +235,8 @@ def _literal(node: Any, t: DataType, what: str) -> Any:
         return -value
     if isinstance(node, exp.HexString):
         return bytes.fromhex(node.this)
-    if isinstance(node, exp.Cast) and isinstance(node.this, exp.Literal) and node.this.is_string:
-        return _from_text(node.this.this, t, refuse)
+    if isinstance(node, exp.Cast):   # DATE'...', CAST(5 AS BIGINT) (Spark's EXISTS_DEFAULT): the field's type decides
+        return _literal(node.this, t, what)
     if isinstance(node, exp.Literal):
         if node.is_string:
             return _from_text(node.this, t, refuse)
