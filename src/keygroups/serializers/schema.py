@@ -473,18 +473,18 @@ def resolve(old: RecordType, new: RecordType, path: str = "") -> list[FieldSourc
     sources = []
     for nf in new.fields:
         where = f"{path}{nf.name}"
-        i = old_index.get(nf.name)
-        if i is None:
+        found = old_index.get(nf.name)
+        if found is None:
             if nf.default is NO_DEFAULT and not nf.nullable:
                 raise SchemaChangeRefused(where, "absent", _with_null(nf.type, nf.nullable),
                                           "a field added to stored state needs a default, or must be nullable")
             sources.append(FieldSource(-1, None, nf))
             continue
-        of = old.fields[i]
+        of = old.fields[found]
         if of.nullable and not nf.nullable:
             raise SchemaChangeRefused(where, _with_null(of.type, True), _with_null(nf.type, False),
                                       "a nullable field cannot become not null (stored nulls would have no value)")
-        sources.append(FieldSource(i, _converter(of.type, nf.type, where), nf))
+        sources.append(FieldSource(found, _converter(of.type, nf.type, where), nf))
     return sources
 
 

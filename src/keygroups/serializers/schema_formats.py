@@ -479,7 +479,7 @@ def _dataclass_type(cls: type, depth: int) -> RecordType:
         if not _missing(f.default):
             default = f.default
         elif not _missing(f.default_factory):
-            default = Factory(f.default_factory)
+            default = Factory(f.default_factory)  # type: ignore[arg-type]  # not MISSING: a factory
         aliases = f.metadata.get("aliases", ())
         if isinstance(aliases, str) or not all(isinstance(a, str) for a in aliases):
             raise TypeError(f"{cls.__qualname__}.{f.name}: metadata 'aliases' must be a tuple of old field names, "

@@ -35,8 +35,10 @@ def _with_checks(kind: str, base: type) -> type:
     """``base`` (a value, list or map state class) with the write checks in front: its writes check each value
     (``self._check``; a map's keys with ``self._check_key`` too), then call ``base``'s own. The base methods are bound
     here, not looked up through ``super()`` on every call."""
+    base_init: Any = base.__init__  # type: ignore[misc]  # the class's own, called on the subclass's instances
+
     def __init__(self: Any, store: Any, descriptor: StateDescriptor, backend: Any) -> None:
-        base.__init__(self, store, descriptor, backend)
+        base_init(self, store, descriptor, backend)
         self._table = store
         if kind == "map":
             self._check = checks_on_write(descriptor.serializers["map value"]) or _accept
