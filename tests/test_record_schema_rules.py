@@ -294,3 +294,13 @@ def test_main_s_record_checkpoint_restores_into_an_evolved_schema(backend):
     assert after == {k: [evolve(p), [evolve(h) for h in hist], [(n, evolve(x)) for n, x in by_name]]
                      for k, (p, hist, by_name) in before.items()}
 
+
+
+def test_a_tuple_becomes_a_record_by_position_whatever_its_aliases():
+    """Tuple state read as records: element i is field i; the new fields' aliases rename nothing."""
+    from keygroups.serializers import TupleSerializer
+
+    old = TupleSerializer(Int64Serializer(), StrSerializer())
+    new = RecordSerializer(RecordType((Field("b", INT64, False, aliases=("a",)), Field("a", STRING, False))))
+    _, reader = resolve_compatibility("s", old.snapshot(), new)
+    assert reader.deserialize(old.serialize((1, "x"))) == {"b": 1, "a": "x"}

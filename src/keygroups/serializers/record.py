@@ -305,7 +305,8 @@ def tuple_as_record(old: SerializerSnapshot, new: RecordType) -> RecordType | No
     types = [t for t in found if t is not None]
     if len(types) != len(found):
         return None
-    return RecordType(tuple(Field(f.name, t[0], t[1]) for f, t in zip(new.fields, types)))
+    # the new fields' aliases too: the elements are those fields by position, so no alias may rename them
+    return RecordType(tuple(Field(f.name, t[0], t[1], aliases=f.aliases) for f, t in zip(new.fields, types)))
 
 
 def _tuple_element(s: SerializerSnapshot, depth: int) -> tuple[DataType, bool] | None:
