@@ -40,7 +40,7 @@ in a restored layer. TTL states and the rarer operations use the generic classes
 Checks on write: a state whose serializer checks values (``TypeSerializer.check``; ``RecordSerializer`` does) refuses
 a value it could not snapshot where it is written (``update``, ``add``, ``add_all``, ``put``, ``put_all``, and what a
 reducing or aggregating state stores), with the ``StateSerializationError`` RocksDB raises when it writes one: the
-state keeps what it had. States of other serializers take the compiled paths unchanged.
+state keeps what it had. States of other serializers take the compiled paths unchanged (``keygroups.state._checks``).
 
 A state registered again with another serializer (warm state resumed for a job whose schema changed, or restored
 state decoded eagerly) has its decoded values rewritten into the new serializer's shape as it is registered (read
@@ -496,8 +496,6 @@ class _HeapMap(HeapMapCore, MapState):
 
 
 _HEAP_CLASSES = {"value": _HeapValue, "list": _HeapList, "map": _HeapMap}
-
-
 
 
 class HeapKeyedStateBackend(KeyedStateBackendBase):
