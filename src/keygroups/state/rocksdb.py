@@ -82,6 +82,7 @@ from keygroups.state._base import (
 from keygroups.state._codec import UNWRITABLE, ValueFraming
 from keygroups.state.descriptors import StateDescriptor
 from keygroups.state._warm import WarmResume
+from keygroups.state.rocksdb_ingest import SstRestore, table_options
 from keygroups.state.states import MISSING, MapState, ValueState
 
 if TYPE_CHECKING:
@@ -167,9 +168,7 @@ def _scan(db: rocksdict.Rdict, prefix: bytes) -> Iterator[tuple[Any, Any]]:
 def _open(path: str) -> rocksdict.Rdict:
     opts = rocksdict.Options(raw_mode=True)
     opts.create_if_missing(True)
-    table = rocksdict.BlockBasedOptions()
-    table.set_bloom_filter(10, False)  # a batch's prefetch asks for many keys that are not there yet
-    opts.set_block_based_table_factory(table)
+    opts.set_block_based_table_factory(table_options())
     db = rocksdict.Rdict(path, opts)
     # No write-ahead log: the checkpoint is the durable copy; a warm database is flushed before its marker is written.
     write = rocksdict.WriteOptions()
@@ -781,6 +780,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         self._serialize_key = self.key_serializer.serialize
         self._group_prefix = [_U16.pack(g) for g in range(self._start, self._start + self._n)]
         self._tables: dict[str, _RocksTable] = {}
+        self._gathered = SstRestore()   # a restore's blocks, until it ingests them as one file
+        self._python_restored: set[int] = set()   # key groups a restore applied row by row (migrated states)
         self._marker_lock = threading.Lock()
         self._writes = 0  # database writes so far: a marker vouches only for the write count it was captured at
         self._warm_path: str | None = None
@@ -1039,9 +1040,31 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
                 batch.put(k, bytes(value_bytes))
         self._write(batch)
 
-    def _restore_block(self, handle: KeyedStateHandle, targets: list[Any], block: KeyGroupBlock) -> None:
-        """Apply one block on top of the key group's earlier ones: a full block replaces every row of the key
-        group; puts replace a key's value (a map's rows with the new ones), deletes remove the key."""
+    def _restore_block(self, handle: KeyedStateHandle | None, targets: list[Any], block: KeyGroupBlock) -> None:
+        """Take one block of a restore, after the key group's earlier ones: gathered for the SST file the restore
+        ingests at its end (``rocksdb_ingest``), or, for a state whose stored bytes must be migrated to new
+        serializers, applied at once, row by row (what was gathered is ingested first, so the order holds)."""
+        if any(t.needs_migration for t in targets):
+            self._ingest_gathered()
+            self._python_restored.add(block.key_group)
+            self._apply_block(handle, targets, block)
+            return
+        if block.full and block.key_group in self._python_restored:
+            # rows applied row by row before this full block: it replaces them, and the file ingested later is newer
+            prefix = self._group_prefix[block.key_group - self._start]
+            self._db.delete_range(prefix, _next_prefix(prefix))
+            self._python_restored.discard(block.key_group)
+        self._gathered.add(targets, block)
+
+    def _ingest_gathered(self) -> None:
+        """Write the blocks gathered so far into one SST file and ingest it (see ``rocksdb_ingest``)."""
+        if self._gathered:
+            gathered, self._gathered = self._gathered, SstRestore()
+            gathered.ingest(self._db, self._dir, self._write_with)
+
+    def _apply_block(self, handle: KeyedStateHandle | None, targets: list[Any], block: KeyGroupBlock) -> None:
+        """Apply one block on top of the key group's earlier ones, row by row: a full block replaces every row of
+        the key group; puts replace a key's value (a map's rows with the new ones), deletes remove the key."""
         group_index = block.key_group - self._start
         if block.full:
             batch = rocksdict.WriteBatch(raw_mode=True)
@@ -1075,6 +1098,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         self._write(batch)
 
     def _after_restore(self, lazy: bool) -> None:
+        self._ingest_gathered()
+        self._python_restored.clear()
         for t in self._tables.values():
             if t.descriptor is not None:
                 t.configure(t.meta, t.write_framing, t.write_framing, t.descriptor)
@@ -1140,7 +1165,12 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         return out
 
     def _write(self, batch: rocksdict.WriteBatch) -> None:
-        """Write to the database; the first write after a snapshot removes the warm marker, which no longer holds."""
+        """Write ``batch`` to the database (see ``_write_with``)."""
+        self._write_with(functools.partial(self._db.write, batch))
+
+    def _write_with(self, write: Callable[[], None]) -> None:
+        """Run ``write`` (a write to the database); the first write after a snapshot removes the warm marker, which
+        no longer holds."""
         with self._marker_lock:
             self._writes += 1
             if self._warm_path is not None:
@@ -1148,7 +1178,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
                     os.remove(os.path.join(self._warm_path, _MARKER))
                 except FileNotFoundError:
                     pass
-        self._db.write(batch)
+        write()
 
     def _flush(self, *, evict: bool = False, encoded: dict[str, dict[Any, bytes | None]] | None = None) -> None:
         """Write every state's pending keys in one WriteBatch; ``evict`` empties the caches afterwards.
