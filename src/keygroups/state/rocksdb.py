@@ -15,32 +15,26 @@ key's cache entry holds either its whole map or an overlay of the entries touche
 row), so a batch touching one entry of a large map reads one row. Values read from the cache are live objects, as on
 the heap backend: a mutable value read is written back at the next flush, so changing it in place sticks.
 
-Warm database (``warm_dir``): the database stays on local disk after ``dispose()`` with a marker naming the
-checkpoint and the snapshot file it reflects; the next backend for the same key-group range that restores from that
-very checkpoint, whose metadata names that very file for this range, opens it as it is instead of restoring. A backend
-of another range (boundaries moved, or a rescale) with none of its own takes over the kept database of the range that
-overlaps it most, at that same checkpoint only: the key groups that left are deleted (a ranged delete per run), only
-the chains of those that arrived are read. Anything else (another checkpoint, a retried or failed attempt, a damaged
-marker) deletes it and restores. The
-warm directory must be private to this user (``keygroups._local_dirs``); when the database is closed its marker is
-sealed with the list of its files (size, modification time, inode) and an HMAC under the directory's secret, and a
-kept database is opened only after the seal and the files are checked: one changed behind the job's back is deleted
-and restored, never read.
+Restore: the blocks a restore reads become one SST file, written in compiled code and ingested whole
+(``rocksdb_ingest``); what leaves the range at a rescale is dropped with a ranged delete per run of key groups.
+
+Warm database (``warm_dir``): the database stays on local disk after ``dispose()``, and the next backend of the same
+range (or of an overlapping one, after boundaries moved or a rescale) that restores from exactly the checkpoint it
+reflects opens it instead of restoring; the directory's lock, marker, seal, take-over and clean-up are
+``rocksdb_warm``'s. A kept database found damaged when first read (RocksDB's "Corruption", say a bit-rotted file)
+is replaced in the same batch by a cold restore of the same checkpoint, with a warning.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
-import fcntl
 import functools
 import gc
 import itertools
-import json
 import logging
 import operator
 import os
-import re
 import shutil
 import struct
 import tempfile
@@ -54,15 +48,7 @@ import numpy as np
 import rocksdict
 
 from keygroups._hashing import KeyType, assign_to_key_group
-from keygroups._local_dirs import (
-    UnsafeDirectoryError,
-    check_private,
-    directory_secret,
-    make_private,
-    private_directory,
-    seal,
-    sealed,
-)
+from keygroups._local_dirs import UnsafeDirectoryError
 from keygroups._native.statecore import java_key, java_keys, java_map
 from keygroups._ranges import KeyGroupRange
 from keygroups.checkpoint import KeyedStateHandle, KeyGroupBlock, chain_stats, plan_keyed_restore, write_keyed_snapshot
@@ -83,6 +69,7 @@ from keygroups.state._codec import UNWRITABLE, ValueFraming
 from keygroups.state.descriptors import StateDescriptor
 from keygroups.state._warm import WarmResume
 from keygroups.state.rocksdb_ingest import SstRestore, table_options
+from keygroups.state.rocksdb_warm import WarmDirectory, seal_kept
 from keygroups.state.states import MISSING, MapState, ValueState
 
 if TYPE_CHECKING:
@@ -95,10 +82,6 @@ _pack_u32 = _U32.pack
 
 #: Cached entries per state before the cache is flushed to the database and emptied.
 DEFAULT_CACHE_LIMIT = 1 << 20
-
-#: Version of the warm database's marker (and of the database layout it vouches for).
-WARM_MARKER_VERSION = 3
-_MARKER = "marker.json"
 
 log = logging.getLogger(__name__)
 
@@ -179,122 +162,6 @@ def _open(path: str) -> rocksdict.Rdict:
 
 def _frame_key(key_bytes: bytes) -> bytes:
     return _pack_u32(len(key_bytes)) + key_bytes
-
-
-#: A warm directory of a key-group range, or its lock file: ``<first>-<last>[.lock]``.
-_RANGE_NAME = re.compile(r"(\d+)-(\d+)(?:\.lock)?")
-
-
-def _lock_range(parent: str, name: str) -> Any:
-    """The lock file of warm directory ``name`` under ``parent``, opened and locked exclusively; None when another
-    backend holds it. A lock file deleted (by a cleanup that held it) between opening and locking locks nothing:
-    then the one now at the path is tried."""
-    path = os.path.join(parent, name + ".lock")
-    while True:
-        lock_file = open(path, "a+")
-        try:
-            fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            lock_file.close()
-            return None
-        held = os.fstat(lock_file.fileno())
-        try:
-            now = os.stat(path)
-        except FileNotFoundError:
-            now = None
-        if now is not None and (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino):
-            return lock_file
-        lock_file.close()
-
-
-def _db_files(db_dir: str) -> dict[str, list[int]]:
-    """What a closed database directory holds: file name -> [size, mtime (ns), inode]; UnsafeDirectoryError if
-    anything in it is not a regular file of this user that only this user may write."""
-    files = {}
-    with os.scandir(db_dir) as it:
-        for e in it:
-            st = check_private(e.path, directory=False)
-            files[e.name] = [st.st_size, st.st_mtime_ns, st.st_ino]
-    return files
-
-
-def _marker_body(marker: dict[str, Any]) -> bytes:
-    """What a marker's HMAC covers: everything in it but the HMAC, as canonical JSON."""
-    return json.dumps({k: v for k, v in marker.items() if k != "mac"}, sort_keys=True, separators=(",", ":")).encode()
-
-
-def _seal_kept(path: str, secret: bytes) -> None:
-    """Once the kept database is closed: add to its marker (if it still has one) the list of the database's files
-    and an HMAC of the whole under the warm directory's secret. A marker not sealed so (its process died first) is
-    never believed, nor one whose database files changed since."""
-    marker_path = os.path.join(path, _MARKER)
-    try:
-        with open(marker_path, encoding="utf-8") as f:
-            marker = json.load(f)
-        if not isinstance(marker, dict):
-            raise ValueError("the marker is not a JSON object")
-        marker["files"] = _db_files(os.path.join(path, "db"))
-        marker["mac"] = seal(secret, _marker_body(marker))
-        with open(marker_path + ".tmp", "w", encoding="utf-8") as f:
-            json.dump(marker, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(marker_path + ".tmp", marker_path)
-    except FileNotFoundError:
-        return  # written to since its last snapshot: nothing to vouch for
-    except (OSError, ValueError) as e:
-        log.warning("warm state: could not seal %s (%s); it will be restored, not reused", path, e)
-        with contextlib.suppress(OSError):
-            os.remove(marker_path)
-
-
-def _open_kept(path: str, secret: bytes) -> dict[str, Any] | None:
-    """The sealed marker of the database kept in ``path`` when the seal holds and the database's files are exactly
-    those it lists (checked before the database is opened, so nothing RocksDB reads has changed); otherwise the
-    database and its marker are deleted (a warning if they were tampered with) and None is returned. An unsealed
-    or missing marker only means there is nothing to reuse."""
-    marker_path = os.path.join(path, _MARKER)
-    db_dir = os.path.join(path, "db")
-    marker = None
-    problem = None
-    try:
-        check_private(marker_path, directory=False)
-        with open(marker_path, encoding="utf-8") as f:
-            marker = json.load(f)
-        if not isinstance(marker, dict) or "mac" not in marker:
-            marker = None   # written by a backend that did not close: never vouched for
-        elif not sealed(secret, marker["mac"], _marker_body(marker)):
-            problem, marker = "its marker's seal does not match", None
-        else:
-            check_private(db_dir)
-            if _db_files(db_dir) != marker.get("files"):
-                problem, marker = "its database files changed since it was sealed", None
-    except FileNotFoundError:
-        marker = None
-    except (OSError, ValueError) as e:
-        problem, marker = str(e), None
-    if marker is None:
-        if problem is not None:
-            log.warning("warm state: not reusing %s: %s; its database is deleted and restored", path, problem)
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(marker_path)
-        shutil.rmtree(db_dir, ignore_errors=True)
-        if os.path.lexists(db_dir):
-            raise UnsafeDirectoryError(f"{db_dir} cannot be deleted")
-    return marker
-
-
-def _marker_checkpoint(path: str) -> int | None:
-    """The checkpoint id the sealed marker in ``path`` names (unverified: only to decide whether the directory may
-    still be taken over), None without one."""
-    try:
-        with open(os.path.join(path, _MARKER), encoding="utf-8") as f:
-            marker = json.load(f)
-    except (OSError, ValueError):
-        return None
-    if isinstance(marker, dict) and "mac" in marker and isinstance(marker.get("checkpoint_id"), int):
-        return int(marker["checkpoint_id"])
-    return None
 
 
 def _split(blob: bytes, offsets: np.ndarray) -> list[bytes]:
@@ -782,145 +649,43 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         self._tables: dict[str, _RocksTable] = {}
         self._gathered = SstRestore()   # a restore's blocks, until it ingests them as one file
         self._python_restored: set[int] = set()   # key groups a restore applied row by row (migrated states)
-        self._marker_lock = threading.Lock()
         self._writes = 0  # database writes so far: a marker vouches only for the write count it was captured at
-        self._warm_path: str | None = None
-        self._lock_file: Any = None
-        self._secret: bytes | None = None  # of the warm directory: seals the marker (see _seal_kept)
-        self._kept_marker: dict[str, Any] | None = None  # the sealed marker the kept database was checked against
-        self._moved_from: KeyGroupRange | None = None  # the range of a kept database taken over (see _take_moved)
         self.warm = False  # True when restore() reused a warm database
-        path = self._claim_warm(warm_dir) if warm_dir is not None else None
-        if path is None:
+        #: This range's claimed warm directory (``rocksdb_warm``); None: the database is not kept.
+        self._warm = WarmDirectory.claim(warm_dir, key_group_range) if warm_dir is not None else None
+        self._marker_lock = self._warm.marker_lock if self._warm is not None else threading.Lock()
+        if self._warm is None:
             self._dir = tempfile.mkdtemp(prefix="keygroups-rocksdb-", dir=db_dir)
         else:
-            self._dir = path
+            self._dir = self._warm.path
         self._db = _open(os.path.join(self._dir, "db"))
         # A kept database is used only once restore() has checked it against its checkpoint; anything that touches
         # the data first (a job that does not restore) empties it.
-        self._unchecked = self._warm_path is not None
-        keep = self._warm_path is not None
-        self._finalizer = weakref.finalize(self, RocksDBKeyedStateBackend._cleanup, self._db, self._dir, keep,
-                                           self._lock_file, self._secret)
+        self._unchecked = self._warm is not None
+        self._finalizer = self._new_finalizer()
+
+    def _new_finalizer(self) -> weakref.finalize:
+        warm = self._warm
+        return weakref.finalize(self, RocksDBKeyedStateBackend._cleanup, self._db, self._dir,
+                                None if warm is None else warm.lock_file, None if warm is None else warm.secret)
+
+    @property
+    def _warm_path(self) -> str | None:
+        """The warm directory this backend's database is kept in; None: a temporary one."""
+        return None if self._warm is None else self._warm.path
 
     @staticmethod
-    def _cleanup(db: rocksdict.Rdict, path: str, keep: bool, lock_file: Any, secret: bytes | None) -> None:
+    def _cleanup(db: rocksdict.Rdict, path: str, lock_file: Any, secret: bytes | None) -> None:
+        keep = lock_file is not None
         try:
             db.close()
             if keep and secret is not None:
-                _seal_kept(path, secret)
+                seal_kept(path, secret)
         finally:
             if not keep:
                 shutil.rmtree(path, ignore_errors=True)
             if lock_file is not None:
                 lock_file.close()  # releases the flock
-
-    def _claim_warm(self, warm_dir: str | os.PathLike[str]) -> str | None:
-        """This range's warm directory, locked for this backend; None when another backend holds it (a second
-        attempt of the same task running beside the first): that one then works in a temporary directory. Once
-        claimed, the job's warm directories of other ranges that overlap this one are deleted (see
-        ``_remove_stale_warm``)."""
-        r = self.key_group_range
-        parent = private_directory(warm_dir, what="warm state")
-        try:
-            secret = directory_secret(parent)
-        except OSError as e:
-            log.warning("warm state: cannot use %s (%s); this backend's database is not kept", parent, e)
-            return None
-        name = f"{r.start}-{r.end}"
-        try:
-            lock_file = _lock_range(parent, name)
-        except OSError as e:   # its lock file is a directory, say: work apart, never fail for it
-            log.warning("warm state: cannot lock %s under %s (%s); this backend's database is not kept", name,
-                        parent, e)
-            return None
-        if lock_file is None:
-            return None
-        path = os.path.join(parent, name)
-        try:
-            make_private(path)
-            self._kept_marker = _open_kept(path, secret)
-            if self._kept_marker is None:
-                self._take_moved(parent, path, secret)
-        except OSError as e:
-            log.warning("warm state: %s cannot be kept (%s); its backend works in a temporary directory", path, e)
-            lock_file.close()
-            return None
-        self._secret = secret
-        self._lock_file = lock_file
-        self._warm_path = path
-        self._remove_stale_warm(parent)
-        return path
-
-    def _overlapping_warm(self, parent: str) -> dict[str, KeyGroupRange]:
-        """The warm directories (and lock files) under ``parent`` of ranges that overlap this backend's but are not
-        it, by name."""
-        r = self.key_group_range
-        out = {}
-        for entry in os.listdir(parent):
-            m = _RANGE_NAME.fullmatch(entry)
-            if m is None:
-                continue
-            start, end = int(m[1]), int(m[2])
-            if (start, end) != (r.start, r.end) and start <= r.end and end >= r.start and start <= end:
-                out[m[0].removesuffix(".lock")] = KeyGroupRange(start, end)
-        return out
-
-    def _take_moved(self, parent: str, path: str, secret: bytes) -> None:
-        """With no kept database of this very range: take over the one of the overlapping range that shares the
-        most key groups with it (boundaries moved, or a rescale), if its sealed marker and files check out. Its
-        directory becomes this range's (under both locks); its marker is removed at once (it vouches for the old
-        range only) and kept in memory for ``restore``, which drops the key groups that left and restores those
-        that arrived (see ``_resume_moved``)."""
-        r = self.key_group_range
-        candidates = sorted(self._overlapping_warm(parent).items(),
-                            key=lambda nr: (-len(nr[1].intersection(r)), nr[1].start))
-        for name, old in candidates:
-            lock_file = _lock_range(parent, name)
-            if lock_file is None:
-                continue  # a running backend holds it
-            try:
-                old_path = os.path.join(parent, name)
-                if not os.path.isdir(old_path):
-                    continue
-                marker = _open_kept(old_path, secret)
-                if marker is None or marker.get("key_group_range") != [old.start, old.end]:
-                    continue
-                shutil.rmtree(path)
-                os.rename(old_path, path)
-                os.remove(os.path.join(path, _MARKER))
-                with contextlib.suppress(FileNotFoundError):
-                    os.remove(os.path.join(parent, name + ".lock"))
-                self._kept_marker = marker
-                self._moved_from = old
-                return
-            finally:
-                lock_file.close()
-
-    def _remove_stale_warm(self, parent: str, checkpoint_id: int | None = None) -> None:
-        """Delete the warm directories under ``parent`` (one job's) of key-group ranges that overlap this backend's
-        range but are not it: the ranges of one parallelism never overlap, so those are left from other ranges
-        (before a rescale or a boundary move). One that also overlaps other ranges and holds a sealed marker may
-        still be taken over by the backend of one of those (``_take_moved``): it stays until a restore from another
-        checkpoint than its marker's (``checkpoint_id``) makes it useless. Every range of the current ranges
-        overlaps some stale range it replaced, so the batches at the new ranges remove them all. A directory whose
-        lock a running backend holds is left alone; the lock is deleted with its directory, while held
-        (``_lock_range`` retries when it locked a file that was deleted meanwhile)."""
-        r = self.key_group_range
-        for name, old in sorted(self._overlapping_warm(parent).items()):
-            lock_file = _lock_range(parent, name)
-            if lock_file is None:
-                continue  # a running backend holds it
-            try:
-                if not (old.start >= r.start and old.end <= r.end):
-                    kept_at = _marker_checkpoint(os.path.join(parent, name))
-                    if kept_at is not None and checkpoint_id in (None, kept_at):
-                        continue  # a sibling range restoring from checkpoint ``kept_at`` may still take it over
-                shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
-                with contextlib.suppress(FileNotFoundError):
-                    os.remove(os.path.join(parent, name + ".lock"))
-            finally:
-                lock_file.close()
 
     def dispose(self) -> None:
         """Close the local database and delete it, unless it is kept warm (once; later calls do nothing)."""
@@ -1147,7 +912,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
                 if 4 * len(db_keys) * len(tables) >= estimate:
                     raw = self._scan(db_keys, np.unique(want_groups).tolist(), t.state_id_bytes)
                 else:
-                    raw = list(map(self._db.get, db_keys))
+                    raw = cast(list[bytes | None], self._db.get(cast(Any, db_keys)))   # one multi-get
                 t.fill(want_keys, want_groups - self._start, order, db_keys, raw)
 
     def _scan(self, db_keys: list[bytes], groups: list[int], state_id_bytes: bytes) -> list[bytes | None]:
@@ -1173,11 +938,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         no longer holds."""
         with self._marker_lock:
             self._writes += 1
-            if self._warm_path is not None:
-                try:
-                    os.remove(os.path.join(self._warm_path, _MARKER))
-                except FileNotFoundError:
-                    pass
+            if self._warm is not None:
+                self._warm.remove_marker()
         write()
 
     def _flush(self, *, evict: bool = False, encoded: dict[str, dict[Any, bytes | None]] | None = None) -> None:
@@ -1269,15 +1031,15 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         (then nothing is read: the stats say 0 bytes and ``self.warm`` is True), or the kept database of an
         overlapping range at this checkpoint (a :class:`~keygroups.state._warm.WarmResume`: the key groups that
         arrived are read, those that left deleted; see ``_resume_moved``)."""
-        if self._warm_path is not None and not self._restored:
-            self._remove_stale_warm(os.path.dirname(self._warm_path), metadata.checkpoint_id)
-            if self._moved_from is not None:
+        if self._warm is not None and not self._restored:
+            self._warm.remove_stale(metadata.checkpoint_id)
+            if self._warm.moved_from is not None:
                 moved = self._resume_moved(storage, metadata, lazy)
                 if moved is not None:
                     return moved
                 self._reset_db()
                 return super().restore(storage, metadata, lazy=lazy)
-            states = self._warm_states(storage, metadata)
+            states = self._warm.states_at(storage, metadata, self.max_parallelism)
             if states is not None:
                 self._unchecked = False
                 self._restored = True
@@ -1297,9 +1059,10 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         exactly this checkpoint's state of that range: the key groups that left are deleted (a ranged delete each
         run), those still owned stay as they are, and the chains of those that arrived are read (ranged reads, as a
         restore reads them). None when the marker does not match (nothing changed yet)."""
-        old = self._moved_from
+        assert self._warm is not None
+        old = self._warm.moved_from
         assert old is not None
-        states = self._warm_states(storage, metadata, old)
+        states = self._warm.states_at(storage, metadata, self.max_parallelism, old)
         if states is None:
             return None
         r = self.key_group_range
@@ -1338,68 +1101,30 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
                           restored=tuple(kg for kg in r if kg not in old), dropped=tuple(dropped),
                           bytes_restored=restored_bytes)
 
-    def _warm_states(self, storage: CheckpointStorage, metadata: CheckpointMetadata,
-                     kept_range: KeyGroupRange | None = None) -> list[dict[str, Any]] | None:
-        """The states of the warm database if its marker matches this restore exactly (for ``kept_range``, this
-        backend's range by default), else None."""
-        assert self._warm_path is not None
-        marker = self._kept_marker  # as sealed when its backend closed the database, checked before this one opened it
-        self._kept_marker = None
-        if marker is None:
-            return None
-        try:
-            r = self.key_group_range if kept_range is None else kept_range
-            if not (isinstance(marker, dict) and marker.get("version") == WARM_MARKER_VERSION
-                    and marker.get("location") == storage.location
-                    and marker.get("checkpoint_id") == metadata.checkpoint_id
-                    and marker.get("max_parallelism") == self.max_parallelism == metadata.max_parallelism
-                    and marker.get("key_group_range") == [r.start, r.end]):
-                return None
-            handle_file = marker.get("handle_file")
-            if not any(h.file == handle_file and h.key_group_range == r for h in metadata.keyed_handles):
-                return None
-            states = marker.get("states")
-            if not isinstance(states, list) or not all(isinstance(s, dict) and "name" in s for s in states):
-                return None
-            return states
-        except (TypeError, ValueError):
-            return None  # a marker of another shape: restore instead
-
     def _check_warm(self) -> None:
         """Empty a kept database that restore() has not vouched for, before its data is first used."""
         if self._unchecked:
             self._reset_db()
 
     def _reset_db(self) -> None:
-        """Empty the database (a warm one that cannot be reused)."""
-        assert self._warm_path is not None
+        """Empty the database (a warm one that cannot be reused): closed, deleted and created anew, so that nothing
+        of it is ever read again (a damaged file included; a ranged delete and a compaction would read it)."""
         self._unchecked = False
-        self._kept_marker = None
-        try:
-            os.remove(os.path.join(self._warm_path, _MARKER))
-        except FileNotFoundError:
-            pass
-        self._db.delete_range(b"\x00", b"\xff")
-        self._db.compact_range(None, None)
-
-    def _write_marker(self, storage: CheckpointStorage, checkpoint_id: int, handle: KeyedStateHandle,
-                      states: list[dict[str, Any]], writes: int) -> None:
-        """Vouch for the database as the state ``handle`` holds, unless it was written to since the capture."""
-        assert self._warm_path is not None
-        r = self.key_group_range
-        marker = {"version": WARM_MARKER_VERSION, "location": storage.location, "checkpoint_id": checkpoint_id,
-                  "max_parallelism": self.max_parallelism, "key_group_range": [r.start, r.end],
-                  "handle_file": handle.file, "states": states}
-        self._db.flush()  # no write-ahead log: the marker must not outlive data in the memtable
         with self._marker_lock:
-            if writes != self._writes:
-                return
-            path = os.path.join(self._warm_path, _MARKER)
-            with open(path + ".tmp", "w", encoding="utf-8") as f:
-                json.dump(marker, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(path + ".tmp", path)
+            self._writes += 1
+            if self._warm is not None:
+                self._warm.forget_kept()
+                self._warm.remove_marker()
+        self._finalizer.detach()
+        self._db.close()
+        db_dir = os.path.join(self._dir, "db")
+        shutil.rmtree(db_dir, ignore_errors=True)
+        if os.path.lexists(db_dir):
+            raise UnsafeDirectoryError(f"{db_dir} cannot be deleted")
+        self._db = _open(db_dir)
+        for t in self._tables.values():
+            t.db = self._db
+        self._finalizer = self._new_finalizer()
 
     # ---- snapshots --------------------------------------------------------------------------------------------------
     def snapshot(self, checkpoint_id: int, storage: CheckpointStorage) -> SnapshotFuture[KeyedStateHandle]:
@@ -1454,8 +1179,11 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
                 if cp_dir is not None:
                     shutil.rmtree(cp_dir, ignore_errors=True)
             self._after_snapshot(handle)
-            if self._warm_path is not None:
-                self._write_marker(storage, checkpoint_id, handle, metas, writes)
+            if self._warm is not None:
+                self._db.flush()  # no write-ahead log: the marker must not outlive data in the memtable
+                with self._marker_lock:
+                    if writes == self._writes:   # nothing written since the capture
+                        self._warm.write_marker(storage, checkpoint_id, handle, metas, self.max_parallelism)
             return handle
 
         return SnapshotFuture.start(work, name=f"keyed-{self.subtask_index} chk-{checkpoint_id} (rocksdb)")
