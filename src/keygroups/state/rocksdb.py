@@ -138,14 +138,36 @@ def _next_prefix(prefix: bytes) -> bytes:
     return bytes(b)
 
 
-def _scan(db: rocksdict.Rdict, prefix: bytes) -> Iterator[tuple[Any, Any]]:
-    """The rows of ``db`` whose key starts with ``prefix``, in key order. The iterator is bounded above, so it stops
-    at the prefix's end by itself: unbounded, every seek first walked over the deleted rows (tombstones) past the
-    prefix, which made a scan per key after mass deletes (timers fired, maps emptied) quadratic."""
-    bound = rocksdict.ReadOptions()
-    bound.set_iterate_upper_bound(_next_prefix(prefix))
-    # A generator, so that ``bound`` lives as long as the iterator that points into it.
-    yield from db.items(from_key=prefix, read_opt=bound)
+def _scan(db: rocksdict.Rdict, prefix: bytes | None = None) -> Iterator[tuple[Any, Any]]:
+    """The rows of ``db`` whose key starts with ``prefix`` (all of them: None), in key order. The iterator is bounded
+    above, so it stops at the prefix's end by itself: unbounded, every seek first walked over the deleted rows
+    (tombstones) past the prefix, which made a scan per key after mass deletes (timers fired, maps emptied)
+    quadratic.
+
+    RocksDB's iterator stops at a damaged block as if the rows had ended and says so only in its status, which
+    rocksdict's ``items()`` never asks: a scan through it would silently lose the rest of the rows (and a snapshot
+    would write them lost). This one asks at the end and raises RocksDB's error ("Corruption: ...")."""
+    options = rocksdict.ReadOptions()
+    if prefix is not None:
+        options.set_iterate_upper_bound(_next_prefix(prefix))
+    # A generator, so that ``options`` lives as long as the iterator that points into it.
+    it = db.iter(options)
+    if prefix is None:
+        it.seek_to_first()
+    else:
+        it.seek(prefix)
+    valid, key, value, advance = it.valid, it.key, it.value, it.next
+    while valid():
+        yield key(), value()
+        advance()
+    try:
+        it.status()
+        return
+    except Exception as e:  # noqa: BLE001 - rocksdict raises plain Exception
+        message = str(e)
+    # raised anew, without the iterator in a traceback: it keeps the database open (see _fall_back_cold)
+    del it, valid, key, value, advance
+    raise Exception(message)
 
 
 def _open(path: str) -> rocksdict.Rdict:
@@ -296,10 +318,10 @@ class _RocksTable:
         prefix = self.db_key(kgi, key)
         framing = self.read_framing
         if self.is_map:
-            rows = self.rows(prefix)
+            rows = self.backend._read(lambda: self.rows(prefix))
             v = framing.decode(framing.map_from_rows(rows)) if rows else MISSING
         else:
-            raw = self.db.get(prefix)
+            raw = self.backend._read(lambda: self.db.get(prefix))
             v = MISSING if raw is None else framing.decode(raw)
         self.cache[key] = v
         if self.mutable and v is not MISSING:
@@ -311,7 +333,8 @@ class _RocksTable:
         framing = self.read_framing
         self.backend._check_warm()
         m = {}
-        for ukb, stored in self.rows(self.db_key(kgi, key)):
+        prefix = self.db_key(kgi, key)
+        for ukb, stored in self.backend._read(lambda: self.rows(prefix)):
             m.update(framing.decode(framing.map_from_rows([(ukb, stored)])))
         for uk, v in overlay.items():
             if v is MISSING:
@@ -547,7 +570,8 @@ class _RocksMap(MapState):
         if v is _ABSENT:
             if type(m) is not _Overlay:
                 return None
-            raw = t.db.get(t.db_key(kgi, k) + self._uks(key))
+            row = t.db_key(kgi, k) + self._uks(key)
+            raw = t.backend._read(lambda: t.db.get(row))
             v = m[key] = MISSING if raw is None else self._uvd(raw)
         if v is MISSING:
             return None
@@ -563,7 +587,8 @@ class _RocksMap(MapState):
             return False
         v = m.get(key, _ABSENT)
         if v is _ABSENT and type(m) is _Overlay:
-            return t.db.get(t.db_key(kgi, k) + self._uks(key)) is not None
+            row = t.db_key(kgi, k) + self._uks(key)
+            return t.backend._read(lambda: t.db.get(row)) is not None
         return v is not _ABSENT and v is not MISSING
 
     def put(self, key: Any, value: Any) -> None:
@@ -650,6 +675,11 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         self._gathered = SstRestore()   # a restore's blocks, until it ingests them as one file
         self._python_restored: set[int] = set()   # key groups a restore applied row by row (migrated states)
         self._writes = 0  # database writes so far: a marker vouches only for the write count it was captured at
+        # A kept database's restore point and the write count when it was resumed: until the first write, a damaged
+        # database can still be replaced by a cold restore of the same checkpoint (_fall_back_cold).
+        self._resumed_from: tuple[CheckpointStorage, CheckpointMetadata] | None = None
+        self._writes_at_resume = -1
+        self._refilling = False
         self.warm = False  # True when restore() reused a warm database
         #: This range's claimed warm directory (``rocksdb_warm``); None: the database is not kept.
         self._warm = WarmDirectory.claim(warm_dir, key_group_range) if warm_dir is not None else None
@@ -658,11 +688,26 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
             self._dir = tempfile.mkdtemp(prefix="keygroups-rocksdb-", dir=db_dir)
         else:
             self._dir = self._warm.path
-        self._db = _open(os.path.join(self._dir, "db"))
+        self._db = self._open_db(os.path.join(self._dir, "db"))
         # A kept database is used only once restore() has checked it against its checkpoint; anything that touches
         # the data first (a job that does not restore) empties it.
         self._unchecked = self._warm is not None
         self._finalizer = self._new_finalizer()
+
+    def _open_db(self, db_dir: str) -> rocksdict.Rdict:
+        """Open the database; a kept one that RocksDB cannot open (a damaged file it reads on opening) is deleted
+        and created anew, with a warning: it is then restored, not reused."""
+        try:
+            return _open(db_dir)
+        except Exception as e:  # noqa: BLE001 - rocksdict raises plain Exception
+            if self._warm is None:
+                raise
+            log.warning("warm state: the kept RocksDB database in %s cannot be opened (%s); it is deleted and "
+                        "restored", db_dir, str(e)[:200])
+            self._warm.forget_kept()
+            self._warm.remove_marker()
+        shutil.rmtree(db_dir, ignore_errors=True)
+        return _open(db_dir)
 
     def _new_finalizer(self) -> weakref.finalize:
         warm = self._warm
@@ -698,9 +743,11 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
 
     # ---- hooks ------------------------------------------------------------------------------------------------------
     def _has_data(self) -> bool:
+        if self._refilling:
+            return False   # a kept database replaced by a cold restore (_fall_back_cold): the cache stays
         if any(t.pending for t in self._tables.values()):
             return True
-        for _ in self._db.keys():
+        for _ in _scan(self._db):
             return True
         return False
 
@@ -745,7 +792,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
                 batch.put(prefix, v)
 
         group: tuple[bytes, list[tuple[bytes, bytes]], list[bytes]] | None = None  # one map key's rows
-        for k, v in self._db.items():
+        for k, v in _scan(self._db):
             k, v = cast(bytes, k), cast(bytes, v)
             if k[2:4] != t.state_id_bytes:
                 continue
@@ -910,9 +957,10 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
                 db_keys, order = _sorted_db_keys(self.key_serializer.serialize_many, want_keys, want_groups,
                                                  t.state_id, unique=True)
                 if 4 * len(db_keys) * len(tables) >= estimate:
-                    raw = self._scan(db_keys, np.unique(want_groups).tolist(), t.state_id_bytes)
+                    groups_wanted = np.unique(want_groups).tolist()
+                    raw = self._read(lambda: self._scan(db_keys, groups_wanted, t.state_id_bytes))
                 else:
-                    raw = cast(list[bytes | None], self._db.get(cast(Any, db_keys)))   # one multi-get
+                    raw = self._read(lambda: self._db.get(cast(Any, db_keys)))   # one multi-get
                 t.fill(want_keys, want_groups - self._start, order, db_keys, raw)
 
     def _scan(self, db_keys: list[bytes], groups: list[int], state_id_bytes: bytes) -> list[bytes | None]:
@@ -988,7 +1036,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         self._flush()  # (checks a kept database first)
         deserialize = self.key_serializer.deserialize
         last = None
-        for k in list(self._db.keys()):
+        for k in self._read(lambda: [k for k, _ in _scan(self._db)]):
             k = cast(bytes, k)
             if k[2:4] == t.state_id_bytes:
                 key_bytes = _split_db_key(k)[2]
@@ -1036,6 +1084,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
             if self._warm.moved_from is not None:
                 moved = self._resume_moved(storage, metadata, lazy)
                 if moved is not None:
+                    self._resumed(storage, metadata)
                     return moved
                 self._reset_db()
                 return super().restore(storage, metadata, lazy=lazy)
@@ -1049,6 +1098,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
                 self._chains = chain_stats(metadata, self.key_group_range)
                 self._chain_metas = {meta["name"]: _canonical(meta) for meta in states}
                 self._after_restore(lazy)
+                self._resumed(storage, metadata)
                 return RestoreStats(0, 0)
             self._reset_db()
         return super().restore(storage, metadata, lazy=lazy)
@@ -1100,6 +1150,49 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         return WarmResume(restored_bytes, len(arrived), warm=tuple(kg for kg in r if kg in old),
                           restored=tuple(kg for kg in r if kg not in old), dropped=tuple(dropped),
                           bytes_restored=restored_bytes)
+
+    def _resumed(self, storage: CheckpointStorage, metadata: CheckpointMetadata) -> None:
+        self._resumed_from = (storage, metadata)
+        self._writes_at_resume = self._writes
+
+    def _read(self, read: Callable[[], Any]) -> Any:
+        """``read()`` (a read of the database); if it finds a kept database damaged (RocksDB's "Corruption": a file
+        that rotted on disk behind an intact seal), the database is replaced by a cold restore of the checkpoint it
+        was resumed at (``_fall_back_cold``) and ``read()`` runs again."""
+        try:
+            return read()
+        except Exception as e:  # noqa: BLE001 - rocksdict raises plain Exception; only a corrupt kept one is caught
+            if not self._may_fall_back(e):
+                raise
+            error = str(e)
+        # here, past the except block, nothing holds the failed read's frames (an iterator in them keeps the
+        # database open)
+        self._fall_back_cold(error)
+        return read()
+
+    def _may_fall_back(self, error: Exception) -> bool:
+        """Whether ``error`` is RocksDB's "Corruption" in a kept database that nothing was written to since it was
+        resumed, which ``_fall_back_cold`` can replace."""
+        return (self._resumed_from is not None and self._writes == self._writes_at_resume
+                and str(error).startswith("Corruption"))
+
+    def _fall_back_cold(self, error: str) -> None:
+        """Replace a damaged kept database by a cold restore of the checkpoint it was resumed at (the cache, with
+        this batch's changes, stays: every value in it was read intact or written by the batch)."""
+        assert self._resumed_from is not None
+        storage, metadata = self._resumed_from
+        self._resumed_from = None
+        log.warning("warm state: the kept RocksDB database of key groups %s is damaged (%s); it is deleted and "
+                    "key groups restored cold from checkpoint %d", self.key_group_range, error[:200],
+                    metadata.checkpoint_id)
+        self._reset_db()
+        self.warm = False
+        self._restored = False
+        self._refilling = True
+        try:
+            KeyedStateBackendBase.restore(self, storage, metadata)
+        finally:
+            self._refilling = False
 
     def _check_warm(self) -> None:
         """Empty a kept database that restore() has not vouched for, before its data is first used."""
