@@ -311,11 +311,11 @@ class _RocksTable:
     # ---- the cache ------------------------------------------------------------------------------------------------
     def load(self) -> Any:
         """The current key's value from the database (MISSING if none), now cached."""
-        key, kgi = self.current()
+        key, group_index = self.current()
         self.backend._check_warm()
         if len(self.cache) >= self.backend.cache_limit:
             self.backend._flush(evict=True)
-        prefix = self.db_key(kgi, key)
+        prefix = self.db_key(group_index, key)
         framing = self.read_framing
         if self.is_map:
             rows = self.backend._read(lambda: self.rows(prefix))
@@ -325,15 +325,15 @@ class _RocksTable:
             v = MISSING if raw is None else framing.decode(raw)
         self.cache[key] = v
         if self.mutable and v is not MISSING:
-            self.pending[key] = kgi
+            self.pending[key] = group_index
         return v
 
-    def whole(self, key: Any, kgi: int, overlay: _Overlay) -> Any:
+    def whole(self, key: Any, group_index: int, overlay: _Overlay) -> Any:
         """A map key's overlay completed with its other rows from the database: the whole map (or MISSING)."""
         framing = self.read_framing
         self.backend._check_warm()
         m = {}
-        prefix = self.db_key(kgi, key)
+        prefix = self.db_key(group_index, key)
         for ukb, stored in self.backend._read(lambda: self.rows(prefix)):
             m.update(framing.decode(framing.map_from_rows([(ukb, stored)])))
         for uk, v in overlay.items():
@@ -343,7 +343,7 @@ class _RocksTable:
                 m[uk] = v
         v = m if m else MISSING
         self.cache[key] = v
-        self.pending[key] = kgi  # the overlay may hold unflushed changes
+        self.pending[key] = group_index  # the overlay may hold unflushed changes
         return v
 
     # ---- store interface of the generic states (maps: the whole map of the current key) ---------------------------
@@ -353,24 +353,24 @@ class _RocksTable:
         if v is _ABSENT:
             return self.load()
         if type(v) is _Overlay:
-            key, kgi = self.current()
-            return self.whole(key, kgi, v)
+            key, group_index = self.current()
+            return self.whole(key, group_index, v)
         if self.mutable and v is not MISSING:
             self.pending[c.key] = c.kgi
         return v
 
     def put(self, value: Any) -> None:
-        key, kgi = self.current()
+        key, group_index = self.current()
         self.cache[key] = value
-        self.pending[key] = kgi
+        self.pending[key] = group_index
 
     def delete(self) -> None:
-        key, kgi = self.current()
+        key, group_index = self.current()
         self.cache[key] = MISSING
-        self.pending[key] = kgi
+        self.pending[key] = group_index
 
     def append(self, items: list[Any]) -> None:
-        key, kgi = self.current()
+        key, group_index = self.current()
         cur = self.cache.get(key, _ABSENT)
         if cur is _ABSENT:
             cur = self.load()
@@ -378,7 +378,7 @@ class _RocksTable:
             self.cache[key] = items  # a fresh list built by the state
         else:
             cur.extend(items)
-        self.pending[key] = kgi
+        self.pending[key] = group_index
 
     def ttl_deadline(self) -> int | None:
         return self.backend._snapshot_ttl_deadline(self.descriptor)
@@ -478,10 +478,10 @@ class _RocksTable:
         gp, sid, ser = self.backend._group_prefix, self.state_id_bytes, self.backend._serialize_key
         cache, write = self.cache, self.write_framing
         add = ops.append
-        for key, kgi in self.pending.items():
+        for key, group_index in self.pending.items():
             v = cache[key]
             try:
-                k = gp[kgi] + sid + _frame_key(ser(key))
+                k = gp[group_index] + sid + _frame_key(ser(key))
                 if type(v) is _Overlay:
                     uks, uvs = write.key_ser.serialize, write.ser.serialize
                     for uk, x in v.items():
@@ -551,70 +551,70 @@ class _RocksMap(MapState):
     def _entry(self) -> tuple[Any, Any, int]:
         """(the current key's cache entry: overlay, whole map or MISSING; the key; its key-group index)."""
         t = self._t
-        key, kgi = t.current()
+        key, group_index = t.current()
         m = t.cache.get(key, _ABSENT)
         if m is _ABSENT:
             t.backend._check_warm()
             if len(t.cache) >= t.backend.cache_limit:
                 t.backend._flush(evict=True)
             m = t.cache[key] = _Overlay()
-        return m, key, kgi
+        return m, key, group_index
 
     def get(self, key: Any) -> Any:
         key = java_key(key)
         t = self._t
-        m, k, kgi = self._entry()
+        m, k, group_index = self._entry()
         if m is MISSING:
             return None
         v = m.get(key, _ABSENT)
         if v is _ABSENT:
             if type(m) is not _Overlay:
                 return None
-            row = t.db_key(kgi, k) + self._uks(key)
+            row = t.db_key(group_index, k) + self._uks(key)
             raw = t.backend._read(lambda: t.db.get(row))
             v = m[key] = MISSING if raw is None else self._uvd(raw)
         if v is MISSING:
             return None
         if t.mutable:
-            t.pending[k] = kgi
+            t.pending[k] = group_index
         return v
 
     def contains(self, key: Any) -> bool:
         key = java_key(key)
         t = self._t
-        m, k, kgi = self._entry()
+        m, k, group_index = self._entry()
         if m is MISSING:
             return False
         v = m.get(key, _ABSENT)
         if v is _ABSENT and type(m) is _Overlay:
-            row = t.db_key(kgi, k) + self._uks(key)
+            row = t.db_key(group_index, k) + self._uks(key)
             return t.backend._read(lambda: t.db.get(row)) is not None
         return v is not _ABSENT and v is not MISSING
 
     def put(self, key: Any, value: Any) -> None:
         key = java_key(key)
         t = self._t
-        m, k, kgi = self._entry()
+        m, k, group_index = self._entry()
         if m is MISSING:
             m = t.cache[k] = {}
         m[key] = value
-        t.pending[k] = kgi
+        t.pending[k] = group_index
 
     def put_all(self, mapping: dict[Any, Any]) -> None:
         if not mapping:
             return
         mapping = java_map(mapping)
         t = self._t
-        m, k, kgi = self._entry()
+        m, k, group_index = self._entry()
         if m is MISSING:
             m = t.cache[k] = {}
         m.update(mapping)
-        t.pending[k] = kgi
+        t.pending[k] = group_index
 
     def remove(self, key: Any) -> None:
         key = java_key(key)
         t = self._t
-        m, k, kgi = self._entry()
+        m, k, group_index = self._entry()
         if m is MISSING:
             return
         if type(m) is _Overlay:
@@ -623,15 +623,15 @@ class _RocksMap(MapState):
             return
         elif not m:
             t.cache[k] = MISSING
-        t.pending[k] = kgi
+        t.pending[k] = group_index
 
     def _whole(self) -> Any:
         t = self._t
-        m, k, kgi = self._entry()
+        m, k, group_index = self._entry()
         if type(m) is _Overlay:
-            return t.whole(k, kgi, m)
+            return t.whole(k, group_index, m)
         if t.mutable and m is not MISSING:
-            t.pending[k] = kgi
+            t.pending[k] = group_index
         return m
 
     def items(self) -> list[tuple[Any, Any]]:
@@ -1057,20 +1057,20 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
             return java_key(deserialize(key_bytes))
 
         framing = t.read_framing
-        for kgi in range(self._n):
-            prefix = self._group_prefix[kgi] + t.state_id_bytes
+        for group_index in range(self._n):
+            prefix = self._group_prefix[group_index] + t.state_id_bytes
             key_bytes: bytes | None = None
             rows: list[tuple[bytes, bytes]] = []
             for k, v in _scan(self._db, prefix):
                 _, _, kb, user_key = _split_db_key(cast(bytes, k))
                 if kb != key_bytes:
                     if rows:
-                        yield self._start + kgi, deserialize_key(key_bytes), list(
+                        yield self._start + group_index, deserialize_key(key_bytes), list(
                             framing.decode(framing.map_from_rows(rows)))
                     key_bytes, rows = kb, []
                 rows.append((user_key, cast(bytes, v)))
             if rows:
-                yield self._start + kgi, deserialize_key(key_bytes), list(framing.decode(framing.map_from_rows(rows)))
+                yield self._start + group_index, deserialize_key(key_bytes), list(framing.decode(framing.map_from_rows(rows)))
 
     # ---- warm database ----------------------------------------------------------------------------------------------
     def restore(self, storage: CheckpointStorage, metadata: CheckpointMetadata, *, lazy: bool = True) -> RestoreStats:
@@ -1295,14 +1295,14 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
             known = encoded.get(t.name, {})
             deadline = t.ttl_deadline()
             framing = t.write_framing
-            for key, kgi in t.changed.items():
-                g = start + kgi
+            for key, group_index in t.changed.items():
+                g = start + group_index
                 if g in full:
                     continue
                 kb = ser(key)
                 value = known.get(key, _ABSENT)
                 if value is _ABSENT:
-                    db_key = self._group_prefix[kgi] + t.state_id_bytes + _frame_key(kb)
+                    db_key = self._group_prefix[group_index] + t.state_id_bytes + _frame_key(kb)
                     if t.is_map:
                         rows = t.rows(db_key)
                         value = framing.map_from_rows(rows) if rows else None
