@@ -246,6 +246,8 @@ def _sorted_db_keys(serialize_many: Callable[[Sequence[Any]], tuple[bytes, np.nd
         if not first.all():
             order, m = order[first], m[first]
             n = len(order)
+    if fixed and 8 + width == row:   # every row is exactly a key: numpy makes the bytes objects
+        return m.view(f"V{row}").ravel().tolist(), order
     buf = m.tobytes()
     if fixed:
         size = 8 + width
@@ -396,21 +398,21 @@ class _RocksTable:
         values: list[Any] = []
         if stored:
             offsets = np.zeros(len(stored) + 1, dtype=np.int64)
-            np.cumsum([len(r) for r in stored], out=offsets[1:])
+            np.cumsum(np.fromiter(map(len, stored), np.int64, len(stored)), out=offsets[1:])
             values = self.read_framing.decode_many(b"".join(stored), offsets)
         if found is not None:
             it = iter(values)
             values = [next(it) if f else MISSING for f in found]
         order_list = order.tolist()
-        sorted_keys = [keys[i] for i in order_list]
+        sorted_keys = list(map(keys.__getitem__, order_list))   # (map: a C loop, twice a comprehension's speed)
         cached_keys = sorted_keys
         if len(order_list) == len(keys):  # no repeated keys: back to the batch's order
             inverse = np.empty(len(order_list), dtype=np.int64)
             inverse[order] = np.arange(len(order_list))
             inverse_list = inverse.tolist()
-            values = [values[i] for i in inverse_list]
+            values = list(map(values.__getitem__, inverse_list))
             if found is not None:
-                found = [found[i] for i in inverse_list]
+                found = list(map(found.__getitem__, inverse_list))
             cached_keys, order = keys, np.arange(len(keys))
         self.cache.update(zip(cached_keys, values))
         if self.mutable and stored:
