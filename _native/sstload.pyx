@@ -23,16 +23,17 @@
 # cursor (cursor.pxd): bytes that say otherwise raise CorruptSnapshotError; nothing is read outside a buffer.
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
-from cpython.mem cimport PyMem_Free, PyMem_Malloc
+from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
 from cpython.object cimport PyObject_SetItem
 from libc.stdint cimport int64_t, uint8_t, uint16_t, uint32_t, uint64_t
-from libc.string cimport memcmp, memcpy
+from libc.string cimport memcmp, memcpy, memset
 
 cimport numpy as cnp
 
 from cursor cimport Cursor, cur_corrupt, cur_init, cur_read, cur_remaining, cur_u32, cur_u64
 
 import sys
+from operator import itemgetter
 
 import numpy as np
 
@@ -563,3 +564,134 @@ cdef int _fill_run(Run *r, Py_buffer *view, object key_offsets, object value_off
     r.order = NULL
     r.head = 0
     return 0
+
+
+# ---- the other direction: a key group's rows back into snapshot sections ---------------------------------------------
+
+cdef struct Grow:
+    # A growable byte buffer (PyMem).
+    uint8_t *data
+    Py_ssize_t size
+    Py_ssize_t cap
+
+
+cdef int _grow_add(Grow *g, const void *p, Py_ssize_t n) except -1:
+    cdef Py_ssize_t cap
+    cdef uint8_t *q
+    if n > g.cap - g.size:
+        cap = g.cap * 2 if g.cap else 4096
+        while cap < g.size + n:
+            cap *= 2
+        q = <uint8_t *>PyMem_Realloc(g.data, cap)
+        if q == NULL:
+            raise MemoryError(f"cannot grow a section buffer to {cap} bytes")
+        g.data = q
+        g.cap = cap
+    if n:
+        memcpy(g.data + g.size, p, n)
+    g.size += n
+    return 0
+
+
+cdef object _grow_bytes(Grow *g):
+    return PyBytes_FromStringAndSize(<const char *>g.data, g.size)
+
+
+cdef object _grow_offsets(Grow *g):
+    """The int64 offsets gathered in ``g`` as a numpy array."""
+    return np.frombuffer(_grow_bytes(g), dtype=np.int64)
+
+
+def value_sections(object iterator, int key_group, dict states):
+    """The rows of key group ``key_group`` as the keyed snapshot's sections, for states kept as one row per key
+    (value-like and list states): ``iterator`` is a rocksdict iterator positioned at the key group's first row and
+    bounded to its rows (it is advanced to the end; its status is checked, so a damaged block raises RocksDB's
+    error). ``states``: state id -> ``(state index, ttl, deadline)``, ``deadline`` None or the time at or before
+    which a value-like TTL state's entry expired (left out). Returns ``[(state index, keys, values), ...]`` in state
+    order, keys and values as ``(bytes, int64 offsets)`` pairs for ``Packed``; None when a row belongs to a state
+    not in ``states`` (a map state's rows: the caller scans in Python instead). CorruptSnapshotError for a row
+    whose key does not frame its key bytes."""
+    cdef object valid = iterator.valid, key = iterator.key, value = iterator.value, advance = iterator.next
+    cdef object k, v, spec
+    cdef const uint8_t *kp
+    cdef const uint8_t *vp
+    cdef Py_ssize_t kn, vn, n_slots = 0, slot, i
+    cdef uint32_t key_len
+    cdef int state_id, last_state = -1
+    cdef int64_t ts, deadline = 0, pos
+    cdef bint has_deadline = False, ttl = False
+    cdef Grow *bufs = NULL          # per slot: keys, key offsets, values, value offsets
+    cdef list slots = []            # slot -> state index
+    cdef dict slot_of = {}
+    cdef Cursor c
+    out = []
+    bufs = <Grow *>PyMem_Malloc(4 * (len(states) + 1) * sizeof(Grow))
+    if bufs == NULL:
+        raise MemoryError()
+    memset(bufs, 0, 4 * (len(states) + 1) * sizeof(Grow))
+    try:
+        while valid():
+            k = key()
+            v = value()
+            if type(k) is not bytes or type(v) is not bytes:
+                raise TypeError(f"value_sections reads a raw-mode database (bytes keys and values), got {k!r}")
+            kp = <const uint8_t *>PyBytes_AS_STRING(k)
+            kn = len(<bytes>k)
+            vp = <const uint8_t *>PyBytes_AS_STRING(v)
+            vn = len(<bytes>v)
+            if kn < PREFIX or ((kp[0] << 8) | kp[1]) != key_group:
+                cur_init(&c, kp, kn)
+                cur_corrupt(&c, f"a database row of key group {key_group} with key {k!r}")
+            key_len = (<uint32_t>kp[4] << 24) | (<uint32_t>kp[5] << 16) | (<uint32_t>kp[6] << 8) | kp[7]
+            state_id = (kp[2] << 8) | kp[3]
+            if state_id != last_state:
+                spec = states.get(state_id)
+                if spec is None:
+                    return None
+                if key_len != kn - PREFIX:
+                    cur_init(&c, kp, kn)
+                    cur_corrupt(&c, f"a database key of state {state_id} that says {key_len} key bytes")
+                item = slot_of.get(state_id)
+                if item is None:
+                    slot = n_slots
+                    slot_of[state_id] = slot
+                    slots.append(spec[0])
+                    n_slots += 1
+                    pos = 0
+                    _grow_add(&bufs[4 * slot + 1], &pos, 8)
+                    _grow_add(&bufs[4 * slot + 3], &pos, 8)
+                else:
+                    slot = item
+                ttl = spec[1]
+                has_deadline = spec[2] is not None
+                deadline = spec[2] if has_deadline else 0
+                last_state = state_id
+            elif key_len != kn - PREFIX:
+                cur_init(&c, kp, kn)
+                cur_corrupt(&c, f"a database key of state {state_id} that says {key_len} key bytes")
+            if ttl and has_deadline:
+                if vn < TS_SIZE:
+                    cur_init(&c, vp, vn)
+                    cur_corrupt(&c, f"a TTL value of {vn} bytes, shorter than its timestamp")
+                memcpy(&ts, vp, TS_SIZE)
+                if ts <= deadline:
+                    advance()
+                    continue
+            _grow_add(&bufs[4 * slot], kp + PREFIX, kn - PREFIX)
+            pos = bufs[4 * slot].size
+            _grow_add(&bufs[4 * slot + 1], &pos, 8)
+            _grow_add(&bufs[4 * slot + 2], vp, vn)
+            pos = bufs[4 * slot + 2].size
+            _grow_add(&bufs[4 * slot + 3], &pos, 8)
+            advance()
+        iterator.status()
+        for i in range(n_slots):
+            if bufs[4 * i + 1].size > 8:
+                out.append((slots[i], (_grow_bytes(&bufs[4 * i]), _grow_offsets(&bufs[4 * i + 1])),
+                            (_grow_bytes(&bufs[4 * i + 2]), _grow_offsets(&bufs[4 * i + 3]))))
+    finally:
+        for i in range(4 * (len(states) + 1)):
+            PyMem_Free(bufs[i].data)
+        PyMem_Free(bufs)
+    out.sort(key=itemgetter(0))
+    return out

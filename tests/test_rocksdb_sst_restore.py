@@ -200,3 +200,43 @@ def test_keys_are_written_in_the_database_order_and_the_newest_entry_wins(tmp_pa
                                    (b"\x00\x01\x00\x07\x00\x00\x00\x02aa", b"9")]
     finally:
         db.close()
+
+
+class PythonScan(RocksDBKeyedStateBackend):
+    """The reference: full key groups scanned row by row in Python."""
+
+    @staticmethod
+    def _compiled_sections(view, key_group, states):
+        return None
+
+
+def snapshot_entries(storage, handle):
+    """(key group, state name, key bytes) -> value bytes of a full snapshot file."""
+    from keygroups.checkpoint import read_key_groups
+    blocks, _ = read_key_groups(storage, handle, handle.key_group_range, copy=True)
+    out = {}
+    for block in blocks:
+        assert block.full and not block.deletes
+        for index, keys, values in block.puts:
+            for k, v in zip(keys, values):
+                out[(block.key_group, handle.states[index]["name"], k)] = v
+    return out
+
+
+@settings(max_examples=15, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(ops=OPS, later=st.floats(0, 3))
+def test_the_compiled_full_scan_writes_what_the_python_scan_writes(tmp_path_factory, ops, later):
+    storage = CheckpointStorage(str(tmp_path_factory.mktemp("ck")))
+    handles = []
+    for cls in (RocksDBKeyedStateBackend, PythonScan):
+        clock = Clock()
+        b = cls(key_group_range(8, 1, 0), 8, StrSerializer(), clock=clock)
+        try:
+            states = {d.name: b.get_state(d) for d in descriptors()}
+            apply(b, states, clock, ops)
+            clock.now += later   # TTL values expired by then are left out of the snapshot
+            handles.append(b.snapshot(len(handles) + 1, storage).result(60))
+        finally:
+            b.dispose()
+    assert snapshot_entries(storage, handles[0]) == snapshot_entries(storage, handles[1])

@@ -69,6 +69,8 @@ from keygroups.state._codec import UNWRITABLE, ValueFraming
 from keygroups.state.descriptors import StateDescriptor
 from keygroups.state._warm import WarmResume
 from keygroups.state.rocksdb_ingest import SstRestore, table_options
+from keygroups._native import sstload
+from keygroups.checkpoint.format import Packed
 from keygroups.state.rocksdb_warm import WarmDirectory, seal_kept
 from keygroups.state.states import MISSING, MapState, ValueState
 
@@ -1247,11 +1249,19 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
             rocksdict.Checkpoint(self._db).create_checkpoint(cp_dir)
         view: rocksdict.Rdict | None = None
 
+        # states the compiled scan reads (one row per key; not a TTL list, whose frames expire one by one)
+        compiled = {t.state_id: (t.state_id, t.write_framing.ttl, deadlines[t.state_id]) for t in tables
+                    if not t.is_map and not (t.meta["kind"] == "list" and deadlines[t.state_id] is not None)}
+
         def blocks() -> Iterator[tuple[int, list[Any], list[Any]]]:
             for g in self.key_group_range:
                 if g in full:
                     assert view is not None
                     prefix = _U16.pack(g)
+                    sections = self._compiled_sections(view, g, compiled)
+                    if sections is not None:
+                        yield g, sections, []
+                        continue
                     rows = _scan(view, prefix)
                     for _, sections in self._groups(rows, deadlines, framings, maps):
                         yield g, sections, []
@@ -1282,6 +1292,20 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
             return handle
 
         return SnapshotFuture.start(work, name=f"keyed-{self.subtask_index} chk-{checkpoint_id} (rocksdb)")
+
+    @staticmethod
+    def _compiled_sections(view: rocksdict.Rdict, key_group: int, states: dict[int, Any]) -> list[Any] | None:
+        """Key group ``key_group``'s rows in ``view`` as full-block sections, scanned in compiled code
+        (``sstload.value_sections``); None when a row is of a state it does not read (a map)."""
+        prefix = _U16.pack(key_group)
+        options = rocksdict.ReadOptions()
+        options.set_iterate_upper_bound(_next_prefix(prefix))
+        it = view.iter(options)
+        it.seek(prefix)
+        sections = sstload.value_sections(it, key_group, states)
+        if sections is None:
+            return None
+        return [(s, Packed(*keys), Packed(*values)) for s, keys, values in sections]
 
     def _capture_deltas(self, tables: list[_RocksTable], full: set[int], encoded: dict[str, dict[Any, bytes | None]]
                         ) -> dict[int, tuple[dict[int, tuple[list[bytes], list[bytes]]], dict[int, list[bytes]]]]:
