@@ -695,3 +695,91 @@ def value_sections(object iterator, int key_group, dict states):
         PyMem_Free(bufs)
     out.sort(key=itemgetter(0))
     return out
+
+
+cdef int _group_of(object db_key, const uint8_t **p, Py_ssize_t *n) except -1:
+    if type(db_key) is not bytes:
+        raise TypeError(f"a database key must be bytes, got {type(db_key).__name__}")
+    p[0] = <const uint8_t *>PyBytes_AS_STRING(db_key)
+    n[0] = len(<bytes>db_key)
+    if n[0] < PREFIX:
+        raise ValueError(f"database key {db_key!r} is shorter than its {PREFIX}-byte prefix")
+    return (p[0][0] << 8) | p[0][1]
+
+
+def delta_sections(list put_keys, list put_values, list deleted_keys, object full, bint ttl, object deadline):
+    """One state's changes of a flush as delta sections per key group: ``put_keys`` (database keys, ascending) and
+    ``put_values`` (their stored values), ``deleted_keys`` (ascending). Key groups in ``full`` (a container) are left
+    out (their blocks are written whole); with a TTL ``deadline``, a put whose timestamp is at or before it becomes a
+    delete. Returns ``[(key group, puts, deletes), ...]`` ascending, ``puts`` None or ``((key bytes, offsets), (value
+    bytes, offsets))``, ``deletes`` None or ``(key bytes, offsets)``: the serialized keys (the database key without
+    its prefix), ready for ``Packed``."""
+    cdef Py_ssize_t n_put = len(put_keys), n_del = len(deleted_keys), i = 0, j = 0, kn, vn
+    cdef const uint8_t *kp
+    cdef const uint8_t *vp
+    cdef int group, gp, gd
+    cdef int64_t pos, ts, cutoff = 0
+    cdef bint has_deadline = ttl and deadline is not None
+    cdef Grow bufs[6]   # put keys, put key offsets, put values, value offsets, deleted keys, deleted offsets
+    cdef object v
+    cdef Cursor c
+    cdef int b
+    if len(put_values) != n_put:
+        raise ValueError(f"{n_put} put keys but {len(put_values)} values")
+    if has_deadline:
+        cutoff = deadline
+    memset(bufs, 0, sizeof(bufs))
+    out = []
+    try:
+        while i < n_put or j < n_del:
+            gp = _group_of(put_keys[i], &kp, &kn) if i < n_put else 0x10000
+            gd = _group_of(deleted_keys[j], &kp, &kn) if j < n_del else 0x10000
+            group = gp if gp < gd else gd
+            for b in range(6):
+                bufs[b].size = 0
+            pos = 0
+            _grow_add(&bufs[1], &pos, 8)
+            _grow_add(&bufs[3], &pos, 8)
+            _grow_add(&bufs[5], &pos, 8)
+            while i < n_put and _group_of(put_keys[i], &kp, &kn) == group:
+                v = put_values[i]
+                if type(v) is not bytes:
+                    raise TypeError(f"a stored value must be bytes, got {type(v).__name__}")
+                vp = <const uint8_t *>PyBytes_AS_STRING(v)
+                vn = len(<bytes>v)
+                i += 1
+                if has_deadline:
+                    if vn < TS_SIZE:
+                        cur_init(&c, vp, vn)
+                        cur_corrupt(&c, f"a TTL value of {vn} bytes, shorter than its timestamp")
+                    memcpy(&ts, vp, TS_SIZE)
+                    if ts <= cutoff:   # expired: a delete
+                        _grow_add(&bufs[4], kp + PREFIX, kn - PREFIX)
+                        pos = bufs[4].size
+                        _grow_add(&bufs[5], &pos, 8)
+                        continue
+                _grow_add(&bufs[0], kp + PREFIX, kn - PREFIX)
+                pos = bufs[0].size
+                _grow_add(&bufs[1], &pos, 8)
+                _grow_add(&bufs[2], vp, vn)
+                pos = bufs[2].size
+                _grow_add(&bufs[3], &pos, 8)
+            while j < n_del and _group_of(deleted_keys[j], &kp, &kn) == group:
+                j += 1
+                _grow_add(&bufs[4], kp + PREFIX, kn - PREFIX)
+                pos = bufs[4].size
+                _grow_add(&bufs[5], &pos, 8)
+            if group in full:
+                continue
+            puts = None
+            if bufs[1].size > 8:
+                puts = ((_grow_bytes(&bufs[0]), _grow_offsets(&bufs[1])),
+                        (_grow_bytes(&bufs[2]), _grow_offsets(&bufs[3])))
+            deletes = None
+            if bufs[5].size > 8:
+                deletes = (_grow_bytes(&bufs[4]), _grow_offsets(&bufs[5]))
+            out.append((group, puts, deletes))
+    finally:
+        for b in range(6):
+            PyMem_Free(bufs[b].data)
+    return out

@@ -240,3 +240,50 @@ def test_the_compiled_full_scan_writes_what_the_python_scan_writes(tmp_path_fact
         finally:
             b.dispose()
     assert snapshot_entries(storage, handles[0]) == snapshot_entries(storage, handles[1])
+
+
+class PythonDeltas(RocksDBKeyedStateBackend):
+    """The reference: deltas built key by key in Python (not cut from the snapshot's flush in compiled code)."""
+
+    def _capture_deltas(self, tables, full, encoded):
+        for t in tables:
+            t.flushed_rows = None
+        return super()._capture_deltas(tables, full, encoded)
+
+
+def delta_entries(storage, handle):
+    """(key group, state name) -> (puts as key -> value, deleted keys) of a snapshot file's delta blocks."""
+    from keygroups.checkpoint import read_key_groups
+    blocks, _ = read_key_groups(storage, handle, handle.key_group_range, copy=True)
+    out = {}
+    for block in blocks:
+        for index, keys, values in block.puts:
+            out.setdefault((block.key_group, block.full, handle.states[index]["name"]), [{}, set()])[0].update(
+                zip(keys, values))
+        for index, keys in block.deletes:
+            out.setdefault((block.key_group, block.full, handle.states[index]["name"]), [{}, set()])[1].update(keys)
+    return out
+
+
+@settings(max_examples=15, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(first=OPS, second=OPS, later=st.floats(0, 3))
+def test_deltas_cut_from_the_flush_are_the_deltas_built_key_by_key(tmp_path_factory, first, second, later):
+    storage = CheckpointStorage(str(tmp_path_factory.mktemp("ck")))
+    files = []
+    for cls in (RocksDBKeyedStateBackend, PythonDeltas):
+        clock = Clock()
+        b = cls(key_group_range(8, 1, 0), 8, StrSerializer(), clock=clock, max_chain=100, delta_fraction=100.0)
+        try:
+            states = {d.name: b.get_state(d) for d in descriptors()}
+            apply(b, states, clock, first)
+            # the first snapshot of a backend that did not restore is written full; the second is a delta
+            b.snapshot(10 * len(files) + 1, storage).result(60)
+            apply(b, states, clock, second)
+            clock.now += later   # TTL values expired by then become deletes in the delta
+            files.append(b.snapshot(10 * len(files) + 2, storage).result(60))
+        finally:
+            b.dispose()
+    compiled, reference = delta_entries(storage, files[0]), delta_entries(storage, files[1])
+    assert compiled == reference
+    assert not any(full for _, full, _ in compiled)   # deltas, every one

@@ -264,7 +264,7 @@ class _RocksTable:
 
     __slots__ = ("backend", "db", "ctx", "name", "state_id", "state_id_bytes", "meta", "descriptor", "read_framing",
                  "write_framing", "needs_migration", "is_map", "mutable", "cache", "pending", "changed",
-                 "prefetched", "restored_unregistered")
+                 "prefetched", "restored_unregistered", "flushed_rows")
 
     def __init__(self, backend: RocksDBKeyedStateBackend, name: str, state_id: int, meta: dict[str, Any],
                  read: ValueFraming, write: ValueFraming, descriptor: StateDescriptor | None) -> None:
@@ -280,6 +280,9 @@ class _RocksTable:
         # The batches prefetched since the last flush: (keys, their database keys), both in database-key order.
         self.prefetched: list[tuple[list[Any], list[bytes]]] = []
         self.restored_unregistered = False
+        # The rows of the flush a snapshot just made (database keys and values written, ascending; database keys
+        # deleted): its delta is cut from them in compiled code (see _capture_deltas). None after any other flush.
+        self.flushed_rows: tuple[list[bytes], list[bytes], list[bytes]] | None = None
         self.configure(meta, read, write, descriptor)
 
     def configure(self, meta: dict[str, Any], read: ValueFraming, write: ValueFraming,
@@ -457,9 +460,11 @@ class _RocksTable:
         cache = self.cache
         values = list(map(cache.__getitem__, keys))
         live = [v is not MISSING for v in values]
+        gone_db_keys: list[bytes] = []
         if not all(live):
             gone = list(itertools.compress(keys, map(operator.not_, live)))
-            collections.deque(map(batch.delete, itertools.compress(db_keys, map(operator.not_, live))), maxlen=0)
+            gone_db_keys = list(itertools.compress(db_keys, map(operator.not_, live)))
+            collections.deque(map(batch.delete, gone_db_keys), maxlen=0)
             if encoded is not None:
                 encoded.update(dict.fromkeys(gone, None))
             keys, db_keys = list(itertools.compress(keys, live)), list(itertools.compress(db_keys, live))
@@ -471,8 +476,10 @@ class _RocksTable:
             key = write.first_unwritable(zip(keys, values), self.backend.key_serializer.serialize, MISSING)
             raise write.unwritable(key, e, what="write to the database") from e
         collections.deque(map(batch.put, db_keys, encodings), maxlen=0)
+        self.flushed_rows = None
         if encoded is not None:
             encoded.update(zip(keys, encodings))
+            self.flushed_rows = (db_keys, encodings, gone_db_keys)
         return len(live)
 
     def write_pending(self, ops: list[tuple[bytes, Any]], encoded: dict[Any, bytes | None] | None) -> None:
@@ -889,7 +896,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         mv = block.block
         for state_index, key_offsets, value_offsets in block.puts:
             if len(key_offsets) != len(value_offsets):
-                raise CorruptSnapshotError(f"{handle.file}: key group {block.key_group}, state {state_index}: "
+                source = handle.file if handle is not None else "a re-keyed block"
+                raise CorruptSnapshotError(f"{source}: key group {block.key_group}, state {state_index}: "
                                            f"{len(key_offsets) - 1} keys but {len(value_offsets) - 1} values")
             if len(key_offsets) > 1:
                 ko, vo = key_offsets.tolist(), value_offsets.tolist()
@@ -1074,7 +1082,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
                     key_bytes, rows = kb, []
                 rows.append((user_key, cast(bytes, v)))
             if rows:
-                yield self._start + group_index, deserialize_key(key_bytes), list(framing.decode(framing.map_from_rows(rows)))
+                yield (self._start + group_index, deserialize_key(key_bytes),
+                       list(framing.decode(framing.map_from_rows(rows))))
 
     # ---- warm database ----------------------------------------------------------------------------------------------
     def restore(self, storage: CheckpointStorage, metadata: CheckpointMetadata, *, lazy: bool = True) -> RestoreStats:
@@ -1308,11 +1317,12 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         return [(s, Packed(*keys), Packed(*values)) for s, keys, values in sections]
 
     def _capture_deltas(self, tables: list[_RocksTable], full: set[int], encoded: dict[str, dict[Any, bytes | None]]
-                        ) -> dict[int, tuple[dict[int, tuple[list[bytes], list[bytes]]], dict[int, list[bytes]]]]:
+                        ) -> dict[int, tuple[dict[int, tuple[Any, Any]], dict[int, Any]]]:
         """Per key group outside ``full``: (state index -> (keys, values) put, state index -> keys deleted), the
         values as the snapshot format encodes them. Keys flushed earlier (past the cache limit) and maps written
         entry by entry are read back from the database; TTL-expired values become deletes."""
-        out: dict[int, tuple[dict[int, tuple[list[bytes], list[bytes]]], dict[int, list[bytes]]]] = {}
+        # keys and values: lists of bytes, or Packed when cut from a flush's rows
+        out: dict[int, tuple[dict[int, tuple[Any, Any]], dict[int, Any]]] = {}
         ser = self._serialize_key
         start = self._start
         for index, t in enumerate(tables):
@@ -1321,6 +1331,17 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
             known = encoded.get(t.name, {})
             deadline = t.ttl_deadline()
             framing = t.write_framing
+            flushed, t.flushed_rows = t.flushed_rows, None
+            if (flushed is not None and len(known) == len(t.changed)
+                    and not (t.meta["kind"] == "list" and deadline is not None)):
+                # every change is in the snapshot's own flush: cut from its rows, no key serialized again
+                for g, puts, deletes in sstload.delta_sections(*flushed, full, framing.ttl, deadline):
+                    put_sections, delete_sections = out.get(g) or out.setdefault(g, ({}, {}))
+                    if puts is not None:
+                        put_sections[index] = (Packed(*puts[0]), Packed(*puts[1]))
+                    if deletes is not None:
+                        delete_sections[index] = Packed(*deletes)
+                continue
             for key, group_index in t.changed.items():
                 g = start + group_index
                 if g in full:
