@@ -40,7 +40,7 @@ import rocksdict
 from keygroups import KeyGroupRange, assign_key_groups, key_group_range
 from keygroups._native import sstload
 from keygroups.checkpoint import CheckpointStorage
-from keygroups.checkpoint.format import KeyedSnapshotWriter, read_key_group_offsets  # noqa: F401
+from keygroups.checkpoint.format import KeyedSnapshotWriter
 from keygroups.runtime.state_writer import commit_savepoint, plan_savepoint, write_savepoint_subtask
 from keygroups.serializers import Int64Serializer
 from keygroups.state import HeapKeyedStateBackend, RocksDBKeyedStateBackend, ValueStateDescriptor
