@@ -168,7 +168,7 @@ def test_a_whole_chain_names_its_predecessors_restores_and_verifies(job, backend
         tips = chain_tips(mds[h.checkpoint_id - 2], h.key_group_range)
         assert h.predecessors == tips
         named = {b.key_group: b.predecessor for b in file.key_groups() if b.predecessor is not None}
-        assert named == (tips if backend == "heap" else {})   # RocksDB names them on the handle only (for now)
+        assert named == tips   # both backends name each delta's predecessor in the file too
     for p in (1, 3):
         assert restored(storage, md, backend, p) == expected
     assert verify(storage, capsys) == (0, "")

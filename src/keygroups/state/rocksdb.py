@@ -65,6 +65,7 @@ from keygroups.state._base import (
     _canonical,
     check_cancel,
 )
+from keygroups.state._checks import check_stored, checked_state_class, stored_value_check
 from keygroups.state._codec import UNWRITABLE, ValueFraming
 from keygroups.state.descriptors import StateDescriptor
 from keygroups.state._warm import WarmResume
@@ -263,7 +264,7 @@ class _RocksTable:
     (``pending``: key -> key-group index) and since the last snapshot (``changed``)."""
 
     __slots__ = ("backend", "db", "ctx", "name", "state_id", "state_id_bytes", "meta", "descriptor", "read_framing",
-                 "write_framing", "needs_migration", "is_map", "mutable", "cache", "pending", "changed",
+                 "write_framing", "needs_migration", "is_map", "mutable", "check_put", "cache", "pending", "changed",
                  "prefetched", "restored_unregistered", "flushed_rows")
 
     def __init__(self, backend: RocksDBKeyedStateBackend, name: str, state_id: int, meta: dict[str, Any],
@@ -295,6 +296,8 @@ class _RocksTable:
         self.needs_migration = read.needs_migration_to(write)
         # Values the user may change in place: a read of one counts as a write (the cache holds live objects).
         self.mutable = write.copy is not None
+        # what reducing and aggregating states store is checked here, at the write (see state._checks)
+        self.check_put = stored_value_check(write)
 
     # ---- database keys -------------------------------------------------------------------------------------------
     def db_key(self, group_index: int, key: Any) -> bytes:
@@ -368,6 +371,8 @@ class _RocksTable:
 
     def put(self, value: Any) -> None:
         key, group_index = self.current()
+        if self.check_put is not None:
+            check_stored(self.check_put, value, self)
         self.cache[key] = value
         self.pending[key] = group_index
 
@@ -655,6 +660,8 @@ class _RocksMap(MapState):
     def clear(self) -> None:
         self._t.delete()
 
+_ROCKS_CLASSES = {"value": _RocksValue, "map": _RocksMap}
+
 
 class RocksDBKeyedStateBackend(KeyedStateBackendBase):
     """Keyed state for one key-group range in a local RocksDB; same interface and snapshot format as
@@ -828,11 +835,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         return self._tables[name]
 
     def _state_class(self, kind: str, ttl: bool) -> type:
-        if not ttl and kind == "map":
-            return _RocksMap
-        if not ttl and kind == "value":
-            return _RocksValue
-        return super()._state_class(kind, ttl)
+        plain = _ROCKS_CLASSES[kind] if not ttl and kind in _ROCKS_CLASSES else super()._state_class(kind, ttl)
+        return checked_state_class(kind, plain)
 
     def _adopt_restored(self, name: str, meta: dict[str, Any], read: ValueFraming | None) -> Any:
         t = super()._adopt_restored(name, meta, read)
@@ -1286,7 +1290,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
                 check_cancel(future)
                 handle = write_keyed_snapshot(storage, checkpoint_id, self.subtask_index, self.key_group_range,
                                               metas, blocks(), full_key_groups=full,
-                                              on_key_group=functools.partial(check_cancel, future))
+                                              on_key_group=functools.partial(check_cancel, future),
+                                              predecessors=self._chain_tips())
             finally:
                 if view is not None:
                     view.close()
