@@ -403,14 +403,16 @@ cdef inline tuple _ttl_pair(object stored):
 
 
 cdef class Encoder:
-    """The encoder of one serializer's values, in C where the serializer is compiled: ``Encoder(serializer)``.
+    """The encoder of one serializer's values, in C where the serializer is compiled: ``Encoder(serializer,
+    check=None)``.
 
     A built-in serializer (``CodecSerializer``) is encoded by its codec and a ``RecordSerializer`` by its record
     node, exactly as their ``serialize`` (which is that codec's or node's ``encode``); any other serializer, or one
-    whose ``serialize`` was overridden, through its ``serialize``. :meth:`check_value` raises what the serializer's
-    ``check`` raises, without keeping the bytes (a record node encodes into a buffer on the C stack)."""
+    whose ``serialize`` was overridden, through its ``serialize``. ``check`` is what checks a value on write (the
+    serializer's ``check`` when it checks: ``keygroups.serializers.base.checks_on_write``), or None; a record node's
+    own check runs in C, its encoder into a buffer on the C stack. :meth:`check_value` runs it."""
 
-    def __init__(self, serializer):
+    def __init__(self, serializer, check=None):
         fn = serializer.serialize
         owner = getattr(fn, "__self__", None)
         named_encode = getattr(fn, "__name__", None) == "encode"
@@ -424,14 +426,12 @@ cdef class Encoder:
         else:
             self.how = HOW_PYTHON
             self._target = fn
-        check = serializer.check
-        check_owner = getattr(check, "__self__", None)
-        from keygroups.serializers.base import checks_on_write
-        self.checks = checks_on_write(serializer) is not None
-        if type(check_owner) is Node and getattr(check, "__name__", None) == "check" and check_owner is owner:
-            self._check = None      # the node's own check: encode into a scratch buffer, in C
+        self.checks = check is not None
+        if (self.how == HOW_NODE and type(getattr(check, "__self__", None)) is Node
+                and getattr(check, "__self__", None) is owner and getattr(check, "__name__", None) == "check"):
+            self._check = None      # the node's own check: its encoder into a scratch buffer, in C
         else:
-            self._check = check if self.checks else None
+            self._check = check
 
     def __repr__(self):
         return f"Encoder({self.serializer!r}, {('codec', 'record node', 'Python')[self.how]})"

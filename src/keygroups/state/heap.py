@@ -795,8 +795,7 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
             for i in range(self._n):
                 largest = len(t.maps[i])
                 for layer in t.layers[i] or ():
-                    if layer.key_offsets is not None:   # None: a layer of deletes only
-                        largest = max(largest, len(layer.key_offsets) - 1)
+                    largest = max(largest, layer.n_puts)
                 total += largest
         return total
 
