@@ -58,6 +58,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from keygroups._hashing import KeyType
+from keygroups._native import heapsnap
+from keygroups._native.framing import Encoder
 from keygroups._native.snapshot import encode_block, parse_block_offsets
 from keygroups._native.statecore import (
     ABSENT,
@@ -540,6 +542,11 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
         # handed back to the next capture. A deque: the snapshot worker appends, the capture pops, no lock needed.
         self._failed: collections.deque[tuple[dict[str, list[list[Any]]], set[int]]] = collections.deque()
 
+    @functools.cached_property
+    def _key_encoder(self) -> Encoder:
+        """The key serializer's encoder, compiled (``_native/framing.pyx``): what snapshots serialize keys with."""
+        return Encoder(self.key_serializer)
+
     def _decode_keys(self, block: Any, offsets: Any) -> list[Any]:
         """The keys serialized in ``block`` at ``offsets``, canonical (``java_keys``): a decoded key meets the dicts'
         keys as ``set_current_key`` made them, so a NaN or ``-0.0`` key is found, and listed, once."""
@@ -926,23 +933,27 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
                             and (c.maps[i] or len(layers) > 1 or c.ttl_deadline is not None)):
                         layer = None
                         if section is not None:
-                            section, layer = _as_layer(start + i, section)
+                            if section.merged is not None:   # the written bytes become the key group's layer
+                                layer = Layer(*section.merged, None, True, copy=False)
+                            else:
+                                section, layer = _as_layer(start + i, section)
                         compactions.append((state_index, i, layer))
                     if section is not None:
-                        sections.append((state_index, *section))
+                        sections.append((state_index, section.keys, section.values))
                 yield start + i, sections, deletes
                 continue
             for state_index, c in enumerate(captures):
                 delta = c.deltas[i]
                 if delta:
                     try:
-                        keys, values, gone = self._delta_section(c, delta)
+                        keys, values, gone = heapsnap.delta_section(delta, self._key_encoder, c.write_framing.writer,
+                                                                    MISSING, c.ttl_deadline)
                     except UNWRITABLE as e:
                         raise self._unwritable(c, delta, e) from e
-                    if keys:
-                        sections.append((state_index, keys, values))
-                    if gone:
-                        deletes.append((state_index, gone))
+                    if keys is not None:
+                        sections.append((state_index, Packed(*keys), Packed(*values)))
+                    if gone is not None:
+                        deletes.append((state_index, Packed(*gone)))
             if sections or deletes:
                 yield start + i, sections, deletes
 
@@ -951,55 +962,40 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
         w = c.write_framing
         return w.unwritable(w.first_unwritable(entries.items(), self.key_serializer.serialize, MISSING), error)
 
-    def _delta_section(self, c: _Capture, delta: dict[Any, Any]) -> tuple[list[bytes], list[bytes], list[bytes]]:
-        """The changed keys of one state in one key group: (keys, values) written, and keys deleted (an entry TTL
-        drops now is written as a delete too, so that no older block brings it back)."""
-        serialize_key = self.key_serializer.serialize
-        write, deadline = c.write_framing, c.ttl_deadline
-        encode = write.encode
-        keys: list[bytes] = []
-        values: list[bytes] = []
-        gone: list[bytes] = []
-        for k, v in delta.items():
-            if v is not MISSING and deadline is not None:
-                v = write.drop_expired(v, deadline)
-                if v is None:
-                    v = MISSING
-            if v is MISSING:
-                gone.append(serialize_key(k))
-            else:
-                keys.append(serialize_key(k))
-                values.append(encode(v))
-        return keys, values, gone
-
-    def _full_section(self, c: _Capture, i: int) -> tuple[Any, Any] | None:
-        """Every live entry of one state in one key group, as (keys, values) to write, or None if it has none:
-        the decoded values, then what the layers hold of the other keys (bytes as they are, re-encoded only to
-        migrate). Creates no object the garbage collector tracks per entry."""
+    def _full_section(self, c: _Capture, i: int) -> _Section | None:
+        """Every live entry of one state in one key group to write, or None if it has none: the decoded values,
+        then what the layers hold of the other keys (bytes as they are, re-encoded only to migrate). Merged in C
+        (``heapsnap.full_section``: no object per entry), except to migrate restored bytes, to drop what expired
+        from a restored list or map, or with an unsorted (format 1) layer."""
         m, layers = c.maps[i], c.layers[i]
         if not (m or layers):
             return None
-        key_ser = self.key_serializer
         write, deadline = c.write_framing, c.ttl_deadline
         if not m and layers is not None and len(layers) == 1 and not c.needs_migration and deadline is None:
             layer = layers[0]  # an untouched restored key group: its bytes as they are
-            if layer.key_offsets is None:
+            if not layer.n_puts:
                 return None
-            return Packed(layer.block, layer.key_offsets), Packed(layer.block, layer.value_offsets)
-        if (m and layers is None and deadline is None and not write.ttl
-                and write.kind in ("value", "reducing", "aggregating")):
-            key_data, key_offsets = key_ser.serialize_many(list(m))
-            value_data, value_offsets = write.ser.serialize_many(list(m.values()))
-            return Packed(key_data, key_offsets), Packed(value_data, value_offsets)
-        serialize_key = key_ser.serialize
+            return _Section(Packed(layer.block, layer.key_offsets), Packed(layer.block, layer.value_offsets))
+        if not layers or (not c.needs_migration and all(layer.sorted for layer in layers)
+                          and (deadline is None or write.kind not in ("list", "map"))):
+            merged = heapsnap.full_section(m, layers, self._key_encoder, write.writer, MISSING, deadline)
+            if merged is None:
+                return None
+            data, key_offsets, value_offsets = merged
+            return _Section(Packed(data, key_offsets), Packed(data, value_offsets), merged)
+        return self._full_section_merged_in_python(c, m, layers)
+
+    def _full_section_merged_in_python(self, c: _Capture, m: dict[Any, Any], layers: list[Layer]) -> _Section | None:
+        """:meth:`_full_section` for what the compiled merge does not do: one bytes object per entry."""
+        serialize_key = self.key_serializer.serialize
+        write, deadline = c.write_framing, c.ttl_deadline
         encode = write.encode
         keys: list[bytes] = []
         values: list[bytes] = []
         shadow: set[bytes] = set()
         for k, v in m.items():
             key_bytes = serialize_key(k)
-            if layers is not None:
-                shadow.add(key_bytes)
+            shadow.add(key_bytes)
             if v is MISSING:
                 continue
             if deadline is not None:
@@ -1008,15 +1004,15 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
                     continue
             keys.append(key_bytes)
             values.append(encode(v))
-        for depth, layer in enumerate(layers or ()):
-            older = depth + 1 < len(layers)  # type: ignore[arg-type]
+        for depth, layer in enumerate(layers):
+            older = depth + 1 < len(layers)
             if older:
                 layer.collect_deletes(shadow)
             first = len(keys)
             layer.collect_puts(shadow, keys, values, older)
             if c.needs_migration or deadline is not None:
                 self._pass_through(keys, values, first, c)
-        return (keys, values) if keys else None
+        return _Section(keys, values) if keys else None
 
     @staticmethod
     def _pass_through(keys: list[bytes], values: list[bytes], first: int, capture: _Capture) -> None:
@@ -1053,14 +1049,25 @@ def _names(metadata: CheckpointMetadata, file: str, key_group_range: KeyGroupRan
     return any(h.file == file and h.key_group_range == key_group_range for h in metadata.keyed_handles)
 
 
-def _as_layer(key_group: int, section: tuple[Any, Any]) -> tuple[tuple[Packed, Packed], Layer]:
+@dataclass(frozen=True, slots=True)
+class _Section:
+    """One state's entries of one key group for a full block: keys and values (lists of bytes, or ``Packed``), and,
+    when merged in C, ``merged``: ``(data, key_offsets, value_offsets)``, the same bytes as one buffer (sorted), which
+    a kept backend keeps as the key group's layer as it is."""
+
+    keys: Any
+    values: Any
+    merged: tuple[bytes, Any, Any] | None = None
+
+
+def _as_layer(key_group: int, section: _Section) -> tuple[_Section, Layer]:
     """One state's full entries of a key group as one sorted layer, and the same bytes as the section to write
     (the writer then finds them sorted)."""
-    block = encode_block(key_group, [(0, *section)], 1, full=True)
+    block = encode_block(key_group, [(0, section.keys, section.values)], 1, full=True)
     _, puts, _ = parse_block_offsets(block, key_group, 1, verify_checksum=False)
     _, key_offsets, value_offsets = puts[0]
-    return (Packed(block, key_offsets), Packed(block, value_offsets)), Layer(block, key_offsets, value_offsets, None,
-                                                                              True)
+    layer = Layer(block, key_offsets, value_offsets, None, True)
+    return _Section(Packed(layer.block, layer.key_offsets), Packed(layer.block, layer.value_offsets)), layer
 
 
 __all__ = ["HeapKeyedStateBackend"]
