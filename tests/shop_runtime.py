@@ -74,6 +74,7 @@ def run_batch(location: str, log_dir: str | Source, function: Any, parallelism: 
     reports += [run_subtask(spec, i, []) for i in plan.idle_subtasks(reports)]
     at("reported")
     metadata = commit_batch(plan, reports, sources, watermark=watermark)
+    source.source.notify_checkpoint_complete(metadata)
     return metadata, read_outputs(storage, metadata, output_schema), sum(r["records"] for r in sources)
 
 

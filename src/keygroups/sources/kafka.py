@@ -528,6 +528,7 @@ class KafkaSplitReader(CheckpointedFunction):
         out: dict[str, Any] = {"partitions": [list(k) for k in self.partitions],
                                "positions": [list(s) for s in self.splits]}
         if self.skipped:
+            self.skipped.sort(key=lambda s: (s["topic"], s["partition"], s["offset"]))
             out["skipped"] = self.skipped[:100]
             out["records_skipped"] = len(self.skipped)
         for name in ("resets", "discovered", "dropped"):
@@ -844,7 +845,7 @@ def _json_line(value: bytes | None) -> bytes | str:
     if value is None:
         return "its value is null (a tombstone), not a JSON object"
     try:
-        parsed = json.loads(value)
+        parsed = json.loads(value.decode("utf-8"))   # UTF-8 only (json.loads would take UTF-16/32 bytes too)
     except UnicodeDecodeError as e:
         return f"it is not UTF-8: {e}"
     except ValueError as e:
