@@ -474,6 +474,10 @@ def test_arguments_are_checked_with_clear_messages():
         KafkaSource(bootstrap_servers="x:1")
     with pytest.raises(ValueError, match="'enable.auto.commit' belongs to the source"):
         KafkaSource("t", bootstrap_servers="x:1", consumer_options={"enable.auto.commit": True})
+    with pytest.raises(ValueError, match="librdkafka refuses them: .*fetch.max.bytes"):
+        KafkaSource("t", bootstrap_servers="x:1", consumer_options={"fetch.max.bytes": 2000})
+    with pytest.raises(ValueError, match="librdkafka refuses them: .*No such configuration property"):
+        KafkaSource("t", bootstrap_servers="x:1", consumer_options={"no.such.option": 1})
     with pytest.raises(ValueError, match="on_position_lost"):
         KafkaSource("t", bootstrap_servers="x:1", on_position_lost="latest")
     with pytest.raises(ValueError, match="bootstrap_servers"):

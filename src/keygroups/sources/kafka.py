@@ -270,6 +270,19 @@ class KafkaSource:
         self.fetch_timeout = float(fetch_timeout)
         #: What :meth:`prepare` found on the broker (None until then).
         self.view: BrokerView | None = None
+        self._check_options()
+
+    def _check_options(self) -> None:
+        """Refuse, here on the driver, settings librdkafka refuses (it checks them when a client is created; a
+        client connects only once it is used)."""
+        from confluent_kafka import Consumer, KafkaException
+
+        try:
+            Consumer(self._consumer_settings()).close()
+        except KafkaException as e:
+            error = e.args[0] if e.args else e
+            text = error.str() if hasattr(error, "str") else str(error)
+            raise ValueError(f"consumer_options: librdkafka refuses them: {text}") from None
 
     # ---- what the job sees ------------------------------------------------------------------------------------
 
