@@ -11,7 +11,7 @@ import pytest
 from kafka_broker import require_kafka
 from test_cli import keygroups
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 
 def test_demo_on_kafka_matches_the_reference_and_inspect_shows_the_offsets(tmp_path):

@@ -145,6 +145,20 @@ def test_a_batch_that_is_not_committed_is_read_again(four, tmp_path):
     assert Counter(first + rest) == everything()
 
 
+def test_a_savepoint_restarts_the_source_at_its_positions_at_any_parallelism(four, tmp_path):
+    source, _ = four
+    storage = CheckpointStorage(tmp_path / "chk")
+    job = Job(source, storage, 2)
+    job.poll(4)
+    md = job.checkpoint(1)
+    storage.savepoint(md, "before-the-rest")
+    job = Job(source, storage, 3, md)
+    rest = job.poll(None)
+    job.checkpoint(2)
+    again = Job(source, storage, 1, storage.load_savepoint("before-the-rest"))   # Flink's -s, at parallelism 1
+    assert sorted(again.poll(None)) == sorted(rest) and rest
+
+
 def test_more_subtasks_than_partitions(kafka_broker, tmp_path):
     topic = new_topic(kafka_broker, 2)
     produce(kafka_broker, topic, {0: records(0, 3), 1: records(1, 2)})

@@ -197,7 +197,8 @@ class KafkaSource:
     ``isolation.level``; the ones the source owns are refused by name). ``value_format`` is ``"json"`` (each value a
     JSON object, parsed by Arrow against the batch's ``record_schema``: fields not in it are ignored, missing ones
     are null) or ``"raw"``: with a ``decoder`` (``bytes -> dict``, or None to drop the record) the dicts are
-    converted to ``record_schema``; without one, the record is one binary column ``value``.
+    converted to ``record_schema``; without one, the record is one binary column ``value``. (Avro values: a decoder
+    around fastavro's ``schemaless_reader``, after the 5-byte header of Confluent's wire format if there is one.)
 
     ``starting_offsets`` is where the job's first batch starts in each partition: ``"earliest"`` (the default),
     ``"latest"`` or ``"committed"`` (``group_id``'s committed offsets, earliest where there are none); partitions
@@ -275,7 +276,11 @@ class KafkaSource:
     def _check_options(self) -> None:
         """Refuse, here on the driver, settings librdkafka refuses (it checks them when a client is created; a
         client connects only once it is used)."""
-        from confluent_kafka import Consumer, KafkaException
+        try:
+            from confluent_kafka import Consumer, KafkaException
+        except ImportError:
+            raise ImportError("keygroups.sources.KafkaSource reads Kafka with librdkafka through confluent-kafka, "
+                              "which is not installed: pip install 'keygroups[kafka]'") from None
 
         try:
             Consumer(self._consumer_settings()).close()
@@ -473,6 +478,7 @@ class KafkaSplitReader(CheckpointedFunction):
             for t, p, o in self._split_state.get():
                 key = (str(t), int(p))
                 self._splits[key] = _Split(key[0], key[1], int(o), known.get(key, ""))
+                known.setdefault(key, "")   # (always there: every split is in the union state too)
         self._check_restored_splits()
         parallelism, index = store.parallelism, store.subtask_index
         new = [(t, p) for t, p in self.view.partitions() if (t, p) not in known

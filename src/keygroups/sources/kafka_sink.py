@@ -110,6 +110,11 @@ class KafkaSink:
                  producer_options: Mapping[str, Any] | None = None, transactional: bool = False,
                  transactional_id: str | None = None, progress_group: str | None = None,
                  timestamp_column: str | None = None) -> None:
+        try:
+            import confluent_kafka  # noqa: F401
+        except ImportError:
+            raise ImportError("keygroups.sources.KafkaSink writes Kafka with librdkafka through confluent-kafka, "
+                              "which is not installed: pip install 'keygroups[kafka]'") from None
         if not isinstance(topic, str) or not topic:
             raise ValueError(f"topic must be a topic name (a non-empty str), got {topic!r}")
         self.topic = topic
