@@ -46,6 +46,10 @@ def main() -> int:
             trials.append(driver_kill_trial(workload, tmp, seed, backend=backend))
             trials.append(worker_kill_trial(workload, tmp, seed, backend=backend))
             trials.append(broker_kill_trial(workload, broker, tmp, seed, backend=backend))
+            for t in trials[-3:]:
+                if not t.passed:
+                    print(f"  FAILED {t.kind} seed {t.seed} ({t.backend}): lost {t.lost}, duplicated {t.duplicated}, "
+                          f"kills {dict(t.kills)}, {str(t.problems)[:1500]}", file=sys.stderr)
             kills = sum(sum(t.kills.values()) for t in trials)
             print(f"  {i + 1}/{args.trials} rounds, {kills} kills, {time.perf_counter() - started:.0f} s",
                   file=sys.stderr)
@@ -66,7 +70,8 @@ def main() -> int:
             print(f"{name:<50} {value}")
     print(f"{'failed trials':<50} {len(counts['failed trials'])}")
     for failed in counts["failed trials"]:
-        print(json.dumps(failed, default=str)[:3000])
+        print(json.dumps({k: (dict((str(a), b) for a, b in v.items()) if isinstance(v, dict) else v)
+                          for k, v in failed.items()}, default=str)[:3000])
     bad = counts["failed trials"] or counts["lost updates"] or counts["duplicated updates"]
     if sum(kills.values()) < args.min_kills:
         print(f"only {sum(kills.values())} kills landed, fewer than --min-kills={args.min_kills}")
