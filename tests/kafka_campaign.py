@@ -54,7 +54,7 @@ from keygroups.checkpoint import CheckpointStorage
 from keygroups.cli import shop
 from keygroups.runtime.source import run_source_subtask
 from keygroups.sources import KafkaSource, KafkaSourceError, LocalKafkaBroker
-from keygroups.sources import kafka as kafka_module
+from keygroups.sources import kafka_reader as kafka_module
 from shop_runtime import rows, run_batch
 
 HERE = pathlib.Path(__file__).resolve().parent

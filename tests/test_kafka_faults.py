@@ -10,7 +10,7 @@ from kafka_broker import persistent_broker, produce
 from keygroups.checkpoint import CheckpointStorage
 from keygroups.cli import shop
 from keygroups.sources import KafkaSource, KafkaSourceError
-from keygroups.sources import kafka as kafka_module
+from keygroups.sources import kafka_reader as kafka_module
 from shop_runtime import final_states, rows, run_batch
 
 pytestmark = pytest.mark.slow

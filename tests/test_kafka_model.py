@@ -18,7 +18,7 @@ from keygroups.checkpoint import CheckpointStorage
 from keygroups.runtime.functions import KeyedProcessFunction
 from keygroups.serializers import Int64Serializer
 from keygroups.sources import KafkaSource, KafkaSourceError
-from keygroups.sources import kafka as kafka_module
+from keygroups.sources import kafka_reader as kafka_module
 from keygroups.state import ValueStateDescriptor
 from shop_runtime import run_batch
 

@@ -14,10 +14,10 @@ from keygroups.sources.kafka import (
     KafkaPositionError,
     KafkaSource,
     KafkaSourceError,
-    KafkaSplitReader,
     produce_json,
     split_owner,
 )
+from keygroups.sources.kafka_reader import KafkaSplitReader
 from keygroups.sources.kafka_sink import KafkaSink, SinkDelivery
 from keygroups.sources.local_broker import LocalKafkaBroker, tansu_binary
 from keygroups.sources.log import (

