@@ -131,6 +131,7 @@ def test_sink_arguments_and_missing_columns(kafka_broker, committed_job):
         KafkaSink("t", key_columns="user", bootstrap_servers="x:1", producer_options={"enable.idempotence": False})
     with pytest.raises(ValueError, match="key_columns"):
         KafkaSink("t", key_columns=[], bootstrap_servers="x:1")
-    sink = KafkaSink(new_topic(kafka_broker, 1), key_columns="customer", bootstrap_servers=kafka_broker.bootstrap_servers)
+    sink = KafkaSink(new_topic(kafka_broker, 1), key_columns="customer",
+                     bootstrap_servers=kafka_broker.bootstrap_servers)
     with pytest.raises(ValueError, match=r"\['customer'\] are not in checkpoint 1's output"):
         sink.deliver(storage, storage.load(1))

@@ -182,8 +182,9 @@ class BatchPlan:
         of the source's splits (all that is left with None). ``source`` is a partitioned-log directory or a
         :class:`~keygroups.runtime.source.Source` (Kafka), prepared here, once, for this batch."""
         return SourceTaskSpec(
-            source=prepared_source(source, self.previous), record_schema=record_schema, parallelism=self.parallelism,
-            max_records=max_records_per_subtask, checkpoint_location=self.storage.location,
+            source=prepared_source(source, self.previous), record_schema=record_schema,
+            parallelism=self.parallelism, max_records=max_records_per_subtask,
+            checkpoint_location=self.storage.location,
             checkpoint_id=self.checkpoint_id, restore_from=self.restore_from,
             storage_options=self.storage.storage_options,
         )

@@ -49,7 +49,6 @@ class _Split:
         return (self.topic, self.partition)
 
 
-
 def _where(topic: str, partition: int, offset: int) -> str:
     return f"topic {topic!r} partition {partition} offset {offset}"
 
