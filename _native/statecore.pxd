@@ -7,6 +7,8 @@ from libc.stdint cimport int32_t, int64_t, uint8_t
 
 from keysearch cimport kg_key_cmp
 
+from keygroups._native.framing cimport Encoder
+
 
 cdef class KeyContext:
     cdef readonly object key
@@ -29,6 +31,10 @@ cdef class TableCore:
     cdef public bint track
     cdef public list dirty
     cdef public Py_ssize_t dirty_limit
+    # Checks on write, in C: the encoder of the value (list element, map value) and of a map's keys whose
+    # serializer checks values (``Encoder.checks``), else None. The value, list and map cores check each write.
+    cdef public Encoder value_check
+    cdef public Encoder key_check
 
 
 cdef class Layer:

@@ -25,6 +25,7 @@ from keygroups.errors import no_current_key_error as _no_current_key_error, none
 
 from javahash cimport hash_str as _hash_str, kg_hash_long, kg_key_group
 from keygroups._native.hashing cimport java_hash_object
+from keygroups._native.framing cimport Encoder
 
 
 cdef class _Missing:
@@ -245,6 +246,32 @@ cdef inline object _read(TableCore t, KeyContext c):
     return v
 
 
+cdef int _refuse(TableCore t, Encoder check, object v, str what) except -1:
+    """``check`` refuses ``v``: raise what the table's framing names for the current key (``unwritable``)."""
+    try:
+        check.check(v)
+    except (ValueError, TypeError, OverflowError) as e:   # what a serializer raises for a value it cannot write
+        raise (<object>t).write_framing.unwritable(t.ctx.key, e, what=what) from e
+    return 0
+
+
+cdef inline int _check(TableCore t, Encoder check, object v, str what) except -1:
+    """A write's check (``TableCore.value_check``/``key_check``): nothing when the serializer checks nothing, the
+    serializer's encoder into a scratch buffer otherwise (a record's, in C): what it accepts a snapshot can write."""
+    if check is not None:
+        _refuse(t, check, v, what)
+    return 0
+
+
+cdef int _check_all(TableCore t, list vals, str what) except -1:
+    cdef Encoder check = t.value_check
+    if check is not None:
+        for v in vals:
+            if v is not None:   # the state refuses None itself, naming it
+                _refuse(t, check, v, what)
+    return 0
+
+
 # HeapValueCore, HeapListCore and HeapMapCore take (store, descriptor, backend) whether or not they use the backend:
 # the heap backend builds every state through one factory signature.
 cdef class HeapValueCore:
@@ -271,6 +298,8 @@ cdef class HeapValueCore:
     def update(self, value):
         cdef TableCore t = self._t
         cdef KeyContext c = t.ctx
+        if value is not None:
+            _check(t, t.value_check, value, "update")
         if _cow(t):
             t._prepare_write(c.kgi, c.key)
         cdef dict m = _group(t, c)
@@ -321,6 +350,7 @@ cdef class HeapListCore:
         if value is None:
             raise _none_added_error(self._name, "ListState")
         cdef TableCore t = self._t
+        _check(t, t.value_check, value, "add")
         cdef KeyContext c = t.ctx
         cdef dict m
         if not _cow(t):
@@ -338,6 +368,7 @@ cdef class HeapListCore:
 
     def add_all(self, values):
         cdef list vals = list(values)
+        _check_all(self._t, vals, "add_all")
         if None in vals:
             raise _none_added_error(self._name, "ListState")
         if vals:
@@ -345,6 +376,7 @@ cdef class HeapListCore:
 
     def update(self, values):
         cdef list vals = list(values)
+        _check_all(self._t, vals, "update")
         if None in vals:
             raise _none_added_error(self._name, "ListState")
         cdef TableCore t = self._t
@@ -405,8 +437,11 @@ cdef class HeapMapCore:
         return m is not _MISSING and key in <dict>m
 
     def put(self, key, value):
-        key = _java_key(key)
         cdef TableCore t = self._t
+        if t.key_check is not None or t.value_check is not None:
+            _check(t, t.key_check, key, "put")
+            _check(t, t.value_check, value, "put")
+        key = _java_key(key)
         cdef KeyContext c = t.ctx
         cdef dict g
         if not _cow(t):
@@ -427,6 +462,11 @@ cdef class HeapMapCore:
         self._store(m)
 
     def put_all(self, mapping):
+        cdef TableCore t = self._t
+        if t.key_check is not None or t.value_check is not None:
+            for k, v in mapping.items():
+                _check(t, t.key_check, k, "put_all")
+                _check(t, t.value_check, v, "put_all")
         if not mapping:
             return
         mapping = _java_map(mapping)

@@ -7,6 +7,7 @@ import numpy as np
 import numpy.typing as npt
 from typing_extensions import disjoint_base
 
+from keygroups._native.framing import Encoder
 from keygroups._ranges import KeyGroupRange
 
 MISSING: Any
@@ -45,6 +46,8 @@ class TableCore:
     track: bool
     dirty: list[list[Any]]
     dirty_limit: int
+    value_check: Encoder | None
+    key_check: Encoder | None
 
 @disjoint_base
 class HeapValueCore:

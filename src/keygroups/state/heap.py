@@ -87,6 +87,7 @@ from keygroups.checkpoint.planning import key_group_chains
 from keygroups.checkpoint.state_meta import check_state_metas
 from keygroups.errors import CheckpointNotFoundError, CorruptSnapshotError, StateSerializationError, no_current_key_error
 from keygroups.serializers import TypeSerializer
+from keygroups.serializers.base import checks_on_write
 from keygroups.state._base import (
     DEFAULT_DELTA_FRACTION,
     DEFAULT_MAX_CHAIN,
@@ -130,6 +131,17 @@ def _find_unsorted(layer: Layer, key: Any, decode_keys: Callable[[Any, Any], lis
     if key in layer.deleted:  # type: ignore[operator]
         return DELETED
     return layer.index.get(key, ABSENT)
+
+
+def _write_checks(write: ValueFraming) -> tuple[Encoder | None, Encoder | None]:
+    """The compiled checks on write of a value, list or map state's table (``TableCore.value_check`` and
+    ``key_check``): the encoder of each serializer that checks on write (a record's node checks in C), else None."""
+    if write.kind not in ("value", "list", "map"):
+        return None, None
+    value = checks_on_write(write.ser)
+    key = checks_on_write(write.key_ser) if write.kind == "map" else None
+    return (None if value is None else Encoder(write.ser, value),
+            None if key is None else Encoder(write.key_ser, key))
 
 
 #: A key group's dirty list is first de-duplicated when it reaches this many entries.
@@ -217,6 +229,7 @@ class _HeapTable(TableCore):
                                                     (write.kind != "map" or not write.ser.is_immutable))
         self.needs_migration = read.needs_migration_to(write)
         self.check_put = stored_value_check(write)
+        self.value_check, self.key_check = _write_checks(write)
 
     def _update_slow(self) -> None:
         self.slow = self.cow or self.lazy_group_count > 0
@@ -554,8 +567,9 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
 
     # ---- hooks of the base ----------------------------------------------------------------------------------------
     def _state_class(self, kind: str, ttl: bool) -> type:
-        plain = _HEAP_CLASSES[kind] if not ttl and kind in _HEAP_CLASSES else super()._state_class(kind, ttl)
-        return checked_state_class(kind, plain)
+        if not ttl and kind in _HEAP_CLASSES:
+            return _HEAP_CLASSES[kind]   # their compiled cores check on write (``_HeapTable.value_check``)
+        return checked_state_class(kind, super()._state_class(kind, ttl))
 
     def _has_data(self) -> bool:
         return any(t.has_data() for t in self._tables.values())
