@@ -35,6 +35,11 @@ cdef class TableCore:
     # serializer checks values (``Encoder.checks``), else None. The value, list and map cores check each write.
     cdef public Encoder value_check
     cdef public Encoder key_check
+    # A key missing from a layered key group's dict is looked up in the layers in C (``_read``) when ``layer_keys``
+    # (the key serializer's encoder) is set: the state has no TTL, and ``layer_decode`` (the read framing's decode)
+    # makes its value from the bytes found. None: the Python slow path (``_get_slow``) looks it up.
+    cdef public Encoder layer_keys
+    cdef public object layer_decode
 
 
 cdef class Layer:

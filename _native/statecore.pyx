@@ -17,6 +17,8 @@ from libc.math cimport signbit
 from libc.stdint cimport int32_t, int64_t, uint8_t
 from libc.string cimport memcpy
 
+from writer cimport Writer, w_free, w_init
+
 import numpy as _np
 
 from keygroups._javakeys import NAN_KEY as _NAN_KEY_OBJ, NEGATIVE_ZERO_KEY as _NEG_ZERO_OBJ, NegativeZeroKey as _NegZeroClass
@@ -235,14 +237,55 @@ cdef inline int _remove(TableCore t, KeyContext c, dict m) except -1:
     return _mark(t, c)
 
 
+cdef object _layer_read(TableCore t, KeyContext c, dict m):
+    """The current key's value from its key group's layers (newest first), decoded and kept in ``m``, or MISSING:
+    what ``_get_slow`` does while no snapshot runs, in C for sorted layers of a state without TTL."""
+    cdef Encoder keys = t.layer_keys
+    cdef Writer w
+    cdef Layer l
+    cdef Py_ssize_t found, n
+    cdef const uint8_t *p
+    cdef object raw = None
+    if keys is None:
+        return t._get_slow(c.kgi, c.key)
+    if c.key in m:   # deleted since the restore: the tombstone shadows the layers
+        return _MISSING
+    layers = (<object>t).layers[c.kgi]
+    if layers is None:
+        return _MISSING
+    for l in layers:
+        if not l.sorted:
+            return t._get_slow(c.kgi, c.key)
+    w_init(&w)
+    try:
+        keys.write(&w, c.key)
+        for l in layers:
+            if l._n_deletes and layer_search(l, True, w.buf, w.pos) >= 0:
+                return _MISSING
+            if l._n_puts:
+                found = layer_search(l, False, w.buf, w.pos)
+                if found >= 0:
+                    p = layer_value(l, found, &n)
+                    raw = PyBytes_FromStringAndSize(<const char *>p, n)
+                    break
+    finally:
+        w_free(&w)
+    if raw is None:
+        return _MISSING
+    v = t.layer_decode(raw)
+    m[c.key] = v
+    return v
+
+
 cdef inline object _read(TableCore t, KeyContext c):
     """The current key's stored object or MISSING; decoded values in ``maps`` are read directly unless a snapshot
-    needs copy-on-read. A key missing from a layered key group's dict is looked up in its layers (slow path)."""
+    needs copy-on-read. A key missing from a layered key group's dict is looked up in its layers."""
     if t.slow and t.cow and c.kgi < c.n:
         return t._get_slow(c.kgi, c.key)
-    v = _group(t, c).get(c.key, _MISSING)
+    cdef dict m = _group(t, c)
+    v = m.get(c.key, _MISSING)
     if v is _MISSING and _layered(t, c):
-        return t._get_slow(c.kgi, c.key)
+        return _layer_read(t, c, m)
     return v
 
 

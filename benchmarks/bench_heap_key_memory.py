@@ -3,15 +3,17 @@ ValueState), Spark-free, each case in a fresh interpreter.
 
 Per case, N keys (key = i * 7919 + 11, value = i * 3, both made per key as a job makes them) are written one by one,
 then a checkpoint is taken, then one steady batch of 100k updates of random keys (read, add one, write) and its
-(incremental) checkpoint. Printed: the resident growth per key (``/proc/self/statm`` over the RSS before the load)
+checkpoint. Printed: the resident growth per key (``/proc/self/statm`` over the RSS before the load)
 after the load, after the first checkpoint and after the batch's, and the CPU (``time.process_time``) and wall time
 of the load, of the first checkpoint and of the batch; the dict's load and batch do the same work in plain Python.
 
 * ``dict``: ``{key: value}``, the baseline (no checkpoint: it writes nothing);
 * ``heap``: ``HeapKeyedStateBackend`` used for one batch (``compact_full_groups=False``: the decoded entries stay);
 * ``heap kept``: a backend kept across batches, as the runtime keeps warm ones (``compact_full_groups=True``): a key
-  group written full keeps its written bytes as its layer and drops its Python objects; a key a later batch reads is
-  decoded from the layer again.
+  group written full keeps its written bytes as its layer and drops the Python objects of the keys the last batch
+  did not touch; a key a later batch reads is decoded from the layer again. Its checkpoints here are all full
+  (``incremental=False``); with incremental ones a key group is folded so when it is next written full (after
+  ``max_chain`` deltas, or once its deltas pass ``delta_fraction`` of it).
 
     python benchmarks/bench_heap_key_memory.py --keys 1000000 10000000 [--runs 3]
 
@@ -79,7 +81,7 @@ def measure(case: str, n: int, work: str) -> dict[str, Any]:
 
     storage = CheckpointStorage(os.path.join(work, f"{case.replace(' ', '-')}-{n}"))
     backend = HeapKeyedStateBackend(key_group_range(MAXP, 1, 0), MAXP, Int64Serializer(),
-                                    compact_full_groups=case == "heap kept")
+                                    compact_full_groups=case == "heap kept", incremental=case != "heap kept")
     state = backend.get_state(ValueStateDescriptor("v", Int64Serializer()))
     gc.collect()
     base = rss()

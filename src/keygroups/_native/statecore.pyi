@@ -48,6 +48,8 @@ class TableCore:
     dirty_limit: int
     value_check: Encoder | None
     key_check: Encoder | None
+    layer_keys: Encoder | None
+    layer_decode: Any
 
 @disjoint_base
 class HeapValueCore:

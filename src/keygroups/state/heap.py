@@ -230,6 +230,9 @@ class _HeapTable(TableCore):
         self.needs_migration = read.needs_migration_to(write)
         self.check_put = stored_value_check(write)
         self.value_check, self.key_check = _write_checks(write)
+        # a key read from the restored layers is looked up in C unless TTL needs the Python path's cleanup
+        self.layer_keys = None if (read.ttl or write.ttl) else self.backend._key_encoder
+        self.layer_decode = read.decode
 
     def _update_slow(self) -> None:
         self.slow = self.cow or self.lazy_group_count > 0
@@ -367,9 +370,18 @@ class _HeapTable(TableCore):
         else:  # a new list: a snapshot's capture or a pending compaction may hold the old one
             self.layers[group_index] = [layer, *layers]
 
-    def replace_group(self, group_index: int, layer: Layer | None) -> None:
-        """Key group ``group_index`` becomes ``layer`` alone (None: empty): its decoded entries and older layers go."""
-        self.maps[group_index] = {}
+    def replace_group(self, group_index: int, layer: Layer | None, keep: list[Any] | tuple[Any, ...] = ()) -> None:
+        """Key group ``group_index`` becomes ``layer`` (None: empty): its older layers go, and its decoded entries
+        but those of the keys in ``keep`` (the keys the last batch touched, whose values ``layer`` holds as they are:
+        the next batch likely reads them again, and decoding them from the layer would cost more than keeping them)."""
+        old = self.maps[group_index]
+        kept: dict[Any, Any] = {}
+        if layer is not None:
+            for key in keep:
+                v = old.get(key, MISSING)
+                if v is not MISSING:
+                    kept[key] = v
+        self.maps[group_index] = kept
         self.drop_layers(group_index)
         if layer is not None:
             self.add_layer(group_index, layer)
@@ -541,10 +553,11 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
         self._chain_files: dict[int, tuple[str, ...]] = {}
         self._warm_point: tuple[int, str] | None = None
         # Captures so far, and the compactions finished snapshots prepared: (capture number, table name, key-group
-        # index, the dict and layers captured, the new layer or None), applied by the thread that owns the backend.
+        # index, the dict and layers captured, the new layer or None, the keys the capture found dirty), applied by
+        # the thread that owns the backend.
         self._captures = 0
         self._compactions: collections.deque[tuple[int, str, int, dict[Any, Any], list[Layer] | None,
-                                                   Layer | None]] = collections.deque()
+                                                   Layer | None, list[Any]]] = collections.deque()
         self.set_current_key = self._ctx.set_current_key  # type: ignore[method-assign]  # no Python-level hop
         self._tables: dict[str, _HeapTable] = {}
         self._running_snapshots = 0
@@ -777,12 +790,12 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
         if self._running_snapshots:
             return
         while self._compactions:
-            capture, name, i, captured_map, captured_layers, layer = self._compactions.popleft()
+            capture, name, i, captured_map, captured_layers, layer, hot = self._compactions.popleft()
             t = self._tables.get(name)
             if (capture != self._captures or t is None or t.maps[i] is not captured_map
                     or t.layers[i] is not captured_layers or t.dirty[i]):
                 continue
-            t.replace_group(i, layer)
+            t.replace_group(i, layer, hot)
 
     def _after_snapshot(self, handle: KeyedStateHandle) -> None:
         super()._after_snapshot(handle)
@@ -903,7 +916,8 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
                                               predecessors=self._chain_tips())
                 for state_index, i, layer in compactions:
                     c = captures[state_index]
-                    self._compactions.append((capture, names[state_index], i, c.maps[i], c.layers[i], layer))
+                    self._compactions.append((capture, names[state_index], i, c.maps[i], c.layers[i], layer,
+                                              c.dirty[i]))
             except BaseException:
                 self._failed.append(({name: [c.dirty[i] if i not in full else [] for i in range(n)]
                                       for name, c in zip(names, captures)}, full))
