@@ -34,13 +34,16 @@ written full, its decoded entries and layers are replaced (``compact()``, once t
 touched the key group since its capture) by one layer of the bytes just written (``compact_full_groups``).
 
 Hot paths: ``set_current_key`` and the value / list / map operations are compiled (``_native/statecore.pyx``); they
-read the dicts directly and hand over to the Python methods here only while a snapshot runs or for a key that may be
-in a restored layer. TTL states and the rarer operations use the generic classes of ``states``.
+read the dicts directly, look a key missing from a layered key group's dict up in its sorted layers in C, and hand
+over to the Python methods here only while a snapshot runs, for a format 1 (unsorted) layer, or for a TTL state. TTL
+states and the rarer operations use the generic classes of ``states``.
 
 Checks on write: a state whose serializer checks values (``TypeSerializer.check``; ``RecordSerializer`` does) refuses
 a value it could not snapshot where it is written (``update``, ``add``, ``add_all``, ``put``, ``put_all``, and what a
 reducing or aggregating state stores), with the ``StateSerializationError`` RocksDB raises when it writes one: the
-state keeps what it had. States of other serializers take the compiled paths unchanged (``keygroups.state._checks``).
+state keeps what it had. The compiled value, list and map cores check themselves (``_HeapTable.value_check``: the
+serializer's encoder into a scratch buffer, a record's in C); TTL states and reducing and aggregating tables check
+through ``keygroups.state._checks``. States of other serializers check nothing.
 
 A state registered again with another serializer (warm state resumed for a job whose schema changed, or restored
 state decoded eagerly) has its decoded values rewritten into the new serializer's shape as it is registered (read
