@@ -4,14 +4,7 @@
 @cython.auto_pickle(False)   # serializers pickle by their constructor arguments and rebuild the codec
 cdef class Codec:
     """The compiled form of one serializer (a tree for nested ones). Built by keygroups.serializers."""
-    cdef readonly int kind
-    cdef readonly str name
-    cdef readonly Py_ssize_t min_size     # the fewest bytes one nested value can take (>= 1)
-    cdef readonly Py_ssize_t fixed_size   # bytes of every value when constant, else -1
-    cdef readonly tuple children
-    cdef readonly object external         # K_EXTERNAL: the Python serializer called for each value
-    cdef Codec a                          # NULLABLE/LIST inner, MAP key
-    cdef Codec b                          # MAP value
+    # attributes: declared in codec.pxd
 
     def __init__(self, int kind, str name, tuple children=(), object external=None):
         cdef Codec ch

@@ -19,17 +19,24 @@
 # Reading goes through the checked cursor (cursor.pxd) and every length is checked against the bytes that remain, so
 # no bytes, whatever they say, make this module read or write outside its buffers: a damaged value raises
 # CorruptSnapshotError.
-from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
+from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_CheckBuffer, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_CheckExact, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
-from cpython.list cimport PyList_GET_ITEM, PyList_New, PyList_SET_ITEM
+from cpython.dict cimport PyDict_Next, PyDict_Size
+from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE, PyList_New, PyList_SET_ITEM
 from cpython.long cimport PyLong_AsLongLong, PyLong_FromLongLong
+from cpython.object cimport PyObject
 from cpython.ref cimport Py_INCREF
+from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE
 from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
 from libc.string cimport memcpy, memmove
 
 from cursor cimport Cursor, cur_corrupt, cur_init, cur_read, cur_remaining, cur_u32, cur_u64
 from entryframe cimport ENTRY_HEAD, ent_read_key, ent_write
-from writer cimport Writer, w_bytes, w_finish_bytes, w_i64, w_init_bytes, w_len
+from writer cimport (U32_MAX, Writer, w_bytes, w_finish_bytes, w_free, w_i64, w_init, w_init_bytes, w_len,
+                    w_reserve, w_result)
+
+from keygroups._native.codec cimport Codec, enc_top
+from keygroups._native.records cimport Node, enc as enc_record
 
 import sys
 
@@ -370,3 +377,290 @@ def upgrade_block(object block, list puts, list codes):
         for i in range(n):
             _upgrade_value(p + vo[i], <Py_ssize_t>(vo[i + 1] - vo[i]), code)
     return block if out is None else out
+
+
+# ---- encoding values: Encoder and ValueWriter (declared in framing.pxd) -------------------------------------------
+
+cdef str _KIND_NAMES = "value, list or map"
+
+
+cdef inline int _patch_u32(Writer *w, Py_ssize_t at, Py_ssize_t length, str what) except -1:
+    """Write ``length`` as the u32 at ``w.buf + at`` (room reserved earlier), refused past U32_MAX."""
+    cdef uint32_t v
+    if length > U32_MAX:
+        raise ValueError(f"{what} of {length} is too large to serialize: at most {U32_MAX} (u32) is allowed")
+    v = <uint32_t>length
+    memcpy(w.buf + at, &v, 4)
+    return 0
+
+
+cdef inline tuple _ttl_pair(object stored):
+    """A TTL state's stored ``(value, timestamp)`` as a tuple of two (the error unpacking gives otherwise)."""
+    if type(stored) is tuple and PyTuple_GET_SIZE(stored) == 2:
+        return <tuple>stored
+    value, ts = stored
+    return (value, ts)
+
+
+cdef class Encoder:
+    """The encoder of one serializer's values, in C where the serializer is compiled: ``Encoder(serializer,
+    check=None)``.
+
+    A built-in serializer (``CodecSerializer``) is encoded by its codec and a ``RecordSerializer`` by its record
+    node, exactly as their ``serialize`` (which is that codec's or node's ``encode``); any other serializer, or one
+    whose ``serialize`` was overridden, through its ``serialize``. ``check`` is what checks a value on write (the
+    serializer's ``check`` when it checks: ``keygroups.serializers.base.checks_on_write``), or None; a record node's
+    own check runs in C, its encoder into a buffer on the C stack. :meth:`check_value` runs it."""
+
+    def __init__(self, serializer, check=None):
+        fn = serializer.serialize
+        owner = getattr(fn, "__self__", None)
+        named_encode = getattr(fn, "__name__", None) == "encode"
+        self.serializer = serializer
+        if named_encode and type(owner) is Codec:
+            self.how = HOW_CODEC
+            self._target = owner
+        elif named_encode and type(owner) is Node:
+            self.how = HOW_NODE
+            self._target = owner
+        else:
+            self.how = HOW_PYTHON
+            self._target = fn
+        self.checks = check is not None
+        if (self.how == HOW_NODE and type(getattr(check, "__self__", None)) is Node
+                and getattr(check, "__self__", None) is owner and getattr(check, "__name__", None) == "check"):
+            self._check = None      # the node's own check: its encoder into a scratch buffer, in C
+        else:
+            self._check = check
+
+    def __repr__(self):
+        return f"Encoder({self.serializer!r}, {('codec', 'record node', 'Python')[self.how]})"
+
+    cdef int write(self, Writer *w, object v) except -1:
+        cdef object b
+        cdef Py_buffer view
+        if self.how == HOW_CODEC:
+            return enc_top(<Codec>self._target, w, v)
+        if self.how == HOW_NODE:
+            return enc_record(<Node>self._target, w, v)
+        b = self._target(v)
+        if PyBytes_CheckExact(b):
+            return w_bytes(w, PyBytes_AS_STRING(b), PyBytes_GET_SIZE(b))
+        if isinstance(b, str) or not PyObject_CheckBuffer(b):
+            raise TypeError(f"{self.serializer!r}.serialize returned {type(b).__name__}, not bytes")
+        PyObject_GetBuffer(b, &view, PyBUF_SIMPLE)
+        try:
+            w_bytes(w, view.buf, view.len)
+        finally:
+            PyBuffer_Release(&view)
+        return 0
+
+    cdef int check(self, object v) except -1:
+        cdef Writer w
+        if not self.checks:
+            return 0
+        if self._check is not None:
+            self._check(v)
+            return 0
+        w_init(&w)
+        try:
+            enc_record(<Node>self._target, &w, v)
+        finally:
+            w_free(&w)
+        return 0
+
+    def encode(self, value):
+        """``serializer.serialize(value)``, as bytes."""
+        cdef Writer w
+        w_init(&w)
+        try:
+            self.write(&w, value)
+            return w_result(&w)
+        finally:
+            w_free(&w)
+
+    def check_value(self, value):
+        """What ``serializer.check(value)`` raises for a value it could not write; None otherwise."""
+        self.check(value)
+
+
+cdef class ValueWriter:
+    """One state's per-key values in the keyed format-3 framing (see the top of this file and
+    ``keygroups.state._codec``), compiled: ``ValueWriter(kind, ttl, value_serializer, key_serializer=None)`` with
+    ``kind`` ``"value"`` (value, reducing and aggregating states), ``"list"`` or ``"map"``; ``value_serializer`` the
+    serializer of the value, list element or map value, ``key_serializer`` of a map's keys. :meth:`encode` gives the
+    bytes ``ValueFraming.encode`` gives, byte for byte; a snapshot encodes every changed value with it in C."""
+
+    def __init__(self, str kind, bint ttl, value_serializer, key_serializer=None):
+        if kind == "value":
+            self.kind = FK_VALUE
+        elif kind == "list":
+            self.kind = FK_LIST
+        elif kind == "map":
+            self.kind = FK_MAP
+            if key_serializer is None:
+                raise ValueError("a map's value writer needs the map-key serializer")
+            self.key = Encoder(key_serializer)
+        else:
+            raise ValueError(f"kind must be {_KIND_NAMES}, got {kind!r}")
+        self.ttl = ttl
+        self.value = Encoder(value_serializer)
+
+    def __repr__(self):
+        kind = ("value", "list", "map")[self.kind]
+        return f"ValueWriter({kind!r}, ttl={bool(self.ttl)}, {self.value!r}" + (
+            f", key={self.key!r})" if self.key is not None else ")")
+
+    cdef int write(self, Writer *w, object v) except -1:
+        cdef object item
+        if self.kind == FK_VALUE:
+            if self.ttl:
+                pair = _ttl_pair(v)
+                w_i64(w, PyLong_AsLongLong(pair[1]))
+                return self.value.write(w, pair[0])
+            return self.value.write(w, v)
+        if self.kind == FK_LIST:
+            return self._write_list(w, v, 0, False)
+        return self._write_map(w, v, 0, False)
+
+    cdef int write_live(self, Writer *w, object v, int64_t deadline) except -1:
+        cdef tuple pair
+        cdef int64_t ts
+        if self.kind == FK_VALUE:
+            pair = _ttl_pair(v)
+            ts = PyLong_AsLongLong(pair[1])
+            if ts <= deadline:
+                return 0
+            w_i64(w, ts)
+            self.value.write(w, pair[0])
+            return 1
+        if self.kind == FK_LIST:
+            return self._write_list(w, v, deadline, True)
+        return self._write_map(w, v, deadline, True)
+
+    cdef int _write_list(self, Writer *w, object v, int64_t deadline, bint drop) except -1:
+        """The elements of ``v`` (a list; with TTL of ``(element, timestamp)``), each in its frame; with ``drop``,
+        only those whose timestamp is > ``deadline`` (0 returned when none is, and there were some)."""
+        cdef Py_ssize_t i, n, at, live = 0
+        cdef object element
+        cdef tuple pair
+        cdef int64_t ts = 0
+        cdef bint ttl = self.ttl
+        if type(v) is not list and type(v) is not tuple:
+            v = list(v)
+        n = len(v)
+        if drop:
+            for i in range(n):
+                if PyLong_AsLongLong(_ttl_pair(v[i])[1]) > deadline:
+                    live += 1
+            if live == 0 and n > 0:
+                return 0
+        for i in range(n):
+            if i >= len(v):
+                break
+            element = v[i]   # owned while it is encoded (its serializer may run Python code)
+            if ttl:
+                pair = _ttl_pair(element)
+                ts = PyLong_AsLongLong(pair[1])
+                if drop and ts <= deadline:
+                    continue
+                element = pair[0]
+            at = w.pos
+            w_reserve(w, FRAME_HEAD)
+            if ttl:
+                w_i64(w, ts)
+            self._element(w, element, i, "element")
+            _patch_u32(w, at, w.pos - at - _head(ttl), "a list element's length")
+        if len(v) != n:
+            raise RuntimeError("list changed size during serialization")
+        return 1
+
+    cdef int _write_map(self, Writer *w, object v, int64_t deadline, bint drop) except -1:
+        """The entries of ``v`` (a dict; with TTL its values are ``(value, timestamp)``) in dict order, each in its
+        frame; with ``drop`` only those whose timestamp is > ``deadline`` (0 returned when none is)."""
+        cdef Py_ssize_t pos = 0, i = 0, n, at, key_at, live = 0
+        cdef PyObject *k
+        cdef PyObject *x
+        cdef object key, value
+        cdef tuple pair
+        cdef int64_t ts = 0
+        cdef bint ttl = self.ttl
+        if type(v) is not dict:
+            v = dict(v)
+        n = PyDict_Size(v)
+        if drop:
+            while PyDict_Next(v, &pos, &k, &x):
+                if PyLong_AsLongLong(_ttl_pair(<object>x)[1]) > deadline:
+                    live += 1
+            if live == 0 and n > 0:
+                return 0
+            pos = 0
+        while PyDict_Next(v, &pos, &k, &x):
+            key = <object>k     # owned while encoded
+            value = <object>x
+            if ttl:
+                pair = _ttl_pair(value)
+                ts = PyLong_AsLongLong(pair[1])
+                if drop and ts <= deadline:
+                    i += 1
+                    continue
+                value = pair[0]
+            at = w.pos
+            w_reserve(w, FRAME_HEAD)
+            if ttl:
+                w_i64(w, ts)
+            key_at = w.pos
+            w_reserve(w, ENTRY_HEAD)
+            self._map_key(w, key, i)
+            _patch_u32(w, key_at, w.pos - key_at - ENTRY_HEAD, "a map key's length")
+            self._element(w, value, i, "value")
+            _patch_u32(w, at, w.pos - at - _head(ttl), "a map entry's length")
+            i += 1
+            if PyDict_Size(v) != n:
+                raise RuntimeError("dictionary changed size during iteration")
+        return 1
+
+    cdef inline int _element(self, Writer *w, object element, Py_ssize_t i, str what) except -1:
+        cdef Encoder e = self.value
+        if e.how != HOW_PYTHON:
+            return e.write(w, element)
+        return _python_element(w, e, element, i, what)
+
+    cdef inline int _map_key(self, Writer *w, object key, Py_ssize_t i) except -1:
+        cdef Encoder e = self.key
+        if e.how != HOW_PYTHON:
+            return e.write(w, key)
+        return _python_element(w, e, key, i, "key")
+
+    def encode(self, value):
+        """The framed bytes of one state value (``ValueFraming.encode``)."""
+        cdef Writer w
+        w_init(&w)
+        try:
+            self.write(&w, value)
+            return w_result(&w)
+        finally:
+            w_free(&w)
+
+    def encode_live(self, value, int64_t deadline):
+        """The framed bytes of a TTL state's value without what expired at ``deadline`` (timestamps <= it), or None
+        when all of it did (``ValueFraming.encode(ValueFraming.drop_expired(value, deadline))``)."""
+        cdef Writer w
+        if not self.ttl:
+            raise ValueError("encode_live is for TTL states")
+        w_init(&w)
+        try:
+            if not self.write_live(&w, value, deadline):
+                return None
+            return w_result(&w)
+        finally:
+            w_free(&w)
+
+
+cdef int _python_element(Writer *w, Encoder e, object element, Py_ssize_t i, str what) except -1:
+    """A list element, map key or map value of a Python serializer: its bytes, which must be bytes (as join_list and
+    join_map require of serialized parts)."""
+    cdef object b = e._target(element)
+    if not PyBytes_CheckExact(b):
+        raise TypeError(f"{what} {i} must be bytes (serialized), got {type(b).__name__}")
+    return w_bytes(w, PyBytes_AS_STRING(b), PyBytes_GET_SIZE(b))

@@ -155,27 +155,10 @@ cdef inline int64_t floor_div(int64_t a, int64_t b) noexcept nogil:
     return q
 
 
-@cython.final
 @cython.auto_pickle(False)   # RecordSerializer pickles by its schema and rebuilds the nodes
 cdef class Node:
     """One position of a record schema (see keygroups.serializers.record, which builds the tree)."""
-    cdef readonly int kind
-    cdef readonly bint nullable
-    cdef readonly str what                # how messages name this position, e.g. "field 'a.b' (bigint)"
-    cdef readonly Py_ssize_t min_size     # the fewest bytes a value here takes
-    cdef readonly tuple children          # record: one node per field; list: (element,); map: (key, value)
-    cdef readonly tuple names             # record: the field names
-    cdef readonly int form                # record: TUPLE_FORM, DICT_FORM, CLASS_FORM or FACTORY_FORM
-    cdef readonly object cls              # record: the class built (CLASS_FORM), or the callable that builds a
-                                          # value from the record's dict (FACTORY_FORM, e.g. a Spark Row)
-    cdef bint cls_dict                    # instances of cls keep their fields in a __dict__
-    cdef Py_ssize_t nfields
-    cdef int unit                         # timestamp: 0 s, 1 ms, 2 us, 3 ns
-    cdef object tz                        # timestamp: None (naive) or the tzinfo values are returned in
-    cdef bint tz_utc
-    cdef int precision, scale             # decimal
-    cdef object limit                     # decimal: 10 ** precision
-    cdef Node a, b                        # list element / map key and value
+    # attributes: declared in records.pxd (final there)
 
     def __init__(self, int kind, bint nullable, str what, tuple children=(), tuple names=(), int form=FORM_TUPLE,
                  object cls=None, int unit=2, object tz=None, int precision=0, int scale=0):

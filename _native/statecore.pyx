@@ -9,19 +9,25 @@
 # GC-tracked object per entry.
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.list cimport PyList_Append, PyList_GET_ITEM, PyList_GET_SIZE
+from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from cpython.object cimport PyObject
 from cpython.long cimport PyLong_AsLongLongAndOverflow
 from cpython.set cimport PySet_Add, PySet_Contains
 from libc.math cimport signbit
 from libc.stdint cimport int32_t, int64_t, uint8_t
+from libc.string cimport memcpy
+
+from writer cimport Writer, w_free, w_init
+
+import numpy as _np
 
 from keygroups._javakeys import NAN_KEY as _NAN_KEY_OBJ, NEGATIVE_ZERO_KEY as _NEG_ZERO_OBJ, NegativeZeroKey as _NegZeroClass
 from keygroups.errors import KeyGroupOutOfRangeError
 from keygroups.errors import no_current_key_error as _no_current_key_error, none_added_error as _none_added_error
 
 from javahash cimport hash_str as _hash_str, kg_hash_long, kg_key_group
-from keysearch cimport kg_find_key
 from keygroups._native.hashing cimport java_hash_object
+from keygroups._native.framing cimport Encoder
 
 
 cdef class _Missing:
@@ -120,17 +126,8 @@ def java_map(mapping):
 
 
 cdef class KeyContext:
-    """The current key of a backend and its key group's index in the backend's range (``n`` when no key is set)."""
-
-    cdef readonly object key
-    cdef readonly Py_ssize_t kgi
-    cdef readonly int32_t start
-    cdef readonly Py_ssize_t n
-    cdef readonly int32_t max_parallelism
-    cdef double _inv
-    cdef object _type_code
-    cdef bint _infer
-    cdef object _range
+    """The current key of a backend and its key group's index in the backend's range (``n`` when no key is set).
+    Attributes: statecore.pxd, the C contract compiled code sets keys through."""
 
     def __init__(self, key_group_range, int32_t max_parallelism, type_code):
         if max_parallelism < 1:
@@ -182,16 +179,7 @@ cdef class TableCore:
     repeats once the list reaches ``dirty_limit``).
 
     In a key group with layers, a deleted key stays in the dict with the value ``MISSING`` (a tombstone), so that
-    the layers' older value does not come back."""
-
-    cdef public list maps
-    cdef public bint slow
-    cdef public bint cow
-    cdef public list lazy
-    cdef public KeyContext ctx
-    cdef public bint track
-    cdef public list dirty
-    cdef public Py_ssize_t dirty_limit
+    the layers' older value does not come back. (Attributes: statecore.pxd.)"""
 
 
 cdef inline dict _group(TableCore t, KeyContext c):
@@ -249,15 +237,82 @@ cdef inline int _remove(TableCore t, KeyContext c, dict m) except -1:
     return _mark(t, c)
 
 
+cdef object _layer_read(TableCore t, KeyContext c, dict m):
+    """The current key's value from its key group's layers (newest first), decoded and kept in ``m``, or MISSING:
+    what ``_get_slow`` does while no snapshot runs, in C for sorted layers of a state without TTL."""
+    cdef Encoder keys = t.layer_keys
+    cdef Writer w
+    cdef Layer l
+    cdef Py_ssize_t found, n
+    cdef const uint8_t *p
+    cdef object raw = None
+    if keys is None:
+        return t._get_slow(c.kgi, c.key)
+    if c.key in m:   # deleted since the restore: the tombstone shadows the layers
+        return _MISSING
+    layers = (<object>t).layers[c.kgi]
+    if layers is None:
+        return _MISSING
+    for l in layers:
+        if not l.sorted:
+            return t._get_slow(c.kgi, c.key)
+    w_init(&w)
+    try:
+        keys.write(&w, c.key)
+        for l in layers:
+            if l._n_deletes and layer_search(l, True, w.buf, w.pos) >= 0:
+                return _MISSING
+            if l._n_puts:
+                found = layer_search(l, False, w.buf, w.pos)
+                if found >= 0:
+                    p = layer_value(l, found, &n)
+                    raw = PyBytes_FromStringAndSize(<const char *>p, n)
+                    break
+    finally:
+        w_free(&w)
+    if raw is None:
+        return _MISSING
+    v = t.layer_decode(raw)
+    m[c.key] = v
+    return v
+
+
 cdef inline object _read(TableCore t, KeyContext c):
     """The current key's stored object or MISSING; decoded values in ``maps`` are read directly unless a snapshot
-    needs copy-on-read. A key missing from a layered key group's dict is looked up in its layers (slow path)."""
+    needs copy-on-read. A key missing from a layered key group's dict is looked up in its layers."""
     if t.slow and t.cow and c.kgi < c.n:
         return t._get_slow(c.kgi, c.key)
-    v = _group(t, c).get(c.key, _MISSING)
+    cdef dict m = _group(t, c)
+    v = m.get(c.key, _MISSING)
     if v is _MISSING and _layered(t, c):
-        return t._get_slow(c.kgi, c.key)
+        return _layer_read(t, c, m)
     return v
+
+
+cdef int _refuse(TableCore t, Encoder check, object v, str what) except -1:
+    """``check`` refuses ``v``: raise what the table's framing names for the current key (``unwritable``)."""
+    try:
+        check.check(v)
+    except (ValueError, TypeError, OverflowError) as e:   # what a serializer raises for a value it cannot write
+        raise (<object>t).write_framing.unwritable(t.ctx.key, e, what=what) from e
+    return 0
+
+
+cdef inline int _check(TableCore t, Encoder check, object v, str what) except -1:
+    """A write's check (``TableCore.value_check``/``key_check``): nothing when the serializer checks nothing, the
+    serializer's encoder into a scratch buffer otherwise (a record's, in C): what it accepts a snapshot can write."""
+    if check is not None:
+        _refuse(t, check, v, what)
+    return 0
+
+
+cdef int _check_all(TableCore t, list vals, str what) except -1:
+    cdef Encoder check = t.value_check
+    if check is not None:
+        for v in vals:
+            if v is not None:   # the state refuses None itself, naming it
+                _refuse(t, check, v, what)
+    return 0
 
 
 # HeapValueCore, HeapListCore and HeapMapCore take (store, descriptor, backend) whether or not they use the backend:
@@ -286,6 +341,8 @@ cdef class HeapValueCore:
     def update(self, value):
         cdef TableCore t = self._t
         cdef KeyContext c = t.ctx
+        if value is not None:
+            _check(t, t.value_check, value, "update")
         if _cow(t):
             t._prepare_write(c.kgi, c.key)
         cdef dict m = _group(t, c)
@@ -336,6 +393,7 @@ cdef class HeapListCore:
         if value is None:
             raise _none_added_error(self._name, "ListState")
         cdef TableCore t = self._t
+        _check(t, t.value_check, value, "add")
         cdef KeyContext c = t.ctx
         cdef dict m
         if not _cow(t):
@@ -353,6 +411,7 @@ cdef class HeapListCore:
 
     def add_all(self, values):
         cdef list vals = list(values)
+        _check_all(self._t, vals, "add_all")
         if None in vals:
             raise _none_added_error(self._name, "ListState")
         if vals:
@@ -360,6 +419,7 @@ cdef class HeapListCore:
 
     def update(self, values):
         cdef list vals = list(values)
+        _check_all(self._t, vals, "update")
         if None in vals:
             raise _none_added_error(self._name, "ListState")
         cdef TableCore t = self._t
@@ -420,8 +480,11 @@ cdef class HeapMapCore:
         return m is not _MISSING and key in <dict>m
 
     def put(self, key, value):
-        key = _java_key(key)
         cdef TableCore t = self._t
+        if t.key_check is not None or t.value_check is not None:
+            _check(t, t.key_check, key, "put")
+            _check(t, t.value_check, value, "put")
+        key = _java_key(key)
         cdef KeyContext c = t.ctx
         cdef dict g
         if not _cow(t):
@@ -442,6 +505,11 @@ cdef class HeapMapCore:
         self._store(m)
 
     def put_all(self, mapping):
+        cdef TableCore t = self._t
+        if t.key_check is not None or t.value_check is not None:
+            for k, v in mapping.items():
+                _check(t, t.key_check, k, "put_all")
+                _check(t, t.value_check, v, "put_all")
         if not mapping:
             return
         mapping = _java_map(mapping)
@@ -484,59 +552,125 @@ DELETED = -2
 
 
 cdef class Layer:
-    """One restored block's entries of one state in one key group, kept as the file's bytes: put ``i``'s key is
-    ``block[key_offsets[i]:key_offsets[i + 1]]`` and its value likewise with ``value_offsets``; a deleted key
-    likewise with ``delete_offsets`` (int64 arrays of n + 1 positions; None when the block has no puts / deletes of
-    this state). The buffers are acquired once, here: a lookup is a binary search in C.
+    """One restored block's entries of one state in one key group (or those a full snapshot wrote, when a kept
+    backend compacts a key group), kept as bytes: ``Layer(block, key_offsets, value_offsets, delete_offsets,
+    sorted)`` takes the puts' keys and values and the deleted keys of a block at their offsets (int64 arrays of n + 1
+    positions, as the file reader gives them; None when the block has no puts / deletes of this state).
 
-    ``sorted``: keys are in byte order (since format 2), so :meth:`find` locates one key without decoding the others. An
-    unsorted (format 1) layer is searched by decoded key instead: the backend decodes its keys once into ``index``
-    (key -> put index) and ``deleted``."""
+    The layer keeps them in one bytes object of its own (``block``: the keys, then the values, then the deleted
+    keys, back to back; with ``copy=False`` the given ``block``, which must then be bytes, is kept as it is), so it
+    never pins the buffer of a whole file's read, and a part (keys, values, deleted keys) whose items all have one
+    width keeps no offsets at all: a key group of 8-byte keys and values costs 16 bytes per entry. ``key_offsets``,
+    ``value_offsets`` and ``delete_offsets`` give the offsets into ``block`` (computed for such a part). A lookup is
+    a binary search in C (statecore.pxd's ``layer_search``).
 
-    cdef readonly object block
-    cdef readonly object key_offsets
-    cdef readonly object value_offsets
-    cdef readonly object delete_offsets
-    cdef readonly bint sorted
-    cdef public object index
-    cdef public object deleted
-    cdef const uint8_t[::1] _buf
-    cdef const int64_t[::1] _ko
-    cdef const int64_t[::1] _vo
-    cdef const int64_t[::1] _do
-    cdef Py_ssize_t _size, _n_puts, _n_deletes
+    ``sorted``: keys are in byte order (since format 2), so :meth:`find` locates one key without decoding the
+    others. An unsorted (format 1) layer is searched by decoded key instead: the backend decodes its keys once into
+    ``index`` (key -> put index) and ``deleted``."""
 
-    def __init__(self, block, key_offsets, value_offsets, delete_offsets, bint sorted):
-        self._buf = block
-        self._size = self._buf.shape[0]
-        self._n_puts = self._n_deletes = 0
+    def __cinit__(self):
+        self._kw = self._vw = self._dw = -2   # no such part (-1: a part with offsets; >= 0: one width)
+
+    def __init__(self, block, key_offsets, value_offsets, delete_offsets, bint sorted, *, bint copy=True):
+        cdef const uint8_t[::1] src = _byte_view(block)
+        cdef Py_ssize_t size = src.shape[0], total
+        cdef const int64_t[::1] ko, vo, do_
+        cdef object parts
         if (key_offsets is None) != (value_offsets is None):
             raise ValueError("key_offsets and value_offsets must both be given or both be None")
         if key_offsets is not None:
-            self._ko = key_offsets
-            self._vo = value_offsets
-            if self._ko.shape[0] < 1 or self._vo.shape[0] != self._ko.shape[0]:
-                raise ValueError(f"key_offsets ({self._ko.shape[0]}) and value_offsets ({self._vo.shape[0]}) must "
-                                 "both hold n + 1 >= 1 positions")
-            _check_offsets(self._ko, self._size, "key")
-            _check_offsets(self._vo, self._size, "value")
-            self._n_puts = self._ko.shape[0] - 1
+            ko = _offsets_view(key_offsets, size, "key")
+            vo = _offsets_view(value_offsets, size, "value")
+            if vo.shape[0] != ko.shape[0]:
+                raise ValueError(f"key_offsets ({ko.shape[0]}) and value_offsets ({vo.shape[0]}) must both hold "
+                                 "n + 1 >= 1 positions")
+            self._n_puts = ko.shape[0] - 1
         if delete_offsets is not None:
-            self._do = delete_offsets
-            if self._do.shape[0] < 1:
-                raise ValueError("delete_offsets must hold n + 1 >= 1 positions")
-            _check_offsets(self._do, self._size, "delete")
-            self._n_deletes = self._do.shape[0] - 1
-        self.block = block
-        self.key_offsets = key_offsets
-        self.value_offsets = value_offsets
-        self.delete_offsets = delete_offsets
+            do_ = _offsets_view(delete_offsets, size, "delete")
+            self._n_deletes = do_.shape[0] - 1
         self.sorted = sorted
         self.index = None
         self.deleted = None
+        if not copy:
+            if type(block) is not bytes:
+                raise TypeError(f"a layer made without a copy keeps its block, which must be bytes, got "
+                                f"{type(block).__name__}")
+            self.block = block
+            self._base = <const uint8_t *>PyBytes_AS_STRING(block)
+            self._size = size
+            if key_offsets is not None:
+                self._ko = _part(ko, 0, &self._k0, &self._kw)
+                self._vo = _part(vo, 0, &self._v0, &self._vw)
+            if delete_offsets is not None:
+                self._do = _part(do_, 0, &self._d0, &self._dw)
+            return
+        # one bytes object of the three parts, back to back
+        total = 0
+        if key_offsets is not None:
+            total += (ko[ko.shape[0] - 1] - ko[0]) + (vo[vo.shape[0] - 1] - vo[0])
+        if delete_offsets is not None:
+            total += do_[do_.shape[0] - 1] - do_[0]
+        out = PyBytes_FromStringAndSize(NULL, total)
+        cdef uint8_t *dst = <uint8_t *>PyBytes_AS_STRING(out)
+        cdef Py_ssize_t at = 0
+        if key_offsets is not None:
+            at = _copy_part(dst, at, src, ko)
+            self._ko = _part(ko, ko[0], &self._k0, &self._kw)
+            _rebase(self._ko, &self._k0, self._n_puts, 0)
+            self._vo = _part(vo, vo[0], &self._v0, &self._vw)
+            _rebase(self._vo, &self._v0, self._n_puts, at)
+            at = _copy_part(dst, at, src, vo)
+        if delete_offsets is not None:
+            self._do = _part(do_, do_[0], &self._d0, &self._dw)
+            _rebase(self._do, &self._d0, self._n_deletes, at)
+            at = _copy_part(dst, at, src, do_)
+        self.block = out
+        self._base = <const uint8_t *>PyBytes_AS_STRING(out)
+        self._size = total
 
-    cdef inline const uint8_t *_base(self):
-        return &self._buf[0] if self._size else NULL
+    def __dealloc__(self):
+        PyMem_Free(self._ko)
+        PyMem_Free(self._vo)
+        PyMem_Free(self._do)
+
+    @property
+    def n_puts(self):
+        """How many keys the layer puts."""
+        return self._n_puts
+
+    @property
+    def n_deletes(self):
+        """How many keys the layer deletes."""
+        return self._n_deletes
+
+    @property
+    def key_offsets(self):
+        """The n + 1 offsets of the put keys in ``block`` (a new int64 array), or None when the layer puts none."""
+        return _offsets_array(self._ko, self._k0, self._kw, self._n_puts) if self._has_puts() else None
+
+    @property
+    def value_offsets(self):
+        """The n + 1 offsets of the put values in ``block`` (a new int64 array), or None when the layer puts none."""
+        return _offsets_array(self._vo, self._v0, self._vw, self._n_puts) if self._has_puts() else None
+
+    @property
+    def delete_offsets(self):
+        """The n + 1 offsets of the deleted keys in ``block`` (a new int64 array), or None when it deletes none."""
+        return _offsets_array(self._do, self._d0, self._dw, self._n_deletes) if self._has_deletes() else None
+
+    @property
+    def fixed_width(self):
+        """(key width, value width) when every put's key has one width and every value one width (then the layer
+        keeps no offsets for them), else None."""
+        if self._ko == NULL and self._vo == NULL and self._has_puts():
+            return (self._kw, self._vw)
+        return None
+
+    cdef bint _has_puts(self):
+        return self._ko != NULL or self._kw >= 0
+
+    cdef bint _has_deletes(self):
+        return self._do != NULL or self._dw >= 0
 
     def find(self, bytes key):
         """The put index of the serialized ``key`` in this (sorted) layer, ``DELETED`` if the layer deletes it,
@@ -546,54 +680,124 @@ cdef class Layer:
                              "decoded key")
         cdef const uint8_t *kp = <const uint8_t *>PyBytes_AS_STRING(key)
         cdef Py_ssize_t kn = PyBytes_GET_SIZE(key), found
-        if self._n_deletes:
-            found = kg_find_key(self._base(), self._size, &self._do[0], self._n_deletes, kp, kn)
-            if found >= 0:
-                return DELETED
-        if self._n_puts:  # offsets were checked in __init__: the search never reports them bad (-2)
-            found = kg_find_key(self._base(), self._size, &self._ko[0], self._n_puts, kp, kn)
+        if self._n_deletes and layer_search(self, True, kp, kn) >= 0:
+            return DELETED
+        if self._n_puts:
+            found = layer_search(self, False, kp, kn)
             if found >= 0:
                 return found
         return ABSENT
 
     def value(self, Py_ssize_t i):
         """Put ``i``'s value bytes (a copy: small, and not tracked by the garbage collector)."""
+        cdef Py_ssize_t n
+        cdef const uint8_t *p
         if not 0 <= i < self._n_puts:
             raise IndexError(f"put index {i} is outside the layer's {self._n_puts} entries")
-        return PyBytes_FromStringAndSize(<const char *>self._base() + self._vo[i], self._vo[i + 1] - self._vo[i])
+        p = layer_value(self, i, &n)
+        return PyBytes_FromStringAndSize(<const char *>p, n)
 
     def collect_puts(self, set shadow, list keys, list values, bint record=True):
         """Append to ``keys`` / ``values`` (as bytes) every put whose key bytes are not in ``shadow``; with
         ``record``, add each appended key to ``shadow`` (so that older layers skip it). Returns how many.
 
-        A full block merged from restored layers is written this way: one bytes object per key and value and
-        nothing the garbage collector tracks, so a collection during the snapshot has nothing of the state to
-        scan."""
-        cdef const char *base = <const char *>self._base()
-        cdef Py_ssize_t i, added = 0
+        The slow path of a full snapshot's merge (a migration or TTL on a list or map state; else
+        ``heapsnap.full_section`` merges in C): one bytes object per key and value, none the garbage collector
+        tracks."""
+        cdef Py_ssize_t i, added = 0, kn, vn
+        cdef const uint8_t *kp
+        cdef const uint8_t *vp
         cdef object kb
         for i in range(self._n_puts):
-            kb = PyBytes_FromStringAndSize(base + self._ko[i], self._ko[i + 1] - self._ko[i])
+            kp = layer_key(self, i, &kn)
+            kb = PyBytes_FromStringAndSize(<const char *>kp, kn)
             if PySet_Contains(shadow, kb):
                 continue
             if record:
                 PySet_Add(shadow, kb)
             PyList_Append(keys, kb)
-            PyList_Append(values, PyBytes_FromStringAndSize(base + self._vo[i], self._vo[i + 1] - self._vo[i]))
+            vp = layer_value(self, i, &vn)
+            PyList_Append(values, PyBytes_FromStringAndSize(<const char *>vp, vn))
             added += 1
         return added
 
     def collect_deletes(self, set into):
         """Add the key bytes of every delete of this layer to ``into``: they shadow the older layers."""
-        cdef const char *base = <const char *>self._base()
-        cdef Py_ssize_t i
+        cdef Py_ssize_t i, n
+        cdef const uint8_t *p
         for i in range(self._n_deletes):
-            PySet_Add(into, PyBytes_FromStringAndSize(base + self._do[i], self._do[i + 1] - self._do[i]))
+            p = layer_deleted(self, i, &n)
+            PySet_Add(into, PyBytes_FromStringAndSize(<const char *>p, n))
+
+    def __repr__(self):
+        return (f"<Layer {self._n_puts} puts, {self._n_deletes} deletes, {self._size} bytes"
+                f"{'' if self.sorted else ', unsorted'}>")
 
 
-cdef int _check_offsets(const int64_t[::1] offsets, Py_ssize_t size, str what) except -1:
-    cdef Py_ssize_t i, n = offsets.shape[0]
+cdef object _byte_view(object buffer):
+    cdef object mv = buffer if isinstance(buffer, memoryview) else memoryview(buffer)
+    if mv.ndim != 1 or mv.format != "B":
+        if not mv.c_contiguous:
+            raise TypeError("a layer's block must be a C-contiguous buffer")
+        mv = mv.cast("B")
+    return mv
+
+
+cdef const int64_t[::1] _offsets_view(object offsets, Py_ssize_t size, str what):
+    cdef const int64_t[::1] o = _np.ascontiguousarray(offsets, dtype=_np.int64)
+    cdef Py_ssize_t i, n = o.shape[0]
+    if n < 1:
+        raise ValueError(f"{what}_offsets must hold n + 1 >= 1 positions")
     for i in range(n):
-        if offsets[i] < 0 or offsets[i] > size or (i and offsets[i] < offsets[i - 1]):
-            raise ValueError(f"{what} offset {i} = {offsets[i]}: offsets must ascend inside the block's {size} bytes")
-    return 0
+        if o[i] < 0 or o[i] > size or (i and o[i] < o[i - 1]):
+            raise ValueError(f"{what} offset {i} = {o[i]}: offsets must ascend inside the block's {size} bytes")
+    return o
+
+
+cdef int64_t *_part(const int64_t[::1] o, int64_t base, int64_t *start, int64_t *width) except? NULL:
+    """A part's offsets as the layer keeps them: NULL with ``start``/``width`` set when every item has one width,
+    else a PyMem copy (the caller rebases it). ``width`` is -1 for a part with offsets."""
+    cdef Py_ssize_t i, n = o.shape[0] - 1
+    cdef int64_t w = o[1] - o[0] if n > 0 else 0
+    cdef int64_t *out
+    for i in range(1, n):
+        if o[i + 1] - o[i] != w:
+            break
+    else:
+        start[0] = o[0] - base
+        width[0] = w
+        return NULL
+    out = <int64_t *>PyMem_Malloc((n + 1) * sizeof(int64_t))
+    if out == NULL:
+        raise MemoryError(f"cannot keep {n + 1} offsets")
+    for i in range(n + 1):
+        out[i] = o[i] - base
+    width[0] = -1
+    start[0] = 0
+    return out
+
+
+cdef void _rebase(int64_t *o, int64_t *start, Py_ssize_t n, int64_t at) noexcept:
+    """Move a part (its offsets, or its start) by ``at`` bytes."""
+    cdef Py_ssize_t i
+    if o == NULL:
+        start[0] += at
+        return
+    for i in range(n + 1):
+        o[i] += at
+
+
+cdef Py_ssize_t _copy_part(uint8_t *dst, Py_ssize_t at, const uint8_t[::1] src, const int64_t[::1] o) noexcept:
+    cdef int64_t a = o[0], b = o[o.shape[0] - 1]
+    if b > a:
+        memcpy(dst + at, &src[a], <size_t>(b - a))
+    return at + <Py_ssize_t>(b - a)
+
+
+cdef object _offsets_array(const int64_t *o, int64_t start, int64_t width, Py_ssize_t n):
+    cdef object out = _np.empty(n + 1, dtype=_np.int64)
+    cdef int64_t[::1] view = out
+    cdef Py_ssize_t i
+    for i in range(n + 1):
+        view[i] = o[i] if o != NULL else start + i * width
+    return out

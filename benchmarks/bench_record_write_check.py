@@ -1,7 +1,8 @@
 """The cost of checking record values on write (issue 31): heap ``ValueState.update`` of a record, with the check the
-heap now runs on every write (``RecordSerializer.check``: the compiled encoder into a stack buffer, bytes not kept),
-beside the same updates through the compiled state class without it (the baseline: what an update cost before),
-in one run. For scale: the check alone, the encode a snapshot pays per changed value anyway, and an Int64 state's
+heap now runs on every write (in the compiled state core: the record node's encoder into a stack buffer, bytes not
+kept), beside the same updates without it (the baseline: what an update cost before checks), and beside the check
+as a Python wrapper around the compiled class (``keygroups.state._checks``, how the heap checked before the core did;
+TTL states still do), in one run. For scale: the check alone, the encode a snapshot pays per changed value anyway, and an Int64 state's
 update (a serializer that checks nothing keeps the compiled path).
 
 The same work: ``--n`` updates of one record value, (a) to ``--n`` distinct keys (``set_current_key`` + ``update``,
@@ -24,6 +25,7 @@ from typing import Any
 from keygroups import key_group_range
 from keygroups.serializers import Int64Serializer, RecordSerializer
 from keygroups.state import HeapKeyedStateBackend, ValueStateDescriptor
+from keygroups.state._checks import checked_state_class
 from keygroups.state.heap import _HeapValue
 
 RECORDS = {
@@ -85,12 +87,17 @@ def main() -> None:
             checked_backend = HeapKeyedStateBackend(key_group_range(128, 1, 0), 128, Int64Serializer())
             checked = checked_backend.get_state(ValueStateDescriptor("v", ser))
             plain_backend = HeapKeyedStateBackend(key_group_range(128, 1, 0), 128, Int64Serializer())
+            plain = plain_backend.get_state(ValueStateDescriptor("v", ser))
+            plain_backend._store("v").value_check = None   # the compiled core without the check
+            wrapped_backend = HeapKeyedStateBackend(key_group_range(128, 1, 0), 128, Int64Serializer())
             descriptor = ValueStateDescriptor("v", ser)
-            plain_backend.get_state(descriptor)
-            plain = _HeapValue(plain_backend._store("v"), descriptor, plain_backend)   # the class without the check
-            assert type(checked).__name__ == "_CheckedHeapValue" and type(plain) is _HeapValue
+            wrapped_backend.get_state(descriptor)
+            wrapped_backend._store("v").value_check = None   # checked by the Python wrapper alone
+            wrapped = checked_state_class("value", _HeapValue)(wrapped_backend._store("v"), descriptor, wrapped_backend)
+            assert type(checked) is _HeapValue and checked_backend._store("v").value_check is not None
             fns[f"update, {where}, unchecked (baseline)"] = updates(n, plain, plain_backend, value, distinct)
             fns[f"update, {where}, checked"] = updates(n, checked, checked_backend, value, distinct)
+            fns[f"update, {where}, Python-wrapper checked"] = updates(n, wrapped, wrapped_backend, value, distinct)
         check, encode = ser.check, ser.serialize
         fns["RecordSerializer.check alone"] = lambda: [check(value) for _ in range(n)]
         fns["RecordSerializer.serialize alone"] = lambda: [encode(value) for _ in range(n)]
@@ -103,9 +110,9 @@ def main() -> None:
         print(f"{'':<48} {'wall':>9} {'cpu':>9} {'cpu vs baseline':>16}")
         for label, (wall, cpu) in result.items():
             base = None
-            if label.startswith("update"):
-                base = result[label.replace("checked", "unchecked (baseline)")][1] if label.endswith("checked") and \
-                    "unchecked" not in label else None
+            if label.startswith("update") and label.endswith("checked") and "unchecked" not in label:
+                base = result[label.replace("Python-wrapper checked", "checked").replace(
+                    "checked", "unchecked (baseline)")][1]
             ratio = f"{cpu / base:15.2f}x" if base else ""
             print(f"{label:<48} {wall / n * 1e9:9.1f} {cpu / n * 1e9:9.1f} {ratio:>16}")
 

@@ -134,12 +134,18 @@ def test_rocksdb_refuses_the_same_values_with_the_same_words(bad, words, tmp_pat
             assert "cannot write the entry of key 7" in msg
 
 
-def test_other_serializers_keep_the_compiled_state_classes():
+def test_the_heap_checks_in_its_compiled_state_classes():
+    # Records are checked by the compiled cores themselves (the table's value_check: the record node's encoder in
+    # C), no Python wrapper per write; other serializers check nothing.
     with HeapKeyedStateBackend(key_group_range(16, 1, 0), 16, Int64Serializer()) as b:
         plain = b.get_state(ValueStateDescriptor("n", Int64Serializer()))
         checked = b.get_state(ValueStateDescriptor("r", SER))
-        assert type(plain).__name__ == "_HeapValue" and type(checked).__name__ == "_CheckedHeapValue"
-        assert isinstance(checked, type(plain))
+        assert type(plain).__name__ == type(checked).__name__ == "_HeapValue"
+        assert b._store("n").value_check is None and b._store("r").value_check is not None
+        b.set_current_key(1)
+        with pytest.raises(StateSerializationError, match="cannot write the entry of key 1"):
+            checked.update({"user": None, "visits": 1, "tags": []})
+        assert checked.value() is None
 
 
 @dataclasses.dataclass

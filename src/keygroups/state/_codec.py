@@ -77,7 +77,14 @@ class ValueFraming:
             ("map", False): (self._enc_map, self._dec_map),
             ("map", True): (self._enc_map_ttl, self._dec_map_ttl),
         }[("value" if kind in ("value", "reducing", "aggregating") else kind, ttl)]
-        self.encode: Callable[[Any], bytes] = enc
+        #: The compiled encoder of this framing (``_native/framing.pyx``): what :meth:`encode` and the heap
+        #: backend's snapshots encode with, in C for the built-in serializers and records.
+        self.writer = _framing.ValueWriter("value" if kind in ("value", "reducing", "aggregating") else kind, ttl,
+                                           ser, key_ser)
+        #: One value -> its bytes (compiled). ``reference_encode`` makes the same bytes in Python, through the
+        #: serializers' ``serialize`` and ``join_list``/``join_map``: the definition the tests hold it to.
+        self.encode: Callable[[Any], bytes] = self.writer.encode
+        self.reference_encode: Callable[[Any], bytes] = enc
         self.decode: Callable[[Any], Any] = dec
         # Deep copy of one in-memory value, for copy-on-write; None when values are never mutated in place.
         self.copy: Callable[[Any], Any] | None = self._make_copy()

@@ -29,18 +29,21 @@ every key group's committed chain at m starts with exactly those files; the bloc
 meanwhile by another worker process) are read and pushed as new top layers, and the decoded entries of the keys
 they name are dropped. A key group whose chain restarted with a newer full block takes that chain instead.
 
-A kept backend must not grow without bound: once a key group with restored layers is written full, its layers and
-decoded entries are replaced (``compact()``, once the snapshot finished) by one layer of the bytes just written
-(``compact_full_groups``).
+A kept backend must not grow without bound, nor keep Python objects for keys no batch touches: once a key group is
+written full, its decoded entries and layers are replaced (``compact()``, once the snapshot finished, if nothing
+touched the key group since its capture) by one layer of the bytes just written (``compact_full_groups``).
 
 Hot paths: ``set_current_key`` and the value / list / map operations are compiled (``_native/statecore.pyx``); they
-read the dicts directly and hand over to the Python methods here only while a snapshot runs or for a key that may be
-in a restored layer. TTL states and the rarer operations use the generic classes of ``states``.
+read the dicts directly, look a key missing from a layered key group's dict up in its sorted layers in C, and hand
+over to the Python methods here only while a snapshot runs, for a format 1 (unsorted) layer, or for a TTL state. TTL
+states and the rarer operations use the generic classes of ``states``.
 
 Checks on write: a state whose serializer checks values (``TypeSerializer.check``; ``RecordSerializer`` does) refuses
 a value it could not snapshot where it is written (``update``, ``add``, ``add_all``, ``put``, ``put_all``, and what a
 reducing or aggregating state stores), with the ``StateSerializationError`` RocksDB raises when it writes one: the
-state keeps what it had. States of other serializers take the compiled paths unchanged (``keygroups.state._checks``).
+state keeps what it had. The compiled value, list and map cores check themselves (``_HeapTable.value_check``: the
+serializer's encoder into a scratch buffer, a record's in C); TTL states and reducing and aggregating tables check
+through ``keygroups.state._checks``. States of other serializers check nothing.
 
 A state registered again with another serializer (warm state resumed for a job whose schema changed, or restored
 state decoded eagerly) has its decoded values rewritten into the new serializer's shape as it is registered (read
@@ -58,6 +61,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from keygroups._hashing import KeyType
+from keygroups._native import heapsnap
+from keygroups._native.framing import Encoder
 from keygroups._native.snapshot import encode_block, parse_block_offsets
 from keygroups._native.statecore import (
     ABSENT,
@@ -85,6 +90,7 @@ from keygroups.checkpoint.planning import key_group_chains
 from keygroups.checkpoint.state_meta import check_state_metas
 from keygroups.errors import CheckpointNotFoundError, CorruptSnapshotError, StateSerializationError, no_current_key_error
 from keygroups.serializers import TypeSerializer
+from keygroups.serializers.base import checks_on_write
 from keygroups.state._base import (
     DEFAULT_DELTA_FRACTION,
     DEFAULT_MAX_CHAIN,
@@ -128,6 +134,17 @@ def _find_unsorted(layer: Layer, key: Any, decode_keys: Callable[[Any, Any], lis
     if key in layer.deleted:  # type: ignore[operator]
         return DELETED
     return layer.index.get(key, ABSENT)
+
+
+def _write_checks(write: ValueFraming) -> tuple[Encoder | None, Encoder | None]:
+    """The compiled checks on write of a value, list or map state's table (``TableCore.value_check`` and
+    ``key_check``): the encoder of each serializer that checks on write (a record's node checks in C), else None."""
+    if write.kind not in ("value", "list", "map"):
+        return None, None
+    value = checks_on_write(write.ser)
+    key = checks_on_write(write.key_ser) if write.kind == "map" else None
+    return (None if value is None else Encoder(write.ser, value),
+            None if key is None else Encoder(write.key_ser, key))
 
 
 #: A key group's dirty list is first de-duplicated when it reaches this many entries.
@@ -215,6 +232,10 @@ class _HeapTable(TableCore):
                                                     (write.kind != "map" or not write.ser.is_immutable))
         self.needs_migration = read.needs_migration_to(write)
         self.check_put = stored_value_check(write)
+        self.value_check, self.key_check = _write_checks(write)
+        # a key read from the restored layers is looked up in C unless TTL needs the Python path's cleanup
+        self.layer_keys = None if (read.ttl or write.ttl) else self.backend._key_encoder
+        self.layer_decode = read.decode
 
     def _update_slow(self) -> None:
         self.slow = self.cow or self.lazy_group_count > 0
@@ -352,9 +373,18 @@ class _HeapTable(TableCore):
         else:  # a new list: a snapshot's capture or a pending compaction may hold the old one
             self.layers[group_index] = [layer, *layers]
 
-    def replace_group(self, group_index: int, layer: Layer | None) -> None:
-        """Key group ``group_index`` becomes ``layer`` alone (None: empty): its decoded entries and older layers go."""
-        self.maps[group_index] = {}
+    def replace_group(self, group_index: int, layer: Layer | None, keep: list[Any] | tuple[Any, ...] = ()) -> None:
+        """Key group ``group_index`` becomes ``layer`` (None: empty): its older layers go, and its decoded entries
+        but those of the keys in ``keep`` (the keys the last batch touched, whose values ``layer`` holds as they are:
+        the next batch likely reads them again, and decoding them from the layer would cost more than keeping them)."""
+        old = self.maps[group_index]
+        kept: dict[Any, Any] = {}
+        if layer is not None:
+            for key in keep:
+                v = old.get(key, MISSING)
+                if v is not MISSING:
+                    kept[key] = v
+        self.maps[group_index] = kept
         self.drop_layers(group_index)
         if layer is not None:
             self.add_layer(group_index, layer)
@@ -506,10 +536,11 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
     ``allow_pickle`` lets restore read pickled serializer data; ``subtask_index`` is recorded in snapshot handles.
     ``dispose()`` (or leaving a ``with`` block) does nothing here: the state is garbage-collected with the backend.
 
-    ``compact_full_groups``: for a backend kept across batches (see :meth:`resume`), once a key group with restored
-    layers is written full, replace its layers and decoded entries by one layer of the written bytes, so the
-    backend holds each key group's bytes once however many batches it lives (costs one more encode of those key
-    groups; pointless for a backend used for one batch).
+    ``compact_full_groups``: for a backend kept across batches (see :meth:`resume`), once a key group is written
+    full, replace its decoded entries (and restored layers) by one layer of the written bytes, so the backend holds
+    each key group's bytes once however many batches it lives, and holds the entries no batch touched since as
+    bytes, not Python objects (an int64 key and value: 16 B instead of about 100 B; a key read again is decoded
+    from its layer). Pointless for a backend used for one batch.
     """
 
     def __init__(self, key_group_range: KeyGroupRange, max_parallelism: int, key_serializer: TypeSerializer, *,
@@ -525,10 +556,11 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
         self._chain_files: dict[int, tuple[str, ...]] = {}
         self._warm_point: tuple[int, str] | None = None
         # Captures so far, and the compactions finished snapshots prepared: (capture number, table name, key-group
-        # index, the dict and layers captured, the new layer or None), applied by the thread that owns the backend.
+        # index, the dict and layers captured, the new layer or None, the keys the capture found dirty), applied by
+        # the thread that owns the backend.
         self._captures = 0
         self._compactions: collections.deque[tuple[int, str, int, dict[Any, Any], list[Layer] | None,
-                                                   Layer | None]] = collections.deque()
+                                                   Layer | None, list[Any]]] = collections.deque()
         self.set_current_key = self._ctx.set_current_key  # type: ignore[method-assign]  # no Python-level hop
         self._tables: dict[str, _HeapTable] = {}
         self._running_snapshots = 0
@@ -540,6 +572,11 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
         # handed back to the next capture. A deque: the snapshot worker appends, the capture pops, no lock needed.
         self._failed: collections.deque[tuple[dict[str, list[list[Any]]], set[int]]] = collections.deque()
 
+    @functools.cached_property
+    def _key_encoder(self) -> Encoder:
+        """The key serializer's encoder, compiled (``_native/framing.pyx``): what snapshots serialize keys with."""
+        return Encoder(self.key_serializer)
+
     def _decode_keys(self, block: Any, offsets: Any) -> list[Any]:
         """The keys serialized in ``block`` at ``offsets``, canonical (``java_keys``): a decoded key meets the dicts'
         keys as ``set_current_key`` made them, so a NaN or ``-0.0`` key is found, and listed, once."""
@@ -547,8 +584,9 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
 
     # ---- hooks of the base ----------------------------------------------------------------------------------------
     def _state_class(self, kind: str, ttl: bool) -> type:
-        plain = _HEAP_CLASSES[kind] if not ttl and kind in _HEAP_CLASSES else super()._state_class(kind, ttl)
-        return checked_state_class(kind, plain)
+        if not ttl and kind in _HEAP_CLASSES:
+            return _HEAP_CLASSES[kind]   # their compiled cores check on write (``_HeapTable.value_check``)
+        return checked_state_class(kind, super()._state_class(kind, ttl))
 
     def _has_data(self) -> bool:
         return any(t.has_data() for t in self._tables.values())
@@ -755,12 +793,12 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
         if self._running_snapshots:
             return
         while self._compactions:
-            capture, name, i, captured_map, captured_layers, layer = self._compactions.popleft()
+            capture, name, i, captured_map, captured_layers, layer, hot = self._compactions.popleft()
             t = self._tables.get(name)
             if (capture != self._captures or t is None or t.maps[i] is not captured_map
                     or t.layers[i] is not captured_layers or t.dirty[i]):
                 continue
-            t.replace_group(i, layer)
+            t.replace_group(i, layer, hot)
 
     def _after_snapshot(self, handle: KeyedStateHandle) -> None:
         super()._after_snapshot(handle)
@@ -795,8 +833,7 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
             for i in range(self._n):
                 largest = len(t.maps[i])
                 for layer in t.layers[i] or ():
-                    if layer.key_offsets is not None:   # None: a layer of deletes only
-                        largest = max(largest, len(layer.key_offsets) - 1)
+                    largest = max(largest, layer.n_puts)
                 total += largest
         return total
 
@@ -882,7 +919,8 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
                                               predecessors=self._chain_tips())
                 for state_index, i, layer in compactions:
                     c = captures[state_index]
-                    self._compactions.append((capture, names[state_index], i, c.maps[i], c.layers[i], layer))
+                    self._compactions.append((capture, names[state_index], i, c.maps[i], c.layers[i], layer,
+                                              c.dirty[i]))
             except BaseException:
                 self._failed.append(({name: [c.dirty[i] if i not in full else [] for i in range(n)]
                                       for name, c in zip(names, captures)}, full))
@@ -910,7 +948,7 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
                 ) -> Iterator[tuple[int, list[Any], list[Any]]]:
         """Per key group with something to write: ``(key_group, put sections, delete sections)``; the key groups
         in ``full`` (indexes) are written full, the others as deltas. With ``compact_full_groups``, a full key group
-        that had restored layers adds ``(state index, key-group index, its written entries as one layer)`` to
+        with decoded entries or restored layers to fold adds ``(state index, key-group index, its written entries as one layer)`` to
         ``compactions``."""
         start = self._start
         for i in range(self._n):
@@ -923,27 +961,32 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
                     except UNWRITABLE as e:
                         raise self._unwritable(c, c.maps[i], e) from e
                     layers = c.layers[i]
-                    if (self.compact_full_groups and layers is not None and not c.needs_migration
-                            and (c.maps[i] or len(layers) > 1 or c.ttl_deadline is not None)):
+                    if (self.compact_full_groups and not c.needs_migration
+                            and (c.maps[i] or (layers is not None
+                                               and (len(layers) > 1 or c.ttl_deadline is not None)))):
                         layer = None
                         if section is not None:
-                            section, layer = _as_layer(start + i, section)
+                            if section.merged is not None:   # the written bytes become the key group's layer
+                                layer = Layer(*section.merged, None, True, copy=False)
+                            else:
+                                section, layer = _as_layer(start + i, section)
                         compactions.append((state_index, i, layer))
                     if section is not None:
-                        sections.append((state_index, *section))
+                        sections.append((state_index, section.keys, section.values))
                 yield start + i, sections, deletes
                 continue
             for state_index, c in enumerate(captures):
                 delta = c.deltas[i]
                 if delta:
                     try:
-                        keys, values, gone = self._delta_section(c, delta)
+                        keys, values, gone = heapsnap.delta_section(delta, self._key_encoder, c.write_framing.writer,
+                                                                    MISSING, c.ttl_deadline)
                     except UNWRITABLE as e:
                         raise self._unwritable(c, delta, e) from e
-                    if keys:
-                        sections.append((state_index, keys, values))
-                    if gone:
-                        deletes.append((state_index, gone))
+                    if keys is not None:
+                        sections.append((state_index, Packed(*keys), Packed(*values)))
+                    if gone is not None:
+                        deletes.append((state_index, Packed(*gone)))
             if sections or deletes:
                 yield start + i, sections, deletes
 
@@ -952,55 +995,40 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
         w = c.write_framing
         return w.unwritable(w.first_unwritable(entries.items(), self.key_serializer.serialize, MISSING), error)
 
-    def _delta_section(self, c: _Capture, delta: dict[Any, Any]) -> tuple[list[bytes], list[bytes], list[bytes]]:
-        """The changed keys of one state in one key group: (keys, values) written, and keys deleted (an entry TTL
-        drops now is written as a delete too, so that no older block brings it back)."""
-        serialize_key = self.key_serializer.serialize
-        write, deadline = c.write_framing, c.ttl_deadline
-        encode = write.encode
-        keys: list[bytes] = []
-        values: list[bytes] = []
-        gone: list[bytes] = []
-        for k, v in delta.items():
-            if v is not MISSING and deadline is not None:
-                v = write.drop_expired(v, deadline)
-                if v is None:
-                    v = MISSING
-            if v is MISSING:
-                gone.append(serialize_key(k))
-            else:
-                keys.append(serialize_key(k))
-                values.append(encode(v))
-        return keys, values, gone
-
-    def _full_section(self, c: _Capture, i: int) -> tuple[Any, Any] | None:
-        """Every live entry of one state in one key group, as (keys, values) to write, or None if it has none:
-        the decoded values, then what the layers hold of the other keys (bytes as they are, re-encoded only to
-        migrate). Creates no object the garbage collector tracks per entry."""
+    def _full_section(self, c: _Capture, i: int) -> _Section | None:
+        """Every live entry of one state in one key group to write, or None if it has none: the decoded values,
+        then what the layers hold of the other keys (bytes as they are, re-encoded only to migrate). Merged in C
+        (``heapsnap.full_section``: no object per entry), except to migrate restored bytes, to drop what expired
+        from a restored list or map, or with an unsorted (format 1) layer."""
         m, layers = c.maps[i], c.layers[i]
         if not (m or layers):
             return None
-        key_ser = self.key_serializer
         write, deadline = c.write_framing, c.ttl_deadline
         if not m and layers is not None and len(layers) == 1 and not c.needs_migration and deadline is None:
             layer = layers[0]  # an untouched restored key group: its bytes as they are
-            if layer.key_offsets is None:
+            if not layer.n_puts:
                 return None
-            return Packed(layer.block, layer.key_offsets), Packed(layer.block, layer.value_offsets)
-        if (m and layers is None and deadline is None and not write.ttl
-                and write.kind in ("value", "reducing", "aggregating")):
-            key_data, key_offsets = key_ser.serialize_many(list(m))
-            value_data, value_offsets = write.ser.serialize_many(list(m.values()))
-            return Packed(key_data, key_offsets), Packed(value_data, value_offsets)
-        serialize_key = key_ser.serialize
+            return _Section(Packed(layer.block, layer.key_offsets), Packed(layer.block, layer.value_offsets))
+        if not layers or (not c.needs_migration and all(layer.sorted for layer in layers)
+                          and (deadline is None or write.kind not in ("list", "map"))):
+            merged = heapsnap.full_section(m, layers, self._key_encoder, write.writer, MISSING, deadline)
+            if merged is None:
+                return None
+            data, key_offsets, value_offsets = merged
+            return _Section(Packed(data, key_offsets), Packed(data, value_offsets), merged)
+        return self._full_section_merged_in_python(c, m, layers)
+
+    def _full_section_merged_in_python(self, c: _Capture, m: dict[Any, Any], layers: list[Layer]) -> _Section | None:
+        """:meth:`_full_section` for what the compiled merge does not do: one bytes object per entry."""
+        serialize_key = self.key_serializer.serialize
+        write, deadline = c.write_framing, c.ttl_deadline
         encode = write.encode
         keys: list[bytes] = []
         values: list[bytes] = []
         shadow: set[bytes] = set()
         for k, v in m.items():
             key_bytes = serialize_key(k)
-            if layers is not None:
-                shadow.add(key_bytes)
+            shadow.add(key_bytes)
             if v is MISSING:
                 continue
             if deadline is not None:
@@ -1009,15 +1037,15 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
                     continue
             keys.append(key_bytes)
             values.append(encode(v))
-        for depth, layer in enumerate(layers or ()):
-            older = depth + 1 < len(layers)  # type: ignore[arg-type]
+        for depth, layer in enumerate(layers):
+            older = depth + 1 < len(layers)
             if older:
                 layer.collect_deletes(shadow)
             first = len(keys)
             layer.collect_puts(shadow, keys, values, older)
             if c.needs_migration or deadline is not None:
                 self._pass_through(keys, values, first, c)
-        return (keys, values) if keys else None
+        return _Section(keys, values) if keys else None
 
     @staticmethod
     def _pass_through(keys: list[bytes], values: list[bytes], first: int, capture: _Capture) -> None:
@@ -1054,14 +1082,25 @@ def _names(metadata: CheckpointMetadata, file: str, key_group_range: KeyGroupRan
     return any(h.file == file and h.key_group_range == key_group_range for h in metadata.keyed_handles)
 
 
-def _as_layer(key_group: int, section: tuple[Any, Any]) -> tuple[tuple[Packed, Packed], Layer]:
+@dataclass(frozen=True, slots=True)
+class _Section:
+    """One state's entries of one key group for a full block: keys and values (lists of bytes, or ``Packed``), and,
+    when merged in C, ``merged``: ``(data, key_offsets, value_offsets)``, the same bytes as one buffer (sorted), which
+    a kept backend keeps as the key group's layer as it is."""
+
+    keys: Any
+    values: Any
+    merged: tuple[bytes, Any, Any] | None = None
+
+
+def _as_layer(key_group: int, section: _Section) -> tuple[_Section, Layer]:
     """One state's full entries of a key group as one sorted layer, and the same bytes as the section to write
     (the writer then finds them sorted)."""
-    block = encode_block(key_group, [(0, *section)], 1, full=True)
+    block = encode_block(key_group, [(0, section.keys, section.values)], 1, full=True)
     _, puts, _ = parse_block_offsets(block, key_group, 1, verify_checksum=False)
     _, key_offsets, value_offsets = puts[0]
-    return (Packed(block, key_offsets), Packed(block, value_offsets)), Layer(block, key_offsets, value_offsets, None,
-                                                                              True)
+    layer = Layer(block, key_offsets, value_offsets, None, True)
+    return _Section(Packed(layer.block, layer.key_offsets), Packed(layer.block, layer.value_offsets)), layer
 
 
 __all__ = ["HeapKeyedStateBackend"]
