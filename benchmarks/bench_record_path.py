@@ -204,10 +204,9 @@ def numpy_floor(files: list[str], n_keys: int) -> Run:
 
 
 # ---- HOOK: declarative keyed aggregates (issue 33 item 4) -----------------------------------------------------------
-# When the module of declarative keyed aggregates lands (keygroups.aggregates, or wherever it goes), wire the job
-# here: return a zero-argument factory of a KeyedProcessFunction (or whatever the harness runs) computing the same
-# per-record running count and sum of "value" by "key", output (key, count, sum). Until then the candidates print
-# "not available".
+# The peer job written with keygroups.aggregates: a running count and sum of "value" by "key", one output row
+# (key, count, sum) per record. Its states are the per-record job's ("count" and "sum", Int64Serializer values), so
+# both candidates write the same checkpoints.
 DECLARATIVE_MODULES = ("keygroups.aggregates",)
 
 
@@ -217,8 +216,17 @@ def declarative_function() -> tuple[Callable[[], object] | None, str]:
                and importlib.util.find_spec(m) is not None]
     if not present:
         return None, "not available (no keygroups.aggregates module yet: issue 33 item 4)"
-    return None, (f"not available: {present[0]} exists, but the hook in bench_record_path.declarative_function "
-                  "is not wired to it yet")
+    from keygroups.aggregates import aggregate, count, sum_of
+
+    from _events import SCHEMA
+
+    def running_count_sum() -> object:
+        job = aggregate(count(), sum_of("value", name="sum"), input_schema=SCHEMA, key_columns="key",
+                        emit="per_record")
+        assert job.output_schema.names == COUNT_SUM_OUTPUT.names, job.output_schema
+        return job
+
+    return running_count_sum, ""
 
 
 # ---- Flink Java and PyFlink ------------------------------------------------------------------------------------------
