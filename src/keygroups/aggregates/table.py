@@ -166,7 +166,7 @@ class ColumnarStates:
         k = len(self.names)
         self.cap = 0
         self.size = 0   # rows used so far (a high-water mark; freed rows are reused first)
-        self.keys = np.zeros(0, dtype=np.int64)
+        self.key_values = np.zeros(0, dtype=np.int64)
         self.group = np.zeros(0, dtype=np.int32)   # absolute key group
         self.present: list[np.ndarray] = [np.zeros(0, dtype=bool) for _ in range(k)]
         self.fields: list[list[np.ndarray]] = [[np.zeros(0, dtype=f) for f in lay.fields] for lay in self.layouts]
@@ -199,7 +199,7 @@ class ColumnarStates:
             out[:len(a)] = a
             return out
 
-        self.keys = grown(self.keys)
+        self.key_values = grown(self.key_values)
         self.group = grown(self.group)
         for j in range(len(self.names)):
             self.present[j] = grown(self.present[j])
@@ -241,7 +241,7 @@ class ColumnarStates:
     def _insert(self, keys: Any, rows: np.ndarray, groups: np.ndarray) -> None:
         if self.key_mode != "object":
             self._index.insert(keys, rows)  # type: ignore[union-attr]
-            self.keys[rows] = keys
+            self.key_values[rows] = keys
         else:
             index = self._index
             assert isinstance(index, dict)
@@ -304,7 +304,7 @@ class ColumnarStates:
         if self.key_mode == "object":
             objs = self._keys_obj
             return [objs[r] for r in rows.tolist()]
-        return self.keys[rows].tolist()  # type: ignore[no-any-return]
+        return self.key_values[rows].tolist()  # type: ignore[no-any-return]
 
     # ---- snapshots ------------------------------------------------------------------------------------------------
     def _maintain(self) -> None:
@@ -331,7 +331,7 @@ class ColumnarStates:
         if not len(rows):
             return
         if self.key_mode != "object":
-            self._index.remove(np.ascontiguousarray(self.keys[rows]))  # type: ignore[union-attr]
+            self._index.remove(np.ascontiguousarray(self.key_values[rows]))  # type: ignore[union-attr]
         else:
             index = self._index
             assert isinstance(index, dict)
@@ -347,9 +347,9 @@ class ColumnarStates:
 
     def _encode_keys(self, rows: np.ndarray) -> tuple[Any, np.ndarray]:
         if self.key_mode == "i8":
-            return self.keys[rows].astype("<i8").tobytes(), np.arange(len(rows) + 1, dtype=np.int64) * 8
+            return self.key_values[rows].astype("<i8").tobytes(), np.arange(len(rows) + 1, dtype=np.int64) * 8
         if self.key_mode == "i4":
-            return self.keys[rows].astype("<i4").tobytes(), np.arange(len(rows) + 1, dtype=np.int64) * 4
+            return self.key_values[rows].astype("<i4").tobytes(), np.arange(len(rows) + 1, dtype=np.int64) * 4
         data, offsets = self.backend.key_serializer.serialize_many(self.python_keys(rows))
         return data, np.asarray(offsets, dtype=np.int64)
 
