@@ -219,6 +219,9 @@ cdef class Int64Index:
             cap *= 2
         self._alloc(cap)
 
+    def __init__(self, Py_ssize_t capacity=0):
+        """An empty index with room for ``capacity`` keys before it first grows."""
+
     def __dealloc__(self):
         free(self._keys)
         free(self._rows)

@@ -4,7 +4,6 @@ from typing import Any, final
 
 import numpy as np
 import numpy.typing as npt
-from typing_extensions import disjoint_base
 
 SUM: int
 MIN: int
@@ -36,7 +35,6 @@ def count_runs(
     """Count each run's valid rows onto its accumulator; -1, or the row a count would overflow at."""
 
 @final
-@disjoint_base
 class Int64Index:
     """A hash index from int64 keys to rows (>= 0)."""
 

@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from keygroups._native import aggregates as _kernels
-from keygroups.aggregates.specs import BOOL, FLOAT64, INT64, Aggregation, _Reduce, column_values
+from keygroups.aggregates.specs import BOOL, FLOAT64, INT64, Aggregation, _Fold, _Reduce, column_values
 from keygroups.aggregates.table import ColumnarStates, ValueLayout
 from keygroups.runtime.functions import KeyedProcessFunction, ProcessContext, RuntimeContext
 from keygroups.serializers import Int64Serializer
@@ -367,6 +367,7 @@ class KeyedAggregate(KeyedProcessFunction):
             if per_row:
                 acc.row_fields, acc.row_has = [row_acc], row_has
         elif agg.kind == "fold":
+            assert isinstance(agg, _Fold)
             a = _as_kernel(fields[0])
             v = _as_kernel(values)
             row_acc = np.empty(n if per_row else 0, dtype=a.dtype)
@@ -392,10 +393,10 @@ class KeyedAggregate(KeyedProcessFunction):
                 acc.row_fields, acc.row_has = [sum_rows, count_rows], has_rows
         else:   # a user's ufunc
             assert isinstance(agg, _Reduce)
-            row_acc, row_has = _ufunc_fold(agg.ufunc, agg.storage, values, valid, runs, fields[0], h, per_row)
+            ufunc_rows, ufunc_has = _ufunc_fold(agg.ufunc, agg.storage, values, valid, runs, fields[0], h, per_row)
             if per_row:
-                assert row_acc is not None and row_has is not None
-                acc.row_fields, acc.row_has = [row_acc], row_has
+                assert ufunc_rows is not None and ufunc_has is not None
+                acc.row_fields, acc.row_has = [ufunc_rows], ufunc_has
         acc.has = h.view(np.bool_) if h.dtype == np.uint8 else h
         return acc
 

@@ -48,7 +48,7 @@ class ValueLayout:
         self.wire = [np.dtype("<u1") if f == np.bool_ else f.newbyteorder("<") for f in self.fields]
 
     def wire_dtype(self, ttl: bool) -> np.dtype[Any]:
-        parts = [("ts", "<i8")] if ttl else []
+        parts: list[tuple[str, Any]] = [("ts", "<i8")] if ttl else []
         parts += [(f"f{i}", w) for i, w in enumerate(self.wire)]
         return np.dtype(parts)
 
@@ -77,7 +77,7 @@ class ValueLayout:
                                 f"{value!r}")
         else:
             parts = (value,)
-        out = []
+        out: list[Any] = []
         for v, dtype in zip(parts, self.fields):
             if dtype == np.bool_:
                 if not isinstance(v, (bool, np.bool_)):
@@ -283,10 +283,8 @@ class ColumnarStates:
         if ctx.kgi >= ctx.n:
             raise no_current_key_error()
         key = ctx.key
-        if self.key_mode == "object":
-            row = self._index.get(key, -1)  # type: ignore[union-attr]
-        else:
-            row = self._index.get(int(key))  # type: ignore[union-attr,call-arg]
+        index = self._index
+        row = index.get(key, -1) if isinstance(index, dict) else index.get(int(key))
         if row < 0 and insert:
             keys: Any = [key] if self.key_mode == "object" else np.array([key], dtype=np.int64)
             return int(self.rows(keys, np.array([ctx.start + ctx.kgi], dtype=np.int32))[0])
@@ -313,9 +311,13 @@ class ColumnarStates:
         with self._lock:
             confirmed = self._confirmed
         self._inflight = [c for c in self._inflight if c[0] > confirmed]
-        keep, free = [], []
+        keep: list[tuple[int, np.ndarray]] = []
+        free: list[np.ndarray] = []
         for checkpoint_id, rows in self._to_free:
-            (free if checkpoint_id <= confirmed else keep).append(rows)
+            if checkpoint_id <= confirmed:
+                free.append(rows)
+            else:
+                keep.append((checkpoint_id, rows))
         self._to_free = keep
         if free:
             rows = np.unique(np.concatenate(free))
@@ -513,7 +515,8 @@ class ColumnarStates:
         wanted = np.zeros(self.backend.max_parallelism, dtype=bool)
         wanted[list(key_groups)] = True
         used = self._used_rows()
-        return used[wanted[self.group[used]]]
+        rows: np.ndarray = used[wanted[self.group[used]]]
+        return rows
 
     def _used_rows(self) -> np.ndarray:
         used = np.zeros(self.size, dtype=bool)

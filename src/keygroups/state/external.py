@@ -133,19 +133,20 @@ def route_block(block: KeyGroupBlock, targets: list[Any]) -> KeyGroupBlock:
         return block
     puts: dict[int, list[tuple[int, Items, Items]]] = {k: [] for k in externals}
     deletes: dict[int, list[tuple[int, Items]]] = {k: [] for k in externals}
-    kept_puts, kept_deletes = [], []
-    for section in block.puts:
-        target = targets[section[0]]
+    kept_puts: list[tuple[int, Any, Any]] = []
+    kept_deletes: list[tuple[int, Any]] = []
+    for put in block.puts:
+        target = targets[put[0]]
         if isinstance(target, ExternalTarget):
-            puts[id(target.states)].append((target.position, (block.block, section[1]), (block.block, section[2])))
+            puts[id(target.states)].append((target.position, (block.block, put[1]), (block.block, put[2])))
         else:
-            kept_puts.append(section)
-    for section in block.deletes:
-        target = targets[section[0]]
+            kept_puts.append(put)
+    for delete in block.deletes:
+        target = targets[delete[0]]
         if isinstance(target, ExternalTarget):
-            deletes[id(target.states)].append((target.position, (block.block, section[1])))
+            deletes[id(target.states)].append((target.position, (block.block, delete[1])))
         else:
-            kept_deletes.append(section)
+            kept_deletes.append(delete)
     for k, states in externals.items():
         if block.full or puts[k] or deletes[k]:
             states.load(block.key_group, block.full, puts[k], deletes[k])
