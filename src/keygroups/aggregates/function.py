@@ -146,15 +146,17 @@ class _StateIO:
     def read(self, j: int, keys: list[Any]) -> tuple[list[np.ndarray], np.ndarray]:
         values = self.backend.get_values(self.names[j], keys)
         layout = self.layouts[j]
-        has = np.fromiter((v is not None for v in values), bool, len(values))
+        boxed = np.fromiter(values, dtype=object, count=len(values))   # a tuple stays one element
+        has = np.not_equal(boxed, None)
         fields = []
-        for i, dtype in enumerate(layout.fields):
-            zero = False if dtype == BOOL else 0
-            if layout.record is None:
-                items = (zero if v is None else v for v in values)
-            else:
-                items = (zero if v is None else v[i] for v in values)
-            fields.append(np.fromiter(items, dtype, len(values)))
+        if layout.record is None:
+            boxed[~has] = False if layout.fields[0] == BOOL else 0
+            fields.append(boxed.astype(layout.fields[0]))
+        else:
+            zero = (0,) * len(layout.fields)
+            rows = [zero if v is None else v for v in values]
+            for i, dtype in enumerate(layout.fields):
+                fields.append(np.array([r[i] for r in rows], dtype=dtype))
         return fields, has
 
     def write(self, j: int, keys: list[Any], acc: _Accumulators, has_before: np.ndarray) -> None:
