@@ -20,8 +20,10 @@ over ``--keys`` keys, ``--files`` files = batches). Candidates, each over the sa
   tuples gathered into an Arrow table per batch: what the per-record API's calls cost with no runtime around them.
 - ``numpy floor``: a vectorized group-by running count and sum per batch (stable argsort by key, segmented
   cumulative sums), the state carried between batches in dense arrays indexed by key, output as an Arrow table.
-- ``declarative heap`` / ``declarative rocksdb``: HOOK for issue 33 item 4 (see :func:`declarative_function`):
-  "not available" until a declarative keyed-aggregate module exists and the hook is wired.
+- ``declarative heap`` / ``declarative rocksdb``: the same job written with ``keygroups.aggregates`` (``count()``,
+  ``sum_of("value")``, one row per record; see :func:`declarative_function`), through the harness as above; its
+  subtasks' CPU (``run_keyed_subtask``, the snapshot thread's included) is printed beside and set against the numpy
+  floor (issue 33: within 3x).
 - ``Flink Java heap`` / ``Flink Java rocksdb``: ``benchmarks/java/RecordPathJob.java`` built with ``javac`` against
   the ``apache-flink-libraries`` wheel's flink-dist, one JVM per run on Flink's MiniCluster (p=2, max p 128,
   hashmap or RocksDB backend, checkpoints off), the events read from a binary copy of the same log.

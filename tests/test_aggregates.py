@@ -383,7 +383,8 @@ def run_both(job: KeyedAggregate, steps: list[tuple], *, backend: str = "heap", 
                 opened += [declarative, per_record]
                 continue
             if step[0] == "batch":
-                table = _rows(step[1], t0) if not isinstance(step[1], pa.Table) else step[1]
+                back = step[2] if len(step) > 2 else 0   # a batch starting ``back`` records early: some may be late
+                table = _rows(step[1], max(t0 - back, 0)) if not isinstance(step[1], pa.Table) else step[1]
                 t0 += table.num_rows
                 keys.update(table.column("key").to_pylist())
                 for h in (declarative, per_record):
@@ -399,6 +400,7 @@ def run_both(job: KeyedAggregate, steps: list[tuple], *, backend: str = "heap", 
                     h.advance_watermark(target)
             ran = True
             _same_tables(declarative.output_table(), per_record.output_table())
+            assert declarative.late() == per_record.late()
             for name in names:
                 for key in sorted(keys):
                     x, y = declarative.state(key, name), per_record.state(key, name)
@@ -450,6 +452,7 @@ def _ttl(ttl_ms: int, on_read: bool, event_time: bool, cleanup: bool):
 
 STEPS = st.lists(st.one_of(
     st.tuples(st.just("batch"), st.lists(records, max_size=15)),
+    st.tuples(st.just("batch"), st.lists(records, max_size=15), st.integers(1, 30)),   # late records among them
     st.tuples(st.just("time"), st.integers(1, 4000)),
     st.tuples(st.just("watermark"), st.integers(0, 1500)),
     st.tuples(st.just("restart"), st.integers(1, 3), st.sampled_from(["heap", "rocksdb"]))), min_size=1, max_size=9)
@@ -463,7 +466,7 @@ STEPS = st.lists(st.one_of(
        backend=st.sampled_from(["heap", "rocksdb"]))
 def test_ttl_expires_accumulators_as_per_record_value_states_do(names, emit, steps, ttl, backend):
     job = aggregate(*(AGGREGATIONS[n]() for n in names), input_schema=INPUT, key_columns="key", emit=emit, ttl=ttl)
-    run_both(job, steps, backend=backend, timestamp_column="ts")
+    run_both(job, steps, backend=backend, timestamp_column="ts", late_records="output")
 
 
 @settings(max_examples=int(__import__("os").environ.get("AGG_EXAMPLES", "25")), deadline=None,
@@ -475,4 +478,4 @@ def test_expiry_timers_end_a_keys_accumulation_as_a_per_record_function_would(na
                                                                                event_time, backend):
     job = aggregate(*(AGGREGATIONS[n]() for n in names), input_schema=INPUT, key_columns="key", emit=emit,
                     expire_after=expire_after, timestamp_column="ts" if event_time else None)
-    run_both(job, steps, backend=backend, timestamp_column="ts")
+    run_both(job, steps, backend=backend, timestamp_column="ts", late_records="output")
