@@ -42,8 +42,17 @@ from keygroups.checkpoint.planning import NO_CHAIN
 from keygroups.checkpoint.state_meta import check_state_metas
 from keygroups.errors import CorruptSnapshotError, StateMigrationError, UnsafeDeserializationError
 from keygroups.serializers import SerializerSnapshot, TypeSerializer, resolve_compatibility
+from keygroups.state._checks import checked_state_class
 from keygroups.state._codec import ValueFraming
 from keygroups.state.descriptors import StateDescriptor
+from keygroups.state.external import (
+    ExternalCapture,
+    ExternalStates,
+    check_target_meta,
+    external_block,
+    items,
+    route_block,
+)
 from keygroups.state.namespaced import namespaced_state
 from keygroups.state.states import STATE_CLASSES, State
 from keygroups.state.timers import NO_WATERMARK
@@ -263,6 +272,8 @@ class KeyedStateBackendBase:
         self._states: dict[str, State] = {}
         self._descriptors: dict[str, StateDescriptor] = {}
         self._restored = False
+        #: State name -> the external states it is bound to (``bind_external_states``).
+        self._externals: dict[str, ExternalStates] = {}
 
     # ---- lifecycle ----------------------------------------------------------------------------------------------
     def dispose(self) -> None:
@@ -363,6 +374,8 @@ class KeyedStateBackendBase:
             if known is not descriptor:
                 self._check_same(known, descriptor)
             return self._states[name]
+        if name in self._externals:   # kept by external states from an earlier batch: the backend keeps it again
+            self._release_external(self._externals[name])
         meta = self._state_meta(descriptor)
         restored = self._restored_meta(name)
         write = self._framing(descriptor, descriptor.serializers)
@@ -582,7 +595,7 @@ class KeyedStateBackendBase:
                 self._check_state_index(handle, block.key_group, state_index, targets)
             for state_index, _ in block.deletes:
                 self._check_state_index(handle, block.key_group, state_index, targets)
-            self._restore_block(handle, targets, block)
+            self._restore_block(handle, targets, route_block(block, targets) if self._externals else block)
         return nbytes, n
 
     def _restore_block(self, handle: KeyedStateHandle, targets: list[Any], block: KeyGroupBlock) -> None:
@@ -617,6 +630,9 @@ class KeyedStateBackendBase:
         """The table restored entries of ``meta``'s state go to (created for unregistered states)."""
         self._check_key_serializer(meta)
         name = meta["name"]
+        bound = self._externals.get(name)
+        if bound is not None:
+            return check_target_meta(bound, bound.names.index(name), meta)
         d = self._descriptors.get(name)
         if d is not None:
             return self._adopt_restored(name, meta, self._framing(d, self._resolve(d, meta)))
@@ -633,7 +649,7 @@ class KeyedStateBackendBase:
 
     def has_state(self, name: str) -> bool:
         """Whether state ``name`` is registered or was restored (and not yet registered)."""
-        return name in self._tables
+        return name in self._tables or name in self._externals
 
     def _restored_meta(self, name: str) -> dict[str, Any] | None:
         t = self._tables.get(name)
@@ -697,6 +713,132 @@ class KeyedStateBackendBase:
                                     key_groups, on_key_group=functools.partial(check_cancel, future),
                                     predecessors=self._chain_tips())
 
+    # ---- external states (keygroups.state.external) ----------------------------------------------------------------
+    #: Whether :meth:`bind_external_states` hands states to an external object: the backend then calls the hooks
+    #: below where its snapshot, warm resume and table code meet them. The generic answer is no.
+    _supports_external_states = False
+
+    def bind_external_states(self, descriptors: Sequence[StateDescriptor],
+                             make: Callable[[KeyedStateBackendBase], ExternalStates]) -> ExternalStates | None:
+        """Keep the states of ``descriptors`` in the object ``make(self)`` builds (see
+        :mod:`keygroups.state.external`), registered as :meth:`get_state` registers them (restored state is checked
+        and migrated first, then handed over as bytes); ``get_state`` of them afterwards gives state objects on the
+        external object's stores. A backend kept across batches keeps the binding: the next batch's call with
+        descriptors of the same metas finds the same object (nothing is handed over again); other metas hand its
+        entries back first.
+
+        Returns None (the generic answer) when this backend keeps the states itself: register them with
+        :meth:`get_state` and read and write them through the state objects (:meth:`get_values`,
+        :meth:`put_values` do it for many keys)."""
+        if not self._supports_external_states:
+            return None
+        names = tuple(d.name for d in descriptors)
+        if len(set(names)) != len(names):
+            raise ValueError(f"bind_external_states: state names repeat: {names}")
+        bound = list({id(s): s for n in names if (s := self._externals.get(n)) is not None}.values())
+        if (len(bound) == 1 and bound[0].names == names
+                and [_canonical(m) for m in bound[0].metas()] == [_canonical(self._state_meta(d)) for d in descriptors]):
+            self._register_external(bound[0], descriptors)
+            return bound[0]
+        for states in bound:
+            self._release_external(states)
+        for d in descriptors:
+            self.get_state(d)   # checked against restored state, migrated, as any registration
+        states = make(self)
+        if tuple(states.names) != names:
+            raise ValueError(f"bind_external_states: the external states hold {states.names}, not {names}")
+        for position, d in enumerate(descriptors):
+            for kg, keys, values in self._export_entries(d.name):
+                states.load(kg, False, [(position, items(keys), items(values))], [])
+        self._register_external(states, descriptors)
+        return states
+
+    def get_values(self, name: str, keys: Sequence[Any]) -> list[Any]:
+        """The value of registered value state ``name`` for each of ``keys`` (None where it has none), read as
+        ``value()`` reads it one key at a time: TTL is checked and refreshed the same way. Leaves the last key
+        current. The generic form, for states a backend keeps itself."""
+        state = self._states[name]
+        set_key = self.set_current_key
+        out = []
+        for key in keys:
+            set_key(key)
+            out.append(state.value())   # type: ignore[attr-defined]
+        return out
+
+    def put_values(self, name: str, keys: Sequence[Any], values: Sequence[Any]) -> None:
+        """Set registered value state ``name`` of each of ``keys`` to the matching value (None clears it), as
+        ``update()`` does one key at a time. Leaves the last key current."""
+        if len(keys) != len(values):
+            raise ValueError(f"put_values: {len(keys)} keys but {len(values)} values")
+        state = self._states[name]
+        set_key = self.set_current_key
+        for key, value in zip(keys, values):
+            set_key(key)
+            state.update(value)   # type: ignore[attr-defined]
+
+    def _register_external(self, states: ExternalStates, descriptors: Sequence[StateDescriptor]) -> None:
+        for d in descriptors:
+            self._drop_table(d.name)
+            self._externals[d.name] = states
+            self._descriptors[d.name] = d
+            self._states[d.name] = checked_state_class(d.kind, STATE_CLASSES[(d.kind, d.ttl_config is not None)])(
+                states.store(d.name), d, self)
+
+    def _release_external(self, states: ExternalStates) -> None:
+        """Take ``states``' entries back into the backend, as restored state nobody registered yet."""
+        for name in states.names:
+            self._externals.pop(name, None)
+            self._descriptors.pop(name, None)
+            self._states.pop(name, None)
+        if states.changed():
+            self._needs_full = True   # changes no confirmed snapshot holds: the next snapshot writes them
+        targets = [self._restore_target(meta) for meta in states.metas()]
+        for kg, puts in states.release():
+            self._restore_block(None, targets, external_block(kg, puts))   # type: ignore[arg-type]
+
+    def _bound_externals(self) -> list[ExternalStates]:
+        return list({id(s): s for s in self._externals.values()}.values())
+
+    def _external_metas(self) -> list[tuple[str, dict[str, Any]]]:
+        return [(m["name"], m) for s in self._bound_externals() for m in s.metas()]
+
+    def _capture_externals(self, checkpoint_id: int, full_key_groups: Iterable[int], offset: int) -> ExternalCapture:
+        """The external states' part of a snapshot (call in its synchronous part): their metas follow the
+        backend's ``offset`` own, their sections merge into its key groups (``ExternalCapture.merge``)."""
+        return ExternalCapture(self._bound_externals(), checkpoint_id, frozenset(full_key_groups), offset)
+
+    def _externals_changed(self) -> bool:
+        return any(s.changed() for s in self._bound_externals())
+
+    def _external_meta_differs(self, meta: dict[str, Any]) -> bool:
+        """Whether a block's ``meta`` is of a state bound to external states that hold it with another meta."""
+        states = self._externals.get(meta["name"])
+        return states is not None and _canonical(states.metas()[states.names.index(meta["name"])]) != _canonical(meta)
+
+    def _clear_externals(self, key_groups: Iterable[int]) -> None:
+        groups = list(key_groups)
+        for states in self._bound_externals():
+            states.clear(groups)
+
+    def _move_externals(self) -> None:
+        for states in self._bound_externals():
+            states.move(self.key_group_range)
+
+    def _external_entries(self) -> int:
+        return sum(s.entries() for s in self._bound_externals())
+
+    def _externals_have_data(self) -> bool:
+        return any(s.has_data() for s in self._bound_externals())
+
+    def _export_entries(self, name: str) -> Iterator[tuple[int, Any, Any]]:
+        """State ``name``'s entries per key group (ascending) as ``(key group, keys, values)``, bytes in its write
+        framing (lists of bytes or ``Packed``): what external states take over. Backends that support them."""
+        raise NotImplementedError
+
+    def _drop_table(self, name: str) -> None:
+        """Forget the backend's own table of state ``name`` (external states hold it now)."""
+        self._tables.pop(name, None)
+
     # ---- incremental snapshots: which key groups are written full -----------------------------------------------
     def _full_key_groups_for_snapshot(self) -> set[int]:
         """The key groups (absolute) the next snapshot writes full; the others are written as deltas (the entries
@@ -714,9 +856,9 @@ class KeyedStateBackendBase:
         if not self.incremental or self._chains is None or self._needs_full:
             return everything
         tables: dict[str, Any] = getattr(self, "_tables", {})
-        for name, t in tables.items():
+        for name, meta in [*((n, t.meta) for n, t in tables.items()), *self._external_metas()]:
             known = self._chain_metas.get(name)
-            if known is not None and _canonical(t.meta) != known:
+            if known is not None and _canonical(meta) != known:
                 return everything
         # a key group without a chain (no block in the checkpoint restored) is written full: a delta needs a base,
         # and one it can name
@@ -746,6 +888,8 @@ class KeyedStateBackendBase:
                 continue
             chains[kg] = (before or NO_CHAIN).after(handle, kg)
         self._chains = chains
+        for states in self._bound_externals():
+            states.confirm(handle.checkpoint_id)
         metas = {meta["name"]: _canonical(meta) for meta in handle.states}
         if all(handle.is_full(kg) for kg in self.key_group_range):
             self._chain_metas = metas

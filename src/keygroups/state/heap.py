@@ -543,6 +543,8 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
     from its layer). Pointless for a backend used for one batch.
     """
 
+    _supports_external_states = True   # keygroups.state.external: the hooks below marked "external states"
+
     def __init__(self, key_group_range: KeyGroupRange, max_parallelism: int, key_serializer: TypeSerializer, *,
                  key_type: KeyType = None, clock: Callable[[], float] = time.time, allow_pickle: bool = False,
                  subtask_index: int = 0, incremental: bool = True, max_chain: int = DEFAULT_MAX_CHAIN,
@@ -589,7 +591,7 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
         return checked_state_class(kind, super()._state_class(kind, ttl))
 
     def _has_data(self) -> bool:
-        return any(t.has_data() for t in self._tables.values())
+        return any(t.has_data() for t in self._tables.values()) or self._externals_have_data()  # external states
 
     def _new_table(self, name: str, meta: dict[str, Any], read: ValueFraming, write: ValueFraming,
                    d: StateDescriptor | None) -> _HeapTable:
@@ -718,6 +720,8 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
                 t = self._tables.get(meta["name"])
                 if t is not None and _canonical(meta) != _canonical(t.meta):
                     return None
+                if self._external_meta_differs(meta):   # external states
+                    return None
         # From here on the backend changes: it becomes the state of checkpoint m for range r.
         self.compact()
         if r != old:
@@ -726,6 +730,7 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
         for kg in restart:
             for t in self._tables.values():
                 t.replace_group(kg - self._start, None)
+        self._clear_externals(restart)   # external states
         reads = sorted(((h, run) for h, kgs in newer.values() for run in key_group_runs(kgs)),
                        key=lambda hr: (hr[0].checkpoint_id, hr[1].start))
         caught_up_bytes = restored_bytes = 0
@@ -764,6 +769,7 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
         self._n = len(new_range)
         for t in self._tables.values():
             t.rerange(old_start, self._start, self._n)
+        self._move_externals()   # external states
         self._chain_files = {kg: f for kg, f in self._chain_files.items() if kg in new_range}
 
     def _kept_point(self) -> tuple[int, str] | None:
@@ -772,7 +778,8 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
         state migrates its serializer: its layers hold bytes of the old one, which the meta it wrote no longer
         names."""
         if (self._warm_point is None or self._running_snapshots or self._failed or not self._tracking
-                or any(t.needs_migration or any(t.dirty) for t in self._tables.values())):
+                or any(t.needs_migration or any(t.dirty) for t in self._tables.values())
+                or self._externals_changed()):   # external states
             return None
         return self._warm_point
 
@@ -835,16 +842,35 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
                 for layer in t.layers[i] or ():
                     largest = max(largest, layer.n_puts)
                 total += largest
-        return total
+        return total + self._external_entries()   # external states
 
     def keys(self, state_name: str) -> Iterator[Any]:
         """Every key that has a value in ``state_name``, key group by key group (expired TTL entries that were
         not cleaned up yet included, as in Flink)."""
+        if state_name in self._externals:   # external states
+            yield from self._externals[state_name].keys(state_name)
+            return
         t = self._tables.get(state_name)
         if t is None:
             raise KeyError(f"no state named {state_name!r}; known states: {sorted(self._tables)}")
         for i in range(self._n):
             yield from t.keys_of_group(i)
+
+    def _export_entries(self, name: str) -> Iterator[tuple[int, Any, Any]]:
+        """External states: state ``name``'s entries per key group, as a full snapshot would write them (decoded
+        values encoded, restored bytes as they are, migrated to the registered serializers, expired TTL entries
+        left out as a restore leaves them). Changes no snapshot holds yet (dirty keys, a failed snapshot's) make the
+        next snapshot full, since the external states will not know them as changes."""
+        t = self._tables[name]
+        n = self._n
+        if self._failed or any(t.dirty):
+            self._needs_full = True
+        capture = _Capture(t.maps[:n], t.layers[:n], [None] * n, [], t.read_framing, t.write_framing,
+                           t.needs_migration, t._ttl_deadline())
+        for i in range(n):
+            section = self._full_section(capture, i)
+            if section is not None:
+                yield self._start + i, section[0], section[1]
 
     # ---- snapshots ------------------------------------------------------------------------------------------------
     def _full_groups(self) -> set[int]:
@@ -855,7 +881,9 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
             dirty, failed_full = self._failed.popleft()
             full |= failed_full
             for name, lists in dirty.items():
-                t = self._tables[name]
+                t = self._tables.get(name)
+                if t is None:   # handed to external states since (which then made the next snapshot full)
+                    continue
                 for i, keys in enumerate(lists):
                     if keys:
                         t.dirty[i].extend(keys)
@@ -907,13 +935,15 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
                 t.cow = True
                 t._update_slow()
         self._start_tracking()
+        external = self._capture_externals(checkpoint_id, [start + i for i in full], len(metas))  # external states
 
         def work(future: SnapshotFuture[KeyedStateHandle]) -> KeyedStateHandle:
             compactions: list[tuple[int, int, Layer | None]] = []
             try:
                 check_cancel(future)
-                handle = write_keyed_snapshot(storage, checkpoint_id, self.subtask_index, self.key_group_range, metas,
-                                              self._groups(captures, full, compactions),
+                handle = write_keyed_snapshot(storage, checkpoint_id, self.subtask_index, self.key_group_range,
+                                              metas + external.metas,
+                                              external.merge(self._groups(captures, full, compactions)),
                                               full_key_groups={start + i for i in full},
                                               on_key_group=functools.partial(check_cancel, future),
                                               predecessors=self._chain_tips())
