@@ -870,7 +870,7 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
         for i in range(n):
             section = self._full_section(capture, i)
             if section is not None:
-                yield self._start + i, section[0], section[1]
+                yield self._start + i, section.keys, section.values
 
     # ---- snapshots ------------------------------------------------------------------------------------------------
     def _full_groups(self) -> set[int]:
