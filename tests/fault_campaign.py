@@ -852,8 +852,19 @@ def summarize(trials: list[Trial]) -> dict[str, Any]:
                                                                     + t.damage for t in trials if t.raw_error),
         "lost updates": sum(t.lost for t in trials),
         "duplicated updates": sum(t.duplicated for t in trials),
-        "failed trials": [dataclasses.asdict(t) for t in trials if not t.passed],
+        "failed trials": [trial_record(t) for t in trials if not t.passed],
     }
+
+
+def trial_record(trial: Trial) -> dict[str, Any]:
+    """A trial as plain JSON values, field by field (``dataclasses.asdict`` rebuilds a Counter from its items, which
+    makes its keys (point, count) tuples that ``json.dumps`` refuses)."""
+    record: dict[str, Any] = {}
+    for f in dataclasses.fields(trial):
+        value = getattr(trial, f.name)
+        record[f.name] = dict(value) if isinstance(value, Counter) else list(value) if isinstance(value, list) \
+            else value
+    return record
 
 
 def main(argv: list[str]) -> int:
