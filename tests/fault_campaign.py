@@ -48,6 +48,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from keygroups._parquet import read_parquet
 import keygroups as kg
 from keygroups.checkpoint import CheckpointStorage
 from keygroups.checkpoint import storage as storage_module
@@ -632,9 +633,7 @@ def concurrent_main(config: dict[str, Any]) -> int:
 
 def read_outputs_of(storage: CheckpointStorage, files: list[str]) -> list[tuple]:
     """The rows of output files, read before the commit that names them (the driver's own, so they are there)."""
-    import pyarrow.parquet as pq
-
-    tables = [pq.read_table(io.BytesIO(storage.read_bytes(f))) for f in files]
+    tables = [read_parquet(storage.read_bytes(f)) for f in files]
     return sorted(tuple(r.values()) for t in tables for r in t.to_pylist())
 
 
