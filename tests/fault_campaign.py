@@ -48,6 +48,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from keygroups._parquet import read_parquet
 import keygroups as kg
 from keygroups.checkpoint import CheckpointStorage
 from keygroups.checkpoint import storage as storage_module
@@ -632,9 +633,7 @@ def concurrent_main(config: dict[str, Any]) -> int:
 
 def read_outputs_of(storage: CheckpointStorage, files: list[str]) -> list[tuple]:
     """The rows of output files, read before the commit that names them (the driver's own, so they are there)."""
-    import pyarrow.parquet as pq
-
-    tables = [pq.read_table(io.BytesIO(storage.read_bytes(f))) for f in files]
+    tables = [read_parquet(storage.read_bytes(f)) for f in files]
     return sorted(tuple(r.values()) for t in tables for r in t.to_pylist())
 
 
@@ -852,8 +851,19 @@ def summarize(trials: list[Trial]) -> dict[str, Any]:
                                                                     + t.damage for t in trials if t.raw_error),
         "lost updates": sum(t.lost for t in trials),
         "duplicated updates": sum(t.duplicated for t in trials),
-        "failed trials": [dataclasses.asdict(t) for t in trials if not t.passed],
+        "failed trials": [trial_record(t) for t in trials if not t.passed],
     }
+
+
+def trial_record(trial: Trial) -> dict[str, Any]:
+    """A trial as plain JSON values, field by field (``dataclasses.asdict`` rebuilds a Counter from its items, which
+    makes its keys (point, count) tuples that ``json.dumps`` refuses)."""
+    record: dict[str, Any] = {}
+    for f in dataclasses.fields(trial):
+        value = getattr(trial, f.name)
+        record[f.name] = dict(value) if isinstance(value, Counter) else list(value) if isinstance(value, list) \
+            else value
+    return record
 
 
 def main(argv: list[str]) -> int:

@@ -10,6 +10,7 @@ import importlib.util
 import os
 import pathlib
 import shutil
+import signal
 import subprocess
 import tempfile
 
@@ -61,9 +62,33 @@ def build() -> str:
     return os.pathsep.join([str(classes), *jars])
 
 
+class FlinkJobTimeout(AssertionError):
+    """A Flink job's JVM ran past its timeout; the message holds its output and every thread's stack."""
+
+
+def run_java(cmd: list[str], timeout: float) -> subprocess.CompletedProcess:
+    """Run a JVM; one still running after ``timeout`` seconds is asked for a thread dump (SIGQUIT: the JVM prints
+    every thread's stack on its stdout and goes on), killed, and reported with that dump and its output, so that a
+    hang says where it hung."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGQUIT)
+        try:
+            out, err = proc.communicate(timeout=5)   # a JVM that exits on its own meanwhile
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+        raise FlinkJobTimeout(
+            f"{' '.join(cmd[cmd.index('-cp') + 2:])} ran more than {timeout:g} s and was killed; its stdout (with the "
+            f"JVM's thread dump at the end):\n{out[-40_000:]}\n--- its stderr:\n{err[-6000:]}") from None
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
 def _run(args: list[str], timeout: float = 300) -> subprocess.CompletedProcess:
     cmd = ["java", "-Xmx768m", "-XX:+UseSerialGC", "-cp", build(), "SavepointJob", *map(str, args)]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    return run_java(cmd, timeout)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,7 +166,7 @@ def _run_unsupported_types_job(args: list[str]) -> subprocess.CompletedProcess:
             shutil.rmtree(staging, ignore_errors=True)
     cmd = ["java", "-Xmx768m", "-XX:+UseSerialGC", "-cp", os.pathsep.join([str(classes), *jars]),
            "UnsupportedTypesJob", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    return run_java(cmd, 300)
 
 
 def write_unsupported_types_savepoint(out: pathlib.Path, keys: int = 12) -> pathlib.Path:

@@ -7,15 +7,13 @@ process in the fault campaign), and the driver commits."""
 
 from __future__ import annotations
 
-import io
 import pickle
 from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
-
+from keygroups._parquet import read_parquet
 import keygroups as kg
 from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage
 from keygroups.cli import shop
@@ -52,7 +50,7 @@ def run_batch(location: str, log_dir: str | Source, function: Any, parallelism: 
     for i in range(parallelism):
         sources.append(run_source(source, i))
         at("source")
-    tables = [pq.read_table(io.BytesIO(storage.read_bytes(r["input_file"]))) for r in sources if r["input_file"]]
+    tables = [read_parquet(storage.read_bytes(r["input_file"])) for r in sources if r["input_file"]]
     schema = source.staged_schema
     staged = pa.concat_tables(tables) if tables else schema.empty_table()
     owners = kg.assign_operators(staged.column("user"), max_parallelism, parallelism)
@@ -82,7 +80,7 @@ def run_batch(location: str, log_dir: str | Source, function: Any, parallelism: 
 def read_outputs(storage: CheckpointStorage, metadata: CheckpointMetadata,
                  schema: pa.Schema = shop.ORDER_SCHEMA) -> pa.Table:
     """A committed checkpoint's output (the orders its subtasks wrote, of ``schema``), as one table."""
-    orders = [pq.read_table(io.BytesIO(storage.read_bytes(f))) for f in metadata.outputs]
+    orders = [read_parquet(storage.read_bytes(f)) for f in metadata.outputs]
     return pa.concat_tables(orders) if orders else schema.empty_table()
 
 

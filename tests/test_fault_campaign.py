@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import signal
 
 import pyarrow as pa
 import pytest
@@ -17,9 +18,11 @@ from fault_campaign import (
     TALLY_MAX_PARALLELISM,
     TALLY_OUTPUT,
     Tally,
+    _run_harness,
     concurrent_trial,
     corruption_baseline,
     corruption_trial,
+    delivered,
     driver_kill_trial,
     make_workload,
     quiet_logs,
@@ -54,6 +57,26 @@ def test_killed_and_restarted_drivers_end_exactly_at_the_reference(workload, tmp
     trial = driver_kill_trial(workload, tmp_path, seed, backend=backend)
     assert trial.passed, explain(trial)
     assert sum(trial.kills.values()) >= 1   # the driver really died, and the restart finished the job
+
+
+def test_a_driver_restarted_after_dying_mid_publish_completes_the_commit_and_exits_cleanly(workload, tmp_path):
+    """The sequence that aborted restarted drivers at exit (SIGABRT, "terminate called without an active
+    exception"): a driver SIGKILLed between claiming checkpoint 2 and publishing it is restarted; the restart
+    publishes it, delivers its output (read with Arrow) and exits at once. Arrow's workers dropped their last views
+    of Python-owned bytes after the interpreter had begun to finalize (see keygroups._parquet); every restart must
+    exit 0 and say nothing."""
+    for run in range(2):
+        root = tmp_path / f"run-{run}"
+        config = {"location": str(root / "chk"), "log_dir": workload.log_dir, "sink": str(root / "sink"),
+                  "backend": "rocksdb", "retain": 2, "local_dir": str(root / "local"), "spark": False,
+                  "schedule": [[2, 60], [2, 60]]}
+        killed = _run_harness("driver", {**config, "kill": {"point": "publish-tmp", "after": 2, "nth": 1}}, 120)
+        assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+        restarted = _run_harness("driver", {**config, "kill": None}, 120)
+        assert restarted.returncode == 0, restarted.stderr[-3000:]
+        assert "terminate called" not in restarted.stderr and "Fatal Python error" not in restarted.stderr
+        assert "completing checkpoint 2" in restarted.stderr   # the restart did publish the claimed checkpoint
+        assert sorted(delivered(config["sink"])) == [1, 2]
 
 
 @pytest.mark.parametrize("seed, backend", [(0, "heap"), (1, "rocksdb")])

@@ -14,6 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from keygroups._parquet import read_parquet
 import keygroups as kg
 from keygroups.checkpoint import CheckpointStorage, plan_keyed_restore
 from keygroups.runtime import begin_batch, commit_batch
@@ -108,11 +109,9 @@ class Batch:
 def outputs(storage: CheckpointStorage, metadata) -> list[tuple[int, int, int]]:
     import io
 
-    import pyarrow.parquet as pq
-
     rows = []
     for f in metadata.outputs:
-        t = pq.read_table(io.BytesIO(storage.read_bytes(f)))
+        t = read_parquet(storage.read_bytes(f))
         rows += list(zip(*(t.column(c).to_pylist() for c in OUTPUT.names)))
     return sorted(rows)
 

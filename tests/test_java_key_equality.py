@@ -5,18 +5,17 @@ both backends, operator broadcast state), on every path a batch, the state reade
 
 from __future__ import annotations
 
-import io
 import math
 import pickle
 import struct
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from keygroups import KeyGroupRange, assign_key_groups, key_group_range, operator_index_for_key_group
+from keygroups._parquet import read_parquet
 from keygroups._javakeys import NAN_KEY, NEGATIVE_ZERO_KEY
 from keygroups._native.statecore import java_key
 from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage, carry_forward
@@ -150,7 +149,7 @@ def test_batches_keep_float_job_and_map_keys_apart_as_java_does(tmp_path, backen
         metadata = commit_batch(plan, reports)
         storage = CheckpointStorage(location)
         got = {row["seq"]: (row["n"], row["m"]) for f in metadata.outputs
-               for row in pq.read_table(io.BytesIO(storage.read_bytes(f))).to_pylist()}
+               for row in read_parquet(storage.read_bytes(f)).to_pylist()}
         expected = {}
         for seq, k, uk in zip(seqs, BATCH_FLOATS, map_keys):
             counts[java_bits(k)] = counts.get(java_bits(k), 0) + 1

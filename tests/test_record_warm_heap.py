@@ -7,14 +7,13 @@ restore with the new schema gives: in the batch's output, and in the checkpoint,
 
 from __future__ import annotations
 
-import io
 import json
 import pickle
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
+from keygroups._parquet import read_parquet
 import keygroups as kg
 from keygroups.checkpoint import CheckpointStorage
 from keygroups.runtime import begin_batch, commit_batch
@@ -66,7 +65,7 @@ def run_batch(location: str, worker: HeapBackendRegistry, function: Keeper, reco
     metadata = commit_batch(plan, [report])
     rows = []
     for f in metadata.outputs:
-        t = pq.read_table(io.BytesIO(storage.read_bytes(f)))
+        t = read_parquet(storage.read_bytes(f))
         rows += [(k, json.loads(v)) for k, v in zip(t.column("key").to_pylist(), t.column("value").to_pylist())]
     return sorted(rows), report["restored"]["mode"]
 

@@ -3,7 +3,6 @@ on local disk, reused only at the exact checkpoint and snapshot file its marker 
 
 from __future__ import annotations
 
-import io
 import json
 import operator
 import os
@@ -12,13 +11,13 @@ import shutil
 import tempfile
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from keygroups import KeyGroupRange, assign_operators, assign_to_key_group, assign_to_operator, key_group_range
+from keygroups._parquet import read_parquet
 from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage, carry_forward
 from keygroups.runtime import KeyedProcessFunction
 from keygroups.runtime.driver import begin_batch, commit_batch
@@ -279,7 +278,7 @@ def run_counting_batch(storage, local_dir, keys, parallelism=2):
     reports = [run_keyed_subtask(spec, i, table.filter(pa.array(owners == i)).to_batches())
                for i in range(parallelism)]
     metadata = commit_batch(plan, reports)
-    out = pa.concat_tables(pq.read_table(io.BytesIO(storage.read_bytes(f))) for f in metadata.outputs)
+    out = pa.concat_tables(read_parquet(storage.read_bytes(f)) for f in metadata.outputs)
     return reports, dict(zip(out.column("k").to_pylist(), out.column("n").to_pylist()))
 
 

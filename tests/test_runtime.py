@@ -4,16 +4,15 @@ Spark runner is tested in test_spark_job.py.)"""
 
 from __future__ import annotations
 
-import io
 import math
 import pickle
 import struct
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
+from keygroups._parquet import read_parquet
 import keygroups as kg
 from keygroups.checkpoint import CheckpointStorage
 from keygroups.cli import shop
@@ -142,7 +141,7 @@ def test_vectorized_function_and_composite_int_keys(tmp_path):
         metadata = commit_batch(plan, reports)
         storage = CheckpointStorage(location)
         results.append(sorted(rows_of(pa.concat_tables(
-            pq.read_table(io.BytesIO(storage.read_bytes(f))) for f in metadata.outputs))))
+            read_parquet(storage.read_bytes(f)) for f in metadata.outputs))))
     assert results[0] == [(1, 7, 3), (2, 7, 2), (3, 8, 1)]
     assert results[1] == [(1, 7, 6), (2, 7, 4), (3, 8, 2)]
 
@@ -208,7 +207,7 @@ def test_idle_subtasks_carry_their_key_groups_into_the_new_checkpoint(tmp_path):
     assert [r["subtask"] for r in empty.properties["reports"]] == list(range(6))
     _, after = _totals_batch(location, 3, _keys(40))
     storage = CheckpointStorage(location)
-    counts = pa.concat_tables(pq.read_table(io.BytesIO(storage.read_bytes(f))) for f in after.outputs)
+    counts = pa.concat_tables(read_parquet(storage.read_bytes(f)) for f in after.outputs)
     assert sorted(counts.column("n").to_pylist()) == [2] * 40
 
 
@@ -247,7 +246,7 @@ def run_emitting(tmp_path, records):
                          input_schema=table.schema, output_schema=OUT, max_parallelism=MAX_PARALLELISM,
                          parallelism=1, checkpoint_location=str(tmp_path / "chk"), checkpoint_id=1, restore_from=None)
     report = run_keyed_subtask(spec, 0, table.to_batches())
-    return pq.read_table(io.BytesIO(CheckpointStorage(str(tmp_path / "chk")).read_bytes(report["output_file"])))
+    return read_parquet(CheckpointStorage(str(tmp_path / "chk")).read_bytes(report["output_file"]))
 
 
 def test_output_records_of_every_form_keep_their_order(tmp_path):
@@ -313,7 +312,7 @@ def test_float_keys_group_as_java_equals_at_every_parallelism(tmp_path, parallel
         reports = [run_keyed_subtask(spec, i, table.filter(pa.array(owners == i)).to_batches()) for i in range(p)]
         metadata = commit_batch(plan, reports)
         storage = CheckpointStorage(location)
-        got = dict(rows_of(pa.concat_tables(pq.read_table(io.BytesIO(storage.read_bytes(f)))
+        got = dict(rows_of(pa.concat_tables(read_parquet(storage.read_bytes(f))
                                             for f in metadata.outputs)))
         # the model: records are counted in input order per Java key (one NaN key; -0.0 and 0.0 apart)
         expected = {}

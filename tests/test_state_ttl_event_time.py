@@ -5,17 +5,16 @@ protocol whose state expires across rescales."""
 
 from __future__ import annotations
 
-import io
 import pickle
 import tempfile
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
 
+from keygroups._parquet import read_parquet
 import keygroups as kg
 from keygroups import KeyGroupRange, assign_to_operator, key_group_range
 from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage, carry_forward
@@ -524,7 +523,7 @@ def _batch(location, parallelism, keys, t, v, watermark):
     metadata = commit_batch(plan, reports, watermark=watermark)
     assert metadata.properties["watermark"] == watermark
     storage = CheckpointStorage(location)
-    out = pa.concat_tables(pq.read_table(io.BytesIO(storage.read_bytes(f))) for f in metadata.outputs)
+    out = pa.concat_tables(read_parquet(storage.read_bytes(f)) for f in metadata.outputs)
     return sorted(zip(*[c.to_pylist() for c in out.columns]))
 
 

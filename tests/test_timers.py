@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
-import io
 import pickle
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from keygroups._parquet import read_parquet
 import keygroups as kg
 from keygroups.checkpoint import CheckpointStorage
 from keygroups.runtime import NO_WATERMARK, KeyedProcessFunction, TimeDomain, WatermarkStrategy, begin_batch, commit_batch
@@ -104,7 +103,7 @@ def run_batch(location, parallelism, records, *, watermark=None, processing_time
         reports.append(run_keyed_subtask(spec, i, batches, kept=heaps, kept_timers=queues))
     metadata = commit_batch(plan, reports, watermark=watermark)
     fired = [row for f in metadata.outputs
-             for row in pq.read_table(io.BytesIO(storage.read_bytes(f))).to_pylist()]
+             for row in read_parquet(storage.read_bytes(f)).to_pylist()]
     return metadata, [(r["k"], r["domain"], r["ts"], r["seen"]) for r in fired]
 
 
@@ -198,8 +197,8 @@ def test_records_at_or_before_the_start_watermark_are_late(tmp_path):
     assert metadata.properties["watermark"] == 89
     assert metadata.properties["records_late"] == 1
     [late_file] = metadata.late_outputs
-    assert pq.read_table(io.BytesIO(storage.read_bytes(late_file))).column("ts").to_pylist() == [89]
-    out = pq.read_table(io.BytesIO(storage.read_bytes(metadata.outputs[0]))).to_pylist()
+    assert read_parquet(storage.read_bytes(late_file)).column("ts").to_pylist() == [89]
+    out = read_parquet(storage.read_bytes(metadata.outputs[0])).to_pylist()
     assert [(r["k"], r["seen"]) for r in out] == [(3, 90)]
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import io
 import operator
 import pickle
 from collections import Counter as Multiset
@@ -15,11 +14,11 @@ from datetime import timedelta
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from keygroups._parquet import read_parquet
 import keygroups as kg
 from keygroups.checkpoint import CheckpointStorage
 from keygroups.runtime import begin_batch, commit_batch
@@ -197,7 +196,7 @@ def run_batch(location, job, table, *, parallelism, backend, watermark, processi
     storage = CheckpointStorage(location)
 
     def rows(files):
-        tables = [pq.read_table(io.BytesIO(storage.read_bytes(f))) for f in files]
+        tables = [read_parquet(storage.read_bytes(f)) for f in files]
         return [tuple(r.values()) for t in tables for r in t.to_pylist()]
 
     return rows(metadata.outputs), rows(metadata.late_outputs)

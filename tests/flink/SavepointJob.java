@@ -10,6 +10,7 @@ import java.util.Collections;
 import java.util.List;
 import java.util.Map;
 import java.util.TreeMap;
+import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicLong;
 import java.util.stream.Stream;
 
@@ -579,13 +580,82 @@ public class SavepointJob {
             if (System.currentTimeMillis() > deadline) throw new IllegalStateException("records not processed in time");
             Thread.sleep(20);
         }
-        Path tmp = Files.createTempDirectory("keygroups-flink-savepoint");
-        String savepoint = job.stopWithSavepoint(false, tmp.toUri().toString(), SavepointFormatType.CANONICAL).get();
+        String savepoint = stopWithSavepoint(job);
         Path target = out.resolve("savepoint");
         Files.createDirectories(out);
         move(Paths.get(java.net.URI.create(savepoint.startsWith("file:") ? savepoint : "file:" + savepoint)), target);
         Files.write(out.resolve("expected.txt"), expectedLines(keys, keyType, parallelism), StandardCharsets.UTF_8);
         System.out.println("savepoint " + target);
+    }
+
+    /** Stops the job with a canonical savepoint, within SAVEPOINT_TIMEOUT_S (a savepoint that cannot complete fails
+     * the run with a message instead of waiting for Flink's ten-minute checkpoint timeout); its path. */
+    static String stopWithSavepoint(JobClient job) throws Exception {
+        Path tmp = Files.createTempDirectory("keygroups-flink-savepoint");
+        long deadline = System.currentTimeMillis() + SAVEPOINT_TIMEOUT_S * 1000;
+        for (int attempt = 1; ; attempt++) {
+            System.out.println("records processed; stopping job " + job.getJobID() + " with a savepoint (attempt "
+                    + attempt + ")");
+            try {
+                return job.stopWithSavepoint(false, tmp.toUri().toString(), SavepointFormatType.CANONICAL)
+                        .get(Math.max(1, deadline - System.currentTimeMillis()), TimeUnit.MILLISECONDS);
+            } catch (java.util.concurrent.TimeoutException e) {
+                throw new IllegalStateException("the savepoint of job " + job.getJobID() + " did not complete within "
+                        + SAVEPOINT_TIMEOUT_S + " s (job status " + job.getJobStatus().get(10, TimeUnit.SECONDS) + ")");
+            } catch (java.util.concurrent.ExecutionException e) {
+                // A subtask that received no record yet may still be deploying (a loaded machine): Flink refuses
+                // the savepoint until every task runs, and the job goes on; ask again.
+                if (!notAllTasksRunning(e) || System.currentTimeMillis() > deadline) throw e;
+                Thread.sleep(200);
+            }
+        }
+    }
+
+    static boolean notAllTasksRunning(Throwable e) {
+        for (Throwable t = e; t != null; t = t.getCause()) {
+            if (t instanceof org.apache.flink.runtime.checkpoint.CheckpointException
+                    && ((org.apache.flink.runtime.checkpoint.CheckpointException) t).getCheckpointFailureReason()
+                    == org.apache.flink.runtime.checkpoint.CheckpointFailureReason.NOT_ALL_REQUIRED_TASKS_RUNNING) {
+                return true;
+            }
+        }
+        return false;
+    }
+
+    static final long SAVEPOINT_TIMEOUT_S = 120;
+
+    /** Every thread's stack, as jstack lists them: what a run past its deadline was doing. */
+    static String threadDump() {
+        StringBuilder b = new StringBuilder();
+        for (Map.Entry<Thread, StackTraceElement[]> e : Thread.getAllStackTraces().entrySet()) {
+            Thread t = e.getKey();
+            b.append('"').append(t.getName()).append("\" ").append(t.getState())
+                    .append(t.isDaemon() ? " daemon" : "").append('\n');
+            for (StackTraceElement f : e.getValue()) b.append("\tat ").append(f).append('\n');
+            b.append('\n');
+        }
+        return b.toString();
+    }
+
+    /** Ends the JVM, whatever it is doing, once a command has run DEADLINE_S seconds (system property
+     * keygroups.deadline.s; 240 by default, below the tests' 300 s timeout): it prints every thread's stack first, so
+     * that a run that hangs on a loaded machine says where. */
+    static void startDeadline(String[] a) {
+        long seconds = Long.getLong("keygroups.deadline.s", 240L);
+        Thread watchdog = new Thread(() -> {
+            try {
+                Thread.sleep(seconds * 1000);
+            } catch (InterruptedException e) {
+                return;
+            }
+            System.err.println("SavepointJob " + String.join(" ", a) + ": still running after " + seconds
+                    + " s; every thread's stack:\n" + threadDump());
+            System.err.flush();
+            System.out.flush();
+            Runtime.getRuntime().halt(3);
+        }, "keygroups-deadline");
+        watchdog.setDaemon(true);
+        watchdog.start();
     }
 
     static void move(Path from, Path to) throws IOException {
@@ -802,8 +872,7 @@ public class SavepointJob {
             if (System.currentTimeMillis() > deadline) throw new IllegalStateException("records not processed in time");
             Thread.sleep(20);
         }
-        Path tmp = Files.createTempDirectory("keygroups-flink-savepoint");
-        String savepoint = job.stopWithSavepoint(false, tmp.toUri().toString(), SavepointFormatType.CANONICAL).get();
+        String savepoint = stopWithSavepoint(job);
         move(Paths.get(java.net.URI.create(savepoint.startsWith("file:") ? savepoint : "file:" + savepoint)),
                 out.resolve("savepoint"));
         System.out.println("savepoint " + out.resolve("savepoint"));
@@ -819,35 +888,45 @@ public class SavepointJob {
         writeFirings(env, a[3]);
     }
 
-    public static void main(String[] a) throws Exception {
+    public static void main(String[] a) {
+        startDeadline(a);
         int status;
+        try {
+            status = run(a);
+        } catch (Throwable t) {
+            // A failed command ends the JVM too: the threads of the job it started would keep it running.
+            t.printStackTrace();
+            status = 1;
+        }
+        // Every output is written: end now. Flink's shutdown hooks (its mini cluster, when a job client started one,
+        // is still shutting down) are what a loaded machine waits on at System.exit; they hold nothing of ours.
+        System.out.flush();
+        System.err.flush();
+        Runtime.getRuntime().halt(status);
+    }
+
+    static int run(String[] a) throws Exception {
         if (a.length == 4 && a[0].equals("write-sessions")) {
             writeSessions(a);
-            status = 0;
         } else if (a.length == 4 && a[0].equals("sessions")) {
             sessions(a);
-            status = 0;
         } else if (a.length == 5 && a[0].equals("windows")) {
             windows(a);
-            status = 0;
         } else if (a.length == 5 && a[0].equals("window-records")) {
             windowRecords(a);
-            status = 0;
         } else if (a.length == 5 && a[0].equals("restore")) {
             restore(a);
-            status = 0;
         } else if (a.length == 9 && a[0].equals("write")) {
             write(a);
-            status = 0;
         } else if (a.length == 6 && a[0].equals("check")) {
-            status = check(a);
+            return check(a);
         } else {
             System.err.println("usage: write OUT P MAXP COMPRESSION KEYS long|string hashmap|rocksdb INLINE"
                     + " | check SAVEPOINT P long|string EXPECTED DUMP_DIR | windows SAVEPOINT P long|string OUT_FILE"
                     + " | window-records SAVEPOINT P LATENESS_MS OUT_FILE | write-sessions OUT P KEYS"
                     + " | sessions SAVEPOINT P OUT_FILE");
-            status = 2;
+            return 2;
         }
-        System.exit(status);
+        return 0;
     }
 }

@@ -12,6 +12,7 @@ import java.time.LocalDate;
 import java.util.ArrayList;
 import java.util.Collections;
 import java.util.List;
+import java.util.concurrent.TimeUnit;
 import java.util.Map;
 import java.util.TreeMap;
 import java.util.concurrent.atomic.AtomicLong;
@@ -529,7 +530,18 @@ public class UnsupportedTypesJob {
             Thread.sleep(20);
         }
         Path tmp = Files.createTempDirectory("keygroups-flink-savepoint");
-        String savepoint = job.stopWithSavepoint(false, tmp.toUri().toString(), SavepointFormatType.CANONICAL).get();
+        String savepoint = null;
+        long savepointDeadline = System.currentTimeMillis() + 120_000;
+        while (savepoint == null) {
+            try {   // bounded: a savepoint that cannot complete fails the run instead of waiting ten minutes
+                savepoint = job.stopWithSavepoint(false, tmp.toUri().toString(), SavepointFormatType.CANONICAL)
+                        .get(Math.max(1, savepointDeadline - System.currentTimeMillis()), TimeUnit.MILLISECONDS);
+            } catch (java.util.concurrent.ExecutionException e) {
+                // a subtask still deploying (a loaded machine) refuses the savepoint and the job goes on: ask again
+                if (!notAllTasksRunning(e) || System.currentTimeMillis() > savepointDeadline) throw e;
+                Thread.sleep(200);
+            }
+        }
         Path target = out.resolve("savepoint");
         Files.createDirectories(target);
         Path from = Paths.get(java.net.URI.create(savepoint.startsWith("file:") ? savepoint : "file:" + savepoint));
@@ -542,15 +554,36 @@ public class UnsupportedTypesJob {
         System.out.println("savepoint " + target);
     }
 
-    public static void main(String[] a) throws Exception {
-        if (a.length == 3 && a[0].equals("write")) {
-            write(Paths.get(a[1]).toAbsolutePath(), Long.parseLong(a[2]));
-            System.exit(0);
+    static boolean notAllTasksRunning(Throwable e) {
+        for (Throwable t = e; t != null; t = t.getCause()) {
+            if (t instanceof org.apache.flink.runtime.checkpoint.CheckpointException
+                    && ((org.apache.flink.runtime.checkpoint.CheckpointException) t).getCheckpointFailureReason()
+                    == org.apache.flink.runtime.checkpoint.CheckpointFailureReason.NOT_ALL_REQUIRED_TASKS_RUNNING) {
+                return true;
+            }
         }
-        if (a.length == 5 && a[0].equals("check")) {
-            System.exit(check(a[1], Integer.parseInt(a[2]), Paths.get(a[3]), Paths.get(a[4]).toAbsolutePath()));
+        return false;
+    }
+
+    public static void main(String[] a) {
+        int status;
+        try {
+            if (a.length == 3 && a[0].equals("write")) {
+                write(Paths.get(a[1]).toAbsolutePath(), Long.parseLong(a[2]));
+                status = 0;
+            } else if (a.length == 5 && a[0].equals("check")) {
+                status = check(a[1], Integer.parseInt(a[2]), Paths.get(a[3]), Paths.get(a[4]).toAbsolutePath());
+            } else {
+                System.err.println("usage: write OUT_DIR KEYS | check SAVEPOINT PARALLELISM EXPECTED DUMP_DIR");
+                status = 2;
+            }
+        } catch (Throwable t) {
+            // a failed command ends the JVM too: the threads of the job it started would keep it running
+            t.printStackTrace();
+            status = 1;
         }
-        System.err.println("usage: write OUT_DIR KEYS | check SAVEPOINT PARALLELISM EXPECTED DUMP_DIR");
-        System.exit(2);
+        System.out.flush();
+        System.err.flush();
+        Runtime.getRuntime().halt(status);   // outputs are written; Flink's shutdown hooks hold nothing of ours
     }
 }

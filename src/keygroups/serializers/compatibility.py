@@ -16,6 +16,8 @@ The rules of the built-in serializers (each class decides; see ``TypeSerializer.
 * widening: ``Int32`` → ``Int64`` and ``Int32`` → ``Float64`` after migration (exact); never narrowing;
 * ``X`` → ``Nullable(X')`` after migration when ``X'`` can read ``X`` (``Nullable(X)`` → ``X`` is incompatible: a
   stored None could not be written);
+* a tuple → a record after migration, field by field in order; a record whose fields are a Tuple's (``f0, f1, ...``
+  or ``_1, _2, ...`` in order) → a tuple after migration, by position, when each element reads its field;
 * any serializer built only from the JSON-like built-ins → ``ValueSerializer`` after migration;
 * an older format version is as is or after migration as the class declares (``as_is_versions``,
   ``migratable_versions``); a newer one (written by newer code) is incompatible;
@@ -109,9 +111,9 @@ def resolve_compatibility(state_name: str, old: SerializerSnapshot | dict[str, A
     reader = new.migration_reader(old)
     if reader is None:
         return outcome, old.restore_serializer(allow_pickle=allow_pickle)
-    from keygroups.serializers.record import RecordMigrationReader
+    from keygroups.serializers.record import RecordMigrationReader, TupleMigrationReader
 
-    if isinstance(reader, RecordMigrationReader) and reader.state is None:
+    if isinstance(reader, (RecordMigrationReader, TupleMigrationReader)) and reader.state is None:
         reader.state = state_name   # named when a stored value cannot take the new shape (binary that is not UTF-8)
     return outcome, reader
 

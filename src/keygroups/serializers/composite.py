@@ -6,7 +6,9 @@ same whatever its insertion order (it deserializes in that sorted order). Any Ty
 built-in ones are encoded by one compiled pass, others are called per value.
 
 Compatibility: the worst of the nested serializers; a tuple whose arity changed is incompatible; a plain ``X`` is
-read by ``Nullable(X')`` after migration when ``X'`` reads ``X``. A nested serializer whose values change shape on
+read by ``Nullable(X')`` after migration when ``X'`` reads ``X``. A tuple reads a record's state after migration,
+by position, when the record's fields are a Tuple's (``f0, f1, ...``: a Flink TupleN imported as a record) and each
+element reads its field (``keygroups.serializers.record.record_as_tuple``). A nested serializer whose values change shape on
 migration (a ``RecordSerializer`` whose schema evolved) reads old bytes through its migration reader, wrapped in the
 same composite.
 """
@@ -115,7 +117,18 @@ class TupleSerializer(CodecSerializer[_Tuple], Generic[_Tuple]):
         return f"field {index}"
 
     def migration_reader(self, old: SerializerSnapshot) -> TypeSerializer | None:
+        if old.identifier == "record":
+            from keygroups.serializers.record import TupleMigrationReader
+
+            return TupleMigrationReader(old, self)
         return _nested_migration_reader(self, old)
+
+    def compatibility_with_other(self, old: SerializerSnapshot) -> tuple[Compatibility, str]:
+        if old.identifier == "record":   # a Flink TupleN imported as a record f0, f1, ...: read by position
+            from keygroups.serializers.record import record_as_tuple
+
+            return record_as_tuple(old, self.fields)
+        return super().compatibility_with_other(old)
 
     def copy(self, value: _Tuple) -> _Tuple:
         if self.is_immutable:

@@ -39,6 +39,15 @@ from keygroups._native import records as _records
 from keygroups.errors import KeyGroupsError
 from keygroups.serializers.base import AFTER_MIGRATION, AS_IS, INCOMPATIBLE, TypeSerializer
 from keygroups.serializers.compatibility import Compatibility
+from keygroups.serializers.composite import ListSerializer, MapSerializer, NullableSerializer
+from keygroups.serializers.primitive import (
+    BoolSerializer,
+    BytesSerializer,
+    Float64Serializer,
+    Int32Serializer,
+    Int64Serializer,
+    StrSerializer,
+)
 from keygroups.serializers.schema import (
     ALLOWED_CHANGES,
     BINARY,
@@ -404,4 +413,164 @@ class RecordMigrationReader(TypeSerializer):
         return f"RecordMigrationReader({self.old_schema.fields_ddl()!r} -> {self.new!r})"
 
 
-__all__ = ["RecordSerializer", "RecordMigrationReader"]
+# ---- a record read as a tuple ------------------------------------------------------------------------------------
+
+#: The built-in serializer each scalar of a record holds, as a Flink TupleN's is declared: Short and Byte as Int32,
+#: Float as Float64 (each exact), a Character as Str.
+_ELEMENT_SCALARS: dict[str, type[TypeSerializer]] = {
+    "int8": Int32Serializer, "int16": Int32Serializer, "int32": Int32Serializer, "int64": Int64Serializer,
+    "float32": Float64Serializer, "float64": Float64Serializer, "bool": BoolSerializer, "string": StrSerializer,
+    "binary": BytesSerializer}
+
+
+def _element_serializer(t: DataType, nullable: bool) -> TypeSerializer | None:
+    """The serializer of the values a record position of type ``t`` holds, as a tuple element would be declared: a
+    built-in scalar, Nullable, List or Map of them, a nested record as a ``RecordSerializer`` of it; None when no
+    built-in serializer holds them (dates, timestamps, decimals)."""
+    found: TypeSerializer | None
+    if isinstance(t, PrimitiveType):
+        cls = _ELEMENT_SCALARS.get(t.name)
+        found = None if cls is None else cls()
+    elif isinstance(t, ListType):
+        element = _element_serializer(t.element, t.element_nullable)
+        found = None if element is None else ListSerializer(element)
+    elif isinstance(t, MapType):
+        key, value = _element_serializer(t.key, False), _element_serializer(t.value, t.value_nullable)
+        found = None if key is None or value is None else MapSerializer(key, value)
+    elif isinstance(t, RecordType):
+        found = RecordSerializer(t)
+    else:
+        found = None
+    return NullableSerializer(found) if nullable and found is not None else found
+
+
+def _holds_record(t: DataType) -> bool:
+    if isinstance(t, RecordType):
+        return True
+    if isinstance(t, ListType):
+        return _holds_record(t.element)
+    if isinstance(t, MapType):
+        return _holds_record(t.value)
+    return False
+
+
+def _tuple_field_names(record: RecordType) -> bool:
+    """Whether the record's fields are a Tuple's by their names: Flink's ``f0, f1, ...`` or ``_1, _2, ...`` (Scala's,
+    and the nested tuples a tuple state became), in order."""
+    n = len(record.fields)
+    return record.names in (tuple(f"f{i}" for i in range(n)), tuple(f"_{i + 1}" for i in range(n)))
+
+
+def record_as_tuple(old: SerializerSnapshot, elements: Sequence[TypeSerializer]) -> tuple[Compatibility, str]:
+    """Whether a ``TupleSerializer`` of ``elements`` reads the state a ``RecordSerializer`` wrote (``old``), by
+    position: after migration when the stored record's fields are a Tuple's (``f0, f1, ...`` or ``_1, _2, ...`` in
+    order, one per element) and each element reads its field's values, as is or after migration (a Flink TupleN
+    imported as a record, declared with the ``TupleSerializer`` Flink users know); incompatible otherwise, saying
+    why."""
+    if old.version != RecordSerializer.version:
+        return INCOMPATIBLE, (f"RecordSerializer format v{old.version} is not known to this code (it reads "
+                              f"v{RecordSerializer.version})")
+    stored = RecordType.from_json(old.config.get("schema"))
+    record = f"RecordSerializer({stored.fields_ddl()!r})"
+    if len(stored.fields) != len(elements):
+        return INCOMPATIBLE, (f"a record is read as a tuple by position, one field per element: the stored record "
+                              f"has {len(stored.fields)} field(s), the tuple {len(elements)}")
+    if not _tuple_field_names(stored):
+        return INCOMPATIBLE, (f"a record is read as a tuple only when its fields are a Tuple's, named f0, f1, ... (or "
+                              f"_1, _2, ...) in order; the stored record's are {', '.join(stored.names)}: declare "
+                              f"the state with {record} (form='tuple' returns its values as tuples)")
+    for i, (f, element) in enumerate(zip(stored.fields, elements)):
+        held = _element_serializer(f.type, f.nullable)
+        what = f"field {f.name!r} ({f.type.ddl()}{'' if f.nullable else ' not null'})"
+        if held is None:
+            return INCOMPATIBLE, (f"{what} has no tuple element serializer that reads it (dates, timestamps and "
+                                  f"decimals have none): declare the state with {record}")
+        outcome, why = element.compatibility_with(held.snapshot())
+        if outcome is INCOMPATIBLE:
+            return INCOMPATIBLE, f"element {i} ({element!r}) cannot read {what}: {why}"
+    return AFTER_MIGRATION, f"{record} values become tuples, field i as element i"
+
+
+class TupleMigrationReader(TypeSerializer):
+    """Reads record state whose fields are a Tuple's (``f0, f1, ...``) as the tuples of a declared
+    ``TupleSerializer`` (``new``): element i from field i, the field's value read by element i as is or after its
+    own migration (a nested record by a nested tuple or an evolved record, an int by ``Int64Serializer``, ...). It
+    runs once per value while the state is rewritten with ``new``; its snapshot is the stored record's, so the
+    backends see the rewrite is due; it does not write."""
+
+    is_immutable = False
+
+    def __init__(self, old_snapshot: SerializerSnapshot, new: Any, state: str | None = None) -> None:
+        self._old_snapshot = old_snapshot
+        self.new = new
+        self.old_schema = RecordType.from_json(old_snapshot.config.get("schema"))
+        self._rows = _node(self.old_schema, False, "", "tuple")   # nested records decode as tuples too
+        self._columns = [self._column(f, element) for f, element in zip(self.old_schema.fields, new.fields,
+                                                                       strict=True)]
+        self._state: str | None = None
+        self.state = state
+
+    @staticmethod
+    def _column(f: Field, element: TypeSerializer) -> tuple[TypeSerializer, TypeSerializer] | None:
+        """(writer, reader): field ``f``'s values are written by the serializer that holds them and read back by
+        ``element`` (or what it migrates them with); None when they already are ``element``'s values."""
+        held = _element_serializer(f.type, f.nullable)
+        assert held is not None   # checked by record_as_tuple
+        snapshot = held.snapshot()
+        outcome, _ = element.compatibility_with(snapshot)
+        reader = element if outcome is AS_IS else (element.migration_reader(snapshot) or held)
+        if reader.snapshot() == snapshot and not _holds_record(f.type):
+            return None   # scalars, lists and maps decode from the record as the held serializer decodes them
+        return held, reader
+
+    @property
+    def state(self) -> str | None:
+        """The state this reader reads (named in errors); ``resolve_compatibility`` sets it."""
+        return self._state
+
+    @state.setter
+    def state(self, name: str | None) -> None:
+        self._state = name
+        for column in self._columns:
+            if column is not None and isinstance(column[1], (RecordMigrationReader, TupleMigrationReader)):
+                column[1].state = name
+
+    def deserialize(self, data: bytes | memoryview) -> Any:
+        row = self._rows.decode(data)
+        return tuple(v if c is None else c[1].deserialize(c[0].serialize(v)) for v, c in zip(row, self._columns))
+
+    def deserialize_many(self, data: bytes | memoryview, offsets: Any) -> list[Any]:
+        rows = self._rows.decode_many(data, offsets)
+        if not rows or all(c is None for c in self._columns):
+            return rows   # type: ignore[no-any-return]
+        columns = []
+        for i, c in enumerate(self._columns):
+            values = [r[i] for r in rows]
+            columns.append(values if c is None else c[1].deserialize_many(*c[0].serialize_many(values)))
+        return list(zip(*columns))
+
+    def serialize(self, value: Any) -> bytes:
+        raise TypeError("a tuple migration reader only reads old record state; values are written with the new "
+                        f"serializer {self.new!r}")
+
+    def copy(self, value: Any) -> Any:
+        return self.new.copy(value)
+
+    def snapshot(self) -> SerializerSnapshot:
+        return self._old_snapshot
+
+    def __reduce__(self) -> tuple:
+        return (TupleMigrationReader, (self._old_snapshot, self.new, self.state))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, TupleMigrationReader) and (self._old_snapshot, self.new) == (other._old_snapshot,
+                                                                                               other.new)
+
+    def __hash__(self) -> int:
+        return hash((self._old_snapshot, self.new))
+
+    def __repr__(self) -> str:
+        return f"TupleMigrationReader({self.old_schema.fields_ddl()!r} -> {self.new!r})"
+
+
+__all__ = ["RecordSerializer", "RecordMigrationReader", "TupleMigrationReader"]

@@ -196,11 +196,10 @@ class KafkaSink:
         return producer
 
     def _rows(self, storage: CheckpointStorage, metadata: CheckpointMetadata) -> Any:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
+        from keygroups._parquet import read_parquet
 
         for index, relpath in enumerate(metadata.outputs):
-            table = pq.read_table(pa.BufferReader(storage.open_buffer(relpath)))
+            table = read_parquet(storage.read_bytes(relpath))   # Arrow's copy: see keygroups._parquet
             missing = [c for c in (*self.key_columns, *([self.timestamp_column] if self.timestamp_column else []))
                        if c not in table.column_names]
             if missing:
