@@ -132,7 +132,8 @@ def primitives(work: str, rows: int = 1_000_000) -> None:
     writer.finish()
     from keygroups.checkpoint.format import _offsets_block, open_snapshot
     snap = open_snapshot(buf.getvalue())
-    block = _offsets_block(memoryview(buf.getvalue())[snap.offsets[0]:snap.offsets[1]], 0, 1, 3, None)
+    block = _offsets_block(memoryview(buf.getvalue())[snap.offsets[0]:snap.offsets[1]], 0, 1, snap.version, None, 0,
+                           verify=False)
     for _ in range(3):
         path = os.path.join(work, "floor.sst")
         w = rocksdict.SstFileWriter(options)
