@@ -558,6 +558,9 @@ def _milliseconds(array: pa.Array, default_ms: int) -> np.ndarray | None:
         micros = pc.cast(pc.cast(array, pa.timestamp("us", t.tz)), pa.int64()).fill_null(0).to_numpy(
             zero_copy_only=False)
         ms = (micros.astype(np.float64) / 1e6 * 1000).astype(np.int64)
+        far = np.flatnonzero(np.abs(micros) > 2**53)   # past 2255: no longer exact as a double, as Python divides
+        if len(far):
+            ms[far] = [int(m / 10**6 * 1000) for m in micros[far].tolist()]
     elif pa.types.is_integer(t):
         ms = pc.cast(array, pa.int64()).fill_null(default_ms).to_numpy(zero_copy_only=False).astype(np.int64)
     else:
