@@ -24,13 +24,15 @@
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
-from cpython.object cimport PyObject_SetItem
+from cpython.object cimport PyObject, PyObject_SetItem
+from cpython.ref cimport Py_INCREF, Py_XDECREF
 from libc.stdint cimport int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.string cimport memcmp, memcpy, memset
 
 cimport numpy as cnp
 
 from cursor cimport Cursor, cur_corrupt, cur_init, cur_read, cur_remaining, cur_u32, cur_u64
+from entryframe cimport ENTRY_HEAD
 
 import sys
 from operator import itemgetter
@@ -65,6 +67,7 @@ cdef struct Run:
     Py_ssize_t n
     Py_ssize_t *order          # the entries in database order; NULL: already in it
     Py_ssize_t head            # the next position in that order
+    bint unique                # no two keys equal (known without a sort: the keys ascend strictly)
 
 
 cdef struct Entry:
@@ -185,24 +188,85 @@ cdef void _sort_entries(Entry *e, Py_ssize_t *idx, Py_ssize_t *tmp, Py_ssize_t n
 
 # ---- the writer ----------------------------------------------------------------------------------------------------
 
+cdef extern from *:
+    """
+    /* A bytes object refilled in place forgets any hash cached of its old bytes (no one hashes these: the
+       writer only reads them; this keeps it true anyway). */
+    static inline void kg_bytes_forget_hash(PyObject *o) {
+    #if PY_VERSION_HEX < 0x030F0000
+    #if defined(__GNUC__)
+    #pragma GCC diagnostic push
+    #pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+    #endif
+        ((PyBytesObject *)o)->ob_shash = -1;
+    #if defined(__GNUC__)
+    #pragma GCC diagnostic pop
+    #endif
+    #endif
+    }
+    static inline Py_ssize_t kg_refcnt(PyObject *o) { return Py_REFCNT(o); }
+    """
+    void kg_bytes_forget_hash(PyObject *o) noexcept nogil
+    Py_ssize_t kg_refcnt(PyObject *o) noexcept nogil
+
+
+cdef enum:
+    REUSED_MAX = 64     # keys and values of up to this many bytes go through bytes objects refilled in place
+
+
 cdef class _Out:
-    """Where rows go: the SST writer, and the key group and state of the rows being written."""
+    """Where rows go: the SST writer, and the key group and state of the rows being written.
+
+    Each row is handed to the writer as two bytes objects, which it copies and lets go of. Making them anew per row
+    was a sixth of a restore's CPU; instead, one bytes object per length (up to REUSED_MAX bytes) is refilled in
+    place for the next row of that length, as long as this writer is the only holder (its reference count says so;
+    otherwise a new one is made): no one ever sees a bytes object change."""
     cdef object writer
     cdef uint8_t prefix[4]     # u16 key group | u16 state id, big-endian
     cdef Py_ssize_t rows
     cdef Py_ssize_t payload    # key and value bytes handed to the writer
+    cdef PyObject *keys[REUSED_MAX + 1]     # owned references, by length (NULL: none yet)
+    cdef PyObject *values[REUSED_MAX + 1]
+
+    def __cinit__(self):
+        memset(self.keys, 0, sizeof(self.keys))
+        memset(self.values, 0, sizeof(self.values))
+
+    def __dealloc__(self):
+        cdef Py_ssize_t i
+        for i in range(REUSED_MAX + 1):
+            Py_XDECREF(self.keys[i])
+            Py_XDECREF(self.values[i])
+
+    cdef inline object _buffer(self, PyObject **slots, Py_ssize_t size):
+        """A bytes object of ``size`` bytes that no one else holds, for the caller to fill."""
+        cdef PyObject *o
+        cdef object b
+        if size > REUSED_MAX:
+            return PyBytes_FromStringAndSize(NULL, size)
+        o = slots[size]
+        if o != NULL and kg_refcnt(o) == 1:
+            kg_bytes_forget_hash(o)
+            return <object>o
+        b = PyBytes_FromStringAndSize(NULL, size)
+        Py_XDECREF(o)
+        Py_INCREF(b)
+        slots[size] = <PyObject *>b
+        return b
 
     cdef int put(self, const uint8_t *key, Py_ssize_t key_len, const uint8_t *user_key, Py_ssize_t user_key_len,
                  const uint8_t *ts, const uint8_t *value, Py_ssize_t value_len) except -1:
         """One row: database key (prefix, key [, user key]) -> [ts |] value."""
         cdef Py_ssize_t size = PREFIX + key_len + user_key_len
         cdef Py_ssize_t vsize = value_len + (TS_SIZE if ts != NULL else 0)
-        cdef bytes k = PyBytes_FromStringAndSize(NULL, size)
-        cdef bytes v
-        cdef uint8_t *p = <uint8_t *>PyBytes_AS_STRING(k)
+        cdef object k, v
+        cdef uint8_t *p
         cdef uint32_t n
         if key_len > 0xFFFFFFFF:
             raise OverflowError(f"a key of {key_len} bytes is longer than a database key can say")
+        k = self._buffer(self.keys, size)
+        v = self._buffer(self.values, vsize)
+        p = <uint8_t *>PyBytes_AS_STRING(k)
         n = <uint32_t>key_len
         memcpy(p, self.prefix, 4)
         p[4] = (n >> 24) & 0xFF
@@ -213,13 +277,12 @@ cdef class _Out:
             memcpy(p + PREFIX, key, key_len)
         if user_key_len:
             memcpy(p + PREFIX + key_len, user_key, user_key_len)
-        if ts == NULL:
-            v = PyBytes_FromStringAndSize(<const char *>value, value_len)
-        else:
-            v = PyBytes_FromStringAndSize(NULL, vsize)
-            memcpy(PyBytes_AS_STRING(v), ts, TS_SIZE)
-            if value_len:
-                memcpy(PyBytes_AS_STRING(v) + TS_SIZE, value, value_len)
+        p = <uint8_t *>PyBytes_AS_STRING(v)
+        if ts != NULL:
+            memcpy(p, ts, TS_SIZE)
+            p += TS_SIZE
+        if value_len:
+            memcpy(p, value, value_len)
         PyObject_SetItem(self.writer, k, v)
         self.rows += 1
         self.payload += size + vsize
@@ -373,13 +436,19 @@ cdef int _order_run(Run *r) except -1:
     cdef const uint8_t *a
     cdef const uint8_t *b
     cdef Py_ssize_t *tmp
+    cdef int c
+    r.unique = True
     for i in range(1, r.n):
         a = _key(r, i - 1, &la)
         b = _key(r, i, &lb)
-        if _db_cmp(a, la, b, lb) > 0:
+        c = _db_cmp(a, la, b, lb)
+        if c > 0:
             break
+        if c == 0:
+            r.unique = False
     else:
         return 0
+    r.unique = False
     r.order = <Py_ssize_t *>PyMem_Malloc(r.n * sizeof(Py_ssize_t))
     tmp = <Py_ssize_t *>PyMem_Malloc(r.n * sizeof(Py_ssize_t))
     if r.order == NULL or tmp == NULL:
@@ -410,6 +479,12 @@ cdef int _merge_state(_Out out, Run *runs, Py_ssize_t k, int kind, bint ttl, bin
     if k == 1 and runs[0].values != NULL:   # the common case: one full block, nothing to merge
         r = &runs[0]
         i = 0
+        if r.unique:   # keys ascending strictly: every entry is a row
+            for i in range(r.n):
+                _write_value(out, kind, ttl, has_deadline, deadline, r.buf + r.keys[i],
+                             <Py_ssize_t>(r.keys[i + 1] - r.keys[i]), r.buf + r.values[i],
+                             <Py_ssize_t>(r.values[i + 1] - r.values[i]))
+            return 0
         while i < r.n:
             e = _at(r, i)
             while i + 1 < r.n:   # equal keys: the last one counts
@@ -563,6 +638,7 @@ cdef int _fill_run(Run *r, Py_buffer *view, object key_offsets, object value_off
         _check_offsets(r.values, nv, r.size, "value")
     r.order = NULL
     r.head = 0
+    r.unique = False
     return 0
 
 
@@ -602,33 +678,173 @@ cdef object _grow_offsets(Grow *g):
     return np.frombuffer(_grow_bytes(g), dtype=np.int64)
 
 
+cdef int _add_entry(Grow *keys, Grow *key_offsets, const uint8_t *k, Py_ssize_t kn) except -1:
+    cdef int64_t pos
+    _grow_add(keys, k, kn)
+    pos = keys.size
+    return _grow_add(key_offsets, &pos, 8)
+
+
+cdef int _close_value(Grow *values, Grow *value_offsets) except -1:
+    cdef int64_t pos = values.size
+    return _grow_add(value_offsets, &pos, 8)
+
+
+cdef Py_ssize_t _live_frames(const uint8_t *v, Py_ssize_t vn, int64_t deadline) except -1:
+    """The bytes of a TTL list value's frames stamped after ``deadline`` (every frame checked first)."""
+    cdef Cursor c
+    cdef uint32_t length
+    cdef int64_t ts
+    cdef Py_ssize_t live = 0
+    cur_init(&c, v, vn)
+    while cur_remaining(&c):
+        if cur_remaining(&c) < FRAME_HEAD + TS_SIZE:
+            cur_corrupt(&c, "a truncated TTL list element header")
+        length = cur_u32(&c)
+        ts = <int64_t>cur_u64(&c)
+        cur_read(&c, length)
+        if ts > deadline:
+            live += FRAME_HEAD + TS_SIZE + length
+    return live
+
+
+cdef int _add_live_frames(Grow *g, const uint8_t *v, Py_ssize_t vn, int64_t deadline) except -1:
+    """Append the frames of a (checked) TTL list value stamped after ``deadline``."""
+    cdef Cursor c
+    cdef uint32_t length
+    cdef Py_ssize_t start
+    cur_init(&c, v, vn)
+    while cur_remaining(&c):
+        start = c.pos
+        length = cur_u32(&c)
+        if <int64_t>cur_u64(&c) > deadline:
+            _grow_add(g, v + start, FRAME_HEAD + TS_SIZE + length)
+        cur_read(&c, length)
+    return 0
+
+
+cdef struct ScanSlot:
+    # One state's sections being built by value_sections.
+    Py_ssize_t index            # the state's index in the snapshot
+    int kind
+    bint ttl
+    bint has_deadline
+    int64_t deadline
+    Grow keys                   # serialized keys, their offsets (n + 1), values, their offsets
+    Grow key_offsets
+    Grow values
+    Grow value_offsets
+    Grow open_key               # a map: the key whose rows are being joined
+    bint is_open                # a map: open_key is set
+    bint open_live              # a map: open_key has a live entry (its key is in ``keys``)
+
+
+cdef int _close_map(ScanSlot *s) except -1:
+    if s.is_open and s.open_live:
+        _close_value(&s.values, &s.value_offsets)
+    s.is_open = False
+    s.open_live = False
+    return 0
+
+
+cdef int _scan_row(ScanSlot *s, int key_group, int state_id, const uint8_t *kp, Py_ssize_t kn,
+                   const uint8_t *vp, Py_ssize_t vn) except -1:
+    """One database row of state ``s`` into its sections."""
+    cdef Cursor c
+    cdef uint32_t key_len = (<uint32_t>kp[4] << 24) | (<uint32_t>kp[5] << 16) | (<uint32_t>kp[6] << 8) | kp[7]
+    cdef const uint8_t *key = kp + PREFIX
+    cdef const uint8_t *user_key
+    cdef Py_ssize_t user_key_len, live
+    cdef uint32_t frame[2]
+    cdef int64_t ts
+    if s.kind != K_MAP:
+        if key_len != kn - PREFIX:
+            cur_init(&c, kp, kn)
+            cur_corrupt(&c, f"a database key of state {state_id} that says {key_len} key bytes")
+        if s.ttl and s.has_deadline:
+            if s.kind == K_LIST:
+                live = _live_frames(vp, vn, s.deadline)
+                if live == 0:
+                    return 0
+                _add_entry(&s.keys, &s.key_offsets, key, key_len)
+                if live == vn:
+                    _grow_add(&s.values, vp, vn)
+                else:
+                    _add_live_frames(&s.values, vp, vn, s.deadline)
+                return _close_value(&s.values, &s.value_offsets)
+            if vn < TS_SIZE:
+                cur_init(&c, vp, vn)
+                cur_corrupt(&c, f"a TTL value of {vn} bytes, shorter than its timestamp")
+            memcpy(&ts, vp, TS_SIZE)
+            if ts <= s.deadline:
+                return 0
+        _add_entry(&s.keys, &s.key_offsets, key, key_len)
+        _grow_add(&s.values, vp, vn)
+        return _close_value(&s.values, &s.value_offsets)
+    # a map: one row per entry, the key's rows adjacent; joined into the map's value (entry frames in row order)
+    if key_len > kn - PREFIX:
+        cur_init(&c, kp, kn)
+        cur_corrupt(&c, f"a map row of state {state_id} whose key says {key_len} key bytes of {kn - PREFIX}")
+    user_key = key + key_len
+    user_key_len = kn - PREFIX - key_len
+    if not (s.is_open and s.open_key.size == key_len
+            and (key_len == 0 or memcmp(s.open_key.data, key, key_len) == 0)):
+        _close_map(s)
+        s.open_key.size = 0
+        _grow_add(&s.open_key, key, key_len)
+        s.is_open = True
+    if s.ttl:
+        if vn < TS_SIZE:
+            cur_init(&c, vp, vn)
+            cur_corrupt(&c, f"a TTL map entry of {vn} bytes has no timestamp")
+        if s.has_deadline:
+            memcpy(&ts, vp, TS_SIZE)
+            if ts <= s.deadline:
+                return 0
+    if vn - (TS_SIZE if s.ttl else 0) + user_key_len + 4 > 0xFFFFFFFF:
+        raise OverflowError(f"a map entry of state {state_id} is longer than a frame can say")
+    if not s.open_live:
+        _add_entry(&s.keys, &s.key_offsets, key, key_len)
+        s.open_live = True
+    frame[0] = <uint32_t>(ENTRY_HEAD + user_key_len + vn - (TS_SIZE if s.ttl else 0))
+    frame[1] = <uint32_t>user_key_len
+    _grow_add(&s.values, &frame[0], 4)
+    if s.ttl:
+        _grow_add(&s.values, vp, TS_SIZE)
+    _grow_add(&s.values, &frame[1], 4)
+    _grow_add(&s.values, user_key, user_key_len)
+    if s.ttl:
+        return _grow_add(&s.values, vp + TS_SIZE, vn - TS_SIZE)
+    return _grow_add(&s.values, vp, vn)
+
+
 def value_sections(object iterator, int key_group, dict states):
-    """The rows of key group ``key_group`` as the keyed snapshot's sections, for states kept as one row per key
-    (value-like and list states): ``iterator`` is a rocksdict iterator positioned at the key group's first row and
-    bounded to its rows (it is advanced to the end; its status is checked, so a damaged block raises RocksDB's
-    error). ``states``: state id -> ``(state index, ttl, deadline)``, ``deadline`` None or the time at or before
-    which a value-like TTL state's entry expired (left out). Returns ``[(state index, keys, values), ...]`` in state
-    order, keys and values as ``(bytes, int64 offsets)`` pairs for ``Packed``; None when a row belongs to a state
-    not in ``states`` (a map state's rows: the caller scans in Python instead). CorruptSnapshotError for a row
-    whose key does not frame its key bytes."""
+    """The rows of key group ``key_group`` as the keyed snapshot's sections: ``iterator`` is a rocksdict iterator
+    positioned at the key group's first row and bounded to its rows (it is advanced to the end; its status is
+    checked, so a damaged block raises RocksDB's error). ``states``: state id -> ``(state index, kind, ttl,
+    deadline)``, ``kind`` one of VALUE, LIST, MAP, ``deadline`` None or the time at or before which a TTL entry
+    expired (left out: a value-like state's value, a list's elements, a map's entries; a key left with none is
+    left out). A map key's rows (one per entry) are joined into the map's value, its entries in row order, as
+    ``ValueFraming.map_from_rows`` joins them. Returns ``[(state index, keys, values), ...]`` in state order, keys
+    and values as ``(bytes, int64 offsets)`` pairs for ``Packed``; None when a row belongs to a state not in
+    ``states``. CorruptSnapshotError for a row whose key does not frame its key bytes, or a TTL value without its
+    timestamp."""
     cdef object valid = iterator.valid, key = iterator.key, value = iterator.value, advance = iterator.next
     cdef object k, v, spec
     cdef const uint8_t *kp
     cdef const uint8_t *vp
-    cdef Py_ssize_t kn, vn, n_slots = 0, slot, i
-    cdef uint32_t key_len
+    cdef Py_ssize_t kn, vn, n_slots = 0, i, n_states = len(states)
     cdef int state_id, last_state = -1
-    cdef int64_t ts, deadline = 0, pos
-    cdef bint has_deadline = False, ttl = False
-    cdef Grow *bufs = NULL          # per slot: keys, key offsets, values, value offsets
-    cdef list slots = []            # slot -> state index
+    cdef int64_t pos = 0
+    cdef ScanSlot *slots = NULL
+    cdef ScanSlot *cur = NULL
     cdef dict slot_of = {}
     cdef Cursor c
     out = []
-    bufs = <Grow *>PyMem_Malloc(4 * (len(states) + 1) * sizeof(Grow))
-    if bufs == NULL:
+    slots = <ScanSlot *>PyMem_Malloc((n_states + 1) * sizeof(ScanSlot))
+    if slots == NULL:
         raise MemoryError()
-    memset(bufs, 0, 4 * (len(states) + 1) * sizeof(Grow))
+    memset(slots, 0, (n_states + 1) * sizeof(ScanSlot))
     try:
         while valid():
             k = key()
@@ -642,57 +858,48 @@ def value_sections(object iterator, int key_group, dict states):
             if kn < PREFIX or ((kp[0] << 8) | kp[1]) != key_group:
                 cur_init(&c, kp, kn)
                 cur_corrupt(&c, f"a database row of key group {key_group} with key {k!r}")
-            key_len = (<uint32_t>kp[4] << 24) | (<uint32_t>kp[5] << 16) | (<uint32_t>kp[6] << 8) | kp[7]
             state_id = (kp[2] << 8) | kp[3]
             if state_id != last_state:
+                if cur != NULL:
+                    _close_map(cur)
                 spec = states.get(state_id)
                 if spec is None:
                     return None
-                if key_len != kn - PREFIX:
-                    cur_init(&c, kp, kn)
-                    cur_corrupt(&c, f"a database key of state {state_id} that says {key_len} key bytes")
                 item = slot_of.get(state_id)
                 if item is None:
-                    slot = n_slots
-                    slot_of[state_id] = slot
-                    slots.append(spec[0])
+                    if n_slots == n_states:
+                        raise ValueError(f"value_sections: more states in the rows than the {n_states} given")
+                    cur = &slots[n_slots]
+                    slot_of[state_id] = n_slots
                     n_slots += 1
-                    pos = 0
-                    _grow_add(&bufs[4 * slot + 1], &pos, 8)
-                    _grow_add(&bufs[4 * slot + 3], &pos, 8)
+                    cur.index, cur.kind, cur.ttl, item = spec
+                    if cur.kind not in (K_VALUE, K_LIST, K_MAP):
+                        raise ValueError(f"state {state_id}: kind {cur.kind} is not one of (0, 1, 2)")
+                    cur.has_deadline = item is not None
+                    cur.deadline = item if cur.has_deadline else 0
+                    _grow_add(&cur.key_offsets, &pos, 8)
+                    _grow_add(&cur.value_offsets, &pos, 8)
                 else:
-                    slot = item
-                ttl = spec[1]
-                has_deadline = spec[2] is not None
-                deadline = spec[2] if has_deadline else 0
+                    cur = &slots[<Py_ssize_t>item]
                 last_state = state_id
-            elif key_len != kn - PREFIX:
-                cur_init(&c, kp, kn)
-                cur_corrupt(&c, f"a database key of state {state_id} that says {key_len} key bytes")
-            if ttl and has_deadline:
-                if vn < TS_SIZE:
-                    cur_init(&c, vp, vn)
-                    cur_corrupt(&c, f"a TTL value of {vn} bytes, shorter than its timestamp")
-                memcpy(&ts, vp, TS_SIZE)
-                if ts <= deadline:
-                    advance()
-                    continue
-            _grow_add(&bufs[4 * slot], kp + PREFIX, kn - PREFIX)
-            pos = bufs[4 * slot].size
-            _grow_add(&bufs[4 * slot + 1], &pos, 8)
-            _grow_add(&bufs[4 * slot + 2], vp, vn)
-            pos = bufs[4 * slot + 2].size
-            _grow_add(&bufs[4 * slot + 3], &pos, 8)
+            _scan_row(cur, key_group, state_id, kp, kn, vp, vn)
             advance()
+        if cur != NULL:
+            _close_map(cur)
         iterator.status()
         for i in range(n_slots):
-            if bufs[4 * i + 1].size > 8:
-                out.append((slots[i], (_grow_bytes(&bufs[4 * i]), _grow_offsets(&bufs[4 * i + 1])),
-                            (_grow_bytes(&bufs[4 * i + 2]), _grow_offsets(&bufs[4 * i + 3]))))
+            if slots[i].key_offsets.size > 8:
+                out.append((slots[i].index,
+                            (_grow_bytes(&slots[i].keys), _grow_offsets(&slots[i].key_offsets)),
+                            (_grow_bytes(&slots[i].values), _grow_offsets(&slots[i].value_offsets))))
     finally:
-        for i in range(4 * (len(states) + 1)):
-            PyMem_Free(bufs[i].data)
-        PyMem_Free(bufs)
+        for i in range(n_states + 1):
+            PyMem_Free(slots[i].keys.data)
+            PyMem_Free(slots[i].key_offsets.data)
+            PyMem_Free(slots[i].values.data)
+            PyMem_Free(slots[i].value_offsets.data)
+            PyMem_Free(slots[i].open_key.data)
+        PyMem_Free(slots)
     out.sort(key=itemgetter(0))
     return out
 
@@ -771,6 +978,135 @@ def delta_sections(list put_keys, list put_values, list deleted_keys, object ful
                 _grow_add(&bufs[5], &pos, 8)
             if group in full:
                 continue
+            puts = None
+            if bufs[1].size > 8:
+                puts = ((_grow_bytes(&bufs[0]), _grow_offsets(&bufs[1])),
+                        (_grow_bytes(&bufs[2]), _grow_offsets(&bufs[3])))
+            deletes = None
+            if bufs[5].size > 8:
+                deletes = (_grow_bytes(&bufs[4]), _grow_offsets(&bufs[5]))
+            out.append((group, puts, deletes))
+    finally:
+        for b in range(6):
+            PyMem_Free(bufs[b].data)
+    return out
+
+
+cdef int _add_map_rows(Grow *g, object iterator, Py_ssize_t prefix_len, bint ttl, bint has_deadline,
+                       int64_t deadline) except -1:
+    """Append the entry frames of one map key's rows (``iterator``: positioned at its first row, bounded to its
+    rows; advanced to the end, its status checked) to ``g``, entries expired by ``deadline`` left out."""
+    cdef object valid = iterator.valid, key = iterator.key, value = iterator.value, advance = iterator.next
+    cdef object k, v
+    cdef const uint8_t *kp
+    cdef const uint8_t *vp
+    cdef Py_ssize_t kn, vn, user_key_len, value_len
+    cdef uint32_t frame[2]
+    cdef int64_t ts
+    cdef Cursor c
+    while valid():
+        k = key()
+        v = value()
+        if type(k) is not bytes or type(v) is not bytes:
+            raise TypeError(f"map_delta_sections reads a raw-mode database (bytes keys and values), got {k!r}")
+        kp = <const uint8_t *>PyBytes_AS_STRING(k)
+        kn = len(<bytes>k)
+        vp = <const uint8_t *>PyBytes_AS_STRING(v)
+        vn = len(<bytes>v)
+        if kn < prefix_len:
+            cur_init(&c, kp, kn)
+            cur_corrupt(&c, f"a map row {k!r} outside the key's rows")
+        advance()
+        user_key_len = kn - prefix_len
+        value_len = vn
+        if ttl:
+            if vn < TS_SIZE:
+                cur_init(&c, vp, vn)
+                cur_corrupt(&c, f"a TTL map entry of {vn} bytes has no timestamp")
+            value_len = vn - TS_SIZE
+            if has_deadline:
+                memcpy(&ts, vp, TS_SIZE)
+                if ts <= deadline:
+                    continue
+        if ENTRY_HEAD + user_key_len + value_len > 0xFFFFFFFF:
+            raise OverflowError("a map entry is longer than a frame can say")
+        frame[0] = <uint32_t>(ENTRY_HEAD + user_key_len + value_len)
+        frame[1] = <uint32_t>user_key_len
+        _grow_add(g, &frame[0], 4)
+        if ttl:
+            _grow_add(g, vp, TS_SIZE)
+        _grow_add(g, &frame[1], 4)
+        _grow_add(g, kp + prefix_len, user_key_len)
+        _grow_add(g, vp + (vn - value_len), value_len)
+    iterator.status()
+    return 0
+
+
+def map_delta_sections(list db_keys, list values, object read_rows, object full, bint ttl, object deadline):
+    """One map state's changed keys as delta sections per key group, as ``delta_sections`` gives them:
+    ``db_keys`` (ascending) are the keys' database keys (a map key's rows all start with it), ``values[i]`` the
+    map's value encoding when it was written whole (bytes), None when the key was deleted, or anything else when the
+    map is to be read back from the database: ``read_rows(db_key)`` returns an iterator positioned at the key's
+    first row and bounded to its rows, joined here into the map's value (entries in row order, as
+    ``ValueFraming.map_from_rows`` joins them). With a TTL ``deadline``, entries stamped at or before it are left
+    out, and a map left with none (or with no rows) becomes a delete. Key groups in ``full`` are left out (nothing
+    of theirs is read)."""
+    cdef Py_ssize_t n = len(db_keys), i = 0, kn, vn, live, start
+    cdef const uint8_t *kp
+    cdef const uint8_t *vp
+    cdef int group
+    cdef int64_t pos, cutoff = 0
+    cdef bint has_deadline = ttl and deadline is not None, deleted
+    cdef Grow bufs[6]   # put keys, put key offsets, put values, value offsets, deleted keys, deleted offsets
+    cdef object v
+    cdef int b
+    if len(values) != n:
+        raise ValueError(f"{n} database keys but {len(values)} values")
+    if has_deadline:
+        cutoff = deadline
+    memset(bufs, 0, sizeof(bufs))
+    out = []
+    try:
+        while i < n:
+            group = _group_of(db_keys[i], &kp, &kn)
+            if group in full:
+                while i < n and _group_of(db_keys[i], &kp, &kn) == group:
+                    i += 1
+                continue
+            for b in range(6):
+                bufs[b].size = 0
+            pos = 0
+            _grow_add(&bufs[1], &pos, 8)
+            _grow_add(&bufs[3], &pos, 8)
+            _grow_add(&bufs[5], &pos, 8)
+            while i < n and _group_of(db_keys[i], &kp, &kn) == group:
+                v = values[i]
+                i += 1
+                start = bufs[2].size
+                if type(v) is bytes:   # (an empty map's value is a put, as the snapshot of a heap writes it)
+                    vp = <const uint8_t *>PyBytes_AS_STRING(v)
+                    vn = len(<bytes>v)
+                    live = _live_frames(vp, vn, cutoff) if has_deadline and vn else vn
+                    if live == vn:
+                        _grow_add(&bufs[2], vp, vn)
+                    elif live:
+                        _add_live_frames(&bufs[2], vp, vn, cutoff)
+                    deleted = live == 0 and vn > 0
+                elif v is not None:
+                    _add_map_rows(&bufs[2], read_rows(db_keys[i - 1]), kn, ttl, has_deadline, cutoff)
+                    deleted = bufs[2].size == start   # no rows, or none live
+                else:
+                    deleted = True
+                if deleted:
+                    _grow_add(&bufs[4], kp + PREFIX, kn - PREFIX)
+                    pos = bufs[4].size
+                    _grow_add(&bufs[5], &pos, 8)
+                    continue
+                _grow_add(&bufs[0], kp + PREFIX, kn - PREFIX)
+                pos = bufs[0].size
+                _grow_add(&bufs[1], &pos, 8)
+                pos = bufs[2].size
+                _grow_add(&bufs[3], &pos, 8)
             puts = None
             if bufs[1].size > 8:
                 puts = ((_grow_bytes(&bufs[0]), _grow_offsets(&bufs[1])),

@@ -8,9 +8,11 @@
    per CPU-second (the heap restores lazily: it keeps the blocks and decodes a key group when first touched).
 2. **The primitives of a RocksDB restore**, per row at 1M rows (the candidates measured before choosing the SST
    path): ``SstFileWriter[key] = value`` with the bytes objects made beforehand (the floor of any restore through
-   rocksdict's writer: one Python-level call per row), the same through ``_native/sstload`` from a keyed block
+   rocksdict's writer: one Python-level call per row), with the database's bloom filter and without one (the
+   restore's files), the same through ``_native/sstload`` from a keyed block
    (what a restore does per row), a ``WriteBatch.put`` per row plus the write and flush (the path before), and
    ``ingest_external_file`` of the finished file.
+   Then where a RocksDB restore's CPU goes, per row: rows into the writer, finish, ingestion, reads and parsing.
 3. **Per-key reads**: a batch of 100k distinct keys of the restored state: RocksDB's own point lookup through
    rocksdict (``db.get(key)``, the database keys built beforehand) for both states, against the backend's
    ``prefetch`` (database keys built and sorted, one multi-get per state, values decoded into the cache); medians
@@ -45,6 +47,7 @@ from keygroups.runtime.state_writer import commit_savepoint, plan_savepoint, wri
 from keygroups.serializers import Int64Serializer
 from keygroups.state import HeapKeyedStateBackend, RocksDBKeyedStateBackend, ValueStateDescriptor
 from keygroups.state.rocksdb import _sorted_db_keys
+from keygroups.state import rocksdb_ingest
 from keygroups.state.rocksdb_ingest import table_options
 
 MAXP = 128
@@ -120,9 +123,10 @@ def primitives(work: str, rows: int = 1_000_000) -> None:
     m[:, 8:16] = keys.astype(">i8").view(np.uint8).reshape(rows, 8)
     db_keys = m.view("V16").ravel().tolist()
     values = np.arange(rows, dtype="<i8").view("V8").tolist()
-    options = rocksdict.Options(raw_mode=True)
+    options = rocksdict.Options(raw_mode=True)   # the database's table options: with its bloom filter
     options.set_block_based_table_factory(table_options())
     options.set_compression_type(rocksdict.DBCompressionType.none())
+    ingested = rocksdb_ingest._writer_options()   # those of the files a restore ingests: no filter
     out: dict[str, list[float]] = collections.defaultdict(list)
     # one keyed block of the same rows, as a restore reads it
     buf = io.BytesIO()
@@ -132,7 +136,8 @@ def primitives(work: str, rows: int = 1_000_000) -> None:
     writer.finish()
     from keygroups.checkpoint.format import _offsets_block, open_snapshot
     snap = open_snapshot(buf.getvalue())
-    block = _offsets_block(memoryview(buf.getvalue())[snap.offsets[0]:snap.offsets[1]], 0, 1, 3, None)
+    block = _offsets_block(memoryview(buf.getvalue())[snap.offsets[0]:snap.offsets[1]], 0, 1, snap.version, None, 0,
+                           verify=False)
     for _ in range(3):
         path = os.path.join(work, "floor.sst")
         w = rocksdict.SstFileWriter(options)
@@ -141,7 +146,13 @@ def primitives(work: str, rows: int = 1_000_000) -> None:
         collections.deque(map(w.__setitem__, db_keys, values), maxlen=0)
         w.finish()
         out["SstFileWriter[key] = value (objects made beforehand), finish"].append(cpu() - c0)
-        w = rocksdict.SstFileWriter(options)
+        w = rocksdict.SstFileWriter(ingested)
+        w.open(path)
+        c0 = cpu()
+        collections.deque(map(w.__setitem__, db_keys, values), maxlen=0)
+        w.finish()
+        out["  the same without a bloom filter (the restore's files)"].append(cpu() - c0)
+        w = rocksdict.SstFileWriter(ingested)
         w.open(path)
         c0 = cpu()
         sstload.write_key_group(w, 0, [(block.block, True, block.puts, block.deletes, [0])],
@@ -170,6 +181,61 @@ def primitives(work: str, rows: int = 1_000_000) -> None:
         shutil.rmtree(os.path.join(work, "db"))
     for name, times in out.items():
         print(f"  {name:<62s} {1e9 * statistics.median(times) / rows:6.0f} ns per row")
+
+
+def breakdown(storage: CheckpointStorage, metadata: Any, runs: int) -> None:
+    """Where a RocksDB restore's CPU goes, per row (the restores of p=3 from the p=2 savepoint): the compiled
+    writer's rows through rocksdict's SstFileWriter (``sstload.write_key_group``), the file's finish and the temporary
+    file, RocksDB's ingestion, and the rest (the ranged reads, checksums, block parsing, planning). Measured by
+    wrapping the functions ``rocksdb_ingest`` calls."""
+    phases: dict[str, float] = collections.defaultdict(float)
+    real_write, real_ingest = sstload.write_key_group, rocksdb_ingest.SstRestore.ingest
+    rows = 0
+
+    def write_key_group(*args: Any) -> Any:
+        nonlocal rows
+        c0 = cpu()
+        result = real_write(*args)
+        phases["rows into the SST writer (sstload.write_key_group)"] += cpu() - c0
+        rows += result[0]
+        return result
+
+    def ingest(self: Any, db: Any, directory: str, write: Any) -> int:
+        def timed(f: Any) -> None:
+            c0 = cpu()
+            write(f)
+            phases["ingest_external_file"] += cpu() - c0
+
+        c0 = cpu()
+        n = real_ingest(self, db, directory, timed)
+        phases["SstRestore.ingest"] += cpu() - c0
+        return n
+
+    proxy = type("sstload", (), {"VALUE": sstload.VALUE, "LIST": sstload.LIST, "MAP": sstload.MAP,
+                                 "write_key_group": staticmethod(write_key_group)})
+    rocksdb_ingest.sstload, rocksdb_ingest.SstRestore.ingest = proxy, ingest   # type: ignore[assignment,method-assign]
+    try:
+        total = 0.0
+        for _ in range(runs):
+            for i in range(3):
+                b = RocksDBKeyedStateBackend(key_group_range(MAXP, 3, i), MAXP, Int64Serializer(), subtask_index=i)
+                try:
+                    c0 = cpu()
+                    b.restore(storage, metadata)
+                    total += cpu() - c0
+                finally:
+                    b.dispose()
+    finally:
+        rocksdb_ingest.sstload, rocksdb_ingest.SstRestore.ingest = sstload, real_ingest  # type: ignore[method-assign]
+    write_rows = phases["rows into the SST writer (sstload.write_key_group)"]
+    ingestion = phases["ingest_external_file"]
+    parts = {"rows into the SST writer (sstload.write_key_group)": write_rows,
+             "finish, temporary file": phases["SstRestore.ingest"] - write_rows - ingestion,
+             "ingest_external_file": ingestion,
+             "reads, checksums, parsing, planning": total - phases["SstRestore.ingest"]}
+    for name, seconds in parts.items():
+        print(f"    {name:<52s} {1e9 * seconds / rows:6.1f} ns per row")
+    print(f"    {'restore':<52s} {1e9 * total / rows:6.1f} ns per row ({rows // runs:,} rows; {load()})")
 
 
 def reads(storage: CheckpointStorage, metadata: Any, keys: np.ndarray) -> None:
@@ -220,6 +286,8 @@ def main(argv: list[str] | None = None) -> int:
             storage, metadata, keys, seconds = write_state(location, n)
             print(f"\n{n:,} keys: savepoint written in bulk in {seconds:.2f} CPU-s")
             restore_rate(storage, metadata, keys, args.runs)
+            print("  RocksDB restore, per row (all runs):")
+            breakdown(storage, metadata, args.runs)
             reads(storage, metadata, keys)
             shutil.rmtree(location, ignore_errors=True)
     return 0

@@ -30,6 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from keygroups._hashing import KeyType, assign_key_groups, assign_key_groups_for_tuples
+from keygroups._native import bulkframe
 from keygroups._ranges import KeyGroupRange, check_parallelism, key_group_range
 from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage, KeyedStateHandle
 from keygroups.checkpoint.format import Packed, write_full_snapshot
@@ -304,9 +305,10 @@ def write_savepoint_subtask(plan: SavepointPlan, subtask: int, batches: Iterable
     group belongs to another subtask (the rows were not placed by key group).
 
     In bulk, never row by row in Python: the rows are ordered by key group once, the keys serialized in one
-    ``serialize_many`` call, and each plain value state's values (no TTL) likewise; the writer takes every key
-    group's keys and values as slices of those buffers (``Packed``). Only list and map states, TTL states and
-    states with missing values encode value by value."""
+    ``serialize_many`` call, and each state's values likewise (a list's elements, a map's keys and values: one
+    call per role), framed with their TTL timestamps in compiled code; the writer takes every key group's keys and
+    values as slices of those buffers (``Packed``). What only the value-by-value path reads (see ``_framed``: a
+    null inside a list or map, a map repeating a key, TTL timestamps per map key) is encoded value by value."""
     groups = key_group_range(plan.max_parallelism, plan.parallelism, subtask)
     parts = [b for b in batches if b.num_rows]
     if not parts:
@@ -330,7 +332,7 @@ def write_savepoint_subtask(plan: SavepointPlan, subtask: int, batches: Iterable
     key_data, key_offsets = key_serializer.serialize_many(keys)
     key_offsets = np.asarray(key_offsets, dtype=np.int64)
     _check_unique(keys, memoryview(key_data), key_offsets, kgs)
-    columns = [_state_column(enc, table) for enc in encoders]
+    columns = [_state_column(enc, table, key_data, key_offsets) for enc in encoders]
 
     def packed(data: Any, offsets: np.ndarray, a: int, b: int) -> Packed:
         return Packed(data[int(offsets[a]):int(offsets[b])], offsets[a:b + 1] - offsets[a])
@@ -340,9 +342,15 @@ def write_savepoint_subtask(plan: SavepointPlan, subtask: int, batches: Iterable
         for a, b in zip(starts.tolist(), stops.tolist()):
             sections: list[tuple[int, Any, Any]] = []
             for index, column in enumerate(columns):
-                if column.bulk is not None:   # every row has a value, serialized at once
+                if column.bulk is not None:   # the values serialized and framed at once
                     data, offsets = column.bulk
-                    sections.append((index, packed(key_view, key_offsets, a, b), packed(data, offsets, a, b)))
+                    if column.rows is None:   # every row has a value
+                        sections.append((index, packed(key_view, key_offsets, a, b), packed(data, offsets, a, b)))
+                        continue
+                    p, q = np.searchsorted(column.rows, [a, b]).tolist()
+                    if q > p:
+                        assert column.keys is not None
+                        sections.append((index, packed(*column.keys, p, q), packed(data, offsets, p, q)))
                     continue
                 rows = (np.flatnonzero(column.present[a:b]) + a).tolist()
                 if rows:
@@ -369,17 +377,21 @@ def _column_values(column: pa.ChunkedArray) -> list[Any]:
 
 @dataclass
 class _StateColumn:
-    """One state's input column, as the writer takes it: ``bulk``, the values of every row serialized at once
-    (buffer, offsets), or else the values one by one (``values``, ``present``, TTL ``stamps``)."""
+    """One state's input column, as the writer takes it: ``bulk``, the values of the rows that have one serialized
+    and framed at once (buffer, offsets), the rows being ``rows`` (ascending row indexes; None: every row) with
+    their keys ``keys`` (buffer, offsets); or else the values one by one (``values``, ``present``, TTL
+    ``stamps``)."""
 
     encoder: _Encoder
     bulk: tuple[Any, np.ndarray] | None
     values: list[Any]
     present: np.ndarray
     stamps: list[Any] | None
+    rows: np.ndarray | None = None
+    keys: tuple[Any, np.ndarray] | None = None
 
 
-def _state_column(enc: _Encoder, table: pa.Table) -> _StateColumn:
+def _state_column(enc: _Encoder, table: pa.Table, key_data: Any, key_offsets: np.ndarray) -> _StateColumn:
     column = table.column(enc.state.column)
     present = pc.is_valid(column).to_numpy(zero_copy_only=False)
     plain = enc.state.kind in ("value", "reducing", "aggregating") and not enc.state.ttl
@@ -390,8 +402,172 @@ def _state_column(enc: _Encoder, table: pa.Table) -> _StateColumn:
         except (TypeError, ValueError, OverflowError) as e:
             raise type(e)(f"{enc.what}: {e}") from None
         return _StateColumn(enc, (memoryview(data), np.asarray(offsets, dtype=np.int64)), [], present, None)
+    rows = None if column.null_count == 0 else np.flatnonzero(present).astype(np.int64)
+    bulk = _framed(enc, table, column, rows)
+    if bulk is not None:
+        keys = None
+        if rows is not None:
+            gathered, gathered_offsets = bulkframe.gather(key_data, key_offsets, rows)
+            keys = (memoryview(gathered), gathered_offsets)
+        return _StateColumn(enc, (memoryview(bulk[0]), bulk[1]), [], present, None, rows, keys)
     stamps = table.column(enc.state.ttl_column).to_pylist() if enc.state.ttl_column is not None else None
     return _StateColumn(enc, None, enc.values(column), present, stamps)
+
+
+#: Errors of a serializer or a conversion that make the bulk path hand a column to the value-by-value one (which
+#: raises them again, naming the value).
+_UNBULKABLE = (TypeError, ValueError, OverflowError, UnicodeEncodeError, pa.ArrowException)
+
+
+def _framed(enc: _Encoder, table: pa.Table, column: pa.ChunkedArray, rows: np.ndarray | None
+            ) -> tuple[bytes, np.ndarray] | None:
+    """The framed values of a list, map, TTL or partly null state column (``rows``: those that have one; None:
+    all), built in bulk: each part (value, list element, map key and value) of every row serialized by one
+    ``serialize_many`` call per role, the frames and TTL timestamps laid around them in compiled code
+    (``_native/bulkframe.pyx``). None when the column needs the value-by-value path: a null inside a list or map,
+    a map repeating a key (or holding NaN keys: one key, as a map state compares keys), TTL timestamps per map
+    key, or bytes the bulk path cannot read; that path writes the same bytes, and raises the errors."""
+    state = enc.state
+    array = _one_array(column, rows)
+    n = len(array)
+    sers = state.meta["serializers"]
+    try:
+        if state.kind == "list":
+            counts, parts = _list_parts(array, SerializerSnapshot.from_json(sers["element"]), enc.framing.ser)
+            if parts is None:
+                return None
+            framed_keys = None
+            kind = bulkframe.LIST
+        elif state.kind == "map":
+            if not pa.types.is_map(array.type) or array.null_count:
+                return None
+            bounds = _bounds(array)
+            counts = np.diff(bounds)
+            keys, items = _children(array, bounds)
+            if items.null_count or (pa.types.is_floating(keys.type) and pc.any(pc.is_nan(keys)).as_py()):
+                return None
+            framed_keys = _serialized(keys, SerializerSnapshot.from_json(sers["map key"]), enc.framing.key_ser)
+            parts = _serialized(items, SerializerSnapshot.from_json(sers["map value"]), enc.framing.ser)
+            if bulkframe.has_repeated_keys(np.concatenate([[0], np.cumsum(counts)]), framed_keys):
+                return None
+            kind = bulkframe.MAP
+        else:
+            counts = np.ones(n, dtype=np.int64)
+            values = (_column_values(pa.chunked_array([array])) if is_typed(enc.snapshot) and not _is_struct(column)
+                      else enc.values(pa.chunked_array([array])))
+            data, offsets = enc.framing.ser.serialize_many(values)
+            parts = (data, np.asarray(offsets, dtype=np.int64))
+            framed_keys = None
+            kind = bulkframe.VALUE
+        stamps = None
+        if state.ttl:
+            stamps = _stamps(table, state, rows, counts, enc.default_ms)
+            if stamps is None:
+                return None
+        bounds = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(counts, out=bounds[1:])
+        data, offsets = bulkframe.frame_values(kind, bounds, parts, framed_keys, stamps)
+    except _UNBULKABLE:
+        return None
+    return data, offsets
+
+
+def _one_array(column: pa.ChunkedArray, rows: np.ndarray | None) -> pa.Array:
+    """A column as one array starting at offset 0 (children and offsets line up), of ``rows`` only if given."""
+    array = pa.concat_arrays(column.chunks) if column.num_chunks else pa.array([], type=column.type)
+    return array if rows is None else array.take(pa.array(rows))
+
+
+def _bounds(array: Any) -> np.ndarray:
+    """A list or map array's offsets (n + 1) as positions into its flattened children."""
+    offsets = np.asarray(array.offsets, dtype=np.int64)
+    return offsets - offsets[0]
+
+
+def _children(array: Any, bounds: np.ndarray) -> tuple[pa.Array, pa.Array]:
+    """A map array's keys and items, the parts of its maps only (a sliced array's children hold more)."""
+    start = int(np.asarray(array.offsets)[0])
+    length = int(bounds[-1])
+    return array.keys.slice(start, length), array.items.slice(start, length)
+
+
+def _list_parts(array: Any, snapshot: SerializerSnapshot, ser: TypeSerializer
+                ) -> tuple[np.ndarray, tuple[Any, np.ndarray] | None]:
+    """(elements per row, the elements serialized) of a list array; parts None when an element is null."""
+    if not (pa.types.is_list(array.type) or pa.types.is_large_list(array.type)) or array.null_count:
+        return np.zeros(0, dtype=np.int64), None
+    bounds = _bounds(array)
+    start = int(np.asarray(array.offsets)[0])
+    elements = array.values.slice(start, int(bounds[-1]))
+    if elements.null_count:
+        return np.diff(bounds), None
+    return np.diff(bounds), _serialized(elements, snapshot, ser)
+
+
+def _serialized(array: pa.Array, snapshot: SerializerSnapshot, ser: TypeSerializer) -> tuple[Any, np.ndarray]:
+    """An array's values serialized back to back by one ``serialize_many`` call: (buffer, int64 offsets)."""
+    column = pa.chunked_array([array], type=array.type)
+    values = (_column_values(column) if is_typed(snapshot) and not _is_struct(column)
+              else python_values(column, snapshot))
+    data, offsets = ser.serialize_many(values)
+    return data, np.asarray(offsets, dtype=np.int64)
+
+
+def _stamps(table: pa.Table, state: _PlannedState, rows: np.ndarray | None, counts: np.ndarray,
+            default_ms: int) -> np.ndarray | None:
+    """The TTL timestamp (ms) of every part, in part order, as ``_with_timestamps`` gives them: the time of writing
+    without a ``ttl_column``; else one per row (a timestamp of s, ms or us, or a long; null: the time of writing),
+    or, for a list, an array of one per element. None for what only the value-by-value path reads (per map key,
+    nanoseconds, other types): it writes the same bytes and raises the errors."""
+    total = int(counts.sum())
+    if state.ttl_column is None:
+        return np.full(total, default_ms, dtype=np.int64)
+    array = _one_array(table.column(state.ttl_column), rows)
+    per_element = pa.types.is_list(array.type) or pa.types.is_large_list(array.type)
+    if per_element:
+        if state.kind != "list":
+            return None
+        valid = array.is_valid().to_numpy(zero_copy_only=False)
+        bounds = _bounds(array)
+        lengths = np.diff(bounds)
+        if not (lengths[valid] == counts[valid]).all():
+            return None   # the value-by-value path names the row
+        start = int(np.asarray(array.offsets)[0])
+        inner = _milliseconds(array.values.slice(start, int(bounds[-1])), default_ms)
+        if inner is None:
+            return None
+        if valid.all():
+            return inner
+        out = np.full(total, default_ms, dtype=np.int64)
+        parts = np.zeros(len(counts) + 1, dtype=np.int64)
+        np.cumsum(counts, out=parts[1:])
+        for r in np.flatnonzero(valid).tolist():   # only rows with a stamp list (nulls take the default)
+            out[parts[r]:parts[r + 1]] = inner[bounds[r]:bounds[r + 1]]
+        return out
+    per_row = _milliseconds(array, default_ms)
+    if per_row is None:
+        return None
+    return np.repeat(per_row, counts)
+
+
+def _milliseconds(array: pa.Array, default_ms: int) -> np.ndarray | None:
+    """TTL timestamps as ``_ms`` reads them (nulls: ``default_ms``), computed as it computes them: a timestamp
+    through float seconds times 1000, truncated; a long as it is. None for other types (and nanoseconds)."""
+    t = array.type
+    if pa.types.is_timestamp(t) and t.unit in ("s", "ms", "us"):
+        micros = pc.cast(pc.cast(array, pa.timestamp("us", t.tz)), pa.int64()).fill_null(0).to_numpy(
+            zero_copy_only=False)
+        ms = (micros.astype(np.float64) / 1e6 * 1000).astype(np.int64)
+        far = np.flatnonzero(np.abs(micros) > 2**53)   # past 2255: no longer exact as a double, as Python divides
+        if len(far):
+            ms[far] = [int(m / 10**6 * 1000) for m in micros[far].tolist()]
+    elif pa.types.is_integer(t):
+        ms = pc.cast(array, pa.int64()).fill_null(default_ms).to_numpy(zero_copy_only=False).astype(np.int64)
+    else:
+        return None
+    if array.null_count:
+        ms = np.where(array.is_valid().to_numpy(zero_copy_only=False), ms, default_ms)
+    return np.asarray(ms, dtype=np.int64)
 
 
 def _is_struct(column: pa.ChunkedArray) -> bool:

@@ -13,8 +13,11 @@ from an empty database; a rescale dropped or never had them), and an ingested fi
 there, so nothing older can shadow it.
 
 The file is written uncompressed (RocksDB compresses what its own compactions rewrite): at a restore's rate,
-compression would cost more CPU than the rows themselves. It keeps the database's bloom filter, which a batch's
-multi-get of keys not yet stored relies on.
+compression would cost more CPU than the rows themselves. It is written without a bloom filter, which cost 22 of
+the ~120 ns a row takes through the writer (``benchmarks/bench_rocksdb_restore.py``): a multi-get of keys the file
+does not hold then reads the data block a key would be in instead of asking the filter (about what a key that is
+there costs; keys the batches wrote since are in files of the database's own, filtered), until a compaction rewrites
+the file with the database's table options, filter included. Flink's RocksDB backend builds no filters by default.
 """
 
 from __future__ import annotations
@@ -31,8 +34,8 @@ from keygroups._native import sstload
 from keygroups.checkpoint import KeyGroupBlock
 from keygroups.errors import CorruptSnapshotError
 
-#: The stored kinds of the compiled writer, by state kind.
-_KINDS = {"list": sstload.LIST, "map": sstload.MAP}
+#: The compiled code's kinds of stored value, by state kind (the others are stored as a value).
+STORED_KINDS = {"list": sstload.LIST, "map": sstload.MAP}
 
 
 def table_options() -> rocksdict.BlockBasedOptions:
@@ -44,7 +47,7 @@ def table_options() -> rocksdict.BlockBasedOptions:
 
 def _writer_options() -> rocksdict.Options:
     opts = rocksdict.Options(raw_mode=True)
-    opts.set_block_based_table_factory(table_options())
+    opts.set_block_based_table_factory(rocksdict.BlockBasedOptions())   # the database's, less the filter
     opts.set_compression_type(rocksdict.DBCompressionType.none())
     return opts
 
@@ -76,7 +79,7 @@ class SstRestore:
         (through ``write``, which runs the ingestion as the backend's other writes run); the rows written."""
         states = sorted(self._tables.values(), key=lambda t: t.state_id)
         slot = {t.state_id: i for i, t in enumerate(states)}
-        spec = [(t.state_id, _KINDS.get(t.meta["kind"], sstload.VALUE), t.read_framing.ttl, t.ttl_deadline())
+        spec = [(t.state_id, STORED_KINDS.get(t.meta["kind"], sstload.VALUE), t.read_framing.ttl, t.ttl_deadline())
                 for t in states]
         fd, path = tempfile.mkstemp(prefix="restore-", suffix=".sst", dir=directory)
         os.close(fd)
@@ -104,4 +107,4 @@ class SstRestore:
         return rows
 
 
-__all__ = ["SstRestore", "table_options"]
+__all__ = ["STORED_KINDS", "SstRestore", "table_options"]
