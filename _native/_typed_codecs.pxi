@@ -398,6 +398,8 @@ cdef object dec(Codec c, Cursor *cur, int depth):
                 key = r_key_str(cur, cur_count(cur, 1, "a str length"))
             else:
                 key = dec(c.a, cur, depth + 1)
+                if c.a.kind != K_INT64 and c.a.kind != K_INT32:
+                    key = _map_key(key)
             item = dec(c.b, cur, depth + 1)
             _dict_put(cur, out, key, item)
         if len(out) != n:

@@ -52,6 +52,26 @@ if sys.byteorder != "little":   # the formats are little-endian and the cursor r
 from keygroups.errors import CorruptSnapshotError
 
 # Codec kinds; keygroups.serializers builds codecs with the Python names below, derived from these.
+from libc.math cimport signbit
+from keygroups._javakeys import NAN_KEY as _NAN_KEY, NEGATIVE_ZERO_KEY as _NEG_ZERO, NegativeZeroKey as _NegZero
+
+
+cdef object _map_key(object key):
+    """A decoded map key as Java's ``HashMap`` tells keys apart (``Double.equals``): every NaN one key, ``-0.0`` a key
+    of its own (see keygroups._javakeys), so a map holding both ``0.0`` and ``-0.0`` decodes whole."""
+    cdef double v
+    if type(key) is float:
+        v = PyFloat_AsDouble(key)
+        if isnan(v):
+            return _NAN_KEY
+        if v == 0.0 and signbit(v):
+            return _NEG_ZERO
+        return key
+    if type(key) is tuple:
+        return tuple([_map_key(x) for x in <tuple>key])
+    return key
+
+
 cdef enum CodecKind:
     K_INT64 = 1
     K_INT32 = 2

@@ -60,6 +60,26 @@ def test_java_key_canonical_objects():
     assert java_key(key) is key   # nothing to change: the same object
 
 
+@settings(max_examples=60, deadline=None)
+@given(keys=st.lists(floats, max_size=8), tuples=st.booleans())
+def test_a_map_value_with_float_keys_round_trips_as_java_keeps_them(keys, tuples):
+    """A map *value* (``MapSerializer``) keeps ``0.0`` and ``-0.0`` apart and every NaN as one key, as Java's
+    ``HashMap<Double, _>`` does: it decodes whole (not as a corrupt map of duplicate keys) and encodes back the same."""
+    from keygroups.serializers import Int64Serializer, Float64Serializer
+    from keygroups.serializers.composite import MapSerializer, TupleSerializer
+
+    key_ser = TupleSerializer(Int64Serializer(), Float64Serializer()) if tuples else Float64Serializer()
+    ser = MapSerializer(key_ser, Int64Serializer())
+    value = {}
+    for i, k in enumerate(keys):
+        value[java_key((i % 2, k) if tuples else k)] = i
+    data = ser.serialize(value)
+    decoded = ser.deserialize(data)
+    assert len(decoded) == len(value)
+    assert {model_key(k): v for k, v in decoded.items()} == {model_key(k): v for k, v in value.items()}
+    assert ser.serialize(decoded) == data
+
+
 def _owns(backend, key) -> bool:
     """Whether ``backend`` owns ``key``'s key group (it becomes the current key there)."""
     try:
