@@ -212,7 +212,7 @@ def test_a_batch_without_records_fires_due_timers_and_the_watermark_survives_res
     metadata, fired = run_batch(location, 3, [], watermark=3_000, processing_time=50)
     assert sorted(fired) == [(1, "event-time", 1000, 1), (2, "event-time", 2000, 1), (3, "event-time", 3000, 1),
                              (9, "processing-time", 50, 1)]
-    assert metadata.properties["timers"]["event-time"] == {"queued": 2, "registered": 0, "fired": 3,
+    assert metadata.properties["timers"]["event-time"] == {"queued": 2, "registered": 0, "fired": 3, "pending": 2,
                                                             "earliest": 4000}
 
 

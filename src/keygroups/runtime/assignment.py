@@ -333,6 +333,11 @@ class HotKeyGroup:
         return {"key_group": self.key_group, "share": round(self.share, 6), "times_mean": round(self.times_mean, 4),
                 "suggested_max_parallelism": self.suggested_max_parallelism}
 
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> HotKeyGroup:
+        return cls(int(data["key_group"]), float(data["share"]), float(data["times_mean"]),
+                   None if data.get("suggested_max_parallelism") is None else int(data["suggested_max_parallelism"]))
+
 
 def hot_key_groups(load: npt.ArrayLike, parallelism: int, *, limit: int = 8) -> list[HotKeyGroup]:
     """The key groups (heaviest first, at most ``limit``) whose load alone exceeds the mean subtask load."""
@@ -378,10 +383,19 @@ class AssignmentDecision:
     def ranges(self) -> list[KeyGroupRange]:
         return ranges_of(self.boundaries)
 
+    def summary(self) -> str:
+        """The decision in a few words, for the batch's log line."""
+        before = "" if self.max_over_mean_before is None else f", {self.max_over_mean_before:.2f} before"
+        moved = f"; {self.moved_key_groups} key groups moved ({self.moved_bytes:,} B)" if self.moved else ""
+        hot = f"; hot key groups {[h.key_group for h in self.hot_key_groups]}" if self.hot_key_groups else ""
+        return (f"{self.assignment}: {self.reason}; load max/mean {self.max_over_mean:.2f}{before} (Flink's ranges "
+                f"{self.flink_max_over_mean:.2f}){moved}{hot}")
+
     def to_json(self) -> dict[str, Any]:
         """The decision as the checkpoint's ``properties[DECISION_PROPERTY]`` holds it (the boundaries themselves
         are ``properties[RANGES_PROPERTY]``)."""
         return {"assignment": self.assignment, "moved": self.moved, "reason": self.reason,
+                "previous": None if self.previous is None else list(self.previous),
                 "max_over_mean": round(self.max_over_mean, 4),
                 "max_over_mean_before": (None if self.max_over_mean_before is None
                                          else round(self.max_over_mean_before, 4)),
@@ -389,6 +403,22 @@ class AssignmentDecision:
                 "moved_key_groups": self.moved_key_groups, "moved_bytes": self.moved_bytes,
                 "restore_bytes": self.restore_bytes, "state_bytes": self.state_bytes,
                 "hot_key_groups": [h.to_json() for h in self.hot_key_groups]}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any], boundaries: Sequence[int]) -> AssignmentDecision:
+        """The decision a checkpoint stored (:meth:`to_json`), with its ``boundaries`` (its ranges property);
+        ``previous`` is None for a checkpoint written before it was stored. KeyError/TypeError/ValueError on a
+        malformed one."""
+        before = data.get("max_over_mean_before")
+        previous = data.get("previous")
+        return cls(assignment=str(data["assignment"]), boundaries=tuple(int(b) for b in boundaries),
+                   previous=None if previous is None else tuple(int(b) for b in previous), moved=bool(data["moved"]),
+                   reason=str(data["reason"]), max_over_mean=float(data["max_over_mean"]),
+                   max_over_mean_before=None if before is None else float(before),
+                   flink_max_over_mean=float(data["flink_max_over_mean"]),
+                   moved_key_groups=int(data.get("moved_key_groups", 0)), moved_bytes=int(data.get("moved_bytes", 0)),
+                   restore_bytes=int(data.get("restore_bytes", 0)), state_bytes=int(data.get("state_bytes", 0)),
+                   hot_key_groups=[HotKeyGroup.from_json(h) for h in data.get("hot_key_groups") or ()])
 
 
 def moved_figures(before: Sequence[int], after: Sequence[int], state_bytes: npt.ArrayLike

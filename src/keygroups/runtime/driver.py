@@ -119,6 +119,8 @@ class BatchPlan:
     assignment: AssignmentDecision | None = None
     #: Batches after which a key group's measured records count half (see :mod:`keygroups.runtime.assignment`).
     load_half_life: float = DEFAULT_HALF_LIFE
+    #: The Structured Streaming batch this is (None: not one); its checkpoint records it.
+    streaming: StreamingBatch | None = None
 
     def at_parallelism(self, parallelism: int, assignment: Assignment | None = None) -> BatchPlan:
         """This plan at another ``parallelism`` (a policy chose it once the batch's input was counted), with its
@@ -193,24 +195,145 @@ class BatchPlan:
         return sorted(set(range(self.parallelism)) - {r["subtask"] for r in reports})
 
 
-def _next_checkpoint_id(storage: CheckpointStorage, newest: int | None, checkpoint_id: int | None) -> int:
-    """The id of the coming checkpoint: ``checkpoint_id`` if given (checked), else one past ``newest``, the id of
-    the latest complete checkpoint (or of the savepoint restored from, if newer)."""
+#: ``properties`` key of the Structured Streaming batch a checkpoint committed (:meth:`StreamingBatch.to_json`).
+STREAMING_PROPERTY = "streaming_batch"
+
+
+@dataclass(frozen=True)
+class StreamingBatch:
+    """A Structured Streaming micro-batch as ``foreachBatch`` hands it over: Spark's ``batch_id`` and the id of the
+    query it belongs to (``query_id``; None where Spark does not say, as over Spark Connect).
+
+    Spark numbers a query's batches from 0 and replays the last one after a failure; a checkpoint location outlives
+    queries (a job continued from a savepoint, a query started again with a new Spark checkpoint). So a batch's
+    checkpoint id is Spark's batch id plus an offset fixed by the first batch of a query on the location: 0 when the
+    location has no checkpoint and no savepoint is restored (the checkpoint id is the batch id), else whatever puts
+    the query's first batch right after the newest checkpoint or restored savepoint. Every checkpoint records its
+    batch (``properties[STREAMING_PROPERTY]``), so the same query, restarted, finds its offset again: a replayed
+    batch maps to the checkpoint that committed it (and returns that checkpoint's output), the next one to the next
+    id. Where a query id is missing (on either side), a batch continues the query of the latest checkpoint when it
+    is that checkpoint's batch again (a replay) or the one after it."""
+
+    batch_id: int
+    query_id: str | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.batch_id, bool) or not isinstance(self.batch_id, int) or self.batch_id < 0:
+            raise ValueError(f"a streaming batch id must be an int >= 0, got {self.batch_id!r}")
+        if self.query_id is not None and (not isinstance(self.query_id, str) or not self.query_id):
+            raise ValueError(f"a streaming query id must be a non-empty str or None, got {self.query_id!r}")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"query": self.query_id, "batch_id": self.batch_id}
+
+    @classmethod
+    def committed_by(cls, metadata: CheckpointMetadata | None) -> StreamingBatch | None:
+        """The batch ``metadata`` committed (None: not a streaming batch's checkpoint, or one written before batches
+        were recorded)."""
+        if metadata is None:
+            return None
+        stored = metadata.properties.get(STREAMING_PROPERTY)
+        if not isinstance(stored, dict):
+            return None
+        try:
+            return cls(stored.get("batch_id"), stored.get("query"))   # type: ignore[arg-type]
+        except ValueError:
+            return None
+
+    def continues(self, committed: StreamingBatch) -> bool:
+        """Whether this batch belongs to the query that committed ``committed``: the same query id; where either
+        has none, the same batch again (a replay) or the next one."""
+        if self.query_id is not None and committed.query_id is not None:
+            return self.query_id == committed.query_id
+        return self.batch_id - committed.batch_id in (0, 1)
+
+    def describe(self) -> str:
+        query = f"query {self.query_id}" if self.query_id is not None else "a streaming query"
+        return f"batch {self.batch_id} of {query}"
+
+
+def _streaming_checkpoint_id(latest: CheckpointMetadata | None, restoring: CheckpointMetadata | None,
+                             batch: StreamingBatch, savepoint: str | None) -> int:
+    """The checkpoint id of streaming ``batch`` (see :class:`StreamingBatch`): ``latest`` is the latest complete
+    checkpoint, ``restoring`` the savepoint the batch restores (None: it restores ``latest``)."""
+    committed = StreamingBatch.committed_by(latest)
+    if latest is not None and committed is not None and batch.continues(committed):
+        return latest.checkpoint_id + batch.batch_id - committed.batch_id
+    if (latest is not None and committed is None and savepoint is None
+            and batch.batch_id == latest.checkpoint_id):
+        # written before batches were recorded, when the checkpoint id was the batch id: a replay of the last batch
+        return batch.batch_id
+    newest = max([c.checkpoint_id for c in (latest, restoring) if c is not None], default=None)
+    return batch.batch_id if newest is None else max(batch.batch_id, newest + 1)
+
+
+def check_key_columns(columns: Sequence[str]) -> tuple[str, ...]:
+    """``columns`` as a tuple if they name at least one column, each once; ValueError naming the repeated ones."""
+    columns = tuple(columns)
+    if not columns:
+        raise ValueError("key_columns must name at least one input column (several form a Flink tuple key), got none")
+    repeated = sorted({c for c in columns if columns.count(c) > 1})
+    if repeated:
+        raise ValueError(f"key_columns {list(columns)} name {', '.join(map(repr, repeated))} more than once; each "
+                         "key column is named once (several different columns form a Flink tuple key)")
+    return columns
+
+
+def check_output_schema(schema: pa.Schema) -> pa.Schema:
+    """``schema`` if it can be a job's output: at least one field, no two of one name (Spark compares column names
+    case-insensitively, so neither may two differ only in case); ValueError naming what is wrong otherwise."""
+    if not len(schema):
+        raise ValueError("output_schema has no fields; give the fields of the records the function returns, e.g. "
+                         "'k long, total long'")
+    seen: dict[str, str] = {}
+    for name in schema.names:
+        other = seen.setdefault(name.lower(), name)
+        if other != name or schema.names.count(name) > 1:
+            same = "twice" if other == name else f"as {other!r} and {name!r} (Spark compares names case-insensitively)"
+            raise ValueError(f"output_schema names field {name!r} {same}; each output field needs its own name. "
+                             f"The fields: {schema.names}")
+    return schema
+
+
+def _next_checkpoint_id(storage: CheckpointStorage, latest: CheckpointMetadata | None,
+                        restoring: CheckpointMetadata | None, savepoint: str | None, checkpoint_id: int | None,
+                        streaming: StreamingBatch | None) -> int:
+    """The id of the coming checkpoint: ``checkpoint_id`` if given (checked), the streaming batch's, else one past
+    the latest complete checkpoint (or the savepoint restored from, ``restoring``, if newer)."""
+    newest = max([c.checkpoint_id for c in (latest, restoring) if c is not None], default=None)
+    if streaming is not None:
+        checkpoint_id = _streaming_checkpoint_id(latest, restoring, streaming, savepoint)
     if checkpoint_id is None:
         return newest + 1 if newest is not None else 1
     if isinstance(checkpoint_id, bool) or not isinstance(checkpoint_id, int) or checkpoint_id < 0:
         raise ValueError(f"checkpoint_id must be an int >= 0, got {checkpoint_id!r}")
-    if newest is not None and checkpoint_id <= newest and checkpoint_id not in storage.checkpoint_ids():
+    if newest is None or checkpoint_id > newest:
+        return checkpoint_id
+    retained = storage.checkpoint_ids()
+    if checkpoint_id in retained:
+        return checkpoint_id
+    what = f"checkpoint {checkpoint_id}"
+    if streaming is not None:
+        committed = StreamingBatch.committed_by(latest)
+        last = f" ({committed.describe()})" if committed is not None else ""
+        what = f"{streaming.describe()} is checkpoint {checkpoint_id}, which"
+    else:
+        last = ""
+    if latest is not None and checkpoint_id <= latest.checkpoint_id:
         raise KeyGroupsError(
-            f"checkpoint {checkpoint_id} is older than the latest complete checkpoint {newest} "
-            f"and is no longer retained (retained: {storage.checkpoint_ids()}): it cannot be replayed"
-        )
-    return checkpoint_id
+            f"{what} is older than the latest complete checkpoint {latest.checkpoint_id}{last} and is no longer "
+            f"retained (retained: {retained}): it cannot be replayed")
+    assert restoring is not None and savepoint is not None
+    raise KeyGroupsError(
+        f"{what} does not follow savepoint {savepoint!r} (checkpoint {restoring.checkpoint_id}), which this batch "
+        f"restores: the checkpoints after a savepoint must have larger ids; give an id above "
+        f"{restoring.checkpoint_id}, or none to take the next one")
 
 
 def begin_batch(storage: CheckpointStorage, *, job_name: str, max_parallelism: int, parallelism: int,
                 checkpoint_id: int | None = None, fence: DriverFence | None = None,
-                savepoint: str | None = None, assignment: Assignment | None = None) -> BatchPlan:
+                savepoint: str | None = None, assignment: Assignment | None = None,
+                streaming: StreamingBatch | None = None) -> BatchPlan:
     """Plan the next micro-batch of job ``job_name`` at ``parallelism``.
 
     Without ``checkpoint_id`` the batch becomes the checkpoint after the latest complete one. With one (e.g. Spark's
@@ -226,8 +349,15 @@ def begin_batch(storage: CheckpointStorage, *, job_name: str, max_parallelism: i
 
     ``assignment`` chooses the key-group ranges of the batch's subtasks from the restore point's load figures
     (:mod:`keygroups.runtime.assignment`; default :class:`~keygroups.runtime.assignment.FlinkRanges`, Flink's
-    equal ranges); the plan's ``boundaries`` and ``assignment`` (the decision) say which and why."""
+    equal ranges); the plan's ``boundaries`` and ``assignment`` (the decision) say which and why.
+
+    ``streaming`` (instead of ``checkpoint_id``): the batch is Structured Streaming batch ``streaming`` and its
+    checkpoint id follows from it (see :class:`StreamingBatch`): idempotent as with an explicit id, and continuing a
+    location's checkpoints or a savepoint whatever id Spark's first batch has."""
     p, mp = check_parallelism(parallelism, max_parallelism)
+    if streaming is not None and checkpoint_id is not None:
+        raise ValueError("give checkpoint_id or streaming, not both: a streaming batch's checkpoint id follows from "
+                         "its batch id")
     if fence is not None:
         fence.check()
     storage.finish_interrupted_commit()   # a checkpoint claimed by a writer that died before publishing it
@@ -235,16 +365,21 @@ def begin_batch(storage: CheckpointStorage, *, job_name: str, max_parallelism: i
         return BatchPlan(storage, job_name, checkpoint_id, mp, p, previous=None, replay=storage.load(checkpoint_id),
                          fence=fence)
     latest = storage.latest()
-    previous = storage.load_savepoint(savepoint) if savepoint is not None else latest
+    restoring = storage.load_savepoint(savepoint) if savepoint is not None else None
+    cid = _next_checkpoint_id(storage, latest, restoring, savepoint, checkpoint_id, streaming)
+    if streaming is not None and latest is not None and cid <= latest.checkpoint_id:
+        return BatchPlan(storage, job_name, cid, mp, p, previous=None,
+                         replay=latest if cid == latest.checkpoint_id else storage.load(cid), fence=fence,
+                         streaming=streaming)
+    previous = restoring if restoring is not None else latest
     if previous is not None:
         check_restore_max_parallelism(previous, mp)
-    newest = max([c.checkpoint_id for c in (latest, previous) if c is not None], default=None)
     chooser = assignment if assignment is not None else FlinkRanges()
     decision = chooser.choose(previous, mp, p)
-    return BatchPlan(storage, job_name, _next_checkpoint_id(storage, newest, checkpoint_id), mp, p, previous,
+    return BatchPlan(storage, job_name, cid, mp, p, previous,
                      fence=fence, savepoint=savepoint, planned_from=None if latest is None else latest.checkpoint_id,
                      boundaries=decision.boundaries, assignment=decision,
-                     load_half_life=getattr(chooser, "half_life", DEFAULT_HALF_LIFE))
+                     load_half_life=getattr(chooser, "half_life", DEFAULT_HALF_LIFE), streaming=streaming)
 
 
 def _exactly_one_per_subtask(reports: Sequence[dict[str, Any]], parallelism: int, what: str,
@@ -267,7 +402,8 @@ def _exactly_one_per_subtask(reports: Sequence[dict[str, Any]], parallelism: int
 
 def timer_summary(reports: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Per time domain, over the subtasks' reports: timers queued (registered, plus deleted ones not yet dropped),
-    registered and fired this batch, and the earliest still registered (None: none)."""
+    registered and fired this batch, registered after it (``pending``: what the checkpoint holds), and the earliest
+    still registered (None: none)."""
     summary: dict[str, Any] = {}
     for domain in TimeDomain:
         parts = [r["timers"][domain.value] for r in reports if r.get("timers")]
@@ -276,6 +412,7 @@ def timer_summary(reports: Sequence[dict[str, Any]]) -> dict[str, Any]:
             "queued": sum(p.get("queued", 0) for p in parts),
             "registered": sum(p.get("registered", 0) for p in parts),
             "fired": sum(p.get("fired", 0) for p in parts),
+            "pending": sum(p.get("pending", 0) for p in parts),
             "earliest": min(earliest) if earliest else None,
         }
     return summary
@@ -340,6 +477,7 @@ def commit_batch(plan: BatchPlan, keyed_reports: Sequence[dict[str, Any]],
             LOADS_PROPERTY: merged_loads(plan.previous, keyed, plan.max_parallelism, boundaries,
                                          plan.load_half_life),
             **({DECISION_PROPERTY: plan.assignment.to_json()} if plan.assignment is not None else {}),
+            **({STREAMING_PROPERTY: plan.streaming.to_json()} if plan.streaming is not None else {}),
             "source_reports": [{k: v for k, v in r.items() if k != "operator_handle"} for r in sources],
         },
         outputs=[r["output_file"] for r in keyed],

@@ -18,6 +18,8 @@ from typing import Any
 from keygroups._ranges import key_group_range
 from keygroups.checkpoint import CheckpointMetadata
 from keygroups.checkpoint.planning import chain_stats
+from keygroups.errors import CorruptSnapshotError
+from keygroups.runtime.assignment import DECISION_PROPERTY, AssignmentDecision, checkpoint_boundaries
 from keygroups.state.timers import NO_WATERMARK
 
 #: The phases a batch's time is reported in, in the order they run.
@@ -70,10 +72,12 @@ class BatchReport:
     #: Bytes of state files this checkpoint wrote itself (keyed and raw keyed; an incremental checkpoint writes only
     #: what changed).
     bytes_written: int
-    #: Timers registered and fired in this batch, and still registered after it (every time domain).
+    #: Timers registered and fired in this batch (every time domain).
     timers_registered: int
     timers_fired: int
-    timers_pending: int
+    #: Timers registered after the batch, every time domain: exactly those the checkpoint holds (None for a
+    #: checkpoint written before keygroups counted them).
+    timers_pending: int | None
     #: Entries of keyed state after the batch, the timers' own state included: an estimate where restored blocks
     #: are not merged yet (heap) and RocksDB's own estimate; a heap map state counts once per key; None when a
     #: backend gives none.
@@ -81,6 +85,10 @@ class BatchReport:
     #: Bytes a full restore of the checkpoint reads (every key group's chain: its full block and deltas).
     state_bytes: int
     seconds: PhaseSeconds
+    #: The key-group ranges the batch ran with and why (see :class:`~keygroups.runtime.AssignmentDecision`: the
+    #: assignment, whether the ranges moved, the load's max/mean under them, before, and under Flink's ranges, the
+    #: key groups and bytes that changed owner); None for a checkpoint written before decisions were stored.
+    assignment: AssignmentDecision | None = None
 
     @property
     def total_seconds(self) -> float:
@@ -110,9 +118,11 @@ class BatchReport:
         return (f"checkpoint {self.checkpoint_id}{' (replayed)' if self.replayed else ''}: {self.records_in:,} in"
                 f"{late}, {self.records_out:,} out{watermark}; p={self.parallelism} ({self.parallelism_reason}); "
                 f"key groups {restored}; {self.bytes_restored:,} B restored, {self.bytes_written:,} B written; timers "
-                f"+{self.timers_registered} fired {self.timers_fired} pending {self.timers_pending}; state "
+                f"+{self.timers_registered} fired {self.timers_fired} pending "
+                f"{'?' if self.timers_pending is None else self.timers_pending}; state "
                 f"{'?' if self.state_entries is None else f'{self.state_entries:,}'} entries "
-                f"{self.state_bytes:,} B; {self.total_seconds:.2f}s ({phases})")
+                f"{self.state_bytes:,} B; {self.total_seconds:.2f}s ({phases})"
+                f"{'' if self.assignment is None else '; ranges ' + self.assignment.summary()}")
 
     @classmethod
     def from_checkpoint(cls, metadata: CheckpointMetadata, *, replayed: bool = False,
@@ -159,7 +169,8 @@ class BatchReport:
             bytes_written=sum(int(r.get("snapshot_bytes", 0)) + int(r.get("raw_keyed_bytes", 0)) for r in reports),
             timers_registered=sum(int(t.get("registered", 0)) for t in timers.values()),
             timers_fired=sum(int(t.get("fired", 0)) for t in timers.values()),
-            timers_pending=sum(int(t.get("queued", 0)) for t in timers.values()),
+            timers_pending=(sum(int(t["pending"]) for t in timers.values())
+                            if timers and all("pending" in t for t in timers.values()) else None),
             state_entries=sum(known) if entries and len(known) == len(entries) else None,
             state_bytes=_state_bytes(metadata),
             seconds=PhaseSeconds(
@@ -169,6 +180,7 @@ class BatchReport:
                 snapshot=_slowest(reports, "snapshot"),
                 commit=float(driver.get("commit", 0.0)) if commit_seconds is None else commit_seconds,
             ),
+            assignment=_decision(metadata),
         )
 
 
@@ -180,6 +192,17 @@ def format_time(ms: int | None) -> str:
         return datetime.datetime.fromtimestamp(ms / 1000, datetime.UTC).isoformat(timespec="milliseconds")
     except (OverflowError, OSError, ValueError):
         return f"{ms} ms (outside the calendar)"
+
+
+def _decision(metadata: CheckpointMetadata) -> AssignmentDecision | None:
+    stored = metadata.properties.get(DECISION_PROPERTY)
+    if not isinstance(stored, dict):
+        return None
+    try:
+        return AssignmentDecision.from_json(stored, checkpoint_boundaries(metadata))
+    except (KeyError, TypeError, ValueError) as e:
+        raise CorruptSnapshotError(f"checkpoint {metadata.checkpoint_id}: properties[{DECISION_PROPERTY!r}] is "
+                                   f"not an assignment decision: {e}") from None
 
 
 def _watermark(value: Any) -> int | None:

@@ -56,7 +56,15 @@ from keygroups._ranges import check_max_parallelism, check_parallelism
 from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage
 from keygroups.errors import CheckpointNotFoundError, ReplayMismatchError
 from keygroups.runtime.assignment import DECISION_PROPERTY, Assignment, resolve_assignment
-from keygroups.runtime.driver import BatchPlan, DriverFence, begin_batch, commit_batch
+from keygroups.runtime.driver import (
+    BatchPlan,
+    DriverFence,
+    StreamingBatch,
+    begin_batch,
+    check_key_columns,
+    check_output_schema,
+    commit_batch,
+)
 from keygroups.runtime.functions import KeyedProcessFunction
 from keygroups.runtime.report import BatchReport, format_time
 from keygroups.runtime.scaling import HISTORY, BatchFigures, ParallelismPolicy
@@ -70,6 +78,7 @@ from keygroups.runtime.subtask import (
     unused_name,
 )
 from keygroups.runtime.watermarks import WatermarkStrategy, check_late_records
+from keygroups.serializers.schema_formats import parse_ddl, to_arrow
 from keygroups.spark.partitioner import partition_by_key_group
 from keygroups.state.timers import NO_WATERMARK
 
@@ -338,19 +347,17 @@ class KeyedJob:
         if not isinstance(name, str) or not name:
             raise ValueError(f"name must be a non-empty string (the job's name in its checkpoints), got {name!r}")
         self.name = name
-        self.key_columns = _column_names("key_columns", key_columns)
-        if not self.key_columns:
-            raise ValueError("key_columns must name at least one input column (several form a Flink tuple key), "
-                             "got none")
+        self.key_columns = check_key_columns(_column_names("key_columns", key_columns))
         self.max_parallelism = check_max_parallelism(max_parallelism)
         # A DDL string needs a Spark session to parse: without one it is parsed at the first batch, so that a job
         # can be built before the session exists.
         self._output_schema: pa.Schema | None = None
         self._output_ddl: str | None = None
         if isinstance(output_schema, str) and SparkSession.getActiveSession() is None:
+            _check_ddl_without_spark(output_schema)
             self._output_ddl = output_schema
         else:
-            self._output_schema = _arrow_schema(output_schema)
+            self._output_schema = check_output_schema(_arrow_schema(output_schema))
         self._function = _pickle_function(function)
         self._declared_output = getattr(function, "output_schema", None)
         if self._output_schema is not None:
@@ -398,7 +405,7 @@ class KeyedJob:
         at the first batch)."""
         if self._output_schema is None:
             assert self._output_ddl is not None
-            self._output_schema = _arrow_schema(self._output_ddl)
+            self._output_schema = check_output_schema(_arrow_schema(self._output_ddl))
             _check_declared_output(self._declared_output, self._output_schema)
         return self._output_schema
 
@@ -447,7 +454,8 @@ class KeyedJob:
 
     # ---- one micro-batch ----------------------------------------------------------------------------------------
 
-    def _begin(self, parallelism: int, checkpoint_id: int | None = None) -> BatchPlan:
+    def _begin(self, parallelism: int, checkpoint_id: int | None = None,
+               streaming: StreamingBatch | None = None) -> BatchPlan:
         """Plan a batch as this job's driver: the first batch claims the location (fencing any earlier driver of
         it); a later driver's claim fences this one (DriverFencedError, nothing committed)."""
         if self._fence is None:
@@ -459,7 +467,7 @@ class KeyedJob:
             savepoint = None if lineage == self.restore_from_savepoint else self.restore_from_savepoint
         return begin_batch(self.storage, job_name=self.name, max_parallelism=self.max_parallelism,
                            parallelism=parallelism, checkpoint_id=checkpoint_id, fence=self._fence,
-                           savepoint=savepoint, assignment=self.assignment)
+                           savepoint=savepoint, assignment=self.assignment, streaming=streaming)
 
     def savepoint(self, name: str) -> str:
         """Take a savepoint of the latest complete checkpoint, between batches: a self-contained full snapshot in
@@ -554,12 +562,14 @@ class KeyedJob:
         return self._run(df, parallelism, checkpoint_id, properties, ())
 
     def _run(self, df: DataFrame, parallelism: int | ParallelismPolicy, checkpoint_id: int | None,
-             properties: dict[str, Any] | None, history: Sequence[BatchFigures]) -> BatchResult:
+             properties: dict[str, Any] | None, history: Sequence[BatchFigures],
+             streaming: StreamingBatch | None = None) -> BatchResult:
         started = time.perf_counter()
         policy = _checked_parallelism(parallelism, self.max_parallelism)
         self.output_schema   # noqa: B018  # a DDL string given without a session is parsed (and checked) now
         self._check_input(df)
-        plan = self._begin(1 if policy is not None else int(parallelism), checkpoint_id)  # type: ignore[arg-type]
+        plan = self._begin(1 if policy is not None else int(parallelism), checkpoint_id,  # type: ignore[arg-type]
+                           streaming)
         input_schema = _input_arrow_schema(df)
         if plan.replay is not None:
             _check_replay(plan.replay, df)
@@ -656,9 +666,17 @@ class KeyedJob:
 
     def foreach_batch(self, sink: Callable[..., None] | None = None, *,
                       parallelism: int | ParallelismPolicy) -> Callable[[DataFrame, int], None]:
-        """A function for ``stream.writeStream.foreachBatch(...)``: each micro-batch runs through this job with
-        Spark's batch id as the checkpoint id, so a batch Spark replays is not applied twice; ``sink`` then gets the
-        batch's committed output (the same output again on a replay, for idempotent sinks).
+        """A function for ``stream.writeStream.foreachBatch(...)``: each micro-batch runs through this job as one
+        checkpoint whose id follows from Spark's batch id, so a batch Spark replays is not applied twice; ``sink``
+        then gets the batch's committed output (the same output again on a replay, for idempotent sinks).
+
+        On a location without checkpoints the checkpoint id is Spark's batch id. A query that starts on a location
+        that has some (a new query, e.g. with a new Spark checkpoint), or that continues a savepoint
+        (``restore_from_savepoint``: one written by ``keygroups flink import`` or ``write_savepoint`` included),
+        numbers its checkpoints on from the newest, whatever its first batch id; each checkpoint records its query
+        and batch, so a restarted query finds where it was (see :class:`~keygroups.runtime.driver.StreamingBatch`).
+        Over Spark Connect, where a ``foreachBatch`` function is not told its query's id, a batch continues the
+        latest checkpoint's query when it is that checkpoint's batch again (a replay) or the next one.
 
         ``sink`` is called as Spark calls a foreachBatch function, ``sink(output, batch_id)``; a sink that takes a
         third positional parameter gets the batch's :class:`BatchResult` too, ``sink(output, batch_id, result)``
@@ -680,7 +698,8 @@ class KeyedJob:
         history: list[BatchFigures] = []
 
         def run(df: DataFrame, batch_id: int) -> None:
-            result = self._run(df, parallelism, int(batch_id), None, history)
+            result = self._run(df, parallelism, None, None, history,
+                               StreamingBatch(int(batch_id), _streaming_query_id(df)))
             if not result.replayed:
                 decision = result.metadata.properties.get(DECISION_PROPERTY) or {}
                 history.append(BatchFigures(result.checkpoint_id, result.parallelism, result.records_in,
@@ -707,6 +726,18 @@ def _column_names(argument: str, names: Any) -> tuple[str, ...]:
         raise TypeError(f"{argument} must be a column name or a list of column names (non-empty strings), got "
                         f"{names!r}")
     return out
+
+
+def _check_ddl_without_spark(ddl: str) -> None:
+    """Refuse now what Spark's DDL parser will give at the first batch but a job cannot output (no fields, one name
+    twice), read with keygroups' own DDL parser; anything that parser cannot read is left to Spark's."""
+    try:
+        schema = pa.schema(list(to_arrow(parse_ddl(ddl)))) if ddl.strip() else pa.schema([])
+    except ValueError as e:
+        if "more than once" in str(e):
+            raise ValueError(f"output_schema {ddl!r}: {e}; each output field needs its own name") from None
+        return   # Spark's parser decides at the first batch, and says why
+    check_output_schema(schema)
 
 
 def _check_declared_output(declared: Any, schema: pa.Schema) -> None:
@@ -809,6 +840,16 @@ def _check_replay(replayed: CheckpointMetadata, df: DataFrame) -> None:
             f"{given['records']} records with digest {given['xxhash64_sum']}: a batch id may only be replayed with "
             "the same records (as Spark replays a foreachBatch id). Nothing was processed; give new input a new "
             "checkpoint id, or none to take the next one")
+
+
+def _streaming_query_id(df: DataFrame) -> str | None:
+    """The id of the streaming query whose micro-batch ``df`` is: Spark sets it as a local property of the thread
+    that calls a ``foreachBatch`` function. None where there is no SparkContext to ask (Spark Connect)."""
+    try:
+        query = df.sparkSession.sparkContext.getLocalProperty("sql.streaming.queryId")
+    except Exception:   # noqa: BLE001  # Spark Connect: no SparkContext
+        return None
+    return query or None
 
 
 def _idle_report(spec: KeyedTaskSpec, index: int) -> str:

@@ -89,10 +89,10 @@ class QueueToken:
 class DomainTimers:
     """One time domain's timers of a subtask: the hidden state (the truth) and the priority queue over it."""
 
-    __slots__ = ("backend", "state", "queue", "sequence", "registered", "fired")
+    __slots__ = ("backend", "state", "queue", "sequence", "registered", "fired", "pending")
 
     def __init__(self, backend: Any, domain: TimeDomain, queue: list[tuple[int, int, int, Any]],
-                 sequence: Iterator[int]) -> None:
+                 sequence: Iterator[int], pending: int = 0) -> None:
         self.backend = backend
         self.state = backend.get_state(timer_descriptor(domain))
         self.queue = queue
@@ -100,6 +100,8 @@ class DomainTimers:
         #: Timers registered and fired since this object was made (this batch).
         self.registered = 0
         self.fired = 0
+        #: Timers registered now (the state's entries; the queue may also hold entries of deleted ones).
+        self.pending = pending
 
     def register(self, timestamp: int) -> None:
         """A timer of the backend's current key at ``timestamp`` (ms); registering it again changes nothing."""
@@ -110,12 +112,14 @@ class DomainTimers:
         b = self.backend
         heapq.heappush(self.queue, (timestamp, b.current_key_group, next(self.sequence), b.current_key))
         self.registered += 1
+        self.pending += 1
 
     def delete(self, timestamp: int) -> None:
         """Remove the current key's timer at ``timestamp`` (nothing if there is none), as Flink's delete*Timer."""
         state = self.state
         if state.contains(timestamp):
             state.remove(timestamp)
+            self.pending -= 1
 
     def timestamps(self) -> list[int]:
         """The current key's timers, earliest first."""
@@ -156,6 +160,7 @@ class DomainTimers:
                     continue  # deleted, or a duplicate entry of one already fired
                 state.remove(timestamp)
                 self.fired += 1
+                self.pending -= 1
                 yield timestamp, key
 
 
@@ -171,9 +176,11 @@ class TimerQueues:
         sequence = reuse.sequence if reuse is not None else itertools.count()
         self.sequence = sequence
         self.event_time = DomainTimers(backend, TimeDomain.EVENT_TIME,
-                                       reuse.event_time.queue if reuse is not None else [], sequence)
+                                       reuse.event_time.queue if reuse is not None else [], sequence,
+                                       reuse.event_time.pending if reuse is not None else 0)
         self.processing_time = DomainTimers(backend, TimeDomain.PROCESSING_TIME,
-                                            reuse.processing_time.queue if reuse is not None else [], sequence)
+                                            reuse.processing_time.queue if reuse is not None else [], sequence,
+                                            reuse.processing_time.pending if reuse is not None else 0)
         self.rebuilt = reuse is None
         if reuse is None:
             for domain in TimeDomain:
@@ -184,15 +191,17 @@ class TimerQueues:
         for group, key, timestamps in self.backend.map_keys(state_name):
             queue.extend((timestamp, group, next(sequence), key) for timestamp in timestamps)
         heapq.heapify(queue)
+        timers.pending = len(queue)   # read from the state: one entry per registered timer
 
     def of(self, domain: TimeDomain) -> DomainTimers:
         """The timers of ``domain``."""
         return self.event_time if domain is TimeDomain.EVENT_TIME else self.processing_time
 
     def report(self) -> dict[str, Any]:
-        """Per domain: timers registered and fired this batch, queue entries, the earliest timer, and whether the
-        queues were rebuilt from state (not kept from the previous batch)."""
-        return {d.value: {"registered": t.registered, "fired": t.fired, "queued": len(t.queue),
+        """Per domain: timers registered and fired this batch, registered now (``pending``), queue entries (deleted
+        timers' entries stay until they come up), the earliest timer, and whether the queues were rebuilt from
+        state (not kept from the previous batch)."""
+        return {d.value: {"registered": t.registered, "fired": t.fired, "pending": t.pending, "queued": len(t.queue),
                           "earliest": t.earliest(), "rebuilt": self.rebuilt}
                 for d, t in ((d, self.of(d)) for d in TimeDomain)}
 

@@ -45,7 +45,8 @@ from keygroups._ranges import (
 from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage
 from keygroups.checkpoint.planning import check_restore_max_parallelism
 from keygroups.errors import KeyGroupsError
-from keygroups.runtime.driver import BatchPlan, begin_batch, commit_batch
+from keygroups.runtime.assignment import Assignment, resolve_assignment
+from keygroups.runtime.driver import BatchPlan, begin_batch, check_key_columns, check_output_schema, commit_batch
 from keygroups.runtime.functions import KeyedProcessFunction, RuntimeContext
 from keygroups.runtime.report import BatchReport
 from keygroups.runtime.state_reader import StateNotFoundError, keyed_state_metas, read_timers
@@ -246,7 +247,9 @@ class KeyedFunctionHarness:
     ``max_parallelism`` (128 here by default), ``backend`` (``"heap"`` or ``"rocksdb"``), ``order_by``,
     ``timestamp_column``, ``watermark_strategy``, ``late_records``, ``allow_pickle``, ``warm_heap_backends``; and
     ``parallelism``, which a job takes per batch and the harness keeps (change it with :meth:`snapshot` and
-    :meth:`restore`). ``input_schema`` fixes the input's columns (a schema as ``output_schema`` takes it; by default
+    :meth:`restore`); ``assignment`` (``"flink"``, ``"balanced"`` or an assignment object such as
+    ``BalancedRanges(...)``) chooses each batch's key-group ranges as a job's does, from the load the earlier batches
+    measured. ``input_schema`` fixes the input's columns (a schema as ``output_schema`` takes it; by default
     the first batch's, inferred from its records); ``processing_time`` is where the processing-time clock starts
     (epoch ms). ``name`` is the job's name in the checkpoints. ``directory`` is where the harness makes its own
     temporary directory (checkpoints, RocksDB's local state): by default ``/dev/shm`` where the host has one
@@ -268,17 +271,19 @@ class KeyedFunctionHarness:
                  backend: str = "heap", order_by: Sequence[str] = (), timestamp_column: str | None = None,
                  watermark_strategy: WatermarkStrategy | None = None, late_records: str = "drop",
                  processing_time: int = 0, allow_pickle: bool = False, warm_heap_backends: int = 4,
-                 name: str = "harness", directory: str | os.PathLike[str] | None = None) -> None:
+                 name: str = "harness", directory: str | os.PathLike[str] | None = None,
+                 assignment: str | Assignment = "flink") -> None:
         if not isinstance(function, KeyedProcessFunction):
             raise TypeError(f"function must be a KeyedProcessFunction instance, got {type(function).__name__}")
         self.key_columns = (key_columns,) if isinstance(key_columns, str) else tuple(key_columns)
         if not self.key_columns or not all(isinstance(c, str) for c in self.key_columns):
             raise ValueError(f"key_columns must name one or more input columns, got {key_columns!r}")
+        check_key_columns(self.key_columns)
         if isinstance(order_by, str):
             raise TypeError(f"order_by takes a sequence of column names, got the string {order_by!r}; write "
                             f"order_by=[{order_by!r}]")
         self.order_by = tuple(order_by)
-        self.output_schema = arrow_schema(output_schema)
+        self.output_schema = check_output_schema(arrow_schema(output_schema))
         self.parallelism, self.max_parallelism = check_parallelism(parallelism, max_parallelism)
         if backend not in ("heap", "rocksdb"):
             raise ValueError(f"unknown state backend {backend!r}; allowed: 'heap', 'rocksdb'")
@@ -293,6 +298,7 @@ class KeyedFunctionHarness:
         self.late_records = check_late_records(late_records)
         self.allow_pickle = allow_pickle
         self.warm_heap_backends = check_warm_heap_backends(warm_heap_backends)
+        self.assignment = resolve_assignment(assignment)
         self.name = name
         self.function = function
         self._pickled, self._referenced = pickle_in_process(function)
@@ -398,7 +404,7 @@ class KeyedFunctionHarness:
 
     def _plan(self) -> BatchPlan:
         plan = begin_batch(self.storage, job_name=self.name, max_parallelism=self.max_parallelism,
-                           parallelism=self.parallelism, savepoint=self._savepoint)
+                           parallelism=self.parallelism, savepoint=self._savepoint, assignment=self.assignment)
         return dataclasses.replace(plan, processing_time=self._processing_time)
 
     def _run(self, table: pa.Table | None, *, advance_to: int | None) -> HarnessBatch:
@@ -604,7 +610,8 @@ class KeyedFunctionHarness:
             backend=self.backend if backend is None else backend, order_by=self.order_by,
             timestamp_column=self.timestamp_column, watermark_strategy=self.watermark_strategy,
             late_records=self.late_records, processing_time=snapshot.processing_time,
-            allow_pickle=self.allow_pickle, warm_heap_backends=self.warm_heap_backends, name=self.name)
+            allow_pickle=self.allow_pickle, warm_heap_backends=self.warm_heap_backends, name=self.name,
+            assignment=self.assignment)
         target = os.path.join(restored.storage.location, "savepoints", snapshot.name)
         shutil.copytree(snapshot.path, target, copy_function=_link_or_copy)
         restored._savepoint = snapshot.name
