@@ -16,9 +16,11 @@ from keygroups.checkpoint import CheckpointStorage
 from keygroups.errors import StateMigrationError
 from keygroups.runtime import KeyedProcessFunction, begin_batch, commit_batch
 from keygroups.runtime.report import BatchReport, PhaseSeconds, format_time
-from keygroups.runtime.subtask import check_restored_states, run_keyed_subtask
+from keygroups.runtime.driver import check_restored_states
+from keygroups.runtime.subtask import run_keyed_subtask
 from keygroups.serializers import Int32Serializer, Int64Serializer
 from keygroups.state import ValueStateDescriptor
+from keygroups.state.timers import TimeDomain
 
 MAX_PARALLELISM = 16
 OUTPUT = pa.schema([("k", pa.int64()), ("n", pa.int64())])
@@ -52,7 +54,7 @@ def _batch(location, parallelism, keys, stamps, *, watermark=None, function=None
     reports = [run_keyed_subtask(spec, i, table.filter(pa.array(owners == i)).to_batches())
                for i in sorted(set(owners.tolist()))]
     reports += [run_keyed_subtask(spec, i, []) for i in plan.idle_subtasks(reports)]
-    return commit_batch(plan, reports, properties={"start_watermark": plan.start_watermark}, watermark=watermark)
+    return commit_batch(plan, reports, watermark=watermark)
 
 
 def test_report_of_two_batches(tmp_path):
@@ -163,7 +165,7 @@ def test_timers_pending_are_the_timers_the_checkpoint_holds(tmp_path):
     """``timers_pending`` counts registered timers, not queue entries: deleted timers' entries stay queued in a
     warm backend, and once overstated the figure (1,626 for a checkpoint of 597)."""
     from keygroups.runtime.state_reader import read_timers
-    from keygroups.runtime.subtask import HeapBackendRegistry
+    from keygroups.runtime.subtask_state import HeapBackendRegistry
     from keygroups.state.timers import TimerQueueRegistry
 
     location = str(tmp_path / "chk")
@@ -177,9 +179,9 @@ def test_timers_pending_are_the_timers_the_checkpoint_holds(tmp_path):
                           "t": pa.array([10_000 * batch + i for i in range(len(keys))], pa.int64())})
         spec = plan.keyed_task(key_columns=("k",), function=pickle.dumps(MovesItsTimer()), input_schema=table.schema,
                                output_schema=OUTPUT, timestamp_column="t", watermark=10_000 * batch + 30)
-        report = run_keyed_subtask(spec, 0, table.to_batches(), kept=kept, kept_timers=kept_timers)
+        report = run_keyed_subtask(spec, 0, table.to_batches(), warm=kept, warm_timers=kept_timers)
         metadata = commit_batch(plan, [report], watermark=10_000 * batch + 30)
-        assert report["timers"]["event-time"]["queued"] > 30   # stale entries of the moved timers
+        assert report.timers[TimeDomain.EVENT_TIME].queued > 30   # stale entries of the moved timers
         got = BatchReport.from_checkpoint(metadata)
         pending.append(got.timers_pending)
         assert got.timers_pending == read_timers(storage, metadata).num_rows

@@ -123,7 +123,7 @@ def verify(storage: CheckpointStorage, max_parallelism: int, expected: shop.Even
     """Mismatches between what the job committed and emitted and the reference (empty when all is equal): every
     user's state and registered timers, the orders, each abandoned cart and the batch it came out in, the number of
     late events."""
-    from keygroups.runtime.subtask import create_backend
+    from keygroups.runtime.backends import create_backend
 
     problems = []
     backend = create_backend("heap", key_group_range(max_parallelism, 1, 0), max_parallelism, "string")

@@ -48,6 +48,7 @@ from __future__ import annotations
 import base64
 import binascii
 import math
+import weakref
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -197,22 +198,41 @@ def _stored_counts(metadata: CheckpointMetadata) -> _Counts:
     return records, calls, decode_counts(stored.get("timers"), mp, f"{what}['timers']")
 
 
+#: key_group_state_bytes's figures, per metadata object (dropped with it).
+_STATE_BYTES: dict[int, npt.NDArray[np.float64]] = {}
+
+
+def key_group_state_bytes(metadata: CheckpointMetadata) -> npt.NDArray[np.float64]:
+    """Bytes of each key group's chain (its newest full block and the deltas after it) in ``metadata``, from its
+    keyed handles alone (no file is read). Worked out once per metadata object: the batch that commits a checkpoint
+    reports it, and the next batch plans its ranges from it."""
+    key = id(metadata)
+    cached = _STATE_BYTES.get(key)
+    if cached is not None:
+        return cached
+    mp = metadata.max_parallelism
+    state = np.zeros(mp, dtype=np.float64)
+    if metadata.keyed_handles:
+        for kg, chain in chain_stats(metadata, KeyGroupRange(0, mp - 1)).items():
+            state[kg] = chain.full_bytes + chain.delta_bytes
+    state.setflags(write=False)
+    _STATE_BYTES[key] = state
+    weakref.finalize(metadata, _STATE_BYTES.pop, key, None)
+    return state
+
+
 def checkpoint_loads(metadata: CheckpointMetadata) -> KeyGroupLoads:
     """The load figures of ``metadata``: records, calls and timers from its properties (zeros when it has none),
     state bytes from its keyed handles (no file is read)."""
-    mp = metadata.max_parallelism
-    state = np.zeros(mp, dtype=np.float64)
-    for kg, chain in chain_stats(metadata, KeyGroupRange(0, mp - 1)).items():
-        state[kg] = chain.full_bytes + chain.delta_bytes
     records, calls, timers = _stored_counts(metadata)
-    return KeyGroupLoads(mp, records, calls, timers, state)
+    return KeyGroupLoads(metadata.max_parallelism, records, calls, timers, key_group_state_bytes(metadata))
 
 
-def merged_loads(previous: CheckpointMetadata | None, reports: Sequence[dict[str, Any]], max_parallelism: int,
+def merged_loads(previous: CheckpointMetadata | None, reports: Sequence[Any], max_parallelism: int,
                  boundaries: tuple[int, ...], half_life: float) -> dict[str, Any]:
     """The ``properties[LOADS_PROPERTY]`` of a new checkpoint: the restored checkpoint's records, calls and timers
-    (re-keyed to ``max_parallelism`` if it changed), decayed by one batch, plus what the subtasks' reports counted
-    over their ranges (``boundaries``)."""
+    (re-keyed to ``max_parallelism`` if it changed), decayed by one batch, plus what the subtasks' reports
+    (:class:`~keygroups.runtime.report.SubtaskReport`) counted over their ranges (``boundaries``)."""
     decay = 0.5 ** (1.0 / half_life)
     figures = [np.zeros(max_parallelism) for _ in _STORED]
     if previous is not None:
@@ -222,10 +242,11 @@ def merged_loads(previous: CheckpointMetadata | None, reports: Sequence[dict[str
         for target, value in zip(figures, (old.records, old.calls, old.timers)):
             target += decay * value
     for r in reports:
-        own = KeyGroupRange(boundaries[r["subtask"]], boundaries[r["subtask"] + 1] - 1)
+        own = KeyGroupRange(boundaries[r.subtask], boundaries[r.subtask + 1] - 1)
         for (_, key), target in zip(_STORED, figures):
-            if r.get(key) is not None:
-                target[own.start:own.end + 1] += decode_counts(r[key], len(own), f"subtask {r['subtask']}'s {key}")
+            counts = getattr(r, key)
+            if counts is not None:
+                target[own.start:own.end + 1] += decode_counts(counts, len(own), f"subtask {r.subtask}'s {key}")
     return {**{name: encode_counts(v) for (name, _), v in zip(_STORED, figures)}, "half_life": half_life}
 
 

@@ -22,12 +22,14 @@ import heapq
 import itertools
 from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from keygroups.checkpoint import CheckpointMetadata
 from keygroups.serializers import BoolSerializer, Int64Serializer
 from keygroups.state.descriptors import MapStateDescriptor
-from keygroups.state.kept import KeptRegistry
+
+if TYPE_CHECKING:
+    from keygroups.state.warm import WarmRegistry
 
 
 class TimeDomain(enum.Enum):
@@ -197,24 +199,41 @@ class TimerQueues:
         """The timers of ``domain``."""
         return self.event_time if domain is TimeDomain.EVENT_TIME else self.processing_time
 
-    def report(self) -> dict[str, Any]:
-        """Per domain: timers registered and fired this batch, registered now (``pending``), queue entries (deleted
-        timers' entries stay until they come up), the earliest timer, and whether the queues were rebuilt from
-        state (not kept from the previous batch)."""
-        return {d.value: {"registered": t.registered, "fired": t.fired, "pending": t.pending, "queued": len(t.queue),
-                          "earliest": t.earliest(), "rebuilt": self.rebuilt}
-                for d, t in ((d, self.of(d)) for d in TimeDomain)}
 
+class TimerQueueRegistry:
+    """Timer queues kept warm in this worker process after their batch, with the token of the snapshot they
+    reflect, for the next batch of the same subtask to reuse when it restores exactly that snapshot. Bounded as the
+    heap backend registry (a :class:`~keygroups.state.warm.WarmRegistry`: least recently kept dropped first); taking
+    removes the entry, so two tasks never share one."""
 
-class TimerQueueRegistry(KeptRegistry[tuple[QueueToken, TimerQueues]]):
-    """Timer queues kept in this worker process after their batch, with the token of the snapshot they reflect, for
-    the next batch of the same subtask to reuse when it restores exactly that snapshot. Bounded as the heap backend
-    registry (least recently kept dropped first); taking removes the entry, so two tasks never share one."""
+    def __init__(self) -> None:
+        self._made: WarmRegistry[tuple[QueueToken, TimerQueues]] | None = None
+
+    @property
+    def _registry(self) -> WarmRegistry[tuple[QueueToken, TimerQueues]]:
+        if self._made is None:   # made when first used: warm imports the backends' base, which imports this module
+            from keygroups.state.warm import WarmRegistry
+
+            self._made = WarmRegistry()
+        return self._made
+
+    def keep(self, key: Hashable, value: tuple[QueueToken, TimerQueues], limit: int) -> None:
+        """Keep ``value`` under ``key``, dropping the least recently kept beyond ``limit`` (0 keeps nothing)."""
+        self._registry.keep(key, value, limit)
+
+    def keys(self) -> list[Hashable]:
+        return list(self._registry.keys())
+
+    def clear(self) -> None:
+        self._registry.clear()
+
+    def __len__(self) -> int:
+        return len(self._registry)
 
     def take_matching(self, key: Hashable, metadata: CheckpointMetadata | None,
                       key_group_range: Any) -> TimerQueues | None:
         """The queues kept under ``key`` if they reflect exactly ``metadata``'s state of ``key_group_range``."""
-        kept = self.take(key)
+        kept = self._registry.take(key)
         if kept is None or metadata is None:
             return None
         token, queues = kept
