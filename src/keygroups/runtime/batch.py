@@ -181,7 +181,8 @@ class BatchExecutor(Protocol):
         ...
 
     def spark_seconds(self) -> float | None:
-        """Spark's own time for this batch's jobs so far (None: not known)."""
+        """Spark's own time for this batch's jobs (None: not known); may be asked after the batch, once the
+        executor is closed."""
         ...
 
 
@@ -196,10 +197,17 @@ class CommittedBatch:
     replayed: bool = False
     plan: BatchPlan | None = None
     source_reports: tuple[SourceReport, ...] = ()
+    #: Spark's own time for the batch's jobs, asked of the executor when wanted (a few calls into Spark's status
+    #: store: not paid by a batch whose report's ``spark_seconds`` nobody reads).
+    spark_time: Callable[[], float | None] = field(default=lambda: None, repr=False, compare=False)
 
     @property
     def checkpoint_id(self) -> int:
         return self.metadata.checkpoint_id
+
+    def full_report(self) -> BatchReport:
+        """:attr:`report` with ``spark_seconds`` filled in."""
+        return dataclasses.replace(self.report, spark_seconds=self.spark_time())
 
 
 @dataclass(frozen=True)
@@ -352,7 +360,6 @@ class JobDriver:
                 raise
             committed = time.perf_counter()
             self._committed(plan, metadata)
-            spark = executor.spark_seconds()
         watermark_after = plan.start_watermark if watermark is None else max(plan.start_watermark, watermark)
         report = BatchReport.of(
             checkpoint_id=metadata.checkpoint_id, job=options.name, replayed=False, parallelism=plan.parallelism,
@@ -362,10 +369,9 @@ class JobDriver:
             state_bytes=int(key_group_state_bytes(metadata).sum()),
             assignment=None if plan.assignment is None else AssignmentDecision.from_json(   # as the report reads back
                 plan.assignment.to_json(), plan.assignment.boundaries),
-            driver={**driver_seconds, "commit": committed - ran}, wall_seconds=time.perf_counter() - started,
-            spark_seconds=spark)
+            driver={**driver_seconds, "commit": committed - ran}, wall_seconds=time.perf_counter() - started)
         return CommittedBatch(metadata, tuple(sorted(reports, key=lambda r: r.subtask)), report, False, plan,
-                              tuple(sorted(source_reports, key=lambda r: r.subtask)))
+                              tuple(sorted(source_reports, key=lambda r: r.subtask)), executor.spark_seconds)
 
     def _locate(self, checkpoint_id: int | None, streaming: StreamingBatch | None) -> Any:
         """Where the batch starts, as this job's driver: the first batch claims the location (fencing any earlier
@@ -424,8 +430,8 @@ class JobDriver:
                     "with the same records (as Spark replays a foreachBatch id). Nothing was processed; give new "
                     "input a new checkpoint id, or none to take the next one")
         report = dataclasses.replace(BatchReport.from_checkpoint(replayed, replayed=True),
-                                     wall_seconds=time.perf_counter() - started, spark_seconds=executor.spark_seconds())
-        return CommittedBatch(replayed, props.reports, report, True, None, props.source_reports)
+                                     wall_seconds=time.perf_counter() - started)
+        return CommittedBatch(replayed, props.reports, report, True, None, props.source_reports, executor.spark_seconds)
 
 
 def _checked_parallelism(parallelism: Any, max_parallelism: int) -> ParallelismPolicy | None:

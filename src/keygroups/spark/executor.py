@@ -301,6 +301,7 @@ class SparkExecutor:
         self._spec: KeyedTaskSpec | None = None
         self._tag: str | None = None
         self._started = time.time()
+        self._ended: float | None = None
 
     # ---- the batch's Spark jobs ----------------------------------------------------------------------------------
 
@@ -313,6 +314,7 @@ class SparkExecutor:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
+        self._ended = time.time()
         if self._persisted is not None:
             self._persisted.unpersist()
             self._persisted = None
@@ -330,7 +332,7 @@ class SparkExecutor:
         if context is None or self._tag is None:
             return None
         jsc = context._jsc.sc()
-        now = time.time()
+        now = self._ended if self._ended is not None else time.time()
         spans = []
         for job_id in jsc.statusTracker().getJobIdsForTag(self._tag):
             data = jsc.statusStore().job(job_id)
@@ -416,7 +418,9 @@ class SparkExecutor:
                                             max_parallelism=plan.max_parallelism, parallelism=plan.parallelism,
                                             key_group_boundaries=plan.boundaries)
         names, plain = list(checked.names), list(checked.plain)
-        self._placed = placed.select(*[quoted(c).alias(p) for c, p in zip(names, plain)], quoted(digest_column))
+        if plain != names:   # mapInArrow takes these columns under plain names
+            placed = placed.select(*[quoted(c).alias(p) for c, p in zip(names, plain)], quoted(digest_column))
+        self._placed = placed
         self._spec = spec
         renamed = names if plain != names else None
 

@@ -83,9 +83,14 @@ class BatchResult:
         self._output_schema = output_schema
         self._late_schema = late_schema
         self.metadata: CheckpointMetadata = batch.metadata
-        self.report: BatchReport = batch.report
         self.reports: list[SubtaskReport] = list(batch.reports)
         self.replayed: bool = batch.replayed
+
+    @cached_property
+    def report(self) -> BatchReport:
+        """The batch in figures: records in, late and out, the watermark, restore modes, bytes, timers, the
+        ranges, phase times and Spark's own time for the batch's jobs."""
+        return self._batch.full_report()
 
     @cached_property
     def output(self) -> DataFrame:
@@ -111,22 +116,22 @@ class BatchResult:
     @property
     def seconds(self) -> float:
         """The batch's wall time on the driver."""
-        return self.report.wall_seconds
+        return self._batch.report.wall_seconds
 
     @property
     def watermark(self) -> int:
         """The batch's watermark (epoch ms; ``NO_WATERMARK`` before any event time), where the next batch starts."""
-        after = self.report.watermark_after
+        after = self._batch.report.watermark_after
         return NO_WATERMARK if after is None else after
 
     @property
     def records_late(self) -> int:
         """Records at or before the watermark the batch started with: dropped, or in ``late_output``."""
-        return self.report.records_late
+        return self._batch.report.records_late
 
     @property
     def records_in(self) -> int:
-        return self.report.records_in
+        return self._batch.report.records_in
 
     @property
     def restored_bytes(self) -> list[int]:
@@ -140,7 +145,7 @@ class BatchResult:
         return keyed + sum(h.size for h in self.metadata.operator_handles)
 
     def __repr__(self) -> str:
-        return f"BatchResult({self.report})"
+        return f"BatchResult({self._batch.report})"
 
 
 class KeyedJob:
@@ -360,12 +365,14 @@ class KeyedJob:
         if self.late_records == "output":
             late_schema = executor.input_schema
         result = BatchResult(batch, spark, self.storage, self.output_schema, late_schema)
-        self._log(result.report)
+        self._log(result)
         return result
 
-    def _log(self, report: BatchReport) -> None:
+    def _log(self, result: BatchResult) -> None:
         """One INFO line per batch; a WARNING when more than ``late_warning_share`` of its records were late."""
-        LOG.info("job %s: %s", self.name, report)
+        if LOG.isEnabledFor(logging.INFO):
+            LOG.info("job %s: %s", self.name, result.report)
+        report = result._batch.report   # Spark's job time not needed below
         if report.records_late and report.records_late > self.late_warning_share * report.records_in:
             went = "dropped" if self.late_records == "drop" else "sent to the late output"
             LOG.warning(
@@ -414,7 +421,7 @@ class KeyedJob:
             result = self._run(df, parallelism, history=tuple(history[-HISTORY:]),
                                streaming=StreamingBatch(int(batch_id), _streaming_query_id(df)))
             if not result.replayed:
-                decision = result.report.assignment
+                decision = result._batch.report.assignment
                 history.append(BatchFigures(result.checkpoint_id, result.parallelism, result.records_in,
                                             result.seconds, decision.max_over_mean if decision else None))
             if sink is not None:
