@@ -1,12 +1,17 @@
 """The API reference builds from the docstrings (pdoc, docs/build_api.py), as CI builds it: every public package has
-its page, nothing pdoc cannot import or resolve, and a broken name does fail the build."""
+its page, every name of every public module's ``__all__`` is in it, nothing pdoc cannot import or resolve, and a
+broken name does fail the build."""
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import pathlib
+import pkgutil
 import subprocess
 import sys
+
+import pytest
 
 BUILD = pathlib.Path(__file__).parents[1] / "docs" / "build_api.py"
 
@@ -19,17 +24,59 @@ def _build_module():
     return module
 
 
-def test_the_api_reference_builds_with_a_page_per_package(tmp_path):
-    result = subprocess.run([sys.executable, str(BUILD), str(tmp_path)], capture_output=True, text=True, timeout=300)
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> pathlib.Path:
+    """The reference, built once for the module's tests as CI builds it (a separate process)."""
+    out = tmp_path_factory.mktemp("api")
+    result = subprocess.run([sys.executable, str(BUILD), str(out)], capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "pdoc:" not in result.stderr
-    for module in _build_module().MODULES:
-        page = tmp_path.joinpath(*module.split(".")).with_suffix(".html")
-        assert page.is_file(), f"no page for {module}"
-    runtime = (tmp_path / "keygroups" / "runtime.html").read_text(encoding="utf-8")
+    return out
+
+
+def _page(reference: pathlib.Path, module: str) -> pathlib.Path:
+    return reference.joinpath(*module.split(".")).with_suffix(".html")
+
+
+def test_the_api_reference_builds_with_a_page_per_package(reference):
+    for module in _build_module().PACKAGES:
+        assert _page(reference, module).is_file(), f"no page for {module}"
+    runtime = (reference / "keygroups" / "runtime.html").read_text(encoding="utf-8")
     assert "get_list_state" in runtime and "ListStateDescriptor" in runtime   # signatures, typed
-    state = (tmp_path / "keygroups" / "state.html").read_text(encoding="utf-8")
+    state = (reference / "keygroups" / "state.html").read_text(encoding="utf-8")
     assert "RocksDBKeyedStateBackend" in state and "ValueState" in state
+    flink = (reference / "keygroups" / "flink.html").read_text(encoding="utf-8")
+    assert "import_savepoint" in flink and "allow_paths_outside" in flink
+
+
+def _public_modules_with_all() -> list[str]:
+    """Found here, independently of docs/build_api.py: every keygroups module without a leading underscore in its
+    name that defines ``__all__``."""
+    import keygroups
+
+    names = ["keygroups"]
+    for info in pkgutil.walk_packages(keygroups.__path__, "keygroups."):
+        if not any(part.startswith("_") for part in info.name.split(".")):
+            names.append(info.name)
+    return [n for n in names if hasattr(importlib.import_module(n), "__all__")]
+
+
+def test_every_name_of_every_public_modules_all_is_in_the_reference(reference):
+    modules = _public_modules_with_all()
+    assert {"keygroups.flink", "keygroups.testing", "keygroups.serializers.schema",
+            "keygroups.serializers.schema_formats"} <= set(modules)
+    missing = []
+    for name in modules:
+        page = _page(reference, name)
+        if not page.is_file():
+            missing.append(f"{name}: no page")
+            continue
+        html = page.read_text(encoding="utf-8")
+        module = importlib.import_module(name)
+        for attribute in module.__all__:
+            if f'id="{attribute}"' not in html:
+                missing.append(f"{name}.{attribute}")
+    assert not missing, missing
 
 
 def test_a_name_that_does_not_resolve_fails_the_build(tmp_path, monkeypatch):

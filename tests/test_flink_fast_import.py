@@ -240,6 +240,24 @@ def test_transcoded_rows_are_the_record_serializers_bytes(data):
     assert got == want
 
 
+@settings(max_examples=100, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(data=st.data())
+def test_a_tuple_at_the_top_of_a_value_transcodes_to_its_records_bytes(data):
+    """A state's Tuple value is imported as the record f0, f1, ... (``state_serializer``): the compiled node of the
+    whole value writes that record's bytes; a Tuple deeper in a List, Map or Nullable has no compiled import."""
+    from keygroups.flink import state_serializer
+    from keygroups.flink.transcode import compile_value
+
+    t = TupleType(tuple(data.draw(st.lists(_record_types(), min_size=1, max_size=5), "fields")))
+    v = data.draw(values(t), "tuple")
+    out = bytearray()
+    t.write(out, v)
+    assert compile_value(t, True).transcode(bytes(out)) == state_serializer(t).serialize(v)
+    with pytest.raises(NotCompiled):
+        compile_value(ListType(t), True)
+    assert compile_value(MapType(t, LongType()), True) is not None   # a map's keys stay tuples
+
+
 @pytest.mark.parametrize("text", ["", "plain", "naïve", "日本語", "emoji 😀 and 𝄞", "\x00nul", "\U0010ffff"])
 def test_strings_transcode_to_utf8_with_supplementary_characters_joined(text):
     got, want = _same_bytes(StringType(), text)

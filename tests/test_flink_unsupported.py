@@ -88,7 +88,7 @@ def _canonical(v):
 def _header_bytes(sp, uid: str) -> tuple[bytes, str]:
     """The keyed header of the operator's first subtask, as Flink wrote it."""
     handle = sp._keyed_handles(sp.operator(uid))[0]
-    stream = savepoint_module._Stream(handle.stream, sp.path)
+    stream = savepoint_module._Stream(handle.stream, sp._files)
     return bytes(stream.read(0, min(o for o in handle.offsets if o))), stream.where
 
 

@@ -19,6 +19,7 @@ from keygroups.checkpoint import (
     CheckpointStorage,
     carry_forward,
     chain_stats,
+    chain_tips,
     choose_full_key_groups,
     plan_keyed_restore,
     read_key_groups,
@@ -38,15 +39,22 @@ STATES = [{"name": "a", "kind": "value"}, {"name": "b", "kind": "map"}]
 
 def write(storage, cid, subtask, r, groups, full=None, states=STATES, fresh=()):
     """groups: kg -> ({state: {key: value}}, {state: [deleted keys]}); ``fresh``: key groups whose delta applies
-    to no earlier block."""
+    to no earlier block. The deltas continue the newest committed checkpoint: each names its key group's newest
+    block there (``chain_tips``), as a backend restored from it would."""
     def items():
         for kg in sorted(groups):
             puts, deletes = groups[kg]
             yield (kg, [(i, list(puts[s]), list(puts[s].values())) for i, s in enumerate(n["name"] for n in states)
                         if s in puts],
                    [(i, list(deletes[s])) for i, s in enumerate(n["name"] for n in states) if s in deletes])
+    try:
+        latest = storage.latest()
+    except CorruptSnapshotError:   # a test that damaged it writes no delta that needs it
+        latest = None
+    tips = chain_tips(latest, r) if latest is not None and r else {}
     return write_keyed_snapshot(storage, cid, subtask, r, states, items(), full_key_groups=full,
-                                fresh_key_groups=fresh)
+                                fresh_key_groups=fresh,
+                                predecessors={kg: t for kg, t in tips.items() if kg not in fresh})
 
 
 def commit(storage, cid, handles, previous=None, parallelism=1):
@@ -300,7 +308,9 @@ def test_random_incremental_histories_restore_like_a_dict(data):
                 groups = {kg: dirty.get(kg, ({}, {})) for kg in r if kg in dirty}
                 for kg in full:   # a full block holds the whole key group
                     groups[kg] = ({s: dict(e) for s, e in new_model.get(kg, {}).items()}, {})
-                fresh = set(r) - set(model)   # a delta of a key group without state applies to no block
+                # a delta of a key group without a chain applies to no block (one whose chain nets out to no state
+                # still names the chain's newest block: a fresh delta after a block is another lineage's)
+                fresh = set(r) - (set(chain_stats(md, r)) if md is not None else set())
                 if rng.random() < 0.2:   # a retried attempt's file nobody reports
                     write(storage, cid, i, r, groups, full=full, fresh=fresh)
                 reports.append(_report(storage, cid, i, write(storage, cid, i, r, groups, full=full, fresh=fresh), r))

@@ -44,7 +44,9 @@ sees checkpoints and files that others wrote at its next call. A ``chk-<id>`` is
 it holds an object: some stores (SeaweedFS; those with a hierarchical namespace) keep listing an emptied prefix.
 With a ``cache_dir``, ranged reads of ``shared/`` files, immutable under their unique names, are kept on local disk
 (:class:`_ReadCache`: in a directory private to this user, bounded, least recently used dropped first, safe for
-processes sharing it, every entry checked against an HMAC under the directory's secret before use), so restoring the same key groups again on one host sends no request for them.
+processes sharing it, every entry checked against an HMAC under the directory's secret before use, and a range a
+keyed read serves checked against the checksums its handle in ``_metadata`` names), so restoring the same key
+groups again on one host sends no request for them.
 ``_metadata`` and every other file are always read from the store.
 """
 
@@ -66,7 +68,7 @@ import shutil
 import stat
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, BinaryIO, Literal
 
 from keygroups import _local_dirs
@@ -83,11 +85,13 @@ from keygroups.checkpoint.metadata import (
 )
 from keygroups.checkpoint.planning import (
     baseless_deltas,
+    chain_breaks,
     describe_baseless,
+    describe_breaks,
     key_group_chains,
     plan_keyed_restore,
 )
-from keygroups.errors import CheckpointNotFoundError, ConcurrentCommitError, CorruptSnapshotError
+from keygroups.errors import CheckpointNotFoundError, ConcurrentCommitError, CorruptDataError, CorruptSnapshotError
 
 log = logging.getLogger(__name__)
 
@@ -356,15 +360,17 @@ class _ReadCache:
     The directory must be private to this user (``keygroups._local_dirs``: created with mode 0700; an existing one
     owned by someone else, writable by group or others, or not a directory disables the cache, with a warning). One
     cache file per range read, named ``<key>-<start>-<end>-<mac>``: ``key`` a hash of the file's URL, ``mac`` an
-    HMAC-SHA256 of the key, the range and the content under the directory's secret (a random key in a 0600 file of
-    the directory), so an entry that this user's keygroups did not write, or whose bytes changed, is never used,
-    however well its own checksums agree. A read is served by any entry of the file whose range holds it, after the
-    whole entry's HMAC is checked; an entry that fails the check, or is not a private file, is deleted and the read
-    goes to the remote file. Entries are published atomically (written under a temporary name, then renamed), so
-    processes sharing the directory see complete entries only; two that miss at once both fetch and publish the same
-    bytes. After each publish the least recently used entries (by modification time, which a hit renews) are
-    deleted until the total is at most ``max_bytes``; temporary files older than :attr:`STALE_TMP_S` (of a writer
-    that died) go too. Every cache failure (a full disk, a racing deletion, a directory that is a file or
+    HMAC-SHA256 of the key, the range and the content under the directory's secret (a random key in a 0600 file of the
+    directory), so an entry that this user's keygroups did not write, or whose bytes changed, is never used, however
+    well its own checksums agree. A read is served by any entry of the file whose range holds it, after the whole
+    entry's HMAC is checked, and then the range against the caller's ``check`` (a keyed read checks the blocks against
+    the checksums ``_metadata`` names for them): an entry that fails either, or is not a private file, is deleted and
+    the read goes to the remote file, whose bytes are kept only once they pass ``check`` too. Entries are published
+    atomically (written under a temporary name, then renamed), so processes sharing the directory see complete entries
+    only; two that miss at once both fetch and publish the same bytes. After each publish the least recently used
+    entries (by modification time, which a hit renews) are deleted until the total is at most ``max_bytes``; temporary
+    files older than :attr:`STALE_TMP_S` (of a writer that died) go too. Every cache failure (a full disk, a racing
+    deletion, a directory that is a file or
     unreadable) falls back to the remote read: the cache can cost a read, never fail one."""
 
     STALE_TMP_S = 600.0
@@ -402,8 +408,9 @@ class _ReadCache:
         except OSError:
             return []
 
-    def get(self, key: str, start: int, end: int) -> bytes | None:
-        """Bytes ``[start, end)`` of the file ``key`` from the smallest entry holding them, or None."""
+    def get(self, key: str, start: int, end: int, check: Callable[[bytes], None] | None = None) -> bytes | None:
+        """Bytes ``[start, end)`` of the file ``key`` from the smallest entry holding them that passes its HMAC and
+        ``check`` (which raises CorruptDataError on bytes it refuses), or None."""
         secret = self._ready()
         if secret is None:
             return None
@@ -424,9 +431,18 @@ class _ReadCache:
                             "reading the remote file", path)
                 self._remove(path)
                 continue
+            got = data if (lo, len(data)) == (start, end - start) else data[start - lo:end - lo]
+            if check is not None:
+                try:
+                    check(got)
+                except CorruptDataError as e:
+                    log.warning("checkpoint cache: %s passes its HMAC but not the checkpoint's checksums (%s); "
+                                "dropped, reading the remote file", path, e)
+                    self._remove(path)
+                    continue
             with contextlib.suppress(OSError):
                 os.utime(path)   # recently used: evicted last
-            return data if (lo, len(data)) == (start, end - start) else data[start - lo:end - lo]
+            return got
         return None
 
     @staticmethod
@@ -581,10 +597,16 @@ class CheckpointStorage:
             self._fs.makedirs(parent)
         return self._fs.open_write(relpath)
 
-    def read_bytes(self, relpath: str, start: int | None = None, end: int | None = None) -> bytes:
+    def read_bytes(self, relpath: str, start: int | None = None, end: int | None = None, *,
+                   verify: Callable[[bytes], None] | None = None) -> bytes:
         """Bytes ``[start, end)`` of a file (one ranged read); the whole file by default. FileNotFoundError if it
         does not exist; fewer bytes than asked if the file is shorter. With a ``cache_dir``, a range of a ``shared/``
-        file is served from the cache when an entry holds it, and kept there after a remote read."""
+        file is served from the cache when an entry holds it, and kept there after a remote read.
+
+        ``verify`` checks the bytes before they are returned (raising CorruptDataError on bytes it refuses; keyed
+        reads check the blocks against their handle's checksums): a cached range it refuses is dropped and read
+        again from the file, and the file's bytes are kept in the cache only once they pass; bytes of the file it
+        refuses raise its error."""
         check_relpath(relpath)
         for name, v in (("start", start), ("end", end)):
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
@@ -592,16 +614,21 @@ class CheckpointStorage:
         if start is not None and end is not None and end < start:
             raise ValueError(f"end must be >= start, got start={start}, end={end}")
         if self._cache is None or start is None or end is None or not _is_shared_file(relpath):
-            return self._fs.read_bytes(relpath, start, end)
-        key = _ReadCache.key(self._fs.url(relpath))
-        data = self._cache.get(key, start, end)
-        if data is not None:
+            data = self._fs.read_bytes(relpath, start, end)
+            if verify is not None:
+                verify(data)
             return data
+        key = _ReadCache.key(self._fs.url(relpath))
+        cached = self._cache.get(key, start, end, verify)
+        if cached is not None:
+            return cached
         try:
             data = self._fs.read_bytes(relpath, start, end)
         except FileNotFoundError:
             self._cache.drop(key)   # deleted by retention: its ranges are of no use any more
             raise
+        if verify is not None:
+            verify(data)   # the file itself is wrong: refused, and nothing kept
         if 0 < len(data) == end - start:   # a short read is a damaged file's, reported by the caller: never kept
             self._cache.put(key, start, data)
         return data
@@ -776,11 +803,18 @@ class CheckpointStorage:
     @staticmethod
     def _check_chains(metadata: CheckpointMetadata) -> None:
         """ValueError, committing nothing, if a key group's chain starts with a delta whose base the metadata does
-        not list (a driver that forgot to carry older files forward: a restore would return the delta alone)."""
+        not list (a driver that forgot to carry older files forward: a restore would return the delta alone);
+        CorruptSnapshotError, committing nothing, if a delta does not apply on the block before it in its chain (a
+        lost middle delta, a delta of another run or attempt: ``planning.chain_breaks``). From the metadata alone."""
         handles = keyed_handles_by_range(metadata.keyed_handles)
-        found = baseless_deltas(key_group_chains(handles, KeyGroupRange(0, metadata.max_parallelism - 1)))
+        everything = KeyGroupRange(0, metadata.max_parallelism - 1)
+        chains = key_group_chains(handles, everything)
+        found = baseless_deltas(chains)
         if found:
             raise ValueError(f"{describe_baseless(metadata.checkpoint_id, found)}; nothing was committed")
+        breaks = chain_breaks(handles, [everything])
+        if breaks:
+            raise CorruptSnapshotError(f"{describe_breaks(metadata.checkpoint_id, breaks)}; nothing was committed")
 
     def _publish(self, base: str, data: bytes) -> None:
         """Write ``base/_metadata`` create-if-absent; one with the same bytes there already (published from the

@@ -246,8 +246,8 @@ def run(args: argparse.Namespace) -> int:
             phase.seconds += result.seconds
             phase.checkpoint_bytes = result.checkpoint_bytes
             if batch == 1:
-                phase.restore = [(r["subtask"], r["key_group_range"][0], r["key_group_range"][1],
-                                  r["restored"]["bytes_read"]) for r in result.reports]
+                phase.restore = [(r.subtask, r.key_group_range.start, r.key_group_range.end,
+                                  r.restored.bytes_read) for r in result.reports]
             watermark = datetime.datetime.fromtimestamp(result.watermark / 1000, datetime.timezone.utc)
             _say(f"  phase {number} p={parallelism} batch {batch}: chk-{report.checkpoint_id}, {report.records_in:,} "
                  f"events in {result.seconds:.1f} s ({report.records_in / max(result.seconds, 1e-9):,.0f}/s), "

@@ -1,9 +1,11 @@
 """``keygroups flink``: move a job's state between Flink and keygroups.
 
 ``keygroups flink import SAVEPOINT LOCATION --name NAME --uid UID [--operator-state-uid UID2] [--skip-state S]
-[--field-names STATE=A,B] [--windows operator|state] [--window-records DDL]``
+[--field-names STATE=A,B] [--watermark MS|ISO] [--windows operator|state] [--window-records DDL]``
 writes Flink operator UID's keyed state, timers and operator state (UID2's operator state when given) as the keygroups
-savepoint LOCATION/savepoints/NAME, which ``KeyedJob(..., restore_from_savepoint=NAME)`` continues from.
+savepoint LOCATION/savepoints/NAME, which ``KeyedJob(..., restore_from_savepoint=NAME)`` continues from (its first
+batch from the watermark given: Flink's savepoint holds none). State files outside the savepoint directory are read
+only with ``--allow-paths-outside`` (import, export's ``--like``, list).
 ``keygroups flink export LOCATION (--savepoint NAME | --checkpoint ID) DEST --uid UID [--operator-state-uid UID2]
 [--like FLINK_SAVEPOINT] [--compression] [--windows operator|state] [--window-state STATE=KIND] [--window-records DDL]
 [--allowed-lateness MS]`` writes keygroups state as a Flink canonical savepoint DEST that Flink restores into a job
@@ -65,6 +67,15 @@ def _add_window_options(p: Any, export: bool) -> None:
                        help="the windows' allowed lateness: places their cleanup timers")
 
 
+def _watermark(text: str) -> int:
+    from keygroups.flink.importer import parse_watermark
+
+    try:
+        return parse_watermark(text, "--watermark")
+    except (TypeError, ValueError) as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def _import(args: argparse.Namespace) -> int:
     from keygroups.flink.importer import import_savepoint
 
@@ -74,11 +85,15 @@ def _import(args: argparse.Namespace) -> int:
         kwargs["field_names"] = dict(args.field_names)
     r = import_savepoint(args.savepoint, args.location, args.name, uid=args.uid,
                          operator_state_uid=args.operator_state_uid, skip_states=args.skip_state or (),
-                         windows=_windows(args), storage_options=args.storage_options, **kwargs)
+                         windows=_windows(args), watermark=args.watermark,
+                         allow_paths_outside=args.allow_paths_outside, storage_options=args.storage_options,
+                         **kwargs)
     print(f"imported Flink operator {args.uid!r} into {r.savepoint}: parallelism {r.parallelism}, max parallelism "
           f"{r.max_parallelism}, {r.key_groups} key groups, {r.entries} entries, {r.timers} timers, keyed states "
           f"{', '.join(r.keyed_states) or 'none'}; operator states {', '.join(r.operator_states) or 'none'}"
-          + (f"; skipped {', '.join(r.skipped_states)}" if r.skipped_states else ""))
+          + (f"; skipped {', '.join(r.skipped_states)}" if r.skipped_states else "")
+          + (f"; watermark {r.watermark}" if r.watermark is not None else "; no watermark (give --watermark for "
+             "event time)"))
     return 0
 
 
@@ -88,7 +103,8 @@ def _export(args: argparse.Namespace) -> int:
     r = export_savepoint(args.location, args.dest, uid=args.uid, savepoint=args.savepoint,
                          checkpoint_id=args.checkpoint, operator_state_uid=args.operator_state_uid, like=args.like,
                          skip_states=args.skip_state or (), compression=args.compression,
-                         windows=_windows(args), storage_options=args.storage_options)
+                         windows=_windows(args), allow_paths_outside=args.allow_paths_outside,
+                         storage_options=args.storage_options)
     print(f"exported to Flink savepoint {r.savepoint} for operator uid {args.uid!r}: parallelism {r.parallelism}, "
           f"max parallelism {r.max_parallelism}, {r.key_groups} key groups, {r.entries} entries, {r.timers} timers, "
           f"keyed states {', '.join(r.keyed_states) or 'none'}; operator states "
@@ -100,7 +116,7 @@ def _export(args: argparse.Namespace) -> int:
 def _list(args: argparse.Namespace) -> int:
     from keygroups.flink import UnsupportedFlinkTypeError, read_savepoint
 
-    sp = read_savepoint(args.savepoint)
+    sp = read_savepoint(args.savepoint, allow_paths_outside=args.allow_paths_outside)
     print(f"Flink savepoint {sp.path}: checkpoint {sp.metadata.checkpoint_id}, metadata version "
           f"{sp.metadata.version}")
     for op in sp.operators:
@@ -125,6 +141,12 @@ def _field_names(text: str) -> tuple[str, list[str]]:
     return state, names.split(",")
 
 
+def _add_paths_outside(p: Any, what: str) -> None:
+    p.add_argument("--allow-paths-outside", action="store_true",
+                   help=f"read state files that {what}'s _metadata names outside its directory (Flink's "
+                        "non-relocatable savepoints name them by absolute path); refused otherwise")
+
+
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("flink", description=__doc__, help="move state between Flink savepoints and keygroups")
     fsub = p.add_subparsers(dest="flink_command", required=True)
@@ -138,9 +160,13 @@ def add_parser(sub: Any) -> None:
     i.add_argument("--skip-state", action="append", metavar="STATE",
                    help="leave this state out (repeatable): for a state keygroups cannot hold")
     i.add_argument("--field-names", action="append", type=_field_names, metavar="STATE=NAME,NAME,...",
-                   help="name a Row state's fields (repeatable; Flink does not store them: f0, f1, ... otherwise)")
+                   help="name a Row or Tuple state's fields (repeatable; f0, f1, ... otherwise)")
     i.add_argument("--ttl-ms", type=int, help="the TTL recorded for TTL states (Flink keeps each entry's timestamp, "
                                               "not the duration; default 7 days)")
+    i.add_argument("--watermark", type=_watermark, metavar="MS|ISO",
+                   help="the watermark the job's first batch starts from: epoch milliseconds or an ISO 8601 time "
+                        "(2026-11-26T10:00:00Z; no zone: UTC). Flink's savepoint holds none; default: no watermark")
+    _add_paths_outside(i, "the savepoint")
     _add_window_options(i, export=False)
     add_storage_options(i)
     i.set_defaults(run=_import)
@@ -157,9 +183,11 @@ def add_parser(sub: Any) -> None:
     e.add_argument("--skip-state", action="append", metavar="STATE", help="leave this state out (repeatable)")
     e.add_argument("--compression", action="store_true", help="Snappy-compress the key-group blocks (Flink's "
                                                               "snapshot compression)")
+    _add_paths_outside(e, "--like")
     _add_window_options(e, export=True)
     add_storage_options(e)
     e.set_defaults(run=_export)
     li = fsub.add_parser("list", help="list a Flink savepoint's operators and states")
     li.add_argument("savepoint", help="the Flink savepoint directory")
+    _add_paths_outside(li, "the savepoint")
     li.set_defaults(run=_list, storage_options=None)

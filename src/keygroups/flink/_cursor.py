@@ -65,8 +65,13 @@ class Cursor:
     def count(self, what: str, min_size: int, limit: int = 1 << 31) -> int:
         """An int count of items of at least ``min_size`` bytes each, checked against what remains before a loop."""
         n = self.i32(what)
-        if n < 0 or n > limit or n * min_size > self.remaining:
-            raise self.fail(f"{what} is {n}: more than the {self.remaining} remaining bytes can hold")
+        if n < 0:
+            raise self.fail(f"{what} is {n}, below 0")
+        if n > limit:
+            raise self.fail(f"{what} is {n}, above the most keygroups reads ({limit})")
+        if n * min_size > self.remaining:
+            raise self.fail(f"{what} is {n}: {n} items of at least {min_size} bytes each need {n * min_size} bytes, "
+                            f"but {self.remaining} remain (truncated or corrupt)")
         return n
 
     def take(self, n: int, what: str = "bytes") -> memoryview:
@@ -82,6 +87,29 @@ class Cursor:
             return decode_modified_utf8(raw)
         except UnicodeDecodeError:
             raise self.fail(f"{what} is not modified UTF-8") from None
+
+
+#: The most characters of a string read from a file that an error message shows.
+SHOWN_CHARACTERS = 80
+
+
+def shown(value: object, limit: int = SHOWN_CHARACTERS) -> str:
+    """A value read from a file, as an error message may show it: its ``repr`` (control characters and quotes
+    escaped), cut to ``limit`` characters with the full length said; bytes only as their length. A message never
+    echoes more of what a file holds than a short, escaped name."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return f"<{len(value)} bytes>"
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    length = f"{len(value)} characters" if isinstance(value, str) else f"{len(text)} characters as text"
+    return f"{text[:limit]}... ({length})"
+
+
+def plain(name: str, limit: int = SHOWN_CHARACTERS) -> str:
+    """A name read from a file (a Java class, an enum constant) as a message shows it: as it is when printable and
+    short, else as ``shown`` gives it (quoted, escaped, cut)."""
+    return name if name.isprintable() and len(name) <= limit else shown(name, limit)
 
 
 def decode_modified_utf8(raw: bytes) -> str:

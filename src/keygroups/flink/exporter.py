@@ -522,10 +522,46 @@ def _key_type(meta: dict[str, Any], template: FlinkType | None) -> FlinkType:
     return _checked(template, derived, "the job's key")
 
 
+def _check_uid(uid: Any, what: str) -> None:
+    if not isinstance(uid, str):
+        raise TypeError(f"{what} must be the Flink operator's uid (a str), got {uid!r}")
+    if not uid.strip():
+        raise ValueError(f"{what} {uid!r} is empty: give the uid the Flink job sets on the operator "
+                         "(.uid(\"...\")), which Flink matches the state by")
+
+
+def _check_empty_destination(fs: Any, root: str, dest: str) -> None:
+    """Refuse a ``dest`` that is a file or a directory with anything in it: a Flink savepoint directory holds only
+    its own files, and an export never overwrites or mixes with others."""
+    if not fs.exists(root):
+        return
+    if not fs.isdir(root):
+        raise ValueError(f"{dest} exists and is not a directory; give a new or empty directory for the Flink "
+                         "savepoint")
+    present = fs.ls(root, detail=False)
+    if present:
+        what = "a savepoint (_metadata exists)" if any(p.rstrip("/").endswith("/_metadata") for p in present) \
+            else f"{len(present)} entries"
+        raise ValueError(f"{dest} already holds {what}; give a new or empty directory for the Flink savepoint "
+                         "(nothing was written)")
+
+
+def _remove_partial(fs: Any, root: str, created: bool) -> None:
+    try:
+        if created:
+            fs.rm(root, recursive=True)
+        else:
+            for path in fs.ls(root, detail=False):
+                fs.rm(path, recursive=True)
+    except OSError as e:
+        log.warning("could not remove the files of the failed export in %s: %s", root, e)
+
+
 def export_savepoint(location: str, dest: str | os.PathLike, *, uid: str, savepoint: str | None = None,
                      checkpoint_id: int | None = None, operator_state_uid: str | None = None,
                      like: str | os.PathLike | FlinkSavepoint | None = None, skip_states: Iterable[str] = (),
                      compression: bool = False, windows: FlinkWindows | None = None,
+                     allow_paths_outside: bool = False,
                      storage_options: dict[str, Any] | None = None) -> ExportReport:
     """Write keygroups savepoint ``savepoint`` (or checkpoint ``checkpoint_id``, or the latest checkpoint) of
     ``location`` as a Flink canonical savepoint in directory ``dest`` for operator ``uid`` (operator state under
@@ -533,14 +569,23 @@ def export_savepoint(location: str, dest: str | os.PathLike, *, uid: str, savepo
     ``compression``: Snappy key-group blocks (Flink's snapshot compression). ``windows``
     (``keygroups.flink.windows.FlinkWindows``): which states are window state (keygroups keeps a namespaced state as
     a map state, so only this or ``like``'s states in ``TimeWindow`` namespaces tell), and the timers then become a
-    Flink ``WindowOperator``'s window timers."""
+    Flink ``WindowOperator``'s window timers. ``dest`` must be new or an empty directory; nothing is written when
+    anything is refused. ``allow_paths_outside``: read ``like``'s state files outside its directory (see
+    ``read_savepoint``)."""
     started = time.perf_counter()
+    _check_uid(uid, "uid")
+    if operator_state_uid is not None:
+        _check_uid(operator_state_uid, "operator_state_uid")
+    dest = os.fspath(dest)
+    fs, root = fsspec.core.url_to_fs(dest)
+    _check_empty_destination(fs, root, dest)
     storage = CheckpointStorage(location, storage_options=storage_options)
     md = load_restore_point(storage, checkpoint_id=checkpoint_id, savepoint=savepoint)
     if md.raw_keyed_handles:
         raise UnsupportedFlinkTypeError("the restore point holds raw keyed state (written by the job's function in "
                                         "keygroups' own format), which a Flink operator cannot restore")
-    template = like if isinstance(like, FlinkSavepoint) or like is None else read_savepoint(like)
+    template = like if isinstance(like, FlinkSavepoint) or like is None else read_savepoint(
+        like, allow_paths_outside=allow_paths_outside)
     t_header = template.keyed_header(uid) if template is not None else None
     t_states = {m.name: m for m in t_header.states} if t_header is not None else {}
     skip = set(skip_states)
@@ -548,12 +593,6 @@ def export_savepoint(location: str, dest: str | os.PathLike, *, uid: str, savepo
     for h in md.keyed_handles:
         for m in h.states:
             metas.setdefault(m["name"], m)
-    dest = os.fspath(dest)
-    fs, root = fsspec.core.url_to_fs(dest)
-    if fs.exists(f"{root}/_metadata"):
-        raise ValueError(f"{dest} already holds a savepoint (_metadata exists); give an empty directory")
-    fs.makedirs(root, exist_ok=True)
-
     plans: list[_Out] = []
     skipped = []
     key_type: FlinkType | None = None
@@ -582,40 +621,48 @@ def export_savepoint(location: str, dest: str | os.PathLike, *, uid: str, savepo
     prefix_bytes = key_group_prefix_bytes(mp)
     counts = {"key_groups": 0, "entries": 0, "timers": 0, "bytes": 0}
     keyed: dict[int, KeyGroupsStateHandle] = {}
-    if plans:
-        assert key_type is not None
-        header = KeyedBackendHeader(compression, key_type, tuple(o.meta for o in plans))
-        key_ser = reading_serializer(SerializerSnapshot.from_json(next(iter(metas.values()))["serializers"]["key"]))
-        for subtask in range(p):
-            groups = key_group_range(mp, p, subtask)
-            keyed[subtask] = _write_keyed_file(fs, root, storage, md, groups, header, by_source, key_ser,
-                                               key_type, prefix_bytes, counts,
-                                               windows.allowed_lateness if windows is not None else 0)
+    created = not fs.exists(root)
+    fs.makedirs(root, exist_ok=True)
+    try:
+        if plans:
+            assert key_type is not None
+            header = KeyedBackendHeader(compression, key_type, tuple(o.meta for o in plans))
+            key_ser = reading_serializer(
+                SerializerSnapshot.from_json(next(iter(metas.values()))["serializers"]["key"]))
+            for subtask in range(p):
+                groups = key_group_range(mp, p, subtask)
+                keyed[subtask] = _write_keyed_file(fs, root, storage, md, groups, header, by_source, key_ser,
+                                                   key_type, prefix_bytes, counts,
+                                                   windows.allowed_lateness if windows is not None else 0)
 
-    op_states: dict[int, OperatorStreamStateHandle] = {}
-    op_names: list[str] = []
-    t_op = template if template is not None else None
-    if md.operator_handles:
-        op_states, op_names = _write_operator_files(fs, root, storage, md, skip, t_op,
-                                                    operator_state_uid or uid, counts)
+        op_states: dict[int, OperatorStreamStateHandle] = {}
+        op_names: list[str] = []
+        t_op = template if template is not None else None
+        if md.operator_handles:
+            op_states, op_names = _write_operator_files(fs, root, storage, md, skip, t_op,
+                                                        operator_state_uid or uid, counts)
 
-    operators = []
-    separate = operator_state_uid is not None and operator_state_uid != uid
-    subtasks = []
-    for i in range(p):
-        subtasks.append(OperatorSubtaskState(i, None if separate else op_states.get(i), None, keyed.get(i), None))
-    operators.append(OperatorState(operator_id_for_uid(uid), None, uid, p, mp, tuple(subtasks)))
-    if separate and op_states:
-        n = max(op_states) + 1
-        operators.append(OperatorState(operator_id_for_uid(operator_state_uid), None, operator_state_uid,
-                                       max(n, 1), mp, tuple(OperatorSubtaskState(i, h, None, None, None)
-                                                            for i, h in sorted(op_states.items()))))
-    elif op_states and max(op_states) >= p:
-        raise ValueError(f"operator state of subtask {max(op_states)} in a restore point of parallelism {p}")
-    data = write_metadata(md.checkpoint_id, operators)
-    with fs.open(f"{root}/_metadata.inprogress", "wb") as f:
-        f.write(data)
-    fs.mv(f"{root}/_metadata.inprogress", f"{root}/_metadata")
+        operators = []
+        separate = operator_state_uid is not None and operator_state_uid != uid
+        subtasks = []
+        for i in range(p):
+            subtasks.append(OperatorSubtaskState(i, None if separate else op_states.get(i), None, keyed.get(i),
+                                                 None))
+        operators.append(OperatorState(operator_id_for_uid(uid), None, uid, p, mp, tuple(subtasks)))
+        if separate and op_states:
+            n = max(op_states) + 1
+            operators.append(OperatorState(operator_id_for_uid(operator_state_uid), None, operator_state_uid,
+                                           max(n, 1), mp, tuple(OperatorSubtaskState(i, h, None, None, None)
+                                                                for i, h in sorted(op_states.items()))))
+        elif op_states and max(op_states) >= p:
+            raise ValueError(f"operator state of subtask {max(op_states)} in a restore point of parallelism {p}")
+        data = write_metadata(md.checkpoint_id, operators)
+        with fs.open(f"{root}/_metadata.inprogress", "wb") as f:
+            f.write(data)
+        fs.mv(f"{root}/_metadata.inprogress", f"{root}/_metadata")
+    except BaseException:
+        _remove_partial(fs, root, created)   # the directory was new or empty: nothing of a failed export stays
+        raise
     report = ExportReport(dest, p, mp, tuple(o.source for o in plans if o.kind != "timer"), tuple(skipped),
                           counts["key_groups"], counts["entries"], counts["timers"], tuple(op_names),
                           counts["bytes"] + len(data), time.perf_counter() - started)

@@ -4,10 +4,12 @@ savepoint ``LOCATION/savepoints/NAME/`` that ``KeyedJob(..., restore_from_savepo
 Same max parallelism and key groups (keygroups' key groups are Flink's, bit for bit); one keyed file per Flink
 subtask, written one key group at a time with the checkpoint layer's full snapshot writer; states keep their Flink
 names. Flink's user timers become keygroups' timers of the same domain; Flink values map to keygroups serializers
-(``FlinkType.keygroups_serializer``): Short/Byte as Int32, Float as Float64, Character as a one-character str;
-TupleN as a tuple (``TupleSerializer``: positional fields, never null, as Flink's); a Row as a record
+(``state_serializer``): Short/Byte as Int32, Float as Float64, Character as a one-character str; a Row as a record
 (``RecordSerializer``: Flink stores no field names, so f0, f1, ... unless ``field_names`` names them; every field
-nullable; Short/Byte/Float keep their width as smallint/tinyint/float).
+nullable; Short/Byte/Float keep their width as smallint/tinyint/float); a TupleN as a record too, its fields f0, f1,
+... as Flink's Tuple classes name them (or ``field_names``), never null unless Flink's field serializer is a Nullable
+one. Tuples stay tuples (``TupleSerializer``) in a map's keys and in window state, whose values are
+``keygroups.windows``' accumulators.
 
 Keyed state is imported compiled (``keygroups.flink.transcode``, ``_native/flinkin.pyx``): each block is scanned once
 and every state's entries go from Flink's bytes straight to the bytes those serializers write, framed, grouped per
@@ -19,6 +21,7 @@ compile (sessions' contents, a process window's records as Arrow batches) goes t
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import logging
 import os
 import time
@@ -35,6 +38,7 @@ from keygroups.checkpoint.format import Packed, write_full_snapshot
 from keygroups.checkpoint.metadata import DEFAULT_OPERATOR_ID, DistributionMode
 from keygroups.checkpoint.operator_format import SerializedState, write_operator_snapshot
 from keygroups.errors import CorruptSnapshotError, StateSerializationError
+from keygroups.flink._cursor import plain, shown
 from keygroups.flink.savepoint import FlinkSavepoint, FlinkStateInfo, decode_entries, read_savepoint
 from keygroups.flink.transcode import NotCompiled, state_plan
 from keygroups.flink.types import (
@@ -53,6 +57,7 @@ from keygroups.flink.types import (
     TupleType,
     UnsupportedFlinkTypeError,
     VoidNamespaceType,
+    state_serializer,
 )
 from keygroups.flink.windows import (
     MERGING_WINDOW_SET,
@@ -70,7 +75,7 @@ from keygroups.serializers import TypeSerializer
 from keygroups.runtime.state_writer import _descriptor as state_descriptor
 from keygroups.state import StateDescriptor, StateTtlConfig, state_meta
 from keygroups.state._codec import ValueFraming
-from keygroups.state.timers import TimeDomain, timer_descriptor
+from keygroups.state.timers import NO_WATERMARK, TimeDomain, check_timestamp, timer_descriptor
 
 log = logging.getLogger("keygroups.flink")
 
@@ -89,17 +94,50 @@ _KEY_TYPES: dict[type[FlinkType], str] = {
 class ImportReport:
     """What ``import_savepoint`` wrote."""
 
-    savepoint: str                     # LOCATION/savepoints/NAME
-    max_parallelism: int
-    parallelism: int
-    keyed_states: tuple[str, ...]
-    skipped_states: tuple[str, ...]
-    timers: int
-    entries: int
-    key_groups: int
-    operator_states: tuple[str, ...]
-    bytes_read: int
-    seconds: float
+    savepoint: str                     # the keygroups savepoint written: LOCATION/savepoints/NAME
+    max_parallelism: int               # Flink's, kept: the key groups are Flink's
+    parallelism: int                   # Flink's: one keyed file per Flink subtask (a job restores at any)
+    keyed_states: tuple[str, ...]      # the keyed states imported, by their Flink names (timer queues not listed)
+    skipped_states: tuple[str, ...]    # the states left out (skip_states)
+    timers: int                        # event- and processing-time timers imported (window timers included)
+    entries: int                       # Flink entries imported: one per key of a value or list state, one per
+                                       # user key of a map state (per window for window state)
+    key_groups: int                    # non-empty key groups written
+    operator_states: tuple[str, ...]   # the operator states imported
+    bytes_read: int                    # bytes of Flink state read (state files and inline handles)
+    seconds: float                     # wall time of the import
+    watermark: int | None = None       # the watermark the first batch starts from (None: no event time yet)
+
+
+def parse_watermark(value: int | datetime.datetime | str, what: str = "watermark") -> int:
+    """A watermark as epoch milliseconds: an int (or a string of one), a ``datetime``, or an ISO 8601 time
+    (``2026-11-26T10:00:00Z``, ``2026-11-26 10:00:00.250+01:00``); a time without a zone is UTC, as Spark's
+    timestamps are. Flink's savepoint holds no watermark, so a job continuing it is told where event time stands."""
+    if isinstance(value, str):
+        text = value.strip()
+        if text.lstrip("-").isdigit():
+            value = int(text)
+        else:
+            try:
+                value = datetime.datetime.fromisoformat(text)
+            except ValueError:
+                raise ValueError(f"{what} {value!r} is neither epoch milliseconds (e.g. 1795681600000) nor an ISO "
+                                 "8601 time (e.g. 2026-11-26T10:00:00Z)") from None
+    if isinstance(value, datetime.datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=datetime.timezone.utc)
+        delta = value - _EPOCH
+        value = delta.days * 86_400_000 + delta.seconds * 1000 + delta.microseconds // 1000
+    if isinstance(value, datetime.date):
+        raise TypeError(f"{what} must be epoch milliseconds, a datetime or an ISO time, got the date {value!r} "
+                        "(a date has no time of day: give a datetime)")
+    timestamp = check_timestamp(value, what)
+    if timestamp == NO_WATERMARK:
+        raise ValueError(f"{what} {timestamp} is Long.MIN_VALUE, which means no watermark: leave it out instead")
+    return timestamp
+
+
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
 
 
 def key_type_of(t: FlinkType) -> Any:
@@ -134,12 +172,12 @@ class _State:
 
 
 def _named(t: FlinkType, names: Sequence[str] | None, what: str) -> FlinkType:
-    """``t`` with the user's field names when given (only a Row takes them)."""
+    """``t`` with the user's field names when given (only a Row or a Tuple takes them)."""
     if names is None:
         return t
-    if not isinstance(t, RowType):
-        raise ValueError(f"field_names gives names for {what}, whose values are {t!r}, not Row: only a Row's fields "
-                         "are named (a Tuple's are f0, f1, ...)")
+    if not isinstance(t, (RowType, TupleType)):
+        raise ValueError(f"field_names gives names for {what}, whose values are {t!r}, not a Row or Tuple: only "
+                         "their fields are named")
     if isinstance(names, str):
         raise TypeError(f"field_names for {what} must be a list of names, got the string {names!r}")
     try:
@@ -148,9 +186,19 @@ def _named(t: FlinkType, names: Sequence[str] | None, what: str) -> FlinkType:
         raise ValueError(f"field_names for {what}: {e}") from None
 
 
+def _value_of(info: FlinkStateInfo) -> FlinkType:
+    """The type of a state's value, list element or map value, its TTL unwrapped."""
+    vt = info.value_type
+    if info.kind == "LIST":
+        vt = vt.element                       # type: ignore[attr-defined]
+    elif info.kind == "MAP":
+        vt = vt.value                         # type: ignore[attr-defined]
+    return vt.value if info.ttl else vt       # type: ignore[attr-defined]
+
+
 def _plan(info: FlinkStateInfo, index: int, ttl_ms: int, names: Sequence[str] | None = None,
           windows: FlinkWindows | None = None) -> _State:
-    what = f"state {info.name!r}"
+    what = f"state {shown(info.name)}"
     if info.kind == "TIMER":
         domain = USER_TIMERS.get(info.name)
         if domain is not None and not isinstance(info.namespace_type, VoidNamespaceType):
@@ -159,8 +207,9 @@ def _plan(info: FlinkStateInfo, index: int, ttl_ms: int, names: Sequence[str] | 
             domain = WINDOW_TIMERS.get(info.name)
             check_namespace(info.namespace_type, what)
         if domain is None:
-            raise UnsupportedFlinkTypeError(f"{what}: timer queue {info.name!r} is neither a KeyedProcessFunction's "
-                                            "user timers nor a WindowOperator's window timers; skip it")
+            raise UnsupportedFlinkTypeError(f"{what}: timer queue {shown(info.name)} is neither a "
+                                            "KeyedProcessFunction's user timers nor a WindowOperator's window "
+                                            "timers; skip it")
         d = timer_descriptor(domain)
         return _State(info, index, "map", d, ValueFraming.for_state(d.name, "map", d.serializers, ttl=False),
                       LongType(), domain=domain)
@@ -169,25 +218,32 @@ def _plan(info: FlinkStateInfo, index: int, ttl_ms: int, names: Sequence[str] | 
         check_namespace(info.namespace_type, what)
     vt = info.value_type
     map_key = None
+    # A Tuple becomes a record with Flink's field names (f0, f1, ...), except in window state, whose values
+    # keygroups.windows' operator keeps as its own accumulators (tuples).
+    serializer = (lambda t: t.keygroups_serializer()) if namespaced else state_serializer
+    if namespaced and names is not None and not isinstance(_value_of(info), RowType):
+        raise ValueError(f"field_names gives names for {what}, a window state, whose values are "
+                         f"{_value_of(info)!r}: only a Row's fields are named in window state (its Tuples stay "
+                         "tuples, as keygroups.windows keeps its accumulators)")
     try:
         if info.kind == "LIST":
             element = vt.element                                   # type: ignore[attr-defined]
             value_type = element.value if info.ttl else element   # type: ignore[attr-defined]
             value_type = _named(value_type, names, what)
             kind = "list"
-            d: StateDescriptor = state_descriptor(info.name, kind, {"element": value_type.keygroups_serializer()})
+            d: StateDescriptor = state_descriptor(info.name, kind, {"element": serializer(value_type)})
         elif info.kind == "MAP":
             map_key = vt.key                                       # type: ignore[attr-defined]
             value_type = vt.value.value if info.ttl else vt.value  # type: ignore[attr-defined]
             value_type = _named(value_type, names, what)
             kind = "map"
             d = state_descriptor(info.name, kind, {"map key": map_key.keygroups_serializer(),
-                                                   "map value": value_type.keygroups_serializer()})
+                                                   "map value": serializer(value_type)})
         else:
             value_type = vt.value if info.ttl else vt              # type: ignore[attr-defined]
             value_type = _named(value_type, names, what)
             kind = info.kind.lower()
-            d = state_descriptor(info.name, kind, {"value": value_type.keygroups_serializer()})
+            d = state_descriptor(info.name, kind, {"value": serializer(value_type)})
     except UnsupportedFlinkTypeError as e:
         raise UnsupportedFlinkTypeError(str(e) if str(e).startswith(what) else f"{what}: {e}") from None
     window = None
@@ -231,7 +287,8 @@ def _encode(st: _State, entries: list[tuple], key_ser: TypeSerializer, key_type:
             else:
                 v = e[3]
                 if v is None:
-                    raise UnsupportedFlinkTypeError(f"map state {st.info.name!r} holds a null value for key {e[0]!r}"
+                    raise UnsupportedFlinkTypeError(f"map state {shown(st.info.name)} holds a null value for key "
+                                                    f"{shown(e[0])}"
                                                     "; keygroups map states hold no nulls")
                 if st.info.ttl:
                     v = (_plain(vt, v.value), v.timestamp)
@@ -261,6 +318,7 @@ def import_savepoint(savepoint: str | os.PathLike | FlinkSavepoint, location: st
                      ttl_ms: int | Mapping[str, int] = DEFAULT_TTL_MS,
                      field_names: Mapping[str, Sequence[str]] | None = None,
                      windows: FlinkWindows | None = None,
+                     watermark: int | datetime.datetime | str | None = None, allow_paths_outside: bool = False,
                      storage_options: dict[str, Any] | None = None) -> ImportReport:
     """Write Flink operator ``uid``'s keyed state, timers and operator state (of ``operator_state_uid`` when given:
     a Flink source usually holds the offsets) as keygroups savepoint ``name`` in ``location``.
@@ -268,15 +326,31 @@ def import_savepoint(savepoint: str | os.PathLike | FlinkSavepoint, location: st
     ``skip_states`` leaves states out by name (a state keygroups cannot hold otherwise refuses the import, naming it
     and its serializer). ``ttl_ms``: the time to live recorded for TTL states (Flink's savepoint keeps the entries'
     timestamps, not the duration), one for all or per state name. ``field_names``: per state name, the names of
-    its Row's fields (Flink's savepoint does not store them; unnamed Rows get f0, f1, ...). Row state becomes record
-    state (``RecordSerializer``, every field nullable, Short/Byte/Float kept as smallint/tinyint/float), queryable as
-    struct columns. ``windows``: how a window operator's state (keyed state in ``TimeWindow`` namespaces) and window
+    its Row's or Tuple's fields (Flink's savepoint does not store a Row's; unnamed Rows and Tuples get f0, f1, ...).
+    Row and Tuple state becomes record state (``RecordSerializer``: a Row's fields nullable, a Tuple's not;
+    Short/Byte/Float kept as smallint/tinyint/float), queryable as struct columns. ``windows``: how a window operator's state (keyed state in ``TimeWindow`` namespaces) and window
     timers are imported (``keygroups.flink.windows.FlinkWindows``; by default ``window-contents`` as
     ``keygroups.windows``' operator keeps it, so a keygroups ``window(...)`` job continues the Flink windows).
+    ``watermark``: where event time stands (epoch ms, a datetime or an ISO time, see ``parse_watermark``): Flink's
+    savepoint holds none, so without it the job's first batch starts with no watermark (nothing is late, no
+    event-time timer fires until its own records move the watermark); with it, the first batch starts from it, as
+    from a checkpoint that committed it. ``allow_paths_outside``: read state files the savepoint's ``_metadata``
+    names outside its directory (Flink's non-relocatable savepoints; see ``read_savepoint``), refused otherwise.
     Nothing is visible until the savepoint's ``_metadata`` is written, last."""
     started = time.perf_counter()
-    sp = savepoint if isinstance(savepoint, FlinkSavepoint) else read_savepoint(savepoint)
+    start_watermark = None if watermark is None else parse_watermark(watermark)
+    if isinstance(savepoint, FlinkSavepoint):
+        if allow_paths_outside and not savepoint.allow_paths_outside:
+            raise ValueError("allow_paths_outside=True applies to a savepoint read here: the FlinkSavepoint given was "
+                             "opened without it (read_savepoint(path, allow_paths_outside=True))")
+        sp = savepoint
+    else:
+        sp = read_savepoint(savepoint, allow_paths_outside=allow_paths_outside)
     op = sp.operator(uid)
+    read_before = sp.bytes_read
+    sp.check_files(uid)                 # refused before anything is written: outside, not a file, too short
+    if operator_state_uid is not None:
+        sp.check_files(operator_state_uid)
     skip = set(skip_states)
     header = sp.keyed_header(uid)
     storage = CheckpointStorage(location, storage_options=storage_options)
@@ -309,18 +383,22 @@ def import_savepoint(savepoint: str | os.PathLike | FlinkSavepoint, location: st
     if len(refused) == 1:
         raise refused[0][1]
     if refused:   # every one at once: a user skipping them should not learn of them one import at a time
-        skips = " ".join(f"--skip-state {n}" for n, _ in refused)
+        skips = " ".join(f"--skip-state {plain(n)}" for n, _ in refused)
         raise UnsupportedFlinkTypeError(
             f"{len(refused)} states of operator {uid!r} cannot be imported: "
             + "; ".join(str(e) for _, e in refused)
-            + f". To import the others, leave these out: {skips} (Python: skip_states={[n for n, _ in refused]})")
+            + f". To import the others, leave these out: {skips} (Python: skip_states="
+            + f"[{', '.join(shown(n) for n, _ in refused)}])")
     unknown = skip - {s.name for s in sp.states(uid)} - {s.name for s in sp.states(operator_state_uid or uid)}
-    if unknown:
+    if unknown and operator_state_uid in (None, uid):
         raise ValueError(f"skip_states names {sorted(unknown)}, which operator {uid!r} does not have")
+    if unknown:
+        raise ValueError(f"skip_states names {sorted(unknown)}, which neither operator {uid!r} nor operator "
+                         f"{operator_state_uid!r} has")
     unnamed = set(names) - {st.info.name for st in plans}
     if unnamed:
         raise ValueError(f"field_names names {sorted(unnamed)}, which are not keyed states imported from operator "
-                         f"{uid!r} (its keyed states: {sorted(s.name for s in sp.states(uid) if s.keyed)})")
+                         f"{uid!r} (its keyed states: {', '.join(shown(s.name) for s in sp.states(uid) if s.keyed)})")
 
     storage.begin_savepoint(name)
     directory = f"savepoints/{name}"
@@ -350,10 +428,10 @@ def import_savepoint(savepoint: str | os.PathLike | FlinkSavepoint, location: st
             operator_names.append(name_)
             mode = DistributionMode(modes[name_])
             try:
-                value_ser = info.value_type.keygroups_serializer()
+                value_ser = state_serializer(info.value_type)
                 key_ser_op = info.key_type.keygroups_serializer() if info.key_type is not None else None
             except UnsupportedFlinkTypeError as e:
-                raise UnsupportedFlinkTypeError(f"operator state {name_!r}: {e}") from None
+                raise UnsupportedFlinkTypeError(f"operator state {shown(name_)}: {e}") from None
             for index, elements in sp.read_operator_state(op_uid, name_).items():
                 per_subtask.setdefault(index, []).append(
                     _serialized_operator_state(name_, mode, value_ser, key_ser_op, info, elements))
@@ -366,11 +444,12 @@ def import_savepoint(savepoint: str | os.PathLike | FlinkSavepoint, location: st
         checkpoint_id=0, job_id=f"flink-import:{uid}", timestamp_ms=int(time.time() * 1000), max_parallelism=mp,
         parallelism=p, keyed_handles=keyed_handles, operator_handles=operator_handles,
         properties={"flink": {"savepoint": sp.path, "uid": uid, "operator_id": op.operator_id_hex,
-                              "checkpoint_id": sp.metadata.checkpoint_id}})
+                              "checkpoint_id": sp.metadata.checkpoint_id},
+                    **({} if start_watermark is None else {"watermark": start_watermark})})
     path = storage.commit_savepoint(metadata, name)
     report = ImportReport(path, mp, p, tuple(st.info.name for st in plans if st.domain is None), tuple(skipped),
-                          counts["timers"], counts["entries"], counts["key_groups"], tuple(operator_names), 0,
-                          time.perf_counter() - started)
+                          counts["timers"], counts["entries"], counts["key_groups"], tuple(operator_names),
+                          sp.bytes_read - read_before, time.perf_counter() - started, start_watermark)
     log.info("imported Flink operator %s into %s: %d key groups, %d entries, %d timers", uid, path,
              report.key_groups, report.entries, report.timers)
     return report
@@ -381,10 +460,10 @@ def _fast_plan(st: _State, key_type: FlinkType) -> flinkin.StatePlan:
     kind, wrap = st.kind, False
     if st.window is not None:      # keygroups keeps it as a map; the compiled plan follows the Flink kind
         if st.window.record_schema is not None:
-            raise NotCompiled(f"state {st.info.name!r} holds a process window's records")
+            raise NotCompiled(f"state {shown(st.info.name)} holds a process window's records")
         kind, wrap = st.window.kind, st.window.wrap
     return state_plan(st.info.name, kind, key_type, st.info.namespace_type, st.value_type, st.map_key_type,
-                      st.info.ttl, st.domain is not None, wrap)
+                      st.info.ttl, st.domain is not None, wrap, tuples_as_records=st.window is None)
 
 
 def _fast_plans(plans: list[_State], key_type: FlinkType, sessions: bool = False) -> dict[str, flinkin.StatePlan]:
@@ -428,9 +507,9 @@ def _key_groups(sp: FlinkSavepoint, uid: str, groups: KeyGroupRange, by_name: di
             try:
                 n, kd, ko, vd, vo = plan.transcode(scan, state_id, key_order)
             except CorruptSnapshotError as e:
-                raise CorruptSnapshotError(f"{raw.where}, state {name!r} {e}") from None
+                raise CorruptSnapshotError(f"{raw.where}, state {shown(name)} {e}") from None
             except StateSerializationError as e:
-                raise UnsupportedFlinkTypeError(f"{raw.where}, state {name!r} {e}") from None
+                raise UnsupportedFlinkTypeError(f"{raw.where}, state {shown(name)} {e}") from None
             sections.append((st.index, Packed(kd, ko), Packed(vd, vo)))
             counts["timers" if st.domain is not None else "entries"] += n
         if slow:

@@ -20,7 +20,7 @@ import cramjam
 
 from keygroups._native import flinkin
 from keygroups.errors import CorruptSnapshotError, KeyGroupsError
-from keygroups.flink._cursor import Cursor, encode_modified_utf8
+from keygroups.flink._cursor import Cursor, encode_modified_utf8, plain, shown
 from keygroups.flink.types import (
     FlinkType,
     ListType,
@@ -75,27 +75,28 @@ def read_state_meta_info(c: Cursor) -> StateMetaInfoSnapshot:
     ``UnsupportedType`` that knows its state's name (so using it refuses by name); one it cannot skip (a user's own
     serializer) raises ``UnknownSerializerSnapshotError`` naming the state."""
     name = c.utf("a state name")
-    backend = c.i32(f"state {name!r}'s backend state type")
+    backend = c.i32(f"state {shown(name)}'s backend state type")
     if not 0 <= backend < len(BACKEND_STATE_TYPES):
-        raise c.fail(f"state {name!r} has backend state type {backend}; known: {list(enumerate(BACKEND_STATE_TYPES))}")
+        raise c.fail(f"state {shown(name)} has backend state type {backend}; known: "
+                     f"{list(enumerate(BACKEND_STATE_TYPES))}")
     options = {}
-    for _ in range(c.count(f"state {name!r}'s number of options", 4, limit=64)):
+    for _ in range(c.count(f"state {shown(name)}'s number of options", 4, limit=64)):
         k = c.utf("an option name")
         options[k] = c.utf("an option value")
     serializers = {}
-    for _ in range(c.count(f"state {name!r}'s number of serializers", 8, limit=16)):
+    for _ in range(c.count(f"state {shown(name)}'s number of serializers", 8, limit=16)):
         k = c.utf("a serializer key")
         try:
             serializers[k] = read_serializer_snapshot(c)
         except UnsupportedFlinkTypeError as e:
             cls = getattr(e, "snapshot_class", "?")
             raise UnknownSerializerSnapshotError(
-                cls, f"{c.where}: state {name!r} ({k}): {e}. keygroups skips the snapshots of Flink's own "
+                cls, f"{c.where}: state {shown(name)} ({plain(k)}): {e}. keygroups skips the snapshots of Flink's own "
                 "serializers (Kryo, POJO, Avro, Value types, ...) but not this one") from None
         for u in unsupported_types(serializers[k]):
             u.state = name
     if "VALUE_SERIALIZER" not in serializers:
-        raise c.fail(f"state {name!r} has no VALUE_SERIALIZER")
+        raise c.fail(f"state {shown(name)} has no VALUE_SERIALIZER")
     return StateMetaInfoSnapshot(name, BACKEND_STATE_TYPES[backend], options, serializers)
 
 
@@ -189,14 +190,15 @@ def read_keyed_header(c: Cursor) -> KeyedBackendHeader:
     states = tuple(read_state_meta_infos(c, n, "keyed header", ends_header=True))
     for s in states:
         if s.backend_type not in ("KEY_VALUE", "PRIORITY_QUEUE"):
-            raise c.fail(f"state {s.name!r} of type {s.backend_type} in a keyed state stream")
+            raise c.fail(f"state {shown(s.name)} of type {s.backend_type} in a keyed state stream")
         if s.kind == "TIMER":
             timer_type(s)
             continue
         if s.kind not in KEYED_STATE_KINDS:
-            raise c.fail(f"keyed state {s.name!r} has KEYED_STATE_TYPE {s.kind!r}; known: {sorted(KEYED_STATE_KINDS)}")
+            raise c.fail(f"keyed state {shown(s.name)} has KEYED_STATE_TYPE {shown(s.kind)}; known: "
+                         f"{sorted(KEYED_STATE_KINDS)}")
         if s.namespace_type is None:
-            raise c.fail(f"keyed state {s.name!r} has no NAMESPACE_SERIALIZER")
+            raise c.fail(f"keyed state {shown(s.name)} has no NAMESPACE_SERIALIZER")
         if s.kind == "LIST":
             list_element_type(s)
         elif s.kind == "MAP":

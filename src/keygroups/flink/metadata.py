@@ -14,7 +14,7 @@ import struct
 from collections.abc import Callable
 
 from keygroups.errors import CorruptSnapshotError
-from keygroups.flink._cursor import Cursor, encode_modified_utf8
+from keygroups.flink._cursor import Cursor, encode_modified_utf8, shown
 from keygroups.flink.types import UnsupportedFlinkTypeError
 
 MAGIC = 0x4960672D
@@ -73,7 +73,7 @@ def _file(c: Cursor) -> FileStateHandle:
 def _relative(c: Cursor) -> RelativeFileStateHandle:
     path = c.utf("a RelativeFileStateHandle's path")
     if path.startswith("/") or ".." in path.split("/"):
-        raise c.fail(f"a relative state handle points outside the savepoint: {path!r}")
+        raise c.fail(f"a relative state handle points outside the savepoint: {shown(path)}")
     return RelativeFileStateHandle(path, c.i64("a RelativeFileStateHandle's size"))
 
 
@@ -189,8 +189,8 @@ def read_operator_handle(c: Cursor) -> OperatorStreamStateHandle | None:
         name = c.utf("an operator state name")
         mode = c.u8("an operator state's distribution mode")
         if mode >= len(MODES):
-            raise c.fail(f"operator state {name!r} has distribution mode {mode}; known: {list(enumerate(MODES))}")
-        k = c.count(f"operator state {name!r}'s number of elements", 8)
+            raise c.fail(f"operator state {shown(name)} has distribution mode {mode}; known: {list(enumerate(MODES))}")
+        k = c.count(f"operator state {shown(name)}'s number of elements", 8)
         offsets = struct.unpack_from(f">{k}q", c.take(8 * k, "element offsets")) if k else ()
         states[name] = OperatorStateMeta(MODES[mode], tuple(offsets))
     stream = read_stream_handle(c)
@@ -265,8 +265,12 @@ def _operator(c: Cursor, version: int) -> OperatorState:
     n = c.i32("the number of subtask states")
     if n == -1:
         return OperatorState(operator_id, name, uid, parallelism, max_parallelism, (), finished=True)
-    if n < 0 or n > parallelism or n * 4 > c.remaining:
-        raise c.fail(f"{n} subtask states for an operator of parallelism {parallelism}")
+    if n < 0 or n > parallelism:
+        raise c.fail(f"{n} subtask states for an operator of parallelism {parallelism}; expected 0 to {parallelism} "
+                     "(or -1: a finished operator)")
+    if n * 4 > c.remaining:
+        raise c.fail(f"{n} subtask states need at least {n * 4} bytes, but {c.remaining} remain (truncated or "
+                     "corrupt)")
     subtasks = []
     for _ in range(n):
         index = c.i32("a subtask index")

@@ -11,7 +11,7 @@ import struct
 from typing import Any
 
 from keygroups.errors import CorruptSnapshotError
-from keygroups.flink._cursor import Cursor
+from keygroups.flink._cursor import Cursor, shown
 from keygroups.flink.keyed import StateMetaInfoSnapshot, read_block, read_state_meta_infos, write_state_meta_info
 from keygroups.flink.types import FlinkType, UnsupportedFlinkTypeError
 
@@ -41,15 +41,15 @@ def read_operator_header(c: Cursor) -> OperatorBackendHeader:
     n = c.u16("the number of operator states")
     for m in read_state_meta_infos(c, n, "operator state header", ends_header=False):
         if m.backend_type != "OPERATOR" or m.kind not in ("SPLIT_DISTRIBUTE", "UNION"):
-            raise c.fail(f"operator state {m.name!r} is {m.backend_type} with mode {m.kind!r} (expected OPERATOR, "
-                         "SPLIT_DISTRIBUTE or UNION)")
+            raise c.fail(f"operator state {shown(m.name)} is {m.backend_type} with mode {shown(m.kind)} (expected "
+                         "OPERATOR, SPLIT_DISTRIBUTE or UNION)")
         states[m.name] = m
     broadcast = {}
     n = c.u16("the number of broadcast states")
     for m in read_state_meta_infos(c, n, "broadcast state header", ends_header=False):
         if m.backend_type != "BROADCAST" or m.kind != "BROADCAST" or "KEY_SERIALIZER" not in m.serializers:
-            raise c.fail(f"broadcast state {m.name!r} is {m.backend_type} with mode {m.kind!r} and serializers "
-                         f"{sorted(m.serializers)} (expected BROADCAST with a KEY_SERIALIZER)")
+            raise c.fail(f"broadcast state {shown(m.name)} is {m.backend_type} with mode {shown(m.kind)} and "
+                         f"serializers {shown(sorted(m.serializers))} (expected BROADCAST with a KEY_SERIALIZER)")
         broadcast[m.name] = m
     return OperatorBackendHeader(compression, states, broadcast)
 

@@ -9,17 +9,20 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import posixpath
 from collections.abc import Iterator
 from typing import Any
 
 import fsspec
 import mmh3
 import pyarrow as pa
+from fsspec.implementations.local import LocalFileSystem
+from fsspec.utils import get_protocol
 
 from keygroups._native import flinkin
 from keygroups._ranges import KeyGroupRange
-from keygroups.errors import CheckpointNotFoundError, CorruptSnapshotError
-from keygroups.flink._cursor import Cursor
+from keygroups.errors import CheckpointNotFoundError, CorruptSnapshotError, KeyGroupsError
+from keygroups.flink._cursor import Cursor, plain, shown
 from keygroups.flink.keyed import (
     KeyedBackendHeader,
     StateMetaInfoSnapshot,
@@ -40,6 +43,7 @@ from keygroups.flink.metadata import (
     KeyGroupsStateHandle,
     OperatorState,
     OperatorStreamStateHandle,
+    RelativeFileStateHandle,
     StreamStateHandle,
     read_metadata,
 )
@@ -132,49 +136,161 @@ def decode_entries(raw: KeyGroupBlock, scan: flinkin.BlockScan, state_ids: list[
     return entries
 
 
+class PathOutsideSavepointError(KeyGroupsError):
+    """A state handle of a Flink ``_metadata`` names a file outside the savepoint's directory (an absolute path
+    elsewhere, another file system, a URL). keygroups reads only the savepoint's own files unless the caller opts in
+    (``allow_paths_outside=True``, ``--allow-paths-outside``): a crafted ``_metadata`` could otherwise make it read any
+    file or URL the process can reach. Flink's non-relocatable savepoints (absolute ``FileStateHandle`` paths) that
+    were moved, or whose files lie elsewhere, need the opt-in."""
+
+
+class OperatorNotFoundError(KeyGroupsError, KeyError):
+    """The savepoint holds no operator of that uid (or id); the message lists the operators it holds."""
+
+    def __str__(self) -> str:   # a KeyError's str is the repr of its argument: keep the message readable
+        return str(self.args[0]) if self.args else ""
+
+
+#: A path read from ``_metadata`` is shown whole up to this length (escaped, as any text read from a file).
+_PATH_CHARACTERS = 400
+
+
+class _Files:
+    """The file system of one savepoint directory: where each stream handle's bytes are, refused outside the
+    directory unless allowed; each file checked once (a regular file, at least as long as its handle says) before
+    anything is read from it."""
+
+    def __init__(self, base: str, allow_paths_outside: bool) -> None:
+        self.base = base
+        self.allow_paths_outside = allow_paths_outside
+        self.fs, self.root = fsspec.core.url_to_fs(base)
+        self.local = isinstance(self.fs, LocalFileSystem)
+        protocol = self.fs.protocol
+        self.protocols = set(protocol) if isinstance(protocol, (tuple, list)) else {protocol}
+        self._inside = self._comparable(self.root).rstrip("/")
+        self._checked: dict[str, int] = {}     # path -> its size on the file system
+        self.bytes_read = 0                    # of state, from files and inline handles
+
+    def _comparable(self, path: str) -> str:
+        """``path`` as containment is decided on: symbolic links resolved for local files (a link out of the
+        directory is outside), ``.`` and ``..`` folded elsewhere."""
+        return os.path.realpath(path) if self.local else posixpath.normpath(path)
+
+    def _is_inside(self, path: str) -> bool:
+        p = self._comparable(path)
+        return p.startswith(self._inside + "/")
+
+    def locate(self, handle: FileStateHandle | RelativeFileStateHandle) -> tuple[Any, str, str]:
+        """(file system, path on it, the name errors give) of a file handle's bytes."""
+        if isinstance(handle, RelativeFileStateHandle):
+            path = posixpath.join(self.root, handle.relative_path)
+            if not self.allow_paths_outside and not self._is_inside(path):
+                raise self._outside(f"relative state handle {shown(handle.relative_path, _PATH_CHARACTERS)}",
+                                    "resolves (through a symbolic link)")
+            return self.fs, path, plain(path, _PATH_CHARACTERS)
+        path = handle.path
+        if path.startswith("file:") and not path.startswith("file://"):
+            path = path[len("file:"):]
+        if get_protocol(path) in self.protocols:
+            on_fs = type(self.fs)._strip_protocol(path)
+            if self.allow_paths_outside or self._is_inside(on_fs):
+                return self.fs, on_fs, plain(on_fs, _PATH_CHARACTERS)
+        if not self.allow_paths_outside:
+            raise self._outside(f"file state handle {shown(handle.path, _PATH_CHARACTERS)}", "points")
+        fs, on_fs = fsspec.core.url_to_fs(path)
+        return fs, on_fs, plain(path, _PATH_CHARACTERS)
+
+    def _outside(self, what: str, verb: str) -> PathOutsideSavepointError:
+        return PathOutsideSavepointError(
+            f"the savepoint {self.base}: its {what} {verb} outside the savepoint directory; keygroups reads only the "
+            "savepoint's own files unless told otherwise. If you trust this savepoint (Flink's non-relocatable "
+            "savepoints name their files by absolute path, and a moved one points to where it was written), pass "
+            "allow_paths_outside=True (keygroups flink: --allow-paths-outside)")
+
+    def check(self, fs: Any, path: str, where: str, claimed: int) -> None:
+        """Refuse a file that is not a regular file, or shorter than the ``claimed`` bytes its handle says it holds,
+        before any byte of it is read (a FIFO would block the read, a claimed size is never allocated)."""
+        size = self._checked.get(path)
+        if size is None:
+            try:
+                info = fs.info(path)
+            except FileNotFoundError:
+                raise CheckpointNotFoundError(f"state file {where} of the savepoint is missing") from None
+            kind = info.get("type")
+            if kind != "file":
+                found = {"directory": "a directory", "other": "not a regular file (a FIFO, socket or device)"}.get(
+                    kind, f"of type {kind!r}")
+                raise CorruptSnapshotError(f"state file {where} of the savepoint is {found}; a savepoint's state "
+                                           "files are regular files")
+            known = info.get("size")
+            size = self._checked[path] = -1 if known is None else int(known)   # -1: the file system does not say
+        if 0 <= size < claimed:
+            raise CorruptSnapshotError(f"state file {where} holds {size} bytes, but its state handle in _metadata "
+                                       f"says {claimed} (the file is truncated, or _metadata is corrupt)")
+
+
 class _Stream:
     """Ranged reads of one stream handle: inline bytes, or a file read by seek (one key group at a time)."""
 
-    def __init__(self, handle: StreamStateHandle, base: str) -> None:
+    def __init__(self, handle: StreamStateHandle, files: _Files) -> None:
         self.handle = handle
+        self.files = files
         if isinstance(handle, ByteStreamStateHandle):
-            self.where = f"inline state {handle.name!r}"
+            self.where = f"inline state {shown(handle.name)}"
             self.size = len(handle.data)
-            self.path = None
+            self.path: str | None = None
         else:
-            if isinstance(handle, FileStateHandle):
-                path = handle.path
-                if path.startswith("file:") and not path.startswith("file://"):
-                    path = path[len("file:"):]
-            else:
-                path = base.rstrip("/") + "/" + handle.relative_path
-            self.path = path
-            self.where = path
+            self.fs, self.path, self.where = files.locate(handle)
             self.size = handle.size
+            if self.size < 0:
+                raise CorruptSnapshotError(f"state file {self.where}: its state handle in _metadata says it holds "
+                                           f"{self.size} bytes")
+            files.check(self.fs, self.path, self.where, self.size)
 
     def read(self, start: int, end: int) -> bytes:
         if not 0 <= start <= end <= self.size:
             raise CorruptSnapshotError(f"{self.where}: range [{start}, {end}) lies outside its {self.size} bytes")
+        self.files.bytes_read += end - start
         if self.path is None:
-            return self.handle.data[start:end]
+            return self.handle.data[start:end]   # type: ignore[union-attr]
         try:
-            with fsspec.open(self.path, "rb") as f:
+            with self.fs.open(self.path, "rb") as f:
                 f.seek(start)
-                data = f.read(end - start)
+                data = _read_up_to(f, end - start)
         except FileNotFoundError:
-            raise CheckpointNotFoundError(f"state file {self.path} of the savepoint is missing") from None
+            raise CheckpointNotFoundError(f"state file {self.where} of the savepoint is missing") from None
         if len(data) != end - start:
             raise CorruptSnapshotError(f"{self.where}: {len(data)} bytes at {start}, expected {end - start} "
                                        "(the file is truncated)")
         return data
 
 
+#: The most bytes one read asks a file for: a length taken from a file is never allocated before the bytes exist.
+_READ_CHUNK = 1 << 26
+
+
+def _read_up_to(f: Any, n: int) -> bytes:
+    """Up to ``n`` bytes of ``f``, read in chunks (fewer at the end of the file)."""
+    if n <= _READ_CHUNK:
+        return f.read(n)
+    parts = []
+    while n > 0:
+        part = f.read(min(n, _READ_CHUNK))
+        if not part:
+            break
+        parts.append(part)
+        n -= len(part)
+    return b"".join(parts)
+
+
 class FlinkSavepoint:
     """A Flink savepoint directory: its operators and their states (see ``read_savepoint``)."""
 
-    def __init__(self, path: str, metadata: CheckpointMetadata) -> None:
+    def __init__(self, path: str, metadata: CheckpointMetadata, *, allow_paths_outside: bool = False) -> None:
         self.path = path
         self.metadata = metadata
+        self.allow_paths_outside = allow_paths_outside
+        self._files = _Files(path, allow_paths_outside)
 
     @property
     def operators(self) -> tuple[OperatorState, ...]:
@@ -186,8 +302,42 @@ class FlinkSavepoint:
         for op in self.operators:
             if op.uid == uid or op.operator_id == want or op.operator_id_hex == uid.lower():
                 return op
-        known = ", ".join(f"{op.uid or '?'} ({op.operator_id_hex})" for op in self.operators)
-        raise KeyError(f"the savepoint {self.path} has no operator with uid {uid!r}; its operators: {known}")
+        raise OperatorNotFoundError(f"the savepoint {self.path} has no operator with uid {shown(uid)}; "
+                                    f"{self.operators_described()}")
+
+    def operators_described(self) -> str:
+        """The operators, as an error naming a wrong uid lists them: uid, name and id (uid and name are stored
+        from Flink 2.0 on; before, an operator is found by its uid's hash or by its id)."""
+        if not self.operators:
+            return "it holds no operators"
+        parts = []
+        for op in self.operators:
+            label = f"uid {shown(op.uid)}" if op.uid else "uid not stored"
+            if op.name and op.name != op.uid:
+                label += f", name {shown(op.name)}"
+            parts.append(f"{label}, id {op.operator_id_hex}")
+        if self.metadata.version < 5:
+            note = (f" (this savepoint's metadata, version {self.metadata.version}, stores no uids: give the uid the "
+                    "Flink job set, which keygroups matches by its hash, or an operator id)")
+        elif not all(op.uid for op in self.operators):
+            note = " (an operator without a uid is found by its id)"
+        else:
+            note = ""
+        return f"its operators: {'; '.join(parts)}{note}"
+
+    @property
+    def bytes_read(self) -> int:
+        """Bytes of state read so far (from state files and inline handles; ``_metadata`` not counted)."""
+        return self._files.bytes_read
+
+    def check_files(self, uid: str) -> None:
+        """Check every state file of operator ``uid`` before anything is read or written: inside the savepoint
+        directory (unless ``allow_paths_outside``), a regular file, as long as its handle says. Raises
+        ``PathOutsideSavepointError``, ``CheckpointNotFoundError`` or ``CorruptSnapshotError`` naming the file."""
+        for st in self.operator(uid).subtasks:
+            for handle in (st.managed_keyed_state, st.managed_operator_state):
+                if handle is not None:
+                    _Stream(handle.stream, self._files)
 
     # -- headers -----------------------------------------------------------------------------------------------
 
@@ -196,7 +346,7 @@ class FlinkSavepoint:
                       key=lambda h: h.start_key_group)
 
     def _keyed_header(self, handle: KeyGroupsStateHandle) -> tuple[KeyedBackendHeader, _Stream]:
-        stream = _Stream(handle.stream, self.path)
+        stream = _Stream(handle.stream, self._files)
         firsts = [o for o in handle.offsets if o]
         end = min(firsts) if firsts else stream.size
         c = Cursor(stream.read(0, end), stream.where)
@@ -211,7 +361,7 @@ class FlinkSavepoint:
         return [(st.index, st.managed_operator_state) for st in op.subtasks if st.managed_operator_state is not None]
 
     def _operator_header(self, handle: OperatorStreamStateHandle) -> tuple[OperatorBackendHeader, bytes, str]:
-        stream = _Stream(handle.stream, self.path)
+        stream = _Stream(handle.stream, self._files)
         data = stream.read(0, stream.size)   # operator state is small: whole per subtask
         return read_operator_header(Cursor(data, stream.where)), data, stream.where
 
@@ -290,7 +440,8 @@ class FlinkSavepoint:
         info = {s.name: s for s in self.states(uid)}.get(name)
         if info is None or not info.keyed:
             raise KeyError(f"operator {uid!r} has no keyed state {name!r}; its states: "
-                           f"{[s.name for s in self.states(uid)]} (operator state: read_operator_state)")
+                           f"{', '.join(shown(s.name) for s in self.states(uid))} (operator state: "
+                           "read_operator_state)")
         schema = state_schema(info)
         for kg in self.key_groups(uid, {name}):
             yield _batch(info, schema, kg.key_group, kg.entries.get(name, []))
@@ -329,17 +480,26 @@ class FlinkSavepoint:
         return f"FlinkSavepoint({self.path!r}, checkpoint {self.metadata.checkpoint_id}, operators: {ops})"
 
 
-def read_savepoint(path: str | os.PathLike) -> FlinkSavepoint:
-    """Open a Flink canonical savepoint directory (or its ``_metadata`` file); local paths or fsspec URLs."""
+def read_savepoint(path: str | os.PathLike, *, allow_paths_outside: bool = False) -> FlinkSavepoint:
+    """Open a Flink canonical savepoint directory (or its ``_metadata`` file); local paths or fsspec URLs.
+
+    State is read only from files inside the savepoint directory: a state handle naming any other file or URL is
+    refused (``PathOutsideSavepointError``) unless ``allow_paths_outside`` (Flink's non-relocatable savepoints name
+    their files by absolute path)."""
     path = os.fspath(path)
     meta_path = path if path.rstrip("/").endswith("_metadata") else path.rstrip("/") + "/_metadata"
     base = meta_path[: -len("/_metadata")] if meta_path.endswith("/_metadata") else "."
+    fs, on_fs = fsspec.core.url_to_fs(meta_path)
     try:
-        with fsspec.open(meta_path, "rb") as f:
-            data = f.read()
+        kind = fs.info(on_fs).get("type")
     except FileNotFoundError:
         raise CheckpointNotFoundError(f"{path} is not a Flink savepoint: it has no _metadata file") from None
-    return FlinkSavepoint(base, read_metadata(data, meta_path))
+    if kind != "file":
+        found = "a directory" if kind == "directory" else "not a regular file (a FIFO, socket or device)"
+        raise CorruptSnapshotError(f"{meta_path} is {found}; a Flink savepoint's _metadata is a regular file")
+    with fs.open(on_fs, "rb") as f:
+        data = f.read()
+    return FlinkSavepoint(base, read_metadata(data, meta_path), allow_paths_outside=allow_paths_outside)
 
 
 # ---------------------------------------------------------------------------------------------- decoding

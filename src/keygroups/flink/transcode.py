@@ -30,6 +30,7 @@ from keygroups.flink.types import (
     TimeWindowType,
     TupleType,
     VoidNamespaceType,
+    holds_tuple,
 )
 
 _SCALARS: dict[type[FlinkType], int] = {
@@ -66,11 +67,27 @@ def compile_type(t: FlinkType, record: bool = False) -> flinkin.Node:
 _WINDOW = TupleType((LongType(), LongType()))
 
 
+def compile_value(t: FlinkType, tuples_as_records: bool) -> flinkin.Node:
+    """The compiled node of a whole state value (a value, list element or map value). ``tuples_as_records``: a
+    Tuple is imported as a record (``keygroups.flink.types.state_serializer``); one at the top of the value is its
+    record's bytes (its fields in order, in the record format), one inside a List, Map or Nullable value has no
+    compiled import (NotCompiled: the Python path writes it)."""
+    if not tuples_as_records:
+        return compile_type(t)
+    if isinstance(t, TupleType):
+        return compile_type(t, True)
+    if holds_tuple(t):
+        raise NotCompiled(f"a Tuple inside {t!r} becomes a nested record: no compiled import")
+    return compile_type(t)
+
+
 def state_plan(name: str, kind: str, key_type: FlinkType, namespace_type: FlinkType | None, value_type: FlinkType,
-               map_key_type: FlinkType | None, ttl: bool, timers: bool, wrap: bool = False) -> flinkin.StatePlan:
+               map_key_type: FlinkType | None, ttl: bool, timers: bool, wrap: bool = False, *,
+               tuples_as_records: bool = False) -> flinkin.StatePlan:
     """The compiled import of one keyed state: ``kind`` is keygroups' (value, reducing, aggregating, list, map),
     ``value_type`` the value's, list element's or map value's FlinkType with its TTL unwrapped (``ttl`` says
-    whether it had one); ``timers`` for a timer queue (its value_type is ignored). NotCompiled if it has none.
+    whether it had one); ``timers`` for a timer queue (its value_type is ignored); ``tuples_as_records``: its Tuples
+    become records (``compile_value``). NotCompiled if it has none.
 
     In ``TimeWindow`` namespaces (keygroups.flink.windows): a state becomes the namespaced state's map, window ->
     value (``wrap``: the window operator's one-part accumulator ``(v,)``) or list, (window, user key) -> value for
@@ -82,7 +99,7 @@ def state_plan(name: str, kind: str, key_type: FlinkType, namespace_type: FlinkT
     namespace = compile_type(_WINDOW) if windowed else None
     if timers:
         return flinkin.StatePlan(flinkin.TIMER_STATE, key, name=name, namespace=namespace)
-    value = compile_type(TupleType((value_type,)) if wrap else value_type)
+    value = compile_type(TupleType((value_type,))) if wrap else compile_value(value_type, tuples_as_records)
     if windowed:
         kinds = {"list": flinkin.LIST_STATE, "map": flinkin.MAP_STATE}
         user_key = compile_type(map_key_type) if kind == "map" and map_key_type is not None else None

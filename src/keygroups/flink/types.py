@@ -21,7 +21,7 @@ from typing import Any, ClassVar, NamedTuple
 import pyarrow as pa
 
 from keygroups.errors import CorruptSnapshotError, KeyGroupsError
-from keygroups.flink._cursor import Cursor, encode_modified_utf8
+from keygroups.flink._cursor import Cursor, encode_modified_utf8, plain, shown
 from keygroups.serializers import (
     BoolSerializer,
     BytesSerializer,
@@ -124,7 +124,7 @@ class FlinkType:
 
 def _check_int(value: Any, bits: int, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"Flink's {name} holds ints, got {value!r} of type {type(value).__name__}")
+        raise TypeError(f"Flink's {name} holds ints, got {shown(value)} of type {type(value).__name__}")
     lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
     if not lo <= value <= hi:
         raise ValueError(f"{value} is outside Flink {name}'s range [{lo}, {hi}]")
@@ -248,7 +248,7 @@ class FloatType(_Simple):
         v = float(value)
         packed = _F32.pack(v)
         if _F32.unpack(packed)[0] != v and v == v:
-            raise ValueError(f"{v!r} is not exactly a Java float: Flink's Float state cannot hold it")
+            raise ValueError(f"{shown(v)} is not exactly a Java float: Flink's Float state cannot hold it")
         out += packed if v == v else _JAVA_NAN_32          # writeFloat: floatToIntBits, one NaN
 
     def arrow_type(self) -> pa.DataType:
@@ -268,7 +268,7 @@ class BooleanType(_Simple):
 
     def write(self, out: bytearray, value: Any) -> None:
         if not isinstance(value, bool):
-            raise TypeError(f"Flink's Boolean holds bools, got {value!r}")
+            raise TypeError(f"Flink's Boolean holds bools, got {shown(value)}")
         out.append(1 if value else 0)
 
     def arrow_type(self) -> pa.DataType:
@@ -288,7 +288,7 @@ class CharType(_Simple):
 
     def write(self, out: bytearray, value: Any) -> None:
         if not isinstance(value, str) or len(value) != 1 or ord(value) > 0xFFFF:
-            raise ValueError(f"Flink's Character holds one UTF-16 code unit, got {value!r}")
+            raise ValueError(f"Flink's Character holds one UTF-16 code unit, got {shown(value)}")
         out += _H.pack(ord(value))
 
     def arrow_type(self) -> pa.DataType:
@@ -386,7 +386,7 @@ class StringType(_Simple):
 
     def write(self, out: bytearray, value: Any) -> None:
         if value is not None and not isinstance(value, str):
-            raise TypeError(f"Flink's String holds str, got {value!r} of type {type(value).__name__}")
+            raise TypeError(f"Flink's String holds str, got {shown(value)} of type {type(value).__name__}")
         write_string_value(out, value)
 
     def arrow_type(self) -> pa.DataType:
@@ -409,7 +409,7 @@ class BytesType(_Simple):
 
     def write(self, out: bytearray, value: Any) -> None:
         if not isinstance(value, (bytes, bytearray, memoryview)):
-            raise TypeError(f"Flink's byte[] holds bytes, got {value!r} of type {type(value).__name__}")
+            raise TypeError(f"Flink's byte[] holds bytes, got {shown(value)} of type {type(value).__name__}")
         b = bytes(value)
         out += _I32.pack(len(b))
         out += b
@@ -475,15 +475,28 @@ class _Composite(FlinkType):
 
 
 class TupleType(_Composite):
-    """``TupleSerializer`` (Flink's Tuple1..Tuple25): the fields in order, none null; as a Python tuple."""
+    """``TupleSerializer`` (Flink's Tuple1..Tuple25): the fields in order, none null; as a Python tuple.
+
+    ``names`` (not part of the snapshot: Flink's Tuple classes name their fields f0, f1, ...) name the fields of the
+    keygroups record the Tuple becomes (``state_serializer``), f0, f1, ... unless the import was given others."""
 
     snapshot_class = "org.apache.flink.api.java.typeutils.runtime.TupleSerializerSnapshot"
     name = "Tuple"
     outer_version = 2
 
-    def __init__(self, fields: tuple[FlinkType, ...], tuple_class: str | None = None) -> None:
+    def __init__(self, fields: tuple[FlinkType, ...], tuple_class: str | None = None,
+                 names: tuple[str, ...] | None = None) -> None:
         self.fields = fields
         self.tuple_class = tuple_class or f"org.apache.flink.api.java.tuple.Tuple{len(fields)}"
+        self.names = tuple(names) if names is not None else tuple(f"f{i}" for i in range(len(fields)))
+        if len(self.names) != len(fields) or len(set(self.names)) != len(fields) or \
+                not all(isinstance(n, str) and n for n in self.names):
+            raise ValueError(f"a Tuple of {len(fields)} fields needs {len(fields)} distinct non-empty field names, "
+                             f"got {list(self.names)!r}")
+
+    def with_names(self, names: tuple[str, ...]) -> TupleType:
+        """This Tuple with its fields named ``names`` (the names of the record it becomes in keygroups)."""
+        return TupleType(self.fields, self.tuple_class, tuple(names))
 
     def nested(self) -> tuple[FlinkType, ...]:
         return self.fields
@@ -495,21 +508,28 @@ class TupleType(_Composite):
         return tuple(f.read(c) for f in self.fields)
 
     def write(self, out: bytearray, value: Any) -> None:
-        if isinstance(value, dict):      # a keygroups record standing for a Tuple: fields f0, f1, ...
-            value = record_values(tuple(f"f{i}" for i in range(len(self.fields))), value, "a Tuple")
+        if isinstance(value, dict):      # a keygroups record standing for a Tuple: fields f0, f1, ... or its names
+            value = record_values(self.names, value, "a Tuple")
         if len(value) != len(self.fields):
-            raise ValueError(f"a {self.tuple_class.rpartition('.')[2]} needs {len(self.fields)} fields, got "
-                             f"{len(value)}: {value!r}")
+            raise ValueError(f"a {plain(self.tuple_class.rpartition('.')[2])} needs {len(self.fields)} fields, got "
+                             f"{len(value)}: {shown(value)}")
         for f, v in zip(self.fields, value):
             if v is None:
-                raise ValueError(f"Flink's Tuple fields cannot be null: {value!r}")
+                raise ValueError(f"Flink's Tuple fields cannot be null: {shown(value)}")
             f.write(out, v)
 
     def arrow_type(self) -> pa.DataType:
-        return pa.struct([(f"f{i}", f.arrow_type()) for i, f in enumerate(self.fields)])
+        return pa.struct([(n, f.arrow_type()) for n, f in zip(self.names, self.fields)])
 
     def keygroups_serializer(self) -> TypeSerializer:
         return TupleSerializer(*(f.keygroups_serializer() for f in self.fields))
+
+    def __eq__(self, other: object) -> bool:
+        # names are not part of Flink's serializer (nor of its snapshot)
+        return isinstance(other, TupleType) and (self.fields, self.tuple_class) == (other.fields, other.tuple_class)
+
+    def __hash__(self) -> int:
+        return hash((TupleType, len(self.fields)))
 
     def __repr__(self) -> str:
         return f"Tuple{len(self.fields)}({', '.join(map(repr, self.fields))})"
@@ -566,7 +586,7 @@ class RowType(_Composite):
         if isinstance(value, dict):
             value = record_values(self.names, value, "a Row")
         if len(value) != len(self.fields):
-            raise ValueError(f"a Row of {len(self.fields)} fields cannot hold {value!r}")
+            raise ValueError(f"a Row of {len(self.fields)} fields cannot hold {shown(value)}")
         nbits = self._mask_bits()
         nbytes = (nbits + 7) // 8
         offset = 2 if self.supports_row_kind else 0
@@ -606,7 +626,8 @@ def record_values(names: tuple[str, ...], value: dict, what: str) -> tuple:
     """A keygroups record (a dict) as a tuple of its fields in ``names``' order; other keys are refused."""
     extra = set(value) - set(names)
     if extra:
-        raise ValueError(f"{what} with fields {list(names)} cannot hold the fields {sorted(extra)} of {value!r}")
+        raise ValueError(f"{what} with fields {list(names)} cannot hold the fields {shown(sorted(extra))} of "
+                         f"{shown(value)}")
     return tuple(value.get(n) for n in names)
 
 
@@ -640,12 +661,54 @@ def record_field_type(t: FlinkType, path: str) -> tuple[rs.DataType, bool]:
         value, _ = record_field_type(t.value, path + " value")
         return rs.MapType(key, value, True), False
     if isinstance(t, TupleType):
-        return rs.RecordType(tuple(rs.Field(f"f{i}", *record_field_type(f, f"{path}.f{i}"))
-                                   for i, f in enumerate(t.fields))), False
+        return rs.RecordType(tuple(rs.Field(n, *record_field_type(f, f"{path}.{n}" if path else n))
+                                   for n, f in zip(t.names, t.fields))), False
     if isinstance(t, RowType):
         return rs.RecordType(tuple(rs.Field(n, record_field_type(f, f"{path}.{n}")[0], True)
                                    for n, f in zip(t.names, t.fields))), False
     raise UnsupportedFlinkTypeError(f"Row field {path!r} is a {t!r}, which a keygroups record cannot hold")
+
+
+def tuple_record_type(t: TupleType) -> rs.RecordType:
+    """The keygroups record a Flink Tuple becomes: fields ``f0``, ``f1``, ... (the names Flink's Tuple classes give
+    them; ``t.names`` when the import was given others), in order, none null unless Flink's field serializer is a
+    Nullable one."""
+    record, _ = record_field_type(t, "")
+    assert isinstance(record, rs.RecordType)
+    return record
+
+
+def state_serializer(t: FlinkType) -> TypeSerializer:
+    """The keygroups serializer of a whole state value of Flink type ``t`` (a value, a list element, a map value, an
+    operator state element): ``t.keygroups_serializer()``, except that a Tuple becomes a record with Flink's field
+    names, ``f0``, ``f1``, ... (``tuple_record_type``), wherever it is but in a map's key (keys stay tuples: a record
+    is a dict, which cannot key a map). A state read back (the state reader, SQL) has ``value.f0``, as a Flink user
+    writes ``value.f0``."""
+    if isinstance(t, TupleType):
+        return RecordSerializer(tuple_record_type(t))
+    if isinstance(t, TtlType):
+        return state_serializer(t.value)
+    if isinstance(t, ListType):
+        return ListSerializer(state_serializer(t.element))
+    if isinstance(t, MapType):
+        return MapSerializer(t.key.keygroups_serializer(), state_serializer(t.value))
+    if isinstance(t, NullableType):
+        return NullableSerializer(state_serializer(t.inner))
+    if isinstance(t, GenericArrayType):
+        return ListSerializer(NullableSerializer(state_serializer(t.element)))
+    return t.keygroups_serializer()
+
+
+def holds_tuple(t: FlinkType) -> bool:
+    """Whether ``t`` holds a Tuple that ``state_serializer`` makes a record: anywhere but in a map's key or inside a
+    Row (whose Tuples are records already)."""
+    if isinstance(t, TupleType):
+        return True
+    if isinstance(t, RowType):
+        return False
+    if isinstance(t, MapType):
+        return holds_tuple(t.value)
+    return any(holds_tuple(n) for n in t.nested())
 
 
 class ListType(_Composite):
@@ -822,12 +885,12 @@ class _PrimitiveArray(_Simple):
 
     def write(self, out: bytearray, value: Any) -> None:
         if value is None or isinstance(value, (str, bytes, dict)):
-            raise TypeError(f"Flink's {self.name} holds a list (never null), got {value!r}")
+            raise TypeError(f"Flink's {self.name} holds a list (never null), got {shown(value)}")
         values = list(value)
         out += _I32.pack(len(values))
         for v in values:
             if v is None:
-                raise ValueError(f"Flink's {self.name} cannot hold null elements: {value!r}")
+                raise ValueError(f"Flink's {self.name} cannot hold null elements: {shown(value)}")
             self.element.write(out, v)
 
     def arrow_type(self) -> pa.DataType:
@@ -879,7 +942,7 @@ class StringArrayType(_Simple):
 
     def write(self, out: bytearray, value: Any) -> None:
         if value is None or isinstance(value, (str, bytes)):
-            raise TypeError(f"Flink's String[] holds a list of str (never null itself), got {value!r}")
+            raise TypeError(f"Flink's String[] holds a list of str (never null itself), got {shown(value)}")
         values = list(value)
         out += _I32.pack(len(values))
         for v in values:
@@ -951,15 +1014,16 @@ class EnumType(FlinkType):
             out += encode_modified_utf8(n)
 
     def read(self, c: Cursor) -> str:
-        i = c.i32(f"an {self.enum_class} ordinal")
+        i = c.i32("an enum ordinal")
         if not 0 <= i < len(self.constants):
-            raise c.fail(f"ordinal {i} of enum {self.enum_class}, which has {len(self.constants)} constants")
+            raise c.fail(f"ordinal {i} of enum {plain(self.enum_class)}, which has {len(self.constants)} constants")
         return self.constants[i]
 
     def write(self, out: bytearray, value: Any) -> None:
         i = self._ordinals.get(value) if isinstance(value, str) else None
         if i is None:
-            raise ValueError(f"{value!r} is not a constant of enum {self.enum_class} {list(self.constants)}")
+            listed = ", ".join(plain(n) for n in self.constants[:20]) + (", ..." if len(self.constants) > 20 else "")
+            raise ValueError(f"{shown(value)} is not a constant of enum {plain(self.enum_class)} ({listed})")
         out += _I32.pack(i)
 
     def arrow_type(self) -> pa.DataType:
@@ -975,7 +1039,7 @@ class EnumType(FlinkType):
         return hash((EnumType, self.enum_class))
 
     def __repr__(self) -> str:
-        return f"Enum({self.enum_class.rpartition('.')[2]})"
+        return f"Enum({plain(self.enum_class.rpartition('.')[2])})"
 
 
 # ---------------------------------------------------------------------------------------------- not mapped
@@ -1015,21 +1079,21 @@ class UnsupportedType(FlinkType):
         return cls[: -len("Snapshot")] if cls.endswith("Snapshot") else cls
 
     def refusal(self) -> UnsupportedFlinkTypeError:
-        of = f" of {self.user_class}" if self.user_class else ""
+        of = f" of {plain(self.user_class)}" if self.user_class else ""
         if self.is_key:
             return UnsupportedFlinkTypeError(
-                f"the job is keyed by Flink's {self.serializer_class}{of} ({self.kind}), which keygroups can neither "
-                "read nor hash as Flink does, so none of the operator's keyed state can be imported: key the job by "
-                "a basic type, String, byte[] or a Tuple of them (convert the state in Flink first, with the State "
-                "Processor API)")
-        state = f"state {self.state!r}" if self.state else "this state"
-        skip = (f"--skip-state {self.state} (Python: skip_states=[{self.state!r}])" if self.state
+                f"the job is keyed by Flink's {plain(self.serializer_class)}{of} ({self.kind}), which keygroups can "
+                "neither read nor hash as Flink does, so none of the operator's keyed state can be imported: key the "
+                "job by a basic type, String, byte[] or a Tuple of them (convert the state in Flink first, with the "
+                "State Processor API)")
+        state = f"state {shown(self.state)}" if self.state else "this state"
+        skip = (f"--skip-state {plain(self.state)} (Python: skip_states=[{shown(self.state)}])" if self.state
                 else "--skip-state NAME (Python: skip_states=[NAME])")
         return UnsupportedFlinkTypeError(
-            f"{state} uses Flink's {self.serializer_class}{of} ({self.kind}), which keygroups cannot read or write "
-            "(it maps Flink's basic types, String, byte[], primitive arrays, enums, Tuple, Row, List, Map, Nullable "
-            "and TTL). Convert the state in Flink first (the State Processor API: read it and write it back as a Row, "
-            f"Tuple or basic type), or leave it out: {skip}")
+            f"{state} uses Flink's {plain(self.serializer_class)}{of} ({self.kind}), which keygroups cannot read or "
+            "write (it maps Flink's basic types, String, byte[], primitive arrays, enums, Tuple, Row, List, Map, "
+            "Nullable and TTL). Convert the state in Flink first (the State Processor API: read it and write it back "
+            f"as a Row, Tuple or basic type), or leave it out: {skip}")
 
     def read(self, c: Cursor) -> Any:
         raise self.refusal()
@@ -1057,7 +1121,7 @@ class UnsupportedType(FlinkType):
 
     def __repr__(self) -> str:
         short = self.serializer_class.rpartition(".")[2]
-        return f"{short}({self.user_class})" if self.user_class else short
+        return f"{plain(short)}({plain(self.user_class)})" if self.user_class else plain(short)
 
 
 def unsupported_types(t: FlinkType) -> list[UnsupportedType]:
@@ -1195,9 +1259,9 @@ def _optional_map(c: Cursor, what: str) -> list[tuple[str, memoryview | None, me
         name = c.utf(f"a name in {what}")
         frames: list[memoryview | None] = []
         for part in ("key", "value"):
-            if c.boolean(f"{what} {name!r}'s {part} presence flag"):
-                n = c.i32(f"{what} {name!r}'s {part} frame length")
-                frames.append(c.take(n, f"{what} {name!r}'s {part} frame"))
+            if c.boolean(f"{what} {shown(name)}'s {part} presence flag"):
+                n = c.i32(f"{what} {shown(name)}'s {part} frame length")
+                frames.append(c.take(n, f"{what} {shown(name)}'s {part} frame"))
             else:
                 frames.append(None)
         out.append((name, frames[0], frames[1]))
@@ -1233,9 +1297,9 @@ def _pojo(c: Cursor, version: int) -> FlinkType:
         raise UnknownSerializerSnapshotError(cls, f"{cls} version {version} is not supported (only 2, Flink 1.8+)")
     pojo_class = c.utf("the POJO class")
     fields = tuple((name, _framed_snapshot(value, c.where))
-                   for name, _, value in _optional_map(c, f"POJO {pojo_class}'s fields"))
-    _optional_map(c, f"POJO {pojo_class}'s registered subclasses")
-    _optional_map(c, f"POJO {pojo_class}'s other subclasses")
+                   for name, _, value in _optional_map(c, f"POJO {plain(pojo_class)}'s fields"))
+    _optional_map(c, f"POJO {plain(pojo_class)}'s registered subclasses")
+    _optional_map(c, f"POJO {plain(pojo_class)}'s other subclasses")
     return UnsupportedType(cls, version, "a POJO", pojo_class, fields)
 
 
@@ -1248,7 +1312,7 @@ def _avro(c: Cursor, version: int) -> FlinkType:
     else:
         raise UnknownSerializerSnapshotError(cls, f"{cls} version {version} is not supported (1 or 2)")
     schema = c.utf("the Avro schema")
-    return UnsupportedType(cls, version, f"Avro, schema {schema[:200]}", runtime_type)
+    return UnsupportedType(cls, version, f"Avro, schema {shown(schema)}", runtime_type)
 
 
 def _generic_type(cls: str, kind: str) -> Callable[[Cursor, int], FlinkType]:
@@ -1272,9 +1336,10 @@ def _enum(c: Cursor, version: int) -> FlinkType:
         raise UnknownSerializerSnapshotError(EnumType.snapshot_class, f"{EnumType.snapshot_class} version {version} "
                                              "is not supported (only 3, Flink 1.11+)")
     enum_class = c.utf("the enum class")
-    constants = tuple(c.utf(f"a constant of {enum_class}") for _ in range(c.count(f"{enum_class}'s constants", 2)))
+    constants = tuple(c.utf("an enum constant") for _ in range(c.count("the enum's number of constants", 2)))
     if len(set(constants)) != len(constants):
-        raise c.fail(f"enum {enum_class} lists a constant twice: {list(constants)}")
+        twice = sorted({n for n in constants if constants.count(n) > 1})
+        raise c.fail(f"enum {plain(enum_class)} lists constant {plain(twice[0])} twice")
     return EnumType(enum_class, constants)
 
 
@@ -1339,12 +1404,12 @@ def read_nested_snapshot(c: Cursor) -> FlinkType:
     but does not map becomes an ``UnsupportedType`` holding its payload; one it cannot skip raises
     ``UnknownSerializerSnapshotError``."""
     cls_name = c.utf("a serializer snapshot class")
-    version = c.i32(f"{cls_name}'s version")
+    version = c.i32(f"{plain(cls_name)}'s version")
     reader = SNAPSHOT_READERS.get(cls_name)
     if reader is None:
         raise UnknownSerializerSnapshotError(
-            cls_name, f"serializer snapshot {cls_name} is one keygroups does not know (a user's serializer?): its "
-            "payload has no length prefix, so it cannot be skipped either")
+            plain(cls_name), f"serializer snapshot {plain(cls_name)} is one keygroups does not know (a user's "
+            "serializer?): its payload has no length prefix, so it cannot be skipped either")
     start = c.pos
     t = reader(c, version)
     if isinstance(t, UnsupportedType):
@@ -1398,10 +1463,19 @@ _FLINK_SCALARS: dict[rs.DataType, type[FlinkType]] = {
     rs.FLOAT32: FloatType, rs.BOOL: BooleanType, rs.STRING: StringType, rs.BINARY: BytesType}
 
 
-def flink_row_for(record: rs.RecordType, what: str) -> RowType:
+def is_tuple_shaped(record: rs.RecordType) -> bool:
+    """Whether a record has a Flink Tuple's shape, as ``tuple_record_type`` makes one: 1 to 25 fields named ``f0``,
+    ``f1``, ... in order, none nullable (a Row's fields always are)."""
+    return 1 <= len(record.fields) <= 25 and all(f.name == f"f{i}" and not f.nullable
+                                                 for i, f in enumerate(record.fields))
+
+
+def flink_row_for(record: rs.RecordType, what: str) -> RowType | TupleType:
     """The Flink ``Row`` (with RowKind, as Flink 2's ``RowTypeInfo`` makes it) of a keygroups record schema: every
     field nullable in Flink, nested records as nested Rows; field names are kept on the RowType (Flink does not
-    store them). Date, timestamp and decimal fields have no Flink serializer keygroups writes: refused by name."""
+    store them). A record of a Tuple's shape (``is_tuple_shaped``: how a Flink Tuple was imported) goes back as that
+    Tuple, nested ones too. Date, timestamp and decimal fields have no Flink serializer keygroups writes: refused by
+    name."""
     def field(t: rs.DataType, path: str) -> FlinkType:
         scalar = _FLINK_SCALARS.get(t)
         if scalar is not None:
@@ -1411,14 +1485,14 @@ def flink_row_for(record: rs.RecordType, what: str) -> RowType:
         if isinstance(t, rs.MapType):
             return MapType(field(t.key, path + " key"), field(t.value, path + " value"))
         if isinstance(t, rs.RecordType):
-            return RowType(tuple(field(f.type, f"{path}.{f.name}" if path else f.name) for f in t.fields),
-                           names=t.names)
+            fields = tuple(field(f.type, f"{path}.{f.name}" if path else f.name) for f in t.fields)
+            return TupleType(fields) if is_tuple_shaped(t) else RowType(fields, names=t.names)
         raise UnsupportedFlinkTypeError(
             f"{what}: record field {path!r} is {t.ddl()}, which keygroups does not export to Flink (records export "
             "as Row of bigint, int, smallint, tinyint, double, float, boolean, string, binary, arrays, maps and "
             "nested records); skip the state or store the field as one of those")
     row = field(record, "")
-    assert isinstance(row, RowType)
+    assert isinstance(row, (RowType, TupleType))
     return row
 
 
@@ -1428,9 +1502,9 @@ def narrow_to(flink: FlinkType, wider: FlinkType) -> bool:
     if type(flink) is type(wider):
         return all(narrow_to(a, b) for a, b in zip(flink.nested(), wider.nested())) \
             and len(flink.nested()) == len(wider.nested())
-    if isinstance(flink, TupleType) and isinstance(wider, RowType):    # a Tuple nested in a Row: a record
-        return len(flink.fields) == len(wider.fields) and wider.names == tuple(
-            f"f{i}" for i in range(len(flink.fields))) and all(map(narrow_to, flink.fields, wider.fields))
+    if isinstance(flink, TupleType) and isinstance(wider, RowType):    # a Tuple as a record: by position
+        return len(flink.fields) == len(wider.fields) and all(
+            narrow_to(a, b) or a == b for a, b in zip(flink.fields, wider.fields))
     if isinstance(flink, NullableType) and not isinstance(wider, NullableType):   # a Row's field, nullable anyway
         return narrow_to(flink.inner, wider) or flink.inner == wider
     if isinstance(flink, _PrimitiveArray) and isinstance(wider, ListType):    # long[] imported as a List
@@ -1451,7 +1525,8 @@ def with_record_names(template: FlinkType, derived: FlinkType) -> FlinkType:
         return RowType(tuple(map(with_record_names, template.fields, derived.fields)), template.supports_row_kind,
                        derived.names)
     if isinstance(template, TupleType) and isinstance(derived, (TupleType, RowType)):
-        return TupleType(tuple(map(with_record_names, template.fields, derived.fields)), template.tuple_class)
+        return TupleType(tuple(map(with_record_names, template.fields, derived.fields)), template.tuple_class,
+                         derived.names)
     if isinstance(template, ListType) and isinstance(derived, ListType):
         return ListType(with_record_names(template.element, derived.element))
     if isinstance(template, MapType) and isinstance(derived, MapType):
@@ -1472,10 +1547,9 @@ def flink_value(t: FlinkType, v: Any) -> Any:
         return TtlValue(flink_value(t.value, value), ts)
     if isinstance(t, (RowType, TupleType)):
         if isinstance(v, dict):
-            names = t.names if isinstance(t, RowType) else tuple(f"f{i}" for i in range(len(t.fields)))
-            v = record_values(names, v, f"a {t.name}")
+            v = record_values(t.names, v, f"a {t.name}")
         if len(v) != len(t.fields):
-            raise ValueError(f"{t!r} needs {len(t.fields)} fields, got {v!r}")
+            raise ValueError(f"{t!r} needs {len(t.fields)} fields, got {shown(v)}")
         return tuple(flink_value(f, x) for f, x in zip(t.fields, v))
     if isinstance(t, ListType) and isinstance(t.element, _Composite):
         return [flink_value(t.element, x) for x in v]

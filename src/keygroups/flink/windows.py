@@ -48,6 +48,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from keygroups.flink._cursor import shown
 from keygroups.flink.keyed import StateMetaInfoSnapshot, encode_key, encode_list_value
 from keygroups.flink.types import (
     BooleanType,
@@ -187,8 +188,8 @@ def _records(values: list[Any], schema: pa.Schema) -> pa.Table:
         rows = []
         for v in values:
             if not isinstance(v, (tuple, list)) or len(v) != len(names):
-                raise UnsupportedFlinkTypeError(f"a window record {v!r} does not fill record_schema's {len(names)} "
-                                                f"columns {names}")
+                raise UnsupportedFlinkTypeError(f"a window record {shown(v)} does not fill record_schema's "
+                                                f"{len(names)} columns {names}")
             rows.append(dict(zip(names, v)))
     try:
         return pa.Table.from_pylist(rows, schema=schema)
