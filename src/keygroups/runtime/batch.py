@@ -219,6 +219,10 @@ class SourceRead:
     max_records_per_subtask: int | None = None
 
 
+#: How long the retention thread of a job waits for the next commit before it ends.
+_RETENTION_IDLE_SECONDS = 10.0
+
+
 class _Retention:
     """Retention after each commit, in a thread of its own: off the batch's critical path, one at a time, and done
     before the next commit (so it never falls more than one checkpoint behind) or when asked (:meth:`wait`)."""
@@ -232,15 +236,22 @@ class _Retention:
     def submit(self, checkpoint_id: int, known: Mapping[int, CheckpointMetadata]) -> None:
         """Retention after checkpoint ``checkpoint_id``; ``known``: the retained checkpoints' metadata the driver
         holds (not read again)."""
+        self._queue.put((checkpoint_id, dict(known)))
         with self._lock:
-            if self._thread is None or not self._thread.is_alive():
+            if self._thread is None:
                 self._thread = threading.Thread(target=self._work, name="keygroups-retention", daemon=True)
                 self._thread.start()
-        self._queue.put((checkpoint_id, dict(known)))
 
     def _work(self) -> None:
         while True:
-            checkpoint_id, known = self._queue.get()
+            try:
+                checkpoint_id, known = self._queue.get(timeout=_RETENTION_IDLE_SECONDS)
+            except queue.Empty:
+                with self._lock:   # idle: the thread ends (a job's next commit starts another)
+                    if self._queue.empty():
+                        self._thread = None
+                        return
+                continue
             try:
                 self._storage.prune(checkpoint_id, known=known)
             except Exception as e:   # noqa: BLE001  # logged; the next prune retries what this one left
@@ -258,9 +269,12 @@ class JobDriver:
     """The driver of one keyed job on one checkpoint location: the spine's state across batches (its fence, the
     checkpoints it committed, the restore point whose states it checked, the savepoint it started from) and
     :meth:`run`, one batch through the spine. ``fence``: claim the location at the first batch (a later driver's
-    claim fences this one); ``KeyedJob`` does, the harness (which owns its location) does not."""
+    claim fences this one); ``KeyedJob`` does, the harness (which owns its location) does not.
+    ``background_retention``: retention after each commit runs in a thread of its own, off the batch's critical
+    path (False: inside the commit, as the test harness wants it: nothing runs after its batch returns)."""
 
-    def __init__(self, options: JobOptions, storage: CheckpointStorage, *, fence: bool = True) -> None:
+    def __init__(self, options: JobOptions, storage: CheckpointStorage, *, fence: bool = True,
+                 background_retention: bool = True) -> None:
         self.options = options
         self.storage = storage
         self._fenced = fence
@@ -270,7 +284,7 @@ class JobDriver:
         self._held: dict[int, CheckpointMetadata] = {}
         self._checked_restore_point: tuple[Any, ...] | None = None
         self._savepoint_pending = options.restore_from_savepoint is not None
-        self._retention = _Retention(storage)
+        self._retention = _Retention(storage) if background_retention else None
 
     # ---- what the driver knows ----------------------------------------------------------------------------------
 
@@ -281,7 +295,8 @@ class JobDriver:
     def wait_for_retention(self) -> None:
         """Return once the retention of every checkpoint committed so far is done (it runs in a thread of its
         own)."""
-        self._retention.wait()
+        if self._retention is not None:
+            self._retention.wait()
 
     def forget(self) -> None:
         """List the storage again at the next batch instead of trusting what this driver committed last."""
@@ -349,12 +364,13 @@ class JobDriver:
             for r in reports:
                 digest = None if digest is None or r.input_digest is None else digest + r.input_digest
             driver_seconds = {"read": read - started, "plan": planned - read}
-            self._retention.wait()   # the last batch's retention is done before this batch commits
+            self.wait_for_retention()   # the last batch's retention is done before this batch commits
             try:
                 metadata = commit_batch(plan, reports, source_reports, properties=user_properties,
                                         watermark=watermark, input_digest=digest,
                                         savepoint_lineage=options.restore_from_savepoint,
-                                        parallelism_policy=choice, driver_seconds=driver_seconds, prune=False)
+                                        parallelism_policy=choice, driver_seconds=driver_seconds,
+                                        prune=self._retention is None)
             except ConcurrentCommitError:
                 self.forget()   # another writer moved the location on: list it again next time
                 raise
@@ -413,7 +429,8 @@ class JobDriver:
         self._savepoint_pending = False
         key_type = self._checked_restore_point[2] if self._checked_restore_point is not None else None
         self._checked_restore_point = (metadata.checkpoint_id, None, key_type)   # written here, by this function
-        self._retention.submit(metadata.checkpoint_id, self._held)
+        if self._retention is not None:
+            self._retention.submit(metadata.checkpoint_id, self._held)
 
     def _replayed(self, executor: BatchExecutor, replayed: CheckpointMetadata, started: float) -> CommittedBatch:
         """A batch whose checkpoint is already complete: nothing runs; the committed figures come back, once the

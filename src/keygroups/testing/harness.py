@@ -319,8 +319,6 @@ class KeyedFunctionHarness:
     # ---- lifecycle ----------------------------------------------------------------------------------------------
     def close(self) -> None:
         """Delete the harness's checkpoints and local state (snapshots taken stay until they are collected)."""
-        if self._driver is not None:
-            self._driver.wait_for_retention()
         self._heaps = HeapBackendRegistry()
         self._timer_queues = TimerQueueRegistry()
         self._cleanup()
@@ -413,7 +411,7 @@ class KeyedFunctionHarness:
                 watermark_strategy=self.watermark_strategy, late_records="output", allow_pickle=self.allow_pickle,
                 local_dir=self._local_dir, warm_heap_backends=self.warm_heap_backends, assignment=self.assignment,
                 restore_from_savepoint=self._savepoint)
-            self._driver = JobDriver(options, self.storage, fence=False)
+            self._driver = JobDriver(options, self.storage, fence=False, background_retention=False)
         return self._driver
 
     def _run(self, table: pa.Table | None, *, advance_to: int | None) -> HarnessBatch:
