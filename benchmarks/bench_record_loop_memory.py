@@ -4,6 +4,7 @@ the Python loop it replaced (rows as dicts of the columns' ``to_pylist``, output
 
     python benchmarks/bench_record_loop_memory.py                      # 1M events, 100k keys, 5 batches, p=2
     python benchmarks/bench_record_loop_memory.py --events 200000 --keys 20000
+    python benchmarks/bench_record_loop_memory.py --no-trace --runs 3   # CPU only (no tracemalloc), medians of 3
 
 Per loop: the largest Python-heap peak of a batch (tracemalloc, reset before each batch: every per-record Python object
 and the compiled loop's output buffers are in it; Arrow's own pool is not, and the two loops' Arrow work is the same
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import pathlib
+import statistics
 import sys
 import tempfile
 import time
@@ -80,7 +82,7 @@ def python_process(spec: Any, function: KeyedProcessFunction, backend: Any, cont
     return calls_per_group
 
 
-def run(loop: str, tables: list[pa.Table]) -> tuple[int, float, int]:
+def run(loop: str, tables: list[pa.Table], trace: bool = True) -> tuple[int, float, int]:
     compiled = (subtask._process, subtask.OutputSink)
     if loop == "python":
         subtask._process, subtask.OutputSink = python_process, _ListSink   # type: ignore[assignment]
@@ -91,13 +93,15 @@ def run(loop: str, tables: list[pa.Table]) -> tuple[int, float, int]:
         with KeyedFunctionHarness(RunningCountSum(), "key", output_schema=COUNT_SUM_OUTPUT, max_parallelism=128,
                                   parallelism=2, timestamp_column="ts") as h:
             for table in tables:
-                tracemalloc.start()
-                tracemalloc.reset_peak()
+                if trace:
+                    tracemalloc.start()
+                    tracemalloc.reset_peak()
                 c0 = time.process_time()
                 h.process(table)
                 cpu += time.process_time() - c0
-                peak_py = max(peak_py, tracemalloc.get_traced_memory()[1])
-                tracemalloc.stop()
+                if trace:
+                    peak_py = max(peak_py, tracemalloc.get_traced_memory()[1])
+                    tracemalloc.stop()
                 checksum += int(h.output_table().column("count").to_numpy().sum())
     finally:
         subtask._process, subtask.OutputSink = compiled   # type: ignore[assignment]
@@ -109,22 +113,33 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--keys", type=int, default=100_000)
     parser.add_argument("--files", type=int, default=5)
+    parser.add_argument("--trace", action=argparse.BooleanOptionalAction, default=True,
+                        help="trace the Python heap (off: CPU per record only, without tracemalloc's overhead)")
+    parser.add_argument("--runs", type=int, default=1, help="interleaved rounds; figures are medians")
     args = parser.parse_args()
     work = pathlib.Path(tempfile.mkdtemp(prefix="kg-bench-loop-memory-"))
     generate_events(work / "events", args.events, args.keys, args.files)
     tables = [pq.read_table(f, columns=["key", "value", "ts"]) for f in event_files(work / "events")]
     per_batch = args.events // args.files
-    print(f"{args.events:,} events, {args.keys:,} keys, {args.files} batches of {per_batch:,}, p=2, max p 128 "
-          f"(shared machine; tracemalloc slows both loops alike)")
+    print(f"{args.events:,} events, {args.keys:,} keys, {args.files} batches of {per_batch:,}, p=2, max p 128, "
+          f"{args.runs} interleaved round(s), tracemalloc {'on' if args.trace else 'off'} (shared machine)")
+    rounds: dict[str, list[tuple[int, float, int]]] = {"python": [], "compiled": []}
+    for r in range(args.runs):
+        for loop in (("python", "compiled") if r % 2 == 0 else ("compiled", "python")):
+            rounds[loop].append(run(loop, tables, args.trace))
     results = {}
-    for loop in ("python", "compiled"):
-        results[loop] = run(loop, tables)
-        peak_py, cpu, checksum = results[loop]
-        print(f"  {loop:9s} loop: peak Python heap per batch {peak_py / 2**20:8.1f} MiB, "
-              f"{cpu / args.events * 1e6:5.2f} CPU µs/record (under tracemalloc), checksum {checksum}")
-    if results["python"][2] != results["compiled"][2]:
+    for loop, runs in rounds.items():
+        peak_py = int(statistics.median(x[0] for x in runs))
+        cpu = statistics.median(x[1] for x in runs)
+        results[loop] = (peak_py, cpu, runs[0][2])
+        print(f"  {loop:9s} loop: peak Python heap per batch "
+              f"{f'{peak_py / 2**20:8.1f} MiB' if args.trace else 'not traced'}, "
+              f"{cpu / args.events * 1e6:5.2f} CPU µs/record")
+    if any(x[2] != results["python"][2] for runs in rounds.values() for x in runs):
         raise SystemExit("the two loops' outputs differ")
-    print(f"compiled / python: peak Python heap per batch {results['compiled'][0] / results['python'][0]:.2f}x")
+    if args.trace:
+        print(f"compiled / python: peak Python heap per batch {results['compiled'][0] / results['python'][0]:.2f}x")
+    print(f"compiled / python: CPU per record {results['compiled'][1] / results['python'][1]:.2f}x")
 
 
 if __name__ == "__main__":
