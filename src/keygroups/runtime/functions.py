@@ -263,7 +263,10 @@ class KeyedProcessFunction:
         """Declare state here: ``self.count = context.get_state(ValueStateDescriptor("count", Int64Serializer()))``."""
 
     def process_element(self, record: dict[str, Any], context: ProcessContext, /) -> Iterable[Any] | None:
-        """Handle one record of the current key; return (or yield) output records, or None."""
+        """Handle one record of the current key; return (or yield) output records, or None. ``record`` is a read-only
+        mapping of the input's field names to the record's values (``record["amount"]``, ``get``, ``in``, ``keys``,
+        ``items``, equal to the dict of the same items), each field also an attribute (``record.amount``); it is read
+        from the batch's Arrow buffers, so ``dict(record)`` is the copy to change."""
         raise NotImplementedError(
             f"{type(self).__name__} must implement process_element(record, context) or process_key_batch(...)"
         )

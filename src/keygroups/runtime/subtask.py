@@ -17,15 +17,18 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from keygroups._native.recordloop import OutputSink, process_records
 from keygroups._ranges import KeyGroupRange
 from keygroups.checkpoint.raw_keyed import RawKeyedStateReader, write_raw_keyed_snapshot
 from keygroups.runtime.assignment import encode_counts
 from keygroups.runtime.functions import KeyedProcessFunction, ProcessContext, RuntimeContext, TimerService
 from keygroups.runtime.report import SubtaskReport, SubtaskSeconds
 from keygroups.runtime.spec import KeyedTaskSpec
-from keygroups.runtime.subtask_input import SubtaskInput, key_runs, output_table, prepare_input
+from keygroups.runtime.subtask_input import SubtaskInput, key_runs, prepare_input
 from keygroups.runtime.subtask_state import HeapBackendRegistry, TaskState, task_state
 from keygroups.state.timers import NO_WATERMARK, TimeDomain, TimerQueueRegistry, TimerQueues
+
+_NO_STAMPS = np.zeros(0, dtype=np.int64)
 
 
 def run_keyed_subtask(spec: KeyedTaskSpec, subtask_index: int, batches: Iterable[pa.RecordBatch], *,
@@ -71,7 +74,7 @@ def _run(spec: KeyedTaskSpec, subtask_index: int, own: KeyGroupRange, batches: I
                                  processing_time=spec.processing_time)
     context = ProcessContext(checkpoint_id=spec.checkpoint_id, subtask_index=subtask_index,
                              timer_service=timer_service)
-    outputs: list[Any] = []
+    outputs = OutputSink(spec.output_schema)
     calls_per_group = _process(spec, function, backend, context, records, own, outputs)
     processed = time.perf_counter()
 
@@ -84,7 +87,7 @@ def _run(spec: KeyedTaskSpec, subtask_index: int, own: KeyGroupRange, batches: I
     function.close()
     fired = time.perf_counter()
 
-    output = output_table(outputs, spec.output_schema)
+    output = outputs.table()
     output_file = storage.new_file(spec.checkpoint_id, f"output-{subtask_index}") + ".parquet"
     with storage.open_write(output_file) as f:
         pq.write_table(output, f)
@@ -119,7 +122,7 @@ def _run(spec: KeyedTaskSpec, subtask_index: int, own: KeyGroupRange, batches: I
 
 
 def _process(spec: KeyedTaskSpec, function: KeyedProcessFunction, backend: Any, context: ProcessContext,
-             records: SubtaskInput, own: KeyGroupRange, outputs: list[Any]) -> np.ndarray:
+             records: SubtaskInput, own: KeyGroupRange, outputs: OutputSink) -> np.ndarray:
     """Run ``function`` over the records, key by key (per record, per key with the key's records, or the whole
     batch at once: whichever the function implements); returns its calls per key group (the load figures)."""
     table, groups = records.table, records.groups
@@ -147,34 +150,24 @@ def _process(spec: KeyedTaskSpec, function: KeyedProcessFunction, backend: Any, 
             if result is not None:
                 outputs.extend(result)
         return calls_per_group
-    rows: list[dict[str, Any]] = []
-    if table.num_rows and not vectorized:
-        names = table.column_names
-        columns = [table.column(i).to_pylist() for i in range(table.num_columns)]
-        rows = [dict(zip(names, values)) for values in zip(*columns)]
-    stamps = records.event_times.tolist() if spec.timestamp_column is not None else None
-    process = function.process_element
+    if not vectorized:   # per record: the compiled loop (keygroups._native.recordloop)
+        process_records(function.process_element, backend.set_current_key, context, table, runs, keys,
+                        np.ascontiguousarray(groups, dtype=np.int32),
+                        records.event_times if spec.timestamp_column is not None else _NO_STAMPS, NO_WATERMARK,
+                        outputs)
+        return calls_per_group
     for i, key in enumerate(keys):
         lo, hi = int(runs[i]), int(runs[i + 1])
         backend.set_current_key(key)
         context.current_key, context.current_key_group = key, backend.current_key_group
-        if vectorized:
-            result = function.process_key_batch(key, table.slice(lo, hi - lo), context)
-            if result is not None:
-                outputs.append(result) if isinstance(result, pa.Table) else outputs.extend(result)
-            continue
-        for j in range(lo, hi):
-            if stamps is not None:
-                stamp = stamps[j]
-                context._timestamp = None if stamp == NO_WATERMARK else stamp   # the slot: no property call per record
-            result = process(rows[j], context)
-            if result is not None:
-                outputs.extend(result)
+        result = function.process_key_batch(key, table.slice(lo, hi - lo), context)
+        if result is not None:
+            outputs.append(result) if isinstance(result, pa.Table) else outputs.extend(result)
     return calls_per_group
 
 
 def _fire_timers(function: KeyedProcessFunction, backend: Any, queues: TimerQueues, context: ProcessContext,
-                 outputs: list[Any], domains: Iterable[tuple[TimeDomain, int]], fired_groups: list[int]) -> None:
+                 outputs: OutputSink, domains: Iterable[tuple[TimeDomain, int]], fired_groups: list[int]) -> None:
     """Fire each domain's timers due by its time, in timestamp order, after the batch's records (the keys of the
     due timers are prefetched together first: one read per batch, not per timer, on RocksDB); the key group of
     each timer fired goes to ``fired_groups`` (the load figures)."""
