@@ -734,9 +734,10 @@ class BalancedRanges:
     waived, never the gain) when the current ranges' max/mean is above ``max_skew`` or worse than Flink's ranges.
 
     The forecast's ranges are used once they have been measured on ``evidence`` batches and gained at least
-    ``min_gain`` over Flink's ranges on them (on average, the newer batches counting more: ``score_half_life``
-    batches), and for as long as that average stays at or above 0; otherwise the batch runs Flink's ranges. And
-    whatever the forecast's record, the batches on balanced ranges may add up to at most ``allowance`` more
+    ``min_gain`` over Flink's ranges on them: on average (the newer batches counting more: ``score_half_life``
+    batches), less ``caution`` standard errors of that average (a forecast whose gains swing from batch to batch
+    is not trusted on a lucky run); and for as long as that stays at or above 0. Otherwise the batch runs Flink's
+    ranges. Whatever the forecast's record, the batches on balanced ranges add up to at most ``allowance`` more
     max/mean than Flink's ranges would have had, plus one batch's excess: the decision keeps that account."""
 
     state_weight: float = 0.1
@@ -868,17 +869,17 @@ class BalancedRanges:
             return record.scores.get(name, 0.0) - self.caution * spread / math.sqrt(max(record.weights[name], 1.0))
 
         best = max(ready, key=sure)
-        score = sure(best)
+        score, average = sure(best), record.scores[best]
+        gained = f"{'gained' if average >= 0 else 'lost'} {abs(average):.1%} against Flink's ranges on the last batches"
         needed = 0.0 if record.used is not None else self.min_gain
         if score < needed:
             return None, (f"Flink's equal ranges: the past does not predict the batches (ranges cut from the {best} "
-                          f"load {'gained' if score >= 0 else 'lost'} {abs(score):.1%} against Flink's ranges on "
-                          f"the last batches; {needed:.1%} needed)")
+                          f"load {gained}, {score:.1%} counting their spread; {needed:.1%} needed)")
         if record.account < 0:
             return None, (f"Flink's equal ranges: the batches on balanced ranges ran {-record.account:.3f} max/mean "
                           f"above Flink's ranges and the {self.allowance:.0%} allowed; Flink's ranges until that is "
                           f"made up")
-        return best, f"its ranges gained {score:.1%} over Flink's on the last batches"
+        return best, f"its ranges {gained}, {score:.1%} counting their spread"
 
 
 _BY_NAME: dict[str, type] = {"flink": FlinkRanges, "balanced": BalancedRanges}
