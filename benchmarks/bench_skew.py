@@ -21,7 +21,8 @@ Printed per stream, Flink's ranges | balanced, each a median over ``--runs`` run
 * work max/mean: the largest subtask's work (calls of the function, as the subtasks count them) over the mean, per
   batch, averaged over all batches and over the batches after the forecast's first 5 (balanced cannot use its
   forecast before); and records max/mean likewise;
-* the batch's critical path (slowest subtask, seconds, summed over the batches);
+* the batch's critical path (its slowest subtask, summed over the batches), in wall seconds and in the subtask's
+  CPU seconds (``time.thread_time``: what a dedicated core would take, whatever the shared machine's load);
 * bytes moved (state of the key groups that changed owner, as the decisions predict) and bytes read by the subtasks'
   restores after the first batch (equal to the bytes moved once every subtask resumes the warm state the decision's
   takeover names; until then the subtasks choose their warm state themselves and may read more);
@@ -123,6 +124,7 @@ class Batch:
     records: list[int]
     calls: list[float]
     seconds: list[float]
+    cpu: list[float]
     bytes_read: int
     choose_seconds: float
 
@@ -161,16 +163,17 @@ def run_job(location: str, assignment: Any, batches: list[pa.Table], mp: int, p:
         owners = operator_indexes_for_boundaries(plan.boundaries, assign_key_groups(table.column("key"), mp, "long"))
         order = np.argsort(owners, kind="stable")
         cuts = np.searchsorted(owners[order], np.arange(p + 1))
-        reports, seconds = [], []
+        reports, seconds, cpus = [], [], []
         for i in range(p):
             part = table.take(pa.array(order[cuts[i]:cuts[i + 1]]))
-            began = time.perf_counter()
+            began, began_cpu = time.perf_counter(), time.thread_time()
             reports.append(run_keyed_subtask(spec, i, part.to_batches(), kept=kept, kept_timers=kept_timers))
             seconds.append(time.perf_counter() - began)
+            cpus.append(time.thread_time() - began_cpu)
         commit_batch(plan, reports)
         b = plan.boundaries
         calls = [float(decode_counts(r[CALLS_REPORT], b[i + 1] - b[i], "calls").sum()) for i, r in enumerate(reports)]
-        out.append(Batch(plan.assignment.to_json(), [r["records_in"] for r in reports], calls, seconds,
+        out.append(Batch(plan.assignment.to_json(), [r["records_in"] for r in reports], calls, seconds, cpus,
                          0 if n == 0 else sum(r["restored"]["bytes_read"] for r in reports), choose))
     return Run(out, time.process_time() - cpu, time.perf_counter() - wall)
 
@@ -184,6 +187,7 @@ def figures(run: Run) -> dict[str, float]:
         float("nan"),
         "records": statistics.fmean(max_over_mean(x.records) for x in b),
         "critical s": sum(max(x.seconds) for x in b),
+        "critical cpu s": sum(max(x.cpu) for x in b),
         "moved MB": sum(x.decision["moved_bytes"] for x in b[1:]) / 1e6,
         "read MB": sum(x.bytes_read for x in b) / 1e6,
         "cpu s": run.cpu_seconds,
@@ -209,8 +213,8 @@ def report(label: str, runs: dict[str, list[Run]]) -> list[str]:
         rows.append(f"  {key:<13} {f:>12.3f} | {b:<12.3f} {ratio}")
         print(rows[-1])
     return [f"{label:<28} " + " ".join(f"{medians['flink'][k]:.3f}|{medians['balanced'][k]:.3f}"
-                                       for k in ("work", "work settled", "records", "critical s", "moved MB",
-                                                 "read MB", "cpu s"))]
+                                       for k in ("work", "work settled", "records", "critical s", "critical cpu s",
+                                                 "moved MB", "read MB", "cpu s"))]
 
 
 def main() -> None:
@@ -249,8 +253,8 @@ def main() -> None:
                         shutil.rmtree(directory, ignore_errors=True)
             summary += report(f"{stream} {function} p={p}" + (f" {backend}" if backend != "heap" else ""), runs)
     print(f"\n== summary, medians of {args.runs} runs, Flink's ranges|balanced (load {os.getloadavg()})")
-    print(f"{'stream, function, p':<28} work max/mean | after {WARMUP} batches | records max/mean | critical path s | "
-          f"moved MB | read MB | CPU s")
+    print(f"{'stream, function, p':<28} work max/mean | after {WARMUP} batches | records max/mean | critical path s "
+          f"(wall | CPU) | moved MB | read MB | CPU s")
     for row in summary:
         print(row)
 
