@@ -265,6 +265,17 @@ cdef class Node:
         finally:
             w_free(&w)
 
+    def check(self, value) -> None:
+        """Raise what encode would raise for value (TypeError or ValueError naming the field), without making the
+        bytes: the check of a value on write. It runs the encoder itself into a buffer on the C stack (a heap one only
+        past W_STACK bytes), so what it accepts is exactly what a snapshot can write."""
+        cdef Writer w
+        w_init(&w)
+        try:
+            enc(self, &w, value)
+        finally:
+            w_free(&w)
+
     def decode(self, data):
         """Bytes holding exactly one value → the value; CorruptSnapshotError if they are not that."""
         cdef Py_buffer view
@@ -509,6 +520,7 @@ cdef int enc(Node n, Writer *w, object v) except -1:
     cdef Py_ssize_t size, i
     cdef const char *p
     cdef Node f
+    cdef object item
     if v is None:
         if n.nullable:
             return w_u8(w, 0)
@@ -536,14 +548,26 @@ cdef int enc(Node n, Writer *w, object v) except -1:
     if k == R_TIMESTAMP:
         return enc_timestamp(n, w, v)
     if k == R_LIST:
-        if not (PyList_CheckExact(v) or PyTuple_CheckExact(v)):
+        f = n.a
+        if PyList_CheckExact(v):
+            # in place (no copy): each element is held while it is encoded, and a list that encoding it (Python code
+            # of an element) resized is refused, as a dict is
+            size = PyList_GET_SIZE(v)
+            w_len(w, size, "a list length")
+            for i in range(size):
+                if i >= PyList_GET_SIZE(v):
+                    break
+                item = <object>PyList_GET_ITEM(v, i)
+                enc(f, w, item)
+            if PyList_GET_SIZE(v) != size:
+                raise RuntimeError("list changed size during serialization")
+            return 0
+        if not PyTuple_CheckExact(v):
             if not isinstance(v, (list, tuple)):
                 type_error(n, "a list (or tuple)", v)
-        if not PyTuple_CheckExact(v):
             v = tuple(v)   # a snapshot of the elements: encoding them may run Python code
         size = PyTuple_GET_SIZE(v)
         w_len(w, size, "a list length")
-        f = n.a
         for i in range(size):
             enc(f, w, <object>PyTuple_GET_ITEM(v, i))
         return 0

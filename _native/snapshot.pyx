@@ -4,8 +4,10 @@
 # Layout (all integers little-endian; described in keygroups/checkpoint/format.py, which owns the version):
 #   header  = magic "\x89KGS" | u32 version | u32 first key group | u32 key-group count | u32 meta length | meta JSON
 #             | u32 crc32c(header so far)
-#   block   = u32 key group | u32 flags (bit 0: full) | u32 section count | section* | u32 crc32c(block so far)
-#             (one per key group; version 1 had no flags: every block was full)
+#   block   = u32 key group | u32 flags (bit 0: full, bit 1: linked) | u64 predecessor checkpoint
+#             | u32 predecessor checksum | u32 section count | section* | u32 crc32c(file id | block so far)
+#             (one per key group; versions 2 and 3 had no predecessor and a crc32c of the block alone, version 1 no
+#             flags either: every block was full)
 #   section = u32 state index | u32 op (0 put, 1 delete) | u32 entry count n | u32 key length * n
 #             | [u32 value length * n, puts only] | the n keys, back to back | [the n values, back to back, puts only]
 #             (version 1: u32 state index | u32 n | key lengths | value lengths | keys | values; always a put)
@@ -17,6 +19,16 @@
 # then deletes), each section its entries in order: of equal keys the last one counts. Version 3 has version 2's
 # layout; what changed is inside the values (the per-key value framing, little-endian: framing.pyx), which this
 # module never looks into. Keys are the key serializer's bytes as they are: their order is the search order.
+#
+# Version 4 ties each block to its file and to the block it applies on. Its checksum is the CRC32C of the file's
+# 16-byte id (a random id in the header's meta and in the handle) followed by the block, computed by seeding the CRC
+# with crc32c(file id) (``file_seed``): a block copied into another file, even a byte-identical one of a twin run,
+# fails it. A delta block that continues an earlier block is *linked* (flag bit 1): it names that block, the
+# checkpoint that wrote it and its checksum, so a chain that lacks a delta, or holds one of another lineage, is
+# refused. An empty delta (no sections) is linked too: it changes nothing, and names the block its key group's chain
+# ends with, so the newest file attests each chain's end. A full block and a delta that applies to no earlier block
+# are not linked, their predecessor fields zero. The checksum of a linked block covers its predecessor's, so the
+# newest block of a chain vouches for the whole chain.
 #
 # Every read of file bytes goes through the checked cursor (cursor.pxd), every count is checked against the bytes
 # that remain before it sizes a list or a loop, and every failure is a CorruptSnapshotError. Keys and values come
@@ -52,27 +64,39 @@ if sys.byteorder != "little":   # the cursor and the encoder copy integers in ho
 FILE_MAGIC = b"\x89KGS"
 INDEX_MAGIC = b"KGSI"
 cdef enum:
-    VERSION = 3
+    VERSION = 4
+    VERSION_3 = 3
     VERSION_2 = 2
     VERSION_1 = 1
     HEADER_FIXED = 20          # magic + version + first key group + count + meta length
     FOOTER = 12                # index position + magic
-    BLOCK_MIN = 16             # key group + flags + section count + crc: an empty block
+    BLOCK_MIN = 28             # key group + flags + predecessor (checkpoint, checksum) + section count + crc
+    BLOCK_MIN_V2 = 16          # key group + flags + section count + crc (versions 2 and 3)
     BLOCK_MIN_V1 = 12          # key group + section count + crc
+    PREDECESSOR_AT = 8         # where a version-4 block's predecessor fields start
     FLAG_FULL = 1
+    FLAG_LINKED = 2
     OP_PUT_ = 0
     OP_DELETE_ = 1
 
 FORMAT_VERSION = VERSION
 #: The keyed file versions this module reads.
-READ_VERSIONS = (VERSION_1, VERSION_2, VERSION)
+READ_VERSIONS = (VERSION_1, VERSION_2, VERSION_3, VERSION)
 HEADER_FIXED_SIZE = HEADER_FIXED
 FOOTER_SIZE = FOOTER
-#: The size of an empty block (no sections): a delta block of that size changes nothing.
+#: The size of an empty block (no sections) in the format written: a delta block of that size changes nothing.
 BLOCK_OVERHEAD = BLOCK_MIN
+#: The size of an empty block in each format read. No block of any of them that holds a section is as small as
+#: ``BLOCK_OVERHEAD``: a block of at most that many bytes holds nothing, whatever its format.
+BLOCK_OVERHEADS = {VERSION_1: BLOCK_MIN_V1, VERSION_2: BLOCK_MIN_V2, VERSION_3: BLOCK_MIN_V2, VERSION: BLOCK_MIN}
 MAX_ITEM_SIZE = U32_MAX        # u32 lengths and counts
 #: Block flag bit: the block holds every entry of its key group (else it holds the changes since the previous one).
 BLOCK_FULL = FLAG_FULL
+#: Block flag bit (format 4): the delta block names the block it applies on (its predecessor fields are set).
+BLOCK_LINKED = FLAG_LINKED
+#: Where a format-4 block's predecessor fields (u64 checkpoint id, u32 checksum) start, and where its flags are.
+PREDECESSOR_OFFSET = PREDECESSOR_AT
+FLAGS_OFFSET = 4
 #: Section ops: a put section holds keys and values, a delete section keys only.
 OP_PUT = OP_PUT_
 OP_DELETE = OP_DELETE_
@@ -301,20 +325,36 @@ cdef uint32_t _state_index(object idx_obj, uint32_t n_states) except? 0xFFFFFFFF
     return <uint32_t>idx_obj
 
 
-def encode_block(uint32_t key_group, object sections, uint32_t n_states, *, bint full=True, object deletes=()):
-    """One key group's block (format 2 and 3, with its trailing CRC32C) as bytes.
+def encode_block(uint32_t key_group, object sections, uint32_t n_states, *, bint full=True, object deletes=(),
+                 object predecessor=None, uint32_t file_seed=0, uint32_t version=VERSION):
+    """One key group's block (format 4, with its trailing CRC32C) as bytes; ``version=3`` (or 2, the same layout)
+    writes the older layout, without predecessor fields and with a checksum of the block alone, for tools and tests
+    that make files of those formats.
 
     ``sections`` is an iterable of put sections ``(state_index, keys, values)``: ``keys`` and ``values`` are equally
     long sequences of bytes-like objects, or :class:`Packed`; ``state_index < n_states``. ``full`` says whether the
     block holds every entry of its key group (else it is a delta: the entries written since the previous block, and
     ``deletes``, an iterable of ``(state_index, keys)`` removed since then; a full block has no deletes). Every
     section's entries are sorted by key bytes here (stably: of equal keys the last one given counts), so callers
-    need not sort. Raises ValueError/TypeError on bad input."""
+    need not sort.
+
+    ``predecessor``, for a delta block that continues an earlier block, is ``(checkpoint id, checksum)`` of that
+    block: the block is then linked (names it), an empty one too (it leaves that block as the chain's end); a delta
+    block without one applies to no earlier block. ``file_seed`` is ``crc32c(file id)`` of the file the
+    block goes into: the block's checksum covers the file's id (0: no id, for blocks that are not part of a file).
+    Raises ValueError/TypeError on bad input."""
+    cdef uint64_t pred_checkpoint = 0
+    cdef uint32_t pred_checksum = 0, flags = FLAG_FULL if full else 0
     cdef list secs = []     # (state index, op, keys, values or None)
+    if version != VERSION and version != VERSION_3 and version != VERSION_2:
+        raise ValueError(f"version must be {VERSION_2}, {VERSION_3} or {VERSION} (format 1 is read only), got "
+                         f"{version}")
+    if version != VERSION and (predecessor is not None or file_seed):
+        raise ValueError(f"a block of format {version} names no predecessor and its checksum covers no file id")
     cdef object sec, keys, values
     cdef _Items k_items, v_items
     cdef uint32_t idx
-    cdef uint64_t total = BLOCK_MIN
+    cdef uint64_t total = BLOCK_MIN if version == VERSION else BLOCK_MIN_V2
     for sec in sections:
         if not isinstance(sec, tuple) or len(sec) != 3:
             raise TypeError(f"a section is a (state_index, keys, values) tuple, got {sec!r:.80}")
@@ -341,6 +381,16 @@ def encode_block(uint32_t key_group, object sections, uint32_t n_states, *, bint
         total += SECTION_MIN + 4 * <uint64_t>k_items.n + k_items.total
         secs.append((idx, OP_DELETE_, k_items, None))
     _checked_u32(len(secs), "the number of sections in one key group")
+    if predecessor is not None:
+        if full:
+            raise ValueError("a full block applies on no earlier block: it has no predecessor")
+        if (not isinstance(predecessor, tuple) or len(predecessor) != 2
+                or not all(isinstance(x, int) and not isinstance(x, bool) for x in predecessor)
+                or not 0 <= predecessor[0] < 2 ** 63 or not 0 <= predecessor[1] <= U32_MAX):
+            raise ValueError(f"predecessor must be (checkpoint id >= 0, u32 checksum), got {predecessor!r:.80}")
+        pred_checkpoint = <uint64_t>predecessor[0]
+        pred_checksum = <uint32_t>predecessor[1]
+        flags |= FLAG_LINKED
     if total > <uint64_t>sys.maxsize:
         raise ValueError(f"the block of key group {key_group} would be {total} bytes long")
     for sec in secs:
@@ -349,7 +399,10 @@ def encode_block(uint32_t key_group, object sections, uint32_t n_states, *, bint
     cdef Writer w
     cdef bytes out = w_init_bytes(&w, <Py_ssize_t>total)
     w_u32(&w, key_group)
-    w_u32(&w, FLAG_FULL if full else 0)
+    w_u32(&w, flags)
+    if version == VERSION:
+        w_u64(&w, pred_checkpoint)
+        w_u32(&w, pred_checksum)
     w_u32(&w, <uint32_t>len(secs))
     for sec in secs:
         k_items = <_Items>sec[2]
@@ -363,7 +416,7 @@ def encode_block(uint32_t key_group, object sections, uint32_t n_states, *, bint
         if sec[3] is not None:
             _put_data(&w, <_Items>sec[3], k_items.order)
     # The bytes object is still private to us: fill in its checksum in place.
-    w_u32(&w, <uint32_t>_crc32c(memoryview(out)[:<Py_ssize_t>total - 4]))
+    w_u32(&w, <uint32_t>_crc32c(memoryview(out)[:<Py_ssize_t>total - 4], file_seed))
     w_finish_bytes(&w)
     return out
 
@@ -485,17 +538,27 @@ cdef int _read_section(Cursor *c, uint32_t n_states, uint32_t version, Section *
     return 0
 
 
+cdef Py_ssize_t _block_min(uint32_t version) except -1:
+    if version == VERSION:
+        return BLOCK_MIN
+    if version == VERSION_3 or version == VERSION_2:
+        return BLOCK_MIN_V2
+    if version == VERSION_1:
+        return BLOCK_MIN_V1
+    raise ValueError(f"version must be one of {READ_VERSIONS}, got {version}")
+
+
 cdef object _check_block(object buffer, uint32_t expected_key_group, bint verify_checksum, uint32_t version,
-                         Cursor *c, uint32_t *flags):
-    """The block as a byte memoryview, its checksum verified, ``flags`` read (format 1: full) and ``c`` positioned
-    at the section count, over the block without its CRC."""
+                         Cursor *c, uint32_t *flags, uint32_t file_seed):
+    """The block as a byte memoryview, its checksum verified (seeded with ``file_seed`` in format 4), ``flags`` read
+    (format 1: full) and, in format 4, its predecessor fields checked against them; ``c`` positioned at the section
+    count, over the block without its CRC."""
     cdef object mv = _as_byte_view(buffer)
     cdef const uint8_t[::1] data = mv
     cdef Py_ssize_t size = data.shape[0]
-    cdef Py_ssize_t minimum = BLOCK_MIN_V1 if version == VERSION_1 else BLOCK_MIN
-    cdef uint32_t stored, kg
-    if version != VERSION_1 and version != VERSION_2 and version != VERSION:
-        raise ValueError(f"version must be one of {READ_VERSIONS}, got {version}")
+    cdef Py_ssize_t minimum = _block_min(version)
+    cdef uint32_t stored, kg, pred_checksum
+    cdef uint64_t pred_checkpoint
     if size < minimum:
         from keygroups.errors import CorruptSnapshotError
         raise CorruptSnapshotError(f"the block of key group {expected_key_group} is {size} bytes long, shorter than "
@@ -504,16 +567,29 @@ cdef object _check_block(object buffer, uint32_t expected_key_group, bint verify
     cur_init(c, &data[0], size)
     c.pos = size - 4
     stored = cur_u32(c)
-    if verify_checksum and stored != <uint32_t>_crc32c(mv[:size - 4]):
+    if verify_checksum and stored != <uint32_t>_crc32c(mv[:size - 4], file_seed if version == VERSION else 0):
         from keygroups.errors import CorruptSnapshotError
         raise CorruptSnapshotError(f"the block of key group {expected_key_group} fails its CRC32C checksum "
-                                   f"({size} bytes): the snapshot file is corrupt")
+                                   f"({size} bytes): the snapshot file is corrupt"
+                                   + (", or the block was written for another file (a format-4 checksum covers "
+                                      "the id of the file it was written for)" if version == VERSION else ""))
     cur_init(c, &data[0], size - 4)
     kg = cur_u32(c)
     if kg != expected_key_group:
         cur_corrupt(c, f"a block of key group {kg} where key group {expected_key_group} belongs")
     flags[0] = FLAG_FULL
-    if version != VERSION_1:
+    if version == VERSION:
+        flags[0] = cur_u32(c)
+        if flags[0] & ~(<uint32_t>(FLAG_FULL | FLAG_LINKED)):
+            cur_corrupt(c, f"block flags {flags[0]:#x} (only bit 0, full, and bit 1, linked, are defined)")
+        if flags[0] & FLAG_FULL and flags[0] & FLAG_LINKED:
+            cur_corrupt(c, f"a full block of key group {expected_key_group} linked to a predecessor (a full block "
+                           "applies on no earlier block)")
+        pred_checkpoint = cur_u64(c)
+        pred_checksum = cur_u32(c)
+        if not flags[0] & FLAG_LINKED and (pred_checkpoint or pred_checksum):
+            cur_corrupt(c, f"predecessor fields set in an unlinked block of key group {expected_key_group}")
+    elif version != VERSION_1:
         flags[0] = cur_u32(c)
         if flags[0] & ~(<uint32_t>FLAG_FULL):
             cur_corrupt(c, f"block flags {flags[0]:#x} (only bit 0, full, is defined)")
@@ -552,7 +628,7 @@ cdef list _pieces(object mv, const uint8_t *base, const uint8_t *lengths, Py_ssi
 
 
 def parse_block(object buffer, uint32_t expected_key_group, uint32_t n_states, bint verify_checksum=True,
-                bint copy=False, uint32_t version=VERSION):
+                bint copy=False, uint32_t version=VERSION, uint32_t file_seed=0):
     """Parse one block of a file of format ``version`` (the exact bytes from its offset to the next one, CRC
     included).
 
@@ -560,14 +636,16 @@ def parse_block(object buffer, uint32_t expected_key_group, uint32_t n_states, b
     ``[(state_index, keys), ...]``, in file order, with keys/values as memoryview slices of ``buffer`` (or, with
     ``copy=True``, as bytes copies); ``flags & BLOCK_FULL`` is set for a full block (always in format 1). Any
     mismatch (checksum, key group, unknown flags or op, a state index >= n_states, a length past the block, keys
-    out of order, trailing bytes) raises CorruptSnapshotError. ``verify_checksum=False`` exists so tests can fuzz
-    the structural checks behind the CRC."""
+    out of order, trailing bytes) raises CorruptSnapshotError. ``file_seed`` is ``crc32c(file id)`` of the file a
+    format-4 block belongs to (its checksum covers the id). ``verify_checksum=False`` skips the CRC, for a block
+    whose checksum was verified already (``format.py`` checks a whole ranged read first) or to fuzz the structural
+    checks behind it."""
     cdef Cursor c
     cdef Section sec
     cdef uint32_t flags
     cdef Py_ssize_t n_sections, s
     cdef list puts = [], deletes = []
-    cdef object mv = _check_block(buffer, expected_key_group, verify_checksum, version, &c, &flags)
+    cdef object mv = _check_block(buffer, expected_key_group, verify_checksum, version, &c, &flags, file_seed)
     cdef const uint8_t *base = c.buf
     n_sections = cur_count(&c, SECTION_MIN_V1 if version == VERSION_1 else SECTION_MIN, "section")
     # The pieces cannot form reference cycles, yet each (memoryviews are GC-tracked) counts towards the cyclic
@@ -593,19 +671,19 @@ def parse_block(object buffer, uint32_t expected_key_group, uint32_t n_states, b
 
 
 def parse_block_offsets(object buffer, uint32_t expected_key_group, uint32_t n_states, bint verify_checksum=True,
-                        uint32_t version=VERSION):
+                        uint32_t version=VERSION, uint32_t file_seed=0):
     """Parse one block into offset arrays instead of objects: ``(flags, puts, deletes)`` with ``puts``
     ``[(state_index, key_offsets, value_offsets), ...]`` and ``deletes`` ``[(state_index, key_offsets), ...]``,
     each an int64 array of n + 1 positions in ``buffer``, so key i is ``buffer[key_offsets[i]:key_offsets[i + 1]]``
     (keys are contiguous, as are values: a serializer's ``deserialize_many(buffer, offsets)`` takes them whole; in
-    formats 2 and 3 they are sorted, for :func:`find_key`). Same checks and errors as :func:`parse_block`."""
+    formats 2 to 4 they are sorted, for :func:`find_key`). Same checks and errors as :func:`parse_block`."""
     cdef Cursor c
     cdef Section sec
     cdef uint32_t flags
     cdef Py_ssize_t n_sections, s
     cdef list puts = [], deletes = []
     cdef cnp.ndarray ko, vo
-    cdef object mv = _check_block(buffer, expected_key_group, verify_checksum, version, &c, &flags)
+    cdef object mv = _check_block(buffer, expected_key_group, verify_checksum, version, &c, &flags, file_seed)
     n_sections = cur_count(&c, SECTION_MIN_V1 if version == VERSION_1 else SECTION_MIN, "section")
     for s in range(n_sections):
         _read_section(&c, n_states, version, &sec)
@@ -661,7 +739,7 @@ def parse_header(object buffer):
     if (<const char *>magic)[:4] != FILE_MAGIC:
         cur_corrupt(&c, f"magic {(<const char *>magic)[:4]!r} (a keyed snapshot starts with {FILE_MAGIC!r})")
     version = cur_u32(&c)
-    if version != VERSION and version != VERSION_2 and version != VERSION_1:
+    if version != VERSION and version != VERSION_3 and version != VERSION_2 and version != VERSION_1:
         cur_corrupt(&c, f"format version {version} (this keygroups reads versions {READ_VERSIONS})")
     first = cur_u32(&c)
     count = cur_u32(&c)

@@ -24,9 +24,9 @@ Printed per stream, Flink's ranges | balanced, each a median over ``--runs`` run
 * the batch's critical path (its slowest subtask, summed over the batches), in wall seconds and in the subtask's
   CPU seconds (``time.thread_time``: what a dedicated core would take, whatever the shared machine's load), and in
   CPU seconds over the batches after the first 5 (the first batch restores the whole state from the savepoint);
-* bytes moved (state of the key groups that changed owner, as the decisions predict) and bytes read by the subtasks'
-  restores after the first batch (equal to the bytes moved once every subtask resumes the warm state the decision's
-  takeover names; until then the subtasks choose their warm state themselves and may read more);
+* bytes moved (state of the key groups that changed owner under the decision's best takeover) and bytes read by the
+  subtasks' restores after the first batch (equal: each subtask resumes the warm state the decision's takeover gives
+  it, shipped in ``KeyedTaskSpec.warm_takeover``);
 * CPU seconds of the whole run (this process, ``time.process_time``) and the driver's decision time per batch.
 
 The machine is shared: ``os.getloadavg()`` is printed beside the figures.
@@ -52,10 +52,11 @@ from keygroups import assign_key_groups
 from keygroups._ranges import operator_indexes_for_boundaries
 from keygroups.checkpoint import CheckpointStorage
 from keygroups.runtime import begin_batch, commit_batch
-from keygroups.runtime.assignment import CALLS_REPORT, BalancedRanges, FlinkRanges, decode_counts, max_over_mean
+from keygroups.runtime.assignment import BalancedRanges, FlinkRanges, decode_counts, max_over_mean
 from keygroups.runtime.functions import KeyedProcessFunction
 from keygroups.runtime.state_writer import commit_savepoint, plan_savepoint, write_savepoint_subtask
-from keygroups.runtime.subtask import HeapBackendRegistry, run_keyed_subtask
+from keygroups.runtime.subtask import run_keyed_subtask
+from keygroups.runtime.subtask_state import HeapBackendRegistry
 from keygroups.serializers import Int64Serializer
 from keygroups.state import ValueStateDescriptor
 from keygroups.state.timers import TimerQueueRegistry
@@ -168,14 +169,14 @@ def run_job(location: str, assignment: Any, batches: list[pa.Table], mp: int, p:
         for i in range(p):
             part = table.take(pa.array(order[cuts[i]:cuts[i + 1]]))
             began, began_cpu = time.perf_counter(), time.thread_time()
-            reports.append(run_keyed_subtask(spec, i, part.to_batches(), kept=kept, kept_timers=kept_timers))
+            reports.append(run_keyed_subtask(spec, i, part.to_batches(), warm=kept, warm_timers=kept_timers))
             seconds.append(time.perf_counter() - began)
             cpus.append(time.thread_time() - began_cpu)
         commit_batch(plan, reports)
         b = plan.boundaries
-        calls = [float(decode_counts(r[CALLS_REPORT], b[i + 1] - b[i], "calls").sum()) for i, r in enumerate(reports)]
-        out.append(Batch(plan.assignment.to_json(), [r["records_in"] for r in reports], calls, seconds, cpus,
-                         0 if n == 0 else sum(r["restored"]["bytes_read"] for r in reports), choose))
+        calls = [float(decode_counts(r.key_group_calls, b[i + 1] - b[i], "calls").sum()) for i, r in enumerate(reports)]
+        out.append(Batch(plan.assignment.to_json(), [r.records_in for r in reports], calls, seconds, cpus,
+                         0 if n == 0 else sum(r.restored.bytes_read for r in reports), choose))
     return Run(out, time.process_time() - cpu, time.perf_counter() - wall)
 
 

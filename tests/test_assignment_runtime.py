@@ -4,6 +4,7 @@ ran with other ranges is refused, and ``inspect`` / ``plan`` show the ranges and
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 
 import numpy as np
@@ -11,13 +12,12 @@ import pyarrow as pa
 import pytest
 
 import keygroups as kg
-from keygroups._ranges import flink_boundaries, operator_indexes_for_boundaries
+from keygroups._ranges import KeyGroupRange, flink_boundaries, operator_indexes_for_boundaries
 from keygroups.checkpoint import CheckpointStorage
 from keygroups.cli import main
 from keygroups.errors import KeyGroupsError
 from keygroups.runtime import begin_batch, commit_batch
 from keygroups.runtime.assignment import (
-    CALLS_REPORT,
     DECISION_PROPERTY,
     RANGES_PROPERTY,
     BalancedRanges,
@@ -26,7 +26,8 @@ from keygroups.runtime.assignment import (
     max_over_mean,
     range_loads,
 )
-from keygroups.runtime.subtask import HeapBackendRegistry, run_keyed_subtask
+from keygroups.runtime.subtask import run_keyed_subtask
+from keygroups.runtime.subtask_state import HeapBackendRegistry
 from keygroups.state.timers import TimerQueueRegistry
 from keygroups.runtime.functions import KeyedProcessFunction
 from test_assignment_model import COUNT, OUT, SCHEMA, SkewCounter
@@ -54,14 +55,15 @@ class PerRecordCounter(KeyedProcessFunction):
         self.count.update((self.count.value() or 0) + record["n"])
 
 
-def run(location, table, p, assignment, kept, kept_timers, tamper=None, function=None):
+def run(location, table, p, assignment, kept, kept_timers, tamper=None, function=None, **spec_changes):
     storage = CheckpointStorage(location)
     plan = begin_batch(storage, job_name="skew", max_parallelism=MP, parallelism=p, assignment=assignment)
     spec = plan.keyed_task(key_columns=("key",), function=pickle.dumps(function or SkewCounter()),
                            input_schema=SCHEMA, output_schema=OUT, warm_heap_backends=8)
+    spec = dataclasses.replace(spec, **spec_changes)
     owners = operator_indexes_for_boundaries(plan.boundaries, kg.assign_key_groups(table.column("key"), MP, "long"))
-    reports = [run_keyed_subtask(spec, i, table.filter(pa.array(owners == i)).to_batches(), kept=kept,
-                                 kept_timers=kept_timers) for i in range(p)]
+    reports = [run_keyed_subtask(spec, i, table.filter(pa.array(owners == i)).to_batches(), warm=kept,
+                                 warm_timers=kept_timers) for i in range(p)]
     if tamper is not None:
         tamper(reports)
     return plan, commit_batch(plan, reports), reports
@@ -87,13 +89,11 @@ def test_skew_moves_boundaries_keeps_unchanged_ranges_warm_and_cli_shows_them(tm
     for i, r in enumerate(reports):
         unchanged = (plan.boundaries[i], plan.boundaries[i + 1]) in before
         # a range that changed resumes the kept backend overlapping it most, if one is left
-        assert r["restored"]["mode"] in (("warm",) if unchanged else ("moved", "cold"))
+        assert r.restored.mode in (("warm",) if unchanged else ("moved", "cold"))
     # a changed range keeps the key groups it still owns warm and reads only those that arrived, each once
-    arrived = [kg for r in reports for a, b in r["restored"]["restored_key_groups"] for kg in range(a, b + 1)]
+    arrived = [kg for r in reports for run in r.restored.restored_key_groups for kg in run]
     assert 0 < len(arrived) == len(set(arrived))
-    # the decision's takeover is the best matching: no takeover reads less than its moved bytes (the subtasks still
-    # choose their warm state themselves, greedily; once they take the decision's, they read exactly that)
-    assert sum(r["restored"]["bytes_read"] for r in reports) >= decision["moved_bytes"] > 0
+    assert sum(r.restored.bytes_read for r in reports) >= decision["moved_bytes"] > 0
     # the load figures reach the records each range got
     counted = range_loads(checkpoint_loads(second).records, plan.boundaries)
     assert counted.sum() == pytest.approx(4000 * sum(0.5 ** (k / 3) for k in range(6)), rel=1e-5)
@@ -136,7 +136,7 @@ def test_a_report_of_other_ranges_is_refused_and_nothing_commits(tmp_path):
     run(location, skewed(1), 4, BalancedRanges(), kept, timers)
 
     def shift(reports):
-        reports[1]["key_group_range"] = [reports[1]["key_group_range"][0] + 1, reports[1]["key_group_range"][1]]
+        reports[1] = dataclasses.replace(reports[1], key_group_range=KeyGroupRange(reports[1].key_group_range.start + 1, reports[1].key_group_range.end))
 
     with pytest.raises(KeyGroupsError, match=r"subtask 1 ran with key groups \[9, 15\], but the batch was planned "
                                              r"with KeyGroupRange\(8, 15\); nothing was committed"):
@@ -181,12 +181,12 @@ def stream(name: str, batches: int, seed: int, n: int = 4000) -> list[pa.Table]:
 
 
 @pytest.mark.parametrize("name", ["zipf", "hot key", "moving hot spot"])
-def test_skew_runs_stay_within_flinks_ranges_and_read_only_what_changed_owner(tmp_path, name):
+def test_skew_runs_stay_within_flinks_ranges_and_read_exactly_what_changed_owner(tmp_path, name):
     """The skew runs of issue 31 through the driver and subtasks: per batch, the max/mean of the work the subtasks
     counted, under the ranges the batch ran with and under Flink's ranges (the same counts, summed over Flink's
     ranges). Over the run, balanced stays within its allowance of Flink's ranges, far below them on steady skew; a
-    hot spot moving every 2 batches is left on Flink's ranges. The subtasks read at least the bytes that changed
-    owner (what the decision's best takeover reads)."""
+    hot spot moving every 2 batches is left on Flink's ranges. The subtasks read exactly the bytes that changed
+    owner (they take over the warm state the decision's best matching gives them)."""
     location = str(tmp_path / "chk")
     kept, timers = HeapBackendRegistry(), TimerQueueRegistry()
     assignment = BalancedRanges()
@@ -194,15 +194,17 @@ def test_skew_runs_stay_within_flinks_ranges_and_read_only_what_changed_owner(tm
     for n, table in enumerate(stream(name, 12, 7)):
         plan, _, reports = run(location, table, 4, assignment, kept, timers, function=PerRecordCounter())
         b = plan.boundaries
-        work = np.concatenate([decode_counts(r[CALLS_REPORT], b[i + 1] - b[i], "calls") for i, r in enumerate(reports)])
+        work = np.concatenate([decode_counts(r.key_group_calls, b[i + 1] - b[i], "calls")
+                               for i, r in enumerate(reports)])
         ran.append(max_over_mean(range_loads(work, b)))
         flink.append(max_over_mean(range_loads(work, flink_boundaries(MP, 4))))
         if n:
             moved += plan.assignment.moved_bytes
-            read += sum(r["restored"]["bytes_read"] for r in reports)
+            read += sum(r.restored.bytes_read for r in reports)
     assert np.mean(ran) <= np.mean(flink) * (1 + assignment.allowance)
     if name == "moving hot spot":
         assert ran == flink and moved == read == 0
     else:
         assert np.mean(ran[6:]) < 0.85 * np.mean(flink[6:])
         assert read >= moved > 0
+

@@ -5,6 +5,8 @@ restored from a checkpoint without blocks for its key groups writes them full, s
 from __future__ import annotations
 
 import dataclasses
+import pathlib
+import shutil
 
 import pytest
 from test_checkpoint_storage import MAXP, STATES, _entries, read_all, write_checkpoint
@@ -15,22 +17,28 @@ from keygroups.checkpoint import (
     KeyedStateHandle,
     CheckpointStorage,
     carry_forward,
+    chain_tips,
     plan_keyed_restore,
     write_keyed_snapshot,
 )
 from keygroups.checkpoint.metadata import encode_metadata
 from keygroups.errors import CorruptSnapshotError
 from keygroups.serializers import Int64Serializer
-from keygroups.runtime.subtask import create_backend
+from keygroups.runtime.backends import create_backend
 from keygroups.state import ValueStateDescriptor
 
 COUNT = ValueStateDescriptor("count", Int64Serializer())
+V3 = pathlib.Path(__file__).parent / "data" / "keyed-checkpoint-v3"
 
 
 def _delta(storage: CheckpointStorage, cid: int, fresh: tuple[int, ...] = ()) -> KeyedStateHandle:
+    """A delta of every key group on top of the newest checkpoint (each naming its key group's newest block there)."""
     r = key_group_range(MAXP, 1, 0)
+    latest = storage.latest()
+    tips = {} if latest is None else chain_tips(latest, r)
     return write_keyed_snapshot(storage, cid, 0, r, STATES, ((kg, _entries(kg, cid)) for kg in r),
-                                full_key_groups=set(), fresh_key_groups=fresh)
+                                full_key_groups=set(), fresh_key_groups=fresh,
+                                predecessors={kg: t for kg, t in tips.items() if kg not in fresh})
 
 
 def _metadata(cid: int, handles: list) -> CheckpointMetadata:
@@ -78,16 +86,20 @@ def test_a_restore_refuses_a_checked_chain_without_its_base(tmp_path):
 
 
 def test_checkpoints_of_earlier_versions_restore_as_before(tmp_path):
-    """A handle written before the check existed says nothing of its deltas' bases (a delta may apply to a key
-    group that had no state): such chains restore, and commit carried forward, as they always did."""
-    storage = CheckpointStorage(str(tmp_path / "chk"))
-    old = dataclasses.replace(_delta(storage, 1), fresh_key_groups=None)
-    assert "fresh_key_groups" not in old.to_json()
-    _publish_unchecked(storage, _metadata(1, [old]))
-    loaded = storage.load(1)
-    assert loaded.keyed_handles[0].fresh_key_groups is None
-    storage.commit(_metadata(2, carry_forward(loaded, [_delta(storage, 2)])))
-    assert [r for _, r in plan_keyed_restore(loaded, KeyGroupRange(0, MAXP - 1))] == [KeyGroupRange(0, MAXP - 1)]
+    """A format-3 chain (tests/data/keyed-checkpoint-v3: its deltas name no predecessor) plans, commits carried
+    forward and restores as it always did; its handles say which deltas are fresh, so a dropped base is still
+    refused."""
+    shutil.copytree(V3 / "chk", tmp_path / "chk")
+    storage = CheckpointStorage(str(tmp_path / "chk"), retain=10)
+    loaded = storage.load(3)
+    assert {h.format_version for h in loaded.keyed_handles} == {3}
+    assert all(h.checksums is None and h.predecessors is None for h in loaded.keyed_handles)
+    assert plan_keyed_restore(loaded, KeyGroupRange(0, 15))
+    storage.commit(dataclasses.replace(_metadata(4, carry_forward(loaded, [])), max_parallelism=16, parallelism=2))
+    assert storage.load(4).keyed_handles == loaded.keyed_handles
+    without_base = [h for h in loaded.keyed_handles if h.checkpoint_id > 1]
+    with pytest.raises(ValueError, match="but not the block it applies to"):
+        storage.commit(dataclasses.replace(_metadata(5, without_base), max_parallelism=16, parallelism=2))
 
 
 def test_dropping_the_base_of_an_older_delta_is_refused_too(tmp_path):

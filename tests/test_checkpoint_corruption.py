@@ -6,6 +6,7 @@ The compiled parser is also fuzzed *behind* the checksum (``verify_checksum=Fals
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import struct
 import uuid
@@ -118,7 +119,7 @@ def test_random_byte_flips_of_a_real_file(snapshot):
         with storage.open_write(rel) as f:
             f.write(bad)
         wanted = random_range(rng)
-        h = KeyedStateHandle(rel, 0, KGR, handle.offsets, handle.size, STATES, checkpoint_id=1)
+        h = dataclasses.replace(handle, file=rel)   # its file id and checksums: the bytes are checked against them
         try:
             got = read_ranged(storage, h, wanted)
         except CorruptSnapshotError:
@@ -144,7 +145,7 @@ def test_random_truncations_of_a_real_file(snapshot):
         with storage.open_write(rel) as f:
             f.write(short)
         wanted = random_range(rng)
-        h = KeyedStateHandle(rel, 0, KGR, handle.offsets, handle.size, STATES, checkpoint_id=1)
+        h = dataclasses.replace(handle, file=rel)
         a, b = h.byte_range(wanted)
         if cut >= b:
             assert read_ranged(storage, h, wanted) == subset(expected, wanted)
@@ -242,8 +243,8 @@ def test_structural_errors_name_what_is_wrong():
 
 def test_unknown_version_and_wrong_magic(snapshot):
     _, _, raw, _ = snapshot
-    with pytest.raises(CorruptSnapshotError, match="format version 4"):
-        open_snapshot(raw[:4] + struct.pack("<I", 4) + raw[8:])
+    with pytest.raises(CorruptSnapshotError, match="format version 5"):
+        open_snapshot(raw[:4] + struct.pack("<I", 5) + raw[8:])
     with pytest.raises(CorruptSnapshotError, match="magic"):
         open_snapshot(b"PK\x03\x04" + raw[4:])
     with pytest.raises(CorruptSnapshotError, match="empty"):
@@ -256,7 +257,8 @@ def test_random_flips_and_truncations_of_metadata():
     for i in range(3):
         r = key_group_range(128, 3, i)
         handles.append(KeyedStateHandle(f"chk-9/keyed-{i}-abc", i, r, list(range(100, 100 + len(r) + 1)),
-                                        100 + len(r) + 10, STATES, checkpoint_id=9))
+                                        100 + len(r) + 10, STATES, checkpoint_id=9, file_id=f"{i:032x}",
+                                        checksums=[rng.randrange(2 ** 32) for _ in r]))
     union = OperatorStateMeta(DistributionMode.UNION, {"serializer": {"identifier": "str"}}, [8, 20], 30,
                               [(0, 12345)])
     operator = OperatorStateHandle("chk-9/op-0", 0, 30, "operator", {"u": union})

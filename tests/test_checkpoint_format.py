@@ -12,6 +12,7 @@ import uuid
 import fsspec
 import numpy as np
 import pytest
+from crc32c import crc32c
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -221,7 +222,10 @@ def test_offsets_are_absolute_in_the_stream():
     offsets, size = w.finish()
     assert size == len(buf.getvalue()) and offsets[0] > 100
     tail = buf.getvalue()[offsets[1]:offsets[2]]
-    assert as_plain([(1, native.parse_block(tail, 1, 3))]) == {1: [(0, [b"k"], [b"v"])]}
+    seed = crc32c(bytes.fromhex(w.file_id))   # a block's checksum covers its file's id
+    assert as_plain([(1, native.parse_block(tail, 1, 3, file_seed=seed))]) == {1: [(0, [b"k"], [b"v"])]}
+    with pytest.raises(CorruptSnapshotError, match="fails its CRC32C checksum.*written for another file"):
+        native.parse_block(tail, 1, 3)
 
 
 def test_bytes_like_keys_and_values_are_accepted():
@@ -239,9 +243,9 @@ class RecordingStorage(CheckpointStorage):
         super().__init__(*args, **kwargs)
         self.reads: list[tuple[str, int | None, int | None]] = []
 
-    def read_bytes(self, relpath, start=None, end=None):
+    def read_bytes(self, relpath, start=None, end=None, *, verify=None):
         self.reads.append((relpath, start, end))
-        return super().read_bytes(relpath, start, end)
+        return super().read_bytes(relpath, start, end, verify=verify)
 
 
 def _big_snapshot(storage, kgr=KeyGroupRange(0, 127)) -> KeyedStateHandle:
@@ -310,7 +314,8 @@ def test_parsers_accept_read_only_and_writable_buffers(kind, tmp_path):
     f = open_snapshot(buf)
     assert as_plain(f.key_groups()) == expected_blocks(kgr, data, kgr)
     assert as_plain(f.key_groups(KeyGroupRange(6, 100))) == {6: [(0, [b"z"], [b"y"])]}
-    assert as_plain([(4, native.parse_block(memoryview(buf)[offsets[1]:offsets[2]], 4, 3))]) == {
+    seed = crc32c(bytes.fromhex(f.file_id))
+    assert as_plain([(4, native.parse_block(memoryview(buf)[offsets[1]:offsets[2]], 4, 3, file_seed=seed))]) == {
         4: [(1, *key_sorted(*data[4][0][1:]))]}
 
 

@@ -156,13 +156,12 @@ def test_commit_refuses_incomplete_or_inconsistent_checkpoints(storage_factory):
     storage = storage_factory()
     md = write_checkpoint(storage, 2, commit=False)
     missing = CheckpointMetadata(**{**md.__dict__, "keyed_handles": md.keyed_handles + [
-        KeyedStateHandle("chk-2/keyed-1-gone", 1, KeyGroupRange.empty(), [0], 0, STATES, checkpoint_id=2)]})
+        KeyedStateHandle("chk-2/keyed-1-gone", 1, KeyGroupRange.empty(), [0], 0, STATES, checkpoint_id=2,
+                         file_id="0" * 32, checksums=[])]})
     with pytest.raises(ValueError, match="does not exist"):
         storage.commit(missing)
     h = md.keyed_handles[0]
-    wrong_size = CheckpointMetadata(**{**md.__dict__, "keyed_handles": [
-        KeyedStateHandle(h.file, h.subtask, h.key_group_range, h.offsets, h.size + 1, h.states,
-                         checkpoint_id=h.checkpoint_id)]})
+    wrong_size = CheckpointMetadata(**{**md.__dict__, "keyed_handles": [dataclasses.replace(h, size=h.size + 1)]})
     with pytest.raises(ValueError, match="bytes but its handle says"):
         storage.commit(wrong_size)
     other_dir = CheckpointMetadata(**{**md.__dict__, "checkpoint_id": 5})
@@ -179,7 +178,8 @@ def test_commit_refuses_incomplete_or_inconsistent_checkpoints(storage_factory):
     h0, h1 = md.keyed_handles
     with pytest.raises(ValueError, match="keyed handles overlap: subtask 0"):
         CheckpointMetadata(2, "j", 0, MAXP, 2, [h0, KeyedStateHandle(h1.file, 1, KeyGroupRange(0, 3), [0] * 5, 9,
-                                                                    STATES, checkpoint_id=2)]).validate()
+                                                                    STATES, checkpoint_id=2, file_id="0" * 32,
+                                                                    checksums=[0] * 4)]).validate()
     with pytest.raises(ValueError, match="subtask 1 in a checkpoint of parallelism 1"):
         CheckpointMetadata(2, "j", 0, MAXP, 1, [h1]).validate()
     with pytest.raises(ValueError, match="past max_parallelism=8"):

@@ -1,8 +1,10 @@
-"""Keyed format 2: full and delta blocks, put and delete sections, keys sorted and found by binary search, the
-handle's checkpoint id and full key groups, and the checkpoints of format 1 (metadata 2) that must still restore."""
+"""Keyed formats 2 to 4: full and delta blocks, put and delete sections, keys sorted and found by binary search, a
+delta's predecessor (format 4), the handle's checkpoint id, full key groups, file id, checksums and predecessors, and
+the checkpoints of format 1 (metadata 2) that must still restore."""
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 import pathlib
@@ -18,6 +20,8 @@ from hypothesis import strategies as st
 from keygroups import KeyGroupRange, assign_to_key_group, key_group_range
 from keygroups._native import snapshot as native
 from keygroups.checkpoint import (
+    BlockLink,
+    CheckpointMetadata,
     CheckpointStorage,
     KeyedSnapshotWriter,
     KeyedStateHandle,
@@ -92,7 +96,14 @@ def test_full_blocks_have_no_deletes_and_empty_blocks_have_a_fixed_size():
     with pytest.raises(ValueError, match="state_index"):
         native.encode_block(1, [], 1, full=False, deletes=[(1, [b"k"])])
     assert len(native.encode_block(3, [], 2, full=False)) == len(native.encode_block(3, [], 2)) \
-        == native.BLOCK_OVERHEAD == 16
+        == native.BLOCK_OVERHEAD == native.BLOCK_OVERHEADS[4] == 28
+    linked_empty = native.encode_block(3, [], 2, full=False, predecessor=(1, 2))   # names the chain's end it keeps
+    assert len(linked_empty) == native.BLOCK_OVERHEAD and struct.unpack_from("<IQI", linked_empty, 4) == (
+        native.BLOCK_LINKED, 1, 2)
+    with pytest.raises(ValueError, match="full block applies on no earlier block"):
+        native.encode_block(3, [(0, [b"k"], [b"v"])], 2, predecessor=(1, 2))
+    with pytest.raises(ValueError, match="predecessor must be"):
+        native.encode_block(3, [(0, [b"k"], [b"v"])], 2, full=False, predecessor=(1, 2 ** 32))
     full, puts, deletes = plain_block(native.parse_block(native.encode_block(3, [], 2), 3, 2))
     assert full and puts == deletes == []
 
@@ -116,9 +127,11 @@ def test_find_key_never_reads_outside_the_block():
         find_key(block, np.array([], dtype=np.int64), b"x")
 
 
-def test_v2_structure_errors_name_what_is_wrong():
-    good = native.encode_block(5, [(0, [b"a", b"b"], [b"1", b"2"])], 1, full=False, deletes=[(0, [b"c"])])
+def test_structure_errors_name_what_is_wrong():
+    good = native.encode_block(5, [(0, [b"a", b"b"], [b"1", b"2"])], 1, full=False, deletes=[(0, [b"c"])],
+                               predecessor=(3, 0xABCDEF))
     body = bytearray(good[:-4])
+    assert struct.unpack_from("<IQI", body, 4) == (native.BLOCK_LINKED, 3, 0xABCDEF)
 
     def parse(data):
         return native.parse_block(bytes(data) + b"\0\0\0\0", 5, 1, verify_checksum=False)
@@ -127,26 +140,36 @@ def test_v2_structure_errors_name_what_is_wrong():
     flags[4:8] = struct.pack("<I", 6)
     with pytest.raises(CorruptSnapshotError, match="block flags 0x6"):
         parse(flags)
+    linked_full = bytearray(body)
+    linked_full[4:8] = struct.pack("<I", 3)
+    with pytest.raises(CorruptSnapshotError, match="full block of key group 5 linked to a predecessor"):
+        parse(linked_full)
+    unlinked = bytearray(body)
+    unlinked[4:8] = struct.pack("<I", 0)
+    with pytest.raises(CorruptSnapshotError, match="predecessor fields set in an unlinked block of key group 5"):
+        parse(unlinked)
     op = bytearray(body)
-    op[16:20] = struct.pack("<I", 7)   # the first section's op
+    op[28:32] = struct.pack("<I", 7)   # the first section's op
     with pytest.raises(CorruptSnapshotError, match="section op 7"):
         parse(op)
     unsorted = bytearray(body)
-    keys_at = 12 + 12 + 8 + 8
+    keys_at = 24 + 12 + 8 + 8
     unsorted[keys_at:keys_at + 2] = b"ba"
     with pytest.raises(CorruptSnapshotError, match="key 1 of a section of state 0 sorting before key 0"):
         parse(unsorted)
     full_with_delete = bytearray(body)
-    full_with_delete[4:8] = struct.pack("<I", 1)
+    full_with_delete[4:20] = struct.pack("<IQI", 1, 0, 0)
     with pytest.raises(CorruptSnapshotError, match="delete section in the full block"):
         parse(full_with_delete)
-    huge = struct.pack("<IIIIII", 5, 0, 1, 0, 1, 0x7FFFFFFF)   # a delete section of two billion keys
+    huge = struct.pack("<IIQIIIII", 5, 0, 0, 0, 1, 0, 1, 0x7FFFFFFF)   # a delete section of two billion keys
     with pytest.raises(CorruptSnapshotError, match="entry count 2147483647"):
         native.parse_block_offsets(huge + b"\0\0\0\0", 5, 1, verify_checksum=False)
     with pytest.raises(CorruptSnapshotError, match="section count 4294967295"):
-        parse(struct.pack("<III", 5, 0, 0xFFFFFFFF))
+        parse(struct.pack("<IIQII", 5, 0, 0, 0, 0xFFFFFFFF))
+    with pytest.raises(CorruptSnapshotError, match="shorter than the 28-byte minimum"):
+        native.parse_block(good[:24], 5, 1)
     with pytest.raises(CorruptSnapshotError, match="shorter than the 16-byte minimum"):
-        native.parse_block(good[:12] + good[-4:][:0], 5, 1)
+        native.parse_block(good[:12], 5, 1, version=3)
     assert plain_block(native.parse_block(good, 5, 1)) == (False, [(0, [b"a", b"b"], [b"1", b"2"])], [(0, [b"c"])])
 
 
@@ -160,7 +183,9 @@ def test_fuzz_delta_blocks_behind_the_checksum():
         deletes = [(i, [rng.randbytes(rng.randint(0, 5)) for _ in range(rng.randint(0, 4))])
                    for i in rng.sample(range(3), rng.randint(0, 2))]
         full = rng.random() < 0.2
-        blocks.append((kg, native.encode_block(kg, puts, 3, full=full, deletes=() if full else deletes)))
+        predecessor = None if full or rng.random() < 0.3 else (rng.randrange(2 ** 40), rng.randrange(2 ** 32))
+        blocks.append((kg, native.encode_block(kg, puts, 3, full=full, deletes=() if full else deletes,
+                                               predecessor=predecessor)))
     outcomes = {"ok": 0, "corrupt": 0}
     for _ in range(4000):
         kg, block = rng.choice(blocks)
@@ -188,7 +213,7 @@ def test_fuzz_delta_blocks_behind_the_checksum():
             continue
         outcomes["ok"] += 1
         flags2, oputs, odeletes = native.parse_block_offsets(bad, kg, 3, verify_checksum=False)
-        assert flags == flags2 and flags in (0, 1) and not (flags and deletes)
+        assert flags == flags2 and flags in (0, 1, 2) and not (flags & native.BLOCK_FULL and deletes)
         for (i, ks, vs), (i2, ko, vo) in zip(puts, oputs, strict=True):
             assert 0 <= i == i2 < 3 and [bytes(k) for k in ks] == [bad[a:b] for a, b in zip(ko[:-1], ko[1:])]
             assert [bytes(v) for v in vs] == [bad[a:b] for a, b in zip(vo[:-1], vo[1:])]
@@ -210,7 +235,7 @@ def test_writer_writes_deltas_and_untouched_groups_as_default_full_says(tmp_path
     offsets, size = w.finish()
     assert w.full_key_groups == [KeyGroupRange(13, 13)]
     f = open_snapshot(buf.getvalue())
-    assert f.version == 3
+    assert f.version == 4 and f.file_id == w.file_id and f.checksums() == w.checksums
     blocks = {b.key_group: b for b in f.key_groups()}
     assert [kg for kg, b in blocks.items() if b.full] == [13] and all(b.sorted for b in blocks.values())
     assert [(i, [bytes(k) for k in ks]) for i, ks, _ in blocks[11].puts] == [(0, [b"k1", b"k2"])]
@@ -221,7 +246,8 @@ def test_writer_writes_deltas_and_untouched_groups_as_default_full_says(tmp_path
     h = write_keyed_snapshot(storage, 4, 1, KeyGroupRange(0, 7), STATES,
                              [(2, [(0, [b"a"], [b"1"])]), (3, [], [(0, [b"b"])]), (6, [(1, [b"c"], [b"2"])])],
                              full_key_groups={2, 5, 6, 7})
-    assert h.checkpoint_id == 4 and h.format_version == 3
+    assert h.checkpoint_id == 4 and h.format_version == 4 and h.predecessors == {}
+    assert h.checksums == open_snapshot(storage.read_bytes(h.file)).checksums()
     assert h.full_key_groups == [KeyGroupRange(2, 2), KeyGroupRange(5, 7)]
     assert [h.is_full(kg) for kg in range(-1, 9)] == [False, False, False, True, False, False, True, True, True,
                                                         False]
@@ -247,12 +273,58 @@ def test_handle_checks_its_new_fields():
     with pytest.raises(ValueError, match="ascending, disjoint"):
         handle(checkpoint_id=1, full_key_groups=[KeyGroupRange(5, 6), KeyGroupRange(4, 4)])
     with pytest.raises(ValueError, match="format_version must be one of"):
-        handle(checkpoint_id=1, format_version=4)
+        handle(checkpoint_id=1, format_version=5)
     with pytest.raises(ValueError, match="format 1 holds full blocks only"):
         handle(checkpoint_id=1, format_version=1, full_key_groups=[])
     with pytest.raises(CorruptSnapshotError, match="not a valid keyed state handle"):
         KeyedStateHandle.from_json({k: v for k, v in handle(checkpoint_id=1).to_json().items()
                                     if k != "checkpoint_id"})
+
+
+def test_handle_checks_its_chain_fields():
+    def handle(**kw):
+        kw = {"checkpoint_id": 3, "full_key_groups": [KeyGroupRange(4, 4)], "file_id": "ab" * 16,
+              "checksums": [1, 2, 3, 4], **kw}
+        return KeyedStateHandle("chk-1/k", 0, KeyGroupRange(4, 7), [0, 28, 28 + 40, 28 + 80, 28 + 80 + 28], 200, [],
+                                **kw)
+
+    linked = handle(predecessors={5: BlockLink(2, 7), 6: BlockLink(0, 2 ** 32 - 1)})
+    assert linked.predecessor(5) == (2, 7) and linked.predecessor(7) is None and linked.link(6) == (3, 3)
+    assert KeyedStateHandle.from_json(json.loads(json.dumps(linked.to_json()))) == linked
+    as_json = linked.to_json()   # u32s as base64: checkpoint distances (0: names none) and checksums
+    assert base64.b64decode(as_json["predecessors"]["distances"]) == struct.pack("<4I", 0, 1, 3, 0)
+    assert base64.b64decode(as_json["predecessors"]["checksums"]) == struct.pack("<4I", 0, 7, 2 ** 32 - 1, 0)
+    assert base64.b64decode(as_json["checksums"]) == struct.pack("<4I", 1, 2, 3, 4)
+    assert dict(linked.predecessors) == {5: (2, 7), 6: (0, 2 ** 32 - 1)} and len(linked.predecessors) == 2
+    for bad, match in [({"file_id": "AB" * 16}, "file_id must be 32 lowercase hex digits"),
+                       ({"file_id": "ab" * 15}, "file_id must be 32"),
+                       ({"checksums": [1, 2, 3]}, "checksums must be a list of 4 ints"),
+                       ({"checksums": [1, 2, 3, 2 ** 32]}, "checksums must be u32"),
+                       ({"checksums": [1, 2, 3, True]}, "checksums must be u32"),
+                       ({"predecessors": {4: BlockLink(2, 7)}}, "key group 4, which is not a delta block"),
+                       ({"predecessors": {9: BlockLink(2, 7)}}, "key group 9, outside the handle's"),
+                       ({"predecessors": {5: BlockLink(3, 7)}}, r"an older checkpoint \(id in \[0, 3\)\)"),
+                       ({"predecessors": {5: ("2", 7)}}, "must be a BlockLink"),
+                       ({"predecessors": {5: BlockLink(2, -1)}}, "must be a BlockLink"),
+                       ({"predecessors": {5: BlockLink(2, 7)}, "fresh_key_groups": [KeyGroupRange(5, 5)]},
+                        "key group 5, which is not a delta block"),
+                       ({"format_version": 3, "file_id": None, "checksums": [1, 2, 3, 4]}, "format 4 and later")]:
+        with pytest.raises(ValueError, match=match):
+            handle(**bad)
+    md = CheckpointMetadata(3, "j", 0, 8, 1, [handle(checksums=None)])
+    with pytest.raises(ValueError, match="names no file id or block checksums"):
+        md.validate()
+    four = base64.b64encode(bytes(16)).decode()
+    for bad, match in [({"predecessors": {"distances": base64.b64encode(bytes(12)).decode(), "checksums": four}},
+                        "one link per key group of"),
+                       ({"predecessors": {"distances": base64.b64encode(struct.pack("<4I", 0, 4, 0, 0)).decode(),
+                                          "checksums": four}}, r"predecessors\[5\] names the block of checkpoint -1"),
+                       ({"predecessors": {"distances": four, "checksums": "not base64!"}}, "not base64"),
+                       ({"predecessors": [[5, 2, 7]]}, "must be an object of 'distances' and 'checksums'"),
+                       ({"checksums": "AAAAAAA="}, "not a whole number of u32"),
+                       ({"checksums": [1, 2, 3, 4]}, "base64 string of u32")]:
+        with pytest.raises(CorruptSnapshotError, match=match):
+            KeyedStateHandle.from_json(dict(as_json, **bad))
 
 
 # ---- format 1 and metadata 2, as written before incremental checkpoints (tests/data/keyed-checkpoint-v1) -----------

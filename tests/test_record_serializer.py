@@ -245,7 +245,8 @@ def test_random_evolution_steps_read_old_bytes_in_the_new_shape(data):
 @pytest.mark.parametrize("old, new, words", [
     ("a bigint", "a int", "field 'a' changed from bigint to int: this change of type is not a widening"),
     ("a double", "a bigint", "from double to bigint"),
-    ("a string", "a binary", "from string to binary"),
+    ("a string", "a bigint", "from string to bigint"),
+    ("a binary", "a date", "from binary to date"),
     ("a bigint", "a bigint not null", "a nullable field cannot become not null"),
     ("a bigint", "a bigint, b int not null", "field 'b' changed from absent to int not null: a field added to stored "
                                              "state needs a default, or must be nullable"),

@@ -234,7 +234,7 @@ def test_format_1_and_2_values_read_as_format_3(entries, version, offsets):
         keys = [k for k, *_ in entries]
         old_sections.append((i, keys, [old_encode(kind, ttl, o) for o in objs]))
         new_sections.append((i, keys, [f.encode(o) for o in objs]))
-    block = native.encode_block(3, old_sections, len(STATES))
+    block = native.encode_block(3, old_sections, len(STATES), version=2)
     if version == 1:   # format 1: no flags, no op, keys unsorted; rebuilt from format 2's parts
         block = v1_block(block)
     buf = bytearray()
@@ -265,7 +265,7 @@ def buf_stream(buf: bytearray):
 
 def v1_block(block: bytes) -> bytes:
     """A format 2 block (full, puts only) re-laid-out as format 1: no flags word, no op per section."""
-    _, puts, _ = native.parse_block(block, 3, len(STATES), copy=True)
+    _, puts, _ = native.parse_block(block, 3, len(STATES), copy=True, version=2)
     out = struct.pack("<II", 3, len(puts))
     for i, ks, vs in puts:
         out += struct.pack("<II", i, len(ks)) + b"".join(struct.pack("<I", len(k)) for k in ks)
@@ -336,9 +336,10 @@ def test_the_format_2_chain_restores_at_any_parallelism(v2_storage, backend, p_n
 
 
 @pytest.mark.parametrize("backend", [HeapKeyedStateBackend, RocksDBKeyedStateBackend])
-def test_format_3_deltas_continue_a_format_2_chain(v2_storage, backend):
-    """The first snapshot after the upgrade writes deltas on the format-2 chain; a restore reads the mixed chain
-    (format-2 base and delta, format-3 delta) with either backend, and so does a savepoint merged from it."""
+def test_the_first_snapshot_after_a_format_2_chain_is_full(v2_storage, backend):
+    """The first snapshot after the upgrade writes every key group full (a delta of format 4 names the block it
+    applies on by a checksum, which a format-2 block does not carry), so the old files drop out of the next
+    checkpoint; a restore reads it with either backend, and so does a savepoint merged from it."""
     clock_s = CLOCKS["live"]
     expected = v2_expected("live")
     last = v2_storage.load(2)
@@ -364,17 +365,17 @@ def test_format_3_deltas_continue_a_format_2_chain(v2_storage, backend):
             want[5] = {t: v for t, v in want[5].items() if t != "t"}
         handles.append(b.snapshot(3, v2_storage).result(30))
         b.dispose()
-    assert all(h.format_version == 3 and not h.is_all_full for h in handles)
+    assert all(h.format_version == native.FORMAT_VERSION and h.is_all_full for h in handles)
     v2_storage.commit(CheckpointMetadata(checkpoint_id=3, job_id="format-2", timestamp_ms=0, max_parallelism=MAXP,
                                          parallelism=2, keyed_handles=carry_forward(last, handles),
                                          operator_handles=[], properties={}))
     md = v2_storage.load(3)
-    assert sorted({h.format_version for h in md.keyed_handles}) == [2, 3]
+    assert sorted({h.format_version for h in md.keyed_handles}) == [native.FORMAT_VERSION]
     for other in (HeapKeyedStateBackend, RocksDBKeyedStateBackend):
         assert read_all(other, v2_storage, md, 3, clock_s, expected) == expected
     v2_storage.savepoint(3, "sp")
     sp = v2_storage.load_savepoint("sp")
-    assert all(h.format_version == 3 and h.is_all_full for h in sp.keyed_handles)
+    assert all(h.format_version == native.FORMAT_VERSION and h.is_all_full for h in sp.keyed_handles)
     assert read_all(HeapKeyedStateBackend, v2_storage, sp, 1, clock_s, expected) == expected
 
 

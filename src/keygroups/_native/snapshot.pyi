@@ -14,8 +14,12 @@ READ_VERSIONS: tuple[int, ...]
 HEADER_FIXED_SIZE: int
 FOOTER_SIZE: int
 BLOCK_OVERHEAD: int
+BLOCK_OVERHEADS: dict[int, int]
 MAX_ITEM_SIZE: int
 BLOCK_FULL: int
+BLOCK_LINKED: int
+PREDECESSOR_OFFSET: int
+FLAGS_OFFSET: int
 OP_PUT: int
 OP_DELETE: int
 
@@ -37,6 +41,9 @@ def encode_block(
     *,
     full: bool = True,
     deletes: Iterable[tuple[int, Sequence[Buffer] | Packed]] = (),
+    predecessor: tuple[int, int] | None = None,
+    file_seed: int = 0,
+    version: int = 4,
 ) -> bytes: ...
 def find_key(buffer: Buffer, key_offsets: npt.NDArray[np.int64], key: Buffer) -> int: ...
 def parse_block(
@@ -45,10 +52,16 @@ def parse_block(
     n_states: int,
     verify_checksum: bool = True,
     copy: bool = False,
-    version: int = 3,
+    version: int = 4,
+    file_seed: int = 0,
 ) -> tuple[int, list[tuple[int, list[Any], list[Any]]], list[tuple[int, list[Any]]]]: ...   # memoryview or bytes items
 def parse_block_offsets(
-    buffer: Buffer, expected_key_group: int, n_states: int, verify_checksum: bool = True, version: int = 3
+    buffer: Buffer,
+    expected_key_group: int,
+    n_states: int,
+    verify_checksum: bool = True,
+    version: int = 4,
+    file_seed: int = 0,
 ) -> tuple[
     int,
     list[tuple[int, npt.NDArray[np.int64], npt.NDArray[np.int64]]],

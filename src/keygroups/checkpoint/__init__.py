@@ -18,6 +18,9 @@
   :func:`carry_forward` keep chains bounded and the next checkpoint's handles exactly those still needed;
   :func:`plan_operator_restore` — which runs of old operator state elements it reads (Flink's round-robin
   repartitioner).
+* :class:`BlockLink`, :func:`chain_tips`, :func:`chain_breaks` (:class:`ChainBreak`) — chain integrity: each delta
+  block names the block it applies on (its checkpoint and checksum), a chain that lacks a delta or holds a foreign
+  one is refused at restore, at commit and by ``keygroups verify``, and what the next deltas of a checkpoint name.
 * :class:`RawKeyedStateHandle`, :class:`RawKeyedStateWriter`, :class:`RawKeyedStateReader` — raw keyed state
   (``raw_keyed``): per-key-group bytes a job's function writes itself, one checksummed block per key group, read
   back by any parallelism with :func:`plan_raw_keyed_restore`; :func:`write_raw_keyed_snapshot`,
@@ -43,6 +46,7 @@ from keygroups.checkpoint.format import (
 from keygroups.checkpoint.metadata import (
     METADATA_VERSION,
     OPERATOR_FORMAT_VERSION,
+    BlockLink,
     CheckpointMetadata,
     DistributionMode,
     KeyedStateHandle,
@@ -58,11 +62,14 @@ from keygroups.checkpoint.operator_format import (
     write_operator_snapshot,
 )
 from keygroups.checkpoint.planning import (
+    ChainBreak,
     ChainStats,
     ElementRun,
     allowed_max_parallelisms,
     carry_forward,
+    chain_breaks,
     chain_stats,
+    chain_tips,
     check_restore_max_parallelism,
     choose_full_key_groups,
     parent_key_groups,
@@ -100,6 +107,10 @@ __all__ = [
     "plan_keyed_restore",
     "ChainStats",
     "chain_stats",
+    "BlockLink",
+    "chain_tips",
+    "chain_breaks",
+    "ChainBreak",
     "choose_full_key_groups",
     "carry_forward",
     "check_restore_max_parallelism",

@@ -15,28 +15,42 @@ checkpoints reference older ones) are stored as ``shared/<name>``; every other f
 holding that ``_metadata`` (the checkpoint or savepoint directory). A savepoint references no shared file, so its
 directory is self-contained and can be moved.
 
-Versions: 4 (written when a checkpoint has raw keyed state or late outputs, else 3) adds ``raw_keyed_handles`` and
-``late_outputs``. 3 (written) stores keyed files of ``shared/`` and gives each keyed handle its ``checkpoint_id``,
-``full_key_groups`` and keyed ``format_version``. Version 2 (still read) has the ``outputs`` and ``inputs`` fields;
-its keyed handles are read as full files of keyed format 1 written by that checkpoint. Version 1 (still read) also
-kept the runner's files in ``properties["outputs"]``/``["inputs"]`` as storage-relative paths; reading moves those
-inside the directory into the fields. A keyed handle's ``fresh_key_groups`` (optional in versions 3 and 4: a reader
-that ignores it only skips a check) says which of its delta blocks apply to no earlier block. Each version changed
-so that an older keygroups refuses the file instead of misreading it (version 2: treating output files as orphans;
-version 3: restoring a delta as the whole state; version 4: restoring without raw keyed state, deleting late outputs
-as orphans).
+Versions: 5 (written when a keyed handle is of keyed format 4, so by every checkpoint with keyed state since) has
+version 4's fields and gives each keyed handle of format 4 its file's ``file_id``, the ``checksums`` of its blocks (one
+per key group, the CRC32C each block stores; base64 of u32 little-endian) and the ``predecessors`` of its linked delta
+blocks (``{"distances": base64, "checksums": base64}``: per key group, the handle's checkpoint id minus that of the
+block it applies on, 0 for none, and that block's checksum), so a chain that lacks a delta, or holds one of another run,
+is refused from the metadata alone (``planning.chain_breaks``) and a block read is checked against the checksum its
+handle names. 4 (written when a checkpoint without keyed handles of format 4 has raw keyed state or late outputs, else
+3) adds ``raw_keyed_handles`` and ``late_outputs``. 3 (written) stores keyed files of ``shared/`` and gives each keyed
+handle its ``checkpoint_id``, ``full_key_groups`` and keyed ``format_version``. Version 2 (still read) has the
+``outputs`` and ``inputs`` fields; its keyed handles are read as full files of keyed format 1 written by that
+checkpoint. Version 1 (still read) also kept the runner's files in ``properties["outputs"]``/``["inputs"]`` as
+storage-relative paths; reading moves those inside the directory into the fields. A keyed handle's ``fresh_key_groups``
+(optional in versions 3 and 4: a reader that ignores it only skips a check) says which of its delta blocks apply to no
+earlier block. Each version changed so that an older keygroups refuses the file instead of misreading it (version 2:
+treating output files as orphans; version 3: restoring a delta as the whole state; version 4: restoring without raw
+keyed state, deleting late outputs as orphans; version 5: reading blocks of keyed format 4, whose layout it does not
+know, and checking no chain). Checkpoints of every earlier version still restore; their chains are checked only as far
+as they say (a delta of format 3 or older names no predecessor), and a backend restored from them writes its next
+snapshot full, so that the chains it continues are checked from their base.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import bisect
 import enum
 import functools
 import json
+import re
 import struct
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
+import numpy as np
 from crc32c import crc32c
 
 from keygroups._native import snapshot as _snap
@@ -44,18 +58,23 @@ from keygroups._ranges import KeyGroupRange, check_max_parallelism
 from keygroups.errors import CorruptSnapshotError
 
 METADATA_MAGIC = b"\x89KGM"
-METADATA_VERSION = 4
+METADATA_VERSION = 5
 _LEGACY_VERSION = 1   # outputs and inputs in properties
 _UNSHARED_VERSION = 2   # keyed handles without checkpoint_id, full_key_groups, format_version (format 1 files)
 _SHARED_VERSION = 3   # written when there is neither raw keyed state nor late output: older readers read it
+_RAW_KEYED_VERSION = 4   # raw keyed handles and late outputs, keyed handles without checksums
 #: The directory (under the storage location) of keyed state files, which outlive the checkpoint that wrote them.
 SHARED_DIR = "shared"
 _PREFIX = struct.Struct("<4sII")
 
-#: The keyed file format written, the ones read, and the size of a block that holds nothing.
+#: The keyed file format written, the ones read, and the size of a block that holds nothing (in the format written;
+#: no block of an older format that holds a section is that small either, so it tells empty blocks of any format).
 KEYED_FORMAT_VERSION: int = _snap.FORMAT_VERSION
 KEYED_READ_VERSIONS: tuple[int, ...] = tuple(_snap.READ_VERSIONS)
 EMPTY_BLOCK_SIZE: int = _snap.BLOCK_OVERHEAD
+#: The first keyed format whose blocks carry a checksum of their file's id and name their predecessor.
+CHAINED_FORMAT_VERSION = 4
+_FILE_ID_RE = re.compile(r"^[0-9a-f]{32}$")
 
 #: The file format an operator handle describes; its JSON carries both, and its file header the version.
 OPERATOR_FORMAT_NAME = "keygroups-operator-state"
@@ -94,6 +113,114 @@ def _full_ranges(value: Any, key_group_range: KeyGroupRange, name: str = "full_k
                              f"{key_group_range}, got {value}")
         prev = r.end
     return value
+
+
+class BlockLink(NamedTuple):
+    """A block as a delta names the block it applies on (its predecessor): the checkpoint that wrote it and its
+    checksum, the CRC32C the block stores (in keyed format 4, of its file's id and its bytes)."""
+
+    checkpoint_id: int
+    checksum: int
+
+    def __str__(self) -> str:
+        return f"the block of checkpoint {self.checkpoint_id} with checksum {self.checksum:#010x}"
+
+
+class BlockLinks(Mapping[int, BlockLink]):
+    """Key group -> the :class:`BlockLink` its delta block names, for the key groups of a handle's range, held as two
+    int64 arrays (``checkpoints[i]``, -1 where key group ``start + i`` names none, and ``checksums[i]``, 0 there)
+    rather than one object per key group: every batch decodes every handle of a checkpoint, at up to 32768 key groups
+    each. Built from any mapping with :meth:`of`; compares equal to any mapping of the same links."""
+
+    __slots__ = ("start", "checkpoints", "checksums")
+
+    def __init__(self, start: int, checkpoints: Any, checksums: Any) -> None:
+        self.start = start
+        self.checkpoints = np.asarray(checkpoints, dtype=np.int64)
+        self.checksums = np.asarray(checksums, dtype=np.int64)
+
+    @classmethod
+    def of(cls, links: Mapping[int, Any], key_group_range: KeyGroupRange) -> BlockLinks:
+        """The links of ``links`` (key group -> BlockLink or ``(checkpoint id, checksum)``) over ``key_group_range``;
+        ValueError naming a key group outside it or a link that is not two ints."""
+        n = len(key_group_range)
+        if isinstance(links, BlockLinks):
+            if links.start != key_group_range.start or links.checkpoints.shape != (n,) \
+                    or links.checksums.shape != (n,):
+                raise ValueError(f"KeyedStateHandle.predecessors must hold one link per key group of "
+                                 f"{key_group_range}, got {len(links.checkpoints)} checkpoints and "
+                                 f"{len(links.checksums)} checksums from key group {links.start}")
+            return links
+        checkpoints, checksums = np.full(n, -1, dtype=np.int64), np.zeros(n, dtype=np.int64)
+        for kg, link in links.items():
+            i = kg - key_group_range.start if _is_int(kg) else -1
+            if not 0 <= i < n:
+                raise ValueError(f"KeyedStateHandle.predecessors names key group {kg!r}, outside the handle's "
+                                 f"{key_group_range}")
+            if not isinstance(link, tuple) or len(link) != 2 or not all(_is_int(x) for x in link) \
+                    or not 0 <= link[0] < 1 << 62 or not 0 <= link[1] < 1 << 32:
+                raise ValueError(f"KeyedStateHandle.predecessors[{kg}] must be a BlockLink (checkpoint id, u32 "
+                                 f"checksum), got {link!r:.100}")
+            checkpoints[i], checksums[i] = link
+        return cls(key_group_range.start, checkpoints, checksums)
+
+    def __getitem__(self, key_group: int) -> BlockLink:
+        i = key_group - self.start if _is_int(key_group) else -1
+        if 0 <= i < len(self.checkpoints) and self.checkpoints[i] >= 0:
+            return BlockLink(int(self.checkpoints[i]), int(self.checksums[i]))
+        raise KeyError(key_group)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter((np.flatnonzero(self.checkpoints >= 0) + self.start).tolist())
+
+    def __len__(self) -> int:
+        return int(np.count_nonzero(self.checkpoints >= 0))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, BlockLinks):
+            return dict(self.items()) == dict(other.items())
+        return Mapping.__eq__(self, other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"BlockLinks({dict(self.items())!r})"
+
+    def to_json(self, checkpoint_id: int) -> dict[str, Any]:
+        """``{"distances": ..., "checksums": ...}``, u32 arrays as base64: per key group ``checkpoint_id`` (the
+        handle's) minus the checkpoint of the block it names (0: names none), and that block's checksum."""
+        distances = np.where(self.checkpoints >= 0, checkpoint_id - self.checkpoints, 0)
+        return {"distances": _pack_u32(distances), "checksums": _pack_u32(self.checksums)}
+
+    @classmethod
+    def from_json(cls, d: Any, key_group_range: KeyGroupRange, checkpoint_id: int) -> BlockLinks:
+        if not isinstance(d, dict):
+            raise TypeError(f"predecessors must be an object of 'distances' and 'checksums', got {str(d)[:100]}")
+        distances = np.asarray(_unpack_u32(d.get("distances"), "predecessors.distances"), dtype=np.int64)
+        checksums = np.asarray(_unpack_u32(d.get("checksums"), "predecessors.checksums"), dtype=np.int64)
+        if (distances > checkpoint_id).any():
+            i = int(np.flatnonzero(distances > checkpoint_id)[0])
+            raise ValueError(f"predecessors[{key_group_range.start + i}] names the block of checkpoint "
+                             f"{checkpoint_id - int(distances[i])}: it must be a BlockLink of an older checkpoint "
+                             f"(id in [0, {checkpoint_id}))")
+        return cls(key_group_range.start, np.where(distances > 0, checkpoint_id - distances, -1), checksums)
+
+
+def _pack_u32(values: Any) -> str:
+    """u32 values as base64 of their little-endian bytes: a quarter of their JSON, decoded in one call."""
+    return base64.b64encode(np.asarray(values, dtype="<u4").tobytes()).decode("ascii")
+
+
+def _unpack_u32(text: Any, what: str) -> Any:
+    if not isinstance(text, str):
+        raise TypeError(f"{what} must be a base64 string of u32 values, got {type(text).__name__}")
+    try:
+        raw = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError) as e:
+        raise ValueError(f"{what} is not base64: {e}") from None
+    if len(raw) % 4:
+        raise ValueError(f"{what} holds {len(raw)} bytes, not a whole number of u32 values")
+    return np.frombuffer(raw, dtype="<u4")
 
 
 def key_group_runs(key_groups: Any) -> list[KeyGroupRange]:
@@ -154,6 +281,15 @@ class KeyedStateHandle:
     its key group's chain, so a chain that starts with one lacks its base and is refused at commit and at restore
     (:func:`~keygroups.checkpoint.planning.baseless_deltas`). None: not recorded (files of earlier versions, whose
     chains are not checked).
+
+    Chain integrity (keyed format 4): ``file_id`` is the random id of the file (32 hex digits), which each block's
+    checksum covers; ``checksums[i]`` is the CRC32C block ``i`` stores, so a reader checks the bytes the offsets
+    delimit against the metadata (a file replaced by another, even one of the same layout, is refused); and
+    ``predecessors`` maps each linked delta block's key group to the :class:`BlockLink` it applies on (an empty
+    delta's: the block its chain ends with, which it leaves as it is), so a chain that lacks a delta or holds a
+    foreign one is refused from the metadata alone
+    (:func:`~keygroups.checkpoint.planning.chain_breaks`). All three are None for files of earlier formats (their
+    chains are checked as far as ``fresh_key_groups`` goes); a handle of format 4 must carry the first two.
     """
 
     file: str
@@ -166,6 +302,9 @@ class KeyedStateHandle:
     full_key_groups: list[KeyGroupRange] = field(default=None, kw_only=True)  # type: ignore[arg-type]  # None: all
     format_version: int = field(default=KEYED_FORMAT_VERSION, kw_only=True)
     fresh_key_groups: list[KeyGroupRange] | None = field(default=None, kw_only=True)
+    file_id: str | None = field(default=None, kw_only=True)
+    checksums: list[int] | None = field(default=None, kw_only=True)
+    predecessors: Mapping[int, BlockLink] | None = field(default=None, kw_only=True)
 
     def __post_init__(self) -> None:
         check_relpath(self.file, "KeyedStateHandle.file")
@@ -195,6 +334,69 @@ class KeyedStateHandle:
             raise ValueError("a KeyedStateHandle of keyed format 1 holds full blocks only (full_key_groups must be "
                              f"its whole range {self.key_group_range}), got {self.full_key_groups}")
         self._full_starts = [r.start for r in self.full_key_groups]
+        self._check_chain_fields()
+
+    def _check_chain_fields(self) -> None:
+        """ValueError/TypeError naming the first of ``file_id``, ``checksums``, ``predecessors`` that is not what a
+        handle of its format can hold (each may be None here: :meth:`CheckpointMetadata.validate` requires the first
+        two of a format-4 handle a checkpoint holds)."""
+        chained = self.format_version >= CHAINED_FORMAT_VERSION
+        for name in ("file_id", "checksums", "predecessors"):
+            if getattr(self, name) is not None and not chained:
+                raise ValueError(f"KeyedStateHandle.{name} belongs to keyed format {CHAINED_FORMAT_VERSION} and later; "
+                                 f"this handle is of format {self.format_version}")
+        if self.file_id is not None and (not isinstance(self.file_id, str) or not _FILE_ID_RE.match(self.file_id)):
+            raise ValueError(f"KeyedStateHandle.file_id must be 32 lowercase hex digits (the file's id), got "
+                             f"{self.file_id!r:.80}")
+        checksums = self.checksums
+        if checksums is not None:
+            n = len(self.key_group_range)
+            if not isinstance(checksums, list) or len(checksums) != n:
+                raise ValueError(f"KeyedStateHandle.checksums must be a list of {n} ints (one per key group of "
+                                 f"{self.key_group_range}), got "
+                                 f"{len(checksums) if isinstance(checksums, list) else type(checksums).__name__}")
+            if checksums and (set(map(type, checksums)) != {int} or min(checksums) < 0 or max(checksums) >= 1 << 32):
+                raise ValueError("KeyedStateHandle.checksums must be u32 ints (the CRC32C each block stores)")
+        if self.predecessors is None:
+            return
+        if not isinstance(self.predecessors, Mapping):
+            raise TypeError(f"KeyedStateHandle.predecessors must be a mapping of key group -> BlockLink, got "
+                            f"{type(self.predecessors).__name__}")
+        links = self.predecessors = BlockLinks.of(self.predecessors, self.key_group_range)
+        cps, cks = links.checkpoints, links.checksums   # vectorized: one link per key group of the range
+        wrong = (cps < -1) | (cps >= self.checkpoint_id) | (cks < 0) | (cks >= 1 << 32) | ((cps < 0) & (cks != 0))
+        if wrong.any():
+            bad = int(np.flatnonzero(wrong)[0])
+            raise ValueError(f"KeyedStateHandle.predecessors[{self.key_group_range.start + bad}] must be a BlockLink "
+                             f"of an older checkpoint (id in [0, {self.checkpoint_id})) and a u32 checksum, got "
+                             f"({cps[bad]}, {cks[bad]})")
+        for r in list(self.full_key_groups) + list(self.fresh_key_groups or []):
+            lo = r.start - self.key_group_range.start
+            named = np.flatnonzero(cps[lo:lo + len(r)] >= 0)
+            if len(named):
+                raise ValueError(f"KeyedStateHandle.predecessors names key group {r.start + int(named[0])}, which is "
+                                 f"not a delta block of {self.key_group_range} that changes an earlier block (full: "
+                                 f"{self.full_key_groups}, fresh: {self.fresh_key_groups})")
+
+    @functools.cached_property
+    def crc_seed(self) -> int:
+        """``crc32c(file id)``, the seed of each format-4 block's checksum (0 for earlier formats or no id)."""
+        return crc32c(bytes.fromhex(self.file_id)) if self.file_id is not None else 0
+
+    def checksum(self, key_group: int) -> int | None:
+        """The checksum ``key_group``'s block stores, as the handle names it (None: not recorded, format < 4)."""
+        if self.checksums is None:
+            return None
+        return self.checksums[key_group - self.key_group_range.start]
+
+    def link(self, key_group: int) -> BlockLink | None:
+        """``key_group``'s block of this file as a later delta names it (None: its checksum is not recorded)."""
+        checksum = self.checksum(key_group)
+        return None if checksum is None else BlockLink(self.checkpoint_id, checksum)
+
+    def predecessor(self, key_group: int) -> BlockLink | None:
+        """The block ``key_group``'s delta block applies on, if the handle names one."""
+        return None if self.predecessors is None else self.predecessors.get(key_group)
 
     @property
     def is_all_full(self) -> bool:
@@ -257,6 +459,12 @@ class KeyedStateHandle:
                "format_version": self.format_version}
         if self.fresh_key_groups is not None:   # an older reader ignores it (and checks no chain)
             out["fresh_key_groups"] = [[f.start, f.end] for f in self.fresh_key_groups]
+        if self.file_id is not None:
+            out["file_id"] = self.file_id
+        if self.checksums is not None:
+            out["checksums"] = _pack_u32(self.checksums)
+        if self.predecessors is not None:
+            out["predecessors"] = BlockLinks.of(self.predecessors, r).to_json(self.checkpoint_id)
         return out
 
     @classmethod
@@ -266,10 +474,16 @@ class KeyedStateHandle:
             start, end = d["key_group_range"]
             full = [KeyGroupRange(a, b) for a, b in d["full_key_groups"]]
             fresh = d.get("fresh_key_groups")
-            return cls(file=d["file"], subtask=d["subtask"], key_group_range=KeyGroupRange(start, end),
+            r = KeyGroupRange(start, end)
+            checksums = d.get("checksums")
+            links = d.get("predecessors")
+            return cls(file=d["file"], subtask=d["subtask"], key_group_range=r,
                        offsets=d["offsets"], size=d["size"], states=d["states"], checkpoint_id=d["checkpoint_id"],
                        full_key_groups=full, format_version=d["format_version"],
-                       fresh_key_groups=None if fresh is None else [KeyGroupRange(a, b) for a, b in fresh])
+                       fresh_key_groups=None if fresh is None else [KeyGroupRange(a, b) for a, b in fresh],
+                       file_id=d.get("file_id"),
+                       checksums=None if checksums is None else _unpack_u32(checksums, "checksums").tolist(),
+                       predecessors=None if links is None else BlockLinks.from_json(links, r, d["checkpoint_id"]))
         except (KeyError, TypeError, ValueError) as e:
             raise CorruptSnapshotError(f"not a valid keyed state handle ({e}): {str(d)[:200]}") from e
 
@@ -565,6 +779,10 @@ class CheckpointMetadata:
             if h.checkpoint_id == self.checkpoint_id and h.subtask >= self.parallelism:
                 raise ValueError(f"a keyed handle of subtask {h.subtask} in a checkpoint of parallelism "
                                  f"{self.parallelism} (subtasks are 0..{self.parallelism - 1})")
+            if h.format_version >= CHAINED_FORMAT_VERSION and (h.file_id is None or h.checksums is None):
+                raise ValueError(f"the keyed handle of {h.file!r} (subtask {h.subtask}, checkpoint {h.checkpoint_id}) "
+                                 f"is of keyed format {h.format_version} but names no file id or block checksums: "
+                                 "they tie the file's bytes to the checkpoint (write_keyed_snapshot's handle has them)")
         keyed_handles_by_range(self.keyed_handles)
         for rh in self.raw_keyed_handles:
             if not isinstance(rh, RawKeyedStateHandle):
@@ -660,9 +878,15 @@ def encode_metadata(metadata: CheckpointMetadata, base: str) -> bytes:
     except (TypeError, ValueError) as e:
         raise TypeError(f"checkpoint {metadata.checkpoint_id}'s metadata is not plain JSON: {e}") from e
     raw = text.encode("utf-8")
-    # Version 4 only where a version-3 reader would lose something: it ignores raw keyed state and late outputs
-    # (restoring without the one, deleting both as orphans), so it must refuse such a checkpoint instead.
-    version = METADATA_VERSION if metadata.raw_keyed_handles or metadata.late_outputs else _SHARED_VERSION
+    # The oldest version whose readers lose nothing: a version-3 reader ignores raw keyed state and late outputs
+    # (restoring without the one, deleting both as orphans) and a version-4 reader does not know keyed format 4, so
+    # each must refuse such a checkpoint instead.
+    if any(h.format_version >= CHAINED_FORMAT_VERSION for h in metadata.keyed_handles):
+        version = METADATA_VERSION
+    elif metadata.raw_keyed_handles or metadata.late_outputs:
+        version = _RAW_KEYED_VERSION
+    else:
+        version = _SHARED_VERSION
     head = _PREFIX.pack(METADATA_MAGIC, version, len(raw)) + raw
     return head + struct.pack("<I", crc32c(head))
 
@@ -675,7 +899,7 @@ def decode_metadata(data: bytes, base: str, where: str) -> CheckpointMetadata:
     magic, version, length = _PREFIX.unpack_from(data)
     if magic != METADATA_MAGIC:
         raise CorruptSnapshotError(f"{where} starts with {magic!r}, not the _metadata magic {METADATA_MAGIC!r}")
-    if version not in (_LEGACY_VERSION, _UNSHARED_VERSION, _SHARED_VERSION, METADATA_VERSION):
+    if version not in (_LEGACY_VERSION, _UNSHARED_VERSION, _SHARED_VERSION, _RAW_KEYED_VERSION, METADATA_VERSION):
         raise CorruptSnapshotError(f"{where} has format version {version}; this keygroups reads versions "
                                    f"{_LEGACY_VERSION} to {METADATA_VERSION} (written by a newer keygroups, or "
                                    f"corrupt)")

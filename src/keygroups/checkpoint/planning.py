@@ -17,6 +17,12 @@ Chains stay bounded: :func:`chain_stats` describes them and :func:`choose_full_k
 backend writes full at its next snapshot; :func:`carry_forward` keeps in the next checkpoint exactly the older
 files some chain still needs.
 
+Chains are whole: a chain must start with a full block (or a delta its writer marked fresh,
+:func:`baseless_deltas`), and each delta of keyed format 4 names the block it applies on, which must be the block
+before it in the chain (:func:`chain_breaks`): a chain that lacks a delta, or holds a delta of another run or
+attempt, is refused when a restore is planned, at commit and by ``keygroups verify``, from the metadata alone, in
+O(key groups x chain length). :func:`chain_tips` gives what the next deltas of a key group name.
+
 Raw keyed state (:func:`plan_raw_keyed_restore`, ``raw_keyed.py``): one block per key group, written whole every
 checkpoint, so a subtask reads its key groups' blocks from the old files that hold them; the bytes are opaque, so a
 max-parallelism change is refused while raw keyed state exists.
@@ -30,12 +36,21 @@ old copy of a BROADCAST state. The plan is runs of elements with their byte rang
 from __future__ import annotations
 
 import bisect
+import collections
 import math
+import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
 
 from keygroups._ranges import UPPER_BOUND_MAX_PARALLELISM, KeyGroupRange, check_max_parallelism
 from keygroups.checkpoint.metadata import (
+    CHAINED_FORMAT_VERSION,
+    EMPTY_BLOCK_SIZE,
+    BlockLink,
+    BlockLinks,
     CheckpointMetadata,
     DistributionMode,
     KeyedStateHandle,
@@ -127,20 +142,23 @@ def parent_key_groups(new_range: KeyGroupRange, old_max_parallelism: int, new_ma
 class ChainStats:
     """One key group's chain as a restore reads it: ``length`` blocks (the full one, if any, and the non-empty
     deltas after it), ``full_bytes`` in the full block (0 without one: the chain starts from no state) and
-    ``delta_bytes`` in the deltas."""
+    ``delta_bytes`` in the deltas; ``tip``, its newest block as the next delta names it (None when that block is of
+    a keyed format before 4, which carries no checksum: the next block of the key group must then be full)."""
 
     length: int
     full_bytes: int
     delta_bytes: int
+    tip: BlockLink | None = field(default=None, compare=False)
 
     def after(self, handle: KeyedStateHandle, key_group: int) -> ChainStats:
         """The chain once ``handle``'s block of ``key_group`` is added (a full block starts it anew; an empty
         delta changes nothing)."""
         if handle.is_full(key_group):
-            return ChainStats(1, handle.block_size(key_group), 0)
+            return ChainStats(1, handle.block_size(key_group), 0, handle.link(key_group))
         if not handle.changes(key_group):
             return self
-        return ChainStats(self.length + 1, self.full_bytes, self.delta_bytes + handle.block_size(key_group))
+        return ChainStats(self.length + 1, self.full_bytes, self.delta_bytes + handle.block_size(key_group),
+                          handle.link(key_group))
 
 
 NO_CHAIN = ChainStats(0, 0, 0)
@@ -170,11 +188,37 @@ def _ordered_handles(checkpoint_id: int, handles: Sequence[KeyedStateHandle]) ->
         raise CorruptSnapshotError(f"checkpoint {checkpoint_id} is corrupt, overlapping: {e}") from None
 
 
+#: The last chains worked out, with the handles they were worked out from: one batch asks for the same chains several
+#: times (its restore, its resume, its materialization, the driver's figures and the commit's check).
+_CHAINS: collections.OrderedDict[tuple[Any, ...], tuple[list[KeyedStateHandle], dict[int, list[KeyedStateHandle]]]] \
+    = collections.OrderedDict()
+_CHAINS_KEEP = 16
+_CHAINS_LOCK = threading.Lock()
+
+
 def key_group_chains(handles: Sequence[KeyedStateHandle], key_groups: KeyGroupRange
                      ) -> dict[int, list[KeyedStateHandle]]:
     """Each key group of ``key_groups`` that some handle holds -> its chain: the handle of its newest full block
     (if any) and the handles of the non-empty delta blocks after it, oldest first. ``handles`` are ordered by
-    checkpoint id (:func:`~keygroups.checkpoint.metadata.keyed_handles_by_range`)."""
+    checkpoint id (:func:`~keygroups.checkpoint.metadata.keyed_handles_by_range`). Worked out once for the same
+    handle objects and key groups (handles are immutable): a new dict each call, its lists shared."""
+    handles = list(handles)
+    key = (key_groups.start, key_groups.end, len(handles), *map(id, handles))
+    with _CHAINS_LOCK:
+        found = _CHAINS.get(key)
+        if found is not None and all(a is b for a, b in zip(found[0], handles)):
+            _CHAINS.move_to_end(key)
+            return dict(found[1])
+    chains = _key_group_chains(handles, key_groups)
+    with _CHAINS_LOCK:
+        _CHAINS[key] = (handles, chains)
+        while len(_CHAINS) > _CHAINS_KEEP:
+            _CHAINS.popitem(last=False)
+    return dict(chains)
+
+
+def _key_group_chains(handles: Sequence[KeyedStateHandle], key_groups: KeyGroupRange
+                      ) -> dict[int, list[KeyedStateHandle]]:
     chains: dict[int, list[KeyedStateHandle]] = {}
     for h in handles:
         part = h.key_group_range.intersection(key_groups)
@@ -207,6 +251,140 @@ def _check_chain_meta(chain: Sequence[KeyedStateHandle]) -> None:
                     f"makes the next snapshot full)")
 
 
+def chain_tips(metadata: CheckpointMetadata, key_groups: KeyGroupRange) -> dict[int, BlockLink]:
+    """Each key group of ``key_groups`` whose chain in ``metadata`` ends with a block of keyed format 4 -> that block,
+    as a delta written on top of the checkpoint names it (``write_keyed_snapshot``'s ``predecessors``). A key group
+    missing here has no chain, or one that ends with an older format's block: its next block must be full."""
+    tips: dict[int, BlockLink] = {}
+    handles = _ordered_handles(metadata.checkpoint_id, metadata.keyed_handles)
+    for kg, chain in key_group_chains(handles, key_groups).items():
+        link = chain[-1].link(kg)
+        if link is not None:
+            tips[kg] = link
+    return tips
+
+
+def _hex(checksum: int | None) -> str:
+    return "no checksum" if checksum is None else f"checksum {checksum:#010x}"
+
+
+@dataclass(frozen=True)
+class ChainBreak:
+    """A delta block that does not continue the block before it in its key group's chain: ``delta`` holds it,
+    ``before`` holds the newest block of the chain older than it (None: the checkpoint lists no block of the key
+    group), and ``names`` is the block the delta names as its predecessor (None: it names none).
+    :meth:`describe` says which kind of break it is."""
+
+    key_group: int
+    delta: KeyedStateHandle
+    before: KeyedStateHandle | None
+    names: BlockLink | None
+
+    def describe(self) -> str:
+        kg, h, before, names = self.key_group, self.delta, self.before, self.names
+        empty = not h.changes(kg)
+        what = (f"the {'empty ' if empty else ''}delta block of key group {kg} in {h.file!r} (subtask {h.subtask}, "
+                f"written by checkpoint {h.checkpoint_id})")
+        verb = "continues" if empty else "applies on"
+        if before is None:
+            return (f"{what} {verb} {names}, but the checkpoint lists no block of key group {kg}: the chain lacks "
+                    f"its blocks (the file of checkpoint {names.checkpoint_id if names else '?'} that holds the "
+                    "newest is not listed)")
+        found = (f"the block of checkpoint {before.checkpoint_id} in {before.file!r} (subtask {before.subtask}, "
+                 f"{_hex(before.checksum(kg))})")
+        if names is None:
+            if h.fresh_key_groups is not None and h.is_fresh(kg):
+                return (f"{what} applies to no earlier block (its writer held no state of key group {kg}), yet the "
+                        f"chain has {found} before it: the delta belongs to another lineage")
+            return (f"{what} names no block it applies on, after {found}: a delta of keyed format "
+                    f"{h.format_version} must name it")
+        if before.checksum(kg) is None:
+            return (f"{what} {verb} {names}, but the block before it is {found}, of keyed format "
+                    f"{before.format_version}, which no delta of format {CHAINED_FORMAT_VERSION} names: the delta "
+                    "belongs to another lineage")
+        if names.checkpoint_id > before.checkpoint_id:
+            return (f"{what} {verb} {names}, but the newest block before it in the chain is {found}: the chain "
+                    f"lacks a delta (the file of checkpoint {names.checkpoint_id} that holds that block is not "
+                    "listed)")
+        if names.checkpoint_id < before.checkpoint_id:
+            return (f"{what} {verb} {names}, but {found} comes between them: a delta that does not belong to this "
+                    "chain (of another run, or listed out of order)")
+        return (f"{what} {verb} {names}, but the checkpoint lists {found} instead: one of the two files is of "
+                f"another run or attempt of checkpoint {names.checkpoint_id} (a foreign delta)")
+
+
+def chain_breaks(handles: Sequence[KeyedStateHandle], key_groups: Sequence[KeyGroupRange]) -> list[ChainBreak]:
+    """The deltas of keyed format 4 among ``handles`` (ordered as :func:`key_group_chains` takes them) that do not
+    continue the block before them, for the key groups of ``key_groups``, by key group. A key group's chain is its
+    newest full block and the non-empty deltas after it; each delta of the chain must name the block before it (its
+    checkpoint and checksum), and each empty delta after the chain's full block (a file that changed nothing there)
+    the newest block older than itself, the end it left as it was. A chain that lost a delta (its newest too, while a
+    later file lists the key group), or holds one of another run or attempt, breaks here. Deltas of earlier formats
+    name nothing and are not checked; a chain's first block is :func:`baseless_deltas`' concern.
+
+    From the metadata alone, in one pass over the handles with numpy over each one's key groups: O(key groups x
+    chain length) in C, Python only for the breaks found."""
+    out: list[ChainBreak] = []
+    for r in key_groups:
+        if not r:
+            continue
+        parts = [(i, h, h.key_group_range.intersection(r)) for i, h in enumerate(handles)]
+        parts = [(i, h, part) for i, h, part in parts if part]
+        newest_full = np.full(len(r), -1, dtype=np.int64)   # the checkpoint of each key group's newest full block
+        for _, h, part in parts:
+            for f in h.full_key_groups:
+                fp = f.intersection(part)
+                if fp:
+                    view = newest_full[fp.start - r.start:fp.end - r.start + 1]
+                    np.maximum(view, h.checkpoint_id, out=view)
+        tip_checkpoint = np.full(len(r), -1, dtype=np.int64)   # the chain's newest block so far: -1, none yet
+        tip_checksum = np.full(len(r), -1, dtype=np.int64)     # ... its checksum, -1 when it carries none
+        tip_handle = np.full(len(r), -1, dtype=np.int64)
+        for i, h, part in parts:
+            a, b = part.start - r.start, part.end - r.start + 1
+            ha, hb = part.start - h.key_group_range.start, part.end - h.key_group_range.start + 1
+            active = newest_full[a:b] <= h.checkpoint_id   # blocks older than the chain's full block do not count
+            full = np.zeros(hb - ha, dtype=bool)
+            for f in h.full_key_groups:
+                fp = f.intersection(part)
+                if fp:
+                    full[fp.start - part.start:fp.end - part.start + 1] = True
+            nonempty = np.diff(np.asarray(h.offsets[ha:hb + 1], dtype=np.int64)) > EMPTY_BLOCK_SIZE
+            links = h.predecessors
+            if h.format_version >= CHAINED_FORMAT_VERSION:
+                if isinstance(links, BlockLinks):
+                    names, named_checksum = links.checkpoints[ha:hb], links.checksums[ha:hb]
+                else:
+                    names = np.full(hb - ha, -1, dtype=np.int64)
+                    named_checksum = np.zeros(hb - ha, dtype=np.int64)
+                started = tip_checkpoint[a:b] >= 0
+                linked = names >= 0
+                wrong = linked & ((tip_checkpoint[a:b] != names) | (tip_checksum[a:b] != named_checksum))
+                # a linked delta that starts its chain is a baseless one (reported as such): not counted here
+                bad = active & ~full & ((wrong & (started | ~nonempty)) | (~linked & nonempty & started))
+                for j in np.flatnonzero(bad).tolist():
+                    before = int(tip_handle[a + j])
+                    out.append(ChainBreak(part.start + j, h, handles[before] if before >= 0 else None,
+                                          BlockLink(int(names[j]), int(named_checksum[j])) if names[j] >= 0 else None))
+            moves = active & (full | nonempty)   # a full block starts the chain, a non-empty delta continues it
+            tip_checkpoint[a:b][moves] = h.checkpoint_id
+            tip_handle[a:b][moves] = i
+            checksums = (np.asarray(h.checksums[ha:hb], dtype=np.int64) if h.checksums is not None
+                         else np.full(hb - ha, -1, dtype=np.int64))
+            tip_checksum[a:b][moves] = checksums[moves]
+    out.sort(key=lambda br: (br.key_group, br.delta.checkpoint_id))
+    return out
+
+
+def describe_breaks(checkpoint_id: int, found: list[ChainBreak]) -> str:
+    """The message for :func:`chain_breaks`' findings in checkpoint ``checkpoint_id``."""
+    groups = sorted({b.key_group for b in found})
+    shown = ", ".join(map(str, groups[:8])) + (", ..." if len(groups) > 8 else "")
+    return (f"checkpoint {checkpoint_id} holds a broken chain: {found[0].describe()} ({len(groups)} key groups: "
+            f"{shown}). Restoring it would silently lose or mix state; restore from a checkpoint or savepoint whose "
+            "chains are whole")
+
+
 def baseless_deltas(chains: dict[int, list[KeyedStateHandle]]) -> list[tuple[int, KeyedStateHandle]]:
     """``(key group, its first block)`` for each chain (of :func:`key_group_chains`) that starts with a delta
     written to change an earlier block (not one of its handle's ``fresh_key_groups``): the block it applies to is
@@ -220,8 +398,10 @@ def describe_baseless(checkpoint_id: int, found: list[tuple[int, KeyedStateHandl
     kg, h = found[0]
     groups = [g for g, _ in found]
     shown = ", ".join(map(str, groups[:8])) + (", ..." if len(groups) > 8 else "")
+    names = h.predecessor(kg)
     return (f"checkpoint {checkpoint_id} lists a delta block of key group {kg} (file {h.file!r} of subtask "
-            f"{h.subtask}, written by checkpoint {h.checkpoint_id}) but not the block it applies to: the chain of a "
+            f"{h.subtask}, written by checkpoint {h.checkpoint_id}) but not the block it applies to"
+            f"{f' ({names})' if names is not None else ''}: the chain of a "
             f"key group with state must start with a full block (or a delta its writer marked as applying to no "
             f"state), else a restore returns the delta alone as the whole state ({len(groups)} key groups: {shown}). "
             f"The keyed handles of a checkpoint must carry forward every file an older block of each chain lives in "
@@ -237,6 +417,9 @@ def _chains_of(metadata: CheckpointMetadata, old_ranges: Sequence[KeyGroupRange]
     found = baseless_deltas(chains)
     if found:
         raise CorruptSnapshotError(describe_baseless(metadata.checkpoint_id, found))
+    breaks = chain_breaks(handles, old_ranges)
+    if breaks:
+        raise CorruptSnapshotError(describe_breaks(metadata.checkpoint_id, breaks))
     checked: set[tuple[int, ...]] = set()
     for chain in chains.values():
         ids = tuple(id(h) for h in chain)
@@ -259,8 +442,9 @@ def plan_keyed_restore(metadata: CheckpointMetadata, new_range: KeyGroupRange, *
     from (:func:`parent_key_groups`), key groups numbered as in the checkpoint: the reader re-keys them. Another
     change raises StateMigrationError naming the allowed values (:func:`check_restore_max_parallelism`); so does a
     ``new_range`` past the checkpoint's key groups without ``max_parallelism``.
-    CorruptSnapshotError if a state's meta differs along a chain, if handles of one checkpoint overlap, or if a key
-    group's chain starts with a delta that applies to a block the checkpoint does not list (:func:`baseless_deltas`)."""
+    CorruptSnapshotError if a state's meta differs along a chain, if handles of one checkpoint overlap, if a key
+    group's chain starts with a delta that applies to a block the checkpoint does not list (:func:`baseless_deltas`),
+    or if a delta does not apply on the block before it (:func:`chain_breaks`: a lost middle delta, a foreign one)."""
     old_ranges = _checked_range(metadata, new_range, max_parallelism)
     wanted: dict[int, tuple[KeyedStateHandle, list[int]]] = {}
     for kg, chain in sorted(_chains_of(metadata, old_ranges).items()):

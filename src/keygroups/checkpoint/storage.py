@@ -44,7 +44,9 @@ sees checkpoints and files that others wrote at its next call. A ``chk-<id>`` is
 it holds an object: some stores (SeaweedFS; those with a hierarchical namespace) keep listing an emptied prefix.
 With a ``cache_dir``, ranged reads of ``shared/`` files, immutable under their unique names, are kept on local disk
 (:class:`_ReadCache`: in a directory private to this user, bounded, least recently used dropped first, safe for
-processes sharing it, every entry checked against an HMAC under the directory's secret before use), so restoring the same key groups again on one host sends no request for them.
+processes sharing it, every entry checked against an HMAC under the directory's secret before use, and a range a
+keyed read serves checked against the checksums its handle in ``_metadata`` names), so restoring the same key
+groups again on one host sends no request for them.
 ``_metadata`` and every other file are always read from the store.
 """
 
@@ -66,7 +68,7 @@ import shutil
 import stat
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, BinaryIO, Literal
 
 from keygroups import _local_dirs
@@ -83,11 +85,13 @@ from keygroups.checkpoint.metadata import (
 )
 from keygroups.checkpoint.planning import (
     baseless_deltas,
+    chain_breaks,
     describe_baseless,
+    describe_breaks,
     key_group_chains,
     plan_keyed_restore,
 )
-from keygroups.errors import CheckpointNotFoundError, ConcurrentCommitError, CorruptSnapshotError
+from keygroups.errors import CheckpointNotFoundError, ConcurrentCommitError, CorruptDataError, CorruptSnapshotError
 
 log = logging.getLogger(__name__)
 
@@ -356,15 +360,17 @@ class _ReadCache:
     The directory must be private to this user (``keygroups._local_dirs``: created with mode 0700; an existing one
     owned by someone else, writable by group or others, or not a directory disables the cache, with a warning). One
     cache file per range read, named ``<key>-<start>-<end>-<mac>``: ``key`` a hash of the file's URL, ``mac`` an
-    HMAC-SHA256 of the key, the range and the content under the directory's secret (a random key in a 0600 file of
-    the directory), so an entry that this user's keygroups did not write, or whose bytes changed, is never used,
-    however well its own checksums agree. A read is served by any entry of the file whose range holds it, after the
-    whole entry's HMAC is checked; an entry that fails the check, or is not a private file, is deleted and the read
-    goes to the remote file. Entries are published atomically (written under a temporary name, then renamed), so
-    processes sharing the directory see complete entries only; two that miss at once both fetch and publish the same
-    bytes. After each publish the least recently used entries (by modification time, which a hit renews) are
-    deleted until the total is at most ``max_bytes``; temporary files older than :attr:`STALE_TMP_S` (of a writer
-    that died) go too. Every cache failure (a full disk, a racing deletion, a directory that is a file or
+    HMAC-SHA256 of the key, the range and the content under the directory's secret (a random key in a 0600 file of the
+    directory), so an entry that this user's keygroups did not write, or whose bytes changed, is never used, however
+    well its own checksums agree. A read is served by any entry of the file whose range holds it, after the whole
+    entry's HMAC is checked, and then the range against the caller's ``check`` (a keyed read checks the blocks against
+    the checksums ``_metadata`` names for them): an entry that fails either, or is not a private file, is deleted and
+    the read goes to the remote file, whose bytes are kept only once they pass ``check`` too. Entries are published
+    atomically (written under a temporary name, then renamed), so processes sharing the directory see complete entries
+    only; two that miss at once both fetch and publish the same bytes. After each publish the least recently used
+    entries (by modification time, which a hit renews) are deleted until the total is at most ``max_bytes``; temporary
+    files older than :attr:`STALE_TMP_S` (of a writer that died) go too. Every cache failure (a full disk, a racing
+    deletion, a directory that is a file or
     unreadable) falls back to the remote read: the cache can cost a read, never fail one."""
 
     STALE_TMP_S = 600.0
@@ -402,8 +408,9 @@ class _ReadCache:
         except OSError:
             return []
 
-    def get(self, key: str, start: int, end: int) -> bytes | None:
-        """Bytes ``[start, end)`` of the file ``key`` from the smallest entry holding them, or None."""
+    def get(self, key: str, start: int, end: int, check: Callable[[bytes], None] | None = None) -> bytes | None:
+        """Bytes ``[start, end)`` of the file ``key`` from the smallest entry holding them that passes its HMAC and
+        ``check`` (which raises CorruptDataError on bytes it refuses), or None."""
         secret = self._ready()
         if secret is None:
             return None
@@ -424,9 +431,18 @@ class _ReadCache:
                             "reading the remote file", path)
                 self._remove(path)
                 continue
+            got = data if (lo, len(data)) == (start, end - start) else data[start - lo:end - lo]
+            if check is not None:
+                try:
+                    check(got)
+                except CorruptDataError as e:
+                    log.warning("checkpoint cache: %s passes its HMAC but not the checkpoint's checksums (%s); "
+                                "dropped, reading the remote file", path, e)
+                    self._remove(path)
+                    continue
             with contextlib.suppress(OSError):
                 os.utime(path)   # recently used: evicted last
-            return data if (lo, len(data)) == (start, end - start) else data[start - lo:end - lo]
+            return got
         return None
 
     @staticmethod
@@ -581,10 +597,16 @@ class CheckpointStorage:
             self._fs.makedirs(parent)
         return self._fs.open_write(relpath)
 
-    def read_bytes(self, relpath: str, start: int | None = None, end: int | None = None) -> bytes:
+    def read_bytes(self, relpath: str, start: int | None = None, end: int | None = None, *,
+                   verify: Callable[[bytes], None] | None = None) -> bytes:
         """Bytes ``[start, end)`` of a file (one ranged read); the whole file by default. FileNotFoundError if it
         does not exist; fewer bytes than asked if the file is shorter. With a ``cache_dir``, a range of a ``shared/``
-        file is served from the cache when an entry holds it, and kept there after a remote read."""
+        file is served from the cache when an entry holds it, and kept there after a remote read.
+
+        ``verify`` checks the bytes before they are returned (raising CorruptDataError on bytes it refuses; keyed
+        reads check the blocks against their handle's checksums): a cached range it refuses is dropped and read
+        again from the file, and the file's bytes are kept in the cache only once they pass; bytes of the file it
+        refuses raise its error."""
         check_relpath(relpath)
         for name, v in (("start", start), ("end", end)):
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
@@ -592,16 +614,21 @@ class CheckpointStorage:
         if start is not None and end is not None and end < start:
             raise ValueError(f"end must be >= start, got start={start}, end={end}")
         if self._cache is None or start is None or end is None or not _is_shared_file(relpath):
-            return self._fs.read_bytes(relpath, start, end)
-        key = _ReadCache.key(self._fs.url(relpath))
-        data = self._cache.get(key, start, end)
-        if data is not None:
+            data = self._fs.read_bytes(relpath, start, end)
+            if verify is not None:
+                verify(data)
             return data
+        key = _ReadCache.key(self._fs.url(relpath))
+        cached = self._cache.get(key, start, end, verify)
+        if cached is not None:
+            return cached
         try:
             data = self._fs.read_bytes(relpath, start, end)
         except FileNotFoundError:
             self._cache.drop(key)   # deleted by retention: its ranges are of no use any more
             raise
+        if verify is not None:
+            verify(data)   # the file itself is wrong: refused, and nothing kept
         if 0 < len(data) == end - start:   # a short read is a damaged file's, reported by the caller: never kept
             self._cache.put(key, start, data)
         return data
@@ -674,7 +701,8 @@ class CheckpointStorage:
         return self.load(ids[-1]) if ids else None
 
     def commit(self, metadata: CheckpointMetadata, *,
-               planned_from: int | None | Literal["latest"] = "latest") -> None:
+               planned_from: int | None | Literal["latest"] = "latest", prune: bool = True,
+               encoded: bytes | None = None) -> None:
         """Make checkpoint ``metadata.checkpoint_id`` complete: check that every referenced file exists (and keyed
         files have their handle's size), claim the place after the checkpoint it was planned from, write
         ``chk-<id>/_metadata`` atomically, then apply retention. Sets ``metadata.base``.
@@ -693,25 +721,28 @@ class CheckpointStorage:
         ``_metadata`` is published only after the claim, so a writer that dies in between leaves a claim that the
         next commit or :meth:`finish_interrupted_commit` completes (its files were checked before the claim). A
         claim left from a checkpoint that retention has since removed (the claims of checkpoints older than the
-        retained ones are deleted) is caught by a listing after the claim: the newest checkpoint is no longer
-        the one planned from, so the claim is withdrawn and the commit refused."""
+        retained ones are deleted) is caught after the claim: the checkpoint planned from no longer exists, so the
+        claim is withdrawn and the commit refused.
+
+        Round trips: planned from a named checkpoint, the claim itself is the check (no listing before it), and one
+        existence check of the planned-from ``_metadata`` follows it; only a commit planned from no checkpoint or
+        from ``"latest"``, or one whose claim is taken, lists the checkpoints.
+
+        ``prune=False`` leaves retention to a later :meth:`prune` (a driver runs it off its batch's critical path).
+        ``encoded``: ``encode_metadata(metadata, "chk-<id>")`` when the caller has it already."""
         metadata.validate()
         cid = metadata.checkpoint_id
         base = f"chk-{cid}"
-        if planned_from != "latest" and planned_from is not None:
-            _check_id(planned_from)
-        ids = self.checkpoint_ids()
-        newest = ids[-1] if ids else None
-        if newest is not None and cid < newest:
-            raise ValueError(f"checkpoint {cid} cannot be committed: checkpoint ids must increase and checkpoint "
-                             f"{newest} is already complete in {self.location}")
-        if cid in ids:
-            raise self._lost_commit(metadata, base)
-        previous = newest if planned_from == "latest" else planned_from
-        if previous != newest:
-            raise self._stale_commit(metadata, previous, newest)
+        named = planned_from != "latest" and planned_from is not None
+        if named:
+            previous = _check_id(planned_from)
+            if cid <= previous:
+                raise ValueError(f"checkpoint {cid} cannot be committed: checkpoint ids must increase and it was "
+                                 f"planned from checkpoint {previous}")
+        else:
+            previous = self._checked_newest(metadata, planned_from)
         self._check_chains(metadata)
-        data = encode_metadata(metadata, base)   # also checks every file lies in chk-<id>/
+        data = encoded if encoded is not None else encode_metadata(metadata, base)   # files must lie in chk-<id>/
         self._check_files(metadata)
         self._fs.makedirs(base)
         self._fs.sync_dir(base)   # the state files' directory entries are durable before _metadata names them
@@ -721,30 +752,69 @@ class CheckpointStorage:
             self._fs.write_exclusive(claim, data)
         except FileExistsError:
             if self._read_claim(claim) != data:   # ours already when a commit of this very metadata is retried
+                if named:   # say what the location holds, as a listing before the claim would have
+                    self._checked_newest(metadata, planned_from)
                 raise self._claimed_by_another(metadata, previous, claim) from None
-        ids = self.checkpoint_ids()
-        newest = ids[-1] if ids else None
-        if newest not in (previous, cid):
+        if named:
+            stale = not self._fs.exists(f"chk-{previous}/{METADATA_NAME}")
+        else:
+            ids = self.checkpoint_ids()
+            stale = (ids[-1] if ids else None) not in (previous, cid)
+        if stale:
             # the claim of a checkpoint that retention removed, taken again: the chain moved on long ago
             self._fs.remove(claim)
-            raise self._stale_commit(metadata, previous, newest)
+            ids = self.checkpoint_ids()
+            raise self._stale_commit(metadata, previous, ids[-1] if ids else None)
         self._publish(base, data)
         metadata.base = base
+        if prune:
+            self.prune(cid)
+
+    def _checked_newest(self, metadata: CheckpointMetadata, planned_from: int | None | Literal["latest"]
+                        ) -> int | None:
+        """The checkpoint a commit of ``metadata`` follows (``planned_from``, or the newest for ``"latest"``), after
+        a listing: ValueError if its id is not above the newest, ConcurrentCommitError if it is already complete or
+        ``planned_from`` is not the newest."""
+        cid = metadata.checkpoint_id
+        ids = self.checkpoint_ids()
+        newest = ids[-1] if ids else None
+        if newest is not None and cid < newest:
+            raise ValueError(f"checkpoint {cid} cannot be committed: checkpoint ids must increase and checkpoint "
+                             f"{newest} is already complete in {self.location}")
+        if cid in ids:
+            raise self._lost_commit(metadata, f"chk-{cid}")
+        previous = newest if planned_from == "latest" else planned_from
+        if previous != newest:
+            raise self._stale_commit(metadata, previous, newest)
+        return previous
+
+    def prune(self, latest: int, *, known: Mapping[int, CheckpointMetadata] | None = None) -> None:
+        """Retention after the commit of checkpoint ``latest`` (see the module docs): older checkpoints beyond
+        ``retain``, unreferenced files, old claims. ``known``: metadata of checkpoints the caller holds already (a
+        driver, those it committed), which retention then does not read again. A failure is logged; the next prune
+        retries it."""
         try:
-            self._prune(cid)
-            self._prune_shared(cid)
+            self._prune(latest, known or {})
+            self._prune_shared(latest, known or {})
             self._prune_claims()
         except OSError as e:   # the checkpoint is complete; a failed cleanup is retried at the next commit
-            log.warning("retention after checkpoint %d in %s failed: %s", cid, self.location, e)
+            log.warning("retention after checkpoint %d in %s failed: %s", latest, self.location, e)
 
     @staticmethod
     def _check_chains(metadata: CheckpointMetadata) -> None:
         """ValueError, committing nothing, if a key group's chain starts with a delta whose base the metadata does
-        not list (a driver that forgot to carry older files forward: a restore would return the delta alone)."""
+        not list (a driver that forgot to carry older files forward: a restore would return the delta alone);
+        CorruptSnapshotError, committing nothing, if a delta does not apply on the block before it in its chain (a
+        lost middle delta, a delta of another run or attempt: ``planning.chain_breaks``). From the metadata alone."""
         handles = keyed_handles_by_range(metadata.keyed_handles)
-        found = baseless_deltas(key_group_chains(handles, KeyGroupRange(0, metadata.max_parallelism - 1)))
+        everything = KeyGroupRange(0, metadata.max_parallelism - 1)
+        chains = key_group_chains(handles, everything)
+        found = baseless_deltas(chains)
         if found:
             raise ValueError(f"{describe_baseless(metadata.checkpoint_id, found)}; nothing was committed")
+        breaks = chain_breaks(handles, [everything])
+        if breaks:
+            raise CorruptSnapshotError(f"{describe_breaks(metadata.checkpoint_id, breaks)}; nothing was committed")
 
     def _publish(self, base: str, data: bytes) -> None:
         """Write ``base/_metadata`` create-if-absent; one with the same bytes there already (published from the
@@ -941,7 +1011,11 @@ class CheckpointStorage:
                 raise ValueError(f"checkpoint {metadata.checkpoint_id} references {name} files {missing}, which do "
                                  f"not exist in {self.location}")
 
-    def _prune(self, latest: int) -> None:
+    def _retained(self, checkpoint_id: int, known: Mapping[int, CheckpointMetadata]) -> CheckpointMetadata:
+        found = known.get(checkpoint_id)
+        return found if found is not None else self._read_metadata(f"chk-{checkpoint_id}")
+
+    def _prune(self, latest: int, known: Mapping[int, CheckpointMetadata] | None = None) -> None:
         dirs = self._chk_dirs()
         complete = sorted(cid for cid, d in dirs.items() if self._fs.exists(f"{d}/{METADATA_NAME}"))
         keep = set(complete[-self.retain:])
@@ -952,15 +1026,15 @@ class CheckpointStorage:
                 log.debug("retention: removing %s", d)
                 self._fs.rmtree(d)
             elif cid < latest:
-                self._remove_orphans(d)
+                self._remove_orphans(d, (known or {}).get(cid))
 
-    def _prune_shared(self, latest: int) -> None:
+    def _prune_shared(self, latest: int, known: Mapping[int, CheckpointMetadata] | None = None) -> None:
         """Delete the files of ``shared/`` that no retained checkpoint references, written by checkpoint ``latest``
         or older (newer ones may belong to a checkpoint still being written)."""
         referenced: set[str] = set()
         for cid in self.checkpoint_ids()[-self.retain:]:
             try:
-                md = self._read_metadata(f"chk-{cid}")
+                md = self._retained(cid, known or {})
             except (CorruptSnapshotError, FileNotFoundError) as e:
                 log.warning("retention: not cleaning %s/, the _metadata of checkpoint %d is unreadable: %s",
                             SHARED_DIR, cid, e)
@@ -979,9 +1053,9 @@ class CheckpointStorage:
         """The keyed state files in ``shared/`` (storage-relative), sorted: for tools and tests of retention."""
         return [f"{SHARED_DIR}/{n}" for n in self._fs.listdir(SHARED_DIR) if _SHARED_FILE_RE.match(n)]
 
-    def _remove_orphans(self, base: str) -> None:
+    def _remove_orphans(self, base: str, known: CheckpointMetadata | None = None) -> None:
         try:
-            md = self._read_metadata(base)
+            md = known if known is not None else self._read_metadata(base)
         except (CorruptSnapshotError, FileNotFoundError) as e:
             log.warning("retention: not cleaning %s, its _metadata is unreadable: %s", base, e)
             return

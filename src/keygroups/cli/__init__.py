@@ -235,12 +235,20 @@ def _plan(args: argparse.Namespace) -> int:
 def _verify(args: argparse.Namespace) -> int:
     """Read every file the checkpoint references, whole, through the same checked readers a restore uses, and check
     each handle against its file: the size, the offsets of every key group (or element block), the key groups and,
-    for keyed files, which blocks are full; then that every key group's chain starts with the block its deltas
-    apply to. Each problem names the file, its handle and what is wrong; exit 1 if there is any."""
+    for keyed files, which blocks are full, the file's id and each block's checksum and predecessor (keyed format
+    4); then that every key group's chain starts with the block its deltas apply to, and that each delta applies on
+    the block before it (no delta lost, none of another run). Each problem names the file, its handle and what is
+    wrong; exit 1 if there is any."""
     from keygroups import KeyGroupRange
     from keygroups.checkpoint import open_raw_keyed, open_snapshot, plan_operator_restore, read_operator_runs
     from keygroups.checkpoint.metadata import keyed_handles_by_range
-    from keygroups.checkpoint.planning import baseless_deltas, describe_baseless, key_group_chains
+    from keygroups.checkpoint.planning import (
+        baseless_deltas,
+        chain_breaks,
+        describe_baseless,
+        describe_breaks,
+        key_group_chains,
+    )
     from keygroups.checkpoint.raw_keyed import BLOCK_OVERHEAD, HEADER_SIZE
 
     storage, metadata = _load(args)
@@ -280,10 +288,22 @@ def _verify(args: argparse.Namespace) -> int:
                                    f"{handle.offsets[wrong]}")
         if snapshot.states != handle.states:
             raise CorruptDataError("its header's state meta differs from its handle's")
-        for block in snapshot.key_groups():   # each block's checksum and structure
-            if block.full != handle.is_full(block.key_group):
-                raise CorruptDataError(f"key group {block.key_group}'s block is {'full' if block.full else 'a delta'}, "
-                                       f"its handle says {'full' if handle.is_full(block.key_group) else 'a delta'}")
+        if snapshot.file_id != handle.file_id:
+            raise CorruptDataError(f"its header names file id {snapshot.file_id}, its handle {handle.file_id}: the "
+                                   "file was replaced by another (of another run or attempt?)")
+        if handle.checksums is not None and snapshot.checksums() != handle.checksums:
+            got = snapshot.checksums()
+            i = next(i for i, (a, b) in enumerate(zip(got, handle.checksums)) if a != b)
+            raise CorruptDataError(f"key group {handle.key_group_range.start + i}'s block stores checksum "
+                                   f"{got[i]:#010x}, its handle names {handle.checksums[i]:#010x}")
+        for block in snapshot.key_groups():   # each block's checksum (with the header's file id) and structure
+            kg = block.key_group
+            if block.full != handle.is_full(kg):
+                raise CorruptDataError(f"key group {kg}'s block is {'full' if block.full else 'a delta'}, "
+                                       f"its handle says {'full' if handle.is_full(kg) else 'a delta'}")
+            if block.predecessor is not None and block.predecessor != handle.predecessor(kg):
+                raise CorruptDataError(f"key group {kg}'s delta block applies on {block.predecessor}, its handle says "
+                                       f"{handle.predecessor(kg) or 'on no earlier block'}")
 
     def raw_keyed(handle: Any) -> None:
         sized(handle)
@@ -311,9 +331,14 @@ def _verify(args: argparse.Namespace) -> int:
     for f in metadata.runner_files():
         check(f"output, input or late output file {f}", lambda f=f: storage.file_size(f))
     everything = KeyGroupRange(0, metadata.max_parallelism - 1)
-    baseless = baseless_deltas(key_group_chains(keyed_handles_by_range(metadata.keyed_handles), everything))
+    ordered = keyed_handles_by_range(metadata.keyed_handles)
+    chains = key_group_chains(ordered, everything)
+    baseless = baseless_deltas(chains)
     if baseless:
         problems.append(f"keyed state chains: {describe_baseless(metadata.checkpoint_id, baseless)}")
+    breaks = chain_breaks(ordered, [everything])
+    if breaks:
+        problems.append(f"keyed state chains: {describe_breaks(metadata.checkpoint_id, breaks)}")
     for problem in problems:
         print(f"CORRUPT {problem}", file=sys.stderr)
     print(f"checkpoint {metadata.checkpoint_id}: {checked} files read, {len(problems)} corrupt or missing")

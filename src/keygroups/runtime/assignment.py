@@ -75,6 +75,7 @@ import base64
 import binascii
 import dataclasses
 import math
+import weakref
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -240,15 +241,34 @@ def _stored_counts(metadata: CheckpointMetadata) -> _Counts:
     return records, calls, decode_counts(stored.get("timers"), mp, f"{what}['timers']")
 
 
+#: key_group_state_bytes's figures, per metadata object (dropped with it).
+_STATE_BYTES: dict[int, npt.NDArray[np.float64]] = {}
+
+
+def key_group_state_bytes(metadata: CheckpointMetadata) -> npt.NDArray[np.float64]:
+    """Bytes of each key group's chain (its newest full block and the deltas after it) in ``metadata``, from its
+    keyed handles alone (no file is read). Worked out once per metadata object: the batch that commits a checkpoint
+    reports it, and the next batch plans its ranges from it."""
+    key = id(metadata)
+    cached = _STATE_BYTES.get(key)
+    if cached is not None:
+        return cached
+    mp = metadata.max_parallelism
+    state = np.zeros(mp, dtype=np.float64)
+    if metadata.keyed_handles:
+        for kg, chain in chain_stats(metadata, KeyGroupRange(0, mp - 1)).items():
+            state[kg] = chain.full_bytes + chain.delta_bytes
+    state.setflags(write=False)
+    _STATE_BYTES[key] = state
+    weakref.finalize(metadata, _STATE_BYTES.pop, key, None)
+    return state
+
+
 def checkpoint_loads(metadata: CheckpointMetadata) -> KeyGroupLoads:
     """The load figures of ``metadata``: records, calls and timers from its properties (zeros when it has none),
     state bytes from its keyed handles (no file is read)."""
-    mp = metadata.max_parallelism
-    state = np.zeros(mp, dtype=np.float64)
-    for kg, chain in chain_stats(metadata, KeyGroupRange(0, mp - 1)).items():
-        state[kg] = chain.full_bytes + chain.delta_bytes
     records, calls, timers = _stored_counts(metadata)
-    return KeyGroupLoads(mp, records, calls, timers, state)
+    return KeyGroupLoads(metadata.max_parallelism, records, calls, timers, key_group_state_bytes(metadata))
 
 
 def checkpoint_batch_work(metadata: CheckpointMetadata) -> npt.NDArray[np.float64] | None:
@@ -261,11 +281,11 @@ def checkpoint_batch_work(metadata: CheckpointMetadata) -> npt.NDArray[np.float6
                          f"checkpoint {metadata.checkpoint_id}: properties[{LOADS_PROPERTY!r}][{BATCH_WORK!r}]")
 
 
-def merged_loads(previous: CheckpointMetadata | None, reports: Sequence[dict[str, Any]], max_parallelism: int,
+def merged_loads(previous: CheckpointMetadata | None, reports: Sequence[Any], max_parallelism: int,
                  boundaries: tuple[int, ...], half_life: float) -> dict[str, Any]:
     """The ``properties[LOADS_PROPERTY]`` of a new checkpoint: the restored checkpoint's records, calls and timers
-    (re-keyed to ``max_parallelism`` if it changed), decayed by one batch, plus what the subtasks' reports counted
-    over their ranges (``boundaries``); and this batch's own work (calls plus timers, ``BATCH_WORK``), which the
+    (re-keyed to ``max_parallelism`` if it changed), decayed by one batch, plus what the subtasks' reports
+    (:class:`~keygroups.runtime.report.SubtaskReport`) counted over their ranges (``boundaries``); and this batch's own work (calls plus timers, ``BATCH_WORK``), which the
     next batch's decision measures its forecast against."""
     decay = 0.5 ** (1.0 / half_life)
     figures = [np.zeros(max_parallelism) for _ in _STORED]
@@ -277,10 +297,11 @@ def merged_loads(previous: CheckpointMetadata | None, reports: Sequence[dict[str
             target += decay * value
     batch = [np.zeros(max_parallelism) for _ in _STORED]
     for r in reports:
-        own = KeyGroupRange(boundaries[r["subtask"]], boundaries[r["subtask"] + 1] - 1)
+        own = KeyGroupRange(boundaries[r.subtask], boundaries[r.subtask + 1] - 1)
         for (_, key), target in zip(_STORED, batch):
-            if r.get(key) is not None:
-                target[own.start:own.end + 1] += decode_counts(r[key], len(own), f"subtask {r['subtask']}'s {key}")
+            counts = getattr(r, key)
+            if counts is not None:
+                target[own.start:own.end + 1] += decode_counts(counts, len(own), f"subtask {r.subtask}'s {key}")
     return {**{name: encode_counts(old + new) for (name, _), old, new in zip(_STORED, figures, batch)},
             BATCH_WORK: encode_counts(batch[1] + batch[2]), "half_life": half_life}
 
@@ -388,6 +409,11 @@ class HotKeyGroup:
     def to_json(self) -> dict[str, Any]:
         return {"key_group": self.key_group, "share": round(self.share, 6), "times_mean": round(self.times_mean, 4),
                 "suggested_max_parallelism": self.suggested_max_parallelism}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> HotKeyGroup:
+        return cls(int(data["key_group"]), float(data["share"]), float(data["times_mean"]),
+                   None if data.get("suggested_max_parallelism") is None else int(data["suggested_max_parallelism"]))
 
 
 def hot_key_groups(load: npt.ArrayLike, parallelism: int, *, limit: int = 8) -> list[HotKeyGroup]:
@@ -537,10 +563,28 @@ class AssignmentDecision:
             return None
         return KeyGroupRange(self.previous[j], self.previous[j + 1] - 1)
 
+    def warm_ranges(self) -> tuple[tuple[int, int] | None, ...] | None:
+        """Per subtask, the ``(first, last)`` key groups of the previous batch's range whose warm state it takes
+        over (None: none, it restores what it owns), as :class:`~keygroups.runtime.spec.KeyedTaskSpec` ships them;
+        None when the decision knows no previous ranges (the first batch, another max parallelism)."""
+        if self.previous is None:
+            return None
+        return tuple(None if r is None else (r.start, r.end)
+                     for r in (self.warm_range(i) for i in range(len(self.boundaries) - 1)))
+
+    def summary(self) -> str:
+        """The decision in a few words, for the batch's log line."""
+        before = "" if self.max_over_mean_before is None else f", {self.max_over_mean_before:.2f} before"
+        moved = f"; {self.moved_key_groups} key groups moved ({self.moved_bytes:,} B)" if self.moved else ""
+        hot = f"; hot key groups {[h.key_group for h in self.hot_key_groups]}" if self.hot_key_groups else ""
+        return (f"{self.assignment}: {self.reason}; load max/mean {self.max_over_mean:.2f}{before} (Flink's ranges "
+                f"{self.flink_max_over_mean:.2f}){moved}{hot}")
+
     def to_json(self) -> dict[str, Any]:
         """The decision as the checkpoint's ``properties[DECISION_PROPERTY]`` holds it (the boundaries themselves
         are ``properties[RANGES_PROPERTY]``)."""
         return {"assignment": self.assignment, "moved": self.moved, "reason": self.reason,
+                "previous": None if self.previous is None else list(self.previous),
                 "max_over_mean": round(self.max_over_mean, 4),
                 "max_over_mean_before": (None if self.max_over_mean_before is None
                                          else round(self.max_over_mean_before, 4)),
@@ -553,6 +597,28 @@ class AssignmentDecision:
                                {"max_over_mean": round(self.last_batch_max_over_mean, 4),
                                 "flink_max_over_mean": round(self.last_batch_flink_max_over_mean or 0.0, 4)}),
                 "forecast": None if self.forecast is None else self.forecast.to_json()}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any], boundaries: Sequence[int]) -> AssignmentDecision:
+        """The decision a checkpoint stored (:meth:`to_json`), with its ``boundaries`` (its ranges property);
+        ``previous`` is None for a checkpoint written before it was stored. KeyError/TypeError/ValueError on a
+        malformed one."""
+        before = data.get("max_over_mean_before")
+        previous = data.get("previous")
+        last, forecast = data.get("last_batch"), data.get("forecast")
+        return cls(assignment=str(data["assignment"]), boundaries=tuple(int(b) for b in boundaries),
+                   previous=None if previous is None else tuple(int(b) for b in previous), moved=bool(data["moved"]),
+                   reason=str(data["reason"]), max_over_mean=float(data["max_over_mean"]),
+                   max_over_mean_before=None if before is None else float(before),
+                   flink_max_over_mean=float(data["flink_max_over_mean"]),
+                   moved_key_groups=int(data.get("moved_key_groups", 0)), moved_bytes=int(data.get("moved_bytes", 0)),
+                   restore_bytes=int(data.get("restore_bytes", 0)), state_bytes=int(data.get("state_bytes", 0)),
+                   hot_key_groups=[HotKeyGroup.from_json(h) for h in data.get("hot_key_groups") or ()],
+                   takeover=tuple(None if j is None else int(j) for j in data.get("takeover") or ()),
+                   last_batch_max_over_mean=None if last is None else float(last["max_over_mean"]),
+                   last_batch_flink_max_over_mean=None if last is None else float(last["flink_max_over_mean"]),
+                   forecast=None if forecast is None else ForecastRecord.from_json(
+                       forecast, int(boundaries[-1]), len(boundaries) - 1, "the decision's forecast"))
 
 
 def warm_takeover(before: Sequence[int], after: Sequence[int], state_bytes: npt.ArrayLike

@@ -68,6 +68,12 @@ class TypeSerializer(abc.ABC, Generic[T]):
             np.cumsum([len(p) for p in parts], out=offsets[1:])
         return b"".join(parts), offsets
 
+    def check(self, value: T) -> None:
+        """Raise the ``TypeError``/``ValueError`` :meth:`serialize` would raise for ``value``, without keeping its
+        bytes. The keyed state backends call it on every write when a serializer overrides it (``RecordSerializer``
+        does, compiled), so that a value that does not fit is refused where it is written, not at the snapshot. The
+        default checks nothing (the value is checked when a snapshot serializes it)."""
+
     def deserialize_many(self, data: bytes | memoryview, offsets: Sequence[int] | np.ndarray) -> list[T]:
         """The inverse of ``serialize_many``. The offsets are checked (ascending, inside ``data``) before use."""
         o = np.ascontiguousarray(offsets, dtype=np.int64)
@@ -239,6 +245,13 @@ def _rebuild(cls: type, nested: tuple, config: dict) -> TypeSerializer[Any]:
     return cls(*nested, **config)
 
 
+def checks_on_write(serializer: TypeSerializer[Any]) -> Any:
+    """``serializer.check`` when its class overrides :meth:`TypeSerializer.check`, else None (nothing to call)."""
+    if type(serializer).check is TypeSerializer.check:
+        return None
+    return serializer.check
+
+
 def codec_of(serializer: TypeSerializer[Any]) -> Any:
     """The compiled codec that encodes ``serializer``'s values when nested in a compiled serializer: its own for the
     built-ins, else one that calls its ``serialize``/``deserialize`` per value (length-prefixed)."""
@@ -252,4 +265,4 @@ def codec_of(serializer: TypeSerializer[Any]) -> Any:
     return _codec.Codec(_codec.EXTERNAL, repr(serializer), (), serializer)
 
 
-__all__ = ["TypeSerializer", "CodecSerializer", "codec_of"]
+__all__ = ["TypeSerializer", "CodecSerializer", "codec_of", "checks_on_write"]

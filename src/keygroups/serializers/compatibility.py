@@ -107,7 +107,13 @@ def resolve_compatibility(state_name: str, old: SerializerSnapshot | dict[str, A
     if outcome is Compatibility.COMPATIBLE_AS_IS:
         return outcome, new
     reader = new.migration_reader(old)
-    return outcome, reader if reader is not None else old.restore_serializer(allow_pickle=allow_pickle)
+    if reader is None:
+        return outcome, old.restore_serializer(allow_pickle=allow_pickle)
+    from keygroups.serializers.record import RecordMigrationReader
+
+    if isinstance(reader, RecordMigrationReader) and reader.state is None:
+        reader.state = state_name   # named when a stored value cannot take the new shape (binary that is not UTF-8)
+    return outcome, reader
 
 
 __all__ = ["Compatibility", "resolve_compatibility"]

@@ -11,18 +11,22 @@ the types and their values)::
 Values go in as dicts (field name → value; a missing key is null), tuples or lists (fields in order), or any object
 with the fields as attributes (dataclass instances, namedtuples, Spark ``Row``s); they come out in the chosen
 ``form``: ``"dict"`` (the default), ``"tuple"``, or the dataclass the schema was built from (nested dataclasses too).
-A value that does not fit is refused on write with ``TypeError``/``ValueError`` naming the field and its type.
+A value that does not fit is refused on write with ``TypeError``/``ValueError`` naming the field and its type
+(:meth:`RecordSerializer.check` checks one without making its bytes: the state backends call it on every write).
 
 Bytes: the fields in order, each nullable one behind a flag byte, no names (format in ``_native/records.pyx``):
 smaller than ``ValueSerializer``'s self-describing form, and compiled both ways. Equal records give equal bytes
 (one NaN), except that a map field is written in its dict's order: do not use records that hold maps as keys.
 
-Evolution: the snapshot stores the schema. On restore, a changed schema is resolved with Avro's rules (see
-:func:`keygroups.serializers.schema.resolve`: add with a default, drop, reorder, widen, rename through an alias):
-the state is then read with a reader that decodes the old bytes into the new shape, and every backend rewrites it
-with the new schema in its next snapshot (a full one for that state), so a checkpoint's chains never mix shapes. A
-change the rules do not allow raises ``StateMigrationError`` naming the state, the field, both types and the changes
-that are allowed.
+Evolution: the snapshot stores the schema (with its aliases). On restore, a changed schema is resolved with Avro's
+rules (see :func:`keygroups.serializers.schema.resolve`: the new schema's aliases rename the stored fields, then
+fields match by name; add with a default, drop, reorder, widen, string ↔ binary): the state is then read with a
+reader that decodes the old bytes into the new shape, and every backend rewrites it with the new schema in its next
+snapshot (a full one for that state), so a checkpoint's chains never mix shapes. A change the rules do not allow
+raises ``StateMigrationError`` naming the state, the field, both types and the changes that are allowed.
+
+A serializer pickles (pickle, cloudpickle: Spark ships functions so) as its schema with defaults and aliases, and its
+form; the copy equals it and behaves alike.
 """
 
 from __future__ import annotations
@@ -42,9 +46,11 @@ from keygroups.serializers.schema import (
     FLOAT64,
     INT32,
     INT64,
+    NO_DEFAULT,
     STRING,
     DataType,
     DecimalType,
+    Factory,
     Field,
     ListType,
     MapType,
@@ -52,6 +58,9 @@ from keygroups.serializers.schema import (
     RecordType,
     SchemaChangeRefused,
     TimestampType,
+    ValueNotConvertible,
+    check_depth,
+    is_identity,
     project,
     resolve,
     zone_info,
@@ -111,6 +120,25 @@ def _form_of(schema: Any, form: Any, record: RecordType) -> Any:
     raise TypeError(f"form must be 'dict', 'tuple' or the schema's dataclass, got {form!r}")
 
 
+def _check_defaults(t: DataType, node: Any, path: str) -> None:
+    """ValueError when a field's default (anywhere in ``t``) is not a value of the field: found when the schema is
+    declared, not when a restore first needs the default."""
+    if isinstance(t, RecordType):
+        prefix = path + "." if path else ""
+        for f, child in zip(t.fields, node.children):
+            if f.default is not NO_DEFAULT and not isinstance(f.default, Factory):
+                try:
+                    child.check(f.default)
+                except (TypeError, ValueError, OverflowError) as e:
+                    raise ValueError(f"the default of field {prefix + f.name!r} ({f.default!r}) is not a value of the "
+                                     f"field: {e}") from None
+            _check_defaults(f.type, child, prefix + f.name)
+    elif isinstance(t, ListType):
+        _check_defaults(t.element, node.children[0], path + "[]")
+    elif isinstance(t, MapType):
+        _check_defaults(t.value, node.children[1], path + " value")
+
+
 def _without_classes(t: Any) -> Any:
     """``t`` with no ``python_class`` anywhere in it (defaults and aliases kept)."""
     if isinstance(t, RecordType):
@@ -137,14 +165,16 @@ class RecordSerializer(TypeSerializer):
 
     def __init__(self, schema: Any, *, form: Any = None) -> None:
         self.schema: RecordType = record_type(schema)
+        check_depth(self.schema)
         self.form: Any = _form_of(schema, form, self.schema)
         if not isinstance(self.form, type):   # no classes: pickles (to Spark executors) without the user's modules
             self.schema = _without_classes(self.schema)
         node = _node(self.schema, False, "", self.form)
+        _check_defaults(self.schema, node, "")
         self._node = node
         # the compiled methods shadow the Python ones on the instance: one call less per value
         self.__dict__.update(serialize=node.encode, deserialize=node.decode, serialize_many=node.encode_many,
-                             deserialize_many=node.decode_many)
+                             deserialize_many=node.decode_many, check=node.check)
 
     @classmethod
     def from_fields(cls, fields: Sequence[Any], *, form: str | None = None) -> RecordSerializer:
@@ -156,6 +186,12 @@ class RecordSerializer(TypeSerializer):
 
     def serialize(self, value: Any) -> bytes:
         return self._node.encode(value)
+
+    def check(self, value: Any) -> None:
+        """Raise the ``TypeError``/``ValueError`` (naming the field) that :meth:`serialize` would raise for ``value``,
+        without making its bytes (compiled: the encoder writes into a scratch buffer). The state backends call it on
+        every write of a record, so a value that does not fit is refused where it is written."""
+        self._node.check(value)
 
     def deserialize(self, data: bytes | memoryview) -> Any:
         return self._node.decode(data)
@@ -209,7 +245,7 @@ class RecordSerializer(TypeSerializer):
         if outcome is not AS_IS:
             return outcome, why
         stored = RecordType.from_json(old.config.get("schema"))
-        if stored == self.schema:
+        if is_identity(stored, self.schema):
             return AS_IS, "same schema"
         try:
             resolve(stored, self.schema)
@@ -223,7 +259,7 @@ class RecordSerializer(TypeSerializer):
             as_record = tuple_as_record(old, self.schema)
             assert as_record is not None   # checked by compatibility_with
             return RecordMigrationReader(as_record, self, old.restore_serializer(), old)
-        return RecordMigrationReader(RecordType.from_json(old.config.get("schema")), self)
+        return RecordMigrationReader(RecordType.from_json(old.config.get("schema")), self, old_snapshot=old)
 
     def refusal_message(self, state_name: str, role: str, old: SerializerSnapshot, why: str) -> str:
         stored = RecordType.from_json(old.config["schema"]).ddl() if old.identifier == self.identifier else (
@@ -269,7 +305,8 @@ def tuple_as_record(old: SerializerSnapshot, new: RecordType) -> RecordType | No
     types = [t for t in found if t is not None]
     if len(types) != len(found):
         return None
-    return RecordType(tuple(Field(f.name, t[0], t[1]) for f, t in zip(new.fields, types)))
+    # the new fields' aliases too: the elements are those fields by position, so no alias may rename them
+    return RecordType(tuple(Field(f.name, t[0], t[1], aliases=f.aliases) for f, t in zip(new.fields, types)))
 
 
 def _tuple_element(s: SerializerSnapshot, depth: int) -> tuple[DataType, bool] | None:
@@ -304,9 +341,12 @@ class RecordMigrationReader(TypeSerializer):
     is_immutable = False
 
     def __init__(self, old_schema: RecordType, new: RecordSerializer, old_serializer: TypeSerializer | None = None,
-                 old_snapshot: SerializerSnapshot | None = None) -> None:
+                 old_snapshot: SerializerSnapshot | None = None, state: str | None = None) -> None:
         self.old_schema = old_schema
         self.new = new
+        #: The state this reader reads (named in errors); ``resolve_compatibility`` sets it.
+        self.state = state
+        self._old_serializer = old_serializer
         # the old bytes decode to tuples (nested records too): the old record's codec, or the old tuple serializer
         self._old = old_serializer if old_serializer is not None else _TupleDecoder(_node(old_schema, False, "",
                                                                                           "tuple"))
@@ -314,12 +354,26 @@ class RecordMigrationReader(TypeSerializer):
         self._sources = resolve(old_schema, new.schema)
 
     def deserialize(self, data: bytes | memoryview) -> Any:
-        return self.new.deserialize(self.new.serialize(project(self._old.deserialize(data), self._sources)))
+        old = self._old.deserialize(data)
+        try:
+            return self.new.deserialize(self.new.serialize(project(old, self._sources)))
+        except ValueNotConvertible as e:
+            raise self._not_convertible(e) from None
 
     def deserialize_many(self, data: bytes | memoryview, offsets: Any) -> list[Any]:
         old = self._old.deserialize_many(data, offsets)
         new = self.new
-        return new.deserialize_many(*new.serialize_many([project(v, self._sources) for v in old]))
+        try:
+            return new.deserialize_many(*new.serialize_many([project(v, self._sources) for v in old]))
+        except ValueNotConvertible as e:
+            raise self._not_convertible(e) from None
+
+    def _not_convertible(self, e: ValueNotConvertible) -> Exception:
+        from keygroups.errors import StateMigrationError
+
+        state = "a record state" if self.state is None else f"state {self.state!r}"
+        return StateMigrationError(f"{state} cannot be read with the new schema {self.new.schema.ddl()}: {e}. The "
+                                   f"stored schema is {self.old_schema.ddl()}")
 
     def serialize(self, value: Any) -> bytes:
         raise TypeError("a record migration reader only reads old state; values are written with the new "
@@ -333,6 +387,11 @@ class RecordMigrationReader(TypeSerializer):
             return self._old_snapshot
         return SerializerSnapshot(RecordSerializer.identifier, RecordSerializer.version,
                                   {"schema": self.old_schema.to_json()})
+
+    def __reduce__(self) -> tuple:
+        # the compiled nodes are rebuilt from the schemas
+        return (RecordMigrationReader, (self.old_schema, self.new, self._old_serializer, self._old_snapshot,
+                                        self.state))
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, RecordMigrationReader) and (self.old_schema, self.new) == (other.old_schema,

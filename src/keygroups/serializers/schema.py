@@ -23,21 +23,29 @@ A nullable position carries one flag byte (0: null, 1: a value follows). A times
 zone (``tz=None``, Spark's ``TIMESTAMP_NTZ``) is a wall-clock time and takes and returns naive datetimes.
 
 Schemas come from a Spark DDL string, a Spark ``StructType`` or its JSON, a ``pyarrow`` schema or a dataclass: see
-:mod:`keygroups.serializers.schema_formats` (``record_type`` picks by argument). A schema is
-stored in the serializer snapshot as JSON (:meth:`RecordType.to_json`); defaults and aliases are not stored: they
-belong to the schema a restore registers (the reader's schema, as in Avro).
+:mod:`keygroups.serializers.schema_formats` (``record_type`` picks by argument). A schema nests at most
+:data:`MAX_TYPE_DEPTH` levels (deeper ones are refused when declared). It is stored in the serializer snapshot as JSON
+(:meth:`RecordType.to_json`) with each field's aliases; defaults are not stored: they belong to the schema a restore
+registers (the reader's schema, as in Avro).
 
-Schema evolution (:func:`resolve`) follows Avro's resolution rules, matching fields by name (or by one of the new
-field's ``aliases``): fields may be added (with a default; a nullable field defaults to null), dropped, reordered,
-widened (int8 → int16 → int32 → int64, float32 → float64, any int → float32/float64, a non-null field → nullable)
-and renamed through an alias; nested records, list elements and map values evolve by the same rules. Anything else is
-refused with a message that names the field, its old and new types and what is allowed.
+Schema evolution (:func:`resolve`) follows Avro's resolution rules: the new (reader's) schema's aliases rewrite the
+names of the stored (writer's) schema — a stored field named like an alias of a new field is that field — and then
+fields match by name. So two fields can swap names (each listing the other's old name), and a field renamed away
+frees its old name for a new field, which takes its default. An alias the stored schema already lists on that same
+field is not applied again (the state was written after that rename), so restoring with the schema that wrote it
+reads it as it is, however often. Fields may be added (with a default; a nullable field defaults to null), dropped,
+reordered, widened (int8 → int16 → int32 → int64, float32 → float64, any int → float32/float64, a non-null field →
+nullable), turned from string into binary (UTF-8) or from binary into string (the bytes must be UTF-8) and renamed
+through an alias; nested records, list elements and map values evolve by the same rules. Anything else is refused
+with a message that names the field, its old and new types and what is allowed.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -48,6 +56,11 @@ class _NoDefault:
     __slots__ = ()
 
     def __repr__(self) -> str:
+        return "NO_DEFAULT"
+
+    def __reduce__(self) -> str:
+        # pickled by reference, so that it is still THE NO_DEFAULT after pickle or cloudpickle (Spark ships a
+        # function's serializers with cloudpickle): ``default is NO_DEFAULT`` decides whether a field has a default
         return "NO_DEFAULT"
 
 
@@ -202,7 +215,13 @@ class Field:
         if not isinstance(self.type, DataType):
             raise TypeError(f"field {self.name!r}: the type must be a keygroups.serializers.schema DataType, got "
                             f"{self.type!r}")
-        object.__setattr__(self, "aliases", tuple(self.aliases))
+        if not isinstance(self.nullable, bool):
+            raise TypeError(f"field {self.name!r}: nullable must be a bool, got {self.nullable!r}")
+        aliases = self.aliases
+        if isinstance(aliases, (str, bytes)) or not all(isinstance(a, str) and a for a in aliases):
+            raise TypeError(f"field {self.name!r}: aliases must be a tuple of the field's old names (non-empty "
+                            f"strs), got {aliases!r}")
+        object.__setattr__(self, "aliases", tuple(dict.fromkeys(a for a in aliases if a != self.name)))
 
     def ddl(self) -> str:
         return f"{_quote(self.name)} {self.type.ddl()}{'' if self.nullable else ' not null'}"
@@ -232,6 +251,13 @@ class RecordType(DataType):
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise ValueError(f"field name(s) {dup} appear more than once in the record")
+        claimed: dict[str, str] = {}
+        for f in fields:
+            for alias in f.aliases:
+                other = claimed.setdefault(alias, f.name)
+                if other != f.name:
+                    raise ValueError(f"fields {other!r} and {f.name!r} both list the alias {alias!r}: a stored field "
+                                     f"{alias!r} can become one of them only; keep the alias on one field")
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -251,7 +277,8 @@ class RecordType(DataType):
         return ", ".join(f.ddl() for f in self.fields)
 
     def to_json(self) -> dict[str, Any]:
-        """The stored form (no defaults, aliases or classes)."""
+        """The stored form: names, types, nullability and aliases (no defaults or classes). A field's ``aliases``
+        key appears only when it has some, so a schema without aliases is stored as before aliases were stored."""
         return _type_json(self)
 
     @staticmethod
@@ -276,8 +303,13 @@ def _type_json(t: DataType) -> Any:
         return {"type": "map", "key": _type_json(t.key), "value": _type_json(t.value),
                 "value_nullable": t.value_nullable}
     assert isinstance(t, RecordType)
-    return {"type": "record", "fields": [{"name": f.name, "type": _type_json(f.type), "nullable": f.nullable}
-                                         for f in t.fields]}
+    fields = []
+    for f in t.fields:
+        d = {"name": f.name, "type": _type_json(f.type), "nullable": f.nullable}
+        if f.aliases:
+            d["aliases"] = list(f.aliases)
+        fields.append(d)
+    return {"type": "record", "fields": fields}
 
 
 def _type_from_json(d: Any, depth: int) -> DataType:
@@ -302,7 +334,8 @@ def _type_from_json(d: Any, depth: int) -> DataType:
             fields = d["fields"]
             if not isinstance(fields, list):
                 raise ValueError("fields must be a list")
-            return RecordType(tuple(Field(f["name"], _type_from_json(f["type"], depth + 1), _flag(f["nullable"]))
+            return RecordType(tuple(Field(f["name"], _type_from_json(f["type"], depth + 1), _flag(f["nullable"]),
+                                          aliases=_aliases(f.get("aliases", [])))
                                     for f in fields))
         raise ValueError(f"unknown type {kind!r}")
     except CorruptSnapshotError:
@@ -316,6 +349,39 @@ def _flag(v: Any) -> bool:
     if not isinstance(v, bool):
         raise ValueError(f"a nullable flag must be true or false, got {v!r}")
     return v
+
+
+def _aliases(v: Any) -> tuple[str, ...]:
+    if not isinstance(v, list):
+        raise ValueError(f"aliases must be a list of names, got {v!r}")
+    return tuple(v)
+
+
+def type_depth(t: DataType) -> int:
+    """How deep ``t`` nests: the most steps (into a field's type, a list's element, a map's key or value) from ``t``
+    to a type inside it (0 for a scalar, 1 for a record of scalars), counted as :meth:`RecordType.from_json` counts.
+    Iterative, so a schema built by hand however deep is measured without recursion."""
+    deepest = 0
+    stack: list[tuple[DataType, int]] = [(t, 0)]
+    while stack:
+        node, depth = stack.pop()
+        deepest = max(deepest, depth)
+        if isinstance(node, RecordType):
+            stack.extend((f.type, depth + 1) for f in node.fields)
+        elif isinstance(node, ListType):
+            stack.append((node.element, depth + 1))
+        elif isinstance(node, MapType):
+            stack += [(node.key, depth + 1), (node.value, depth + 1)]
+    return deepest
+
+
+def check_depth(t: DataType, what: str = "a record schema") -> None:
+    """ValueError when ``t`` nests deeper than :data:`MAX_TYPE_DEPTH` levels: a stored schema that deep would not
+    restore (snapshots are untrusted, so their recursion is bounded), so it is refused when it is declared."""
+    depth = type_depth(t)
+    if depth > MAX_TYPE_DEPTH:
+        raise ValueError(f"{what} nests {depth} levels deep (records, lists and maps inside one another); at most "
+                         f"{MAX_TYPE_DEPTH} levels are allowed: flatten it, or keep the deep part as a binary field")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -338,15 +404,26 @@ def default_value(f: Field) -> Any:
 #: What may change between the stored schema and the one registered now (named in every refusal).
 ALLOWED_CHANGES = ("add a field (it needs a default unless it is nullable), drop a field, reorder fields, widen a "
                    "type (tinyint → smallint → int → bigint, float → double, any integer → float or double, not "
-                   "null → nullable), rename a field by listing its old name in the new field's aliases")
+                   "null → nullable), string → binary and binary → string (UTF-8), rename a field by listing its "
+                   "old name in the new field's aliases (Avro's rule: the aliases rename the stored fields, then "
+                   "fields match by name)")
 
 
 class SchemaChangeRefused(ValueError):
     """A change :func:`resolve` does not allow: ``field`` (a dotted path), old and new type, and why."""
 
-    def __init__(self, field: str, old: str, new: str, why: str) -> None:
+    def __init__(self, field: str, old: str, new: str, why: str, *, message: str | None = None) -> None:
         self.field, self.old, self.new, self.why = field, old, new, why
-        super().__init__(f"field {field!r} changed from {old} to {new}: {why}")
+        super().__init__(message if message is not None else f"field {field!r} changed from {old} to {new}: {why}")
+
+
+class ValueNotConvertible(ValueError):
+    """A stored value that a change :func:`resolve` allows cannot take the new type (binary that is not UTF-8 read
+    as a string): ``field`` is its dotted path. The reader that met it names the state."""
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        super().__init__(f"field {field!r}: {message}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -359,26 +436,55 @@ class FieldSource:
     field: Field
 
 
+def stored_names(old: RecordType, new: RecordType) -> list[str]:
+    """The names ``old``'s fields are read under by ``new`` (Avro's alias rewrite of the writer's schema): a field
+    named like an alias of a new field is that field, unless the stored schema already lists the alias on its own
+    field of the new field's name (the state was written after that rename, so the name is a new field's)."""
+    claims = {alias: nf.name for nf in new.fields for alias in nf.aliases}
+    if not claims:
+        return list(old.names)
+    by_name = {of.name: of for of in old.fields}
+    out = []
+    for of in old.fields:
+        target = claims.get(of.name)
+        done = target is not None and target in by_name and of.name in by_name[target].aliases
+        out.append(of.name if target is None or done else target)
+    return out
+
+
 def resolve(old: RecordType, new: RecordType, path: str = "") -> list[FieldSource]:
-    """How to build a ``new`` record from an ``old`` one (Avro's resolution, matching by name or alias): one
-    :class:`FieldSource` per new field. Raises :class:`SchemaChangeRefused` for anything :data:`ALLOWED_CHANGES`
-    does not list."""
-    old_index = {f.name: i for i, f in enumerate(old.fields)}
+    """How to build a ``new`` record from an ``old`` one, by Avro's resolution: the new schema's aliases rename the
+    old fields (:func:`stored_names`), then fields match by name (nested records alike). One :class:`FieldSource`
+    per new field. Raises :class:`SchemaChangeRefused` for anything :data:`ALLOWED_CHANGES` does not list, and when
+    the renaming leaves two old fields with one name (Avro refuses that too)."""
+    names = stored_names(old, new)
+    old_index: dict[str, int] = {}
+    for i, name in enumerate(names):
+        j = old_index.setdefault(name, i)
+        if j != i:
+            a, b = old.fields[j].name, old.fields[i].name
+            renamed = [n for n in (a, b) if n != name]
+            where = f"{path}{name}"
+            raise SchemaChangeRefused(
+                where, f"stored fields {a!r} and {b!r}", name, "ambiguous",
+                message=f"field {where!r} would read two stored fields, {a!r} and {b!r}: the alias "
+                        f"{renamed[0]!r} renames a stored field to {name!r}, which the stored record already has. "
+                        f"Drop one of them in one step and rename in the next, or remove the alias")
     sources = []
     for nf in new.fields:
         where = f"{path}{nf.name}"
-        matches = [old_index[n] for n in (nf.name, *nf.aliases) if n in old_index]
-        if not matches:
+        found = old_index.get(nf.name)
+        if found is None:
             if nf.default is NO_DEFAULT and not nf.nullable:
                 raise SchemaChangeRefused(where, "absent", _with_null(nf.type, nf.nullable),
                                           "a field added to stored state needs a default, or must be nullable")
             sources.append(FieldSource(-1, None, nf))
             continue
-        of = old.fields[matches[0]]
+        of = old.fields[found]
         if of.nullable and not nf.nullable:
             raise SchemaChangeRefused(where, _with_null(of.type, True), _with_null(nf.type, False),
                                       "a nullable field cannot become not null (stored nulls would have no value)")
-        sources.append(FieldSource(matches[0], _converter(of.type, nf.type, where), nf))
+        sources.append(FieldSource(found, _converter(of.type, nf.type, where), nf))
     return sources
 
 
@@ -393,10 +499,16 @@ def _converter(old: DataType, new: DataType, where: str) -> Callable[[Any], Any]
             return None
         if old.name in INTEGERS and new.name in INTEGERS and INTEGERS.index(old.name) < INTEGERS.index(new.name):
             return None
+        if old.name == "int64" and new.name == "float32":
+            return _int_to_float32
         if old.name in INTEGERS and new.name in ("float32", "float64"):
-            return float
+            return float   # exact for int32 and below (the float32 encoder rounds once); int64 → double rounds once
         if old.name == "float32" and new.name == "float64":
             return None
+        if old.name == "string" and new.name == "binary":
+            return _utf8_bytes
+        if old.name == "binary" and new.name == "string":
+            return functools.partial(_utf8_text, where)
     elif isinstance(old, RecordType) and isinstance(new, RecordType):
         sources = resolve(old, new, where + ".")
         if _identity(sources, len(old.fields)):
@@ -423,6 +535,32 @@ def _converter(old: DataType, new: DataType, where: str) -> Callable[[Any], Any]
     raise SchemaChangeRefused(where, old.ddl(), new.ddl(), "this change of type is not a widening")
 
 
+def _int_to_float32(v: int) -> float:
+    """The float32 nearest ``v`` (ties to even), as a double: what Java's ``(float) long`` gives. ``float(v)`` first
+    would round twice (to a double, then to a float) and can land one float32 step off for |v| > 2**53."""
+    if -(1 << 53) <= v <= 1 << 53:
+        return float(v)   # exact as a double: the encoder's one rounding to float32 is the only one
+    shift = abs(v).bit_length() - 24
+    q, r = divmod(abs(v), 1 << shift)
+    half = 1 << (shift - 1)
+    if r > half or (r == half and q & 1):
+        q += 1
+    return math.copysign(float(q << shift), v)
+
+
+def _utf8_bytes(v: str) -> bytes:
+    return v.encode("utf-8")
+
+
+def _utf8_text(where: str, v: bytes) -> str:
+    try:
+        return v.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueNotConvertible(where, f"the stored binary value {v[:32]!r}{'...' if len(v) > 32 else ''} is "
+                                         f"not UTF-8 text ({e.reason} at byte {e.start}), so it cannot be read as "
+                                         "a string; restore with the field still binary") from None
+
+
 def _identity(sources: list[FieldSource], old_count: int) -> bool:
     return len(sources) == old_count and all(s.index == i and s.convert is None for i, s in enumerate(sources))
 
@@ -440,11 +578,27 @@ def project(old_value: tuple[Any, ...], sources: list[FieldSource]) -> tuple[Any
 
 
 def is_identity(old: RecordType, new: RecordType) -> bool:
-    """Whether ``new`` reads ``old``'s bytes as they are: the same fields, types and nullability in the same order."""
-    return old == new
+    """Whether ``new`` reads ``old``'s bytes as they are: the same fields, types and nullability in the same order,
+    and no alias of ``new`` renames a field of ``old`` (nested records alike)."""
+    if old != new:
+        return False
+    if stored_names(old, new) != list(old.names):
+        return False
+    return all(_same_names(of.type, nf.type) for of, nf in zip(old.fields, new.fields))
+
+
+def _same_names(old: DataType, new: DataType) -> bool:
+    if isinstance(old, RecordType) and isinstance(new, RecordType):
+        return is_identity(old, new)
+    if isinstance(old, ListType) and isinstance(new, ListType):
+        return _same_names(old.element, new.element)
+    if isinstance(old, MapType) and isinstance(new, MapType):
+        return _same_names(old.value, new.value)
+    return True
 
 
 __all__ = ["DataType", "PrimitiveType", "TimestampType", "DecimalType", "ListType", "MapType", "RecordType", "Field",
            "INT8", "INT16", "INT32", "INT64", "FLOAT32", "FLOAT64", "BOOL", "STRING", "BINARY", "DATE",
-           "NO_DEFAULT", "resolve", "project", "FieldSource", "SchemaChangeRefused", "ALLOWED_CHANGES",
-           "default_value", "zone_info", "Factory"]
+           "NO_DEFAULT", "MAX_TYPE_DEPTH", "resolve", "stored_names", "project", "FieldSource", "SchemaChangeRefused",
+           "ValueNotConvertible", "ALLOWED_CHANGES", "default_value", "zone_info", "Factory", "type_depth",
+           "check_depth"]

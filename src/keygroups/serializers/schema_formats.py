@@ -98,28 +98,35 @@ def parse_ddl(ddl: str) -> RecordType:
 
     Types as Spark names them (tinyint, smallint, int/integer, bigint/long, float/real, double, boolean, string/
     varchar/char, binary, date, timestamp (UTC instants), timestamp_ntz (naive), decimal(p, s), array<>, map<>,
-    struct<>); ``not null`` and ``comment '...'`` after a field's type."""
+    struct<>); after a field's type ``not null``, ``comment '...'`` and ``default <literal>`` (as Spark 4 writes a
+    column's default: the value a record stored before the field existed reads for it; see :func:`sql_default` for
+    the literals)."""
     if not isinstance(ddl, str) or not ddl.strip():
         raise ValueError(f"a DDL schema must be a non-empty string such as 'id bigint, name string', got {ddl!r}")
     import sqlglot
     from sqlglot import exp
 
     text = ddl.strip()
+    _check_no_empty_field(text, ddl)
     if text.lower().startswith("struct<") or text.lower().startswith("struct <"):
         t = parse_type(text)
         assert isinstance(t, RecordType)
         return t
     try:
         tree = sqlglot.parse_one(f"CREATE TABLE t ({text})", read="spark")
+    except sqlglot.errors.TokenError as e:   # an unterminated quote or comment
+        raise ValueError(f"cannot parse the DDL schema {ddl!r}: {_first_line(e)} (a quote left open?)") from None
     except sqlglot.errors.ParseError as e:
         where = (e.errors or [{}])[0].get("highlight")
         near = f" at {where!r} (an unknown type, or a typo?)" if where else ""
         raise ValueError(f"cannot parse the DDL schema {ddl!r}{near}: {_first_line(e)}; a schema is 'name type, "
                          f"...' with types {_ALLOWED_TYPES}") from None
+    except RecursionError:
+        raise _too_deep(ddl) from None
     schema = tree.this
     if not isinstance(schema, exp.Schema):
         raise ValueError(f"cannot parse the DDL schema {ddl!r}: expected 'name type, ...'")
-    return RecordType(tuple(_column(c, ddl) for c in schema.expressions))
+    return RecordType(tuple(_column(c, ddl, 1) for c in schema.expressions))
 
 
 def parse_type(ddl: str) -> DataType:
@@ -127,36 +134,158 @@ def parse_type(ddl: str) -> DataType:
     import sqlglot
     from sqlglot import exp
 
+    _check_no_empty_field(ddl, ddl)
     try:
         node = exp.DataType.build(ddl, dialect="spark")
-    except (sqlglot.errors.ParseError, ValueError) as e:
+    except (sqlglot.errors.ParseError, sqlglot.errors.TokenError, ValueError) as e:
         raise ValueError(f"cannot parse the DDL type {ddl!r}: {_first_line(e)}") from None
-    return _sqlglot_type(node, ddl)
+    except RecursionError:
+        raise _too_deep(ddl) from None
+    return _sqlglot_type(node, ddl, 0)
+
+
+def _too_deep(ddl: str) -> ValueError:
+    return ValueError(f"the DDL schema {ddl[:80]!r}{'...' if len(ddl) > 80 else ''} nests too deeply to parse; a record "
+                      f"schema nests at most {MAX_TYPE_DEPTH} levels (records, lists and maps inside one another)")
+
+
+def _check_no_empty_field(text: str, ddl: str) -> None:
+    """ValueError for an empty field: two commas in a row, or a comma first or last in a field list (sqlglot skips
+    them, so ``"a int,, ,"`` would read as ``"a int"``)."""
+    import sqlglot
+
+    try:
+        tokens = sqlglot.Dialect.get_or_raise("spark").tokenize(text)
+    except sqlglot.errors.TokenError:
+        return   # the parser names what is wrong
+    T = sqlglot.tokens.TokenType
+    opening = (T.L_PAREN, T.LT)
+    closing = (T.R_PAREN, T.GT)
+    previous = None
+    for tok in [*tokens, None]:
+        kind = None if tok is None else tok.token_type
+        after_comma = previous is not None and previous.token_type == T.COMMA
+        if (kind == T.COMMA and (previous is None or previous.token_type in (T.COMMA, *opening))) or (
+                after_comma and (kind is None or kind in closing)):
+            raise ValueError(f"the DDL schema {ddl!r} has an empty field (two commas in a row, or a comma at the "
+                             "start or end of a field list); a schema is 'name type, ...', e.g. 'id bigint, name "
+                             "string'")
+        previous = tok
 
 
 def _first_line(e: Exception) -> str:
     return str(e).splitlines()[0] if str(e) else type(e).__name__
 
 
-def _column(c: Any, ddl: str) -> Field:
+def _column(c: Any, ddl: str, depth: int) -> Field:
     from sqlglot import exp
 
     if not isinstance(c, exp.ColumnDef) or c.args.get("kind") is None:
         raise ValueError(f"cannot parse the DDL schema {ddl!r}: {c.sql(dialect='spark')!r} is not 'name type'")
     constraints = [k.args.get("kind") for k in c.args.get("constraints") or []]
     nullable = True
+    default_expression = None
     for k in constraints:
         if isinstance(k, exp.NotNullColumnConstraint):
             nullable = bool(k.args.get("allow_null"))
+        elif isinstance(k, exp.DefaultColumnConstraint):
+            default_expression = k.this
         elif not isinstance(k, exp.CommentColumnConstraint):
-            raise ValueError(f"in the DDL schema {ddl!r}, field {c.name!r}: only NOT NULL and COMMENT may follow "
-                             f"a type, got {k.sql(dialect='spark')!r}")
-    return Field(c.name, _sqlglot_type(c.args["kind"], ddl), nullable)
+            raise ValueError(f"in the DDL schema {ddl!r}, field {c.name!r}: only NOT NULL, DEFAULT and COMMENT may "
+                             f"follow a type, got {k.sql(dialect='spark')!r}")
+    t = _sqlglot_type(c.args["kind"], ddl, depth)
+    default = NO_DEFAULT
+    if default_expression is not None:
+        default = _literal(default_expression, t, f"in the DDL schema {ddl!r}, the DEFAULT of field {c.name!r}")
+    return Field(c.name, t, nullable, default)
 
 
-def _sqlglot_type(node: Any, ddl: str) -> DataType:
+def sql_default(text: str, t: DataType, what: str = "a default") -> Any:
+    """The Python value of a Spark SQL default ``text`` (``"'x'"``, ``"-5"``, ``"DATE'2024-01-01'"``) for a field of
+    type ``t``: literals only (NULL, true/false, numbers, strings, X'hex' for binary, DATE'...' and TIMESTAMP'...'
+    (or a string) for dates and timestamps, ``CAST(<literal> AS <type>)`` as Spark writes a column's default,
+    ``array(...)`` and ``map(k, v, ...)`` of literals); ValueError for anything else (an expression such as
+    ``current_date()`` has no fixed value)."""
+    import sqlglot
+
+    try:
+        node = sqlglot.parse_one(text, read="spark")
+    except (sqlglot.errors.ParseError, sqlglot.errors.TokenError) as e:
+        raise ValueError(f"{what}: cannot parse {text!r} ({_first_line(e)})") from None
+    return _literal(node, t, what)
+
+
+def _literal(node: Any, t: DataType, what: str) -> Any:
     from sqlglot import exp
 
+    sql = node.sql(dialect="spark")
+    refuse = ValueError(f"{what}: {sql} is not a literal of type {t.ddl()}; a default is a literal (NULL, true, 42, "
+                        "1.5, 'text', X'0A', DATE'2024-01-01', TIMESTAMP'2024-01-01 00:00:00', array(...), "
+                        "map(...))")
+    if isinstance(node, exp.Paren):
+        return _literal(node.this, t, what)
+    if isinstance(node, exp.Null):
+        return None
+    if isinstance(node, exp.Boolean):
+        return bool(node.this)
+    if isinstance(node, exp.Neg):
+        value = _literal(node.this, t, what)
+        if isinstance(value, bool) or not isinstance(value, (int, float, decimal.Decimal)):
+            raise refuse
+        return -value
+    if isinstance(node, exp.HexString):
+        return bytes.fromhex(node.this)
+    if isinstance(node, exp.Cast):   # DATE'...', CAST(5 AS BIGINT) (Spark's EXISTS_DEFAULT): the field's type decides
+        return _literal(node.this, t, what)
+    if isinstance(node, exp.Literal):
+        if node.is_string:
+            return _from_text(node.this, t, refuse)
+        return _number(node.this, t, refuse)
+    if isinstance(node, exp.Array) and isinstance(t, ListType):
+        return [_literal(e, t.element, what) for e in node.expressions]
+    if isinstance(node, exp.VarMap) and isinstance(t, MapType):
+        keys, values = node.args["keys"].expressions, node.args["values"].expressions
+        return {_literal(k, t.key, what): _literal(v, t.value, what) for k, v in zip(keys, values)}
+    raise refuse
+
+
+def _from_text(text: str, t: DataType, refuse: ValueError) -> Any:
+    """A string literal as a value of ``t``: the text itself, its UTF-8 bytes, or a date or timestamp it spells."""
+    try:
+        if t == DATE:
+            return datetime.date.fromisoformat(text.strip())
+        if isinstance(t, TimestampType):
+            value = datetime.datetime.fromisoformat(text.strip())
+            if t.tz is not None and value.tzinfo is None:
+                value = value.replace(tzinfo=datetime.timezone.utc)   # Spark's session zone in keygroups: UTC
+            return value
+    except ValueError:
+        raise refuse from None
+    if t == BINARY:
+        return text.encode("utf-8")
+    if t == STRING:
+        return text
+    raise refuse
+
+
+def _number(text: str, t: DataType, refuse: ValueError) -> Any:
+    if isinstance(t, DecimalType):
+        return decimal.Decimal(text)
+    if isinstance(t, PrimitiveType) and t.name in ("float32", "float64"):
+        return float(text)
+    if isinstance(t, PrimitiveType) and t.name in ("int8", "int16", "int32", "int64"):
+        try:
+            return int(text)
+        except ValueError:
+            raise refuse from None
+    raise refuse
+
+
+def _sqlglot_type(node: Any, ddl: str, depth: int) -> DataType:
+    from sqlglot import exp
+
+    if depth > MAX_TYPE_DEPTH:
+        raise _too_deep(ddl)
     T = exp.DataType.Type
     simple = {T.TINYINT: INT8, T.SMALLINT: INT16, T.INT: INT32, T.BIGINT: INT64, T.FLOAT: FLOAT32,
               T.DOUBLE: FLOAT64, T.BOOLEAN: BOOL, T.TEXT: STRING, T.VARCHAR: STRING, T.CHAR: STRING,
@@ -172,11 +301,12 @@ def _sqlglot_type(node: Any, ddl: str) -> DataType:
         params = [int(p.this.this) for p in node.expressions]
         return DecimalType(*params) if params else DecimalType(10, 0)
     if t == T.ARRAY:
-        return ListType(_sqlglot_type(node.expressions[0], ddl))
+        return ListType(_sqlglot_type(node.expressions[0], ddl, depth + 1))
     if t == T.MAP:
-        return MapType(_sqlglot_type(node.expressions[0], ddl), _sqlglot_type(node.expressions[1], ddl))
+        return MapType(_sqlglot_type(node.expressions[0], ddl, depth + 1),
+                       _sqlglot_type(node.expressions[1], ddl, depth + 1))
     if t == T.STRUCT:
-        return RecordType(tuple(_column(c, ddl) for c in node.expressions))
+        return RecordType(tuple(_column(c, ddl, depth + 1) for c in node.expressions))
     raise ValueError(f"in the DDL {ddl!r}: type {node.sql(dialect='spark')!r} is not supported; allowed: "
                      f"{_ALLOWED_TYPES}")
 
@@ -212,14 +342,29 @@ def _spark_type(d: Any, depth: int) -> DataType:
         raise ValueError(f"Spark type {d!r} is not supported in a record")
     kind = d.get("type")
     if kind == "struct":
-        return RecordType(tuple(Field(f["name"], _spark_type(f["type"], depth + 1), bool(f.get("nullable", True)))
-                                for f in d["fields"]))
+        return RecordType(tuple(_spark_field(f, depth) for f in d["fields"]))
     if kind == "array":
         return ListType(_spark_type(d["elementType"], depth + 1), bool(d.get("containsNull", True)))
     if kind == "map":
         return MapType(_spark_type(d["keyType"], depth + 1), _spark_type(d["valueType"], depth + 1),
                        bool(d.get("valueContainsNull", True)))
     raise ValueError(f"Spark type {d!r:.100} is not supported in a record")
+
+
+#: Where Spark 4 keeps a column's default in a StructField's metadata: the value rows written before the column existed
+#: read (what a record field's default is), and the one new rows get.
+SPARK_DEFAULT_KEYS = ("EXISTS_DEFAULT", "CURRENT_DEFAULT")
+
+
+def _spark_field(f: Mapping[str, Any], depth: int) -> Field:
+    t = _spark_type(f["type"], depth + 1)
+    metadata = f.get("metadata") or {}
+    default = NO_DEFAULT
+    for key in SPARK_DEFAULT_KEYS:
+        if isinstance(metadata.get(key), str):
+            default = sql_default(metadata[key], t, f"the {key} of Spark field {f['name']!r}")
+            break
+    return Field(f["name"], t, bool(f.get("nullable", True)), default)
 
 
 def to_spark_json(t: DataType, nullable: bool = True) -> Any:
@@ -245,17 +390,20 @@ def to_spark_json(t: DataType, nullable: bool = True) -> Any:
 # -- pyarrow --
 
 
-def from_arrow(schema: Any) -> RecordType:
+def from_arrow(schema: Any, _depth: int = 0) -> RecordType:
     """A ``pyarrow.Schema`` (or struct type) → record; Arrow's nullability, units and zones are kept."""
     import pyarrow as pa
 
     fields = list(schema) if isinstance(schema, pa.Schema) else [schema.field(i) for i in range(schema.num_fields)]
-    return RecordType(tuple(Field(f.name, _from_arrow_type(f.type, f.name), f.nullable) for f in fields))
+    return RecordType(tuple(Field(f.name, _from_arrow_type(f.type, f.name, _depth + 1), f.nullable) for f in fields))
 
 
-def _from_arrow_type(t: Any, what: str) -> DataType:
+def _from_arrow_type(t: Any, what: str, depth: int) -> DataType:
     import pyarrow as pa
 
+    if depth > MAX_TYPE_DEPTH:
+        raise ValueError(f"field {what!r}: the Arrow schema nests deeper than {MAX_TYPE_DEPTH} levels (records, lists "
+                         "and maps inside one another), the most a record schema may")
     pt = pa.types
     for check, ours in ((pt.is_int8, INT8), (pt.is_int16, INT16), (pt.is_int32, INT32), (pt.is_int64, INT64),
                         (pt.is_float32, FLOAT32), (pt.is_float64, FLOAT64), (pt.is_boolean, BOOL),
@@ -268,12 +416,12 @@ def _from_arrow_type(t: Any, what: str) -> DataType:
     if pt.is_decimal(t):
         return DecimalType(t.precision, t.scale)
     if pt.is_list(t) or pt.is_large_list(t):
-        return ListType(_from_arrow_type(t.value_type, what), t.value_field.nullable)
+        return ListType(_from_arrow_type(t.value_type, what, depth + 1), t.value_field.nullable)
     if pt.is_map(t):
-        return MapType(_from_arrow_type(t.key_type, what), _from_arrow_type(t.item_type, what),
+        return MapType(_from_arrow_type(t.key_type, what, depth + 1), _from_arrow_type(t.item_type, what, depth + 1),
                        t.item_field.nullable)
     if pt.is_struct(t):
-        return from_arrow(t)
+        return from_arrow(t, depth)
     raise ValueError(f"field {what!r}: Arrow type {t} is not supported in a record (allowed: ints, floats, bool, "
                      "string, binary, date, timestamp, decimal, list, map, struct)")
 
@@ -328,16 +476,22 @@ def _dataclass_type(cls: type, depth: int) -> RecordType:
     for f in dataclasses.fields(cls):
         t, nullable = _annotation(hints[f.name], f"{cls.__qualname__}.{f.name}", depth)
         default = NO_DEFAULT
-        if f.default is not dataclasses.MISSING:
+        if not _missing(f.default):
             default = f.default
-        elif f.default_factory is not dataclasses.MISSING:
-            default = Factory(f.default_factory)
+        elif not _missing(f.default_factory):
+            default = Factory(f.default_factory)  # type: ignore[arg-type]  # not MISSING: a factory
         aliases = f.metadata.get("aliases", ())
         if isinstance(aliases, str) or not all(isinstance(a, str) for a in aliases):
             raise TypeError(f"{cls.__qualname__}.{f.name}: metadata 'aliases' must be a tuple of old field names, "
                             f"got {aliases!r}")
         fields.append(Field(f.name, t, nullable, default, tuple(aliases)))
     return RecordType(tuple(fields), python_class=cls)
+
+
+def _missing(value: Any) -> bool:
+    """Whether a dataclass field's default (or factory) is ``dataclasses.MISSING``: by type too, because a dataclass
+    that cloudpickle ships by value (one of a script's ``__main__``) comes back with a copy of MISSING."""
+    return value is dataclasses.MISSING or type(value) is type(dataclasses.MISSING)
 
 
 def _annotation(a: Any, what: str, depth: int) -> tuple[DataType, bool]:
@@ -379,5 +533,5 @@ def _annotation(a: Any, what: str, depth: int) -> tuple[DataType, bool]:
                     "dataclasses, and Annotated[X, <DataType>] to choose a width")
 
 
-__all__ = ["record_type", "from_fields", "parse_ddl", "parse_type", "from_spark_json", "to_spark_json", "from_arrow",
-           "to_arrow", "from_dataclass"]
+__all__ = ["record_type", "from_fields", "parse_ddl", "parse_type", "sql_default", "from_spark_json", "to_spark_json",
+           "from_arrow", "to_arrow", "from_dataclass", "SPARK_DEFAULT_KEYS"]

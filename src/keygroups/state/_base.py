@@ -27,6 +27,7 @@ from keygroups._hashing import KeyType, assign_key_groups, key_type_code
 from keygroups._native.statecore import KeyContext
 from keygroups._ranges import KeyGroupRange, check_max_parallelism
 from keygroups.checkpoint import (
+    BlockLink,
     ChainStats,
     KeyedStateHandle,
     KeyGroupBlock,
@@ -36,7 +37,7 @@ from keygroups.checkpoint import (
     read_key_group_offsets,
     write_keyed_snapshot,
 )
-from keygroups.checkpoint.metadata import is_shared_path
+from keygroups.checkpoint.metadata import BlockLinks, is_shared_path
 from keygroups.checkpoint.planning import NO_CHAIN
 from keygroups.checkpoint.state_meta import check_state_metas
 from keygroups.errors import CorruptSnapshotError, StateMigrationError, UnsafeDeserializationError
@@ -693,7 +694,8 @@ class KeyedStateBackendBase:
         is)."""
         check_cancel(future)
         return write_keyed_snapshot(storage, checkpoint_id, self.subtask_index, self.key_group_range, states,
-                                    key_groups, on_key_group=functools.partial(check_cancel, future))
+                                    key_groups, on_key_group=functools.partial(check_cancel, future),
+                                    predecessors=self._chain_tips())
 
     # ---- incremental snapshots: which key groups are written full -----------------------------------------------
     def _full_key_groups_for_snapshot(self) -> set[int]:
@@ -705,7 +707,9 @@ class KeyedStateBackendBase:
         state's meta (serializers, TTL) differs from the one its chains were written with (a migrated serializer:
         the blocks of one chain are applied to one another as bytes). Otherwise the key groups whose chain is
         longer than ``max_chain`` or whose deltas exceed ``delta_fraction`` of their full block, the worst first,
-        at most an eighth of them (``choose_full_key_groups``)."""
+        at most an eighth of them (``choose_full_key_groups``), and those whose chain ends with a block of a keyed
+        format before 4 (restored from a checkpoint of an earlier keygroups): a delta names the block it applies
+        on by its checksum, which such a block does not carry."""
         everything = set(self.key_group_range)
         if not self.incremental or self._chains is None or self._needs_full:
             return everything
@@ -714,13 +718,26 @@ class KeyedStateBackendBase:
             known = self._chain_metas.get(name)
             if known is not None and _canonical(t.meta) != known:
                 return everything
-        # a key group without a chain (no block in the checkpoint restored) is written full: a delta needs a base
+        # a key group without a chain (no block in the checkpoint restored) is written full: a delta needs a base,
+        # and one it can name
+        unnamed = {kg for kg, c in self._chains.items() if c.tip is None}
         return choose_full_key_groups(self._chains, self._n, max_chain=self.max_chain,
-                                      delta_fraction=self.delta_fraction) | (everything - self._chains.keys())
+                                      delta_fraction=self.delta_fraction) | (everything - self._chains.keys()) | unnamed
+
+    def _chain_tips(self) -> dict[int, BlockLink]:
+        """Each key group's newest block, as the next snapshot's delta of it names it (``write_keyed_snapshot``'s
+        ``predecessors``). Snapshots run one at a time on the snapshot worker, each calling :meth:`_after_snapshot`
+        before the next starts: called from a snapshot's work, this is the chain that snapshot continues."""
+        return {kg: c.tip for kg, c in (self._chains or {}).items() if c.tip is not None}
 
     def _after_snapshot(self, handle: KeyedStateHandle) -> None:
         """Record what a snapshot of this backend wrote (``handle``, once its file is complete), so the next one
-        continues its chains: a full block starts a key group's chain anew, a non-empty delta lengthens it."""
+        continues its chains: a full block starts a key group's chain anew, a non-empty delta lengthens it.
+
+        A handle whose writer named no predecessors for its deltas (a backend that does not give
+        ``write_keyed_snapshot`` its :meth:`_chain_tips`) gets them here, from this backend's chains, so that the
+        checkpoint still checks its chains from the metadata (its blocks then name none themselves)."""
+        self._name_predecessors(handle)
         chains = self._chains if self._chains is not None else {}
         part = handle.key_group_range.intersection(self.key_group_range)
         for kg in part:
@@ -735,6 +752,26 @@ class KeyedStateBackendBase:
             self._needs_full = False
         else:
             self._chain_metas.update(metas)
+
+
+    def _name_predecessors(self, handle: KeyedStateHandle) -> None:
+        if handle.format_version < 4 or handle.checksums is None or not handle.key_group_range:
+            return
+        r = handle.key_group_range
+        links = BlockLinks.of(handle.predecessors or {}, r)
+        unnamed = links.checkpoints < 0
+        for unlinked in list(handle.full_key_groups) + list(handle.fresh_key_groups or []):
+            unnamed[unlinked.start - r.start:unlinked.end - r.start + 1] = False
+        if not unnamed.any():
+            return   # the writer named them all
+        tips = self._chain_tips()
+        checkpoints, checksums = links.checkpoints.copy(), links.checksums.copy()
+        for i in np.flatnonzero(unnamed).tolist():
+            tip = tips.get(r.start + i)
+            if tip is not None:
+                checkpoints[i], checksums[i] = tip
+        handle.predecessors = BlockLinks(r.start, checkpoints, checksums)
+        handle._check_chain_fields()
 
 
 def _full_block(key_group: int, states: list[dict[bytes, bytes]]) -> KeyGroupBlock:

@@ -36,6 +36,15 @@ decoded entries are replaced (``compact()``, once the snapshot finished) by one 
 Hot paths: ``set_current_key`` and the value / list / map operations are compiled (``_native/statecore.pyx``); they
 read the dicts directly and hand over to the Python methods here only while a snapshot runs or for a key that may be
 in a restored layer. TTL states and the rarer operations use the generic classes of ``states``.
+
+Checks on write: a state whose serializer checks values (``TypeSerializer.check``; ``RecordSerializer`` does) refuses
+a value it could not snapshot where it is written (``update``, ``add``, ``add_all``, ``put``, ``put_all``, and what a
+reducing or aggregating state stores), with the ``StateSerializationError`` RocksDB raises when it writes one: the
+state keeps what it had. States of other serializers take the compiled paths unchanged (``keygroups.state._checks``).
+
+A state registered again with another serializer (warm state resumed for a job whose schema changed, or restored
+state decoded eagerly) has its decoded values rewritten into the new serializer's shape as it is registered (read
+from their bytes with the reader a restore would use), as a restore would give them.
 """
 
 from __future__ import annotations
@@ -85,9 +94,10 @@ from keygroups.state._base import (
     _canonical,
     check_cancel,
 )
+from keygroups.state._checks import check_stored, checked_state_class, stored_value_check
 from keygroups.state._codec import UNWRITABLE, ValueFraming
 from keygroups.state.descriptors import StateDescriptor
-from keygroups.state._warm import WarmResume
+from keygroups.state.warm import WarmResume
 from keygroups.state.states import MISSING, ListState, MapState, ValueState
 
 if TYPE_CHECKING:
@@ -138,7 +148,8 @@ class _HeapTable(TableCore):
     or deletes it. Lookups in layers decode that one value and keep it in ``maps[i]``."""
 
     __slots__ = ("backend", "name", "meta", "descriptor", "read_framing", "write_framing", "needs_migration",
-                 "copy_value", "reads_dirty", "group_count", "layers", "shared", "copied_keys", "lazy_group_count")
+                 "copy_value", "reads_dirty", "group_count", "layers", "shared", "copied_keys", "lazy_group_count",
+                 "check_put")
 
     #: The backend this table belongs to (its key serializer and clock).
     backend: HeapKeyedStateBackend
@@ -167,6 +178,9 @@ class _HeapTable(TableCore):
     copied_keys: list[set[Any] | None]
     #: Key groups with ``lazy[i]`` set.
     lazy_group_count: int
+    #: What ``put`` checks a stored object with (a reducing or aggregating state's value, whose serializer checks on
+    #: write: what ``reduce`` or ``add`` made), else None; value, list and map states check in their state classes.
+    check_put: Callable[[Any], None] | None
 
     def __init__(self, backend: HeapKeyedStateBackend, name: str, meta: dict[str, Any], read: ValueFraming,
                  write: ValueFraming, descriptor: StateDescriptor | None) -> None:
@@ -200,6 +214,7 @@ class _HeapTable(TableCore):
         self.reads_dirty = write.kind == "list" or (write.copy is not None and
                                                     (write.kind != "map" or not write.ser.is_immutable))
         self.needs_migration = read.needs_migration_to(write)
+        self.check_put = stored_value_check(write)
 
     def _update_slow(self) -> None:
         self.slow = self.cow or self.lazy_group_count > 0
@@ -219,6 +234,8 @@ class _HeapTable(TableCore):
     def put(self, value: Any) -> None:
         c = self.ctx
         group_index, key = c.kgi, c.key
+        if self.check_put is not None:
+            check_stored(self.check_put, value, self)
         if self.cow:
             self._prepare_write(group_index, key)
         self.maps[group_index][key] = value
@@ -412,6 +429,23 @@ class _HeapTable(TableCore):
                 del m[k]
             self.drop_layers(i)
 
+    def reshape_decoded(self, old: ValueFraming, read: ValueFraming) -> None:
+        """The decoded values were made for the framing ``old`` (its serializers' shape: a previous registration's
+        values, or values decoded with it); rewrite each as ``read`` reads ``old``'s bytes of it, the shape the
+        serializer registered now gives. New dicts: a running snapshot may hold the old ones."""
+        encode, decode = old.encode, read.decode
+        for i in range(self.group_count):
+            m = self.maps[i]
+            if not m:
+                continue
+            try:
+                self.maps[i] = {k: v if v is MISSING else decode(encode(v)) for k, v in m.items()}
+            except UNWRITABLE as e:
+                raise old.unwritable(old.first_unwritable(m.items(), self.backend.key_serializer.serialize, MISSING),
+                                     e, what="migration to the serializer registered now") from e
+            self.shared[i] = False
+            self.copied_keys[i] = None   # every value is new: nothing a snapshot holds
+
     def keys_of_group(self, group_index: int) -> list[Any]:
         m = self.maps[group_index]
         out = [k for k, v in m.items() if v is not MISSING]
@@ -513,9 +547,8 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
 
     # ---- hooks of the base ----------------------------------------------------------------------------------------
     def _state_class(self, kind: str, ttl: bool) -> type:
-        if not ttl and kind in _HEAP_CLASSES:
-            return _HEAP_CLASSES[kind]
-        return super()._state_class(kind, ttl)
+        plain = _HEAP_CLASSES[kind] if not ttl and kind in _HEAP_CLASSES else super()._state_class(kind, ttl)
+        return checked_state_class(kind, plain)
 
     def _has_data(self) -> bool:
         return any(t.has_data() for t in self._tables.values())
@@ -529,8 +562,13 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
         t = self._tables.get(d.name)
         if t is None:
             self._new_table(d.name, meta, read, write, d)
-        else:
-            t.configure(meta, read, write, d)
+            return
+        if t.descriptor is None and not _same_values(t.write_framing, write):
+            # Decoded values of restored or resumed state (a kept backend's last batch) are in the shape of the
+            # serializer they were made with; the one registered now may read them otherwise (a record schema that
+            # changed, another form): rewrite them as a restore would read them, before anything meets them.
+            t.reshape_decoded(t.write_framing, read)
+        t.configure(meta, read, write, d)
 
     def _store(self, name: str) -> _HeapTable:
         return self._tables[name]
@@ -840,7 +878,8 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
                 handle = write_keyed_snapshot(storage, checkpoint_id, self.subtask_index, self.key_group_range, metas,
                                               self._groups(captures, full, compactions),
                                               full_key_groups={start + i for i in full},
-                                              on_key_group=functools.partial(check_cancel, future))
+                                              on_key_group=functools.partial(check_cancel, future),
+                                              predecessors=self._chain_tips())
                 for state_index, i, layer in compactions:
                     c = captures[state_index]
                     self._compactions.append((capture, names[state_index], i, c.maps[i], c.layers[i], layer))
@@ -998,6 +1037,16 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
             kept_values.append(value_bytes)
         keys[first:] = kept_keys
         values[first:] = kept_values
+
+
+def _same_values(a: ValueFraming, b: ValueFraming) -> bool:
+    """Whether values made for framing ``a`` are values of ``b`` as they are: the same serializers (snapshots) giving
+    values in the same form (a record serializer's dicts, tuples or class)."""
+    def same(x: Any, y: Any) -> bool:
+        return x is y or (x is not None and y is not None and x.snapshot() == y.snapshot()
+                          and getattr(x, "form", None) == getattr(y, "form", None))
+
+    return a.kind == b.kind and a.ttl == b.ttl and same(a.ser, b.ser) and same(a.key_ser, b.key_ser)
 
 
 def _names(metadata: CheckpointMetadata, file: str, key_group_range: KeyGroupRange) -> bool:

@@ -15,32 +15,26 @@ key's cache entry holds either its whole map or an overlay of the entries touche
 row), so a batch touching one entry of a large map reads one row. Values read from the cache are live objects, as on
 the heap backend: a mutable value read is written back at the next flush, so changing it in place sticks.
 
-Warm database (``warm_dir``): the database stays on local disk after ``dispose()`` with a marker naming the
-checkpoint and the snapshot file it reflects; the next backend for the same key-group range that restores from that
-very checkpoint, whose metadata names that very file for this range, opens it as it is instead of restoring. A backend
-of another range (boundaries moved, or a rescale) with none of its own takes over the kept database of the range that
-overlaps it most, at that same checkpoint only: the key groups that left are deleted (a ranged delete per run), only
-the chains of those that arrived are read. Anything else (another checkpoint, a retried or failed attempt, a damaged
-marker) deletes it and restores. The
-warm directory must be private to this user (``keygroups._local_dirs``); when the database is closed its marker is
-sealed with the list of its files (size, modification time, inode) and an HMAC under the directory's secret, and a
-kept database is opened only after the seal and the files are checked: one changed behind the job's back is deleted
-and restored, never read.
+Restore: the blocks a restore reads become one SST file, written in compiled code and ingested whole
+(``rocksdb_ingest``); what leaves the range at a rescale is dropped with a ranged delete per run of key groups.
+
+Warm database (``warm_dir``): the database stays on local disk after ``dispose()``, and the next backend of the same
+range (or of an overlapping one, after boundaries moved or a rescale) that restores from exactly the checkpoint it
+reflects opens it instead of restoring; the directory's lock, marker, seal, take-over and clean-up are
+``rocksdb_warm``'s. A kept database found damaged when first read (RocksDB's "Corruption", say a bit-rotted file)
+is replaced in the same batch by a cold restore of the same checkpoint, with a warning.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
-import fcntl
 import functools
 import gc
 import itertools
-import json
 import logging
 import operator
 import os
-import re
 import shutil
 import struct
 import tempfile
@@ -54,15 +48,7 @@ import numpy as np
 import rocksdict
 
 from keygroups._hashing import KeyType, assign_to_key_group
-from keygroups._local_dirs import (
-    UnsafeDirectoryError,
-    check_private,
-    directory_secret,
-    make_private,
-    private_directory,
-    seal,
-    sealed,
-)
+from keygroups._local_dirs import UnsafeDirectoryError
 from keygroups._native.statecore import java_key, java_keys, java_map
 from keygroups._ranges import KeyGroupRange
 from keygroups.checkpoint import KeyedStateHandle, KeyGroupBlock, chain_stats, plan_keyed_restore, write_keyed_snapshot
@@ -79,9 +65,14 @@ from keygroups.state._base import (
     _canonical,
     check_cancel,
 )
+from keygroups.state._checks import check_stored, checked_state_class, stored_value_check
 from keygroups.state._codec import UNWRITABLE, ValueFraming
 from keygroups.state.descriptors import StateDescriptor
-from keygroups.state._warm import WarmResume
+from keygroups.state.warm import WarmResume
+from keygroups.state.rocksdb_ingest import SstRestore, table_options
+from keygroups._native import sstload
+from keygroups.checkpoint.format import Packed
+from keygroups.state.rocksdb_warm import WarmDirectory, seal_kept
 from keygroups.state.states import MISSING, MapState, ValueState
 
 if TYPE_CHECKING:
@@ -94,10 +85,6 @@ _pack_u32 = _U32.pack
 
 #: Cached entries per state before the cache is flushed to the database and emptied.
 DEFAULT_CACHE_LIMIT = 1 << 20
-
-#: Version of the warm database's marker (and of the database layout it vouches for).
-WARM_MARKER_VERSION = 3
-_MARKER = "marker.json"
 
 log = logging.getLogger(__name__)
 
@@ -154,22 +141,42 @@ def _next_prefix(prefix: bytes) -> bytes:
     return bytes(b)
 
 
-def _scan(db: rocksdict.Rdict, prefix: bytes) -> Iterator[tuple[Any, Any]]:
-    """The rows of ``db`` whose key starts with ``prefix``, in key order. The iterator is bounded above, so it stops
-    at the prefix's end by itself: unbounded, every seek first walked over the deleted rows (tombstones) past the
-    prefix, which made a scan per key after mass deletes (timers fired, maps emptied) quadratic."""
-    bound = rocksdict.ReadOptions()
-    bound.set_iterate_upper_bound(_next_prefix(prefix))
-    # A generator, so that ``bound`` lives as long as the iterator that points into it.
-    yield from db.items(from_key=prefix, read_opt=bound)
+def _scan(db: rocksdict.Rdict, prefix: bytes | None = None) -> Iterator[tuple[Any, Any]]:
+    """The rows of ``db`` whose key starts with ``prefix`` (all of them: None), in key order. The iterator is bounded
+    above, so it stops at the prefix's end by itself: unbounded, every seek first walked over the deleted rows
+    (tombstones) past the prefix, which made a scan per key after mass deletes (timers fired, maps emptied)
+    quadratic.
+
+    RocksDB's iterator stops at a damaged block as if the rows had ended and says so only in its status, which
+    rocksdict's ``items()`` never asks: a scan through it would silently lose the rest of the rows (and a snapshot
+    would write them lost). This one asks at the end and raises RocksDB's error ("Corruption: ...")."""
+    options = rocksdict.ReadOptions()
+    if prefix is not None:
+        options.set_iterate_upper_bound(_next_prefix(prefix))
+    # A generator, so that ``options`` lives as long as the iterator that points into it.
+    it = db.iter(options)
+    if prefix is None:
+        it.seek_to_first()
+    else:
+        it.seek(prefix)
+    valid, key, value, advance = it.valid, it.key, it.value, it.next
+    while valid():
+        yield key(), value()
+        advance()
+    try:
+        it.status()
+        return
+    except Exception as e:  # noqa: BLE001 - rocksdict raises plain Exception
+        message = str(e)
+    # raised anew, without the iterator in a traceback: it keeps the database open (see _fall_back_cold)
+    del it, valid, key, value, advance
+    raise Exception(message)
 
 
 def _open(path: str) -> rocksdict.Rdict:
     opts = rocksdict.Options(raw_mode=True)
     opts.create_if_missing(True)
-    table = rocksdict.BlockBasedOptions()
-    table.set_bloom_filter(10, False)  # a batch's prefetch asks for many keys that are not there yet
-    opts.set_block_based_table_factory(table)
+    opts.set_block_based_table_factory(table_options())
     db = rocksdict.Rdict(path, opts)
     # No write-ahead log: the checkpoint is the durable copy; a warm database is flushed before its marker is written.
     write = rocksdict.WriteOptions()
@@ -180,122 +187,6 @@ def _open(path: str) -> rocksdict.Rdict:
 
 def _frame_key(key_bytes: bytes) -> bytes:
     return _pack_u32(len(key_bytes)) + key_bytes
-
-
-#: A warm directory of a key-group range, or its lock file: ``<first>-<last>[.lock]``.
-_RANGE_NAME = re.compile(r"(\d+)-(\d+)(?:\.lock)?")
-
-
-def _lock_range(parent: str, name: str) -> Any:
-    """The lock file of warm directory ``name`` under ``parent``, opened and locked exclusively; None when another
-    backend holds it. A lock file deleted (by a cleanup that held it) between opening and locking locks nothing:
-    then the one now at the path is tried."""
-    path = os.path.join(parent, name + ".lock")
-    while True:
-        lock_file = open(path, "a+")
-        try:
-            fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            lock_file.close()
-            return None
-        held = os.fstat(lock_file.fileno())
-        try:
-            now = os.stat(path)
-        except FileNotFoundError:
-            now = None
-        if now is not None and (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino):
-            return lock_file
-        lock_file.close()
-
-
-def _db_files(db_dir: str) -> dict[str, list[int]]:
-    """What a closed database directory holds: file name -> [size, mtime (ns), inode]; UnsafeDirectoryError if
-    anything in it is not a regular file of this user that only this user may write."""
-    files = {}
-    with os.scandir(db_dir) as it:
-        for e in it:
-            st = check_private(e.path, directory=False)
-            files[e.name] = [st.st_size, st.st_mtime_ns, st.st_ino]
-    return files
-
-
-def _marker_body(marker: dict[str, Any]) -> bytes:
-    """What a marker's HMAC covers: everything in it but the HMAC, as canonical JSON."""
-    return json.dumps({k: v for k, v in marker.items() if k != "mac"}, sort_keys=True, separators=(",", ":")).encode()
-
-
-def _seal_kept(path: str, secret: bytes) -> None:
-    """Once the kept database is closed: add to its marker (if it still has one) the list of the database's files
-    and an HMAC of the whole under the warm directory's secret. A marker not sealed so (its process died first) is
-    never believed, nor one whose database files changed since."""
-    marker_path = os.path.join(path, _MARKER)
-    try:
-        with open(marker_path, encoding="utf-8") as f:
-            marker = json.load(f)
-        if not isinstance(marker, dict):
-            raise ValueError("the marker is not a JSON object")
-        marker["files"] = _db_files(os.path.join(path, "db"))
-        marker["mac"] = seal(secret, _marker_body(marker))
-        with open(marker_path + ".tmp", "w", encoding="utf-8") as f:
-            json.dump(marker, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(marker_path + ".tmp", marker_path)
-    except FileNotFoundError:
-        return  # written to since its last snapshot: nothing to vouch for
-    except (OSError, ValueError) as e:
-        log.warning("warm state: could not seal %s (%s); it will be restored, not reused", path, e)
-        with contextlib.suppress(OSError):
-            os.remove(marker_path)
-
-
-def _open_kept(path: str, secret: bytes) -> dict[str, Any] | None:
-    """The sealed marker of the database kept in ``path`` when the seal holds and the database's files are exactly
-    those it lists (checked before the database is opened, so nothing RocksDB reads has changed); otherwise the
-    database and its marker are deleted (a warning if they were tampered with) and None is returned. An unsealed
-    or missing marker only means there is nothing to reuse."""
-    marker_path = os.path.join(path, _MARKER)
-    db_dir = os.path.join(path, "db")
-    marker = None
-    problem = None
-    try:
-        check_private(marker_path, directory=False)
-        with open(marker_path, encoding="utf-8") as f:
-            marker = json.load(f)
-        if not isinstance(marker, dict) or "mac" not in marker:
-            marker = None   # written by a backend that did not close: never vouched for
-        elif not sealed(secret, marker["mac"], _marker_body(marker)):
-            problem, marker = "its marker's seal does not match", None
-        else:
-            check_private(db_dir)
-            if _db_files(db_dir) != marker.get("files"):
-                problem, marker = "its database files changed since it was sealed", None
-    except FileNotFoundError:
-        marker = None
-    except (OSError, ValueError) as e:
-        problem, marker = str(e), None
-    if marker is None:
-        if problem is not None:
-            log.warning("warm state: not reusing %s: %s; its database is deleted and restored", path, problem)
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(marker_path)
-        shutil.rmtree(db_dir, ignore_errors=True)
-        if os.path.lexists(db_dir):
-            raise UnsafeDirectoryError(f"{db_dir} cannot be deleted")
-    return marker
-
-
-def _marker_checkpoint(path: str) -> int | None:
-    """The checkpoint id the sealed marker in ``path`` names (unverified: only to decide whether the directory may
-    still be taken over), None without one."""
-    try:
-        with open(os.path.join(path, _MARKER), encoding="utf-8") as f:
-            marker = json.load(f)
-    except (OSError, ValueError):
-        return None
-    if isinstance(marker, dict) and "mac" in marker and isinstance(marker.get("checkpoint_id"), int):
-        return int(marker["checkpoint_id"])
-    return None
 
 
 def _split(blob: bytes, offsets: np.ndarray) -> list[bytes]:
@@ -358,6 +249,8 @@ def _sorted_db_keys(serialize_many: Callable[[Sequence[Any]], tuple[bytes, np.nd
         if not first.all():
             order, m = order[first], m[first]
             n = len(order)
+    if fixed and 8 + width == row:   # every row is exactly a key: numpy makes the bytes objects
+        return m.view(f"V{row}").ravel().tolist(), order
     buf = m.tobytes()
     if fixed:
         size = 8 + width
@@ -371,8 +264,8 @@ class _RocksTable:
     (``pending``: key -> key-group index) and since the last snapshot (``changed``)."""
 
     __slots__ = ("backend", "db", "ctx", "name", "state_id", "state_id_bytes", "meta", "descriptor", "read_framing",
-                 "write_framing", "needs_migration", "is_map", "mutable", "cache", "pending", "changed",
-                 "prefetched", "restored_unregistered")
+                 "write_framing", "needs_migration", "is_map", "mutable", "check_put", "cache", "pending", "changed",
+                 "prefetched", "restored_unregistered", "flushed_rows")
 
     def __init__(self, backend: RocksDBKeyedStateBackend, name: str, state_id: int, meta: dict[str, Any],
                  read: ValueFraming, write: ValueFraming, descriptor: StateDescriptor | None) -> None:
@@ -388,6 +281,9 @@ class _RocksTable:
         # The batches prefetched since the last flush: (keys, their database keys), both in database-key order.
         self.prefetched: list[tuple[list[Any], list[bytes]]] = []
         self.restored_unregistered = False
+        # The rows of the flush a snapshot just made (database keys and values written, ascending; database keys
+        # deleted): its delta is cut from them in compiled code (see _capture_deltas). None after any other flush.
+        self.flushed_rows: tuple[list[bytes], list[bytes], list[bytes]] | None = None
         self.configure(meta, read, write, descriptor)
 
     def configure(self, meta: dict[str, Any], read: ValueFraming, write: ValueFraming,
@@ -400,6 +296,8 @@ class _RocksTable:
         self.needs_migration = read.needs_migration_to(write)
         # Values the user may change in place: a read of one counts as a write (the cache holds live objects).
         self.mutable = write.copy is not None
+        # what reducing and aggregating states store is checked here, at the write (see state._checks)
+        self.check_put = stored_value_check(write)
 
     # ---- database keys -------------------------------------------------------------------------------------------
     def db_key(self, group_index: int, key: Any) -> bytes:
@@ -423,29 +321,30 @@ class _RocksTable:
     # ---- the cache ------------------------------------------------------------------------------------------------
     def load(self) -> Any:
         """The current key's value from the database (MISSING if none), now cached."""
-        key, kgi = self.current()
+        key, group_index = self.current()
         self.backend._check_warm()
         if len(self.cache) >= self.backend.cache_limit:
             self.backend._flush(evict=True)
-        prefix = self.db_key(kgi, key)
+        prefix = self.db_key(group_index, key)
         framing = self.read_framing
         if self.is_map:
-            rows = self.rows(prefix)
+            rows = self.backend._read(lambda: self.rows(prefix))
             v = framing.decode(framing.map_from_rows(rows)) if rows else MISSING
         else:
-            raw = self.db.get(prefix)
+            raw = self.backend._read(lambda: self.db.get(prefix))
             v = MISSING if raw is None else framing.decode(raw)
         self.cache[key] = v
         if self.mutable and v is not MISSING:
-            self.pending[key] = kgi
+            self.pending[key] = group_index
         return v
 
-    def whole(self, key: Any, kgi: int, overlay: _Overlay) -> Any:
+    def whole(self, key: Any, group_index: int, overlay: _Overlay) -> Any:
         """A map key's overlay completed with its other rows from the database: the whole map (or MISSING)."""
         framing = self.read_framing
         self.backend._check_warm()
         m = {}
-        for ukb, stored in self.rows(self.db_key(kgi, key)):
+        prefix = self.db_key(group_index, key)
+        for ukb, stored in self.backend._read(lambda: self.rows(prefix)):
             m.update(framing.decode(framing.map_from_rows([(ukb, stored)])))
         for uk, v in overlay.items():
             if v is MISSING:
@@ -454,7 +353,7 @@ class _RocksTable:
                 m[uk] = v
         v = m if m else MISSING
         self.cache[key] = v
-        self.pending[key] = kgi  # the overlay may hold unflushed changes
+        self.pending[key] = group_index  # the overlay may hold unflushed changes
         return v
 
     # ---- store interface of the generic states (maps: the whole map of the current key) ---------------------------
@@ -464,24 +363,26 @@ class _RocksTable:
         if v is _ABSENT:
             return self.load()
         if type(v) is _Overlay:
-            key, kgi = self.current()
-            return self.whole(key, kgi, v)
+            key, group_index = self.current()
+            return self.whole(key, group_index, v)
         if self.mutable and v is not MISSING:
             self.pending[c.key] = c.kgi
         return v
 
     def put(self, value: Any) -> None:
-        key, kgi = self.current()
+        key, group_index = self.current()
+        if self.check_put is not None:
+            check_stored(self.check_put, value, self)
         self.cache[key] = value
-        self.pending[key] = kgi
+        self.pending[key] = group_index
 
     def delete(self) -> None:
-        key, kgi = self.current()
+        key, group_index = self.current()
         self.cache[key] = MISSING
-        self.pending[key] = kgi
+        self.pending[key] = group_index
 
     def append(self, items: list[Any]) -> None:
-        key, kgi = self.current()
+        key, group_index = self.current()
         cur = self.cache.get(key, _ABSENT)
         if cur is _ABSENT:
             cur = self.load()
@@ -489,7 +390,7 @@ class _RocksTable:
             self.cache[key] = items  # a fresh list built by the state
         else:
             cur.extend(items)
-        self.pending[key] = kgi
+        self.pending[key] = group_index
 
     def ttl_deadline(self) -> int | None:
         return self.backend._snapshot_ttl_deadline(self.descriptor)
@@ -507,21 +408,21 @@ class _RocksTable:
         values: list[Any] = []
         if stored:
             offsets = np.zeros(len(stored) + 1, dtype=np.int64)
-            np.cumsum([len(r) for r in stored], out=offsets[1:])
+            np.cumsum(np.fromiter(map(len, stored), np.int64, len(stored)), out=offsets[1:])
             values = self.read_framing.decode_many(b"".join(stored), offsets)
         if found is not None:
             it = iter(values)
             values = [next(it) if f else MISSING for f in found]
         order_list = order.tolist()
-        sorted_keys = [keys[i] for i in order_list]
+        sorted_keys = list(map(keys.__getitem__, order_list))   # (map: a C loop, twice a comprehension's speed)
         cached_keys = sorted_keys
         if len(order_list) == len(keys):  # no repeated keys: back to the batch's order
             inverse = np.empty(len(order_list), dtype=np.int64)
             inverse[order] = np.arange(len(order_list))
             inverse_list = inverse.tolist()
-            values = [values[i] for i in inverse_list]
+            values = list(map(values.__getitem__, inverse_list))
             if found is not None:
-                found = [found[i] for i in inverse_list]
+                found = list(map(found.__getitem__, inverse_list))
             cached_keys, order = keys, np.arange(len(keys))
         self.cache.update(zip(cached_keys, values))
         if self.mutable and stored:
@@ -564,9 +465,11 @@ class _RocksTable:
         cache = self.cache
         values = list(map(cache.__getitem__, keys))
         live = [v is not MISSING for v in values]
+        gone_db_keys: list[bytes] = []
         if not all(live):
             gone = list(itertools.compress(keys, map(operator.not_, live)))
-            collections.deque(map(batch.delete, itertools.compress(db_keys, map(operator.not_, live))), maxlen=0)
+            gone_db_keys = list(itertools.compress(db_keys, map(operator.not_, live)))
+            collections.deque(map(batch.delete, gone_db_keys), maxlen=0)
             if encoded is not None:
                 encoded.update(dict.fromkeys(gone, None))
             keys, db_keys = list(itertools.compress(keys, live)), list(itertools.compress(db_keys, live))
@@ -578,8 +481,10 @@ class _RocksTable:
             key = write.first_unwritable(zip(keys, values), self.backend.key_serializer.serialize, MISSING)
             raise write.unwritable(key, e, what="write to the database") from e
         collections.deque(map(batch.put, db_keys, encodings), maxlen=0)
+        self.flushed_rows = None
         if encoded is not None:
             encoded.update(zip(keys, encodings))
+            self.flushed_rows = (db_keys, encodings, gone_db_keys)
         return len(live)
 
     def write_pending(self, ops: list[tuple[bytes, Any]], encoded: dict[Any, bytes | None] | None) -> None:
@@ -589,10 +494,10 @@ class _RocksTable:
         gp, sid, ser = self.backend._group_prefix, self.state_id_bytes, self.backend._serialize_key
         cache, write = self.cache, self.write_framing
         add = ops.append
-        for key, kgi in self.pending.items():
+        for key, group_index in self.pending.items():
             v = cache[key]
             try:
-                k = gp[kgi] + sid + _frame_key(ser(key))
+                k = gp[group_index] + sid + _frame_key(ser(key))
                 if type(v) is _Overlay:
                     uks, uvs = write.key_ser.serialize, write.ser.serialize
                     for uk, x in v.items():
@@ -662,68 +567,70 @@ class _RocksMap(MapState):
     def _entry(self) -> tuple[Any, Any, int]:
         """(the current key's cache entry: overlay, whole map or MISSING; the key; its key-group index)."""
         t = self._t
-        key, kgi = t.current()
+        key, group_index = t.current()
         m = t.cache.get(key, _ABSENT)
         if m is _ABSENT:
             t.backend._check_warm()
             if len(t.cache) >= t.backend.cache_limit:
                 t.backend._flush(evict=True)
             m = t.cache[key] = _Overlay()
-        return m, key, kgi
+        return m, key, group_index
 
     def get(self, key: Any) -> Any:
         key = java_key(key)
         t = self._t
-        m, k, kgi = self._entry()
+        m, k, group_index = self._entry()
         if m is MISSING:
             return None
         v = m.get(key, _ABSENT)
         if v is _ABSENT:
             if type(m) is not _Overlay:
                 return None
-            raw = t.db.get(t.db_key(kgi, k) + self._uks(key))
+            row = t.db_key(group_index, k) + self._uks(key)
+            raw = t.backend._read(lambda: t.db.get(row))
             v = m[key] = MISSING if raw is None else self._uvd(raw)
         if v is MISSING:
             return None
         if t.mutable:
-            t.pending[k] = kgi
+            t.pending[k] = group_index
         return v
 
     def contains(self, key: Any) -> bool:
         key = java_key(key)
         t = self._t
-        m, k, kgi = self._entry()
+        m, k, group_index = self._entry()
         if m is MISSING:
             return False
         v = m.get(key, _ABSENT)
         if v is _ABSENT and type(m) is _Overlay:
-            return t.db.get(t.db_key(kgi, k) + self._uks(key)) is not None
+            row = t.db_key(group_index, k) + self._uks(key)
+            return t.backend._read(lambda: t.db.get(row)) is not None
         return v is not _ABSENT and v is not MISSING
 
     def put(self, key: Any, value: Any) -> None:
         key = java_key(key)
         t = self._t
-        m, k, kgi = self._entry()
+        m, k, group_index = self._entry()
         if m is MISSING:
             m = t.cache[k] = {}
         m[key] = value
-        t.pending[k] = kgi
+        t.pending[k] = group_index
 
     def put_all(self, mapping: dict[Any, Any]) -> None:
         if not mapping:
             return
         mapping = java_map(mapping)
         t = self._t
-        m, k, kgi = self._entry()
+        m, k, group_index = self._entry()
         if m is MISSING:
             m = t.cache[k] = {}
         m.update(mapping)
-        t.pending[k] = kgi
+        t.pending[k] = group_index
 
     def remove(self, key: Any) -> None:
         key = java_key(key)
         t = self._t
-        m, k, kgi = self._entry()
+        m, k, group_index = self._entry()
         if m is MISSING:
             return
         if type(m) is _Overlay:
@@ -732,15 +639,15 @@ class _RocksMap(MapState):
             return
         elif not m:
             t.cache[k] = MISSING
-        t.pending[k] = kgi
+        t.pending[k] = group_index
 
     def _whole(self) -> Any:
         t = self._t
-        m, k, kgi = self._entry()
+        m, k, group_index = self._entry()
         if type(m) is _Overlay:
-            return t.whole(k, kgi, m)
+            return t.whole(k, group_index, m)
         if t.mutable and m is not MISSING:
-            t.pending[k] = kgi
+            t.pending[k] = group_index
         return m
 
     def items(self) -> list[tuple[Any, Any]]:
@@ -753,6 +660,8 @@ class _RocksMap(MapState):
     def clear(self) -> None:
         self._t.delete()
 
+_ROCKS_CLASSES = {"value": _RocksValue, "map": _RocksMap}
+
 
 class RocksDBKeyedStateBackend(KeyedStateBackendBase):
     """Keyed state for one key-group range in a local RocksDB; same interface and snapshot format as
@@ -763,7 +672,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
     ``cache_limit``: decoded entries each state caches before the cache is written to the database and emptied
     (bounds memory; see the module docs). ``warm_dir``: keep the database there across backends (one directory per
     key-group range under it) and reuse it when a restore finds it exactly at the checkpoint it restores (see the
-    module docs); the caller keys ``warm_dir`` by checkpoint location and job (``runtime.subtask.warm_directory``).
+    module docs); the caller keys ``warm_dir`` by checkpoint location and job (``runtime.subtask_state.warm_directory``).
     """
 
     def __init__(self, key_group_range: KeyGroupRange, max_parallelism: int, key_serializer: TypeSerializer, *,
@@ -781,145 +690,65 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         self._serialize_key = self.key_serializer.serialize
         self._group_prefix = [_U16.pack(g) for g in range(self._start, self._start + self._n)]
         self._tables: dict[str, _RocksTable] = {}
-        self._marker_lock = threading.Lock()
+        self._gathered = SstRestore()   # a restore's blocks, until it ingests them as one file
+        self._python_restored: set[int] = set()   # key groups a restore applied row by row (migrated states)
         self._writes = 0  # database writes so far: a marker vouches only for the write count it was captured at
-        self._warm_path: str | None = None
-        self._lock_file: Any = None
-        self._secret: bytes | None = None  # of the warm directory: seals the marker (see _seal_kept)
-        self._kept_marker: dict[str, Any] | None = None  # the sealed marker the kept database was checked against
-        self._moved_from: KeyGroupRange | None = None  # the range of a kept database taken over (see _take_moved)
+        # A kept database's restore point and the write count when it was resumed: until the first write, a damaged
+        # database can still be replaced by a cold restore of the same checkpoint (_fall_back_cold).
+        self._resumed_from: tuple[CheckpointStorage, CheckpointMetadata] | None = None
+        self._writes_at_resume = -1
+        self._refilling = False
         self.warm = False  # True when restore() reused a warm database
-        path = self._claim_warm(warm_dir) if warm_dir is not None else None
-        if path is None:
+        #: This range's claimed warm directory (``rocksdb_warm``); None: the database is not kept.
+        self._warm = WarmDirectory.claim(warm_dir, key_group_range) if warm_dir is not None else None
+        self._marker_lock = self._warm.marker_lock if self._warm is not None else threading.Lock()
+        if self._warm is None:
             self._dir = tempfile.mkdtemp(prefix="keygroups-rocksdb-", dir=db_dir)
         else:
-            self._dir = path
-        self._db = _open(os.path.join(self._dir, "db"))
+            self._dir = self._warm.path
+        self._db = self._open_db(os.path.join(self._dir, "db"))
         # A kept database is used only once restore() has checked it against its checkpoint; anything that touches
         # the data first (a job that does not restore) empties it.
-        self._unchecked = self._warm_path is not None
-        keep = self._warm_path is not None
-        self._finalizer = weakref.finalize(self, RocksDBKeyedStateBackend._cleanup, self._db, self._dir, keep,
-                                           self._lock_file, self._secret)
+        self._unchecked = self._warm is not None
+        self._finalizer = self._new_finalizer()
+
+    def _open_db(self, db_dir: str) -> rocksdict.Rdict:
+        """Open the database; a kept one that RocksDB cannot open (a damaged file it reads on opening) is deleted
+        and created anew, with a warning: it is then restored, not reused."""
+        try:
+            return _open(db_dir)
+        except Exception as e:  # noqa: BLE001 - rocksdict raises plain Exception
+            if self._warm is None:
+                raise
+            log.warning("warm state: the kept RocksDB database in %s cannot be opened (%s); it is deleted and "
+                        "restored", db_dir, str(e)[:200])
+            self._warm.forget_kept()
+            self._warm.remove_marker()
+        shutil.rmtree(db_dir, ignore_errors=True)
+        return _open(db_dir)
+
+    def _new_finalizer(self) -> weakref.finalize:
+        warm = self._warm
+        return weakref.finalize(self, RocksDBKeyedStateBackend._cleanup, self._db, self._dir,
+                                None if warm is None else warm.lock_file, None if warm is None else warm.secret)
+
+    @property
+    def _warm_path(self) -> str | None:
+        """The warm directory this backend's database is kept in; None: a temporary one."""
+        return None if self._warm is None else self._warm.path
 
     @staticmethod
-    def _cleanup(db: rocksdict.Rdict, path: str, keep: bool, lock_file: Any, secret: bytes | None) -> None:
+    def _cleanup(db: rocksdict.Rdict, path: str, lock_file: Any, secret: bytes | None) -> None:
+        keep = lock_file is not None
         try:
             db.close()
             if keep and secret is not None:
-                _seal_kept(path, secret)
+                seal_kept(path, secret)
         finally:
             if not keep:
                 shutil.rmtree(path, ignore_errors=True)
             if lock_file is not None:
                 lock_file.close()  # releases the flock
-
-    def _claim_warm(self, warm_dir: str | os.PathLike[str]) -> str | None:
-        """This range's warm directory, locked for this backend; None when another backend holds it (a second
-        attempt of the same task running beside the first): that one then works in a temporary directory. Once
-        claimed, the job's warm directories of other ranges that overlap this one are deleted (see
-        ``_remove_stale_warm``)."""
-        r = self.key_group_range
-        parent = private_directory(warm_dir, what="warm state")
-        try:
-            secret = directory_secret(parent)
-        except OSError as e:
-            log.warning("warm state: cannot use %s (%s); this backend's database is not kept", parent, e)
-            return None
-        name = f"{r.start}-{r.end}"
-        try:
-            lock_file = _lock_range(parent, name)
-        except OSError as e:   # its lock file is a directory, say: work apart, never fail for it
-            log.warning("warm state: cannot lock %s under %s (%s); this backend's database is not kept", name,
-                        parent, e)
-            return None
-        if lock_file is None:
-            return None
-        path = os.path.join(parent, name)
-        try:
-            make_private(path)
-            self._kept_marker = _open_kept(path, secret)
-            if self._kept_marker is None:
-                self._take_moved(parent, path, secret)
-        except OSError as e:
-            log.warning("warm state: %s cannot be kept (%s); its backend works in a temporary directory", path, e)
-            lock_file.close()
-            return None
-        self._secret = secret
-        self._lock_file = lock_file
-        self._warm_path = path
-        self._remove_stale_warm(parent)
-        return path
-
-    def _overlapping_warm(self, parent: str) -> dict[str, KeyGroupRange]:
-        """The warm directories (and lock files) under ``parent`` of ranges that overlap this backend's but are not
-        it, by name."""
-        r = self.key_group_range
-        out = {}
-        for entry in os.listdir(parent):
-            m = _RANGE_NAME.fullmatch(entry)
-            if m is None:
-                continue
-            start, end = int(m[1]), int(m[2])
-            if (start, end) != (r.start, r.end) and start <= r.end and end >= r.start and start <= end:
-                out[m[0].removesuffix(".lock")] = KeyGroupRange(start, end)
-        return out
-
-    def _take_moved(self, parent: str, path: str, secret: bytes) -> None:
-        """With no kept database of this very range: take over the one of the overlapping range that shares the
-        most key groups with it (boundaries moved, or a rescale), if its sealed marker and files check out. Its
-        directory becomes this range's (under both locks); its marker is removed at once (it vouches for the old
-        range only) and kept in memory for ``restore``, which drops the key groups that left and restores those
-        that arrived (see ``_resume_moved``)."""
-        r = self.key_group_range
-        candidates = sorted(self._overlapping_warm(parent).items(),
-                            key=lambda nr: (-len(nr[1].intersection(r)), nr[1].start))
-        for name, old in candidates:
-            lock_file = _lock_range(parent, name)
-            if lock_file is None:
-                continue  # a running backend holds it
-            try:
-                old_path = os.path.join(parent, name)
-                if not os.path.isdir(old_path):
-                    continue
-                marker = _open_kept(old_path, secret)
-                if marker is None or marker.get("key_group_range") != [old.start, old.end]:
-                    continue
-                shutil.rmtree(path)
-                os.rename(old_path, path)
-                os.remove(os.path.join(path, _MARKER))
-                with contextlib.suppress(FileNotFoundError):
-                    os.remove(os.path.join(parent, name + ".lock"))
-                self._kept_marker = marker
-                self._moved_from = old
-                return
-            finally:
-                lock_file.close()
-
-    def _remove_stale_warm(self, parent: str, checkpoint_id: int | None = None) -> None:
-        """Delete the warm directories under ``parent`` (one job's) of key-group ranges that overlap this backend's
-        range but are not it: the ranges of one parallelism never overlap, so those are left from other ranges
-        (before a rescale or a boundary move). One that also overlaps other ranges and holds a sealed marker may
-        still be taken over by the backend of one of those (``_take_moved``): it stays until a restore from another
-        checkpoint than its marker's (``checkpoint_id``) makes it useless. Every range of the current ranges
-        overlaps some stale range it replaced, so the batches at the new ranges remove them all. A directory whose
-        lock a running backend holds is left alone; the lock is deleted with its directory, while held
-        (``_lock_range`` retries when it locked a file that was deleted meanwhile)."""
-        r = self.key_group_range
-        for name, old in sorted(self._overlapping_warm(parent).items()):
-            lock_file = _lock_range(parent, name)
-            if lock_file is None:
-                continue  # a running backend holds it
-            try:
-                if not (old.start >= r.start and old.end <= r.end):
-                    kept_at = _marker_checkpoint(os.path.join(parent, name))
-                    if kept_at is not None and checkpoint_id in (None, kept_at):
-                        continue  # a sibling range restoring from checkpoint ``kept_at`` may still take it over
-                shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
-                with contextlib.suppress(FileNotFoundError):
-                    os.remove(os.path.join(parent, name + ".lock"))
-            finally:
-                lock_file.close()
 
     def dispose(self) -> None:
         """Close the local database and delete it, unless it is kept warm (once; later calls do nothing)."""
@@ -932,9 +761,11 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
 
     # ---- hooks ------------------------------------------------------------------------------------------------------
     def _has_data(self) -> bool:
+        if self._refilling:
+            return False   # a kept database replaced by a cold restore (_fall_back_cold): the cache stays
         if any(t.pending for t in self._tables.values()):
             return True
-        for _ in self._db.keys():
+        for _ in _scan(self._db):
             return True
         return False
 
@@ -979,7 +810,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
                 batch.put(prefix, v)
 
         group: tuple[bytes, list[tuple[bytes, bytes]], list[bytes]] | None = None  # one map key's rows
-        for k, v in self._db.items():
+        for k, v in _scan(self._db):
             k, v = cast(bytes, k), cast(bytes, v)
             if k[2:4] != t.state_id_bytes:
                 continue
@@ -1004,11 +835,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         return self._tables[name]
 
     def _state_class(self, kind: str, ttl: bool) -> type:
-        if not ttl and kind == "map":
-            return _RocksMap
-        if not ttl and kind == "value":
-            return _RocksValue
-        return super()._state_class(kind, ttl)
+        plain = _ROCKS_CLASSES[kind] if not ttl and kind in _ROCKS_CLASSES else super()._state_class(kind, ttl)
+        return checked_state_class(kind, plain)
 
     def _adopt_restored(self, name: str, meta: dict[str, Any], read: ValueFraming | None) -> Any:
         t = super()._adopt_restored(name, meta, read)
@@ -1039,9 +867,31 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
                 batch.put(k, bytes(value_bytes))
         self._write(batch)
 
-    def _restore_block(self, handle: KeyedStateHandle, targets: list[Any], block: KeyGroupBlock) -> None:
-        """Apply one block on top of the key group's earlier ones: a full block replaces every row of the key
-        group; puts replace a key's value (a map's rows with the new ones), deletes remove the key."""
+    def _restore_block(self, handle: KeyedStateHandle | None, targets: list[Any], block: KeyGroupBlock) -> None:
+        """Take one block of a restore, after the key group's earlier ones: gathered for the SST file the restore
+        ingests at its end (``rocksdb_ingest``), or, for a state whose stored bytes must be migrated to new
+        serializers, applied at once, row by row (what was gathered is ingested first, so the order holds)."""
+        if any(t.needs_migration for t in targets):
+            self._ingest_gathered()
+            self._python_restored.add(block.key_group)
+            self._apply_block(handle, targets, block)
+            return
+        if block.full and block.key_group in self._python_restored:
+            # rows applied row by row before this full block: it replaces them, and the file ingested later is newer
+            prefix = self._group_prefix[block.key_group - self._start]
+            self._db.delete_range(prefix, _next_prefix(prefix))
+            self._python_restored.discard(block.key_group)
+        self._gathered.add(targets, block)
+
+    def _ingest_gathered(self) -> None:
+        """Write the blocks gathered so far into one SST file and ingest it (see ``rocksdb_ingest``)."""
+        if self._gathered:
+            gathered, self._gathered = self._gathered, SstRestore()
+            gathered.ingest(self._db, self._dir, self._write_with)
+
+    def _apply_block(self, handle: KeyedStateHandle | None, targets: list[Any], block: KeyGroupBlock) -> None:
+        """Apply one block on top of the key group's earlier ones, row by row: a full block replaces every row of
+        the key group; puts replace a key's value (a map's rows with the new ones), deletes remove the key."""
         group_index = block.key_group - self._start
         if block.full:
             batch = rocksdict.WriteBatch(raw_mode=True)
@@ -1050,7 +900,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         mv = block.block
         for state_index, key_offsets, value_offsets in block.puts:
             if len(key_offsets) != len(value_offsets):
-                raise CorruptSnapshotError(f"{handle.file}: key group {block.key_group}, state {state_index}: "
+                source = handle.file if handle is not None else "a re-keyed block"
+                raise CorruptSnapshotError(f"{source}: key group {block.key_group}, state {state_index}: "
                                            f"{len(key_offsets) - 1} keys but {len(value_offsets) - 1} values")
             if len(key_offsets) > 1:
                 ko, vo = key_offsets.tolist(), value_offsets.tolist()
@@ -1075,6 +926,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         self._write(batch)
 
     def _after_restore(self, lazy: bool) -> None:
+        self._ingest_gathered()
+        self._python_restored.clear()
         for t in self._tables.values():
             if t.descriptor is not None:
                 t.configure(t.meta, t.write_framing, t.write_framing, t.descriptor)
@@ -1120,9 +973,10 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
                 db_keys, order = _sorted_db_keys(self.key_serializer.serialize_many, want_keys, want_groups,
                                                  t.state_id, unique=True)
                 if 4 * len(db_keys) * len(tables) >= estimate:
-                    raw = self._scan(db_keys, np.unique(want_groups).tolist(), t.state_id_bytes)
+                    groups_wanted = np.unique(want_groups).tolist()
+                    raw = self._read(lambda: self._scan(db_keys, groups_wanted, t.state_id_bytes))
                 else:
-                    raw = list(map(self._db.get, db_keys))
+                    raw = self._read(lambda: self._db.get(cast(Any, db_keys)))   # one multi-get
                 t.fill(want_keys, want_groups - self._start, order, db_keys, raw)
 
     def _scan(self, db_keys: list[bytes], groups: list[int], state_id_bytes: bytes) -> list[bytes | None]:
@@ -1140,15 +994,17 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         return out
 
     def _write(self, batch: rocksdict.WriteBatch) -> None:
-        """Write to the database; the first write after a snapshot removes the warm marker, which no longer holds."""
+        """Write ``batch`` to the database (see ``_write_with``)."""
+        self._write_with(functools.partial(self._db.write, batch))
+
+    def _write_with(self, write: Callable[[], None]) -> None:
+        """Run ``write`` (a write to the database); the first write after a snapshot removes the warm marker, which
+        no longer holds."""
         with self._marker_lock:
             self._writes += 1
-            if self._warm_path is not None:
-                try:
-                    os.remove(os.path.join(self._warm_path, _MARKER))
-                except FileNotFoundError:
-                    pass
-        self._db.write(batch)
+            if self._warm is not None:
+                self._warm.remove_marker()
+        write()
 
     def _flush(self, *, evict: bool = False, encoded: dict[str, dict[Any, bytes | None]] | None = None) -> None:
         """Write every state's pending keys in one WriteBatch; ``evict`` empties the caches afterwards.
@@ -1196,7 +1052,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         self._flush()  # (checks a kept database first)
         deserialize = self.key_serializer.deserialize
         last = None
-        for k in list(self._db.keys()):
+        for k in self._read(lambda: [k for k, _ in _scan(self._db)]):
             k = cast(bytes, k)
             if k[2:4] == t.state_id_bytes:
                 key_bytes = _split_db_key(k)[2]
@@ -1217,37 +1073,39 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
             return java_key(deserialize(key_bytes))
 
         framing = t.read_framing
-        for kgi in range(self._n):
-            prefix = self._group_prefix[kgi] + t.state_id_bytes
+        for group_index in range(self._n):
+            prefix = self._group_prefix[group_index] + t.state_id_bytes
             key_bytes: bytes | None = None
             rows: list[tuple[bytes, bytes]] = []
             for k, v in _scan(self._db, prefix):
                 _, _, kb, user_key = _split_db_key(cast(bytes, k))
                 if kb != key_bytes:
                     if rows:
-                        yield self._start + kgi, deserialize_key(key_bytes), list(
+                        yield self._start + group_index, deserialize_key(key_bytes), list(
                             framing.decode(framing.map_from_rows(rows)))
                     key_bytes, rows = kb, []
                 rows.append((user_key, cast(bytes, v)))
             if rows:
-                yield self._start + kgi, deserialize_key(key_bytes), list(framing.decode(framing.map_from_rows(rows)))
+                yield (self._start + group_index, deserialize_key(key_bytes),
+                       list(framing.decode(framing.map_from_rows(rows))))
 
     # ---- warm database ----------------------------------------------------------------------------------------------
     def restore(self, storage: CheckpointStorage, metadata: CheckpointMetadata, *, lazy: bool = True) -> RestoreStats:
         """Restore as every backend does (see ``KeyedStateBackendBase.restore``), or, with ``warm_dir``, reuse the
         database kept there when its marker shows it is exactly this checkpoint's state of this key-group range
         (then nothing is read: the stats say 0 bytes and ``self.warm`` is True), or the kept database of an
-        overlapping range at this checkpoint (a :class:`~keygroups.state._warm.WarmResume`: the key groups that
+        overlapping range at this checkpoint (a :class:`~keygroups.state.warm.WarmResume`: the key groups that
         arrived are read, those that left deleted; see ``_resume_moved``)."""
-        if self._warm_path is not None and not self._restored:
-            self._remove_stale_warm(os.path.dirname(self._warm_path), metadata.checkpoint_id)
-            if self._moved_from is not None:
+        if self._warm is not None and not self._restored:
+            self._warm.remove_stale(metadata.checkpoint_id)
+            if self._warm.moved_from is not None:
                 moved = self._resume_moved(storage, metadata, lazy)
                 if moved is not None:
+                    self._resumed(storage, metadata)
                     return moved
                 self._reset_db()
                 return super().restore(storage, metadata, lazy=lazy)
-            states = self._warm_states(storage, metadata)
+            states = self._warm.states_at(storage, metadata, self.max_parallelism)
             if states is not None:
                 self._unchecked = False
                 self._restored = True
@@ -1257,6 +1115,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
                 self._chains = chain_stats(metadata, self.key_group_range)
                 self._chain_metas = {meta["name"]: _canonical(meta) for meta in states}
                 self._after_restore(lazy)
+                self._resumed(storage, metadata)
                 return RestoreStats(0, 0)
             self._reset_db()
         return super().restore(storage, metadata, lazy=lazy)
@@ -1267,9 +1126,10 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         exactly this checkpoint's state of that range: the key groups that left are deleted (a ranged delete each
         run), those still owned stay as they are, and the chains of those that arrived are read (ranged reads, as a
         restore reads them). None when the marker does not match (nothing changed yet)."""
-        old = self._moved_from
+        assert self._warm is not None
+        old = self._warm.moved_from
         assert old is not None
-        states = self._warm_states(storage, metadata, old)
+        states = self._warm.states_at(storage, metadata, self.max_parallelism, old)
         if states is None:
             return None
         r = self.key_group_range
@@ -1308,32 +1168,48 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
                           restored=tuple(kg for kg in r if kg not in old), dropped=tuple(dropped),
                           bytes_restored=restored_bytes)
 
-    def _warm_states(self, storage: CheckpointStorage, metadata: CheckpointMetadata,
-                     kept_range: KeyGroupRange | None = None) -> list[dict[str, Any]] | None:
-        """The states of the warm database if its marker matches this restore exactly (for ``kept_range``, this
-        backend's range by default), else None."""
-        assert self._warm_path is not None
-        marker = self._kept_marker  # as sealed when its backend closed the database, checked before this one opened it
-        self._kept_marker = None
-        if marker is None:
-            return None
+    def _resumed(self, storage: CheckpointStorage, metadata: CheckpointMetadata) -> None:
+        self._resumed_from = (storage, metadata)
+        self._writes_at_resume = self._writes
+
+    def _read(self, read: Callable[[], Any]) -> Any:
+        """``read()`` (a read of the database); if it finds a kept database damaged (RocksDB's "Corruption": a file
+        that rotted on disk behind an intact seal), the database is replaced by a cold restore of the checkpoint it
+        was resumed at (``_fall_back_cold``) and ``read()`` runs again."""
         try:
-            r = self.key_group_range if kept_range is None else kept_range
-            if not (isinstance(marker, dict) and marker.get("version") == WARM_MARKER_VERSION
-                    and marker.get("location") == storage.location
-                    and marker.get("checkpoint_id") == metadata.checkpoint_id
-                    and marker.get("max_parallelism") == self.max_parallelism == metadata.max_parallelism
-                    and marker.get("key_group_range") == [r.start, r.end]):
-                return None
-            handle_file = marker.get("handle_file")
-            if not any(h.file == handle_file and h.key_group_range == r for h in metadata.keyed_handles):
-                return None
-            states = marker.get("states")
-            if not isinstance(states, list) or not all(isinstance(s, dict) and "name" in s for s in states):
-                return None
-            return states
-        except (TypeError, ValueError):
-            return None  # a marker of another shape: restore instead
+            return read()
+        except Exception as e:  # noqa: BLE001 - rocksdict raises plain Exception; only a corrupt kept one is caught
+            if not self._may_fall_back(e):
+                raise
+            error = str(e)
+        # here, past the except block, nothing holds the failed read's frames (an iterator in them keeps the
+        # database open)
+        self._fall_back_cold(error)
+        return read()
+
+    def _may_fall_back(self, error: Exception) -> bool:
+        """Whether ``error`` is RocksDB's "Corruption" in a kept database that nothing was written to since it was
+        resumed, which ``_fall_back_cold`` can replace."""
+        return (self._resumed_from is not None and self._writes == self._writes_at_resume
+                and str(error).startswith("Corruption"))
+
+    def _fall_back_cold(self, error: str) -> None:
+        """Replace a damaged kept database by a cold restore of the checkpoint it was resumed at (the cache, with
+        this batch's changes, stays: every value in it was read intact or written by the batch)."""
+        assert self._resumed_from is not None
+        storage, metadata = self._resumed_from
+        self._resumed_from = None
+        log.warning("warm state: the kept RocksDB database of key groups %s is damaged (%s); it is deleted and "
+                    "key groups restored cold from checkpoint %d", self.key_group_range, error[:200],
+                    metadata.checkpoint_id)
+        self._reset_db()
+        self.warm = False
+        self._restored = False
+        self._refilling = True
+        try:
+            KeyedStateBackendBase.restore(self, storage, metadata)
+        finally:
+            self._refilling = False
 
     def _check_warm(self) -> None:
         """Empty a kept database that restore() has not vouched for, before its data is first used."""
@@ -1341,35 +1217,24 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
             self._reset_db()
 
     def _reset_db(self) -> None:
-        """Empty the database (a warm one that cannot be reused)."""
-        assert self._warm_path is not None
+        """Empty the database (a warm one that cannot be reused): closed, deleted and created anew, so that nothing
+        of it is ever read again (a damaged file included; a ranged delete and a compaction would read it)."""
         self._unchecked = False
-        self._kept_marker = None
-        try:
-            os.remove(os.path.join(self._warm_path, _MARKER))
-        except FileNotFoundError:
-            pass
-        self._db.delete_range(b"\x00", b"\xff")
-        self._db.compact_range(None, None)
-
-    def _write_marker(self, storage: CheckpointStorage, checkpoint_id: int, handle: KeyedStateHandle,
-                      states: list[dict[str, Any]], writes: int) -> None:
-        """Vouch for the database as the state ``handle`` holds, unless it was written to since the capture."""
-        assert self._warm_path is not None
-        r = self.key_group_range
-        marker = {"version": WARM_MARKER_VERSION, "location": storage.location, "checkpoint_id": checkpoint_id,
-                  "max_parallelism": self.max_parallelism, "key_group_range": [r.start, r.end],
-                  "handle_file": handle.file, "states": states}
-        self._db.flush()  # no write-ahead log: the marker must not outlive data in the memtable
         with self._marker_lock:
-            if writes != self._writes:
-                return
-            path = os.path.join(self._warm_path, _MARKER)
-            with open(path + ".tmp", "w", encoding="utf-8") as f:
-                json.dump(marker, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(path + ".tmp", path)
+            self._writes += 1
+            if self._warm is not None:
+                self._warm.forget_kept()
+                self._warm.remove_marker()
+        self._finalizer.detach()
+        self._db.close()
+        db_dir = os.path.join(self._dir, "db")
+        shutil.rmtree(db_dir, ignore_errors=True)
+        if os.path.lexists(db_dir):
+            raise UnsafeDirectoryError(f"{db_dir} cannot be deleted")
+        self._db = _open(db_dir)
+        for t in self._tables.values():
+            t.db = self._db
+        self._finalizer = self._new_finalizer()
 
     # ---- snapshots --------------------------------------------------------------------------------------------------
     def snapshot(self, checkpoint_id: int, storage: CheckpointStorage) -> SnapshotFuture[KeyedStateHandle]:
@@ -1397,11 +1262,19 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
             rocksdict.Checkpoint(self._db).create_checkpoint(cp_dir)
         view: rocksdict.Rdict | None = None
 
+        # states the compiled scan reads (one row per key; not a TTL list, whose frames expire one by one)
+        compiled = {t.state_id: (t.state_id, t.write_framing.ttl, deadlines[t.state_id]) for t in tables
+                    if not t.is_map and not (t.meta["kind"] == "list" and deadlines[t.state_id] is not None)}
+
         def blocks() -> Iterator[tuple[int, list[Any], list[Any]]]:
             for g in self.key_group_range:
                 if g in full:
                     assert view is not None
                     prefix = _U16.pack(g)
+                    sections = self._compiled_sections(view, g, compiled)
+                    if sections is not None:
+                        yield g, sections, []
+                        continue
                     rows = _scan(view, prefix)
                     for _, sections in self._groups(rows, deadlines, framings, maps):
                         yield g, sections, []
@@ -1417,25 +1290,44 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
                 check_cancel(future)
                 handle = write_keyed_snapshot(storage, checkpoint_id, self.subtask_index, self.key_group_range,
                                               metas, blocks(), full_key_groups=full,
-                                              on_key_group=functools.partial(check_cancel, future))
+                                              on_key_group=functools.partial(check_cancel, future),
+                                              predecessors=self._chain_tips())
             finally:
                 if view is not None:
                     view.close()
                 if cp_dir is not None:
                     shutil.rmtree(cp_dir, ignore_errors=True)
             self._after_snapshot(handle)
-            if self._warm_path is not None:
-                self._write_marker(storage, checkpoint_id, handle, metas, writes)
+            if self._warm is not None:
+                self._db.flush()  # no write-ahead log: the marker must not outlive data in the memtable
+                with self._marker_lock:
+                    if writes == self._writes:   # nothing written since the capture
+                        self._warm.write_marker(storage, checkpoint_id, handle, metas, self.max_parallelism)
             return handle
 
         return SnapshotFuture.start(work, name=f"keyed-{self.subtask_index} chk-{checkpoint_id} (rocksdb)")
 
+    @staticmethod
+    def _compiled_sections(view: rocksdict.Rdict, key_group: int, states: dict[int, Any]) -> list[Any] | None:
+        """Key group ``key_group``'s rows in ``view`` as full-block sections, scanned in compiled code
+        (``sstload.value_sections``); None when a row is of a state it does not read (a map)."""
+        prefix = _U16.pack(key_group)
+        options = rocksdict.ReadOptions()
+        options.set_iterate_upper_bound(_next_prefix(prefix))
+        it = view.iter(options)
+        it.seek(prefix)
+        sections = sstload.value_sections(it, key_group, states)
+        if sections is None:
+            return None
+        return [(s, Packed(*keys), Packed(*values)) for s, keys, values in sections]
+
     def _capture_deltas(self, tables: list[_RocksTable], full: set[int], encoded: dict[str, dict[Any, bytes | None]]
-                        ) -> dict[int, tuple[dict[int, tuple[list[bytes], list[bytes]]], dict[int, list[bytes]]]]:
+                        ) -> dict[int, tuple[dict[int, tuple[Any, Any]], dict[int, Any]]]:
         """Per key group outside ``full``: (state index -> (keys, values) put, state index -> keys deleted), the
         values as the snapshot format encodes them. Keys flushed earlier (past the cache limit) and maps written
         entry by entry are read back from the database; TTL-expired values become deletes."""
-        out: dict[int, tuple[dict[int, tuple[list[bytes], list[bytes]]], dict[int, list[bytes]]]] = {}
+        # keys and values: lists of bytes, or Packed when cut from a flush's rows
+        out: dict[int, tuple[dict[int, tuple[Any, Any]], dict[int, Any]]] = {}
         ser = self._serialize_key
         start = self._start
         for index, t in enumerate(tables):
@@ -1444,14 +1336,25 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
             known = encoded.get(t.name, {})
             deadline = t.ttl_deadline()
             framing = t.write_framing
-            for key, kgi in t.changed.items():
-                g = start + kgi
+            flushed, t.flushed_rows = t.flushed_rows, None
+            if (flushed is not None and len(known) == len(t.changed)
+                    and not (t.meta["kind"] == "list" and deadline is not None)):
+                # every change is in the snapshot's own flush: cut from its rows, no key serialized again
+                for g, puts, deletes in sstload.delta_sections(*flushed, full, framing.ttl, deadline):
+                    put_sections, delete_sections = out.get(g) or out.setdefault(g, ({}, {}))
+                    if puts is not None:
+                        put_sections[index] = (Packed(*puts[0]), Packed(*puts[1]))
+                    if deletes is not None:
+                        delete_sections[index] = Packed(*deletes)
+                continue
+            for key, group_index in t.changed.items():
+                g = start + group_index
                 if g in full:
                     continue
                 kb = ser(key)
                 value = known.get(key, _ABSENT)
                 if value is _ABSENT:
-                    db_key = self._group_prefix[kgi] + t.state_id_bytes + _frame_key(kb)
+                    db_key = self._group_prefix[group_index] + t.state_id_bytes + _frame_key(kb)
                     if t.is_map:
                         rows = t.rows(db_key)
                         value = framing.map_from_rows(rows) if rows else None

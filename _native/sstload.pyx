@@ -1,0 +1,785 @@
+# cython: auto_pickle=False
+# Keyed snapshot blocks into a RocksDB SST file, compiled: what a RocksDB backend's restore ingests instead of
+# writing its rows one Python call at a time (keygroups/state/rocksdb_ingest.py drives it).
+#
+# Input: one key group's chain of blocks as the keyed file reader returns them (keygroups/checkpoint/format.py,
+# ``read_key_group_offsets``: sections as int64 offsets into the block, keys sorted by their bytes since format 2;
+# the newest full block starts the key group anew, a put replaces a key's value, a delete removes the key, and of
+# equal keys the last one counts). Output: the key group's live rows in the database's key order, each handed to an
+# ``rocksdict.SstFileWriter`` (``writer[key] = value``), which needs strictly ascending keys:
+#
+#   database key = u16 key group | u16 state id | u32 key length | key bytes [| user key bytes, a map's row]
+#                  (big-endian: RocksDB orders keys bytewise; see keygroups/state/rocksdb.py)
+#   value        = the framed value as the snapshot stores it; a map keeps one row per entry, its value being
+#                  [i64 timestamp |] user value bytes (little-endian, as ValueFraming.map_rows builds it)
+#
+# Within one state the database orders keys by (length, bytes), the file by bytes alone: a section whose keys are
+# not already in the database's order (keys of different lengths) is sorted by index first (a stable merge sort, so
+# the last of equal keys stays last). The sections of a chain are merged k ways, the newest entry of each key
+# winning; deletes only remove. TTL states drop what expired by the deadline given (as the Python restore does), a
+# map's entries are sorted by user key bytes (a map value keeps insertion order).
+#
+# Every offset is checked against its block before it is used, and every framed value goes through the checked
+# cursor (cursor.pxd): bytes that say otherwise raise CorruptSnapshotError; nothing is read outside a buffer.
+from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
+from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
+from cpython.object cimport PyObject_SetItem
+from libc.stdint cimport int64_t, uint8_t, uint16_t, uint32_t, uint64_t
+from libc.string cimport memcmp, memcpy, memset
+
+cimport numpy as cnp
+
+from cursor cimport Cursor, cur_corrupt, cur_init, cur_read, cur_remaining, cur_u32, cur_u64
+
+import sys
+from operator import itemgetter
+
+import numpy as np
+
+cnp.import_array()
+
+if sys.byteorder != "little":   # the cursor reads integers in host order
+    raise ImportError("keygroups._native.sstload supports little-endian hosts only")
+
+#: State kinds as ``write_key_group`` takes them.
+VALUE = 0
+LIST = 1
+MAP = 2
+
+cdef enum:
+    K_VALUE = 0
+    K_LIST = 1
+    K_MAP = 2
+    PREFIX = 8          # u16 key group | u16 state id | u32 key length
+    FRAME_HEAD = 4
+    TS_SIZE = 8
+
+
+cdef struct Run:
+    # One section of the chain for one state: n keys (and values, a put) at offsets into buf.
+    const uint8_t *buf
+    Py_ssize_t size
+    const int64_t *keys
+    const int64_t *values      # NULL: a delete section
+    Py_ssize_t n
+    Py_ssize_t *order          # the entries in database order; NULL: already in it
+    Py_ssize_t head            # the next position in that order
+
+
+cdef struct Entry:
+    # One map entry while a map's rows are built.
+    const uint8_t *key
+    Py_ssize_t key_len
+    const uint8_t *value
+    Py_ssize_t value_len
+    const uint8_t *ts          # NULL without TTL
+
+
+cdef inline int _db_cmp(const uint8_t *a, Py_ssize_t na, const uint8_t *b, Py_ssize_t nb) noexcept nogil:
+    """The database's order of two keys of one state: by length (the u32 big-endian length comes first), then
+    bytes."""
+    if na != nb:
+        return -1 if na < nb else 1
+    if na == 0:
+        return 0
+    return memcmp(a, b, <size_t>na)
+
+
+cdef inline int _bytes_cmp(const uint8_t *a, Py_ssize_t na, const uint8_t *b, Py_ssize_t nb) noexcept nogil:
+    """Bytes order (a prefix first): of user keys, which end their database key."""
+    cdef Py_ssize_t n = na if na < nb else nb
+    cdef int c = 0
+    if n > 0:
+        c = memcmp(a, b, <size_t>n)
+    if c != 0:
+        return c
+    return (na > nb) - (na < nb)
+
+
+cdef inline const uint8_t *_key(const Run *r, Py_ssize_t i, Py_ssize_t *n) noexcept nogil:
+    cdef int64_t a = r.keys[i]
+    n[0] = <Py_ssize_t>(r.keys[i + 1] - a)
+    return r.buf + a
+
+
+# ---- stable merge sorts by index ----------------------------------------------------------------------------------
+
+cdef void _sort_run(Run *r, Py_ssize_t *idx, Py_ssize_t *tmp, Py_ssize_t n) noexcept nogil:
+    """Bottom-up stable merge sort of ``idx[0:n]`` (entry indexes of ``r``) into the database's key order."""
+    cdef Py_ssize_t width = 1, lo, mid, hi, i, j, k, la, lb
+    cdef Py_ssize_t *src = idx
+    cdef Py_ssize_t *dst = tmp
+    cdef Py_ssize_t *swap
+    cdef const uint8_t *a
+    cdef const uint8_t *b
+    while width < n:
+        lo = 0
+        while lo < n:
+            mid = lo + width if lo + width < n else n
+            hi = lo + 2 * width if lo + 2 * width < n else n
+            i, j, k = lo, mid, lo
+            while i < mid and j < hi:
+                a = _key(r, src[i], &la)
+                b = _key(r, src[j], &lb)
+                if _db_cmp(b, lb, a, la) < 0:
+                    dst[k] = src[j]
+                    j += 1
+                else:
+                    dst[k] = src[i]
+                    i += 1
+                k += 1
+            while i < mid:
+                dst[k] = src[i]
+                i += 1
+                k += 1
+            while j < hi:
+                dst[k] = src[j]
+                j += 1
+                k += 1
+            lo = hi
+        swap = src
+        src = dst
+        dst = swap
+        width *= 2
+    if src != idx:
+        memcpy(idx, src, n * sizeof(Py_ssize_t))
+
+
+cdef void _sort_entries(Entry *e, Py_ssize_t *idx, Py_ssize_t *tmp, Py_ssize_t n) noexcept nogil:
+    """Stable merge sort of ``idx[0:n]`` (indexes into ``e``) by user key bytes."""
+    cdef Py_ssize_t width = 1, lo, mid, hi, i, j, k
+    cdef Py_ssize_t *src = idx
+    cdef Py_ssize_t *dst = tmp
+    cdef Py_ssize_t *swap
+    while width < n:
+        lo = 0
+        while lo < n:
+            mid = lo + width if lo + width < n else n
+            hi = lo + 2 * width if lo + 2 * width < n else n
+            i, j, k = lo, mid, lo
+            while i < mid and j < hi:
+                if _bytes_cmp(e[src[j]].key, e[src[j]].key_len, e[src[i]].key, e[src[i]].key_len) < 0:
+                    dst[k] = src[j]
+                    j += 1
+                else:
+                    dst[k] = src[i]
+                    i += 1
+                k += 1
+            while i < mid:
+                dst[k] = src[i]
+                i += 1
+                k += 1
+            while j < hi:
+                dst[k] = src[j]
+                j += 1
+                k += 1
+            lo = hi
+        swap = src
+        src = dst
+        dst = swap
+        width *= 2
+    if src != idx:
+        memcpy(idx, src, n * sizeof(Py_ssize_t))
+
+
+# ---- the writer ----------------------------------------------------------------------------------------------------
+
+cdef class _Out:
+    """Where rows go: the SST writer, and the key group and state of the rows being written."""
+    cdef object writer
+    cdef uint8_t prefix[4]     # u16 key group | u16 state id, big-endian
+    cdef Py_ssize_t rows
+    cdef Py_ssize_t payload    # key and value bytes handed to the writer
+
+    cdef int put(self, const uint8_t *key, Py_ssize_t key_len, const uint8_t *user_key, Py_ssize_t user_key_len,
+                 const uint8_t *ts, const uint8_t *value, Py_ssize_t value_len) except -1:
+        """One row: database key (prefix, key [, user key]) -> [ts |] value."""
+        cdef Py_ssize_t size = PREFIX + key_len + user_key_len
+        cdef Py_ssize_t vsize = value_len + (TS_SIZE if ts != NULL else 0)
+        cdef bytes k = PyBytes_FromStringAndSize(NULL, size)
+        cdef bytes v
+        cdef uint8_t *p = <uint8_t *>PyBytes_AS_STRING(k)
+        cdef uint32_t n
+        if key_len > 0xFFFFFFFF:
+            raise OverflowError(f"a key of {key_len} bytes is longer than a database key can say")
+        n = <uint32_t>key_len
+        memcpy(p, self.prefix, 4)
+        p[4] = (n >> 24) & 0xFF
+        p[5] = (n >> 16) & 0xFF
+        p[6] = (n >> 8) & 0xFF
+        p[7] = n & 0xFF
+        if key_len:
+            memcpy(p + PREFIX, key, key_len)
+        if user_key_len:
+            memcpy(p + PREFIX + key_len, user_key, user_key_len)
+        if ts == NULL:
+            v = PyBytes_FromStringAndSize(<const char *>value, value_len)
+        else:
+            v = PyBytes_FromStringAndSize(NULL, vsize)
+            memcpy(PyBytes_AS_STRING(v), ts, TS_SIZE)
+            if value_len:
+                memcpy(PyBytes_AS_STRING(v) + TS_SIZE, value, value_len)
+        PyObject_SetItem(self.writer, k, v)
+        self.rows += 1
+        self.payload += size + vsize
+        return 0
+
+
+cdef int _check_offsets(const int64_t *offsets, Py_ssize_t n, Py_ssize_t size, str what) except -1:
+    cdef Py_ssize_t i
+    cdef Cursor c
+    for i in range(n):
+        if offsets[i] < 0 or offsets[i + 1] < offsets[i] or offsets[i + 1] > size:
+            cur_init(&c, NULL, size)
+            c.pos = <Py_ssize_t>offsets[i] if offsets[i] >= 0 else 0
+            cur_corrupt(&c, f"{what} {i} at offsets [{offsets[i]}, {offsets[i + 1]})")
+    return 0
+
+
+cdef const int64_t *_offsets(object array, Py_ssize_t *n, list keep) except NULL:
+    """The data of an int64 offset array (n + 1 positions: n is set), kept alive by ``keep``."""
+    cdef cnp.ndarray a = np.ascontiguousarray(array, dtype=np.int64)
+    keep.append(a)
+    if a.ndim != 1 or a.shape[0] < 1:
+        from keygroups.errors import CorruptSnapshotError
+        raise CorruptSnapshotError("a section's offsets are not n + 1 positions")
+    n[0] = a.shape[0] - 1
+    return <const int64_t *>cnp.PyArray_DATA(a)
+
+
+cdef int _write_value(_Out out, int kind, bint ttl, bint has_deadline, int64_t deadline, const uint8_t *key,
+                      Py_ssize_t key_len, const uint8_t *value, Py_ssize_t value_len) except -1:
+    """Hand one key's stored value to the writer as the database keeps it (TTL: what expired left out)."""
+    cdef Cursor c
+    cdef int64_t ts
+    if kind == K_VALUE:
+        if ttl:
+            if value_len < TS_SIZE:
+                cur_init(&c, value, value_len)
+                cur_corrupt(&c, f"a TTL value of {value_len} bytes, shorter than its timestamp")
+            if has_deadline:
+                memcpy(&ts, value, TS_SIZE)
+                if ts <= deadline:
+                    return 0
+        return out.put(key, key_len, NULL, 0, NULL, value, value_len)
+    if kind == K_LIST:
+        return _write_list(out, ttl, has_deadline, deadline, key, key_len, value, value_len)
+    return _write_map(out, ttl, has_deadline, deadline, key, key_len, value, value_len)
+
+
+cdef int _write_list(_Out out, bint ttl, bint has_deadline, int64_t deadline, const uint8_t *key,
+                     Py_ssize_t key_len, const uint8_t *value, Py_ssize_t value_len) except -1:
+    cdef Cursor c
+    cdef uint32_t length
+    cdef int64_t ts = 0
+    cdef Py_ssize_t head = FRAME_HEAD + (TS_SIZE if ttl else 0), live = 0, start, pos
+    cdef bytes kept
+    cdef uint8_t *p
+    cur_init(&c, value, value_len)
+    while cur_remaining(&c):   # every frame checked before anything below trusts its length
+        if cur_remaining(&c) < head:
+            cur_corrupt(&c, "a truncated list element header")
+        length = cur_u32(&c)
+        if ttl:
+            ts = <int64_t>cur_u64(&c)
+        cur_read(&c, length)
+        if not (ttl and has_deadline) or ts > deadline:
+            live += head + length
+    if live == value_len:
+        return out.put(key, key_len, NULL, 0, NULL, value, value_len)
+    if live == 0:
+        return 0
+    kept = PyBytes_FromStringAndSize(NULL, live)
+    p = <uint8_t *>PyBytes_AS_STRING(kept)
+    c.pos = 0
+    pos = 0
+    while cur_remaining(&c):
+        start = c.pos
+        length = cur_u32(&c)
+        ts = <int64_t>cur_u64(&c)
+        cur_read(&c, length)
+        if ts > deadline:
+            memcpy(p + pos, value + start, head + length)
+            pos += head + length
+    return out.put(key, key_len, NULL, 0, NULL, p, live)
+
+
+cdef int _write_map(_Out out, bint ttl, bint has_deadline, int64_t deadline, const uint8_t *key,
+                    Py_ssize_t key_len, const uint8_t *value, Py_ssize_t value_len) except -1:
+    cdef Cursor c, e
+    cdef uint32_t length, ukey_len
+    cdef Py_ssize_t n = 0, i, j, head = FRAME_HEAD + (TS_SIZE if ttl else 0)
+    cdef Entry *entries = NULL
+    cdef Py_ssize_t *idx = NULL
+    cdef Py_ssize_t *tmp = NULL
+    cdef const uint8_t *ts = NULL
+    cdef int64_t stamp
+    cdef Entry *x
+    cur_init(&c, value, value_len)
+    while cur_remaining(&c):
+        if cur_remaining(&c) < head:
+            cur_corrupt(&c, "a truncated map entry header")
+        length = cur_u32(&c)
+        c.pos += head - FRAME_HEAD
+        cur_read(&c, length)
+        n += 1
+    if n == 0:
+        return 0
+    entries = <Entry *>PyMem_Malloc(n * sizeof(Entry))
+    idx = <Py_ssize_t *>PyMem_Malloc(n * sizeof(Py_ssize_t))
+    tmp = <Py_ssize_t *>PyMem_Malloc(n * sizeof(Py_ssize_t))
+    try:
+        if entries == NULL or idx == NULL or tmp == NULL:
+            raise MemoryError()
+        c.pos = 0
+        for i in range(n):
+            length = cur_u32(&c)
+            ts = cur_read(&c, TS_SIZE) if ttl else NULL
+            if length < 4:
+                cur_corrupt(&c, f"a map entry of {length} bytes, shorter than its key length")
+            cur_init(&e, cur_read(&c, length), length)
+            ukey_len = cur_u32(&e)
+            entries[i].key = cur_read(&e, ukey_len)
+            entries[i].key_len = ukey_len
+            entries[i].value = e.buf + e.pos
+            entries[i].value_len = cur_remaining(&e)
+            entries[i].ts = ts
+            idx[i] = i
+        _sort_entries(entries, idx, tmp, n)
+        i = 0
+        while i < n:
+            j = i
+            while j + 1 < n and _bytes_cmp(entries[idx[j + 1]].key, entries[idx[j + 1]].key_len,
+                                           entries[idx[i]].key, entries[idx[i]].key_len) == 0:
+                j += 1   # equal user keys: the last one counts
+            x = &entries[idx[j]]
+            i = j + 1
+            if ttl and has_deadline:
+                memcpy(&stamp, x.ts, TS_SIZE)
+                if stamp <= deadline:
+                    continue
+            out.put(key, key_len, x.key, x.key_len, x.ts, x.value, x.value_len)
+    finally:
+        PyMem_Free(entries)
+        PyMem_Free(idx)
+        PyMem_Free(tmp)
+    return 0
+
+
+cdef int _order_run(Run *r) except -1:
+    """Leave ``r.order`` NULL when the keys are already in the database's order (non-decreasing), else sort."""
+    cdef Py_ssize_t i, la, lb
+    cdef const uint8_t *a
+    cdef const uint8_t *b
+    cdef Py_ssize_t *tmp
+    for i in range(1, r.n):
+        a = _key(r, i - 1, &la)
+        b = _key(r, i, &lb)
+        if _db_cmp(a, la, b, lb) > 0:
+            break
+    else:
+        return 0
+    r.order = <Py_ssize_t *>PyMem_Malloc(r.n * sizeof(Py_ssize_t))
+    tmp = <Py_ssize_t *>PyMem_Malloc(r.n * sizeof(Py_ssize_t))
+    if r.order == NULL or tmp == NULL:
+        PyMem_Free(tmp)
+        raise MemoryError()
+    for i in range(r.n):
+        r.order[i] = i
+    _sort_run(r, r.order, tmp, r.n)
+    PyMem_Free(tmp)
+    return 0
+
+
+cdef inline Py_ssize_t _at(const Run *r, Py_ssize_t pos) noexcept nogil:
+    return pos if r.order == NULL else r.order[pos]
+
+
+cdef int _merge_state(_Out out, Run *runs, Py_ssize_t k, int kind, bint ttl, bint has_deadline,
+                      int64_t deadline) except -1:
+    """Write one state's rows of a key group from its ``k`` runs (oldest first): each key's newest entry, if a put."""
+    cdef Py_ssize_t i, best, la, lb, e, win_entry
+    cdef const uint8_t *a
+    cdef const uint8_t *b
+    cdef const uint8_t *mk
+    cdef Py_ssize_t ml
+    cdef int c
+    cdef Run *r
+    cdef Run *win
+    if k == 1 and runs[0].values != NULL:   # the common case: one full block, nothing to merge
+        r = &runs[0]
+        i = 0
+        while i < r.n:
+            e = _at(r, i)
+            while i + 1 < r.n:   # equal keys: the last one counts
+                a = _key(r, e, &la)
+                b = _key(r, _at(r, i + 1), &lb)
+                if _db_cmp(a, la, b, lb) != 0:
+                    break
+                i += 1
+                e = _at(r, i)
+            a = _key(r, e, &la)
+            _write_value(out, kind, ttl, has_deadline, deadline, a, la, r.buf + r.values[e],
+                         <Py_ssize_t>(r.values[e + 1] - r.values[e]))
+            i += 1
+        return 0
+    while True:
+        best = -1
+        for i in range(k):   # the smallest head key; chains are short, so a linear scan
+            r = &runs[i]
+            if r.head >= r.n:
+                continue
+            a = _key(r, _at(r, r.head), &la)
+            if best < 0:
+                best, mk, ml = i, a, la
+            elif _db_cmp(a, la, mk, ml) < 0:
+                best, mk, ml = i, a, la
+        if best < 0:
+            return 0
+        win = NULL
+        win_entry = -1
+        for i in range(k):   # every run's entries of that key, the newest run's last one winning
+            r = &runs[i]
+            while r.head < r.n:
+                e = _at(r, r.head)
+                a = _key(r, e, &la)
+                if _db_cmp(a, la, mk, ml) != 0:
+                    break
+                win, win_entry = r, e
+                r.head += 1
+        if win.values != NULL:
+            a = _key(win, win_entry, &la)
+            _write_value(out, kind, ttl, has_deadline, deadline, a, la, win.buf + win.values[win_entry],
+                         <Py_ssize_t>(win.values[win_entry + 1] - win.values[win_entry]))
+
+
+def write_key_group(object writer, int key_group, list chain, list states):
+    """Write key group ``key_group``'s live rows to ``writer`` (an ``rocksdict.SstFileWriter``, raw mode) in the
+    database's key order; returns ``(rows, bytes)`` handed to it.
+
+    ``chain``: the key group's blocks, oldest first, each ``(block, full, puts, deletes, slots)`` with ``block``
+    the block's bytes (any buffer), ``puts`` ``[(state_index, key_offsets, value_offsets), ...]``, ``deletes``
+    ``[(state_index, key_offsets), ...]`` (int64 offsets into ``block``, as ``read_key_group_offsets`` gives them)
+    and ``slots[state_index]`` the position in ``states`` of the file's state (-1: not restored). Only the blocks
+    from the newest full one on count.
+
+    ``states``: ``[(state_id, kind, ttl, deadline), ...]`` in ascending state id: ``kind`` one of VALUE (value,
+    reducing, aggregating), LIST, MAP; ``deadline`` None or the time (ms) at or before which a TTL entry expired.
+    CorruptSnapshotError for bytes that are not a valid chain."""
+    cdef Py_ssize_t n_states = len(states), n_blocks = len(chain), first = 0, b, s, k, total = 0, i
+    cdef list keep = []
+    cdef Py_buffer *views = NULL
+    cdef Py_ssize_t n_views = 0
+    cdef Run *runs = NULL
+    cdef _Out out = _Out()
+    cdef int kind
+    cdef bint ttl, has_deadline
+    cdef int64_t deadline
+    cdef object state_id, item
+    cdef tuple entry
+    cdef list slots_of = []
+    if not 0 <= key_group < 0x8000:
+        raise ValueError(f"key group {key_group} is outside [0, 32767]")
+    out.writer = writer
+    for b in range(n_blocks):
+        if chain[b][1]:
+            first = b
+    for b in range(first, n_blocks):
+        entry = chain[b]
+        total += len(entry[2]) + len(entry[3])
+        slots_of.append(entry[4])
+    views = <Py_buffer *>PyMem_Malloc((n_blocks - first + 1) * sizeof(Py_buffer))
+    runs = <Run *>PyMem_Malloc((total + 1) * sizeof(Run))
+    try:
+        if views == NULL or runs == NULL:
+            raise MemoryError()
+        for b in range(first, n_blocks):
+            PyObject_GetBuffer(chain[b][0], &views[n_views], PyBUF_SIMPLE)
+            n_views += 1
+        for s in range(n_states):
+            state_id, kind, ttl, item = states[s]
+            if not 0 <= state_id <= 0xFFFF or kind not in (K_VALUE, K_LIST, K_MAP):
+                raise ValueError(f"state {states[s]!r}: a state id in [0, 65535] and a kind in (0, 1, 2)")
+            has_deadline = item is not None
+            deadline = 0
+            if has_deadline:
+                deadline = item
+            out.prefix[0] = (key_group >> 8) & 0xFF
+            out.prefix[1] = key_group & 0xFF
+            out.prefix[2] = (state_id >> 8) & 0xFF
+            out.prefix[3] = state_id & 0xFF
+            k = 0
+            for b in range(first, n_blocks):   # the state's runs in file order: each block's puts, then deletes
+                entry = chain[b]
+                for item in entry[2]:
+                    if _slot(slots_of[b - first], item[0]) != s:
+                        continue
+                    _fill_run(&runs[k], &views[b - first], item[1], item[2], keep)
+                    k += 1
+                for item in entry[3]:
+                    if _slot(slots_of[b - first], item[0]) != s:
+                        continue
+                    _fill_run(&runs[k], &views[b - first], item[1], None, keep)
+                    k += 1
+            if k == 0:
+                continue
+            try:
+                for i in range(k):
+                    _order_run(&runs[i])
+                _merge_state(out, runs, k, kind, ttl, has_deadline, deadline)
+            finally:
+                for i in range(k):
+                    PyMem_Free(runs[i].order)
+                    runs[i].order = NULL
+    finally:
+        for b in range(n_views):
+            PyBuffer_Release(&views[b])
+        PyMem_Free(views)
+        PyMem_Free(runs)
+    return out.rows, out.payload
+
+
+cdef inline Py_ssize_t _slot(object slots, object state_index) except? -2:
+    cdef Py_ssize_t i = state_index
+    if not 0 <= i < len(slots):
+        from keygroups.errors import CorruptSnapshotError
+        raise CorruptSnapshotError(f"a section for state index {i}, but the file has {len(slots)} states")
+    return slots[i]
+
+
+cdef int _fill_run(Run *r, Py_buffer *view, object key_offsets, object value_offsets, list keep) except -1:
+    cdef Py_ssize_t nv
+    r.buf = <const uint8_t *>view.buf
+    r.size = view.len
+    r.keys = _offsets(key_offsets, &r.n, keep)
+    _check_offsets(r.keys, r.n, r.size, "key")
+    r.values = NULL
+    if value_offsets is not None:
+        r.values = _offsets(value_offsets, &nv, keep)
+        if nv != r.n:
+            from keygroups.errors import CorruptSnapshotError
+            raise CorruptSnapshotError(f"a section has {r.n} keys but {nv} values")
+        _check_offsets(r.values, nv, r.size, "value")
+    r.order = NULL
+    r.head = 0
+    return 0
+
+
+# ---- the other direction: a key group's rows back into snapshot sections ---------------------------------------------
+
+cdef struct Grow:
+    # A growable byte buffer (PyMem).
+    uint8_t *data
+    Py_ssize_t size
+    Py_ssize_t cap
+
+
+cdef int _grow_add(Grow *g, const void *p, Py_ssize_t n) except -1:
+    cdef Py_ssize_t cap
+    cdef uint8_t *q
+    if n > g.cap - g.size:
+        cap = g.cap * 2 if g.cap else 4096
+        while cap < g.size + n:
+            cap *= 2
+        q = <uint8_t *>PyMem_Realloc(g.data, cap)
+        if q == NULL:
+            raise MemoryError(f"cannot grow a section buffer to {cap} bytes")
+        g.data = q
+        g.cap = cap
+    if n:
+        memcpy(g.data + g.size, p, n)
+    g.size += n
+    return 0
+
+
+cdef object _grow_bytes(Grow *g):
+    return PyBytes_FromStringAndSize(<const char *>g.data, g.size)
+
+
+cdef object _grow_offsets(Grow *g):
+    """The int64 offsets gathered in ``g`` as a numpy array."""
+    return np.frombuffer(_grow_bytes(g), dtype=np.int64)
+
+
+def value_sections(object iterator, int key_group, dict states):
+    """The rows of key group ``key_group`` as the keyed snapshot's sections, for states kept as one row per key
+    (value-like and list states): ``iterator`` is a rocksdict iterator positioned at the key group's first row and
+    bounded to its rows (it is advanced to the end; its status is checked, so a damaged block raises RocksDB's
+    error). ``states``: state id -> ``(state index, ttl, deadline)``, ``deadline`` None or the time at or before
+    which a value-like TTL state's entry expired (left out). Returns ``[(state index, keys, values), ...]`` in state
+    order, keys and values as ``(bytes, int64 offsets)`` pairs for ``Packed``; None when a row belongs to a state
+    not in ``states`` (a map state's rows: the caller scans in Python instead). CorruptSnapshotError for a row
+    whose key does not frame its key bytes."""
+    cdef object valid = iterator.valid, key = iterator.key, value = iterator.value, advance = iterator.next
+    cdef object k, v, spec
+    cdef const uint8_t *kp
+    cdef const uint8_t *vp
+    cdef Py_ssize_t kn, vn, n_slots = 0, slot, i
+    cdef uint32_t key_len
+    cdef int state_id, last_state = -1
+    cdef int64_t ts, deadline = 0, pos
+    cdef bint has_deadline = False, ttl = False
+    cdef Grow *bufs = NULL          # per slot: keys, key offsets, values, value offsets
+    cdef list slots = []            # slot -> state index
+    cdef dict slot_of = {}
+    cdef Cursor c
+    out = []
+    bufs = <Grow *>PyMem_Malloc(4 * (len(states) + 1) * sizeof(Grow))
+    if bufs == NULL:
+        raise MemoryError()
+    memset(bufs, 0, 4 * (len(states) + 1) * sizeof(Grow))
+    try:
+        while valid():
+            k = key()
+            v = value()
+            if type(k) is not bytes or type(v) is not bytes:
+                raise TypeError(f"value_sections reads a raw-mode database (bytes keys and values), got {k!r}")
+            kp = <const uint8_t *>PyBytes_AS_STRING(k)
+            kn = len(<bytes>k)
+            vp = <const uint8_t *>PyBytes_AS_STRING(v)
+            vn = len(<bytes>v)
+            if kn < PREFIX or ((kp[0] << 8) | kp[1]) != key_group:
+                cur_init(&c, kp, kn)
+                cur_corrupt(&c, f"a database row of key group {key_group} with key {k!r}")
+            key_len = (<uint32_t>kp[4] << 24) | (<uint32_t>kp[5] << 16) | (<uint32_t>kp[6] << 8) | kp[7]
+            state_id = (kp[2] << 8) | kp[3]
+            if state_id != last_state:
+                spec = states.get(state_id)
+                if spec is None:
+                    return None
+                if key_len != kn - PREFIX:
+                    cur_init(&c, kp, kn)
+                    cur_corrupt(&c, f"a database key of state {state_id} that says {key_len} key bytes")
+                item = slot_of.get(state_id)
+                if item is None:
+                    slot = n_slots
+                    slot_of[state_id] = slot
+                    slots.append(spec[0])
+                    n_slots += 1
+                    pos = 0
+                    _grow_add(&bufs[4 * slot + 1], &pos, 8)
+                    _grow_add(&bufs[4 * slot + 3], &pos, 8)
+                else:
+                    slot = item
+                ttl = spec[1]
+                has_deadline = spec[2] is not None
+                deadline = spec[2] if has_deadline else 0
+                last_state = state_id
+            elif key_len != kn - PREFIX:
+                cur_init(&c, kp, kn)
+                cur_corrupt(&c, f"a database key of state {state_id} that says {key_len} key bytes")
+            if ttl and has_deadline:
+                if vn < TS_SIZE:
+                    cur_init(&c, vp, vn)
+                    cur_corrupt(&c, f"a TTL value of {vn} bytes, shorter than its timestamp")
+                memcpy(&ts, vp, TS_SIZE)
+                if ts <= deadline:
+                    advance()
+                    continue
+            _grow_add(&bufs[4 * slot], kp + PREFIX, kn - PREFIX)
+            pos = bufs[4 * slot].size
+            _grow_add(&bufs[4 * slot + 1], &pos, 8)
+            _grow_add(&bufs[4 * slot + 2], vp, vn)
+            pos = bufs[4 * slot + 2].size
+            _grow_add(&bufs[4 * slot + 3], &pos, 8)
+            advance()
+        iterator.status()
+        for i in range(n_slots):
+            if bufs[4 * i + 1].size > 8:
+                out.append((slots[i], (_grow_bytes(&bufs[4 * i]), _grow_offsets(&bufs[4 * i + 1])),
+                            (_grow_bytes(&bufs[4 * i + 2]), _grow_offsets(&bufs[4 * i + 3]))))
+    finally:
+        for i in range(4 * (len(states) + 1)):
+            PyMem_Free(bufs[i].data)
+        PyMem_Free(bufs)
+    out.sort(key=itemgetter(0))
+    return out
+
+
+cdef int _group_of(object db_key, const uint8_t **p, Py_ssize_t *n) except -1:
+    if type(db_key) is not bytes:
+        raise TypeError(f"a database key must be bytes, got {type(db_key).__name__}")
+    p[0] = <const uint8_t *>PyBytes_AS_STRING(db_key)
+    n[0] = len(<bytes>db_key)
+    if n[0] < PREFIX:
+        raise ValueError(f"database key {db_key!r} is shorter than its {PREFIX}-byte prefix")
+    return (p[0][0] << 8) | p[0][1]
+
+
+def delta_sections(list put_keys, list put_values, list deleted_keys, object full, bint ttl, object deadline):
+    """One state's changes of a flush as delta sections per key group: ``put_keys`` (database keys, ascending) and
+    ``put_values`` (their stored values), ``deleted_keys`` (ascending). Key groups in ``full`` (a container) are left
+    out (their blocks are written whole); with a TTL ``deadline``, a put whose timestamp is at or before it becomes a
+    delete. Returns ``[(key group, puts, deletes), ...]`` ascending, ``puts`` None or ``((key bytes, offsets), (value
+    bytes, offsets))``, ``deletes`` None or ``(key bytes, offsets)``: the serialized keys (the database key without
+    its prefix), ready for ``Packed``."""
+    cdef Py_ssize_t n_put = len(put_keys), n_del = len(deleted_keys), i = 0, j = 0, kn, vn
+    cdef const uint8_t *kp
+    cdef const uint8_t *vp
+    cdef int group, gp, gd
+    cdef int64_t pos, ts, cutoff = 0
+    cdef bint has_deadline = ttl and deadline is not None
+    cdef Grow bufs[6]   # put keys, put key offsets, put values, value offsets, deleted keys, deleted offsets
+    cdef object v
+    cdef Cursor c
+    cdef int b
+    if len(put_values) != n_put:
+        raise ValueError(f"{n_put} put keys but {len(put_values)} values")
+    if has_deadline:
+        cutoff = deadline
+    memset(bufs, 0, sizeof(bufs))
+    out = []
+    try:
+        while i < n_put or j < n_del:
+            gp = _group_of(put_keys[i], &kp, &kn) if i < n_put else 0x10000
+            gd = _group_of(deleted_keys[j], &kp, &kn) if j < n_del else 0x10000
+            group = gp if gp < gd else gd
+            for b in range(6):
+                bufs[b].size = 0
+            pos = 0
+            _grow_add(&bufs[1], &pos, 8)
+            _grow_add(&bufs[3], &pos, 8)
+            _grow_add(&bufs[5], &pos, 8)
+            while i < n_put and _group_of(put_keys[i], &kp, &kn) == group:
+                v = put_values[i]
+                if type(v) is not bytes:
+                    raise TypeError(f"a stored value must be bytes, got {type(v).__name__}")
+                vp = <const uint8_t *>PyBytes_AS_STRING(v)
+                vn = len(<bytes>v)
+                i += 1
+                if has_deadline:
+                    if vn < TS_SIZE:
+                        cur_init(&c, vp, vn)
+                        cur_corrupt(&c, f"a TTL value of {vn} bytes, shorter than its timestamp")
+                    memcpy(&ts, vp, TS_SIZE)
+                    if ts <= cutoff:   # expired: a delete
+                        _grow_add(&bufs[4], kp + PREFIX, kn - PREFIX)
+                        pos = bufs[4].size
+                        _grow_add(&bufs[5], &pos, 8)
+                        continue
+                _grow_add(&bufs[0], kp + PREFIX, kn - PREFIX)
+                pos = bufs[0].size
+                _grow_add(&bufs[1], &pos, 8)
+                _grow_add(&bufs[2], vp, vn)
+                pos = bufs[2].size
+                _grow_add(&bufs[3], &pos, 8)
+            while j < n_del and _group_of(deleted_keys[j], &kp, &kn) == group:
+                j += 1
+                _grow_add(&bufs[4], kp + PREFIX, kn - PREFIX)
+                pos = bufs[4].size
+                _grow_add(&bufs[5], &pos, 8)
+            if group in full:
+                continue
+            puts = None
+            if bufs[1].size > 8:
+                puts = ((_grow_bytes(&bufs[0]), _grow_offsets(&bufs[1])),
+                        (_grow_bytes(&bufs[2]), _grow_offsets(&bufs[3])))
+            deletes = None
+            if bufs[5].size > 8:
+                deletes = (_grow_bytes(&bufs[4]), _grow_offsets(&bufs[5]))
+            out.append((group, puts, deletes))
+    finally:
+        for b in range(6):
+            PyMem_Free(bufs[b].data)
+    return out

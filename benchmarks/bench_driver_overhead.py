@@ -1,0 +1,190 @@
+"""The driver's own work per micro-batch, everything but Spark's jobs (issue 32 target 2: ≤ 50 ms at max
+parallelism 128, ≤ 150 ms at 4096 with 100 retained checkpoints).
+
+    python benchmarks/bench_driver_overhead.py            # max p 128 and 4096, retain 100 (100 fill batches), 10 runs
+    python benchmarks/bench_driver_overhead.py --quick    # retain 10 (10 fill batches), 3 runs
+    python benchmarks/bench_driver_overhead.py --no-spark # only the Spark-free view (the harness)
+
+Two views of the same question, both through the public API only:
+
+1. On Spark (``local[2]``): a ``KeyedJob`` (:class:`_jobs.RunningValue`, heap, p=2, ``retain=--retain``) loaded with
+   ``--keys`` keys, then ``--retain`` untimed fill batches so that the location holds that many checkpoints, then
+   ``--runs`` timed tiny batches (``--batch`` records, one Parquet file each: ``job.run_batch(spark.read.parquet(f),
+   parallelism=2)``). Each batch runs under a job group of its own; its Spark jobs' submission-to-completion
+   intervals come from Spark's status store. Counted as the driver's own work: the batch's wall time on the driver
+   minus the time in which at least one of its Spark jobs ran, i.e. keygroups' driver code (input checks, listing
+   the storage and decoding ``_metadata``, planning, building and pickling the task spec, the commit, building the
+   ``BatchResult``) plus what Spark's driver does for it outside jobs (Catalyst analysis and planning of the
+   batch's DataFrames, py4j round trips). Beside it, the same figure for Spark's floor over the same file (read,
+   shuffle by key, a Python ``mapInArrow``, count): the part of the driver's time any Spark batch pays; the
+   difference is keygroups' own. Not counted: the keygroups code inside the tasks (restore, process, snapshot).
+2. Spark-free: ``KeyedFunctionHarness`` at the same max parallelism, p=2, ``--runs`` tiny batches after the same
+   load; the driver's phases from ``HarnessBatch.phases``: ``plan`` (begin_batch: listing and reading the latest
+   checkpoint, planning; placement) + ``commit`` (commit_batch) + ``output`` (reading the output files back),
+   beside ``subtasks`` (the subtasks' own work, run in this process). The harness keeps one checkpoint
+   (``retain=1`` is not a harness option), so this view has no retained-checkpoint history.
+
+Medians over the timed batches; the wall clock is the driver's, on a machine that may be shared (load printed), CPU
+seconds of the driver process beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _events import event_files, generate_events  # noqa: E402
+from _jobs import VALUE_OUTPUT, RunningValue, ship_by_value  # noqa: E402
+from _peers import SparkJobClock, SparkTime, load, spark_session  # noqa: E402
+
+PARALLELISM = 2
+TARGETS = {128: 0.050, 4096: 0.150}
+
+
+def spark_view(spark, clock: SparkJobClock, max_p: int, args: argparse.Namespace, work: pathlib.Path,  # noqa: ANN001
+               files: list[str]) -> dict[str, float]:
+    from pyspark.sql import functions as F
+
+    from keygroups.spark import KeyedJob
+
+    job = KeyedJob(f"driver-{max_p}", "key", RunningValue(), output_schema=VALUE_OUTPUT, max_parallelism=max_p,
+                   checkpoint_location=str(work / f"checkpoints-{max_p}"), retain=args.retain)
+    keys = spark.range(0, args.keys, numPartitions=PARALLELISM).select(
+        F.col("id").alias("key"), F.lit(1).cast("long").alias("value"), F.lit(0).cast("long").alias("ts"))
+    t = time.perf_counter()
+    job.run_batch(keys, parallelism=PARALLELISM)
+    fill, timed = files[:args.retain], files[args.retain:]
+    for f in fill:
+        job.run_batch(spark.read.parquet(f), parallelism=PARALLELISM)
+    print(f"  max p {max_p}: loaded {args.keys:,} keys and ran {len(fill)} fill batches in "
+          f"{time.perf_counter() - t:.0f} s; {load()}", flush=True)
+
+    def floor(path: str) -> int:
+        def identity(batches):  # noqa: ANN001, ANN202
+            yield from batches
+        return spark.read.parquet(path).repartition(PARALLELISM, "key").mapInArrow(
+            identity, "key long, value long, ts long").count()
+
+    ours: list[SparkTime] = []
+    theirs: list[SparkTime] = []
+    plan, commit = [], []
+    for i, f in enumerate(timed):
+        result, t_ours = clock.time(lambda f=f: job.run_batch(spark.read.parquet(f), parallelism=PARALLELISM))
+        counted, t_floor = clock.time(lambda f=f: floor(f))
+        if result.records_in != args.batch or counted != args.batch:
+            raise SystemExit(f"batch {i}: keygroups read {result.records_in}, the floor {counted}; expected "
+                             f"{args.batch}")
+        ours.append(t_ours)
+        theirs.append(t_floor)
+        plan.append(float(getattr(result.report.seconds, "plan", float("nan"))))
+        commit.append(float(getattr(result.report.seconds, "commit", float("nan"))))
+        print(f"    batch {i + 1}: keygroups {t_ours.wall * 1e3:.0f} ms, outside jobs {t_ours.outside_jobs * 1e3:.0f} "
+              f"ms ({t_ours.jobs} jobs); floor {t_floor.wall * 1e3:.0f} ms, outside jobs "
+              f"{t_floor.outside_jobs * 1e3:.0f} ms", flush=True)
+    retained = sum(1 for p in pathlib.Path(job.storage.location).iterdir() if p.name.startswith("chk-"))
+    med = statistics.median
+    return {"wall": med(t.wall for t in ours), "outside": med(t.outside_jobs for t in ours),
+            "jobs": med(t.spark_jobs for t in ours), "driver_cpu": med(t.cpu["driver"] for t in ours),
+            "floor_wall": med(t.wall for t in theirs), "floor_outside": med(t.outside_jobs for t in theirs),
+            "plan": med(plan), "commit": med(commit), "retained": retained}
+
+
+def harness_view(max_p: int, args: argparse.Namespace, files: list[str]) -> dict[str, float]:
+    from keygroups.testing import KeyedFunctionHarness
+
+    with KeyedFunctionHarness(RunningValue(), "key", output_schema=VALUE_OUTPUT, max_parallelism=max_p,
+                              parallelism=PARALLELISM) as h:
+        h.process(pa.table({"key": pa.array(range(args.keys), pa.int64()),
+                            "value": pa.array([1] * args.keys, pa.int64()),
+                            "ts": pa.array([0] * args.keys, pa.int64())}))
+        h.output_table()
+        phases: dict[str, list[float]] = {}
+        cpu = []
+        for f in files[args.retain:]:
+            table = pq.read_table(f)
+            c = time.process_time()
+            batch = h.process(table)
+            cpu.append(time.process_time() - c)
+            h.output_table()
+            for k, v in batch.phases.items():
+                phases.setdefault(k, []).append(v)
+    out = {k: float("nan") for k in ("plan", "commit", "output", "subtasks")}   # in case a phase is renamed
+    out.update({k: statistics.median(v) for k, v in phases.items()})
+    out["cpu"] = statistics.median(cpu)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="retain 10, 3 runs, 20k keys")
+    parser.add_argument("--max-parallelism", type=int, nargs="+", default=[128, 4096])
+    parser.add_argument("--retain", type=int, default=100, help="retained checkpoints (= untimed fill batches)")
+    parser.add_argument("--runs", type=int, default=10, help="timed batches")
+    parser.add_argument("--keys", type=int, default=100_000, help="keys of state loaded first")
+    parser.add_argument("--batch", type=int, default=10, help="records per tiny batch")
+    parser.add_argument("--no-spark", action="store_true")
+    parser.add_argument("--master", default="local[2]")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.retain, args.runs, args.keys = 10, 3, 20_000
+
+    work = pathlib.Path(tempfile.mkdtemp(prefix="kg-bench-driver-"))
+    n_files = args.retain + args.runs
+    generate_events(work / "events", n_files * args.batch, args.keys, n_files)
+    files = event_files(work / "events")
+    print(f"tiny batches of {args.batch} records, p={PARALLELISM}, {args.keys:,} keys of heap state, "
+          f"retain {args.retain}, {args.runs} timed batches; {load()} (2 cores, shared machine)", flush=True)
+    spark_rows: dict[int, dict[str, float]] = {}
+    try:
+        if not args.no_spark:
+            ship_by_value()
+            spark = spark_session(args.master, "keygroups-bench-driver", shuffle_partitions=PARALLELISM)
+            clock = SparkJobClock(spark)
+            try:
+                for mp in args.max_parallelism:
+                    spark_rows[mp] = spark_view(spark, clock, mp, args, work, files)
+            finally:
+                spark.stop()
+        harness_rows = {mp: harness_view(mp, args, files) for mp in args.max_parallelism}
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+    if spark_rows:
+        print(f"\n== 1. KeyedJob on Spark: a {args.batch}-record batch, medians of {args.runs} (ms); {load()}")
+        print(f"{'max p':>6}{'chk kept':>9}{'batch':>8}{'Spark jobs':>11}{'outside jobs':>13}{'  of it: plan':>14}"
+              f"{'commit':>8}{'driver CPU':>11}{'floor batch':>12}{'floor outside':>14}{'keygroups own':>14}"
+              "  target ms")
+        for mp, r in spark_rows.items():
+            own = r["outside"] - r["floor_outside"]
+            target = TARGETS.get(mp)
+            verdict = "" if target is None else f"{target * 1e3:.0f} {'ok' if r['outside'] <= target else 'miss'}"
+            print(f"{mp:>6}{r['retained']:>9}{r['wall'] * 1e3:>8.0f}{r['jobs'] * 1e3:>11.0f}{r['outside'] * 1e3:>13.0f}"
+                  f"{r['plan'] * 1e3:>14.0f}{r['commit'] * 1e3:>8.0f}{r['driver_cpu'] * 1e3:>11.0f}"
+                  f"{r['floor_wall'] * 1e3:>12.0f}{r['floor_outside'] * 1e3:>14.0f}{own * 1e3:>14.0f}  {verdict}")
+        print("  outside jobs: the batch's driver wall time while none of its Spark jobs ran (the figure the target "
+              "names); keygroups own: that minus the floor's outside-jobs time over the same file")
+    print(f"\n== 2. KeyedFunctionHarness (no Spark): the driver's phases per {args.batch}-record batch, medians of "
+          f"{args.runs} (ms); retains 1 checkpoint; {load()}")
+    print(f"{'max p':>6}{'plan':>8}{'commit':>8}{'output':>8}{'driver total':>13}{'subtasks':>10}{'batch CPU':>10}"
+          "  target ms")
+    for mp, r in harness_rows.items():
+        driver = r["plan"] + r["commit"] + r["output"]
+        target = TARGETS.get(mp)
+        verdict = "" if target is None else f"{target * 1e3:.0f} {'ok' if driver <= target else 'miss'}"
+        print(f"{mp:>6}{r['plan'] * 1e3:>8.1f}{r['commit'] * 1e3:>8.1f}{r['output'] * 1e3:>8.1f}{driver * 1e3:>13.1f}"
+              f"{r['subtasks'] * 1e3:>10.1f}{r['cpu'] * 1e3:>10.1f}  {verdict}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

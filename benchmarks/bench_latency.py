@@ -1,0 +1,482 @@
+"""End-to-end latency of a keyed stateful stream on Spark, keygroups beside Spark's own JVM ``transformWithState``
+and a stateless ``groupBy``; then small-batch throughput beside PyFlink's thread mode (issue 32 item 6).
+
+    python benchmarks/bench_latency.py                     # 1k and 10k events/s, 150 s per run, rescale every 60 s
+    python benchmarks/bench_latency.py --quick             # 1k and 10k events/s, 30 s per run, rescale every 10 s
+    python benchmarks/bench_latency.py --rates 10000 --skip groupBy --no-throughput
+
+Part 1, latency. One Spark session (``local[2]``, 2 shuffle partitions). For each rate (``--rates``, events per
+second) and each candidate, in turn (the order rotating), a fresh run:
+
+- a generator process writes a Parquet file of ``rate × --file-ms / 1000`` events (columns key long: uniform over
+  ``--keys`` keys, value long, ts long) into an empty source directory every ``--file-ms`` ms (written under a
+  temporary name, then renamed), for ``--duration`` seconds, and records each file's write time (wall clock just
+  after the rename: the moment the file's events are in the source);
+- a streaming query reads that directory (Spark's file source, every new file in the next micro-batch) with a
+  processing-time trigger of ``--trigger-ms`` and runs the candidate:
+  - ``keygroups``: ``KeyedJob`` (:class:`_jobs.RunningValue`: one ValueState per key, read and updated once per
+    record, one output row per record; heap, max parallelism 128) through ``job.foreach_batch(sink,
+    parallelism=2)``; the batch's output is committed when its checkpoint is (``chk-<n>/_metadata``), just before
+    the sink is called: the sink notes the time;
+  - ``keygroups rescale``: the same, its ``foreachBatch`` function calling ``job.run_batch(df, parallelism=p,
+    checkpoint_id=batch_id)`` with p switching between 2 and 4 every ``--rescale-every`` seconds;
+  - ``Spark TWS (JVM)``: ``benchmarks/java/LatencyTws.java`` (a Java ``StatefulProcessor``: the same running sum in
+    one ValueState per key, per record, one output row per record; compiled with ``javac`` against pyspark's jars
+    into a cache directory and put on the driver's class path; started through py4j): ``groupByKey(key)
+    .transformWithState`` (TimeMode.None, RocksDB state store, Spark's only provider for it) into a Parquet file
+    sink, whose commit of batch N is the file ``_spark_metadata/N`` (its modification time);
+  - ``Spark groupBy``: ``foreachBatch`` of ``df.groupBy("key").agg(count, sum)`` written as Parquet (stateless: the
+    floor of a shuffle by key per batch); committed when the write returns: the function notes the time.
+
+  Before all runs, each kind of query is started once, untimed, on one file (``--no-session-warmup`` skips it): the
+  session's first queries pay the JVM's warm-up, which would otherwise land on whichever candidate runs first.
+  Before the generator starts, one warm-up file goes through the query and its commit is awaited: the query's
+  first batch (planning, code generation, the first Python workers) is printed apart as "first batch".
+  A file's events are in batch N per the file source's own log (``<checkpoint>/sources/0``); their latency is batch
+  N's commit time minus the file's write time (every event of a file has its file's latency; percentiles are over
+  events). Files written in the generator's first ``--warmup`` seconds are left out; a file not committed
+  within ``--drain`` seconds after the generator stops counts as missing. Printed per run: latency p50, p99 and
+  max, batches, events per batch, and the CPU seconds per 1,000 events of the driver's Python, the JVM and Spark's
+  Python workers over the run.
+
+Part 2, small-batch throughput: ``--throughput-batches`` files of ``--batch`` events (default 10k, over the same
+keys) through ``KeyedJob.run_batch(spark.read.parquet(file), parallelism=2)`` one after another (one untimed first),
+events/s = events / the batches' wall time; beside PyFlink thread mode (``python.execution-mode: thread``,
+``apache-flink==2.3.0`` in its own virtualenv under ~/.cache/keygroups-bench, made on first use) running the same
+keyed job (one ValueState, one output per record, hashmap state, p=2, max p 128) over the same events as one
+stream: events / the job's net runtime, and net of its start-up (a run on 1,000 events).
+
+The machine may be shared (load printed); latency is wall clock by nature, so CPU figures stand beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import pathlib
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _events import event_files, generate_events  # noqa: E402
+from _jobs import VALUE_OUTPUT, RunningValue, ship_by_value  # noqa: E402
+from _peers import TreeCPU, build_java, load, pyflink_python, spark_classpath, spark_session  # noqa: E402
+
+PARALLELISM = 2
+RESCALED = 4
+MAX_PARALLELISM = 128
+ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+SCHEMA = pa.schema([("key", pa.int64()), ("value", pa.int64()), ("ts", pa.int64())])
+CANDIDATES = ("keygroups", "keygroups rescale", "Spark TWS (JVM)", "Spark groupBy")
+
+
+# ---- the generator (its own process: its timing does not wait for the driver's GIL) ---------------------------------
+
+def generate(directory: str, log: str, rate: int, file_ms: int, duration: float, keys: int, seed: int) -> None:
+    """Write a file of ``rate * file_ms / 1000`` events every ``file_ms`` ms for ``duration`` s; ``log`` gets
+    ``{"writes": [[name, write time (epoch s), events], ...], "cpu": its own CPU seconds}``."""
+    rng = np.random.default_rng(seed)
+    per_file = max(1, rate * file_ms // 1000)
+    d = pathlib.Path(directory)
+    writes = []
+    start = time.time()
+    k = 0
+    while True:
+        due = start + k * file_ms / 1000
+        if due - start >= duration:
+            break
+        delay = due - time.time()
+        if delay > 0:
+            time.sleep(delay)
+        now = int(time.time() * 1000)
+        table = pa.table({"key": rng.integers(0, keys, per_file, dtype=np.int64),
+                          "value": rng.integers(0, 1000, per_file, dtype=np.int64),
+                          "ts": np.full(per_file, now, dtype=np.int64)}, schema=SCHEMA)
+        name = f"part-{k:06d}.parquet"
+        pq.write_table(table, d / f".{name}.tmp")
+        os.replace(d / f".{name}.tmp", d / name)
+        writes.append([name, time.time(), per_file])
+        k += 1
+    import resource
+
+    own = sum(getattr(resource.getrusage(w), f) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+              for f in ("ru_utime", "ru_stime"))
+    pathlib.Path(log).write_text(json.dumps({"writes": writes, "cpu": own}))
+
+
+# ---- which batch took which file, and when each batch committed ----------------------------------------------------
+
+def batch_of_files(checkpoint: pathlib.Path) -> dict[str, int]:
+    """File name -> batch id, from the file source's log (``sources/0/<id>`` and compacted ``<id>.compact``)."""
+    out: dict[str, int] = {}
+    log = checkpoint / "sources" / "0"
+    if not log.is_dir():
+        return out
+    for f in log.iterdir():
+        if f.name.startswith("."):
+            continue
+        try:
+            lines = f.read_text().splitlines()[1:]   # the first line is the log's version
+        except OSError:
+            continue
+        for line in lines:
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue   # a file being written
+            out[entry["path"].rsplit("/", 1)[-1]] = int(entry["batchId"])
+    return out
+
+
+def file_sink_commits(output: pathlib.Path) -> dict[int, float]:
+    """Batch id -> the time the file sink committed it (``_spark_metadata/<id>[.compact]``'s modification time)."""
+    meta = output / "_spark_metadata"
+    out = {}
+    if meta.is_dir():
+        for f in meta.iterdir():
+            stem = f.name.removesuffix(".compact")
+            if stem.isdigit():
+                out[int(stem)] = f.stat().st_mtime
+    return out
+
+
+@dataclass
+class RunResult:
+    candidate: str
+    rate: int
+    latencies: list[float]          # per file, seconds (each file's events share it)
+    events_per_file: int
+    files: int
+    missing: int
+    batches: int
+    cpu: dict[str, float]
+    events: int
+    notes: list[str] = field(default_factory=list)
+
+    def percentile(self, q: float) -> float:
+        return float(np.percentile(self.latencies, q)) if self.latencies else float("nan")
+
+
+# ---- the candidates: each starts a query and returns (stop, commit times) --------------------------------------------
+
+class Candidate:
+    def __init__(self, spark: Any, source: pathlib.Path, work: pathlib.Path, args: argparse.Namespace) -> None:
+        self.spark, self.source, self.work, self.args = spark, source, work, args
+        self.checkpoint = work / "spark-checkpoint"
+        self.commits: dict[int, float] = {}
+        self.query: Any = None
+        self.notes: list[str] = []
+
+    def stream(self) -> Any:
+        return (self.spark.readStream.schema("key long, value long, ts long").parquet(str(self.source)))
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def committed(self) -> dict[int, float]:
+        return self.commits
+
+    def failed(self) -> str | None:
+        if self.query is None:
+            return None
+        exc = self.query.exception()
+        if exc is not None:
+            return str(exc)
+        return None if self.query.isActive else "the query stopped"
+
+    def stop(self) -> None:
+        if self.query is not None:
+            self.query.stop()
+
+
+class Keygroups(Candidate):
+    rescale = False
+
+    def start(self) -> None:
+        from keygroups.spark import KeyedJob
+
+        job = KeyedJob("latency", "key", RunningValue(), output_schema=VALUE_OUTPUT, max_parallelism=MAX_PARALLELISM,
+                       checkpoint_location=str(self.work / "keygroups"))
+        self.parallelisms: list[int] = []
+        if not self.rescale:
+            def sink(output: Any, batch_id: int, result: Any) -> None:
+                self.commits[batch_id] = time.time()
+                self.parallelisms.append(result.parallelism)
+
+            function = job.foreach_batch(sink, parallelism=PARALLELISM)
+        else:
+            started = time.time()
+            every = self.args.rescale_every
+
+            def function(df: Any, batch_id: int) -> None:
+                p = PARALLELISM if int((time.time() - started) // every) % 2 == 0 else RESCALED
+                result = job.run_batch(df, parallelism=p, checkpoint_id=int(batch_id))
+                self.commits[batch_id] = time.time()
+                self.parallelisms.append(result.parallelism)
+
+        self.query = (self.stream().writeStream.foreachBatch(function)
+                      .option("checkpointLocation", str(self.checkpoint))
+                      .trigger(processingTime=f"{self.args.trigger_ms} milliseconds").start())
+
+    def stop(self) -> None:
+        super().stop()
+        changes = sum(1 for a, b in zip(self.parallelisms, self.parallelisms[1:]) if a != b)
+        self.notes.append(f"parallelism changed {changes} times")
+
+
+class KeygroupsRescale(Keygroups):
+    rescale = True
+
+
+class SparkTws(Candidate):
+    def start(self) -> None:
+        self.output = self.work / "tws-output"
+        self.spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB_PROVIDER)
+        jvm = self.spark.sparkContext._jvm
+        self.query = jvm.LatencyTws.start(self.spark._jsparkSession, str(self.source), str(self.checkpoint),
+                                          str(self.output), int(self.args.trigger_ms))
+
+    def committed(self) -> dict[int, float]:
+        return file_sink_commits(self.output)
+
+    def failed(self) -> str | None:
+        exc = self.query.exception()
+        if exc.isDefined():
+            return exc.get().toString()
+        return None if self.query.isActive() else "the query stopped"
+
+
+class SparkGroupBy(Candidate):
+    def start(self) -> None:
+        from pyspark.sql import functions as F
+
+        output = str(self.work / "groupby-output")
+
+        def function(df: Any, batch_id: int) -> None:
+            df.groupBy("key").agg(F.count(F.lit(1)).alias("count"), F.sum("value").alias("sum")) \
+                .write.mode("append").parquet(output)
+            self.commits[batch_id] = time.time()
+
+        self.query = (self.stream().writeStream.foreachBatch(function)
+                      .option("checkpointLocation", str(self.checkpoint))
+                      .trigger(processingTime=f"{self.args.trigger_ms} milliseconds").start())
+
+
+KINDS: dict[str, type[Candidate]] = {"keygroups": Keygroups, "keygroups rescale": KeygroupsRescale,
+                                     "Spark TWS (JVM)": SparkTws, "Spark groupBy": SparkGroupBy}
+
+
+def run_one(spark: Any, name: str, rate: int, args: argparse.Namespace, root: pathlib.Path, seed: int) -> RunResult:
+    work = root / f"{name.replace(' ', '-').replace('(', '').replace(')', '')}-{rate}"
+    source = work / "source"
+    source.mkdir(parents=True)
+    log = work / "writes.json"
+    candidate = KINDS[name](spark, source, work, args)
+    tree = TreeCPU()
+    candidate.start()
+    # One warm-up file first, committed before the generator starts: the query's first batch (planning, code
+    # generation, the first Python workers) is its start-up, reported apart from the latencies.
+    pq.write_table(pa.table({"key": [0], "value": [0], "ts": [0]}, schema=SCHEMA), source / ".warm.tmp")
+    os.replace(source / ".warm.tmp", source / "part-warmup.parquet")
+    written = time.time()
+    while True:
+        batch = batch_of_files(candidate.checkpoint).get("part-warmup.parquet")
+        if batch is not None and batch in candidate.committed():
+            break
+        if candidate.failed() or time.time() - written > 600:
+            candidate.stop()
+            raise SystemExit(f"{name} at {rate}/s: the warm-up batch did not commit: {candidate.failed()}")
+        time.sleep(0.2)
+    first_batch = candidate.committed()[batch] - written
+    cpu0 = tree.sample()
+    ctx = multiprocessing.get_context("spawn")
+    gen = ctx.Process(target=generate, args=(str(source), str(log), rate, args.file_ms, args.duration, args.keys, seed))
+    gen.start()
+    try:
+        while gen.is_alive():
+            gen.join(1)
+            if candidate.failed():
+                gen.terminate()
+                raise SystemExit(f"{name} at {rate}/s failed: {candidate.failed()[:3000]}")
+        logged = json.loads(log.read_text())
+        writes = logged["writes"]
+        deadline = time.time() + args.drain
+        while time.time() < deadline:
+            batches, commits = batch_of_files(candidate.checkpoint), candidate.committed()
+            if all(w[0] in batches and batches[w[0]] in commits for w in writes):
+                break
+            time.sleep(0.5)
+        cpu = TreeCPU.delta(cpu0, tree.sample())
+        cpu["driver"] -= logged["cpu"]   # the generator, reaped by this process, is not the driver's work
+    finally:
+        candidate.stop()
+    batches, commits = batch_of_files(candidate.checkpoint), candidate.committed()
+    first = writes[0][1] if writes else 0.0
+    latencies, missing = [], 0
+    for name_, written, _events in writes:
+        if written - first < args.warmup:
+            continue
+        batch = batches.get(name_)
+        if batch is None or batch not in commits:
+            missing += 1
+            continue
+        latencies.append(commits[batch] - written)
+    used = {batches[w[0]] for w in writes if w[0] in batches}
+    events = sum(w[2] for w in writes)
+    result = RunResult(name, rate, latencies, writes[0][2] if writes else 0, len(writes), missing, len(used),
+                       cpu, events, [f"first batch {first_batch:.1f} s", *candidate.notes])
+    shutil.rmtree(work, ignore_errors=True)
+    return result
+
+
+# ---- part 2: small-batch throughput --------------------------------------------------------------------------------
+
+def keygroups_throughput(spark: Any, files: list[str], location: str) -> tuple[float, dict[str, float], int]:
+    from keygroups.spark import KeyedJob
+
+    job = KeyedJob("throughput", "key", RunningValue(), output_schema=VALUE_OUTPUT, max_parallelism=MAX_PARALLELISM,
+                   checkpoint_location=location)
+    job.run_batch(spark.read.parquet(files[0]), parallelism=PARALLELISM)   # untimed: first batch, workers start
+    tree = TreeCPU()
+    cpu0 = tree.sample()
+    events = 0
+    t0 = time.perf_counter()
+    for f in files[1:]:
+        events += job.run_batch(spark.read.parquet(f), parallelism=PARALLELISM).records_in
+    wall = time.perf_counter() - t0
+    return wall, TreeCPU.delta(cpu0, tree.sample()), events
+
+
+def pyflink_throughput(files: list[str], work: pathlib.Path) -> tuple[float, float, float, int]:
+    """(net runtime s, JVM CPU s, start-up net runtime s on 1,000 events, events) of the PyFlink thread-mode job."""
+    from bench_record_path import pyflink, write_pairs
+
+    python = pyflink_python()
+    pairs, tiny = work / "pyflink-events.bin", work / "pyflink-tiny.bin"
+    write_pairs(files, pairs)
+    write_pairs(files, tiny, 1_000)
+    run = pyflink(python, pairs, "hashmap", "thread", job="value")
+    fixed = pyflink(python, tiny, "hashmap", "thread", job="value")
+    keys = np.unique(pq.read_table(files, columns=["key"]).column("key").to_numpy()).size
+    if run.records != sum(pq.ParquetFile(f).metadata.num_rows for f in files) or run.checksum != keys:
+        raise SystemExit(f"PyFlink: {run.records} output rows over {run.checksum} keys; expected one per event over "
+                         f"{keys} keys")
+    return run.wall, run.cpu, fixed.wall, run.records
+
+
+# ---- the run --------------------------------------------------------------------------------------------------------
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="30 s runs, rescale every 10 s, 5 throughput batches")
+    parser.add_argument("--rates", type=int, nargs="+", default=[1_000, 10_000], help="events per second")
+    parser.add_argument("--keys", type=int, default=50_000)
+    parser.add_argument("--duration", type=float, default=150.0, help="seconds the generator writes, per run")
+    parser.add_argument("--warmup", type=float, default=5.0,
+                        help="leave out files of the generator's first seconds (after the warm-up batch)")
+    parser.add_argument("--drain", type=float, default=60.0, help="seconds to wait for the last files' commits")
+    parser.add_argument("--file-ms", type=int, default=100, help="a source file every this many ms")
+    parser.add_argument("--trigger-ms", type=int, default=200, help="the processing-time trigger of every query")
+    parser.add_argument("--rescale-every", type=float, default=60.0)
+    parser.add_argument("--skip", nargs="*", default=[], choices=CANDIDATES, help="candidates to leave out")
+    parser.add_argument("--session-warmup", action=argparse.BooleanOptionalAction, default=True,
+                        help="start and stop each kind of query once first, untimed")
+    parser.add_argument("--throughput", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--throughput-batches", type=int, default=20)
+    parser.add_argument("--batch", type=int, default=10_000, help="events per batch in the throughput part")
+    parser.add_argument("--master", default="local[2]")
+    args = parser.parse_args(argv)
+    if args.quick:   # the quick sizes, where not given explicitly
+        quick = {"duration": 30.0, "rescale_every": 10.0, "warmup": 2.0, "drain": 30.0, "throughput_batches": 5}
+        for name, value in quick.items():
+            if getattr(args, name) == parser.get_default(name):
+                setattr(args, name, value)
+
+    root = pathlib.Path(tempfile.mkdtemp(prefix="kg-bench-latency-"))
+    candidates = [c for c in CANDIDATES if c not in args.skip]
+    classes = build_java("LatencyTws.java", spark_classpath()) if "Spark TWS (JVM)" in candidates else None
+    ship_by_value()
+    spark = spark_session(args.master, "keygroups-bench-latency", shuffle_partitions=PARALLELISM,
+                          extra_classpath=[classes] if classes else None,
+                          conf={"spark.sql.streaming.noDataMicroBatches.enabled": "false"})
+    print(f"{args.keys:,} keys; rates {args.rates} events/s; a file every {args.file_ms} ms; trigger "
+          f"{args.trigger_ms} ms; {args.duration:.0f} s per run ({args.warmup:.0f} s warm-up left out); rescale "
+          f"every {args.rescale_every:.0f} s; {load()} (2 cores, shared machine)", flush=True)
+    results: list[RunResult] = []
+    throughput = None
+    try:
+        if args.session_warmup:   # each kind of query once, untimed: the session's first queries pay the JVM's warm-up
+            idle = argparse.Namespace(**{**vars(args), "duration": 0.0, "drain": 0.0})
+            firsts = [f"{name} {run_one(spark, name, args.rates[0], idle, root, seed=0).notes[0]}" for name in candidates]
+            print(f"  session warm-up: {'; '.join(firsts)}; {load()}", flush=True)
+        for i, rate in enumerate(args.rates):
+            order = candidates[i % len(candidates):] + candidates[:i % len(candidates)]
+            for name in order:
+                r = run_one(spark, name, rate, args, root, seed=rate)
+                results.append(r)
+                print(f"  {name:<18} {rate:>6}/s: p50 {r.percentile(50) * 1e3:7.0f} ms  p99 "
+                      f"{r.percentile(99) * 1e3:7.0f} ms  {r.batches} batches, {r.missing} files missing; "
+                      f"{'; '.join(r.notes)}; {load()}", flush=True)
+        if args.throughput:
+            generate_events(root / "events", (args.throughput_batches + 1) * args.batch, args.keys,
+                            args.throughput_batches + 1)
+            files = event_files(root / "events")
+            throughput = keygroups_throughput(spark, files, str(root / "throughput"))
+            print(f"  keygroups throughput: {throughput[2]:,} events in {throughput[0]:.1f} s", flush=True)
+    finally:
+        spark.stop()
+    flink = pyflink_throughput(files[1:], root) if args.throughput else None
+    shutil.rmtree(root, ignore_errors=True)
+
+    print(f"\n== 1. latency, event written to the source -> its output committed; {args.keys:,} keys, one "
+          f"ValueState per record; trigger {args.trigger_ms} ms; {load()}")
+    print(f"{'candidate':<20}{'events/s':>9}{'p50 ms':>8}{'p99 ms':>8}{'max ms':>8}{'batches':>8}{'ev/batch':>9}"
+          f"{'missing':>8}{'CPU s per 1k events: driver':>29}{'JVM':>7}{'workers':>9}")
+    for r in results:
+        k = r.events / 1000
+        mx = max(r.latencies) * 1e3 if r.latencies else float("nan")
+        print(f"{r.candidate:<20}{r.rate:>9,}{r.percentile(50) * 1e3:>8.0f}{r.percentile(99) * 1e3:>8.0f}{mx:>8.0f}"
+              f"{r.batches:>8}{r.events / max(r.batches, 1):>9,.0f}{r.missing:>8}{r.cpu['driver'] / k:>29.3f}"
+              f"{r.cpu['jvm'] / k:>7.3f}{r.cpu['python workers'] / k:>9.3f}")
+    print("  issue 32's target: keygroups p50 and p99 <= Spark TWS (JVM) on the same machine:")
+    for rate in args.rates:
+        by = {r.candidate: r for r in results if r.rate == rate}
+        tws = by.get("Spark TWS (JVM)")
+        for name in ("keygroups", "keygroups rescale"):
+            if name in by and tws is not None:
+                a = by[name]
+                p50, p99 = a.percentile(50) / tws.percentile(50), a.percentile(99) / tws.percentile(99)
+                verdict = "meets" if p50 <= 1 and p99 <= 1 else "misses"
+                print(f"    {rate:,}/s {name}: p50 {p50:.2f}x, p99 {p99:.2f}x of TWS: {verdict}")
+    if throughput is not None and flink is not None:
+        wall, cpu, events = throughput
+        net, fcpu, fixed, fevents = flink
+        ours, theirs = events / wall, fevents / net
+        steady = (fevents - 1_000) / max(net - fixed, 1e-9)
+        print(f"\n== 2. small-batch throughput: {args.batch:,}-event batches, {args.keys:,} keys, p={PARALLELISM}; "
+              f"{load()}")
+        print(f"  keygroups KeyedJob.run_batch x{args.throughput_batches}: {ours:,.0f} events/s ({wall:.1f} s; CPU s "
+              f"driver {cpu['driver']:.1f}, JVM {cpu['jvm']:.1f}, workers {cpu['python workers']:.1f})")
+        print(f"  PyFlink thread mode, same events as one stream: {theirs:,.0f} events/s (net runtime {net:.1f} s, "
+              f"JVM CPU {fcpu:.1f} s); net of its start-up ({fixed:.1f} s on 1,000 events) {steady:,.0f} events/s")
+        verdict = "meets" if ours >= theirs else "misses"
+        print(f"  keygroups / PyFlink thread: {ours / theirs:.2f}x ({ours / steady:.2f}x against PyFlink net of "
+              f"start-up); target >= 1: {verdict}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
