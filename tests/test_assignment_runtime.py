@@ -21,10 +21,14 @@ from keygroups.runtime.assignment import (
     DECISION_PROPERTY,
     RANGES_PROPERTY,
     BalancedRanges,
+    AssignmentDecision,
+    checkpoint_boundaries,
     checkpoint_loads,
     decode_counts,
     max_over_mean,
+    moved_figures,
     range_loads,
+    warm_takeover,
 )
 from keygroups.runtime.subtask import run_keyed_subtask
 from keygroups.runtime.subtask_state import HeapBackendRegistry
@@ -90,10 +94,11 @@ def test_skew_moves_boundaries_keeps_unchanged_ranges_warm_and_cli_shows_them(tm
         unchanged = (plan.boundaries[i], plan.boundaries[i + 1]) in before
         # a range that changed resumes the kept backend overlapping it most, if one is left
         assert r.restored.mode in (("warm",) if unchanged else ("moved", "cold"))
-    # a changed range keeps the key groups it still owns warm and reads only those that arrived, each once
+    # each subtask takes over the warm state the decision's best matching gives it: it keeps the key groups it still
+    # owns warm and reads only those that arrived, each once, so the bytes read are exactly the moved bytes
     arrived = [kg for r in reports for run in r.restored.restored_key_groups for kg in run]
-    assert 0 < len(arrived) == len(set(arrived))
-    assert sum(r.restored.bytes_read for r in reports) >= decision["moved_bytes"] > 0
+    assert 0 < len(arrived) == len(set(arrived)) == decision["moved_key_groups"]
+    assert sum(r.restored.bytes_read for r in reports) == decision["moved_bytes"] > 0
     # the load figures reach the records each range got
     counted = range_loads(checkpoint_loads(second).records, plan.boundaries)
     assert counted.sum() == pytest.approx(4000 * sum(0.5 ** (k / 3) for k in range(6)), rel=1e-5)
@@ -206,5 +211,68 @@ def test_skew_runs_stay_within_flinks_ranges_and_read_exactly_what_changed_owner
         assert ran == flink and moved == read == 0
     else:
         assert np.mean(ran[6:]) < 0.85 * np.mean(flink[6:])
-        assert read >= moved > 0
+        assert read == moved > 0
 
+
+class FixedRanges:
+    """An assignment that runs the ranges it is given (any Assignment may), with the decision's best takeover."""
+
+    name = "fixed"
+
+    def __init__(self, boundaries):
+        self.boundaries = tuple(boundaries)
+
+    def choose(self, previous, max_parallelism, parallelism):
+        b = self.boundaries
+        if previous is None:
+            return AssignmentDecision("fixed", b, None, False, "given", 1.0, None, 1.0)
+        before, state = checkpoint_boundaries(previous), checkpoint_loads(previous).state_bytes
+        takeover = warm_takeover(before, b, state)
+        groups, moved, restore = moved_figures(before, b, state, takeover)
+        return AssignmentDecision("fixed", b, before, before != b, "given", 1.0, None, 1.0, moved_key_groups=groups,
+                                  moved_bytes=moved, restore_bytes=restore, takeover=takeover)
+
+
+@pytest.mark.parametrize("honoured", [True, False])
+def test_several_moved_boundaries_read_exactly_the_moved_bytes(tmp_path, honoured):
+    """Two of three boundaries move so that the first subtask's largest overlap is the range the second needs: the
+    subtasks take the warm state the decision's best matching gives them and read exactly the moved bytes. The same
+    batch with each subtask choosing greedily (the largest overlap first, as before the takeover was shipped) reads
+    more: the second subtask finds its only overlapping range taken and restores its whole range cold."""
+    location = str(tmp_path / "chk")
+    kept, timers = HeapBackendRegistry(), TimerQueueRegistry()
+    table = pa.table({"key": pa.array(np.arange(3000), pa.int64()), "n": pa.array(np.ones(3000, np.int64))})
+    run(location, table, 3, FixedRanges((0, 4, 25, MP)), kept, timers)
+    plan, second, reports = run(location, table, 3, FixedRanges((0, 15, 24, MP)), kept, timers,
+                                **({} if honoured else {"warm_takeover": None}))
+    decision = second.properties[DECISION_PROPERTY]
+    assert decision["takeover"] == [0, 1, 2]
+    assert [r.restored.mode for r in reports] == ["moved", "moved", "moved"] if honoured else \
+        ["moved", "cold", "moved"]
+    read = sum(r.restored.bytes_read for r in reports)
+    arrived = sorted(kg for r in reports for run_ in r.restored.restored_key_groups for kg in run_)
+    if honoured:
+        assert arrived == [*range(4, 15), *range(24, 25)] and len(arrived) == decision["moved_key_groups"]
+        assert read == decision["moved_bytes"] > 0
+    else:
+        assert read > 1.1 * decision["moved_bytes"]
+
+
+def test_harness_takes_over_warm_state_as_the_decision_says(tmp_path):
+    """The test harness (the batch spine's local executor) ships the decision's takeover to its subtasks: after two
+    boundaries moved, the bytes the batch restored are the decision's moved bytes, and the report carries the
+    decision."""
+    from keygroups.testing import KeyedFunctionHarness
+
+    assignment = FixedRanges((0, 4, 25, MP))
+    records = [{"key": k, "n": 1} for k in range(3000)]
+    with KeyedFunctionHarness(SkewCounter(), "key", output_schema=OUT, input_schema=SCHEMA, max_parallelism=MP,
+                              parallelism=3, assignment=assignment, directory=tmp_path) as harness:
+        harness.process(records)
+        assignment.boundaries = (0, 15, 24, MP)
+        report = harness.process(records).report
+        decision = report.assignment
+        assert decision is not None and decision.boundaries == (0, 15, 24, MP) and decision.takeover == (0, 1, 2)
+        assert report.bytes_restored == decision.moved_bytes > 0
+        assert report.key_groups_cold == decision.moved_key_groups == 12
+        assert harness.state(7, "count") == 2   # key 7's state came through whichever way it went
