@@ -233,17 +233,20 @@ class FixedRanges:
                                   moved_bytes=moved, restore_bytes=restore, takeover=takeover)
 
 
+@pytest.mark.parametrize("backend", ["heap", "rocksdb"])
 @pytest.mark.parametrize("honoured", [True, False])
-def test_several_moved_boundaries_read_exactly_the_moved_bytes(tmp_path, honoured):
+def test_several_moved_boundaries_read_exactly_the_moved_bytes(tmp_path, honoured, backend):
     """Two of three boundaries move so that the first subtask's largest overlap is the range the second needs: the
     subtasks take the warm state the decision's best matching gives them and read exactly the moved bytes. The same
     batch with each subtask choosing greedily (the largest overlap first, as before the takeover was shipped) reads
-    more: the second subtask finds its only overlapping range taken and restores its whole range cold."""
+    more: the second subtask finds its only overlapping range taken and restores its whole range cold. Heap backends
+    kept in the process and RocksDB databases kept on local disk alike."""
     location = str(tmp_path / "chk")
     kept, timers = HeapBackendRegistry(), TimerQueueRegistry()
     table = pa.table({"key": pa.array(np.arange(3000), pa.int64()), "n": pa.array(np.ones(3000, np.int64))})
-    run(location, table, 3, FixedRanges((0, 4, 25, MP)), kept, timers)
-    plan, second, reports = run(location, table, 3, FixedRanges((0, 15, 24, MP)), kept, timers,
+    local = {"backend": backend, "local_dir": str(tmp_path / "local")}
+    run(location, table, 3, FixedRanges((0, 4, 25, MP)), kept, timers, **local)
+    plan, second, reports = run(location, table, 3, FixedRanges((0, 15, 24, MP)), kept, timers, **local,
                                 **({} if honoured else {"warm_takeover": None}))
     decision = second.properties[DECISION_PROPERTY]
     assert decision["takeover"] == [0, 1, 2]
