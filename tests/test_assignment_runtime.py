@@ -279,3 +279,19 @@ def test_harness_takes_over_warm_state_as_the_decision_says(tmp_path):
         assert report.bytes_restored == decision.moved_bytes > 0
         assert report.key_groups_cold == decision.moved_key_groups == 12
         assert harness.state(7, "count") == 2   # key 7's state came through whichever way it went
+
+
+def test_a_subtask_restoring_cold_does_not_push_out_warm_state_another_takes_over(tmp_path):
+    """Three heap backends kept (the limit): the first subtask's new range overlaps only a range the decision gives
+    to the second, so it restores cold and keeps one backend more; the one dropped to stay within the limit is the
+    range nobody takes over, not the one the second subtask is about to resume."""
+    location = str(tmp_path / "chk")
+    kept, timers = HeapBackendRegistry(), TimerQueueRegistry()
+    table = pa.table({"key": pa.array(np.arange(3000), pa.int64()), "n": pa.array(np.ones(3000, np.int64))})
+    run(location, table, 3, FixedRanges((0, 10, 20, MP)), kept, timers, warm_heap_backends=3)
+    plan, second, reports = run(location, table, 3, FixedRanges((0, 1, 15, MP)), kept, timers,
+                                warm_heap_backends=3)
+    decision = second.properties[DECISION_PROPERTY]
+    assert decision["takeover"] == [None, 0, 2]
+    assert [r.restored.mode for r in reports] == ["cold", "moved", "moved"]
+    assert sum(r.restored.bytes_read for r in reports) == decision["moved_bytes"] > 0

@@ -212,7 +212,9 @@ def task_state(spec: KeyedTaskSpec, subtask_index: int, own_range: KeyGroupRange
                                                            spec.warm_claims(subtask_index)))
         yield TaskState(backend, restored, timers, storage, metadata)
         backend.compact()  # what a full rewrite made obsolete goes before the backend waits for its next batch
-        registry.keep(key, backend, spec.warm_heap_backends)  # only after a batch that went through
+        others = spec.warm_claims(subtask_index)[1]
+        registry.keep(key, backend, spec.warm_heap_backends,   # only after a batch that went through
+                      spare=lambda k: k[:3] == key[:3] and k[5:] == key[5:] and (k[3], k[4]) in others)
         return
     warm_dir = warm_directory(spec.local_dir, spec.checkpoint_location, spec.job_name) if spec.warm_state else None
     with create_backend(spec.backend, own_range, spec.max_parallelism, spec.key_type,
