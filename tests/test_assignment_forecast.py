@@ -5,6 +5,7 @@ Spark or files: load sequences run through ``BalancedRanges.choose`` and the com
 from __future__ import annotations
 
 import itertools
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -42,9 +43,11 @@ def run_batches(assignment, works, parallelisms, mp):
     for n, (work, p) in enumerate(zip(works, parallelisms)):
         decision = assignment.choose(previous, mp, p)
         b = decision.boundaries
-        reports = [{"subtask": i, RECORDS_REPORT: encode_counts(work[b[i]:b[i + 1]]),
-                    CALLS_REPORT: encode_counts(work[b[i]:b[i + 1]]),
-                    TIMERS_REPORT: encode_counts(np.zeros(b[i + 1] - b[i]))} for i in range(p)]
+        # what merged_loads reads of a SubtaskReport
+        reports = [SimpleNamespace(subtask=i, **{RECORDS_REPORT: encode_counts(work[b[i]:b[i + 1]]),
+                                                 CALLS_REPORT: encode_counts(work[b[i]:b[i + 1]]),
+                                                 TIMERS_REPORT: encode_counts(np.zeros(b[i + 1] - b[i]))})
+                   for i in range(p)]
         previous = CheckpointMetadata(
             checkpoint_id=n + 1, job_id="j", timestamp_ms=0, max_parallelism=mp, parallelism=p, keyed_handles=[],
             properties={LOADS_PROPERTY: merged_loads(previous, reports, mp, b, getattr(assignment, "half_life", 3.0)),
