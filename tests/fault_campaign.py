@@ -140,7 +140,9 @@ def delivered(sink: str) -> dict[int, dict[str, Any]]:
 
 def source_records(metadata: Any) -> int:
     """How many records the sources of a committed checkpoint read (its reports say)."""
-    return sum(r["records"] for r in metadata.properties.get("source_reports", []))
+    from keygroups.runtime.properties import BatchProperties
+
+    return sum(r.records for r in BatchProperties.of(metadata).source_reports)
 
 
 def deliver_pending(storage: CheckpointStorage, sink: str) -> None:

@@ -56,7 +56,7 @@ from keygroups.runtime.functions import KeyedProcessFunction
 from keygroups.runtime.properties import BatchProperties, PolicyChoice, check_user_properties
 from keygroups.runtime.report import BatchReport, InputDigest, SourceReport, SubtaskReport
 from keygroups.runtime.scaling import BatchFigures, ParallelismPolicy
-from keygroups.runtime.source import SourceTaskSpec
+from keygroups.runtime.source import Source, SourceTaskSpec
 from keygroups.runtime.spec import KeyedTaskSpec, check_warm_heap_backends
 from keygroups.runtime.watermarks import LateRecords, WatermarkStrategy, check_late_records
 
@@ -212,11 +212,18 @@ class CommittedBatch:
 
 @dataclass(frozen=True)
 class SourceRead:
-    """A source batch's input: the next records of a partitioned log (see ``KeyedJob.run_source_batch``)."""
+    """A source batch's input: the next records of a replayable source (a partitioned log, Kafka; see
+    ``KeyedJob.run_source_batch``), ``record_schema`` their schema (None: the source's own, e.g. Kafka's raw
+    values)."""
 
-    log_directory: str
-    record_schema: pa.Schema
+    source: Source
+    record_schema: pa.Schema | None = None
     max_records_per_subtask: int | None = None
+
+    @property
+    def staged_schema(self) -> pa.Schema:
+        """The schema of what the source subtasks stage: the records' columns and their position columns."""
+        return self.source.staged_schema(self.record_schema)
 
 
 #: How long the retention thread of a job waits for the next commit before it ends.
@@ -312,7 +319,7 @@ class JobDriver:
         """One batch through the spine (see the module docs): ``parallelism`` an int, or a policy that picks it
         from the batch's record count and ``history``; ``checkpoint_id`` or ``streaming`` make it idempotent (a
         complete checkpoint is replayed, not run again); ``properties`` (JSON) are stored in the checkpoint;
-        ``source``: the input is the next records of a log, read by source subtasks; ``processing_time`` fixes the
+        ``source``: the input is the next records of a source (a log, Kafka), read by source subtasks; ``processing_time`` fixes the
         batch's (epoch ms; default: now) and ``watermark`` the watermark it moves to (default: the watermark
         strategy's, from the input's largest event time): the test harness moves time itself."""
         started = time.perf_counter()
@@ -329,11 +336,12 @@ class JobDriver:
                 return self._replayed(executor, start.replay, started)
             timestamp = (options.timestamp_column if options.watermark_strategy is not None and watermark is None
                          else None)
+            source_spec: SourceTaskSpec | None = None
             if source is not None:
                 plan = start.plan(int(parallelism), options.assignment)   # type: ignore[arg-type]
-                source_reports = executor.run_sources(plan.source_task(
-                    source.log_directory, record_schema=source.record_schema,
-                    max_records_per_subtask=source.max_records_per_subtask))
+                source_spec = plan.source_task(source.source, record_schema=source.record_schema,
+                                               max_records_per_subtask=source.max_records_per_subtask)
+                source_reports = executor.run_sources(source_spec)
                 figures = executor.read_input(count=False, timestamp_column=timestamp)
             else:
                 figures = executor.read_input(count=policy is not None, timestamp_column=timestamp)
@@ -376,6 +384,8 @@ class JobDriver:
                 raise
             committed = time.perf_counter()
             self._committed(plan, metadata)
+            if source_spec is not None:   # Kafka reports the committed positions to its consumer group
+                source_spec.source.notify_checkpoint_complete(metadata)
         watermark_after = plan.start_watermark if watermark is None else max(plan.start_watermark, watermark)
         report = BatchReport.of(
             checkpoint_id=metadata.checkpoint_id, job=options.name, replayed=False, parallelism=plan.parallelism,

@@ -358,19 +358,42 @@ class SubtaskReport:
 
 
 @dataclass(frozen=True)
+class SplitPosition:
+    """Where a source subtask goes on in one split: its ``topic`` (None: a partition of the file log), its
+    ``partition`` and the ``offset`` of the next record to read (a byte offset in a log partition, a Kafka
+    offset)."""
+
+    topic: str | None
+    partition: int
+    offset: int
+
+
+#: What a source reader notes besides its positions, each a list of JSON objects as the reader reported them
+#: (Kafka: records skipped as undecodable, positions reset after a lost offset, partitions discovered, dropped).
+SOURCE_NOTES = ("skipped", "resets", "discovered", "dropped")
+
+
+@dataclass(frozen=True)
 class SourceReport:
     """What one source subtask did (:func:`keygroups.runtime.source.run_source_subtask`): the operator state it
-    wrote (its log positions), the staged input file (None: no record), the ``records`` it read of its
-    ``partitions``, its new ``positions`` (partition -> next offset), the bytes its restore read and its seconds."""
+    wrote (its positions), the staged input file (None: no record), the ``records`` it read of its ``partitions``
+    (``(topic, partition)``, topic None for the file log), its new ``positions`` (one :class:`SplitPosition` per
+    split), the bytes its restore read, its seconds, the records it skipped (Kafka's ``on_decode_error='skip'``)
+    and its reader's ``notes`` (see :data:`SOURCE_NOTES`).
+
+    A checkpoint stores it as the reader reported it: a log's ``partitions`` as ints and ``positions`` as
+    ``{"<partition>": offset}``, Kafka's as ``[topic, partition]`` and ``[topic, partition, offset]`` lists."""
 
     subtask: int
     operator_handle: OperatorStateHandle | None
     input_file: str | None
     records: int
-    partitions: tuple[int, ...] = ()
-    positions: Mapping[str, int] = field(default_factory=dict)
+    partitions: tuple[tuple[str | None, int], ...] = ()
+    positions: tuple[SplitPosition, ...] = ()
     restored_bytes: int = 0
     seconds: float = 0.0
+    records_skipped: int = 0
+    notes: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> SourceReport:
@@ -379,25 +402,56 @@ class SourceReport:
                        operator_handle=(OperatorStateHandle.from_json(d["operator_handle"])
                                         if d.get("operator_handle") else None),
                        input_file=d.get("input_file"), records=_int(d["records"], "records"),
-                       partitions=tuple(int(p) for p in d.get("partitions") or ()),
-                       positions={str(k): int(v) for k, v in (d.get("positions") or {}).items()},
+                       partitions=tuple(_split_id(p) for p in d.get("partitions") or ()),
+                       positions=_read_positions(d.get("positions")),
                        restored_bytes=_int(d.get("restored_bytes", 0), "restored_bytes"),
-                       seconds=_seconds(d.get("seconds", 0.0), "seconds"))
+                       seconds=_seconds(d.get("seconds", 0.0), "seconds"),
+                       records_skipped=_int(d.get("records_skipped", 0), "records_skipped"),
+                       notes={k: tuple(d[k]) for k in SOURCE_NOTES if d.get(k)})
         except CorruptSnapshotError:
             raise
         except (KeyError, TypeError, ValueError) as e:
             raise CorruptSnapshotError(f"a source report is malformed ({type(e).__name__}: {e}): {dict(d)!r:.300}"
                                        ) from None
 
+    def offsets(self) -> dict[tuple[str | None, int], int]:
+        """``(topic, partition) -> next offset`` of every split this subtask holds."""
+        return {(p.topic, p.partition): p.offset for p in self.positions}
+
     def stored(self) -> dict[str, Any]:
         """What a checkpoint keeps of the report: everything but the handle (the checkpoint lists it)."""
-        return {"subtask": self.subtask, "input_file": self.input_file, "records": self.records,
-                "partitions": list(self.partitions), "positions": dict(self.positions),
-                "restored_bytes": self.restored_bytes, "seconds": self.seconds}
+        log = all(t is None for t, _ in self.partitions) and all(p.topic is None for p in self.positions)
+        out: dict[str, Any] = {
+            "subtask": self.subtask, "input_file": self.input_file, "records": self.records,
+            "partitions": [p if log else [t, p] for t, p in self.partitions],
+            "positions": ({str(p.partition): p.offset for p in self.positions} if log
+                          else [[p.topic, p.partition, p.offset] for p in self.positions]),
+            "restored_bytes": self.restored_bytes, "seconds": self.seconds}
+        if self.records_skipped:
+            out["records_skipped"] = self.records_skipped
+        out.update({k: list(v) for k, v in self.notes.items()})
+        return out
 
     def to_json(self) -> dict[str, Any]:
         return {**self.stored(), "operator_handle": None if self.operator_handle is None
                 else self.operator_handle.to_json()}
+
+
+def _split_id(value: Any) -> tuple[str | None, int]:
+    """A log partition (an int) or a Kafka ``[topic, partition]``."""
+    if isinstance(value, list | tuple):
+        topic, partition = value
+        return str(topic), _int(partition, "partition")
+    return None, _int(value, "partition")
+
+
+def _read_positions(value: Any) -> tuple[SplitPosition, ...]:
+    """A log's ``{"<partition>": offset}`` or Kafka's ``[[topic, partition, offset], ...]``."""
+    if not value:
+        return ()
+    if isinstance(value, Mapping):
+        return tuple(SplitPosition(None, int(p), _int(o, "offset")) for p, o in value.items())
+    return tuple(SplitPosition(str(t), _int(p, "partition"), _int(o, "offset")) for t, p, o in value)
 
 
 # ---- the batch -------------------------------------------------------------------------------------------------
@@ -609,5 +663,5 @@ def _slowest(reports: Sequence[SubtaskReport], *phases: str) -> float:
     return max((sum(getattr(r.seconds, p) for p in phases) for r in reports), default=0.0)
 
 
-__all__ = ["BatchReport", "PhaseSeconds", "PHASES", "format_time", "SubtaskReport", "SourceReport", "RestoreInfo",
-           "RestoreMode", "TimerFigures", "SubtaskSeconds", "InputDigest"]
+__all__ = ["BatchReport", "PhaseSeconds", "PHASES", "format_time", "SubtaskReport", "SourceReport", "SplitPosition",
+           "SOURCE_NOTES", "RestoreInfo", "RestoreMode", "TimerFigures", "SubtaskSeconds", "InputDigest"]

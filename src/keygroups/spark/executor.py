@@ -39,7 +39,7 @@ from keygroups.runtime.backends import key_type_for_schema
 from keygroups.runtime.batch import InputFigures, JobOptions
 from keygroups.runtime.driver import BatchPlan
 from keygroups.runtime.report import InputDigest, SourceReport, SubtaskReport
-from keygroups.runtime.source import SourceTaskSpec, run_source_subtask, staged_schema
+from keygroups.runtime.source import SourceTaskSpec, run_source_subtask
 from keygroups.runtime.spec import KeyedTaskSpec
 from keygroups.runtime.subtask import run_keyed_subtask
 from keygroups.runtime.subtask_input import unused_name
@@ -282,8 +282,9 @@ def check_input(options: JobOptions, df: DataFrame, cache: SparkPlanCache) -> _C
 
 class SparkExecutor:
     """Runs one batch's subtasks as Spark tasks (see the module docs): over ``df``, or (a source batch) over the
-    records the source subtasks stage. ``read_once=False`` reads the input once per figure instead of persisting it
-    (the former path, for a benchmark's comparison)."""
+    records the source subtasks stage (``staged``: their schema, the source's columns and position columns).
+    ``read_once=False`` reads the input once per figure instead of persisting it (the former path, for a
+    benchmark's comparison)."""
 
     def __init__(self, spark: SparkSession, options: JobOptions, storage: CheckpointStorage, cache: SparkPlanCache,
                  df: DataFrame | None = None, *, staged: pa.Schema | None = None, read_once: bool = True) -> None:
@@ -354,7 +355,7 @@ class SparkExecutor:
     def key_type(self, key_columns: tuple[str, ...]) -> KeyType:
         if self._df is None:   # a source batch: its records are staged by its source subtasks
             assert self._staged is not None
-            return key_type_for_schema(staged_schema(self._staged), key_columns)
+            return key_type_for_schema(self._staged, key_columns)
         self._checked = check_input(self._options, self._df, self._cache)
         return self._checked.key_type
 
@@ -383,11 +384,9 @@ class SparkExecutor:
     def run_sources(self, spec: SourceTaskSpec) -> list[SourceReport]:
         reports = [SourceReport.from_json(json.loads(r)) for r in
                    run_tasks(self._spark, spec.parallelism,
-                             lambda index: json.dumps(run_source_subtask(spec, index)))]
-        assert self._staged is not None
-        schema = staged_schema(self._staged)
+                             lambda index: json.dumps(run_source_subtask(spec, index).to_json()))]
         self._df = read_checkpoint_files(self._spark, self._storage,
-                                         [r.input_file for r in reports if r.input_file], schema)
+                                         [r.input_file for r in reports if r.input_file], spec.staged_schema)
         self._checked = check_input(self._options, self._df, self._cache)
         return reports
 

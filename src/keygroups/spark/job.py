@@ -40,9 +40,9 @@ from keygroups.runtime.assignment import Assignment, resolve_assignment
 from keygroups.runtime.batch import CommittedBatch, JobDriver, JobOptions, SourceRead, pickle_function
 from keygroups.runtime.driver import StreamingBatch, check_key_columns, check_output_schema
 from keygroups.runtime.functions import KeyedProcessFunction
-from keygroups.runtime.report import BatchReport, SubtaskReport, format_time
+from keygroups.runtime.report import BatchReport, SourceReport, SubtaskReport, format_time
 from keygroups.runtime.scaling import HISTORY, BatchFigures, ParallelismPolicy
-from keygroups.runtime.source import staged_schema
+from keygroups.runtime.source import Source, as_source
 from keygroups.runtime.spec import check_warm_heap_backends
 from keygroups.runtime.watermarks import WatermarkStrategy, check_late_records
 from keygroups.serializers.schema_formats import parse_ddl, to_arrow
@@ -73,7 +73,8 @@ def _arrow_schema(schema: Any) -> pa.Schema:
 class BatchResult:
     """What one micro-batch did: its committed checkpoint (``metadata``), its output (``output``, a DataFrame over
     the files its subtasks wrote, built when first read), its figures (``report``, a
-    :class:`~keygroups.runtime.report.BatchReport`) and its subtasks' reports (``reports``)."""
+    :class:`~keygroups.runtime.report.BatchReport`) and its subtasks' reports (``reports``; a source batch's source
+    subtasks' in ``source_reports``)."""
 
     def __init__(self, batch: CommittedBatch, spark: SparkSession, storage: CheckpointStorage,
                  output_schema: pa.Schema, late_schema: pa.Schema | None) -> None:
@@ -84,6 +85,8 @@ class BatchResult:
         self._late_schema = late_schema
         self.metadata: CheckpointMetadata = batch.metadata
         self.reports: list[SubtaskReport] = list(batch.reports)
+        #: A source batch's source subtasks' reports (what each read, and where each split goes on); () otherwise.
+        self.source_reports: tuple[SourceReport, ...] = batch.source_reports
         self.replayed: bool = batch.replayed
 
     @cached_property
@@ -339,23 +342,29 @@ class KeyedJob:
                            properties=properties, history=history)
         return self._result(df.sparkSession, batch, executor)
 
-    def run_source_batch(self, spark: SparkSession, log_directory: str, *, parallelism: int,
-                         record_schema: pa.Schema, max_records_per_subtask: int | None = None) -> BatchResult:
-        """One micro-batch whose input is the next records of a partitioned log (:mod:`keygroups.sources`).
+    def run_source_batch(self, spark: SparkSession, source: Source | str, *, parallelism: int,
+                         record_schema: pa.Schema | None = None,
+                         max_records_per_subtask: int | None = None) -> BatchResult:
+        """One micro-batch whose input is the next records of a replayable source: a partitioned-log directory
+        (:mod:`keygroups.sources`) or a :class:`~keygroups.sources.KafkaSource`.
 
         There is no input DataFrame to take the session from, so the session comes first, as in
-        ``spark.read...``; the rest is keyword-only, as in :meth:`run_batch`.
+        ``spark.read...``; the rest is keyword-only, as in :meth:`run_batch`. ``record_schema`` is the records'
+        schema (a pyarrow Schema; a Kafka source of raw values without a decoder needs none).
 
-        Source subtask *i* (a Spark task) restores its share of the ``(partition, offset)`` pairs from the previous
-        checkpoint's operator state — split evenly over this batch's subtasks, whatever the previous parallelism —
-        reads up to ``max_records_per_subtask`` records and stages them under ``chk-<n>/``; the keyed stage then
-        runs as in :meth:`run_batch`, and the checkpoint commits the new positions with the keyed state. A resumed
-        job, at any parallelism, continues exactly where the last complete checkpoint left off."""
+        Source subtask *i* (a Spark task) restores its share of the source's positions (``(partition, offset)``
+        of a log, ``(topic, partition, offset)`` of Kafka) from the previous checkpoint's operator state — split
+        evenly over this batch's subtasks, whatever the previous parallelism — reads up to
+        ``max_records_per_subtask`` records and stages them under ``chk-<n>/``; the keyed stage then runs as in
+        :meth:`run_batch`, and the checkpoint commits the new positions with the keyed state. A resumed job, at any
+        parallelism, continues exactly where the last complete checkpoint left off. The batch runs through the
+        same spine as :meth:`run_batch` (:class:`~keygroups.runtime.batch.JobDriver`); its report's
+        ``source_reports`` are typed (:class:`~keygroups.runtime.report.SourceReport`)."""
         driver = self.driver
-        executor = SparkExecutor(spark, driver.options, self.storage, self._plans, staged=record_schema,
+        read = SourceRead(as_source(source), record_schema, max_records_per_subtask)
+        executor = SparkExecutor(spark, driver.options, self.storage, self._plans, staged=read.staged_schema,
                                  read_once=self._read_input_once)
-        batch = driver.run(executor, parallelism=parallelism,
-                           source=SourceRead(log_directory, record_schema, max_records_per_subtask))
+        batch = driver.run(executor, parallelism=parallelism, source=read)
         return self._result(spark, batch, executor)
 
     def _result(self, spark: SparkSession, batch: CommittedBatch, executor: SparkExecutor) -> BatchResult:
