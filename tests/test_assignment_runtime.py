@@ -295,3 +295,20 @@ def test_a_subtask_restoring_cold_does_not_push_out_warm_state_another_takes_ove
     assert decision["takeover"] == [None, 0, 2]
     assert [r.restored.mode for r in reports] == ["cold", "moved", "moved"]
     assert sum(r.restored.bytes_read for r in reports) == decision["moved_bytes"] > 0
+
+
+def test_the_decision_reads_back_from_its_checkpoint_whole(tmp_path):
+    """What a report read back from a checkpoint says of its ranges is the decision the batch ran with: takeover,
+    the last batch's measured figures and the forecast's record included (BatchReport.assignment)."""
+    from keygroups.runtime.properties import BatchProperties
+
+    location = str(tmp_path / "chk")
+    kept, timers = HeapBackendRegistry(), TimerQueueRegistry()
+    for n in range(1, 4):
+        plan, metadata, _ = run(location, skewed(n), 4, BalancedRanges(evidence=1, caution=0), kept, timers)
+    decision = plan.assignment
+    assert decision.forecast is not None and decision.last_batch_max_over_mean is not None
+    back = BatchProperties.of(metadata).decision(metadata)
+    assert back.to_json() == decision.to_json() and back.takeover == decision.takeover
+    assert back.forecast == type(decision.forecast).from_json(decision.forecast.to_json(), MP, 4, "forecast")
+    assert "the last batch measured" in back.summary()

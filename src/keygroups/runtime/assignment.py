@@ -573,12 +573,17 @@ class AssignmentDecision:
                      for r in (self.warm_range(i) for i in range(len(self.boundaries) - 1)))
 
     def summary(self) -> str:
-        """The decision in a few words, for the batch's log line."""
+        """The decision in a few words, for the batch's log line: the forecast load's max/mean under the chosen
+        ranges, and what the last batch measured under its ranges and Flink's."""
         before = "" if self.max_over_mean_before is None else f", {self.max_over_mean_before:.2f} before"
-        moved = f"; {self.moved_key_groups} key groups moved ({self.moved_bytes:,} B)" if self.moved else ""
+        moved = (f"; {self.moved_key_groups} key groups moved ({self.moved_bytes:,} B, read by the subtasks that take "
+                 f"them over)" if self.moved else "")
         hot = f"; hot key groups {[h.key_group for h in self.hot_key_groups]}" if self.hot_key_groups else ""
+        last = ("" if self.last_batch_max_over_mean is None else
+                f"; the last batch measured {self.last_batch_max_over_mean:.2f} (Flink's ranges "
+                f"{self.last_batch_flink_max_over_mean or 0.0:.2f})")
         return (f"{self.assignment}: {self.reason}; load max/mean {self.max_over_mean:.2f}{before} (Flink's ranges "
-                f"{self.flink_max_over_mean:.2f}){moved}{hot}")
+                f"{self.flink_max_over_mean:.2f}){moved}{last}{hot}")
 
     def to_json(self) -> dict[str, Any]:
         """The decision as the checkpoint's ``properties[DECISION_PROPERTY]`` holds it (the boundaries themselves
