@@ -141,7 +141,8 @@ def test_a_report_of_other_ranges_is_refused_and_nothing_commits(tmp_path):
     run(location, skewed(1), 4, BalancedRanges(), kept, timers)
 
     def shift(reports):
-        reports[1] = dataclasses.replace(reports[1], key_group_range=KeyGroupRange(reports[1].key_group_range.start + 1, reports[1].key_group_range.end))
+        own = reports[1].key_group_range
+        reports[1] = dataclasses.replace(reports[1], key_group_range=KeyGroupRange(own.start + 1, own.end))
 
     with pytest.raises(KeyGroupsError, match=r"subtask 1 ran with key groups \[9, 15\], but the batch was planned "
                                              r"with KeyGroupRange\(8, 15\); nothing was committed"):

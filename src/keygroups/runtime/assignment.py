@@ -285,8 +285,8 @@ def merged_loads(previous: CheckpointMetadata | None, reports: Sequence[Any], ma
                  boundaries: tuple[int, ...], half_life: float) -> dict[str, Any]:
     """The ``properties[LOADS_PROPERTY]`` of a new checkpoint: the restored checkpoint's records, calls and timers
     (re-keyed to ``max_parallelism`` if it changed), decayed by one batch, plus what the subtasks' reports
-    (:class:`~keygroups.runtime.report.SubtaskReport`) counted over their ranges (``boundaries``); and this batch's own work (calls plus timers, ``BATCH_WORK``), which the
-    next batch's decision measures its forecast against."""
+    (:class:`~keygroups.runtime.report.SubtaskReport`) counted over their ranges (``boundaries``); and this batch's
+    own work (calls plus timers, ``BATCH_WORK``), which the next batch's decision measures its forecast against."""
     decay = 0.5 ** (1.0 / half_life)
     figures = [np.zeros(max_parallelism) for _ in _STORED]
     if previous is not None:
