@@ -1,30 +1,35 @@
-"""Skew-aware key-group ranges (issue 26): Flink's equal ranges beside balanced ranges on skewed key streams.
+"""Skew-aware key-group ranges (issues 26 and 31): Flink's equal ranges beside balanced ranges, the same batches
+through the same driver and subtasks, on Zipf, one hot key and a moving hot spot.
 
-    python benchmarks/bench_skew.py [--state-keys 1000000] [--records 300000] [--batches 5] [--runs 3]
-                                    [--parallelism 4 8] [--streams zipf1.1 zipf1.5 tenants] [--max-parallelism 128]
-                                    [--functions per-record vectorized]
+    python benchmarks/bench_skew.py [--state-keys 1000000] [--records 1000000] [--batches 12] [--runs 5]
+                                    [--parallelism 8] [--streams zipf1.1 hotkey moving2] [--max-parallelism 128]
+                                    [--functions per-record] [--backends heap]
 
-Streams over ``--state-keys`` keys (int64): Zipf with s = 1.1 and s = 1.5 (key of rank r drawn with probability
-proportional to r^-s, ranks shuffled over the key space), and "few hot tenants" (8 tenants carry 40% of the records,
-the rest uniform). Each job starts from a savepoint holding every key (the state: 1M keys, written without a job, so
-no record of it weighs in the load figures), then runs ``--batches``
-skewed batches of ``--records`` records through the real driver and subtasks (``runtime.subtask.run_keyed_subtask``
-per subtask, one after another, each timed: the batch's critical path is its slowest subtask, as on a cluster with
-a core per subtask), with warm heap backends kept in this process as Spark's reused workers keep them. Side by side,
-the same records under ``assignment=FlinkRanges()`` and ``BalancedRanges()``, with a function called per record (``process_element``: its work follows records) and a
-vectorized one (``process_key_batch``: a call per key, so a hot key costs one call):
+Streams over ``--state-keys`` keys (int64): ``zipfS`` (key of rank r drawn with probability proportional to r^-s,
+ranks shuffled over the key space), ``hotkey`` (one key carries 30% of the records, the rest uniform), ``movingN``
+(4 hot keys carry 50% of the records and move to 4 other keys every N batches: the trust review's case, N = 2),
+``tenants`` (8 fixed tenants carry 40%). Each job starts from a savepoint holding every key (written without a job, so
+no record of it weighs in the load figures), then runs ``--batches`` batches of ``--records`` records through the
+real driver and subtasks (``runtime.subtask.run_keyed_subtask`` per subtask, one after another, each timed: the
+batch's critical path is its slowest subtask, as on a cluster with a core per subtask), warm heap backends kept in
+this process as Spark's reused workers keep them. Side by side, the same records under ``FlinkRanges()`` and
+``BalancedRanges()`` (defaults: Flink's ranges until the forecast has gained on 4 measured batches), with a function
+called per record (``process_element``) or a vectorized one (``process_key_batch``: a hot key costs one call).
 
-* per subtask: records and calls of the function (it is vectorized: a call per key) of the last batch, state
-  bytes of its range, and its time;
-* max/mean of records, calls, state bytes and of the blended load the balanced ranges minimize (calls and state
-  bytes, ``BalancedRanges().state_weight``), and the batch time
-  (slowest subtask), Flink's beside balanced and their ratio;
-* the boundary move (the first balanced batch): key groups moved, their state bytes, and the bytes the subtasks of
-  the changed ranges read to restore, against the moved key groups' share (target <= 1.2x).
+Printed per stream, Flink's ranges | balanced, each a median over ``--runs`` runs:
 
-Target: max/mean <= 1.15 wherever no single key group exceeds the mean subtask load (the decision names the hot key
-groups, and the max parallelism that would split them, where one does). Batch times are medians of ``--runs``; the
-machine is shared, so ``os.getloadavg()`` is printed beside them.
+* work max/mean: the largest subtask's work (calls of the function, as the subtasks count them) over the mean, per
+  batch, averaged over all batches and over the batches after the forecast's first 5 (balanced cannot use its
+  forecast before); and records max/mean likewise;
+* the batch's critical path (its slowest subtask, summed over the batches), in wall seconds and in the subtask's
+  CPU seconds (``time.thread_time``: what a dedicated core would take, whatever the shared machine's load), and in
+  CPU seconds over the batches after the first 5 (the first batch restores the whole state from the savepoint);
+* bytes moved (state of the key groups that changed owner under the decision's best takeover) and bytes read by the
+  subtasks' restores after the first batch (equal: each subtask resumes the warm state the decision's takeover gives
+  it, shipped in ``KeyedTaskSpec.warm_takeover``);
+* CPU seconds of the whole run (this process, ``time.process_time``) and the driver's decision time per batch.
+
+The machine is shared: ``os.getloadavg()`` is printed beside the figures.
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -47,15 +52,7 @@ from keygroups import assign_key_groups
 from keygroups._ranges import operator_indexes_for_boundaries
 from keygroups.checkpoint import CheckpointStorage
 from keygroups.runtime import begin_batch, commit_batch
-from keygroups.runtime.assignment import (
-
-    BalancedRanges,
-    FlinkRanges,
-    checkpoint_loads,
-    decode_counts,
-    max_over_mean,
-    range_loads,
-)
+from keygroups.runtime.assignment import BalancedRanges, FlinkRanges, decode_counts, max_over_mean
 from keygroups.runtime.functions import KeyedProcessFunction
 from keygroups.runtime.state_writer import commit_savepoint, plan_savepoint, write_savepoint_subtask
 from keygroups.runtime.subtask import run_keyed_subtask
@@ -67,6 +64,8 @@ from keygroups.state.timers import TimerQueueRegistry
 SCHEMA = pa.schema([("key", pa.int64()), ("amount", pa.int64())])
 OUTPUT = pa.schema([("key", pa.int64()), ("total", pa.int64())])
 TOTAL = ValueStateDescriptor("total", Int64Serializer())
+#: Batches before which a balanced assignment cannot use its forecast (no load, then 4 batches to measure it on).
+WARMUP = 5
 
 
 class Totals(KeyedProcessFunction):
@@ -92,37 +91,55 @@ class RecordTotals(KeyedProcessFunction):
 FUNCTIONS = {"vectorized": Totals, "per-record": RecordTotals}
 
 
-def draw(stream: str, n: int, keys: int, rng: np.random.Generator, order: np.ndarray) -> np.ndarray:
-    """``n`` keys of ``stream`` (``order`` maps a rank to its key, shuffling ranks over the key space)."""
+def stream_batches(stream: str, n: int, batches: int, keys: int, rng: np.random.Generator,
+                   order: np.ndarray) -> list[np.ndarray]:
+    """``batches`` arrays of ``n`` keys of ``stream`` (``order`` maps a rank to its key)."""
     if stream.startswith("zipf"):
         s = float(stream[4:])
         cdf = np.cumsum(np.arange(1, keys + 1, dtype=np.float64) ** -s)
-        ranks = np.searchsorted(cdf, rng.random(n) * cdf[-1], side="right")
-        return order[np.minimum(ranks, keys - 1)]
-    if stream == "tenants":
-        hot = rng.random(n) < 0.4
+        return [order[np.minimum(np.searchsorted(cdf, rng.random(n) * cdf[-1], side="right"), keys - 1)]
+                for _ in range(batches)]
+
+    def spiked(hot: np.ndarray, share: float) -> np.ndarray:
         out = rng.integers(0, keys, n)
-        out[hot] = order[rng.integers(0, 8, int(hot.sum()))]
+        spike = rng.random(n) < share
+        out[spike] = hot[rng.integers(0, len(hot), int(spike.sum()))]
+        return out
+
+    if stream == "hotkey":
+        return [spiked(order[:1], 0.3) for _ in range(batches)]
+    if stream == "tenants":
+        return [spiked(order[:8], 0.4) for _ in range(batches)]
+    if stream.startswith("moving"):
+        period, out = int(stream[6:]), []
+        for b in range(batches):
+            if b % period == 0:
+                hot = rng.choice(keys, 4, replace=False)
+            out.append(spiked(hot, 0.5))
         return out
     raise ValueError(f"unknown stream {stream!r}")
 
 
 @dataclass
-class BatchFigures:
+class Batch:
     decision: dict[str, Any]
-    boundaries: tuple[int, ...]
     records: list[int]
-    calls: list[int]
-    state_bytes: list[int]
+    calls: list[float]
     seconds: list[float]
-    restored: list[dict[str, Any]]
-    blended: float = 0.0
-    extra: dict[str, Any] = field(default_factory=dict)
+    cpu: list[float]
+    bytes_read: int
+    choose_seconds: float
+
+
+@dataclass
+class Run:
+    batches: list[Batch]
+    cpu_seconds: float
+    wall_seconds: float
 
 
 def write_state(location: str, keys: np.ndarray, mp: int) -> None:
-    """Savepoint ``base`` in ``location``: every key with total 1 (the job's state before the measured batches,
-    written without a job, so no batch's records weigh in the load figures)."""
+    """Savepoint ``base`` in ``location``: every key with total 1 (the job's state before the measured batches)."""
     table = pa.table({"key": pa.array(keys, pa.int64()), "total": pa.array(np.ones(len(keys), dtype=np.int64))})
     plan = plan_savepoint(table.schema, location, "base", key_columns="key", states={"total": "total"},
                           max_parallelism=mp, parallelism=1)
@@ -130,146 +147,120 @@ def write_state(location: str, keys: np.ndarray, mp: int) -> None:
 
 
 def run_job(location: str, assignment: Any, batches: list[pa.Table], mp: int, p: int, function_name: str,
-            backend: str = "heap") -> list[BatchFigures]:
-    """Every batch through the driver and the subtasks (timed one by one), the first restoring savepoint ``base``;
-    figures per batch."""
+            backend: str) -> Run:
+    """Every batch through the driver and the subtasks (timed one by one), the first restoring savepoint ``base``."""
     storage = CheckpointStorage(location, retain=2)
     kept, kept_timers = HeapBackendRegistry(), TimerQueueRegistry()
     function = pickle.dumps(FUNCTIONS[function_name]())
     out = []
+    cpu, wall = time.process_time(), time.perf_counter()
     for n, table in enumerate(batches):
+        start = time.process_time()
         plan = begin_batch(storage, job_name="skew", max_parallelism=mp, parallelism=p, assignment=assignment,
                            savepoint="base" if n == 0 else None)
+        choose = time.process_time() - start
+        assert plan.assignment is not None and plan.boundaries is not None
         spec = plan.keyed_task(key_columns=("key",), function=function, input_schema=SCHEMA, output_schema=OUTPUT,
                                warm_heap_backends=p, backend=backend, local_dir=f"{location}-local")
         owners = operator_indexes_for_boundaries(plan.boundaries, assign_key_groups(table.column("key"), mp, "long"))
         order = np.argsort(owners, kind="stable")
         cuts = np.searchsorted(owners[order], np.arange(p + 1))
-        reports, seconds = [], []
+        reports, seconds, cpus = [], [], []
         for i in range(p):
             part = table.take(pa.array(order[cuts[i]:cuts[i + 1]]))
-            start = time.perf_counter()
+            began, began_cpu = time.perf_counter(), time.thread_time()
             reports.append(run_keyed_subtask(spec, i, part.to_batches(), warm=kept, warm_timers=kept_timers))
-            seconds.append(time.perf_counter() - start)
-        metadata = commit_batch(plan, reports)
-        state = range_loads(checkpoint_loads(metadata).state_bytes, plan.boundaries)
-        assert plan.assignment is not None
-        loads = checkpoint_loads(metadata)
-        calls = range_loads(decode_calls(reports, plan.boundaries, mp), plan.boundaries)
-        out.append(BatchFigures(plan.assignment.to_json(), plan.boundaries, [r.records_in for r in reports],
-                                [int(x) for x in calls], [int(x) for x in state], seconds, [r.restored.to_json() for r in reports],
-                                blended=max_over_mean(range_loads(loads.blend(BalancedRanges().state_weight),
-                                                                  plan.boundaries))))
-    return out
+            seconds.append(time.perf_counter() - began)
+            cpus.append(time.thread_time() - began_cpu)
+        commit_batch(plan, reports)
+        b = plan.boundaries
+        calls = [float(decode_counts(r.key_group_calls, b[i + 1] - b[i], "calls").sum()) for i, r in enumerate(reports)]
+        out.append(Batch(plan.assignment.to_json(), [r.records_in for r in reports], calls, seconds, cpus,
+                         0 if n == 0 else sum(r.restored.bytes_read for r in reports), choose))
+    return Run(out, time.process_time() - cpu, time.perf_counter() - wall)
 
 
-def decode_calls(reports: list[Any], boundaries: tuple[int, ...], mp: int) -> np.ndarray:
-    """This batch's calls of the function per key group, from the subtasks' reports."""
-    calls = np.zeros(mp)
-    for r in reports:
-        lo, hi = boundaries[r.subtask], boundaries[r.subtask + 1]
-        calls[lo:hi] = decode_counts(r.key_group_calls, hi - lo, "calls")
-    return calls
+def figures(run: Run) -> dict[str, float]:
+    """One run's figures (see the module docs)."""
+    b = run.batches
+    return {
+        "work": statistics.fmean(max_over_mean(x.calls) for x in b),
+        "work settled": statistics.fmean(max_over_mean(x.calls) for x in b[WARMUP:]) if len(b) > WARMUP else
+        float("nan"),
+        "records": statistics.fmean(max_over_mean(x.records) for x in b),
+        "critical s": sum(max(x.seconds) for x in b),
+        "critical cpu s": sum(max(x.cpu) for x in b),
+        "settled cpu s": sum(max(x.cpu) for x in b[WARMUP:]),
+        "moved MB": sum(x.decision["moved_bytes"] for x in b[1:]) / 1e6,
+        "read MB": sum(x.bytes_read for x in b) / 1e6,
+        "cpu s": run.cpu_seconds,
+        "wall s": run.wall_seconds,
+        "decide ms": 1e3 * statistics.median(x.choose_seconds for x in b),
+    }
 
 
-def ratio(values: list[float]) -> float:
-    return max_over_mean(values)
+def report(label: str, runs: dict[str, list[Run]]) -> list[str]:
+    print(f"\n== {label} (load {os.getloadavg()})")
+    first = runs["balanced"][0].batches
+    for n, batch in enumerate(first):
+        d = batch.decision
+        flink = runs["flink"][0].batches[n]
+        print(f"  balanced batch {n:>2}: work max/mean {max_over_mean(batch.calls):.3f} (Flink's ranges "
+              f"{max_over_mean(flink.calls):.3f}); slowest subtask {max(batch.cpu):.3f} CPU s (Flink's ranges "
+              f"{max(flink.cpu):.3f}); moved {d['moved_bytes']:,} B, read {batch.bytes_read:,} B; {d['reason'][:90]}")
+    medians = {name: {k: statistics.median(figures(r)[k] for r in rs) for k in figures(rs[0])}
+               for name, rs in runs.items()}
+    rows = []
+    for key in medians["flink"]:
+        f, b = medians["flink"][key], medians["balanced"][key]
+        ratio = f"{b / f:.3f}x" if f else "-"
+        rows.append(f"  {key:<13} {f:>12.3f} | {b:<12.3f} {ratio}")
+        print(rows[-1])
+    return [f"{label:<28} " + " ".join(f"{medians['flink'][k]:.3f}|{medians['balanced'][k]:.3f}"
+                                       for k in ("work", "work settled", "records", "critical s", "critical cpu s",
+                                                 "settled cpu s", "moved MB", "read MB", "cpu s"))]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--state-keys", type=int, default=1_000_000)
-    parser.add_argument("--records", type=int, default=300_000)
-    parser.add_argument("--batches", type=int, default=5)
-    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--records", type=int, default=1_000_000)
+    parser.add_argument("--batches", type=int, default=12)
+    parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--max-parallelism", type=int, default=128)
-    parser.add_argument("--parallelism", type=int, nargs="+", default=[4, 8])
-    parser.add_argument("--streams", nargs="+", default=["zipf1.1", "zipf1.5", "tenants"])
-    parser.add_argument("--functions", nargs="+", default=["per-record", "vectorized"], choices=sorted(FUNCTIONS))
+    parser.add_argument("--parallelism", type=int, nargs="+", default=[8])
+    parser.add_argument("--streams", nargs="+", default=["zipf1.1", "hotkey", "moving2"])
+    parser.add_argument("--functions", nargs="+", default=["per-record"], choices=sorted(FUNCTIONS))
     parser.add_argument("--backends", nargs="+", default=["heap"], choices=["heap", "rocksdb"])
     args = parser.parse_args()
     mp = args.max_parallelism
     print(f"bench_skew: {args.state_keys:,} keys of state, {args.batches} batches of {args.records:,} records, "
-          f"max parallelism {mp}, medians of {args.runs} runs; load {os.getloadavg()}", flush=True)
+          f"max parallelism {mp}, medians of {args.runs} runs (each its own key draws); Flink's ranges | balanced; "
+          f"load {os.getloadavg()} on {os.cpu_count()} cores (shared)", flush=True)
     summary = []
     for stream in args.streams:
-        rng = np.random.default_rng(26)
-        order = rng.permutation(args.state_keys).astype(np.int64)
-        skewed = [pa.table({"key": pa.array(draw(stream, args.records, args.state_keys, rng, order), pa.int64()),
-                            "amount": pa.array(np.ones(args.records, dtype=np.int64))})
-                  for _ in range(args.batches)]
         for backend, function, p in [(b, f, p) for b in args.backends for f in args.functions
                                      for p in args.parallelism]:
-            runs: dict[str, list[list[BatchFigures]]] = {"flink": [], "balanced": []}
-            for _ in range(args.runs):
+            runs: dict[str, list[Run]] = {"flink": [], "balanced": []}
+            for seed in range(args.runs):
+                rng = np.random.default_rng(31 + seed)
+                order = rng.permutation(args.state_keys).astype(np.int64)
+                batches = [pa.table({"key": pa.array(keys, pa.int64()),
+                                     "amount": pa.array(np.ones(len(keys), dtype=np.int64))})
+                           for keys in stream_batches(stream, args.records, args.batches, args.state_keys, rng, order)]
                 for name, assignment in (("flink", FlinkRanges()), ("balanced", BalancedRanges())):
                     directory = tempfile.mkdtemp(prefix="bench-skew-")
                     try:
                         write_state(f"{directory}/chk", order, mp)
-                        runs[name].append(run_job(f"{directory}/chk", assignment, skewed, mp, p, function, backend))
+                        runs[name].append(run_job(f"{directory}/chk", assignment, batches, mp, p, function, backend))
                     finally:
                         shutil.rmtree(directory, ignore_errors=True)
-            summary.append(report(f"{stream} {function}" + (f" {backend}" if backend != "heap" else ""), p, runs))
-    print(f"\n== summary (load {os.getloadavg()})")
-    print(f"{'stream, function':<21} {'p':>2} {'hot kg':>7} {'records max/mean':>17} {'calls max/mean':>17} "
-          f"{'state max/mean':>17} {'blended max/mean':>17} "
-          f"{'batch s (flink / balanced)':>28} {'move read/moved':>16}")
+            summary += report(f"{stream} {function} p={p}" + (f" {backend}" if backend != "heap" else ""), runs)
+    print(f"\n== summary, medians of {args.runs} runs, Flink's ranges|balanced (load {os.getloadavg()})")
+    print(f"{'stream, function, p':<28} work max/mean | after {WARMUP} batches | records max/mean | critical path s "
+          f"(wall | CPU | CPU after {WARMUP} batches) | moved MB | read MB | CPU s")
     for row in summary:
         print(row)
-
-
-def move_figures(run: list[BatchFigures], p: int) -> float | None:
-    """Print the first boundary move of a run of balanced batches (key groups moved, their state bytes, and what the
-    subtasks of the changed ranges read: which key groups they kept warm, caught up and restored); the bytes read
-    over the moved key groups' bytes, None without a move."""
-    move = next(((i, b) for i, b in enumerate(run) if b.decision["reason"].startswith("boundaries moved")), None)
-    if move is None:
-        return None
-    i, b = move
-    changed = [j for j in range(p) if b.restored[j]["mode"] != "warm"]
-    read = sum(b.restored[j]["bytes_read"] for j in changed)
-    moved = b.decision["moved_bytes"]
-    print(f"  move at batch {i}: {b.decision['moved_key_groups']} key groups moved holding {moved:,} B "
-          f"({moved / max(b.decision['state_bytes'], 1):.1%} of the state); subtasks of changed ranges {changed} "
-          f"read {read:,} B = {read / max(moved, 1):.2f}x the moved share (predicted restore of whole changed "
-          f"ranges {b.decision['restore_bytes']:,} B)")
-    for j in changed:
-        r = b.restored[j]
-        print(f"    subtask {j} ({r['mode']}): warm {r.get('warm_key_groups')} caught up "
-              f"{r.get('caught_up_key_groups')} restored {r.get('restored_key_groups')} "
-              f"({r.get('bytes_restored', r['bytes_read']):,} B) dropped {r.get('dropped_key_groups')}")
-    return read / moved if moved else None
-
-
-def report(stream: str, p: int, runs: dict[str, list[list[BatchFigures]]]) -> str:
-    print(f"\n== {stream}, p={p} (load {os.getloadavg()})")
-    last = {name: figures[0][-1] for name, figures in runs.items()}
-    critical = {name: statistics.median(max(run[-1].seconds) for run in figures) for name, figures in runs.items()}
-    for name, b in last.items():
-        print(f"  {name:<9} ranges {list(b.boundaries)}")
-        print(f"  {'':<9} records  {b.records}  max/mean {ratio(b.records):.3f}")
-        print(f"  {'':<9} calls    {b.calls}  max/mean {ratio(b.calls):.3f}")
-        print(f"  {'':<9} state B  {b.state_bytes}  max/mean {ratio(b.state_bytes):.3f}")
-        print(f"  {'':<9} seconds  {[round(s, 3) for s in b.seconds]}  batch (slowest subtask, median) "
-              f"{critical[name]:.3f}s")
-        print(f"  {'':<9} blended load max/mean {b.blended:.3f}; decision: {b.decision['reason']}")
-        if b.decision["hot_key_groups"]:
-            print(f"  {'':<9} hot key groups: {b.decision['hot_key_groups']}")
-    # the boundary move: the first batch whose balanced ranges changed
-    for i, b in enumerate(runs["balanced"][0]):
-        print(f"  balanced batch {i}: {b.decision['reason']}; blended load max/mean {b.blended:.3f}")
-    move_note = "no move"
-    ratios = [r for r in (move_figures(run, p) for run in runs["balanced"]) if r is not None]
-    if ratios:
-        move_note = f"{statistics.median(ratios):.2f}x"
-        print(f"  move read / moved share, per run: {[round(r, 3) for r in ratios]}; median {move_note}")
-    flink, balanced = last["flink"], last["balanced"]
-    hot = "yes" if balanced.decision["hot_key_groups"] else "no"
-    return (f"{stream:<21} {p:>2} {hot:>7} {ratio(flink.records):>7.3f} / {ratio(balanced.records):<7.3f} "
-            f"{ratio(flink.calls):>7.3f} / {ratio(balanced.calls):<7.3f} "
-            f"{ratio(flink.state_bytes):>7.3f} / {ratio(balanced.state_bytes):<7.3f} "
-            f"{flink.blended:>7.3f} / {balanced.blended:<7.3f} {critical['flink']:>9.3f} / {critical['balanced']:<7.3f}"
-            f" ({critical['flink'] / critical['balanced']:.2f}x) {move_note:>10}")
 
 
 if __name__ == "__main__":

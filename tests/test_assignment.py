@@ -3,9 +3,11 @@ brute-force optimum, hysteresis, hot key groups, and the compact load figures.""
 
 from __future__ import annotations
 
+import base64
 import functools
 import json
 import pathlib
+import zlib
 
 import numpy as np
 import pytest
@@ -17,9 +19,11 @@ from keygroups._ranges import check_boundaries, flink_boundaries, operator_index
 from keygroups.checkpoint import CheckpointMetadata
 from keygroups.errors import CorruptSnapshotError
 from keygroups.runtime.assignment import (
+    DECISION_PROPERTY,
     LOADS_PROPERTY,
     RANGES_PROPERTY,
     BalancedRanges,
+    ForecastRecord,
     FlinkRanges,
     KeyGroupLoads,
     balanced_boundaries,
@@ -31,6 +35,7 @@ from keygroups.runtime.assignment import (
     moved_figures,
     range_loads,
     resolve_assignment,
+    warm_takeover,
 )
 
 VECTORS = pathlib.Path(__file__).resolve().parents[1] / ".." / "shared" / "flink-vectors" / "ranges.jsonl"
@@ -130,8 +135,25 @@ def test_a_hot_key_group_is_named_with_the_max_parallelism_that_splits_it():
 def test_counts_round_trip_and_corruption_is_named():
     values = np.array([0, 1, 2.5, 1e6])
     assert decode_counts(encode_counts(values), 4, "x").tolist() == values.tolist()
-    with pytest.raises(CorruptSnapshotError, match="x holds 4 figures, expected 5"):
+    with pytest.raises(CorruptSnapshotError, match=r"x holds 4 figures, expected 5 figures of 4 bytes, one per key "
+                                                   r"group \(20 bytes\)"):
         decode_counts(encode_counts(values), 5, "x")
+    # more figures than key groups: never "holds 32 figures, expected 32"
+    with pytest.raises(CorruptSnapshotError, match=r"x holds more than 128 bytes: expected 32 figures"):
+        decode_counts(encode_counts(np.ones(40)), 32, "x")
+    with pytest.raises(CorruptSnapshotError, match=r"x holds more than 128 bytes"):
+        decode_counts(encode_counts(np.ones(33)), 32, "x")
+
+    def packed(raw: bytes) -> str:
+        return base64.b64encode(zlib.compress(raw)).decode("ascii")
+
+    with pytest.raises(CorruptSnapshotError, match=r"x holds 127 bytes, not a whole number of 4-byte figures; "
+                                                   r"expected 32 figures"):
+        decode_counts(packed(bytes(127)), 32, "x")
+    with pytest.raises(CorruptSnapshotError, match=r"x is cut short: its compressed stream ends after \d+ bytes"):
+        decode_counts(base64.b64encode(zlib.compress(bytes(128))[:-6]).decode("ascii"), 32, "x")
+    with pytest.raises(CorruptSnapshotError, match=r"x has 3 bytes after its compressed stream"):
+        decode_counts(base64.b64encode(zlib.compress(bytes(128)) + b"abc").decode("ascii"), 32, "x")
     with pytest.raises(CorruptSnapshotError, match="x cannot be decoded"):
         decode_counts("not base64!", 4, "x")
     with pytest.raises(CorruptSnapshotError, match="negative or non-finite"):
@@ -149,12 +171,15 @@ def test_loads_rekey_by_an_integer_factor():
     assert split.rekeyed(4).records.tolist() == loads.records.tolist()
 
 
-def test_moved_figures_count_owner_changes_and_changed_ranges():
+def test_moved_figures_count_what_the_warm_takeover_does_not_hold_and_changed_ranges():
     state = np.arange(8, dtype=float)
-    moved, moved_bytes, restore = moved_figures((0, 4, 8), (0, 5, 8), state)
-    assert (moved, moved_bytes) == (1, 4)
-    assert restore == state.sum()          # both ranges changed
+    # [0, 5) takes over [0, 4) and reads key group 4; [5, 8) takes over [4, 8) and reads nothing
+    assert moved_figures((0, 4, 8), (0, 5, 8), state) == (1, 4, state.sum())   # both ranges changed
     assert moved_figures((0, 2, 4, 8), (0, 2, 5, 8), state) == (1, 4, 2 + 3 + 4 + 5 + 6 + 7)
+    # a subtask index never decides: [0, 6) keeps [2, 6) (14 bytes) rather than [0, 2) (1 byte) of its old range,
+    # and [6, 8) goes to the new range holding more of it ([7, 8): 7 bytes against 6)
+    assert warm_takeover((0, 2, 6, 8), (0, 6, 7, 8), state) == (1, None, 2)
+    assert moved_figures((0, 2, 6, 8), (0, 6, 7, 8), state) == (3, 0 + 1 + 6, state.sum())
 
 
 def _metadata(mp, p, records, ranges=None, cid=1):
@@ -166,25 +191,65 @@ def _metadata(mp, p, records, ranges=None, cid=1):
                               keyed_handles=[], properties=props)
 
 
+def _trusted(mp, p, records, ranges=None, *, account=1.0, score=0.2):
+    """A checkpoint whose decision found the decayed forecast trusted (measured on 8 batches, gaining ``score``
+    over Flink's ranges) and stored no batch of its own to measure: the next decision places by its loads."""
+    metadata = _metadata(mp, p, records, ranges)
+    record = ForecastRecord(used="decayed", scores={"decayed": score}, weights={"decayed": 5.0},
+                            measured={"decayed": 8}, account=account)
+    metadata.properties[DECISION_PROPERTY] = {"forecast": record.to_json()}
+    return metadata
+
+
 def test_balanced_moves_only_when_it_pays_and_says_why():
     mp, p = 128, 4
     records = np.ones(mp)
     records[:32] = 3.0                       # subtask 0 of Flink's ranges holds the hot key groups
-    decision = BalancedRanges().choose(_metadata(mp, p, records), mp, p)
+    untrusted = BalancedRanges().choose(_metadata(mp, p, records), mp, p)
+    assert untrusted.boundaries == flink_boundaries(mp, p) and not untrusted.moved
+    assert "until the load forecast has been measured on 4 batches (0 so far)" in untrusted.reason
+    decision = BalancedRanges().choose(_trusted(mp, p, records), mp, p)
     assert decision.moved and decision.previous == flink_boundaries(mp, p)
     assert decision.max_over_mean < decision.max_over_mean_before
     assert decision.max_over_mean <= 1.15 and decision.flink_max_over_mean == pytest.approx(2)
-    assert "boundaries moved" in decision.reason
+    assert "boundaries moved" in decision.reason and decision.forecast.used == "decayed"
     # the same loads again: the ranges stay
-    again = BalancedRanges().choose(_metadata(mp, p, records, decision.boundaries), mp, p)
+    again = BalancedRanges().choose(_trusted(mp, p, records, decision.boundaries), mp, p)
     assert not again.moved and again.boundaries == decision.boundaries and "kept" in again.reason
     # a small imbalance does not pay for moving: kept, and the reason names the figures
     slight = np.ones(mp)
     slight[:4] = 1.5
-    near = BalancedRanges(tolerance=0.05).choose(_metadata(mp, p, slight, flink_boundaries(mp, p)), mp, p)
+    near = BalancedRanges(tolerance=0.05).choose(_trusted(mp, p, slight, flink_boundaries(mp, p)), mp, p)
     assert not near.moved and "within 5% of the best balance" in near.reason
-    kept = BalancedRanges(tolerance=0, min_gain=0.1).choose(_metadata(mp, p, slight, flink_boundaries(mp, p)), mp, p)
+    kept = BalancedRanges(tolerance=0, min_gain=0.1).choose(_trusted(mp, p, slight, flink_boundaries(mp, p)), mp, p)
     assert not kept.moved and "less than the 10.0% it must gain" in kept.reason
+    # a negative account keeps Flink's ranges, whatever the forecast's record
+    owed = BalancedRanges().choose(_trusted(mp, p, records, decision.boundaries, account=-0.25), mp, p)
+    assert owed.boundaries == flink_boundaries(mp, p) and owed.moved
+    assert "ran 0.250 max/mean above Flink's ranges and the 2% allowed" in owed.reason
+
+
+def test_max_skew_waives_the_cost_of_a_move_never_its_gain():
+    mp, p = 16, 4
+    previous = flink_boundaries(mp, p)
+
+    def best_gain(records):
+        candidate = balanced_boundaries(records, p, previous=previous, tolerance=0.03)
+        return 1 - range_loads(records, candidate).max() / range_loads(records, previous).max()
+
+    records = np.ones(mp)
+    records[0] = 60.0           # no range splits key group 0: max/mean is far above max_skew under any ranges
+    assert max_over_mean(range_loads(records, previous)) > 3 and 0 < best_gain(records) < 0.05
+    kept = BalancedRanges().choose(_trusted(mp, p, records, previous), mp, p)
+    assert kept.boundaries == previous and not kept.moved          # the old override moved for 3.2%
+    assert (f"moving would cut the largest decayed load by {best_gain(records):.1%}, less than the 5.0% it must "
+            f"gain (max/mean {kept.max_over_mean_before:.3f} is above max_skew 1.1: the move's cost is waived, not "
+            f"the 5.0% gain") in kept.reason
+    # with the gain threshold met, the cost is waived: a move whatever its cost goes through
+    records[0] = 30.0
+    assert best_gain(records) >= 0.05
+    moved = BalancedRanges(move_cost=100).choose(_trusted(mp, p, records, previous), mp, p)
+    assert moved.moved and "above max_skew 1.1: the move's cost is waived" in moved.reason
 
 
 def test_flink_ranges_switch_back_exactly():

@@ -11,7 +11,7 @@ from pyspark.sql import functions as F
 
 import keygroups as kg
 from keygroups._ranges import flink_boundaries, operator_indexes_for_boundaries
-from keygroups.runtime.assignment import DECISION_PROPERTY, RANGES_PROPERTY
+from keygroups.runtime.assignment import DECISION_PROPERTY, RANGES_PROPERTY, BalancedRanges
 from keygroups.spark import KeyedJob, partition_by_key_group
 from spark_functions import TOTALS, RunningTotal
 
@@ -46,11 +46,12 @@ def skewed_rows(batch: int) -> list[tuple[int, int]]:
 
 def test_balanced_job_moves_boundaries_rescales_and_switches_back(spark, tmp_path):
     location = str(tmp_path / "chk")
+    # a forecast trusted once measured on one batch (the default waits for four), to keep the Spark batches few
     job = KeyedJob("skew", "k", RunningTotal(), output_schema=TOTALS, max_parallelism=MP,
-                   checkpoint_location=location, assignment="balanced")
+                   checkpoint_location=location, assignment=BalancedRanges(evidence=1, caution=0))
     expected: dict[int, int] = {}
     ranges = []
-    for batch, p in enumerate([3, 3, 5]):
+    for batch, p in enumerate([3, 3, 3, 5]):
         rows = skewed_rows(batch)
         result = job.run_batch(spark.createDataFrame(rows, "k long, v long"), parallelism=p)
         for k, v in rows:
@@ -64,7 +65,8 @@ def test_balanced_job_moves_boundaries_rescales_and_switches_back(spark, tmp_pat
         assert [r.key_group_range for r in result.reports] == [
             kg.KeyGroupRange(ranges[-1][i], ranges[-1][i + 1] - 1) for i in range(p)]
     assert ranges[0] == flink_boundaries(MP, 3)                  # nothing measured before the first batch
-    assert ranges[1] != flink_boundaries(MP, 3) and ranges[2] != flink_boundaries(MP, 5)
+    assert ranges[1] == flink_boundaries(MP, 3)                  # a forecast, not yet measured on a batch
+    assert ranges[2] != flink_boundaries(MP, 3) and ranges[3] != flink_boundaries(MP, 5)
     decision = job.latest_checkpoint().properties[DECISION_PROPERTY]
     assert decision["max_over_mean"] < decision["flink_max_over_mean"]
 
@@ -76,3 +78,25 @@ def test_balanced_job_moves_boundaries_rescales_and_switches_back(spark, tmp_pat
     assert [r.key_group_range for r in result.reports] == [kg.key_group_range(MP, 4, i) for i in range(4)]
     totals = {k: t for k, t, _ in map(tuple, result.output.collect())}
     assert totals == {k: expected.get(k, 0) + 1000 for k in range(400)}
+
+
+def test_moved_boundaries_read_exactly_the_moved_bytes_on_spark(spark, tmp_path):
+    """Two of three boundaries move (the first subtask's largest overlap is the range the second needs): Spark's
+    tasks, on whichever Python worker, take over the warm RocksDB databases the decision's best matching gives them
+    (kept on the host's disk), so the batch restores exactly the moved bytes, and the totals stay right."""
+    from test_assignment_runtime import FixedRanges
+
+    assignment = FixedRanges((0, 4, 25, MP))
+    job = KeyedJob("moves", "k", RunningTotal(), output_schema=TOTALS, max_parallelism=MP, backend="rocksdb",
+                   checkpoint_location=str(tmp_path / "chk"), local_dir=str(tmp_path / "local"),
+                   assignment=assignment)
+    df = spark.createDataFrame([(k, 1) for k in range(3000)], "k long, v long")
+    job.run_batch(df, parallelism=3)
+    assignment.boundaries = (0, 15, 24, MP)
+    result = job.run_batch(df, parallelism=3)
+    report, decision = result.report, result.report.assignment
+    assert decision is not None and decision.takeover == (0, 1, 2)
+    assert report.bytes_restored == decision.moved_bytes > 0
+    assert report.key_groups_cold == decision.moved_key_groups == 12
+    assert sorted(r.restored.mode for r in result.reports) == ["moved"] * 3
+    assert {k: t for k, t, _ in map(tuple, result.output.collect())} == {k: 2 for k in range(3000)}

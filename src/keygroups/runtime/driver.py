@@ -193,6 +193,7 @@ class BatchPlan:
             processing_time=self.processing_time, late_records=late_records, key_group_boundaries=self.boundaries,
             restore_metadata=None if previous is None or not previous.base else encoded_metadata(previous),
             restore_base=previous.base if previous is not None else "",
+            warm_takeover=None if self.assignment is None else self.assignment.warm_ranges(),
         )
 
     def source_task(self, source: Source | str | os.PathLike[str], *, record_schema: pa.Schema | None,

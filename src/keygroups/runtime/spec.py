@@ -71,6 +71,12 @@ class KeyedTaskSpec:
     #: reads ``restore_from`` itself.
     restore_metadata: bytes | None = None
     restore_base: str = ""
+    #: Per subtask, the ``(first, last)`` key groups of the previous batch's range whose warm state it takes over
+    #: (None: none, it restores what it owns): the assignment's best global matching
+    #: (:meth:`~keygroups.runtime.assignment.AssignmentDecision.warm_ranges`), so that the bytes read are the moved
+    #: bytes. A subtask never takes a range given to another. None: each subtask takes the kept state that
+    #: overlaps its range most.
+    warm_takeover: tuple[tuple[int, int] | None, ...] | None = None
 
     def __post_init__(self) -> None:
         check_warm_heap_backends(self.warm_heap_backends)
@@ -81,6 +87,9 @@ class KeyedTaskSpec:
                 raise ValueError(f"key_group_boundaries must hold parallelism + 1 = {self.parallelism + 1} "
                                  f"boundaries, got {len(b)}")
             object.__setattr__(self, "key_group_boundaries", b)
+        if self.warm_takeover is not None and len(self.warm_takeover) != self.parallelism:
+            raise ValueError(f"warm_takeover must name one previous range (or None) per subtask, got "
+                             f"{len(self.warm_takeover)} for parallelism {self.parallelism}")
 
     def own_key_groups(self, subtask_index: int) -> KeyGroupRange:
         """The key groups subtask ``subtask_index`` owns this batch: its range of ``key_group_boundaries``, or
@@ -91,6 +100,14 @@ class KeyedTaskSpec:
         if not 0 <= subtask_index < self.parallelism:
             raise ValueError(f"subtask_index must be in [0, parallelism={self.parallelism}), got {subtask_index}")
         return KeyGroupRange(b[subtask_index], b[subtask_index + 1] - 1)
+
+    def warm_claims(self, subtask_index: int) -> tuple[tuple[int, int] | None, frozenset[tuple[int, int]]]:
+        """``(the previous range subtask_index takes over or None, the previous ranges given to other subtasks)``;
+        ``(None, frozenset())`` without a takeover (:attr:`warm_takeover`)."""
+        if self.warm_takeover is None:
+            return None, frozenset()
+        mine = self.warm_takeover[subtask_index]
+        return mine, frozenset(r for i, r in enumerate(self.warm_takeover) if r is not None and i != subtask_index)
 
     def shipped_restore_point(self) -> CheckpointMetadata | None:
         """The restore point shipped in the spec (None: none shipped), decoded once per worker process."""

@@ -82,19 +82,28 @@ def heap_backend_key(spec: KeyedTaskSpec, key_groups: KeyGroupRange) -> tuple[An
             spec.key_type, spec.allow_pickle)
 
 
-def _warm_candidates(registry: HeapBackendRegistry, key: tuple[Any, ...], subtask_index: int
+def _warm_candidates(registry: HeapBackendRegistry, key: tuple[Any, ...], subtask_index: int,
+                     claims: tuple[tuple[int, int] | None, frozenset[tuple[int, int]]] = (None, frozenset())
                      ) -> Iterator[HeapKeyedStateBackend]:
-    """The warm backends a task may resume, each taken out of ``registry`` as it is yielded: the one of exactly
-    ``key``'s range, then those of the same job whose ranges overlap it, the largest overlap first (the previous
-    batch's backend of this subtask among equals: its key groups stay with their owner); the key groups still
-    owned stay warm (see ``HeapKeyedStateBackend.resume``)."""
-    exact = registry.take(key)
-    if exact is not None:
-        yield exact
+    """The warm backends a task may resume, each taken out of ``registry`` as it is yielded: the one of the range
+    the batch's takeover gives this subtask (``claims``: that range, and those given to other subtasks; see
+    ``KeyedTaskSpec.warm_claims``), then the one of exactly ``key``'s range, then those of the same job whose ranges
+    overlap it, the largest overlap first (the previous batch's backend of this subtask among equals), never one
+    whose range the takeover gives another subtask; the key groups still owned stay warm (see
+    ``HeapKeyedStateBackend.resume``)."""
+    mine, others = claims
     start, end = key[3], key[4]
+    if mine is not None:
+        given = registry.take((*key[:3], mine[0], mine[1], *key[5:]))
+        if given is not None:
+            yield given
+    if (start, end) != mine and (start, end) not in others:
+        exact = registry.take(key)
+        if exact is not None:
+            yield exact
 
     def score(other: Any, backend: HeapKeyedStateBackend) -> tuple[int, bool] | None:
-        if other[:3] != key[:3] or other[5:] != key[5:]:
+        if other[:3] != key[:3] or other[5:] != key[5:] or (other[3], other[4]) in others:
             return None
         overlap = min(end, other[4]) - max(start, other[3]) + 1
         return (overlap, backend.subtask_index == subtask_index) if overlap > 0 else None
@@ -199,15 +208,18 @@ def task_state(spec: KeyedTaskSpec, subtask_index: int, own_range: KeyGroupRange
         registry = warm if warm is not None else HEAP_BACKENDS
         key = heap_backend_key(spec, own_range)
         backend, restored = _heap_backend(spec, subtask_index, own_range, storage, metadata,
-                                          _warm_candidates(registry, key, subtask_index))
+                                          _warm_candidates(registry, key, subtask_index,
+                                                           spec.warm_claims(subtask_index)))
         yield TaskState(backend, restored, timers, storage, metadata)
         backend.compact()  # what a full rewrite made obsolete goes before the backend waits for its next batch
-        registry.keep(key, backend, spec.warm_heap_backends)  # only after a batch that went through
+        others = spec.warm_claims(subtask_index)[1]
+        registry.keep(key, backend, spec.warm_heap_backends,   # only after a batch that went through
+                      spare=lambda k: k[:3] == key[:3] and k[5:] == key[5:] and (k[3], k[4]) in others)
         return
     warm_dir = warm_directory(spec.local_dir, spec.checkpoint_location, spec.job_name) if spec.warm_state else None
     with create_backend(spec.backend, own_range, spec.max_parallelism, spec.key_type,
                         subtask_index=subtask_index, allow_pickle=spec.allow_pickle, local_dir=spec.local_dir,
-                        warm_dir=warm_dir) as backend:
+                        warm_dir=warm_dir, warm_takeover=spec.warm_claims(subtask_index)) as backend:
         restored = RestoreInfo.new()
         if metadata is not None:
             stats = backend.restore(storage, metadata)

@@ -72,7 +72,7 @@ from keygroups.state.warm import WarmResume
 from keygroups.state.rocksdb_ingest import STORED_KINDS, SstRestore, table_options
 from keygroups._native import sstload
 from keygroups.checkpoint.format import Packed
-from keygroups.state.rocksdb_warm import WarmDirectory, seal_kept
+from keygroups.state.rocksdb_warm import Takeover, WarmDirectory, seal_kept
 from keygroups.state.states import MISSING, MapState, ValueState
 
 if TYPE_CHECKING:
@@ -672,13 +672,16 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
     (bounds memory; see the module docs). ``warm_dir``: keep the database there across backends (one directory per
     key-group range under it) and reuse it when a restore finds it exactly at the checkpoint it restores (see the
     module docs); the caller keys ``warm_dir`` by checkpoint location and job (``runtime.subtask_state.warm_directory``).
+    ``warm_takeover``: which other range's kept database to take over, and which to leave to other backends
+    (``rocksdb_warm.WarmDirectory.claim``).
     """
 
     def __init__(self, key_group_range: KeyGroupRange, max_parallelism: int, key_serializer: TypeSerializer, *,
                  key_type: KeyType = None, clock: Callable[[], float] = time.time, allow_pickle: bool = False,
                  subtask_index: int = 0, incremental: bool = True, max_chain: int = DEFAULT_MAX_CHAIN,
                  delta_fraction: float = DEFAULT_DELTA_FRACTION, db_dir: str | os.PathLike[str] | None = None,
-                 cache_limit: int = DEFAULT_CACHE_LIMIT, warm_dir: str | os.PathLike[str] | None = None) -> None:
+                 cache_limit: int = DEFAULT_CACHE_LIMIT, warm_dir: str | os.PathLike[str] | None = None,
+                 warm_takeover: Takeover = (None, frozenset())) -> None:
         super().__init__(key_group_range, max_parallelism, key_serializer, key_type=key_type, clock=clock,
                          allow_pickle=allow_pickle, subtask_index=subtask_index, incremental=incremental,
                          max_chain=max_chain, delta_fraction=delta_fraction)
@@ -699,7 +702,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         self._refilling = False
         self.warm = False  # True when restore() reused a warm database
         #: This range's claimed warm directory (``rocksdb_warm``); None: the database is not kept.
-        self._warm = WarmDirectory.claim(warm_dir, key_group_range) if warm_dir is not None else None
+        self._warm = WarmDirectory.claim(warm_dir, key_group_range, warm_takeover) if warm_dir is not None else None
         self._marker_lock = self._warm.marker_lock if self._warm is not None else threading.Lock()
         if self._warm is None:
             self._dir = tempfile.mkdtemp(prefix="keygroups-rocksdb-", dir=db_dir)

@@ -57,6 +57,10 @@ _MARKER = "marker.json"
 
 log = logging.getLogger("keygroups.state.rocksdb")
 
+#: A backend's part of a batch's warm takeover: the ``(first, last)`` key groups of the kept range it takes over (None:
+#: the one that overlaps it most), and the ranges given to other backends.
+Takeover = tuple[tuple[int, int] | None, frozenset[tuple[int, int]]]
+
 
 #: A warm directory of a key-group range, or its lock file: ``<first>-<last>[.lock]``.
 _RANGE_NAME = re.compile(r"(\d+)-(\d+)(?:\.lock)?")
@@ -196,11 +200,14 @@ class WarmDirectory:
         return os.path.dirname(self.path)
 
     @classmethod
-    def claim(cls, warm_dir: str | os.PathLike[str], key_group_range: KeyGroupRange) -> WarmDirectory | None:
+    def claim(cls, warm_dir: str | os.PathLike[str], key_group_range: KeyGroupRange,
+              takeover: Takeover = (None, frozenset())) -> WarmDirectory | None:
         """This range's warm directory, locked for the caller; None when another backend holds it (a second
         attempt of the same task running beside the first): that one then works in a temporary directory. Once
         claimed, the job's warm directories of other ranges that overlap this one are deleted (see
-        :meth:`remove_stale`)."""
+        :meth:`remove_stale`). ``takeover``: the ``(first, last)`` range whose kept database this one takes over
+        when it has none of its own, and the ranges given to other backends, never taken (the batch's best
+        matching, see ``KeyedTaskSpec.warm_claims``)."""
         r = key_group_range
         parent = private_directory(warm_dir, what="warm state")
         try:
@@ -223,7 +230,7 @@ class WarmDirectory:
             make_private(path)
             kept_marker = _open_kept(path, secret)
             if kept_marker is None:
-                kept_marker, moved_from = _take_moved(parent, path, secret, r)
+                kept_marker, moved_from = _take_moved(parent, path, secret, r, takeover)
         except OSError as e:
             log.warning("warm state: %s cannot be kept (%s); its backend works in a temporary directory", path, e)
             lock_file.close()
@@ -324,14 +331,18 @@ def _overlapping_warm(parent: str, r: KeyGroupRange) -> dict[str, KeyGroupRange]
     return out
 
 
-def _take_moved(parent: str, path: str, secret: bytes, r: KeyGroupRange
+def _take_moved(parent: str, path: str, secret: bytes, r: KeyGroupRange, takeover: Takeover = (None, frozenset())
                 ) -> tuple[dict[str, Any] | None, KeyGroupRange | None]:
     """With no kept database of range ``r`` itself: take over the one of the overlapping range that shares the most
     key groups with it (boundaries moved, or a rescale), if its sealed marker and files check out. Its directory
     becomes ``path`` (under both locks); its marker is removed at once (it vouches for the old range only) and
     returned with the old range, for the restore, which drops the key groups that left and restores those that
-    arrived. (None, None) when there is none to take."""
-    candidates = sorted(_overlapping_warm(parent, r).items(), key=lambda nr: (-len(nr[1].intersection(r)), nr[1].start))
+    arrived. (None, None) when there is none to take. ``takeover`` (the range given to this one, those given to
+    others) puts the given range first and leaves the others' alone."""
+    given, others = takeover
+    candidates = sorted(((name, old) for name, old in _overlapping_warm(parent, r).items()
+                         if (old.start, old.end) not in others),
+                        key=lambda nr: ((nr[1].start, nr[1].end) != given, -len(nr[1].intersection(r)), nr[1].start))
     for name, old in candidates:
         lock_file = _lock_range(parent, name)
         if lock_file is None:
@@ -354,4 +365,4 @@ def _take_moved(parent: str, path: str, secret: bytes, r: KeyGroupRange
     return None, None
 
 
-__all__ = ["WARM_MARKER_VERSION", "WarmDirectory", "seal_kept"]
+__all__ = ["WARM_MARKER_VERSION", "Takeover", "WarmDirectory", "seal_kept"]

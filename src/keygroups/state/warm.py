@@ -51,14 +51,18 @@ class WarmRegistry(Generic[T]):
                 return None
             return best, self._kept.pop(best)
 
-    def keep(self, key: Hashable, value: T, limit: int) -> None:
+    def keep(self, key: Hashable, value: T, limit: int, spare: Callable[[Hashable], bool] | None = None) -> None:
         """Keep ``value`` under ``key`` (replacing one kept there), then drop the least recently kept beyond
-        ``limit`` (0 keeps nothing)."""
+        ``limit`` (0 keeps nothing); those ``spare(key)`` names (another task of the batch is to take them over)
+        go last."""
         with self._lock:
             self._kept.pop(key, None)
             if limit <= 0:
                 return
             self._kept[key] = value
+            spared = [] if spare is None else [k for k in self._kept if k != key and spare(k)]
+            for k in spared:   # least recently kept, among the spared, stays first among them
+                self._kept.move_to_end(k)
             while len(self._kept) > limit:
                 self._kept.popitem(last=False)
 
