@@ -18,6 +18,7 @@ LAYERS = [
     {"keygroups.sources"},
     {"keygroups.runtime"},
     {"keygroups.windows"},
+    {"keygroups.metrics"},
     {"keygroups.testing"},
     {"keygroups.flink"},
     {"keygroups.spark"},

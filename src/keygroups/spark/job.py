@@ -70,6 +70,7 @@ from keygroups.runtime.subtask import (
     unused_name,
 )
 from keygroups.runtime.watermarks import WatermarkStrategy, check_late_records
+from keygroups.spark.metrics import record_spark_batch  # metrics (issue 36)
 from keygroups.spark.partitioner import partition_by_key_group
 from keygroups.state.timers import NO_WATERMARK
 
@@ -535,7 +536,10 @@ class KeyedJob:
                                 watermark=watermark)
         self._savepoint_pending = False
         self._checked_restore_point = (metadata.checkpoint_id, None)   # written here, by this very function
-        return metadata, time.perf_counter() - committing
+        commit_seconds = time.perf_counter() - committing
+        record_spark_batch(self, df.sparkSession, self.storage, metadata, reports, plan.previous,  # metrics (issue 36)
+                           started=plan_started, commit_seconds=commit_seconds)   # (never raises)
+        return metadata, commit_seconds
 
     def run_batch(self, df: DataFrame, *, parallelism: int | ParallelismPolicy, checkpoint_id: int | None = None,
                   properties: dict[str, Any] | None = None) -> BatchResult:

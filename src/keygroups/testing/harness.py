@@ -45,6 +45,7 @@ from keygroups._ranges import (
 from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage
 from keygroups.checkpoint.planning import check_restore_max_parallelism
 from keygroups.errors import KeyGroupsError
+from keygroups.metrics.recorder import record_batch  # metrics (issue 36)
 from keygroups.runtime.driver import BatchPlan, begin_batch, commit_batch
 from keygroups.runtime.functions import KeyedProcessFunction, RuntimeContext
 from keygroups.runtime.report import BatchReport
@@ -432,6 +433,8 @@ class KeyedFunctionHarness:
                                 properties={"start_watermark": plan.start_watermark,
                                             "driver_seconds": {"plan": planned - started}})
         committed = time.perf_counter()
+        record_batch(self, self.storage, metadata, reports, plan.previous, started=started,  # metrics (issue 36)
+                     commit_seconds=committed - ran, enabled_by_default=False)   # (never raises)
         self._restore_point, self._savepoint = metadata, None
         self._output.extend(self._read(metadata.outputs, self.output_schema))
         self._late.extend(self._read(metadata.late_outputs, schema))
