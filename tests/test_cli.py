@@ -78,6 +78,25 @@ def test_inspect_and_plan_describe_the_demo_checkpoint(demo_dir):
     assert missing.returncode != 0 and "999" in missing.stderr
 
 
+def test_the_dashboard_of_the_demo_shows_its_rescales_and_late_events(demo_dir, chromium):
+    """``keygroups dashboard`` over the demo's checkpoints (the metrics its job kept beside them), in headless
+    Chromium: every plot, no console error, the demo's rescales (3 -> 1 -> 5) and its late events."""
+    from test_dashboard import check_plots_in_screenshot, render
+
+    workdir, result = demo_dir
+    late = int(re.search(r"([\d,]+) late events dropped", result.stdout).group(1).replace(",", ""))
+    report = workdir / "report.html"
+    made = keygroups("dashboard", str(workdir / "checkpoints"), "-o", str(report), timeout=120)
+    assert made.returncode == 0, made.stderr
+    assert f"3 batches (checkpoints 1-3), 2 rescales, {late:,} late records" in made.stdout
+    page = render(chromium, report)
+    assert page.errors == []
+    summary = page.values["summary"]
+    assert summary["rescale_checkpoints"] == [2, 3] and page.values["rescale_bars"] == 2
+    assert summary["records_late"] == late > 0 and page.values["late_bars"] == 3
+    check_plots_in_screenshot(page)
+
+
 def test_verify_reports_any_difference_from_the_reference(demo_dir):
     workdir, _ = demo_dir
     storage = CheckpointStorage(str(workdir / "checkpoints"))

@@ -72,7 +72,8 @@ class SubtaskMetrics:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> SubtaskMetrics:
-        return cls(**{name: d.get(name) for name in _SUBTASK_FIELDS})
+        values: dict[str, Any] = {name: d.get(name) for name in _SUBTASK_FIELDS}
+        return cls(**values)
 
 
 _SUBTASK_FIELDS = ("subtask", "first_key_group", "last_key_group", "records_in", "records_late", "records_out",

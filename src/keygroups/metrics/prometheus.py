@@ -83,7 +83,7 @@ class PrometheusExporter:
         if registry is None:
             registry = CollectorRegistry(auto_describe=False)
             registry.register(self)
-        return generate_latest(registry).decode()   # type: ignore[no-any-return]
+        return generate_latest(registry).decode()
 
     # ---- the collector -------------------------------------------------------------------------------------------
 

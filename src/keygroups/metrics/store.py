@@ -136,7 +136,7 @@ class _RemoteFiles:
         path = f"{self.root}/{name}"
         if self.fs.size(path) > MAX_FILE_BYTES:
             raise CorruptDataError(f"{self.url(name)} is larger than a metrics file can be ({MAX_FILE_BYTES:,} bytes)")
-        return self.fs.cat_file(path)   # type: ignore[no-any-return]
+        return bytes(self.fs.cat_file(path))
 
     def remove(self, name: str) -> None:
         try:

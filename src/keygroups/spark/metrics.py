@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pyspark.sql import SparkSession
-from pyspark.sql.streaming import StreamingQueryListener
+from pyspark.sql.streaming.listener import StreamingQueryListener
 
 from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage
 from keygroups.metrics import BatchMetrics, MetricsRecorder, MetricsStore, job_metrics
@@ -171,7 +171,7 @@ class ProgressWithMetrics:
     def to_dict(self) -> dict[str, Any]:
         """Spark's progress as its JSON (``progress.json``), with the batch's keygroups figures under
         ``"keygroups"`` (its batch figures; per-key-group arrays left out)."""
-        out = json.loads(self.progress.json)
+        out: dict[str, Any] = json.loads(self.progress.json)
         out["keygroups"] = None if self.metrics is None else self.metrics.batch_json()
         return out
 
