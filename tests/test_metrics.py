@@ -334,3 +334,22 @@ def test_running_totals_match_a_model_over_random_batches_and_rescales(ops, para
         return
     assert (totals.batches, totals.rescales, totals.moved_bytes) == (model["batches"], model["rescales"], moved)
     assert np.array_equal(totals.key_group_counts[:, 0], model["records"])
+
+
+def test_the_store_on_s3_keeps_the_last_batches(s3_server):
+    """The store beside checkpoints on an object store (a real S3 server): whole-object writes, listing, pruning."""
+    with harness(parallelism=2) as h:
+        recorder = job_metrics(h)
+        recorder.store = False
+        for b in range(4):
+            h.process(records([b, b + 1, b + 2], [10 * b, 10 * b + 1, 10 * b + 2]))
+        batches = recorder.recent()
+    url = s3_server.url()
+    store = MetricsStore(url, storage_options=s3_server.storage_options, keep=2)
+    assert store.checkpoint_ids() == [] and store.history() == []
+    for m in batches:
+        store.write(m)
+    again = MetricsStore(url, storage_options=s3_server.storage_options)
+    assert again.checkpoint_ids() == [3, 4]
+    assert [m.batch_json() for m in again.history()] == [m.batch_json() for m in batches[2:]]
+    assert again.url(4) == f"{url}/_metrics/batch-{4:020d}.arrow"
