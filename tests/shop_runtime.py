@@ -20,7 +20,7 @@ import keygroups as kg
 from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage
 from keygroups.cli import shop
 from keygroups.runtime import WatermarkStrategy, begin_batch, commit_batch
-from keygroups.runtime.source import run_source_subtask, staged_schema
+from keygroups.runtime.source import Source, run_source_subtask
 from keygroups.runtime.subtask import create_backend, run_keyed_subtask
 
 MAX_PARALLELISM = 64
@@ -31,27 +31,29 @@ def no_fault(point: str) -> None:
     """The default fault hook of :func:`run_batch`: nothing happens at any point."""
 
 
-def run_batch(location: str, log_dir: str, function: Any, parallelism: int, max_records: int | None, *,
+def run_batch(location: str, log_dir: str | Source, function: Any, parallelism: int, max_records: int | None, *,
               retry_subtasks: bool = False, backend: str = "heap", retain: int = 3,
               max_parallelism: int = MAX_PARALLELISM, local_dir: str | None = None,
               run_subtask: Callable[..., dict[str, Any]] = run_keyed_subtask,
+              run_source: Callable[..., dict[str, Any]] = run_source_subtask,
               at: Callable[[str], None] = no_fault, watermark_strategy: WatermarkStrategy | None = None,
               output_schema: pa.Schema = shop.ORDER_SCHEMA) -> tuple[CheckpointMetadata, pa.Table, int]:
     """One micro-batch as the Spark driver runs it (the same driver), its subtasks called through ``run_subtask``
-    (``run_keyed_subtask`` in this process by default). Returns the committed metadata, its output (orders, of
-    ``output_schema``) and the number of records the sources read. ``at(point)`` is called at ``"source"`` (after
-    each source subtask) and ``"reported"`` (every subtask has reported; the driver is about to commit): the fault
-    campaign's kill points. With a ``watermark_strategy`` the job runs on event time (column ``ts``): the driver
-    moves the watermark from the batch's largest event time, as the Spark job does."""
+    (``run_keyed_subtask`` in this process by default) and ``run_source`` (``run_source_subtask``), reading
+    ``log_dir``: a partitioned-log directory or any source (a KafkaSource). Returns the committed metadata, its
+    output (orders, of ``output_schema``) and the number of records the sources read. ``at(point)`` is called at
+    ``"source"`` (after each source subtask) and ``"reported"`` (every subtask has reported; the driver is about to
+    commit): the fault campaign's kill points. With a ``watermark_strategy`` the job runs on event time (column
+    ``ts``): the driver moves the watermark from the batch's largest event time, as the Spark job does."""
     storage = CheckpointStorage(location, retain=retain)
     plan = begin_batch(storage, job_name=JOB_NAME, max_parallelism=max_parallelism, parallelism=parallelism)
     source = plan.source_task(log_dir, record_schema=shop.EVENT_SCHEMA, max_records_per_subtask=max_records)
     sources = []
     for i in range(parallelism):
-        sources.append(run_source_subtask(source, i))
+        sources.append(run_source(source, i))
         at("source")
     tables = [pq.read_table(io.BytesIO(storage.read_bytes(r["input_file"]))) for r in sources if r["input_file"]]
-    schema = staged_schema(shop.EVENT_SCHEMA)
+    schema = source.staged_schema
     staged = pa.concat_tables(tables) if tables else schema.empty_table()
     owners = kg.assign_operators(staged.column("user"), max_parallelism, parallelism)
     watermark = None
@@ -73,6 +75,7 @@ def run_batch(location: str, log_dir: str, function: Any, parallelism: int, max_
     reports += [run_subtask(spec, i, []) for i in plan.idle_subtasks(reports)]
     at("reported")
     metadata = commit_batch(plan, reports, sources, watermark=watermark)
+    source.source.notify_checkpoint_complete(metadata)
     return metadata, read_outputs(storage, metadata, output_schema), sum(r["records"] for r in sources)
 
 

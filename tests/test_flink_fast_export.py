@@ -418,8 +418,8 @@ def test_key_group_entries_reads_each_key_group_once_and_equals_the_whole_range(
     reads: list[int] = []
     read_bytes = CheckpointStorage.read_bytes
 
-    def counting(self, rel, start=None, end=None):
-        data = read_bytes(self, rel, start, end)
+    def counting(self, rel, start=None, end=None, **kwargs):
+        data = read_bytes(self, rel, start, end, **kwargs)
         reads.append(len(data))
         return data
 

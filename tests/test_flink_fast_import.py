@@ -55,6 +55,14 @@ def _python_path_only(monkeypatch):
     monkeypatch.setattr(importer, "_fast_plan", no_fast_plan)
 
 
+def same_file_ids(monkeypatch) -> None:
+    """The next files written get the ids 0, 1, 2, ... (each file's id is random otherwise, and every block's checksum
+    covers it): two imports written after a call each write the same bytes when their contents are equal."""
+    from keygroups.checkpoint import format as fmt
+    counter = iter(range(1 << 30))
+    monkeypatch.setattr(fmt, "new_file_id", lambda: next(counter).to_bytes(16, "big"))
+
+
 def _keyed_files(location: pathlib.Path, name: str) -> dict[int, bytes]:
     """The keyed files of savepoint ``name`` by subtask (their names carry a random suffix)."""
     out = {}
@@ -82,9 +90,11 @@ def _block_sections(location: pathlib.Path, name: str) -> dict[tuple[int, str], 
 
 def _assert_same_import(tmp_path, monkeypatch, savepoint, **kwargs):
     sp = read_savepoint(savepoint)
+    same_file_ids(monkeypatch)
     fast = import_savepoint(sp, str(tmp_path / "fast"), "sp", uid="keyed", **kwargs)
     with monkeypatch.context() as m:
         _python_path_only(m)
+        same_file_ids(m)
         slow = import_savepoint(sp, str(tmp_path / "slow"), "sp", uid="keyed", **kwargs)
     assert (fast.entries, fast.timers, fast.key_groups, fast.keyed_states) == \
         (slow.entries, slow.timers, slow.key_groups, slow.keyed_states)

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from flink_harness import FIXTURE_SET, FIXTURES
 from test_flink_fast_export import _both_paths, _data_files
-from test_flink_fast_import import _block_sections, _keyed_files
+from test_flink_fast_import import _block_sections, _keyed_files, same_file_ids
 from keygroups.errors import CorruptSnapshotError, KeyGroupsError
 from keygroups.flink import import_savepoint, read_savepoint
 from keygroups.flink import importer
@@ -50,8 +50,10 @@ def _assert_same_files(fast_dir: pathlib.Path, slow_dir: pathlib.Path, name: str
 
 def _same_import(tmp_path, monkeypatch, savepoint, uid="window", **kwargs):
     sp = read_savepoint(savepoint)
+    same_file_ids(monkeypatch)
     fast = import_savepoint(sp, str(tmp_path / "fast"), "sp", uid=uid, **kwargs)
     with monkeypatch.context() as m:
+        same_file_ids(m)
         _python_import_only(m)
         slow = import_savepoint(sp, str(tmp_path / "slow"), "sp", uid=uid, **kwargs)
     assert (fast.entries, fast.timers, fast.key_groups, fast.keyed_states) == \

@@ -206,6 +206,11 @@ def _offsets_block(mv: memoryview, key_group: int, n_states: int, version: int,
     return KeyGroupBlock(key_group, bool(flags & _snap.BLOCK_FULL), version >= 2, mv, puts, deletes, predecessor)
 
 
+def new_file_id() -> bytes:
+    """A new file's id: 16 random bytes (a module function so that a test can make two writes' ids equal)."""
+    return os.urandom(16)
+
+
 class KeyedSnapshotWriter:
     """Writes one keyed snapshot file to ``stream`` (the header at once; blocks as key groups are given).
 
@@ -228,7 +233,7 @@ class KeyedSnapshotWriter:
         if not isinstance(states, list) or not all(isinstance(s, dict) for s in states):
             raise TypeError("states must be a list of JSON dicts (one per state: name, kind, serializers, ttl)")
         if file_id is None:
-            file_id = os.urandom(16)
+            file_id = new_file_id()
         if not isinstance(file_id, bytes) or len(file_id) != 16:
             raise TypeError(f"file_id must be 16 bytes, got {file_id!r:.60}")
         try:

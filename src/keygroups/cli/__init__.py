@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from typing import Any
@@ -85,6 +86,7 @@ def _inspect(args: argparse.Namespace) -> int:
                           "operator_handles": [h.to_json() for h in metadata.operator_handles],
                           "raw_keyed_handles": [h.to_json() for h in metadata.raw_keyed_handles],
                           "timers": timers, "ranges": _range_figures(metadata),
+                          "source_positions": [dataclasses.asdict(p) for p in _positions(storage, metadata)],
                           "recent_batches": [r.to_dict() for r in reports]}, indent=2))
         return plot.run(args, storage, metadata)
     print(f"checkpoint {metadata.checkpoint_id} of job {metadata.job_id!r}: parallelism {metadata.parallelism}, "
@@ -104,6 +106,7 @@ def _inspect(args: argparse.Namespace) -> int:
     for oh in metadata.operator_handles:
         names = ", ".join(f"{name} ({meta.mode}, {len(meta)} elements)" for name, meta in sorted(oh.states.items()))
         print(f"  operator state of subtask {oh.subtask}: {oh.size:,} bytes: {names}")
+    _print_positions(_positions(storage, metadata))
     for rh in metadata.raw_keyed_handles:
         print(f"  raw keyed state of subtask {rh.subtask}: key groups {rh.key_group_range.start}-"
               f"{rh.key_group_range.end}, {rh.size:,} bytes in {rh.file}")
@@ -119,6 +122,24 @@ def _inspect(args: argparse.Namespace) -> int:
         for r in reports:
             print(f"  {r.summary()}")
     return plot.run(args, storage, metadata)
+
+
+def _positions(storage: Any, metadata: Any) -> list[Any]:
+    """The source splits the checkpoint's operator state holds (Kafka's and the file log's)."""
+    from keygroups.sources import source_positions
+
+    return source_positions(storage, metadata)
+
+
+def _print_positions(positions: list[Any]) -> None:
+    """One line per topic (or log): each partition's next offset and the subtask that holds it."""
+    by_topic: dict[Any, list[Any]] = {}
+    for p in positions:
+        by_topic.setdefault(p.topic, []).append(p)
+    for topic, splits in by_topic.items():
+        what = f"Kafka topic {topic!r}" if topic is not None else "log"
+        parts = " ".join(f"{p.partition}:{p.offset}@{p.subtask}" for p in splits)
+        print(f"source positions, {what} (partition:next offset@subtask): {parts}")
 
 
 def _range_figures(metadata: Any) -> dict[str, Any]:
@@ -326,6 +347,7 @@ def _verify(args: argparse.Namespace) -> int:
               lambda h=h: keyed(h))
     for oh in metadata.operator_handles:
         check(f"operator state file {oh.file} (handle of subtask {oh.subtask})", lambda oh=oh: operator(oh))
+    _print_positions(_positions(storage, metadata))
     for rh in metadata.raw_keyed_handles:
         check(f"raw keyed state file {rh.file} (handle of subtask {rh.subtask})", lambda rh=rh: raw_keyed(rh))
     for f in metadata.runner_files():

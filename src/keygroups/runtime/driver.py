@@ -45,7 +45,7 @@ from keygroups.runtime.assignment import (
     FlinkRanges,
     merged_loads,
 )
-from keygroups.runtime.source import SourceTaskSpec
+from keygroups.runtime.source import Source, SourceTaskSpec, prepared_source
 from keygroups.runtime.subtask import KeyedTaskSpec, StateBackendName, key_type_for_schema
 from keygroups.runtime.watermarks import LateRecords
 from keygroups.state.timers import NO_WATERMARK, TimeDomain
@@ -176,13 +176,15 @@ class BatchPlan:
             processing_time=self.processing_time, late_records=late_records, key_group_boundaries=self.boundaries,
         )
 
-    def source_task(self, log_directory: str, *, record_schema: pa.Schema | None,
+    def source_task(self, source: Source | str | os.PathLike[str], *, record_schema: pa.Schema | None,
                     max_records_per_subtask: int | None = None) -> SourceTaskSpec:
         """What every source subtask of this batch gets: read up to ``max_records_per_subtask`` records of its share
-        of the log's partitions (all that is left with None)."""
+        of the source's splits (all that is left with None). ``source`` is a partitioned-log directory or a
+        :class:`~keygroups.runtime.source.Source` (Kafka), prepared here, once, for this batch."""
         return SourceTaskSpec(
-            log_directory=str(log_directory), record_schema=record_schema, parallelism=self.parallelism,
-            max_records=max_records_per_subtask, checkpoint_location=self.storage.location,
+            source=prepared_source(source, self.previous), record_schema=record_schema,
+            parallelism=self.parallelism, max_records=max_records_per_subtask,
+            checkpoint_location=self.storage.location,
             checkpoint_id=self.checkpoint_id, restore_from=self.restore_from,
             storage_options=self.storage.storage_options,
         )

@@ -40,6 +40,7 @@ __all__ = [
     "PartitionedLogWriter",
     "write_partitioned_log",
     "partition_path",
+    "staged_log_schema",
     "HEADER_SIZE",
     "MAX_RECORD_BYTES",
 ]
@@ -52,6 +53,17 @@ HEADER_SIZE = _HEADER.size           # also the offset of a partition's first re
 FRAME_SIZE = 8                       # u32 CRC32C | u32 length
 MAX_RECORD_BYTES = 64 * 1024 * 1024  # a length above this is corruption, not a record
 _NAME = re.compile(r"^partition-(\d{5,})\.kglog$")
+
+
+def staged_log_schema(record_schema: Any) -> Any:
+    """The schema of a log's records as a batch stages them: ``record_schema``'s columns, then ``_partition``
+    (int32) and ``_offset`` (int64)."""
+    import pyarrow as pa
+
+    if not isinstance(record_schema, pa.Schema):
+        raise ValueError(f"a partitioned-log source needs the record_schema its JSON records are read as (a pyarrow "
+                         f"Schema), got {record_schema!r}")
+    return pa.schema(list(record_schema) + [pa.field("_partition", pa.int32()), pa.field("_offset", pa.int64())])
 
 
 def partition_path(directory: str | os.PathLike, partition: int) -> str:
@@ -204,6 +216,32 @@ class PartitionedLogSource:
     def iter_records(self, partition: int, offset: int = HEADER_SIZE) -> Iterator[dict]:
         """Every record of ``partition`` from ``offset`` on."""
         yield from self.read(partition, offset).records()
+
+    # ---- the job's source protocol (keygroups.runtime.source.Source) --------------------------------------------
+
+    def prepare(self, previous: Any = None) -> PartitionedLogSource:
+        """On the driver, once per batch: nothing to look up (partitions are found by each subtask's reader)."""
+        return self
+
+    def create_reader(self) -> Any:
+        """In a source subtask: the reader of this subtask's partitions (a CheckpointedFunction)."""
+        from keygroups.sources.reader import PartitionedLogReader
+
+        return PartitionedLogReader(self)
+
+    def staged_schema(self, record_schema: Any) -> Any:
+        """The schema of a batch's staged input: the records' columns, then ``_partition`` (int32) and ``_offset``
+        (int64)."""
+        return staged_log_schema(record_schema)
+
+    def notify_checkpoint_complete(self, metadata: Any) -> None:
+        """Nothing to tell anyone: the positions live in the checkpoint only."""
+
+    def describe(self) -> str:
+        return f"partitioned log {self.directory}"
+
+    def __repr__(self) -> str:
+        return f"PartitionedLogSource({self.directory!r})"
 
 
 class PartitionedLogWriter:

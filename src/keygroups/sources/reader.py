@@ -89,6 +89,13 @@ class PartitionedLogReader(CheckpointedFunction):
                 budget -= len(piece)
         return slices
 
+    def report(self) -> dict[str, Any]:
+        """What the batch report keeps of this subtask's source (JSON)."""
+        return {"partitions": self.partitions, "positions": {str(p): o for p, o in self._positions.items()}}
+
+    def close(self) -> None:
+        """Nothing is held open between polls."""
+
     def poll_arrow(self, max_records: int | None = None, schema: Any = None) -> Any:
         """:meth:`poll` as one ``pyarrow.Table`` with ``_partition`` and ``_offset`` columns."""
         import pyarrow as pa

@@ -60,7 +60,7 @@ from keygroups.runtime.driver import BatchPlan, DriverFence, begin_batch, commit
 from keygroups.runtime.functions import KeyedProcessFunction
 from keygroups.runtime.report import BatchReport, format_time
 from keygroups.runtime.scaling import HISTORY, BatchFigures, ParallelismPolicy
-from keygroups.runtime.source import run_source_subtask, staged_schema
+from keygroups.runtime.source import Source, run_source_subtask
 from keygroups.runtime.subtask import (
     KeyedTaskSpec,
     check_restored_states,
@@ -587,34 +587,40 @@ class KeyedJob:
         self._log(result.report)
         return result
 
-    def run_source_batch(self, spark: SparkSession, log_directory: str, *, parallelism: int,
-                         record_schema: pa.Schema, max_records_per_subtask: int | None = None) -> BatchResult:
-        """One micro-batch whose input is the next records of a partitioned log (:mod:`keygroups.sources`).
+    def run_source_batch(self, spark: SparkSession, source: Source | str, *, parallelism: int,
+                         record_schema: pa.Schema | None = None,
+                         max_records_per_subtask: int | None = None) -> BatchResult:
+        """One micro-batch whose input is the next records of a replayable source: a partitioned-log directory
+        (:mod:`keygroups.sources`) or a :class:`~keygroups.sources.KafkaSource`.
 
         There is no input DataFrame to take the session from, so the session comes first, as in
-        ``spark.read...``; the rest is keyword-only, as in :meth:`run_batch`.
+        ``spark.read...``; the rest is keyword-only, as in :meth:`run_batch`. ``record_schema`` is the records'
+        schema (a pyarrow Schema; a Kafka source of raw values without a decoder needs none).
 
-        Source subtask *i* (a Spark task) restores its share of the ``(partition, offset)`` pairs from the previous
-        checkpoint's operator state — split evenly over this batch's subtasks, whatever the previous parallelism —
-        reads up to ``max_records_per_subtask`` records and stages them under ``chk-<n>/``; the keyed stage then
-        runs as in :meth:`run_batch`, and the checkpoint commits the new positions with the keyed state. A resumed
-        job, at any parallelism, continues exactly where the last complete checkpoint left off."""
+        Source subtask *i* (a Spark task) restores its share of the source's positions (``(partition, offset)``
+        of a log, ``(topic, partition, offset)`` of Kafka) from the previous checkpoint's operator state — split
+        evenly over this batch's subtasks, whatever the previous parallelism — reads up to
+        ``max_records_per_subtask`` records and stages them under ``chk-<n>/``; the keyed stage then runs as in
+        :meth:`run_batch`, and the checkpoint commits the new positions with the keyed state. A resumed job, at any
+        parallelism, continues exactly where the last complete checkpoint left off."""
         started = time.perf_counter()
         plan = self._begin(parallelism)
-        self._check_restore_point(plan, staged_schema(record_schema))
-        spec = plan.source_task(log_directory, record_schema=record_schema,
+        spec = plan.source_task(source, record_schema=record_schema,
                                 max_records_per_subtask=max_records_per_subtask)
+        staged = spec.staged_schema
+        self._check_restore_point(plan, staged)
 
         reports = [json.loads(r) for r in
                    _run_tasks(spark, plan.parallelism, lambda index: json.dumps(run_source_subtask(spec, index)))]
         inputs = [r["input_file"] for r in reports if r["input_file"]]
-        df = read_checkpoint_files(spark, self.storage, inputs, staged_schema(record_schema))
+        df = read_checkpoint_files(spark, self.storage, inputs, staged)
         self._check_input(df)
         with self._read_once(df, count=False) as (df, _, max_event):
             metadata, commit_seconds = self._run_keyed(plan, df, reports, None, max_event=max_event,
                                                        plan_started=started)
+        spec.source.notify_checkpoint_complete(metadata)
         result = self._result(spark, metadata, replayed=False, started=started,
-                              input_schema=staged_schema(record_schema), commit_seconds=commit_seconds)
+                              input_schema=staged, commit_seconds=commit_seconds)
         self._log(result.report)
         return result
 
