@@ -235,11 +235,11 @@ def timed_batch(spark: Any, job: Job, df: Any, keys: np.ndarray, round_no: int, 
     if on_disk != new:
         print(f"  ! {job.label} chk-{result.checkpoint_id}: {on_disk:,} bytes of state files on disk but the "
               f"metadata accounts {new:,} as new: update referenced_files() for the current handle format")
-    phases = {p: max(r["seconds"].get(p, 0.0) for r in result.reports) for p in PHASES}
+    phases = {p: max(getattr(r.seconds, p) for r in result.reports) for p in PHASES}
     # what the slowest subtask's phases leave unexplained: Spark's scheduling, shuffle and Python workers
-    phases["other"] = wall - max(sum(r["seconds"].get(p, 0.0) for p in PHASES) for r in result.reports)
+    phases["other"] = wall - max(sum(getattr(r.seconds, p) for p in PHASES) for r in result.reports)
     job.touched[keys] += 1
-    modes = [r["restored"].get("mode", "?") for r in result.reports]  # warm / caught-up / cold, per subtask
+    modes = [r.restored.mode for r in result.reports]  # warm / caught-up / cold, per subtask
     row = {"round": round_no, "warmup": warmup, "wall": wall, "new": new, "total": total, "disk": on_disk,
            "restored": sum(result.restored_bytes), "records": result.records_in, "result": result, "modes": modes,
            **phases}

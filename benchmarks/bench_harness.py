@@ -113,7 +113,7 @@ def small_batches(table: pa.Table, batches: int, size: int, max_parallelism: int
         h.output()
         for k, v in report.phases.items():
             phases.setdefault(f"harness {k}", []).append(v)
-        for k, v in report.reports[0]["seconds"].items():
+        for k, v in report.reports[0].seconds.to_json().items():
             phases.setdefault(f"  subtask {k}", []).append(v)
     total = time.perf_counter() - t0
     h.close()

@@ -59,7 +59,7 @@ def source_stage(source: object, location: str, parallelism: int, broker_pid: in
         wall, cpu = time.perf_counter(), cpu_seconds()
         broker = process_cpu_seconds(broker_pid) if broker_pid else 0.0
         report = run_source_subtask(spec, i)
-        out.append({"records": report["records"], "wall": time.perf_counter() - wall, "cpu": cpu_seconds() - cpu,
+        out.append({"records": report.records, "wall": time.perf_counter() - wall, "cpu": cpu_seconds() - cpu,
                     "broker": (process_cpu_seconds(broker_pid) - broker) if broker_pid else 0.0})
     return out
 

@@ -53,32 +53,49 @@ def build_session(master: str) -> Any:
 
 
 class HookTimer:
-    """Times every call of the recording hook KeyedJob makes, and of its status-store read, in place."""
+    """Times every call of the recording listener a ``KeyedJob``'s batch spine makes after its commit, and within
+    it the reads of Spark's status store (the batch's Spark time and its keyed stage's tasks), in place."""
 
     def __init__(self) -> None:
-        import keygroups.spark.job as job_module
         import keygroups.spark.metrics as metrics_module
 
         self.calls: list[tuple[float, float]] = []        # (wall, thread CPU) of record_spark_batch
-        self.store_reads: list[tuple[float, float]] = []  # of SparkJobClock.batch_times within it
-        hook, read = job_module.record_spark_batch, metrics_module.SparkJobClock.batch_times
+        self.store_reads: list[tuple[float, float]] = []  # of the status-store reads within it
+        hook, tasks = metrics_module.record_spark_batch, metrics_module.keyed_task_seconds
+        reads = self.store_reads
 
-        def timed_hook(*args: Any, **kwargs: Any) -> Any:
+        def timed_hook(job: Any, batch: Any, executor: Any) -> Any:
             wall, cpu = time.perf_counter(), time.thread_time()
+            spark_time = batch.spark_time
+
+            def timed_spark_time() -> Any:
+                w, c = time.perf_counter(), time.thread_time()
+                try:
+                    return spark_time()
+                finally:
+                    reads.append((time.perf_counter() - w, time.thread_time() - c))
+
+            object.__setattr__(batch, "spark_time", timed_spark_time)
             try:
-                return hook(*args, **kwargs)
+                return hook(job, batch, executor)
             finally:
+                object.__setattr__(batch, "spark_time", spark_time)
                 self.calls.append((time.perf_counter() - wall, time.thread_time() - cpu))
 
-        def timed_read(clock: Any, *args: Any, **kwargs: Any) -> Any:
+        def timed_tasks(*args: Any, **kwargs: Any) -> Any:
             wall, cpu = time.perf_counter(), time.thread_time()
             try:
-                return read(clock, *args, **kwargs)
+                return tasks(*args, **kwargs)
             finally:
-                self.store_reads.append((time.perf_counter() - wall, time.thread_time() - cpu))
+                reads.append((time.perf_counter() - wall, time.thread_time() - cpu))
 
-        job_module.record_spark_batch = timed_hook
-        metrics_module.SparkJobClock.batch_times = timed_read   # type: ignore[method-assign]
+        metrics_module.record_spark_batch = timed_hook   # looked up by the listener at every call
+        metrics_module.keyed_task_seconds = timed_tasks
+
+    def store_read_per_call(self) -> list[tuple[float, float]]:
+        """The status-store reads summed per recording call (two reads each)."""
+        pairs = [self.store_reads[i:i + 2] for i in range(0, len(self.store_reads), 2)]
+        return [(sum(w for w, _ in p), sum(c for _, c in p)) for p in pairs]
 
 
 def main() -> None:
@@ -158,8 +175,9 @@ def main() -> None:
 
     hook_wall = statistics.median(w for w, _ in timer.calls)
     hook_cpu = statistics.median(c for _, c in timer.calls)
-    read_wall = statistics.median(w for w, _ in timer.store_reads)
-    read_cpu = statistics.median(c for _, c in timer.store_reads)
+    per_call = timer.store_read_per_call()
+    read_wall = statistics.median(w for w, _ in per_call)
+    read_cpu = statistics.median(c for _, c in per_call)
     print(f"\n== the recording call, inside each batch of the recording job (median of {len(timer.calls)})")
     print(f"{'':<44}{'wall ms':>10}{'CPU ms':>10}{'of a batch':>12}")
     print(f"{'record_spark_batch (all of it)':<44}{hook_wall * 1e3:>10.2f}{hook_cpu * 1e3:>10.2f}"

@@ -35,7 +35,7 @@ from _events import compare_state, event_files, generate_events, reference_state
 from keygroups import key_group_range  # noqa: E402
 from keygroups.checkpoint import CheckpointStorage  # noqa: E402
 from keygroups.runtime import KeyedProcessFunction  # noqa: E402
-from keygroups.runtime.subtask import create_backend  # noqa: E402
+from keygroups.runtime.backends import create_backend  # noqa: E402
 from keygroups.serializers import Int64Serializer, TupleSerializer  # noqa: E402
 from keygroups.state import ValueStateDescriptor  # noqa: E402
 

@@ -48,7 +48,7 @@ from keygroups._ranges import operator_indexes_for_boundaries
 from keygroups.checkpoint import CheckpointStorage
 from keygroups.runtime import begin_batch, commit_batch
 from keygroups.runtime.assignment import (
-    CALLS_REPORT,
+
     BalancedRanges,
     FlinkRanges,
     checkpoint_loads,
@@ -58,7 +58,8 @@ from keygroups.runtime.assignment import (
 )
 from keygroups.runtime.functions import KeyedProcessFunction
 from keygroups.runtime.state_writer import commit_savepoint, plan_savepoint, write_savepoint_subtask
-from keygroups.runtime.subtask import HeapBackendRegistry, run_keyed_subtask
+from keygroups.runtime.subtask import run_keyed_subtask
+from keygroups.runtime.subtask_state import HeapBackendRegistry
 from keygroups.serializers import Int64Serializer
 from keygroups.state import ValueStateDescriptor
 from keygroups.state.timers import TimerQueueRegistry
@@ -148,26 +149,26 @@ def run_job(location: str, assignment: Any, batches: list[pa.Table], mp: int, p:
         for i in range(p):
             part = table.take(pa.array(order[cuts[i]:cuts[i + 1]]))
             start = time.perf_counter()
-            reports.append(run_keyed_subtask(spec, i, part.to_batches(), kept=kept, kept_timers=kept_timers))
+            reports.append(run_keyed_subtask(spec, i, part.to_batches(), warm=kept, warm_timers=kept_timers))
             seconds.append(time.perf_counter() - start)
         metadata = commit_batch(plan, reports)
         state = range_loads(checkpoint_loads(metadata).state_bytes, plan.boundaries)
         assert plan.assignment is not None
         loads = checkpoint_loads(metadata)
         calls = range_loads(decode_calls(reports, plan.boundaries, mp), plan.boundaries)
-        out.append(BatchFigures(plan.assignment.to_json(), plan.boundaries, [r["records_in"] for r in reports],
-                                [int(x) for x in calls], [int(x) for x in state], seconds, [r["restored"] for r in reports],
+        out.append(BatchFigures(plan.assignment.to_json(), plan.boundaries, [r.records_in for r in reports],
+                                [int(x) for x in calls], [int(x) for x in state], seconds, [r.restored.to_json() for r in reports],
                                 blended=max_over_mean(range_loads(loads.blend(BalancedRanges().state_weight),
                                                                   plan.boundaries))))
     return out
 
 
-def decode_calls(reports: list[dict[str, Any]], boundaries: tuple[int, ...], mp: int) -> np.ndarray:
+def decode_calls(reports: list[Any], boundaries: tuple[int, ...], mp: int) -> np.ndarray:
     """This batch's calls of the function per key group, from the subtasks' reports."""
     calls = np.zeros(mp)
     for r in reports:
-        lo, hi = boundaries[r["subtask"]], boundaries[r["subtask"] + 1]
-        calls[lo:hi] = decode_counts(r[CALLS_REPORT], hi - lo, "calls")
+        lo, hi = boundaries[r.subtask], boundaries[r.subtask + 1]
+        calls[lo:hi] = decode_counts(r.key_group_calls, hi - lo, "calls")
     return calls
 
 

@@ -70,7 +70,8 @@ import pyarrow.parquet as pq
 
 from keygroups.checkpoint import CheckpointStorage
 from keygroups.runtime import KeyedProcessFunction, WatermarkStrategy, begin_batch, commit_batch
-from keygroups.runtime.subtask import HEAP_BACKENDS, run_keyed_subtask
+from keygroups.runtime.subtask import run_keyed_subtask
+from keygroups.runtime.subtask_state import HEAP_BACKENDS
 from keygroups.serializers import Int64Serializer, TupleSerializer
 from keygroups.state import ValueStateDescriptor
 from keygroups.state.timers import TIMER_QUEUES
@@ -136,7 +137,7 @@ def _micro_batch(location: str, local_dir: str, backend: str, function: KeyedPro
                            output_schema=MICRO_OUTPUT, backend=backend, local_dir=local_dir, watermark=watermark)
     report = run_keyed_subtask(spec, 0, table.to_batches() if table is not None else [])
     commit_batch(plan, [report], watermark=watermark)
-    return report, time.perf_counter() - start
+    return report.to_json(), time.perf_counter() - start
 
 
 def _forget_warm_state() -> None:

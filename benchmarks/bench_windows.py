@@ -80,7 +80,7 @@ def run_keygroups(spark, files, assigner, name, parallelism, location, collect=F
         if collect:
             collected += [tuple(r) for r in result.output.collect()]
         if i == len(files) - 1:
-            restored = sum(r["restored"]["bytes_read"] for r in result.reports)
+            restored = sum(r.restored.bytes_read for r in result.reports)
     return {"seconds": seconds, "windows_out": rows, "rescale_batch_seconds": seconds[-1],
             "rescale_bytes_read": restored, "steady_batch_seconds": float(np.median(seconds[1:-1] or seconds)),
             **({"rows": collected} if collect else {})}

@@ -56,7 +56,9 @@ from keygroups.cli import shop
 from keygroups.errors import CheckpointNotFoundError, ConcurrentCommitError, KeyGroupsError
 from keygroups.runtime import begin_batch, commit_batch
 from keygroups.runtime.functions import KeyedProcessFunction
-from keygroups.runtime.subtask import create_backend, run_keyed_subtask
+from keygroups.runtime.backends import create_backend
+from keygroups.runtime.report import SubtaskReport
+from keygroups.runtime.subtask import run_keyed_subtask
 from keygroups.serializers import Int64Serializer
 from keygroups.sources import write_partitioned_log
 from keygroups.state import ValueStateDescriptor
@@ -138,7 +140,9 @@ def delivered(sink: str) -> dict[int, dict[str, Any]]:
 
 def source_records(metadata: Any) -> int:
     """How many records the sources of a committed checkpoint read (its reports say)."""
-    return sum(r["records"] for r in metadata.properties.get("source_reports", []))
+    from keygroups.runtime.properties import BatchProperties
+
+    return sum(r.records for r in BatchProperties.of(metadata).source_reports)
 
 
 def deliver_pending(storage: CheckpointStorage, sink: str) -> None:
@@ -275,16 +279,16 @@ def _spark_job(config: dict[str, Any], killer: Killer) -> tuple[Any, Any]:
     runner's commit reaches the "reported" kill point first."""
     from pyspark.sql import SparkSession
 
-    import keygroups.spark.job as job_module
+    import keygroups.runtime.batch as batch_module
     from keygroups.spark import KeyedJob
 
-    commit = job_module.commit_batch
+    commit = batch_module.commit_batch
 
     def commit_after_reports(*args: Any, **kwargs: Any) -> Any:
         killer.at("reported")
         return commit(*args, **kwargs)
 
-    job_module.commit_batch = commit_after_reports
+    batch_module.commit_batch = commit_after_reports
 
     spark = (SparkSession.builder.master("local[2,2]").appName("keygroups-faults")
              .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "4")
@@ -470,7 +474,7 @@ def worker_main() -> int:
             return 0
         batches = list(pa.ipc.open_stream(ipc)) if ipc else []
         try:
-            _write_message(stdout, ("ok", run_keyed_subtask(spec, index, batches)))
+            _write_message(stdout, ("ok", run_keyed_subtask(spec, index, batches).to_json()))
         except Exception as e:
             _write_message(stdout, ("error", repr(e)))
 
@@ -491,7 +495,7 @@ class RetryingTasks:
                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=_env())
         return self._proc
 
-    def __call__(self, spec: Any, index: int, batches: list[pa.RecordBatch]) -> dict[str, Any]:
+    def __call__(self, spec: Any, index: int, batches: list[pa.RecordBatch]) -> SubtaskReport:
         sink = io.BytesIO()
         if batches:
             with pa.ipc.new_stream(sink, batches[0].schema) as writer:
@@ -514,7 +518,7 @@ class RetryingTasks:
                 self.discard.discard(victim)
                 self.failures["discarded"] += 1
                 continue
-            return dict(answer)
+            return SubtaskReport.from_json(answer)
         raise RuntimeError(f"subtask {index} of checkpoint {spec.checkpoint_id} failed {self.attempts} times")
 
     def close(self) -> None:
@@ -614,7 +618,7 @@ def concurrent_main(config: dict[str, Any]) -> int:
                 stale += 1
                 continue
             try:   # read before the commit: once committed, the other driver's retention may remove them
-                outputs = read_outputs_of(storage, [r["output_file"] for r in reports])
+                outputs = read_outputs_of(storage, [r.output_file for r in reports])
             except FileNotFoundError:   # it already did: this batch's id is taken, and the commit must say so
                 outputs = None
             try:

@@ -20,8 +20,10 @@ import keygroups as kg
 from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage
 from keygroups.cli import shop
 from keygroups.runtime import WatermarkStrategy, begin_batch, commit_batch
+from keygroups.runtime.backends import create_backend
+from keygroups.runtime.report import SourceReport, SubtaskReport
 from keygroups.runtime.source import Source, run_source_subtask
-from keygroups.runtime.subtask import create_backend, run_keyed_subtask
+from keygroups.runtime.subtask import run_keyed_subtask
 
 MAX_PARALLELISM = 64
 JOB_NAME = "carts"
@@ -34,8 +36,8 @@ def no_fault(point: str) -> None:
 def run_batch(location: str, log_dir: str | Source, function: Any, parallelism: int, max_records: int | None, *,
               retry_subtasks: bool = False, backend: str = "heap", retain: int = 3,
               max_parallelism: int = MAX_PARALLELISM, local_dir: str | None = None,
-              run_subtask: Callable[..., dict[str, Any]] = run_keyed_subtask,
-              run_source: Callable[..., dict[str, Any]] = run_source_subtask,
+              run_subtask: Callable[..., SubtaskReport] = run_keyed_subtask,
+              run_source: Callable[..., SourceReport] = run_source_subtask,
               at: Callable[[str], None] = no_fault, watermark_strategy: WatermarkStrategy | None = None,
               output_schema: pa.Schema = shop.ORDER_SCHEMA) -> tuple[CheckpointMetadata, pa.Table, int]:
     """One micro-batch as the Spark driver runs it (the same driver), its subtasks called through ``run_subtask``
@@ -52,7 +54,7 @@ def run_batch(location: str, log_dir: str | Source, function: Any, parallelism: 
     for i in range(parallelism):
         sources.append(run_source(source, i))
         at("source")
-    tables = [pq.read_table(io.BytesIO(storage.read_bytes(r["input_file"]))) for r in sources if r["input_file"]]
+    tables = [pq.read_table(io.BytesIO(storage.read_bytes(r.input_file))) for r in sources if r.input_file]
     schema = source.staged_schema
     staged = pa.concat_tables(tables) if tables else schema.empty_table()
     owners = kg.assign_operators(staged.column("user"), max_parallelism, parallelism)
@@ -76,7 +78,7 @@ def run_batch(location: str, log_dir: str | Source, function: Any, parallelism: 
     at("reported")
     metadata = commit_batch(plan, reports, sources, watermark=watermark)
     source.source.notify_checkpoint_complete(metadata)
-    return metadata, read_outputs(storage, metadata, output_schema), sum(r["records"] for r in sources)
+    return metadata, read_outputs(storage, metadata, output_schema), sum(r.records for r in sources)
 
 
 def read_outputs(storage: CheckpointStorage, metadata: CheckpointMetadata,

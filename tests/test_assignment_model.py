@@ -31,7 +31,9 @@ from keygroups.runtime.assignment import (
     checkpoint_loads,
 )
 from keygroups.runtime.functions import KeyedProcessFunction
-from keygroups.runtime.subtask import HeapBackendRegistry, create_backend, run_keyed_subtask
+from keygroups.runtime.backends import create_backend
+from keygroups.runtime.subtask import run_keyed_subtask
+from keygroups.runtime.subtask_state import HeapBackendRegistry
 from keygroups.serializers import Int64Serializer
 from keygroups.state import ValueStateDescriptor
 from keygroups.state.timers import TimerQueueRegistry
@@ -126,9 +128,9 @@ class AssignmentModel(RuleBasedStateMachine):
         reports = []
         for i, own in enumerate(plan.ranges):
             part = table.filter(pa.array(owners == i))
-            report = run_keyed_subtask(spec, i, part.to_batches(), kept=self.kept, kept_timers=self.kept_timers)
-            assert report["key_group_range"] == [own.start, own.end]
-            restored = report["restored"]
+            report = run_keyed_subtask(spec, i, part.to_batches(), warm=self.kept, warm_timers=self.kept_timers)
+            assert report.key_group_range == own
+            restored = report.restored.to_json()
             if previous is None:
                 assert restored["mode"] == "new"
             else:

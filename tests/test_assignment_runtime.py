@@ -4,6 +4,7 @@ ran with other ranges is refused, and ``inspect`` / ``plan`` show the ranges and
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 
 import numpy as np
@@ -11,7 +12,7 @@ import pyarrow as pa
 import pytest
 
 import keygroups as kg
-from keygroups._ranges import flink_boundaries, operator_indexes_for_boundaries
+from keygroups._ranges import KeyGroupRange, flink_boundaries, operator_indexes_for_boundaries
 from keygroups.checkpoint import CheckpointStorage
 from keygroups.cli import main
 from keygroups.errors import KeyGroupsError
@@ -23,7 +24,8 @@ from keygroups.runtime.assignment import (
     checkpoint_loads,
     range_loads,
 )
-from keygroups.runtime.subtask import HeapBackendRegistry, run_keyed_subtask
+from keygroups.runtime.subtask import run_keyed_subtask
+from keygroups.runtime.subtask_state import HeapBackendRegistry
 from keygroups.state.timers import TimerQueueRegistry
 from keygroups.runtime.functions import KeyedProcessFunction
 from test_assignment_model import COUNT, OUT, SCHEMA, SkewCounter
@@ -57,8 +59,8 @@ def run(location, table, p, assignment, kept, kept_timers, tamper=None, function
     spec = plan.keyed_task(key_columns=("key",), function=pickle.dumps(function or SkewCounter()),
                            input_schema=SCHEMA, output_schema=OUT, warm_heap_backends=8)
     owners = operator_indexes_for_boundaries(plan.boundaries, kg.assign_key_groups(table.column("key"), MP, "long"))
-    reports = [run_keyed_subtask(spec, i, table.filter(pa.array(owners == i)).to_batches(), kept=kept,
-                                 kept_timers=kept_timers) for i in range(p)]
+    reports = [run_keyed_subtask(spec, i, table.filter(pa.array(owners == i)).to_batches(), warm=kept,
+                                 warm_timers=kept_timers) for i in range(p)]
     if tamper is not None:
         tamper(reports)
     return plan, commit_batch(plan, reports), reports
@@ -79,12 +81,12 @@ def test_skew_moves_boundaries_keeps_unchanged_ranges_warm_and_cli_shows_them(tm
     for i, r in enumerate(reports):
         unchanged = (plan.boundaries[i], plan.boundaries[i + 1]) in before
         # a range that changed resumes the kept backend overlapping it most, if one is left
-        assert r["restored"]["mode"] in (("warm",) if unchanged else ("moved", "cold"))
+        assert r.restored.mode in (("warm",) if unchanged else ("moved", "cold"))
     # a changed range keeps the key groups it still owns warm and reads only those that arrived, each once: at most
     # the moved key groups (fewer when a kept backend of another subtask overlaps more than its own did)
-    arrived = [kg for r in reports for a, b in r["restored"]["restored_key_groups"] for kg in range(a, b + 1)]
+    arrived = [kg for r in reports for run in r.restored.restored_key_groups for kg in run]
     assert 0 < len(arrived) == len(set(arrived)) <= decision["moved_key_groups"]
-    assert sum(r["restored"]["bytes_read"] for r in reports) <= decision["moved_bytes"]
+    assert sum(r.restored.bytes_read for r in reports) <= decision["moved_bytes"]
     # the load figures reach the records each range got
     counted = range_loads(checkpoint_loads(second).records, plan.boundaries)
     assert counted.sum() == pytest.approx(4000 * (1 + 0.5 ** (1 / 3)), rel=1e-5)
@@ -127,7 +129,7 @@ def test_a_report_of_other_ranges_is_refused_and_nothing_commits(tmp_path):
     run(location, skewed(1), 4, BalancedRanges(), kept, timers)
 
     def shift(reports):
-        reports[1]["key_group_range"] = [reports[1]["key_group_range"][0] + 1, reports[1]["key_group_range"][1]]
+        reports[1] = dataclasses.replace(reports[1], key_group_range=KeyGroupRange(reports[1].key_group_range.start + 1, reports[1].key_group_range.end))
 
     with pytest.raises(KeyGroupsError, match=r"subtask 1 ran with key groups \[9, 15\], but the batch was planned "
                                              r"with KeyGroupRange\(8, 15\); nothing was committed"):

@@ -24,7 +24,7 @@ from keygroups.checkpoint import (
 from keygroups.checkpoint.metadata import encode_metadata
 from keygroups.errors import CorruptSnapshotError
 from keygroups.serializers import Int64Serializer
-from keygroups.runtime.subtask import create_backend
+from keygroups.runtime.backends import create_backend
 from keygroups.state import ValueStateDescriptor
 
 COUNT = ValueStateDescriptor("count", Int64Serializer())

@@ -463,7 +463,7 @@ def test_the_python_path_keeps_map_keys_apart_as_java_does_too():
     from keygroups._javakeys import NEGATIVE_ZERO_KEY
     from keygroups.flink.savepoint import FlinkStateInfo
     from keygroups.flink.types import DoubleType, MapType
-    from keygroups.runtime.subtask import key_serializer_for
+    from keygroups.runtime.backends import key_serializer_for
 
     info = FlinkStateInfo("m", "MAP", MapType(DoubleType(), LongType()), LongType(), VoidNamespaceType(), False)
     st = importer._plan(info, 0, 1000)

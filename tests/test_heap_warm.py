@@ -18,7 +18,10 @@ import keygroups as kg
 from keygroups.checkpoint import CheckpointStorage, plan_keyed_restore
 from keygroups.runtime import begin_batch, commit_batch
 from keygroups.runtime.functions import KeyedProcessFunction
-from keygroups.runtime.subtask import HeapBackendRegistry, KeyedTaskSpec, create_backend, run_keyed_subtask
+from keygroups.runtime.backends import create_backend
+from keygroups.runtime.spec import KeyedTaskSpec
+from keygroups.runtime.subtask import run_keyed_subtask
+from keygroups.runtime.subtask_state import HeapBackendRegistry
 from keygroups.serializers import Int32Serializer, Int64Serializer, StrSerializer
 from keygroups.state import MapStateDescriptor, ValueStateDescriptor
 
@@ -98,7 +101,7 @@ class Batch:
         self.parts = [table.filter(pa.array(owners == i)) for i in range(parallelism)]
 
     def run(self, workers: list[HeapBackendRegistry]) -> list[dict]:
-        return [run_keyed_subtask(self.spec, i, self.parts[i].to_batches(), kept=workers[i])
+        return [run_keyed_subtask(self.spec, i, self.parts[i].to_batches(), warm=workers[i])
                 for i in range(len(self.parts))]
 
     def commit(self, reports: list[dict]):
@@ -143,7 +146,7 @@ def run_and_check(location, model, records, parallelism, workers, **kw) -> list[
 
 
 def modes(reports) -> list[str]:
-    return [r["restored"]["mode"] for r in reports]
+    return [r.restored.mode for r in reports]
 
 
 def newer_bytes(metadata, key_groups, since: int) -> int:
@@ -168,8 +171,8 @@ def test_a_kept_backend_resumes_warm_and_reads_nothing(tmp_path):
     for step in range(3):
         reports = run_and_check(location, model, adds(range(step, 40, 3), step), 2, worker)
         assert modes(reports) == ["warm", "warm"]
-        assert [r["restored"]["bytes_read"] for r in reports] == [0, 0]
-        assert all(r["restored"]["warm"] for r in reports)
+        assert [r.restored.bytes_read for r in reports] == [0, 0]
+        assert all(r.restored.warm for r in reports)
     assert cold_state(location, range(40)) == (model.total, model.entries)
 
 
@@ -184,9 +187,9 @@ def test_catching_up_reads_only_the_blocks_committed_since_and_matches_a_cold_re
     reports = run_and_check(location, model, adds(range(1, 200, 5), 3), 2, [a, a])
     assert modes(reports) == ["caught-up", "caught-up"]
     for r in reports:
-        own = kg.KeyGroupRange(*r["key_group_range"])
+        own = r.key_group_range
         expected = newer_bytes(restore_point, own, since=1)
-        assert r["restored"]["bytes_read"] == expected > 0
+        assert r.restored.bytes_read == expected > 0
         assert expected < newer_bytes(restore_point, own, since=0)       # less than a cold restore reads
     # and the next batch on a is warm again; the state is the reference, as a cold restore reads it
     assert modes(run_and_check(location, model, adds(range(7), 4), 2, [a, a])) == ["warm", "warm"]
@@ -206,7 +209,7 @@ def test_a_key_group_rewritten_full_by_another_worker_takes_its_new_chain(tmp_pa
     assert restarted, "the scenario must make worker b write key groups full"
     reports = run_and_check(location, model, adds(range(0, 60, 2), 9), 1, [a])
     assert modes(reports) == ["caught-up"]
-    assert reports[0]["restored"]["bytes_read"] == newer_bytes(latest, kg.KeyGroupRange(0, MP - 1), since=1)
+    assert reports[0].restored.bytes_read == newer_bytes(latest, kg.KeyGroupRange(0, MP - 1), since=1)
     assert cold_state(location, range(60)) == (model.total, model.entries)
 
 
@@ -251,14 +254,14 @@ def test_a_rescale_another_job_or_location_restores(tmp_path):
     rescaled = run_and_check(location, model, adds(range(50), 1), 3, [worker] * 3)
     assert modes(rescaled) == ["moved", "moved", "cold"]
     for r in rescaled:
-        start, end = r["key_group_range"]
-        got = r["restored"]
+        start, end = r.key_group_range.start, r.key_group_range.end
+        got = r.restored.to_json()
         runs = got["warm_key_groups"] + got["caught_up_key_groups"] + got["restored_key_groups"]
         assert sorted(kg for a, b in runs for kg in range(a, b + 1)) == list(range(start, end + 1))
         assert got["bytes_restored"] + got["bytes_caught_up"] == got["bytes_read"]
     # 0-7, 8-15 -> 0-5, 6-10, 11-15: the first keeps 0-5; the second takes 8-15, keeps 8-10 and restores 6-7
-    assert [r["restored"]["restored_key_groups"] for r in rescaled[:2]] == [[], [[6, 7]]]
-    assert [r["restored"]["dropped_key_groups"] for r in rescaled[:2]] == [[[6, 7]], [[11, 15]]]
+    assert [r.restored.to_json()["restored_key_groups"] for r in rescaled[:2]] == [[], [[6, 7]]]
+    assert [r.restored.to_json()["dropped_key_groups"] for r in rescaled[:2]] == [[[6, 7]], [[11, 15]]]
     assert modes(run_and_check(location, model, adds(range(50), 1), 3, [worker] * 3)) == ["warm"] * 3
     # the same location under another job name, and a copy of the checkpoints at another location
     other = Model()
@@ -388,7 +391,7 @@ def test_warm_heap_state_over_random_batches_equals_the_reference(tmp_path_facto
                 Batch(location, records, parallelism, function=Ledger(fail_on=records[0][0])).run(chosen)
         reports = run_and_check(location, model, records, parallelism, chosen)
         for r in reports:
-            if r["restored"]["mode"] == "warm":
-                assert r["restored"]["bytes_read"] == 0
+            if r.restored.mode == "warm":
+                assert r.restored.bytes_read == 0
     if CheckpointStorage(location).latest() is not None:
         assert cold_state(location, range(41)) == (model.total, model.entries)

@@ -29,6 +29,7 @@ from keygroups.checkpoint.metadata import is_shared_path
 from keygroups.cli import main as cli_main
 from keygroups.errors import CorruptSnapshotError
 from keygroups.runtime.driver import begin_batch, commit_batch
+from keygroups.runtime.report import RestoreInfo, SubtaskReport
 from keygroups.serializers import BytesSerializer, Int64Serializer
 from keygroups.state import HeapKeyedStateBackend, ValueStateDescriptor
 
@@ -234,11 +235,11 @@ def test_savepoint_merges_chains_into_full_files_either_backend_restores(tmp_pat
     assert storage.checkpoint_ids() == [3] and restore(storage, storage.load_savepoint("sp")) == expected
 
 
-def _report(storage, cid, subtask, handle):
+def _report(storage, cid, subtask, handle, own):
     output = storage.new_file(cid, f"output-{subtask}") + ".parquet"
     with storage.open_write(output) as f:
         f.write(b"x")
-    return {"subtask": subtask, "output_file": output, "keyed_handle": handle.to_json() if handle else None}
+    return SubtaskReport(subtask, own, output, RestoreInfo.new(), keyed_handle=handle)
 
 
 def test_commit_batch_carries_forward_and_plan_prints_the_chains(tmp_path, capsys):
@@ -247,12 +248,12 @@ def test_commit_batch_carries_forward_and_plan_prints_the_chains(tmp_path, capsy
     reports = []
     for i in range(2):
         r = key_group_range(MAXP, 2, i)
-        reports.append(_report(storage, 1, i, write(storage, 1, i, r, {kg: ({"a": {b"k": b"v"}}, {}) for kg in r})))
+        reports.append(_report(storage, 1, i, write(storage, 1, i, r, {kg: ({"a": {b"k": b"v"}}, {}) for kg in r}), r))
     commit_batch(plan, reports)
     plan = begin_batch(storage, job_name="job", max_parallelism=MAXP, parallelism=2)
     r0 = key_group_range(MAXP, 2, 0)
-    reports = [_report(storage, 2, 0, write(storage, 2, 0, r0, {1: ({"a": {b"k": b"w"}}, {})}, full=set())),
-               _report(storage, 2, 1, None)]   # subtask 1 changed nothing
+    reports = [_report(storage, 2, 0, write(storage, 2, 0, r0, {1: ({"a": {b"k": b"w"}}, {})}, full=set()), r0),
+               _report(storage, 2, 1, None, key_group_range(MAXP, 2, 1))]   # subtask 1 changed nothing
     md = commit_batch(plan, reports)
     assert [(h.checkpoint_id, h.subtask) for h in md.keyed_handles] == [(1, 0), (1, 1), (2, 0)]
     assert restore(storage, storage.load(2))[1] == {"a": {b"k": b"w"}}
@@ -302,7 +303,7 @@ def test_random_incremental_histories_restore_like_a_dict(data):
                             deletes[s] = [x for x in deletes[s] if x != k]
                 full = {kg for kg in r if rng.random() < 0.3}
                 if not dirty and not full and rng.random() < 0.5:
-                    reports.append(_report(storage, cid, i, None))   # changed nothing: no handle
+                    reports.append(_report(storage, cid, i, None, r))   # changed nothing: no handle
                     continue
                 groups = {kg: dirty.get(kg, ({}, {})) for kg in r if kg in dirty}
                 for kg in full:   # a full block holds the whole key group
@@ -312,7 +313,7 @@ def test_random_incremental_histories_restore_like_a_dict(data):
                 fresh = set(r) - (set(chain_stats(md, r)) if md is not None else set())
                 if rng.random() < 0.2:   # a retried attempt's file nobody reports
                     write(storage, cid, i, r, groups, full=full, fresh=fresh)
-                reports.append(_report(storage, cid, i, write(storage, cid, i, r, groups, full=full, fresh=fresh)))
+                reports.append(_report(storage, cid, i, write(storage, cid, i, r, groups, full=full, fresh=fresh), r))
             if rng.random() < 0.15:
                 continue   # the batch fails before its commit: nothing of it becomes visible
             md = commit_batch(plan, reports)

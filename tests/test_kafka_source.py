@@ -16,6 +16,7 @@ from kafka_broker import kafka_broker, new_topic, produce  # noqa: F401  (the fi
 from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage
 from keygroups.cli import shop
 from keygroups.runtime import begin_batch
+from keygroups.runtime.report import SourceReport, SplitPosition
 from keygroups.runtime.source import as_source, run_source_subtask
 from keygroups.serializers import Int64Serializer, StrSerializer, TupleSerializer
 from keygroups.sources import (
@@ -344,8 +345,10 @@ def test_an_undecodable_record_fails_the_batch_naming_topic_partition_and_offset
     assert storage.checkpoint_ids() == []           # nothing committed; the rerun meets the same record
     skipping = KafkaSource(topic, bootstrap_servers=kafka_broker.bootstrap_servers, on_decode_error="skip")
     report = run_source_subtask(dataclasses.replace(spec, source=skipping.prepare(None)), 0)
-    assert report["records"] == 7 and report["records_skipped"] == 1
-    assert report["skipped"][0]["offset"] == 3 and report["positions"] == [[topic, 0, 2], [topic, 1, 6]]
+    assert report.records == 7 and report.records_skipped == 1
+    assert report.notes["skipped"][0]["offset"] == 3
+    assert report.positions == (SplitPosition(topic, 0, 2), SplitPosition(topic, 1, 6))
+    assert SourceReport.from_json(report.to_json()) == report    # as a Spark task hands it to the driver
 
 
 def test_a_decoder_that_raises_or_returns_a_non_dict(kafka_broker, tmp_path):

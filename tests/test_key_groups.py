@@ -447,7 +447,7 @@ ARROW_KEY_COLUMNS = [
 def test_a_column_hashes_alike_in_assign_key_groups_and_in_a_keyed_job(column, java):
     from keygroups._hashing import key_type_code, key_type_for_arrow
     from keygroups._native.statecore import KeyContext
-    from keygroups.runtime.subtask import key_type_for_schema
+    from keygroups.runtime.backends import key_type_for_schema
 
     key_type = key_type_for_schema(pa.schema([("k", column.type)]), ("k",))
     assert key_type == key_type_for_arrow(column.type) == java
@@ -484,7 +484,7 @@ def test_unsigned_keys_past_long_are_refused_alike():
     ],
 )
 def test_types_without_a_java_key_type_are_refused_alike(column):
-    from keygroups.runtime.subtask import key_type_for_schema
+    from keygroups.runtime.backends import key_type_for_schema
 
     match = re.escape(f"unsupported Arrow key type {column.type}: it has no Java key type") + ".*Cast the column"
     with pytest.raises(TypeError, match=match):

@@ -67,3 +67,30 @@ def test_module_imports_only_lower_layers(module, path):
                 f"{module} imports pyspark; only keygroups.spark and keygroups.cli may")
         if imported.split(".")[0] == "keygroups":
             assert layer_of(imported) <= own, f"{module} (layer {own}) imports {imported} (layer {layer_of(imported)})"
+
+
+#: The executor side of a batch: what runs inside a task (runtime.local runs tasks in this process).
+EXECUTOR_SIDE = {"keygroups.runtime.subtask", "keygroups.runtime.subtask_input", "keygroups.runtime.subtask_state",
+                 "keygroups.runtime.local", "keygroups.spark.executor"}
+#: The driver side: the batch spine, its plan and commit, and the adapters' drivers. None imports the executor side
+#: (an adapter hands its executor to the spine: ``keygroups.spark.job`` builds a SparkExecutor, the harness a
+#: LocalExecutor, through the executor modules alone).
+DRIVER_SIDE = ["keygroups.runtime.batch", "keygroups.runtime.driver", "keygroups.runtime.properties",
+               "keygroups.runtime.report", "keygroups.runtime.spec", "keygroups.runtime.backends",
+               "keygroups.runtime.assignment"]
+
+
+@pytest.mark.parametrize("module", DRIVER_SIDE)
+def test_the_driver_never_imports_the_executor_side(module):
+    path = PACKAGE.parent / (module.replace(".", "/") + ".py")
+    found = sorted({i for i in imports_of(path, module) if any(i == e or i.startswith(e + ".") for e in EXECUTOR_SIDE)})
+    assert not found, f"{module} (the driver side) imports {found} (the executor side)"
+
+
+def test_the_adapters_reach_the_tasks_only_through_their_executors():
+    for module, allowed in (("keygroups.spark.job", {"keygroups.spark.executor"}),
+                            ("keygroups.testing.harness", {"keygroups.runtime.local",
+                                                           "keygroups.runtime.subtask_state"})):
+        path = PACKAGE.parent / (module.replace(".", "/") + ".py")
+        found = {i for i in imports_of(path, module) if any(i == e or i.startswith(e + ".") for e in EXECUTOR_SIDE)}
+        assert found <= allowed, f"{module} imports {sorted(found - allowed)} of the executor side"

@@ -24,7 +24,7 @@ from keygroups import KeyGroupRange
 from keygroups._local_dirs import SECRET_NAME, UnsafeDirectoryError, check_private, directory_secret, private_directory
 from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage, carry_forward
 from keygroups.errors import CorruptSnapshotError
-from keygroups.runtime.subtask import read_cache_directory, warm_directory
+from keygroups.runtime.subtask_state import read_cache_directory, warm_directory
 from keygroups.serializers import Int64Serializer
 from keygroups.state import HeapKeyedStateBackend, RocksDBKeyedStateBackend, ValueStateDescriptor
 

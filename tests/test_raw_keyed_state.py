@@ -358,14 +358,14 @@ def test_commit_checks_raw_files_and_a_lost_commit_discards_them(tmp_path):
     spec = plan.keyed_task(key_columns=("k",), function=pickle.dumps(GroupCounter()), input_schema=SCHEMA,
                            output_schema=OUT, warm_heap_backends=0)
     report = run_keyed_subtask(spec, 0, pa.table({"k": pa.array([5], pa.int64())}).to_batches())
-    raw_file = report["raw_keyed_handle"]["file"]
+    raw_file = report.raw_keyed_handle.file
     os.remove(tmp_path / raw_file)
     with pytest.raises(ValueError, match="raw keyed state file"):
         commit_batch(plan, [report])
     report = run_keyed_subtask(spec, 0, pa.table({"k": pa.array([5], pa.int64())}).to_batches())   # a retry
     md = commit_batch(plan, [report])
-    assert report["raw_keyed_handle"]["file"] in md.files()
-    assert storage.discard(md) >= 1 and not os.path.exists(tmp_path / report["raw_keyed_handle"]["file"])
+    assert report.raw_keyed_handle.file in md.files()
+    assert storage.discard(md) >= 1 and not os.path.exists(tmp_path / report.raw_keyed_handle.file)
 
 
 def test_checkpoint_figures_count_the_raw_files_as_written(tmp_path):

@@ -19,7 +19,9 @@ import keygroups as kg
 from keygroups.checkpoint import CheckpointStorage
 from keygroups.runtime import begin_batch, commit_batch
 from keygroups.runtime.functions import KeyedProcessFunction
-from keygroups.runtime.subtask import HeapBackendRegistry, create_backend, run_keyed_subtask
+from keygroups.runtime.backends import create_backend
+from keygroups.runtime.subtask import run_keyed_subtask
+from keygroups.runtime.subtask_state import HeapBackendRegistry
 from keygroups.serializers import RecordSerializer
 from keygroups.serializers.schema import INT64, Field, RecordType
 from keygroups.state import ValueStateDescriptor
@@ -62,13 +64,13 @@ def run_batch(location: str, worker: HeapBackendRegistry, function: Keeper, reco
     spec = plan.keyed_task(key_columns=("key",), function=pickle.dumps(function), input_schema=INPUT,
                            output_schema=OUTPUT, warm_heap_backends=4)
     table = pa.table({"key": [r[0] for r in records], "op": [r[1] for r in records]}, schema=INPUT)
-    report = run_keyed_subtask(spec, 0, table.to_batches(), kept=worker)
+    report = run_keyed_subtask(spec, 0, table.to_batches(), warm=worker)
     metadata = commit_batch(plan, [report])
     rows = []
     for f in metadata.outputs:
         t = pq.read_table(io.BytesIO(storage.read_bytes(f)))
         rows += [(k, json.loads(v)) for k, v in zip(t.column("key").to_pylist(), t.column("value").to_pylist())]
-    return sorted(rows), report["restored"]["mode"]
+    return sorted(rows), report.restored.mode
 
 
 def cold_values(location: str, schema: object, keys: range) -> dict[int, dict]:

@@ -289,15 +289,15 @@ def test_the_runner_keeps_rocksdb_warm_between_batches_and_restores_after_a_resc
     keys = list(range(300))
     run_counting_batch(storage, local, keys)
     reports, counts = run_counting_batch(storage, local, keys)
-    assert [r["restored"]["warm"] for r in reports] == [True, True]
-    assert [r["restored"]["bytes_read"] for r in reports] == [0, 0]
+    assert [r.restored.warm for r in reports] == [True, True]
+    assert [r.restored.bytes_read for r in reports] == [0, 0]
     assert counts == {k: 2 for k in keys}
     # a rescale (2 -> 3): the first two new ranges take over the overlapping databases and read only the key groups
     # that arrived; the third has none left and restores from the files
     reports, counts = run_counting_batch(storage, local, keys, parallelism=3)
-    assert [r["restored"]["mode"] for r in reports] == ["moved", "moved", "cold"]
-    assert all(r["restored"]["bytes_read"] for r in reports[1:])
-    assert reports[0]["restored"]["restored_key_groups"] == [] and reports[1]["restored"]["dropped_key_groups"]
+    assert [r.restored.mode for r in reports] == ["moved", "moved", "cold"]
+    assert all(r.restored.bytes_read for r in reports[1:])
+    assert reports[0].restored.restored_key_groups == () and reports[1].restored.dropped_key_groups
     assert counts == {k: 3 for k in keys}
 
 

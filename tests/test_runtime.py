@@ -20,7 +20,8 @@ from keygroups.cli import shop
 from keygroups.errors import KeyGroupOutOfRangeError, KeyGroupsError, StateMigrationError
 from keygroups.runtime import begin_batch, commit_batch
 from keygroups.runtime.functions import KeyedProcessFunction
-from keygroups.runtime.subtask import KeyedTaskSpec, run_keyed_subtask
+from keygroups.runtime.spec import KeyedTaskSpec
+from keygroups.runtime.subtask import run_keyed_subtask
 from keygroups.serializers import Int64Serializer
 from keygroups.sources import write_partitioned_log
 from keygroups.state import ValueStateDescriptor
@@ -247,7 +248,7 @@ def run_emitting(tmp_path, records):
                          input_schema=table.schema, output_schema=OUT, max_parallelism=MAX_PARALLELISM,
                          parallelism=1, checkpoint_location=str(tmp_path / "chk"), checkpoint_id=1, restore_from=None)
     report = run_keyed_subtask(spec, 0, table.to_batches())
-    return pq.read_table(io.BytesIO(CheckpointStorage(str(tmp_path / "chk")).read_bytes(report["output_file"])))
+    return pq.read_table(io.BytesIO(CheckpointStorage(str(tmp_path / "chk")).read_bytes(report.output_file)))
 
 
 def test_output_records_of_every_form_keep_their_order(tmp_path):

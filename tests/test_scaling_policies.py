@@ -46,7 +46,7 @@ def test_bad_policy_arguments_are_refused_by_name(make, message):
 
 @pytest.mark.parametrize("chosen", [0, 33, 2.0, True, None])
 def test_the_runner_refuses_a_policy_answer_outside_its_max_parallelism(chosen):
-    from keygroups.spark.job import _checked_choice
+    from keygroups.runtime.batch import _checked_choice
 
     with pytest.raises(ValueError, match=rf"chose {chosen!r} for a batch of 7 records; a parallelism is an int in "
                                          r"\[1, 32\]"):

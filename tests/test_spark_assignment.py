@@ -61,8 +61,8 @@ def test_balanced_job_moves_boundaries_rescales_and_switches_back(spark, tmp_pat
         assert all(finals[k] == expected[k] for k in finals)
         props = result.metadata.properties
         ranges.append(tuple(props[RANGES_PROPERTY]))
-        assert [r["key_group_range"] for r in result.reports] == [
-            [ranges[-1][i], ranges[-1][i + 1] - 1] for i in range(p)]
+        assert [r.key_group_range for r in result.reports] == [
+            kg.KeyGroupRange(ranges[-1][i], ranges[-1][i + 1] - 1) for i in range(p)]
     assert ranges[0] == flink_boundaries(MP, 3)                  # nothing measured before the first batch
     assert ranges[1] != flink_boundaries(MP, 3) and ranges[2] != flink_boundaries(MP, 5)
     decision = job.latest_checkpoint().properties[DECISION_PROPERTY]
@@ -73,7 +73,6 @@ def test_balanced_job_moves_boundaries_rescales_and_switches_back(spark, tmp_pat
     rows = [(k, 1000) for k in range(400)]
     result = back.run_batch(spark.createDataFrame(rows, "k long, v long"), parallelism=4)
     assert tuple(result.metadata.properties[RANGES_PROPERTY]) == flink_boundaries(MP, 4)
-    assert [r["key_group_range"] for r in result.reports] == [
-        [kg.key_group_range(MP, 4, i).start, kg.key_group_range(MP, 4, i).end] for i in range(4)]
+    assert [r.key_group_range for r in result.reports] == [kg.key_group_range(MP, 4, i) for i in range(4)]
     totals = {k: t for k, t, _ in map(tuple, result.output.collect())}
     assert totals == {k: expected.get(k, 0) + 1000 for k in range(400)}

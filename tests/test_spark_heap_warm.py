@@ -56,7 +56,7 @@ def test_a_job_gives_the_same_results_with_warm_heap_state(spark, tmp_path):
         for name, job in (("warm", warm), ("cold", cold)):
             result = job.run_batch(df, parallelism=parallelism)
             assert sorted(tuple(r) for r in result.output.collect()) == sorted(want), (name, number)
-            modes[name] += [r["restored"]["mode"] for r in result.reports]
+            modes[name] += [r.restored.mode for r in result.reports]
     assert set(modes["cold"]) == {"new", "cold"}
     # Spark hands a subtask to either of its two Python workers: each keeps what it ran, warm or a few batches behind
     assert {"warm", "caught-up"} & set(modes["warm"]), modes["warm"]

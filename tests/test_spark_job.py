@@ -339,3 +339,57 @@ def test_a_job_starts_from_a_savepoint_taken_between_batches(any_spark, tmp_path
         KeyedJob("totals", "k", RunningTotal(), output_schema=TOTALS, max_parallelism=MAX_PARALLELISM,
                  checkpoint_location=str(tmp_path / "other"), restore_from_savepoint="missing").run_batch(
             spark.createDataFrame([(1, 1)], "k long, v long"), parallelism=1)
+
+
+def test_a_streaming_query_continues_a_savepoint_from_batch_0_exactly_once(any_spark, tmp_path):
+    """The migration path: a savepoint bootstrapped as ``write_savepoint`` and ``keygroups flink import`` write
+    one (checkpoint id 0), continued by a new streaming query whose first batch is Spark's batch 0; the query
+    restarted after losing its last commit (Spark replays that batch: applied once); then a new query (a new Spark
+    checkpoint) on the same location, numbered on from its checkpoints."""
+    import pyarrow as pa
+
+    from keygroups.runtime.state_writer import commit_savepoint, plan_savepoint, write_savepoint_subtask
+
+    spark, location = any_spark, str(tmp_path / "chk")
+    schema = pa.schema([("k", pa.int64()), ("total", pa.int64())])
+    plan = plan_savepoint(schema, location, "boot", key_columns="k", states={"total": "total"},
+                          max_parallelism=MAX_PARALLELISM, parallelism=1)
+    commit_savepoint(plan, [write_savepoint_subtask(plan, 0, pa.table({"k": [1, 2], "total": [100, 200]},
+                                                                      schema=schema).to_batches())])
+    source = tmp_path / "in"
+    for i, rows in enumerate([[(1, 1), (2, 2)], [(1, 10), (3, 3)], [(2, 5)]]):
+        spark.createDataFrame(rows, "k long, v long").coalesce(1).write.parquet(str(source / f"part-{i}"))
+    sunk = str(tmp_path / "sunk")
+
+    def run_query(files: str, spark_checkpoint: str) -> None:
+        job = KeyedJob("migrated", "k", RunningTotal(), output_schema=TOTALS, max_parallelism=MAX_PARALLELISM,
+                       checkpoint_location=location, restore_from_savepoint="boot")
+        query = (spark.readStream.schema("k long, v long").option("maxFilesPerTrigger", 1)
+                 .parquet(str(source / files)).writeStream.foreachBatch(job.foreach_batch(write_sink(sunk),
+                                                                                          parallelism=2))
+                 .option("checkpointLocation", str(tmp_path / spark_checkpoint)).trigger(availableNow=True).start())
+        query.awaitTermination(300)
+        assert query.exception() is None
+
+    def sunk_rows():
+        return sorted(tuple(r) for r in spark.read.parquet(sunk).collect())
+
+    run_query("part-[01]", "spark-chk")
+    # (key, total, checkpoint id, Spark batch id): the savepoint's totals go on; checkpoint ids follow it
+    first = [(1, 101, 1, 0), (1, 111, 2, 1), (2, 202, 1, 0), (3, 3, 2, 1)]
+    assert sunk_rows() == first
+    assert CheckpointStorage(location).checkpoint_ids() == [1, 2]
+
+    # Spark lost its commit of batch 1 (a crash after the sink, before the commit log): the restarted query replays
+    # it, and gets the committed output again, without applying it twice
+    for name in os.listdir(tmp_path / "spark-chk" / "commits"):
+        if name.split(".")[-1] == "1" or name == ".1.crc":
+            os.remove(tmp_path / "spark-chk" / "commits" / name)
+    run_query("part-[01]", "spark-chk")
+    assert sunk_rows() == sorted(first + [(1, 111, 2, 1), (3, 3, 2, 1)])
+    assert CheckpointStorage(location).checkpoint_ids() == [1, 2]
+
+    # a new query (a new Spark checkpoint: batch ids from 0 again) over new input: new checkpoints, never replays
+    run_query("part-2", "spark-chk-new")
+    assert sunk_rows() == sorted(first + [(1, 111, 2, 1), (3, 3, 2, 1), (2, 207, 3, 0)])
+    assert CheckpointStorage(location).checkpoint_ids() == [1, 2, 3]

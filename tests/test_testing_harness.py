@@ -5,6 +5,7 @@ the errors a user meets."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import os
@@ -154,7 +155,7 @@ def test_timers_fire_when_the_test_moves_time(keygroups_harness):
     assert h.timers("nobody") == []
     report = h.advance_watermark(49)
     assert h.output() == [{"user": "b", "n": 20, "total": 0}] and report.watermark == 49 == h.watermark
-    assert report.timers["event-time"]["fired"] == 1
+    assert report.timers["event-time"].fired == 1
     h.advance_processing_time(1_999)
     assert h.output() == []
     h.advance_processing_time(5_000)
@@ -337,7 +338,7 @@ def test_reports_are_the_jobs(keygroups_harness):
     assert first.records_out == 3 and again.records_in == 1
     assert first.checkpoint_bytes > 0 and again.restored_bytes == [0, 0]
     assert set(first.phases) == {"plan", "subtasks", "commit", "output"} and first.seconds > 0
-    assert [r["subtask"] for r in first.reports] == [0, 1]
+    assert [r.subtask for r in first.reports] == [0, 1]
     assert first.metadata.properties["processing_time"] == 0 == first.processing_time
     cold = keygroups_harness(Totals(), "user", output_schema=OUT, warm_heap_backends=0)
     cold.process(rows(("a", 1)))
@@ -483,5 +484,36 @@ def test_each_batch_carries_the_report_a_keyed_job_batch_returns(keygroups_harne
     assert first.report.checkpoint_id == first.checkpoint_id and second.report.parallelism == 2
     assert first.report.watermark_before is None and first.report.watermark_after is None   # no event time
     assert second.report.bytes_written > 0 and second.report.state_bytes > 0
-    assert second.report == BatchReport.from_checkpoint(second.metadata, plan_seconds=second.report.seconds.plan,
-                                                        commit_seconds=second.report.seconds.commit)
+    read_back = BatchReport.from_checkpoint(second.metadata, commit_seconds=second.report.seconds.commit)
+    assert dataclasses.replace(second.report, wall_seconds=0.0) == read_back   # the wall time is not stored
+
+
+def test_the_harness_takes_an_assignment_as_a_job_does(keygroups_harness):
+    """``assignment="balanced"`` cuts each batch's ranges by the load earlier batches measured, as a job's does;
+    the state stays exact whatever the ranges."""
+    from keygroups._ranges import flink_boundaries
+
+    h = keygroups_harness(Totals(), "user", output_schema=OUT, parallelism=2, max_parallelism=16,
+                          assignment="balanced")
+    skewed = rows(*[(f"u{i}", 1) for i in range(40)], *[("ann", 1)] * 300)
+    first = h.process(skewed)
+    second = h.process(skewed)
+    assert first.report.assignment.assignment == second.report.assignment.assignment == "balanced"
+    assert first.report.assignment.boundaries == flink_boundaries(16, 2)   # nothing measured yet
+    assert second.report.assignment.moved and second.report.assignment.boundaries != flink_boundaries(16, 2)
+    assert second.report.assignment.max_over_mean < second.report.assignment.flink_max_over_mean
+    assert h.state("ann", "n") == 600 and h.state("u3", "total") == 2
+    with pytest.raises(ValueError, match="assignment must be one of"):
+        KeyedFunctionHarness(Totals(), "user", output_schema=OUT, assignment="even")
+
+
+@pytest.mark.parametrize("options, match", [
+    ({"key_columns": ["user", "user"]}, r"key_columns \['user', 'user'\] name 'user' more than once"),
+    ({"output_schema": ""}, r"a DDL schema must be a non-empty string|output_schema has no fields"),
+    ({"output_schema": pa.schema([])}, r"output_schema has no fields"),
+    ({"output_schema": pa.schema([("n", pa.int64()), ("N", pa.int64())])}, r"output_schema names field 'N' as 'n'"),
+])
+def test_the_harness_refuses_what_a_job_refuses(options, match):
+    arguments = {"key_columns": "user", "output_schema": OUT, **options}
+    with pytest.raises(ValueError, match=match):
+        KeyedFunctionHarness(Totals(), **arguments)

@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 import keygroups as kg
 from keygroups.checkpoint import CheckpointStorage
 from keygroups.runtime import NO_WATERMARK, KeyedProcessFunction, TimeDomain, WatermarkStrategy, begin_batch, commit_batch
-from keygroups.runtime.subtask import HeapBackendRegistry, run_keyed_subtask
+from keygroups.runtime.subtask import run_keyed_subtask
+from keygroups.runtime.subtask_state import HeapBackendRegistry
 from keygroups.serializers import Int64Serializer
 from keygroups.state import ValueStateDescriptor
 from keygroups.state.timers import TimerQueueRegistry
@@ -100,8 +101,8 @@ def run_batch(location, parallelism, records, *, watermark=None, processing_time
     for i in range(parallelism):
         batches = table.filter(pa.array(owners == i)).to_batches()
         if i in retry:
-            run_keyed_subtask(spec, i, batches, kept=heaps, kept_timers=queues)
-        reports.append(run_keyed_subtask(spec, i, batches, kept=heaps, kept_timers=queues))
+            run_keyed_subtask(spec, i, batches, warm=heaps, warm_timers=queues)
+        reports.append(run_keyed_subtask(spec, i, batches, warm=heaps, warm_timers=queues))
     metadata = commit_batch(plan, reports, watermark=watermark)
     fired = [row for f in metadata.outputs
              for row in pq.read_table(io.BytesIO(storage.read_bytes(f))).to_pylist()]
@@ -212,7 +213,7 @@ def test_a_batch_without_records_fires_due_timers_and_the_watermark_survives_res
     metadata, fired = run_batch(location, 3, [], watermark=3_000, processing_time=50)
     assert sorted(fired) == [(1, "event-time", 1000, 1), (2, "event-time", 2000, 1), (3, "event-time", 3000, 1),
                              (9, "processing-time", 50, 1)]
-    assert metadata.properties["timers"]["event-time"] == {"queued": 2, "registered": 0, "fired": 3,
+    assert metadata.properties["timers"]["event-time"] == {"queued": 2, "registered": 0, "fired": 3, "pending": 2,
                                                             "earliest": 4000}
 
 
@@ -241,8 +242,8 @@ def test_timer_arguments_and_reserved_state_names_are_checked(tmp_path):
         spec = plan.keyed_task(key_columns=("k",), function=pickle.dumps(Bad(action)), input_schema=INPUT,
                                output_schema=FIRED)
         with pytest.raises(error, match=words):
-            run_keyed_subtask(spec, 0, table.to_batches(), kept=HeapBackendRegistry(),
-                              kept_timers=TimerQueueRegistry())
+            run_keyed_subtask(spec, 0, table.to_batches(), warm=HeapBackendRegistry(),
+                              warm_timers=TimerQueueRegistry())
 
 
 def test_watermark_strategy_follows_flink():

@@ -12,7 +12,7 @@ from keygroups.checkpoint import CheckpointStorage, plan_keyed_restore
 from keygroups.checkpoint.metadata import key_group_runs
 from keygroups.serializers import Int64Serializer
 from keygroups.state import HeapKeyedStateBackend, RocksDBKeyedStateBackend
-from keygroups.state._warm import WarmResume
+from keygroups.state.warm import WarmResume
 from test_rocksdb_incremental import KEYS, MAXP, commit, read, write
 
 OLD = [KeyGroupRange(0, 63), KeyGroupRange(64, 127)]
@@ -121,8 +121,13 @@ def test_a_partly_overlapping_rocksdb_database_waits_for_its_siblings_then_goes(
 
 
 def test_the_report_names_the_key_groups_of_each_kind_as_runs():
+    from keygroups.runtime.report import RestoreInfo
+
     stats = WarmResume(10, 2, warm=(0, 1, 2), caught_up=(3,), restored=(4, 5), dropped=(6, 7),
                        bytes_caught_up=4, bytes_restored=6)
-    assert stats.report() == {"warm_key_groups": [[0, 2]], "caught_up_key_groups": [[3, 3]],
+    info = RestoreInfo.resumed("moved", stats)
+    assert info.to_json() == {"mode": "moved", "bytes_read": 10, "key_groups": 2, "warm": True,
+                              "warm_key_groups": [[0, 2]], "caught_up_key_groups": [[3, 3]],
                               "restored_key_groups": [[4, 5]], "dropped_key_groups": [[6, 7]],
                               "bytes_caught_up": 4, "bytes_restored": 6}
+    assert RestoreInfo.from_json(info.to_json()) == info

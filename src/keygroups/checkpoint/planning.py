@@ -36,9 +36,12 @@ old copy of a BROADCAST state. The plan is runs of elements with their byte rang
 from __future__ import annotations
 
 import bisect
+import collections
 import math
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -185,11 +188,37 @@ def _ordered_handles(checkpoint_id: int, handles: Sequence[KeyedStateHandle]) ->
         raise CorruptSnapshotError(f"checkpoint {checkpoint_id} is corrupt, overlapping: {e}") from None
 
 
+#: The last chains worked out, with the handles they were worked out from: one batch asks for the same chains several
+#: times (its restore, its resume, its materialization, the driver's figures and the commit's check).
+_CHAINS: collections.OrderedDict[tuple[Any, ...], tuple[list[KeyedStateHandle], dict[int, list[KeyedStateHandle]]]] \
+    = collections.OrderedDict()
+_CHAINS_KEEP = 16
+_CHAINS_LOCK = threading.Lock()
+
+
 def key_group_chains(handles: Sequence[KeyedStateHandle], key_groups: KeyGroupRange
                      ) -> dict[int, list[KeyedStateHandle]]:
     """Each key group of ``key_groups`` that some handle holds -> its chain: the handle of its newest full block
     (if any) and the handles of the non-empty delta blocks after it, oldest first. ``handles`` are ordered by
-    checkpoint id (:func:`~keygroups.checkpoint.metadata.keyed_handles_by_range`)."""
+    checkpoint id (:func:`~keygroups.checkpoint.metadata.keyed_handles_by_range`). Worked out once for the same
+    handle objects and key groups (handles are immutable): a new dict each call, its lists shared."""
+    handles = list(handles)
+    key = (key_groups.start, key_groups.end, len(handles), *map(id, handles))
+    with _CHAINS_LOCK:
+        found = _CHAINS.get(key)
+        if found is not None and all(a is b for a, b in zip(found[0], handles)):
+            _CHAINS.move_to_end(key)
+            return dict(found[1])
+    chains = _key_group_chains(handles, key_groups)
+    with _CHAINS_LOCK:
+        _CHAINS[key] = (handles, chains)
+        while len(_CHAINS) > _CHAINS_KEEP:
+            _CHAINS.popitem(last=False)
+    return dict(chains)
+
+
+def _key_group_chains(handles: Sequence[KeyedStateHandle], key_groups: KeyGroupRange
+                      ) -> dict[int, list[KeyedStateHandle]]:
     chains: dict[int, list[KeyedStateHandle]] = {}
     for h in handles:
         part = h.key_group_range.intersection(key_groups)

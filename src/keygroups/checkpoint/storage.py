@@ -68,7 +68,7 @@ import shutil
 import stat
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, BinaryIO, Literal
 
 from keygroups import _local_dirs
@@ -701,7 +701,8 @@ class CheckpointStorage:
         return self.load(ids[-1]) if ids else None
 
     def commit(self, metadata: CheckpointMetadata, *,
-               planned_from: int | None | Literal["latest"] = "latest") -> None:
+               planned_from: int | None | Literal["latest"] = "latest", prune: bool = True,
+               encoded: bytes | None = None) -> None:
         """Make checkpoint ``metadata.checkpoint_id`` complete: check that every referenced file exists (and keyed
         files have their handle's size), claim the place after the checkpoint it was planned from, write
         ``chk-<id>/_metadata`` atomically, then apply retention. Sets ``metadata.base``.
@@ -720,25 +721,28 @@ class CheckpointStorage:
         ``_metadata`` is published only after the claim, so a writer that dies in between leaves a claim that the
         next commit or :meth:`finish_interrupted_commit` completes (its files were checked before the claim). A
         claim left from a checkpoint that retention has since removed (the claims of checkpoints older than the
-        retained ones are deleted) is caught by a listing after the claim: the newest checkpoint is no longer
-        the one planned from, so the claim is withdrawn and the commit refused."""
+        retained ones are deleted) is caught after the claim: the checkpoint planned from no longer exists, so the
+        claim is withdrawn and the commit refused.
+
+        Round trips: planned from a named checkpoint, the claim itself is the check (no listing before it), and one
+        existence check of the planned-from ``_metadata`` follows it; only a commit planned from no checkpoint or
+        from ``"latest"``, or one whose claim is taken, lists the checkpoints.
+
+        ``prune=False`` leaves retention to a later :meth:`prune` (a driver runs it off its batch's critical path).
+        ``encoded``: ``encode_metadata(metadata, "chk-<id>")`` when the caller has it already."""
         metadata.validate()
         cid = metadata.checkpoint_id
         base = f"chk-{cid}"
-        if planned_from != "latest" and planned_from is not None:
-            _check_id(planned_from)
-        ids = self.checkpoint_ids()
-        newest = ids[-1] if ids else None
-        if newest is not None and cid < newest:
-            raise ValueError(f"checkpoint {cid} cannot be committed: checkpoint ids must increase and checkpoint "
-                             f"{newest} is already complete in {self.location}")
-        if cid in ids:
-            raise self._lost_commit(metadata, base)
-        previous = newest if planned_from == "latest" else planned_from
-        if previous != newest:
-            raise self._stale_commit(metadata, previous, newest)
+        named = planned_from != "latest" and planned_from is not None
+        if named:
+            previous = _check_id(planned_from)
+            if cid <= previous:
+                raise ValueError(f"checkpoint {cid} cannot be committed: checkpoint ids must increase and it was "
+                                 f"planned from checkpoint {previous}")
+        else:
+            previous = self._checked_newest(metadata, planned_from)
         self._check_chains(metadata)
-        data = encode_metadata(metadata, base)   # also checks every file lies in chk-<id>/
+        data = encoded if encoded is not None else encode_metadata(metadata, base)   # files must lie in chk-<id>/
         self._check_files(metadata)
         self._fs.makedirs(base)
         self._fs.sync_dir(base)   # the state files' directory entries are durable before _metadata names them
@@ -748,21 +752,53 @@ class CheckpointStorage:
             self._fs.write_exclusive(claim, data)
         except FileExistsError:
             if self._read_claim(claim) != data:   # ours already when a commit of this very metadata is retried
+                if named:   # say what the location holds, as a listing before the claim would have
+                    self._checked_newest(metadata, planned_from)
                 raise self._claimed_by_another(metadata, previous, claim) from None
-        ids = self.checkpoint_ids()
-        newest = ids[-1] if ids else None
-        if newest not in (previous, cid):
+        if named:
+            stale = not self._fs.exists(f"chk-{previous}/{METADATA_NAME}")
+        else:
+            ids = self.checkpoint_ids()
+            stale = (ids[-1] if ids else None) not in (previous, cid)
+        if stale:
             # the claim of a checkpoint that retention removed, taken again: the chain moved on long ago
             self._fs.remove(claim)
-            raise self._stale_commit(metadata, previous, newest)
+            ids = self.checkpoint_ids()
+            raise self._stale_commit(metadata, previous, ids[-1] if ids else None)
         self._publish(base, data)
         metadata.base = base
+        if prune:
+            self.prune(cid)
+
+    def _checked_newest(self, metadata: CheckpointMetadata, planned_from: int | None | Literal["latest"]
+                        ) -> int | None:
+        """The checkpoint a commit of ``metadata`` follows (``planned_from``, or the newest for ``"latest"``), after
+        a listing: ValueError if its id is not above the newest, ConcurrentCommitError if it is already complete or
+        ``planned_from`` is not the newest."""
+        cid = metadata.checkpoint_id
+        ids = self.checkpoint_ids()
+        newest = ids[-1] if ids else None
+        if newest is not None and cid < newest:
+            raise ValueError(f"checkpoint {cid} cannot be committed: checkpoint ids must increase and checkpoint "
+                             f"{newest} is already complete in {self.location}")
+        if cid in ids:
+            raise self._lost_commit(metadata, f"chk-{cid}")
+        previous = newest if planned_from == "latest" else planned_from
+        if previous != newest:
+            raise self._stale_commit(metadata, previous, newest)
+        return previous
+
+    def prune(self, latest: int, *, known: Mapping[int, CheckpointMetadata] | None = None) -> None:
+        """Retention after the commit of checkpoint ``latest`` (see the module docs): older checkpoints beyond
+        ``retain``, unreferenced files, old claims. ``known``: metadata of checkpoints the caller holds already (a
+        driver, those it committed), which retention then does not read again. A failure is logged; the next prune
+        retries it."""
         try:
-            self._prune(cid)
-            self._prune_shared(cid)
+            self._prune(latest, known or {})
+            self._prune_shared(latest, known or {})
             self._prune_claims()
         except OSError as e:   # the checkpoint is complete; a failed cleanup is retried at the next commit
-            log.warning("retention after checkpoint %d in %s failed: %s", cid, self.location, e)
+            log.warning("retention after checkpoint %d in %s failed: %s", latest, self.location, e)
 
     @staticmethod
     def _check_chains(metadata: CheckpointMetadata) -> None:
@@ -975,7 +1011,11 @@ class CheckpointStorage:
                 raise ValueError(f"checkpoint {metadata.checkpoint_id} references {name} files {missing}, which do "
                                  f"not exist in {self.location}")
 
-    def _prune(self, latest: int) -> None:
+    def _retained(self, checkpoint_id: int, known: Mapping[int, CheckpointMetadata]) -> CheckpointMetadata:
+        found = known.get(checkpoint_id)
+        return found if found is not None else self._read_metadata(f"chk-{checkpoint_id}")
+
+    def _prune(self, latest: int, known: Mapping[int, CheckpointMetadata] | None = None) -> None:
         dirs = self._chk_dirs()
         complete = sorted(cid for cid, d in dirs.items() if self._fs.exists(f"{d}/{METADATA_NAME}"))
         keep = set(complete[-self.retain:])
@@ -986,15 +1026,15 @@ class CheckpointStorage:
                 log.debug("retention: removing %s", d)
                 self._fs.rmtree(d)
             elif cid < latest:
-                self._remove_orphans(d)
+                self._remove_orphans(d, (known or {}).get(cid))
 
-    def _prune_shared(self, latest: int) -> None:
+    def _prune_shared(self, latest: int, known: Mapping[int, CheckpointMetadata] | None = None) -> None:
         """Delete the files of ``shared/`` that no retained checkpoint references, written by checkpoint ``latest``
         or older (newer ones may belong to a checkpoint still being written)."""
         referenced: set[str] = set()
         for cid in self.checkpoint_ids()[-self.retain:]:
             try:
-                md = self._read_metadata(f"chk-{cid}")
+                md = self._retained(cid, known or {})
             except (CorruptSnapshotError, FileNotFoundError) as e:
                 log.warning("retention: not cleaning %s/, the _metadata of checkpoint %d is unreadable: %s",
                             SHARED_DIR, cid, e)
@@ -1013,9 +1053,9 @@ class CheckpointStorage:
         """The keyed state files in ``shared/`` (storage-relative), sorted: for tools and tests of retention."""
         return [f"{SHARED_DIR}/{n}" for n in self._fs.listdir(SHARED_DIR) if _SHARED_FILE_RE.match(n)]
 
-    def _remove_orphans(self, base: str) -> None:
+    def _remove_orphans(self, base: str, known: CheckpointMetadata | None = None) -> None:
         try:
-            md = self._read_metadata(base)
+            md = known if known is not None else self._read_metadata(base)
         except (CorruptSnapshotError, FileNotFoundError) as e:
             log.warning("retention: not cleaning %s, its _metadata is unreadable: %s", base, e)
             return

@@ -124,7 +124,7 @@ def verify(storage: CheckpointStorage, max_parallelism: int, expected: shop.Even
     """Mismatches between what the job committed and emitted and the reference (empty when all is equal): every
     user's state and registered timers, the orders, each abandoned cart and the batch it came out in, the number of
     late events."""
-    from keygroups.runtime.subtask import create_backend
+    from keygroups.runtime.backends import create_backend
 
     problems = []
     backend = create_backend("heap", key_group_range(max_parallelism, 1, 0), max_parallelism, "string")
@@ -256,8 +256,8 @@ def _run(args: argparse.Namespace, cleanup: contextlib.ExitStack) -> int:
             phase.seconds += result.seconds
             phase.checkpoint_bytes = result.checkpoint_bytes
             if batch == 1:
-                phase.restore = [(r["subtask"], r["key_group_range"][0], r["key_group_range"][1],
-                                  r["restored"]["bytes_read"]) for r in result.reports]
+                phase.restore = [(r.subtask, r.key_group_range.start, r.key_group_range.end,
+                                  r.restored.bytes_read) for r in result.reports]
             watermark = datetime.datetime.fromtimestamp(result.watermark / 1000, datetime.timezone.utc)
             _say(f"  phase {number} p={parallelism} batch {batch}: chk-{report.checkpoint_id}, {report.records_in:,} "
                  f"events in {result.seconds:.1f} s ({report.records_in / max(result.seconds, 1e-9):,.0f}/s), "

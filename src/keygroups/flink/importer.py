@@ -70,7 +70,7 @@ from keygroups.flink.windows import (
     session_windows,
 )
 from keygroups._native.statecore import java_key
-from keygroups.runtime.subtask import key_serializer_for
+from keygroups.runtime.backends import key_serializer_for
 from keygroups.serializers import TypeSerializer
 from keygroups.runtime.state_writer import _descriptor as state_descriptor
 from keygroups.state import StateDescriptor, StateTtlConfig, state_meta

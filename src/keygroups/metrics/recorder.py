@@ -1,7 +1,8 @@
 """Recording every batch's metrics: a job's :class:`MetricsRecorder` (:func:`job_metrics`), and the running totals
 this process exports (:class:`JobSeries`, one per job name, in :data:`SERIES`).
 
-A ``KeyedJob`` records every batch once it has committed: :func:`record_batch` builds the batch's
+A job records every batch once it has committed: the batch's spine calls the listener the job gave it
+(:func:`batch_listener`; ``KeyedJob``'s adds Spark's times), and :func:`record_batch` builds the batch's
 :class:`~keygroups.metrics.BatchMetrics`, writes it to the job's :class:`~keygroups.metrics.MetricsStore` beside
 the checkpoints, adds it to the job's running totals (what Prometheus scrapes) and hands it to the recorder's
 subscribers (the Spark listener bridge). It never fails the batch: the checkpoint is committed by then, and a
@@ -13,20 +14,20 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage
+from keygroups.checkpoint import CheckpointStorage
 from keygroups.metrics.adapter import batch_metrics
 from keygroups.metrics.model import RESTORE_MODES, SUBTASK_PHASES, BatchMetrics
 from keygroups.metrics.store import DEFAULT_KEEP, MetricsStore, check_keep
+from keygroups.runtime.batch import CommittedBatch
 
 log = logging.getLogger("keygroups.metrics")
 
@@ -156,28 +157,39 @@ def recorder_for_batch(job: Any, *, enabled_by_default: bool = True) -> MetricsR
     return _recorder(job, enabled=enabled_by_default)
 
 
-def record_batch(job: Any, storage: CheckpointStorage, metadata: CheckpointMetadata,
-                 reports: Sequence[Mapping[str, Any]], previous: CheckpointMetadata | None, *, started: float,
-                 commit_seconds: float | None = None, spark_seconds: float | None = None,
-                 task_seconds: Mapping[int, float] | None = None,
+def record_batch(job: Any, batch: CommittedBatch, storage: CheckpointStorage | None, *,
+                 spark_seconds: float | None = None, task_seconds: Mapping[int, float] | None = None,
                  enabled_by_default: bool = True) -> BatchMetrics | None:
-    """Record the batch of ``job`` that committed ``metadata`` (see :func:`~keygroups.metrics.batch_metrics` for
-    ``reports``, ``previous`` and the times; ``started`` is the batch's start on ``time.perf_counter``'s clock).
-    Called once the checkpoint is committed; never raises: a failure is logged (the batch went through) and gives
-    None, as does a disabled recorder."""
+    """Record the committed ``batch`` of ``job`` (its checkpoints in ``storage``; see
+    :func:`~keygroups.metrics.batch_metrics` for the times). Called once the checkpoint is committed; never raises:
+    a failure is logged (the batch went through) and gives None, as do a disabled recorder and a replayed batch
+    (its first run recorded it)."""
     try:
         recorder = recorder_for_batch(job, enabled_by_default=enabled_by_default)
-        if not recorder.enabled:
+        if not recorder.enabled or batch.replayed:
             return None
-        metrics = batch_metrics(metadata, reports, previous, wall_seconds=time.perf_counter() - started,
-                                spark_seconds=spark_seconds, commit_seconds=commit_seconds,
-                                task_seconds=task_seconds)
+        metrics = batch_metrics(batch, spark_seconds=spark_seconds, task_seconds=task_seconds)
         recorder.add(metrics, storage)
         return metrics
     except Exception:   # noqa: BLE001  # the batch is committed: its metrics must never fail it
         log.exception("recording the metrics of checkpoint %s of job %s failed (the batch itself is committed)",
-                      getattr(metadata, "checkpoint_id", "?"), getattr(metadata, "job_id", "?"))
+                      batch.checkpoint_id, batch.metadata.job_id)
         return None
+
+
+def batch_listener(job: Any, *, enabled_by_default: bool = True) -> Callable[[CommittedBatch, Any], None]:
+    """What ``job`` (the test harness; ``KeyedJob`` adds Spark's times, see ``keygroups.spark.metrics``) gives its
+    :class:`~keygroups.runtime.batch.JobDriver` as ``on_commit``: each committed batch recorded
+    (:func:`record_batch`, a recorder made with ``enabled_by_default`` when the job has none). Holds ``job``
+    weakly."""
+    ref = weakref.ref(job)
+
+    def committed(batch: CommittedBatch, executor: Any) -> None:
+        owner = ref()
+        if owner is not None:
+            record_batch(owner, batch, getattr(owner, "storage", None), enabled_by_default=enabled_by_default)
+
+    return committed
 
 
 # ---- running totals ------------------------------------------------------------------------------------------------
@@ -276,5 +288,5 @@ class MetricsSeries:
 SERIES = MetricsSeries()
 
 
-__all__ = ["MetricsRecorder", "JobSeries", "MetricsSeries", "SERIES", "job_metrics", "record_batch",
+__all__ = ["MetricsRecorder", "JobSeries", "MetricsSeries", "SERIES", "job_metrics", "record_batch", "batch_listener",
            "recorder_for_batch", "RECENT"]

@@ -6,7 +6,7 @@ from keygroups.runtime.driver import BatchPlan, DriverFence, begin_batch, commit
 from keygroups.runtime.report import BatchReport, PhaseSeconds
 from keygroups.runtime.functions import KeyedProcessFunction, ProcessContext, RuntimeContext, TimerService
 from keygroups.runtime.scaling import BatchFigures, ParallelismPolicy, RecordsPerSubtask, TargetBatchDuration
-from keygroups.runtime.subtask import StateBackendName
+from keygroups.runtime.backends import StateBackendName
 from keygroups.runtime.watermarks import LateRecords, WatermarkStrategy
 from keygroups.state.timers import NO_WATERMARK, TimeDomain
 

@@ -48,6 +48,7 @@ from __future__ import annotations
 import base64
 import binascii
 import math
+import weakref
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -197,22 +198,41 @@ def _stored_counts(metadata: CheckpointMetadata) -> _Counts:
     return records, calls, decode_counts(stored.get("timers"), mp, f"{what}['timers']")
 
 
+#: key_group_state_bytes's figures, per metadata object (dropped with it).
+_STATE_BYTES: dict[int, npt.NDArray[np.float64]] = {}
+
+
+def key_group_state_bytes(metadata: CheckpointMetadata) -> npt.NDArray[np.float64]:
+    """Bytes of each key group's chain (its newest full block and the deltas after it) in ``metadata``, from its
+    keyed handles alone (no file is read). Worked out once per metadata object: the batch that commits a checkpoint
+    reports it, and the next batch plans its ranges from it."""
+    key = id(metadata)
+    cached = _STATE_BYTES.get(key)
+    if cached is not None:
+        return cached
+    mp = metadata.max_parallelism
+    state = np.zeros(mp, dtype=np.float64)
+    if metadata.keyed_handles:
+        for kg, chain in chain_stats(metadata, KeyGroupRange(0, mp - 1)).items():
+            state[kg] = chain.full_bytes + chain.delta_bytes
+    state.setflags(write=False)
+    _STATE_BYTES[key] = state
+    weakref.finalize(metadata, _STATE_BYTES.pop, key, None)
+    return state
+
+
 def checkpoint_loads(metadata: CheckpointMetadata) -> KeyGroupLoads:
     """The load figures of ``metadata``: records, calls and timers from its properties (zeros when it has none),
     state bytes from its keyed handles (no file is read)."""
-    mp = metadata.max_parallelism
-    state = np.zeros(mp, dtype=np.float64)
-    for kg, chain in chain_stats(metadata, KeyGroupRange(0, mp - 1)).items():
-        state[kg] = chain.full_bytes + chain.delta_bytes
     records, calls, timers = _stored_counts(metadata)
-    return KeyGroupLoads(mp, records, calls, timers, state)
+    return KeyGroupLoads(metadata.max_parallelism, records, calls, timers, key_group_state_bytes(metadata))
 
 
-def merged_loads(previous: CheckpointMetadata | None, reports: Sequence[dict[str, Any]], max_parallelism: int,
+def merged_loads(previous: CheckpointMetadata | None, reports: Sequence[Any], max_parallelism: int,
                  boundaries: tuple[int, ...], half_life: float) -> dict[str, Any]:
     """The ``properties[LOADS_PROPERTY]`` of a new checkpoint: the restored checkpoint's records, calls and timers
-    (re-keyed to ``max_parallelism`` if it changed), decayed by one batch, plus what the subtasks' reports counted
-    over their ranges (``boundaries``)."""
+    (re-keyed to ``max_parallelism`` if it changed), decayed by one batch, plus what the subtasks' reports
+    (:class:`~keygroups.runtime.report.SubtaskReport`) counted over their ranges (``boundaries``)."""
     decay = 0.5 ** (1.0 / half_life)
     figures = [np.zeros(max_parallelism) for _ in _STORED]
     if previous is not None:
@@ -222,10 +242,11 @@ def merged_loads(previous: CheckpointMetadata | None, reports: Sequence[dict[str
         for target, value in zip(figures, (old.records, old.calls, old.timers)):
             target += decay * value
     for r in reports:
-        own = KeyGroupRange(boundaries[r["subtask"]], boundaries[r["subtask"] + 1] - 1)
+        own = KeyGroupRange(boundaries[r.subtask], boundaries[r.subtask + 1] - 1)
         for (_, key), target in zip(_STORED, figures):
-            if r.get(key) is not None:
-                target[own.start:own.end + 1] += decode_counts(r[key], len(own), f"subtask {r['subtask']}'s {key}")
+            counts = getattr(r, key)
+            if counts is not None:
+                target[own.start:own.end + 1] += decode_counts(counts, len(own), f"subtask {r.subtask}'s {key}")
     return {**{name: encode_counts(v) for (name, _), v in zip(_STORED, figures)}, "half_life": half_life}
 
 
@@ -333,6 +354,11 @@ class HotKeyGroup:
         return {"key_group": self.key_group, "share": round(self.share, 6), "times_mean": round(self.times_mean, 4),
                 "suggested_max_parallelism": self.suggested_max_parallelism}
 
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> HotKeyGroup:
+        return cls(int(data["key_group"]), float(data["share"]), float(data["times_mean"]),
+                   None if data.get("suggested_max_parallelism") is None else int(data["suggested_max_parallelism"]))
+
 
 def hot_key_groups(load: npt.ArrayLike, parallelism: int, *, limit: int = 8) -> list[HotKeyGroup]:
     """The key groups (heaviest first, at most ``limit``) whose load alone exceeds the mean subtask load."""
@@ -378,10 +404,19 @@ class AssignmentDecision:
     def ranges(self) -> list[KeyGroupRange]:
         return ranges_of(self.boundaries)
 
+    def summary(self) -> str:
+        """The decision in a few words, for the batch's log line."""
+        before = "" if self.max_over_mean_before is None else f", {self.max_over_mean_before:.2f} before"
+        moved = f"; {self.moved_key_groups} key groups moved ({self.moved_bytes:,} B)" if self.moved else ""
+        hot = f"; hot key groups {[h.key_group for h in self.hot_key_groups]}" if self.hot_key_groups else ""
+        return (f"{self.assignment}: {self.reason}; load max/mean {self.max_over_mean:.2f}{before} (Flink's ranges "
+                f"{self.flink_max_over_mean:.2f}){moved}{hot}")
+
     def to_json(self) -> dict[str, Any]:
         """The decision as the checkpoint's ``properties[DECISION_PROPERTY]`` holds it (the boundaries themselves
         are ``properties[RANGES_PROPERTY]``)."""
         return {"assignment": self.assignment, "moved": self.moved, "reason": self.reason,
+                "previous": None if self.previous is None else list(self.previous),
                 "max_over_mean": round(self.max_over_mean, 4),
                 "max_over_mean_before": (None if self.max_over_mean_before is None
                                          else round(self.max_over_mean_before, 4)),
@@ -389,6 +424,22 @@ class AssignmentDecision:
                 "moved_key_groups": self.moved_key_groups, "moved_bytes": self.moved_bytes,
                 "restore_bytes": self.restore_bytes, "state_bytes": self.state_bytes,
                 "hot_key_groups": [h.to_json() for h in self.hot_key_groups]}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any], boundaries: Sequence[int]) -> AssignmentDecision:
+        """The decision a checkpoint stored (:meth:`to_json`), with its ``boundaries`` (its ranges property);
+        ``previous`` is None for a checkpoint written before it was stored. KeyError/TypeError/ValueError on a
+        malformed one."""
+        before = data.get("max_over_mean_before")
+        previous = data.get("previous")
+        return cls(assignment=str(data["assignment"]), boundaries=tuple(int(b) for b in boundaries),
+                   previous=None if previous is None else tuple(int(b) for b in previous), moved=bool(data["moved"]),
+                   reason=str(data["reason"]), max_over_mean=float(data["max_over_mean"]),
+                   max_over_mean_before=None if before is None else float(before),
+                   flink_max_over_mean=float(data["flink_max_over_mean"]),
+                   moved_key_groups=int(data.get("moved_key_groups", 0)), moved_bytes=int(data.get("moved_bytes", 0)),
+                   restore_bytes=int(data.get("restore_bytes", 0)), state_bytes=int(data.get("state_bytes", 0)),
+                   hot_key_groups=[HotKeyGroup.from_json(h) for h in data.get("hot_key_groups") or ()])
 
 
 def moved_figures(before: Sequence[int], after: Sequence[int], state_bytes: npt.ArrayLike

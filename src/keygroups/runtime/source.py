@@ -17,6 +17,7 @@ once the checkpoint is committed (Kafka reports the positions to its consumer gr
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage
+from keygroups.runtime.report import SourceReport
 from keygroups.sources import PartitionedLogSource, staged_log_schema
 from keygroups.state import OperatorStateStore, checkpoint_function, initialize_function
 
@@ -47,7 +49,9 @@ class SourceReader(Protocol):
         ...
 
     def report(self) -> dict[str, Any]:
-        """This subtask's partitions and positions after the poll, for the batch report (JSON)."""
+        """This subtask's ``partitions`` and ``positions`` after the poll, and what it noted (``records_skipped``
+        and :data:`~keygroups.runtime.report.SOURCE_NOTES`), in the JSON form a checkpoint stores; read into a
+        :class:`~keygroups.runtime.report.SourceReport` by :func:`run_source_subtask`."""
         ...
 
     def close(self) -> None: ...
@@ -110,8 +114,9 @@ class SourceTaskSpec:
         return self.source.staged_schema(self.record_schema)
 
 
-def run_source_subtask(spec: SourceTaskSpec, subtask_index: int) -> dict[str, Any]:
-    """Read one micro-batch of subtask ``subtask_index``'s splits; returns its report (JSON-able)."""
+def run_source_subtask(spec: SourceTaskSpec, subtask_index: int) -> SourceReport:
+    """Read one micro-batch of subtask ``subtask_index``'s splits; returns its report (``to_json`` carries it from a
+    Spark task to the driver)."""
     start = time.perf_counter()
     storage = CheckpointStorage(spec.checkpoint_location, storage_options=spec.storage_options)
     store = OperatorStateStore(subtask_index, spec.parallelism)
@@ -123,7 +128,8 @@ def run_source_subtask(spec: SourceTaskSpec, subtask_index: int) -> dict[str, An
     try:
         initialize_function(reader, store)
         table = reader.poll_arrow(spec.max_records, spec.record_schema)
-        positions = reader.report()
+        # the reader describes its splits in JSON (the SourceReader protocol); typed here, once
+        described = SourceReport.from_json({**reader.report(), "subtask": subtask_index, "records": table.num_rows})
     finally:
         reader.close()
     if spec.record_schema is not None and table.num_rows == 0:
@@ -134,15 +140,8 @@ def run_source_subtask(spec: SourceTaskSpec, subtask_index: int) -> dict[str, An
         with storage.open_write(input_file) as f:
             pq.write_table(table, f)
     handle = checkpoint_function(reader, store, spec.checkpoint_id, int(time.time() * 1000), storage).result()
-    return {
-        "subtask": subtask_index,
-        "operator_handle": handle.to_json(),
-        "input_file": input_file,
-        "records": table.num_rows,
-        **positions,
-        "restored_bytes": restored_bytes,
-        "seconds": time.perf_counter() - start,
-    }
+    return dataclasses.replace(described, operator_handle=handle, input_file=input_file,
+                               restored_bytes=restored_bytes, seconds=time.perf_counter() - start)
 
 
 def staged_schema(record_schema: pa.Schema) -> pa.Schema:

@@ -36,7 +36,7 @@ from keygroups.checkpoint.format import Packed, write_full_snapshot
 from keygroups.errors import KeyGroupsError
 from keygroups.runtime.state_reader import KEY_COLUMNS_PROPERTY
 from keygroups.runtime.state_types import is_typed, python_values, serializer_for_arrow
-from keygroups.runtime.subtask import key_serializer_for, key_type_for_schema
+from keygroups.runtime.backends import key_serializer_for, key_type_for_schema
 from keygroups.serializers import BytesSerializer, SerializerSnapshot, TypeSerializer
 from keygroups.state import (
     AggregateFunction,

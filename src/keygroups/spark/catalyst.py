@@ -43,6 +43,9 @@ SPARK_KEY_TYPES: dict[type, tuple[str, str | None]] = {
     T.BinaryType: ("bytes", "java.util.Arrays"),
 }
 
+#: The builder of each JVM gateway seen (with the gateway itself: an id is only unique while its object lives).
+_BUILT: dict[int, tuple[Any, CatalystHashes | None]] = {}
+
 #: key type name -> the JDK class of its static ``hashCode``, read off SPARK_KEY_TYPES.
 _STATIC_HASHES = {key_type: cls for key_type, cls in SPARK_KEY_TYPES.values() if cls is not None}
 
@@ -63,10 +66,19 @@ class CatalystHashes:
 
     @classmethod
     def for_dataframe(cls, df: DataFrame) -> CatalystHashes | None:
-        """The builder for ``df``'s session, or ``None`` without a usable JVM gateway."""
+        """The builder for ``df``'s session, or ``None`` without a usable JVM gateway (built once per gateway)."""
         jvm = getattr(df.sparkSession, "_jvm", None)  # classic sessions only
         if jvm is None:
             return None
+        known = _BUILT.get(id(jvm))
+        if known is not None and known[0] is jvm:
+            return known[1]
+        hashes = cls._build(jvm, df)
+        _BUILT[id(jvm)] = (jvm, hashes)
+        return hashes
+
+    @classmethod
+    def _build(cls, jvm: Any, df: DataFrame) -> CatalystHashes | None:
         from py4j.protocol import Py4JError  # type: ignore[import-untyped]
 
         try:

@@ -1,18 +1,17 @@
 """keygroups' metrics where Spark users look (see :mod:`keygroups.metrics` for the metrics themselves).
 
-- :func:`record_spark_batch`: a ``KeyedJob`` batch's metrics, with Spark's own time for the batch's jobs and each
-  subtask's Spark task, read from Spark's status store (:class:`SparkJobClock`);
+- :func:`spark_batch_listener`: what ``KeyedJob`` gives its batch spine to call once a batch has committed: it records
+  the batch's metrics (:func:`record_spark_batch`) with Spark's own time for the batch's jobs (the executor's, from
+  Spark's status store) and each subtask's Spark task (:func:`keyed_task_seconds`);
 - :class:`KeyGroupsProgressListener`: a ``StreamingQueryListener`` that pairs each streaming query progress with the
   keygroups metrics of the same batch, for users who already ship query progress somewhere
   (:class:`ProgressWithMetrics`);
 - the ``metrics`` view of ``spark.read.format("keygroups")`` is in :mod:`keygroups.spark.state_source`.
 
-Spark's time comes from the status store that feeds Spark's UI (``SparkContext.statusTracker`` and the store behind
-it), read through the py4j gateway: the jobs of the batch's thread's job group (a streaming query's run id inside a
-``foreachBatch``; none otherwise) that were submitted after the batch started and after the last batch's jobs, each
-with its submission and completion times; their union is the batch's Spark time. Each object is read as one JSON
-document (Jackson, which Spark ships), so a batch costs a handful of gateway calls whatever its jobs hold. Over Spark
-Connect there is no gateway: the figures are None there.
+Spark's times come from the status store that feeds Spark's UI, read through the py4j gateway: the batch's jobs are
+those carrying the job tag its executor set (:attr:`SparkExecutor.job_tag`); each object is read as one JSON document
+(Jackson, which Spark ships), so a batch costs a handful of gateway calls whatever its jobs hold. Over Spark Connect
+there is no gateway: the figures are None there.
 """
 
 from __future__ import annotations
@@ -20,141 +19,107 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import time
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming.listener import StreamingQueryListener
 
-from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage
-from keygroups.metrics import BatchMetrics, MetricsRecorder, MetricsStore, job_metrics
+from keygroups.checkpoint import CheckpointStorage
+from keygroups.metrics import BatchMetrics, MetricsStore, job_metrics
 from keygroups.metrics.recorder import record_batch, recorder_for_batch
+from keygroups.runtime.batch import BatchExecutor, CommittedBatch
+from keygroups.spark.executor import SparkExecutor
 
 log = logging.getLogger("keygroups.metrics")
 
 
-def _union(spans: Sequence[tuple[float, float]]) -> float:
-    """The length of the union of ``spans`` (start, end)."""
-    total, end = 0.0, float("-inf")
-    for a, b in sorted(spans):
-        if b <= end:
+class _StatusStore:
+    """Spark's status store of one classic session, read as JSON documents (see the module docs)."""
+
+    def __init__(self, spark: SparkSession) -> None:
+        context = spark._sc   # classic sessions only (the caller checks)
+        jvm = context._jvm
+        self.mapper = jvm.com.fasterxml.jackson.databind.ObjectMapper()
+        scala = getattr(getattr(jvm.com.fasterxml.jackson.module.scala, "DefaultScalaModule$"), "MODULE$")
+        self.mapper.registerModule(scala)   # Options as values, Seqs as lists; Dates are epoch milliseconds
+        jsc = context._jsc.sc()
+        self.tracker, self.store = jsc.statusTracker(), jsc.statusStore()
+
+    def read(self, obj: Any) -> Any:
+        return json.loads(self.mapper.writeValueAsString(obj))
+
+
+_STORES: weakref.WeakKeyDictionary[Any, _StatusStore] = weakref.WeakKeyDictionary()
+_STORES_LOCK = threading.Lock()
+
+
+def _status_store(spark: SparkSession) -> _StatusStore | None:
+    context = getattr(spark, "_sc", None)
+    if context is None or getattr(context, "_jsc", None) is None:
+        return None
+    with _STORES_LOCK:
+        store = _STORES.get(context)
+        if store is None:
+            store = _STORES[context] = _StatusStore(spark)
+        return store
+
+
+def keyed_task_seconds(spark: SparkSession, job_tag: str, parallelism: int) -> dict[int, float] | None:
+    """Subtask -> the duration of its Spark task in the keyed stage of the batch whose jobs carry ``job_tag`` (the
+    newest of those jobs whose last stage ran ``parallelism`` tasks; task *i* ran subtask *i*); an empty dict when no
+    such stage is found, None over Spark Connect."""
+    status = _status_store(spark)
+    if status is None:
+        return None
+    for job_id in sorted(status.read(status.tracker.getJobIdsForTag(job_tag)), reverse=True):
+        job = status.read(status.store.job(job_id))
+        if not job.get("stageIds"):
             continue
-        total += b - max(a, end)
-        end = b
-    return total
+        stage = status.read(status.store.lastStageAttempt(max(job["stageIds"])))
+        if stage.get("numTasks") != parallelism:
+            continue
+        tasks: dict[int, float] = {}
+        for task in status.read(status.store.taskList(stage["stageId"], stage["attemptId"], parallelism * 4)):
+            if task.get("status") == "SUCCESS" and task.get("duration") is not None:
+                tasks[int(task["index"])] = task["duration"] / 1000
+        return tasks
+    return {}
 
 
-@dataclass(frozen=True)
-class SparkBatchTimes:
-    """Spark's time for one batch: ``seconds`` (the union of its jobs' runs) and ``tasks`` (subtask -> the duration
-    of its task in the batch's keyed stage; empty when that stage was not found), from ``jobs``."""
-
-    seconds: float
-    tasks: Mapping[int, float]
-    jobs: tuple[int, ...]
-
-
-class SparkJobClock:
-    """Reads a batch's Spark jobs from the status store of a classic session (see the module docs), remembering the
-    newest job id it has seen so that no job counts for two batches."""
-
-    def __init__(self) -> None:
-        self._newest_job = -1
-        self._gateway: tuple[Any, Any, Any, Any] | None = None   # (context, mapper, tracker, store)
-        self._lock = threading.Lock()
-
-    def _objects(self, spark: SparkSession) -> tuple[Any, Any, Any, Any] | None:
-        context = getattr(spark, "_sc", None)   # classic sessions only
-        if context is None or getattr(context, "_jsc", None) is None:
-            return None
-        if self._gateway is None or self._gateway[0] is not context:
-            jvm = context._jvm
-            mapper = jvm.com.fasterxml.jackson.databind.ObjectMapper()
-            scala = getattr(getattr(jvm.com.fasterxml.jackson.module.scala, "DefaultScalaModule$"), "MODULE$")
-            mapper.registerModule(scala)   # Options as values, Seqs as lists; Dates are epoch milliseconds
-            jsc = context._jsc.sc()
-            self._gateway = (context, mapper, jsc.statusTracker(), jsc.statusStore())
-        return self._gateway
-
-    def batch_times(self, spark: SparkSession, started: float, parallelism: int) -> SparkBatchTimes | None:
-        """Spark's time for the batch that started at ``started`` (epoch seconds) and has just committed, and its
-        subtasks' tasks (the latest of its jobs whose last stage ran ``parallelism`` tasks: its keyed stage; task
-        *i* ran subtask *i*). None over Spark Connect."""
-        with self._lock:
-            objects = self._objects(spark)
-            if objects is None:
-                return None
-            context, mapper, tracker, store = objects
-            now = time.time()
-
-            def read(obj: Any) -> Any:
-                return json.loads(mapper.writeValueAsString(obj))
-
-            group = context.getLocalProperty("spark.jobGroup.id")
-            ids = sorted((i for i in read(tracker.getJobIdsForGroup(group)) if i > self._newest_job), reverse=True)
-            jobs: list[dict[str, Any]] = []
-            for job_id in ids:   # newest first, down to the first job submitted before the batch
-                job = read(store.job(job_id))
-                submitted = job.get("submissionTime")
-                if submitted is None or submitted / 1000 < started:
-                    break
-                jobs.append(job)
-            if ids:
-                self._newest_job = max(self._newest_job, ids[0])
-            spans = [(max(j["submissionTime"] / 1000, started),
-                      min(j["completionTime"] / 1000, now) if j.get("completionTime") else now) for j in jobs]
-            tasks: dict[int, float] = {}
-            for job in jobs:
-                if not job.get("stageIds"):
-                    continue
-                stage = read(store.lastStageAttempt(max(job["stageIds"])))
-                if stage.get("numTasks") != parallelism:
-                    continue
-                for task in read(store.taskList(stage["stageId"], stage["attemptId"], parallelism * 4)):
-                    if task.get("status") == "SUCCESS" and task.get("duration") is not None:
-                        tasks[int(task["index"])] = task["duration"] / 1000
-                break
-            return SparkBatchTimes(_union(spans), tasks, tuple(j["jobId"] for j in jobs))
-
-
-_CLOCKS: weakref.WeakKeyDictionary[MetricsRecorder, SparkJobClock] = weakref.WeakKeyDictionary()
-_CLOCKS_LOCK = threading.Lock()
-
-
-def _clock(recorder: MetricsRecorder) -> SparkJobClock:
-    with _CLOCKS_LOCK:
-        clock = _CLOCKS.get(recorder)
-        if clock is None:
-            clock = _CLOCKS[recorder] = SparkJobClock()
-        return clock
-
-
-def record_spark_batch(job: Any, spark: SparkSession, storage: CheckpointStorage, metadata: CheckpointMetadata,
-                       reports: Sequence[Mapping[str, Any]], previous: CheckpointMetadata | None, *,
-                       started: float, commit_seconds: float | None = None) -> BatchMetrics | None:
-    """Record the batch of ``job`` (a ``KeyedJob``) that committed ``metadata``, with Spark's time for its jobs and
-    tasks (see :func:`keygroups.metrics.record_batch`; ``started`` on ``time.perf_counter``'s clock). Never raises:
-    the batch is committed; a failure is logged."""
+def record_spark_batch(job: Any, batch: CommittedBatch, executor: BatchExecutor) -> BatchMetrics | None:
+    """Record the committed ``batch`` of ``job`` (a ``KeyedJob``) with Spark's time for its jobs and tasks (see
+    :func:`keygroups.metrics.record_batch`). Never raises: the batch is committed; a failure is logged."""
     try:
-        recorder = recorder_for_batch(job)
-        if not recorder.enabled:
+        if batch.replayed or not recorder_for_batch(job).enabled:
             return None
-        started_epoch = time.time() - (time.perf_counter() - started)
+        spark_seconds = task_seconds = None
         try:
-            times = _clock(recorder).batch_times(spark, started_epoch, metadata.parallelism)
+            spark_seconds = batch.spark_time()
+            if isinstance(executor, SparkExecutor) and executor.job_tag is not None:
+                task_seconds = keyed_task_seconds(executor.spark, executor.job_tag, batch.report.parallelism)
         except Exception as e:   # noqa: BLE001  # a status store we cannot read: the rest of the figures stand
-            log.warning("Spark's status store could not be read for checkpoint %d: %s", metadata.checkpoint_id, e)
-            times = None
-        return record_batch(job, storage, metadata, reports, previous, started=started,
-                            commit_seconds=commit_seconds, spark_seconds=None if times is None else times.seconds,
-                            task_seconds=None if times is None else times.tasks)
+            log.warning("Spark's status store could not be read for checkpoint %d: %s", batch.checkpoint_id, e)
+        return record_batch(job, batch, job.storage, spark_seconds=spark_seconds, task_seconds=task_seconds)
     except Exception:   # noqa: BLE001  # never fail a committed batch
         log.exception("recording the metrics of checkpoint %s failed (the batch itself is committed)",
-                      getattr(metadata, "checkpoint_id", "?"))
+                      batch.checkpoint_id)
         return None
+
+
+def spark_batch_listener(job: Any) -> Callable[[CommittedBatch, BatchExecutor], None]:
+    """What ``job`` (a ``KeyedJob``) gives its :class:`~keygroups.runtime.batch.JobDriver` as ``on_commit``: each
+    committed batch's metrics recorded (:func:`record_spark_batch`). Holds ``job`` weakly."""
+    ref = weakref.ref(job)
+
+    def committed(batch: CommittedBatch, executor: BatchExecutor) -> None:
+        owner = ref()
+        if owner is not None:
+            record_spark_batch(owner, batch, executor)
+
+    return committed
 
 
 # ---- streaming progress ------------------------------------------------------------------------------------------
@@ -241,5 +206,5 @@ class KeyGroupsProgressListener(StreamingQueryListener):
         pass
 
 
-__all__ = ["KeyGroupsProgressListener", "ProgressWithMetrics", "SparkBatchTimes", "SparkJobClock",
-           "record_spark_batch"]
+__all__ = ["KeyGroupsProgressListener", "ProgressWithMetrics", "keyed_task_seconds", "record_spark_batch",
+           "spark_batch_listener"]

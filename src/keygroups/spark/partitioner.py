@@ -279,6 +279,26 @@ def partition_by_key_group(
     return placed.drop(*temps) if temps else placed
 
 
+def key_group_placement(df: DataFrame, *key_columns: str, max_parallelism: int, parallelism: int,
+                        key_group_boundaries: Sequence[int] | None = None) -> Callable[[DataFrame], DataFrame] | None:
+    """What :func:`partition_by_key_group` does to ``df`` (default engine and method), as a function that does it to
+    any DataFrame of ``df``'s columns: its expressions are built once (through the JVM gateway) and reused, batch
+    after batch. None where they cannot be reused (Spark Connect, a key column that is not a plain top-level column,
+    a Spark without ``repartitionById``): call :func:`partition_by_key_group` each time instead."""
+    p, mp = check_parallelism(parallelism, max_parallelism)
+    owners = _owners(key_group_boundaries, mp, p)
+    if not _has_repartition_by_id(df) or not all(isinstance(c, str) and c in df.columns for c in key_columns):
+        return None
+    hashes = CatalystHashes.for_dataframe(df)
+    if hashes is None:
+        return None
+    _, keys, temps = resolve_key_columns(df, key_columns)
+    if temps or choose_engine(keys, "auto", True) != "jvm":
+        return None
+    operator = owners(jvm_key_group(hashes, keys, mp))
+    return lambda frame: frame.repartitionById(p, operator)
+
+
 def _owners(boundaries: Sequence[int] | None, max_parallelism: int, parallelism: int) -> Callable[[Column], Column]:
     """Key-group Column -> its subtask's Column: Flink's arithmetic for Flink's ranges (or none given), else a
     lookup in one array literal of every key group's owner (parsed once, constant-folded)."""

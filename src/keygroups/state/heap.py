@@ -97,7 +97,7 @@ from keygroups.state._base import (
 from keygroups.state._checks import check_stored, checked_state_class, stored_value_check
 from keygroups.state._codec import UNWRITABLE, ValueFraming
 from keygroups.state.descriptors import StateDescriptor
-from keygroups.state._warm import WarmResume
+from keygroups.state.warm import WarmResume
 from keygroups.state.states import MISSING, ListState, MapState, ValueState
 
 if TYPE_CHECKING:

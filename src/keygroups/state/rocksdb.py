@@ -68,7 +68,7 @@ from keygroups.state._base import (
 from keygroups.state._checks import check_stored, checked_state_class, stored_value_check
 from keygroups.state._codec import UNWRITABLE, ValueFraming
 from keygroups.state.descriptors import StateDescriptor
-from keygroups.state._warm import WarmResume
+from keygroups.state.warm import WarmResume
 from keygroups.state.rocksdb_ingest import SstRestore, table_options
 from keygroups._native import sstload
 from keygroups.checkpoint.format import Packed
@@ -672,7 +672,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
     ``cache_limit``: decoded entries each state caches before the cache is written to the database and emptied
     (bounds memory; see the module docs). ``warm_dir``: keep the database there across backends (one directory per
     key-group range under it) and reuse it when a restore finds it exactly at the checkpoint it restores (see the
-    module docs); the caller keys ``warm_dir`` by checkpoint location and job (``runtime.subtask.warm_directory``).
+    module docs); the caller keys ``warm_dir`` by checkpoint location and job (``runtime.subtask_state.warm_directory``).
     """
 
     def __init__(self, key_group_range: KeyGroupRange, max_parallelism: int, key_serializer: TypeSerializer, *,
@@ -1094,7 +1094,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         """Restore as every backend does (see ``KeyedStateBackendBase.restore``), or, with ``warm_dir``, reuse the
         database kept there when its marker shows it is exactly this checkpoint's state of this key-group range
         (then nothing is read: the stats say 0 bytes and ``self.warm`` is True), or the kept database of an
-        overlapping range at this checkpoint (a :class:`~keygroups.state._warm.WarmResume`: the key groups that
+        overlapping range at this checkpoint (a :class:`~keygroups.state.warm.WarmResume`: the key groups that
         arrived are read, those that left deleted; see ``_resume_moved``)."""
         if self._warm is not None and not self._restored:
             self._warm.remove_stale(metadata.checkpoint_id)

@@ -22,12 +22,14 @@ import heapq
 import itertools
 from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from keygroups.checkpoint import CheckpointMetadata
 from keygroups.serializers import BoolSerializer, Int64Serializer
 from keygroups.state.descriptors import MapStateDescriptor
-from keygroups.state.kept import KeptRegistry
+
+if TYPE_CHECKING:
+    from keygroups.state.warm import WarmRegistry
 
 
 class TimeDomain(enum.Enum):
@@ -89,10 +91,10 @@ class QueueToken:
 class DomainTimers:
     """One time domain's timers of a subtask: the hidden state (the truth) and the priority queue over it."""
 
-    __slots__ = ("backend", "state", "queue", "sequence", "registered", "fired")
+    __slots__ = ("backend", "state", "queue", "sequence", "registered", "fired", "pending")
 
     def __init__(self, backend: Any, domain: TimeDomain, queue: list[tuple[int, int, int, Any]],
-                 sequence: Iterator[int]) -> None:
+                 sequence: Iterator[int], pending: int = 0) -> None:
         self.backend = backend
         self.state = backend.get_state(timer_descriptor(domain))
         self.queue = queue
@@ -100,6 +102,8 @@ class DomainTimers:
         #: Timers registered and fired since this object was made (this batch).
         self.registered = 0
         self.fired = 0
+        #: Timers registered now (the state's entries; the queue may also hold entries of deleted ones).
+        self.pending = pending
 
     def register(self, timestamp: int) -> None:
         """A timer of the backend's current key at ``timestamp`` (ms); registering it again changes nothing."""
@@ -110,12 +114,14 @@ class DomainTimers:
         b = self.backend
         heapq.heappush(self.queue, (timestamp, b.current_key_group, next(self.sequence), b.current_key))
         self.registered += 1
+        self.pending += 1
 
     def delete(self, timestamp: int) -> None:
         """Remove the current key's timer at ``timestamp`` (nothing if there is none), as Flink's delete*Timer."""
         state = self.state
         if state.contains(timestamp):
             state.remove(timestamp)
+            self.pending -= 1
 
     def timestamps(self) -> list[int]:
         """The current key's timers, earliest first."""
@@ -156,6 +162,7 @@ class DomainTimers:
                     continue  # deleted, or a duplicate entry of one already fired
                 state.remove(timestamp)
                 self.fired += 1
+                self.pending -= 1
                 yield timestamp, key
 
 
@@ -171,9 +178,11 @@ class TimerQueues:
         sequence = reuse.sequence if reuse is not None else itertools.count()
         self.sequence = sequence
         self.event_time = DomainTimers(backend, TimeDomain.EVENT_TIME,
-                                       reuse.event_time.queue if reuse is not None else [], sequence)
+                                       reuse.event_time.queue if reuse is not None else [], sequence,
+                                       reuse.event_time.pending if reuse is not None else 0)
         self.processing_time = DomainTimers(backend, TimeDomain.PROCESSING_TIME,
-                                            reuse.processing_time.queue if reuse is not None else [], sequence)
+                                            reuse.processing_time.queue if reuse is not None else [], sequence,
+                                            reuse.processing_time.pending if reuse is not None else 0)
         self.rebuilt = reuse is None
         if reuse is None:
             for domain in TimeDomain:
@@ -184,28 +193,47 @@ class TimerQueues:
         for group, key, timestamps in self.backend.map_keys(state_name):
             queue.extend((timestamp, group, next(sequence), key) for timestamp in timestamps)
         heapq.heapify(queue)
+        timers.pending = len(queue)   # read from the state: one entry per registered timer
 
     def of(self, domain: TimeDomain) -> DomainTimers:
         """The timers of ``domain``."""
         return self.event_time if domain is TimeDomain.EVENT_TIME else self.processing_time
 
-    def report(self) -> dict[str, Any]:
-        """Per domain: timers registered and fired this batch, queue entries, the earliest timer, and whether the
-        queues were rebuilt from state (not kept from the previous batch)."""
-        return {d.value: {"registered": t.registered, "fired": t.fired, "queued": len(t.queue),
-                          "earliest": t.earliest(), "rebuilt": self.rebuilt}
-                for d, t in ((d, self.of(d)) for d in TimeDomain)}
 
+class TimerQueueRegistry:
+    """Timer queues kept warm in this worker process after their batch, with the token of the snapshot they
+    reflect, for the next batch of the same subtask to reuse when it restores exactly that snapshot. Bounded as the
+    heap backend registry (a :class:`~keygroups.state.warm.WarmRegistry`: least recently kept dropped first); taking
+    removes the entry, so two tasks never share one."""
 
-class TimerQueueRegistry(KeptRegistry[tuple[QueueToken, TimerQueues]]):
-    """Timer queues kept in this worker process after their batch, with the token of the snapshot they reflect, for
-    the next batch of the same subtask to reuse when it restores exactly that snapshot. Bounded as the heap backend
-    registry (least recently kept dropped first); taking removes the entry, so two tasks never share one."""
+    def __init__(self) -> None:
+        self._made: WarmRegistry[tuple[QueueToken, TimerQueues]] | None = None
+
+    @property
+    def _registry(self) -> WarmRegistry[tuple[QueueToken, TimerQueues]]:
+        if self._made is None:   # made when first used: warm imports the backends' base, which imports this module
+            from keygroups.state.warm import WarmRegistry
+
+            self._made = WarmRegistry()
+        return self._made
+
+    def keep(self, key: Hashable, value: tuple[QueueToken, TimerQueues], limit: int) -> None:
+        """Keep ``value`` under ``key``, dropping the least recently kept beyond ``limit`` (0 keeps nothing)."""
+        self._registry.keep(key, value, limit)
+
+    def keys(self) -> list[Hashable]:
+        return list(self._registry.keys())
+
+    def clear(self) -> None:
+        self._registry.clear()
+
+    def __len__(self) -> int:
+        return len(self._registry)
 
     def take_matching(self, key: Hashable, metadata: CheckpointMetadata | None,
                       key_group_range: Any) -> TimerQueues | None:
         """The queues kept under ``key`` if they reflect exactly ``metadata``'s state of ``key_group_range``."""
-        kept = self.take(key)
+        kept = self._registry.take(key)
         if kept is None or metadata is None:
             return None
         token, queues = kept

@@ -18,8 +18,6 @@ a ``watermark_strategy``, with the event times of the records, as in a job.
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import math
 import os
 import shutil
@@ -35,29 +33,23 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from keygroups._hashing import KeyType, assign_key_groups, assign_key_groups_for_tuples, assign_to_key_group
-from keygroups._ranges import (
-    KeyGroupRange,
-    check_parallelism,
-    operator_index_for_key_group,
-    operator_indexes_for_boundaries,
-)
+from keygroups._hashing import KeyType, assign_to_key_group
+from keygroups._ranges import KeyGroupRange, check_parallelism, operator_index_for_key_group
 from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage
 from keygroups.checkpoint.planning import check_restore_max_parallelism
 from keygroups.errors import KeyGroupsError
-from keygroups.metrics.recorder import record_batch  # metrics (issue 36)
-from keygroups.runtime.driver import BatchPlan, begin_batch, commit_batch
+from keygroups.metrics.recorder import batch_listener
+from keygroups.runtime.assignment import Assignment, resolve_assignment
+from keygroups.runtime.backends import create_backend, key_type_for_schema
+from keygroups.runtime.batch import JobDriver, JobOptions
+from keygroups.runtime.driver import check_key_columns, check_output_schema
 from keygroups.runtime.functions import KeyedProcessFunction, RuntimeContext
-from keygroups.runtime.report import BatchReport
+from keygroups.runtime.local import LocalExecutor
+from keygroups.runtime.properties import BatchProperties
+from keygroups.runtime.report import BatchReport, SubtaskReport, TimerFigures
+from keygroups.runtime.spec import check_warm_heap_backends
 from keygroups.runtime.state_reader import StateNotFoundError, keyed_state_metas, read_timers
-from keygroups.runtime.subtask import (
-    HeapBackendRegistry,
-    check_warm_heap_backends,
-    create_backend,
-    event_time_millis,
-    key_type_for_schema,
-    run_keyed_subtask,
-)
+from keygroups.runtime.subtask_state import HeapBackendRegistry
 from keygroups.runtime.watermarks import WatermarkStrategy, check_late_records
 from keygroups.state.descriptors import StateDescriptor
 from keygroups.state.namespaced import backing_descriptor
@@ -80,27 +72,27 @@ class Timer:
 
 @dataclass(frozen=True)
 class HarnessBatch:
-    """What one batch of the harness did, as a ``KeyedJob`` batch reports it: the committed checkpoint's metadata
-    (``properties`` hold the watermark, processing time, timer summary, late count and every subtask's report) and
-    the subtasks' reports (records in and out, how each restored its state, bytes, timers, seconds per phase)."""
+    """What one batch of the harness did, as a ``KeyedJob`` batch reports it: the committed checkpoint's metadata,
+    its :class:`~keygroups.runtime.report.BatchReport` (the one a ``KeyedJob`` batch returns as
+    ``BatchResult.report``: records, late, watermark before and after, restore modes, bytes, timers, state, seconds
+    per phase) and the subtasks' reports (how each restored its state, its bytes, timers and seconds)."""
 
     checkpoint_id: int
     parallelism: int
     metadata: CheckpointMetadata = field(repr=False)
-    reports: list[dict[str, Any]] = field(repr=False)
+    reports: list[SubtaskReport] = field(repr=False)
     #: Seconds the batch took, as ``BatchResult.seconds``.
     seconds: float = 0.0
-    #: ``seconds`` by phase: ``plan`` (begin_batch, placement), ``subtasks`` (every ``run_keyed_subtask``, one after
-    #: another), ``commit`` (commit_batch) and ``output`` (reading back the output and late files).
+    #: ``seconds`` by phase: ``plan`` (locating the restore point, planning, placing the records), ``subtasks``
+    #: (every subtask, one after another), ``commit`` and ``output`` (reading back the output and late files).
     phases: dict[str, float] = field(default_factory=dict)
-    #: The batch's report, the one a ``KeyedJob`` batch returns as ``BatchResult.report`` (records, late, watermark
-    #: before and after, restore modes, bytes, timers, state, seconds per phase).
-    report: BatchReport | None = field(default=None, repr=False)
+    report: BatchReport = field(default=None, repr=False)  # type: ignore[assignment]  # always set by the harness
 
     @property
     def watermark(self) -> int:
         """The watermark the batch ended with (``NO_WATERMARK`` before any event time)."""
-        return int(self.metadata.properties.get("watermark", NO_WATERMARK))
+        after = self.report.watermark_after
+        return NO_WATERMARK if after is None else after
 
     @property
     def processing_time(self) -> int:
@@ -109,36 +101,41 @@ class HarnessBatch:
 
     @property
     def records_in(self) -> int:
-        return sum(int(r.get("records_in", 0)) for r in self.reports)
+        return self.report.records_in
 
     @property
     def records_late(self) -> int:
         """Records at or before the watermark the batch started with: they never reached the function."""
-        return int(self.metadata.properties.get("records_late", 0))
+        return self.report.records_late
 
     @property
     def records_out(self) -> int:
-        return sum(int(r.get("records_out", 0)) for r in self.reports)
+        return self.report.records_out
 
     @property
-    def timers(self) -> dict[str, Any]:
-        """Per time domain: timers queued, registered and fired in this batch, and the earliest still registered."""
-        return dict(self.metadata.properties.get("timers", {}))
+    def timers(self) -> dict[str, TimerFigures]:
+        """Per time domain (``"event-time"``, ``"processing-time"``): timers registered and fired in this batch,
+        registered after it, queued, and the earliest still registered."""
+        figures: dict[str, list[TimerFigures]] = {}
+        for r in self.reports:
+            for domain, t in r.timers.items():
+                figures.setdefault(domain.value, []).append(t)
+        return {domain: TimerFigures.total(parts) for domain, parts in figures.items()}
 
     @property
     def restored_bytes(self) -> list[int]:
         """Per subtask, bytes of checkpoint files it read to restore its state."""
-        return [int(r["restored"]["bytes_read"]) for r in self.reports]
+        return [r.restored.bytes_read for r in self.reports]
 
     @property
     def checkpoint_bytes(self) -> int:
         """Bytes of keyed state files this checkpoint wrote (only what changed: checkpoints are incremental)."""
-        return sum(int(r.get("snapshot_bytes", 0)) for r in self.reports)
+        return sum(r.snapshot_bytes for r in self.reports)
 
     @property
     def restored_modes(self) -> list[str]:
-        """Per subtask, how its state came: ``warm``, ``caught-up``, ``cold`` or ``new``."""
-        return [r["restored"]["mode"] for r in self.reports]
+        """Per subtask, how its state came: ``warm``, ``caught-up``, ``moved``, ``cold`` or ``new``."""
+        return [r.restored.mode for r in self.reports]
 
 
 @dataclass(frozen=True, eq=False)
@@ -247,7 +244,9 @@ class KeyedFunctionHarness:
     ``max_parallelism`` (128 here by default), ``backend`` (``"heap"`` or ``"rocksdb"``), ``order_by``,
     ``timestamp_column``, ``watermark_strategy``, ``late_records``, ``allow_pickle``, ``warm_heap_backends``; and
     ``parallelism``, which a job takes per batch and the harness keeps (change it with :meth:`snapshot` and
-    :meth:`restore`). ``input_schema`` fixes the input's columns (a schema as ``output_schema`` takes it; by default
+    :meth:`restore`); ``assignment`` (``"flink"``, ``"balanced"`` or an assignment object such as
+    ``BalancedRanges(...)``) chooses each batch's key-group ranges as a job's does, from the load the earlier batches
+    measured. ``input_schema`` fixes the input's columns (a schema as ``output_schema`` takes it; by default
     the first batch's, inferred from its records); ``processing_time`` is where the processing-time clock starts
     (epoch ms). ``name`` is the job's name in the checkpoints. ``directory`` is where the harness makes its own
     temporary directory (checkpoints, RocksDB's local state): by default ``/dev/shm`` where the host has one
@@ -269,17 +268,19 @@ class KeyedFunctionHarness:
                  backend: str = "heap", order_by: Sequence[str] = (), timestamp_column: str | None = None,
                  watermark_strategy: WatermarkStrategy | None = None, late_records: str = "drop",
                  processing_time: int = 0, allow_pickle: bool = False, warm_heap_backends: int = 4,
-                 name: str = "harness", directory: str | os.PathLike[str] | None = None) -> None:
+                 name: str = "harness", directory: str | os.PathLike[str] | None = None,
+                 assignment: str | Assignment = "flink") -> None:
         if not isinstance(function, KeyedProcessFunction):
             raise TypeError(f"function must be a KeyedProcessFunction instance, got {type(function).__name__}")
         self.key_columns = (key_columns,) if isinstance(key_columns, str) else tuple(key_columns)
         if not self.key_columns or not all(isinstance(c, str) for c in self.key_columns):
             raise ValueError(f"key_columns must name one or more input columns, got {key_columns!r}")
+        check_key_columns(self.key_columns)
         if isinstance(order_by, str):
             raise TypeError(f"order_by takes a sequence of column names, got the string {order_by!r}; write "
                             f"order_by=[{order_by!r}]")
         self.order_by = tuple(order_by)
-        self.output_schema = arrow_schema(output_schema)
+        self.output_schema = check_output_schema(arrow_schema(output_schema))
         self.parallelism, self.max_parallelism = check_parallelism(parallelism, max_parallelism)
         if backend not in ("heap", "rocksdb"):
             raise ValueError(f"unknown state backend {backend!r}; allowed: 'heap', 'rocksdb'")
@@ -294,6 +295,7 @@ class KeyedFunctionHarness:
         self.late_records = check_late_records(late_records)
         self.allow_pickle = allow_pickle
         self.warm_heap_backends = check_warm_heap_backends(warm_heap_backends)
+        self.assignment = resolve_assignment(assignment)
         self.name = name
         self.function = function
         self._pickled, self._referenced = pickle_in_process(function)
@@ -309,6 +311,7 @@ class KeyedFunctionHarness:
         self._timer_queues = TimerQueueRegistry()
         self._restore_point: CheckpointMetadata | None = None   # the latest checkpoint, or the savepoint restored
         self._savepoint: str | None = None                       # restored before the first batch
+        self._driver: JobDriver | None = None                    # made at the first batch
         self._output: list[pa.Table] = []
         self._late: list[pa.Table] = []
         #: Harnesses restored from this one and its descendants (closed with it by the pytest fixture).
@@ -341,8 +344,7 @@ class KeyedFunctionHarness:
         """The current watermark (epoch ms; ``NO_WATERMARK`` before any event time)."""
         if self._restore_point is None:
             return NO_WATERMARK
-        w = self._restore_point.properties.get("watermark", NO_WATERMARK)
-        return w if isinstance(w, int) and not isinstance(w, bool) else NO_WATERMARK
+        return BatchProperties.of(self._restore_point).watermark
 
     @property
     def processing_time(self) -> int:
@@ -397,70 +399,48 @@ class KeyedFunctionHarness:
         assert self._input_schema is not None
         return key_type_for_schema(self._input_schema, self.key_columns)
 
-    def _plan(self) -> BatchPlan:
-        plan = begin_batch(self.storage, job_name=self.name, max_parallelism=self.max_parallelism,
-                           parallelism=self.parallelism, savepoint=self._savepoint)
-        return dataclasses.replace(plan, processing_time=self._processing_time)
+    def _job_driver(self) -> JobDriver:
+        if self._driver is None:
+            assert self._input_schema is not None
+            # Late records are always written (the job's "output" mode): the harness shows them whatever the mode,
+            # and the function sees the same records either way.
+            options = JobOptions(
+                name=self.name, key_columns=self.key_columns, function=self._pickled,
+                output_schema=self.output_schema, max_parallelism=self.max_parallelism,
+                backend="rocksdb" if self.backend == "rocksdb" else "heap",
+                order_by=self.order_by, timestamp_column=self.timestamp_column,
+                watermark_strategy=self.watermark_strategy, late_records="output", allow_pickle=self.allow_pickle,
+                local_dir=self._local_dir, warm_heap_backends=self.warm_heap_backends, assignment=self.assignment,
+                restore_from_savepoint=self._savepoint)
+            self._driver = JobDriver(options, self.storage, fence=False, background_retention=False,
+                                     on_commit=batch_listener(self, enabled_by_default=False))   # once asked
+        return self._driver
 
     def _run(self, table: pa.Table | None, *, advance_to: int | None) -> HarnessBatch:
+        """One batch through the job's spine (:class:`~keygroups.runtime.batch.JobDriver`) on a local executor; a
+        batch that only moves time (``advance_to``: the watermark it moves to) has no records."""
         if self._input_schema is None:
             raise KeyGroupsError("the harness does not know the input's columns yet: give input_schema= when "
                                  "creating it, or process records before moving time on")
-        schema = self._input_schema
         started = time.perf_counter()
-        plan = self._plan()
-        watermark = advance_to
+        driver = self._job_driver()
         if table is None:
-            table = schema.empty_table()
-        elif self.watermark_strategy is not None:
-            assert self.timestamp_column is not None
-            watermark = self.watermark_strategy.next_watermark(plan.start_watermark,
-                                                               _max_event_time(table, self.timestamp_column))
-        # Late records are always written (the job's "output" mode): the harness shows them whatever the mode,
-        # and the function sees the same records either way.
-        spec = plan.keyed_task(
-            key_columns=self.key_columns, function=self._pickled, input_schema=schema,
-            output_schema=self.output_schema, backend=self.backend, order_columns=self.order_by,
-            timestamp_column=self.timestamp_column, allow_pickle=self.allow_pickle, local_dir=self._local_dir,
-            warm_heap_backends=self.warm_heap_backends, watermark=watermark, late_records="output")
-        placed = self._place(table, spec.key_type, plan.ranges)
-        planned = time.perf_counter()
-        reports = [json.loads(json.dumps(run_keyed_subtask(spec, i, placed[i], kept=self._heaps,
-                                                           kept_timers=self._timer_queues)))
-                   for i in range(self.parallelism)]
+            table = self._input_schema.empty_table()
+        executor = LocalExecutor(table, warm=self._heaps, warm_timers=self._timer_queues)
+        batch = driver.run(executor, parallelism=self.parallelism, processing_time=self._processing_time,
+                           watermark=advance_to)
         ran = time.perf_counter()
-        metadata = commit_batch(plan, reports, watermark=watermark,
-                                properties={"start_watermark": plan.start_watermark,
-                                            "driver_seconds": {"plan": planned - started}})
-        committed = time.perf_counter()
-        record_batch(self, self.storage, metadata, reports, plan.previous, started=started,  # metrics (issue 36)
-                     commit_seconds=committed - ran, enabled_by_default=False)   # (never raises)
+        metadata = batch.metadata
         self._restore_point, self._savepoint = metadata, None
         self._output.extend(self._read(metadata.outputs, self.output_schema))
-        self._late.extend(self._read(metadata.late_outputs, schema))
+        self._late.extend(self._read(metadata.late_outputs, self._input_schema))
         done = time.perf_counter()
-        phases = {"plan": planned - started, "subtasks": ran - planned, "commit": committed - ran,
-                  "output": done - committed}
-        report = BatchReport.from_checkpoint(metadata, plan_seconds=planned - started, commit_seconds=committed - ran)
-        return HarnessBatch(metadata.checkpoint_id, metadata.parallelism, metadata,
-                            metadata.properties.get("reports", []), done - started, phases, report)
-
-    def _place(self, table: pa.Table, key_type: KeyType,
-               ranges: Sequence[KeyGroupRange]) -> list[list[pa.RecordBatch]]:
-        """Each subtask's records: those whose key group it owns, as a job's shuffle places them (key groups by
-        ``assign_key_groups`` over the Arrow key columns, owners by the plan's ``ranges``), in input order."""
-        p, mp = self.parallelism, self.max_parallelism
-        if not table.num_rows:
-            return [[] for _ in range(p)]
-        if p == 1:
-            return [table.to_batches()]
-        columns = [table.column(c) for c in self.key_columns]
-        if len(columns) == 1:
-            groups = assign_key_groups(columns[0], mp, key_type)
-        else:
-            groups = assign_key_groups_for_tuples(columns, mp, key_type)
-        owners = operator_indexes_for_boundaries((*(r.start for r in ranges), mp), groups)
-        return [table.filter(pa.array(owners == i)).to_batches() for i in range(p)]
+        seconds = batch.report.seconds
+        plan = seconds.read + seconds.plan
+        phases = {"plan": plan, "subtasks": ran - started - plan - seconds.commit, "commit": seconds.commit,
+                  "output": done - ran}
+        return HarnessBatch(metadata.checkpoint_id, metadata.parallelism, metadata, list(batch.reports),
+                            done - started, phases, batch.report)
 
     def _read(self, files: Sequence[str], schema: pa.Schema) -> list[pa.Table]:
         tables = []
@@ -607,7 +587,8 @@ class KeyedFunctionHarness:
             backend=self.backend if backend is None else backend, order_by=self.order_by,
             timestamp_column=self.timestamp_column, watermark_strategy=self.watermark_strategy,
             late_records=self.late_records, processing_time=snapshot.processing_time,
-            allow_pickle=self.allow_pickle, warm_heap_backends=self.warm_heap_backends, name=self.name)
+            allow_pickle=self.allow_pickle, warm_heap_backends=self.warm_heap_backends, name=self.name,
+            assignment=self.assignment)
         target = os.path.join(restored.storage.location, "savepoints", snapshot.name)
         shutil.copytree(snapshot.path, target, copy_function=_link_or_copy)
         restored._savepoint = snapshot.name
@@ -647,18 +628,6 @@ def _load(pickled: bytes) -> KeyedProcessFunction:
     function = pickle.loads(pickled)   # our own bytes, pickled in this process from the harness's function
     assert isinstance(function, KeyedProcessFunction)
     return function
-
-
-def _max_event_time(table: pa.Table, column: str) -> int | None:
-    """The largest event time of ``column`` (epoch ms), as a job's driver finds it before the batch; None without
-    one."""
-    if column not in table.column_names:
-        raise ValueError(f"event-time column {column!r} is not in the input; its columns are {table.column_names}")
-    if not table.num_rows:
-        return None
-    stamps = event_time_millis(table.column(column), column)
-    stamps = stamps[stamps != NO_WATERMARK]
-    return int(stamps.max()) if len(stamps) else None
 
 
 __all__ = ["KeyedFunctionHarness", "HarnessBatch", "HarnessSnapshot", "Timer"]

@@ -35,7 +35,7 @@ import numpy as np
 import pyarrow as pa
 
 from keygroups.runtime import functions as fn
-from keygroups.runtime.subtask import event_time_millis
+from keygroups.runtime.subtask_input import event_time_millis
 from keygroups.serializers import BytesSerializer
 from keygroups.state import AggregatingStateDescriptor, ListStateDescriptor
 from keygroups.state.descriptors import AggregateFunction

@@ -1,17 +1,30 @@
-"""What a Python worker process keeps between batches for the next task of the same subtask (heap backends, timer
-queues): Spark reuses worker processes, so a subtask that lands on the same one can skip rebuilding."""
+"""Warm state: what a Python worker process keeps between batches so that the next batch of the same subtask skips
+rebuilding it (Spark reuses worker processes; Flink's local recovery, ``TaskLocalStateStoreImpl``, is the model).
+
+* :class:`WarmRegistry` holds what is kept (heap backends, timer queues), under a key, bounded, least recently kept
+  dropped first; taking an object removes it, so two tasks never share one.
+* :class:`WarmResume` says what resuming a warm backend for a key-group range did, key group by key group: a range
+  that moved keeps the key groups it still owns (issue 26).
+
+A RocksDB backend keeps its database on local disk instead (its warm directory, see
+:mod:`keygroups.state.rocksdb`); the runtime chooses between warm, caught up, moved and cold
+(:mod:`keygroups.runtime.subtask_state`).
+"""
 
 from __future__ import annotations
 
 import collections
 import threading
 from collections.abc import Callable, Hashable
+from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
+
+from keygroups.state._base import RestoreStats
 
 T = TypeVar("T")
 
 
-class KeptRegistry(Generic[T]):
+class WarmRegistry(Generic[T]):
     """Objects kept under a key, bounded by the caller's ``limit``, the least recently kept dropped first.
     :meth:`take` removes the object, so two tasks never share one (a second task finds nothing and rebuilds)."""
 
@@ -61,3 +74,20 @@ class KeptRegistry(Generic[T]):
     def __len__(self) -> int:
         return len(self._kept)
 
+
+@dataclass(frozen=True)
+class WarmResume(RestoreStats):
+    """What resuming a warm backend for a key-group range read (``bytes_read``, ``key_groups`` read), and which key
+    groups (absolute numbers) it kept: ``warm`` (kept, nothing read), ``caught_up`` (kept, the blocks committed
+    since the backend's last snapshot read), ``restored`` (arrived from another range: their chains read from the
+    checkpoint), ``dropped`` (left for another subtask; their entries discarded); bytes read per kind."""
+
+    warm: tuple[int, ...] = ()
+    caught_up: tuple[int, ...] = ()
+    restored: tuple[int, ...] = ()
+    dropped: tuple[int, ...] = ()
+    bytes_caught_up: int = 0
+    bytes_restored: int = 0
+
+
+__all__ = ["WarmRegistry", "WarmResume"]

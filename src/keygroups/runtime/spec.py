@@ -1,0 +1,121 @@
+"""What the driver ships to every keyed subtask of a batch: :class:`KeyedTaskSpec` (small: no state; the restore
+point's ``_metadata`` as its own bytes, decoded once per worker process)."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from keygroups._hashing import KeyType
+from keygroups._ranges import KeyGroupRange, check_boundaries, key_group_range
+from keygroups.checkpoint import CheckpointMetadata
+from keygroups.checkpoint.metadata import decode_metadata
+from keygroups.runtime.backends import StateBackendName
+from keygroups.runtime.watermarks import LateRecords, check_late_records
+from keygroups.state.timers import NO_WATERMARK
+
+
+def check_warm_heap_backends(n: Any) -> int:
+    """``n`` if it is a valid number of heap backends to keep per worker process, else ValueError."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ValueError(f"warm_heap_backends must be an int >= 0 (heap backends a worker process keeps between "
+                         f"batches; 0 keeps none), got {n!r}")
+    return n
+
+
+@dataclass(frozen=True)
+class KeyedTaskSpec:
+    """Everything a keyed subtask needs, shipped to it by Spark (small: no state)."""
+
+    job_name: str
+    key_columns: tuple[str, ...]
+    key_type: KeyType
+    function: bytes  # the job's KeyedProcessFunction, pickled by the driver: each subtask unpickles a fresh copy
+    input_schema: pa.Schema
+    output_schema: pa.Schema
+    max_parallelism: int
+    parallelism: int
+    checkpoint_location: str
+    checkpoint_id: int
+    restore_from: int | str | None   # a checkpoint id, a savepoint name, or None (no state yet)
+    backend: StateBackendName = "heap"
+    order_columns: tuple[str, ...] = ()
+    #: The event-time column (a timestamp, or a long of epoch ms): ``context.timestamp``, lateness, the watermark.
+    timestamp_column: str | None = None
+    #: The watermark the batch started with: records at or before it are late (see ``late_records``).
+    start_watermark: int = NO_WATERMARK
+    #: The batch's watermark once its records are in: event-time timers up to it fire after the records.
+    watermark: int = NO_WATERMARK
+    #: The batch's processing time (epoch ms, fixed by the driver): processing-time timers up to it fire.
+    processing_time: int = 0
+    #: Late records are dropped (and counted) or written to the batch's late output.
+    late_records: LateRecords = "drop"
+    storage_options: dict[str, Any] | None = None
+    allow_pickle: bool = False
+    #: The executors' local directory for warm state (RocksDB keeps its database there between batches); None:
+    #: the system temporary directory.
+    local_dir: str | None = None
+    #: Keep RocksDB databases warm between batches (False: a fresh database per batch, as before).
+    warm_state: bool = True
+    #: Heap backends a Python worker process keeps between batches (each holds one subtask's state in memory); 0:
+    #: none, every batch restores.
+    warm_heap_backends: int = 4
+    #: The batch's ranges as boundaries (subtask i owns ``[b[i], b[i + 1] - 1]``; see
+    #: :mod:`keygroups.runtime.assignment`); None: Flink's equal ranges.
+    key_group_boundaries: tuple[int, ...] | None = None
+    #: The restore point's ``_metadata``, as the driver read it (its bytes, and the directory it lies in): the
+    #: subtask decodes it (once per worker process) instead of reading it from the storage. None: the subtask
+    #: reads ``restore_from`` itself.
+    restore_metadata: bytes | None = None
+    restore_base: str = ""
+
+    def __post_init__(self) -> None:
+        check_warm_heap_backends(self.warm_heap_backends)
+        check_late_records(self.late_records)
+        if self.key_group_boundaries is not None:
+            b = check_boundaries(self.key_group_boundaries, self.max_parallelism)
+            if len(b) != self.parallelism + 1:
+                raise ValueError(f"key_group_boundaries must hold parallelism + 1 = {self.parallelism + 1} "
+                                 f"boundaries, got {len(b)}")
+            object.__setattr__(self, "key_group_boundaries", b)
+
+    def own_key_groups(self, subtask_index: int) -> KeyGroupRange:
+        """The key groups subtask ``subtask_index`` owns this batch: its range of ``key_group_boundaries``, or
+        Flink's ``key_group_range`` without them."""
+        b = self.key_group_boundaries
+        if b is None:
+            return key_group_range(self.max_parallelism, self.parallelism, subtask_index)
+        if not 0 <= subtask_index < self.parallelism:
+            raise ValueError(f"subtask_index must be in [0, parallelism={self.parallelism}), got {subtask_index}")
+        return KeyGroupRange(b[subtask_index], b[subtask_index + 1] - 1)
+
+    def shipped_restore_point(self) -> CheckpointMetadata | None:
+        """The restore point shipped in the spec (None: none shipped), decoded once per worker process."""
+        if self.restore_metadata is None:
+            return None
+        return _decoded(self.checkpoint_location, self.restore_base, self.restore_metadata)
+
+
+_DECODED: dict[tuple[str, str, bytes], CheckpointMetadata] = {}
+_DECODED_LOCK = threading.Lock()
+_DECODED_KEEP = 4
+
+
+def _decoded(location: str, base: str, data: bytes) -> CheckpointMetadata:
+    key = (location, base, data)
+    with _DECODED_LOCK:
+        found = _DECODED.get(key)
+    if found is not None:
+        return found
+    metadata = decode_metadata(data, base, f"the restore point's _metadata shipped from the driver ({base})")
+    with _DECODED_LOCK:
+        _DECODED[key] = metadata
+        while len(_DECODED) > _DECODED_KEEP:
+            _DECODED.pop(next(iter(_DECODED)))
+    return metadata
+
+
+__all__ = ["KeyedTaskSpec", "check_warm_heap_backends"]

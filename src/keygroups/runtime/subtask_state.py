@@ -1,0 +1,224 @@
+"""A keyed subtask's state for one batch: its backend, warm or restored, and its timer queues (Flink's
+``StreamTaskStateInitializerImpl``, which builds a task's state from its restore point and runs no records).
+
+Warm state: Spark reuses its Python worker processes between tasks, so a heap backend can outlive its batch. After
+its batch it goes into the process's :class:`HeapBackendRegistry` (at most ``KeyedTaskSpec.warm_heap_backends`` of
+them, the least recently used dropped first); the next task of the same job, location and key-group range takes it
+out (no two tasks share one; failing that, the warm backend whose range overlaps the task's most) and resumes it
+(``HeapKeyedStateBackend.resume``: only when it is exactly the committed state, reading just the blocks other
+workers committed since and the chains of key groups that arrived), else restores a new one. RocksDB keeps its
+database on local disk instead (``warm_dir``). The subtask's :class:`~keygroups.runtime.report.RestoreInfo` says
+which: ``warm``, ``caught-up``, ``moved``, ``cold`` or ``new``, and which key groups came how.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from keygroups._local_dirs import private_directory
+from keygroups._ranges import KeyGroupRange
+from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage
+from keygroups.runtime.backends import create_backend
+from keygroups.runtime.report import RestoreInfo, TimerFigures
+from keygroups.runtime.spec import KeyedTaskSpec
+from keygroups.state import HeapKeyedStateBackend
+from keygroups.state.timers import (
+    TIMER_QUEUES,
+    TIMER_STATE_NAMES,
+    QueueToken,
+    TimeDomain,
+    TimerQueueRegistry,
+    TimerQueues,
+)
+from keygroups.state.warm import WarmRegistry, WarmResume
+
+
+def read_cache_directory(local_dir: str | None) -> str:
+    """Where this host caches the immutable state files it read from remote checkpoint storage (bounded; see
+    ``CheckpointStorage(cache_dir=...)``): ``keygroups-cache-<uid>`` under ``local_dir`` (the system temporary
+    directory by default), private to this user (mode 0700; one that someone else could change is refused for a
+    private temporary directory, with a warning: see :mod:`keygroups._local_dirs`)."""
+    return private_directory(os.path.join(_local_base(local_dir), f"keygroups-cache-{os.geteuid()}"),
+                             what="read cache")
+
+
+def warm_directory(local_dir: str | None, checkpoint_location: str, job_name: str) -> str:
+    """Where a job's warm RocksDB databases live on this host: ``keygroups-warm-<uid>`` under ``local_dir`` (the
+    system temporary directory by default; private to this user as :func:`read_cache_directory` is), keyed by
+    checkpoint location (hashed) and job name, one directory per key-group range below."""
+    location = hashlib.sha256(checkpoint_location.encode()).hexdigest()[:16]
+    job = hashlib.sha256(job_name.encode()).hexdigest()[:16]  # job names may hold any character
+    root = private_directory(os.path.join(_local_base(local_dir), f"keygroups-warm-{os.geteuid()}"),
+                             what="warm state")
+    return os.path.join(root, location, job)
+
+
+def _local_base(local_dir: str | None) -> str:
+    return local_dir or tempfile.gettempdir()
+
+
+class HeapBackendRegistry(WarmRegistry[HeapKeyedStateBackend]):
+    """Heap backends kept warm in this process after their batch, for the next batch of the same subtask to resume.
+
+    Keyed by what must match for the state to be the same (see :func:`heap_backend_key`); bounded by the caller's
+    ``limit``, the least recently kept dropped first. :meth:`take` removes the backend, so two tasks never share one
+    (a second task finds nothing and restores)."""
+
+
+#: This Python process's warm heap backends (Spark reuses a worker process for many tasks).
+HEAP_BACKENDS = HeapBackendRegistry()
+
+
+def heap_backend_key(spec: KeyedTaskSpec, key_groups: KeyGroupRange) -> tuple[Any, ...]:
+    """What a warm heap backend must share with a task to be resumed by it: checkpoint location, job, max
+    parallelism, key-group range, key type (which fixes the key serializer) and whether pickle may be read."""
+    return (spec.checkpoint_location, spec.job_name, spec.max_parallelism, key_groups.start, key_groups.end,
+            spec.key_type, spec.allow_pickle)
+
+
+def _warm_candidates(registry: HeapBackendRegistry, key: tuple[Any, ...], subtask_index: int
+                     ) -> Iterator[HeapKeyedStateBackend]:
+    """The warm backends a task may resume, each taken out of ``registry`` as it is yielded: the one of exactly
+    ``key``'s range, then those of the same job whose ranges overlap it, the largest overlap first (the previous
+    batch's backend of this subtask among equals: its key groups stay with their owner); the key groups still
+    owned stay warm (see ``HeapKeyedStateBackend.resume``)."""
+    exact = registry.take(key)
+    if exact is not None:
+        yield exact
+    start, end = key[3], key[4]
+
+    def score(other: Any, backend: HeapKeyedStateBackend) -> tuple[int, bool] | None:
+        if other[:3] != key[:3] or other[5:] != key[5:]:
+            return None
+        overlap = min(end, other[4]) - max(start, other[3]) + 1
+        return (overlap, backend.subtask_index == subtask_index) if overlap > 0 else None
+
+    while (found := registry.take_best(score)) is not None:
+        yield found[1]
+
+
+def _heap_backend(spec: KeyedTaskSpec, subtask_index: int, own_range: KeyGroupRange, storage: CheckpointStorage,
+                  metadata: CheckpointMetadata | None, candidates: Iterator[HeapKeyedStateBackend]
+                  ) -> tuple[HeapKeyedStateBackend, RestoreInfo]:
+    """The task's heap backend: the first of the warm ``candidates`` that resumes at ``metadata`` (the restore
+    point: it holds exactly that state of the key groups it keeps, plus the blocks committed since), else a new one
+    restored from it. A candidate that cannot resume is dropped (it is of another checkpoint or lineage)."""
+    for warm in candidates if metadata is not None else ():
+        moved = warm.key_group_range != own_range
+        stats = warm.resume(storage, metadata, own_range)   # type: ignore[arg-type]  # not None here
+        if stats is not None:
+            # warm state belongs to a range, not a subtask number: with other ranges (or another parallelism) the
+            # same range may be another subtask's, whose number the snapshot's handle must carry
+            warm.subtask_index = subtask_index
+            return warm, RestoreInfo.resumed("moved" if moved else "caught-up" if stats.bytes_read else "warm",
+                                             stats)
+    backend = create_backend("heap", own_range, spec.max_parallelism, spec.key_type, subtask_index=subtask_index,
+                             allow_pickle=spec.allow_pickle, compact_full_groups=True)
+    if metadata is None:
+        return backend, RestoreInfo.new()
+    stats = backend.restore(storage, metadata)
+    return backend, RestoreInfo.cold(own_range, stats.bytes_read, stats.key_groups)
+
+
+class TaskTimers:
+    """The task's timer queues, made when first needed: at the start when the restored state holds timers (or a
+    warm queue reflects it), else on the function's first timer call; kept warm for the next batch after the
+    snapshot."""
+
+    def __init__(self, spec: KeyedTaskSpec, own_range: KeyGroupRange, metadata: CheckpointMetadata | None,
+                 registry: TimerQueueRegistry) -> None:
+        self.registry = registry
+        self.key = (spec.backend, *heap_backend_key(spec, own_range))
+        self.limit = spec.warm_heap_backends
+        self.warm = registry.take_matching(self.key, metadata, own_range)
+        self.queues: TimerQueues | None = None
+        self.backend: Any = None
+
+    def attach(self, backend: Any) -> None:
+        """Use ``backend`` (restored); build or adopt the queues now if it holds timers."""
+        self.backend = backend
+        if self.warm is not None or any(backend.has_state(n) for n in TIMER_STATE_NAMES.values()):
+            self.get()
+
+    def get(self) -> TimerQueues:
+        if self.queues is None:
+            self.queues = TimerQueues(self.backend, reuse=self.warm)
+            self.warm = None
+        return self.queues
+
+    def keep(self, checkpoint_id: int, handle: Any) -> None:
+        if self.queues is not None:
+            token = QueueToken(checkpoint_id, handle.file if handle is not None else None)
+            self.registry.keep(self.key, (token, self.queues), self.limit)
+
+    def figures(self) -> dict[TimeDomain, TimerFigures]:
+        """Per time domain, this batch's figures (none without queues: no timer was ever registered)."""
+        if self.queues is None:
+            return {}
+        out = {}
+        for domain in TimeDomain:
+            t = self.queues.of(domain)
+            out[domain] = TimerFigures(registered=t.registered, fired=t.fired, pending=t.pending,
+                                       queued=len(t.queue), earliest=t.earliest(), rebuilt=self.queues.rebuilt)
+        return out
+
+
+@dataclass
+class TaskState:
+    """A subtask's state for one batch: its ``backend``, how it came (``restored``), its ``timers``, the
+    checkpoint ``storage`` and the ``restore_point`` (None: nothing to restore)."""
+
+    backend: Any
+    restored: RestoreInfo
+    timers: TaskTimers
+    storage: CheckpointStorage
+    restore_point: CheckpointMetadata | None
+
+
+@contextlib.contextmanager
+def task_state(spec: KeyedTaskSpec, subtask_index: int, own_range: KeyGroupRange, *,
+               warm: HeapBackendRegistry | None = None,
+               warm_timers: TimerQueueRegistry | None = None) -> Iterator[TaskState]:
+    """The state of subtask ``subtask_index`` (owning ``own_range``) for the batch of ``spec``: a heap backend from,
+    and after a batch that went through back to, ``warm`` (this process's :data:`HEAP_BACKENDS` by default); timer
+    queues likewise from ``warm_timers`` (:data:`~keygroups.state.timers.TIMER_QUEUES`). A RocksDB backend is
+    disposed of when the block ends (its local database deleted, or kept warm on disk for the next batch)."""
+    storage = CheckpointStorage(spec.checkpoint_location, storage_options=spec.storage_options,
+                                cache_dir=read_cache_directory(spec.local_dir))
+    metadata = spec.shipped_restore_point()
+    if metadata is None and spec.restore_from is not None:
+        metadata = storage.load_restore_point(spec.restore_from)
+    timers = TaskTimers(spec, own_range, metadata, warm_timers if warm_timers is not None else TIMER_QUEUES)
+    if spec.backend == "heap" and spec.warm_heap_backends > 0:
+        registry = warm if warm is not None else HEAP_BACKENDS
+        key = heap_backend_key(spec, own_range)
+        backend, restored = _heap_backend(spec, subtask_index, own_range, storage, metadata,
+                                          _warm_candidates(registry, key, subtask_index))
+        yield TaskState(backend, restored, timers, storage, metadata)
+        backend.compact()  # what a full rewrite made obsolete goes before the backend waits for its next batch
+        registry.keep(key, backend, spec.warm_heap_backends)  # only after a batch that went through
+        return
+    warm_dir = warm_directory(spec.local_dir, spec.checkpoint_location, spec.job_name) if spec.warm_state else None
+    with create_backend(spec.backend, own_range, spec.max_parallelism, spec.key_type,
+                        subtask_index=subtask_index, allow_pickle=spec.allow_pickle, local_dir=spec.local_dir,
+                        warm_dir=warm_dir) as backend:
+        restored = RestoreInfo.new()
+        if metadata is not None:
+            stats = backend.restore(storage, metadata)
+            if isinstance(stats, WarmResume):   # the warm database of an overlapping range, taken over
+                restored = RestoreInfo.resumed("moved", stats)
+            elif backend.warm:
+                restored = RestoreInfo.kept(own_range, stats.bytes_read, stats.key_groups)
+            else:
+                restored = RestoreInfo.cold(own_range, stats.bytes_read, stats.key_groups)
+        yield TaskState(backend, restored, timers, storage, metadata)
+
+
+__all__ = ["HEAP_BACKENDS", "HeapBackendRegistry", "TaskState", "TaskTimers", "heap_backend_key",
+           "read_cache_directory", "task_state", "warm_directory"]

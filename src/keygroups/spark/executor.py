@@ -1,0 +1,470 @@
+"""The batch spine's executor on Spark (:class:`SparkExecutor`): a batch's subtasks as Spark tasks.
+
+The input is checked against the job (on the driver, before any Spark job), read once where the driver needs a
+figure of it first (persisted while one job counts it and finds its largest event time), placed so that Spark
+partition *i* holds exactly subtask *i*'s key groups (``repartitionById`` with the key group computed inside the
+shuffle), and run by one ``mapInArrow`` job whose tasks return their reports as JSON; subtasks Spark skipped (no
+records) run as tasks of their own. What does not change while the input's schema and the ranges stay the same (the
+input checks, the Arrow schema, the placement's Catalyst expressions, the digest column) is built once per job
+(:class:`SparkPlanCache`).
+
+The output and staged input files are read by :func:`read_checkpoint_files`: with Spark's own Parquet reader where
+Hadoop reaches the checkpoint location as the tasks did (a local path, ``hdfs://``), and otherwise by Spark tasks
+that read each file through the checkpoint storage, with the job's ``storage_options`` (``s3://`` without Hadoop's S3A
+connector, or with an endpoint and credentials Hadoop is not configured with).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyspark import StorageLevel, TaskContext
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
+from pyspark.sql.types import ArrayType, IntegralType, MapType, StructType, TimestampNTZType, TimestampType
+
+from keygroups._hashing import KeyType
+from keygroups.checkpoint import CheckpointStorage
+from keygroups.runtime.backends import key_type_for_schema
+from keygroups.runtime.batch import InputFigures, JobOptions
+from keygroups.runtime.driver import BatchPlan
+from keygroups.runtime.report import InputDigest, SourceReport, SubtaskReport
+from keygroups.runtime.source import SourceTaskSpec, run_source_subtask
+from keygroups.runtime.spec import KeyedTaskSpec
+from keygroups.runtime.subtask import run_keyed_subtask
+from keygroups.runtime.subtask_input import unused_name
+from keygroups.spark.partitioner import key_group_placement, partition_by_key_group
+
+_REPORT_SCHEMA = "subtask int, report string"
+_REPORT_ARROW = pa.schema([("subtask", pa.int32()), ("report", pa.string())])
+_TASK_SCHEMA = "index long, report string"
+_TASK_ARROW = pa.schema([("index", pa.int64()), ("report", pa.string())])
+#: The per-record input digest column, added before the shuffle and removed before the function sees the records.
+_DIGEST = "__keygroups_input_digest"
+_U64 = 1 << 64
+
+
+def quoted(name: str) -> Column:
+    return F.col("`" + name.replace("`", "``") + "`")
+
+
+def _record_digest(df: DataFrame) -> Column:
+    """Spark's xxhash64 of a record over all its columns (a map by its sorted entries: Spark refuses to hash maps)."""
+    columns = [F.array_sort(F.map_entries(quoted(f.name))) if isinstance(f.dataType, MapType) else quoted(f.name)
+               for f in df.schema.fields]
+    return F.xxhash64(*columns)
+
+
+def input_digest(df: DataFrame) -> dict[str, int]:
+    """What identifies a batch's records, whatever their order and partitioning: their count and the sum (mod 2^64)
+    of each record's xxhash64. A replay compares it with the digest its checkpoint committed."""
+    row = df.select(F.count(F.lit(1)).alias("n"),
+                    F.sum(_record_digest(df).cast("decimal(20,0)")).alias("s")).collect()[0]
+    return {"records": int(row["n"]), "xxhash64_sum": int(row["s"] or 0) % _U64}
+
+
+class _DigestedBatches:
+    """A subtask's input batches without the digest column, summing the digest on the way (mod 2^64)."""
+
+    def __init__(self, batches: Any, column: str = _DIGEST, names: list[str] | None = None) -> None:
+        self._batches = batches
+        self._column = column
+        self._names = names   # the input's own column names, where they crossed under others
+        self.records = 0
+        self.total = 0
+
+    def __iter__(self) -> Any:
+        for batch in self._batches:
+            i = batch.schema.get_field_index(self._column)
+            digests = batch.column(i).to_numpy(zero_copy_only=False).astype(np.uint64, copy=False)
+            self.total = (self.total + int(digests.sum(dtype=np.uint64))) % _U64
+            self.records += batch.num_rows
+            batch = batch.drop_columns([self._column])
+            yield batch if self._names is None else pa.RecordBatch.from_arrays(batch.columns, names=self._names)
+
+
+def input_arrow_schema(df: DataFrame) -> pa.Schema:
+    """The Arrow schema ``mapInArrow`` hands a DataFrame's rows over in: Spark timestamps carry the session's time
+    zone, as Spark sends them."""
+    return to_arrow_schema(df.schema, timezone=df.sparkSession.conf.get("spark.sql.session.timeZone"))
+
+
+# ---- reading the files a batch wrote -------------------------------------------------------------------------------
+
+# Schemes whose files Spark's own Parquet reader reaches exactly as the tasks wrote them, with nothing from the job's
+# storage_options: local paths (CheckpointStorage makes them absolute, without a scheme) and HDFS, whose address is
+# all in the URL. Any other URL is read through the checkpoint storage: the tasks wrote through it, so it reaches
+# the files, where Hadoop may lack the connector (s3:// without S3A) or the endpoint and credentials.
+_SPARK_READER_SCHEMES = frozenset({"file", "hdfs", "viewfs"})
+
+FileReader = Literal["auto", "spark", "storage"]
+
+
+def _scheme(location: str) -> str:
+    return location.split("://", 1)[0].lower() if "://" in location else "file"
+
+
+def _read_parquet_file(storage: CheckpointStorage, relpath: str, schema: pa.Schema) -> Any:
+    """The record batches of one Parquet file under ``storage``, as ``schema`` (timestamps as the task wrote them,
+    UTC instants)."""
+    buffer = storage.open_buffer(relpath)   # one whole-object GET on object stores: no listing, no HEAD
+    for batch in pq.ParquetFile(pa.BufferReader(buffer)).iter_batches():
+        yield batch if batch.schema.equals(schema) else batch.cast(schema)
+
+
+def read_checkpoint_files(spark: SparkSession, storage: CheckpointStorage, files: Sequence[str], schema: pa.Schema,
+                          *, reader: FileReader = "auto") -> DataFrame:
+    """The Parquet files ``files`` (relative to ``storage``'s location: a batch's output or staged input) as one
+    lazy DataFrame of ``schema``; evaluating it again reads the files again.
+
+    ``reader="spark"`` is Spark's own Parquet reader over ``<location>/<file>`` (Hadoop must reach the location);
+    ``"storage"`` reads in Spark tasks, one per file, through ``storage`` with its ``storage_options``, as the tasks
+    that wrote them did; ``"auto"`` takes Spark's reader for local paths and ``hdfs://`` (faster: no Python worker,
+    no Arrow hand-over) and the storage for every other URL (``s3://``, ``gs://``, ...)."""
+    spark_schema = from_arrow_schema(schema)
+    if not files:
+        return spark.createDataFrame([], spark_schema)
+    if reader == "auto":
+        reader = "spark" if _scheme(storage.location) in _SPARK_READER_SCHEMES else "storage"
+    if reader == "spark":
+        base = storage.location.rstrip("/")
+        return spark.read.schema(spark_schema).parquet(*[f"{base}/{f}" for f in files])
+    if reader != "storage":
+        raise ValueError(f"reader must be 'auto', 'spark' or 'storage', got {reader!r}")
+
+    files = list(files)
+
+    def read(batches: Any) -> Any:
+        for batch in batches:
+            for index in batch.column(0).to_pylist():
+                yield from _read_parquet_file(storage, files[index], schema)
+
+    return _one_task_each(spark, len(files)).mapInArrow(read, spark_schema)
+
+
+def _one_task_each(spark: SparkSession, n: int) -> DataFrame:
+    """The ids ``0..n-1`` in ``n`` partitions, one id each: a DataFrame whose ``mapInArrow`` runs one Spark task per
+    item. Built from ``spark.range``, so it works on classic sessions and over Spark Connect alike (Connect has no
+    SparkContext to ``parallelize`` with)."""
+    return spark.range(0, n, 1, n)
+
+
+def run_tasks(spark: SparkSession, n: int, task: Callable[[int], str]) -> list[str]:
+    """``task(i)`` for every ``i`` in ``0..n-1``, each in its own Spark task, in the order of ``i``; a task returns
+    a string (a JSON report)."""
+    def run(batches: Any) -> Any:
+        for batch in batches:
+            for index in batch.column(0).to_pylist():
+                yield pa.RecordBatch.from_pylist([{"index": index, "report": task(index)}], schema=_TASK_ARROW)
+
+    rows = _one_task_each(spark, n).mapInArrow(run, _TASK_SCHEMA).collect()
+    return [r["report"] for r in sorted(rows, key=lambda r: r["index"])]
+
+
+# ---- event time ----------------------------------------------------------------------------------------------------
+
+def event_time_column(df: DataFrame, column: str) -> Column:
+    """The aggregate-ready form of the event-time column: epoch microseconds of a timestamp, the raw value of a
+    TIMESTAMP_NTZ (converted on the driver) or of an integer (epoch ms)."""
+    kind = df.schema[column].dataType
+    c = quoted(column)
+    if isinstance(kind, TimestampType):
+        return F.unix_micros(c)
+    if isinstance(kind, (TimestampNTZType, IntegralType)):
+        return c
+    raise TypeError(f"timestamp_column {column!r} is {kind.simpleString()}; allowed: a timestamp, or an integral "
+                    "column of epoch milliseconds")
+
+
+def _event_time_millis(df: DataFrame, column: str, value: Any) -> int | None:
+    """The maximum :func:`event_time_column` found, as epoch ms (None when the column held no value)."""
+    if value is None:
+        return None
+    kind = df.schema[column].dataType
+    if isinstance(kind, TimestampType):
+        return int(value) // 1000
+    if isinstance(kind, TimestampNTZType):
+        return (value - datetime.datetime(1970, 1, 1)) // datetime.timedelta(milliseconds=1)  # type: ignore[no-any-return]
+    return int(value)
+
+
+def _count_and_max_event_time(df: DataFrame, column: str | None) -> tuple[int, int | None]:
+    """The batch's record count and, with a ``column``, its largest event time (epoch ms): one Spark job."""
+    aggregates = [F.count(F.lit(1))]
+    if column is not None:
+        aggregates.append(F.max(event_time_column(df, column)))
+    row = df.agg(*aggregates).collect()[0]
+    return int(row[0]), (_event_time_millis(df, column, row[1]) if column is not None else None)
+
+
+def max_event_time(df: DataFrame, column: str) -> int | None:
+    """The largest event time of ``df``'s ``column`` in epoch ms, as the subtasks read it from Arrow (a timestamp
+    with a time zone: its instant; without one (TIMESTAMP_NTZ): its wall-clock time taken as UTC; an integer: its
+    value); None when the column holds no value. One Spark aggregation over the batch's input."""
+    if column not in df.columns:
+        raise ValueError(f"timestamp_column {column!r} is not in the input; its columns are {df.columns}")
+    row = df.agg(F.max(event_time_column(df, column))).first()
+    return None if row is None else _event_time_millis(df, column, row[0])
+
+
+# ---- what stays the same from batch to batch -----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _CheckedInput:
+    """The input checks' result for one schema: the Arrow schema the tasks get, the key type, and what the
+    placement needs (the digest column's name, the names the columns cross ``mapInArrow`` under)."""
+
+    arrow: pa.Schema
+    key_type: KeyType
+    digest_column: str
+    names: tuple[str, ...]
+    plain: tuple[str, ...]
+
+
+class SparkPlanCache:
+    """What a job builds once and reuses while its input's schema (and, for the placement, the ranges) stay the
+    same: the input checks and Arrow schema, the digest and placement expressions."""
+
+    def __init__(self) -> None:
+        self.input: tuple[str, str, _CheckedInput] | None = None
+        self.placements: dict[tuple[Any, ...], Callable[[DataFrame], DataFrame] | None] = {}
+        self.digest: tuple[str, Column] | None = None
+
+
+def check_input(options: JobOptions, df: DataFrame, cache: SparkPlanCache) -> _CheckedInput:
+    """Refuse, on the driver and before any Spark job, an input the job's columns do not fit: each error names
+    the argument, the value and what the input has. Checked once per input schema (and session time zone)."""
+    schema = df.schema
+    key = schema.json()
+    zone = df.sparkSession.conf.get("spark.sql.session.timeZone") or ""
+    if cache.input is not None and cache.input[:2] == (key, zone):
+        return cache.input[2]
+    fields = {f.name: f.dataType for f in schema.fields}
+    available = f"the input's columns are {list(fields)}"
+    for argument, names in (("key_columns", options.key_columns), ("order_by", options.order_by)):
+        for column in names:
+            if column not in fields:
+                raise ValueError(f"{argument}: column {column!r} is not in the input; {available}")
+    arrow = to_arrow_schema(schema, timezone=zone or None)
+    key_type = key_type_for_schema(arrow, options.key_columns)   # TypeError naming the column and allowed types
+    for column in options.order_by:
+        kind = fields[column]
+        if isinstance(kind, (MapType, ArrayType, StructType)):
+            raise TypeError(f"order_by: column {column!r} is {kind.simpleString()}, which has no order; allowed: "
+                            "numbers, strings, binary, booleans, dates and timestamps")
+    if options.timestamp_column is not None:
+        if options.timestamp_column not in fields:
+            raise ValueError(f"timestamp_column: column {options.timestamp_column!r} is not in the input; "
+                             f"{available}")
+        event_time_column(df, options.timestamp_column)   # TypeError naming the type and the allowed ones
+    names = tuple(df.columns)
+    # PySpark's mapInArrow refers to its input's columns by their bare names, which breaks on a name with a dot or
+    # a backtick: such columns cross it under plain names, and get theirs back in the task.
+    plain = tuple(unused_name(names, f"__kg_column_{i}") if "." in c or "`" in c else c for i, c in enumerate(names))
+    checked = _CheckedInput(arrow, key_type, unused_name(names, _DIGEST), names, plain)
+    cache.input = (key, zone, checked)
+    cache.placements.clear()
+    cache.digest = None
+    return checked
+
+
+# ---- the executor --------------------------------------------------------------------------------------------------
+
+class SparkExecutor:
+    """Runs one batch's subtasks as Spark tasks (see the module docs): over ``df``, or (a source batch) over the
+    records the source subtasks stage. ``read_once=False`` reads the input once per figure instead of persisting it
+    (the former path, for a benchmark's comparison)."""
+
+    def __init__(self, spark: SparkSession, options: JobOptions, storage: CheckpointStorage, cache: SparkPlanCache,
+                 df: DataFrame | None = None, *, staged: pa.Schema | None = None, read_once: bool = True) -> None:
+        self._spark = spark
+        self._options = options
+        self._storage = storage
+        self._cache = cache
+        self._df = df
+        self._staged = staged
+        self._read_once = read_once
+        self._persisted: DataFrame | None = None
+        self._checked: _CheckedInput | None = None
+        self._placed: DataFrame | None = None
+        self._task: Callable[[Any], Any] | None = None
+        self._spec: KeyedTaskSpec | None = None
+        self._tag: str | None = None
+        self._started = time.time()
+        self._ended: float | None = None
+
+    # ---- the batch's Spark jobs ----------------------------------------------------------------------------------
+
+    def __enter__(self) -> SparkExecutor:
+        self._started = time.time()
+        context = self._context()
+        if context is not None:   # tag the batch's jobs, to read their times from Spark's status store
+            self._tag = f"keygroups-batch-{uuid.uuid4().hex}"
+            context.addJobTag(self._tag)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._ended = time.time()
+        if self._persisted is not None:
+            self._persisted.unpersist()
+            self._persisted = None
+        context = self._context()
+        if context is not None and self._tag is not None:
+            context.removeJobTag(self._tag)
+
+    def _context(self) -> Any:
+        return getattr(self._spark, "_sc", None)   # classic sessions only
+
+    @property
+    def spark(self) -> SparkSession:
+        return self._spark
+
+    @property
+    def job_tag(self) -> str | None:
+        """The tag of this batch's Spark jobs, by which Spark's status store finds them (None: over Spark Connect,
+        or before the batch started)."""
+        return self._tag
+
+    def spark_seconds(self) -> float | None:
+        """The union of this batch's Spark jobs' runs, submission to completion (Spark's status store); None
+        over Spark Connect."""
+        context = self._context()
+        if context is None or self._tag is None:
+            return None
+        jsc = context._jsc.sc()
+        now = self._ended if self._ended is not None else time.time()
+        spans = []
+        for job_id in jsc.statusTracker().getJobIdsForTag(self._tag):
+            data = jsc.statusStore().job(job_id)
+            if not data.submissionTime().isDefined():
+                continue
+            start = data.submissionTime().get().getTime() / 1000
+            # the store hears of a job's end through the listener bus, a moment after the driver does
+            end = data.completionTime().get().getTime() / 1000 if data.completionTime().isDefined() else now
+            spans.append((max(start, self._started), min(end, now)))
+        return _union(spans)
+
+    # ---- the input -----------------------------------------------------------------------------------------------
+
+    @property
+    def input_schema(self) -> pa.Schema:
+        assert self._checked is not None, "key_type() checks the input first"
+        return self._checked.arrow
+
+    def key_type(self, key_columns: tuple[str, ...]) -> KeyType:
+        if self._df is None:   # a source batch: its records are staged by its source subtasks
+            assert self._staged is not None
+            return key_type_for_schema(self._staged, key_columns)
+        self._checked = check_input(self._options, self._df, self._cache)
+        return self._checked.key_type
+
+    def read_input(self, *, count: bool, timestamp_column: str | None) -> InputFigures:
+        """``(records, max_event_time)``: the record count (if ``count``) and the largest event time found in one
+        Spark job, over the input persisted so that the keyed stage reads the same rows again instead of the
+        source (a DataFrame the caller cached stays as it is). Persisting costs one columnar copy of the batch (in
+        executor memory, spilling to disk); a second read of the source costs its whole read and parse, each
+        time."""
+        df = self._df
+        assert df is not None
+        if not (count or timestamp_column is not None):
+            return InputFigures()
+        if not self._read_once:   # the former path, for the comparison in benchmarks/bench_runner.py
+            return InputFigures(df.count() if count else None,
+                                max_event_time(df, timestamp_column) if timestamp_column is not None else None)
+        if not df.is_cached:
+            df = self._df = self._persisted = df.persist(StorageLevel.MEMORY_AND_DISK)
+        records, max_event = _count_and_max_event_time(df, timestamp_column)
+        return InputFigures(records if count else None, max_event)
+
+    def input_digest(self) -> InputDigest:
+        assert self._df is not None
+        return InputDigest.from_json(input_digest(self._df))
+
+    def run_sources(self, spec: SourceTaskSpec) -> list[SourceReport]:
+        reports = [SourceReport.from_json(json.loads(r)) for r in
+                   run_tasks(self._spark, spec.parallelism,
+                             lambda index: json.dumps(run_source_subtask(spec, index).to_json()))]
+        self._df = read_checkpoint_files(self._spark, self._storage,
+                                         [r.input_file for r in reports if r.input_file], spec.staged_schema)
+        self._checked = check_input(self._options, self._df, self._cache)
+        return reports
+
+    # ---- the keyed stage -----------------------------------------------------------------------------------------
+
+    def prepare(self, spec: KeyedTaskSpec, plan: BatchPlan) -> None:
+        """The keyed stage's DataFrame: the input with its digest column, placed by key group (the placement's
+        expressions built once per schema and ranges), its columns under names ``mapInArrow`` takes."""
+        df, checked, cache = self._df, self._checked, self._cache
+        assert df is not None and checked is not None
+        schema_key = cache.input[0] if cache.input is not None else None
+        if cache.digest is None:
+            cache.digest = (checked.digest_column, _record_digest(df))
+        digest_column, digest = cache.digest
+        digested = df.withColumn(digest_column, digest)
+        key = (schema_key, plan.max_parallelism, plan.parallelism, plan.boundaries)
+        if key not in cache.placements:
+            cache.placements[key] = key_group_placement(
+                digested, *self._options.key_columns, max_parallelism=plan.max_parallelism,
+                parallelism=plan.parallelism, key_group_boundaries=plan.boundaries)
+            while len(cache.placements) > 8:
+                cache.placements.pop(next(iter(cache.placements)))
+        place = cache.placements[key]
+        if place is not None:
+            placed = place(digested)
+        else:
+            placed = partition_by_key_group(digested, *self._options.key_columns,
+                                            max_parallelism=plan.max_parallelism, parallelism=plan.parallelism,
+                                            key_group_boundaries=plan.boundaries)
+        names, plain = list(checked.names), list(checked.plain)
+        if plain != names:   # mapInArrow takes these columns under plain names
+            placed = placed.select(*[quoted(c).alias(p) for c, p in zip(names, plain)], quoted(digest_column))
+        self._placed = placed
+        self._spec = spec
+        renamed = names if plain != names else None
+
+        def subtask(batches: Any) -> Any:
+            index = TaskContext.get().partitionId()  # type: ignore[union-attr]  # always set inside a task
+            digested_batches = _DigestedBatches(batches, digest_column, renamed)
+            report = run_keyed_subtask(spec, index, digested_batches).with_digest(
+                InputDigest(digested_batches.records, digested_batches.total))
+            yield pa.RecordBatch.from_pylist([{"subtask": index, "report": json.dumps(report.to_json())}],
+                                             schema=_REPORT_ARROW)
+
+        self._task = subtask
+
+    def run_keyed(self) -> list[SubtaskReport]:
+        assert self._placed is not None and self._task is not None
+        rows = self._placed.mapInArrow(self._task, _REPORT_SCHEMA).collect()
+        return [SubtaskReport.from_json(json.loads(r["report"])) for r in rows]
+
+    def run_idle(self, subtasks: Sequence[int]) -> list[SubtaskReport]:
+        spec = self._spec
+        assert spec is not None
+        reports = run_tasks(self._spark, len(subtasks),
+                            lambda i: json.dumps(run_keyed_subtask(spec, subtasks[i], []).with_digest(
+                                InputDigest(0, 0)).to_json()))
+        return [SubtaskReport.from_json(json.loads(r)) for r in reports]
+
+
+def _union(spans: list[tuple[float, float]]) -> float:
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(s for s in spans if s[1] > s[0]):
+        if b <= end:
+            continue
+        total += b - max(a, end)
+        end = b
+    return total
+
+
+__all__ = ["SparkExecutor", "SparkPlanCache", "read_checkpoint_files", "input_digest", "max_event_time",
+           "run_tasks", "check_input", "input_arrow_schema", "event_time_column"]
