@@ -353,3 +353,40 @@ def test_the_store_on_s3_keeps_the_last_batches(s3_server):
     assert again.checkpoint_ids() == [3, 4]
     assert [m.batch_json() for m in again.history()] == [m.batch_json() for m in batches[2:]]
     assert again.url(4) == f"{url}/_metrics/batch-{4:020d}.arrow"
+
+
+def test_the_spine_calls_its_commit_listener_once_per_committed_batch_and_never_fails_the_batch(tmp_path, caplog):
+    """Metrics are recorded from one call in the batch's spine (JobDriver's ``on_commit``), for KeyedJob and the
+    harness alike: once per committed batch, not for a replay (its first run recorded it), and a listener that
+    raises is logged while the batch stands; the adapter builds the metrics from the typed batch it is handed."""
+    import pickle
+
+    from keygroups.checkpoint import CheckpointStorage
+    from keygroups.metrics import batch_metrics
+    from keygroups.runtime.batch import JobDriver, JobOptions
+    from keygroups.runtime.local import LocalExecutor
+
+    seen = []
+    storage = CheckpointStorage(str(tmp_path / "chk"))
+    driver = JobDriver(JobOptions(name="listened", key_columns=("k",), function=pickle.dumps(Count()),
+                                  output_schema=pa.schema([("k", pa.int64()), ("n", pa.int64())]),
+                                  max_parallelism=MP, timestamp_column="t"),
+                       storage, fence=False, on_commit=lambda batch, executor: seen.append(batch_metrics(batch)))
+    first = driver.run(LocalExecutor(records([1, 2, 3], [5, 6, 7])), parallelism=2, checkpoint_id=1)
+    second = driver.run(LocalExecutor(records([1, 4], [8, 9])), parallelism=3)
+    driver.run(LocalExecutor(records([1, 2, 3], [5, 6, 7])), parallelism=2, checkpoint_id=1)   # a replay
+    assert [m.checkpoint_id for m in seen] == [1, 2]
+    assert [m.records_in for m in seen] == [first.report.records_in, second.report.records_in] == [3, 2]
+    assert seen[1].rescaled and seen[1].moved_bytes == second.report.assignment.moved_bytes > 0
+    assert seen[1].wall_seconds == second.report.wall_seconds
+    with pytest.raises(ValueError, match="replayed"):
+        batch_metrics(driver.run(LocalExecutor(records([1, 4], [8, 9])), parallelism=3, checkpoint_id=2))
+
+    def failing(batch, executor):
+        raise RuntimeError("listener down")
+
+    driver.on_commit = failing
+    with caplog.at_level(logging.ERROR, logger="keygroups"):
+        third = driver.run(LocalExecutor(records([5], [10])), parallelism=1)
+    assert third.checkpoint_id == 3 and storage.latest().checkpoint_id == 3
+    assert "the commit listener of job listened failed on checkpoint 3" in caplog.text
