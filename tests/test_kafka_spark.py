@@ -52,12 +52,17 @@ def test_kafka_topic_into_a_keyed_job_rescaled_on_record_time(spark, kafka_broke
         orders += [tuple(r) for r in result.output.collect()]
         sink.deliver(job.storage, result.metadata)
         assert result.watermark == latest - 1 and result.records_late == 0
+        # typed from the Spark tasks: the split positions each source subtask holds after the batch
+        assert len(result.source_reports) == parallelism
+        assert sum(r.records for r in result.source_reports) == sum(len(records) for records in batch.values())
     assert sorted(orders) == sorted(expected_orders)
     assert final_states(location, MAX_PARALLELISM) == expected_state
     consumer = Consumer({"bootstrap.servers": kafka_broker.bootstrap_servers, "group.id": group})
     committed = consumer.committed([TopicPartition(topic, p) for p in range(4)], timeout=10)
     consumer.close()
     assert [tp.offset for tp in committed] == [len(events[p]) for p in range(4)]   # reported after the commit
+    held = {k: o for r in result.source_reports for k, o in r.offsets().items()}
+    assert held == {(topic, p): len(events[p]) for p in range(4)}
     delivered = sorted(tuple(json.loads(m.value())[c] for c in shop.ORDER_SCHEMA.names)
                        for m in consume_all(kafka_broker, out_topic))
     assert delivered == sorted(expected_orders)

@@ -282,8 +282,9 @@ def check_input(options: JobOptions, df: DataFrame, cache: SparkPlanCache) -> _C
 
 class SparkExecutor:
     """Runs one batch's subtasks as Spark tasks (see the module docs): over ``df``, or (a source batch) over the
-    records the source subtasks stage. ``read_once=False`` reads the input once per figure instead of persisting it
-    (the former path, for a benchmark's comparison)."""
+    records the source subtasks stage (``staged``: their schema, the source's columns and position columns).
+    ``read_once=False`` reads the input once per figure instead of persisting it (the former path, for a
+    benchmark's comparison)."""
 
     def __init__(self, spark: SparkSession, options: JobOptions, storage: CheckpointStorage, cache: SparkPlanCache,
                  df: DataFrame | None = None, *, staged: pa.Schema | None = None, read_once: bool = True) -> None:

@@ -40,7 +40,7 @@ from keygroups.runtime.assignment import Assignment, resolve_assignment
 from keygroups.runtime.batch import CommittedBatch, JobDriver, JobOptions, SourceRead, pickle_function
 from keygroups.runtime.driver import StreamingBatch, check_key_columns, check_output_schema
 from keygroups.runtime.functions import KeyedProcessFunction
-from keygroups.runtime.report import BatchReport, SubtaskReport, format_time
+from keygroups.runtime.report import BatchReport, SourceReport, SubtaskReport, format_time
 from keygroups.runtime.scaling import HISTORY, BatchFigures, ParallelismPolicy
 from keygroups.runtime.source import Source, as_source
 from keygroups.runtime.spec import check_warm_heap_backends
@@ -74,7 +74,8 @@ def _arrow_schema(schema: Any) -> pa.Schema:
 class BatchResult:
     """What one micro-batch did: its committed checkpoint (``metadata``), its output (``output``, a DataFrame over
     the files its subtasks wrote, built when first read), its figures (``report``, a
-    :class:`~keygroups.runtime.report.BatchReport`) and its subtasks' reports (``reports``)."""
+    :class:`~keygroups.runtime.report.BatchReport`) and its subtasks' reports (``reports``; a source batch's source
+    subtasks' in ``source_reports``)."""
 
     def __init__(self, batch: CommittedBatch, spark: SparkSession, storage: CheckpointStorage,
                  output_schema: pa.Schema, late_schema: pa.Schema | None) -> None:
@@ -85,6 +86,8 @@ class BatchResult:
         self._late_schema = late_schema
         self.metadata: CheckpointMetadata = batch.metadata
         self.reports: list[SubtaskReport] = list(batch.reports)
+        #: A source batch's source subtasks' reports (what each read, and where each split goes on); () otherwise.
+        self.source_reports: tuple[SourceReport, ...] = batch.source_reports
         self.replayed: bool = batch.replayed
 
     @cached_property

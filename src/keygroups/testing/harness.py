@@ -97,7 +97,7 @@ class HarnessBatch:
     @property
     def processing_time(self) -> int:
         """The batch's processing time (epoch ms)."""
-        return int(self.metadata.properties.get("processing_time", 0))
+        return BatchProperties.of(self.metadata).processing_time
 
     @property
     def records_in(self) -> int:
@@ -161,7 +161,7 @@ class HarnessSnapshot:
 
     @property
     def watermark(self) -> int:
-        return int(self.metadata.properties.get("watermark", NO_WATERMARK))
+        return BatchProperties.of(self.metadata).watermark
 
     @property
     def max_parallelism(self) -> int:
