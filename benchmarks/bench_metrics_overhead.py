@@ -6,8 +6,8 @@ state loaded by one untimed batch each): one records its metrics (the default), 
 (``job_metrics(job).enabled = False``). Then ``--rounds`` rounds of the SAME ``--events``-event batch at parallelism
 ``--parallelism``, run on both jobs in turn (the order alternating by round, after one untimed warm-up round).
 
-Printed: per job the median batch wall time and driver CPU (this process's, ``resource.getrusage``; the JVM's and
-the Python workers' CPU are not in it), and their ratio; then the recording call itself, timed inside every batch of
+Printed: per job the median batch wall time, driver CPU (this process's, ``resource.getrusage``) and JVM CPU (Spark's
+driver and, in local mode, executors: /proc; the Python workers' CPU is in neither), and their ratios; then the recording call itself, timed inside every batch of
 the job that records (it runs on the driver's thread after the commit, while Spark is idle, so its wall time is what
 it adds to the batch): its median wall and CPU (``time.thread_time``), split into reading Spark's status store and
 the rest (building the metrics from the commit and writing them beside the checkpoints), as a share of the median
@@ -53,49 +53,46 @@ def build_session(master: str) -> Any:
 
 
 class HookTimer:
-    """Times every call of the recording listener a ``KeyedJob``'s batch spine makes after its commit, and within
-    it the reads of Spark's status store (the batch's Spark time and its keyed stage's tasks), in place."""
+    """Times every call of the recording listener a ``KeyedJob``'s batch spine makes after its commit that
+    recorded a batch (the job with metrics off returns at once: not counted), and within it the reads of Spark's
+    status store (the batch's Spark time and its keyed stage's tasks, ``spark_batch_times``), in place."""
 
     def __init__(self) -> None:
         import keygroups.spark.metrics as metrics_module
 
         self.calls: list[tuple[float, float]] = []        # (wall, thread CPU) of record_spark_batch
-        self.store_reads: list[tuple[float, float]] = []  # of the status-store reads within it
-        hook, tasks = metrics_module.record_spark_batch, metrics_module.keyed_task_seconds
-        reads = self.store_reads
+        self.store_reads: list[tuple[float, float]] = []  # of the status-store reads within each call
+        hook, times = metrics_module.record_spark_batch, metrics_module.spark_batch_times
+        reads: list[tuple[float, float]] = []
 
-        def timed_hook(job: Any, batch: Any, executor: Any) -> Any:
-            wall, cpu = time.perf_counter(), time.thread_time()
-            spark_time = batch.spark_time
-
-            def timed_spark_time() -> Any:
+        def timed(function: Any) -> Any:
+            def call(*args: Any, **kwargs: Any) -> Any:
                 w, c = time.perf_counter(), time.thread_time()
                 try:
-                    return spark_time()
+                    return function(*args, **kwargs)
                 finally:
                     reads.append((time.perf_counter() - w, time.thread_time() - c))
+            return call
 
-            object.__setattr__(batch, "spark_time", timed_spark_time)
-            try:
-                return hook(job, batch, executor)
-            finally:
-                object.__setattr__(batch, "spark_time", spark_time)
-                self.calls.append((time.perf_counter() - wall, time.thread_time() - cpu))
-
-        def timed_tasks(*args: Any, **kwargs: Any) -> Any:
+        def timed_hook(job: Any, batch: Any, executor: Any) -> Any:
+            reads.clear()
             wall, cpu = time.perf_counter(), time.thread_time()
-            try:
-                return tasks(*args, **kwargs)
-            finally:
-                reads.append((time.perf_counter() - wall, time.thread_time() - cpu))
+            recorded = hook(job, batch, executor)
+            if recorded is not None:
+                self.calls.append((time.perf_counter() - wall, time.thread_time() - cpu))
+                self.store_reads.append((sum(w for w, _ in reads), sum(c for _, c in reads)))
+            return recorded
 
         metrics_module.record_spark_batch = timed_hook   # looked up by the listener at every call
-        metrics_module.keyed_task_seconds = timed_tasks
+        metrics_module.spark_batch_times = timed(times)
 
-    def store_read_per_call(self) -> list[tuple[float, float]]:
-        """The status-store reads summed per recording call (two reads each)."""
-        pairs = [self.store_reads[i:i + 2] for i in range(0, len(self.store_reads), 2)]
-        return [(sum(w for w, _ in p), sum(c for _, c in p)) for p in pairs]
+
+def jvm_cpu_seconds(spark: Any) -> float:
+    """The CPU time of Spark's JVM so far (the driver's and, in local mode, the executors'), from /proc."""
+    pid = spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")   # utime, stime
 
 
 def main() -> None:
@@ -135,6 +132,7 @@ def main() -> None:
 
     walls: dict[str, list[float]] = {label: [] for label in jobs}
     cpus: dict[str, list[float]] = {label: [] for label in jobs}
+    jvm_cpus: dict[str, list[float]] = {label: [] for label in jobs}
     outputs: dict[str, Any] = {}
     for round_no in range(args.rounds + 1):
         keys = rng.integers(0, args.keys, args.events, dtype=np.int64)
@@ -144,13 +142,16 @@ def main() -> None:
         order = list(jobs) if round_no % 2 == 0 else list(reversed(jobs))
         for label in order:
             cpu = resource.getrusage(resource.RUSAGE_SELF)
+            jvm = jvm_cpu_seconds(spark)
             start = time.perf_counter()
             result = jobs[label].run_batch(batch, parallelism=args.parallelism)
             wall = time.perf_counter() - start
             after = resource.getrusage(resource.RUSAGE_SELF)
+            jvm_after = jvm_cpu_seconds(spark)
             if round_no:   # round 0 warms up
                 walls[label].append(wall)
                 cpus[label].append(after.ru_utime + after.ru_stime - cpu.ru_utime - cpu.ru_stime)
+                jvm_cpus[label].append(jvm_after - jvm)
             if round_no == args.rounds:
                 outputs[label] = sorted(tuple(r) for r in result.output.collect())
             print(f"  {'warm-up' if not round_no else f'round {round_no}':<9} {label:<12} {wall:6.3f} s", flush=True)
@@ -166,18 +167,19 @@ def main() -> None:
 
     med = {label: statistics.median(v) for label, v in walls.items()}
     cpu_med = {label: statistics.median(v) for label, v in cpus.items()}
+    jvm_med = {label: statistics.median(v) for label, v in jvm_cpus.items()}
     print(f"\n== one {args.events:,}-event batch on {args.keys:,} keys (median of {args.rounds})")
-    print(f"{'':<14}{'wall s':>10}{'driver CPU s':>14}")
+    print(f"{'':<14}{'wall s':>10}{'driver CPU s':>14}{'JVM CPU s':>12}")
     for label in jobs:
-        print(f"{label:<14}{med[label]:>10.3f}{cpu_med[label]:>14.3f}")
+        print(f"{label:<14}{med[label]:>10.3f}{cpu_med[label]:>14.3f}{jvm_med[label]:>12.3f}")
     print(f"{'on / off':<14}{med['metrics on'] / med['metrics off']:>10.3f}"
-          f"{cpu_med['metrics on'] / max(cpu_med['metrics off'], 1e-9):>14.3f}")
+          f"{cpu_med['metrics on'] / max(cpu_med['metrics off'], 1e-9):>14.3f}"
+          f"{jvm_med['metrics on'] / max(jvm_med['metrics off'], 1e-9):>12.3f}")
 
     hook_wall = statistics.median(w for w, _ in timer.calls)
     hook_cpu = statistics.median(c for _, c in timer.calls)
-    per_call = timer.store_read_per_call()
-    read_wall = statistics.median(w for w, _ in per_call)
-    read_cpu = statistics.median(c for _, c in per_call)
+    read_wall = statistics.median(w for w, _ in timer.store_reads)
+    read_cpu = statistics.median(c for _, c in timer.store_reads)
     print(f"\n== the recording call, inside each batch of the recording job (median of {len(timer.calls)})")
     print(f"{'':<44}{'wall ms':>10}{'CPU ms':>10}{'of a batch':>12}")
     print(f"{'record_spark_batch (all of it)':<44}{hook_wall * 1e3:>10.2f}{hook_cpu * 1e3:>10.2f}"

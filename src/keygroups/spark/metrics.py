@@ -1,8 +1,8 @@
 """keygroups' metrics where Spark users look (see :mod:`keygroups.metrics` for the metrics themselves).
 
 - :func:`spark_batch_listener`: what ``KeyedJob`` gives its batch spine to call once a batch has committed: it records
-  the batch's metrics (:func:`record_spark_batch`) with Spark's own time for the batch's jobs (the executor's, from
-  Spark's status store) and each subtask's Spark task (:func:`keyed_task_seconds`);
+  the batch's metrics (:func:`record_spark_batch`) with Spark's own time for the batch's jobs and each subtask's
+  Spark task, from Spark's status store (:func:`spark_batch_times`);
 - :class:`KeyGroupsProgressListener`: a ``StreamingQueryListener`` that pairs each streaming query progress with the
   keygroups metrics of the same batch, for users who already ship query progress somewhere
   (:class:`ProgressWithMetrics`);
@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -67,26 +68,50 @@ def _status_store(spark: SparkSession) -> _StatusStore | None:
         return store
 
 
-def keyed_task_seconds(spark: SparkSession, job_tag: str, parallelism: int) -> dict[int, float] | None:
-    """Subtask -> the duration of its Spark task in the keyed stage of the batch whose jobs carry ``job_tag`` (the
-    newest of those jobs whose last stage ran ``parallelism`` tasks; task *i* ran subtask *i*); an empty dict when no
-    such stage is found, None over Spark Connect."""
+def _union(spans: list[tuple[float, float]]) -> float:
+    """The length of the union of ``spans`` (start, end)."""
+    total, end = 0.0, float("-inf")
+    for start, stop in sorted(spans):
+        if stop > end:
+            total += stop - max(start, end)
+            end = stop
+    return total
+
+
+@dataclass(frozen=True)
+class SparkBatchTimes:
+    """Spark's time for one batch: ``seconds``, the union of its jobs' runs (submission to completion), as the
+    batch's report counts it; ``tasks``, subtask -> the duration of its Spark task in the batch's keyed stage (empty
+    when that stage was not found)."""
+
+    seconds: float
+    tasks: dict[int, float]
+
+
+def spark_batch_times(spark: SparkSession, job_tag: str, parallelism: int) -> SparkBatchTimes | None:
+    """Spark's time for the batch whose jobs carry ``job_tag``, and its keyed stage's tasks (the newest of its jobs
+    whose last stage ran ``parallelism`` tasks; task *i* ran subtask *i*); None over Spark Connect. Every object is
+    read as one JSON document: a few gateway calls per job, however much each holds."""
     status = _status_store(spark)
     if status is None:
         return None
-    for job_id in sorted(status.read(status.tracker.getJobIdsForTag(job_tag)), reverse=True):
-        job = status.read(status.store.job(job_id))
+    now = time.time()
+    jobs = [status.read(status.store.job(i))
+            for i in sorted(status.read(status.tracker.getJobIdsForTag(job_tag)), reverse=True)]
+    spans = [(j["submissionTime"] / 1000, j["completionTime"] / 1000 if j.get("completionTime") else now)
+             for j in jobs if j.get("submissionTime") is not None]
+    tasks: dict[int, float] = {}
+    for job in jobs:   # newest first: the keyed stage's job, unless idle subtasks ran after it
         if not job.get("stageIds"):
             continue
         stage = status.read(status.store.lastStageAttempt(max(job["stageIds"])))
         if stage.get("numTasks") != parallelism:
             continue
-        tasks: dict[int, float] = {}
         for task in status.read(status.store.taskList(stage["stageId"], stage["attemptId"], parallelism * 4)):
             if task.get("status") == "SUCCESS" and task.get("duration") is not None:
                 tasks[int(task["index"])] = task["duration"] / 1000
-        return tasks
-    return {}
+        break
+    return SparkBatchTimes(_union(spans), tasks)
 
 
 def record_spark_batch(job: Any, batch: CommittedBatch, executor: BatchExecutor) -> BatchMetrics | None:
@@ -95,14 +120,14 @@ def record_spark_batch(job: Any, batch: CommittedBatch, executor: BatchExecutor)
     try:
         if batch.replayed or not recorder_for_batch(job).enabled:
             return None
-        spark_seconds = task_seconds = None
+        times = None
         try:
-            spark_seconds = batch.spark_time()
             if isinstance(executor, SparkExecutor) and executor.job_tag is not None:
-                task_seconds = keyed_task_seconds(executor.spark, executor.job_tag, batch.report.parallelism)
+                times = spark_batch_times(executor.spark, executor.job_tag, batch.report.parallelism)
         except Exception as e:   # noqa: BLE001  # a status store we cannot read: the rest of the figures stand
             log.warning("Spark's status store could not be read for checkpoint %d: %s", batch.checkpoint_id, e)
-        return record_batch(job, batch, job.storage, spark_seconds=spark_seconds, task_seconds=task_seconds)
+        return record_batch(job, batch, job.storage, spark_seconds=None if times is None else times.seconds,
+                            task_seconds=None if times is None else times.tasks)
     except Exception:   # noqa: BLE001  # never fail a committed batch
         log.exception("recording the metrics of checkpoint %s failed (the batch itself is committed)",
                       batch.checkpoint_id)
@@ -206,5 +231,5 @@ class KeyGroupsProgressListener(StreamingQueryListener):
         pass
 
 
-__all__ = ["KeyGroupsProgressListener", "ProgressWithMetrics", "keyed_task_seconds", "record_spark_batch",
-           "spark_batch_listener"]
+__all__ = ["KeyGroupsProgressListener", "ProgressWithMetrics", "SparkBatchTimes", "record_spark_batch",
+           "spark_batch_listener", "spark_batch_times"]
