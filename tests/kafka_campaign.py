@@ -52,6 +52,7 @@ from fault_campaign import (
 )
 from keygroups.checkpoint import CheckpointStorage
 from keygroups.cli import shop
+from keygroups.runtime.report import SourceReport
 from keygroups.runtime.source import run_source_subtask
 from keygroups.sources import KafkaSource, KafkaSourceError, LocalKafkaBroker
 from keygroups.sources import kafka_reader as kafka_module
@@ -265,7 +266,7 @@ class RetryingSources:
                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=fault_campaign._env())
         return self._proc
 
-    def __call__(self, spec: Any, index: int) -> dict[str, Any]:
+    def __call__(self, spec: Any, index: int) -> SourceReport:
         victim = f"{spec.checkpoint_id}/{index}"
         for _ in range(self.attempts):
             death = self.victims.pop(victim, None)
@@ -283,7 +284,8 @@ class RetryingSources:
             if death is not None and death[1] == "discarded":
                 self.failures["source-discarded"] += 1
                 continue
-            return dict(answer)
+            assert isinstance(answer, SourceReport), answer
+            return answer
         raise RuntimeError(f"source subtask {index} of checkpoint {spec.checkpoint_id} failed {self.attempts} times")
 
     def close(self) -> None:

@@ -20,7 +20,7 @@ from keygroups.runtime.assignment import FlinkRanges
 from keygroups.runtime.batch import JobDriver, JobOptions
 from keygroups.runtime.local import LocalExecutor
 from keygroups.runtime.properties import PROPERTIES_VERSION, BatchProperties
-from keygroups.runtime.report import RestoreInfo, SubtaskReport, TimerFigures
+from keygroups.runtime.report import RestoreInfo, SourceReport, SplitPosition, SubtaskReport, TimerFigures
 from keygroups.serializers import Int64Serializer
 from keygroups.state import ValueStateDescriptor
 from keygroups.state.timers import TimeDomain
@@ -162,6 +162,26 @@ def test_subtask_reports_cross_json_whole():
     assert stored.keyed_handle is None and stored.key_group_records is None and stored.records_out == 4
     with pytest.raises(CorruptSnapshotError, match="a subtask report is malformed .*records_in"):
         SubtaskReport.from_json({**report.to_json(), "records_in": "5"})
+
+
+def test_source_reports_cross_json_whole_in_the_form_a_checkpoint_stores():
+    """A log's and Kafka's source reports, typed, through a task's JSON and a checkpoint's properties: stored as each
+    reader reported it (Kafka's driver reads its positions back from there); a malformed one is refused."""
+    log = SourceReport(subtask=0, operator_handle=None, input_file="chk-2/input-0.parquet", records=3,
+                       partitions=((None, 0), (None, 2)),
+                       positions=(SplitPosition(None, 0, 40), SplitPosition(None, 2, 9)))
+    assert log.stored()["partitions"] == [0, 2] and log.stored()["positions"] == {"0": 40, "2": 9}
+    kafka = SourceReport(subtask=1, operator_handle=None, input_file=None, records=0, partitions=(("t", 1),),
+                         positions=(SplitPosition("t", 1, 6),), records_skipped=1,
+                         notes={"skipped": ({"topic": "t", "partition": 1, "offset": 3},)})
+    assert kafka.stored()["positions"] == [["t", 1, 6]] and kafka.offsets() == {("t", 1): 6}
+    for report in (log, kafka):
+        assert SourceReport.from_json(report.to_json()) == report
+        assert SourceReport.from_json(report.stored()) == report
+    stored = BatchProperties(source_reports=(log, kafka)).encode()
+    assert BatchProperties.decode(stored).source_reports == (log, kafka)
+    with pytest.raises(CorruptSnapshotError, match="a source report is malformed"):
+        SourceReport.from_json({**kafka.to_json(), "positions": [["t", 1]]})
 
 
 def test_properties_of_a_checkpoint_written_before_the_codec_still_read():

@@ -47,7 +47,7 @@ def record(record_id: int) -> dict[str, Any]:
 def final_counts(location: str) -> dict[str, int]:
     """Each user's count in the latest checkpoint's keyed state, restored into one heap backend."""
     from keygroups import key_group_range
-    from keygroups.runtime.subtask import create_backend
+    from keygroups.runtime.backends import create_backend
 
     storage = CheckpointStorage(location)
     backend = create_backend("heap", key_group_range(64, 1, 0), 64, "string")
