@@ -302,16 +302,13 @@ def test_running_totals_match_a_model_over_random_batches_and_rescales(ops, para
     h = harness(name, parallelism=parallelism)
     open_harnesses = [h]
     job_metrics(h).store = False
-    stamp, pending_rescale = 0, False
+    stamp, committed_parallelism = 0, None   # the parallelism of the state the next batch restores
     try:
         for op, arg in ops:
             if op == "rescale":
                 if h.checkpoint is None:
                     continue
-                target = arg
-                if target != h.parallelism:
-                    pending_rescale = True
-                h = h.restore(h.snapshot(), parallelism=target)
+                h = h.restore(h.snapshot(), parallelism=arg)   # a snapshot of a harness without batches: its restore point
                 open_harnesses.append(h)
                 job_metrics(h).store = False
                 continue
@@ -319,12 +316,13 @@ def test_running_totals_match_a_model_over_random_batches_and_rescales(ops, para
             stamp += len(arg) + 1
             m = job_metrics(h).latest
             assert m.key_groups.records.sum() == m.records_in == len(arg)
-            assert m.rescaled == pending_rescale
+            rescaled = committed_parallelism is not None and h.parallelism != committed_parallelism
+            assert m.rescaled == rescaled
             model["batches"] += 1
-            model["rescales"] += int(pending_rescale)
+            model["rescales"] += int(rescaled)
             model["records"] += key_groups(arg)
             moved += m.moved_bytes
-            pending_rescale = False
+            committed_parallelism = h.parallelism
     finally:
         for x in open_harnesses:
             x.close()
