@@ -119,7 +119,7 @@ def test_a_new_job_with_another_record_schema_on_warm_heap_state(spark, tmp_path
 
     def run(j: KeyedJob, rows: list[tuple[int, str, int]]) -> tuple[list[tuple], list[str]]:
         result = j.run_batch(spark.createDataFrame(rows, "k long, op string, v long"), parallelism=1)
-        return sorted(tuple(r)[:4] for r in result.output.collect()), [r["restored"]["mode"] for r in result.reports]
+        return sorted(tuple(r)[:4] for r in result.output.collect()), [r.restored.mode for r in result.reports]
 
     keys = range(30)
     old = job("a bigint not null, b bigint not null, c bigint")
