@@ -16,7 +16,8 @@ from hypothesis import HealthCheck, settings
 settings.register_profile("keygroups", deadline=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True)
 settings.load_profile("keygroups")
 
-pytest_plugins = ["s3_server"]   # the session fixture `s3_server`: a SeaweedFS S3 endpoint on 127.0.0.1
+# the session fixtures `s3_server` (a SeaweedFS S3 endpoint on 127.0.0.1) and `chromium` (a headless browser)
+pytest_plugins = ["s3_server", "browser"]
 
 DATA = pathlib.Path(__file__).parent / "data"
 

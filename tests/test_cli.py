@@ -18,6 +18,7 @@ from timer_checkpoints import run_timer_job
 from keygroups import assign_to_key_group
 from keygroups.checkpoint import CheckpointStorage
 from keygroups.cli import demo, main
+from keygroups.metrics import MetricsStore
 
 pytestmark = pytest.mark.spark
 
@@ -31,7 +32,7 @@ def keygroups(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def demo_dir(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("demo")
-    result = keygroups("demo", "--events", "6000", "--users", "600", "--partitions", "4", "--phases", "3,1,5",
+    result = keygroups("demo", "--events", "6000", "--users", "600", "--partitions", "4", "--phases", "3,1,2,5",
                        "--batches-per-phase", "1", "--max-parallelism", "16", "--dir", str(workdir))
     assert result.returncode == 0, result.stdout + result.stderr
     return workdir, result
@@ -46,8 +47,8 @@ DEMO_LINE = re.compile(r"keygroups demo: |  working directory |\[[1-4]/4\] |  ph
 def test_demo_resumes_at_other_parallelisms_and_matches_the_reference(demo_dir):
     _, result = demo_dir
     out = result.stdout
-    assert "phase 1 p=3" in out and "phase 2 p=1" in out and "phase 3 p=5" in out
-    assert "restore at the start of phase 3 (p=5)" in out
+    assert "phase 1 p=3" in out and "phase 2 p=1" in out and "phase 3 p=2" in out and "phase 4 p=5" in out
+    assert "restore at the start of phase 4 (p=5)" in out
     assert "OK: all" in out and "orders equal the reference" in out
     assert re.search(r"^OK: all [\d,]+ users' state and timers, all [\d,]+ abandoned carts and all [\d,]+ orders "
                      r"equal the reference$", out, re.MULTILINE)
@@ -78,10 +79,32 @@ def test_inspect_and_plan_describe_the_demo_checkpoint(demo_dir):
     assert missing.returncode != 0 and "999" in missing.stderr
 
 
+def test_the_dashboard_of_the_demo_shows_its_rescales_and_late_events(demo_dir, chromium):
+    """``keygroups dashboard`` over the demo's checkpoints (the metrics its job kept beside them), in headless
+    Chromium: every plot, no console error, the demo's three rescales (3 -> 1 -> 2 -> 5) and its late events."""
+    from test_dashboard import check_plots_in_screenshot, render
+
+    workdir, result = demo_dir
+    late = int(re.search(r"([\d,]+) late events dropped", result.stdout).group(1).replace(",", ""))
+    report = workdir / "report.html"
+    made = keygroups("dashboard", str(workdir / "checkpoints"), "-o", str(report), timeout=120)
+    assert made.returncode == 0, made.stderr
+    assert f"4 batches (checkpoints 1-4), 3 rescales, {late:,} late records" in made.stdout
+    page = render(chromium, report)
+    assert page.errors == []
+    summary = page.values["summary"]
+    assert summary["rescale_checkpoints"] == [2, 3, 4] and page.values["rescale_bars"] == 3
+    assert summary["records_late"] == late > 0 and page.values["late_bars"] == 4
+    kept = MetricsStore(str(workdir / "checkpoints")).history()   # every batch, each rescale with its moved bytes
+    assert [m.checkpoint_id for m in kept] == [1, 2, 3, 4] and [m.parallelism for m in kept] == [3, 1, 2, 5]
+    assert all(m.moved_bytes > 0 for m in kept[1:]) and summary["moved_bytes"] == sum(m.moved_bytes for m in kept)
+    check_plots_in_screenshot(page)
+
+
 def test_verify_reports_any_difference_from_the_reference(demo_dir):
     workdir, _ = demo_dir
     storage = CheckpointStorage(str(workdir / "checkpoints"))
-    expected = demo.compute_reference(demo.generate_input(6000, 600, 4, batches=3, seed=7))
+    expected = demo.compute_reference(demo.generate_input(6000, 600, 4, batches=4, seed=7))
     emitted = demo.Emitted(orders=list(expected.orders),
                            abandoned=[(fired, row) for _, fired, row in expected.abandoned], late=expected.late)
     assert demo.verify(storage, 16, expected, emitted) == []

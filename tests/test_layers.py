@@ -19,6 +19,7 @@ LAYERS = [
     {"keygroups.runtime"},
     {"keygroups.aggregates"},
     {"keygroups.windows"},
+    {"keygroups.metrics"},
     {"keygroups.testing"},
     {"keygroups.flink"},
     {"keygroups.spark"},

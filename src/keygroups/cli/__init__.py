@@ -1,5 +1,5 @@
 """The ``keygroups`` command: ``demo`` (the main job), ``inspect`` (a checkpoint), ``plan`` (a rescale), ``verify``
-(read every file of a checkpoint)."""
+(read every file of a checkpoint), ``dashboard`` (a job's metrics as one HTML page)."""
 
 from __future__ import annotations
 
@@ -377,6 +377,9 @@ def main(argv: list[str] | None = None) -> int:
     from keygroups.cli import flink
 
     flink.add_parser(sub)
+    from keygroups.cli import dashboard
+
+    dashboard.add_parser(sub)
     p = sub.add_parser("inspect", help="describe a checkpoint (the latest complete one by default)")
     p.add_argument("location", help="checkpoint directory (local path or fsspec URL)")
     which = p.add_mutually_exclusive_group()

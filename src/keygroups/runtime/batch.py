@@ -226,6 +226,10 @@ class SourceRead:
         return self.source.staged_schema(self.record_schema)
 
 
+#: What :class:`JobDriver` calls with each batch it commits, and the batch's executor (see its ``on_commit``).
+CommitListener = Callable[[CommittedBatch, BatchExecutor], None]
+
+
 #: How long the retention thread of a job waits for the next commit before it ends.
 _RETENTION_IDLE_SECONDS = 10.0
 
@@ -278,12 +282,16 @@ class JobDriver:
     :meth:`run`, one batch through the spine. ``fence``: claim the location at the first batch (a later driver's
     claim fences this one); ``KeyedJob`` does, the harness (which owns its location) does not.
     ``background_retention``: retention after each commit runs in a thread of its own, off the batch's critical
-    path (False: inside the commit, as the test harness wants it: nothing runs after its batch returns)."""
+    path (False: inside the commit, as the test harness wants it: nothing runs after its batch returns).
+    ``on_commit``: called with every batch this driver commits (not a replay) and its executor, once the batch's
+    report is built: where a job records its metrics (``keygroups.metrics``); its exceptions are logged, never
+    raised (the batch is committed)."""
 
     def __init__(self, options: JobOptions, storage: CheckpointStorage, *, fence: bool = True,
-                 background_retention: bool = True) -> None:
+                 background_retention: bool = True, on_commit: CommitListener | None = None) -> None:
         self.options = options
         self.storage = storage
+        self.on_commit = on_commit
         self._fenced = fence
         self._fence: DriverFence | None = None   # claimed at the first batch: building a job fences nobody
         self._known: Checkpoints | None = None
@@ -396,8 +404,15 @@ class JobDriver:
             assignment=None if plan.assignment is None else AssignmentDecision.from_json(   # as the report reads back
                 plan.assignment.to_json(), plan.assignment.boundaries),
             driver={**driver_seconds, "commit": committed - ran}, wall_seconds=time.perf_counter() - started)
-        return CommittedBatch(metadata, tuple(sorted(reports, key=lambda r: r.subtask)), report, False, plan,
-                              tuple(sorted(source_reports, key=lambda r: r.subtask)), executor.spark_seconds)
+        batch = CommittedBatch(metadata, tuple(sorted(reports, key=lambda r: r.subtask)), report, False, plan,
+                               tuple(sorted(source_reports, key=lambda r: r.subtask)), executor.spark_seconds)
+        if self.on_commit is not None:
+            try:
+                self.on_commit(batch, executor)
+            except Exception:   # noqa: BLE001  # the batch is committed: a listener's failure is its own
+                log.exception("the commit listener of job %s failed on checkpoint %d", options.name,
+                              metadata.checkpoint_id)
+        return batch
 
     def _locate(self, checkpoint_id: int | None, streaming: StreamingBatch | None) -> Any:
         """Where the batch starts, as this job's driver: the first batch claims the location (fencing any earlier
@@ -478,5 +493,5 @@ def _checked_choice(policy: ParallelismPolicy, chosen: Any, records: int, max_pa
     return chosen
 
 
-__all__ = ["BatchExecutor", "CommittedBatch", "InputFigures", "JobDriver", "JobOptions", "SourceRead",
-           "pickle_function"]
+__all__ = ["BatchExecutor", "CommitListener", "CommittedBatch", "InputFigures", "JobDriver", "JobOptions",
+           "SourceRead", "pickle_function"]

@@ -11,6 +11,9 @@ package, with ``keygroups.cli``, that imports pyspark.
 - ``spark.read.format("keygroups")`` (:class:`KeyGroupsDataSource`, registered with the active session on import,
   :func:`register` for a later one): a checkpoint's or savepoint's state as a DataFrame; :func:`write_savepoint`
   (with :class:`StateColumn`): a savepoint from a DataFrame, which a ``KeyedJob`` starts from.
+- Metrics (:mod:`keygroups.metrics`) where Spark users look: ``.option("view", "metrics")`` of that source reads the
+  metrics a job keeps beside its checkpoints; :class:`KeyGroupsProgressListener` pairs each streaming query progress
+  with the keygroups metrics of the same batch (:mod:`keygroups.spark.metrics`).
 
 Everything but the RDD half works over Spark Connect too, with the same bits: there is no py4j gateway there, so
 the key-group engine "auto" picks the portable ones, and the runner starts its tasks from ``spark.range`` rather than
@@ -23,12 +26,14 @@ and :func:`write_savepoint` asks the server for Spark's default parallelism, whi
 from keygroups.runtime.state_writer import StateColumn
 from keygroups.spark.columns import with_key_groups
 from keygroups.spark.job import BatchResult, KeyedJob, read_checkpoint_files
+from keygroups.spark.metrics import KeyGroupsProgressListener, ProgressWithMetrics
 from keygroups.spark.partitioner import KeyGroupPartitioner, key_by, partition_by_key_group
 from keygroups.spark.records import row_records
 from keygroups.spark.state_source import KeyGroupsDataSource, _register_with_active_session, register, write_savepoint
 
 _register_with_active_session()
 
-__all__ = ["BatchResult", "KeyGroupPartitioner", "KeyGroupsDataSource", "KeyedJob", "StateColumn", "key_by",
+__all__ = ["BatchResult", "KeyGroupPartitioner", "KeyGroupsDataSource", "KeyGroupsProgressListener", "KeyedJob",
+           "ProgressWithMetrics", "StateColumn", "key_by",
            "partition_by_key_group", "read_checkpoint_files", "register", "row_records", "with_key_groups",
            "write_savepoint"]

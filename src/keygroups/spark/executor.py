@@ -328,6 +328,16 @@ class SparkExecutor:
     def _context(self) -> Any:
         return getattr(self._spark, "_sc", None)   # classic sessions only
 
+    @property
+    def spark(self) -> SparkSession:
+        return self._spark
+
+    @property
+    def job_tag(self) -> str | None:
+        """The tag of this batch's Spark jobs, by which Spark's status store finds them (None: over Spark Connect,
+        or before the batch started)."""
+        return self._tag
+
     def spark_seconds(self) -> float | None:
         """The union of this batch's Spark jobs' runs, submission to completion (Spark's status store); None
         over Spark Connect."""

@@ -47,6 +47,7 @@ from keygroups.runtime.spec import check_warm_heap_backends
 from keygroups.runtime.watermarks import WatermarkStrategy, check_late_records
 from keygroups.serializers.schema_formats import parse_ddl, to_arrow
 from keygroups.spark.executor import SparkExecutor, SparkPlanCache, read_checkpoint_files
+from keygroups.spark.metrics import spark_batch_listener
 from keygroups.state.timers import NO_WATERMARK
 
 #: Every batch's INFO line and late-data WARNING.
@@ -289,7 +290,7 @@ class KeyedJob:
                 watermark_strategy=self.watermark_strategy, late_records=self.late_records,
                 allow_pickle=self.allow_pickle, local_dir=self.local_dir, warm_heap_backends=self.warm_heap_backends,
                 assignment=self.assignment, restore_from_savepoint=self.restore_from_savepoint)
-            self._driver = JobDriver(options, self.storage)
+            self._driver = JobDriver(options, self.storage, on_commit=spark_batch_listener(self))   # metrics
         return self._driver
 
     def latest_checkpoint(self) -> CheckpointMetadata | None:

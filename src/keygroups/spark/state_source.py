@@ -9,9 +9,13 @@ savepoint in that location). Options (names are case-insensitive):
 
 * ``state``: the state to read (required for the keyed and operator views; the error lists the states there are);
 * ``view``: ``keyed`` (default: one row per key, see ``KeyedStateReader``), ``metadata`` (per key group and state:
-  kind, serializers, TTL, keys, entries, bytes, chain), ``operator`` (one operator state, per subtask and mode) or
+  kind, serializers, TTL, keys, entries, bytes, chain), ``operator`` (one operator state, per subtask and mode),
   ``timers`` (every registered timer: key, key group, time domain, timestamp; Spark's ``readRegisteredTimers``,
-  see ``state_reader.read_timers``; no ``state`` option);
+  see ``state_reader.read_timers``; no ``state`` option) or ``metrics`` (the metrics of the last batches the job
+  kept beside its checkpoints, see :mod:`keygroups.metrics`; no ``state`` option; ``checkpointId``: that batch's
+  only);
+* ``level`` (view ``metrics``): ``batch`` (default: a row per batch), ``subtask`` (a row per batch and subtask)
+  or ``keyGroup`` (a row per batch and key group);
 * ``flattenCollections``: ``true`` for one row per list element / map entry (Spark's ``flattenCollectionTypes``);
 * ``keyColumns``: comma-separated names of the key column(s);
 * ``partitions`` or ``partitionBytes``: how the key groups are cut into Spark partitions (default: runs of
@@ -44,6 +48,9 @@ from pyspark.sql.types import StructType
 
 from keygroups._ranges import KeyGroupRange
 from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage, KeyedStateHandle
+from keygroups.errors import CheckpointNotFoundError
+from keygroups.metrics import MetricsStore, metrics_table
+from keygroups.metrics.model import SCHEMAS
 from keygroups.runtime.state_reader import (
     METADATA_SCHEMA,
     KeyedStateReader,
@@ -67,10 +74,12 @@ from keygroups.runtime.state_writer import (
 from keygroups.spark.partitioner import partition_by_key_group
 
 SOURCE_NAME = "keygroups"
-VIEWS = ("keyed", "metadata", "operator", "timers")
+VIEWS = ("keyed", "metadata", "operator", "timers", "metrics")
 #: The options the reader knows, lower case (Spark passes option names case-insensitively).
 OPTIONS = ("path", "state", "checkpointid", "savepoint", "view", "flattencollections", "keycolumns", "partitions",
-           "partitionbytes", "storageoptions")
+           "partitionbytes", "storageoptions", "level")
+#: The metrics view's batches per Spark partition (level keyGroup: a row per key group of each).
+_METRICS_BATCHES_PER_PARTITION = 8
 _TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")
 
 
@@ -96,7 +105,7 @@ class _Request:
         if unknown:
             raise ValueError(f"unknown option(s) {unknown} for format('keygroups'); allowed: path, state, "
                              f"checkpointId, savepoint, view, flattenCollections, keyColumns, partitions, "
-                             f"partitionBytes, storageOptions")
+                             f"partitionBytes, storageOptions, level")
         path = options.get("path")
         if not path:
             raise ValueError("format('keygroups') needs a path: .load(<checkpoint location>), the directory that "
@@ -127,6 +136,23 @@ class _Request:
         checkpoint_id = _int_option(options, "checkpointid", "checkpointId", 0)
         self.state = options.get("state")
         self.storage = CheckpointStorage(path, storage_options=storage_options)
+        self.metrics: MetricsStore | None = None
+        if "level" in options and self.view != "metrics":
+            raise ValueError("option 'level' is the metrics view's (.option('view', 'metrics')); view "
+                             f"{self.view!r} has none")
+        if self.view == "metrics":   # the store beside the checkpoints: no checkpoint is read
+            self.level = options.get("level", "batch").lower()
+            if self.level not in SCHEMAS:
+                raise ValueError(f"option 'level' must be batch, subtask or keyGroup, got {options['level']!r}")
+            self.metrics = MetricsStore(path, storage_options=storage_options)
+            ids = self.metrics.checkpoint_ids()
+            self.metric_ids = [i for i in ids if checkpoint_id is None or i == checkpoint_id]
+            if checkpoint_id is not None and not self.metric_ids:
+                raise CheckpointNotFoundError(
+                    f"no metrics of checkpoint {checkpoint_id} in {self.metrics.url(checkpoint_id)}; the store "
+                    f"keeps batches {ids[:1]}..{ids[-1:]} ({len(ids)} of them)")
+            self.keyed = None
+            return
         self.metadata: CheckpointMetadata = load_restore_point(self.storage, checkpoint_id=checkpoint_id,
                                                                savepoint=options.get("savepoint"))
         if self.view in ("keyed", "operator") and self.state is None:
@@ -140,6 +166,8 @@ class _Request:
 
     @property
     def arrow_schema(self) -> pa.Schema:
+        if self.view == "metrics":
+            return SCHEMAS[self.level]
         if self.keyed is not None:
             return self.keyed.schema
         if self.view == "metadata":
@@ -180,6 +208,10 @@ class _StateReader(DataSourceReader):
     def partitions(self) -> Sequence[InputPartition]:
         if self.request.view == "operator":
             return [InputPartition(0)]
+        if self.request.view == "metrics":
+            ids = self.request.metric_ids
+            size = _METRICS_BATCHES_PER_PARTITION if self.request.level == "keygroup" else max(1, len(ids))
+            return [InputPartition(ids[i:i + size]) for i in range(0, len(ids), size)] or [InputPartition([])]
         return [KeyGroupRangePartition(r.start, r.end) for r in self.request.key_group_partitions()]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -187,6 +219,16 @@ class _StateReader(DataSourceReader):
 
     def _batches(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         request = self.request
+        if request.view == "metrics":
+            assert request.metrics is not None
+            history = []
+            for cid in partition.value:
+                try:
+                    history.append(request.metrics.read(cid))
+                except FileNotFoundError:   # pruned by the job since the listing: the next read lists again
+                    continue
+            yield from metrics_table(history, request.level).to_batches()
+            return
         if request.view == "operator":
             assert request.state is not None   # checked with the options
             yield from operator_state_table(request.storage, request.metadata, request.state).to_batches()

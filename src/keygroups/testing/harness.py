@@ -38,6 +38,7 @@ from keygroups._ranges import KeyGroupRange, check_parallelism, operator_index_f
 from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage
 from keygroups.checkpoint.planning import check_restore_max_parallelism
 from keygroups.errors import KeyGroupsError
+from keygroups.metrics.recorder import batch_listener
 from keygroups.runtime.assignment import Assignment, resolve_assignment
 from keygroups.runtime.backends import create_backend, key_type_for_schema
 from keygroups.runtime.batch import JobDriver, JobOptions
@@ -411,7 +412,8 @@ class KeyedFunctionHarness:
                 watermark_strategy=self.watermark_strategy, late_records="output", allow_pickle=self.allow_pickle,
                 local_dir=self._local_dir, warm_heap_backends=self.warm_heap_backends, assignment=self.assignment,
                 restore_from_savepoint=self._savepoint)
-            self._driver = JobDriver(options, self.storage, fence=False, background_retention=False)
+            self._driver = JobDriver(options, self.storage, fence=False, background_retention=False,
+                                     on_commit=batch_listener(self, enabled_by_default=False))   # once asked
         return self._driver
 
     def _run(self, table: pa.Table | None, *, advance_to: int | None) -> HarnessBatch:
