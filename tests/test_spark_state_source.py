@@ -109,7 +109,7 @@ def test_bad_options_and_foreign_input_fail_clearly(registered, tmp_path):
     build_chain(str(tmp_path), "heap", False, [1], KEYS[:5])
     cases = [   # checked by the data source itself, without running a query
         ({}, "option 'state' names the state to read"),
-        ({"state": "v", "view": "rows"}, "option 'view' must be one of keyed, metadata, operator, timers, got 'rows'"),
+        ({"state": "v", "view": "rows"}, "option 'view' must be one of keyed, metadata, operator, timers, metrics, got 'rows'"),
         ({"state": "v", "checkpointId": "x"}, "option 'checkpointId' must be an int >= 0, got 'x'"),
         ({"state": "v", "checkpointId": "7"}, "checkpoint 7 does not exist"),
         ({"state": "v", "savepoint": "nope"}, "savepoint 'nope' does not exist"),

@@ -489,20 +489,24 @@ def test_each_batch_carries_the_report_a_keyed_job_batch_returns(keygroups_harne
 
 
 def test_the_harness_takes_an_assignment_as_a_job_does(keygroups_harness):
-    """``assignment="balanced"`` cuts each batch's ranges by the load earlier batches measured, as a job's does;
-    the state stays exact whatever the ranges."""
+    """A balanced assignment cuts each batch's ranges by the load earlier batches measured, as a job's does, once
+    its forecast has gained over Flink's ranges on ``evidence`` batches; the state stays exact whatever the ranges."""
     from keygroups._ranges import flink_boundaries
+    from keygroups.runtime.assignment import BalancedRanges
 
     h = keygroups_harness(Totals(), "user", output_schema=OUT, parallelism=2, max_parallelism=16,
-                          assignment="balanced")
+                          assignment=BalancedRanges(evidence=1, caution=0))
     skewed = rows(*[(f"u{i}", 1) for i in range(40)], *[("ann", 1)] * 300)
-    first = h.process(skewed)
-    second = h.process(skewed)
-    assert first.report.assignment.assignment == second.report.assignment.assignment == "balanced"
-    assert first.report.assignment.boundaries == flink_boundaries(16, 2)   # nothing measured yet
-    assert second.report.assignment.moved and second.report.assignment.boundaries != flink_boundaries(16, 2)
-    assert second.report.assignment.max_over_mean < second.report.assignment.flink_max_over_mean
-    assert h.state("ann", "n") == 600 and h.state("u3", "total") == 2
+    batches = [h.process(skewed) for _ in range(4)]
+    assert {b.report.assignment.assignment for b in batches} == {"balanced"}
+    assert batches[0].report.assignment.boundaries == flink_boundaries(16, 2)   # nothing measured yet
+    last = batches[-1].report.assignment   # measured on batch 2, gaining over Flink's ranges on batches 3 and 4
+    assert last.moved and last.boundaries != flink_boundaries(16, 2)
+    assert last.max_over_mean < last.flink_max_over_mean
+    assert h.state("ann", "n") == 1200 and h.state("u3", "total") == 4
+    default = keygroups_harness(Totals(), "user", output_schema=OUT, parallelism=2, max_parallelism=16,
+                                assignment="balanced")
+    assert default.process(skewed).report.assignment.assignment == "balanced"
     with pytest.raises(ValueError, match="assignment must be one of"):
         KeyedFunctionHarness(Totals(), "user", output_schema=OUT, assignment="even")
 
