@@ -146,7 +146,7 @@ def test_the_streaming_job_script_runs_with_keygroups_shipped_as_an_archive(tmp_
     root = pathlib.Path(__file__).parents[1]
     wheels = tmp_path / "wheels"
     isolation = [] if importlib.util.find_spec("scikit_build_core") is None else ["--no-build-isolation"]
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", *isolation, "-Cbuild-dir=build",
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", *isolation,
                     "-w", str(wheels), str(root)], cwd=root, check=True, timeout=1200)
     env_dir = tmp_path / "env"
     subprocess.run([sys.executable, "-m", "venv", "--copies", str(env_dir)], check=True, timeout=300)
