@@ -37,7 +37,13 @@ from keygroups.metrics import (
 )
 from keygroups.metrics.store import encode_metrics
 from keygroups.runtime import KeyedProcessFunction, WatermarkStrategy
-from keygroups.runtime.assignment import checkpoint_loads
+from keygroups.runtime.assignment import (
+    AssignmentDecision,
+    checkpoint_boundaries,
+    checkpoint_loads,
+    moved_figures,
+    warm_takeover,
+)
 from keygroups.serializers import Int64Serializer
 from keygroups.state import ValueStateDescriptor
 from keygroups.testing import KeyedFunctionHarness
@@ -134,11 +140,16 @@ def test_a_rescale_with_the_bytes_it_moved():
             assert m.rescaled and (m.previous_parallelism, m.parallelism) == (2, 3)
             assert m.boundaries == (0, *(kg.key_group_range(MP, 3, i).end + 1 for i in range(3)))
             assert m.decision["moved_key_groups"] == m.moved_key_groups > 0
-            # a key group moved when its subtask changed; its bytes are its chain in the restore point
+            # a key group moved when its holder changed: warm state belongs to a range, and each new subtask takes over
+            # the warm state of at most one old range (the decision's takeover), whatever the subtasks' numbers. 0-7,
+            # 8-15 -> 0-5, 6-10, 11-15: the first keeps 0-5, the third takes over 8-15 (it shares the most with it)
+            # and keeps 11-15, the second holds nothing before: 6-10 moved. Its bytes are its chain in the restore point
+            assert m.decision["takeover"] == [0, None, 1]
             old = np.searchsorted(np.asarray([kg.key_group_range(MP, 2, i).start for i in range(2)]), np.arange(MP),
                                   side="right") - 1
-            new = m.subtask_of_key_groups()
-            moved = old != new
+            holder = np.asarray([-1 if j is None else j for j in m.decision["takeover"]])[m.subtask_of_key_groups()]
+            moved = old != holder
+            assert np.flatnonzero(moved).tolist() == list(range(6, 11))
             assert moved.sum() == m.moved_key_groups
             chains = chain_stats(previous, kg.KeyGroupRange(0, MP - 1))
             expected = np.zeros(MP, dtype=np.int64)
@@ -153,6 +164,56 @@ def test_a_rescale_with_the_bytes_it_moved():
         totals = SERIES.get(name)
         assert totals.rescales == 1 and totals.moved_bytes == m.moved_bytes
         assert totals.batches == 2   # the restored harness's two batches: the first harness recorded none
+
+
+class GivenRanges:
+    """An assignment that runs the boundaries it is given, with the decision's best warm takeover."""
+
+    name = "given"
+
+    def __init__(self, boundaries):
+        self.boundaries = tuple(boundaries)
+
+    def choose(self, previous, max_parallelism, parallelism):
+        b = self.boundaries
+        if previous is None:
+            return AssignmentDecision("given", b, None, False, "given", 1.0, None, 1.0)
+        before, state = checkpoint_boundaries(previous), checkpoint_loads(previous).state_bytes
+        takeover = warm_takeover(before, b, state)
+        groups, moved, restore = moved_figures(before, b, state, takeover)
+        return AssignmentDecision("given", b, before, before != b, "given", 1.0, None, 1.0, moved_key_groups=groups,
+                                  moved_bytes=moved, restore_bytes=restore, takeover=takeover)
+
+
+def _groups(runs):
+    return {g for run in runs for g in range(run.start, run.end + 1)}
+
+
+def test_moved_key_groups_are_those_the_warm_takeover_did_not_hold_and_the_subtasks_read():
+    """With warm state at hand, the key groups a rescale moved are exactly those the subtasks read from the checkpoint
+    (their reports' restored key groups), and the bytes moved are the bytes read, whatever the subtasks' numbers:
+    0-1, 2-3, 4-15 -> 0-11, 12-13, 14-15 gives the third subtask's warm state to the first, which keeps 4-11 and
+    drops 12-15; 0-3 and 12-15 moved (by subtask number 2-15 would have)."""
+    assignment = GivenRanges((0, 2, 4, MP))
+    with harness(parallelism=3, assignment=assignment) as h:
+        recorder = job_metrics(h)
+        h.process(records(list(range(100)), [1000 + i for i in range(100)]))
+        assignment.boundaries = (0, 12, 14, MP)
+        batch = h.process(records(list(range(100)), [2000 + i for i in range(100)]))
+        m = recorder.latest
+        assert m.rescaled and m.ranges_moved and m.parallelism == m.previous_parallelism == 3
+        assert m.decision["takeover"] == [2, None, None]
+        assert [r.restored.mode for r in batch.reports] == ["moved", "cold", "cold"]
+        read = set().union(*(_groups(r.restored.restored_key_groups) for r in batch.reports))
+        dropped = set().union(*(_groups(r.restored.dropped_key_groups) for r in batch.reports))
+        moved = set(np.flatnonzero(m.key_groups.moved_bytes).tolist())
+        assert read == moved == {0, 1, 2, 3, 12, 13, 14, 15} and m.moved_key_groups == len(moved)
+        assert dropped == {12, 13, 14, 15}   # the old ranges 0-1 and 2-3 nobody took over dropped nothing
+        assert m.key_groups.moved_bytes.sum() == m.moved_bytes == m.decision["moved_bytes"] == m.bytes_restored > 0
+        assert m.bytes_restored == sum(r.restored.bytes_restored for r in batch.reports)
+        for s, r in zip(m.subtasks, batch.reports):
+            assert s.restore_mode == r.restored.mode and s.bytes_restored == r.restored.bytes_read
+        assert np.array_equal(np.flatnonzero(m.key_groups.restore == COLD), sorted(moved))
 
 
 def test_the_store_keeps_the_last_batches_and_reads_them_back_whole():

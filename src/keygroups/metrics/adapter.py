@@ -28,10 +28,12 @@ from keygroups.metrics.model import (
     SubtaskMetrics,
 )
 from keygroups.runtime.assignment import (
+    AssignmentDecision,
     checkpoint_boundaries,
     checkpoint_loads,
     decode_counts,
     key_group_state_bytes,
+    warm_takeover,
 )
 from keygroups.runtime.batch import CommittedBatch
 from keygroups.runtime.report import RestoreInfo, SubtaskReport
@@ -77,7 +79,7 @@ def batch_metrics(batch: CommittedBatch, *, spark_seconds: float | None = None,
         subtasks.append(_subtask(r, own, None if task_seconds is None else task_seconds.get(i)))
     previous = plan.previous
     decision = report.assignment
-    moved = _moved_bytes(previous, boundaries, mp)
+    changed, moved = _moved(previous, boundaries, mp, decision)
     loads = checkpoint_loads(metadata)
     state_bytes = key_group_state_bytes(metadata)
     streaming = plan.streaming
@@ -93,8 +95,7 @@ def batch_metrics(batch: CommittedBatch, *, spark_seconds: float | None = None,
         state_bytes=report.state_bytes, bytes_restored=report.bytes_restored, bytes_written=report.bytes_written,
         assignment=None if decision is None else decision.assignment,
         ranges_moved=False if decision is None else decision.moved,
-        moved_key_groups=(int(np.count_nonzero(moved)) if decision is None else decision.moved_key_groups),
-        moved_bytes=int(moved.sum()) if decision is None else decision.moved_bytes,
+        moved_key_groups=int(np.count_nonzero(changed)), moved_bytes=int(moved.sum()),
         max_over_mean=None if decision is None else decision.max_over_mean,
         decision=None if decision is None else decision.to_json(),
         plan_seconds=report.seconds.plan, commit_seconds=report.seconds.commit,
@@ -131,22 +132,40 @@ def _restore_codes(codes: npt.NDArray[np.int8], own: KeyGroupRange, restored: Re
             codes[max(run.start, own.start):min(run.end, own.end) + 1] = code
 
 
-def _moved_bytes(previous: CheckpointMetadata | None, boundaries: Sequence[int], mp: int) -> npt.NDArray[np.int64]:
-    """Per key group, its state in ``previous`` when its subtask changed from ``previous``'s ranges to
-    ``boundaries`` (0 otherwise, and everywhere when the max parallelism changed: every key group is new then), as
-    the assignment's decision counts its ``moved_bytes``."""
+def _moved(previous: CheckpointMetadata | None, boundaries: Sequence[int], mp: int,
+           decision: AssignmentDecision | None) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.int64]]:
+    """Per key group, whether it changed holder from ``previous``'s ranges to ``boundaries`` and its moved bytes: its
+    state in ``previous`` (its chain there) when it did, 0 otherwise (none changed holder when the max parallelism
+    changed: every key group is new then, and none when the ranges are the same).
+
+    Warm state belongs to a range, not to a subtask number: on new ranges each subtask takes over the warm state of
+    at most one previous range (the decision's ``takeover``, which the spine ships to the subtasks), so a key group
+    kept its holder when the subtask that owns it now took over the previous range that held it, whatever the two
+    subtasks' numbers. The others changed holder: they are the key groups the subtasks read from the checkpoint for
+    state they did not hold (their reports' ``restored_key_groups`` with warm state at hand, the previous holders'
+    ``dropped_key_groups``), exactly the decision's ``moved_key_groups`` and ``moved_bytes``. Without a decision
+    naming that takeover, it is the best one (:func:`~keygroups.runtime.assignment.warm_takeover`), as the driver
+    ships it."""
     moved = np.zeros(mp, dtype=np.int64)
     if previous is None or previous.max_parallelism != mp:
-        return moved
-    before = checkpoint_boundaries(previous)
-    if tuple(before) == tuple(boundaries):
-        return moved
-    groups = np.arange(mp)
-    owner_before = np.searchsorted(np.asarray(before[:-1]), groups, side="right") - 1
-    owner_after = np.searchsorted(np.asarray(boundaries[:-1]), groups, side="right") - 1
-    changed = owner_before != owner_after
-    moved[changed] = key_group_state_bytes(previous)[changed].astype(np.int64)
-    return moved
+        return np.zeros(mp, dtype=bool), moved
+    before = tuple(int(b) for b in checkpoint_boundaries(previous))
+    after = tuple(int(b) for b in boundaries)
+    if before == after:
+        return np.zeros(mp, dtype=bool), moved
+    state = key_group_state_bytes(previous)
+    takeover: tuple[int | None, ...] | None = None
+    if (decision is not None and decision.previous is not None and tuple(decision.previous) == before
+            and tuple(decision.boundaries) == after and len(decision.takeover) == len(after) - 1):
+        takeover = tuple(decision.takeover)
+    if takeover is None:
+        takeover = warm_takeover(before, after, state)
+    kept = np.zeros(mp, dtype=bool)
+    for i, j in enumerate(takeover):
+        if j is not None:   # subtask i holds the key groups it shares with the previous range j it took over
+            kept[max(after[i], before[j]):min(after[i + 1], before[j + 1])] = True
+    moved[~kept] = state[~kept].astype(np.int64)
+    return ~kept, moved
 
 
 __all__ = ["batch_metrics"]

@@ -86,9 +86,10 @@ class KeyGroupFigures:
     """Per key group of one batch, arrays of ``max_parallelism``: ``records`` and ``calls`` (steps: one per key of
     the batch, plus one per record for a function called per record) the batch processed, ``timers_fired``,
     ``state_bytes`` after the batch (the key group's chain: its full block and the deltas after it),
-    ``moved_bytes`` (its state, as the restore point held it, when the batch gave it to another subtask; 0
-    otherwise), ``decayed_work`` (calls plus timers, decayed over the last batches: what the balanced assignment
-    weighs) and ``restore`` (a :data:`RESTORE_MODES` code)."""
+    ``moved_bytes`` (its state, as the restore point held it, when the batch gave it to another holder: the subtask
+    that owns it now did not take over the warm state of the previous range that held it, whatever the subtasks'
+    numbers; 0 otherwise), ``decayed_work`` (calls plus timers, decayed over the last batches: what the balanced
+    assignment weighs) and ``restore`` (a :data:`RESTORE_MODES` code)."""
 
     records: npt.NDArray[np.int64]
     calls: npt.NDArray[np.int64]
@@ -126,10 +127,12 @@ class BatchMetrics:
     The rescale: ``previous_parallelism`` and ``previous_max_parallelism`` are the restore point's (None: the job's
     first batch); ``ranges_moved`` whether the batch's key-group ranges differ from the restore point's (another
     parallelism, or boundaries the balanced assignment moved; False across a max-parallelism change, where every key
-    group is new); ``moved_key_groups`` and ``moved_bytes`` the key groups that changed subtask and their state (the
-    assignment decision's figures); ``decision`` the decision as the checkpoint stores it (the assignment, its reason,
-    the load's max/mean under the new ranges, before, and under Flink's). :attr:`rescaled` says whether the batch
-    rescaled at all.
+    group is new); ``moved_key_groups`` and ``moved_bytes`` the key groups that changed holder and their state: warm
+    state belongs to a range, so a key group stays with the subtask that takes over its previous range's warm state
+    (the decision's ``takeover``) whatever its number, and the others are what the subtasks read for state they did
+    not hold (the assignment decision's figures, and :attr:`KeyGroupFigures.moved_bytes` summed); ``decision`` the
+    decision as the checkpoint stores it (the assignment, its reason, the load's max/mean under the new ranges,
+    before, and under Flink's). :attr:`rescaled` says whether the batch rescaled at all.
 
     Time: ``plan_seconds`` and ``commit_seconds`` the driver's phases; ``wall_seconds`` the batch on the driver, from
     the call to the commit (None: not measured); ``spark_seconds`` Spark's own time for the batch's Spark jobs (the

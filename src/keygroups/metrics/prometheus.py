@@ -109,9 +109,9 @@ class PrometheusExporter:
                     ("keygroups_batches", "Micro-batches committed", s["batches"]),
                     ("keygroups_rescales", "Batches that ran with other key-group ranges than their restore point",
                      s["rescales"]),
-                    ("keygroups_moved_bytes", "State bytes of the key groups that changed subtask in a rescale",
+                    ("keygroups_moved_bytes", "State bytes of the key groups that changed holder in a rescale",
                      s["moved_bytes"]),
-                    ("keygroups_moved_key_groups", "Key groups that changed subtask in a rescale",
+                    ("keygroups_moved_key_groups", "Key groups that changed holder in a rescale",
                      s["moved_key_groups"]),
                     ("keygroups_timers_registered", "Timers registered", s["timers_registered"])):
                 family(counter, name, doc, ("job_name",)).add_metric(job, value)
@@ -190,7 +190,7 @@ class PrometheusExporter:
                  ("keygroups_key_group_calls", "Steps of the function for the key group: one per key of a batch, "
                                                "plus one per record for a function called per record"),
                  ("keygroups_key_group_timers_fired", "Timers fired in the key group"),
-                 ("keygroups_key_group_moved_bytes", "State bytes of the key group moved to another subtask"))
+                 ("keygroups_key_group_moved_bytes", "State bytes of the key group moved to another holder"))
         for column, (name, doc) in enumerate(names):
             f = family(counter, name, doc, labels)
             for kg in chosen:
