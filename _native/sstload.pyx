@@ -539,9 +539,10 @@ def write_key_group(object writer, int key_group, list chain, list states):
     and ``slots[state_index]`` the position in ``states`` of the file's state (-1: not restored). Only the blocks
     from the newest full one on count.
 
-    ``states``: ``[(state_id, kind, ttl, deadline), ...]`` in ascending state id: ``kind`` one of VALUE (value,
-    reducing, aggregating), LIST, MAP; ``deadline`` None or the time (ms) at or before which a TTL entry expired.
-    CorruptSnapshotError for bytes that are not a valid chain."""
+    ``states``: ``[(state_id, kind, ttl, deadline[, name]), ...]`` in ascending state id: ``kind`` one of VALUE
+    (value, reducing, aggregating), LIST, MAP; ``deadline`` None or the time (ms) at or before which a TTL entry
+    expired; ``name`` the state's, for errors. CorruptSnapshotError for bytes that are not a valid chain (a value's
+    framing it cannot split names the state, when given, and the key group)."""
     cdef Py_ssize_t n_states = len(states), n_blocks = len(chain), first = 0, b, s, k, total = 0, i
     cdef list keep = []
     cdef Py_buffer *views = NULL
@@ -551,7 +552,7 @@ def write_key_group(object writer, int key_group, list chain, list states):
     cdef int kind
     cdef bint ttl, has_deadline
     cdef int64_t deadline
-    cdef object state_id, item
+    cdef object state_id, item, name
     cdef tuple entry
     cdef list slots_of = []
     if not 0 <= key_group < 0x8000:
@@ -573,7 +574,8 @@ def write_key_group(object writer, int key_group, list chain, list states):
             PyObject_GetBuffer(chain[b][0], &views[n_views], PyBUF_SIMPLE)
             n_views += 1
         for s in range(n_states):
-            state_id, kind, ttl, item = states[s]
+            state_id, kind, ttl, item = states[s][:4]
+            name = states[s][4] if len(states[s]) > 4 else None
             if not 0 <= state_id <= 0xFFFF or kind not in (K_VALUE, K_LIST, K_MAP):
                 raise ValueError(f"state {states[s]!r}: a state id in [0, 65535] and a kind in (0, 1, 2)")
             has_deadline = item is not None
@@ -603,6 +605,13 @@ def write_key_group(object writer, int key_group, list chain, list states):
                 for i in range(k):
                     _order_run(&runs[i])
                 _merge_state(out, runs, k, kind, ttl, has_deadline, deadline)
+            except Exception as e:
+                from keygroups.errors import CorruptSnapshotError
+                if name is None or type(e) is not CorruptSnapshotError:
+                    raise
+                # values framed otherwise than the state's meta says (a damaged file, or a crafted meta: a TTL the
+                # values were written without): named as the restore's Python paths and the state reader name it
+                raise CorruptSnapshotError(f"state {name!r}, key group {key_group}: {e}") from None
             finally:
                 for i in range(k):
                     PyMem_Free(runs[i].order)

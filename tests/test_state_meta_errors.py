@@ -155,6 +155,22 @@ def test_each_malformed_part_is_named(checkpoint, backend, change, message):
         KeyedStateReader(storage, bad, "v")
 
 
+@pytest.mark.parametrize("change", [
+    lambda m: m.pop("ttl"),   # TTL-framed values read without TTL: RocksDB's compiled SST ingest splits them
+    lambda m: m["serializers"].__setitem__("element", {"identifier": "int32", "version": 1, "config": {},
+                                                       "nested": []}),  # migrated, decoded lazily on a read
+], ids=["ttl dropped", "element int32"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_values_a_crafted_meta_cannot_decode_name_the_state(checkpoint, backend, change):
+    """The bytes fail in compiled code (SST ingest, a restored layer's lazy decode, a migration), far from the
+    restore's Python checks: the error still names the state (hypothesis found both)."""
+    storage, md = checkpoint
+    meta = copy.deepcopy(md.keyed_handles[0].states[2])
+    change(meta)
+    with pytest.raises((CorruptSnapshotError, StateMigrationError), match="state 'l'"):
+        use(storage, with_meta(md, 2, meta), backend)
+
+
 def test_a_crafted_meta_in_a_metadata_file_is_refused_on_restore(checkpoint):
     """Through the bytes of a ``_metadata`` (checksummed, so only a crafted one gets this far)."""
     storage, md = checkpoint

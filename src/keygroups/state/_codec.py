@@ -92,7 +92,10 @@ class ValueFraming:
     def decode_many(self, block: Any, offsets: Any) -> list[Any]:
         """Decode n values packed in ``block`` at ``offsets`` (n + 1 positions): compiled for plain value states."""
         if not self.ttl and self.kind in ("value", "reducing", "aggregating"):
-            return self.ser.deserialize_many(block, offsets)
+            try:
+                return self.ser.deserialize_many(block, offsets)
+            except CorruptSnapshotError as e:
+                raise self._undecodable(e) from None
         o = list(offsets)
         dec = self.decode
         return [dec(block[o[j]:o[j + 1]]) for j in range(len(o) - 1)]
@@ -119,8 +122,17 @@ class ValueFraming:
     def _enc_value(self, v: Any) -> bytes:
         return self.ser.serialize(v)
 
+    def _undecodable(self, error: CorruptSnapshotError) -> CorruptSnapshotError:
+        """``error`` (a serializer's, for the bytes of a value's user part) naming the state and the value's kind:
+        restored layers are decoded lazily, on a read or a migration, far from the restore that named the state."""
+        what = "a value" if self.kind in ("value", "reducing", "aggregating") else f"a {self.kind} value"
+        return _corrupt(self.state, f"{what}: {error}")
+
     def _dec_value(self, b: Any) -> Any:
-        return self.ser.deserialize(b)
+        try:
+            return self.ser.deserialize(b)
+        except CorruptSnapshotError as e:
+            raise self._undecodable(e) from None
 
     def _enc_value_ttl(self, v: Any) -> bytes:
         return _pack_i64(v[1]) + self.ser.serialize(v[0])
@@ -129,7 +141,10 @@ class ValueFraming:
         if len(b) < 8:
             raise _corrupt(self.state, f"a TTL value needs an 8-byte timestamp, got {len(b)} bytes")
         mv = memoryview(b)
-        return (self.ser.deserialize(mv[8:]), _I64.unpack_from(mv, 0)[0])
+        try:
+            return (self.ser.deserialize(mv[8:]), _I64.unpack_from(mv, 0)[0])
+        except CorruptSnapshotError as e:
+            raise self._undecodable(e) from None
 
     # ---- list ---------------------------------------------------------------------------------------------------
     def _enc_list(self, v: Any) -> bytes:
@@ -142,12 +157,19 @@ class ValueFraming:
 
     def _dec_list(self, b: Any) -> Any:
         d = self.ser.deserialize
-        return [d(e) for e in self._split_list(b, False)[0]]
+        elements = self._split_list(b, False)[0]
+        try:
+            return [d(e) for e in elements]
+        except CorruptSnapshotError as e:
+            raise self._undecodable(e) from None
 
     def _dec_list_ttl(self, b: Any) -> Any:
         d = self.ser.deserialize
         elements, ts = self._split_list(b, True)
-        return [(d(e), t) for e, t in zip(elements, ts)]
+        try:
+            return [(d(e), t) for e, t in zip(elements, ts)]
+        except CorruptSnapshotError as e:
+            raise self._undecodable(e) from None
 
     def _split_list(self, b: Any, ttl: bool) -> tuple[list[bytes], Any]:
         try:
@@ -168,12 +190,18 @@ class ValueFraming:
     def _dec_map(self, b: Any) -> Any:
         kd, vd = self.key_ser.deserialize, self.ser.deserialize
         keys, values, _ = self._split_map(b, False)
-        return dict(zip(java_keys([kd(k) for k in keys]), [vd(x) for x in values]))
+        try:
+            return dict(zip(java_keys([kd(k) for k in keys]), [vd(x) for x in values]))
+        except CorruptSnapshotError as e:
+            raise self._undecodable(e) from None
 
     def _dec_map_ttl(self, b: Any) -> Any:
         kd, vd = self.key_ser.deserialize, self.ser.deserialize
         keys, values, ts = self._split_map(b, True)
-        return dict(zip(java_keys([kd(k) for k in keys]), [(vd(x), t) for x, t in zip(values, ts)]))
+        try:
+            return dict(zip(java_keys([kd(k) for k in keys]), [(vd(x), t) for x, t in zip(values, ts)]))
+        except CorruptSnapshotError as e:
+            raise self._undecodable(e) from None
 
     def _split_map(self, b: Any, ttl: bool) -> tuple[list[bytes], list[bytes], Any]:
         try:

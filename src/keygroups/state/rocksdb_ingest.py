@@ -79,7 +79,8 @@ class SstRestore:
         (through ``write``, which runs the ingestion as the backend's other writes run); the rows written."""
         states = sorted(self._tables.values(), key=lambda t: t.state_id)
         slot = {t.state_id: i for i, t in enumerate(states)}
-        spec = [(t.state_id, STORED_KINDS.get(t.meta["kind"], sstload.VALUE), t.read_framing.ttl, t.ttl_deadline())
+        spec = [(t.state_id, STORED_KINDS.get(t.meta["kind"], sstload.VALUE), t.read_framing.ttl, t.ttl_deadline(),
+                 t.name)
                 for t in states]
         fd, path = tempfile.mkstemp(prefix="restore-", suffix=".sst", dir=directory)
         os.close(fd)
