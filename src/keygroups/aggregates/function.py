@@ -193,7 +193,8 @@ def _ufunc_fold(ufunc: np.ufunc, dtype: np.dtype[Any], values: np.ndarray, valid
     """``a = ufunc(a, v)`` over each run's valid values in row order (the first value as it is when the run's
     accumulator has none), by numpy: the rows at the same position of their runs are folded together, one position
     after the other; a run longer than ``_LONG`` folds with ``ufunc.accumulate``. Updates ``acc`` and ``has`` (per
-    run) in place; returns the accumulator after each row (and whether it has one) when ``per_row``."""
+    run) in place; returns the accumulator after each row (and whether it has one) when ``per_row``. Every value
+    equals what the per-record form's one-value call ``ufunc(a, v)`` gives (see :func:`_apply`)."""
     n, k = len(values), len(runs) - 1
     carried, carried_has = acc.copy(), has.copy()
     run_of = np.repeat(np.arange(k), np.diff(runs))
@@ -214,19 +215,19 @@ def _ufunc_fold(ufunc: np.ufunc, dtype: np.dtype[Any], values: np.ndarray, valid
         y[p0] = x[p0]
         if carry.any():
             c = p0[carry]
-            y[c] = ufunc(acc[r[c]].astype(dtype), x[c]).astype(dtype)
+            y[c] = _apply(ufunc, dtype, acc[r[c]].astype(dtype), x[c])
         short = ~in_long
         for p in range(1, int(pos[short].max(initial=0)) + 1):
             at = np.flatnonzero((pos == p) & short)
-            y[at] = ufunc(y[at - 1], x[at]).astype(dtype)
+            y[at] = _apply(ufunc, dtype, y[at - 1], x[at])
         for run in long_runs.tolist():
             lo, hi = first_of_run[run], first_of_run[run] + counts[run]
             seq = x[lo:hi]
             if has[run]:
                 seq = np.concatenate([acc[run:run + 1].astype(dtype), seq])
-                y[lo:hi] = ufunc.accumulate(seq, dtype=dtype)[1:]
+                y[lo:hi] = _accumulate(ufunc, dtype, seq)[1:]
             else:
-                y[lo:hi] = ufunc.accumulate(seq, dtype=dtype)
+                y[lo:hi] = _accumulate(ufunc, dtype, seq)
         last = first_of_run + counts - 1
         touched = counts > 0
         acc[touched] = y[last[touched]]
@@ -253,6 +254,62 @@ def _ufunc_fold(ufunc: np.ufunc, dtype: np.dtype[Any], values: np.ndarray, valid
 
 #: Runs longer than this fold with ``ufunc.accumulate`` (one call each) instead of position by position.
 _LONG = 32
+
+
+# numpy computes a float ufunc over an array in SIMD lanes and over one value (the per-record form's 0-d call) in
+# scalar code, and the two may disagree where the result is a choice between the operands: np.fmax(-0.0, 0.0) is
+# -0.0 by the scalar loop (the first operand when they are equal) but 0.0 in a SIMD lane, likewise maximum, minimum
+# and fmin, and which NaN's payload comes out; ufunc.accumulate has its own loops. Those are the pairs where the two
+# operands compare equal or a NaN is involved: they are recomputed one at a time, as the per-record form does.
+def _scalar(ufunc: np.ufunc, dtype: np.dtype[Any], a: Any, v: Any) -> Any:
+    """``ufunc(a, v)`` for one value, exactly as the per-record form calls it (0-d arrays, accumulator first)."""
+    return ufunc(np.asarray(a, dtype=dtype), np.asarray(v, dtype=dtype)).astype(dtype)[()]
+
+
+def _doubtful(a: np.ndarray, v: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Where a vectorized ``y = ufunc(a, v)`` of doubles may differ from the one-value call (see above)."""
+    return np.flatnonzero((a == v) | np.isnan(a) | np.isnan(v) | np.isnan(y))
+
+
+def _apply(ufunc: np.ufunc, dtype: np.dtype[Any], a: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """``ufunc(a[i], v[i])`` for every i, each equal to the per-record form's call ``ufunc(a[i], v[i])``."""
+    y = ufunc(a, v).astype(dtype)
+    if dtype.kind == "f" and len(y):
+        for i in _doubtful(a, v, y).tolist():
+            y[i] = _scalar(ufunc, dtype, a[i], v[i])
+    return y
+
+
+#: After this many corrections, ``_accumulate`` finishes a run one value at a time.
+_FIXES = 8
+
+
+def _accumulate(ufunc: np.ufunc, dtype: np.dtype[Any], seq: np.ndarray) -> np.ndarray:
+    """``ufunc.accumulate(seq)`` (``y[0] = seq[0]``, ``y[i] = ufunc(y[i - 1], seq[i])``), each step equal to the
+    per-record form's one-value call: a doubtful step (see above) is recomputed, and if that changes it, the rest of
+    the run is accumulated again from it."""
+    y = ufunc.accumulate(seq, dtype=dtype)
+    if dtype.kind != "f" or len(y) < 2:
+        return y
+    start, fixes = 1, 0
+    while start < len(y):
+        for i in (_doubtful(y[start - 1:-1], seq[start:], y[start:]) + start).tolist():
+            want = _scalar(ufunc, dtype, y[i - 1], seq[i])
+            if want.tobytes() == y[i].tobytes():
+                continue
+            y[i] = want
+            fixes += 1
+            if fixes >= _FIXES:   # many ties (signed zeros, NaNs): the rest one value at a time
+                for j in range(i + 1, len(y)):
+                    y[j] = _scalar(ufunc, dtype, y[j - 1], seq[j])
+                return y
+            if i + 1 < len(y):
+                y[i:] = ufunc.accumulate(np.concatenate([y[i:i + 1], seq[i + 1:]]), dtype=dtype)
+            start = i + 1
+            break
+        else:
+            return y
+    return y
 
 
 class KeyedAggregate(KeyedProcessFunction):
