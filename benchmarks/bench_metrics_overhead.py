@@ -127,6 +127,16 @@ def main() -> None:
         start = time.perf_counter()
         job.run_batch(load, parallelism=args.parallelism)
         print(f"  {label}: state loaded in {time.perf_counter() - start:.1f} s", flush=True)
+    in_batch: list[tuple[float, float]] = []   # the listener's own call inside the batch (hands off to a thread)
+    driver = jobs["metrics on"].driver
+    listener = driver.on_commit
+
+    def timed_listener(batch: Any, executor: Any) -> None:
+        wall, cpu = time.perf_counter(), time.thread_time()
+        listener(batch, executor)
+        in_batch.append((time.perf_counter() - wall, time.thread_time() - cpu))
+
+    driver.on_commit = timed_listener
     timer.calls.clear()
     timer.store_reads.clear()
 
@@ -157,10 +167,13 @@ def main() -> None:
             print(f"  {'warm-up' if not round_no else f'round {round_no}':<9} {label:<12} {wall:6.3f} s", flush=True)
         batch.unpersist()
         if round_no == 0:
+            job_metrics(jobs["metrics on"]).flush()
+            in_batch.clear()
             timer.calls.clear()
             timer.store_reads.clear()
     if outputs["metrics on"] != outputs["metrics off"]:
         raise SystemExit("the two jobs' outputs differ: the benchmark measured different work")
+    job_metrics(jobs["metrics on"]).flush()   # recorded in the background: its last batch's recording done
     recorded = MetricsStore(jobs["metrics on"].storage.location).checkpoint_ids()
     if len(recorded) != args.rounds + 2:
         raise SystemExit(f"the recording job kept {len(recorded)} batches, expected {args.rounds + 2}")
@@ -189,8 +202,13 @@ def main() -> None:
     rest_wall, rest_cpu = hook_wall - read_wall, hook_cpu - read_cpu
     print(f"{'  building the metrics, writing them':<44}{rest_wall * 1e3:>10.2f}{rest_cpu * 1e3:>10.2f}"
           f"{rest_wall / med['metrics on']:>12.2%}")
-    print(f"target: <= 2% of a batch -> {'met' if hook_wall / med['metrics on'] <= 0.02 else 'NOT met'} "
-          f"({hook_wall / med['metrics on']:.2%} in-batch; A/B medians {med['metrics on'] / med['metrics off'] - 1:+.2%})")
+    call_wall = statistics.median(w for w, _ in in_batch)
+    call_cpu = statistics.median(c for _, c in in_batch)
+    print(f"  (record_spark_batch runs on the recorder's background thread: off the batch's critical path)")
+    print(f"{'in-batch listener call (hand-off + wait)':<44}{call_wall * 1e3:>10.2f}{call_cpu * 1e3:>10.2f}"
+          f"{call_wall / med['metrics on']:>12.2%}")
+    print(f"target: <= 2% of a batch -> {'met' if call_wall / med['metrics on'] <= 0.02 else 'NOT met'} "
+          f"({call_wall / med['metrics on']:.2%} in-batch; A/B medians {med['metrics on'] / med['metrics off'] - 1:+.2%})")
     spark.stop()
     shutil.rmtree(root, ignore_errors=True)
 

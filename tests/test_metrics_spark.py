@@ -39,6 +39,7 @@ def test_every_batch_with_its_rescale_and_spark_time_in_the_metrics_view(spark, 
                                parallelism=p)
         decisions.append(result.metadata.properties[DECISION_PROPERTY])
 
+    job_metrics(job).flush()   # recorded in the background: the view's Python workers read the files
     batches = view(spark, location).orderBy("checkpoint_id").collect()
     assert [b["checkpoint_id"] for b in batches] == [1, 2, 3]
     assert [b["parallelism"] for b in batches] == parallelisms
@@ -61,6 +62,54 @@ def test_every_batch_with_its_rescale_and_spark_time_in_the_metrics_view(spark, 
     assert [sum(g["records"] for g in groups if g["checkpoint_id"] == c) for c in (1, 2, 3)] == records
     assert {g["restore_mode"] for g in groups if g["checkpoint_id"] == 1} == {"none"}
     assert {g["restore_mode"] for g in groups if g["checkpoint_id"] == 2} <= {"warm", "caught-up", "cold"}
+
+
+def test_a_keyed_job_records_in_the_background_yet_every_batch_is_seen_at_once(spark, tmp_path, monkeypatch,
+                                                                                caplog):
+    import gc
+
+    import keygroups.spark.metrics as spark_metrics
+    from keygroups.metrics import MetricsStore
+    from keygroups.metrics.recorder import flush_metrics
+
+    location = str(tmp_path / "chk")
+    job = KeyedJob("metrics-background", "k", RunningTotal(), output_schema=TOTALS, max_parallelism=MP,
+                   checkpoint_location=location)
+    recorder = job_metrics(job)
+    threads = []
+    real = spark_metrics.record_spark_batch
+
+    def recording(*args):
+        threads.append(threading.current_thread().name)
+        return real(*args)
+
+    monkeypatch.setattr(spark_metrics, "record_spark_batch", recording)
+    for cid, p in zip(range(1, 4), [2, 3, 1]):
+        job.run_batch(spark.createDataFrame([(i % 13, i) for i in range(50 * cid)], "k long, v long"),
+                      parallelism=p)
+        assert recorder.latest is not None and recorder.latest.checkpoint_id == cid   # right after run_batch
+        assert [m.checkpoint_id for m in recorder.history()] == list(range(1, cid + 1))
+        assert recorder.latest.spark_seconds is not None
+    assert threads and all(t != threading.main_thread().name for t in threads)   # off the batch's thread
+
+    def failing(*args):
+        raise RuntimeError("the recorder broke")
+
+    monkeypatch.setattr(spark_metrics, "record_spark_batch", failing)
+    with caplog.at_level("ERROR", logger="keygroups.metrics"):
+        result = job.run_batch(spark.createDataFrame([(1, 1)], "k long, v long"), parallelism=2)
+        assert result.checkpoint_id == 4 and recorder.flush()
+    assert "the recorder broke" in caplog.text and recorder.latest.checkpoint_id == 3
+    monkeypatch.setattr(spark_metrics, "record_spark_batch", real)   # the worker goes on after a failure
+    job.run_batch(spark.createDataFrame([(2, 2)], "k long, v long"), parallelism=2)
+    assert recorder.latest.checkpoint_id == 5
+
+    job.run_batch(spark.createDataFrame([(3, 3)], "k long, v long"), parallelism=2)
+    del job, recorder   # the job gone: what interpreter exit does (flush_metrics) still finds every batch stored
+    gc.collect()
+    assert flush_metrics(60)
+    assert MetricsStore(location).checkpoint_ids() == [1, 2, 3, 5, 6]
+    assert [b["checkpoint_id"] for b in view(spark, location).orderBy("checkpoint_id").collect()] == [1, 2, 3, 5, 6]
 
 
 def test_the_metrics_view_options_are_checked_on_the_driver(tmp_path):

@@ -9,7 +9,9 @@ Prometheus and drawn as a dashboard (no pyspark here: the Spark parts, the ``met
   fired, state bytes, moved bytes, decayed work, how its state came), built by :func:`batch_metrics`.
 - :func:`job_metrics`: a job's :class:`MetricsRecorder`. A ``KeyedJob`` records every batch after its commit (never
   failing it) into a :class:`MetricsStore` in ``<checkpoint location>/_metrics/``, the last ``keep`` batches (100 by
-  default); the test harness records once asked.
+  default); the test harness records once asked. A ``KeyedJob`` records on a background thread, off the batch's
+  critical path: the recorder's readers, Prometheus scrapes and interpreter exit wait for it; before reading the
+  ``metrics`` view (or the store's files) right after a batch, call ``job_metrics(job).flush()``.
 - :func:`serve_prometheus` (:class:`PrometheusExporter`): the driver's jobs in Prometheus' text format, labelled by
   ``job_name``, ``subtask_index`` and ``key_group``.
 - :func:`write_dashboard` (``keygroups dashboard LOCATION -o report.html``): one self-contained HTML page (plotly,

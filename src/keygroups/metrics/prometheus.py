@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from keygroups.metrics.model import RESTORE_MODES, SUBTASK_PHASES
-from keygroups.metrics.recorder import SERIES, JobSeries, MetricsSeries
+from keygroups.metrics.recorder import SERIES, JobSeries, MetricsSeries, flush_metrics
 
 #: The hottest key groups exported whatever ``key_groups`` says, by default.
 DEFAULT_TOP_KEY_GROUPS = 10
@@ -92,6 +92,7 @@ class PrometheusExporter:
 
     def collect(self) -> Iterator[Any]:
         counter, gauge = _families()
+        flush_metrics()   # the batches whose recording is under way in the background (see keygroups.metrics)
         with self.series.lock:
             jobs = [(s, _snapshot(s)) for s in self.series.jobs()]
         families: dict[str, Any] = {}

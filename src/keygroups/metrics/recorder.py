@@ -8,10 +8,21 @@ the checkpoints, adds it to the job's running totals (what Prometheus scrapes) a
 subscribers (the Spark listener bridge). It never fails the batch: the checkpoint is committed by then, and a
 failure to record is logged on the ``keygroups.metrics`` logger. The test harness records only once asked
 (``job_metrics(harness)``): its batches take milliseconds, and most tests want none.
+
+A ``KeyedJob`` records off the batch's critical path: its listener hands the committed batch to the recorder's one
+background thread (:meth:`MetricsRecorder.submit`), which reads Spark's times and writes the metrics, one batch at a
+time and in order. The next batch's commit waits for the previous recording first, so none is lost. Flush points
+(each waits for the recordings under way): the recorder's readers (:attr:`~MetricsRecorder.latest`,
+:meth:`~MetricsRecorder.recent`, :meth:`~MetricsRecorder.get`, :meth:`~MetricsRecorder.history`),
+:meth:`MetricsRecorder.flush`, :func:`flush_metrics` (every job of this process), each Prometheus scrape, and
+interpreter exit. The ``metrics`` view of ``spark.read.format("keygroups")`` reads the files in Spark's Python workers,
+which cannot wait for this process: call ``job_metrics(job).flush()`` (or :func:`flush_metrics`) before reading it
+right after a batch. The test harness records synchronously.
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
 import weakref
@@ -34,6 +45,53 @@ log = logging.getLogger("keygroups.metrics")
 #: How many of its last batches a recorder holds in memory (the listener bridge pairs Spark's progress with them).
 RECENT = 32
 
+#: Seconds a recorder's background thread waits idle for the next batch before it ends (the next batch starts one).
+IDLE_SECONDS = 30.0
+
+
+class _Worker:
+    """A recorder's background thread: runs one task at a time, in order (a single slot: :meth:`submit` waits for
+    the task under way first). Its thread ends after :data:`IDLE_SECONDS` idle and starts again with the next task."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._cond = threading.Condition()
+        self._task: Callable[[], Any] | None = None
+        self._thread: threading.Thread | None = None
+
+    def submit(self, task: Callable[[], Any]) -> None:
+        with self._cond:
+            self._cond.wait_for(lambda: self._task is None)   # the previous recording first: in order, none lost
+            self._task = task
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+                self._thread.start()
+            self._cond.notify_all()
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait for the task under way (none from this worker's own thread); False if ``timeout`` ran out first."""
+        with self._cond:
+            if threading.current_thread() is self._thread:
+                return True
+            return self._cond.wait_for(lambda: self._task is None, timeout)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                if not self._cond.wait_for(lambda: self._task is not None, IDLE_SECONDS):
+                    self._thread = None
+                    return
+                task = self._task
+            try:
+                assert task is not None
+                task()
+            except Exception:   # noqa: BLE001  # the batch is committed: a recording's failure is logged
+                log.exception("a background metrics recording failed (the batch itself is committed)")
+            finally:
+                with self._cond:
+                    self._task = None
+                    self._cond.notify_all()
+
 
 class MetricsRecorder:
     """A job's metrics recording (see the module docs): ``enabled`` (record at all), ``keep`` (how many batches
@@ -53,29 +111,49 @@ class MetricsRecorder:
         self._lock = threading.Lock()
         self._location: tuple[str, dict[str, Any]] | None = None
         self._asked = False   # handed out by job_metrics (see there)
+        self._worker: _Worker | None = None
 
     def __repr__(self) -> str:
         return f"MetricsRecorder(enabled={self.enabled}, keep={self.keep}, store={self.store})"
 
+    def submit(self, task: Callable[[], Any]) -> None:
+        """Run ``task`` (a batch's recording) on this recorder's background thread, after the recording under way
+        (which this waits for); its exceptions are logged. See the module docs."""
+        with self._lock:
+            if self._worker is None:
+                self._worker = _Worker("keygroups-metrics")
+                _WORKERS.add(self)
+            worker = self._worker
+        worker.submit(task)
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait for the batch recording under way on the background thread, if any (False: ``timeout`` ran out)."""
+        worker = self._worker
+        return True if worker is None else worker.flush(timeout)
+
     @property
     def latest(self) -> BatchMetrics | None:
         """The last batch this recorder recorded (None: none yet)."""
+        self.flush()
         with self._lock:
             return next(reversed(self._recent.values()), None)
 
     def recent(self) -> list[BatchMetrics]:
         """The last batches this recorder recorded (at most :data:`RECENT`), oldest first."""
+        self.flush()
         with self._lock:
             return list(self._recent.values())
 
     def get(self, checkpoint_id: int) -> BatchMetrics | None:
         """The recorded batch of checkpoint ``checkpoint_id`` if it is among the recent ones."""
+        self.flush()
         with self._lock:
             return self._recent.get(checkpoint_id)
 
     def history(self, last: int | None = None) -> list[BatchMetrics]:
         """Every batch the store beside the checkpoints keeps (the ``last`` ones), oldest first; the recent ones of
         this recorder before its first batch knows the location, or when it does not store."""
+        self.flush()
         store = self._metrics_store()
         if store is None or not self.store:
             recent = self.recent()
@@ -132,6 +210,19 @@ class MetricsRecorder:
 
 _RECORDERS: weakref.WeakKeyDictionary[Any, MetricsRecorder] = weakref.WeakKeyDictionary()
 _RECORDERS_LOCK = threading.Lock()
+_WORKERS: weakref.WeakSet[MetricsRecorder] = weakref.WeakSet()   # recorders that record in the background
+
+
+def flush_metrics(timeout: float | None = None) -> bool:
+    """Wait for every job's batch recording under way in this process (see the module docs); False if ``timeout``
+    (seconds, per job) ran out for one. Prometheus scrapes and interpreter exit call it."""
+    done = True
+    for recorder in list(_WORKERS):
+        done = recorder.flush(timeout) and done
+    return done
+
+
+atexit.register(flush_metrics, 60.0)
 
 
 def job_metrics(job: Any) -> MetricsRecorder:
@@ -289,4 +380,4 @@ SERIES = MetricsSeries()
 
 
 __all__ = ["MetricsRecorder", "JobSeries", "MetricsSeries", "SERIES", "job_metrics", "record_batch", "batch_listener",
-           "recorder_for_batch", "RECENT"]
+           "recorder_for_batch", "flush_metrics", "RECENT"]

@@ -122,7 +122,7 @@ def record_spark_batch(job: Any, batch: CommittedBatch, executor: BatchExecutor)
             return None
         times = None
         try:
-            if isinstance(executor, SparkExecutor) and executor.job_tag is not None:
+            if isinstance(executor, (SparkExecutor, _SparkOfBatch)) and executor.job_tag is not None:
                 times = spark_batch_times(executor.spark, executor.job_tag, batch.report.parallelism)
         except Exception as e:   # noqa: BLE001  # a status store we cannot read: the rest of the figures stand
             log.warning("Spark's status store could not be read for checkpoint %d: %s", batch.checkpoint_id, e)
@@ -134,15 +134,32 @@ def record_spark_batch(job: Any, batch: CommittedBatch, executor: BatchExecutor)
         return None
 
 
+@dataclass(frozen=True)
+class _SparkOfBatch:
+    """What the background recording needs of a batch's :class:`SparkExecutor`, taken when the batch committed."""
+
+    spark: SparkSession
+    job_tag: str | None
+
+
 def spark_batch_listener(job: Any) -> Callable[[CommittedBatch, BatchExecutor], None]:
     """What ``job`` (a ``KeyedJob``) gives its :class:`~keygroups.runtime.batch.JobDriver` as ``on_commit``: each
-    committed batch's metrics recorded (:func:`record_spark_batch`). Holds ``job`` weakly."""
+    committed batch's metrics recorded (:func:`record_spark_batch`) on the job recorder's background thread, off
+    the batch's critical path; the call waits only for the previous batch's recording (see
+    :mod:`keygroups.metrics.recorder` for the flush points). Holds ``job`` weakly."""
     ref = weakref.ref(job)
 
     def committed(batch: CommittedBatch, executor: BatchExecutor) -> None:
         owner = ref()
-        if owner is not None:
-            record_spark_batch(owner, batch, executor)
+        if owner is None or batch.replayed:
+            return
+        recorder = recorder_for_batch(owner)
+        if not recorder.enabled:
+            return
+        # its tag now (the executor may run the next batch meanwhile); record_spark_batch looked up at each call
+        of_batch: Any = (_SparkOfBatch(executor.spark, executor.job_tag) if isinstance(executor, SparkExecutor)
+                         else executor)
+        recorder.submit(lambda: record_spark_batch(owner, batch, of_batch))
 
     return committed
 
