@@ -364,9 +364,10 @@ def avro_reads(writer: M, reader: M, records: list[dict[str, Any]], probes: list
 
 
 def _date_read_as_another_type(t: Any, v: Any) -> bool:
-    """Whether a ``date`` reached a reader field of another type. Avro's Java reader promotes a date's underlying
-    int (days) to a long, float or double there, and fastavro hands over the date itself; keygroups refuses to turn a
-    date into a number (Spark's ``date`` is no number), with a StateMigrationError naming the state and field."""
+    """Whether a logical type's value (a date, a timestamp, a decimal) reached a reader field of a plain type. Avro's
+    Java reader promotes the underlying int or long (days, milliseconds) to a long, float or double there, and
+    fastavro hands over the date or datetime itself; keygroups refuses to turn a date or an instant into a number
+    (Spark's ``date`` and ``timestamp`` are no numbers), with a StateMigrationError naming the state and field."""
     if isinstance(v, list) and not isinstance(t, tuple):   # the records read
         return any(_date_read_as_another_type(t, x) for x in v)
     if v is None:
@@ -377,7 +378,8 @@ def _date_read_as_another_type(t: Any, v: Any) -> bool:
         return any(_date_read_as_another_type(t[1], x) for x in v)
     if isinstance(t, tuple) and t[0] == "map":
         return any(_date_read_as_another_type(t[1], x) for x in v.values())
-    return t != "date" and type(v) is dt.date   # (a datetime is a date too: timestamps are not meant)
+    logical = isinstance(t, tuple) and t[0] in ("timestamp", "decimal")
+    return t != "date" and not logical and isinstance(v, (dt.date, decimal.Decimal))
 
 
 def float32_view(t: Any, v: Any) -> Any:

@@ -215,15 +215,21 @@ def test_output_errors_are_the_python_loops(records):
             outcome.append(e)
     compiled, reference = outcome
     # The compiled sink checks each record's shape as it is emitted and converts values column by column at the
-    # end; the Python loop converted each run of dicts or tuples when the next run began. So when a batch holds a
-    # record of the wrong shape, the compiled sink names the first such record even where the Python loop stopped
-    # earlier at a value it could not convert: that record's own error, word for word.
-    for record in records:
+    # end, or when an Arrow table is emitted (before it); the Python loop converted each run of dicts or tuples when
+    # the next run began. So when a batch holds a record of the wrong shape, the compiled sink names the first such
+    # record (its own error, word for word) even where the Python loop stopped earlier at a value it could not
+    # convert, unless that record is a table: then the values emitted before it come first.
+    for i, record in enumerate(records):
         try:
             output_table([record], schema)
         except (ValueError, TypeError) as e:
             if not isinstance(e, pa.ArrowException):   # a record's shape, not a value Arrow cannot convert
                 reference = e
+                if isinstance(record, pa.Table):
+                    try:
+                        output_table(records[:i], schema)
+                    except Exception as before:   # noqa: BLE001 -- a value emitted before the table
+                        reference = before
                 break
         except Exception:   # noqa: BLE001 -- a value error: checked at the end
             pass
