@@ -358,26 +358,26 @@ def avro_reads(writer: M, reader: M, records: list[dict[str, Any]], probes: list
             out.append(fastavro.schemaless_reader(buf, w_renamed, r))
         except (fastavro.read.SchemaResolutionError, UnicodeDecodeError):
             return REFUSED
-    if _date_read_as_another_type(reader, out):
+    if _logical_read_as_plain_type(reader, out):
         return REFUSED
     return [float32_view(reader, v) for v in out[len(probes):]]
 
 
-def _date_read_as_another_type(t: Any, v: Any) -> bool:
+def _logical_read_as_plain_type(t: Any, v: Any) -> bool:
     """Whether a logical type's value (a date, a timestamp, a decimal) reached a reader field of a plain type. Avro's
     Java reader promotes the underlying int or long (days, milliseconds) to a long, float or double there, and
     fastavro hands over the date or datetime itself; keygroups refuses to turn a date or an instant into a number
     (Spark's ``date`` and ``timestamp`` are no numbers), with a StateMigrationError naming the state and field."""
     if isinstance(v, list) and not isinstance(t, tuple):   # the records read
-        return any(_date_read_as_another_type(t, x) for x in v)
+        return any(_logical_read_as_plain_type(t, x) for x in v)
     if v is None:
         return False
     if isinstance(t, M):
-        return any(_date_read_as_another_type(f.type, v.get(f.name)) for f in t.fields)
+        return any(_logical_read_as_plain_type(f.type, v.get(f.name)) for f in t.fields)
     if isinstance(t, tuple) and t[0] == "list":
-        return any(_date_read_as_another_type(t[1], x) for x in v)
+        return any(_logical_read_as_plain_type(t[1], x) for x in v)
     if isinstance(t, tuple) and t[0] == "map":
-        return any(_date_read_as_another_type(t[1], x) for x in v.values())
+        return any(_logical_read_as_plain_type(t[1], x) for x in v.values())
     logical = isinstance(t, tuple) and t[0] in ("timestamp", "decimal")
     return t != "date" and not logical and isinstance(v, (dt.date, decimal.Decimal))
 
