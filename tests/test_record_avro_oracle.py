@@ -345,6 +345,8 @@ def avro_reads(writer: M, reader: M, records: list[dict[str, Any]], probes: list
         rewritten = rewrite(writer, reader)
     except Ambiguous:
         return REFUSED
+    if _narrowed(rewritten, reader):
+        return REFUSED
     w = fastavro.parse_schema(avro_record(writer))
     w_renamed = fastavro.parse_schema(avro_record(rewritten))
     r = fastavro.parse_schema(avro_record(reader))
@@ -361,6 +363,18 @@ def avro_reads(writer: M, reader: M, records: list[dict[str, Any]], probes: list
     if _logical_read_as_plain_type(reader, out):
         return REFUSED
     return [float32_view(reader, v) for v in out[len(probes):]]
+
+
+def _narrowed(w: Any, r: Any) -> bool:
+    """Whether a reader field reads a writer field of another scalar type that is not a promotion. Avro's ``int``
+    holds int8, int16 and int32 alike, so an alias rewrite that pairs an int16 with an int8 reads in Avro, while
+    keygroups refuses the narrowing (a StateMigrationError naming the state and field)."""
+    if isinstance(w, M) and isinstance(r, M):
+        written = {f.name: f.type for f in w.fields}
+        return any(f.name in written and _narrowed(written[f.name], f.type) for f in r.fields)
+    if isinstance(w, tuple) and isinstance(r, tuple) and w[0] == r[0] and w[0] in ("list", "map"):
+        return _narrowed(w[1], r[1])
+    return isinstance(w, str) and isinstance(r, str) and w != r and r not in WIDER.get(w, [])
 
 
 def _logical_read_as_plain_type(t: Any, v: Any) -> bool:
