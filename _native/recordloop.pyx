@@ -8,19 +8,21 @@
 # unless the function kept it, which keeps the values it shows valid (the batch lives as long as its rows).
 #
 # The function is called with vectorcall, the key switched with the backend's compiled set_current_key, and the
-# context's slots set from C. Outputs go to an OutputSink: per column a typed buffer (int64, float64) or a Python list,
-# converted to Arrow once per batch; a value the typed buffer does not take exactly (a bool, a numpy scalar, an int past
-# int64) turns that column into a list, so pyarrow converts it and errs as it always did.
+# context's slots set from C. Outputs go to an OutputSink: per column typed buffers in Arrow's layout for the common
+# types (integers, floats, bool, strings, binary, timestamps, dates; nulls in a validity bitmap), made into the batch's
+# Arrow arrays with pa.Array.from_buffers; from the first value a column's buffers do not take exactly (a numpy
+# scalar, a value out of range, a wrong type) its values go to a list that pyarrow converts, so the column accepts and
+# refuses what the Python path did, with its errors. The timers that are due fire in this module too (fire_timers).
 #
 # Every index read is below the array's length, and a buffer's address is read only for arrays of the types above.
 
 from cpython.object cimport PyObject
 from cpython.ref cimport Py_INCREF, Py_DECREF
-from cpython.long cimport PyLong_FromLongLong, PyLong_AsLongLongAndOverflow, PyLong_CheckExact
+from cpython.long cimport PyLong_FromLongLong, PyLong_AsLongLongAndOverflow, PyLong_AsLongLong, PyLong_CheckExact
 from cpython.float cimport PyFloat_FromDouble, PyFloat_CheckExact, PyFloat_AS_DOUBLE
 from cpython.bool cimport PyBool_FromLong
-from cpython.bytes cimport PyBytes_FromStringAndSize
-from cpython.unicode cimport PyUnicode_DecodeUTF8
+from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_CheckExact, PyBytes_AS_STRING, PyBytes_GET_SIZE
+from cpython.unicode cimport PyUnicode_DecodeUTF8, PyUnicode_CheckExact
 from cpython.tuple cimport PyTuple_GET_SIZE, PyTuple_GET_ITEM, PyTuple_CheckExact
 from cpython.list cimport PyList_GET_SIZE, PyList_GET_ITEM, PyList_CheckExact
 from cpython.dict cimport PyDict_GetItem, PyDict_Size, PyDict_CheckExact
@@ -262,107 +264,367 @@ Mapping.register(Row)
 
 
 # ---- outputs --------------------------------------------------------------------------------------------------------
+#
+# An output column is a _Builder: while every value is one its Arrow type takes exactly (below), it is written into
+# buffers in Arrow's own layout (a validity bitmap; fixed-width values, bits for booleans, or offsets and UTF-8/bytes
+# data), and the batch's array is made from those buffers with pa.Array.from_buffers. The first value it does not take
+# (a numpy scalar, a float in an int column, a datetime with another time zone, a value out of range, a wrong type)
+# ends the typed part: it and every later value of the batch go to a list that pyarrow converts, as the Python path
+# converted everything, so whatever that path accepted is accepted and whatever it refused raises its error. What the
+# buffers take, each exactly as pyarrow converts it:
+#   integers     an int (not a bool) within the type's range
+#   floats       a float; an int within +-2**53 (float64) or +-2**24 (float32), the range pyarrow converts exactly
+#   bool         True or False
+#   string       a str that encodes as UTF-8;  binary: bytes
+#   timestamp    an int in int64 (the value in the type's unit); a datetime, naive or in datetime.timezone.utc,
+#                truncated to the unit (a naive one is UTC, as pyarrow reads it)
+#   date32/64    an int in the type's range (days / ms); a date (not a datetime)
+# and None is a null in every one. Every write is below the capacity just checked; memory is the builder's own until
+# the array is made, then copied into Arrow buffers.
+
+from cpython.datetime cimport (import_datetime, PyDateTime_CheckExact, PyDate_CheckExact, PyDateTime_GET_YEAR,
+                               PyDateTime_GET_MONTH, PyDateTime_GET_DAY, PyDateTime_DATE_GET_HOUR,
+                               PyDateTime_DATE_GET_MINUTE, PyDateTime_DATE_GET_SECOND,
+                               PyDateTime_DATE_GET_MICROSECOND, PyDateTime_DATE_GET_TZINFO)
+from libc.string cimport memset
+from libc.stdint cimport INT64_MAX, INT64_MIN, INT32_MAX
+
+import_datetime()
+
+import datetime as _datetime
+
+cdef extern from "Python.h":
+    const char* _utf8_of "PyUnicode_AsUTF8AndSize"(object unicode, Py_ssize_t* size)
+    void PyErr_Clear()
+    bint PyBool_Check(object o)
+    unsigned long long PyLong_AsUnsignedLongLong(object o)
+    PyObject* PyErr_Occurred()
+
+cdef object _UTC = _datetime.timezone.utc
 
 cdef enum:
     B_LIST = 0
-    B_INT64
+    B_INTEGER       # signed or unsigned up to 64 bits, within [lo, hi] (uint64 above int64: B_UINT64)
+    B_UINT64
+    B_FLOAT32
     B_FLOAT64
+    B_BOOL
+    B_STRING
+    B_BINARY
+    B_TIMESTAMP
+    B_DATE32
+    B_DATE64
+
+cdef int64_t _TWO_53 = (<int64_t>1) << 53
+cdef int64_t _TWO_24 = (<int64_t>1) << 24
+cdef Py_ssize_t PY_SSIZE_T_MAX_HALF = (<Py_ssize_t>1) << 62
+cdef dict _UNITS = {"s": 0, "ms": 1, "us": 2, "ns": 3}
+
+
+cdef inline int64_t _days_from_civil(int64_t y, int64_t m, int64_t d) noexcept:
+    # Days since 1970-01-01 of a proleptic Gregorian date (years 1..9999, as datetime holds: never negative here).
+    y -= m <= 2
+    cdef int64_t era = y // 400
+    cdef int64_t yoe = y - era * 400
+    cdef int64_t doy = (153 * (m + (-3 if m > 2 else 9)) + 2) // 5 + d - 1
+    cdef int64_t doe = yoe * 365 + yoe // 4 - yoe // 100 + doy
+    return era * 146097 + doe - 719468
+
+
+cdef object _arrow_buffer(const uint8_t* data, Py_ssize_t nbytes):
+    """A new Arrow buffer (Arrow's allocator: aligned as Arrow wants) holding ``nbytes`` bytes of ``data``."""
+    buffer = pa.allocate_buffer(nbytes)
+    if nbytes:
+        memcpy(<void*><uintptr_t>buffer.address, data, nbytes)
+    return buffer
 
 
 cdef class _Builder:
-    """One output column: an int64 or float64 buffer (with a validity byte per value) while every value is of that
-    exact type or None, else a list for pyarrow."""
-    cdef int kind
+    """One output column of the batch: typed buffers while every value is one its type takes exactly, then a list
+    for pyarrow (see above)."""
+    cdef int kind               # B_LIST once the typed part has ended (or from the start for other types)
+    cdef int typed              # the kind a new batch starts with
     cdef object type
-    cdef list values
-    cdef char* data
-    cdef uint8_t* valid
-    cdef Py_ssize_t n, capacity, nulls
+    cdef list rest              # the values from the first one the buffers did not take
+    cdef uint8_t* valid         # validity bitmap, capacity bits, zero beyond n
+    cdef uint8_t* data          # fixed width: capacity values (bool: bits, zero beyond n); else the bytes
+    cdef uint8_t* offsets       # string/binary: capacity + 1 offsets of `width` bytes
+    cdef Py_ssize_t n, capacity, nulls, data_len, data_capacity
+    cdef int width              # bytes per value (fixed) or per offset (string/binary); 0 for bool
+    cdef int64_t lo, hi         # B_INTEGER / B_DATE32: the values the type holds
+    cdef int unit               # B_TIMESTAMP: 0 s, 1 ms, 2 us, 3 ns
 
     def __dealloc__(self):
-        PyMem_Free(self.data)
         PyMem_Free(self.valid)
+        PyMem_Free(self.data)
+        PyMem_Free(self.offsets)
 
     cdef int _grow(self) except -1:
-        cdef Py_ssize_t capacity = self.capacity * 2 if self.capacity else 1024
-        cdef char* data = <char*>PyMem_Realloc(self.data, capacity * 8)
-        if data == NULL:
+        cdef Py_ssize_t old = self.capacity
+        cdef Py_ssize_t capacity = old * 2 if old else 1024
+        cdef void* p
+        if capacity > (<Py_ssize_t>1 << 58):
+            raise MemoryError("an output column past 2**58 values")
+        p = PyMem_Realloc(self.valid, (capacity + 7) >> 3)
+        if p == NULL:
             raise MemoryError()
-        self.data = data
-        cdef uint8_t* valid = <uint8_t*>PyMem_Realloc(self.valid, capacity)
-        if valid == NULL:
-            raise MemoryError()
-        self.valid = valid
+        self.valid = <uint8_t*>p
+        memset(self.valid + ((old + 7) >> 3), 0, ((capacity + 7) >> 3) - ((old + 7) >> 3))
+        if self.typed == B_STRING or self.typed == B_BINARY:
+            p = PyMem_Realloc(self.offsets, (capacity + 1) * self.width)
+            if p == NULL:
+                raise MemoryError()
+            self.offsets = <uint8_t*>p
+            if old == 0:
+                memset(self.offsets, 0, self.width)
+        elif self.typed == B_BOOL:
+            p = PyMem_Realloc(self.data, (capacity + 7) >> 3)
+            if p == NULL:
+                raise MemoryError()
+            self.data = <uint8_t*>p
+            memset(self.data + ((old + 7) >> 3), 0, ((capacity + 7) >> 3) - ((old + 7) >> 3))
+        else:
+            p = PyMem_Realloc(self.data, capacity * self.width)
+            if p == NULL:
+                raise MemoryError()
+            self.data = <uint8_t*>p
         self.capacity = capacity
         return 0
 
-    cdef int _to_list(self) except -1:
-        cdef Py_ssize_t k
-        cdef list values = []
-        for k in range(self.n):
-            if not self.valid[k]:
-                values.append(None)
-            elif self.kind == B_INT64:
-                values.append(PyLong_FromLongLong((<int64_t*>self.data)[k]))
+    cdef int _reserve_bytes(self, Py_ssize_t more) except -1:
+        cdef Py_ssize_t capacity = self.data_capacity if self.data_capacity else 4096
+        cdef void* p
+        if more > PY_SSIZE_T_MAX_HALF - self.data_len:
+            raise MemoryError("an output column past 2**62 bytes")
+        while capacity < self.data_len + more:
+            capacity *= 2
+        if capacity != self.data_capacity:
+            p = PyMem_Realloc(self.data, capacity)
+            if p == NULL:
+                raise MemoryError()
+            self.data = <uint8_t*>p
+            self.data_capacity = capacity
+        return 0
+
+    cdef inline void _store(self, int64_t v) noexcept:
+        # the value's low `width` bytes at n: two's complement, so unsigned values in range store as they are
+        if self.width == 8:
+            (<int64_t*>self.data)[self.n] = v
+        elif self.width == 4:
+            (<uint32_t*>self.data)[self.n] = <uint32_t>v
+        elif self.width == 2:
+            (<uint16_t*>self.data)[self.n] = <uint16_t>v
+        else:
+            self.data[self.n] = <uint8_t>v
+
+    cdef inline int _bytes(self, const char* p, Py_ssize_t size) except -1:
+        # one string/binary value at n: its bytes, then the offset after them (False: past int32 offsets)
+        if self.width == 4 and size > INT32_MAX - self.data_len:
+            return 0
+        if self.data_len + size > self.data_capacity:
+            self._reserve_bytes(size)
+        if size:
+            memcpy(self.data + self.data_len, p, size)
+        self.data_len += size
+        if self.width == 4:
+            (<int32_t*>self.offsets)[self.n + 1] = <int32_t>self.data_len
+        else:
+            (<int64_t*>self.offsets)[self.n + 1] = self.data_len
+        return 1
+
+    cdef int _put(self, object value) except -1:
+        """Write ``value`` (not None) at n: 1 if the buffers take it exactly, 0 if pyarrow must convert it."""
+        cdef int overflow = 0
+        cdef long long v
+        cdef double d
+        cdef Py_ssize_t size
+        cdef const char* p
+        cdef int64_t days, seconds, micros
+        cdef unsigned long long u
+        cdef PyObject* tz
+        cdef int kind = self.kind
+        if kind == B_INTEGER or kind == B_UINT64:
+            if not PyLong_CheckExact(value):
+                return 0
+            v = PyLong_AsLongLongAndOverflow(value, &overflow)
+            if overflow == 0:
+                if v < self.lo or v > self.hi:
+                    return 0
+                self._store(v)
+                return 1
+            if overflow > 0 and kind == B_UINT64:
+                u = PyLong_AsUnsignedLongLong(value)
+                if u == <unsigned long long>-1 and PyErr_Occurred() != NULL:
+                    PyErr_Clear()
+                    return 0
+                (<uint64_t*>self.data)[self.n] = u
+                return 1
+            return 0
+        if kind == B_FLOAT64 or kind == B_FLOAT32:
+            if PyFloat_CheckExact(value):
+                d = PyFloat_AS_DOUBLE(value)
+            elif PyLong_CheckExact(value):
+                v = PyLong_AsLongLongAndOverflow(value, &overflow)
+                if overflow or v > self.hi or v < -self.hi:
+                    return 0
+                d = <double>v
             else:
-                values.append(PyFloat_FromDouble((<double*>self.data)[k]))
-        self.values = values
-        self.kind = B_LIST
-        self.n = self.nulls = 0
+                return 0
+            if kind == B_FLOAT64:
+                (<double*>self.data)[self.n] = d
+            else:
+                (<float*>self.data)[self.n] = <float>d
+            return 1
+        if kind == B_STRING:
+            if not PyUnicode_CheckExact(value):
+                return 0
+            p = _utf8_of(value, &size)
+            if p == NULL:   # not UTF-8 (a lone surrogate): pyarrow raises its own error
+                PyErr_Clear()
+                return 0
+            return self._bytes(p, size)
+        if kind == B_BOOL:
+            if value is True:
+                self.data[self.n >> 3] |= <uint8_t>(1 << (self.n & 7))
+                return 1
+            return value is False
+        if kind == B_BINARY:
+            if not PyBytes_CheckExact(value):
+                return 0
+            return self._bytes(PyBytes_AS_STRING(value), PyBytes_GET_SIZE(value))
+        if kind == B_TIMESTAMP:
+            if PyLong_CheckExact(value):
+                v = PyLong_AsLongLongAndOverflow(value, &overflow)
+                if overflow:
+                    return 0
+                (<int64_t*>self.data)[self.n] = v
+                return 1
+            if not PyDateTime_CheckExact(value):
+                return 0
+            tz = PyDateTime_DATE_GET_TZINFO(value)
+            if tz != <PyObject*>None and tz != <PyObject*>_UTC:
+                return 0
+            days = _days_from_civil(PyDateTime_GET_YEAR(value), PyDateTime_GET_MONTH(value),
+                                    PyDateTime_GET_DAY(value))
+            seconds = days * 86400 + PyDateTime_DATE_GET_HOUR(value) * 3600 \
+                + PyDateTime_DATE_GET_MINUTE(value) * 60 + PyDateTime_DATE_GET_SECOND(value)
+            micros = PyDateTime_DATE_GET_MICROSECOND(value)
+            if self.unit == 0:
+                v = seconds
+            elif self.unit == 1:
+                v = seconds * 1000 + micros // 1000
+            else:
+                v = seconds * 1000000 + micros
+                if self.unit == 3:
+                    if v > INT64_MAX // 1000 or v < INT64_MIN // 1000:
+                        return 0   # past nanoseconds' range: pyarrow's error
+                    v *= 1000
+            (<int64_t*>self.data)[self.n] = v
+            return 1
+        if kind == B_DATE32 or kind == B_DATE64:
+            if PyLong_CheckExact(value):
+                v = PyLong_AsLongLongAndOverflow(value, &overflow)
+                if overflow or v < self.lo or v > self.hi:
+                    return 0
+            elif PyDate_CheckExact(value):
+                v = _days_from_civil(PyDateTime_GET_YEAR(value), PyDateTime_GET_MONTH(value),
+                                     PyDateTime_GET_DAY(value))
+                if kind == B_DATE64:
+                    v *= 86400000
+            else:
+                return 0
+            self._store(v)
+            return 1
         return 0
 
     cdef inline int append(self, object value) except -1:
-        cdef int overflow = 0
-        cdef long long v
         if self.kind == B_LIST:
-            self.values.append(value)
+            self.rest.append(value)
             return 0
         if self.n == self.capacity:
             self._grow()
         if value is None:
-            self.valid[self.n] = 0
             self.nulls += 1
+            if self.kind == B_STRING or self.kind == B_BINARY:
+                self._bytes(NULL, 0)
             self.n += 1
             return 0
-        if self.kind == B_INT64 and PyLong_CheckExact(value):
-            v = PyLong_AsLongLongAndOverflow(value, &overflow)
-            if not overflow:
-                (<int64_t*>self.data)[self.n] = v
-                self.valid[self.n] = 1
-                self.n += 1
-                return 0
-        elif self.kind == B_FLOAT64 and PyFloat_CheckExact(value):
-            (<double*>self.data)[self.n] = PyFloat_AS_DOUBLE(value)
-            self.valid[self.n] = 1
+        if self._put(value):
+            self.valid[self.n >> 3] |= <uint8_t>(1 << (self.n & 7))
             self.n += 1
             return 0
-        self._to_list()
-        self.values.append(value)
+        self.kind = B_LIST   # the typed part ends here: this value and the rest go to pyarrow
+        self.rest = [value]
         return 0
 
-    cdef object finish(self):
-        cdef object array, mask = None
-        if self.kind == B_LIST:
-            values, self.values = self.values, []
-            return pa.array(values, type=self.type)
-        dtype = np.int64 if self.kind == B_INT64 else np.float64
-        out = np.empty(self.n, dtype=dtype)
-        if self.n:
-            memcpy(<char*><uintptr_t>out.ctypes.data, self.data, self.n * 8)
-        if self.nulls:
-            valid = np.empty(self.n, dtype=np.uint8)
-            memcpy(<char*><uintptr_t>valid.ctypes.data, self.valid, self.n)
-            mask = valid == 0
-        array = pa.array(out, type=self.type, mask=mask)
-        self.n = self.nulls = 0
+    cdef object _typed_array(self):
+        """The typed part as an Arrow array; the buffers are then empty (their capacity kept for the next part)."""
+        cdef Py_ssize_t n = self.n
+        cdef Py_ssize_t bitmap = (n + 7) >> 3
+        if n == 0:
+            return pa.array([], type=self.type)
+        validity = _arrow_buffer(self.valid, bitmap) if self.nulls else None
+        if self.typed == B_STRING or self.typed == B_BINARY:
+            buffers = [validity, _arrow_buffer(self.offsets, (n + 1) * self.width),
+                       _arrow_buffer(self.data, self.data_len)]
+        elif self.typed == B_BOOL:
+            buffers = [validity, _arrow_buffer(self.data, bitmap)]
+            memset(self.data, 0, bitmap)
+        else:
+            buffers = [validity, _arrow_buffer(self.data, n * self.width)]
+        array = pa.Array.from_buffers(self.type, n, buffers, null_count=self.nulls)
+        memset(self.valid, 0, bitmap)
+        self.n = self.nulls = self.data_len = 0
         return array
+
+    cdef object finish(self):
+        """The column's values since the last finish, as one Arrow array of its type (a chunked array only where
+        pyarrow made one: past 2 GiB of strings)."""
+        head = self._typed_array() if self.typed != B_LIST else None
+        if self.kind != B_LIST:
+            return head
+        rest, self.rest = self.rest, []
+        self.kind = self.typed
+        tail = pa.array(rest, type=self.type)
+        if head is None or len(head) == 0:
+            return tail
+        if isinstance(tail, pa.ChunkedArray):
+            return pa.chunked_array([head, *tail.chunks], type=self.type)
+        return pa.concat_arrays([head, tail])
+
+
+_INTEGERS = {pa.int8(): (1, -(2**7), 2**7 - 1), pa.int16(): (2, -(2**15), 2**15 - 1),
+             pa.int32(): (4, -(2**31), 2**31 - 1), pa.int64(): (8, -(2**63), 2**63 - 1),
+             pa.uint8(): (1, 0, 2**8 - 1), pa.uint16(): (2, 0, 2**16 - 1), pa.uint32(): (4, 0, 2**32 - 1)}
 
 
 cdef _Builder _builder(object type):
     cdef _Builder b = _Builder.__new__(_Builder)
     b.type = type
-    b.kind = B_INT64 if type == pa.int64() else B_FLOAT64 if type == pa.float64() else B_LIST
-    b.values = []
+    b.rest = []
+    b.typed = B_LIST
+    if type in _INTEGERS:
+        b.typed = B_INTEGER
+        b.width, b.lo, b.hi = _INTEGERS[type]
+    elif type == pa.uint64():
+        b.typed, b.width, b.lo, b.hi = B_UINT64, 8, 0, INT64_MAX
+    elif type == pa.float64():
+        b.typed, b.width, b.hi = B_FLOAT64, 8, _TWO_53
+    elif type == pa.float32():
+        b.typed, b.width, b.hi = B_FLOAT32, 4, _TWO_24
+    elif type == pa.bool_():
+        b.typed = B_BOOL
+    elif type == pa.string() or type == pa.large_string():
+        b.typed, b.width = B_STRING, 4 if type == pa.string() else 8
+    elif type == pa.binary() or type == pa.large_binary():
+        b.typed, b.width = B_BINARY, 4 if type == pa.binary() else 8
+    elif pa.types.is_timestamp(type):
+        b.typed, b.width, b.unit = B_TIMESTAMP, 8, _UNITS[type.unit]
+    elif type == pa.date32():
+        b.typed, b.width, b.lo, b.hi = B_DATE32, 4, -(2**31), 2**31 - 1
+    elif type == pa.date64():
+        b.typed, b.width, b.lo, b.hi = B_DATE64, 8, INT64_MIN, INT64_MAX
+    b.kind = b.typed
     return b
 
 
@@ -401,10 +663,18 @@ cdef class OutputSink:
         for k in range(self.width):
             try:
                 arrays.append((<_Builder>self.builders[k]).finish())
-            except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as e:
+            except (pa.ArrowException, TypeError, ValueError, OverflowError) as e:
                 self._reset()
                 field = self.schema.field(k)
-                raise type(e)(f"output field {field.name!r} (of type {field.type}): {e}") from e
+                where = f"output field {field.name!r} (of type {field.type})"
+                try:
+                    named = type(e)(f"{where}: {e}")
+                except TypeError:   # an error made of other arguments (UnicodeEncodeError): the field in a note
+                    named = None
+                if named is None:
+                    e.add_note(where)
+                    raise
+                raise named from e
         return arrays
 
     cdef void _reset(self):
@@ -561,3 +831,87 @@ def process_records(process, set_current_key, context, table, const int64_t[::1]
             result = PyObject_Vectorcall(process, args, 2, NULL)
             if result is not None:
                 sink._extend(result)
+
+
+# ---- the timers that are due ----------------------------------------------------------------------------------------
+
+from heapq import heappop as _heappop
+
+
+cdef inline object _entry(object entry):
+    # a queue entry, (timestamp, key group, sequence, key), checked before its items are read
+    if not PyTuple_CheckExact(entry) or PyTuple_GET_SIZE(entry) != 4:
+        raise TypeError(f"a timer queue entry must be (timestamp, key group, sequence, key), got {entry!r}")
+    return entry
+
+
+cdef inline int64_t _entry_time(object entry) except? -1:
+    return PyLong_AsLongLong(<object>PyTuple_GET_ITEM(_entry(entry), 0))
+
+
+def fire_timers(on_timer, set_current_key, prefetch, context, timers, int64_t until, OutputSink sink,
+                list fired_groups):
+    """Fire the timers of ``timers`` (one domain's :class:`~keygroups.state.timers.DomainTimers`: its ``queue`` of
+    ``(timestamp, key group, sequence, key)`` and its hidden ``state``) due at or before ``until``: in timestamp order
+    (then key group, then the order they were registered), each made current with ``set_current_key``, skipped if
+    its state no longer holds it (deleted, or a duplicate entry of one already fired), else removed from the state
+    and passed to ``on_timer(timestamp, context)`` with the context's key, key group and timestamp set; what that
+    returns (None, or output records) goes to ``sink`` and each fired timer's key group to ``fired_groups``. Timers
+    registered while firing at or before ``until`` fire too, in order, as Flink fires them within the same advance.
+    ``prefetch(keys, key_groups)`` (None: no call) is given each run of due entries before the first of them is
+    checked (RocksDB reads them together). Counts the fired timers in ``timers.fired`` and ``timers.pending``."""
+    cdef list queue = timers.queue
+    cdef list run
+    cdef object entry, head, timestamp, key, group, result
+    cdef object state = timers.state
+    cdef object contains = state.contains, remove = state.remove
+    cdef Py_ssize_t fired = 0, i, n
+    cdef int64_t stamp, head_stamp
+    cdef int32_t[::1] groups
+    cdef PyObject* args[2]
+    try:
+        while queue and _entry_time(queue[0]) <= until:
+            run = []
+            while queue and _entry_time(queue[0]) <= until:
+                run.append(_entry(_heappop(queue)))
+            n = len(run)
+            if prefetch is not None:
+                group_array = np.empty(n, dtype=np.int32)
+                groups = group_array
+                for i in range(n):
+                    groups[i] = <int32_t>PyLong_AsLongLong(<object>PyTuple_GET_ITEM(run[i], 1))
+                prefetch([<object>PyTuple_GET_ITEM(e, 3) for e in run], group_array)
+            i = 0
+            while i < n:
+                entry = run[i]
+                # A timer registered while this run fires may be due before the run's next one.
+                if queue:
+                    head = queue[0]
+                    stamp, head_stamp = _entry_time(entry), _entry_time(head)
+                    if head_stamp < stamp or head_stamp == stamp and head < entry:
+                        entry = _entry(_heappop(queue))
+                    else:
+                        i += 1
+                else:
+                    i += 1
+                timestamp = <object>PyTuple_GET_ITEM(entry, 0)
+                group = <object>PyTuple_GET_ITEM(entry, 1)
+                key = <object>PyTuple_GET_ITEM(entry, 3)
+                args[0] = <PyObject*>key
+                PyObject_Vectorcall(set_current_key, args, 1, NULL)
+                args[0] = <PyObject*>timestamp
+                if not PyObject_Vectorcall(contains, args, 1, NULL):
+                    continue
+                PyObject_Vectorcall(remove, args, 1, NULL)
+                fired += 1
+                context.current_key = key
+                context.current_key_group = group
+                fired_groups.append(group)
+                context._timestamp = timestamp
+                args[1] = <PyObject*>context
+                result = PyObject_Vectorcall(on_timer, args, 2, NULL)
+                if result is not None:
+                    sink._extend(result)
+    finally:
+        timers.fired += fired
+        timers.pending -= fired

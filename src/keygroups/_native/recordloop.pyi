@@ -52,3 +52,7 @@ def process_records(process: Callable[[Row, Any], Iterable[Any] | None], set_cur
                     context: Any, table: Any, runs: npt.NDArray[np.int64], keys: list[Any],
                     groups: npt.NDArray[np.int32], stamps: npt.NDArray[np.int64], no_timestamp: int,
                     sink: OutputSink) -> None: ...
+
+def fire_timers(on_timer: Callable[[int, Any], Iterable[Any] | None], set_current_key: Callable[[Any], None],
+                prefetch: Callable[[list[Any], npt.NDArray[np.int32]], None] | None, context: Any, timers: Any,
+                until: int, sink: OutputSink, fired_groups: list[int]) -> None: ...
