@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from keygroups._native.recordloop import OutputSink, process_records
+from keygroups._native.recordloop import OutputSink, fire_timers, process_records
 from keygroups._ranges import KeyGroupRange
 from keygroups.checkpoint.raw_keyed import RawKeyedStateReader, write_raw_keyed_snapshot
 from keygroups.runtime.assignment import encode_counts
@@ -168,21 +168,14 @@ def _process(spec: KeyedTaskSpec, function: KeyedProcessFunction, backend: Any, 
 
 def _fire_timers(function: KeyedProcessFunction, backend: Any, queues: TimerQueues, context: ProcessContext,
                  outputs: OutputSink, domains: Iterable[tuple[TimeDomain, int]], fired_groups: list[int]) -> None:
-    """Fire each domain's timers due by its time, in timestamp order, after the batch's records (the keys of the
-    due timers are prefetched together first: one read per batch, not per timer, on RocksDB); the key group of
-    each timer fired goes to ``fired_groups`` (the load figures)."""
-    def prefetch(keys: list[Any], groups: list[int]) -> None:
-        backend.prefetch(keys, np.asarray(groups, dtype=np.int32))
-
+    """Fire each domain's timers due by its time, in timestamp order, after the batch's records, in the compiled
+    loop (keygroups._native.recordloop.fire_timers; the keys of each run of due timers are prefetched together
+    first: one read per run, not per timer, on RocksDB); the key group of each timer fired goes to ``fired_groups``
+    (the load figures)."""
     for domain, until in domains:
         context.time_domain = domain
-        for timestamp, key in queues.of(domain).due(until, prefetch):
-            context.current_key, context.current_key_group = key, backend.current_key_group
-            fired_groups.append(context.current_key_group)
-            context._timestamp = timestamp
-            result = function.on_timer(timestamp, context)
-            if result is not None:
-                outputs.extend(result)
+        fire_timers(function.on_timer, backend.set_current_key, backend.prefetch, context, queues.of(domain), until,
+                    outputs, fired_groups)
     context.time_domain = None
 
 

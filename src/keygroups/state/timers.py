@@ -16,11 +16,10 @@ is skipped when it reaches the head.
 
 from __future__ import annotations
 
-import collections
 import enum
 import heapq
 import itertools
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Hashable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -138,32 +137,7 @@ class DomainTimers:
             heapq.heappop(queue)
         return None
 
-    def due(self, until: int,
-            prefetch: Callable[[list[Any], list[int]], None] | None = None) -> Iterator[tuple[int, Any]]:
-        """Pop the timers at or before ``until``, in timestamp order (then key group, then the order they were
-        registered), each removed from its state before it is yielded as ``(timestamp, key)`` with the backend's
-        current key set to ``key``. Timers the consumer registers at or before ``until`` while iterating are yielded
-        too, in order, as Flink fires them within the same advance. ``prefetch(keys, key_groups)`` is called with
-        the keys of each run of due entries before the first of them is checked (RocksDB reads them together)."""
-        queue, state, backend = self.queue, self.state, self.backend
-        while queue and queue[0][0] <= until:
-            run = []
-            while queue and queue[0][0] <= until:
-                run.append(heapq.heappop(queue))
-            if prefetch is not None:
-                prefetch([e[3] for e in run], [e[1] for e in run])
-            pending = collections.deque(run)
-            while pending:
-                # A timer registered while this run fires may be due before the run's next one.
-                entry = heapq.heappop(queue) if queue and queue[0] < pending[0] else pending.popleft()
-                timestamp, _, _, key = entry
-                backend.set_current_key(key)
-                if not state.contains(timestamp):
-                    continue  # deleted, or a duplicate entry of one already fired
-                state.remove(timestamp)
-                self.fired += 1
-                self.pending -= 1
-                yield timestamp, key
+    # The due timers fire in the compiled loop: keygroups._native.recordloop.fire_timers reads queue and state.
 
 
 class TimerQueues:
