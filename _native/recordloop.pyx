@@ -331,6 +331,13 @@ cdef inline int64_t _days_from_civil(int64_t y, int64_t m, int64_t d) noexcept:
     return era * 146097 + doe - 719468
 
 
+cdef inline void _set_bits(uint8_t* bitmap, Py_ssize_t n) noexcept:
+    # bits [0, n) set; the bitmap's bytes past them are zero already
+    memset(bitmap, 0xFF, n >> 3)
+    if n & 7:
+        bitmap[n >> 3] = <uint8_t>((1 << (n & 7)) - 1)
+
+
 cdef object _arrow_buffer(const uint8_t* data, Py_ssize_t nbytes):
     """A new Arrow buffer (Arrow's allocator: aligned as Arrow wants) holding ``nbytes`` bytes of ``data``."""
     buffer = pa.allocate_buffer(nbytes)
@@ -346,7 +353,7 @@ cdef class _Builder:
     cdef int typed              # the kind a new batch starts with
     cdef object type
     cdef list rest              # the values from the first one the buffers did not take
-    cdef uint8_t* valid         # validity bitmap, capacity bits, zero beyond n
+    cdef uint8_t* valid         # validity bitmap of capacity bits, zero beyond n; kept only once a null came
     cdef uint8_t* data          # fixed width: capacity values (bool: bits, zero beyond n); else the bytes
     cdef uint8_t* offsets       # string/binary: capacity + 1 offsets of `width` bytes
     cdef Py_ssize_t n, capacity, nulls, data_len, data_capacity
@@ -538,21 +545,38 @@ cdef class _Builder:
         return 0
 
     cdef inline int append(self, object value) except -1:
-        if self.kind == B_LIST:
+        cdef int overflow = 0
+        cdef long long v
+        cdef int kind = self.kind
+        if kind == B_LIST:
             self.rest.append(value)
             return 0
         if self.n == self.capacity:
             self._grow()
         if value is None:
+            if self.nulls == 0:   # the first null: the bitmap starts, every value before it valid
+                _set_bits(self.valid, self.n)
             self.nulls += 1
-            if self.kind == B_STRING or self.kind == B_BINARY:
+            if kind == B_STRING or kind == B_BINARY:
                 self._bytes(NULL, 0)
             self.n += 1
             return 0
-        if self._put(value):
+        # the commonest two without the general dispatch
+        if kind == B_INTEGER and self.width == 8 and PyLong_CheckExact(value):
+            v = PyLong_AsLongLongAndOverflow(value, &overflow)
+            if overflow:
+                return self._end_typed(value)
+            (<int64_t*>self.data)[self.n] = v
+        elif kind == B_FLOAT64 and PyFloat_CheckExact(value):
+            (<double*>self.data)[self.n] = PyFloat_AS_DOUBLE(value)
+        elif not self._put(value):
+            return self._end_typed(value)
+        if self.nulls:
             self.valid[self.n >> 3] |= <uint8_t>(1 << (self.n & 7))
-            self.n += 1
-            return 0
+        self.n += 1
+        return 0
+
+    cdef int _end_typed(self, object value) except -1:
         self.kind = B_LIST   # the typed part ends here: this value and the rest go to pyarrow
         self.rest = [value]
         return 0
@@ -573,7 +597,8 @@ cdef class _Builder:
         else:
             buffers = [validity, _arrow_buffer(self.data, n * self.width)]
         array = pa.Array.from_buffers(self.type, n, buffers, null_count=self.nulls)
-        memset(self.valid, 0, bitmap)
+        if self.nulls:
+            memset(self.valid, 0, bitmap)
         self.n = self.nulls = self.data_len = 0
         return array
 
