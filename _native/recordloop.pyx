@@ -16,6 +16,7 @@
 #
 # Every index read is below the array's length, and a buffer's address is read only for arrays of the types above.
 
+cimport cython
 from cpython.object cimport PyObject
 from cpython.ref cimport Py_INCREF, Py_DECREF
 from cpython.long cimport PyLong_FromLongLong, PyLong_AsLongLongAndOverflow, PyLong_AsLongLong, PyLong_CheckExact
@@ -860,68 +861,191 @@ def process_records(process, set_current_key, context, table, const int64_t[::1]
 
 # ---- the timers that are due ----------------------------------------------------------------------------------------
 
-from heapq import heappop as _heappop
+cdef struct _Timer:
+    int64_t time
+    int64_t group
+    int64_t seq
+    PyObject* key           # a reference the heap owns
 
 
-cdef inline object _entry(object entry):
-    # a queue entry, (timestamp, key group, sequence, key), checked before its items are read
-    if not PyTuple_CheckExact(entry) or PyTuple_GET_SIZE(entry) != 4:
-        raise TypeError(f"a timer queue entry must be (timestamp, key group, sequence, key), got {entry!r}")
-    return entry
+cdef inline bint _before(const _Timer* a, const _Timer* b) noexcept nogil:
+    # (time, key group, registration order): the order timers fire in; seq is unique, so never a tie
+    if a.time != b.time:
+        return a.time < b.time
+    if a.group != b.group:
+        return a.group < b.group
+    return a.seq < b.seq
 
 
-cdef inline int64_t _entry_time(object entry) except? -1:
-    return PyLong_AsLongLong(<object>PyTuple_GET_ITEM(_entry(entry), 0))
+@cython.auto_pickle(False)   # in-process only (kept warm by the registry), never pickled
+cdef class TimerHeap:
+    """One time domain's timers of a subtask as a priority queue: ``(timestamp, key group, sequence, key)`` entries
+    in C, ordered by timestamp, then key group, then sequence (the order they were registered), so a pop costs
+    integer comparisons, not tuple ones. An entry may outlive its timer (deleted, or fired from a duplicate): the
+    hidden state is the truth, checked when the entry reaches the head."""
+
+    cdef _Timer* heap
+    cdef Py_ssize_t n, capacity
+
+    def __dealloc__(self):
+        cdef Py_ssize_t i
+        for i in range(self.n):
+            Py_DECREF(<object>self.heap[i].key)
+        PyMem_Free(self.heap)
+
+    def __len__(self):
+        return self.n
+
+    cdef int _reserve(self, Py_ssize_t more) except -1:
+        cdef Py_ssize_t capacity = self.capacity if self.capacity else 64
+        cdef void* p
+        if more > (<Py_ssize_t>1 << 40) - self.n:
+            raise MemoryError("a timer queue past 2**40 entries")
+        while capacity < self.n + more:
+            capacity *= 2
+        if capacity != self.capacity:
+            p = PyMem_Realloc(self.heap, capacity * sizeof(_Timer))
+            if p == NULL:
+                raise MemoryError()
+            self.heap = <_Timer*>p
+            self.capacity = capacity
+        return 0
+
+    cdef inline void _sift_up(self, Py_ssize_t i) noexcept:
+        cdef _Timer item = self.heap[i]
+        cdef Py_ssize_t parent
+        while i > 0:
+            parent = (i - 1) >> 1
+            if not _before(&item, &self.heap[parent]):
+                break
+            self.heap[i] = self.heap[parent]
+            i = parent
+        self.heap[i] = item
+
+    cdef inline void _sift_down(self, Py_ssize_t i) noexcept:
+        cdef _Timer item = self.heap[i]
+        cdef Py_ssize_t child
+        while True:
+            child = 2 * i + 1
+            if child >= self.n:
+                break
+            if child + 1 < self.n and _before(&self.heap[child + 1], &self.heap[child]):
+                child += 1
+            if not _before(&self.heap[child], &item):
+                break
+            self.heap[i] = self.heap[child]
+            i = child
+        self.heap[i] = item
+
+    cdef int _push(self, int64_t time, int64_t group, int64_t seq, object key) except -1:
+        if self.n == self.capacity:
+            self._reserve(1)
+        Py_INCREF(key)
+        self.heap[self.n].time, self.heap[self.n].group, self.heap[self.n].seq = time, group, seq
+        self.heap[self.n].key = <PyObject*>key
+        self.n += 1
+        self._sift_up(self.n - 1)
+        return 0
+
+    cdef inline _Timer _pop(self) noexcept:
+        # the head, its key reference now the caller's (n > 0: the caller checked)
+        cdef _Timer head = self.heap[0]
+        self.n -= 1
+        if self.n:
+            self.heap[0] = self.heap[self.n]
+            self._sift_down(0)
+        return head
+
+    def push(self, int64_t timestamp, int64_t key_group, int64_t sequence, key):
+        """Add a timer of ``key`` at ``timestamp`` (its ``key_group``, ``sequence`` its registration order)."""
+        self._push(timestamp, key_group, sequence, key)
+
+    def extend(self, entries):
+        """Add ``(timestamp, key group, sequence, key)`` entries, then restore the order once (O(n))."""
+        cdef Py_ssize_t i
+        cdef int64_t time, group, seq
+        for timestamp, key_group, sequence, key in entries:
+            time, group, seq = timestamp, key_group, sequence
+            if self.n == self.capacity:
+                self._reserve(1)
+            Py_INCREF(key)
+            self.heap[self.n].time, self.heap[self.n].group, self.heap[self.n].seq = time, group, seq
+            self.heap[self.n].key = <PyObject*>key
+            self.n += 1
+        for i in range(self.n // 2 - 1, -1, -1):
+            self._sift_down(i)
+
+    def head(self):
+        """The first entry, ``(timestamp, key group, sequence, key)``, or None if the queue is empty."""
+        if self.n == 0:
+            return None
+        return (self.heap[0].time, self.heap[0].group, self.heap[0].seq, <object>self.heap[0].key)
+
+    def pop(self):
+        """Remove and return the first entry (IndexError if the queue is empty)."""
+        if self.n == 0:
+            raise IndexError("pop from an empty timer queue")
+        cdef _Timer t = self._pop()
+        key = <object>t.key
+        Py_DECREF(key)   # the reference the heap held; ``key`` holds its own
+        return (t.time, t.group, t.seq, key)
+
+    def entries(self):
+        """Every entry, in no particular order."""
+        cdef Py_ssize_t i
+        return [(self.heap[i].time, self.heap[i].group, self.heap[i].seq, <object>self.heap[i].key)
+                for i in range(self.n)]
 
 
 def fire_timers(on_timer, set_current_key, prefetch, context, timers, int64_t until, OutputSink sink,
                 list fired_groups):
-    """Fire the timers of ``timers`` (one domain's :class:`~keygroups.state.timers.DomainTimers`: its ``queue`` of
-    ``(timestamp, key group, sequence, key)`` and its hidden ``state``) due at or before ``until``: in timestamp order
-    (then key group, then the order they were registered), each made current with ``set_current_key``, skipped if
-    its state no longer holds it (deleted, or a duplicate entry of one already fired), else removed from the state
-    and passed to ``on_timer(timestamp, context)`` with the context's key, key group and timestamp set; what that
-    returns (None, or output records) goes to ``sink`` and each fired timer's key group to ``fired_groups``. Timers
-    registered while firing at or before ``until`` fire too, in order, as Flink fires them within the same advance.
+    """Fire the timers of ``timers`` (one domain's :class:`~keygroups.state.timers.DomainTimers`: its ``queue``, a
+    :class:`TimerHeap`, and its hidden ``state``) due at or before ``until``: in timestamp order (then key group, then
+    the order they were registered), each made current with ``set_current_key``, skipped if its state no longer
+    holds it (deleted, or a duplicate entry of one already fired), else removed from the state and passed to
+    ``on_timer(timestamp, context)`` with the context's key, key group and timestamp set; what that returns (None,
+    or output records) goes to ``sink`` and each fired timer's key group to ``fired_groups``. Timers registered
+    while firing at or before ``until`` fire too, in order, as Flink fires them within the same advance.
     ``prefetch(keys, key_groups)`` (None: no call) is given each run of due entries before the first of them is
     checked (RocksDB reads them together). Counts the fired timers in ``timers.fired`` and ``timers.pending``."""
-    cdef list queue = timers.queue
-    cdef list run
-    cdef object entry, head, timestamp, key, group, result
+    cdef TimerHeap queue = timers.queue
     cdef object state = timers.state
     cdef object contains = state.contains, remove = state.remove
-    cdef Py_ssize_t fired = 0, i, n
-    cdef int64_t stamp, head_stamp
+    cdef _Timer* run = NULL
+    cdef _Timer entry
+    cdef void* p
+    cdef Py_ssize_t fired = 0, i, n = 0, taken = 0, size = 0
     cdef int32_t[::1] groups
+    cdef object key, timestamp, group, result
     cdef PyObject* args[2]
     try:
-        while queue and _entry_time(queue[0]) <= until:
-            run = []
-            while queue and _entry_time(queue[0]) <= until:
-                run.append(_entry(_heappop(queue)))
-            n = len(run)
+        while queue.n and queue.heap[0].time <= until:
+            n = taken = 0
+            while queue.n and queue.heap[0].time <= until:   # the run: every entry due now
+                if n == size:
+                    size = size * 2 if size else 256
+                    p = PyMem_Realloc(run, size * sizeof(_Timer))
+                    if p == NULL:
+                        raise MemoryError()
+                    run = <_Timer*>p
+                run[n] = queue._pop()   # its key reference now the run's
+                n += 1
             if prefetch is not None:
                 group_array = np.empty(n, dtype=np.int32)
                 groups = group_array
                 for i in range(n):
-                    groups[i] = <int32_t>PyLong_AsLongLong(<object>PyTuple_GET_ITEM(run[i], 1))
-                prefetch([<object>PyTuple_GET_ITEM(e, 3) for e in run], group_array)
-            i = 0
-            while i < n:
-                entry = run[i]
+                    groups[i] = <int32_t>run[i].group
+                prefetch([<object>run[i].key for i in range(n)], group_array)
+            while taken < n:
                 # A timer registered while this run fires may be due before the run's next one.
-                if queue:
-                    head = queue[0]
-                    stamp, head_stamp = _entry_time(entry), _entry_time(head)
-                    if head_stamp < stamp or head_stamp == stamp and head < entry:
-                        entry = _entry(_heappop(queue))
-                    else:
-                        i += 1
+                if queue.n and _before(&queue.heap[0], &run[taken]):
+                    entry = queue._pop()
                 else:
-                    i += 1
-                timestamp = <object>PyTuple_GET_ITEM(entry, 0)
-                group = <object>PyTuple_GET_ITEM(entry, 1)
-                key = <object>PyTuple_GET_ITEM(entry, 3)
+                    entry = run[taken]
+                    taken += 1
+                key = <object>entry.key
+                Py_DECREF(key)   # the heap's (or run's) reference; ``key`` holds its own
+                timestamp = PyLong_FromLongLong(entry.time)
                 args[0] = <PyObject*>key
                 PyObject_Vectorcall(set_current_key, args, 1, NULL)
                 args[0] = <PyObject*>timestamp
@@ -929,6 +1053,7 @@ def fire_timers(on_timer, set_current_key, prefetch, context, timers, int64_t un
                     continue
                 PyObject_Vectorcall(remove, args, 1, NULL)
                 fired += 1
+                group = PyLong_FromLongLong(entry.group)
                 context.current_key = key
                 context.current_key_group = group
                 fired_groups.append(group)
@@ -937,6 +1062,11 @@ def fire_timers(on_timer, set_current_key, prefetch, context, timers, int64_t un
                 result = PyObject_Vectorcall(on_timer, args, 2, NULL)
                 if result is not None:
                     sink._extend(result)
+            n = taken = 0
     finally:
+        for i in range(taken, n):   # an error left these unfired: back to the queue, as a retry will need them
+            queue._push(run[i].time, run[i].group, run[i].seq, <object>run[i].key)
+            Py_DECREF(<object>run[i].key)
+        PyMem_Free(run)
         timers.fired += fired
         timers.pending -= fired

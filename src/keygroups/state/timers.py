@@ -17,12 +17,12 @@ is skipped when it reaches the head.
 from __future__ import annotations
 
 import enum
-import heapq
 import itertools
 from collections.abc import Hashable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from keygroups._native.recordloop import TimerHeap
 from keygroups.checkpoint import CheckpointMetadata
 from keygroups.serializers import BoolSerializer, Int64Serializer
 from keygroups.state.descriptors import MapStateDescriptor
@@ -92,8 +92,8 @@ class DomainTimers:
 
     __slots__ = ("backend", "state", "queue", "sequence", "registered", "fired", "pending")
 
-    def __init__(self, backend: Any, domain: TimeDomain, queue: list[tuple[int, int, int, Any]],
-                 sequence: Iterator[int], pending: int = 0) -> None:
+    def __init__(self, backend: Any, domain: TimeDomain, queue: TimerHeap, sequence: Iterator[int],
+                 pending: int = 0) -> None:
         self.backend = backend
         self.state = backend.get_state(timer_descriptor(domain))
         self.queue = queue
@@ -111,7 +111,7 @@ class DomainTimers:
             return
         state.put(timestamp, True)
         b = self.backend
-        heapq.heappush(self.queue, (timestamp, b.current_key_group, next(self.sequence), b.current_key))
+        self.queue.push(timestamp, b.current_key_group, next(self.sequence), b.current_key)
         self.registered += 1
         self.pending += 1
 
@@ -129,12 +129,12 @@ class DomainTimers:
     def earliest(self) -> int | None:
         """The earliest timer still registered, None if there is none (stale entries are dropped)."""
         queue, state, backend = self.queue, self.state, self.backend
-        while queue:
-            timestamp, _, _, key = queue[0]
+        while len(queue):
+            timestamp, _, _, key = queue.head()
             backend.set_current_key(key)
             if state.contains(timestamp):
                 return timestamp
-            heapq.heappop(queue)
+            queue.pop()
         return None
 
     # The due timers fire in the compiled loop: keygroups._native.recordloop.fire_timers reads queue and state.
@@ -152,10 +152,10 @@ class TimerQueues:
         sequence = reuse.sequence if reuse is not None else itertools.count()
         self.sequence = sequence
         self.event_time = DomainTimers(backend, TimeDomain.EVENT_TIME,
-                                       reuse.event_time.queue if reuse is not None else [], sequence,
+                                       reuse.event_time.queue if reuse is not None else TimerHeap(), sequence,
                                        reuse.event_time.pending if reuse is not None else 0)
         self.processing_time = DomainTimers(backend, TimeDomain.PROCESSING_TIME,
-                                            reuse.processing_time.queue if reuse is not None else [], sequence,
+                                            reuse.processing_time.queue if reuse is not None else TimerHeap(), sequence,
                                             reuse.processing_time.pending if reuse is not None else 0)
         self.rebuilt = reuse is None
         if reuse is None:
@@ -163,11 +163,10 @@ class TimerQueues:
                 self._rebuild(self.of(domain), TIMER_STATE_NAMES[domain])
 
     def _rebuild(self, timers: DomainTimers, state_name: str) -> None:
-        queue, sequence = timers.queue, self.sequence
-        for group, key, timestamps in self.backend.map_keys(state_name):
-            queue.extend((timestamp, group, next(sequence), key) for timestamp in timestamps)
-        heapq.heapify(queue)
-        timers.pending = len(queue)   # read from the state: one entry per registered timer
+        sequence = self.sequence
+        timers.queue.extend((timestamp, group, next(sequence), key)
+                            for group, key, timestamps in self.backend.map_keys(state_name) for timestamp in timestamps)
+        timers.pending = len(timers.queue)   # read from the state: one entry per registered timer
 
     def of(self, domain: TimeDomain) -> DomainTimers:
         """The timers of ``domain``."""
