@@ -128,7 +128,8 @@ class _DictState:
     __slots__ = ("current", "data")
 
     def __init__(self, current: list[Any]) -> None:
-        self.current, self.data = current, {}
+        self.current = current
+        self.data: dict[Any, Any] = {}
 
     def value(self) -> Any:
         return self.data.get(self.current[0])
@@ -273,13 +274,13 @@ def main(argv: list[str] | None = None) -> int:
              ("keygroups (this build)", "keygroups (before)"),
              ("sink alone (this build)", "sink alone: zip + pa.array"),
              ("sink alone (before)", "sink alone: zip + pa.array"), ("sink alone (this build)", "sink alone (before)")]
-    for a, b in pairs:
-        if a in med and b in med:
-            print(f"  {a} / {b}: {med[a]['cpu'] / med[b]['cpu']:.2f}x")
+    for first, second in pairs:
+        if first in med and second in med:
+            print(f"  {first} / {second}: {med[first]['cpu'] / med[second]['cpu']:.2f}x")
     if "keygroups (before)" in med:
-        a, b = med["keygroups (this build)"], med["keygroups (before)"]
-        print(f"  subtasks CPU, this build / before: {a['subtasks_cpu'] / b['subtasks_cpu']:.2f}x "
-              f"({(b['subtasks_cpu'] - a['subtasks_cpu']) / n * 1e6:.2f} µs/rec less)")
+        now, before = med["keygroups (this build)"], med["keygroups (before)"]
+        print(f"  subtasks CPU, this build / before: {now['subtasks_cpu'] / before['subtasks_cpu']:.2f}x "
+              f"({(before['subtasks_cpu'] - now['subtasks_cpu']) / n * 1e6:.2f} µs/rec less)")
     return 0
 
 

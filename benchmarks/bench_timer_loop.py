@@ -113,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:<12}{r['fire'][0]:>19.2f}{r['fire'][1]:>8.2f}{r['records'][0]:>20.2f}{r['records'][1]:>8.2f}"
               f"{r['fire'][0] / r['records'][0]:>21.2f}x")
     if "before" in results:
-        print(f"firing, this build / before (CPU): {results['this build']['fire'][0] / results['before']['fire'][0]:.2f}x")
+        ratio = results["this build"]["fire"][0] / results["before"]["fire"][0]
+        print(f"firing, this build / before (CPU): {ratio:.2f}x")
     return 0
 
 

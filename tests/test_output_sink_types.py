@@ -6,7 +6,7 @@ its table or its error."""
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -28,7 +28,7 @@ def _ints(lo: int, hi: int) -> st.SearchStrategy[int]:
     return st.one_of(st.integers(lo, hi), st.sampled_from([lo, hi, 0]))
 
 
-def _floats(width: int, exact: int) -> st.SearchStrategy[Any]:
+def _floats(width: Literal[32, 64], exact: int) -> st.SearchStrategy[Any]:
     # floats (inf and NaN included) and the ints pyarrow converts exactly
     return st.one_of(st.floats(width=width), _ints(-exact, exact))
 
