@@ -3,6 +3,7 @@
 # keygroups._native.codec, its full name) so that a snapshot encodes every value of a built-in serializer in C.
 from libc.stdint cimport int64_t
 
+from cursor cimport Cursor
 from writer cimport Writer
 
 
@@ -22,3 +23,6 @@ cdef class Codec:
 
 # One whole value of codec ``c`` appended to ``w``: exactly the bytes ``c.encode(v)`` returns.
 cdef int enc_top(Codec c, Writer *w, object v) except -1
+# One whole value of codec ``c`` read from all of ``cur``: exactly what ``c.decode(bytes)`` returns (and raises:
+# CorruptSnapshotError for bytes that are not one value). framing.pyx's ValueReader decodes state values with it.
+cdef object dec_top(Codec c, Cursor *cur)

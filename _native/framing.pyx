@@ -24,7 +24,10 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_CheckExact, PyBytes_FromSt
 from cpython.dict cimport PyDict_Next, PyDict_Size
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE, PyList_New, PyList_SET_ITEM
 from cpython.long cimport PyLong_AsLongLong, PyLong_FromLongLong
+from cpython.dict cimport PyDict_SetItem
+from cpython.float cimport PyFloat_Check
 from cpython.object cimport PyObject
+from cpython.tuple cimport PyTuple_Check, PyTuple_New, PyTuple_SET_ITEM
 from cpython.ref cimport Py_INCREF
 from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE
 from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
@@ -35,10 +38,12 @@ from entryframe cimport ENTRY_HEAD, ent_read_key, ent_write
 from writer cimport (U32_MAX, Writer, w_bytes, w_finish_bytes, w_free, w_i64, w_init, w_init_bytes, w_len,
                     w_reserve, w_result)
 
-from keygroups._native.codec cimport Codec, enc_top
-from keygroups._native.records cimport Node, enc as enc_record
+from keygroups._native.codec cimport Codec, dec_top, enc_top
+from keygroups._native.records cimport Node, dec_whole, enc as enc_record
 
 import sys
+
+from keygroups.errors import CorruptSnapshotError
 
 
 if sys.byteorder != "little":   # the cursor and the writer copy integers in host order
@@ -664,3 +669,227 @@ cdef int _python_element(Writer *w, Encoder e, object element, Py_ssize_t i, str
     if not PyBytes_CheckExact(b):
         raise TypeError(f"{what} {i} must be bytes (serialized), got {type(b).__name__}")
     return w_bytes(w, PyBytes_AS_STRING(b), PyBytes_GET_SIZE(b))
+
+
+# ---- decoding values: ValueReader (declared in framing.pxd) -------------------------------------------------------
+
+cdef object _decoder_of(object serializer, int *how):
+    """What decodes ``serializer``'s values: its codec or record node when its ``deserialize`` is theirs (a built-in
+    serializer, a RecordSerializer, neither overridden), else its ``deserialize`` (``how`` says which)."""
+    fn = serializer.deserialize
+    owner = getattr(fn, "__self__", None)
+    if getattr(fn, "__name__", None) == "decode":
+        if type(owner) is Codec:
+            how[0] = HOW_CODEC
+            return owner
+        if type(owner) is Node:
+            how[0] = HOW_NODE
+            return owner
+    how[0] = HOW_PYTHON
+    return fn
+
+
+cdef inline object _dec_part(int how, object target, const uint8_t *p, Py_ssize_t n):
+    """One element, map key or map value of ``n`` bytes at ``p``, as its serializer's ``deserialize`` reads it from
+    bytes (a Python serializer is given a bytes copy, as ``split_list``/``split_map`` give the reference decoder)."""
+    cdef Cursor c
+    if how == HOW_CODEC:
+        cur_init(&c, p, n)
+        return dec_top(<Codec>target, &c)
+    if how == HOW_NODE:
+        cur_init(&c, p, n)
+        return dec_whole(<Node>target, &c)
+    return target(_copy(p, n))
+
+
+# java_keys (statecore.pyx), the one canonicalizer of map keys: imported on first use, as statecore cimports this
+# module.
+cdef object _java_keys = None
+
+
+cdef list _canonical(list keys):
+    """``keys`` as ``java_keys`` gives them; its call skipped when every key is an int or a str (it would return the
+    same list: only float and tuple keys change)."""
+    global _java_keys
+    cdef Py_ssize_t i
+    cdef object k
+    cdef type t
+    for i in range(PyList_GET_SIZE(keys)):
+        k = <object>PyList_GET_ITEM(keys, i)
+        t = type(k)
+        if t is int or t is str:
+            continue
+        if PyFloat_Check(k) or PyTuple_Check(k):
+            break
+    else:
+        return keys
+    if _java_keys is None:
+        from keygroups._native.statecore import java_keys
+        _java_keys = java_keys
+    return _java_keys(keys)
+
+
+cdef inline tuple _pair(object value, int64_t ts):
+    cdef tuple t = PyTuple_New(2)
+    cdef object stamp = PyLong_FromLongLong(ts)
+    Py_INCREF(value)
+    PyTuple_SET_ITEM(t, 0, value)
+    Py_INCREF(stamp)
+    PyTuple_SET_ITEM(t, 1, stamp)
+    return t
+
+
+cdef inline const uint8_t *_next_entry(Cursor *c, bint ttl, int64_t *ts, Py_ssize_t *key_len, const uint8_t **value,
+                                       Py_ssize_t *value_len) except NULL:
+    """The next map entry of ``c`` (checked by _count_frames): its key, with its length, timestamp (TTL), value and
+    the value's length; the checks and messages of ``split_map``."""
+    cdef Cursor e
+    cdef uint32_t length = cur_u32(c)
+    cdef const uint8_t *key
+    if ttl:
+        ts[0] = <int64_t>cur_u64(c)
+    if length < ENTRY_HEAD:
+        cur_corrupt(c, f"a map entry of {length} bytes, shorter than its key length")
+    cur_init(&e, cur_read(c, length), length)
+    key = ent_read_key(&e, key_len)
+    value[0] = e.buf + e.pos
+    value_len[0] = cur_remaining(&e)
+    return key
+
+
+cdef class ValueReader:
+    """The compiled twin of :class:`ValueWriter`: ``ValueReader(state, kind, ttl, value_serializer,
+    key_serializer=None)`` decodes one state's per-key values from the keyed format-3 framing, in C for the built-in
+    serializers and records (their codec or record node, as their ``deserialize``), through ``deserialize`` for any
+    other serializer. :meth:`decode` returns what ``ValueFraming.reference_decode`` returns and raises what it raises:
+    CorruptSnapshotError naming the state and the value's kind, framing errors before any element's; map keys
+    canonical as ``java_keys`` makes them. Every read goes through the checked cursor."""
+
+    def __init__(self, str state, str kind, bint ttl, value_serializer, key_serializer=None):
+        if kind == "value":
+            self.kind = FK_VALUE
+            self.what = "a value"
+        elif kind == "list":
+            self.kind = FK_LIST
+            self.what = "a list value"
+        elif kind == "map":
+            self.kind = FK_MAP
+            self.what = "a map value"
+            if key_serializer is None:
+                raise ValueError("a map's value reader needs the map-key serializer")
+            self._key = _decoder_of(key_serializer, &self.key_how)
+        else:
+            raise ValueError(f"kind must be {_KIND_NAMES}, got {kind!r}")
+        self.state = state
+        self.ttl = ttl
+        self._value = _decoder_of(value_serializer, &self.value_how)
+
+    def __repr__(self):
+        kind = ("value", "list", "map")[self.kind]
+        hows = ("codec", "record node", "Python")
+        return (f"ValueReader({self.state!r}, {kind!r}, ttl={bool(self.ttl)}, {hows[self.value_how]}"
+                + (f", key={hows[self.key_how]})" if self.kind == FK_MAP else ")"))
+
+    cdef object _corrupt(self, object error, str what):
+        return CorruptSnapshotError(f"state {self.state!r}: {what}: {error}")
+
+    def decode(self, value):
+        """One framed state value -> the value (``ValueFraming.decode``)."""
+        cdef Py_buffer view
+        if self.kind == FK_VALUE and not self.ttl and self.value_how == HOW_PYTHON:
+            try:   # the bytes as given, as the reference gives them
+                return self._value(value)
+            except CorruptSnapshotError as e:
+                raise self._corrupt(e, self.what) from None
+        _acquire(value, &view)
+        try:
+            return self.read(<const uint8_t *>view.buf, view.len, value)
+        finally:
+            PyBuffer_Release(&view)
+
+    cdef object read(self, const uint8_t *p, Py_ssize_t n, object owner):
+        cdef Cursor c
+        cdef int64_t ts
+        cdef object v
+        if self.kind == FK_VALUE:
+            if not self.ttl:
+                try:
+                    return _dec_part(self.value_how, self._value, p, n)
+                except CorruptSnapshotError as e:
+                    raise self._corrupt(e, self.what) from None
+            if n < TS_SIZE:
+                raise CorruptSnapshotError(
+                    f"state {self.state!r}: a TTL value needs an 8-byte timestamp, got {n} bytes")
+            memcpy(&ts, p, TS_SIZE)
+            try:
+                if self.value_how == HOW_PYTHON:
+                    v = self._value(memoryview(owner)[TS_SIZE:])
+                else:
+                    v = _dec_part(self.value_how, self._value, p + TS_SIZE, n - TS_SIZE)
+            except CorruptSnapshotError as e:
+                raise self._corrupt(e, self.what) from None
+            return _pair(v, ts)
+        cur_init(&c, p, n)
+        if self.kind == FK_LIST:
+            return self._read_list(&c)
+        return self._read_map(&c)
+
+    cdef list _read_list(self, Cursor *c):
+        cdef Py_ssize_t n, i
+        cdef uint32_t length
+        cdef int64_t ts = 0
+        cdef bint ttl = self.ttl
+        cdef list out
+        cdef object v
+        try:
+            n = _count_frames(c, ttl, "list element")
+        except CorruptSnapshotError as e:
+            raise self._corrupt(e, self.what) from None
+        out = PyList_New(n)   # a slot an error leaves NULL is skipped when the list is freed
+        try:
+            for i in range(n):   # every frame lies inside the value (checked above)
+                length = cur_u32(c)
+                if ttl:
+                    ts = <int64_t>cur_u64(c)
+                v = _dec_part(self.value_how, self._value, cur_read(c, length), length)
+                _set_item(out, i, _pair(v, ts) if ttl else v)
+        except CorruptSnapshotError as e:
+            raise self._corrupt(e, self.what) from None
+        return out
+
+    cdef dict _read_map(self, Cursor *c):
+        cdef Py_ssize_t n, i = 0, start, key_len, value_len
+        cdef int64_t ts = 0
+        cdef bint ttl = self.ttl
+        cdef const uint8_t *key
+        cdef const uint8_t *value
+        cdef list keys = None, values = None
+        cdef dict out
+        cdef object v
+        try:
+            n = _count_frames(c, ttl, "map entry")
+            start = c.pos
+            for i in range(n):   # every entry's key checked before any is decoded, as split_map does
+                _next_entry(c, ttl, &ts, &key_len, &value, &value_len)
+            c.pos = start
+        except CorruptSnapshotError as e:
+            raise self._corrupt(e, self.what) from None
+        keys = PyList_New(n)   # a slot an error leaves NULL is skipped when the list is freed
+        values = PyList_New(n)
+        try:
+            for i in range(n):   # the keys first, then the values, as the reference decodes them
+                key = _next_entry(c, ttl, &ts, &key_len, &value, &value_len)
+                _set_item(keys, i, _dec_part(self.key_how, self._key, key, key_len))
+            c.pos = start
+            for i in range(n):
+                _next_entry(c, ttl, &ts, &key_len, &value, &value_len)
+                v = _dec_part(self.value_how, self._value, value, value_len)
+                _set_item(values, i, _pair(v, ts) if ttl else v)
+        except CorruptSnapshotError as e:
+            raise self._corrupt(e, self.what) from None
+        keys = _canonical(keys)
+        out = {}
+        for i in range(n):
+            PyDict_SetItem(out, <object>PyList_GET_ITEM(keys, i), <object>PyList_GET_ITEM(values, i))
+        return out
+

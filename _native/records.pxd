@@ -3,6 +3,7 @@
 # keygroups._native.records, its full name) so that a snapshot, and the check of a record on write, encode in C.
 cimport cython
 
+from cursor cimport Cursor
 from writer cimport Writer
 
 
@@ -32,3 +33,7 @@ cdef class Node:
 # One value at position ``n`` (with its null flag when ``n`` is nullable) appended to ``w``: for the root node,
 # exactly the bytes ``n.encode(v)`` returns. TypeError/ValueError (naming the field) for a value that does not fit.
 cdef int enc(Node n, Writer *w, object v) except -1
+
+# One whole record value read from all of ``cur`` at root node ``n``: exactly what ``n.decode(bytes)`` returns (and
+# raises). framing.pyx's ValueReader decodes state values with it.
+cdef object dec_whole(Node n, Cursor *cur)

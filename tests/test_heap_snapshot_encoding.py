@@ -1,7 +1,9 @@
 """The heap snapshot's compiled encoding against its Python definition, over every built-in serializer (nested
 freely) and random records: the compiled value writer (``ValueFraming.encode``, ``framing.Encoder``) writes exactly
 the bytes of the serializers' ``serialize`` and ``ValueFraming.reference_encode``, refuses exactly what they refuse,
-and ``heapsnap``'s delta and full sections (merged with restored layers) are the Python merge, byte for byte."""
+``heapsnap``'s delta and full sections (merged with restored layers) are the Python merge, byte for byte; and the
+compiled value reader (``ValueFraming.decode``, ``framing.ValueReader``) decodes what ``ValueFraming.reference_decode``
+decodes and raises what it raises, on any bytes."""
 
 from __future__ import annotations
 
@@ -13,7 +15,8 @@ from hypothesis import strategies as st
 from keygroups._native import heapsnap
 from keygroups._native.framing import Encoder
 from keygroups._native.statecore import Layer
-from keygroups.serializers import Int64Serializer, RecordSerializer
+from keygroups.errors import CorruptSnapshotError
+from keygroups.serializers import Int64Serializer, RecordSerializer, StrSerializer
 from keygroups.serializers.base import checks_on_write
 from keygroups.state._codec import UNWRITABLE, ValueFraming
 from keygroups.state.states import MISSING
@@ -185,3 +188,114 @@ def test_a_full_section_is_the_python_merge_with_the_layers(data):
     block, key_offsets, value_offsets = merged
     got = list(zip(_items((block, key_offsets)), _items((block, value_offsets))))
     assert got == expected
+
+
+# ---- decoding ------------------------------------------------------------------------------------------------------
+
+def _decoded(fn: Any, b: Any) -> Any:
+    """What ``fn(b)`` gives: ("ok", the value as the reference encoder writes it, its repr), or the error's type and
+    message. A value's bytes and repr tell apart what ``==`` cannot (NaN, 1 against True against 1.0, key types)."""
+    try:
+        v = fn(b)
+    except Exception as e:   # noqa: BLE001 -- the comparison is the point: same type, same message
+        return type(e), str(e)
+    return "ok", type(v), repr(v)
+
+
+def _same(framing: ValueFraming, b: Any) -> Any:
+    got = _decoded(framing.decode, b)
+    assert got == _decoded(framing.reference_decode, b)
+    return got
+
+
+def _damaged(data: Any, b: bytes) -> bytes:
+    """``b`` truncated, with bytes flipped, or with bytes appended, or random bytes."""
+    how = data.draw(st.sampled_from(["cut", "flip", "append", "random"]))
+    if how == "cut":
+        return b[:data.draw(st.integers(0, max(len(b) - 1, 0)))]
+    if how == "flip" and b:
+        out = bytearray(b)
+        for _ in range(data.draw(st.integers(1, 3))):
+            i = data.draw(st.integers(0, len(out) - 1))
+            out[i] = data.draw(st.integers(0, 255))
+        return bytes(out)
+    if how == "append":
+        return b + data.draw(st.binary(min_size=1, max_size=12))
+    return data.draw(st.binary(max_size=40))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_the_compiled_value_reader_decodes_what_the_reference_decodes(data):
+    framing, values = data.draw(framings())
+    for v in data.draw(st.lists(values, min_size=1, max_size=3)):
+        b = framing.encode(v)
+        got = _same(framing, b)
+        assert got[0] == "ok"
+        assert framing.encode(framing.decode(b)) == framing.reference_encode(framing.reference_decode(b))
+        assert _same(framing, memoryview(b"--" + b)[2:]) == got   # a slice of a block, as restored layers give
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_the_compiled_value_reader_refuses_damaged_bytes_as_the_reference_does(data):
+    framing, values = data.draw(framings())
+    b = framing.encode(data.draw(values))
+    for _ in range(3):
+        _same(framing, _damaged(data, b))
+
+
+class _PythonInts(Int64Serializer):
+    """A user's serializer: its deserialize (Python) is what decodes, and it refuses a wrong size itself."""
+
+    def deserialize(self, data: Any) -> Any:
+        if len(data) != 8:
+            raise CorruptSnapshotError(f"{len(data)} bytes are not an int64")
+        return int.from_bytes(bytes(data), "little", signed=True) * 10
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_a_user_serializer_decodes_through_its_deserialize(data):
+    kind = data.draw(st.sampled_from(["value", "list", "map"]))
+    ttl = data.draw(st.booleans())
+    user, builtin = _PythonInts(), StrSerializer()
+    value_ser, key_ser = data.draw(st.sampled_from([(user, user), (user, builtin), (builtin, user)]))
+    framing = ValueFraming("s", kind, value_ser, key_ser if kind == "map" else None, ttl=ttl)
+    leaf = st.integers(-(2**40), 2**40) if value_ser is user else st.text(max_size=4)
+    key = st.integers(-(2**40), 2**40) if key_ser is user else st.text(max_size=4)
+    stamped = st.tuples(leaf, timestamps) if ttl else leaf
+    v = data.draw({"value": stamped, "list": st.lists(stamped, min_size=1, max_size=3),
+                   "map": st.dictionaries(key, stamped, min_size=1, max_size=3)}[kind])
+    b = framing.encode(v)
+    assert _same(framing, b)[0] == "ok"
+    assert framing.reader.value_how == 2 or value_ser is builtin
+    for _ in range(3):
+        _same(framing, _damaged(data, b))
+
+
+def test_decoded_map_keys_are_canonical_as_java_keys_makes_them():
+    from keygroups._javakeys import NAN_KEY, NEGATIVE_ZERO_KEY
+    from keygroups.serializers import Float64Serializer, TupleSerializer
+
+    framing = ValueFraming("s", "map", Int64Serializer(), Float64Serializer())
+    stored = framing.encode({NAN_KEY: 1, NEGATIVE_ZERO_KEY: 2, 0.0: 3})   # decoded: plain floats, then canonical
+    got = framing.decode(stored)
+    assert got == {NAN_KEY: 1, NEGATIVE_ZERO_KEY: 2, 0.0: 3}
+    assert [type(k) for k in got] == [type(k) for k in framing.reference_decode(stored)]
+    assert next(iter(got)) is NAN_KEY
+    pairs = ValueFraming("s", "map", Int64Serializer(), TupleSerializer(Float64Serializer(), StrSerializer()))
+    got = pairs.decode(pairs.encode({(-0.0, "a"): 1}))
+    assert list(got) == [(NEGATIVE_ZERO_KEY, "a")] and list(got)[0][0] is NEGATIVE_ZERO_KEY
+
+
+def test_a_corrupt_value_is_named_by_its_state_and_kind():
+    framing = ValueFraming("prices", "map", Int64Serializer(), StrSerializer(), ttl=True)
+    b = framing.encode({"a": (1, 5)})
+    for damaged in (b[:-3], b + b"\x01"):
+        try:
+            framing.decode(damaged)
+        except CorruptSnapshotError as e:
+            assert str(e).startswith("state 'prices': a map value: ")
+        else:
+            raise AssertionError("decoded damaged bytes")

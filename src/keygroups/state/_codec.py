@@ -85,7 +85,15 @@ class ValueFraming:
         #: serializers' ``serialize`` and ``join_list``/``join_map``: the definition the tests hold it to.
         self.encode: Callable[[Any], bytes] = self.writer.encode
         self.reference_encode: Callable[[Any], bytes] = enc
-        self.decode: Callable[[Any], Any] = dec
+        #: The compiled decoder of this framing (``_native/framing.pyx``): in C for the built-in serializers and
+        #: records, through ``deserialize`` for any other serializer; map keys canonical (``java_keys``).
+        self.reader = _framing.ValueReader(state, "value" if kind in ("value", "reducing", "aggregating") else kind,
+                                           ttl, ser, key_ser)
+        #: One stored value -> the value (compiled). ``reference_decode`` decodes in Python, through the
+        #: serializers' ``deserialize`` and ``split_list``/``split_map``: the definition the tests hold it to (same
+        #: values, same errors).
+        self.decode: Callable[[Any], Any] = self.reader.decode
+        self.reference_decode: Callable[[Any], Any] = dec
         # Deep copy of one in-memory value, for copy-on-write; None when values are never mutated in place.
         self.copy: Callable[[Any], Any] | None = self._make_copy()
 
