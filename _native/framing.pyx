@@ -43,6 +43,8 @@ from keygroups._native.records cimport Node, dec_whole, enc as enc_record
 
 import sys
 
+import numpy as np
+
 from keygroups.errors import CorruptSnapshotError
 
 
@@ -804,6 +806,35 @@ cdef class ValueReader:
         _acquire(value, &view)
         try:
             return self.read(<const uint8_t *>view.buf, view.len, value)
+        finally:
+            PyBuffer_Release(&view)
+
+    def decode_many(self, block, offsets):
+        """The n values packed in ``block`` at ``offsets`` (n + 1 positions), decoded as :meth:`decode` decodes each
+        (``ValueFraming.decode_many``); None, for the caller's slicing to decide, when the offsets are not n + 1
+        ascending positions inside the block or a plain value's serializer is a Python one."""
+        cdef Py_buffer view
+        cdef const int64_t[::1] o
+        cdef Py_ssize_t n, i
+        cdef list out
+        if self.kind == FK_VALUE and self.value_how == HOW_PYTHON:
+            return None
+        try:
+            o = np.ascontiguousarray(offsets, dtype=np.int64)
+        except (TypeError, ValueError, OverflowError):
+            return None
+        if o.ndim != 1 or o.shape[0] < 1:
+            return None
+        n = o.shape[0] - 1
+        _acquire(block, &view)
+        try:
+            for i in range(n + 1):
+                if o[i] < 0 or o[i] > view.len or (i and o[i] < o[i - 1]):
+                    return None
+            out = PyList_New(n)   # a slot an error leaves NULL is skipped when the list is freed
+            for i in range(n):
+                _set_item(out, i, self.read(<const uint8_t *>view.buf + o[i], <Py_ssize_t>(o[i + 1] - o[i]), None))
+            return out
         finally:
             PyBuffer_Release(&view)
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from hypothesis import HealthCheck, given, settings
+import numpy as np
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from keygroups._native import heapsnap
@@ -243,6 +244,26 @@ def test_the_compiled_value_reader_refuses_damaged_bytes_as_the_reference_does(d
     b = framing.encode(data.draw(values))
     for _ in range(3):
         _same(framing, _damaged(data, b))
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_decoding_a_block_of_values_is_decoding_each(data):
+    framing, values = data.draw(framings())
+    assume(framing.kind != "value" or framing.ttl)   # plain values: the serializer's own deserialize_many
+    stored = [framing.encode(v) for v in data.draw(st.lists(values, max_size=4))]
+    if stored and data.draw(st.booleans()):
+        i = data.draw(st.integers(0, len(stored) - 1))
+        stored[i] = _damaged(data, stored[i])
+    offsets = [0]
+    for b in stored:
+        offsets.append(offsets[-1] + len(b))
+    block = b"".join(stored)
+
+    def each(block: Any) -> list[Any]:
+        return [framing.reference_decode(b) for b in stored]
+
+    assert _decoded(lambda blk: framing.decode_many(blk, np.array(offsets)), block) == _decoded(each, block)
 
 
 class _PythonInts(Int64Serializer):

@@ -14,7 +14,10 @@ length | [i64 timestamp] | value``; ``keygroups.checkpoint.format`` rewrites the
 them (``_native/framing.pyx``, ``upgrade_block``), so nothing above the file format ever sees the old one.
 
 Splitting and joining frames is compiled (``_native/framing.pyx``, over the checked cursor): every length is checked
-against the bytes that remain; anything inconsistent raises ``CorruptSnapshotError``. In memory, TTL values are
+against the bytes that remain; anything inconsistent raises ``CorruptSnapshotError``. So are whole values, both ways
+(``ValueWriter`` encodes, ``ValueReader`` decodes: the built-in serializers' codecs and records' nodes in C, any other
+serializer through its ``serialize``/``deserialize``); the Python methods below stay as ``reference_encode`` and
+``reference_decode``, the definition the tests hold the compiled ones to. In memory, TTL values are
 ``(value, timestamp)`` tuples (lists: of such tuples; maps: user key -> such a tuple). RocksDB keeps a map's entries
 as rows (:meth:`ValueFraming.map_rows`): the user key in the database key, ``[i64 timestamp |] value bytes`` as the
 row's value. A decoded map's keys are canonical (``java_keys``): they compare as Java's ``equals``, as the states'
@@ -98,12 +101,16 @@ class ValueFraming:
         self.copy: Callable[[Any], Any] | None = self._make_copy()
 
     def decode_many(self, block: Any, offsets: Any) -> list[Any]:
-        """Decode n values packed in ``block`` at ``offsets`` (n + 1 positions): compiled for plain value states."""
+        """Decode n values packed in ``block`` at ``offsets`` (n + 1 positions): compiled (plain value states through
+        the serializer's ``deserialize_many``, any other through the compiled reader)."""
         if not self.ttl and self.kind in ("value", "reducing", "aggregating"):
             try:
                 return self.ser.deserialize_many(block, offsets)
             except CorruptSnapshotError as e:
                 raise self._undecodable(e) from None
+        values = self.reader.decode_many(block, offsets)
+        if values is not None:
+            return values
         o = list(offsets)
         dec = self.decode
         return [dec(block[o[j]:o[j + 1]]) for j in range(len(o) - 1)]
