@@ -11,6 +11,7 @@ import struct
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -309,6 +310,29 @@ def test_int64_index_survives_many_removals_and_growth():
     with pytest.raises(TypeError, match="never pickled"):
         import pickle
         pickle.dumps(index)
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data(), key_bits=st.sampled_from([1, 4, 17, 40, 64]), groups=st.integers(1, 200))
+def test_group_key_order_is_the_stable_two_column_sort(data, key_bits, groups):
+    """The runtime's compiled order of a subtask's records (and of a capture's rows): exactly Arrow's stable
+    sort_indices on (key group, key), negative keys and both ends of the long range included."""
+    n = data.draw(st.integers(0, 300))
+    lo, hi = (-(2 ** 63), 2 ** 63 - 1) if key_bits == 64 else (-(2 ** key_bits), 2 ** key_bits)
+    keys = np.array(data.draw(st.lists(st.integers(lo, hi), min_size=n, max_size=n)), dtype=np.int64)
+    kgs = np.array(data.draw(st.lists(st.integers(0, min(groups, 32767)), min_size=n, max_size=n)), dtype=np.int32)
+    expected = pc.sort_indices(pa.table({"g": kgs, "k": keys}),
+                                       sort_keys=[("g", "ascending"), ("k", "ascending")]).to_numpy()
+    assert kernels.group_key_order(kgs, keys).tolist() == expected.tolist()
+
+
+def test_group_key_order_refuses_what_is_not_a_key_group():
+    with pytest.raises(ValueError, match="1 key groups but 2 keys"):
+        kernels.group_key_order(np.zeros(1, np.int32), np.zeros(2, np.int64))
+    with pytest.raises(ValueError, match=r"key group 32768 at row 1 is outside \[0, 32768\)"):
+        kernels.group_key_order(np.array([0, 32768], np.int32), np.zeros(2, np.int64))
+    with pytest.raises(ValueError, match="key group -1 at row 0"):
+        kernels.group_key_order(np.array([-1], np.int32), np.zeros(1, np.int64))
 
 
 @settings(max_examples=100, deadline=None)
