@@ -365,6 +365,14 @@ class ColumnarStates:
 
     def _encode_values(self, j: int, rows: np.ndarray) -> tuple[bytes, np.ndarray]:
         wire = self._wire[j]
+        width = wire.itemsize
+        fields = self.fields[j]
+        if not self.ttl and len(fields) == 1:   # one scalar: its column's values are the bytes
+            values = fields[0][rows]
+            if values.dtype == np.float64:
+                values[np.isnan(values)] = np.nan   # the one canonical NaN Float64Serializer writes
+            return (values.astype(wire["f0"], copy=False).tobytes(),
+                    np.arange(len(rows) + 1, dtype=np.int64) * width)
         out = np.empty(len(rows), dtype=wire)
         if self.ttl:
             out["ts"] = self.stamps[j][rows]
@@ -373,7 +381,6 @@ class ColumnarStates:
             if values.dtype == np.float64:
                 values = np.where(np.isnan(values), np.nan, values)   # the one canonical NaN Float64Serializer writes
             out[f"f{i}"] = values
-        width = wire.itemsize
         return out.tobytes(), np.arange(len(rows) + 1, dtype=np.int64) * width
 
     def _by_group(self, rows: np.ndarray) -> tuple[np.ndarray, list[tuple[int, int, int]]]:
@@ -392,18 +399,25 @@ class ColumnarStates:
         ends = [*cuts.tolist(), len(rows)]
         return rows, [(int(groups[a]), a, b) for a, b in zip(starts, ends) if b > a]
 
-    def _sections(self, j: int, rows: np.ndarray, values: bool
+    def _sections(self, j: int, rows: np.ndarray, values: bool, last: list[Any]
                   ) -> list[tuple[int, Packed, Packed | None]]:
-        """State ``j``'s ``rows`` encoded (keys, and values when ``values``) and cut per key group."""
+        """State ``j``'s ``rows`` encoded (keys, and values when ``values``) and cut per key group. ``last`` holds
+        the previous call's rows, ordered rows and key sections: states that changed for the same keys (all of an
+        aggregate's, as a rule) share them, ordered and encoded once."""
         if not len(rows):
             return []
-        rows, groups = self._by_group(rows)
-        key_data, key_offsets = self._encode_keys(rows)
+        if last and len(last[0]) == len(rows) and np.array_equal(last[0], rows):
+            _, rows, keyed = last
+        else:
+            given = rows
+            rows, groups = self._by_group(rows)
+            key_data, key_offsets = self._encode_keys(rows)
+            keyed = [(kg, a, b, Packed(key_data, key_offsets[a:b + 1])) for kg, a, b in groups]
+            last[:] = [given, rows, keyed]
         if values:
             value_data, value_offsets = self._encode_values(j, rows)
-            return [(kg, Packed(key_data, key_offsets[a:b + 1]), Packed(value_data, value_offsets[a:b + 1]))
-                    for kg, a, b in groups]
-        return [(kg, Packed(key_data, key_offsets[a:b + 1]), None) for kg, a, b in groups]
+            return [(kg, keys, Packed(value_data, value_offsets[a:b + 1])) for kg, a, b, keys in keyed]
+        return [(kg, keys, None) for kg, _, _, keys in keyed]
 
     def capture(self, checkpoint_id: int, full: Collection[int]
                 ) -> dict[int, tuple[list[ExternalPut], list[ExternalDelete]]]:
@@ -415,6 +429,7 @@ class ColumnarStates:
         out: dict[int, tuple[list[ExternalPut], list[ExternalDelete]]] = {}
         taken: list[np.ndarray] = []
         freed: list[np.ndarray] = []
+        last: list[Any] = []
         for j in range(len(self.names)):
             # each write's rows are new to the dirty flag, so only an unconfirmed capture can repeat a row
             inflight = [p[j] for _, p in self._inflight]
@@ -443,9 +458,9 @@ class ColumnarStates:
                     whole = whole[self.stamps[j][whole] > deadline]
                 puts = np.concatenate([puts, whole])
             freed.append(deletes[~present[deletes]])
-            for kg, keys, values in self._sections(j, puts, True):
+            for kg, keys, values in self._sections(j, puts, True, last):
                 out.setdefault(kg, ([], []))[0].append((j, keys, values))
-            for kg, keys, _ in self._sections(j, deletes, False):
+            for kg, keys, _ in self._sections(j, deletes, False, last):
                 out.setdefault(kg, ([], []))[1].append((j, keys))
         self._inflight.append((checkpoint_id, taken))
         rows = np.concatenate(freed) if freed else np.zeros(0, dtype=np.int64)
@@ -569,8 +584,9 @@ class ColumnarStates:
 
     def release(self) -> Iterator[tuple[int, list[ExternalPut]]]:
         out: dict[int, list[ExternalPut]] = {}
+        last: list[Any] = []
         for j in range(len(self.names)):
-            for kg, keys, values in self._sections(j, self.keys_of(j), True):
+            for kg, keys, values in self._sections(j, self.keys_of(j), True, last):
                 out.setdefault(kg, []).append((j, keys, values))
         yield from sorted(out.items())
 
