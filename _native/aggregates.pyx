@@ -236,7 +236,9 @@ def group_key_order(const int32_t[::1] groups, const int64_t[::1] keys) -> np.nd
     if k0 == NULL or k1 == NULL or i0 == NULL or i1 == NULL or hist == NULL:
         free(k0); free(k1); free(i0); free(i1); free(hist)
         raise MemoryError(f"group_key_order: cannot allocate the buffers of {n} rows")
-    cdef uint64_t any_bits = 0, all_bits = ~(<uint64_t>0), varying
+    cdef uint64_t any_bits = 0, all_bits = ~(<uint64_t>0), varying, mask
+    cdef int lo = 0, span = 0, group_bits = 0
+    cdef bint merged
     cdef bint moves[_DIGITS]
     with nogil:
         for i in range(_DIGITS * _BUCKETS + (gmax - gmin + 1)):
@@ -246,7 +248,25 @@ def group_key_order(const int32_t[::1] groups, const int64_t[::1] keys) -> np.nd
             i0[i] = i
             any_bits |= k0[i]
             all_bits &= k0[i]
-        varying = any_bits ^ all_bits   # the bits some keys differ in: only their digits need a pass
+        varying = any_bits ^ all_bits   # the bits some keys differ in: only they order the keys
+        if varying:
+            while not (varying >> lo) & 1:
+                lo += 1
+            span = 64 - lo
+            while not (varying >> (lo + span - 1)) & 1:
+                span -= 1
+        while (gmax - gmin) >> group_bits:
+            group_bits += 1
+        # when the key group and the key's varying bits fit one word, sort that word: no pass of its own for the
+        # key group
+        merged = span + group_bits <= 64
+        if merged:
+            mask = (<uint64_t>1 << span) - 1 if span < 64 else ~(<uint64_t>0)
+            for i in range(n):
+                k0[i] = (k0[i] >> lo) & mask
+                if group_bits:
+                    k0[i] |= (<uint64_t>(groups[i] - gmin)) << span
+            varying = (<uint64_t>1 << (span + group_bits)) - 1 if span + group_bits < 64 else ~(<uint64_t>0)
         for d in range(_DIGITS):
             moves[d] = ((varying >> (d * _DIGIT_BITS)) & (_BUCKETS - 1)) != 0
         for i in range(n):
@@ -268,7 +288,7 @@ def group_key_order(const int32_t[::1] groups, const int64_t[::1] keys) -> np.nd
                 h[b] += 1
             k0, k1 = k1, k0
             i0, i1 = i1, i0
-        if gmin == gmax:
+        if merged or gmin == gmax:
             for i in range(n):
                 o[i] = i0[i]
         else:
