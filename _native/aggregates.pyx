@@ -17,6 +17,7 @@
 from libc.math cimport signbit
 from libc.stdint cimport INT64_MAX, INT64_MIN, int32_t, int64_t, uint8_t, uint64_t
 from libc.stdlib cimport free, malloc
+from libc.string cimport memcpy
 
 cimport cython
 
@@ -227,14 +228,15 @@ def group_key_order(const int32_t[::1] groups, const int64_t[::1] keys) -> np.nd
             gmax = g
     cdef uint64_t *k0 = <uint64_t *>malloc(n * sizeof(uint64_t))
     cdef uint64_t *k1 = <uint64_t *>malloc(n * sizeof(uint64_t))
-    cdef int64_t *i0 = <int64_t *>malloc(n * sizeof(int64_t))
-    cdef int64_t *i1 = <int64_t *>malloc(n * sizeof(int64_t))
+    cdef int64_t *spare = <int64_t *>malloc(n * sizeof(int64_t))
+    cdef int64_t *i0 = &o[0]   # the indices move between the output and one spare buffer
+    cdef int64_t *i1 = spare
     cdef Py_ssize_t *hist = <Py_ssize_t *>malloc((_DIGITS * _BUCKETS + (gmax - gmin + 1)) * sizeof(Py_ssize_t))
     cdef Py_ssize_t *h
     cdef Py_ssize_t *gh
     cdef int shift
-    if k0 == NULL or k1 == NULL or i0 == NULL or i1 == NULL or hist == NULL:
-        free(k0); free(k1); free(i0); free(i1); free(hist)
+    if k0 == NULL or k1 == NULL or spare == NULL or hist == NULL:
+        free(k0); free(k1); free(spare); free(hist)
         raise MemoryError(f"group_key_order: cannot allocate the buffers of {n} rows")
     cdef uint64_t any_bits = 0, all_bits = ~(<uint64_t>0), varying, mask
     cdef int lo = 0, span = 0, group_bits = 0
@@ -289,9 +291,12 @@ def group_key_order(const int32_t[::1] groups, const int64_t[::1] keys) -> np.nd
             k0, k1 = k1, k0
             i0, i1 = i1, i0
         if merged or gmin == gmax:
-            for i in range(n):
-                o[i] = i0[i]
+            if i0 != &o[0]:
+                memcpy(&o[0], i0, n * sizeof(int64_t))
         else:
+            if i0 == &o[0]:   # the key group pass scatters into the output: read the indices from the spare
+                memcpy(spare, i0, n * sizeof(int64_t))
+                i0 = spare
             gh = hist + _DIGITS * _BUCKETS
             for i in range(n):
                 gh[groups[i] - gmin] += 1
@@ -302,7 +307,7 @@ def group_key_order(const int32_t[::1] groups, const int64_t[::1] keys) -> np.nd
                 b = groups[i0[i]] - gmin
                 o[gh[b]] = i0[i]
                 gh[b] += 1
-    free(k0); free(k1); free(i0); free(i1); free(hist)
+    free(k0); free(k1); free(spare); free(hist)
     return out
 
 
