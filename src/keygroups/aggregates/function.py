@@ -86,8 +86,11 @@ class _ColumnarIO:
     def locate(self, records: pa.Table, runs: np.ndarray, keys: list[Any], key_columns: Sequence[str]) -> Any:
         if self.table.key_mode != "object":
             column = records.column(key_columns[0])
-            starts = pa.array(runs[:-1])
-            return self.table.rows(np.asarray(column.take(starts).to_numpy(zero_copy_only=False), dtype=np.int64))
+            if column.null_count:
+                starts = column.take(pa.array(runs[:-1])).to_numpy(zero_copy_only=False)
+            else:   # each run's first key, read from the column's buffer
+                starts = column.to_numpy()[runs[:-1]]
+            return self.table.rows(np.asarray(starts, dtype=np.int64))
         return self.table.rows(keys)
 
     def _clocks(self) -> tuple[int | None, int]:
