@@ -15,8 +15,10 @@ event; max parallelism 128):
   the key count; RocksDB, the bytes of its databases on local disk, and the workers' resident growth;
 * **steady**: a batch of 100k events (keys drawn uniformly) at p=2, warm, median of ``--steady`` batches;
 * **rescale**: the 2 -> 3, 3 -> 2 and 2 -> 4 batches (100k events each): time, bytes read (``bytes_restored``)
-  against the bytes of the key groups that changed owner (each key group's chain in the checkpoint restored from,
-  counted where its subtask index changes), and the batch's cost against the steady one.
+  against the bytes of the key groups that changed holder (the batch's assignment decision: a subtask takes over
+  the warm state of the previous range it shares most with, so a key group moves when its holder changes), beside
+  those whose subtask index changes (each key group's chain in the checkpoint restored from), and the batch's cost
+  against the steady one.
 
 Times: wall, and CPU of the whole process tree (driver, JVM, Python workers; from /proc), since the work runs in
 Spark's worker processes. The machine is shared: the load average is printed with every figure.
@@ -200,6 +202,9 @@ def timed_batch(job: Any, df: Any, parallelism: int) -> dict[str, Any]:
            "load": load_average()}
     if before is not None:
         out["moved"] = moved_bytes(before, before.parallelism, parallelism)
+    decision = result.report.assignment
+    if decision is not None and decision.previous is not None:   # the warm takeover's: what changed holder
+        out["moved_holder"] = decision.moved_bytes
     return out
 
 
@@ -275,7 +280,11 @@ def _batch(name: str, b: dict[str, Any], steady: dict[str, float] | None = None)
     line = f"    {name:<28s} wall {b['wall']:7.2f} s  cpu {b['cpu']:7.2f} s"
     if steady is not None:
         line += f"  ({b['wall'] / steady['wall']:4.2f}x / {b['cpu'] / steady['cpu']:4.2f}x steady)"
-    if "moved" in b and b["moved"]:
+    if b.get("moved_holder"):
+        line += (f"  read {r.bytes_restored / 1e6:8.1f} MB of {b['moved_holder'] / 1e6:8.1f} MB that changed holder "
+                 f"({r.bytes_restored / b['moved_holder']:.2f}x; {b.get('moved', 0) / 1e6:.1f} MB changed subtask "
+                 f"index)")
+    elif "moved" in b and b["moved"]:
         line += (f"  read {r.bytes_restored / 1e6:8.1f} MB of {b['moved'] / 1e6:8.1f} MB that changed owner "
                  f"({r.bytes_restored / b['moved']:.2f}x)")
     elif r.bytes_restored:
