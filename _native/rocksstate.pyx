@@ -128,6 +128,7 @@ ctypedef struct _Row:
     const char *key      # the database key's bytes (inside its bytes object, held by the caller's list)
     Py_ssize_t n
     Py_ssize_t i         # its position in the pending dict's order
+    Py_ssize_t group     # its key-group index
 
 
 cdef int _row_cmp(const void *a, const void *b) noexcept nogil:
@@ -156,6 +157,8 @@ def flush_values(dict pending, dict cache, Encoder keys, ValueWriter values, lis
     cdef uint8_t *lp
     cdef uint32_t be
     cdef bint ascending = True
+    cdef bint grouped = True   # key-group indexes never decrease (a batch's keys come by key group)
+    cdef Py_ssize_t run
     cdef _Row *rows
     if len(state_id) != 2:
         raise ValueError(f"flush_values: a state id is 2 bytes, got {len(state_id)}")
@@ -195,13 +198,23 @@ def flush_values(dict pending, dict cache, Encoder keys, ValueWriter values, lis
             rows[count].key = PyBytes_AS_STRING(db_key)
             rows[count].n = w.pos
             rows[count].i = count
-            if ascending and count > 0 and _row_cmp(&rows[count - 1], &rows[count]) > 0:
+            rows[count].group = gi
+            if count > 0 and ascending and _row_cmp(&rows[count - 1], &rows[count]) > 0:
                 ascending = False
+            if count > 0 and grouped and rows[count - 1].group > gi:
+                grouped = False
             count += 1
         if count != n:
             raise RuntimeError("flush_values: the pending keys changed during the flush")
-        if not ascending:
+        if not ascending and not grouped:
             qsort(rows, n, sizeof(_Row), _row_cmp)
+        elif not ascending:   # sorted by key group already: each key group's keys sorted apart (fewer compares)
+            run = 0
+            for i in range(1, n + 1):
+                if i == n or rows[i].group != rows[run].group:
+                    if i - run > 1:
+                        qsort(&rows[run], i - run, sizeof(_Row), _row_cmp)
+                    run = i
         put_db_keys, put_values, put_keys, gone_db_keys, gone_keys = [], [], [], [], []
         for i in range(n):
             key = <object>PyList_GET_ITEM(user_keys, rows[i].i)

@@ -13,7 +13,16 @@ are written to the database in one ``WriteBatch`` when a snapshot is taken, or e
 ``cache_limit`` entries (the cache is then emptied; the set of keys changed since the last snapshot is kept). A map
 key's cache entry holds either its whole map or an overlay of the entries touched (missing entries are read row by
 row), so a batch touching one entry of a large map reads one row. Values read from the cache are live objects, as on
-the heap backend: a mutable value read is written back at the next flush, so changing it in place sticks.
+the heap backend: a mutable value read is written back at the next flush, so changing it in place sticks. The value
+state's reads and writes and the flush of value, list, reducing and aggregating states (database keys built and
+sorted, values encoded) are compiled (``_native/rocksstate.pyx``).
+
+Kept values: when a warm database is closed exactly at its last snapshot (nothing written or pending since), its
+states' caches stay in this process beside it (``_KeptCaches``, at most ``KEPT_CACHE_ENTRIES`` entries in all); the
+next backend that resumes that very database (the same seal: no file of it changed) and registers each state with
+the same meta takes them, so a warm batch reads from RocksDB only the keys earlier batches never touched, as a warm
+heap backend does. A damaged file of the kept database is then found when it is first read, which may be at the
+snapshot; the batch then fails with RocksDB's error and its retry restores cold (nothing is kept after a write).
 
 Restore: the blocks a restore reads become one SST file, written in compiled code and ingested whole
 (``rocksdb_ingest``); what leaves the range at a rescale is dropped with a ranged delete per run of key groups.
