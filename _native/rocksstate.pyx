@@ -10,14 +10,16 @@ from cpython.dict cimport PyDict_GetItem, PyDict_Next, PyDict_SetItem
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from cpython.object cimport PyObject
-from libc.stdint cimport uint8_t, uint32_t
+from libc.stdint cimport int64_t, uint8_t, uint32_t
 from libc.stdlib cimport qsort
-from libc.string cimport memcmp
+from libc.string cimport memcmp, memcpy
 
 from writer cimport Writer, w_bytes, w_free, w_init, w_reserve
 
 from keygroups._native.framing cimport Encoder, ValueWriter
 from keygroups._native.statecore cimport KeyContext
+
+import numpy as _np
 
 from keygroups._native.statecore import MISSING as _MISSING_OBJ
 from keygroups.errors import no_current_key_error as _no_current_key_error
@@ -249,3 +251,55 @@ def current_keys(KeyContext ctx, list keys):
         out_keys[i] = ctx.key
         out_groups[i] = ctx.kgi
     return out_keys, out_groups
+
+
+def fill_cache(dict cache, dict pending, list keys, list order, list raw, object decode_many, bint mutable,
+               list group_indexes):
+    """Cache a batch read from the database: ``raw[i]`` is the stored value (None: not stored) of the key
+    ``keys[order[i]]``, whose key-group index is ``group_indexes[order[i]]``. The stored values are decoded together
+    (``decode_many(block, offsets)``: the values packed in one bytes object at n + 1 offsets), each key cached with
+    its value or MISSING; with ``mutable``, each key with a value goes into ``pending`` too (it is handed out live)."""
+    cdef Py_ssize_t n = PyList_GET_SIZE(raw), i, j, size = 0, at = 0, found = 0, k
+    cdef object r
+    cdef char *block_p
+    cdef int64_t[::1] offsets
+    if PyList_GET_SIZE(order) != n:
+        raise ValueError(f"fill_cache: {n} stored values but {PyList_GET_SIZE(order)} positions")
+    for i in range(n):
+        r = <object>PyList_GET_ITEM(raw, i)
+        if r is not None:
+            if type(r) is not bytes:
+                raise TypeError(f"a stored value must be bytes, got {type(r).__name__}")
+            size += PyBytes_GET_SIZE(r)
+            found += 1
+    values = []
+    if found:
+        block = PyBytes_FromStringAndSize(NULL, size)
+        block_p = PyBytes_AS_STRING(block)
+        offsets_array = _np.empty(found + 1, dtype=_np.int64)
+        offsets = offsets_array
+        j = 0
+        offsets[0] = 0
+        for i in range(n):
+            r = <object>PyList_GET_ITEM(raw, i)
+            if r is not None:
+                memcpy(block_p + at, PyBytes_AS_STRING(r), PyBytes_GET_SIZE(r))
+                at += PyBytes_GET_SIZE(r)
+                j += 1
+                offsets[j] = at
+        values = decode_many(block, offsets_array)
+        if len(values) != found:
+            raise ValueError(f"fill_cache: {found} stored values decoded into {len(values)}")
+    j = 0
+    for i in range(n):
+        k = <Py_ssize_t>(<object>PyList_GET_ITEM(order, i))
+        if k < 0 or k >= PyList_GET_SIZE(keys) or k >= PyList_GET_SIZE(group_indexes):
+            raise IndexError(f"fill_cache: position {k} outside the {PyList_GET_SIZE(keys)} keys")
+        key = <object>PyList_GET_ITEM(keys, k)
+        if <object>PyList_GET_ITEM(raw, i) is None:
+            PyDict_SetItem(cache, key, _MISSING)
+        else:
+            PyDict_SetItem(cache, key, <object>PyList_GET_ITEM(values, j))
+            j += 1
+            if mutable:
+                PyDict_SetItem(pending, key, <object>PyList_GET_ITEM(group_indexes, k))

@@ -17,7 +17,9 @@
    the batch (``prefetch``: database keys built and sorted, one multi-get per state, decoded into the cache) and
    against its whole cycle per key (the read, then each state's ``value()`` and ``update()`` per key through the
    compiled loop's path, then the flush: keys and values encoded in C, one WriteBatch); medians of 4 batches
-   after one warm-up.
+   after one warm-up. Then the declarative aggregates' state I/O on RocksDB: ``get_values`` and ``put_values`` of a
+   batch's keys in bulk (one multi-get, the cache read and written in C) against the generic key-by-key loop
+   (``set_current_key``, ``value()``, ``update()`` per key), each from an empty cache, the flush included.
 
 The machine is shared: the load average is printed with every figure.
 """
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import os
 import pathlib
 import resource
@@ -45,6 +48,7 @@ from _jobs import COUNT_SUM_OUTPUT, RunningCountSum  # noqa: E402
 from keygroups import assign_key_groups, key_group_range  # noqa: E402
 from keygroups.serializers import Int64Serializer  # noqa: E402
 from keygroups.state import RocksDBKeyedStateBackend, ValueStateDescriptor  # noqa: E402
+from keygroups.state._base import KeyedStateBackendBase  # noqa: E402
 from keygroups.state.rocksdb import _sorted_db_keys  # noqa: E402
 from keygroups.testing import KeyedFunctionHarness  # noqa: E402
 
@@ -111,7 +115,22 @@ def per_key(n_keys: int, batch_keys: int, batches: int) -> None:
                     total.update((total.value() or 0) + k)
                 b._flush(evict=True)
                 cycle.append((cpu() - c0) / len(listed))
+            # the declarative aggregates' bulk reads and writes against the generic key-by-key loop, same keys
+            bulk, looped = [], []
+            for _ in range(batches + 1):
+                batch = np.unique(rng.choice(keys, batch_keys))
+                listed = batch.tolist()
+                for out, get, put in ((bulk, b.get_values, b.put_values),
+                                      (looped, functools.partial(KeyedStateBackendBase.get_values, b),
+                                       functools.partial(KeyedStateBackendBase.put_values, b))):
+                    b._flush(evict=True)
+                    c0 = cpu()
+                    values = get("count", listed)
+                    put("count", listed, [(v or 0) + 1 for v in values])
+                    b._flush()
+                    out.append((cpu() - c0) / len(listed))
             p, r, c = (statistics.median(x[1:]) for x in (point, reads, cycle))
+            bk, lp = statistics.median(bulk[1:]), statistics.median(looped[1:])
             print(f"\n== per key: {n_keys:,}-key state, batches of {len(listed):,} distinct keys, two int64 states, "
                   f"medians of {batches} ({load()})")
             print(f"  RocksDB's point lookup (rocksdict db.get per key, both states)          {1e9 * p:7.0f} ns per key")
@@ -119,6 +138,8 @@ def per_key(n_keys: int, batch_keys: int, batches: int) -> None:
                   f"   = {r / p:.2f}x the point lookups   target <= 1.5 {'meets' if r / p <= 1.5 else 'misses'}")
             print(f"  backend whole cycle (read, value+update of both states, flush)          {1e9 * c:7.0f} ns per key"
                   f"   = {c / p:.2f}x the point lookups (for the record: it also writes)")
+            print(f"  declarative state I/O, one state (get_values, put_values, flush): bulk {1e9 * bk:5.0f} ns per key,"
+                  f" key by key {1e9 * lp:5.0f} ns per key ({lp / bk:.2f}x)")
         finally:
             b.dispose()
 
@@ -132,8 +153,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--state-keys", type=int, default=400_000, help="keys of the per-key part's state")
     parser.add_argument("--batch-keys", type=int, default=100_000)
     parser.add_argument("--skip-per-key", action="store_true")
+    parser.add_argument("--skip-warm", action="store_true")
     args = parser.parse_args(argv)
     print(f"one process, CPU time of the process (RocksDB's own threads included); machine shared ({load()})")
+    if not args.skip_warm:
+        warm_part(args)
+    if not args.skip_per_key:
+        per_key(args.state_keys, args.batch_keys, 4)
+    return 0
+
+
+def warm_part(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as work:
         generate_events(pathlib.Path(work) / "events", args.events, args.keys, args.files)
         tables = [pq.read_table(f, columns=["key", "value", "ts"]) for f in event_files(pathlib.Path(work) / "events")]
@@ -153,9 +183,6 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  rocksdb  {rc:6.3f} s CPU  {rw:6.3f} s wall  ({1e6 * rc / per_batch:.2f} CPU us/event)")
     print(f"  rocksdb / heap: {rc / hc:.2f}x CPU, {rw / hw:.2f}x wall   target <= 1.3 (CPU) "
           f"{'meets' if rc / hc <= 1.3 else 'misses'}")
-    if not args.skip_per_key:
-        per_key(args.state_keys, args.batch_keys, 4)
-    return 0
 
 
 if __name__ == "__main__":

@@ -33,3 +33,7 @@ def flush_values(pending: dict[Any, int], cache: dict[Any, Any], keys: Encoder, 
 
 def current_keys(ctx: KeyContext, keys: list[Any]) -> tuple[list[Any], list[int]]:
     """``keys`` made current in turn: (the keys as the backend keys them, their key-group indexes)."""
+
+def fill_cache(cache: dict[Any, Any], pending: dict[Any, int], keys: list[Any], order: list[int],
+               raw: list[bytes | None], decode_many: Any, mutable: bool, group_indexes: list[int]) -> None:
+    """Cache the values read for ``keys[order[i]]`` (``raw[i]``; None: not stored), decoded together."""

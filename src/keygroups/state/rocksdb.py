@@ -42,7 +42,6 @@ import functools
 import gc
 import itertools
 import logging
-import operator
 import os
 import shutil
 import struct
@@ -247,21 +246,6 @@ def _frame_key(key_bytes: bytes) -> bytes:
     return _pack_u32(len(key_bytes)) + key_bytes
 
 
-def _split(blob: bytes, offsets: np.ndarray) -> list[bytes]:
-    """``blob`` cut at ``offsets`` (n + 1 positions) into n bytes objects."""
-    n = len(offsets) - 1
-    if n <= 0:
-        return []
-    width = int(offsets[1] - offsets[0])
-    if int(offsets[0]) == 0 and int(offsets[-1]) == n * width:
-        if width == 0:
-            return [b""] * n
-        if bool((np.diff(offsets) == width).all()):  # fixed width: no offsets to walk
-            return [blob[i:i + width] for i in range(0, n * width, width)]
-    o = offsets.tolist()
-    return [blob[a:b] for a, b in zip(o, o[1:])]
-
-
 #: A batch's keys padded to more bytes per key than this (and more than 4x their size) are sorted in Python.
 _MAX_PADDED_WIDTH = 256
 
@@ -457,39 +441,10 @@ class _RocksTable:
     def fill(self, keys: list[Any], group_indexes: np.ndarray, order: np.ndarray, db_keys: list[bytes],
              raw: list[bytes | None]) -> None:
         """Cache a prefetched batch: ``raw[i]`` is the stored value (None: not stored) of ``db_keys[i]``, the
-        database key of ``keys[order[i]]``; decoded together, cached in the order of ``keys`` (the order the batch
-        then reads them in, so the cache is walked front to back)."""
-        stored = cast(list[bytes], raw)
-        found: list[bool] | None = None  # None: every key has a stored value
-        if raw.count(None):
-            found = [r is not None for r in raw]
-            stored = list(itertools.compress(stored, found))
-        values: list[Any] = []
-        if stored:
-            offsets = np.zeros(len(stored) + 1, dtype=np.int64)
-            np.cumsum(np.fromiter(map(len, stored), np.int64, len(stored)), out=offsets[1:])
-            values = self.read_framing.decode_many(b"".join(stored), offsets)
-        if found is not None:
-            it = iter(values)
-            values = [next(it) if f else MISSING for f in found]
-        order_list = order.tolist()
-        if len(order_list) == len(keys):  # no repeated keys: back to the batch's order
-            inverse = np.empty(len(order_list), dtype=np.int64)
-            inverse[order] = np.arange(len(order_list))
-            inverse_list = inverse.tolist()
-            values = list(map(values.__getitem__, inverse_list))
-            if found is not None:
-                found = list(map(found.__getitem__, inverse_list))
-            cached_keys, order = keys, np.arange(len(keys))
-        else:
-            cached_keys = list(map(keys.__getitem__, order_list))   # (map: a C loop, twice a comprehension's speed)
-        self.cache.update(zip(cached_keys, values))
-        if self.mutable and stored:
-            groups = group_indexes[order].tolist()
-            if found is None:
-                self.pending.update(zip(cached_keys, groups))
-            else:
-                self.pending.update(zip(itertools.compress(cached_keys, found), itertools.compress(groups, found)))
+        database key of ``keys[order[i]]``; decoded together, cached in that order, in one compiled pass
+        (``rocksstate.fill_cache``)."""
+        rocksstate.fill_cache(self.cache, self.pending, keys, order.tolist(), raw, self.read_framing.decode_many,
+                              self.mutable, group_indexes.tolist())
 
     # ---- flushing -------------------------------------------------------------------------------------------------
     def write_values(self, batch: rocksdict.WriteBatch, encoded: dict[Any, bytes | None] | None) -> int:
