@@ -135,8 +135,11 @@ class _ColumnarIO:
 
 
 class _StateIO:
-    """The accumulators of a batch's keys through the ordinary state objects (a backend that keeps state itself:
-    values read and written once per key, with the state objects' own TTL handling)."""
+    """The accumulators of a batch's keys through the ordinary state objects of a backend that keeps state itself
+    (RocksDB), in bulk: ``get_values`` reads the batch's keys the backend's cache does not hold with one multi-get
+    and takes every value from the cache in one compiled pass; ``put_values`` puts the written ones into the cache
+    the same way, and the next snapshot writes them with one WriteBatch. States with TTL go key by key through the
+    state objects' own TTL handling."""
 
     def __init__(self, backend: Any, names: list[str], layouts: list[ValueLayout]) -> None:
         self.backend = backend
