@@ -12,8 +12,9 @@ from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from cpython.object cimport PyObject
 from libc.stdint cimport int64_t, uint8_t, uint32_t
 from libc.stdlib cimport qsort
-from libc.string cimport memcmp, memcpy
+from libc.string cimport memcpy
 
+from keysearch cimport kg_key_cmp
 from writer cimport Writer, w_bytes, w_free, w_init, w_reserve
 
 from keygroups._native.framing cimport Encoder, ValueWriter
@@ -137,11 +138,7 @@ cdef int _row_cmp(const void *a, const void *b) noexcept nogil:
     """Bytewise order of two database keys, as RocksDB's default comparator orders them."""
     cdef const _Row *x = <const _Row *>a
     cdef const _Row *y = <const _Row *>b
-    cdef Py_ssize_t m = x.n if x.n < y.n else y.n
-    cdef int r = memcmp(x.key, y.key, m)
-    if r != 0:
-        return r
-    return (x.n > y.n) - (x.n < y.n)
+    return kg_key_cmp(<const uint8_t *>x.key, x.n, <const uint8_t *>y.key, y.n)
 
 
 def flush_values(dict pending, dict cache, Encoder keys, ValueWriter values, list group_prefixes, bytes state_id):
