@@ -27,7 +27,6 @@ The machine is shared: the load average is printed with every figure.
 from __future__ import annotations
 
 import argparse
-import collections
 import functools
 import os
 import pathlib
@@ -49,7 +48,6 @@ from keygroups import assign_key_groups, key_group_range  # noqa: E402
 from keygroups.serializers import Int64Serializer  # noqa: E402
 from keygroups.state import RocksDBKeyedStateBackend, ValueStateDescriptor  # noqa: E402
 from keygroups.state._base import KeyedStateBackendBase  # noqa: E402
-from keygroups.state.rocksdb import _sorted_db_keys  # noqa: E402
 from keygroups.testing import KeyedFunctionHarness  # noqa: E402
 
 MAXP = 128
@@ -79,7 +77,7 @@ def warm_batches(backend: str, tables: list[Any]) -> tuple[float, float]:
 
 
 def per_key(n_keys: int, batch_keys: int, batches: int) -> None:
-    from bench_rocksdb_restore import write_state   # the bulk-written two-state savepoint
+    from bench_rocksdb_restore import point_and_prefetch, write_state   # the bulk-written two-state savepoint
 
     with tempfile.TemporaryDirectory() as work:
         storage, metadata, keys, _ = write_state(os.path.join(work, "state"), n_keys)
@@ -95,17 +93,9 @@ def per_key(n_keys: int, batch_keys: int, batches: int) -> None:
                 batch = np.unique(rng.choice(keys, batch_keys))
                 groups = np.asarray(assign_key_groups(batch, MAXP))
                 listed = batch.tolist()
-                serialize = Int64Serializer().serialize_many
-                db_keys = [_sorted_db_keys(serialize, listed, groups, t.state_id, unique=True)[0]
-                           for t in b._tables.values()]
-                get = b._db.get
-                c0 = cpu()
-                for state_keys in db_keys:
-                    collections.deque(map(get, state_keys), maxlen=0)
-                point.append((cpu() - c0) / len(listed))
-                c0 = cpu()
-                b.prefetch(listed, groups)
-                reads.append((cpu() - c0) / len(listed))
+                p, r = point_and_prefetch(b, batch)
+                point.append(p)
+                reads.append(r)
                 b._flush(evict=True)
                 c0 = cpu()
                 b.prefetch(listed, groups)
@@ -116,7 +106,8 @@ def per_key(n_keys: int, batch_keys: int, batches: int) -> None:
                 b._flush(evict=True)
                 cycle.append((cpu() - c0) / len(listed))
             # the declarative aggregates' bulk reads and writes against the generic key-by-key loop, same keys
-            bulk, looped = [], []
+            bulk: list[float] = []
+            looped: list[float] = []
             for _ in range(batches + 1):
                 batch = np.unique(rng.choice(keys, batch_keys))
                 listed = batch.tolist()
