@@ -505,5 +505,5 @@ def _union(spans: list[tuple[float, float]]) -> float:
     return total
 
 
-__all__ = ["SparkExecutor", "SparkPlanCache", "read_checkpoint_files", "input_digest", "max_event_time",
-           "run_tasks", "check_input", "input_arrow_schema", "event_time_column"]
+__all__ = ["ONE_PARTITION_RECORDS", "SparkExecutor", "SparkPlanCache", "read_checkpoint_files", "input_digest",
+           "max_event_time", "run_tasks", "check_input", "input_arrow_schema", "event_time_column"]
