@@ -378,6 +378,10 @@ class KeyedStateHandle:
                                  f"not a delta block of {self.key_group_range} that changes an earlier block (full: "
                                  f"{self.full_key_groups}, fresh: {self.fresh_key_groups})")
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        self.__dict__.pop("_encoded", None)   # a field changed (a writer naming predecessors): encode it again
+        super().__setattr__(name, value)
+
     @functools.cached_property
     def crc_seed(self) -> int:
         """``crc32c(file id)``, the seed of each format-4 block's checksum (0 for earlier formats or no id)."""
@@ -854,16 +858,34 @@ def _legacy_files(properties: dict[str, Any], key: str, base: str) -> list[str]:
     return [check_relpath(f, f"properties[{key!r}]") for f in files if f.startswith(base + "/")]
 
 
+def _json_text(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False, ensure_ascii=False)
+
+
+def _keyed_handle_text(handle: KeyedStateHandle, base: str) -> str:
+    """``handle``'s JSON in a ``_metadata`` of directory ``base``, encoded once per handle and stored path: an
+    incremental checkpoint carries most of its handles forward from the one before, so a commit encodes only its new
+    ones (a handle is never changed once a checkpoint holds it)."""
+    stored = _keyed_path(handle.file, base)
+    cache = handle.__dict__.setdefault("_encoded", {})
+    text = cache.get(stored)
+    if text is None:
+        text = cache[stored] = _json_text(dict(handle.to_json(), file=stored))
+    return text
+
+
 def encode_metadata(metadata: CheckpointMetadata, base: str) -> bytes:
     """The bytes of ``_metadata`` for ``metadata`` stored in directory ``base`` (files become relative to it)."""
     metadata.validate()
+    keyed = ",".join(_keyed_handle_text(h, base) for h in metadata.keyed_handles)
+    placeholder = f"\x00keyed-handles-{id(keyed):x}\x00"   # spliced in below: the handles are encoded already
     body = {
         "checkpoint_id": metadata.checkpoint_id,
         "job_id": metadata.job_id,
         "timestamp_ms": metadata.timestamp_ms,
         "max_parallelism": metadata.max_parallelism,
         "parallelism": metadata.parallelism,
-        "keyed_handles": [dict(h.to_json(), file=_keyed_path(h.file, base)) for h in metadata.keyed_handles],
+        "keyed_handles": placeholder,
         "operator_handles": [dict(h.to_json(), file=_strip_base(h.file, base)) for h in metadata.operator_handles],
         "properties": metadata.properties,
         "outputs": [_strip_base(f, base, "output file") for f in metadata.outputs],
@@ -874,10 +896,13 @@ def encode_metadata(metadata: CheckpointMetadata, base: str) -> bytes:
         body["raw_keyed_handles"] = [dict(h.to_json(), file=_strip_base(h.file, base, "raw keyed state file"))
                                      for h in metadata.raw_keyed_handles]
     try:
-        text = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False, ensure_ascii=False)
+        text = _json_text(body)
     except (TypeError, ValueError) as e:
         raise TypeError(f"checkpoint {metadata.checkpoint_id}'s metadata is not plain JSON: {e}") from e
-    raw = text.encode("utf-8")
+    quoted = _json_text(placeholder)
+    at = text.index(f'"keyed_handles":{quoted}') + len('"keyed_handles":')
+    raw = b"".join((text[:at].encode("utf-8"), b"[", keyed.encode("utf-8"), b"]",
+                    text[at + len(quoted):].encode("utf-8")))
     # The oldest version whose readers lose nothing: a version-3 reader ignores raw keyed state and late outputs
     # (restoring without the one, deleting both as orphans) and a version-4 reader does not know keyed format 4, so
     # each must refuse such a checkpoint instead.
