@@ -195,3 +195,64 @@ def test_orphans_of_a_checkpoint_directory_are_removed_once_it_is_older_than_the
     driver.run(_batch([1]), parallelism=1)
     assert not os.path.exists(os.path.join(storage.location, orphan))
     assert all(os.path.exists(os.path.join(storage.location, f)) for f in md.outputs)
+
+
+def _framed(version: int, body: dict) -> bytes:
+    import json
+    import struct
+
+    from crc32c import crc32c
+
+    from keygroups.checkpoint.metadata import METADATA_MAGIC
+
+    text = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    head = struct.pack("<4sII", METADATA_MAGIC, version, len(text)) + text
+    return head + struct.pack("<I", crc32c(head))
+
+
+def _delta_metadata(tmp_path, max_parallelism: int = 256):
+    storage = CheckpointStorage(tmp_path, retain=3)
+    driver = _driver(storage, max_parallelism=max_parallelism, background_retention=False)
+    driver.run(_batch(range(300)), parallelism=2)
+    for keys in ([1, 2], [3], [4, 5, 6]):
+        md = driver.run(_batch(keys), parallelism=2).metadata
+    return storage, md
+
+
+def test_version_6_stores_offsets_and_distances_compressed_and_version_5_still_reads(tmp_path):
+    import json
+
+    from keygroups.checkpoint.metadata import METADATA_VERSION
+
+    storage, md = _delta_metadata(tmp_path)
+    data = storage.read_bytes(f"{md.base}/_metadata")
+    assert int.from_bytes(data[4:8], "little") == METADATA_VERSION == 6
+    body = json.loads(data[12:-4])
+    assert all("offsets" not in h and "block_sizes" in h for h in body["keyed_handles"])
+    # the same checkpoint as version 5 wrote it: every array as it is in memory
+    compact = len(json.dumps(body["keyed_handles"]))
+    body["keyed_handles"] = [dict(h.to_json(), file=h.file) for h in md.keyed_handles]
+    old = _framed(5, body)
+    assert compact * 10 < len(json.dumps(body["keyed_handles"])) * 7   # mostly empty delta blocks compress
+    assert decode_metadata(old, md.base, "v5") == md == decode_metadata(data, md.base, "v6")
+
+
+@pytest.mark.parametrize("field, value, match", [
+    ("block_sizes", "not base64!", "block_sizes is not base64"),
+    ("block_sizes", "eJwDAAAAAAE=", r"block_sizes holds 0 bytes, not the \d+ of \d+ values"),   # zlib of nothing
+    ("block_sizes", None, "block_sizes holds more than"),   # a zlib bomb: far more values than key groups
+    ("first_offset", -1, "first_offset must be an int >= 0"),
+])
+def test_a_crafted_compact_handle_is_corrupt_not_a_crash(tmp_path, field, value, match):
+    import base64
+    import json
+    import zlib
+
+    storage, md = _delta_metadata(tmp_path, max_parallelism=64)
+    data = storage.read_bytes(f"{md.base}/_metadata")
+    body = json.loads(data[12:-4])
+    if value is None:
+        value = base64.b64encode(zlib.compress(bytes(1 << 26))).decode()
+    body["keyed_handles"][0][field] = value
+    with pytest.raises(CorruptSnapshotError, match=match):
+        decode_metadata(_framed(6, body), md.base, "crafted")

@@ -13,11 +13,19 @@ Layout under ``location`` (a local path or any fsspec URL)::
 Commit protocol: subtasks write their state files (``open_write``, fsync'd on close for local paths), report
 handles; the driver calls :meth:`CheckpointStorage.commit`, which writes ``_metadata`` last and atomically:
 
-* local filesystem: write ``_metadata.inprogress-<uuid>``, fsync it, ``os.replace`` onto ``_metadata``, fsync the
-  directory. A crash leaves either no ``_metadata`` (the checkpoint does not exist) or a complete one.
-* other fsspec filesystems: write the temporary file, then ``fs.mv`` it onto ``_metadata``. On object stores (S3, GCS,
-  ...) an object appears only once fully written, so ``_metadata`` is never seen half written; the durability is
-  the store's. There is no directory fsync there.
+* local filesystem: the bytes are written once, to a temporary file, and fsync'd; the claim (below) and then
+  ``_metadata`` are hard links of it, each created or refused as one step and made durable by fsyncing its directory
+  (after the directories of the new state files). A crash leaves either no ``_metadata`` (the checkpoint does not
+  exist) or a complete one.
+* object stores (S3, GCS, ...): one create-if-absent put for the claim, one for ``_metadata``; an object appears only
+  once fully written, so ``_metadata`` is never seen half written; the durability is the store's. There is no
+  directory fsync there.
+
+A commit checks the files its own batch wrote (they exist, keyed ones with their handle's size; one listing per
+directory on object stores); files of earlier checkpoints it carries forward were checked when those committed, and
+a restore point a driver did not commit itself is checked whole when it is loaded (:meth:`CheckpointStorage.
+check_complete`). Its chains are checked as :func:`~keygroups.checkpoint.planning.carry_forward` extends the restore
+point's, so a commit costs what its batch changed, not the checkpoint's history.
 
 Compare-and-swap: a commit names the checkpoint it was planned from (``planned_from``) and succeeds only if that
 one is still the newest complete checkpoint; it first claims the place after it, ``_commits/after-<id>``
@@ -37,7 +45,11 @@ progress. In ``shared/`` (Flink's shared state registry, done without a registry
 retained checkpoint references it and the checkpoint id in its name is at most the one just committed: files of
 newer checkpoints, still being written, are never touched, and a shared file is only ever referenced by the
 checkpoint that wrote it and by later ones. If a retained ``_metadata`` cannot be read, nothing in ``shared/`` is
-deleted.
+deleted. Retention costs what changed since the last: one storage object reads each retained ``_metadata`` at most
+once (none that its driver committed or loaded), counts the references to ``shared/`` as checkpoints enter and leave
+retention, and cleans a checkpoint directory of orphans once, at the first retention after a newer checkpoint (a
+retried task attempt's file that comes later still goes with its directory); per prune, one listing of the
+checkpoints, of ``shared/`` and of ``_commits/``.
 
 Remote locations: every listing and existence check asks the store (fsspec's listing cache is off), so a process
 sees checkpoints and files that others wrote at its next call. A ``chk-<id>`` is a checkpoint directory only while
@@ -52,6 +64,7 @@ groups again on one host sends no request for them.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import hashlib
@@ -860,7 +873,11 @@ class CheckpointStorage:
 
         Round trips: planned from a named checkpoint, the claim itself is the check (no listing before it), and one
         existence check of the planned-from ``_metadata`` follows it; only a commit planned from no checkpoint or
-        from ``"latest"``, or one whose claim is taken, lists the checkpoints.
+        from ``"latest"``, or one whose claim is taken, lists the checkpoints. Before the claim, the batch's own
+        files are checked (a request each for up to three files of a directory, else one listing of it); files of
+        earlier checkpoints carried forward are not checked again. On an object store a commit is therefore about
+        six requests whatever the number of retained checkpoints or carried files; locally, one write of the bytes
+        and five fsyncs (the staged file, the directories of the new state files, of the claim, of ``_metadata``).
 
         ``prune=False`` leaves retention to a later :meth:`prune` (a driver runs it off its batch's critical path).
         ``encoded``: ``encode_metadata(metadata, "chk-<id>")`` when the caller has it already."""
@@ -877,16 +894,25 @@ class CheckpointStorage:
             previous = self._checked_newest(metadata, planned_from)
         self._check_chains(metadata)
         data = encoded if encoded is not None else encode_metadata(metadata, base)   # files must lie in chk-<id>/
-        self._check_files(metadata, new_only=True)
+        try:
+            self._check_files(metadata, new_only=True)
+        except ValueError:
+            # a file of this batch gone: removed by the retention of a writer that committed after the planned-from
+            # checkpoint (a lost race, said as such), else missing indeed
+            self._checked_newest(metadata, planned_from)
+            raise
         self._fs.makedirs(base)
-        self._fs.sync_dir(base)   # the state files' directory entries are durable before _metadata names them
-        if any(h.checkpoint_id == cid and is_shared_path(h.file) for h in metadata.keyed_handles):
-            self._fs.sync_dir(SHARED_DIR)   # so are those of its new keyed files
+        # the directory entries of the state files are durable before _metadata names them: synced while the
+        # bytes are staged (fsync waits for the disk, not the interpreter)
+        dirs = [base] + ([SHARED_DIR] if any(h.checkpoint_id == cid and is_shared_path(h.file)
+                                             for h in metadata.keyed_handles) else [])
+        synced = _sync_dirs_meanwhile(self._fs, dirs)
         claim = _claim_file(previous)
         self._fs.makedirs(COMMITS_DIR)
         # Locally the bytes are written (and fsync'd) once and published twice, as hard links: the claim, then
         # _metadata. An object store takes one create-if-absent put for each.
         with self._fs.staged(claim, data) as staged:
+            synced()
             try:
                 self._fs.link_exclusive(staged, claim)
             except FileExistsError:
@@ -1345,6 +1371,23 @@ class CheckpointStorage:
             raise CheckpointNotFoundError(
                 f"savepoint {name!r} does not exist in {self.location} (a savepoint exists only once its _metadata "
                 f"is written); {self._inventory()}") from None
+
+
+_FSYNC_POOL: concurrent.futures.ThreadPoolExecutor | None = None
+_FSYNC_POOL_LOCK = threading.Lock()
+
+
+def _sync_dirs_meanwhile(fs: _LocalFS | _FsspecFS, dirs: list[str]) -> Callable[[], None]:
+    """Start fsyncing ``dirs`` of a local filesystem in a helper thread; returns the wait for it (which raises what
+    the fsyncs raised). Object stores have nothing to sync."""
+    global _FSYNC_POOL
+    if not isinstance(fs, _LocalFS):
+        return lambda: None
+    with _FSYNC_POOL_LOCK:
+        if _FSYNC_POOL is None:
+            _FSYNC_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="keygroups-fsync")
+    future = _FSYNC_POOL.submit(lambda: [fs.sync_dir(d) for d in dirs])
+    return lambda: None if future.result() else None
 
 
 def _claim_file(previous: int | None) -> str:
