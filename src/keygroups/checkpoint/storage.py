@@ -810,8 +810,9 @@ class CheckpointStorage:
                 f"_metadata is written); {self._inventory()}") from None
         if md.checkpoint_id != cid:
             raise CorruptSnapshotError(f"chk-{cid}/_metadata in {self.location} holds checkpoint {md.checkpoint_id}")
-        with self._retention.lock:   # what retention needs of it, so that it is not read again for that
-            self._retention.references.setdefault(cid, _References.of(md))
+        # what retention needs of it, so that it is not read again for that (one dict operation: no lock needed
+        # beside a retention thread)
+        self._retention.references.setdefault(cid, _References.of(md))
         return md
 
     def check_complete(self, metadata: CheckpointMetadata) -> None:
@@ -895,7 +896,7 @@ class CheckpointStorage:
         self._check_chains(metadata)
         data = encoded if encoded is not None else encode_metadata(metadata, base)   # files must lie in chk-<id>/
         try:
-            self._check_files(metadata, new_only=True)
+            self._check_files(metadata)
         except ValueError:
             # a file of this batch gone: removed by the retention of a writer that committed after the planned-from
             # checkpoint (a lost race, said as such), else missing indeed
@@ -1056,7 +1057,7 @@ class CheckpointStorage:
         if (ids[-1] if ids else None) != previous:
             return   # a stale claim, being withdrawn by its writer
         try:
-            self._check_files(claimed)
+            self._check_all_files(claimed)
         except (ValueError, CorruptSnapshotError) as e:
             raise CorruptSnapshotError(
                 f"checkpoint {claimed.checkpoint_id} was claimed as the successor of {_describe(previous)} in "
@@ -1139,12 +1140,16 @@ class CheckpointStorage:
                 log.warning("could not remove %s of an unpublished checkpoint: %s", f, e)
         return removed
 
-    def _check_files(self, metadata: CheckpointMetadata, *, new_only: bool = False) -> None:
+    def _check_files(self, metadata: CheckpointMetadata) -> None:
+        """What a commit checks before its claim: the files its own batch wrote (:meth:`_check_all_files`), not
+        the keyed files of older checkpoints it carries forward (checked when those committed; retention keeps
+        every file a retained checkpoint references): a commit costs what its batch wrote, not its history."""
+        self._check_all_files(metadata, new_only=True)
+
+    def _check_all_files(self, metadata: CheckpointMetadata, *, new_only: bool = False) -> None:
         """ValueError unless every file ``metadata`` references exists, state files with their handle's size
-        (CorruptSnapshotError for a carried keyed file whose size changed). ``new_only``: only the files its own
-        batch wrote (keyed files of older checkpoints were checked when those committed, and retention keeps every
-        file a retained checkpoint references): a commit costs what its batch wrote, not its history. Sizes come
-        from one listing per directory on object stores."""
+        (CorruptSnapshotError for a carried keyed file whose size changed); ``new_only``: keyed files of older
+        checkpoints are not looked at. Sizes come from one listing per directory on object stores."""
         cid = metadata.checkpoint_id
         keyed = [h for h in metadata.keyed_handles if not new_only or h.checkpoint_id >= cid]
         sizes = self._fs.sizes(sorted({h.file for h in keyed} | {h.file for h in metadata.raw_keyed_handles}
@@ -1355,7 +1360,7 @@ class CheckpointStorage:
         base = f"{SAVEPOINTS_DIR}/{name}"
         self._check_chains(metadata)
         data = encode_metadata(metadata, base)   # also checks every file lies in the savepoint's directory
-        self._check_files(metadata)
+        self._check_all_files(metadata)
         self._fs.sync_dir(base)
         self._fs.write_atomic(f"{base}/{METADATA_NAME}", data)
         metadata.base = base
