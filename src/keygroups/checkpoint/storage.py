@@ -260,7 +260,7 @@ class _LocalFS:
             self.link_exclusive(staged, rel)
 
     @contextlib.contextmanager
-    def staged(self, near: str, data: bytes) -> Iterator[str]:
+    def staged(self, near: str, data: bytes) -> Iterator[Any]:
         """``data`` written and fsync'd once under a temporary name beside ``near``, for :meth:`link_exclusive` to
         publish under one or more names (hard links of one file: the bytes are written once); removed after."""
         with _tmp_name(self, near) as tmp:
@@ -273,7 +273,7 @@ class _LocalFS:
             finally:
                 os.remove(self.path(tmp))
 
-    def link_exclusive(self, staged: str, rel: str) -> None:
+    def link_exclusive(self, staged: Any, rel: str) -> None:
         """Publish the staged file as ``rel`` if ``rel`` does not exist (FileExistsError otherwise), durably."""
         os.link(self.path(staged), self.path(rel))
         self.sync_dir(posixpath.dirname(rel))
@@ -402,11 +402,11 @@ class _FsspecFS:
             raise
 
     @contextlib.contextmanager
-    def staged(self, near: str, data: bytes) -> Iterator[bytes]:
+    def staged(self, near: str, data: bytes) -> Iterator[Any]:
         """Nothing to stage on object stores: each :meth:`link_exclusive` puts the bytes (one request)."""
         yield data
 
-    def link_exclusive(self, staged: bytes, rel: str) -> None:
+    def link_exclusive(self, staged: Any, rel: str) -> None:
         self.write_exclusive(rel, staged)
 
     def sizes(self, rels: list[str]) -> dict[str, int]:
@@ -832,11 +832,13 @@ class CheckpointStorage:
                 f"{what} in {self.location} names {len(missing)} file(s) that do not exist: {shown}. Its _metadata "
                 "is complete but the files it references were removed or lost, so it cannot be restored; restore an "
                 "earlier checkpoint or a savepoint (keygroups verify lists every missing or damaged file)")
-        for h in [*metadata.keyed_handles, *metadata.raw_keyed_handles]:
-            if sizes[h.file] != h.size:
+        sized: list[tuple[str, int, int]] = [(h.file, h.subtask, h.size) for h in metadata.keyed_handles]
+        sized += [(h.file, h.subtask, h.size) for h in metadata.raw_keyed_handles]
+        for file, subtask, size in sized:
+            if sizes[file] != size:
                 raise CorruptSnapshotError(
-                    f"{what} in {self.location} names state file {h.file!r} (subtask {h.subtask}) of {h.size} "
-                    f"bytes, but the file is {sizes[h.file]} bytes: it was damaged or replaced; restore an earlier "
+                    f"{what} in {self.location} names state file {file!r} (subtask {subtask}) of {size} "
+                    f"bytes, but the file is {sizes[file]} bytes: it was damaged or replaced; restore an earlier "
                     "checkpoint or a savepoint")
 
     def load_restore_point(self, point: int | str) -> CheckpointMetadata:
@@ -1391,8 +1393,12 @@ def _sync_dirs_meanwhile(fs: _LocalFS | _FsspecFS, dirs: list[str]) -> Callable[
     with _FSYNC_POOL_LOCK:
         if _FSYNC_POOL is None:
             _FSYNC_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="keygroups-fsync")
-    future = _FSYNC_POOL.submit(lambda: [fs.sync_dir(d) for d in dirs])
-    return lambda: None if future.result() else None
+    def sync() -> None:
+        for d in dirs:
+            fs.sync_dir(d)
+
+    future = _FSYNC_POOL.submit(sync)
+    return future.result
 
 
 def _claim_file(previous: int | None) -> str:
