@@ -64,7 +64,6 @@ groups again on one host sends no request for them.
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import dataclasses
 import hashlib
@@ -905,17 +904,21 @@ class CheckpointStorage:
             self._checked_newest(metadata, planned_from)
             raise
         self._fs.makedirs(base)
-        # the directory entries of the state files are durable before _metadata names them: synced while the
-        # bytes are staged (fsync waits for the disk, not the interpreter)
-        dirs = [base] + ([SHARED_DIR] if any(h.checkpoint_id == cid and is_shared_path(h.file)
-                                             for h in metadata.keyed_handles) else [])
-        synced = _sync_dirs_meanwhile(self._fs, dirs)
+        # the directory entries of the state files are durable before _metadata names them
+        try:
+            self._fs.sync_dir(base)
+            if any(h.checkpoint_id == cid and is_shared_path(h.file) for h in metadata.keyed_handles):
+                self._fs.sync_dir(SHARED_DIR)
+        except FileNotFoundError:
+            # chk-<id>/ removed meanwhile, as an unfinished directory older than another writer's newer
+            # checkpoint: the lost race it is (else the directory is missing indeed)
+            self._checked_newest(metadata, planned_from)
+            raise
         claim = _claim_file(previous)
         self._fs.makedirs(COMMITS_DIR)
         # Locally the bytes are written (and fsync'd) once and published twice, as hard links: the claim, then
         # _metadata. An object store takes one create-if-absent put for each.
         with self._fs.staged(claim, data) as staged:
-            synced()
             try:
                 self._fs.link_exclusive(staged, claim)
             except FileExistsError:
@@ -1378,27 +1381,6 @@ class CheckpointStorage:
             raise CheckpointNotFoundError(
                 f"savepoint {name!r} does not exist in {self.location} (a savepoint exists only once its _metadata "
                 f"is written); {self._inventory()}") from None
-
-
-_FSYNC_POOL: concurrent.futures.ThreadPoolExecutor | None = None
-_FSYNC_POOL_LOCK = threading.Lock()
-
-
-def _sync_dirs_meanwhile(fs: _LocalFS | _FsspecFS, dirs: list[str]) -> Callable[[], None]:
-    """Start fsyncing ``dirs`` of a local filesystem in a helper thread; returns the wait for it (which raises what
-    the fsyncs raised). Object stores have nothing to sync."""
-    global _FSYNC_POOL
-    if not isinstance(fs, _LocalFS):
-        return lambda: None
-    with _FSYNC_POOL_LOCK:
-        if _FSYNC_POOL is None:
-            _FSYNC_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="keygroups-fsync")
-    def sync() -> None:
-        for d in dirs:
-            fs.sync_dir(d)
-
-    future = _FSYNC_POOL.submit(sync)
-    return future.result
 
 
 def _claim_file(previous: int | None) -> str:
