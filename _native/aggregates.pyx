@@ -7,12 +7,17 @@
 # the accumulator the key carried in; it can also write the accumulator after every row (per-record results). Every
 # array length is checked against the others at the def boundary; the loops run without the GIL over pointers.
 #
+# group_key_order: the stable order of a subtask's records by (key group, integer key), by LSD radix sort (11-bit
+# digits of the key, digits every key shares skipped, then one counting pass over the key groups): what Arrow's
+# two-column sort_indices gives, in a few linear passes.
+#
 # Int64Index: open addressing with linear probing over a power-of-two table (at most 3/4 full), each bucket a key and
 # its row (-1: empty); a removal shifts the following buckets of its cluster back (no tombstones), so lookups stay
 # short however many keys come and go.
 from libc.math cimport signbit
-from libc.stdint cimport INT64_MAX, INT64_MIN, int64_t, uint8_t, uint64_t
+from libc.stdint cimport INT64_MAX, INT64_MIN, int32_t, int64_t, uint8_t, uint64_t
 from libc.stdlib cimport free, malloc
+from libc.string cimport memcpy
 
 cimport cython
 
@@ -192,6 +197,118 @@ def count_runs(const uint8_t[::1] valid, const int64_t[::1] runs, int64_t[::1] a
     with nogil:
         bad = _count(pv, &runs[0], k, &acc[0], &has[0], pr, ph)
     return bad
+
+
+# ---- the order of a subtask's records ------------------------------------------------------------------------------
+cdef enum:
+    _DIGIT_BITS = 11
+    _DIGITS = 6                  # 6 * 11 >= 64
+    _BUCKETS = 1 << _DIGIT_BITS
+    _MAX_GROUP = 32768           # key groups are below Flink's largest max parallelism
+
+
+def group_key_order(const int32_t[::1] groups, const int64_t[::1] keys) -> np.ndarray:
+    """The stable order (int64 indices) that sorts rows by ``groups`` (key groups, 0 <= g < 32768), then by
+    ``keys`` (signed int64), equal pairs keeping their order: what a stable sort on the two columns gives."""
+    cdef Py_ssize_t n = keys.shape[0], i, d, b, p
+    if groups.shape[0] != n:
+        raise ValueError(f"group_key_order: {groups.shape[0]} key groups but {n} keys")
+    out = np.empty(n, dtype=np.int64)
+    if n == 0:
+        return out
+    cdef int64_t[::1] o = out
+    cdef int32_t gmin = groups[0], gmax = groups[0], g
+    for i in range(n):
+        g = groups[i]
+        if g < 0 or g >= _MAX_GROUP:
+            raise ValueError(f"group_key_order: key group {g} at row {i} is outside [0, {_MAX_GROUP})")
+        if g < gmin:
+            gmin = g
+        elif g > gmax:
+            gmax = g
+    cdef uint64_t *k0 = <uint64_t *>malloc(n * sizeof(uint64_t))
+    cdef uint64_t *k1 = <uint64_t *>malloc(n * sizeof(uint64_t))
+    cdef int64_t *spare = <int64_t *>malloc(n * sizeof(int64_t))
+    cdef int64_t *i0 = &o[0]   # the indices move between the output and one spare buffer
+    cdef int64_t *i1 = spare
+    cdef Py_ssize_t *hist = <Py_ssize_t *>malloc((_DIGITS * _BUCKETS + (gmax - gmin + 1)) * sizeof(Py_ssize_t))
+    cdef Py_ssize_t *h
+    cdef Py_ssize_t *gh
+    cdef int shift
+    if k0 == NULL or k1 == NULL or spare == NULL or hist == NULL:
+        free(k0); free(k1); free(spare); free(hist)
+        raise MemoryError(f"group_key_order: cannot allocate the buffers of {n} rows")
+    cdef uint64_t any_bits = 0, all_bits = ~(<uint64_t>0), varying, mask
+    cdef int lo = 0, span = 0, group_bits = 0
+    cdef bint merged
+    cdef bint moves[_DIGITS]
+    with nogil:
+        for i in range(_DIGITS * _BUCKETS + (gmax - gmin + 1)):
+            hist[i] = 0
+        for i in range(n):
+            k0[i] = <uint64_t>keys[i] ^ (<uint64_t>1 << 63)   # signed order as unsigned
+            i0[i] = i
+            any_bits |= k0[i]
+            all_bits &= k0[i]
+        varying = any_bits ^ all_bits   # the bits some keys differ in: only they order the keys
+        if varying:
+            while not (varying >> lo) & 1:
+                lo += 1
+            span = 64 - lo
+            while not (varying >> (lo + span - 1)) & 1:
+                span -= 1
+        while (gmax - gmin) >> group_bits:
+            group_bits += 1
+        # when the key group and the key's varying bits fit one word, sort that word: no pass of its own for the
+        # key group
+        merged = span + group_bits <= 64
+        if merged:
+            mask = (<uint64_t>1 << span) - 1 if span < 64 else ~(<uint64_t>0)
+            for i in range(n):
+                k0[i] = (k0[i] >> lo) & mask
+                if group_bits:
+                    k0[i] |= (<uint64_t>(groups[i] - gmin)) << span
+            varying = (<uint64_t>1 << (span + group_bits)) - 1 if span + group_bits < 64 else ~(<uint64_t>0)
+        for d in range(_DIGITS):
+            moves[d] = ((varying >> (d * _DIGIT_BITS)) & (_BUCKETS - 1)) != 0
+        for i in range(n):
+            for d in range(_DIGITS):
+                if moves[d]:
+                    hist[d * _BUCKETS + <Py_ssize_t>((k0[i] >> (d * _DIGIT_BITS)) & (_BUCKETS - 1))] += 1
+        for d in range(_DIGITS):
+            if not moves[d]:
+                continue
+            h = hist + d * _BUCKETS
+            shift = d * _DIGIT_BITS
+            p = 0
+            for b in range(_BUCKETS):
+                p, h[b] = p + h[b], p
+            for i in range(n):
+                b = <Py_ssize_t>((k0[i] >> shift) & (_BUCKETS - 1))
+                k1[h[b]] = k0[i]
+                i1[h[b]] = i0[i]
+                h[b] += 1
+            k0, k1 = k1, k0
+            i0, i1 = i1, i0
+        if merged or gmin == gmax:
+            if i0 != &o[0]:
+                memcpy(&o[0], i0, n * sizeof(int64_t))
+        else:
+            if i0 == &o[0]:   # the key group pass scatters into the output: read the indices from the spare
+                memcpy(spare, i0, n * sizeof(int64_t))
+                i0 = spare
+            gh = hist + _DIGITS * _BUCKETS
+            for i in range(n):
+                gh[groups[i] - gmin] += 1
+            p = 0
+            for b in range(gmax - gmin + 1):
+                p, gh[b] = p + gh[b], p
+            for i in range(n):
+                b = groups[i0[i]] - gmin
+                o[gh[b]] = i0[i]
+                gh[b] += 1
+    free(k0); free(k1); free(spare); free(hist)
+    return out
 
 
 # ---- the index ------------------------------------------------------------------------------------------------------

@@ -38,6 +38,7 @@ from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t, INT32_MI
 from libc.stdlib cimport qsort
 from libc.string cimport memcpy, memcmp
 
+from keysearch cimport kg_key_cmp
 from cursor cimport (Cursor, cur_init, cur_read, cur_u8, cur_count, cur_corrupt, cur_remaining,
                     cur_i64 as r_i64, cur_i32 as r_i32)
 from writer cimport (Writer, w_bytes, w_f64, w_free, w_i64, w_init, w_len, w_reserve, w_result, w_u8, w_u32,
@@ -198,11 +199,7 @@ cdef struct Entry:
 cdef int cmp_entry(const void *a, const void *b) noexcept nogil:
     cdef const Entry *x = <const Entry *>a
     cdef const Entry *y = <const Entry *>b
-    cdef Py_ssize_t n = x.key_len if x.key_len < y.key_len else y.key_len
-    cdef int r = memcmp(x.key, y.key, n)
-    if r != 0:
-        return r
-    return (x.key_len > y.key_len) - (x.key_len < y.key_len)
+    return kg_key_cmp(x.key, x.key_len, y.key, y.key_len)
 
 
 cdef inline void insertion_sort(Entry *e, Py_ssize_t n) noexcept nogil:

@@ -25,6 +25,7 @@ from libc.stdlib cimport qsort
 from libc.string cimport memcmp, memcpy
 
 from writer cimport Writer, w_bytes, w_f64, w_free, w_i64, w_init, w_reserve, w_result, w_u8, w_u32
+from keysearch cimport kg_key_cmp
 
 import sys
 
@@ -680,12 +681,9 @@ cdef struct Span:
 cdef int _cmp_span(const void *a, const void *b) noexcept nogil:
     cdef const Span *x = <const Span *>a
     cdef const Span *y = <const Span *>b
-    cdef Py_ssize_t n = x.key_len if x.key_len < y.key_len else y.key_len
-    cdef int r = memcmp(x.key, y.key, n) if n else 0
+    cdef int r = kg_key_cmp(x.key, x.key_len, y.key, y.key_len)
     if r:
         return r
-    if x.key_len != y.key_len:
-        return -1 if x.key_len < y.key_len else 1
     return -1 if x.index < y.index else (1 if x.index > y.index else 0)
 
 

@@ -34,6 +34,7 @@ from libc.string cimport memcmp, memcpy, memset
 
 from cursor cimport Cursor, cur_corrupt, cur_count, cur_i32, cur_i64, cur_init, cur_read, cur_remaining, cur_u8, cur_u32
 from writer cimport Writer, w_bytes, w_free, w_init, w_reserve, w_result, w_u8
+from keysearch cimport kg_key_cmp
 
 import sys
 
@@ -655,12 +656,9 @@ cdef struct KeyWins:
 cdef int cmp_keywins(const void *a, const void *b) noexcept nogil:
     cdef const KeyWins *x = <const KeyWins *>a
     cdef const KeyWins *y = <const KeyWins *>b
-    cdef Py_ssize_t n = x.key_len if x.key_len < y.key_len else y.key_len
-    cdef int r = memcmp(x.key, y.key, n) if n else 0
+    cdef int r = kg_key_cmp(x.key, x.key_len, y.key, y.key_len)
     if r:
         return r
-    if x.key_len != y.key_len:
-        return -1 if x.key_len < y.key_len else 1
     return (x.first > y.first) - (x.first < y.first)
 
 

@@ -139,10 +139,10 @@ def _aggregate_cpu() -> Iterator[list[float]]:
 def _subtask_cpu() -> Iterator[list[float]]:
     """The process CPU seconds spent inside the harness's subtasks (``run_keyed_subtask``: the job's own subtask
     code, its snapshot thread included, as it waits for the snapshot), summed into the yielded list's one item."""
-    import keygroups.testing.harness as harness
+    import keygroups.runtime.local as local   # the harness's executor calls it from there
 
     spent = [0.0]
-    run = harness.run_keyed_subtask
+    run = local.run_keyed_subtask
 
     def timed(*args: object, **kwargs: object) -> object:
         c = time.process_time()
@@ -151,11 +151,11 @@ def _subtask_cpu() -> Iterator[list[float]]:
         finally:
             spent[0] += time.process_time() - c
 
-    harness.run_keyed_subtask = timed   # type: ignore[assignment]
+    local.run_keyed_subtask = timed   # type: ignore[assignment]
     try:
         yield spent
     finally:
-        harness.run_keyed_subtask = run
+        local.run_keyed_subtask = run
 
 
 def python_floor(files: list[str]) -> Run:

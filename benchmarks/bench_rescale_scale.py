@@ -15,8 +15,10 @@ event; max parallelism 128):
   the key count; RocksDB, the bytes of its databases on local disk, and the workers' resident growth;
 * **steady**: a batch of 100k events (keys drawn uniformly) at p=2, warm, median of ``--steady`` batches;
 * **rescale**: the 2 -> 3, 3 -> 2 and 2 -> 4 batches (100k events each): time, bytes read (``bytes_restored``)
-  against the bytes of the key groups that changed owner (each key group's chain in the checkpoint restored from,
-  counted where its subtask index changes), and the batch's cost against the steady one.
+  against the bytes of the key groups that changed holder (the batch's assignment decision: a subtask takes over
+  the warm state of the previous range it shares most with, so a key group moves when its holder changes), beside
+  those whose subtask index changes (each key group's chain in the checkpoint restored from), and the batch's cost
+  against the steady one.
 
 Times: wall, and CPU of the whole process tree (driver, JVM, Python workers; from /proc), since the work runs in
 Spark's worker processes. The machine is shared: the load average is printed with every figure.
@@ -114,10 +116,11 @@ def tree_cpu() -> float:
     return ticks / _TICK
 
 
-def worker_rss() -> int:
-    """Resident bytes of the Python processes under the JVM (Spark's Python daemon and workers)."""
+def worker_rss() -> tuple[int, int]:
+    """Resident bytes of the Python processes under the JVM (Spark's Python daemon and workers): all of them, and
+    the anonymous ones (``RssAnon``: without memory-mapped files' pages, which the kernel drops under pressure)."""
     procs = _processes()
-    total = 0
+    total = anon = 0
     for pid in _tree(procs):
         if pid == os.getpid():
             continue
@@ -125,10 +128,12 @@ def worker_rss() -> int:
             with open(f"/proc/{pid}/comm") as f:
                 if not f.read().startswith("python"):
                     continue
-        except OSError:
+            with open(f"/proc/{pid}/status") as f:
+                anon += next(int(line.split()[1]) * 1024 for line in f if line.startswith("RssAnon:"))
+        except (OSError, StopIteration):
             continue
         total += int(procs[pid][1][21]) * _PAGE   # rss pages
-    return total
+    return total, anon
 
 
 def load_average() -> str:
@@ -197,6 +202,9 @@ def timed_batch(job: Any, df: Any, parallelism: int) -> dict[str, Any]:
            "load": load_average()}
     if before is not None:
         out["moved"] = moved_bytes(before, before.parallelism, parallelism)
+    decision = result.report.assignment
+    if decision is not None and decision.previous is not None:   # the warm takeover's: what changed holder
+        out["moved_holder"] = decision.moved_bytes
     return out
 
 
@@ -207,22 +215,35 @@ def run_backend(spark: Any, n_keys: int, backend: str, work: pathlib.Path, stead
     local_dir = work / f"local-{backend}"
     local_dir.mkdir()
     rss0 = worker_rss()
+
+    def progress(line: str) -> None:   # as it goes, so that a run that dies has printed how far it got
+        print(f"  [{backend} {n_keys:,}] {line.strip()}", file=sys.stderr, flush=True)
+
     figures: dict[str, Any] = {"write_savepoint": write_load(spark, location, n_keys)}
+    progress(f"write_savepoint wall {figures['write_savepoint']['wall']:.2f} s cpu "
+             f"{figures['write_savepoint']['cpu']:.2f} s ({load_average()})")
     job = KeyedJob(f"scale-{backend}", "k", RunningCountSum(), output_schema=OUTPUT, max_parallelism=MAXP,
                    checkpoint_location=location, backend=backend, restore_from_savepoint="load",
                    local_dir=str(local_dir), retain=2)
     seed = 0
     figures["first"] = timed_batch(job, events(spark, n_keys, seed), 2)
+    progress(_batch("first batch (restore)", figures["first"]))
     steady = []
     for _ in range(steady_batches):
         seed += 1
         steady.append(timed_batch(job, events(spark, n_keys, seed), 2))
+        progress(_batch("steady batch", steady[-1]))
     figures["steady"] = steady
-    figures["rss_per_key"] = (worker_rss() - rss0) / n_keys
+    rss1 = worker_rss()
+    figures["rss_per_key"] = (rss1[0] - rss0[0]) / n_keys
+    figures["anon_per_key"] = (rss1[1] - rss0[1]) / n_keys
     figures["disk_per_key"] = dir_bytes(str(local_dir)) / n_keys if backend == "rocksdb" else 0.0
+    progress(f"memory per key {figures['rss_per_key']:.0f} B resident ({figures['anon_per_key']:.0f} B anonymous), "
+             f"{figures['disk_per_key']:.0f} B local disk")
     for name, p in (("2->3", 3), ("3->2", 2), ("2->4", 4)):
         seed += 1
         figures[name] = timed_batch(job, events(spark, n_keys, seed), p)
+        progress(_batch(f"rescale {name}", figures[name]))
     shutil.rmtree(location, ignore_errors=True)
     shutil.rmtree(local_dir, ignore_errors=True)
     return figures
@@ -259,7 +280,11 @@ def _batch(name: str, b: dict[str, Any], steady: dict[str, float] | None = None)
     line = f"    {name:<28s} wall {b['wall']:7.2f} s  cpu {b['cpu']:7.2f} s"
     if steady is not None:
         line += f"  ({b['wall'] / steady['wall']:4.2f}x / {b['cpu'] / steady['cpu']:4.2f}x steady)"
-    if "moved" in b and b["moved"]:
+    if b.get("moved_holder"):
+        line += (f"  read {r.bytes_restored / 1e6:8.1f} MB of {b['moved_holder'] / 1e6:8.1f} MB that changed holder "
+                 f"({r.bytes_restored / b['moved_holder']:.2f}x; {b.get('moved', 0) / 1e6:.1f} MB changed subtask "
+                 f"index)")
+    elif "moved" in b and b["moved"]:
         line += (f"  read {r.bytes_restored / 1e6:8.1f} MB of {b['moved'] / 1e6:8.1f} MB that changed owner "
                  f"({r.bytes_restored / b['moved']:.2f}x)")
     elif r.bytes_restored:
@@ -274,7 +299,8 @@ def report(n_keys: int, backend: str, f: dict[str, Any]) -> None:
     print(f"  {backend}:")
     print(f"    {'load: write_savepoint':<28s} wall {w['wall']:7.2f} s  cpu {w['cpu']:7.2f} s")
     print(_batch("load: first batch (restore)", f["first"]))
-    print(f"    {'memory per key':<28s} {f['rss_per_key']:.0f} B resident in the Python workers"
+    print(f"    {'memory per key':<28s} {f['rss_per_key']:.0f} B resident in the Python workers "
+          f"({f['anon_per_key']:.0f} B anonymous)"
           + (f", {f['disk_per_key']:.0f} B on local disk" if backend == "rocksdb" else ""))
     print(f"    {'steady batch (median)':<28s} wall {steady['wall']:7.2f} s  cpu {steady['cpu']:7.2f} s  "
           f"(of {len(f['steady'])}: " + ", ".join(f"{b['wall']:.2f}/{b['cpu']:.2f}" for b in f["steady"]) + ")")

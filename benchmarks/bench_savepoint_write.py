@@ -17,15 +17,27 @@ before). The states, per key:
 
 The first run checks the two savepoints hold the same bytes. Medians of ``--runs`` runs. The machine is shared: the
 load average is printed with every figure.
+
+Memory (``--memory``): one subtask (p=1) of ``--keys`` keys with two int64 value states, its rows fed batch by batch
+(10k rows each, as Spark feeds a task; generated on the fly, so the input itself is never held), written once
+streaming (``chunk_rows`` as it runs: spilled in sorted runs, encoded a chunk of key groups at a time) and once with
+the whole input at once (``chunk_rows`` past the key count: the writer before streaming), each in a fresh process
+whose anonymous resident memory (``RssAnon``, without the memory-mapped spill file's page cache, which the kernel
+drops under pressure) is sampled every 5 ms from outside:
+
+    python benchmarks/bench_savepoint_write.py --memory --keys 1000000 10000000
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import resource
 import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from typing import Any
@@ -101,11 +113,87 @@ def entries(location: str, metadata: Any) -> dict[Any, bytes]:
     return out
 
 
+def _memory_child(n_keys: int, chunk_rows: int) -> None:
+    """In a fresh process: write subtask 0 of 1 from n_keys rows fed in 10k-row batches; print CPU and wall."""
+    schema = pa.schema([("k", pa.int64()), ("count", pa.int64()), ("sum", pa.int64())])
+
+    def batches() -> Any:
+        for start in range(0, n_keys, 10_000):
+            ids = np.arange(start, min(n_keys, start + 10_000), dtype=np.int64)
+            yield pa.record_batch([ids * 7919 + 11, ids % 1000, ids * 3], schema=schema)
+
+    work = tempfile.mkdtemp(prefix="bench-savepoint-memory-")
+    try:
+        plan = plan_savepoint(schema, work, "s", key_columns="k", states={"count": "count", "sum": "sum"},
+                              max_parallelism=MAXP, parallelism=1)
+        print("ready", flush=True)
+        c0, w0 = cpu(), time.perf_counter()
+        handle = write_savepoint_subtask(plan, 0, batches(), chunk_rows=chunk_rows)
+        assert handle is not None
+        print(json.dumps({"cpu": cpu() - c0, "wall": time.perf_counter() - w0, "bytes": handle.size}), flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _rss_anon(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def measure_memory(n_keys: int, chunk_rows: int) -> dict[str, float]:
+    """Peak anonymous resident bytes of a writer process over its resident bytes once ready to write."""
+    child = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--memory-child", str(n_keys),
+                              str(chunk_rows)], stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None
+    assert child.stdout.readline().strip() == "ready"
+    base = peak = _rss_anon(child.pid)
+    while child.poll() is None:
+        try:
+            peak = max(peak, _rss_anon(child.pid))
+        except (OSError, ValueError):
+            break
+        time.sleep(0.005)
+    out = json.loads(child.stdout.read().strip().splitlines()[-1])
+    if child.wait() != 0:
+        raise RuntimeError(f"the writer process failed ({child.returncode})")
+    out["peak"] = peak - base
+    return out
+
+
+def memory(keys: list[int], runs: int) -> None:
+    print(f"memory of one writer task: two int64 value states, p=1, max parallelism {MAXP}, input fed in 10k-row "
+          f"batches; streaming chunk_rows = {state_writer.CHUNK_ROWS:,}")
+    for n_keys in keys:
+        figures: dict[str, list[dict[str, float]]] = {"streaming": [], "whole input at once": []}
+        for _ in range(runs):
+            figures["streaming"].append(measure_memory(n_keys, state_writer.CHUNK_ROWS))
+            figures["whole input at once"].append(measure_memory(n_keys, n_keys + 1))
+        print(f"{n_keys:,} keys")
+        peaks = {}
+        for name, got in figures.items():
+            peaks[name] = statistics.median(f["peak"] for f in got)
+            print(f"  {name:<22s} peak {peaks[name] / 1e6:8.1f} MB ({peaks[name] / n_keys:6.1f} B/key)  "
+                  f"cpu {statistics.median(f['cpu'] for f in got):6.2f} s  wall "
+                  f"{statistics.median(f['wall'] for f in got):6.2f} s  (median of {runs}; {load()})")
+        print(f"  at once / streaming: {peaks['whole input at once'] / peaks['streaming']:.1f}x peak memory")
+
+
 def main(argv: list[str] | None = None) -> int:
+    if argv is None and len(sys.argv) == 4 and sys.argv[1] == "--memory-child":
+        _memory_child(int(sys.argv[2]), int(sys.argv[3]))
+        return 0
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--keys", type=int, default=1_000_000)
+    parser.add_argument("--keys", type=int, nargs="+", default=[1_000_000])
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--memory", action="store_true", help="peak memory of a writer task, streaming vs at once")
     args = parser.parse_args(argv)
+    if args.memory:
+        memory(args.keys, args.runs)
+        return 0
+    args.keys = args.keys[0]
     table = table_of(args.keys)
     groups = np.asarray(assign_key_groups(table.column("k"), MAXP))
     real = state_writer._framed

@@ -11,6 +11,7 @@ import struct
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -309,6 +310,70 @@ def test_int64_index_survives_many_removals_and_growth():
     with pytest.raises(TypeError, match="never pickled"):
         import pickle
         pickle.dumps(index)
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data(), key_bits=st.sampled_from([1, 4, 17, 40, 64]), groups=st.integers(1, 200))
+def test_group_key_order_is_the_stable_two_column_sort(data, key_bits, groups):
+    """The runtime's compiled order of a subtask's records (and of a capture's rows): exactly Arrow's stable
+    sort_indices on (key group, key), negative keys and both ends of the long range included."""
+    n = data.draw(st.integers(0, 300))
+    lo, hi = (-(2 ** 63), 2 ** 63 - 1) if key_bits == 64 else (-(2 ** key_bits), 2 ** key_bits)
+    keys = np.array(data.draw(st.lists(st.integers(lo, hi), min_size=n, max_size=n)), dtype=np.int64)
+    kgs = np.array(data.draw(st.lists(st.integers(0, min(groups, 32767)), min_size=n, max_size=n)), dtype=np.int32)
+    expected = pc.sort_indices(pa.table({"g": kgs, "k": keys}),
+                                       sort_keys=[("g", "ascending"), ("k", "ascending")]).to_numpy()
+    assert kernels.group_key_order(kgs, keys).tolist() == expected.tolist()
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), key_type=st.sampled_from([pa.int8(), pa.int32(), pa.uint32(), pa.int64(), pa.float32(),
+                                                 pa.float64()]))
+def test_a_subtasks_records_sort_as_the_two_column_arrow_sort_sorts_them(data, key_type):
+    """The runtime's compiled sort of a subtask's records (one integer or float key, no order_by) gives the order,
+    and so the table, that its Arrow sort on (key group, key or the key's Java-equality bits) gives: float keys by
+    their bits (every NaN one key, -0.0 before 0.0), equal keys in arrival order."""
+    from keygroups.runtime import subtask_input
+
+    if pa.types.is_floating(key_type):
+        values = st.sampled_from([0.0, -0.0, 1.5, -1.5, math.nan, -math.nan, math.inf, -math.inf, 3.0])
+    else:
+        values = st.integers(0, 2 ** key_type.bit_width - 1) if key_type == pa.uint32() else \
+            st.integers(-(2 ** (key_type.bit_width - 1)), 2 ** (key_type.bit_width - 1) - 1)
+    keys = data.draw(st.lists(values, max_size=60))
+    groups = data.draw(st.lists(st.integers(0, 7), min_size=len(keys), max_size=len(keys)))
+    _same_sort(subtask_input, keys, key_type, groups)
+
+
+def _same_sort(subtask_input, keys, key_type, groups):
+    from types import SimpleNamespace
+
+    table = pa.table({"k": pa.array(keys, key_type), "seq": pa.array(range(len(keys)), pa.int64())})
+    groups = np.array(groups, np.int32)
+    spec = SimpleNamespace(key_columns=("k",), order_columns=(), input_schema=table.schema)
+    fallback = SimpleNamespace(key_columns=("k",), order_columns=("seq",), input_schema=table.schema)   # Arrow's
+    fast, order = subtask_input._sorted(table, groups, spec)
+    arrow, arrow_order = subtask_input._sorted(table, groups, fallback)
+    assert np.asarray(order).tolist() == np.asarray(arrow_order).tolist()
+    assert fast.schema == arrow.schema and fast.column("seq").equals(arrow.column("seq"))
+
+
+def test_float_keys_sort_by_their_java_equality_bits():
+    from keygroups.runtime import subtask_input
+
+    keys = [math.nan, 1.0, -0.0, 0.0, -math.nan, -1.0, 0.0, math.inf, -0.0, math.nan]
+    for key_type in (pa.float64(), pa.float32()):
+        _same_sort(subtask_input, keys, key_type, [1, 0, 1, 1, 0, 0, 1, 0, 1, 0])
+        _same_sort(subtask_input, keys, key_type, [3] * len(keys))
+
+
+def test_group_key_order_refuses_what_is_not_a_key_group():
+    with pytest.raises(ValueError, match="1 key groups but 2 keys"):
+        kernels.group_key_order(np.zeros(1, np.int32), np.zeros(2, np.int64))
+    with pytest.raises(ValueError, match=r"key group 32768 at row 1 is outside \[0, 32768\)"):
+        kernels.group_key_order(np.array([0, 32768], np.int32), np.zeros(2, np.int64))
+    with pytest.raises(ValueError, match="key group -1 at row 0"):
+        kernels.group_key_order(np.array([-1], np.int32), np.zeros(1, np.int64))
 
 
 @settings(max_examples=100, deadline=None)

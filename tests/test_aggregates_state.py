@@ -247,6 +247,48 @@ def test_restored_values_of_another_width_are_refused_as_corrupt():
         table.load(3, False, [(0, (keys, np.array([0, 7, 16])), (values, np.array([0, 8, 16])))], [])
 
 
+@pytest.mark.parametrize("key_type", ["long", "int"])
+def test_captured_keys_come_in_block_order(key_type):
+    """A capture hands each key group's long or int keys over in the order of their bytes (the order a snapshot
+    block keeps, so the block encoder has nothing to sort), deltas and full key groups alike, negative keys too."""
+    from keygroups.aggregates.function import _layout
+    from keygroups.serializers import Int32Serializer, Int64Serializer
+
+    class FakeBackend:
+        key_serializer = Int64Serializer() if key_type == "long" else Int32Serializer()
+        max_parallelism = 8
+
+        def _state_meta(self, d):
+            return {"name": d.name}
+
+        def _snapshot_ttl_deadline(self, d):
+            return None
+
+    job = aggregate(count(), input_schema=INPUT, key_columns="key")
+    table = ColumnarStates(FakeBackend(), job.descriptors, [_layout(a) for a in job.aggregations])
+    rng = np.random.default_rng(7)
+    bound = 2 ** 62 if key_type == "long" else 2 ** 31 - 1
+    keys = np.unique(np.concatenate([rng.integers(-bound, bound, 300), [-1, 0, 1, 255, 256, -256]]))
+    rows = table.rows(keys, rng.integers(0, 8, len(keys)).astype(np.int32))
+    table.present[0][rows] = True
+    table.mark(0, rows[::-1].copy())
+    width, fmt = (8, "<i8") if key_type == "long" else (4, "<i4")
+    for full in ([], [2, 5]):
+        sections = table.capture(len(full) + 1, full)
+        seen = 0
+        for kg, (puts, deletes) in sections.items():
+            assert not deletes
+            (_, packed, _), = puts
+            data = bytes(packed.data)
+            off = np.asarray(packed.offsets)
+            items = [data[off[i]:off[i + 1]] for i in range(len(off) - 1)]
+            assert all(len(b) == width for b in items) and items == sorted(items), kg
+            assert all(table.group[table._lookup(np.frombuffer(b"".join(items), fmt).astype(np.int64))] == kg)
+            seen += len(items)
+        assert seen == (len(keys) if not full else int(np.isin(table.group[rows], full).sum()))
+        table.confirm(1)
+
+
 def test_the_state_objects_read_and_write_the_columns():
     """``results()`` and ``clear()`` (a subclass's ``on_timer`` uses them) and the state objects the harness reads
     go through the columns' per-key stores."""

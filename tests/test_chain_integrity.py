@@ -155,7 +155,7 @@ def test_a_whole_chain_names_its_predecessors_restores_and_verifies(job, backend
     storage, mds, expected = job
     md = mds[-1]
     assert open(os.path.join(storage.location, "chk-4", "_metadata"), "rb").read(8)[4:] == \
-        struct.pack("<I", METADATA_VERSION) == struct.pack("<I", 5)
+        struct.pack("<I", METADATA_VERSION) == struct.pack("<I", 6)
     assert sorted(h.checkpoint_id for h in md.keyed_handles) == [1, 1, 2, 2, 3, 3, 4, 4]
     for h in md.keyed_handles:
         file = open_snapshot(storage.read_bytes(h.file))

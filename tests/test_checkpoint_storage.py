@@ -788,7 +788,7 @@ def test_a_first_commit_is_refused_once_another_first_checkpoint_exists(storage_
 
 def _claim_then_die(storage: CheckpointStorage, metadata: CheckpointMetadata, monkeypatch) -> None:
     """Commit ``metadata`` (planned from the checkpoint before it) as a driver killed right after its claim."""
-    def dies(self, base, data):
+    def dies(self, base, data, *staged):
         raise KeyboardInterrupt("the driver was killed")
 
     monkeypatch.setattr(CheckpointStorage, "_publish", dies)
@@ -849,7 +849,7 @@ def test_retrying_the_same_commit_after_its_claim_publishes_it(storage_factory, 
     write_checkpoint(storage, 1)
     two = write_checkpoint(storage, 2, commit=False)
 
-    def fails(self, base, data):
+    def fails(self, base, data, *staged):
         raise OSError("connection reset")
 
     monkeypatch.setattr(CheckpointStorage, "_publish", fails)

@@ -81,13 +81,13 @@ def slow_commits(monkeypatch):
 
     check_files, publish = CheckpointStorage._check_files, CheckpointStorage._publish
 
-    def slow_check(self, metadata):
-        check_files(self, metadata)
+    def slow_check(self, metadata, **how):
+        check_files(self, metadata, **how)
         pause()
 
-    def slow_publish(self, base, data):
+    def slow_publish(self, base, data, *staged):
         pause()
-        publish(self, base, data)
+        publish(self, base, data, *staged)
 
     monkeypatch.setattr(CheckpointStorage, "_check_files", slow_check)
     monkeypatch.setattr(CheckpointStorage, "_publish", slow_publish)

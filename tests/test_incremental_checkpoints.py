@@ -211,7 +211,9 @@ def test_an_unreadable_retained_metadata_stops_shared_cleanup(tmp_path):
     md = commit(storage, 1, [write(storage, 1, 0, r, {})])
     orphan = write(storage, 2, 0, r, {})
     (tmp_path / "chk-1" / "_metadata").write_bytes(b"garbage")
-    storage.commit(CheckpointMetadata(2, "job", 0, MAXP, 1, carry_forward(None, [write(storage, 2, 0, r, {})])))
+    # a driver that has not read checkpoint 1 before (one storage object reads each retained _metadata once)
+    restarted = CheckpointStorage(tmp_path, retain=2)
+    restarted.commit(CheckpointMetadata(2, "job", 0, MAXP, 1, carry_forward(None, [write(storage, 2, 0, r, {})])))
     assert orphan.file in storage.shared_files() and md.keyed_handles[0].file in storage.shared_files()
 
 

@@ -60,3 +60,47 @@ def test_a_job_gives_the_same_results_with_warm_heap_state(spark, tmp_path):
     assert set(modes["cold"]) == {"new", "cold"}
     # Spark hands a subtask to either of its two Python workers: each keeps what it ran, warm or a few batches behind
     assert {"warm", "caught-up"} & set(modes["warm"]), modes["warm"]
+
+
+PLACED = pa.schema([("k", pa.int64()), ("pid", pa.int64()), ("subtask", pa.int64())])
+
+
+class WherePlaced(KeyedProcessFunction):
+    """Counts per key, and says which Python worker process ran the record's subtask."""
+
+    def open(self, context):
+        self.count = context.get_state(ValueStateDescriptor("count", Int64Serializer()))
+
+    def process_element(self, record, context):
+        import os
+        self.count.update((self.count.value() or 0) + 1)
+        return [(context.current_key, os.getpid(), context.subtask_index)]
+
+
+@pytest.mark.parametrize("backend", ["heap", "rocksdb"])
+def test_warm_state_is_lost_only_where_spark_moves_a_heap_subtask_to_another_worker(spark, tmp_path, backend):
+    """Steady batches at one parallelism. Heap: a subtask resumes its state warm whenever Spark runs it in the Python
+    worker that ran it last batch, caught up (reading only the blocks committed since) in one that ran it earlier, and
+    restores it cold only in a worker that never held its range. Nothing of ours (the registry's bound, the restore
+    point, the takeover) loses warm state; what varies between runs is only where Spark's pool of idle workers
+    (``PythonWorkerFactory.idleWorkers``, a FIFO queue refilled in task-completion order) places each task. RocksDB
+    keeps its database on the host's disk: warm in whichever worker the task lands."""
+    job = KeyedJob("placed", "k", WherePlaced(), output_schema=PLACED, max_parallelism=MAX_PARALLELISM,
+                   checkpoint_location=str(tmp_path / "placed"), backend=backend, local_dir=str(tmp_path / "local"))
+    df = spark.createDataFrame([(k, 1) for k in range(40)], "k long, v long")
+    held: dict[int, dict[int, int]] = {}   # pid -> subtask -> the last batch that process ran it in
+    seen = []
+    for number in range(1, 7):
+        result = job.run_batch(df, parallelism=2)
+        placed = {(r.subtask, r.pid) for r in result.output.select("subtask", "pid").distinct().collect()}
+        assert len({s for s, _ in placed}) == len(placed) == 2, placed   # one process per subtask
+        modes = {r.subtask: r.restored.mode for r in result.reports}
+        for subtask, pid in sorted(placed):
+            last = held.get(pid, {}).get(subtask)
+            expected = ("new" if number == 1 else "warm" if backend == "rocksdb" or last == number - 1
+                        else "caught-up" if last else "cold")
+            assert modes[subtask] == expected, (number, subtask, pid, held, modes)
+            seen.append(modes[subtask])
+        for subtask, pid in placed:
+            held.setdefault(pid, {})[subtask] = number
+    assert "warm" in seen or "caught-up" in seen, seen

@@ -85,6 +85,25 @@ def test_output_evaluated_twice_and_replayed_batch_ids_apply_once(spark, tmp_pat
     assert CheckpointStorage(str(tmp_path / "chk")).checkpoint_ids() == [0, 1]
 
 
+
+def test_a_small_output_reads_as_one_partition_from_a_location_with_glob_characters(spark, tmp_path, monkeypatch):
+    """The output's file names are taken literally ('[', '*' and '?' in the location are no patterns); an output of
+    at most ONE_PARTITION_RECORDS records is one partition (a sink's count is one Spark job), a larger one a
+    partition per file, and a replay's output reads the same way."""
+    from keygroups.spark import executor
+
+    job = KeyedJob("totals", "k", RunningTotal(), output_schema=TOTALS, max_parallelism=MAX_PARALLELISM,
+                   checkpoint_location=str(tmp_path / "chk[0]*?"))
+    df = spark.createDataFrame([(k, k) for k in range(8)], "k long, v long")
+    result = job.run_batch(df, parallelism=3, checkpoint_id=0)
+    assert len(result.metadata.outputs) == 3
+    assert result.output.rdd.getNumPartitions() == 1
+    assert sorted(map(tuple, result.output.collect())) == [(k, k, 0) for k in range(8)]
+    monkeypatch.setattr(executor, "ONE_PARTITION_RECORDS", 7)
+    replayed = job.run_batch(df, parallelism=2, checkpoint_id=0)
+    assert replayed.replayed and replayed.output.rdd.getNumPartitions() == 3
+    assert sorted(map(tuple, replayed.output.collect())) == [(k, k, 0) for k in range(8)]
+
 def run_shop(spark, location, log_dir, function, schedule):
     orders = []
     for parallelism, limit in schedule:

@@ -86,8 +86,11 @@ class _ColumnarIO:
     def locate(self, records: pa.Table, runs: np.ndarray, keys: list[Any], key_columns: Sequence[str]) -> Any:
         if self.table.key_mode != "object":
             column = records.column(key_columns[0])
-            starts = pa.array(runs[:-1])
-            return self.table.rows(np.asarray(column.take(starts).to_numpy(zero_copy_only=False), dtype=np.int64))
+            if column.null_count:
+                starts = column.take(pa.array(runs[:-1])).to_numpy(zero_copy_only=False)
+            else:   # each run's first key, read from the column's buffer
+                starts = column.to_numpy()[runs[:-1]]
+            return self.table.rows(np.asarray(starts, dtype=np.int64))
         return self.table.rows(keys)
 
     def _clocks(self) -> tuple[int | None, int]:
@@ -132,8 +135,11 @@ class _ColumnarIO:
 
 
 class _StateIO:
-    """The accumulators of a batch's keys through the ordinary state objects (a backend that keeps state itself:
-    values read and written once per key, with the state objects' own TTL handling)."""
+    """The accumulators of a batch's keys through the ordinary state objects of a backend that keeps state itself
+    (RocksDB), in bulk: ``get_values`` reads the batch's keys the backend's cache does not hold with one multi-get
+    and takes every value from the cache in one compiled pass; ``put_values`` puts the written ones into the cache
+    the same way, and the next snapshot writes them with one WriteBatch. States with TTL go key by key through the
+    state objects' own TTL handling."""
 
     def __init__(self, backend: Any, names: list[str], layouts: list[ValueLayout]) -> None:
         self.backend = backend

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from keygroups._hashing import assign_key_groups
-from keygroups._native.aggregates import Int64Index
+from keygroups._native.aggregates import Int64Index, group_key_order
 from keygroups._native.statecore import MISSING, java_keys
 from keygroups.checkpoint.format import Packed
 from keygroups.errors import CorruptSnapshotError, no_current_key_error
@@ -36,6 +36,14 @@ from keygroups.state.descriptors import StateDescriptor
 from keygroups.state.external import ExternalDelete, ExternalPut, Items
 
 _I64_MIN, _I64_MAX = -2**63, 2**63 - 1
+
+
+def _byte_order(keys: np.ndarray, key_mode: str) -> np.ndarray:
+    """int64 values that order ``keys`` (int64) as their little-endian bytes (8 for long keys, 4 for int keys) compare
+    byte by byte: the bytes read as one big-endian unsigned number, shifted into the signed range."""
+    if key_mode == "i8":
+        return (keys.byteswap().view(np.uint64) ^ np.uint64(1 << 63)).view(np.int64)  # type: ignore[no-any-return]
+    return keys.astype(np.uint32).byteswap().astype(np.int64)  # type: ignore[no-any-return]
 
 
 class ValueLayout:
@@ -357,6 +365,14 @@ class ColumnarStates:
 
     def _encode_values(self, j: int, rows: np.ndarray) -> tuple[bytes, np.ndarray]:
         wire = self._wire[j]
+        width = wire.itemsize
+        fields = self.fields[j]
+        if not self.ttl and len(fields) == 1:   # one scalar: its column's values are the bytes
+            values = fields[0][rows]
+            if values.dtype == np.float64:
+                values[np.isnan(values)] = np.nan   # the one canonical NaN Float64Serializer writes
+            return (values.astype(wire["f0"], copy=False).tobytes(),
+                    np.arange(len(rows) + 1, dtype=np.int64) * width)
         out = np.empty(len(rows), dtype=wire)
         if self.ttl:
             out["ts"] = self.stamps[j][rows]
@@ -365,13 +381,17 @@ class ColumnarStates:
             if values.dtype == np.float64:
                 values = np.where(np.isnan(values), np.nan, values)   # the one canonical NaN Float64Serializer writes
             out[f"f{i}"] = values
-        width = wire.itemsize
         return out.tobytes(), np.arange(len(rows) + 1, dtype=np.int64) * width
 
     def _by_group(self, rows: np.ndarray) -> tuple[np.ndarray, list[tuple[int, int, int]]]:
-        """``rows`` in key-group order, and each key group's ``(key group, first, end)`` among them."""
+        """``rows`` in key-group order (long and int keys: then in the order of their bytes, as the snapshot's blocks
+        keep them, which spares the block encoder its sort), and each key group's ``(key group, first, end)`` among
+        them."""
         groups = self.group[rows]
-        if len(rows) and (np.diff(groups) < 0).any():
+        if self.key_mode != "object" and len(rows) > 1:
+            order = group_key_order(groups, _byte_order(self.key_values[rows], self.key_mode))
+            rows, groups = rows[order], groups[order]
+        elif len(rows) and (np.diff(groups) < 0).any():
             order = np.argsort(groups, kind="stable")
             rows, groups = rows[order], groups[order]
         cuts = np.flatnonzero(np.diff(groups)) + 1
@@ -379,18 +399,25 @@ class ColumnarStates:
         ends = [*cuts.tolist(), len(rows)]
         return rows, [(int(groups[a]), a, b) for a, b in zip(starts, ends) if b > a]
 
-    def _sections(self, j: int, rows: np.ndarray, values: bool
+    def _sections(self, j: int, rows: np.ndarray, values: bool, last: list[Any]
                   ) -> list[tuple[int, Packed, Packed | None]]:
-        """State ``j``'s ``rows`` encoded (keys, and values when ``values``) and cut per key group."""
+        """State ``j``'s ``rows`` encoded (keys, and values when ``values``) and cut per key group. ``last`` holds
+        the previous call's rows, ordered rows and key sections: states that changed for the same keys (all of an
+        aggregate's, as a rule) share them, ordered and encoded once."""
         if not len(rows):
             return []
-        rows, groups = self._by_group(rows)
-        key_data, key_offsets = self._encode_keys(rows)
+        if last and len(last[0]) == len(rows) and np.array_equal(last[0], rows):
+            _, rows, keyed = last
+        else:
+            given = rows
+            rows, groups = self._by_group(rows)
+            key_data, key_offsets = self._encode_keys(rows)
+            keyed = [(kg, a, b, Packed(key_data, key_offsets[a:b + 1])) for kg, a, b in groups]
+            last[:] = [given, rows, keyed]
         if values:
             value_data, value_offsets = self._encode_values(j, rows)
-            return [(kg, Packed(key_data, key_offsets[a:b + 1]), Packed(value_data, value_offsets[a:b + 1]))
-                    for kg, a, b in groups]
-        return [(kg, Packed(key_data, key_offsets[a:b + 1]), None) for kg, a, b in groups]
+            return [(kg, keys, Packed(value_data, value_offsets[a:b + 1])) for kg, a, b, keys in keyed]
+        return [(kg, keys, None) for kg, _, _, keys in keyed]
 
     def capture(self, checkpoint_id: int, full: Collection[int]
                 ) -> dict[int, tuple[list[ExternalPut], list[ExternalDelete]]]:
@@ -402,6 +429,7 @@ class ColumnarStates:
         out: dict[int, tuple[list[ExternalPut], list[ExternalDelete]]] = {}
         taken: list[np.ndarray] = []
         freed: list[np.ndarray] = []
+        last: list[Any] = []
         for j in range(len(self.names)):
             # each write's rows are new to the dirty flag, so only an unconfirmed capture can repeat a row
             inflight = [p[j] for _, p in self._inflight]
@@ -430,9 +458,9 @@ class ColumnarStates:
                     whole = whole[self.stamps[j][whole] > deadline]
                 puts = np.concatenate([puts, whole])
             freed.append(deletes[~present[deletes]])
-            for kg, keys, values in self._sections(j, puts, True):
+            for kg, keys, values in self._sections(j, puts, True, last):
                 out.setdefault(kg, ([], []))[0].append((j, keys, values))
-            for kg, keys, _ in self._sections(j, deletes, False):
+            for kg, keys, _ in self._sections(j, deletes, False, last):
                 out.setdefault(kg, ([], []))[1].append((j, keys))
         self._inflight.append((checkpoint_id, taken))
         rows = np.concatenate(freed) if freed else np.zeros(0, dtype=np.int64)
@@ -556,8 +584,9 @@ class ColumnarStates:
 
     def release(self) -> Iterator[tuple[int, list[ExternalPut]]]:
         out: dict[int, list[ExternalPut]] = {}
+        last: list[Any] = []
         for j in range(len(self.names)):
-            for kg, keys, values in self._sections(j, self.keys_of(j), True):
+            for kg, keys, values in self._sections(j, self.keys_of(j), True, last):
                 out.setdefault(kg, []).append((j, keys, values))
         yield from sorted(out.items())
 

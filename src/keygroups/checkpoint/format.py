@@ -419,8 +419,8 @@ def _ranged_read(storage: CheckpointStorage, handle: KeyedStateHandle, wanted: K
     try:
         data = storage.read_bytes(handle.file, start, end, verify=lambda got: check_blocks(handle, got, wanted))
     except FileNotFoundError:
-        raise CorruptSnapshotError(f"keyed state file {handle.file!r} of subtask {handle.subtask} is missing from "
-                                   f"{storage.location}") from None
+        raise CorruptSnapshotError(f"keyed state file {handle.file!r} of subtask {handle.subtask} (written by "
+                                   f"checkpoint {handle.checkpoint_id}) is missing from {storage.location}") from None
     return data, start, end
 
 

@@ -31,7 +31,12 @@ storage-relative paths; reading moves those inside the directory into the fields
 earlier block. Each version changed so that an older keygroups refuses the file instead of misreading it (version 2:
 treating output files as orphans; version 3: restoring a delta as the whole state; version 4: restoring without raw
 keyed state, deleting late outputs as orphans; version 5: reading blocks of keyed format 4, whose layout it does not
-know, and checking no chain). Checkpoints of every earlier version still restore; their chains are checked only as far
+know, and checking no chain; version 6: reading offsets it does not find). Version 6 (written when version 5 was)
+stores the same handles in a third of the bytes: a keyed handle's ``offsets`` become ``first_offset`` and
+``block_sizes`` (base64 of zlib of u64 little-endian: most blocks of a delta file are empty ones of one size), and its
+predecessors' ``distances`` are zlib'd before base64 too (``distances_z``); the checksums, random, stay as they are.
+An incremental checkpoint lists every older file its chains still need, so ``_metadata`` grows with key groups times
+files: what every commit writes and every task decodes. Checkpoints of every earlier version still restore; their chains are checked only as far
 as they say (a delta of format 3 or older names no predecessor), and a backend restored from them writes its next
 snapshot full, so that the chains it continues are checked from their base.
 """
@@ -46,6 +51,7 @@ import functools
 import json
 import re
 import struct
+import zlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -58,7 +64,8 @@ from keygroups._ranges import KeyGroupRange, check_max_parallelism
 from keygroups.errors import CorruptSnapshotError
 
 METADATA_MAGIC = b"\x89KGM"
-METADATA_VERSION = 5
+METADATA_VERSION = 6
+_CHAINED_VERSION = 5   # keyed handles of format 4 with their per key group arrays uncompressed
 _LEGACY_VERSION = 1   # outputs and inputs in properties
 _UNSHARED_VERSION = 2   # keyed handles without checkpoint_id, full_key_groups, format_version (format 1 files)
 _SHARED_VERSION = 3   # written when there is neither raw keyed state nor late output: older readers read it
@@ -377,6 +384,10 @@ class KeyedStateHandle:
                 raise ValueError(f"KeyedStateHandle.predecessors names key group {r.start + int(named[0])}, which is "
                                  f"not a delta block of {self.key_group_range} that changes an earlier block (full: "
                                  f"{self.full_key_groups}, fresh: {self.fresh_key_groups})")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        self.__dict__.pop("_encoded", None)   # a field changed (a writer naming predecessors): encode it again
+        super().__setattr__(name, value)
 
     @functools.cached_property
     def crc_seed(self) -> int:
@@ -854,16 +865,100 @@ def _legacy_files(properties: dict[str, Any], key: str, base: str) -> list[str]:
     return [check_relpath(f, f"properties[{key!r}]") for f in files if f.startswith(base + "/")]
 
 
+def _json_text(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False, ensure_ascii=False)
+
+
+def _zipped(values: Any, dtype: str) -> str:
+    return base64.b64encode(zlib.compress(np.asarray(values, dtype=dtype).tobytes(), 6)).decode("ascii")
+
+
+def _unzipped(text: Any, dtype: str, count: int, what: str) -> Any:
+    """``count`` values of ``dtype`` from :func:`_zipped` text; ValueError for anything else (never inflating more
+    than those values' bytes, whatever the text says)."""
+    if not isinstance(text, str):
+        raise TypeError(f"{what} must be a base64 string of zlib'd values, got {type(text).__name__}")
+    want = count * np.dtype(dtype).itemsize
+    try:
+        inflate = zlib.decompressobj()
+        raw = inflate.decompress(base64.b64decode(text, validate=True), want + 1)
+        if not inflate.eof:
+            raise ValueError(f"{what} holds more than {count} values")
+    except (binascii.Error, zlib.error) as e:
+        raise ValueError(f"{what} is not base64 of zlib'd data: {e}") from None
+    if len(raw) != want:
+        raise ValueError(f"{what} holds {len(raw)} bytes, not the {want} of {count} values")
+    return np.frombuffer(raw, dtype=dtype)
+
+
+def _compact_keyed(d: dict[str, Any]) -> dict[str, Any]:
+    """A keyed handle's JSON (``to_json``) as version 6 stores it (see the module docs)."""
+    offsets = d.pop("offsets")
+    d["first_offset"] = offsets[0]
+    d["block_sizes"] = _zipped(np.diff(np.asarray(offsets, dtype=np.int64)), "<u8")
+    links = d.get("predecessors")
+    if links is not None:
+        d["predecessors"] = {"distances_z": _zipped(_unpack_u32(links["distances"], "distances"), "<u4"),
+                             "checksums": links["checksums"]}
+    return d
+
+
+def _expand_keyed(d: dict[str, Any]) -> dict[str, Any]:
+    """A keyed handle's JSON as version 6 stores it back as ``from_json`` reads it; ValueError/KeyError/TypeError
+    if it is not one."""
+    start, end = d["key_group_range"]
+    n = max(0, end - start + 1) if isinstance(start, int) and isinstance(end, int) else 0
+    first = d.pop("first_offset")
+    if not _is_int(first) or first < 0:
+        raise ValueError(f"first_offset must be an int >= 0, got {first!r:.40}")
+    sizes = _unzipped(d.pop("block_sizes"), "<u8", n, "block_sizes")
+    if sizes.size and int(sizes.max()) >= 1 << 62:
+        raise ValueError("block_sizes holds a block of 2**62 bytes or more")
+    d["offsets"] = (first + np.concatenate(([0], np.cumsum(sizes, dtype=np.int64)))).tolist()
+    links = d.get("predecessors")
+    if links is not None:
+        if not isinstance(links, dict):
+            raise TypeError(f"predecessors must be a JSON object, got {type(links).__name__}")
+        distances = _unzipped(links["distances_z"], "<u4", n, "predecessors.distances_z")
+        d["predecessors"] = {"distances": _pack_u32(distances), "checksums": links["checksums"]}
+    return d
+
+
+def _keyed_handle_text(handle: KeyedStateHandle, base: str, compact: bool) -> bytes:
+    """``handle``'s JSON in a ``_metadata`` of directory ``base`` (``compact``: as version 6 stores it), encoded
+    once per handle, stored path and layout: an incremental checkpoint carries most of its handles forward from the
+    one before, so a commit encodes only its new ones (a handle is never changed once a checkpoint holds it)."""
+    stored = _keyed_path(handle.file, base)
+    cache = handle.__dict__.setdefault("_encoded", {})
+    text = cache.get((stored, compact))
+    if text is None:
+        d = dict(handle.to_json(), file=stored)
+        text = cache[(stored, compact)] = _json_text(_compact_keyed(d) if compact else d).encode("utf-8")
+    return text
+
+
 def encode_metadata(metadata: CheckpointMetadata, base: str) -> bytes:
     """The bytes of ``_metadata`` for ``metadata`` stored in directory ``base`` (files become relative to it)."""
     metadata.validate()
+    # The oldest version whose readers lose nothing: a version-3 reader ignores raw keyed state and late outputs
+    # (restoring without the one, deleting both as orphans) and a version-4 reader does not know keyed format 4, so
+    # each must refuse such a checkpoint instead.
+    if any(h.format_version >= CHAINED_FORMAT_VERSION for h in metadata.keyed_handles):
+        version = METADATA_VERSION
+    elif metadata.raw_keyed_handles or metadata.late_outputs:
+        version = _RAW_KEYED_VERSION
+    else:
+        version = _SHARED_VERSION
+    compact = version >= METADATA_VERSION
+    keyed = b",".join(_keyed_handle_text(h, base, compact) for h in metadata.keyed_handles)
+    placeholder = f"\x00keyed-handles-{id(keyed):x}\x00"   # spliced in below: the handles are encoded already
     body = {
         "checkpoint_id": metadata.checkpoint_id,
         "job_id": metadata.job_id,
         "timestamp_ms": metadata.timestamp_ms,
         "max_parallelism": metadata.max_parallelism,
         "parallelism": metadata.parallelism,
-        "keyed_handles": [dict(h.to_json(), file=_keyed_path(h.file, base)) for h in metadata.keyed_handles],
+        "keyed_handles": placeholder,
         "operator_handles": [dict(h.to_json(), file=_strip_base(h.file, base)) for h in metadata.operator_handles],
         "properties": metadata.properties,
         "outputs": [_strip_base(f, base, "output file") for f in metadata.outputs],
@@ -874,19 +969,12 @@ def encode_metadata(metadata: CheckpointMetadata, base: str) -> bytes:
         body["raw_keyed_handles"] = [dict(h.to_json(), file=_strip_base(h.file, base, "raw keyed state file"))
                                      for h in metadata.raw_keyed_handles]
     try:
-        text = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False, ensure_ascii=False)
+        text = _json_text(body)
     except (TypeError, ValueError) as e:
         raise TypeError(f"checkpoint {metadata.checkpoint_id}'s metadata is not plain JSON: {e}") from e
-    raw = text.encode("utf-8")
-    # The oldest version whose readers lose nothing: a version-3 reader ignores raw keyed state and late outputs
-    # (restoring without the one, deleting both as orphans) and a version-4 reader does not know keyed format 4, so
-    # each must refuse such a checkpoint instead.
-    if any(h.format_version >= CHAINED_FORMAT_VERSION for h in metadata.keyed_handles):
-        version = METADATA_VERSION
-    elif metadata.raw_keyed_handles or metadata.late_outputs:
-        version = _RAW_KEYED_VERSION
-    else:
-        version = _SHARED_VERSION
+    quoted = _json_text(placeholder)
+    at = text.index(f'"keyed_handles":{quoted}') + len('"keyed_handles":')
+    raw = b"".join((text[:at].encode("utf-8"), b"[", keyed, b"]", text[at + len(quoted):].encode("utf-8")))
     head = _PREFIX.pack(METADATA_MAGIC, version, len(raw)) + raw
     return head + struct.pack("<I", crc32c(head))
 
@@ -899,7 +987,8 @@ def decode_metadata(data: bytes, base: str, where: str) -> CheckpointMetadata:
     magic, version, length = _PREFIX.unpack_from(data)
     if magic != METADATA_MAGIC:
         raise CorruptSnapshotError(f"{where} starts with {magic!r}, not the _metadata magic {METADATA_MAGIC!r}")
-    if version not in (_LEGACY_VERSION, _UNSHARED_VERSION, _SHARED_VERSION, _RAW_KEYED_VERSION, METADATA_VERSION):
+    if version not in (_LEGACY_VERSION, _UNSHARED_VERSION, _SHARED_VERSION, _RAW_KEYED_VERSION, _CHAINED_VERSION,
+                       METADATA_VERSION):
         raise CorruptSnapshotError(f"{where} has format version {version}; this keygroups reads versions "
                                    f"{_LEGACY_VERSION} to {METADATA_VERSION} (written by a newer keygroups, or "
                                    f"corrupt)")
@@ -914,6 +1003,8 @@ def decode_metadata(data: bytes, base: str, where: str) -> CheckpointMetadata:
         keyed = []
         for h in body["keyed_handles"]:
             h = dict(h, file=_keyed_file(h["file"], base, version))
+            if version >= METADATA_VERSION:
+                h = _expand_keyed(h)
             if version < _SHARED_VERSION:   # every file of format 1, full, written by this checkpoint
                 start, end = h["key_group_range"]
                 h.setdefault("checkpoint_id", body["checkpoint_id"])

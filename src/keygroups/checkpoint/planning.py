@@ -519,6 +519,169 @@ def choose_full_key_groups(chains: dict[int, ChainStats], n_key_groups: int, *, 
     return {kg for _, kg in scored[:math.ceil(n_key_groups * MAX_MATERIALIZED_SHARE)]}
 
 
+class _ChainIndex:
+    """Every key group's chain over one list of keyed handles (a checkpoint's), kept so that the next checkpoint's
+    chains follow from it and the new handles alone: ``chains`` (key group -> its handles, as
+    :func:`key_group_chains` gives them), each chain's newest block (``tip_checkpoint``, -1: no chain;
+    ``tip_checksum``, -1: its handle records none) and how many chains each handle is in. ``verified``: the chains
+    are known to be whole (no baseless delta, no break), checked once in full or extended from verified chains by
+    new handles that broke none."""
+
+    __slots__ = ("handles", "chains", "tip_checkpoint", "tip_checksum", "uses", "verified")
+
+    def __init__(self, handles: Sequence[KeyedStateHandle], chains: dict[int, list[KeyedStateHandle]],
+                 tip_checkpoint: Any, tip_checksum: Any, uses: dict[int, int], verified: bool) -> None:
+        self.handles = tuple(handles)
+        self.chains = chains
+        self.tip_checkpoint = tip_checkpoint
+        self.tip_checksum = tip_checksum
+        self.uses = uses
+        self.verified = verified
+
+    @classmethod
+    def build(cls, handles: Sequence[KeyedStateHandle], size: int) -> _ChainIndex:
+        """The index of ``handles`` (ordered as :func:`keyed_handles_by_range` orders them) over key groups
+        ``[0, size)``, worked out in full: O(key groups x handles), once per checkpoint a driver did not write."""
+        chains = _key_group_chains(handles, KeyGroupRange(0, size - 1)) if size else {}
+        tip_checkpoint = np.full(size, -1, dtype=np.int64)
+        tip_checksum = np.full(size, -1, dtype=np.int64)
+        uses: dict[int, int] = {}
+        for kg, chain in chains.items():
+            tip = chain[-1]
+            tip_checkpoint[kg] = tip.checkpoint_id
+            checksum = tip.checksum(kg)
+            tip_checksum[kg] = -1 if checksum is None else checksum
+            for h in chain:
+                uses[id(h)] = uses.get(id(h), 0) + 1
+        return cls(handles, chains, tip_checkpoint, tip_checksum, uses, False)
+
+    def verify(self) -> tuple[list[tuple[int, KeyedStateHandle]], list[ChainBreak]]:
+        """``(baseless deltas, chain breaks)`` of these chains, checked in full (:func:`baseless_deltas`,
+        :func:`chain_breaks`); ``verified`` once there are none."""
+        found = baseless_deltas(self.chains)
+        size = len(self.tip_checkpoint)
+        breaks = chain_breaks(list(self.handles), [KeyGroupRange(0, size - 1)]) if size else []
+        self.verified = not found and not breaks
+        return found, breaks
+
+    def extended(self, new: Sequence[KeyedStateHandle]
+                 ) -> tuple[_ChainIndex, list[tuple[int, KeyedStateHandle]], list[ChainBreak]]:
+        """The index once ``new`` (handles of newer checkpoints, ordered) follow these handles, and the baseless
+        deltas and chain breaks ``new`` brings: what :func:`baseless_deltas` and :func:`chain_breaks` would find in
+        the new handles over all of them, in O(key groups of ``new``) (numpy) plus O(changed key groups)."""
+        size = len(self.tip_checkpoint)
+        chains = dict(self.chains)
+        tip_checkpoint, tip_checksum = self.tip_checkpoint.copy(), self.tip_checksum.copy()
+        uses = dict(self.uses)
+        members = {id(h): h for h in self.handles}
+        baseless: list[tuple[int, KeyedStateHandle]] = []
+        breaks: list[ChainBreak] = []
+        for h in new:
+            members[id(h)] = h
+            part = h.key_group_range.intersection(KeyGroupRange(0, size - 1)) if size else KeyGroupRange.empty()
+            if not part:
+                continue
+            a, b = part.start, part.end + 1
+            ha, hb = a - h.key_group_range.start, b - h.key_group_range.start
+            full = np.zeros(b - a, dtype=bool)
+            for f in h.full_key_groups:
+                fp = f.intersection(part)
+                if fp:
+                    full[fp.start - a:fp.end - a + 1] = True
+            nonempty = np.diff(np.asarray(h.offsets[ha:hb + 1], dtype=np.int64)) > EMPTY_BLOCK_SIZE
+            started = tip_checkpoint[a:b] >= 0
+            fresh = np.zeros(b - a, dtype=bool)
+            if h.fresh_key_groups is None:
+                fresh[:] = True
+            else:
+                for f in h.fresh_key_groups:
+                    fp = f.intersection(part)
+                    if fp:
+                        fresh[fp.start - a:fp.end - a + 1] = True
+            for j in np.flatnonzero(nonempty & ~full & ~started & ~fresh).tolist():
+                baseless.append((a + j, h))
+            if h.format_version >= CHAINED_FORMAT_VERSION:
+                links = h.predecessors
+                if isinstance(links, BlockLinks):
+                    names, named_checksum = links.checkpoints[ha:hb], links.checksums[ha:hb]
+                else:
+                    names = np.full(b - a, -1, dtype=np.int64)
+                    named_checksum = np.zeros(b - a, dtype=np.int64)
+                linked = names >= 0
+                wrong = linked & ((tip_checkpoint[a:b] != names) | (tip_checksum[a:b] != named_checksum))
+                bad = ~full & ((wrong & (started | ~nonempty)) | (~linked & nonempty & started))
+                for j in np.flatnonzero(bad).tolist():
+                    chain = chains.get(a + j)
+                    breaks.append(ChainBreak(a + j, h, chain[-1] if chain else None,
+                                             BlockLink(int(names[j]), int(named_checksum[j])) if names[j] >= 0
+                                             else None))
+            moves = full | nonempty
+            checksums = (np.asarray(h.checksums[ha:hb], dtype=np.int64) if h.checksums is not None
+                         else np.full(b - a, -1, dtype=np.int64))
+            tip_checkpoint[a:b][moves] = h.checkpoint_id
+            tip_checksum[a:b][moves] = checksums[moves]
+            for j in np.flatnonzero(moves).tolist():
+                kg = a + j
+                old = chains.get(kg)
+                if full[j]:
+                    for g in old or ():
+                        uses[id(g)] -= 1
+                    chain = [h]
+                    uses[id(h)] = uses.get(id(h), 0) + 1
+                else:
+                    chain = [*old, h] if old else [h]
+                    uses[id(h)] = uses.get(id(h), 0) + 1
+                chains[kg] = chain
+        needed = {i: members[i] for i, n in uses.items() if n > 0}
+        for h in new:   # a new file stays even if it holds only empty deltas: the subtask reported it
+            needed[id(h)] = h
+        handles = sorted(needed.values(), key=lambda h: (h.checkpoint_id, h.key_group_range.start))
+        uses = {i: n for i, n in uses.items() if n > 0}
+        index = _ChainIndex(handles, chains, tip_checkpoint, tip_checksum, uses,
+                            self.verified and not baseless and not breaks)
+        breaks.sort(key=lambda br: (br.key_group, br.delta.checkpoint_id))
+        return index, sorted(baseless, key=lambda f: f[0]), breaks
+
+
+#: The chain indexes of the last keyed handle lists seen (a driver's restore point and the checkpoint it commits),
+#: by the handles' identities: the next commit extends the last one instead of working every chain out again.
+_INDEXES: collections.OrderedDict[tuple[int, ...], _ChainIndex] = collections.OrderedDict()
+_INDEXES_KEEP = 8
+
+
+def _chain_index(handles: Sequence[KeyedStateHandle], size: int) -> _ChainIndex:
+    """The (cached) index of ``handles`` over key groups ``[0, size)``."""
+    key = (size, *map(id, handles))
+    with _CHAINS_LOCK:
+        found = _INDEXES.get(key)
+        if found is not None and len(found.handles) == len(handles) and all(
+                a is b for a, b in zip(found.handles, handles)):
+            _INDEXES.move_to_end(key)
+            return found
+    index = _ChainIndex.build(handles, size)
+    _remember_index(index, size)
+    return index
+
+
+def _remember_index(index: _ChainIndex, size: int) -> None:
+    with _CHAINS_LOCK:
+        _INDEXES[(size, *map(id, index.handles))] = index
+        while len(_INDEXES) > _INDEXES_KEEP:
+            _INDEXES.popitem(last=False)
+
+
+def check_chains(metadata: CheckpointMetadata) -> tuple[list[tuple[int, KeyedStateHandle]], list[ChainBreak]]:
+    """``(baseless deltas, chain breaks)`` of ``metadata``'s keyed handles over all its key groups (see
+    :func:`baseless_deltas`, :func:`chain_breaks`): none for whole chains. Handles that :func:`carry_forward` put
+    together from a checkpoint whose chains were whole are known whole already (its new handles were checked as
+    they were added), so a commit checks what its batch wrote, not every chain again."""
+    handles = _ordered_handles(metadata.checkpoint_id, metadata.keyed_handles)
+    index = _chain_index(handles, metadata.max_parallelism)
+    if index.verified:
+        return [], []
+    return index.verify()
+
+
 def carry_forward(previous: CheckpointMetadata | None, new_handles: Sequence[KeyedStateHandle], *,
                   max_parallelism: int | None = None) -> list[KeyedStateHandle]:
     """The keyed handles of the checkpoint after ``previous``: ``new_handles`` (what its subtasks wrote; a subtask
@@ -528,9 +691,11 @@ def carry_forward(previous: CheckpointMetadata | None, new_handles: Sequence[Key
 
     ``max_parallelism`` is the new checkpoint's (None: ``previous``'s). When it differs, ``previous``'s key groups
     are numbered otherwise and none of its files carries over: the new handles must be full (a backend restored
-    across a max-parallelism change writes its first snapshot full), else ValueError."""
+    across a max-parallelism change writes its first snapshot full), else ValueError.
+
+    The chains of ``previous`` are worked out once (and kept); the new checkpoint's follow from them and the new
+    handles in O(their key groups), and are kept in turn for :func:`check_chains` and the next batch."""
     new = list(new_handles)
-    old = list(previous.keyed_handles) if previous is not None else []
     new_ids = {h.checkpoint_id for h in new}
     if previous is not None and any(i <= previous.checkpoint_id for i in new_ids):
         raise ValueError(f"new keyed handles of checkpoints {sorted(new_ids)} cannot follow checkpoint "
@@ -542,16 +707,20 @@ def carry_forward(previous: CheckpointMetadata | None, new_handles: Sequence[Key
                              f"parallelism from {previous.max_parallelism} to {max_parallelism}: a delta cannot "
                              "apply to key groups numbered otherwise; the first snapshot after the change must be "
                              "full")
-        previous, old = None, []
-    handles = _ordered_handles(max(new_ids | {previous.checkpoint_id if previous else 0}), old + new)
-    everything = KeyGroupRange(0, max(h.key_group_range.end for h in handles)) if handles else KeyGroupRange.empty()
-    needed: dict[int, KeyedStateHandle] = {}
-    for chain in key_group_chains(handles, everything).values():
-        for h in chain:
-            needed[id(h)] = h
-    for h in new:   # a new file stays even if it holds only empty deltas: the subtask reported it
-        needed[id(h)] = h
-    return sorted(needed.values(), key=lambda h: (h.checkpoint_id, h.key_group_range.start))
+        previous = None
+    size = max([max_parallelism or 0, previous.max_parallelism if previous is not None else 0,
+                *(h.key_group_range.end + 1 for h in new if h.key_group_range)])   # past it: validate() refuses
+    ordered_new = _ordered_handles(max(new_ids | {previous.checkpoint_id if previous else 0}), new)
+    if previous is None:
+        base = _ChainIndex((), {}, np.full(size, -1, dtype=np.int64), np.full(size, -1, dtype=np.int64), {}, True)
+    else:
+        base = _chain_index(_ordered_handles(previous.checkpoint_id, previous.keyed_handles), size)
+    index, _, _ = base.extended(ordered_new)
+    extra = [h for h in new if not h.key_group_range]   # a subtask without key groups: listed, in no chain
+    if extra:
+        return sorted([*index.handles, *extra], key=lambda h: (h.checkpoint_id, h.key_group_range.start))
+    _remember_index(index, size)
+    return list(index.handles)
 
 
 # ---- operator state -----------------------------------------------------------------------------------------------

@@ -13,11 +13,19 @@ Layout under ``location`` (a local path or any fsspec URL)::
 Commit protocol: subtasks write their state files (``open_write``, fsync'd on close for local paths), report
 handles; the driver calls :meth:`CheckpointStorage.commit`, which writes ``_metadata`` last and atomically:
 
-* local filesystem: write ``_metadata.inprogress-<uuid>``, fsync it, ``os.replace`` onto ``_metadata``, fsync the
-  directory. A crash leaves either no ``_metadata`` (the checkpoint does not exist) or a complete one.
-* other fsspec filesystems: write the temporary file, then ``fs.mv`` it onto ``_metadata``. On object stores (S3, GCS,
-  ...) an object appears only once fully written, so ``_metadata`` is never seen half written; the durability is
-  the store's. There is no directory fsync there.
+* local filesystem: the bytes are written once, to a temporary file, and fsync'd; the claim (below) and then
+  ``_metadata`` are hard links of it, each created or refused as one step and made durable by fsyncing its directory
+  (after the directories of the new state files). A crash leaves either no ``_metadata`` (the checkpoint does not
+  exist) or a complete one.
+* object stores (S3, GCS, ...): one create-if-absent put for the claim, one for ``_metadata``; an object appears only
+  once fully written, so ``_metadata`` is never seen half written; the durability is the store's. There is no
+  directory fsync there.
+
+A commit checks the files its own batch wrote (they exist, keyed ones with their handle's size; one listing per
+directory on object stores); files of earlier checkpoints it carries forward were checked when those committed, and
+a restore point a driver did not commit itself is checked whole when it is loaded (:meth:`CheckpointStorage.
+check_complete`). Its chains are checked as :func:`~keygroups.checkpoint.planning.carry_forward` extends the restore
+point's, so a commit costs what its batch changed, not the checkpoint's history.
 
 Compare-and-swap: a commit names the checkpoint it was planned from (``planned_from``) and succeeds only if that
 one is still the newest complete checkpoint; it first claims the place after it, ``_commits/after-<id>``
@@ -37,7 +45,11 @@ progress. In ``shared/`` (Flink's shared state registry, done without a registry
 retained checkpoint references it and the checkpoint id in its name is at most the one just committed: files of
 newer checkpoints, still being written, are never touched, and a shared file is only ever referenced by the
 checkpoint that wrote it and by later ones. If a retained ``_metadata`` cannot be read, nothing in ``shared/`` is
-deleted.
+deleted. Retention costs what changed since the last: one storage object reads each retained ``_metadata`` at most
+once (none that its driver committed or loaded), counts the references to ``shared/`` as checkpoints enter and leave
+retention, and cleans a checkpoint directory of orphans once, at the first retention after a newer checkpoint (a
+retried task attempt's file that comes later still goes with its directory); per prune, one listing of the
+checkpoints, of ``shared/`` and of ``_commits/``.
 
 Remote locations: every listing and existence check asks the store (fsspec's listing cache is off), so a process
 sees checkpoints and files that others wrote at its next call. A ``chk-<id>`` is a checkpoint directory only while
@@ -66,13 +78,14 @@ import posixpath
 import re
 import shutil
 import stat
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, BinaryIO, Literal
 
 from keygroups import _local_dirs
-from keygroups._ranges import KeyGroupRange, key_group_range
+from keygroups._ranges import key_group_range
 from keygroups.checkpoint.format import merged_key_groups, write_full_snapshot
 from keygroups.checkpoint.metadata import (
     SHARED_DIR,
@@ -81,16 +94,8 @@ from keygroups.checkpoint.metadata import (
     decode_metadata,
     encode_metadata,
     is_shared_path,
-    keyed_handles_by_range,
 )
-from keygroups.checkpoint.planning import (
-    baseless_deltas,
-    chain_breaks,
-    describe_baseless,
-    describe_breaks,
-    key_group_chains,
-    plan_keyed_restore,
-)
+from keygroups.checkpoint.planning import check_chains, describe_baseless, describe_breaks, plan_keyed_restore
 from keygroups.errors import CheckpointNotFoundError, ConcurrentCommitError, CorruptDataError, CorruptSnapshotError
 
 log = logging.getLogger(__name__)
@@ -215,6 +220,12 @@ class _LocalFS:
         filesystem (retention removes them)."""
         return [n for n in self.listdir(rel) if n.startswith(prefix)]
 
+    def names_and_marked(self, prefix: str, marker: str) -> tuple[list[str], set[str]]:
+        """The top-level names starting with ``prefix`` (:meth:`names_holding_files`) and those of them holding a
+        file ``marker``."""
+        names = self.names_holding_files("", prefix)
+        return names, {n for n in names if os.path.exists(os.path.join(self.root, n, marker))}
+
     def isdir(self, rel: str) -> bool:
         return os.path.isdir(self.path(rel))
 
@@ -244,16 +255,35 @@ class _LocalFS:
     def write_exclusive(self, rel: str, data: bytes) -> None:
         """Write ``rel`` atomically, only if it does not exist: FileExistsError otherwise. A hard link of the
         complete temporary file is created or fails as one step, so of two writers exactly one succeeds."""
-        with _tmp_name(self, rel) as tmp:
+        with self.staged(rel, data) as staged:
+            self.link_exclusive(staged, rel)
+
+    @contextlib.contextmanager
+    def staged(self, near: str, data: bytes) -> Iterator[Any]:
+        """``data`` written and fsync'd once under a temporary name beside ``near``, for :meth:`link_exclusive` to
+        publish under one or more names (hard links of one file: the bytes are written once); removed after."""
+        with _tmp_name(self, near) as tmp:
             with open(self.path(tmp), "wb") as f:
                 f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
             try:
-                os.link(self.path(tmp), self.path(rel))
+                yield tmp
             finally:
                 os.remove(self.path(tmp))
+
+    def link_exclusive(self, staged: Any, rel: str) -> None:
+        """Publish the staged file as ``rel`` if ``rel`` does not exist (FileExistsError otherwise), durably."""
+        os.link(self.path(staged), self.path(rel))
         self.sync_dir(posixpath.dirname(rel))
+
+    def sizes(self, rels: list[str]) -> dict[str, int]:
+        """The size of each of ``rels`` that exists (one stat each)."""
+        out = {}
+        for rel in rels:
+            with contextlib.suppress(FileNotFoundError):
+                out[rel] = os.stat(self.path(rel)).st_size
+        return out
 
     def copy(self, src: str, dst: str) -> None:
         with open(self.path(src), "rb") as fin, self.open_write(dst) as fout:
@@ -313,6 +343,27 @@ class _FsspecFS:
         names = {str(p)[len(base):].split("/", 1)[0] for p in found if str(p).startswith(base)}
         return sorted(n for n in names if n and n.startswith(prefix))
 
+    def names_and_marked(self, prefix: str, marker: str) -> tuple[list[str], set[str]]:
+        """The top-level names starting with ``prefix`` that hold a file, and those of them holding a file
+        ``marker``, from one listing of the objects below (not a request per name)."""
+        path = self.root
+        try:
+            found = self.fs.find(path, prefix=prefix) if self._find_takes_prefix else self.fs.find(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return [], set()
+        base = path.rstrip("/") + "/"
+        names: set[str] = set()
+        marked: set[str] = set()
+        for p in map(str, found):
+            if not p.startswith(base):
+                continue
+            parts = p[len(base):].split("/")
+            if parts[0] and parts[0].startswith(prefix):
+                names.add(parts[0])
+                if len(parts) == 2 and parts[1] == marker:
+                    marked.add(parts[0])
+        return sorted(names), marked
+
     def isdir(self, rel: str) -> bool:
         return bool(self.fs.isdir(self.path(rel)))
 
@@ -348,6 +399,39 @@ class _FsspecFS:
             if "PreconditionFailed" in repr(e.__cause__) or "PreconditionFailed" in str(e):
                 raise FileExistsError(f"{self.url(rel)} already exists") from e
             raise
+
+    @contextlib.contextmanager
+    def staged(self, near: str, data: bytes) -> Iterator[Any]:
+        """Nothing to stage on object stores: each :meth:`link_exclusive` puts the bytes (one request)."""
+        yield data
+
+    def link_exclusive(self, staged: Any, rel: str) -> None:
+        self.write_exclusive(rel, staged)
+
+    def sizes(self, rels: list[str]) -> dict[str, int]:
+        """The size of each of ``rels`` that exists: one listing per directory holding several of them (a request
+        per file is what makes a commit slow on an object store), a request per file for up to three."""
+        by_dir: dict[str, list[str]] = {}
+        for rel in rels:
+            by_dir.setdefault(posixpath.dirname(rel), []).append(rel)
+        out: dict[str, int] = {}
+        for parent, wanted in by_dir.items():
+            if len(wanted) <= 3:
+                for rel in wanted:
+                    with contextlib.suppress(FileNotFoundError):
+                        out[rel] = int(self.fs.size(self.path(rel)))
+                continue
+            try:
+                listed = self.fs.find(self.path(parent), detail=True, maxdepth=1)
+            except (FileNotFoundError, NotADirectoryError):
+                listed = {}
+            base = self.path(parent).rstrip("/") + "/"
+            found = {str(k)[len(base):]: info for k, info in listed.items() if str(k).startswith(base)}
+            for rel in wanted:
+                info = found.get(posixpath.basename(rel))
+                if info is not None and info.get("type", "file") == "file":
+                    out[rel] = int(info["size"])
+        return out
 
     def copy(self, src: str, dst: str) -> None:
         self.fs.cp_file(self.path(src), self.path(dst))
@@ -514,6 +598,35 @@ class _ReadCache:
             os.remove(path)
 
 
+@dataclasses.dataclass(frozen=True)
+class _References:
+    """The files a complete checkpoint references: in ``shared/`` (``shared``) and in its own directory
+    (``own``, storage-relative), which retention keeps."""
+
+    shared: frozenset[str]
+    own: frozenset[str]
+
+    @classmethod
+    def of(cls, metadata: CheckpointMetadata) -> _References:
+        files = [*metadata.files(), *metadata.runner_files()]
+        shared = frozenset(f for f in files if is_shared_path(f))
+        return cls(shared, frozenset(files) - shared)
+
+
+class _RetentionState:
+    """What retention learnt of a location across prunes by one storage object, so that each prune costs what
+    changed since the last (the checkpoints committed and dropped), not every retained checkpoint: the files each
+    retained checkpoint references (its ``_metadata`` read at most once), how many counted checkpoints reference
+    each shared file, and the directories already cleaned of orphans."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.references: dict[int, _References] = {}
+        self.counted: set[int] = set()
+        self.shared_uses: dict[str, int] = {}
+        self.cleaned: set[int] = set()
+
+
 def _is_local(location: str) -> bool:
     return "://" not in location or location.startswith("file://")
 
@@ -550,6 +663,7 @@ class CheckpointStorage:
         self.cache_max_bytes = cache_max_bytes
         self._fs: _LocalFS | _FsspecFS
         self._cache: _ReadCache | None = None
+        self._retention = _RetentionState()
         if _is_local(loc):
             root = loc[len("file://"):] if loc.startswith("file://") else loc
             root = os.path.abspath(os.path.expanduser(root))
@@ -650,16 +764,22 @@ class CheckpointStorage:
 
     # -- checkpoints -------------------------------------------------------------------------------------------
     def _chk_dirs(self) -> dict[int, str]:
-        out = {}
-        for name in self._fs.names_holding_files("", "chk-"):
+        return self._listing()[0]
+
+    def _listing(self) -> tuple[dict[int, str], list[int]]:
+        """The ``chk-<id>`` directories (id -> name) and the ids of the complete ones, ascending: one listing (and
+        locally a stat per directory), not a request per checkpoint."""
+        names, complete = self._fs.names_and_marked("chk-", METADATA_NAME)
+        dirs = {}
+        for name in names:
             m = _CHK_RE.match(name)
             if m:
-                out[int(m.group(1))] = name
-        return out
+                dirs[int(m.group(1))] = name
+        return dirs, sorted(cid for cid, d in dirs.items() if d in complete)
 
     def checkpoint_ids(self) -> list[int]:
         """Ids of the complete checkpoints (those with a ``_metadata``), ascending."""
-        return sorted(cid for cid, d in self._chk_dirs().items() if self._fs.exists(f"{d}/{METADATA_NAME}"))
+        return self._listing()[1]
 
     def savepoint_names(self) -> list[str]:
         """Names of the complete savepoints, sorted."""
@@ -689,7 +809,36 @@ class CheckpointStorage:
                 f"_metadata is written); {self._inventory()}") from None
         if md.checkpoint_id != cid:
             raise CorruptSnapshotError(f"chk-{cid}/_metadata in {self.location} holds checkpoint {md.checkpoint_id}")
+        # what retention needs of it, so that it is not read again for that (one dict operation: no lock needed
+        # beside a retention thread)
+        self._retention.references.setdefault(cid, _References.of(md))
         return md
+
+    def check_complete(self, metadata: CheckpointMetadata) -> None:
+        """CorruptSnapshotError naming the checkpoint (or savepoint) and its files unless every file its
+        ``_metadata`` names exists, keyed and raw keyed state files with their handle's size: a restore point
+        that lost a file is refused before any task runs, rather than restored without it (a warm restore reads no
+        file) or carried into the next checkpoint. One stat per file locally, one listing per directory on object
+        stores (a driver does this once per restore point it did not commit itself)."""
+        files = [*metadata.files(), *metadata.runner_files()]
+        sizes = self._fs.sizes(sorted(set(files)))
+        what = (f"savepoint {metadata.base.split('/', 1)[1]!r}" if metadata.base.startswith(f"{SAVEPOINTS_DIR}/")
+                else f"checkpoint {metadata.checkpoint_id}")
+        missing = [f for f in files if f not in sizes]
+        if missing:
+            shown = ", ".join(map(repr, missing[:5])) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+            raise CorruptSnapshotError(
+                f"{what} in {self.location} names {len(missing)} file(s) that do not exist: {shown}. Its _metadata "
+                "is complete but the files it references were removed or lost, so it cannot be restored; restore an "
+                "earlier checkpoint or a savepoint (keygroups verify lists every missing or damaged file)")
+        sized: list[tuple[str, int, int]] = [(h.file, h.subtask, h.size) for h in metadata.keyed_handles]
+        sized += [(h.file, h.subtask, h.size) for h in metadata.raw_keyed_handles]
+        for file, subtask, size in sized:
+            if sizes[file] != size:
+                raise CorruptSnapshotError(
+                    f"{what} in {self.location} names state file {file!r} (subtask {subtask}) of {size} "
+                    f"bytes, but the file is {sizes[file]} bytes: it was damaged or replaced; restore an earlier "
+                    "checkpoint or a savepoint")
 
     def load_restore_point(self, point: int | str) -> CheckpointMetadata:
         """The metadata a batch restores from: a checkpoint id (int) or a savepoint name (str)."""
@@ -726,7 +875,11 @@ class CheckpointStorage:
 
         Round trips: planned from a named checkpoint, the claim itself is the check (no listing before it), and one
         existence check of the planned-from ``_metadata`` follows it; only a commit planned from no checkpoint or
-        from ``"latest"``, or one whose claim is taken, lists the checkpoints.
+        from ``"latest"``, or one whose claim is taken, lists the checkpoints. Before the claim, the batch's own
+        files are checked (a request each for up to three files of a directory, else one listing of it); files of
+        earlier checkpoints carried forward are not checked again. On an object store a commit is therefore about
+        six requests whatever the number of retained checkpoints or carried files; locally, one write of the bytes
+        and five fsyncs (the staged file, the directories of the new state files, of the claim, of ``_metadata``).
 
         ``prune=False`` leaves retention to a later :meth:`prune` (a driver runs it off its batch's critical path).
         ``encoded``: ``encode_metadata(metadata, "chk-<id>")`` when the caller has it already."""
@@ -743,32 +896,50 @@ class CheckpointStorage:
             previous = self._checked_newest(metadata, planned_from)
         self._check_chains(metadata)
         data = encoded if encoded is not None else encode_metadata(metadata, base)   # files must lie in chk-<id>/
-        self._check_files(metadata)
+        try:
+            self._check_files(metadata)
+        except ValueError:
+            # a file of this batch gone: removed by the retention of a writer that committed after the planned-from
+            # checkpoint (a lost race, said as such), else missing indeed
+            self._checked_newest(metadata, planned_from)
+            raise
         self._fs.makedirs(base)
-        self._fs.sync_dir(base)   # the state files' directory entries are durable before _metadata names them
+        # the directory entries of the state files are durable before _metadata names them
+        try:
+            self._fs.sync_dir(base)
+            if any(h.checkpoint_id == cid and is_shared_path(h.file) for h in metadata.keyed_handles):
+                self._fs.sync_dir(SHARED_DIR)
+        except FileNotFoundError:
+            # chk-<id>/ removed meanwhile, as an unfinished directory older than another writer's newer
+            # checkpoint: the lost race it is (else the directory is missing indeed)
+            self._checked_newest(metadata, planned_from)
+            raise
         claim = _claim_file(previous)
         self._fs.makedirs(COMMITS_DIR)
-        try:
-            self._fs.write_exclusive(claim, data)
-        except FileExistsError:
-            if self._read_claim(claim) != data:   # ours already when a commit of this very metadata is retried
-                if named:   # say what the location holds, as a listing before the claim would have
-                    self._checked_newest(metadata, planned_from)
-                raise self._claimed_by_another(metadata, previous, claim) from None
-        if named:
-            stale = not self._fs.exists(f"chk-{previous}/{METADATA_NAME}")
-        else:
-            ids = self.checkpoint_ids()
-            stale = (ids[-1] if ids else None) not in (previous, cid)
-        if stale:
-            # the claim of a checkpoint that retention removed, taken again: the chain moved on long ago
-            self._fs.remove(claim)
-            ids = self.checkpoint_ids()
-            raise self._stale_commit(metadata, previous, ids[-1] if ids else None)
-        self._publish(base, data)
+        # Locally the bytes are written (and fsync'd) once and published twice, as hard links: the claim, then
+        # _metadata. An object store takes one create-if-absent put for each.
+        with self._fs.staged(claim, data) as staged:
+            try:
+                self._fs.link_exclusive(staged, claim)
+            except FileExistsError:
+                if self._read_claim(claim) != data:   # ours already when a commit of this very metadata is retried
+                    if named:   # say what the location holds, as a listing before the claim would have
+                        self._checked_newest(metadata, planned_from)
+                    raise self._claimed_by_another(metadata, previous, claim) from None
+            if named:
+                stale = not self._fs.exists(f"chk-{previous}/{METADATA_NAME}")
+            else:
+                ids = self.checkpoint_ids()
+                stale = (ids[-1] if ids else None) not in (previous, cid)
+            if stale:
+                # the claim of a checkpoint that retention removed, taken again: the chain moved on long ago
+                self._fs.remove(claim)
+                ids = self.checkpoint_ids()
+                raise self._stale_commit(metadata, previous, ids[-1] if ids else None)
+            self._publish(base, data, staged)
         metadata.base = base
         if prune:
-            self.prune(cid)
+            self.prune(cid, known={cid: metadata})
 
     def _checked_newest(self, metadata: CheckpointMetadata, planned_from: int | None | Literal["latest"]
                         ) -> int | None:
@@ -793,10 +964,13 @@ class CheckpointStorage:
         ``retain``, unreferenced files, old claims. ``known``: metadata of checkpoints the caller holds already (a
         driver, those it committed), which retention then does not read again. A failure is logged; the next prune
         retries it."""
+        known = known or {}
         try:
-            self._prune(latest, known or {})
-            self._prune_shared(latest, known or {})
-            self._prune_claims()
+            with self._retention.lock:
+                dirs, complete = self._listing()
+                self._prune(latest, known, dirs, complete)
+                self._prune_shared(latest, known, complete)
+                self._prune_claims(complete[-self.retain:])
         except OSError as e:   # the checkpoint is complete; a failed cleanup is retried at the next commit
             log.warning("retention after checkpoint %d in %s failed: %s", latest, self.location, e)
 
@@ -806,21 +980,21 @@ class CheckpointStorage:
         not list (a driver that forgot to carry older files forward: a restore would return the delta alone);
         CorruptSnapshotError, committing nothing, if a delta does not apply on the block before it in its chain (a
         lost middle delta, a delta of another run or attempt: ``planning.chain_breaks``). From the metadata alone."""
-        handles = keyed_handles_by_range(metadata.keyed_handles)
-        everything = KeyGroupRange(0, metadata.max_parallelism - 1)
-        chains = key_group_chains(handles, everything)
-        found = baseless_deltas(chains)
+        found, breaks = check_chains(metadata)   # what carry_forward added only, when it built the handles
         if found:
             raise ValueError(f"{describe_baseless(metadata.checkpoint_id, found)}; nothing was committed")
-        breaks = chain_breaks(handles, [everything])
         if breaks:
             raise CorruptSnapshotError(f"{describe_breaks(metadata.checkpoint_id, breaks)}; nothing was committed")
 
-    def _publish(self, base: str, data: bytes) -> None:
-        """Write ``base/_metadata`` create-if-absent; one with the same bytes there already (published from the
-        claim by another process) is this very checkpoint."""
+    def _publish(self, base: str, data: bytes, staged: Any = None) -> None:
+        """Write ``base/_metadata`` create-if-absent (from ``staged``, ``data`` staged by the filesystem, when
+        given); one with the same bytes there already (published from the claim by another process) is this very
+        checkpoint."""
         try:
-            self._fs.write_exclusive(f"{base}/{METADATA_NAME}", data)
+            if staged is None:
+                self._fs.write_exclusive(f"{base}/{METADATA_NAME}", data)
+            else:
+                self._fs.link_exclusive(staged, f"{base}/{METADATA_NAME}")
         except FileExistsError:
             if self._fs.read_bytes(f"{base}/{METADATA_NAME}", None, None) != data:
                 raise
@@ -888,7 +1062,7 @@ class CheckpointStorage:
         if (ids[-1] if ids else None) != previous:
             return   # a stale claim, being withdrawn by its writer
         try:
-            self._check_files(claimed)
+            self._check_all_files(claimed)
         except (ValueError, CorruptSnapshotError) as e:
             raise CorruptSnapshotError(
                 f"checkpoint {claimed.checkpoint_id} was claimed as the successor of {_describe(previous)} in "
@@ -917,10 +1091,9 @@ class CheckpointStorage:
         self._finish_claim(previous, claim, data, claimed)
         return claimed.checkpoint_id if self._fs.exists(f"chk-{claimed.checkpoint_id}/{METADATA_NAME}") else None
 
-    def _prune_claims(self) -> None:
-        """Delete the claims of checkpoints older than the oldest retained one: no commit can be planned from them
-        any more (one that was is refused by the listing after its claim)."""
-        ids = self.checkpoint_ids()
+    def _prune_claims(self, ids: list[int]) -> None:
+        """Delete the claims of checkpoints older than the oldest retained one (``ids``: the retained, ascending):
+        no commit can be planned from them any more (one that was is refused by the listing after its claim)."""
         if not ids:
             return
         for name in self._fs.listdir(COMMITS_DIR):
@@ -973,20 +1146,33 @@ class CheckpointStorage:
         return removed
 
     def _check_files(self, metadata: CheckpointMetadata) -> None:
+        """What a commit checks before its claim: the files its own batch wrote (:meth:`_check_all_files`), not
+        the keyed files of older checkpoints it carries forward (checked when those committed; retention keeps
+        every file a retained checkpoint references): a commit costs what its batch wrote, not its history."""
+        self._check_all_files(metadata, new_only=True)
+
+    def _check_all_files(self, metadata: CheckpointMetadata, *, new_only: bool = False) -> None:
+        """ValueError unless every file ``metadata`` references exists, state files with their handle's size
+        (CorruptSnapshotError for a carried keyed file whose size changed); ``new_only``: keyed files of older
+        checkpoints are not looked at. Sizes come from one listing per directory on object stores."""
         cid = metadata.checkpoint_id
+        keyed = [h for h in metadata.keyed_handles if not new_only or h.checkpoint_id >= cid]
+        sizes = self._fs.sizes(sorted({h.file for h in keyed} | {h.file for h in metadata.raw_keyed_handles}
+                                      | {h.file for h in metadata.operator_handles}
+                                      | set(metadata.runner_files())))
 
         def size_of(what: str, file: str, subtask: int) -> int:
-            try:
-                return self._fs.size(file)
-            except FileNotFoundError:
+            size = sizes.get(file)
+            if size is None:
                 raise ValueError(f"checkpoint {cid} references {what} file {file!r} (subtask {subtask}), which does "
-                                 f"not exist in {self.location}") from None
+                                 f"not exist in {self.location}")
+            return size
 
         def unfinished(what: str, file: str, subtask: int, size: int, expected: int) -> ValueError:
             return ValueError(f"{what} file {file!r} (subtask {subtask}) is {size} bytes but its handle says "
                               f"{expected}: the file was not completely written (closed?)")
 
-        for h in metadata.keyed_handles:
+        for h in keyed:
             size = size_of("keyed state", h.file, h.subtask)
             if size != h.size and h.checkpoint_id < cid:
                 raise CorruptSnapshotError(
@@ -997,7 +1183,7 @@ class CheckpointStorage:
             if size != h.size:
                 raise unfinished("keyed state", h.file, h.subtask, size, h.size)
         for oh in metadata.operator_handles:
-            if not self._fs.exists(oh.file):
+            if oh.file not in sizes:
                 raise ValueError(f"checkpoint {cid} references operator state file "
                                  f"{oh.file!r}, which does not exist in {self.location}")
         for rh in metadata.raw_keyed_handles:
@@ -1006,43 +1192,68 @@ class CheckpointStorage:
                 raise unfinished("raw keyed state", rh.file, rh.subtask, size, rh.size)
         for name, files in (("output", metadata.outputs), ("input", metadata.inputs),
                             ("late output", metadata.late_outputs)):
-            missing = [f for f in files if not self._fs.exists(f)]
+            missing = [f for f in files if f not in sizes]
             if missing:
                 raise ValueError(f"checkpoint {metadata.checkpoint_id} references {name} files {missing}, which do "
                                  f"not exist in {self.location}")
 
-    def _retained(self, checkpoint_id: int, known: Mapping[int, CheckpointMetadata]) -> CheckpointMetadata:
-        found = known.get(checkpoint_id)
-        return found if found is not None else self._read_metadata(f"chk-{checkpoint_id}")
+    def _references(self, checkpoint_id: int, known: Mapping[int, CheckpointMetadata]) -> _References:
+        """What retained checkpoint ``checkpoint_id`` references, from ``known`` or its ``_metadata``, each read at
+        most once by this storage object (a complete checkpoint never changes)."""
+        refs = self._retention.references.get(checkpoint_id)
+        if refs is None:
+            found = known.get(checkpoint_id)
+            md = found if found is not None else self._read_metadata(f"chk-{checkpoint_id}")
+            refs = self._retention.references[checkpoint_id] = _References.of(md)
+        return refs
 
-    def _prune(self, latest: int, known: Mapping[int, CheckpointMetadata] | None = None) -> None:
-        dirs = self._chk_dirs()
-        complete = sorted(cid for cid, d in dirs.items() if self._fs.exists(f"{d}/{METADATA_NAME}"))
+    def _prune(self, latest: int, known: Mapping[int, CheckpointMetadata], dirs: dict[int, str],
+               complete: list[int]) -> None:
+        """Remove the checkpoints older than the newest ``retain`` complete ones, then the orphans in each retained
+        checkpoint's directory older than ``latest``, once per directory (a retried task attempt's file comes
+        while its batch runs, before that batch's commit; one later still goes with its checkpoint)."""
         keep = set(complete[-self.retain:])
+        cleaned = self._retention.cleaned
         for cid, d in sorted(dirs.items()):
             if cid > latest:
                 continue   # a newer checkpoint may still be being written
             if cid not in keep:
                 log.debug("retention: removing %s", d)
                 self._fs.rmtree(d)
-            elif cid < latest:
-                self._remove_orphans(d, (known or {}).get(cid))
+                cleaned.discard(cid)
+            elif cid < latest and cid not in cleaned:
+                if self._remove_orphans(d, cid, known):
+                    cleaned.add(cid)
+        cleaned.intersection_update(keep)
 
-    def _prune_shared(self, latest: int, known: Mapping[int, CheckpointMetadata] | None = None) -> None:
+    def _prune_shared(self, latest: int, known: Mapping[int, CheckpointMetadata], complete: list[int]) -> None:
         """Delete the files of ``shared/`` that no retained checkpoint references, written by checkpoint ``latest``
-        or older (newer ones may belong to a checkpoint still being written)."""
-        referenced: set[str] = set()
-        for cid in self.checkpoint_ids()[-self.retain:]:
+        or older (newer ones may belong to a checkpoint still being written). The references are counted as
+        checkpoints enter and leave retention: each retained ``_metadata`` is read at most once."""
+        state = self._retention
+        retained = set(complete[-self.retain:])
+        for cid in sorted(state.counted - retained):
+            state.counted.discard(cid)
+            refs = state.references.pop(cid, None)
+            for f in refs.shared if refs is not None else ():
+                state.shared_uses[f] -= 1
+                if not state.shared_uses[f]:
+                    del state.shared_uses[f]
+        for cid in sorted(retained - state.counted):
             try:
-                md = self._retained(cid, known or {})
+                refs = self._references(cid, known)
             except (CorruptSnapshotError, FileNotFoundError) as e:
                 log.warning("retention: not cleaning %s/, the _metadata of checkpoint %d is unreadable: %s",
                             SHARED_DIR, cid, e)
                 return
-            referenced.update(h.file for h in md.keyed_handles if is_shared_path(h.file))
+            state.counted.add(cid)
+            for f in refs.shared:
+                state.shared_uses[f] = state.shared_uses.get(f, 0) + 1
+        for cid in set(state.references) - retained:
+            del state.references[cid]
         for name in self._fs.listdir(SHARED_DIR):
             m = _SHARED_FILE_RE.match(name)
-            if m is None or int(m.group(1)) > latest or f"{SHARED_DIR}/{name}" in referenced:
+            if m is None or int(m.group(1)) > latest or f"{SHARED_DIR}/{name}" in state.shared_uses:
                 continue
             log.debug("retention: removing unreferenced %s/%s", SHARED_DIR, name)
             self._fs.remove(f"{SHARED_DIR}/{name}")
@@ -1053,19 +1264,21 @@ class CheckpointStorage:
         """The keyed state files in ``shared/`` (storage-relative), sorted: for tools and tests of retention."""
         return [f"{SHARED_DIR}/{n}" for n in self._fs.listdir(SHARED_DIR) if _SHARED_FILE_RE.match(n)]
 
-    def _remove_orphans(self, base: str, known: CheckpointMetadata | None = None) -> None:
+    def _remove_orphans(self, base: str, checkpoint_id: int, known: Mapping[int, CheckpointMetadata]) -> bool:
+        """Remove the files of ``base`` its checkpoint does not reference; False if its _metadata is unreadable."""
         try:
-            md = known if known is not None else self._read_metadata(base)
+            refs = self._references(checkpoint_id, known)
         except (CorruptSnapshotError, FileNotFoundError) as e:
             log.warning("retention: not cleaning %s, its _metadata is unreadable: %s", base, e)
-            return
-        referenced = {posixpath.relpath(f, base) for f in [*md.files(), *md.runner_files()]} | {METADATA_NAME}
+            return False
+        referenced = {posixpath.relpath(f, base) for f in refs.own} | {METADATA_NAME}
         for name in self._fs.listdir(base):
             if name in referenced or not (_STATE_FILE_RE.match(name) or _TMP_MARKER in name):
                 continue
             if not self._fs.isdir(f"{base}/{name}"):
                 log.debug("retention: removing orphan %s/%s", base, name)
                 self._fs.remove(f"{base}/{name}")
+        return True
 
     # -- driver claims (fencing) -------------------------------------------------------------------------------
     def claim(self, owner: dict[str, Any]) -> int:
@@ -1152,7 +1365,7 @@ class CheckpointStorage:
         base = f"{SAVEPOINTS_DIR}/{name}"
         self._check_chains(metadata)
         data = encode_metadata(metadata, base)   # also checks every file lies in the savepoint's directory
-        self._check_files(metadata)
+        self._check_all_files(metadata)
         self._fs.sync_dir(base)
         self._fs.write_atomic(f"{base}/{METADATA_NAME}", data)
         metadata.base = base

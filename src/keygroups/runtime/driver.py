@@ -100,8 +100,13 @@ class Checkpoints:
 
     @classmethod
     def listed(cls, storage: CheckpointStorage) -> Checkpoints:
+        """The location's checkpoints, listed; the latest's files checked to exist
+        (:meth:`CheckpointStorage.check_complete`: a restore point that lost a file is refused, naming it)."""
         ids = tuple(storage.checkpoint_ids())
-        return cls(ids, storage.load(ids[-1]) if ids else None)
+        latest = storage.load(ids[-1]) if ids else None
+        if latest is not None:
+            storage.check_complete(latest)
+        return cls(ids, latest)
 
     def after_commit(self, metadata: CheckpointMetadata, retain: int) -> Checkpoints:
         """What the storage holds once ``metadata`` is committed and retention kept the newest ``retain``."""
@@ -356,6 +361,8 @@ def locate_batch(storage: CheckpointStorage, *, job_name: str, max_parallelism: 
         return BatchStart(storage, job_name, checkpoint_id, mp, known, replay=known.load(storage, checkpoint_id),
                           fence=fence)
     restoring = storage.load_savepoint(savepoint) if savepoint is not None else None
+    if restoring is not None:
+        storage.check_complete(restoring)
     cid = _next_checkpoint_id(known, restoring, savepoint, checkpoint_id, streaming)
     if streaming is not None and cid in known.ids:
         return BatchStart(storage, job_name, cid, mp, known, replay=known.load(storage, cid), fence=fence,

@@ -19,9 +19,12 @@ read, transformed and written again keeps them byte for byte.
 from __future__ import annotations
 
 import datetime
+import itertools
+import os
+import tempfile
 import time
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -298,73 +301,205 @@ class _Encoder:
         return out
 
 
-def write_savepoint_subtask(plan: SavepointPlan, subtask: int, batches: Iterable[pa.RecordBatch]
-                            ) -> KeyedStateHandle | None:
-    """Write subtask ``subtask``'s keyed file of the savepoint from its rows (``batches``: those of its key groups
-    only); None if it has no entry to write. DuplicateKeyError if a key comes twice; KeyGroupsError if a row's key
-    group belongs to another subtask (the rows were not placed by key group).
+#: Rows a writer task encodes at once (a chunk of whole key groups; a key group larger than this is one chunk on
+#: its own). About 180 B of memory per row while encoded (two int64 states), so about 50 MB.
+CHUNK_ROWS = 1 << 18
 
-    In bulk, never row by row in Python: the rows are ordered by key group once, the keys serialized in one
+#: Rows gathered from the input, ordered by key group and spilled as one sorted run, once a task's input is larger
+#: than one chunk.
+RUN_ROWS = 1 << 16
+
+
+def write_savepoint_subtask(plan: SavepointPlan, subtask: int, batches: Iterable[pa.RecordBatch], *,
+                            chunk_rows: int = CHUNK_ROWS, spill_dir: str | None = None) -> KeyedStateHandle | None:
+    """Write subtask ``subtask``'s keyed file of the savepoint from its rows (``batches``: those of its key groups
+    only, in any order); None if it has no row. DuplicateKeyError if a key comes twice; KeyGroupsError if a row's
+    key group belongs to another subtask (the rows were not placed by key group).
+
+    Streaming, with memory bounded whatever the number of keys: an input of at most ``chunk_rows`` rows is encoded
+    at once; a larger one is spilled as it arrives, in runs of ``RUN_ROWS`` rows each ordered by key group, to an
+    Arrow IPC file in ``spill_dir`` (the temporary directory by default; removed at the end), then encoded chunk by
+    chunk: the key groups in order, as many whole key groups per chunk as fit ``chunk_rows`` (a larger key group on
+    its own), each chunk gathered from the runs' slices of its key groups (memory-mapped: only the chunk is copied).
+    Peak memory is so about max(``chunk_rows``, the rows of the largest key group) encoded rows (~180 B each for two
+    int64 states), plus one run being sorted; the file's bytes are the same however the input is cut. Every row's
+    key group is checked before anything is written; a duplicate key or a value a serializer refuses in a later
+    chunk raises after earlier chunks were written to the file (no ``_metadata`` names it, so it never counts).
+
+    Each chunk in bulk, never row by row in Python: its rows ordered by key group, the keys serialized in one
     ``serialize_many`` call, and each state's values likewise (a list's elements, a map's keys and values: one
     call per role), framed with their TTL timestamps in compiled code; the writer takes every key group's keys and
     values as slices of those buffers (``Packed``). What only the value-by-value path reads (see ``_framed``: a
     null inside a list or map, a map repeating a key, TTL timestamps per map key) is encoded value by value."""
+    if isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int) or chunk_rows < 1:
+        raise ValueError(f"chunk_rows must be an int >= 1, got {chunk_rows!r}")
     groups = key_group_range(plan.max_parallelism, plan.parallelism, subtask)
-    parts = [b for b in batches if b.num_rows]
-    if not parts:
-        return None
-    table = pa.Table.from_batches(parts)
-    kgs = _key_groups(table, plan)
-    outside = (kgs < groups.start) | (kgs > groups.end)
-    if outside.any():
-        raise KeyGroupsError(f"savepoint subtask {subtask} owns key groups {groups} but got a row of key group "
-                             f"{int(kgs[outside][0])}: place the rows with partition_by_key_group first")
+    with _SortedRuns(plan, subtask, groups, chunk_rows, spill_dir) as runs:
+        for batch in batches:
+            runs.add(batch)
+        if not runs.rows:
+            return None
+        key_serializer = key_serializer_for(plan.key_type)
+        encoders = [_Encoder(s, plan.written_ms) for s in plan.states]
+
+        def key_groups() -> Iterator[tuple[int, list[tuple[int, Any, Any]]]]:
+            for table, kgs in runs.chunks():
+                yield from _encoded_key_groups(plan, key_serializer, encoders, table, kgs)
+
+        encoded = key_groups()
+        first = next(encoded, None)   # a one-chunk input raises every error before the file is opened
+        storage = plan.storage
+        relpath = f"{plan.directory}/keyed-{subtask}-{uuid.uuid4().hex}"
+        metas = [s.meta for s in plan.states]
+        return write_full_snapshot(storage, relpath, 0, subtask, groups, metas,
+                                   itertools.chain(() if first is None else (first,), encoded))
+
+
+class _SortedRuns:
+    """A subtask's input, taken batch by batch: kept in memory while it fits one chunk, else spilled to an Arrow
+    IPC file as runs ordered by key group (a run's key groups in a column of their own); :meth:`chunks` gives it
+    back as (rows, their key groups) of whole key groups, ascending, each at most ``chunk_rows`` rows unless one
+    key group is larger. Within a key group the rows keep the input's order, as one stable sort of all would."""
+
+    def __init__(self, plan: SavepointPlan, subtask: int, groups: KeyGroupRange, chunk_rows: int,
+                 spill_dir: str | None) -> None:
+        self.plan = plan
+        self.subtask = subtask
+        self.groups = groups
+        self.chunk_rows = chunk_rows
+        self.spill_dir = spill_dir
+        self.columns = list(dict.fromkeys([*plan.key_columns, *(s.column for s in plan.states),
+                                           *(s.ttl_column for s in plan.states if s.ttl_column is not None)]))
+        self.kg_column = "__key_group"
+        while self.kg_column in self.columns:
+            self.kg_column += "_"
+        self.rows = 0
+        self.pending: list[pa.RecordBatch] = []
+        self.pending_rows = 0
+        self.counts = np.zeros(len(groups), dtype=np.int64)   # rows per key group
+        self.directory: tempfile.TemporaryDirectory[str] | None = None
+        self.writer: pa.ipc.RecordBatchFileWriter | None = None
+        self.path = ""
+
+    def __enter__(self) -> _SortedRuns:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.writer is not None:
+            self.writer.close()
+        if self.directory is not None:
+            self.directory.cleanup()
+
+    def add(self, batch: pa.RecordBatch) -> None:
+        if not batch.num_rows:
+            return
+        self.pending.append(batch.select(self.columns))
+        self.pending_rows += batch.num_rows
+        self.rows += batch.num_rows
+        if self.writer is None and self.rows > self.chunk_rows:
+            self.directory = tempfile.TemporaryDirectory(prefix="keygroups-savepoint-", dir=self.spill_dir)
+            self.path = os.path.join(self.directory.name, f"runs-{self.subtask}.arrow")
+            schema = self.pending[0].schema.append(pa.field(self.kg_column, pa.int32()))
+            self.writer = pa.ipc.new_file(self.path, schema)
+        if self.writer is not None and (self.pending_rows >= RUN_ROWS or self.rows > self.chunk_rows):
+            self._spill()
+
+    def _checked(self, table: pa.Table) -> np.ndarray:
+        kgs = _key_groups(table, self.plan)
+        outside = (kgs < self.groups.start) | (kgs > self.groups.end)
+        if outside.any():
+            raise KeyGroupsError(f"savepoint subtask {self.subtask} owns key groups {self.groups} but got a row of "
+                                 f"key group {int(kgs[outside][0])}: place the rows with partition_by_key_group "
+                                 f"first")
+        return kgs
+
+    def _spill(self) -> None:
+        assert self.writer is not None
+        table = pa.Table.from_batches(self.pending)
+        self.pending, self.pending_rows = [], 0
+        kgs = self._checked(table)
+        self.counts += np.bincount(kgs - self.groups.start, minlength=len(self.groups))
+        order = np.argsort(kgs, kind="stable")
+        run = table.take(pa.array(order)).append_column(self.kg_column, pa.array(kgs[order], pa.int32()))
+        for batch in run.combine_chunks().to_batches():
+            self.writer.write_batch(batch)
+
+    def chunks(self) -> Iterator[tuple[pa.Table, np.ndarray]]:
+        if self.writer is None:   # it fits one chunk: as it came
+            table = pa.Table.from_batches(self.pending)
+            self.pending = []
+            yield table, self._checked(table)
+            return
+        if self.pending:
+            self._spill()
+        self.writer.close()
+        self.writer = None
+        with pa.memory_map(self.path) as source:
+            reader = pa.ipc.open_file(source)
+            runs = [reader.get_batch(i) for i in range(reader.num_record_batches)]
+            run_kgs = [r.column(self.kg_column).to_numpy() for r in runs]
+            runs = [r.select(self.columns) for r in runs]
+            start = self.groups.start
+            first = 0
+            while first < len(self.counts):
+                last, rows = first, int(self.counts[first])   # whole key groups up to chunk_rows (one at least)
+                while last + 1 < len(self.counts) and rows + int(self.counts[last + 1]) <= self.chunk_rows:
+                    last += 1
+                    rows += int(self.counts[last])
+                if rows:
+                    parts, part_kgs = [], []
+                    for run, kgs in zip(runs, run_kgs):
+                        a, b = np.searchsorted(kgs, [start + first, start + last + 1]).tolist()
+                        if b > a:
+                            parts.append(run.slice(a, b - a))
+                            part_kgs.append(kgs[a:b])
+                    yield pa.Table.from_batches(parts), np.concatenate(part_kgs).astype(np.int64)
+                first = last + 1
+
+
+def _encoded_key_groups(plan: SavepointPlan, key_serializer: TypeSerializer, encoders: list[_Encoder],
+                        table: pa.Table, kgs: np.ndarray) -> Iterator[tuple[int, list[tuple[int, Any, Any]]]]:
+    """The key groups of ``table`` (rows of whole key groups, ``kgs`` theirs), ascending, as the snapshot writer
+    takes them: ``(key group, [(state index, keys, values), ...])``."""
     order = np.argsort(kgs, kind="stable")
     table = table.take(pa.array(order))
     kgs = kgs[order]
     bounds = np.flatnonzero(np.diff(kgs)) + 1
     starts = np.concatenate([[0], bounds]).astype(np.int64)
     stops = np.concatenate([bounds, [len(kgs)]]).astype(np.int64)
-    key_serializer = key_serializer_for(plan.key_type)
-    encoders = [_Encoder(s, plan.written_ms) for s in plan.states]
     key_parts = [_column_values(table.column(c)) for c in plan.key_columns]
     keys = key_parts[0] if len(key_parts) == 1 else list(zip(*key_parts))
     key_data, key_offsets = key_serializer.serialize_many(keys)
     key_offsets = np.asarray(key_offsets, dtype=np.int64)
     _check_unique(keys, memoryview(key_data), key_offsets, kgs)
     columns = [_state_column(enc, table, key_data, key_offsets) for enc in encoders]
+    del keys, key_parts
 
     def packed(data: Any, offsets: np.ndarray, a: int, b: int) -> Packed:
         return Packed(data[int(offsets[a]):int(offsets[b])], offsets[a:b + 1] - offsets[a])
 
-    def key_groups() -> Iterable[tuple[int, list[tuple[int, Any, Any]]]]:
-        key_view = memoryview(key_data)
-        for a, b in zip(starts.tolist(), stops.tolist()):
-            sections: list[tuple[int, Any, Any]] = []
-            for index, column in enumerate(columns):
-                if column.bulk is not None:   # the values serialized and framed at once
-                    data, offsets = column.bulk
-                    if column.rows is None:   # every row has a value
-                        sections.append((index, packed(key_view, key_offsets, a, b), packed(data, offsets, a, b)))
-                        continue
-                    p, q = np.searchsorted(column.rows, [a, b]).tolist()
-                    if q > p:
-                        assert column.keys is not None
-                        sections.append((index, packed(*column.keys, p, q), packed(data, offsets, p, q)))
+    key_view = memoryview(key_data)
+    for a, b in zip(starts.tolist(), stops.tolist()):
+        sections: list[tuple[int, Any, Any]] = []
+        for index, column in enumerate(columns):
+            if column.bulk is not None:   # the values serialized and framed at once
+                data, offsets = column.bulk
+                if column.rows is None:   # every row has a value
+                    sections.append((index, packed(key_view, key_offsets, a, b), packed(data, offsets, a, b)))
                     continue
-                rows = (np.flatnonzero(column.present[a:b]) + a).tolist()
-                if rows:
-                    encoded = column.encoder.encode([column.values[i] for i in rows],
-                                                    [column.stamps[i] for i in rows] if column.stamps else None)
-                    sections.append((index, [bytes(key_view[key_offsets[i]:key_offsets[i + 1]]) for i in rows],
-                                     encoded))
-            if sections:
-                yield int(kgs[a]), sections
-
-    storage = plan.storage
-    relpath = f"{plan.directory}/keyed-{subtask}-{uuid.uuid4().hex}"
-    metas = [s.meta for s in plan.states]
-    return write_full_snapshot(storage, relpath, 0, subtask, groups, metas, key_groups())
+                p, q = np.searchsorted(column.rows, [a, b]).tolist()
+                if q > p:
+                    assert column.keys is not None
+                    sections.append((index, packed(*column.keys, p, q), packed(data, offsets, p, q)))
+                continue
+            rows = (np.flatnonzero(column.present[a:b]) + a).tolist()
+            if rows:
+                encoded = column.encoder.encode([column.values[i] for i in rows],
+                                                [column.stamps[i] for i in rows] if column.stamps else None)
+                sections.append((index, [bytes(key_view[key_offsets[i]:key_offsets[i + 1]]) for i in rows],
+                                 encoded))
+        if sections:
+            yield int(kgs[a]), sections
 
 
 def _column_values(column: pa.ChunkedArray) -> list[Any]:

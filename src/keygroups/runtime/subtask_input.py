@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from keygroups._hashing import assign_key_groups, assign_key_groups_for_tuples
+from keygroups._native.aggregates import group_key_order
 from keygroups._ranges import KeyGroupRange
 from keygroups.errors import KeyGroupOutOfRangeError
 from keygroups.runtime.spec import KeyedTaskSpec
@@ -82,6 +83,11 @@ def prepare_input(spec: KeyedTaskSpec, subtask_index: int, own_range: KeyGroupRa
 def _sorted(table: pa.Table, groups: np.ndarray, spec: KeyedTaskSpec) -> tuple[pa.Table, np.ndarray]:
     """``table`` sorted by key group, key (floats by their bits: -0.0 and 0.0 do not interleave) and ``order_by``,
     and the order (indices into ``table``)."""
+    if len(spec.key_columns) == 1 and not spec.order_columns:
+        keys = _int64_sort_keys(table.column(spec.key_columns[0]))
+        if keys is not None:   # one integer (or float) key: a compiled radix sort, the same stable order
+            order = group_key_order(np.ascontiguousarray(groups, dtype=np.int32), keys)
+            return table.take(order), order
     group_column = unused_name(table.column_names, "__key_group")   # input columns may have any name
     table = table.append_column(group_column, pa.array(groups, pa.int16()))
     sort_keys = [(group_column, "ascending")]
@@ -96,6 +102,19 @@ def _sorted(table: pa.Table, groups: np.ndarray, spec: KeyedTaskSpec) -> tuple[p
     sort_keys += [(c, "ascending") for c in spec.order_columns]
     order = pc.sort_indices(table, sort_keys=sort_keys)
     return table.take(order).select(list(spec.input_schema.names)), order.to_numpy()
+
+
+def _int64_sort_keys(column: pa.ChunkedArray) -> np.ndarray | None:
+    """A key column without nulls as int64 values in its sort order (integers up to 32-bit unsigned, floats by their
+    bits as :func:`java_equality_column` gives them); None for any other column."""
+    if column.null_count:
+        return None
+    t = column.type
+    if pa.types.is_floating(t):
+        column = java_equality_column(column)
+    elif not pa.types.is_integer(t) or t == pa.uint64():
+        return None
+    return np.ascontiguousarray(column.to_numpy(), dtype=np.int64)
 
 
 def key_groups_of(table: pa.Table, spec: KeyedTaskSpec) -> np.ndarray:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import re
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -31,7 +32,18 @@ from pyspark import StorageLevel, TaskContext
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
-from pyspark.sql.types import ArrayType, IntegralType, MapType, StructType, TimestampNTZType, TimestampType
+from pyspark.sql.types import (
+    ArrayType,
+    IntegerType,
+    IntegralType,
+    LongType,
+    MapType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampNTZType,
+    TimestampType,
+)
 
 from keygroups._parquet import arrow_owned
 from keygroups._hashing import KeyType
@@ -46,9 +58,10 @@ from keygroups.runtime.subtask import run_keyed_subtask
 from keygroups.runtime.subtask_input import unused_name
 from keygroups.spark.partitioner import key_group_placement, partition_by_key_group
 
-_REPORT_SCHEMA = "subtask int, report string"
+# Spark types, not DDL strings: a DDL string costs mapInArrow a round trip to the JVM's parser on every call.
+_REPORT_SCHEMA = StructType([StructField("subtask", IntegerType()), StructField("report", StringType())])
 _REPORT_ARROW = pa.schema([("subtask", pa.int32()), ("report", pa.string())])
-_TASK_SCHEMA = "index long, report string"
+_TASK_SCHEMA = StructType([StructField("index", LongType()), StructField("report", StringType())])
 _TASK_ARROW = pa.schema([("index", pa.int64()), ("report", pa.string())])
 #: The per-record input digest column, added before the shuffle and removed before the function sees the records.
 _DIGEST = "__keygroups_input_digest"
@@ -115,6 +128,17 @@ def _scheme(location: str) -> str:
     return location.split("://", 1)[0].lower() if "://" in location else "file"
 
 
+_GLOB_CHARACTERS = re.compile(r"([\\\[\]{}*?])")
+
+
+def _literal_glob(path: str) -> str:
+    """``path`` as a Hadoop glob pattern that matches only itself: Spark's file reader expands every path it is given
+    as a glob, so a location holding ``[``, ``{``, ``*``, ``?`` or ``\\`` is escaped (``[0]`` would otherwise match
+    ``0``, and ``{`` fail to parse). (Spark's switch that turns the expansion off, an internal option, reads each
+    file of such a location once per file given, in Spark 4.1.)"""
+    return _GLOB_CHARACTERS.sub(r"\\\1", path)
+
+
 def _read_parquet_file(storage: CheckpointStorage, relpath: str, schema: pa.Schema) -> Any:
     """The record batches of one Parquet file under ``storage``, as ``schema`` (timestamps as the task wrote them,
     UTC instants)."""
@@ -124,23 +148,34 @@ def _read_parquet_file(storage: CheckpointStorage, relpath: str, schema: pa.Sche
         yield batch if batch.schema.equals(schema) else batch.cast(schema)
 
 
-def read_checkpoint_files(spark: SparkSession, storage: CheckpointStorage, files: Sequence[str], schema: pa.Schema,
-                          *, reader: FileReader = "auto") -> DataFrame:
-    """The Parquet files ``files`` (relative to ``storage``'s location: a batch's output or staged input) as one
-    lazy DataFrame of ``schema``; evaluating it again reads the files again.
+#: Files that hold at most this many records together are read as one partition, so that a sink's aggregate
+#: over them (``output.count()``) runs as one Spark job without a shuffle (Spark would give each small file a
+#: partition of its own, and an aggregate over more than one partition costs a second job). A Spark job costs
+#: about 0.1 s; one task reads this many records in a few tens of milliseconds.
+ONE_PARTITION_RECORDS = 100_000
 
-    ``reader="spark"`` is Spark's own Parquet reader over ``<location>/<file>`` (Hadoop must reach the location);
-    ``"storage"`` reads in Spark tasks, one per file, through ``storage`` with its ``storage_options``, as the tasks
-    that wrote them did; ``"auto"`` takes Spark's reader for local paths and ``hdfs://`` (faster: no Python worker,
-    no Arrow hand-over) and the storage for every other URL (``s3://``, ``gs://``, ...)."""
+
+def read_checkpoint_files(spark: SparkSession, storage: CheckpointStorage, files: Sequence[str], schema: pa.Schema,
+                          *, reader: FileReader = "auto", records: int | None = None) -> DataFrame:
+    """The Parquet files ``files`` (relative to ``storage``'s location: a batch's output or staged input) as one
+    lazy DataFrame of ``schema``; evaluating it again reads the files again. ``records``, when known, is how many
+    records the files hold: up to :data:`ONE_PARTITION_RECORDS` they are read as one partition.
+
+    ``reader="spark"`` is Spark's own Parquet reader over ``<location>/<file>`` (Hadoop must reach the location;
+    the names are taken literally, never as glob patterns); ``"storage"`` reads in Spark tasks, one per file,
+    through ``storage`` with its ``storage_options``, as the tasks that wrote them did; ``"auto"`` takes Spark's
+    reader for local paths and ``hdfs://`` (faster: no Python worker, no Arrow hand-over) and the storage for every
+    other URL (``s3://``, ``gs://``, ...)."""
     spark_schema = from_arrow_schema(schema)
     if not files:
         return spark.createDataFrame([], spark_schema)
     if reader == "auto":
         reader = "spark" if _scheme(storage.location) in _SPARK_READER_SCHEMES else "storage"
+    one_partition = records is not None and records <= ONE_PARTITION_RECORDS and len(files) > 1
     if reader == "spark":
         base = storage.location.rstrip("/")
-        return spark.read.schema(spark_schema).parquet(*[f"{base}/{f}" for f in files])
+        df = spark.read.schema(spark_schema).parquet(*[_literal_glob(f"{base}/{f}") for f in files])
+        return df.coalesce(1) if one_partition else df
     if reader != "storage":
         raise ValueError(f"reader must be 'auto', 'spark' or 'storage', got {reader!r}")
 
@@ -151,7 +186,8 @@ def read_checkpoint_files(spark: SparkSession, storage: CheckpointStorage, files
             for index in batch.column(0).to_pylist():
                 yield from _read_parquet_file(storage, files[index], schema)
 
-    return _one_task_each(spark, len(files)).mapInArrow(read, spark_schema)
+    ids = spark.range(0, len(files), 1, 1) if one_partition else _one_task_each(spark, len(files))
+    return ids.mapInArrow(read, spark_schema)
 
 
 def _one_task_each(spark: SparkSession, n: int) -> DataFrame:
@@ -240,7 +276,7 @@ class SparkPlanCache:
     def __init__(self) -> None:
         self.input: tuple[str, str, _CheckedInput] | None = None
         self.placements: dict[tuple[Any, ...], Callable[[DataFrame], DataFrame] | None] = {}
-        self.digest: tuple[str, Column] | None = None
+        self.digest: tuple[str, tuple[Column, Column]] | None = None
 
 
 def check_input(options: JobOptions, df: DataFrame, cache: SparkPlanCache) -> _CheckedInput:
@@ -410,10 +446,10 @@ class SparkExecutor:
         df, checked, cache = self._df, self._checked, self._cache
         assert df is not None and checked is not None
         schema_key = cache.input[0] if cache.input is not None else None
-        if cache.digest is None:
-            cache.digest = (checked.digest_column, _record_digest(df))
-        digest_column, digest = cache.digest
-        digested = df.withColumn(digest_column, digest)
+        if cache.digest is None:   # its Columns are unresolved: any DataFrame of this schema takes them
+            cache.digest = (checked.digest_column, (F.col("*"), _record_digest(df).alias(checked.digest_column)))
+        digest_column, with_digest = cache.digest
+        digested = df.select(*with_digest)   # not withColumn: it looks the new name up among the columns first
         key = (schema_key, plan.max_parallelism, plan.parallelism, plan.boundaries)
         if key not in cache.placements:
             cache.placements[key] = key_group_placement(
@@ -469,5 +505,5 @@ def _union(spans: list[tuple[float, float]]) -> float:
     return total
 
 
-__all__ = ["SparkExecutor", "SparkPlanCache", "read_checkpoint_files", "input_digest", "max_event_time",
-           "run_tasks", "check_input", "input_arrow_schema", "event_time_column"]
+__all__ = ["ONE_PARTITION_RECORDS", "SparkExecutor", "SparkPlanCache", "read_checkpoint_files", "input_digest",
+           "max_event_time", "run_tasks", "check_input", "input_arrow_schema", "event_time_column"]

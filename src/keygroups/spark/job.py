@@ -99,15 +99,19 @@ class BatchResult:
     @cached_property
     def output(self) -> DataFrame:
         """The batch's output: a lazy DataFrame over the files the committed subtasks wrote (evaluating it again
-        reads them again; a replay's is the committed one)."""
-        return read_checkpoint_files(self._spark, self._storage, self.metadata.outputs, self._output_schema)
+        reads them again; a replay's is the committed one). An output of at most
+        :data:`~keygroups.spark.executor.ONE_PARTITION_RECORDS` records is one partition (a sink's aggregate over it
+        is one Spark job); a larger one has a partition per file."""
+        return read_checkpoint_files(self._spark, self._storage, self.metadata.outputs, self._output_schema,
+                                     records=sum(r.records_out for r in self.reports))
 
     @cached_property
     def late_output(self) -> DataFrame | None:
         """The records that arrived behind the watermark, with ``late_records="output"`` (None otherwise)."""
         if self._late_schema is None:
             return None
-        return read_checkpoint_files(self._spark, self._storage, self.metadata.late_outputs, self._late_schema)
+        return read_checkpoint_files(self._spark, self._storage, self.metadata.late_outputs, self._late_schema,
+                                     records=sum(r.records_late for r in self.reports))
 
     @property
     def checkpoint_id(self) -> int:

@@ -13,7 +13,16 @@ are written to the database in one ``WriteBatch`` when a snapshot is taken, or e
 ``cache_limit`` entries (the cache is then emptied; the set of keys changed since the last snapshot is kept). A map
 key's cache entry holds either its whole map or an overlay of the entries touched (missing entries are read row by
 row), so a batch touching one entry of a large map reads one row. Values read from the cache are live objects, as on
-the heap backend: a mutable value read is written back at the next flush, so changing it in place sticks.
+the heap backend: a mutable value read is written back at the next flush, so changing it in place sticks. The value
+state's reads and writes and the flush of value, list, reducing and aggregating states (database keys built and
+sorted, values encoded) are compiled (``_native/rocksstate.pyx``).
+
+Kept values: when a warm database is closed exactly at its last snapshot (nothing written or pending since), its
+states' caches stay in this process beside it (``_KeptCaches``, at most ``KEPT_CACHE_ENTRIES`` entries in all); the
+next backend that resumes that very database (the same seal: no file of it changed) and registers each state with
+the same meta takes them, so a warm batch reads from RocksDB only the keys earlier batches never touched, as a warm
+heap backend does. A damaged file of the kept database is then found when it is first read, which may be at the
+snapshot; the batch then fails with RocksDB's error and its retry restores cold (nothing is kept after a write).
 
 Restore: the blocks a restore reads become one SST file, written in compiled code and ingested whole
 (``rocksdb_ingest``); what leaves the range at a rescale is dropped with a ranged delete per run of key groups.
@@ -33,7 +42,6 @@ import functools
 import gc
 import itertools
 import logging
-import operator
 import os
 import shutil
 import struct
@@ -71,6 +79,9 @@ from keygroups.state.descriptors import StateDescriptor
 from keygroups.state.warm import WarmResume
 from keygroups.state.rocksdb_ingest import STORED_KINDS, SstRestore, table_options
 from keygroups._native import sstload
+from keygroups._native import rocksstate
+from keygroups._native.framing import Encoder
+from keygroups._native.rocksstate import RocksValueCore
 from keygroups.checkpoint.format import Packed
 from keygroups.state.rocksdb_warm import Takeover, WarmDirectory, seal_kept
 from keygroups.state.states import MISSING, MapState, ValueState
@@ -87,6 +98,52 @@ _pack_u32 = _U32.pack
 DEFAULT_CACHE_LIMIT = 1 << 20
 
 log = logging.getLogger(__name__)
+
+
+class _KeptCaches:
+    """The decoded values of kept (warm) databases that backends of this process closed, by warm directory: each
+    with the seal of the database as closed (``rocksdb_warm.seal_kept``) and, per state, its stored meta and its
+    cache (every entry equal to what the database holds: parked only when nothing was written since the marker).
+    The next backend of the range that resumes exactly that database (the same seal: not a file of it changed
+    since) takes them, so a warm batch reads from RocksDB only the keys the earlier batches never touched, as a
+    warm heap backend would. Bounded: at most ``limit`` entries in all, the least recently parked dropped first."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._lock = threading.Lock()
+        self._kept: collections.OrderedDict[str, tuple[str, dict[str, tuple[Any, dict[Any, Any]]]]] = \
+            collections.OrderedDict()
+
+    @staticmethod
+    def _size(caches: dict[str, tuple[Any, dict[Any, Any]]]) -> int:
+        return sum(len(cache) for _, cache in caches.values())
+
+    def park(self, path: str, seal: str, caches: dict[str, tuple[Any, dict[Any, Any]]]) -> None:
+        with self._lock:
+            self._kept.pop(path, None)
+            if not caches or self._size(caches) > self.limit:
+                return
+            self._kept[path] = (seal, caches)
+            total = sum(self._size(c) for _, c in self._kept.values())
+            while total > self.limit:
+                _, (_, dropped) = self._kept.popitem(last=False)
+                total -= self._size(dropped)
+
+    def take(self, path: str, seal: str | None) -> dict[str, tuple[Any, dict[Any, Any]]] | None:
+        """The caches parked for ``path`` if they were parked for the database sealed ``seal``; either way none
+        stay parked for ``path``."""
+        with self._lock:
+            kept = self._kept.pop(path, None)
+        return kept[1] if kept is not None and seal is not None and kept[0] == seal else None
+
+    def clear(self) -> None:
+        with self._lock:
+            self._kept.clear()
+
+
+#: Entries (decoded values) kept in all between batches by this process's RocksDB backends (see _KeptCaches).
+KEPT_CACHE_ENTRIES = 1 << 21
+_KEPT_CACHES = _KeptCaches(KEPT_CACHE_ENTRIES)
 
 
 class _Absent:
@@ -189,21 +246,6 @@ def _frame_key(key_bytes: bytes) -> bytes:
     return _pack_u32(len(key_bytes)) + key_bytes
 
 
-def _split(blob: bytes, offsets: np.ndarray) -> list[bytes]:
-    """``blob`` cut at ``offsets`` (n + 1 positions) into n bytes objects."""
-    n = len(offsets) - 1
-    if n <= 0:
-        return []
-    width = int(offsets[1] - offsets[0])
-    if int(offsets[0]) == 0 and int(offsets[-1]) == n * width:
-        if width == 0:
-            return [b""] * n
-        if bool((np.diff(offsets) == width).all()):  # fixed width: no offsets to walk
-            return [blob[i:i + width] for i in range(0, n * width, width)]
-    o = offsets.tolist()
-    return [blob[a:b] for a, b in zip(o, o[1:])]
-
-
 #: A batch's keys padded to more bytes per key than this (and more than 4x their size) are sorted in Python.
 _MAX_PADDED_WIDTH = 256
 
@@ -265,7 +307,7 @@ class _RocksTable:
 
     __slots__ = ("backend", "db", "ctx", "name", "state_id", "state_id_bytes", "meta", "descriptor", "read_framing",
                  "write_framing", "needs_migration", "is_map", "mutable", "check_put", "cache", "pending", "changed",
-                 "prefetched", "flushed_rows")
+                 "flushed_rows", "parked")
 
     def __init__(self, backend: RocksDBKeyedStateBackend, name: str, state_id: int, meta: dict[str, Any],
                  read: ValueFraming, write: ValueFraming, descriptor: StateDescriptor | None) -> None:
@@ -278,11 +320,13 @@ class _RocksTable:
         self.cache: dict[Any, Any] = {}
         self.pending: dict[Any, int] = {}
         self.changed: dict[Any, int] = {}
-        # The batches prefetched since the last flush: (keys, their database keys), both in database-key order.
-        self.prefetched: list[tuple[list[Any], list[bytes]]] = []
         # The rows of the flush a snapshot just made (database keys and values written, ascending; database keys
         # deleted): its delta is cut from them in compiled code (see _capture_deltas). None after any other flush.
         self.flushed_rows: tuple[list[bytes], list[bytes], list[bytes]] | None = None
+        # Decoded values a backend of this process kept for this state of the database resumed (_KeptCaches): the
+        # stored meta they were decoded with and the cache; taken into ``cache`` when the state is registered with
+        # that same meta, dropped otherwise.
+        self.parked: tuple[Any, dict[Any, Any]] | None = None
         self.configure(meta, read, write, descriptor)
 
     def configure(self, meta: dict[str, Any], read: ValueFraming, write: ValueFraming,
@@ -397,94 +441,46 @@ class _RocksTable:
     def fill(self, keys: list[Any], group_indexes: np.ndarray, order: np.ndarray, db_keys: list[bytes],
              raw: list[bytes | None]) -> None:
         """Cache a prefetched batch: ``raw[i]`` is the stored value (None: not stored) of ``db_keys[i]``, the
-        database key of ``keys[order[i]]``; decoded together, cached in the order of ``keys`` (the order the batch
-        then reads them in, so the cache is walked front to back)."""
-        stored = cast(list[bytes], raw)
-        found: list[bool] | None = None  # None: every key has a stored value
-        if raw.count(None):
-            found = [r is not None for r in raw]
-            stored = list(itertools.compress(stored, found))
-        values: list[Any] = []
-        if stored:
-            offsets = np.zeros(len(stored) + 1, dtype=np.int64)
-            np.cumsum(np.fromiter(map(len, stored), np.int64, len(stored)), out=offsets[1:])
-            values = self.read_framing.decode_many(b"".join(stored), offsets)
-        if found is not None:
-            it = iter(values)
-            values = [next(it) if f else MISSING for f in found]
-        order_list = order.tolist()
-        sorted_keys = list(map(keys.__getitem__, order_list))   # (map: a C loop, twice a comprehension's speed)
-        cached_keys = sorted_keys
-        if len(order_list) == len(keys):  # no repeated keys: back to the batch's order
-            inverse = np.empty(len(order_list), dtype=np.int64)
-            inverse[order] = np.arange(len(order_list))
-            inverse_list = inverse.tolist()
-            values = list(map(values.__getitem__, inverse_list))
-            if found is not None:
-                found = list(map(found.__getitem__, inverse_list))
-            cached_keys, order = keys, np.arange(len(keys))
-        self.cache.update(zip(cached_keys, values))
-        if self.mutable and stored:
-            groups = group_indexes[order].tolist()
-            if found is None:
-                self.pending.update(zip(cached_keys, groups))
-            else:
-                self.pending.update(zip(itertools.compress(cached_keys, found), itertools.compress(groups, found)))
-        self.prefetched.append((sorted_keys, db_keys))
+        database key of ``keys[order[i]]``; decoded together, cached in that order, in one compiled pass
+        (``rocksstate.fill_cache``)."""
+        rocksstate.fill_cache(self.cache, self.pending, keys, order.tolist(), raw, self.read_framing.decode_many,
+                              self.mutable, group_indexes.tolist())
 
     # ---- flushing -------------------------------------------------------------------------------------------------
-    def sorted_pending(self) -> tuple[list[Any], list[bytes]]:
-        """The pending keys and their database keys, in database-key order: picked out of the batch prefetched
-        since the last flush when it holds them all (nothing to build or sort), else built and sorted."""
-        pending = self.pending
-        if len(self.prefetched) == 1:
-            keys, db_keys = self.prefetched[0]
-            mask = list(map(pending.__contains__, keys))
-            picked = list(itertools.compress(keys, mask))
-            if len(picked) == len(pending):
-                return picked, list(itertools.compress(db_keys, mask))
-        keys = list(pending)
-        groups = np.fromiter(pending.values(), np.int64, len(keys)) + self.backend._start
-        db_keys, order = _sorted_db_keys(self.backend.key_serializer.serialize_many, keys, groups, self.state_id,
-                                         unique=False)
-        return [keys[i] for i in order.tolist()], db_keys
-
-    def encode_many(self, values: list[Any]) -> list[bytes]:
-        """Encodings of ``values`` as stored, one vectorized call for plain value states."""
-        write = self.write_framing
-        if not write.ttl and write.kind in ("value", "reducing", "aggregating"):
-            return _split(*write.ser.serialize_many(values))
-        return list(map(write.encode, values))
-
     def write_values(self, batch: rocksdict.WriteBatch, encoded: dict[Any, bytes | None] | None) -> int:
         """Put the pending keys' values (not of a map state) into ``batch`` in key order, deletes for those
         without one; ``encoded`` receives the encodings (None: deleted), for a delta. Returns the rows written.
-        The keys stay pending until the caller has written ``batch``."""
-        keys, db_keys = self.sorted_pending()
-        cache = self.cache
-        values = list(map(cache.__getitem__, keys))
-        live = [v is not MISSING for v in values]
-        gone_db_keys: list[bytes] = []
-        if not all(live):
-            gone = list(itertools.compress(keys, map(operator.not_, live)))
-            gone_db_keys = list(itertools.compress(db_keys, map(operator.not_, live)))
-            collections.deque(map(batch.delete, gone_db_keys), maxlen=0)
-            if encoded is not None:
-                encoded.update(dict.fromkeys(gone, None))
-            keys, db_keys = list(itertools.compress(keys, live)), list(itertools.compress(db_keys, live))
-            values = list(itertools.compress(values, live))
+        The database keys are built, sorted and the values encoded in one compiled pass (``rocksstate``). The keys
+        stay pending until the caller has written ``batch``."""
+        b = self.backend
         try:
-            encodings = self.encode_many(values)
+            db_keys, encodings, gone_db_keys, keys, gone = rocksstate.flush_values(
+                self.pending, self.cache, b._key_encoder, self.write_framing.writer, b._group_prefix,
+                self.state_id_bytes)
         except UNWRITABLE as e:
             write = self.write_framing
-            key = write.first_unwritable(zip(keys, values), self.backend.key_serializer.serialize, MISSING)
+            key = write.first_unwritable(self._pending_in_key_order(), b.key_serializer.serialize, MISSING)
             raise write.unwritable(key, e, what="write to the database") from e
+        collections.deque(map(batch.delete, gone_db_keys), maxlen=0)
         collections.deque(map(batch.put, db_keys, encodings), maxlen=0)
         self.flushed_rows = None
         if encoded is not None:
             encoded.update(zip(keys, encodings))
+            if gone:
+                encoded.update(dict.fromkeys(gone, None))
             self.flushed_rows = (db_keys, encodings, gone_db_keys)
-        return len(live)
+        return len(db_keys) + len(gone_db_keys)
+
+    def _pending_in_key_order(self) -> list[tuple[Any, Any]]:
+        """The pending (key, cached value) pairs in database-key order (as the flush writes them), for the search
+        of an unwritable one; in the pending order when a key cannot be serialized."""
+        cache = self.cache
+        entries = [(k, cache[k]) for k in self.pending]
+        try:
+            db_keys = [self.db_key(gi, k) for k, gi in self.pending.items()]
+        except UNWRITABLE:
+            return entries
+        return [entries[i] for i in sorted(range(len(entries)), key=db_keys.__getitem__)]
 
     def write_pending(self, ops: list[tuple[bytes, Any]], encoded: dict[Any, bytes | None] | None) -> None:
         """Add a map state's pending keys' writes to ``ops`` ((database key, value bytes; None: delete; a
@@ -514,42 +510,11 @@ class _RocksTable:
                 encoded[key] = enc
 
 
-class _RocksValue(ValueState):
-    """ValueState without TTL, straight on the table's cache (the per-update path of the benchmark)."""
+class _RocksValue(RocksValueCore, ValueState):
+    """ValueState without TTL, straight on the table's cache: ``value``, ``update`` and ``clear`` in compiled code
+    (``_native/rocksstate.pyx``), a key the cache does not hold loaded by the table."""
 
-    __slots__ = ("_t", "_ctx", "_cache", "_pending", "_default", "_copy", "_mutable")
-
-    def __init__(self, store: _RocksTable, descriptor: Any, backend: Any) -> None:
-        self._t = store
-        self._ctx = store.ctx
-        self._cache = store.cache
-        self._pending = store.pending
-        self._default = descriptor.default
-        ser = descriptor.serializers["value"]
-        self._copy = None if ser.is_immutable else ser.copy
-        self._mutable = store.mutable
-
-    def value(self) -> Any:
-        c = self._ctx
-        v = self._cache.get(c.key, _ABSENT)
-        if v is _ABSENT:
-            v = self._t.load()
-        elif self._mutable and v is not MISSING:
-            self._pending[c.key] = c.kgi
-        if v is MISSING:
-            d = self._default
-            return d if d is None or self._copy is None else self._copy(d)
-        return v
-
-    def update(self, value: Any) -> None:
-        c = self._ctx
-        if c.kgi >= c.n:
-            raise no_current_key_error()
-        self._cache[c.key] = MISSING if value is None else value
-        self._pending[c.key] = c.kgi
-
-    def clear(self) -> None:
-        self._t.delete()
+    __slots__ = ()
 
 
 class _RocksMap(MapState):
@@ -690,11 +655,13 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         self.cache_limit = cache_limit
         self.set_current_key = self._ctx.set_current_key  # type: ignore[method-assign]  # no Python-level hop
         self._serialize_key = self.key_serializer.serialize
+        self._key_encoder = Encoder(self.key_serializer)   # the same bytes as _serialize_key, in C
         self._group_prefix = [_U16.pack(g) for g in range(self._start, self._start + self._n)]
         self._tables: dict[str, _RocksTable] = {}
         self._gathered = SstRestore()   # a restore's blocks, until it ingests them as one file
         self._python_restored: set[int] = set()   # key groups a restore applied row by row (migrated states)
         self._writes = 0  # database writes so far: a marker vouches only for the write count it was captured at
+        self._marker_writes = -1   # the write count the warm marker last written vouches for
         # A kept database's restore point and the write count when it was resumed: until the first write, a damaged
         # database can still be replaced by a cold restore of the same checkpoint (_fall_back_cold).
         self._resumed_from: tuple[CheckpointStorage, CheckpointMetadata] | None = None
@@ -740,21 +707,47 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         return None if self._warm is None else self._warm.path
 
     @staticmethod
-    def _cleanup(db: rocksdict.Rdict, path: str, lock_file: Any, secret: bytes | None) -> None:
+    def _cleanup(db: rocksdict.Rdict, path: str, lock_file: Any, secret: bytes | None) -> str | None:
+        """Close the database; a kept one is sealed (its seal returned), any other deleted."""
         keep = lock_file is not None
+        seal = None
         try:
             db.close()
             if keep and secret is not None:
-                seal_kept(path, secret)
+                seal = seal_kept(path, secret)
         finally:
             if not keep:
                 shutil.rmtree(path, ignore_errors=True)
             if lock_file is not None:
                 lock_file.close()  # releases the flock
+        return seal
 
     def dispose(self) -> None:
-        """Close the local database and delete it, unless it is kept warm (once; later calls do nothing)."""
-        self._finalizer()
+        """Close the local database and delete it, unless it is kept warm (once; later calls do nothing). A kept
+        database that is exactly its last snapshot's state leaves its states' decoded values to the next backend
+        of this process that resumes it (``_KeptCaches``)."""
+        caches = self._parkable_caches()
+        seal = self._finalizer()
+        if caches is not None and self._warm is not None:
+            if seal is not None:
+                _KEPT_CACHES.park(self._warm.path, seal, caches)
+            else:
+                _KEPT_CACHES.take(self._warm.path, None)
+
+    def _parkable_caches(self) -> dict[str, tuple[Any, dict[Any, Any]]] | None:
+        """Per state, (its stored meta, its cache) when the database is kept and holds exactly what the marker
+        vouches for (nothing written, nothing pending since); None otherwise."""
+        if (self._warm is None or not self._finalizer.alive or self._unchecked or self._marker_writes != self._writes
+                or any(t.pending for t in self._tables.values())):
+            return None
+        caches = {}
+        for name, t in self._tables.items():
+            if t.descriptor is not None:
+                if t.cache:
+                    caches[name] = (_canonical(t.meta), t.cache)
+            elif t.parked is not None:   # restored, not registered this batch: its kept values wait on
+                caches[name] = t.parked
+        return caches
 
     def estimated_entries(self) -> int:
         """RocksDB's own estimate of its keys (``rocksdb.estimate-num-keys``; writes still cached in Python are not
@@ -786,6 +779,10 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
             self._new_table(d.name, meta, read, write, d)
             return
         t.configure(meta, read, write, d)
+        parked, t.parked = t.parked, None
+        if parked is not None and not t.needs_migration and parked[0] == _canonical(meta) and not t.cache:
+            # the values a backend of this process decoded from (or wrote to) this very database, with this meta
+            t.cache = parked[1]   # no state object holds the empty cache yet: they are made after this
         # Restored bytes were ingested as written by the old serializers: migrated now, all of them. Entries that
         # expired are not (the restore could not tell, the state being unregistered then): as on the heap, a read
         # finds them expired and the next full snapshot leaves them out, so registering costs nothing per row.
@@ -933,11 +930,12 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
     # ---- the cache --------------------------------------------------------------------------------------------------
     def prefetch(self, keys: Sequence[Any], key_groups: Sequence[int] | np.ndarray | None = None) -> None:
         """Load ``keys`` (a batch's distinct keys) into every state's cache, so the batch's reads hit decoded
-        values. ``key_groups`` (the keys' key groups, absolute) saves hashing them again. The batch's database keys
-        are built and sorted in one vectorized pass and read in key order (a state whose rows the batch mostly
-        touches by one ordered scan of the touched key groups instead); the sorted keys are kept so that the flush
-        writes the batch back in key order without building them again. Keys past the cache limit are left to load
-        on first use; map states load theirs entry by entry."""
+        values. ``key_groups`` (the keys' key groups, absolute) saves hashing them again. Keys the cache already
+        holds (from earlier in the batch, or kept from the batch before: ``_KeptCaches``) are not read again; the
+        others' database keys are built and sorted in one vectorized pass and read in key order with one multi-get
+        per state (a state whose rows the batch mostly touches by one ordered scan of the touched key groups
+        instead). Keys past the cache limit are left to load on first use; map states load theirs entry by
+        entry."""
         keys = java_keys(list(keys)[:self.cache_limit])  # the cache is keyed as set_current_key keys it
         if key_groups is None:
             mp, kt = self.max_parallelism, self.key_type
@@ -955,27 +953,84 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         if not keys or not tables:
             return
         self._check_warm()
-        estimate = self._db.property_int_value("rocksdb.estimate-num-keys") or 0
         with _gc_paused():
             for t in tables:
-                if len(t.cache) + len(keys) > self.cache_limit:
-                    self._flush(evict=True)
-                cache = t.cache
-                if cache:
-                    wanted = np.flatnonzero([k not in cache for k in keys])
-                    want_keys, want_groups = [keys[i] for i in wanted.tolist()], groups[wanted]
-                else:
-                    want_keys, want_groups = keys, groups
-                if not want_keys:
-                    continue
-                db_keys, order = _sorted_db_keys(self.key_serializer.serialize_many, want_keys, want_groups,
-                                                 t.state_id, unique=True)
-                if 4 * len(db_keys) * len(tables) >= estimate:
-                    groups_wanted = np.unique(want_groups).tolist()
-                    raw = self._read(lambda: self._scan(db_keys, groups_wanted, t.state_id_bytes))
-                else:
-                    raw = self._read(lambda: self._db.get(cast(Any, db_keys)))   # one multi-get
-                t.fill(want_keys, want_groups - self._start, order, db_keys, raw)
+                self._load(t, keys, groups, len(tables))
+
+    def _load(self, t: _RocksTable, keys: list[Any], groups: np.ndarray, tables: int = 1) -> None:
+        """Cache table ``t``'s values of ``keys`` (distinct, canonical; ``groups``: their absolute key groups) that
+        its cache does not hold yet: one multi-get (or one ordered scan per key group when they are most of the
+        rows of ``tables`` states). The cache is flushed and emptied first if they would not fit."""
+        if len(t.cache) + len(keys) > self.cache_limit:
+            self._flush(evict=True)
+        cache = t.cache
+        if cache:
+            wanted = rocksstate.uncached(cache, keys)
+            if not wanted:
+                return
+            want_keys, want_groups = list(map(keys.__getitem__, wanted)), groups[wanted]
+        else:
+            want_keys, want_groups = keys, groups
+        if not want_keys:
+            return
+        db_keys, order = _sorted_db_keys(self.key_serializer.serialize_many, want_keys, want_groups, t.state_id,
+                                         unique=True)
+        estimate = self._db.property_int_value("rocksdb.estimate-num-keys") or 0
+        if 4 * len(db_keys) * tables >= estimate:
+            groups_wanted = np.unique(want_groups).tolist()
+            raw = self._read(lambda: self._scan(db_keys, groups_wanted, t.state_id_bytes))
+        else:
+            raw = self._read(lambda: self._db.get(cast(Any, db_keys)))   # one multi-get
+        t.fill(want_keys, want_groups - self._start, order, db_keys, raw)
+
+    def get_values(self, name: str, keys: Sequence[Any]) -> list[Any]:
+        """The value of registered value state ``name`` for each of ``keys`` (None where it has none), as
+        ``value()`` reads them one key at a time. For a value state without TTL: the keys the cache does not hold
+        read with one multi-get, the values then taken from the cache in one compiled pass; other states (TTL)
+        key by key. Leaves the last key current."""
+        state = self._states[name]
+        t = self._tables.get(name)
+        if not isinstance(state, _RocksValue) or t is None or len(keys) > self.cache_limit:
+            return super().get_values(name, keys)
+        keys, indexes = rocksstate.current_keys(self._ctx, list(keys))
+        if not keys:
+            return []
+        self._check_warm()
+        with _gc_paused():
+            distinct = list(dict.fromkeys(keys)) if len(set(keys)) != len(keys) else keys
+            if distinct is keys:
+                groups = np.asarray(indexes, dtype=np.int64) + self._start
+            else:
+                where = dict(zip(keys, indexes))
+                groups = np.fromiter(map(where.__getitem__, distinct), np.int64, len(distinct)) + self._start
+            self._load(t, distinct, groups)
+            if len(t.cache) > self.cache_limit:   # (repeats only) past the limit: key by key, as value() loads
+                return super().get_values(name, keys)
+            d = t.descriptor
+            assert d is not None
+            ser = d.serializers["value"]
+            return rocksstate.cached_values(t.cache, t.pending, keys, indexes, t.mutable, d.default,
+                                            None if ser.is_immutable else ser.copy)
+
+    def put_values(self, name: str, keys: Sequence[Any], values: Sequence[Any]) -> None:
+        """Set registered value state ``name`` of each of ``keys`` to the matching value (None clears it), as
+        ``update()`` does one key at a time: for a value state without TTL whose serializer checks nothing on
+        write, into the cache in one compiled pass (the next flush writes them with one WriteBatch); other states
+        key by key. Leaves the last key current."""
+        if len(keys) != len(values):
+            raise ValueError(f"put_values: {len(keys)} keys but {len(values)} values")
+        state = self._states[name]
+        t = self._tables.get(name)
+        if type(state) is not _RocksValue or t is None:   # TTL, or checked on write: through the state
+            super().put_values(name, keys, values)
+            return
+        keys, indexes = rocksstate.current_keys(self._ctx, list(keys))
+        if not keys:
+            return
+        self._check_warm()
+        if len(t.cache) + len(keys) > self.cache_limit:
+            self._flush(evict=True)
+        rocksstate.cache_writes(t.cache, t.pending, keys, indexes, list(values))
 
     def _scan(self, db_keys: list[bytes], groups: list[int], state_id_bytes: bytes) -> list[bytes | None]:
         """The stored values of ``db_keys`` (None: not stored), read by one ordered scan of each key group's rows
@@ -1036,9 +1091,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
             for t in flushed:
                 t.changed.update(t.pending)
                 t.pending.clear()
-        for t in self._tables.values():
-            t.prefetched.clear()
-            if evict:
+        if evict:
+            for t in self._tables.values():
                 t.cache.clear()
 
     # ---- iteration --------------------------------------------------------------------------------------------------
@@ -1101,6 +1155,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
 
     def _restore(self, storage: CheckpointStorage, metadata: CheckpointMetadata, lazy: bool) -> RestoreStats:
         if self._warm is not None and not self._restored:
+            kept = _KEPT_CACHES.take(self._warm.path, self._warm.kept_seal)
             self._warm.remove_stale(metadata.checkpoint_id)
             if self._warm.moved_from is not None:
                 moved = self._resume_moved(storage, metadata, lazy)
@@ -1115,7 +1170,9 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
                 self._restored = True
                 self.warm = True
                 for meta in states:
-                    self._restore_target(meta)
+                    t = self._restore_target(meta)
+                    if kept is not None and isinstance(t, _RocksTable) and meta["name"] in kept:
+                        t.parked = kept[meta["name"]]
                 self._chains = chain_stats(metadata, self.key_group_range)
                 self._chain_metas = {meta["name"]: _canonical(meta) for meta in states}
                 self._after_restore(lazy)
@@ -1307,6 +1364,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
                 with self._marker_lock:
                     if writes == self._writes:   # nothing written since the capture
                         self._warm.write_marker(storage, checkpoint_id, handle, metas, self.max_parallelism)
+                        self._marker_writes = writes
             return handle
 
         return SnapshotFuture.start(work, name=f"keyed-{self.subtask_index} chk-{checkpoint_id} (rocksdb)")

@@ -104,10 +104,11 @@ def _marker_body(marker: dict[str, Any]) -> bytes:
     return json.dumps({k: v for k, v in marker.items() if k != "mac"}, sort_keys=True, separators=(",", ":")).encode()
 
 
-def seal_kept(path: str, secret: bytes) -> None:
+def seal_kept(path: str, secret: bytes) -> str | None:
     """Once the kept database is closed: add to its marker (if it still has one) the list of the database's files
     and an HMAC of the whole under the warm directory's secret. A marker not sealed so (its process died first) is
-    never believed, nor one whose database files changed since."""
+    never believed, nor one whose database files changed since. Returns the seal (the HMAC: it names this database
+    exactly as closed, files included), None when nothing was sealed."""
     marker_path = os.path.join(path, _MARKER)
     try:
         with open(marker_path, encoding="utf-8") as f:
@@ -121,12 +122,14 @@ def seal_kept(path: str, secret: bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(marker_path + ".tmp", marker_path)
+        return str(marker["mac"])
     except FileNotFoundError:
-        return  # written to since its last snapshot: nothing to vouch for
+        return None  # written to since its last snapshot: nothing to vouch for
     except (OSError, ValueError) as e:
         log.warning("warm state: could not seal %s (%s); it will be restored, not reused", path, e)
         with contextlib.suppress(OSError):
             os.remove(marker_path)
+        return None
 
 
 def _open_kept(path: str, secret: bytes) -> dict[str, Any] | None:
@@ -192,6 +195,11 @@ class WarmDirectory:
         self._kept_marker = kept_marker
         #: The range of a kept database taken over from an overlapping range (see ``_take_moved``); None if none.
         self.moved_from = moved_from
+        #: The seal of this range's own kept database as found (``seal_kept``'s HMAC; None: none, or taken over):
+        #: what names exactly the database a backend of this process closed, for its decoded values kept beside it.
+        self.kept_seal: str | None = None
+        if moved_from is None and isinstance(kept_marker, dict) and isinstance(kept_marker.get("mac"), str):
+            self.kept_seal = kept_marker["mac"]
         #: Serializes marker writes with the backend's database writes (a marker vouches for one write count).
         self.marker_lock = threading.Lock()
 
@@ -269,6 +277,7 @@ class WarmDirectory:
         """The kept database will not be used (it is being emptied)."""
         self._kept_marker = None
         self.moved_from = None
+        self.kept_seal = None
 
     def states_at(self, storage: CheckpointStorage, metadata: CheckpointMetadata, max_parallelism: int,
                   kept_range: KeyGroupRange | None = None) -> list[dict[str, Any]] | None:

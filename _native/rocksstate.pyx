@@ -1,0 +1,302 @@
+# cython: auto_pickle=False, autotestdict=False
+# Compiled hot paths of the RocksDB keyed state backend (keygroups.state.rocksdb): a value state's value(), update()
+# and clear() on the table's per-batch cache of decoded values, with the current key and its key group read from the
+# backend's KeyContext in C. A key not in the cache is loaded by the table (Python: a database read); everything
+# else (TTL, maps, lists, the flush to the database) stays in rocksdb.py. Also the bulk forms the declarative
+# aggregates use (values of many keys, writes of many keys): one C loop over the batch's keys instead of a Python
+# call per key; and the flush of a value table's pending keys (database keys built, sorted and values encoded in C).
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from cpython.dict cimport PyDict_GetItem, PyDict_Next, PyDict_SetItem
+from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
+from cpython.mem cimport PyMem_Free, PyMem_Malloc
+from cpython.object cimport PyObject
+from libc.stdint cimport int64_t, uint8_t, uint32_t
+from libc.stdlib cimport qsort
+from libc.string cimport memcpy
+
+from keysearch cimport kg_key_cmp
+from writer cimport Writer, w_bytes, w_free, w_init, w_reserve
+
+from keygroups._native.framing cimport Encoder, ValueWriter
+from keygroups._native.statecore cimport KeyContext
+
+import numpy as _np
+
+from keygroups._native.statecore import MISSING as _MISSING_OBJ
+from keygroups.errors import no_current_key_error as _no_current_key_error
+
+cdef object _MISSING = _MISSING_OBJ   # a C global: no module-dict lookup on the hot paths
+
+
+cdef class RocksValueCore:
+    """A value state without TTL on a RocksDB table's cache (``_RocksTable``: ``cache`` key -> decoded value or
+    MISSING, ``pending`` key -> key-group index of the keys to write at the next flush, ``load()`` for a key the
+    cache does not hold). A mutable value handed out is pending too: changed in place, it is written back."""
+
+    cdef object _t
+    cdef KeyContext _ctx
+    cdef dict _cache
+    cdef dict _pending
+    cdef object _default
+    cdef object _copy
+    cdef bint _mutable
+
+    def __init__(self, store, descriptor, backend):
+        self._t = store
+        self._ctx = store.ctx
+        self._cache = store.cache
+        self._pending = store.pending
+        self._default = descriptor.default
+        ser = descriptor.serializers["value"]
+        self._copy = None if ser.is_immutable else ser.copy
+        self._mutable = store.mutable
+
+    cdef inline object _default_value(self):
+        d = self._default
+        return d if d is None or self._copy is None else self._copy(d)
+
+    def value(self):
+        cdef KeyContext c = self._ctx
+        cdef PyObject *found = PyDict_GetItem(self._cache, c.key) if c.kgi < c.n else NULL
+        if found == NULL:
+            v = self._t.load()   # raises for no current key
+        else:
+            v = <object>found
+            if self._mutable and v is not _MISSING:
+                self._pending[c.key] = c.kgi
+        if v is _MISSING:
+            return self._default_value()
+        return v
+
+    def update(self, value):
+        cdef KeyContext c = self._ctx
+        if c.kgi >= c.n:
+            raise _no_current_key_error()
+        PyDict_SetItem(self._cache, c.key, _MISSING if value is None else value)
+        PyDict_SetItem(self._pending, c.key, c.kgi)
+
+    def clear(self):
+        self.update(None)
+
+
+def cached_values(dict cache, dict pending, list keys, list group_indexes, bint mutable, object default,
+                  object copy):
+    """The cached values of ``keys`` (each must be in ``cache``), as ``value()`` reads them one key at a time: the
+    default (``copy(default)`` when ``copy`` is not None) where the cache holds MISSING; with ``mutable``, each key
+    with a value goes into ``pending`` with its key-group index (``group_indexes[i]``)."""
+    cdef Py_ssize_t i, n = PyList_GET_SIZE(keys)
+    cdef PyObject *found
+    if PyList_GET_SIZE(group_indexes) != n:
+        raise ValueError(f"cached_values: {n} keys but {PyList_GET_SIZE(group_indexes)} key-group indexes")
+    out = [None] * n
+    for i in range(n):
+        key = <object>PyList_GET_ITEM(keys, i)
+        found = PyDict_GetItem(cache, key)
+        if found == NULL:
+            raise KeyError(key)
+        v = <object>found
+        if v is _MISSING:
+            v = default if default is None or copy is None else copy(default)
+        elif mutable:
+            PyDict_SetItem(pending, key, <object>PyList_GET_ITEM(group_indexes, i))
+        out[i] = v
+    return out
+
+
+def cache_writes(dict cache, dict pending, list keys, list group_indexes, list values):
+    """Set each of ``keys`` to the matching value in ``cache`` (None: MISSING, a delete) and mark it pending with its
+    key-group index, as ``update()`` does one key at a time (later keys win when a key repeats)."""
+    cdef Py_ssize_t i, n = PyList_GET_SIZE(keys)
+    if PyList_GET_SIZE(group_indexes) != n or PyList_GET_SIZE(values) != n:
+        raise ValueError(f"cache_writes: {n} keys, {PyList_GET_SIZE(group_indexes)} key-group indexes and "
+                         f"{PyList_GET_SIZE(values)} values")
+    for i in range(n):
+        key = <object>PyList_GET_ITEM(keys, i)
+        v = <object>PyList_GET_ITEM(values, i)
+        PyDict_SetItem(cache, key, _MISSING if v is None else v)
+        PyDict_SetItem(pending, key, <object>PyList_GET_ITEM(group_indexes, i))
+
+
+def uncached(dict cache, list keys):
+    """The positions in ``keys`` of the keys ``cache`` does not hold, ascending."""
+    cdef Py_ssize_t i, n = PyList_GET_SIZE(keys)
+    out = []
+    for i in range(n):
+        if PyDict_GetItem(cache, <object>PyList_GET_ITEM(keys, i)) == NULL:
+            out.append(i)
+    return out
+
+
+ctypedef struct _Row:
+    const char *key      # the database key's bytes (inside its bytes object, held by the caller's list)
+    Py_ssize_t n
+    Py_ssize_t i         # its position in the pending dict's order
+    Py_ssize_t group     # its key-group index
+
+
+cdef int _row_cmp(const void *a, const void *b) noexcept nogil:
+    """Bytewise order of two database keys, as RocksDB's default comparator orders them."""
+    cdef const _Row *x = <const _Row *>a
+    cdef const _Row *y = <const _Row *>b
+    return kg_key_cmp(<const uint8_t *>x.key, x.n, <const uint8_t *>y.key, y.n)
+
+
+def flush_values(dict pending, dict cache, Encoder keys, ValueWriter values, list group_prefixes, bytes state_id):
+    """The database writes of a value, list, reducing or aggregating table's pending keys, in one pass: each
+    pending key (``pending``: key -> key-group index) gets its database key ``group_prefixes[index] | state_id |
+    u32 BE length | key bytes`` (``keys`` writes the key's bytes, as the key serializer's ``serialize``) and, unless
+    ``cache`` holds MISSING for it (a delete), its stored value (``values``: ``ValueFraming.encode``'s bytes).
+    Returns ``(put database keys, put values, deleted database keys, put keys, deleted keys)``, each in ascending
+    database-key order. A value the serializer cannot write raises its error (nothing returned)."""
+    cdef Py_ssize_t n = len(pending), pos = 0, count = 0, i, gi, klen, groups = PyList_GET_SIZE(group_prefixes)
+    cdef PyObject *pkey
+    cdef PyObject *pgi
+    cdef PyObject *found
+    cdef Writer w
+    cdef uint8_t *lp
+    cdef uint32_t be
+    cdef bint ascending = True
+    cdef bint grouped = True   # key-group indexes never decrease (a batch's keys come by key group)
+    cdef Py_ssize_t run
+    cdef _Row *rows
+    if len(state_id) != 2:
+        raise ValueError(f"flush_values: a state id is 2 bytes, got {len(state_id)}")
+    db_keys = [None] * n
+    user_keys = [None] * n
+    rows = <_Row *>PyMem_Malloc((n if n else 1) * sizeof(_Row))
+    if rows == NULL:
+        raise MemoryError()
+    w_init(&w)
+    try:
+        while PyDict_Next(pending, &pos, &pkey, &pgi):
+            if count >= n:
+                raise RuntimeError("flush_values: the pending keys changed during the flush")
+            gi = <Py_ssize_t>(<object>pgi)
+            if gi < 0 or gi >= groups:
+                raise IndexError(f"flush_values: key-group index {gi} outside the backend's {groups} key groups")
+            prefix = <object>PyList_GET_ITEM(group_prefixes, gi)
+            if type(prefix) is not bytes or PyBytes_GET_SIZE(prefix) != 2:
+                raise ValueError("flush_values: a key group's prefix is 2 bytes")
+            w.pos = 0
+            w_bytes(&w, PyBytes_AS_STRING(prefix), 2)
+            w_bytes(&w, PyBytes_AS_STRING(state_id), 2)
+            w_reserve(&w, 4)
+            keys.write(&w, <object>pkey)
+            klen = w.pos - 8
+            if klen > 0xFFFFFFFF:
+                raise ValueError(f"a key of {klen} bytes is too long for a database key")
+            be = <uint32_t>klen
+            lp = w.buf + 4
+            lp[0] = <uint8_t>(be >> 24)
+            lp[1] = <uint8_t>(be >> 16)
+            lp[2] = <uint8_t>(be >> 8)
+            lp[3] = <uint8_t>be
+            db_key = PyBytes_FromStringAndSize(<const char *>w.buf, w.pos)
+            db_keys[count] = db_key
+            user_keys[count] = <object>pkey
+            rows[count].key = PyBytes_AS_STRING(db_key)
+            rows[count].n = w.pos
+            rows[count].i = count
+            rows[count].group = gi
+            if count > 0 and ascending and _row_cmp(&rows[count - 1], &rows[count]) > 0:
+                ascending = False
+            if count > 0 and grouped and rows[count - 1].group > gi:
+                grouped = False
+            count += 1
+        if count != n:
+            raise RuntimeError("flush_values: the pending keys changed during the flush")
+        if not ascending and not grouped:
+            qsort(rows, n, sizeof(_Row), _row_cmp)
+        elif not ascending:   # sorted by key group already: each key group's keys sorted apart (fewer compares)
+            run = 0
+            for i in range(1, n + 1):
+                if i == n or rows[i].group != rows[run].group:
+                    if i - run > 1:
+                        qsort(&rows[run], i - run, sizeof(_Row), _row_cmp)
+                    run = i
+        put_db_keys, put_values, put_keys, gone_db_keys, gone_keys = [], [], [], [], []
+        for i in range(n):
+            key = <object>PyList_GET_ITEM(user_keys, rows[i].i)
+            found = PyDict_GetItem(cache, key)
+            if found == NULL:
+                raise KeyError(key)
+            if <object>found is _MISSING:
+                gone_db_keys.append(<object>PyList_GET_ITEM(db_keys, rows[i].i))
+                gone_keys.append(key)
+                continue
+            w.pos = 0
+            values.write(&w, <object>found)
+            put_values.append(PyBytes_FromStringAndSize(<const char *>w.buf, w.pos))
+            put_db_keys.append(<object>PyList_GET_ITEM(db_keys, rows[i].i))
+            put_keys.append(key)
+    finally:
+        w_free(&w)
+        PyMem_Free(rows)
+    return put_db_keys, put_values, gone_db_keys, put_keys, gone_keys
+
+
+def current_keys(KeyContext ctx, list keys):
+    """Each of ``keys`` made current in turn (``ctx.set_current_key``: its key group checked against the range):
+    ``(the keys as the backend keys them (Java's equality), their key-group indexes)``. Leaves the last key
+    current."""
+    cdef Py_ssize_t i, n = PyList_GET_SIZE(keys)
+    set_key = ctx.set_current_key
+    out_keys = [None] * n
+    out_groups = [None] * n
+    for i in range(n):
+        set_key(<object>PyList_GET_ITEM(keys, i))
+        out_keys[i] = ctx.key
+        out_groups[i] = ctx.kgi
+    return out_keys, out_groups
+
+
+def fill_cache(dict cache, dict pending, list keys, list order, list raw, object decode_many, bint mutable,
+               list group_indexes):
+    """Cache a batch read from the database: ``raw[i]`` is the stored value (None: not stored) of the key
+    ``keys[order[i]]``, whose key-group index is ``group_indexes[order[i]]``. The stored values are decoded together
+    (``decode_many(block, offsets)``: the values packed in one bytes object at n + 1 offsets), each key cached with
+    its value or MISSING; with ``mutable``, each key with a value goes into ``pending`` too (it is handed out live)."""
+    cdef Py_ssize_t n = PyList_GET_SIZE(raw), i, j, size = 0, at = 0, found = 0, k
+    cdef object r
+    cdef char *block_p
+    cdef int64_t[::1] offsets
+    if PyList_GET_SIZE(order) != n:
+        raise ValueError(f"fill_cache: {n} stored values but {PyList_GET_SIZE(order)} positions")
+    for i in range(n):
+        r = <object>PyList_GET_ITEM(raw, i)
+        if r is not None:
+            if type(r) is not bytes:
+                raise TypeError(f"a stored value must be bytes, got {type(r).__name__}")
+            size += PyBytes_GET_SIZE(r)
+            found += 1
+    values = []
+    if found:
+        block = PyBytes_FromStringAndSize(NULL, size)
+        block_p = PyBytes_AS_STRING(block)
+        offsets_array = _np.empty(found + 1, dtype=_np.int64)
+        offsets = offsets_array
+        j = 0
+        offsets[0] = 0
+        for i in range(n):
+            r = <object>PyList_GET_ITEM(raw, i)
+            if r is not None:
+                memcpy(block_p + at, PyBytes_AS_STRING(r), PyBytes_GET_SIZE(r))
+                at += PyBytes_GET_SIZE(r)
+                j += 1
+                offsets[j] = at
+        values = decode_many(block, offsets_array)
+        if len(values) != found:
+            raise ValueError(f"fill_cache: {found} stored values decoded into {len(values)}")
+    j = 0
+    for i in range(n):
+        k = <Py_ssize_t>(<object>PyList_GET_ITEM(order, i))
+        if k < 0 or k >= PyList_GET_SIZE(keys) or k >= PyList_GET_SIZE(group_indexes):
+            raise IndexError(f"fill_cache: position {k} outside the {PyList_GET_SIZE(keys)} keys")
+        key = <object>PyList_GET_ITEM(keys, k)
+        if <object>PyList_GET_ITEM(raw, i) is None:
+            PyDict_SetItem(cache, key, _MISSING)
+        else:
+            PyDict_SetItem(cache, key, <object>PyList_GET_ITEM(values, j))
+            j += 1
+            if mutable:
+                PyDict_SetItem(pending, key, <object>PyList_GET_ITEM(group_indexes, k))

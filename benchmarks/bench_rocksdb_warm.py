@@ -1,0 +1,180 @@
+"""Warm RocksDB batches against the heap's (issue 34, item 3) and RocksDB's per-key cost against its own point lookup
+(issue 33, item 3), in one process, CPU time beside wall:
+
+    python benchmarks/bench_rocksdb_warm.py                       # 600k events over 50k keys, 6 batches, 3 rounds
+    python benchmarks/bench_rocksdb_warm.py --events 2000000 --keys 100000 --files 10
+
+1. **Warm batches**: issue 33's peer job (``_jobs.RunningCountSum``: a running count and sum per key, two int64
+   ValueStates, one output row per record) through ``KeyedFunctionHarness`` (p=2, max parallelism 128) on each
+   backend, over the same ``_events`` log (``--files`` batches, one checkpoint each). The first batch starts from
+   nothing; every later one is warm (heap: the backends kept in the process; RocksDB: the databases kept on local
+   disk, reopened, and the decoded values this process kept beside them). Figure: the median per-batch process CPU
+   (and wall) of the warm batches, the backends' runs interleaved, median over ``--rounds`` rounds; the ratio
+   RocksDB / heap against the target 1.3.
+2. **Per key**: a backend restored from a 400k-key savepoint (two int64 ValueStates, written by the bulk savepoint
+   writer), then batches of ``--batch-keys`` distinct keys: RocksDB's own point lookup through rocksdict (``db.get``
+   per key, the database keys built beforehand) of the same keys for both states, against the backend's read of
+   the batch (``prefetch``: database keys built and sorted, one multi-get per state, decoded into the cache) and
+   against its whole cycle per key (the read, then each state's ``value()`` and ``update()`` per key through the
+   compiled loop's path, then the flush: keys and values encoded in C, one WriteBatch); medians of 4 batches
+   after one warm-up. Then the declarative aggregates' state I/O on RocksDB: ``get_values`` and ``put_values`` of a
+   batch's keys in bulk (one multi-get, the cache read and written in C) against the generic key-by-key loop
+   (``set_current_key``, ``value()``, ``update()`` per key), each from an empty cache, the flush included.
+
+The machine is shared: the load average is printed with every figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import pathlib
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _events import event_files, generate_events  # noqa: E402
+from _jobs import COUNT_SUM_OUTPUT, RunningCountSum  # noqa: E402
+
+from keygroups import assign_key_groups, key_group_range  # noqa: E402
+from keygroups.serializers import Int64Serializer  # noqa: E402
+from keygroups.state import RocksDBKeyedStateBackend, ValueStateDescriptor  # noqa: E402
+from keygroups.state._base import KeyedStateBackendBase  # noqa: E402
+from keygroups.testing import KeyedFunctionHarness  # noqa: E402
+
+MAXP = 128
+
+
+def cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def load() -> str:
+    return "load %.1f" % os.getloadavg()[0]
+
+
+def warm_batches(backend: str, tables: list[Any]) -> tuple[float, float]:
+    """Median (CPU s, wall s) of the warm batches (all but the first) of the peer job on ``backend``."""
+    per = []
+    with KeyedFunctionHarness(RunningCountSum(), "key", output_schema=COUNT_SUM_OUTPUT, max_parallelism=MAXP,
+                              parallelism=2, backend=backend) as h:
+        for table in tables:
+            c0, w0 = cpu(), time.perf_counter()
+            h.process(table)
+            h.output_table()
+            per.append((cpu() - c0, time.perf_counter() - w0))
+    warm = per[1:]
+    return statistics.median(c for c, _ in warm), statistics.median(w for _, w in warm)
+
+
+def per_key(n_keys: int, batch_keys: int, batches: int) -> None:
+    from bench_rocksdb_restore import point_and_prefetch, write_state   # the bulk-written two-state savepoint
+
+    with tempfile.TemporaryDirectory() as work:
+        storage, metadata, keys, _ = write_state(os.path.join(work, "state"), n_keys)
+        b = RocksDBKeyedStateBackend(key_group_range(MAXP, 1, 0), MAXP, Int64Serializer())
+        try:
+            b.restore(storage, metadata)
+            count = b.get_state(ValueStateDescriptor("count", Int64Serializer()))
+            total = b.get_state(ValueStateDescriptor("sum", Int64Serializer()))
+            rng = np.random.default_rng(1)
+            point, reads, cycle = [], [], []
+            set_key = b.set_current_key
+            for _ in range(batches + 1):
+                batch = np.unique(rng.choice(keys, batch_keys))
+                groups = np.asarray(assign_key_groups(batch, MAXP))
+                listed = batch.tolist()
+                p, r = point_and_prefetch(b, batch)
+                point.append(p)
+                reads.append(r)
+                b._flush(evict=True)
+                c0 = cpu()
+                b.prefetch(listed, groups)
+                for k in listed:
+                    set_key(k)
+                    count.update((count.value() or 0) + 1)
+                    total.update((total.value() or 0) + k)
+                b._flush(evict=True)
+                cycle.append((cpu() - c0) / len(listed))
+            # the declarative aggregates' bulk reads and writes against the generic key-by-key loop, same keys
+            bulk: list[float] = []
+            looped: list[float] = []
+            for _ in range(batches + 1):
+                batch = np.unique(rng.choice(keys, batch_keys))
+                listed = batch.tolist()
+                for out, get, put in ((bulk, b.get_values, b.put_values),
+                                      (looped, functools.partial(KeyedStateBackendBase.get_values, b),
+                                       functools.partial(KeyedStateBackendBase.put_values, b))):
+                    b._flush(evict=True)
+                    c0 = cpu()
+                    values = get("count", listed)
+                    put("count", listed, [(v or 0) + 1 for v in values])
+                    b._flush()
+                    out.append((cpu() - c0) / len(listed))
+            p, r, c = (statistics.median(x[1:]) for x in (point, reads, cycle))
+            bk, lp = statistics.median(bulk[1:]), statistics.median(looped[1:])
+            print(f"\n== per key: {n_keys:,}-key state, batches of {len(listed):,} distinct keys, two int64 states, "
+                  f"medians of {batches} ({load()})")
+            print(f"  RocksDB's point lookup (rocksdict db.get per key, both states)          {1e9 * p:7.0f} ns per key")
+            print(f"  backend read of the batch (prefetch: keys built, multi-get, decoded)   {1e9 * r:7.0f} ns per key"
+                  f"   = {r / p:.2f}x the point lookups   target <= 1.5 {'meets' if r / p <= 1.5 else 'misses'}")
+            print(f"  backend whole cycle (read, value+update of both states, flush)          {1e9 * c:7.0f} ns per key"
+                  f"   = {c / p:.2f}x the point lookups (for the record: it also writes)")
+            print(f"  declarative state I/O, one state (get_values, put_values, flush): bulk {1e9 * bk:5.0f} ns per key,"
+                  f" key by key {1e9 * lp:5.0f} ns per key ({lp / bk:.2f}x)")
+        finally:
+            b.dispose()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--events", type=int, default=600_000)
+    parser.add_argument("--keys", type=int, default=50_000)
+    parser.add_argument("--files", type=int, default=6, help="batches (the first one is not warm)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--state-keys", type=int, default=400_000, help="keys of the per-key part's state")
+    parser.add_argument("--batch-keys", type=int, default=100_000)
+    parser.add_argument("--skip-per-key", action="store_true")
+    parser.add_argument("--skip-warm", action="store_true")
+    args = parser.parse_args(argv)
+    print(f"one process, CPU time of the process (RocksDB's own threads included); machine shared ({load()})")
+    if not args.skip_warm:
+        warm_part(args)
+    if not args.skip_per_key:
+        per_key(args.state_keys, args.batch_keys, 4)
+    return 0
+
+
+def warm_part(args: argparse.Namespace) -> None:
+    with tempfile.TemporaryDirectory() as work:
+        generate_events(pathlib.Path(work) / "events", args.events, args.keys, args.files)
+        tables = [pq.read_table(f, columns=["key", "value", "ts"]) for f in event_files(pathlib.Path(work) / "events")]
+        runs: dict[str, list[tuple[float, float]]] = {"heap": [], "rocksdb": []}
+        for r in range(args.rounds):
+            for backend in (("heap", "rocksdb") if r % 2 == 0 else ("rocksdb", "heap")):
+                runs[backend].append(warm_batches(backend, tables))
+                c, w = runs[backend][-1]
+                print(f"  round {r + 1}: {backend:<8s} warm batch {c:6.3f} s CPU {w:6.3f} s wall ({load()})",
+                      flush=True)
+    (hc, hw), (rc, rw) = ((statistics.median(x[0] for x in runs[b]), statistics.median(x[1] for x in runs[b]))
+                          for b in ("heap", "rocksdb"))
+    per_batch = args.events // args.files
+    print(f"\n== warm batches: the peer job, {per_batch:,} events per batch over {args.keys:,} keys, p=2, max p "
+          f"{MAXP}; median batch of {args.files - 1} warm ones, medians of {args.rounds} rounds ({load()})")
+    print(f"  heap     {hc:6.3f} s CPU  {hw:6.3f} s wall  ({1e6 * hc / per_batch:.2f} CPU us/event)")
+    print(f"  rocksdb  {rc:6.3f} s CPU  {rw:6.3f} s wall  ({1e6 * rc / per_batch:.2f} CPU us/event)")
+    print(f"  rocksdb / heap: {rc / hc:.2f}x CPU, {rw / hw:.2f}x wall   target <= 1.3 (CPU) "
+          f"{'meets' if rc / hc <= 1.3 else 'misses'}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,39 @@
+"""Stub for the compiled hot paths of the RocksDB keyed state backend (``_native/rocksstate.pyx``)."""
+
+from typing import Any
+
+from typing_extensions import disjoint_base
+
+from keygroups._native.framing import Encoder, ValueWriter
+from keygroups._native.statecore import KeyContext
+
+@disjoint_base
+class RocksValueCore:
+    def __init__(self, store: Any, descriptor: Any, backend: Any) -> None: ...
+    def value(self) -> Any: ...
+    def update(self, value: Any) -> None: ...
+    def clear(self) -> None: ...
+
+def cached_values(cache: dict[Any, Any], pending: dict[Any, int], keys: list[Any], group_indexes: list[int],
+                  mutable: bool, default: Any, copy: Any) -> list[Any]:
+    """The cached values of ``keys`` as ``value()`` reads them (the default where the cache holds MISSING)."""
+
+def cache_writes(cache: dict[Any, Any], pending: dict[Any, int], keys: list[Any], group_indexes: list[int],
+                 values: list[Any]) -> None:
+    """Set each key's cached value (None: deleted) and mark it pending, as ``update()`` does per key."""
+
+def uncached(cache: dict[Any, Any], keys: list[Any]) -> list[int]:
+    """The positions in ``keys`` of the keys ``cache`` does not hold, ascending."""
+
+def flush_values(pending: dict[Any, int], cache: dict[Any, Any], keys: Encoder, values: ValueWriter,
+                 group_prefixes: list[bytes],
+                 state_id: bytes) -> tuple[list[bytes], list[bytes], list[bytes], list[Any], list[Any]]:
+    """A value table's pending writes: (put database keys, values, deleted database keys, put keys, deleted keys),
+    each ascending by database key."""
+
+def current_keys(ctx: KeyContext, keys: list[Any]) -> tuple[list[Any], list[int]]:
+    """``keys`` made current in turn: (the keys as the backend keys them, their key-group indexes)."""
+
+def fill_cache(cache: dict[Any, Any], pending: dict[Any, int], keys: list[Any], order: list[int],
+               raw: list[bytes | None], decode_many: Any, mutable: bool, group_indexes: list[int]) -> None:
+    """Cache the values read for ``keys[order[i]]`` (``raw[i]``; None: not stored), decoded together."""
