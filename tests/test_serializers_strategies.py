@@ -64,7 +64,7 @@ def canon(v: Any) -> Any:
     """A form of v where equal means equal value AND equal types (True is not 1, a tuple is not a list, -0.0 is not
     0.0), with dicts compared as sets of entries."""
     t = type(v)
-    if t is float:
+    if isinstance(v, float):   # a map key's -0.0 or NaN comes back as its Java-equality float subclass
         return ("float", "nan" if math.isnan(v) else struct.pack("<d", v))
     if t in (list, tuple):
         return (t.__name__, tuple(canon(x) for x in v))
