@@ -217,3 +217,44 @@ def test_the_report_says_which_ranges_the_batch_ran_with_and_why(tmp_path):
     assert f"; ranges balanced: {plan.assignment.reason}; load max/mean" in report.summary()
     first = BatchReport.from_checkpoint(storage.load(1))
     assert first.assignment is not None and first.assignment.previous is None
+
+
+def _walked_state_bytes(metadata):
+    """Each key group's chain bytes, walked over every handle of ``metadata`` (what the report must equal)."""
+    from keygroups._ranges import KeyGroupRange
+    from keygroups.checkpoint import chain_stats
+
+    state = np.zeros(metadata.max_parallelism)
+    if metadata.keyed_handles:
+        for group, chain in chain_stats(metadata, KeyGroupRange(0, metadata.max_parallelism - 1)).items():
+            state[group] = chain.full_bytes + chain.delta_bytes
+    return state
+
+
+def test_state_bytes_worked_out_from_what_the_batch_wrote_equal_every_chain_walked():
+    """The spine works a committed checkpoint's state bytes out from the restore point's and the blocks the batch
+    wrote; over batches whose chains grow, get materialized (full blocks again) and whose balanced ranges move,
+    they equal a walk over every key group's chain."""
+    import random
+
+    from keygroups.runtime.assignment import BalancedRanges, key_group_state_bytes
+    from keygroups.testing import KeyedFunctionHarness
+
+    rng = random.Random(32)
+    with KeyedFunctionHarness(Count(), "k", output_schema=OUTPUT, max_parallelism=32, parallelism=3,
+                              assignment=BalancedRanges(evidence=1, caution=0)) as h:
+        materialized = moved = 0
+        boundaries = None
+        for i in range(40):
+            hot = (i // 8) * 37   # the skew stays for 8 batches, then moves: the balanced ranges follow it
+            keys = [hot] * 300 + [rng.randrange(1000) for _ in range(rng.randrange(0, 40))]
+            batch = h.process(pa.table({"k": pa.array(keys, pa.int64())}))
+            metadata = batch.metadata
+            walked = _walked_state_bytes(metadata)
+            assert np.array_equal(key_group_state_bytes(metadata), walked), i
+            assert batch.report.state_bytes == int(walked.sum()) > 0
+            new = [hd for hd in metadata.keyed_handles if hd.checkpoint_id == metadata.checkpoint_id]
+            materialized += i > 0 and any(hd.changed_key_groups()[0] for hd in new)
+            moved += boundaries is not None and batch.report.assignment.boundaries != boundaries
+            boundaries = batch.report.assignment.boundaries
+        assert materialized and moved   # both ways a chain changes were exercised

@@ -12,6 +12,8 @@ import threading
 import pyarrow as pa
 import pytest
 
+import keygroups as kg
+
 from keygroups.checkpoint import CheckpointStorage
 from keygroups.errors import CorruptSnapshotError
 from keygroups.runtime import KeyedProcessFunction, RecordsPerSubtask
@@ -135,6 +137,40 @@ def test_the_tasks_restore_from_the_metadata_the_spec_ships(tmp_path, monkeypatc
     monkeypatch.setattr(CheckpointStorage, "load_restore_point", refused)
     batch = driver.run(LocalExecutor(_table(range(50), v=2)), parallelism=3)
     assert batch.report.key_groups_cold == 32 and batch.report.records_out == 50
+
+
+def test_a_compact_spec_ships_the_same_restore_point_compressed(tmp_path, monkeypatch):
+    """What the Spark executor ships (``KeyedTaskSpec.compact``): the restore point's ``_metadata`` compressed, from
+    which a task restores exactly what the plain spec restores, without reading the storage; a corrupt frame is a
+    CorruptSnapshotError."""
+    import dataclasses
+
+    from keygroups.runtime import begin_batch
+    from keygroups.runtime.subtask import run_keyed_subtask
+
+    driver, storage = _driver(tmp_path, warm_heap_backends=0)
+    for v in (1, 2, 3):
+        driver.run(LocalExecutor(_table(range(200), v=v)), parallelism=2)
+    plan = begin_batch(storage, job_name="j", max_parallelism=32, parallelism=2)
+    table = _table([5], v=10)
+    spec = plan.keyed_task(key_columns=("k",), function=pickle.dumps(Total()), input_schema=table.schema,
+                           output_schema=OUT, warm_heap_backends=0, local_dir=str(tmp_path / "local"))
+    packed = spec.compact()
+    assert packed.restore_metadata_size == len(spec.restore_metadata) > len(packed.restore_metadata)
+    assert packed.compact() is packed and packed.own_key_groups(1) == spec.own_key_groups(1)
+    assert packed.shipped_restore_point().keyed_handles == spec.shipped_restore_point().keyed_handles
+
+    def refused(*args, **kwargs):
+        raise AssertionError("a task read _metadata from the storage")
+
+    monkeypatch.setattr(CheckpointStorage, "load_restore_point", refused)
+    group = int(kg.assign_key_groups(table.column("k"), 32, "long")[0])
+    subtask = next(i for i in range(2) if group in packed.own_key_groups(i))
+    plain, compact = (run_keyed_subtask(s, subtask, table.to_batches()) for s in (spec, packed))
+    assert compact.records_out == plain.records_out == 1 and compact.restored.mode == plain.restored.mode == "cold"
+    torn = dataclasses.replace(packed, restore_metadata=packed.restore_metadata[:-7])
+    with pytest.raises(CorruptSnapshotError, match="does not decompress"):
+        torn.shipped_restore_point()
 
 
 def test_another_writer_makes_the_driver_list_again(tmp_path):

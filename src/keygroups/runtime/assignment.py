@@ -245,19 +245,39 @@ def _stored_counts(metadata: CheckpointMetadata) -> _Counts:
 _STATE_BYTES: dict[int, npt.NDArray[np.float64]] = {}
 
 
-def key_group_state_bytes(metadata: CheckpointMetadata) -> npt.NDArray[np.float64]:
+def key_group_state_bytes(metadata: CheckpointMetadata, previous: CheckpointMetadata | None = None
+                          ) -> npt.NDArray[np.float64]:
     """Bytes of each key group's chain (its newest full block and the deltas after it) in ``metadata``, from its
     keyed handles alone (no file is read). Worked out once per metadata object: the batch that commits a checkpoint
-    reports it, and the next batch plans its ranges from it."""
+    reports it, and the next batch plans its ranges from it. ``previous``: the checkpoint ``metadata`` continues
+    (its batch restored it, at the same max parallelism), whose figures are known: then only the blocks
+    ``metadata`` wrote itself are looked at (a full block starts its key group's chain anew, a non-empty delta
+    adds to it), so a batch's cost grows with what it wrote, not with every key group's chain."""
     key = id(metadata)
     cached = _STATE_BYTES.get(key)
     if cached is not None:
         return cached
     mp = metadata.max_parallelism
-    state = np.zeros(mp, dtype=np.float64)
-    if metadata.keyed_handles:
-        for kg, chain in chain_stats(metadata, KeyGroupRange(0, mp - 1)).items():
-            state[kg] = chain.full_bytes + chain.delta_bytes
+    known = None if previous is None or previous.max_parallelism != mp else _STATE_BYTES.get(id(previous))
+    if known is not None:
+        state = known.copy()
+        for h in metadata.keyed_handles:
+            if h.checkpoint_id != metadata.checkpoint_id:
+                continue
+            full, deltas = h.changed_key_groups()
+            sizes = np.diff(np.asarray(h.offsets, dtype=np.float64))
+            start = h.key_group_range.start
+            if full:
+                kgs = np.asarray(full, dtype=np.int64)
+                state[kgs] = sizes[kgs - start]
+            if deltas:
+                kgs = np.asarray(deltas, dtype=np.int64)
+                state[kgs] += sizes[kgs - start]
+    else:
+        state = np.zeros(mp, dtype=np.float64)
+        if metadata.keyed_handles:
+            for kg, chain in chain_stats(metadata, KeyGroupRange(0, mp - 1)).items():
+                state[kg] = chain.full_bytes + chain.delta_bytes
     state.setflags(write=False)
     _STATE_BYTES[key] = state
     weakref.finalize(metadata, _STATE_BYTES.pop, key, None)

@@ -400,7 +400,8 @@ class JobDriver:
             max_parallelism=plan.max_parallelism, reports=reports, records_late=sum(r.records_late for r in reports),
             timers=timer_summary(reports), watermark_before=plan.start_watermark, watermark_after=watermark_after,
             parallelism_reason="fixed" if choice is None else str(choice),
-            state_bytes=int(key_group_state_bytes(metadata).sum()),
+            state_bytes=int(key_group_state_bytes(
+                metadata, plan.previous if plan.savepoint is None else None).sum()),
             assignment=None if plan.assignment is None else AssignmentDecision.from_json(   # as the report reads back
                 plan.assignment.to_json(), plan.assignment.boundaries),
             driver={**driver_seconds, "commit": committed - ran}, wall_seconds=time.perf_counter() - started)

@@ -4,7 +4,7 @@ point's ``_metadata`` as its own bytes, decoded once per worker process)."""
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pyarrow as pa
@@ -13,6 +13,7 @@ from keygroups._hashing import KeyType
 from keygroups._ranges import KeyGroupRange, check_boundaries, key_group_range
 from keygroups.checkpoint import CheckpointMetadata
 from keygroups.checkpoint.metadata import decode_metadata
+from keygroups.errors import CorruptSnapshotError
 from keygroups.runtime.backends import StateBackendName
 from keygroups.runtime.watermarks import LateRecords, check_late_records
 from keygroups.state.timers import NO_WATERMARK
@@ -71,6 +72,9 @@ class KeyedTaskSpec:
     #: reads ``restore_from`` itself.
     restore_metadata: bytes | None = None
     restore_base: str = ""
+    #: ``restore_metadata`` is zstd-compressed from this many bytes (None: it is not compressed; see
+    #: :meth:`compact`).
+    restore_metadata_size: int | None = None
     #: Per subtask, the ``(first, last)`` key groups of the previous batch's range whose warm state it takes over
     #: (None: none, it restores what it owns): the assignment's best global matching
     #: (:meth:`~keygroups.runtime.assignment.AssignmentDecision.warm_ranges`), so that the bytes read are the moved
@@ -109,11 +113,41 @@ class KeyedTaskSpec:
         mine = self.warm_takeover[subtask_index]
         return mine, frozenset(r for i, r in enumerate(self.warm_takeover) if r is not None and i != subtask_index)
 
+    def compact(self) -> KeyedTaskSpec:
+        """This spec with its restore point's ``_metadata`` zstd-compressed, for shipping to tasks: at a large max
+        parallelism the ``_metadata`` of an incremental checkpoint is megabytes (every handle's offsets and block
+        checksums per key group), and Spark broadcasts a task's pickled function once it passes 1 MB
+        (``spark.broadcast.UDFCompressionThreshold``), a cost paid on every batch. Compressed once per bytes
+        object; the task decompresses it once per worker process (:meth:`shipped_restore_point`)."""
+        data = self.restore_metadata
+        if data is None or self.restore_metadata_size is not None:
+            return self
+        return replace(self, restore_metadata=_compressed(data), restore_metadata_size=len(data))
+
     def shipped_restore_point(self) -> CheckpointMetadata | None:
         """The restore point shipped in the spec (None: none shipped), decoded once per worker process."""
         if self.restore_metadata is None:
             return None
-        return _decoded(self.checkpoint_location, self.restore_base, self.restore_metadata)
+        return _decoded(self.checkpoint_location, self.restore_base, self.restore_metadata,
+                        self.restore_metadata_size)
+
+
+#: zstd at level 1: a few ms for megabytes of ``_metadata``, about a quarter of its size (the block checksums,
+#: random bytes, are most of what is left).
+_CODEC = pa.Codec("zstd", compression_level=1)
+_COMPRESSED: dict[int, tuple[bytes, bytes]] = {}
+_COMPRESSED_KEEP = 4
+
+
+def _compressed(data: bytes) -> bytes:
+    found = _COMPRESSED.get(id(data))
+    if found is not None and found[0] is data:
+        return found[1]
+    out = _CODEC.compress(data, asbytes=True)
+    _COMPRESSED[id(data)] = (data, out)
+    while len(_COMPRESSED) > _COMPRESSED_KEEP:
+        _COMPRESSED.pop(next(iter(_COMPRESSED)))
+    return out
 
 
 _DECODED: dict[tuple[str, str, bytes], CheckpointMetadata] = {}
@@ -121,13 +155,19 @@ _DECODED_LOCK = threading.Lock()
 _DECODED_KEEP = 4
 
 
-def _decoded(location: str, base: str, data: bytes) -> CheckpointMetadata:
+def _decoded(location: str, base: str, data: bytes, size: int | None = None) -> CheckpointMetadata:
     key = (location, base, data)
     with _DECODED_LOCK:
         found = _DECODED.get(key)
     if found is not None:
         return found
-    metadata = decode_metadata(data, base, f"the restore point's _metadata shipped from the driver ({base})")
+    what = f"the restore point's _metadata shipped from the driver ({base})"
+    if size is not None:
+        try:
+            data = _CODEC.decompress(data, decompressed_size=size, asbytes=True)
+        except (OSError, ValueError) as e:   # Arrow raises OSError (ArrowIOError) on a corrupt frame
+            raise CorruptSnapshotError(f"{what} does not decompress: {e}") from None
+    metadata = decode_metadata(data, base, what)
     with _DECODED_LOCK:
         _DECODED[key] = metadata
         while len(_DECODED) > _DECODED_KEEP:

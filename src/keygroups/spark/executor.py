@@ -468,7 +468,7 @@ class SparkExecutor:
         if plain != names:   # mapInArrow takes these columns under plain names
             placed = placed.select(*[quoted(c).alias(p) for c, p in zip(names, plain)], quoted(digest_column))
         self._placed = placed
-        self._spec = spec
+        spec = self._spec = spec.compact()   # under the size at which Spark broadcasts the task's function
         renamed = names if plain != names else None
 
         def subtask(batches: Any) -> Any:
