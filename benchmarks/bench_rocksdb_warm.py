@@ -30,7 +30,6 @@ import argparse
 import functools
 import os
 import pathlib
-import resource
 import statistics
 import sys
 import tempfile
@@ -50,16 +49,9 @@ from keygroups.state import RocksDBKeyedStateBackend, ValueStateDescriptor  # no
 from keygroups.state._base import KeyedStateBackendBase  # noqa: E402
 from keygroups.testing import KeyedFunctionHarness  # noqa: E402
 
+from bench_rocksdb_restore import cpu, load, point_and_prefetch, write_state  # noqa: E402
+
 MAXP = 128
-
-
-def cpu() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
-
-
-def load() -> str:
-    return "load %.1f" % os.getloadavg()[0]
 
 
 def warm_batches(backend: str, tables: list[Any]) -> tuple[float, float]:
@@ -77,8 +69,6 @@ def warm_batches(backend: str, tables: list[Any]) -> tuple[float, float]:
 
 
 def per_key(n_keys: int, batch_keys: int, batches: int) -> None:
-    from bench_rocksdb_restore import point_and_prefetch, write_state   # the bulk-written two-state savepoint
-
     with tempfile.TemporaryDirectory() as work:
         storage, metadata, keys, _ = write_state(os.path.join(work, "state"), n_keys)
         b = RocksDBKeyedStateBackend(key_group_range(MAXP, 1, 0), MAXP, Int64Serializer())
