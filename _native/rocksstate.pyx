@@ -285,6 +285,8 @@ def fill_cache(dict cache, dict pending, list keys, list order, list raw, object
                 j += 1
                 offsets[j] = at
         values = decode_many(block, offsets_array)
+        if type(values) is not list:   # a user serializer's deserialize_many may return any sequence
+            values = list(values)
         if len(values) != found:
             raise ValueError(f"fill_cache: {found} stored values decoded into {len(values)}")
     j = 0

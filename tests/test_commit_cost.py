@@ -146,6 +146,28 @@ def test_a_restore_point_that_lost_a_file_is_refused_naming_the_file_and_the_che
     assert storage.checkpoint_ids()[-1] == md.checkpoint_id   # nothing was committed on top of it
 
 
+def test_a_running_driver_finds_a_carried_base_file_removed_from_outside(tmp_path, monkeypatch):
+    """A commit checks only its own new files; every ``_COMPLETENESS_EVERY`` commits the retention thread checks all
+    the newest checkpoint names, so a base file removed by hand (or a lifecycle rule) stops the job within that many
+    batches, naming the file, instead of checkpoints piling up on a file that is gone."""
+    import keygroups.runtime.batch as batch
+
+    monkeypatch.setattr(batch, "_COMPLETENESS_EVERY", 2)
+    storage = CheckpointStorage(tmp_path, retain=3)
+    driver = _driver(storage)
+    base = driver.run(_batch(range(60)), parallelism=2).metadata
+    victim = base.keyed_handles[0].file
+    driver.run(_batch([5, 6]), parallelism=2)   # a delta: the base stays in its chain
+    driver.wait_for_retention()
+    os.remove(os.path.join(storage.location, victim))
+    with pytest.raises(CorruptSnapshotError, match=f"names 1 file\\(s\\) that do not exist: {victim!r}"):
+        for _ in range(2):
+            driver.run(_batch([7]), parallelism=2)
+            driver.wait_for_retention()
+    with pytest.raises(CorruptSnapshotError, match="do not exist"):   # and it stays refused: the location is listed
+        driver.run(_batch([8]), parallelism=2)
+
+
 def test_a_restore_point_whose_state_file_changed_size_is_refused(tmp_path):
     storage = CheckpointStorage(tmp_path, retain=3)
     driver = _driver(storage, background_retention=False)
@@ -241,7 +263,11 @@ def test_version_6_stores_offsets_and_distances_compressed_and_version_5_still_r
     ("block_sizes", "not base64!", "block_sizes is not base64"),
     ("block_sizes", "eJwDAAAAAAE=", r"block_sizes holds 0 bytes, not the \d+ of \d+ values"),   # zlib of nothing
     ("block_sizes", None, "block_sizes holds more than"),   # a zlib bomb: far more values than key groups
-    ("first_offset", -1, "first_offset must be an int >= 0"),
+    ("first_offset", -1, r"first_offset must be an int in \[0, 2\*\*62\)"),
+    ("first_offset", 1 << 63, r"first_offset must be an int in \[0, 2\*\*62\)"),   # past int64: no OverflowError
+    # a range past Flink's 32768 key groups would size the inflation (and overflow zlib's limit): refused first
+    ("key_group_range", [0, 10 ** 30], r"key_group_range must be two ints in \[0, 32768\)"),
+    ("key_group_range", [0, 1 << 40], r"key_group_range must be two ints in \[0, 32768\)"),
 ])
 def test_a_crafted_compact_handle_is_corrupt_not_a_crash(tmp_path, field, value, match):
     import base64

@@ -227,3 +227,24 @@ def test_bulk_reads_and_writes_of_a_ttl_state_go_through_its_state_objects(tmp_p
         assert b.get_values("acc", [1, 3]) == [None, None]
     finally:
         b.dispose()
+
+
+class _TupleDecodingInt64(Int64Serializer):
+    """A user serializer whose ``deserialize_many`` returns a tuple, which its contract allows (any sequence)."""
+
+    def deserialize_many(self, data, offsets):
+        return tuple(super().deserialize_many(data, offsets))
+
+
+def test_a_user_serializer_returning_any_sequence_fills_the_cache(tmp_path):
+    """The compiled cache fill reads list items by pointer: a tuple from a user's ``deserialize_many`` must come back
+    as values, never be read as a list (a crash before)."""
+    d = ValueStateDescriptor("acc", _TupleDecodingInt64())
+    b = RocksDBKeyedStateBackend(FULL, MAXP, Int64Serializer())
+    try:
+        b.get_state(d)
+        b.put_values("acc", [1, 2, 3], [10, None, 30])
+        b._flush(evict=True)
+        assert b.get_values("acc", [3, 2, 1]) == [30, None, 10]
+    finally:
+        b.dispose()

@@ -60,7 +60,7 @@ import numpy as np
 from crc32c import crc32c
 
 from keygroups._native import snapshot as _snap
-from keygroups._ranges import KeyGroupRange, check_max_parallelism
+from keygroups._ranges import UPPER_BOUND_MAX_PARALLELISM, KeyGroupRange, check_max_parallelism
 from keygroups.errors import CorruptSnapshotError
 
 METADATA_MAGIC = b"\x89KGM"
@@ -907,10 +907,14 @@ def _expand_keyed(d: dict[str, Any]) -> dict[str, Any]:
     """A keyed handle's JSON as version 6 stores it back as ``from_json`` reads it; ValueError/KeyError/TypeError
     if it is not one."""
     start, end = d["key_group_range"]
-    n = max(0, end - start + 1) if isinstance(start, int) and isinstance(end, int) else 0
+    # bounded before anything is inflated: a key group range of at most Flink's 32768 key groups sizes the arrays
+    if not (_is_int(start) and _is_int(end) and 0 <= start and end < UPPER_BOUND_MAX_PARALLELISM):
+        raise ValueError(f"key_group_range must be two ints in [0, {UPPER_BOUND_MAX_PARALLELISM}), got "
+                         f"{[start, end]!r:.60}")
+    n = max(0, end - start + 1)
     first = d.pop("first_offset")
-    if not _is_int(first) or first < 0:
-        raise ValueError(f"first_offset must be an int >= 0, got {first!r:.40}")
+    if not _is_int(first) or not 0 <= first < 1 << 62:
+        raise ValueError(f"first_offset must be an int in [0, 2**62), got {first!r:.40}")
     sizes = _unzipped(d.pop("block_sizes"), "<u8", n, "block_sizes")
     if sizes.size and int(sizes.max()) >= 1 << 62:
         raise ValueError("block_sizes holds a block of 2**62 bytes or more")
@@ -1032,6 +1036,6 @@ def decode_metadata(data: bytes, base: str, where: str) -> CheckpointMetadata:
         md.validate()
     except CorruptSnapshotError:
         raise
-    except (KeyError, TypeError, ValueError, UnicodeDecodeError, AttributeError, RecursionError) as e:
+    except (KeyError, TypeError, ValueError, UnicodeDecodeError, AttributeError, RecursionError, OverflowError) as e:
         raise CorruptSnapshotError(f"{where} passes its checksum but is not valid checkpoint metadata: {e}") from e
     return md

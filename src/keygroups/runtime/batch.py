@@ -37,7 +37,7 @@ import pyarrow as pa
 from keygroups._hashing import KeyType
 from keygroups._ranges import check_max_parallelism, check_parallelism
 from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage
-from keygroups.errors import ConcurrentCommitError, ReplayMismatchError
+from keygroups.errors import ConcurrentCommitError, CorruptSnapshotError, ReplayMismatchError
 from keygroups.runtime.assignment import Assignment, AssignmentDecision, key_group_state_bytes, resolve_assignment
 from keygroups.runtime.backends import BACKENDS, StateBackendName
 from keygroups.runtime.driver import (
@@ -232,6 +232,10 @@ CommitListener = Callable[[CommittedBatch, BatchExecutor], None]
 
 #: How long the retention thread of a job waits for the next commit before it ends.
 _RETENTION_IDLE_SECONDS = 10.0
+#: Every this many commits the retention thread also checks that every file the newest checkpoint names still exists
+#: (a commit checks only its own new files): a base file in ``shared/`` removed from outside (a lifecycle rule, a
+#: hand) is found within this many batches, not only at the next restart.
+_COMPLETENESS_EVERY = 16
 
 
 class _Retention:
@@ -243,6 +247,9 @@ class _Retention:
         self._queue: queue.Queue[tuple[int, dict[int, CheckpointMetadata]]] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._commits = 0
+        #: What the last completeness check found missing (raised by the driver before its next commit).
+        self.lost: CorruptSnapshotError | None = None
 
     def submit(self, checkpoint_id: int, known: Mapping[int, CheckpointMetadata]) -> None:
         """Retention after checkpoint ``checkpoint_id``; ``known``: the retained checkpoints' metadata the driver
@@ -265,6 +272,11 @@ class _Retention:
                 continue
             try:
                 self._storage.prune(checkpoint_id, known=known)
+                self._commits += 1
+                if self._commits % _COMPLETENESS_EVERY == 0 and checkpoint_id in known:
+                    self._storage.check_complete(known[checkpoint_id])
+            except CorruptSnapshotError as e:
+                self.lost = e
             except Exception as e:   # noqa: BLE001  # logged; the next prune retries what this one left
                 log.warning("retention after checkpoint %s in %s failed: %s", checkpoint_id,
                             self._storage.location, e)
@@ -312,6 +324,10 @@ class JobDriver:
         own)."""
         if self._retention is not None:
             self._retention.wait()
+            lost, self._retention.lost = self._retention.lost, None
+            if lost is not None:   # the newest checkpoint lost a file: list (and refuse) the location again
+                self.forget()
+                raise lost
 
     def forget(self) -> None:
         """List the storage again at the next batch instead of trusting what this driver committed last."""

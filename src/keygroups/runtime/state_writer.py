@@ -385,10 +385,12 @@ class _SortedRuns:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self.writer is not None:
-            self.writer.close()
-        if self.directory is not None:
-            self.directory.cleanup()
+        try:
+            if self.writer is not None:
+                self.writer.close()
+        finally:
+            if self.directory is not None:
+                self.directory.cleanup()
 
     def add(self, batch: pa.RecordBatch) -> None:
         if not batch.num_rows:
@@ -401,7 +403,8 @@ class _SortedRuns:
             self.path = os.path.join(self.directory.name, f"runs-{self.subtask}.arrow")
             schema = self.pending[0].schema.append(pa.field(self.kg_column, pa.int32()))
             self.writer = pa.ipc.new_file(self.path, schema)
-        if self.writer is not None and (self.pending_rows >= RUN_ROWS or self.rows > self.chunk_rows):
+            self._spill()   # the first chunk's rows, as one run
+        elif self.writer is not None and self.pending_rows >= RUN_ROWS:
             self._spill()
 
     def _checked(self, table: pa.Table) -> np.ndarray:

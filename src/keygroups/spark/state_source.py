@@ -36,6 +36,7 @@ string options a data source writer takes.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -331,7 +332,10 @@ def write_savepoint(df: DataFrame, location: str, name: str, *, key_columns: Seq
 
     def subtask(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         index = TaskContext.get().partitionId()  # type: ignore[union-attr]  # always set inside a task
-        handle = write_savepoint_subtask(plan, index, batches)
+        # the spill goes where Spark keeps its own shuffle files (SPARK_LOCAL_DIRS, set for its Python workers), not
+        # to a /tmp that may be small or in memory
+        local_dirs = [d for d in os.environ.get("SPARK_LOCAL_DIRS", "").split(",") if d]
+        handle = write_savepoint_subtask(plan, index, batches, spill_dir=local_dirs[0] if local_dirs else None)
         text = json.dumps(handle.to_json()) if handle is not None else ""
         yield pa.RecordBatch.from_pylist([{"subtask": index, "handle": text}], schema=_HANDLES_ARROW)
 
