@@ -321,7 +321,8 @@ class JobDriver:
 
     def wait_for_retention(self) -> None:
         """Return once the retention of every checkpoint committed so far is done (it runs in a thread of its
-        own)."""
+        own); CorruptSnapshotError, naming the files, if its periodic check found a file of the newest checkpoint
+        gone (every ``_COMPLETENESS_EVERY`` commits): the batch that called this does not commit."""
         if self._retention is not None:
             self._retention.wait()
             lost, self._retention.lost = self._retention.lost, None
