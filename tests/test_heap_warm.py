@@ -329,6 +329,22 @@ def test_the_registry_keeps_at_most_its_limit_least_recently_kept_dropped_first(
         Batch(str(tmp_path / "j5"), adds(range(10)), 1, job="j5", limit=-1)
 
 
+def test_a_weighed_registry_keeps_at_most_its_limit_in_weight():
+    """With ``weight`` the limit counts each object's weight (RocksDB's kept values: their entries): the least
+    recently kept go first until the rest fit, and an object heavier than the limit alone is not kept and drops
+    nothing."""
+    from keygroups.state.warm import WarmRegistry
+
+    registry: WarmRegistry[list[int]] = WarmRegistry()
+    for key, value in (("a", [1] * 4), ("b", [1] * 3), ("c", [1] * 2)):
+        registry.keep(key, value, 8, weight=len)
+    assert registry.keys() == ["b", "c"]   # 4 + 3 + 2 > 8: "a" went first
+    registry.keep("d", [1] * 9, 8, weight=len)
+    assert registry.keys() == ["b", "c"]
+    registry.keep("c", [1] * 5, 8, weight=len)   # replaced: 3 + 5 fit
+    assert registry.keys() == ["b", "c"] and registry.take("c") == [1] * 5
+
+
 def test_without_warm_heap_backends_every_batch_restores(tmp_path):
     location, model, worker = str(tmp_path / "c"), Model(), [HeapBackendRegistry()]
     run_and_check(location, model, adds(range(20)), 1, worker, limit=0)

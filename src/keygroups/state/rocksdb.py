@@ -76,7 +76,7 @@ from keygroups.state._base import (
 from keygroups.state._checks import check_stored, checked_state_class, stored_value_check
 from keygroups.state._codec import UNWRITABLE, ValueFraming
 from keygroups.state.descriptors import StateDescriptor
-from keygroups.state.warm import WarmResume
+from keygroups.state.warm import WarmRegistry, WarmResume
 from keygroups.state.rocksdb_ingest import STORED_KINDS, SstRestore, table_options
 from keygroups._native import sstload
 from keygroups._native import rocksstate
@@ -100,45 +100,40 @@ DEFAULT_CACHE_LIMIT = 1 << 20
 log = logging.getLogger(__name__)
 
 
+_Caches = dict[str, tuple[Any, dict[Any, Any]]]
+
+
 class _KeptCaches:
     """The decoded values of kept (warm) databases that backends of this process closed, by warm directory: each
     with the seal of the database as closed (``rocksdb_warm.seal_kept``) and, per state, its stored meta and its
     cache (every entry equal to what the database holds: parked only when nothing was written since the marker).
     The next backend of the range that resumes exactly that database (the same seal: not a file of it changed
     since) takes them, so a warm batch reads from RocksDB only the keys the earlier batches never touched, as a
-    warm heap backend would. Bounded: at most ``limit`` entries in all, the least recently parked dropped first."""
+    warm heap backend would. Bounded: at most ``limit`` entries in all, the least recently parked dropped first (a
+    :class:`~keygroups.state.warm.WarmRegistry` weighed by entries)."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
-        self._lock = threading.Lock()
-        self._kept: collections.OrderedDict[str, tuple[str, dict[str, tuple[Any, dict[Any, Any]]]]] = \
-            collections.OrderedDict()
+        self._kept: WarmRegistry[tuple[str, _Caches]] = WarmRegistry()
 
     @staticmethod
-    def _size(caches: dict[str, tuple[Any, dict[Any, Any]]]) -> int:
-        return sum(len(cache) for _, cache in caches.values())
+    def _size(kept: tuple[str, _Caches]) -> int:
+        return sum(len(cache) for _, cache in kept[1].values())
 
-    def park(self, path: str, seal: str, caches: dict[str, tuple[Any, dict[Any, Any]]]) -> None:
-        with self._lock:
-            self._kept.pop(path, None)
-            if not caches or self._size(caches) > self.limit:
-                return
-            self._kept[path] = (seal, caches)
-            total = sum(self._size(c) for _, c in self._kept.values())
-            while total > self.limit:
-                _, (_, dropped) = self._kept.popitem(last=False)
-                total -= self._size(dropped)
+    def park(self, path: str, seal: str, caches: _Caches) -> None:
+        if not caches:
+            self._kept.take(path)
+            return
+        self._kept.keep(path, (seal, caches), self.limit, weight=self._size)
 
-    def take(self, path: str, seal: str | None) -> dict[str, tuple[Any, dict[Any, Any]]] | None:
+    def take(self, path: str, seal: str | None) -> _Caches | None:
         """The caches parked for ``path`` if they were parked for the database sealed ``seal``; either way none
         stay parked for ``path``."""
-        with self._lock:
-            kept = self._kept.pop(path, None)
+        kept = self._kept.take(path)
         return kept[1] if kept is not None and seal is not None and kept[0] == seal else None
 
     def clear(self) -> None:
-        with self._lock:
-            self._kept.clear()
+        self._kept.clear()
 
 
 #: Entries (decoded values) kept in all between batches by this process's RocksDB backends (see _KeptCaches).

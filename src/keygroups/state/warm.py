@@ -51,20 +51,24 @@ class WarmRegistry(Generic[T]):
                 return None
             return best, self._kept.pop(best)
 
-    def keep(self, key: Hashable, value: T, limit: int, spare: Callable[[Hashable], bool] | None = None) -> None:
+    def keep(self, key: Hashable, value: T, limit: int, spare: Callable[[Hashable], bool] | None = None,
+             weight: Callable[[T], int] | None = None) -> None:
         """Keep ``value`` under ``key`` (replacing one kept there), then drop the least recently kept beyond
         ``limit`` (0 keeps nothing); those ``spare(key)`` names (another task of the batch is to take them over)
-        go last."""
+        go last. ``weight``: what each object counts towards ``limit`` (1 each by default); an object heavier than
+        ``limit`` on its own is not kept, and drops nothing."""
+        size: Callable[[T], int] = weight if weight is not None else (lambda _: 1)
         with self._lock:
             self._kept.pop(key, None)
-            if limit <= 0:
+            if limit <= 0 or size(value) > limit:
                 return
             self._kept[key] = value
             spared = [] if spare is None else [k for k in self._kept if k != key and spare(k)]
             for k in spared:   # least recently kept, among the spared, stays first among them
                 self._kept.move_to_end(k)
-            while len(self._kept) > limit:
-                self._kept.popitem(last=False)
+            total = sum(size(v) for v in self._kept.values())
+            while total > limit:
+                total -= size(self._kept.popitem(last=False)[1])
 
     def keys(self) -> list[Hashable]:
         """The keys of the kept objects, least recently kept first."""
