@@ -37,16 +37,12 @@ from keygroups.metrics import (
 )
 from keygroups.metrics.store import encode_metrics
 from keygroups.runtime import KeyedProcessFunction, WatermarkStrategy
-from keygroups.runtime.assignment import (
-    AssignmentDecision,
-    checkpoint_boundaries,
-    checkpoint_loads,
-    moved_figures,
-    warm_takeover,
-)
+from keygroups.runtime.assignment import checkpoint_loads
 from keygroups.serializers import Int64Serializer
 from keygroups.state import ValueStateDescriptor
 from keygroups.testing import KeyedFunctionHarness
+
+from test_assignment_runtime import FixedRanges   # an assignment that runs the ranges it is given
 
 MP = 16
 OUT = "k long, n long"
@@ -166,25 +162,6 @@ def test_a_rescale_with_the_bytes_it_moved():
         assert totals.batches == 2   # the restored harness's two batches: the first harness recorded none
 
 
-class GivenRanges:
-    """An assignment that runs the boundaries it is given, with the decision's best warm takeover."""
-
-    name = "given"
-
-    def __init__(self, boundaries):
-        self.boundaries = tuple(boundaries)
-
-    def choose(self, previous, max_parallelism, parallelism):
-        b = self.boundaries
-        if previous is None:
-            return AssignmentDecision("given", b, None, False, "given", 1.0, None, 1.0)
-        before, state = checkpoint_boundaries(previous), checkpoint_loads(previous).state_bytes
-        takeover = warm_takeover(before, b, state)
-        groups, moved, restore = moved_figures(before, b, state, takeover)
-        return AssignmentDecision("given", b, before, before != b, "given", 1.0, None, 1.0, moved_key_groups=groups,
-                                  moved_bytes=moved, restore_bytes=restore, takeover=takeover)
-
-
 def _groups(runs):
     return {g for run in runs for g in range(run.start, run.end + 1)}
 
@@ -194,7 +171,7 @@ def test_moved_key_groups_are_those_the_warm_takeover_did_not_hold_and_the_subta
     (their reports' restored key groups), and the bytes moved are the bytes read, whatever the subtasks' numbers:
     0-1, 2-3, 4-15 -> 0-11, 12-13, 14-15 gives the third subtask's warm state to the first, which keeps 4-11 and
     drops 12-15; 0-3 and 12-15 moved (by subtask number 2-15 would have)."""
-    assignment = GivenRanges((0, 2, 4, MP))
+    assignment = FixedRanges((0, 2, 4, MP))
     with harness(parallelism=3, assignment=assignment) as h:
         recorder = job_metrics(h)
         h.process(records(list(range(100)), [1000 + i for i in range(100)]))
