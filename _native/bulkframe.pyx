@@ -13,11 +13,13 @@ from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from libc.stdint cimport int64_t, uint8_t, uint32_t
-from libc.string cimport memcmp, memcpy
+from libc.string cimport memcpy
 
 cimport numpy as cnp
 
 from entryframe cimport ENTRY_HEAD
+from indexsort cimport kg_stable_sort
+from keysearch cimport kg_key_cmp
 
 import sys
 
@@ -196,14 +198,15 @@ def gather(object data, object offsets, object indices):
     return result, result_offsets
 
 
-cdef int _key_cmp(_Parts k, Py_ssize_t a, Py_ssize_t b) noexcept nogil:
-    cdef Py_ssize_t na = k.size(a), nb = k.size(b), n = na if na < nb else nb
-    cdef int c = 0
-    if n:
-        c = memcmp(k.buf + k.offsets[a], k.buf + k.offsets[b], <size_t>n)
-    if c:
-        return c
-    return (na > nb) - (na < nb)
+ctypedef struct _PartsView:
+    const uint8_t *buf
+    const int64_t *offsets
+
+
+cdef int _part_order(const void *items, Py_ssize_t a, Py_ssize_t b) noexcept nogil:
+    cdef const _PartsView *k = <const _PartsView *>items
+    return kg_key_cmp(k.buf + k.offsets[a], k.offsets[a + 1] - k.offsets[a],
+                      k.buf + k.offsets[b], k.offsets[b + 1] - k.offsets[b])
 
 
 def has_repeated_keys(object rows, object keys):
@@ -211,14 +214,14 @@ def has_repeated_keys(object rows, object keys):
     (``(buffer, offsets)``)."""
     cdef _Parts k = _Parts()
     cdef list keep = []
-    cdef Py_ssize_t n, r, i, j, m, width, lo, hi, a, b, c, widest = 0
+    cdef Py_ssize_t n, r, i, m, widest = 0
+    cdef _PartsView view
     cdef const int64_t *row
     cdef Py_ssize_t *idx = NULL
     cdef Py_ssize_t *tmp = NULL
-    cdef Py_ssize_t *src
-    cdef Py_ssize_t *dst
-    cdef Py_ssize_t *swap
     k.open(keys[0], keys[1], "map keys")
+    view.buf = k.buf
+    view.offsets = k.offsets
     rows_array = np.ascontiguousarray(rows, dtype=np.int64)
     n = rows_array.shape[0] - 1
     row = _int64s(rows_array, n + 1, keep, "rows")
@@ -240,37 +243,9 @@ def has_repeated_keys(object rows, object keys):
                 continue
             for i in range(m):
                 idx[i] = row[r] + i
-            src, dst, width = idx, tmp, 1   # bottom-up merge sort of the map's keys by their bytes
-            while width < m:
-                lo = 0
-                while lo < m:
-                    a = lo
-                    b = lo + width if lo + width < m else m
-                    hi = lo + 2 * width if lo + 2 * width < m else m
-                    i, j, c = a, b, lo
-                    while i < b and j < hi:
-                        if _key_cmp(k, src[j], src[i]) < 0:
-                            dst[c] = src[j]
-                            j += 1
-                        else:
-                            dst[c] = src[i]
-                            i += 1
-                        c += 1
-                    while i < b:
-                        dst[c] = src[i]
-                        i += 1
-                        c += 1
-                    while j < hi:
-                        dst[c] = src[j]
-                        j += 1
-                        c += 1
-                    lo = hi
-                swap = src
-                src = dst
-                dst = swap
-                width *= 2
+            kg_stable_sort(idx, tmp, m, _part_order, &view)   # the map's keys by their bytes
             for i in range(1, m):
-                if _key_cmp(k, src[i - 1], src[i]) == 0:
+                if _part_order(&view, idx[i - 1], idx[i]) == 0:
                     return True
         return False
     finally:

@@ -19,6 +19,7 @@ from cpython.object cimport PyObject
 from libc.stdint cimport int64_t, uint8_t
 from libc.string cimport memcpy
 
+from indexsort cimport kg_sorted_order
 from keysearch cimport kg_key_cmp
 from writer cimport Writer, w_bytes, w_free, w_init
 
@@ -146,53 +147,9 @@ cdef struct Run:
     Py_ssize_t n
 
 
-cdef inline int _run_cmp(const Run *r, Py_ssize_t a, Py_ssize_t b) noexcept nogil:
+cdef int _run_order(const void *items, Py_ssize_t a, Py_ssize_t b) noexcept nogil:
+    cdef const Run *r = <const Run *>items
     return kg_key_cmp(r.keys + r.ko[a], r.ko[a + 1] - r.ko[a], r.keys + r.ko[b], r.ko[b + 1] - r.ko[b])
-
-
-cdef Py_ssize_t *_sorted_order(const Run *r) except NULL:
-    """The stable order that sorts the run's keys (a bottom-up merge sort, as the block encoder's)."""
-    cdef Py_ssize_t n = r.n, i, width, lo, mid, hi, a, b, k
-    cdef Py_ssize_t *src = <Py_ssize_t *>PyMem_Malloc((n if n else 1) * sizeof(Py_ssize_t))
-    cdef Py_ssize_t *dst = <Py_ssize_t *>PyMem_Malloc((n if n else 1) * sizeof(Py_ssize_t))
-    cdef Py_ssize_t *tmp
-    if src == NULL or dst == NULL:
-        PyMem_Free(src)
-        PyMem_Free(dst)
-        raise MemoryError(f"cannot sort {n} keys")
-    with nogil:
-        for i in range(n):
-            src[i] = i
-        width = 1
-        while width < n:
-            lo = 0
-            while lo < n:
-                mid = lo + width if lo + width < n else n
-                hi = lo + 2 * width if lo + 2 * width < n else n
-                a, b, k = lo, mid, lo
-                while a < mid and b < hi:
-                    if _run_cmp(r, src[b], src[a]) < 0:
-                        dst[k] = src[b]
-                        b += 1
-                    else:
-                        dst[k] = src[a]
-                        a += 1
-                    k += 1
-                while a < mid:
-                    dst[k] = src[a]
-                    a += 1
-                    k += 1
-                while b < hi:
-                    dst[k] = src[b]
-                    b += 1
-                    k += 1
-                lo = hi
-            tmp = src
-            src = dst
-            dst = tmp
-            width *= 2
-    PyMem_Free(dst)
-    return src
 
 
 cdef struct Out:
@@ -313,7 +270,7 @@ def full_section(dict entries, list layers, Encoder keys, ValueWriter values, ob
         run.vo = vo.p
         run.live = live
         run.n = d
-        order = _sorted_order(&run)
+        order = kg_sorted_order(run.n, _run_order, &run)
         for li in range(nl):
             puts[li] = 0
             dels[li] = 0

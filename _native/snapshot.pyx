@@ -48,6 +48,7 @@ cimport numpy as cnp
 
 from cursor cimport Cursor, cur_corrupt, cur_count, cur_init, cur_read, cur_remaining, cur_u32, cur_u64
 from javahash cimport KG_UPPER_BOUND_MAX_PARALLELISM
+from indexsort cimport kg_sorted_order
 from keysearch cimport kg_find_key, kg_key_cmp
 from writer cimport U32_MAX, Writer, w_bytes, w_finish_bytes, w_init_bytes, w_u32, w_u64
 
@@ -240,60 +241,28 @@ cdef _Items _items(object part, str what):
     return it
 
 
-cdef inline int _cmp_items(_Items k, Py_ssize_t a, Py_ssize_t b) noexcept nogil:
+ctypedef struct _KeyList:
+    const uint8_t **ptr
+    const uint32_t *length
+
+
+cdef int _key_order(const void *items, Py_ssize_t a, Py_ssize_t b) noexcept nogil:
+    cdef const _KeyList *k = <const _KeyList *>items
     return kg_key_cmp(k.ptr[a], k.length[a], k.ptr[b], k.length[b])
 
 
 cdef int _sort_keys(_Items keys) except -1:
     """Set ``keys.order`` to the stable order that sorts the keys (left NULL when they already are sorted)."""
-    cdef Py_ssize_t n = keys.n, i, width, lo, mid, hi, a, b, k
-    cdef Py_ssize_t *src
-    cdef Py_ssize_t *dst
-    cdef Py_ssize_t *tmp
+    cdef Py_ssize_t n = keys.n, i
+    cdef _KeyList view
+    view.ptr = keys.ptr
+    view.length = keys.length
     for i in range(1, n):
-        if _cmp_items(keys, i - 1, i) > 0:
+        if _key_order(&view, i - 1, i) > 0:
             break
     else:
         return 0
-    src = <Py_ssize_t *>PyMem_Malloc(n * sizeof(Py_ssize_t))
-    dst = <Py_ssize_t *>PyMem_Malloc(n * sizeof(Py_ssize_t))
-    if src == NULL or dst == NULL:
-        PyMem_Free(src)
-        PyMem_Free(dst)
-        raise MemoryError(f"cannot sort {n} keys")
-    with nogil:
-        for i in range(n):
-            src[i] = i
-        width = 1
-        while width < n:   # bottom-up merge sort: stable, O(n log n) comparisons
-            lo = 0
-            while lo < n:
-                mid = lo + width if lo + width < n else n
-                hi = lo + 2 * width if lo + 2 * width < n else n
-                a, b, k = lo, mid, lo
-                while a < mid and b < hi:
-                    if _cmp_items(keys, src[b], src[a]) < 0:
-                        dst[k] = src[b]
-                        b += 1
-                    else:
-                        dst[k] = src[a]
-                        a += 1
-                    k += 1
-                while a < mid:
-                    dst[k] = src[a]
-                    a += 1
-                    k += 1
-                while b < hi:
-                    dst[k] = src[b]
-                    b += 1
-                    k += 1
-                lo = hi
-            tmp = src
-            src = dst
-            dst = tmp
-            width *= 2
-    PyMem_Free(dst)
-    keys.order = src
+    keys.order = kg_sorted_order(n, _key_order, &view)
     return 0
 
 

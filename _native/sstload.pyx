@@ -33,6 +33,8 @@ cimport numpy as cnp
 
 from cursor cimport Cursor, cur_corrupt, cur_init, cur_read, cur_remaining, cur_u32, cur_u64
 from entryframe cimport ENTRY_HEAD
+from indexsort cimport kg_sorted_order, kg_stable_sort
+from keysearch cimport kg_key_cmp
 
 import sys
 from operator import itemgetter
@@ -89,101 +91,27 @@ cdef inline int _db_cmp(const uint8_t *a, Py_ssize_t na, const uint8_t *b, Py_ss
     return memcmp(a, b, <size_t>na)
 
 
-cdef inline int _bytes_cmp(const uint8_t *a, Py_ssize_t na, const uint8_t *b, Py_ssize_t nb) noexcept nogil:
-    """Bytes order (a prefix first): of user keys, which end their database key."""
-    cdef Py_ssize_t n = na if na < nb else nb
-    cdef int c = 0
-    if n > 0:
-        c = memcmp(a, b, <size_t>n)
-    if c != 0:
-        return c
-    return (na > nb) - (na < nb)
-
-
 cdef inline const uint8_t *_key(const Run *r, Py_ssize_t i, Py_ssize_t *n) noexcept nogil:
     cdef int64_t a = r.keys[i]
     n[0] = <Py_ssize_t>(r.keys[i + 1] - a)
     return r.buf + a
 
 
-# ---- stable merge sorts by index ----------------------------------------------------------------------------------
+# ---- the orders entries are sorted in (by index, with indexsort's stable sort) ----------------------------------
 
-cdef void _sort_run(Run *r, Py_ssize_t *idx, Py_ssize_t *tmp, Py_ssize_t n) noexcept nogil:
-    """Bottom-up stable merge sort of ``idx[0:n]`` (entry indexes of ``r``) into the database's key order."""
-    cdef Py_ssize_t width = 1, lo, mid, hi, i, j, k, la, lb
-    cdef Py_ssize_t *src = idx
-    cdef Py_ssize_t *dst = tmp
-    cdef Py_ssize_t *swap
-    cdef const uint8_t *a
-    cdef const uint8_t *b
-    while width < n:
-        lo = 0
-        while lo < n:
-            mid = lo + width if lo + width < n else n
-            hi = lo + 2 * width if lo + 2 * width < n else n
-            i, j, k = lo, mid, lo
-            while i < mid and j < hi:
-                a = _key(r, src[i], &la)
-                b = _key(r, src[j], &lb)
-                if _db_cmp(b, lb, a, la) < 0:
-                    dst[k] = src[j]
-                    j += 1
-                else:
-                    dst[k] = src[i]
-                    i += 1
-                k += 1
-            while i < mid:
-                dst[k] = src[i]
-                i += 1
-                k += 1
-            while j < hi:
-                dst[k] = src[j]
-                j += 1
-                k += 1
-            lo = hi
-        swap = src
-        src = dst
-        dst = swap
-        width *= 2
-    if src != idx:
-        memcpy(idx, src, n * sizeof(Py_ssize_t))
+cdef int _run_order(const void *items, Py_ssize_t a, Py_ssize_t b) noexcept nogil:
+    """The database's key order of entries ``a`` and ``b`` of a run."""
+    cdef const Run *r = <const Run *>items
+    cdef Py_ssize_t la, lb
+    cdef const uint8_t *x = _key(r, a, &la)
+    cdef const uint8_t *y = _key(r, b, &lb)
+    return _db_cmp(x, la, y, lb)
 
 
-cdef void _sort_entries(Entry *e, Py_ssize_t *idx, Py_ssize_t *tmp, Py_ssize_t n) noexcept nogil:
-    """Stable merge sort of ``idx[0:n]`` (indexes into ``e``) by user key bytes."""
-    cdef Py_ssize_t width = 1, lo, mid, hi, i, j, k
-    cdef Py_ssize_t *src = idx
-    cdef Py_ssize_t *dst = tmp
-    cdef Py_ssize_t *swap
-    while width < n:
-        lo = 0
-        while lo < n:
-            mid = lo + width if lo + width < n else n
-            hi = lo + 2 * width if lo + 2 * width < n else n
-            i, j, k = lo, mid, lo
-            while i < mid and j < hi:
-                if _bytes_cmp(e[src[j]].key, e[src[j]].key_len, e[src[i]].key, e[src[i]].key_len) < 0:
-                    dst[k] = src[j]
-                    j += 1
-                else:
-                    dst[k] = src[i]
-                    i += 1
-                k += 1
-            while i < mid:
-                dst[k] = src[i]
-                i += 1
-                k += 1
-            while j < hi:
-                dst[k] = src[j]
-                j += 1
-                k += 1
-            lo = hi
-        swap = src
-        src = dst
-        dst = swap
-        width *= 2
-    if src != idx:
-        memcpy(idx, src, n * sizeof(Py_ssize_t))
+cdef int _entry_order(const void *items, Py_ssize_t a, Py_ssize_t b) noexcept nogil:
+    """Map entries by user key bytes."""
+    cdef const Entry *e = <const Entry *>items
+    return kg_key_cmp(e[a].key, e[a].key_len, e[b].key, e[b].key_len)
 
 
 # ---- the writer ----------------------------------------------------------------------------------------------------
@@ -409,11 +337,11 @@ cdef int _write_map(_Out out, bint ttl, bint has_deadline, int64_t deadline, con
             entries[i].value_len = cur_remaining(&e)
             entries[i].ts = ts
             idx[i] = i
-        _sort_entries(entries, idx, tmp, n)
+        kg_stable_sort(idx, tmp, n, _entry_order, entries)
         i = 0
         while i < n:
             j = i
-            while j + 1 < n and _bytes_cmp(entries[idx[j + 1]].key, entries[idx[j + 1]].key_len,
+            while j + 1 < n and kg_key_cmp(entries[idx[j + 1]].key, entries[idx[j + 1]].key_len,
                                            entries[idx[i]].key, entries[idx[i]].key_len) == 0:
                 j += 1   # equal user keys: the last one counts
             x = &entries[idx[j]]
@@ -435,7 +363,6 @@ cdef int _order_run(Run *r) except -1:
     cdef Py_ssize_t i, la, lb
     cdef const uint8_t *a
     cdef const uint8_t *b
-    cdef Py_ssize_t *tmp
     cdef int c
     r.unique = True
     for i in range(1, r.n):
@@ -449,15 +376,7 @@ cdef int _order_run(Run *r) except -1:
     else:
         return 0
     r.unique = False
-    r.order = <Py_ssize_t *>PyMem_Malloc(r.n * sizeof(Py_ssize_t))
-    tmp = <Py_ssize_t *>PyMem_Malloc(r.n * sizeof(Py_ssize_t))
-    if r.order == NULL or tmp == NULL:
-        PyMem_Free(tmp)
-        raise MemoryError()
-    for i in range(r.n):
-        r.order[i] = i
-    _sort_run(r, r.order, tmp, r.n)
-    PyMem_Free(tmp)
+    r.order = kg_sorted_order(r.n, _run_order, r)
     return 0
 
 
