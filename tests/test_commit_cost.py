@@ -241,22 +241,74 @@ def _delta_metadata(tmp_path, max_parallelism: int = 256):
     return storage, md
 
 
-def test_version_6_stores_offsets_and_distances_compressed_and_version_5_still_reads(tmp_path):
+def test_version_7_leaves_out_carried_quiet_blocks_and_versions_5_and_6_still_read(tmp_path):
     import json
 
-    from keygroups.checkpoint.metadata import METADATA_VERSION
+    from keygroups.checkpoint.metadata import METADATA_VERSION, _compact_keyed
 
     storage, md = _delta_metadata(tmp_path)
     data = storage.read_bytes(f"{md.base}/_metadata")
-    assert int.from_bytes(data[4:8], "little") == METADATA_VERSION == 6
+    assert int.from_bytes(data[4:8], "little") == METADATA_VERSION == 7
     body = json.loads(data[12:-4])
-    assert all("offsets" not in h and "block_sizes" in h for h in body["keyed_handles"])
-    # the same checkpoint as version 5 wrote it: every array as it is in memory
-    compact = len(json.dumps(body["keyed_handles"]))
-    body["keyed_handles"] = [dict(h.to_json(), file=h.file) for h in md.keyed_handles]
-    old = _framed(5, body)
-    assert compact * 10 < len(json.dumps(body["keyed_handles"])) * 7   # mostly empty delta blocks compress
-    assert decode_metadata(old, md.base, "v5") == md == decode_metadata(data, md.base, "v6")
+    stored = body["keyed_handles"]
+    assert all("offsets" not in h and "block_sizes" in h for h in stored)
+    # the handles carried from older checkpoints leave out their quiet blocks' links; the checkpoint's own keep all
+    carried = [h.checkpoint_id < md.checkpoint_id for h in md.keyed_handles]
+    assert [h.get("quiet_unrecorded", False) for h in stored] == carried and any(carried) and not all(carried)
+    # the same checkpoint as version 6 wrote it (every link, compressed) and version 5 (every array as in memory)
+    v6 = [_compact_keyed(dict(h.to_json(), file=h.file), elide=False) for h in md.keyed_handles]
+    v5 = [dict(h.to_json(), file=h.file) for h in md.keyed_handles]
+    assert len(json.dumps(stored)) < len(json.dumps(v6)) and len(json.dumps(v6)) * 10 < len(json.dumps(v5)) * 7
+    assert decode_metadata(_framed(5, dict(body, keyed_handles=v5)), md.base, "v5") == md
+    assert decode_metadata(_framed(6, dict(body, keyed_handles=v6)), md.base, "v6") == md
+    read = decode_metadata(data, md.base, "v7")
+    for h, back in zip(md.keyed_handles, read.keyed_handles):
+        if h.checkpoint_id == md.checkpoint_id:
+            assert back == h
+            continue
+        assert (back.file, back.offsets, back.full_key_groups) == (h.file, h.offsets, h.full_key_groups)
+        for kg in h.key_group_range:
+            recorded = (h.checksum(kg), h.predecessor(kg))
+            assert (back.checksum(kg), back.predecessor(kg)) == (recorded if h.changes(kg) else (None, None))
+    # written again (a restarted driver carrying them on), the handles read back store the same bytes
+    assert encode_metadata(read, md.base) == data
+
+
+def test_a_handle_records_no_checksum_only_for_a_quiet_block(tmp_path):
+    import dataclasses
+
+    from keygroups.checkpoint.metadata import NOT_RECORDED
+
+    _, md = _delta_metadata(tmp_path)
+    h = next(h for h in md.keyed_handles if h.checkpoint_id == md.checkpoint_id)
+    changed = next(kg for kg in h.key_group_range if h.changes(kg))
+    quiet = next(kg for kg in h.key_group_range if not h.changes(kg))
+    at = h.key_group_range.start
+    checksums = list(h.checksums)
+    checksums[quiet - at] = NOT_RECORDED
+    assert dataclasses.replace(h, checksums=checksums).checksum(quiet) is None
+    checksums[changed - at] = NOT_RECORDED
+    with pytest.raises(ValueError, match=f"records no checksum for key group {changed}, whose block is full or not "
+                                         "empty: only a quiet block"):
+        dataclasses.replace(h, checksums=checksums)
+
+
+@pytest.mark.parametrize("field, match", [
+    ("checksums", r"checksums holds \d+ values, not one per block that is not quiet \(\d+\)"),
+    ("predecessors", r"predecessors.checksums holds \d+ values, not one per block that is not quiet \(\d+\)"),
+])
+def test_a_carried_handle_with_links_of_the_wrong_count_is_corrupt(tmp_path, field, match):
+    import base64
+    import json
+
+    storage, md = _delta_metadata(tmp_path)
+    data = storage.read_bytes(f"{md.base}/_metadata")
+    body = json.loads(data[12:-4])
+    h = next(h for h in body["keyed_handles"] if h.get("quiet_unrecorded") and h.get("predecessors"))
+    part = h if field == "checksums" else h["predecessors"]
+    part["checksums"] = base64.b64encode(base64.b64decode(part["checksums"]) + bytes(4)).decode()   # one too many
+    with pytest.raises(CorruptSnapshotError, match=match):
+        decode_metadata(_framed(7, body), md.base, "crafted")
 
 
 @pytest.mark.parametrize("field, value, match", [

@@ -31,12 +31,23 @@ storage-relative paths; reading moves those inside the directory into the fields
 earlier block. Each version changed so that an older keygroups refuses the file instead of misreading it (version 2:
 treating output files as orphans; version 3: restoring a delta as the whole state; version 4: restoring without raw
 keyed state, deleting late outputs as orphans; version 5: reading blocks of keyed format 4, whose layout it does not
-know, and checking no chain; version 6: reading offsets it does not find). Version 6 (written when version 5 was)
+know, and checking no chain; version 6: reading offsets it does not find; version 7: taking the checksums left
+out for its handles' blocks'). Version 6 (written when version 5 was)
 stores the same handles in a third of the bytes: a keyed handle's ``offsets`` become ``first_offset`` and
 ``block_sizes`` (base64 of zlib of u64 little-endian: most blocks of a delta file are empty ones of one size), and its
 predecessors' ``distances`` are zlib'd before base64 too (``distances_z``); the checksums, random, stay as they are.
 An incremental checkpoint lists every older file its chains still need, so ``_metadata`` grows with key groups times
-files: what every commit writes and every task decodes. Checkpoints of every earlier version still restore; their chains are checked only as far
+files: what every commit writes and every task decodes. Version 7 (written when version 6 was) leaves out what no
+reader needs twice: each *quiet* block's checksum and predecessor (a quiet block is an empty delta, a key group its
+file changed nothing in: at max parallelism 4096 nearly every block of a small batch's file) in every handle carried
+from an older checkpoint (``"quiet_unrecorded": true``; its ``checksums`` and predecessors' ``distances_z`` and
+``checksums`` then hold the other blocks' values only, in key-group order; which blocks are quiet follows from
+``block_sizes`` and ``full_key_groups``). The handles the checkpoint itself wrote keep them all: their quiet blocks name
+every key group's chain end as the checkpoint before left it, and every block that is not quiet names the block it
+continues, so a chain that lost a delta (its newest too) or holds a foreign one is still refused from the metadata
+alone, with a ``_metadata`` that grows with the checkpoint's changes, not with key groups times retained files. A
+handle read with them left out records :data:`NOT_RECORDED` as those blocks' checksums and no predecessor for them
+(no restore reads a quiet block). Checkpoints of every earlier version still restore; their chains are checked only as far
 as they say (a delta of format 3 or older names no predecessor), and a backend restored from them writes its next
 snapshot full, so that the chains it continues are checked from their base.
 """
@@ -64,7 +75,8 @@ from keygroups._ranges import UPPER_BOUND_MAX_PARALLELISM, KeyGroupRange, check_
 from keygroups.errors import CorruptSnapshotError
 
 METADATA_MAGIC = b"\x89KGM"
-METADATA_VERSION = 6
+METADATA_VERSION = 7
+_COMPACT_VERSION = 6   # offsets as compressed block sizes, predecessor distances compressed
 _CHAINED_VERSION = 5   # keyed handles of format 4 with their per key group arrays uncompressed
 _LEGACY_VERSION = 1   # outputs and inputs in properties
 _UNSHARED_VERSION = 2   # keyed handles without checkpoint_id, full_key_groups, format_version (format 1 files)
@@ -77,6 +89,9 @@ _PREFIX = struct.Struct("<4sII")
 #: The keyed file format written, the ones read, and the size of a block that holds nothing (in the format written;
 #: no block of an older format that holds a section is that small either, so it tells empty blocks of any format).
 KEYED_FORMAT_VERSION: int = _snap.FORMAT_VERSION
+#: In a keyed handle's ``checksums``: the checksum of this quiet block (an empty delta) is not recorded, as in a handle
+#: read from a ``_metadata`` of version 7 (see the module docs).
+NOT_RECORDED: int = -1
 KEYED_READ_VERSIONS: tuple[int, ...] = tuple(_snap.READ_VERSIONS)
 EMPTY_BLOCK_SIZE: int = _snap.BLOCK_OVERHEAD
 #: The first keyed format whose blocks carry a checksum of their file's id and name their predecessor.
@@ -362,8 +377,16 @@ class KeyedStateHandle:
                 raise ValueError(f"KeyedStateHandle.checksums must be a list of {n} ints (one per key group of "
                                  f"{self.key_group_range}), got "
                                  f"{len(checksums) if isinstance(checksums, list) else type(checksums).__name__}")
-            if checksums and (set(map(type, checksums)) != {int} or min(checksums) < 0 or max(checksums) >= 1 << 32):
+            if checksums and (set(map(type, checksums)) != {int} or min(checksums) < NOT_RECORDED
+                              or max(checksums) >= 1 << 32):
                 raise ValueError("KeyedStateHandle.checksums must be u32 ints (the CRC32C each block stores)")
+            if checksums and min(checksums) == NOT_RECORDED:
+                unrecorded = np.asarray(checksums, dtype=np.int64) == NOT_RECORDED
+                loud = np.flatnonzero(unrecorded & ~self._quiet_blocks())
+                if len(loud):
+                    raise ValueError(f"KeyedStateHandle.checksums records no checksum for key group "
+                                     f"{self.key_group_range.start + int(loud[0])}, whose block is full or not "
+                                     f"empty: only a quiet block (an empty delta) may go unrecorded")
         if self.predecessors is None:
             return
         if not isinstance(self.predecessors, Mapping):
@@ -385,6 +408,10 @@ class KeyedStateHandle:
                                  f"not a delta block of {self.key_group_range} that changes an earlier block (full: "
                                  f"{self.full_key_groups}, fresh: {self.fresh_key_groups})")
 
+    def _quiet_blocks(self) -> Any:
+        """A bool per key group of the range: whether its block is quiet (an empty delta: nothing changed there)."""
+        return _quiet(np.diff(np.asarray(self.offsets, dtype=np.int64)), self.key_group_range, self.full_key_groups)
+
     def __setattr__(self, name: str, value: Any) -> None:
         self.__dict__.pop("_encoded", None)   # a field changed (a writer naming predecessors): encode it again
         super().__setattr__(name, value)
@@ -395,10 +422,12 @@ class KeyedStateHandle:
         return crc32c(bytes.fromhex(self.file_id)) if self.file_id is not None else 0
 
     def checksum(self, key_group: int) -> int | None:
-        """The checksum ``key_group``'s block stores, as the handle names it (None: not recorded, format < 4)."""
+        """The checksum ``key_group``'s block stores, as the handle names it (None: not recorded, format < 4 or a
+        quiet block of a handle read from version 7)."""
         if self.checksums is None:
             return None
-        return self.checksums[key_group - self.key_group_range.start]
+        checksum = self.checksums[key_group - self.key_group_range.start]
+        return None if checksum == NOT_RECORDED else checksum
 
     def link(self, key_group: int) -> BlockLink | None:
         """``key_group``'s block of this file as a later delta names it (None: its checksum is not recorded)."""
@@ -473,7 +502,11 @@ class KeyedStateHandle:
         if self.file_id is not None:
             out["file_id"] = self.file_id
         if self.checksums is not None:
-            out["checksums"] = _pack_u32(self.checksums)
+            checksums = np.asarray(self.checksums, dtype=np.int64)
+            if self.checksums and min(self.checksums) == NOT_RECORDED:   # of a handle read from version 7
+                checksums = checksums[~self._quiet_blocks()]
+                out["quiet_unrecorded"] = True   # the quiet blocks' checksums are left out
+            out["checksums"] = _pack_u32(checksums)
         if self.predecessors is not None:
             out["predecessors"] = BlockLinks.of(self.predecessors, r).to_json(self.checkpoint_id)
         return out
@@ -488,12 +521,26 @@ class KeyedStateHandle:
             r = KeyGroupRange(start, end)
             checksums = d.get("checksums")
             links = d.get("predecessors")
+            if checksums is not None:
+                checksums = _unpack_u32(checksums, "checksums")
+                if d.get("quiet_unrecorded") is True:   # the quiet blocks' checksums left out (version 7)
+                    sizes = np.diff(np.asarray(d["offsets"], dtype=np.int64))
+                    if len(sizes) != len(r):
+                        raise ValueError(f"offsets must be {len(r) + 1} positions for {r}, got {len(sizes) + 1}")
+                    kept = ~_quiet(sizes, r, full)
+                    if len(checksums) != int(kept.sum()):
+                        raise ValueError(f"checksums holds {len(checksums)} values, not one per block that is not "
+                                         f"quiet ({int(kept.sum())})")
+                    expanded = np.full(len(r), NOT_RECORDED, dtype=np.int64)
+                    expanded[kept] = checksums
+                    checksums = expanded
+                checksums = checksums.tolist()
             return cls(file=d["file"], subtask=d["subtask"], key_group_range=r,
                        offsets=d["offsets"], size=d["size"], states=d["states"], checkpoint_id=d["checkpoint_id"],
                        full_key_groups=full, format_version=d["format_version"],
                        fresh_key_groups=None if fresh is None else [KeyGroupRange(a, b) for a, b in fresh],
                        file_id=d.get("file_id"),
-                       checksums=None if checksums is None else _unpack_u32(checksums, "checksums").tolist(),
+                       checksums=checksums,
                        predecessors=None if links is None else BlockLinks.from_json(links, r, d["checkpoint_id"]))
         except (KeyError, TypeError, ValueError) as e:
             raise CorruptSnapshotError(f"not a valid keyed state handle ({e}): {str(d)[:200]}") from e
@@ -891,21 +938,44 @@ def _unzipped(text: Any, dtype: str, count: int, what: str) -> Any:
     return np.frombuffer(raw, dtype=dtype)
 
 
-def _compact_keyed(d: dict[str, Any]) -> dict[str, Any]:
-    """A keyed handle's JSON (``to_json``) as version 6 stores it (see the module docs)."""
+def _quiet(sizes: Any, key_group_range: KeyGroupRange, full_key_groups: Any) -> Any:
+    """A bool per key group of ``key_group_range``: whether its block, of ``sizes[i]`` bytes, is quiet (a delta
+    block that holds nothing); ``full_key_groups`` as ``[start, end]`` pairs or KeyGroupRanges."""
+    quiet = np.asarray(sizes, dtype=np.int64) == EMPTY_BLOCK_SIZE
+    for f in full_key_groups:
+        start, end = (f.start, f.end) if isinstance(f, KeyGroupRange) else f
+        if not (_is_int(start) and _is_int(end)):
+            raise ValueError(f"full_key_groups must hold [start, end] pairs of ints, got {f!r:.60}")
+        lo, hi = max(start, key_group_range.start), min(end, key_group_range.end)
+        if lo <= hi:
+            quiet[lo - key_group_range.start:hi - key_group_range.start + 1] = False
+    return quiet
+
+
+def _compact_keyed(d: dict[str, Any], elide: bool) -> dict[str, Any]:
+    """A keyed handle's JSON (``to_json``) as versions 6 and 7 store it; ``elide`` (version 7, a handle carried
+    from an older checkpoint) leaves out its quiet blocks' checksums and predecessors (see the module docs)."""
     offsets = d.pop("offsets")
+    sizes = np.diff(np.asarray(offsets, dtype=np.int64))
     d["first_offset"] = offsets[0]
-    d["block_sizes"] = _zipped(np.diff(np.asarray(offsets, dtype=np.int64)), "<u8")
+    d["block_sizes"] = _zipped(sizes, "<u8")
     links = d.get("predecessors")
+    kept: Any = slice(None)
+    if "checksums" in d and (elide or d.get("quiet_unrecorded")):
+        start, end = d["key_group_range"]
+        kept = ~_quiet(sizes, KeyGroupRange(start, end), d["full_key_groups"])
+        if not d.get("quiet_unrecorded"):   # else left out already: the handle does not record them
+            d["checksums"] = _pack_u32(_unpack_u32(d["checksums"], "checksums")[kept])
+            d["quiet_unrecorded"] = True
     if links is not None:
-        d["predecessors"] = {"distances_z": _zipped(_unpack_u32(links["distances"], "distances"), "<u4"),
-                             "checksums": links["checksums"]}
+        d["predecessors"] = {"distances_z": _zipped(_unpack_u32(links["distances"], "distances")[kept], "<u4"),
+                             "checksums": _pack_u32(_unpack_u32(links["checksums"], "checksums")[kept])}
     return d
 
 
 def _expand_keyed(d: dict[str, Any]) -> dict[str, Any]:
-    """A keyed handle's JSON as version 6 stores it back as ``from_json`` reads it; ValueError/KeyError/TypeError
-    if it is not one."""
+    """A keyed handle's JSON as versions 6 and 7 store it back as ``from_json`` reads it; ValueError/KeyError/
+    TypeError if it is not one."""
     start, end = d["key_group_range"]
     # bounded before anything is inflated: a key group range of at most Flink's 32768 key groups sizes the arrays
     if not (_is_int(start) and _is_int(end) and 0 <= start and end < UPPER_BOUND_MAX_PARALLELISM):
@@ -923,21 +993,37 @@ def _expand_keyed(d: dict[str, Any]) -> dict[str, Any]:
     if links is not None:
         if not isinstance(links, dict):
             raise TypeError(f"predecessors must be a JSON object, got {type(links).__name__}")
-        distances = _unzipped(links["distances_z"], "<u4", n, "predecessors.distances_z")
-        d["predecessors"] = {"distances": _pack_u32(distances), "checksums": links["checksums"]}
+        if d.get("quiet_unrecorded") is True:   # the links of the blocks that are not quiet only
+            kept = ~_quiet(sizes, KeyGroupRange(start, end), d["full_key_groups"])
+            count = int(kept.sum())
+            distances, named = np.zeros(n, dtype=np.uint32), np.zeros(n, dtype=np.uint32)
+            distances[kept] = _unzipped(links["distances_z"], "<u4", count, "predecessors.distances_z")
+            checks = _unpack_u32(links["checksums"], "predecessors.checksums")
+            if len(checks) != count:
+                raise ValueError(f"predecessors.checksums holds {len(checks)} values, not one per block that is not "
+                                 f"quiet ({count})")
+            named[kept] = checks
+            d["predecessors"] = {"distances": _pack_u32(distances), "checksums": _pack_u32(named)}
+        else:
+            distances = _unzipped(links["distances_z"], "<u4", n, "predecessors.distances_z")
+            d["predecessors"] = {"distances": _pack_u32(distances), "checksums": links["checksums"]}
     return d
 
 
-def _keyed_handle_text(handle: KeyedStateHandle, base: str, compact: bool) -> bytes:
-    """``handle``'s JSON in a ``_metadata`` of directory ``base`` (``compact``: as version 6 stores it), encoded
-    once per handle, stored path and layout: an incremental checkpoint carries most of its handles forward from the
-    one before, so a commit encodes only its new ones (a handle is never changed once a checkpoint holds it)."""
+def _keyed_handle_text(handle: KeyedStateHandle, base: str, version: int, carried: bool) -> bytes:
+    """``handle``'s JSON in a ``_metadata`` of directory ``base`` and ``version`` (6 and 7 compact it; 7 leaves
+    out a ``carried`` handle's quiet blocks), encoded once per handle, stored path, version and role: an incremental
+    checkpoint carries most of its handles forward from the one before, so a commit encodes only its new ones and
+    those it carries for the first time (a handle is never changed once a checkpoint holds it)."""
     stored = _keyed_path(handle.file, base)
+    elide = carried and version >= METADATA_VERSION
     cache = handle.__dict__.setdefault("_encoded", {})
-    text = cache.get((stored, compact))
+    text = cache.get((stored, version, elide))
     if text is None:
         d = dict(handle.to_json(), file=stored)
-        text = cache[(stored, compact)] = _json_text(_compact_keyed(d) if compact else d).encode("utf-8")
+        if version >= _COMPACT_VERSION:
+            d = _compact_keyed(d, elide)
+        text = cache[(stored, version, elide)] = _json_text(d).encode("utf-8")
     return text
 
 
@@ -953,8 +1039,8 @@ def encode_metadata(metadata: CheckpointMetadata, base: str) -> bytes:
         version = _RAW_KEYED_VERSION
     else:
         version = _SHARED_VERSION
-    compact = version >= METADATA_VERSION
-    keyed = b",".join(_keyed_handle_text(h, base, compact) for h in metadata.keyed_handles)
+    cid = metadata.checkpoint_id
+    keyed = b",".join(_keyed_handle_text(h, base, version, h.checkpoint_id < cid) for h in metadata.keyed_handles)
     placeholder = f"\x00keyed-handles-{id(keyed):x}\x00"   # spliced in below: the handles are encoded already
     body = {
         "checkpoint_id": metadata.checkpoint_id,
@@ -992,7 +1078,7 @@ def decode_metadata(data: bytes, base: str, where: str) -> CheckpointMetadata:
     if magic != METADATA_MAGIC:
         raise CorruptSnapshotError(f"{where} starts with {magic!r}, not the _metadata magic {METADATA_MAGIC!r}")
     if version not in (_LEGACY_VERSION, _UNSHARED_VERSION, _SHARED_VERSION, _RAW_KEYED_VERSION, _CHAINED_VERSION,
-                       METADATA_VERSION):
+                       _COMPACT_VERSION, METADATA_VERSION):
         raise CorruptSnapshotError(f"{where} has format version {version}; this keygroups reads versions "
                                    f"{_LEGACY_VERSION} to {METADATA_VERSION} (written by a newer keygroups, or "
                                    f"corrupt)")
@@ -1007,7 +1093,7 @@ def decode_metadata(data: bytes, base: str, where: str) -> CheckpointMetadata:
         keyed = []
         for h in body["keyed_handles"]:
             h = dict(h, file=_keyed_file(h["file"], base, version))
-            if version >= METADATA_VERSION:
+            if version >= _COMPACT_VERSION:
                 h = _expand_keyed(h)
             if version < _SHARED_VERSION:   # every file of format 1, full, written by this checkpoint
                 start, end = h["key_group_range"]
