@@ -290,9 +290,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r['floor_wall'] * 1e3:>12.0f}{r['floor_outside'] * 1e3:>14.0f}{own * 1e3:>14.0f}  {verdict}")
         print("  outside jobs: the batch's driver wall time while none of its Spark jobs ran (the figure the target "
               "names); keygroups own: that minus the floor's outside-jobs time over the same file")
-        print(f"\n   the same outside-jobs time, by what the driver's main thread waited for (medians, ms): 'JVM' = py4j "
-              "calls and result reads outside jobs (Catalyst, the reader's listing, job submission: Spark's side); "
-              "'Python' = the rest (keygroups' driver code, PySpark's Python wrappers, the commit's writes and fsyncs)")
+        print("\n   the same outside-jobs time, by what the driver's main thread waited for (medians, ms): 'JVM' = "
+              "py4j calls and result reads outside jobs (Catalyst, the reader's listing, job submission: Spark's "
+              "side); 'Python' = the rest (keygroups' driver code, PySpark's Python wrappers, the commit's writes and fsyncs)")
         print(f"{'max p':>6}{'keygroups Python':>17}{'keygroups JVM':>14}{'py4j calls':>11}{'floor Python':>13}"
               f"{'floor JVM':>10}{'py4j calls':>11}{'Python over floor':>18}{'JVM over floor':>15}")
         for mp, r in spark_rows.items():
