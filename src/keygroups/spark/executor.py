@@ -276,7 +276,7 @@ class SparkPlanCache:
     def __init__(self) -> None:
         self.input: tuple[str, str, _CheckedInput] | None = None
         self.placements: dict[tuple[Any, ...], Callable[[DataFrame], DataFrame] | None] = {}
-        self.digest: tuple[str, tuple[Column, ...]] | None = None
+        self.digest: tuple[str, tuple[Column, Column]] | None = None
 
 
 def check_input(options: JobOptions, df: DataFrame, cache: SparkPlanCache) -> _CheckedInput:
@@ -441,37 +441,32 @@ class SparkExecutor:
     # ---- the keyed stage -----------------------------------------------------------------------------------------
 
     def prepare(self, spec: KeyedTaskSpec, plan: BatchPlan) -> None:
-        """The keyed stage's DataFrame: the input placed by key group (the placement's expressions built once per
-        schema and ranges), then its digest column added and its columns renamed to names ``mapInArrow`` takes, in
-        one projection after the shuffle: the shuffle carries the input's columns only, and Spark analyses and
-        plans a projection over the placed input in about half the time of a placement over a projection that
-        hashes every column (measured, issue 32)."""
+        """The keyed stage's DataFrame: the input with its digest column, placed by key group (the placement's
+        expressions built once per schema and ranges), its columns under names ``mapInArrow`` takes."""
         df, checked, cache = self._df, self._checked, self._cache
         assert df is not None and checked is not None
         schema_key = cache.input[0] if cache.input is not None else None
-        names, plain = list(checked.names), list(checked.plain)
         if cache.digest is None:   # its Columns are unresolved: any DataFrame of this schema takes them
-            digest = _record_digest(df).alias(checked.digest_column)
-            columns = ((F.col("*"), digest) if plain == names else
-                       (*[quoted(c).alias(p) for c, p in zip(names, plain)], digest))
-            cache.digest = (checked.digest_column, columns)
+            cache.digest = (checked.digest_column, (F.col("*"), _record_digest(df).alias(checked.digest_column)))
         digest_column, with_digest = cache.digest
+        digested = df.select(*with_digest)   # not withColumn: it looks the new name up among the columns first
         key = (schema_key, plan.max_parallelism, plan.parallelism, plan.boundaries)
         if key not in cache.placements:
             cache.placements[key] = key_group_placement(
-                df, *self._options.key_columns, max_parallelism=plan.max_parallelism,
+                digested, *self._options.key_columns, max_parallelism=plan.max_parallelism,
                 parallelism=plan.parallelism, key_group_boundaries=plan.boundaries)
             while len(cache.placements) > 8:
                 cache.placements.pop(next(iter(cache.placements)))
         place = cache.placements[key]
         if place is not None:
-            placed = place(df)
+            placed = place(digested)
         else:
-            placed = partition_by_key_group(df, *self._options.key_columns,
+            placed = partition_by_key_group(digested, *self._options.key_columns,
                                             max_parallelism=plan.max_parallelism, parallelism=plan.parallelism,
                                             key_group_boundaries=plan.boundaries)
-        # not withColumn: it looks the new name up among the columns first
-        placed = placed.select(*with_digest)
+        names, plain = list(checked.names), list(checked.plain)
+        if plain != names:   # mapInArrow takes these columns under plain names
+            placed = placed.select(*[quoted(c).alias(p) for c, p in zip(names, plain)], quoted(digest_column))
         self._placed = placed
         spec = self._spec = spec.compact()   # under the size at which Spark broadcasts the task's function
         renamed = names if plain != names else None
