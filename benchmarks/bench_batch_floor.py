@@ -20,7 +20,10 @@ candidate: the time its Spark jobs ran (the union of their submission-to-complet
 store) and the rest ("outside jobs": the driver's own work: Catalyst, py4j, and for keygroups its driver code, the
 storage listing and the commit); the CPU seconds of the driver's Python, the JVM and Spark's Python workers (from
 /proc); and for keygroups the batch's ``BatchReport`` phases (plan and commit on the driver; restore, process and
-snapshot of the slowest subtask, inside the Spark job). Medians over ``--runs`` rounds after ``--warmup`` untimed
+snapshot of the slowest subtask, inside the Spark job); the outside-jobs time split by what the driver's main thread
+waited for (``bench_driver_overhead.SplitClock``: Spark's JVM through py4j, or its own Python), and how much of
+keygroups' wall the sink's read of the committed output took (an action of its own). Medians over ``--runs`` rounds
+after ``--warmup`` untimed
 ones. Every keygroups batch's output count is checked against the batch's record count, and the last batch's state
 against pandas, before any figure is printed.
 
@@ -37,6 +40,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import time
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -44,7 +48,8 @@ import pyarrow.parquet as pq
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _events import event_files, generate_events  # noqa: E402
 from _jobs import VALUE_OUTPUT, RunningValue, ship_by_value  # noqa: E402
-from _peers import SparkJobClock, SparkTime, load, spark_session  # noqa: E402
+from _peers import SparkTime, load, spark_session  # noqa: E402
+from bench_driver_overhead import DriverSplit, SplitClock  # noqa: E402
 
 PARALLELISM = 2
 MAX_PARALLELISM = 128
@@ -63,8 +68,11 @@ def floor_batch(spark, path: str) -> int:  # noqa: ANN001
 
 
 def keygroups_batch(job, spark, path: str):  # noqa: ANN001, ANN201
+    """The batch and its sink's read of the output: ``(result, output count, seconds of the sink's read)``."""
     result = job.run_batch(spark.read.parquet(path), parallelism=PARALLELISM)
-    return result, result.output.count()
+    t = time.perf_counter()
+    counted = result.output.count()
+    return result, counted, time.perf_counter() - t
 
 
 def load_state(job, spark, keys: int) -> None:  # noqa: ANN001
@@ -98,8 +106,11 @@ def report_seconds(report) -> dict[str, float]:  # noqa: ANN001
     return out
 
 
-def row(label: str, times: list[SparkTime]) -> dict[str, float]:
+def row(label: str, splits: list[DriverSplit]) -> dict[str, float]:
+    times: list[SparkTime] = [s.timed for s in splits]
     return {"label": label, "wall": statistics.median(t.wall for t in times),
+            "own_python": statistics.median(s.python for s in splits),
+            "waits_jvm": statistics.median(s.jvm for s in splits),
             "jobs": statistics.median(t.spark_jobs for t in times),
             "outside": statistics.median(t.outside_jobs for t in times),
             "n_jobs": statistics.median(t.jobs for t in times),
@@ -125,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     files = event_files(work / "events")
     ship_by_value()
     spark = spark_session(args.master, "keygroups-bench-batch-floor", shuffle_partitions=PARALLELISM)
-    clock = SparkJobClock(spark)
+    clock = SplitClock(spark)
     from keygroups.spark import KeyedJob
 
     job = KeyedJob("batch-floor", "key", RunningValue(), output_schema=VALUE_OUTPUT, max_parallelism=MAX_PARALLELISM,
@@ -133,31 +144,34 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.keys:,} keys of {args.backend} state, {args.batch:,}-event batches, p={PARALLELISM}, "
           f"max p={MAX_PARALLELISM}, {args.master}; {args.warmup} warm-up + {args.runs} timed rounds; {load()}",
           flush=True)
-    ours: list[SparkTime] = []
-    floor: list[SparkTime] = []
+    ours: list[DriverSplit] = []
+    floor: list[DriverSplit] = []
     phases: list[dict[str, float]] = []
+    sink_reads: list[float] = []
     try:
         load_state(job, spark, args.keys)
         for i, path in enumerate(files):
             warm = i < args.warmup
 
             def run_ours(path: str = path) -> SparkTime:
-                (result, counted), t = clock.time(lambda: keygroups_batch(job, spark, path))
+                (result, counted, read), split = clock.split(lambda: keygroups_batch(job, spark, path))
+                t = split.timed
                 if counted != args.batch or result.records_in != args.batch:
                     raise SystemExit(f"keygroups batch {i}: {result.records_in} records in, output count {counted}; "
                                      f"expected {args.batch} each")
                 if not warm:
-                    ours.append(t)
+                    ours.append(split)
                     phases.append(report_seconds(result.report))
+                    sink_reads.append(read)
                 return t
 
             def run_floor(path: str = path) -> SparkTime:
-                counted, t = clock.time(lambda: floor_batch(spark, path))
+                counted, split = clock.split(lambda: floor_batch(spark, path))
                 if counted != args.batch:
                     raise SystemExit(f"floor batch {i}: counted {counted}, expected {args.batch}")
                 if not warm:
-                    floor.append(t)
-                return t
+                    floor.append(split)
+                return split.timed
 
             order = (run_ours, run_floor) if i % 2 == 0 else (run_floor, run_ours)
             done = {fn.__name__: fn() for fn in order}
@@ -191,6 +205,12 @@ def main(argv: list[str] | None = None) -> int:
           f"{f['outside']:.3f}); inside its jobs the subtasks' restore + process + snapshot "
           f"{p['restore'] + p['process'] + p['snapshot']:.3f} s of {k['jobs']:.3f} s (the rest: Spark's scheduling, "
           "shuffle, Python workers, Arrow hand-over, output listing)")
+    print(f"  outside Spark's jobs, by what the driver waited for: keygroups Python {k['own_python']:.3f} s, JVM "
+          f"{k['waits_jvm']:.3f} s; the floor Python {f['own_python']:.3f} s, JVM {f['waits_jvm']:.3f} s "
+          "(Python: keygroups' driver code, PySpark's wrappers, the commit's writes; JVM: py4j calls outside jobs, "
+          "i.e. Catalyst, listing, submission)")
+    print(f"  of keygroups' wall, the sink's read of the committed output (output.count(): a DataFrame over the "
+          f"output files and one Spark job, an action the floor does not have) {statistics.median(sink_reads):.3f} s")
     if extra:
         print("  the report's other times: " + ", ".join(f"{n} {p[n]:.3f} s" for n in extra))
     else:

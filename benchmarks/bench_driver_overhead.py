@@ -24,6 +24,12 @@ Two views of the same question, both through the public API only:
    beside ``subtasks`` (the subtasks' own work, run in this process). The harness keeps one checkpoint
    (``retain=1`` is not a harness option), so this view has no retained-checkpoint history.
 
+The Spark view also splits each call's outside-jobs time by what the driver's main thread was waiting for
+(:class:`SplitClock`): Spark's JVM (every py4j call and result read outside a job: Catalyst's analysis and planning,
+the reader's file listing, job submission) or nothing (the driver's own Python: keygroups' driver code, PySpark's
+Python wrappers, the commit's file writes and fsyncs), for keygroups and the floor alike: "Python over floor" is
+what keygroups' driver code costs a batch, "JVM over floor" what the extra planning of its DataFrames costs.
+
 Medians over the timed batches; the wall clock is the driver's, on a machine that may be shared (load printed), CPU
 seconds of the driver process beside it.
 """
@@ -37,7 +43,10 @@ import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
+from contextlib import contextmanager
+from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -51,7 +60,104 @@ PARALLELISM = 2
 TARGETS = {128: 0.050, 4096: 0.150}
 
 
-def spark_view(spark, clock: SparkJobClock, max_p: int, args: argparse.Namespace, work: pathlib.Path,  # noqa: ANN001
+def _union(spans: list[tuple[float, float]]) -> float:
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(s for s in spans if s[1] > s[0]):
+        if b <= end:
+            continue
+        total += b - max(a, end)
+        end = b
+    return total
+
+
+@dataclass(frozen=True)
+class DriverSplit:
+    """One timed call's time outside its Spark jobs, split by who the driver's main thread was waiting for:
+    ``jvm`` while it waited on Spark's JVM outside any job (py4j calls: Catalyst's analysis and planning, the
+    DataFrame reader's file listing, job submission and result hand-over; reading a collect's rows), ``python``
+    the rest (the driver's Python: keygroups' driver code and PySpark's Python wrappers, the commit's file writes
+    and fsyncs)."""
+
+    timed: SparkTime
+    jvm: float
+    py4j_calls: int
+
+    @property
+    def python(self) -> float:
+        return self.timed.outside_jobs - self.jvm
+
+
+class SplitClock(SparkJobClock):
+    """:class:`SparkJobClock`, and for each call the time the driver's main thread spent waiting on the JVM outside
+    the call's Spark jobs (:class:`DriverSplit`): every py4j call and every read of a collect's result socket is
+    timed (by wrapping py4j's ``send_command`` and PySpark's ``_load_from_socket``: a measurement, nothing
+    changes what runs)."""
+
+    def __init__(self, spark) -> None:  # noqa: ANN001
+        super().__init__(spark)
+        self._waits: list[tuple[float, float]] = []
+        self._thread = threading.get_ident()
+        self._jobs: list[tuple[float, float]] = []
+        self._wrap()
+
+    def _record(self, start: float) -> None:
+        if threading.get_ident() == self._thread:
+            self._waits.append((start, time.time()))
+
+    def _wrap(self) -> None:
+        from py4j import clientserver, java_gateway
+        from pyspark.sql.classic import dataframe
+
+        clock = self
+        for cls in {clientserver.ClientServerConnection, java_gateway.GatewayConnection}:
+            send = cls.send_command
+
+            def timed_send(conn, command, *args, _send=send, **kwargs):  # noqa: ANN001, ANN202
+                start = time.time()
+                try:
+                    return _send(conn, command, *args, **kwargs)
+                finally:
+                    clock._record(start)
+
+            cls.send_command = timed_send
+        load_from_socket = dataframe._load_from_socket
+
+        @contextmanager
+        def timed_load(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+            start = time.time()
+            try:
+                with load_from_socket(*args, **kwargs) as stream:
+                    yield stream
+            finally:
+                clock._record(start)
+
+        dataframe._load_from_socket = timed_load
+
+    def _intervals(self, group: str) -> list[tuple[float, float]]:
+        self._jobs = super()._intervals(group)
+        return self._jobs
+
+    def split(self, fn):  # noqa: ANN001, ANN201
+        """``(fn(), DriverSplit)``: only ``fn``'s own waits count (not the clock's calls around it)."""
+        window: list[float] = []
+
+        def inside():  # noqa: ANN202
+            self._waits = []
+            window.append(time.time())
+            try:
+                return fn()
+            finally:
+                window.append(time.time())
+
+        result, timed = self.time(inside)
+        start, end = window
+        waits = [(max(a, start), min(b, end)) for a, b in self._waits if a >= start and b <= end]
+        jobs = [(max(a, start), min(b, end)) for a, b in self._jobs]
+        jvm = max(0.0, _union(jobs + waits) - _union(jobs))
+        return result, DriverSplit(timed, min(jvm, timed.outside_jobs), len(waits))
+
+
+def spark_view(spark, clock: SplitClock, max_p: int, args: argparse.Namespace, work: pathlib.Path,  # noqa: ANN001
                files: list[str]) -> dict[str, float]:
     from pyspark.sql import functions as F
 
@@ -77,10 +183,15 @@ def spark_view(spark, clock: SparkJobClock, max_p: int, args: argparse.Namespace
 
     ours: list[SparkTime] = []
     theirs: list[SparkTime] = []
+    ours_split: list[DriverSplit] = []
+    theirs_split: list[DriverSplit] = []
     plan, commit = [], []
     for i, f in enumerate(timed):
-        result, t_ours = clock.time(lambda f=f: job.run_batch(spark.read.parquet(f), parallelism=PARALLELISM))
-        counted, t_floor = clock.time(lambda f=f: floor(f))
+        result, s_ours = clock.split(lambda f=f: job.run_batch(spark.read.parquet(f), parallelism=PARALLELISM))
+        counted, s_floor = clock.split(lambda f=f: floor(f))
+        t_ours, t_floor = s_ours.timed, s_floor.timed
+        ours_split.append(s_ours)
+        theirs_split.append(s_floor)
         if result.records_in != args.batch or counted != args.batch:
             raise SystemExit(f"batch {i}: keygroups read {result.records_in}, the floor {counted}; expected "
                              f"{args.batch}")
@@ -90,13 +201,19 @@ def spark_view(spark, clock: SparkJobClock, max_p: int, args: argparse.Namespace
         commit.append(float(getattr(result.report.seconds, "commit", float("nan"))))
         print(f"    batch {i + 1}: keygroups {t_ours.wall * 1e3:.0f} ms, outside jobs {t_ours.outside_jobs * 1e3:.0f} "
               f"ms ({t_ours.jobs} jobs); floor {t_floor.wall * 1e3:.0f} ms, outside jobs "
-              f"{t_floor.outside_jobs * 1e3:.0f} ms", flush=True)
+              f"{t_floor.outside_jobs * 1e3:.0f} ms; outside jobs waiting on the JVM: keygroups "
+              f"{s_ours.jvm * 1e3:.0f} ms ({s_ours.py4j_calls} calls), floor {s_floor.jvm * 1e3:.0f} ms "
+              f"({s_floor.py4j_calls} calls)", flush=True)
     retained = sum(1 for p in pathlib.Path(job.storage.location).iterdir() if p.name.startswith("chk-"))
     med = statistics.median
     return {"wall": med(t.wall for t in ours), "outside": med(t.outside_jobs for t in ours),
             "jobs": med(t.spark_jobs for t in ours), "driver_cpu": med(t.cpu["driver"] for t in ours),
             "floor_wall": med(t.wall for t in theirs), "floor_outside": med(t.outside_jobs for t in theirs),
-            "plan": med(plan), "commit": med(commit), "retained": retained}
+            "plan": med(plan), "commit": med(commit), "retained": retained,
+            "python": med(x.python for x in ours_split), "jvm": med(x.jvm for x in ours_split),
+            "calls": med(x.py4j_calls for x in ours_split),
+            "floor_python": med(x.python for x in theirs_split), "floor_jvm": med(x.jvm for x in theirs_split),
+            "floor_calls": med(x.py4j_calls for x in theirs_split)}
 
 
 def harness_view(max_p: int, args: argparse.Namespace, files: list[str]) -> dict[str, float]:
@@ -149,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.no_spark:
             ship_by_value()
             spark = spark_session(args.master, "keygroups-bench-driver", shuffle_partitions=PARALLELISM)
-            clock = SparkJobClock(spark)
+            clock = SplitClock(spark)
             try:
                 for mp in args.max_parallelism:
                     spark_rows[mp] = spark_view(spark, clock, mp, args, work, files)
@@ -173,6 +290,15 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r['floor_wall'] * 1e3:>12.0f}{r['floor_outside'] * 1e3:>14.0f}{own * 1e3:>14.0f}  {verdict}")
         print("  outside jobs: the batch's driver wall time while none of its Spark jobs ran (the figure the target "
               "names); keygroups own: that minus the floor's outside-jobs time over the same file")
+        print("\n   the same outside-jobs time, by what the driver's main thread waited for (medians, ms): 'JVM' = "
+              "py4j calls and result reads outside jobs (Catalyst, the reader's listing, job submission: Spark's "
+              "side); 'Python' = the rest (keygroups' driver code, PySpark's Python wrappers, the commit's writes and fsyncs)")
+        print(f"{'max p':>6}{'keygroups Python':>17}{'keygroups JVM':>14}{'py4j calls':>11}{'floor Python':>13}"
+              f"{'floor JVM':>10}{'py4j calls':>11}{'Python over floor':>18}{'JVM over floor':>15}")
+        for mp, r in spark_rows.items():
+            print(f"{mp:>6}{r['python'] * 1e3:>17.0f}{r['jvm'] * 1e3:>14.0f}{r['calls']:>11.0f}"
+                  f"{r['floor_python'] * 1e3:>13.0f}{r['floor_jvm'] * 1e3:>10.0f}{r['floor_calls']:>11.0f}"
+                  f"{(r['python'] - r['floor_python']) * 1e3:>18.0f}{(r['jvm'] - r['floor_jvm']) * 1e3:>15.0f}")
     print(f"\n== 2. KeyedFunctionHarness (no Spark): the driver's phases per {args.batch}-record batch, medians of "
           f"{args.runs} (ms); retains 1 checkpoint; {load()}")
     print(f"{'max p':>6}{'plan':>8}{'commit':>8}{'output':>8}{'driver total':>13}{'subtasks':>10}{'batch CPU':>10}"
