@@ -154,8 +154,10 @@ def test_the_flush_builds_the_database_keys_and_values_the_per_key_code_does(key
     cache = {k: MISSING if i < len(deleted) and deleted[i] else ((i * 3, 1000 + i) if ttl else i * 3)
              for i, k in enumerate(keys)}
     prefixes = [struct.pack(">H", start + g) for g in range(n_groups)]
-    put_db, put_values, gone_db, put_keys, gone_keys = rocksstate.flush_values(
+    put_db, put_values, gone_db, flushed, put_at, gone_at = rocksstate.flush_values(
         pending, cache, Encoder(ser), framing.writer, prefixes, struct.pack(">H", state_id))
+    assert flushed == list(pending)
+    put_keys, gone_keys = [flushed[i] for i in put_at], [flushed[i] for i in gone_at]
     naive = {k: naive_db_key(ser, k, start + group_of[k], state_id) for k in keys}
     live = [k for k in keys if cache[k] is not MISSING]
     assert put_db == sorted(naive[k] for k in live)

@@ -150,6 +150,32 @@ class _Absent:
 _ABSENT = _Absent()
 
 
+class _Written:
+    """What a flush wrote of one value state, for the snapshot's delta (``_capture_deltas``): the flush's keys, the
+    positions among them of those put (with their encodings, in the same order) and of those deleted; how many, and
+    (only when asked: the delta is mostly cut from the flush's rows) a key's encoding, None for a delete."""
+
+    __slots__ = ("keys", "put_at", "encodings", "gone_at", "_by_key")
+
+    def __init__(self, keys: list[Any], put_at: np.ndarray, encodings: list[bytes], gone_at: np.ndarray) -> None:
+        self.keys, self.put_at, self.encodings, self.gone_at = keys, put_at, encodings, gone_at
+        self._by_key: dict[Any, bytes | None] | None = None
+
+    def __len__(self) -> int:
+        return len(self.keys)   # the flush's keys are distinct (a pending dict's)
+
+    def as_dict(self) -> dict[Any, bytes | None]:
+        if self._by_key is None:
+            keys = self.keys
+            by_key: dict[Any, bytes | None] = dict(zip(map(keys.__getitem__, self.put_at.tolist()), self.encodings))
+            by_key.update(dict.fromkeys(map(keys.__getitem__, self.gone_at.tolist())))
+            self._by_key = by_key
+        return self._by_key
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        return self.as_dict().get(key, default)
+
+
 class _Overlay(dict):  # type: ignore[type-arg]
     """A map key's cache entry that holds only the entries touched so far (user key -> value, MISSING: removed);
     the others are still in the database. A plain dict in the cache is the whole map."""
@@ -235,6 +261,22 @@ def _open(path: str) -> rocksdict.Rdict:
     write.disable_wal = True
     db.set_write_options(write)
     return db
+
+
+#: A flush of at least this many value-state rows writes them into an SST file that RocksDB ingests
+#: (``RocksDBKeyedStateBackend._ingest_rows``); a smaller one goes through a WriteBatch and the memtable (a file per
+#: small flush would leave RocksDB many small files to compact).
+_INGEST_ROWS = 4096
+
+
+def _flush_writer_options() -> rocksdict.Options:
+    """Options of a flush's SST file: the database's table options (bloom filter included: the next batch's
+    prefetch asks it for keys it does not hold), uncompressed, as a memtable flush is cheap to write (compactions
+    compress what they rewrite)."""
+    opts = rocksdict.Options(raw_mode=True)
+    opts.set_block_based_table_factory(table_options())
+    opts.set_compression_type(rocksdict.DBCompressionType.none())
+    return opts
 
 
 def _frame_key(key_bytes: bytes) -> bytes:
@@ -442,29 +484,29 @@ class _RocksTable:
                               self.mutable, group_indexes.tolist())
 
     # ---- flushing -------------------------------------------------------------------------------------------------
-    def write_values(self, batch: rocksdict.WriteBatch, encoded: dict[Any, bytes | None] | None) -> int:
-        """Put the pending keys' values (not of a map state) into ``batch`` in key order, deletes for those
-        without one; ``encoded`` receives the encodings (None: deleted), for a delta. Returns the rows written.
-        The database keys are built, sorted and the values encoded in one compiled pass (``rocksstate``). The keys
-        stay pending until the caller has written ``batch``."""
+    def value_rows(self, encoded: dict[str, Any] | None) -> tuple[list[bytes], list[bytes], list[bytes]]:
+        """The database writes of the pending keys' values (not of a map state): (database keys put, their values,
+        database keys deleted), each ascending; ``encoded`` (state name -> what was written) receives them, for a
+        delta (``_Written``). The database keys are built, sorted and the values encoded in one compiled pass
+        (``rocksstate``). The keys stay pending until the caller has written the rows."""
         b = self.backend
         try:
-            db_keys, encodings, gone_db_keys, keys, gone = rocksstate.flush_values(
+            db_keys, encodings, gone_db_keys, keys, put_at, gone_at = rocksstate.flush_values(
                 self.pending, self.cache, b._key_encoder, self.write_framing.writer, b._group_prefix,
                 self.state_id_bytes)
         except UNWRITABLE as e:
             write = self.write_framing
             key = write.first_unwritable(self._pending_in_key_order(), b.key_serializer.serialize, MISSING)
             raise write.unwritable(key, e, what="write to the database") from e
-        collections.deque(map(batch.delete, gone_db_keys), maxlen=0)
-        collections.deque(map(batch.put, db_keys, encodings), maxlen=0)
         self.flushed_rows = None
         if encoded is not None:
-            encoded.update(zip(keys, encodings))
-            if gone:
-                encoded.update(dict.fromkeys(gone, None))
+            written: Any = _Written(keys, put_at, encodings, gone_at)
+            earlier = encoded.get(self.name)
+            if earlier:   # a second flush into one capture: merged, the later writes winning
+                written = {**(earlier.as_dict() if isinstance(earlier, _Written) else earlier), **written.as_dict()}
+            encoded[self.name] = written
             self.flushed_rows = (db_keys, encodings, gone_db_keys)
-        return len(db_keys) + len(gone_db_keys)
+        return db_keys, encodings, gone_db_keys
 
     def _pending_in_key_order(self) -> list[tuple[Any, Any]]:
         """The pending (key, cached value) pairs in database-key order (as the flush writes them), for the search
@@ -1054,21 +1096,49 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
                 self._warm.remove_marker()
         write()
 
-    def _flush(self, *, evict: bool = False, encoded: dict[str, dict[Any, bytes | None]] | None = None) -> None:
+    def _ingest_rows(self, runs: list[tuple[list[bytes], list[bytes], list[bytes]]]) -> None:
+        """Write value states' rows (per state: database keys put, their values, database keys deleted; each
+        ascending) into one SST file, merged in key order in compiled code (``rocksstate.write_sorted_rows``;
+        deletes become tombstones), and ingest it: a large flush's rows skip the memtable, and the flush of it to
+        disk that every snapshot of a kept database forces (``_INGEST_ROWS``)."""
+        fd, path = tempfile.mkstemp(prefix="flush-", suffix=".sst", dir=self._dir)
+        os.close(fd)
+        try:
+            writer = rocksdict.SstFileWriter(_flush_writer_options())
+            writer.open(path)
+            rocksstate.write_sorted_rows(writer, [(put, values) for put, values, _ in runs]
+                                         + [(gone, None) for _, _, gone in runs if gone])
+            writer.finish()
+            options = rocksdict.IngestExternalFileOptions()
+            options.set_move_files(True)
+            self._write_with(functools.partial(self._db.ingest_external_file, [path], options))
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)
+
+    def _flush(self, *, evict: bool = False, encoded: dict[str, Any] | None = None) -> None:
         """Write every state's pending keys in one WriteBatch; ``evict`` empties the caches afterwards.
-        ``encoded`` (state name -> key -> value encoding or None) receives what was written, for a delta."""
+        ``encoded`` (state name -> key -> value encoding or None; a value state's a ``_Written``) receives what was
+        written, for a delta."""
         self._check_warm()
         with _gc_paused():
             batch = rocksdict.WriteBatch(raw_mode=True)
-            writes = 0
             ops: list[tuple[bytes, Any]] = []
+            runs: list[tuple[list[bytes], list[bytes], list[bytes]]] = []
             flushed = [t for t in self._tables.values() if t.pending]
             for t in flushed:
-                out = None if encoded is None else encoded.setdefault(t.name, {})
                 if t.is_map:
-                    t.write_pending(ops, out)
+                    t.write_pending(ops, None if encoded is None else encoded.setdefault(t.name, {}))
                 else:
-                    writes += t.write_values(batch, out)
+                    runs.append(t.value_rows(encoded))
+            rows = sum(len(put) + len(gone) for put, _, gone in runs)
+            if rows >= _INGEST_ROWS:
+                # value and map states' keys never meet (the state id is in the key): the file and the batch apart
+                self._ingest_rows(runs)
+            else:
+                for db_keys, encodings, gone_db_keys in runs:
+                    collections.deque(map(batch.delete, gone_db_keys), maxlen=0)
+                    collections.deque(map(batch.put, db_keys, encodings), maxlen=0)
             if ops:
                 # In key order: RocksDB's memtable takes sorted inserts an order of magnitude faster.
                 ops.sort(key=_first)
@@ -1080,7 +1150,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
                         delete_range(k, v.end)
                     else:
                         put(k, v)
-            if ops or writes:
+            if ops or 0 < rows < _INGEST_ROWS:
                 self._write(batch)
             # Only now: a value that cannot be written leaves every state's pending writes for the next flush.
             for t in flushed:
@@ -1299,7 +1369,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         delta blocks, and the key groups ``_full_key_groups_for_snapshot`` names as full blocks, scanned from a
         RocksDB checkpoint. A snapshot that writes no full block needs no checkpoint and scans nothing."""
         full = self._full_key_groups_for_snapshot()
-        encoded: dict[str, dict[Any, bytes | None]] = {}
+        encoded: dict[str, Any] = {}
         self._flush(encoded=encoded)
         tables = list(self._tables.values())
         metas = [t.meta for t in tables]
@@ -1378,7 +1448,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
             return None
         return [(s, Packed(*keys), Packed(*values)) for s, keys, values in sections]
 
-    def _capture_deltas(self, tables: list[_RocksTable], full: set[int], encoded: dict[str, dict[Any, bytes | None]]
+    def _capture_deltas(self, tables: list[_RocksTable], full: set[int], encoded: dict[str, Any]
                         ) -> dict[int, tuple[dict[int, tuple[Any, Any]], dict[int, Any]]]:
         """Per key group outside ``full``: (state index -> (keys, values) put, state index -> keys deleted), the
         values as the snapshot format encodes them. Keys flushed earlier (past the cache limit) and maps written
