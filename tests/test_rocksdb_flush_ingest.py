@@ -144,3 +144,14 @@ def test_write_sorted_rows_merges_runs_and_refuses_what_is_not_strictly_ascendin
         write([([b"a", "b"], [b"1", b"2"])], "str.sst")
     with pytest.raises(TypeError):
         write([([b"a"],)], "shape.sst")
+
+
+def test_a_database_opened_every_batch_keeps_one_info_log(tmp_path):
+    """RocksDB keeps the info log of each earlier open beside the database (up to 1000 by default): a kept database,
+    opened every batch, would grow by a file per batch, each listed and checked by every seal."""
+    for i in range(5):
+        db = rocksdb_module._open(str(tmp_path / "db"))
+        db[b"k%d" % i] = b"v"
+        db.close()
+    logs = [name for name in os.listdir(tmp_path / "db") if name.startswith("LOG")]
+    assert logs == ["LOG"]

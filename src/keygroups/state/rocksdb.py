@@ -251,10 +251,17 @@ def _scan(db: rocksdict.Rdict, prefix: bytes | None = None) -> Iterator[tuple[An
     raise Exception(message)
 
 
-def _open(path: str) -> rocksdict.Rdict:
+def _open(path: str, *, read_only: bool = False) -> rocksdict.Rdict:
+    """Open the database at ``path`` (created if missing), or, ``read_only``, a snapshot's copy of it to scan (no
+    files written: a third of the CPU of an open to write)."""
     opts = rocksdict.Options(raw_mode=True)
     opts.create_if_missing(True)
     opts.set_block_based_table_factory(table_options())
+    # RocksDB's own info log: a kept database is opened every batch, and each open would keep the last log beside
+    # it (up to 1000), which every seal then lists
+    opts.set_keep_log_file_num(1)
+    if read_only:
+        return rocksdict.Rdict(path, opts, access_type=rocksdict.AccessType.read_only())
     db = rocksdict.Rdict(path, opts)
     # No write-ahead log: the checkpoint is the durable copy; a warm database is flushed before its marker is written.
     write = rocksdict.WriteOptions()
@@ -1412,7 +1419,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
             nonlocal view
             try:
                 if cp_dir is not None:
-                    view = _open(cp_dir)
+                    view = _open(cp_dir, read_only=True)
                 check_cancel(future)
                 handle = write_keyed_snapshot(storage, checkpoint_id, self.subtask_index, self.key_group_range,
                                               metas, blocks(), full_key_groups=full,
