@@ -155,3 +155,85 @@ def test_a_database_opened_every_batch_keeps_one_info_log(tmp_path):
         db.close()
     logs = [name for name in os.listdir(tmp_path / "db") if name.startswith("LOG")]
     assert logs == ["LOG"]
+
+
+@pytest.mark.parametrize("pinned_groups", [64, 0])   # iterators made at the capture; a RocksDB checkpoint
+@pytest.mark.parametrize("ingest_rows", [1, 1 << 30])
+def test_a_full_snapshot_holds_the_state_at_its_capture_whatever_is_written_while_it_is_written(
+        tmp_path, monkeypatch, pinned_groups, ingest_rows):
+    """Writes, deletes and an eviction's flush (into the database: ingested or batched) made after ``snapshot()``
+    returns but before its worker reads the full key groups stay out of the snapshot; restored, it holds the values
+    of the capture."""
+    from keygroups.serializers import Int64Serializer
+    from keygroups.state import ValueStateDescriptor
+    monkeypatch.setattr(rocksdb_module, "_PINNED_GROUPS", pinned_groups)
+    monkeypatch.setattr(rocksdb_module, "_INGEST_ROWS", ingest_rows)
+    d = ValueStateDescriptor("v", Int64Serializer())
+    b = RocksDBKeyedStateBackend(key_group_range(16, 1, 0), 16, Int64Serializer())
+    storage = CheckpointStorage(str(tmp_path / "ck"))
+    real_write = rocksdb_module.write_keyed_snapshot
+
+    def write_after_changes(*args, **kwargs):
+        for k in range(300):   # in the worker, before it reads a row: as if the next batch ran meanwhile
+            b.set_current_key(k)
+            if k % 3 == 0:
+                s.clear()
+            else:
+                s.update(-k)
+        b._flush(evict=True)
+        return real_write(*args, **kwargs)
+
+    try:
+        s = b.get_state(d)
+        for k in range(300):
+            b.set_current_key(k)
+            s.update(k)
+        monkeypatch.setattr(rocksdb_module, "write_keyed_snapshot", write_after_changes)
+        handle = b.snapshot(1, storage).result(60)   # not restored: every key group full
+        monkeypatch.setattr(rocksdb_module, "write_keyed_snapshot", real_write)
+        for k in range(300):   # the backend itself holds the later values
+            b.set_current_key(k)
+            assert s.value() == (None if k % 3 == 0 else -k)
+    finally:
+        b.dispose()
+    storage.commit(CheckpointMetadata(checkpoint_id=1, job_id="capture", timestamp_ms=0, max_parallelism=16,
+                                      parallelism=1, keyed_handles=[handle], operator_handles=[], properties={}))
+    heap = HeapKeyedStateBackend(key_group_range(16, 1, 0), 16, Int64Serializer())
+    heap.restore(storage, storage.latest())
+    restored = heap.get_state(d)
+    for k in range(300):
+        heap.set_current_key(k)
+        assert restored.value() == k
+
+
+def test_prefetch_leaves_the_few_keys_a_nearly_full_cache_lacks_to_load_on_first_use(tmp_path):
+    """A batch's keys that a state's cache mostly holds are not all looked up again: the few it lacks load on first
+    use, with the values the database holds; a cache that lacks many of them is filled by the prefetch."""
+    from keygroups.serializers import Int64Serializer
+    from keygroups.state import ValueStateDescriptor
+    n = 8 * rocksdb_module._PREFETCH_SAMPLE + 100
+    b = RocksDBKeyedStateBackend(key_group_range(16, 1, 0), 16, Int64Serializer())
+    try:
+        s = b.get_state(ValueStateDescriptor("v", Int64Serializer()))
+        for k in range(2 * n):
+            b.set_current_key(k)
+            s.update(3 * k)
+        b._flush()
+        t = b._tables["v"]
+        lacking = {7, 1001, n - 1}   # dropped from the cache: only the database has them
+        for k in lacking:
+            del t.cache[k]
+        b.prefetch(list(range(n)))
+        assert lacking.isdisjoint(t.cache)   # not looked for
+        for k in range(n):
+            b.set_current_key(k)
+            assert s.value() == 3 * k
+        t.cache.clear()
+        t.cache.update((k, 3 * k) for k in range(n // 2, 2 * n))   # holds as many keys, but not the first half
+        b.prefetch(list(range(n)))
+        assert all(k in t.cache for k in range(n))
+        for k in range(n):
+            b.set_current_key(k)
+            assert s.value() == 3 * k
+    finally:
+        b.dispose()

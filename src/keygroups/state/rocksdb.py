@@ -251,6 +251,22 @@ def _scan(db: rocksdict.Rdict, prefix: bytes | None = None) -> Iterator[tuple[An
     raise Exception(message)
 
 
+def _iterated(it: Any) -> Iterator[tuple[bytes, bytes]]:
+    """The rows of a positioned, bounded rocksdict iterator, to its end; RocksDB's error if it stopped at a damaged
+    block, raised without the iterator in its traceback (see ``_scan``)."""
+    valid, key, value, advance = it.valid, it.key, it.value, it.next
+    while valid():
+        yield key(), value()
+        advance()
+    try:
+        it.status()
+        return
+    except Exception as e:  # noqa: BLE001 - rocksdict raises plain Exception
+        message = str(e)
+    del it, valid, key, value, advance
+    raise Exception(message)
+
+
 def _open(path: str, *, read_only: bool = False) -> rocksdict.Rdict:
     """Open the database at ``path`` (created if missing), or, ``read_only``, a snapshot's copy of it to scan (no
     files written: a third of the CPU of an open to write)."""
@@ -269,6 +285,15 @@ def _open(path: str, *, read_only: bool = False) -> rocksdict.Rdict:
     db.set_write_options(write)
     return db
 
+
+#: A snapshot with at most this many full key groups reads them through iterators made at its capture, not from a
+#: RocksDB checkpoint (see ``RocksDBKeyedStateBackend.snapshot``).
+_PINNED_GROUPS = 64
+
+#: Keys of a batch sampled by ``prefetch`` to tell whether a state's cache holds nearly all of them: with at most one
+#: in 64 of the sample missing, the state's missing keys are read on first use, not looked for among all the keys
+#: (a dict lookup per key, 70 ns at a batch's size, against a point read of about 1.5 us per missing key).
+_PREFETCH_SAMPLE = 256
 
 #: A flush of at least this many value-state rows writes them into an SST file that RocksDB ingests
 #: (``RocksDBKeyedStateBackend._ingest_rows``); a smaller one goes through a WriteBatch and the memtable (a file per
@@ -978,8 +1003,9 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         holds (from earlier in the batch, or kept from the batch before: ``_KeptCaches``) are not read again; the
         others' database keys are built and sorted in one vectorized pass and read in key order with one multi-get
         per state (a state whose rows the batch mostly touches by one ordered scan of the touched key groups
-        instead). Keys past the cache limit are left to load on first use; map states load theirs entry by
-        entry."""
+        instead). A state whose cache holds nearly all of a large batch's keys (an even sample says so:
+        ``_mostly_cached``) reads none here: its few others load on first use. Keys past the cache limit are left
+        to load on first use; map states load theirs entry by entry."""
         keys = java_keys(list(keys)[:self.cache_limit])  # the cache is keyed as set_current_key keys it
         if key_groups is None:
             mp, kt = self.max_parallelism, self.key_type
@@ -999,7 +1025,19 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         self._check_warm()
         with _gc_paused():
             for t in tables:
-                self._load(t, keys, groups, len(tables))
+                if not self._mostly_cached(t.cache, keys):
+                    self._load(t, keys, groups, len(tables))
+
+    @staticmethod
+    def _mostly_cached(cache: dict[Any, Any], keys: list[Any]) -> bool:
+        """Whether an even sample of a large batch's keys says ``cache`` holds nearly all of them (as the values
+        kept from the batches before do, once the keys recur): then looking every key up to find the few others
+        costs more than reading those few one at a time on first use (``load``: a point read each)."""
+        n = len(keys)
+        if n < _PREFETCH_SAMPLE * 8 or len(cache) < n:
+            return False
+        sample = keys[::n // _PREFETCH_SAMPLE][:_PREFETCH_SAMPLE]
+        return len(rocksstate.uncached(cache, sample)) * 64 <= len(sample)
 
     def _load(self, t: _RocksTable, keys: list[Any], groups: np.ndarray, tables: int = 1) -> None:
         """Cache table ``t``'s values of ``keys`` (distinct, canonical; ``groups``: their absolute key groups) that
@@ -1320,11 +1358,15 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         self._fall_back_cold(error)
         return read()
 
+    def _may_replace_db(self) -> bool:
+        """Whether a read that finds the database damaged would still replace it (``_fall_back_cold``): a kept
+        database nothing was written to since it was resumed."""
+        return self._resumed_from is not None and self._writes == self._writes_at_resume
+
     def _may_fall_back(self, error: Exception) -> bool:
         """Whether ``error`` is RocksDB's "Corruption" in a kept database that nothing was written to since it was
         resumed, which ``_fall_back_cold`` can replace."""
-        return (self._resumed_from is not None and self._writes == self._writes_at_resume
-                and str(error).startswith("Corruption"))
+        return self._may_replace_db() and str(error).startswith("Corruption")
 
     def _fall_back_cold(self, error: str) -> None:
         """Replace a damaged kept database by a cold restore of the checkpoint it was resumed at (the cache, with
@@ -1373,8 +1415,9 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
     def snapshot(self, checkpoint_id: int, storage: CheckpointStorage) -> SnapshotFuture[KeyedStateHandle]:
         """Write the cache to the database and capture, now, the changes since the previous snapshot (encoded
         bytes of the keys written, tombstones for those deleted or expired); the snapshot worker writes them as
-        delta blocks, and the key groups ``_full_key_groups_for_snapshot`` names as full blocks, scanned from a
-        RocksDB checkpoint. A snapshot that writes no full block needs no checkpoint and scans nothing."""
+        delta blocks, and the key groups ``_full_key_groups_for_snapshot`` names as full blocks, scanned as the
+        database is now (through iterators made now, or a RocksDB checkpoint: see below). A snapshot that writes
+        no full block scans nothing."""
         full = self._full_key_groups_for_snapshot()
         encoded: dict[str, Any] = {}
         self._flush(encoded=encoded)
@@ -1389,8 +1432,21 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         maps = {t.state_id: t.name for t in tables if t.is_map}
         writes = self._writes
         cp_dir: str | None = None
-        if full:  # a consistent copy to scan: a RocksDB checkpoint (a flush and hard links; rocksdict's snapshot
-            cp_dir = tempfile.mkdtemp(prefix="cp-", dir=self._dir)  # objects do not hold for iterators)
+        # The full key groups' rows as they are now, whatever is written while the worker scans them: a RocksDB
+        # iterator reads the database as it was when it was made, so a few key groups get one each, made here
+        # (bounded to the key group's rows; dropped by the worker as soon as it has read them, and all of them
+        # before the snapshot completes: a live iterator keeps the database from closing). Many key groups, or a
+        # kept database that a damaged file may still make this backend replace (``_fall_back_cold``), get a
+        # RocksDB checkpoint instead (a flush and hard links; rocksdict's snapshot objects do not hold for
+        # iterators).
+        pinned: dict[int, tuple[rocksdict.ReadOptions, Any]] = {}
+        if full and len(full) <= _PINNED_GROUPS and not self._may_replace_db():
+            for g in sorted(full):
+                options = rocksdict.ReadOptions()
+                options.set_iterate_upper_bound(_next_prefix(_U16.pack(g)))
+                pinned[g] = (options, self._db.iter(options))
+        elif full:
+            cp_dir = tempfile.mkdtemp(prefix="cp-", dir=self._dir)
             os.rmdir(cp_dir)  # RocksDB creates it
             rocksdict.Checkpoint(self._db).create_checkpoint(cp_dir)
         view: rocksdict.Rdict | None = None
@@ -1399,17 +1455,33 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         compiled = {t.state_id: (t.state_id, STORED_KINDS.get(t.meta["kind"], sstload.VALUE), t.write_framing.ttl,
                                  deadlines[t.state_id]) for t in tables}
 
+        def full_sections(g: int) -> list[list[Any]]:
+            """Key group ``g``'s full-block sections (one list, or a list per run of rows ``_groups`` makes), read
+            from its pinned iterator (then dropped) or the checkpoint."""
+            prefix = _U16.pack(g)
+            if g in pinned:
+                options, it = pinned.pop(g)   # the options hold the iterator's bound: alive as long as it is
+                try:
+                    it.seek(prefix)
+                    sections = sstload.value_sections(it, g, compiled)
+                    if sections is None:   # a state the compiled scan does not know: the rows joined in Python
+                        it.seek(prefix)
+                        rows = list(_iterated(it))
+                finally:
+                    it = options = None   # read: dropped, even when an error's traceback keeps this frame
+                if sections is not None:
+                    return [[(s, Packed(*keys), Packed(*values)) for s, keys, values in sections]]
+                return [found for _, found in self._groups(rows, deadlines, framings, maps)]
+            assert view is not None
+            compiled_found = self._compiled_sections(view, g, compiled)
+            if compiled_found is not None:
+                return [compiled_found]
+            return [found for _, found in self._groups(_scan(view, prefix), deadlines, framings, maps)]
+
         def blocks() -> Iterator[tuple[int, list[Any], list[Any]]]:
             for g in self.key_group_range:
                 if g in full:
-                    assert view is not None
-                    prefix = _U16.pack(g)
-                    sections = self._compiled_sections(view, g, compiled)
-                    if sections is not None:
-                        yield g, sections, []
-                        continue
-                    rows = _scan(view, prefix)
-                    for _, sections in self._groups(rows, deadlines, framings, maps):
+                    for sections in full_sections(g):
                         yield g, sections, []
                 elif g in deltas:
                     puts, deletes = deltas[g]
@@ -1417,15 +1489,18 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
 
         def work(future: SnapshotFuture[KeyedStateHandle]) -> KeyedStateHandle:
             nonlocal view
+            written = blocks()
             try:
                 if cp_dir is not None:
                     view = _open(cp_dir, read_only=True)
                 check_cancel(future)
                 handle = write_keyed_snapshot(storage, checkpoint_id, self.subtask_index, self.key_group_range,
-                                              metas, blocks(), full_key_groups=full,
+                                              metas, written, full_key_groups=full,
                                               on_key_group=functools.partial(check_cancel, future),
                                               predecessors=self._chain_tips())
             finally:
+                written.close()
+                pinned.clear()
                 if view is not None:
                     view.close()
                 if cp_dir is not None:
