@@ -9,13 +9,15 @@ keep one database value per key, the per-key value encoding of the snapshot form
 
 The cache (Spark's RocksDB state store buffers a batch the same way): ``prefetch(keys)`` loads a batch's keys with
 one ``multi_get`` per state; reads and writes then hit decoded Python objects; the keys written since the last flush
-are written to the database in one ``WriteBatch`` when a snapshot is taken, or earlier once a state caches more than
-``cache_limit`` entries (the cache is then emptied; the set of keys changed since the last snapshot is kept). A map
-key's cache entry holds either its whole map or an overlay of the entries touched (missing entries are read row by
-row), so a batch touching one entry of a large map reads one row. Values read from the cache are live objects, as on
-the heap backend: a mutable value read is written back at the next flush, so changing it in place sticks. The value
-state's reads and writes and the flush of value, list, reducing and aggregating states (database keys built and
-sorted, values encoded) are compiled (``_native/rocksstate.pyx``).
+are written to the database when a snapshot is taken, or earlier once a state caches more than ``cache_limit``
+entries (the cache is then emptied; the set of keys changed since the last snapshot is kept): a flush of many value
+state rows as one SST file RocksDB ingests (no memtable, none of its flushes to disk), a small one and maps' rows in
+one ``WriteBatch``. A map key's cache entry holds either its whole map or an overlay of the entries touched (missing
+entries are read row by row), so a batch touching one entry of a large map reads one row. Values read from the cache
+are live objects, as on the heap backend: a mutable value read is written back at the next flush, so changing it in
+place sticks. The value state's reads and writes and the flush of value, list, reducing and aggregating states
+(database keys built and sorted, values encoded, the file's rows merged in key order) are compiled
+(``_native/rocksstate.pyx``).
 
 Kept values: when a warm database is closed exactly at its last snapshot (nothing written or pending since), its
 states' caches stay in this process beside it (``_KeptCaches``, at most ``KEPT_CACHE_ENTRIES`` entries in all); the
