@@ -2,7 +2,8 @@
 (``RocksDBKeyedStateBackend._ingest_rows``, merged in key order by ``rocksstate.write_sorted_rows``), a small one
 goes through a WriteBatch: both leave the same database, byte for byte, and the same snapshot deltas, with deletes
 (tombstones over older rows), lists, maps, TTL states, evictions past a tiny cache limit, snapshots, and a restore
-of the result on the heap backend."""
+of the result on the heap backend; and the RocksDB chain model (warm, cold and rescaled continuations) passes with
+every flush ingested."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 import rocksdict
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from hypothesis.stateful import initialize
 
 from keygroups import key_group_range
 from keygroups._native import rocksstate
@@ -21,6 +23,7 @@ from keygroups.state import HeapKeyedStateBackend, RocksDBKeyedStateBackend
 from keygroups.state import rocksdb as rocksdb_module
 from keygroups.state.rocksdb import _scan
 
+from test_rocksdb_incremental import ChainModel
 from test_rocksdb_sst_restore import LATER, OPS, Clock, apply, delta_entries, descriptors
 
 
@@ -237,3 +240,34 @@ def test_prefetch_leaves_the_few_keys_a_nearly_full_cache_lacks_to_load_on_first
             assert s.value() == 3 * k
     finally:
         b.dispose()
+
+
+class IngestingChainModel(ChainModel):
+    """The RocksDB chain model (random writes of the five state kinds against dicts, incremental checkpoints
+    continued warm, cold or rescaled, evictions past a cache of 5) with every value-state flush written as an
+    ingested file, and the snapshots' full key groups read through iterators made at the capture or from a RocksDB
+    checkpoint, as drawn."""
+
+    @initialize(pinned_groups=st.sampled_from([0, 64]))
+    def paths(self, pinned_groups):
+        rocksdb_module._PINNED_GROUPS = pinned_groups
+
+    def __init__(self):
+        self._saved = (rocksdb_module._INGEST_ROWS, rocksdb_module._PINNED_GROUPS)
+        rocksdb_module._INGEST_ROWS = 1
+        try:
+            super().__init__()
+        except BaseException:
+            rocksdb_module._INGEST_ROWS, rocksdb_module._PINNED_GROUPS = self._saved
+            raise
+
+    def teardown(self):
+        try:
+            super().teardown()
+        finally:
+            rocksdb_module._INGEST_ROWS, rocksdb_module._PINNED_GROUPS = self._saved
+
+
+IngestingChainModel.TestCase.settings = settings(max_examples=5, stateful_step_count=20, deadline=None,
+                                                 suppress_health_check=[HealthCheck.too_slow])
+test_rocksdb_chains_model_with_ingested_flushes = IngestingChainModel.TestCase
