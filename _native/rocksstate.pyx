@@ -4,13 +4,14 @@
 # backend's KeyContext in C. A key not in the cache is loaded by the table (Python: a database read); everything
 # else (TTL, maps, lists, the flush to the database) stays in rocksdb.py. Also the bulk forms the declarative
 # aggregates use (values of many keys, writes of many keys): one C loop over the batch's keys instead of a Python
-# call per key; and the flush of a value table's pending keys (database keys built, sorted and values encoded in C).
+# call per key; and the flush of a value table's pending keys (database keys built, sorted and values encoded in C),
+# whose rows a large flush writes into one SST file in key order (write_sorted_rows).
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.dict cimport PyDict_GetItem, PyDict_Next, PyDict_SetItem
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
-from cpython.object cimport PyObject
-from libc.stdint cimport int64_t, uint8_t, uint32_t
+from cpython.object cimport PyObject, PyObject_DelItem, PyObject_SetItem
+from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport qsort
 from libc.string cimport memcpy
 
@@ -24,6 +25,9 @@ import numpy as _np
 
 from keygroups._native.statecore import MISSING as _MISSING_OBJ
 from keygroups.errors import no_current_key_error as _no_current_key_error
+
+cdef extern from *:
+    uint64_t _bswap64 "__builtin_bswap64" (uint64_t) nogil
 
 cdef object _MISSING = _MISSING_OBJ   # a C global: no module-dict lookup on the hot paths
 
@@ -128,17 +132,40 @@ def uncached(dict cache, list keys):
 
 
 ctypedef struct _Row:
-    const char *key      # the database key's bytes (inside its bytes object, held by the caller's list)
+    uint64_t h0          # the database key's bytes 0-7 and 8-15 as big-endian integers (zero past its end): most
+    uint64_t h1          # comparisons end on them, without a call to memcmp
+    const uint8_t *key   # the database key's bytes (in the flush's key arena)
     Py_ssize_t n
+    Py_ssize_t off       # where they start in the arena (the pointer is set once the arena stops growing)
+    Py_ssize_t voff      # the stored value's bytes in the value arena: offset and length; -1: a delete
+    Py_ssize_t vn
     Py_ssize_t i         # its position in the pending dict's order
     Py_ssize_t group     # its key-group index
 
 
 cdef int _row_cmp(const void *a, const void *b) noexcept nogil:
-    """Bytewise order of two database keys, as RocksDB's default comparator orders them."""
+    """Bytewise order of two database keys, as RocksDB's default comparator orders them. Two keys whose first 16
+    bytes differ are ordered by them (a shorter key's missing bytes read as 0: where it is a prefix of the other, the
+    other's bytes there are >= 0, and a tie falls through to the full comparison, which puts the prefix first)."""
     cdef const _Row *x = <const _Row *>a
     cdef const _Row *y = <const _Row *>b
-    return kg_key_cmp(<const uint8_t *>x.key, x.n, <const uint8_t *>y.key, y.n)
+    if x.h0 != y.h0:
+        return -1 if x.h0 < y.h0 else 1
+    if x.h1 != y.h1:
+        return -1 if x.h1 < y.h1 else 1
+    return kg_key_cmp(x.key, x.n, y.key, y.n)
+
+
+cdef inline uint64_t _be64(const uint8_t *p, Py_ssize_t n) noexcept nogil:
+    """Up to 8 bytes at ``p`` (``n`` of them, n <= 0: none) as a big-endian integer, zero-padded on the right."""
+    cdef uint64_t v = 0
+    cdef Py_ssize_t i
+    if n >= 8:
+        memcpy(&v, p, 8)
+        return _bswap64(v)   # little-endian hosts only, as writer.pxd writes
+    for i in range(8):
+        v = (v << 8) | (p[i] if i < n else 0)
+    return v
 
 
 def flush_values(dict pending, dict cache, Encoder keys, ValueWriter values, list group_prefixes, bytes state_id):
@@ -146,65 +173,93 @@ def flush_values(dict pending, dict cache, Encoder keys, ValueWriter values, lis
     pending key (``pending``: key -> key-group index) gets its database key ``group_prefixes[index] | state_id |
     u32 BE length | key bytes`` (``keys`` writes the key's bytes, as the key serializer's ``serialize``) and, unless
     ``cache`` holds MISSING for it (a delete), its stored value (``values``: ``ValueFraming.encode``'s bytes).
-    Returns ``(put database keys, put values, deleted database keys, put keys, deleted keys)``, each in ascending
-    database-key order. A value the serializer cannot write raises its error (nothing returned)."""
-    cdef Py_ssize_t n = len(pending), pos = 0, count = 0, i, gi, klen, groups = PyList_GET_SIZE(group_prefixes)
+    Returns ``(put database keys, put values, deleted database keys, the pending keys, put positions, deleted
+    positions)``: the first three in ascending database-key order, the pending keys in the pending dict's order,
+    and the positions (int64 arrays) of the put and the deleted keys among them, in the same ascending order. A
+    value the serializer cannot write raises its error (nothing returned).
+
+    The keys and values are encoded in the pending order into two arenas, their rows sorted there, and the bytes
+    objects made in sorted order at the end: each object is made as it is handed out, and no key object is touched
+    again in sorted order (positions instead: at a batch's size those reads miss the CPU's caches)."""
+    cdef Py_ssize_t n = len(pending), pos = 0, count = 0, puts = 0, gones = 0, i, gi, klen
+    cdef Py_ssize_t groups = PyList_GET_SIZE(group_prefixes), run
     cdef PyObject *pkey
     cdef PyObject *pgi
     cdef PyObject *found
-    cdef Writer w
+    cdef Writer kw
+    cdef Writer vw
     cdef uint8_t *lp
     cdef uint32_t be
     cdef bint ascending = True
     cdef bint grouped = True   # key-group indexes never decrease (a batch's keys come by key group)
-    cdef Py_ssize_t run
     cdef _Row *rows
+    cdef _Row *r
+    cdef int64_t[::1] put_at
+    cdef int64_t[::1] gone_at
     if len(state_id) != 2:
         raise ValueError(f"flush_values: a state id is 2 bytes, got {len(state_id)}")
-    db_keys = [None] * n
     user_keys = [None] * n
     rows = <_Row *>PyMem_Malloc((n if n else 1) * sizeof(_Row))
     if rows == NULL:
         raise MemoryError()
-    w_init(&w)
+    w_init(&kw)
+    w_init(&vw)
     try:
         while PyDict_Next(pending, &pos, &pkey, &pgi):
             if count >= n:
                 raise RuntimeError("flush_values: the pending keys changed during the flush")
-            gi = <Py_ssize_t>(<object>pgi)
+            key = <object>pkey   # strong references: a serializer in Python may run below
+            group_index = <object>pgi
+            gi = <Py_ssize_t>group_index
             if gi < 0 or gi >= groups:
                 raise IndexError(f"flush_values: key-group index {gi} outside the backend's {groups} key groups")
             prefix = <object>PyList_GET_ITEM(group_prefixes, gi)
             if type(prefix) is not bytes or PyBytes_GET_SIZE(prefix) != 2:
                 raise ValueError("flush_values: a key group's prefix is 2 bytes")
-            w.pos = 0
-            w_bytes(&w, PyBytes_AS_STRING(prefix), 2)
-            w_bytes(&w, PyBytes_AS_STRING(state_id), 2)
-            w_reserve(&w, 4)
-            keys.write(&w, <object>pkey)
-            klen = w.pos - 8
+            r = &rows[count]
+            r.off = kw.pos
+            w_bytes(&kw, PyBytes_AS_STRING(prefix), 2)
+            w_bytes(&kw, PyBytes_AS_STRING(state_id), 2)
+            w_reserve(&kw, 4)
+            keys.write(&kw, key)
+            klen = kw.pos - r.off - 8
             if klen > 0xFFFFFFFF:
                 raise ValueError(f"a key of {klen} bytes is too long for a database key")
             be = <uint32_t>klen
-            lp = w.buf + 4
+            lp = kw.buf + r.off + 4
             lp[0] = <uint8_t>(be >> 24)
             lp[1] = <uint8_t>(be >> 16)
             lp[2] = <uint8_t>(be >> 8)
             lp[3] = <uint8_t>be
-            db_key = PyBytes_FromStringAndSize(<const char *>w.buf, w.pos)
-            db_keys[count] = db_key
-            user_keys[count] = <object>pkey
-            rows[count].key = PyBytes_AS_STRING(db_key)
-            rows[count].n = w.pos
-            rows[count].i = count
-            rows[count].group = gi
-            if count > 0 and ascending and _row_cmp(&rows[count - 1], &rows[count]) > 0:
-                ascending = False
+            r.n = kw.pos - r.off
+            r.h0 = _be64(kw.buf + r.off, r.n)
+            r.h1 = _be64(kw.buf + r.off + 8, r.n - 8)
+            r.i = count
+            r.group = gi
+            user_keys[count] = key
+            found = PyDict_GetItem(cache, key)
+            if found == NULL:
+                raise KeyError(key)
+            value = <object>found
+            if value is _MISSING:
+                r.voff = -1
+                r.vn = 0
+                gones += 1
+            else:
+                r.voff = vw.pos
+                values.write(&vw, value)
+                r.vn = vw.pos - r.voff
             if count > 0 and grouped and rows[count - 1].group > gi:
                 grouped = False
             count += 1
         if count != n:
             raise RuntimeError("flush_values: the pending keys changed during the flush")
+        for i in range(n):   # the arena stopped growing: its rows' addresses hold from here
+            rows[i].key = kw.buf + rows[i].off
+        for i in range(1, n):
+            if _row_cmp(&rows[i - 1], &rows[i]) > 0:
+                ascending = False
+                break
         if not ascending and not grouped:
             qsort(rows, n, sizeof(_Row), _row_cmp)
         elif not ascending:   # sorted by key group already: each key group's keys sorted apart (fewer compares)
@@ -214,25 +269,101 @@ def flush_values(dict pending, dict cache, Encoder keys, ValueWriter values, lis
                     if i - run > 1:
                         qsort(&rows[run], i - run, sizeof(_Row), _row_cmp)
                     run = i
-        put_db_keys, put_values, put_keys, gone_db_keys, gone_keys = [], [], [], [], []
+        put_db_keys, put_values = [None] * (n - gones), [None] * (n - gones)
+        gone_db_keys = [None] * gones
+        put_positions = _np.empty(n - gones, dtype=_np.int64)
+        gone_positions = _np.empty(gones, dtype=_np.int64)
+        put_at = put_positions
+        gone_at = gone_positions
+        gones = 0
         for i in range(n):
-            key = <object>PyList_GET_ITEM(user_keys, rows[i].i)
-            found = PyDict_GetItem(cache, key)
-            if found == NULL:
-                raise KeyError(key)
-            if <object>found is _MISSING:
-                gone_db_keys.append(<object>PyList_GET_ITEM(db_keys, rows[i].i))
-                gone_keys.append(key)
-                continue
-            w.pos = 0
-            values.write(&w, <object>found)
-            put_values.append(PyBytes_FromStringAndSize(<const char *>w.buf, w.pos))
-            put_db_keys.append(<object>PyList_GET_ITEM(db_keys, rows[i].i))
-            put_keys.append(key)
+            r = &rows[i]
+            db_key = PyBytes_FromStringAndSize(<const char *>r.key, r.n)
+            if r.voff < 0:
+                gone_db_keys[gones] = db_key
+                gone_at[gones] = r.i
+                gones += 1
+            else:
+                put_db_keys[puts] = db_key
+                put_values[puts] = PyBytes_FromStringAndSize(<const char *>vw.buf + r.voff, r.vn)
+                put_at[puts] = r.i
+                puts += 1
     finally:
-        w_free(&w)
+        w_free(&kw)
+        w_free(&vw)
         PyMem_Free(rows)
-    return put_db_keys, put_values, gone_db_keys, put_keys, gone_keys
+    return put_db_keys, put_values, gone_db_keys, user_keys, put_positions, gone_positions
+
+
+def write_sorted_rows(object writer, list runs):
+    """Write the rows of ``runs`` into ``writer`` (an open ``rocksdict.SstFileWriter``: ``writer[key] = value``,
+    ``del writer[key]`` for a tombstone), merged into one strictly ascending order (RocksDB's bytewise order), in
+    one C loop. Each run is ``(keys, values)``: ``keys`` a list of bytes in strictly ascending order, ``values`` the
+    list of their values (bytes), or None for a run of deletes. Returns the rows written; ValueError if a run is
+    out of order or two runs share a key (nothing is then finished: the caller drops the file)."""
+    cdef Py_ssize_t k = PyList_GET_SIZE(runs), i, best, total = 0, rows = 0
+    cdef Py_ssize_t *at
+    cdef Py_ssize_t *size
+    cdef const uint8_t *best_p = NULL
+    cdef Py_ssize_t best_n = 0
+    cdef const uint8_t *last_p = NULL
+    cdef Py_ssize_t last_n = -1
+    cdef int c
+    last_key = None
+    key_lists = [None] * k
+    value_lists = [None] * k
+    for i in range(k):
+        run = <object>PyList_GET_ITEM(runs, i)
+        if type(run) is not tuple or len(run) != 2:
+            raise TypeError("write_sorted_rows: a run is a (keys, values or None) tuple")
+        run_keys, run_values = run
+        if type(run_keys) is not list or (run_values is not None and type(run_values) is not list):
+            raise TypeError("write_sorted_rows: a run's keys and values are lists")
+        if run_values is not None and PyList_GET_SIZE(run_values) != PyList_GET_SIZE(run_keys):
+            raise ValueError(f"write_sorted_rows: {PyList_GET_SIZE(run_keys)} keys but "
+                             f"{PyList_GET_SIZE(run_values)} values")
+        for key in <list>run_keys:
+            if type(key) is not bytes:
+                raise TypeError(f"write_sorted_rows: a key must be bytes, got {type(key).__name__}")
+        key_lists[i] = run_keys
+        value_lists[i] = run_values
+        total += PyList_GET_SIZE(run_keys)
+    at = <Py_ssize_t *>PyMem_Malloc((k if k else 1) * sizeof(Py_ssize_t))
+    size = <Py_ssize_t *>PyMem_Malloc((k if k else 1) * sizeof(Py_ssize_t))
+    if at == NULL or size == NULL:
+        PyMem_Free(at)
+        PyMem_Free(size)
+        raise MemoryError()
+    try:
+        for i in range(k):
+            at[i] = 0
+            size[i] = PyList_GET_SIZE(<list>key_lists[i])
+        while rows < total:
+            best = -1
+            for i in range(k):
+                if at[i] < size[i]:
+                    key = <object>PyList_GET_ITEM(<list>key_lists[i], at[i])
+                    if best < 0:
+                        c = -1
+                    else:
+                        c = kg_key_cmp(<const uint8_t *>PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key), best_p, best_n)
+                    if c < 0:
+                        best, best_p, best_n = i, <const uint8_t *>PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key)
+            if last_n >= 0 and kg_key_cmp(last_p, last_n, best_p, best_n) >= 0:
+                raise ValueError("write_sorted_rows: the runs' keys are not strictly ascending and distinct")
+            key = <object>PyList_GET_ITEM(<list>key_lists[best], at[best])
+            if value_lists[best] is None:
+                PyObject_DelItem(writer, key)
+            else:
+                PyObject_SetItem(writer, key, <object>PyList_GET_ITEM(<list>value_lists[best], at[best]))
+            last_key = key   # holds the bytes last_p points into
+            last_p, last_n = best_p, best_n
+            at[best] += 1
+            rows += 1
+    finally:
+        PyMem_Free(at)
+        PyMem_Free(size)
+    return rows
 
 
 def current_keys(KeyContext ctx, list keys):

@@ -2,6 +2,9 @@
 
 from typing import Any
 
+import numpy as np
+from numpy.typing import NDArray
+
 from typing_extensions import disjoint_base
 
 from keygroups._native.framing import Encoder, ValueWriter
@@ -26,10 +29,15 @@ def uncached(cache: dict[Any, Any], keys: list[Any]) -> list[int]:
     """The positions in ``keys`` of the keys ``cache`` does not hold, ascending."""
 
 def flush_values(pending: dict[Any, int], cache: dict[Any, Any], keys: Encoder, values: ValueWriter,
-                 group_prefixes: list[bytes],
-                 state_id: bytes) -> tuple[list[bytes], list[bytes], list[bytes], list[Any], list[Any]]:
-    """A value table's pending writes: (put database keys, values, deleted database keys, put keys, deleted keys),
-    each ascending by database key."""
+                 group_prefixes: list[bytes], state_id: bytes
+                 ) -> tuple[list[bytes], list[bytes], list[bytes], list[Any], NDArray[np.int64], NDArray[np.int64]]:
+    """A value table's pending writes: (put database keys, values, deleted database keys, each ascending by
+    database key; the pending keys in pending order; the positions among them of the put and the deleted keys, in
+    the same ascending order)."""
+
+def write_sorted_rows(writer: Any, runs: list[tuple[list[bytes], list[bytes] | None]]) -> int:
+    """Write the runs' rows (sorted keys with their values; None: deletes) into an open SST file writer, merged
+    into one ascending order; the rows written."""
 
 def current_keys(ctx: KeyContext, keys: list[Any]) -> tuple[list[Any], list[int]]:
     """``keys`` made current in turn: (the keys as the backend keys them, their key-group indexes)."""

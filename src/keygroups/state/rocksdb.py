@@ -9,13 +9,15 @@ keep one database value per key, the per-key value encoding of the snapshot form
 
 The cache (Spark's RocksDB state store buffers a batch the same way): ``prefetch(keys)`` loads a batch's keys with
 one ``multi_get`` per state; reads and writes then hit decoded Python objects; the keys written since the last flush
-are written to the database in one ``WriteBatch`` when a snapshot is taken, or earlier once a state caches more than
-``cache_limit`` entries (the cache is then emptied; the set of keys changed since the last snapshot is kept). A map
-key's cache entry holds either its whole map or an overlay of the entries touched (missing entries are read row by
-row), so a batch touching one entry of a large map reads one row. Values read from the cache are live objects, as on
-the heap backend: a mutable value read is written back at the next flush, so changing it in place sticks. The value
-state's reads and writes and the flush of value, list, reducing and aggregating states (database keys built and
-sorted, values encoded) are compiled (``_native/rocksstate.pyx``).
+are written to the database when a snapshot is taken, or earlier once a state caches more than ``cache_limit``
+entries (the cache is then emptied; the set of keys changed since the last snapshot is kept): a flush of many value
+state rows as one SST file RocksDB ingests (no memtable, none of its flushes to disk), a small one and maps' rows in
+one ``WriteBatch``. A map key's cache entry holds either its whole map or an overlay of the entries touched (missing
+entries are read row by row), so a batch touching one entry of a large map reads one row. Values read from the cache
+are live objects, as on the heap backend: a mutable value read is written back at the next flush, so changing it in
+place sticks. The value state's reads and writes and the flush of value, list, reducing and aggregating states
+(database keys built and sorted, values encoded, the file's rows merged in key order) are compiled
+(``_native/rocksstate.pyx``).
 
 Kept values: when a warm database is closed exactly at its last snapshot (nothing written or pending since), its
 states' caches stay in this process beside it (``_KeptCaches``, at most ``KEPT_CACHE_ENTRIES`` entries in all); the
@@ -150,6 +152,32 @@ class _Absent:
 _ABSENT = _Absent()
 
 
+class _Written:
+    """What a flush wrote of one value state, for the snapshot's delta (``_capture_deltas``): the flush's keys, the
+    positions among them of those put (with their encodings, in the same order) and of those deleted; how many, and
+    (only when asked: the delta is mostly cut from the flush's rows) a key's encoding, None for a delete."""
+
+    __slots__ = ("keys", "put_at", "encodings", "gone_at", "_by_key")
+
+    def __init__(self, keys: list[Any], put_at: np.ndarray, encodings: list[bytes], gone_at: np.ndarray) -> None:
+        self.keys, self.put_at, self.encodings, self.gone_at = keys, put_at, encodings, gone_at
+        self._by_key: dict[Any, bytes | None] | None = None
+
+    def __len__(self) -> int:
+        return len(self.keys)   # the flush's keys are distinct (a pending dict's)
+
+    def as_dict(self) -> dict[Any, bytes | None]:
+        if self._by_key is None:
+            keys = self.keys
+            by_key: dict[Any, bytes | None] = dict(zip(map(keys.__getitem__, self.put_at.tolist()), self.encodings))
+            by_key.update(dict.fromkeys(map(keys.__getitem__, self.gone_at.tolist())))
+            self._by_key = by_key
+        return self._by_key
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        return self.as_dict().get(key, default)
+
+
 class _Overlay(dict):  # type: ignore[type-arg]
     """A map key's cache entry that holds only the entries touched so far (user key -> value, MISSING: removed);
     the others are still in the database. A plain dict in the cache is the whole map."""
@@ -225,16 +253,64 @@ def _scan(db: rocksdict.Rdict, prefix: bytes | None = None) -> Iterator[tuple[An
     raise Exception(message)
 
 
-def _open(path: str) -> rocksdict.Rdict:
+def _iterated(it: Any) -> Iterator[tuple[bytes, bytes]]:
+    """The rows of a positioned, bounded rocksdict iterator, to its end; RocksDB's error if it stopped at a damaged
+    block, raised without the iterator in its traceback (see ``_scan``)."""
+    valid, key, value, advance = it.valid, it.key, it.value, it.next
+    while valid():
+        yield key(), value()
+        advance()
+    try:
+        it.status()
+        return
+    except Exception as e:  # noqa: BLE001 - rocksdict raises plain Exception
+        message = str(e)
+    del it, valid, key, value, advance
+    raise Exception(message)
+
+
+def _open(path: str, *, read_only: bool = False) -> rocksdict.Rdict:
+    """Open the database at ``path`` (created if missing), or, ``read_only``, a snapshot's copy of it to scan (no
+    files written: a third of the CPU of an open to write)."""
     opts = rocksdict.Options(raw_mode=True)
     opts.create_if_missing(True)
     opts.set_block_based_table_factory(table_options())
+    # RocksDB's own info log: a kept database is opened every batch, and each open would keep the last log beside
+    # it (up to 1000), which every seal then lists
+    opts.set_keep_log_file_num(1)
+    if read_only:
+        return rocksdict.Rdict(path, opts, access_type=rocksdict.AccessType.read_only())
     db = rocksdict.Rdict(path, opts)
     # No write-ahead log: the checkpoint is the durable copy; a warm database is flushed before its marker is written.
     write = rocksdict.WriteOptions()
     write.disable_wal = True
     db.set_write_options(write)
     return db
+
+
+#: A snapshot with at most this many full key groups reads them through iterators made at its capture, not from a
+#: RocksDB checkpoint (see ``RocksDBKeyedStateBackend.snapshot``).
+_PINNED_GROUPS = 64
+
+#: Keys of a batch sampled by ``prefetch`` to tell whether a state's cache holds nearly all of them: with at most one
+#: in 64 of the sample missing, the state's missing keys are read on first use, not looked for among all the keys
+#: (a dict lookup per key, 70 ns at a batch's size, against a point read of about 1.5 us per missing key).
+_PREFETCH_SAMPLE = 256
+
+#: A flush of at least this many value-state rows writes them into an SST file that RocksDB ingests
+#: (``RocksDBKeyedStateBackend._ingest_rows``); a smaller one goes through a WriteBatch and the memtable (a file per
+#: small flush would leave RocksDB many small files to compact).
+_INGEST_ROWS = 4096
+
+
+def _flush_writer_options() -> rocksdict.Options:
+    """Options of a flush's SST file: the database's table options (bloom filter included: the next batch's
+    prefetch asks it for keys it does not hold), uncompressed, as a memtable flush is cheap to write (compactions
+    compress what they rewrite)."""
+    opts = rocksdict.Options(raw_mode=True)
+    opts.set_block_based_table_factory(table_options())
+    opts.set_compression_type(rocksdict.DBCompressionType.none())
+    return opts
 
 
 def _frame_key(key_bytes: bytes) -> bytes:
@@ -442,29 +518,29 @@ class _RocksTable:
                               self.mutable, group_indexes.tolist())
 
     # ---- flushing -------------------------------------------------------------------------------------------------
-    def write_values(self, batch: rocksdict.WriteBatch, encoded: dict[Any, bytes | None] | None) -> int:
-        """Put the pending keys' values (not of a map state) into ``batch`` in key order, deletes for those
-        without one; ``encoded`` receives the encodings (None: deleted), for a delta. Returns the rows written.
-        The database keys are built, sorted and the values encoded in one compiled pass (``rocksstate``). The keys
-        stay pending until the caller has written ``batch``."""
+    def value_rows(self, encoded: dict[str, Any] | None) -> tuple[list[bytes], list[bytes], list[bytes]]:
+        """The database writes of the pending keys' values (not of a map state): (database keys put, their values,
+        database keys deleted), each ascending; ``encoded`` (state name -> what was written) receives them, for a
+        delta (``_Written``). The database keys are built, sorted and the values encoded in one compiled pass
+        (``rocksstate``). The keys stay pending until the caller has written the rows."""
         b = self.backend
         try:
-            db_keys, encodings, gone_db_keys, keys, gone = rocksstate.flush_values(
+            db_keys, encodings, gone_db_keys, keys, put_at, gone_at = rocksstate.flush_values(
                 self.pending, self.cache, b._key_encoder, self.write_framing.writer, b._group_prefix,
                 self.state_id_bytes)
         except UNWRITABLE as e:
             write = self.write_framing
             key = write.first_unwritable(self._pending_in_key_order(), b.key_serializer.serialize, MISSING)
             raise write.unwritable(key, e, what="write to the database") from e
-        collections.deque(map(batch.delete, gone_db_keys), maxlen=0)
-        collections.deque(map(batch.put, db_keys, encodings), maxlen=0)
         self.flushed_rows = None
         if encoded is not None:
-            encoded.update(zip(keys, encodings))
-            if gone:
-                encoded.update(dict.fromkeys(gone, None))
+            written: Any = _Written(keys, put_at, encodings, gone_at)
+            earlier = encoded.get(self.name)
+            if earlier:   # a second flush into one capture: merged, the later writes winning
+                written = {**(earlier.as_dict() if isinstance(earlier, _Written) else earlier), **written.as_dict()}
+            encoded[self.name] = written
             self.flushed_rows = (db_keys, encodings, gone_db_keys)
-        return len(db_keys) + len(gone_db_keys)
+        return db_keys, encodings, gone_db_keys
 
     def _pending_in_key_order(self) -> list[tuple[Any, Any]]:
         """The pending (key, cached value) pairs in database-key order (as the flush writes them), for the search
@@ -929,8 +1005,9 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         holds (from earlier in the batch, or kept from the batch before: ``_KeptCaches``) are not read again; the
         others' database keys are built and sorted in one vectorized pass and read in key order with one multi-get
         per state (a state whose rows the batch mostly touches by one ordered scan of the touched key groups
-        instead). Keys past the cache limit are left to load on first use; map states load theirs entry by
-        entry."""
+        instead). A state whose cache holds nearly all of a large batch's keys (an even sample says so:
+        ``_mostly_cached``) reads none here: its few others load on first use. Keys past the cache limit are left
+        to load on first use; map states load theirs entry by entry."""
         keys = java_keys(list(keys)[:self.cache_limit])  # the cache is keyed as set_current_key keys it
         if key_groups is None:
             mp, kt = self.max_parallelism, self.key_type
@@ -950,7 +1027,19 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         self._check_warm()
         with _gc_paused():
             for t in tables:
-                self._load(t, keys, groups, len(tables))
+                if not self._mostly_cached(t.cache, keys):
+                    self._load(t, keys, groups, len(tables))
+
+    @staticmethod
+    def _mostly_cached(cache: dict[Any, Any], keys: list[Any]) -> bool:
+        """Whether an even sample of a large batch's keys says ``cache`` holds nearly all of them (as the values
+        kept from the batches before do, once the keys recur): then looking every key up to find the few others
+        costs more than reading those few one at a time on first use (``load``: a point read each)."""
+        n = len(keys)
+        if n < _PREFETCH_SAMPLE * 8 or len(cache) < n:
+            return False
+        sample = keys[::n // _PREFETCH_SAMPLE][:_PREFETCH_SAMPLE]
+        return len(rocksstate.uncached(cache, sample)) * 64 <= len(sample)
 
     def _load(self, t: _RocksTable, keys: list[Any], groups: np.ndarray, tables: int = 1) -> None:
         """Cache table ``t``'s values of ``keys`` (distinct, canonical; ``groups``: their absolute key groups) that
@@ -1054,21 +1143,49 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
                 self._warm.remove_marker()
         write()
 
-    def _flush(self, *, evict: bool = False, encoded: dict[str, dict[Any, bytes | None]] | None = None) -> None:
+    def _ingest_rows(self, runs: list[tuple[list[bytes], list[bytes], list[bytes]]]) -> None:
+        """Write value states' rows (per state: database keys put, their values, database keys deleted; each
+        ascending) into one SST file, merged in key order in compiled code (``rocksstate.write_sorted_rows``;
+        deletes become tombstones), and ingest it: a large flush's rows skip the memtable, and the flush of it to
+        disk that every snapshot of a kept database forces (``_INGEST_ROWS``)."""
+        fd, path = tempfile.mkstemp(prefix="flush-", suffix=".sst", dir=self._dir)
+        os.close(fd)
+        try:
+            writer = rocksdict.SstFileWriter(_flush_writer_options())
+            writer.open(path)
+            rocksstate.write_sorted_rows(writer, [(put, values) for put, values, _ in runs]
+                                         + [(gone, None) for _, _, gone in runs if gone])
+            writer.finish()
+            options = rocksdict.IngestExternalFileOptions()
+            options.set_move_files(True)
+            self._write_with(functools.partial(self._db.ingest_external_file, [path], options))
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)
+
+    def _flush(self, *, evict: bool = False, encoded: dict[str, Any] | None = None) -> None:
         """Write every state's pending keys in one WriteBatch; ``evict`` empties the caches afterwards.
-        ``encoded`` (state name -> key -> value encoding or None) receives what was written, for a delta."""
+        ``encoded`` (state name -> key -> value encoding or None; a value state's a ``_Written``) receives what was
+        written, for a delta."""
         self._check_warm()
         with _gc_paused():
             batch = rocksdict.WriteBatch(raw_mode=True)
-            writes = 0
             ops: list[tuple[bytes, Any]] = []
+            runs: list[tuple[list[bytes], list[bytes], list[bytes]]] = []
             flushed = [t for t in self._tables.values() if t.pending]
             for t in flushed:
-                out = None if encoded is None else encoded.setdefault(t.name, {})
                 if t.is_map:
-                    t.write_pending(ops, out)
+                    t.write_pending(ops, None if encoded is None else encoded.setdefault(t.name, {}))
                 else:
-                    writes += t.write_values(batch, out)
+                    runs.append(t.value_rows(encoded))
+            rows = sum(len(put) + len(gone) for put, _, gone in runs)
+            if rows >= _INGEST_ROWS:
+                # value and map states' keys never meet (the state id is in the key): the file and the batch apart
+                self._ingest_rows(runs)
+            else:
+                for db_keys, encodings, gone_db_keys in runs:
+                    collections.deque(map(batch.delete, gone_db_keys), maxlen=0)
+                    collections.deque(map(batch.put, db_keys, encodings), maxlen=0)
             if ops:
                 # In key order: RocksDB's memtable takes sorted inserts an order of magnitude faster.
                 ops.sort(key=_first)
@@ -1080,7 +1197,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
                         delete_range(k, v.end)
                     else:
                         put(k, v)
-            if ops or writes:
+            if ops or 0 < rows < _INGEST_ROWS:
                 self._write(batch)
             # Only now: a value that cannot be written leaves every state's pending writes for the next flush.
             for t in flushed:
@@ -1243,11 +1360,15 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         self._fall_back_cold(error)
         return read()
 
+    def _may_replace_db(self) -> bool:
+        """Whether a read that finds the database damaged would still replace it (``_fall_back_cold``): a kept
+        database nothing was written to since it was resumed."""
+        return self._resumed_from is not None and self._writes == self._writes_at_resume
+
     def _may_fall_back(self, error: Exception) -> bool:
         """Whether ``error`` is RocksDB's "Corruption" in a kept database that nothing was written to since it was
         resumed, which ``_fall_back_cold`` can replace."""
-        return (self._resumed_from is not None and self._writes == self._writes_at_resume
-                and str(error).startswith("Corruption"))
+        return self._may_replace_db() and str(error).startswith("Corruption")
 
     def _fall_back_cold(self, error: str) -> None:
         """Replace a damaged kept database by a cold restore of the checkpoint it was resumed at (the cache, with
@@ -1296,10 +1417,11 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
     def snapshot(self, checkpoint_id: int, storage: CheckpointStorage) -> SnapshotFuture[KeyedStateHandle]:
         """Write the cache to the database and capture, now, the changes since the previous snapshot (encoded
         bytes of the keys written, tombstones for those deleted or expired); the snapshot worker writes them as
-        delta blocks, and the key groups ``_full_key_groups_for_snapshot`` names as full blocks, scanned from a
-        RocksDB checkpoint. A snapshot that writes no full block needs no checkpoint and scans nothing."""
+        delta blocks, and the key groups ``_full_key_groups_for_snapshot`` names as full blocks, scanned as the
+        database is now (through iterators made now, or a RocksDB checkpoint: see below). A snapshot that writes
+        no full block scans nothing."""
         full = self._full_key_groups_for_snapshot()
-        encoded: dict[str, dict[Any, bytes | None]] = {}
+        encoded: dict[str, Any] = {}
         self._flush(encoded=encoded)
         tables = list(self._tables.values())
         metas = [t.meta for t in tables]
@@ -1312,8 +1434,21 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         maps = {t.state_id: t.name for t in tables if t.is_map}
         writes = self._writes
         cp_dir: str | None = None
-        if full:  # a consistent copy to scan: a RocksDB checkpoint (a flush and hard links; rocksdict's snapshot
-            cp_dir = tempfile.mkdtemp(prefix="cp-", dir=self._dir)  # objects do not hold for iterators)
+        # The full key groups' rows as they are now, whatever is written while the worker scans them: a RocksDB
+        # iterator reads the database as it was when it was made, so a few key groups get one each, made here
+        # (bounded to the key group's rows; dropped by the worker as soon as it has read them, and all of them
+        # before the snapshot completes: a live iterator keeps the database from closing). Many key groups, or a
+        # kept database that a damaged file may still make this backend replace (``_fall_back_cold``), get a
+        # RocksDB checkpoint instead (a flush and hard links; rocksdict's snapshot objects do not hold for
+        # iterators).
+        pinned: dict[int, tuple[rocksdict.ReadOptions, Any]] = {}
+        if full and len(full) <= _PINNED_GROUPS and not self._may_replace_db():
+            for g in sorted(full):
+                options = rocksdict.ReadOptions()
+                options.set_iterate_upper_bound(_next_prefix(_U16.pack(g)))
+                pinned[g] = (options, self._db.iter(options))
+        elif full:
+            cp_dir = tempfile.mkdtemp(prefix="cp-", dir=self._dir)
             os.rmdir(cp_dir)  # RocksDB creates it
             rocksdict.Checkpoint(self._db).create_checkpoint(cp_dir)
         view: rocksdict.Rdict | None = None
@@ -1322,17 +1457,33 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         compiled = {t.state_id: (t.state_id, STORED_KINDS.get(t.meta["kind"], sstload.VALUE), t.write_framing.ttl,
                                  deadlines[t.state_id]) for t in tables}
 
+        def full_sections(g: int) -> list[list[Any]]:
+            """Key group ``g``'s full-block sections (one list, or a list per run of rows ``_groups`` makes), read
+            from its pinned iterator (then dropped) or the checkpoint."""
+            prefix = _U16.pack(g)
+            if g in pinned:
+                options, it = pinned.pop(g)   # the options hold the iterator's bound: alive as long as it is
+                try:
+                    it.seek(prefix)
+                    sections = sstload.value_sections(it, g, compiled)
+                    if sections is None:   # a state the compiled scan does not know: the rows joined in Python
+                        it.seek(prefix)
+                        rows = list(_iterated(it))
+                finally:
+                    it = options = None   # read: dropped, even when an error's traceback keeps this frame
+                if sections is not None:
+                    return [[(s, Packed(*keys), Packed(*values)) for s, keys, values in sections]]
+                return [found for _, found in self._groups(rows, deadlines, framings, maps)]
+            assert view is not None
+            compiled_found = self._compiled_sections(view, g, compiled)
+            if compiled_found is not None:
+                return [compiled_found]
+            return [found for _, found in self._groups(_scan(view, prefix), deadlines, framings, maps)]
+
         def blocks() -> Iterator[tuple[int, list[Any], list[Any]]]:
             for g in self.key_group_range:
                 if g in full:
-                    assert view is not None
-                    prefix = _U16.pack(g)
-                    sections = self._compiled_sections(view, g, compiled)
-                    if sections is not None:
-                        yield g, sections, []
-                        continue
-                    rows = _scan(view, prefix)
-                    for _, sections in self._groups(rows, deadlines, framings, maps):
+                    for sections in full_sections(g):
                         yield g, sections, []
                 elif g in deltas:
                     puts, deletes = deltas[g]
@@ -1340,15 +1491,18 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
 
         def work(future: SnapshotFuture[KeyedStateHandle]) -> KeyedStateHandle:
             nonlocal view
+            written = blocks()
             try:
                 if cp_dir is not None:
-                    view = _open(cp_dir)
+                    view = _open(cp_dir, read_only=True)
                 check_cancel(future)
                 handle = write_keyed_snapshot(storage, checkpoint_id, self.subtask_index, self.key_group_range,
-                                              metas, blocks(), full_key_groups=full,
+                                              metas, written, full_key_groups=full,
                                               on_key_group=functools.partial(check_cancel, future),
                                               predecessors=self._chain_tips())
             finally:
+                written.close()
+                pinned.clear()
                 if view is not None:
                     view.close()
                 if cp_dir is not None:
@@ -1378,7 +1532,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
             return None
         return [(s, Packed(*keys), Packed(*values)) for s, keys, values in sections]
 
-    def _capture_deltas(self, tables: list[_RocksTable], full: set[int], encoded: dict[str, dict[Any, bytes | None]]
+    def _capture_deltas(self, tables: list[_RocksTable], full: set[int], encoded: dict[str, Any]
                         ) -> dict[int, tuple[dict[int, tuple[Any, Any]], dict[int, Any]]]:
         """Per key group outside ``full``: (state index -> (keys, values) put, state index -> keys deleted), the
         values as the snapshot format encodes them. Keys flushed earlier (past the cache limit) and maps written
