@@ -4,6 +4,7 @@ on both backends, on Spark local[2], beside Spark's own offline repartition of a
     python benchmarks/bench_rescale_scale.py                                  # 1M keys, both backends
     python benchmarks/bench_rescale_scale.py --keys 1000000 10000000 50000000
     python benchmarks/bench_rescale_scale.py --keys 1000000 --spark-repartition   # + Spark's offline repartition
+    python benchmarks/bench_rescale_scale.py --keys 50000000 --spark-only --driver-memory 8g   # Spark's alone
 
 Per key count and backend, one job (a running count and sum per key: two int64 ValueStates, one output row per
 event; max parallelism 128):
