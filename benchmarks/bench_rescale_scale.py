@@ -4,6 +4,7 @@ on both backends, on Spark local[2], beside Spark's own offline repartition of a
     python benchmarks/bench_rescale_scale.py                                  # 1M keys, both backends
     python benchmarks/bench_rescale_scale.py --keys 1000000 10000000 50000000
     python benchmarks/bench_rescale_scale.py --keys 1000000 --spark-repartition   # + Spark's offline repartition
+    python benchmarks/bench_rescale_scale.py --keys 50000000 --spark-only --driver-memory 8g   # Spark's alone
 
 Per key count and backend, one job (a running count and sum per key: two int64 ValueStates, one output row per
 event; max parallelism 128):
@@ -23,11 +24,16 @@ event; max parallelism 128):
 Times: wall, and CPU of the whole process tree (driver, JVM, Python workers; from /proc), since the work runs in
 Spark's worker processes. The machine is shared: the load average is printed with every figure.
 
-Spark's baseline (``--spark-repartition``, pyspark 4.2+): a transformWithStateInPandas query (RocksDB state
-provider, 2 shuffle partitions) builds a running (count, sum) per key for the same key count, then
-``spark._streamingCheckpointManager.repartition(checkpoint, 3)`` rewrites all of its state offline
-(spark_repartition_baseline.run_spark_repartition): its wall time, bytes read and state bytes beside keygroups'
-2 -> 3 batch.
+Spark's baseline (``--spark-repartition``, pyspark 4.2+): a JVM transformWithState query
+(``benchmarks/java/RepartitionStateTws.java``: one ValueState (count, sum) per key, RocksDB state store provider,
+2 shuffle partitions; spark_tws_baseline.run_tws_jvm) builds the state of the same key count from events holding each
+key once, then ``spark._streamingCheckpointManager.repartition(checkpoint, 3)`` rewrites all of its state offline
+(spark_repartition_baseline.run_spark_repartition), ``--spark-runs`` times, each on a fresh copy of the checkpoint.
+After each, the state is read back through Spark's state data source (``format("statestore")``) and checked:
+key count, checksums of keys and values, a sample of keys (spark_tws_baseline.state_summary), 3 partitions. Printed:
+the build (wall, CPU), the repartition's median wall, CPU of the whole process tree, bytes read, state bytes before
+and after, and beside each keygroups rescale batch the ratio Spark / keygroups. ``--spark-only`` runs only this
+baseline (no keygroups job) at each ``--keys``. At 50M keys give the JVM room: ``--driver-memory 8g``.
 """
 
 from __future__ import annotations
@@ -160,15 +166,18 @@ def moved_bytes(metadata: CheckpointMetadata, old_p: int, new_p: int) -> int:
 
 # ---- the job ------------------------------------------------------------------------------------------------------
 
-def session() -> Any:
+def session(driver_memory: str = "4g", extra_classpath: list[str] | None = None) -> Any:
     from pyspark.sql import SparkSession
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    spark = (SparkSession.builder.master("local[2]").appName("bench-rescale-scale")
-             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-             .config("spark.driver.memory", "4g").config("spark.sql.shuffle.partitions", "4")
-             .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-             .config("spark.sql.session.timeZone", "UTC").getOrCreate())
+    builder = (SparkSession.builder.master("local[2]").appName("bench-rescale-scale")
+               .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+               .config("spark.driver.memory", driver_memory).config("spark.sql.shuffle.partitions", "4")
+               .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+               .config("spark.sql.session.timeZone", "UTC"))
+    if extra_classpath:   # must be set before the JVM starts
+        builder = builder.config("spark.driver.extraClassPath", os.pathsep.join(extra_classpath))
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
 
@@ -249,28 +258,108 @@ def run_backend(spark: Any, n_keys: int, backend: str, work: pathlib.Path, stead
     return figures
 
 
-def spark_repartition(spark: Any, n_keys: int, work: pathlib.Path) -> dict[str, Any] | None:
-    if not hasattr(spark, "_streamingCheckpointManager"):
-        return None
-    import pyarrow.parquet as pq
-    from spark_repartition_baseline import run_spark_repartition
-    from spark_tws_baseline import run_tws
+SPARK_FILE_KEYS = 5_000_000   # keys per Parquet file of the baseline's events (bounds the driver's memory)
+SAMPLE = 1000
 
-    source = work / "tws-events"
+
+def spark_events(source: pathlib.Path, n_keys: int) -> tuple[Any, Any]:
+    """Events holding each of the n_keys keys once (the keys keygroups loads), shuffled, as Parquet files of at most
+    SPARK_FILE_KEYS rows; returns (keys, values) for the check."""
+    import pyarrow.parquet as pq
+
     source.mkdir()
     rng = np.random.default_rng(7)
-    ids = rng.permutation(n_keys).astype(np.int64)   # every key once: a state of n_keys keys
-    pq.write_table(pa.table({"key": key_of(ids), "value": rng.integers(1, 100, n_keys, dtype=np.int64),
-                             "ts": pa.array(np.zeros(n_keys, dtype=np.int64)).cast(pa.timestamp("us"))}),
-                   source / "part-00000.parquet")
-    ck = work / "tws-ck"
-    built = run_tws(spark, str(source), str(ck), 2)
+    keys = key_of(rng.permutation(n_keys).astype(np.int64))
+    values = rng.integers(1, 100, n_keys, dtype=np.int64)
+    for i, lo in enumerate(range(0, n_keys, SPARK_FILE_KEYS)):
+        pq.write_table(pa.table({"key": keys[lo:lo + SPARK_FILE_KEYS], "value": values[lo:lo + SPARK_FILE_KEYS]}),
+                       source / f"part-{i:05d}.parquet")
+    return keys, values
+
+
+def spark_repartition(spark: Any, n_keys: int, work: pathlib.Path, runs: int) -> dict[str, Any] | None:
+    """Spark's offline repartition 2 -> 3 of a JVM transformWithState RocksDB state of n_keys keys, ``runs`` times
+    (each on a fresh copy), each checked through the state data source; None where this pyspark has none."""
+    if not hasattr(spark, "_streamingCheckpointManager"):
+        return None
+    from spark_repartition_baseline import run_spark_repartition
+    from spark_tws_baseline import compare_summary, expected_summary, run_tws_jvm, state_summary
+
+    def progress(line: str) -> None:
+        print(f"  [spark {n_keys:,}] {line}", file=sys.stderr, flush=True)
+
+    t = time.perf_counter()
+    keys, values = spark_events(work / "tws-events", n_keys)
+    sample = [int(k) for k in np.random.default_rng(8).choice(keys, min(SAMPLE, n_keys), replace=False)]
+    expected = expected_summary(keys, values, sample)
+    del keys, values
+    progress(f"events written in {time.perf_counter() - t:.1f} s")
+    base = work / "tws-ck"
     cpu = tree_cpu()
-    figures = run_spark_repartition(spark, str(ck), 3)
-    figures["cpu"] = tree_cpu() - cpu
-    figures["build_seconds"] = built["seconds"]
-    figures["load"] = load_average()
-    return figures
+    built = run_tws_jvm(spark, str(work / "tws-events"), str(base), 2)
+    built["cpu"] = tree_cpu() - cpu
+    built["state_bytes"] = dir_bytes(str(base / "state"))
+    built["load"] = load_average()
+    if built["events"] != n_keys:
+        raise RuntimeError(f"the baseline's query read {built['events']} events, not {n_keys}")
+    progress(f"state built: wall {built['seconds']:.1f} s cpu {built['cpu']:.1f} s, {built['batches']} batch(es), "
+             f"{built['state_bytes'] / 1e6:.1f} MB ({built['load']})")
+    problems = compare_summary(state_summary(spark, str(base), sample), expected)
+    if problems:
+        raise RuntimeError(f"the baseline's state before the repartition is wrong: {problems}")
+    shutil.rmtree(work / "tws-events", ignore_errors=True)
+    results = []
+    for i in range(runs):
+        ck = work / f"tws-ck-{i}"
+        shutil.copytree(base, ck)
+        cpu = tree_cpu()
+        figures = run_spark_repartition(spark, str(ck), 3)
+        figures["cpu"] = tree_cpu() - cpu
+        figures["load"] = load_average()
+        t = time.perf_counter()
+        problems = compare_summary(state_summary(spark, str(ck), sample), expected)
+        if figures["partitions_after"] != 3:
+            problems.append(f"{figures['partitions_after']} state partitions after the repartition, not 3")
+        figures["state"] = "OK" if not problems else "; ".join(problems)
+        progress(f"repartition {i}: wall {figures['seconds']:.2f} s cpu {figures['cpu']:.2f} s read "
+                 f"{figures['bytes_read'] / 1e6:.1f} MB ({figures['records_read']:,} rows) state "
+                 f"{figures['state_bytes_before'] / 1e6:.1f} -> {figures['state_bytes_after'] / 1e6:.1f} MB; "
+                 f"check {figures['state']} ({time.perf_counter() - t:.1f} s) ({figures['load']})")
+        if problems:
+            raise RuntimeError(f"the state after Spark's repartition is wrong: {figures['state']}")
+        results.append(figures)
+        shutil.rmtree(ck, ignore_errors=True)
+    return {"build": built, "runs": results,
+            "wall": statistics.median(r["seconds"] for r in results),
+            "cpu": statistics.median(r["cpu"] for r in results)}
+
+
+def report_spark(n_keys: int, spark_figures: dict[str, Any] | None, keygroups: dict[str, dict[str, Any]]) -> None:
+    """Spark's repartition, then every keygroups rescale batch of the same key count beside it with the ratio."""
+    if spark_figures is None:
+        print("  Spark's offline repartition: not in this pyspark")
+        return
+    b, runs = spark_figures["build"], spark_figures["runs"]
+    last = runs[-1]
+    print(f"  Spark (transformWithState in the JVM, one ValueState (count, sum) per key, RocksDB, 2 partitions):")
+    print(f"    {'build the state':<28s} wall {b['seconds']:7.2f} s  cpu {b['cpu']:7.2f} s  ({b['events']:,} events "
+          f"in {b['batches']} batch(es); state {b['state_bytes'] / 1e6:.1f} MB) [{b['load']}]")
+    print(f"    {'repartition 2->3 (median)':<28s} wall {spark_figures['wall']:7.2f} s  cpu {spark_figures['cpu']:7.2f} "
+          f"s  read {last['bytes_read'] / 1e6:8.1f} MB ({last['records_read']:,} rows), shuffled "
+          f"{last['shuffle_bytes'] / 1e6:.1f} MB, state {last['state_bytes_before'] / 1e6:.1f} MB -> "
+          f"{last['state_bytes_after'] / 1e6:.1f} MB; state {last['state']}  (of {len(runs)}: "
+          + ", ".join(f"{r['seconds']:.2f}/{r['cpu']:.2f}" for r in runs) + f") [{last['load']}]")
+    if not keygroups:
+        return
+    print(f"  side by side at {n_keys:,} keys: Spark's offline repartition 2->3 (median) / keygroups' rescale batch "
+          f"(which also processes {EVENTS:,} events)")
+    for backend, f in keygroups.items():
+        for name in ("2->3", "3->2", "2->4"):
+            r = f[name]
+            print(f"    keygroups {backend:<7s} {name}  wall {r['wall']:7.2f} s  cpu {r['cpu']:7.2f} s  read "
+                  f"{r['report'].bytes_restored / 1e6:8.1f} MB   Spark/keygroups: wall "
+                  f"{spark_figures['wall'] / r['wall']:5.1f}x  cpu {spark_figures['cpu'] / r['cpu']:5.1f}x  bytes read "
+                  f"{last['bytes_read'] / max(r['report'].bytes_restored, 1):5.1f}x")
 
 
 # ---- report -------------------------------------------------------------------------------------------------------
@@ -315,34 +404,43 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steady", type=int, default=3, help="steady batches (the median is printed)")
     parser.add_argument("--spark-repartition", action="store_true",
                         help="also time Spark's offline repartition of a transformWithState state of as many keys")
+    parser.add_argument("--spark-only", action="store_true",
+                        help="only Spark's offline repartition (implies --spark-repartition; no keygroups job)")
+    parser.add_argument("--spark-runs", type=int, default=3, help="Spark repartitions timed (the median is printed)")
+    parser.add_argument("--driver-memory", default="4g", help="spark.driver.memory (8g for 50M keys' baseline)")
     parser.add_argument("--work-dir", default=None)
     args = parser.parse_args(argv)
-    spark = session()
+    if args.spark_only:
+        args.spark_repartition = True
+        args.backends = []
+    classes = None
+    if args.spark_repartition:
+        from spark_tws_baseline import jvm_classes
+
+        classes = [jvm_classes()]
+    spark = session(args.driver_memory, classes)
     print(f"{EVENTS:,} events per batch, max parallelism {MAXP}, Spark local[2]; times wall and CPU of the process "
           f"tree; machine shared ({load_average()} at start)")
     with tempfile.TemporaryDirectory(dir=args.work_dir) as d:
-        warm_up = pathlib.Path(d) / "warm-up"
-        warm_up.mkdir()
-        run_backend(spark, 1000, "heap", warm_up, 1)   # JVM, Python workers, imports
+        if args.backends:
+            warm_up = pathlib.Path(d) / "warm-up"
+            warm_up.mkdir()
+            run_backend(spark, 1000, "heap", warm_up, 1)   # JVM, Python workers, imports
         for n_keys in args.keys:
-            print(f"\n{n_keys:,} keys")
+            print(f"\n{n_keys:,} keys", flush=True)
+            keygroups = {}
             for backend in args.backends:
                 work = pathlib.Path(d) / f"{backend}-{n_keys}"
                 work.mkdir()
-                report(n_keys, backend, run_backend(spark, n_keys, backend, work, args.steady))
+                keygroups[backend] = run_backend(spark, n_keys, backend, work, args.steady)
+                report(n_keys, backend, keygroups[backend])
                 shutil.rmtree(work, ignore_errors=True)
             if args.spark_repartition:
                 work = pathlib.Path(d) / f"spark-{n_keys}"
                 work.mkdir()
-                figures = spark_repartition(spark, n_keys, work)
-                if figures is None:
-                    print("  Spark's offline repartition: not in this pyspark")
-                else:
-                    print(f"  Spark repartition 2 -> 3 (transformWithState, RocksDB): wall {figures['seconds']:.2f} s"
-                          f"  cpu {figures['cpu']:.2f} s  read {figures['bytes_read'] / 1e6:.1f} MB, state "
-                          f"{figures['state_bytes_before'] / 1e6:.1f} MB -> {figures['state_bytes_after'] / 1e6:.1f} "
-                          f"MB (built in {figures['build_seconds']:.1f} s) [{figures['load']}]")
+                report_spark(n_keys, spark_repartition(spark, n_keys, work, args.spark_runs), keygroups)
                 shutil.rmtree(work, ignore_errors=True)
+            sys.stdout.flush()
     spark.stop()
     return 0
 

@@ -17,6 +17,12 @@ from the checkpoint with Spark's state data source (``format("statestore")``) an
     python benchmarks/spark_tws_baseline.py                                   # 5M events, 100k keys
 
 ``run_tws(spark, events_dir, checkpoint_dir, shuffle_partitions)`` is the entry point for a side-by-side benchmark.
+
+``run_tws_jvm`` builds the same state (ValueState "countSum" of (count, sum) per key, RocksDB) with a JVM
+``transformWithState`` (``benchmarks/java/RepartitionStateTws.java``, compiled with ``javac`` against pyspark's jars
+by ``jvm_classes()``; the session must have those classes on the driver's class path: ``build_session(
+extra_classpath=[jvm_classes()])``): no Python per key, for the large states Spark's repartition is measured on.
+``state_summary`` checks such a state through the state data source with aggregates and a sample, not pandas.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -77,10 +84,12 @@ def _ship_this_module() -> None:
         cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
-def build_session(master: str = "local[2]", driver_memory: str = "2g") -> SparkSession:
-    """The session the baseline is measured on: RocksDB state store, Arrow on, UI off."""
+def build_session(master: str = "local[2]", driver_memory: str = "2g",
+                  extra_classpath: list[str] | None = None) -> SparkSession:
+    """The session the baseline is measured on: RocksDB state store, Arrow on, UI off; ``extra_classpath`` on the
+    driver's class path (``jvm_classes()`` for ``run_tws_jvm``)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    spark = (
+    builder = (
         SparkSession.builder.master(master)
         .appName("keygroups-tws-baseline")
         .config("spark.ui.enabled", "false")
@@ -88,8 +97,10 @@ def build_session(master: str = "local[2]", driver_memory: str = "2g") -> SparkS
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.streaming.stateStore.providerClass", ROCKSDB_PROVIDER)
-        .getOrCreate()
     )
+    if extra_classpath:
+        builder = builder.config("spark.driver.extraClassPath", os.pathsep.join(extra_classpath))
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
 
@@ -124,15 +135,20 @@ def start_query(
     )
 
 
+def state_frame(spark: SparkSession, checkpoint_dir: str) -> Any:
+    """The ValueState of the latest committed batch through Spark's state data source: a DataFrame (key, count, sum).
+
+    The grouping key is a struct of one field, named ``key`` by transformWithStateInPandas' groupBy("key") and
+    ``value`` by the JVM query's groupByKey(Encoders.LONG()).
+    """
+    raw = spark.read.format("statestore").option("stateVarName", STATE_NAME).load(str(checkpoint_dir))
+    key_field = raw.schema["key"].dataType.fieldNames()[0]
+    return raw.selectExpr(f"key.`{key_field}` AS key", "value.count AS count", "value.sum AS sum")
+
+
 def read_state(spark: SparkSession, checkpoint_dir: str) -> pd.DataFrame:
     """The ValueState of the latest committed batch, read from the checkpoint; index ``key``, columns count, sum."""
-    df = (
-        spark.read.format("statestore")
-        .option("stateVarName", STATE_NAME)
-        .load(str(checkpoint_dir))
-        .selectExpr("key.key AS key", "value.count AS count", "value.sum AS sum")
-    )
-    pdf: pd.DataFrame = df.toPandas()  # type: ignore[assignment]
+    pdf: pd.DataFrame = state_frame(spark, checkpoint_dir).toPandas()  # type: ignore[assignment]
     return pdf.set_index("key").sort_index().astype("int64")
 
 
@@ -185,6 +201,128 @@ def run_tws(
         "shuffle_partitions": shuffle_partitions,
         "state": read_state(spark, str(ck)),
     }
+
+
+# ---- the same state built in the JVM -------------------------------------------------------------------------------
+
+JVM_SOURCE = "RepartitionStateTws.java"
+# Checksums of a state over bounded terms (Spark's sum of longs fails on overflow in ANSI mode): with the row count,
+# sum(count) and min/max(count), a key missing, doubled or holding another key's value changes at least one of them.
+_CHECKSUMS = {
+    "rows": "count(*)",
+    "sum_count": "sum(count)",
+    "min_count": "min(count)",
+    "max_count": "max(count)",
+    "sum_sum": "sum(sum)",
+    "sum_key": "sum(key % 1000003)",
+    "key_x_sum": "sum((key % 1000003) * sum)",
+    "key_x_key": "sum(((key % 999983) * (key % 1000003)) % 1000033)",
+}
+
+
+def jvm_classes() -> str:
+    """The directory of RepartitionStateTws' classes, compiled against pyspark's jars (cached)."""
+    from _peers import build_java, spark_classpath
+
+    return build_java(JVM_SOURCE, spark_classpath())
+
+
+def run_tws_jvm(
+    spark: SparkSession,
+    events_dir: str,
+    checkpoint_dir: str,
+    shuffle_partitions: int,
+    *,
+    max_files_per_trigger: int = 1_000_000,
+) -> dict:
+    """Build the ValueState "countSum" (count, sum) per key of the events in ``events_dir`` (Parquet, key and value
+    long) with the JVM transformWithState of RepartitionStateTws, RocksDB provider, ``shuffle_partitions`` state
+    partitions, from an empty ``checkpoint_dir``; by default all files in one micro-batch.
+
+    Returns seconds (query wall time), events, batches. The session conf is restored afterwards.
+    """
+    ck = pathlib.Path(checkpoint_dir)
+    if ck.exists() and any(ck.iterdir()):
+        raise ValueError(f"checkpoint_dir {ck} is not empty; run_tws_jvm builds state from empty")
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    if not _has_class(spark):
+        raise RuntimeError("RepartitionStateTws is not on the driver's class path: start the session with "
+                           "build_session(extra_classpath=[jvm_classes()]) (spark.driver.extraClassPath must be set "
+                           "before the JVM starts)")
+    keys = ("spark.sql.streaming.stateStore.providerClass", "spark.sql.shuffle.partitions")
+    saved = {k: spark.conf.get(k) for k in keys}
+    spark.conf.set(keys[0], ROCKSDB_PROVIDER)
+    spark.conf.set(keys[1], str(shuffle_partitions))
+    try:
+        start = time.perf_counter()
+        query = jvm.RepartitionStateTws.start(spark._jsparkSession, str(events_dir), str(ck),
+                                              int(max_files_per_trigger))
+        query.awaitTermination()
+        seconds = time.perf_counter() - start
+    finally:
+        for k, v in saved.items():
+            if v is not None:
+                spark.conf.set(k, v)
+    if query.exception().isDefined():
+        raise RuntimeError(f"the JVM transformWithState query failed: {query.exception().get().toString()}")
+    progress = [p for p in query.recentProgress() if p.numInputRows() > 0]
+    return {"seconds": seconds, "events": sum(p.numInputRows() for p in progress), "batches": len(progress),
+            "shuffle_partitions": shuffle_partitions}
+
+
+def _has_class(spark: SparkSession) -> bool:
+    jvm = spark.sparkContext._jvm
+    try:
+        jvm.java.lang.Class.forName("RepartitionStateTws", False,
+                                    jvm.Thread.currentThread().getContextClassLoader())
+        return True
+    except Exception:
+        return False
+
+
+def state_summary(spark: SparkSession, checkpoint_dir: str, sample_keys: list[int] | None = None) -> dict:
+    """Checksums of the state (see _CHECKSUMS), computed by Spark over the state data source, and, for
+    ``sample_keys``, their (count, sum) as {key: (count, sum)}."""
+    frame = state_frame(spark, checkpoint_dir)
+    row = frame.selectExpr(*(f"{expr} AS {name}" for name, expr in _CHECKSUMS.items())).collect()[0]
+    out: dict = {name: int(row[name]) if row[name] is not None else None for name in _CHECKSUMS}
+    if sample_keys:
+        got = frame.where(frame.key.isin([int(k) for k in sample_keys])).collect()
+        out["sample"] = {int(r["key"]): (int(r["count"]), int(r["sum"])) for r in got}
+    return out
+
+
+def expected_summary(keys: Any, values: Any, sample_keys: list[int] | None = None) -> dict:
+    """What state_summary must find for events holding every key of ``keys`` once with ``values`` (numpy int64)."""
+    k1, k2 = keys % 1000003, keys % 999983
+    out: dict = {
+        "rows": len(keys),
+        "sum_count": len(keys),
+        "min_count": 1 if len(keys) else None,
+        "max_count": 1 if len(keys) else None,
+        "sum_sum": int(values.sum()),
+        "sum_key": int(k1.sum()),
+        "key_x_sum": int((k1 * values).sum()),
+        "key_x_key": int(((k2 * k1) % 1000033).sum()),
+    }
+    if sample_keys:
+        index = np.isin(keys, np.asarray(sample_keys, dtype=np.int64))
+        out["sample"] = {int(k): (1, int(v)) for k, v in zip(keys[index], values[index])}
+    return out
+
+
+def compare_summary(got: dict, expected: dict) -> list[str]:
+    """The checksums (and sampled keys) where ``got`` differs from ``expected``."""
+    problems = [f"{name}: {got.get(name)} != {want}" for name, want in expected.items()
+                if name != "sample" and got.get(name) != want]
+    if "sample" in expected:
+        wrong = {k: (got.get("sample", {}).get(k), v) for k, v in expected["sample"].items()
+                 if got.get("sample", {}).get(k) != v}
+        if wrong:
+            problems.append(f"{len(wrong)} of {len(expected['sample'])} sampled keys differ, e.g. "
+                            f"{dict(list(wrong.items())[:3])} (got, want)")
+    return problems
 
 
 def main(argv: list[str] | None = None) -> int:
