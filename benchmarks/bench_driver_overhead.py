@@ -56,18 +56,10 @@ from _events import event_files, generate_events  # noqa: E402
 from _jobs import VALUE_OUTPUT, RunningValue, ship_by_value  # noqa: E402
 from _peers import SparkJobClock, SparkTime, load, spark_session  # noqa: E402
 
+from keygroups.spark.executor import _union  # noqa: E402  # the union of job spans, as the report's
+
 PARALLELISM = 2
 TARGETS = {128: 0.050, 4096: 0.150}
-
-
-def _union(spans: list[tuple[float, float]]) -> float:
-    total, end = 0.0, float("-inf")
-    for a, b in sorted(s for s in spans if s[1] > s[0]):
-        if b <= end:
-            continue
-        total += b - max(a, end)
-        end = b
-    return total
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ extra_classpath=[jvm_classes()])``): no Python per key, for the large states Spa
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import pathlib
 import shutil
@@ -170,19 +171,11 @@ def run_tws(
     ck = pathlib.Path(checkpoint_dir)
     if ck.exists() and any(ck.iterdir()):
         raise ValueError(f"checkpoint_dir {ck} is not empty; run_tws measures a run from empty state")
-    keys = ("spark.sql.streaming.stateStore.providerClass", "spark.sql.shuffle.partitions")
-    saved = {k: spark.conf.get(k) for k in keys}
-    spark.conf.set(keys[0], ROCKSDB_PROVIDER)
-    spark.conf.set(keys[1], str(shuffle_partitions))
-    try:
+    with _rocksdb_query_conf(spark, shuffle_partitions):
         start = time.perf_counter()
         query = start_query(spark, events_dir, str(ck), max_files_per_trigger=max_files_per_trigger)
         query.awaitTermination()
         seconds = time.perf_counter() - start
-    finally:
-        for k, v in saved.items():  # the caller's session is left as it was (the query captured its conf)
-            if v is not None:
-                spark.conf.set(k, v)
     if query.exception() is not None:
         raise RuntimeError(f"transformWithStateInPandas query failed: {query.exception()}")
     progress = [p for p in query.recentProgress if p["numInputRows"] > 0]
@@ -250,25 +243,33 @@ def run_tws_jvm(
         raise RuntimeError("RepartitionStateTws is not on the driver's class path: start the session with "
                            "build_session(extra_classpath=[jvm_classes()]) (spark.driver.extraClassPath must be set "
                            "before the JVM starts)")
-    keys = ("spark.sql.streaming.stateStore.providerClass", "spark.sql.shuffle.partitions")
-    saved = {k: spark.conf.get(k) for k in keys}
-    spark.conf.set(keys[0], ROCKSDB_PROVIDER)
-    spark.conf.set(keys[1], str(shuffle_partitions))
-    try:
+    with _rocksdb_query_conf(spark, shuffle_partitions):
         start = time.perf_counter()
         query = jvm.RepartitionStateTws.start(spark._jsparkSession, str(events_dir), str(ck),
                                               int(max_files_per_trigger))
         query.awaitTermination()
         seconds = time.perf_counter() - start
-    finally:
-        for k, v in saved.items():
-            if v is not None:
-                spark.conf.set(k, v)
     if query.exception().isDefined():
         raise RuntimeError(f"the JVM transformWithState query failed: {query.exception().get().toString()}")
     progress = [p for p in query.recentProgress() if p.numInputRows() > 0]
     return {"seconds": seconds, "events": sum(p.numInputRows() for p in progress), "batches": len(progress),
             "shuffle_partitions": shuffle_partitions}
+
+
+@contextlib.contextmanager
+def _rocksdb_query_conf(spark: SparkSession, shuffle_partitions: int) -> Iterator[None]:
+    """The RocksDB state store provider and ``shuffle_partitions`` set on the session while a query starts and runs;
+    the caller's values back afterwards (the query captured its conf when it started)."""
+    keys = ("spark.sql.streaming.stateStore.providerClass", "spark.sql.shuffle.partitions")
+    saved = {k: spark.conf.get(k) for k in keys}
+    spark.conf.set(keys[0], ROCKSDB_PROVIDER)
+    spark.conf.set(keys[1], str(shuffle_partitions))
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is not None:
+                spark.conf.set(k, v)
 
 
 def _has_class(spark: SparkSession) -> bool:

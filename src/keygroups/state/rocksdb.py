@@ -239,23 +239,15 @@ def _scan(db: rocksdict.Rdict, prefix: bytes | None = None) -> Iterator[tuple[An
         it.seek_to_first()
     else:
         it.seek(prefix)
-    valid, key, value, advance = it.valid, it.key, it.value, it.next
-    while valid():
-        yield key(), value()
-        advance()
-    try:
-        it.status()
-        return
-    except Exception as e:  # noqa: BLE001 - rocksdict raises plain Exception
-        message = str(e)
-    # raised anew, without the iterator in a traceback: it keeps the database open (see _fall_back_cold)
-    del it, valid, key, value, advance
-    raise Exception(message)
+    rows = _iterated(it)
+    del it   # held by ``rows`` alone: an error's traceback through this frame keeps no iterator (_iterated)
+    yield from rows
 
 
 def _iterated(it: Any) -> Iterator[tuple[bytes, bytes]]:
     """The rows of a positioned, bounded rocksdict iterator, to its end; RocksDB's error if it stopped at a damaged
-    block, raised without the iterator in its traceback (see ``_scan``)."""
+    block, raised anew without the iterator in its traceback (a live iterator keeps the database open: see
+    ``_fall_back_cold``)."""
     valid, key, value, advance = it.valid, it.key, it.value, it.next
     while valid():
         yield key(), value()
