@@ -31,8 +31,8 @@ storage-relative paths; reading moves those inside the directory into the fields
 earlier block. Each version changed so that an older keygroups refuses the file instead of misreading it (version 2:
 treating output files as orphans; version 3: restoring a delta as the whole state; version 4: restoring without raw
 keyed state, deleting late outputs as orphans; version 5: reading blocks of keyed format 4, whose layout it does not
-know, and checking no chain; version 6: reading offsets it does not find; version 7: taking the checksums left
-out for its handles' blocks'). Version 6 (written when version 5 was)
+know, and checking no chain; version 6: reading offsets it does not find; version 7: reading a carried handle's
+checksums, stored for some of its blocks only, as one per block). Version 6 (written when version 5 was)
 stores the same handles in a third of the bytes: a keyed handle's ``offsets`` become ``first_offset`` and
 ``block_sizes`` (base64 of zlib of u64 little-endian: most blocks of a delta file are empty ones of one size), and its
 predecessors' ``distances`` are zlib'd before base64 too (``distances_z``); the checksums, random, stay as they are.
