@@ -347,6 +347,23 @@ cdef object _arrow_buffer(const uint8_t* data, Py_ssize_t nbytes):
     return buffer
 
 
+cdef int _grow(void** buffer, Py_ssize_t* capacity, Py_ssize_t needed, Py_ssize_t item_size,
+               Py_ssize_t first) except -1:
+    """Make ``*buffer`` hold at least ``needed`` items of ``item_size`` bytes, doubling ``*capacity`` (from ``first``)
+    until it does: amortized O(1) per item appended. The caller bounds ``needed`` first, so nothing overflows."""
+    cdef Py_ssize_t grown = capacity[0] if capacity[0] else first
+    cdef void* p
+    while grown < needed:
+        grown *= 2
+    if grown != capacity[0]:
+        p = PyMem_Realloc(buffer[0], grown * item_size)
+        if p == NULL:
+            raise MemoryError()
+        buffer[0] = p
+        capacity[0] = grown
+    return 0
+
+
 cdef class _Builder:
     """One output column of the batch: typed buffers while every value is one its type takes exactly, then a list
     for pyarrow (see above)."""
@@ -400,19 +417,9 @@ cdef class _Builder:
         return 0
 
     cdef int _reserve_bytes(self, Py_ssize_t more) except -1:
-        cdef Py_ssize_t capacity = self.data_capacity if self.data_capacity else 4096
-        cdef void* p
         if more > PY_SSIZE_T_MAX_HALF - self.data_len:
             raise MemoryError("an output column past 2**62 bytes")
-        while capacity < self.data_len + more:
-            capacity *= 2
-        if capacity != self.data_capacity:
-            p = PyMem_Realloc(self.data, capacity)
-            if p == NULL:
-                raise MemoryError()
-            self.data = <uint8_t*>p
-            self.data_capacity = capacity
-        return 0
+        return _grow(<void**>&self.data, &self.data_capacity, self.data_len + more, 1, 4096)
 
     cdef inline void _store(self, int64_t v) noexcept:
         # the value's low `width` bytes at n: two's complement, so unsigned values in range store as they are
@@ -897,19 +904,9 @@ cdef class TimerHeap:
         return self.n
 
     cdef int _reserve(self, Py_ssize_t more) except -1:
-        cdef Py_ssize_t capacity = self.capacity if self.capacity else 64
-        cdef void* p
         if more > (<Py_ssize_t>1 << 40) - self.n:
             raise MemoryError("a timer queue past 2**40 entries")
-        while capacity < self.n + more:
-            capacity *= 2
-        if capacity != self.capacity:
-            p = PyMem_Realloc(self.heap, capacity * sizeof(_Timer))
-            if p == NULL:
-                raise MemoryError()
-            self.heap = <_Timer*>p
-            self.capacity = capacity
-        return 0
+        return _grow(<void**>&self.heap, &self.capacity, self.n + more, sizeof(_Timer), 64)
 
     cdef inline void _sift_up(self, Py_ssize_t i) noexcept:
         cdef _Timer item = self.heap[i]
