@@ -377,10 +377,10 @@ class KeyedStateHandle:
                 raise ValueError(f"KeyedStateHandle.checksums must be a list of {n} ints (one per key group of "
                                  f"{self.key_group_range}), got "
                                  f"{len(checksums) if isinstance(checksums, list) else type(checksums).__name__}")
-            if checksums and (set(map(type, checksums)) != {int} or min(checksums) < NOT_RECORDED
-                              or max(checksums) >= 1 << 32):
+            lowest = min(checksums) if checksums and set(map(type, checksums)) == {int} else None
+            if checksums and (lowest is None or lowest < NOT_RECORDED or max(checksums) >= 1 << 32):
                 raise ValueError("KeyedStateHandle.checksums must be u32 ints (the CRC32C each block stores)")
-            if checksums and min(checksums) == NOT_RECORDED:
+            if lowest == NOT_RECORDED:
                 unrecorded = np.asarray(checksums, dtype=np.int64) == NOT_RECORDED
                 loud = np.flatnonzero(unrecorded & ~self._quiet_blocks())
                 if len(loud):
