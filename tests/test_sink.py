@@ -440,3 +440,39 @@ def test_a_report_carries_its_committable_through_json_and_the_checkpoint():
     assert SubtaskReport.from_json(json.loads(json.dumps(report.stored()))).sink_committable == c
     with pytest.raises(Exception, match="sink committable is malformed"):
         SubtaskReport.from_json({**report.stored(), "sink_committable": {"sink": "x", "subtask": "3"}})
+
+
+# ---- on an object store -----------------------------------------------------------------------------------------
+
+def test_the_parquet_sink_on_s3_publishes_each_batch_once(s3_server, tmp_path):
+    """SeaweedFS on 127.0.0.1 through s3fs: staged objects under ``_staging/``, published by copy and delete, a
+    driver that died between the commits repaired by the next one."""
+    url = s3_server.url() + "/sink-out"
+    options = s3_server.storage_options
+
+    def sink():
+        return ParquetSink(url, storage_options=options)
+
+    class DyingOnS3(ParquetSink):
+        def commit(self, checkpoint_id, committables):
+            if checkpoint_id == 2:
+                raise Crash("driver died")
+            super().commit(checkpoint_id, committables)
+
+    model = Model()
+    _driver(tmp_path, sink()).run(LocalExecutor(_table(range(40))), parallelism=2)
+    model.commit(range(40))
+    with pytest.raises(Crash):
+        _driver(tmp_path, DyingOnS3(url, storage_options=options)).run(LocalExecutor(_table(range(20), v=3)),
+                                                                         parallelism=3)
+    model.commit(range(20), v=3)
+    _driver(tmp_path, sink()).run(LocalExecutor(_table([5], v=2)), parallelism=1)
+    model.commit([5], v=2)
+    fs = s3_server.filesystem()
+    root = url.removeprefix("s3://")
+    table = pq.read_table(root, filesystem=fs)   # Arrow's dataset reader skips _staging/
+    assert Counter(map(tuple, (tuple(r.values()) for r in table.to_pylist()))) == model.rows
+    assert not [p for p in fs.find(root) if "/_staging/" in p]
+    storage = CheckpointStorage(str(tmp_path / "chk"))
+    with_output = sum(r.records_out > 0 for cid in (1, 2, 3) for r in BatchProperties.of(storage.load(cid)).reports)
+    assert len(sink().committed_files()) == with_output
