@@ -472,8 +472,9 @@ class PhaseSeconds:
     On the driver: ``read`` (reading the input before the batch is planned: the Spark job that counts it and finds
     its largest event time, or the source subtasks' job; 0 when nothing needs reading first), ``plan`` (finding the
     restore point, choosing ranges, checking the input and the function's states, building the placement and the
-    task spec) and ``commit`` (writing ``_metadata``). In the subtasks, the slowest one's (they run side by side):
-    ``restore``, ``process`` (its records, then its timers) and ``snapshot`` (its output and state files)."""
+    task spec) and ``commit`` (writing ``_metadata``, then the sink's commit where the job has an in-task sink). In
+    the subtasks, the slowest one's (they run side by side): ``restore``, ``process`` (its records, then its timers)
+    and ``snapshot`` (its output, to the checkpoint or its sink's writer, and its state files)."""
 
     plan: float = 0.0
     restore: float = 0.0

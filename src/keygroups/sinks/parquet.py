@@ -67,12 +67,17 @@ class _Files:
             return open(self.path(rel), "wb")
         return self.fs.open(self.path(rel), "wb")  # type: ignore[no-any-return]
 
-    def finish(self, f: BinaryIO) -> None:
-        """Close a file :meth:`open_write` opened, durably (fsync'd on a local filesystem)."""
+    def finish(self, f: BinaryIO, rel: str) -> None:
+        """Close file ``rel`` that :meth:`open_write` opened, durably: on a local filesystem the file is fsync'd,
+        and so are the directories on its way (they may be new), so that a committable never names a file a crash
+        could lose."""
         if self.local:
             f.flush()
             os.fsync(f.fileno())
         f.close()
+        while self.local and rel:
+            rel = posixpath.dirname(rel)
+            self.sync(rel)
 
     def exists(self, rel: str) -> bool:
         return os.path.exists(self.path(rel)) if self.local else bool(self.fs.exists(self.path(rel)))
@@ -242,7 +247,7 @@ class _ParquetWriter(SinkWriter):
             return None
         assert self._out is not None
         self._writer.close()
-        self._sink.files.finish(self._out)
+        self._sink.files.finish(self._out, self.staged)
         self._writer = self._out = None
         return {"staged": self.staged, "file": self.file, "rows": self.rows}
 
