@@ -28,7 +28,7 @@ from keygroups.runtime.report import RestoreInfo, SubtaskReport
 from keygroups.runtime.sink import MAX_COMMITTABLE_BYTES, SinkCommitError, SinkCommittable, TaskSink, SinkContext
 from keygroups.serializers import Int64Serializer
 from keygroups.sinks import CountingSink, ParquetSink, Sink, SinkWriter, TaskFunctionSink
-from keygroups.sinks.parquet import STAGING
+from keygroups.sinks.parquet import STAGING, _job_dir
 from keygroups.state import ValueStateDescriptor
 from keygroups.testing import KeyedFunctionHarness
 from keygroups._ranges import KeyGroupRange
@@ -294,15 +294,18 @@ def test_a_failing_commit_is_retried_before_the_next_batch(tmp_path):
     assert _visible(out) == model.rows and _staged(out) == []
 
 
-def test_an_orphaned_run_is_cleaned_by_the_next_commit(tmp_path):
+def test_an_orphaned_run_is_cleaned_by_the_next_commit_and_another_jobs_is_left_alone(tmp_path):
     out = tmp_path / "out"
-    orphan = os.path.join(out, STAGING, "chk-1-deadbeef", "part-0000000001-00000-0-x.parquet")
-    os.makedirs(os.path.dirname(orphan))
-    with open(orphan, "wb") as f:
-        f.write(b"a killed attempt's bytes")
+    orphan = os.path.join(out, STAGING, _job_dir("j"), "chk-1-deadbeef", "part-0000000001-00000-0-x.parquet")
+    other = os.path.join(out, STAGING, _job_dir("j/2"), "chk-1-0123abcd", "part-0000000001-00000-0-y.parquet")
+    for path in (orphan, other):
+        os.makedirs(os.path.dirname(path))
+        with open(path, "wb") as f:
+            f.write(b"a killed attempt's bytes")
     driver = _driver(tmp_path, ParquetSink(str(out)))
     driver.run(LocalExecutor(_table(range(5))), parallelism=1)
-    assert _staged(out) == [] and sum(_visible(out).values()) == 5
+    assert sum(_visible(out).values()) == 5
+    assert _staged(out) == [os.path.relpath(other, os.path.join(out, STAGING))]   # another job's: not ours to clean
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

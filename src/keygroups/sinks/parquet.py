@@ -3,14 +3,14 @@
 Layout under the sink's directory (a local path or an fsspec URL; ``storage_options`` go to fsspec)::
 
     part-0000000017-00003-<token>.parquet        subtask 3's output of checkpoint 17, published
-    _staging/chk-17-<run>/part-...-<attempt>-<token>.parquet   staged by a task attempt, not yet committed
+    _staging/<job>/chk-17-<run>/part-...-<attempt>-<token>.parquet   staged by a task attempt, not committed yet
 
 A subtask's writer stages its output under ``_staging/`` (a local file is fsync'd before the task reports), and its
 committable names the staged file and the published name. The driver's commit, once the checkpoint is committed,
 moves each staged file to its published name (a rename on a local filesystem, atomic; on an object store a copy then
-a delete, where an object appears only once complete) and removes what is left under ``_staging/`` for that
-checkpoint and earlier ones (attempts Spark retried, runs that failed). Committing again is harmless: a file already
-moved is found published and left alone.
+a delete, where an object appears only once complete) and removes what is left in the job's ``_staging/<job>/`` for
+that checkpoint and earlier ones (attempts Spark retried, runs that failed; several jobs may share a directory, each
+cleans only its own). Committing again is harmless: a file already moved is found published and left alone.
 
 Readers see only committed output: Spark's and Arrow's readers of the directory skip names that start with ``_`` or
 ``.``, so ``spark.read.parquet(path)`` or ``pyarrow.dataset.dataset(path)`` read every committed batch, each once.
@@ -22,6 +22,7 @@ an earlier run; a subtask without output publishes no file.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
 import posixpath
@@ -194,19 +195,23 @@ class ParquetSink(Sink):
                             c.subtask, staged, final)
         if moved:
             files.sync("")
-        self._clean_staging(lambda cid, run: cid <= checkpoint_id)
+        # this job's leftovers (known from the staged names: another job's are its own to clean)
+        jobs = sorted({_paths(c)[0].split("/")[1] for c in committables})
+        self._clean_staging(lambda cid, run: cid <= checkpoint_id, jobs)
 
     def abort(self, checkpoint_id: int, run_id: str, committables: Sequence[SinkCommittable]) -> None:
         for c in committables:   # (a run's directory holds them; named here too in case it moved)
             self.files.remove(_paths(c)[0])
         self._clean_staging(lambda cid, run: cid == checkpoint_id and run == run_id)
 
-    def _clean_staging(self, doomed: Any) -> None:
-        """Remove the staging directories ``doomed(checkpoint_id, run_id)`` selects."""
-        for name in self.files.listdir(STAGING):
-            m = _STAGING_DIR.fullmatch(name)
-            if m is not None and doomed(int(m.group(1)), m.group(2)):
-                self.files.rmtree(f"{STAGING}/{name}")
+    def _clean_staging(self, doomed: Any, job_dirs: Sequence[str] | None = None) -> None:
+        """Remove the staging directories ``doomed(checkpoint_id, run_id)`` selects in ``job_dirs`` (every job's
+        staging directory: None)."""
+        for job in self.files.listdir(STAGING) if job_dirs is None else job_dirs:
+            for name in self.files.listdir(f"{STAGING}/{job}"):
+                m = _STAGING_DIR.fullmatch(name)
+                if m is not None and doomed(int(m.group(1)), m.group(2)):
+                    self.files.rmtree(f"{STAGING}/{job}/{name}")
 
 
 def _paths(c: SinkCommittable) -> tuple[str, str]:
@@ -215,10 +220,17 @@ def _paths(c: SinkCommittable) -> tuple[str, str]:
     if not isinstance(data, dict) or not isinstance(data.get("staged"), str) or not isinstance(data.get("file"), str):
         raise ValueError(f"not a ParquetSink committable (subtask {c.subtask}): {data!r:.200}")
     staged, final = data["staged"], data["file"]
-    if (not staged.startswith(STAGING + "/") or "/" in final or final.startswith(("_", "."))
-            or ".." in staged.split("/")):
+    parts = staged.split("/")
+    if (len(parts) != 4 or parts[0] != STAGING or ".." in parts or "/" in final or final.startswith(("_", "."))):
         raise ValueError(f"a ParquetSink committable names files outside its directory: {data!r:.200}")
     return staged, final
+
+
+def _job_dir(job_name: str) -> str:
+    """A job's staging directory name: its name made safe for a path, and a hash of it (two names made alike stay
+    apart)."""
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", job_name)[:48].lstrip("._") or "job"
+    return f"{safe}-{hashlib.sha1(job_name.encode()).hexdigest()[:8]}"
 
 
 class _ParquetWriter(SinkWriter):
@@ -230,7 +242,8 @@ class _ParquetWriter(SinkWriter):
         cid, i = context.checkpoint_id, context.subtask_index
         self.file = f"part-{cid:010d}-{i:05d}-{token}.parquet"
         run = context.run_id or "run"
-        self.staged = f"{STAGING}/chk-{cid}-{run}/part-{cid:010d}-{i:05d}-{context.attempt}-{token}.parquet"
+        self.staged = (f"{STAGING}/{_job_dir(context.job_name)}/chk-{cid}-{run}/"
+                       f"part-{cid:010d}-{i:05d}-{context.attempt}-{token}.parquet")
         self._out: BinaryIO | None = None
         self._writer: pq.ParquetWriter | None = None
         self.rows = 0
