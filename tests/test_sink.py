@@ -308,6 +308,50 @@ def test_an_orphaned_run_is_cleaned_by_the_next_commit_and_another_jobs_is_left_
     assert _staged(out) == [os.path.relpath(other, os.path.join(out, STAGING))]   # another job's: not ours to clean
 
 
+class KilledFirstAttempt(ParquetSink):
+    """Attempt 0 of every subtask stages its whole output, then its process is killed (no abort runs)."""
+
+    def create_writer(self, context):
+        writer = super().create_writer(context)
+        if context.attempt > 0:
+            return writer
+
+        class Killed(_HalfWriter):
+            def prepare_commit(self):
+                self.inner.prepare_commit()   # staged, fsync'd
+                raise Crash("executor lost")
+
+            def abort(self):
+                pass   # a killed process aborts nothing
+
+        return Killed(writer)
+
+
+class RetryingExecutor(LocalExecutor):
+    """The local executor, retrying a subtask whose attempt failed, as Spark does (with the next attempt number)."""
+
+    def _run(self, index, batches):
+        from keygroups.runtime.subtask import run_keyed_subtask
+
+        for attempt in range(2):
+            try:
+                report = run_keyed_subtask(self._spec, index, batches, attempt=attempt)
+            except Crash:
+                continue
+            return SubtaskReport.from_json(json.loads(json.dumps(report.to_json())))
+        raise AssertionError("no attempt succeeded")
+
+
+def test_only_the_attempt_that_reported_is_published_and_a_killed_ones_staging_is_cleaned(tmp_path):
+    out = tmp_path / "out"
+    driver = _driver(tmp_path, KilledFirstAttempt(str(out)))
+    batch = driver.run(RetryingExecutor(_table(range(60))), parallelism=3)
+    assert {r.sink_committable.attempt for r in batch.reports if r.sink_committable} == {1}
+    model = Model()
+    model.commit(range(60))
+    assert _visible(out) == model.rows and _staged(out) == []
+
+
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(st.tuples(st.integers(1, 4), st.lists(st.integers(0, 40), max_size=30),
                           st.sampled_from(["ok", "ok", "task fails", "driver dies", "commit lost"])),
