@@ -531,7 +531,6 @@ class JobDriver:
                                      wall_seconds=time.perf_counter() - started)
         return CommittedBatch(replayed, props.reports, report, True, None, props.source_reports, executor.spark_seconds)
 
-
     # ---- the sink's two phases on the driver -----------------------------------------------------------------------
 
     def _recover_sink(self, latest: CheckpointMetadata | None, replay: CheckpointMetadata | None) -> None:
