@@ -18,6 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from keygroups._ranges import KeyGroupRange
 from keygroups.checkpoint import CheckpointStorage
 from keygroups.errors import ConcurrentCommitError, KeyGroupsError
 from keygroups.runtime import KeyedProcessFunction
@@ -25,13 +26,12 @@ from keygroups.runtime.batch import JobDriver, JobOptions
 from keygroups.runtime.local import LocalExecutor
 from keygroups.runtime.properties import BatchProperties, StreamingBatch
 from keygroups.runtime.report import RestoreInfo, SubtaskReport
-from keygroups.runtime.sink import MAX_COMMITTABLE_BYTES, SinkCommitError, SinkCommittable, TaskSink, SinkContext
+from keygroups.runtime.sink import MAX_COMMITTABLE_BYTES, SinkCommitError, SinkCommittable, SinkContext, TaskSink
 from keygroups.serializers import Int64Serializer
 from keygroups.sinks import CountingSink, ParquetSink, Sink, SinkWriter, TaskFunctionSink
 from keygroups.sinks.parquet import STAGING, _job_dir
 from keygroups.state import ValueStateDescriptor
 from keygroups.testing import KeyedFunctionHarness
-from keygroups._ranges import KeyGroupRange
 
 OUT = pa.schema([("k", pa.int64()), ("total", pa.int64())])
 
