@@ -15,6 +15,16 @@ once per record, one output row per record) at parallelism 2, max parallelism 12
 - Spark's floor: ``spark.read.parquet(file).repartition(2, "key").mapInArrow(identity).count()``: read the file,
   shuffle by key, hand every record to a Python worker and back, count.
 
+And, unless ``--no-sinks``, the output consumed inside the keyed stage by an in-task sink (:mod:`keygroups.sinks`,
+committed with the checkpoint; no output files in the checkpoint, no second Spark action), each beside the floor
+doing the same work, in the same rounds:
+
+- keygroups with a :class:`~keygroups.sinks.CountingSink` (each task counts its output rows and pre-commits the count;
+  the driver's commit adds them up) beside the floor's ``count()`` above;
+- keygroups with a :class:`~keygroups.sinks.ParquetSink` (each task stages its output as a Parquet file, the driver's
+  commit publishes it by rename) beside the floor writing the same rows with Spark's writer
+  (``...mapInArrow(identity).write.mode("append").parquet(dir)``, zstd as the sink's).
+
 Each candidate's time is wall clock on the driver around that one call (output count included). Beside it, per
 candidate: the time its Spark jobs ran (the union of their submission-to-completion intervals, from Spark's status
 store) and the rest ("outside jobs": the driver's own work: Catalyst, py4j, and for keygroups its driver code, the
@@ -75,6 +85,17 @@ def keygroups_batch(job, spark, path: str):  # noqa: ANN001, ANN201
     return result, counted, time.perf_counter() - t
 
 
+def floor_parquet_batch(spark, path: str, out: str) -> None:  # noqa: ANN001
+    """Spark's floor, writing the rows as Parquet with Spark's own writer instead of counting them."""
+    schema = "key long, value long, ts long"
+
+    def identity(batches):  # noqa: ANN001, ANN202
+        yield from batches
+
+    (spark.read.parquet(path).repartition(PARALLELISM, "key").mapInArrow(identity, schema)
+     .write.mode("append").option("compression", "zstd").parquet(out))
+
+
 def load_state(job, spark, keys: int) -> None:  # noqa: ANN001
     from pyspark.sql import functions as F
 
@@ -126,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--backend", choices=["heap", "rocksdb"], default="heap")
     parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--no-sinks", action="store_true", help="leave out the in-task sinks and their floors")
     args = parser.parse_args(argv)
     if args.quick:
         args.keys, args.batch, args.runs, args.warmup = 20_000, 2_000, 3, 1
@@ -141,6 +163,18 @@ def main(argv: list[str] | None = None) -> int:
 
     job = KeyedJob("batch-floor", "key", RunningValue(), output_schema=VALUE_OUTPUT, max_parallelism=MAX_PARALLELISM,
                    checkpoint_location=str(work / "checkpoints"), backend=args.backend)
+    from keygroups.sinks import CountingSink, ParquetSink
+
+    counting = CountingSink()
+    sink_jobs = {} if args.no_sinks else {
+        "count": KeyedJob("batch-floor-count", "key", RunningValue(), output_schema=VALUE_OUTPUT,
+                          max_parallelism=MAX_PARALLELISM, checkpoint_location=str(work / "checkpoints-count"),
+                          backend=args.backend, sink=counting),
+        "parquet": KeyedJob("batch-floor-parquet", "key", RunningValue(), output_schema=VALUE_OUTPUT,
+                            max_parallelism=MAX_PARALLELISM, checkpoint_location=str(work / "checkpoints-parquet"),
+                            backend=args.backend, sink=ParquetSink(str(work / "sink-out")))}
+    floor_out = str(work / "floor-out")
+    sink_splits: dict[str, list[DriverSplit]] = {"count": [], "parquet": [], "floor parquet": []}
     print(f"{args.keys:,} keys of {args.backend} state, {args.batch:,}-event batches, p={PARALLELISM}, "
           f"max p={MAX_PARALLELISM}, {args.master}; {args.warmup} warm-up + {args.runs} timed rounds; {load()}",
           flush=True)
@@ -150,6 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     sink_reads: list[float] = []
     try:
         load_state(job, spark, args.keys)
+        for sink_job in sink_jobs.values():
+            load_state(sink_job, spark, args.keys)
         for i, path in enumerate(files):
             warm = i < args.warmup
 
@@ -173,13 +209,48 @@ def main(argv: list[str] | None = None) -> int:
                     floor.append(split)
                 return split.timed
 
+            def run_count(path: str = path) -> SparkTime:
+                result, split = clock.split(lambda: sink_jobs["count"].run_batch(spark.read.parquet(path),
+                                                                                 parallelism=PARALLELISM))
+                if counting.committed.get(result.checkpoint_id) != args.batch:
+                    raise SystemExit(f"counting sink, batch {i}: {counting.committed.get(result.checkpoint_id)} "
+                                     f"rows committed, expected {args.batch}")
+                if not warm:
+                    sink_splits["count"].append(split)
+                return split.timed
+
+            def run_parquet(path: str = path) -> SparkTime:
+                result, split = clock.split(lambda: sink_jobs["parquet"].run_batch(spark.read.parquet(path),
+                                                                                   parallelism=PARALLELISM))
+                if result.report.records_out != args.batch:
+                    raise SystemExit(f"parquet sink, batch {i}: {result.report.records_out} rows out")
+                if not warm:
+                    sink_splits["parquet"].append(split)
+                return split.timed
+
+            def run_floor_parquet(path: str = path) -> SparkTime:
+                _, split = clock.split(lambda: floor_parquet_batch(spark, path, floor_out))
+                if not warm:
+                    sink_splits["floor parquet"].append(split)
+                return split.timed
+
             order = (run_ours, run_floor) if i % 2 == 0 else (run_floor, run_ours)
+            if sink_jobs:
+                order = (*order, *((run_count, run_parquet, run_floor_parquet) if i % 2 == 0
+                                   else (run_floor_parquet, run_parquet, run_count)))
             done = {fn.__name__: fn() for fn in order}
             a, b = done["run_ours"], done["run_floor"]
             print(f"  {'warm-up' if warm else 'round'} {i + 1}: keygroups {a.wall:.3f} s ({a.jobs} jobs "
                   f"{a.spark_jobs:.3f} s), floor {b.wall:.3f} s ({b.jobs} jobs {b.spark_jobs:.3f} s); {load()}",
                   flush=True)
         check_state(job, spark, files)
+        if sink_jobs:   # every row each wrote, each once: the load batch's and every round's
+            written = pq.read_table(str(work / "sink-out")).num_rows
+            floor_written = pq.read_table(floor_out).num_rows
+            if written != args.keys + rounds * args.batch or floor_written != rounds * args.batch:
+                raise SystemExit(f"parquet: the sink's directory holds {written:,} rows (expected "
+                                 f"{args.keys + rounds * args.batch:,}), Spark's {floor_written:,} (expected "
+                                 f"{rounds * args.batch:,})")
     finally:
         spark.stop()
         shutil.rmtree(work, ignore_errors=True)
@@ -211,6 +282,26 @@ def main(argv: list[str] | None = None) -> int:
           "i.e. Catalyst, listing, submission)")
     print(f"  of keygroups' wall, the sink's read of the committed output (output.count(): a DataFrame over the "
           f"output files and one Spark job, an action the floor does not have) {statistics.median(sink_reads):.3f} s")
+    if sink_jobs:
+        c, cp, fp = (row(label, sink_splits[name]) for label, name in (
+            ("keygroups run_batch, in-task CountingSink", "count"),
+            ("keygroups run_batch, in-task ParquetSink", "parquet"),
+            ("Spark floor writing Parquet (Spark's writer)", "floor parquet")))
+        print(f"\n== the output consumed in the keyed stage by an in-task sink (two-phase commit with the checkpoint), "
+              f"medians of {args.runs}, same rounds")
+        print(f"{'candidate':<52}{'wall s':>8}{'Spark jobs s':>13}{'outside jobs s':>15}{'jobs':>6}"
+              f"{'CPU driver':>11}{'CPU JVM':>9}{'CPU workers':>12}")
+        for r in (c, f, cp, fp):
+            print(f"{r['label']:<52}{r['wall']:>8.3f}{r['jobs']:>13.3f}{r['outside']:>15.3f}{r['n_jobs']:>6.0f}"
+                  f"{r['driver']:>11.3f}{r['jvm']:>9.3f}{r['python workers']:>12.3f}")
+
+        def cpu(r: dict[str, float]) -> float:
+            return r["driver"] + r["jvm"] + r["python workers"]
+
+        print(f"ratio counting sink / floor count: wall {c['wall'] / f['wall']:.2f}x (target <= {TARGET}x: "
+              f"{'meets' if c['wall'] / f['wall'] <= TARGET else 'misses'}), CPU {cpu(c) / cpu(f):.2f}x")
+        print(f"ratio Parquet sink / Spark's Parquet writer: wall {cp['wall'] / fp['wall']:.2f}x, "
+              f"CPU {cpu(cp) / cpu(fp):.2f}x")
     if extra:
         print("  the report's other times: " + ", ".join(f"{n} {p[n]:.3f} s" for n in extra))
     else:

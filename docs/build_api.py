@@ -18,7 +18,7 @@ import warnings
 
 #: The public packages, in the order of the reference's index (the layers, bottom up).
 PACKAGES = ("keygroups", "keygroups.serializers", "keygroups.checkpoint", "keygroups.state", "keygroups.sources",
-            "keygroups.runtime", "keygroups.windows", "keygroups.metrics", "keygroups.flink", "keygroups.testing",
+            "keygroups.runtime", "keygroups.sinks", "keygroups.windows", "keygroups.metrics", "keygroups.flink", "keygroups.testing",
             "keygroups.spark", "keygroups.cli")
 
 

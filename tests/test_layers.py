@@ -17,6 +17,7 @@ LAYERS = [
     {"keygroups.state"},
     {"keygroups.sources"},
     {"keygroups.runtime"},
+    {"keygroups.sinks"},
     {"keygroups.aggregates"},
     {"keygroups.windows"},
     {"keygroups.metrics"},

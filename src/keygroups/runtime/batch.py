@@ -12,7 +12,10 @@ harness alike (they differ only in their :class:`BatchExecutor`):
    states checked against the restore point's on the driver, the watermark, the task spec (with the restore point's
    ``_metadata``), the executor's placement;
 4. **run** every keyed subtask through the executor, then those that had no records (idle);
-5. **commit** (:func:`~keygroups.runtime.driver.commit_batch`), with retention left to a background thread;
+5. **commit** (:func:`~keygroups.runtime.driver.commit_batch`), with retention left to a background thread; then the
+   job's sink, if it has one (:mod:`keygroups.runtime.sink`: its subtasks' committables, stored in the checkpoint,
+   made visible; a batch that fails before its checkpoint commits aborts them instead, and a driver's first batch
+   commits the latest checkpoint's again, for a driver that died between the two commits);
 6. **report** (:class:`~keygroups.runtime.report.BatchReport`).
 
 A driver that committed the latest checkpoint keeps it (:class:`~keygroups.runtime.driver.Checkpoints`) and plans
@@ -28,6 +31,7 @@ import pickle
 import queue
 import threading
 import time
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -37,7 +41,7 @@ import pyarrow as pa
 from keygroups._hashing import KeyType
 from keygroups._ranges import check_max_parallelism, check_parallelism
 from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage
-from keygroups.errors import ConcurrentCommitError, CorruptSnapshotError, ReplayMismatchError
+from keygroups.errors import ConcurrentCommitError, CorruptSnapshotError, KeyGroupsError, ReplayMismatchError
 from keygroups.runtime.assignment import Assignment, AssignmentDecision, key_group_state_bytes, resolve_assignment
 from keygroups.runtime.backends import BACKENDS, StateBackendName
 from keygroups.runtime.driver import (
@@ -56,6 +60,7 @@ from keygroups.runtime.functions import KeyedProcessFunction
 from keygroups.runtime.properties import BatchProperties, PolicyChoice, check_user_properties
 from keygroups.runtime.report import BatchReport, InputDigest, SourceReport, SubtaskReport
 from keygroups.runtime.scaling import BatchFigures, ParallelismPolicy
+from keygroups.runtime.sink import Sink, SinkCommitError, SinkCommittable, check_sink, committables_of, sink_name
 from keygroups.runtime.source import Source, SourceTaskSpec
 from keygroups.runtime.spec import KeyedTaskSpec, check_warm_heap_backends
 from keygroups.runtime.watermarks import LateRecords, WatermarkStrategy, check_late_records
@@ -69,7 +74,9 @@ class JobOptions:
     arguments; see ``KeyedJob`` for each): its ``name`` in the checkpoints, ``key_columns``, the ``function``
     (pickled by the caller: each subtask unpickles a fresh copy), ``output_schema``, ``max_parallelism``,
     ``backend``, ``order_by``, ``timestamp_column``, ``watermark_strategy``, ``late_records``, ``allow_pickle``,
-    ``local_dir``, ``warm_heap_backends``, ``assignment`` and ``restore_from_savepoint``."""
+    ``local_dir``, ``warm_heap_backends``, ``assignment`` and ``restore_from_savepoint``; ``sink`` (a
+    :class:`~keygroups.runtime.sink.Sink` its subtasks write their output to, committed with the checkpoint) and
+    ``checkpoint_output`` (whether the output is also written into the checkpoint; None: only without a sink)."""
 
     name: str
     key_columns: tuple[str, ...]
@@ -86,6 +93,8 @@ class JobOptions:
     warm_heap_backends: int = 4
     assignment: Assignment = field(default_factory=lambda: resolve_assignment("flink"))
     restore_from_savepoint: str | None = None
+    sink: Sink | None = None
+    checkpoint_output: bool | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -106,16 +115,31 @@ class JobOptions:
             raise ValueError("a watermark_strategy needs the event-time column: give timestamp_column too")
         check_late_records(self.late_records)
         check_warm_heap_backends(self.warm_heap_backends)
+        check_sink(self.sink)
+        if self.sink is not None:
+            sink_name(self.sink)
+        if self.checkpoint_output is None:
+            object.__setattr__(self, "checkpoint_output", self.sink is None)
+        elif not isinstance(self.checkpoint_output, bool):
+            raise TypeError(f"checkpoint_output must be a bool or None, got {self.checkpoint_output!r}")
+        elif not self.checkpoint_output and self.sink is None:
+            raise ValueError("checkpoint_output=False needs a sink: without one the checkpoint holds the job's only "
+                             "output; give sink=... or leave checkpoint_output unset")
 
     def keyed_task(self, plan: BatchPlan, input_schema: pa.Schema, key_type: KeyType,
-                   watermark: int | None) -> KeyedTaskSpec:
-        """What every keyed subtask of ``plan`` gets (see :meth:`BatchPlan.keyed_task`)."""
-        return plan.keyed_task(
+                   watermark: int | None, sink_run_id: str = "") -> KeyedTaskSpec:
+        """What every keyed subtask of ``plan`` gets (see :meth:`BatchPlan.keyed_task`); ``sink_run_id`` names this
+        run of the batch to the sink's writers."""
+        spec = plan.keyed_task(
             key_columns=self.key_columns, function=self.function, input_schema=input_schema,
             output_schema=self.output_schema, backend=self.backend, order_columns=self.order_by,
             timestamp_column=self.timestamp_column, allow_pickle=self.allow_pickle, local_dir=self.local_dir,
             warm_heap_backends=self.warm_heap_backends, watermark=watermark, late_records=self.late_records,
             key_type=key_type)
+        if self.sink is None and self.checkpoint_output:
+            return spec
+        return dataclasses.replace(spec, sink=self.sink, sink_run_id=sink_run_id,
+                                   checkpoint_output=bool(self.checkpoint_output))
 
 
 def pickle_function(function: KeyedProcessFunction, dumps: Callable[[Any], bytes] = pickle.dumps) -> bytes:
@@ -312,6 +336,10 @@ class JobDriver:
         self._checked_restore_point: tuple[Any, ...] | None = None
         self._savepoint_pending = options.restore_from_savepoint is not None
         self._retention = _Retention(storage) if background_retention else None
+        #: The sink's commit of a committed checkpoint that failed, retried before the next batch; and whether this
+        #: driver committed the sink's output of the latest checkpoint it found when it started.
+        self._sink_pending: tuple[int, list[SinkCommittable]] | None = None
+        self._sink_recovered = options.sink is None
 
     # ---- what the driver knows ----------------------------------------------------------------------------------
 
@@ -357,6 +385,7 @@ class JobDriver:
             key_type = executor.key_type(options.key_columns)
             source_reports: list[SourceReport] = []
             start = self._locate(checkpoint_id, streaming)
+            self._recover_sink(start.checkpoints.latest, start.replay)
             if start.replay is not None:
                 return self._replayed(executor, start.replay, started)
             timestamp = (options.timestamp_column if options.watermark_strategy is not None and watermark is None
@@ -385,32 +414,39 @@ class JobDriver:
             self._check_restore_point(plan, key_type)
             if watermark is None and options.watermark_strategy is not None:
                 watermark = options.watermark_strategy.next_watermark(plan.start_watermark, figures.max_event_time)
-            spec = options.keyed_task(plan, executor.input_schema, key_type, watermark)
+            run_id = uuid.uuid4().hex[:16]
+            spec = options.keyed_task(plan, executor.input_schema, key_type, watermark, run_id)
             executor.prepare(spec, plan)
             planned = time.perf_counter()
-            reports = executor.run_keyed()
-            idle = plan.idle_subtasks(reports)
-            if idle:
-                reports += executor.run_idle(idle)
-            ran = time.perf_counter()
-            digest: InputDigest | None = InputDigest(0, 0)
-            for r in reports:
-                digest = None if digest is None or r.input_digest is None else digest + r.input_digest
-            driver_seconds = {"read": read - started, "plan": planned - read}
-            self.wait_for_retention()   # the last batch's retention is done before this batch commits
+            reports: list[SubtaskReport] = []
             try:
+                reports = executor.run_keyed()
+                idle = plan.idle_subtasks(reports)
+                if idle:
+                    reports += executor.run_idle(idle)
+                ran = time.perf_counter()
+                digest: InputDigest | None = InputDigest(0, 0)
+                for r in reports:
+                    digest = None if digest is None or r.input_digest is None else digest + r.input_digest
+                driver_seconds = {"read": read - started, "plan": planned - read}
+                self.wait_for_retention()   # the last batch's retention is done before this batch commits
                 metadata = commit_batch(plan, reports, source_reports, properties=user_properties,
                                         watermark=watermark, input_digest=digest,
                                         savepoint_lineage=options.restore_from_savepoint,
                                         parallelism_policy=choice, driver_seconds=driver_seconds,
                                         prune=self._retention is None)
-            except ConcurrentCommitError:
+            except ConcurrentCommitError:   # the fenced driver's error too: nothing of the batch was published
                 self.forget()   # another writer moved the location on: list it again next time
+                self._abort_sink(plan, run_id, reports, published=False)
                 raise
-            committed = time.perf_counter()
+            except BaseException:
+                self._abort_sink(plan, run_id, reports)
+                raise
             self._committed(plan, metadata)
             if source_spec is not None:   # Kafka reports the committed positions to its consumer group
                 source_spec.source.notify_checkpoint_complete(metadata)
+            self._commit_sink(metadata.checkpoint_id, committables_of(reports))
+            committed = time.perf_counter()
         watermark_after = plan.start_watermark if watermark is None else max(plan.start_watermark, watermark)
         report = BatchReport.of(
             checkpoint_id=metadata.checkpoint_id, job=options.name, replayed=False, parallelism=plan.parallelism,
@@ -489,9 +525,79 @@ class JobDriver:
                     f"{given.records} records with digest {given.xxhash64_sum}: a batch id may only be replayed "
                     "with the same records (as Spark replays a foreachBatch id). Nothing was processed; give new "
                     "input a new checkpoint id, or none to take the next one")
+        if self.options.sink is not None:   # the batch's output again: committed if a driver died before it was
+            self._commit_sink(replayed.checkpoint_id, committables_of(props.reports))
         report = dataclasses.replace(BatchReport.from_checkpoint(replayed, replayed=True),
                                      wall_seconds=time.perf_counter() - started)
         return CommittedBatch(replayed, props.reports, report, True, None, props.source_reports, executor.spark_seconds)
+
+    # ---- the sink's two phases on the driver -----------------------------------------------------------------------
+
+    def _recover_sink(self, latest: CheckpointMetadata | None, replay: CheckpointMetadata | None) -> None:
+        """Before a batch: a sink commit that failed is retried (SinkCommitError again if it fails: no batch runs
+        past uncommitted output); a driver's first batch commits the latest checkpoint's committables again (its
+        driver may have died between the checkpoint's commit and the sink's; the commit is idempotent). A replayed
+        batch commits its own (:meth:`_replayed`)."""
+        if self._sink_pending is not None:
+            checkpoint_id, committables = self._sink_pending
+            self._commit_sink(checkpoint_id, committables)
+        if self._sink_recovered:
+            return
+        if latest is not None and (replay is None or latest.checkpoint_id != replay.checkpoint_id):
+            committables = committables_of(BatchProperties.of(latest).reports)
+            if committables:
+                log.info("job %s: committing the sink output of checkpoint %d again (the commit is idempotent: its "
+                         "driver may have stopped before it)", self.options.name, latest.checkpoint_id)
+                self._commit_sink(latest.checkpoint_id, committables)
+        self._sink_recovered = True
+
+    def _commit_sink(self, checkpoint_id: int, committables: list[SinkCommittable]) -> None:
+        """The sink's commit of committed checkpoint ``checkpoint_id``; on failure it is kept for a retry before the
+        next batch and SinkCommitError raised."""
+        sink = self.options.sink
+        if sink is None:
+            if committables:
+                log.warning("job %s: checkpoint %d holds output staged by sink %r, but the job has no sink now: that "
+                            "output stays staged, not visible", self.options.name, checkpoint_id, committables[0].sink)
+            return
+        name = sink_name(sink)
+        foreign = sorted({c.sink for c in committables if c.sink != name})
+        if foreign:
+            raise KeyGroupsError(
+                f"checkpoint {checkpoint_id} of job {self.options.name!r} holds output staged by sink(s) {foreign}, "
+                f"not yet known to be committed, but the job's sink is {name!r}, which cannot read their "
+                f"committables. Run the job with the sink that staged them (Sink.name {foreign[0]!r}) for one "
+                "batch, then switch sinks")
+        try:
+            sink.commit(checkpoint_id, committables)
+        except Exception as e:
+            self._sink_pending = (checkpoint_id, committables)
+            raise SinkCommitError(
+                f"checkpoint {checkpoint_id} of job {self.options.name!r} is committed, but its sink {name!r} failed "
+                f"to publish its output ({type(e).__name__}: {e}). The output stays staged; its commit is retried "
+                "before this driver's next batch and by a driver that restarts. Do not run this batch's input "
+                "again: its state changes are committed", checkpoint_id) from e
+        self._sink_pending = None
+
+    def _abort_sink(self, plan: BatchPlan, run_id: str, reports: Sequence[SubtaskReport], *,
+                    published: bool | None = None) -> None:
+        """The sink's abort of run ``run_id`` of ``plan``, which failed; unless (``published`` None: unknown) its
+        checkpoint was published all the same by this run (an error after the publish: its output is then committed
+        by the next batch's recovery). Its errors are logged: the batch's own error is what the caller must see."""
+        sink, checkpoint_id = self.options.sink, plan.checkpoint_id
+        if sink is None:
+            return
+        try:
+            if published is None and checkpoint_id in plan.storage.checkpoint_ids():
+                stored = committables_of(BatchProperties.of(plan.storage.load(checkpoint_id)).reports)
+                if any(c.run_id == run_id for c in stored):
+                    self.forget()   # a new driver's recovery, in effect: the next batch commits it
+                    self._sink_recovered = False
+                    return
+            sink.abort(checkpoint_id, run_id, committables_of(reports))
+        except Exception:   # noqa: BLE001
+            log.exception("job %s: the sink %s could not abort run %s of checkpoint %d", self.options.name,
+                          sink_name(sink), run_id, checkpoint_id)
 
 
 def _checked_parallelism(parallelism: Any, max_parallelism: int) -> ParallelismPolicy | None:

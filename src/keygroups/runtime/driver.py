@@ -512,7 +512,7 @@ def commit_batch(plan: BatchPlan, keyed_reports: Sequence[SubtaskReport],
         # raw keyed state is written whole every checkpoint: nothing of the previous one carries forward
         raw_keyed_handles=[r.raw_keyed_handle for r in keyed if r.raw_keyed_handle is not None],
         properties=figures.encode(),
-        outputs=[r.output_file for r in keyed],
+        outputs=[r.output_file for r in keyed if r.output_file is not None],   # None: to the sink only
         inputs=[r.input_file for r in sources if r.input_file],
         late_outputs=[r.late_file for r in keyed if r.late_file],
     )

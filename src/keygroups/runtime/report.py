@@ -25,6 +25,7 @@ from keygroups.checkpoint import KeyedStateHandle, OperatorStateHandle, RawKeyed
 from keygroups.checkpoint.metadata import key_group_runs
 from keygroups.errors import CorruptSnapshotError
 from keygroups.runtime.assignment import AssignmentDecision, key_group_state_bytes
+from keygroups.runtime.sink import SinkCommittable
 from keygroups.state.timers import NO_WATERMARK, TimeDomain
 
 #: How a subtask's state came: ``warm`` (a backend kept from the previous batch, nothing read), ``caught-up``
@@ -258,11 +259,14 @@ class SubtaskReport:
     and ``raw_keyed_bytes`` the bytes of its state files; ``state_entries`` its backend's estimate of the entries it
     holds (None: the backend gives none); ``seconds`` per phase; ``key_group_records``, ``key_group_calls`` and
     ``key_group_timers`` its per-key-group load counts (compact arrays, see :mod:`keygroups.runtime.assignment`);
-    ``input_digest`` the digest of its records, where the executor computes one."""
+    ``input_digest`` the digest of its records, where the executor computes one; ``sink_committable`` what its
+    sink's writer pre-committed (None: no sink, or nothing to commit; see :mod:`keygroups.runtime.sink`), stored
+    with the checkpoint so that a restarted driver commits it. ``output_file`` is None when the job's output goes
+    only to its sink."""
 
     subtask: int
     key_group_range: KeyGroupRange
-    output_file: str
+    output_file: str | None
     restored: RestoreInfo
     keyed_handle: KeyedStateHandle | None = None
     raw_keyed_handle: RawKeyedStateHandle | None = None
@@ -281,6 +285,7 @@ class SubtaskReport:
     key_group_calls: str | None = None
     key_group_timers: str | None = None
     input_digest: InputDigest | None = None
+    sink_committable: SinkCommittable | None = None
 
     def with_digest(self, digest: InputDigest) -> SubtaskReport:
         return replace(self, input_digest=digest)
@@ -308,6 +313,8 @@ class SubtaskReport:
             "state_entries": self.state_entries, "seconds": self.seconds.to_json()}
         if self.input_digest is not None:
             out["input_digest"] = self.input_digest.to_json()
+        if self.sink_committable is not None:
+            out["sink_committable"] = self.sink_committable.to_json()
         return out
 
     @classmethod
@@ -319,7 +326,7 @@ class SubtaskReport:
             event_range = d.get("event_time_range")
             return cls(
                 subtask=_int(d["subtask"], "subtask"), key_group_range=KeyGroupRange(start, end),
-                output_file=d["output_file"], restored=RestoreInfo.from_json(d["restored"]),
+                output_file=d.get("output_file"), restored=RestoreInfo.from_json(d["restored"]),
                 keyed_handle=KeyedStateHandle.from_json(d["keyed_handle"]) if d.get("keyed_handle") else None,
                 raw_keyed_handle=(RawKeyedStateHandle.from_json(d["raw_keyed_handle"]) if d.get("raw_keyed_handle")
                                   else None),
@@ -335,7 +342,9 @@ class SubtaskReport:
                 seconds=SubtaskSeconds.from_json(d.get("seconds") or {}),
                 key_group_records=d.get("key_group_records"), key_group_calls=d.get("key_group_calls"),
                 key_group_timers=d.get("key_group_timers"),
-                input_digest=InputDigest.from_json(d["input_digest"]) if d.get("input_digest") else None)
+                input_digest=InputDigest.from_json(d["input_digest"]) if d.get("input_digest") else None,
+                sink_committable=(SinkCommittable.from_json(d["sink_committable"]) if d.get("sink_committable")
+                                  is not None else None))
         except CorruptSnapshotError:
             raise
         except (KeyError, TypeError, ValueError) as e:
@@ -463,8 +472,9 @@ class PhaseSeconds:
     On the driver: ``read`` (reading the input before the batch is planned: the Spark job that counts it and finds
     its largest event time, or the source subtasks' job; 0 when nothing needs reading first), ``plan`` (finding the
     restore point, choosing ranges, checking the input and the function's states, building the placement and the
-    task spec) and ``commit`` (writing ``_metadata``). In the subtasks, the slowest one's (they run side by side):
-    ``restore``, ``process`` (its records, then its timers) and ``snapshot`` (its output and state files)."""
+    task spec) and ``commit`` (writing ``_metadata``, then the sink's commit where the job has an in-task sink). In
+    the subtasks, the slowest one's (they run side by side): ``restore``, ``process`` (its records, then its timers)
+    and ``snapshot`` (its output, to the checkpoint or its sink's writer, and its state files)."""
 
     plan: float = 0.0
     restore: float = 0.0

@@ -81,6 +81,13 @@ class KeyedTaskSpec:
     #: bytes. A subtask never takes a range given to another. None: each subtask takes the kept state that
     #: overlaps its range most.
     warm_takeover: tuple[tuple[int, int] | None, ...] | None = None
+    #: Where the output goes in the task (a :class:`~keygroups.runtime.sink.Sink`; None: none), and the id of this
+    #: run of the batch its writers are opened with.
+    sink: Any = None
+    sink_run_id: str = ""
+    #: Whether the subtask writes its output into the checkpoint (``output-<i>`` Parquet files; False: only to the
+    #: sink).
+    checkpoint_output: bool = True
 
     def __post_init__(self) -> None:
         check_warm_heap_backends(self.warm_heap_backends)

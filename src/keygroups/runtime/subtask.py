@@ -8,6 +8,7 @@ the driver, which commits the checkpoint only once every subtask has reported.
 
 from __future__ import annotations
 
+import contextlib
 import pickle
 import time
 from collections.abc import Iterable
@@ -23,6 +24,7 @@ from keygroups.checkpoint.raw_keyed import RawKeyedStateReader, write_raw_keyed_
 from keygroups.runtime.assignment import encode_counts
 from keygroups.runtime.functions import KeyedProcessFunction, ProcessContext, RuntimeContext, TimerService
 from keygroups.runtime.report import SubtaskReport, SubtaskSeconds
+from keygroups.runtime.sink import SinkCommittable, SinkContext, TaskSink
 from keygroups.runtime.spec import KeyedTaskSpec
 from keygroups.runtime.subtask_input import SubtaskInput, key_runs, prepare_input
 from keygroups.runtime.subtask_state import HeapBackendRegistry, TaskState, task_state
@@ -32,15 +34,16 @@ _NO_STAMPS = np.zeros(0, dtype=np.int64)
 
 
 def run_keyed_subtask(spec: KeyedTaskSpec, subtask_index: int, batches: Iterable[pa.RecordBatch], *,
-                      warm: HeapBackendRegistry | None = None,
-                      warm_timers: TimerQueueRegistry | None = None) -> SubtaskReport:
+                      warm: HeapBackendRegistry | None = None, warm_timers: TimerQueueRegistry | None = None,
+                      attempt: int = 0) -> SubtaskReport:
     """Run one subtask of one micro-batch; returns its report for the driver's commit. A heap backend comes from,
     and after the batch goes back to, ``warm`` (this process's warm heap backends by default); timer queues
-    likewise from ``warm_timers`` (:data:`~keygroups.state.timers.TIMER_QUEUES`)."""
+    likewise from ``warm_timers`` (:data:`~keygroups.state.timers.TIMER_QUEUES`). ``attempt``: the task's attempt
+    number (Spark's), given to the sink's writer."""
     own = spec.own_key_groups(subtask_index)
     started = time.perf_counter()
     with task_state(spec, subtask_index, own, warm=warm, warm_timers=warm_timers) as state:
-        return _run(spec, subtask_index, own, batches, state, time.perf_counter() - started)
+        return _run(spec, subtask_index, own, batches, state, time.perf_counter() - started, attempt)
 
 
 def _load_function(spec: KeyedTaskSpec) -> KeyedProcessFunction:
@@ -53,7 +56,7 @@ def _load_function(spec: KeyedTaskSpec) -> KeyedProcessFunction:
 
 
 def _run(spec: KeyedTaskSpec, subtask_index: int, own: KeyGroupRange, batches: Iterable[pa.RecordBatch],
-         state: TaskState, restore_seconds: float) -> SubtaskReport:
+         state: TaskState, restore_seconds: float, attempt: int) -> SubtaskReport:
     t = time.perf_counter()
     function = _load_function(spec)
     records = prepare_input(spec, subtask_index, own, batches, function.late_mask)
@@ -88,9 +91,36 @@ def _run(spec: KeyedTaskSpec, subtask_index: int, own: KeyGroupRange, batches: I
     fired = time.perf_counter()
 
     output = outputs.table()
-    output_file = storage.new_file(spec.checkpoint_id, f"output-{subtask_index}") + ".parquet"
-    with storage.open_write(output_file) as f:
-        pq.write_table(output, f, **_parquet_options(output.schema))
+    with _task_sink(spec, subtask_index, attempt) as sink:   # its writer aborted if anything below fails
+        committable = None
+        if sink is not None:
+            sink.write_table(output)
+            committable = sink.prepare_commit()
+        return _written(spec, subtask_index, own, state, function, records, output, committable,
+                        restore_seconds, (t, prepared, processed, fired), calls_per_group, fired_groups)
+
+
+def _task_sink(spec: KeyedTaskSpec, subtask_index: int, attempt: int) -> Any:
+    """The job's sink opened for this subtask (:class:`~keygroups.runtime.sink.TaskSink`), or a null context."""
+    if spec.sink is None:
+        return contextlib.nullcontext()
+    return TaskSink(spec.sink, SinkContext(spec.job_name, subtask_index, spec.parallelism, spec.checkpoint_id,
+                                           spec.sink_run_id, attempt))
+
+
+def _written(spec: KeyedTaskSpec, subtask_index: int, own: KeyGroupRange, state: TaskState,
+             function: KeyedProcessFunction, records: SubtaskInput, output: pa.Table,
+             committable: SinkCommittable | None, restore_seconds: float, clock: tuple[float, float, float, float],
+             calls_per_group: np.ndarray, fired_groups: list[int]) -> SubtaskReport:
+    """The subtask's output file (unless its output goes only to the sink), late file and state snapshot written;
+    its report."""
+    t, prepared, processed, fired = clock
+    storage, backend = state.storage, state.backend
+    output_file = None
+    if spec.checkpoint_output:
+        output_file = storage.new_file(spec.checkpoint_id, f"output-{subtask_index}") + ".parquet"
+        with storage.open_write(output_file) as f:
+            pq.write_table(output, f, **_parquet_options(output.schema))
     late_file = None
     if records.late.num_rows and spec.late_records == "output":
         late_file = storage.new_file(spec.checkpoint_id, f"late-{subtask_index}") + ".parquet"
@@ -118,7 +148,8 @@ def _run(spec: KeyedTaskSpec, subtask_index: int, own: KeyGroupRange, batches: I
                                timers=fired - processed, snapshot=done - fired),
         key_group_records=encode_counts(records.records_per_group), key_group_calls=encode_counts(calls_per_group),
         key_group_timers=encode_counts(np.bincount(np.asarray(fired_groups, dtype=np.int64) - own.start,
-                                                   minlength=len(own))))
+                                                   minlength=len(own))),
+        sink_committable=committable)
 
 
 def _parquet_options(schema: pa.Schema) -> dict[str, Any]:

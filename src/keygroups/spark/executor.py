@@ -472,9 +472,11 @@ class SparkExecutor:
         renamed = names if plain != names else None
 
         def subtask(batches: Any) -> Any:
-            index = TaskContext.get().partitionId()  # type: ignore[union-attr]  # always set inside a task
+            task = TaskContext.get()
+            assert task is not None   # always set inside a task
+            index = task.partitionId()
             digested_batches = _DigestedBatches(batches, digest_column, renamed)
-            report = run_keyed_subtask(spec, index, digested_batches).with_digest(
+            report = run_keyed_subtask(spec, index, digested_batches, attempt=task.attemptNumber()).with_digest(
                 InputDigest(digested_batches.records, digested_batches.total))
             yield pa.RecordBatch.from_pylist([{"subtask": index, "report": json.dumps(report.to_json())}],
                                              schema=_REPORT_ARROW)
@@ -490,9 +492,15 @@ class SparkExecutor:
         spec = self._spec
         assert spec is not None
         reports = run_tasks(self._spark, len(subtasks),
-                            lambda i: json.dumps(run_keyed_subtask(spec, subtasks[i], []).with_digest(
-                                InputDigest(0, 0)).to_json()))
+                            lambda i: json.dumps(run_keyed_subtask(spec, subtasks[i], [], attempt=_attempt())
+                                                 .with_digest(InputDigest(0, 0)).to_json()))
         return [SubtaskReport.from_json(json.loads(r)) for r in reports]
+
+
+def _attempt() -> int:
+    """The running Spark task's attempt number (0 outside a task)."""
+    task = TaskContext.get()
+    return 0 if task is None else task.attemptNumber()
 
 
 def _union(spans: list[tuple[float, float]]) -> float:

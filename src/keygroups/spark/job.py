@@ -35,13 +35,14 @@ from pyspark.sql.types import StructType, _parse_datatype_string
 
 from keygroups._ranges import check_max_parallelism
 from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage
-from keygroups.errors import CheckpointNotFoundError
+from keygroups.errors import CheckpointNotFoundError, KeyGroupsError
 from keygroups.runtime.assignment import Assignment, resolve_assignment
 from keygroups.runtime.batch import CommittedBatch, JobDriver, JobOptions, SourceRead, pickle_function
 from keygroups.runtime.driver import StreamingBatch, check_key_columns, check_output_schema
 from keygroups.runtime.functions import KeyedProcessFunction
 from keygroups.runtime.report import BatchReport, SourceReport, SubtaskReport, format_time
 from keygroups.runtime.scaling import HISTORY, BatchFigures, ParallelismPolicy
+from keygroups.runtime.sink import Sink, check_sink
 from keygroups.runtime.source import Source, as_source
 from keygroups.runtime.spec import check_warm_heap_backends
 from keygroups.runtime.watermarks import WatermarkStrategy, check_late_records
@@ -101,7 +102,12 @@ class BatchResult:
         """The batch's output: a lazy DataFrame over the files the committed subtasks wrote (evaluating it again
         reads them again; a replay's is the committed one). An output of at most
         :data:`~keygroups.spark.executor.ONE_PARTITION_RECORDS` records is one partition (a sink's aggregate over it
-        is one Spark job); a larger one has a partition per file."""
+        is one Spark job); a larger one has a partition per file. A job whose output goes only to its sink
+        (``checkpoint_output=False``, the default with a sink) has none here: KeyGroupsError."""
+        if self.metadata.outputs == [] and any(r.output_file is None for r in self.reports):
+            raise KeyGroupsError(f"checkpoint {self.checkpoint_id}'s output went to the job's sink only, not into the "
+                                 "checkpoint: read it where the sink wrote it, or build the job with "
+                                 "checkpoint_output=True to keep it in the checkpoint too")
         return read_checkpoint_files(self._spark, self._storage, self.metadata.outputs, self._output_schema,
                                      records=sum(r.records_out for r in self.reports))
 
@@ -195,6 +201,12 @@ class KeyedJob:
     ranges, Flink's ownership exactly), ``"balanced"`` (contiguous ranges cut by each key group's measured records
     and state bytes, moved only when it pays; see :mod:`keygroups.runtime.assignment`) or an assignment object
     such as ``BalancedRanges(state_weight=0.5)``.
+
+    ``sink`` (a :class:`~keygroups.sinks.Sink`, e.g. ``ParquetSink(path)``) takes the output inside the keyed stage:
+    each task writes its output to the sink's staging area and pre-commits it with the checkpoint, and the driver
+    makes it visible once the checkpoint is committed, exactly once (Flink's two-phase-commit sinks; see
+    :mod:`keygroups.runtime.sink`): no second Spark job reads the output back. ``checkpoint_output`` says whether the
+    output is also written into the checkpoint, for ``BatchResult.output`` (default: only without a sink).
     """
 
     def __init__(
@@ -219,6 +231,8 @@ class KeyedJob:
         late_records: LateRecords = "drop",
         late_warning_share: float = 0.1,
         assignment: str | Assignment = "flink",
+        sink: Sink | None = None,
+        checkpoint_output: bool | None = None,
     ) -> None:
         if not isinstance(name, str) or not name:
             raise ValueError(f"name must be a non-empty string (the job's name in its checkpoints), got {name!r}")
@@ -267,6 +281,13 @@ class KeyedJob:
         self.storage = CheckpointStorage(checkpoint_location, retain=retain, storage_options=storage_options)
         self.restore_from_savepoint = restore_from_savepoint
         self.assignment = resolve_assignment(assignment)
+        self.sink = check_sink(sink)
+        if checkpoint_output is not None and not isinstance(checkpoint_output, bool):
+            raise TypeError(f"checkpoint_output must be a bool or None, got {checkpoint_output!r}")
+        if checkpoint_output is False and sink is None:
+            raise ValueError("checkpoint_output=False needs a sink: without one the checkpoint holds the job's only "
+                             "output; give sink=... or leave checkpoint_output unset")
+        self.checkpoint_output = sink is None if checkpoint_output is None else checkpoint_output
         #: Read each batch's input once (persisted while its count and largest event time are found). False runs
         #: the former path, a Spark job per figure, for the comparison in benchmarks/bench_runner.py only.
         self._read_input_once = True
@@ -293,7 +314,8 @@ class KeyedJob:
                 order_by=self.order_by, timestamp_column=self.timestamp_column,
                 watermark_strategy=self.watermark_strategy, late_records=self.late_records,
                 allow_pickle=self.allow_pickle, local_dir=self.local_dir, warm_heap_backends=self.warm_heap_backends,
-                assignment=self.assignment, restore_from_savepoint=self.restore_from_savepoint)
+                assignment=self.assignment, restore_from_savepoint=self.restore_from_savepoint, sink=self.sink,
+                checkpoint_output=self.checkpoint_output)
             self._driver = JobDriver(options, self.storage, on_commit=spark_batch_listener(self))   # metrics
         return self._driver
 
@@ -428,6 +450,10 @@ class KeyedJob:
         parallelism is the batch's ``BatchResult.parallelism`` and is stored in its checkpoint, with the policy's
         reasons (``result.report.parallelism_reason``)."""
         _checked_parallelism(parallelism, self.max_parallelism)
+        if sink is not None and not self.checkpoint_output:
+            raise ValueError("foreach_batch(sink) hands the sink each batch's output read back from the checkpoint, "
+                             "but this job writes its output only to its in-task sink (KeyedJob(sink=...)); build "
+                             "the job with checkpoint_output=True, or call foreach_batch without a sink")
         wants_result = sink is not None and _takes_three_arguments(sink)
         history: list[BatchFigures] = []
 

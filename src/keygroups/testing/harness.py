@@ -47,6 +47,7 @@ from keygroups.runtime.functions import KeyedProcessFunction, RuntimeContext
 from keygroups.runtime.local import LocalExecutor
 from keygroups.runtime.properties import BatchProperties
 from keygroups.runtime.report import BatchReport, SubtaskReport, TimerFigures
+from keygroups.runtime.sink import Sink, check_sink
 from keygroups.runtime.spec import check_warm_heap_backends
 from keygroups.runtime.state_reader import StateNotFoundError, keyed_state_metas, read_timers
 from keygroups.runtime.subtask_state import HeapBackendRegistry
@@ -246,7 +247,8 @@ class KeyedFunctionHarness:
     ``parallelism``, which a job takes per batch and the harness keeps (change it with :meth:`snapshot` and
     :meth:`restore`); ``assignment`` (``"flink"``, ``"balanced"`` or an assignment object such as
     ``BalancedRanges(...)``) chooses each batch's key-group ranges as a job's does, from the load the earlier batches
-    measured. ``input_schema`` fixes the input's columns (a schema as ``output_schema`` takes it; by default
+    measured. ``sink`` (a :class:`~keygroups.sinks.Sink`) gets each batch's output in the subtasks and commits it
+    with the checkpoint, as in a job (the harness's :meth:`output` still shows every record). ``input_schema`` fixes the input's columns (a schema as ``output_schema`` takes it; by default
     the first batch's, inferred from its records); ``processing_time`` is where the processing-time clock starts
     (epoch ms). ``name`` is the job's name in the checkpoints. ``directory`` is where the harness makes its own
     temporary directory (checkpoints, RocksDB's local state): by default ``/dev/shm`` where the host has one
@@ -269,7 +271,7 @@ class KeyedFunctionHarness:
                  watermark_strategy: WatermarkStrategy | None = None, late_records: str = "drop",
                  processing_time: int = 0, allow_pickle: bool = False, warm_heap_backends: int = 4,
                  name: str = "harness", directory: str | os.PathLike[str] | None = None,
-                 assignment: str | Assignment = "flink") -> None:
+                 assignment: str | Assignment = "flink", sink: Sink | None = None) -> None:
         if not isinstance(function, KeyedProcessFunction):
             raise TypeError(f"function must be a KeyedProcessFunction instance, got {type(function).__name__}")
         self.key_columns = (key_columns,) if isinstance(key_columns, str) else tuple(key_columns)
@@ -296,6 +298,7 @@ class KeyedFunctionHarness:
         self.allow_pickle = allow_pickle
         self.warm_heap_backends = check_warm_heap_backends(warm_heap_backends)
         self.assignment = resolve_assignment(assignment)
+        self.sink = check_sink(sink)
         self.name = name
         self.function = function
         self._pickled, self._referenced = pickle_in_process(function)
@@ -411,7 +414,7 @@ class KeyedFunctionHarness:
                 order_by=self.order_by, timestamp_column=self.timestamp_column,
                 watermark_strategy=self.watermark_strategy, late_records="output", allow_pickle=self.allow_pickle,
                 local_dir=self._local_dir, warm_heap_backends=self.warm_heap_backends, assignment=self.assignment,
-                restore_from_savepoint=self._savepoint)
+                restore_from_savepoint=self._savepoint, sink=self.sink, checkpoint_output=True)
             self._driver = JobDriver(options, self.storage, fence=False, background_retention=False,
                                      on_commit=batch_listener(self, enabled_by_default=False))   # once asked
         return self._driver
@@ -588,7 +591,7 @@ class KeyedFunctionHarness:
             timestamp_column=self.timestamp_column, watermark_strategy=self.watermark_strategy,
             late_records=self.late_records, processing_time=snapshot.processing_time,
             allow_pickle=self.allow_pickle, warm_heap_backends=self.warm_heap_backends, name=self.name,
-            assignment=self.assignment)
+            assignment=self.assignment, sink=self.sink)
         target = os.path.join(restored.storage.location, "savepoints", snapshot.name)
         shutil.copytree(snapshot.path, target, copy_function=_link_or_copy)
         restored._savepoint = snapshot.name
