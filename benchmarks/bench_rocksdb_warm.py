@@ -77,8 +77,8 @@ class PhaseClock:
     workers, which end before the batch does: the process's CPU less the two others)."""
 
     def __init__(self) -> None:
-        self.phases: collections.Counter[str] = collections.Counter()
-        self.threads: collections.Counter[str] = collections.Counter()
+        self.phases: collections.defaultdict[str, float] = collections.defaultdict(float)
+        self.threads: collections.defaultdict[str, float] = collections.defaultdict(float)
         self._local = threading.local()
         self._undo: list[tuple[Any, str, Any]] = []
         self._tick = os.sysconf("SC_CLK_TCK")
