@@ -329,10 +329,13 @@ class WarmDirectory:
             if not (isinstance(chains, dict) and isinstance(handle_file, str) and isinstance(states, list)
                     and all(isinstance(s, dict) and "name" in s for s in states)):
                 return None
-            files = chains["files"]
-            held = {int(kg): tuple(str(files[i]) for i in at) for kg, at in chains["key_groups"].items()}
-            if any(kg not in r for kg in held):
-                return None
+            files, distinct = chains["files"], chains["chains"]
+            held: dict[int, tuple[str, ...]] = {}
+            for first, last, at in chains["runs"]:
+                if not (r.start <= first <= last <= r.end) or at < 0:
+                    return None
+                chain = tuple(str(files[i]) for i in distinct[at])
+                held.update(dict.fromkeys(range(first, last + 1), chain))
             return int(marker["checkpoint_id"]), handle_file, states, held
         except (TypeError, ValueError, KeyError, IndexError):
             return None  # a marker of another shape: restore instead
@@ -354,16 +357,30 @@ class WarmDirectory:
             "max_parallelism": max_parallelism, "key_group_range": [r.start, r.end], "handle_file": handle.file,
             "states": states}
         if chains is not None:
-            files = sorted({f for chain in chains.values() for f in chain})
-            index = {f: i for i, f in enumerate(files)}
-            marker["chains"] = {"files": files,
-                                "key_groups": {str(kg): [index[f] for f in chain] for kg, chain in chains.items()}}
+            marker["chains"] = _chains_json(chains)
         path = os.path.join(self.path, _MARKER)
         with open(path + ".tmp", "w", encoding="utf-8") as f:
             json.dump(marker, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(path + ".tmp", path)
+
+
+def _chains_json(chains: dict[int, tuple[str, ...]]) -> dict[str, Any]:
+    """Per key group chain files as a marker holds them, growing with the distinct chains, not the key groups:
+    the files, the distinct chains (lists of file indexes) and runs of key groups ``[first, last, chain index]``
+    (key groups with no chain are left out)."""
+    files = sorted({f for chain in chains.values() for f in chain})
+    index = {f: i for i, f in enumerate(files)}
+    distinct: dict[tuple[str, ...], int] = {}
+    runs: list[list[int]] = []
+    for kg in sorted(chains):
+        at = distinct.setdefault(chains[kg], len(distinct))
+        if runs and runs[-1][1] == kg - 1 and runs[-1][2] == at:
+            runs[-1][1] = kg
+        else:
+            runs.append([kg, kg, at])
+    return {"files": files, "chains": [[index[f] for f in chain] for chain in distinct], "runs": runs}
 
 
 def _overlapping_warm(parent: str, r: KeyGroupRange) -> dict[str, KeyGroupRange]:
