@@ -54,6 +54,8 @@ class CatchUpModel(RuleBasedStateMachine):
 
     def __init__(self):
         super().__init__()
+        # every catch-up the lineage allows, however large its deltas against these small states
+        self.fraction, rocksdb_module.CATCH_UP_DELTA_FRACTION = rocksdb_module.CATCH_UP_DELTA_FRACTION, float("inf")
         self.tmp = tempfile.TemporaryDirectory(prefix="kg-catch-up-")
         self.storage = CheckpointStorage(os.path.join(self.tmp.name, "chk"))
         self.hosts = [os.path.join(self.tmp.name, "host-a"), os.path.join(self.tmp.name, "host-b")]
@@ -186,6 +188,7 @@ class CatchUpModel(RuleBasedStateMachine):
             if b._finalizer.alive:
                 b.dispose()
         rocksdb_module._KEPT_CACHES.clear()
+        rocksdb_module.CATCH_UP_DELTA_FRACTION = self.fraction
         self.tmp.cleanup()
 
 
@@ -195,8 +198,10 @@ test_rocksdb_catch_up_model = CatchUpModel.TestCase
 
 
 # ---- through the runtime: a subtask that comes back to a host catches up ------------------------------------------
-def test_a_subtask_back_on_a_host_catches_up_its_database_with_the_blocks_committed_elsewhere(tmp_path):
+def test_a_subtask_back_on_a_host_catches_up_its_database_with_the_blocks_committed_elsewhere(tmp_path, monkeypatch):
     from test_rocksdb_incremental import run_counting_batch
+
+    monkeypatch.setattr(rocksdb_module, "CATCH_UP_DELTA_FRACTION", 1.0)
 
     storage = CheckpointStorage(tmp_path / "chk")
     host_a, host_b = tmp_path / "host-a", tmp_path / "host-b"
@@ -300,4 +305,22 @@ def test_key_groups_a_later_full_block_restarted_are_replaced_by_a_catch_up(tmp_
     stats = z.restore(storage, md)
     assert isinstance(stats, WarmResume) and z.warm and len(stats.caught_up) == MAXP
     assert _values(z, range(50)) == {k: 100 if k % 2 == 0 else None for k in range(50)}
+    z.dispose()
+
+
+@pytest.mark.parametrize("fraction", [0.125, 1.0])
+def test_a_database_far_behind_is_restored_cold_not_caught_up_row_by_row(tmp_path, monkeypatch, fraction):
+    """Delta blocks past CATCH_UP_DELTA_FRACTION of the chains' bytes cost more row by row than a compiled cold
+    restore: then the backend restores cold; below it, it catches up. The state is the same either way."""
+    monkeypatch.setattr(rocksdb_module, "CATCH_UP_DELTA_FRACTION", fraction)
+    storage = CheckpointStorage(tmp_path / "chk")
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    md = _batch(_backend(a), storage, 1, range(400), 1)
+    x = _backend(b)
+    x.restore(storage, md)
+    md = _batch(x, storage, 2, range(0, 400, 4), 10)   # about a fifth of the chains' bytes
+    z = _backend(a)
+    stats = z.restore(storage, md)
+    assert isinstance(stats, WarmResume) == (fraction == 1.0) == z.warm
+    assert _values(z, range(400)) == {k: 1 + 10 * (k % 4 == 0) for k in range(400)}
     z.dispose()

@@ -290,6 +290,11 @@ _PINNED_GROUPS = 64
 #: (a dict lookup per key, 70 ns at a batch's size, against a point read of about 1.5 us per missing key).
 _PREFETCH_SAMPLE = 256
 
+#: A catch-up applies the delta blocks committed since the kept database's checkpoint row by row in Python (about
+#: ten times a compiled restore's cost per row): past this fraction of the bytes of the range's chains, restoring
+#: cold is cheaper, and is done instead.
+CATCH_UP_DELTA_FRACTION = 0.125
+
 #: A flush of at least this many value-state rows writes them into an SST file that RocksDB ingests
 #: (``RocksDBKeyedStateBackend._ingest_rows``); a smaller one goes through a WriteBatch and the memtable (a file per
 #: small flush would leave RocksDB many small files to compact).
@@ -1361,9 +1366,10 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         for this range (``metadata`` or checkpoint ``kept_at`` names it) and each key group's committed chain
         begins with exactly the files the database holds, or restarted with a full block newer than ``kept_at``;
         so a failed or uncommitted attempt, another lineage or another meta (serializers, TTL) is refused (None:
-        nothing was written). The blocks are applied row by row in checkpoint order (a full block replaces its key
-        group's rows; TTL values are kept as written, reads and full snapshots drop what expired, as in a kept
-        database)."""
+        nothing was written), and so are delta blocks past ``CATCH_UP_DELTA_FRACTION`` of the chains' bytes (a
+        cold restore is cheaper then). The delta blocks are applied row by row in checkpoint order onto the kept
+        rows (TTL values kept as written: reads and full snapshots drop what expired, as in a kept database); a
+        restarted key group is emptied and its chain restored as a cold restore does, into one ingested file."""
         r = self.key_group_range
         if not any(h.file == kept_file and h.key_group_range == r for h in metadata.keyed_handles):
             try:
@@ -1373,17 +1379,26 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
                 return None
         check_state_metas(metadata)
         chains = key_group_chains(keyed_handles_by_range(list(metadata.keyed_handles)), r)
+        # per handle, the key groups whose newer blocks it holds: deltas onto kept rows, or restarted chains
         newer: dict[int, tuple[KeyedStateHandle, list[int]]] = {}
+        restarts: dict[int, tuple[KeyedStateHandle, list[int]]] = {}
+        delta_bytes = chain_bytes = 0
         for kg in r:
             chain = chains.get(kg, [])
             restarted = bool(chain) and chain[0].checkpoint_id > kept_at and chain[0].is_full(kg)
             if not restarted and tuple(h.file for h in chain if h.checkpoint_id <= kept_at) != held.get(kg, ()):
                 return None
             for h in chain:
+                size = h.block_size(kg)
+                chain_bytes += size
                 if h.checkpoint_id > kept_at:
-                    newer.setdefault(id(h), (h, []))[1].append(kg)
+                    (restarts if restarted else newer).setdefault(id(h), (h, []))[1].append(kg)
+                    if not restarted:
+                        delta_bytes += size
+        if delta_bytes > CATCH_UP_DELTA_FRACTION * chain_bytes:
+            return None
         known = {meta["name"]: _canonical(meta) for meta in states}
-        for h, _ in newer.values():
+        for h, _ in [*newer.values(), *restarts.values()]:
             for meta in h.states:
                 if known.get(meta["name"], _canonical(meta)) != _canonical(meta):
                     return None   # another serializer or TTL there: restore it all, as a restore would migrate
@@ -1392,18 +1407,31 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         self.warm = True
         for meta in states:
             self._restore_target(meta)
-        reads = sorted(((h, run) for h, kgs in newer.values() for run in key_group_runs(kgs)),
-                       key=lambda hr: (hr[0].checkpoint_id, hr[1].start))
+        def reads(blocks: dict[int, tuple[KeyedStateHandle, list[int]]]) -> list[tuple[KeyedStateHandle, Any]]:
+            return sorted(((h, run) for h, kgs in blocks.values() for run in key_group_runs(kgs)),
+                          key=lambda hr: (hr[0].checkpoint_id, hr[1].start))
+
         caught_up_bytes = 0
         caught_up: set[int] = set()
         self._catching_up = True
         try:
-            for handle, run in reads:
+            for handle, run in reads(newer):
                 targets = [self._restore_target(meta) for meta in handle.states]
                 caught_up_bytes += self._restore_handle(storage, handle, run, targets)[0]
                 caught_up.update(run)
         finally:
             self._catching_up = False
+        # restarted key groups: emptied, then their chains restored as a cold restore does (one ingested SST file)
+        restarted_groups = sorted({kg for _, kgs in restarts.values() for kg in kgs})
+        if restarted_groups:
+            batch = rocksdict.WriteBatch(raw_mode=True)
+            for run in key_group_runs(restarted_groups):   # key groups < 2**15: the one after a run still packs
+                batch.delete_range(_U16.pack(run.start), _U16.pack(run.end + 1))
+            self._write(batch)
+        for handle, run in reads(restarts):
+            targets = [self._restore_target(meta) for meta in handle.states]
+            caught_up_bytes += self._restore_handle(storage, handle, run, targets)[0]
+            caught_up.update(run)
         self._chains = chain_stats(metadata, r)
         self._chain_metas = dict(known)
         plan = plan_keyed_restore(metadata, r, max_parallelism=self.max_parallelism)
