@@ -31,8 +31,9 @@ Restore: the blocks a restore reads become one SST file, written in compiled cod
 
 Warm database (``warm_dir``): the database stays on local disk after ``dispose()``, and the next backend of the same
 range (or of an overlapping one, after boundaries moved or a rescale) that restores from exactly the checkpoint it
-reflects opens it instead of restoring; the directory's lock, marker, seal, take-over and clean-up are
-``rocksdb_warm``'s. A kept database found damaged when first read (RocksDB's "Corruption", say a bit-rotted file)
+reflects opens it instead of restoring; one that restores from a later checkpoint of the same lineage (the batches
+between ran elsewhere) catches up, applying only the blocks committed since (``_catch_up``); the directory's lock,
+marker, seal, take-over and clean-up are ``rocksdb_warm``'s. A kept database found damaged when first read (RocksDB's "Corruption", say a bit-rotted file)
 is replaced in the same batch by a cold restore of the same checkpoint, with a warning.
 """
 
