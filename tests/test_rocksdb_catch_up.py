@@ -192,7 +192,7 @@ class CatchUpModel(RuleBasedStateMachine):
         self.tmp.cleanup()
 
 
-CatchUpModel.TestCase.settings = settings(max_examples=12, stateful_step_count=25, deadline=None,
+CatchUpModel.TestCase.settings = settings(max_examples=10, stateful_step_count=25, deadline=None,
                                           suppress_health_check=[HealthCheck.too_slow])
 test_rocksdb_catch_up_model = CatchUpModel.TestCase
 
