@@ -21,14 +21,21 @@
    batch's keys in bulk (one multi-get, the cache read and written in C) against the generic key-by-key loop
    (``set_current_key``, ``value()``, ``update()`` per key), each from an empty cache, the flush included.
 
+``--phases`` splits the warm batches' CPU (both backends, same runs): the main thread, the other Python threads
+(snapshot workers; the process's CPU less the rest), RocksDB's own threads (``rocksdb:*`` in ``/proc/self/task``:
+compactions and memtable flushes), and, for RocksDB, the backend's phases in thread CPU, each without the phases it
+calls (open, restore, prefetch, flush encoding, writing to the database, delta capture, the snapshot file, dispose).
+
 The machine is shared: the load average is printed with every figure.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import functools
 import os
+import threading
 import pathlib
 import statistics
 import sys
@@ -53,16 +60,101 @@ from bench_rocksdb_restore import cpu, load, point_and_prefetch, write_state  # 
 
 MAXP = 128
 
+#: The RocksDB backend's phases ``--phases`` times: (label, module attribute holding the function, its name).
+_PHASES = [("open", "RocksDBKeyedStateBackend", "_open_db"), ("restore", "RocksDBKeyedStateBackend", "_restore"),
+           ("prefetch", "RocksDBKeyedStateBackend", "prefetch"),
+           ("flush: encoding", "RocksDBKeyedStateBackend", "_flush"),
+           ("flush: SST written, ingested", "RocksDBKeyedStateBackend", "_ingest_rows"),
+           ("flush: WriteBatch written", "RocksDBKeyedStateBackend", "_write"),
+           ("delta capture", "RocksDBKeyedStateBackend", "_capture_deltas"),
+           ("snapshot file (worker)", None, "write_keyed_snapshot"),
+           ("dispose (close, seal)", "RocksDBKeyedStateBackend", "dispose")]
 
-def warm_batches(backend: str, tables: list[Any]) -> tuple[float, float]:
-    """Median (CPU s, wall s) of the warm batches (all but the first) of the peer job on ``backend``."""
+
+class PhaseClock:
+    """Thread CPU per phase of the RocksDB backend, each phase without the phases it calls (a stack per thread), and
+    per batch the CPU of the process's threads by kind: main, RocksDB's own (``rocksdb:*``), the other (snapshot
+    workers, which end before the batch does: the process's CPU less the two others)."""
+
+    def __init__(self) -> None:
+        self.phases: collections.defaultdict[str, float] = collections.defaultdict(float)
+        self.threads: collections.defaultdict[str, float] = collections.defaultdict(float)
+        self._local = threading.local()
+        self._undo: list[tuple[Any, str, Any]] = []
+        self._tick = os.sysconf("SC_CLK_TCK")
+
+    def install(self) -> None:
+        import keygroups.state.rocksdb as rocksdb_module
+        for label, owner_name, name in _PHASES:
+            owner = getattr(rocksdb_module, owner_name) if owner_name else rocksdb_module
+            original = getattr(owner, name)
+            setattr(owner, name, self._timed(label, original))
+            self._undo.append((owner, name, original))
+
+    def uninstall(self) -> None:
+        for owner, name, original in reversed(self._undo):
+            setattr(owner, name, original)
+        self._undo.clear()
+
+    def _timed(self, label: str, f: Any) -> Any:
+        local, phases = self._local, self.phases
+
+        @functools.wraps(f)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            stack = local.__dict__.setdefault("stack", [])
+            stack.append(0.0)   # CPU of the phases this one calls
+            start = time.thread_time()
+            try:
+                return f(*args, **kwargs)
+            finally:
+                spent = time.thread_time() - start
+                inner = stack.pop()
+                phases[label] += spent - inner
+                if stack:
+                    stack[-1] += spent
+        return timed
+
+    def rocksdb_threads(self) -> float:
+        """CPU so far of RocksDB's own threads (long-lived: one pool per process)."""
+        total = 0.0
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                with open(f"/proc/self/task/{tid}/comm") as f:
+                    if not f.read().startswith("rocksdb"):
+                        continue
+                with open(f"/proc/self/task/{tid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            total += (int(fields[11]) + int(fields[12])) / self._tick
+        return total
+
+    def batch(self, run: Any) -> tuple[float, float]:
+        """Run one batch (``run()``), adding its threads' CPU by kind; (process CPU, wall) of the batch."""
+        c0, w0, m0, r0 = cpu(), time.perf_counter(), time.thread_time(), self.rocksdb_threads()
+        run()
+        c, w, m, r = cpu() - c0, time.perf_counter() - w0, time.thread_time() - m0, self.rocksdb_threads() - r0
+        self.threads["main thread"] += m
+        self.threads["RocksDB's threads"] += r
+        self.threads["other threads (snapshot workers)"] += c - m - r
+        return c, w
+
+
+def warm_batches(backend: str, tables: list[Any], clock: PhaseClock | None = None) -> tuple[float, float]:
+    """Median (CPU s, wall s) of the warm batches (all but the first) of the peer job on ``backend``; ``clock``
+    (from the second batch on) adds their CPU by thread and phase."""
     per = []
     with KeyedFunctionHarness(RunningCountSum(), "key", output_schema=COUNT_SUM_OUTPUT, max_parallelism=MAXP,
                               parallelism=2, backend=backend) as h:
-        for table in tables:
+        for i, table in enumerate(tables):
+            def run(table: Any = table) -> None:
+                h.process(table)
+                h.output_table()
+            if clock is not None and i > 0:
+                per.append(clock.batch(run))
+                continue
             c0, w0 = cpu(), time.perf_counter()
-            h.process(table)
-            h.output_table()
+            run()
             per.append((cpu() - c0, time.perf_counter() - w0))
     warm = per[1:]
     return statistics.median(c for c, _ in warm), statistics.median(w for _, w in warm)
@@ -135,6 +227,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-keys", type=int, default=100_000)
     parser.add_argument("--skip-per-key", action="store_true")
     parser.add_argument("--skip-warm", action="store_true")
+    parser.add_argument("--phases", action="store_true",
+                        help="split the warm batches' CPU by thread and by the RocksDB backend's phases")
     args = parser.parse_args(argv)
     print(f"one process, CPU time of the process (RocksDB's own threads included); machine shared ({load()})")
     if not args.skip_warm:
@@ -149,9 +243,12 @@ def warm_part(args: argparse.Namespace) -> None:
         generate_events(pathlib.Path(work) / "events", args.events, args.keys, args.files)
         tables = [pq.read_table(f, columns=["key", "value", "ts"]) for f in event_files(pathlib.Path(work) / "events")]
         runs: dict[str, list[tuple[float, float]]] = {"heap": [], "rocksdb": []}
+        clocks = {b: PhaseClock() for b in runs} if args.phases else {}
+        if args.phases:
+            clocks["rocksdb"].install()
         for r in range(args.rounds):
             for backend in (("heap", "rocksdb") if r % 2 == 0 else ("rocksdb", "heap")):
-                runs[backend].append(warm_batches(backend, tables))
+                runs[backend].append(warm_batches(backend, tables, clocks.get(backend)))
                 c, w = runs[backend][-1]
                 print(f"  round {r + 1}: {backend:<8s} warm batch {c:6.3f} s CPU {w:6.3f} s wall ({load()})",
                       flush=True)
@@ -164,6 +261,16 @@ def warm_part(args: argparse.Namespace) -> None:
     print(f"  rocksdb  {rc:6.3f} s CPU  {rw:6.3f} s wall  ({1e6 * rc / per_batch:.2f} CPU us/event)")
     print(f"  rocksdb / heap: {rc / hc:.2f}x CPU, {rw / hw:.2f}x wall   target <= 1.3 (CPU) "
           f"{'meets' if rc / hc <= 1.3 else 'misses'}")
+    if args.phases:
+        clocks["rocksdb"].uninstall()
+        warm = args.rounds * (args.files - 1)
+        print(f"\n== CPU per warm batch by thread and phase (means over {warm} warm batches of each backend; the "
+              "phases are the RocksDB backend's, in the thread that runs them, each without the phases it calls)")
+        for kind in clocks["heap"].threads:
+            print(f"  {kind:<34s} heap {1e3 * clocks['heap'].threads[kind] / warm:6.1f} ms   rocksdb "
+                  f"{1e3 * clocks['rocksdb'].threads[kind] / warm:6.1f} ms")
+        for label, _, _ in _PHASES:
+            print(f"  rocksdb: {label:<34s} {1e3 * clocks['rocksdb'].phases[label] / warm:6.1f} ms")
 
 
 if __name__ == "__main__":

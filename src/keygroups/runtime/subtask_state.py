@@ -231,8 +231,9 @@ def task_state(spec: KeyedTaskSpec, subtask_index: int, own_range: KeyGroupRange
         restored = RestoreInfo.new()
         if metadata is not None:
             stats = backend.restore(storage, metadata)
-            if isinstance(stats, WarmResume):   # the warm database of an overlapping range, taken over
-                restored = RestoreInfo.resumed("moved", stats)
+            if isinstance(stats, WarmResume):   # taken over from an overlapping range, or caught up
+                restored = RestoreInfo.resumed("moved" if stats.restored or stats.dropped
+                                               else "caught-up" if stats.caught_up else "warm", stats)
             elif backend.warm:
                 restored = RestoreInfo.kept(own_range, stats.bytes_read, stats.key_groups)
             else:

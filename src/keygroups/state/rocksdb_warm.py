@@ -17,7 +17,10 @@ and its marker (``marker.json``), and beside it the range's lock file ``<first>-
   only after the seal and the files check out (:func:`_open_kept`); one changed behind the job's back is deleted
   and restored, never read.
 * **Resume.** The next backend of the same range that restores from that very checkpoint, whose metadata names that
-  very file for this range, opens the database as it is (:meth:`WarmDirectory.states_at`). A backend of another
+  very file for this range, opens the database as it is (:meth:`WarmDirectory.states_at`). One that restores from a
+  later checkpoint of the same lineage (the batches between ran elsewhere: another host, a second attempt in a
+  temporary directory) catches up: the marker names, per key group, the files of the chain the database holds
+  (:meth:`WarmDirectory.behind`), and the backend applies only the blocks written after them. A backend of another
   range (boundaries moved, or a rescale) with none of its own takes over (moves) the kept database of the range
   that overlaps it most, at that same checkpoint only (:meth:`WarmDirectory.moved_from`): the backend then drops
   the key groups that left and restores those that arrived.
@@ -305,25 +308,79 @@ class WarmDirectory:
         except (TypeError, ValueError):
             return None  # a marker of another shape: restore instead
 
+    def behind(self, storage: CheckpointStorage, metadata: CheckpointMetadata, max_parallelism: int
+               ) -> tuple[int, str, list[dict[str, Any]], dict[int, tuple[str, ...]]] | None:
+        """When the kept database is of this location, max parallelism and range at an earlier checkpoint than
+        ``metadata``'s, and its marker names the chain files it holds: ``(its checkpoint id, its snapshot file, its
+        states, key group -> the files of the chain it holds)``, for a catch-up (the caller checks that the file
+        was committed and that each key group's committed chain begins with those files); else None. Does not
+        forget the marker (``states_at`` does)."""
+        marker = self._kept_marker
+        try:
+            r = self.key_group_range
+            if not (isinstance(marker, dict) and marker.get("version") == WARM_MARKER_VERSION
+                    and marker.get("location") == storage.location
+                    and isinstance(marker.get("checkpoint_id"), int)
+                    and marker["checkpoint_id"] < metadata.checkpoint_id
+                    and marker.get("max_parallelism") == max_parallelism == metadata.max_parallelism
+                    and marker.get("key_group_range") == [r.start, r.end]):
+                return None
+            chains, states, handle_file = marker.get("chains"), marker.get("states"), marker.get("handle_file")
+            if not (isinstance(chains, dict) and isinstance(handle_file, str) and isinstance(states, list)
+                    and all(isinstance(s, dict) and "name" in s for s in states)):
+                return None
+            files, distinct = chains["files"], chains["chains"]
+            held: dict[int, tuple[str, ...]] = {}
+            for first, last, at in chains["runs"]:
+                if not (r.start <= first <= last <= r.end) or at < 0:
+                    return None
+                chain = tuple(str(files[i]) for i in distinct[at])
+                held.update(dict.fromkeys(range(first, last + 1), chain))
+            return int(marker["checkpoint_id"]), handle_file, states, held
+        except (TypeError, ValueError, KeyError, IndexError):
+            return None  # a marker of another shape: restore instead
+
     def remove_marker(self) -> None:
         """The database no longer is the state the marker vouches for (it is being written)."""
         with contextlib.suppress(FileNotFoundError):
             os.remove(os.path.join(self.path, _MARKER))
 
     def write_marker(self, storage: CheckpointStorage, checkpoint_id: int, handle: KeyedStateHandle,
-                     states: list[dict[str, Any]], max_parallelism: int) -> None:
+                     states: list[dict[str, Any]], max_parallelism: int,
+                     chains: dict[int, tuple[str, ...]] | None = None) -> None:
         """Vouch for the database (flushed, closed or not) as the state ``handle`` holds; the caller holds
-        ``marker_lock`` and has checked that nothing was written since the snapshot's capture."""
+        ``marker_lock`` and has checked that nothing was written since the snapshot's capture. ``chains``: per key
+        group, the files of the chain the database holds (for a later catch-up: :meth:`behind`)."""
         r = self.key_group_range
-        marker = {"version": WARM_MARKER_VERSION, "location": storage.location, "checkpoint_id": checkpoint_id,
-                  "max_parallelism": max_parallelism, "key_group_range": [r.start, r.end],
-                  "handle_file": handle.file, "states": states}
+        marker: dict[str, Any] = {
+            "version": WARM_MARKER_VERSION, "location": storage.location, "checkpoint_id": checkpoint_id,
+            "max_parallelism": max_parallelism, "key_group_range": [r.start, r.end], "handle_file": handle.file,
+            "states": states}
+        if chains is not None:
+            marker["chains"] = _chains_json(chains)
         path = os.path.join(self.path, _MARKER)
         with open(path + ".tmp", "w", encoding="utf-8") as f:
             json.dump(marker, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(path + ".tmp", path)
+
+
+def _chains_json(chains: dict[int, tuple[str, ...]]) -> dict[str, Any]:
+    """Per key group chain files as a marker holds them, growing with the distinct chains, not the key groups:
+    the files, the distinct chains (lists of file indexes) and runs of key groups ``[first, last, chain index]``
+    (key groups with no chain are left out)."""
+    files = sorted({f for chain in chains.values() for f in chain})
+    index = {f: i for i, f in enumerate(files)}
+    distinct: dict[tuple[str, ...], int] = {}
+    runs: list[list[int]] = []
+    for kg in sorted(chains):
+        at = distinct.setdefault(chains[kg], len(distinct))
+        if runs and runs[-1][1] == kg - 1 and runs[-1][2] == at:
+            runs[-1][1] = kg
+        else:
+            runs.append([kg, kg, at])
+    return {"files": files, "chains": [[index[f] for f in chain] for chain in distinct], "runs": runs}
 
 
 def _overlapping_warm(parent: str, r: KeyGroupRange) -> dict[str, KeyGroupRange]:
