@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from kafka_broker import persistent_broker, produce
+from kafka_broker import new_producer, persistent_broker, produce
 from keygroups.checkpoint import CheckpointStorage
 from keygroups.runtime.functions import KeyedProcessFunction
 from keygroups.serializers import Int64Serializer
@@ -92,6 +92,7 @@ def test_random_produce_batch_die_and_kill_sequences_apply_every_record_once(bro
     local = str(tmp_path / "local")
     produced: list[int] = []
     outputs: Counter[int] = Counter()
+    producer = None   # one per broker process (a new producer's first flush waits half a second)
 
     def batch(parallelism: int, max_records: int | None, at: Any = None) -> None:
         _, table, _ = run_batch(location, source, CountPerUser(), parallelism, max_records, backend=backend,
@@ -102,7 +103,9 @@ def test_random_produce_batch_die_and_kill_sequences_apply_every_record_once(bro
         if op[0] == "produce":
             _, partition, n = op
             ids = list(range(len(produced), len(produced) + n))
-            produce(broker, topic, {partition: [record(i) for i in ids]})
+            if producer is None:
+                producer = new_producer(broker)
+            produce(broker, topic, {partition: [record(i) for i in ids]}, producer=producer)
             produced += ids
         elif op[0] == "batch":
             batch(op[1], op[2])
@@ -129,6 +132,7 @@ def test_random_produce_batch_die_and_kill_sequences_apply_every_record_once(bro
             finally:
                 kafka_module._Fetched.add = add  # type: ignore[method-assign]
                 broker.start()
+                producer = None
     batch(3, None)                          # drain
     lost = set(produced) - set(outputs)
     duplicated = {i: n for i, n in outputs.items() if n > 1}
