@@ -145,8 +145,8 @@ def _group(pgid: int) -> list[int]:
     return pids
 
 
-#: At most this many run at once in the background (a demo's JVMs take a few GiB; the machine has two cores).
-AT_ONCE = 2
+#: At most this many run at once in the background (a demo's JVMs take a GiB or two; the machine has two cores).
+AT_ONCE = 3
 _running: dict[str, BackgroundProcess] = {}
 _queued: list[str] = []   # in the order the run's tests first need them
 
