@@ -92,7 +92,7 @@ def test_random_produce_batch_die_and_kill_sequences_apply_every_record_once(bro
     local = str(tmp_path / "local")
     produced: list[int] = []
     outputs: Counter[int] = Counter()
-    producer = None   # one per broker process (a new producer's first flush waits half a second)
+    producer = None   # one per example and broker process (a new producer's first flush waits half a second)
 
     def batch(parallelism: int, max_records: int | None, at: Any = None) -> None:
         _, table, _ = run_batch(location, source, CountPerUser(), parallelism, max_records, backend=backend,
@@ -117,6 +117,7 @@ def test_random_produce_batch_die_and_kill_sequences_apply_every_record_once(bro
                 batch(op[1], None, at=die)
         else:
             _, parallelism, nth = op
+            producer = None   # not left reconnecting to the killed broker
             add, seen = kafka_module._Fetched.add, []
 
             def add_then_kill(fetched: Any, *args: Any) -> None:
@@ -132,7 +133,6 @@ def test_random_produce_batch_die_and_kill_sequences_apply_every_record_once(bro
             finally:
                 kafka_module._Fetched.add = add  # type: ignore[method-assign]
                 broker.start()
-                producer = None
     batch(3, None)                          # drain
     lost = set(produced) - set(outputs)
     duplicated = {i: n for i, n in outputs.items() if n > 1}
