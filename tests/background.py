@@ -4,7 +4,7 @@ waits on sleeps, sockets and JVMs (the suite uses well under its two cores on av
 tests that need them. A pytest plugin (conftest's ``pytest_plugins``): a process starts only when a selected test
 uses its fixture, at most ``AT_ONCE`` at a time in the order the tests need them, at the lowest CPU priority
 (raised back when a test waits for it, where that is allowed); it is killed and its directory removed when the run
-ends. The test judges its exit code and output as before.
+ends (kept when the process failed, for its logs). The test judges its exit code and output as before.
 
 Registered here (session fixtures):
 
@@ -129,6 +129,9 @@ class BackgroundProcess:
             except ProcessLookupError:
                 pass
             self.proc.wait()
+        if self.finished is not None and self.finished.returncode != 0:
+            sys.stderr.write(f"\nbackground {self.name} failed: its directory is kept, {self.dir}\n")
+            return
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
