@@ -16,8 +16,10 @@ from hypothesis import HealthCheck, settings
 settings.register_profile("keygroups", deadline=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True)
 settings.load_profile("keygroups")
 
-# the session fixtures `s3_server` (a SeaweedFS S3 endpoint on 127.0.0.1) and `chromium` (a headless browser)
-pytest_plugins = ["s3_server", "browser"]
+# the session fixtures `s3_server` (a SeaweedFS S3 endpoint on 127.0.0.1), `chromium` (a headless browser), and
+# `shipped_environment` and `api_reference_build` (builds started in the background when collection ends; test
+# modules add their own end-to-end runs with background.background_fixture)
+pytest_plugins = ["s3_server", "browser", "background"]
 
 DATA = pathlib.Path(__file__).parent / "data"
 

@@ -47,14 +47,24 @@ def new_topic(broker: LocalKafkaBroker, partitions: int = 4, prefix: str = "t") 
     return name
 
 
-def produce(broker: LocalKafkaBroker, topic: str, per_partition: Mapping[int, Iterable[Any]], *,
-            raw: bool = False, key: str | None = None, options: Mapping[str, Any] | None = None) -> int:
-    """Write records to the given partitions, in order (dicts as compact JSON; ``raw`` values as they are, bytes or
-    None for a tombstone); ``key`` names a field whose value becomes the record key. Returns how many."""
+def new_producer(broker: LocalKafkaBroker, options: Mapping[str, Any] | None = None) -> Any:
+    """An idempotent confluent-kafka producer for ``broker``. Its first flush waits about half a second (librdkafka
+    asks for a producer id on a 500 ms retry timer while its connection comes up): a test that writes to one topic
+    many times may keep one and pass it to ``produce`` (a new one after the broker is started again)."""
     from confluent_kafka import Producer
 
-    producer = Producer({"bootstrap.servers": broker.bootstrap_servers, "enable.idempotence": True,
-                         "linger.ms": 2, **dict(options or {})})
+    return Producer({"bootstrap.servers": broker.bootstrap_servers, "enable.idempotence": True,
+                     "linger.ms": 2, **dict(options or {})})
+
+
+def produce(broker: LocalKafkaBroker, topic: str, per_partition: Mapping[int, Iterable[Any]], *,
+            raw: bool = False, key: str | None = None, options: Mapping[str, Any] | None = None,
+            producer: Any = None) -> int:
+    """Write records to the given partitions, in order (dicts as compact JSON; ``raw`` values as they are, bytes or
+    None for a tombstone); ``key`` names a field whose value becomes the record key. Returns how many, once all are
+    acknowledged. ``producer``: one from ``new_producer`` to use (else a new one with ``options``)."""
+    if producer is None:
+        producer = new_producer(broker, options)
     errors: list[Any] = []
     n = 0
     for partition, records in per_partition.items():

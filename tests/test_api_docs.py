@@ -8,8 +8,6 @@ import importlib
 import importlib.util
 import pathlib
 import pkgutil
-import subprocess
-import sys
 
 import pytest
 
@@ -25,13 +23,13 @@ def _build_module():
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory) -> pathlib.Path:
-    """The reference, built once for the module's tests as CI builds it (a separate process)."""
-    out = tmp_path_factory.mktemp("api")
-    result = subprocess.run([sys.executable, str(BUILD), str(out)], capture_output=True, text=True, timeout=600)
+def reference(api_reference_build) -> pathlib.Path:
+    """The reference, built once for the module's tests as CI builds it (``python docs/build_api.py`` in a separate
+    process, started in the background when collection ends: tests/background.py)."""
+    result = api_reference_build
     assert result.returncode == 0, result.stdout + result.stderr
     assert "pdoc:" not in result.stderr
-    return out
+    return result.directory / "api"
 
 
 def _page(reference: pathlib.Path, module: str) -> pathlib.Path:

@@ -12,6 +12,7 @@ import sys
 
 import pytest
 
+from background import background_fixture
 from test_raw_keyed_state import run_batch as run_raw_keyed_batch
 from timer_checkpoints import run_timer_job
 
@@ -23,19 +24,34 @@ from keygroups.metrics import MetricsStore
 pytestmark = pytest.mark.spark
 
 
+#: How the tests run the keygroups command: this Python, which Spark's workers use too.
+KEYGROUPS = (sys.executable, "-m", "keygroups")
+KEYGROUPS_ENV = {"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+
+
 def keygroups(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
-    return subprocess.run([sys.executable, "-m", "keygroups", *args], capture_output=True, text=True, timeout=timeout,
-                          env=env)
+    return subprocess.run([*KEYGROUPS, *args], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **KEYGROUPS_ENV})
+
+
+# The demo runs, each in its own process and directory ({dir}), started in the background when collection ends
+# (tests/background.py): a demo is a minute of JVM and Python workers that needs nothing from the other tests.
+demo_run = background_fixture(
+    "cli_demo_run", [*KEYGROUPS, "demo", "--events", "6000", "--users", "600", "--partitions", "4", "--phases",
+                     "3,1,2,5", "--batches-per-phase", "1", "--max-parallelism", "16", "--dir", "{dir}"],
+    env=KEYGROUPS_ENV)
+connect_demo_run = background_fixture(
+    "cli_connect_demo_run", [*KEYGROUPS, "demo", "--connect", "--events", "3000", "--users", "300", "--partitions",
+                             "3", "--phases", "2,1,3", "--batches-per-phase", "1", "--max-parallelism", "16",
+                             "--dir", "{dir}"],
+    env=KEYGROUPS_ENV)
 
 
 @pytest.fixture(scope="module")
-def demo_dir(tmp_path_factory):
-    workdir = tmp_path_factory.mktemp("demo")
-    result = keygroups("demo", "--events", "6000", "--users", "600", "--partitions", "4", "--phases", "3,1,2,5",
-                       "--batches-per-phase", "1", "--max-parallelism", "16", "--dir", str(workdir))
+def demo_dir(cli_demo_run):
+    result = cli_demo_run
     assert result.returncode == 0, result.stdout + result.stderr
-    return workdir, result
+    return result.directory, result
 
 
 #: The start of every line the demo prints itself (the summary table's header and rows included).
@@ -167,16 +183,15 @@ def test_inspect_shows_and_verify_reads_raw_keyed_state(tmp_path, capsys):
     assert f"CORRUPT raw keyed state file {victim.file}" in err and "checksum" in err
 
 
-def test_demo_over_spark_connect_matches_the_reference(tmp_path):
+def test_demo_over_spark_connect_matches_the_reference(cli_connect_demo_run):
     """The demo with --connect: the job runs through a Spark Connect client (no py4j gateway, no SparkContext)
     served by the demo's own local JVM, rescaled 2 -> 1 -> 3, and its state and orders equal the reference."""
-    result = keygroups("demo", "--connect", "--events", "3000", "--users", "300", "--partitions", "3", "--phases",
-                       "2,1,3", "--batches-per-phase", "1", "--max-parallelism", "16", "--dir", str(tmp_path))
+    result = cli_connect_demo_run
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
     assert "over Spark Connect" in out
     assert "phase 1 p=2" in out and "phase 2 p=1" in out and "phase 3 p=3" in out
     assert "OK: all" in out and "orders equal the reference" in out
     assert result.stderr == ""
-    latest = CheckpointStorage(str(tmp_path / "checkpoints")).latest()
+    latest = CheckpointStorage(str(result.directory / "checkpoints")).latest()
     assert (latest.parallelism, latest.max_parallelism) == (3, 16)

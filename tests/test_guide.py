@@ -5,7 +5,6 @@ same blocks."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import pathlib
@@ -13,7 +12,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tarfile
 
 import pytest
 
@@ -139,24 +137,11 @@ def test_the_streaming_job_script_runs_under_spark_submit_with_keygroups_install
 
 @pytest.mark.cluster
 @pytest.mark.slow
-def test_the_streaming_job_script_runs_with_keygroups_shipped_as_an_archive(tmp_path):
+def test_the_streaming_job_script_runs_with_keygroups_shipped_as_an_archive(tmp_path, shipped_environment):
     """The page's second way: a virtualenv holding the keygroups wheel (built from this checkout) and its
     dependencies, packed as a .tar.gz and given to ``--archives``; the executors run ``./environment/bin/python``
-    from it, a Python that has no other way to import keygroups."""
-    root = pathlib.Path(__file__).parents[1]
-    wheels = tmp_path / "wheels"
-    isolation = [] if importlib.util.find_spec("scikit_build_core") is None else ["--no-build-isolation"]
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", *isolation,
-                    "-w", str(wheels), str(root)], cwd=root, check=True, timeout=1200)
-    env_dir = tmp_path / "env"
-    subprocess.run([sys.executable, "-m", "venv", "--copies", str(env_dir)], check=True, timeout=300)
-    [wheel] = wheels.glob("keygroups-*.whl")
-    subprocess.run([str(env_dir / "bin" / "python"), "-m", "pip", "install", "-q", str(wheel), "pandas>=2.2,<3"],
-                   check=True, timeout=1200)
-    archive = tmp_path / "environment.tar.gz"
-    with tarfile.open(archive, "w:gz", compresslevel=1) as tar:   # entries relative to the environment's root
-        for entry in sorted(env_dir.iterdir()):
-            tar.add(entry, arcname=entry.name)
-    sessions = _spark_submit(tmp_path, "--archives", f"{archive}#environment",
+    from it, a Python that has no other way to import keygroups. (The fixture builds it: see
+    tests/background.py, which starts the build in the background when collection ends.)"""
+    sessions = _spark_submit(tmp_path, "--archives", f"{shipped_environment}#environment",
                              "--conf", "spark.pyspark.python=./environment/bin/python")
     assert sessions == SESSIONS_ENDED

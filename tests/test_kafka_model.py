@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from kafka_broker import persistent_broker, produce
+from kafka_broker import new_producer, persistent_broker, produce
 from keygroups.checkpoint import CheckpointStorage
 from keygroups.runtime.functions import KeyedProcessFunction
 from keygroups.serializers import Int64Serializer
@@ -92,6 +92,7 @@ def test_random_produce_batch_die_and_kill_sequences_apply_every_record_once(bro
     local = str(tmp_path / "local")
     produced: list[int] = []
     outputs: Counter[int] = Counter()
+    producer = None   # one per example and broker process (a new producer's first flush waits half a second)
 
     def batch(parallelism: int, max_records: int | None, at: Any = None) -> None:
         _, table, _ = run_batch(location, source, CountPerUser(), parallelism, max_records, backend=backend,
@@ -102,7 +103,9 @@ def test_random_produce_batch_die_and_kill_sequences_apply_every_record_once(bro
         if op[0] == "produce":
             _, partition, n = op
             ids = list(range(len(produced), len(produced) + n))
-            produce(broker, topic, {partition: [record(i) for i in ids]})
+            if producer is None:
+                producer = new_producer(broker)
+            produce(broker, topic, {partition: [record(i) for i in ids]}, producer=producer)
             produced += ids
         elif op[0] == "batch":
             batch(op[1], op[2])
@@ -114,6 +117,7 @@ def test_random_produce_batch_die_and_kill_sequences_apply_every_record_once(bro
                 batch(op[1], None, at=die)
         else:
             _, parallelism, nth = op
+            producer = None   # not left reconnecting to the killed broker
             add, seen = kafka_module._Fetched.add, []
 
             def add_then_kill(fetched: Any, *args: Any) -> None:
