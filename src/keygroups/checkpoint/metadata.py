@@ -410,13 +410,36 @@ class KeyedStateHandle:
                                  f"not a delta block of {self.key_group_range} that changes an earlier block (full: "
                                  f"{self.full_key_groups}, fresh: {self.fresh_key_groups})")
 
+    def block_sizes(self) -> Any:
+        """The size of each block, in key-group order: a read-only int64 array, worked out once per handle (chain
+        checks and plans read it for every handle of a checkpoint, every batch)."""
+        sizes = self.__dict__.get("_sizes")
+        if sizes is None:
+            sizes = np.diff(np.asarray(self.offsets, dtype=np.int64))
+            sizes.flags.writeable = False
+            self.__dict__["_sizes"] = sizes
+        return sizes
+
+    def checksum_array(self) -> Any:
+        """:attr:`checksums` as a read-only int64 array (:data:`NOT_RECORDED` where not recorded), worked out once
+        per handle; None when the handle records none (a format before 4)."""
+        if self.checksums is None:
+            return None
+        found = self.__dict__.get("_checksum_array")
+        if found is None:
+            found = np.asarray(self.checksums, dtype=np.int64)
+            found.flags.writeable = False
+            self.__dict__["_checksum_array"] = found
+        return found
+
     def _quiet_blocks(self) -> Any:
         """A bool per key group of the range: whether its block is quiet (an empty delta: nothing changed there)."""
         return _quiet(np.diff(np.asarray(self.offsets, dtype=np.int64)), self.key_group_range, self.full_key_groups)
 
     def __setattr__(self, name: str, value: Any) -> None:
         self.__dict__.pop("_encoded", None)   # a field changed (a writer naming predecessors): encode it again
-        self.__dict__.pop("_changed", None)
+        for derived in ("_changed", "_sizes", "_checksum_array"):
+            self.__dict__.pop(derived, None)
         super().__setattr__(name, value)
 
     @functools.cached_property
@@ -480,7 +503,7 @@ class KeyedStateHandle:
             full = np.zeros(len(r), dtype=bool)
             for f in self.full_key_groups:
                 full[f.start - r.start:f.end - r.start + 1] = True
-            nonempty = np.diff(np.asarray(self.offsets, dtype=np.int64)) > EMPTY_BLOCK_SIZE
+            nonempty = self.block_sizes() > EMPTY_BLOCK_SIZE
             cached = self.__dict__["_changed"] = ((np.flatnonzero(full) + r.start).tolist(),
                                                   (np.flatnonzero(nonempty & ~full) + r.start).tolist())
         return cached
