@@ -484,7 +484,7 @@ class KeyedStateHandle:
     def block_size(self, key_group: int) -> int:
         """Bytes of ``key_group``'s block (which must lie in ``key_group_range``)."""
         i = key_group - self.key_group_range.start
-        if key_group not in self.key_group_range:
+        if not (type(key_group) is int and 0 <= i < len(self.offsets) - 1) and key_group not in self.key_group_range:
             raise ValueError(f"key group {key_group} is outside this handle's {self.key_group_range}")
         return self.offsets[i + 1] - self.offsets[i]
 
