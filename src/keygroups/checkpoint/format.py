@@ -248,6 +248,10 @@ class KeyedSnapshotWriter:
     ``default_full`` is False (a delta file's untouched key groups are empty deltas: nothing changed) or, given as
     a collection of key groups, full for those only. The stream is not closed.
 
+    The empty blocks of a run of untouched key groups are encoded in one compiled call (``encode_empty_blocks``,
+    the same bytes as a block each), and the links blocks name are kept as arrays: a delta file of a large range
+    costs its few changed key groups plus a few microseconds per untouched one.
+
     ``file_id`` (16 bytes; random by default) is the file's id, which every block's checksum covers: the handle
     names it (:attr:`file_id`, :attr:`checksums`, :attr:`predecessors` give what it records). ``predecessors`` maps
     a key group to the block its delta continues: the empty delta block of a key group never written names it

@@ -6,6 +6,10 @@ not the expected JSON shape) is a :class:`~keygroups.errors.CorruptSnapshotError
 
 Handles are dataclasses validated once, when built (``__post_init__``): a handle read from JSON with
 ``from_json`` is either valid or a CorruptSnapshotError naming the bad field, so no reader checks fields again.
+:func:`decode_metadata` builds each keyed handle once per process: a handle stored alike in a later ``_metadata``
+(an incremental checkpoint carries nearly all of its handles from the one before) is the same object, with what was
+worked out from it (its changed key groups, block sizes, checksums as arrays), so what a reader of each batch's
+restore point pays follows the handles that are new, not the files a chain carries times their key groups.
 
 Paths: in memory, every file a checkpoint references (``KeyedStateHandle.file``, ``OperatorStateHandle.file``,
 ``outputs`` and ``inputs``) is relative to the storage location, e.g. ``"shared/keyed-0-17-<uuid>"`` or
