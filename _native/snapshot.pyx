@@ -673,6 +673,49 @@ def parse_block_offsets(object buffer, uint32_t expected_key_group, uint32_t n_s
     return flags, puts, deletes
 
 
+def encode_empty_blocks(uint32_t first_key_group, bint full, const int64_t[::1] pred_checkpoints,
+                        const int64_t[::1] pred_checksums, uint32_t file_seed=0):
+    """The empty blocks (format 4, no sections) of ``len(pred_checkpoints)`` consecutive key groups from
+    ``first_key_group``, back to back, as bytes of :data:`BLOCK_OVERHEAD` each, and the checksum each stores (a
+    uint32 array): one call for a file's untouched key groups, not one :func:`encode_block` each. ``full`` makes
+    them full blocks (whose ``pred_checkpoints`` must all be -1), else empty deltas; delta ``i`` is linked to
+    ``(pred_checkpoints[i], pred_checksums[i])`` where ``pred_checkpoints[i] >= 0``, and names nothing where it is
+    -1 (its checksum then 0). The bytes equal those of :func:`encode_block` for each key group.
+    ValueError/TypeError on bad input."""
+    cdef Py_ssize_t n = pred_checkpoints.shape[0], i
+    cdef int64_t cp, ck
+    if pred_checksums.shape[0] != n:
+        raise ValueError(f"pred_checkpoints and pred_checksums must be equally long, got {n} and "
+                         f"{pred_checksums.shape[0]}")
+    if <uint64_t>first_key_group + <uint64_t>n > KG_UPPER_BOUND_MAX_PARALLELISM:
+        raise ValueError(f"key groups [{first_key_group}, {<uint64_t>first_key_group + n}) past Flink's "
+                         f"{KG_UPPER_BOUND_MAX_PARALLELISM}")
+    for i in range(n):
+        cp = pred_checkpoints[i]
+        ck = pred_checksums[i]
+        if cp < -1 or (cp == -1 and ck != 0) or ck < 0 or ck > <int64_t>U32_MAX or (full and cp != -1):
+            raise ValueError(f"the predecessor of key group {first_key_group + i} must be (checkpoint id >= 0, u32 "
+                             f"checksum), or (-1, 0) for none (a full block names none), got ({cp}, {ck})")
+    checksums = np.empty(n, dtype=np.uint32)
+    cdef uint32_t[::1] out_checksums = checksums
+    cdef Writer w
+    cdef bytes out = w_init_bytes(&w, BLOCK_MIN * n)
+    cdef object view = memoryview(out)
+    cdef uint32_t crc
+    for i in range(n):
+        cp = pred_checkpoints[i]
+        w_u32(&w, first_key_group + <uint32_t>i)
+        w_u32(&w, FLAG_FULL if full else (FLAG_LINKED if cp >= 0 else 0))
+        w_u64(&w, <uint64_t>cp if cp >= 0 else 0)
+        w_u32(&w, <uint32_t>pred_checksums[i])
+        w_u32(&w, 0)
+        crc = <uint32_t>_crc32c(view[BLOCK_MIN * i:BLOCK_MIN * (i + 1) - 4], file_seed)
+        w_u32(&w, crc)
+        out_checksums[i] = crc
+    w_finish_bytes(&w)
+    return out, checksums
+
+
 def encode_header(uint32_t first_key_group, uint32_t key_group_count, bytes meta):
     """The file header (magic, version :data:`FORMAT_VERSION`, range, meta JSON, CRC32C) as bytes."""
     cdef Py_ssize_t ln = PyBytes_GET_SIZE(meta)

@@ -6,6 +6,10 @@ not the expected JSON shape) is a :class:`~keygroups.errors.CorruptSnapshotError
 
 Handles are dataclasses validated once, when built (``__post_init__``): a handle read from JSON with
 ``from_json`` is either valid or a CorruptSnapshotError naming the bad field, so no reader checks fields again.
+:func:`decode_metadata` builds each keyed handle once per process: a handle stored alike in a later ``_metadata``
+(an incremental checkpoint carries nearly all of its handles from the one before) is the same object, with what was
+worked out from it (its changed key groups, block sizes, checksums as arrays), so what a reader of each batch's
+restore point pays follows the handles that are new, not the files a chain carries times their key groups.
 
 Paths: in memory, every file a checkpoint references (``KeyedStateHandle.file``, ``OperatorStateHandle.file``,
 ``outputs`` and ``inputs``) is relative to the storage location, e.g. ``"shared/keyed-0-17-<uuid>"`` or
@@ -57,11 +61,13 @@ from __future__ import annotations
 import base64
 import binascii
 import bisect
+import collections
 import enum
 import functools
 import json
 import re
 import struct
+import threading
 import zlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -408,12 +414,36 @@ class KeyedStateHandle:
                                  f"not a delta block of {self.key_group_range} that changes an earlier block (full: "
                                  f"{self.full_key_groups}, fresh: {self.fresh_key_groups})")
 
+    def block_sizes(self) -> Any:
+        """The size of each block, in key-group order: a read-only int64 array, worked out once per handle (chain
+        checks and plans read it for every handle of a checkpoint, every batch)."""
+        sizes = self.__dict__.get("_sizes")
+        if sizes is None:
+            sizes = np.diff(np.asarray(self.offsets, dtype=np.int64))
+            sizes.flags.writeable = False
+            self.__dict__["_sizes"] = sizes
+        return sizes
+
+    def checksum_array(self) -> Any:
+        """:attr:`checksums` as a read-only int64 array (:data:`NOT_RECORDED` where not recorded), worked out once
+        per handle; None when the handle records none (a format before 4)."""
+        if self.checksums is None:
+            return None
+        found = self.__dict__.get("_checksum_array")
+        if found is None:
+            found = np.asarray(self.checksums, dtype=np.int64)
+            found.flags.writeable = False
+            self.__dict__["_checksum_array"] = found
+        return found
+
     def _quiet_blocks(self) -> Any:
         """A bool per key group of the range: whether its block is quiet (an empty delta: nothing changed there)."""
         return _quiet(np.diff(np.asarray(self.offsets, dtype=np.int64)), self.key_group_range, self.full_key_groups)
 
     def __setattr__(self, name: str, value: Any) -> None:
         self.__dict__.pop("_encoded", None)   # a field changed (a writer naming predecessors): encode it again
+        for derived in ("_changed", "_sizes", "_checksum_array"):
+            self.__dict__.pop(derived, None)
         super().__setattr__(name, value)
 
     @functools.cached_property
@@ -458,7 +488,7 @@ class KeyedStateHandle:
     def block_size(self, key_group: int) -> int:
         """Bytes of ``key_group``'s block (which must lie in ``key_group_range``)."""
         i = key_group - self.key_group_range.start
-        if key_group not in self.key_group_range:
+        if not (type(key_group) is int and 0 <= i < len(self.offsets) - 1) and key_group not in self.key_group_range:
             raise ValueError(f"key group {key_group} is outside this handle's {self.key_group_range}")
         return self.offsets[i + 1] - self.offsets[i]
 
@@ -473,16 +503,13 @@ class KeyedStateHandle:
         chains from them, over every handle of the checkpoint."""
         cached = self.__dict__.get("_changed")
         if cached is None:
-            full: list[int] = []
-            deltas: list[int] = []
-            start, offsets = self.key_group_range.start, self.offsets
-            for i in range(len(self.key_group_range)):
-                kg = start + i
-                if self.is_full(kg):
-                    full.append(kg)
-                elif offsets[i + 1] - offsets[i] > EMPTY_BLOCK_SIZE:
-                    deltas.append(kg)
-            cached = self.__dict__["_changed"] = (full, deltas)
+            r = self.key_group_range
+            full = np.zeros(len(r), dtype=bool)
+            for f in self.full_key_groups:
+                full[f.start - r.start:f.end - r.start + 1] = True
+            nonempty = self.block_sizes() > EMPTY_BLOCK_SIZE
+            cached = self.__dict__["_changed"] = ((np.flatnonzero(full) + r.start).tolist(),
+                                                  (np.flatnonzero(nonempty & ~full) + r.start).tolist())
         return cached
 
     def byte_range(self, key_groups: KeyGroupRange) -> tuple[int, int]:
@@ -1069,6 +1096,39 @@ def encode_metadata(metadata: CheckpointMetadata, base: str) -> bytes:
     return head + struct.pack("<I", crc32c(head))
 
 
+#: Keyed handles decoded lately, by their JSON as stored (with the file's path resolved) and the ``_metadata``
+#: version: an incremental checkpoint carries nearly all of its handles from the one before, stored alike once carried,
+#: so a reader of each batch's ``_metadata`` (every task, every batch) decodes and validates only the handles it has not
+#: seen, and keeps what it works out per handle (its changed key groups, its chains' inputs) across batches: at max
+#: parallelism 4096 and 100 carried files, hundreds of ms a task. Bounded by the key groups the handles cover (their
+#: per key group arrays are the memory), least recently used first out. A handle is never changed once a checkpoint
+#: holds it, so one object serves every checkpoint that lists it (as the driver's carried handles already do).
+_HANDLES: collections.OrderedDict[tuple[int, str], KeyedStateHandle] = collections.OrderedDict()
+_HANDLES_LOCK = threading.Lock()
+_HANDLES_KEY_GROUPS = [0]
+HANDLE_CACHE_KEY_GROUPS = 1 << 20
+
+
+def _decoded_keyed_handle(d: dict[str, Any], version: int) -> KeyedStateHandle:
+    """The handle of ``d`` (a keyed handle's JSON as a ``_metadata`` of ``version`` stores it, its file's path
+    resolved): decoded and validated once (:data:`_HANDLES`), the same object after."""
+    key = (version, _json_text(d))
+    with _HANDLES_LOCK:
+        found = _HANDLES.get(key)
+        if found is not None:
+            _HANDLES.move_to_end(key)
+            return found
+    handle = KeyedStateHandle.from_json(_expand_keyed(d) if version >= _COMPACT_VERSION else d)
+    with _HANDLES_LOCK:
+        if key not in _HANDLES:
+            _HANDLES[key] = handle
+            _HANDLES_KEY_GROUPS[0] += len(handle.key_group_range) + 1
+            while _HANDLES_KEY_GROUPS[0] > HANDLE_CACHE_KEY_GROUPS and len(_HANDLES) > 1:
+                _, old = _HANDLES.popitem(last=False)
+                _HANDLES_KEY_GROUPS[0] -= len(old.key_group_range) + 1
+    return handle
+
+
 def decode_metadata(data: bytes, base: str, where: str) -> CheckpointMetadata:
     """:class:`CheckpointMetadata` from ``_metadata`` bytes read from directory ``base``; ``where`` names the file in
     errors. CorruptSnapshotError on anything but a well-formed, checksummed, known-version file."""
@@ -1093,14 +1153,12 @@ def decode_metadata(data: bytes, base: str, where: str) -> CheckpointMetadata:
         keyed = []
         for h in body["keyed_handles"]:
             h = dict(h, file=_keyed_file(h["file"], base, version))
-            if version >= _COMPACT_VERSION:
-                h = _expand_keyed(h)
             if version < _SHARED_VERSION:   # every file of format 1, full, written by this checkpoint
                 start, end = h["key_group_range"]
                 h.setdefault("checkpoint_id", body["checkpoint_id"])
                 h.setdefault("format_version", 1)
                 h.setdefault("full_key_groups", [[start, end]] if end >= start else [])
-            keyed.append(KeyedStateHandle.from_json(h))
+            keyed.append(_decoded_keyed_handle(h, version))
         operator = [OperatorStateHandle.from_json(dict(h, file=f"{base}/{check_relpath(h['file'])}"))
                     for h in body["operator_handles"]]
         properties = body["properties"]

@@ -349,7 +349,7 @@ def chain_breaks(handles: Sequence[KeyedStateHandle], key_groups: Sequence[KeyGr
                 fp = f.intersection(part)
                 if fp:
                     full[fp.start - part.start:fp.end - part.start + 1] = True
-            nonempty = np.diff(np.asarray(h.offsets[ha:hb + 1], dtype=np.int64)) > EMPTY_BLOCK_SIZE
+            nonempty = h.block_sizes()[ha:hb] > EMPTY_BLOCK_SIZE
             links = h.predecessors
             if h.format_version >= CHAINED_FORMAT_VERSION:
                 if isinstance(links, BlockLinks):
@@ -369,7 +369,7 @@ def chain_breaks(handles: Sequence[KeyedStateHandle], key_groups: Sequence[KeyGr
             moves = active & (full | nonempty)   # a full block starts the chain, a non-empty delta continues it
             tip_checkpoint[a:b][moves] = h.checkpoint_id
             tip_handle[a:b][moves] = i
-            checksums = (np.asarray(h.checksums[ha:hb], dtype=np.int64) if h.checksums is not None
+            checksums = (h.checksum_array()[ha:hb] if h.checksums is not None
                          else np.full(hb - ha, -1, dtype=np.int64))
             tip_checksum[a:b][moves] = checksums[moves]
     out.sort(key=lambda br: (br.key_group, br.delta.checkpoint_id))
@@ -588,7 +588,7 @@ class _ChainIndex:
                 fp = f.intersection(part)
                 if fp:
                     full[fp.start - a:fp.end - a + 1] = True
-            nonempty = np.diff(np.asarray(h.offsets[ha:hb + 1], dtype=np.int64)) > EMPTY_BLOCK_SIZE
+            nonempty = h.block_sizes()[ha:hb] > EMPTY_BLOCK_SIZE
             started = tip_checkpoint[a:b] >= 0
             fresh = np.zeros(b - a, dtype=bool)
             if h.fresh_key_groups is None:
@@ -616,7 +616,7 @@ class _ChainIndex:
                                              BlockLink(int(names[j]), int(named_checksum[j])) if names[j] >= 0
                                              else None))
             moves = full | nonempty
-            checksums = (np.asarray(h.checksums[ha:hb], dtype=np.int64) if h.checksums is not None
+            checksums = (h.checksum_array()[ha:hb] if h.checksums is not None
                          else np.full(b - a, -1, dtype=np.int64))
             tip_checkpoint[a:b][moves] = h.checkpoint_id
             tip_checksum[a:b][moves] = checksums[moves]
