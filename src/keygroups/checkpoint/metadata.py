@@ -442,7 +442,7 @@ class KeyedStateHandle:
 
     def __setattr__(self, name: str, value: Any) -> None:
         self.__dict__.pop("_encoded", None)   # a field changed (a writer naming predecessors): encode it again
-        for derived in ("_changed", "_sizes", "_checksum_array"):
+        for derived in ("_changed", "_sizes", "_checksum_array", "_states_checked"):
             self.__dict__.pop(derived, None)
         super().__setattr__(name, value)
 

@@ -99,11 +99,15 @@ def check_state_metas(metadata: Any) -> None:
     """``CorruptSnapshotError`` naming the file and the state unless every state meta of ``metadata``'s keyed
     handles is well formed (:func:`check_state_meta`): what a restore and a reader check before using any."""
     for handle in metadata.keyed_handles:
+        # a handle decoded once per process is checked once: every later restore point carries the same object
+        if handle.__dict__.get("_states_checked"):
+            continue
         for meta in handle.states:
             try:
                 check_state_meta(meta)
             except ValueError as e:
                 raise CorruptSnapshotError(f"the state meta in the handle of {handle.file!r}: {e}") from None
+        handle.__dict__["_states_checked"] = True
 
 
 __all__ = ["ROLES", "check_state_meta", "check_state_metas"]
