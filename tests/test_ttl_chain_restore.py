@@ -1,18 +1,18 @@
 """A chain (full block, then deltas) of TTL state restored on every path gives "apply every block in order, then drop
-what expired at restore time": an expired later write shadows an older live write of the same key, never lets it come
-back.
+what expired at restore time": an expired newer write of a key shadows an older live write of it, never lets it
+come back (Flink's restore with ``cleanupFullSnapshot`` drops what expired, after the chain is applied).
 
-TTL stamps need not grow along a chain: the processing-time clock may step back (another host's skewed clock, a
-clock set back), and an event-time entry written before the first watermark is stamped ``EVENT_TIME_NOT_STARTED``
-(later than any watermark) while the same key written later is stamped with the watermark. So a key's older block
-can hold a value that outlives the newer block's value; a restore that drops the newer expired value and then keeps
-the older row brings back a value the job overwrote.
+TTL stamps need not grow along a chain, so a key's older block can hold a value that outlives the newer block's:
+the processing-time clock may step back (a clock set back, the next batch on a host whose clock is behind), and an
+event-time entry written before the first watermark is stamped ``EVENT_TIME_NOT_STARTED`` (later than any
+watermark) while the same key written once there is a watermark is stamped with it; no clock moves back for that.
 
-Paths: RocksDB's compiled restore (``SstRestore``), its row-by-row restore of migrating states (values read and
-re-written in Python: a stored Int32 value state registered as Int64), the migration at registration of a state
-restored unregistered, a restore across a max-parallelism change, a heap backend's lazy and eager restores and the
-full snapshot a restored backend writes, and the warm paths: a kept heap backend resuming and a kept RocksDB
-database catching up on blocks another backend wrote.
+Paths: RocksDB's compiled restore (``SstRestore``, states registered before or after), its row-by-row restore of
+migrating states (registered before the restore with new serializers: the chain's Int32 values are read and
+re-written as Int64 in Python), the migration at registration of a state restored unregistered, restores across a
+max-parallelism change, the heap backend's lazy and eager restores, the full snapshot a restored backend writes
+(its merge drops what expired), and the warm paths: a kept heap backend resuming and a kept RocksDB database
+catching up on blocks another backend wrote.
 """
 
 from __future__ import annotations
@@ -21,10 +21,11 @@ import contextlib
 import os
 import tempfile
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from keygroups import key_group_range
@@ -36,15 +37,18 @@ from keygroups.state import (
     MapStateDescriptor,
     RocksDBKeyedStateBackend,
     StateTtlConfig,
+    TtlTimeCharacteristic,
     ValueStateDescriptor,
 )
 from keygroups.state import rocksdb as rocksdb_module
+from keygroups.state.timers import NO_WATERMARK
 from keygroups.state.warm import WarmResume
 
 MAXP = 8
 TTL_S = 10
 STORED = Int32Serializer      # the values' serializer the chain is written with
 MIGRATED = Int64Serializer    # registered on restore: the stored bytes migrate (read as Int32, written as Int64)
+KEYS = range(3)
 
 
 class Clock:
@@ -55,8 +59,11 @@ class Clock:
         return self.now
 
 
-def descriptors(value_serializer: Callable[[], Any]) -> dict[str, Any]:
-    config = StateTtlConfig.new_builder(TTL_S).cleanup_full_snapshot().build()
+def descriptors(value_serializer: Callable[[], Any], event_time: bool) -> dict[str, Any]:
+    builder = StateTtlConfig.new_builder(TTL_S).cleanup_full_snapshot()
+    if event_time:
+        builder.set_ttl_time_characteristic(TtlTimeCharacteristic.EventTime)
+    config = builder.build()
     out = {"value": ValueStateDescriptor("value", value_serializer()),
            "list": ListStateDescriptor("list", value_serializer()),
            "map": MapStateDescriptor("map", Int64Serializer(), value_serializer())}
@@ -65,18 +72,18 @@ def descriptors(value_serializer: Callable[[], Any]) -> dict[str, Any]:
     return out
 
 
-def register(b: Any, value_serializer: Callable[[], Any]) -> dict[str, Any]:
-    return {name: b.get_state(d) for name, d in descriptors(value_serializer).items()}
+def register(b: Any, value_serializer: Callable[[], Any], event_time: bool = False) -> dict[str, Any]:
+    return {name: b.get_state(d) for name, d in descriptors(value_serializer, event_time).items()}
 
 
 def heap(clock: Clock, maxp: int = MAXP, **kw: Any) -> HeapKeyedStateBackend:
-    return HeapKeyedStateBackend(key_group_range(maxp, 1, 0), maxp, Int64Serializer(), clock=clock, max_chain=1000,
-                                 **kw)
+    return HeapKeyedStateBackend(key_group_range(maxp, 1, 0), maxp, Int64Serializer(), clock=clock,
+                                 **{"max_chain": 1000, **kw})
 
 
 def rocks(clock: Clock, maxp: int = MAXP, **kw: Any) -> RocksDBKeyedStateBackend:
     return RocksDBKeyedStateBackend(key_group_range(maxp, 1, 0), maxp, Int64Serializer(), clock=clock,
-                                    max_chain=1000, **kw)
+                                    **{"max_chain": 1000, **kw})
 
 
 def checkpoint(b: Any, storage: CheckpointStorage, checkpoint_id: int) -> CheckpointMetadata:
@@ -89,7 +96,7 @@ def checkpoint(b: Any, storage: CheckpointStorage, checkpoint_id: int) -> Checkp
     return storage.load(checkpoint_id)
 
 
-def read(states: dict[str, Any], b: Any, keys: range) -> dict[int, tuple[Any, list[Any], dict[Any, Any]]]:
+def read(states: dict[str, Any], b: Any, keys: range = KEYS) -> dict[int, tuple[Any, list[Any], dict[Any, Any]]]:
     out = {}
     for k in keys:
         b.set_current_key(k)
@@ -99,88 +106,105 @@ def read(states: dict[str, Any], b: Any, keys: range) -> dict[int, tuple[Any, li
     return out
 
 
-# ---- the restore paths: each gives a backend restored from ``metadata`` at ``now``, and its registered states ----
+# ---- the cold restore paths: each yields a backend restored at ``now`` and its registered states ----------------
+@dataclass(frozen=True)
+class Restore:
+    storage: CheckpointStorage
+    metadata: CheckpointMetadata
+    now: float              # seconds: the clock, and (event time) the watermark
+    event_time: bool
+    tmp: str
+
+    def backend(self, make: Callable[..., Any], **kw: Any) -> Any:
+        b = make(Clock(self.now), **kw)
+        if self.event_time:
+            b.watermark = round(self.now * 1000)
+        return b
+
+    def register(self, b: Any, value_serializer: Callable[[], Any]) -> dict[str, Any]:
+        return register(b, value_serializer, self.event_time)
+
+
 Restored = Iterator[tuple[Any, dict[str, Any]]]
 
 
 @contextlib.contextmanager
-def rocks_compiled(storage: CheckpointStorage, metadata: CheckpointMetadata, now: float, _: str) -> Restored:
+def rocks_compiled(r: Restore) -> Restored:
     """Registered before the restore with the stored serializers: SstRestore merges the chain, drops what expired."""
-    with rocks(Clock(now)) as b:
-        states = register(b, STORED)
-        b.restore(storage, metadata)
+    with r.backend(rocks) as b:
+        states = r.register(b, STORED)
+        b.restore(r.storage, r.metadata)
         yield b, states
 
 
 @contextlib.contextmanager
-def rocks_compiled_unregistered(storage, metadata, now, _) -> Restored:
-    with rocks(Clock(now)) as b:
-        b.restore(storage, metadata)
-        yield b, register(b, STORED)
+def rocks_compiled_unregistered(r: Restore) -> Restored:
+    with r.backend(rocks) as b:
+        b.restore(r.storage, r.metadata)
+        yield b, r.register(b, STORED)
 
 
 @contextlib.contextmanager
-def rocks_migrating_rows(storage, metadata, now, _) -> Restored:
+def rocks_migrating_rows(r: Restore) -> Restored:
     """Registered before the restore with new serializers: the blocks are applied row by row, migrated in Python."""
-    with rocks(Clock(now)) as b:
-        states = register(b, MIGRATED)
-        b.restore(storage, metadata)
-        assert not b._gathered   # the row path, not the compiled restore
+    with r.backend(rocks) as b:
+        states = r.register(b, MIGRATED)
+        b.restore(r.storage, r.metadata)
         yield b, states
 
 
 @contextlib.contextmanager
-def rocks_migrated_on_registration(storage, metadata, now, _) -> Restored:
-    with rocks(Clock(now)) as b:
-        b.restore(storage, metadata)
-        yield b, register(b, MIGRATED)
+def rocks_migrated_on_registration(r: Restore) -> Restored:
+    with r.backend(rocks) as b:
+        b.restore(r.storage, r.metadata)
+        yield b, r.register(b, MIGRATED)
 
 
 @contextlib.contextmanager
-def rocks_rekeyed(storage, metadata, now, _) -> Restored:
-    """Another max parallelism: each old key group's chain is merged, then re-keyed (row by row: migrating)."""
-    with rocks(Clock(now), maxp=2 * MAXP) as b:
-        states = register(b, MIGRATED)
-        b.restore(storage, metadata)
+def rocks_rekeyed(r: Restore) -> Restored:
+    """Another max parallelism: each old key group's chain merged, then re-keyed (applied row by row: migrating)."""
+    with r.backend(rocks, maxp=2 * MAXP) as b:
+        states = r.register(b, MIGRATED)
+        b.restore(r.storage, r.metadata)
         yield b, states
 
 
 @contextlib.contextmanager
-def heap_lazy_migrating(storage, metadata, now, _) -> Restored:
-    with heap(Clock(now)) as b:
-        states = register(b, MIGRATED)
-        b.restore(storage, metadata)
+def heap_lazy_migrating(r: Restore) -> Restored:
+    with r.backend(heap) as b:
+        states = r.register(b, MIGRATED)
+        b.restore(r.storage, r.metadata)
         yield b, states
 
 
 @contextlib.contextmanager
-def heap_eager(storage, metadata, now, _) -> Restored:
-    with heap(Clock(now)) as b:
-        states = register(b, STORED)
-        b.restore(storage, metadata, lazy=False)
+def heap_eager(r: Restore) -> Restored:
+    with r.backend(heap) as b:
+        states = r.register(b, STORED)
+        b.restore(r.storage, r.metadata, lazy=False)
         yield b, states
 
 
 @contextlib.contextmanager
-def heap_rekeyed(storage, metadata, now, _) -> Restored:
-    with heap(Clock(now), maxp=2 * MAXP) as b:
-        states = register(b, STORED)
-        b.restore(storage, metadata)
+def heap_rekeyed(r: Restore) -> Restored:
+    with r.backend(heap, maxp=2 * MAXP) as b:
+        states = r.register(b, STORED)
+        b.restore(r.storage, r.metadata)
         yield b, states
 
 
-def _snapshot_of_restored(make: Callable[..., Any], serializer: Callable[[], Any]):
+def _snapshot_of_restored(make: Callable[..., Any], serializer: Callable[[], Any]) -> Callable[[Restore], Any]:
     @contextlib.contextmanager
-    def path(storage, metadata, now, tmp) -> Restored:
+    def path(r: Restore) -> Restored:
         """A backend restored (nothing read) writes a full snapshot (its merge drops what expired), read back."""
-        again = CheckpointStorage(os.path.join(tmp, f"again-{make.__name__}-{serializer.__name__}-{now}"))
-        with make(Clock(now), incremental=False) as b:
-            register(b, serializer)
-            b.restore(storage, metadata)
-            written = checkpoint(b, again, metadata.checkpoint_id + 1)
-        with heap(Clock(now)) as b:
+        again = CheckpointStorage(tempfile.mkdtemp(prefix="again-", dir=r.tmp))
+        with r.backend(make, incremental=False) as b:
+            r.register(b, serializer)
+            b.restore(r.storage, r.metadata)
+            written = checkpoint(b, again, r.metadata.checkpoint_id + 1)
+        with r.backend(heap) as b:
             b.restore(again, written)
-            yield b, register(b, MIGRATED)
+            yield b, r.register(b, MIGRATED)
     path.__name__ = f"{make.__name__}_full_snapshot_of_restored_{serializer.__name__}"
     return path
 
@@ -192,19 +216,32 @@ COLD_PATHS = [rocks_compiled, rocks_compiled_unregistered, rocks_migrating_rows,
 
 
 # ---- one chain where a key's newer write expires before its older one -------------------------------------------
-def older_outlives_newer(b: Any, clock: Clock, storage: CheckpointStorage, first_id: int = 1) -> CheckpointMetadata:
-    """Key 1 written at t = 20 s (checkpoint first_id, full), then at t = 5 s, the clock having stepped back
-    (checkpoint first_id + 1, a delta: still live at 5 s). At 20 s the newer write expired, the older did not."""
-    s = register(b, STORED)
-    clock.now = 20.0
+def older_outlives_newer(b: Any, storage: CheckpointStorage, event_time: bool, first_id: int = 1,
+                         then: Any = None) -> CheckpointMetadata:
+    """Key 1 written first (checkpoint ``first_id``), then again (checkpoint ``first_id + 1``, a delta; by ``then``,
+    restored from the first checkpoint, if given): processing time at t = 20 s, then at t = 5 s (the clock stepped
+    back); event time before the first watermark (stamped "not started"), then at watermark 5 s. At 20 s the newer
+    values expired (5 + 10 <= 20), the older did not. Key 2, written once with key 1's first values, lives on."""
+    if event_time:
+        b.watermark = NO_WATERMARK
+    else:
+        b.clock.now = 20.0
+    s = register(b, STORED, event_time)
     b.set_current_key(1)
     s["value"].update(1)
     s["list"].add(1)
     s["map"].put(1, 1)
-    b.set_current_key(2)   # a key written once, still live at 20 s
+    b.set_current_key(2)
     s["value"].update(7)
-    checkpoint(b, storage, first_id)
-    clock.now = 5.0
+    first = checkpoint(b, storage, first_id)
+    if then is not None:
+        b = then
+        b.restore(storage, first)
+        s = register(b, STORED, event_time)
+    if event_time:
+        b.watermark = 5000
+    else:
+        b.clock.now = 5.0
     b.set_current_key(1)
     s["value"].update(2)
     s["list"].clear()
@@ -213,82 +250,186 @@ def older_outlives_newer(b: Any, clock: Clock, storage: CheckpointStorage, first
     return checkpoint(b, storage, first_id + 1)
 
 
-EXPECTED_AT_20 = {2: (7, [], {})}   # key 1's newest values (t = 5 s) expired at 20 s: nothing of key 1 remains
+AT_20 = {2: (7, [], {})}                          # key 1's newest values expired: nothing of key 1 remains
+AT_12 = {1: (2, [2], {1: 2}), 2: (7, [], {})}    # nothing expired yet
 
 
 @pytest.mark.parametrize("path", COLD_PATHS, ids=lambda p: p.__name__)
 @pytest.mark.parametrize("writer", [heap, rocks], ids=["heap writes", "rocksdb writes"])
-def test_an_expired_newer_write_is_not_replaced_by_an_older_live_one(tmp_path, path, writer):
+@pytest.mark.parametrize("event_time", [False, True], ids=["processing time", "event time"])
+def test_an_expired_newer_write_is_not_replaced_by_an_older_live_one(tmp_path, path, writer, event_time):
     storage = CheckpointStorage(str(tmp_path / "chk"))
-    clock = Clock()
-    with writer(clock) as b:
-        metadata = older_outlives_newer(b, clock, storage)
+    with writer(Clock()) as b:
+        metadata = older_outlives_newer(b, storage, event_time)
     newest = [h for h in metadata.keyed_handles if h.checkpoint_id == 2]
     assert newest and not any(h.is_full(kg) for h in newest for kg in range(MAXP))   # a chain: full, then a delta
-    with path(storage, metadata, 20.0, str(tmp_path)) as (restored, states):
-        assert read(states, restored, range(4)) == EXPECTED_AT_20
-    with path(storage, metadata, 12.0, str(tmp_path)) as (restored, states):   # nothing expired at 12 s
-        assert read(states, restored, range(4)) == {1: (2, [2], {1: 2}), 2: (7, [], {})}
+    for now, expected in ((20.0, AT_20), (12.0, AT_12)):
+        with path(Restore(storage, metadata, now, event_time, str(tmp_path))) as (restored, states):
+            assert read(states, restored) == expected, now
 
 
-def test_a_kept_heap_backend_resuming_drops_the_older_value_under_an_expired_newer_one(tmp_path):
-    """The kept backend holds key 1 from t = 20 s; another backend wrote it again at t = 5 s; resumed at 20 s."""
+@pytest.mark.parametrize("event_time", [False, True], ids=["processing time", "event time"])
+def test_a_kept_heap_backend_resuming_drops_the_older_value_under_an_expired_newer_one(tmp_path, event_time):
+    """The kept heap backend wrote the first checkpoint (and holds key 1 decoded); a RocksDB backend wrote the
+    second; the kept one resumes at 20 s."""
     storage = CheckpointStorage(str(tmp_path / "chk"))
-    clock = Clock()
-    kept = heap(clock)
-    try:
-        s = register(kept, STORED)
-        clock.now = 20.0
-        kept.set_current_key(1)
-        s["value"].update(1)
-        s["list"].add(1)
-        s["map"].put(1, 1)
-        s["value"].value()   # decoded, in memory
-        first = checkpoint(kept, storage, 1)
-        with rocks(clock) as other:
-            other.restore(storage, first)
-            o = register(other, STORED)
-            clock.now = 5.0
-            other.set_current_key(1)
-            o["value"].update(2)
-            o["list"].clear()
-            o["list"].add(2)
-            o["map"].put(1, 2)
-            second = checkpoint(other, storage, 2)
-        clock.now = 20.0
+    with heap(Clock()) as kept, rocks(Clock()) as other:
+        second = older_outlives_newer(kept, storage, event_time, then=other)
+        kept.clock.now = 20.0
+        if event_time:
+            kept.watermark = 20000
         assert kept.resume(storage, second) is not None
-        assert read(register(kept, STORED), kept, range(4)) == {}
-    finally:
-        kept.dispose()
+        assert read(register(kept, STORED, event_time), kept) == AT_20
 
 
 @pytest.mark.parametrize("serializer", [STORED, MIGRATED], ids=["as stored", "migrated on registration"])
-def test_a_kept_rocksdb_database_catching_up_drops_the_older_value_under_an_expired_newer_one(tmp_path, monkeypatch,
-                                                                                           serializer):
-    """The kept database holds key 1 from t = 20 s; a heap backend wrote it again at t = 5 s; caught up at 20 s."""
+@pytest.mark.parametrize("event_time", [False, True], ids=["processing time", "event time"])
+def test_a_kept_rocksdb_database_catching_up_drops_the_older_value_under_an_expired_newer_one(
+        tmp_path, monkeypatch, serializer, event_time):
+    """The kept database wrote the first checkpoint; a heap backend wrote the second; caught up at 20 s."""
     monkeypatch.setattr(rocksdb_module, "CATCH_UP_DELTA_FRACTION", float("inf"))
     storage = CheckpointStorage(str(tmp_path / "chk"))
     host = str(tmp_path / "host")
-    clock = Clock(20.0)
-    with rocks(clock, warm_dir=host) as kept:
-        s = register(kept, STORED)
-        kept.set_current_key(1)
-        s["value"].update(1)
-        s["list"].add(1)
-        s["map"].put(1, 1)
-        first = checkpoint(kept, storage, 1)
-    with heap(clock) as other:
-        other.restore(storage, first)
-        o = register(other, STORED)
-        clock.now = 5.0
-        other.set_current_key(1)
-        o["value"].update(2)
-        o["list"].clear()
-        o["list"].add(2)
-        o["map"].put(1, 2)
-        second = checkpoint(other, storage, 2)
-    clock.now = 20.0
-    with rocks(clock, warm_dir=host) as back:
+    with rocks(Clock(), warm_dir=host) as kept, heap(Clock()) as other:
+        second = older_outlives_newer(kept, storage, event_time, then=other)
+        kept.dispose()   # kept on disk, sealed at checkpoint 1
+    with rocks(Clock(20.0), warm_dir=host) as back:
+        if event_time:
+            back.watermark = 20000
         stats = back.restore(storage, second)
         assert isinstance(stats, WarmResume) and stats.caught_up
-        assert read(register(back, serializer), back, range(4)) == {}
+        assert read(register(back, serializer, event_time), back) == AT_20
+
+
+# ---- model: random writes across checkpoints, the clock stepping back, restored on every path --------------------
+TIMES = [0.0, 5.0, 20.0]   # seconds; in any order: the clock may step back
+
+write_op = st.tuples(st.just("write"), st.integers(KEYS.start, KEYS.stop - 1),
+                     st.sampled_from(["value", "value", "add", "replace", "put", "put", "remove", "clear value",
+                                      "clear list", "clear map"]),
+                     st.integers(-3, 3), st.integers(0, 2))
+#: batches as a job runs them: the clock (processing time, fixed per batch) set, some writes, a checkpoint
+batches = st.lists(st.tuples(st.sampled_from(TIMES), st.lists(write_op, max_size=6)), min_size=1, max_size=6)
+#: key 1 written at 20 s, checkpointed, written again at 5 s: at 20 s its newer value expired, its older did not
+STEPPED_BACK = [(20.0, [("write", 1, "value", 1, 0), ("write", 1, "add", 1, 0)]),
+                (5.0, [("write", 1, "value", 2, 0), ("write", 1, "replace", 2, 0)])]
+
+
+def last_time(batches: list[tuple[float, Any]]) -> float:
+    """The latest time the clock was set to (the restores below are never earlier)."""
+    return max(now for now, _ in batches)
+
+
+class Model:
+    """The writes as stored: value key -> (v, stamp ms); list key -> [(v, stamp)]; map key -> {mk: (v, stamp)}."""
+
+    def __init__(self) -> None:
+        self.value: dict[int, tuple[int, int]] = {}
+        self.list: dict[int, list[tuple[int, int]]] = {}
+        self.map: dict[int, dict[int, tuple[int, int]]] = {}
+
+    def live_at(self, now: float) -> dict[int, tuple[Any, list[Any], dict[Any, Any]]]:
+        """Every write applied in order, then what expired at ``now`` dropped (live: stamp + ttl > now)."""
+        deadline = round(now * 1000) - TTL_S * 1000
+        out = {}
+        for k in KEYS:
+            v = self.value.get(k)
+            got = (v[0] if v is not None and v[1] > deadline else None,
+                   [e for e, t in self.list.get(k, []) if t > deadline],
+                   {mk: e for mk, (e, t) in self.map.get(k, {}).items() if t > deadline})
+            if got != (None, [], {}):
+                out[k] = got
+        return out
+
+
+def run(b: Any, batches: list[tuple[float, list[tuple[Any, ...]]]], storage: CheckpointStorage, model: Model,
+        next_id: int) -> tuple[CheckpointMetadata, int]:
+    """Run ``batches`` on ``b`` and ``model``, each checkpointed at its end; (the last checkpoint, the next id)."""
+    s = register(b, STORED)
+    metadata = None
+    for now, writes in batches:
+        b.clock.now = now
+        stamp = round(now * 1000)
+        for _, k, what, v, mk in writes:
+            b.set_current_key(k)
+            if what == "value":
+                s["value"].update(v)
+                model.value[k] = (v, stamp)
+            elif what == "add":
+                s["list"].add(v)
+                model.list.setdefault(k, []).append((v, stamp))
+            elif what == "replace":
+                s["list"].update([v])
+                model.list[k] = [(v, stamp)]
+            elif what == "put":
+                s["map"].put(mk, v)
+                model.map.setdefault(k, {})[mk] = (v, stamp)
+            elif what == "remove":
+                s["map"].remove(mk)
+                model.map.get(k, {}).pop(mk, None)
+            else:
+                s[what.split()[1]].clear()
+                getattr(model, what.split()[1]).pop(k, None)
+        metadata = checkpoint(b, storage, next_id)
+        next_id += 1
+    # a snapshot drops what expired at its own time; the restores below are never earlier than any batch, so what a
+    # snapshot (or an access) dropped early is expired there too
+    assert metadata is not None
+    return metadata, next_id
+
+
+MODEL_SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                                 HealthCheck.function_scoped_fixture])
+
+
+@MODEL_SETTINGS
+@given(ops=batches, writer=st.sampled_from([heap, rocks]), max_chain=st.sampled_from([2, 1000]),
+       later=st.sampled_from([0.0, 0.0, 4.0, 10.0]))
+@example(ops=STEPPED_BACK, writer=heap, max_chain=1000, later=0.0)
+def test_model_every_cold_restore_path(ops, writer, max_chain, later):
+    with tempfile.TemporaryDirectory(prefix="kg-ttl-chain-") as tmp:
+        storage = CheckpointStorage(os.path.join(tmp, "chk"), retain=100)
+        with writer(Clock(), max_chain=max_chain) as b:
+            model = Model()
+            metadata, _ = run(b, ops, storage, model, 1)
+        now = last_time(ops) + later
+        expected = model.live_at(now)
+        for path in COLD_PATHS:
+            with path(Restore(storage, metadata, now, False, tmp)) as (restored, states):
+                assert read(states, restored) == expected, path.__name__
+
+
+@MODEL_SETTINGS
+@given(first=batches, second=batches, max_chain=st.sampled_from([2, 1000]),
+       later=st.sampled_from([0.0, 0.0, 4.0, 10.0]))
+@example(first=STEPPED_BACK[:1], second=STEPPED_BACK[1:], max_chain=1000, later=0.0)
+@pytest.mark.parametrize("warm", ["heap resumes", "rocksdb catches up"])
+def test_model_warm_paths(monkeypatch, warm, first, second, max_chain, later):
+    """The kept backend writes ``first``; another (restored from its last checkpoint) writes ``second``; the kept one
+    resumes (heap) or catches up (RocksDB) at the latest checkpoint."""
+    monkeypatch.setattr(rocksdb_module, "CATCH_UP_DELTA_FRACTION", float("inf"))
+    with tempfile.TemporaryDirectory(prefix="kg-ttl-chain-") as tmp:
+        storage = CheckpointStorage(os.path.join(tmp, "chk"), retain=100)   # the kept checkpoint stays
+        host = os.path.join(tmp, "host")
+        kept = heap(Clock(), max_chain=max_chain) if warm == "heap resumes" else rocks(Clock(), warm_dir=host,
+                                                                                      max_chain=max_chain)
+        try:
+            model = Model()
+            kept_at, next_id = run(kept, first, storage, model, 1)
+            if warm != "heap resumes":
+                kept.dispose()   # kept on disk, sealed at kept_at
+            other_kind = rocks if warm == "heap resumes" else heap
+            with other_kind(Clock(), max_chain=max_chain) as other:
+                other.restore(storage, kept_at)
+                metadata, _ = run(other, second, storage, model, next_id)
+            now = last_time(first + second) + later
+            if warm == "heap resumes":
+                kept.clock.now = now
+                assert kept.resume(storage, metadata) is not None
+                assert read(register(kept, STORED), kept) == model.live_at(now)
+            else:
+                with rocks(Clock(now), warm_dir=host) as back:
+                    assert isinstance(back.restore(storage, metadata), WarmResume)
+                    assert read(register(back, STORED), back) == model.live_at(now)
+        finally:
+            kept.dispose()
