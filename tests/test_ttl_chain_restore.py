@@ -11,8 +11,11 @@ Paths: RocksDB's compiled restore (``SstRestore``, states registered before or a
 migrating states (registered before the restore with new serializers: the chain's Int32 values are read and
 re-written as Int64 in Python), the migration at registration of a state restored unregistered, restores across a
 max-parallelism change, the heap backend's lazy and eager restores, the full snapshot a restored backend writes
-(its merge drops what expired), and the warm paths: a kept heap backend resuming and a kept RocksDB database
-catching up on blocks another backend wrote.
+(its merge drops what expired), and the warm paths: a kept heap backend resuming (its own states, and a declarative
+aggregate's columns, ``ColumnarStates.load``) and a kept RocksDB database catching up on blocks another backend wrote.
+The runtime restores before the job's ``open`` registers its states, so a cold restore there drops nothing while it
+applies the chain; the row-by-row drop is met by a backend whose states are registered before ``restore()`` (and by
+RocksDB's cold fall-back under registered states), and the columns' drop by every kept heap backend that resumes.
 """
 
 from __future__ import annotations
