@@ -523,6 +523,10 @@ class ColumnarStates:
             deadline = self._snapshot_deadline(j)
             if deadline is not None:   # expired entries are dropped on restore, as every backend drops them
                 keep = values["ts"] > deadline
+                if not keep.all():   # an expired put still replaces the key's older value (it may outlive it)
+                    gone = self._lookup(keys[~keep] if self.key_mode != "object"
+                                        else [k for k, x in zip(keys, keep) if not x])
+                    self.present[j][gone[gone >= 0]] = False
                 keys = keys[keep] if self.key_mode != "object" else [k for k, x in zip(keys, keep) if x]
                 values = values[keep]
             groups = np.full(len(keys), key_group, dtype=np.int32)

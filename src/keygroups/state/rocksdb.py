@@ -926,11 +926,16 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         for key_bytes, value_bytes in zip(keys, values):
             if target.needs_migration:
                 value_bytes = write.encode(read.decode(value_bytes))
+            k = prefix + _frame_key(bytes(key_bytes))
             if deadline is not None:
                 value_bytes = write.drop_expired_bytes(value_bytes, deadline)
                 if value_bytes is None:
+                    # an expired put still replaces the key's older row, which may outlive it (TTL stamps need not
+                    # grow along a chain: a clock stepped back, event time's not-started stamp); a map's rows are
+                    # gone already (_apply_block)
+                    if not target.is_map:
+                        batch.delete(k)
                     continue
-            k = prefix + _frame_key(bytes(key_bytes))
             if target.is_map:
                 for user_key_bytes, stored in (write if target.needs_migration else read).map_rows(value_bytes):
                     batch.put(k + user_key_bytes, stored)
