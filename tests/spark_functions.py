@@ -1,5 +1,5 @@
-"""Keyed process functions shared by the Spark test files. Spark's Python workers cannot import the tests
-directory, so this module ships by value."""
+"""Keyed process functions shared by the test files, Spark's and the Spark-free spine's. Spark's Python workers
+cannot import the tests directory, so this module ships by value."""
 
 from __future__ import annotations
 
@@ -28,3 +28,19 @@ class RunningTotal(KeyedProcessFunction):
         total = (self.total.value() or 0) + record["v"]
         self.total.update(total)
         return [(context.current_key, total, context.checkpoint_id)]
+
+
+#: What Total emits per record: the key and its running total.
+KEY_TOTALS = pa.schema([("k", pa.int64()), ("total", pa.int64())])
+
+
+class Total(KeyedProcessFunction):
+    """Per key the running sum of its records' ``v``, emitted with every record."""
+
+    def open(self, context):
+        self.total = context.get_state(ValueStateDescriptor("total", Int64Serializer()))
+
+    def process_element(self, record, context):
+        total = (self.total.value() or 0) + record["v"]
+        self.total.update(total)
+        return [(context.current_key, total)]

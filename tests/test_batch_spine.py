@@ -16,29 +16,16 @@ import keygroups as kg
 
 from keygroups.checkpoint import CheckpointStorage
 from keygroups.errors import CorruptSnapshotError
-from keygroups.runtime import KeyedProcessFunction, RecordsPerSubtask
+from keygroups.runtime import RecordsPerSubtask
 from keygroups.runtime import batch as spine
 from keygroups.runtime.assignment import FlinkRanges
 from keygroups.runtime.batch import JobDriver, JobOptions
 from keygroups.runtime.local import LocalExecutor
 from keygroups.runtime.properties import PROPERTIES_VERSION, BatchProperties
 from keygroups.runtime.report import RestoreInfo, SourceReport, SplitPosition, SubtaskReport, TimerFigures
-from keygroups.serializers import Int64Serializer
-from keygroups.state import ValueStateDescriptor
 from keygroups.state.timers import TimeDomain
 from keygroups.testing import KeyedFunctionHarness
-
-OUT = pa.schema([("k", pa.int64()), ("total", pa.int64())])
-
-
-class Total(KeyedProcessFunction):
-    def open(self, context):
-        self.total = context.get_state(ValueStateDescriptor("total", Int64Serializer()))
-
-    def process_element(self, record, context):
-        total = (self.total.value() or 0) + record["v"]
-        self.total.update(total)
-        return [(context.current_key, total)]
+from spark_functions import KEY_TOTALS as OUT, Total
 
 
 def _marking_commit(monkeypatch, seen):

@@ -21,31 +21,15 @@ from hypothesis import strategies as st
 from keygroups._ranges import KeyGroupRange
 from keygroups.checkpoint import CheckpointStorage
 from keygroups.errors import ConcurrentCommitError, KeyGroupsError
-from keygroups.runtime import KeyedProcessFunction
 from keygroups.runtime.batch import JobDriver, JobOptions
 from keygroups.runtime.local import LocalExecutor
 from keygroups.runtime.properties import BatchProperties, StreamingBatch
 from keygroups.runtime.report import RestoreInfo, SubtaskReport
 from keygroups.runtime.sink import MAX_COMMITTABLE_BYTES, SinkCommitError, SinkCommittable, SinkContext, TaskSink
-from keygroups.serializers import Int64Serializer
 from keygroups.sinks import CountingSink, ParquetSink, Sink, SinkWriter, TaskFunctionSink
 from keygroups.sinks.parquet import STAGING, _job_dir
-from keygroups.state import ValueStateDescriptor
 from keygroups.testing import KeyedFunctionHarness
-
-OUT = pa.schema([("k", pa.int64()), ("total", pa.int64())])
-
-
-class Total(KeyedProcessFunction):
-    """Emits each key's running total of ``v``."""
-
-    def open(self, context):
-        self.total = context.get_state(ValueStateDescriptor("total", Int64Serializer()))
-
-    def process_element(self, record, context):
-        total = (self.total.value() or 0) + record["v"]
-        self.total.update(total)
-        return [(context.current_key, total)]
+from spark_functions import KEY_TOTALS as OUT, Total
 
 
 class FailsAtSnapshot(Total):

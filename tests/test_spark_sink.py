@@ -4,34 +4,14 @@ reader of the directory sees exactly the committed rows, and ``BatchResult.outpu
 
 from __future__ import annotations
 
-import sys
-
-import pyarrow as pa
 import pytest
-from pyspark import cloudpickle
 
 from keygroups.errors import KeyGroupsError
-from keygroups.runtime import KeyedProcessFunction
-from keygroups.serializers import Int64Serializer
 from keygroups.sinks import CountingSink, ParquetSink
 from keygroups.spark import KeyedJob
-from keygroups.state import ValueStateDescriptor
+from spark_functions import KEY_TOTALS as OUT, Total
 
 pytestmark = pytest.mark.spark
-
-cloudpickle.register_pickle_by_value(sys.modules[__name__])
-
-OUT = pa.schema([("k", pa.int64()), ("total", pa.int64())])
-
-
-class Total(KeyedProcessFunction):
-    def open(self, context):
-        self.total = context.get_state(ValueStateDescriptor("total", Int64Serializer()))
-
-    def process_element(self, record, context):
-        total = (self.total.value() or 0) + record["v"]
-        self.total.update(total)
-        return [(context.current_key, total)]
 
 
 def test_keyed_job_writes_through_the_parquet_sink_exactly_once(spark, tmp_path):
