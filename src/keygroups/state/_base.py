@@ -948,4 +948,15 @@ def _canonical(meta: dict[str, Any]) -> str:
     return json.dumps(meta, sort_keys=True, separators=(",", ":"))
 
 
+def _extend_chain_files(files: dict[int, tuple[str, ...]], handle: KeyedStateHandle,
+                        own: KeyGroupRange) -> None:
+    """``files`` (key group -> the files of its chain, oldest first) after ``handle``, for the key groups of ``own``:
+    a full block starts a chain anew, a delta that changes a key group lengthens it, a quiet one leaves it."""
+    for kg in handle.key_group_range.intersection(own):
+        if handle.is_full(kg):
+            files[kg] = (handle.file,)
+        elif handle.changes(kg):
+            files[kg] = files.get(kg, ()) + (handle.file,)
+
+
 __all__ = ["VOID_NAMESPACE", "RestoreStats", "SnapshotFuture", "KeyedStateBackendBase", "state_meta"]

@@ -98,6 +98,7 @@ from keygroups.state._base import (
     RestoreStats,
     SnapshotFuture,
     _canonical,
+    _extend_chain_files,
     check_cancel,
 )
 from keygroups.state._checks import check_stored, checked_state_class, stored_value_check
@@ -809,12 +810,7 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
 
     def _after_snapshot(self, handle: KeyedStateHandle) -> None:
         super()._after_snapshot(handle)
-        files = self._chain_files
-        for kg in handle.key_group_range.intersection(self.key_group_range):
-            if handle.is_full(kg):
-                files[kg] = (handle.file,)
-            elif handle.changes(kg):
-                files[kg] = files.get(kg, ()) + (handle.file,)
+        _extend_chain_files(self._chain_files, handle, self.key_group_range)
         self._warm_point = (handle.checkpoint_id, handle.file)
 
     def _after_restore(self, lazy: bool) -> None:

@@ -75,6 +75,7 @@ from keygroups.state._base import (
     RestoreStats,
     SnapshotFuture,
     _canonical,
+    _extend_chain_files,
     check_cancel,
 )
 from keygroups.state._checks import check_stored, checked_state_class, stored_value_check
@@ -1332,10 +1333,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         plan = plan_keyed_restore(metadata, r, max_parallelism=self.max_parallelism)
         arriving = [(h, run) for h, groups in plan for run in key_group_runs(kg for kg in groups if kg not in old)]
         known = {meta["name"]: _canonical(meta) for meta in states}
-        for h, _ in arriving:
-            for meta in h.states:
-                if known.get(meta["name"], _canonical(meta)) != _canonical(meta):
-                    return None   # another serializer or TTL there: restore it all, as a restore would migrate
+        if not _same_metas(known, [h for h, _ in arriving]):
+            return None   # another serializer or TTL there: restore it all, as a restore would migrate
         self._unchecked = False
         self._restored = True
         self.warm = True
@@ -1404,10 +1403,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         if delta_bytes > CATCH_UP_DELTA_FRACTION * chain_bytes:
             return None
         known = {meta["name"]: _canonical(meta) for meta in states}
-        for h, _ in [*newer.values(), *restarts.values()]:
-            for meta in h.states:
-                if known.get(meta["name"], _canonical(meta)) != _canonical(meta):
-                    return None   # another serializer or TTL there: restore it all, as a restore would migrate
+        if not _same_metas(known, [h for h, _ in [*newer.values(), *restarts.values()]]):
+            return None   # another serializer or TTL there: restore it all, as a restore would migrate
         self._unchecked = False
         self._restored = True
         self.warm = True
@@ -1630,13 +1627,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
 
     def _after_snapshot(self, handle: KeyedStateHandle) -> None:
         super()._after_snapshot(handle)
-        files = self._chain_files
-        for kg in handle.key_group_range.intersection(self.key_group_range):
-            if handle.is_full(kg):
-                files[kg] = (handle.file,)
-            elif handle.changes(kg):
-                files[kg] = files.get(kg, ()) + (handle.file,)
-        self._snapshot_chains[handle.file] = dict(files)
+        _extend_chain_files(self._chain_files, handle, self.key_group_range)
+        self._snapshot_chains[handle.file] = dict(self._chain_files)
 
     @staticmethod
     def _compiled_sections(view: rocksdict.Rdict, key_group: int, states: dict[int, Any]) -> list[Any] | None:
@@ -1781,6 +1773,17 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         close_entry()
         if cur_kg >= 0:
             yield cur_kg, [(s, ks, vs) for s, (ks, vs) in sorted(sections.items())]
+
+
+def _same_metas(known: dict[str, str], handles: Sequence[KeyedStateHandle]) -> bool:
+    """Whether every state meta of ``handles`` equals the canonical meta of the same name in ``known`` (a state only
+    one side names passes): a kept database resumes only onto blocks written with its serializers and TTL."""
+    for h in handles:
+        for meta in h.states:
+            found = _canonical(meta)
+            if known.get(meta["name"], found) != found:
+                return False
+    return True
 
 
 def _split_db_key(k: bytes) -> tuple[int, int, bytes, bytes]:
