@@ -21,7 +21,7 @@ from keygroups.serializers import Int64Serializer
 from keygroups.state import RocksDBKeyedStateBackend, StateTtlConfig, ValueStateDescriptor
 from keygroups.state import rocksdb as rocksdb_module
 from keygroups.state.warm import WarmResume
-from test_rocksdb_incremental import five
+from test_rocksdb_incremental import five, write_five
 
 MAXP = 128
 TTL = 10   # seconds; an entry written at t reads as absent once now - t >= TTL
@@ -106,28 +106,11 @@ class CatchUpModel(RuleBasedStateMachine):
     @rule(k=st.integers(0, 30), v=st.integers(-5, 5),
           op=st.sampled_from(["value", "list", "map", "reducing", "aggregating", "remove", "ttl"]))
     def write(self, k, v, op):
-        s, m = self.at(k), self.model
-        if op == "value":
-            s["value"].update(v)
-            m["value"][k] = v
-        elif op == "ttl":
-            s["ttl"].update(v)
-            m["ttl"][k] = (v, self.now)
-        elif op == "list":
-            s["list"].add(v)
-            m["list"].setdefault(k, []).append(v)
-        elif op == "map":
-            s["map"].put(str(v), v)
-            m["map"].setdefault(k, {})[str(v)] = v
-        elif op == "remove":
-            s["map"].remove(str(v))
-            if str(v) in m["map"].get(k, {}):
-                del m["map"][k][str(v)]
-                if not m["map"][k]:
-                    del m["map"][k]
+        if op == "ttl":
+            self.at(k)["ttl"].update(v)
+            self.model["ttl"][k] = (v, self.now)
         else:
-            s[op].add(v)
-            m[op][k] = m[op].get(k, 0) + v
+            write_five(self.at(k), self.model, k, v, op)
 
     @rule(k=st.integers(0, 30), name=st.sampled_from(sorted(descriptors())))
     def clear(self, k, name):

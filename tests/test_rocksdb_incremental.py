@@ -311,6 +311,29 @@ def five():
             "aggregating": AggregatingStateDescriptor("aggregating", Sum(), Int64Serializer())}
 
 
+def write_five(s, m, k, v, op):
+    """Operation ``op`` (a state of :func:`five`, or "remove": a map entry) with ``v`` on key ``k``'s states ``s`` and
+    on the model ``m`` (state name -> key -> what the state shows)."""
+    if op == "value":
+        s["value"].update(v)
+        m["value"][k] = v
+    elif op == "list":
+        s["list"].add(v)
+        m["list"].setdefault(k, []).append(v)
+    elif op == "map":
+        s["map"].put(str(v), v)
+        m["map"].setdefault(k, {})[str(v)] = v
+    elif op == "remove":
+        s["map"].remove(str(v))
+        if str(v) in m["map"].get(k, {}):
+            del m["map"][k][str(v)]
+            if not m["map"][k]:
+                del m["map"][k]
+    else:
+        s[op].add(v)
+        m[op][k] = m[op].get(k, 0) + v
+
+
 class ChainModel(RuleBasedStateMachine):
     """Random operations on the five state kinds against dicts; checkpoints are incremental (chains of at most two
     blocks, so key groups materialize often), and each continues warm, cold at the same parallelism, or cold at
@@ -344,25 +367,7 @@ class ChainModel(RuleBasedStateMachine):
     @rule(k=st.integers(0, 30), v=st.integers(-5, 5), op=st.sampled_from(["value", "list", "map", "reducing",
                                                                           "aggregating", "remove"]))
     def write(self, k, v, op):
-        s, m = self.at(k), self.model
-        if op == "value":
-            s["value"].update(v)
-            m["value"][k] = v
-        elif op == "list":
-            s["list"].add(v)
-            m["list"].setdefault(k, []).append(v)
-        elif op == "map":
-            s["map"].put(str(v), v)
-            m["map"].setdefault(k, {})[str(v)] = v
-        elif op == "remove":
-            s["map"].remove(str(v))
-            if str(v) in m["map"].get(k, {}):
-                del m["map"][k][str(v)]
-                if not m["map"][k]:
-                    del m["map"][k]
-        else:
-            s[op].add(v)
-            m[op][k] = m[op].get(k, 0) + v
+        write_five(self.at(k), self.model, k, v, op)
 
     @rule(k=st.integers(0, 30), name=st.sampled_from(sorted(five())))
     def clear(self, k, name):
