@@ -90,6 +90,16 @@ class UnsafeDeserializationError(KeyGroupsError):
     """A snapshot holds pickled data and the caller did not opt in to unpickling it."""
 
 
+class SinkCommitError(KeyGroupsError):
+    """The checkpoint committed, but its sink's commit failed: its output is staged, not visible yet. The commit is
+    retried before the driver's next batch and by a driver that restarts; do not run the batch's input again (its
+    state changes are committed). ``checkpoint_id`` names the checkpoint."""
+
+    def __init__(self, message: str, checkpoint_id: int) -> None:
+        super().__init__(message)
+        self.checkpoint_id = checkpoint_id
+
+
 # Messages raised from more than one module (Python and compiled), written once here.
 def no_current_key_error() -> RuntimeError:
     """Keyed state was used before the backend had a current key."""
@@ -115,4 +125,5 @@ __all__ = [
     "CheckpointNotFoundError",
     "KeyGroupOutOfRangeError",
     "UnsafeDeserializationError",
+    "SinkCommitError",
 ]

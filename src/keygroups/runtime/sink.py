@@ -43,7 +43,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from keygroups.errors import CorruptSnapshotError, KeyGroupsError
+from keygroups.errors import CorruptSnapshotError, SinkCommitError
 
 log = logging.getLogger("keygroups")
 
@@ -53,16 +53,6 @@ MAX_COMMITTABLE_BYTES = 64 * 1024
 
 #: The most rows of one record batch a writer gets.
 SINK_BATCH_ROWS = 64 * 1024
-
-
-class SinkCommitError(KeyGroupsError):
-    """The checkpoint committed, but its sink's commit failed: its output is staged, not visible yet. The commit is
-    retried before the driver's next batch and by a driver that restarts; do not run the batch's input again (its
-    state changes are committed). ``checkpoint_id`` names the checkpoint."""
-
-    def __init__(self, message: str, checkpoint_id: int) -> None:
-        super().__init__(message)
-        self.checkpoint_id = checkpoint_id
 
 
 @dataclass(frozen=True)
