@@ -145,6 +145,20 @@ def test_committables_are_stored_with_the_checkpoint(tmp_path):
     assert {c.data["file"] for c in committables} == set(sink.committed_files())
 
 
+def test_the_driver_side_kafka_sink_refuses_a_checkpoint_whose_output_went_to_an_in_task_sink(tmp_path):
+    pytest.importorskip("confluent_kafka")
+    from keygroups.sources import KafkaSink
+    from keygroups.sources.kafka_sink import KafkaSinkError
+
+    driver = _driver(tmp_path, ParquetSink(str(tmp_path / "out")))
+    batch = driver.run(LocalExecutor(_table(range(10))), parallelism=2)
+    # refused before it asks any broker (none listens on this port): nothing is produced, no progress recorded
+    kafka = KafkaSink("t", key_columns="k", bootstrap_servers="127.0.0.1:9")
+    with pytest.raises(KafkaSinkError, match=r"holds no output files: its output went to .*'keygroups\.parquet'.* "
+                                             r"checkpoint_output=True"):
+        kafka.deliver(driver.storage, batch.metadata)
+
+
 def test_checkpoint_output_keeps_both(tmp_path):
     out = tmp_path / "out"
     driver = _driver(tmp_path, ParquetSink(str(out)), checkpoint_output=True)

@@ -97,6 +97,20 @@ def _key_bytes(values: Sequence[Any]) -> bytes | None:
     return json.dumps(list(values), separators=(",", ":"), ensure_ascii=False, default=_json_default).encode()
 
 
+def _output_sink(metadata: CheckpointMetadata) -> str | None:
+    """The name of the in-task sink that took checkpoint ``metadata``'s output instead of its output files (a job
+    given ``sink=`` without ``checkpoint_output``; its subtask reports, in the properties, hold the sink's
+    committables), None when the checkpoint holds its output."""
+    if metadata.outputs or not isinstance(metadata.properties, Mapping):
+        return None
+    reports = metadata.properties.get("reports")
+    for report in reports if isinstance(reports, list) else ():
+        committable = report.get("sink_committable") if isinstance(report, Mapping) else None
+        if isinstance(committable, Mapping):
+            return str(committable.get("sink"))
+    return None
+
+
 class KafkaSink:
     """Writes a job's committed output to Kafka topic ``topic`` (see the module's docs for the guarantee).
 
@@ -213,6 +227,12 @@ class KafkaSink:
         delivered it or a later one; then record it as delivered. KafkaSinkError if a record is refused (nothing is
         recorded: delivering again writes the checkpoint again)."""
         job, cid = metadata.job_id, metadata.checkpoint_id
+        elsewhere = _output_sink(metadata)
+        if elsewhere is not None:
+            raise KafkaSinkError(f"checkpoint {cid} of job {job!r} holds no output files: its output went to the job's "
+                                 f"in-task sink {elsewhere!r} (KeyedJob(sink=...)), which this sink cannot read. "
+                                 "Give the job checkpoint_output=True to keep the output in the checkpoint too, or "
+                                 "write to Kafka from the job's own sink")
         last = self.last_delivered(job)
         if last is not None and cid <= last:
             return SinkDelivery(cid, 0, True, self.transactional)
