@@ -266,6 +266,17 @@ cdef int _sort_keys(_Items keys) except -1:
     return 0
 
 
+cdef int _put_block_head(Writer *w, uint32_t key_group, uint32_t flags, uint64_t pred_checkpoint,
+                         uint32_t pred_checksum) except -1:
+    """A format-4 block's head: its key group, flags and the block it continues (checkpoint id, checksum; 0 and 0
+    for none). The section count follows."""
+    w_u32(w, key_group)
+    w_u32(w, flags)
+    w_u64(w, pred_checkpoint)
+    w_u32(w, pred_checksum)
+    return 0
+
+
 cdef int _put_lengths(Writer *w, _Items it, const Py_ssize_t *order) except -1:
     cdef Py_ssize_t i
     for i in range(it.n):
@@ -367,11 +378,11 @@ def encode_block(uint32_t key_group, object sections, uint32_t n_states, *, bint
 
     cdef Writer w
     cdef bytes out = w_init_bytes(&w, <Py_ssize_t>total)
-    w_u32(&w, key_group)
-    w_u32(&w, flags)
     if version == VERSION:
-        w_u64(&w, pred_checkpoint)
-        w_u32(&w, pred_checksum)
+        _put_block_head(&w, key_group, flags, pred_checkpoint, pred_checksum)
+    else:
+        w_u32(&w, key_group)
+        w_u32(&w, flags)
     w_u32(&w, <uint32_t>len(secs))
     for sec in secs:
         k_items = <_Items>sec[2]
@@ -704,11 +715,9 @@ def encode_empty_blocks(uint32_t first_key_group, bint full, const int64_t[::1] 
     cdef uint32_t crc
     for i in range(n):
         cp = pred_checkpoints[i]
-        w_u32(&w, first_key_group + <uint32_t>i)
-        w_u32(&w, FLAG_FULL if full else (FLAG_LINKED if cp >= 0 else 0))
-        w_u64(&w, <uint64_t>cp if cp >= 0 else 0)
-        w_u32(&w, <uint32_t>pred_checksums[i])
-        w_u32(&w, 0)
+        _put_block_head(&w, first_key_group + <uint32_t>i, FLAG_FULL if full else (FLAG_LINKED if cp >= 0 else 0),
+                        <uint64_t>cp if cp >= 0 else 0, <uint32_t>pred_checksums[i])
+        w_u32(&w, 0)   # no sections
         crc = <uint32_t>_crc32c(view[BLOCK_MIN * i:BLOCK_MIN * (i + 1) - 4], file_seed)
         w_u32(&w, crc)
         out_checksums[i] = crc
