@@ -37,8 +37,8 @@ from keygroups.checkpoint import (
     read_key_group_offsets,
     write_keyed_snapshot,
 )
-from keygroups.checkpoint.metadata import BlockLinks, is_shared_path
-from keygroups.checkpoint.planning import NO_CHAIN
+from keygroups.checkpoint.metadata import BlockLinks, is_shared_path, keyed_handles_by_range
+from keygroups.checkpoint.planning import NO_CHAIN, key_group_chains
 from keygroups.checkpoint.state_meta import check_state_metas
 from keygroups.errors import CorruptSnapshotError, StateMigrationError, UnsafeDeserializationError
 from keygroups.serializers import SerializerSnapshot, TypeSerializer, resolve_compatibility
@@ -946,6 +946,17 @@ def _full_block(key_group: int, states: list[dict[bytes, bytes]]) -> KeyGroupBlo
 def _canonical(meta: dict[str, Any]) -> str:
     """A state meta as canonical JSON, so metas compare equal whether they come from a file or were just built."""
     return json.dumps(meta, sort_keys=True, separators=(",", ":"))
+
+
+def _committed_chains(metadata: CheckpointMetadata, own: KeyGroupRange) -> dict[int, list[KeyedStateHandle]]:
+    """Each key group of ``own`` that ``metadata`` holds -> the handles of its chain (its newest full block, then the
+    non-empty deltas after it, oldest first)."""
+    return key_group_chains(keyed_handles_by_range(list(metadata.keyed_handles)), own)
+
+
+def _files_of_chains(chains: dict[int, list[KeyedStateHandle]]) -> dict[int, tuple[str, ...]]:
+    """Key group -> the files of its chain, oldest first (what a backend's ``_chain_files`` holds)."""
+    return {kg: tuple(h.file for h in chain) for kg, chain in chains.items()}
 
 
 def _extend_chain_files(files: dict[int, tuple[str, ...]], handle: KeyedStateHandle,

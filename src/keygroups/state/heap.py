@@ -85,8 +85,7 @@ from keygroups.checkpoint import (
     plan_keyed_restore,
     write_keyed_snapshot,
 )
-from keygroups.checkpoint.metadata import is_shared_path, key_group_runs, keyed_handles_by_range
-from keygroups.checkpoint.planning import key_group_chains
+from keygroups.checkpoint.metadata import is_shared_path, key_group_runs
 from keygroups.checkpoint.state_meta import check_state_metas
 from keygroups.errors import CheckpointNotFoundError, CorruptSnapshotError, StateSerializationError, no_current_key_error
 from keygroups.serializers import TypeSerializer
@@ -98,7 +97,9 @@ from keygroups.state._base import (
     RestoreStats,
     SnapshotFuture,
     _canonical,
+    _committed_chains,
     _extend_chain_files,
+    _files_of_chains,
     check_cancel,
 )
 from keygroups.state._checks import check_stored, checked_state_class, stored_value_check
@@ -655,12 +656,8 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
         """Restore this backend's key groups from a checkpoint of any parallelism (see
         ``KeyedStateBackendBase.restore``), remembering each key group's chain for :meth:`resume`."""
         stats = super().restore(storage, metadata, lazy=lazy)
-        self._chain_files = self._committed_chain_files(metadata)
+        self._chain_files = _files_of_chains(_committed_chains(metadata, self.key_group_range))
         return stats
-
-    def _committed_chain_files(self, metadata: CheckpointMetadata) -> dict[int, tuple[str, ...]]:
-        chains = key_group_chains(keyed_handles_by_range(list(metadata.keyed_handles)), self.key_group_range)
-        return {kg: tuple(h.file for h in chain) for kg, chain in chains.items()}
 
     # ---- warm state -----------------------------------------------------------------------------------------------
     def resume(self, storage: CheckpointStorage, metadata: CheckpointMetadata,
@@ -700,7 +697,7 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
                 return None
         check_state_metas(metadata)
         plan = plan_keyed_restore(metadata, r, max_parallelism=self.max_parallelism)
-        chains = key_group_chains(keyed_handles_by_range(list(metadata.keyed_handles)), r)
+        chains = _committed_chains(metadata, r)
         restart: list[int] = []
         newer: dict[int, tuple[KeyedStateHandle, list[int]]] = {}
         for kg in kept:
@@ -753,7 +750,7 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
             for meta in handle.states:
                 self._chain_metas[meta["name"]] = _canonical(meta)
         self._needs_full = any(not is_shared_path(h.file) for h, _ in plan)
-        self._chain_files = {kg: tuple(h.file for h in chain) for kg, chain in chains.items()}
+        self._chain_files = _files_of_chains(chains)
         self._warm_point = None
         return WarmResume(caught_up_bytes + restored_bytes, len(caught_up | arrived),
                           warm=tuple(kg for kg in kept if kg not in caught_up), caught_up=tuple(sorted(caught_up)),

@@ -63,8 +63,7 @@ from keygroups._local_dirs import UnsafeDirectoryError
 from keygroups._native.statecore import java_key, java_keys, java_map
 from keygroups._ranges import KeyGroupRange
 from keygroups.checkpoint import KeyedStateHandle, KeyGroupBlock, chain_stats, plan_keyed_restore, write_keyed_snapshot
-from keygroups.checkpoint.metadata import is_shared_path, key_group_runs, keyed_handles_by_range
-from keygroups.checkpoint.planning import key_group_chains
+from keygroups.checkpoint.metadata import is_shared_path, key_group_runs
 from keygroups.checkpoint.state_meta import check_state_metas
 from keygroups.errors import CheckpointNotFoundError, CorruptSnapshotError, no_current_key_error
 from keygroups.serializers import TypeSerializer
@@ -75,7 +74,9 @@ from keygroups.state._base import (
     RestoreStats,
     SnapshotFuture,
     _canonical,
+    _committed_chains,
     _extend_chain_files,
+    _files_of_chains,
     check_cancel,
 )
 from keygroups.state._checks import check_stored, checked_state_class, stored_value_check
@@ -1278,8 +1279,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         # happened to trigger walked every object of the process (35 ms in one restore of 1.3M rows, a sixth of its CPU).
         with _gc_paused():
             stats = self._restore(storage, metadata, lazy)
-        chains = key_group_chains(keyed_handles_by_range(list(metadata.keyed_handles)), self.key_group_range)
-        self._chain_files = {kg: tuple(h.file for h in chain) for kg, chain in chains.items()}
+        self._chain_files = _files_of_chains(_committed_chains(metadata, self.key_group_range))
         return stats
 
     def _restore(self, storage: CheckpointStorage, metadata: CheckpointMetadata, lazy: bool) -> RestoreStats:
@@ -1383,7 +1383,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
             except (CheckpointNotFoundError, CorruptSnapshotError):
                 return None
         check_state_metas(metadata)
-        chains = key_group_chains(keyed_handles_by_range(list(metadata.keyed_handles)), r)
+        chains = _committed_chains(metadata, r)
         # per handle, the key groups whose newer blocks it holds: deltas onto kept rows, or restarted chains
         newer: dict[int, tuple[KeyedStateHandle, list[int]]] = {}
         restarts: dict[int, tuple[KeyedStateHandle, list[int]]] = {}
