@@ -60,7 +60,15 @@ from keygroups.runtime.functions import KeyedProcessFunction
 from keygroups.runtime.properties import BatchProperties, PolicyChoice, check_user_properties
 from keygroups.runtime.report import BatchReport, InputDigest, SourceReport, SubtaskReport
 from keygroups.runtime.scaling import BatchFigures, ParallelismPolicy
-from keygroups.runtime.sink import Sink, SinkCommitError, SinkCommittable, check_sink, committables_of, sink_name
+from keygroups.runtime.sink import (
+    Sink,
+    SinkCommitError,
+    SinkCommittable,
+    check_checkpoint_output,
+    check_sink,
+    committables_of,
+    sink_name,
+)
 from keygroups.runtime.source import Source, SourceTaskSpec
 from keygroups.runtime.spec import KeyedTaskSpec, check_warm_heap_backends
 from keygroups.runtime.watermarks import LateRecords, WatermarkStrategy, check_late_records
@@ -118,13 +126,7 @@ class JobOptions:
         check_sink(self.sink)
         if self.sink is not None:
             sink_name(self.sink)
-        if self.checkpoint_output is None:
-            object.__setattr__(self, "checkpoint_output", self.sink is None)
-        elif not isinstance(self.checkpoint_output, bool):
-            raise TypeError(f"checkpoint_output must be a bool or None, got {self.checkpoint_output!r}")
-        elif not self.checkpoint_output and self.sink is None:
-            raise ValueError("checkpoint_output=False needs a sink: without one the checkpoint holds the job's only "
-                             "output; give sink=... or leave checkpoint_output unset")
+        object.__setattr__(self, "checkpoint_output", check_checkpoint_output(self.checkpoint_output, self.sink))
 
     def keyed_task(self, plan: BatchPlan, input_schema: pa.Schema, key_type: KeyType,
                    watermark: int | None, sink_run_id: str = "") -> KeyedTaskSpec:

@@ -155,9 +155,23 @@ def check_sink(sink: Any) -> Sink | None:
     hint = ""
     if callable(sink):
         hint = (" (a function is not a sink: for a foreachBatch-style function over the committed output use "
-                "KeyedJob.foreach_batch(sink); for a function called in each task use keygroups.sinks.TaskFunctionSink)")
+                "KeyedJob.foreach_batch(sink); for a function called in each task use "
+                "keygroups.sinks.TaskFunctionSink)")
     raise TypeError(f"sink must be a keygroups.sinks.Sink (e.g. ParquetSink(path)) or None, got "
                     f"{type(sink).__name__}{hint}")
+
+
+def check_checkpoint_output(checkpoint_output: Any, sink: Sink | None) -> bool:
+    """Whether a job with ``sink`` writes its output into its checkpoint too, given ``checkpoint_output`` (None: only
+    without a sink); TypeError for anything but a bool or None, ValueError for False without a sink."""
+    if checkpoint_output is None:
+        return sink is None
+    if not isinstance(checkpoint_output, bool):
+        raise TypeError(f"checkpoint_output must be a bool or None, got {checkpoint_output!r}")
+    if not checkpoint_output and sink is None:
+        raise ValueError("checkpoint_output=False needs a sink: without one the checkpoint holds the job's only "
+                         "output; give sink=... or leave checkpoint_output unset")
+    return checkpoint_output
 
 
 def sink_name(sink: Sink) -> str:
@@ -230,4 +244,4 @@ def committables_of(reports: Sequence[Any]) -> list[SinkCommittable]:
 
 
 __all__ = ["MAX_COMMITTABLE_BYTES", "SINK_BATCH_ROWS", "Sink", "SinkCommitError", "SinkCommittable", "SinkContext",
-           "SinkWriter", "TaskSink", "check_sink", "committables_of", "sink_name"]
+           "SinkWriter", "TaskSink", "check_checkpoint_output", "check_sink", "committables_of", "sink_name"]

@@ -42,7 +42,7 @@ from keygroups.runtime.driver import StreamingBatch, check_key_columns, check_ou
 from keygroups.runtime.functions import KeyedProcessFunction
 from keygroups.runtime.report import BatchReport, SourceReport, SubtaskReport, format_time
 from keygroups.runtime.scaling import HISTORY, BatchFigures, ParallelismPolicy
-from keygroups.runtime.sink import Sink, check_sink
+from keygroups.runtime.sink import Sink, check_checkpoint_output, check_sink
 from keygroups.runtime.source import Source, as_source
 from keygroups.runtime.spec import check_warm_heap_backends
 from keygroups.runtime.watermarks import WatermarkStrategy, check_late_records
@@ -282,12 +282,7 @@ class KeyedJob:
         self.restore_from_savepoint = restore_from_savepoint
         self.assignment = resolve_assignment(assignment)
         self.sink = check_sink(sink)
-        if checkpoint_output is not None and not isinstance(checkpoint_output, bool):
-            raise TypeError(f"checkpoint_output must be a bool or None, got {checkpoint_output!r}")
-        if checkpoint_output is False and sink is None:
-            raise ValueError("checkpoint_output=False needs a sink: without one the checkpoint holds the job's only "
-                             "output; give sink=... or leave checkpoint_output unset")
-        self.checkpoint_output = sink is None if checkpoint_output is None else checkpoint_output
+        self.checkpoint_output = check_checkpoint_output(checkpoint_output, self.sink)
         #: Read each batch's input once (persisted while its count and largest event time are found). False runs
         #: the former path, a Spark job per figure, for the comparison in benchmarks/bench_runner.py only.
         self._read_input_once = True
