@@ -21,7 +21,6 @@ RocksDB's cold fall-back under registered states), and the columns' drop by ever
 from __future__ import annotations
 
 import contextlib
-import glob
 import logging
 import os
 import tempfile
@@ -48,6 +47,7 @@ from keygroups.state import (
 from keygroups.state import rocksdb as rocksdb_module
 from keygroups.state.timers import NO_WATERMARK
 from keygroups.state.warm import WarmResume
+from test_rocksdb_warm_corruption import rot
 
 MAXP = 8
 TTL_S = 10
@@ -483,26 +483,9 @@ def test_model_warm_paths(monkeypatch, warm, first, second, max_chain, later):
             kept.dispose()
 
 
-#: Keys written beside KEYS so that the kept database has a file of many data blocks (a tiny file's meta blocks, which
-#: RocksDB reads when it opens the database, sit where the damage goes).
+#: Keys written beside KEYS so that the kept database has a file of many data blocks, the one damaged (a tiny file's
+#: meta blocks, which RocksDB reads when it opens the database, would sit where the damage goes).
 FILLERS = range(1000, 5000)
-
-
-def _rot_kept_database(host: str) -> None:
-    """Flip a byte every 512 in the first half of each of the kept database's large data files (their data blocks;
-    index and footer at the end stay intact), keeping size, inode and times: the seal holds, and the damage is found
-    only when a read meets it."""
-    files = [p for p in glob.glob(os.path.join(host, "*", "db", "*.sst")) if os.path.getsize(p) > 16384]
-    assert files
-    for path in files:
-        st = os.stat(path)
-        with open(path, "r+b") as f:
-            for offset in range(64, st.st_size // 2, 512):
-                f.seek(offset)
-                byte = f.read(1)
-                f.seek(offset)
-                f.write(bytes([byte[0] ^ 0xFF]))
-        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
 
 
 @pytest.mark.parametrize("serializer", [STORED, MIGRATED], ids=["as stored", "migrating"])
@@ -525,7 +508,7 @@ def test_a_damaged_kept_rocksdb_database_restored_cold_drops_the_older_value_und
         second = older_outlives_newer(kept, storage, event_time)
         kept.dispose()   # kept on disk, sealed at checkpoint 2
     rocksdb_module._KEPT_CACHES.clear()   # the next batch in another process: no decoded values beside the files
-    _rot_kept_database(host)
+    rot(host, min_size=16384)
     with rocks(Clock(20.0), warm_dir=host) as back:
         if event_time:
             back.watermark = 20000
