@@ -271,12 +271,148 @@ class _CheckedInput:
 
 class SparkPlanCache:
     """What a job builds once and reuses while its input's schema (and, for the placement, the ranges) stay the
-    same: the input checks and Arrow schema, the digest and placement expressions."""
+    same: the input checks and Arrow schema, the digest and placement expressions; and the session the keyed stage
+    runs in while the input session's configuration stays the same (:func:`keyed_stage_session`)."""
 
     def __init__(self) -> None:
         self.input: tuple[str, str, _CheckedInput] | None = None
         self.placements: dict[tuple[Any, ...], Callable[[DataFrame], DataFrame] | None] = {}
         self.digest: tuple[str, tuple[Column, Column]] | None = None
+        self.stage_session: tuple[str, Any] | None = None
+        self.stages: dict[tuple[Any, ...], KeyedStagePlan | None] = {}
+
+
+# ---- the keyed stage's session -------------------------------------------------------------------------------------
+
+#: Logical operators that read or transform rows where they are (no exchange, no join, no aggregate): over an input
+#: made of these only, the keyed stage's query has one shuffle (the placement's), and adaptive query execution has
+#: nothing to adapt, only its cost (it plans the query in two Spark jobs and re-plans it between them).
+_NARROW_OPERATORS = frozenset({
+    "Project", "Filter", "Relation", "RelationV2", "LocalRelation", "Range", "LogicalRDD", "SubqueryAlias", "View",
+    "MapInArrow", "MapInPandas"})
+_AQE = "spark.sql.adaptive.enabled"
+
+
+def _operators(tree: str) -> set[str]:
+    """The operator names of a logical plan's ``treeString`` (one per line, subquery plans included)."""
+    names = set()
+    for line in tree.splitlines():
+        node = line.lstrip(" :+-")
+        if node:
+            names.add(re.split(r"[ \[(]", node, maxsplit=1)[0])
+    return names
+
+
+def keyed_stage_session(df: DataFrame, cache: SparkPlanCache) -> Any:
+    """The JVM session the keyed stage's query over ``df`` runs in, or None for ``df``'s own.
+
+    Over an input of narrow operators only (:data:`_NARROW_OPERATORS`: a scan, a streaming micro-batch's rows,
+    projections and filters), the keyed stage runs in a clone of ``df``'s session whose only difference is
+    adaptive query execution switched off: the query then runs as one Spark job (the shuffle's map stage and the
+    ``mapInArrow`` stage) and is planned once, which saves a small batch about a third of its driver time outside
+    Spark's jobs. The placement is the same (``repartitionById`` to exactly ``parallelism`` partitions, which
+    adaptive execution never coalesces). The user's session is never changed, not even for a moment: the clone is
+    a session of its own (``SparkSession.cloneSession``: the same SparkContext, cache and catalog, a copy of the
+    configuration), made again whenever the user's session configuration changes (its time zone, Arrow batch
+    size, ...), so that the stage sees the user's settings. Any other input (a join, an aggregate, a window: where
+    adaptive execution may help the user's part of the plan), a session with adaptive execution already off, a
+    session without a JVM (Spark Connect) or a Spark whose classes differ: ``df``'s own session, as before."""
+    jsession = getattr(df.sparkSession, "_jsparkSession", None)   # classic sessions only
+    if jsession is None:
+        return None
+    from py4j.protocol import Py4JError  # type: ignore[import-untyped]
+
+    try:
+        if not _operators(df._jdf.logicalPlan().treeString()) <= _NARROW_OPERATORS:
+            return None
+        conf = jsession.sessionState().conf()
+        settings = conf.getAllConfs().toString()
+        if cache.stage_session is not None and cache.stage_session[0] == settings:
+            return cache.stage_session[1]
+        stage = None
+        if conf.adaptiveExecutionEnabled():
+            stage = jsession.cloneSession()
+            stage.sessionState().conf().setConfString(_AQE, "false")
+    except (Py4JError, AttributeError, TypeError):   # a Spark whose classes differ: run as before
+        return None
+    cache.stage_session = (settings, stage)
+    return stage
+
+
+class KeyedStagePlan:
+    """The keyed stage's plan above its input (the digest column, the placement by key group, the renames for
+    ``mapInArrow``), analysed once per input schema and ranges, and put on each batch's input in a few JVM calls.
+
+    Analysing the placement's key-group expression and the digest (Catalyst's resolution and type coercion over a
+    few hundred expression nodes) is most of what building the stage's DataFrame costs the driver, and it is the
+    same every batch but for the ids of the input's columns. So the input is first projected onto columns of fixed
+    ids (one ``Project`` of ``name AS name`` aliases whose ids are made once), the stage is analysed once above that
+    projection, and each batch rebuilds the same analysed nodes over ``Project(aliases, input)``: the analyser then
+    resolves only the aliases' names, and the optimizer folds the projection away (the physical plan is the one
+    the stage's DataFrame methods give). Built only on a classic session (it needs the JVM's Catalyst classes);
+    :meth:`of` returns None where it cannot be, and the caller builds the stage with DataFrame methods instead."""
+
+    #: At most this many nodes above the aliases (the digest, the placement, the renames): a guard, not a limit.
+    _MAX_NODES = 8
+
+    def __init__(self, jvm: Any, aliases: Any, nodes: list[Any]) -> None:
+        self._aliases = aliases   # Seq[Alias(UnresolvedAttribute(name), name, fixed id)]
+        self._nodes = nodes       # the stage's analysed unary nodes above the aliases, bottom first
+        # the classes, looked up once (each package of a py4j lookup is a round trip to the JVM)
+        self._project = jvm.org.apache.spark.sql.catalyst.plans.logical.Project
+        self._dataset = jvm.org.apache.spark.sql.classic.Dataset
+        self._utils = jvm.org.apache.spark.api.python.PythonUtils
+
+    @classmethod
+    def of(cls, df: DataFrame, jsession: Any, stage: Callable[[DataFrame], DataFrame]) -> KeyedStagePlan | None:
+        """The plan of ``stage`` (DataFrame methods, applied to a DataFrame of ``df``'s columns), or None."""
+        from py4j.protocol import Py4JError  # type: ignore[import-untyped]
+
+        jvm = df.sparkSession._jvm   # type: ignore[union-attr]
+        if jvm is None:
+            return None
+        try:
+            expressions = jvm.org.apache.spark.sql.catalyst.expressions
+            unresolved = jvm.org.apache.spark.sql.catalyst.analysis.UnresolvedAttribute
+            nil, none = _scala_seq(jvm, []), jvm.scala.Option.empty()
+            aliases = _scala_seq(jvm, [expressions.Alias(unresolved.quoted(name), name,
+                                                         expressions.NamedExpression.newExprId(), nil, none, nil)
+                                       for name in df.columns])
+            plan = cls(jvm, aliases, [])
+            leaf = plan._rooted(df, jsession)
+            leaf_plan = leaf._jdf.logicalPlan()
+            node = stage(leaf)._jdf.logicalPlan()
+            nodes = []
+            while not node.equals(leaf_plan):
+                if len(nodes) == cls._MAX_NODES or node.children().size() != 1:
+                    return None
+                nodes.append(node)
+                node = node.children().apply(0)
+        except (Py4JError, AttributeError, TypeError):   # a Spark whose classes differ: DataFrame methods instead
+            return None
+        plan._nodes = nodes[::-1]
+        return plan
+
+    def _rooted(self, df: DataFrame, jsession: Any) -> DataFrame:
+        node = self._project(self._aliases, df._jdf.logicalPlan())
+        for above in self._nodes:
+            node = above.withNewChildren(self._utils.toSeq([node]))
+        return DataFrame(self._dataset.ofRows(jsession, node), df.sparkSession)
+
+    def on(self, df: DataFrame, jsession: Any) -> DataFrame:
+        """The keyed stage over ``df`` (of the schema the plan was made for), in the JVM session ``jsession``."""
+        return self._rooted(df, jsession)
+
+
+def _scala_seq(jvm: Any, items: list[Any]) -> Any:
+    return jvm.org.apache.spark.api.python.PythonUtils.toSeq(items)
+
+
+def in_session(df: DataFrame, jsession: Any) -> DataFrame:
+    """``df``'s analysed plan as a DataFrame of the JVM session ``jsession`` (the Python side keeps ``df``'s
+    session object: nothing in PySpark's wrappers depends on which JVM session runs the query)."""
+    dataset = df.sparkSession._jvm.org.apache.spark.sql.classic.Dataset   # type: ignore[union-attr]
+    return DataFrame(dataset.ofRows(jsession, df._jdf.logicalPlan()), df.sparkSession)
 
 
 def check_input(options: JobOptions, df: DataFrame, cache: SparkPlanCache) -> _CheckedInput:
@@ -312,6 +448,7 @@ def check_input(options: JobOptions, df: DataFrame, cache: SparkPlanCache) -> _C
     checked = _CheckedInput(arrow, key_type, unused_name(names, _DIGEST), names, plain)
     cache.input = (key, zone, checked)
     cache.placements.clear()
+    cache.stages.clear()
     cache.digest = None
     return checked
 
@@ -449,24 +586,42 @@ class SparkExecutor:
         if cache.digest is None:   # its Columns are unresolved: any DataFrame of this schema takes them
             cache.digest = (checked.digest_column, (F.col("*"), _record_digest(df).alias(checked.digest_column)))
         digest_column, with_digest = cache.digest
-        digested = df.select(*with_digest)   # not withColumn: it looks the new name up among the columns first
         key = (schema_key, plan.max_parallelism, plan.parallelism, plan.boundaries)
-        if key not in cache.placements:
-            cache.placements[key] = key_group_placement(
-                digested, *self._options.key_columns, max_parallelism=plan.max_parallelism,
-                parallelism=plan.parallelism, key_group_boundaries=plan.boundaries)
-            while len(cache.placements) > 8:
-                cache.placements.pop(next(iter(cache.placements)))
-        place = cache.placements[key]
-        if place is not None:
-            placed = place(digested)
-        else:
-            placed = partition_by_key_group(digested, *self._options.key_columns,
-                                            max_parallelism=plan.max_parallelism, parallelism=plan.parallelism,
-                                            key_group_boundaries=plan.boundaries)
         names, plain = list(checked.names), list(checked.plain)
-        if plain != names:   # mapInArrow takes these columns under plain names
-            placed = placed.select(*[quoted(c).alias(p) for c, p in zip(names, plain)], quoted(digest_column))
+        key_columns = self._options.key_columns
+
+        def stage(frame: DataFrame) -> DataFrame:
+            """The keyed stage above ``frame`` (the input, or a DataFrame of its columns), by DataFrame methods."""
+            digested = frame.select(*with_digest)   # not withColumn: it looks the new name up among the columns
+            if key not in cache.placements:
+                cache.placements[key] = key_group_placement(
+                    digested, *key_columns, max_parallelism=plan.max_parallelism, parallelism=plan.parallelism,
+                    key_group_boundaries=plan.boundaries)
+                while len(cache.placements) > 8:
+                    cache.placements.pop(next(iter(cache.placements)))
+            place = cache.placements[key]
+            if place is not None:
+                placed = place(digested)
+            else:
+                placed = partition_by_key_group(digested, *key_columns, max_parallelism=plan.max_parallelism,
+                                                parallelism=plan.parallelism, key_group_boundaries=plan.boundaries)
+            if plain != names:   # mapInArrow takes these columns under plain names
+                placed = placed.select(*[quoted(c).alias(p) for c, p in zip(names, plain)], quoted(digest_column))
+            return placed
+
+        stage_session = keyed_stage_session(df, cache)
+        jsession = stage_session if stage_session is not None else getattr(df.sparkSession, "_jsparkSession", None)
+        placed = None
+        if jsession is not None:   # a classic session: the stage's plan analysed once, put on this input
+            if key not in cache.stages:
+                cache.stages[key] = KeyedStagePlan.of(df, jsession, stage)
+                while len(cache.stages) > 8:
+                    cache.stages.pop(next(iter(cache.stages)))
+            stage_plan = cache.stages[key]
+            if stage_plan is not None:
+                placed = stage_plan.on(df, jsession)
+        if placed is None:
+            placed = stage(df if stage_session is None else in_session(df, stage_session))
         self._placed = placed
         spec = self._spec = spec.compact()   # under the size at which Spark broadcasts the task's function
         renamed = names if plain != names else None
