@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sys
 
+import pyarrow as pa
 import pytest
 from pyspark import cloudpickle
 from pyspark.sql import functions as F
@@ -13,7 +14,7 @@ from pyspark.sql import functions as F
 from keygroups.runtime import KeyedProcessFunction
 from keygroups.serializers import Int64Serializer
 from keygroups.spark import KeyedJob
-from keygroups.spark.executor import KeyedStagePlan, SparkPlanCache, keyed_stage_session
+from keygroups.spark.executor import _REPORT_ARROW, _REPORT_SCHEMA, KeyedStagePlan, SparkPlanCache, keyed_stage_session
 from keygroups.spark.partitioner import KeyGroupPartitioner, partition_by_key_group
 from keygroups.state import ValueStateDescriptor
 
@@ -43,12 +44,41 @@ def test_a_stage_plan_made_over_one_input_places_another_inputs_rows_exactly(spa
     assert plan is not None
     # another plan with other column ids (and a filter): the plan made over `first` is put on it
     second = spark.range(0, 600, numPartitions=2).selectExpr("id * 7919 - 300 AS key", "id AS v").where("v % 5 <> 0")
-    placed = plan.on(second, spark._jsparkSession)
-    assert placed.columns == ["key", "v"] and placed.rdd.getNumPartitions() == 3
+    placed, mapped = plan.on(second, spark._jsparkSession)
+    assert not mapped and placed.columns == ["key", "v"] and placed.rdd.getNumPartitions() == 3
     rows = placed.select("key", "v", F.spark_partition_id().alias("p")).collect()
     owner = KeyGroupPartitioner(128, 3, "long")
     assert sorted((r.key, r.v) for r in rows) == sorted((i * 7919 - 300, i) for i in range(600) if i % 5)
     assert all(r.p == owner(r.key) for r in rows)
+
+
+def _counting_task(tag: str):
+    def task(batches):
+        from pyspark import TaskContext
+
+        keys = [k for b in batches for k in b.column(0).to_pylist()]
+        yield pa.RecordBatch.from_pylist([{"subtask": TaskContext.get().partitionId(),
+                                           "report": f"{tag}:{','.join(map(str, sorted(keys)))}"}],
+                                         schema=_REPORT_ARROW)
+    return task
+
+
+def test_each_batch_runs_its_own_function_in_the_copied_map_in_arrow(spark):
+    """The plan's mapInArrow is copied around each batch's function: the second input's tasks run the second
+    function (its tag), over exactly their subtask's keys."""
+    def stage(frame):
+        return partition_by_key_group(frame, "key", max_parallelism=64, parallelism=2)
+
+    first = spark.createDataFrame([(i,) for i in range(10)], "key long")
+    plan = KeyedStagePlan.of(first, spark._jsparkSession, stage, _counting_task("first"), _REPORT_SCHEMA)
+    assert plan is not None
+    second = spark.range(0, 50, numPartitions=3).selectExpr("id * 31 AS key")
+    keyed, mapped = plan.on(second, spark._jsparkSession, _counting_task("second"))
+    assert mapped
+    owner = KeyGroupPartitioner(64, 2, "long")
+    expected = {p: sorted(k * 31 for k in range(50) if owner(k * 31) == p) for p in range(2)}
+    got = {r["subtask"]: r["report"] for r in keyed.collect()}
+    assert got == {p: "second:" + ",".join(map(str, keys)) for p, keys in expected.items()}
 
 
 def test_the_stage_runs_in_a_clone_without_adaptive_execution_and_the_users_session_is_untouched(spark):
