@@ -11,7 +11,7 @@ import pytest
 from pyspark import cloudpickle
 from pyspark.sql import functions as F
 
-from keygroups.runtime import KeyedProcessFunction
+from keygroups.runtime import KeyedProcessFunction, RecordsPerSubtask
 from keygroups.serializers import Int64Serializer
 from keygroups.spark import KeyedJob
 from keygroups.spark.executor import _REPORT_ARROW, _REPORT_SCHEMA, KeyedStagePlan, SparkPlanCache, keyed_stage_session
@@ -136,3 +136,22 @@ def test_a_job_over_inputs_of_every_kind_places_and_counts_exactly(spark, tmp_pa
         assert latest == {key: model[key] for key, _ in rows}
     assert spark.conf.get(AQE) == "true"
     assert [plan for plan in job._plans.stages.values() if plan is not None]   # the batches took the planned stage
+
+
+def test_a_persisted_narrow_input_is_read_once_by_the_stage_in_the_clone(spark, tmp_path):
+    """A policy batch persists its input to count it; the keyed stage, in the clone session, reads the persisted
+    rows (the cache is shared by the sessions), not the input again: the input's Python filter runs once per row."""
+    calls = spark.sparkContext.accumulator(0)
+
+    @F.udf("boolean")
+    def keep(v):
+        calls.add(1)
+        return True
+
+    df = spark.range(0, 300, numPartitions=3).selectExpr("id % 50 AS key", "id AS v").where(keep("v"))
+    assert keyed_stage_session(df, SparkPlanCache()) is not None   # narrow: the stage runs in the clone
+    job = KeyedJob("once", "key", Totals(), output_schema="key long, total long", max_parallelism=32,
+                   checkpoint_location=str(tmp_path / "chk"))
+    result = job.run_batch(df, parallelism=RecordsPerSubtask(100))
+    assert result.records_in == 300 and result.parallelism == 3
+    assert calls.value == 300

@@ -22,6 +22,7 @@ from __future__ import annotations
 import datetime
 import json
 import re
+import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -319,7 +320,12 @@ def keyed_stage_session(df: DataFrame, cache: SparkPlanCache) -> Any:
     configuration), made again whenever the user's session configuration changes (its time zone, Arrow batch
     size, ...), so that the stage sees the user's settings. Any other input (a join, an aggregate, a window: where
     adaptive execution may help the user's part of the plan), a session with adaptive execution already off, a
-    session without a JVM (Spark Connect) or a Spark whose classes differ: ``df``'s own session, as before."""
+    session without a JVM (Spark Connect) or a Spark whose classes differ: ``df``'s own session, as before.
+
+    The stage's Spark job runs on the same SparkContext and thread, so it carries the thread's job group, job
+    tags and description (a streaming query's stop cancels it as before); it does not carry tags added to the
+    user's session object itself (``SparkSession.addTag``), so ``spark.interruptTag`` / ``interruptAll`` on the
+    user's session do not reach it."""
     jsession = getattr(df.sparkSession, "_jsparkSession", None)   # classic sessions only
     if jsession is None:
         return None
@@ -451,6 +457,7 @@ class _MapInArrowCopier:
         self._node, self._udf = node, udf
         self._node_args, self._node_slots = _constructor_arguments(gateway, node, ("functionExpr", "child"))
         self._udf_args, self._udf_slots = _constructor_arguments(gateway, udf, ("func",))
+        self._lock = threading.Lock()   # the argument arrays are filled anew for each copy
 
     @classmethod
     def of(cls, spark: SparkSession, mapped: DataFrame, schema: StructType) -> _MapInArrowCopier | None:
@@ -473,11 +480,12 @@ class _MapInArrowCopier:
             registry.clear()
             return None
         function = self._simple_function(bytearray(pickled), *self._environment)
-        self._udf_args[self._udf_slots[0]] = function
-        udf = self._udf.makeCopy(self._udf_args)
-        self._node_args[self._node_slots[0]] = udf
-        self._node_args[self._node_slots[1]] = child
-        return self._node.makeCopy(self._node_args)
+        with self._lock:
+            self._udf_args[self._udf_slots[0]] = function
+            udf = self._udf.makeCopy(self._udf_args)
+            self._node_args[self._node_slots[0]] = udf
+            self._node_args[self._node_slots[1]] = child
+            return self._node.makeCopy(self._node_args)
 
 
 def _constructor_arguments(gateway: Any, node: Any, names: tuple[str, ...]) -> tuple[Any, list[int]]:
