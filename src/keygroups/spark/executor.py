@@ -408,7 +408,7 @@ class KeyedStagePlan:
                     plan._map = _MapInArrowCopier.of(df.sparkSession, staged.mapInArrow(task, schema), schema)
                 except (Py4JError, AttributeError, TypeError):   # PySpark's own mapInArrow on every batch
                     plan._map = None
-            nodes = []
+            nodes: list[Any] = []
             while not node.equals(leaf_plan):
                 if len(nodes) == cls._MAX_NODES or node.children().size() != 1:
                     return None
@@ -447,6 +447,7 @@ class _MapInArrowCopier:
 
         gateway = spark.sparkContext._gateway
         jvm = spark._jvm   # type: ignore[attr-defined]
+        assert jvm is not None   # a classic session (KeyedStagePlan.of checked)
         self._context = spark.sparkContext
         self._serializer = CloudPickleSerializer()
         self._schema = schema
