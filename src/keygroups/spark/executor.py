@@ -6,7 +6,10 @@ partition *i* holds exactly subtask *i*'s key groups (``repartitionById`` with t
 shuffle), and run by one ``mapInArrow`` job whose tasks return their reports as JSON; subtasks Spark skipped (no
 records) run as tasks of their own. What does not change while the input's schema and the ranges stay the same (the
 input checks, the Arrow schema, the placement's Catalyst expressions, the digest column) is built once per job
-(:class:`SparkPlanCache`).
+(:class:`SparkPlanCache`); on a classic session the keyed stage's plan above the input is analysed once too and put on
+each batch's input (:class:`KeyedStagePlan`), and over a narrow input (a scan, a micro-batch's rows, projections and
+filters) the stage runs in a clone of the user's session without adaptive execution, as one Spark job planned once
+(:func:`keyed_stage_session`). Both cut the driver's fixed cost of a small batch; the user's session is never changed.
 
 The output and staged input files are read by :func:`read_checkpoint_files`: with Spark's own Parquet reader where
 Hadoop reaches the checkpoint location as the tasks did (a local path, ``hdfs://``), and otherwise by Spark tasks
@@ -19,6 +22,7 @@ from __future__ import annotations
 import datetime
 import json
 import re
+import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -271,12 +275,242 @@ class _CheckedInput:
 
 class SparkPlanCache:
     """What a job builds once and reuses while its input's schema (and, for the placement, the ranges) stay the
-    same: the input checks and Arrow schema, the digest and placement expressions."""
+    same: the input checks and Arrow schema, the digest and placement expressions; and the session the keyed stage
+    runs in while the input session's configuration stays the same (:func:`keyed_stage_session`)."""
 
     def __init__(self) -> None:
         self.input: tuple[str, str, _CheckedInput] | None = None
         self.placements: dict[tuple[Any, ...], Callable[[DataFrame], DataFrame] | None] = {}
         self.digest: tuple[str, tuple[Column, Column]] | None = None
+        self.stage_session: tuple[str, Any] | None = None
+        self.stages: dict[tuple[Any, ...], KeyedStagePlan | None] = {}
+
+
+# ---- the keyed stage's session -------------------------------------------------------------------------------------
+
+#: Logical operators that read or transform rows where they are (no exchange, no join, no aggregate): over an input
+#: made of these only, the keyed stage's query has one shuffle (the placement's), and adaptive query execution has
+#: nothing to adapt, only its cost (it plans the query in two Spark jobs and re-plans it between them).
+_NARROW_OPERATORS = frozenset({
+    "Project", "Filter", "Relation", "RelationV2", "LocalRelation", "Range", "LogicalRDD", "SubqueryAlias", "View",
+    "MapInArrow", "MapInPandas"})
+_AQE = "spark.sql.adaptive.enabled"
+
+
+def _operators(tree: str) -> set[str]:
+    """The operator names of a logical plan's ``treeString`` (one per line, subquery plans included)."""
+    names = set()
+    for line in tree.splitlines():
+        node = line.lstrip(" :+-")
+        if node:
+            names.add(re.split(r"[ \[(]", node, maxsplit=1)[0])
+    return names
+
+
+def keyed_stage_session(df: DataFrame, cache: SparkPlanCache) -> Any:
+    """The JVM session the keyed stage's query over ``df`` runs in, or None for ``df``'s own.
+
+    Over an input of narrow operators only (:data:`_NARROW_OPERATORS`: a scan, a streaming micro-batch's rows,
+    projections and filters), the keyed stage runs in a clone of ``df``'s session whose only difference is
+    adaptive query execution switched off: the query then runs as one Spark job (the shuffle's map stage and the
+    ``mapInArrow`` stage) and is planned once, which saves a small batch about a third of its driver time outside
+    Spark's jobs. The placement is the same (``repartitionById`` to exactly ``parallelism`` partitions, which
+    adaptive execution never coalesces). The user's session is never changed, not even for a moment: the clone is
+    a session of its own (``SparkSession.cloneSession``: the same SparkContext, cache and catalog, a copy of the
+    configuration), made again whenever the user's session configuration changes (its time zone, Arrow batch
+    size, ...), so that the stage sees the user's settings. Any other input (a join, an aggregate, a window: where
+    adaptive execution may help the user's part of the plan), a session with adaptive execution already off, a
+    session without a JVM (Spark Connect) or a Spark whose classes differ: ``df``'s own session, as before.
+
+    The stage's Spark job runs on the same SparkContext and thread, so it carries the thread's job group, job
+    tags and description (a streaming query's stop cancels it as before); it does not carry tags added to the
+    user's session object itself (``SparkSession.addTag``), so ``spark.interruptTag`` / ``interruptAll`` on the
+    user's session do not reach it."""
+    jsession = getattr(df.sparkSession, "_jsparkSession", None)   # classic sessions only
+    if jsession is None:
+        return None
+    from py4j.protocol import Py4JError  # type: ignore[import-untyped]
+
+    try:
+        if not _operators(df._jdf.logicalPlan().treeString()) <= _NARROW_OPERATORS:
+            return None
+        conf = jsession.sessionState().conf()
+        settings = conf.getAllConfs().toString()
+        if cache.stage_session is not None and cache.stage_session[0] == settings:
+            return cache.stage_session[1]
+        stage = None
+        if conf.adaptiveExecutionEnabled():
+            stage = jsession.cloneSession()
+            stage.sessionState().conf().setConfString(_AQE, "false")
+    except (Py4JError, AttributeError, TypeError):   # a Spark whose classes differ: run as before
+        return None
+    cache.stage_session = (settings, stage)
+    return stage
+
+
+class KeyedStagePlan:
+    """The keyed stage's plan above its input (the digest column, the placement by key group, the renames for
+    ``mapInArrow``, and the ``mapInArrow`` of the subtasks), analysed once per input schema and ranges, and put on
+    each batch's input, with each batch's subtask function, in a few JVM calls.
+
+    Building the stage with DataFrame methods costs the driver the analysis of the placement's key-group expression
+    and of the digest (Catalyst's resolution and type coercion over a few hundred expression nodes) and some forty
+    py4j round trips of PySpark's ``mapInArrow`` (its column lookups, the Python function's Java objects), on every
+    batch, and all of it is the same every batch but for the ids of the input's columns and the function's pickled
+    bytes. So the input is first projected onto columns of fixed ids (one ``Project`` of ``name AS name`` aliases
+    whose ids are made once), the stage is analysed once above that projection, and each batch rebuilds the same
+    analysed nodes over ``Project(aliases, input)`` (the analyser resolves only the aliases' names; the optimizer
+    folds the projection away, so the physical plan is the one DataFrame methods give), with the ``mapInArrow``
+    node copied around a Python function made of this batch's pickled function and the first one's environment
+    (exactly what PySpark's ``mapInArrow`` would send: ``(function, return type)`` pickled by its serializer).
+
+    Built only on a classic session (it needs the JVM's Catalyst classes): :meth:`of` returns None where it cannot
+    be, and the caller builds the stage with DataFrame methods instead. A batch whose function cannot be swapped
+    (pickled above Spark's broadcast threshold, or holding broadcast variables) gets the stage without the
+    ``mapInArrow`` (:meth:`on` says so), and the caller adds it with PySpark's own method."""
+
+    #: At most this many nodes above the aliases (the digest, the placement, the renames): a guard, not a limit.
+    _MAX_NODES = 8
+
+    def __init__(self, jvm: Any, aliases: Any) -> None:
+        self._aliases = aliases   # Seq[Alias(UnresolvedAttribute(name), name, fixed id)]
+        self._nodes: list[Any] = []   # the stage's analysed unary nodes above the aliases, bottom first
+        self._map: _MapInArrowCopier | None = None   # the mapInArrow on top, if it can be copied
+        # the classes and static methods, looked up once (each name py4j looks up is a round trip to the JVM)
+        self._project = jvm.org.apache.spark.sql.catalyst.plans.logical.Project
+        self._of_rows = jvm.org.apache.spark.sql.classic.Dataset.ofRows
+        self._to_seq = jvm.org.apache.spark.api.python.PythonUtils.toSeq
+
+    @classmethod
+    def of(cls, df: DataFrame, jsession: Any, stage: Callable[[DataFrame], DataFrame],
+           task: Callable[[Any], Any] | None = None, schema: StructType | None = None) -> KeyedStagePlan | None:
+        """The plan of ``stage`` (DataFrame methods, applied to a DataFrame of ``df``'s columns), followed by
+        ``mapInArrow(task, schema)`` when a ``task`` is given; or None."""
+        from py4j.protocol import Py4JError  # type: ignore[import-untyped]
+
+        jvm = df.sparkSession._jvm   # type: ignore[union-attr]
+        if jvm is None:
+            return None
+        try:
+            expressions = jvm.org.apache.spark.sql.catalyst.expressions
+            unresolved = jvm.org.apache.spark.sql.catalyst.analysis.UnresolvedAttribute
+            nil, none = _scala_seq(jvm, []), jvm.scala.Option.empty()
+            aliases = _scala_seq(jvm, [expressions.Alias(unresolved.quoted(name), name,
+                                                         expressions.NamedExpression.newExprId(), nil, none, nil)
+                                       for name in df.columns])
+            plan = cls(jvm, aliases)
+            leaf = plan._rooted(df, jsession, None)[0]
+            leaf_plan = leaf._jdf.logicalPlan()
+            staged = stage(leaf)
+            node = staged._jdf.logicalPlan()
+            if task is not None and schema is not None:
+                try:
+                    plan._map = _MapInArrowCopier.of(df.sparkSession, staged.mapInArrow(task, schema), schema)
+                except (Py4JError, AttributeError, TypeError):   # PySpark's own mapInArrow on every batch
+                    plan._map = None
+            nodes: list[Any] = []
+            while not node.equals(leaf_plan):
+                if len(nodes) == cls._MAX_NODES or node.children().size() != 1:
+                    return None
+                nodes.append(node)
+                node = node.children().apply(0)
+        except (Py4JError, AttributeError, TypeError):   # a Spark whose classes differ: DataFrame methods instead
+            return None
+        plan._nodes = nodes[::-1]
+        return plan
+
+    def _rooted(self, df: DataFrame, jsession: Any, task: Callable[[Any], Any] | None) -> tuple[DataFrame, bool]:
+        node = self._project(self._aliases, df._jdf.logicalPlan())
+        for above in self._nodes:
+            node = above.withNewChildren(self._to_seq([node]))
+        mapped = False
+        if task is not None and self._map is not None:
+            copied = self._map.over(node, task)
+            if copied is not None:
+                node, mapped = copied, True
+        return DataFrame(self._of_rows(jsession, node), df.sparkSession), mapped
+
+    def on(self, df: DataFrame, jsession: Any, task: Callable[[Any], Any] | None = None) -> tuple[DataFrame, bool]:
+        """The keyed stage over ``df`` (of the schema the plan was made for), in the JVM session ``jsession``, and
+        whether it holds ``mapInArrow(task, ...)`` (False: the caller adds it)."""
+        return self._rooted(df, jsession, task)
+
+
+class _MapInArrowCopier:
+    """Copies an analysed ``MapInArrow`` node over another child with another Python function (see
+    :class:`KeyedStagePlan`): a new ``SimplePythonFunction`` of the new pickled bytes and the first function's
+    environment, put into copies of the node's ``PythonUDF`` and of the node (Catalyst's ``makeCopy`` of their
+    constructor arguments)."""
+
+    def __init__(self, spark: SparkSession, node: Any, udf: Any, function: Any, schema: StructType) -> None:
+        from pyspark.serializers import CloudPickleSerializer
+
+        gateway = spark.sparkContext._gateway
+        jvm = spark._jvm   # type: ignore[attr-defined]
+        assert jvm is not None   # a classic session (KeyedStagePlan.of checked)
+        self._context = spark.sparkContext
+        self._serializer = CloudPickleSerializer()
+        self._schema = schema
+        self._threshold = jvm.PythonUtils.getBroadcastThreshold(self._context._jsc)
+        self._simple_function = jvm.org.apache.spark.api.python.SimplePythonFunction
+        self._environment = (function.envVars(), function.pythonIncludes(), function.pythonExec(),
+                             function.pythonVer(), function.broadcastVars(), function.accumulator())
+        self._node, self._udf = node, udf
+        self._node_args, self._node_slots = _constructor_arguments(gateway, node, ("functionExpr", "child"))
+        self._udf_args, self._udf_slots = _constructor_arguments(gateway, udf, ("func",))
+        self._lock = threading.Lock()   # the argument arrays are filled anew for each copy
+
+    @classmethod
+    def of(cls, spark: SparkSession, mapped: DataFrame, schema: StructType) -> _MapInArrowCopier | None:
+        node = mapped._jdf.logicalPlan()
+        if node.getClass().getSimpleName() != "MapInArrow":
+            return None
+        udf = node.functionExpr()
+        if udf.getClass().getSimpleName() != "PythonUDF" or not udf.func().getClass().getSimpleName() == (
+                "SimplePythonFunction") or udf.func().broadcastVars().size() != 0:
+            return None
+        return cls(spark, node, udf, udf.func(), schema)
+
+    def over(self, child: Any, task: Callable[[Any], Any]) -> Any:
+        """The ``MapInArrow`` node over ``child`` running ``task``; None where PySpark would broadcast the function
+        or send broadcast variables with it (its own ``mapInArrow`` handles those)."""
+        context = self._context
+        pickled = self._serializer.dumps((task, self._schema))   # what PySpark's mapInArrow pickles
+        registry = context._pickled_broadcast_vars   # a thread-local registry: iterable, without a length
+        if len(pickled) > self._threshold or next(iter(registry), None) is not None:
+            registry.clear()
+            return None
+        function = self._simple_function(bytearray(pickled), *self._environment)
+        with self._lock:
+            self._udf_args[self._udf_slots[0]] = function
+            udf = self._udf.makeCopy(self._udf_args)
+            self._node_args[self._node_slots[0]] = udf
+            self._node_args[self._node_slots[1]] = child
+            return self._node.makeCopy(self._node_args)
+
+
+def _constructor_arguments(gateway: Any, node: Any, names: tuple[str, ...]) -> tuple[Any, list[int]]:
+    """A Catalyst node's constructor arguments (a Java ``Object[]`` to pass to ``makeCopy``) and the positions
+    of the fields ``names`` among them."""
+    arity = node.productArity()
+    fields = [node.productElementName(i) for i in range(arity)]
+    if any(name not in fields for name in names):
+        raise TypeError(f"{node.getClass().getSimpleName()} has no field among {names}: {fields}")
+    arguments = gateway.new_array(gateway.jvm.java.lang.Object, arity)
+    for i in range(arity):
+        arguments[i] = node.productElement(i)
+    return arguments, [fields.index(name) for name in names]
+
+
+def _scala_seq(jvm: Any, items: list[Any]) -> Any:
+    return jvm.org.apache.spark.api.python.PythonUtils.toSeq(items)
+
+
+def in_session(df: DataFrame, jsession: Any) -> DataFrame:
+    """``df``'s analysed plan as a DataFrame of the JVM session ``jsession`` (the Python side keeps ``df``'s
+    session object: nothing in PySpark's wrappers depends on which JVM session runs the query)."""
+    dataset = df.sparkSession._jvm.org.apache.spark.sql.classic.Dataset   # type: ignore[union-attr]
+    return DataFrame(dataset.ofRows(jsession, df._jdf.logicalPlan()), df.sparkSession)
 
 
 def check_input(options: JobOptions, df: DataFrame, cache: SparkPlanCache) -> _CheckedInput:
@@ -312,6 +546,7 @@ def check_input(options: JobOptions, df: DataFrame, cache: SparkPlanCache) -> _C
     checked = _CheckedInput(arrow, key_type, unused_name(names, _DIGEST), names, plain)
     cache.input = (key, zone, checked)
     cache.placements.clear()
+    cache.stages.clear()
     cache.digest = None
     return checked
 
@@ -335,8 +570,7 @@ class SparkExecutor:
         self._read_once = read_once
         self._persisted: DataFrame | None = None
         self._checked: _CheckedInput | None = None
-        self._placed: DataFrame | None = None
-        self._task: Callable[[Any], Any] | None = None
+        self._keyed: DataFrame | None = None   # the keyed stage: the placed input, mapInArrow of the subtasks
         self._spec: KeyedTaskSpec | None = None
         self._tag: str | None = None
         self._started = time.time()
@@ -442,32 +676,38 @@ class SparkExecutor:
 
     def prepare(self, spec: KeyedTaskSpec, plan: BatchPlan) -> None:
         """The keyed stage's DataFrame: the input with its digest column, placed by key group (the placement's
-        expressions built once per schema and ranges), its columns under names ``mapInArrow`` takes."""
+        expressions built once per schema and ranges), its columns under names ``mapInArrow`` takes, and the
+        ``mapInArrow`` of the subtasks; on a classic session from the plan analysed once (:class:`KeyedStagePlan`),
+        in the session :func:`keyed_stage_session` chooses."""
         df, checked, cache = self._df, self._checked, self._cache
         assert df is not None and checked is not None
         schema_key = cache.input[0] if cache.input is not None else None
         if cache.digest is None:   # its Columns are unresolved: any DataFrame of this schema takes them
             cache.digest = (checked.digest_column, (F.col("*"), _record_digest(df).alias(checked.digest_column)))
         digest_column, with_digest = cache.digest
-        digested = df.select(*with_digest)   # not withColumn: it looks the new name up among the columns first
         key = (schema_key, plan.max_parallelism, plan.parallelism, plan.boundaries)
-        if key not in cache.placements:
-            cache.placements[key] = key_group_placement(
-                digested, *self._options.key_columns, max_parallelism=plan.max_parallelism,
-                parallelism=plan.parallelism, key_group_boundaries=plan.boundaries)
-            while len(cache.placements) > 8:
-                cache.placements.pop(next(iter(cache.placements)))
-        place = cache.placements[key]
-        if place is not None:
-            placed = place(digested)
-        else:
-            placed = partition_by_key_group(digested, *self._options.key_columns,
-                                            max_parallelism=plan.max_parallelism, parallelism=plan.parallelism,
-                                            key_group_boundaries=plan.boundaries)
         names, plain = list(checked.names), list(checked.plain)
-        if plain != names:   # mapInArrow takes these columns under plain names
-            placed = placed.select(*[quoted(c).alias(p) for c, p in zip(names, plain)], quoted(digest_column))
-        self._placed = placed
+        key_columns = self._options.key_columns
+
+        def stage(frame: DataFrame) -> DataFrame:
+            """The keyed stage above ``frame`` (the input, or a DataFrame of its columns), by DataFrame methods."""
+            digested = frame.select(*with_digest)   # not withColumn: it looks the new name up among the columns
+            if key not in cache.placements:
+                cache.placements[key] = key_group_placement(
+                    digested, *key_columns, max_parallelism=plan.max_parallelism, parallelism=plan.parallelism,
+                    key_group_boundaries=plan.boundaries)
+                while len(cache.placements) > 8:
+                    cache.placements.pop(next(iter(cache.placements)))
+            place = cache.placements[key]
+            if place is not None:
+                placed = place(digested)
+            else:
+                placed = partition_by_key_group(digested, *key_columns, max_parallelism=plan.max_parallelism,
+                                                parallelism=plan.parallelism, key_group_boundaries=plan.boundaries)
+            if plain != names:   # mapInArrow takes these columns under plain names
+                placed = placed.select(*[quoted(c).alias(p) for c, p in zip(names, plain)], quoted(digest_column))
+            return placed
+
         spec = self._spec = spec.compact()   # under the size at which Spark broadcasts the task's function
         renamed = names if plain != names else None
 
@@ -481,11 +721,24 @@ class SparkExecutor:
             yield pa.RecordBatch.from_pylist([{"subtask": index, "report": json.dumps(report.to_json())}],
                                              schema=_REPORT_ARROW)
 
-        self._task = subtask
+        stage_session = keyed_stage_session(df, cache)
+        jsession = stage_session if stage_session is not None else getattr(df.sparkSession, "_jsparkSession", None)
+        keyed, mapped = None, False
+        if jsession is not None:   # a classic session: the stage's plan analysed once, put on this input
+            if key not in cache.stages:
+                cache.stages[key] = KeyedStagePlan.of(df, jsession, stage, subtask, _REPORT_SCHEMA)
+                while len(cache.stages) > 8:
+                    cache.stages.pop(next(iter(cache.stages)))
+            stage_plan = cache.stages[key]
+            if stage_plan is not None:
+                keyed, mapped = stage_plan.on(df, jsession, subtask)
+        if keyed is None:
+            keyed = stage(df if stage_session is None else in_session(df, stage_session))
+        self._keyed = keyed if mapped else keyed.mapInArrow(subtask, _REPORT_SCHEMA)
 
     def run_keyed(self) -> list[SubtaskReport]:
-        assert self._placed is not None and self._task is not None
-        rows = self._placed.mapInArrow(self._task, _REPORT_SCHEMA).collect()
+        assert self._keyed is not None
+        rows = self._keyed.collect()
         return [SubtaskReport.from_json(json.loads(r["report"])) for r in rows]
 
     def run_idle(self, subtasks: Sequence[int]) -> list[SubtaskReport]:
