@@ -251,8 +251,8 @@ def _batch(b, storage, checkpoint_id, keys, plus):
     return storage.load(checkpoint_id)
 
 
-def _backend(warm):
-    return RocksDBKeyedStateBackend(key_group_range(MAXP, 1, 0), MAXP, Int64Serializer(), warm_dir=warm)
+def _backend(warm, **options):
+    return RocksDBKeyedStateBackend(key_group_range(MAXP, 1, 0), MAXP, Int64Serializer(), warm_dir=warm, **options)
 
 
 def _values(b, keys):
@@ -284,8 +284,8 @@ def test_a_database_behind_that_cannot_show_its_chains_is_restored_not_caught_up
         body["mac"] = seal(directory_secret(a), _marker_body(body))   # sealed again: only the chains are missing
         with open(path, "w") as f:
             json.dump(body, f)
-    else:   # host a's attempt at checkpoint 2 writes its snapshot, which never commits
-        w = _backend(a)
+    else:   # host a's attempt at checkpoint 2 writes its snapshot, which never commits, and its database
+        w = _backend(a, write_back_batches=1)
         w.restore(storage, md1)
         n = _count_state(w)
         for k in range(50):

@@ -64,6 +64,7 @@ from keygroups._native.statecore import java_key, java_keys, java_map
 from keygroups._ranges import KeyGroupRange
 from keygroups.checkpoint import KeyedStateHandle, KeyGroupBlock, chain_stats, plan_keyed_restore, write_keyed_snapshot
 from keygroups.checkpoint.metadata import is_shared_path, key_group_runs
+from keygroups.checkpoint.planning import choose_full_key_groups
 from keygroups.checkpoint.state_meta import check_state_metas
 from keygroups.errors import CheckpointNotFoundError, CorruptSnapshotError, no_current_key_error
 from keygroups.serializers import TypeSerializer
@@ -103,10 +104,18 @@ _pack_u32 = _U32.pack
 #: Cached entries per state before the cache is flushed to the database and emptied.
 DEFAULT_CACHE_LIMIT = 1 << 20
 
+#: A kept database is written at most every this many snapshots (write-back; see the module docs).
+DEFAULT_WRITE_BACK_BATCHES = 4
+
 log = logging.getLogger(__name__)
 
 
 _Caches = dict[str, tuple[Any, dict[Any, Any]]]
+
+#: What parked caches hold beyond the database (write-back): per state name its unwritten keys (key -> key-group
+#: index; their values are in the cache), and the snapshot the caches are the state of: (checkpoint id, the
+#: snapshot file of the range), and how many snapshots in a row were taken without writing the database.
+_Lag = tuple[dict[str, dict[Any, int]], int, str, int]
 
 
 class _KeptCaches:
@@ -120,23 +129,30 @@ class _KeptCaches:
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
-        self._kept: WarmRegistry[tuple[str, _Caches]] = WarmRegistry()
+        self._kept: WarmRegistry[tuple[str, _Caches, _Lag | None]] = WarmRegistry()
 
     @staticmethod
-    def _size(kept: tuple[str, _Caches]) -> int:
+    def _size(kept: tuple[str, _Caches, _Lag | None]) -> int:
         return sum(len(cache) for _, cache in kept[1].values())
 
-    def park(self, path: str, seal: str, caches: _Caches) -> None:
+    def park(self, path: str, seal: str, caches: _Caches, lag: _Lag | None = None) -> None:
         if not caches:
             self._kept.take(path)
             return
-        self._kept.keep(path, (seal, caches), self.limit, weight=self._size)
+        self._kept.keep(path, (seal, caches, lag), self.limit, weight=self._size)
 
-    def take(self, path: str, seal: str | None) -> _Caches | None:
-        """The caches parked for ``path`` if they were parked for the database sealed ``seal``; either way none
-        stay parked for ``path``."""
+    def take(self, path: str, seal: str | None) -> tuple[_Caches, _Lag | None] | None:
+        """The caches parked for ``path`` if they were parked for the database sealed ``seal``, with what they hold
+        beyond it (None: nothing); either way none stay parked for ``path``. Dropped caches lose nothing: the
+        database's marker names the checkpoint its files hold, and a restore catches up from there."""
         kept = self._kept.take(path)
-        return kept[1] if kept is not None and seal is not None and kept[0] == seal else None
+        return (kept[1], kept[2]) if kept is not None and seal is not None and kept[0] == seal else None
+
+    def lag_as_of(self, path: str) -> int | None:
+        """The checkpoint the caches parked for ``path`` are the state of, when they hold more than its database
+        (write-back); else None."""
+        kept = self._kept.peek(path)
+        return None if kept is None or kept[2] is None else kept[2][1]
 
     def clear(self) -> None:
         self._kept.clear()
@@ -382,7 +398,7 @@ class _RocksTable:
 
     __slots__ = ("backend", "db", "ctx", "name", "state_id", "state_id_bytes", "meta", "descriptor", "read_framing",
                  "write_framing", "needs_migration", "is_map", "mutable", "check_put", "cache", "pending", "changed",
-                 "flushed_rows", "parked")
+                 "flushed_rows", "parked", "unwritten")
 
     def __init__(self, backend: RocksDBKeyedStateBackend, name: str, state_id: int, meta: dict[str, Any],
                  read: ValueFraming, write: ValueFraming, descriptor: StateDescriptor | None) -> None:
@@ -395,6 +411,9 @@ class _RocksTable:
         self.cache: dict[Any, Any] = {}
         self.pending: dict[Any, int] = {}
         self.changed: dict[Any, int] = {}
+        # Keys snapshotted but not written to the database (write-back: their values are in the cache, which never
+        # drops them unwritten), key -> key-group index.
+        self.unwritten: dict[Any, int] = {}
         # The rows of the flush a snapshot just made (database keys and values written, ascending; database keys
         # deleted): its delta is cut from them in compiled code (see _capture_deltas). None after any other flush.
         self.flushed_rows: tuple[list[bytes], list[bytes], list[bytes]] | None = None
@@ -713,7 +732,9 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
     key-group range under it) and reuse it when a restore finds it exactly at the checkpoint it restores (see the
     module docs); the caller keys ``warm_dir`` by checkpoint location and job (``runtime.subtask_state.warm_directory``).
     ``warm_takeover``: which other range's kept database to take over, and which to leave to other backends
-    (``rocksdb_warm.WarmDirectory.claim``).
+    (``rocksdb_warm.WarmDirectory.claim``). ``write_back_batches``: a kept database of value, list, reducing and
+    aggregating states is written at most every this many snapshots; the changes in between stay in the decoded
+    values this process keeps (see the module docs); 1 writes it at every snapshot.
     """
 
     def __init__(self, key_group_range: KeyGroupRange, max_parallelism: int, key_serializer: TypeSerializer, *,
@@ -721,13 +742,23 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
                  subtask_index: int = 0, incremental: bool = True, max_chain: int = DEFAULT_MAX_CHAIN,
                  delta_fraction: float = DEFAULT_DELTA_FRACTION, db_dir: str | os.PathLike[str] | None = None,
                  cache_limit: int = DEFAULT_CACHE_LIMIT, warm_dir: str | os.PathLike[str] | None = None,
-                 warm_takeover: Takeover = (None, frozenset())) -> None:
+                 warm_takeover: Takeover = (None, frozenset()),
+                 write_back_batches: int = DEFAULT_WRITE_BACK_BATCHES) -> None:
         super().__init__(key_group_range, max_parallelism, key_serializer, key_type=key_type, clock=clock,
                          allow_pickle=allow_pickle, subtask_index=subtask_index, incremental=incremental,
                          max_chain=max_chain, delta_fraction=delta_fraction)
         if isinstance(cache_limit, bool) or not isinstance(cache_limit, int) or cache_limit < 1:
             raise ValueError(f"cache_limit must be an int >= 1 (entries per state), got {cache_limit!r}")
         self.cache_limit = cache_limit
+        if isinstance(write_back_batches, bool) or not isinstance(write_back_batches, int) or write_back_batches < 1:
+            raise ValueError(f"write_back_batches must be an int >= 1 (snapshots per database write; 1: every "
+                             f"snapshot writes it), got {write_back_batches!r}")
+        self.write_back_batches = write_back_batches
+        # Write-back: snapshots in a row taken without writing the database (whose marker stays at the one before),
+        # the last one's (checkpoint id, snapshot file), and the states the database's marker vouches for.
+        self._deferred = 0
+        self._lag_as_of: tuple[int, str] | None = None
+        self._vouched_names: frozenset[str] | None = None
         self.set_current_key = self._ctx.set_current_key  # type: ignore[method-assign]  # no Python-level hop
         self._serialize_key = self.key_serializer.serialize
         self._key_encoder = Encoder(self.key_serializer)   # the same bytes as _serialize_key, in C
@@ -806,28 +837,34 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         """Close the local database and delete it, unless it is kept warm (once; later calls do nothing). A kept
         database that is exactly its last snapshot's state leaves its states' decoded values to the next backend
         of this process that resumes it (``_KeptCaches``)."""
-        caches = self._parkable_caches()
+        caches, lag = self._parkable_caches()
         seal = self._finalizer()
         if caches is not None and self._warm is not None:
             if seal is not None:
-                _KEPT_CACHES.park(self._warm.path, seal, caches)
+                _KEPT_CACHES.park(self._warm.path, seal, caches, lag)
             else:
                 _KEPT_CACHES.take(self._warm.path, None)
 
-    def _parkable_caches(self) -> dict[str, tuple[Any, dict[Any, Any]]] | None:
+    def _parkable_caches(self) -> tuple[_Caches | None, _Lag | None]:
         """Per state, (its stored meta, its cache) when the database is kept and holds exactly what the marker
-        vouches for (nothing written, nothing pending since); None otherwise."""
+        vouches for (nothing written, nothing pending since), with, after snapshots that did not write the database
+        (write-back), the keys they left unwritten and the snapshot the caches are the state of; None otherwise."""
         if (self._warm is None or not self._finalizer.alive or self._unchecked or self._marker_writes != self._writes
                 or any(t.pending for t in self._tables.values())):
-            return None
+            return None, None
         caches = {}
         for name, t in self._tables.items():
-            if t.descriptor is not None:
+            if t.descriptor is not None or t.unwritten:
                 if t.cache:
                     caches[name] = (_canonical(t.meta), t.cache)
             elif t.parked is not None:   # restored, not registered this batch: its kept values wait on
                 caches[name] = t.parked
-        return caches
+        unwritten = {name: t.unwritten for name, t in self._tables.items() if t.unwritten}
+        if not unwritten:
+            return caches, None
+        if self._lag_as_of is None:
+            return None, None
+        return caches, (unwritten, *self._lag_as_of, self._deferred)
 
     def estimated_entries(self) -> int:
         """RocksDB's own estimate of its keys (``rocksdb.estimate-num-keys``; writes still cached in Python are not
@@ -838,7 +875,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
     def _has_data(self) -> bool:
         if self._refilling:
             return False   # a kept database replaced by a cold restore (_fall_back_cold): the cache stays
-        if any(t.pending for t in self._tables.values()):
+        if any(t.pending or t.unwritten for t in self._tables.values()):
             return True
         for _ in _scan(self._db):
             return True
@@ -858,6 +895,10 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         if t is None:
             self._new_table(d.name, meta, read, write, d)
             return
+        if t.unwritten and _canonical(meta) != _canonical(t.meta):
+            # values kept unwritten (write-back), decoded with the old serializers: written with them, then dropped
+            self._flush()
+            t.cache = {}
         t.configure(meta, read, write, d)
         parked, t.parked = t.parked, None
         if parked is not None and not t.needs_migration and parked[0] == _canonical(meta) and not t.cache:
@@ -1191,9 +1232,10 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
     def _flush(self, *, evict: bool = False, encoded: dict[str, Any] | None = None) -> None:
         """Write every state's pending keys in one WriteBatch; ``evict`` empties the caches afterwards.
         ``encoded`` (state name -> key -> value encoding or None; a value state's a ``_Written``) receives what was
-        written, for a delta."""
+        written, for a delta. Keys snapshotted without being written (write-back) are written first."""
         self._check_warm()
         with _gc_paused():
+            self._write_unwritten()
             batch = rocksdict.WriteBatch(raw_mode=True)
             ops: list[tuple[bytes, Any]] = []
             runs: list[tuple[list[bytes], list[bytes], list[bytes]]] = []
@@ -1231,6 +1273,73 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         if evict:
             for t in self._tables.values():
                 t.cache.clear()
+
+    def _write_unwritten(self) -> None:
+        """Write the values of the keys snapshots left unwritten (write-back) that no pending write covers: the
+        database then holds the state again, and its marker can vouch for it at the next snapshot."""
+        runs = []
+        for t in self._tables.values():
+            if not t.unwritten:
+                continue
+            rest = t.unwritten.keys() - t.pending.keys()
+            if rest:
+                only = {k: t.unwritten[k] for k in rest}
+                runs.append(rocksstate.flush_values(only, t.cache, self._key_encoder, t.write_framing.writer,
+                                                    self._group_prefix, t.state_id_bytes)[:3])
+        self._write_rows(runs)
+        for t in self._tables.values():
+            t.unwritten.clear()
+
+    def _write_rows(self, runs: list[tuple[list[bytes], list[bytes], list[bytes]]]) -> None:
+        """Write value states' rows (per state: database keys put, their values, database keys deleted; each
+        ascending): as one ingested SST file when many, else one WriteBatch."""
+        if not runs:
+            return
+        if sum(len(put) + len(gone) for put, _, gone in runs) >= _INGEST_ROWS:
+            self._ingest_rows(runs)
+            return
+        batch = rocksdict.WriteBatch(raw_mode=True)
+        for db_keys, encodings, gone_db_keys in runs:
+            collections.deque(map(batch.delete, gone_db_keys), maxlen=0)
+            collections.deque(map(batch.put, db_keys, encodings), maxlen=0)
+        self._write(batch)
+
+    def _may_defer(self, full: set[int]) -> bool:
+        """Whether this snapshot may leave the database unwritten (write-back): a kept database whose marker
+        vouches for its files as they are (nothing written since), fewer than ``write_back_batches - 1`` snapshots
+        in a row deferred, value-like states only (a map's cache holds overlays), each one the marker vouches for,
+        and no key group that must be written full (``full`` beyond the chain compactions, which the next written
+        snapshot makes up for: see ``_skipped_compactions``)."""
+        tables = self._tables.values()
+        if (self._warm is None or self._deferred + 1 >= self.write_back_batches or self._unchecked
+                or self._marker_writes != self._writes or self._vouched_names is None or self._chains is None
+                or not any(t.pending or t.unwritten for t in tables)):
+            return False
+        if any(t.is_map or t.needs_migration or t.name not in self._vouched_names for t in tables):
+            return False
+        return not full - choose_full_key_groups(self._chains, self._n, max_chain=self.max_chain,
+                                                 delta_fraction=self.delta_fraction)
+
+    def _skipped_compactions(self) -> set[int]:
+        """After ``self._deferred`` snapshots that wrote no full key group, the chain compactions they would have
+        made: as many key groups as that many snapshots rewrite (the worst first), so that chains stay as long as
+        without write-back."""
+        if self._chains is None:
+            return set()
+        return choose_full_key_groups(self._chains, self._n * (self._deferred + 1), max_chain=self.max_chain,
+                                      delta_fraction=self.delta_fraction)
+
+    def _encode_deferred(self, encoded: dict[str, Any]) -> None:
+        """A deferred snapshot's part of a flush: every pending key's value encoded (for the delta, cut from these
+        rows as from a flush's), nothing written; the keys stay in the cache, unwritten."""
+        with _gc_paused():
+            for t in self._tables.values():
+                if t.pending:
+                    t.value_rows(encoded)
+            for t in self._tables.values():
+                t.changed.update(t.pending)
+                t.unwritten.update(t.pending)
+                t.pending.clear()
 
     # ---- iteration --------------------------------------------------------------------------------------------------
     def keys(self, state_name: str) -> Iterator[Any]:
@@ -1294,8 +1403,10 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
 
     def _restore(self, storage: CheckpointStorage, metadata: CheckpointMetadata, lazy: bool) -> RestoreStats:
         if self._warm is not None and not self._restored:
-            kept = _KEPT_CACHES.take(self._warm.path, self._warm.kept_seal)
-            self._warm.remove_stale(metadata.checkpoint_id)
+            taken = _KEPT_CACHES.take(self._warm.path, self._warm.kept_seal)
+            kept, lag = taken if taken is not None else (None, None)
+            restoring = metadata.checkpoint_id
+            self._warm.remove_stale(restoring, spare=lambda path: _KEPT_CACHES.lag_as_of(path) == restoring)
             if self._warm.moved_from is not None:
                 moved = self._resume_moved(storage, metadata, lazy)
                 if moved is not None:
@@ -1305,6 +1416,12 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
                 return super().restore(storage, metadata, lazy=lazy)
             behind = self._warm.behind(storage, metadata, self.max_parallelism)
             states = self._warm.states_at(storage, metadata, self.max_parallelism)
+            if lag is not None:
+                if states is None and behind is not None and kept is not None and self._adopt(
+                        metadata, lazy, behind, kept, lag):
+                    self._resumed(storage, metadata)
+                    return RestoreStats(0, 0)
+                kept = None   # the state of another snapshot than this restore's: the database catches up alone
             if states is None and behind is not None:
                 caught = self._catch_up(storage, metadata, lazy, *behind)
                 if caught is not None:
@@ -1322,9 +1439,56 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
                 self._chain_metas = {meta["name"]: _canonical(meta) for meta in states}
                 self._after_restore(lazy)
                 self._resumed(storage, metadata)
+                self._marker_writes = self._writes   # its marker vouches for the database as it is
+                self._vouched_names = frozenset(self._chain_metas)
                 return RestoreStats(0, 0)
             self._reset_db()
         return super().restore(storage, metadata, lazy=lazy)
+
+    def _adopt(self, metadata: CheckpointMetadata, lazy: bool,
+               behind: tuple[int, str, list[dict[str, Any]], dict[int, tuple[str, ...]]], kept: _Caches,
+               lag: _Lag) -> bool:
+        """Resume a kept database that snapshots of this process left behind (write-back) with the caches they
+        parked: when ``metadata`` restores exactly the snapshot those caches are the state of (its checkpoint and
+        this range's snapshot file), the database (at its marker's checkpoint, ``behind``) and the unwritten keys'
+        cached values together are that state. False (nothing changed) otherwise: then it catches up."""
+        unwritten, as_of, as_of_file, deferred = lag
+        r = self.key_group_range
+        handles = [h for h in metadata.keyed_handles if h.file == as_of_file and h.key_group_range == r]
+        if metadata.checkpoint_id != as_of or not handles:
+            return False
+        _, _, states, _ = behind
+        known = {meta["name"]: _canonical(meta) for meta in states}
+        if (not unwritten.keys() <= kept.keys() or not kept.keys() <= known.keys()
+                or any(kept[name][0] != known[name] for name in kept)
+                or {meta["name"] for h in handles for meta in h.states} != known.keys()
+                or not _same_metas(known, handles)):
+            return False
+        for name in kept:   # a state registered before the restore: its state objects hold its (empty) cache
+            t = self._tables.get(name)
+            if name in self._externals or (t is not None and t.descriptor is not None and (
+                    _canonical(t.meta) != known[name] or t.cache or t.pending or t.unwritten)):
+                return False
+        self._unchecked = False
+        self._restored = True
+        self.warm = True
+        for meta in states:
+            t = self._restore_target(meta)
+            name = meta["name"]
+            if name in kept and isinstance(t, _RocksTable):
+                if t.descriptor is not None:
+                    t.cache.update(kept[name][1])
+                else:
+                    t.cache = kept[name][1]
+                t.unwritten = unwritten.get(name, {})
+        self._chains = chain_stats(metadata, r)
+        self._chain_metas = dict(known)
+        self._after_restore(lazy)
+        self._deferred = deferred
+        self._lag_as_of = (as_of, as_of_file)
+        self._marker_writes = self._writes
+        self._vouched_names = frozenset(known)
+        return True
 
     def _resume_moved(self, storage: CheckpointStorage, metadata: CheckpointMetadata, lazy: bool
                       ) -> WarmResume | None:
@@ -1335,7 +1499,10 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         assert self._warm is not None
         old = self._warm.moved_from
         assert old is not None
+        behind = self._warm.behind(storage, metadata, self.max_parallelism, old)
         states = self._warm.states_at(storage, metadata, self.max_parallelism, old)
+        if states is None and behind is not None:
+            states = self._complete_moved(metadata, old, behind)
         if states is None:
             return None
         r = self.key_group_range
@@ -1371,6 +1538,39 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         return WarmResume(restored_bytes, len(arrived), warm=tuple(kg for kg in r if kg in old),
                           restored=tuple(kg for kg in r if kg not in old), dropped=tuple(dropped),
                           bytes_restored=restored_bytes)
+
+    def _complete_moved(self, metadata: CheckpointMetadata, old: KeyGroupRange,
+                        behind: tuple[int, str, list[dict[str, Any]], dict[int, tuple[str, ...]]]
+                        ) -> list[dict[str, Any]] | None:
+        """A taken-over database that snapshots of this process left behind (write-back) at ``behind``'s checkpoint,
+        whose caches, parked under the old range, are exactly this restore's state of it: the keys they left
+        unwritten are written now, so that the database is that state and the move goes on as from a database at
+        this checkpoint. Its states (the marker's), or None (nothing written)."""
+        assert self._warm is not None
+        if self._warm.moved_path is None:
+            return None
+        taken = _KEPT_CACHES.take(self._warm.moved_path, self._warm.moved_seal)
+        if taken is None or taken[1] is None:
+            return None
+        kept, (unwritten, as_of, as_of_file, _) = taken
+        handles = [h for h in metadata.keyed_handles if h.file == as_of_file and h.key_group_range == old]
+        _, _, states, _ = behind
+        known = {meta["name"]: _canonical(meta) for meta in states}
+        if (metadata.checkpoint_id != as_of or not handles or not unwritten.keys() <= kept.keys()
+                or not kept.keys() <= known.keys() or any(kept[name][0] != known[name] for name in kept)
+                or {meta["name"] for h in handles for meta in h.states} != known.keys()
+                or not _same_metas(known, handles) or any(name in self._tables for name in known)):
+            return None
+        prefixes = [_U16.pack(g) for g in old]   # the unwritten keys' key-group indexes are the old range's
+        runs = []
+        for meta in states:
+            t = self._restore_target(meta)
+            name = meta["name"]
+            if name in unwritten:
+                runs.append(rocksstate.flush_values(unwritten[name], kept[name][1], self._key_encoder,
+                                                    t.write_framing.writer, prefixes, t.state_id_bytes)[:3])
+        self._write_rows(runs)
+        return states
 
     def _catch_up(self, storage: CheckpointStorage, metadata: CheckpointMetadata, lazy: bool, kept_at: int,
                   kept_file: str, states: list[dict[str, Any]], held: dict[int, tuple[str, ...]]
@@ -1544,7 +1744,19 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         no full block scans nothing."""
         full = self._full_key_groups_for_snapshot()
         encoded: dict[str, Any] = {}
-        self._flush(encoded=encoded)
+        self._check_warm()
+        deferred = self._may_defer(full)
+        # until this snapshot completes, the caches are the state of no snapshot: not parked with a lag
+        self._lag_as_of = None
+        if deferred:
+            full = set()
+            self._deferred += 1
+            self._encode_deferred(encoded)
+        else:
+            if self._deferred:
+                full |= self._skipped_compactions()
+            self._deferred = 0
+            self._flush(encoded=encoded)
         tables = list(self._tables.values())
         metas = [t.meta for t in tables]
         with _gc_paused():
@@ -1631,13 +1843,19 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
                     shutil.rmtree(cp_dir, ignore_errors=True)
             self._after_snapshot(handle)
             chains = self._snapshot_chains.pop(handle.file, None)
-            if self._warm is not None:
+            if deferred:
+                # the database and its marker stay at the last snapshot written; the caches are this one's state
+                with self._marker_lock:
+                    if writes == self._writes:
+                        self._lag_as_of = (checkpoint_id, handle.file)
+            elif self._warm is not None:
                 self._db.flush()  # no write-ahead log: the marker must not outlive data in the memtable
                 with self._marker_lock:
                     if writes == self._writes:   # nothing written since the capture
                         self._warm.write_marker(storage, checkpoint_id, handle, metas, self.max_parallelism,
                                                 chains)
                         self._marker_writes = writes
+                        self._vouched_names = frozenset(m["name"] for m in metas)
             return handle
 
         return SnapshotFuture.start(work, name=f"keyed-{self.subtask_index} chk-{checkpoint_id} (rocksdb)")
