@@ -11,7 +11,7 @@ import copy
 import os
 import tempfile
 
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
@@ -266,3 +266,43 @@ def test_a_rescale_takes_over_a_lagging_database_with_this_process_s_kept_values
     stats = run(2, 3, 1, 100)
     assert isinstance(stats[0], WarmResume) and stats[0].warm and stats[0].restored
     assert _values(storage, 3, keys) == dict.fromkeys(keys, 111)
+
+
+# ---- the deferred snapshot's delta: the same sections as cut from a flush's rows ----------------------------------
+@settings(max_examples=60, deadline=None)
+@given(entries=st.dictionaries(st.integers(-2**40, 2**40), st.tuples(st.integers(0, 7), st.one_of(
+    st.none(), st.integers(-2**62, 2**62))), max_size=60),
+       full=st.sets(st.integers(10, 17), max_size=3), ttl=st.booleans(), deadline=st.one_of(st.none(), st.integers(0, 4)))
+def test_delta_values_encodes_the_sections_delta_sections_cuts_from_the_flush_rows(entries, full, ttl, deadline):
+    from keygroups._native import rocksstate, sstload
+    from keygroups._native.framing import Encoder
+    from keygroups.state._codec import ValueFraming
+    from keygroups.state.states import MISSING
+
+    framing = ValueFraming.for_state("n", "value", {"value": Int64Serializer()}, ttl=ttl)
+    pending = {k: g for k, (g, _) in entries.items()}
+    # TTL values carry their timestamp: the value itself, clipped, so that some are at or before the deadline
+    cache = {k: MISSING if v is None else ((v, min(abs(v), 9)) if ttl else v) for k, (_, v) in entries.items()}
+    if ttl:
+        cache = {k: v if v is MISSING else framing.decode(_ttl_bytes(*v)) for k, v in cache.items()}
+    prefixes = [bytes([0, 10 + g]) for g in range(8)]
+    args = (pending, cache, Encoder(Int64Serializer()), framing.writer, prefixes, b"\x00\x03")
+    rows = rocksstate.flush_values(*args)[:3]
+    expected = sstload.delta_sections(*rows, full, ttl, deadline if ttl else None)
+    got = rocksstate.delta_values(*args, 10, full, ttl, deadline if ttl else None)
+    # the puts byte for byte; the deletes as the keys they name (delta_sections lists expired puts first)
+    assert [(g, None if p is None else tuple((b, o.tolist()) for b, o in p), _keys(d)) for g, p, d in got] == [
+        (g, None if p is None else tuple((b, o.tolist()) for b, o in p), _keys(d)) for g, p, d in expected]
+
+
+def _keys(section):
+    if section is None:
+        return None
+    data, offsets = section
+    bounds = offsets.tolist()
+    return sorted(data[a:b] for a, b in zip(bounds, bounds[1:]))
+
+
+def _ttl_bytes(value, stamp):
+    import struct
+    return struct.pack("<q", stamp) + Int64Serializer().serialize(value)

@@ -734,7 +734,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
     ``warm_takeover``: which other range's kept database to take over, and which to leave to other backends
     (``rocksdb_warm.WarmDirectory.claim``). ``write_back_batches``: a kept database of value, list, reducing and
     aggregating states is written at most every this many snapshots; the changes in between stay in the decoded
-    values this process keeps (see the module docs); 1 writes it at every snapshot.
+    values this process keeps (see the module docs); 1 writes it at every snapshot; None: ``DEFAULT_WRITE_BACK_BATCHES``.
     """
 
     def __init__(self, key_group_range: KeyGroupRange, max_parallelism: int, key_serializer: TypeSerializer, *,
@@ -743,13 +743,15 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
                  delta_fraction: float = DEFAULT_DELTA_FRACTION, db_dir: str | os.PathLike[str] | None = None,
                  cache_limit: int = DEFAULT_CACHE_LIMIT, warm_dir: str | os.PathLike[str] | None = None,
                  warm_takeover: Takeover = (None, frozenset()),
-                 write_back_batches: int = DEFAULT_WRITE_BACK_BATCHES) -> None:
+                 write_back_batches: int | None = None) -> None:
         super().__init__(key_group_range, max_parallelism, key_serializer, key_type=key_type, clock=clock,
                          allow_pickle=allow_pickle, subtask_index=subtask_index, incremental=incremental,
                          max_chain=max_chain, delta_fraction=delta_fraction)
         if isinstance(cache_limit, bool) or not isinstance(cache_limit, int) or cache_limit < 1:
             raise ValueError(f"cache_limit must be an int >= 1 (entries per state), got {cache_limit!r}")
         self.cache_limit = cache_limit
+        if write_back_batches is None:
+            write_back_batches = DEFAULT_WRITE_BACK_BATCHES
         if isinstance(write_back_batches, bool) or not isinstance(write_back_batches, int) or write_back_batches < 1:
             raise ValueError(f"write_back_batches must be an int >= 1 (snapshots per database write; 1: every "
                              f"snapshot writes it), got {write_back_batches!r}")
@@ -1329,17 +1331,32 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         return choose_full_key_groups(self._chains, self._n * (self._deferred + 1), max_chain=self.max_chain,
                                       delta_fraction=self.delta_fraction)
 
-    def _encode_deferred(self, encoded: dict[str, Any]) -> None:
-        """A deferred snapshot's part of a flush: every pending key's value encoded (for the delta, cut from these
-        rows as from a flush's), nothing written; the keys stay in the cache, unwritten."""
+    def _encode_deferred(self, encoded: dict[str, Any]) -> dict[str, list[Any]]:
+        """A deferred snapshot's part of a flush: every pending key's value encoded into its delta sections
+        (``rocksstate.delta_values``; a list state with TTL: into ``encoded``, its delta made by ``_capture_deltas``),
+        nothing written; the keys stay in the cache, unwritten. The sections by state name."""
+        cut: dict[str, list[Any]] = {}
         with _gc_paused():
             for t in self._tables.values():
-                if t.pending:
+                if not t.pending:
+                    continue
+                deadline = t.ttl_deadline()
+                if t.meta["kind"] == "list" and deadline is not None:
                     t.value_rows(encoded)
+                    continue
+                try:
+                    cut[t.name] = rocksstate.delta_values(
+                        t.pending, t.cache, self._key_encoder, t.write_framing.writer, self._group_prefix,
+                        t.state_id_bytes, self._start, (), t.write_framing.ttl, deadline)
+                except UNWRITABLE as e:
+                    write = t.write_framing
+                    key = write.first_unwritable(t._pending_in_key_order(), self.key_serializer.serialize, MISSING)
+                    raise write.unwritable(key, e, what="write to the database") from e
             for t in self._tables.values():
                 t.changed.update(t.pending)
                 t.unwritten.update(t.pending)
                 t.pending.clear()
+        return cut
 
     # ---- iteration --------------------------------------------------------------------------------------------------
     def keys(self, state_name: str) -> Iterator[Any]:
@@ -1748,10 +1765,11 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         deferred = self._may_defer(full)
         # until this snapshot completes, the caches are the state of no snapshot: not parked with a lag
         self._lag_as_of = None
+        cut: dict[str, list[Any]] = {}
         if deferred:
             full = set()
             self._deferred += 1
-            self._encode_deferred(encoded)
+            cut = self._encode_deferred(encoded)
         else:
             if self._deferred:
                 full |= self._skipped_compactions()
@@ -1760,7 +1778,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         tables = list(self._tables.values())
         metas = [t.meta for t in tables]
         with _gc_paused():
-            deltas = self._capture_deltas(tables, full, encoded)
+            deltas = self._capture_deltas(tables, full, encoded, cut)
         for t in tables:
             t.changed.clear()
         deadlines = {t.state_id: t.ttl_deadline() for t in tables}
@@ -1879,7 +1897,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
             return None
         return [(s, Packed(*keys), Packed(*values)) for s, keys, values in sections]
 
-    def _capture_deltas(self, tables: list[_RocksTable], full: set[int], encoded: dict[str, Any]
+    def _capture_deltas(self, tables: list[_RocksTable], full: set[int], encoded: dict[str, Any],
+                        cut: dict[str, list[Any]] | None = None
                         ) -> dict[int, tuple[dict[int, tuple[Any, Any]], dict[int, Any]]]:
         """Per key group outside ``full``: (state index -> (keys, values) put, state index -> keys deleted), the
         values as the snapshot format encodes them. Keys flushed earlier (past the cache limit) and maps written
@@ -1895,10 +1914,13 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
             deadline = t.ttl_deadline()
             framing = t.write_framing
             flushed, t.flushed_rows = t.flushed_rows, None
-            if (flushed is not None and len(known) == len(t.changed)
-                    and not (t.meta["kind"] == "list" and deadline is not None)):
+            sections = None if cut is None else cut.get(t.name)
+            if sections is None and (flushed is not None and len(known) == len(t.changed)
+                                     and not (t.meta["kind"] == "list" and deadline is not None)):
                 # every change is in the snapshot's own flush: cut from its rows, no key serialized again
-                for g, puts, deletes in sstload.delta_sections(*flushed, full, framing.ttl, deadline):
+                sections = sstload.delta_sections(*flushed, full, framing.ttl, deadline)
+            if sections is not None:   # (a deferred snapshot's are encoded straight into sections)
+                for g, puts, deletes in sections:
                     put_sections, delete_sections = out.get(g) or out.setdefault(g, ({}, {}))
                     if puts is not None:
                         put_sections[index] = (Packed(*puts[0]), Packed(*puts[1]))
