@@ -26,6 +26,18 @@ the same meta takes them, so a warm batch reads from RocksDB only the keys earli
 heap backend does. A damaged file of the kept database is then found when it is first read, which may be at the
 snapshot; the batch then fails with RocksDB's error and its retry restores cold (nothing is kept after a write).
 
+Write-back: a kept database of value, list, reducing and aggregating states (no map state: its cache holds
+overlays) is written at most every ``write_back_batches`` snapshots (``DEFAULT_WRITE_BACK_BATCHES``). A snapshot in
+between writes nothing: its delta is encoded from the cache (``rocksstate.delta_values``), it writes no full key
+group (the next written snapshot makes up the chain compactions skipped), and its keys stay in the cache as
+*unwritten*, which no eviction drops (any flush writes them first). The database's marker keeps naming the
+checkpoint its files hold; the caches park with the unwritten keys and the snapshot they are the state of, and the
+next backend adopts them only when it restores exactly that snapshot. Otherwise (another process, a failed attempt,
+an older checkpoint, the kept values dropped for room) the database is what its marker says and catches up from
+there as any database left behind does (``_catch_up``: value-like states' deltas in one compiled file of puts and
+tombstones); a rescale that takes a lagging database over is completed from this process's kept values first, or
+restores cold. Between write-backs RocksDB sees no write, so no SST file, no compaction.
+
 Restore: the blocks a restore reads become one SST file, written in compiled code and ingested whole
 (``rocksdb_ingest``); what leaves the range at a rescale is dropped with a ranged delete per run of key groups.
 
