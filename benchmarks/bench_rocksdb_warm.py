@@ -71,7 +71,7 @@ _PHASES = [("open", "RocksDBKeyedStateBackend", "_open_db"), ("restore", "RocksD
            ("flush: WriteBatch written", "RocksDBKeyedStateBackend", "_write"),
            ("delta capture", "RocksDBKeyedStateBackend", "_capture_deltas"),
            ("write-back: deferred snapshot's encoding", "RocksDBKeyedStateBackend", "_encode_deferred"),
-           ("write-back: unwritten keys written", "RocksDBKeyedStateBackend", "_write_unwritten"),
+           ("write-back: unwritten keys encoded", "RocksDBKeyedStateBackend", "_unwritten_runs"),
            ("snapshot file (worker)", None, "write_keyed_snapshot"),
            ("dispose (close, seal)", "RocksDBKeyedStateBackend", "dispose")]
 

@@ -1252,10 +1252,10 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         written, for a delta. Keys snapshotted without being written (write-back) are written first."""
         self._check_warm()
         with _gc_paused():
-            self._write_unwritten()
             batch = rocksdict.WriteBatch(raw_mode=True)
             ops: list[tuple[bytes, Any]] = []
-            runs: list[tuple[list[bytes], list[bytes], list[bytes]]] = []
+            # the keys snapshots left unwritten (write-back) that no pending write covers: in the same file or batch
+            runs: list[tuple[list[bytes], list[bytes], list[bytes]]] = self._unwritten_runs()
             flushed = [t for t in self._tables.values() if t.pending]
             for t in flushed:
                 if t.is_map:
@@ -1284,6 +1284,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
             if ops or 0 < rows < _INGEST_ROWS:
                 self._write(batch)
             # Only now: a value that cannot be written leaves every state's pending writes for the next flush.
+            for t in self._tables.values():
+                t.unwritten.clear()
             for t in flushed:
                 t.changed.update(t.pending)
                 t.pending.clear()
@@ -1291,9 +1293,10 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
             for t in self._tables.values():
                 t.cache.clear()
 
-    def _write_unwritten(self) -> None:
-        """Write the values of the keys snapshots left unwritten (write-back) that no pending write covers: the
-        database then holds the state again, and its marker can vouch for it at the next snapshot."""
+    def _unwritten_runs(self) -> list[tuple[list[bytes], list[bytes], list[bytes]]]:
+        """The rows of the keys snapshots left unwritten (write-back) that no pending write covers, per state
+        (database keys put, their values, database keys deleted; each ascending), for the flush to write with its
+        own: the database then holds the state again, and its marker can vouch for it at the next snapshot."""
         runs = []
         for t in self._tables.values():
             if not t.unwritten:
@@ -1303,9 +1306,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
                 only = {k: t.unwritten[k] for k in rest}
                 runs.append(rocksstate.flush_values(only, t.cache, self._key_encoder, t.write_framing.writer,
                                                     self._group_prefix, t.state_id_bytes)[:3])
-        self._write_rows(runs)
-        for t in self._tables.values():
-            t.unwritten.clear()
+        return runs
 
     def _write_rows(self, runs: list[tuple[list[bytes], list[bytes], list[bytes]]]) -> None:
         """Write value states' rows (per state: database keys put, their values, database keys deleted; each
