@@ -48,11 +48,11 @@ def checkpoint_one(storage, warm):
     return storage.load(1)
 
 
-def rot(warm):
-    """Flip a byte every 512 in the first half of every data file of the kept database (its data blocks; the index
-    and footer at its end stay intact), keeping each file's size, inode and times (as bit rot does): the seal
-    still holds."""
-    files = glob.glob(os.path.join(warm, "0-127", "db", "*.sst"))
+def rot(warm, min_size=0):
+    """Flip a byte every 512 in the first half of every data file of the kept databases in ``warm`` of at least
+    ``min_size`` bytes (its data blocks; the index and footer at its end stay intact), keeping each file's size, inode
+    and times (as bit rot does): the seal still holds."""
+    files = [p for p in glob.glob(os.path.join(warm, "*", "db", "*.sst")) if os.path.getsize(p) >= min_size]
     assert files
     for path in files:
         st = os.stat(path)

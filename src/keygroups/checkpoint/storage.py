@@ -289,6 +289,10 @@ class _LocalFS:
         with open(self.path(src), "rb") as fin, self.open_write(dst) as fout:
             shutil.copyfileobj(fin, fout, 1 << 20)
 
+    def move(self, src: str, dst: str) -> None:
+        """``src`` renamed to ``dst``, replacing it, atomically (:meth:`sync_dir` makes the rename durable)."""
+        os.replace(self.path(src), self.path(dst))
+
 
 class _FsspecFS:
     """Any fsspec filesystem under ``root``. ``_metadata`` is written to a temporary name and moved into place."""
@@ -435,6 +439,15 @@ class _FsspecFS:
 
     def copy(self, src: str, dst: str) -> None:
         self.fs.cp_file(self.path(src), self.path(dst))
+
+    def move(self, src: str, dst: str) -> None:
+        """``src`` to ``dst``, replacing it: on an object store a copy then a delete (the new object appears only
+        once complete, so a reader sees the old one, the new one, or none)."""
+        self.fs.mv(self.path(src), self.path(dst))
+
+
+#: What :func:`location_filesystem` returns: the local filesystem or an fsspec one, with the same methods.
+LocationFilesystem = _LocalFS | _FsspecFS
 
 
 class _ReadCache:
@@ -631,6 +644,20 @@ def _is_local(location: str) -> bool:
     return "://" not in location or location.startswith("file://")
 
 
+def location_filesystem(location: str, storage_options: Mapping[str, Any] | None = None) -> LocationFilesystem:
+    """The filesystem under a local path (``file://`` or none: real fsyncs and atomic renames) or an fsspec URL
+    (``storage_options`` go to fsspec), with paths relative to it. Shared by checkpoint storage and file sinks.
+    Listings are never served from fsspec's listing cache: a listing cached by this process would hide files that
+    others write, and s3fs answers ``info()`` of a file missing from a cached listing with a zero-size "directory"."""
+    if _is_local(location):
+        root = location[len("file://"):] if location.startswith("file://") else location
+        return _LocalFS(os.path.abspath(os.path.expanduser(root)))
+    import fsspec  # type: ignore[import-untyped]
+
+    fs, root = fsspec.core.url_to_fs(location, **{**(storage_options or {}), "use_listings_cache": False})
+    return _FsspecFS(fs, root)
+
+
 class CheckpointStorage:
     """Checkpoints and savepoints under ``location``: a local path or any fsspec URL (``s3://...``,
     ``memory://...``, ...); ``storage_options`` go to fsspec. ``retain`` is how many complete checkpoints to keep.
@@ -664,18 +691,10 @@ class CheckpointStorage:
         self._fs: _LocalFS | _FsspecFS
         self._cache: _ReadCache | None = None
         self._retention = _RetentionState()
-        if _is_local(loc):
-            root = loc[len("file://"):] if loc.startswith("file://") else loc
-            root = os.path.abspath(os.path.expanduser(root))
-            self._fs = _LocalFS(root)
-            self.location = root
+        self._fs = location_filesystem(loc, self.storage_options)
+        if isinstance(self._fs, _LocalFS):
+            self.location = self._fs.root
         else:
-            import fsspec  # type: ignore[import-untyped]
-
-            # every listing fresh: a listing cached by this process would hide checkpoints that others commit, and
-            # s3fs answers info() of a file missing from a cached listing with a zero-size "directory"
-            fs, root = fsspec.core.url_to_fs(loc, **{**self.storage_options, "use_listings_cache": False})
-            self._fs = _FsspecFS(fs, root)
             self.location = loc.rstrip("/")
             if self.cache_dir is not None:
                 self._cache = _ReadCache(self.cache_dir, cache_max_bytes)

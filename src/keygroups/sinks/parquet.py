@@ -27,7 +27,6 @@ import logging
 import os
 import posixpath
 import re
-import shutil
 import uuid
 from collections.abc import Sequence
 from typing import Any, BinaryIO
@@ -35,6 +34,7 @@ from typing import Any, BinaryIO
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from keygroups.checkpoint.storage import LocationFilesystem, location_filesystem
 from keygroups.runtime.sink import Sink, SinkCommittable, SinkContext, SinkWriter
 
 log = logging.getLogger("keygroups")
@@ -42,95 +42,6 @@ log = logging.getLogger("keygroups")
 STAGING = "_staging"
 _STAGING_DIR = re.compile(r"chk-(\d+)-([0-9a-z]+)")
 _COMPRESSIONS = ("none", "snappy", "gzip", "brotli", "lz4", "zstd")
-
-
-class _Files:
-    """The sink's directory: a local path (real renames and fsyncs) or any fsspec URL."""
-
-    def __init__(self, location: str, storage_options: dict[str, Any]) -> None:
-        self.local = "://" not in location or location.startswith("file://")
-        if self.local:
-            root = location[len("file://"):] if location.startswith("file://") else location
-            self.root = os.path.abspath(os.path.expanduser(root))
-            self.fs: Any = None
-        else:
-            import fsspec  # type: ignore[import-untyped]
-
-            self.fs, self.root = fsspec.core.url_to_fs(location, **{**storage_options, "use_listings_cache": False})
-            self.root = self.root.rstrip("/")
-
-    def path(self, rel: str) -> str:
-        return os.path.join(self.root, *rel.split("/")) if self.local else f"{self.root}/{rel}"
-
-    def open_write(self, rel: str) -> BinaryIO:
-        if self.local:
-            os.makedirs(os.path.dirname(self.path(rel)), exist_ok=True)
-            return open(self.path(rel), "wb")
-        return self.fs.open(self.path(rel), "wb")  # type: ignore[no-any-return]
-
-    def finish(self, f: BinaryIO, rel: str) -> None:
-        """Close file ``rel`` that :meth:`open_write` opened, durably: on a local filesystem the file is fsync'd,
-        and so are the directories on its way (they may be new), so that a committable never names a file a crash
-        could lose."""
-        if self.local:
-            f.flush()
-            os.fsync(f.fileno())
-        f.close()
-        while self.local and rel:
-            rel = posixpath.dirname(rel)
-            self.sync(rel)
-
-    def exists(self, rel: str) -> bool:
-        return os.path.exists(self.path(rel)) if self.local else bool(self.fs.exists(self.path(rel)))
-
-    def size(self, rel: str) -> int:
-        return os.path.getsize(self.path(rel)) if self.local else int(self.fs.size(self.path(rel)))
-
-    def move(self, src: str, dst: str) -> None:
-        """``src`` to ``dst``, replacing it (a rename locally; a copy then a delete on object stores)."""
-        if self.local:
-            os.replace(self.path(src), self.path(dst))
-        else:
-            self.fs.copy(self.path(src), self.path(dst))
-            self.fs.rm(self.path(src))
-
-    def sync(self, rel: str) -> None:
-        """Make the names in directory ``rel`` durable (local only: an object store's are once written)."""
-        if self.local:
-            fd = os.open(self.path(rel), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-
-    def remove(self, rel: str) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            if self.local:
-                os.remove(self.path(rel))
-            else:
-                self.fs.rm(self.path(rel))
-
-    def rmtree(self, rel: str) -> None:
-        if self.local:
-            shutil.rmtree(self.path(rel), ignore_errors=True)
-        else:
-            with contextlib.suppress(FileNotFoundError):
-                self.fs.rm(self.path(rel), recursive=True)
-
-    def listdir(self, rel: str) -> list[str]:
-        if self.local:
-            try:
-                return sorted(os.listdir(self.path(rel)))
-            except (FileNotFoundError, NotADirectoryError):
-                return []
-        try:
-            return sorted(posixpath.basename(p.rstrip("/")) for p in self.fs.ls(self.path(rel), detail=False))
-        except FileNotFoundError:
-            return []
-
-    def makedirs(self, rel: str) -> None:
-        if self.local:
-            os.makedirs(self.path(rel), exist_ok=True)
 
 
 class ParquetSink(Sink):
@@ -154,7 +65,7 @@ class ParquetSink(Sink):
         self.storage_options = dict(storage_options or {})
         self.compression = compression
         self.row_group_rows = row_group_rows
-        self._files: _Files | None = None
+        self._files: LocationFilesystem | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -169,9 +80,10 @@ class ParquetSink(Sink):
         return "keygroups.parquet"
 
     @property
-    def files(self) -> _Files:
+    def files(self) -> LocationFilesystem:
+        """The sink's directory (shared with checkpoint storage: renames and fsyncs locally, fsspec elsewhere)."""
         if self._files is None:
-            self._files = _Files(self.path, self.storage_options)
+            self._files = location_filesystem(self.path, self.storage_options)
         return self._files
 
     def create_writer(self, context: SinkContext) -> SinkWriter:
@@ -194,7 +106,7 @@ class ParquetSink(Sink):
                             "(%s): removed from outside the sink since it was committed", self.path, checkpoint_id,
                             c.subtask, staged, final)
         if moved:
-            files.sync("")
+            files.sync_dir("")
         # this job's leftovers (known from the staged names: another job's are its own to clean)
         jobs = sorted({_paths(c)[0].split("/")[1] for c in committables})
         self._clean_staging(lambda cid, run: cid <= checkpoint_id, jobs)
@@ -250,7 +162,9 @@ class _ParquetWriter(SinkWriter):
 
     def write(self, batch: pa.RecordBatch) -> None:
         if self._writer is None:
-            self._out = self._sink.files.open_write(self.staged)
+            files = self._sink.files
+            files.makedirs(posixpath.dirname(self.staged))
+            self._out = files.open_write(self.staged)
             self._writer = pq.ParquetWriter(self._out, batch.schema, compression=self._sink.compression)
         self._writer.write_batch(batch, row_group_size=self._sink.row_group_rows)
         self.rows += batch.num_rows
@@ -260,7 +174,11 @@ class _ParquetWriter(SinkWriter):
             return None
         assert self._out is not None
         self._writer.close()
-        self._sink.files.finish(self._out, self.staged)
+        self._out.close()   # a local file is fsync'd as it closes
+        rel = self.staged
+        while rel:   # and the directories on its way, which may be new: a committable never names a file a crash loses
+            rel = posixpath.dirname(rel)
+            self._sink.files.sync_dir(rel)
         self._writer = self._out = None
         return {"staged": self.staged, "file": self.file, "rows": self.rows}
 

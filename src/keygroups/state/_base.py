@@ -385,6 +385,7 @@ class KeyedStateBackendBase:
             self._store(name), descriptor, self)
         self._descriptors[name] = descriptor
         self._states[name] = state
+        self._after_register(name)
         return state
 
     def _state_class(self, kind: str, ttl: bool) -> type:
@@ -641,6 +642,10 @@ class KeyedStateBackendBase:
     # ---- hooks --------------------------------------------------------------------------------------------------
     def _has_data(self) -> bool:
         raise NotImplementedError
+
+    def _after_register(self, name: str) -> None:
+        """State ``name`` is registered (its descriptor known): work that may restore again goes here, not in
+        ``_register``."""
 
     def estimated_entries(self) -> int | None:
         """About how many entries the backend's keyed state holds, found without reading them (None: this backend

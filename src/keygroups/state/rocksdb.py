@@ -921,11 +921,16 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         if parked is not None and not t.needs_migration and parked[0] == _canonical(meta) and not t.cache:
             # the values a backend of this process decoded from (or wrote to) this very database, with this meta
             t.cache = parked[1]   # no state object holds the empty cache yet: they are made after this
+
+    def _after_register(self, name: str) -> None:
         # Restored bytes were ingested as written by the old serializers: migrated now, all of them. Entries that
         # expired are not (the restore could not tell, the state being unregistered then): as on the heap, a read
         # finds them expired and the next full snapshot leaves them out, so registering costs nothing per row.
+        # A kept database whose scan meets damage is restored cold instead (``_read``), which migrates as it
+        # writes: nothing is left to rewrite then.
+        t = self._tables[name]
         if t.needs_migration:
-            self._rewrite(t)
+            self._read(lambda: self._rewrite(t) if t.needs_migration else None)
 
     def _rewrite(self, t: _RocksTable) -> None:
         """Re-encode (migrate) and TTL-clean every stored value of ``t`` in place."""
