@@ -168,6 +168,90 @@ cdef inline uint64_t _be64(const uint8_t *p, Py_ssize_t n) noexcept nogil:
     return v
 
 
+cdef Py_ssize_t _encode_pending(dict pending, dict cache, Encoder keys, ValueWriter values, list group_prefixes,
+                                bytes state_id, Writer *kw, Writer *vw, _Row *rows, list user_keys) except -1:
+    """Encode each pending key's database key into ``kw`` and its cached value (unless MISSING: a delete) into
+    ``vw``, one ``rows`` entry per key (``len(pending)`` of them), then sort the rows in database-key order;
+    ``user_keys[i]`` receives the i-th pending key. Returns how many are deletes."""
+    cdef Py_ssize_t n = len(pending), pos = 0, count = 0, gones = 0, i, gi, klen
+    cdef Py_ssize_t groups = PyList_GET_SIZE(group_prefixes), run
+    cdef PyObject *pkey
+    cdef PyObject *pgi
+    cdef PyObject *found
+    cdef uint8_t *lp
+    cdef uint32_t be
+    cdef bint ascending = True
+    cdef bint grouped = True   # key-group indexes never decrease (a batch's keys come by key group)
+    cdef _Row *r
+    if len(state_id) != 2:
+        raise ValueError(f"flush_values: a state id is 2 bytes, got {len(state_id)}")
+    while PyDict_Next(pending, &pos, &pkey, &pgi):
+        if count >= n:
+            raise RuntimeError("flush_values: the pending keys changed during the flush")
+        key = <object>pkey   # strong references: a serializer in Python may run below
+        group_index = <object>pgi
+        gi = <Py_ssize_t>group_index
+        if gi < 0 or gi >= groups:
+            raise IndexError(f"flush_values: key-group index {gi} outside the backend's {groups} key groups")
+        prefix = <object>PyList_GET_ITEM(group_prefixes, gi)
+        if type(prefix) is not bytes or PyBytes_GET_SIZE(prefix) != 2:
+            raise ValueError("flush_values: a key group's prefix is 2 bytes")
+        r = &rows[count]
+        r.off = kw.pos
+        w_bytes(kw, PyBytes_AS_STRING(prefix), 2)
+        w_bytes(kw, PyBytes_AS_STRING(state_id), 2)
+        w_reserve(kw, 4)
+        keys.write(kw, key)
+        klen = kw.pos - r.off - 8
+        if klen > 0xFFFFFFFF:
+            raise ValueError(f"a key of {klen} bytes is too long for a database key")
+        be = <uint32_t>klen
+        lp = kw.buf + r.off + 4
+        lp[0] = <uint8_t>(be >> 24)
+        lp[1] = <uint8_t>(be >> 16)
+        lp[2] = <uint8_t>(be >> 8)
+        lp[3] = <uint8_t>be
+        r.n = kw.pos - r.off
+        r.h0 = _be64(kw.buf + r.off, r.n)
+        r.h1 = _be64(kw.buf + r.off + 8, r.n - 8)
+        r.i = count
+        r.group = gi
+        user_keys[count] = key
+        found = PyDict_GetItem(cache, key)
+        if found == NULL:
+            raise KeyError(key)
+        value = <object>found
+        if value is _MISSING:
+            r.voff = -1
+            r.vn = 0
+            gones += 1
+        else:
+            r.voff = vw.pos
+            values.write(vw, value)
+            r.vn = vw.pos - r.voff
+        if count > 0 and grouped and rows[count - 1].group > gi:
+            grouped = False
+        count += 1
+    if count != n:
+        raise RuntimeError("flush_values: the pending keys changed during the flush")
+    for i in range(n):   # the arena stopped growing: its rows' addresses hold from here
+        rows[i].key = kw.buf + rows[i].off
+    for i in range(1, n):
+        if _row_cmp(&rows[i - 1], &rows[i]) > 0:
+            ascending = False
+            break
+    if not ascending and not grouped:
+        qsort(rows, n, sizeof(_Row), _row_cmp)
+    elif not ascending:   # sorted by key group already: each key group's keys sorted apart (fewer compares)
+        run = 0
+        for i in range(1, n + 1):
+            if i == n or rows[i].group != rows[run].group:
+                if i - run > 1:
+                    qsort(&rows[run], i - run, sizeof(_Row), _row_cmp)
+                run = i
+    return gones
+
+
 def flush_values(dict pending, dict cache, Encoder keys, ValueWriter values, list group_prefixes, bytes state_id):
     """The database writes of a value, list, reducing or aggregating table's pending keys, in one pass: each
     pending key (``pending``: key -> key-group index) gets its database key ``group_prefixes[index] | state_id |
@@ -181,23 +265,13 @@ def flush_values(dict pending, dict cache, Encoder keys, ValueWriter values, lis
     The keys and values are encoded in the pending order into two arenas, their rows sorted there, and the bytes
     objects made in sorted order at the end: each object is made as it is handed out, and no key object is touched
     again in sorted order (positions instead: at a batch's size those reads miss the CPU's caches)."""
-    cdef Py_ssize_t n = len(pending), pos = 0, count = 0, puts = 0, gones = 0, i, gi, klen
-    cdef Py_ssize_t groups = PyList_GET_SIZE(group_prefixes), run
-    cdef PyObject *pkey
-    cdef PyObject *pgi
-    cdef PyObject *found
+    cdef Py_ssize_t n = len(pending), puts = 0, gones, i
     cdef Writer kw
     cdef Writer vw
-    cdef uint8_t *lp
-    cdef uint32_t be
-    cdef bint ascending = True
-    cdef bint grouped = True   # key-group indexes never decrease (a batch's keys come by key group)
     cdef _Row *rows
     cdef _Row *r
     cdef int64_t[::1] put_at
     cdef int64_t[::1] gone_at
-    if len(state_id) != 2:
-        raise ValueError(f"flush_values: a state id is 2 bytes, got {len(state_id)}")
     user_keys = [None] * n
     rows = <_Row *>PyMem_Malloc((n if n else 1) * sizeof(_Row))
     if rows == NULL:
@@ -205,70 +279,7 @@ def flush_values(dict pending, dict cache, Encoder keys, ValueWriter values, lis
     w_init(&kw)
     w_init(&vw)
     try:
-        while PyDict_Next(pending, &pos, &pkey, &pgi):
-            if count >= n:
-                raise RuntimeError("flush_values: the pending keys changed during the flush")
-            key = <object>pkey   # strong references: a serializer in Python may run below
-            group_index = <object>pgi
-            gi = <Py_ssize_t>group_index
-            if gi < 0 or gi >= groups:
-                raise IndexError(f"flush_values: key-group index {gi} outside the backend's {groups} key groups")
-            prefix = <object>PyList_GET_ITEM(group_prefixes, gi)
-            if type(prefix) is not bytes or PyBytes_GET_SIZE(prefix) != 2:
-                raise ValueError("flush_values: a key group's prefix is 2 bytes")
-            r = &rows[count]
-            r.off = kw.pos
-            w_bytes(&kw, PyBytes_AS_STRING(prefix), 2)
-            w_bytes(&kw, PyBytes_AS_STRING(state_id), 2)
-            w_reserve(&kw, 4)
-            keys.write(&kw, key)
-            klen = kw.pos - r.off - 8
-            if klen > 0xFFFFFFFF:
-                raise ValueError(f"a key of {klen} bytes is too long for a database key")
-            be = <uint32_t>klen
-            lp = kw.buf + r.off + 4
-            lp[0] = <uint8_t>(be >> 24)
-            lp[1] = <uint8_t>(be >> 16)
-            lp[2] = <uint8_t>(be >> 8)
-            lp[3] = <uint8_t>be
-            r.n = kw.pos - r.off
-            r.h0 = _be64(kw.buf + r.off, r.n)
-            r.h1 = _be64(kw.buf + r.off + 8, r.n - 8)
-            r.i = count
-            r.group = gi
-            user_keys[count] = key
-            found = PyDict_GetItem(cache, key)
-            if found == NULL:
-                raise KeyError(key)
-            value = <object>found
-            if value is _MISSING:
-                r.voff = -1
-                r.vn = 0
-                gones += 1
-            else:
-                r.voff = vw.pos
-                values.write(&vw, value)
-                r.vn = vw.pos - r.voff
-            if count > 0 and grouped and rows[count - 1].group > gi:
-                grouped = False
-            count += 1
-        if count != n:
-            raise RuntimeError("flush_values: the pending keys changed during the flush")
-        for i in range(n):   # the arena stopped growing: its rows' addresses hold from here
-            rows[i].key = kw.buf + rows[i].off
-        for i in range(1, n):
-            if _row_cmp(&rows[i - 1], &rows[i]) > 0:
-                ascending = False
-                break
-        if not ascending and not grouped:
-            qsort(rows, n, sizeof(_Row), _row_cmp)
-        elif not ascending:   # sorted by key group already: each key group's keys sorted apart (fewer compares)
-            run = 0
-            for i in range(1, n + 1):
-                if i == n or rows[i].group != rows[run].group:
-                    if i - run > 1:
-                        qsort(&rows[run], i - run, sizeof(_Row), _row_cmp)
-                    run = i
+        gones = _encode_pending(pending, cache, keys, values, group_prefixes, state_id, &kw, &vw, rows, user_keys)
         put_db_keys, put_values = [None] * (n - gones), [None] * (n - gones)
         gone_db_keys = [None] * gones
         put_positions = _np.empty(n - gones, dtype=_np.int64)
@@ -293,6 +304,92 @@ def flush_values(dict pending, dict cache, Encoder keys, ValueWriter values, lis
         w_free(&vw)
         PyMem_Free(rows)
     return put_db_keys, put_values, gone_db_keys, user_keys, put_positions, gone_positions
+
+
+cdef object _section(Writer *data, Writer *offsets):
+    """(bytes, int64 offsets) of one section's keys or values, as ``Packed`` takes them."""
+    return (PyBytes_FromStringAndSize(<const char *>data.buf, data.pos),
+            _np.frombuffer(PyBytes_FromStringAndSize(<const char *>offsets.buf, offsets.pos), dtype=_np.int64))
+
+
+def delta_values(dict pending, dict cache, Encoder keys, ValueWriter values, list group_prefixes, bytes state_id,
+                 int start, object full, bint ttl, object deadline):
+    """The pending keys' changes (as ``flush_values`` encodes them) as one state's delta sections per key group,
+    with no database key or value made a bytes object: what ``sstload.delta_sections`` cuts from ``flush_values``'
+    rows, for a snapshot that does not write the database (write-back). ``start``: the absolute key group of index 0;
+    key groups in ``full`` (a container) are left out; with a TTL ``deadline``, a put whose timestamp is at or
+    before it becomes a delete. Returns ``[(key group, puts, deletes), ...]`` ascending, ``puts`` None or ``((key
+    bytes, offsets), (value bytes, offsets))``, ``deletes`` None or ``(key bytes, offsets)``."""
+    cdef Py_ssize_t n = len(pending), i = 0, j
+    cdef Writer kw
+    cdef Writer vw
+    cdef Writer bufs[6]   # put keys, put key offsets, put values, value offsets, deleted keys, deleted offsets
+    cdef _Row *rows
+    cdef _Row *r
+    cdef int64_t pos, ts, cutoff = 0
+    cdef bint has_deadline = ttl and deadline is not None
+    cdef Py_ssize_t group
+    cdef int b
+    if has_deadline:
+        cutoff = deadline
+    rows = <_Row *>PyMem_Malloc((n if n else 1) * sizeof(_Row))
+    if rows == NULL:
+        raise MemoryError()
+    w_init(&kw)
+    w_init(&vw)
+    for b in range(6):
+        w_init(&bufs[b])
+    out = []
+    try:
+        _encode_pending(pending, cache, keys, values, group_prefixes, state_id, &kw, &vw, rows, [None] * n)
+        while i < n:
+            group = rows[i].group
+            j = i
+            while j < n and rows[j].group == group:
+                j += 1
+            if start + group in full:
+                i = j
+                continue
+            for b in range(6):
+                bufs[b].pos = 0
+            pos = 0
+            w_bytes(&bufs[1], <const char *>&pos, 8)
+            w_bytes(&bufs[3], <const char *>&pos, 8)
+            w_bytes(&bufs[5], <const char *>&pos, 8)
+            while i < j:
+                r = &rows[i]
+                i += 1
+                if r.voff >= 0 and has_deadline:
+                    if r.vn < 8:
+                        raise ValueError(f"a TTL value of {r.vn} bytes, shorter than its timestamp")
+                    memcpy(&ts, vw.buf + r.voff, 8)
+                    if ts <= cutoff:   # expired: a delete
+                        w_bytes(&bufs[4], <const char *>r.key + 8, r.n - 8)
+                        pos = bufs[4].pos
+                        w_bytes(&bufs[5], <const char *>&pos, 8)
+                        continue
+                if r.voff < 0:
+                    w_bytes(&bufs[4], <const char *>r.key + 8, r.n - 8)
+                    pos = bufs[4].pos
+                    w_bytes(&bufs[5], <const char *>&pos, 8)
+                    continue
+                w_bytes(&bufs[0], <const char *>r.key + 8, r.n - 8)
+                pos = bufs[0].pos
+                w_bytes(&bufs[1], <const char *>&pos, 8)
+                w_bytes(&bufs[2], <const char *>vw.buf + r.voff, r.vn)
+                pos = bufs[2].pos
+                w_bytes(&bufs[3], <const char *>&pos, 8)
+            puts = None if bufs[1].pos == 8 else (_section(&bufs[0], &bufs[1]), _section(&bufs[2], &bufs[3]))
+            deletes = None if bufs[5].pos == 8 else _section(&bufs[4], &bufs[5])
+            if puts is not None or deletes is not None:
+                out.append((start + group, puts, deletes))
+    finally:
+        w_free(&kw)
+        w_free(&vw)
+        for b in range(6):
+            w_free(&bufs[b])
+        PyMem_Free(rows)
+    return out
 
 
 def write_sorted_rows(object writer, list runs):

@@ -24,7 +24,7 @@
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
-from cpython.object cimport PyObject, PyObject_SetItem
+from cpython.object cimport PyObject, PyObject_DelItem, PyObject_SetItem
 from cpython.ref cimport Py_INCREF, Py_XDECREF
 from libc.stdint cimport int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.string cimport memcmp, memcpy, memset
@@ -216,6 +216,29 @@ cdef class _Out:
         self.payload += size + vsize
         return 0
 
+    cdef int delete(self, const uint8_t *key, Py_ssize_t key_len) except -1:
+        """One tombstone: database key (prefix, key) deleted (a catch-up's delete, over a kept row)."""
+        cdef Py_ssize_t size = PREFIX + key_len
+        cdef object k
+        cdef uint8_t *p
+        cdef uint32_t n
+        if key_len > 0xFFFFFFFF:
+            raise OverflowError(f"a key of {key_len} bytes is longer than a database key can say")
+        k = self._buffer(self.keys, size)
+        p = <uint8_t *>PyBytes_AS_STRING(k)
+        n = <uint32_t>key_len
+        memcpy(p, self.prefix, 4)
+        p[4] = (n >> 24) & 0xFF
+        p[5] = (n >> 16) & 0xFF
+        p[6] = (n >> 8) & 0xFF
+        p[7] = n & 0xFF
+        if key_len:
+            memcpy(p + PREFIX, key, key_len)
+        PyObject_DelItem(self.writer, k)
+        self.rows += 1
+        self.payload += size
+        return 0
+
 
 cdef int _check_offsets(const int64_t *offsets, Py_ssize_t n, Py_ssize_t size, str what) except -1:
     cdef Py_ssize_t i
@@ -385,8 +408,9 @@ cdef inline Py_ssize_t _at(const Run *r, Py_ssize_t pos) noexcept nogil:
 
 
 cdef int _merge_state(_Out out, Run *runs, Py_ssize_t k, int kind, bint ttl, bint has_deadline,
-                      int64_t deadline) except -1:
-    """Write one state's rows of a key group from its ``k`` runs (oldest first): each key's newest entry, if a put."""
+                      int64_t deadline, bint tombstones) except -1:
+    """Write one state's rows of a key group from its ``k`` runs (oldest first): each key's newest entry, if a put;
+    if a delete, a tombstone when ``tombstones`` (the runs are deltas over rows the database holds), else nothing."""
     cdef Py_ssize_t i, best, la, lb, e, win_entry
     cdef const uint8_t *a
     cdef const uint8_t *b
@@ -446,11 +470,18 @@ cdef int _merge_state(_Out out, Run *runs, Py_ssize_t k, int kind, bint ttl, bin
             a = _key(win, win_entry, &la)
             _write_value(out, kind, ttl, has_deadline, deadline, a, la, win.buf + win.values[win_entry],
                          <Py_ssize_t>(win.values[win_entry + 1] - win.values[win_entry]))
+        elif tombstones:
+            a = _key(win, win_entry, &la)
+            out.delete(a, la)
 
 
-def write_key_group(object writer, int key_group, list chain, list states):
+def write_key_group(object writer, int key_group, list chain, list states, bint tombstones=False):
     """Write key group ``key_group``'s live rows to ``writer`` (an ``rocksdict.SstFileWriter``, raw mode) in the
-    database's key order; returns ``(rows, bytes)`` handed to it.
+    database's key order; returns ``(rows, bytes)`` handed to it. ``tombstones``: the chain is delta blocks only,
+    to be applied over the rows the database holds (a kept database's catch-up): a key whose newest entry is a
+    delete gets a tombstone, and every put is written as it is (ValueError for a full block, a map state, whose put
+    replaces rows a tombstone per key would not remove, or a TTL deadline: an expired put left out would let the
+    older row it replaces live on).
 
     ``chain``: the key group's blocks, oldest first, each ``(block, full, puts, deletes, slots)`` with ``block``
     the block's bytes (any buffer), ``puts`` ``[(state_index, key_offsets, value_offsets), ...]``, ``deletes``
@@ -479,6 +510,8 @@ def write_key_group(object writer, int key_group, list chain, list states):
     out.writer = writer
     for b in range(n_blocks):
         if chain[b][1]:
+            if tombstones:
+                raise ValueError(f"key group {key_group}: a full block among deltas written over kept rows")
             first = b
     for b in range(first, n_blocks):
         entry = chain[b]
@@ -520,10 +553,13 @@ def write_key_group(object writer, int key_group, list chain, list states):
                     k += 1
             if k == 0:
                 continue
+            if tombstones and (kind == K_MAP or has_deadline):
+                raise ValueError(f"state {states[s]!r}: deltas written over kept rows take no map state's entries (a "
+                                 "put replaces every row of the key) and no TTL deadline (every put is written)")
             try:
                 for i in range(k):
                     _order_run(&runs[i])
-                _merge_state(out, runs, k, kind, ttl, has_deadline, deadline)
+                _merge_state(out, runs, k, kind, ttl, has_deadline, deadline, tombstones)
             except Exception as e:
                 from keygroups.errors import CorruptSnapshotError
                 if name is None or type(e) is not CorruptSnapshotError:

@@ -18,7 +18,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from keygroups import assign_to_operator, key_group_range
 from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage, carry_forward
 from keygroups.serializers import Int64Serializer
-from keygroups.state import RocksDBKeyedStateBackend, StateTtlConfig, ValueStateDescriptor
+from keygroups.state import MapStateDescriptor, RocksDBKeyedStateBackend, StateTtlConfig, ValueStateDescriptor
 from keygroups.state import rocksdb as rocksdb_module
 from keygroups.state.warm import WarmResume
 from test_rocksdb_incremental import five, write_five
@@ -52,6 +52,10 @@ class CatchUpModel(RuleBasedStateMachine):
     used again), or its process dies before the snapshot, after it, after the commit, or in the middle of the next
     catch-up."""
 
+    @staticmethod
+    def states():
+        return descriptors()
+
     def __init__(self):
         super().__init__()
         # every catch-up the lineage allows, however large its deltas against these small states
@@ -61,7 +65,7 @@ class CatchUpModel(RuleBasedStateMachine):
         self.hosts = [os.path.join(self.tmp.name, "host-a"), os.path.join(self.tmp.name, "host-b")]
         self.host = 0
         self.now = 1000.0
-        self.model = {n: {} for n in descriptors()}   # ttl: key -> (value, written at)
+        self.model = {n: {} for n in self.states()}   # ttl: key -> (value, written at)
         self.committed = copy.deepcopy(self.model)
         self.checkpoint_id = 0
         self.p = 2
@@ -81,22 +85,25 @@ class CatchUpModel(RuleBasedStateMachine):
                 stats = b.restore(self.storage, metadata)
                 if isinstance(stats, WarmResume) and stats.caught_up:
                     self.caught_up += 1
-            out[-1] = (b, {n: b.get_state(d) for n, d in descriptors().items()})
+            out[-1] = (b, {n: b.get_state(d) for n, d in self.states().items()})
         return out
 
     @staticmethod
     def fail_catch_up(b, after):
-        """Make ``b``'s catch-up die after ``after`` blocks (the process dies there)."""
+        """Make ``b``'s catch-up die after ``after`` blocks applied row by row or files ingested (the process dies
+        there)."""
         applied = [0]
-        apply = b._apply_block
 
-        def dying(*args):
-            if b._catching_up:
-                if applied[0] >= after:
-                    raise SystemExit("the process dies in the middle of a catch-up")
-                applied[0] += 1
-            apply(*args)
-        b._apply_block = dying
+        def dying(apply):
+            def step(*args):
+                if b._catching_up:
+                    if applied[0] >= after:
+                        raise SystemExit("the process dies in the middle of a catch-up")
+                    applied[0] += 1
+                apply(*args)
+            return step
+        b._apply_block = dying(b._apply_block)
+        b._ingest_gathered = dying(b._ingest_gathered)
 
     def at(self, k):
         b, s = self.backends[assign_to_operator(k, MAXP, self.p)]
@@ -106,6 +113,8 @@ class CatchUpModel(RuleBasedStateMachine):
     @rule(k=st.integers(0, 30), v=st.integers(-5, 5),
           op=st.sampled_from(["value", "list", "map", "reducing", "aggregating", "remove", "ttl"]))
     def write(self, k, v, op):
+        if op in ("map", "remove") and "map" not in self.model:
+            op = "value"
         if op == "ttl":
             self.at(k)["ttl"].update(v)
             self.model["ttl"][k] = (v, self.now)
@@ -114,8 +123,9 @@ class CatchUpModel(RuleBasedStateMachine):
 
     @rule(k=st.integers(0, 30), name=st.sampled_from(sorted(descriptors())))
     def clear(self, k, name):
-        self.at(k)[name].clear()
-        self.model[name].pop(k, None)
+        if name in self.model:
+            self.at(k)[name].clear()
+            self.model[name].pop(k, None)
 
     @rule(seconds=st.sampled_from([1, 4, 30]))
     def tick(self, seconds):
@@ -159,12 +169,13 @@ class CatchUpModel(RuleBasedStateMachine):
     def matches(self):
         for k in range(31):
             s = self.at(k)
-            got = (s["value"].value(), s["list"].get(), dict(s["map"].items()), s["reducing"].get(),
-                   s["aggregating"].get(), s["ttl"].value())
             m = self.model
             ttl = m["ttl"].get(k)
-            assert got == (m["value"].get(k), m["list"].get(k, []), m["map"].get(k, {}), m["reducing"].get(k),
-                           m["aggregating"].get(k), ttl[0] if ttl and self.now - ttl[1] < TTL else None), k
+            got = (s["value"].value(), s["list"].get(), s["reducing"].get(), s["aggregating"].get(), s["ttl"].value())
+            assert got == (m["value"].get(k), m["list"].get(k, []), m["reducing"].get(k), m["aggregating"].get(k),
+                           ttl[0] if ttl and self.now - ttl[1] < TTL else None), k
+            if "map" in s:
+                assert dict(s["map"].items()) == m["map"].get(k, {}), k
 
     def teardown(self):
         for b, _ in self.backends:
@@ -178,6 +189,24 @@ class CatchUpModel(RuleBasedStateMachine):
 CatchUpModel.TestCase.settings = settings(max_examples=10, stateful_step_count=25, deadline=None,
                                           suppress_health_check=[HealthCheck.too_slow])
 test_rocksdb_catch_up_model = CatchUpModel.TestCase
+
+
+class ValueStatesCatchUpModel(CatchUpModel):
+    """The same, without the map state: every delta block a catch-up applies is written as one ingested file of
+    puts and tombstones (a map state's entries send a block down the row path)."""
+
+    @staticmethod
+    def states():
+        return {n: d for n, d in descriptors().items() if n != "map"}
+
+    @rule(host=st.sampled_from([0, 1]))
+    def commit_and_move(self, host):
+        """More batches that commit and move between hosts: a catch-up needs a database left behind."""
+        self.batch_ends(host, "commit", 0)
+
+
+ValueStatesCatchUpModel.TestCase.settings = CatchUpModel.TestCase.settings
+test_rocksdb_value_states_catch_up_model = ValueStatesCatchUpModel.TestCase
 
 
 # ---- through the runtime: a subtask that comes back to a host catches up ------------------------------------------
@@ -222,8 +251,8 @@ def _batch(b, storage, checkpoint_id, keys, plus):
     return storage.load(checkpoint_id)
 
 
-def _backend(warm):
-    return RocksDBKeyedStateBackend(key_group_range(MAXP, 1, 0), MAXP, Int64Serializer(), warm_dir=warm)
+def _backend(warm, **options):
+    return RocksDBKeyedStateBackend(key_group_range(MAXP, 1, 0), MAXP, Int64Serializer(), warm_dir=warm, **options)
 
 
 def _values(b, keys):
@@ -255,8 +284,8 @@ def test_a_database_behind_that_cannot_show_its_chains_is_restored_not_caught_up
         body["mac"] = seal(directory_secret(a), _marker_body(body))   # sealed again: only the chains are missing
         with open(path, "w") as f:
             json.dump(body, f)
-    else:   # host a's attempt at checkpoint 2 writes its snapshot, which never commits
-        w = _backend(a)
+    else:   # host a's attempt at checkpoint 2 writes its snapshot, which never commits, and its database
+        w = _backend(a, write_back_batches=1)
         w.restore(storage, md1)
         n = _count_state(w)
         for k in range(50):
@@ -292,18 +321,61 @@ def test_key_groups_a_later_full_block_restarted_are_replaced_by_a_catch_up(tmp_
 
 
 @pytest.mark.parametrize("fraction", [0.125, 1.0])
-def test_a_database_far_behind_is_restored_cold_not_caught_up_row_by_row(tmp_path, monkeypatch, fraction):
-    """Delta blocks past CATCH_UP_DELTA_FRACTION of the chains' bytes cost more row by row than a compiled cold
-    restore: then the backend restores cold; below it, it catches up. The state is the same either way."""
+def test_a_database_far_behind_with_a_map_state_is_restored_cold_not_caught_up_row_by_row(tmp_path, monkeypatch,
+                                                                                         fraction):
+    """A map state's delta blocks are applied row by row (a put replaces the key's rows): past
+    CATCH_UP_DELTA_FRACTION of the chains' bytes that costs more than a compiled cold restore, and the backend
+    restores cold; below it, it catches up. The state is the same either way."""
     monkeypatch.setattr(rocksdb_module, "CATCH_UP_DELTA_FRACTION", fraction)
     storage = CheckpointStorage(tmp_path / "chk")
     a, b = str(tmp_path / "a"), str(tmp_path / "b")
-    md = _batch(_backend(a), storage, 1, range(400), 1)
+    first = _backend(a)
+    _map_state(first)
+    md = _batch(first, storage, 1, range(400), 1)
     x = _backend(b)
     x.restore(storage, md)
+    _map_state(x)
     md = _batch(x, storage, 2, range(0, 400, 4), 10)   # about a fifth of the chains' bytes
     z = _backend(a)
     stats = z.restore(storage, md)
     assert isinstance(stats, WarmResume) == (fraction == 1.0) == z.warm
     assert _values(z, range(400)) == {k: 1 + 10 * (k % 4 == 0) for k in range(400)}
     z.dispose()
+
+
+def _map_state(b):
+    return b.get_state(MapStateDescriptor("m", Int64Serializer(), Int64Serializer()))
+
+
+def test_value_states_catch_up_in_one_file_of_puts_and_tombstones_however_far_behind(tmp_path, monkeypatch):
+    """Without a map state, the delta blocks a kept database is behind by become one ingested file (each key's
+    newest entry: its row, or a tombstone over the kept row): no Python row path, so no fraction limit, even when
+    every key changed; deletes remove kept rows, later writes win over earlier ones across checkpoints."""
+    monkeypatch.setattr(rocksdb_module, "CATCH_UP_DELTA_FRACTION", 0.0)
+    applied = []
+    monkeypatch.setattr(RocksDBKeyedStateBackend, "_apply_block",
+                        lambda self, *args: applied.append(args))   # the row path would lose these writes
+    storage = CheckpointStorage(tmp_path / "chk")
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    md = _batch(_backend(a), storage, 1, range(400), 1)
+    x = _backend(b)
+    x.restore(storage, md)
+    md = _batch(x, storage, 2, range(400), 10)             # every key changed
+    y = _backend(b)
+    y.restore(storage, md)
+    assert y.warm
+    n = _count_state(y)
+    for k in range(0, 400, 3):                              # deleted: tombstones over host a's rows
+        y.set_current_key(k)
+        n.clear()
+    md = _batch(y, storage, 3, range(1, 400, 6), 100)      # some of them written again after
+    z = _backend(a)
+    stats = z.restore(storage, md)
+    assert isinstance(stats, WarmResume) and z.warm and stats.caught_up and not applied
+    expected = {k: None if k % 3 == 0 else 11 + 100 * (k % 6 == 1) for k in range(400)}
+    assert _values(z, range(400)) == expected   # read from the database: nothing of it was cached
+    md = _batch(z, storage, 4, [], 0)
+    again = _backend(a)   # the caught-up database, snapshotted, resumes warm with the same values
+    again.restore(storage, md)
+    assert again.warm and _values(again, range(400)) == expected
+    again.dispose()

@@ -98,9 +98,9 @@ def test_kept_values_are_never_taken_for_another_database_state_or_serializer(tm
     batch(b, range(20), 1)
     one = commit(storage, b.snapshot(1, storage).result(60), 1)
     b.dispose()
-    # a backend resumes it, writes, snapshots checkpoint 2 but it is never committed: its kept values are of a
-    # database that checkpoint 1 does not describe
-    b = RocksDBKeyedStateBackend(FULL, MAXP, Int64Serializer(), warm_dir=warm)
+    # a backend resumes it, writes, snapshots checkpoint 2 (writing its database) but it is never committed: its
+    # kept values are of a database that checkpoint 1 does not describe
+    b = RocksDBKeyedStateBackend(FULL, MAXP, Int64Serializer(), warm_dir=warm, write_back_batches=1)
     b.restore(storage, one)
     batch(b, range(20), 100)
     b.snapshot(2, storage).result(60)

@@ -251,7 +251,8 @@ class PythonDeltas(RocksDBKeyedStateBackend):
     """The reference: deltas built key by key in Python (not cut from the snapshot's flush, nor a map's joined from
     its rows, in compiled code)."""
 
-    def _capture_deltas(self, tables, full, encoded):
+    def _capture_deltas(self, tables, full, encoded, cut=None):
+        assert not cut   # no write-back here: every snapshot flushes
         for t in tables:
             t.flushed_rows = None
         return super()._capture_deltas(tables, full, encoded)

@@ -35,6 +35,13 @@ def flush_values(pending: dict[Any, int], cache: dict[Any, Any], keys: Encoder, 
     database key; the pending keys in pending order; the positions among them of the put and the deleted keys, in
     the same ascending order)."""
 
+def delta_values(pending: dict[Any, int], cache: dict[Any, Any], keys: Encoder, values: ValueWriter,
+                 group_prefixes: list[bytes], state_id: bytes, start: int, full: Any, ttl: bool, deadline: int | None
+                 ) -> list[tuple[int, tuple[tuple[bytes, NDArray[np.int64]], tuple[bytes, NDArray[np.int64]]] | None,
+                                 tuple[bytes, NDArray[np.int64]] | None]]:
+    """The pending keys' changes as one state's delta sections per key group (key groups in ``full`` left out; a
+    TTL put stamped at or before ``deadline``: a delete), encoded straight into them: (key group, puts, deletes)."""
+
 def write_sorted_rows(writer: Any, runs: list[tuple[list[bytes], list[bytes] | None]]) -> int:
     """Write the runs' rows (sorted keys with their values; None: deletes) into an open SST file writer, merged
     into one ascending order; the rows written."""

@@ -8,8 +8,8 @@ LIST: int
 MAP: int
 
 def write_key_group(writer: Any, key_group: int, chain: list[tuple[Any, bool, list[Any], list[Any], list[int]]],
-                    states: list[tuple[int, int, bool, int | None] | tuple[int, int, bool, int | None, str]]
-                    ) -> tuple[int, int]: ...
+                    states: list[tuple[int, int, bool, int | None] | tuple[int, int, bool, int | None, str]],
+                    tombstones: bool = False) -> tuple[int, int]: ...
 def value_sections(iterator: Any, key_group: int, states: dict[int, tuple[int, int, bool, int | None]]
                    ) -> list[tuple[int, tuple[bytes, Any], tuple[bytes, Any]]] | None: ...
 def delta_sections(put_keys: list[bytes], put_values: list[bytes], deleted_keys: list[bytes], full: Any, ttl: bool,

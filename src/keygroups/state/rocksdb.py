@@ -26,6 +26,18 @@ the same meta takes them, so a warm batch reads from RocksDB only the keys earli
 heap backend does. A damaged file of the kept database is then found when it is first read, which may be at the
 snapshot; the batch then fails with RocksDB's error and its retry restores cold (nothing is kept after a write).
 
+Write-back: a kept database of value, list, reducing and aggregating states (no map state: its cache holds
+overlays) is written at most every ``write_back_batches`` snapshots (``DEFAULT_WRITE_BACK_BATCHES``). A snapshot in
+between writes nothing: its delta is encoded from the cache (``rocksstate.delta_values``), it writes no full key
+group (the next written snapshot makes up the chain compactions skipped), and its keys stay in the cache as
+*unwritten*, which no eviction drops (any flush writes them first). The database's marker keeps naming the
+checkpoint its files hold; the caches park with the unwritten keys and the snapshot they are the state of, and the
+next backend adopts them only when it restores exactly that snapshot. Otherwise (another process, a failed attempt,
+an older checkpoint, the kept values dropped for room) the database is what its marker says and catches up from
+there as any database left behind does (``_catch_up``: value-like states' deltas in one compiled file of puts and
+tombstones); a rescale that takes a lagging database over is completed from this process's kept values first, or
+restores cold. Between write-backs RocksDB sees no write, so no SST file, no compaction.
+
 Restore: the blocks a restore reads become one SST file, written in compiled code and ingested whole
 (``rocksdb_ingest``); what leaves the range at a rescale is dropped with a ranged delete per run of key groups.
 
@@ -64,6 +76,7 @@ from keygroups._native.statecore import java_key, java_keys, java_map
 from keygroups._ranges import KeyGroupRange
 from keygroups.checkpoint import KeyedStateHandle, KeyGroupBlock, chain_stats, plan_keyed_restore, write_keyed_snapshot
 from keygroups.checkpoint.metadata import is_shared_path, key_group_runs
+from keygroups.checkpoint.planning import choose_full_key_groups
 from keygroups.checkpoint.state_meta import check_state_metas
 from keygroups.errors import CheckpointNotFoundError, CorruptSnapshotError, no_current_key_error
 from keygroups.serializers import TypeSerializer
@@ -103,10 +116,18 @@ _pack_u32 = _U32.pack
 #: Cached entries per state before the cache is flushed to the database and emptied.
 DEFAULT_CACHE_LIMIT = 1 << 20
 
+#: A kept database is written at most every this many snapshots (write-back; see the module docs).
+DEFAULT_WRITE_BACK_BATCHES = 4
+
 log = logging.getLogger(__name__)
 
 
 _Caches = dict[str, tuple[Any, dict[Any, Any]]]
+
+#: What parked caches hold beyond the database (write-back): per state name its unwritten keys (key -> key-group
+#: index; their values are in the cache), and the snapshot the caches are the state of: (checkpoint id, the
+#: snapshot file of the range), and how many snapshots in a row were taken without writing the database.
+_Lag = tuple[dict[str, dict[Any, int]], int, str, int]
 
 
 class _KeptCaches:
@@ -120,23 +141,30 @@ class _KeptCaches:
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
-        self._kept: WarmRegistry[tuple[str, _Caches]] = WarmRegistry()
+        self._kept: WarmRegistry[tuple[str, _Caches, _Lag | None]] = WarmRegistry()
 
     @staticmethod
-    def _size(kept: tuple[str, _Caches]) -> int:
+    def _size(kept: tuple[str, _Caches, _Lag | None]) -> int:
         return sum(len(cache) for _, cache in kept[1].values())
 
-    def park(self, path: str, seal: str, caches: _Caches) -> None:
+    def park(self, path: str, seal: str, caches: _Caches, lag: _Lag | None = None) -> None:
         if not caches:
             self._kept.take(path)
             return
-        self._kept.keep(path, (seal, caches), self.limit, weight=self._size)
+        self._kept.keep(path, (seal, caches, lag), self.limit, weight=self._size)
 
-    def take(self, path: str, seal: str | None) -> _Caches | None:
-        """The caches parked for ``path`` if they were parked for the database sealed ``seal``; either way none
-        stay parked for ``path``."""
+    def take(self, path: str, seal: str | None) -> tuple[_Caches, _Lag | None] | None:
+        """The caches parked for ``path`` if they were parked for the database sealed ``seal``, with what they hold
+        beyond it (None: nothing); either way none stay parked for ``path``. Dropped caches lose nothing: the
+        database's marker names the checkpoint its files hold, and a restore catches up from there."""
         kept = self._kept.take(path)
-        return kept[1] if kept is not None and seal is not None and kept[0] == seal else None
+        return (kept[1], kept[2]) if kept is not None and seal is not None and kept[0] == seal else None
+
+    def lag_as_of(self, path: str) -> int | None:
+        """The checkpoint the caches parked for ``path`` are the state of, when they hold more than its database
+        (write-back); else None."""
+        kept = self._kept.peek(path)
+        return None if kept is None or kept[2] is None else kept[2][1]
 
     def clear(self) -> None:
         self._kept.clear()
@@ -274,6 +302,9 @@ def _open(path: str, *, read_only: bool = False) -> rocksdict.Rdict:
     # RocksDB's own info log: a kept database is opened every batch, and each open would keep the last log beside
     # it (up to 1000), which every seal then lists
     opts.set_keep_log_file_num(1)
+    # RocksDB opens the database's files on up to 16 threads by default, started at each open: a kept database,
+    # opened every batch, has few files, and starting the threads cost more CPU than opening them (~0.5 ms a batch)
+    opts.set_max_file_opening_threads(2)
     if read_only:
         return rocksdict.Rdict(path, opts, access_type=rocksdict.AccessType.read_only())
     db = rocksdict.Rdict(path, opts)
@@ -293,9 +324,12 @@ _PINNED_GROUPS = 64
 #: (a dict lookup per key, 70 ns at a batch's size, against a point read of about 1.5 us per missing key).
 _PREFETCH_SAMPLE = 256
 
-#: A catch-up applies the delta blocks committed since the kept database's checkpoint row by row in Python (about
-#: 1 us of CPU per row against 0.28 us for a compiled cold restore, at 400k keys): past this fraction of the bytes
-#: of the range's chains, restoring cold is cheaper, and is done instead.
+#: A catch-up applies the delta blocks committed since the kept database's checkpoint: those of value, list,
+#: reducing and aggregating states as one SST file of puts and tombstones, written in compiled code (the rate of a
+#: cold restore per row, for only the rows that changed); those with a map state's entries (a put replaces a key's
+#: rows) or a migrated state's row by row in Python (about 1 us of CPU per row against 0.28 us for a compiled cold
+#: restore, at 400k keys): when a map state is restored, past this fraction of the bytes of the range's chains,
+#: restoring cold is cheaper, and is done instead.
 CATCH_UP_DELTA_FRACTION = 0.25
 
 #: A flush of at least this many value-state rows writes them into an SST file that RocksDB ingests
@@ -379,7 +413,7 @@ class _RocksTable:
 
     __slots__ = ("backend", "db", "ctx", "name", "state_id", "state_id_bytes", "meta", "descriptor", "read_framing",
                  "write_framing", "needs_migration", "is_map", "mutable", "check_put", "cache", "pending", "changed",
-                 "flushed_rows", "parked")
+                 "flushed_rows", "parked", "unwritten")
 
     def __init__(self, backend: RocksDBKeyedStateBackend, name: str, state_id: int, meta: dict[str, Any],
                  read: ValueFraming, write: ValueFraming, descriptor: StateDescriptor | None) -> None:
@@ -392,6 +426,9 @@ class _RocksTable:
         self.cache: dict[Any, Any] = {}
         self.pending: dict[Any, int] = {}
         self.changed: dict[Any, int] = {}
+        # Keys snapshotted but not written to the database (write-back: their values are in the cache, which never
+        # drops them unwritten), key -> key-group index.
+        self.unwritten: dict[Any, int] = {}
         # The rows of the flush a snapshot just made (database keys and values written, ascending; database keys
         # deleted): its delta is cut from them in compiled code (see _capture_deltas). None after any other flush.
         self.flushed_rows: tuple[list[bytes], list[bytes], list[bytes]] | None = None
@@ -710,7 +747,9 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
     key-group range under it) and reuse it when a restore finds it exactly at the checkpoint it restores (see the
     module docs); the caller keys ``warm_dir`` by checkpoint location and job (``runtime.subtask_state.warm_directory``).
     ``warm_takeover``: which other range's kept database to take over, and which to leave to other backends
-    (``rocksdb_warm.WarmDirectory.claim``).
+    (``rocksdb_warm.WarmDirectory.claim``). ``write_back_batches``: a kept database of value, list, reducing and
+    aggregating states is written at most every this many snapshots; the changes in between stay in the decoded
+    values this process keeps (see the module docs); 1 writes it at every snapshot; None: ``DEFAULT_WRITE_BACK_BATCHES``.
     """
 
     def __init__(self, key_group_range: KeyGroupRange, max_parallelism: int, key_serializer: TypeSerializer, *,
@@ -718,13 +757,25 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
                  subtask_index: int = 0, incremental: bool = True, max_chain: int = DEFAULT_MAX_CHAIN,
                  delta_fraction: float = DEFAULT_DELTA_FRACTION, db_dir: str | os.PathLike[str] | None = None,
                  cache_limit: int = DEFAULT_CACHE_LIMIT, warm_dir: str | os.PathLike[str] | None = None,
-                 warm_takeover: Takeover = (None, frozenset())) -> None:
+                 warm_takeover: Takeover = (None, frozenset()),
+                 write_back_batches: int | None = None) -> None:
         super().__init__(key_group_range, max_parallelism, key_serializer, key_type=key_type, clock=clock,
                          allow_pickle=allow_pickle, subtask_index=subtask_index, incremental=incremental,
                          max_chain=max_chain, delta_fraction=delta_fraction)
         if isinstance(cache_limit, bool) or not isinstance(cache_limit, int) or cache_limit < 1:
             raise ValueError(f"cache_limit must be an int >= 1 (entries per state), got {cache_limit!r}")
         self.cache_limit = cache_limit
+        if write_back_batches is None:
+            write_back_batches = DEFAULT_WRITE_BACK_BATCHES
+        if isinstance(write_back_batches, bool) or not isinstance(write_back_batches, int) or write_back_batches < 1:
+            raise ValueError(f"write_back_batches must be an int >= 1 (snapshots per database write; 1: every "
+                             f"snapshot writes it), got {write_back_batches!r}")
+        self.write_back_batches = write_back_batches
+        # Write-back: snapshots in a row taken without writing the database (whose marker stays at the one before),
+        # the last one's (checkpoint id, snapshot file), and the states the database's marker vouches for.
+        self._deferred = 0
+        self._lag_as_of: tuple[int, str] | None = None
+        self._vouched_names: frozenset[str] | None = None
         self.set_current_key = self._ctx.set_current_key  # type: ignore[method-assign]  # no Python-level hop
         self._serialize_key = self.key_serializer.serialize
         self._key_encoder = Encoder(self.key_serializer)   # the same bytes as _serialize_key, in C
@@ -803,28 +854,34 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         """Close the local database and delete it, unless it is kept warm (once; later calls do nothing). A kept
         database that is exactly its last snapshot's state leaves its states' decoded values to the next backend
         of this process that resumes it (``_KeptCaches``)."""
-        caches = self._parkable_caches()
+        caches, lag = self._parkable_caches()
         seal = self._finalizer()
         if caches is not None and self._warm is not None:
             if seal is not None:
-                _KEPT_CACHES.park(self._warm.path, seal, caches)
+                _KEPT_CACHES.park(self._warm.path, seal, caches, lag)
             else:
                 _KEPT_CACHES.take(self._warm.path, None)
 
-    def _parkable_caches(self) -> dict[str, tuple[Any, dict[Any, Any]]] | None:
+    def _parkable_caches(self) -> tuple[_Caches | None, _Lag | None]:
         """Per state, (its stored meta, its cache) when the database is kept and holds exactly what the marker
-        vouches for (nothing written, nothing pending since); None otherwise."""
+        vouches for (nothing written, nothing pending since), with, after snapshots that did not write the database
+        (write-back), the keys they left unwritten and the snapshot the caches are the state of; None otherwise."""
         if (self._warm is None or not self._finalizer.alive or self._unchecked or self._marker_writes != self._writes
                 or any(t.pending for t in self._tables.values())):
-            return None
+            return None, None
         caches = {}
         for name, t in self._tables.items():
-            if t.descriptor is not None:
+            if t.descriptor is not None or t.unwritten:
                 if t.cache:
                     caches[name] = (_canonical(t.meta), t.cache)
             elif t.parked is not None:   # restored, not registered this batch: its kept values wait on
                 caches[name] = t.parked
-        return caches
+        unwritten = {name: t.unwritten for name, t in self._tables.items() if t.unwritten}
+        if not unwritten:
+            return caches, None
+        if self._lag_as_of is None:
+            return None, None
+        return caches, (unwritten, *self._lag_as_of, self._deferred)
 
     def estimated_entries(self) -> int:
         """RocksDB's own estimate of its keys (``rocksdb.estimate-num-keys``; writes still cached in Python are not
@@ -835,7 +892,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
     def _has_data(self) -> bool:
         if self._refilling:
             return False   # a kept database replaced by a cold restore (_fall_back_cold): the cache stays
-        if any(t.pending for t in self._tables.values()):
+        if any(t.pending or t.unwritten for t in self._tables.values()):
             return True
         for _ in _scan(self._db):
             return True
@@ -855,6 +912,10 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         if t is None:
             self._new_table(d.name, meta, read, write, d)
             return
+        if t.unwritten and _canonical(meta) != _canonical(t.meta):
+            # values kept unwritten (write-back), decoded with the old serializers: written with them, then dropped
+            self._flush()
+            t.cache = {}
         t.configure(meta, read, write, d)
         parked, t.parked = t.parked, None
         if parked is not None and not t.needs_migration and parked[0] == _canonical(meta) and not t.cache:
@@ -954,8 +1015,15 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         """Take one block of a restore, after the key group's earlier ones: gathered for the SST file the restore
         ingests at its end (``rocksdb_ingest``), or, for a state whose stored bytes must be migrated to new
         serializers, applied at once, row by row (what was gathered is ingested first, so the order holds)."""
-        if self._catching_up:   # onto the rows the kept database holds: the compiled restore needs empty key groups
-            self._apply_block(handle, targets, block)
+        if self._catching_up:   # onto the rows the kept database holds
+            touched = ([targets[s] for s, keys, _ in block.puts if len(keys) > 1]
+                       + [targets[s] for s, keys in block.deletes if len(keys) > 1])   # offsets: keys + 1
+            if block.full or any(t.is_map or t.needs_migration for t in touched):
+                # row by row (a map's put replaces rows, migrated bytes are re-encoded), after what was gathered
+                self._ingest_gathered()
+                self._apply_block(handle, targets, block)
+            else:
+                self._gathered.add(targets, block)   # puts and tombstones in one file (SstRestore's over_kept)
             return
         if any(t.needs_migration for t in targets):
             self._ingest_gathered()
@@ -972,7 +1040,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
     def _ingest_gathered(self) -> None:
         """Write the blocks gathered so far into one SST file and ingest it (see ``rocksdb_ingest``)."""
         if self._gathered:
-            gathered, self._gathered = self._gathered, SstRestore()
+            gathered, self._gathered = self._gathered, SstRestore(over_kept=self._catching_up)
             gathered.ingest(self._db, self._dir, self._write_with)
 
     def _apply_block(self, handle: KeyedStateHandle | None, targets: list[Any], block: KeyGroupBlock) -> None:
@@ -1186,12 +1254,13 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
     def _flush(self, *, evict: bool = False, encoded: dict[str, Any] | None = None) -> None:
         """Write every state's pending keys in one WriteBatch; ``evict`` empties the caches afterwards.
         ``encoded`` (state name -> key -> value encoding or None; a value state's a ``_Written``) receives what was
-        written, for a delta."""
+        written, for a delta. Keys snapshotted without being written (write-back) are written first."""
         self._check_warm()
         with _gc_paused():
             batch = rocksdict.WriteBatch(raw_mode=True)
             ops: list[tuple[bytes, Any]] = []
-            runs: list[tuple[list[bytes], list[bytes], list[bytes]]] = []
+            # the keys snapshots left unwritten (write-back) that no pending write covers: in the same file or batch
+            runs: list[tuple[list[bytes], list[bytes], list[bytes]]] = self._unwritten_runs()
             flushed = [t for t in self._tables.values() if t.pending]
             for t in flushed:
                 if t.is_map:
@@ -1220,12 +1289,95 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
             if ops or 0 < rows < _INGEST_ROWS:
                 self._write(batch)
             # Only now: a value that cannot be written leaves every state's pending writes for the next flush.
+            for t in self._tables.values():
+                t.unwritten.clear()
             for t in flushed:
                 t.changed.update(t.pending)
                 t.pending.clear()
         if evict:
             for t in self._tables.values():
                 t.cache.clear()
+
+    def _unwritten_runs(self) -> list[tuple[list[bytes], list[bytes], list[bytes]]]:
+        """The rows of the keys snapshots left unwritten (write-back) that no pending write covers, per state
+        (database keys put, their values, database keys deleted; each ascending), for the flush to write with its
+        own: the database then holds the state again, and its marker can vouch for it at the next snapshot."""
+        runs = []
+        for t in self._tables.values():
+            if not t.unwritten:
+                continue
+            rest = t.unwritten.keys() - t.pending.keys()
+            if rest:
+                only = {k: t.unwritten[k] for k in rest}
+                runs.append(rocksstate.flush_values(only, t.cache, self._key_encoder, t.write_framing.writer,
+                                                    self._group_prefix, t.state_id_bytes)[:3])
+        return runs
+
+    def _write_rows(self, runs: list[tuple[list[bytes], list[bytes], list[bytes]]]) -> None:
+        """Write value states' rows (per state: database keys put, their values, database keys deleted; each
+        ascending): as one ingested SST file when many, else one WriteBatch."""
+        if not runs:
+            return
+        if sum(len(put) + len(gone) for put, _, gone in runs) >= _INGEST_ROWS:
+            self._ingest_rows(runs)
+            return
+        batch = rocksdict.WriteBatch(raw_mode=True)
+        for db_keys, encodings, gone_db_keys in runs:
+            collections.deque(map(batch.delete, gone_db_keys), maxlen=0)
+            collections.deque(map(batch.put, db_keys, encodings), maxlen=0)
+        self._write(batch)
+
+    def _may_defer(self, full: set[int]) -> bool:
+        """Whether this snapshot may leave the database unwritten (write-back): a kept database whose marker
+        vouches for its files as they are (nothing written since), fewer than ``write_back_batches - 1`` snapshots
+        in a row deferred, value-like states only (a map's cache holds overlays), each one the marker vouches for,
+        and no key group that must be written full (``full`` beyond the chain compactions, which the next written
+        snapshot makes up for: see ``_skipped_compactions``)."""
+        tables = self._tables.values()
+        if (self._warm is None or self._deferred + 1 >= self.write_back_batches or self._unchecked
+                or self._marker_writes != self._writes or self._vouched_names is None or self._chains is None
+                or not any(t.pending or t.unwritten for t in tables)):
+            return False
+        if any(t.is_map or t.needs_migration or t.name not in self._vouched_names for t in tables):
+            return False
+        return not full - choose_full_key_groups(self._chains, self._n, max_chain=self.max_chain,
+                                                 delta_fraction=self.delta_fraction)
+
+    def _skipped_compactions(self) -> set[int]:
+        """After ``self._deferred`` snapshots that wrote no full key group, the chain compactions they would have
+        made: as many key groups as that many snapshots rewrite (the worst first), so that chains stay as long as
+        without write-back."""
+        if self._chains is None:
+            return set()
+        return choose_full_key_groups(self._chains, self._n * (self._deferred + 1), max_chain=self.max_chain,
+                                      delta_fraction=self.delta_fraction)
+
+    def _encode_deferred(self, encoded: dict[str, Any]) -> dict[str, list[Any]]:
+        """A deferred snapshot's part of a flush: every pending key's value encoded into its delta sections
+        (``rocksstate.delta_values``; a list state with TTL: into ``encoded``, its delta made by ``_capture_deltas``),
+        nothing written; the keys stay in the cache, unwritten. The sections by state name."""
+        cut: dict[str, list[Any]] = {}
+        with _gc_paused():
+            for t in self._tables.values():
+                if not t.pending:
+                    continue
+                deadline = t.ttl_deadline()
+                if t.meta["kind"] == "list" and deadline is not None:
+                    t.value_rows(encoded)
+                    continue
+                try:
+                    cut[t.name] = rocksstate.delta_values(
+                        t.pending, t.cache, self._key_encoder, t.write_framing.writer, self._group_prefix,
+                        t.state_id_bytes, self._start, (), t.write_framing.ttl, deadline)
+                except UNWRITABLE as e:
+                    write = t.write_framing
+                    key = write.first_unwritable(t._pending_in_key_order(), self.key_serializer.serialize, MISSING)
+                    raise write.unwritable(key, e, what="write to the database") from e
+            for t in self._tables.values():
+                t.changed.update(t.pending)
+                t.unwritten.update(t.pending)
+                t.pending.clear()
+        return cut
 
     # ---- iteration --------------------------------------------------------------------------------------------------
     def keys(self, state_name: str) -> Iterator[Any]:
@@ -1289,8 +1441,10 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
 
     def _restore(self, storage: CheckpointStorage, metadata: CheckpointMetadata, lazy: bool) -> RestoreStats:
         if self._warm is not None and not self._restored:
-            kept = _KEPT_CACHES.take(self._warm.path, self._warm.kept_seal)
-            self._warm.remove_stale(metadata.checkpoint_id)
+            taken = _KEPT_CACHES.take(self._warm.path, self._warm.kept_seal)
+            kept, lag = taken if taken is not None else (None, None)
+            restoring = metadata.checkpoint_id
+            self._warm.remove_stale(restoring, spare=lambda path: _KEPT_CACHES.lag_as_of(path) == restoring)
             if self._warm.moved_from is not None:
                 moved = self._resume_moved(storage, metadata, lazy)
                 if moved is not None:
@@ -1300,6 +1454,12 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
                 return super().restore(storage, metadata, lazy=lazy)
             behind = self._warm.behind(storage, metadata, self.max_parallelism)
             states = self._warm.states_at(storage, metadata, self.max_parallelism)
+            if lag is not None:
+                if states is None and behind is not None and kept is not None and self._adopt(
+                        metadata, lazy, behind, kept, lag):
+                    self._resumed(storage, metadata)
+                    return RestoreStats(0, 0)
+                kept = None   # the state of another snapshot than this restore's: the database catches up alone
             if states is None and behind is not None:
                 caught = self._catch_up(storage, metadata, lazy, *behind)
                 if caught is not None:
@@ -1317,9 +1477,56 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
                 self._chain_metas = {meta["name"]: _canonical(meta) for meta in states}
                 self._after_restore(lazy)
                 self._resumed(storage, metadata)
+                self._marker_writes = self._writes   # its marker vouches for the database as it is
+                self._vouched_names = frozenset(self._chain_metas)
                 return RestoreStats(0, 0)
             self._reset_db()
         return super().restore(storage, metadata, lazy=lazy)
+
+    def _adopt(self, metadata: CheckpointMetadata, lazy: bool,
+               behind: tuple[int, str, list[dict[str, Any]], dict[int, tuple[str, ...]]], kept: _Caches,
+               lag: _Lag) -> bool:
+        """Resume a kept database that snapshots of this process left behind (write-back) with the caches they
+        parked: when ``metadata`` restores exactly the snapshot those caches are the state of (its checkpoint and
+        this range's snapshot file), the database (at its marker's checkpoint, ``behind``) and the unwritten keys'
+        cached values together are that state. False (nothing changed) otherwise: then it catches up."""
+        unwritten, as_of, as_of_file, deferred = lag
+        r = self.key_group_range
+        handles = [h for h in metadata.keyed_handles if h.file == as_of_file and h.key_group_range == r]
+        if metadata.checkpoint_id != as_of or not handles:
+            return False
+        _, _, states, _ = behind
+        known = {meta["name"]: _canonical(meta) for meta in states}
+        if (not unwritten.keys() <= kept.keys() or not kept.keys() <= known.keys()
+                or any(kept[name][0] != known[name] for name in kept)
+                or {meta["name"] for h in handles for meta in h.states} != known.keys()
+                or not _same_metas(known, handles)):
+            return False
+        for name in kept:   # a state registered before the restore: its state objects hold its (empty) cache
+            t = self._tables.get(name)
+            if name in self._externals or (t is not None and t.descriptor is not None and (
+                    _canonical(t.meta) != known[name] or t.cache or t.pending or t.unwritten)):
+                return False
+        self._unchecked = False
+        self._restored = True
+        self.warm = True
+        for meta in states:
+            t = self._restore_target(meta)
+            name = meta["name"]
+            if name in kept and isinstance(t, _RocksTable):
+                if t.descriptor is not None:
+                    t.cache.update(kept[name][1])
+                else:
+                    t.cache = kept[name][1]
+                t.unwritten = unwritten.get(name, {})
+        self._chains = chain_stats(metadata, r)
+        self._chain_metas = dict(known)
+        self._after_restore(lazy)
+        self._deferred = deferred
+        self._lag_as_of = (as_of, as_of_file)
+        self._marker_writes = self._writes
+        self._vouched_names = frozenset(known)
+        return True
 
     def _resume_moved(self, storage: CheckpointStorage, metadata: CheckpointMetadata, lazy: bool
                       ) -> WarmResume | None:
@@ -1330,7 +1537,10 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         assert self._warm is not None
         old = self._warm.moved_from
         assert old is not None
+        behind = self._warm.behind(storage, metadata, self.max_parallelism, old)
         states = self._warm.states_at(storage, metadata, self.max_parallelism, old)
+        if states is None and behind is not None:
+            states = self._complete_moved(metadata, old, behind)
         if states is None:
             return None
         r = self.key_group_range
@@ -1367,6 +1577,39 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
                           restored=tuple(kg for kg in r if kg not in old), dropped=tuple(dropped),
                           bytes_restored=restored_bytes)
 
+    def _complete_moved(self, metadata: CheckpointMetadata, old: KeyGroupRange,
+                        behind: tuple[int, str, list[dict[str, Any]], dict[int, tuple[str, ...]]]
+                        ) -> list[dict[str, Any]] | None:
+        """A taken-over database that snapshots of this process left behind (write-back) at ``behind``'s checkpoint,
+        whose caches, parked under the old range, are exactly this restore's state of it: the keys they left
+        unwritten are written now, so that the database is that state and the move goes on as from a database at
+        this checkpoint. Its states (the marker's), or None (nothing written)."""
+        assert self._warm is not None
+        if self._warm.moved_path is None:
+            return None
+        taken = _KEPT_CACHES.take(self._warm.moved_path, self._warm.moved_seal)
+        if taken is None or taken[1] is None:
+            return None
+        kept, (unwritten, as_of, as_of_file, _) = taken
+        handles = [h for h in metadata.keyed_handles if h.file == as_of_file and h.key_group_range == old]
+        _, _, states, _ = behind
+        known = {meta["name"]: _canonical(meta) for meta in states}
+        if (metadata.checkpoint_id != as_of or not handles or not unwritten.keys() <= kept.keys()
+                or not kept.keys() <= known.keys() or any(kept[name][0] != known[name] for name in kept)
+                or {meta["name"] for h in handles for meta in h.states} != known.keys()
+                or not _same_metas(known, handles) or any(name in self._tables for name in known)):
+            return None
+        prefixes = [_U16.pack(g) for g in old]   # the unwritten keys' key-group indexes are the old range's
+        runs = []
+        for meta in states:
+            t = self._restore_target(meta)
+            name = meta["name"]
+            if name in unwritten:
+                runs.append(rocksstate.flush_values(unwritten[name], kept[name][1], self._key_encoder,
+                                                    t.write_framing.writer, prefixes, t.state_id_bytes)[:3])
+        self._write_rows(runs)
+        return states
+
     def _catch_up(self, storage: CheckpointStorage, metadata: CheckpointMetadata, lazy: bool, kept_at: int,
                   kept_file: str, states: list[dict[str, Any]], held: dict[int, tuple[str, ...]]
                   ) -> WarmResume | None:
@@ -1377,8 +1620,10 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         begins with exactly the files the database holds, or restarted with a full block newer than ``kept_at``;
         so a failed or uncommitted attempt, another lineage or another meta (serializers, TTL) is refused (None:
         nothing was written), and so are delta blocks past ``CATCH_UP_DELTA_FRACTION`` of the chains' bytes (a
-        cold restore is cheaper then). The delta blocks are applied row by row in checkpoint order onto the kept
-        rows (TTL values kept as written: reads and full snapshots drop what expired, as in a kept database); a
+        cold restore is cheaper then, when a map state makes part of it row by row: ``CATCH_UP_DELTA_FRACTION``). The
+        delta blocks are applied in checkpoint order onto the kept rows, as one ingested file of puts and
+        tombstones (``SstRestore``'s ``over_kept``), or row by row for a block with a map state's entries (TTL values
+        kept as written: reads and full snapshots drop what expired, as in a kept database); a
         restarted key group is emptied and its chain restored as a cold restore does, into one ingested file."""
         r = self.key_group_range
         if not any(h.file == kept_file and h.key_group_range == r for h in metadata.keyed_handles):
@@ -1405,7 +1650,9 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
                     (restarts if restarted else newer).setdefault(id(h), (h, []))[1].append(kg)
                     if not restarted:
                         delta_bytes += size
-        if delta_bytes > CATCH_UP_DELTA_FRACTION * chain_bytes:
+        row_by_row = any(meta["kind"] == "map" for meta in states) or any(
+            t.needs_migration for t in self._tables.values())
+        if row_by_row and delta_bytes > CATCH_UP_DELTA_FRACTION * chain_bytes:
             return None
         known = {meta["name"]: _canonical(meta) for meta in states}
         if not _same_metas(known, [h for h, _ in [*newer.values(), *restarts.values()]]):
@@ -1422,13 +1669,16 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         caught_up_bytes = 0
         caught_up: set[int] = set()
         self._catching_up = True
+        self._gathered = SstRestore(over_kept=True)
         try:
             for handle, run in reads(newer):
                 targets = [self._restore_target(meta) for meta in handle.states]
                 caught_up_bytes += self._restore_handle(storage, handle, run, targets)[0]
                 caught_up.update(run)
+            self._ingest_gathered()
         finally:
             self._catching_up = False
+            self._gathered = SstRestore()
         # restarted key groups: emptied, then their chains restored as a cold restore does (one ingested SST file)
         restarted_groups = sorted({kg for _, kgs in restarts.values() for kg in kgs})
         if restarted_groups:
@@ -1532,11 +1782,24 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         no full block scans nothing."""
         full = self._full_key_groups_for_snapshot()
         encoded: dict[str, Any] = {}
-        self._flush(encoded=encoded)
+        self._check_warm()
+        deferred = self._may_defer(full)
+        # until this snapshot completes, the caches are the state of no snapshot: not parked with a lag
+        self._lag_as_of = None
+        cut: dict[str, list[Any]] = {}
+        if deferred:
+            full = set()
+            self._deferred += 1
+            cut = self._encode_deferred(encoded)
+        else:
+            if self._deferred:
+                full |= self._skipped_compactions()
+            self._deferred = 0
+            self._flush(encoded=encoded)
         tables = list(self._tables.values())
         metas = [t.meta for t in tables]
         with _gc_paused():
-            deltas = self._capture_deltas(tables, full, encoded)
+            deltas = self._capture_deltas(tables, full, encoded, cut)
         for t in tables:
             t.changed.clear()
         deadlines = {t.state_id: t.ttl_deadline() for t in tables}
@@ -1619,13 +1882,19 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
                     shutil.rmtree(cp_dir, ignore_errors=True)
             self._after_snapshot(handle)
             chains = self._snapshot_chains.pop(handle.file, None)
-            if self._warm is not None:
+            if deferred:
+                # the database and its marker stay at the last snapshot written; the caches are this one's state
+                with self._marker_lock:
+                    if writes == self._writes:
+                        self._lag_as_of = (checkpoint_id, handle.file)
+            elif self._warm is not None:
                 self._db.flush()  # no write-ahead log: the marker must not outlive data in the memtable
                 with self._marker_lock:
                     if writes == self._writes:   # nothing written since the capture
                         self._warm.write_marker(storage, checkpoint_id, handle, metas, self.max_parallelism,
                                                 chains)
                         self._marker_writes = writes
+                        self._vouched_names = frozenset(m["name"] for m in metas)
             return handle
 
         return SnapshotFuture.start(work, name=f"keyed-{self.subtask_index} chk-{checkpoint_id} (rocksdb)")
@@ -1649,7 +1918,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
             return None
         return [(s, Packed(*keys), Packed(*values)) for s, keys, values in sections]
 
-    def _capture_deltas(self, tables: list[_RocksTable], full: set[int], encoded: dict[str, Any]
+    def _capture_deltas(self, tables: list[_RocksTable], full: set[int], encoded: dict[str, Any],
+                        cut: dict[str, list[Any]] | None = None
                         ) -> dict[int, tuple[dict[int, tuple[Any, Any]], dict[int, Any]]]:
         """Per key group outside ``full``: (state index -> (keys, values) put, state index -> keys deleted), the
         values as the snapshot format encodes them. Keys flushed earlier (past the cache limit) and maps written
@@ -1665,10 +1935,13 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
             deadline = t.ttl_deadline()
             framing = t.write_framing
             flushed, t.flushed_rows = t.flushed_rows, None
-            if (flushed is not None and len(known) == len(t.changed)
-                    and not (t.meta["kind"] == "list" and deadline is not None)):
+            sections = None if cut is None else cut.get(t.name)
+            if sections is None and (flushed is not None and len(known) == len(t.changed)
+                                     and not (t.meta["kind"] == "list" and deadline is not None)):
                 # every change is in the snapshot's own flush: cut from its rows, no key serialized again
-                for g, puts, deletes in sstload.delta_sections(*flushed, full, framing.ttl, deadline):
+                sections = sstload.delta_sections(*flushed, full, framing.ttl, deadline)
+            if sections is not None:   # (a deferred snapshot's are encoded straight into sections)
+                for g, puts, deletes in sections:
                     put_sections, delete_sections = out.get(g) or out.setdefault(g, ({}, {}))
                     if puts is not None:
                         put_sections[index] = (Packed(*puts[0]), Packed(*puts[1]))

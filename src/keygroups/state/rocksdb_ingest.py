@@ -53,13 +53,18 @@ def _writer_options() -> rocksdict.Options:
 
 
 class SstRestore:
-    """The blocks of one restore, gathered per key group until :meth:`ingest` writes and ingests them."""
+    """The blocks of one restore, gathered per key group until :meth:`ingest` writes and ingests them.
 
-    __slots__ = ("_chains", "_tables")
+    ``over_kept``: the blocks are the delta blocks a kept database is behind by (a catch-up), written over the rows
+    it holds: each key's newest entry becomes its row, or a tombstone when it is a delete, TTL values as written
+    (the file, ingested last, is newer than every row there, so its puts and tombstones win)."""
 
-    def __init__(self) -> None:
+    __slots__ = ("_chains", "_tables", "_over_kept")
+
+    def __init__(self, *, over_kept: bool = False) -> None:
         self._chains: dict[int, list[tuple[KeyGroupBlock, list[Any]]]] = {}
         self._tables: dict[int, Any] = {}   # state id -> the backend's table
+        self._over_kept = over_kept
 
     def __bool__(self) -> bool:
         return bool(self._chains)
@@ -79,8 +84,9 @@ class SstRestore:
         (through ``write``, which runs the ingestion as the backend's other writes run); the rows written."""
         states = sorted(self._tables.values(), key=lambda t: t.state_id)
         slot = {t.state_id: i for i, t in enumerate(states)}
-        spec = [(t.state_id, STORED_KINDS.get(t.meta["kind"], sstload.VALUE), t.read_framing.ttl, t.ttl_deadline(),
-                 t.name)
+        over_kept = self._over_kept
+        spec = [(t.state_id, STORED_KINDS.get(t.meta["kind"], sstload.VALUE), t.read_framing.ttl,
+                 None if over_kept else t.ttl_deadline(), t.name)
                 for t in states]
         fd, path = tempfile.mkstemp(prefix="restore-", suffix=".sst", dir=directory)
         os.close(fd)
@@ -92,7 +98,7 @@ class SstRestore:
                 for kg in sorted(self._chains):
                     chain = [(b.block, b.full, b.puts, b.deletes, [slot[t.state_id] for t in targets])
                              for b, targets in self._chains.pop(kg)]
-                    rows += sstload.write_key_group(writer, kg, chain, spec)[0]
+                    rows += sstload.write_key_group(writer, kg, chain, spec, over_kept)[0]
             except Exception as e:
                 if "ascending order" in str(e) or "must be added in" in str(e):
                     raise CorruptSnapshotError(f"restored rows out of order for RocksDB: {e}") from e

@@ -38,6 +38,7 @@ import os
 import re
 import shutil
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from keygroups._local_dirs import (
@@ -203,6 +204,13 @@ class WarmDirectory:
         self.kept_seal: str | None = None
         if moved_from is None and isinstance(kept_marker, dict) and isinstance(kept_marker.get("mac"), str):
             self.kept_seal = kept_marker["mac"]
+        #: The seal of the taken-over database as its backend closed it, and the directory it was kept in (its
+        #: process's kept values of it are parked under that name: ``rocksdb._KeptCaches``).
+        self.moved_seal: str | None = None
+        self.moved_path: str | None = None
+        if moved_from is not None and isinstance(kept_marker, dict) and isinstance(kept_marker.get("mac"), str):
+            self.moved_seal = kept_marker["mac"]
+            self.moved_path = os.path.join(os.path.dirname(path), f"{moved_from.start}-{moved_from.end}")
         #: Serializes marker writes with the backend's database writes (a marker vouches for one write count).
         self.marker_lock = threading.Lock()
 
@@ -250,7 +258,7 @@ class WarmDirectory:
         claimed.remove_stale()
         return claimed
 
-    def remove_stale(self, checkpoint_id: int | None = None) -> None:
+    def remove_stale(self, checkpoint_id: int | None = None, spare: Callable[[str], bool] | None = None) -> None:
         """Delete the warm directories beside this one (one job's) of key-group ranges that overlap this range but
         are not it: the ranges of one parallelism never overlap, so those are left from other ranges (before a
         rescale or a boundary move). One that also overlaps other ranges and holds a sealed marker may still be
@@ -258,7 +266,9 @@ class WarmDirectory:
         checkpoint than its marker's (``checkpoint_id``) makes it useless. Every range of the current ranges
         overlaps some stale range it replaced, so the batches at the new ranges remove them all. A directory whose
         lock a running backend holds is left alone; the lock is deleted with its directory, while held
-        (``_lock_range`` retries when it locked a file that was deleted meanwhile)."""
+        (``_lock_range`` retries when it locked a file that was deleted meanwhile). ``spare(path)``: one whose marker
+        is older, but whose process keeps what it lacks for ``checkpoint_id`` (write-back), may still be taken over
+        too."""
         r = self.key_group_range
         parent = self.parent
         for name, old in sorted(_overlapping_warm(parent, r).items()):
@@ -268,7 +278,8 @@ class WarmDirectory:
             try:
                 if not (old.start >= r.start and old.end <= r.end):
                     kept_at = _marker_checkpoint(os.path.join(parent, name))
-                    if kept_at is not None and checkpoint_id in (None, kept_at):
+                    if kept_at is not None and (checkpoint_id in (None, kept_at) or (
+                            spare is not None and spare(os.path.join(parent, name)))):
                         continue  # a sibling range restoring from checkpoint ``kept_at`` may still take it over
                 shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
                 with contextlib.suppress(FileNotFoundError):
@@ -308,16 +319,18 @@ class WarmDirectory:
         except (TypeError, ValueError):
             return None  # a marker of another shape: restore instead
 
-    def behind(self, storage: CheckpointStorage, metadata: CheckpointMetadata, max_parallelism: int
+    def behind(self, storage: CheckpointStorage, metadata: CheckpointMetadata, max_parallelism: int,
+               kept_range: KeyGroupRange | None = None
                ) -> tuple[int, str, list[dict[str, Any]], dict[int, tuple[str, ...]]] | None:
         """When the kept database is of this location, max parallelism and range at an earlier checkpoint than
         ``metadata``'s, and its marker names the chain files it holds: ``(its checkpoint id, its snapshot file, its
         states, key group -> the files of the chain it holds)``, for a catch-up (the caller checks that the file
         was committed and that each key group's committed chain begins with those files); else None. Does not
-        forget the marker (``states_at`` does)."""
+        forget the marker (``states_at`` does). ``kept_range``: the range the database was kept for (this one by
+        default; a taken-over one's)."""
         marker = self._kept_marker
         try:
-            r = self.key_group_range
+            r = self.key_group_range if kept_range is None else kept_range
             if not (isinstance(marker, dict) and marker.get("version") == WARM_MARKER_VERSION
                     and marker.get("location") == storage.location
                     and isinstance(marker.get("checkpoint_id"), int)

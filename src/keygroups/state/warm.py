@@ -70,6 +70,11 @@ class WarmRegistry(Generic[T]):
             while total > limit:
                 total -= size(self._kept.popitem(last=False)[1])
 
+    def peek(self, key: Hashable) -> T | None:
+        """The object kept under ``key`` (None: none), left kept."""
+        with self._lock:
+            return self._kept.get(key)
+
     def keys(self) -> list[Hashable]:
         """The keys of the kept objects, least recently kept first."""
         with self._lock:

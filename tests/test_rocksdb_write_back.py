@@ -1,0 +1,308 @@
+"""RocksDB write-back: a kept database is written at most every ``write_back_batches`` snapshots; the snapshots in
+between leave their keys unwritten in the caches this process parks, and the database's marker at the last
+checkpoint written. A hypothesis model (random batches on value-like states, TTL included, against dicts) runs
+them with the process's kept values dropped now and then (another process opens the database: it catches up from
+its marker), rescales (a lagging database taken over by a new range), restores of older checkpoints, failed
+attempts and processes dying; and direct tests show what is (not) written and what is adopted."""
+
+from __future__ import annotations
+
+import copy
+import os
+import tempfile
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
+from keygroups import assign_to_operator, key_group_range
+from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage, carry_forward
+from keygroups.serializers import Int64Serializer
+from keygroups.state import RocksDBKeyedStateBackend, ValueStateDescriptor
+from keygroups.state import rocksdb as rocksdb_module
+from keygroups.state.warm import WarmResume
+from test_rocksdb_catch_up import TTL, abandon, descriptors
+from test_rocksdb_incremental import write_five
+
+MAXP = 128
+
+
+def states():
+    return {n: d for n, d in descriptors().items() if n != "map"}
+
+
+class WriteBackModel(RuleBasedStateMachine):
+    """Batches on one or two hosts (warm directories) at parallelism 1-3, each ending committed, failed (its
+    snapshot never committed), or with its process dead; between batches the process may lose its kept values (a
+    new worker process), the job may restore an older checkpoint, or rescale."""
+
+    def __init__(self):
+        super().__init__()
+        self.fraction, rocksdb_module.CATCH_UP_DELTA_FRACTION = rocksdb_module.CATCH_UP_DELTA_FRACTION, float("inf")
+        rocksdb_module._KEPT_CACHES.clear()
+        self.tmp = tempfile.TemporaryDirectory(prefix="kg-write-back-")
+        self.storage = CheckpointStorage(os.path.join(self.tmp.name, "chk"))
+        self.hosts = [os.path.join(self.tmp.name, "host-a"), os.path.join(self.tmp.name, "host-b")]
+        self.host = 0
+        self.now = 1000.0
+        self.write_back = 3
+        self.model = {n: {} for n in states()}   # ttl: key -> (value, written at)
+        self.history = {}    # committed checkpoint id -> (model, parallelism)
+        self.restored_from = None   # the checkpoint the running batch restored (None: none)
+        self.next_id = 1
+        self.p = 2
+        self.backends = self.open(None)
+
+    def open(self, checkpoint_id):
+        metadata = None if checkpoint_id is None else self.storage.load(checkpoint_id)
+        out = self.opening = []
+        for i in range(self.p):
+            b = RocksDBKeyedStateBackend(key_group_range(MAXP, self.p, i), MAXP, Int64Serializer(), subtask_index=i,
+                                         max_chain=3, warm_dir=self.hosts[self.host], cache_limit=40,
+                                         clock=lambda: self.now, write_back_batches=self.write_back)
+            out.append((b, None))
+            if metadata is not None:
+                b.restore(self.storage, metadata)
+            out[-1] = (b, {n: b.get_state(d) for n, d in states().items()})
+        self.restored_from = checkpoint_id
+        return out
+
+    def at(self, k):
+        b, s = self.backends[assign_to_operator(k, MAXP, self.p)]
+        b.set_current_key(k)
+        return s
+
+    @rule(k=st.integers(0, 40), v=st.integers(-5, 5),
+          op=st.sampled_from(["value", "list", "reducing", "aggregating", "ttl"]))
+    def write(self, k, v, op):
+        if op == "ttl":
+            self.at(k)["ttl"].update(v)
+            self.model["ttl"][k] = (v, self.now)
+        else:
+            write_five(self.at(k), self.model, k, v, op)
+
+    @rule(k=st.integers(0, 40), name=st.sampled_from(sorted(states())))
+    def clear(self, k, name):
+        self.at(k)[name].clear()
+        self.model[name].pop(k, None)
+
+    @rule(seconds=st.sampled_from([1, 4, 30]))
+    def tick(self, seconds):
+        self.now += seconds
+
+    @rule(fate=st.sampled_from(["commit", "commit", "commit", "commit", "fail", "die before the snapshot",
+                                "die after the commit"]),
+          next_host=st.sampled_from([0, 0, 0, 1]), new_process=st.booleans(), p=st.sampled_from([2, 2, 2, 1, 3]),
+          older=st.booleans(), write_back=st.sampled_from([3, 3, 2, 1]))
+    def batch_ends(self, fate, next_host, new_process, p, older, write_back):
+        """The batch ends as ``fate`` says; the next one runs on ``next_host`` at parallelism ``p`` (a rescale
+        when it changes), in a new process (the kept values gone) or not, from the latest committed checkpoint or,
+        ``older``, the one before it."""
+        if fate == "die before the snapshot":
+            abandon(self.backends)
+        else:
+            checkpoint_id = self.next_id
+            self.next_id += 1
+            handles = [b.snapshot(checkpoint_id, self.storage).result(30) for b, _ in self.backends]
+            if fate != "fail":
+                previous = None if self.restored_from is None else self.storage.load(self.restored_from)
+                self.storage.commit(CheckpointMetadata(
+                    checkpoint_id=checkpoint_id, job_id="write-back", timestamp_ms=0, max_parallelism=MAXP,
+                    parallelism=self.p, keyed_handles=carry_forward(previous, handles) if previous else handles,
+                    operator_handles=[], properties={}))
+                self.history[checkpoint_id] = (copy.deepcopy(self.model), self.p)
+            if fate == "die after the commit":
+                abandon(self.backends)
+            else:
+                for b, _ in self.backends:
+                    b.dispose()
+        if new_process:
+            rocksdb_module._KEPT_CACHES.clear()
+        committed = sorted(self.history)
+        restore = None
+        if committed:
+            restore = committed[-2] if older and len(committed) > 1 else committed[-1]
+        self.model = copy.deepcopy(self.history[restore][0]) if restore is not None else {n: {} for n in states()}
+        self.host, self.p, self.write_back = next_host, p, write_back
+        self.backends = self.open(restore)
+
+    @invariant()
+    def matches(self):
+        m = self.model
+        for k in range(41):
+            s = self.at(k)
+            ttl = m["ttl"].get(k)
+            got = (s["value"].value(), s["list"].get(), s["reducing"].get(), s["aggregating"].get(), s["ttl"].value())
+            assert got == (m["value"].get(k), m["list"].get(k, []), m["reducing"].get(k), m["aggregating"].get(k),
+                           ttl[0] if ttl and self.now - ttl[1] < TTL else None), k
+
+    def teardown(self):
+        for b, _ in self.backends:
+            if b._finalizer.alive:
+                b.dispose()
+        rocksdb_module._KEPT_CACHES.clear()
+        rocksdb_module.CATCH_UP_DELTA_FRACTION = self.fraction
+        self.tmp.cleanup()
+
+
+WriteBackModel.TestCase.settings = settings(max_examples=12, stateful_step_count=30, deadline=None,
+                                            suppress_health_check=[HealthCheck.too_slow])
+test_rocksdb_write_back_model = WriteBackModel.TestCase
+
+
+# ---- direct: what is written, what is adopted ------------------------------------------------------------------
+COUNT = ValueStateDescriptor("n", Int64Serializer())
+
+
+def _backend(warm, **options):
+    return RocksDBKeyedStateBackend(key_group_range(MAXP, 1, 0), MAXP, Int64Serializer(), warm_dir=warm, **options)
+
+
+def _batch(storage, warm, restore, checkpoint_id, keys, plus, **options):
+    """One batch on a new backend of ``warm``: restored from ``restore`` (a checkpoint id, or None), ``plus`` added
+    to each of ``keys``, snapshotted and committed as ``checkpoint_id``; (its restore stats, database writes)."""
+    b = _backend(warm, **options)
+    stats = b.restore(storage, storage.load(restore)) if restore is not None else None
+    n = b.get_state(COUNT)
+    for k in keys:
+        b.set_current_key(k)
+        n.update((n.value() or 0) + plus)
+    handle = b.snapshot(checkpoint_id, storage).result(30)
+    previous = storage.load(restore) if restore is not None else None
+    storage.commit(CheckpointMetadata(
+        checkpoint_id=checkpoint_id, job_id="write-back", timestamp_ms=0, max_parallelism=MAXP, parallelism=1,
+        keyed_handles=carry_forward(previous, [handle]) if previous else [handle], operator_handles=[],
+        properties={}))
+    writes = b._writes
+    b.dispose()
+    return stats, writes
+
+
+def _values(storage, checkpoint_id, keys, **options):
+    b = RocksDBKeyedStateBackend(key_group_range(MAXP, 1, 0), MAXP, Int64Serializer(), **options)
+    b.restore(storage, storage.load(checkpoint_id))
+    n = b.get_state(COUNT)
+    out = {}
+    for k in keys:
+        b.set_current_key(k)
+        out[k] = n.value()
+    b.dispose()
+    return out
+
+
+def test_snapshots_between_write_backs_write_nothing_and_the_next_backend_adopts_their_values(tmp_path):
+    rocksdb_module._KEPT_CACHES.clear()
+    storage, warm = CheckpointStorage(tmp_path / "chk"), str(tmp_path / "warm")
+    keys = range(300)
+    _, writes = _batch(storage, warm, None, 1, keys, 1, write_back_batches=3)
+    assert writes > 0   # the first snapshot writes the database: no marker vouched for it before
+    for checkpoint_id in (2, 3):   # deferred: nothing written, the kept values adopted at the next restore
+        stats, writes = _batch(storage, warm, checkpoint_id - 1, checkpoint_id, keys, 10, write_back_batches=3)
+        assert stats.bytes_read == 0 and writes == 0
+    stats, writes = _batch(storage, warm, 3, 4, keys[::2], 100, write_back_batches=3)   # the third: written
+    assert stats.bytes_read == 0 and writes > 0
+    expected = {k: 21 + 100 * (k % 2 == 0) for k in keys}
+    rocksdb_module._KEPT_CACHES.clear()   # another process: the database alone, at checkpoint 4
+    stats, writes = _batch(storage, warm, 4, 5, [], 0, write_back_batches=3)
+    assert stats.bytes_read == 0 and not isinstance(stats, WarmResume)
+    assert _values(storage, 5, keys) == expected
+
+
+def test_a_lagging_database_without_its_kept_values_catches_up_and_an_older_restore_is_exact(tmp_path):
+    rocksdb_module._KEPT_CACHES.clear()
+    storage, warm = CheckpointStorage(tmp_path / "chk"), str(tmp_path / "warm")
+    keys = range(200)
+    _batch(storage, warm, None, 1, keys, 1)
+    _batch(storage, warm, 1, 2, keys[::2], 10)      # deferred: the database stays at checkpoint 1
+    b = _backend(warm)
+    b.get_state(COUNT)
+    b.restore(storage, storage.load(2))
+    n = b.get_state(COUNT)
+    for k in keys[::3]:                              # deferred too, then the process dies: nothing parked
+        b.set_current_key(k)
+        n.clear()
+    b.snapshot(3, storage).result(30)
+    rocksdb_module._KEPT_CACHES.clear()
+    b.dispose()
+    # checkpoint 3 never committed; the job restores checkpoint 2 in a new process: the database (at 1) catches up
+    stats, _ = _batch(storage, warm, 2, 4, [], 0)
+    assert isinstance(stats, WarmResume) and stats.caught_up
+    assert _values(storage, 4, keys) == {k: 1 + 10 * (k % 2 == 0) for k in keys}
+    # then an older checkpoint again (1): the database, now at 4, is not reused, and the values are checkpoint 1's
+    stats, _ = _batch(storage, warm, 1, 5, [], 0)
+    assert stats.bytes_read > 0
+    assert _values(storage, 5, keys) == dict.fromkeys(keys, 1)
+
+
+def test_a_rescale_takes_over_a_lagging_database_with_this_process_s_kept_values(tmp_path):
+    """p = 2 -> 1: the new range takes over the database of the old range sharing most of it; that database is
+    behind (a deferred snapshot), and this process's kept values of it complete it before the move."""
+    rocksdb_module._KEPT_CACHES.clear()
+    storage, warm = CheckpointStorage(tmp_path / "chk"), str(tmp_path / "warm")
+    keys = list(range(400))
+
+    def run(restore, checkpoint_id, p, plus):
+        previous = storage.load(restore) if restore is not None else None
+        handles, stats = [], []
+        for i in range(p):
+            b = RocksDBKeyedStateBackend(key_group_range(MAXP, p, i), MAXP, Int64Serializer(), subtask_index=i,
+                                         warm_dir=warm)
+            stats.append(b.restore(storage, previous) if previous is not None else None)
+            n = b.get_state(COUNT)
+            for k in keys:
+                if assign_to_operator(k, MAXP, p) == i:
+                    b.set_current_key(k)
+                    n.update((n.value() or 0) + plus)
+            handles.append(b.snapshot(checkpoint_id, storage).result(30))
+            b.dispose()
+        storage.commit(CheckpointMetadata(
+            checkpoint_id=checkpoint_id, job_id="write-back", timestamp_ms=0, max_parallelism=MAXP, parallelism=p,
+            keyed_handles=carry_forward(previous, handles) if previous else handles, operator_handles=[],
+            properties={}))
+        return stats
+
+    run(None, 1, 2, 1)
+    run(1, 2, 2, 10)                                  # deferred on both ranges
+    stats = run(2, 3, 1, 100)
+    assert isinstance(stats[0], WarmResume) and stats[0].warm and stats[0].restored
+    assert _values(storage, 3, keys) == dict.fromkeys(keys, 111)
+
+
+# ---- the deferred snapshot's delta: the same sections as cut from a flush's rows ----------------------------------
+@settings(max_examples=60, deadline=None)
+@given(entries=st.dictionaries(st.integers(-2**40, 2**40), st.tuples(st.integers(0, 7), st.one_of(
+    st.none(), st.integers(-2**62, 2**62))), max_size=60),
+       full=st.sets(st.integers(10, 17), max_size=3), ttl=st.booleans(), deadline=st.one_of(st.none(), st.integers(0, 4)))
+def test_delta_values_encodes_the_sections_delta_sections_cuts_from_the_flush_rows(entries, full, ttl, deadline):
+    from keygroups._native import rocksstate, sstload
+    from keygroups._native.framing import Encoder
+    from keygroups.state._codec import ValueFraming
+    from keygroups.state.states import MISSING
+
+    framing = ValueFraming.for_state("n", "value", {"value": Int64Serializer()}, ttl=ttl)
+    pending = {k: g for k, (g, _) in entries.items()}
+    # TTL values carry their timestamp: the value itself, clipped, so that some are at or before the deadline
+    cache = {k: MISSING if v is None else ((v, min(abs(v), 9)) if ttl else v) for k, (_, v) in entries.items()}
+    if ttl:
+        cache = {k: v if v is MISSING else framing.decode(_ttl_bytes(*v)) for k, v in cache.items()}
+    prefixes = [bytes([0, 10 + g]) for g in range(8)]
+    args = (pending, cache, Encoder(Int64Serializer()), framing.writer, prefixes, b"\x00\x03")
+    rows = rocksstate.flush_values(*args)[:3]
+    expected = sstload.delta_sections(*rows, full, ttl, deadline if ttl else None)
+    got = rocksstate.delta_values(*args, 10, full, ttl, deadline if ttl else None)
+    # the puts byte for byte; the deletes as the keys they name (delta_sections lists expired puts first)
+    assert [(g, None if p is None else tuple((b, o.tolist()) for b, o in p), _keys(d)) for g, p, d in got] == [
+        (g, None if p is None else tuple((b, o.tolist()) for b, o in p), _keys(d)) for g, p, d in expected]
+
+
+def _keys(section):
+    if section is None:
+        return None
+    data, offsets = section
+    bounds = offsets.tolist()
+    return sorted(data[a:b] for a, b in zip(bounds, bounds[1:]))
+
+
+def _ttl_bytes(value, stamp):
+    import struct
+    return struct.pack("<q", stamp) + Int64Serializer().serialize(value)
