@@ -466,11 +466,13 @@ def test_random_damage_to_a_chain_is_refused_or_harmless(data, tmp_path_factory,
             handles[i], handles[j] = dataclasses.replace(a, file=b.file), dataclasses.replace(b, file=a.file)
         elif what == "flip":
             raw = bytearray(open(path(files[i]), "rb").read())
-            raw[data.draw(st.integers(0, len(raw) - 1), label="at")] ^= data.draw(st.integers(1, 255), label="x")
-            open(path(files[i]), "wb").write(bytes(raw))
+            if raw:   # (an earlier truncation may have emptied it)
+                raw[data.draw(st.integers(0, len(raw) - 1), label="at")] ^= data.draw(st.integers(1, 255), label="x")
+                open(path(files[i]), "wb").write(bytes(raw))
         elif what == "truncate":
             raw = open(path(files[i]), "rb").read()
-            open(path(files[i]), "wb").write(raw[:data.draw(st.integers(0, len(raw) - 1), label="cut")])
+            if raw:
+                open(path(files[i]), "wb").write(raw[:data.draw(st.integers(0, len(raw) - 1), label="cut")])
         elif what == "splice twin":
             theirs = twin_handles[(handles[i].checkpoint_id, handles[i].subtask)]
             shutil.copyfile(os.path.join(twin.location, theirs.file), path(theirs.file))
