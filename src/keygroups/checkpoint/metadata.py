@@ -442,7 +442,7 @@ class KeyedStateHandle:
 
     def __setattr__(self, name: str, value: Any) -> None:
         self.__dict__.pop("_encoded", None)   # a field changed (a writer naming predecessors): encode it again
-        for derived in ("_changed", "_sizes", "_checksum_array", "_states_checked"):
+        for derived in ("_changed", "_sizes", "_checksum_array", "_states_checked", "_canonical_states"):
             self.__dict__.pop(derived, None)
         super().__setattr__(name, value)
 
@@ -1052,6 +1052,14 @@ def _keyed_handle_text(handle: KeyedStateHandle, base: str, version: int, carrie
             d = _compact_keyed(d, elide)
         text = cache[(stored, version, elide)] = _json_text(d).encode("utf-8")
     return text
+
+
+def same_as_carried(a: KeyedStateHandle, b: KeyedStateHandle, base: str) -> bool:
+    """Whether ``a`` and ``b`` are one handle as a ``_metadata`` in ``base`` carries it from an older checkpoint
+    (its quiet blocks' checksums and predecessors left out, which no chain uses): a handle written by a task and
+    the same handle read back from a later checkpoint that carries it are two objects, alike in this form."""
+    return a is b or (_keyed_handle_text(a, base, METADATA_VERSION, True)
+                      == _keyed_handle_text(b, base, METADATA_VERSION, True))
 
 
 def encode_metadata(metadata: CheckpointMetadata, base: str) -> bytes:

@@ -11,6 +11,7 @@ must therefore never wait for another snapshot: it would wait forever behind its
 
 from __future__ import annotations
 
+import bisect
 import concurrent.futures
 import functools
 import json
@@ -881,17 +882,16 @@ class KeyedStateBackendBase:
         checkpoint still checks its chains from the metadata (its blocks then name none themselves)."""
         self._name_predecessors(handle)
         chains = self._chains if self._chains is not None else {}
-        part = handle.key_group_range.intersection(self.key_group_range)
-        for kg in part:
-            before = chains.get(kg)
-            if before is None and not handle.is_full(kg) and not handle.changes(kg):
-                continue
-            chains[kg] = (before or NO_CHAIN).after(handle, kg)
+        own = self.key_group_range
+        # only the key groups whose block is full or a non-empty delta: a quiet block leaves its chain as it is
+        full, deltas = _changed_in(handle, own)
+        for kg in (*full, *deltas):
+            chains[kg] = chains.get(kg, NO_CHAIN).after(handle, kg)
         self._chains = chains
         for states in self._bound_externals():
             states.confirm(handle.checkpoint_id)
-        metas = {meta["name"]: _canonical(meta) for meta in handle.states}
-        if all(handle.is_full(kg) for kg in self.key_group_range):
+        metas = dict(zip((meta["name"] for meta in handle.states), _canonical_states(handle)))
+        if len(full) == len(own):   # every key group of the range written full
             self._chain_metas = metas
             self._needs_full = False
         else:
@@ -948,6 +948,27 @@ def _canonical(meta: dict[str, Any]) -> str:
     return json.dumps(meta, sort_keys=True, separators=(",", ":"))
 
 
+def _canonical_states(handle: KeyedStateHandle) -> list[str]:
+    """``handle.states`` as :func:`_canonical` gives them, worked out once per handle (a handle is never changed once
+    written, and one object serves every checkpoint that lists it: a warm backend reads its chains' metas each batch)."""
+    cached = handle.__dict__.get("_canonical_states")
+    if cached is None:
+        cached = handle.__dict__["_canonical_states"] = [_canonical(meta) for meta in handle.states]
+    return cached
+
+
+def _changed_in(handle: KeyedStateHandle, own: KeyGroupRange) -> tuple[list[int], list[int]]:
+    """``(full, deltas)``: the key groups of ``own`` whose block in ``handle`` is full, and those whose block is a
+    non-empty delta, each ascending (from the handle's :meth:`~KeyedStateHandle.changed_key_groups`, no loop over
+    the range)."""
+    part = handle.key_group_range.intersection(own)
+    if not part:
+        return [], []
+    full, deltas = handle.changed_key_groups()
+    return (full[bisect.bisect_left(full, part.start):bisect.bisect_right(full, part.end)],
+            deltas[bisect.bisect_left(deltas, part.start):bisect.bisect_right(deltas, part.end)])
+
+
 def _committed_chains(metadata: CheckpointMetadata, own: KeyGroupRange) -> dict[int, list[KeyedStateHandle]]:
     """Each key group of ``own`` that ``metadata`` holds -> the handles of its chain (its newest full block, then the
     non-empty deltas after it, oldest first)."""
@@ -960,14 +981,39 @@ def _files_of_chains(chains: dict[int, list[KeyedStateHandle]]) -> dict[int, tup
 
 
 def _extend_chain_files(files: dict[int, tuple[str, ...]], handle: KeyedStateHandle,
-                        own: KeyGroupRange) -> None:
+                        own: KeyGroupRange, uses: dict[str, int] | None = None) -> None:
     """``files`` (key group -> the files of its chain, oldest first) after ``handle``, for the key groups of ``own``:
-    a full block starts a chain anew, a delta that changes a key group lengthens it, a quiet one leaves it."""
-    for kg in handle.key_group_range.intersection(own):
-        if handle.is_full(kg):
-            files[kg] = (handle.file,)
-        elif handle.changes(kg):
-            files[kg] = files.get(kg, ()) + (handle.file,)
+    a full block starts a chain anew, a delta that changes a key group lengthens it, a quiet one leaves it. With
+    ``uses`` (file -> how many chains of ``files`` hold it, as :func:`_file_uses` counts them), kept counting; a
+    file no chain holds any more leaves it."""
+    full, deltas = _changed_in(handle, own)
+    new = handle.file
+    for kg in full:
+        if uses is not None:
+            for f in files.get(kg, ()):
+                _count(uses, f, -1)
+        files[kg] = (new,)
+    for kg in deltas:
+        files[kg] = files.get(kg, ()) + (new,)
+    if uses is not None and (full or deltas):
+        _count(uses, new, len(full) + len(deltas))
+
+
+def _file_uses(files: dict[int, tuple[str, ...]]) -> dict[str, int]:
+    """File -> how many chains of ``files`` (key group -> the files of its chain) hold it."""
+    uses: dict[str, int] = {}
+    for chain in files.values():
+        for f in chain:
+            uses[f] = uses.get(f, 0) + 1
+    return uses
+
+
+def _count(uses: dict[str, int], file: str, by: int) -> None:
+    left = uses.get(file, 0) + by
+    if left:
+        uses[file] = left
+    else:
+        uses.pop(file, None)
 
 
 __all__ = ["VOID_NAMESPACE", "RestoreStats", "SnapshotFuture", "KeyedStateBackendBase", "state_meta"]

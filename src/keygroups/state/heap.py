@@ -85,7 +85,7 @@ from keygroups.checkpoint import (
     plan_keyed_restore,
     write_keyed_snapshot,
 )
-from keygroups.checkpoint.metadata import is_shared_path, key_group_runs
+from keygroups.checkpoint.metadata import is_shared_path, key_group_runs, keyed_handles_by_range, same_as_carried
 from keygroups.checkpoint.state_meta import check_state_metas
 from keygroups.errors import CheckpointNotFoundError, CorruptSnapshotError, StateSerializationError, no_current_key_error
 from keygroups.serializers import TypeSerializer
@@ -98,7 +98,9 @@ from keygroups.state._base import (
     SnapshotFuture,
     _canonical,
     _committed_chains,
+    _canonical_states,
     _extend_chain_files,
+    _file_uses,
     _files_of_chains,
     check_cancel,
 )
@@ -559,6 +561,12 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
         # of the last snapshot written: what resume() checks a restore point against.
         self._chain_files: dict[int, tuple[str, ...]] = {}
         self._warm_point: tuple[int, str] | None = None
+        # For a resume from the backend's own last checkpoint without planning its chains again (_resume_own): how
+        # many chains of _chain_files hold each file, and the handles whose part in those chains is accounted for
+        # (by file: those of the checkpoint the chains were planned from that cover the range, in a chain or not,
+        # and the snapshots written since).
+        self._file_uses: dict[str, int] = {}
+        self._known_handles: dict[str, KeyedStateHandle] = {}
         # Captures so far, and the compactions finished snapshots prepared: (capture number, table name, key-group
         # index, the dict and layers captured, the new layer or None, the keys the capture found dirty), applied by
         # the thread that owns the backend.
@@ -656,8 +664,17 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
         """Restore this backend's key groups from a checkpoint of any parallelism (see
         ``KeyedStateBackendBase.restore``), remembering each key group's chain for :meth:`resume`."""
         stats = super().restore(storage, metadata, lazy=lazy)
-        self._chain_files = _files_of_chains(_committed_chains(metadata, self.key_group_range))
+        self._set_chain_files(_committed_chains(metadata, self.key_group_range), metadata)
         return stats
+
+    def _set_chain_files(self, chains: dict[int, list[KeyedStateHandle]], metadata: CheckpointMetadata) -> None:
+        """The chains the state reflects now: ``chains`` (key group -> handles), planned from ``metadata``."""
+        self._chain_files = _files_of_chains(chains)
+        self._file_uses = _file_uses(self._chain_files)
+        r = self.key_group_range
+        self._known_handles = ({h.file: h for h in metadata.keyed_handles
+                                if h.key_group_range.start <= r.end and r.start <= h.key_group_range.end}
+                               if metadata.max_parallelism == self.max_parallelism else {})
 
     # ---- warm state -----------------------------------------------------------------------------------------------
     def resume(self, storage: CheckpointStorage, metadata: CheckpointMetadata,
@@ -696,6 +713,10 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
             except (CheckpointNotFoundError, CorruptSnapshotError):
                 return None
         check_state_metas(metadata)
+        if metadata.checkpoint_id == n and r == old:
+            resumed = self._resume_own(metadata, kept_file)
+            if resumed is not None:
+                return resumed
         plan = plan_keyed_restore(metadata, r, max_parallelism=self.max_parallelism)
         chains = _committed_chains(metadata, r)
         restart: list[int] = []
@@ -750,13 +771,68 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
             for meta in handle.states:
                 self._chain_metas[meta["name"]] = _canonical(meta)
         self._needs_full = any(not is_shared_path(h.file) for h, _ in plan)
-        self._chain_files = _files_of_chains(chains)
+        self._set_chain_files(chains, metadata)
         self._warm_point = None
         return WarmResume(caught_up_bytes + restored_bytes, len(caught_up | arrived),
                           warm=tuple(kg for kg in kept if kg not in caught_up), caught_up=tuple(sorted(caught_up)),
                           restored=tuple(kg for kg in r if kg not in old),
                           dropped=tuple(kg for kg in old if kg not in r),
                           bytes_caught_up=caught_up_bytes, bytes_restored=restored_bytes)
+
+    def _resume_own(self, metadata: CheckpointMetadata, kept_file: str) -> WarmResume | None:
+        """:meth:`resume` from the checkpoint of the backend's own last snapshot (file ``kept_file``), for the same
+        range: nothing to read, and the chains, their stats and their files are those the backend keeps up to date
+        from its own snapshots, so they are not planned again over every key group (at max parallelism 4096 that
+        planning cost more than a small batch). That holds when the checkpoint's handles over the range are the
+        backend's own view: each is one it accounted for (the same object: handles are decoded once per process),
+        ``kept_file``'s as the backend wrote it, and every file of its chains is still listed; a handle it did not
+        account for, or a chain file missing, leaves the answer to the full planning (None). The checks that
+        planning makes of the chains (breaks, baseless deltas, one meta per state along a chain) were made when
+        they were planned; of what came since, the snapshot's own metas are checked against the chains' other
+        files here."""
+        r = self.key_group_range
+        try:
+            ordered = keyed_handles_by_range(list(metadata.keyed_handles))
+        except ValueError:
+            return None   # overlapping handles: the planning raises a restore's error
+        known = self._known_handles
+        listed: dict[str, KeyedStateHandle] = {}
+        for h in ordered:
+            hr = h.key_group_range
+            if hr.end < r.start or hr.start > r.end:
+                continue
+            mine = known.get(h.file)
+            if h.file in listed or mine is None:
+                return None
+            if mine is not h:
+                # the snapshot just written, read back: as it was written; a file carried since it was read back
+                # last: alike as carried (the checkpoint leaves out what no chain uses)
+                if not (mine.to_json() == h.to_json() if h.file == kept_file
+                        else same_as_carried(mine, h, metadata.base)):
+                    return None
+            listed[h.file] = h
+        uses = self._file_uses
+        if not all(f in listed for f in uses):
+            return None
+        chained = sorted((listed[f] for f in uses), key=lambda h: (h.checkpoint_id, h.key_group_range.start))
+        written = listed.get(kept_file)
+        if written is not None and kept_file in uses:
+            metas = {meta["name"]: meta for meta in written.states}
+            for h in chained:
+                if h is not written and any(metas.get(meta["name"], meta) != meta for meta in h.states):
+                    return None   # two metas of a state in the chains: the planning names the corruption
+        # From here on the backend becomes the state of the checkpoint (nothing to read: it is what it wrote).
+        self.compact()
+        self._forget_registrations()
+        self._known_handles = listed
+        self._chain_metas = {}
+        for h in chained:   # the newest meta of each state, as a restore takes them
+            self._chain_metas.update(zip((meta["name"] for meta in h.states), _canonical_states(h)))
+        self._needs_full = any(not is_shared_path(h.file) for h in chained)
+        self._restored = True
+        self.warm = True
+        self._warm_point = None
+        return WarmResume(0, 0, warm=tuple(r))
 
     def _move_to(self, new_range: KeyGroupRange) -> None:
         """Own ``new_range`` from now on: the entries of the key groups that left are dropped, those that arrive
@@ -807,7 +883,8 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
 
     def _after_snapshot(self, handle: KeyedStateHandle) -> None:
         super()._after_snapshot(handle)
-        _extend_chain_files(self._chain_files, handle, self.key_group_range)
+        _extend_chain_files(self._chain_files, handle, self.key_group_range, self._file_uses)
+        self._known_handles[handle.file] = handle
         self._warm_point = (handle.checkpoint_id, handle.file)
 
     def _after_restore(self, lazy: bool) -> None:
