@@ -503,12 +503,13 @@ class _Capture:
     """What a snapshot's synchronous part took of one table, per key group ``i``: for a key group written full,
     ``maps[i]`` and ``layers[i]`` as the table held them (the table copies a shared dict before changing it, and
     never changes a layer); for one written as a delta, ``deltas[i]``: its dirty keys -> their value or MISSING
-    (deleted). ``dirty`` is the dirty lists taken, given back if the snapshot fails."""
+    (deleted). ``dirty`` is the dirty lists taken (key-group index -> its list, for those with keys), given back if
+    the snapshot fails."""
 
     maps: list[dict[Any, Any]]
     layers: list[list[Layer] | None]
     deltas: list[dict[Any, Any] | None]
-    dirty: list[list[Any]]
+    dirty: dict[int, list[Any]]
     read_framing: ValueFraming
     write_framing: ValueFraming
     needs_migration: bool
@@ -582,7 +583,7 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
         self._tracking = False
         # What failed snapshots took (per table name its dirty lists, and the key groups it was to write full),
         # handed back to the next capture. A deque: the snapshot worker appends, the capture pops, no lock needed.
-        self._failed: collections.deque[tuple[dict[str, list[list[Any]]], set[int]]] = collections.deque()
+        self._failed: collections.deque[tuple[dict[str, dict[int, list[Any]]], set[int]]] = collections.deque()
 
     @functools.cached_property
     def _key_encoder(self) -> Encoder:
@@ -935,7 +936,7 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
         n = self._n
         if self._failed or any(t.dirty):
             self._needs_full = True
-        capture = _Capture(t.maps[:n], t.layers[:n], [None] * n, [], t.read_framing, t.write_framing,
+        capture = _Capture(t.maps[:n], t.layers[:n], [None] * n, {}, t.read_framing, t.write_framing,
                            t.needs_migration, t._ttl_deadline())
         for i in range(n):
             section = self._full_section(capture, i)
@@ -954,9 +955,8 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
                 t = self._tables.get(name)
                 if t is None:   # handed to external states since (which then made the next snapshot full)
                     continue
-                for i, keys in enumerate(lists):
-                    if keys:
-                        t.dirty[i].extend(keys)
+                for i, keys in lists.items():
+                    t.dirty[i].extend(keys)
         if not self._tracking:  # nothing tracked yet: nothing to write a delta from
             return set(range(self._n))
         start = self._start
@@ -975,17 +975,22 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
         metas = []
         captures = []
         names = list(self._tables)
+        delta_groups: set[int] = set()   # key groups some state writes a delta of
         for t in self._tables.values():
             metas.append(t.meta)
-            dirty, t.dirty = t.dirty, [[] for _ in range(n + 1)]
+            # the dirty lists move to the capture, each replaced by a new one in place: one object per key group
+            # written since the last capture, none per untouched key group
+            dirty = {i: keys for i, keys in enumerate(t.dirty) if keys}
+            for i in dirty:
+                t.dirty[i] = []
             t.dirty_limit = _DIRTY_LIMIT
             maps = t.maps
             deltas: list[dict[Any, Any] | None] = [None] * n
-            for i in range(n):
-                keys = dirty[i]
-                if keys and i not in full:
+            for i, keys in dirty.items():
+                if i not in full:
                     m = maps[i]
                     deltas[i] = {k: m.get(k, MISSING) for k in keys}
+                    delta_groups.add(i)
             captures.append(_Capture(maps[:n], t.layers[:n], deltas, dirty, t.read_framing, t.write_framing,
                                      t.needs_migration, t._ttl_deadline()))
         with self._snap_lock:
@@ -995,13 +1000,13 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
                 # are held one by one (a mutable one is copied before it is handed out again). A dict still held by
                 # an earlier running snapshot stays shared.
                 shared, copied = t.shared, t.copied_keys
-                fresh_copies = t.copy_value is not None
-                for i in range(n):
-                    if i in full:
-                        shared[i] = True
-                        copied[i] = None
-                    elif not shared[i]:
-                        copied[i] = set() if fresh_copies else None
+                for i in full:
+                    shared[i] = True
+                    copied[i] = None
+                if t.copy_value is not None:   # mutable values: those a delta holds are copied when next handed out
+                    for i in delta_groups:
+                        if not shared[i]:
+                            copied[i] = set()
                 t.cow = True
                 t._update_slow()
         self._start_tracking()
@@ -1013,16 +1018,16 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
                 check_cancel(future)
                 handle = write_keyed_snapshot(storage, checkpoint_id, self.subtask_index, self.key_group_range,
                                               metas + external.metas,
-                                              external.merge(self._groups(captures, full, compactions)),
+                                              external.merge(self._groups(captures, full, delta_groups, compactions)),
                                               full_key_groups={start + i for i in full},
                                               on_key_group=functools.partial(check_cancel, future),
                                               predecessors=self._chain_tips())
                 for state_index, i, layer in compactions:
                     c = captures[state_index]
                     self._compactions.append((capture, names[state_index], i, c.maps[i], c.layers[i], layer,
-                                              c.dirty[i]))
+                                              c.dirty.get(i, ())))
             except BaseException:
-                self._failed.append(({name: [c.dirty[i] if i not in full else [] for i in range(n)]
+                self._failed.append(({name: {i: keys for i, keys in c.dirty.items() if i not in full}
                                       for name, c in zip(names, captures)}, full))
                 raise
             finally:
@@ -1044,14 +1049,15 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
                 t.copied_keys = [None] * (n + 1)
                 t._update_slow()
 
-    def _groups(self, captures: list[_Capture], full: set[int], compactions: list[tuple[int, int, Layer | None]]
-                ) -> Iterator[tuple[int, list[Any], list[Any]]]:
+    def _groups(self, captures: list[_Capture], full: set[int], delta_groups: set[int],
+                compactions: list[tuple[int, int, Layer | None]]) -> Iterator[tuple[int, list[Any], list[Any]]]:
         """Per key group with something to write: ``(key_group, put sections, delete sections)``; the key groups
         in ``full`` (indexes) are written full, the others as deltas. With ``compact_full_groups``, a full key group
         with decoded entries or restored layers to fold adds ``(state index, key-group index, its written entries as one layer)`` to
-        ``compactions``."""
+        ``compactions``. Only the key groups in ``full`` or ``delta_groups`` (those a state has a delta of) are
+        looked at: the writer gives every other one an empty block in one compiled call."""
         start = self._start
-        for i in range(self._n):
+        for i in sorted(full | delta_groups):
             sections: list[Any] = []
             deletes: list[Any] = []
             if i in full:
