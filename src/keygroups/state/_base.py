@@ -15,6 +15,7 @@ import bisect
 import concurrent.futures
 import functools
 import json
+import math
 import os
 import threading
 import time
@@ -39,7 +40,7 @@ from keygroups.checkpoint import (
     write_keyed_snapshot,
 )
 from keygroups.checkpoint.metadata import BlockLinks, is_shared_path, keyed_handles_by_range
-from keygroups.checkpoint.planning import NO_CHAIN, key_group_chains
+from keygroups.checkpoint.planning import MAX_MATERIALIZED_SHARE, NO_CHAIN, key_group_chains
 from keygroups.checkpoint.state_meta import check_state_metas
 from keygroups.errors import CorruptSnapshotError, StateMigrationError, UnsafeDeserializationError
 from keygroups.serializers import SerializerSnapshot, TypeSerializer, resolve_compatibility
@@ -257,6 +258,10 @@ class KeyedStateBackendBase:
         #: Per key group of the range, the chain a restore of the latest snapshot (or of the restore point) reads;
         #: None until the backend is restored (its first snapshot is then written full).
         self._chains: dict[int, ChainStats] | None = None
+        # What the materialization policy found of the chains, kept while only this backend's snapshots change
+        # them (see _chains): the key groups that may be past their bounds (a superset) and those without a tip.
+        self._may_be_overdue: set[int] | None = None
+        self._without_tip: set[int] | None = None
         self._chain_metas: dict[str, str] = {}   # state name -> its meta (canonical JSON) along the chains
         self._needs_full = False                  # the next snapshot must be full (see _full_key_groups_for_snapshot)
         self.key_group_range = key_group_range
@@ -460,6 +465,20 @@ class KeyedStateBackendBase:
             except (StateMigrationError, UnsafeDeserializationError) as e:
                 raise type(e)(f"state {meta['name']!r}: its stored {role} serializer: {e}") from e
         return ValueFraming.for_state(meta["name"], meta["kind"], sers, ttl=meta.get("ttl") is not None)
+
+    @property
+    def _chains(self) -> dict[int, ChainStats] | None:
+        """Per key group of the range, the chain a restore of the latest snapshot (or of the restore point) reads;
+        None until the backend is restored (its first snapshot is then written full). Setting it (a restore, a resume
+        that planned the chains) makes the materialization policy look at every chain again; :meth:`_after_snapshot`
+        changes it in place and tells the policy which key groups changed."""
+        return self._chain_stats
+
+    @_chains.setter
+    def _chains(self, chains: dict[int, ChainStats] | None) -> None:
+        self._chain_stats = chains
+        self._may_be_overdue = None
+        self._without_tip = None
 
     # ---- restore ------------------------------------------------------------------------------------------------
     def restore(self, storage: CheckpointStorage, metadata: CheckpointMetadata, *, lazy: bool = True) -> RestoreStats:
@@ -863,9 +882,19 @@ class KeyedStateBackendBase:
                 return everything
         # a key group without a chain (no block in the checkpoint restored) is written full: a delta needs a base,
         # and one it can name
-        unnamed = {kg for kg, c in self._chains.items() if c.tip is None}
-        return choose_full_key_groups(self._chains, self._n, max_chain=self.max_chain,
-                                      delta_fraction=self.delta_fraction) | (everything - self._chains.keys()) | unnamed
+        chains = self._chains
+        if self._without_tip is None:
+            self._without_tip = {kg for kg, c in chains.items() if c.tip is None}
+        # the chains past their bounds: among all of them, or among those that were or changed since (a chain's
+        # score depends on its stats alone)
+        looked_at = chains if self._may_be_overdue is None else {
+            kg: chains[kg] for kg in self._may_be_overdue if kg in chains}
+        overdue = choose_full_key_groups(looked_at, math.ceil(len(looked_at) / MAX_MATERIALIZED_SHARE),
+                                         max_chain=self.max_chain, delta_fraction=self.delta_fraction)
+        self._may_be_overdue = overdue
+        return choose_full_key_groups({kg: chains[kg] for kg in overdue}, self._n, max_chain=self.max_chain,
+                                      delta_fraction=self.delta_fraction) | (everything - chains.keys()) \
+            | self._without_tip
 
     def _chain_tips(self) -> dict[int, BlockLink]:
         """Each key group's newest block, as the next snapshot's delta of it names it (``write_keyed_snapshot``'s
@@ -881,13 +910,22 @@ class KeyedStateBackendBase:
         ``write_keyed_snapshot`` its :meth:`_chain_tips`) gets them here, from this backend's chains, so that the
         checkpoint still checks its chains from the metadata (its blocks then name none themselves)."""
         self._name_predecessors(handle)
-        chains = self._chains if self._chains is not None else {}
+        if self._chains is None:
+            self._chains = {}
+        chains = self._chains   # changed in place: the policy is told what changed
         own = self.key_group_range
         # only the key groups whose block is full or a non-empty delta: a quiet block leaves its chain as it is
         full, deltas = _changed_in(handle, own)
+        overdue, without_tip = self._may_be_overdue, self._without_tip
         for kg in (*full, *deltas):
-            chains[kg] = chains.get(kg, NO_CHAIN).after(handle, kg)
-        self._chains = chains
+            c = chains[kg] = chains.get(kg, NO_CHAIN).after(handle, kg)
+            if overdue is not None:
+                overdue.add(kg)
+            if without_tip is not None:
+                if c.tip is None:
+                    without_tip.add(kg)
+                else:
+                    without_tip.discard(kg)
         for states in self._bound_externals():
             states.confirm(handle.checkpoint_id)
         metas = dict(zip((meta["name"] for meta in handle.states), _canonical_states(handle)))
