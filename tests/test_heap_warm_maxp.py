@@ -295,3 +295,37 @@ def test_its_own_checkpoint_resumes_without_planning_and_reads_nothing(tmp_path,
     s = b.get_state(ValueStateDescriptor("value", Int64Serializer()))
     b.set_current_key(3)
     assert s.value() == 304
+
+
+def test_same_handle_compares_every_block_or_as_a_checkpoint_carries_it(tmp_path):
+    """A handle read back equals the one written; a changed checksum or predecessor of a block that changed makes
+    them differ either way; one of a quiet block only when compared in full (a carried handle leaves it out)."""
+    import dataclasses
+
+    import numpy as np
+
+    from keygroups.checkpoint.metadata import BlockLinks, same_handle
+
+    storage, b, latest = _batches(tmp_path, 2)
+    delta = max(latest.keyed_handles, key=lambda h: h.checkpoint_id)
+    r = delta.key_group_range
+    _, changed = delta.changed_key_groups()
+    quiet = next(kg for kg in r if kg not in changed)
+    copy_of = dataclasses.replace(delta)
+    assert copy_of is not delta and same_handle(delta, copy_of) and same_handle(delta, copy_of, carried=True)
+
+    def with_link(kg, checksum):
+        links = BlockLinks.of(delta.predecessors, r)
+        checksums = links.checksums.copy()
+        checkpoints = links.checkpoints.copy()
+        checkpoints[kg - r.start], checksums[kg - r.start] = 1, checksum
+        return dataclasses.replace(delta, predecessors=BlockLinks(r.start, checkpoints, checksums))
+
+    assert not same_handle(delta, with_link(changed[0], 12345)) and not same_handle(
+        delta, with_link(changed[0], 12345), carried=True)
+    assert not same_handle(delta, with_link(quiet, 12345)) and same_handle(delta, with_link(quiet, 12345),
+                                                                           carried=True)
+    checksums = np.asarray(delta.checksums).copy()
+    checksums[changed[0] - r.start] ^= 1
+    assert not same_handle(delta, dataclasses.replace(delta, checksums=checksums.tolist()), carried=True)
+    assert not same_handle(delta, dataclasses.replace(delta, subtask=1))

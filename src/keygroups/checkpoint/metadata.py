@@ -1054,12 +1054,28 @@ def _keyed_handle_text(handle: KeyedStateHandle, base: str, version: int, carrie
     return text
 
 
-def same_as_carried(a: KeyedStateHandle, b: KeyedStateHandle, base: str) -> bool:
-    """Whether ``a`` and ``b`` are one handle as a ``_metadata`` in ``base`` carries it from an older checkpoint
-    (its quiet blocks' checksums and predecessors left out, which no chain uses): a handle written by a task and
-    the same handle read back from a later checkpoint that carries it are two objects, alike in this form."""
-    return a is b or (_keyed_handle_text(a, base, METADATA_VERSION, True)
-                      == _keyed_handle_text(b, base, METADATA_VERSION, True))
+def same_handle(a: KeyedStateHandle, b: KeyedStateHandle, *, carried: bool = False) -> bool:
+    """Whether ``a`` and ``b`` describe one keyed file alike: every field, and each block's offsets, checksum and
+    predecessor; with ``carried``, not the quiet blocks' checksums and predecessors, which a ``_metadata`` leaves
+    out of the handles it carries from older checkpoints (no chain uses them). A handle a task wrote and the same
+    handle read back from a checkpoint are two objects: compared field by field, the arrays as arrays."""
+    if a is b:
+        return True
+    r = a.key_group_range
+    if (a.file, a.subtask, r, a.size, a.checkpoint_id, a.format_version, a.file_id, a.full_key_groups,
+            a.fresh_key_groups, a.states, a.offsets) != (
+            b.file, b.subtask, b.key_group_range, b.size, b.checkpoint_id, b.format_version, b.file_id,
+            b.full_key_groups, b.fresh_key_groups, b.states, b.offsets):
+        return False
+    if (a.checksums is None) != (b.checksums is None):
+        return False
+    blocks: Any = ~_quiet(a.block_sizes(), r, a.full_key_groups) if carried else slice(None)
+    if a.checksums is not None and not np.array_equal(a.checksum_array()[blocks], b.checksum_array()[blocks]):
+        return False
+    links_a, links_b = BlockLinks.of(a.predecessors or {}, r), BlockLinks.of(b.predecessors or {}, r)
+    return bool(np.array_equal(links_a.checkpoints[blocks], links_b.checkpoints[blocks])
+                and np.array_equal(np.where(links_a.checkpoints >= 0, links_a.checksums, 0)[blocks],
+                                   np.where(links_b.checkpoints >= 0, links_b.checksums, 0)[blocks]))
 
 
 def encode_metadata(metadata: CheckpointMetadata, base: str) -> bytes:

@@ -85,7 +85,7 @@ from keygroups.checkpoint import (
     plan_keyed_restore,
     write_keyed_snapshot,
 )
-from keygroups.checkpoint.metadata import is_shared_path, key_group_runs, keyed_handles_by_range, same_as_carried
+from keygroups.checkpoint.metadata import is_shared_path, key_group_runs, keyed_handles_by_range, same_handle
 from keygroups.checkpoint.state_meta import check_state_metas
 from keygroups.errors import CheckpointNotFoundError, CorruptSnapshotError, StateSerializationError, no_current_key_error
 from keygroups.serializers import TypeSerializer
@@ -808,8 +808,7 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
             if mine is not h:
                 # the snapshot just written, read back: as it was written; a file carried since it was read back
                 # last: alike as carried (the checkpoint leaves out what no chain uses)
-                if not (mine.to_json() == h.to_json() if h.file == kept_file
-                        else same_as_carried(mine, h, metadata.base)):
+                if not same_handle(mine, h, carried=h.file != kept_file):
                     return None
             listed[h.file] = h
         uses = self._file_uses
