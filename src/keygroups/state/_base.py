@@ -262,6 +262,7 @@ class KeyedStateBackendBase:
         # them (see _chains): the key groups that may be past their bounds (a superset) and those without a tip.
         self._may_be_overdue: set[int] | None = None
         self._without_tip: set[int] | None = None
+        self._tips: dict[int, BlockLink] | None = None   # what _chain_tips gives, kept alike
         self._chain_metas: dict[str, str] = {}   # state name -> its meta (canonical JSON) along the chains
         self._needs_full = False                  # the next snapshot must be full (see _full_key_groups_for_snapshot)
         self.key_group_range = key_group_range
@@ -479,6 +480,7 @@ class KeyedStateBackendBase:
         self._chain_stats = chains
         self._may_be_overdue = None
         self._without_tip = None
+        self._tips = None
 
     # ---- restore ------------------------------------------------------------------------------------------------
     def restore(self, storage: CheckpointStorage, metadata: CheckpointMetadata, *, lazy: bool = True) -> RestoreStats:
@@ -900,7 +902,9 @@ class KeyedStateBackendBase:
         """Each key group's newest block, as the next snapshot's delta of it names it (``write_keyed_snapshot``'s
         ``predecessors``). Snapshots run one at a time on the snapshot worker, each calling :meth:`_after_snapshot`
         before the next starts: called from a snapshot's work, this is the chain that snapshot continues."""
-        return {kg: c.tip for kg, c in (self._chains or {}).items() if c.tip is not None}
+        if self._tips is None:
+            self._tips = {kg: c.tip for kg, c in (self._chains or {}).items() if c.tip is not None}
+        return dict(self._tips)
 
     def _after_snapshot(self, handle: KeyedStateHandle) -> None:
         """Record what a snapshot of this backend wrote (``handle``, once its file is complete), so the next one
@@ -916,16 +920,21 @@ class KeyedStateBackendBase:
         own = self.key_group_range
         # only the key groups whose block is full or a non-empty delta: a quiet block leaves its chain as it is
         full, deltas = _changed_in(handle, own)
-        overdue, without_tip = self._may_be_overdue, self._without_tip
+        overdue, without_tip, tips = self._may_be_overdue, self._without_tip, self._tips
         for kg in (*full, *deltas):
             c = chains[kg] = chains.get(kg, NO_CHAIN).after(handle, kg)
             if overdue is not None:
                 overdue.add(kg)
-            if without_tip is not None:
-                if c.tip is None:
+            if c.tip is None:
+                if without_tip is not None:
                     without_tip.add(kg)
-                else:
+                if tips is not None:
+                    tips.pop(kg, None)
+            else:
+                if without_tip is not None:
                     without_tip.discard(kg)
+                if tips is not None:
+                    tips[kg] = c.tip
         for states in self._bound_externals():
             states.confirm(handle.checkpoint_id)
         metas = dict(zip((meta["name"] for meta in handle.states), _canonical_states(handle)))
