@@ -329,3 +329,21 @@ def test_same_handle_compares_every_block_or_as_a_checkpoint_carries_it(tmp_path
     checksums[changed[0] - r.start] ^= 1
     assert not same_handle(delta, dataclasses.replace(delta, checksums=checksums.tolist()), carried=True)
     assert not same_handle(delta, dataclasses.replace(delta, subtask=1))
+
+
+def test_estimated_entries_compiled_as_defined(tmp_path):
+    """``heapsnap.estimated_entries`` is the sum over key groups of the most entries their dict or one of their
+    layers holds, on a backend with restored layers, decoded entries and deletes."""
+    from keygroups._native import heapsnap
+
+    storage, b, latest = _batches(tmp_path, 3)
+    s = b.get_state(ValueStateDescriptor("value", Int64Serializer()))
+    for k in (3, 7, 11, 5001, 5002):
+        b.set_current_key(k)
+        s.update(1) if k != 11 else s.clear()
+    t = b._tables["value"]
+    n = b._n
+    python = sum(max([len(t.maps[i]), *(layer.n_puts for layer in t.layers[i] or ())]) for i in range(n))
+    assert heapsnap.estimated_entries(t.maps, t.layers, n) == python == b.estimated_entries() > 4000
+    with pytest.raises(ValueError, match="n must be in"):
+        heapsnap.estimated_entries(t.maps, t.layers, n + 5)

@@ -905,13 +905,7 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
         """Entries per state and key group: those in memory, or, where restored layers are not merged yet, the most
         that one of them or memory holds (a key may be in several layers and memory at once; keys only a newer
         delta adds are missed). A sum over key groups, never over entries."""
-        total = 0
-        for t in self._tables.values():
-            for i in range(self._n):
-                largest = len(t.maps[i])
-                for layer in t.layers[i] or ():
-                    largest = max(largest, layer.n_puts)
-                total += largest
+        total = sum(heapsnap.estimated_entries(t.maps, t.layers, self._n) for t in self._tables.values())
         return total + self._external_entries()   # external states
 
     def keys(self, state_name: str) -> Iterator[Any]:
