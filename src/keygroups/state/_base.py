@@ -874,7 +874,8 @@ class KeyedStateBackendBase:
         at most an eighth of them (``choose_full_key_groups``), and those whose chain ends with a block of a keyed
         format before 4 (restored from a checkpoint of an earlier keygroups): a delta names the block it applies
         on by its checksum, which such a block does not carry."""
-        everything = set(self.key_group_range)
+        r = self.key_group_range
+        everything = set(range(r.start, r.end + 1))
         if not self.incremental or self._chains is None or self._needs_full:
             return everything
         tables: dict[str, Any] = getattr(self, "_tables", {})

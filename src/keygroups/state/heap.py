@@ -832,7 +832,7 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
         self._restored = True
         self.warm = True
         self._warm_point = None
-        return WarmResume(0, 0, warm=tuple(r))
+        return WarmResume(0, 0, warm=tuple(range(r.start, r.end + 1)))
 
     def _move_to(self, new_range: KeyGroupRange) -> None:
         """Own ``new_range`` from now on: the entries of the key groups that left are dropped, those that arrive
