@@ -998,7 +998,8 @@ def _canonical(meta: dict[str, Any]) -> str:
 
 def _canonical_states(handle: KeyedStateHandle) -> list[str]:
     """``handle.states`` as :func:`_canonical` gives them, worked out once per handle (a handle is never changed once
-    written, and one object serves every checkpoint that lists it: a warm backend reads its chains' metas each batch)."""
+    written, and one object serves every checkpoint that lists it: a warm backend reads its chains' metas each
+    batch)."""
     cached = handle.__dict__.get("_canonical_states")
     if cached is None:
         cached = handle.__dict__["_canonical_states"] = [_canonical(meta) for meta in handle.states]

@@ -27,7 +27,10 @@ would. The backend remembers, per key group, the files of the chain its state re
 by each snapshot) and the snapshot it wrote last. Checkpoint m resumes it if that snapshot's file is committed and
 every key group's committed chain at m starts with exactly those files; the blocks after them (changes made
 meanwhile by another worker process) are read and pushed as new top layers, and the decoded entries of the keys
-they name are dropped. A key group whose chain restarted with a newer full block takes that chain instead.
+they name are dropped. A key group whose chain restarted with a newer full block takes that chain instead. The
+common case, checkpoint m being the backend's own last one for the same range, plans nothing: the chains, their stats
+and the materialization policy's view of them are kept up to date from the backend's own snapshots (only the key
+groups each changed), and the checkpoint's handles are checked to be the ones they were worked out from.
 
 A kept backend must not grow without bound, nor keep Python objects for keys no batch touches: once a key group is
 written full, its decoded entries and layers are replaced (``compact()``, once the snapshot finished, if nothing
@@ -696,7 +699,10 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
         groups that left are dropped. The stats say which key groups were kept warm, caught up and restored.
 
         Registrations are forgotten, as after a restore: the job's function registers its states again (a changed
-        serializer then migrates, as it would on restored state)."""
+        serializer then migrates, as it would on restored state).
+
+        From its own last checkpoint (m == n) for the same range, nothing is planned again (:meth:`_resume_own`):
+        the cost grows with the checkpoint's handles, not with the key groups."""
         point = self._kept_point()
         old = self.key_group_range
         r = old if key_group_range is None else key_group_range
