@@ -347,3 +347,16 @@ def test_estimated_entries_compiled_as_defined(tmp_path):
     assert heapsnap.estimated_entries(t.maps, t.layers, n) == python == b.estimated_entries() > 4000
     with pytest.raises(ValueError, match="n must be in"):
         heapsnap.estimated_entries(t.maps, t.layers, n + 5)
+
+
+def test_a_backend_that_snapshots_without_resuming_keeps_no_growing_list_of_files(tmp_path):
+    storage = CheckpointStorage(str(tmp_path / "chk"))
+    b = HeapKeyedStateBackend(key_group_range(128, 1, 0), 128, Int64Serializer(), max_chain=2)
+    s = b.get_state(ValueStateDescriptor("value", Int64Serializer()))
+    for cid in range(1, 41):
+        for k in range(cid % 5, 400, 7):
+            b.set_current_key(k)
+            s.update(cid)
+        b.snapshot(cid, storage).result(30)
+    # the files its chains hold (bounded by the materialization policy) and the last one written: not all 40
+    assert set(b._file_uses) <= set(b._known_handles) and len(b._known_handles) <= len(b._file_uses) + 1 <= 20

@@ -890,7 +890,13 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
     def _after_snapshot(self, handle: KeyedStateHandle) -> None:
         super()._after_snapshot(handle)
         _extend_chain_files(self._chain_files, handle, self.key_group_range, self._file_uses)
-        self._known_handles[handle.file] = handle
+        # accounted for from now on; an earlier file of this range that no chain holds any more is forgotten (no
+        # checkpoint carries it on), so a backend that snapshots without resuming keeps no growing list of them
+        known, uses, r = self._known_handles, self._file_uses, self.key_group_range
+        for f, h in list(known.items()):
+            if f not in uses and r.start <= h.key_group_range.start and h.key_group_range.end <= r.end:
+                del known[f]
+        known[handle.file] = handle
         self._warm_point = (handle.checkpoint_id, handle.file)
 
     def _after_restore(self, lazy: bool) -> None:
