@@ -236,11 +236,13 @@ def own_resumes(monkeypatch):
     return counted
 
 
+@pytest.mark.slow
 def test_warm_resume_equals_a_cold_restore_max_p_128(own_resumes):
     run_state_machine_as_test(WarmMaxpModel, settings=_SETTINGS)
     assert own_resumes["own"] > 0 and RESUMES["warm"] > own_resumes["own"]   # other warm paths ran too
 
 
+@pytest.mark.slow
 def test_warm_resume_equals_a_cold_restore_max_p_4096(own_resumes):
     run_state_machine_as_test(WarmMaxp4096Model, settings=settings(_SETTINGS, max_examples=6))
     assert own_resumes["own"] > 0

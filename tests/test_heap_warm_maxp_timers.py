@@ -5,6 +5,7 @@ processing-time timers (kept as keyed state) firing across batches."""
 from __future__ import annotations
 
 import pyarrow as pa
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -56,6 +57,7 @@ steps = st.lists(st.one_of(
     st.tuples(st.just("processing time"), st.integers(1, 8))), min_size=2, max_size=8)
 
 
+@pytest.mark.slow
 @settings(max_examples=8, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(steps=steps)
 def test_warm_state_with_timers_emits_what_restoring_every_batch_emits(steps):
