@@ -366,3 +366,24 @@ cdef void _fill(uint8_t *dst, int64_t at, const uint8_t **ptr, const int64_t *le
             memcpy(dst + at, ptr[i], <size_t>length[i])
         at += length[i]
     offsets[n] = at
+
+
+def estimated_entries(list maps, list layers, Py_ssize_t n):
+    """Over key groups ``i < n``: the sum of the most entries that ``maps[i]`` (a dict) or one of ``layers[i]`` (None,
+    or a list of ``Layer``) holds. What ``HeapKeyedStateBackend.estimated_entries`` reports per state, without a
+    Python step per key group (a batch's report asks for it at every max parallelism)."""
+    cdef Py_ssize_t i, total = 0, largest
+    cdef Layer layer
+    cdef object group
+    if n < 0 or n > len(maps) or n > len(layers):
+        raise ValueError(f"n must be in [0, {min(len(maps), len(layers))}] (one dict and one layer list per key "
+                         f"group), got {n}")
+    for i in range(n):
+        largest = len(maps[i])
+        group = layers[i]
+        if group is not None:
+            for layer in <list?>group:
+                if layer._n_puts > largest:
+                    largest = layer._n_puts
+        total += largest
+    return total

@@ -442,7 +442,7 @@ class KeyedStateHandle:
 
     def __setattr__(self, name: str, value: Any) -> None:
         self.__dict__.pop("_encoded", None)   # a field changed (a writer naming predecessors): encode it again
-        for derived in ("_changed", "_sizes", "_checksum_array", "_states_checked"):
+        for derived in ("_changed", "_sizes", "_checksum_array", "_states_checked", "_canonical_states"):
             self.__dict__.pop(derived, None)
         super().__setattr__(name, value)
 
@@ -1052,6 +1052,30 @@ def _keyed_handle_text(handle: KeyedStateHandle, base: str, version: int, carrie
             d = _compact_keyed(d, elide)
         text = cache[(stored, version, elide)] = _json_text(d).encode("utf-8")
     return text
+
+
+def same_handle(a: KeyedStateHandle, b: KeyedStateHandle, *, carried: bool = False) -> bool:
+    """Whether ``a`` and ``b`` describe one keyed file alike: every field, and each block's offsets, checksum and
+    predecessor; with ``carried``, not the quiet blocks' checksums and predecessors, which a ``_metadata`` leaves
+    out of the handles it carries from older checkpoints (no chain uses them). A handle a task wrote and the same
+    handle read back from a checkpoint are two objects: compared field by field, the arrays as arrays."""
+    if a is b:
+        return True
+    r = a.key_group_range
+    if (a.file, a.subtask, r, a.size, a.checkpoint_id, a.format_version, a.file_id, a.full_key_groups,
+            a.fresh_key_groups, a.states, a.offsets) != (
+            b.file, b.subtask, b.key_group_range, b.size, b.checkpoint_id, b.format_version, b.file_id,
+            b.full_key_groups, b.fresh_key_groups, b.states, b.offsets):
+        return False
+    if (a.checksums is None) != (b.checksums is None):
+        return False
+    blocks: Any = ~_quiet(a.block_sizes(), r, a.full_key_groups) if carried else slice(None)
+    if a.checksums is not None and not np.array_equal(a.checksum_array()[blocks], b.checksum_array()[blocks]):
+        return False
+    links_a, links_b = BlockLinks.of(a.predecessors or {}, r), BlockLinks.of(b.predecessors or {}, r)
+    return bool(np.array_equal(links_a.checkpoints[blocks], links_b.checkpoints[blocks])
+                and np.array_equal(np.where(links_a.checkpoints >= 0, links_a.checksums, 0)[blocks],
+                                   np.where(links_b.checkpoints >= 0, links_b.checksums, 0)[blocks]))
 
 
 def encode_metadata(metadata: CheckpointMetadata, base: str) -> bytes:

@@ -11,9 +11,11 @@ must therefore never wait for another snapshot: it would wait forever behind its
 
 from __future__ import annotations
 
+import bisect
 import concurrent.futures
 import functools
 import json
+import math
 import os
 import threading
 import time
@@ -38,7 +40,7 @@ from keygroups.checkpoint import (
     write_keyed_snapshot,
 )
 from keygroups.checkpoint.metadata import BlockLinks, is_shared_path, keyed_handles_by_range
-from keygroups.checkpoint.planning import NO_CHAIN, key_group_chains
+from keygroups.checkpoint.planning import MAX_MATERIALIZED_SHARE, NO_CHAIN, key_group_chains
 from keygroups.checkpoint.state_meta import check_state_metas
 from keygroups.errors import CorruptSnapshotError, StateMigrationError, UnsafeDeserializationError
 from keygroups.serializers import SerializerSnapshot, TypeSerializer, resolve_compatibility
@@ -256,6 +258,11 @@ class KeyedStateBackendBase:
         #: Per key group of the range, the chain a restore of the latest snapshot (or of the restore point) reads;
         #: None until the backend is restored (its first snapshot is then written full).
         self._chains: dict[int, ChainStats] | None = None
+        # What the materialization policy found of the chains, kept while only this backend's snapshots change
+        # them (see _chains): the key groups that may be past their bounds (a superset) and those without a tip.
+        self._may_be_overdue: set[int] | None = None
+        self._without_tip: set[int] | None = None
+        self._tips: dict[int, BlockLink] | None = None   # what _chain_tips gives, kept alike
         self._chain_metas: dict[str, str] = {}   # state name -> its meta (canonical JSON) along the chains
         self._needs_full = False                  # the next snapshot must be full (see _full_key_groups_for_snapshot)
         self.key_group_range = key_group_range
@@ -460,6 +467,21 @@ class KeyedStateBackendBase:
             except (StateMigrationError, UnsafeDeserializationError) as e:
                 raise type(e)(f"state {meta['name']!r}: its stored {role} serializer: {e}") from e
         return ValueFraming.for_state(meta["name"], meta["kind"], sers, ttl=meta.get("ttl") is not None)
+
+    @property
+    def _chains(self) -> dict[int, ChainStats] | None:
+        """Per key group of the range, the chain a restore of the latest snapshot (or of the restore point) reads;
+        None until the backend is restored (its first snapshot is then written full). Setting it (a restore, a resume
+        that planned the chains) makes the materialization policy look at every chain again; :meth:`_after_snapshot`
+        changes it in place and tells the policy which key groups changed."""
+        return self._chain_stats
+
+    @_chains.setter
+    def _chains(self, chains: dict[int, ChainStats] | None) -> None:
+        self._chain_stats = chains
+        self._may_be_overdue = None
+        self._without_tip = None
+        self._tips = None
 
     # ---- restore ------------------------------------------------------------------------------------------------
     def restore(self, storage: CheckpointStorage, metadata: CheckpointMetadata, *, lazy: bool = True) -> RestoreStats:
@@ -857,7 +879,8 @@ class KeyedStateBackendBase:
         at most an eighth of them (``choose_full_key_groups``), and those whose chain ends with a block of a keyed
         format before 4 (restored from a checkpoint of an earlier keygroups): a delta names the block it applies
         on by its checksum, which such a block does not carry."""
-        everything = set(self.key_group_range)
+        r = self.key_group_range
+        everything = set(range(r.start, r.end + 1))
         if not self.incremental or self._chains is None or self._needs_full:
             return everything
         tables: dict[str, Any] = getattr(self, "_tables", {})
@@ -867,15 +890,27 @@ class KeyedStateBackendBase:
                 return everything
         # a key group without a chain (no block in the checkpoint restored) is written full: a delta needs a base,
         # and one it can name
-        unnamed = {kg for kg, c in self._chains.items() if c.tip is None}
-        return choose_full_key_groups(self._chains, self._n, max_chain=self.max_chain,
-                                      delta_fraction=self.delta_fraction) | (everything - self._chains.keys()) | unnamed
+        chains = self._chains
+        if self._without_tip is None:
+            self._without_tip = {kg for kg, c in chains.items() if c.tip is None}
+        # the chains past their bounds: among all of them, or among those that were or changed since (a chain's
+        # score depends on its stats alone)
+        looked_at = chains if self._may_be_overdue is None else {
+            kg: chains[kg] for kg in self._may_be_overdue if kg in chains}
+        overdue = choose_full_key_groups(looked_at, math.ceil(len(looked_at) / MAX_MATERIALIZED_SHARE),
+                                         max_chain=self.max_chain, delta_fraction=self.delta_fraction)
+        self._may_be_overdue = overdue
+        return choose_full_key_groups({kg: chains[kg] for kg in overdue}, self._n, max_chain=self.max_chain,
+                                      delta_fraction=self.delta_fraction) | (everything - chains.keys()) \
+            | self._without_tip
 
     def _chain_tips(self) -> dict[int, BlockLink]:
         """Each key group's newest block, as the next snapshot's delta of it names it (``write_keyed_snapshot``'s
         ``predecessors``). Snapshots run one at a time on the snapshot worker, each calling :meth:`_after_snapshot`
         before the next starts: called from a snapshot's work, this is the chain that snapshot continues."""
-        return {kg: c.tip for kg, c in (self._chains or {}).items() if c.tip is not None}
+        if self._tips is None:
+            self._tips = {kg: c.tip for kg, c in (self._chains or {}).items() if c.tip is not None}
+        return dict(self._tips)
 
     def _after_snapshot(self, handle: KeyedStateHandle) -> None:
         """Record what a snapshot of this backend wrote (``handle``, once its file is complete), so the next one
@@ -885,18 +920,31 @@ class KeyedStateBackendBase:
         ``write_keyed_snapshot`` its :meth:`_chain_tips`) gets them here, from this backend's chains, so that the
         checkpoint still checks its chains from the metadata (its blocks then name none themselves)."""
         self._name_predecessors(handle)
-        chains = self._chains if self._chains is not None else {}
-        part = handle.key_group_range.intersection(self.key_group_range)
-        for kg in part:
-            before = chains.get(kg)
-            if before is None and not handle.is_full(kg) and not handle.changes(kg):
-                continue
-            chains[kg] = (before or NO_CHAIN).after(handle, kg)
-        self._chains = chains
+        if self._chains is None:
+            self._chains = {}
+        chains = self._chains   # changed in place: the policy is told what changed
+        own = self.key_group_range
+        # only the key groups whose block is full or a non-empty delta: a quiet block leaves its chain as it is
+        full, deltas = _changed_in(handle, own)
+        overdue, without_tip, tips = self._may_be_overdue, self._without_tip, self._tips
+        for kg in (*full, *deltas):
+            c = chains[kg] = chains.get(kg, NO_CHAIN).after(handle, kg)
+            if overdue is not None:
+                overdue.add(kg)
+            if c.tip is None:
+                if without_tip is not None:
+                    without_tip.add(kg)
+                if tips is not None:
+                    tips.pop(kg, None)
+            else:
+                if without_tip is not None:
+                    without_tip.discard(kg)
+                if tips is not None:
+                    tips[kg] = c.tip
         for states in self._bound_externals():
             states.confirm(handle.checkpoint_id)
-        metas = {meta["name"]: _canonical(meta) for meta in handle.states}
-        if all(handle.is_full(kg) for kg in self.key_group_range):
+        metas = dict(zip((meta["name"] for meta in handle.states), _canonical_states(handle)))
+        if len(full) == len(own):   # every key group of the range written full
             self._chain_metas = metas
             self._needs_full = False
         else:
@@ -953,6 +1001,28 @@ def _canonical(meta: dict[str, Any]) -> str:
     return json.dumps(meta, sort_keys=True, separators=(",", ":"))
 
 
+def _canonical_states(handle: KeyedStateHandle) -> list[str]:
+    """``handle.states`` as :func:`_canonical` gives them, worked out once per handle (a handle is never changed once
+    written, and one object serves every checkpoint that lists it: a warm backend reads its chains' metas each
+    batch)."""
+    cached = handle.__dict__.get("_canonical_states")
+    if cached is None:
+        cached = handle.__dict__["_canonical_states"] = [_canonical(meta) for meta in handle.states]
+    return cached
+
+
+def _changed_in(handle: KeyedStateHandle, own: KeyGroupRange) -> tuple[list[int], list[int]]:
+    """``(full, deltas)``: the key groups of ``own`` whose block in ``handle`` is full, and those whose block is a
+    non-empty delta, each ascending (from the handle's :meth:`~KeyedStateHandle.changed_key_groups`, no loop over
+    the range)."""
+    part = handle.key_group_range.intersection(own)
+    if not part:
+        return [], []
+    full, deltas = handle.changed_key_groups()
+    return (full[bisect.bisect_left(full, part.start):bisect.bisect_right(full, part.end)],
+            deltas[bisect.bisect_left(deltas, part.start):bisect.bisect_right(deltas, part.end)])
+
+
 def _committed_chains(metadata: CheckpointMetadata, own: KeyGroupRange) -> dict[int, list[KeyedStateHandle]]:
     """Each key group of ``own`` that ``metadata`` holds -> the handles of its chain (its newest full block, then the
     non-empty deltas after it, oldest first)."""
@@ -965,14 +1035,39 @@ def _files_of_chains(chains: dict[int, list[KeyedStateHandle]]) -> dict[int, tup
 
 
 def _extend_chain_files(files: dict[int, tuple[str, ...]], handle: KeyedStateHandle,
-                        own: KeyGroupRange) -> None:
+                        own: KeyGroupRange, uses: dict[str, int] | None = None) -> None:
     """``files`` (key group -> the files of its chain, oldest first) after ``handle``, for the key groups of ``own``:
-    a full block starts a chain anew, a delta that changes a key group lengthens it, a quiet one leaves it."""
-    for kg in handle.key_group_range.intersection(own):
-        if handle.is_full(kg):
-            files[kg] = (handle.file,)
-        elif handle.changes(kg):
-            files[kg] = files.get(kg, ()) + (handle.file,)
+    a full block starts a chain anew, a delta that changes a key group lengthens it, a quiet one leaves it. With
+    ``uses`` (file -> how many chains of ``files`` hold it, as :func:`_file_uses` counts them), kept counting; a
+    file no chain holds any more leaves it."""
+    full, deltas = _changed_in(handle, own)
+    new = handle.file
+    for kg in full:
+        if uses is not None:
+            for f in files.get(kg, ()):
+                _count(uses, f, -1)
+        files[kg] = (new,)
+    for kg in deltas:
+        files[kg] = files.get(kg, ()) + (new,)
+    if uses is not None and (full or deltas):
+        _count(uses, new, len(full) + len(deltas))
+
+
+def _file_uses(files: dict[int, tuple[str, ...]]) -> dict[str, int]:
+    """File -> how many chains of ``files`` (key group -> the files of its chain) hold it."""
+    uses: dict[str, int] = {}
+    for chain in files.values():
+        for f in chain:
+            uses[f] = uses.get(f, 0) + 1
+    return uses
+
+
+def _count(uses: dict[str, int], file: str, by: int) -> None:
+    left = uses.get(file, 0) + by
+    if left:
+        uses[file] = left
+    else:
+        uses.pop(file, None)
 
 
 __all__ = ["VOID_NAMESPACE", "RestoreStats", "SnapshotFuture", "KeyedStateBackendBase", "state_meta"]

@@ -27,7 +27,10 @@ would. The backend remembers, per key group, the files of the chain its state re
 by each snapshot) and the snapshot it wrote last. Checkpoint m resumes it if that snapshot's file is committed and
 every key group's committed chain at m starts with exactly those files; the blocks after them (changes made
 meanwhile by another worker process) are read and pushed as new top layers, and the decoded entries of the keys
-they name are dropped. A key group whose chain restarted with a newer full block takes that chain instead.
+they name are dropped. A key group whose chain restarted with a newer full block takes that chain instead. The
+common case, checkpoint m being the backend's own last one for the same range, plans nothing: the chains, their stats
+and the materialization policy's view of them are kept up to date from the backend's own snapshots (only the key
+groups each changed), and the checkpoint's handles are checked to be the ones they were worked out from.
 
 A kept backend must not grow without bound, nor keep Python objects for keys no batch touches: once a key group is
 written full, its decoded entries and layers are replaced (``compact()``, once the snapshot finished, if nothing
@@ -85,7 +88,7 @@ from keygroups.checkpoint import (
     plan_keyed_restore,
     write_keyed_snapshot,
 )
-from keygroups.checkpoint.metadata import is_shared_path, key_group_runs
+from keygroups.checkpoint.metadata import is_shared_path, key_group_runs, keyed_handles_by_range, same_handle
 from keygroups.checkpoint.state_meta import check_state_metas
 from keygroups.errors import CheckpointNotFoundError, CorruptSnapshotError, StateSerializationError, no_current_key_error
 from keygroups.serializers import TypeSerializer
@@ -98,7 +101,9 @@ from keygroups.state._base import (
     SnapshotFuture,
     _canonical,
     _committed_chains,
+    _canonical_states,
     _extend_chain_files,
+    _file_uses,
     _files_of_chains,
     check_cancel,
 )
@@ -501,12 +506,13 @@ class _Capture:
     """What a snapshot's synchronous part took of one table, per key group ``i``: for a key group written full,
     ``maps[i]`` and ``layers[i]`` as the table held them (the table copies a shared dict before changing it, and
     never changes a layer); for one written as a delta, ``deltas[i]``: its dirty keys -> their value or MISSING
-    (deleted). ``dirty`` is the dirty lists taken, given back if the snapshot fails."""
+    (deleted). ``dirty`` is the dirty lists taken (key-group index -> its list, for those with keys), given back if
+    the snapshot fails."""
 
     maps: list[dict[Any, Any]]
     layers: list[list[Layer] | None]
     deltas: list[dict[Any, Any] | None]
-    dirty: list[list[Any]]
+    dirty: dict[int, list[Any]]
     read_framing: ValueFraming
     write_framing: ValueFraming
     needs_migration: bool
@@ -559,6 +565,12 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
         # of the last snapshot written: what resume() checks a restore point against.
         self._chain_files: dict[int, tuple[str, ...]] = {}
         self._warm_point: tuple[int, str] | None = None
+        # For a resume from the backend's own last checkpoint without planning its chains again (_resume_own): how
+        # many chains of _chain_files hold each file, and the handles whose part in those chains is accounted for
+        # (by file: those of the checkpoint the chains were planned from that cover the range, in a chain or not,
+        # and the snapshots written since).
+        self._file_uses: dict[str, int] = {}
+        self._known_handles: dict[str, KeyedStateHandle] = {}
         # Captures so far, and the compactions finished snapshots prepared: (capture number, table name, key-group
         # index, the dict and layers captured, the new layer or None, the keys the capture found dirty), applied by
         # the thread that owns the backend.
@@ -574,7 +586,7 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
         self._tracking = False
         # What failed snapshots took (per table name its dirty lists, and the key groups it was to write full),
         # handed back to the next capture. A deque: the snapshot worker appends, the capture pops, no lock needed.
-        self._failed: collections.deque[tuple[dict[str, list[list[Any]]], set[int]]] = collections.deque()
+        self._failed: collections.deque[tuple[dict[str, dict[int, list[Any]]], set[int]]] = collections.deque()
 
     @functools.cached_property
     def _key_encoder(self) -> Encoder:
@@ -656,8 +668,17 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
         """Restore this backend's key groups from a checkpoint of any parallelism (see
         ``KeyedStateBackendBase.restore``), remembering each key group's chain for :meth:`resume`."""
         stats = super().restore(storage, metadata, lazy=lazy)
-        self._chain_files = _files_of_chains(_committed_chains(metadata, self.key_group_range))
+        self._set_chain_files(_committed_chains(metadata, self.key_group_range), metadata)
         return stats
+
+    def _set_chain_files(self, chains: dict[int, list[KeyedStateHandle]], metadata: CheckpointMetadata) -> None:
+        """The chains the state reflects now: ``chains`` (key group -> handles), planned from ``metadata``."""
+        self._chain_files = _files_of_chains(chains)
+        self._file_uses = _file_uses(self._chain_files)
+        r = self.key_group_range
+        self._known_handles = ({h.file: h for h in metadata.keyed_handles
+                                if h.key_group_range.start <= r.end and r.start <= h.key_group_range.end}
+                               if metadata.max_parallelism == self.max_parallelism else {})
 
     # ---- warm state -----------------------------------------------------------------------------------------------
     def resume(self, storage: CheckpointStorage, metadata: CheckpointMetadata,
@@ -678,7 +699,10 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
         groups that left are dropped. The stats say which key groups were kept warm, caught up and restored.
 
         Registrations are forgotten, as after a restore: the job's function registers its states again (a changed
-        serializer then migrates, as it would on restored state)."""
+        serializer then migrates, as it would on restored state).
+
+        From its own last checkpoint (m == n) for the same range, nothing is planned again (:meth:`_resume_own`):
+        the cost grows with the checkpoint's handles, not with the key groups."""
         point = self._kept_point()
         old = self.key_group_range
         r = old if key_group_range is None else key_group_range
@@ -696,6 +720,10 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
             except (CheckpointNotFoundError, CorruptSnapshotError):
                 return None
         check_state_metas(metadata)
+        if metadata.checkpoint_id == n and r == old:
+            resumed = self._resume_own(metadata, kept_file)
+            if resumed is not None:
+                return resumed
         plan = plan_keyed_restore(metadata, r, max_parallelism=self.max_parallelism)
         chains = _committed_chains(metadata, r)
         restart: list[int] = []
@@ -750,13 +778,67 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
             for meta in handle.states:
                 self._chain_metas[meta["name"]] = _canonical(meta)
         self._needs_full = any(not is_shared_path(h.file) for h, _ in plan)
-        self._chain_files = _files_of_chains(chains)
+        self._set_chain_files(chains, metadata)
         self._warm_point = None
         return WarmResume(caught_up_bytes + restored_bytes, len(caught_up | arrived),
                           warm=tuple(kg for kg in kept if kg not in caught_up), caught_up=tuple(sorted(caught_up)),
                           restored=tuple(kg for kg in r if kg not in old),
                           dropped=tuple(kg for kg in old if kg not in r),
                           bytes_caught_up=caught_up_bytes, bytes_restored=restored_bytes)
+
+    def _resume_own(self, metadata: CheckpointMetadata, kept_file: str) -> WarmResume | None:
+        """:meth:`resume` from the checkpoint of the backend's own last snapshot (file ``kept_file``), for the same
+        range: nothing to read, and the chains, their stats and their files are those the backend keeps up to date
+        from its own snapshots, so they are not planned again over every key group (at max parallelism 4096 that
+        planning cost more than a small batch). That holds when the checkpoint's handles over the range are the
+        backend's own view: each is one it accounted for (the same object: handles are decoded once per process),
+        ``kept_file``'s as the backend wrote it, and every file of its chains is still listed; a handle it did not
+        account for, or a chain file missing, leaves the answer to the full planning (None). The checks that
+        planning makes of the chains (breaks, baseless deltas, one meta per state along a chain) were made when
+        they were planned; of what came since, the snapshot's own metas are checked against the chains' other
+        files here."""
+        r = self.key_group_range
+        try:
+            ordered = keyed_handles_by_range(list(metadata.keyed_handles))
+        except ValueError:
+            return None   # overlapping handles: the planning raises a restore's error
+        known = self._known_handles
+        listed: dict[str, KeyedStateHandle] = {}
+        for h in ordered:
+            hr = h.key_group_range
+            if hr.end < r.start or hr.start > r.end:
+                continue
+            mine = known.get(h.file)
+            if h.file in listed or mine is None:
+                return None
+            if mine is not h:
+                # the snapshot just written, read back: as it was written; a file carried since it was read back
+                # last: alike as carried (the checkpoint leaves out what no chain uses)
+                if not same_handle(mine, h, carried=h.file != kept_file):
+                    return None
+            listed[h.file] = h
+        uses = self._file_uses
+        if not all(f in listed for f in uses):
+            return None
+        chained = sorted((listed[f] for f in uses), key=lambda h: (h.checkpoint_id, h.key_group_range.start))
+        written = listed.get(kept_file)
+        if written is not None and kept_file in uses:
+            metas = {meta["name"]: meta for meta in written.states}
+            for h in chained:
+                if h is not written and any(metas.get(meta["name"], meta) != meta for meta in h.states):
+                    return None   # two metas of a state in the chains: the planning names the corruption
+        # From here on the backend becomes the state of the checkpoint (nothing to read: it is what it wrote).
+        self.compact()
+        self._forget_registrations()
+        self._known_handles = listed
+        self._chain_metas = {}
+        for h in chained:   # the newest meta of each state, as a restore takes them
+            self._chain_metas.update(zip((meta["name"] for meta in h.states), _canonical_states(h)))
+        self._needs_full = any(not is_shared_path(h.file) for h in chained)
+        self._restored = True
+        self.warm = True
+        self._warm_point = None
+        return WarmResume(0, 0, warm=tuple(range(r.start, r.end + 1)))
 
     def _move_to(self, new_range: KeyGroupRange) -> None:
         """Own ``new_range`` from now on: the entries of the key groups that left are dropped, those that arrive
@@ -807,7 +889,14 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
 
     def _after_snapshot(self, handle: KeyedStateHandle) -> None:
         super()._after_snapshot(handle)
-        _extend_chain_files(self._chain_files, handle, self.key_group_range)
+        _extend_chain_files(self._chain_files, handle, self.key_group_range, self._file_uses)
+        # accounted for from now on; an earlier file of this range that no chain holds any more is forgotten (no
+        # checkpoint carries it on), so a backend that snapshots without resuming keeps no growing list of them
+        known, uses, r = self._known_handles, self._file_uses, self.key_group_range
+        for f, h in list(known.items()):
+            if f not in uses and r.start <= h.key_group_range.start and h.key_group_range.end <= r.end:
+                del known[f]
+        known[handle.file] = handle
         self._warm_point = (handle.checkpoint_id, handle.file)
 
     def _after_restore(self, lazy: bool) -> None:
@@ -828,13 +917,7 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
         """Entries per state and key group: those in memory, or, where restored layers are not merged yet, the most
         that one of them or memory holds (a key may be in several layers and memory at once; keys only a newer
         delta adds are missed). A sum over key groups, never over entries."""
-        total = 0
-        for t in self._tables.values():
-            for i in range(self._n):
-                largest = len(t.maps[i])
-                for layer in t.layers[i] or ():
-                    largest = max(largest, layer.n_puts)
-                total += largest
+        total = sum(heapsnap.estimated_entries(t.maps, t.layers, self._n) for t in self._tables.values())
         return total + self._external_entries()   # external states
 
     def keys(self, state_name: str) -> Iterator[Any]:
@@ -858,7 +941,7 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
         n = self._n
         if self._failed or any(t.dirty):
             self._needs_full = True
-        capture = _Capture(t.maps[:n], t.layers[:n], [None] * n, [], t.read_framing, t.write_framing,
+        capture = _Capture(t.maps[:n], t.layers[:n], [None] * n, {}, t.read_framing, t.write_framing,
                            t.needs_migration, t._ttl_deadline())
         for i in range(n):
             section = self._full_section(capture, i)
@@ -877,9 +960,8 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
                 t = self._tables.get(name)
                 if t is None:   # handed to external states since (which then made the next snapshot full)
                     continue
-                for i, keys in enumerate(lists):
-                    if keys:
-                        t.dirty[i].extend(keys)
+                for i, keys in lists.items():
+                    t.dirty[i].extend(keys)
         if not self._tracking:  # nothing tracked yet: nothing to write a delta from
             return set(range(self._n))
         start = self._start
@@ -898,17 +980,22 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
         metas = []
         captures = []
         names = list(self._tables)
+        delta_groups: set[int] = set()   # key groups some state writes a delta of
         for t in self._tables.values():
             metas.append(t.meta)
-            dirty, t.dirty = t.dirty, [[] for _ in range(n + 1)]
+            # the dirty lists move to the capture, each replaced by a new one in place: one object per key group
+            # written since the last capture, none per untouched key group
+            dirty = {i: keys for i, keys in enumerate(t.dirty) if keys}
+            for i in dirty:
+                t.dirty[i] = []
             t.dirty_limit = _DIRTY_LIMIT
             maps = t.maps
             deltas: list[dict[Any, Any] | None] = [None] * n
-            for i in range(n):
-                keys = dirty[i]
-                if keys and i not in full:
+            for i, keys in dirty.items():
+                if i not in full:
                     m = maps[i]
                     deltas[i] = {k: m.get(k, MISSING) for k in keys}
+                    delta_groups.add(i)
             captures.append(_Capture(maps[:n], t.layers[:n], deltas, dirty, t.read_framing, t.write_framing,
                                      t.needs_migration, t._ttl_deadline()))
         with self._snap_lock:
@@ -918,13 +1005,13 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
                 # are held one by one (a mutable one is copied before it is handed out again). A dict still held by
                 # an earlier running snapshot stays shared.
                 shared, copied = t.shared, t.copied_keys
-                fresh_copies = t.copy_value is not None
-                for i in range(n):
-                    if i in full:
-                        shared[i] = True
-                        copied[i] = None
-                    elif not shared[i]:
-                        copied[i] = set() if fresh_copies else None
+                for i in full:
+                    shared[i] = True
+                    copied[i] = None
+                if t.copy_value is not None:   # mutable values: those a delta holds are copied when next handed out
+                    for i in delta_groups:
+                        if not shared[i]:
+                            copied[i] = set()
                 t.cow = True
                 t._update_slow()
         self._start_tracking()
@@ -936,16 +1023,16 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
                 check_cancel(future)
                 handle = write_keyed_snapshot(storage, checkpoint_id, self.subtask_index, self.key_group_range,
                                               metas + external.metas,
-                                              external.merge(self._groups(captures, full, compactions)),
+                                              external.merge(self._groups(captures, full, delta_groups, compactions)),
                                               full_key_groups={start + i for i in full},
                                               on_key_group=functools.partial(check_cancel, future),
                                               predecessors=self._chain_tips())
                 for state_index, i, layer in compactions:
                     c = captures[state_index]
                     self._compactions.append((capture, names[state_index], i, c.maps[i], c.layers[i], layer,
-                                              c.dirty[i]))
+                                              c.dirty.get(i, ())))
             except BaseException:
-                self._failed.append(({name: [c.dirty[i] if i not in full else [] for i in range(n)]
+                self._failed.append(({name: {i: keys for i, keys in c.dirty.items() if i not in full}
                                       for name, c in zip(names, captures)}, full))
                 raise
             finally:
@@ -967,14 +1054,15 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
                 t.copied_keys = [None] * (n + 1)
                 t._update_slow()
 
-    def _groups(self, captures: list[_Capture], full: set[int], compactions: list[tuple[int, int, Layer | None]]
-                ) -> Iterator[tuple[int, list[Any], list[Any]]]:
+    def _groups(self, captures: list[_Capture], full: set[int], delta_groups: set[int],
+                compactions: list[tuple[int, int, Layer | None]]) -> Iterator[tuple[int, list[Any], list[Any]]]:
         """Per key group with something to write: ``(key_group, put sections, delete sections)``; the key groups
         in ``full`` (indexes) are written full, the others as deltas. With ``compact_full_groups``, a full key group
         with decoded entries or restored layers to fold adds ``(state index, key-group index, its written entries as one layer)`` to
-        ``compactions``."""
+        ``compactions``. Only the key groups in ``full`` or ``delta_groups`` (those a state has a delta of) are
+        looked at: the writer gives every other one an empty block in one compiled call."""
         start = self._start
-        for i in range(self._n):
+        for i in sorted(full | delta_groups):
             sections: list[Any] = []
             deletes: list[Any] = []
             if i in full:
