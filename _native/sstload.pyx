@@ -182,18 +182,15 @@ cdef class _Out:
         slots[size] = <PyObject *>b
         return b
 
-    cdef int put(self, const uint8_t *key, Py_ssize_t key_len, const uint8_t *user_key, Py_ssize_t user_key_len,
-                 const uint8_t *ts, const uint8_t *value, Py_ssize_t value_len) except -1:
-        """One row: database key (prefix, key [, user key]) -> [ts |] value."""
-        cdef Py_ssize_t size = PREFIX + key_len + user_key_len
-        cdef Py_ssize_t vsize = value_len + (TS_SIZE if ts != NULL else 0)
-        cdef object k, v
+    cdef object _db_key(self, Py_ssize_t size, const uint8_t *key, Py_ssize_t key_len):
+        """A database key buffer of ``size`` bytes, its head (prefix, u32 key length) and ``key`` written; the
+        caller writes what follows (a map row's user key)."""
+        cdef object k
         cdef uint8_t *p
         cdef uint32_t n
         if key_len > 0xFFFFFFFF:
             raise OverflowError(f"a key of {key_len} bytes is longer than a database key can say")
         k = self._buffer(self.keys, size)
-        v = self._buffer(self.values, vsize)
         p = <uint8_t *>PyBytes_AS_STRING(k)
         n = <uint32_t>key_len
         memcpy(p, self.prefix, 4)
@@ -203,6 +200,18 @@ cdef class _Out:
         p[7] = n & 0xFF
         if key_len:
             memcpy(p + PREFIX, key, key_len)
+        return k
+
+    cdef int put(self, const uint8_t *key, Py_ssize_t key_len, const uint8_t *user_key, Py_ssize_t user_key_len,
+                 const uint8_t *ts, const uint8_t *value, Py_ssize_t value_len) except -1:
+        """One row: database key (prefix, key [, user key]) -> [ts |] value."""
+        cdef Py_ssize_t size = PREFIX + key_len + user_key_len
+        cdef Py_ssize_t vsize = value_len + (TS_SIZE if ts != NULL else 0)
+        cdef object k, v
+        cdef uint8_t *p
+        k = self._db_key(size, key, key_len)
+        v = self._buffer(self.values, vsize)
+        p = <uint8_t *>PyBytes_AS_STRING(k)
         if user_key_len:
             memcpy(p + PREFIX + key_len, user_key, user_key_len)
         p = <uint8_t *>PyBytes_AS_STRING(v)
@@ -219,21 +228,7 @@ cdef class _Out:
     cdef int delete(self, const uint8_t *key, Py_ssize_t key_len) except -1:
         """One tombstone: database key (prefix, key) deleted (a catch-up's delete, over a kept row)."""
         cdef Py_ssize_t size = PREFIX + key_len
-        cdef object k
-        cdef uint8_t *p
-        cdef uint32_t n
-        if key_len > 0xFFFFFFFF:
-            raise OverflowError(f"a key of {key_len} bytes is longer than a database key can say")
-        k = self._buffer(self.keys, size)
-        p = <uint8_t *>PyBytes_AS_STRING(k)
-        n = <uint32_t>key_len
-        memcpy(p, self.prefix, 4)
-        p[4] = (n >> 24) & 0xFF
-        p[5] = (n >> 16) & 0xFF
-        p[6] = (n >> 8) & 0xFF
-        p[7] = n & 0xFF
-        if key_len:
-            memcpy(p + PREFIX, key, key_len)
+        cdef object k = self._db_key(size, key, key_len)
         PyObject_DelItem(self.writer, k)
         self.rows += 1
         self.payload += size
