@@ -11,27 +11,16 @@ import pytest
 from pyspark import cloudpickle
 from pyspark.sql import functions as F
 
-from keygroups.runtime import KeyedProcessFunction, RecordsPerSubtask
-from keygroups.serializers import Int64Serializer
+from keygroups.runtime import RecordsPerSubtask
 from keygroups.spark import KeyedJob
 from keygroups.spark.executor import _REPORT_ARROW, _REPORT_SCHEMA, KeyedStagePlan, SparkPlanCache, keyed_stage_session
 from keygroups.spark.partitioner import KeyGroupPartitioner, partition_by_key_group
-from keygroups.state import ValueStateDescriptor
+from spark_functions import Total
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 pytestmark = pytest.mark.spark
 
 AQE = "spark.sql.adaptive.enabled"
-
-
-class Totals(KeyedProcessFunction):
-    def open(self, context):
-        self.total = context.get_state(ValueStateDescriptor("total", Int64Serializer()))
-
-    def process_element(self, record, context):
-        total = (self.total.value() or 0) + record["v"]
-        self.total.update(total)
-        return [(context.current_key, total)]
 
 
 @pytest.mark.parametrize("method", ["by_id", "hash"])   # "hash": Spark 4.0's path (no repartitionById)
@@ -113,7 +102,7 @@ def test_a_job_over_inputs_of_every_kind_places_and_counts_exactly(spark, tmp_pa
     """Batches over a scan, a filtered projection (the planned stage, in the clone) and an aggregate (the user's
     session, adaptive execution on): the subtasks refuse any record outside their key groups, and the totals are
     a plain model's."""
-    job = KeyedJob("plan", "key", Totals(), output_schema="key long, total long", max_parallelism=64,
+    job = KeyedJob("plan", "key", Total(), output_schema="key long, total long", max_parallelism=64,
                    checkpoint_location=str(tmp_path / "chk"))
     path = str(tmp_path / "in.parquet")
     spark.createDataFrame([(k, 1) for k in range(40)], "key long, v long").write.parquet(path)
@@ -150,7 +139,7 @@ def test_a_persisted_narrow_input_is_read_once_by_the_stage_in_the_clone(spark, 
 
     df = spark.range(0, 300, numPartitions=3).selectExpr("id % 50 AS key", "id AS v").where(keep("v"))
     assert keyed_stage_session(df, SparkPlanCache()) is not None   # narrow: the stage runs in the clone
-    job = KeyedJob("once", "key", Totals(), output_schema="key long, total long", max_parallelism=32,
+    job = KeyedJob("once", "key", Total(), output_schema="key long, total long", max_parallelism=32,
                    checkpoint_location=str(tmp_path / "chk"))
     result = job.run_batch(df, parallelism=RecordsPerSubtask(100))
     assert result.records_in == 300 and result.parallelism == 3
