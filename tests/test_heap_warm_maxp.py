@@ -24,20 +24,12 @@ from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage, carry_fo
 from keygroups.checkpoint import format as format_module
 from keygroups.errors import CheckpointNotFoundError
 from keygroups.serializers import Int64Serializer
-from keygroups.state import HeapKeyedStateBackend, StateTtlConfig, ValueStateDescriptor
+from keygroups.state import HeapKeyedStateBackend, ValueStateDescriptor
 from keygroups.state import heap as heap_module
-from test_rocksdb_incremental import five, write_five
+from test_rocksdb_catch_up import TTL, descriptors
+from test_rocksdb_incremental import write_five
 
-TTL = 10   # seconds
 KEYS = 40
-
-
-def descriptors():
-    d = five()
-    ttl = ValueStateDescriptor("ttl", Int64Serializer())
-    ttl.enable_time_to_live(StateTtlConfig.new_builder(TTL).build())
-    d["ttl"] = ttl
-    return d
 
 
 def visible(backend, states, k):
