@@ -139,6 +139,9 @@ def race(make_storage, seed: int, *, fenced: bool, max_delay: float) -> dict[str
                         raise
                     first.setdefault(name, e)
                     cid = None   # plan again from the latest checkpoint, with the next id
+                    # backing off, as a restarted driver does: two that retry at once can fence each other in
+                    # turn (or keep refusing each other's commits) for as long as they stay in step
+                    time.sleep(delays.uniform(0, max_delay * 2 ** min(attempt, 4)))
                     if isinstance(e, DriverFencedError):
                         fence = DriverFence.claim(storage, "race")   # restarted: it takes over
             raise AssertionError(f"driver {name} was refused 10 times")
