@@ -841,7 +841,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         if self._resumed_from is None:
             return self._open_db(db_dir)
         try:
-            return self._opened(_open(db_dir))
+            return self._open_at(db_dir)
         except Exception as e:  # noqa: BLE001 - rocksdict raises plain Exception
             error = f"cannot be opened: {e}"
         self._fall_back_cold(error)   # opens an empty database (_reset_db) and restores it
@@ -849,7 +849,9 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         assert db is not None
         return db
 
-    def _opened(self, db: rocksdict.Rdict) -> rocksdict.Rdict:
+    def _open_at(self, db_dir: str) -> rocksdict.Rdict:
+        """Open (or create) the database in ``db_dir`` as this backend's."""
+        db = _open(db_dir)
         self._db_box[0] = db
         self._db_opens += 1
         return db
@@ -858,7 +860,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         """Open the database; a kept one that RocksDB cannot open (a damaged file it reads on opening) is deleted
         and created anew, with a warning: it is then restored, not reused."""
         try:
-            return self._opened(_open(db_dir))
+            return self._open_at(db_dir)
         except Exception as e:  # noqa: BLE001 - rocksdict raises plain Exception
             if self._warm is None:
                 raise
@@ -868,7 +870,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
             self._warm.remove_marker()
             self._kept_unopenable = True
         shutil.rmtree(db_dir, ignore_errors=True)
-        return self._opened(_open(db_dir))
+        return self._open_at(db_dir)
 
     def _new_finalizer(self) -> weakref.finalize:
         warm = self._warm
@@ -1842,7 +1844,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         shutil.rmtree(db_dir, ignore_errors=True)
         if os.path.lexists(db_dir):
             raise UnsafeDirectoryError(f"{db_dir} cannot be deleted")
-        self._opened(_open(db_dir))
+        self._open_at(db_dir)
         self._finalizer = self._new_finalizer()
 
     # ---- snapshots --------------------------------------------------------------------------------------------------
