@@ -47,6 +47,13 @@ reflects opens it instead of restoring; one that restores from a later checkpoin
 between ran elsewhere) catches up, applying only the blocks committed since (``_catch_up``); the directory's lock,
 marker, seal, take-over and clean-up are ``rocksdb_warm``'s. A kept database found damaged when first read (RocksDB's "Corruption", say a bit-rotted file)
 is replaced in the same batch by a cold restore of the same checkpoint, with a warning.
+
+Lazy open: a kept database is opened on its first use, not when its backend is made (its lock is taken, and its
+seal and files checked, then all the same: file stats, before anything of it is read). A warm batch whose reads
+the kept values serve and whose snapshot defers its writes never opens it, nor closes or seals it again (it is
+exactly as sealed). One that RocksDB cannot open once a restore resumed it (nothing was written to it) is replaced
+by a cold restore of the resumed checkpoint, as a damaged read's is: that checkpoint holds whatever the kept values
+held beyond the database's files, and the cache keeps the batch's changes.
 """
 
 from __future__ import annotations
@@ -832,6 +839,11 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         db = self._db_box[0]
         return db if db is not None else self._open_deferred()
 
+    def _ensure_open(self) -> None:
+        """Open the database now if it is not yet (``_open_deferred``)."""
+        if self._db_box[0] is None:
+            self._open_deferred()
+
     def _open_deferred(self) -> rocksdict.Rdict:
         """Open the kept database on its first use. One that cannot be opened (a damaged file RocksDB reads on
         opening) is replaced: before a restore resumed it, by an empty one (``_open_db``); after (nothing was
@@ -977,6 +989,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
             return
         if t.unwritten and _canonical(meta) != _canonical(t.meta):
             # values kept unwritten (write-back), decoded with the old serializers: written with them, then dropped
+            self._ensure_open()   # before the state changes (one found damaged is replaced first)
             self._flush()
             t.cache = {}
         t.configure(meta, read, write, d)
@@ -993,6 +1006,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         # writes: nothing is left to rewrite then.
         t = self._tables[name]
         if t.needs_migration:
+            self._ensure_open()   # first: one found damaged is restored cold, migrated as it is written
             self._read(lambda: self._rewrite(t) if t.needs_migration else None)
 
     def _rewrite(self, t: _RocksTable) -> None:
@@ -1319,7 +1333,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         ``encoded`` (state name -> key -> value encoding or None; a value state's a ``_Written``) receives what was
         written, for a delta. Keys snapshotted without being written (write-back) are written first."""
         self._check_warm()
-        self._db   # opened before anything is written (one found damaged is replaced first: _open_deferred)
+        self._ensure_open()   # before anything is written (one found damaged is replaced first)
         with _gc_paused():
             batch = rocksdict.WriteBatch(raw_mode=True)
             ops: list[tuple[bytes, Any]] = []
@@ -1511,7 +1525,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
             if estimate is not None and estimate[0] == self._warm.kept_seal is not None:
                 self._kept_estimate = estimate[1]
             if self._warm.moved_from is not None:
-                self._db   # opened here, before it is trusted (one that cannot be opened is forgotten: restored cold)
+                self._ensure_open()   # before it is trusted (one that cannot be opened is forgotten)
             restoring = metadata.checkpoint_id
             self._warm.remove_stale(restoring, spare=lambda path: _KEPT_CACHES.lag_as_of(path) == restoring)
             if self._warm.moved_from is not None:
@@ -1530,7 +1544,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
                     return RestoreStats(0, 0)
                 kept = None   # the state of another snapshot than this restore's: the database catches up alone
             if states is None and behind is not None:
-                self._db   # opened before it is trusted (one that cannot be opened is forgotten: restored cold)
+                self._ensure_open()   # before it is trusted (one that cannot be opened is forgotten)
                 if self._kept_unopenable:
                     behind = None
             if states is None and behind is not None:
