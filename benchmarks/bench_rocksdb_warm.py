@@ -64,7 +64,7 @@ from bench_rocksdb_restore import cpu, load, point_and_prefetch, write_state  # 
 MAXP = 128
 
 #: The RocksDB backend's phases ``--phases`` times: (label, module attribute holding the function, its name).
-_PHASES = [("open", "RocksDBKeyedStateBackend", "_open_db"), ("restore", "RocksDBKeyedStateBackend", "_restore"),
+_PHASES = [("open", "RocksDBKeyedStateBackend", "_open_at"), ("restore", "RocksDBKeyedStateBackend", "_restore"),
            ("prefetch", "RocksDBKeyedStateBackend", "prefetch"),
            ("flush: encoding", "RocksDBKeyedStateBackend", "_flush"),
            ("flush: SST written, ingested", "RocksDBKeyedStateBackend", "_ingest_rows"),

@@ -39,7 +39,8 @@ def abandon(backends):
     """The process dies: nothing flushed, closed, sealed or kept (its locks go with it)."""
     for b, _ in backends:
         b._finalizer.detach()
-        b._db.close()
+        if b._db_box[0] is not None:   # one never opened (lazy open) stays exactly as sealed
+            b._db_box[0].close()
         if b._warm is not None:
             b._warm.lock_file.close()
     rocksdb_module._KEPT_CACHES.clear()

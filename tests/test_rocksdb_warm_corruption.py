@@ -120,7 +120,8 @@ def test_a_rotted_database_after_the_batch_wrote_to_it_fails_with_rocksdb_s_erro
 
 
 def test_a_kept_database_rocksdb_cannot_open_is_restored(tmp_path, caplog):
-    """A kept database whose footer rotted (RocksDB reads it when opening) is deleted and restored cold."""
+    """A kept database whose footer rotted (RocksDB reads it when opening) is deleted and restored cold: the restore
+    resumes it without opening it (its seal holds), and its first use finds that it cannot be opened."""
     storage = CheckpointStorage(str(tmp_path / "ck"))
     warm = str(tmp_path / "warm")
     metadata = checkpoint_one(storage, warm)
@@ -130,14 +131,16 @@ def test_a_kept_database_rocksdb_cannot_open_is_restored(tmp_path, caplog):
             f.seek(st.st_size - 8)   # the table's magic number
             f.write(b"\x00" * 8)
         os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
-    with caplog.at_level(logging.WARNING, logger="keygroups.state.rocksdb"):
-        b = RocksDBKeyedStateBackend(RANGE, MAXP, Int64Serializer(), warm_dir=warm)
+    b = RocksDBKeyedStateBackend(RANGE, MAXP, Int64Serializer(), warm_dir=warm)
     try:
-        stats = b.restore(storage, metadata)
-        assert not b.warm and stats.bytes_read > 0
-        count, seen = (b.get_state(d) for d in descriptors())
-        for k in KEYS:
-            b.set_current_key(k)
-            assert count.value() == k * 10 and seen.get(str(k)) == k
+        with caplog.at_level(logging.WARNING, logger="keygroups.state.rocksdb"):
+            stats = b.restore(storage, metadata)
+            assert b.warm and stats.bytes_read == 0 and b._db_opens == 0   # not opened yet
+            count, seen = (b.get_state(d) for d in descriptors())
+            for k in KEYS:
+                b.set_current_key(k)
+                assert count.value() == k * 10 and seen.get(str(k)) == k
+        assert not b.warm and b._db_opens == 1   # the fresh database the cold restore filled
+        assert "cannot be opened" in caplog.text and "restored cold from checkpoint 1" in caplog.text
     finally:
         b.dispose()

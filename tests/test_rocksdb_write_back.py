@@ -62,7 +62,10 @@ class WriteBackModel(RuleBasedStateMachine):
                                          clock=lambda: self.now, write_back_batches=self.write_back)
             out.append((b, None))
             if metadata is not None:
-                b.restore(self.storage, metadata)
+                stats = b.restore(self.storage, metadata)
+                if b.warm and not isinstance(stats, WarmResume):
+                    # resumed as it is (with or without kept values): not opened until something reads or writes it
+                    assert b._db_opens == 0
             out[-1] = (b, {n: b.get_state(d) for n, d in states().items()})
         self.restored_from = checkpoint_id
         return out

@@ -47,6 +47,13 @@ reflects opens it instead of restoring; one that restores from a later checkpoin
 between ran elsewhere) catches up, applying only the blocks committed since (``_catch_up``); the directory's lock,
 marker, seal, take-over and clean-up are ``rocksdb_warm``'s. A kept database found damaged when first read (RocksDB's "Corruption", say a bit-rotted file)
 is replaced in the same batch by a cold restore of the same checkpoint, with a warning.
+
+Lazy open: a kept database is opened on its first use, not when its backend is made (its lock is taken, and its
+seal and files checked, then all the same: file stats, before anything of it is read). A warm batch whose reads
+the kept values serve and whose snapshot defers its writes never opens it, nor closes or seals it again (it is
+exactly as sealed). One that RocksDB cannot open once a restore resumed it (nothing was written to it) is replaced
+by a cold restore of the resumed checkpoint, as a damaged read's is: that checkpoint holds whatever the kept values
+held beyond the database's files, and the cache keeps the batch's changes.
 """
 
 from __future__ import annotations
@@ -102,7 +109,7 @@ from keygroups._native import rocksstate
 from keygroups._native.framing import Encoder
 from keygroups._native.rocksstate import RocksValueCore
 from keygroups.checkpoint.format import Packed
-from keygroups.state.rocksdb_warm import Takeover, WarmDirectory, seal_kept
+from keygroups.state.rocksdb_warm import Takeover, WarmDirectory, marker_seal, seal_kept
 from keygroups.state.states import MISSING, MapState, ValueState
 
 if TYPE_CHECKING:
@@ -173,6 +180,9 @@ class _KeptCaches:
 #: Entries (decoded values) kept in all between batches by this process's RocksDB backends (see _KeptCaches).
 KEPT_CACHE_ENTRIES = 1 << 21
 _KEPT_CACHES = _KeptCaches(KEPT_CACHE_ENTRIES)
+#: Beside the parked caches: RocksDB's estimate of its keys when the database was closed, by warm directory, with
+#: the seal it was closed under (what ``estimated_entries`` answers for a database resumed and not opened).
+_KEPT_ESTIMATES: dict[str, tuple[str, int]] = {}
 
 
 class _Absent:
@@ -411,14 +421,13 @@ class _RocksTable:
     """One state's view of the backend: its state id, framings, cache and the keys written since the last flush
     (``pending``: key -> key-group index) and since the last snapshot (``changed``)."""
 
-    __slots__ = ("backend", "db", "ctx", "name", "state_id", "state_id_bytes", "meta", "descriptor", "read_framing",
+    __slots__ = ("backend", "ctx", "name", "state_id", "state_id_bytes", "meta", "descriptor", "read_framing",
                  "write_framing", "needs_migration", "is_map", "mutable", "check_put", "cache", "pending", "changed",
                  "flushed_rows", "parked", "unwritten")
 
     def __init__(self, backend: RocksDBKeyedStateBackend, name: str, state_id: int, meta: dict[str, Any],
                  read: ValueFraming, write: ValueFraming, descriptor: StateDescriptor | None) -> None:
         self.backend = backend
-        self.db = backend._db
         self.ctx = backend._ctx
         self.name = name
         self.state_id = state_id
@@ -452,6 +461,11 @@ class _RocksTable:
         self.check_put = stored_value_check(write)
 
     # ---- database keys -------------------------------------------------------------------------------------------
+    @property
+    def db(self) -> rocksdict.Rdict:
+        """The backend's database (opened on first use: ``RocksDBKeyedStateBackend._db``)."""
+        return self.backend._db
+
     def db_key(self, group_index: int, key: Any) -> bytes:
         b = self.backend
         return b._group_prefix[group_index] + self.state_id_bytes + _frame_key(b._serialize_key(key))
@@ -803,17 +817,62 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
             self._dir = tempfile.mkdtemp(prefix="keygroups-rocksdb-", dir=db_dir)
         else:
             self._dir = self._warm.path
-        self._db = self._open_db(os.path.join(self._dir, "db"))
+        # The database, once open (a one-element list the finalizer shares). A kept one is opened on first use, not
+        # here: a warm batch served by the decoded values kept beside it (``_KeptCaches``) whose snapshot defers its
+        # writes (write-back) never opens it (nor closes it). Its lock (``WarmDirectory.claim``) and the seal over its
+        # files (``_open_kept``: file stats, before anything of it is read) are taken and checked here all the same.
+        self._db_box: list[rocksdict.Rdict | None] = [None]
+        self._db_opens = 0   # databases this backend opened (observed by tests)
+        # RocksDB's estimate of its keys as of the last time this database was open in this process (_KEPT_ESTIMATES)
+        self._kept_estimate: int | None = None
+        self._kept_unopenable = False   # the kept database could not be opened: replaced by an empty one (_open_db)
+        if self._warm is None:
+            self._open_db(os.path.join(self._dir, "db"))
         # A kept database is used only once restore() has checked it against its checkpoint; anything that touches
         # the data first (a job that does not restore) empties it.
         self._unchecked = self._warm is not None
         self._finalizer = self._new_finalizer()
 
+    @property
+    def _db(self) -> rocksdict.Rdict:
+        """The database, opened now if it is not yet (``_open_deferred``)."""
+        db = self._db_box[0]
+        return db if db is not None else self._open_deferred()
+
+    def _ensure_open(self) -> None:
+        """Open the database now if it is not yet (``_open_deferred``)."""
+        if self._db_box[0] is None:
+            self._open_deferred()
+
+    def _open_deferred(self) -> rocksdict.Rdict:
+        """Open the kept database on its first use. One that cannot be opened (a damaged file RocksDB reads on
+        opening) is replaced: before a restore resumed it, by an empty one (``_open_db``); after (nothing was
+        written to it: it was never open), by a cold restore of the checkpoint it was resumed at, the batch's
+        cached changes kept (``_fall_back_cold``)."""
+        db_dir = os.path.join(self._dir, "db")
+        if self._resumed_from is None:
+            return self._open_db(db_dir)
+        try:
+            return self._open_at(db_dir)
+        except Exception as e:  # noqa: BLE001 - rocksdict raises plain Exception
+            error = f"cannot be opened: {e}"
+        self._fall_back_cold(error)   # opens an empty database (_reset_db) and restores it
+        db = self._db_box[0]
+        assert db is not None
+        return db
+
+    def _open_at(self, db_dir: str) -> rocksdict.Rdict:
+        """Open (or create) the database in ``db_dir`` as this backend's."""
+        db = _open(db_dir)
+        self._db_box[0] = db
+        self._db_opens += 1
+        return db
+
     def _open_db(self, db_dir: str) -> rocksdict.Rdict:
         """Open the database; a kept one that RocksDB cannot open (a damaged file it reads on opening) is deleted
         and created anew, with a warning: it is then restored, not reused."""
         try:
-            return _open(db_dir)
+            return self._open_at(db_dir)
         except Exception as e:  # noqa: BLE001 - rocksdict raises plain Exception
             if self._warm is None:
                 raise
@@ -821,13 +880,15 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
                         "restored", db_dir, str(e)[:200])
             self._warm.forget_kept()
             self._warm.remove_marker()
+            self._kept_unopenable = True
         shutil.rmtree(db_dir, ignore_errors=True)
-        return _open(db_dir)
+        return self._open_at(db_dir)
 
     def _new_finalizer(self) -> weakref.finalize:
         warm = self._warm
-        return weakref.finalize(self, RocksDBKeyedStateBackend._cleanup, self._db, self._dir,
-                                None if warm is None else warm.lock_file, None if warm is None else warm.secret)
+        return weakref.finalize(self, RocksDBKeyedStateBackend._cleanup, self._db_box, self._dir,
+                                None if warm is None else warm.lock_file, None if warm is None else warm.secret,
+                                None if warm is None else warm.kept_seal)
 
     @property
     def _warm_path(self) -> str | None:
@@ -835,14 +896,20 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         return None if self._warm is None else self._warm.path
 
     @staticmethod
-    def _cleanup(db: rocksdict.Rdict, path: str, lock_file: Any, secret: bytes | None) -> str | None:
-        """Close the database; a kept one is sealed (its seal returned), any other deleted."""
+    def _cleanup(db_box: list[rocksdict.Rdict | None], path: str, lock_file: Any, secret: bytes | None,
+                 found_seal: str | None) -> str | None:
+        """Close the database; a kept one is sealed (its seal returned), any other deleted. A kept database never
+        opened is as its seal found it (``found_seal``, if its marker still bears it): nothing to close or seal."""
         keep = lock_file is not None
         seal = None
+        db, db_box[0] = db_box[0], None
         try:
-            db.close()
-            if keep and secret is not None:
-                seal = seal_kept(path, secret)
+            if db is not None:
+                db.close()
+                if keep and secret is not None:
+                    seal = seal_kept(path, secret)
+            elif keep and found_seal is not None:
+                seal = found_seal if marker_seal(path) == found_seal else None
         finally:
             if not keep:
                 shutil.rmtree(path, ignore_errors=True)
@@ -855,10 +922,15 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         database that is exactly its last snapshot's state leaves its states' decoded values to the next backend
         of this process that resumes it (``_KeptCaches``)."""
         caches, lag = self._parkable_caches()
+        entries = self._kept_estimate
+        if caches is not None and self._db_box[0] is not None and self._finalizer.alive:
+            entries = self.estimated_entries()
         seal = self._finalizer()
         if caches is not None and self._warm is not None:
             if seal is not None:
                 _KEPT_CACHES.park(self._warm.path, seal, caches, lag)
+                if entries is not None:
+                    _KEPT_ESTIMATES[self._warm.path] = (seal, entries)
             else:
                 _KEPT_CACHES.take(self._warm.path, None)
 
@@ -885,7 +957,10 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
 
     def estimated_entries(self) -> int:
         """RocksDB's own estimate of its keys (``rocksdb.estimate-num-keys``; writes still cached in Python are not
-        in it until the next flush, which every snapshot does)."""
+        in it until the next flush, which every snapshot does). A kept database not opened (yet): its estimate when
+        this process last closed it."""
+        if self._db_box[0] is None and self._kept_estimate is not None:
+            return self._kept_estimate
         return int(self._db.property_int_value("rocksdb.estimate-num-keys") or 0)
 
     # ---- hooks ------------------------------------------------------------------------------------------------------
@@ -914,6 +989,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
             return
         if t.unwritten and _canonical(meta) != _canonical(t.meta):
             # values kept unwritten (write-back), decoded with the old serializers: written with them, then dropped
+            self._ensure_open()   # before the state changes (one found damaged is replaced first)
             self._flush()
             t.cache = {}
         t.configure(meta, read, write, d)
@@ -930,6 +1006,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         # writes: nothing is left to rewrite then.
         t = self._tables[name]
         if t.needs_migration:
+            self._ensure_open()   # first: one found damaged is restored cold, migrated as it is written
             self._read(lambda: self._rewrite(t) if t.needs_migration else None)
 
     def _rewrite(self, t: _RocksTable) -> None:
@@ -1256,6 +1333,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         ``encoded`` (state name -> key -> value encoding or None; a value state's a ``_Written``) receives what was
         written, for a delta. Keys snapshotted without being written (write-back) are written first."""
         self._check_warm()
+        self._ensure_open()   # before anything is written (one found damaged is replaced first)
         with _gc_paused():
             batch = rocksdict.WriteBatch(raw_mode=True)
             ops: list[tuple[bytes, Any]] = []
@@ -1443,6 +1521,11 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         if self._warm is not None and not self._restored:
             taken = _KEPT_CACHES.take(self._warm.path, self._warm.kept_seal)
             kept, lag = taken if taken is not None else (None, None)
+            estimate = _KEPT_ESTIMATES.pop(self._warm.path, None)
+            if estimate is not None and estimate[0] == self._warm.kept_seal is not None:
+                self._kept_estimate = estimate[1]
+            if self._warm.moved_from is not None:
+                self._ensure_open()   # before it is trusted (one that cannot be opened is forgotten)
             restoring = metadata.checkpoint_id
             self._warm.remove_stale(restoring, spare=lambda path: _KEPT_CACHES.lag_as_of(path) == restoring)
             if self._warm.moved_from is not None:
@@ -1460,6 +1543,10 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
                     self._resumed(storage, metadata)
                     return RestoreStats(0, 0)
                 kept = None   # the state of another snapshot than this restore's: the database catches up alone
+            if states is None and behind is not None:
+                self._ensure_open()   # before it is trusted (one that cannot be opened is forgotten)
+                if self._kept_unopenable:
+                    behind = None
             if states is None and behind is not None:
                 caught = self._catch_up(storage, metadata, lazy, *behind)
                 if caught is not None:
@@ -1763,14 +1850,15 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
                 self._warm.forget_kept()
                 self._warm.remove_marker()
         self._finalizer.detach()
-        self._db.close()
+        db, self._db_box[0] = self._db_box[0], None
+        if db is not None:
+            db.close()
+        self._kept_estimate = None
         db_dir = os.path.join(self._dir, "db")
         shutil.rmtree(db_dir, ignore_errors=True)
         if os.path.lexists(db_dir):
             raise UnsafeDirectoryError(f"{db_dir} cannot be deleted")
-        self._db = _open(db_dir)
-        for t in self._tables.values():
-            t.db = self._db
+        self._open_at(db_dir)
         self._finalizer = self._new_finalizer()
 
     # ---- snapshots --------------------------------------------------------------------------------------------------

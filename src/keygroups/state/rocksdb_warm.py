@@ -172,6 +172,17 @@ def _open_kept(path: str, secret: bytes) -> dict[str, Any] | None:
     return marker
 
 
+def marker_seal(path: str) -> str | None:
+    """The seal the marker in ``path`` bears (unverified: to tell whether a database never opened since its seal was
+    checked is still under that seal), None without one."""
+    try:
+        with open(os.path.join(path, _MARKER), encoding="utf-8") as f:
+            marker = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return marker.get("mac") if isinstance(marker, dict) and isinstance(marker.get("mac"), str) else None
+
+
 def _marker_checkpoint(path: str) -> int | None:
     """The checkpoint id the sealed marker in ``path`` names (unverified: only to decide whether the directory may
     still be taken over), None without one."""
@@ -444,4 +455,4 @@ def _take_moved(parent: str, path: str, secret: bytes, r: KeyGroupRange, takeove
     return None, None
 
 
-__all__ = ["WARM_MARKER_VERSION", "Takeover", "WarmDirectory", "seal_kept"]
+__all__ = ["WARM_MARKER_VERSION", "Takeover", "WarmDirectory", "marker_seal", "seal_kept"]
