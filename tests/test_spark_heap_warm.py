@@ -84,7 +84,9 @@ def test_warm_state_is_lost_only_where_spark_moves_a_heap_subtask_to_another_wor
     restores it cold only in a worker that never held its range. Nothing of ours (the registry's bound, the restore
     point, the takeover) loses warm state; what varies between runs is only where Spark's pool of idle workers
     (``PythonWorkerFactory.idleWorkers``, a FIFO queue refilled in task-completion order) places each task. RocksDB
-    keeps its database on the host's disk: warm in whichever worker the task lands."""
+    keeps its database on the host's disk: warm in the worker that ran the subtask last batch (its decoded values and
+    unwritten changes kept beside the database), and in any other worker warm or caught up (the database is written
+    only every few snapshots: the worker catches it up from the blocks committed since), never cold."""
     job = KeyedJob("placed", "k", WherePlaced(), output_schema=PLACED, max_parallelism=MAX_PARALLELISM,
                    checkpoint_location=str(tmp_path / "placed"), backend=backend, local_dir=str(tmp_path / "local"))
     df = spark.createDataFrame([(k, 1) for k in range(40)], "k long, v long")
@@ -97,9 +99,9 @@ def test_warm_state_is_lost_only_where_spark_moves_a_heap_subtask_to_another_wor
         modes = {r.subtask: r.restored.mode for r in result.reports}
         for subtask, pid in sorted(placed):
             last = held.get(pid, {}).get(subtask)
-            expected = ("new" if number == 1 else "warm" if backend == "rocksdb" or last == number - 1
-                        else "caught-up" if last else "cold")
-            assert modes[subtask] == expected, (number, subtask, pid, held, modes)
+            expected = ({"new"} if number == 1 else {"warm"} if last == number - 1
+                        else {"warm", "caught-up"} if backend == "rocksdb" else {"caught-up"} if last else {"cold"})
+            assert modes[subtask] in expected, (number, subtask, pid, held, modes)
             seen.append(modes[subtask])
         for subtask, pid in placed:
             held.setdefault(pid, {})[subtask] = number
