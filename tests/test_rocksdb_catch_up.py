@@ -35,6 +35,17 @@ def descriptors():
     return d
 
 
+def end_model(model):
+    """A model run's teardown: its live backends disposed, the process's kept values forgotten, the catch-up limit
+    and the temporary directory put back."""
+    for b, _ in model.backends:
+        if b._finalizer.alive:
+            b.dispose()
+    rocksdb_module._KEPT_CACHES.clear()
+    rocksdb_module.CATCH_UP_DELTA_FRACTION = model.fraction
+    model.tmp.cleanup()
+
+
 def abandon(backends):
     """The process dies: nothing flushed, closed, sealed or kept (its locks go with it)."""
     for b, _ in backends:
@@ -179,12 +190,7 @@ class CatchUpModel(RuleBasedStateMachine):
                 assert dict(s["map"].items()) == m["map"].get(k, {}), k
 
     def teardown(self):
-        for b, _ in self.backends:
-            if b._finalizer.alive:
-                b.dispose()
-        rocksdb_module._KEPT_CACHES.clear()
-        rocksdb_module.CATCH_UP_DELTA_FRACTION = self.fraction
-        self.tmp.cleanup()
+        end_model(self)
 
 
 CatchUpModel.TestCase.settings = settings(max_examples=10, stateful_step_count=25, deadline=None,

@@ -21,7 +21,7 @@ from keygroups.serializers import Int64Serializer
 from keygroups.state import RocksDBKeyedStateBackend, ValueStateDescriptor
 from keygroups.state import rocksdb as rocksdb_module
 from keygroups.state.warm import WarmResume
-from test_rocksdb_catch_up import TTL, abandon, descriptors
+from test_rocksdb_catch_up import TTL, abandon, descriptors, end_model
 from test_rocksdb_incremental import write_five
 
 MAXP = 128
@@ -140,12 +140,7 @@ class WriteBackModel(RuleBasedStateMachine):
                            ttl[0] if ttl and self.now - ttl[1] < TTL else None), k
 
     def teardown(self):
-        for b, _ in self.backends:
-            if b._finalizer.alive:
-                b.dispose()
-        rocksdb_module._KEPT_CACHES.clear()
-        rocksdb_module.CATCH_UP_DELTA_FRACTION = self.fraction
-        self.tmp.cleanup()
+        end_model(self)
 
 
 WriteBackModel.TestCase.settings = settings(max_examples=12, stateful_step_count=30, deadline=None,
