@@ -868,7 +868,13 @@ class KeyedStateBackendBase:
 
     # ---- incremental snapshots: which key groups are written full -----------------------------------------------
     def _full_key_groups_for_snapshot(self) -> set[int]:
-        """The key groups (absolute) the next snapshot writes full; the others are written as deltas (the entries
+        """The key groups (absolute) the next snapshot writes full (:meth:`_full_key_groups_parts`, joined)."""
+        required, compactions = self._full_key_groups_parts()
+        return required | compactions
+
+    def _full_key_groups_parts(self) -> tuple[set[int], set[int]]:
+        """``(required, compactions)``: the key groups the next snapshot must write full, and the chain compactions
+        it writes full besides. The key groups (absolute) the next snapshot writes full; the others are written as deltas (the entries
         written and deleted since the previous snapshot). Those without a chain (no block in the checkpoint
         restored, as after restoring a savepoint without their files), so every chain starts full. All of them when
         snapshots are not incremental, on a
@@ -882,12 +888,12 @@ class KeyedStateBackendBase:
         r = self.key_group_range
         everything = set(range(r.start, r.end + 1))
         if not self.incremental or self._chains is None or self._needs_full:
-            return everything
+            return everything, set()
         tables: dict[str, Any] = getattr(self, "_tables", {})
         for name, meta in [*((n, t.meta) for n, t in tables.items()), *self._external_metas()]:
             known = self._chain_metas.get(name)
             if known is not None and _canonical(meta) != known:
-                return everything
+                return everything, set()
         # a key group without a chain (no block in the checkpoint restored) is written full: a delta needs a base,
         # and one it can name
         chains = self._chains
@@ -900,9 +906,9 @@ class KeyedStateBackendBase:
         overdue = choose_full_key_groups(looked_at, math.ceil(len(looked_at) / MAX_MATERIALIZED_SHARE),
                                          max_chain=self.max_chain, delta_fraction=self.delta_fraction)
         self._may_be_overdue = overdue
-        return choose_full_key_groups({kg: chains[kg] for kg in overdue}, self._n, max_chain=self.max_chain,
-                                      delta_fraction=self.delta_fraction) | (everything - chains.keys()) \
-            | self._without_tip
+        compactions = choose_full_key_groups({kg: chains[kg] for kg in overdue}, self._n, max_chain=self.max_chain,
+                                             delta_fraction=self.delta_fraction)
+        return (everything - chains.keys()) | self._without_tip, compactions
 
     def _chain_tips(self) -> dict[int, BlockLink]:
         """Each key group's newest block, as the next snapshot's delta of it names it (``write_keyed_snapshot``'s

@@ -1405,12 +1405,12 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
             collections.deque(map(batch.put, db_keys, encodings), maxlen=0)
         self._write(batch)
 
-    def _may_defer(self, full: set[int]) -> bool:
+    def _may_defer(self, required_full: set[int]) -> bool:
         """Whether this snapshot may leave the database unwritten (write-back): a kept database whose marker
         vouches for its files as they are (nothing written since), fewer than ``write_back_batches - 1`` snapshots
         in a row deferred, value-like states only (a map's cache holds overlays), each one the marker vouches for,
-        and no key group that must be written full (``full`` beyond the chain compactions, which the next written
-        snapshot makes up for: see ``_skipped_compactions``)."""
+        and no key group that must be written full (``required_full``: the chain compactions aside, which the next
+        written snapshot makes up for: see ``_skipped_compactions``)."""
         tables = self._tables.values()
         if (self._warm is None or self._deferred + 1 >= self.write_back_batches or self._unchecked
                 or self._marker_writes != self._writes or self._vouched_names is None or self._chains is None
@@ -1418,8 +1418,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
             return False
         if any(t.is_map or t.needs_migration or t.name not in self._vouched_names for t in tables):
             return False
-        return not full - choose_full_key_groups(self._chains, self._n, max_chain=self.max_chain,
-                                                 delta_fraction=self.delta_fraction)
+        return not required_full
 
     def _skipped_compactions(self) -> set[int]:
         """After ``self._deferred`` snapshots that wrote no full key group, the chain compactions they would have
@@ -1868,10 +1867,11 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         delta blocks, and the key groups ``_full_key_groups_for_snapshot`` names as full blocks, scanned as the
         database is now (through iterators made now, or a RocksDB checkpoint: see below). A snapshot that writes
         no full block scans nothing."""
-        full = self._full_key_groups_for_snapshot()
+        required_full, compactions = self._full_key_groups_parts()
+        full = required_full | compactions
         encoded: dict[str, Any] = {}
         self._check_warm()
-        deferred = self._may_defer(full)
+        deferred = self._may_defer(required_full)
         # until this snapshot completes, the caches are the state of no snapshot: not parked with a lag
         self._lag_as_of = None
         cut: dict[str, list[Any]] = {}
