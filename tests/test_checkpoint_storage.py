@@ -786,6 +786,31 @@ def test_a_first_commit_is_refused_once_another_first_checkpoint_exists(storage_
     assert storage.checkpoint_ids() == [1]
 
 
+def test_a_first_commit_whose_staged_claim_the_winner_pruned_is_refused_as_the_lost_race(tmp_path):
+    """Two drivers commit a first checkpoint. The winner commits and prunes between the loser's staging of its claim
+    and the claim's link: retention takes the loser's staged ``first`` claim for a dead writer's temporary. The
+    loser is refused as the lost race it is, never with a FileNotFoundError of its own temporary file (a CI run's
+    fault campaign saw that one)."""
+    location = str(tmp_path / "chk")
+    loser, winner = CheckpointStorage(location), CheckpointStorage(location)
+    late = write_checkpoint(loser, 1, commit=False)
+    early = write_checkpoint(winner, 1, commit=False)
+    link = loser._fs.link_exclusive
+
+    def winner_commits_first(staged, rel):
+        if rel.startswith("_commits/"):
+            winner.commit(early, planned_from=None)
+            assert not loser._fs.exists(staged)   # pruned as a dead writer's temporary
+        link(staged, rel)
+
+    loser._fs.link_exclusive = winner_commits_first
+    with pytest.raises(ConcurrentCommitError, match="checkpoint 1 is already complete .*committed by another writer"):
+        loser.commit(late, planned_from=None)
+    assert CheckpointStorage(location).checkpoint_ids() == [1]
+    assert read_all(winner, CheckpointStorage(location).load(1)) == expected_state(1)
+    assert not [n for n in os.listdir(os.path.join(location, "_commits")) if "inprogress" in n]
+
+
 def _claim_then_die(storage: CheckpointStorage, metadata: CheckpointMetadata, monkeypatch) -> None:
     """Commit ``metadata`` (planned from the checkpoint before it) as a driver killed right after its claim."""
     def dies(self, base, data, *staged):

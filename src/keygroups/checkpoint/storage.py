@@ -270,7 +270,9 @@ class _LocalFS:
             try:
                 yield tmp
             finally:
-                os.remove(self.path(tmp))
+                # gone already when a writer that committed meanwhile pruned it as a dead writer's temporary
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(self.path(tmp))
 
     def link_exclusive(self, staged: Any, rel: str) -> None:
         """Publish the staged file as ``rel`` if ``rel`` does not exist (FileExistsError otherwise), durably."""
@@ -940,6 +942,10 @@ class CheckpointStorage:
         with self._fs.staged(claim, data) as staged:
             try:
                 self._fs.link_exclusive(staged, claim)
+            except FileNotFoundError:
+                # the staged claim pruned by a writer that committed after ``previous``: the lost race it is
+                self._checked_newest(metadata, planned_from)
+                raise
             except FileExistsError:
                 if self._read_claim(claim) != data:   # ours already when a commit of this very metadata is retried
                     if named:   # say what the location holds, as a listing before the claim would have
@@ -1010,10 +1016,14 @@ class CheckpointStorage:
         given); one with the same bytes there already (published from the claim by another process) is this very
         checkpoint."""
         try:
-            if staged is None:
-                self._fs.write_exclusive(f"{base}/{METADATA_NAME}", data)
-            else:
-                self._fs.link_exclusive(staged, f"{base}/{METADATA_NAME}")
+            if staged is not None:
+                try:
+                    self._fs.link_exclusive(staged, f"{base}/{METADATA_NAME}")
+                    return
+                except FileNotFoundError:
+                    # pruned by a process that published this claim and pruned after it: write the bytes again
+                    pass
+            self._fs.write_exclusive(f"{base}/{METADATA_NAME}", data)
         except FileExistsError:
             if self._fs.read_bytes(f"{base}/{METADATA_NAME}", None, None) != data:
                 raise
