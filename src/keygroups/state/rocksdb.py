@@ -35,8 +35,9 @@ checkpoint its files hold; the caches park with the unwritten keys and the snaps
 next backend adopts them only when it restores exactly that snapshot. Otherwise (another process, a failed attempt,
 an older checkpoint, the kept values dropped for room) the database is what its marker says and catches up from
 there as any database left behind does (``_catch_up``: value-like states' deltas in one compiled file of puts and
-tombstones); a rescale that takes a lagging database over is completed from this process's kept values first, or
-restores cold. Between write-backs RocksDB sees no write, so no SST file, no compaction.
+tombstones); a rescale that takes a lagging database over completes it from this process's kept values when they
+are here, else catches up the key groups it keeps the same way (``_resume_moved``). Between write-backs RocksDB sees
+no write, so no SST file, no compaction.
 
 Restore: the blocks a restore reads become one SST file, written in compiled code and ingested whole
 (``rocksdb_ingest``); what leaves the range at a rescale is dropped with a ranged delete per run of key groups.
@@ -1635,7 +1636,11 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         """Restore from the kept database of another, overlapping range (``_take_moved``) if its marker shows it is
         exactly this checkpoint's state of that range: the key groups that left are deleted (a ranged delete each
         run), those still owned stay as they are, and the chains of those that arrived are read (ranged reads, as a
-        restore reads them). None when the marker does not match (nothing changed yet)."""
+        restore reads them). A database behind this checkpoint (write-back, or batches run elsewhere) is first
+        completed from the values its process parked, when that is this process (``_complete_moved``: nothing
+        read), else the key groups it keeps catch up from the checkpoint chain, reading only the blocks newer than
+        its marker (``_catch_up_plan``, as ``_catch_up`` does for a range's own database), whatever worker process
+        Spark runs the subtask in. None when neither is exact (nothing changed yet): it is restored cold."""
         assert self._warm is not None
         old = self._warm.moved_from
         assert old is not None
