@@ -1752,11 +1752,11 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         caught_up_bytes, caught_up = self._apply_catch_up(storage, newer, restarts)
         self._chains = chain_stats(metadata, r)
         self._chain_metas = dict(known)
-        plan_ = plan_keyed_restore(metadata, r, max_parallelism=self.max_parallelism)
-        for handle, _ in plan_:
+        restore_plan = plan_keyed_restore(metadata, r, max_parallelism=self.max_parallelism)
+        for handle, _ in restore_plan:
             for meta in handle.states:
                 self._chain_metas[meta["name"]] = _canonical(meta)
-        self._needs_full = any(not is_shared_path(h.file) for h, _ in plan_)
+        self._needs_full = any(not is_shared_path(h.file) for h, _ in restore_plan)
         self._after_restore(lazy)
         return WarmResume(caught_up_bytes, len(caught_up), warm=tuple(kg for kg in r if kg not in caught_up),
                           caught_up=tuple(sorted(caught_up)), bytes_caught_up=caught_up_bytes)
