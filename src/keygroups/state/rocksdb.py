@@ -35,8 +35,9 @@ checkpoint its files hold; the caches park with the unwritten keys and the snaps
 next backend adopts them only when it restores exactly that snapshot. Otherwise (another process, a failed attempt,
 an older checkpoint, the kept values dropped for room) the database is what its marker says and catches up from
 there as any database left behind does (``_catch_up``: value-like states' deltas in one compiled file of puts and
-tombstones); a rescale that takes a lagging database over is completed from this process's kept values first, or
-restores cold. Between write-backs RocksDB sees no write, so no SST file, no compaction.
+tombstones); a rescale that takes a lagging database over completes it from this process's kept values when they
+are here, else catches up the key groups it keeps the same way (``_resume_moved``). Between write-backs RocksDB sees
+no write, so no SST file, no compaction.
 
 Restore: the blocks a restore reads become one SST file, written in compiled code and ingested whole
 (``rocksdb_ingest``); what leaves the range at a rescale is dropped with a ranged delete per run of key groups.
@@ -135,6 +136,10 @@ _Caches = dict[str, tuple[Any, dict[Any, Any]]]
 #: index; their values are in the cache), and the snapshot the caches are the state of: (checkpoint id, the
 #: snapshot file of the range), and how many snapshots in a row were taken without writing the database.
 _Lag = tuple[dict[str, dict[Any, int]], int, str, int]
+
+#: A catch-up's reads (``_catch_up_plan``): per checkpoint file (by ``id`` of its handle), the handle and its key
+#: groups to read.
+_Blocks = dict[int, tuple[KeyedStateHandle, list[int]]]
 
 
 class _KeptCaches:
@@ -812,6 +817,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         self.warm = False  # True when restore() reused a warm database
         #: This range's claimed warm directory (``rocksdb_warm``); None: the database is not kept.
         self._warm = WarmDirectory.claim(warm_dir, key_group_range, warm_takeover) if warm_dir is not None else None
+        self._given_to_others = frozenset(warm_takeover[1])   # kept ranges this batch's other backends take over
         self._marker_lock = self._warm.marker_lock if self._warm is not None else threading.Lock()
         if self._warm is None:
             self._dir = tempfile.mkdtemp(prefix="keygroups-rocksdb-", dir=db_dir)
@@ -1526,7 +1532,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
             if self._warm.moved_from is not None:
                 self._ensure_open()   # before it is trusted (one that cannot be opened is forgotten)
             restoring = metadata.checkpoint_id
-            self._warm.remove_stale(restoring, spare=lambda path: _KEPT_CACHES.lag_as_of(path) == restoring)
+            self._warm.remove_stale(restoring, spare=self._may_be_taken_over(restoring))
             if self._warm.moved_from is not None:
                 moved = self._resume_moved(storage, metadata, lazy)
                 if moved is not None:
@@ -1568,6 +1574,17 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
                 return RestoreStats(0, 0)
             self._reset_db()
         return super().restore(storage, metadata, lazy=lazy)
+
+    def _may_be_taken_over(self, restoring: int) -> Callable[[str], bool]:
+        """Whether a kept database of another range whose marker is older than checkpoint ``restoring`` may still
+        be taken over by a sibling backend restoring it: this process keeps what it lacks (write-back), or the
+        batch gives that range to another backend, which then catches its kept key groups up (``_resume_moved``)."""
+        def spare(path: str) -> bool:
+            if _KEPT_CACHES.lag_as_of(path) == restoring:
+                return True
+            first, _, last = os.path.basename(path).partition("-")
+            return first.isdigit() and last.isdigit() and (int(first), int(last)) in self._given_to_others
+        return spare
 
     def _adopt(self, metadata: CheckpointMetadata, lazy: bool,
                behind: tuple[int, str, list[dict[str, Any]], dict[int, tuple[str, ...]]], kept: _Caches,
@@ -1619,17 +1636,30 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         """Restore from the kept database of another, overlapping range (``_take_moved``) if its marker shows it is
         exactly this checkpoint's state of that range: the key groups that left are deleted (a ranged delete each
         run), those still owned stay as they are, and the chains of those that arrived are read (ranged reads, as a
-        restore reads them). None when the marker does not match (nothing changed yet)."""
+        restore reads them). A database behind this checkpoint (write-back, or batches run elsewhere) is first
+        completed from the values its process parked, when that is this process (``_complete_moved``: nothing
+        read), else the key groups it keeps catch up from the checkpoint chain, reading only the blocks newer than
+        its marker (``_catch_up_plan``, as ``_catch_up`` does for a range's own database), whatever worker process
+        Spark runs the subtask in. None when neither is exact (nothing changed yet): it is restored cold."""
         assert self._warm is not None
         old = self._warm.moved_from
         assert old is not None
+        r = self.key_group_range
         behind = self._warm.behind(storage, metadata, self.max_parallelism, old)
         states = self._warm.states_at(storage, metadata, self.max_parallelism, old)
+        catch_up: tuple[_Blocks, _Blocks, dict[str, str]] | None = None
         if states is None and behind is not None:
             states = self._complete_moved(metadata, old, behind)
+            if states is None:
+                # the caches that left it behind are not in this process: the key groups it keeps catch up from
+                # the checkpoint chain instead (those leaving are dropped, so never read)
+                kept_at, kept_file, states, held = behind
+                catch_up = self._catch_up_plan(storage, metadata, kept_at, kept_file, states, held, old,
+                                               [kg for kg in r if kg in old])
+                if catch_up is None:
+                    return None
         if states is None:
             return None
-        r = self.key_group_range
         check_state_metas(metadata)
         plan = plan_keyed_restore(metadata, r, max_parallelism=self.max_parallelism)
         arriving = [(h, run) for h, groups in plan for run in key_group_runs(kg for kg in groups if kg not in old)]
@@ -1646,6 +1676,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
             self._db.delete_range(_U16.pack(run.start), _U16.pack(run.end + 1))
         for meta in states:
             self._restore_target(meta)
+        caught_up_bytes, caught_up = self._apply_catch_up(storage, *catch_up[:2]) if catch_up else (0, set())
         restored_bytes = 0
         arrived: set[int] = set()
         for handle, run in arriving:
@@ -1659,9 +1690,10 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
                 self._chain_metas[meta["name"]] = _canonical(meta)
         self._needs_full = any(not is_shared_path(h.file) for h, _ in plan)
         self._after_restore(lazy)
-        return WarmResume(restored_bytes, len(arrived), warm=tuple(kg for kg in r if kg in old),
-                          restored=tuple(kg for kg in r if kg not in old), dropped=tuple(dropped),
-                          bytes_restored=restored_bytes)
+        return WarmResume(restored_bytes + caught_up_bytes, len(arrived) + len(caught_up),
+                          warm=tuple(kg for kg in r if kg in old and kg not in caught_up),
+                          caught_up=tuple(sorted(caught_up)), restored=tuple(kg for kg in r if kg not in old),
+                          dropped=tuple(dropped), bytes_caught_up=caught_up_bytes, bytes_restored=restored_bytes)
 
     def _complete_moved(self, metadata: CheckpointMetadata, old: KeyGroupRange,
                         behind: tuple[int, str, list[dict[str, Any]], dict[int, tuple[str, ...]]]
@@ -1701,30 +1733,59 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
                   ) -> WarmResume | None:
         """Bring the kept database, sealed at the earlier checkpoint ``kept_at`` (snapshot file ``kept_file``;
         ``held``: per key group, the files of the chain it holds), to ``metadata``'s state by applying the blocks
-        written since, as ``HeapKeyedStateBackend.resume`` does for a kept heap: only if ``kept_file`` was committed
-        for this range (``metadata`` or checkpoint ``kept_at`` names it) and each key group's committed chain
-        begins with exactly the files the database holds, or restarted with a full block newer than ``kept_at``;
-        so a failed or uncommitted attempt, another lineage or another meta (serializers, TTL) is refused (None:
-        nothing was written), and so are delta blocks past ``CATCH_UP_DELTA_FRACTION`` of the chains' bytes (a
-        cold restore is cheaper then, when a map state makes part of it row by row: ``CATCH_UP_DELTA_FRACTION``). The
-        delta blocks are applied in checkpoint order onto the kept rows, as one ingested file of puts and
-        tombstones (``SstRestore``'s ``over_kept``), or row by row for a block with a map state's entries (TTL values
-        kept as written: reads and full snapshots drop what expired, as in a kept database); a
-        restarted key group is emptied and its chain restored as a cold restore does, into one ingested file."""
+        written since, as ``HeapKeyedStateBackend.resume`` does for a kept heap (``_catch_up_plan`` says when that
+        is exact; None: refused, nothing was written). The delta blocks are applied in checkpoint order onto the
+        kept rows, as one ingested file of puts and tombstones (``SstRestore``'s ``over_kept``), or row by row for a
+        block with a map state's entries (TTL values kept as written: reads and full snapshots drop what expired, as
+        in a kept database); a restarted key group is emptied and its chain restored as a cold restore does, into
+        one ingested file."""
         r = self.key_group_range
-        if not any(h.file == kept_file and h.key_group_range == r for h in metadata.keyed_handles):
+        plan = self._catch_up_plan(storage, metadata, kept_at, kept_file, states, held, r, list(r))
+        if plan is None:
+            return None
+        newer, restarts, known = plan
+        self._unchecked = False
+        self._restored = True
+        self.warm = True
+        for meta in states:
+            self._restore_target(meta)
+        caught_up_bytes, caught_up = self._apply_catch_up(storage, newer, restarts)
+        self._chains = chain_stats(metadata, r)
+        self._chain_metas = dict(known)
+        restore_plan = plan_keyed_restore(metadata, r, max_parallelism=self.max_parallelism)
+        for handle, _ in restore_plan:
+            for meta in handle.states:
+                self._chain_metas[meta["name"]] = _canonical(meta)
+        self._needs_full = any(not is_shared_path(h.file) for h, _ in restore_plan)
+        self._after_restore(lazy)
+        return WarmResume(caught_up_bytes, len(caught_up), warm=tuple(kg for kg in r if kg not in caught_up),
+                          caught_up=tuple(sorted(caught_up)), bytes_caught_up=caught_up_bytes)
+
+    def _catch_up_plan(self, storage: CheckpointStorage, metadata: CheckpointMetadata, kept_at: int, kept_file: str,
+                       states: list[dict[str, Any]], held: dict[int, tuple[str, ...]], kept_range: KeyGroupRange,
+                       groups: Sequence[int]) -> tuple[_Blocks, _Blocks, dict[str, str]] | None:
+        """What catching up ``groups`` of a kept database of ``kept_range`` (sealed at checkpoint ``kept_at``,
+        snapshot file ``kept_file``, holding the chain files ``held`` per key group) to ``metadata`` reads: per
+        handle, the key groups whose blocks newer than ``kept_at`` go onto the kept rows, and those whose chain
+        restarted (a full block newer than ``kept_at``: emptied, then restored), with the states' canonical metas.
+        None (refused) unless ``kept_file`` was committed for ``kept_range`` (``metadata`` or checkpoint ``kept_at``
+        names it) and each key group's committed chain begins with exactly the files the database holds, or
+        restarted: so a failed or uncommitted attempt, another lineage or another meta (serializers, TTL) is
+        refused, and so are delta blocks past ``CATCH_UP_DELTA_FRACTION`` of the chains' bytes when a map state (or
+        a migration) makes part of it row by row (a cold restore is cheaper then)."""
+        if not any(h.file == kept_file and h.key_group_range == kept_range for h in metadata.keyed_handles):
             try:
-                if not any(h.file == kept_file and h.key_group_range == r for h in storage.load(kept_at).keyed_handles):
+                if not any(h.file == kept_file and h.key_group_range == kept_range
+                           for h in storage.load(kept_at).keyed_handles):
                     return None
             except (CheckpointNotFoundError, CorruptSnapshotError):
                 return None
         check_state_metas(metadata)
-        chains = _committed_chains(metadata, r)
-        # per handle, the key groups whose newer blocks it holds: deltas onto kept rows, or restarted chains
-        newer: dict[int, tuple[KeyedStateHandle, list[int]]] = {}
-        restarts: dict[int, tuple[KeyedStateHandle, list[int]]] = {}
+        chains = _committed_chains(metadata, self.key_group_range)
+        newer: _Blocks = {}
+        restarts: _Blocks = {}
         delta_bytes = chain_bytes = 0
-        for kg in r:
+        for kg in groups:
             chain = chains.get(kg, [])
             restarted = bool(chain) and chain[0].checkpoint_id > kept_at and chain[0].is_full(kg)
             if not restarted and tuple(h.file for h in chain if h.checkpoint_id <= kept_at) != held.get(kg, ()):
@@ -1743,17 +1804,18 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         known = {meta["name"]: _canonical(meta) for meta in states}
         if not _same_metas(known, [h for h, _ in [*newer.values(), *restarts.values()]]):
             return None   # another serializer or TTL there: restore it all, as a restore would migrate
-        self._unchecked = False
-        self._restored = True
-        self.warm = True
-        for meta in states:
-            self._restore_target(meta)
-        def reads(blocks: dict[int, tuple[KeyedStateHandle, list[int]]]) -> list[tuple[KeyedStateHandle, Any]]:
+        return newer, restarts, known
+
+    def _apply_catch_up(self, storage: CheckpointStorage, newer: _Blocks, restarts: _Blocks) -> tuple[int, set[int]]:
+        """Apply a catch-up's blocks (``_catch_up_plan``): the newer deltas onto the kept rows, in checkpoint order,
+        then the restarted key groups emptied and their chains restored; (bytes read, key groups caught up)."""
+        def reads(blocks: _Blocks) -> list[tuple[KeyedStateHandle, Any]]:
             return sorted(((h, run) for h, kgs in blocks.values() for run in key_group_runs(kgs)),
                           key=lambda hr: (hr[0].checkpoint_id, hr[1].start))
 
         caught_up_bytes = 0
         caught_up: set[int] = set()
+        self._ingest_gathered()   # what was gathered before goes first (over_kept changes how a file is written)
         self._catching_up = True
         self._gathered = SstRestore(over_kept=True)
         try:
@@ -1776,16 +1838,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
             targets = [self._restore_target(meta) for meta in handle.states]
             caught_up_bytes += self._restore_handle(storage, handle, run, targets)[0]
             caught_up.update(run)
-        self._chains = chain_stats(metadata, r)
-        self._chain_metas = dict(known)
-        plan = plan_keyed_restore(metadata, r, max_parallelism=self.max_parallelism)
-        for handle, _ in plan:
-            for meta in handle.states:
-                self._chain_metas[meta["name"]] = _canonical(meta)
-        self._needs_full = any(not is_shared_path(h.file) for h, _ in plan)
-        self._after_restore(lazy)
-        return WarmResume(caught_up_bytes, len(caught_up), warm=tuple(kg for kg in r if kg not in caught_up),
-                          caught_up=tuple(sorted(caught_up)), bytes_caught_up=caught_up_bytes)
+        return caught_up_bytes, caught_up
 
     def _resumed(self, storage: CheckpointStorage, metadata: CheckpointMetadata) -> None:
         self._resumed_from = (storage, metadata)
