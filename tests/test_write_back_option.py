@@ -55,3 +55,12 @@ def test_a_bad_write_back_interval_is_refused_where_the_job_is_built(bad):
     with pytest.raises(ValueError, match=f"write_back_batches must be an int >= 1.*got {bad!r}"):
         KeyedJob("j", "k", Total(), output_schema=OUT, max_parallelism=32, checkpoint_location="/tmp/unused",
                  backend="rocksdb", write_back_batches=bad)
+
+
+def test_keyed_job_hands_its_write_back_interval_to_the_runtime(tmp_path):
+    from keygroups.spark import KeyedJob
+    job = KeyedJob("j", "k", Total(), output_schema=OUT, max_parallelism=32, checkpoint_location=str(tmp_path),
+                   backend="rocksdb", write_back_batches=3)
+    assert job.write_back_batches == 3 and job.driver.options.write_back_batches == 3
+    default = KeyedJob("j", "k", Total(), output_schema=OUT, max_parallelism=32, checkpoint_location=str(tmp_path))
+    assert default.driver.options.write_back_batches is None   # the backend's default
