@@ -187,8 +187,8 @@ class KeyedJob:
     written at most every this many batches; the batches in between keep their changes in the decoded values the
     worker process holds beside it and write only their checkpoint (fewer writes and RocksDB compactions per batch;
     after a lost worker, the next batch reads up to this many checkpoints' changes to catch the database up); 1
-    writes it at every batch; None: the backend's default, 4. ``restore_from_savepoint`` names a savepoint in ``checkpoint_location`` (see :meth:`savepoint`)
-    that the job's first batch restores instead of the latest checkpoint, at any parallelism; the checkpoints after
+    writes it at every batch; None: the backend's default, 4. ``restore_from_savepoint`` names a savepoint in
+    ``checkpoint_location`` (see :meth:`savepoint`) that the job's first batch restores instead of the latest checkpoint, at any parallelism; the checkpoints after
     it say so, and a driver restarted with the same argument continues from the latest of them (Flink's ``-s``,
     no-claim mode). ``late_warning_share`` is the share of a batch's records that may be late before the batch logs
     a WARNING on the ``keygroups`` logger (every batch logs one INFO line, its :class:`BatchReport`).
