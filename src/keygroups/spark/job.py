@@ -188,10 +188,11 @@ class KeyedJob:
     worker process holds beside it and write only their checkpoint (fewer writes and RocksDB compactions per batch;
     after a lost worker, the next batch reads up to this many checkpoints' changes to catch the database up); 1
     writes it at every batch; None: the backend's default, 4. ``restore_from_savepoint`` names a savepoint in
-    ``checkpoint_location`` (see :meth:`savepoint`) that the job's first batch restores instead of the latest checkpoint, at any parallelism; the checkpoints after
-    it say so, and a driver restarted with the same argument continues from the latest of them (Flink's ``-s``,
-    no-claim mode). ``late_warning_share`` is the share of a batch's records that may be late before the batch logs
-    a WARNING on the ``keygroups`` logger (every batch logs one INFO line, its :class:`BatchReport`).
+    ``checkpoint_location`` (see :meth:`savepoint`) that the job's first batch restores instead of the latest
+    checkpoint, at any parallelism; the checkpoints after it say so, and a driver restarted with the same argument
+    continues from the latest of them (Flink's ``-s``, no-claim mode). ``late_warning_share`` is the share of a
+    batch's records that may be late before the batch logs a WARNING on the ``keygroups`` logger (every batch logs
+    one INFO line, its :class:`BatchReport`).
 
     Mistakes are refused on the driver before any Spark job starts, each naming the argument, the value and what is
     allowed: here the arguments themselves (``backend``, column-name arguments, ``output_schema`` against an
