@@ -2,8 +2,9 @@
 between leave their keys unwritten in the caches this process parks, and the database's marker at the last
 checkpoint written. A hypothesis model (random batches on value-like states, TTL included, against dicts) runs
 them with the process's kept values dropped now and then (another process opens the database: it catches up from
-its marker), rescales (a lagging database taken over by a new range), restores of older checkpoints, failed
-attempts and processes dying; and direct tests show what is (not) written and what is adopted."""
+its marker), reads in bulk and keys never written (a cache that holds every value of its state answers them
+without a read: ``_cache_complete``), rescales (a lagging database taken over by a new range), restores of older
+checkpoints, failed attempts and processes dying; and direct tests show what is (not) written and what is adopted."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import copy
 import os
 import tempfile
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
@@ -84,6 +85,14 @@ class WriteBackModel(RuleBasedStateMachine):
         else:
             write_five(self.at(k), self.model, k, v, op)
 
+    @rule(keys=st.lists(st.integers(0, 45), max_size=20, unique=True))
+    def prefetch(self, keys):
+        """A batch's read of its keys in bulk (one multi-get per state, or none: a cache that holds every value of
+        its state answers a never-seen key itself, ``_cache_complete``); keys 41-45 are never written."""
+        for i, (b, _) in enumerate(self.backends):
+            b.prefetch([k for k in keys if assign_to_operator(k, MAXP, self.p) == i])
+            event(f"caches complete: {sum(b._cache_complete(t) for t in b._tables.values())}")
+
     @rule(k=st.integers(0, 40), name=st.sampled_from(sorted(states())))
     def clear(self, k, name):
         self.at(k)[name].clear()
@@ -132,7 +141,7 @@ class WriteBackModel(RuleBasedStateMachine):
     @invariant()
     def matches(self):
         m = self.model
-        for k in range(41):
+        for k in range(46):
             s = self.at(k)
             ttl = m["ttl"].get(k)
             got = (s["value"].value(), s["list"].get(), s["reducing"].get(), s["aggregating"].get(), s["ttl"].value())

@@ -51,12 +51,13 @@ def key_serializer_for(key_type: KeyType) -> Any:
 def create_backend(kind: StateBackendName, key_group_range: Any, max_parallelism: int, key_type: KeyType, *,
                    subtask_index: int = 0, allow_pickle: bool = False, local_dir: str | None = None,
                    warm_dir: str | None = None, compact_full_groups: bool = False,
-                   warm_takeover: Any = (None, frozenset())) -> Any:
+                   warm_takeover: Any = (None, frozenset()), write_back_batches: int | None = None) -> Any:
     """A keyed state backend for one subtask's key groups: ``"heap"`` or ``"rocksdb"`` (a local database under
     ``local_dir``, a temporary directory by default, or kept warm under ``warm_dir``; call ``dispose()`` when
     done). ``compact_full_groups``: a heap backend drops the restored layers of a key group once it writes it
     full (for a backend kept warm across batches, which must not grow without bound). ``warm_takeover``: a
-    RocksDB backend's part of the batch's warm takeover (``KeyedTaskSpec.warm_claims``)."""
+    RocksDB backend's part of the batch's warm takeover (``KeyedTaskSpec.warm_claims``). ``write_back_batches``: a
+    RocksDB backend's write-back interval (None: its default; the heap has none)."""
     from keygroups import state
 
     key_serializer = key_serializer_for(key_type)
@@ -66,7 +67,8 @@ def create_backend(kind: StateBackendName, key_group_range: Any, max_parallelism
                                            compact_full_groups=compact_full_groups, **common)
     if kind == "rocksdb":
         return state.RocksDBKeyedStateBackend(key_group_range, max_parallelism, key_serializer, db_dir=local_dir,
-                                              warm_dir=warm_dir, warm_takeover=warm_takeover, **common)
+                                              warm_dir=warm_dir, warm_takeover=warm_takeover,
+                                              write_back_batches=write_back_batches, **common)
     raise ValueError(f"unknown state backend {kind!r}; allowed: 'heap', 'rocksdb'")
 
 

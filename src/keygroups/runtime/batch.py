@@ -70,7 +70,7 @@ from keygroups.runtime.sink import (
     sink_name,
 )
 from keygroups.runtime.source import Source, SourceTaskSpec
-from keygroups.runtime.spec import KeyedTaskSpec, check_warm_heap_backends
+from keygroups.runtime.spec import KeyedTaskSpec, check_warm_heap_backends, check_write_back_batches
 from keygroups.runtime.watermarks import LateRecords, WatermarkStrategy, check_late_records
 
 log = logging.getLogger("keygroups")
@@ -82,7 +82,8 @@ class JobOptions:
     arguments; see ``KeyedJob`` for each): its ``name`` in the checkpoints, ``key_columns``, the ``function``
     (pickled by the caller: each subtask unpickles a fresh copy), ``output_schema``, ``max_parallelism``,
     ``backend``, ``order_by``, ``timestamp_column``, ``watermark_strategy``, ``late_records``, ``allow_pickle``,
-    ``local_dir``, ``warm_heap_backends``, ``assignment`` and ``restore_from_savepoint``; ``sink`` (a
+    ``local_dir``, ``warm_heap_backends``, ``write_back_batches``, ``assignment`` and ``restore_from_savepoint``;
+    ``sink`` (a
     :class:`~keygroups.runtime.sink.Sink` its subtasks write their output to, committed with the checkpoint) and
     ``checkpoint_output`` (whether the output is also written into the checkpoint; None: only without a sink)."""
 
@@ -103,6 +104,7 @@ class JobOptions:
     restore_from_savepoint: str | None = None
     sink: Sink | None = None
     checkpoint_output: bool | None = None
+    write_back_batches: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -123,6 +125,7 @@ class JobOptions:
             raise ValueError("a watermark_strategy needs the event-time column: give timestamp_column too")
         check_late_records(self.late_records)
         check_warm_heap_backends(self.warm_heap_backends)
+        check_write_back_batches(self.write_back_batches)
         check_sink(self.sink)
         if self.sink is not None:
             sink_name(self.sink)
@@ -138,6 +141,8 @@ class JobOptions:
             timestamp_column=self.timestamp_column, allow_pickle=self.allow_pickle, local_dir=self.local_dir,
             warm_heap_backends=self.warm_heap_backends, watermark=watermark, late_records=self.late_records,
             key_type=key_type)
+        if self.write_back_batches is not None:
+            spec = dataclasses.replace(spec, write_back_batches=self.write_back_batches)
         if self.sink is None and self.checkpoint_output:
             return spec
         return dataclasses.replace(spec, sink=self.sink, sink_run_id=sink_run_id,

@@ -27,6 +27,14 @@ def check_warm_heap_backends(n: Any) -> int:
     return n
 
 
+def check_write_back_batches(n: Any) -> int | None:
+    """``n`` if it is a valid RocksDB write-back interval or None (the backend's default), else ValueError."""
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+        raise ValueError(f"write_back_batches must be an int >= 1 (a RocksDB subtask writes its kept database at "
+                         f"most every this many batches; 1: every batch) or None (the backend's default), got {n!r}")
+    return n
+
+
 @dataclass(frozen=True)
 class KeyedTaskSpec:
     """Everything a keyed subtask needs, shipped to it by Spark (small: no state)."""
@@ -64,6 +72,9 @@ class KeyedTaskSpec:
     #: Heap backends a Python worker process keeps between batches (each holds one subtask's state in memory); 0:
     #: none, every batch restores.
     warm_heap_backends: int = 4
+    #: A RocksDB subtask's kept database is written at most every this many batches (write-back); None: the
+    #: backend's default (``keygroups.state.rocksdb.DEFAULT_WRITE_BACK_BATCHES``).
+    write_back_batches: int | None = None
     #: The batch's ranges as boundaries (subtask i owns ``[b[i], b[i + 1] - 1]``; see
     #: :mod:`keygroups.runtime.assignment`); None: Flink's equal ranges.
     key_group_boundaries: tuple[int, ...] | None = None

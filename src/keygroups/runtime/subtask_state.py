@@ -227,7 +227,8 @@ def task_state(spec: KeyedTaskSpec, subtask_index: int, own_range: KeyGroupRange
     warm_dir = warm_directory(spec.local_dir, spec.checkpoint_location, spec.job_name) if spec.warm_state else None
     with create_backend(spec.backend, own_range, spec.max_parallelism, spec.key_type,
                         subtask_index=subtask_index, allow_pickle=spec.allow_pickle, local_dir=spec.local_dir,
-                        warm_dir=warm_dir, warm_takeover=spec.warm_claims(subtask_index)) as backend:
+                        warm_dir=warm_dir, warm_takeover=spec.warm_claims(subtask_index),
+                        write_back_batches=spec.write_back_batches) as backend:
         restored = RestoreInfo.new()
         if metadata is not None:
             stats = backend.restore(storage, metadata)

@@ -44,7 +44,7 @@ from keygroups.runtime.report import BatchReport, SourceReport, SubtaskReport, f
 from keygroups.runtime.scaling import HISTORY, BatchFigures, ParallelismPolicy
 from keygroups.runtime.sink import Sink, check_checkpoint_output, check_sink
 from keygroups.runtime.source import Source, as_source
-from keygroups.runtime.spec import check_warm_heap_backends
+from keygroups.runtime.spec import check_warm_heap_backends, check_write_back_batches
 from keygroups.runtime.watermarks import WatermarkStrategy, check_late_records
 from keygroups.serializers.schema_formats import parse_ddl, to_arrow
 from keygroups.spark.executor import SparkExecutor, SparkPlanCache, read_checkpoint_files
@@ -183,11 +183,16 @@ class KeyedJob:
     batches (RocksDB keeps its database there; default: the system temporary directory). ``warm_heap_backends`` is
     how many heap backends (each one subtask's state, in memory) a Python worker process keeps between batches so
     that the next batch resumes them instead of restoring (0: none; Spark must reuse its Python workers, as it does
-    by default). ``restore_from_savepoint`` names a savepoint in ``checkpoint_location`` (see :meth:`savepoint`)
-    that the job's first batch restores instead of the latest checkpoint, at any parallelism; the checkpoints after
-    it say so, and a driver restarted with the same argument continues from the latest of them (Flink's ``-s``,
-    no-claim mode). ``late_warning_share`` is the share of a batch's records that may be late before the batch logs
-    a WARNING on the ``keygroups`` logger (every batch logs one INFO line, its :class:`BatchReport`).
+    by default). ``write_back_batches``: with ``backend="rocksdb"``, each subtask's database kept on local disk is
+    written at most every this many batches; the batches in between keep their changes in the decoded values the
+    worker process holds beside it and write only their checkpoint (fewer writes and RocksDB compactions per batch;
+    after a lost worker, the next batch reads up to this many checkpoints' changes to catch the database up); 1
+    writes it at every batch; None: the backend's default, 4. ``restore_from_savepoint`` names a savepoint in
+    ``checkpoint_location`` (see :meth:`savepoint`) that the job's first batch restores instead of the latest
+    checkpoint, at any parallelism; the checkpoints after it say so, and a driver restarted with the same argument
+    continues from the latest of them (Flink's ``-s``, no-claim mode). ``late_warning_share`` is the share of a
+    batch's records that may be late before the batch logs a WARNING on the ``keygroups`` logger (every batch logs
+    one INFO line, its :class:`BatchReport`).
 
     Mistakes are refused on the driver before any Spark job starts, each naming the argument, the value and what is
     allowed: here the arguments themselves (``backend``, column-name arguments, ``output_schema`` against an
@@ -233,6 +238,7 @@ class KeyedJob:
         assignment: str | Assignment = "flink",
         sink: Sink | None = None,
         checkpoint_output: bool | None = None,
+        write_back_batches: int | None = None,
     ) -> None:
         if not isinstance(name, str) or not name:
             raise ValueError(f"name must be a non-empty string (the job's name in its checkpoints), got {name!r}")
@@ -278,6 +284,7 @@ class KeyedJob:
         self.allow_pickle = allow_pickle
         self.local_dir = local_dir
         self.warm_heap_backends = check_warm_heap_backends(warm_heap_backends)
+        self.write_back_batches = check_write_back_batches(write_back_batches)
         self.storage = CheckpointStorage(checkpoint_location, retain=retain, storage_options=storage_options)
         self.restore_from_savepoint = restore_from_savepoint
         self.assignment = resolve_assignment(assignment)
@@ -310,7 +317,7 @@ class KeyedJob:
                 watermark_strategy=self.watermark_strategy, late_records=self.late_records,
                 allow_pickle=self.allow_pickle, local_dir=self.local_dir, warm_heap_backends=self.warm_heap_backends,
                 assignment=self.assignment, restore_from_savepoint=self.restore_from_savepoint, sink=self.sink,
-                checkpoint_output=self.checkpoint_output)
+                checkpoint_output=self.checkpoint_output, write_back_batches=self.write_back_batches)
             self._driver = JobDriver(options, self.storage, on_commit=spark_batch_listener(self))   # metrics
         return self._driver
 

@@ -199,6 +199,21 @@ class _Absent:
 _ABSENT = _Absent()
 
 
+class _CompleteMark:
+    """The cache key of a state's cache that holds every value of the state (``_cache_complete``)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<cache complete>"
+
+
+#: In a state's cache, under this key: (the backend's epoch, its write count, whether it had restored) when the
+#: cache was known to hold every value of the state in the backend's key groups (see ``_cache_complete``). A key no
+#: user key equals (compared by identity); emptying the cache drops it, and the cache carries it when parked.
+_COMPLETE = _CompleteMark()
+
+
 class _Written:
     """What a flush wrote of one value state, for the snapshot's delta (``_capture_deltas``): the flush's keys, the
     positions among them of those put (with their encodings, in the same order) and of those deleted; how many, and
@@ -498,7 +513,9 @@ class _RocksTable:
             self.backend._flush(evict=True)
         prefix = self.db_key(group_index, key)
         framing = self.read_framing
-        if self.is_map:
+        if self.backend._cache_complete(self):   # the database has no other value of this state: nothing to read
+            v = MISSING
+        elif self.is_map:
             rows = self.backend._read(lambda: self.rows(prefix))
             v = framing.decode(framing.map_from_rows(rows)) if rows else MISSING
         else:
@@ -803,6 +820,10 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         self._gathered = SstRestore()   # a restore's blocks, until it ingests them as one file
         self._python_restored: set[int] = set()   # key groups a restore applied row by row (migrated states)
         self._writes = 0  # database writes so far: a marker vouches only for the write count it was captured at
+        # Complete caches (_cache_complete): this backend's marks, and (write count, restored) of the last time the
+        # database was looked at for any row, with the answer
+        self._cache_epoch = object()
+        self._probed: tuple[int, bool, bool] | None = None
         self._marker_writes = -1   # the write count the warm marker last written vouches for
         # A kept database's restore point and the write count when it was resumed: until the first write, a damaged
         # database can still be replaced by a cold restore of the same checkpoint (_fall_back_cold).
@@ -1212,6 +1233,48 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         sample = keys[::n // _PREFETCH_SAMPLE][:_PREFETCH_SAMPLE]
         return len(rocksstate.uncached(cache, sample)) * 64 <= len(sample)
 
+    def _complete_mark(self) -> tuple[object, int, bool]:
+        return (self._cache_epoch, self._writes, self._restored)
+
+    def _cache_complete(self, t: _RocksTable) -> bool:
+        """Whether table ``t``'s cache holds every value of its state in this backend's key groups (the database's
+        rows, and those left unwritten: write-back), so that a key it lacks has no value and needs no read. Known
+        from a mark in the cache (``_COMPLETE``), valid while nothing but a flush of the caches (``_flush``, which
+        renews it) wrote the database and no restore happened since it was made: any other write (a restore, a
+        catch-up, a ranged delete, a database replaced) counts in ``_writes`` and voids it, and emptying the cache
+        drops it. Made when the database is found to hold no row at all (a backend that restored nothing: every
+        value is in the caches); a cache parked by an earlier backend of this process (``_KeptCaches``, for this
+        very database: its seal is checked when taken) keeps its mark, valid when parked (``snapshot`` drops one no
+        longer valid, and parking needs nothing written since), as long as this backend resumed that database and
+        wrote nothing. A stale mark is dropped here."""
+        cache = t.cache
+        mark = cache.get(_COMPLETE)
+        if mark is None:
+            if self._restored or self._unchecked or self._refilling or not self._database_empty():
+                return False
+            cache[_COMPLETE] = self._complete_mark()
+            return True
+        epoch, writes, restored = mark
+        if epoch is self._cache_epoch:
+            if writes == self._writes and restored == self._restored:
+                return True
+        elif self._resumed_from is not None and self._writes == 0 and self._restored:
+            cache[_COMPLETE] = self._complete_mark()   # this backend's from now on
+            return True
+        del cache[_COMPLETE]
+        return False
+
+    def _database_empty(self) -> bool:
+        """Whether the database holds no row at all (looked at once per write count)."""
+        now = (self._writes, self._restored)
+        if self._probed is None or self._probed[:2] != now:
+            empty = True
+            for _ in _scan(self._db):
+                empty = False
+                break
+            self._probed = (*now, empty)
+        return self._probed[2]
+
     def _load(self, t: _RocksTable, keys: list[Any], groups: np.ndarray, tables: int = 1) -> None:
         """Cache table ``t``'s values of ``keys`` (distinct, canonical; ``groups``: their absolute key groups) that
         its cache does not hold yet: one multi-get (or one ordered scan per key group when they are most of the
@@ -1227,6 +1290,9 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         else:
             want_keys, want_groups = keys, groups
         if not want_keys:
+            return
+        if self._cache_complete(t):   # the database has no other value of this state: nothing to read
+            t.cache.update(dict.fromkeys(want_keys, MISSING))
             return
         db_keys, order = _sorted_db_keys(self.key_serializer.serialize_many, want_keys, want_groups, t.state_id,
                                          unique=True)
@@ -1340,6 +1406,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         written, for a delta. Keys snapshotted without being written (write-back) are written first."""
         self._check_warm()
         self._ensure_open()   # before anything is written (one found damaged is replaced first)
+        # what the flush writes comes from the caches: one that held every value still does, after the writes
+        complete = [t for t in self._tables.values() if self._cache_complete(t)]
         with _gc_paused():
             batch = rocksdict.WriteBatch(raw_mode=True)
             ops: list[tuple[bytes, Any]] = []
@@ -1378,6 +1446,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
             for t in flushed:
                 t.changed.update(t.pending)
                 t.pending.clear()
+            for t in complete:
+                t.cache[_COMPLETE] = self._complete_mark()
         if evict:
             for t in self._tables.values():
                 t.cache.clear()
@@ -1938,6 +2008,9 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
             self._deferred = 0
             self._flush(encoded=encoded)
         tables = list(self._tables.values())
+        for t in tables:   # a parked cache's mark must hold (_cache_complete): a stale one goes now
+            if _COMPLETE in t.cache:
+                self._cache_complete(t)
         metas = [t.meta for t in tables]
         with _gc_paused():
             deltas = self._capture_deltas(tables, full, encoded, cut)
