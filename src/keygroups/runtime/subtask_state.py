@@ -76,7 +76,47 @@ class HeapBackendRegistry(WarmRegistry[HeapKeyedStateBackend]):
 
     Keyed by what must match for the state to be the same (see :func:`heap_backend_key`); bounded by the caller's
     ``limit``, the least recently kept dropped first. :meth:`take` removes the backend, so two tasks never share one
-    (a second task finds nothing and restores)."""
+    (a second task finds nothing and restores).
+
+    A task that resumes a kept backend for a range without some of its key groups parks them here as pieces
+    (``HeapKeyedStateBackend.split_off``), under their own range, for another subtask of the same checkpoint that
+    Spark runs in this process (a rescale then reads only what no piece here holds); :meth:`drop_pieces_before`
+    drops them once a task of the job starts from a newer checkpoint, so a piece never outlives the checkpoint it
+    stands for. Pieces count towards the limit like any kept backend (they hold part of one, not a copy)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._pieces: dict[Any, int] = {}   # key of a parked piece -> the checkpoint id it was parked for
+
+    def keep(self, key: Any, value: HeapKeyedStateBackend, limit: int, spare: Any = None,
+             weight: Any = None) -> None:
+        """See :meth:`WarmRegistry.keep`; what is kept under ``key`` is no piece (any more)."""
+        super().keep(key, value, limit, spare=spare, weight=weight)
+        with self._lock:
+            self._pieces.pop(key, None)
+
+    def park(self, key: tuple[Any, ...], piece: HeapKeyedStateBackend, checkpoint_id: int, limit: int) -> None:
+        """Keep ``piece`` (split off a resumed backend at checkpoint ``checkpoint_id``) under ``key``."""
+        super().keep(key, piece, limit)
+        with self._lock:
+            self._pieces = {k: c for k, c in self._pieces.items() if k in self._kept}
+            if key in self._kept:
+                self._pieces[key] = checkpoint_id
+
+    def drop_pieces_before(self, job: tuple[Any, ...], checkpoint_id: int) -> None:
+        """Drop the pieces of ``job`` (the first three fields of :func:`heap_backend_key`) parked for a checkpoint
+        older than ``checkpoint_id``: the subtasks of their checkpoint have run."""
+        with self._lock:
+            for key, parked in list(self._pieces.items()):
+                if key[:3] == job and parked < checkpoint_id:
+                    del self._pieces[key]
+                    self._kept.pop(key, None)
+            self._pieces = {k: c for k, c in self._pieces.items() if k in self._kept}
+
+    def pieces(self) -> dict[Any, int]:
+        """The parked pieces' keys and the checkpoint each was parked for."""
+        with self._lock:
+            return {k: c for k, c in self._pieces.items() if k in self._kept}
 
 
 #: This Python process's warm heap backends (Spark reuses a worker process for many tasks).
@@ -111,7 +151,9 @@ def _warm_candidates(registry: HeapBackendRegistry, key: tuple[Any, ...], subtas
             yield exact
 
     def score(other: Any, backend: HeapKeyedStateBackend) -> tuple[int, bool] | None:
-        if other[:3] != key[:3] or other[5:] != key[5:] or (other[3], other[4]) in others:
+        # a range given to another subtask only when it can be split: what that subtask keeps stays parked here
+        if other[:3] != key[:3] or other[5:] != key[5:] or ((other[3], other[4]) in others
+                                                          and not backend.splittable):
             return None
         overlap = min(end, other[4]) - max(start, other[3]) + 1
         return (overlap, backend.subtask_index == subtask_index) if overlap > 0 else None
@@ -121,14 +163,26 @@ def _warm_candidates(registry: HeapBackendRegistry, key: tuple[Any, ...], subtas
 
 
 def _heap_backend(spec: KeyedTaskSpec, subtask_index: int, own_range: KeyGroupRange, storage: CheckpointStorage,
-                  metadata: CheckpointMetadata | None, candidates: Iterator[HeapKeyedStateBackend]
-                  ) -> tuple[HeapKeyedStateBackend, RestoreInfo]:
+                  metadata: CheckpointMetadata | None, candidates: Iterator[HeapKeyedStateBackend],
+                  registry: HeapBackendRegistry | None = None) -> tuple[HeapKeyedStateBackend, RestoreInfo]:
     """The task's heap backend: the first of the warm ``candidates`` that resumes at ``metadata`` (the restore
     point: it holds exactly that state of the key groups it keeps, plus the blocks committed since), else a new one
-    restored from it. A candidate that cannot resume is dropped (it is of another checkpoint or lineage)."""
+    restored from it. A candidate that cannot resume is dropped (it is of another checkpoint or lineage). Before a
+    candidate resumes for ``own_range``, its key groups outside it are split off and parked in ``registry`` as
+    pieces for the other subtasks of the checkpoint (see :class:`HeapBackendRegistry`)."""
     for warm in candidates if metadata is not None else ():
         moved = warm.key_group_range != own_range
-        stats = warm.resume(storage, metadata, own_range)   # type: ignore[arg-type]  # not None here
+        pieces: list[tuple[tuple[Any, ...], HeapKeyedStateBackend]] = []
+        if moved and registry is not None:
+            _park_rest(spec, registry, warm, own_range, metadata.checkpoint_id)   # type: ignore[union-attr]
+            pieces = _take_pieces(spec, registry, warm.key_group_range, own_range,
+                                  metadata.checkpoint_id)   # type: ignore[union-attr]
+        stats = warm.resume(storage, metadata, own_range,   # type: ignore[arg-type]  # not None here
+                            pieces=[piece for _, piece in pieces])
+        if stats is None and registry is not None:   # the pieces are as they were: back for another candidate
+            for piece_key, piece in pieces:
+                registry.park(piece_key, piece, metadata.checkpoint_id,   # type: ignore[union-attr]
+                              spec.warm_heap_backends)
         if stats is not None:
             # warm state belongs to a range, not a subtask number: with other ranges (or another parallelism) the
             # same range may be another subtask's, whose number the snapshot's handle must carry
@@ -141,6 +195,55 @@ def _heap_backend(spec: KeyedTaskSpec, subtask_index: int, own_range: KeyGroupRa
         return backend, RestoreInfo.new()
     stats = backend.restore(storage, metadata)
     return backend, RestoreInfo.cold(own_range, stats.bytes_read, stats.key_groups)
+
+
+def _park_rest(spec: KeyedTaskSpec, registry: HeapBackendRegistry, warm: HeapKeyedStateBackend,
+               own_range: KeyGroupRange, checkpoint_id: int) -> None:
+    """Park the key groups of ``warm`` left and right of ``own_range`` as pieces (when it can be split)."""
+    r = warm.key_group_range
+    if not r.intersection(own_range):
+        return
+    for start, end in ((r.start, own_range.start - 1), (own_range.end + 1, r.end)):
+        if start > end:
+            continue
+        part = KeyGroupRange(start, end)
+        piece = warm.split_off(part)
+        if piece is not None:
+            registry.park(heap_backend_key(spec, part), piece, checkpoint_id, spec.warm_heap_backends)
+
+
+def _take_pieces(spec: KeyedTaskSpec, registry: HeapBackendRegistry, primary: KeyGroupRange, own_range: KeyGroupRange,
+                 checkpoint_id: int) -> list[tuple[tuple[Any, ...], HeapKeyedStateBackend]]:
+    """The kept backends of this process that hold key groups of ``own_range`` outside ``primary`` (the range of
+    the backend the task resumes), disjoint from each other, taken out of ``registry`` (the largest overlap first),
+    their key groups outside ``own_range`` split off and parked again: what ``HeapKeyedStateBackend.resume``
+    assembles instead of reading those key groups. Only backends that can be split (their state is exactly their
+    last snapshot's), so a key group given to another subtask of the batch stays parked for it."""
+    job = heap_backend_key(spec, own_range)
+    taken: list[tuple[tuple[Any, ...], HeapKeyedStateBackend]] = []
+    covered = [primary]
+
+    def score(key: Any, backend: HeapKeyedStateBackend) -> int | None:
+        if key[:3] != job[:3] or key[5:] != job[5:] or not backend.splittable:
+            return None
+        part = KeyGroupRange(key[3], key[4]).intersection(own_range)
+        if not part or any(part.intersection(c) for c in covered):
+            return None
+        return len(part)
+
+    while (found := registry.take_best(score)) is not None:
+        key, backend = found
+        part = backend.key_group_range.intersection(own_range)
+        if backend.key_group_range != part:
+            inside = backend.split_off(part)
+            if inside is None:   # cannot happen for a splittable backend; kept whole for another task
+                registry.keep(key, backend, spec.warm_heap_backends)
+                break
+            _park_rest(spec, registry, backend, own_range, checkpoint_id)   # its other key groups stay parked
+            key, backend = heap_backend_key(spec, part), inside
+        covered.append(part)
+        taken.append((key, backend))
+    return taken
 
 
 class TaskTimers:
@@ -215,9 +318,11 @@ def task_state(spec: KeyedTaskSpec, subtask_index: int, own_range: KeyGroupRange
     if spec.backend == "heap" and spec.warm_heap_backends > 0:
         registry = warm if warm is not None else HEAP_BACKENDS
         key = heap_backend_key(spec, own_range)
+        if metadata is not None:
+            registry.drop_pieces_before(key[:3], metadata.checkpoint_id)
         backend, restored = _heap_backend(spec, subtask_index, own_range, storage, metadata,
                                           _warm_candidates(registry, key, subtask_index,
-                                                           spec.warm_claims(subtask_index)))
+                                                           spec.warm_claims(subtask_index)), registry)
         yield TaskState(backend, restored, timers, storage, metadata)
         backend.compact()  # what a full rewrite made obsolete goes before the backend waits for its next batch
         others = spec.warm_claims(subtask_index)[1]
