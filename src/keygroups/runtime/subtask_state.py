@@ -214,36 +214,47 @@ def _park_rest(spec: KeyedTaskSpec, registry: HeapBackendRegistry, warm: HeapKey
 
 def _take_pieces(spec: KeyedTaskSpec, registry: HeapBackendRegistry, primary: KeyGroupRange, own_range: KeyGroupRange,
                  checkpoint_id: int) -> list[tuple[tuple[Any, ...], HeapKeyedStateBackend]]:
-    """The kept backends of this process that hold key groups of ``own_range`` outside ``primary`` (the range of
-    the backend the task resumes), disjoint from each other, taken out of ``registry`` (the largest overlap first),
-    their key groups outside ``own_range`` split off and parked again: what ``HeapKeyedStateBackend.resume``
-    assembles instead of reading those key groups. Only backends that can be split (their state is exactly their
-    last snapshot's), so a key group given to another subtask of the batch stays parked for it."""
+    """Pieces of the kept backends of this process that hold key groups of ``own_range`` outside ``primary`` (the
+    range of the backend the task resumes), disjoint from it and from each other, taken out of ``registry`` (the
+    largest first): what ``HeapKeyedStateBackend.resume`` assembles instead of reading those key groups. Of each
+    backend taken, the key groups it is not used for are split off and parked again, so a key group given to another
+    subtask of the batch stays here for it. Only backends that can be split (their state is exactly their last
+    snapshot's) are taken."""
     job = heap_backend_key(spec, own_range)
     taken: list[tuple[tuple[Any, ...], HeapKeyedStateBackend]] = []
-    covered = [primary]
+    gaps = _without(own_range, primary)
+
+    def best_part(key: Any) -> KeyGroupRange | None:
+        parts = [KeyGroupRange(key[3], key[4]).intersection(g) for g in gaps]
+        return max((part for part in parts if part), key=len, default=None)
 
     def score(key: Any, backend: HeapKeyedStateBackend) -> int | None:
         if key[:3] != job[:3] or key[5:] != job[5:] or not backend.splittable:
             return None
-        part = KeyGroupRange(key[3], key[4]).intersection(own_range)
-        if not part or any(part.intersection(c) for c in covered):
-            return None
-        return len(part)
+        part = best_part(key)
+        return None if part is None else len(part)
 
-    while (found := registry.take_best(score)) is not None:
+    while gaps and (found := registry.take_best(score)) is not None:
         key, backend = found
-        part = backend.key_group_range.intersection(own_range)
+        part = best_part(key)
+        assert part is not None
         if backend.key_group_range != part:
             inside = backend.split_off(part)
             if inside is None:   # cannot happen for a splittable backend; kept whole for another task
                 registry.keep(key, backend, spec.warm_heap_backends)
                 break
-            _park_rest(spec, registry, backend, own_range, checkpoint_id)   # its other key groups stay parked
+            _park_rest(spec, registry, backend, part, checkpoint_id)   # its other key groups stay parked
             key, backend = heap_backend_key(spec, part), inside
-        covered.append(part)
+        gaps = [rest for g in gaps for rest in _without(g, part)]
         taken.append((key, backend))
     return taken
+
+
+def _without(r: KeyGroupRange, other: KeyGroupRange) -> list[KeyGroupRange]:
+    """The parts of ``r`` left and right of ``other`` (``r`` itself when they do not meet)."""
+    if not r.intersection(other):
+        return [r]
+    return [KeyGroupRange(a, b) for a, b in ((r.start, other.start - 1), (other.end + 1, r.end)) if a <= b]
 
 
 class TaskTimers:
