@@ -40,15 +40,12 @@ def chain_bytes(metadata, key_groups, since: int = -1) -> int:
     return total
 
 
-def held(worker: HeapBackendRegistry, restore_point: int) -> dict[int, int]:
-    """Key group -> the newest checkpoint a kept piece of the job in ``worker`` holds it at (not the pieces parked
-    for a checkpoint before ``restore_point``: the subtasks of their checkpoint have run, they go)."""
+def held(worker: HeapBackendRegistry) -> dict[int, int]:
+    """Key group -> the newest checkpoint a kept backend or piece of the job in ``worker`` holds it at."""
     out: dict[int, int] = {}
-    parked = worker.pieces()
     for key in worker.keys():
         backend = worker.peek(key)
-        if (key[1] != JOB or not isinstance(backend, HeapKeyedStateBackend) or backend._warm_point is None
-                or parked.get(key, restore_point) < restore_point):
+        if key[1] != JOB or not isinstance(backend, HeapKeyedStateBackend) or backend._warm_point is None:
             continue
         for g in range(key[3], key[4] + 1):
             out[g] = max(out.get(g, -1), backend._warm_point[0])
@@ -75,7 +72,7 @@ def run_batch(location, model, records, parallelism, workers, placement, order):
         worker = workers[placement[i]]
         own = kg.key_group_range(MP, parallelism, i)
         if previous is not None:
-            limits[i] = allowed_bytes(previous, own, held(worker, previous.checkpoint_id))
+            limits[i] = allowed_bytes(previous, own, held(worker))
         part = table.filter(pa.array(owners == i))
         reports[i] = run_keyed_subtask(spec, i, part.to_batches(), warm=worker)
     ordered = [reports[i] for i in range(parallelism)]
@@ -116,7 +113,7 @@ def test_rescales_with_parked_pieces_match_the_model_and_read_only_what_no_piece
 
 def test_a_rescale_in_one_worker_reads_nothing_in_any_order(tmp_path):
     """2 -> 3 -> 2 -> 4 with every subtask in one worker, in reverse order: each range is assembled from the pieces
-    of the previous ranges, nothing read; the pieces go once the next checkpoint's subtasks start."""
+    of the previous ranges, nothing read, and no piece is left over."""
     location, model, worker = str(tmp_path / "c"), Model(), HeapBackendRegistry()
     recs = [(k, "add", k) for k in range(60)]
     run_batch(location, model, recs, 2, [worker], [0, 0], [0, 1])
@@ -124,7 +121,7 @@ def test_a_rescale_in_one_worker_reads_nothing_in_any_order(tmp_path):
         reports = run_batch(location, model, recs, p, [worker], [0] * p, list(reversed(range(p))))
         assert [r.restored.bytes_read for r in reports] == [0] * p
         assert {r.restored.mode for r in reports} <= {"moved", "warm"} and "moved" in {r.restored.mode for r in reports}
-    # after the last batch only its own backends are kept, no piece of an older checkpoint
+        assert worker.pieces() == {}
     run_batch(location, model, recs, 4, [worker], [0] * 4, [0, 1, 2, 3])
     assert worker.pieces() == {}
     assert sorted((k[3], k[4]) for k in worker.keys()) == [(0, 3), (4, 7), (8, 11), (12, 15)]

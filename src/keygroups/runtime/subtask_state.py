@@ -79,10 +79,12 @@ class HeapBackendRegistry(WarmRegistry[HeapKeyedStateBackend]):
     (a second task finds nothing and restores).
 
     A task that resumes a kept backend for a range without some of its key groups parks them here as pieces
-    (``HeapKeyedStateBackend.split_off``), under their own range, for another subtask of the same checkpoint that
-    Spark runs in this process (a rescale then reads only what no piece here holds); :meth:`drop_pieces_before`
-    drops them once a task of the job starts from a newer checkpoint, so a piece never outlives the checkpoint it
-    stands for. Pieces count towards the limit like any kept backend (they hold part of one, not a copy)."""
+    (``HeapKeyedStateBackend.split_off``), under their own range, for another subtask that Spark runs in this process
+    (a rescale then reads only what no piece here holds; a piece of an older checkpoint catches up as any kept
+    backend does). Pieces count towards the limit like any kept backend; they hold part of one, never a copy. When a
+    task keeps its backend after its batch, the kept backends and pieces of the job whose ranges lie inside its range
+    go: they hold older states of key groups this one holds newer, so a process holds each key group once or in few
+    copies, as before."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -90,28 +92,24 @@ class HeapBackendRegistry(WarmRegistry[HeapKeyedStateBackend]):
 
     def keep(self, key: Any, value: HeapKeyedStateBackend, limit: int, spare: Any = None,
              weight: Any = None) -> None:
-        """See :meth:`WarmRegistry.keep`; what is kept under ``key`` is no piece (any more)."""
-        super().keep(key, value, limit, spare=spare, weight=weight)
+        """See :meth:`WarmRegistry.keep`; also drops what is kept of the same job inside ``key``'s range (see the
+        class docs)."""
         with self._lock:
             self._pieces.pop(key, None)
+            if isinstance(key, tuple) and len(key) == 7:
+                for other in [k for k in self._kept if k != key and _inside(k, key)]:
+                    del self._kept[other]
+                    self._pieces.pop(other, None)
+        super().keep(key, value, limit, spare=spare, weight=weight)
 
     def park(self, key: tuple[Any, ...], piece: HeapKeyedStateBackend, checkpoint_id: int, limit: int) -> None:
-        """Keep ``piece`` (split off a resumed backend at checkpoint ``checkpoint_id``) under ``key``."""
+        """Keep ``piece`` (split off a kept backend for a subtask that starts from checkpoint ``checkpoint_id``)
+        under ``key``."""
         super().keep(key, piece, limit)
         with self._lock:
             self._pieces = {k: c for k, c in self._pieces.items() if k in self._kept}
             if key in self._kept:
                 self._pieces[key] = checkpoint_id
-
-    def drop_pieces_before(self, job: tuple[Any, ...], checkpoint_id: int) -> None:
-        """Drop the pieces of ``job`` (the first three fields of :func:`heap_backend_key`) parked for a checkpoint
-        older than ``checkpoint_id``: the subtasks of their checkpoint have run."""
-        with self._lock:
-            for key, parked in list(self._pieces.items()):
-                if key[:3] == job and parked < checkpoint_id:
-                    del self._pieces[key]
-                    self._kept.pop(key, None)
-            self._pieces = {k: c for k, c in self._pieces.items() if k in self._kept}
 
     def pieces(self) -> dict[Any, int]:
         """The parked pieces' keys and the checkpoint each was parked for."""
@@ -121,6 +119,13 @@ class HeapBackendRegistry(WarmRegistry[HeapKeyedStateBackend]):
 
 #: This Python process's warm heap backends (Spark reuses a worker process for many tasks).
 HEAP_BACKENDS = HeapBackendRegistry()
+
+
+def _inside(key: Any, outer: tuple[Any, ...]) -> bool:
+    """Whether registry key ``key`` is of the same job as ``outer`` (see :func:`heap_backend_key`), its range
+    inside ``outer``'s."""
+    return (isinstance(key, tuple) and len(key) == 7 and key[:3] == outer[:3] and key[5:] == outer[5:]
+            and outer[3] <= key[3] and key[4] <= outer[4])
 
 
 def heap_backend_key(spec: KeyedTaskSpec, key_groups: KeyGroupRange) -> tuple[Any, ...]:
@@ -241,7 +246,7 @@ def _take_pieces(spec: KeyedTaskSpec, registry: HeapBackendRegistry, primary: Ke
         if backend.key_group_range != part:
             inside = backend.split_off(part)
             if inside is None:   # cannot happen for a splittable backend; kept whole for another task
-                registry.keep(key, backend, spec.warm_heap_backends)
+                registry.park(key, backend, checkpoint_id, spec.warm_heap_backends)
                 break
             _park_rest(spec, registry, backend, part, checkpoint_id)   # its other key groups stay parked
             key, backend = heap_backend_key(spec, part), inside
@@ -329,8 +334,6 @@ def task_state(spec: KeyedTaskSpec, subtask_index: int, own_range: KeyGroupRange
     if spec.backend == "heap" and spec.warm_heap_backends > 0:
         registry = warm if warm is not None else HEAP_BACKENDS
         key = heap_backend_key(spec, own_range)
-        if metadata is not None:
-            registry.drop_pieces_before(key[:3], metadata.checkpoint_id)
         backend, restored = _heap_backend(spec, subtask_index, own_range, storage, metadata,
                                           _warm_candidates(registry, key, subtask_index,
                                                            spec.warm_claims(subtask_index)), registry)
