@@ -40,12 +40,29 @@ def chain_bytes(metadata, key_groups, since: int = -1) -> int:
     return total
 
 
-def held(worker: HeapBackendRegistry) -> dict[int, int]:
-    """Key group -> the newest checkpoint a kept backend or piece of the job in ``worker`` holds it at."""
+def resumable(storage: CheckpointStorage, restore_point, backend: HeapKeyedStateBackend) -> bool:
+    """Whether the snapshot ``backend`` holds is one a resume can trust: its file is committed for the range it was
+    written for, in the restore point or in its own checkpoint while that is retained (else it is refused, as an
+    attempt that may never have been committed)."""
+    n, file = backend._warm_point
+    written = backend._snapshot_range or backend.key_group_range
+    if any(h.file == file and h.key_group_range == written for h in restore_point.keyed_handles):
+        return True
+    try:
+        own = storage.load(n)
+    except Exception:
+        return False
+    return any(h.file == file and h.key_group_range == written for h in own.keyed_handles)
+
+
+def held(worker: HeapBackendRegistry, storage: CheckpointStorage, restore_point) -> dict[int, int]:
+    """Key group -> the newest checkpoint a kept backend or piece of the job in ``worker`` that a resume can trust
+    holds it at."""
     out: dict[int, int] = {}
     for key in worker.keys():
         backend = worker.peek(key)
-        if key[1] != JOB or not isinstance(backend, HeapKeyedStateBackend) or backend._warm_point is None:
+        if (key[1] != JOB or not isinstance(backend, HeapKeyedStateBackend) or backend._warm_point is None
+                or not resumable(storage, restore_point, backend)):
             continue
         for g in range(key[3], key[4] + 1):
             out[g] = max(out.get(g, -1), backend._warm_point[0])
@@ -72,7 +89,7 @@ def run_batch(location, model, records, parallelism, workers, placement, order):
         worker = workers[placement[i]]
         own = kg.key_group_range(MP, parallelism, i)
         if previous is not None:
-            limits[i] = allowed_bytes(previous, own, held(worker))
+            limits[i] = allowed_bytes(previous, own, held(worker, storage, previous))
         part = table.filter(pa.array(owners == i))
         reports[i] = run_keyed_subtask(spec, i, part.to_batches(), warm=worker)
     ordered = [reports[i] for i in range(parallelism)]
