@@ -240,7 +240,8 @@ def _take_pieces(spec: KeyedTaskSpec, registry: HeapBackendRegistry, primary: Ke
         return None if part is None else len(part)
 
     while gaps and (found := registry.take_best(score)) is not None:
-        key, backend = found
+        key: Any = found[0]
+        backend = found[1]
         part = best_part(key)
         assert part is not None
         if backend.key_group_range != part:
