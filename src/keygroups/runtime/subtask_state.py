@@ -6,7 +6,10 @@ its batch it goes into the process's :class:`HeapBackendRegistry` (at most ``Key
 them, the least recently used dropped first); the next task of the same job, location and key-group range takes it
 out (no two tasks share one; failing that, the warm backend whose range overlaps the task's most) and resumes it
 (``HeapKeyedStateBackend.resume``: only when it is exactly the committed state, reading just the blocks other
-workers committed since and the chains of key groups that arrived), else restores a new one. RocksDB keeps its
+workers committed since and the chains of key groups that arrived), else restores a new one. What a resumed
+backend does not keep of its range stays in the process as pieces split by key-group range, and a task assembles its
+range from every piece there that holds part of it, so a rescale reads only the key groups no piece in the task's
+process holds (:class:`HeapBackendRegistry`). RocksDB keeps its
 database on local disk instead (``warm_dir``). The subtask's :class:`~keygroups.runtime.report.RestoreInfo` says
 which: ``warm``, ``caught-up``, ``moved``, ``cold`` or ``new``, and which key groups came how.
 
