@@ -249,20 +249,22 @@ def test_a_failed_task_leaves_nothing_to_resume(tmp_path):
 def test_a_rescale_another_job_or_location_restores(tmp_path):
     location, model, worker = str(tmp_path / "c"), Model(), HeapBackendRegistry()
     run_and_check(location, model, adds(range(50)), 2, [worker, worker])
-    # a rescale: the kept backends overlapping the new ranges keep the key groups they still own, as the decision's
-    # best takeover gives them (the second old range goes to the third subtask, which shares the most with it)
+    # a rescale: the kept backends overlapping the new ranges keep the key groups they still own, and what a
+    # subtask does not take stays parked in the worker for the others (split by range, not dropped), so all three
+    # subtasks of one worker read nothing
     rescaled = run_and_check(location, model, adds(range(50), 1), 3, [worker] * 3)
-    assert modes(rescaled) == ["moved", "cold", "moved"]
+    assert modes(rescaled) == ["moved", "moved", "warm"]
     for r in rescaled:
         start, end = r.key_group_range.start, r.key_group_range.end
         got = r.restored.to_json()
         runs = got["warm_key_groups"] + got["caught_up_key_groups"] + got["restored_key_groups"]
         assert sorted(kg for a, b in runs for kg in range(a, b + 1)) == list(range(start, end + 1))
         assert got["bytes_restored"] + got["bytes_caught_up"] == got["bytes_read"]
-    # 0-7, 8-15 -> 0-5, 6-10, 11-15: the first keeps 0-5; the third takes 8-15 (it shares 5 key groups with it, the
-    # second only 3), keeps 11-15 and drops 8-10; the second restores 6-10
-    assert [r.restored.to_json()["restored_key_groups"] for r in rescaled] == [[], [[6, 10]], []]
-    assert [r.restored.to_json()["dropped_key_groups"] for r in rescaled] == [[[6, 7]], [], [[8, 10]]]
+    # 0-7, 8-15 -> 0-5, 6-10, 11-15: the first keeps 0-5 and parks 6-7; the second takes 8-15 (its largest
+    # overlap), parks 11-15, and assembles 6-7 from the first's piece; the third resumes the piece 11-15
+    assert [r.restored.to_json()["restored_key_groups"] for r in rescaled] == [[], [], []]
+    assert [r.restored.to_json()["bytes_read"] for r in rescaled] == [0, 0, 0]
+    assert [r.restored.to_json()["warm_key_groups"] for r in rescaled] == [[[0, 5]], [[6, 10]], [[11, 15]]]
     assert modes(run_and_check(location, model, adds(range(50), 1), 3, [worker] * 3)) == ["warm"] * 3
     # the same location under another job name, and a copy of the checkpoints at another location
     other = Model()

@@ -6,7 +6,10 @@ its batch it goes into the process's :class:`HeapBackendRegistry` (at most ``Key
 them, the least recently used dropped first); the next task of the same job, location and key-group range takes it
 out (no two tasks share one; failing that, the warm backend whose range overlaps the task's most) and resumes it
 (``HeapKeyedStateBackend.resume``: only when it is exactly the committed state, reading just the blocks other
-workers committed since and the chains of key groups that arrived), else restores a new one. RocksDB keeps its
+workers committed since and the chains of key groups that arrived), else restores a new one. What a resumed
+backend does not keep of its range stays in the process as pieces split by key-group range, and a task assembles its
+range from every piece there that holds part of it, so a rescale reads only the key groups no piece in the task's
+process holds (:class:`HeapBackendRegistry`). RocksDB keeps its
 database on local disk instead (``warm_dir``). The subtask's :class:`~keygroups.runtime.report.RestoreInfo` says
 which: ``warm``, ``caught-up``, ``moved``, ``cold`` or ``new``, and which key groups came how.
 
@@ -76,11 +79,56 @@ class HeapBackendRegistry(WarmRegistry[HeapKeyedStateBackend]):
 
     Keyed by what must match for the state to be the same (see :func:`heap_backend_key`); bounded by the caller's
     ``limit``, the least recently kept dropped first. :meth:`take` removes the backend, so two tasks never share one
-    (a second task finds nothing and restores)."""
+    (a second task finds nothing and restores).
+
+    A task that resumes a kept backend for a range without some of its key groups parks them here as pieces
+    (``HeapKeyedStateBackend.split_off``), under their own range, for another subtask that Spark runs in this process
+    (a rescale then reads only what no piece here holds; a piece of an older checkpoint catches up as any kept
+    backend does). Pieces count towards the limit like any kept backend; they hold part of one, never a copy. When a
+    task keeps its backend after its batch, the kept backends and pieces of the job whose ranges lie inside its range
+    go: they hold older states of key groups this one holds newer, so a process holds each key group once or in few
+    copies, as before."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._pieces: dict[Any, int] = {}   # key of a parked piece -> the checkpoint id it was parked for
+
+    def keep(self, key: Any, value: HeapKeyedStateBackend, limit: int, spare: Any = None,
+             weight: Any = None) -> None:
+        """See :meth:`WarmRegistry.keep`; also drops what is kept of the same job inside ``key``'s range (see the
+        class docs)."""
+        with self._lock:
+            self._pieces.pop(key, None)
+            if isinstance(key, tuple) and len(key) == 7:
+                for other in [k for k in self._kept if k != key and _inside(k, key)]:
+                    del self._kept[other]
+                    self._pieces.pop(other, None)
+        super().keep(key, value, limit, spare=spare, weight=weight)
+
+    def park(self, key: tuple[Any, ...], piece: HeapKeyedStateBackend, checkpoint_id: int, limit: int) -> None:
+        """Keep ``piece`` (split off a kept backend for a subtask that starts from checkpoint ``checkpoint_id``)
+        under ``key``."""
+        super().keep(key, piece, limit)
+        with self._lock:
+            self._pieces = {k: c for k, c in self._pieces.items() if k in self._kept}
+            if key in self._kept:
+                self._pieces[key] = checkpoint_id
+
+    def pieces(self) -> dict[Any, int]:
+        """The parked pieces' keys and the checkpoint each was parked for."""
+        with self._lock:
+            return {k: c for k, c in self._pieces.items() if k in self._kept}
 
 
 #: This Python process's warm heap backends (Spark reuses a worker process for many tasks).
 HEAP_BACKENDS = HeapBackendRegistry()
+
+
+def _inside(key: Any, outer: tuple[Any, ...]) -> bool:
+    """Whether registry key ``key`` is of the same job as ``outer`` (see :func:`heap_backend_key`), its range
+    inside ``outer``'s."""
+    return (isinstance(key, tuple) and len(key) == 7 and key[:3] == outer[:3] and key[5:] == outer[5:]
+            and outer[3] <= key[3] and key[4] <= outer[4])
 
 
 def heap_backend_key(spec: KeyedTaskSpec, key_groups: KeyGroupRange) -> tuple[Any, ...]:
@@ -111,7 +159,9 @@ def _warm_candidates(registry: HeapBackendRegistry, key: tuple[Any, ...], subtas
             yield exact
 
     def score(other: Any, backend: HeapKeyedStateBackend) -> tuple[int, bool] | None:
-        if other[:3] != key[:3] or other[5:] != key[5:] or (other[3], other[4]) in others:
+        # a range given to another subtask only when it can be split: what that subtask keeps stays parked here
+        if other[:3] != key[:3] or other[5:] != key[5:] or ((other[3], other[4]) in others
+                                                          and not backend.splittable):
             return None
         overlap = min(end, other[4]) - max(start, other[3]) + 1
         return (overlap, backend.subtask_index == subtask_index) if overlap > 0 else None
@@ -121,14 +171,26 @@ def _warm_candidates(registry: HeapBackendRegistry, key: tuple[Any, ...], subtas
 
 
 def _heap_backend(spec: KeyedTaskSpec, subtask_index: int, own_range: KeyGroupRange, storage: CheckpointStorage,
-                  metadata: CheckpointMetadata | None, candidates: Iterator[HeapKeyedStateBackend]
-                  ) -> tuple[HeapKeyedStateBackend, RestoreInfo]:
+                  metadata: CheckpointMetadata | None, candidates: Iterator[HeapKeyedStateBackend],
+                  registry: HeapBackendRegistry | None = None) -> tuple[HeapKeyedStateBackend, RestoreInfo]:
     """The task's heap backend: the first of the warm ``candidates`` that resumes at ``metadata`` (the restore
     point: it holds exactly that state of the key groups it keeps, plus the blocks committed since), else a new one
-    restored from it. A candidate that cannot resume is dropped (it is of another checkpoint or lineage)."""
+    restored from it. A candidate that cannot resume is dropped (it is of another checkpoint or lineage). Before a
+    candidate resumes for ``own_range``, its key groups outside it are split off and parked in ``registry`` as
+    pieces for the other subtasks of the checkpoint (see :class:`HeapBackendRegistry`)."""
     for warm in candidates if metadata is not None else ():
         moved = warm.key_group_range != own_range
-        stats = warm.resume(storage, metadata, own_range)   # type: ignore[arg-type]  # not None here
+        pieces: list[tuple[tuple[Any, ...], HeapKeyedStateBackend]] = []
+        if moved and registry is not None:
+            _park_rest(spec, registry, warm, own_range, metadata.checkpoint_id)   # type: ignore[union-attr]
+            pieces = _take_pieces(spec, registry, warm.key_group_range, own_range,
+                                  metadata.checkpoint_id)   # type: ignore[union-attr]
+        stats = warm.resume(storage, metadata, own_range,   # type: ignore[arg-type]  # not None here
+                            pieces=[piece for _, piece in pieces])
+        if stats is None and registry is not None:   # the pieces are as they were: back for another candidate
+            for piece_key, piece in pieces:
+                registry.park(piece_key, piece, metadata.checkpoint_id,   # type: ignore[union-attr]
+                              spec.warm_heap_backends)
         if stats is not None:
             # warm state belongs to a range, not a subtask number: with other ranges (or another parallelism) the
             # same range may be another subtask's, whose number the snapshot's handle must carry
@@ -141,6 +203,67 @@ def _heap_backend(spec: KeyedTaskSpec, subtask_index: int, own_range: KeyGroupRa
         return backend, RestoreInfo.new()
     stats = backend.restore(storage, metadata)
     return backend, RestoreInfo.cold(own_range, stats.bytes_read, stats.key_groups)
+
+
+def _park_rest(spec: KeyedTaskSpec, registry: HeapBackendRegistry, warm: HeapKeyedStateBackend,
+               own_range: KeyGroupRange, checkpoint_id: int) -> None:
+    """Park the key groups of ``warm`` left and right of ``own_range`` as pieces (when it can be split)."""
+    r = warm.key_group_range
+    if not r.intersection(own_range):
+        return
+    for start, end in ((r.start, own_range.start - 1), (own_range.end + 1, r.end)):
+        if start > end:
+            continue
+        part = KeyGroupRange(start, end)
+        piece = warm.split_off(part)
+        if piece is not None:
+            registry.park(heap_backend_key(spec, part), piece, checkpoint_id, spec.warm_heap_backends)
+
+
+def _take_pieces(spec: KeyedTaskSpec, registry: HeapBackendRegistry, primary: KeyGroupRange, own_range: KeyGroupRange,
+                 checkpoint_id: int) -> list[tuple[tuple[Any, ...], HeapKeyedStateBackend]]:
+    """Pieces of the kept backends of this process that hold key groups of ``own_range`` outside ``primary`` (the
+    range of the backend the task resumes), disjoint from it and from each other, taken out of ``registry`` (the
+    largest first): what ``HeapKeyedStateBackend.resume`` assembles instead of reading those key groups. Of each
+    backend taken, the key groups it is not used for are split off and parked again, so a key group given to another
+    subtask of the batch stays here for it. Only backends that can be split (their state is exactly their last
+    snapshot's) are taken."""
+    job = heap_backend_key(spec, own_range)
+    taken: list[tuple[tuple[Any, ...], HeapKeyedStateBackend]] = []
+    gaps = _without(own_range, primary)
+
+    def best_part(key: Any) -> KeyGroupRange | None:
+        parts = [KeyGroupRange(key[3], key[4]).intersection(g) for g in gaps]
+        return max((part for part in parts if part), key=len, default=None)
+
+    def score(key: Any, backend: HeapKeyedStateBackend) -> int | None:
+        if key[:3] != job[:3] or key[5:] != job[5:] or not backend.splittable:
+            return None
+        part = best_part(key)
+        return None if part is None else len(part)
+
+    while gaps and (found := registry.take_best(score)) is not None:
+        key: Any = found[0]
+        backend = found[1]
+        part = best_part(key)
+        assert part is not None
+        if backend.key_group_range != part:
+            inside = backend.split_off(part)
+            if inside is None:   # cannot happen for a splittable backend; kept whole for another task
+                registry.park(key, backend, checkpoint_id, spec.warm_heap_backends)
+                break
+            _park_rest(spec, registry, backend, part, checkpoint_id)   # its other key groups stay parked
+            key, backend = heap_backend_key(spec, part), inside
+        gaps = [rest for g in gaps for rest in _without(g, part)]
+        taken.append((key, backend))
+    return taken
+
+
+def _without(r: KeyGroupRange, other: KeyGroupRange) -> list[KeyGroupRange]:
+    """The parts of ``r`` left and right of ``other`` (``r`` itself when they do not meet)."""
+    if not r.intersection(other):
+        return [r]
+    return [KeyGroupRange(a, b) for a, b in ((r.start, other.start - 1), (other.end + 1, r.end)) if a <= b]
 
 
 class TaskTimers:
@@ -217,7 +340,7 @@ def task_state(spec: KeyedTaskSpec, subtask_index: int, own_range: KeyGroupRange
         key = heap_backend_key(spec, own_range)
         backend, restored = _heap_backend(spec, subtask_index, own_range, storage, metadata,
                                           _warm_candidates(registry, key, subtask_index,
-                                                           spec.warm_claims(subtask_index)))
+                                                           spec.warm_claims(subtask_index)), registry)
         yield TaskState(backend, restored, timers, storage, metadata)
         backend.compact()  # what a full rewrite made obsolete goes before the backend waits for its next batch
         others = spec.warm_claims(subtask_index)[1]

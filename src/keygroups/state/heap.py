@@ -59,7 +59,7 @@ import collections
 import functools
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -565,6 +565,9 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
         # of the last snapshot written: what resume() checks a restore point against.
         self._chain_files: dict[int, tuple[str, ...]] = {}
         self._warm_point: tuple[int, str] | None = None
+        # The key-group range the handle of that snapshot covers: this backend's, or for a piece split off a kept
+        # backend (split_off), the range of the backend it came from.
+        self._snapshot_range: KeyGroupRange | None = None
         # For a resume from the backend's own last checkpoint without planning its chains again (_resume_own): how
         # many chains of _chain_files hold each file, and the handles whose part in those chains is accounted for
         # (by file: those of the checkpoint the chains were planned from that cover the range, in a chain or not,
@@ -682,7 +685,8 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
 
     # ---- warm state -----------------------------------------------------------------------------------------------
     def resume(self, storage: CheckpointStorage, metadata: CheckpointMetadata,
-               key_group_range: KeyGroupRange | None = None) -> WarmResume | None:
+               key_group_range: KeyGroupRange | None = None, *,
+               pieces: Sequence[HeapKeyedStateBackend] = ()) -> WarmResume | None:
         """Continue, from checkpoint ``metadata``, with the state this backend holds since its last snapshot (the
         runtime keeps heap backends in the worker process between batches), for ``key_group_range`` (this backend's
         range by default; any range overlapping it), if that yields exactly the state :meth:`restore` would; None
@@ -702,7 +706,14 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
         serializer then migrates, as it would on restored state).
 
         From its own last checkpoint (m == n) for the same range, nothing is planned again (:meth:`_resume_own`):
-        the cost grows with the checkpoint's handles, not with the key groups."""
+        the cost grows with the checkpoint's handles, not with the key groups.
+
+        ``pieces``: other kept backends of this process (pieces split off others, see :meth:`split_off`) inside
+        ``key_group_range``, disjoint from this backend's range and from each other, whose key groups arrive here
+        without being read: once this backend qualifies, each resumes for its own range with the same checks (a
+        piece that does not qualify, or whose states' metas or value shapes differ from this backend's, is left
+        out and its key groups read), and its key groups' entries move here. Pieces are spent either way, unless
+        this backend does not qualify (None: they are left as they were)."""
         point = self._kept_point()
         old = self.key_group_range
         r = old if key_group_range is None else key_group_range
@@ -711,16 +722,17 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
                 or metadata.checkpoint_id < point[0] or r.end >= self.max_parallelism):
             return None
         n, kept_file = point
-        if not _names(metadata, kept_file, old):
+        written = self._snapshot_range or old
+        if not _names(metadata, kept_file, written):
             if metadata.checkpoint_id == n:
                 return None
             try:
-                if not _names(storage.load(n), kept_file, old):
+                if not _names(storage.load(n), kept_file, written):
                     return None
             except (CheckpointNotFoundError, CorruptSnapshotError):
                 return None
         check_state_metas(metadata)
-        if metadata.checkpoint_id == n and r == old:
+        if metadata.checkpoint_id == n and r == old and not pieces:
             resumed = self._resume_own(metadata, kept_file)
             if resumed is not None:
                 return resumed
@@ -748,10 +760,17 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
                     return None
                 if self._external_meta_differs(meta):   # external states
                     return None
+        # The pieces that supply arriving key groups: each resumed for its own range (they change from here on).
+        supplied, pieces_stats = self._resume_pieces(storage, metadata, r, old, pieces)
+        if supplied:
+            arriving = [(h, run) for h, part in arriving
+                        for run in key_group_runs(kg for kg in part if kg not in supplied)]
         # From here on the backend changes: it becomes the state of checkpoint m for range r.
         self.compact()
         if r != old:
             self._move_to(r)
+        for piece, _ in pieces_stats:
+            self._take_groups(piece)
         self._forget_registrations()
         for kg in restart:
             for t in self._tables.values():
@@ -780,11 +799,65 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
         self._needs_full = any(not is_shared_path(h.file) for h, _ in plan)
         self._set_chain_files(chains, metadata)
         self._warm_point = None
+        self._snapshot_range = None
+        warm = {kg for kg in kept if kg not in caught_up}
+        for _, piece_stats in pieces_stats:
+            warm.update(piece_stats.warm)
+            caught_up.update(piece_stats.caught_up)
+            caught_up_bytes += piece_stats.bytes_read
         return WarmResume(caught_up_bytes + restored_bytes, len(caught_up | arrived),
-                          warm=tuple(kg for kg in kept if kg not in caught_up), caught_up=tuple(sorted(caught_up)),
-                          restored=tuple(kg for kg in r if kg not in old),
+                          warm=tuple(sorted(warm)), caught_up=tuple(sorted(caught_up)),
+                          restored=tuple(kg for kg in r if kg not in old and kg not in supplied),
                           dropped=tuple(kg for kg in old if kg not in r),
                           bytes_caught_up=caught_up_bytes, bytes_restored=restored_bytes)
+
+    def _resume_pieces(self, storage: CheckpointStorage, metadata: CheckpointMetadata, r: KeyGroupRange,
+                       old: KeyGroupRange, pieces: Sequence[HeapKeyedStateBackend]
+                       ) -> tuple[set[int], list[tuple[HeapKeyedStateBackend, WarmResume]]]:
+        """The key groups ``pieces`` supply for :meth:`resume` to ``r`` (see there), and each usable piece resumed
+        with its stats."""
+        supplied: set[int] = set()
+        used: list[tuple[HeapKeyedStateBackend, WarmResume]] = []
+        if self._externals:
+            return supplied, used
+        for piece in pieces:
+            pr = piece.key_group_range
+            if (pr.start < r.start or pr.end > r.end or pr.intersection(old) or piece._externals
+                    or any(kg in supplied for kg in pr) or piece.max_parallelism != self.max_parallelism):
+                continue
+            tables_fit = True
+            for name, pt in piece._tables.items():
+                t = self._tables.get(name)
+                if t is not None and (_canonical(pt.meta) != _canonical(t.meta)
+                                      or not _same_values(pt.write_framing, t.write_framing)):
+                    tables_fit = False
+            if not tables_fit:
+                continue
+            stats = piece.resume(storage, metadata, pr)
+            if stats is None:
+                continue
+            supplied.update(pr)
+            used.append((piece, stats))
+        return supplied, used
+
+    def _take_groups(self, piece: HeapKeyedStateBackend) -> None:
+        """Move the entries of ``piece``'s key groups (inside this backend's range, empty here) into this backend;
+        the piece is spent."""
+        offset = piece._start - self._start
+        for name, pt in piece._tables.items():
+            t = self._tables.get(name)
+            if t is None:
+                t = self._new_table(name, pt.meta, pt.read_framing, pt.write_framing, None)
+                t.track = self._tracking
+            for i in range(piece._n):
+                t.maps[offset + i] = pt.maps[i]
+                t.layers[offset + i] = pt.layers[i]
+                t.lazy[offset + i] = pt.lazy[i]
+                t.shared[offset + i] = pt.shared[i]
+                t.copied_keys[offset + i] = pt.copied_keys[i]
+            t.lazy_group_count = sum(t.lazy[:t.group_count])
+            t._update_slow()
+        piece._tables = {}
 
     def _resume_own(self, metadata: CheckpointMetadata, kept_file: str) -> WarmResume | None:
         """:meth:`resume` from the checkpoint of the backend's own last snapshot (file ``kept_file``), for the same
@@ -838,7 +911,61 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
         self._restored = True
         self.warm = True
         self._warm_point = None
+        self._snapshot_range = None
         return WarmResume(0, 0, warm=tuple(range(r.start, r.end + 1)))
+
+    @property
+    def splittable(self) -> bool:
+        """Whether :meth:`split_off` can part this backend: its state is exactly its last snapshot's (see
+        :meth:`resume`) and no external states are bound (they keep their own per-range stores)."""
+        return self._kept_point() is not None and not self._externals
+
+    def split_off(self, key_group_range: KeyGroupRange) -> HeapKeyedStateBackend | None:
+        """A new backend holding this kept backend's key groups of ``key_group_range`` (a part of its range) as they
+        are, at the same restore point: what a subtask that resumes this backend for a range without those key
+        groups leaves for another subtask of the same checkpoint, instead of dropping them (a rescale then reads only
+        the key groups no kept piece in the process holds). The piece resumes as this backend would, with the same
+        checks (:meth:`resume`: the snapshot committed for the range it was written for, each key group's chain
+        beginning with the files its state reflects), and always plans its chains from the checkpoint.
+
+        The entries are handed over, not copied: this backend must not use those key groups afterwards (its
+        :meth:`resume` for a range without them drops them). None when it is not :attr:`splittable`, or the range is
+        not a proper part of its own."""
+        r = self.key_group_range
+        part = key_group_range
+        if (not part or part.start < r.start or part.end > r.end or part == r or not self.splittable
+                or self._running_snapshots):
+            return None
+        self.compact()
+        piece = HeapKeyedStateBackend(part, self.max_parallelism, self.key_serializer, key_type=self.key_type,
+                                      clock=self.clock, allow_pickle=self.allow_pickle,
+                                      subtask_index=self.subtask_index, incremental=self.incremental,
+                                      max_chain=self.max_chain, delta_fraction=self.delta_fraction,
+                                      compact_full_groups=self.compact_full_groups)
+        piece._tracking = True
+        piece._restored = self._restored
+        piece.warm = self.warm
+        piece._warm_point = self._warm_point
+        piece._snapshot_range = self._snapshot_range or r
+        piece._chain_files = {kg: f for kg, f in self._chain_files.items() if kg in part}
+        piece._file_uses = _file_uses(piece._chain_files)
+        piece._known_handles = {}   # never the own-checkpoint shortcut: the piece's chains are planned again
+        piece._chains = None if self._chains is None else {kg: c for kg, c in self._chains.items() if kg in part}
+        piece._chain_metas = dict(self._chain_metas)
+        piece._needs_full = self._needs_full
+        first = part.start - self._start
+        for name, t in self._tables.items():
+            p = piece._new_table(name, t.meta, t.read_framing, t.write_framing, t.descriptor)
+            p.track = True
+            for i in range(len(part)):
+                p.maps[i] = t.maps[first + i]
+                p.layers[i] = t.layers[first + i]
+                p.lazy[i] = t.lazy[first + i]
+                p.shared[i] = t.shared[first + i]
+                p.copied_keys[i] = t.copied_keys[first + i]
+            p.lazy_group_count = sum(p.lazy[:len(part)])
+            p._update_slow()
+        return piece
 
     def _move_to(self, new_range: KeyGroupRange) -> None:
         """Own ``new_range`` from now on: the entries of the key groups that left are dropped, those that arrive
@@ -898,6 +1025,7 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
                 del known[f]
         known[handle.file] = handle
         self._warm_point = (handle.checkpoint_id, handle.file)
+        self._snapshot_range = None   # the handle covers this backend's own range
 
     def _after_restore(self, lazy: bool) -> None:
         if not lazy:
