@@ -380,6 +380,9 @@ class KeyedStagePlan:
         self._project = jvm.org.apache.spark.sql.catalyst.plans.logical.Project
         self._of_rows = jvm.org.apache.spark.sql.classic.Dataset.ofRows
         self._to_seq = jvm.org.apache.spark.api.python.PythonUtils.toSeq
+        # re-rooting by attribute rewrite (see _rooted): the aliases' attributes, and AttributeMap's factory
+        self._fixed: Any = None
+        self._attribute_map: Any = None
 
     @classmethod
     def of(cls, df: DataFrame, jsession: Any, stage: Callable[[DataFrame], DataFrame],
@@ -408,32 +411,81 @@ class KeyedStagePlan:
                     plan._map = _MapInArrowCopier.of(df.sparkSession, staged.mapInArrow(task, schema), schema)
                 except (Py4JError, AttributeError, TypeError):   # PySpark's own mapInArrow on every batch
                     plan._map = None
-            nodes: list[Any] = []
+            root, depth = node, 0
             while not node.equals(leaf_plan):
-                if len(nodes) == cls._MAX_NODES or node.children().size() != 1:
+                if depth == cls._MAX_NODES or node.children().size() != 1:
                     return None
-                nodes.append(node)
+                depth += 1
                 node = node.children().apply(0)
+            plan._nodes = _unary_chain(_folded(jvm, root), depth)
+            plan._resolved_rooting(jvm, df, jsession, leaf_plan)
         except (Py4JError, AttributeError, TypeError):   # a Spark whose classes differ: DataFrame methods instead
             return None
-        plan._nodes = nodes[::-1]
         return plan
 
+    def _resolved_rooting(self, jvm: Any, df: DataFrame, jsession: Any, leaf_plan: Any) -> None:
+        """Switch to re-rooting by attribute rewrite where this Spark allows it (else the aliases stay): each
+        batch, the nodes' references to the aliases' attributes are rewritten to the input's own attributes
+        (``QueryPlan.rewriteAttrs``), so the plan handed to Spark is resolved as it stands and is marked analysed,
+        which spares Catalyst's analysis of it (Spark's ``Analyzer.executeAndCheck`` returns an analysed plan as it
+        is), and the optimizer has no projection of aliases to fold away. The nodes keep the first input's
+        nullability (``rewriteAttrs`` keeps the referring side's), so a plan is only ever put on inputs of the
+        schema it was made for, nullability included (the caller's cache key is the schema's JSON)."""
+        from py4j.protocol import Py4JError  # type: ignore[import-untyped]
+
+        try:
+            self._attribute_map = getattr(getattr(jvm.org.apache.spark.sql.catalyst.expressions, "AttributeMap$"),
+                                          "MODULE$")
+            self._fixed = leaf_plan.output()
+            self._rooted(df, jsession, None)   # a trial: every call this Spark must answer
+        except (Py4JError, AttributeError, TypeError):   # the aliases, re-analysed each batch, as before
+            self._attribute_map = self._fixed = None
+
     def _rooted(self, df: DataFrame, jsession: Any, task: Callable[[Any], Any] | None) -> tuple[DataFrame, bool]:
-        node = self._project(self._aliases, df._jdf.logicalPlan())
-        for above in self._nodes:
-            node = above.withNewChildren(self._to_seq([node]))
+        child = df._jdf.logicalPlan()
+        if self._attribute_map is None:   # over the aliases, which Catalyst resolves against the input
+            attributes, node = None, self._project(self._aliases, child)
+            for above in self._nodes:
+                node = above.withNewChildren(self._to_seq([node]))
+        else:   # right on the input, the aliases' attributes rewritten to the input's own
+            attributes, node = self._attribute_map.apply(self._fixed.zip(child.output())), child
+            for above in self._nodes:
+                node = above.withNewChildren(self._to_seq([node])).rewriteAttrs(attributes)
         mapped = False
         if task is not None and self._map is not None:
             copied = self._map.over(node, task)
             if copied is not None:
-                node, mapped = copied, True
+                node, mapped = copied if attributes is None else copied.rewriteAttrs(attributes), True
+        if attributes is not None:
+            node.setAnalyzed()   # resolved as it stands: Spark's analyser returns it as it is
         return DataFrame(self._of_rows(jsession, node), df.sparkSession), mapped
 
     def on(self, df: DataFrame, jsession: Any, task: Callable[[Any], Any] | None = None) -> tuple[DataFrame, bool]:
         """The keyed stage over ``df`` (of the schema the plan was made for), in the JVM session ``jsession``, and
         whether it holds ``mapInArrow(task, ...)`` (False: the caller adds it)."""
         return self._rooted(df, jsession, task)
+
+
+def _folded(jvm: Any, plan: Any) -> Any:
+    """``plan`` with its constant expressions folded (Catalyst's ``ConstantFolding``, the optimizer's own rule: the
+    key-group expression's literals, the null-key error's message map), so that the optimizer finds nothing to
+    fold in the stage's nodes each batch and reaches its fixed point in one pass over a plain input; ``plan`` as it
+    is where this Spark has no such rule."""
+    from py4j.protocol import Py4JError  # type: ignore[import-untyped]
+
+    try:
+        return getattr(getattr(jvm.org.apache.spark.sql.catalyst.optimizer, "ConstantFolding$"), "MODULE$").apply(plan)
+    except (Py4JError, AttributeError, TypeError):
+        return plan
+
+
+def _unary_chain(node: Any, depth: int) -> list[Any]:
+    """The ``depth`` nodes from ``node`` down its only children, bottom first."""
+    nodes = []
+    for _ in range(depth):
+        nodes.append(node)
+        node = node.children().apply(0)
+    return nodes[::-1]
 
 
 class _MapInArrowCopier:
