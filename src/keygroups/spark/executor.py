@@ -283,6 +283,7 @@ class SparkPlanCache:
         self.placements: dict[tuple[Any, ...], Callable[[DataFrame], DataFrame] | None] = {}
         self.digest: tuple[str, tuple[Column, Column]] | None = None
         self.stage_session: tuple[str, Any] | None = None
+        self.session_conf: tuple[Any, Any] | None = None   # (the user's JVM session, its SQLConf)
         self.stages: dict[tuple[Any, ...], KeyedStagePlan | None] = {}
 
 
@@ -334,7 +335,9 @@ def keyed_stage_session(df: DataFrame, cache: SparkPlanCache) -> Any:
     try:
         if not _operators(df._jdf.logicalPlan().treeString()) <= _NARROW_OPERATORS:
             return None
-        conf = jsession.sessionState().conf()
+        if cache.session_conf is None or cache.session_conf[0] is not jsession:
+            cache.session_conf = (jsession, jsession.sessionState().conf())   # the session's own: one object
+        conf = cache.session_conf[1]
         settings = conf.getAllConfs().toString()
         if cache.stage_session is not None and cache.stage_session[0] == settings:
             return cache.stage_session[1]
@@ -380,6 +383,8 @@ class KeyedStagePlan:
         self._project = jvm.org.apache.spark.sql.catalyst.plans.logical.Project
         self._of_rows = jvm.org.apache.spark.sql.classic.Dataset.ofRows
         self._to_seq = jvm.org.apache.spark.api.python.PythonUtils.toSeq
+        # Scala's empty List: ``nil.$colon$colon(x)`` is List(x), in one round trip where toSeq([x]) takes three
+        self._nil = getattr(getattr(jvm.scala.collection.immutable, "Nil$"), "MODULE$")
         # re-rooting by attribute rewrite (see _rooted): the aliases' attributes, and AttributeMap's factory
         self._fixed: Any = None
         self._attribute_map: Any = None
@@ -441,16 +446,19 @@ class KeyedStagePlan:
         except (Py4JError, AttributeError, TypeError):   # the aliases, re-analysed each batch, as before
             self._attribute_map = self._fixed = None
 
+    def _one(self, node: Any) -> Any:
+        return getattr(self._nil, "$colon$colon")(node)
+
     def _rooted(self, df: DataFrame, jsession: Any, task: Callable[[Any], Any] | None) -> tuple[DataFrame, bool]:
         child = df._jdf.logicalPlan()
         if self._attribute_map is None:   # over the aliases, which Catalyst resolves against the input
             attributes, node = None, self._project(self._aliases, child)
             for above in self._nodes:
-                node = above.withNewChildren(self._to_seq([node]))
+                node = above.withNewChildren(self._one(node))
         else:   # right on the input, the aliases' attributes rewritten to the input's own
             attributes, node = self._attribute_map.apply(self._fixed.zip(child.output())), child
             for above in self._nodes:
-                node = above.withNewChildren(self._to_seq([node])).rewriteAttrs(attributes)
+                node = above.withNewChildren(self._one(node)).rewriteAttrs(attributes)
         mapped = False
         if task is not None and self._map is not None:
             copied = self._map.over(node, task)
@@ -510,6 +518,7 @@ class _MapInArrowCopier:
         self._node, self._udf = node, udf
         self._node_args, self._node_slots = _constructor_arguments(gateway, node, ("functionExpr", "child"))
         self._udf_args, self._udf_slots = _constructor_arguments(gateway, udf, ("func",))
+        self._set = jvm.java.lang.reflect.Array.set   # one round trip a slot (a JavaArray's own asks its length)
         self._lock = threading.Lock()   # the argument arrays are filled anew for each copy
 
     @classmethod
@@ -534,10 +543,10 @@ class _MapInArrowCopier:
             return None
         function = self._simple_function(bytearray(pickled), *self._environment)
         with self._lock:
-            self._udf_args[self._udf_slots[0]] = function
+            self._set(self._udf_args, self._udf_slots[0], function)
             udf = self._udf.makeCopy(self._udf_args)
-            self._node_args[self._node_slots[0]] = udf
-            self._node_args[self._node_slots[1]] = child
+            self._set(self._node_args, self._node_slots[0], udf)
+            self._set(self._node_args, self._node_slots[1], child)
             return self._node.makeCopy(self._node_args)
 
 
