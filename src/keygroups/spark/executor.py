@@ -361,10 +361,13 @@ class KeyedStagePlan:
     py4j round trips of PySpark's ``mapInArrow`` (its column lookups, the Python function's Java objects), on every
     batch, and all of it is the same every batch but for the ids of the input's columns and the function's pickled
     bytes. So the input is first projected onto columns of fixed ids (one ``Project`` of ``name AS name`` aliases
-    whose ids are made once), the stage is analysed once above that projection, and each batch rebuilds the same
-    analysed nodes over ``Project(aliases, input)`` (the analyser resolves only the aliases' names; the optimizer
-    folds the projection away, so the physical plan is the one DataFrame methods give), with the ``mapInArrow``
-    node copied around a Python function made of this batch's pickled function and the first one's environment
+    whose ids are made once), the stage is analysed once above that projection and its constants folded once, and
+    each batch rebuilds the same nodes right on the batch's input, their references to the aliases' attributes
+    rewritten to the input's own, marked analysed: Spark's analyser returns such a plan as it is, and the optimizer
+    finds nothing of ours to change, so the physical plan is the one DataFrame methods give, without the analysis
+    and with one optimizer pass (:meth:`_resolved_rooting`; where this Spark lacks a call it takes, each batch's
+    nodes go over ``Project(aliases, input)`` and are analysed and optimized as before). The ``mapInArrow`` node
+    is copied around a Python function made of this batch's pickled function and the first one's environment
     (exactly what PySpark's ``mapInArrow`` would send: ``(function, return type)`` pickled by its serializer).
 
     Built only on a classic session (it needs the JVM's Catalyst classes): :meth:`of` returns None where it cannot
