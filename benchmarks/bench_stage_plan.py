@@ -10,8 +10,9 @@ two swapped every batch. Printed per path: the median ``run_batch`` wall time an
 Spark's own phase timings for the keyed stage's query (``QueryExecution.tracker``: analysis, optimization,
 planning); then the median of the paired differences (former minus current), which a shared machine's load moves
 less than either figure. Then Catalyst alone, ``--catalyst`` interleaved rounds: each path's plan put on a fresh
-input and planned to its executed plan, nothing run (the JVM work of a batch outside its job, but for submission). The former path is made by switching off, for its job's plan only, the two steps that
-make the current one (:meth:`KeyedStagePlan._resolved_rooting` and :func:`_folded`).
+input and planned to its executed plan, nothing run (the JVM work of a batch outside its job, but for
+submission). The former path is made by switching off, for its job's plan only, the two steps that make the
+current one (:meth:`KeyedStagePlan._resolved_rooting` and :func:`_folded`).
 """
 
 from __future__ import annotations
