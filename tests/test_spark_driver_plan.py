@@ -4,6 +4,7 @@ is narrow (:func:`keyed_stage_session`), never changing the user's session."""
 
 from __future__ import annotations
 
+import json
 import sys
 
 import pyarrow as pa
@@ -144,3 +145,57 @@ def test_a_persisted_narrow_input_is_read_once_by_the_stage_in_the_clone(spark, 
     result = job.run_batch(df, parallelism=RecordsPerSubtask(100))
     assert result.records_in == 300 and result.parallelism == 3
     assert calls.value == 300
+
+
+def test_the_rerooted_stage_is_handed_to_spark_analysed_and_already_optimized(spark, tmp_path):
+    """Each batch's stage is put right on the input (the aliases' attributes rewritten to the input's own) and
+    marked analysed: Spark's analyser returns it as it is, and the optimizer, its constants folded once, changes
+    nothing in it over a plain scan; the rows are still placed exactly."""
+    path = str(tmp_path / "in.parquet")
+    spark.range(0, 200, numPartitions=2).selectExpr("id * 37 AS key", "id AS v").write.parquet(path)
+
+    def stage(frame):
+        return partition_by_key_group(frame, "key", max_parallelism=128, parallelism=3)
+
+    plan = KeyedStagePlan.of(spark.read.parquet(path), spark._jsparkSession, stage)
+    assert plan is not None
+    df = spark.read.parquet(path)   # the same schema, other column ids
+    placed, _ = plan.on(df, spark._jsparkSession)
+    execution = placed._jdf.queryExecution()
+    identity = spark._jvm.System.identityHashCode
+    assert identity(execution.analyzed()) == identity(execution.logical())   # not analysed again
+
+    def chain(node, leaf):   # the node kinds from node down to leaf (by identity)
+        kinds = []
+        while identity(node) != identity(leaf):
+            assert len(kinds) < 8 and node.children().size() == 1
+            kinds.append(node.getClass().getSimpleName())
+            node = node.children().apply(0)
+        return kinds
+
+    # right on the input's own plan, with the node kinds DataFrame methods give (no projection of aliases between)
+    leaf = df._jdf.logicalPlan()
+    assert chain(execution.analyzed(), leaf) == chain(stage(df)._jdf.logicalPlan(), leaf)
+    assert execution.optimizedPlan().fastEquals(execution.analyzed())   # nothing left for the optimizer to do
+    owner = KeyGroupPartitioner(128, 3, "long")
+    rows = placed.select("key", "v", F.spark_partition_id().alias("p")).collect()
+    assert sorted((r.key, r.v) for r in rows) == [(i * 37, i) for i in range(200)]
+    assert all(r.p == owner(r.key) for r in rows)
+
+
+def test_a_key_column_that_becomes_nullable_gets_a_plan_of_its_own_and_its_null_is_refused(spark, tmp_path):
+    """The re-rooted nodes keep the nullability of the input they were planned over, so a plan is only put on an
+    input of the same schema, nullability included: a batch whose key column turns nullable (and holds a null)
+    gets a plan of its own, whose null-key check is not folded away, and is refused with the null-key error."""
+    from py4j.protocol import Py4JJavaError
+    from pyspark.errors import PySparkException
+
+    job = KeyedJob("nulls", "key", Total(), output_schema="key long, total long", max_parallelism=32,
+                   checkpoint_location=str(tmp_path / "chk"))
+    job.run_batch(spark.range(0, 20).selectExpr("id AS key", "id AS v"), parallelism=2)   # key not nullable
+    nullable = spark.createDataFrame([(1, 1), (None, 2)], "key long, v long")
+    with pytest.raises((PySparkException, Py4JJavaError), match="null key"):
+        job.run_batch(nullable, parallelism=2)
+    # the plans are per input schema (a new schema drops the old ones): the one held now is the nullable input's
+    (schema, *_), = [key for key, plan in job._plans.stages.items() if plan is not None]
+    assert json.loads(schema)["fields"][0] == {"metadata": {}, "name": "key", "nullable": True, "type": "long"}

@@ -283,6 +283,7 @@ class SparkPlanCache:
         self.placements: dict[tuple[Any, ...], Callable[[DataFrame], DataFrame] | None] = {}
         self.digest: tuple[str, tuple[Column, Column]] | None = None
         self.stage_session: tuple[str, Any] | None = None
+        self.session_conf: tuple[Any, Any] | None = None   # (the user's JVM session, its SQLConf)
         self.stages: dict[tuple[Any, ...], KeyedStagePlan | None] = {}
 
 
@@ -334,7 +335,9 @@ def keyed_stage_session(df: DataFrame, cache: SparkPlanCache) -> Any:
     try:
         if not _operators(df._jdf.logicalPlan().treeString()) <= _NARROW_OPERATORS:
             return None
-        conf = jsession.sessionState().conf()
+        if cache.session_conf is None or cache.session_conf[0] is not jsession:
+            cache.session_conf = (jsession, jsession.sessionState().conf())   # the session's own: one object
+        conf = cache.session_conf[1]
         settings = conf.getAllConfs().toString()
         if cache.stage_session is not None and cache.stage_session[0] == settings:
             return cache.stage_session[1]
@@ -358,10 +361,13 @@ class KeyedStagePlan:
     py4j round trips of PySpark's ``mapInArrow`` (its column lookups, the Python function's Java objects), on every
     batch, and all of it is the same every batch but for the ids of the input's columns and the function's pickled
     bytes. So the input is first projected onto columns of fixed ids (one ``Project`` of ``name AS name`` aliases
-    whose ids are made once), the stage is analysed once above that projection, and each batch rebuilds the same
-    analysed nodes over ``Project(aliases, input)`` (the analyser resolves only the aliases' names; the optimizer
-    folds the projection away, so the physical plan is the one DataFrame methods give), with the ``mapInArrow``
-    node copied around a Python function made of this batch's pickled function and the first one's environment
+    whose ids are made once), the stage is analysed once above that projection and its constants folded once, and
+    each batch rebuilds the same nodes right on the batch's input, their references to the aliases' attributes
+    rewritten to the input's own, marked analysed: Spark's analyser returns such a plan as it is, and the optimizer
+    finds nothing of ours to change, so the physical plan is the one DataFrame methods give, without the analysis
+    and with one optimizer pass (:meth:`_resolved_rooting`; where this Spark lacks a call it takes, each batch's
+    nodes go over ``Project(aliases, input)`` and are analysed and optimized as before). The ``mapInArrow`` node
+    is copied around a Python function made of this batch's pickled function and the first one's environment
     (exactly what PySpark's ``mapInArrow`` would send: ``(function, return type)`` pickled by its serializer).
 
     Built only on a classic session (it needs the JVM's Catalyst classes): :meth:`of` returns None where it cannot
@@ -380,6 +386,11 @@ class KeyedStagePlan:
         self._project = jvm.org.apache.spark.sql.catalyst.plans.logical.Project
         self._of_rows = jvm.org.apache.spark.sql.classic.Dataset.ofRows
         self._to_seq = jvm.org.apache.spark.api.python.PythonUtils.toSeq
+        # Scala's empty List: ``nil.$colon$colon(x)`` is List(x), in one round trip where toSeq([x]) takes three
+        self._nil = getattr(getattr(jvm.scala.collection.immutable, "Nil$"), "MODULE$")
+        # re-rooting by attribute rewrite (see _rooted): the aliases' attributes, and AttributeMap's factory
+        self._fixed: Any = None
+        self._attribute_map: Any = None
 
     @classmethod
     def of(cls, df: DataFrame, jsession: Any, stage: Callable[[DataFrame], DataFrame],
@@ -408,32 +419,84 @@ class KeyedStagePlan:
                     plan._map = _MapInArrowCopier.of(df.sparkSession, staged.mapInArrow(task, schema), schema)
                 except (Py4JError, AttributeError, TypeError):   # PySpark's own mapInArrow on every batch
                     plan._map = None
-            nodes: list[Any] = []
+            root, depth = node, 0
             while not node.equals(leaf_plan):
-                if len(nodes) == cls._MAX_NODES or node.children().size() != 1:
+                if depth == cls._MAX_NODES or node.children().size() != 1:
                     return None
-                nodes.append(node)
+                depth += 1
                 node = node.children().apply(0)
+            plan._nodes = _unary_chain(_folded(jvm, root), depth)
+            plan._resolved_rooting(jvm, df, jsession, leaf_plan)
         except (Py4JError, AttributeError, TypeError):   # a Spark whose classes differ: DataFrame methods instead
             return None
-        plan._nodes = nodes[::-1]
         return plan
 
+    def _resolved_rooting(self, jvm: Any, df: DataFrame, jsession: Any, leaf_plan: Any) -> None:
+        """Switch to re-rooting by attribute rewrite where this Spark allows it (else the aliases stay): each
+        batch, the nodes' references to the aliases' attributes are rewritten to the input's own attributes
+        (``QueryPlan.rewriteAttrs``), so the plan handed to Spark is resolved as it stands and is marked analysed,
+        which spares Catalyst's analysis of it (Spark's ``Analyzer.executeAndCheck`` returns an analysed plan as it
+        is), and the optimizer has no projection of aliases to fold away. The nodes keep the first input's
+        nullability (``rewriteAttrs`` keeps the referring side's), so a plan is only ever put on inputs of the
+        schema it was made for, nullability included (the caller's cache key is the schema's JSON)."""
+        from py4j.protocol import Py4JError  # type: ignore[import-untyped]
+
+        try:
+            self._attribute_map = getattr(getattr(jvm.org.apache.spark.sql.catalyst.expressions, "AttributeMap$"),
+                                          "MODULE$")
+            self._fixed = leaf_plan.output()
+            self._rooted(df, jsession, None)   # a trial: every call this Spark must answer
+        except (Py4JError, AttributeError, TypeError):   # the aliases, re-analysed each batch, as before
+            self._attribute_map = self._fixed = None
+
+    def _one(self, node: Any) -> Any:
+        return getattr(self._nil, "$colon$colon")(node)
+
     def _rooted(self, df: DataFrame, jsession: Any, task: Callable[[Any], Any] | None) -> tuple[DataFrame, bool]:
-        node = self._project(self._aliases, df._jdf.logicalPlan())
-        for above in self._nodes:
-            node = above.withNewChildren(self._to_seq([node]))
+        child = df._jdf.logicalPlan()
+        if self._attribute_map is None:   # over the aliases, which Catalyst resolves against the input
+            attributes, node = None, self._project(self._aliases, child)
+            for above in self._nodes:
+                node = above.withNewChildren(self._one(node))
+        else:   # right on the input, the aliases' attributes rewritten to the input's own
+            attributes, node = self._attribute_map.apply(self._fixed.zip(child.output())), child
+            for above in self._nodes:
+                node = above.withNewChildren(self._one(node)).rewriteAttrs(attributes)
         mapped = False
         if task is not None and self._map is not None:
             copied = self._map.over(node, task)
             if copied is not None:
-                node, mapped = copied, True
+                node, mapped = copied if attributes is None else copied.rewriteAttrs(attributes), True
+        if attributes is not None:
+            node.setAnalyzed()   # resolved as it stands: Spark's analyser returns it as it is
         return DataFrame(self._of_rows(jsession, node), df.sparkSession), mapped
 
     def on(self, df: DataFrame, jsession: Any, task: Callable[[Any], Any] | None = None) -> tuple[DataFrame, bool]:
         """The keyed stage over ``df`` (of the schema the plan was made for), in the JVM session ``jsession``, and
         whether it holds ``mapInArrow(task, ...)`` (False: the caller adds it)."""
         return self._rooted(df, jsession, task)
+
+
+def _folded(jvm: Any, plan: Any) -> Any:
+    """``plan`` with its constant expressions folded (Catalyst's ``ConstantFolding``, the optimizer's own rule: the
+    key-group expression's literals, the null-key error's message map), so that the optimizer finds nothing to
+    fold in the stage's nodes each batch and reaches its fixed point in one pass over a plain input; ``plan`` as it
+    is where this Spark has no such rule."""
+    from py4j.protocol import Py4JError  # type: ignore[import-untyped]
+
+    try:
+        return getattr(getattr(jvm.org.apache.spark.sql.catalyst.optimizer, "ConstantFolding$"), "MODULE$").apply(plan)
+    except (Py4JError, AttributeError, TypeError):
+        return plan
+
+
+def _unary_chain(node: Any, depth: int) -> list[Any]:
+    """The ``depth`` nodes from ``node`` down its only children, bottom first."""
+    nodes = []
+    for _ in range(depth):
+        nodes.append(node)
+        node = node.children().apply(0)
+    return nodes[::-1]
 
 
 class _MapInArrowCopier:
@@ -458,6 +521,7 @@ class _MapInArrowCopier:
         self._node, self._udf = node, udf
         self._node_args, self._node_slots = _constructor_arguments(gateway, node, ("functionExpr", "child"))
         self._udf_args, self._udf_slots = _constructor_arguments(gateway, udf, ("func",))
+        self._set = jvm.java.lang.reflect.Array.set   # one round trip a slot (a JavaArray's own asks its length)
         self._lock = threading.Lock()   # the argument arrays are filled anew for each copy
 
     @classmethod
@@ -482,10 +546,10 @@ class _MapInArrowCopier:
             return None
         function = self._simple_function(bytearray(pickled), *self._environment)
         with self._lock:
-            self._udf_args[self._udf_slots[0]] = function
+            self._set(self._udf_args, self._udf_slots[0], function)
             udf = self._udf.makeCopy(self._udf_args)
-            self._node_args[self._node_slots[0]] = udf
-            self._node_args[self._node_slots[1]] = child
+            self._set(self._node_args, self._node_slots[0], udf)
+            self._set(self._node_args, self._node_slots[1], child)
             return self._node.makeCopy(self._node_args)
 
 
