@@ -46,6 +46,18 @@ def end_model(model):
     model.tmp.cleanup()
 
 
+def assert_five_match(model, keys: int) -> None:
+    """A model's invariant: the five states of keys ``0 .. keys - 1`` read what its dict model holds (a TTL value
+    only until it expires)."""
+    m = model.model
+    for k in range(keys):
+        s = model.at(k)
+        ttl = m["ttl"].get(k)
+        got = (s["value"].value(), s["list"].get(), s["reducing"].get(), s["aggregating"].get(), s["ttl"].value())
+        assert got == (m["value"].get(k), m["list"].get(k, []), m["reducing"].get(k), m["aggregating"].get(k),
+                       ttl[0] if ttl and model.now - ttl[1] < TTL else None), k
+
+
 def abandon(backends):
     """The process dies: nothing flushed, closed, sealed or kept (its locks go with it)."""
     for b, _ in backends:

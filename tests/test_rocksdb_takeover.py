@@ -27,7 +27,7 @@ from keygroups.state import RocksDBKeyedStateBackend, StateTtlConfig, ValueState
 from keygroups.state import rocksdb as rocksdb_module
 from keygroups.state._base import _committed_chains
 from keygroups.state.warm import WarmResume
-from test_rocksdb_catch_up import TTL, descriptors, end_model
+from test_rocksdb_catch_up import assert_five_match, descriptors, end_model
 from test_rocksdb_incremental import write_five
 
 MAXP = 128
@@ -170,13 +170,7 @@ class TakeoverModel(RuleBasedStateMachine):
 
     @invariant()
     def matches(self):
-        m = self.model
-        for k in range(41):
-            s = self.at(k)
-            ttl = m["ttl"].get(k)
-            got = (s["value"].value(), s["list"].get(), s["reducing"].get(), s["aggregating"].get(), s["ttl"].value())
-            assert got == (m["value"].get(k), m["list"].get(k, []), m["reducing"].get(k), m["aggregating"].get(k),
-                           ttl[0] if ttl and self.now - ttl[1] < TTL else None), k
+        assert_five_match(self, 41)
 
     def teardown(self):
         end_model(self)
@@ -370,6 +364,18 @@ def test_a_taken_over_database_whose_state_meta_changed_since_is_restored_cold(t
     assert _value_of(storage, 3, descriptor=with_ttl(7200)) == {k: 1 + 10 * (k % 2 == 0) for k in KEYS}
 
 
+def _go_on_from_1_on_host_b_then_take_over_on_host_a_cold(storage, host_a, host_b, monkeypatch):
+    """The job goes on from checkpoint 1 on host b (3, 4), then rescales to 3 on host a, whose databases hold
+    checkpoint 2: both takeovers are refused (nothing vouches for those rows), restore cold, and read exactly."""
+    _run(storage, host_b, 1, 3, 2, 10, keys=KEYS[::2], write_back=1)
+    _run(storage, host_b, 3, 4, 2, 100, keys=KEYS[::3], write_back=1)
+    rocksdb_module._KEPT_CACHES.clear()
+    plans = _refusals(monkeypatch)
+    stats = _run(storage, host_a, 4, 5, 3, 0, keys=[])
+    assert plans == [None, None] and _cold_everywhere(stats)
+    assert _value_of(storage, 5) == {k: 1 + 10 * (k % 2 == 0) + 100 * (k % 3 == 0) for k in KEYS}
+
+
 def test_a_taken_over_database_whose_marker_checkpoint_was_never_committed_is_restored_cold(tmp_path, monkeypatch):
     """Host a's databases hold checkpoint 2, whose commit failed; the job went on from 1 on host b (3, 4): the
     marker's snapshot file is in no committed checkpoint, so nothing vouches for the rows."""
@@ -390,13 +396,7 @@ def test_a_taken_over_database_whose_marker_checkpoint_was_never_committed_is_re
         b.snapshot(2, storage).result(30)
         b.dispose()
     assert markers(host_a) == {(0, 63): 2, (64, 127): 2}
-    _run(storage, host_b, 1, 3, 2, 10, keys=KEYS[::2], write_back=1)
-    _run(storage, host_b, 3, 4, 2, 100, keys=KEYS[::3], write_back=1)
-    rocksdb_module._KEPT_CACHES.clear()
-    plans = _refusals(monkeypatch)
-    stats = _run(storage, host_a, 4, 5, 3, 0, keys=[])
-    assert plans == [None, None] and _cold_everywhere(stats)
-    assert _value_of(storage, 5) == {k: 1 + 10 * (k % 2 == 0) + 100 * (k % 3 == 0) for k in KEYS}
+    _go_on_from_1_on_host_b_then_take_over_on_host_a_cold(storage, host_a, host_b, monkeypatch)
 
 
 def test_a_taken_over_database_of_another_lineage_is_restored_cold(tmp_path, monkeypatch):
@@ -408,13 +408,7 @@ def test_a_taken_over_database_of_another_lineage_is_restored_cold(tmp_path, mon
     _run(storage, host_a, None, 1, 2, 1, write_back=1)
     _run(storage, host_a, 1, 2, 2, 50, write_back=1)
     assert markers(host_a) == {(0, 63): 2, (64, 127): 2}
-    _run(storage, host_b, 1, 3, 2, 10, keys=KEYS[::2], write_back=1)
-    _run(storage, host_b, 3, 4, 2, 100, keys=KEYS[::3], write_back=1)
-    rocksdb_module._KEPT_CACHES.clear()
-    plans = _refusals(monkeypatch)
-    stats = _run(storage, host_a, 4, 5, 3, 0, keys=[])
-    assert plans == [None, None] and _cold_everywhere(stats)
-    assert _value_of(storage, 5) == {k: 1 + 10 * (k % 2 == 0) + 100 * (k % 3 == 0) for k in KEYS}
+    _go_on_from_1_on_host_b_then_take_over_on_host_a_cold(storage, host_a, host_b, monkeypatch)
 
 
 def test_the_process_holding_the_kept_values_still_completes_the_taken_over_database_from_them(tmp_path):

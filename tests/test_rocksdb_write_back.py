@@ -22,7 +22,7 @@ from keygroups.serializers import Int64Serializer
 from keygroups.state import RocksDBKeyedStateBackend, ValueStateDescriptor
 from keygroups.state import rocksdb as rocksdb_module
 from keygroups.state.warm import WarmResume
-from test_rocksdb_catch_up import TTL, abandon, descriptors, end_model
+from test_rocksdb_catch_up import abandon, assert_five_match, descriptors, end_model
 from test_rocksdb_incremental import write_five
 
 MAXP = 128
@@ -140,13 +140,7 @@ class WriteBackModel(RuleBasedStateMachine):
 
     @invariant()
     def matches(self):
-        m = self.model
-        for k in range(46):
-            s = self.at(k)
-            ttl = m["ttl"].get(k)
-            got = (s["value"].value(), s["list"].get(), s["reducing"].get(), s["aggregating"].get(), s["ttl"].value())
-            assert got == (m["value"].get(k), m["list"].get(k, []), m["reducing"].get(k), m["aggregating"].get(k),
-                           ttl[0] if ttl and self.now - ttl[1] < TTL else None), k
+        assert_five_match(self, 46)
 
     def teardown(self):
         end_model(self)
