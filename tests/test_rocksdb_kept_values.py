@@ -262,17 +262,18 @@ def test_a_user_serializer_returning_any_sequence_fills_the_cache(tmp_path):
 def test_settling_compacts_level_0_only_past_the_trigger(tmp_path):
     """A kept database is opened and closed every batch; closing aborts the compaction RocksDB started in the
     background, so its level 0 could only grow (a warm batch cost about 20 ms more per batch in
-    bench_rocksdb_warm). The close compacts it once it reaches RocksDB's trigger, and not before."""
+    bench_rocksdb_warm). The close compacts it once it reaches ``_LEVEL0_SETTLE_FILES``, and not before."""
     opts = rocksdict.Options(raw_mode=True)
     opts.create_if_missing(True)
     opts.set_disable_auto_compactions(True)
     db = rocksdict.Rdict(str(tmp_path / "db"), opts)
-    for n in range(rocksdb._LEVEL0_COMPACTION_TRIGGER):
+    settle = rocksdb._LEVEL0_SETTLE_FILES
+    for n in range(settle):
         db[b"k%d" % n] = b"v"
         db.flush()
         before = db.property_int_value("rocksdb.num-files-at-level0")
         rocksdb._settle_level0(db)
         after = db.property_int_value("rocksdb.num-files-at-level0")
-        assert before == n + 1 and after == (0 if before == rocksdb._LEVEL0_COMPACTION_TRIGGER else before)
-    assert [db[b"k%d" % n] for n in range(4)] == [b"v"] * 4
+        assert before == n + 1 and after == (0 if before == settle else before)
+    assert [db[b"k%d" % n] for n in range(settle)] == [b"v"] * settle
     db.close()

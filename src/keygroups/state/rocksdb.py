@@ -345,22 +345,25 @@ def _open(path: str, *, read_only: bool = False) -> rocksdict.Rdict:
     return db
 
 
-#: Level-0 files at which RocksDB starts a compaction (its ``level0_file_num_compaction_trigger`` default).
-_LEVEL0_COMPACTION_TRIGGER = 4
+#: Level-0 files at which a kept database is compacted before it is closed (``_settle_level0``): RocksDB starts
+#: compacting at 4 and slows writes at 20. A compaction here rewrites the whole database (each flush's file spans all
+#: its keys): 14 CPU-s for the 5M keys of a subtask at 10M keys, so it is left to RocksDB's background as long as
+#: level 0 stays well below the slowdown.
+_LEVEL0_SETTLE_FILES = 12
 
 
 def _settle_level0(db: rocksdict.Rdict) -> None:
-    """Compact a kept database whose level 0 reached RocksDB's compaction trigger, before it is closed. A kept
+    """Compact a kept database whose level 0 reached ``_LEVEL0_SETTLE_FILES``, before it is closed. A kept
     database is opened and closed every batch, and closing aborts the compaction RocksDB started in the background:
     when it cannot finish within a batch, level 0 only grows (every ingested flush adds a file spanning all keys)
     and every read, and every snapshot's scan, merges all of them: a warm batch's CPU then grew by about 20 ms per
-    batch (the peer job, 50k keys, a flush every batch). Compacted here, the work is the one RocksDB would have done,
-    once per that many flushes."""
+    batch (the peer job, 50k keys, a flush every batch), and past 20 files RocksDB slows the writes. Compacted here
+    past ``_LEVEL0_SETTLE_FILES``, the work is the one RocksDB would have done, once per that many flushes."""
     try:
         files = db.property_int_value("rocksdb.num-files-at-level0") or 0
     except Exception:  # noqa: BLE001 - rocksdict raises plain Exception; a property is never worth failing a close
         return
-    if files >= _LEVEL0_COMPACTION_TRIGGER:
+    if files >= _LEVEL0_SETTLE_FILES:
         db.compact_range(None, None)
 
 
