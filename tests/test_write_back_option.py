@@ -57,6 +57,16 @@ def test_a_bad_write_back_interval_is_refused_where_the_job_is_built(bad):
                  backend="rocksdb", write_back_batches=bad)
 
 
+def test_a_write_back_interval_for_the_heap_is_refused_naming_the_backend():
+    with pytest.raises(ValueError, match="write_back_batches=2 applies to backend='rocksdb' only.*backend='heap'"):
+        JobOptions(name="j", key_columns=("k",), function=pickle.dumps(Total()), output_schema=OUT,
+                   max_parallelism=32, backend="heap", write_back_batches=2)
+    from keygroups.spark import KeyedJob
+    with pytest.raises(ValueError, match="write_back_batches=2 applies to backend='rocksdb' only.*backend='heap'"):
+        KeyedJob("j", "k", Total(), output_schema=OUT, max_parallelism=32, checkpoint_location="/tmp/unused",
+                 write_back_batches=2)
+
+
 def test_keyed_job_hands_its_write_back_interval_to_the_runtime(tmp_path):
     from keygroups.spark import KeyedJob
     job = KeyedJob("j", "k", Total(), output_schema=OUT, max_parallelism=32, checkpoint_location=str(tmp_path),

@@ -125,7 +125,7 @@ class JobOptions:
             raise ValueError("a watermark_strategy needs the event-time column: give timestamp_column too")
         check_late_records(self.late_records)
         check_warm_heap_backends(self.warm_heap_backends)
-        check_write_back_batches(self.write_back_batches)
+        check_write_back_batches(self.write_back_batches, self.backend)
         check_sink(self.sink)
         if self.sink is not None:
             sink_name(self.sink)

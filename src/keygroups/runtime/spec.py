@@ -27,11 +27,15 @@ def check_warm_heap_backends(n: Any) -> int:
     return n
 
 
-def check_write_back_batches(n: Any) -> int | None:
-    """``n`` if it is a valid RocksDB write-back interval or None (the backend's default), else ValueError."""
+def check_write_back_batches(n: Any, backend: str) -> int | None:
+    """``n`` if it is a valid RocksDB write-back interval or None (the backend's default), else ValueError; one for
+    another ``backend`` than RocksDB is refused too (it would be ignored)."""
     if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
         raise ValueError(f"write_back_batches must be an int >= 1 (a RocksDB subtask writes its kept database at "
                          f"most every this many batches; 1: every batch) or None (the backend's default), got {n!r}")
+    if n is not None and backend != "rocksdb":
+        raise ValueError(f"write_back_batches={n!r} applies to backend='rocksdb' only (a database kept on local disk "
+                         f"between batches); backend={backend!r} has none to write back: leave it None")
     return n
 
 

@@ -284,7 +284,7 @@ class KeyedJob:
         self.allow_pickle = allow_pickle
         self.local_dir = local_dir
         self.warm_heap_backends = check_warm_heap_backends(warm_heap_backends)
-        self.write_back_batches = check_write_back_batches(write_back_batches)
+        self.write_back_batches = check_write_back_batches(write_back_batches, backend)
         self.storage = CheckpointStorage(checkpoint_location, retain=retain, storage_options=storage_options)
         self.restore_from_savepoint = restore_from_savepoint
         self.assignment = resolve_assignment(assignment)

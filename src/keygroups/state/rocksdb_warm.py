@@ -22,8 +22,9 @@ and its marker (``marker.json``), and beside it the range's lock file ``<first>-
   temporary directory) catches up: the marker names, per key group, the files of the chain the database holds
   (:meth:`WarmDirectory.behind`), and the backend applies only the blocks written after them. A backend of another
   range (boundaries moved, or a rescale) with none of its own takes over (moves) the kept database of the range
-  that overlaps it most, at that same checkpoint only (:meth:`WarmDirectory.moved_from`): the backend then drops
-  the key groups that left and restores those that arrived.
+  that overlaps it most (:meth:`WarmDirectory.moved_from`): the backend then drops the key groups that left and
+  restores those that arrived; one behind the checkpoint is first completed from the values its process kept, or
+  caught up from the chain (``RocksDBKeyedStateBackend._resume_moved``).
 * **Clean-up.** Directories of ranges that overlap the claimed one are left from other parallelisms: they are
   deleted once no sibling range can still take them over (:meth:`WarmDirectory.remove_stale`).
 """
