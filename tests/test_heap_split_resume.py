@@ -18,26 +18,15 @@ from hypothesis import strategies as st
 
 import keygroups as kg
 from keygroups import KeyGroupRange
-from keygroups.checkpoint import CheckpointStorage, plan_keyed_restore
+from keygroups.checkpoint import CheckpointStorage
 from keygroups.runtime import begin_batch, commit_batch
 from keygroups.runtime.subtask import run_keyed_subtask
 from keygroups.runtime.subtask_state import HeapBackendRegistry
 from keygroups.serializers import Int64Serializer, StrSerializer
 from keygroups.state import HeapKeyedStateBackend, MapStateDescriptor, ValueStateDescriptor
-from test_heap_warm import INPUT, MP, OUTPUT, Ledger, Model, cold_state, outputs, table_of
+from test_heap_warm import INPUT, MP, OUTPUT, Ledger, Model, cold_state, newer_bytes, outputs, table_of
 
 JOB = "ledger"
-
-
-def chain_bytes(metadata, key_groups, since: int = -1) -> int:
-    """Bytes of the blocks newer than checkpoint ``since`` in the chains of ``key_groups`` (a range) at
-    ``metadata``."""
-    total = 0
-    for handle, run in plan_keyed_restore(metadata, key_groups):
-        if handle.checkpoint_id > since:
-            start, end = handle.byte_range(run)
-            total += end - start
-    return total
 
 
 def resumable(storage: CheckpointStorage, restore_point, backend: HeapKeyedStateBackend) -> bool:
@@ -72,7 +61,7 @@ def held(worker: HeapBackendRegistry, storage: CheckpointStorage, restore_point)
 def allowed_bytes(metadata, own: KeyGroupRange, holds: dict[int, int]) -> int:
     """What the subtask of ``own`` may read: the chains of the key groups no piece holds, and the blocks newer than
     its piece's snapshot of each one held (a piece left behind by an earlier batch catches up)."""
-    return sum(chain_bytes(metadata, KeyGroupRange(g, g), holds.get(g, -1)) for g in own)
+    return sum(newer_bytes(metadata, KeyGroupRange(g, g), holds.get(g, -1)) for g in own)
 
 
 def run_batch(location, model, records, parallelism, workers, placement, order):

@@ -58,6 +58,16 @@ def assert_five_match(model, keys: int) -> None:
                        ttl[0] if ttl and model.now - ttl[1] < TTL else None), k
 
 
+def write_value_like(model, k, v, op) -> None:
+    """A model's write of ``v`` to key ``k``'s state ``op`` (a TTL value stamped with the model's clock), on the
+    backend and in its dict model alike."""
+    if op == "ttl":
+        model.at(k)["ttl"].update(v)
+        model.model["ttl"][k] = (v, model.now)
+    else:
+        write_five(model.at(k), model.model, k, v, op)
+
+
 def abandon(backends):
     """The process dies: nothing flushed, closed, sealed or kept (its locks go with it)."""
     for b, _ in backends:
@@ -139,11 +149,7 @@ class CatchUpModel(RuleBasedStateMachine):
     def write(self, k, v, op):
         if op in ("map", "remove") and "map" not in self.model:
             op = "value"
-        if op == "ttl":
-            self.at(k)["ttl"].update(v)
-            self.model["ttl"][k] = (v, self.now)
-        else:
-            write_five(self.at(k), self.model, k, v, op)
+        write_value_like(self, k, v, op)
 
     @rule(k=st.integers(0, 30), name=st.sampled_from(sorted(descriptors())))
     def clear(self, k, name):

@@ -27,7 +27,7 @@ from keygroups.state import RocksDBKeyedStateBackend, StateTtlConfig, ValueState
 from keygroups.state import rocksdb as rocksdb_module
 from keygroups.state._base import _committed_chains
 from keygroups.state.warm import WarmResume
-from test_rocksdb_catch_up import assert_five_match, descriptors, end_model
+from test_rocksdb_catch_up import assert_five_match, descriptors, end_model, write_value_like
 from test_rocksdb_incremental import write_five
 
 MAXP = 128
@@ -132,11 +132,7 @@ class TakeoverModel(RuleBasedStateMachine):
     @rule(k=st.integers(0, 40), v=st.integers(-5, 5),
           op=st.sampled_from(["value", "list", "reducing", "aggregating", "ttl"]))
     def write(self, k, v, op):
-        if op == "ttl":
-            self.at(k)["ttl"].update(v)
-            self.model["ttl"][k] = (v, self.now)
-        else:
-            write_five(self.at(k), self.model, k, v, op)
+        write_value_like(self, k, v, op)
 
     @rule(k=st.integers(0, 40), name=st.sampled_from(["value", "list", "reducing", "aggregating", "ttl"]))
     def clear(self, k, name):

@@ -22,8 +22,7 @@ from keygroups.serializers import Int64Serializer
 from keygroups.state import RocksDBKeyedStateBackend, ValueStateDescriptor
 from keygroups.state import rocksdb as rocksdb_module
 from keygroups.state.warm import WarmResume
-from test_rocksdb_catch_up import abandon, assert_five_match, descriptors, end_model
-from test_rocksdb_incremental import write_five
+from test_rocksdb_catch_up import abandon, assert_five_match, descriptors, end_model, write_value_like
 
 MAXP = 128
 
@@ -79,11 +78,7 @@ class WriteBackModel(RuleBasedStateMachine):
     @rule(k=st.integers(0, 40), v=st.integers(-5, 5),
           op=st.sampled_from(["value", "list", "reducing", "aggregating", "ttl"]))
     def write(self, k, v, op):
-        if op == "ttl":
-            self.at(k)["ttl"].update(v)
-            self.model["ttl"][k] = (v, self.now)
-        else:
-            write_five(self.at(k), self.model, k, v, op)
+        write_value_like(self, k, v, op)
 
     @rule(keys=st.lists(st.integers(0, 45), max_size=20, unique=True))
     def prefetch(self, keys):
