@@ -83,13 +83,15 @@ def test_balanced_job_moves_boundaries_rescales_and_switches_back(spark, tmp_pat
 def test_moved_boundaries_read_exactly_the_moved_bytes_on_spark(spark, tmp_path):
     """Two of three boundaries move (the first subtask's largest overlap is the range the second needs): Spark's
     tasks, on whichever Python worker, take over the warm RocksDB databases the decision's best matching gives them
-    (kept on the host's disk), so the batch restores exactly the moved bytes, and the totals stay right."""
+    (kept on the host's disk), so the batch restores exactly the moved bytes, and the totals stay right. Each batch
+    writes its databases (``write_back_batches=1``): with write-back, a database taken over in another worker than
+    the one that kept its newest values also reads the blocks it lags behind (test_rocksdb_takeover)."""
     from test_assignment_runtime import FixedRanges
 
     assignment = FixedRanges((0, 4, 25, MP))
     job = KeyedJob("moves", "k", RunningTotal(), output_schema=TOTALS, max_parallelism=MP, backend="rocksdb",
                    checkpoint_location=str(tmp_path / "chk"), local_dir=str(tmp_path / "local"),
-                   assignment=assignment)
+                   assignment=assignment, write_back_batches=1)
     df = spark.createDataFrame([(k, 1) for k in range(3000)], "k long, v long")
     job.run_batch(df, parallelism=3)
     assignment.boundaries = (0, 15, 24, MP)
