@@ -418,6 +418,19 @@ class _HeapTable(TableCore):
         self.group_count = n
         self._update_slow()
 
+    def take_groups(self, source: _HeapTable, source_first: int, first: int, n: int) -> None:
+        """Hold ``source``'s entries of its ``n`` key groups from index ``source_first`` at indexes ``first`` on, as
+        they are (handed over, not copied: a kept backend split into pieces, or pieces assembled into one)."""
+        for i in range(n):
+            j = source_first + i
+            self.maps[first + i] = source.maps[j]
+            self.layers[first + i] = source.layers[j]
+            self.lazy[first + i] = source.lazy[j]
+            self.shared[first + i] = source.shared[j]
+            self.copied_keys[first + i] = source.copied_keys[j]
+        self.lazy_group_count = sum(self.lazy[:self.group_count])
+        self._update_slow()
+
     def drop_layers(self, group_index: int) -> None:
         """Forget the layers of a key group (a full block replaces them)."""
         if self.layers[group_index] is not None:
@@ -849,14 +862,7 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
             if t is None:
                 t = self._new_table(name, pt.meta, pt.read_framing, pt.write_framing, None)
                 t.track = self._tracking
-            for i in range(piece._n):
-                t.maps[offset + i] = pt.maps[i]
-                t.layers[offset + i] = pt.layers[i]
-                t.lazy[offset + i] = pt.lazy[i]
-                t.shared[offset + i] = pt.shared[i]
-                t.copied_keys[offset + i] = pt.copied_keys[i]
-            t.lazy_group_count = sum(t.lazy[:t.group_count])
-            t._update_slow()
+            t.take_groups(pt, 0, offset, piece._n)
         piece._tables = {}
 
     def _resume_own(self, metadata: CheckpointMetadata, kept_file: str) -> WarmResume | None:
@@ -957,14 +963,7 @@ class HeapKeyedStateBackend(KeyedStateBackendBase):
         for name, t in self._tables.items():
             p = piece._new_table(name, t.meta, t.read_framing, t.write_framing, t.descriptor)
             p.track = True
-            for i in range(len(part)):
-                p.maps[i] = t.maps[first + i]
-                p.layers[i] = t.layers[first + i]
-                p.lazy[i] = t.lazy[first + i]
-                p.shared[i] = t.shared[first + i]
-                p.copied_keys[i] = t.copied_keys[first + i]
-            p.lazy_group_count = sum(p.lazy[:len(part)])
-            p._update_slow()
+            p.take_groups(t, first, 0, len(part))
         return piece
 
     def _move_to(self, new_range: KeyGroupRange) -> None:
