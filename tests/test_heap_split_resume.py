@@ -22,9 +22,9 @@ from keygroups.checkpoint import CheckpointStorage
 from keygroups.runtime import begin_batch, commit_batch
 from keygroups.runtime.subtask import run_keyed_subtask
 from keygroups.runtime.subtask_state import HeapBackendRegistry
-from keygroups.serializers import Int64Serializer, StrSerializer
-from keygroups.state import HeapKeyedStateBackend, MapStateDescriptor, ValueStateDescriptor
-from test_heap_warm import INPUT, MP, OUTPUT, Ledger, Model, cold_state, newer_bytes, outputs, table_of
+from keygroups.state import HeapKeyedStateBackend
+from test_heap_warm import (INPUT, MP, OUTPUT, Ledger, Model, cold_state, newer_bytes, outputs, state_of,
+                            table_of)
 
 JOB = "ledger"
 
@@ -131,21 +131,6 @@ def test_a_rescale_in_one_worker_reads_nothing_in_any_order(tmp_path):
     run_batch(location, model, recs, 4, [worker], [0] * 4, [0, 1, 2, 3])
     assert worker.pieces() == {}
     assert sorted((k[3], k[4]) for k in worker.keys()) == [(0, 3), (4, 7), (8, 11), (12, 15)]
-
-
-def state_of(backend, keys):
-    total = backend.get_state(ValueStateDescriptor("total", Int64Serializer()))
-    entries = backend.get_state(MapStateDescriptor("entries", Int64Serializer(), StrSerializer()))
-    totals, maps = {}, {}
-    for key in keys:
-        if kg.assign_to_key_group(key, MP) not in backend.key_group_range:
-            continue
-        backend.set_current_key(key)
-        if total.value() is not None:
-            totals[key] = total.value()
-        if not entries.is_empty():
-            maps[key] = dict(entries.items())
-    return totals, maps
 
 
 def test_pieces_split_off_a_kept_backend_resume_as_it_would(tmp_path):

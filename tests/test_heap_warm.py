@@ -124,10 +124,17 @@ def cold_state(location: str, keys) -> tuple[dict[int, int], dict[int, dict[int,
     storage = CheckpointStorage(location)
     backend = create_backend("heap", kg.key_group_range(MP, 1, 0), MP, "long")
     backend.restore(storage, storage.latest())
+    return state_of(backend, keys)
+
+
+def state_of(backend, keys) -> tuple[dict[int, int], dict[int, dict[int, str]]]:
+    """The ledger's totals and entries that ``backend`` holds of ``keys`` (those of its key groups)."""
     total = backend.get_state(ValueStateDescriptor("total", Int64Serializer()))
     entries = backend.get_state(MapStateDescriptor("entries", Int64Serializer(), StrSerializer()))
     totals, maps = {}, {}
     for key in keys:
+        if kg.assign_to_key_group(key, MP) not in backend.key_group_range:
+            continue
         backend.set_current_key(key)
         if total.value() is not None:
             totals[key] = total.value()

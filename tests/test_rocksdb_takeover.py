@@ -208,7 +208,7 @@ def _job(tmp_path):
     return CheckpointStorage(tmp_path / "chk"), str(tmp_path / "warm")
 
 
-def _run(storage, warm, restore, checkpoint_id, p, plus, keys=KEYS, descriptor=None, write_back=4, clock=None):
+def run_batch(storage, warm, restore, checkpoint_id, p, plus, keys=KEYS, descriptor=None, write_back=4, clock=None):
     """One batch at parallelism ``p`` (backends made one after the other, with the driver's takeover when the
     parallelism changed): restored from checkpoint ``restore`` (None: nothing), ``plus`` added to each of ``keys``,
     snapshotted and committed as ``checkpoint_id``. Its restore stats, per subtask."""
@@ -283,9 +283,9 @@ def test_a_lagging_database_taken_over_in_another_process_catches_up_its_kept_ke
     storage, warm = _job(tmp_path)
     ttl = ValueStateDescriptor("n", Int64Serializer())
     ttl.enable_time_to_live(StateTtlConfig.new_builder(3600).build())
-    _run(storage, warm, None, 1, 2, 1, descriptor=ttl)
-    _run(storage, warm, 1, 2, 2, 10, keys=KEYS[::10], descriptor=ttl)   # deferred: the databases stay at 1
-    _run(storage, warm, 2, 3, 2, 100, keys=KEYS[::15], descriptor=ttl)  # deferred
+    run_batch(storage, warm, None, 1, 2, 1, descriptor=ttl)
+    run_batch(storage, warm, 1, 2, 2, 10, keys=KEYS[::10], descriptor=ttl)   # deferred: the databases stay at 1
+    run_batch(storage, warm, 2, 3, 2, 100, keys=KEYS[::15], descriptor=ttl)  # deferred
     assert markers(warm) == {(0, 63): 1, (64, 127): 1}
     rocksdb_module._KEPT_CACHES.clear()   # Spark runs the new subtasks in another worker process
     resumed = _takeover_rows(storage, warm, 3, 3, descriptor=ttl)
@@ -310,13 +310,13 @@ def test_a_taken_over_database_the_batches_between_ran_elsewhere_catches_up(tmp_
     rocksdb_module._KEPT_CACHES.clear()
     storage = CheckpointStorage(tmp_path / "chk")
     host_a, host_b = str(tmp_path / "a"), str(tmp_path / "b")
-    _run(storage, host_a, None, 1, 2, 1, write_back=1)
-    _run(storage, host_b, 1, 2, 2, 10, keys=KEYS[::2], write_back=1)
-    _run(storage, host_b, 2, 3, 2, 100, keys=KEYS[::5], write_back=1)
-    stats = _run(storage, host_a, 3, 4, 3, 1000, keys=KEYS[::7], write_back=1)
+    run_batch(storage, host_a, None, 1, 2, 1, write_back=1)
+    run_batch(storage, host_b, 1, 2, 2, 10, keys=KEYS[::2], write_back=1)
+    run_batch(storage, host_b, 2, 3, 2, 100, keys=KEYS[::5], write_back=1)
+    stats = run_batch(storage, host_a, 3, 4, 3, 1000, keys=KEYS[::7], write_back=1)
     assert sum(isinstance(s, WarmResume) and bool(s.caught_up) and bool(s.dropped) for s in stats) == 2
-    _run(storage, host_b, 4, 5, 3, 0, keys=[], write_back=1)   # host a's databases fall behind again, at 3
-    stats = _run(storage, host_a, 5, 6, 2, 0, keys=[], write_back=1)
+    run_batch(storage, host_b, 4, 5, 3, 0, keys=[], write_back=1)   # host a's databases fall behind again, at 3
+    stats = run_batch(storage, host_a, 5, 6, 2, 0, keys=[], write_back=1)
     assert any(isinstance(s, WarmResume) and s.caught_up and (s.restored or s.dropped) for s in stats)
     assert _value_of(storage, 6) == {k: 1 + 10 * (k % 2 == 0) + 100 * (k % 5 == 0) + 1000 * (k % 7 == 0)
                                      for k in KEYS}
@@ -350,12 +350,12 @@ def test_a_taken_over_database_whose_state_meta_changed_since_is_restored_cold(t
         d.enable_time_to_live(StateTtlConfig.new_builder(seconds).build())
         return d
 
-    _run(storage, host_a, None, 1, 2, 1, descriptor=with_ttl(3600), write_back=1)
-    _run(storage, host_b, 1, 2, 2, 10, keys=KEYS[::2], descriptor=with_ttl(7200))
+    run_batch(storage, host_a, None, 1, 2, 1, descriptor=with_ttl(3600), write_back=1)
+    run_batch(storage, host_b, 1, 2, 2, 10, keys=KEYS[::2], descriptor=with_ttl(7200))
     rocksdb_module._KEPT_CACHES.clear()
     assert markers(host_a) == {(0, 63): 1, (64, 127): 1}
     plans = _refusals(monkeypatch)
-    stats = _run(storage, host_a, 2, 3, 3, 0, keys=[], descriptor=with_ttl(7200))
+    stats = run_batch(storage, host_a, 2, 3, 3, 0, keys=[], descriptor=with_ttl(7200))
     assert len(plans) == 2 and plans == [None, None] and _cold_everywhere(stats)
     assert _value_of(storage, 3, descriptor=with_ttl(7200)) == {k: 1 + 10 * (k % 2 == 0) for k in KEYS}
 
@@ -363,11 +363,11 @@ def test_a_taken_over_database_whose_state_meta_changed_since_is_restored_cold(t
 def _go_on_from_1_on_host_b_then_take_over_on_host_a_cold(storage, host_a, host_b, monkeypatch):
     """The job goes on from checkpoint 1 on host b (3, 4), then rescales to 3 on host a, whose databases hold
     checkpoint 2: both takeovers are refused (nothing vouches for those rows), restore cold, and read exactly."""
-    _run(storage, host_b, 1, 3, 2, 10, keys=KEYS[::2], write_back=1)
-    _run(storage, host_b, 3, 4, 2, 100, keys=KEYS[::3], write_back=1)
+    run_batch(storage, host_b, 1, 3, 2, 10, keys=KEYS[::2], write_back=1)
+    run_batch(storage, host_b, 3, 4, 2, 100, keys=KEYS[::3], write_back=1)
     rocksdb_module._KEPT_CACHES.clear()
     plans = _refusals(monkeypatch)
-    stats = _run(storage, host_a, 4, 5, 3, 0, keys=[])
+    stats = run_batch(storage, host_a, 4, 5, 3, 0, keys=[])
     assert plans == [None, None] and _cold_everywhere(stats)
     assert _value_of(storage, 5) == {k: 1 + 10 * (k % 2 == 0) + 100 * (k % 3 == 0) for k in KEYS}
 
@@ -378,7 +378,7 @@ def test_a_taken_over_database_whose_marker_checkpoint_was_never_committed_is_re
     rocksdb_module._KEPT_CACHES.clear()
     storage = CheckpointStorage(tmp_path / "chk")
     host_a, host_b = str(tmp_path / "a"), str(tmp_path / "b")
-    _run(storage, host_a, None, 1, 2, 1, write_back=1)
+    run_batch(storage, host_a, None, 1, 2, 1, write_back=1)
     metadata = storage.load(1)
     for i in range(2):   # the batch of checkpoint 2 writes its snapshot and databases; the commit never happens
         b = RocksDBKeyedStateBackend(key_group_range(MAXP, 2, i), MAXP, Int64Serializer(), subtask_index=i,
@@ -401,8 +401,8 @@ def test_a_taken_over_database_of_another_lineage_is_restored_cold(tmp_path, mon
     rocksdb_module._KEPT_CACHES.clear()
     storage = CheckpointStorage(tmp_path / "chk")
     host_a, host_b = str(tmp_path / "a"), str(tmp_path / "b")
-    _run(storage, host_a, None, 1, 2, 1, write_back=1)
-    _run(storage, host_a, 1, 2, 2, 50, write_back=1)
+    run_batch(storage, host_a, None, 1, 2, 1, write_back=1)
+    run_batch(storage, host_a, 1, 2, 2, 50, write_back=1)
     assert markers(host_a) == {(0, 63): 2, (64, 127): 2}
     _go_on_from_1_on_host_b_then_take_over_on_host_a_cold(storage, host_a, host_b, monkeypatch)
 
@@ -412,9 +412,9 @@ def test_the_process_holding_the_kept_values_still_completes_the_taken_over_data
     no delta block is read for the kept key groups."""
     rocksdb_module._KEPT_CACHES.clear()
     storage, warm = _job(tmp_path)
-    _run(storage, warm, None, 1, 2, 1)
-    _run(storage, warm, 1, 2, 2, 10, keys=KEYS[::2])
-    stats = _run(storage, warm, 2, 3, 3, 0, keys=[])
+    run_batch(storage, warm, None, 1, 2, 1)
+    run_batch(storage, warm, 1, 2, 2, 10, keys=KEYS[::2])
+    stats = run_batch(storage, warm, 2, 3, 3, 0, keys=[])
     moved = [s for s in stats if isinstance(s, WarmResume) and s.dropped]
     assert len(moved) == 2 and all(not s.caught_up and s.bytes_read == 0 for s in moved)
     assert _value_of(storage, 3) == {k: 1 + 10 * (k % 2 == 0) for k in KEYS}

@@ -23,6 +23,7 @@ from keygroups.state import RocksDBKeyedStateBackend, ValueStateDescriptor
 from keygroups.state import rocksdb as rocksdb_module
 from keygroups.state.warm import WarmResume
 from test_rocksdb_catch_up import abandon, assert_five_match, descriptors, end_model, write_value_like
+from test_rocksdb_takeover import run_batch
 
 MAXP = 128
 
@@ -237,29 +238,9 @@ def test_a_rescale_takes_over_a_lagging_database_with_this_process_s_kept_values
     storage, warm = CheckpointStorage(tmp_path / "chk"), str(tmp_path / "warm")
     keys = list(range(400))
 
-    def run(restore, checkpoint_id, p, plus):
-        previous = storage.load(restore) if restore is not None else None
-        handles, stats = [], []
-        for i in range(p):
-            b = RocksDBKeyedStateBackend(key_group_range(MAXP, p, i), MAXP, Int64Serializer(), subtask_index=i,
-                                         warm_dir=warm)
-            stats.append(b.restore(storage, previous) if previous is not None else None)
-            n = b.get_state(COUNT)
-            for k in keys:
-                if assign_to_operator(k, MAXP, p) == i:
-                    b.set_current_key(k)
-                    n.update((n.value() or 0) + plus)
-            handles.append(b.snapshot(checkpoint_id, storage).result(30))
-            b.dispose()
-        storage.commit(CheckpointMetadata(
-            checkpoint_id=checkpoint_id, job_id="write-back", timestamp_ms=0, max_parallelism=MAXP, parallelism=p,
-            keyed_handles=carry_forward(previous, handles) if previous else handles, operator_handles=[],
-            properties={}))
-        return stats
-
-    run(None, 1, 2, 1)
-    run(1, 2, 2, 10)                                  # deferred on both ranges
-    stats = run(2, 3, 1, 100)
+    run_batch(storage, warm, None, 1, 2, 1, keys, COUNT)
+    run_batch(storage, warm, 1, 2, 2, 10, keys, COUNT)   # deferred on both ranges
+    stats = run_batch(storage, warm, 2, 3, 1, 100, keys, COUNT)
     assert isinstance(stats[0], WarmResume) and stats[0].warm and stats[0].restored
     assert _values(storage, 3, keys) == dict.fromkeys(keys, 111)
 
