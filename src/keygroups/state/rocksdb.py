@@ -1669,15 +1669,13 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
             self._reset_db()
         return super().restore(storage, metadata, lazy=lazy)
 
-    def _may_be_taken_over(self, restoring: int) -> Callable[[str], bool]:
+    def _may_be_taken_over(self, restoring: int) -> Callable[[str, KeyGroupRange], bool]:
         """Whether a kept database of another range whose marker is older than checkpoint ``restoring`` may still
         be taken over by a sibling backend restoring it: this process keeps what it lacks (write-back), or the
         batch gives that range to another backend, which then catches its kept key groups up (``_resume_moved``)."""
-        def spare(path: str) -> bool:
-            if _KEPT_CACHES.lag_as_of(path) == restoring:
-                return True
-            first, _, last = os.path.basename(path).partition("-")
-            return first.isdigit() and last.isdigit() and (int(first), int(last)) in self._given_to_others
+        def spare(path: str, kept: KeyGroupRange) -> bool:
+            return (_KEPT_CACHES.lag_as_of(path) == restoring
+                    or (kept.start, kept.end) in self._given_to_others)
         return spare
 
     def _adopt(self, metadata: CheckpointMetadata, lazy: bool,

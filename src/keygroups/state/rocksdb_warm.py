@@ -270,7 +270,8 @@ class WarmDirectory:
         claimed.remove_stale()
         return claimed
 
-    def remove_stale(self, checkpoint_id: int | None = None, spare: Callable[[str], bool] | None = None) -> None:
+    def remove_stale(self, checkpoint_id: int | None = None,
+                     spare: Callable[[str, KeyGroupRange], bool] | None = None) -> None:
         """Delete the warm directories beside this one (one job's) of key-group ranges that overlap this range but
         are not it: the ranges of one parallelism never overlap, so those are left from other ranges (before a
         rescale or a boundary move). One that also overlaps other ranges and holds a sealed marker may still be
@@ -278,9 +279,9 @@ class WarmDirectory:
         checkpoint than its marker's (``checkpoint_id``) makes it useless. Every range of the current ranges
         overlaps some stale range it replaced, so the batches at the new ranges remove them all. A directory whose
         lock a running backend holds is left alone; the lock is deleted with its directory, while held
-        (``_lock_range`` retries when it locked a file that was deleted meanwhile). ``spare(path)``: one whose marker
-        is older, but whose process keeps what it lacks for ``checkpoint_id`` (write-back), may still be taken over
-        too."""
+        (``_lock_range`` retries when it locked a file that was deleted meanwhile). ``spare(path, range)``: one whose
+        marker is older, but that may still be taken over (its process keeps what it lacks for ``checkpoint_id``, or
+        the batch gives its range to another backend), stays too."""
         r = self.key_group_range
         parent = self.parent
         for name, old in sorted(_overlapping_warm(parent, r).items()):
@@ -291,7 +292,7 @@ class WarmDirectory:
                 if not (old.start >= r.start and old.end <= r.end):
                     kept_at = _marker_checkpoint(os.path.join(parent, name))
                     if kept_at is not None and (checkpoint_id in (None, kept_at) or (
-                            spare is not None and spare(os.path.join(parent, name)))):
+                            spare is not None and spare(os.path.join(parent, name), old))):
                         continue  # a sibling range restoring from checkpoint ``kept_at`` may still take it over
                 shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
                 with contextlib.suppress(FileNotFoundError):
