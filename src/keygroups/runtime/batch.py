@@ -83,9 +83,9 @@ class JobOptions:
     (pickled by the caller: each subtask unpickles a fresh copy), ``output_schema``, ``max_parallelism``,
     ``backend``, ``order_by``, ``timestamp_column``, ``watermark_strategy``, ``late_records``, ``allow_pickle``,
     ``local_dir``, ``warm_heap_backends``, ``write_back_batches``, ``assignment`` and ``restore_from_savepoint``;
-    ``sink`` (a
-    :class:`~keygroups.runtime.sink.Sink` its subtasks write their output to, committed with the checkpoint) and
-    ``checkpoint_output`` (whether the output is also written into the checkpoint; None: only without a sink)."""
+    ``sink`` (a :class:`~keygroups.runtime.sink.Sink` its subtasks write their output to, committed with the
+    checkpoint) and ``checkpoint_output`` (whether the output is also written into the checkpoint; None: only
+    without a sink)."""
 
     name: str
     key_columns: tuple[str, ...]

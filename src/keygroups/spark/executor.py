@@ -385,7 +385,6 @@ class KeyedStagePlan:
         # the classes and static methods, looked up once (each name py4j looks up is a round trip to the JVM)
         self._project = jvm.org.apache.spark.sql.catalyst.plans.logical.Project
         self._of_rows = jvm.org.apache.spark.sql.classic.Dataset.ofRows
-        self._to_seq = jvm.org.apache.spark.api.python.PythonUtils.toSeq
         # Scala's empty List: ``nil.$colon$colon(x)`` is List(x), in one round trip where toSeq([x]) takes three
         self._nil = getattr(getattr(jvm.scala.collection.immutable, "Nil$"), "MODULE$")
         # re-rooting by attribute rewrite (see _rooted): the aliases' attributes, and AttributeMap's factory

@@ -873,18 +873,17 @@ class KeyedStateBackendBase:
         return required | compactions
 
     def _full_key_groups_parts(self) -> tuple[set[int], set[int]]:
-        """``(required, compactions)``: the key groups the next snapshot must write full, and the chain compactions
-        it writes full besides. The key groups (absolute) the next snapshot writes full; the others are written as deltas (the entries
-        written and deleted since the previous snapshot). Those without a chain (no block in the checkpoint
-        restored, as after restoring a savepoint without their files), so every chain starts full. All of them when
-        snapshots are not incremental, on a
-        backend that was not restored, after a restore from files of before incremental checkpoints, or when a
-        state's meta (serializers, TTL) differs from the one its chains were written with (a migrated serializer:
-        the blocks of one chain are applied to one another as bytes). Otherwise the key groups whose chain is
-        longer than ``max_chain`` or whose deltas exceed ``delta_fraction`` of their full block, the worst first,
-        at most an eighth of them (``choose_full_key_groups``), and those whose chain ends with a block of a keyed
-        format before 4 (restored from a checkpoint of an earlier keygroups): a delta names the block it applies
-        on by its checksum, which such a block does not carry."""
+        """``(required, compactions)``: the key groups (absolute) the next snapshot must write full, and the chain
+        compactions it writes full besides; the others are written as deltas (the entries written and deleted since
+        the previous snapshot). Required: those without a chain (no block in the checkpoint restored, as after
+        restoring a savepoint without their files), so every chain starts full, and those whose chain ends with a
+        block of a keyed format before 4 (restored from a checkpoint of an earlier keygroups: a delta names the
+        block it applies on by its checksum, which such a block does not carry); all of them when snapshots are not
+        incremental, on a backend that was not restored, after a restore from files of before incremental
+        checkpoints, or when a state's meta (serializers, TTL) differs from the one its chains were written with (a
+        migrated serializer: the blocks of one chain are applied to one another as bytes). Compactions: the key
+        groups whose chain is longer than ``max_chain`` or whose deltas exceed ``delta_fraction`` of their full
+        block, the worst first, at most an eighth of them (``choose_full_key_groups``)."""
         r = self.key_group_range
         everything = set(range(r.start, r.end + 1))
         if not self.incremental or self._chains is None or self._needs_full:
