@@ -115,15 +115,24 @@ def held_ranges(registry: HeapBackendRegistry) -> list[HeldRange]:
     return out
 
 
-def usable_key_groups(held: Iterable[HeldRange], spec: KeyedTaskSpec, subtask_index: int) -> int:
-    """How many key groups of the subtask's range ``held`` covers that its task may use: of its job, not a range the
-    batch's takeover gives another subtask unless it can be split (see ``KeyedTaskSpec.warm_claims``)."""
+def usable_key_groups(held: Iterable[HeldRange], spec: KeyedTaskSpec, subtask_index: int) -> tuple[int, int]:
+    """How many key groups of the subtask's range ``held`` covers that its task may use (of its job, not a range the
+    batch's takeover gives another subtask unless it can be split: see ``KeyedTaskSpec.warm_claims``): ``(all,
+    those at the checkpoint the batch restores)``, in the order a task compares processes by: a key group not held
+    is restored whole, one held at an older checkpoint only catches up."""
     own = spec.own_key_groups(subtask_index)
     job = job_id(heap_backend_key(spec, own))
     others = spec.warm_claims(subtask_index)[1]
-    spans = sorted((max(h.start, own.start), min(h.end, own.end)) for h in held
-                   if h.job == job and (h.splittable or (h.start, h.end) not in others)
-                   and h.start <= own.end and own.start <= h.end)
+    usable = [h for h in held if h.job == job and (h.splittable or (h.start, h.end) not in others)
+              and h.start <= own.end and own.start <= h.end]
+    point = spec.restore_from if isinstance(spec.restore_from, int) else None
+    return (_covered(usable, own),
+            _covered([h for h in usable if h.checkpoint_id is not None and h.checkpoint_id == point], own))
+
+
+def _covered(held: list[HeldRange], own: KeyGroupRange) -> int:
+    """The key groups of ``own`` that ``held`` covers (ranges may overlap)."""
+    spans = sorted((max(h.start, own.start), min(h.end, own.end)) for h in held)
     total, reached = 0, own.start - 1
     for a, b in spans:
         if b > reached:
@@ -151,6 +160,7 @@ class WarmExchange:
         self._runner = runner
         self._pid = os.getpid()
         self._lock = threading.Lock()
+        self._advertise_lock = threading.Lock()
         self._server: socket.socket | None = None
         self._advertised: list[HeldRange] | None = None
 
@@ -212,14 +222,16 @@ class WarmExchange:
                 spec, subtask_index, attempt, requester = pickle.loads(payload)   # our own user's process wrote it
                 with RUN_LOCK:
                     self._run_for(conn, spec, subtask_index, attempt, requester)
-            except (OSError, EOFError, pickle.UnpicklingError, ValueError) as e:
+            except (OSError, EOFError) as e:
                 log.debug("warm exchange: a connection ended early: %s", e)
+            except Exception:   # e.g. a request whose classes this process cannot import: the requester runs it
+                log.warning("warm exchange: a request failed before it was accepted", exc_info=True)
 
     def _run_for(self, conn: socket.socket, spec: KeyedTaskSpec, subtask_index: int, attempt: int,
                  requester: int) -> None:
         """Under RUN_LOCK: decline if nothing of the subtask's range is held here any more, else run it and send
         the report (or the error)."""
-        if usable_key_groups(held_ranges(self.registry), spec, subtask_index) == 0:
+        if usable_key_groups(held_ranges(self.registry), spec, subtask_index)[1] == 0:
             _send(conn, _DECLINE, b"")
             return
         _send(conn, _ACCEPT, b"")
@@ -258,18 +270,19 @@ class WarmExchange:
     def advertise(self) -> None:
         """Write what the registry holds to this process's advertisement (only when it changed), serving the socket
         from the first backend held."""
-        held = held_ranges(self.registry)
-        if held == self._advertised:
-            return
-        if held:
-            self.start()
-        body = json.dumps({"pid": self._pid, "socket": self.socket_path,
-                           "held": [dataclasses.astuple(h) for h in held]})
-        tmp = f"{self.advertisement_path}.{threading.get_ident()}.tmp"
-        with open(tmp, "w") as f:
-            f.write(body)
-        os.replace(tmp, self.advertisement_path)
-        self._advertised = held
+        with self._advertise_lock:
+            held = held_ranges(self.registry)
+            if held == self._advertised and (not held or os.path.exists(self.advertisement_path)):
+                return
+            if held:
+                self.start()
+            body = json.dumps({"pid": self._pid, "socket": self.socket_path,
+                               "held": [dataclasses.astuple(h) for h in held]})
+            tmp = f"{self.advertisement_path}.tmp"
+            with open(tmp, "w") as f:
+                f.write(body)
+            os.replace(tmp, self.advertisement_path)
+            self._advertised = held
 
     def holders(self) -> list[Holder]:
         """The other live processes' advertisements in the directory (those of dead processes removed)."""
@@ -303,9 +316,9 @@ class WarmExchange:
         or None (run it here: no such process, or each declined or could not be reached; ``batches`` then not
         read). ForwardError when the subtask failed there."""
         own = usable_key_groups(held_ranges(self.registry), spec, subtask_index)
-        candidates = sorted(((usable_key_groups(h.held, spec, subtask_index), h) for h in self.holders()),
-                            key=lambda sh: -sh[0])
-        candidates = [h for score, h in candidates if score > own]
+        scored = sorted(((usable_key_groups(h.held, spec, subtask_index), h) for h in self.holders()),
+                        key=lambda sh: sh[0], reverse=True)
+        candidates = [h for score, h in scored if score > own]
         if not candidates:
             return None
         try:
