@@ -293,3 +293,25 @@ def test_a_peer_of_another_uid_is_refused(tmp_path, workers):
     assert answer in (b"closed", b"ConnectionResetError(104, 'Connection reset by peer')",
                       b"BrokenPipeError(32, 'Broken pipe')"), answer   # closed unanswered, never accepted
     assert sorted(a.call("held")) == [(0, 7)]
+
+
+def test_a_task_counts_what_a_process_holds_of_its_range_as_its_takeover_allows():
+    from keygroups.runtime.spec import KeyedTaskSpec
+
+    spec = KeyedTaskSpec(job_name="j", key_columns=("k",), key_type=_key_type(), function=b"", input_schema=None,
+                         output_schema=OUT, max_parallelism=32, parallelism=3, checkpoint_location="/x",
+                         checkpoint_id=5, restore_from=4, warm_takeover=((0, 15), (16, 31), None))
+    job = wx.job_id((spec.checkpoint_location, spec.job_name, 32, 0, 0, spec.key_type, False))
+    other_job = wx.job_id(("/y", spec.job_name, 32, 0, 0, spec.key_type, False))
+    own = spec.own_key_groups(1)   # [11, 21]; its takeover: the previous range [16, 31]
+    assert (own.start, own.end) == (11, 21)
+    whole = wx.HeldRange(job, 16, 31, 4, False)
+    assert wx.usable_key_groups([whole], spec, 1) == (6, 6)
+    # subtask 0's previous range: usable only when it can be split (the rest stays for subtask 0)
+    assert wx.usable_key_groups([wx.HeldRange(job, 0, 15, 4, False)], spec, 1) == (0, 0)
+    assert wx.usable_key_groups([wx.HeldRange(job, 0, 15, 4, True)], spec, 1) == (5, 5)
+    # overlapping copies count once; a piece of an older checkpoint counts, but not as up to date
+    stale = wx.HeldRange(job, 11, 15, 3, True)
+    assert wx.usable_key_groups([whole, stale, wx.HeldRange(job, 18, 21, 4, True)], spec, 1) == (11, 6)
+    assert wx.usable_key_groups([wx.HeldRange(other_job, 0, 31, 4, True)], spec, 1) == (0, 0)
+    assert (11, 6) > (6, 6) and (6, 6) > (6, 5)   # the order tasks compare processes by

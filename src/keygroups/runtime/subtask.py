@@ -29,7 +29,7 @@ from keygroups.runtime.sink import SinkCommittable, SinkContext, TaskSink
 from keygroups.runtime.spec import KeyedTaskSpec
 from keygroups.runtime.subtask_input import SubtaskInput, key_runs, prepare_input
 from keygroups.runtime.subtask_state import HeapBackendRegistry, TaskState, task_state
-from keygroups.runtime.warm_exchange import RUN_LOCK, process_exchange
+from keygroups.runtime.warm_exchange import RUN_LOCK, SUPPORTED, process_exchange
 from keygroups.state.timers import NO_WATERMARK, TimeDomain, TimerQueueRegistry, TimerQueues
 
 _NO_STAMPS = np.zeros(0, dtype=np.int64)
@@ -46,7 +46,7 @@ def run_keyed_subtask(spec: KeyedTaskSpec, subtask_index: int, batches: Iterable
     ``forward`` (a Spark task, heap backend, this process's registries): when another Python process of this host
     holds more of the subtask's state warm than this one, the subtask runs there and this returns its report
     (:mod:`keygroups.runtime.warm_exchange`); else it runs here, one keyed subtask of the process at a time."""
-    if not forward or spec.backend != "heap" or spec.warm_heap_backends == 0 or warm is not None \
+    if not (forward and SUPPORTED) or spec.backend != "heap" or spec.warm_heap_backends == 0 or warm is not None \
             or warm_timers is not None:
         return _run_here(spec, subtask_index, batches, warm, warm_timers, attempt)
     exchange = process_exchange(_run_served)

@@ -58,6 +58,9 @@ from keygroups.state.timers import TIMER_QUEUES, TimerQueueRegistry
 
 log = logging.getLogger("keygroups")
 
+#: Whether this platform has what the exchange needs (Unix sockets and their peer's credentials: Linux).
+SUPPORTED = hasattr(socket, "AF_UNIX") and hasattr(socket, "SO_PEERCRED")
+
 #: At most one keyed subtask runs in a process at a time (the task's own and those served for other processes).
 RUN_LOCK = threading.Lock()
 
@@ -269,7 +272,14 @@ class WarmExchange:
 
     def advertise(self) -> None:
         """Write what the registry holds to this process's advertisement (only when it changed), serving the socket
-        from the first backend held."""
+        from the first backend held. A failure (a full or read-only disk) is logged: this process then serves no
+        other, and runs its own tasks as before."""
+        try:
+            self._advertise()
+        except OSError as e:
+            log.warning("warm exchange: cannot advertise this process's warm state in %s: %s", self.directory, e)
+
+    def _advertise(self) -> None:
         with self._advertise_lock:
             held = held_ranges(self.registry)
             if held == self._advertised and (not held or os.path.exists(self.advertisement_path)):
@@ -436,5 +446,5 @@ def process_exchange(runner: Runner) -> WarmExchange:
         return _PROCESS
 
 
-__all__ = ["ForwardError", "HeldRange", "Holder", "RUN_LOCK", "WarmExchange", "default_directory", "held_ranges",
+__all__ = ["ForwardError", "HeldRange", "Holder", "RUN_LOCK", "SUPPORTED", "WarmExchange", "default_directory", "held_ranges",
            "job_id", "peer_uid", "process_exchange", "usable_key_groups"]
