@@ -15,6 +15,9 @@ event; max parallelism 128):
 * **memory per key**: heap, the resident growth of Spark's Python workers (which keep the heap backends warm) over
   the key count; RocksDB, the bytes of its databases on local disk, and the workers' resident growth;
 * **steady**: a batch of 100k events (keys drawn uniformly) at p=2, warm, median of ``--steady`` batches;
+* **forwarded**: heap subtasks Spark placed on a Python worker that does not hold their state, run in the worker
+  that does (``KeyedJob(forward_to_warm_process=True)``, the default; ``--forward off`` or ``both`` for the
+  comparison);
 * **rescale**: the 2 -> 3, 3 -> 2 and 2 -> 4 batches (100k events each): time, bytes read (``bytes_restored``)
   against the bytes of the key groups that changed holder (the batch's assignment decision: a subtask takes over
   the warm state of the previous range it shares most with, so a key group moves when its holder changes), beside
@@ -208,7 +211,8 @@ def timed_batch(job: Any, df: Any, parallelism: int) -> dict[str, Any]:
     cpu, wall = tree_cpu(), time.perf_counter()
     result = job.run_batch(df, parallelism=parallelism)
     out = {"wall": time.perf_counter() - wall, "cpu": tree_cpu() - cpu, "report": result.report,
-           "load": load_average()}
+           "load": load_average(), "forwarded": sum(r.forwarded_from is not None for r in result.reports),
+           "subtasks": len(result.reports)}
     if before is not None:
         out["moved"] = moved_bytes(before, before.parallelism, parallelism)
     decision = result.report.assignment
@@ -217,7 +221,8 @@ def timed_batch(job: Any, df: Any, parallelism: int) -> dict[str, Any]:
     return out
 
 
-def run_backend(spark: Any, n_keys: int, backend: str, work: pathlib.Path, steady_batches: int) -> dict[str, Any]:
+def run_backend(spark: Any, n_keys: int, backend: str, work: pathlib.Path, steady_batches: int,
+                forward: bool = True) -> dict[str, Any]:
     from keygroups.spark import KeyedJob
 
     location = str(work / f"ck-{backend}")
@@ -226,14 +231,14 @@ def run_backend(spark: Any, n_keys: int, backend: str, work: pathlib.Path, stead
     rss0 = worker_rss()
 
     def progress(line: str) -> None:   # as it goes, so that a run that dies has printed how far it got
-        print(f"  [{backend} {n_keys:,}] {line.strip()}", file=sys.stderr, flush=True)
+        print(f"  [{label(backend, forward)} {n_keys:,}] {line.strip()}", file=sys.stderr, flush=True)
 
     figures: dict[str, Any] = {"write_savepoint": write_load(spark, location, n_keys)}
     progress(f"write_savepoint wall {figures['write_savepoint']['wall']:.2f} s cpu "
              f"{figures['write_savepoint']['cpu']:.2f} s ({load_average()})")
     job = KeyedJob(f"scale-{backend}", "k", RunningCountSum(), output_schema=OUTPUT, max_parallelism=MAXP,
                    checkpoint_location=location, backend=backend, restore_from_savepoint="load",
-                   local_dir=str(local_dir), retain=2)
+                   local_dir=str(local_dir), retain=2, forward_to_warm_process=forward)
     seed = 0
     figures["first"] = timed_batch(job, events(spark, n_keys, seed), 2)
     progress(_batch("first batch (restore)", figures["first"]))
@@ -379,13 +384,17 @@ def _batch(name: str, b: dict[str, Any], steady: dict[str, float] | None = None)
     elif r.bytes_restored:
         line += f"  read {r.bytes_restored / 1e6:8.1f} MB"
     return line + (f"  [key groups warm {r.key_groups_warm}/caught-up {r.key_groups_caught_up}/cold "
-                   f"{r.key_groups_cold}; {b['load']}]")
+                   f"{r.key_groups_cold}; forwarded {b.get('forwarded', 0)}/{b.get('subtasks', 0)}; {b['load']}]")
 
 
-def report(n_keys: int, backend: str, f: dict[str, Any]) -> None:
+def label(backend: str, forward: bool) -> str:
+    return backend if forward or backend != "heap" else "heap, not forwarded"
+
+
+def report(n_keys: int, backend: str, f: dict[str, Any], forward: bool = True) -> None:
     w = f["write_savepoint"]
     steady = {k: statistics.median(b[k] for b in f["steady"]) for k in ("wall", "cpu")}
-    print(f"  {backend}:")
+    print(f"  {label(backend, forward)}:")
     print(f"    {'load: write_savepoint':<28s} wall {w['wall']:7.2f} s  cpu {w['cpu']:7.2f} s")
     print(_batch("load: first batch (restore)", f["first"]))
     print(f"    {'memory per key':<28s} {f['rss_per_key']:.0f} B resident in the Python workers "
@@ -409,6 +418,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--spark-runs", type=int, default=3, help="Spark repartitions timed (the median is printed)")
     parser.add_argument("--driver-memory", default="4g", help="spark.driver.memory (8g for 50M keys' baseline)")
     parser.add_argument("--work-dir", default=None)
+    parser.add_argument("--forward", choices=["on", "off", "both"], default="on",
+                        help="heap: a task placed on a Python worker that does not hold its state runs the subtask in "
+                             "the worker that does (KeyedJob(forward_to_warm_process=...)); both: off, then on")
     args = parser.parse_args(argv)
     if args.spark_only:
         args.spark_repartition = True
@@ -430,11 +442,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\n{n_keys:,} keys", flush=True)
             keygroups = {}
             for backend in args.backends:
-                work = pathlib.Path(d) / f"{backend}-{n_keys}"
-                work.mkdir()
-                keygroups[backend] = run_backend(spark, n_keys, backend, work, args.steady)
-                report(n_keys, backend, keygroups[backend])
-                shutil.rmtree(work, ignore_errors=True)
+                forwards = {"on": [True], "off": [False], "both": [False, True]}[args.forward]
+                for forward in forwards if backend == "heap" else [True]:
+                    work = pathlib.Path(d) / f"{backend}-{n_keys}-{forward}"
+                    work.mkdir()
+                    keygroups[backend] = run_backend(spark, n_keys, backend, work, args.steady, forward)
+                    report(n_keys, backend, keygroups[backend], forward)
+                    shutil.rmtree(work, ignore_errors=True)
             if args.spark_repartition:
                 work = pathlib.Path(d) / f"spark-{n_keys}"
                 work.mkdir()

@@ -262,7 +262,9 @@ class SubtaskReport:
     ``input_digest`` the digest of its records, where the executor computes one; ``sink_committable`` what its
     sink's writer pre-committed (None: no sink, or nothing to commit; see :mod:`keygroups.runtime.sink`), stored
     with the checkpoint so that a restarted driver commits it. ``output_file`` is None when the job's output goes
-    only to its sink."""
+    only to its sink. ``process``: the pid of the process that ran the subtask (None in reports written before it
+    was recorded); ``forwarded_from``: the pid of the Spark task's process when that task forwarded the subtask to
+    ``process``, which held its state warm (see :mod:`keygroups.runtime.warm_exchange`), else None."""
 
     subtask: int
     key_group_range: KeyGroupRange
@@ -286,6 +288,8 @@ class SubtaskReport:
     key_group_timers: str | None = None
     input_digest: InputDigest | None = None
     sink_committable: SinkCommittable | None = None
+    process: int | None = None
+    forwarded_from: int | None = None
 
     def with_digest(self, digest: InputDigest) -> SubtaskReport:
         return replace(self, input_digest=digest)
@@ -315,6 +319,10 @@ class SubtaskReport:
             out["input_digest"] = self.input_digest.to_json()
         if self.sink_committable is not None:
             out["sink_committable"] = self.sink_committable.to_json()
+        if self.process is not None:
+            out["process"] = self.process
+        if self.forwarded_from is not None:
+            out["forwarded_from"] = self.forwarded_from
         return out
 
     @classmethod
@@ -344,7 +352,9 @@ class SubtaskReport:
                 key_group_timers=d.get("key_group_timers"),
                 input_digest=InputDigest.from_json(d["input_digest"]) if d.get("input_digest") else None,
                 sink_committable=(SinkCommittable.from_json(d["sink_committable"]) if d.get("sink_committable")
-                                  is not None else None))
+                                  is not None else None),
+                process=_optional_int(d.get("process"), "process"),
+                forwarded_from=_optional_int(d.get("forwarded_from"), "forwarded_from"))
         except CorruptSnapshotError:
             raise
         except (KeyError, TypeError, ValueError) as e:

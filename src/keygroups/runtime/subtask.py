@@ -9,6 +9,7 @@ the driver, which commits the checkpoint only once every subtask has reported.
 from __future__ import annotations
 
 import contextlib
+import os
 import pickle
 import time
 from collections.abc import Iterable
@@ -28,6 +29,7 @@ from keygroups.runtime.sink import SinkCommittable, SinkContext, TaskSink
 from keygroups.runtime.spec import KeyedTaskSpec
 from keygroups.runtime.subtask_input import SubtaskInput, key_runs, prepare_input
 from keygroups.runtime.subtask_state import HeapBackendRegistry, TaskState, task_state
+from keygroups.runtime.warm_exchange import RUN_LOCK, SUPPORTED, process_exchange
 from keygroups.state.timers import NO_WATERMARK, TimeDomain, TimerQueueRegistry, TimerQueues
 
 _NO_STAMPS = np.zeros(0, dtype=np.int64)
@@ -35,11 +37,38 @@ _NO_STAMPS = np.zeros(0, dtype=np.int64)
 
 def run_keyed_subtask(spec: KeyedTaskSpec, subtask_index: int, batches: Iterable[pa.RecordBatch], *,
                       warm: HeapBackendRegistry | None = None, warm_timers: TimerQueueRegistry | None = None,
-                      attempt: int = 0) -> SubtaskReport:
+                      attempt: int = 0, forward: bool = False) -> SubtaskReport:
     """Run one subtask of one micro-batch; returns its report for the driver's commit. A heap backend comes from,
     and after the batch goes back to, ``warm`` (this process's warm heap backends by default); timer queues
     likewise from ``warm_timers`` (:data:`~keygroups.state.timers.TIMER_QUEUES`). ``attempt``: the task's attempt
-    number (Spark's), given to the sink's writer."""
+    number (Spark's), given to the sink's writer.
+
+    ``forward`` (a Spark task, heap backend, this process's registries): when another Python process of this host
+    holds more of the subtask's state warm than this one, the subtask runs there and this returns its report
+    (:mod:`keygroups.runtime.warm_exchange`); else it runs here, one keyed subtask of the process at a time."""
+    if not (forward and SUPPORTED) or spec.backend != "heap" or spec.warm_heap_backends == 0 or warm is not None \
+            or warm_timers is not None:
+        return _run_here(spec, subtask_index, batches, warm, warm_timers, attempt)
+    exchange = process_exchange(_run_served)
+    report = exchange.forward(spec, subtask_index, batches, attempt)
+    if report is not None:
+        return report
+    try:
+        with RUN_LOCK:
+            return _run_here(spec, subtask_index, batches, None, None, attempt)
+    finally:
+        exchange.advertise()
+
+
+def _run_served(spec: KeyedTaskSpec, subtask_index: int, batches: list[pa.RecordBatch],
+                attempt: int) -> SubtaskReport:
+    """A subtask forwarded to this process (which holds RUN_LOCK): run here, never forwarded again."""
+    return _run_here(spec, subtask_index, batches, None, None, attempt)
+
+
+def _run_here(spec: KeyedTaskSpec, subtask_index: int, batches: Iterable[pa.RecordBatch],
+              warm: HeapBackendRegistry | None, warm_timers: TimerQueueRegistry | None,
+              attempt: int) -> SubtaskReport:
     own = spec.own_key_groups(subtask_index)
     started = time.perf_counter()
     with task_state(spec, subtask_index, own, warm=warm, warm_timers=warm_timers) as state:
@@ -149,7 +178,7 @@ def _written(spec: KeyedTaskSpec, subtask_index: int, own: KeyGroupRange, state:
         key_group_records=encode_counts(records.records_per_group), key_group_calls=encode_counts(calls_per_group),
         key_group_timers=encode_counts(np.bincount(np.asarray(fired_groups, dtype=np.int64) - own.start,
                                                    minlength=len(own))),
-        sink_committable=committable)
+        sink_committable=committable, process=os.getpid())
 
 
 def _parquet_options(schema: pa.Schema) -> dict[str, Any]:

@@ -16,10 +16,12 @@ which: ``warm``, ``caught-up``, ``moved``, ``cold`` or ``new``, and which key gr
 Spark does not keep a subtask in one worker process: an executor's idle Python workers wait in a FIFO queue
 (``PythonWorkerFactory.idleWorkers``), refilled as tasks release their workers and drawn as tasks ask for one, so with
 two cores which process runs which subtask is the race of the two tasks' ends and starts: they swapped in about every
-other batch in our runs. A heap backend lives in one process, so a subtask Spark moves to a process that never held
-its range restores cold, one moved back to a process that held it earlier catches up, and after a few swaps each
-process holds a copy of both ranges (twice the memory). RocksDB keeps its database on the host's disk, so any process
-of the host resumes it warm (``tests/test_spark_heap_warm.py`` checks both against where each task ran).
+other batch in our runs. A heap backend lives in one process, so on its own a subtask Spark moves to a process that
+never held its range restores cold, one moved back to a process that held it earlier catches up, and after a few swaps
+each process holds a copy of both ranges (twice the memory). So a Spark task moves its batch to its state instead:
+when another process of the host holds more of its range, that process runs the subtask
+(:mod:`keygroups.runtime.warm_exchange`) and each range stays in one process. RocksDB keeps its database on the
+host's disk, so any process of the host resumes it warm (``tests/test_spark_heap_warm.py`` checks both).
 """
 
 from __future__ import annotations

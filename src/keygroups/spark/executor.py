@@ -620,11 +620,14 @@ class SparkExecutor:
     """Runs one batch's subtasks as Spark tasks (see the module docs): over ``df``, or (a source batch) over the
     records the source subtasks stage (``staged``: their schema, the source's columns and position columns).
     ``read_once=False`` reads the input once per figure instead of persisting it (the former path, for a
-    benchmark's comparison)."""
+    benchmark's comparison). ``forward``: a heap subtask whose state another Python worker of the task's host holds
+    warm runs there (``run_keyed_subtask(forward=True)``)."""
 
     def __init__(self, spark: SparkSession, options: JobOptions, storage: CheckpointStorage, cache: SparkPlanCache,
-                 df: DataFrame | None = None, *, staged: pa.Schema | None = None, read_once: bool = True) -> None:
+                 df: DataFrame | None = None, *, staged: pa.Schema | None = None, read_once: bool = True,
+                 forward: bool = True) -> None:
         self._spark = spark
+        self._forward = forward
         self._options = options
         self._storage = storage
         self._cache = cache
@@ -773,13 +776,15 @@ class SparkExecutor:
 
         spec = self._spec = spec.compact()   # under the size at which Spark broadcasts the task's function
         renamed = names if plain != names else None
+        forward = self._forward
 
         def subtask(batches: Any) -> Any:
             task = TaskContext.get()
             assert task is not None   # always set inside a task
             index = task.partitionId()
             digested_batches = _DigestedBatches(batches, digest_column, renamed)
-            report = run_keyed_subtask(spec, index, digested_batches, attempt=task.attemptNumber()).with_digest(
+            report = run_keyed_subtask(spec, index, digested_batches, attempt=task.attemptNumber(),
+                                       forward=forward).with_digest(
                 InputDigest(digested_batches.records, digested_batches.total))
             yield pa.RecordBatch.from_pylist([{"subtask": index, "report": json.dumps(report.to_json())}],
                                              schema=_REPORT_ARROW)
@@ -805,10 +810,11 @@ class SparkExecutor:
         return [SubtaskReport.from_json(json.loads(r["report"])) for r in rows]
 
     def run_idle(self, subtasks: Sequence[int]) -> list[SubtaskReport]:
-        spec = self._spec
+        spec, forward = self._spec, self._forward
         assert spec is not None
         reports = run_tasks(self._spark, len(subtasks),
-                            lambda i: json.dumps(run_keyed_subtask(spec, subtasks[i], [], attempt=_attempt())
+                            lambda i: json.dumps(run_keyed_subtask(spec, subtasks[i], [], attempt=_attempt(),
+                                                                   forward=forward)
                                                  .with_digest(InputDigest(0, 0)).to_json()))
         return [SubtaskReport.from_json(json.loads(r)) for r in reports]
 

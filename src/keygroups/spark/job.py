@@ -187,7 +187,11 @@ class KeyedJob:
     written at most every this many batches; the batches in between keep their changes in the decoded values the
     worker process holds beside it and write only their checkpoint (fewer writes and RocksDB compactions per batch;
     after a lost worker, the next batch reads up to this many checkpoints' changes to catch the database up); 1
-    writes it at every batch; None: the backend's default, 4. ``restore_from_savepoint`` names a savepoint in
+    writes it at every batch; None: the backend's default, 4. ``forward_to_warm_process`` (heap): Spark runs a task
+    on whichever Python worker of the host is idle, while a heap backend stays in the worker that ran its subtask;
+    with True (the default) a task whose state another worker of its host holds warm sends its input there and that
+    worker runs the subtask (:mod:`keygroups.runtime.warm_exchange`: a Unix socket private to this user), so a
+    subtask resumes warm whichever worker Spark picked; False runs every task where Spark placed it. ``restore_from_savepoint`` names a savepoint in
     ``checkpoint_location`` (see :meth:`savepoint`) that the job's first batch restores instead of the latest
     checkpoint, at any parallelism; the checkpoints after it say so, and a driver restarted with the same argument
     continues from the latest of them (Flink's ``-s``, no-claim mode). ``late_warning_share`` is the share of a
@@ -239,6 +243,7 @@ class KeyedJob:
         sink: Sink | None = None,
         checkpoint_output: bool | None = None,
         write_back_batches: int | None = None,
+        forward_to_warm_process: bool = True,
     ) -> None:
         if not isinstance(name, str) or not name:
             raise ValueError(f"name must be a non-empty string (the job's name in its checkpoints), got {name!r}")
@@ -285,6 +290,10 @@ class KeyedJob:
         self.local_dir = local_dir
         self.warm_heap_backends = check_warm_heap_backends(warm_heap_backends)
         self.write_back_batches = check_write_back_batches(write_back_batches, backend)
+        if not isinstance(forward_to_warm_process, bool):
+            raise TypeError(f"forward_to_warm_process must be a bool (whether a heap subtask runs in the Python "
+                            f"worker of its host that holds its state warm), got {forward_to_warm_process!r}")
+        self.forward_to_warm_process = forward_to_warm_process
         self.storage = CheckpointStorage(checkpoint_location, retain=retain, storage_options=storage_options)
         self.restore_from_savepoint = restore_from_savepoint
         self.assignment = resolve_assignment(assignment)
@@ -366,7 +375,7 @@ class KeyedJob:
              streaming: StreamingBatch | None = None) -> BatchResult:
         driver = self.driver
         executor = SparkExecutor(df.sparkSession, driver.options, self.storage, self._plans, df,
-                                 read_once=self._read_input_once)
+                                 read_once=self._read_input_once, forward=self.forward_to_warm_process)
         batch = driver.run(executor, parallelism=parallelism, checkpoint_id=checkpoint_id, streaming=streaming,
                            properties=properties, history=history)
         return self._result(df.sparkSession, batch, executor)
@@ -392,7 +401,7 @@ class KeyedJob:
         driver = self.driver
         read = SourceRead(as_source(source), record_schema, max_records_per_subtask)
         executor = SparkExecutor(spark, driver.options, self.storage, self._plans, staged=read.staged_schema,
-                                 read_once=self._read_input_once)
+                                 read_once=self._read_input_once, forward=self.forward_to_warm_process)
         batch = driver.run(executor, parallelism=parallelism, source=read)
         return self._result(spark, batch, executor)
 
