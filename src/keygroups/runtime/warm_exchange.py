@@ -446,5 +446,5 @@ def process_exchange(runner: Runner) -> WarmExchange:
         return _PROCESS
 
 
-__all__ = ["ForwardError", "HeldRange", "Holder", "RUN_LOCK", "SUPPORTED", "WarmExchange", "default_directory", "held_ranges",
-           "job_id", "peer_uid", "process_exchange", "usable_key_groups"]
+__all__ = ["ForwardError", "HeldRange", "Holder", "RUN_LOCK", "SUPPORTED", "WarmExchange", "default_directory",
+           "held_ranges", "job_id", "peer_uid", "process_exchange", "usable_key_groups"]

@@ -191,7 +191,8 @@ class KeyedJob:
     on whichever Python worker of the host is idle, while a heap backend stays in the worker that ran its subtask;
     with True (the default) a task whose state another worker of its host holds warm sends its input there and that
     worker runs the subtask (:mod:`keygroups.runtime.warm_exchange`: a Unix socket private to this user), so a
-    subtask resumes warm whichever worker Spark picked; False runs every task where Spark placed it. ``restore_from_savepoint`` names a savepoint in
+    subtask resumes warm whichever worker Spark picked (a forwarded subtask's function sees no Spark ``TaskContext``
+    of its own); False runs every task where Spark placed it. ``restore_from_savepoint`` names a savepoint in
     ``checkpoint_location`` (see :meth:`savepoint`) that the job's first batch restores instead of the latest
     checkpoint, at any parallelism; the checkpoints after it say so, and a driver restarted with the same argument
     continues from the latest of them (Flink's ``-s``, no-claim mode). ``late_warning_share`` is the share of a
