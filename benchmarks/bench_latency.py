@@ -15,9 +15,12 @@ second) and each candidate, in turn (the order rotating), a fresh run:
 - a streaming query reads that directory (Spark's file source, every new file in the next micro-batch) with a
   processing-time trigger of ``--trigger-ms`` and runs the candidate:
   - ``keygroups``: ``KeyedJob`` (:class:`_jobs.RunningValue`: one ValueState per key, read and updated once per
-    record, one output row per record; heap, max parallelism 128) through ``job.foreach_batch(sink,
-    parallelism=2)``; the batch's output is committed when its checkpoint is (``chk-<n>/_metadata``), just before
-    the sink is called: the sink notes the time;
+    record, one output row per record; heap, max parallelism 128) through ``job.foreach_batch(parallelism=2)``
+    without a sink function: the output files stay in the checkpoint, as TWS's stay in its file sink, neither read
+    back. The batch's output is committed when its checkpoint is (``chk-<n>/_metadata``): the time is noted as the
+    job's batch returns. (``--also "keygroups output sink"``: through ``foreach_batch(sink)``, timed when the sink
+    is called, which is after ``result.output``, a DataFrame over the output files, was built for it: 20-100 ms
+    of py4j and file listing per batch on the critical path, and the measure of runs before 2026-11-27);
   - ``keygroups rescale``: the same, its ``foreachBatch`` function calling ``job.run_batch(df, parallelism=p,
     checkpoint_id=batch_id)`` with p switching between 2 and 4 every ``--rescale-every`` seconds;
   - ``Spark TWS (JVM)``: ``benchmarks/java/LatencyTws.java`` (a Java ``StatefulProcessor``: the same running sum in
@@ -27,6 +30,9 @@ second) and each candidate, in turn (the order rotating), a fresh run:
     sink, whose commit of batch N is the file ``_spark_metadata/N`` (its modification time);
   - ``Spark groupBy``: ``foreachBatch`` of ``df.groupBy("key").agg(count, sum)`` written as Parquet (stateless: the
     floor of a shuffle by key per batch); committed when the write returns: the function notes the time.
+
+  With ``--repeat N`` each candidate runs N times per rate, the order rotating per round (none always first);
+  the table adds each candidate's files pooled over its runs, and the target line each round's paired ratio.
 
   Before all runs, each kind of query is started once, untimed, on one file (``--no-session-warmup`` skips it): the
   session's first queries pay the JVM's warm-up, which would otherwise land on whichever candidate runs first.
@@ -38,6 +44,12 @@ second) and each candidate, in turn (the order rotating), a fresh run:
   within ``--drain`` seconds after the generator stops counts as missing. Printed per run: latency p50, p99 and
   max, batches, events per batch, and the CPU seconds per 1,000 events of the driver's Python, the JVM and Spark's
   Python workers over the run.
+
+Per run (``--tail``, on by default) the slowest 5% of files are traced to their batches: each file's wait for its
+batch to start (the batches before it still running) and its batch's run, per phase of Spark's own progress
+(``durationMs``: latestOffset, walCommit, getBatch, queryPlanning, addBatch, commitOffsets), for keygroups its
+report (wall, Spark's job time, phases, restore modes) and the foreachBatch call's own times, for TWS its state
+operator's update and commit times; ``--timeline FILE`` writes every batch's and file's figures as JSON.
 
 Part 2, small-batch throughput: ``--throughput-batches`` files of ``--batch`` events (default 10k, over the same
 keys) through ``KeyedJob.run_batch(spark.read.parquet(file), parallelism=2)`` one after another (one untimed first),
@@ -83,6 +95,9 @@ MAX_PARALLELISM = 128
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 SCHEMA = pa.schema([("key", pa.int64()), ("value", pa.int64()), ("ts", pa.int64())])
 CANDIDATES = ("keygroups", "keygroups rescale", "Spark TWS (JVM)", "Spark groupBy")
+#: Run only when named in --also: keygroups through foreach_batch(sink), timed as its sink is called (the output
+#: DataFrame is built first).
+EXTRA = ("keygroups output sink",)
 
 
 # ---- the generator (its own process: its timing does not wait for the driver's GIL) ---------------------------------
@@ -240,6 +255,7 @@ def report_figures(result: Any) -> dict[str, Any]:
 
 class Keygroups(Candidate):
     rescale = False
+    output_sink = False
 
     def start(self) -> None:
         from keygroups.spark import KeyedJob
@@ -247,13 +263,33 @@ class Keygroups(Candidate):
         job = KeyedJob("latency", "key", RunningValue(), output_schema=VALUE_OUTPUT, max_parallelism=MAX_PARALLELISM,
                        checkpoint_location=str(self.work / "keygroups"))
         self.parallelisms: list[int] = []
-        if not self.rescale:
+        if self.output_sink:   # the former measure: the sink gets result.output, built before it is called
             def sink(output: Any, batch_id: int, result: Any) -> None:
                 self.commits[batch_id] = time.time()
                 self.parallelisms.append(result.parallelism)
                 self.results[int(batch_id)] = result   # its figures are read after the run, off the batch's path
 
             run = job.foreach_batch(sink, parallelism=PARALLELISM)
+
+            def function(df: Any, batch_id: int) -> None:
+                entered = time.time()
+                run(df, batch_id)
+                self.calls[int(batch_id)] = (entered, time.time())
+        elif not self.rescale:
+            # No sink function: the output stays in the checkpoint, committed with it, and is not read back (as
+            # TWS's Parquet files are not). The batch's result is observed as the job's run returns it.
+            committed = job._run
+
+            def observed(*a: Any, **k: Any) -> Any:
+                result = committed(*a, **k)
+                batch_id = k["streaming"].batch_id
+                self.commits[batch_id] = time.time()
+                self.parallelisms.append(result.parallelism)
+                self.results[batch_id] = result   # its figures are read after the run, off the batch's path
+                return result
+
+            job._run = observed
+            run = job.foreach_batch(parallelism=PARALLELISM)
 
             def function(df: Any, batch_id: int) -> None:
                 entered = time.time()
@@ -284,6 +320,10 @@ class Keygroups(Candidate):
 
 class KeygroupsRescale(Keygroups):
     rescale = True
+
+
+class KeygroupsOutputSink(Keygroups):
+    output_sink = True
 
 
 class SparkTws(Candidate):
@@ -321,6 +361,7 @@ class SparkGroupBy(Candidate):
 
 
 KINDS: dict[str, type[Candidate]] = {"keygroups": Keygroups, "keygroups rescale": KeygroupsRescale,
+                                     "keygroups output sink": KeygroupsOutputSink,
                                      "Spark TWS (JVM)": SparkTws, "Spark groupBy": SparkGroupBy}
 
 
@@ -542,6 +583,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--throughput-batches", type=int, default=20)
     parser.add_argument("--batch", type=int, default=10_000, help="events per batch in the throughput part")
     parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--also", nargs="*", default=[], choices=EXTRA, help="candidates run only when named")
     parser.add_argument("--repeat", type=int, default=1,
                         help="runs per candidate and rate, the order rotating per round; figures pooled and per round")
     parser.add_argument("--tail", action=argparse.BooleanOptionalAction, default=True,
@@ -555,7 +597,7 @@ def main(argv: list[str] | None = None) -> int:
                 setattr(args, name, value)
 
     root = pathlib.Path(tempfile.mkdtemp(prefix="kg-bench-latency-"))
-    candidates = [c for c in CANDIDATES if c not in args.skip]
+    candidates = [c for c in CANDIDATES if c not in args.skip] + list(args.also)
     classes = build_java("LatencyTws.java", spark_classpath()) if "Spark TWS (JVM)" in candidates else None
     ship_by_value()
     spark = spark_session(args.master, "keygroups-bench-latency", shuffle_partitions=PARALLELISM,
