@@ -66,6 +66,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import gc
 import json
 import multiprocessing
 import os
@@ -372,6 +373,7 @@ def run_one(spark: Any, name: str, rate: int, args: argparse.Namespace, root: pa
     log = work / "writes.json"
     candidate = KINDS[name](spark, source, work, args)
     tree = TreeCPU()
+    gc_pauses = GcPauses().__enter__()
     candidate.start()
     # One warm-up file first, committed before the generator starts: the query's first batch (planning, code
     # generation, the first Python workers) is its start-up, reported apart from the latencies.
@@ -409,9 +411,12 @@ def run_one(spark: Any, name: str, rate: int, args: argparse.Namespace, root: pa
         cpu["driver"] -= logged["cpu"]   # the generator, reaped by this process, is not the driver's work
     finally:
         candidate.stop()
+        gc_pauses.__exit__()
     batches, commits = batch_of_files(candidate.checkpoint), candidate.committed()
     reports = candidate.reports()
     batch_timeline = [batch_figures(p, commits, reports) for p in candidate.progress()]
+    for b in batch_timeline:   # the driver's Python GC during the batch's trigger
+        b["gc_ms"] = 1e3 * gc_pauses.within(b["start"], b["start"] + (b["ms"]["triggerExecution"] or 0) / 1e3)
     first = writes[0][1] if writes else 0.0
     latencies, missing = [], 0
     starts = {b["batch"]: b["start"] for b in batch_timeline}
@@ -433,6 +438,30 @@ def run_one(spark: Any, name: str, rate: int, args: argparse.Namespace, root: pa
                        files_timeline)
     shutil.rmtree(work, ignore_errors=True)
     return result
+
+
+class GcPauses:
+    """The driver's Python garbage collections while installed: (generation, start epoch s, seconds) each."""
+
+    def __init__(self) -> None:
+        self.pauses: list[tuple[int, float, float]] = []
+        self._started = 0.0
+
+    def __call__(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._started = time.time()
+        else:
+            self.pauses.append((info["generation"], self._started, time.time() - self._started))
+
+    def __enter__(self) -> GcPauses:
+        gc.callbacks.append(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self)
+
+    def within(self, start: float, end: float) -> float:
+        return sum(d for _, t, d in self.pauses if start <= t < end)
 
 
 # ---- per-batch timelines: where the slowest files' latency went ------------------------------------------------------
@@ -506,6 +535,8 @@ def tail_summary(r: RunResult, share: float = 0.05) -> list[str]:
         if b.get("state"):
             st = b["state"]
             extra += f" | state upd {st['allUpdatesTimeMs']} commit {st['commitTimeMs']}"
+        if b.get("gc_ms", 0) >= 1:
+            extra += f" | driver GC {b['gc_ms']:.0f}"
         ms = ", ".join(f"{k} {v}" for k, v in b["ms"].items() if v)
         lines.append(f"      batch {b['batch']}: rows {b['rows']}; {ms}{extra}")
     return lines
@@ -612,7 +643,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.session_warmup:   # each kind of query once, untimed: the session's first queries pay the JVM's warm-up
             idle = argparse.Namespace(**{**vars(args), "duration": 0.0, "drain": 0.0})
-            firsts = [f"{name} {run_one(spark, name, args.rates[0], idle, root, seed=0).notes[0]}" for name in candidates]
+            firsts = [f"{name} {run_one(spark, name, args.rates[0], idle, root, seed=0).notes[0]}"
+                      for name in candidates]
             print(f"  session warm-up: {'; '.join(firsts)}; {load()}", flush=True)
         for i, rate in enumerate(args.rates):
             for round_ in range(args.repeat):   # the order rotates per rate and per round: none always runs first
@@ -667,8 +699,9 @@ def main(argv: list[str] | None = None) -> int:
                     pairs = [(x.percentile(50) / y.percentile(50), x.percentile(99) / y.percentile(99))
                              for x, y in zip(runs[name], tws)]
                     line += (f" (pooled over {len(pairs)} rounds; per round p50 "
-                             f"{', '.join(f'{q[0]:.2f}' for q in pairs)}, p99 {', '.join(f'{q[1]:.2f}' for q in pairs)};"
-                             f" median of rounds p50 {statistics.median(q[0] for q in pairs):.2f}x, p99 "
+                             f"{', '.join(f'{q[0]:.2f}' for q in pairs)}, p99 "
+                             f"{', '.join(f'{q[1]:.2f}' for q in pairs)}; median of rounds p50 "
+                             f"{statistics.median(q[0] for q in pairs):.2f}x, p99 "
                              f"{statistics.median(q[1] for q in pairs):.2f}x)")
                 print(line)
     if throughput is not None and flink is not None:
