@@ -201,6 +201,7 @@ class Candidate:
         self.checkpoint = work / "spark-checkpoint"
         self.commits: dict[int, float] = {}
         self.results: dict[int, Any] = {}   # keygroups: batch id -> BatchResult
+        self.prunes: list[tuple[float, float]] = []   # keygroups: its retention runs, (start epoch s, seconds)
         self.calls: dict[int, tuple[float, float]] = {}   # foreachBatch: batch id -> (entered, returned), epoch s
         self.query: Any = None
         self.notes: list[str] = []
@@ -264,6 +265,17 @@ class Keygroups(Candidate):
         job = KeyedJob("latency", "key", RunningValue(), output_schema=VALUE_OUTPUT, max_parallelism=MAX_PARALLELISM,
                        checkpoint_location=str(self.work / "keygroups"))
         self.parallelisms: list[int] = []
+        # Observed: when the job's retention (in a thread of the driver, after each commit) runs, and for how long.
+        prune = job.storage.prune
+
+        def timed_prune(*a: Any, **k: Any) -> Any:
+            started = time.time()
+            try:
+                return prune(*a, **k)
+            finally:
+                self.prunes.append((started, time.time() - started))
+
+        job.storage.prune = timed_prune
         if self.output_sink:   # the former measure: the sink gets result.output, built before it is called
             def sink(output: Any, batch_id: int, result: Any) -> None:
                 self.commits[batch_id] = time.time()
@@ -415,8 +427,10 @@ def run_one(spark: Any, name: str, rate: int, args: argparse.Namespace, root: pa
     batches, commits = batch_of_files(candidate.checkpoint), candidate.committed()
     reports = candidate.reports()
     batch_timeline = [batch_figures(p, commits, reports) for p in candidate.progress()]
-    for b in batch_timeline:   # the driver's Python GC during the batch's trigger
-        b["gc_ms"] = 1e3 * gc_pauses.within(b["start"], b["start"] + (b["ms"]["triggerExecution"] or 0) / 1e3)
+    for b in batch_timeline:   # the driver's Python GC, and keygroups' retention, during the batch's trigger
+        end = b["start"] + (b["ms"]["triggerExecution"] or 0) / 1e3
+        b["gc_ms"] = 1e3 * gc_pauses.within(b["start"], end)
+        b["prune_ms"] = 1e3 * sum(max(0.0, min(t + d, end) - max(t, b["start"])) for t, d in candidate.prunes)
     first = writes[0][1] if writes else 0.0
     latencies, missing = [], 0
     starts = {b["batch"]: b["start"] for b in batch_timeline}
@@ -537,6 +551,8 @@ def tail_summary(r: RunResult, share: float = 0.05) -> list[str]:
             extra += f" | state upd {st['allUpdatesTimeMs']} commit {st['commitTimeMs']}"
         if b.get("gc_ms", 0) >= 1:
             extra += f" | driver GC {b['gc_ms']:.0f}"
+        if b.get("prune_ms", 0) >= 1:
+            extra += f" | retention {b['prune_ms']:.0f}"
         ms = ", ".join(f"{k} {v}" for k, v in b["ms"].items() if v)
         lines.append(f"      batch {b['batch']}: rows {b['rows']}; {ms}{extra}")
     return lines
