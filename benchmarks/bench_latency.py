@@ -15,9 +15,12 @@ second) and each candidate, in turn (the order rotating), a fresh run:
 - a streaming query reads that directory (Spark's file source, every new file in the next micro-batch) with a
   processing-time trigger of ``--trigger-ms`` and runs the candidate:
   - ``keygroups``: ``KeyedJob`` (:class:`_jobs.RunningValue`: one ValueState per key, read and updated once per
-    record, one output row per record; heap, max parallelism 128) through ``job.foreach_batch(sink,
-    parallelism=2)``; the batch's output is committed when its checkpoint is (``chk-<n>/_metadata``), just before
-    the sink is called: the sink notes the time;
+    record, one output row per record; heap, max parallelism 128) through ``job.foreach_batch(parallelism=2)``
+    without a sink function: the output files stay in the checkpoint, as TWS's stay in its file sink, neither read
+    back. The batch's output is committed when its checkpoint is (``chk-<n>/_metadata``): the time is noted as the
+    job's batch returns. (``--also "keygroups output sink"``: through ``foreach_batch(sink)``, timed when the sink
+    is called, which is after ``result.output``, a DataFrame over the output files, was built for it: 20-100 ms
+    of py4j and file listing per batch on the critical path, and the measure of runs before 2026-11-27);
   - ``keygroups rescale``: the same, its ``foreachBatch`` function calling ``job.run_batch(df, parallelism=p,
     checkpoint_id=batch_id)`` with p switching between 2 and 4 every ``--rescale-every`` seconds;
   - ``Spark TWS (JVM)``: ``benchmarks/java/LatencyTws.java`` (a Java ``StatefulProcessor``: the same running sum in
@@ -27,6 +30,9 @@ second) and each candidate, in turn (the order rotating), a fresh run:
     sink, whose commit of batch N is the file ``_spark_metadata/N`` (its modification time);
   - ``Spark groupBy``: ``foreachBatch`` of ``df.groupBy("key").agg(count, sum)`` written as Parquet (stateless: the
     floor of a shuffle by key per batch); committed when the write returns: the function notes the time.
+
+  With ``--repeat N`` each candidate runs N times per rate, the order rotating per round (none always first);
+  the table adds each candidate's files pooled over its runs, and the target line each round's paired ratio.
 
   Before all runs, each kind of query is started once, untimed, on one file (``--no-session-warmup`` skips it): the
   session's first queries pay the JVM's warm-up, which would otherwise land on whichever candidate runs first.
@@ -38,6 +44,12 @@ second) and each candidate, in turn (the order rotating), a fresh run:
   within ``--drain`` seconds after the generator stops counts as missing. Printed per run: latency p50, p99 and
   max, batches, events per batch, and the CPU seconds per 1,000 events of the driver's Python, the JVM and Spark's
   Python workers over the run.
+
+Per run (``--tail``, on by default) the slowest 5% of files are traced to their batches: each file's wait for its
+batch to start (the batches before it still running) and its batch's run, per phase of Spark's own progress
+(``durationMs``: latestOffset, walCommit, getBatch, queryPlanning, addBatch, commitOffsets), for keygroups its
+report (wall, Spark's job time, phases, restore modes) and the foreachBatch call's own times, for TWS its state
+operator's update and commit times; ``--timeline FILE`` writes every batch's and file's figures as JSON.
 
 Part 2, small-batch throughput: ``--throughput-batches`` files of ``--batch`` events (default 10k, over the same
 keys) through ``KeyedJob.run_batch(spark.read.parquet(file), parallelism=2)`` one after another (one untimed first),
@@ -52,6 +64,9 @@ The machine may be shared (load printed); latency is wall clock by nature, so CP
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import datetime
+import gc
 import json
 import multiprocessing
 import os
@@ -81,6 +96,9 @@ MAX_PARALLELISM = 128
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 SCHEMA = pa.schema([("key", pa.int64()), ("value", pa.int64()), ("ts", pa.int64())])
 CANDIDATES = ("keygroups", "keygroups rescale", "Spark TWS (JVM)", "Spark groupBy")
+#: Run only when named in --also: keygroups through foreach_batch(sink), timed as its sink is called (the output
+#: DataFrame is built first).
+EXTRA = ("keygroups output sink",)
 
 
 # ---- the generator (its own process: its timing does not wait for the driver's GIL) ---------------------------------
@@ -165,6 +183,11 @@ class RunResult:
     cpu: dict[str, float]
     events: int
     notes: list[str] = field(default_factory=list)
+    #: Per batch: Spark's progress (trigger start, durationMs, rows) and, for keygroups, the batch's report;
+    #: per file: write time, batch, latency (see :func:`timeline`).
+    batches_timeline: list[dict[str, Any]] = field(default_factory=list)
+    files_timeline: list[dict[str, Any]] = field(default_factory=list)
+    round: int = 0   # of --repeat; -1: several runs pooled
 
     def percentile(self, q: float) -> float:
         return float(np.percentile(self.latencies, q)) if self.latencies else float("nan")
@@ -177,8 +200,28 @@ class Candidate:
         self.spark, self.source, self.work, self.args = spark, source, work, args
         self.checkpoint = work / "spark-checkpoint"
         self.commits: dict[int, float] = {}
+        self.results: dict[int, Any] = {}   # keygroups: batch id -> BatchResult
+        self.prunes: list[tuple[float, float]] = []   # keygroups: its retention runs, (start epoch s, seconds)
+        self.calls: dict[int, tuple[float, float]] = {}   # foreachBatch: batch id -> (entered, returned), epoch s
         self.query: Any = None
         self.notes: list[str] = []
+
+    def reports(self) -> dict[int, dict[str, Any]]:
+        """keygroups: each batch's figures (its report, Spark's time for its jobs, the foreachBatch call's times)."""
+        out = {}
+        for batch, result in self.results.items():
+            out[batch] = report_figures(result)
+            if batch in self.calls:
+                out[batch]["entered"], out[batch]["returned"] = self.calls[batch]
+                out[batch]["committed"] = self.commits.get(batch)
+        return out
+
+    def progress(self) -> list[dict[str, Any]]:
+        """Spark's StreamingQueryProgress of every batch the query kept (``numRecentProgressUpdates``)."""
+        from pyspark.sql.streaming import StreamingQuery
+
+        jquery = self.query._jsq if isinstance(self.query, StreamingQuery) else self.query   # else started by py4j
+        return [json.loads(p.json()) for p in jquery.recentProgress()]
 
     def stream(self) -> Any:
         return (self.spark.readStream.schema("key long, value long, ts long").parquet(str(self.source)))
@@ -202,8 +245,19 @@ class Candidate:
             self.query.stop()
 
 
+def report_figures(result: Any) -> dict[str, Any]:
+    """What a keygroups batch's report says about where its time went (see BatchReport, SubtaskReport)."""
+    r = result.report
+    return {"wall": r.wall_seconds, "spark": r.spark_seconds, "phases": dataclasses.asdict(r.seconds),
+            "parallelism": r.parallelism, "warm": r.key_groups_warm, "caught_up": r.key_groups_caught_up,
+            "cold": r.key_groups_cold, "bytes_restored": r.bytes_restored, "records": r.records_in,
+            "subtasks": [{"restore": s.restored.mode, "read": s.restored.bytes_read,
+                          "seconds": dataclasses.asdict(s.seconds)} for s in result.reports]}
+
+
 class Keygroups(Candidate):
     rescale = False
+    output_sink = False
 
     def start(self) -> None:
         from keygroups.spark import KeyedJob
@@ -211,21 +265,61 @@ class Keygroups(Candidate):
         job = KeyedJob("latency", "key", RunningValue(), output_schema=VALUE_OUTPUT, max_parallelism=MAX_PARALLELISM,
                        checkpoint_location=str(self.work / "keygroups"))
         self.parallelisms: list[int] = []
-        if not self.rescale:
+        # Observed: when the job's retention (in a thread of the driver, after each commit) runs, and for how long.
+        prune = job.storage.prune
+
+        def timed_prune(*a: Any, **k: Any) -> Any:
+            started = time.time()
+            try:
+                return prune(*a, **k)
+            finally:
+                self.prunes.append((started, time.time() - started))
+
+        job.storage.prune = timed_prune
+        if self.output_sink:   # the former measure: the sink gets result.output, built before it is called
             def sink(output: Any, batch_id: int, result: Any) -> None:
                 self.commits[batch_id] = time.time()
                 self.parallelisms.append(result.parallelism)
+                self.results[int(batch_id)] = result   # its figures are read after the run, off the batch's path
 
-            function = job.foreach_batch(sink, parallelism=PARALLELISM)
+            run = job.foreach_batch(sink, parallelism=PARALLELISM)
+
+            def function(df: Any, batch_id: int) -> None:
+                entered = time.time()
+                run(df, batch_id)
+                self.calls[int(batch_id)] = (entered, time.time())
+        elif not self.rescale:
+            # No sink function: the output stays in the checkpoint, committed with it, and is not read back (as
+            # TWS's Parquet files are not). The batch's result is observed as the job's run returns it.
+            committed = job._run
+
+            def observed(*a: Any, **k: Any) -> Any:
+                result = committed(*a, **k)
+                batch_id = k["streaming"].batch_id
+                self.commits[batch_id] = time.time()
+                self.parallelisms.append(result.parallelism)
+                self.results[batch_id] = result   # its figures are read after the run, off the batch's path
+                return result
+
+            job._run = observed
+            run = job.foreach_batch(parallelism=PARALLELISM)
+
+            def function(df: Any, batch_id: int) -> None:
+                entered = time.time()
+                run(df, batch_id)
+                self.calls[int(batch_id)] = (entered, time.time())
         else:
             started = time.time()
             every = self.args.rescale_every
 
             def function(df: Any, batch_id: int) -> None:
+                entered = time.time()
                 p = PARALLELISM if int((time.time() - started) // every) % 2 == 0 else RESCALED
                 result = job.run_batch(df, parallelism=p, checkpoint_id=int(batch_id))
                 self.commits[batch_id] = time.time()
                 self.parallelisms.append(result.parallelism)
+                self.results[int(batch_id)] = result
+                self.calls[int(batch_id)] = (entered, time.time())
 
         self.query = (self.stream().writeStream.foreachBatch(function)
                       .option("checkpointLocation", str(self.checkpoint))
@@ -239,6 +333,10 @@ class Keygroups(Candidate):
 
 class KeygroupsRescale(Keygroups):
     rescale = True
+
+
+class KeygroupsOutputSink(Keygroups):
+    output_sink = True
 
 
 class SparkTws(Candidate):
@@ -276,6 +374,7 @@ class SparkGroupBy(Candidate):
 
 
 KINDS: dict[str, type[Candidate]] = {"keygroups": Keygroups, "keygroups rescale": KeygroupsRescale,
+                                     "keygroups output sink": KeygroupsOutputSink,
                                      "Spark TWS (JVM)": SparkTws, "Spark groupBy": SparkGroupBy}
 
 
@@ -286,6 +385,7 @@ def run_one(spark: Any, name: str, rate: int, args: argparse.Namespace, root: pa
     log = work / "writes.json"
     candidate = KINDS[name](spark, source, work, args)
     tree = TreeCPU()
+    gc_pauses = GcPauses().__enter__()
     candidate.start()
     # One warm-up file first, committed before the generator starts: the query's first batch (planning, code
     # generation, the first Python workers) is its start-up, reported apart from the latencies.
@@ -323,9 +423,18 @@ def run_one(spark: Any, name: str, rate: int, args: argparse.Namespace, root: pa
         cpu["driver"] -= logged["cpu"]   # the generator, reaped by this process, is not the driver's work
     finally:
         candidate.stop()
+        gc_pauses.__exit__()
     batches, commits = batch_of_files(candidate.checkpoint), candidate.committed()
+    reports = candidate.reports()
+    batch_timeline = [batch_figures(p, commits, reports) for p in candidate.progress()]
+    for b in batch_timeline:   # the driver's Python GC, and keygroups' retention, during the batch's trigger
+        end = b["start"] + (b["ms"]["triggerExecution"] or 0) / 1e3
+        b["gc_ms"] = 1e3 * gc_pauses.within(b["start"], end)
+        b["prune_ms"] = 1e3 * sum(max(0.0, min(t + d, end) - max(t, b["start"])) for t, d in candidate.prunes)
     first = writes[0][1] if writes else 0.0
     latencies, missing = [], 0
+    starts = {b["batch"]: b["start"] for b in batch_timeline}
+    files_timeline = []
     for name_, written, _events in writes:
         if written - first < args.warmup:
             continue
@@ -334,12 +443,135 @@ def run_one(spark: Any, name: str, rate: int, args: argparse.Namespace, root: pa
             missing += 1
             continue
         latencies.append(commits[batch] - written)
+        files_timeline.append({"file": name_, "written": written, "batch": batch, "latency": latencies[-1],
+                               "wait": starts[batch] - written if batch in starts else None})
     used = {batches[w[0]] for w in writes if w[0] in batches}
     events = sum(w[2] for w in writes)
     result = RunResult(name, rate, latencies, writes[0][2] if writes else 0, len(writes), missing, len(used),
-                       cpu, events, [f"first batch {first_batch:.1f} s", *candidate.notes])
+                       cpu, events, [f"first batch {first_batch:.1f} s", *candidate.notes], batch_timeline,
+                       files_timeline)
     shutil.rmtree(work, ignore_errors=True)
     return result
+
+
+class GcPauses:
+    """The driver's Python garbage collections while installed: (generation, start epoch s, seconds) each."""
+
+    def __init__(self) -> None:
+        self.pauses: list[tuple[int, float, float]] = []
+        self._started = 0.0
+
+    def __call__(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._started = time.time()
+        else:
+            self.pauses.append((info["generation"], self._started, time.time() - self._started))
+
+    def __enter__(self) -> GcPauses:
+        gc.callbacks.append(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self)
+
+    def within(self, start: float, end: float) -> float:
+        return sum(d for _, t, d in self.pauses if start <= t < end)
+
+
+# ---- per-batch timelines: where the slowest files' latency went ------------------------------------------------------
+
+DURATIONS = ("latestOffset", "getBatch", "queryPlanning", "addBatch", "walCommit", "commitOffsets", "triggerExecution")
+
+
+def _epoch(timestamp: str) -> float:
+    return datetime.datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
+
+
+def batch_figures(progress: dict[str, Any], commits: dict[int, float],
+                  reports: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """One batch: its trigger's start (epoch s), Spark's durationMs, rows, commit time (None: not committed, or a
+    batch without data) and, for keygroups, its report's figures; the state operators' figures for TWS."""
+    batch = int(progress["batchId"])
+    out = {"batch": batch, "start": _epoch(progress["timestamp"]), "rows": progress.get("numInputRows", 0),
+           "ms": {k: progress.get("durationMs", {}).get(k) for k in DURATIONS}, "commit": commits.get(batch),
+           "report": reports.get(batch)}
+    ops = progress.get("stateOperators") or []
+    if ops:
+        out["state"] = {k: ops[0].get(k) for k in ("allUpdatesTimeMs", "allRemovalsTimeMs", "commitTimeMs",
+                                                    "numRowsTotal", "memoryUsedBytes")}
+        out["state"]["custom"] = ops[0].get("customMetrics")
+    return out
+
+
+def _median(values: list[float]) -> float:
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else float("nan")
+
+
+def tail_summary(r: RunResult, share: float = 0.05) -> list[str]:
+    """Lines saying where the slowest ``share`` of files' latency went: their wait for their batch to start (the
+    previous batches still running, or the trigger) and their batch's own run, per Spark phase and, for keygroups,
+    per report phase; beside the same figures over all batches."""
+    if not r.files_timeline:
+        return []
+    by_batch = {b["batch"]: b for b in r.batches_timeline}
+    files = sorted(r.files_timeline, key=lambda f: f["latency"])
+    cut = files[int(len(files) * (1 - share))]["latency"]
+    slow = [f for f in files if f["latency"] >= cut]
+    slow_batches = sorted({f["batch"] for f in slow})
+    data_batches = [b for b in r.batches_timeline if b["rows"]]
+    lines = [f"    slowest {share:.0%} of files (latency >= {cut * 1e3:.0f} ms): {len(slow)} files in batches "
+             f"{slow_batches[:20]}{' ...' if len(slow_batches) > 20 else ''}; median wait for their batch "
+             f"{_median([f['wait'] for f in slow]) * 1e3:.0f} ms (all files "
+             f"{_median([f['wait'] for f in files]) * 1e3:.0f})"]
+
+    def phases(bs: list[dict[str, Any]]) -> str:
+        parts = [f"{k} {_median([b['ms'][k] for b in bs]):.0f}" for k in DURATIONS if any(b['ms'][k] for b in bs)]
+        run = _median([(b["commit"] - b["start"]) * 1e3 for b in bs if b["commit"]])
+        return f"start->commit {run:.0f}; " + ", ".join(parts)
+
+    tail = [by_batch[b] for b in slow_batches if b in by_batch]
+    # a file's wait is its previous batch still running: the batch before each slow one matters as much
+    before = [by_batch[b - 1] for b in slow_batches if b - 1 in by_batch and b - 1 not in slow_batches]
+    lines.append(f"      all {len(data_batches)} batches, median ms: {phases(data_batches)}")
+    lines.append(f"      the slow files' {len(tail)} batches:      {phases(tail)}")
+    if before:
+        lines.append(f"      the {len(before)} batches before them:   {phases(before)}")
+    for b in sorted(tail + before, key=lambda b: -(b["ms"]["triggerExecution"] or 0))[:8]:
+        extra = ""
+        rep = b.get("report")
+        if rep:
+            ph = rep["phases"]
+            modes = ",".join(s["restore"] for s in rep["subtasks"])
+            extra = (f" | kg wall {rep['wall'] * 1e3:.0f} spark {1e3 * (rep['spark'] or 0):.0f} "
+                     + " ".join(f"{k} {v * 1e3:.0f}" for k, v in ph.items() if v >= 0.0005)
+                     + f" p={rep['parallelism']} restore {modes} cold {rep['cold']} caught {rep['caught_up']}")
+        if b.get("state"):
+            st = b["state"]
+            extra += f" | state upd {st['allUpdatesTimeMs']} commit {st['commitTimeMs']}"
+        if b.get("gc_ms", 0) >= 1:
+            extra += f" | driver GC {b['gc_ms']:.0f}"
+        if b.get("prune_ms", 0) >= 1:
+            extra += f" | retention {b['prune_ms']:.0f}"
+        ms = ", ".join(f"{k} {v}" for k, v in b["ms"].items() if v)
+        lines.append(f"      batch {b['batch']}: rows {b['rows']}; {ms}{extra}")
+    return lines
+
+
+def report_run(r: RunResult, args: argparse.Namespace) -> None:
+    print(f"  {r.candidate:<18} {r.rate:>6}/s round {r.round}: p50 {r.percentile(50) * 1e3:7.0f} ms  p99 "
+          f"{r.percentile(99) * 1e3:7.0f} ms  {r.batches} batches, {r.missing} files missing; "
+          f"{'; '.join(r.notes)}; {load()}", flush=True)
+    if args.tail:
+        print("\n".join(tail_summary(r)), flush=True)
+
+
+def pooled(runs: list[RunResult]) -> RunResult:
+    """The runs of one candidate and rate as one: their files' latencies together."""
+    first = runs[0]
+    return RunResult(first.candidate, first.rate, [x for r in runs for x in r.latencies], first.events_per_file,
+                     sum(r.files for r in runs), sum(r.missing for r in runs), sum(r.batches for r in runs),
+                     {k: sum(r.cpu[k] for r in runs) for k in first.cpu}, sum(r.events for r in runs), round=-1)
 
 
 # ---- part 2: small-batch throughput --------------------------------------------------------------------------------
@@ -398,6 +630,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--throughput-batches", type=int, default=20)
     parser.add_argument("--batch", type=int, default=10_000, help="events per batch in the throughput part")
     parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--also", nargs="*", default=[], choices=EXTRA, help="candidates run only when named")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="runs per candidate and rate, the order rotating per round; figures pooled and per round")
+    parser.add_argument("--tail", action=argparse.BooleanOptionalAction, default=True,
+                        help="print where the slowest 5%% of files' latency went, per run")
+    parser.add_argument("--timeline", help="write every run's per-batch and per-file timeline to this JSON file")
     args = parser.parse_args(argv)
     if args.quick:   # the quick sizes, where not given explicitly
         quick = {"duration": 30.0, "rescale_every": 10.0, "warmup": 2.0, "drain": 30.0, "throughput_batches": 5}
@@ -406,12 +644,13 @@ def main(argv: list[str] | None = None) -> int:
                 setattr(args, name, value)
 
     root = pathlib.Path(tempfile.mkdtemp(prefix="kg-bench-latency-"))
-    candidates = [c for c in CANDIDATES if c not in args.skip]
+    candidates = [c for c in CANDIDATES if c not in args.skip] + list(args.also)
     classes = build_java("LatencyTws.java", spark_classpath()) if "Spark TWS (JVM)" in candidates else None
     ship_by_value()
     spark = spark_session(args.master, "keygroups-bench-latency", shuffle_partitions=PARALLELISM,
                           extra_classpath=[classes] if classes else None,
-                          conf={"spark.sql.streaming.noDataMicroBatches.enabled": "false"})
+                          conf={"spark.sql.streaming.noDataMicroBatches.enabled": "false",
+                                "spark.sql.streaming.numRecentProgressUpdates": "100000"})
     print(f"{args.keys:,} keys; rates {args.rates} events/s; a file every {args.file_ms} ms; trigger "
           f"{args.trigger_ms} ms; {args.duration:.0f} s per run ({args.warmup:.0f} s warm-up left out); rescale "
           f"every {args.rescale_every:.0f} s; {load()} (2 cores, shared machine)", flush=True)
@@ -420,17 +659,19 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.session_warmup:   # each kind of query once, untimed: the session's first queries pay the JVM's warm-up
             idle = argparse.Namespace(**{**vars(args), "duration": 0.0, "drain": 0.0})
-            firsts = [f"{name} {run_one(spark, name, args.rates[0], idle, root, seed=0).notes[0]}" for name in candidates]
+            firsts = [f"{name} {run_one(spark, name, args.rates[0], idle, root, seed=0).notes[0]}"
+                      for name in candidates]
             print(f"  session warm-up: {'; '.join(firsts)}; {load()}", flush=True)
         for i, rate in enumerate(args.rates):
-            order = candidates[i % len(candidates):] + candidates[:i % len(candidates)]
-            for name in order:
-                r = run_one(spark, name, rate, args, root, seed=rate)
-                results.append(r)
-                print(f"  {name:<18} {rate:>6}/s: p50 {r.percentile(50) * 1e3:7.0f} ms  p99 "
-                      f"{r.percentile(99) * 1e3:7.0f} ms  {r.batches} batches, {r.missing} files missing; "
-                      f"{'; '.join(r.notes)}; {load()}", flush=True)
+            for round_ in range(args.repeat):   # the order rotates per rate and per round: none always runs first
+                k = (i + round_) % len(candidates)
+                for name in candidates[k:] + candidates[:k]:
+                    r = run_one(spark, name, rate, args, root, seed=rate + round_)
+                    r.round = round_
+                    results.append(r)
+                    report_run(r, args)
         if args.throughput:
+
             generate_events(root / "events", (args.throughput_batches + 1) * args.batch, args.keys,
                             args.throughput_batches + 1)
             files = event_files(root / "events")
@@ -438,6 +679,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  keygroups throughput: {throughput[2]:,} events in {throughput[0]:.1f} s", flush=True)
     finally:
         spark.stop()
+    if args.timeline:
+        pathlib.Path(args.timeline).write_text(json.dumps(
+            [{"candidate": r.candidate, "rate": r.rate, "batches": r.batches_timeline, "files": r.files_timeline}
+             for r in results]))
     flink = pyflink_throughput(files[1:], root) if args.throughput else None
     shutil.rmtree(root, ignore_errors=True)
 
@@ -445,22 +690,36 @@ def main(argv: list[str] | None = None) -> int:
           f"ValueState per record; trigger {args.trigger_ms} ms; {load()}")
     print(f"{'candidate':<20}{'events/s':>9}{'p50 ms':>8}{'p99 ms':>8}{'max ms':>8}{'batches':>8}{'ev/batch':>9}"
           f"{'missing':>8}{'CPU s per 1k events: driver':>29}{'JVM':>7}{'workers':>9}")
-    for r in results:
+    table = results
+    if args.repeat > 1:
+        table = results + [pooled([r for r in results if r.rate == rate and r.candidate == name])
+                           for rate in args.rates for name in candidates]
+    for r in table:
         k = r.events / 1000
         mx = max(r.latencies) * 1e3 if r.latencies else float("nan")
-        print(f"{r.candidate:<20}{r.rate:>9,}{r.percentile(50) * 1e3:>8.0f}{r.percentile(99) * 1e3:>8.0f}{mx:>8.0f}"
+        label = r.candidate if args.repeat == 1 else f"{r.candidate} {'all' if r.round < 0 else f'#{r.round}'}"
+        print(f"{label:<23}{r.rate:>6,}{r.percentile(50) * 1e3:>8.0f}{r.percentile(99) * 1e3:>8.0f}{mx:>8.0f}"
               f"{r.batches:>8}{r.events / max(r.batches, 1):>9,.0f}{r.missing:>8}{r.cpu['driver'] / k:>29.3f}"
               f"{r.cpu['jvm'] / k:>7.3f}{r.cpu['python workers'] / k:>9.3f}")
     print("  issue 32's target: keygroups p50 and p99 <= Spark TWS (JVM) on the same machine:")
     for rate in args.rates:
-        by = {r.candidate: r for r in results if r.rate == rate}
-        tws = by.get("Spark TWS (JVM)")
+        runs = {name: [r for r in results if r.rate == rate and r.candidate == name] for name in candidates}
+        tws = runs.get("Spark TWS (JVM)")
         for name in ("keygroups", "keygroups rescale"):
-            if name in by and tws is not None:
-                a = by[name]
-                p50, p99 = a.percentile(50) / tws.percentile(50), a.percentile(99) / tws.percentile(99)
+            if runs.get(name) and tws:
+                a, b = pooled(runs[name]), pooled(tws)
+                p50, p99 = a.percentile(50) / b.percentile(50), a.percentile(99) / b.percentile(99)
                 verdict = "meets" if p50 <= 1 and p99 <= 1 else "misses"
-                print(f"    {rate:,}/s {name}: p50 {p50:.2f}x, p99 {p99:.2f}x of TWS: {verdict}")
+                line = f"    {rate:,}/s {name}: p50 {p50:.2f}x, p99 {p99:.2f}x of TWS: {verdict}"
+                if args.repeat > 1:   # each round's ratio (its two runs ran back to back), and their median
+                    pairs = [(x.percentile(50) / y.percentile(50), x.percentile(99) / y.percentile(99))
+                             for x, y in zip(runs[name], tws)]
+                    line += (f" (pooled over {len(pairs)} rounds; per round p50 "
+                             f"{', '.join(f'{q[0]:.2f}' for q in pairs)}, p99 "
+                             f"{', '.join(f'{q[1]:.2f}' for q in pairs)}; median of rounds p50 "
+                             f"{statistics.median(q[0] for q in pairs):.2f}x, p99 "
+                             f"{statistics.median(q[1] for q in pairs):.2f}x)")
+                print(line)
     if throughput is not None and flink is not None:
         wall, cpu, events = throughput
         net, fcpu, fixed, fevents = flink
