@@ -813,7 +813,7 @@ def test_a_first_commit_whose_staged_claim_the_winner_pruned_is_refused_as_the_l
 
 def _claim_then_die(storage: CheckpointStorage, metadata: CheckpointMetadata, monkeypatch) -> None:
     """Commit ``metadata`` (planned from the checkpoint before it) as a driver killed right after its claim."""
-    def dies(self, base, data, *staged):
+    def dies(self, base, data, *staged, **options):
         raise KeyboardInterrupt("the driver was killed")
 
     monkeypatch.setattr(CheckpointStorage, "_publish", dies)
@@ -874,7 +874,7 @@ def test_retrying_the_same_commit_after_its_claim_publishes_it(storage_factory, 
     write_checkpoint(storage, 1)
     two = write_checkpoint(storage, 2, commit=False)
 
-    def fails(self, base, data, *staged):
+    def fails(self, base, data, *staged, **options):
         raise OSError("connection reset")
 
     monkeypatch.setattr(CheckpointStorage, "_publish", fails)
