@@ -15,12 +15,12 @@ handles; the driver calls :meth:`CheckpointStorage.commit`, which writes ``_meta
 
 * local filesystem: the bytes are written once, to a temporary file; the claim (below) and then ``_metadata`` are
   hard links of it, each created or refused as one step. Before the claim, one round of fsyncs, issued together
-  (the journal commits them as one), makes durable the temporary file, the directories of the new state files and
-  the previous checkpoint's directory; then the claim's directory is fsync'd, and ``_metadata`` is linked. The claim
-  is the commit's durable record: ``_metadata``'s own link is made durable by the next commit's round of fsyncs,
-  and until then a crash that loses it leaves the claim, which the next driver publishes again
-  (:meth:`CheckpointStorage.finish_interrupted_commit`). A crash leaves either no ``_metadata`` (the checkpoint
-  does not exist) or a complete one.
+  (the journal commits them as one), makes durable the temporary file, the directories of the new state files, the
+  location's root (which names ``chk-<id>/``) and the previous checkpoint's directory; then the claim's directory
+  is fsync'd, and ``_metadata`` is linked. The claim is the commit's durable record: ``_metadata``'s own link is
+  made durable by the next commit's round of fsyncs, and until then a crash that loses it leaves the claim, which
+  the next driver publishes again (:meth:`CheckpointStorage.finish_interrupted_commit`). A crash leaves either no
+  ``_metadata`` (the checkpoint does not exist) or a complete one.
 * object stores (S3, GCS, ...): one create-if-absent put for the claim, one for ``_metadata``; an object appears only
   once fully written, so ``_metadata`` is never seen half written; the durability is the store's. There is no
   directory fsync there.
@@ -968,8 +968,9 @@ class CheckpointStorage:
         files are checked (a request each for up to three files of a directory, else one listing of it); files of
         earlier checkpoints carried forward are not checked again. On an object store a commit is therefore about
         six requests whatever the number of retained checkpoints or carried files; locally, one write of the bytes
-        and two rounds of fsyncs: the staged file, the directories of the new state files and of the previous
-        checkpoint (whose ``_metadata`` link its own commit left to this one) at once, then the claim's directory.
+        and two rounds of fsyncs: the staged file, the location's root, the directories of the new state files and of
+        the previous checkpoint (whose ``_metadata`` link its own commit left to this one) at once, then the claim's
+        directory.
 
         ``prune=False`` leaves retention to a later :meth:`prune` (a driver runs it off its batch's critical path).
         ``encoded``: ``encode_metadata(metadata, "chk-<id>")`` when the caller has it already."""
@@ -999,12 +1000,13 @@ class CheckpointStorage:
         # Locally the bytes are written once and published twice, as hard links: the claim, then _metadata. An
         # object store takes one create-if-absent put for each.
         with self._fs.staged(claim, data, sync=False) as staged:
-            # Durable before the claim: the staged bytes and the directory entries of the state files (the claim
-            # is the commit's record), and the previous checkpoint's _metadata, which its commit published without
-            # an fsync (its claim recovered it until now): all in one round of fsyncs.
+            # Durable before the claim (the commit's record): the staged bytes, the directory entries of the state
+            # files and of the directories holding them (chk-<id>/, shared/, _commits/ in the location's root), and
+            # the previous checkpoint's _metadata, which its commit published without an fsync (its claim
+            # recovered it until now): in one round of fsyncs.
             new_shared = any(h.checkpoint_id == cid and is_shared_path(h.file) for h in metadata.keyed_handles)
             try:
-                self._fs.sync_all([staged], [base, *([SHARED_DIR] if new_shared else [])],
+                self._fs.sync_all([staged], ["", base, *([SHARED_DIR] if new_shared else [])],
                                   [f"chk-{previous}"] if previous is not None else [])
             except FileNotFoundError:
                 # chk-<id>/ removed meanwhile, as an unfinished directory older than another writer's newer
