@@ -310,8 +310,9 @@ def _operators(tree: str) -> set[str]:
     return names
 
 
-def keyed_stage_session(df: DataFrame, cache: SparkPlanCache) -> Any:
-    """The JVM session the keyed stage's query over ``df`` runs in, or None for ``df``'s own.
+def keyed_stage_session(df: DataFrame, cache: SparkPlanCache, logical_plan: Any = None) -> Any:
+    """The JVM session the keyed stage's query over ``df`` runs in, or None for ``df``'s own (``logical_plan``:
+    ``df``'s, when the caller has it).
 
     Over an input of narrow operators only (:data:`_NARROW_OPERATORS`: a scan, a streaming micro-batch's rows,
     projections and filters), the keyed stage runs in a clone of ``df``'s session whose only difference is
@@ -335,7 +336,8 @@ def keyed_stage_session(df: DataFrame, cache: SparkPlanCache) -> Any:
     from py4j.protocol import Py4JError  # type: ignore[import-untyped]
 
     try:
-        if not _operators(df._jdf.logicalPlan().treeString()) <= _NARROW_OPERATORS:
+        plan = logical_plan if logical_plan is not None else df._jdf.logicalPlan()
+        if not _operators(plan.treeString()) <= _NARROW_OPERATORS:
             return None
         if cache.session_conf is None or cache.session_conf[0] is not jsession:
             cache.session_conf = (jsession, jsession.sessionState().conf())   # the session's own: one object
@@ -453,8 +455,10 @@ class KeyedStagePlan:
     def _one(self, node: Any) -> Any:
         return getattr(self._nil, "$colon$colon")(node)
 
-    def _rooted(self, df: DataFrame, jsession: Any, task: Callable[[Any], Any] | None) -> tuple[DataFrame, bool]:
-        child = df._jdf.logicalPlan()
+    def _rooted(self, df: DataFrame, jsession: Any, task: Callable[[Any], Any] | None,
+                child: Any = None) -> tuple[DataFrame, bool]:
+        if child is None:
+            child = df._jdf.logicalPlan()
         if self._attribute_map is None:   # over the aliases, which Catalyst resolves against the input
             attributes, node = None, self._project(self._aliases, child)
             for above in self._nodes:
@@ -472,10 +476,12 @@ class KeyedStagePlan:
             node.setAnalyzed()   # resolved as it stands: Spark's analyser returns it as it is
         return DataFrame(self._of_rows(jsession, node), df.sparkSession), mapped
 
-    def on(self, df: DataFrame, jsession: Any, task: Callable[[Any], Any] | None = None) -> tuple[DataFrame, bool]:
+    def on(self, df: DataFrame, jsession: Any, task: Callable[[Any], Any] | None = None,
+           logical_plan: Any = None) -> tuple[DataFrame, bool]:
         """The keyed stage over ``df`` (of the schema the plan was made for), in the JVM session ``jsession``, and
-        whether it holds ``mapInArrow(task, ...)`` (False: the caller adds it)."""
-        return self._rooted(df, jsession, task)
+        whether it holds ``mapInArrow(task, ...)`` (False: the caller adds it); ``logical_plan``: ``df``'s, when
+        the caller has it."""
+        return self._rooted(df, jsession, task, logical_plan)
 
 
 def _folded(jvm: Any, plan: Any) -> Any:
@@ -569,6 +575,19 @@ def _constructor_arguments(gateway: Any, node: Any, names: tuple[str, ...]) -> t
 
 def _scala_seq(jvm: Any, items: list[Any]) -> Any:
     return jvm.org.apache.spark.api.python.PythonUtils.toSeq(items)
+
+
+def _logical_plan(df: DataFrame) -> Any:
+    """``df``'s logical plan (a JVM object) on a classic session; None over Spark Connect or where it cannot be
+    had (its users then ask for it themselves, and handle what they get)."""
+    if getattr(df.sparkSession, "_jsparkSession", None) is None:
+        return None
+    from py4j.protocol import Py4JError  # type: ignore[import-untyped]
+
+    try:
+        return df._jdf.logicalPlan()
+    except (Py4JError, AttributeError):
+        return None
 
 
 def in_session(df: DataFrame, jsession: Any) -> DataFrame:
@@ -786,7 +805,8 @@ class SparkExecutor:
             yield pa.RecordBatch.from_pylist([{"subtask": index, "report": json.dumps(report.to_json())}],
                                              schema=_REPORT_ARROW)
 
-        stage_session = keyed_stage_session(df, cache)
+        logical_plan = _logical_plan(df)   # asked of the JVM once for both uses below
+        stage_session = keyed_stage_session(df, cache, logical_plan)
         jsession = stage_session if stage_session is not None else getattr(df.sparkSession, "_jsparkSession", None)
         keyed, mapped = None, False
         if jsession is not None:   # a classic session: the stage's plan analysed once, put on this input
@@ -796,7 +816,7 @@ class SparkExecutor:
                     cache.stages.pop(next(iter(cache.stages)))
             stage_plan = cache.stages[key]
             if stage_plan is not None:
-                keyed, mapped = stage_plan.on(df, jsession, subtask)
+                keyed, mapped = stage_plan.on(df, jsession, subtask, logical_plan)
         if keyed is None:
             keyed = stage(df if stage_session is None else in_session(df, stage_session))
         self._keyed = keyed if mapped else keyed.mapInArrow(subtask, _REPORT_SCHEMA)
