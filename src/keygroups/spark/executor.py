@@ -864,6 +864,12 @@ def collect_rows(df: DataFrame) -> list[Any]:
         where, secret = parts[0], None
     else:
         where, secret = info[0], info[1]
+    return _served_rows(where, secret)
+
+
+def _served_rows(where: Any, secret: str | None) -> list[Any]:
+    """The rows the JVM serves on the local socket ``where`` (a port, or a Unix socket's path), as PySpark reads
+    them."""
     sockfile, sock = local_connect_and_auth(where, secret)
     try:
         sock.settimeout(None)   # as PySpark: the rows come when the job has made them
