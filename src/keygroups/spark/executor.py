@@ -49,6 +49,7 @@ from pyspark.sql.types import (
     TimestampNTZType,
     TimestampType,
 )
+from pyspark.traceback_utils import SCCallSiteSync
 from pyspark.util import local_connect_and_auth
 
 from keygroups._parquet import arrow_owned
@@ -840,12 +841,11 @@ _ARRAYS_TO_STRING: dict[int, tuple[Any, Any]] = {}
 
 
 def collect_rows(df: DataFrame) -> list[Any]:
-    """``df.collect()`` on a classic session in two round trips to the JVM where PySpark's takes about ten: the
+    """``df.collect()`` on a classic session in four round trips to the JVM where PySpark's takes about eight: the
     query's rows are served on a local socket, whose address comes back as a Java array that PySpark reads element
-    by element (a length and an element each), inside a call site set and cleared around the call. The same rows,
-    the same errors (the query's, raised by the first call); the job's call site in Spark's UI is the JVM's
-    (``collectToPython``), and its job group and tags are the thread's as before. Over Spark Connect, or where the
-    array's text is not what this reads: PySpark's own reads."""
+    by element (a length and an element each); here it is read as one string. The same rows, the same errors (the
+    query's, raised by the first call), the same call site. Over Spark Connect, or where the array's text is not
+    what this reads: PySpark's own reads."""
     jdf = getattr(df, "_jdf", None)
     jvm = getattr(df.sparkSession, "_jvm", None)
     if jdf is None or jvm is None:
@@ -853,7 +853,10 @@ def collect_rows(df: DataFrame) -> list[Any]:
     cached = _ARRAYS_TO_STRING.get(id(jvm))
     if cached is None or cached[0] is not jvm:   # looking the method up costs round trips of its own: once
         cached = _ARRAYS_TO_STRING[id(jvm)] = (jvm, jvm.java.util.Arrays.toString)
-    info = jdf.collectToPython()
+    # the call site set as PySpark sets it: without one, Spark walks the JVM thread's stack for each RDD the query
+    # makes (Utils.getCallSite), which costs more than the two calls that set and clear it
+    with SCCallSiteSync(df.sparkSession.sparkContext):
+        info = jdf.collectToPython()
     # "[<port>, <secret>, <server>]" (or "[<socket path>, null, ...]" over a Unix domain socket)
     parts = str(cached[1](info)).strip("[]").split(", ", 2)
     where: Any
