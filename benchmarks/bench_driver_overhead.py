@@ -135,6 +135,20 @@ class SplitClock(SparkJobClock):
                 clock._record(start)
 
         dataframe._load_from_socket = timed_load
+        # keygroups' own collect reads the served rows without PySpark's _load_from_socket (an earlier keygroups
+        # has no such function: nothing to wrap then)
+        from keygroups.spark import executor
+
+        served = getattr(executor, "_served_rows", None)
+        if served is not None:
+            def timed_served(*args, _served=served, **kwargs):  # noqa: ANN002, ANN003, ANN202
+                start = time.time()
+                try:
+                    return _served(*args, **kwargs)
+                finally:
+                    clock._record(start)
+
+            executor._served_rows = timed_served
 
     def _intervals(self, group: str) -> list[tuple[float, float]]:
         self._jobs = super()._intervals(group)

@@ -813,7 +813,7 @@ def test_a_first_commit_whose_staged_claim_the_winner_pruned_is_refused_as_the_l
 
 def _claim_then_die(storage: CheckpointStorage, metadata: CheckpointMetadata, monkeypatch) -> None:
     """Commit ``metadata`` (planned from the checkpoint before it) as a driver killed right after its claim."""
-    def dies(self, base, data, *staged):
+    def dies(self, base, data, *staged, **options):
         raise KeyboardInterrupt("the driver was killed")
 
     monkeypatch.setattr(CheckpointStorage, "_publish", dies)
@@ -839,6 +839,126 @@ def test_a_commit_whose_writer_stops_after_its_claim_is_completed_by_the_next(st
     assert other.checkpoint_ids() == [1, 2]    # completed by the refused commit
     assert other.load(2) == two
     assert other.finish_interrupted_commit() is None
+
+
+class _PowerLossTrace:
+    """What a power loss may keep of a local location, traced from the storage's own calls: a name in a directory
+    (a file's, a directory's, a hard link's) survives only once that directory is fsync'd after the name was made,
+    and a file's bytes only once the file is fsync'd (POSIX promises no more; ext4 often keeps more). Records every
+    ``os.open(O_CREAT)``, ``open(..., "wb")``, ``os.mkdir``, ``os.link`` and ``os.fsync`` under ``root``, and at
+    each ``os.link`` checks ``check(src, dst)``."""
+
+    def __init__(self, root: str, monkeypatch, check) -> None:
+        import keygroups.checkpoint.storage as storage_module
+
+        self.root = os.path.realpath(root)
+        self.clock = 0
+        self.made: dict[str, int] = {}   # path -> when its name was made
+        self.synced: dict[str, list[int]] = {}   # path -> when it was fsync'd
+        real_open, real_mkdir, real_link, real_fsync = os.open, os.mkdir, os.link, os.fsync
+
+        def made(path) -> None:
+            self.clock += 1
+            self.made[os.path.realpath(path)] = self.clock
+
+        def traced_open(path, flags, *args, **kwargs):
+            if flags & os.O_CREAT and not os.path.exists(path):
+                made(path)
+            return real_open(path, flags, *args, **kwargs)
+
+        def traced_builtin_open(path, mode="r", *args, **kwargs):
+            if "w" in mode and not os.path.exists(path):
+                made(path)
+            return open(path, mode, *args, **kwargs)
+
+        def traced_mkdir(path, *args, **kwargs):
+            real_mkdir(path, *args, **kwargs)
+            made(path)
+
+        def traced_link(src, dst, *args, **kwargs):
+            check(os.path.realpath(src), os.path.realpath(dst))
+            real_link(src, dst, *args, **kwargs)
+            made(dst)
+
+        def traced_fsync(fd):
+            real_fsync(fd)
+            self.clock += 1
+            self.synced.setdefault(os.readlink(f"/proc/self/fd/{fd}"), []).append(self.clock)
+
+        monkeypatch.setattr(os, "open", traced_open)
+        monkeypatch.setattr(os, "mkdir", traced_mkdir)
+        monkeypatch.setattr(os, "link", traced_link)
+        monkeypatch.setattr(os, "fsync", traced_fsync)
+        monkeypatch.setattr(storage_module, "open", traced_builtin_open, raising=False)
+
+    def _synced_after(self, path: str, since: int) -> bool:
+        return any(t > since for t in self.synced.get(path, ()))
+
+    def name_kept(self, path: str) -> bool:
+        """Whether ``path`` and every directory above it, up to the root, survive a power loss now."""
+        while path != self.root:
+            made = self.made.get(path)
+            if made is not None and not self._synced_after(os.path.dirname(path), made):
+                return False
+            path = os.path.dirname(path)
+        return True
+
+    def bytes_kept(self, path: str) -> bool:
+        return self._synced_after(path, self.made.get(path, 0))
+
+
+def test_a_local_commit_is_durable_in_the_order_a_power_loss_needs(tmp_path, monkeypatch):
+    """The commit's fsyncs, checked against what a power loss may keep (:class:`_PowerLossTrace`): when a claim is
+    linked (the commit's durable record), the claimed bytes, every file the checkpoint names (bytes and name) and the
+    previous checkpoint's ``_metadata`` are durable; when ``_metadata`` is linked, its claim is. So whatever a crash
+    keeps, a claim or ``_metadata`` never names a file it lost, a ``_metadata`` never survives its claim (the
+    compare-and-swap's record), and only the newest ``_metadata`` can be lost, which its claim restores (next
+    test). Fails if any of the fsyncs before the claim, or the claim's, is left out or comes after its link."""
+    location = tmp_path / "checkpoints"
+    storage = CheckpointStorage(str(location))
+    committing: list[CheckpointMetadata] = []
+    checked: list[str] = []
+
+    def check(src: str, dst: str) -> None:
+        md = committing[-1]
+        rel = os.path.relpath(dst, loc)
+        assert trace.bytes_kept(src), f"{rel} links bytes not yet durable"
+        if rel.startswith("_commits/"):
+            for f in md.files():
+                full = os.path.join(loc, f)
+                assert trace.bytes_kept(full) and trace.name_kept(full), f"claim {rel} names {f}, not yet durable"
+            if md.checkpoint_id > 1:
+                before = os.path.join(loc, f"chk-{md.checkpoint_id - 1}", "_metadata")
+                assert trace.name_kept(before), f"claim {rel} made while the previous _metadata is not durable"
+            checked.append("claim")
+        elif rel == f"chk-{md.checkpoint_id}/_metadata":
+            claim = "first" if md.checkpoint_id == 1 else f"after-{md.checkpoint_id - 1}"
+            assert trace.name_kept(os.path.join(loc, "_commits", claim)), "_metadata linked before its durable claim"
+            checked.append("metadata")
+
+    location.mkdir()   # the user's: everything below it is the storage's to make durable
+    loc = os.path.realpath(location)
+    trace = _PowerLossTrace(loc, monkeypatch, check)
+    for cid in (1, 2, 3):
+        md = write_checkpoint(storage, cid, commit=False)
+        committing.append(md)
+        storage.commit(md, planned_from=cid - 1 if cid > 1 else None)
+    assert checked == ["claim", "metadata"] * 3
+    assert storage.checkpoint_ids() == [1, 2, 3]
+
+
+def test_a_committed_checkpoint_whose_metadata_link_a_crash_lost_is_restored_from_its_claim(tmp_path):
+    """The one link a commit leaves to the next commit's fsyncs is the newest ``_metadata``'s: a crash that loses it
+    keeps its claim (durable before it), and the next driver publishes the checkpoint again, state and all."""
+    location = str(tmp_path / "checkpoints")
+    storage = CheckpointStorage(location)
+    write_checkpoint(storage, 1)
+    write_checkpoint(storage, 2)
+    os.remove(os.path.join(location, "chk-2", "_metadata"))   # what the power loss took
+    restarted = CheckpointStorage(location)
+    assert restarted.checkpoint_ids() == [1]
+    assert restarted.finish_interrupted_commit() == 2
+    assert restarted.checkpoint_ids() == [1, 2] and read_all(restarted, restarted.load(2)) == expected_state(2)
 
 
 def test_finish_interrupted_commit_publishes_a_claimed_checkpoint(storage_factory, monkeypatch):
@@ -874,7 +994,7 @@ def test_retrying_the_same_commit_after_its_claim_publishes_it(storage_factory, 
     write_checkpoint(storage, 1)
     two = write_checkpoint(storage, 2, commit=False)
 
-    def fails(self, base, data, *staged):
+    def fails(self, base, data, *staged, **options):
         raise OSError("connection reset")
 
     monkeypatch.setattr(CheckpointStorage, "_publish", fails)

@@ -89,9 +89,9 @@ def slow_commits(monkeypatch):
         check_files(self, metadata, **how)
         pause()
 
-    def slow_publish(self, base, data, *staged):
+    def slow_publish(self, base, data, *staged, **options):
         pause()
-        publish(self, base, data, *staged)
+        publish(self, base, data, *staged, **options)
 
     monkeypatch.setattr(CheckpointStorage, "_check_files", slow_check)
     monkeypatch.setattr(CheckpointStorage, "_publish", slow_publish)

@@ -13,10 +13,14 @@ Layout under ``location`` (a local path or any fsspec URL)::
 Commit protocol: subtasks write their state files (``open_write``, fsync'd on close for local paths), report
 handles; the driver calls :meth:`CheckpointStorage.commit`, which writes ``_metadata`` last and atomically:
 
-* local filesystem: the bytes are written once, to a temporary file, and fsync'd; the claim (below) and then
-  ``_metadata`` are hard links of it, each created or refused as one step and made durable by fsyncing its directory
-  (after the directories of the new state files). A crash leaves either no ``_metadata`` (the checkpoint does not
-  exist) or a complete one.
+* local filesystem: the bytes are written once, to a temporary file; the claim (below) and then ``_metadata`` are
+  hard links of it, each created or refused as one step. Before the claim, one round of fsyncs (the first commits
+  the filesystem's journal, the rest find little left) makes durable the temporary file, the directories of the new
+  state files, the location's root (which names ``chk-<id>/``) and the previous checkpoint's directory; then the
+  claim's directory is fsync'd, and ``_metadata`` is linked. The claim is the commit's durable record:
+  ``_metadata``'s own link is made durable by the next commit's round of fsyncs, and until then a crash that loses
+  it leaves the claim, which the next driver publishes again (:meth:`CheckpointStorage.finish_interrupted_commit`).
+  A crash leaves either no ``_metadata`` (the checkpoint does not exist) or a complete one.
 * object stores (S3, GCS, ...): one create-if-absent put for the claim, one for ``_metadata``; an object appears only
   once fully written, so ``_metadata`` is never seen half written; the durability is the store's. There is no
   directory fsync there.
@@ -81,7 +85,7 @@ import stat
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, BinaryIO, Literal
 
 from keygroups import _local_dirs
@@ -164,18 +168,43 @@ class _LocalFS:
 
     def __init__(self, root: str) -> None:
         self.root = root
+        self._real_root: str | None = None   # the root's real path, resolved once (see path)
 
     def path(self, rel: str) -> str:
         """The local path of ``rel``; CorruptSnapshotError if a symlink inside the location (a ``chk-<id>`` linked
-        elsewhere, say) would take a read or a write out of it."""
+        elsewhere, say) would take a read or a write out of it. Only ``rel``'s own components are looked at (one
+        ``lstat`` each, up to the first that does not exist): the root's real path is resolved once, and a path
+        through no symlink below it stays inside it (a commit asks for some twenty paths)."""
         if not rel:
             return self.root
-        full = os.path.join(self.root, *rel.split("/"))
-        real, inside = os.path.realpath(full), os.path.realpath(self.root)
+        parts = rel.split("/")
+        full = os.path.join(self.root, *parts)
+        inside = self._real_root
+        if inside is None:
+            inside = self._real_root = os.path.realpath(self.root)
+        if not ("" in parts or "." in parts or ".." in parts or self._through_link(inside, parts)):
+            return full
+        real = os.path.realpath(full)
         if real != inside and not real.startswith(inside.rstrip(os.sep) + os.sep):
             raise CorruptSnapshotError(f"{full} resolves to {real}, outside the checkpoint location {self.root}: a "
                                        "symlink that leads out of the location is refused")
         return full
+
+    @staticmethod
+    def _through_link(real_root: str, parts: list[str]) -> bool:
+        """False when no component of ``parts`` below ``real_root`` is a symlink (those after the first that does
+        not exist cannot be); True otherwise (or when one cannot be looked at), for the full check."""
+        at = real_root
+        for part in parts:
+            at = os.path.join(at, part)
+            try:
+                if stat.S_ISLNK(os.lstat(at).st_mode):
+                    return True
+            except (FileNotFoundError, NotADirectoryError):
+                return False
+            except OSError:
+                return True
+        return False
 
     def url(self, rel: str) -> str:
         return self.path(rel)
@@ -259,14 +288,16 @@ class _LocalFS:
             self.link_exclusive(staged, rel)
 
     @contextlib.contextmanager
-    def staged(self, near: str, data: bytes) -> Iterator[Any]:
-        """``data`` written and fsync'd once under a temporary name beside ``near``, for :meth:`link_exclusive` to
-        publish under one or more names (hard links of one file: the bytes are written once); removed after."""
+    def staged(self, near: str, data: bytes, *, sync: bool = True) -> Iterator[Any]:
+        """``data`` written once under a temporary name beside ``near``, for :meth:`link_exclusive` to publish under
+        one or more names (hard links of one file: the bytes are written once); removed after. ``sync=False``
+        leaves its fsync to the caller (:meth:`sync_all`, beside other fsyncs)."""
         with _tmp_name(self, near) as tmp:
             with open(self.path(tmp), "wb") as f:
                 f.write(data)
                 f.flush()
-                os.fsync(f.fileno())
+                if sync:
+                    os.fsync(f.fileno())
             try:
                 yield tmp
             finally:
@@ -274,10 +305,30 @@ class _LocalFS:
                 with contextlib.suppress(FileNotFoundError):
                     os.remove(self.path(tmp))
 
-    def link_exclusive(self, staged: Any, rel: str) -> None:
-        """Publish the staged file as ``rel`` if ``rel`` does not exist (FileExistsError otherwise), durably."""
+    def link_exclusive(self, staged: Any, rel: str, *, durable: bool = True) -> None:
+        """Publish the staged file as ``rel`` if ``rel`` does not exist (FileExistsError otherwise), durably unless
+        ``durable=False`` (the caller has another record that recovers it: see :meth:`CheckpointStorage.commit`)."""
         os.link(self.path(staged), self.path(rel))
-        self.sync_dir(posixpath.dirname(rel))
+        if durable:
+            self.sync_dir(posixpath.dirname(rel))
+
+    def sync_all(self, files: Sequence[str], dirs: Sequence[str], optional_dirs: Sequence[str] = ()) -> None:
+        """fsync ``files``, then directories ``dirs`` and ``optional_dirs`` (those that still exist): returns once
+        all are durable; FileNotFoundError for a file or one of ``dirs`` that is gone. One after another, in this
+        thread: on a journaling filesystem the first commits every change pending (the rest find little left to
+        write), and threads of their own measured no faster on a shared machine, where each waits to be scheduled."""
+        wanted = [(f, False) for f in files] + [(d, False) for d in dirs] + [(d, True) for d in optional_dirs]
+        for rel, optional in wanted:
+            try:
+                fd = os.open(self.path(rel), os.O_RDONLY)
+            except FileNotFoundError:
+                if optional:
+                    continue
+                raise
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
 
     def sizes(self, rels: list[str]) -> dict[str, int]:
         """The size of each of ``rels`` that exists (one stat each)."""
@@ -407,12 +458,15 @@ class _FsspecFS:
             raise
 
     @contextlib.contextmanager
-    def staged(self, near: str, data: bytes) -> Iterator[Any]:
+    def staged(self, near: str, data: bytes, *, sync: bool = True) -> Iterator[Any]:
         """Nothing to stage on object stores: each :meth:`link_exclusive` puts the bytes (one request)."""
         yield data
 
-    def link_exclusive(self, staged: Any, rel: str) -> None:
+    def link_exclusive(self, staged: Any, rel: str, *, durable: bool = True) -> None:
         self.write_exclusive(rel, staged)
+
+    def sync_all(self, files: Sequence[str], dirs: Sequence[str], optional_dirs: Sequence[str] = ()) -> None:
+        pass  # an object appears complete and durable once its put returns
 
     def sizes(self, rels: list[str]) -> dict[str, int]:
         """The size of each of ``rels`` that exists: one listing per directory holding several of them (a request
@@ -900,7 +954,9 @@ class CheckpointStorage:
         files are checked (a request each for up to three files of a directory, else one listing of it); files of
         earlier checkpoints carried forward are not checked again. On an object store a commit is therefore about
         six requests whatever the number of retained checkpoints or carried files; locally, one write of the bytes
-        and five fsyncs (the staged file, the directories of the new state files, of the claim, of ``_metadata``).
+        and two rounds of fsyncs: the staged file, the location's root, the directories of the new state files and of
+        the previous checkpoint (whose ``_metadata`` link its own commit left to this one), then the claim's
+        directory.
 
         ``prune=False`` leaves retention to a later :meth:`prune` (a driver runs it off its batch's critical path).
         ``encoded``: ``encode_metadata(metadata, "chk-<id>")`` when the caller has it already."""
@@ -925,21 +981,24 @@ class CheckpointStorage:
             self._checked_newest(metadata, planned_from)
             raise
         self._fs.makedirs(base)
-        # the directory entries of the state files are durable before _metadata names them
-        try:
-            self._fs.sync_dir(base)
-            if any(h.checkpoint_id == cid and is_shared_path(h.file) for h in metadata.keyed_handles):
-                self._fs.sync_dir(SHARED_DIR)
-        except FileNotFoundError:
-            # chk-<id>/ removed meanwhile, as an unfinished directory older than another writer's newer
-            # checkpoint: the lost race it is (else the directory is missing indeed)
-            self._checked_newest(metadata, planned_from)
-            raise
         claim = _claim_file(previous)
         self._fs.makedirs(COMMITS_DIR)
-        # Locally the bytes are written (and fsync'd) once and published twice, as hard links: the claim, then
-        # _metadata. An object store takes one create-if-absent put for each.
-        with self._fs.staged(claim, data) as staged:
+        # Locally the bytes are written once and published twice, as hard links: the claim, then _metadata. An
+        # object store takes one create-if-absent put for each.
+        with self._fs.staged(claim, data, sync=False) as staged:
+            # Durable before the claim (the commit's record): the staged bytes, the directory entries of the state
+            # files and of the directories holding them (chk-<id>/, shared/, _commits/ in the location's root), and
+            # the previous checkpoint's _metadata, which its commit published without an fsync (its claim
+            # recovered it until now): in one round of fsyncs.
+            new_shared = any(h.checkpoint_id == cid and is_shared_path(h.file) for h in metadata.keyed_handles)
+            try:
+                self._fs.sync_all([staged], ["", base, *([SHARED_DIR] if new_shared else [])],
+                                  [f"chk-{previous}"] if previous is not None else [])
+            except FileNotFoundError:
+                # chk-<id>/ removed meanwhile, as an unfinished directory older than another writer's newer
+                # checkpoint: the lost race it is (else the directory is missing indeed)
+                self._checked_newest(metadata, planned_from)
+                raise
             try:
                 self._fs.link_exclusive(staged, claim)
             except FileNotFoundError:
@@ -961,7 +1020,8 @@ class CheckpointStorage:
                 self._fs.remove(claim)
                 ids = self.checkpoint_ids()
                 raise self._stale_commit(metadata, previous, ids[-1] if ids else None)
-            self._publish(base, data, staged)
+            # not made durable here: until the next commit's fsyncs do, the claim (durable) recovers it
+            self._publish(base, data, staged, durable=False)
         metadata.base = base
         if prune:
             self.prune(cid, known={cid: metadata})
@@ -1011,14 +1071,14 @@ class CheckpointStorage:
         if breaks:
             raise CorruptSnapshotError(f"{describe_breaks(metadata.checkpoint_id, breaks)}; nothing was committed")
 
-    def _publish(self, base: str, data: bytes, staged: Any = None) -> None:
+    def _publish(self, base: str, data: bytes, staged: Any = None, *, durable: bool = True) -> None:
         """Write ``base/_metadata`` create-if-absent (from ``staged``, ``data`` staged by the filesystem, when
         given); one with the same bytes there already (published from the claim by another process) is this very
-        checkpoint."""
+        checkpoint. ``durable=False``: a link of ``staged`` is not fsync'd (its claim is)."""
         try:
             if staged is not None:
                 try:
-                    self._fs.link_exclusive(staged, f"{base}/{METADATA_NAME}")
+                    self._fs.link_exclusive(staged, f"{base}/{METADATA_NAME}", durable=durable)
                     return
                 except FileNotFoundError:
                     # pruned by a process that published this claim and pruned after it: write the bytes again

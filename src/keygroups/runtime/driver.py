@@ -26,6 +26,7 @@ import uuid
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Literal
 
 import pyarrow as pa
@@ -157,10 +158,10 @@ class BatchPlan:
         """The key groups each subtask owns this batch."""
         return ranges_of(self.boundaries or flink_boundaries(self.max_parallelism, self.parallelism))
 
-    @property
+    @cached_property
     def start_watermark(self) -> int:
         """The watermark the restore point committed (``NO_WATERMARK`` before any event time): this batch's records
-        at or before it are late."""
+        at or before it are late. Read once per plan (the restore point's properties are decoded whole)."""
         return NO_WATERMARK if self.previous is None else BatchProperties.of(self.previous).watermark
 
     @property

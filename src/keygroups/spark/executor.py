@@ -33,6 +33,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyspark import StorageLevel, TaskContext
+from pyspark.serializers import BatchedSerializer, CPickleSerializer
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
@@ -48,6 +49,8 @@ from pyspark.sql.types import (
     TimestampNTZType,
     TimestampType,
 )
+from pyspark.traceback_utils import SCCallSiteSync
+from pyspark.util import local_connect_and_auth
 
 from keygroups._parquet import arrow_owned
 from keygroups._hashing import KeyType
@@ -308,8 +311,9 @@ def _operators(tree: str) -> set[str]:
     return names
 
 
-def keyed_stage_session(df: DataFrame, cache: SparkPlanCache) -> Any:
-    """The JVM session the keyed stage's query over ``df`` runs in, or None for ``df``'s own.
+def keyed_stage_session(df: DataFrame, cache: SparkPlanCache, logical_plan: Any = None) -> Any:
+    """The JVM session the keyed stage's query over ``df`` runs in, or None for ``df``'s own (``logical_plan``:
+    ``df``'s, when the caller has it).
 
     Over an input of narrow operators only (:data:`_NARROW_OPERATORS`: a scan, a streaming micro-batch's rows,
     projections and filters), the keyed stage runs in a clone of ``df``'s session whose only difference is
@@ -333,7 +337,8 @@ def keyed_stage_session(df: DataFrame, cache: SparkPlanCache) -> Any:
     from py4j.protocol import Py4JError  # type: ignore[import-untyped]
 
     try:
-        if not _operators(df._jdf.logicalPlan().treeString()) <= _NARROW_OPERATORS:
+        plan = logical_plan if logical_plan is not None else df._jdf.logicalPlan()
+        if not _operators(plan.treeString()) <= _NARROW_OPERATORS:
             return None
         if cache.session_conf is None or cache.session_conf[0] is not jsession:
             cache.session_conf = (jsession, jsession.sessionState().conf())   # the session's own: one object
@@ -451,8 +456,10 @@ class KeyedStagePlan:
     def _one(self, node: Any) -> Any:
         return getattr(self._nil, "$colon$colon")(node)
 
-    def _rooted(self, df: DataFrame, jsession: Any, task: Callable[[Any], Any] | None) -> tuple[DataFrame, bool]:
-        child = df._jdf.logicalPlan()
+    def _rooted(self, df: DataFrame, jsession: Any, task: Callable[[Any], Any] | None,
+                child: Any = None) -> tuple[DataFrame, bool]:
+        if child is None:
+            child = df._jdf.logicalPlan()
         if self._attribute_map is None:   # over the aliases, which Catalyst resolves against the input
             attributes, node = None, self._project(self._aliases, child)
             for above in self._nodes:
@@ -470,10 +477,12 @@ class KeyedStagePlan:
             node.setAnalyzed()   # resolved as it stands: Spark's analyser returns it as it is
         return DataFrame(self._of_rows(jsession, node), df.sparkSession), mapped
 
-    def on(self, df: DataFrame, jsession: Any, task: Callable[[Any], Any] | None = None) -> tuple[DataFrame, bool]:
+    def on(self, df: DataFrame, jsession: Any, task: Callable[[Any], Any] | None = None,
+           logical_plan: Any = None) -> tuple[DataFrame, bool]:
         """The keyed stage over ``df`` (of the schema the plan was made for), in the JVM session ``jsession``, and
-        whether it holds ``mapInArrow(task, ...)`` (False: the caller adds it)."""
-        return self._rooted(df, jsession, task)
+        whether it holds ``mapInArrow(task, ...)`` (False: the caller adds it); ``logical_plan``: ``df``'s, when
+        the caller has it."""
+        return self._rooted(df, jsession, task, logical_plan)
 
 
 def _folded(jvm: Any, plan: Any) -> Any:
@@ -567,6 +576,19 @@ def _constructor_arguments(gateway: Any, node: Any, names: tuple[str, ...]) -> t
 
 def _scala_seq(jvm: Any, items: list[Any]) -> Any:
     return jvm.org.apache.spark.api.python.PythonUtils.toSeq(items)
+
+
+def _logical_plan(df: DataFrame) -> Any:
+    """``df``'s logical plan (a JVM object) on a classic session; None over Spark Connect or where it cannot be
+    had (its users then ask for it themselves, and handle what they get)."""
+    if getattr(df.sparkSession, "_jsparkSession", None) is None:
+        return None
+    from py4j.protocol import Py4JError  # type: ignore[import-untyped]
+
+    try:
+        return df._jdf.logicalPlan()
+    except (Py4JError, AttributeError):
+        return None
 
 
 def in_session(df: DataFrame, jsession: Any) -> DataFrame:
@@ -789,7 +811,8 @@ class SparkExecutor:
             yield pa.RecordBatch.from_pylist([{"subtask": index, "report": json.dumps(report.to_json())}],
                                              schema=_REPORT_ARROW)
 
-        stage_session = keyed_stage_session(df, cache)
+        logical_plan = _logical_plan(df)   # asked of the JVM once for both uses below
+        stage_session = keyed_stage_session(df, cache, logical_plan)
         jsession = stage_session if stage_session is not None else getattr(df.sparkSession, "_jsparkSession", None)
         keyed, mapped = None, False
         if jsession is not None:   # a classic session: the stage's plan analysed once, put on this input
@@ -799,14 +822,14 @@ class SparkExecutor:
                     cache.stages.pop(next(iter(cache.stages)))
             stage_plan = cache.stages[key]
             if stage_plan is not None:
-                keyed, mapped = stage_plan.on(df, jsession, subtask)
+                keyed, mapped = stage_plan.on(df, jsession, subtask, logical_plan)
         if keyed is None:
             keyed = stage(df if stage_session is None else in_session(df, stage_session))
         self._keyed = keyed if mapped else keyed.mapInArrow(subtask, _REPORT_SCHEMA)
 
     def run_keyed(self) -> list[SubtaskReport]:
         assert self._keyed is not None
-        rows = self._keyed.collect()
+        rows = collect_rows(self._keyed)
         return [SubtaskReport.from_json(json.loads(r["report"])) for r in rows]
 
     def run_idle(self, subtasks: Sequence[int]) -> list[SubtaskReport]:
@@ -817,6 +840,52 @@ class SparkExecutor:
                                                                    forward=forward)
                                                  .with_digest(InputDigest(0, 0)).to_json()))
         return [SubtaskReport.from_json(json.loads(r)) for r in reports]
+
+
+#: ``java.util.Arrays.toString`` of each JVM view, looked up once (see :func:`collect_rows`).
+_ARRAYS_TO_STRING: dict[int, tuple[Any, Any]] = {}
+
+
+def collect_rows(df: DataFrame) -> list[Any]:
+    """``df.collect()`` on a classic session in four round trips to the JVM where PySpark's takes about eight: the
+    query's rows are served on a local socket, whose address comes back as a Java array that PySpark reads element
+    by element (a length and an element each); here it is read as one string. The same rows, the same errors (the
+    query's, raised by the first call), the same call site. Over Spark Connect, or where the array's text is not
+    what this reads: PySpark's own reads."""
+    jdf = getattr(df, "_jdf", None)
+    jvm = getattr(df.sparkSession, "_jvm", None)
+    if jdf is None or jvm is None:
+        return df.collect()
+    cached = _ARRAYS_TO_STRING.get(id(jvm))
+    if cached is None or cached[0] is not jvm:   # looking the method up costs round trips of its own: once
+        cached = _ARRAYS_TO_STRING[id(jvm)] = (jvm, jvm.java.util.Arrays.toString)
+    # the call site set as PySpark sets it: without one, Spark walks the JVM thread's stack for each RDD the query
+    # makes (Utils.getCallSite), which costs more than the two calls that set and clear it
+    with SCCallSiteSync(df.sparkSession.sparkContext):
+        info = jdf.collectToPython()
+    # "[<port>, <secret>, <server>]" (or "[<socket path>, null, ...]" over a Unix domain socket)
+    parts = str(cached[1](info)).strip("[]").split(", ", 2)
+    where: Any
+    secret: str | None
+    if len(parts) >= 2 and parts[0].isdigit() and parts[1] and parts[1] != "null":
+        where, secret = int(parts[0]), parts[1]
+    elif len(parts) >= 2 and parts[0].startswith("/") and parts[1] == "null":
+        where, secret = parts[0], None
+    else:
+        where, secret = info[0], info[1]
+    return _served_rows(where, secret)
+
+
+def _served_rows(where: Any, secret: str | None) -> list[Any]:
+    """The rows the JVM serves on the local socket ``where`` (a port, or a Unix socket's path), as PySpark reads
+    them."""
+    sockfile, sock = local_connect_and_auth(where, secret)
+    try:
+        sock.settimeout(None)   # as PySpark: the rows come when the job has made them
+        return list(BatchedSerializer(CPickleSerializer()).load_stream(sockfile))
+    finally:
+        sockfile.close()
+        sock.close()
 
 
 def _attempt() -> int:
