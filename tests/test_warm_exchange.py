@@ -61,6 +61,10 @@ def _worker(conn, directory):
                 conn.send(("ok", json.dumps(report.to_json())))
             except Exception as e:   # noqa: BLE001 - sent back to the test
                 conn.send(("error", f"{type(e).__name__}: {e}"))
+        elif command == "run_here":   # as a task whose forwarding found no one (e.g. every holder busy elsewhere)
+            spec, index, batches = args
+            report = subtask.run_keyed_subtask(spec, index, batches, forward=False)
+            conn.send(("ok", json.dumps(report.to_json())))
         elif command == "held":
             conn.send(("ok", [(k[3], k[4]) for k in HEAP_BACKENDS.keys()]))
         elif command == "forget":   # drop what is held, but leave the advertisement as it was
@@ -90,6 +94,16 @@ class Worker:
         if self.process.is_alive():
             self.process.kill()
         self.process.join(10)
+
+
+class RunsHere:
+    """A worker placed a subtask that it runs without asking the exchange."""
+
+    def __init__(self, worker):
+        self.worker, self.pid = worker, worker.pid
+
+    def call(self, command, *args):
+        return self.worker.call("run_here" if command == "run" else command, *args)
 
 
 class PlacedExecutor(LocalExecutor):
@@ -189,6 +203,21 @@ def test_a_holder_gone_or_no_longer_holding_leaves_the_run_where_it_was_placed(t
     reports = _run(driver, model, keys, [a, a])
     assert all(r.process == a.pid and r.restored.mode == "cold" for r in reports.values())
     assert not os.path.exists(os.path.join(directory, f"{os.getpid()}.json"))
+
+
+def test_a_holder_behind_the_restore_point_catches_up_rather_than_declining(tmp_path, workers):
+    _, (a, b) = workers
+    driver, model = _driver(tmp_path), {}
+    keys = list(range(100))
+    _run(driver, model, keys, [a, b])
+    reports = _run(driver, model, keys, [RunsHere(b), b])   # range 0 now also in b, at the newer checkpoint
+    assert reports[0].process == b.pid and reports[0].restored.mode == "cold"
+    b.call("forget")
+    # a holds range 0 one checkpoint behind: catching up there reads the last delta, not the whole range
+    reports = _run(driver, model, keys, [b, b])
+    assert reports[0].process == a.pid and reports[0].forwarded_from == b.pid
+    assert reports[0].restored.mode == "caught-up" and reports[0].restored.bytes_caught_up > 0
+    assert reports[1].process == b.pid and reports[1].restored.mode == "cold"
 
 
 def _key(driver, index):

@@ -233,8 +233,9 @@ class WarmExchange:
     def _run_for(self, conn: socket.socket, spec: KeyedTaskSpec, subtask_index: int, attempt: int,
                  requester: int) -> None:
         """Under RUN_LOCK: decline if nothing of the subtask's range is held here any more, else run it and send
-        the report (or the error)."""
-        if usable_key_groups(held_ranges(self.registry), spec, subtask_index)[1] == 0:
+        the report (or the error). A range held at an older checkpoint counts, as in the requester's ranking:
+        catching it up here reads only the deltas the requester would read whole."""
+        if usable_key_groups(held_ranges(self.registry), spec, subtask_index)[0] == 0:
             _send(conn, _DECLINE, b"")
             return
         _send(conn, _ACCEPT, b"")
