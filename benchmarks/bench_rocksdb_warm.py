@@ -72,6 +72,7 @@ _PHASES = [("open", "RocksDBKeyedStateBackend", "_open_at"), ("restore", "RocksD
            ("delta capture", "RocksDBKeyedStateBackend", "_capture_deltas"),
            ("write-back: deferred snapshot's encoding", "RocksDBKeyedStateBackend", "_encode_deferred"),
            ("write-back: unwritten keys encoded", "RocksDBKeyedStateBackend", "_unwritten_runs"),
+           ("snapshot: full key groups from the caches", "RocksDBKeyedStateBackend", "_full_from_caches"),
            ("snapshot file (worker)", None, "write_keyed_snapshot"),
            ("dispose (close, seal)", "RocksDBKeyedStateBackend", "dispose")]
 
