@@ -171,6 +171,34 @@ cdef inline uint64_t _be64(const uint8_t *p, Py_ssize_t n) noexcept nogil:
     return v
 
 
+cdef int _by_group(_Row *rows, Py_ssize_t n, Py_ssize_t groups) except -1:
+    """Order ``rows`` by key-group index, stably, in two linear passes (a counting sort): each key group's rows then
+    sort apart, a few hundred at a time in the CPU's caches, with fewer compares than one sort of them all (the
+    database key starts with the key group, ascending with its index)."""
+    cdef Py_ssize_t *at = <Py_ssize_t *>PyMem_Malloc((groups + 1) * sizeof(Py_ssize_t))
+    cdef _Row *tmp = <_Row *>PyMem_Malloc((n if n else 1) * sizeof(_Row))
+    cdef Py_ssize_t i, total = 0, c
+    if at == NULL or tmp == NULL:
+        PyMem_Free(at)
+        PyMem_Free(tmp)
+        raise MemoryError()
+    for i in range(groups + 1):
+        at[i] = 0
+    for i in range(n):
+        at[rows[i].group] += 1
+    for i in range(groups):
+        c = at[i]
+        at[i] = total
+        total += c
+    for i in range(n):
+        tmp[at[rows[i].group]] = rows[i]
+        at[rows[i].group] += 1
+    memcpy(rows, tmp, n * sizeof(_Row))
+    PyMem_Free(at)
+    PyMem_Free(tmp)
+    return 0
+
+
 cdef Py_ssize_t _encode_pending(dict pending, dict cache, Encoder keys, ValueWriter values, list group_prefixes,
                                 bytes state_id, Writer *kw, Writer *vw, _Row *rows, list user_keys,
                                 dict skip=None, Py_ssize_t *encoded=NULL) except -1:
@@ -251,8 +279,9 @@ cdef Py_ssize_t _encode_pending(dict pending, dict cache, Encoder keys, ValueWri
             ascending = False
             break
     if not ascending and not grouped:
-        qsort(rows, n, sizeof(_Row), _row_cmp)
-    elif not ascending:   # sorted by key group already: each key group's keys sorted apart (fewer compares)
+        _by_group(rows, n, groups)   # then sorted by key group: each key group's keys sorted apart, as below
+        grouped = True
+    if not ascending:   # sorted by key group already: each key group's keys sorted apart (fewer compares)
         run = 0
         for i in range(1, n + 1):
             if i == n or rows[i].group != rows[run].group:

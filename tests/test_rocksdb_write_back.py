@@ -336,10 +336,10 @@ def test_full_key_groups_from_complete_caches_are_the_rows_a_database_scan_reads
         b.dispose()
 
 
-def test_a_deferred_snapshot_with_complete_caches_writes_its_chain_compactions_and_restores_exactly(tmp_path):
-    """Write-back with caches that hold the whole state (a job started from nothing): the deferred snapshots make
-    their chain compactions from the caches (full key groups, the database untouched), so the snapshot that writes
-    the database back has no compactions of theirs to make up; every checkpoint restores exactly."""
+def test_the_write_back_makes_the_chain_compactions_the_deferred_snapshots_left_and_every_checkpoint_restores(tmp_path):
+    """Write-back with caches that hold the whole state (a job started from nothing): the deferred snapshots write no
+    full key group; the snapshot that writes the database back makes their chain compactions with its own (encoded
+    from the caches), and every checkpoint restores exactly, in this process or another."""
     rocksdb_module._KEPT_CACHES.clear()
     storage, warm = CheckpointStorage(tmp_path / "chk"), str(tmp_path / "warm")
     keys = range(2000)
@@ -349,10 +349,9 @@ def test_a_deferred_snapshot_with_complete_caches_writes_its_chain_compactions_a
         _, writes = _batch(storage, warm, checkpoint_id - 1, checkpoint_id, keys[checkpoint_id::3], checkpoint_id,
                            write_back_batches=4, max_chain=1)
         fulls.append((writes > 0, _full_groups(storage, checkpoint_id)))
-    # checkpoints 2-4 deferred (nothing written) yet with full key groups; 5 writes back, 6 deferred again
-    assert [w for w, _ in fulls] == [False, False, False, True, False]
-    # none overdue at 2 (every chain one block long); then an eighth of the 128 key groups, at most, each
-    assert fulls[0][1] == 0 and all(0 < n <= 16 for _, n in fulls[1:]), fulls
+    # checkpoints 2-4 deferred (nothing written, no full key group); 5 writes back, with the compactions 3 and 4
+    # left (2 had none due: every chain one block long) and its own: an eighth of the 128 key groups each
+    assert fulls == [(False, 0), (False, 0), (False, 0), (True, 48), (False, 0)]
     expected = {k: 1 + sum(c for c in range(2, 7) if k >= c and k % 3 == c % 3) for k in keys}
     rocksdb_module._KEPT_CACHES.clear()   # another process: the database (at 5) catches up to 6
     assert _values(storage, 6, keys) == expected

@@ -28,9 +28,10 @@ snapshot; the batch then fails with RocksDB's error and its retry restores cold 
 
 Write-back: a kept database of value, list, reducing and aggregating states (no map state: its cache holds
 overlays) is written at most every ``write_back_batches`` snapshots (``DEFAULT_WRITE_BACK_BATCHES``). A snapshot in
-between writes nothing: its delta is encoded from the cache (``rocksstate.delta_values``), its chain compactions (full
-key groups) too when the caches hold every state whole (else it writes none, and the next written snapshot makes up
-the compactions skipped), and its keys stay in the cache as
+between writes nothing: its delta is encoded from the cache (``rocksstate.delta_values``), it writes no full key
+group (the next written snapshot makes up the chain compactions skipped: from the caches when they hold every state
+whole, with one pass over each cache for all of them, else scanned from the database), and its keys stay in the
+cache as
 *unwritten*, which no eviction drops (any flush writes them first). The database's marker keeps naming the
 checkpoint its files hold; the caches park with the unwritten keys and the snapshot they are the state of, and the
 next backend adopts them only when it restores exactly that snapshot. Otherwise (another process, a failed attempt,
@@ -1513,9 +1514,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         """Whether this snapshot may leave the database unwritten (write-back): a kept database whose marker
         vouches for its files as they are (nothing written since), fewer than ``write_back_batches - 1`` snapshots
         in a row deferred, value-like states only (a map's cache holds overlays), each one the marker vouches for,
-        and no key group that must be written full (``required_full``: the chain compactions aside, which it writes from
-        the caches when they hold the whole state, else the next written snapshot makes up for: see
-        ``_full_from_caches``, ``_skipped_compactions``)."""
+        and no key group that must be written full (``required_full``: the chain compactions aside, which the next
+        written snapshot makes up for: see ``_skipped_compactions``)."""
         tables = self._tables.values()
         if (self._warm is None or self._deferred + 1 >= self.write_back_batches or self._unchecked
                 or self._marker_writes != self._writes or self._vouched_names is None or self._chains is None
@@ -1526,9 +1526,9 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         return not required_full
 
     def _skipped_compactions(self) -> set[int]:
-        """After ``self._skipped`` deferred snapshots that wrote no full key group, the chain compactions they would
-        have made: as many key groups as that many snapshots rewrite (the worst first), so that chains stay as long
-        as without write-back."""
+        """After ``self._skipped`` deferred snapshots that left out chain compactions, the compactions they would have
+        made: as many key groups as that many snapshots rewrite (the worst first), so that chains stay as long as
+        without write-back."""
         if self._chains is None:
             return set()
         return choose_full_key_groups(self._chains, self._n * (self._skipped + 1), max_chain=self.max_chain,
@@ -1550,9 +1550,11 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         as ``sstload.value_sections`` scans them from the database) encoded from the caches when they hold every
         state whole (``_full_in_caches``), else None (the database is scanned). The cached keys of those key groups
         are found in one compiled pass (``rocksstate.cached_in_groups``) and encoded in another
-        (``rocksstate.delta_values``; a TTL-expired value left out): a full key group costs what the heap backend pays for it, not a database scan
-        (a Python-level iterator step per row), and a snapshot that defers its writes (write-back) can make its
-        chain compactions, though the database lags behind."""
+        (``rocksstate.delta_values``; a TTL-expired value left out): a full key group costs what the heap backend
+        pays for it, not a database scan (a Python-level iterator step per row). The pass over each cache costs
+        about as much as encoding an eighth of it: the snapshot that writes the database back makes the
+        compactions of the deferred ones before it in one pass, rather than each deferred snapshot making its own
+        (measured: ``benchmarks/bench_rocksdb_warm.py --phases``)."""
         if not self._full_in_caches():
             return None
         out: dict[int, list[Any]] = {g: [] for g in full}
@@ -2071,12 +2073,12 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         if deferred:
             self._deferred += 1
             cut = self._encode_deferred(encoded)
-            # its chain compactions: from the caches when they hold the whole state (the database lags behind), else
-            # left to the next snapshot that writes the database (_skipped_compactions)
-            if compactions and not self._full_in_caches():
-                compactions = set()
+            # its chain compactions are left to the next snapshot that writes the database (_skipped_compactions),
+            # which encodes them all from the caches when they hold the whole state (_full_from_caches): one pass
+            # over each cache there, not one per deferred snapshot
+            if compactions:
                 self._skipped += 1
-            full = compactions
+            full = set()
         else:
             if self._skipped:
                 full |= self._skipped_compactions()
