@@ -27,7 +27,8 @@
 ``--phases`` splits the warm batches' CPU (both backends, same runs): the main thread, the other Python threads
 (snapshot workers; the process's CPU less the rest), RocksDB's own threads (``rocksdb:*`` in ``/proc/self/task``:
 compactions and memtable flushes), and, for RocksDB, the backend's phases in thread CPU, each without the phases it
-calls (open, restore, prefetch, flush encoding, writing to the database, delta capture, the snapshot file, dispose).
+calls (open, restore, prefetch, flush encoding, writing to the database, delta capture, the full key groups encoded
+from the caches, the snapshot file, dispose).
 
 The machine is shared: the load average is printed with every figure.
 """

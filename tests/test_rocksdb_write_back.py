@@ -411,15 +411,21 @@ def test_flush_values_skips_the_keys_it_is_told_to(pending, skip, take):
 @settings(max_examples=40, deadline=None)
 @given(keys=st.lists(st.one_of(st.integers(-2**63, 2**63 - 1), st.text(max_size=6),
                                st.tuples(st.integers(-9, 9), st.text(max_size=3))), max_size=40),
-       groups=st.sets(st.integers(64, 127), max_size=30))
-def test_cached_in_groups_hashes_the_cached_keys_as_set_current_key_does(keys, groups):
+       groups=st.sets(st.integers(64, 127), max_size=30), typed=st.booleans())
+def test_cached_in_groups_hashes_the_cached_keys_as_set_current_key_does(keys, groups, typed):
     from keygroups import assign_to_key_group
+    from keygroups._hashing import key_type_code
     from keygroups._native import rocksstate
     from keygroups._native.statecore import KeyContext, java_keys
 
     r = key_group_range(MAXP, 2, 1)
-    ctx = KeyContext(r, MAXP, None)
-    mine = [k for k in java_keys(keys) if r.start <= assign_to_key_group(k, MAXP) <= r.end]
+    key_type = None
+    if typed:   # declared Java types: ints as "int" (Integer.hashCode), strings as "string", no tuples
+        keys = [k % 2**31 for k in keys if type(k) is int] or [s for s in keys if type(s) is str]
+        key_type = "int" if keys and type(keys[0]) is int else "string"
+        keys = [k for k in keys if type(k) is (int if key_type == "int" else str)]
+    ctx = KeyContext(r, MAXP, key_type_code(key_type))
+    mine = [k for k in java_keys(keys) if r.start <= assign_to_key_group(k, MAXP, key_type) <= r.end]
     mark = object()
     cache = dict.fromkeys(mine, 0)
     cache[mark] = None
