@@ -8,17 +8,20 @@
 # whose rows a large flush writes into one SST file in key order (write_sorted_rows).
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.dict cimport PyDict_GetItem, PyDict_Next, PyDict_SetItem
+from cpython.long cimport PyLong_AsLongLongAndOverflow
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from cpython.object cimport PyObject, PyObject_DelItem, PyObject_SetItem
-from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport qsort
 from libc.string cimport memcpy
 
+from javahash cimport hash_str as _hash_str, kg_hash_long, kg_key_group
 from keysearch cimport kg_key_cmp
 from writer cimport Writer, w_bytes, w_free, w_init, w_reserve
 
 from keygroups._native.framing cimport Encoder, ValueWriter
+from keygroups._native.hashing cimport java_hash_object
 from keygroups._native.statecore cimport KeyContext
 
 import numpy as _np
@@ -168,11 +171,41 @@ cdef inline uint64_t _be64(const uint8_t *p, Py_ssize_t n) noexcept nogil:
     return v
 
 
+cdef int _by_group(_Row *rows, Py_ssize_t n, Py_ssize_t groups) except -1:
+    """Order ``rows`` by key-group index, stably, in two linear passes (a counting sort): each key group's rows then
+    sort apart, a few hundred at a time in the CPU's caches, with fewer compares than one sort of them all (the
+    database key starts with the key group, ascending with its index)."""
+    cdef Py_ssize_t *at = <Py_ssize_t *>PyMem_Malloc((groups + 1) * sizeof(Py_ssize_t))
+    cdef _Row *tmp = <_Row *>PyMem_Malloc((n if n else 1) * sizeof(_Row))
+    cdef Py_ssize_t i, total = 0, c
+    if at == NULL or tmp == NULL:
+        PyMem_Free(at)
+        PyMem_Free(tmp)
+        raise MemoryError()
+    for i in range(groups + 1):
+        at[i] = 0
+    for i in range(n):
+        at[rows[i].group] += 1
+    for i in range(groups):
+        c = at[i]
+        at[i] = total
+        total += c
+    for i in range(n):
+        tmp[at[rows[i].group]] = rows[i]
+        at[rows[i].group] += 1
+    memcpy(rows, tmp, n * sizeof(_Row))
+    PyMem_Free(at)
+    PyMem_Free(tmp)
+    return 0
+
+
 cdef Py_ssize_t _encode_pending(dict pending, dict cache, Encoder keys, ValueWriter values, list group_prefixes,
-                                bytes state_id, Writer *kw, Writer *vw, _Row *rows, list user_keys) except -1:
+                                bytes state_id, Writer *kw, Writer *vw, _Row *rows, list user_keys,
+                                dict skip=None, Py_ssize_t *encoded=NULL) except -1:
     """Encode each pending key's database key into ``kw`` and its cached value (unless MISSING: a delete) into
     ``vw``, one ``rows`` entry per key (``len(pending)`` of them), then sort the rows in database-key order;
-    ``user_keys[i]`` receives the i-th pending key. Returns how many are deletes."""
+    ``user_keys[i]`` receives the i-th pending key. Returns how many are deletes. ``skip``: the keys of ``pending``
+    also in it are left out (``encoded`` receives how many rows were made)."""
     cdef Py_ssize_t n = len(pending), pos = 0, count = 0, gones = 0, i, gi, klen
     cdef Py_ssize_t groups = PyList_GET_SIZE(group_prefixes), run
     cdef PyObject *pkey
@@ -188,6 +221,8 @@ cdef Py_ssize_t _encode_pending(dict pending, dict cache, Encoder keys, ValueWri
     while PyDict_Next(pending, &pos, &pkey, &pgi):
         if count >= n:
             raise RuntimeError("flush_values: the pending keys changed during the flush")
+        if skip is not None and PyDict_GetItem(skip, <object>pkey) != NULL:
+            continue
         key = <object>pkey   # strong references: a serializer in Python may run below
         group_index = <object>pgi
         gi = <Py_ssize_t>group_index
@@ -232,8 +267,11 @@ cdef Py_ssize_t _encode_pending(dict pending, dict cache, Encoder keys, ValueWri
         if count > 0 and grouped and rows[count - 1].group > gi:
             grouped = False
         count += 1
-    if count != n:
+    if (count != n and skip is None) or len(pending) != n:
         raise RuntimeError("flush_values: the pending keys changed during the flush")
+    n = count
+    if encoded != NULL:
+        encoded[0] = n
     for i in range(n):   # the arena stopped growing: its rows' addresses hold from here
         rows[i].key = kw.buf + rows[i].off
     for i in range(1, n):
@@ -241,8 +279,9 @@ cdef Py_ssize_t _encode_pending(dict pending, dict cache, Encoder keys, ValueWri
             ascending = False
             break
     if not ascending and not grouped:
-        qsort(rows, n, sizeof(_Row), _row_cmp)
-    elif not ascending:   # sorted by key group already: each key group's keys sorted apart (fewer compares)
+        _by_group(rows, n, groups)   # then sorted by key group: each key group's keys sorted apart, as below
+        grouped = True
+    if not ascending:   # sorted by key group already: each key group's keys sorted apart (fewer compares)
         run = 0
         for i in range(1, n + 1):
             if i == n or rows[i].group != rows[run].group:
@@ -252,7 +291,8 @@ cdef Py_ssize_t _encode_pending(dict pending, dict cache, Encoder keys, ValueWri
     return gones
 
 
-def flush_values(dict pending, dict cache, Encoder keys, ValueWriter values, list group_prefixes, bytes state_id):
+def flush_values(dict pending, dict cache, Encoder keys, ValueWriter values, list group_prefixes, bytes state_id,
+                 dict skip=None):
     """The database writes of a value, list, reducing or aggregating table's pending keys, in one pass: each
     pending key (``pending``: key -> key-group index) gets its database key ``group_prefixes[index] | state_id |
     u32 BE length | key bytes`` (``keys`` writes the key's bytes, as the key serializer's ``serialize``) and, unless
@@ -260,7 +300,8 @@ def flush_values(dict pending, dict cache, Encoder keys, ValueWriter values, lis
     Returns ``(put database keys, put values, deleted database keys, the pending keys, put positions, deleted
     positions)``: the first three in ascending database-key order, the pending keys in the pending dict's order,
     and the positions (int64 arrays) of the put and the deleted keys among them, in the same ascending order. A
-    value the serializer cannot write raises its error (nothing returned).
+    value the serializer cannot write raises its error (nothing returned). ``skip`` (a dict): the pending keys it
+    holds are left out (write-back's unwritten keys that a pending write covers), as if not pending.
 
     The keys and values are encoded in the pending order into two arenas, their rows sorted there, and the bytes
     objects made in sorted order at the end: each object is made as it is handed out, and no key object is touched
@@ -279,7 +320,10 @@ def flush_values(dict pending, dict cache, Encoder keys, ValueWriter values, lis
     w_init(&kw)
     w_init(&vw)
     try:
-        gones = _encode_pending(pending, cache, keys, values, group_prefixes, state_id, &kw, &vw, rows, user_keys)
+        gones = _encode_pending(pending, cache, keys, values, group_prefixes, state_id, &kw, &vw, rows, user_keys,
+                                skip, &n)
+        if n < PyList_GET_SIZE(user_keys):
+            del user_keys[n:]
         put_db_keys, put_values = [None] * (n - gones), [None] * (n - gones)
         gone_db_keys = [None] * gones
         put_positions = _np.empty(n - gones, dtype=_np.int64)
@@ -530,3 +574,41 @@ def fill_cache(dict cache, dict pending, list keys, list order, list raw, object
             j += 1
             if mutable:
                 PyDict_SetItem(pending, key, <object>PyList_GET_ITEM(group_indexes, k))
+
+
+def cached_in_groups(dict cache, KeyContext ctx, object mark, object key_groups):
+    """The keys ``cache`` holds (but ``mark``, a sentinel key it may hold) whose key group is one of ``key_groups``
+    (absolute, in ``ctx``'s range), as ``{key: key-group index}`` in the cache's order: each key group computed in
+    C as ``ctx.set_current_key`` computes it (the cache is keyed by the keys it makes current), ``ctx`` left as it
+    is. For a snapshot's full key groups taken from a cache that holds its state whole."""
+    cdef Py_ssize_t pos = 0, kgi, n = ctx.n
+    cdef PyObject *pkey
+    cdef PyObject *pvalue
+    cdef int32_t h
+    cdef int overflow
+    cdef long long v
+    cdef uint8_t[::1] wanted = _np.zeros(n if n else 1, dtype=_np.uint8)
+    for g in key_groups:
+        kgi = <Py_ssize_t>g - ctx.start
+        if kgi < 0 or kgi >= n:
+            raise ValueError(f"cached_in_groups: key group {g} outside the context's {n} from {ctx.start}")
+        wanted[kgi] = 1
+    out = {}
+    while PyDict_Next(cache, &pos, &pkey, &pvalue):
+        key = <object>pkey
+        if key is mark:
+            continue
+        if ctx._infer and type(key) is int:
+            overflow = 0
+            v = PyLong_AsLongLongAndOverflow(key, &overflow)
+            h = java_hash_object(key, None) if overflow else kg_hash_long(v)
+        elif ctx._infer and type(key) is str:
+            h = _hash_str(key)
+        else:
+            h = java_hash_object(key, ctx._type_code)
+        kgi = kg_key_group(h, ctx.max_parallelism, ctx._inv) - ctx.start
+        if kgi < 0 or kgi >= n:
+            raise ValueError(f"cached_in_groups: cached key {key!r} is outside the context's key groups")
+        if wanted[kgi]:
+            out[key] = kgi
+    return out

@@ -27,7 +27,8 @@
 ``--phases`` splits the warm batches' CPU (both backends, same runs): the main thread, the other Python threads
 (snapshot workers; the process's CPU less the rest), RocksDB's own threads (``rocksdb:*`` in ``/proc/self/task``:
 compactions and memtable flushes), and, for RocksDB, the backend's phases in thread CPU, each without the phases it
-calls (open, restore, prefetch, flush encoding, writing to the database, delta capture, the snapshot file, dispose).
+calls (open, restore, prefetch, flush encoding, writing to the database, delta capture, the full key groups encoded
+from the caches, the snapshot file, dispose).
 
 The machine is shared: the load average is printed with every figure.
 """
@@ -72,6 +73,7 @@ _PHASES = [("open", "RocksDBKeyedStateBackend", "_open_at"), ("restore", "RocksD
            ("delta capture", "RocksDBKeyedStateBackend", "_capture_deltas"),
            ("write-back: deferred snapshot's encoding", "RocksDBKeyedStateBackend", "_encode_deferred"),
            ("write-back: unwritten keys encoded", "RocksDBKeyedStateBackend", "_unwritten_runs"),
+           ("snapshot: full key groups from the caches", "RocksDBKeyedStateBackend", "_full_from_caches"),
            ("snapshot file (worker)", None, "write_keyed_snapshot"),
            ("dispose (close, seal)", "RocksDBKeyedStateBackend", "dispose")]
 

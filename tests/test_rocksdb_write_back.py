@@ -283,3 +283,156 @@ def _keys(section):
 def _ttl_bytes(value, stamp):
     import struct
     return struct.pack("<q", stamp) + Int64Serializer().serialize(value)
+
+
+# ---- full key groups from caches that hold every state whole --------------------------------------------------------
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=st.lists(st.tuples(st.integers(-300, 300), st.sampled_from(["value", "list", "reducing", "aggregating",
+                                                                      "ttl", "clear"]), st.integers(-9, 9)),
+                    max_size=120),
+       now=st.sampled_from([1000.0, 1000.0 + 3500]))
+def test_full_key_groups_from_complete_caches_are_the_rows_a_database_scan_reads(tmp_path, ops, now):
+    """A backend started from nothing holds every value in its caches: the full blocks it encodes from them are,
+    section by section and byte for byte, what the compiled scan of the database reads once the caches are written
+    (TTL-expired values left out of both, cleared keys absent from both)."""
+    from keygroups import assign_to_key_group
+    from keygroups._native import sstload
+    from keygroups.state.rocksdb import _COMPLETE
+    from keygroups.state.rocksdb_ingest import STORED_KINDS
+
+    clock = [1000.0]
+    b = RocksDBKeyedStateBackend(key_group_range(MAXP, 2, 1), MAXP, Int64Serializer(), db_dir=str(tmp_path),
+                                 clock=lambda: clock[0])
+    try:
+        s = {n: b.get_state(d) for n, d in states().items()}
+        r = b.key_group_range
+        model = _Writes(s, clock)
+        for k, op, v in ops:
+            k = k * 2 + (k % 2)   # spread over key groups, some outside the range: skipped
+            if not r.start <= assign_to_key_group(k, MAXP) <= r.end:
+                continue
+            b.set_current_key(k)
+            if op == "clear":
+                for name in ("value", "ttl"):
+                    s[name].clear()
+            else:
+                write_value_like(model, k, v, op)
+        clock[0] = now   # the TTL value (ttl 3 s) expired or not at the snapshot
+        b._flush()
+        tables = list(b._tables.values())
+        assert all(_COMPLETE in t.cache for t in tables)
+        deadlines = {t.state_id: t.ttl_deadline() for t in tables}
+        full = set(range(r.start, r.end + 1))
+        got = b._full_from_caches(tables, full, deadlines)
+        assert got is not None
+        compiled = {t.state_id: (t.state_id, STORED_KINDS.get(t.meta["kind"], sstload.VALUE), t.write_framing.ttl,
+                                 deadlines[t.state_id]) for t in tables}
+        for g in sorted(full):
+            scanned = b._compiled_sections(b._db, g, compiled)
+            assert [(s_, bytes(k.data), k.offsets.tolist(), bytes(v.data), v.offsets.tolist())
+                    for s_, k, v in got[g]] == [
+                (s_, bytes(k.data), k.offsets.tolist(), bytes(v.data), v.offsets.tolist()) for s_, k, v in scanned], g
+    finally:
+        b.dispose()
+
+
+def test_the_write_back_makes_the_chain_compactions_the_deferred_snapshots_left_and_every_checkpoint_restores(tmp_path):
+    """Write-back with caches that hold the whole state (a job started from nothing): the deferred snapshots write no
+    full key group; the snapshot that writes the database back makes their chain compactions with its own (encoded
+    from the caches), and every checkpoint restores exactly, in this process or another."""
+    rocksdb_module._KEPT_CACHES.clear()
+    storage, warm = CheckpointStorage(tmp_path / "chk"), str(tmp_path / "warm")
+    keys = range(2000)
+    _batch(storage, warm, None, 1, keys, 1, write_back_batches=4, max_chain=1)
+    fulls = []
+    for checkpoint_id in range(2, 7):
+        _, writes = _batch(storage, warm, checkpoint_id - 1, checkpoint_id, keys[checkpoint_id::3], checkpoint_id,
+                           write_back_batches=4, max_chain=1)
+        fulls.append((writes > 0, _full_groups(storage, checkpoint_id)))
+    # checkpoints 2-4 deferred (nothing written, no full key group); 5 writes back, with the compactions 3 and 4
+    # left (2 had none due: every chain one block long) and its own: an eighth of the 128 key groups each
+    assert fulls == [(False, 0), (False, 0), (False, 0), (True, 48), (False, 0)]
+    expected = {k: 1 + sum(c for c in range(2, 7) if k >= c and k % 3 == c % 3) for k in keys}
+    rocksdb_module._KEPT_CACHES.clear()   # another process: the database (at 5) catches up to 6
+    assert _values(storage, 6, keys) == expected
+    for checkpoint_id in range(4, 7):     # each checkpoint retained, cold
+        b = RocksDBKeyedStateBackend(key_group_range(MAXP, 1, 0), MAXP, Int64Serializer())
+        b.restore(storage, storage.load(checkpoint_id))
+        n = b.get_state(COUNT)
+        got = {}
+        for k in keys:
+            b.set_current_key(k)
+            got[k] = n.value()
+        b.dispose()
+        assert got == {k: 1 + sum(c for c in range(2, checkpoint_id + 1) if k >= c and k % 3 == c % 3)
+                       for k in keys}
+
+
+class _Writes:
+    """What ``write_value_like`` writes through: one backend's states, a throwaway dict model, the TTL clock."""
+
+    def __init__(self, states, clock):
+        self.states, self.clock = states, clock
+        self.model = {n: {} for n in states}
+
+    def at(self, k):
+        return self.states
+
+    @property
+    def now(self):
+        return self.clock[0]
+
+
+def _full_groups(storage, checkpoint_id):
+    """How many key groups checkpoint ``checkpoint_id``'s snapshot wrote full."""
+    (handle,) = [h for h in storage.load(checkpoint_id).keyed_handles if h.checkpoint_id == checkpoint_id]
+    return sum(r.end - r.start + 1 for r in handle.full_key_groups)
+
+
+@settings(max_examples=40, deadline=None)
+@given(pending=st.dictionaries(st.integers(-2**40, 2**40), st.integers(0, 7), max_size=40),
+       skip=st.sets(st.integers(-2**40, 2**40), max_size=10), take=st.integers(0, 40))
+def test_flush_values_skips_the_keys_it_is_told_to(pending, skip, take):
+    from keygroups._native import rocksstate
+    from keygroups._native.framing import Encoder
+    from keygroups.state._codec import ValueFraming
+
+    framing = ValueFraming.for_state("n", "value", {"value": Int64Serializer()}, ttl=False)
+    skip = dict.fromkeys(set(skip) | set(list(pending)[:take]), 0)
+    cache = {k: k // 3 for k in pending}
+    prefixes = [bytes([0, g]) for g in range(8)]
+    args = (cache, Encoder(Int64Serializer()), framing.writer, prefixes, b"\x00\x01")
+    got = rocksstate.flush_values(pending, *args, skip)
+    expected = rocksstate.flush_values({k: g for k, g in pending.items() if k not in skip}, *args)
+    assert got[:4] == expected[:4]
+    assert got[4].tolist() == expected[4].tolist() and got[5].tolist() == expected[5].tolist()
+
+
+@settings(max_examples=40, deadline=None)
+@given(keys=st.lists(st.one_of(st.integers(-2**63, 2**63 - 1), st.text(max_size=6),
+                               st.tuples(st.integers(-9, 9), st.text(max_size=3))), max_size=40),
+       groups=st.sets(st.integers(64, 127), max_size=30), typed=st.booleans())
+def test_cached_in_groups_hashes_the_cached_keys_as_set_current_key_does(keys, groups, typed):
+    from keygroups import assign_to_key_group
+    from keygroups._hashing import key_type_code
+    from keygroups._native import rocksstate
+    from keygroups._native.statecore import KeyContext, java_keys
+
+    r = key_group_range(MAXP, 2, 1)
+    key_type = None
+    if typed:   # declared Java types: ints as "int" (Integer.hashCode), strings as "string", no tuples
+        keys = [k % 2**31 for k in keys if type(k) is int] or [s for s in keys if type(s) is str]
+        key_type = "int" if keys and type(keys[0]) is int else "string"
+        keys = [k for k in keys if type(k) is (int if key_type == "int" else str)]
+    ctx = KeyContext(r, MAXP, key_type_code(key_type))
+    mine = [k for k in java_keys(keys) if r.start <= assign_to_key_group(k, MAXP, key_type) <= r.end]
+    mark = object()
+    cache = dict.fromkeys(mine, 0)
+    cache[mark] = None
+    got = rocksstate.cached_in_groups(cache, ctx, mark, groups)
+    expected = {}
+    for k in mine:
+        ctx.set_current_key(k)
+        if ctx.kgi + r.start in groups:
+            expected[k] = ctx.kgi
+    assert got == expected and list(got) == list(expected)

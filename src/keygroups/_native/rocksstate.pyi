@@ -29,11 +29,11 @@ def uncached(cache: dict[Any, Any], keys: list[Any]) -> list[int]:
     """The positions in ``keys`` of the keys ``cache`` does not hold, ascending."""
 
 def flush_values(pending: dict[Any, int], cache: dict[Any, Any], keys: Encoder, values: ValueWriter,
-                 group_prefixes: list[bytes], state_id: bytes
+                 group_prefixes: list[bytes], state_id: bytes, skip: dict[Any, Any] | None = None
                  ) -> tuple[list[bytes], list[bytes], list[bytes], list[Any], NDArray[np.int64], NDArray[np.int64]]:
     """A value table's pending writes: (put database keys, values, deleted database keys, each ascending by
     database key; the pending keys in pending order; the positions among them of the put and the deleted keys, in
-    the same ascending order)."""
+    the same ascending order). ``skip``: pending keys it holds are left out, as if not pending."""
 
 def delta_values(pending: dict[Any, int], cache: dict[Any, Any], keys: Encoder, values: ValueWriter,
                  group_prefixes: list[bytes], state_id: bytes, start: int, full: Any, ttl: bool, deadline: int | None
@@ -52,3 +52,7 @@ def current_keys(ctx: KeyContext, keys: list[Any]) -> tuple[list[Any], list[int]
 def fill_cache(cache: dict[Any, Any], pending: dict[Any, int], keys: list[Any], order: list[int],
                raw: list[bytes | None], decode_many: Any, mutable: bool, group_indexes: list[int]) -> None:
     """Cache the values read for ``keys[order[i]]`` (``raw[i]``; None: not stored), decoded together."""
+
+def cached_in_groups(cache: dict[Any, Any], ctx: KeyContext, mark: Any, key_groups: Any) -> dict[Any, int]:
+    """The cached keys (but ``mark``) in ``key_groups`` (absolute), key -> key-group index, hashed in C as
+    ``ctx.set_current_key`` hashes them."""

@@ -29,7 +29,9 @@ snapshot; the batch then fails with RocksDB's error and its retry restores cold 
 Write-back: a kept database of value, list, reducing and aggregating states (no map state: its cache holds
 overlays) is written at most every ``write_back_batches`` snapshots (``DEFAULT_WRITE_BACK_BATCHES``). A snapshot in
 between writes nothing: its delta is encoded from the cache (``rocksstate.delta_values``), it writes no full key
-group (the next written snapshot makes up the chain compactions skipped), and its keys stay in the cache as
+group (the next written snapshot makes up the chain compactions skipped: from the caches when they hold every state
+whole, with one pass over each cache for all of them, else scanned from the database), and its keys stay in the
+cache as
 *unwritten*, which no eviction drops (any flush writes them first). The database's marker keeps naming the
 checkpoint its files hold; the caches park with the unwritten keys and the snapshot they are the state of, and the
 next backend adopts them only when it restores exactly that snapshot. Otherwise (another process, a failed attempt,
@@ -134,8 +136,9 @@ _Caches = dict[str, tuple[Any, dict[Any, Any]]]
 
 #: What parked caches hold beyond the database (write-back): per state name its unwritten keys (key -> key-group
 #: index; their values are in the cache), and the snapshot the caches are the state of: (checkpoint id, the
-#: snapshot file of the range), and how many snapshots in a row were taken without writing the database.
-_Lag = tuple[dict[str, dict[Any, int]], int, str, int]
+#: snapshot file of the range), how many snapshots in a row were taken without writing the database, and how many of
+#: them wrote no chain compaction (``RocksDBKeyedStateBackend._skipped_compactions``).
+_Lag = tuple[dict[str, dict[Any, int]], int, str, int, int]
 
 #: A catch-up's reads (``_catch_up_plan``): per checkpoint file (by ``id`` of its handle), the handle and its key
 #: groups to read.
@@ -832,6 +835,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         # Write-back: snapshots in a row taken without writing the database (whose marker stays at the one before),
         # the last one's (checkpoint id, snapshot file), and the states the database's marker vouches for.
         self._deferred = 0
+        self._skipped = 0   # of those, the snapshots that left their chain compactions to the next written one
         self._lag_as_of: tuple[int, str] | None = None
         self._vouched_names: frozenset[str] | None = None
         self.set_current_key = self._ctx.set_current_key  # type: ignore[method-assign]  # no Python-level hop
@@ -1004,7 +1008,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
             return caches, None
         if self._lag_as_of is None:
             return None, None
-        return caches, (unwritten, *self._lag_as_of, self._deferred)
+        return caches, (unwritten, *self._lag_as_of, self._deferred, self._skipped)
 
     def estimated_entries(self) -> int:
         """RocksDB's own estimate of its keys (``rocksdb.estimate-num-keys``; writes still cached in Python are not
@@ -1484,11 +1488,12 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         for t in self._tables.values():
             if not t.unwritten:
                 continue
-            rest = t.unwritten.keys() - t.pending.keys()
-            if rest:
-                only = {k: t.unwritten[k] for k in rest}
-                runs.append(rocksstate.flush_values(only, t.cache, self._key_encoder, t.write_framing.writer,
-                                                    self._group_prefix, t.state_id_bytes)[:3])
+            # the pending keys left out in the compiled pass (no set of the others made in Python)
+            put, values, gone = rocksstate.flush_values(t.unwritten, t.cache, self._key_encoder,
+                                                        t.write_framing.writer, self._group_prefix, t.state_id_bytes,
+                                                        t.pending)[:3]
+            if put or gone:
+                runs.append((put, values, gone))
         return runs
 
     def _write_rows(self, runs: list[tuple[list[bytes], list[bytes], list[bytes]]]) -> None:
@@ -1521,13 +1526,56 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         return not required_full
 
     def _skipped_compactions(self) -> set[int]:
-        """After ``self._deferred`` snapshots that wrote no full key group, the chain compactions they would have
+        """After ``self._skipped`` deferred snapshots that left out chain compactions, the compactions they would have
         made: as many key groups as that many snapshots rewrite (the worst first), so that chains stay as long as
         without write-back."""
         if self._chains is None:
             return set()
-        return choose_full_key_groups(self._chains, self._n * (self._deferred + 1), max_chain=self.max_chain,
+        return choose_full_key_groups(self._chains, self._n * (self._skipped + 1), max_chain=self.max_chain,
                                       delta_fraction=self.delta_fraction)
+
+    def _full_in_caches(self) -> bool:
+        """Whether every state's cache holds its whole state (``_cache_complete``; marked already: nothing is read
+        to find out) in a form a full block is encoded from as the flush encodes it: value, list (without a TTL
+        cleanup at snapshots), reducing and aggregating states, none migrating."""
+        tables = self._tables.values()
+        return bool(tables) and all(
+            not t.is_map and not t.needs_migration and t.cache.get(_COMPLETE) is not None
+            and not (t.meta["kind"] == "list" and t.ttl_deadline() is not None) and self._cache_complete(t)
+            for t in tables)
+
+    def _full_from_caches(self, tables: list[_RocksTable], full: set[int], deadlines: dict[int, int | None]
+                          ) -> dict[int, list[Any]] | None:
+        """The full blocks' sections of key groups ``full`` (key group -> ``[(state index, keys, values), ...]``,
+        as ``sstload.value_sections`` scans them from the database) encoded from the caches when they hold every
+        state whole (``_full_in_caches``), else None (the database is scanned). The cached keys of those key groups
+        are found in one compiled pass (``rocksstate.cached_in_groups``) and encoded in another
+        (``rocksstate.delta_values``; a TTL-expired value left out): a full key group costs what the heap backend
+        pays for it, not a database scan (a Python-level iterator step per row). The pass over each cache costs
+        about as much as encoding an eighth of it: the snapshot that writes the database back makes the
+        compactions of the deferred ones before it in one pass, rather than each deferred snapshot making its own
+        (measured: ``benchmarks/bench_rocksdb_warm.py --phases``)."""
+        if not self._full_in_caches():
+            return None
+        out: dict[int, list[Any]] = {g: [] for g in full}
+        for t in sorted(tables, key=lambda t: t.state_id):
+            cache = t.cache
+            chosen = rocksstate.cached_in_groups(cache, self._ctx, _COMPLETE, full)
+            if not chosen:
+                continue
+            framing = t.write_framing
+            try:
+                sections = rocksstate.delta_values(chosen, cache, self._key_encoder, framing.writer,
+                                                   self._group_prefix, t.state_id_bytes, self._start, (),
+                                                   framing.ttl, deadlines[t.state_id])
+            except UNWRITABLE as e:
+                key = framing.first_unwritable([(k, cache[k]) for k in chosen], self.key_serializer.serialize,
+                                               MISSING)
+                raise framing.unwritable(key, e, what="write to a snapshot") from e
+            for g, puts, _ in sections:   # a delete (no value, or expired) is no row of a full block
+                if puts is not None:
+                    out[g].append((t.state_id, Packed(*puts[0]), Packed(*puts[1])))
+        return out
 
     def _encode_deferred(self, encoded: dict[str, Any]) -> dict[str, list[Any]]:
         """A deferred snapshot's part of a flush: every pending key's value encoded into its delta sections
@@ -1685,7 +1733,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         parked: when ``metadata`` restores exactly the snapshot those caches are the state of (its checkpoint and
         this range's snapshot file), the database (at its marker's checkpoint, ``behind``) and the unwritten keys'
         cached values together are that state. False (nothing changed) otherwise: then it catches up."""
-        unwritten, as_of, as_of_file, deferred = lag
+        unwritten, as_of, as_of_file, deferred, skipped = lag
         r = self.key_group_range
         handles = [h for h in metadata.keyed_handles if h.file == as_of_file and h.key_group_range == r]
         if metadata.checkpoint_id != as_of or not handles:
@@ -1718,6 +1766,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         self._chain_metas = dict(known)
         self._after_restore(lazy)
         self._deferred = deferred
+        self._skipped = skipped
         self._lag_as_of = (as_of, as_of_file)
         self._marker_writes = self._writes
         self._vouched_names = frozenset(known)
@@ -1800,7 +1849,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         taken = _KEPT_CACHES.take(self._warm.moved_path, self._warm.moved_seal)
         if taken is None or taken[1] is None:
             return None
-        kept, (unwritten, as_of, as_of_file, _) = taken
+        kept, (unwritten, as_of, as_of_file, _, _) = taken
         handles = [h for h in metadata.keyed_handles if h.file == as_of_file and h.key_group_range == old]
         _, _, states, _ = behind
         known = {meta["name"]: _canonical(meta) for meta in states}
@@ -2009,9 +2058,10 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
     def snapshot(self, checkpoint_id: int, storage: CheckpointStorage) -> SnapshotFuture[KeyedStateHandle]:
         """Write the cache to the database and capture, now, the changes since the previous snapshot (encoded
         bytes of the keys written, tombstones for those deleted or expired); the snapshot worker writes them as
-        delta blocks, and the key groups ``_full_key_groups_for_snapshot`` names as full blocks, scanned as the
-        database is now (through iterators made now, or a RocksDB checkpoint: see below). A snapshot that writes
-        no full block scans nothing."""
+        delta blocks, and the key groups ``_full_key_groups_for_snapshot`` names as full blocks, encoded now from
+        caches that hold every state whole (``_full_from_caches``), else scanned as the database is now (through
+        iterators made now, or a RocksDB checkpoint: see below). A snapshot that writes no full block scans
+        nothing."""
         required_full, compactions = self._full_key_groups_parts()
         full = required_full | compactions
         encoded: dict[str, Any] = {}
@@ -2021,13 +2071,18 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         self._lag_as_of = None
         cut: dict[str, list[Any]] = {}
         if deferred:
-            full = set()
             self._deferred += 1
             cut = self._encode_deferred(encoded)
+            # its chain compactions are left to the next snapshot that writes the database (_skipped_compactions),
+            # which encodes them all from the caches when they hold the whole state (_full_from_caches): one pass
+            # over each cache there, not one per deferred snapshot
+            if compactions:
+                self._skipped += 1
+            full = set()
         else:
-            if self._deferred:
+            if self._skipped:
                 full |= self._skipped_compactions()
-            self._deferred = 0
+            self._deferred = self._skipped = 0
             self._flush(encoded=encoded)
         tables = list(self._tables.values())
         for t in tables:   # a parked cache's mark must hold (_cache_complete): a stale one goes now
@@ -2041,6 +2096,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         deadlines = {t.state_id: t.ttl_deadline() for t in tables}
         framings = {t.state_id: t.write_framing for t in tables}
         maps = {t.state_id: t.name for t in tables if t.is_map}
+        # full key groups encoded from caches that hold every state whole, else scanned from the database
+        from_caches = self._full_from_caches(tables, full, deadlines) if full else None
         writes = self._writes
         cp_dir: str | None = None
         # The full key groups' rows as they are now, whatever is written while the worker scans them: a RocksDB
@@ -2051,7 +2108,9 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         # RocksDB checkpoint instead (a flush and hard links; rocksdict's snapshot objects do not hold for
         # iterators).
         pinned: dict[int, tuple[rocksdict.ReadOptions, Any]] = {}
-        if full and len(full) <= _PINNED_GROUPS and not self._may_replace_db():
+        if from_caches is not None:
+            pass
+        elif full and len(full) <= _PINNED_GROUPS and not self._may_replace_db():
             for g in sorted(full):
                 options = rocksdict.ReadOptions()
                 options.set_iterate_upper_bound(_next_prefix(_U16.pack(g)))
@@ -2069,6 +2128,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         def full_sections(g: int) -> list[list[Any]]:
             """Key group ``g``'s full-block sections (one list, or a list per run of rows ``_groups`` makes), read
             from its pinned iterator (then dropped) or the checkpoint."""
+            if from_caches is not None:
+                return [from_caches[g]]
             prefix = _U16.pack(g)
             if g in pinned:
                 options, it = pinned.pop(g)   # the options hold the iterator's bound: alive as long as it is
