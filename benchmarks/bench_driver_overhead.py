@@ -42,7 +42,11 @@ Python wrappers, the commit's file writes and fsyncs), for keygroups and the flo
 what keygroups' driver code costs a batch, "JVM over floor" what the extra planning of its DataFrames costs.
 
 Medians over the timed batches; the wall clock is the driver's, on a machine that may be shared (load printed), CPU
-seconds of the driver process beside it.
+seconds of the driver process beside it. Since a loaded machine inflates the wall time of every step (each py4j
+call and each thread waits to be scheduled), a third table gives the CPU of each call's critical path: the JVM thread
+that serves the driver's main Python thread (py4j pins one to it: it does Catalyst's work, the job's submission,
+Spark's closure cleaner, the collect's hand-over, and waits without CPU while the jobs run) and the main Python thread
+itself, for keygroups and the floor alike.
 """
 
 from __future__ import annotations
@@ -84,6 +88,12 @@ class DriverSplit:
     timed: SparkTime
     jvm: float
     py4j_calls: int
+    #: CPU seconds over the call of the JVM thread that serves the driver's main Python thread (py4j's pinned
+    #: thread: Catalyst, job submission, the closure cleaner, the collect's hand-over; it waits without CPU while
+    #: the jobs run) and of the driver's main Python thread: what the call cost in CPU on its critical path, a
+    #: figure that a loaded machine inflates far less than the wall time (NaN where the JVM does not say).
+    jvm_cpu: float = float("nan")
+    python_cpu: float = float("nan")
 
     @property
     def python(self) -> float:
@@ -101,7 +111,14 @@ class SplitClock(SparkJobClock):
         self._waits: list[tuple[float, float]] = []
         self._thread = threading.get_ident()
         self._jobs: list[tuple[float, float]] = []
+        jvm = spark._jvm
+        self._threads = jvm.java.lang.management.ManagementFactory.getThreadMXBean()
+        self._jthread = jvm.java.lang.Thread.currentThread().getId()   # py4j pins this thread to ours
         self._wrap()
+
+    def _jvm_cpu(self) -> float:
+        nanos = self._threads.getThreadCpuTime(self._jthread)
+        return nanos / 1e9 if nanos >= 0 else float("nan")
 
     def _record(self, start: float) -> None:
         if threading.get_ident() == self._thread:
@@ -157,21 +174,27 @@ class SplitClock(SparkJobClock):
     def split(self, fn):  # noqa: ANN001, ANN201
         """``(fn(), DriverSplit)``: only ``fn``'s own waits count (not the clock's calls around it)."""
         window: list[float] = []
+        cpu: list[float] = []
 
         def inside():  # noqa: ANN202
             self._waits = []
+            cpu.append(self._jvm_cpu())   # just outside the window: not counted as a wait on the JVM
+            cpu.append(time.thread_time())
             window.append(time.time())
             try:
                 return fn()
             finally:
                 window.append(time.time())
+                cpu.append(time.thread_time())
+                cpu.append(self._jvm_cpu())
 
         result, timed = self.time(inside)
+        jvm_cpu, python_cpu = cpu[3] - cpu[0], cpu[2] - cpu[1]
         start, end = window
         waits = [(max(a, start), min(b, end)) for a, b in self._waits if a >= start and b <= end]
         jobs = [(max(a, start), min(b, end)) for a, b in self._jobs]
         jvm = max(0.0, _union(jobs + waits) - _union(jobs))
-        return result, DriverSplit(timed, min(jvm, timed.outside_jobs), len(waits))
+        return result, DriverSplit(timed, min(jvm, timed.outside_jobs), len(waits), jvm_cpu, python_cpu)
 
 
 def spark_view(spark, clock: SplitClock, max_p: int, args: argparse.Namespace, work: pathlib.Path,  # noqa: ANN001
@@ -228,7 +251,9 @@ def spark_view(spark, clock: SplitClock, max_p: int, args: argparse.Namespace, w
               f"floor {t_floor.wall * 1e3:.0f} ms, outside jobs "
               f"{t_floor.outside_jobs * 1e3:.0f} ms; outside jobs waiting on the JVM: keygroups "
               f"{s_ours.jvm * 1e3:.0f} ms ({s_ours.py4j_calls} calls), floor {s_floor.jvm * 1e3:.0f} ms "
-              f"({s_floor.py4j_calls} calls)", flush=True)
+              f"({s_floor.py4j_calls} calls); CPU (JVM thread + Python thread): keygroups "
+              f"{s_ours.jvm_cpu * 1e3:.0f} + {s_ours.python_cpu * 1e3:.0f} ms, floor {s_floor.jvm_cpu * 1e3:.0f} + "
+              f"{s_floor.python_cpu * 1e3:.0f} ms", flush=True)
     retained = sum(1 for p in pathlib.Path(job.storage.location).iterdir() if p.name.startswith("chk-"))
     med = statistics.median
     return {"wall": med(t.wall for t in ours), "outside": med(t.outside_jobs for t in ours),
@@ -240,7 +265,10 @@ def spark_view(spark, clock: SplitClock, max_p: int, args: argparse.Namespace, w
             "python": med(x.python for x in ours_split), "jvm": med(x.jvm for x in ours_split),
             "calls": med(x.py4j_calls for x in ours_split),
             "floor_python": med(x.python for x in theirs_split), "floor_jvm": med(x.jvm for x in theirs_split),
-            "floor_calls": med(x.py4j_calls for x in theirs_split)}
+            "floor_calls": med(x.py4j_calls for x in theirs_split),
+            "jvm_cpu": med(x.jvm_cpu for x in ours_split), "python_cpu": med(x.python_cpu for x in ours_split),
+            "floor_jvm_cpu": med(x.jvm_cpu for x in theirs_split),
+            "floor_python_cpu": med(x.python_cpu for x in theirs_split)}
 
 
 def harness_view(max_p: int, args: argparse.Namespace, files: list[str]) -> dict[str, float]:
@@ -329,6 +357,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{mp:>6}{r['python'] * 1e3:>17.0f}{r['jvm'] * 1e3:>14.0f}{r['calls']:>11.0f}"
                   f"{r['floor_python'] * 1e3:>13.0f}{r['floor_jvm'] * 1e3:>10.0f}{r['floor_calls']:>11.0f}"
                   f"{(r['python'] - r['floor_python']) * 1e3:>18.0f}{(r['jvm'] - r['floor_jvm']) * 1e3:>15.0f}")
+        print("\n   CPU on the call's critical path (medians, ms): the JVM thread serving the driver's main Python thread "
+              "(py4j's pinned thread; it waits without CPU while jobs run) and the main Python thread: less inflated "
+              "by a loaded machine than the wall times above")
+        print(f"{'max p':>6}{'keygroups JVM CPU':>18}{'Python CPU':>11}{'sum':>6}{'floor JVM CPU':>14}{'Python CPU':>11}"
+              f"{'sum':>6}")
+        for mp, r in spark_rows.items():
+            ours_cpu, floor_cpu = r["jvm_cpu"] + r["python_cpu"], r["floor_jvm_cpu"] + r["floor_python_cpu"]
+            print(f"{mp:>6}{r['jvm_cpu'] * 1e3:>18.1f}{r['python_cpu'] * 1e3:>11.1f}{ours_cpu * 1e3:>6.0f}"
+                  f"{r['floor_jvm_cpu'] * 1e3:>14.1f}{r['floor_python_cpu'] * 1e3:>11.1f}{floor_cpu * 1e3:>6.0f}")
     print(f"\n== 2. KeyedFunctionHarness (no Spark): the driver's phases per {args.batch}-record batch, medians of "
           f"{args.runs} (ms); retains 1 checkpoint; {load()}")
     print(f"{'max p':>6}{'plan':>8}{'commit':>8}{'output':>8}{'driver total':>13}{'subtasks':>10}{'batch CPU':>10}"
