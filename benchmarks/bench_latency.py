@@ -29,10 +29,10 @@ second) and each candidate, in turn (the order rotating), a fresh run:
     job and the first batch at the new parallelism does not plan them then; ``--no-plan-ahead`` leaves it out;
   - ``keygroups rescale 2<->N`` (one per ``--rescale-to N``, run beside ``keygroups rescale``, never instead of
     it): the same, p switching between 2 and N. Why: on a 2-core machine (``local[2]``) the 2<->4 run spends half
-    its time with 4 subtasks oversubscribed on 2 cores, against a baseline whose 2 partitions never are; 2<->3 or
-    2<->1 rescale as often (every key group's owner changes as with 2<->4: the ranges of 3 share no boundary with
-    those of 2 but the ends, and 1 takes all) without running more subtasks than cores, so the rescale's own
-    cost is seen apart from the oversubscription. The baseline and what is measured are the same;
+    its time with 4 subtasks oversubscribed on 2 cores, against a baseline whose 2 partitions never are; 2<->3
+    (3 subtasks on 2 cores) or 2<->1 (fewer subtasks than cores) rescale as often, through the same warm
+    takeover and restore of the key groups whose range changed, so the rescale's own cost is seen apart from
+    the oversubscription. The baseline and what is measured are the same;
   - ``Spark TWS (JVM)``: ``benchmarks/java/LatencyTws.java`` (a Java ``StatefulProcessor``: the same running sum in
     one ValueState per key, per record, one output row per record; compiled with ``javac`` against pyspark's jars
     into a cache directory and put on the driver's class path; started through py4j): ``groupByKey(key)
