@@ -292,6 +292,16 @@ class SparkPlanCache:
         self.building: dict[tuple[Any, ...], threading.Event] = {}
         self.lock = threading.Lock()   # the plans' dicts change in the plan-ahead thread too
 
+    def __getstate__(self) -> dict[str, Any]:
+        # a job is pickled with its foreachBatch function over Spark Connect: what a thread holds stays here
+        state = dict(self.__dict__)
+        state["building"], state["lock"] = {}, None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.lock = threading.Lock()
+
 
 # ---- the keyed stage's session -------------------------------------------------------------------------------------
 
