@@ -4,6 +4,7 @@ and a stateless ``groupBy``; then small-batch throughput beside PyFlink's thread
     python benchmarks/bench_latency.py                     # 1k and 10k events/s, 150 s per run, rescale every 60 s
     python benchmarks/bench_latency.py --quick             # 1k and 10k events/s, 30 s per run, rescale every 10 s
     python benchmarks/bench_latency.py --rates 10000 --skip groupBy --no-throughput
+    python benchmarks/bench_latency.py --rates 1000 --skip keygroups "Spark groupBy" --rescale-to 3 --no-throughput
 
 Part 1, latency. One Spark session (``local[2]``, 2 shuffle partitions). For each rate (``--rates``, events per
 second) and each candidate, in turn (the order rotating), a fresh run:
@@ -22,7 +23,16 @@ second) and each candidate, in turn (the order rotating), a fresh run:
     is called, which is after ``result.output``, a DataFrame over the output files, was built for it: 20-100 ms
     of py4j and file listing per batch on the critical path, and the measure of runs before 2026-11-27);
   - ``keygroups rescale``: the same, its ``foreachBatch`` function calling ``job.run_batch(df, parallelism=p,
-    checkpoint_id=batch_id)`` with p switching between 2 and 4 every ``--rescale-every`` seconds;
+    checkpoint_id=batch_id)`` with p switching between 2 and 4 every ``--rescale-every`` seconds (issue 32's
+    measure). The job is told both parallelisms (``job.plan_ahead(2, 4)``, as a query that knows what it
+    switches between would be), so its batches build the other parallelism's Spark plans beside their own Spark
+    job and the first batch at the new parallelism does not plan them then; ``--no-plan-ahead`` leaves it out;
+  - ``keygroups rescale 2<->N`` (one per ``--rescale-to N``, run beside ``keygroups rescale``, never instead of
+    it): the same, p switching between 2 and N. Why: on a 2-core machine (``local[2]``) the 2<->4 run spends half
+    its time with 4 subtasks oversubscribed on 2 cores, against a baseline whose 2 partitions never are; 2<->3
+    (3 subtasks on 2 cores) or 2<->1 (fewer subtasks than cores) rescale as often, through the same warm
+    takeover and restore of the key groups whose range changed, so the rescale's own cost is seen apart from
+    the oversubscription. The baseline and what is measured are the same;
   - ``Spark TWS (JVM)``: ``benchmarks/java/LatencyTws.java`` (a Java ``StatefulProcessor``: the same running sum in
     one ValueState per key, per record, one output row per record; compiled with ``javac`` against pyspark's jars
     into a cache directory and put on the driver's class path; started through py4j): ``groupByKey(key)
@@ -258,12 +268,15 @@ def report_figures(result: Any) -> dict[str, Any]:
 class Keygroups(Candidate):
     rescale = False
     output_sink = False
+    rescaled = RESCALED   # the parallelism a rescale switches to from PARALLELISM, and back
 
     def start(self) -> None:
         from keygroups.spark import KeyedJob
 
         job = KeyedJob("latency", "key", RunningValue(), output_schema=VALUE_OUTPUT, max_parallelism=MAX_PARALLELISM,
                        checkpoint_location=str(self.work / "keygroups"))
+        if self.rescale and self.args.plan_ahead:   # the query knows the parallelisms it switches between
+            job.plan_ahead(PARALLELISM, self.rescaled)
         self.parallelisms: list[int] = []
         # Observed: when the job's retention (in a thread of the driver, after each commit) runs, and for how long.
         prune = job.storage.prune
@@ -311,10 +324,11 @@ class Keygroups(Candidate):
         else:
             started = time.time()
             every = self.args.rescale_every
+            rescaled = self.rescaled
 
             def function(df: Any, batch_id: int) -> None:
                 entered = time.time()
-                p = PARALLELISM if int((time.time() - started) // every) % 2 == 0 else RESCALED
+                p = PARALLELISM if int((time.time() - started) // every) % 2 == 0 else rescaled
                 result = job.run_batch(df, parallelism=p, checkpoint_id=int(batch_id))
                 self.commits[batch_id] = time.time()
                 self.parallelisms.append(result.parallelism)
@@ -337,6 +351,16 @@ class KeygroupsRescale(Keygroups):
 
 class KeygroupsOutputSink(Keygroups):
     output_sink = True
+
+
+def rescale_name(n: int) -> str:
+    """The candidate that rescales between PARALLELISM and ``n`` (``--rescale-to``)."""
+    return f"keygroups rescale {PARALLELISM}<->{n}"
+
+
+def rescale_kind(n: int) -> type[Candidate]:
+    """``keygroups rescale`` between PARALLELISM and ``n`` instead of RESCALED."""
+    return type(f"KeygroupsRescale{n}", (KeygroupsRescale,), {"rescaled": n})
 
 
 class SparkTws(Candidate):
@@ -379,7 +403,7 @@ KINDS: dict[str, type[Candidate]] = {"keygroups": Keygroups, "keygroups rescale"
 
 
 def run_one(spark: Any, name: str, rate: int, args: argparse.Namespace, root: pathlib.Path, seed: int) -> RunResult:
-    work = root / f"{name.replace(' ', '-').replace('(', '').replace(')', '')}-{rate}"
+    work = root / f"{name.replace(' ', '-').replace('(', '').replace(')', '').replace('<->', '-')}-{rate}"
     source = work / "source"
     source.mkdir(parents=True)
     log = work / "writes.json"
@@ -559,7 +583,7 @@ def tail_summary(r: RunResult, share: float = 0.05) -> list[str]:
 
 
 def report_run(r: RunResult, args: argparse.Namespace) -> None:
-    print(f"  {r.candidate:<18} {r.rate:>6}/s round {r.round}: p50 {r.percentile(50) * 1e3:7.0f} ms  p99 "
+    print(f"  {r.candidate:<23} {r.rate:>6}/s round {r.round}: p50 {r.percentile(50) * 1e3:7.0f} ms  p99 "
           f"{r.percentile(99) * 1e3:7.0f} ms  {r.batches} batches, {r.missing} files missing; "
           f"{'; '.join(r.notes)}; {load()}", flush=True)
     if args.tail:
@@ -623,6 +647,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--file-ms", type=int, default=100, help="a source file every this many ms")
     parser.add_argument("--trigger-ms", type=int, default=200, help="the processing-time trigger of every query")
     parser.add_argument("--rescale-every", type=float, default=60.0)
+    parser.add_argument("--plan-ahead", action=argparse.BooleanOptionalAction, default=True,
+                        help="the rescaling candidates tell their job the two parallelisms (KeyedJob.plan_ahead)")
+    parser.add_argument("--rescale-to", type=int, nargs="*", default=[],
+                        help=f"also run 'keygroups rescale' between {PARALLELISM} and each of these (beside the "
+                             f"{PARALLELISM}<->{RESCALED} run, not instead of it: e.g. 1 or 3 on a 2-core machine)")
     parser.add_argument("--skip", nargs="*", default=[], choices=CANDIDATES, help="candidates to leave out")
     parser.add_argument("--session-warmup", action=argparse.BooleanOptionalAction, default=True,
                         help="start and stop each kind of query once first, untimed")
@@ -644,7 +673,14 @@ def main(argv: list[str] | None = None) -> int:
                 setattr(args, name, value)
 
     root = pathlib.Path(tempfile.mkdtemp(prefix="kg-bench-latency-"))
-    candidates = [c for c in CANDIDATES if c not in args.skip] + list(args.also)
+    for n in args.rescale_to:
+        if not 1 <= n <= MAX_PARALLELISM or n == PARALLELISM:
+            parser.error(f"--rescale-to {n}: a parallelism in [1, {MAX_PARALLELISM}] other than {PARALLELISM}")
+        KINDS[rescale_name(n)] = rescale_kind(n)
+    candidates = [c for c in CANDIDATES if c not in args.skip]
+    extra_rescales = [rescale_name(n) for n in dict.fromkeys(args.rescale_to) if n != RESCALED]
+    at = candidates.index("keygroups rescale") + 1 if "keygroups rescale" in candidates else 0
+    candidates = candidates[:at] + extra_rescales + candidates[at:] + list(args.also)
     classes = build_java("LatencyTws.java", spark_classpath()) if "Spark TWS (JVM)" in candidates else None
     ship_by_value()
     spark = spark_session(args.master, "keygroups-bench-latency", shuffle_partitions=PARALLELISM,
@@ -688,7 +724,7 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"\n== 1. latency, event written to the source -> its output committed; {args.keys:,} keys, one "
           f"ValueState per record; trigger {args.trigger_ms} ms; {load()}")
-    print(f"{'candidate':<20}{'events/s':>9}{'p50 ms':>8}{'p99 ms':>8}{'max ms':>8}{'batches':>8}{'ev/batch':>9}"
+    print(f"{'candidate':<25}{'events/s':>9}{'p50 ms':>8}{'p99 ms':>8}{'max ms':>8}{'batches':>8}{'ev/batch':>9}"
           f"{'missing':>8}{'CPU s per 1k events: driver':>29}{'JVM':>7}{'workers':>9}")
     table = results
     if args.repeat > 1:
@@ -698,14 +734,14 @@ def main(argv: list[str] | None = None) -> int:
         k = r.events / 1000
         mx = max(r.latencies) * 1e3 if r.latencies else float("nan")
         label = r.candidate if args.repeat == 1 else f"{r.candidate} {'all' if r.round < 0 else f'#{r.round}'}"
-        print(f"{label:<23}{r.rate:>6,}{r.percentile(50) * 1e3:>8.0f}{r.percentile(99) * 1e3:>8.0f}{mx:>8.0f}"
+        print(f"{label:<28}{r.rate:>6,}{r.percentile(50) * 1e3:>8.0f}{r.percentile(99) * 1e3:>8.0f}{mx:>8.0f}"
               f"{r.batches:>8}{r.events / max(r.batches, 1):>9,.0f}{r.missing:>8}{r.cpu['driver'] / k:>29.3f}"
               f"{r.cpu['jvm'] / k:>7.3f}{r.cpu['python workers'] / k:>9.3f}")
     print("  issue 32's target: keygroups p50 and p99 <= Spark TWS (JVM) on the same machine:")
     for rate in args.rates:
         runs = {name: [r for r in results if r.rate == rate and r.candidate == name] for name in candidates}
         tws = runs.get("Spark TWS (JVM)")
-        for name in ("keygroups", "keygroups rescale"):
+        for name in ("keygroups", "keygroups rescale", *extra_rescales):
             if runs.get(name) and tws:
                 a, b = pooled(runs[name]), pooled(tws)
                 p50, p99 = a.percentile(50) / b.percentile(50), a.percentile(99) / b.percentile(99)

@@ -34,12 +34,12 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import pyarrow as pa
 
 from keygroups._hashing import KeyType
-from keygroups._ranges import check_max_parallelism, check_parallelism
+from keygroups._ranges import check_max_parallelism, check_parallelism, flink_boundaries
 from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage
 from keygroups.errors import ConcurrentCommitError, CorruptSnapshotError, KeyGroupsError, ReplayMismatchError
 from keygroups.runtime.assignment import Assignment, AssignmentDecision, key_group_state_bytes, resolve_assignment
@@ -257,6 +257,18 @@ class SourceRead:
         return self.source.staged_schema(self.record_schema)
 
 
+@runtime_checkable
+class PlansAhead(Protocol):
+    """An executor that can build, beside a batch, what other parallelisms' batches will need (Spark's keyed stage
+    plans: a few hundred milliseconds of the driver's time at the first batch of each new parallelism). The spine
+    asks it after the batch is planned (see :meth:`JobDriver.plan_ahead`)."""
+
+    def prepare_ahead(self, ranges: Sequence[tuple[int, int, tuple[int, ...] | None]]) -> Any:
+        """Build for later batches, off this batch's critical path, the plans of ``ranges`` (each
+        ``(max_parallelism, parallelism, boundaries)``) over this batch's input schema."""
+        ...
+
+
 #: What :class:`JobDriver` calls with each batch it commits, and the batch's executor (see its ``on_commit``).
 CommitListener = Callable[[CommittedBatch, BatchExecutor], None]
 
@@ -347,6 +359,19 @@ class JobDriver:
         #: driver committed the sink's output of the latest checkpoint it found when it started.
         self._sink_pending: tuple[int, list[SinkCommittable]] | None = None
         self._sink_recovered = options.sink is None
+        self._ahead: tuple[int, ...] = ()
+
+    def plan_ahead(self, parallelisms: Sequence[int]) -> None:
+        """The parallelisms this job may rescale to: beside each batch, an executor that can
+        (:class:`PlansAhead`: Spark's) builds the plans of those it has not built yet, for Flink's ranges, over the
+        batch's input schema, off the batch's critical path (while its Spark job runs), so that the first batch at
+        a new parallelism does not plan it then. Replaces what was given before; ``()`` stops it. A plan for
+        other ranges (``BalancedRanges`` moving its boundaries) is still built by the batch that needs it."""
+        ahead = []
+        for p in parallelisms:
+            check_parallelism(p, self.options.max_parallelism)
+            ahead.append(int(p))
+        self._ahead = tuple(dict.fromkeys(ahead))
 
     # ---- what the driver knows ----------------------------------------------------------------------------------
 
@@ -425,6 +450,7 @@ class JobDriver:
             spec = options.keyed_task(plan, executor.input_schema, key_type, watermark, run_id)
             executor.prepare(spec, plan)
             planned = time.perf_counter()
+            self._prepare_ahead(executor, plan)
             reports: list[SubtaskReport] = []
             try:
                 reports = executor.run_keyed()
@@ -474,6 +500,13 @@ class JobDriver:
                 log.exception("the commit listener of job %s failed on checkpoint %d", options.name,
                               metadata.checkpoint_id)
         return batch
+
+    def _prepare_ahead(self, executor: BatchExecutor, plan: BatchPlan) -> None:
+        """Ask the executor to build the plans of the other parallelisms of :meth:`plan_ahead` (Flink's ranges)."""
+        mp = plan.max_parallelism
+        ranges = [(mp, q, flink_boundaries(mp, q)) for q in self._ahead if q != plan.parallelism and q <= mp]
+        if ranges and isinstance(executor, PlansAhead):
+            executor.prepare_ahead(ranges)
 
     def _locate(self, checkpoint_id: int | None, streaming: StreamingBatch | None) -> Any:
         """Where the batch starts, as this job's driver: the first batch claims the location (fencing any earlier
@@ -625,4 +658,4 @@ def _checked_choice(policy: ParallelismPolicy, chosen: Any, records: int, max_pa
 
 
 __all__ = ["BatchExecutor", "CommitListener", "CommittedBatch", "InputFigures", "JobDriver", "JobOptions",
-           "SourceRead", "pickle_function"]
+           "PlansAhead", "SourceRead", "pickle_function"]

@@ -288,6 +288,19 @@ class SparkPlanCache:
         self.stage_session: tuple[str, Any] | None = None
         self.session_conf: tuple[Any, Any] | None = None   # (the user's JVM session, its SQLConf)
         self.stages: dict[tuple[Any, ...], KeyedStagePlan | None] = {}
+        #: Stage plans being built ahead (:meth:`SparkExecutor.prepare_ahead`), each set once it is built.
+        self.building: dict[tuple[Any, ...], threading.Event] = {}
+        self.lock = threading.Lock()   # the plans' dicts change in the plan-ahead thread too
+
+    def __getstate__(self) -> dict[str, Any]:
+        # a job is pickled with its foreachBatch function over Spark Connect: what a thread holds stays here
+        state = dict(self.__dict__)
+        state["building"], state["lock"] = {}, None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.lock = threading.Lock()
 
 
 # ---- the keyed stage's session -------------------------------------------------------------------------------------
@@ -659,6 +672,7 @@ class SparkExecutor:
         self._persisted: DataFrame | None = None
         self._checked: _CheckedInput | None = None
         self._keyed: DataFrame | None = None   # the keyed stage: the placed input, mapInArrow of the subtasks
+        self._jsession: Any = None   # the JVM session the keyed stage runs in (None: not a classic session)
         self._spec: KeyedTaskSpec | None = None
         self._tag: str | None = None
         self._started = time.time()
@@ -769,11 +783,83 @@ class SparkExecutor:
         in the session :func:`keyed_stage_session` chooses."""
         df, checked, cache = self._df, self._checked, self._cache
         assert df is not None and checked is not None
-        schema_key = cache.input[0] if cache.input is not None else None
+        key = self._stage_key(plan.max_parallelism, plan.parallelism, plan.boundaries)
+        stage = self._stage(plan.max_parallelism, plan.parallelism, plan.boundaries)
+        spec = self._spec = spec.compact()   # under the size at which Spark broadcasts the task's function
+        subtask = self._subtask_function(spec)
+        logical_plan = _logical_plan(df)   # asked of the JVM once for both uses below
+        stage_session = keyed_stage_session(df, cache, logical_plan)
+        jsession = stage_session if stage_session is not None else getattr(df.sparkSession, "_jsparkSession", None)
+        keyed, mapped = None, False
+        if jsession is not None:   # a classic session: the stage's plan analysed once, put on this input
+            stage_plan = self._stage_plan(key, jsession, stage, subtask)
+            if stage_plan is not None:
+                keyed, mapped = stage_plan.on(df, jsession, subtask, logical_plan)
+        if keyed is None:
+            keyed = stage(df if stage_session is None else in_session(df, stage_session))
+        self._keyed = keyed if mapped else keyed.mapInArrow(subtask, _REPORT_SCHEMA)
+        self._jsession = jsession
+
+    def prepare_ahead(self, ranges: Sequence[tuple[int, int, tuple[int, ...] | None]]) -> threading.Thread | None:
+        """Build, in a thread of its own, the keyed stage's plans of other parallelisms (``ranges``: each
+        ``(max_parallelism, parallelism, boundaries)``) over this batch's input schema, for later batches: the
+        first batch at a new parallelism then finds its plan built (analysing it costs a small batch a few
+        hundred milliseconds of the driver's time). Called after :meth:`prepare`, while the batch's Spark job
+        runs (the driver waits on it); the thread (None: nothing to build) builds one plan at a time and never
+        runs a Spark job. A later batch that needs a plan being built waits for it rather than build it twice."""
+        cache, jsession, spec = self._cache, self._jsession, self._spec
+        if jsession is None or spec is None or self._df is None:
+            return None
+        wanted = [(self._stage_key(mp, p, b), mp, p, b) for mp, p, b in ranges]
+        wanted = [w for w in wanted if w[0] not in cache.stages and w[0] not in cache.building]
+        if not wanted:
+            return None
+        for key, *_ in wanted:
+            cache.building[key] = threading.Event()
+        subtask = self._subtask_function(spec)
+
+        def build() -> None:
+            for key, mp, p, b in wanted:
+                try:
+                    self._stage_plan(key, jsession, self._stage(mp, p, b), subtask, ahead=True)
+                except Exception:   # noqa: BLE001  # a batch at that parallelism builds its plan itself
+                    pass
+                finally:
+                    cache.building.pop(key).set()
+
+        thread = threading.Thread(target=build, name="keygroups-plan-ahead", daemon=True)
+        thread.start()
+        return thread
+
+    def _stage_key(self, max_parallelism: int, parallelism: int, boundaries: tuple[int, ...] | None) -> Any:
+        cache = self._cache
+        return (cache.input[0] if cache.input is not None else None, max_parallelism, parallelism, boundaries)
+
+    def _stage_plan(self, key: Any, jsession: Any, stage: Callable[[DataFrame], DataFrame],
+                    subtask: Callable[[Any], Any], *, ahead: bool = False) -> KeyedStagePlan | None:
+        """The stage plan of ``key`` (built once: a plan another thread is building is waited for)."""
+        cache = self._cache
+        building = cache.building.get(key)
+        if building is not None and not ahead:
+            building.wait()
+        if key not in cache.stages:
+            assert self._df is not None
+            built = KeyedStagePlan.of(self._df, jsession, stage, subtask, _REPORT_SCHEMA)
+            with cache.lock:
+                cache.stages[key] = built
+                while len(cache.stages) > 8:
+                    cache.stages.pop(next(iter(cache.stages)))
+        return cache.stages.get(key)
+
+    def _stage(self, max_parallelism: int, parallelism: int,
+               boundaries: tuple[int, ...] | None) -> Callable[[DataFrame], DataFrame]:
+        """The keyed stage above a DataFrame of the input's columns, by DataFrame methods, for these ranges."""
+        df, checked, cache = self._df, self._checked, self._cache
+        assert df is not None and checked is not None
         if cache.digest is None:   # its Columns are unresolved: any DataFrame of this schema takes them
             cache.digest = (checked.digest_column, (F.col("*"), _record_digest(df).alias(checked.digest_column)))
         digest_column, with_digest = cache.digest
-        key = (schema_key, plan.max_parallelism, plan.parallelism, plan.boundaries)
+        key = self._stage_key(max_parallelism, parallelism, boundaries)
         names, plain = list(checked.names), list(checked.plain)
         key_columns = self._options.key_columns
 
@@ -781,22 +867,31 @@ class SparkExecutor:
             """The keyed stage above ``frame`` (the input, or a DataFrame of its columns), by DataFrame methods."""
             digested = frame.select(*with_digest)   # not withColumn: it looks the new name up among the columns
             if key not in cache.placements:
-                cache.placements[key] = key_group_placement(
-                    digested, *key_columns, max_parallelism=plan.max_parallelism, parallelism=plan.parallelism,
-                    key_group_boundaries=plan.boundaries)
-                while len(cache.placements) > 8:
-                    cache.placements.pop(next(iter(cache.placements)))
-            place = cache.placements[key]
+                placement = key_group_placement(
+                    digested, *key_columns, max_parallelism=max_parallelism, parallelism=parallelism,
+                    key_group_boundaries=boundaries)
+                with cache.lock:
+                    cache.placements[key] = placement
+                    while len(cache.placements) > 8:
+                        cache.placements.pop(next(iter(cache.placements)))
+            place = cache.placements.get(key)
             if place is not None:
                 placed = place(digested)
             else:
-                placed = partition_by_key_group(digested, *key_columns, max_parallelism=plan.max_parallelism,
-                                                parallelism=plan.parallelism, key_group_boundaries=plan.boundaries)
+                placed = partition_by_key_group(digested, *key_columns, max_parallelism=max_parallelism,
+                                                parallelism=parallelism, key_group_boundaries=boundaries)
             if plain != names:   # mapInArrow takes these columns under plain names
                 placed = placed.select(*[quoted(c).alias(p) for c, p in zip(names, plain)], quoted(digest_column))
             return placed
 
-        spec = self._spec = spec.compact()   # under the size at which Spark broadcasts the task's function
+        return stage
+
+    def _subtask_function(self, spec: KeyedTaskSpec) -> Callable[[Any], Any]:
+        """What each Spark task of the keyed stage runs: its subtask of ``spec``, over its partition's records."""
+        checked = self._checked
+        assert checked is not None
+        digest_column = self._cache.digest[0] if self._cache.digest is not None else checked.digest_column
+        names, plain = list(checked.names), list(checked.plain)
         renamed = names if plain != names else None
         forward = self._forward
 
@@ -811,21 +906,7 @@ class SparkExecutor:
             yield pa.RecordBatch.from_pylist([{"subtask": index, "report": json.dumps(report.to_json())}],
                                              schema=_REPORT_ARROW)
 
-        logical_plan = _logical_plan(df)   # asked of the JVM once for both uses below
-        stage_session = keyed_stage_session(df, cache, logical_plan)
-        jsession = stage_session if stage_session is not None else getattr(df.sparkSession, "_jsparkSession", None)
-        keyed, mapped = None, False
-        if jsession is not None:   # a classic session: the stage's plan analysed once, put on this input
-            if key not in cache.stages:
-                cache.stages[key] = KeyedStagePlan.of(df, jsession, stage, subtask, _REPORT_SCHEMA)
-                while len(cache.stages) > 8:
-                    cache.stages.pop(next(iter(cache.stages)))
-            stage_plan = cache.stages[key]
-            if stage_plan is not None:
-                keyed, mapped = stage_plan.on(df, jsession, subtask, logical_plan)
-        if keyed is None:
-            keyed = stage(df if stage_session is None else in_session(df, stage_session))
-        self._keyed = keyed if mapped else keyed.mapInArrow(subtask, _REPORT_SCHEMA)
+        return subtask
 
     def run_keyed(self) -> list[SubtaskReport]:
         assert self._keyed is not None

@@ -33,7 +33,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType, _parse_datatype_string
 
-from keygroups._ranges import check_max_parallelism
+from keygroups._ranges import check_max_parallelism, check_parallelism
 from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage
 from keygroups.errors import CheckpointNotFoundError, KeyGroupsError
 from keygroups.runtime.assignment import Assignment, resolve_assignment
@@ -305,6 +305,7 @@ class KeyedJob:
         self._read_input_once = True
         self._driver: JobDriver | None = None
         self._plans = SparkPlanCache()
+        self._ahead: tuple[int, ...] = ()
 
     @property
     def output_schema(self) -> pa.Schema:
@@ -329,7 +330,21 @@ class KeyedJob:
                 assignment=self.assignment, restore_from_savepoint=self.restore_from_savepoint, sink=self.sink,
                 checkpoint_output=self.checkpoint_output, write_back_batches=self.write_back_batches)
             self._driver = JobDriver(options, self.storage, on_commit=spark_batch_listener(self))   # metrics
+            self._driver.plan_ahead(self._ahead)
         return self._driver
+
+    def plan_ahead(self, *parallelisms: int) -> None:
+        """Say which parallelisms this job may rescale to (a query that switches between 2 and 4 subtasks:
+        ``job.plan_ahead(2, 4)``): each batch builds the Spark plans of those it has not built yet in a thread of
+        its own while its Spark job runs, so the first batch at a new parallelism does not pay for planning it
+        (a few hundred milliseconds of the driver's time on a small batch; built once per input schema, kept
+        while it stays the same). Without it, a parallelism's plans are built by its first batch. Each call
+        replaces the set; ValueError for a parallelism outside ``[1, max_parallelism]``."""
+        for p in parallelisms:
+            check_parallelism(p, self.max_parallelism)
+        self._ahead = tuple(int(p) for p in parallelisms)
+        if self._driver is not None:
+            self._driver.plan_ahead(self._ahead)
 
     def latest_checkpoint(self) -> CheckpointMetadata | None:
         """The latest complete checkpoint, None before the first batch."""
