@@ -34,18 +34,21 @@ MAX_PARALLELISM = 32
 
 
 class DiesOnFirstAttempt(shop.CartFunction):
-    """Kills its Python worker half-way through the first attempt of partition 0 (as a lost executor would)."""
+    """Kills the Python worker running subtask 0 half-way through its first run (as a lost executor would): the
+    task's own worker, or the one holding the subtask's state warm when the task forwarded it there (the served run
+    has no TaskContext of its own, so the first run is told by a marker file, not by Spark's attempt number)."""
+
+    def __init__(self, marker):
+        self.marker = marker
 
     def open(self, context):
         super().open(context)
-        self.seen = 0
+        self.seen, self.subtask = 0, context.subtask_index
 
     def process_element(self, event, context):
-        from pyspark import TaskContext
-
-        task = TaskContext.get()
         self.seen += 1
-        if task.partitionId() == 0 and task.attemptNumber() == 0 and self.seen == 5:
+        if self.subtask == 0 and self.seen == 5 and not os.path.exists(self.marker):
+            open(self.marker, "w").close()
             os._exit(17)
         return super().process_element(event, context)
 
@@ -138,7 +141,9 @@ def test_a_task_killed_mid_batch_is_retried_and_applied_once(spark, tmp_path, ca
     (expected_state, expected_orders), log_dir = carts
     location = str(tmp_path / "chk")
     orders = run_shop(spark, location, log_dir, shop.CartFunction(), [(3, 400)])
-    orders += run_shop(spark, location, log_dir, DiesOnFirstAttempt(), [(2, 600)])
+    marker = str(tmp_path / "died")
+    orders += run_shop(spark, location, log_dir, DiesOnFirstAttempt(marker), [(2, 600)])
+    assert os.path.exists(marker)   # a worker did die mid-batch
     orders += run_shop(spark, location, log_dir, shop.CartFunction(), [(5, None)])
     assert sorted(orders) == sorted(expected_orders)
     assert final_states(location, MAX_PARALLELISM) == expected_state
