@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import logging
 import re
 import threading
 import time
@@ -64,6 +65,8 @@ from keygroups.runtime.spec import KeyedTaskSpec
 from keygroups.runtime.subtask import run_keyed_subtask
 from keygroups.runtime.subtask_input import unused_name
 from keygroups.spark.partitioner import key_group_placement, partition_by_key_group
+
+_log = logging.getLogger(__name__)
 
 # Spark types, not DDL strings: a DDL string costs mapInArrow a round trip to the JVM's parser on every call.
 _REPORT_SCHEMA = StructType([StructField("subtask", IntegerType()), StructField("report", StringType())])
@@ -823,7 +826,7 @@ class SparkExecutor:
                 try:
                     self._stage_plan(key, jsession, self._stage(mp, p, b), subtask, ahead=True)
                 except Exception:   # noqa: BLE001  # a batch at that parallelism builds its plan itself
-                    pass
+                    _log.debug("keygroups: building the stage plan of parallelism %d ahead failed", p, exc_info=True)
                 finally:
                     cache.building.pop(key).set()
 
