@@ -41,12 +41,16 @@ from typing import Any
 import pytest
 
 ROOT = pathlib.Path(__file__).parents[1]
+#: The modules of pyproject.toml's build requirements (scikit-build-core, cython, cython-cmake, numpy).
+_BUILD_MODULES = ("scikit_build_core", "Cython", "cython_cmake", "numpy")
 
 
 def build_shipped_environment(root: pathlib.Path, out: pathlib.Path) -> pathlib.Path:
     """The archive of a fresh virtualenv with the wheel of ``root`` and its dependencies, in ``out``."""
     wheels = out / "wheels"
-    isolation = [] if importlib.util.find_spec("scikit_build_core") is None else ["--no-build-isolation"]
+    # Without build isolation only where every build requirement of pyproject.toml is already installed (a
+    # contributor's editable set-up); on a fresh machine pip builds the wheel in an isolated environment.
+    isolation = ["--no-build-isolation"] if all(importlib.util.find_spec(m) is not None for m in _BUILD_MODULES) else []
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", *isolation,
                     "-w", str(wheels), str(root)], cwd=root, check=True, timeout=1200)
     env_dir = out / "env"
