@@ -89,54 +89,106 @@ _COMMANDS: dict[str, Command] = {
 }
 
 
+#: Under pytest-xdist, the directory the controller makes for the run's background processes, named in this variable
+#: for its workers: each process runs once for the whole run, in ``<root>/<name>``, started by the first worker to
+#: claim it (an atomic ``mkdir``); any worker waits for it through the files it leaves there.
+_SHARED_ROOT = "KEYGROUPS_TEST_BACKGROUND_ROOT"
+
+
+def _shared_root() -> pathlib.Path | None:
+    root = os.environ.get(_SHARED_ROOT)
+    return pathlib.Path(root) if root else None
+
+
 class BackgroundProcess:
     """A registered command in a child process: its own process group, niceness 19 unless a test already waits for
-    it, its output in its directory."""
+    it, its output, process group and (when it ends) exit code in files of its directory, so that any process of
+    the run can wait for it."""
 
     def __init__(self, name: str, *, niced: bool = True) -> None:
         command = _COMMANDS[name]
         self.name, self.timeout = name, command.timeout
-        self.dir = pathlib.Path(tempfile.mkdtemp(prefix=f"kg-{name.replace('_', '-')}-"))
+        self.finished: Finished | None = None
+        root = _shared_root()
+        if root is None:
+            self.dir = pathlib.Path(tempfile.mkdtemp(prefix=f"kg-{name.replace('_', '-')}-"))
+        else:
+            self.dir = root / name
+            try:
+                self.dir.mkdir()
+            except FileExistsError:   # another worker started it: its files say when it ends
+                return
         nice = ["nice", "-n", "19"] if niced and shutil.which("nice") else []
         argv = [a.replace("{dir}", str(self.dir)) for a in command.argv]
         with open(self.dir / ".stdout", "wb") as out, open(self.dir / ".stderr", "wb") as err:
-            self.proc = subprocess.Popen([*nice, *argv], stdout=out, stderr=err, stdin=subprocess.DEVNULL, cwd=ROOT,
-                                         env={**os.environ, **command.env}, start_new_session=True)
-        self.started = time.monotonic()
-        self.finished: Finished | None = None
+            proc = subprocess.Popen([*nice, sys.executable, __file__, "record", str(self.dir), *argv],
+                                    stdout=out, stderr=err, stdin=subprocess.DEVNULL, cwd=ROOT,
+                                    env={**os.environ, **command.env}, start_new_session=True)
+        _write(self.dir / ".pgid", str(proc.pid))   # its group: start_new_session
+
+    def running(self) -> bool:
+        return not (self.dir / ".returncode").exists()
 
     def wait(self) -> Finished:
         if self.finished is not None:
             return self.finished
-        if self.proc.poll() is None:   # the run waits on it now: normal priority, where that is allowed
+        pgid = _pgid(self.dir)
+        if self.running() and pgid is not None:   # the run waits on it now: normal priority, where allowed
             try:
-                for pid in _group(self.proc.pid):
+                for pid in _group(pgid):
                     os.setpriority(os.PRIO_PROCESS, pid, 0)
             except OSError:
                 pass
-        waited = time.monotonic()
-        try:
-            code = self.proc.wait(timeout=max(1.0, self.timeout - (waited - self.started)))
-        except subprocess.TimeoutExpired:
-            self.close()
-            pytest.fail(f"the background process {self.name!r} took over {self.timeout:.0f} s")
-        sys.stderr.write(f"\nbackground {self.name}: started {waited - self.started:.0f} s before a test needed "
-                         f"it, then {time.monotonic() - waited:.0f} s of waiting\n")
-        self.finished = Finished(self.dir, code, (self.dir / ".stdout").read_text(errors="replace"),
+        waited = time.time()
+        started = (self.dir / ".pgid").stat().st_mtime if pgid is not None else waited
+        while self.running():
+            if time.time() - started > self.timeout:
+                _kill(self.dir)
+                pytest.fail(f"the background process {self.name!r} took over {self.timeout:.0f} s")
+            time.sleep(0.2)
+        sys.stderr.write(f"\nbackground {self.name}: started {waited - started:.0f} s before a test needed it, "
+                         f"then {time.time() - waited:.0f} s of waiting\n")
+        self.finished = Finished(self.dir, int((self.dir / ".returncode").read_text()),
+                                 (self.dir / ".stdout").read_text(errors="replace"),
                                  (self.dir / ".stderr").read_text(errors="replace"))
         return self.finished
 
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self.proc.wait()
-        if self.finished is not None and self.finished.returncode != 0:
-            sys.stderr.write(f"\nbackground {self.name} failed: its directory is kept, {self.dir}\n")
-            return
-        shutil.rmtree(self.dir, ignore_errors=True)
+
+def _write(path: pathlib.Path, text: str) -> None:
+    """``text`` in ``path``, seen whole or not at all by another process."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _pgid(directory: pathlib.Path) -> int | None:
+    try:
+        return int((directory / ".pgid").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _kill(directory: pathlib.Path) -> None:
+    """Kill the process group of the background process in ``directory`` if it still runs."""
+    pgid = _pgid(directory)
+    if pgid is not None and not (directory / ".returncode").exists():
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _clean(directory: pathlib.Path) -> None:
+    """Stop the background process in ``directory`` and remove the directory, kept when the process failed."""
+    _kill(directory)
+    try:
+        code = int((directory / ".returncode").read_text())
+    except (OSError, ValueError):
+        code = 0   # killed before it ended: nothing to judge
+    if code != 0:
+        sys.stderr.write(f"\nbackground {directory.name} failed: its directory is kept, {directory}\n")
+        return
+    shutil.rmtree(directory, ignore_errors=True)
 
 
 def _group(pgid: int) -> list[int]:
@@ -152,15 +204,23 @@ def _group(pgid: int) -> list[int]:
     return pids
 
 
-#: At most this many run at once in the background (a demo's JVMs take a GiB or two; the machine has two cores).
+#: At most this many run at once in the background, over all workers (a demo's JVMs take a GiB or two; the machine
+#: has two cores).
 AT_ONCE = 3
 _running: dict[str, BackgroundProcess] = {}
 _queued: list[str] = []   # in the order the run's tests first need them
 
 
+def _running_count() -> int:
+    root = _shared_root()
+    if root is None:
+        return sum(p.running() for p in _running.values())
+    return sum(not (d / ".returncode").exists() for d in root.iterdir() if d.is_dir())
+
+
 def _pump() -> None:
     """Start queued processes while fewer than ``AT_ONCE`` are still running."""
-    while _queued and sum(p.proc.poll() is None for p in _running.values()) < AT_ONCE:
+    while _queued and _running_count() < AT_ONCE:
         name = _queued.pop(0)
         _running[name] = BackgroundProcess(name)
 
@@ -188,9 +248,19 @@ def background_fixture(name: str, argv: Sequence[str], *, env: Mapping[str, str]
     return finished
 
 
+def _is_xdist_controller(config: pytest.Config) -> bool:
+    return not hasattr(config, "workerinput") and getattr(config.option, "dist", "no") != "no"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if _is_xdist_controller(config) and _SHARED_ROOT not in os.environ:   # the workers inherit the variable
+        os.environ[_SHARED_ROOT] = tempfile.mkdtemp(prefix="kg-background-")
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     if session.config.option.collectonly:
         return
+    # Under xdist every worker collects every test: the workers queue the same processes, and each starts once.
     for item in session.items:
         for name in getattr(item, "fixturenames", ()):
             if name in _COMMANDS and name not in _queued and name not in _running:
@@ -204,8 +274,17 @@ def pytest_runtest_logstart(nodeid: str, location: Any) -> None:
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     _queued.clear()
-    while _running:
-        _running.popitem()[1].close()
+    root = _shared_root()
+    if root is None:
+        while _running:
+            _clean(_running.popitem()[1].dir)
+    elif _is_xdist_controller(config):   # every worker has ended: no test waits for these any more
+        for directory in sorted(root.iterdir()):
+            if directory.is_dir():
+                _clean(directory)
+        if not any(root.iterdir()):   # a failed process's directory stays for its logs
+            root.rmdir()
+    # a worker leaves the processes it started to the controller: another worker may still wait for them
 
 
 @pytest.fixture(scope="session")
@@ -223,7 +302,16 @@ def api_reference_build() -> Finished:
     return _started("api_reference_build").wait()
 
 
+def _record(directory: pathlib.Path, argv: list[str]) -> int:
+    """Run ``argv`` (output and environment inherited) and leave its exit code in ``directory/.returncode``."""
+    code = subprocess.call(argv)
+    _write(directory / ".returncode", str(code))
+    return code
+
+
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["record"] and len(sys.argv) > 3:
+        sys.exit(0 if _record(pathlib.Path(sys.argv[2]), sys.argv[3:]) == 0 else 1)
     if sys.argv[1:2] != ["shipped-environment"] or len(sys.argv) != 4:
-        sys.exit("usage: background.py shipped-environment CHECKOUT DIRECTORY")
+        sys.exit("usage: background.py shipped-environment CHECKOUT DIRECTORY | record DIRECTORY COMMAND...")
     build_shipped_environment(pathlib.Path(sys.argv[2]), pathlib.Path(sys.argv[3]))

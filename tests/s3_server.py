@@ -20,11 +20,9 @@ Tests skip, naming the missing piece, only when the ``weed`` binary or s3fs is n
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sysconfig
@@ -36,6 +34,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+
+from keygroups._subprocess import dying_with_parent
 
 WEED_ENV = "KEYGROUPS_WEED"          # optional: the path of the weed binary to use instead of the installed one
 START_TIMEOUT_S = 90.0               # bounded wait for the server to answer (it needs ~4 s on a 2-core machine)
@@ -106,12 +106,6 @@ def _free_ports(n: int) -> list[int]:
             s.bind(("127.0.0.1", 0))
             ports.append(s.getsockname()[1])
         return ports
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: get SIGKILL when the test process dies, so no server outlives a killed run."""
-    with contextlib.suppress(Exception):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG (Linux)
 
 
 def _tail(path: str, lines: int = 40) -> str:
@@ -187,9 +181,9 @@ def run_s3_server(weed: str, timeout: float = START_TIMEOUT_S) -> Iterator[S3Ser
     try:
         with open(log, "wb") as out:
             # TMPDIR: weed's own log files go to the temporary directory too
-            proc = subprocess.Popen(_command(weed, workdir, ports, config), stdout=out, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, env={**os.environ, "TMPDIR": workdir},
-                                    preexec_fn=_die_with_parent)
+            proc = subprocess.Popen(dying_with_parent(_command(weed, workdir, ports, config)), stdout=out,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env={**os.environ, "TMPDIR": workdir})
         _wait_ready(server, proc, log, timeout)
         yield server
     finally:

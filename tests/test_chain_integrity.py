@@ -14,7 +14,6 @@ import pathlib
 import re
 import shutil
 import struct
-import tempfile
 import uuid
 
 import fsspec
@@ -408,10 +407,10 @@ def test_a_range_wrong_in_the_cache_and_in_the_file_is_refused(remote):
 _BUILT: dict[str, tuple[str, str, dict]] = {}
 
 
-def _built_chains() -> tuple[str, str, dict]:
+def _built_chains(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str, dict]:
     """The job's and the twin's locations (built once per test run, copied per example) and the job's state."""
     if "heap" not in _BUILT:
-        root = tempfile.mkdtemp(prefix="kg-chain-model-")
+        root = str(tmp_path_factory.mktemp("chain-model"))
         ours = CheckpointStorage(os.path.join(root, "ours"), retain=10)
         _, expected = run_job(ours, "heap")
         twin = CheckpointStorage(os.path.join(root, "twin"), retain=10)
@@ -432,7 +431,7 @@ def test_random_damage_to_a_chain_is_refused_or_harmless(data, tmp_path_factory,
     CorruptDataError or returns exactly the state that was checkpointed, never another one, and whenever
     ``keygroups verify`` passes the restore is exact. (A file of the newest checkpoint dropped from its own
     _metadata is left out: no later file attests the chains it ends.)"""
-    ours_src, twin_src, expected = _built_chains()
+    ours_src, twin_src, expected = _built_chains(tmp_path_factory)
     root = tmp_path_factory.mktemp("model")
     shutil.copytree(ours_src, root / "ours")
     twin = CheckpointStorage(twin_src, retain=10)

@@ -22,17 +22,17 @@ What tansu 0.6 does and does not do, as tested here (tests/test_kafka_broker.py 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import importlib.util
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
 import time
 from collections.abc import Mapping
 from typing import Any
+
+from keygroups._subprocess import dying_with_parent
 
 __all__ = ["LocalKafkaBroker", "tansu_binary", "TANSU_ENV"]
 
@@ -64,12 +64,6 @@ def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: SIGKILL it when the process that started it dies, so no broker outlives it."""
-    with contextlib.suppress(Exception):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG (Linux)
 
 
 class LocalKafkaBroker:
@@ -112,10 +106,9 @@ class LocalKafkaBroker:
         url = f"tcp://{self.bootstrap_servers}"
         with open(self.log_path, "ab") as log:
             self._proc = subprocess.Popen(
-                [self.binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
-                 "--storage-engine", self.storage],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self._env,
-                preexec_fn=_die_with_parent)
+                dying_with_parent([self.binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
+                                   "--storage-engine", self.storage]),
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self._env)
         deadline = time.monotonic() + timeout
         while True:
             if self._proc.poll() is not None:
