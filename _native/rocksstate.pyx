@@ -31,6 +31,7 @@ from keygroups.errors import no_current_key_error as _no_current_key_error
 
 cdef extern from *:
     uint64_t _bswap64 "__builtin_bswap64" (uint64_t) nogil
+    void _prefetch "__builtin_prefetch" (const void *) nogil
 
 cdef object _MISSING = _MISSING_OBJ   # a C global: no module-dict lookup on the hot paths
 
@@ -199,14 +200,51 @@ cdef int _by_group(_Row *rows, Py_ssize_t n, Py_ssize_t groups) except -1:
     return 0
 
 
+cdef enum:
+    # How far (in entries of the dict walked) ``_encode_pending`` looks ahead: the key objects ``2 * _AHEAD``
+    # entries on are prefetched, the cache's values of those ``_AHEAD`` on looked up and prefetched.
+    _AHEAD = 8
+
+
+cdef inline void _prefetch_key(dict d, Py_ssize_t *pos) noexcept:
+    """Prefetch the key object of the next entry of ``d`` at ``pos`` (a cursor of its own, ahead of the walk)."""
+    cdef PyObject *k
+    if PyDict_Next(d, pos, &k, NULL):
+        _prefetch(k)
+
+
+cdef inline void _prefetch_value(dict d, Py_ssize_t *pos, dict cache, dict skip) noexcept:
+    """Look up the next entry of ``d`` at ``pos`` (a cursor of its own, ahead of the walk; its key prefetched by
+    ``_prefetch_key`` before) in ``skip`` and ``cache`` and prefetch the cached value: the walk's own lookups then
+    find their lines in the CPU's caches. Only int and str keys (exact types: their hash and equality run no Python
+    code); the lookups' results are not kept: the walk looks up again."""
+    cdef PyObject *k
+    cdef PyObject *v
+    if not PyDict_Next(d, pos, &k, NULL):
+        return
+    key = <object>k
+    if type(key) is not int and type(key) is not str:
+        return
+    if skip is not None and PyDict_GetItem(skip, key) != NULL:
+        return
+    v = PyDict_GetItem(cache, key)
+    if v != NULL:
+        _prefetch(v)
+
+
 cdef Py_ssize_t _encode_pending(dict pending, dict cache, Encoder keys, ValueWriter values, list group_prefixes,
                                 bytes state_id, Writer *kw, Writer *vw, _Row *rows, list user_keys,
                                 dict skip=None, Py_ssize_t *encoded=NULL) except -1:
     """Encode each pending key's database key into ``kw`` and its cached value (unless MISSING: a delete) into
     ``vw``, one ``rows`` entry per key (``len(pending)`` of them), then sort the rows in database-key order;
     ``user_keys[i]`` receives the i-th pending key. Returns how many are deletes. ``skip``: the keys of ``pending``
-    also in it are left out (``encoded`` receives how many rows were made)."""
+    also in it are left out (``encoded`` receives how many rows were made).
+
+    The walk is bound by memory latency (a batch's key and value objects are scattered over the heap and cold in
+    the CPU's caches): two cursors run ahead of it and prefetch the key objects and the values they map to, so that
+    the misses of many keys overlap instead of coming one after the other."""
     cdef Py_ssize_t n = len(pending), pos = 0, count = 0, gones = 0, i, gi, klen
+    cdef Py_ssize_t key_ahead = 0, value_ahead = 0
     cdef Py_ssize_t groups = PyList_GET_SIZE(group_prefixes), run
     cdef PyObject *pkey
     cdef PyObject *pgi
@@ -218,7 +256,13 @@ cdef Py_ssize_t _encode_pending(dict pending, dict cache, Encoder keys, ValueWri
     cdef _Row *r
     if len(state_id) != 2:
         raise ValueError(f"flush_values: a state id is 2 bytes, got {len(state_id)}")
+    for i in range(2 * _AHEAD):
+        _prefetch_key(pending, &key_ahead)
+    for i in range(_AHEAD):
+        _prefetch_value(pending, &value_ahead, cache, skip)
     while PyDict_Next(pending, &pos, &pkey, &pgi):
+        _prefetch_key(pending, &key_ahead)
+        _prefetch_value(pending, &value_ahead, cache, skip)
         if count >= n:
             raise RuntimeError("flush_values: the pending keys changed during the flush")
         if skip is not None and PyDict_GetItem(skip, <object>pkey) != NULL:
@@ -576,11 +620,12 @@ def fill_cache(dict cache, dict pending, list keys, list order, list raw, object
                 PyDict_SetItem(pending, key, <object>PyList_GET_ITEM(group_indexes, k))
 
 
-def cached_in_groups(dict cache, KeyContext ctx, object mark, object key_groups):
-    """The keys ``cache`` holds (but ``mark``, a sentinel key it may hold) whose key group is one of ``key_groups``
-    (absolute, in ``ctx``'s range), as ``{key: key-group index}`` in the cache's order: each key group computed in
-    C as ``ctx.set_current_key`` computes it (the cache is keyed by the keys it makes current), ``ctx`` left as it
-    is. For a snapshot's full key groups taken from a cache that holds its state whole."""
+def cached_in_groups(dict cache, KeyContext ctx, object mark, object key_groups, tuple skip=()):
+    """The keys ``cache`` holds (but ``mark``, a sentinel key it may hold, and the keys of the dicts in ``skip``)
+    whose key group is one of ``key_groups`` (absolute, in ``ctx``'s range), as ``{key: key-group index}`` in the
+    cache's order: each key group computed in C as ``ctx.set_current_key`` computes it (the cache is keyed by the
+    keys it makes current), ``ctx`` left as it is. For a snapshot's full key groups taken from a cache that holds
+    its state whole (``skip``: the keys whose rows it has already, from its flush)."""
     cdef Py_ssize_t pos = 0, kgi, n = ctx.n
     cdef PyObject *pkey
     cdef PyObject *pvalue
@@ -588,15 +633,30 @@ def cached_in_groups(dict cache, KeyContext ctx, object mark, object key_groups)
     cdef int overflow
     cdef long long v
     cdef uint8_t[::1] wanted = _np.zeros(n if n else 1, dtype=_np.uint8)
+    cdef Py_ssize_t ahead = 0
+    cdef bint skipped
+    for d in skip:
+        if type(d) is not dict:
+            raise TypeError(f"cached_in_groups: skip holds dicts, got {type(d).__name__}")
     for g in key_groups:
         kgi = <Py_ssize_t>g - ctx.start
         if kgi < 0 or kgi >= n:
             raise ValueError(f"cached_in_groups: key group {g} outside the context's {n} from {ctx.start}")
         wanted[kgi] = 1
     out = {}
+    for kgi in range(2 * _AHEAD):
+        _prefetch_key(cache, &ahead)
     while PyDict_Next(cache, &pos, &pkey, &pvalue):
+        _prefetch_key(cache, &ahead)
         key = <object>pkey
         if key is mark:
+            continue
+        skipped = False
+        for d in skip:
+            if PyDict_GetItem(<dict>d, key) != NULL:
+                skipped = True
+                break
+        if skipped:
             continue
         if ctx._infer and type(key) is int:
             overflow = 0
@@ -611,4 +671,121 @@ def cached_in_groups(dict cache, KeyContext ctx, object mark, object key_groups)
             raise ValueError(f"cached_in_groups: cached key {key!r} is outside the context's key groups")
         if wanted[kgi]:
             out[key] = kgi
+    return out
+
+
+def full_sections(list runs, object full, bint ttl, object deadline):
+    """One state's full-block sections of the key groups in ``full`` (absolute), cut from rows a flush wrote:
+    ``runs`` is a list of ``(database keys, stored values)`` (lists of bytes, each strictly ascending, no key in two
+    runs), merged in key order; the rows of other key groups are left out, and so are, with a TTL ``deadline``,
+    values whose timestamp is at or before it (a full block holds no expired value). Returns ``[(key group, ((key
+    bytes, offsets), (value bytes, offsets))), ...]`` ascending, as ``delta_values`` gives puts: the serialized
+    keys (the database key without its 8-byte prefix), ready for ``Packed``; a key group without rows is left out.
+    ValueError if a run is out of order, two runs share a key, or a key is shorter than its prefix."""
+    cdef Py_ssize_t k = PyList_GET_SIZE(runs), i, best, total = 0, done = 0, kn, vn
+    cdef Py_ssize_t *at
+    cdef Py_ssize_t *size
+    cdef const uint8_t *best_p = NULL
+    cdef Py_ssize_t best_n = 0
+    cdef const uint8_t *last_p = NULL
+    cdef Py_ssize_t last_n = -1
+    cdef const uint8_t *vp
+    cdef int64_t pos, ts, cutoff = 0
+    cdef bint has_deadline = ttl and deadline is not None
+    cdef int group, current = -1, b
+    cdef Writer bufs[4]   # keys, key offsets, values, value offsets
+    cdef uint8_t[::1] wanted = _np.zeros(0x10000, dtype=_np.uint8)
+    if has_deadline:
+        cutoff = deadline
+    for g in full:
+        if g < 0 or g > 0xFFFF:
+            raise ValueError(f"full_sections: key group {g} outside 0..65535")
+        wanted[<Py_ssize_t>g] = 1
+    key_lists = [None] * k
+    value_lists = [None] * k
+    for i in range(k):
+        run = <object>PyList_GET_ITEM(runs, i)
+        if type(run) is not tuple or len(run) != 2:
+            raise TypeError("full_sections: a run is a (keys, values) tuple")
+        run_keys, run_values = run
+        if type(run_keys) is not list or type(run_values) is not list:
+            raise TypeError("full_sections: a run's keys and values are lists")
+        if PyList_GET_SIZE(run_values) != PyList_GET_SIZE(run_keys):
+            raise ValueError(f"full_sections: {PyList_GET_SIZE(run_keys)} keys but {PyList_GET_SIZE(run_values)} "
+                             "values")
+        for key in <list>run_keys:
+            if type(key) is not bytes or PyBytes_GET_SIZE(key) < 8:
+                raise ValueError("full_sections: a key must be bytes of at least its 8-byte prefix")
+        for value in <list>run_values:
+            if type(value) is not bytes:
+                raise TypeError(f"full_sections: a value must be bytes, got {type(value).__name__}")
+        key_lists[i] = run_keys
+        value_lists[i] = run_values
+        total += PyList_GET_SIZE(run_keys)
+    at = <Py_ssize_t *>PyMem_Malloc((k if k else 1) * sizeof(Py_ssize_t))
+    size = <Py_ssize_t *>PyMem_Malloc((k if k else 1) * sizeof(Py_ssize_t))
+    if at == NULL or size == NULL:
+        PyMem_Free(at)
+        PyMem_Free(size)
+        raise MemoryError()
+    for b in range(4):
+        w_init(&bufs[b])
+    out = []
+    try:
+        for i in range(k):
+            at[i] = 0
+            size[i] = PyList_GET_SIZE(<list>key_lists[i])
+        while done <= total:
+            best = -1
+            if done < total:
+                for i in range(k):
+                    if at[i] < size[i]:
+                        key = <object>PyList_GET_ITEM(<list>key_lists[i], at[i])
+                        if best < 0 or kg_key_cmp(<const uint8_t *>PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key),
+                                                  best_p, best_n) < 0:
+                            best, best_p, best_n = i, <const uint8_t *>PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key)
+                if last_n >= 0 and kg_key_cmp(last_p, last_n, best_p, best_n) >= 0:
+                    raise ValueError("full_sections: the runs' keys are not strictly ascending and distinct")
+                group = best_p[0] << 8 | best_p[1]
+            else:
+                group = -2   # past the last row: the last key group's section is closed
+            if group != current:
+                if current >= 0 and bufs[1].pos > 8:
+                    out.append((current, (_section(&bufs[0], &bufs[1]), _section(&bufs[2], &bufs[3]))))
+                current = group
+                for b in range(4):
+                    bufs[b].pos = 0
+                pos = 0
+                w_bytes(&bufs[1], <const char *>&pos, 8)
+                w_bytes(&bufs[3], <const char *>&pos, 8)
+            if done == total:
+                break
+            key = <object>PyList_GET_ITEM(<list>key_lists[best], at[best])
+            last_key = key   # holds the bytes last_p points into
+            last_p, last_n = best_p, best_n
+            at[best] += 1
+            done += 1
+            if not wanted[group]:
+                continue
+            value = <object>PyList_GET_ITEM(<list>value_lists[best], at[best] - 1)
+            vp = <const uint8_t *>PyBytes_AS_STRING(value)
+            vn = PyBytes_GET_SIZE(value)
+            if has_deadline:
+                if vn < 8:
+                    raise ValueError(f"a TTL value of {vn} bytes, shorter than its timestamp")
+                memcpy(&ts, vp, 8)
+                if ts <= cutoff:   # expired: no row of a full block
+                    continue
+            kn = best_n - 8
+            w_bytes(&bufs[0], <const char *>best_p + 8, kn)
+            pos = bufs[0].pos
+            w_bytes(&bufs[1], <const char *>&pos, 8)
+            w_bytes(&bufs[2], <const char *>vp, vn)
+            pos = bufs[2].pos
+            w_bytes(&bufs[3], <const char *>&pos, 8)
+    finally:
+        PyMem_Free(at)
+        PyMem_Free(size)
+        for b in range(4):
+            w_free(&bufs[b])
     return out
