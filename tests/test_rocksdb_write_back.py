@@ -451,3 +451,29 @@ def test_cached_in_groups_hashes_the_cached_keys_as_set_current_key_does(keys, g
         if ctx.kgi + r.start in groups:
             expected[k] = ctx.kgi
     assert got == expected and list(got) == list(expected)
+
+
+def test_full_sections_merges_runs_and_refuses_rows_out_of_order_or_sharing_a_key():
+    """``rocksstate.full_sections`` merges a flush's runs per key group of ``full`` (others left out, expired TTL
+    values dropped); runs out of order, a key in two runs, or a key shorter than its prefix are refused by name."""
+    import struct
+
+    from keygroups._native.rocksstate import full_sections
+
+    def key(g, kb):
+        return struct.pack(">HHI", g, 0, len(kb)) + kb
+
+    got = full_sections([([key(5, b"a"), key(7, b"c")], [b"1", b"3"]), ([key(5, b"b"), key(6, b"z")], [b"2", b"9"])],
+                        {5, 7}, False, None)
+    assert [(g, bytes(k[0]), k[1].tolist(), bytes(v[0]), v[1].tolist()) for g, (k, v) in got] == [
+        (5, b"ab", [0, 1, 2], b"12", [0, 1, 2]), (7, b"c", [0, 1], b"3", [0, 1])]
+    stamped = [struct.pack("<q", 10) + b"x", struct.pack("<q", 20) + b"y"]
+    got = full_sections([([key(5, b"a"), key(5, b"b")], stamped)], {5}, True, 10)
+    assert [(g, bytes(k[0]), bytes(v[0])) for g, (k, v) in got] == [(5, b"b", stamped[1])]
+    assert full_sections([([key(5, b"a")], [b"1"])], {6}, False, None) == []
+    with pytest.raises(ValueError, match="ascending"):
+        full_sections([([key(5, b"b"), key(5, b"a")], [b"1", b"2"])], {5}, False, None)
+    with pytest.raises(ValueError, match="ascending"):
+        full_sections([([key(5, b"a")], [b"1"]), ([key(5, b"a")], [b"2"])], {5}, False, None)
+    with pytest.raises(ValueError, match="prefix"):
+        full_sections([([b"\x00\x05"], [b"1"])], {5}, False, None)
