@@ -31,7 +31,6 @@ from keygroups.errors import no_current_key_error as _no_current_key_error
 
 cdef extern from *:
     uint64_t _bswap64 "__builtin_bswap64" (uint64_t) nogil
-    void _prefetch "__builtin_prefetch" (const void *) nogil
 
 cdef object _MISSING = _MISSING_OBJ   # a C global: no module-dict lookup on the hot paths
 
@@ -200,51 +199,14 @@ cdef int _by_group(_Row *rows, Py_ssize_t n, Py_ssize_t groups) except -1:
     return 0
 
 
-cdef enum:
-    # How far (in entries of the dict walked) ``_encode_pending`` looks ahead: the key objects ``2 * _AHEAD``
-    # entries on are prefetched, the cache's values of those ``_AHEAD`` on looked up and prefetched.
-    _AHEAD = 8
-
-
-cdef inline void _prefetch_key(dict d, Py_ssize_t *pos) noexcept:
-    """Prefetch the key object of the next entry of ``d`` at ``pos`` (a cursor of its own, ahead of the walk)."""
-    cdef PyObject *k
-    if PyDict_Next(d, pos, &k, NULL):
-        _prefetch(k)
-
-
-cdef inline void _prefetch_value(dict d, Py_ssize_t *pos, dict cache, dict skip) noexcept:
-    """Look up the next entry of ``d`` at ``pos`` (a cursor of its own, ahead of the walk; its key prefetched by
-    ``_prefetch_key`` before) in ``skip`` and ``cache`` and prefetch the cached value: the walk's own lookups then
-    find their lines in the CPU's caches. Only int and str keys (exact types: their hash and equality run no Python
-    code); the lookups' results are not kept: the walk looks up again."""
-    cdef PyObject *k
-    cdef PyObject *v
-    if not PyDict_Next(d, pos, &k, NULL):
-        return
-    key = <object>k
-    if type(key) is not int and type(key) is not str:
-        return
-    if skip is not None and PyDict_GetItem(skip, key) != NULL:
-        return
-    v = PyDict_GetItem(cache, key)
-    if v != NULL:
-        _prefetch(v)
-
-
 cdef Py_ssize_t _encode_pending(dict pending, dict cache, Encoder keys, ValueWriter values, list group_prefixes,
                                 bytes state_id, Writer *kw, Writer *vw, _Row *rows, list user_keys,
                                 dict skip=None, Py_ssize_t *encoded=NULL) except -1:
     """Encode each pending key's database key into ``kw`` and its cached value (unless MISSING: a delete) into
     ``vw``, one ``rows`` entry per key (``len(pending)`` of them), then sort the rows in database-key order;
     ``user_keys[i]`` receives the i-th pending key. Returns how many are deletes. ``skip``: the keys of ``pending``
-    also in it are left out (``encoded`` receives how many rows were made).
-
-    The walk is bound by memory latency (a batch's key and value objects are scattered over the heap and cold in
-    the CPU's caches): two cursors run ahead of it and prefetch the key objects and the values they map to, so that
-    the misses of many keys overlap instead of coming one after the other."""
+    also in it are left out (``encoded`` receives how many rows were made)."""
     cdef Py_ssize_t n = len(pending), pos = 0, count = 0, gones = 0, i, gi, klen
-    cdef Py_ssize_t key_ahead = 0, value_ahead = 0
     cdef Py_ssize_t groups = PyList_GET_SIZE(group_prefixes), run
     cdef PyObject *pkey
     cdef PyObject *pgi
@@ -256,13 +218,7 @@ cdef Py_ssize_t _encode_pending(dict pending, dict cache, Encoder keys, ValueWri
     cdef _Row *r
     if len(state_id) != 2:
         raise ValueError(f"flush_values: a state id is 2 bytes, got {len(state_id)}")
-    for i in range(2 * _AHEAD):
-        _prefetch_key(pending, &key_ahead)
-    for i in range(_AHEAD):
-        _prefetch_value(pending, &value_ahead, cache, skip)
     while PyDict_Next(pending, &pos, &pkey, &pgi):
-        _prefetch_key(pending, &key_ahead)
-        _prefetch_value(pending, &value_ahead, cache, skip)
         if count >= n:
             raise RuntimeError("flush_values: the pending keys changed during the flush")
         if skip is not None and PyDict_GetItem(skip, <object>pkey) != NULL:
@@ -633,7 +589,6 @@ def cached_in_groups(dict cache, KeyContext ctx, object mark, object key_groups,
     cdef int overflow
     cdef long long v
     cdef uint8_t[::1] wanted = _np.zeros(n if n else 1, dtype=_np.uint8)
-    cdef Py_ssize_t ahead = 0
     cdef bint skipped
     for d in skip:
         if type(d) is not dict:
@@ -644,10 +599,7 @@ def cached_in_groups(dict cache, KeyContext ctx, object mark, object key_groups,
             raise ValueError(f"cached_in_groups: key group {g} outside the context's {n} from {ctx.start}")
         wanted[kgi] = 1
     out = {}
-    for kgi in range(2 * _AHEAD):
-        _prefetch_key(cache, &ahead)
     while PyDict_Next(cache, &pos, &pkey, &pvalue):
-        _prefetch_key(cache, &ahead)
         key = <object>pkey
         if key is mark:
             continue
