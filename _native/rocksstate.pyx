@@ -576,11 +576,12 @@ def fill_cache(dict cache, dict pending, list keys, list order, list raw, object
                 PyDict_SetItem(pending, key, <object>PyList_GET_ITEM(group_indexes, k))
 
 
-def cached_in_groups(dict cache, KeyContext ctx, object mark, object key_groups):
-    """The keys ``cache`` holds (but ``mark``, a sentinel key it may hold) whose key group is one of ``key_groups``
-    (absolute, in ``ctx``'s range), as ``{key: key-group index}`` in the cache's order: each key group computed in
-    C as ``ctx.set_current_key`` computes it (the cache is keyed by the keys it makes current), ``ctx`` left as it
-    is. For a snapshot's full key groups taken from a cache that holds its state whole."""
+def cached_in_groups(dict cache, KeyContext ctx, object mark, object key_groups, tuple skip=()):
+    """The keys ``cache`` holds (but ``mark``, a sentinel key it may hold, and the keys of the dicts in ``skip``)
+    whose key group is one of ``key_groups`` (absolute, in ``ctx``'s range), as ``{key: key-group index}`` in the
+    cache's order: each key group computed in C as ``ctx.set_current_key`` computes it (the cache is keyed by the
+    keys it makes current), ``ctx`` left as it is. For a snapshot's full key groups taken from a cache that holds
+    its state whole (``skip``: the keys whose rows it has already, from its flush)."""
     cdef Py_ssize_t pos = 0, kgi, n = ctx.n
     cdef PyObject *pkey
     cdef PyObject *pvalue
@@ -588,6 +589,10 @@ def cached_in_groups(dict cache, KeyContext ctx, object mark, object key_groups)
     cdef int overflow
     cdef long long v
     cdef uint8_t[::1] wanted = _np.zeros(n if n else 1, dtype=_np.uint8)
+    cdef bint skipped
+    for d in skip:
+        if type(d) is not dict:
+            raise TypeError(f"cached_in_groups: skip holds dicts, got {type(d).__name__}")
     for g in key_groups:
         kgi = <Py_ssize_t>g - ctx.start
         if kgi < 0 or kgi >= n:
@@ -597,6 +602,13 @@ def cached_in_groups(dict cache, KeyContext ctx, object mark, object key_groups)
     while PyDict_Next(cache, &pos, &pkey, &pvalue):
         key = <object>pkey
         if key is mark:
+            continue
+        skipped = False
+        for d in skip:
+            if PyDict_GetItem(<dict>d, key) != NULL:
+                skipped = True
+                break
+        if skipped:
             continue
         if ctx._infer and type(key) is int:
             overflow = 0
@@ -611,4 +623,121 @@ def cached_in_groups(dict cache, KeyContext ctx, object mark, object key_groups)
             raise ValueError(f"cached_in_groups: cached key {key!r} is outside the context's key groups")
         if wanted[kgi]:
             out[key] = kgi
+    return out
+
+
+def full_sections(list runs, object full, bint ttl, object deadline):
+    """One state's full-block sections of the key groups in ``full`` (absolute), cut from rows a flush wrote:
+    ``runs`` is a list of ``(database keys, stored values)`` (lists of bytes, each strictly ascending, no key in two
+    runs), merged in key order; the rows of other key groups are left out, and so are, with a TTL ``deadline``,
+    values whose timestamp is at or before it (a full block holds no expired value). Returns ``[(key group, ((key
+    bytes, offsets), (value bytes, offsets))), ...]`` ascending, as ``delta_values`` gives puts: the serialized
+    keys (the database key without its 8-byte prefix), ready for ``Packed``; a key group without rows is left out.
+    ValueError if a run is out of order, two runs share a key, or a key is shorter than its prefix."""
+    cdef Py_ssize_t k = PyList_GET_SIZE(runs), i, best, total = 0, done = 0, kn, vn
+    cdef Py_ssize_t *at
+    cdef Py_ssize_t *size
+    cdef const uint8_t *best_p = NULL
+    cdef Py_ssize_t best_n = 0
+    cdef const uint8_t *last_p = NULL
+    cdef Py_ssize_t last_n = -1
+    cdef const uint8_t *vp
+    cdef int64_t pos, ts, cutoff = 0
+    cdef bint has_deadline = ttl and deadline is not None
+    cdef int group, current = -1, b
+    cdef Writer bufs[4]   # keys, key offsets, values, value offsets
+    cdef uint8_t[::1] wanted = _np.zeros(0x10000, dtype=_np.uint8)
+    if has_deadline:
+        cutoff = deadline
+    for g in full:
+        if g < 0 or g > 0xFFFF:
+            raise ValueError(f"full_sections: key group {g} outside 0..65535")
+        wanted[<Py_ssize_t>g] = 1
+    key_lists = [None] * k
+    value_lists = [None] * k
+    for i in range(k):
+        run = <object>PyList_GET_ITEM(runs, i)
+        if type(run) is not tuple or len(run) != 2:
+            raise TypeError("full_sections: a run is a (keys, values) tuple")
+        run_keys, run_values = run
+        if type(run_keys) is not list or type(run_values) is not list:
+            raise TypeError("full_sections: a run's keys and values are lists")
+        if PyList_GET_SIZE(run_values) != PyList_GET_SIZE(run_keys):
+            raise ValueError(f"full_sections: {PyList_GET_SIZE(run_keys)} keys but {PyList_GET_SIZE(run_values)} "
+                             "values")
+        for key in <list>run_keys:
+            if type(key) is not bytes or PyBytes_GET_SIZE(key) < 8:
+                raise ValueError("full_sections: a key must be bytes of at least its 8-byte prefix")
+        for value in <list>run_values:
+            if type(value) is not bytes:
+                raise TypeError(f"full_sections: a value must be bytes, got {type(value).__name__}")
+        key_lists[i] = run_keys
+        value_lists[i] = run_values
+        total += PyList_GET_SIZE(run_keys)
+    at = <Py_ssize_t *>PyMem_Malloc((k if k else 1) * sizeof(Py_ssize_t))
+    size = <Py_ssize_t *>PyMem_Malloc((k if k else 1) * sizeof(Py_ssize_t))
+    if at == NULL or size == NULL:
+        PyMem_Free(at)
+        PyMem_Free(size)
+        raise MemoryError()
+    for b in range(4):
+        w_init(&bufs[b])
+    out = []
+    try:
+        for i in range(k):
+            at[i] = 0
+            size[i] = PyList_GET_SIZE(<list>key_lists[i])
+        while done <= total:
+            best = -1
+            if done < total:
+                for i in range(k):
+                    if at[i] < size[i]:
+                        key = <object>PyList_GET_ITEM(<list>key_lists[i], at[i])
+                        if best < 0 or kg_key_cmp(<const uint8_t *>PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key),
+                                                  best_p, best_n) < 0:
+                            best, best_p, best_n = i, <const uint8_t *>PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key)
+                if last_n >= 0 and kg_key_cmp(last_p, last_n, best_p, best_n) >= 0:
+                    raise ValueError("full_sections: the runs' keys are not strictly ascending and distinct")
+                group = best_p[0] << 8 | best_p[1]
+            else:
+                group = -2   # past the last row: the last key group's section is closed
+            if group != current:
+                if current >= 0 and bufs[1].pos > 8:
+                    out.append((current, (_section(&bufs[0], &bufs[1]), _section(&bufs[2], &bufs[3]))))
+                current = group
+                for b in range(4):
+                    bufs[b].pos = 0
+                pos = 0
+                w_bytes(&bufs[1], <const char *>&pos, 8)
+                w_bytes(&bufs[3], <const char *>&pos, 8)
+            if done == total:
+                break
+            key = <object>PyList_GET_ITEM(<list>key_lists[best], at[best])
+            last_key = key   # holds the bytes last_p points into
+            last_p, last_n = best_p, best_n
+            at[best] += 1
+            done += 1
+            if not wanted[group]:
+                continue
+            value = <object>PyList_GET_ITEM(<list>value_lists[best], at[best] - 1)
+            vp = <const uint8_t *>PyBytes_AS_STRING(value)
+            vn = PyBytes_GET_SIZE(value)
+            if has_deadline:
+                if vn < 8:
+                    raise ValueError(f"a TTL value of {vn} bytes, shorter than its timestamp")
+                memcpy(&ts, vp, 8)
+                if ts <= cutoff:   # expired: no row of a full block
+                    continue
+            kn = best_n - 8
+            w_bytes(&bufs[0], <const char *>best_p + 8, kn)
+            pos = bufs[0].pos
+            w_bytes(&bufs[1], <const char *>&pos, 8)
+            w_bytes(&bufs[2], <const char *>vp, vn)
+            pos = bufs[2].pos
+            w_bytes(&bufs[3], <const char *>&pos, 8)
+    finally:
+        PyMem_Free(at)
+        PyMem_Free(size)
+        for b in range(4):
+            w_free(&bufs[b])
     return out

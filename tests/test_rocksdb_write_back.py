@@ -12,6 +12,7 @@ import copy
 import os
 import tempfile
 
+import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
@@ -290,11 +291,30 @@ def _ttl_bytes(value, stamp):
 @given(ops=st.lists(st.tuples(st.integers(-300, 300), st.sampled_from(["value", "list", "reducing", "aggregating",
                                                                       "ttl", "clear"]), st.integers(-9, 9)),
                     max_size=120),
-       now=st.sampled_from([1000.0, 1000.0 + 3500]))
-def test_full_key_groups_from_complete_caches_are_the_rows_a_database_scan_reads(tmp_path, ops, now):
+       now=st.sampled_from([1000.0, 1000.0 + 3500]), split=st.integers(0, 60), every=st.sampled_from([1, 2, 3]),
+       from_rows=st.booleans())
+def test_full_key_groups_from_complete_caches_are_the_rows_a_database_scan_reads(tmp_path, ops, now, split, every,
+                                                                                 from_rows):
     """A backend started from nothing holds every value in its caches: the full blocks it encodes from them are,
     section by section and byte for byte, what the compiled scan of the database reads once the caches are written
-    (TTL-expired values left out of both, cleared keys absent from both)."""
+    (TTL-expired values left out of both, cleared keys absent from both). ``from_rows``: cut from the rows of the
+    flush just made (``_flush``'s ``rows_out``), which wrote the writes after the first ``split`` only: the other
+    cached keys of the full key groups encoded from the caches."""
+    _check_full_from_caches(tmp_path, ops, now, split, every, from_rows)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_full_key_groups_cut_from_a_large_flush_s_rows_are_the_rows_a_database_scan_reads(tmp_path, seed):
+    """As above at a write-back's scale: hundreds of keys, most written again after an earlier flush (cut from the
+    last flush's rows), the others only in the caches (encoded), some key groups full."""
+    import random
+    rng = random.Random(seed)
+    ops = [(rng.randrange(-300, 301), rng.choice(["value", "list", "reducing", "aggregating", "ttl", "clear"]),
+            rng.randrange(-9, 10)) for _ in range(1500)]
+    _check_full_from_caches(tmp_path, ops, 1000.0 + 3500 * (seed % 2), 700, 1 + seed % 3, True)
+
+
+def _check_full_from_caches(tmp_path, ops, now, split, every, from_rows):
     from keygroups import assign_to_key_group
     from keygroups._native import sstload
     from keygroups.state.rocksdb import _COMPLETE
@@ -307,7 +327,9 @@ def test_full_key_groups_from_complete_caches_are_the_rows_a_database_scan_reads
         s = {n: b.get_state(d) for n, d in states().items()}
         r = b.key_group_range
         model = _Writes(s, clock)
-        for k, op, v in ops:
+        for i, (k, op, v) in enumerate(ops):
+            if i == split:
+                b._flush()   # written before: in the cache, not in the last flush's rows
             k = k * 2 + (k % 2)   # spread over key groups, some outside the range: skipped
             if not r.start <= assign_to_key_group(k, MAXP) <= r.end:
                 continue
@@ -318,12 +340,13 @@ def test_full_key_groups_from_complete_caches_are_the_rows_a_database_scan_reads
             else:
                 write_value_like(model, k, v, op)
         clock[0] = now   # the TTL value (ttl 3 s) expired or not at the snapshot
-        b._flush()
+        flushed = {}
+        b._flush(rows_out=flushed if from_rows else None)
         tables = list(b._tables.values())
         assert all(_COMPLETE in t.cache for t in tables)
         deadlines = {t.state_id: t.ttl_deadline() for t in tables}
-        full = set(range(r.start, r.end + 1))
-        got = b._full_from_caches(tables, full, deadlines)
+        full = set(range(r.start, r.end + 1, every))
+        got = b._full_from_caches(tables, full, deadlines, flushed if from_rows else None)
         assert got is not None
         compiled = {t.state_id: (t.state_id, STORED_KINDS.get(t.meta["kind"], sstload.VALUE), t.write_framing.ttl,
                                  deadlines[t.state_id]) for t in tables}
@@ -428,3 +451,29 @@ def test_cached_in_groups_hashes_the_cached_keys_as_set_current_key_does(keys, g
         if ctx.kgi + r.start in groups:
             expected[k] = ctx.kgi
     assert got == expected and list(got) == list(expected)
+
+
+def test_full_sections_merges_runs_and_refuses_rows_out_of_order_or_sharing_a_key():
+    """``rocksstate.full_sections`` merges a flush's runs per key group of ``full`` (others left out, expired TTL
+    values dropped); runs out of order, a key in two runs, or a key shorter than its prefix are refused by name."""
+    import struct
+
+    from keygroups._native.rocksstate import full_sections
+
+    def key(g, kb):
+        return struct.pack(">HHI", g, 0, len(kb)) + kb
+
+    got = full_sections([([key(5, b"a"), key(7, b"c")], [b"1", b"3"]), ([key(5, b"b"), key(6, b"z")], [b"2", b"9"])],
+                        {5, 7}, False, None)
+    assert [(g, bytes(k[0]), k[1].tolist(), bytes(v[0]), v[1].tolist()) for g, (k, v) in got] == [
+        (5, b"ab", [0, 1, 2], b"12", [0, 1, 2]), (7, b"c", [0, 1], b"3", [0, 1])]
+    stamped = [struct.pack("<q", 10) + b"x", struct.pack("<q", 20) + b"y"]
+    got = full_sections([([key(5, b"a"), key(5, b"b")], stamped)], {5}, True, 10)
+    assert [(g, bytes(k[0]), bytes(v[0])) for g, (k, v) in got] == [(5, b"b", stamped[1])]
+    assert full_sections([([key(5, b"a")], [b"1"])], {6}, False, None) == []
+    with pytest.raises(ValueError, match="ascending"):
+        full_sections([([key(5, b"b"), key(5, b"a")], [b"1", b"2"])], {5}, False, None)
+    with pytest.raises(ValueError, match="ascending"):
+        full_sections([([key(5, b"a")], [b"1"]), ([key(5, b"a")], [b"2"])], {5}, False, None)
+    with pytest.raises(ValueError, match="prefix"):
+        full_sections([([b"\x00\x05"], [b"1"])], {5}, False, None)

@@ -53,6 +53,13 @@ def fill_cache(cache: dict[Any, Any], pending: dict[Any, int], keys: list[Any], 
                raw: list[bytes | None], decode_many: Any, mutable: bool, group_indexes: list[int]) -> None:
     """Cache the values read for ``keys[order[i]]`` (``raw[i]``; None: not stored), decoded together."""
 
-def cached_in_groups(cache: dict[Any, Any], ctx: KeyContext, mark: Any, key_groups: Any) -> dict[Any, int]:
-    """The cached keys (but ``mark``) in ``key_groups`` (absolute), key -> key-group index, hashed in C as
-    ``ctx.set_current_key`` hashes them."""
+def cached_in_groups(cache: dict[Any, Any], ctx: KeyContext, mark: Any, key_groups: Any,
+                     skip: tuple[dict[Any, Any], ...] = ()) -> dict[Any, int]:
+    """The cached keys (but ``mark`` and the keys of the dicts in ``skip``) in ``key_groups`` (absolute), key ->
+    key-group index, hashed in C as ``ctx.set_current_key`` hashes them."""
+
+def full_sections(runs: list[tuple[list[bytes], list[bytes]]], full: Any, ttl: bool, deadline: int | None
+                  ) -> list[tuple[int, tuple[tuple[bytes, NDArray[np.int64]], tuple[bytes, NDArray[np.int64]]]]]:
+    """One state's full-block sections of the key groups in ``full``, cut from a flush's rows (runs of ascending
+    database keys with their values, merged; a TTL value stamped at or before ``deadline`` left out): (key group,
+    puts)."""

@@ -622,15 +622,7 @@ class _RocksTable:
         database keys deleted), each ascending; ``encoded`` (state name -> what was written) receives them, for a
         delta (``_Written``). The database keys are built, sorted and the values encoded in one compiled pass
         (``rocksstate``). The keys stay pending until the caller has written the rows."""
-        b = self.backend
-        try:
-            db_keys, encodings, gone_db_keys, keys, put_at, gone_at = rocksstate.flush_values(
-                self.pending, self.cache, b._key_encoder, self.write_framing.writer, b._group_prefix,
-                self.state_id_bytes)
-        except UNWRITABLE as e:
-            write = self.write_framing
-            key = write.first_unwritable(self._pending_in_key_order(), b.key_serializer.serialize, MISSING)
-            raise write.unwritable(key, e, what="write to the database") from e
+        db_keys, encodings, gone_db_keys, keys, put_at, gone_at = self.encoded(rocksstate.flush_values, self.pending)
         self.flushed_rows = None
         if encoded is not None:
             written: Any = _Written(keys, put_at, encodings, gone_at)
@@ -641,13 +633,27 @@ class _RocksTable:
             self.flushed_rows = (db_keys, encodings, gone_db_keys)
         return db_keys, encodings, gone_db_keys
 
-    def _pending_in_key_order(self) -> list[tuple[Any, Any]]:
-        """The pending (key, cached value) pairs in database-key order (as the flush writes them), for the search
-        of an unwritable one; in the pending order when a key cannot be serialized."""
-        cache = self.cache
-        entries = [(k, cache[k]) for k in self.pending]
+    def encoded(self, encode: Callable[..., Any], keys: dict[Any, int], *args: Any,
+                what: str = "write to the database") -> Any:
+        """``encode(keys, cache, ...)`` (``rocksstate.flush_values`` or ``delta_values``: ``keys`` maps a cached key
+        to its key-group index) with the table's encoders, key-group prefixes and state id, then ``args``. A value
+        the serializer cannot write raises the framing's error naming the first such key in database-key order
+        (``what``: what failed)."""
+        b = self.backend
+        write = self.write_framing
         try:
-            db_keys = [self.db_key(gi, k) for k, gi in self.pending.items()]
+            return encode(keys, self.cache, b._key_encoder, write.writer, b._group_prefix, self.state_id_bytes, *args)
+        except UNWRITABLE as e:
+            key = write.first_unwritable(self._in_key_order(keys), b.key_serializer.serialize, MISSING)
+            raise write.unwritable(key, e, what=what) from e
+
+    def _in_key_order(self, keys: dict[Any, int]) -> list[tuple[Any, Any]]:
+        """The (key, cached value) pairs of ``keys`` in database-key order (as the flush writes them), for the
+        search of an unwritable one; in the dict's order when a key cannot be serialized."""
+        cache = self.cache
+        entries = [(k, cache[k]) for k in keys]
+        try:
+            db_keys = [self.db_key(gi, k) for k, gi in keys.items()]
         except UNWRITABLE:
             return entries
         return [entries[i] for i in sorted(range(len(entries)), key=db_keys.__getitem__)]
@@ -1428,10 +1434,15 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
             with contextlib.suppress(FileNotFoundError):
                 os.remove(path)
 
-    def _flush(self, *, evict: bool = False, encoded: dict[str, Any] | None = None) -> None:
+    def _flush(self, *, evict: bool = False, encoded: dict[str, Any] | None = None,
+               rows_out: dict[str, tuple[list[tuple[list[bytes], list[bytes]]], list[dict[Any, int]]]] | None = None
+               ) -> None:
         """Write every state's pending keys in one WriteBatch; ``evict`` empties the caches afterwards.
         ``encoded`` (state name -> key -> value encoding or None; a value state's a ``_Written``) receives what was
-        written, for a delta. Keys snapshotted without being written (write-back) are written first."""
+        written, for a delta. Keys snapshotted without being written (write-back) are written first. ``rows_out``
+        (value-like states only) receives per state name the rows put (runs of database keys and values, each
+        ascending) and the keys written (dicts: key -> key-group index), for full blocks cut from them
+        (``_full_from_caches``)."""
         self._check_warm()
         self._ensure_open()   # before anything is written (one found damaged is replaced first)
         # what the flush writes comes from the caches: one that held every value still does, after the writes
@@ -1440,13 +1451,23 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
             batch = rocksdict.WriteBatch(raw_mode=True)
             ops: list[tuple[bytes, Any]] = []
             # the keys snapshots left unwritten (write-back) that no pending write covers: in the same file or batch
-            runs: list[tuple[list[bytes], list[bytes], list[bytes]]] = self._unwritten_runs()
+            by_table = self._unwritten_runs()
+            runs = [run for _, run in by_table]
             flushed = [t for t in self._tables.values() if t.pending]
             for t in flushed:
                 if t.is_map:
                     t.write_pending(ops, None if encoded is None else encoded.setdefault(t.name, {}))
                 else:
-                    runs.append(t.value_rows(encoded))
+                    run = t.value_rows(encoded)
+                    runs.append(run)
+                    by_table.append((t, run))
+            if rows_out is not None:   # before the pending and unwritten keys are let go of, below
+                for t, (put, values, _) in by_table:
+                    rows_out.setdefault(t.name, ([], []))[0].append((put, values))
+                for t in self._tables.values():
+                    if not t.is_map and (t.pending or t.unwritten):
+                        rows_out.setdefault(t.name, ([], []))[1].extend(
+                            d for d in (dict(t.pending), t.unwritten) if d)
             rows = sum(len(put) + len(gone) for put, _, gone in runs)
             if rows >= _INGEST_ROWS:
                 # value and map states' keys never meet (the state id is in the key): the file and the batch apart
@@ -1470,7 +1491,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
                 self._write(batch)
             # Only now: a value that cannot be written leaves every state's pending writes for the next flush.
             for t in self._tables.values():
-                t.unwritten.clear()
+                if t.unwritten:
+                    t.unwritten = {}   # (a new dict: ``rows_out`` may hold the old one)
             for t in flushed:
                 t.changed.update(t.pending)
                 t.pending.clear()
@@ -1480,20 +1502,18 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
             for t in self._tables.values():
                 t.cache.clear()
 
-    def _unwritten_runs(self) -> list[tuple[list[bytes], list[bytes], list[bytes]]]:
-        """The rows of the keys snapshots left unwritten (write-back) that no pending write covers, per state
-        (database keys put, their values, database keys deleted; each ascending), for the flush to write with its
-        own: the database then holds the state again, and its marker can vouch for it at the next snapshot."""
+    def _unwritten_runs(self) -> list[tuple[_RocksTable, tuple[list[bytes], list[bytes], list[bytes]]]]:
+        """The rows of the keys snapshots left unwritten (write-back) that no pending write covers, per state (its
+        table; database keys put, their values, database keys deleted; each ascending), for the flush to write with
+        its own: the database then holds the state again, and its marker can vouch for it at the next snapshot."""
         runs = []
         for t in self._tables.values():
             if not t.unwritten:
                 continue
             # the pending keys left out in the compiled pass (no set of the others made in Python)
-            put, values, gone = rocksstate.flush_values(t.unwritten, t.cache, self._key_encoder,
-                                                        t.write_framing.writer, self._group_prefix, t.state_id_bytes,
-                                                        t.pending)[:3]
+            put, values, gone = t.encoded(rocksstate.flush_values, t.unwritten, t.pending)[:3]
             if put or gone:
-                runs.append((put, values, gone))
+                runs.append((t, (put, values, gone)))
         return runs
 
     def _write_rows(self, runs: list[tuple[list[bytes], list[bytes], list[bytes]]]) -> None:
@@ -1544,7 +1564,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
             and not (t.meta["kind"] == "list" and t.ttl_deadline() is not None) and self._cache_complete(t)
             for t in tables)
 
-    def _full_from_caches(self, tables: list[_RocksTable], full: set[int], deadlines: dict[int, int | None]
+    def _full_from_caches(self, tables: list[_RocksTable], full: set[int], deadlines: dict[int, int | None],
+                          flushed: dict[str, tuple[list[Any], list[dict[Any, int]]]] | None = None
                           ) -> dict[int, list[Any]] | None:
         """The full blocks' sections of key groups ``full`` (key group -> ``[(state index, keys, values), ...]``,
         as ``sstload.value_sections`` scans them from the database) encoded from the caches when they hold every
@@ -1554,24 +1575,30 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         pays for it, not a database scan (a Python-level iterator step per row). The pass over each cache costs
         about as much as encoding an eighth of it: the snapshot that writes the database back makes the
         compactions of the deferred ones before it in one pass, rather than each deferred snapshot making its own
-        (measured: ``benchmarks/bench_rocksdb_warm.py --phases``)."""
+        (measured: ``benchmarks/bench_rocksdb_warm.py --phases``).
+
+        ``flushed`` (``_flush``'s ``rows_out``: the snapshot's own flush, just made): a state's rows that flush put
+        are cut into the full blocks as they are (``rocksstate.full_sections``), and only the cached keys of those
+        key groups it did not write are encoded (at a write-back the flush wrote the changes of several batches:
+        nearly every key), so the keys and values are not encoded a second time."""
         if not self._full_in_caches():
             return None
         out: dict[int, list[Any]] = {g: [] for g in full}
         for t in sorted(tables, key=lambda t: t.state_id):
             cache = t.cache
-            chosen = rocksstate.cached_in_groups(cache, self._ctx, _COMPLETE, full)
+            deadline = deadlines[t.state_id]
+            runs, written = flushed.get(t.name, ([], [])) if flushed is not None else ([], [])
+            chosen = rocksstate.cached_in_groups(cache, self._ctx, _COMPLETE, full, tuple(written))
+            if written:
+                if chosen:   # cached, not written by the flush: encoded as it would write them
+                    runs = [*runs, t.encoded(rocksstate.flush_values, chosen, what="write to a snapshot")[:2]]
+                for g, puts in rocksstate.full_sections(runs, full, t.write_framing.ttl, deadline):
+                    out[g].append((t.state_id, Packed(*puts[0]), Packed(*puts[1])))
+                continue
             if not chosen:
                 continue
-            framing = t.write_framing
-            try:
-                sections = rocksstate.delta_values(chosen, cache, self._key_encoder, framing.writer,
-                                                   self._group_prefix, t.state_id_bytes, self._start, (),
-                                                   framing.ttl, deadlines[t.state_id])
-            except UNWRITABLE as e:
-                key = framing.first_unwritable([(k, cache[k]) for k in chosen], self.key_serializer.serialize,
-                                               MISSING)
-                raise framing.unwritable(key, e, what="write to a snapshot") from e
+            sections = t.encoded(rocksstate.delta_values, chosen, self._start, (), t.write_framing.ttl, deadline,
+                                 what="write to a snapshot")
             for g, puts, _ in sections:   # a delete (no value, or expired) is no row of a full block
                 if puts is not None:
                     out[g].append((t.state_id, Packed(*puts[0]), Packed(*puts[1])))
@@ -1590,14 +1617,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
                 if t.meta["kind"] == "list" and deadline is not None:
                     t.value_rows(encoded)
                     continue
-                try:
-                    cut[t.name] = rocksstate.delta_values(
-                        t.pending, t.cache, self._key_encoder, t.write_framing.writer, self._group_prefix,
-                        t.state_id_bytes, self._start, (), t.write_framing.ttl, deadline)
-                except UNWRITABLE as e:
-                    write = t.write_framing
-                    key = write.first_unwritable(t._pending_in_key_order(), self.key_serializer.serialize, MISSING)
-                    raise write.unwritable(key, e, what="write to the database") from e
+                cut[t.name] = t.encoded(rocksstate.delta_values, t.pending, self._start, (), t.write_framing.ttl,
+                                        deadline)
             for t in self._tables.values():
                 t.changed.update(t.pending)
                 t.unwritten.update(t.pending)
@@ -2070,6 +2091,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         # until this snapshot completes, the caches are the state of no snapshot: not parked with a lag
         self._lag_as_of = None
         cut: dict[str, list[Any]] = {}
+        # the rows the snapshot's flush puts, for its full key groups (_full_from_caches)
+        flushed: dict[str, tuple[list[Any], list[dict[Any, int]]]] = {}
         if deferred:
             self._deferred += 1
             cut = self._encode_deferred(encoded)
@@ -2083,7 +2106,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
             if self._skipped:
                 full |= self._skipped_compactions()
             self._deferred = self._skipped = 0
-            self._flush(encoded=encoded)
+            self._flush(encoded=encoded, rows_out=flushed if full else None)
         tables = list(self._tables.values())
         for t in tables:   # a parked cache's mark must hold (_cache_complete): a stale one goes now
             if _COMPLETE in t.cache:
@@ -2097,7 +2120,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackendBase):
         framings = {t.state_id: t.write_framing for t in tables}
         maps = {t.state_id: t.name for t in tables if t.is_map}
         # full key groups encoded from caches that hold every state whole, else scanned from the database
-        from_caches = self._full_from_caches(tables, full, deadlines) if full else None
+        from_caches = self._full_from_caches(tables, full, deadlines, flushed) if full else None
         writes = self._writes
         cp_dir: str | None = None
         # The full key groups' rows as they are now, whatever is written while the worker scans them: a RocksDB
