@@ -1,10 +1,10 @@
 """The batch spine's executor on Spark (:class:`SparkExecutor`): a batch's subtasks as Spark tasks.
 
 The input is checked against the job (on the driver, before any Spark job), read once where the driver needs a
-figure of it first (persisted while one job counts it and finds its largest event time), placed so that Spark
-partition *i* holds exactly subtask *i*'s key groups (``repartitionById`` with the key group computed inside the
-shuffle), and run by one ``mapInArrow`` job whose tasks return their reports as JSON; subtasks Spark skipped (no
-records) run as tasks of their own. What does not change while the input's schema and the ranges stay the same (the
+figure of it first (persisted while one job counts it and finds its largest event time), placed so that each Spark
+partition holds exactly one subtask's key groups (``repartitionById`` with the key group computed inside the
+shuffle; which subtask each partition carries: :func:`subtask_order`), and run by one ``mapInArrow`` job whose tasks
+return their reports as JSON; subtasks Spark skipped (no records) run as tasks of their own. What does not change while the input's schema and the ranges stay the same (the
 input checks, the Arrow schema, the placement's Catalyst expressions, the digest column) is built once per job
 (:class:`SparkPlanCache`); on a classic session the keyed stage's plan above the input is analysed once too and put on
 each batch's input (:class:`KeyedStagePlan`), and over a narrow input (a scan, a micro-batch's rows, projections and
@@ -64,7 +64,7 @@ from keygroups.runtime.source import SourceTaskSpec, run_source_subtask
 from keygroups.runtime.spec import KeyedTaskSpec
 from keygroups.runtime.subtask import run_keyed_subtask
 from keygroups.runtime.subtask_input import unused_name
-from keygroups.spark.partitioner import key_group_placement, partition_by_key_group
+from keygroups.spark.partitioner import _key_group_placement, _partition_by_key_group
 
 _log = logging.getLogger(__name__)
 
@@ -265,6 +265,49 @@ def max_event_time(df: DataFrame, column: str) -> int | None:
     return None if row is None else _event_time_millis(df, column, row[0])
 
 
+# ---- which subtask each partition carries ---------------------------------------------------------------------------
+
+def subtask_order(parallelism: int, slots: int | None) -> tuple[int, ...]:
+    """The subtask each Spark partition of the keyed stage carries (partition *j* runs subtask ``order[j]``): the
+    subtasks split into ``slots`` contiguous runs of equal length (within one), taken in turn, one from each run.
+
+    Why: Spark offers a stage's tasks in partition order, ``slots`` at a time, and a subtask's warm heap state lives
+    in the Python worker that ran it (a task elsewhere forwards its subtask there and waits:
+    :mod:`keygroups.runtime.warm_exchange`). After a rescale up, contiguous subtasks hold ranges that one worker
+    held (2 -> 4: subtasks 0 and 1 were subtask 0's range), so in partition order the tasks that run together ran
+    in one worker, one after the other, while the other idled. Spreading each wave of ``slots`` tasks over the key
+    range sends them to different workers (p=4 on 2 slots: partitions 0, 1, 2, 3 carry subtasks 0, 2, 1, 3).
+    With ``parallelism <= slots`` (every task runs at once), one slot, or ``slots`` unknown (None): the identity."""
+    if slots is None or slots < 2 or parallelism <= slots:
+        return tuple(range(parallelism))
+    runs = [range(parallelism * k // slots, parallelism * (k + 1) // slots) for k in range(slots)]
+    return tuple(run[i] for i in range(max(map(len, runs))) for run in runs if i < len(run))
+
+
+def inverse_order(order: Sequence[int]) -> tuple[int, ...]:
+    """The partition that carries each subtask, for a :func:`subtask_order` (its inverse permutation)."""
+    partitions = [0] * len(order)
+    for partition, subtask in enumerate(order):
+        partitions[subtask] = partition
+    return tuple(partitions)
+
+
+def task_slots(spark: SparkSession) -> int | None:
+    """How many tasks Spark runs at once on the cluster's executors (of the default resource profile), or None
+    where it cannot say (Spark Connect, no executor yet, a Spark whose classes differ)."""
+    context = getattr(spark, "_sc", None)   # classic sessions only
+    if context is None:
+        return None
+    from py4j.protocol import Py4JError  # type: ignore[import-untyped]
+
+    try:
+        sc = context._jsc.sc()
+        slots = int(sc.maxNumConcurrentTasks(sc.resourceProfileManager().defaultResourceProfile()))
+    except (Py4JError, AttributeError, TypeError, ValueError):
+        return None
+    return slots if slots > 0 else None
+
+
 # ---- what stays the same from batch to batch -----------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -294,6 +337,8 @@ class SparkPlanCache:
         #: Stage plans being built ahead (:meth:`SparkExecutor.prepare_ahead`), each set once it is built.
         self.building: dict[tuple[Any, ...], threading.Event] = {}
         self.lock = threading.Lock()   # the plans' dicts change in the plan-ahead thread too
+        #: How many tasks the cluster runs at once (:func:`task_slots`), asked once per job (None: not yet known).
+        self.slots: int | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         # a job is pickled with its foreachBatch function over Spark Connect: what a thread holds stays here
@@ -836,7 +881,16 @@ class SparkExecutor:
 
     def _stage_key(self, max_parallelism: int, parallelism: int, boundaries: tuple[int, ...] | None) -> Any:
         cache = self._cache
-        return (cache.input[0] if cache.input is not None else None, max_parallelism, parallelism, boundaries)
+        return (cache.input[0] if cache.input is not None else None, max_parallelism, parallelism, boundaries,
+                self._order(parallelism))
+
+    def _order(self, parallelism: int) -> tuple[int, ...]:
+        """The subtask each partition carries at ``parallelism`` (:func:`subtask_order`); the cluster's task slots
+        are asked once per job (until known), so a job's placement and its tasks always agree."""
+        cache = self._cache
+        if cache.slots is None:
+            cache.slots = task_slots(self._spark)
+        return subtask_order(parallelism, cache.slots)
 
     def _stage_plan(self, key: Any, jsession: Any, stage: Callable[[DataFrame], DataFrame],
                     subtask: Callable[[Any], Any], *, ahead: bool = False) -> KeyedStagePlan | None:
@@ -863,6 +917,7 @@ class SparkExecutor:
             cache.digest = (checked.digest_column, (F.col("*"), _record_digest(df).alias(checked.digest_column)))
         digest_column, with_digest = cache.digest
         key = self._stage_key(max_parallelism, parallelism, boundaries)
+        partitions = inverse_order(key[-1])
         names, plain = list(checked.names), list(checked.plain)
         key_columns = self._options.key_columns
 
@@ -870,9 +925,9 @@ class SparkExecutor:
             """The keyed stage above ``frame`` (the input, or a DataFrame of its columns), by DataFrame methods."""
             digested = frame.select(*with_digest)   # not withColumn: it looks the new name up among the columns
             if key not in cache.placements:
-                placement = key_group_placement(
+                placement = _key_group_placement(
                     digested, *key_columns, max_parallelism=max_parallelism, parallelism=parallelism,
-                    key_group_boundaries=boundaries)
+                    key_group_boundaries=boundaries, partition_of_subtask=partitions)
                 with cache.lock:
                     cache.placements[key] = placement
                     while len(cache.placements) > 8:
@@ -881,8 +936,9 @@ class SparkExecutor:
             if place is not None:
                 placed = place(digested)
             else:
-                placed = partition_by_key_group(digested, *key_columns, max_parallelism=max_parallelism,
-                                                parallelism=parallelism, key_group_boundaries=boundaries)
+                placed = _partition_by_key_group(digested, *key_columns, max_parallelism=max_parallelism,
+                                                 parallelism=parallelism, key_group_boundaries=boundaries,
+                                                 partition_of_subtask=partitions)
             if plain != names:   # mapInArrow takes these columns under plain names
                 placed = placed.select(*[quoted(c).alias(p) for c, p in zip(names, plain)], quoted(digest_column))
             return placed
@@ -890,18 +946,20 @@ class SparkExecutor:
         return stage
 
     def _subtask_function(self, spec: KeyedTaskSpec) -> Callable[[Any], Any]:
-        """What each Spark task of the keyed stage runs: its subtask of ``spec``, over its partition's records."""
+        """What each Spark task of the keyed stage runs: the subtask of ``spec`` its partition carries
+        (:func:`subtask_order`), over the partition's records."""
         checked = self._checked
         assert checked is not None
         digest_column = self._cache.digest[0] if self._cache.digest is not None else checked.digest_column
         names, plain = list(checked.names), list(checked.plain)
         renamed = names if plain != names else None
         forward = self._forward
+        order = self._order(spec.parallelism)
 
         def subtask(batches: Any) -> Any:
             task = TaskContext.get()
             assert task is not None   # always set inside a task
-            index = task.partitionId()
+            index = order[task.partitionId()]
             digested_batches = _DigestedBatches(batches, digest_column, renamed)
             report = run_keyed_subtask(spec, index, digested_batches, attempt=task.attemptNumber(),
                                        forward=forward).with_digest(
@@ -919,6 +977,9 @@ class SparkExecutor:
     def run_idle(self, subtasks: Sequence[int]) -> list[SubtaskReport]:
         spec, forward = self._spec, self._forward
         assert spec is not None
+        # in the keyed stage's order, for the same reason (Spark offers these tasks in order too)
+        position = inverse_order(self._order(spec.parallelism))
+        subtasks = sorted(subtasks, key=lambda s: position[s])
         reports = run_tasks(self._spark, len(subtasks),
                             lambda i: json.dumps(run_keyed_subtask(spec, subtasks[i], [], attempt=_attempt(),
                                                                    forward=forward)
@@ -989,4 +1050,5 @@ def _union(spans: list[tuple[float, float]]) -> float:
 
 
 __all__ = ["ONE_PARTITION_RECORDS", "SparkExecutor", "SparkPlanCache", "read_checkpoint_files", "input_digest",
-           "max_event_time", "run_tasks", "check_input", "input_arrow_schema", "event_time_column"]
+           "max_event_time", "run_tasks", "check_input", "input_arrow_schema", "event_time_column", "subtask_order",
+           "inverse_order", "task_slots"]

@@ -6,7 +6,7 @@ batch spine (:mod:`keygroups.runtime.batch`: plan, run the subtasks, commit, rep
 
 Data flow of :meth:`KeyedJob.run_batch` (see DESIGN.md):
 
-1. driver: the input is placed so that Spark partition *i* holds exactly subtask *i*'s key groups;
+1. driver: the input is placed so that each Spark partition holds exactly one subtask's key groups;
 2. task *i*: restores only its key groups from the latest complete checkpoint, runs the function over its records
    (Arrow batches, grouped by key, in order), writes its output and its state snapshot under ``chk-<n>/`` with fresh
    unique names, and returns a small report;

@@ -233,6 +233,27 @@ def partition_by_key_group(
     ``"by_id"`` (``repartitionById``, Spark 4.1+) or ``"hash"`` (hash partitioning on a stand-in; any Spark 4);
     ``engine`` is as in :func:`with_key_groups`. The placement holds for this DataFrame's partitions: a later
     shuffle (a join, an aggregation) redistributes rows as Spark sees fit."""
+    return _partition_by_key_group(df, *key_columns, max_parallelism=max_parallelism, parallelism=parallelism,
+                                   sort_within=sort_within, key_group_col=key_group_col, operator_col=operator_col,
+                                   engine=engine, method=method, key_group_boundaries=key_group_boundaries)
+
+
+def _partition_by_key_group(
+    df: DataFrame,
+    *key_columns: ColumnOrName,
+    max_parallelism: int,
+    parallelism: int,
+    sort_within: bool = False,
+    key_group_col: str | None = None,
+    operator_col: str | None = None,
+    engine: str = "auto",
+    method: str = "auto",
+    key_group_boundaries: Sequence[int] | None = None,
+    partition_of_subtask: Sequence[int] | None = None,
+) -> DataFrame:
+    """:func:`partition_by_key_group`, where subtask *i*'s records go to Spark partition ``partition_of_subtask[i]``
+    (a permutation of ``range(parallelism)``; None: partition *i*). The Spark executor's own placement
+    (:func:`keygroups.spark.executor.subtask_order`); ``operator_col`` stays the operator index."""
     p, mp = check_parallelism(parallelism, max_parallelism)
     owners = _owners(key_group_boundaries, mp, p)
     if method not in _METHODS:
@@ -262,7 +283,7 @@ def partition_by_key_group(
         temps = [] if key_group_col else [group_name]
         group = F.col(group_name)
         keep_group = key_group_col is not None
-    operator = owners(group)
+    operator = _permuted(owners(group), partition_of_subtask, p)
     if method == "by_id":
         placed = source.repartitionById(p, operator)
     else:
@@ -285,6 +306,15 @@ def key_group_placement(df: DataFrame, *key_columns: str, max_parallelism: int, 
     any DataFrame of ``df``'s columns: its expressions are built once (through the JVM gateway) and reused, batch
     after batch. None where they cannot be reused (Spark Connect, a key column that is not a plain top-level column,
     a Spark without ``repartitionById``): call :func:`partition_by_key_group` each time instead."""
+    return _key_group_placement(df, *key_columns, max_parallelism=max_parallelism, parallelism=parallelism,
+                                key_group_boundaries=key_group_boundaries)
+
+
+def _key_group_placement(df: DataFrame, *key_columns: str, max_parallelism: int, parallelism: int,
+                         key_group_boundaries: Sequence[int] | None = None,
+                         partition_of_subtask: Sequence[int] | None = None) -> Callable[[DataFrame], DataFrame] | None:
+    """:func:`key_group_placement`, subtask *i*'s records going to partition ``partition_of_subtask[i]`` (as in
+    :func:`_partition_by_key_group`)."""
     p, mp = check_parallelism(parallelism, max_parallelism)
     owners = _owners(key_group_boundaries, mp, p)
     if not _has_repartition_by_id(df) or not all(isinstance(c, str) and c in df.columns for c in key_columns):
@@ -295,8 +325,22 @@ def key_group_placement(df: DataFrame, *key_columns: str, max_parallelism: int, 
     _, keys, temps = resolve_key_columns(df, key_columns)
     if temps or choose_engine(keys, "auto", True) != "jvm":
         return None
-    operator = owners(jvm_key_group(hashes, keys, mp))
+    operator = _permuted(owners(jvm_key_group(hashes, keys, mp)), partition_of_subtask, p)
     return lambda frame: frame.repartitionById(p, operator)
+
+
+def _permuted(operator: Column, partition_of_subtask: Sequence[int] | None, parallelism: int) -> Column:
+    """The partition of an operator-index Column: ``partition_of_subtask[operator]`` (one array literal, parsed
+    once and constant-folded), or the operator index itself (None, or the identity)."""
+    if partition_of_subtask is None:
+        return operator
+    partitions = [int(i) for i in partition_of_subtask]
+    if sorted(partitions) != list(range(parallelism)):
+        raise ValueError(f"partition_of_subtask must be a permutation of range({parallelism}), got {partitions}")
+    if partitions == list(range(parallelism)):
+        return operator
+    table = F.expr("array(" + ",".join(map(str, partitions)) + ")")
+    return F.element_at(table, operator + F.lit(1))
 
 
 def _owners(boundaries: Sequence[int] | None, max_parallelism: int, parallelism: int) -> Callable[[Column], Column]:
