@@ -1,16 +1,16 @@
 """The batch spine's executor on Spark (:class:`SparkExecutor`): a batch's subtasks as Spark tasks.
 
-The input is checked against the job (on the driver, before any Spark job), read once where the driver needs a
-figure of it first (persisted while one job counts it and finds its largest event time), placed so that each Spark
-partition holds exactly one subtask's key groups (``repartitionById`` with the key group computed inside the
-shuffle; which subtask each partition carries: :func:`subtask_order`), and run by one ``mapInArrow`` job whose tasks
-return their reports as JSON; subtasks Spark skipped (no records) run as tasks of their own. What does not change
-while the input's schema and the ranges stay the same (the input checks, the Arrow schema, the placement's Catalyst
-expressions, the digest column) is built once per job
-(:class:`SparkPlanCache`); on a classic session the keyed stage's plan above the input is analysed once too and put on
-each batch's input (:class:`KeyedStagePlan`), and over a narrow input (a scan, a micro-batch's rows, projections and
-filters) the stage runs in a clone of the user's session without adaptive execution, as one Spark job planned once
-(:func:`keyed_stage_session`). Both cut the driver's fixed cost of a small batch; the user's session is never changed.
+The input is checked against the job (on the driver, before any Spark job), read once where the driver needs a figure of
+it first (persisted while one job counts it and finds its largest event time), placed so that each Spark partition holds
+exactly one subtask's key groups (``repartitionById`` with the key group computed inside the shuffle; which subtask each
+partition carries: :func:`subtask_order`), and run by one ``mapInArrow`` job whose tasks return their reports as JSON;
+subtasks Spark skipped (no records) run as tasks of their own. What does not change while the input's schema and the
+ranges stay the same (the input checks, the Arrow schema, the placement's Catalyst expressions, the digest column) is
+built once per job (:class:`SparkPlanCache`); on a classic session the keyed stage's plan above the input is analysed
+once too and put on each batch's input (:class:`KeyedStagePlan`), and over a narrow input (a scan, a micro-batch's rows,
+projections and filters) the stage runs in a clone of the user's session without adaptive execution, as one Spark job
+planned once (:func:`keyed_stage_session`). Both cut the driver's fixed cost of a small batch; the user's session is
+never changed.
 
 The output and staged input files are read by :func:`read_checkpoint_files`: with Spark's own Parquet reader where
 Hadoop reaches the checkpoint location as the tasks did (a local path, ``hdfs://``), and otherwise by Spark tasks
