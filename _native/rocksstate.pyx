@@ -436,6 +436,37 @@ def delta_values(dict pending, dict cache, Encoder keys, ValueWriter values, lis
     return out
 
 
+cdef Py_ssize_t _unpack_runs(list runs, list key_lists, list value_lists, str what, bint deletes,
+                             Py_ssize_t min_key) except -1:
+    """Check ``runs`` (``(keys, values)`` tuples of lists of bytes; with ``deletes``, ``values`` may be None: a run of
+    deletes) and put each run's lists in ``key_lists``/``value_lists``; returns the total number of keys. Keys
+    shorter than ``min_key`` bytes are refused (ValueError), so that the merge may read their first ``min_key``."""
+    cdef Py_ssize_t i, total = 0
+    for i in range(PyList_GET_SIZE(runs)):
+        run = <object>PyList_GET_ITEM(runs, i)
+        if type(run) is not tuple or len(run) != 2:
+            raise TypeError(f"{what}: a run is a (keys, values{' or None' if deletes else ''}) tuple")
+        run_keys, run_values = run
+        if type(run_keys) is not list or not (type(run_values) is list or (deletes and run_values is None)):
+            raise TypeError(f"{what}: a run's keys and values are lists")
+        if run_values is not None and PyList_GET_SIZE(run_values) != PyList_GET_SIZE(run_keys):
+            raise ValueError(f"{what}: {PyList_GET_SIZE(run_keys)} keys but {PyList_GET_SIZE(run_values)} values")
+        for key in <list>run_keys:
+            if type(key) is not bytes:
+                raise TypeError(f"{what}: a key must be bytes, got {type(key).__name__}")
+            if PyBytes_GET_SIZE(key) < min_key:
+                raise ValueError(f"{what}: a key of {PyBytes_GET_SIZE(key)} bytes, shorter than its {min_key}-byte "
+                                 "prefix")
+        if run_values is not None:
+            for value in <list>run_values:
+                if type(value) is not bytes:
+                    raise TypeError(f"{what}: a value must be bytes, got {type(value).__name__}")
+        key_lists[i] = run_keys
+        value_lists[i] = run_values
+        total += PyList_GET_SIZE(run_keys)
+    return total
+
+
 def write_sorted_rows(object writer, list runs):
     """Write the rows of ``runs`` into ``writer`` (an open ``rocksdict.SstFileWriter``: ``writer[key] = value``,
     ``del writer[key]`` for a tombstone), merged into one strictly ascending order (RocksDB's bytewise order), in
@@ -453,22 +484,7 @@ def write_sorted_rows(object writer, list runs):
     last_key = None
     key_lists = [None] * k
     value_lists = [None] * k
-    for i in range(k):
-        run = <object>PyList_GET_ITEM(runs, i)
-        if type(run) is not tuple or len(run) != 2:
-            raise TypeError("write_sorted_rows: a run is a (keys, values or None) tuple")
-        run_keys, run_values = run
-        if type(run_keys) is not list or (run_values is not None and type(run_values) is not list):
-            raise TypeError("write_sorted_rows: a run's keys and values are lists")
-        if run_values is not None and PyList_GET_SIZE(run_values) != PyList_GET_SIZE(run_keys):
-            raise ValueError(f"write_sorted_rows: {PyList_GET_SIZE(run_keys)} keys but "
-                             f"{PyList_GET_SIZE(run_values)} values")
-        for key in <list>run_keys:
-            if type(key) is not bytes:
-                raise TypeError(f"write_sorted_rows: a key must be bytes, got {type(key).__name__}")
-        key_lists[i] = run_keys
-        value_lists[i] = run_values
-        total += PyList_GET_SIZE(run_keys)
+    total = _unpack_runs(runs, key_lists, value_lists, "write_sorted_rows", True, 0)
     at = <Py_ssize_t *>PyMem_Malloc((k if k else 1) * sizeof(Py_ssize_t))
     size = <Py_ssize_t *>PyMem_Malloc((k if k else 1) * sizeof(Py_ssize_t))
     if at == NULL or size == NULL:
@@ -655,25 +671,7 @@ def full_sections(list runs, object full, bint ttl, object deadline):
         wanted[<Py_ssize_t>g] = 1
     key_lists = [None] * k
     value_lists = [None] * k
-    for i in range(k):
-        run = <object>PyList_GET_ITEM(runs, i)
-        if type(run) is not tuple or len(run) != 2:
-            raise TypeError("full_sections: a run is a (keys, values) tuple")
-        run_keys, run_values = run
-        if type(run_keys) is not list or type(run_values) is not list:
-            raise TypeError("full_sections: a run's keys and values are lists")
-        if PyList_GET_SIZE(run_values) != PyList_GET_SIZE(run_keys):
-            raise ValueError(f"full_sections: {PyList_GET_SIZE(run_keys)} keys but {PyList_GET_SIZE(run_values)} "
-                             "values")
-        for key in <list>run_keys:
-            if type(key) is not bytes or PyBytes_GET_SIZE(key) < 8:
-                raise ValueError("full_sections: a key must be bytes of at least its 8-byte prefix")
-        for value in <list>run_values:
-            if type(value) is not bytes:
-                raise TypeError(f"full_sections: a value must be bytes, got {type(value).__name__}")
-        key_lists[i] = run_keys
-        value_lists[i] = run_values
-        total += PyList_GET_SIZE(run_keys)
+    total = _unpack_runs(runs, key_lists, value_lists, "full_sections", False, 8)
     at = <Py_ssize_t *>PyMem_Malloc((k if k else 1) * sizeof(Py_ssize_t))
     size = <Py_ssize_t *>PyMem_Malloc((k if k else 1) * sizeof(Py_ssize_t))
     if at == NULL or size == NULL:

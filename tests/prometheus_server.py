@@ -48,8 +48,9 @@ class PrometheusServer:
 
     @classmethod
     @contextmanager
-    def start(cls, targets: Mapping[str, Sequence[str]], *, scrape_interval: str = "1s") -> Iterator[PrometheusServer]:
-        """A server scraping ``targets`` (scrape job name -> ``host:port`` targets) every ``scrape_interval``."""
+    def start(cls, targets: Mapping[str, Sequence[str]], *, scrape_interval: str = "2s") -> Iterator[PrometheusServer]:
+        """A server scraping ``targets`` (scrape job name -> ``host:port`` targets) every ``scrape_interval``
+        (also the scrape's timeout: 2 s, as a test process on a busy 2-core machine can take over 1 s to answer)."""
         path = binary()
         if path is None:
             raise FileNotFoundError("prometheus is not installed (apt-get install prometheus)")
@@ -117,7 +118,7 @@ class PrometheusServer:
             raise AssertionError(f"{promql!r} gave {len(result)} samples: {result}")
         return result[0]["value"] if result else None
 
-    def wait_for(self, promql: str, expected: float, timeout: float = 30.0) -> None:
+    def wait_for(self, promql: str, expected: float, timeout: float = 60.0) -> None:
         """Wait until ``promql``'s single value is ``expected`` (a scrape after the change); AssertionError with
         what it last was otherwise."""
         deadline = time.monotonic() + timeout

@@ -72,6 +72,9 @@ __all__ = [
 ]
 
 LOG = logging.getLogger("keygroups.kafka")
+#: librdkafka's log through ``LOG``, warnings and worse: its informational lines are served from a queue that a
+#: closing client may still hold, and librdkafka then prints them on stderr itself ("Purging 1 unserved events").
+QUIET_CLIENT: dict[str, Any] = {"logger": LOG, "log_level": 4}
 
 #: The split-distribute operator state of ``(topic, partition, next offset)`` per split.
 KAFKA_SPLITS_STATE = "kafka-splits"
@@ -421,7 +424,7 @@ def produce_json(bootstrap_servers: str, topic: str, records: Iterable[Mapping[s
     from confluent_kafka import Producer
 
     producer = Producer({"bootstrap.servers": bootstrap_servers, "enable.idempotence": True, "linger.ms": 5,
-                         "logger": LOG, **dict(options or {})})
+                         **QUIET_CLIENT, **dict(options or {})})
     errors: list[str] = []
 
     def delivered(error: Any, message: Any) -> None:

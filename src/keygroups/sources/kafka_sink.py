@@ -41,6 +41,7 @@ from typing import Any
 
 from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage
 from keygroups.errors import KeyGroupsError
+from keygroups.sources.kafka import QUIET_CLIENT
 
 __all__ = ["KafkaSink", "KafkaSinkError", "SinkDelivery", "RECORD_ID_HEADER", "CHECKPOINT_HEADER"]
 
@@ -200,7 +201,7 @@ class KafkaSink:
 
         if self._producer is not None and self._producer_job == job:
             return self._producer
-        options = {**self.producer_options, "enable.idempotence": True, "logger": LOG}
+        options = {**QUIET_CLIENT, **self.producer_options, "enable.idempotence": True, "logger": LOG}
         if self.transactional:
             options["transactional.id"] = self.transactional_id or f"keygroups-sink.{job}.{self.topic}"
         producer = Producer(options)
