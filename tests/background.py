@@ -4,7 +4,8 @@ waits on sleeps, sockets and JVMs (the suite uses well under its two cores on av
 tests that need them. A pytest plugin (conftest's ``pytest_plugins``): a process starts only when a selected test
 uses its fixture, at most ``AT_ONCE`` at a time in the order the tests need them, at the lowest CPU priority
 (raised back when a test waits for it, where that is allowed); it is killed and its directory removed when the run
-ends (kept when the process failed, for its logs). The test judges its exit code and output as before.
+ends (kept when the process failed, for its logs). The test judges its exit code and output as before. Under
+pytest-xdist each process runs once for the whole run, whichever worker claims it first (see ``_SHARED_ROOT``).
 
 Registered here (session fixtures):
 
@@ -125,6 +126,7 @@ class BackgroundProcess:
                                     stdout=out, stderr=err, stdin=subprocess.DEVNULL, cwd=ROOT,
                                     env={**os.environ, **command.env}, start_new_session=True)
         _write(self.dir / ".pgid", str(proc.pid))   # its group: start_new_session
+        self._proc = proc   # kept: a Popen collected while its process runs warns
 
     def running(self) -> bool:
         return not (self.dir / ".returncode").exists()
