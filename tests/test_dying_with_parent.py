@@ -23,8 +23,14 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _program(pid: int) -> bytes:
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        return f.read().split(b"\0")[0]
+
+
 @pytest.mark.skipif(_setpriv() is None, reason="needs Linux and util-linux's setpriv with --pdeathsig")
 def test_the_helper_dies_when_the_process_that_started_it_is_killed(tmp_path):
+    setpriv = os.fsencode(_setpriv())
     pid_file = tmp_path / "helper.pid"
     starter = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import subprocess, time
@@ -40,8 +46,12 @@ def test_the_helper_dies_when_the_process_that_started_it_is_killed(tmp_path):
             time.sleep(0.05)
         helper = int(pid_file.read_text())
         assert _alive(helper)
-        with open(f"/proc/{helper}/cmdline", "rb") as f:   # setpriv exec'd the helper in its own process
-            assert f.read().split(b"\0")[0] == b"sleep"
+        # setpriv execs the helper in its own process; the pid file can be written before that exec
+        deadline = time.monotonic() + 30
+        while _program(helper) != b"sleep":
+            assert _program(helper) == setpriv, f"the helper runs {_program(helper)!r}, neither setpriv nor sleep"
+            assert time.monotonic() < deadline, "setpriv never exec'd the helper"
+            time.sleep(0.05)
         os.kill(starter.pid, signal.SIGKILL)
         starter.wait()
         deadline = time.monotonic() + 30
