@@ -10,7 +10,8 @@ SparkSession on a multi-process master and serves calls:
 ``my_job`` must be a module-level function of an importable file (a test module is fine): the child imports that
 file by path, registers it with cloudpickle to be pickled BY VALUE (executors cannot import a test file), calls the
 function with the child's ``spark`` and returns its JSON-serializable result. Errors come back as ``ClusterCallError``
-with the child's traceback; the child's log (Spark's driver log) is at ``ClusterDriver.log_path``.
+with the child's traceback; the child's log (Spark's driver log) is at ``ClusterDriver.log_path``, kept after a
+failure and removed with its directory on a clean close.
 
 Masters:
 - ``local-cluster[2,1,1024]`` (default): Spark's own multi-process test deployment; the driver JVM hosts a
@@ -38,6 +39,7 @@ import json
 import os
 import pathlib
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -340,6 +342,8 @@ class ClusterDriver:
         self.conf = {"spark.driver.memory": driver_memory, **(conf or {})}
         self.executors = executors
         self.start_timeout, self.call_timeout = start_timeout, call_timeout
+        self._own_log_dir = log_dir is None   # removed on a clean close; kept, for its driver.log, after a failure
+        self._keep_logs = False
         self.log_dir = pathlib.Path(log_dir or tempfile.mkdtemp(prefix="kg-cluster-driver-"))
         self.log_path = self.log_dir / "driver.log"
         self.master = ""
@@ -357,7 +361,7 @@ class ClusterDriver:
                 return self._start_on(LOCAL_CLUSTER)
             except ClusterStartError as e:
                 sys.stderr.write(f"local-cluster did not start ({e}); trying a standalone cluster\n")
-                self.close()
+                self.close(keep_logs=True)
                 self.requested = "standalone"
         if self.requested == "standalone":
             self.standalone = StandaloneCluster(work_dir=self.log_dir / "standalone",
@@ -381,15 +385,16 @@ class ClusterDriver:
         try:
             self.info = self._receive(self.start_timeout + 30, "the cluster driver to start", ClusterStartError)
         except BaseException:
-            self.close()
+            self.close(keep_logs=True)
             raise
         if not self.info.get("ok"):
             err = self.info.get("error", "")
-            self.close()
+            self.close(keep_logs=True)
             raise ClusterStartError(f"cluster driver on {master} failed to start:\n{err}")
         return self
 
-    def close(self) -> None:
+    def close(self, *, keep_logs: bool = False) -> None:
+        """Stops the child and its cluster; the log directory this driver made is removed unless ``keep_logs``."""
         proc, self._proc = self._proc, None
         if proc is not None:
             recorded = tree_identities(proc.pid) if proc.poll() is None else []
@@ -409,16 +414,19 @@ class ClusterDriver:
         if self.standalone is not None:
             self.standalone.close()
             self.standalone = None
+        self._keep_logs = self._keep_logs or keep_logs
+        if self._own_log_dir and not self._keep_logs:
+            shutil.rmtree(self.log_dir, ignore_errors=True)
 
     def __enter__(self) -> ClusterDriver:
         try:
             return self.start()
         except BaseException:
-            self.close()
+            self.close(keep_logs=True)
             raise
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        self.close(keep_logs=exc_type is not None)
 
     # -- calls
     def _receive(self, timeout: float, what: str, timeout_error: type[ClusterError] = ClusterError) -> dict:
@@ -453,7 +461,7 @@ class ClusterDriver:
         try:
             reply = self._receive(timeout or self.call_timeout, f"{qualname} to return")
         except ClusterError:
-            self.close()  # a late reply would answer the next call: this driver cannot be used any more
+            self.close(keep_logs=True)  # a late reply would answer the next call: this driver cannot be used any more
             raise
         if not reply.get("ok"):
             raise ClusterCallError(f"{qualname}(**{kwargs!r}) failed in the cluster driver:\n{reply.get('error')}")
