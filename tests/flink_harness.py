@@ -69,7 +69,15 @@ class FlinkJobTimeout(AssertionError):
 def run_java(cmd: list[str], timeout: float) -> subprocess.CompletedProcess:
     """Run a JVM; one still running after ``timeout`` seconds is asked for a thread dump (SIGQUIT: the JVM prints
     every thread's stack on its stdout and goes on), killed, and reported with that dump and its output, so that a
-    hang says where it hung."""
+    hang says where it hung. The JVM gets a temporary directory of its own (``java.io.tmpdir``), removed when it
+    exits: Flink's MiniCluster and the jobs' checkpoint directories would otherwise stay in /tmp (the jobs move what
+    they return into the output directory given to them)."""
+    with tempfile.TemporaryDirectory(prefix="keygroups-jvm-") as tmp:
+        cmd = [cmd[0], f"-Djava.io.tmpdir={tmp}", *cmd[1:]]
+        return _run_java(cmd, timeout)
+
+
+def _run_java(cmd: list[str], timeout: float) -> subprocess.CompletedProcess:
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         out, err = proc.communicate(timeout=timeout)
