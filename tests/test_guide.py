@@ -12,6 +12,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -74,13 +75,20 @@ def test_the_fence_parser_finds_blocks_and_skips_no_run():
     assert padded_source(text) == "\n\na = 1\n" + "\n" * 8 + "c = a\n"
 
 
-def test_every_python_block_of_the_guide_runs_in_order(spark):
+@pytest.fixture
+def guide_tempdir(tmp_path, monkeypatch):
+    """The guides make their working directory with ``tempfile.mkdtemp``, as a reader's script would: here in
+    pytest's directory, so that a run leaves nothing in /tmp."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+
+
+def test_every_python_block_of_the_guide_runs_in_order(spark, guide_tempdir):
     assert len(python_blocks(GUIDE.read_text(encoding="utf-8"))[0]) >= 8
     namespace = run_guide(GUIDE)
     assert namespace["spark"] is spark   # the guide's getOrCreate() found the shared session
 
 
-def test_the_streaming_job_page_runs_in_order(spark):
+def test_the_streaming_job_page_runs_in_order(spark, guide_tempdir):
     namespace = run_guide(STREAMING_JOB)
     assert namespace["spark"] is spark
     assert len(namespace["sessions"]) == 4   # four sessions ended, the late click reached none of them
