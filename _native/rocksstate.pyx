@@ -13,11 +13,11 @@ from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from cpython.object cimport PyObject, PyObject_DelItem, PyObject_SetItem
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
-from libc.stdlib cimport qsort
 from libc.string cimport memcpy
 
 from javahash cimport hash_str as _hash_str, kg_hash_long, kg_key_group
 from keysearch cimport kg_key_cmp
+from indexsort cimport kg_stable_sort
 from writer cimport Writer, w_bytes, w_free, w_init, w_reserve
 
 from keygroups._native.framing cimport Encoder, ValueWriter
@@ -171,31 +171,52 @@ cdef inline uint64_t _be64(const uint8_t *p, Py_ssize_t n) noexcept nogil:
     return v
 
 
-cdef int _by_group(_Row *rows, Py_ssize_t n, Py_ssize_t groups) except -1:
-    """Order ``rows`` by key-group index, stably, in two linear passes (a counting sort): each key group's rows then
-    sort apart, a few hundred at a time in the CPU's caches, with fewer compares than one sort of them all (the
-    database key starts with the key group, ascending with its index)."""
+cdef int _row_at(const void *items, Py_ssize_t a, Py_ssize_t b) noexcept nogil:
+    """``_row_cmp`` of rows ``a`` and ``b`` of the array ``items``, for ``kg_stable_sort``."""
+    return _row_cmp(&(<const _Row *>items)[a], &(<const _Row *>items)[b])
+
+
+cdef int _sort_rows(_Row *rows, Py_ssize_t n, Py_ssize_t groups) except -1:
+    """Order ``rows`` by database key. Their positions are counted into key groups (the database key starts with
+    the key group, ascending with its index: a stable counting sort in two linear passes), each key group's sorted
+    apart (a few hundred at a time in the CPU's caches, fewer compares than one sort of them all), positions only
+    (8 bytes moved per step, not a row); then the rows are moved once into that order."""
     cdef Py_ssize_t *at = <Py_ssize_t *>PyMem_Malloc((groups + 1) * sizeof(Py_ssize_t))
-    cdef _Row *tmp = <_Row *>PyMem_Malloc((n if n else 1) * sizeof(_Row))
-    cdef Py_ssize_t i, total = 0, c
-    if at == NULL or tmp == NULL:
+    cdef Py_ssize_t *idx = <Py_ssize_t *>PyMem_Malloc((n if n else 1) * sizeof(Py_ssize_t))
+    cdef Py_ssize_t *tmp = <Py_ssize_t *>PyMem_Malloc((n if n else 1) * sizeof(Py_ssize_t))
+    cdef _Row *moved = <_Row *>PyMem_Malloc((n if n else 1) * sizeof(_Row))
+    cdef Py_ssize_t i, g, total = 0, c, lo
+    if at == NULL or idx == NULL or tmp == NULL or moved == NULL:
         PyMem_Free(at)
+        PyMem_Free(idx)
         PyMem_Free(tmp)
+        PyMem_Free(moved)
         raise MemoryError()
-    for i in range(groups + 1):
-        at[i] = 0
+    for g in range(groups + 1):
+        at[g] = 0
     for i in range(n):
         at[rows[i].group] += 1
-    for i in range(groups):
-        c = at[i]
-        at[i] = total
+    for g in range(groups):
+        c = at[g]
+        at[g] = total
         total += c
+    at[groups] = total
     for i in range(n):
-        tmp[at[rows[i].group]] = rows[i]
+        idx[at[rows[i].group]] = i
         at[rows[i].group] += 1
-    memcpy(rows, tmp, n * sizeof(_Row))
+    # at[g] is now where key group g ends (and g + 1 starts)
+    lo = 0
+    for g in range(groups):
+        if at[g] - lo > 1:
+            kg_stable_sort(idx + lo, tmp, at[g] - lo, _row_at, rows)
+        lo = at[g]
+    for i in range(n):
+        moved[i] = rows[idx[i]]
+    memcpy(rows, moved, n * sizeof(_Row))
     PyMem_Free(at)
+    PyMem_Free(idx)
     PyMem_Free(tmp)
+    PyMem_Free(moved)
     return 0
 
 
@@ -207,14 +228,13 @@ cdef Py_ssize_t _encode_pending(dict pending, dict cache, Encoder keys, ValueWri
     ``user_keys[i]`` receives the i-th pending key. Returns how many are deletes. ``skip``: the keys of ``pending``
     also in it are left out (``encoded`` receives how many rows were made)."""
     cdef Py_ssize_t n = len(pending), pos = 0, count = 0, gones = 0, i, gi, klen
-    cdef Py_ssize_t groups = PyList_GET_SIZE(group_prefixes), run
+    cdef Py_ssize_t groups = PyList_GET_SIZE(group_prefixes)
     cdef PyObject *pkey
     cdef PyObject *pgi
     cdef PyObject *found
     cdef uint8_t *lp
     cdef uint32_t be
     cdef bint ascending = True
-    cdef bint grouped = True   # key-group indexes never decrease (a batch's keys come by key group)
     cdef _Row *r
     if len(state_id) != 2:
         raise ValueError(f"flush_values: a state id is 2 bytes, got {len(state_id)}")
@@ -264,8 +284,6 @@ cdef Py_ssize_t _encode_pending(dict pending, dict cache, Encoder keys, ValueWri
             r.voff = vw.pos
             values.write(vw, value)
             r.vn = vw.pos - r.voff
-        if count > 0 and grouped and rows[count - 1].group > gi:
-            grouped = False
         count += 1
     if (count != n and skip is None) or len(pending) != n:
         raise RuntimeError("flush_values: the pending keys changed during the flush")
@@ -278,16 +296,8 @@ cdef Py_ssize_t _encode_pending(dict pending, dict cache, Encoder keys, ValueWri
         if _row_cmp(&rows[i - 1], &rows[i]) > 0:
             ascending = False
             break
-    if not ascending and not grouped:
-        _by_group(rows, n, groups)   # then sorted by key group: each key group's keys sorted apart, as below
-        grouped = True
-    if not ascending:   # sorted by key group already: each key group's keys sorted apart (fewer compares)
-        run = 0
-        for i in range(1, n + 1):
-            if i == n or rows[i].group != rows[run].group:
-                if i - run > 1:
-                    qsort(&rows[run], i - run, sizeof(_Row), _row_cmp)
-                run = i
+    if not ascending:
+        _sort_rows(rows, n, groups)
     return gones
 
 
@@ -619,13 +629,6 @@ def cached_in_groups(dict cache, KeyContext ctx, object mark, object key_groups,
         key = <object>pkey
         if key is mark:
             continue
-        skipped = False
-        for d in skip:
-            if PyDict_GetItem(<dict>d, key) != NULL:
-                skipped = True
-                break
-        if skipped:
-            continue
         if ctx._infer and type(key) is int:
             overflow = 0
             v = PyLong_AsLongLongAndOverflow(key, &overflow)
@@ -637,7 +640,15 @@ def cached_in_groups(dict cache, KeyContext ctx, object mark, object key_groups,
         kgi = kg_key_group(h, ctx.max_parallelism, ctx._inv) - ctx.start
         if kgi < 0 or kgi >= n:
             raise ValueError(f"cached_in_groups: cached key {key!r} is outside the context's key groups")
-        if wanted[kgi]:
+        if not wanted[kgi]:
+            continue
+        # only then the dicts of keys to leave out (a lookup each, which misses the CPU's caches at a cache's size)
+        skipped = False
+        for d in skip:
+            if PyDict_GetItem(<dict>d, key) != NULL:
+                skipped = True
+                break
+        if not skipped:
             out[key] = kgi
     return out
 

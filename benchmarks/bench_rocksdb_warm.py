@@ -71,7 +71,9 @@ _PHASES = [("open", "RocksDBKeyedStateBackend", "_open_at"), ("restore", "RocksD
            ("flush: SST written, ingested", "RocksDBKeyedStateBackend", "_ingest_rows"),
            ("flush: WriteBatch written", "RocksDBKeyedStateBackend", "_write"),
            ("delta capture", "RocksDBKeyedStateBackend", "_capture_deltas"),
-           ("write-back: deferred snapshot's encoding", "RocksDBKeyedStateBackend", "_encode_deferred"),
+           # a deferred snapshot's own delta, encoded in the batches that do not write the database (not a re-encoding
+           # at the write-back, which encodes its rows under "flush: encoding" and "write-back: unwritten keys")
+           ("deferred snapshot: its delta encoded", "RocksDBKeyedStateBackend", "_encode_deferred"),
            ("write-back: unwritten keys encoded", "RocksDBKeyedStateBackend", "_unwritten_runs"),
            ("snapshot: full key groups from the caches", "RocksDBKeyedStateBackend", "_full_from_caches"),
            ("snapshot file (worker)", None, "write_keyed_snapshot"),
