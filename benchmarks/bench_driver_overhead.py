@@ -55,6 +55,7 @@ from __future__ import annotations
 import argparse
 import os
 import pathlib
+import re
 import shutil
 import statistics
 import sys
@@ -216,6 +217,8 @@ def _command_label(command: str) -> str:
     method = lines[2] if len(lines) > 2 and kind in ("call", "field") else ""
     if kind == "new":
         target = target.rsplit(".", 1)[-1]
+    elif re.fullmatch(r"o[0-9]+", target):   # a JVM object's id: another each batch
+        target = "obj"
     elif target.startswith("z:"):
         target = target[2:].rsplit(".", 1)[-1]
     return f"{kind} {target[:40]}{'.' + method[:40] if method else ''}"

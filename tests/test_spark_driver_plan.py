@@ -14,15 +14,7 @@ from pyspark.sql import functions as F
 
 from keygroups.runtime import RecordsPerSubtask
 from keygroups.spark import KeyedJob
-from keygroups.spark.executor import (
-    _REPORT_ARROW,
-    _REPORT_SCHEMA,
-    KeyedStagePlan,
-    SparkPlanCache,
-    _decoded_rows,
-    collect_reports,
-    keyed_stage_session,
-)
+from keygroups.spark.executor import _REPORT_ARROW, _REPORT_SCHEMA, KeyedStagePlan, SparkPlanCache, keyed_stage_session
 from keygroups.spark.partitioner import KeyGroupPartitioner, partition_by_key_group
 from spark_functions import Total
 
@@ -211,18 +203,3 @@ def test_a_key_column_that_becomes_nullable_gets_a_plan_of_its_own_and_its_null_
     # the plans are per input schema (a new schema drops the old ones): the one held now is the nullable input's
     (schema, *_), = [key for key, plan in job._plans.stages.items() if plan is not None]
     assert json.loads(schema)["fields"][0] == {"metadata": {}, "name": "key", "nullable": True, "type": "long"}
-
-
-def test_the_stages_reports_come_back_as_the_rows_pyspark_collects(spark):
-    """collect_reports reads the rows of (subtask, report JSON) as one Java list's text: the same reports as
-    PySpark's collect, whatever the JSON holds (brackets, commas and quotes in its strings)."""
-    texts = [json.dumps({"subtask": 0, "path": "a], [1,{b"}), json.dumps({"subtask": 1, "xs": [1, [2, "]"]]}),
-             json.dumps({"subtask": 2, "s": 'quote " and \\ backslash, unicode \u00e9'})]
-    df = spark.createDataFrame([(i, t) for i, t in enumerate(texts)], _REPORT_SCHEMA)
-    assert collect_reports(df) == [json.loads(r["report"]) for r in df.collect()]
-    assert collect_reports(df.where("subtask < 0")) == []
-
-
-@pytest.mark.parametrize("text", ["", "[", "[[0,{}]", "[[x,{}]]", "[[0,{}] , [1,{}]]", "[[0,[]]]", "[[0,{}]]]"])
-def test_a_list_text_of_another_form_is_not_taken_for_reports(text):
-    assert _decoded_rows(text) is None

@@ -363,8 +363,8 @@ _NARROW_OPERATORS = frozenset({
 _AQE = "spark.sql.adaptive.enabled"
 #: How the physical plan of each query is described to Spark's listeners (the UI's SQL tab, the event log): Spark
 #: writes that text for every query before its job starts, on the driver's critical path. The stage's own session
-#: writes it in "simple" mode (the plan's tree), which costs the driver less than "formatted",
-#: Spark's default, and tells a reader of the UI the same operators.
+#: writes it in "simple" mode (the plan's tree: the same operators), a few milliseconds of the driver's time less
+#: per batch than Spark's default, "formatted".
 _UI_EXPLAIN_MODE = "spark.sql.ui.explainMode"
 
 
@@ -391,9 +391,9 @@ def keyed_stage_session(df: DataFrame, cache: SparkPlanCache, logical_plan: Any 
     a session of its own (``SparkSession.cloneSession``: the same SparkContext, cache and catalog, a copy of the
     configuration), made again whenever the user's session configuration changes (its time zone, Arrow batch
     size, ...), so that the stage sees the user's settings; the clone also describes its queries' physical plans to
-    Spark's listeners in "simple" mode (:data:`_UI_EXPLAIN_MODE`). Any other input (a join, an aggregate, a window: where
-    adaptive execution may help the user's part of the plan), a session with adaptive execution already off, a
-    session without a JVM (Spark Connect) or a Spark whose classes differ: ``df``'s own session, as before.
+    Spark's listeners in "simple" mode (:data:`_UI_EXPLAIN_MODE`). Any other input (a join, an aggregate, a window:
+    where adaptive execution may help the user's part of the plan), a session with adaptive execution already off,
+    a session without a JVM (Spark Connect) or a Spark whose classes differ: ``df``'s own session, as before.
 
     The stage's Spark job runs on the same SparkContext and thread, so it carries the thread's job group, job
     tags and description (a streaming query's stop cancels it as before); it does not carry tags added to the
@@ -980,7 +980,8 @@ class SparkExecutor:
 
     def run_keyed(self) -> list[SubtaskReport]:
         assert self._keyed is not None
-        return [SubtaskReport.from_json(report) for report in collect_reports(self._keyed)]
+        rows = collect_rows(self._keyed)
+        return [SubtaskReport.from_json(json.loads(r["report"])) for r in rows]
 
     def run_idle(self, subtasks: Sequence[int]) -> list[SubtaskReport]:
         spec, forward = self._spec, self._forward
@@ -997,54 +998,6 @@ class SparkExecutor:
 
 #: ``java.util.Arrays.toString`` of each JVM view, looked up once (see :func:`collect_rows`).
 _ARRAYS_TO_STRING: dict[int, tuple[Any, Any]] = {}
-_JSON = json.JSONDecoder()
-_INT = re.compile(r"-?[0-9]+")
-
-
-def collect_reports(df: DataFrame) -> list[Any]:
-    """The decoded JSON reports of a keyed stage's query ``df`` (rows of ``(subtask int, report JSON)``), in three
-    round trips to the JVM on a classic session: the rows come back as one Java list whose text is read in one
-    call and decoded here. Why not :func:`collect_rows`: a collect to Python serves its rows on a local socket that
-    a thread of the JVM opens for it, and connecting to it, authenticating and reading cost a small batch more of
-    the driver's time than the few hundred bytes of reports are worth. The same errors (the query's, raised by the
-    first call) and the same call site as PySpark's collect. Over Spark Connect: PySpark's own collect."""
-    jdf = getattr(df, "_jdf", None)
-    if jdf is None or getattr(df.sparkSession, "_jvm", None) is None:
-        return [json.loads(r["report"]) for r in df.collect()]
-    with SCCallSiteSync(df.sparkSession.sparkContext):
-        rows = jdf.collectAsList()
-    text = str(rows.toString())
-    reports = _decoded_rows(text)
-    if reports is None:   # not the text this reads (another Spark's Row.toString): each row by its own calls
-        reports = [json.loads(str(rows.get(i).getString(1))) for i in range(int(rows.size()))]
-    return reports
-
-
-def _decoded_rows(text: str) -> list[Any] | None:
-    """The reports of a Java list of rows ``(subtask, report JSON)`` as ``List.toString`` writes it:
-    ``[[0,{...}], [1,{...}]]`` (each JSON value read by the JSON decoder, so that whatever a report holds cannot be
-    taken for a separator); None where ``text`` is not of that form."""
-    if not text.startswith("[") or not text.endswith("]"):
-        return None
-    reports: list[Any] = []
-    pos, end = 1, len(text) - 1
-    while pos < end:
-        if reports:
-            if not text.startswith(", ", pos):
-                return None
-            pos += 2
-        number = _INT.match(text, pos + 1) if text.startswith("[", pos) else None
-        if number is None or not text.startswith(",", number.end()):
-            return None
-        try:
-            report, pos = _JSON.raw_decode(text, number.end() + 1)
-        except ValueError:
-            return None
-        if not isinstance(report, dict) or not text.startswith("]", pos):
-            return None
-        reports.append(report)
-        pos += 1
-    return reports if pos == end else None
 
 
 def collect_rows(df: DataFrame) -> list[Any]:
