@@ -4,6 +4,7 @@ parallelism 128, ≤ 150 ms at 4096 with 100 retained checkpoints).
     python benchmarks/bench_driver_overhead.py            # max p 128 and 4096, retain 100 (100 fill batches), 10 runs
     python benchmarks/bench_driver_overhead.py --quick    # retain 10 (10 fill batches), 3 runs
     python benchmarks/bench_driver_overhead.py --no-spark # only the Spark-free view (the harness)
+    python benchmarks/bench_driver_overhead.py --quick --calls --max-parallelism 128  # and each py4j call of a batch
 
 Two views of the same question, both through the public API only:
 
@@ -54,6 +55,7 @@ from __future__ import annotations
 import argparse
 import os
 import pathlib
+import re
 import shutil
 import statistics
 import sys
@@ -94,6 +96,9 @@ class DriverSplit:
     #: figure that a loaded machine inflates far less than the wall time (NaN where the JVM does not say).
     jvm_cpu: float = float("nan")
     python_cpu: float = float("nan")
+    #: Each wait on the JVM in call order: ``(what, where, seconds outside the call's Spark jobs)``: ``what`` the
+    #: py4j command's target and method (or the collect's result read), ``where`` the Python line that issued it.
+    calls: tuple[tuple[str, str, float], ...] = ()
 
     @property
     def python(self) -> float:
@@ -109,6 +114,7 @@ class SplitClock(SparkJobClock):
     def __init__(self, spark) -> None:  # noqa: ANN001
         super().__init__(spark)
         self._waits: list[tuple[float, float]] = []
+        self._labels: list[tuple[str, str]] = []
         self._thread = threading.get_ident()
         self._jobs: list[tuple[float, float]] = []
         jvm = spark._jvm
@@ -120,9 +126,10 @@ class SplitClock(SparkJobClock):
         nanos = self._threads.getThreadCpuTime(self._jthread)
         return nanos / 1e9 if nanos >= 0 else float("nan")
 
-    def _record(self, start: float) -> None:
+    def _record(self, start: float, command: str = "result read") -> None:
         if threading.get_ident() == self._thread:
             self._waits.append((start, time.time()))
+            self._labels.append((_command_label(command), _origin()))
 
     def _wrap(self) -> None:
         from py4j import clientserver, java_gateway
@@ -137,7 +144,7 @@ class SplitClock(SparkJobClock):
                 try:
                     return _send(conn, command, *args, **kwargs)
                 finally:
-                    clock._record(start)
+                    clock._record(start, command)
 
             cls.send_command = timed_send
         load_from_socket = dataframe._load_from_socket
@@ -178,6 +185,7 @@ class SplitClock(SparkJobClock):
 
         def inside():  # noqa: ANN202
             self._waits = []
+            self._labels = []
             cpu.append(self._jvm_cpu())   # just outside the window: not counted as a wait on the JVM
             cpu.append(time.thread_time())
             window.append(time.time())
@@ -191,10 +199,60 @@ class SplitClock(SparkJobClock):
         result, timed = self.time(inside)
         jvm_cpu, python_cpu = cpu[3] - cpu[0], cpu[2] - cpu[1]
         start, end = window
-        waits = [(max(a, start), min(b, end)) for a, b in self._waits if a >= start and b <= end]
+        inside = [(w, label) for w, label in zip(self._waits, self._labels) if w[0] >= start and w[1] <= end]
+        waits = [(max(a, start), min(b, end)) for (a, b), _ in inside]
         jobs = [(max(a, start), min(b, end)) for a, b in self._jobs]
         jvm = max(0.0, _union(jobs + waits) - _union(jobs))
-        return result, DriverSplit(timed, min(jvm, timed.outside_jobs), len(waits), jvm_cpu, python_cpu)
+        calls = tuple((what, where, max(0.0, _union(jobs + [w]) - _union(jobs)))
+                      for w, (what, where) in zip(waits, (label for _, label in inside)))
+        return result, DriverSplit(timed, min(jvm, timed.outside_jobs), len(waits), jvm_cpu, python_cpu, calls)
+
+
+def _command_label(command: str) -> str:
+    """A py4j command as ``kind target.method`` (a call, a constructor, a reflection lookup, ...)."""
+    lines = command.split("\n")
+    kind = {"c": "call", "i": "new", "r": "reflect", "m": "memory", "a": "array", "l": "list", "f": "field"}.get(
+        lines[0], lines[0])
+    target = lines[1] if len(lines) > 1 else ""
+    method = lines[2] if len(lines) > 2 and kind in ("call", "field") else ""
+    if kind == "new":
+        target = target.rsplit(".", 1)[-1]
+    elif re.fullmatch(r"o[0-9]+", target):   # a JVM object's id: another each batch
+        target = "obj"
+    elif target.startswith("z:"):
+        target = target[2:].rsplit(".", 1)[-1]
+    return f"{kind} {target[:40]}{'.' + method[:40] if method else ''}"
+
+
+def _origin() -> str:
+    """The innermost keygroups line on the stack (else PySpark's): who issued a py4j call."""
+    frame = sys._getframe(2)
+    fallback = ""
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if "keygroups" in name and "bench_" not in name:
+            return f"{pathlib.Path(name).name}:{frame.f_lineno} {frame.f_code.co_name}"
+        if not fallback and "pyspark" in name:
+            fallback = f"pyspark/{pathlib.Path(name).name}:{frame.f_lineno} {frame.f_code.co_name}"
+        frame = frame.f_back
+    return fallback
+
+
+def print_calls(max_p: int, splits: list[DriverSplit]) -> None:
+    """Each py4j call of the timed batches, in call order, with its median time outside the batch's Spark jobs
+    (batches whose call sequence differs from the first's are left out of the medians)."""
+    if not splits or not splits[0].calls:
+        return
+    shape = [(what, where) for what, where, _ in splits[0].calls]
+    same = [s for s in splits if [(what, where) for what, where, _ in s.calls] == shape]
+    print(f"\n   max p {max_p}: each wait on the JVM of a batch, in call order (median ms outside Spark's jobs over "
+          f"{len(same)} of {len(splits)} batches with the same calls)")
+    total = 0.0
+    for i, (what, where) in enumerate(shape):
+        ms = statistics.median(s.calls[i][2] for s in same) * 1e3
+        total += ms
+        print(f"{i + 1:>6}  {ms:7.2f}  {what:<58} {where}")
+    print(f"{'':>6}  {total:7.2f}  (sum of the medians)")
 
 
 def spark_view(spark, clock: SplitClock, max_p: int, args: argparse.Namespace, work: pathlib.Path,  # noqa: ANN001
@@ -254,6 +312,8 @@ def spark_view(spark, clock: SplitClock, max_p: int, args: argparse.Namespace, w
               f"({s_floor.py4j_calls} calls); CPU (JVM thread + Python thread): keygroups "
               f"{s_ours.jvm_cpu * 1e3:.0f} + {s_ours.python_cpu * 1e3:.0f} ms, floor {s_floor.jvm_cpu * 1e3:.0f} + "
               f"{s_floor.python_cpu * 1e3:.0f} ms", flush=True)
+    if args.calls:
+        print_calls(max_p, ours_split)
     retained = sum(1 for p in pathlib.Path(job.storage.location).iterdir() if p.name.startswith("chk-"))
     med = statistics.median
     return {"wall": med(t.wall for t in ours), "outside": med(t.outside_jobs for t in ours),
@@ -305,6 +365,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keys", type=int, default=100_000, help="keys of state loaded first")
     parser.add_argument("--batch", type=int, default=10, help="records per tiny batch")
     parser.add_argument("--no-spark", action="store_true")
+    parser.add_argument("--calls", action="store_true",
+                        help="list each py4j call of a batch (call order, median ms outside jobs, who issued it)")
     parser.add_argument("--master", default="local[2]")
     args = parser.parse_args(argv)
     if args.quick:
