@@ -361,11 +361,6 @@ _NARROW_OPERATORS = frozenset({
     "Project", "Filter", "Relation", "RelationV2", "LocalRelation", "Range", "LogicalRDD", "SubqueryAlias", "View",
     "MapInArrow", "MapInPandas"})
 _AQE = "spark.sql.adaptive.enabled"
-#: How the physical plan of each query is described to Spark's listeners (the UI's SQL tab, the event log): Spark
-#: writes that text for every query before its job starts, on the driver's critical path. The stage's own session
-#: writes it in "simple" mode (the plan's tree: the same operators), a few milliseconds of the driver's time less
-#: per batch than Spark's default, "formatted".
-_UI_EXPLAIN_MODE = "spark.sql.ui.explainMode"
 
 
 def _operators(tree: str) -> set[str]:
@@ -390,10 +385,9 @@ def keyed_stage_session(df: DataFrame, cache: SparkPlanCache, logical_plan: Any 
     adaptive execution never coalesces). The user's session is never changed, not even for a moment: the clone is
     a session of its own (``SparkSession.cloneSession``: the same SparkContext, cache and catalog, a copy of the
     configuration), made again whenever the user's session configuration changes (its time zone, Arrow batch
-    size, ...), so that the stage sees the user's settings; the clone also describes its queries' physical plans to
-    Spark's listeners in "simple" mode (:data:`_UI_EXPLAIN_MODE`). Any other input (a join, an aggregate, a window:
-    where adaptive execution may help the user's part of the plan), a session with adaptive execution already off,
-    a session without a JVM (Spark Connect) or a Spark whose classes differ: ``df``'s own session, as before.
+    size, ...), so that the stage sees the user's settings. Any other input (a join, an aggregate, a window: where
+    adaptive execution may help the user's part of the plan), a session with adaptive execution already off, a
+    session without a JVM (Spark Connect) or a Spark whose classes differ: ``df``'s own session, as before.
 
     The stage's Spark job runs on the same SparkContext and thread, so it carries the thread's job group, job
     tags and description (a streaming query's stop cancels it as before); it does not carry tags added to the
@@ -417,9 +411,7 @@ def keyed_stage_session(df: DataFrame, cache: SparkPlanCache, logical_plan: Any 
         stage = None
         if conf.adaptiveExecutionEnabled():
             stage = jsession.cloneSession()
-            stage_conf = stage.sessionState().conf()
-            stage_conf.setConfString(_AQE, "false")
-            stage_conf.setConfString(_UI_EXPLAIN_MODE, "simple")
+            stage.sessionState().conf().setConfString(_AQE, "false")
     except (Py4JError, AttributeError, TypeError):   # a Spark whose classes differ: run as before
         return None
     cache.stage_session = (settings, stage)
