@@ -199,12 +199,12 @@ class SplitClock(SparkJobClock):
         result, timed = self.time(inside)
         jvm_cpu, python_cpu = cpu[3] - cpu[0], cpu[2] - cpu[1]
         start, end = window
-        inside = [(w, label) for w, label in zip(self._waits, self._labels) if w[0] >= start and w[1] <= end]
-        waits = [(max(a, start), min(b, end)) for (a, b), _ in inside]
+        in_window = [(w, label) for w, label in zip(self._waits, self._labels) if w[0] >= start and w[1] <= end]
+        waits = [(max(a, start), min(b, end)) for (a, b), _ in in_window]
         jobs = [(max(a, start), min(b, end)) for a, b in self._jobs]
         jvm = max(0.0, _union(jobs + waits) - _union(jobs))
         calls = tuple((what, where, max(0.0, _union(jobs + [w]) - _union(jobs)))
-                      for w, (what, where) in zip(waits, (label for _, label in inside)))
+                      for w, (what, where) in zip(waits, (label for _, label in in_window)))
         return result, DriverSplit(timed, min(jvm, timed.outside_jobs), len(waits), jvm_cpu, python_cpu, calls)
 
 
