@@ -48,8 +48,8 @@ def test_the_helper_dies_when_the_process_that_started_it_is_killed(tmp_path):
         assert _alive(helper)
         # setpriv execs the helper in its own process; the pid file can be written before that exec
         deadline = time.monotonic() + 30
-        while _program(helper) != b"sleep":
-            assert _program(helper) == setpriv, f"the helper runs {_program(helper)!r}, neither setpriv nor sleep"
+        while (program := _program(helper)) != b"sleep":
+            assert program == setpriv, f"the helper runs {program!r}, neither setpriv nor sleep"
             assert time.monotonic() < deadline, "setpriv never exec'd the helper"
             time.sleep(0.05)
         os.kill(starter.pid, signal.SIGKILL)
