@@ -57,7 +57,7 @@ from keygroups.cli import shop
 from keygroups.errors import CheckpointNotFoundError, ConcurrentCommitError, KeyGroupsError
 from keygroups.runtime import begin_batch, commit_batch
 from keygroups.runtime.functions import KeyedProcessFunction
-from keygroups.runtime.backends import create_backend
+from state_views import latest_values
 from keygroups.runtime.report import SubtaskReport
 from keygroups.runtime.subtask import run_keyed_subtask
 from keygroups.serializers import Int64Serializer
@@ -643,15 +643,7 @@ def read_outputs_of(storage: CheckpointStorage, files: list[str]) -> list[tuple]
 
 def tally_states(location: str | CheckpointStorage) -> dict[int, int]:
     """Each key's sum in the latest checkpoint at ``location`` (a path, or the storage itself)."""
-    storage = location if isinstance(location, CheckpointStorage) else CheckpointStorage(location)
-    backend = create_backend("heap", kg.key_group_range(TALLY_MAX_PARALLELISM, 1, 0), TALLY_MAX_PARALLELISM, "long")
-    backend.restore(storage, storage.latest())
-    state = backend.get_state(TALLY)
-    out = {}
-    for k in list(backend.keys(TALLY.name)):
-        backend.set_current_key(k)
-        out[k] = state.value()
-    return out
+    return latest_values(location, TALLY, TALLY_MAX_PARALLELISM, "long")
 
 
 def concurrent_trial(directory: str | os.PathLike[str], seed: int, *, backend: str = "heap", batches: int = 4,

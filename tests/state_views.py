@@ -16,6 +16,7 @@ from typing import Any
 
 from keygroups import KeyGroupRange, assign_to_key_group, key_group_range
 from keygroups.checkpoint import CheckpointMetadata, CheckpointStorage, carry_forward
+from keygroups.runtime.backends import create_backend
 from keygroups.serializers import Float64Serializer, Int64Serializer, StrSerializer, TupleSerializer
 from keygroups.state import (
     AggregateFunction,
@@ -133,6 +134,24 @@ def build_chain(location: str, backend: str, ttl: bool, parallelisms: list[int],
         previous = storage.load(b + 1)
     assert previous is not None
     return storage, previous, model
+
+
+def latest_values(location: str | CheckpointStorage, state: ValueStateDescriptor, max_parallelism: int,
+                  key_type: str) -> dict[Any, Any]:
+    """Each key's value of ``state`` in the latest checkpoint at ``location`` (a path, or the storage itself),
+    restored into one heap backend over all key groups (``key_type`` as ``create_backend`` takes it)."""
+    storage = location if isinstance(location, CheckpointStorage) else CheckpointStorage(location)
+    backend = create_backend("heap", key_group_range(max_parallelism, 1, 0), max_parallelism, key_type)
+    try:
+        backend.restore(storage, storage.latest())
+        values = backend.get_state(state)
+        out = {}
+        for key in list(backend.keys(state.name)):
+            backend.set_current_key(key)
+            out[key] = values.value()
+        return out
+    finally:
+        backend.dispose()
 
 
 def backend_view(storage: CheckpointStorage, metadata: CheckpointMetadata, backend: str, ttl: bool

@@ -14,13 +14,13 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from kafka_broker import new_producer, persistent_broker, produce
-from keygroups.checkpoint import CheckpointStorage
 from keygroups.runtime.functions import KeyedProcessFunction
 from keygroups.serializers import Int64Serializer
 from keygroups.sources import KafkaSource, KafkaSourceError
 from keygroups.sources import kafka_reader as kafka_module
 from keygroups.state import ValueStateDescriptor
 from shop_runtime import run_batch
+from state_views import latest_values
 
 pytestmark = pytest.mark.slow
 
@@ -46,18 +46,7 @@ def record(record_id: int) -> dict[str, Any]:
 
 def final_counts(location: str) -> dict[str, int]:
     """Each user's count in the latest checkpoint's keyed state, restored into one heap backend."""
-    from keygroups import key_group_range
-    from keygroups.runtime.backends import create_backend
-
-    storage = CheckpointStorage(location)
-    backend = create_backend("heap", key_group_range(64, 1, 0), 64, "string")
-    backend.restore(storage, storage.latest())
-    state = backend.get_state(COUNT)
-    out = {}
-    for user in list(backend.keys(COUNT.name)):
-        backend.set_current_key(user)
-        out[user] = state.value()
-    return out
+    return latest_values(location, COUNT, 64, "string")
 
 
 class Dies(Exception):

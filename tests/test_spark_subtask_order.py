@@ -13,13 +13,12 @@ from hypothesis import strategies as st
 from pyspark import TaskContext, cloudpickle
 
 import keygroups as kg
-from keygroups.runtime.backends import create_backend
 from keygroups.runtime.functions import KeyedProcessFunction
 from keygroups.serializers import Int64Serializer
-from keygroups.checkpoint import CheckpointStorage
 from keygroups.spark import KeyedJob
 from keygroups.spark.executor import inverse_order, subtask_order, task_slots
 from keygroups.state import ValueStateDescriptor
+from state_views import latest_values
 
 # The function below lives in this test file, which Spark's Python workers cannot import: ship it by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -117,15 +116,7 @@ def _run(spark, location, *, unpermuted):
 
 def _state(location):
     """Every key's total in the latest checkpoint, restored into one heap backend over all key groups."""
-    storage = CheckpointStorage(location)
-    backend = create_backend("heap", kg.key_group_range(MAX_PARALLELISM, 1, 0), MAX_PARALLELISM, "long")
-    backend.restore(storage, storage.latest())
-    total = backend.get_state(TOTAL)
-    state = {}
-    for key in list(backend.keys(TOTAL.name)):
-        backend.set_current_key(key)
-        state[key] = total.value()
-    return state
+    return latest_values(location, TOTAL, MAX_PARALLELISM, "long")
 
 
 @pytest.mark.spark
