@@ -918,7 +918,7 @@ class SparkExecutor:
             cache.digest = (checked.digest_column, (F.col("*"), _record_digest(df).alias(checked.digest_column)))
         digest_column, with_digest = cache.digest
         key = self._stage_key(max_parallelism, parallelism, boundaries)
-        partitions = inverse_order(key[-1])
+        partitions = inverse_order(self._order(parallelism))
         names, plain = list(checked.names), list(checked.plain)
         key_columns = self._options.key_columns
 
