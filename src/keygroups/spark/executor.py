@@ -65,6 +65,7 @@ from keygroups.runtime.source import SourceTaskSpec, run_source_subtask
 from keygroups.runtime.spec import KeyedTaskSpec
 from keygroups.runtime.subtask import run_keyed_subtask
 from keygroups.runtime.subtask_input import unused_name
+from keygroups.spark._worker_gc import settle_worker_heap
 from keygroups.spark.partitioner import _key_group_placement, _partition_by_key_group
 
 _log = logging.getLogger(__name__)
@@ -212,6 +213,7 @@ def run_tasks(spark: SparkSession, n: int, task: Callable[[int], str]) -> list[s
     """``task(i)`` for every ``i`` in ``0..n-1``, each in its own Spark task, in the order of ``i``; a task returns
     a string (a JSON report)."""
     def run(batches: Any) -> Any:
+        settle_worker_heap()
         for batch in batches:
             for index in batch.column(0).to_pylist():
                 yield pa.RecordBatch.from_pylist([{"index": index, "report": task(index)}], schema=_TASK_ARROW)
@@ -958,6 +960,7 @@ class SparkExecutor:
         order = self._order(spec.parallelism)
 
         def subtask(batches: Any) -> Any:
+            settle_worker_heap()
             task = TaskContext.get()
             assert task is not None   # always set inside a task
             index = order[task.partitionId()]
