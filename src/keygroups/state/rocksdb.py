@@ -156,7 +156,8 @@ class _KeptCaches:
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
-        self._kept: WarmRegistry[tuple[str, _Caches, _Lag | None]] = WarmRegistry()
+        # plain dicts of decoded values, freed by their reference counts once dropped: nothing to watch
+        self._kept: WarmRegistry[tuple[str, _Caches, _Lag | None]] = WarmRegistry(watch=lambda kept: ())
 
     @staticmethod
     def _size(kept: tuple[str, _Caches, _Lag | None]) -> int:

@@ -187,7 +187,7 @@ class TimerQueueRegistry:
         if self._made is None:   # made when first used: warm imports the backends' base, which imports this module
             from keygroups.state.warm import WarmRegistry
 
-            self._made = WarmRegistry()
+            self._made = WarmRegistry(watch=lambda kept: (kept[1],))   # a new token each batch, the same queues
         return self._made
 
     def keep(self, key: Hashable, value: tuple[QueueToken, TimerQueues], limit: int) -> None:

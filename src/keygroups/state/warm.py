@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import collections
 import threading
-from collections.abc import Callable, Hashable
+import weakref
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -23,14 +24,39 @@ from keygroups.state._base import RestoreStats
 
 T = TypeVar("T")
 
+#: Every registry of this process, for :func:`kept_object_ids`.
+_REGISTRIES: weakref.WeakSet[WarmRegistry[Any]] = weakref.WeakSet()
+_REGISTRIES_LOCK = threading.Lock()
+
+
+def kept_object_ids() -> frozenset[int]:
+    """The ids of the objects every registry of this process keeps now (those its ``watch`` names). Why: a worker
+    that freezes its long-lived objects for the cycle collector (``keygroups.spark._worker_gc``) compares these with
+    those kept when it froze: one that is gone was dropped, and heap backends are reference cycles, so only a
+    collection that does not skip frozen objects frees it."""
+    with _REGISTRIES_LOCK:
+        registries = list(_REGISTRIES)
+    ids: set[int] = set()
+    for registry in registries:
+        with registry._lock:
+            for value in registry._kept.values():
+                ids.update(id(part) for part in registry._watch(value))
+    return frozenset(ids)
+
 
 class WarmRegistry(Generic[T]):
     """Objects kept under a key, bounded by the caller's ``limit``, the least recently kept dropped first.
     :meth:`take` removes the object, so two tasks never share one (a second task finds nothing and rebuilds)."""
 
-    def __init__(self) -> None:
+    def __init__(self, watch: Callable[[T], Iterable[object]] | None = None) -> None:
+        """``watch``: the parts of a kept object that only a collection frees once dropped (reference cycles), each
+        the same object while it is kept again batch after batch; :func:`kept_object_ids` reports them (default:
+        the kept object itself)."""
+        self._watch: Callable[[T], Iterable[object]] = watch if watch is not None else (lambda value: (value,))
         self._lock = threading.Lock()
         self._kept: collections.OrderedDict[Hashable, T] = collections.OrderedDict()
+        with _REGISTRIES_LOCK:
+            _REGISTRIES.add(self)
 
     def take(self, key: Hashable) -> T | None:
         """The object kept under ``key``, now the caller's alone; None if there is none."""
@@ -103,4 +129,4 @@ class WarmResume(RestoreStats):
     bytes_restored: int = 0
 
 
-__all__ = ["WarmRegistry", "WarmResume"]
+__all__ = ["WarmRegistry", "WarmResume", "kept_object_ids"]
