@@ -34,8 +34,8 @@ def test_from_the_second_task_tasks_run_frozen_until_warm_state_drops_or_every_n
         frozen = {"freeze": True, "unfreeze": False, None: frozen}[action]
 
 
-def _freeze_counts(program: str) -> list[int]:
-    """What ``program`` prints (a JSON list), run in a process of its own: it freezes that process's heap."""
+def _freeze_counts(program: str) -> list[int | bool]:
+    """What ``program`` prints (a JSON list of freeze counts and checks), run in a process of its own: it freezes that process's heap."""
     out = subprocess.run([sys.executable, "-c", textwrap.dedent(program)], capture_output=True, text=True,
                          check=True).stdout
     return json.loads(out)
@@ -115,7 +115,7 @@ def test_spark_workers_run_their_tasks_with_their_modules_frozen(spark):
         # a worker may have run other tests' tasks before: from its second task here on it has run two at least
         for report in reports[1:]:
             if report["frozen"] == 0:
-                continue   # the one task in UNFREEZE_EVERY that runs unfrozen
+                continue   # a task that runs unfrozen (every UNFREEZE_EVERY-th; or warm state was dropped)
             assert report["frozen"] > 20_000, (pid, report)   # pyarrow, numpy, pyspark, keygroups
             assert report["tracked"] < report["frozen"] // 4, (pid, report)   # what the daemon's collect walks
         assert sum(r["frozen"] > 0 for r in reports[1:]) >= len(reports) - 2, (pid, reports)
