@@ -255,3 +255,23 @@ def test_watermark_strategy_follows_flink():
         WatermarkStrategy.for_bounded_out_of_orderness(-1)
     with pytest.raises(TypeError, match="timedelta"):
         WatermarkStrategy.for_bounded_out_of_orderness("5s")
+
+
+def test_kept_state_is_watched_as_the_same_objects_batch_after_batch_until_a_rescale_drops_it(tmp_path):
+    """What a Spark worker compares to tell warm state dropped (``keygroups.spark._worker_gc``): batch after batch
+    the registries keep the same heap backend and the same timer heaps (the TimerQueues and its token are new each
+    batch); a rescale that moves the range drops them."""
+    from keygroups.state.warm import kept_object_ids
+
+    heaps, queues = HeapBackendRegistry(), TimerQueueRegistry()
+    location = str(tmp_path)
+    records = [(k, "reg_e", 50 + k) for k in range(12)] + [(k, "reg_p", 90) for k in range(12)]
+    outside = kept_object_ids()   # the process's other registries, untouched here
+    run_batch(location, 2, records, watermark=0, heaps=heaps, queues=queues)
+    first = kept_object_ids() - outside
+    assert len(first) == 6   # per subtask: a heap backend, its event-time and processing-time heaps
+    for _ in range(2):
+        run_batch(location, 2, records[:3], watermark=1, heaps=heaps, queues=queues)
+        assert kept_object_ids() - outside == first
+    run_batch(location, 1, records[:3], watermark=2, heaps=heaps, queues=queues)   # one takes over, one dropped
+    assert not first <= kept_object_ids()

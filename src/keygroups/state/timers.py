@@ -187,7 +187,8 @@ class TimerQueueRegistry:
         if self._made is None:   # made when first used: warm imports the backends' base, which imports this module
             from keygroups.state.warm import WarmRegistry
 
-            self._made = WarmRegistry(watch=lambda kept: (kept[1],))   # a new token each batch, the same queues
+            # a new token and TimerQueues each batch around the same heaps (TimerQueues(reuse=...) adopts them)
+            self._made = WarmRegistry(watch=lambda kept: (kept[1].event_time.queue, kept[1].processing_time.queue))
         return self._made
 
     def keep(self, key: Hashable, value: tuple[QueueToken, TimerQueues], limit: int) -> None:
