@@ -5,6 +5,7 @@ and a stateless ``groupBy``; then small-batch throughput beside PyFlink's thread
     python benchmarks/bench_latency.py --quick             # 1k and 10k events/s, 30 s per run, rescale every 10 s
     python benchmarks/bench_latency.py --rates 10000 --skip groupBy --no-throughput
     python benchmarks/bench_latency.py --rates 1000 --skip keygroups "Spark groupBy" --rescale-to 3 --no-throughput
+    python benchmarks/bench_latency.py --rates 1000 --spark-conf spark.python.unix.domain.socket.enabled=true
 
 Part 1, latency. One Spark session (``local[2]``, 2 shuffle partitions). For each rate (``--rates``, events per
 second) and each candidate, in turn (the order rotating), a fresh run:
@@ -635,6 +636,14 @@ def pyflink_throughput(files: list[str], work: pathlib.Path) -> tuple[float, flo
 
 # ---- the run --------------------------------------------------------------------------------------------------------
 
+def _setting(text: str) -> tuple[str, str]:
+    """``--spark-conf``'s ``KEY=VALUE``."""
+    key, eq, value = text.partition("=")
+    if not eq or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE (a Spark setting), got {text!r}")
+    return key, value
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="30 s runs, rescale every 10 s, 5 throughput batches")
@@ -659,6 +668,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--throughput-batches", type=int, default=20)
     parser.add_argument("--batch", type=int, default=10_000, help="events per batch in the throughput part")
     parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE", type=_setting,
+                        help="a Spark setting for the session (repeatable), e.g. "
+                             "spark.python.unix.domain.socket.enabled=true (docs/streaming-job.md)")
     parser.add_argument("--also", nargs="*", default=[], choices=EXTRA, help="candidates run only when named")
     parser.add_argument("--repeat", type=int, default=1,
                         help="runs per candidate and rate, the order rotating per round; figures pooled and per round")
@@ -686,7 +698,8 @@ def main(argv: list[str] | None = None) -> int:
     spark = spark_session(args.master, "keygroups-bench-latency", shuffle_partitions=PARALLELISM,
                           extra_classpath=[classes] if classes else None,
                           conf={"spark.sql.streaming.noDataMicroBatches.enabled": "false",
-                                "spark.sql.streaming.numRecentProgressUpdates": "100000"})
+                                "spark.sql.streaming.numRecentProgressUpdates": "100000",
+                                **dict(args.spark_conf)})
     print(f"{args.keys:,} keys; rates {args.rates} events/s; a file every {args.file_ms} ms; trigger "
           f"{args.trigger_ms} ms; {args.duration:.0f} s per run ({args.warmup:.0f} s warm-up left out); rescale "
           f"every {args.rescale_every:.0f} s; {load()} (2 cores, shared machine)", flush=True)
