@@ -4,8 +4,8 @@ Why: PySpark's worker daemon runs ``gc.collect()`` after every task of a reused 
 the process tracks: on this project's 2-core machines, 50-120 ms per task for the ~100k objects of the imported
 modules (pyarrow, numpy, pyspark, keygroups), none of which is ever garbage. The worker reads its next task only after
 that collection, so a stage with more tasks than slots paid it on its critical path once per wave, and every task
-paid it in CPU (measured: a 2-wave p=4 batch of 600 records, tasks of 40-60 ms took 100-165 ms in the second wave,
-and freezing the modules cut the workers' CPU per 1,000 events of a 1k events/s stream from 0.47 to 0.14 s).
+paid it in CPU (measured: in a 2-wave p=4 batch of 600 records the second wave's tasks took 83-165 ms, 53-79 ms
+with the modules frozen; the workers' CPU per 1,000 events of a 1k events/s stream fell from 0.47 to 0.12-0.19 s).
 
 :func:`settle_worker_heap`, called as each task starts, moves the objects alive then into the permanent generation
 (``gc.freeze()``), from the process's second task on (the first task's own imports are done by then, and the
