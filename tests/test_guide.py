@@ -118,6 +118,7 @@ def _spark_submit(tmp_path: pathlib.Path, *options: str) -> list[tuple[str, int,
     out = tmp_path / "out"
     work = pathlib.Path(spark_home, "work")   # local-cluster's workers keep each application's files there
     before = set(work.iterdir()) if work.is_dir() else set()
+    result = None
     try:
         result = subprocess.run(
             [os.path.join(spark_home, "bin", "spark-submit"), "--master", "local-cluster[2,1,1024]",
@@ -125,9 +126,12 @@ def _spark_submit(tmp_path: pathlib.Path, *options: str) -> list[tuple[str, int,
              *options, str(script), str(incoming), str(tmp_path / "query"), str(tmp_path / "state"), str(out)],
             capture_output=True, text=True, timeout=900, env=env, cwd=tmp_path,
         )
-    finally:   # this application's directories (an unpacked environment per executor)
+    finally:   # this application's directories (an unpacked environment per executor), and no other's: a test
+        # running beside this one may have its own local-cluster there, whose executors work in theirs
+        ours = set(re.findall(r"\bapp-\d{14}-\d{4}\b", (result.stdout + result.stderr) if result else ""))
         for app in (set(work.iterdir()) if work.is_dir() else set()) - before:
-            shutil.rmtree(app, ignore_errors=True)
+            if app.name in ours:
+                shutil.rmtree(app, ignore_errors=True)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     return sorted((r["user"], r["session_end"], r["clicks"]) for r in pq.read_table(out / "batch=0").to_pylist())
 

@@ -273,6 +273,7 @@ def _run(args: argparse.Namespace, cleanup: contextlib.ExitStack) -> int:
     _say("[4/4] verifying every user's state and timers, every order and every abandoned cart against the reference")
     storage = CheckpointStorage(chk_dir, storage_options=options)
     problems = verify(storage, args.max_parallelism, expected, emitted)
+    app_files = _local_cluster_app_files(classic, args.master)
     if args.connect:
         spark.stop()
         stop_local_connect(classic)
@@ -303,7 +304,18 @@ def _run(args: argparse.Namespace, cleanup: contextlib.ExitStack) -> int:
          f"and all {len(expected.orders):,} orders equal the reference")
     if not keep_workdir:
         shutil.rmtree(workdir, ignore_errors=True)
+    if app_files is not None and not args.keep:
+        shutil.rmtree(app_files, ignore_errors=True)
     return 0
+
+
+def _local_cluster_app_files(spark: Any, master: str) -> str | None:
+    """Where a ``local-cluster`` master's workers keep this run's executor directories (their logs, files shipped
+    to them): ``$SPARK_HOME/work/<application id>``, which Spark leaves behind; None for any other master."""
+    if not master.startswith("local-cluster["):
+        return None
+    home = spark.sparkContext._jvm.System.getenv("SPARK_HOME")   # the workers' (spark-submit sets it)
+    return None if not home else os.path.join(home, "work", spark.sparkContext.applicationId)
 
 
 class _LogFeed:
@@ -395,7 +407,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--dir", help="working directory to keep (default: a temporary one); an fsspec URL such as "
                                  "s3://bucket/path holds the checkpoints only, the event log stays in a local "
                                  "temporary directory")
-    p.add_argument("--keep", action="store_true", help="keep the temporary working directory")
+    p.add_argument("--keep", action="store_true", help="keep the temporary working directory (and, on a "
+                   "local-cluster master, the executors' directories Spark makes under $SPARK_HOME/work)")
     p.add_argument("--seed", type=int, default=7)
     add_storage_options(p)
     p.set_defaults(run=run)
