@@ -15,6 +15,7 @@ The cache directory is ``$KEYGROUPS_BENCH_CACHE`` or ``~/.cache/keygroups-bench`
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import importlib.util
 import os
@@ -255,6 +256,14 @@ def spark_session(master: str = "local[2]", app: str = "keygroups-bench", *, shu
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+def spark_setting(text: str) -> tuple[str, str]:
+    """A ``--spark-conf KEY=VALUE`` argument, as ``(key, value)``."""
+    key, eq, value = text.partition("=")
+    if not eq or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE (a Spark setting), got {text!r}")
+    return key, value
 
 
 @dataclass(frozen=True)

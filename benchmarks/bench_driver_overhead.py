@@ -71,7 +71,7 @@ import pyarrow.parquet as pq
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _events import event_files, generate_events  # noqa: E402
 from _jobs import VALUE_OUTPUT, RunningValue, ship_by_value  # noqa: E402
-from _peers import SparkJobClock, SparkTime, load, spark_session  # noqa: E402
+from _peers import SparkJobClock, SparkTime, load, spark_session, spark_setting  # noqa: E402
 
 from keygroups.spark.executor import _union  # noqa: E402  # the union of job spans, as the report's
 
@@ -368,6 +368,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", action="store_true",
                         help="list each py4j call of a batch (call order, median ms outside jobs, who issued it)")
     parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE", type=spark_setting,
+                        help="a setting of the Spark session (repeatable), e.g. spark.sql.ui.explainMode=simple")
     args = parser.parse_args(argv)
     if args.quick:
         args.retain, args.runs, args.keys = 10, 3, 20_000
@@ -382,7 +384,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if not args.no_spark:
             ship_by_value()
-            spark = spark_session(args.master, "keygroups-bench-driver", shuffle_partitions=PARALLELISM)
+            spark = spark_session(args.master, "keygroups-bench-driver", shuffle_partitions=PARALLELISM,
+                                  conf=dict(args.spark_conf))
             clock = SplitClock(spark)
             try:
                 for mp in args.max_parallelism:

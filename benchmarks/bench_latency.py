@@ -99,7 +99,8 @@ import pyarrow.parquet as pq
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _events import event_files, generate_events  # noqa: E402
 from _jobs import VALUE_OUTPUT, RunningValue, ship_by_value  # noqa: E402
-from _peers import TreeCPU, build_java, load, pyflink_python, spark_classpath, spark_session  # noqa: E402
+from _peers import (  # noqa: E402
+    TreeCPU, build_java, load, pyflink_python, spark_classpath, spark_session, spark_setting)
 
 PARALLELISM = 2
 RESCALED = 4
@@ -636,14 +637,6 @@ def pyflink_throughput(files: list[str], work: pathlib.Path) -> tuple[float, flo
 
 # ---- the run --------------------------------------------------------------------------------------------------------
 
-def _setting(text: str) -> tuple[str, str]:
-    """``--spark-conf``'s ``KEY=VALUE``."""
-    key, eq, value = text.partition("=")
-    if not eq or not key:
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE (a Spark setting), got {text!r}")
-    return key, value
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="30 s runs, rescale every 10 s, 5 throughput batches")
@@ -668,7 +661,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--throughput-batches", type=int, default=20)
     parser.add_argument("--batch", type=int, default=10_000, help="events per batch in the throughput part")
     parser.add_argument("--master", default="local[2]")
-    parser.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE", type=_setting,
+    parser.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE", type=spark_setting,
                         help="a Spark setting for the session (repeatable), e.g. "
                              "spark.python.unix.domain.socket.enabled=true (docs/streaming-job.md)")
     parser.add_argument("--also", nargs="*", default=[], choices=EXTRA, help="candidates run only when named")

@@ -26,9 +26,10 @@ DATA = pathlib.Path(__file__).parent / "data"
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """``--numprocesses=auto`` (pyproject's default): two workers per core, at most four. Much of a run waits on
-    JVMs, servers and subprocesses: on 2 cores, three workers kept 1.13 cores busy and took 1,792 s, four kept 1.10
-    busy and took 1,470 s. Each worker has its own Spark session (a JVM of up to 2 GiB); the modules of a file stay
-    on one worker (``--dist=loadfile``), so that a module's fixtures start once. ``-n 0`` runs in this process."""
+    JVMs, servers and subprocesses: on 2 cores the whole suite took 1,603-1,792 s with three workers (1.12 cores
+    busy) and 1,470-1,565 s with four (two runs each). Each worker has its own Spark session (a JVM of up to
+    2 GiB); the modules of a file stay on one worker (``--dist=loadfile``), so that a module's fixtures start once.
+    ``-n 0`` runs in this process."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return max(1, min(cores * 2, 4))
 
