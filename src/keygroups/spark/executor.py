@@ -27,7 +27,7 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -66,6 +66,7 @@ from keygroups.runtime.spec import KeyedTaskSpec
 from keygroups.runtime.subtask import run_keyed_subtask
 from keygroups.runtime.subtask_input import unused_name
 from keygroups.spark._worker_gc import settle_worker_heap
+from keygroups.spark._worker_socket import acknowledged
 from keygroups.spark.partitioner import _key_group_placement, _partition_by_key_group
 
 _log = logging.getLogger(__name__)
@@ -209,12 +210,19 @@ def _one_task_each(spark: SparkSession, n: int) -> DataFrame:
     return spark.range(0, n, 1, n)
 
 
+def start_worker_task(batches: Iterable[Any]) -> Iterator[Any]:
+    """What each keygroups task does first in its Spark Python worker, with its input: keep the worker's collector
+    off its long-lived objects (:mod:`keygroups.spark._worker_gc`); the input, its arrival acknowledged at once so
+    that none of it is held back by TCP's delayed acknowledgement (:mod:`keygroups.spark._worker_socket`)."""
+    settle_worker_heap()
+    return acknowledged(batches)
+
+
 def run_tasks(spark: SparkSession, n: int, task: Callable[[int], str]) -> list[str]:
     """``task(i)`` for every ``i`` in ``0..n-1``, each in its own Spark task, in the order of ``i``; a task returns
     a string (a JSON report)."""
     def run(batches: Any) -> Any:
-        settle_worker_heap()
-        for batch in batches:
+        for batch in start_worker_task(batches):
             for index in batch.column(0).to_pylist():
                 yield pa.RecordBatch.from_pylist([{"index": index, "report": task(index)}], schema=_TASK_ARROW)
 
@@ -960,7 +968,7 @@ class SparkExecutor:
         order = self._order(spec.parallelism)
 
         def subtask(batches: Any) -> Any:
-            settle_worker_heap()
+            batches = start_worker_task(batches)
             task = TaskContext.get()
             assert task is not None   # always set inside a task
             index = order[task.partitionId()]
