@@ -82,11 +82,3 @@ def acknowledged(batches: Iterable[T]) -> Iterator[T]:
         for s in connections:
             s.close()
 
-
-def acknowledge_jvm_now() -> int:
-    """Set ``TCP_NODELAY`` and ``TCP_QUICKACK`` on this process's loopback TCP connections (see
-    :func:`loopback_connections`); returns how many there are."""
-    connections = loopback_connections()
-    for s in connections:
-        s.close()
-    return len(connections)
