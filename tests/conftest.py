@@ -25,13 +25,13 @@ DATA = pathlib.Path(__file__).parent / "data"
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """``--numprocesses=auto`` (pyproject's default): two workers per core, at most four. Much of a run waits on
-    JVMs, servers and subprocesses: on 2 cores the whole suite took 1,603-1,792 s with three workers (1.12 cores
-    busy) and 1,470-1,565 s with four (two runs each). Each worker has its own Spark session (a JVM of up to
-    2 GiB); the modules of a file stay on one worker (``--dist=loadfile``), so that a module's fixtures start once.
-    ``-n 0`` runs in this process."""
+    """``--numprocesses=auto`` (pyproject's default): a worker per core and one more, at most four. Much of a run
+    waits on JVMs, servers and subprocesses, so one worker more than cores keeps them busier. Each worker has its own
+    Spark session (a JVM of up to 2 GiB); the modules of a file stay on one worker (``--dist=loadfile``), so that a
+    module's fixtures start once. ``-n 0`` runs in this process. (Four workers on 2 cores were tried: 1,470-1,895 s
+    for the whole suite against 1,603-1,792 s with three on the same shared machine, no clear gain.)"""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, min(cores * 2, 4))
+    return max(1, min(cores + 1, 4))
 
 
 def load_jsonl(name: str) -> list[dict]:
