@@ -82,7 +82,8 @@ def test_a_keygroups_task_acknowledges_on_its_workers_connection_to_the_jvm(spar
     for report in run_tasks(spark, 3, task):
         connections = json.loads(report)
         # the worker's connection to its JVM (PySpark's default: TCP on loopback), set as the task started
-        assert connections and all(nodelay == 1 for peer, nodelay in connections if peer.startswith("127."))
+        loopback = [nodelay for peer, nodelay in connections if peer.startswith("127.")]
+        assert loopback and all(nodelay == 1 for nodelay in loopback)
 
 
 def test_acknowledged_passes_the_input_through_and_closes_its_duplicates():

@@ -81,4 +81,3 @@ def acknowledged(batches: Iterable[T]) -> Iterator[T]:
     finally:
         for s in connections:
             s.close()
-
