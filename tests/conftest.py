@@ -12,6 +12,8 @@ import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, settings
 
+from jvm_options import use_for_spark
+
 # Wall-clock deadlines make property tests flaky on a shared 2-core machine; speed is measured in benchmarks/.
 settings.register_profile("keygroups", deadline=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True)
 settings.load_profile("keygroups")
@@ -22,6 +24,8 @@ settings.load_profile("keygroups")
 pytest_plugins = ["s3_server", "browser", "background"]
 
 DATA = pathlib.Path(__file__).parent / "data"
+
+use_for_spark()   # before any test starts a JVM: the serial collector and C1 only (see jvm_options)
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:

@@ -14,6 +14,8 @@ import signal
 import subprocess
 import tempfile
 
+from jvm_options import JVM_OPTIONS
+
 FLINK_DIR = pathlib.Path(__file__).parent / "flink"
 SOURCE = FLINK_DIR / "SavepointJob.java"
 FIXTURES = FLINK_DIR / "fixtures"
@@ -95,7 +97,7 @@ def _run_java(cmd: list[str], timeout: float) -> subprocess.CompletedProcess:
 
 
 def _run(args: list[str], timeout: float = 300) -> subprocess.CompletedProcess:
-    cmd = ["java", "-Xmx768m", "-XX:+UseSerialGC", "-cp", build(), "SavepointJob", *map(str, args)]
+    cmd = ["java", "-Xmx768m", *JVM_OPTIONS, "-cp", build(), "SavepointJob", *map(str, args)]
     return run_java(cmd, timeout)
 
 
@@ -172,7 +174,7 @@ def _run_unsupported_types_job(args: list[str]) -> subprocess.CompletedProcess:
             staging.rename(classes)
         except OSError:
             shutil.rmtree(staging, ignore_errors=True)
-    cmd = ["java", "-Xmx768m", "-XX:+UseSerialGC", "-cp", os.pathsep.join([str(classes), *jars]),
+    cmd = ["java", "-Xmx768m", *JVM_OPTIONS, "-cp", os.pathsep.join([str(classes), *jars]),
            "UnsupportedTypesJob", *args]
     return run_java(cmd, 300)
 
