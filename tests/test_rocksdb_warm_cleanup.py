@@ -1,13 +1,21 @@
 """Warm RocksDB directories left by another parallelism are deleted by the first backend of an overlapping range at
-the new one, never while a running backend holds them (real directories, real locks, real RocksDB)."""
+the new one, and those of a job no backend claimed for a day by the next warm backend of the host, never while a
+running backend holds them (real directories, real locks, real RocksDB)."""
 
 from __future__ import annotations
 
 import os
+import time
+
+import pyarrow as pa
 
 from keygroups import KeyGroupRange, assign_to_key_group, key_group_range
 from keygroups.serializers import Int64Serializer
+from keygroups.runtime.functions import KeyedProcessFunction
+from keygroups.runtime.subtask_state import warm_directory
 from keygroups.state import RocksDBKeyedStateBackend, ValueStateDescriptor
+from keygroups.state import rocksdb_warm
+from keygroups.testing import KeyedFunctionHarness
 
 MAXP = 128
 
@@ -95,3 +103,99 @@ def test_a_stale_lock_file_without_a_directory_is_removed_and_a_fresh_claim_stil
         b.dispose()
     finally:
         a.dispose()
+
+
+# ------------------------------------------------------------------------------------- jobs that ended on this host
+
+DAY = 24 * 3600
+
+
+def age(path, seconds):
+    """Make ``path`` and everything in it look last used ``seconds`` ago."""
+    then = time.time() - seconds
+    for parent, dirs, files in os.walk(path):
+        for entry in dirs + files:
+            os.utime(os.path.join(parent, entry), (then, then))
+    os.utime(path, (then, then))
+
+
+def a_job(root, location, job, ranges_=(KeyGroupRange(0, 63), KeyGroupRange(64, 127))):
+    path = os.path.join(root, location, job)
+    for r in ranges_:
+        open_and_dispose(path, r)
+    return path
+
+
+def test_job_directories_unclaimed_for_a_day_go_and_held_recent_or_own_ones_stay(tmp_path):
+    root = str(tmp_path / "keygroups-warm")
+    ended = a_job(root, "loc1", "ended")
+    alone = a_job(root, "loc2", "alone")       # the only job of its location: the location goes with it
+    recent = a_job(root, "loc1", "recent")
+    own = a_job(root, "loc3", "own")
+    held = a_job(root, "loc3", "held")
+    for path in (ended, alone, own, held):
+        age(path, DAY + 60)
+    age(recent, DAY - 600)
+    holder = RocksDBKeyedStateBackend(KeyGroupRange(0, 63), MAXP, Int64Serializer(), warm_dir=held)
+    try:
+        age(held, DAY + 60)   # a backend that has run for a day still holds its range
+        deleted = rocksdb_warm.sweep_unused_jobs(root, keep=own)
+    finally:
+        holder.dispose()
+    assert sorted(deleted) == sorted([ended, alone])
+    assert not os.path.exists(ended) and not os.path.exists(os.path.dirname(alone))
+    for path in (recent, own, held):
+        assert kept(path) == ({"0-63", "64-127"}, {"0-63", "64-127"}), path
+    # a claim marks its job as used: the same job at its old ranges resumes its kept database
+    open_and_dispose(recent, KeyGroupRange(0, 63))
+    assert os.stat(os.path.join(recent, "0-63.lock")).st_mtime > time.time() - 60
+
+
+def test_a_process_sweeps_a_root_at_most_once_an_interval(tmp_path, monkeypatch):
+    root = str(tmp_path / "keygroups-warm")
+    first = a_job(root, "loc", "first")
+    age(first, 2 * DAY)
+    assert rocksdb_warm.sweep_unused_jobs(root, keep="") == [first]
+    second = a_job(root, "loc", "second")
+    age(second, 2 * DAY)
+    assert rocksdb_warm.sweep_unused_jobs(root, keep="") == []   # swept moments ago
+    assert os.path.isdir(second)
+    monkeypatch.setattr(rocksdb_warm, "SWEEP_INTERVAL_SECONDS", 0.0)
+    assert rocksdb_warm.sweep_unused_jobs(root, keep="") == [second]
+
+
+def test_what_is_not_a_private_job_directory_is_left_alone(tmp_path):
+    root = tmp_path / "keygroups-warm"
+    job = root / "loc" / "shared"
+    job.mkdir(parents=True)
+    (job / "0-63.lock").write_text("")
+    job.chmod(0o777)   # writable by others: not one this user's backends made
+    age(str(root), 2 * DAY)
+    assert rocksdb_warm.sweep_unused_jobs(str(root), keep="") == []
+    assert job.is_dir()
+
+
+class Count(KeyedProcessFunction):
+    def open(self, ctx):
+        self.n = ctx.get_state(ValueStateDescriptor("n", Int64Serializer()))
+
+    def process_element(self, row, ctx):
+        self.n.update((self.n.value() or 0) + 1)
+        yield {"k": row["k"], "n": self.n.value()}
+
+
+def test_a_batch_on_rocksdb_sweeps_the_hosts_ended_jobs_and_keeps_its_own(tmp_path):
+    harness = KeyedFunctionHarness(Count(), "k", output_schema="k long, n long", backend="rocksdb",
+                                   directory=tmp_path)
+    try:
+        own = warm_directory(harness._local_dir, harness.storage.location, harness.name)
+        ended = a_job(os.path.dirname(os.path.dirname(own)), "elsewhere", "ended")
+        age(ended, 2 * DAY)
+        harness.process(pa.table({"k": [1, 2, 3]}))
+        assert not os.path.exists(ended)
+        assert kept(own)[0]   # the batch's own database, kept for the next
+        harness.output()
+        harness.process(pa.table({"k": [1]}))
+        assert harness.output() == [{"k": 1, "n": 2}]
+    finally:
+        harness.close()

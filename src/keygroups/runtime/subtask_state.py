@@ -41,6 +41,7 @@ from keygroups.runtime.backends import create_backend
 from keygroups.runtime.report import RestoreInfo, TimerFigures
 from keygroups.runtime.spec import KeyedTaskSpec
 from keygroups.state import HeapKeyedStateBackend
+from keygroups.state.rocksdb_warm import sweep_unused_jobs
 from keygroups.state.timers import (
     TIMER_QUEUES,
     TIMER_STATE_NAMES,
@@ -64,7 +65,9 @@ def read_cache_directory(local_dir: str | None) -> str:
 def warm_directory(local_dir: str | None, checkpoint_location: str, job_name: str) -> str:
     """Where a job's warm RocksDB databases live on this host: ``keygroups-warm-<uid>`` under ``local_dir`` (the
     system temporary directory by default; private to this user as :func:`read_cache_directory` is), keyed by
-    checkpoint location (hashed) and job name, one directory per key-group range below."""
+    checkpoint location (hashed) and job name, one directory per key-group range below. A job's directory that no
+    backend claimed for a day is deleted by the next warm backend of the host
+    (:func:`~keygroups.state.rocksdb_warm.sweep_unused_jobs`)."""
     location = hashlib.sha256(checkpoint_location.encode()).hexdigest()[:16]
     job = hashlib.sha256(job_name.encode()).hexdigest()[:16]  # job names may hold any character
     root = private_directory(os.path.join(_local_base(local_dir), f"keygroups-warm-{os.geteuid()}"),
@@ -349,7 +352,10 @@ def task_state(spec: KeyedTaskSpec, subtask_index: int, own_range: KeyGroupRange
         registry.keep(key, backend, spec.warm_heap_backends,   # only after a batch that went through
                       spare=lambda k: k[:3] == key[:3] and k[5:] == key[5:] and (k[3], k[4]) in others)
         return
-    warm_dir = warm_directory(spec.local_dir, spec.checkpoint_location, spec.job_name) if spec.warm_state else None
+    warm_dir = None
+    if spec.warm_state:
+        warm_dir = warm_directory(spec.local_dir, spec.checkpoint_location, spec.job_name)
+        sweep_unused_jobs(os.path.dirname(os.path.dirname(warm_dir)), keep=warm_dir)   # ended jobs' databases
     with create_backend(spec.backend, own_range, spec.max_parallelism, spec.key_type,
                         subtask_index=subtask_index, allow_pickle=spec.allow_pickle, local_dir=spec.local_dir,
                         warm_dir=warm_dir, warm_takeover=spec.warm_claims(subtask_index),

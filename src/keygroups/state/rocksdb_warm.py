@@ -26,7 +26,11 @@ and its marker (``marker.json``), and beside it the range's lock file ``<first>-
   restores those that arrived; one behind the checkpoint is first completed from the values its process kept, or
   caught up from the chain (``RocksDBKeyedStateBackend._resume_moved``).
 * **Clean-up.** Directories of ranges that overlap the claimed one are left from other parallelisms: they are
-  deleted once no sibling range can still take them over (:meth:`WarmDirectory.remove_stale`).
+  deleted once no sibling range can still take them over (:meth:`WarmDirectory.remove_stale`). A claim marks its
+  range's lock file as used (its modification time); a whole job directory that no backend claimed for
+  :data:`WARM_RETENTION_SECONDS` (a job that ended, or moved to other hosts) is deleted by the next warm backend of
+  any job of that user on that host (:func:`sweep_unused_jobs`), as Flink drops a task's local state when the task
+  ends: a kept database only ever saves a restore, so deleting one costs time, never state.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ import os
 import re
 import shutil
 import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -66,6 +71,10 @@ log = logging.getLogger("keygroups.state.rocksdb")
 #: the one that overlaps it most), and the ranges given to other backends.
 Takeover = tuple[tuple[int, int] | None, frozenset[tuple[int, int]]]
 
+
+#: How long a job's warm directory on a host may go unclaimed before :func:`sweep_unused_jobs` deletes it: a day, so
+#: that a job restarted the same day on the same hosts still resumes its databases.
+WARM_RETENTION_SECONDS = 24 * 3600
 
 #: A warm directory of a key-group range, or its lock file: ``<first>-<last>[.lock]``.
 _RANGE_NAME = re.compile(r"(\d+)-(\d+)(?:\.lock)?")
@@ -255,6 +264,8 @@ class WarmDirectory:
             return None
         if lock_file is None:
             return None
+        with contextlib.suppress(OSError):
+            os.utime(lock_file.fileno())   # the job's last use on this host, for sweep_unused_jobs
         path = os.path.join(parent, name)
         moved_from = None
         try:
@@ -457,4 +468,77 @@ def _take_moved(parent: str, path: str, secret: bytes, r: KeyGroupRange, takeove
     return None, None
 
 
-__all__ = ["WARM_MARKER_VERSION", "Takeover", "WarmDirectory", "marker_seal", "seal_kept"]
+_swept: dict[str, float] = {}   # warm root -> when this process last swept it (time.monotonic)
+_sweep_lock = threading.Lock()
+#: A process sweeps a warm root at most this often (seconds): a sweep lists every job directory of the host.
+SWEEP_INTERVAL_SECONDS = 3600.0
+
+
+def sweep_unused_jobs(root: str, keep: str, retention: float = WARM_RETENTION_SECONDS) -> list[str]:
+    """Delete the job directories under warm root ``root`` (``<root>/<location>/<job>``, see
+    ``runtime.subtask_state.warm_directory``) that no backend claimed for ``retention`` seconds, except ``keep``
+    (the caller's own), and each location directory left empty. A job directory of which a running backend holds
+    any range's lock stays, however old. At most once per :data:`SWEEP_INTERVAL_SECONDS` per root and process;
+    returns the job directories deleted. Never raises for what it finds: a directory it cannot read or delete is
+    left for a later sweep."""
+    now_mono = time.monotonic()
+    with _sweep_lock:
+        last = _swept.get(root)
+        if last is not None and now_mono - last < SWEEP_INTERVAL_SECONDS:
+            return []
+        _swept[root] = now_mono
+    deadline = time.time() - retention
+    keep = os.path.normpath(keep)
+    deleted: list[str] = []
+    for location in _subdirectories(root):
+        for job in _subdirectories(location):
+            if os.path.normpath(job) != keep and _remove_if_unused(job, deadline):
+                deleted.append(job)
+        with contextlib.suppress(OSError):
+            os.rmdir(location)   # only when empty
+    if deleted:
+        log.info("warm state: deleted %d job directories under %s unclaimed for %.0f s or more", len(deleted), root,
+                 retention)
+    return deleted
+
+
+def _subdirectories(path: str) -> list[str]:
+    try:
+        with os.scandir(path) as it:
+            return [e.path for e in it if e.is_dir(follow_symlinks=False)]
+    except OSError:
+        return []
+
+
+def _remove_if_unused(job: str, deadline: float) -> bool:
+    """Delete job directory ``job`` if nothing in it was used after ``deadline`` (its own and its lock files'
+    modification times) and no backend holds any of its ranges' locks; True if it was deleted."""
+    try:
+        check_private(job)
+        with os.scandir(job) as it:
+            entries = list(it)
+        last_use = max([os.lstat(job).st_mtime] + [e.stat(follow_symlinks=False).st_mtime
+                                                   for e in entries if e.name.endswith(".lock")])
+    except OSError:
+        return False
+    if last_use > deadline:
+        return False
+    locks: list[Any] = []
+    try:
+        for e in entries:
+            if e.name.endswith(".lock") and _RANGE_NAME.fullmatch(e.name):
+                lock_file = _lock_range(job, e.name[:-len(".lock")])
+                if lock_file is None:
+                    return False   # a running backend holds this range
+                locks.append(lock_file)
+        shutil.rmtree(job, ignore_errors=True)   # the locks go with it, while held (see _lock_range)
+        return not os.path.lexists(job)
+    except OSError:
+        return False
+    finally:
+        for lock_file in locks:
+            lock_file.close()
+
+
+__all__ = ["SWEEP_INTERVAL_SECONDS", "WARM_MARKER_VERSION", "WARM_RETENTION_SECONDS", "Takeover", "WarmDirectory",
+           "marker_seal", "seal_kept", "sweep_unused_jobs"]
