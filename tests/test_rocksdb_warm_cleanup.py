@@ -1,5 +1,5 @@
 """Warm RocksDB directories left by another parallelism are deleted by the first backend of an overlapping range at
-the new one, and those of a job no backend claimed for a day by the next warm backend of the host, never while a
+the new one, and those of a job no backend claimed for two days by the next warm backend of the host, never while a
 running backend holds them (real directories, real locks, real RocksDB)."""
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ def test_a_stale_lock_file_without_a_directory_is_removed_and_a_fresh_claim_stil
 
 # ------------------------------------------------------------------------------------- jobs that ended on this host
 
-DAY = 24 * 3600
+RETENTION = rocksdb_warm.WARM_RETENTION_SECONDS
 
 
 def age(path, seconds):
@@ -126,7 +126,7 @@ def a_job(root, location, job, ranges_=(KeyGroupRange(0, 63), KeyGroupRange(64, 
     return path
 
 
-def test_job_directories_unclaimed_for_a_day_go_and_held_recent_or_own_ones_stay(tmp_path):
+def test_job_directories_unclaimed_for_the_retention_go_and_held_recent_or_own_ones_stay(tmp_path):
     root = str(tmp_path / "keygroups-warm")
     ended = a_job(root, "loc1", "ended")
     alone = a_job(root, "loc2", "alone")       # the only job of its location: the location goes with it
@@ -134,11 +134,11 @@ def test_job_directories_unclaimed_for_a_day_go_and_held_recent_or_own_ones_stay
     own = a_job(root, "loc3", "own")
     held = a_job(root, "loc3", "held")
     for path in (ended, alone, own, held):
-        age(path, DAY + 60)
-    age(recent, DAY - 600)
+        age(path, RETENTION + 60)
+    age(recent, RETENTION - 600)
     holder = RocksDBKeyedStateBackend(KeyGroupRange(0, 63), MAXP, Int64Serializer(), warm_dir=held)
     try:
-        age(held, DAY + 60)   # a backend that has run for a day still holds its range
+        age(held, RETENTION + 60)   # a backend running for that long still holds its range
         deleted = rocksdb_warm.sweep_unused_jobs(root, keep=own)
     finally:
         holder.dispose()
@@ -154,10 +154,10 @@ def test_job_directories_unclaimed_for_a_day_go_and_held_recent_or_own_ones_stay
 def test_a_process_sweeps_a_root_at_most_once_an_interval(tmp_path, monkeypatch):
     root = str(tmp_path / "keygroups-warm")
     first = a_job(root, "loc", "first")
-    age(first, 2 * DAY)
+    age(first, 2 * RETENTION)
     assert rocksdb_warm.sweep_unused_jobs(root, keep="") == [first]
     second = a_job(root, "loc", "second")
-    age(second, 2 * DAY)
+    age(second, 2 * RETENTION)
     assert rocksdb_warm.sweep_unused_jobs(root, keep="") == []   # swept moments ago
     assert os.path.isdir(second)
     monkeypatch.setattr(rocksdb_warm, "SWEEP_INTERVAL_SECONDS", 0.0)
@@ -170,7 +170,7 @@ def test_what_is_not_a_private_job_directory_is_left_alone(tmp_path):
     job.mkdir(parents=True)
     (job / "0-63.lock").write_text("")
     job.chmod(0o777)   # writable by others: not one this user's backends made
-    age(str(root), 2 * DAY)
+    age(str(root), 2 * RETENTION)
     assert rocksdb_warm.sweep_unused_jobs(str(root), keep="") == []
     assert job.is_dir()
 
@@ -190,7 +190,7 @@ def test_a_batch_on_rocksdb_sweeps_the_hosts_ended_jobs_and_keeps_its_own(tmp_pa
     try:
         own = warm_directory(harness._local_dir, harness.storage.location, harness.name)
         ended = a_job(os.path.dirname(os.path.dirname(own)), "elsewhere", "ended")
-        age(ended, 2 * DAY)
+        age(ended, 2 * RETENTION)
         harness.process(pa.table({"k": [1, 2, 3]}))
         assert not os.path.exists(ended)
         assert kept(own)[0]   # the batch's own database, kept for the next

@@ -66,7 +66,7 @@ def warm_directory(local_dir: str | None, checkpoint_location: str, job_name: st
     """Where a job's warm RocksDB databases live on this host: ``keygroups-warm-<uid>`` under ``local_dir`` (the
     system temporary directory by default; private to this user as :func:`read_cache_directory` is), keyed by
     checkpoint location (hashed) and job name, one directory per key-group range below. A job's directory that no
-    backend claimed for a day is deleted by the next warm backend of the host
+    backend claimed for two days is deleted by the next warm backend of the host
     (:func:`~keygroups.state.rocksdb_warm.sweep_unused_jobs`)."""
     location = hashlib.sha256(checkpoint_location.encode()).hexdigest()[:16]
     job = hashlib.sha256(job_name.encode()).hexdigest()[:16]  # job names may hold any character

@@ -72,9 +72,9 @@ log = logging.getLogger("keygroups.state.rocksdb")
 Takeover = tuple[tuple[int, int] | None, frozenset[tuple[int, int]]]
 
 
-#: How long a job's warm directory on a host may go unclaimed before :func:`sweep_unused_jobs` deletes it: a day, so
-#: that a job restarted the same day on the same hosts still resumes its databases.
-WARM_RETENTION_SECONDS = 24 * 3600
+#: How long a job's warm directory on a host may go unclaimed before :func:`sweep_unused_jobs` deletes it: two days,
+#: so that a job that runs once a day, or restarts on the same hosts, still resumes its databases.
+WARM_RETENTION_SECONDS = 2 * 24 * 3600
 
 #: A warm directory of a key-group range, or its lock file: ``<first>-<last>[.lock]``.
 _RANGE_NAME = re.compile(r"(\d+)-(\d+)(?:\.lock)?")
