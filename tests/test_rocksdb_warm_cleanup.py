@@ -12,7 +12,7 @@ import pyarrow as pa
 from keygroups import KeyGroupRange, assign_to_key_group, key_group_range
 from keygroups.serializers import Int64Serializer
 from keygroups.runtime.functions import KeyedProcessFunction
-from keygroups.runtime.subtask_state import warm_directory
+from keygroups.runtime.subtask_state import warm_directory, warm_root
 from keygroups.state import RocksDBKeyedStateBackend, ValueStateDescriptor
 from keygroups.state import rocksdb_warm
 from keygroups.testing import KeyedFunctionHarness
@@ -189,7 +189,7 @@ def test_a_batch_on_rocksdb_sweeps_the_hosts_ended_jobs_and_keeps_its_own(tmp_pa
                                    directory=tmp_path)
     try:
         own = warm_directory(harness._local_dir, harness.storage.location, harness.name)
-        ended = a_job(os.path.dirname(os.path.dirname(own)), "elsewhere", "ended")
+        ended = a_job(warm_root(harness._local_dir), "elsewhere", "ended")
         age(ended, 2 * RETENTION)
         harness.process(pa.table({"k": [1, 2, 3]}))
         assert not os.path.exists(ended)

@@ -62,17 +62,21 @@ def read_cache_directory(local_dir: str | None) -> str:
                              what="read cache")
 
 
+def warm_root(local_dir: str | None) -> str:
+    """Where every job's warm RocksDB databases live on this host: ``keygroups-warm-<uid>`` under ``local_dir`` (the
+    system temporary directory by default), private to this user as :func:`read_cache_directory` is."""
+    return private_directory(os.path.join(_local_base(local_dir), f"keygroups-warm-{os.geteuid()}"),
+                             what="warm state")
+
+
 def warm_directory(local_dir: str | None, checkpoint_location: str, job_name: str) -> str:
-    """Where a job's warm RocksDB databases live on this host: ``keygroups-warm-<uid>`` under ``local_dir`` (the
-    system temporary directory by default; private to this user as :func:`read_cache_directory` is), keyed by
-    checkpoint location (hashed) and job name, one directory per key-group range below. A job's directory that no
-    backend claimed for two days is deleted by the next warm backend of the host
+    """Where a job's warm RocksDB databases live on this host: under :func:`warm_root`, keyed by checkpoint location
+    (hashed) and job name, one directory per key-group range below. A job's directory that no backend claimed for
+    two days is deleted by the next warm backend of the host
     (:func:`~keygroups.state.rocksdb_warm.sweep_unused_jobs`)."""
     location = hashlib.sha256(checkpoint_location.encode()).hexdigest()[:16]
     job = hashlib.sha256(job_name.encode()).hexdigest()[:16]  # job names may hold any character
-    root = private_directory(os.path.join(_local_base(local_dir), f"keygroups-warm-{os.geteuid()}"),
-                             what="warm state")
-    return os.path.join(root, location, job)
+    return os.path.join(warm_root(local_dir), location, job)
 
 
 def _local_base(local_dir: str | None) -> str:
@@ -355,7 +359,7 @@ def task_state(spec: KeyedTaskSpec, subtask_index: int, own_range: KeyGroupRange
     warm_dir = None
     if spec.warm_state:
         warm_dir = warm_directory(spec.local_dir, spec.checkpoint_location, spec.job_name)
-        sweep_unused_jobs(os.path.dirname(os.path.dirname(warm_dir)), keep=warm_dir)   # ended jobs' databases
+        sweep_unused_jobs(warm_root(spec.local_dir), keep=warm_dir)   # ended jobs' databases
     with create_backend(spec.backend, own_range, spec.max_parallelism, spec.key_type,
                         subtask_index=subtask_index, allow_pickle=spec.allow_pickle, local_dir=spec.local_dir,
                         warm_dir=warm_dir, warm_takeover=spec.warm_claims(subtask_index),
@@ -374,4 +378,4 @@ def task_state(spec: KeyedTaskSpec, subtask_index: int, own_range: KeyGroupRange
 
 
 __all__ = ["HEAP_BACKENDS", "HeapBackendRegistry", "TaskState", "TaskTimers", "heap_backend_key",
-           "read_cache_directory", "task_state", "warm_directory"]
+           "read_cache_directory", "task_state", "warm_directory", "warm_root"]
